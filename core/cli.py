@@ -1,0 +1,200 @@
+"""The ``quantscope`` command line: every feature the GUI shows is reachable from here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import catalog
+from .gguf import GGUFError, GGUFFile
+
+COMMANDS = ("inspect", "dump-block", "models", "bench")
+
+
+class CLIError(Exception):
+    """A user-facing error: printed as one message, exit status 2."""
+
+
+def _open(path: str) -> GGUFFile:
+    p = Path(path)
+    if not p.exists():
+        raise CLIError(f"{path}: no such file")
+    if p.is_dir():
+        raise CLIError(f"{path}: is a directory")
+    try:
+        return GGUFFile(p, strict=False)
+    except GGUFError as exc:
+        raise CLIError(f"{path}: not a readable GGUF file: {exc}") from None
+
+
+def _default_model_path() -> Path:
+    name = catalog.DEFAULT_MODEL
+    if not catalog.is_present(name):
+        print(f"Default model {name!r} is not cached yet; fetching it (once).", file=sys.stderr)
+        catalog.fetch(name, progress=lambda m: print(m, file=sys.stderr))
+    return catalog.model_path(name)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .summary import render_text, summarize
+
+    path = args.file or str(_default_model_path())
+    with _open(path) as f:
+        s = summarize(f, max_items=args.items)
+        if args.json:
+            json.dump(s, sys.stdout, indent=1, default=_json_default, ensure_ascii=False)
+            sys.stdout.write("\n")
+        else:
+            print(render_text(f, s))
+    return 0
+
+
+def _json_default(o: Any) -> Any:
+    import numpy as np
+
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def cmd_dump_block(args: argparse.Namespace) -> int:
+    from .blockdump import block_to_json, locate_and_decode, render_block
+    from .quant import can_decode
+
+    with _open(args.file) as f:
+        try:
+            t = f.tensor(args.tensor)
+        except KeyError:
+            near = [n for n in (x.name for x in f.tensors) if args.tensor.split(".")[-2:] == n.split(".")[-2:]][:5]
+            hint = f" (did you mean {', '.join(near)}?)" if near else ""
+            raise CLIError(f"no tensor named {args.tensor!r} in {args.file}{hint}") from None
+        if t.type is None or t.problem:
+            raise CLIError(f"{t.name}: cannot decode: {t.problem or t.type_name}")
+        if not can_decode(t.type):
+            raise CLIError(f"{t.name}: no block decoder for {t.type.name} yet")
+        try:
+            b, off = locate_and_decode(f, t.name, args.row, args.block)
+        except IndexError as exc:
+            raise CLIError(str(exc)) from None
+        if args.element is not None and not 0 <= args.element < t.type.block_elems:
+            raise CLIError(f"element {args.element} out of range 0..{t.type.block_elems - 1}")
+        if args.json:
+            json.dump(block_to_json(b, tensor=t.name, row=args.row, block=args.block, file_offset=off),
+                      sys.stdout, indent=1)
+            sys.stdout.write("\n")
+        else:
+            print(render_block(b, tensor=t.name, row=args.row, block=args.block, file_offset=off,
+                               element=args.element))
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    if args.action == "list":
+        for spec in catalog.MODELS.values():
+            state = "cached" if catalog.is_present(spec.name) else "not fetched"
+            print(f"{spec.name:<14} {spec.title:<36} {spec.size / 2**20:7.1f} MiB  {state:<11}  {spec.description}")
+        print(f"cache: {catalog.cache_dir()}")
+        return 0
+    if args.action == "path":
+        if not args.names:
+            print(catalog.cache_dir())
+            return 0
+        for n in args.names:
+            try:
+                print(catalog.model_path(n))
+            except catalog.FetchError as exc:
+                raise CLIError(str(exc)) from None
+        return 0
+    names = args.names or list(catalog.MODELS)
+    for n in names:
+        try:
+            catalog.fetch(n, progress=print, verify_existing=args.verify)
+        except catalog.FetchError as exc:
+            raise CLIError(str(exc)) from None
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import bench_open
+
+    if args.what == "open":
+        paths = [Path(p) for p in args.files] or [catalog.model_path(n) for n in catalog.MODELS if catalog.is_present(n)]
+        if not paths:
+            raise CLIError("no files given and no catalogue model is cached (quantscope models fetch)")
+        for p in paths:
+            if not p.is_file():
+                raise CLIError(f"{p}: no such file")
+        rows = bench_open(paths, repeat=args.repeat)
+        print(f"{'file':<48} {'size MiB':>9} {'tensors':>8} {'kv':>4} {'median ms':>10} {'min ms':>8} {'RSS +MiB':>9}")
+        for r in rows:
+            print(f"{Path(r['file']).name:<48} {r['size'] / 2**20:9.1f} {r['tensors']:8d} {r['kv']:4d} "
+                  f"{r['median_ms']:10.2f} {r['min_ms']:8.2f} {r['rss_growth_mb']:9.2f}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="quantscope",
+        description="Explore quantized LLM files (GGUF). `quantscope FILE` opens FILE; with no arguments the "
+        "default demo model is opened.",
+    )
+    sub = p.add_subparsers(dest="command")
+
+    s = sub.add_parser("inspect", help="header, metadata, tensor table and per-type summary of a GGUF file")
+    s.add_argument("file", nargs="?", help="GGUF file (default: the demo model)")
+    s.add_argument("--json", action="store_true", help="print JSON instead of text")
+    s.add_argument("--items", type=int, default=8, help="array elements to preview (default 8)")
+    s.set_defaults(func=cmd_inspect)
+
+    s = sub.add_parser("dump-block", help="decode one quantization block of a tensor")
+    s.add_argument("file")
+    s.add_argument("tensor")
+    s.add_argument("--row", type=int, default=0, help="row (flattened over ne[1:], default 0)")
+    s.add_argument("--block", type=int, default=0, help="block within the row (default 0)")
+    s.add_argument("--element", type=int, help="also explain the dequantization of this element of the block")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_dump_block)
+
+    s = sub.add_parser("models", help="the demo/test models: list, fetch, path")
+    s.add_argument("action", choices=("list", "fetch", "path"))
+    s.add_argument("names", nargs="*", help=f"model names ({', '.join(catalog.MODELS)}); default all")
+    s.add_argument("--verify", action="store_true", help="re-hash cached files")
+    s.set_defaults(func=cmd_models)
+
+    s = sub.add_parser("bench", help="benchmarks (figures only)")
+    s.add_argument("what", choices=("open",))
+    s.add_argument("files", nargs="*")
+    s.add_argument("--repeat", type=int, default=7)
+    s.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0] not in COMMANDS and not argv[0].startswith("-")):
+        # `quantscope [FILE]`: the app. Until the GUI lands this shows the file's inspection.
+        argv = ["inspect", *argv]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args))
+    except CLIError as exc:
+        print(f"quantscope: error: {exc}", file=sys.stderr)
+        return 2
+    except catalog.FetchError as exc:
+        print(f"quantscope: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

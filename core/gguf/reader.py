@@ -1,0 +1,605 @@
+"""GGUF reader over ``mmap``: header, metadata and tensor index without decoding arrays.
+
+Numeric metadata arrays are zero-copy numpy views into the mapping; string arrays are :class:`StringArray`
+views whose per-element index is built on first use. Every count, length and offset is checked against the
+file before it is used; problems raise :class:`GGUFError` with the byte offset and what was expected.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..native import ffi, lib
+from ..quant.types import GGML_TYPES, REMOVED_TYPE_IDS, GGMLType
+from .constants import (
+    DEFAULT_ALIGNMENT,
+    GGUF_MAGIC,
+    MAX_ARRAY_ELEMENTS,
+    MAX_DIMS,
+    MAX_STRING_BYTES,
+    MAX_TENSOR_NAME_BYTES,
+    SCALAR_DTYPES,
+    SUPPORTED_VERSIONS,
+    ValueType,
+    file_type_name,
+)
+from .errors import GGUFError
+from .strings import StringArray
+
+_SCALAR_STRUCT: dict[ValueType, struct.Struct] = {
+    ValueType.UINT8: struct.Struct("<B"),
+    ValueType.INT8: struct.Struct("<b"),
+    ValueType.UINT16: struct.Struct("<H"),
+    ValueType.INT16: struct.Struct("<h"),
+    ValueType.UINT32: struct.Struct("<I"),
+    ValueType.INT32: struct.Struct("<i"),
+    ValueType.FLOAT32: struct.Struct("<f"),
+    ValueType.BOOL: struct.Struct("<B"),
+    ValueType.UINT64: struct.Struct("<Q"),
+    ValueType.INT64: struct.Struct("<q"),
+    ValueType.FLOAT64: struct.Struct("<d"),
+}
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length + 1-byte key + type + smallest value
+_MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 4 + 8  # name length + 1-byte name + n_dims + type + offset
+_MIN_ELEM_BYTES = {ValueType.STRING: 8, ValueType.ARRAY: 12}
+_SCAN_MESSAGES = {
+    1: ("string array ends inside a length field", "8 bytes of string length"),
+    2: ("string runs past the end of the file", "a length that fits in the file"),
+    3: ("string length exceeds the 1 GiB cap", "a plausible string length"),
+    4: ("string is not valid UTF-8", "UTF-8 text"),
+}
+# (fixed) integer limit for element counts and byte sizes: ggml uses int64_t
+_INT64_MAX = (1 << 63) - 1
+
+_DTYPE_OF_PLAIN_TYPE: dict[str, str] = {
+    "F32": "<f4",
+    "F16": "<f2",
+    "BF16": "<u2",
+    "F64": "<f8",
+    "I8": "<i1",
+    "I16": "<i2",
+    "I32": "<i4",
+    "I64": "<i8",
+}
+
+
+@dataclass(frozen=True)
+class MetadataValue:
+    """One metadata entry.
+
+    ``value`` is a Python ``int``/``float``/``bool``/``str`` for scalars, a read-only numpy view for numeric
+    arrays (``bool`` dtype for BOOL), a :class:`StringArray` for string arrays, or a list of those for
+    arrays of arrays. ``offset`` is where the entry (its key) starts; ``value_offset`` where its value does.
+    """
+
+    key: str
+    type: ValueType
+    value: Any
+    offset: int
+    value_offset: int
+    end: int
+    elem_type: ValueType | None = None
+
+    @property
+    def count(self) -> int | None:
+        """Element count of an array, ``None`` for scalars."""
+        return len(self.value) if self.type == ValueType.ARRAY else None
+
+    @property
+    def type_label(self) -> str:
+        """``UINT32``, ``STRING``, ``ARRAY[STRING]``..."""
+        if self.type == ValueType.ARRAY:
+            assert self.elem_type is not None
+            return f"ARRAY[{self.elem_type.name}]"
+        return self.type.name
+
+
+@dataclass
+class TensorInfo:
+    """One tensor-info record. ``ne`` is in ggml order (``ne[0]`` = row length); ``shape`` is numpy order."""
+
+    name: str
+    ne: tuple[int, ...]
+    type_id: int
+    offset: int
+    data_start: int
+    info_offset: int
+    type: GGMLType | None
+    n_elements: int
+    n_bytes: int | None
+    problem: str | None = None
+    problem_offset: int | None = field(default=None, repr=False)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """numpy shape (reversed ``ne``)."""
+        return tuple(reversed(self.ne))
+
+    @property
+    def type_name(self) -> str:
+        """The ggml type name, or ``unknown type N`` / ``removed type N (...)``."""
+        if self.type is not None:
+            return self.type.name
+        if self.type_id in REMOVED_TYPE_IDS:
+            return f"removed type {self.type_id} ({REMOVED_TYPE_IDS[self.type_id]})"
+        return f"unknown type {self.type_id}"
+
+    @property
+    def data_offset(self) -> int:
+        """Absolute file offset of the tensor's first byte."""
+        return self.data_start + self.offset
+
+    @property
+    def row_len(self) -> int:
+        """Elements per row (``ne[0]``; 1 for a 0-d tensor)."""
+        return self.ne[0] if self.ne else 1
+
+    @property
+    def n_rows(self) -> int:
+        """Number of rows (product of ``ne[1:]``)."""
+        n = 1
+        for d in self.ne[1:]:
+            n *= d
+        return n
+
+    @property
+    def row_bytes(self) -> int | None:
+        """Bytes per row, or ``None`` for an unknown type."""
+        return None if self.type is None else self.type.row_bytes(self.row_len)
+
+    @property
+    def bits_per_weight(self) -> float | None:
+        """Storage bits per element, or ``None`` for an unknown type."""
+        return None if self.type is None else self.type.bits_per_weight
+
+
+def _align_up(x: int, a: int) -> int:
+    return (x + a - 1) // a * a
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads from a buffer."""
+
+    __slots__ = ("buf", "pos", "size")
+
+    def __init__(self, buf: Any, size: int, pos: int = 0) -> None:
+        self.buf = buf
+        self.size = size
+        self.pos = pos
+
+    def need(self, n: int, what: str) -> None:
+        if n > self.size - self.pos:
+            raise GGUFError(
+                f"file ends after {self.size - self.pos} of the {n} bytes of {what}",
+                self.pos,
+                f"{n} bytes of {what}",
+            )
+
+    def unpack(self, st: struct.Struct, what: str) -> Any:
+        self.need(st.size, what)
+        (v,) = st.unpack_from(self.buf, self.pos)
+        self.pos += st.size
+        return v
+
+    def u32(self, what: str) -> int:
+        return self.unpack(_U32, what)
+
+    def u64(self, what: str) -> int:
+        return self.unpack(_U64, what)
+
+    def string(self, what: str, max_len: int = MAX_STRING_BYTES) -> str:
+        start = self.pos
+        n = self.u64(f"{what} length")
+        if n > max_len:
+            raise GGUFError(f"{what} length {n} is implausible", start, f"at most {max_len} bytes")
+        self.need(n, what)
+        raw = self.buf[self.pos : self.pos + n]
+        try:
+            s = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise GGUFError(f"{what} is not valid UTF-8 ({exc.reason})", self.pos + exc.start, "UTF-8 text") from None
+        self.pos += n
+        return s
+
+
+class GGUFFile:
+    """An opened GGUF file (or in-memory buffer).
+
+    ``strict`` (default) raises on the first tensor whose byte range is unaligned, out of the file or
+    overlapping another; with ``strict=False`` such tensors are kept with ``problem`` set and listed in
+    :attr:`problems`. Tensors of unknown/removed type ids never stop the file from opening.
+    """
+
+    def __init__(self, source: str | os.PathLike[str] | bytes | bytearray | memoryview, *, strict: bool = True):
+        self.path: Path | None = None
+        self._mmap: mmap.mmap | None = None
+        self._fd: int | None = None
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            self._buf: Any = source
+            self.file_size = len(source)
+        else:
+            self.path = Path(source)
+            self._open_mmap(self.path)
+        self.problems: list[GGUFError] = []
+        self.metadata: dict[str, MetadataValue] = {}
+        self.tensors: list[TensorInfo] = []
+        self._by_name: dict[str, TensorInfo] = {}
+        self._cbuf: Any = None
+        try:
+            self._parse(strict)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            if self._cbuf is not None:
+                ffi.release(self._cbuf)
+                self._cbuf = None
+
+    # ------------------------------------------------------------------ opening
+    def _open_mmap(self, path: Path) -> None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise GGUFError(f"cannot open {path}: {exc.strerror}") from None
+        try:
+            size = os.fstat(fd).st_size
+            self.file_size = size
+            if size == 0:
+                self._buf = b""
+            else:
+                self._mmap = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+                self._buf = self._mmap
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Unmap the file. numpy views handed out keep the mapping alive until they are dropped."""
+        m, self._mmap = self._mmap, None
+        self._buf = b""
+        if m is not None:
+            try:
+                m.close()
+            except BufferError:
+                pass  # views still exported; the mapping is released with the last of them
+
+    def __enter__(self) -> GGUFFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ parsing
+    def _parse(self, strict: bool) -> None:
+        size = self.file_size
+        if size < 24:
+            raise GGUFError(f"file is only {size} bytes", 0, "a 24-byte GGUF header")
+        cur = _Cursor(self._buf, size)
+        magic = bytes(self._buf[0:4])
+        if magic != GGUF_MAGIC:
+            raise GGUFError(f"bad magic {magic!r}", 0, "b'GGUF'")
+        cur.pos = 4
+        version = cur.u32("version")
+        if version not in SUPPORTED_VERSIONS:
+            if version & 0xFFFF == 0 and version != 0:
+                raise GGUFError(
+                    f"big-endian GGUF (version field reads 0x{version:08x}); Quantscope reads little-endian "
+                    "files only - convert it with gguf_convert_endian.py",
+                    4,
+                    "a little-endian version 2 or 3",
+                )
+            if version == 1:
+                raise GGUFError(
+                    "GGUF v1 (2023, 32-bit counts) is no longer supported; re-convert the model with a current "
+                    "llama.cpp",
+                    4,
+                    "version 2 or 3",
+                )
+            raise GGUFError(f"unsupported GGUF version {version}", 4, "version 2 or 3")
+        self.version = version
+        n_tensors = cur.u64("tensor count")
+        n_kv = cur.u64("metadata count")
+        remaining = size - cur.pos
+        if n_kv > remaining // _MIN_KV_BYTES:
+            raise GGUFError(
+                f"metadata count {n_kv} cannot fit in the {remaining} bytes left", 16,
+                f"at most {remaining // _MIN_KV_BYTES} entries",
+            )
+        if n_tensors > remaining // _MIN_TENSOR_INFO_BYTES:
+            raise GGUFError(
+                f"tensor count {n_tensors} cannot fit in the {remaining} bytes left", 8,
+                f"at most {remaining // _MIN_TENSOR_INFO_BYTES} tensors",
+            )
+
+        for _ in range(n_kv):
+            kv = self._read_kv(cur)
+            if kv.key in self.metadata:
+                raise GGUFError(f"duplicate metadata key {kv.key!r}", kv.offset, "unique keys")
+            self.metadata[kv.key] = kv
+
+        self.alignment = DEFAULT_ALIGNMENT
+        al = self.metadata.get("general.alignment")
+        if al is not None:
+            if al.type != ValueType.UINT32:
+                raise GGUFError(
+                    f"general.alignment has type {al.type_label}", al.value_offset - 4, "type UINT32"
+                )
+            if al.value == 0 or al.value & (al.value - 1):
+                raise GGUFError(
+                    f"general.alignment is {al.value}", al.value_offset, "a power of two greater than zero"
+                )
+            self.alignment = al.value
+
+        infos = [self._read_tensor_info(cur) for _ in range(n_tensors)]
+        self.header_end = cur.pos
+        data_start = _align_up(cur.pos, self.alignment)
+        if data_start > size and n_tensors:
+            raise GGUFError(
+                f"data section would start at {data_start}, past the end of the {size}-byte file",
+                cur.pos,
+                "padding up to the alignment",
+            )
+        self.data_start = data_start
+        for t in infos:
+            t.data_start = data_start
+        self._check_tensors(infos, strict)
+        self.tensors = infos
+        self._by_name = {t.name: t for t in infos}
+
+    def _c_buffer(self) -> Any:
+        if self._cbuf is None:
+            self._cbuf = ffi.from_buffer("uint8_t[]", self._buf)
+        return self._cbuf
+
+    def _read_kv(self, cur: _Cursor) -> MetadataValue:
+        start = cur.pos
+        key = cur.string("metadata key")
+        if not key:
+            raise GGUFError("empty metadata key", start, "a non-empty key")
+        type_pos = cur.pos
+        vtype = self._value_type(cur.u32(f"value type of {key!r}"), type_pos, key)
+        value_pos = cur.pos
+        elem_type = None
+        if vtype == ValueType.ARRAY:
+            value, elem_type = self._read_array(cur, key)
+        else:
+            value = self._read_scalar(cur, vtype, key)
+        return MetadataValue(key, vtype, value, start, value_pos, cur.pos, elem_type)
+
+    @staticmethod
+    def _value_type(raw: int, pos: int, key: str) -> ValueType:
+        try:
+            return ValueType(raw)
+        except ValueError:
+            raise GGUFError(f"unknown value type {raw} for {key!r}", pos, "a value type 0..12") from None
+
+    def _read_scalar(self, cur: _Cursor, vtype: ValueType, key: str) -> Any:
+        if vtype == ValueType.STRING:
+            return cur.string(f"string value of {key!r}")
+        pos = cur.pos
+        v = cur.unpack(_SCALAR_STRUCT[vtype], f"{vtype.name} value of {key!r}")
+        if vtype == ValueType.BOOL:
+            if v > 1:
+                raise GGUFError(f"BOOL value {v} for {key!r}", pos, "0 or 1")
+            return bool(v)
+        return v
+
+    def _read_array(self, cur: _Cursor, key: str, depth: int = 0) -> tuple[Any, ValueType]:
+        type_pos = cur.pos
+        etype = self._value_type(cur.u32(f"array element type of {key!r}"), type_pos, key)
+        count_pos = cur.pos
+        count = cur.u64(f"array length of {key!r}")
+        remaining = self.file_size - cur.pos
+        min_elem = _MIN_ELEM_BYTES.get(etype) or np.dtype(SCALAR_DTYPES[etype]).itemsize
+        if count > MAX_ARRAY_ELEMENTS or count * min_elem > remaining:
+            raise GGUFError(
+                f"array {key!r} claims {count} {etype.name} elements, more than the {remaining} bytes left hold",
+                count_pos,
+                f"at most {min(MAX_ARRAY_ELEMENTS, remaining // min_elem)} elements",
+            )
+        if etype == ValueType.STRING:
+            start = cur.pos
+            cbuf = self._c_buffer()
+            out_end = ffi.new("uint64_t *")
+            err_pos = ffi.new("uint64_t *")
+            err_index = ffi.new("uint64_t *")
+            code = lib.qs_scan_strings(
+                cbuf + start, self.file_size - start, count, MAX_STRING_BYTES, 1,
+                ffi.NULL, out_end, err_pos, err_index,
+            )
+            if code:
+                what, expected = _SCAN_MESSAGES[code]
+                raise GGUFError(f"{key!r}[{err_index[0]}]: {what}", start + err_pos[0], expected)
+            cur.pos = start + out_end[0]
+            return StringArray(self._buf, start, count, cur.pos), etype
+        if etype == ValueType.ARRAY:
+            if depth >= 8:
+                raise GGUFError(f"arrays nested too deeply in {key!r}", type_pos, "at most 8 levels")
+            return [self._read_array(cur, key, depth + 1)[0] for _ in range(count)], etype
+        dtype = np.dtype(SCALAR_DTYPES[etype])
+        arr = np.frombuffer(self._buf, dtype=dtype, count=count, offset=cur.pos) if count else np.empty(0, dtype)
+        if etype == ValueType.BOOL:
+            if count and int(arr.max()) > 1:
+                bad = int(np.argmax(arr > 1))
+                raise GGUFError(f"BOOL element {bad} of {key!r} is {int(arr[bad])}", cur.pos + bad, "0 or 1")
+            arr = arr.view(np.bool_)
+        cur.pos += count * dtype.itemsize
+        return arr, etype
+
+    def _read_tensor_info(self, cur: _Cursor) -> TensorInfo:
+        start = cur.pos
+        name = cur.string("tensor name", MAX_TENSOR_NAME_BYTES)
+        if not name:
+            raise GGUFError("empty tensor name", start, "a non-empty name")
+        if name in self._by_name:
+            raise GGUFError(f"duplicate tensor name {name!r}", start, "unique tensor names")
+        ndim_pos = cur.pos
+        n_dims = cur.u32(f"dimension count of {name!r}")
+        if n_dims > MAX_DIMS:
+            raise GGUFError(f"tensor {name!r} has {n_dims} dimensions", ndim_pos, f"at most {MAX_DIMS}")
+        ne: list[int] = []
+        n_el = 1
+        for i in range(n_dims):
+            p = cur.pos
+            d = cur.u64(f"dimension {i} of {name!r}")
+            if d > _INT64_MAX:
+                raise GGUFError(f"dimension {i} of {name!r} is {d}", p, "a value below 2^63")
+            n_el *= d
+            if n_el > _INT64_MAX:
+                raise GGUFError(f"element count of {name!r} overflows 64 bits", p, "fewer than 2^63 elements")
+            ne.append(d)
+        type_pos = cur.pos
+        type_id = cur.u32(f"type of {name!r}")
+        off_pos = cur.pos
+        offset = cur.u64(f"data offset of {name!r}")
+        gtype = GGML_TYPES.get(type_id)
+        info = TensorInfo(name, tuple(ne), type_id, offset, 0, start, gtype, n_el, None)
+        if gtype is None:
+            info.problem = info.type_name
+            info.problem_offset = type_pos
+        else:
+            row = ne[0] if ne else 1
+            if row % gtype.block_elems:
+                info.problem = f"row length {row} is not a multiple of {gtype.name}'s block of {gtype.block_elems}"
+                info.problem_offset = type_pos
+            else:
+                info.n_bytes = n_el // gtype.block_elems * gtype.block_bytes
+        info.problem_offset = info.problem_offset if info.problem else off_pos
+        self._by_name[name] = info
+        return info
+
+    def _check_tensors(self, infos: list[TensorInfo], strict: bool) -> None:
+        data_size = self.file_size - self.data_start
+        for t in infos:
+            if t.problem is not None:
+                err = GGUFError(f"tensor {t.name!r}: {t.problem}", t.problem_offset)
+                if t.type is None:  # unknown type: report, keep opening
+                    self.problems.append(err)
+                    continue
+                self._tensor_problem(err, strict)
+                continue
+            off_pos = t.problem_offset
+            if t.offset % self.alignment:
+                t.problem = f"data offset {t.offset} is not a multiple of the alignment {self.alignment}"
+            elif t.n_bytes is not None and (t.offset > data_size or t.n_bytes > data_size - t.offset):
+                t.problem = (
+                    f"data [{t.data_offset}, {t.data_offset + t.n_bytes}) lies outside the {self.file_size}-byte "
+                    "file (truncated or corrupted)"
+                )
+            elif t.n_bytes is None and t.offset > data_size:
+                t.problem = f"data offset {t.offset} lies past the end of the file"
+            if t.problem is not None:
+                self._tensor_problem(GGUFError(f"tensor {t.name!r}: {t.problem}", off_pos), strict)
+        placed = sorted((t for t in infos if t.problem is None and t.n_bytes is not None), key=lambda t: t.offset)
+        for a, b in zip(placed, placed[1:], strict=False):
+            if a.offset + (a.n_bytes or 0) > b.offset and (a.n_bytes or 0) > 0 and (b.n_bytes or 0) > 0:
+                b.problem = f"data overlaps tensor {a.name!r} ([{a.data_offset}, {a.data_offset + (a.n_bytes or 0)}))"
+                self._tensor_problem(GGUFError(f"tensor {b.name!r}: {b.problem}", b.problem_offset), strict)
+
+    def _tensor_problem(self, err: GGUFError, strict: bool) -> None:
+        if strict:
+            raise err
+        self.problems.append(err)
+
+    # ------------------------------------------------------------------ queries
+    def __contains__(self, key: str) -> bool:
+        return key in self.metadata
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Value of a metadata key, or ``default``."""
+        kv = self.metadata.get(key)
+        return default if kv is None else kv.value
+
+    @property
+    def architecture(self) -> str | None:
+        """``general.architecture``."""
+        v = self.get("general.architecture")
+        return v if isinstance(v, str) else None
+
+    def arch_get(self, suffix: str, default: Any = None) -> Any:
+        """``{architecture}.{suffix}``, e.g. ``arch_get('block_count')``."""
+        return self.get(f"{self.architecture}.{suffix}", default)
+
+    @property
+    def file_type(self) -> int | None:
+        """``general.file_type`` (the llama_ftype enum value)."""
+        v = self.get("general.file_type")
+        return int(v) if isinstance(v, int) else None
+
+    @property
+    def file_type_name(self) -> str | None:
+        """``general.file_type`` named with the *file-type* enum, e.g. ``MOSTLY_Q4_K_M``."""
+        ft = self.file_type
+        return None if ft is None else file_type_name(ft)
+
+    def tensor(self, name: str) -> TensorInfo:
+        """The tensor called ``name`` (``KeyError`` naming it otherwise)."""
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"no tensor named {name!r}") from None
+
+    def has_tensor(self, name: str) -> bool:
+        return name in self._by_name
+
+    def _usable(self, t: TensorInfo) -> int:
+        if t.problem is not None or t.n_bytes is None:
+            raise GGUFError(f"tensor {t.name!r} cannot be read: {t.problem}", t.problem_offset)
+        return t.n_bytes
+
+    def tensor_bytes(self, t: TensorInfo | str) -> np.ndarray:
+        """The tensor's raw bytes as a read-only ``uint8`` view (no copy)."""
+        if isinstance(t, str):
+            t = self.tensor(t)
+        n = self._usable(t)
+        return np.frombuffer(self._buf, dtype=np.uint8, count=n, offset=t.data_offset)
+
+    def tensor_rows(self, t: TensorInfo | str) -> np.ndarray:
+        """Raw bytes shaped ``(n_rows, row_bytes)`` (what ``gguf.quants.dequantize`` takes)."""
+        if isinstance(t, str):
+            t = self.tensor(t)
+        raw = self.tensor_bytes(t)
+        assert t.row_bytes is not None
+        return raw.reshape(t.n_rows, t.row_bytes) if t.row_bytes else raw.reshape(t.n_rows, 0)
+
+    def tensor_array(self, t: TensorInfo | str) -> np.ndarray:
+        """Typed zero-copy view of a non-block tensor (F32, F16, F64, I*; BF16 as ``uint16``) in numpy shape."""
+        if isinstance(t, str):
+            t = self.tensor(t)
+        self._usable(t)
+        assert t.type is not None
+        dtype = _DTYPE_OF_PLAIN_TYPE.get(t.type.name)
+        if dtype is None:
+            raise TypeError(f"{t.name} is {t.type.name}, a block format: use tensor_rows() or dequantize()")
+        return np.frombuffer(self._buf, dtype=dtype, count=t.n_elements, offset=t.data_offset).reshape(t.shape)
+
+    def block_location(self, t: TensorInfo | str, row: int, block: int) -> tuple[int, int]:
+        """Absolute file offset and byte size of block ``block`` of row ``row`` (flattened rows)."""
+        if isinstance(t, str):
+            t = self.tensor(t)
+        self._usable(t)
+        assert t.type is not None and t.row_bytes is not None
+        n_blocks = t.row_len // t.type.block_elems
+        if not 0 <= row < t.n_rows:
+            raise IndexError(f"row {row} out of range: {t.name} has {t.n_rows} rows")
+        if not 0 <= block < n_blocks:
+            raise IndexError(f"block {block} out of range: rows of {t.name} have {n_blocks} blocks")
+        return t.data_offset + row * t.row_bytes + block * t.type.block_bytes, t.type.block_bytes
+
+    def block_bytes(self, t: TensorInfo | str, row: int, block: int) -> bytes:
+        """The raw bytes of one block."""
+        off, n = self.block_location(t, row, block)
+        return bytes(self._buf[off : off + n])
+
+
+def open_gguf(path: str | os.PathLike[str], *, strict: bool = True) -> GGUFFile:
+    """Open a GGUF file (see :class:`GGUFFile`)."""
+    return GGUFFile(path, strict=strict)

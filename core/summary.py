@@ -1,0 +1,214 @@
+"""What ``quantscope inspect`` (and the GUI overview) shows about a GGUF file, as plain data."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from .gguf import GGUFFile, MetadataValue, StringArray, ValueType
+
+#: Hyperparameters shown first, as ``{arch}.{suffix}``.
+HYPERPARAMETER_KEYS = (
+    "context_length",
+    "embedding_length",
+    "block_count",
+    "feed_forward_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "attention.layer_norm_rms_epsilon",
+    "attention.sliding_window",
+    "rope.freq_base",
+    "rope.dimension_count",
+    "vocab_size",
+)
+
+
+def _short(v: Any, max_str: int) -> str:
+    if isinstance(v, str):
+        return repr(v if len(v) <= max_str else v[:max_str] + "…")
+    if isinstance(v, (float, np.floating)):
+        return f"{float(v):.7g}"
+    if isinstance(v, (np.bool_, bool)):
+        return str(bool(v))
+    if isinstance(v, np.integer):
+        return str(int(v))
+    return repr(v)
+
+
+def format_value(kv: MetadataValue, max_items: int = 4, max_str: int = 60) -> str:
+    """One-line rendering; arrays as ``[STRING × 151936] 'a', 'b', …``."""
+    if kv.type != ValueType.ARRAY:
+        return _short(kv.value, max_str)
+    return _format_array(kv.value, kv.elem_type, max_items, max_str)
+
+
+def _format_array(value: Any, etype: ValueType | None, max_items: int, max_str: int) -> str:
+    n = len(value)
+    label = etype.name if etype is not None else "?"
+    items = [
+        _format_array(value[i], None, 2, max_str) if isinstance(value[i], (list, StringArray, np.ndarray))
+        and etype == ValueType.ARRAY else _short(value[i], max_str)
+        for i in range(min(n, max_items))
+    ]
+    more = ", …" if n > max_items else ""
+    return f"[{label} × {n}] {', '.join(items)}{more}".rstrip()
+
+
+def value_preview(kv: MetadataValue, max_items: int = 8) -> Any:
+    """JSON-friendly value: scalars as is, arrays as ``{type, count, head}``."""
+    if kv.type != ValueType.ARRAY:
+        return kv.value
+    return _array_preview(kv.value, kv.elem_type, max_items)
+
+
+def _array_preview(value: Any, etype: ValueType | None, max_items: int) -> dict[str, Any]:
+    head: list[Any] = []
+    for i in range(min(len(value), max_items)):
+        v = value[i]
+        if isinstance(v, (list, StringArray, np.ndarray)) and etype == ValueType.ARRAY:
+            head.append(_array_preview(v, None, max_items))
+        elif isinstance(v, np.generic):
+            head.append(v.item())
+        else:
+            head.append(v)
+    return {"type": etype.name if etype else None, "count": len(value), "head": head}
+
+
+def hyperparameters(f: GGUFFile) -> dict[str, Any]:
+    """Architecture hyperparameters found in the metadata (plus the vocabulary size)."""
+    out: dict[str, Any] = {}
+    arch = f.architecture
+    if arch:
+        for suffix in HYPERPARAMETER_KEYS:
+            v = f.get(f"{arch}.{suffix}")
+            if v is not None:
+                out[suffix] = v.item() if isinstance(v, np.generic) else v
+    toks = f.get("tokenizer.ggml.tokens")
+    if toks is not None and "vocab_size" not in out:
+        out["vocab_size"] = len(toks)
+    return out
+
+
+def type_summary(f: GGUFFile) -> list[dict[str, Any]]:
+    """Per ggml type: tensors, elements, bytes, share of the file, bits per weight; largest first."""
+    acc: dict[str, dict[str, Any]] = defaultdict(lambda: {"tensors": 0, "elements": 0, "bytes": 0})
+    for t in f.tensors:
+        row = acc[t.type_name]
+        row["tensors"] += 1
+        row["elements"] += t.n_elements
+        row["bytes"] += t.n_bytes or 0
+    rows = []
+    for name, row in acc.items():
+        row = {"type": name, **row}
+        row["share"] = row["bytes"] / f.file_size if f.file_size else 0.0
+        row["bits_per_weight"] = 8.0 * row["bytes"] / row["elements"] if row["elements"] else None
+        rows.append(row)
+    rows.sort(key=lambda r: (-r["bytes"], r["type"]))
+    return rows
+
+
+def summarize(f: GGUFFile, max_items: int = 8) -> dict[str, Any]:
+    """Everything ``inspect`` prints, as JSON-ready data."""
+    n_params = sum(t.n_elements for t in f.tensors)
+    n_bytes = sum(t.n_bytes or 0 for t in f.tensors)
+    return {
+        "path": str(f.path) if f.path else None,
+        "file_size": f.file_size,
+        "version": f.version,
+        "alignment": f.alignment,
+        "data_offset": f.data_start,
+        "tensor_count": len(f.tensors),
+        "kv_count": len(f.metadata),
+        "architecture": f.architecture,
+        "name": f.get("general.name"),
+        "file_type": {"value": f.file_type, "name": f.file_type_name},
+        "parameters": n_params,
+        "tensor_bytes": n_bytes,
+        "bits_per_weight": 8.0 * n_bytes / n_params if n_params else None,
+        "hyperparameters": hyperparameters(f),
+        "metadata": [
+            {"key": kv.key, "type": kv.type_label, "offset": kv.offset, "value": value_preview(kv, max_items)}
+            for kv in f.metadata.values()
+        ],
+        "tensors": [
+            {
+                "name": t.name,
+                "type": t.type_name,
+                "type_id": t.type_id,
+                "shape": list(t.ne),
+                "elements": t.n_elements,
+                "bytes": t.n_bytes,
+                "offset": t.data_offset,
+                "bits_per_weight": t.bits_per_weight,
+                "problem": t.problem,
+            }
+            for t in f.tensors
+        ],
+        "types": type_summary(f),
+        "problems": [str(p) for p in f.problems],
+    }
+
+
+def human_bytes(n: float) -> str:
+    """``491400064`` -> ``468.6 MiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def render_text(f: GGUFFile, summary: dict[str, Any] | None = None) -> str:
+    """The human-readable ``inspect`` report."""
+    s = summary or summarize(f)
+    lines: list[str] = []
+    add = lines.append
+    add(f"File        {s['path'] or '<buffer>'}")
+    add(f"Size        {s['file_size']:,} bytes ({human_bytes(s['file_size'])})")
+    add(f"GGUF        version {s['version']}, alignment {s['alignment']}, data offset {s['data_offset']:,}")
+    ft = s["file_type"]
+    add(f"File type   {ft['name'] or '(general.file_type not set)'}" + (f" ({ft['value']})" if ft["value"] is not None
+                                                                          else ""))
+    add(f"Arch        {s['architecture'] or '(none)'}" + (f"   name {s['name']!r}" if s["name"] else ""))
+    bpw = s["bits_per_weight"]
+    add(f"Parameters  {s['parameters']:,} in {s['tensor_count']} tensors, {human_bytes(s['tensor_bytes'])}"
+        + (f", {bpw:.3f} bits/weight" if bpw else ""))
+    if s["hyperparameters"]:
+        add("")
+        add("Hyperparameters")
+        for k, v in s["hyperparameters"].items():
+            add(f"  {k:<34} {_short(v, 60)}")
+    add("")
+    add(f"Metadata ({s['kv_count']} keys)")
+    kw = max((len(k) for k in f.metadata), default=10)
+    tw = max((len(kv.type_label) for kv in f.metadata.values()), default=6)
+    for kv in f.metadata.values():
+        add(f"  {kv.key:<{kw}}  {kv.type_label:<{tw}}  {format_value(kv)}")
+    add("")
+    add(f"Tensors ({s['tensor_count']})")
+    nw = max((len(t.name) for t in f.tensors), default=10)
+    add(f"  {'name':<{nw}}  {'type':<8} {'shape (ne)':<18} {'elements':>12} {'bytes':>12} {'offset':>12}  bpw")
+    for t in f.tensors:
+        shape = "×".join(str(d) for d in t.ne) or "scalar"
+        nb = f"{t.n_bytes:,}" if t.n_bytes is not None else "?"
+        bpw_t = f"{t.bits_per_weight:.3f}" if t.bits_per_weight is not None else "?"
+        flag = f"  ! {t.problem}" if t.problem else ""
+        add(f"  {t.name:<{nw}}  {t.type_name:<8} {shape:<18} {t.n_elements:>12,} {nb:>12} {t.data_offset:>12,}"
+            f"  {bpw_t}{flag}")
+    add("")
+    add("By type")
+    add(f"  {'type':<10} {'tensors':>8} {'elements':>14} {'bytes':>14} {'share':>7} {'bpw':>7}")
+    for r in s["types"]:
+        bpw_r = f"{r['bits_per_weight']:.3f}" if r["bits_per_weight"] else "?"
+        add(f"  {r['type']:<10} {r['tensors']:>8} {r['elements']:>14,} {r['bytes']:>14,} {r['share']:>6.1%}"
+            f" {bpw_r:>7}")
+    if s["problems"]:
+        add("")
+        add("Problems")
+        for p in s["problems"]:
+            add(f"  {p}")
+    return "\n".join(lines)

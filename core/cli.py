@@ -123,7 +123,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import bench_open
 
     if args.what == "open":
-        paths = [Path(p) for p in args.files] or [catalog.model_path(n) for n in catalog.MODELS if catalog.is_present(n)]
+        cached = [catalog.model_path(n) for n in catalog.MODELS if catalog.is_present(n)]
+        paths = [Path(p) for p in args.files] or cached
         if not paths:
             raise CLIError("no files given and no catalogue model is cached (quantscope models fetch)")
         for p in paths:
@@ -167,10 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_models)
 
     s = sub.add_parser("bench", help="benchmarks (figures only)")
-    s.add_argument("what", choices=("open",))
-    s.add_argument("files", nargs="*")
-    s.add_argument("--repeat", type=int, default=7)
-    s.set_defaults(func=cmd_bench)
+    bsub = s.add_subparsers(dest="what", required=True)
+    b = bsub.add_parser("open", help="time to read header, metadata and tensor index; RSS growth")
+    b.add_argument("files", nargs="*", help="GGUF files (default: every cached catalogue model)")
+    b.add_argument("--repeat", type=int, default=7)
+    b.set_defaults(func=cmd_bench)
     return p
 
 

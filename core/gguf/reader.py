@@ -7,6 +7,7 @@ file before it is used; problems raise :class:`GGUFError` with the byte offset a
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import struct
@@ -499,7 +500,7 @@ class GGUFFile:
             if t.problem is not None:
                 self._tensor_problem(GGUFError(f"tensor {t.name!r}: {t.problem}", off_pos), strict)
         placed = sorted((t for t in infos if t.problem is None and t.n_bytes is not None), key=lambda t: t.offset)
-        for a, b in zip(placed, placed[1:], strict=False):
+        for a, b in itertools.pairwise(placed):
             if a.offset + (a.n_bytes or 0) > b.offset and (a.n_bytes or 0) > 0 and (b.n_bytes or 0) > 0:
                 b.problem = f"data overlaps tensor {a.name!r} ([{a.data_offset}, {a.data_offset + (a.n_bytes or 0)}))"
                 self._tensor_problem(GGUFError(f"tensor {b.name!r}: {b.problem}", b.problem_offset), strict)

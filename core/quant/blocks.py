@@ -285,8 +285,8 @@ def _decode_q6_k(t: GGMLType, raw: bytes) -> DecodedBlock:
     q = q6_k_codes(b.reshape(1, -1))[0].astype(np.int16)
     scales = np.frombuffer(raw, np.int8, 16, 192).astype(np.int64)
     e = np.arange(256)
-    h, k, l = e // 128, (e % 128) // 32, e % 32
-    cb = 64 * h + l + np.where(k % 2 == 1, 32, 0)
+    h, k, lane = e // 128, (e % 128) // 32, e % 32
+    cb = 64 * h + lane + np.where(k % 2 == 1, 32, 0)
     sh = np.where(k >= 2, 4, 0)
     group = e // 16
     mult = np.float32(d) * scales[group].astype(np.float32)
@@ -309,11 +309,11 @@ def _decode_q2_k(t: GGMLType, raw: bytes) -> DecodedBlock:
     b = np.frombuffer(raw, np.uint8)
     d, dmin = _fp16(raw, 80), _fp16(raw, 82)
     e = np.arange(256)
-    n, j, l = e // 128, (e % 128) // 32, e % 32
-    cb = 16 + 32 * n + l
+    n, j, lane = e // 128, (e % 128) // 32, e % 32
+    cb = 16 + 32 * n + lane
     sh = 2 * j
     q = ((b[cb] >> sh) & 3).astype(np.int16)
-    group = 8 * n + 2 * j + l // 16
+    group = 8 * n + 2 * j + lane // 16
     sc = (b[0:16] & 15).astype(np.int64)
     mn = (b[0:16] >> 4).astype(np.int64)
     mult = np.float32(d) * sc[group].astype(np.float32)
@@ -338,14 +338,14 @@ def _decode_q3_k(t: GGMLType, raw: bytes) -> DecodedBlock:
     b = np.frombuffer(raw, np.uint8)
     d = _fp16(raw, 108)
     e = np.arange(256)
-    n, j, l = e // 128, (e % 128) // 32, e % 32
-    cb = 32 + 32 * n + l
+    n, j, lane = e // 128, (e % 128) // 32, e % 32
+    cb = 32 + 32 * n + lane
     sh = 2 * j
     q2 = ((b[cb] >> sh) & 3).astype(np.int16)
-    hb = (b[l] >> (4 * n + j)) & 1
+    hb = (b[lane] >> (4 * n + j)) & 1
     q = (q2 | (hb << 2)).astype(np.int16)  # stored 3-bit code
     code = q2 - np.where(hb != 0, 0, 4)
-    group = 8 * n + 2 * j + l // 16
+    group = 8 * n + 2 * j + lane // 16
     sc = unpack_q3k_scales(b[96:108].reshape(1, 12))[0].astype(np.int64)
     mult = np.float32(d) * (sc[group] - 32).astype(np.float32)
     sources: list[list[BitSource]] = []

@@ -1,0 +1,47 @@
+"""Shared fixtures: the real test models (missing = failure, never a skip) and gguf-py oracles."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from quantscope.core import catalog
+
+MODEL_NAMES = tuple(catalog.MODELS)
+
+
+def require_model(name: str) -> Path:
+    """Path of catalogue model ``name``; fails the test when it has not been fetched."""
+    if not catalog.is_present(name):
+        pytest.fail(
+            f"test model {name!r} is missing from {catalog.cache_dir()}: run `quantscope models fetch` "
+            "(./dev test does it)",
+            pytrace=False,
+        )
+    return catalog.model_path(name)
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Callable[[str], Path]:
+    return require_model
+
+
+_READERS: dict[str, object] = {}
+
+
+@pytest.fixture(scope="session")
+def gguf_py_reader() -> Callable[[str], object]:
+    """gguf-py's GGUFReader on a catalogue model, opened once per session (it takes 6-45 s)."""
+    import gguf
+
+    def get(name: str) -> object:
+        if name not in _READERS:
+            _READERS[name] = gguf.GGUFReader(require_model(name))
+        return _READERS[name]
+
+    return get

@@ -7,7 +7,6 @@ file before it is used; problems raise :class:`GGUFError` with the byte offset a
 
 from __future__ import annotations
 
-import itertools
 import mmap
 import os
 import struct
@@ -225,8 +224,9 @@ class GGUFFile:
         self._mmap: mmap.mmap | None = None
         self._fd: int | None = None
         if isinstance(source, (bytes, bytearray, memoryview)):
-            self._buf: Any = source
-            self.file_size = len(source)
+            view = memoryview(source)
+            self._buf: Any = view.cast("B") if view.format != "B" or view.ndim != 1 else source
+            self.file_size = view.nbytes
         else:
             self.path = Path(source)
             self._open_mmap(self.path)
@@ -499,11 +499,19 @@ class GGUFFile:
                 t.problem = f"data offset {t.offset} lies past the end of the file"
             if t.problem is not None:
                 self._tensor_problem(GGUFError(f"tensor {t.name!r}: {t.problem}", off_pos), strict)
-        placed = sorted((t for t in infos if t.problem is None and t.n_bytes is not None), key=lambda t: t.offset)
-        for a, b in itertools.pairwise(placed):
-            if a.offset + (a.n_bytes or 0) > b.offset and (a.n_bytes or 0) > 0 and (b.n_bytes or 0) > 0:
-                b.problem = f"data overlaps tensor {a.name!r} ([{a.data_offset}, {a.data_offset + (a.n_bytes or 0)}))"
-                self._tensor_problem(GGUFError(f"tensor {b.name!r}: {b.problem}", b.problem_offset), strict)
+        # Overlaps: sweep by offset, comparing each tensor with the furthest-reaching one before it (zero-size
+        # tensors occupy nothing and can neither overlap nor hide an overlap).
+        placed = sorted((t for t in infos if t.problem is None and t.n_bytes), key=lambda t: t.offset)
+        reach: TensorInfo | None = None
+        for t in placed:
+            assert t.n_bytes is not None
+            if reach is not None and reach.offset + (reach.n_bytes or 0) > t.offset:
+                end = reach.data_offset + (reach.n_bytes or 0)
+                t.problem = f"data overlaps tensor {reach.name!r} ([{reach.data_offset}, {end}))"
+                self._tensor_problem(GGUFError(f"tensor {t.name!r}: {t.problem}", t.problem_offset), strict)
+                continue
+            if reach is None or t.offset + t.n_bytes > reach.offset + (reach.n_bytes or 0):
+                reach = t
 
     def _tensor_problem(self, err: GGUFError, strict: bool) -> None:
         if strict:

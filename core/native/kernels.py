@@ -1,0 +1,185 @@
+"""Typed wrappers over the native kernels: numpy arrays in, zero-copy, every size validated before C sees it.
+
+cffi releases the GIL around each call, so these can run in worker threads in parallel with the GUI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from ..quant.types import GGMLType, ggml_type
+from . import ffi, lib
+
+ISA_NAMES = ("scalar", "avx2", "avx512")
+
+#: Activation (vec-dot) type id -> bytes per ``block`` elements.
+_ACT_LAYOUT = {0: (1, 4), 1: (1, 2), 30: (1, 2), 8: (32, 34), 9: (32, 36), 15: (256, 292)}
+
+
+class KernelError(RuntimeError):
+    """A native kernel reported failure (e.g. out of memory)."""
+
+
+def isa_detected() -> str:
+    """Best instruction set this CPU supports: ``scalar``, ``avx2`` or ``avx512``."""
+    return ISA_NAMES[lib.qs_isa_detected()]
+
+
+def isa() -> str:
+    """Instruction set the kernels use now."""
+    return ISA_NAMES[lib.qs_isa_get()]
+
+
+def set_isa(level: str | int) -> str:
+    """Force a lower instruction set (clamped to what the CPU has); returns the level now active."""
+    n = ISA_NAMES.index(level) if isinstance(level, str) else int(level)
+    return ISA_NAMES[lib.qs_isa_set(n)]
+
+
+@contextmanager
+def forced_isa(level: str | int) -> Iterator[str]:
+    """Run a block with the kernels limited to ``level``; restores the previous level."""
+    prev = lib.qs_isa_get()
+    try:
+        yield set_isa(level)
+    finally:
+        lib.qs_isa_set(prev)
+
+
+def default_threads() -> int:
+    """Threads a call uses when none is given (online CPUs)."""
+    return int(lib.qs_threads_default())
+
+
+def _t(qtype: GGMLType | int | str) -> GGMLType:
+    return qtype if isinstance(qtype, GGMLType) else ggml_type(qtype)
+
+
+def _in(arr: np.ndarray, dtype: Any, what: str) -> np.ndarray:
+    a = np.asarray(arr)
+    if a.dtype != np.dtype(dtype):
+        raise TypeError(f"{what} must be {np.dtype(dtype)}, got {a.dtype}")
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    return a
+
+
+def _ptr(a: np.ndarray, ctype: str) -> Any:
+    return ffi.cast(ctype, ffi.from_buffer(a, require_writable=False)) if a.size else ffi.NULL
+
+
+def _out(a: np.ndarray, ctype: str) -> Any:
+    return ffi.cast(ctype, ffi.from_buffer(a, require_writable=True)) if a.size else ffi.NULL
+
+
+def can_dequantize(qtype: GGMLType | int | str) -> bool:
+    """True when the native library dequantizes this type."""
+    return bool(lib.qs_can_dequantize(_t(qtype).id))
+
+
+def dequantize(raw: np.ndarray, qtype: GGMLType | int | str, *, threads: int = 0) -> np.ndarray:
+    """Native dequantization; same contract (and bits) as :func:`quantscope.core.quant.dequantize`."""
+    t = _t(qtype)
+    if not lib.qs_can_dequantize(t.id):
+        raise NotImplementedError(f"no native dequantizer for {t.name}")
+    a = _in(raw, np.uint8, "raw")
+    if a.ndim == 0 or a.shape[-1] % t.block_bytes:
+        raise ValueError(f"last dimension must hold whole {t.name} blocks of {t.block_bytes} bytes")
+    n_blocks = a.size // t.block_bytes
+    out = np.empty((*a.shape[:-1], a.shape[-1] // t.block_bytes * t.block_elems), dtype=np.float32)
+    if n_blocks and lib.qs_dequantize(t.id, _ptr(a, "uint8_t *"), _out(out, "float *"), n_blocks, threads) != 0:
+        raise KernelError(f"dequantize {t.name} failed")
+    return out
+
+
+def activation_type(qtype: GGMLType | int | str) -> GGMLType | None:
+    """The activation type a weight type's dot product pairs with, or ``None`` (dequantize + float fallback)."""
+    act = lib.qs_vec_dot_type(_t(qtype).id)
+    return None if act < 0 else ggml_type(act)
+
+
+def quantize_activation(x: np.ndarray, act: GGMLType | int | str) -> np.ndarray:
+    """Quantize a float32 vector to an activation type (Q8_0, Q8_1, Q8_K, F16, BF16, F32) exactly as ggml's ref."""
+    t = _t(act)
+    if t.id not in _ACT_LAYOUT:
+        raise ValueError(f"{t.name} is not an activation type")
+    v = _in(x, np.float32, "x").reshape(-1)
+    blk, nbytes = _ACT_LAYOUT[t.id]
+    if v.size % blk:
+        raise ValueError(f"{t.name} needs a multiple of {blk} values, got {v.size}")
+    out = np.empty(v.size // blk * nbytes, dtype=np.uint8)
+    if lib.qs_quantize_activation(t.id, _ptr(v, "float *"), _out(out, "uint8_t *"), v.size) != 0:
+        raise KernelError(f"quantize {t.name} failed")
+    return out
+
+
+def vec_dot(qtype: GGMLType | int | str, w_row: np.ndarray, xq: np.ndarray, n: int) -> float:
+    """Dot product of one weight row (raw bytes) with an activation already quantized to its partner type."""
+    t = _t(qtype)
+    act = activation_type(t)
+    if act is None:
+        raise NotImplementedError(f"no direct dot kernel for {t.name}")
+    w = _in(w_row, np.uint8, "w_row").reshape(-1)
+    x = _in(xq, np.uint8, "xq").reshape(-1)
+    if n % t.block_elems or w.size != t.row_bytes(n):
+        raise ValueError(f"a {t.name} row of {n} elements is {t.row_bytes(n)} bytes, got {w.size}")
+    blk, nbytes = _ACT_LAYOUT[act.id]
+    if n % blk or x.size != n // blk * nbytes:
+        raise ValueError(f"{act.name} activation of {n} elements is {n // blk * nbytes} bytes, got {x.size}")
+    out = ffi.new("float *")
+    lib.qs_vec_dot(t.id, n, _ptr(w, "uint8_t *"), _ptr(x, "uint8_t *"), out)
+    return float(out[0])
+
+
+def _weights(w: np.ndarray, t: GGMLType, n_rows: int, k: int) -> np.ndarray:
+    a = _in(w, np.uint8, "weights")
+    if k <= 0 or k % t.block_elems:
+        raise ValueError(f"row length {k} is not a positive multiple of {t.name}'s block of {t.block_elems}")
+    if a.size != n_rows * t.row_bytes(k):
+        raise ValueError(f"{n_rows} rows of {k} {t.name} elements are {n_rows * t.row_bytes(k)} bytes, got {a.size}")
+    return a
+
+
+def matmat(qtype: GGMLType | int | str, w: np.ndarray, n_rows: int, k: int, x: np.ndarray, *,
+           threads: int = 0) -> np.ndarray:
+    """``Y = X @ W.T`` for quantized ``W`` (``n_rows`` × ``k``, raw bytes) and float32 ``X`` (``n_x`` × ``k``).
+
+    Activations are quantized to the weight type's partner as ggml does; returns float32 ``(n_x, n_rows)``.
+    """
+    t = _t(qtype)
+    if not lib.qs_can_dequantize(t.id):
+        raise NotImplementedError(f"no native kernel for {t.name}")
+    wa = _weights(w, t, n_rows, k)
+    xa = _in(x, np.float32, "x")
+    if xa.ndim != 2 or xa.shape[1] != k:
+        raise ValueError(f"x must have shape (n, {k}), got {xa.shape}")
+    y = np.empty((xa.shape[0], n_rows), dtype=np.float32)
+    rc = lib.qs_matmat(t.id, _ptr(wa, "uint8_t *"), n_rows, k, _ptr(xa, "float *"), xa.shape[0],
+                       _out(y, "float *"), threads)
+    if rc != 0:
+        raise KernelError(f"matmat {t.name} failed ({rc})")
+    return y
+
+
+def matvec(qtype: GGMLType | int | str, w: np.ndarray, n_rows: int, k: int, x: np.ndarray, *,
+           threads: int = 0, out: np.ndarray | None = None) -> np.ndarray:
+    """``y = W @ x`` for quantized ``W`` (``n_rows`` × ``k``) and float32 ``x`` of length ``k``."""
+    t = _t(qtype)
+    if not lib.qs_can_dequantize(t.id):
+        raise NotImplementedError(f"no native kernel for {t.name}")
+    wa = _weights(w, t, n_rows, k)
+    xa = _in(x, np.float32, "x").reshape(-1)
+    if xa.size != k:
+        raise ValueError(f"x must have {k} elements, got {xa.size}")
+    if out is None:
+        out = np.empty(n_rows, dtype=np.float32)
+    elif out.dtype != np.float32 or out.size != n_rows or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a contiguous float32 array of {n_rows}")
+    rc = lib.qs_matvec(t.id, _ptr(wa, "uint8_t *"), n_rows, k, _ptr(xa, "float *"), _out(out, "float *"), threads)
+    if rc != 0:
+        raise KernelError(f"matvec {t.name} failed ({rc})")
+    return out

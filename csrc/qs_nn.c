@@ -1,0 +1,178 @@
+/* Float kernels of the inference engine: RMSNorm, RoPE, softmax, gated activations, attention.
+ * Scalar reference implementations; SIMD variants live beside them (qs_nn_simd.c) and are chosen by qs_isa_get(). */
+#include "qs.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "qs_nn_internal.h"
+
+void qs_rmsnorm_scalar(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps) {
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        double ss = 0.0;
+        for (int64_t i = 0; i < n; ++i) ss += (double)xr[i] * xr[i];
+        float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+        if (w)
+            for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * scale * w[i];
+        else
+            for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * scale;
+    }
+}
+
+void qs_rope_scalar(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
+                    float freq_base, float freq_scale, int neox) {
+    int half = rot_dim / 2;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        double p = (double)pos[t] * freq_scale;
+        for (int i = 0; i < half; ++i) {
+            double theta = p * pow((double)freq_base, -2.0 * i / rot_dim);
+            float c = (float)cos(theta), s = (float)sin(theta);
+            for (int h = 0; h < n_heads; ++h) {
+                float *v = x + (t * n_heads + h) * (int64_t)head_dim;
+                int a = neox ? i : 2 * i;
+                int b = neox ? i + half : 2 * i + 1;
+                float x0 = v[a], x1 = v[b];
+                v[a] = x0 * c - x1 * s;
+                v[b] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+void qs_softmax_scalar(float *x, int64_t n_rows, int64_t n) {
+    for (int64_t r = 0; r < n_rows; ++r) {
+        float *v = x + r * n;
+        float mx = -INFINITY;
+        for (int64_t i = 0; i < n; ++i) mx = v[i] > mx ? v[i] : mx;
+        if (mx == -INFINITY) { /* fully masked row: all zeros */
+            for (int64_t i = 0; i < n; ++i) v[i] = 0.0f;
+            continue;
+        }
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; ++i) {
+            v[i] = expf(v[i] - mx);
+            sum += v[i];
+        }
+        float inv = (float)(1.0 / sum);
+        for (int64_t i = 0; i < n; ++i) v[i] *= inv;
+    }
+}
+
+void qs_swiglu_scalar(const float *gate, const float *up, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void qs_geglu_tanh_scalar(const float *gate, const float *up, float *out, int64_t n) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (int64_t i = 0; i < n; ++i) {
+        float g = gate[i];
+        out[i] = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) * up[i];
+    }
+}
+
+/* ---------------------------------------------------------------- dispatchers */
+void qs_rmsnorm(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps) {
+    if (qs_isa_get() >= QS_ISA_AVX2) qs_rmsnorm_avx2(x, w, y, n_rows, n, eps);
+    else qs_rmsnorm_scalar(x, w, y, n_rows, n, eps);
+}
+
+void qs_rope(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos, float freq_base,
+             float freq_scale, int neox) {
+    qs_rope_scalar(x, n_tokens, n_heads, head_dim, rot_dim, pos, freq_base, freq_scale, neox);
+}
+
+void qs_softmax(float *x, int64_t n_rows, int64_t n) { qs_softmax_scalar(x, n_rows, n); }
+
+void qs_swiglu(const float *gate, const float *up, float *out, int64_t n) {
+    qs_swiglu_scalar(gate, up, out, n);
+}
+
+void qs_geglu_tanh(const float *gate, const float *up, float *out, int64_t n) {
+    qs_geglu_tanh_scalar(gate, up, out, n);
+}
+
+/* ---------------------------------------------------------------- attention */
+typedef struct {
+    const float *q;
+    const int32_t *q_pos;
+    int n_heads, head_dim, n_kv_heads, kv_f16;
+    const void *k, *v;
+    int64_t n_kv, window;
+    float scale;
+    float *out;
+    int failed;
+} attn_ctx;
+
+static float kv_dot(const attn_ctx *c, const float *qv, int64_t p, int kvh) {
+    int64_t base = (p * c->n_kv_heads + kvh) * (int64_t)c->head_dim;
+    float s = 0.0f;
+    if (c->kv_f16) {
+        const uint16_t *k = (const uint16_t *)c->k + base;
+        if (qs_isa_get() >= QS_ISA_AVX2) return qs_dot_f32_f16_avx2(qv, k, c->head_dim);
+        for (int d = 0; d < c->head_dim; ++d) s += qv[d] * qs_fp16_to_fp32(k[d]);
+    } else {
+        const float *k = (const float *)c->k + base;
+        if (qs_isa_get() >= QS_ISA_AVX2) return qs_dot_f32_avx2(qv, k, c->head_dim);
+        for (int d = 0; d < c->head_dim; ++d) s += qv[d] * k[d];
+    }
+    return s;
+}
+
+static void kv_axpy(const attn_ctx *c, float a, int64_t p, int kvh, float *acc) {
+    int64_t base = (p * c->n_kv_heads + kvh) * (int64_t)c->head_dim;
+    if (c->kv_f16) {
+        const uint16_t *v = (const uint16_t *)c->v + base;
+        if (qs_isa_get() >= QS_ISA_AVX2) { qs_axpy_f16_avx2(a, v, acc, c->head_dim); return; }
+        for (int d = 0; d < c->head_dim; ++d) acc[d] += a * qs_fp16_to_fp32(v[d]);
+    } else {
+        const float *v = (const float *)c->v + base;
+        if (qs_isa_get() >= QS_ISA_AVX2) { qs_axpy_f32_avx2(a, v, acc, c->head_dim); return; }
+        for (int d = 0; d < c->head_dim; ++d) acc[d] += a * v[d];
+    }
+}
+
+static void attn_task(void *vctx, int64_t task) {
+    attn_ctx *c = (attn_ctx *)vctx;
+    int64_t qi = task / c->n_heads;
+    int h = (int)(task % c->n_heads);
+    int kvh = h / (c->n_heads / c->n_kv_heads);
+    const float *qv = c->q + (qi * c->n_heads + h) * (int64_t)c->head_dim;
+    float *o = c->out + (qi * c->n_heads + h) * (int64_t)c->head_dim;
+    int64_t qp = c->q_pos[qi];
+    int64_t hi = qp < c->n_kv - 1 ? qp : c->n_kv - 1; /* causal: keys 0..qp */
+    int64_t lo = 0;
+    if (c->window > 0 && qp - c->window + 1 > lo) lo = qp - c->window + 1;
+    for (int d = 0; d < c->head_dim; ++d) o[d] = 0.0f;
+    if (hi < lo) return;
+    int64_t n = hi - lo + 1;
+    float *sc = (float *)malloc((size_t)n * sizeof(float));
+    if (!sc) { c->failed = 1; return; }
+    float mx = -INFINITY;
+    for (int64_t p = lo; p <= hi; ++p) {
+        float s = kv_dot(c, qv, p, kvh) * c->scale;
+        sc[p - lo] = s;
+        mx = s > mx ? s : mx;
+    }
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+        sc[i] = expf(sc[i] - mx);
+        sum += sc[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int64_t p = lo; p <= hi; ++p) kv_axpy(c, sc[p - lo] * inv, p, kvh, o);
+    free(sc);
+}
+
+int qs_attention(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim, const void *k_cache,
+                 const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv, int64_t window, float scale,
+                 float *out, int n_threads) {
+    if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || head_dim <= 0) return -1;
+    attn_ctx c = {q, q_pos, n_heads, head_dim, n_kv_heads, kv_f16, k_cache, v_cache, n_kv, window, scale, out, 0};
+    qs_parallel_for(n_q * n_heads, attn_task, &c, n_threads);
+    return c.failed ? -2 : 0;
+}

@@ -1,0 +1,85 @@
+/* AVX2+FMA variants of the float kernels (compiled with target attributes; called only after dispatch). */
+#include <immintrin.h>
+#include <math.h>
+
+#include "qs.h"
+#include "qs_nn_internal.h"
+
+QS_TARGET_AVX2 static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+QS_TARGET_AVX2 float qs_dot_f32_avx2(const float *a, const float *b, int n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    float s = hsum256(_mm256_add_ps(acc0, acc1));
+    for (; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+QS_TARGET_AVX2 float qs_dot_f32_f16_avx2(const float *a, const uint16_t *b, int n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 b0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i)));
+        __m256 b1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i + 8)));
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), b0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), b1, acc1);
+    }
+    float s = hsum256(_mm256_add_ps(acc0, acc1));
+    for (; i < n; ++i) s += a[i] * qs_fp16_to_fp32(b[i]);
+    return s;
+}
+
+QS_TARGET_AVX2 void qs_axpy_f32_avx2(float a, const float *x, float *y, int n) {
+    __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; ++i) y[i] += a * x[i];
+}
+
+QS_TARGET_AVX2 void qs_axpy_f16_avx2(float a, const uint16_t *x, float *y, int n) {
+    __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, xv, _mm256_loadu_ps(y + i)));
+    }
+    for (; i < n; ++i) y[i] += a * qs_fp16_to_fp32(x[i]);
+}
+
+QS_TARGET_AVX2 void qs_rmsnorm_avx2(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps) {
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        __m256d acc = _mm256_setzero_pd();
+        int64_t i = 0;
+        for (; i + 4 <= n; i += 4) {
+            __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(xr + i));
+            acc = _mm256_fmadd_pd(v, v, acc);
+        }
+        double buf[4];
+        _mm256_storeu_pd(buf, acc);
+        double ss = buf[0] + buf[1] + buf[2] + buf[3];
+        for (; i < n; ++i) ss += (double)xr[i] * xr[i];
+        float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+        __m256 vs = _mm256_set1_ps(scale);
+        i = 0;
+        if (w) {
+            for (; i + 8 <= n; i += 8)
+                _mm256_storeu_ps(yr + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), vs), _mm256_loadu_ps(w + i)));
+            for (; i < n; ++i) yr[i] = xr[i] * scale * w[i];
+        } else {
+            for (; i + 8 <= n; i += 8) _mm256_storeu_ps(yr + i, _mm256_mul_ps(_mm256_loadu_ps(xr + i), vs));
+            for (; i < n; ++i) yr[i] = xr[i] * scale;
+        }
+    }
+}

@@ -1,0 +1,627 @@
+/* Quantized kernels: type table, scalar reference dequantization, activation quantizers, dot products and the
+ * matvec/matmat drivers. Scalar code here is the numeric specification the SIMD variants are tested against. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "qs.h"
+#include "qs_quant_internal.h"
+
+static const int8_t IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static inline float f16at(const uint8_t *p) { return qs_fp16_to_fp32(qs_load_u16(p)); }
+
+/* ---------------------------------------------------------------- scalar dequantization, one block */
+static void deq_f32(const uint8_t *b, float *y) { memcpy(y, b, 4); }
+static void deq_f16(const uint8_t *b, float *y) { y[0] = f16at(b); }
+static void deq_bf16(const uint8_t *b, float *y) { y[0] = qs_bf16_to_fp32(qs_load_u16(b)); }
+
+static void deq_q4_0(const uint8_t *b, float *y) {
+    float d = f16at(b);
+    for (int j = 0; j < 16; ++j) {
+        y[j] = (float)((b[2 + j] & 15) - 8) * d;
+        y[j + 16] = (float)((b[2 + j] >> 4) - 8) * d;
+    }
+}
+static void deq_q4_1(const uint8_t *b, float *y) {
+    float d = f16at(b), m = f16at(b + 2);
+    for (int j = 0; j < 16; ++j) {
+        y[j] = (float)(b[4 + j] & 15) * d + m;
+        y[j + 16] = (float)(b[4 + j] >> 4) * d + m;
+    }
+}
+static void deq_q5_0(const uint8_t *b, float *y) {
+    float d = f16at(b);
+    uint32_t qh = qs_load_u32(b + 2);
+    for (int j = 0; j < 16; ++j) {
+        int q0 = (b[6 + j] & 15) | (((qh >> j) & 1) << 4);
+        int q1 = (b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+        y[j] = (float)(q0 - 16) * d;
+        y[j + 16] = (float)(q1 - 16) * d;
+    }
+}
+static void deq_q5_1(const uint8_t *b, float *y) {
+    float d = f16at(b), m = f16at(b + 2);
+    uint32_t qh = qs_load_u32(b + 4);
+    for (int j = 0; j < 16; ++j) {
+        int q0 = (b[8 + j] & 15) | (((qh >> j) & 1) << 4);
+        int q1 = (b[8 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+        y[j] = (float)q0 * d + m;
+        y[j + 16] = (float)q1 * d + m;
+    }
+}
+static void deq_q8_0(const uint8_t *b, float *y) {
+    float d = f16at(b);
+    for (int j = 0; j < 32; ++j) y[j] = (float)(int8_t)b[2 + j] * d;
+}
+static void deq_q2_K(const uint8_t *b, float *y) {
+    const uint8_t *sc = b, *qs = b + 16;
+    float d = f16at(b + 80), dmin = f16at(b + 82);
+    for (int n = 0; n < 2; ++n)
+        for (int j = 0; j < 4; ++j)
+            for (int l = 0; l < 32; ++l) {
+                uint8_t s = sc[8 * n + 2 * j + l / 16];
+                int q = (qs[32 * n + l] >> (2 * j)) & 3;
+                y[128 * n + 32 * j + l] = d * (float)(s & 15) * (float)q - dmin * (float)(s >> 4);
+            }
+}
+static void q3k_scales(const uint8_t *s, int8_t out[16]) {
+    for (int j = 0; j < 16; ++j) {
+        int low = j < 8 ? (s[j] & 15) : (s[j - 8] >> 4);
+        int high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        out[j] = (int8_t)((low | (high << 4)) - 32);
+    }
+}
+static void deq_q3_K(const uint8_t *b, float *y) {
+    const uint8_t *hm = b, *qs = b + 32;
+    float d = f16at(b + 108);
+    int8_t sc[16];
+    q3k_scales(b + 96, sc);
+    for (int n = 0; n < 2; ++n)
+        for (int j = 0; j < 4; ++j)
+            for (int l = 0; l < 32; ++l) {
+                int q = ((qs[32 * n + l] >> (2 * j)) & 3) - (((hm[l] >> (4 * n + j)) & 1) ? 0 : 4);
+                y[128 * n + 32 * j + l] = d * (float)sc[8 * n + 2 * j + l / 16] * (float)q;
+            }
+}
+static inline void k4_scale_min(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+static void deq_q4_K(const uint8_t *b, float *y) {
+    float d = f16at(b), dmin = f16at(b + 2);
+    const uint8_t *qs = b + 16;
+    for (int c = 0; c < 4; ++c) {
+        int sc0, m0, sc1, m1;
+        k4_scale_min(b + 4, 2 * c, &sc0, &m0);
+        k4_scale_min(b + 4, 2 * c + 1, &sc1, &m1);
+        float d0 = d * (float)sc0, mm0 = dmin * (float)m0, d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+        for (int l = 0; l < 32; ++l) {
+            y[64 * c + l] = d0 * (float)(qs[32 * c + l] & 15) - mm0;
+            y[64 * c + 32 + l] = d1 * (float)(qs[32 * c + l] >> 4) - mm1;
+        }
+    }
+}
+static void deq_q5_K(const uint8_t *b, float *y) {
+    float d = f16at(b), dmin = f16at(b + 2);
+    const uint8_t *qh = b + 16, *qs = b + 48;
+    for (int c = 0; c < 4; ++c) {
+        int sc0, m0, sc1, m1;
+        k4_scale_min(b + 4, 2 * c, &sc0, &m0);
+        k4_scale_min(b + 4, 2 * c + 1, &sc1, &m1);
+        float d0 = d * (float)sc0, mm0 = dmin * (float)m0, d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+        for (int l = 0; l < 32; ++l) {
+            int q0 = (qs[32 * c + l] & 15) | (((qh[l] >> (2 * c)) & 1) << 4);
+            int q1 = (qs[32 * c + l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4);
+            y[64 * c + l] = d0 * (float)q0 - mm0;
+            y[64 * c + 32 + l] = d1 * (float)q1 - mm1;
+        }
+    }
+}
+static void deq_q6_K(const uint8_t *b, float *y) {
+    float d = f16at(b + 208);
+    const int8_t *sc = (const int8_t *)(b + 192);
+    for (int h = 0; h < 2; ++h) {
+        const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+        float *yy = y + 128 * h;
+        for (int l = 0; l < 32; ++l) {
+            int q0 = ((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32;
+            int q1 = ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            int q2 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            int q3 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            yy[l] = d * (float)sc[8 * h + l / 16] * (float)q0;
+            yy[l + 32] = d * (float)sc[8 * h + 2 + l / 16] * (float)q1;
+            yy[l + 64] = d * (float)sc[8 * h + 4 + l / 16] * (float)q2;
+            yy[l + 96] = d * (float)sc[8 * h + 6 + l / 16] * (float)q3;
+        }
+    }
+}
+static void deq_iq4_nl(const uint8_t *b, float *y) {
+    float d = f16at(b);
+    for (int j = 0; j < 16; ++j) {
+        y[j] = d * (float)IQ4NL[b[2 + j] & 15];
+        y[j + 16] = d * (float)IQ4NL[b[2 + j] >> 4];
+    }
+}
+static void deq_iq4_xs(const uint8_t *b, float *y) {
+    float d = f16at(b);
+    uint16_t sh = qs_load_u16(b + 2);
+    for (int s = 0; s < 8; ++s) {
+        int ls = ((b[4 + s / 2] >> (4 * (s % 2))) & 15) | (((sh >> (2 * s)) & 3) << 4);
+        float dl = d * (float)(ls - 32);
+        const uint8_t *qs = b + 8 + 16 * s;
+        for (int j = 0; j < 16; ++j) {
+            y[32 * s + j] = dl * (float)IQ4NL[qs[j] & 15];
+            y[32 * s + 16 + j] = dl * (float)IQ4NL[qs[j] >> 4];
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- type table */
+typedef struct {
+    int elems, bytes;
+    qs_deq_block_fn deq;
+    int act; /* vec-dot activation type, -1 none */
+} qs_type_traits;
+
+static qs_type_traits traits(int type) {
+    switch (type) {
+    case QS_F32: return (qs_type_traits){1, 4, deq_f32, QS_F32};
+    case QS_F16: return (qs_type_traits){1, 2, deq_f16, QS_F16};
+    case QS_BF16: return (qs_type_traits){1, 2, deq_bf16, QS_BF16};
+    case QS_Q4_0: return (qs_type_traits){32, 18, deq_q4_0, QS_Q8_0};
+    case QS_Q4_1: return (qs_type_traits){32, 20, deq_q4_1, QS_Q8_1};
+    case QS_Q5_0: return (qs_type_traits){32, 22, deq_q5_0, QS_Q8_0};
+    case QS_Q5_1: return (qs_type_traits){32, 24, deq_q5_1, QS_Q8_1};
+    case QS_Q8_0: return (qs_type_traits){32, 34, deq_q8_0, QS_Q8_0};
+    case QS_Q8_1: return (qs_type_traits){32, 36, NULL, -1};
+    case QS_Q2_K: return (qs_type_traits){256, 84, deq_q2_K, -1};
+    case QS_Q3_K: return (qs_type_traits){256, 110, deq_q3_K, -1};
+    case QS_Q4_K: return (qs_type_traits){256, 144, deq_q4_K, QS_Q8_K};
+    case QS_Q5_K: return (qs_type_traits){256, 176, deq_q5_K, QS_Q8_K};
+    case QS_Q6_K: return (qs_type_traits){256, 210, deq_q6_K, QS_Q8_K};
+    case QS_Q8_K: return (qs_type_traits){256, 292, NULL, -1};
+    case QS_IQ4_NL: return (qs_type_traits){32, 18, deq_iq4_nl, -1};
+    case QS_IQ4_XS: return (qs_type_traits){256, 136, deq_iq4_xs, -1};
+    default: return (qs_type_traits){0, 0, NULL, -1};
+    }
+}
+
+int qs_block_elems(int type) { return traits(type).elems; }
+int qs_block_bytes(int type) { return traits(type).bytes; }
+int qs_can_dequantize(int type) { return traits(type).deq != NULL; }
+int qs_vec_dot_type(int type) { return traits(type).act; }
+
+static qs_deq_block_fn deq_fn(int type) {
+    if (qs_isa_get() >= QS_ISA_AVX2) {
+        switch (type) {
+        case QS_Q4_K: return qs_deq_q4_K_avx2;
+        case QS_Q6_K: return qs_deq_q6_K_avx2;
+        case QS_Q8_0: return qs_deq_q8_0_avx2;
+        case QS_Q5_0: return qs_deq_q5_0_avx2;
+        case QS_Q4_1: return qs_deq_q4_1_avx2;
+        default: break;
+        }
+    }
+    return traits(type).deq;
+}
+
+/* Dequantize n_blocks blocks (scalar types: elements) in parallel chunks. */
+typedef struct {
+    qs_deq_block_fn fn;
+    const uint8_t *src;
+    float *dst;
+    int64_t n_blocks, per_task;
+    int elems, bytes;
+} deq_ctx;
+
+static void deq_task(void *vctx, int64_t t) {
+    deq_ctx *c = (deq_ctx *)vctx;
+    int64_t a = t * c->per_task, b = a + c->per_task;
+    if (b > c->n_blocks) b = c->n_blocks;
+    if (c->elems == 1 && c->fn == deq_f32) {
+        memcpy(c->dst + a, c->src + a * 4, (size_t)(b - a) * 4);
+        return;
+    }
+    for (int64_t i = a; i < b; ++i) c->fn(c->src + i * c->bytes, c->dst + i * c->elems);
+}
+
+int qs_dequantize(int type, const uint8_t *src, float *dst, int64_t n_blocks, int n_threads) {
+    qs_type_traits tr = traits(type);
+    if (!tr.deq) return -1;
+    deq_ctx c = {deq_fn(type), src, dst, n_blocks, 0, tr.elems, tr.bytes};
+    int64_t elems = n_blocks * tr.elems;
+    int64_t per = (1 << 16) / tr.elems; /* ~64k elements per task */
+    if (per < 1) per = 1;
+    c.per_task = per;
+    int64_t n_tasks = (n_blocks + per - 1) / per;
+    qs_parallel_for(n_tasks, deq_task, &c, elems < (1 << 17) ? 1 : n_threads);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- activation quantizers (ggml *_ref) */
+static inline int nearest_int(float fval) {
+    float val = fval + 12582912.f;
+    int i;
+    memcpy(&i, &val, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+int qs_quantize_q8_0(const float *x, uint8_t *dst, int64_t n) {
+    if (n % 32) return -1;
+    for (int64_t i = 0; i < n / 32; ++i) {
+        const float *v = x + 32 * i;
+        uint8_t *o = dst + 34 * i;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(v[j]));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t dh = qs_fp32_to_fp16(d);
+        memcpy(o, &dh, 2);
+        for (int j = 0; j < 32; ++j) o[2 + j] = (uint8_t)(int8_t)roundf(v[j] * id);
+    }
+    return 0;
+}
+
+int qs_quantize_q8_1(const float *x, uint8_t *dst, int64_t n) {
+    if (n % 32) return -1;
+    for (int64_t i = 0; i < n / 32; ++i) {
+        const float *v = x + 32 * i;
+        uint8_t *o = dst + 36 * i;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(v[j]));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t dh = qs_fp32_to_fp16(d);
+        memcpy(o, &dh, 2);
+        int sum = 0;
+        for (int j = 0; j < 32; ++j) {
+            int8_t q = (int8_t)roundf(v[j] * id);
+            o[4 + j] = (uint8_t)q;
+            sum += q;
+        }
+        uint16_t sh = qs_fp32_to_fp16((float)sum * d);
+        memcpy(o + 2, &sh, 2);
+    }
+    return 0;
+}
+
+int qs_quantize_q8_K(const float *x, uint8_t *dst, int64_t n) {
+    if (n % 256) return -1;
+    for (int64_t i = 0; i < n / 256; ++i) {
+        const float *v = x + 256 * i;
+        uint8_t *o = dst + 292 * i;
+        int8_t *qs = (int8_t *)(o + 4);
+        float max = 0.0f, amax = 0.0f;
+        for (int j = 0; j < 256; ++j) {
+            float ax = fabsf(v[j]);
+            if (ax > amax) {
+                amax = ax;
+                max = v[j];
+            }
+        }
+        if (amax == 0.0f) {
+            memset(o, 0, 292);
+            continue;
+        }
+        float iscale = -127.0f / max;
+        for (int j = 0; j < 256; ++j) {
+            int q = nearest_int(iscale * v[j]);
+            qs[j] = (int8_t)(q < 127 ? q : 127);
+        }
+        for (int j = 0; j < 16; ++j) {
+            int s = 0;
+            for (int k = 0; k < 16; ++k) s += qs[16 * j + k];
+            int16_t s16 = (int16_t)s;
+            memcpy(o + 260 + 2 * j, &s16, 2);
+        }
+        float d = 1.0f / iscale;
+        memcpy(o, &d, 4);
+    }
+    return 0;
+}
+
+int qs_quantize_f16(const float *x, uint8_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        uint16_t h = qs_fp32_to_fp16(x[i]);
+        memcpy(dst + 2 * i, &h, 2);
+    }
+    return 0;
+}
+
+int qs_quantize_bf16(const float *x, uint8_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        uint16_t h = qs_fp32_to_bf16(x[i]);
+        memcpy(dst + 2 * i, &h, 2);
+    }
+    return 0;
+}
+
+int qs_quantize_activation(int act, const float *x, uint8_t *dst, int64_t n) {
+    switch (act) {
+    case QS_Q8_0: return qs_quantize_q8_0(x, dst, n);
+    case QS_Q8_1: return qs_quantize_q8_1(x, dst, n);
+    case QS_Q8_K: return qs_quantize_q8_K(x, dst, n);
+    case QS_F16: return qs_quantize_f16(x, dst, n);
+    case QS_BF16: return qs_quantize_bf16(x, dst, n);
+    case QS_F32: memcpy(dst, x, (size_t)n * 4); return 0;
+    default: return -1;
+    }
+}
+
+/* ---------------------------------------------------------------- scalar dot products (ggml generic math) */
+float qs_dot_q4_0_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 32; ++i, w += 18, x += 34) {
+        int sumi = 0;
+        for (int j = 0; j < 16; ++j) {
+            sumi += ((w[2 + j] & 15) - 8) * (int8_t)x[2 + j];
+            sumi += ((w[2 + j] >> 4) - 8) * (int8_t)x[18 + j];
+        }
+        s += (float)sumi * (f16at(w) * f16at(x));
+    }
+    return s;
+}
+float qs_dot_q4_1_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 32; ++i, w += 20, x += 36) {
+        int sumi = 0;
+        for (int j = 0; j < 16; ++j) {
+            sumi += (w[4 + j] & 15) * (int8_t)x[4 + j];
+            sumi += (w[4 + j] >> 4) * (int8_t)x[20 + j];
+        }
+        s += (f16at(w) * f16at(x)) * (float)sumi + f16at(w + 2) * f16at(x + 2);
+    }
+    return s;
+}
+float qs_dot_q5_0_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 32; ++i, w += 22, x += 34) {
+        uint32_t qh = qs_load_u32(w + 2);
+        int sumi = 0;
+        for (int j = 0; j < 16; ++j) {
+            int q0 = ((w[6 + j] & 15) | (((qh >> j) & 1) << 4)) - 16;
+            int q1 = ((w[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
+            sumi += q0 * (int8_t)x[2 + j] + q1 * (int8_t)x[18 + j];
+        }
+        s += (float)sumi * (f16at(w) * f16at(x));
+    }
+    return s;
+}
+float qs_dot_q5_1_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 32; ++i, w += 24, x += 36) {
+        uint32_t qh = qs_load_u32(w + 4);
+        int sumi = 0;
+        for (int j = 0; j < 16; ++j) {
+            int q0 = (w[8 + j] & 15) | (((qh >> j) & 1) << 4);
+            int q1 = (w[8 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+            sumi += q0 * (int8_t)x[4 + j] + q1 * (int8_t)x[20 + j];
+        }
+        s += (f16at(w) * f16at(x)) * (float)sumi + f16at(w + 2) * f16at(x + 2);
+    }
+    return s;
+}
+float qs_dot_q8_0_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 32; ++i, w += 34, x += 34) {
+        int sumi = 0;
+        for (int j = 0; j < 32; ++j) sumi += (int8_t)w[2 + j] * (int8_t)x[2 + j];
+        s += (float)sumi * (f16at(w) * f16at(x));
+    }
+    return s;
+}
+static inline int16_t bsum_at(const uint8_t *x, int j) {
+    int16_t v;
+    memcpy(&v, x + 260 + 2 * j, 2);
+    return v;
+}
+float qs_dot_q4_K_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 256; ++i, w += 144, x += 292) {
+        const uint8_t *qs = w + 16;
+        const int8_t *q8 = (const int8_t *)(x + 4);
+        int32_t sumi = 0, msum = 0;
+        for (int c = 0; c < 4; ++c) {
+            int sc0, m0, sc1, m1;
+            k4_scale_min(w + 4, 2 * c, &sc0, &m0);
+            k4_scale_min(w + 4, 2 * c + 1, &sc1, &m1);
+            int32_t a = 0, b = 0;
+            for (int l = 0; l < 32; ++l) {
+                a += (qs[32 * c + l] & 15) * q8[64 * c + l];
+                b += (qs[32 * c + l] >> 4) * q8[64 * c + 32 + l];
+            }
+            sumi += sc0 * a + sc1 * b;
+            msum += m0 * (bsum_at(x, 4 * c) + bsum_at(x, 4 * c + 1)) + m1 * (bsum_at(x, 4 * c + 2) + bsum_at(x, 4 * c + 3));
+        }
+        float d8 = qs_load_f32(x);
+        s += f16at(w) * d8 * (float)sumi - f16at(w + 2) * d8 * (float)msum;
+    }
+    return s;
+}
+float qs_dot_q5_K_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 256; ++i, w += 176, x += 292) {
+        const uint8_t *qh = w + 16, *qs = w + 48;
+        const int8_t *q8 = (const int8_t *)(x + 4);
+        int32_t sumi = 0, msum = 0;
+        for (int c = 0; c < 4; ++c) {
+            int sc0, m0, sc1, m1;
+            k4_scale_min(w + 4, 2 * c, &sc0, &m0);
+            k4_scale_min(w + 4, 2 * c + 1, &sc1, &m1);
+            int32_t a = 0, b = 0;
+            for (int l = 0; l < 32; ++l) {
+                a += ((qs[32 * c + l] & 15) | (((qh[l] >> (2 * c)) & 1) << 4)) * q8[64 * c + l];
+                b += ((qs[32 * c + l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4)) * q8[64 * c + 32 + l];
+            }
+            sumi += sc0 * a + sc1 * b;
+            msum += m0 * (bsum_at(x, 4 * c) + bsum_at(x, 4 * c + 1)) + m1 * (bsum_at(x, 4 * c + 2) + bsum_at(x, 4 * c + 3));
+        }
+        float d8 = qs_load_f32(x);
+        s += f16at(w) * d8 * (float)sumi - f16at(w + 2) * d8 * (float)msum;
+    }
+    return s;
+}
+float qs_dot_q6_K_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 256; ++i, w += 210, x += 292) {
+        const int8_t *sc = (const int8_t *)(w + 192);
+        const int8_t *q8 = (const int8_t *)(x + 4);
+        int32_t sumi = 0;
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t *ql = w + 64 * h, *qh = w + 128 + 32 * h;
+            const int8_t *x8 = q8 + 128 * h;
+            int32_t part[8] = {0};
+            for (int l = 0; l < 32; ++l) {
+                int q0 = ((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32;
+                int q1 = ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                int q2 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                int q3 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                part[0 + l / 16] += q0 * x8[l];
+                part[2 + l / 16] += q1 * x8[32 + l];
+                part[4 + l / 16] += q2 * x8[64 + l];
+                part[6 + l / 16] += q3 * x8[96 + l];
+            }
+            for (int j = 0; j < 8; ++j) sumi += sc[8 * h + j] * part[j];
+        }
+        s += f16at(w + 208) * qs_load_f32(x) * (float)sumi;
+    }
+    return s;
+}
+float qs_dot_f16_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; ++i) s += (double)(f16at(w + 2 * i) * f16at(x + 2 * i));
+    return (float)s;
+}
+float qs_dot_bf16_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; ++i)
+        s += (double)(qs_bf16_to_fp32(qs_load_u16(w + 2 * i)) * qs_bf16_to_fp32(qs_load_u16(x + 2 * i)));
+    return (float)s;
+}
+float qs_dot_f32_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; ++i) s += (double)(qs_load_f32(w + 4 * i) * qs_load_f32(x + 4 * i));
+    return (float)s;
+}
+
+static qs_dot_fn dot_fn(int type) {
+    int isa = qs_isa_get();
+    switch (type) {
+    case QS_Q4_0: return isa >= 2 ? qs_dot_q4_0_avx512 : isa >= 1 ? qs_dot_q4_0_avx2 : qs_dot_q4_0_scalar;
+    case QS_Q4_1: return isa >= 2 ? qs_dot_q4_1_avx512 : isa >= 1 ? qs_dot_q4_1_avx2 : qs_dot_q4_1_scalar;
+    case QS_Q5_0: return isa >= 2 ? qs_dot_q5_0_avx512 : isa >= 1 ? qs_dot_q5_0_avx2 : qs_dot_q5_0_scalar;
+    case QS_Q5_1: return qs_dot_q5_1_scalar;
+    case QS_Q8_0: return isa >= 2 ? qs_dot_q8_0_avx512 : isa >= 1 ? qs_dot_q8_0_avx2 : qs_dot_q8_0_scalar;
+    case QS_Q4_K: return isa >= 2 ? qs_dot_q4_K_avx512 : isa >= 1 ? qs_dot_q4_K_avx2 : qs_dot_q4_K_scalar;
+    case QS_Q5_K: return qs_dot_q5_K_scalar;
+    case QS_Q6_K: return isa >= 2 ? qs_dot_q6_K_avx512 : isa >= 1 ? qs_dot_q6_K_avx2 : qs_dot_q6_K_scalar;
+    case QS_F16: return isa >= 1 ? qs_dot_f16_avx2 : qs_dot_f16_scalar;
+    case QS_BF16: return qs_dot_bf16_scalar;
+    case QS_F32: return isa >= 1 ? qs_dot_f32_avx2_q : qs_dot_f32_scalar;
+    default: return NULL;
+    }
+}
+
+int qs_vec_dot(int type, int64_t n, const uint8_t *w, const uint8_t *xq, float *out) {
+    qs_dot_fn fn = dot_fn(type);
+    if (!fn) return -1;
+    *out = fn(n, w, xq);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- matvec / matmat drivers */
+typedef struct {
+    int type;
+    qs_dot_fn dot;
+    qs_deq_block_fn deq; /* fallback: dequantize row, float dot */
+    const uint8_t *w;
+    int64_t n_rows, k, row_bytes, rows_per_task;
+    const uint8_t *xq; /* n_x activation rows, xq_stride bytes apart (quantized, or float for fallback) */
+    int64_t xq_stride, n_x;
+    float *y; /* [n_x][n_rows] */
+    int elems, bytes;
+    int failed;
+} mm_ctx;
+
+static void mm_task(void *vctx, int64_t t) {
+    mm_ctx *c = (mm_ctx *)vctx;
+    int64_t a = t * c->rows_per_task, b = a + c->rows_per_task;
+    if (b > c->n_rows) b = c->n_rows;
+    if (c->dot) {
+        for (int64_t r = a; r < b; ++r) {
+            const uint8_t *wr = c->w + r * c->row_bytes;
+            for (int64_t j = 0; j < c->n_x; ++j) c->y[j * c->n_rows + r] = c->dot(c->k, wr, c->xq + j * c->xq_stride);
+        }
+        return;
+    }
+    float *row = (float *)malloc((size_t)c->k * sizeof(float));
+    if (!row) { c->failed = 1; return; }
+    qs_dot_fn fdot = dot_fn(QS_F32);
+    for (int64_t r = a; r < b; ++r) {
+        const uint8_t *wr = c->w + r * c->row_bytes;
+        for (int64_t i = 0; i < c->k / c->elems; ++i) c->deq(wr + i * c->bytes, row + i * c->elems);
+        for (int64_t j = 0; j < c->n_x; ++j)
+            c->y[j * c->n_rows + r] = fdot(c->k, (const uint8_t *)row, c->xq + j * c->xq_stride);
+    }
+    free(row);
+}
+
+static int64_t act_row_bytes(int act, int64_t k) {
+    switch (act) {
+    case QS_Q8_0: return k / 32 * 34;
+    case QS_Q8_1: return k / 32 * 36;
+    case QS_Q8_K: return k / 256 * 292;
+    case QS_F16: case QS_BF16: return k * 2;
+    default: return k * 4;
+    }
+}
+
+int qs_matmat(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,
+              int n_threads) {
+    qs_type_traits tr = traits(type);
+    if (!tr.deq || tr.elems == 0 || k % tr.elems || n_rows < 0 || n_x < 0) return -1;
+    if (n_rows == 0 || n_x == 0) return 0;
+    mm_ctx c;
+    memset(&c, 0, sizeof c);
+    c.type = type;
+    c.w = w;
+    c.n_rows = n_rows;
+    c.k = k;
+    c.row_bytes = k / tr.elems * tr.bytes;
+    c.n_x = n_x;
+    c.y = y;
+    c.elems = tr.elems;
+    c.bytes = tr.bytes;
+    c.dot = tr.act >= 0 ? dot_fn(type) : NULL;
+    uint8_t *xq = NULL;
+    if (c.dot) {
+        int64_t rb = act_row_bytes(tr.act, k);
+        xq = (uint8_t *)malloc((size_t)(rb * n_x) + 64);
+        if (!xq) return -2;
+        for (int64_t j = 0; j < n_x; ++j) qs_quantize_activation(tr.act, x + j * k, xq + j * rb, k);
+        c.xq = xq;
+        c.xq_stride = rb;
+    } else {
+        c.deq = deq_fn(type);
+        c.xq = (const uint8_t *)x;
+        c.xq_stride = k * 4;
+    }
+    if (n_threads <= 0) n_threads = qs_threads_default();
+    int64_t per = 16;
+    int64_t work = n_rows * k * n_x;
+    if (work < (1 << 16)) n_threads = 1;
+    while (per > 1 && n_rows / per < 4 * n_threads) per /= 2;
+    c.rows_per_task = per;
+    qs_parallel_for((n_rows + per - 1) / per, mm_task, &c, n_threads);
+    free(xq);
+    return c.failed ? -2 : 0;
+}
+
+int qs_matvec(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, float *y, int n_threads) {
+    return qs_matmat(type, w, n_rows, k, x, 1, y, n_threads);
+}

@@ -1,0 +1,277 @@
+/* AVX2+FMA+F16C variants of the quantized kernels (ggml's x86 strategy; see gguf-and-quants.md §3.4).
+ * Dot products are exact in their integer parts; dequantization is bit-exact (every product is exact). */
+#include <immintrin.h>
+
+#include "qs.h"
+#include "qs_quant_internal.h"
+
+#define T QS_TARGET_AVX2
+
+static inline float f16at(const uint8_t *p) { return qs_fp16_to_fp32(qs_load_u16(p)); }
+
+T static inline float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+T static inline __m256i nibbles_32(const uint8_t *p) { /* 16 bytes -> 32 codes: low nibbles, then high */
+    __m128i t = _mm_loadu_si128((const __m128i *)p);
+    __m128i m = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(t, 4), m), _mm_and_si128(t, m));
+}
+
+T static inline __m256i bits_to_bytes(uint32_t x32) { /* bit e set -> byte e = 0xFF */
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x32), shuf);
+    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
+T static inline __m256 mul_sum_i8_pairs(__m256i x, __m256i y) { /* signed x signed -> 8 float lanes */
+    __m256i ax = _mm256_sign_epi8(x, x);
+    __m256i sy = _mm256_sign_epi8(y, x);
+    __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+    return _mm256_cvtepi32_ps(dot);
+}
+
+T static inline __m256 mul_sum_u8_i8(__m256i x, __m256i y) { /* unsigned x signed -> 8 float lanes */
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1)));
+}
+
+T float qs_dot_q8_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / 32; ++i, w += 34, x += 34) {
+        __m256 d = _mm256_set1_ps(f16at(w) * f16at(x));
+        __m256i qw = _mm256_loadu_si256((const __m256i *)(w + 2));
+        __m256i qx = _mm256_loadu_si256((const __m256i *)(x + 2));
+        acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs(qw, qx), acc);
+    }
+    return hsum_ps(acc);
+}
+
+T float qs_dot_q4_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / 32; ++i, w += 18, x += 34) {
+        __m256 d = _mm256_set1_ps(f16at(w) * f16at(x));
+        __m256i qw = _mm256_sub_epi8(nibbles_32(w + 2), _mm256_set1_epi8(8));
+        __m256i qx = _mm256_loadu_si256((const __m256i *)(x + 2));
+        acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs(qw, qx), acc);
+    }
+    return hsum_ps(acc);
+}
+
+T float qs_dot_q5_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / 32; ++i, w += 22, x += 34) {
+        __m256 d = _mm256_set1_ps(f16at(w) * f16at(x));
+        __m256i hi = _mm256_andnot_si256(bits_to_bytes(qs_load_u32(w + 2)), _mm256_set1_epi8((char)0xF0));
+        __m256i qw = _mm256_or_si256(nibbles_32(w + 6), hi); /* = q - 16 as int8 */
+        __m256i qx = _mm256_loadu_si256((const __m256i *)(x + 2));
+        acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs(qw, qx), acc);
+    }
+    return hsum_ps(acc);
+}
+
+T float qs_dot_q4_1_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    for (int64_t i = 0; i < n / 32; ++i, w += 20, x += 36) {
+        summs += f16at(w + 2) * f16at(x + 2);
+        __m256 d = _mm256_set1_ps(f16at(w) * f16at(x));
+        __m256i qw = nibbles_32(w + 4);
+        __m256i qx = _mm256_loadu_si256((const __m256i *)(x + 4));
+        acc = _mm256_fmadd_ps(d, mul_sum_u8_i8(qw, qx), acc);
+    }
+    return hsum_ps(acc) + summs;
+}
+
+static inline void k4_unpack(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
+    for (int j = 0; j < 4; ++j) {
+        sc[j] = s[j] & 63;
+        m[j] = s[j + 4] & 63;
+        sc[j + 4] = (uint8_t)((s[j + 8] & 15) | ((s[j] >> 6) << 4));
+        m[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
+    }
+}
+
+static inline int32_t k4_min_sum(const uint8_t m[8], const uint8_t *x) {
+    int16_t b[16];
+    memcpy(b, x + 260, 32);
+    int32_t s = 0;
+    for (int j = 0; j < 8; ++j) s += m[j] * (b[2 * j] + b[2 * j + 1]);
+    return s;
+}
+
+T float qs_dot_q4_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t i = 0; i < n / 256; ++i, w += 144, x += 292) {
+        uint8_t sc[8], m[8];
+        k4_unpack(w + 4, sc, m);
+        float d8 = qs_load_f32(x);
+        mins += f16at(w + 2) * d8 * (float)k4_min_sum(m, x);
+        const uint8_t *qs = w + 16;
+        const uint8_t *q8 = x + 4;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {
+            __m256i q4 = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i lo = _mm256_and_si256(q4, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(q8 + 64 * c)));
+            __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 64 * c + 32)));
+            pl = _mm256_madd_epi16(pl, _mm256_set1_epi16(sc[2 * c]));
+            ph = _mm256_madd_epi16(ph, _mm256_set1_epi16(sc[2 * c + 1]));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16at(w) * d8), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum_ps(acc) - mins;
+}
+
+T float qs_dot_q6_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    for (int64_t i = 0; i < n / 256; ++i, w += 210, x += 292) {
+        const int8_t *sc = (const int8_t *)(w + 192);
+        const uint8_t *q8 = x + 4;
+        /* -32 offset: 32 * sum_j sc_j * bsum_j */
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        __m256i bs16 = _mm256_loadu_si256((const __m256i *)(x + 260));
+        __m256i off = _mm256_madd_epi16(sc16, bs16);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t *ql = w + 64 * h;
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            for (int k = 0; k < 4; ++k) {
+                __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(q8 + 128 * h + 32 * k)));
+                int j = 8 * h + 2 * k;
+                __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[j + 1]), _mm_set1_epi16(sc[j]));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+            }
+        }
+        sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 5));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16at(w + 208) * qs_load_f32(x)), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum_ps(acc);
+}
+
+T float qs_dot_f16_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 2 * i)));
+        __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 2 * i + 16)));
+        __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + 2 * i)));
+        __m256 x1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + 2 * i + 16)));
+        a0 = _mm256_fmadd_ps(w0, x0, a0);
+        a1 = _mm256_fmadd_ps(w1, x1, a1);
+    }
+    float s = hsum_ps(_mm256_add_ps(a0, a1));
+    for (; i < n; ++i) s += f16at(w + 2 * i) * f16at(x + 2 * i);
+    return s;
+}
+
+T float qs_dot_f32_avx2_q(int64_t n, const uint8_t *w, const uint8_t *x) {
+    const float *a = (const float *)w, *b = (const float *)x;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+    float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+/* ---------------------------------------------------------------- dequantization (bit-exact) */
+T static inline void store_i8x32_scaled(const __m256i q, __m256 d, float *y) {
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    _mm256_storeu_ps(y, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d));
+    _mm256_storeu_ps(y + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d));
+    _mm256_storeu_ps(y + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d));
+    _mm256_storeu_ps(y + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d));
+}
+
+T void qs_deq_q8_0_avx2(const uint8_t *b, float *y) {
+    store_i8x32_scaled(_mm256_loadu_si256((const __m256i *)(b + 2)), _mm256_set1_ps(f16at(b)), y);
+}
+
+T void qs_deq_q5_0_avx2(const uint8_t *b, float *y) {
+    __m256i hi = _mm256_andnot_si256(bits_to_bytes(qs_load_u32(b + 2)), _mm256_set1_epi8((char)0xF0));
+    store_i8x32_scaled(_mm256_or_si256(nibbles_32(b + 6), hi), _mm256_set1_ps(f16at(b)), y);
+}
+
+T static inline void store_u8x32_fma(const __m256i q, __m256 d, __m256 m, float *y) { /* y = q*d + m */
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    _mm256_storeu_ps(y, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), d, m));
+    _mm256_storeu_ps(y + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), d, m));
+    _mm256_storeu_ps(y + 16, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), d, m));
+    _mm256_storeu_ps(y + 24, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), d, m));
+}
+
+T void qs_deq_q4_1_avx2(const uint8_t *b, float *y) {
+    store_u8x32_fma(nibbles_32(b + 4), _mm256_set1_ps(f16at(b)), _mm256_set1_ps(f16at(b + 2)), y);
+}
+
+T void qs_deq_q4_K_avx2(const uint8_t *b, float *y) {
+    uint8_t sc[8], m[8];
+    k4_unpack(b + 4, sc, m);
+    float d = f16at(b), dmin = f16at(b + 2);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int c = 0; c < 4; ++c) {
+        __m256i q4 = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * c));
+        __m256i lo = _mm256_and_si256(q4, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+        store_u8x32_fma(lo, _mm256_set1_ps(d * (float)sc[2 * c]), _mm256_set1_ps(-(dmin * (float)m[2 * c])),
+                        y + 64 * c);
+        store_u8x32_fma(hi, _mm256_set1_ps(d * (float)sc[2 * c + 1]), _mm256_set1_ps(-(dmin * (float)m[2 * c + 1])),
+                        y + 64 * c + 32);
+    }
+}
+
+T void qs_deq_q6_K_avx2(const uint8_t *b, float *y) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float d = f16at(b + 208);
+    for (int h = 0; h < 2; ++h) {
+        const uint8_t *ql = b + 64 * h;
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+        __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+        __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+        for (int k = 0; k < 4; ++k) {
+            __m256i v = _mm256_sub_epi8(q[k], off);
+            float *yy = y + 128 * h + 32 * k;
+            int j = 8 * h + 2 * k;
+            __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+            __m256 s0 = _mm256_set1_ps(d * (float)sc[j]), s1 = _mm256_set1_ps(d * (float)sc[j + 1]);
+            _mm256_storeu_ps(yy, _mm256_mul_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo))));
+            _mm256_storeu_ps(yy + 8, _mm256_mul_ps(s0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)))));
+            _mm256_storeu_ps(yy + 16, _mm256_mul_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi))));
+            _mm256_storeu_ps(yy + 24, _mm256_mul_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))));
+        }
+    }
+}

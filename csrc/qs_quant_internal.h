@@ -1,0 +1,45 @@
+/* Internal declarations shared by the quantized-kernel files. */
+#ifndef QS_QUANT_INTERNAL_H
+#define QS_QUANT_INTERNAL_H
+#include <stdint.h>
+
+typedef void (*qs_deq_block_fn)(const uint8_t *blk, float *y);
+typedef float (*qs_dot_fn)(int64_t n, const uint8_t *w, const uint8_t *xq);
+
+/* scalar references (qs_quant.c) */
+float qs_dot_q4_0_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q4_1_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q5_0_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q5_1_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q8_0_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q4_K_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q5_K_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q6_K_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_f16_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_bf16_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_f32_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
+
+/* AVX2 (qs_quant_avx2.c) */
+float qs_dot_q4_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q4_1_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q5_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q8_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q4_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q6_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_f16_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_f32_avx2_q(int64_t n, const uint8_t *w, const uint8_t *x);
+void qs_deq_q4_K_avx2(const uint8_t *blk, float *y);
+void qs_deq_q6_K_avx2(const uint8_t *blk, float *y);
+void qs_deq_q8_0_avx2(const uint8_t *blk, float *y);
+void qs_deq_q5_0_avx2(const uint8_t *blk, float *y);
+void qs_deq_q4_1_avx2(const uint8_t *blk, float *y);
+
+/* AVX-512 (qs_quant_avx512.c) */
+float qs_dot_q4_0_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q4_1_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q5_0_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q8_0_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q4_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
+
+#endif

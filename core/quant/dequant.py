@@ -1,8 +1,8 @@
 """Reference dequantization of ggml block formats in vectorised numpy, bit-exact with ggml.
 
-Every function takes the raw bytes as a ``uint8`` array of shape ``(n_blocks, block_bytes)`` and returns
-``float32`` of shape ``(n_blocks, block_elems)``. All arithmetic is float32 and every product is exact
-(see shared/specs/gguf-and-quants.md §2.2), so the results equal ggml's bit for bit.
+Every function takes the raw bytes as a ``uint8`` array of shape ``(n_blocks, block_bytes)`` and writes
+``float32`` values into ``out`` of shape ``(n_blocks, block_elems)``. All arithmetic is float32 and every
+product is exact (see shared/specs/gguf-and-quants.md §2.2), so the results equal ggml's bit for bit.
 """
 
 from __future__ import annotations
@@ -43,27 +43,26 @@ def unpack_q3k_scales(scales: np.ndarray) -> np.ndarray:
     return low | (high << 4)
 
 
-def _f32(blocks: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(blocks).view("<f4").astype(np.float32)
+def _f32(blocks: np.ndarray, out: np.ndarray) -> None:
+    out[:] = np.ascontiguousarray(blocks).view("<f4")
 
 
-def _f16(blocks: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(blocks).view("<f2").astype(np.float32)
+def _f16(blocks: np.ndarray, out: np.ndarray) -> None:
+    out[:] = np.ascontiguousarray(blocks).view("<f2")
 
 
-def _bf16(blocks: np.ndarray) -> np.ndarray:
-    return (np.ascontiguousarray(blocks).view("<u2").astype(np.uint32) << 16).view(np.float32)
+def _bf16(blocks: np.ndarray, out: np.ndarray) -> None:
+    np.left_shift(np.ascontiguousarray(blocks).view("<u2"), 16, out=out.view(np.uint32), dtype=np.uint32)
 
 
-def _q4_0(b: np.ndarray) -> np.ndarray:
-    d = fp16_at(b, 0)
+def _q4_0(b: np.ndarray, out: np.ndarray) -> None:
     q = nibbles_split(b[:, 2:18]).astype(np.int8) - np.int8(8)
-    return q.astype(np.float32) * d
+    np.multiply(q, fp16_at(b, 0), out=out)
 
 
-def _q4_1(b: np.ndarray) -> np.ndarray:
-    d, m = fp16_at(b, 0), fp16_at(b, 2)
-    return nibbles_split(b[:, 4:20]).astype(np.float32) * d + m
+def _q4_1(b: np.ndarray, out: np.ndarray) -> None:
+    np.multiply(nibbles_split(b[:, 4:20]), fp16_at(b, 0), out=out)
+    out += fp16_at(b, 2)
 
 
 def _q5_bits(qh_bytes: np.ndarray) -> np.ndarray:
@@ -71,23 +70,22 @@ def _q5_bits(qh_bytes: np.ndarray) -> np.ndarray:
     return ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
 
 
-def _q5_0(b: np.ndarray) -> np.ndarray:
-    d = fp16_at(b, 0)
+def _q5_0(b: np.ndarray, out: np.ndarray) -> None:
     q = nibbles_split(b[:, 6:22]) | (_q5_bits(b[:, 2:6]) << 4)
-    return (q.astype(np.int8) - np.int8(16)).astype(np.float32) * d
+    np.multiply(q.view(np.int8) - np.int8(16), fp16_at(b, 0), out=out)
 
 
-def _q5_1(b: np.ndarray) -> np.ndarray:
-    d, m = fp16_at(b, 0), fp16_at(b, 2)
+def _q5_1(b: np.ndarray, out: np.ndarray) -> None:
     q = nibbles_split(b[:, 8:24]) | (_q5_bits(b[:, 4:8]) << 4)
-    return q.astype(np.float32) * d + m
+    np.multiply(q, fp16_at(b, 0), out=out)
+    out += fp16_at(b, 2)
 
 
-def _q8_0(b: np.ndarray) -> np.ndarray:
-    return b[:, 2:34].view(np.int8).astype(np.float32) * fp16_at(b, 0)
+def _q8_0(b: np.ndarray, out: np.ndarray) -> None:
+    np.multiply(b[:, 2:34].view(np.int8), fp16_at(b, 0), out=out)
 
 
-def _q2_k(b: np.ndarray) -> np.ndarray:
+def _q2_k(b: np.ndarray, out: np.ndarray) -> None:
     n = b.shape[0]
     sc = b[:, 0:16].reshape(n, 2, 4, 2, 1)
     qs = b[:, 16:80].reshape(n, 2, 1, 32)
@@ -95,10 +93,12 @@ def _q2_k(b: np.ndarray) -> np.ndarray:
     q = ((qs >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3).reshape(n, 2, 4, 2, 16)
     dl = d * (sc & 15).astype(np.float32)
     ml = dmin * (sc >> 4).astype(np.float32)
-    return (dl * q.astype(np.float32) - ml).reshape(n, 256)
+    o = out.reshape(n, 2, 4, 2, 16)
+    np.multiply(dl, q, out=o)
+    o -= ml
 
 
-def _q3_k(b: np.ndarray) -> np.ndarray:
+def _q3_k(b: np.ndarray, out: np.ndarray) -> None:
     n = b.shape[0]
     hmask = b[:, 0:32].reshape(n, 1, 1, 32)
     qs = b[:, 32:96].reshape(n, 2, 1, 32)
@@ -108,8 +108,7 @@ def _q3_k(b: np.ndarray) -> np.ndarray:
     q2 = ((qs >> (2 * shift)) & 3).astype(np.int8)
     hbit = (hmask >> (np.arange(2, dtype=np.uint8).reshape(1, 2, 1, 1) * 4 + shift)) & 1
     q = (q2 - np.where(hbit != 0, np.int8(0), np.int8(4))).reshape(n, 2, 4, 2, 16)
-    dl = d * sc.astype(np.float32)
-    return (dl * q.astype(np.float32)).reshape(n, 256)
+    np.multiply(d * sc.astype(np.float32), q, out=out.reshape(n, 2, 4, 2, 16))
 
 
 def _k4_codes(qs: np.ndarray) -> np.ndarray:
@@ -119,49 +118,57 @@ def _k4_codes(qs: np.ndarray) -> np.ndarray:
     return np.concatenate([c & 15, c >> 4], axis=2).reshape(n, 8, 32)
 
 
-def _q4_k(b: np.ndarray) -> np.ndarray:
+def _q4_k(b: np.ndarray, out: np.ndarray) -> None:
     n = b.shape[0]
     d, dmin = fp16_at(b, 0), fp16_at(b, 2)
     sc, mn = unpack_k4_scales(b[:, 4:16])
     q = _k4_codes(b[:, 16:144])
-    dl = (d * sc.astype(np.float32))[:, :, None]
-    ml = (dmin * mn.astype(np.float32))[:, :, None]
-    return (dl * q.astype(np.float32) - ml).reshape(n, 256)
+    o = out.reshape(n, 8, 32)
+    np.multiply((d * sc.astype(np.float32))[:, :, None], q, out=o)
+    o -= (dmin * mn.astype(np.float32))[:, :, None]
 
 
-def _q5_k(b: np.ndarray) -> np.ndarray:
+def _q5_k(b: np.ndarray, out: np.ndarray) -> None:
     n = b.shape[0]
     d, dmin = fp16_at(b, 0), fp16_at(b, 2)
     sc, mn = unpack_k4_scales(b[:, 4:16])
     qh = b[:, 16:48].reshape(n, 1, 32)
     hb = (qh >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
     q = _k4_codes(b[:, 48:176]) | (hb << 4)
-    dl = (d * sc.astype(np.float32))[:, :, None]
-    ml = (dmin * mn.astype(np.float32))[:, :, None]
-    return (dl * q.astype(np.float32) - ml).reshape(n, 256)
+    o = out.reshape(n, 8, 32)
+    np.multiply((d * sc.astype(np.float32))[:, :, None], q, out=o)
+    o -= (dmin * mn.astype(np.float32))[:, :, None]
 
 
 def q6_k_codes(b: np.ndarray) -> np.ndarray:
-    """Q6_K blocks -> 6-bit codes 0..63 per element, ``(n, 256)``."""
+    """Q6_K blocks -> 6-bit codes 0..63 per element, ``(n, 256)``.
+
+    Works on 64-bit words (8 codes at a time): within each half, low nibbles of ``ql[0:64]`` then high
+    nibbles give the low 4 bits in element order; ``(qh >> 2k) & 3`` gives the top 2 bits of 32-element run k.
+    """
     n = b.shape[0]
-    ql = b[:, 0:128].reshape(n, 2, 64)
-    qh = b[:, 128:192].reshape(n, 2, 32)
-    lo = np.stack([ql[:, :, :32] & 15, ql[:, :, 32:] & 15, ql[:, :, :32] >> 4, ql[:, :, 32:] >> 4], axis=2)
-    hi = (qh[:, :, None, :] >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3
-    return (lo | (hi << 4)).reshape(n, 256)
+    ql = np.ascontiguousarray(b[:, 0:128]).view(np.uint64).reshape(n, 2, 8)
+    qh = np.ascontiguousarray(b[:, 128:192]).view(np.uint64).reshape(n, 2, 1, 4)
+    codes = np.concatenate([ql & _M4, (ql >> _U4) & _M4], axis=2)
+    codes |= (((qh >> _Q6_SHIFTS) & _M2) << _U4).reshape(n, 2, 16)
+    return codes.view(np.uint8).reshape(n, 256)
 
 
-def _q6_k(b: np.ndarray) -> np.ndarray:
+_M4 = np.uint64(0x0F0F0F0F0F0F0F0F)
+_M2 = np.uint64(0x0303030303030303)
+_U4 = np.uint64(4)
+_Q6_SHIFTS = (2 * np.arange(4, dtype=np.uint64)).reshape(1, 1, 4, 1)
+
+
+def _q6_k(b: np.ndarray, out: np.ndarray) -> None:
     n = b.shape[0]
-    q = (q6_k_codes(b).astype(np.int8) - np.int8(32)).reshape(n, 16, 16)
+    q = (q6_k_codes(b).view(np.int8) - np.int8(32)).reshape(n, 16, 16)
     sc = b[:, 192:208].view(np.int8).astype(np.float32)
-    d = fp16_at(b, 208)
-    return ((d * sc)[:, :, None] * q.astype(np.float32)).reshape(n, 256)
+    np.multiply((fp16_at(b, 208) * sc)[:, :, None], q, out=out.reshape(n, 16, 16))
 
 
-def _iq4_nl(b: np.ndarray) -> np.ndarray:
-    d = fp16_at(b, 0)
-    return IQ4_NL_VALUES[nibbles_split(b[:, 2:18])].astype(np.float32) * d
+def _iq4_nl(b: np.ndarray, out: np.ndarray) -> None:
+    np.multiply(IQ4_NL_VALUES[nibbles_split(b[:, 2:18])], fp16_at(b, 0), out=out)
 
 
 def iq4_xs_scales(b: np.ndarray) -> np.ndarray:
@@ -172,17 +179,17 @@ def iq4_xs_scales(b: np.ndarray) -> np.ndarray:
     return sl.astype(np.uint16) | (((sh >> (2 * k).astype(np.uint16)) & 3) << 4)
 
 
-def _iq4_xs(b: np.ndarray) -> np.ndarray:
+def _iq4_xs(b: np.ndarray, out: np.ndarray) -> None:
     n = b.shape[0]
     d = fp16_at(b, 0)
     ls = iq4_xs_scales(b).astype(np.int16) - 32
     dl = (d * ls.astype(np.float32))[:, :, None]
     qs = b[:, 8:136].reshape(n, 8, 16)
-    vals = IQ4_NL_VALUES[np.concatenate([qs & 15, qs >> 4], axis=2)].astype(np.float32)
-    return (dl * vals).reshape(n, 256)
+    vals = IQ4_NL_VALUES[np.concatenate([qs & 15, qs >> 4], axis=2)]
+    np.multiply(dl, vals, out=out.reshape(n, 8, 32))
 
 
-DEQUANTIZERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+DEQUANTIZERS: dict[str, Callable[[np.ndarray, np.ndarray], None]] = {
     "F32": _f32,
     "F16": _f16,
     "BF16": _bf16,
@@ -235,5 +242,5 @@ def dequantize(raw: np.ndarray, qtype: GGMLType | int | str) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf scales are data here, not errors
         for a in range(0, n, _CHUNK_BLOCKS):
             b = min(n, a + _CHUNK_BLOCKS)
-            out[a:b] = fn(blocks[a:b])
+            fn(blocks[a:b], out[a:b])
     return out.reshape(out_shape)

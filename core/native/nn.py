@@ -1,0 +1,123 @@
+"""Typed wrappers over the native float kernels of the inference engine (RMSNorm, RoPE, softmax, gated
+activations, attention over a KV cache). Arrays are float32 and C-contiguous; sizes are validated here."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import ffi, lib
+from .kernels import KernelError, _in, _out, _ptr
+
+
+def _f32_inplace(x: np.ndarray, what: str) -> np.ndarray:
+    if x.dtype != np.float32 or not x.flags.c_contiguous or not x.flags.writeable:
+        raise ValueError(f"{what} must be a writeable C-contiguous float32 array")
+    return x
+
+
+def rmsnorm(x: np.ndarray, weight: np.ndarray | None, eps: float, out: np.ndarray | None = None) -> np.ndarray:
+    """Row-wise ``x / sqrt(mean(x²) + eps) * weight`` over the last dimension."""
+    xa = _in(x, np.float32, "x")
+    n = xa.shape[-1]
+    w = None
+    if weight is not None:
+        w = _in(weight, np.float32, "weight").reshape(-1)
+        if w.size != n:
+            raise ValueError(f"weight has {w.size} elements, rows have {n}")
+    y = np.empty_like(xa) if out is None else _f32_inplace(out, "out")
+    if y.shape != xa.shape:
+        raise ValueError("out must have the shape of x")
+    lib.qs_rmsnorm(_ptr(xa, "float *"), _ptr(w, "float *") if w is not None else ffi.NULL, _out(y, "float *"),
+                   xa.size // n if n else 0, n, eps)
+    return y
+
+
+def rope(x: np.ndarray, positions: np.ndarray, *, rot_dim: int | None = None, freq_base: float = 10000.0,
+         freq_scale: float = 1.0, neox: bool = False) -> np.ndarray:
+    """Rotary embedding in place on ``x`` of shape ``(n_tokens, n_heads, head_dim)``.
+
+    ``neox=False`` rotates pairs ``(2i, 2i+1)``; ``neox=True`` pairs ``(i, i + rot_dim/2)``; angle
+    ``pos * freq_scale * freq_base^(-2i/rot_dim)``. Returns ``x``.
+    """
+    xa = _f32_inplace(x, "x")
+    if xa.ndim != 3:
+        raise ValueError("x must be (n_tokens, n_heads, head_dim)")
+    n_tok, n_heads, head_dim = xa.shape
+    rd = head_dim if rot_dim is None else rot_dim
+    if rd <= 0 or rd % 2 or rd > head_dim:
+        raise ValueError(f"rot_dim {rd} must be even and at most head_dim {head_dim}")
+    pos = _in(positions, np.int32, "positions").reshape(-1)
+    if pos.size != n_tok:
+        raise ValueError(f"{pos.size} positions for {n_tok} tokens")
+    lib.qs_rope(_out(xa, "float *"), n_tok, n_heads, head_dim, rd, _ptr(pos, "int32_t *"), freq_base, freq_scale,
+                int(neox))
+    return xa
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last dimension, in place (rows of all ``-inf`` become zeros). Returns ``x``."""
+    xa = _f32_inplace(x, "x")
+    n = xa.shape[-1]
+    if n:
+        lib.qs_softmax(_out(xa, "float *"), xa.size // n, n)
+    return xa
+
+
+def _glu(fn: object, gate: np.ndarray, up: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    g = _in(gate, np.float32, "gate")
+    u = _in(up, np.float32, "up")
+    if g.shape != u.shape:
+        raise ValueError(f"gate {g.shape} and up {u.shape} differ")
+    y = np.empty_like(g) if out is None else _f32_inplace(out, "out")
+    if y.shape != g.shape:
+        raise ValueError("out must have the shape of gate")
+    fn(_ptr(g, "float *"), _ptr(u, "float *"), _out(y, "float *"), g.size)  # type: ignore[operator]
+    return y
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``silu(gate) * up``."""
+    return _glu(lib.qs_swiglu, gate, up, out)
+
+
+def geglu_tanh(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``gelu_tanh(gate) * up`` (the tanh approximation of GELU)."""
+    return _glu(lib.qs_geglu_tanh, gate, up, out)
+
+
+def attention(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_kv: int, *,
+              scale: float, window: int = 0, threads: int = 0, out: np.ndarray | None = None) -> np.ndarray:
+    """Causal scaled-dot-product attention of query rows against a KV cache.
+
+    ``q``: ``(n_q, n_heads, head_dim)`` float32; ``q_pos``: each query's position; caches
+    ``(n_ctx, n_kv_heads, head_dim)`` float32 or float16 with the first ``n_kv`` positions valid. Query ``i``
+    sees keys ``p <= q_pos[i]`` (and ``p > q_pos[i] - window`` when ``window > 0``). GQA: head ``h`` uses KV
+    head ``h // (n_heads // n_kv_heads)``.
+    """
+    qa = _in(q, np.float32, "q")
+    if qa.ndim != 3:
+        raise ValueError("q must be (n_q, n_heads, head_dim)")
+    n_q, n_heads, head_dim = qa.shape
+    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (np.float32, np.float16):
+        raise TypeError("k_cache and v_cache must both be float32 or both float16")
+    if k_cache.shape != v_cache.shape or k_cache.ndim != 3 or k_cache.shape[2] != head_dim:
+        raise ValueError(f"caches must be (n_ctx, n_kv_heads, {head_dim}) and alike")
+    if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
+        raise ValueError("caches must be C-contiguous")
+    n_ctx, n_kv_heads = k_cache.shape[0], k_cache.shape[1]
+    if n_kv_heads == 0 or n_heads % n_kv_heads:
+        raise ValueError(f"{n_heads} heads are not a multiple of {n_kv_heads} KV heads")
+    if not 0 <= n_kv <= n_ctx:
+        raise ValueError(f"n_kv {n_kv} outside 0..{n_ctx}")
+    pos = _in(q_pos, np.int32, "q_pos").reshape(-1)
+    if pos.size != n_q:
+        raise ValueError(f"{pos.size} positions for {n_q} queries")
+    y = np.empty_like(qa) if out is None else _f32_inplace(out, "out")
+    if y.shape != qa.shape:
+        raise ValueError("out must have the shape of q")
+    rc = lib.qs_attention(_ptr(qa, "float *"), n_q, _ptr(pos, "int32_t *"), n_heads, head_dim,
+                          ffi.from_buffer(k_cache), ffi.from_buffer(v_cache), int(k_cache.dtype == np.float16),
+                          n_kv_heads, n_kv, window, scale, _out(y, "float *"), threads)
+    if rc != 0:
+        raise KernelError(f"attention failed ({rc})")
+    return y

@@ -1,0 +1,284 @@
+"""Native kernels: dequantization bit-exact with the numpy reference, ggml's activation quantizers, dot products
+against a float64 evaluation of the same quantized scheme, matvec against float64 on dequantized weights — on
+every ISA level this CPU has (scalar, AVX2, AVX-512), on random and real data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as GQ
+from gguf.quants import quantize as gguf_quantize
+
+from quantscope.core.gguf import GGUFFile
+from quantscope.core.native import kernels as K
+from quantscope.core.quant import dequantize, ggml_type
+
+from .test_dequant import REQUIRED, realistic_blocks
+
+LEVELS = K.ISA_NAMES[: K.ISA_NAMES.index(K.isa_detected()) + 1]
+DOT_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32"]
+FALLBACK_TYPES = ["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"]
+# byte offsets of the fp16 min-scale field(s) of formats with a subtracted/added minimum
+MIN_FIELD = {"Q4_1": (2, 0), "Q5_1": (2, 0), "Q4_K": (2, 0), "Q5_K": (2, 0), "Q2_K": (82, 80)}
+
+
+def test_detects_an_isa():
+    assert K.isa_detected() in K.ISA_NAMES
+    assert K.isa() == K.isa_detected()
+    with K.forced_isa("scalar") as lvl:
+        assert lvl == "scalar" and K.isa() == "scalar"
+    assert K.isa() == K.isa_detected()
+
+
+def same_or_both_nan(a: np.ndarray, b: np.ndarray) -> bool:
+    nan = np.isnan(a)
+    return bool(np.array_equal(nan, np.isnan(b)) and np.array_equal(a[~nan].view(np.uint32), b[~nan].view(np.uint32)))
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("name", [n for n in REQUIRED if n != "F32"])
+def test_dequantize_bit_exact(name, level):
+    rng = np.random.default_rng(sum(name.encode()) + 17)
+    t = ggml_type(name)
+    raw = realistic_blocks(name, 33, max(1, 2048 // t.block_elems), rng)
+    wild = rng.integers(0, 256, size=(5, t.block_bytes * 3), dtype=np.uint8)
+    with K.forced_isa(level):
+        assert np.array_equal(K.dequantize(raw, t).view(np.uint32), dequantize(raw, t).view(np.uint32))
+        assert same_or_both_nan(K.dequantize(wild, t), dequantize(wild, t))
+        big = realistic_blocks(name, 600, max(1, 1024 // t.block_elems), rng)  # multi-threaded path
+        assert np.array_equal(K.dequantize(big, t, threads=2).view(np.uint32), dequantize(big, t).view(np.uint32))
+
+
+def test_dequantize_real_tensors_every_level(model_path):
+    picks = {"smollm2": ["blk.0.ffn_up.weight", "token_embd.weight"],
+             "gemma3": ["blk.0.attn_output.weight", "blk.0.ffn_down.weight", "blk.0.attn_q.weight"],
+             "qwen2.5-coder": ["blk.0.ffn_down.weight", "blk.2.ffn_down.weight", "blk.0.attn_v.weight"]}
+    for model, names in picks.items():
+        with GGUFFile(model_path(model)) as f:
+            for n in names:
+                t = f.tensor(n)
+                rows = f.tensor_rows(t)[:2048]
+                ref = dequantize(rows, t.type)
+                for level in LEVELS:
+                    with K.forced_isa(level):
+                        assert np.array_equal(K.dequantize(rows, t.type).view(np.uint32), ref.view(np.uint32)), (n, level)
+
+
+# ---------------------------------------------------------------- activation quantizers
+def ref_q8_0(x: np.ndarray, with_sum: bool = False) -> np.ndarray:
+    """ggml quantize_row_q8_0_ref / q8_1_ref in numpy (roundf = half away from zero)."""
+    b = x.reshape(-1, 32).astype(np.float32)
+    amax = np.abs(b).max(axis=1, keepdims=True)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    v = (b * inv).astype(np.float32)
+    q = (np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))).astype(np.int8)
+    parts = [d.astype(np.float16).view(np.uint8)]
+    if with_sum:
+        s = (q.astype(np.int32).sum(axis=1, keepdims=True).astype(np.float32) * d).astype(np.float16)
+        parts.append(s.view(np.uint8))
+    parts.append(q.view(np.uint8))
+    return np.concatenate(parts, axis=1).reshape(-1)
+
+
+def ref_q8_k(x: np.ndarray) -> np.ndarray:
+    """ggml quantize_row_q8_K_ref in numpy (nearest_int = round half to even)."""
+    out = []
+    for b in x.reshape(-1, 256).astype(np.float32):
+        i = int(np.argmax(np.abs(b)))
+        mx = b[i]
+        if np.abs(b).max() == 0:
+            out.append(np.zeros(292, np.uint8))
+            continue
+        iscale = np.float32(-127) / mx
+        q = np.minimum(127, np.rint((iscale * b).astype(np.float32))).astype(np.int8)
+        bs = q.reshape(16, 16).astype(np.int16).sum(axis=1).astype("<i2")
+        d = (np.float32(1) / iscale).astype("<f4")
+        out.append(np.concatenate([np.frombuffer(d.tobytes(), np.uint8), q.view(np.uint8),
+                                   bs.view(np.uint8)]))
+    return np.concatenate(out)
+
+
+def activations(rng: np.random.Generator, n: int, outliers: bool = True) -> np.ndarray:
+    x = rng.standard_normal(n).astype(np.float32)
+    if not outliers:
+        return x
+    x[:: 97] *= 20  # outliers
+    x[5:37] = 0  # an all-zero block
+    x[64:96] = np.float32(0.5) * np.arange(32, dtype=np.float32)  # exact .5 ties
+    return x
+
+
+def test_q8_0_matches_ggml_and_gguf_py():
+    x = activations(np.random.default_rng(1), 4096)
+    ours = K.quantize_activation(x, "Q8_0")
+    assert np.array_equal(ours, ref_q8_0(x))
+    assert np.array_equal(ours, gguf_quantize(x.reshape(1, -1), GQ.Q8_0).reshape(-1))
+
+
+def test_q8_1_matches_ggml():
+    x = activations(np.random.default_rng(2), 4096)
+    assert np.array_equal(K.quantize_activation(x, "Q8_1"), ref_q8_0(x, with_sum=True))
+
+
+def test_q8_k_matches_ggml():
+    x = activations(np.random.default_rng(3), 4864)[:4864 // 256 * 256]
+    x[256:512] = 0
+    assert np.array_equal(K.quantize_activation(x, "Q8_K"), ref_q8_k(x))
+
+
+def test_f16_bf16_activation_rounding():
+    x = activations(np.random.default_rng(4), 1000)
+    x[:3] = [np.nan, np.inf, 65520.0]
+    assert np.array_equal(K.quantize_activation(x, "F16").view(np.float16)[3:], x[3:].astype(np.float16))
+    bf = K.quantize_activation(x, "BF16").view(np.uint16)
+    u = x.view(np.uint32)
+    exp = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
+    assert np.array_equal(bf[1:], exp[1:]) and bf[0] & 0x7FC0 == 0x7FC0
+
+
+# ---------------------------------------------------------------- dots
+def exact_weights(name: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """float64 weights exactly as the dot scheme sees them; for Q8_1 partners also the min terms per block."""
+    t = ggml_type(name)
+    if name in ("Q4_1", "Q5_1"):
+        blocks = raw.reshape(-1, t.block_bytes).copy()
+        mins = blocks[:, 2:4].copy().view(np.float16).astype(np.float64).reshape(-1)
+        blocks[:, 2:4] = 0
+        return dequantize(blocks.reshape(raw.shape), t).astype(np.float64), mins
+    if name in MIN_FIELD:
+        a = raw.reshape(-1, t.block_bytes).copy()
+        b = a.copy()
+        mo, so = MIN_FIELD[name]
+        a[:, mo : mo + 2] = 0
+        b[:, so : so + 2] = 0
+        return (dequantize(a.reshape(raw.shape), t).astype(np.float64)
+                + dequantize(b.reshape(raw.shape), t).astype(np.float64)), None
+    return dequantize(raw, t).astype(np.float64), None
+
+
+def activation_values(act: str, xq: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+    if act in ("Q8_0", "Q8_1"):
+        size, off = (34, 2) if act == "Q8_0" else (36, 4)
+        b = xq.reshape(-1, size)
+        d = b[:, 0:2].copy().view(np.float16).astype(np.float64)
+        s = b[:, 2:4].copy().view(np.float16).astype(np.float64).reshape(-1) if act == "Q8_1" else None
+        return (b[:, off:].view(np.int8).astype(np.float64) * d).reshape(-1), s
+    if act == "Q8_K":
+        b = xq.reshape(-1, 292)
+        d = b[:, 0:4].copy().view("<f4").astype(np.float64)
+        return (b[:, 4:260].view(np.int8).astype(np.float64) * d).reshape(-1), None
+    if act == "F16":
+        return xq.view(np.float16).astype(np.float64), None
+    if act == "BF16":
+        return (xq.view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64), None
+    return xq.view(np.float32).astype(np.float64), None
+
+
+def scheme_reference(name: str, raw_row: np.ndarray, xq: np.ndarray, n: int) -> tuple[float, float]:
+    """float64 value of the quantized dot, and the magnitude scale for a relative tolerance."""
+    act = K.activation_type(name).name
+    w, mins = exact_weights(name, raw_row)
+    x, sums = activation_values(act, xq, n)
+    prod = w.reshape(-1) * x
+    total = prod.sum()
+    scale = np.abs(prod).sum()
+    if mins is not None:
+        total += (mins * sums).sum()
+        scale += np.abs(mins * sums).sum()
+    return float(total), float(scale)
+
+
+def weight_row(name: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    t = ggml_type(name)
+    if t.block_elems == 1:
+        v = rng.standard_normal(n).astype(np.float32)
+        return {"F32": v.view(np.uint8), "F16": v.astype(np.float16).view(np.uint8),
+                "BF16": (v.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)}[name]
+    return realistic_blocks(name, 1, n // t.block_elems, rng).reshape(-1)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("name", DOT_TYPES)
+def test_vec_dot_matches_scheme(name, level):
+    rng = np.random.default_rng(sum(name.encode()) * 3 + len(level))
+    act = K.activation_type(name)
+    with K.forced_isa(level):
+        for n in (256, 1024, 4864 // 256 * 256, 2816):
+            if n % ggml_type(name).block_elems:
+                continue
+            w = weight_row(name, n, rng)
+            x = activations(rng, n)
+            xq = K.quantize_activation(x, act)
+            got = K.vec_dot(name, w, xq, n)
+            ref, scale = scheme_reference(name, w, xq, n)
+            assert abs(got - ref) <= 1e-5 * scale + 1e-30, (name, level, n, got, ref)
+
+
+@pytest.mark.parametrize("name", DOT_TYPES + FALLBACK_TYPES)
+def test_simd_matches_scalar_and_float64(name):
+    rng = np.random.default_rng(sum(name.encode()) + 99)
+    t = ggml_type(name)
+    rows, k = 48, 1024
+    w = np.stack([weight_row(name, k, rng) for _ in range(rows)])
+    x = np.stack([activations(rng, k, outliers=False) for _ in range(3)])
+    dense = dequantize(w, t).astype(np.float64)
+    ref = x.astype(np.float64) @ dense.T
+    results = {}
+    for level in LEVELS:
+        with K.forced_isa(level):
+            results[level] = K.matmat(t, w, rows, k, x)
+            for j in range(3):  # matmat row j == matvec of x[j], bit for bit
+                assert np.array_equal(K.matvec(t, w, rows, k, x[j]), results[level][j])
+            assert np.array_equal(K.matmat(t, w, rows, k, x, threads=1), results[level])
+        err = np.linalg.norm(results[level] - ref) / np.linalg.norm(ref)
+        assert err < 2e-2, (name, level, err)
+    for level in LEVELS[1:]:
+        scalar = results["scalar"]
+        assert np.allclose(results[level], scalar, rtol=1e-4, atol=1e-4 * np.abs(scalar).max()), (name, level)
+
+
+def test_matvec_on_real_tensors(model_path):
+    rng = np.random.default_rng(7)
+    picks = {"smollm2": ["blk.0.ffn_up.weight", "blk.0.attn_k.weight"],
+             "gemma3": ["blk.0.attn_output.weight", "blk.0.ffn_down.weight", "blk.1.ffn_down.weight"],
+             "qwen2.5-coder": ["blk.0.ffn_down.weight", "blk.2.ffn_down.weight", "blk.0.ffn_up.weight",
+                               "blk.0.attn_v.weight"]}
+    for model, names in picks.items():
+        with GGUFFile(model_path(model)) as f:
+            for n in names:
+                t = f.tensor(n)
+                k, rows = t.ne[0], t.n_rows
+                w = f.tensor_bytes(t)
+                x = rng.standard_normal(k).astype(np.float32)
+                ref = dequantize(f.tensor_rows(t), t.type).astype(np.float64) @ x.astype(np.float64)
+                ys = []
+                for level in LEVELS:
+                    with K.forced_isa(level):
+                        y = K.matvec(t.type, w, rows, k, x, threads=2)
+                    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 2e-2, (n, level)
+                    ys.append(y)
+                for y in ys[1:]:
+                    assert np.allclose(y, ys[0], rtol=1e-4, atol=1e-4 * np.abs(ys[0]).max()), n
+
+
+def test_wrappers_validate_sizes():
+    w = np.zeros(10 * 144, np.uint8)
+    x = np.zeros(256, np.float32)
+    with pytest.raises(ValueError, match="1440"):
+        K.matvec("Q4_K", w[:-1], 10, 256, x)
+    with pytest.raises(ValueError, match="multiple"):
+        K.matvec("Q4_K", w, 10, 250, np.zeros(250, np.float32))
+    with pytest.raises(ValueError, match="256 elements"):
+        K.matvec("Q4_K", w, 10, 256, x[:-1])
+    with pytest.raises(TypeError, match="float32"):
+        K.matvec("Q4_K", w, 10, 256, x.astype(np.float64))
+    with pytest.raises(ValueError, match="whole"):
+        K.dequantize(np.zeros(143, np.uint8), "Q4_K")
+    with pytest.raises(ValueError, match="multiple of 256"):
+        K.quantize_activation(np.zeros(100, np.float32), "Q8_K")
+    with pytest.raises(NotImplementedError):
+        K.dequantize(np.zeros(66, np.uint8), "IQ2_XXS")
+    with pytest.raises(ValueError, match="bytes"):
+        K.vec_dot("Q8_0", np.zeros(34, np.uint8), np.zeros(33, np.uint8), 32)

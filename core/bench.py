@@ -55,3 +55,134 @@ def bench_open(paths: list[Path], repeat: int = 7) -> list[dict[str, Any]]:
         })
         kept.close()
     return rows
+
+
+def _median_time(fn: Callable[[], Any], min_time: float = 0.15, min_reps: int = 5, max_reps: int = 200) -> float:
+    fn()  # warm-up
+    times: list[float] = []
+    t_start = time.perf_counter()
+    while len(times) < min_reps or (time.perf_counter() - t_start < min_time and len(times) < max_reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def memory_bandwidth(mib: int = 256, threads: tuple[int, ...] = (1, 2)) -> dict[str, float]:
+    """This machine's memory bandwidth now: numpy copy (bytes read + written) and a native read-only stream
+    at each thread count (``read_gbs_<n>t``), over a buffer far larger than the caches."""
+    import numpy as np
+
+    from .native import ffi, lib
+
+    src = np.ones(mib << 18, dtype=np.float32)
+    dst = np.empty_like(src)
+    t = _median_time(lambda: np.copyto(dst, src), min_reps=5)
+    out = {"copy_gbs": 2 * src.nbytes / t / 1e9}
+    buf = ffi.from_buffer(src)
+    for n in threads:
+        t = _median_time(lambda n=n: lib.qs_read_probe(buf, src.nbytes, n), min_reps=5)
+        out[f"read_gbs_{n}t"] = src.nbytes / t / 1e9
+    return out
+
+
+#: (label, k, rows): shape classes of `bench kernels` (k = row length).
+KERNEL_SHAPES = (("in-cache", 1024, 640), ("model 896x4864", 896, 4864), ("model 4864x896", 4864, 896))
+KERNEL_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32")
+
+
+def random_weights(type_name: str, rows: int, k: int, seed: int = 0) -> Any:
+    """Valid random weight bytes of a type: random codes with small finite fp16 scales."""
+    import numpy as np
+
+    from .quant import ggml_type
+
+    t = ggml_type(type_name)
+    rng = np.random.default_rng(seed)
+    if t.block_elems == 1:
+        v = rng.standard_normal(rows * k).astype(np.float32)
+        if t.name == "F16":
+            return v.astype(np.float16).view(np.uint8)
+        if t.name == "BF16":
+            return (v.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        return v.view(np.uint8)
+    raw = rng.integers(0, 256, size=(rows * k // t.block_elems, t.block_bytes), dtype=np.uint8)
+    scale_at = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2],
+                "Q5_K": [0, 2], "Q6_K": [208]}
+    for off in scale_at.get(t.name, []):
+        s = (rng.random(raw.shape[0]) * 0.01).astype(np.float16)
+        raw[:, off : off + 2] = s.view(np.uint8).reshape(-1, 2)
+    return raw.reshape(-1)
+
+
+def bench_kernels(types: tuple[str, ...] = KERNEL_TYPES, threads: tuple[int, ...] = (1, 2),
+                  big: bool = True, dequant: bool = True) -> dict[str, Any]:
+    """GEMV figures per type and shape class, the memory-bound big GEMV, bandwidth and dequant vs gguf-py."""
+    import numpy as np
+
+    from .native import kernels as K
+    from .quant import ggml_type
+
+    out: dict[str, Any] = {"isa": K.isa(), "bandwidth": memory_bandwidth(threads=threads), "gemv": [],
+                           "dequant": []}
+    rng = np.random.default_rng(1)
+    cases = [(name, label, k, rows) for name in types for (label, k, rows) in KERNEL_SHAPES
+             if k % ggml_type(name).block_elems == 0]
+    if big:
+        cases.append(("Q8_0", "big 151936x896", 896, 151936))
+    for name, label, k, rows in cases:
+        t = ggml_type(name)
+        w = random_weights(name, rows, k)
+        x = rng.standard_normal(k).astype(np.float32)
+        y = np.empty(rows, np.float32)
+        for n_thr in threads:
+            def call(t=t, w=w, rows=rows, k=k, x=x, y=y, n_thr=n_thr) -> None:
+                K.matvec(t, w, rows, k, x, threads=n_thr, out=y)
+
+            sec = _median_time(call)
+            out["gemv"].append({"type": name, "shape": label, "rows": rows, "k": k, "threads": n_thr,
+                                "ms": sec * 1e3, "gelem_s": rows * k / sec / 1e9, "gb_s": w.nbytes / sec / 1e9})
+    if dequant:
+        try:
+            import gguf
+            from gguf.quants import dequantize as gguf_dequantize
+        except ImportError:  # pragma: no cover - gguf-py is a test dependency
+            gguf = None
+        from .quant import dequantize as numpy_dequantize
+
+        for name in ("Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1"):
+            t = ggml_type(name)
+            raw = random_weights(name, 1024, 4096).reshape(1024, -1)
+            ours = _median_time(lambda raw=raw, t=t: K.dequantize(raw, t, threads=1), min_reps=3)
+            ours2 = _median_time(lambda raw=raw, t=t: K.dequantize(raw, t, threads=2), min_reps=3)
+            ref = _median_time(lambda raw=raw, t=t: numpy_dequantize(raw, t), min_reps=3)
+            peer = (_median_time(lambda raw=raw, t=t: gguf_dequantize(raw, gguf.GGMLQuantizationType(t.id)),
+                                 min_reps=3) if gguf else float("nan"))
+            n = raw.shape[0] * raw.shape[1] // t.block_bytes * t.block_elems
+            out["dequant"].append({"type": name, "elements": n, "native_1t_ms": ours * 1e3, "native_2t_ms": ours2 * 1e3,
+                                   "numpy_ms": ref * 1e3, "gguf_py_ms": peer * 1e3})
+    return out
+
+
+def render_kernels(r: dict[str, Any]) -> str:
+    """Text table of :func:`bench_kernels`; GEMV bandwidth is also shown against the read stream at the same
+    thread count."""
+    bw = r["bandwidth"]
+    reads = ", ".join(f"{v:.1f} GB/s read ({k.split('_')[-1]})" for k, v in bw.items() if k.startswith("read_"))
+    lines = [f"ISA {r['isa']}; memory: numpy copy {bw['copy_gbs']:.1f} GB/s (read+write), {reads}", "",
+             f"{'type':<6} {'shape':<16} {'thr':>3} {'ms':>9} {'Gelem/s':>8} {'GB/s':>7} {'% of read BW':>12}"]
+    for g in r["gemv"]:
+        ceiling = bw.get(f"read_gbs_{g['threads']}t")
+        share = f"{100 * g['gb_s'] / ceiling:11.0f}%" if ceiling else f"{'':>12}"
+        lines.append(f"{g['type']:<6} {g['shape']:<16} {g['threads']:>3} {g['ms']:9.3f} {g['gelem_s']:8.2f} "
+                     f"{g['gb_s']:7.2f} {share}")
+    if r["dequant"]:
+        lines += ["", f"{'dequant':<7} {'Melem':>6} {'native 1t':>10} {'native 2t':>10} {'numpy':>8} {'gguf-py':>8} "
+                      f"{'x gguf-py (1t)':>14} {'(2t)':>6}"]
+        for d in r["dequant"]:
+            x1 = d["gguf_py_ms"] / d["native_1t_ms"]
+            x2 = d["gguf_py_ms"] / d["native_2t_ms"]
+            lines.append(f"{d['type']:<7} {d['elements'] / 1e6:6.2f} {d['native_1t_ms']:9.2f}m "
+                         f"{d['native_2t_ms']:9.2f}m {d['numpy_ms']:7.1f}m {d['gguf_py_ms']:7.1f}m "
+                         f"{x1:13.1f}x {x2:5.1f}x")
+    return "\n".join(lines)

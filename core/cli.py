@@ -12,6 +12,7 @@ from . import catalog
 from .gguf import GGUFError, GGUFFile
 
 COMMANDS = ("inspect", "dump-block", "models", "bench")
+KERNEL_TYPES_HELP = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32")
 
 
 class CLIError(Exception):
@@ -120,7 +121,21 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import bench_open
+    from .bench import bench_kernels, bench_open, render_kernels
+
+    if args.what == "kernels":
+        types = tuple(x.strip().upper() for x in args.types.split(",") if x.strip())
+        bad = [x for x in types if x not in KERNEL_TYPES_HELP]
+        if bad:
+            raise CLIError(f"unsupported types {', '.join(bad)}; choose from {', '.join(KERNEL_TYPES_HELP)}")
+        threads = tuple(int(x) for x in args.threads.split(",") if x.strip())
+        r = bench_kernels(types, threads, big=not args.no_big, dequant=not args.no_dequant)
+        if args.json:
+            json.dump(r, sys.stdout, indent=1)
+            sys.stdout.write("\n")
+        else:
+            print(render_kernels(r))
+        return 0
 
     if args.what == "open":
         cached = [catalog.model_path(n) for n in catalog.MODELS if catalog.is_present(n)]
@@ -172,6 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
     b = bsub.add_parser("open", help="time to read header, metadata and tensor index; RSS growth")
     b.add_argument("files", nargs="*", help="GGUF files (default: every cached catalogue model)")
     b.add_argument("--repeat", type=int, default=7)
+    b.set_defaults(func=cmd_bench)
+    b = bsub.add_parser("kernels", help="native GEMV and dequantization throughput, memory bandwidth")
+    b.add_argument("--types", default=",".join(KERNEL_TYPES_HELP), help="comma-separated weight types")
+    b.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
+    b.add_argument("--no-big", action="store_true", help="skip the 151936x896 memory-bound matrix")
+    b.add_argument("--no-dequant", action="store_true", help="skip the dequantization comparison")
+    b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench)
     return p
 

@@ -25,3 +25,4 @@ int qs_matmat(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float
               int n_threads);
 
 int qs_threads_default(void);
+uint64_t qs_read_probe(const uint8_t *p, int64_t n, int n_threads);  /* XOR of every byte: a read-bandwidth probe */

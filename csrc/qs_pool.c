@@ -1,54 +1,81 @@
-/* Persistent pthread pool behind qs_parallel_for (no OpenMP: safe across fork()). */
+/* Persistent pthread pool behind qs_parallel_for (no OpenMP: safe across fork()).
+ * Workers spin briefly on an atomic job counter before sleeping on a condition variable, so back-to-back
+ * kernel calls (one per layer op in the engine) do not pay a futex wake-up each time. */
 #include "qs.h"
 
+#include <immintrin.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #define QS_MAX_THREADS 64
+#define QS_SPIN_ITERS 20000 /* ~0.1-0.5 ms of pause instructions before a worker sleeps */
 
 typedef struct {
-    pthread_mutex_t lock;       /* serialises callers */
-    pthread_mutex_t m;
-    pthread_cond_t start;
-    pthread_cond_t done;
-    int n_workers;              /* threads started (excluding callers) */
-    uint64_t generation;
-    int active_workers;         /* workers taking part in this job */
-    int pending;                /* participating workers not finished yet */
+    pthread_mutex_t lock; /* serialises callers */
+    pthread_mutex_t m;    /* protects sleeping workers */
+    pthread_cond_t wake;
+    int n_workers;
+    int n_sleeping;
+    atomic_uint_fast64_t generation;
+    atomic_int pending;
+    int active_workers;
     qs_task_fn fn;
     void *ctx;
     int64_t n_tasks;
     atomic_llong next;
 } qs_pool;
 
-static qs_pool pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-                       PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, NULL, NULL, 0, 0};
+static qs_pool pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0,
+                       NULL, NULL, 0, 0};
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+}
 
 static void run_tasks(void) {
     for (;;) {
-        int64_t t = atomic_fetch_add(&pool.next, 1);
+        int64_t t = atomic_fetch_add_explicit(&pool.next, 1, memory_order_relaxed);
         if (t >= pool.n_tasks) break;
         pool.fn(pool.ctx, t);
     }
 }
 
-static void *worker_main(void *arg) {
-    int id = (int)(intptr_t)arg;
-    uint64_t seen = 0;
+typedef struct {
+    int id;
+    uint64_t start_gen; /* generation current when the worker was created (before the job that needs it) */
+} worker_arg;
+
+static void *worker_main(void *varg) {
+    worker_arg a = *(worker_arg *)varg;
+    free(varg);
+    int id = a.id;
+    uint64_t seen = a.start_gen;
     for (;;) {
-        pthread_mutex_lock(&pool.m);
-        while (pool.generation == seen) pthread_cond_wait(&pool.start, &pool.m);
-        seen = pool.generation;
-        int take_part = id < pool.active_workers;
-        pthread_mutex_unlock(&pool.m);
-        if (!take_part) continue;
-        run_tasks();
-        pthread_mutex_lock(&pool.m);
-        if (--pool.pending == 0) pthread_cond_signal(&pool.done);
-        pthread_mutex_unlock(&pool.m);
+        uint64_t g = seen;
+        for (int i = 0; i < QS_SPIN_ITERS; ++i) {
+            g = atomic_load_explicit(&pool.generation, memory_order_acquire);
+            if (g != seen) break;
+            cpu_relax();
+        }
+        if (g == seen) {
+            pthread_mutex_lock(&pool.m);
+            pool.n_sleeping++;
+            while ((g = atomic_load_explicit(&pool.generation, memory_order_acquire)) == seen)
+                pthread_cond_wait(&pool.wake, &pool.m);
+            pool.n_sleeping--;
+            pthread_mutex_unlock(&pool.m);
+        }
+        seen = g;
+        if (id < pool.active_workers) {
+            run_tasks();
+            atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_acq_rel);
+        }
     }
     return NULL;
 }
@@ -57,12 +84,10 @@ static void child_after_fork(void) {
     /* The child has none of the parent's workers: start over. */
     pthread_mutex_init(&pool.lock, NULL);
     pthread_mutex_init(&pool.m, NULL);
-    pthread_cond_init(&pool.start, NULL);
-    pthread_cond_init(&pool.done, NULL);
+    pthread_cond_init(&pool.wake, NULL);
     pool.n_workers = 0;
-    pool.generation = 0;
-    pool.active_workers = 0;
-    pool.pending = 0;
+    pool.n_sleeping = 0;
+    atomic_store(&pool.pending, 0);
 }
 
 static void install_atfork(void) { pthread_atfork(NULL, NULL, child_after_fork); }
@@ -91,25 +116,33 @@ void qs_parallel_for(int64_t n_tasks, qs_task_fn fn, void *ctx, int n_threads) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        int rc = pthread_create(&th, &attr, worker_main, (void *)(intptr_t)pool.n_workers);
+        worker_arg *wa = (worker_arg *)malloc(sizeof *wa);
+        if (!wa) break;
+        wa->id = pool.n_workers;
+        wa->start_gen = atomic_load_explicit(&pool.generation, memory_order_relaxed);
+        int rc = pthread_create(&th, &attr, worker_main, wa);
         pthread_attr_destroy(&attr);
-        if (rc != 0) break;
+        if (rc != 0) {
+            free(wa);
+            break;
+        }
         pool.n_workers++;
     }
     if (want > pool.n_workers) want = pool.n_workers;
-    pthread_mutex_lock(&pool.m);
     pool.fn = fn;
     pool.ctx = ctx;
     pool.n_tasks = n_tasks;
-    atomic_store(&pool.next, 0);
     pool.active_workers = want;
-    pool.pending = want;
-    pool.generation++;
-    pthread_cond_broadcast(&pool.start);
+    atomic_store_explicit(&pool.next, 0, memory_order_relaxed);
+    atomic_store_explicit(&pool.pending, want, memory_order_relaxed);
+    atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
+    pthread_mutex_lock(&pool.m);
+    if (pool.n_sleeping) pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.m);
     run_tasks();
-    pthread_mutex_lock(&pool.m);
-    while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.m);
-    pthread_mutex_unlock(&pool.m);
+    for (int spins = 0; atomic_load_explicit(&pool.pending, memory_order_acquire) > 0; ++spins) {
+        if (spins < QS_SPIN_ITERS) cpu_relax();
+        else sched_yield();
+    }
     pthread_mutex_unlock(&pool.lock);
 }

@@ -515,13 +515,13 @@ static qs_dot_fn dot_fn(int type) {
     case QS_Q4_0: return isa >= 2 ? qs_dot_q4_0_avx512 : isa >= 1 ? qs_dot_q4_0_avx2 : qs_dot_q4_0_scalar;
     case QS_Q4_1: return isa >= 2 ? qs_dot_q4_1_avx512 : isa >= 1 ? qs_dot_q4_1_avx2 : qs_dot_q4_1_scalar;
     case QS_Q5_0: return isa >= 2 ? qs_dot_q5_0_avx512 : isa >= 1 ? qs_dot_q5_0_avx2 : qs_dot_q5_0_scalar;
-    case QS_Q5_1: return qs_dot_q5_1_scalar;
+    case QS_Q5_1: return isa >= 1 ? qs_dot_q5_1_avx2 : qs_dot_q5_1_scalar;
     case QS_Q8_0: return isa >= 2 ? qs_dot_q8_0_avx512 : isa >= 1 ? qs_dot_q8_0_avx2 : qs_dot_q8_0_scalar;
     case QS_Q4_K: return isa >= 2 ? qs_dot_q4_K_avx512 : isa >= 1 ? qs_dot_q4_K_avx2 : qs_dot_q4_K_scalar;
-    case QS_Q5_K: return qs_dot_q5_K_scalar;
+    case QS_Q5_K: return isa >= 1 ? qs_dot_q5_K_avx2 : qs_dot_q5_K_scalar;
     case QS_Q6_K: return isa >= 2 ? qs_dot_q6_K_avx512 : isa >= 1 ? qs_dot_q6_K_avx2 : qs_dot_q6_K_scalar;
     case QS_F16: return isa >= 1 ? qs_dot_f16_avx2 : qs_dot_f16_scalar;
-    case QS_BF16: return qs_dot_bf16_scalar;
+    case QS_BF16: return isa >= 1 ? qs_dot_bf16_avx2 : qs_dot_bf16_scalar;
     case QS_F32: return isa >= 1 ? qs_dot_f32_avx2_q : qs_dot_f32_scalar;
     default: return NULL;
     }
@@ -612,10 +612,12 @@ int qs_matmat(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float
         c.xq_stride = k * 4;
     }
     if (n_threads <= 0) n_threads = qs_threads_default();
-    int64_t per = 16;
+    /* Few, contiguous chunks per thread: each thread streams long runs of rows (keeps the hardware prefetcher
+     * on one stream) while 4 chunks per thread still balance uneven progress. */
     int64_t work = n_rows * k * n_x;
     if (work < (1 << 16)) n_threads = 1;
-    while (per > 1 && n_rows / per < 4 * n_threads) per /= 2;
+    int64_t per = (n_rows + 4 * (int64_t)n_threads - 1) / (4 * (int64_t)n_threads);
+    if (per < 1) per = 1;
     c.rows_per_task = per;
     qs_parallel_for((n_rows + per - 1) / per, mm_task, &c, n_threads);
     free(xq);

@@ -7,7 +7,7 @@
 
 #define T QS_TARGET_AVX2
 
-static inline float f16at(const uint8_t *p) { return qs_fp16_to_fp32(qs_load_u16(p)); }
+T static inline float f16at(const uint8_t *p) { return _cvtsh_ss(qs_load_u16(p)); } /* F16C */
 
 T static inline float hsum_ps(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -106,13 +106,23 @@ static inline int32_t k4_min_sum(const uint8_t m[8], const uint8_t *x) {
 
 T float qs_dot_q4_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     __m256 acc = _mm256_setzero_ps();
-    float mins = 0.0f;
+    __m128 accm = _mm_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t i = 0; i < n / 256; ++i, w += 144, x += 292) {
-        uint8_t sc[8], m[8];
-        k4_unpack(w + 4, sc, m);
-        float d8 = qs_load_f32(x);
-        mins += f16at(w + 2) * d8 * (float)k4_min_sum(m, x);
+        const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+        uint32_t u[4];
+        memcpy(u, w + 4, 12);
+        u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+        uint32_t aux = u[1] & k1;
+        u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+        u[2] = aux;
+        u[0] &= k1;
+        const uint8_t *sc = (const uint8_t *)u; /* sc0..7, then m0..7 */
+        __m128i mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8)));
+        __m256i bs = _mm256_loadu_si256((const __m256i *)(x + 260));
+        __m128i bsp = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        __m128 dd8 = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)qs_load_u32(w))), _mm_set1_ps(qs_load_f32(x)));
+        accm = _mm_fmadd_ps(_mm_shuffle_ps(dd8, dd8, 0x55), _mm_cvtepi32_ps(_mm_madd_epi16(mins16, bsp)), accm);
         const uint8_t *qs = w + 16;
         const uint8_t *q8 = x + 4;
         __m256i sumi = _mm256_setzero_si256();
@@ -126,9 +136,11 @@ T float qs_dot_q4_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
             ph = _mm256_madd_epi16(ph, _mm256_set1_epi16(sc[2 * c + 1]));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16at(w) * d8), _mm256_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_mm_cvtss_f32(dd8)), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum_ps(acc) - mins;
+    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return hsum_ps(acc) - _mm_cvtss_f32(m);
 }
 
 T float qs_dot_q6_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
@@ -274,4 +286,76 @@ T void qs_deq_q6_K_avx2(const uint8_t *b, float *y) {
             _mm256_storeu_ps(yy + 24, _mm256_mul_ps(s1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))));
         }
     }
+}
+
+T float qs_dot_q5_1_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    const __m256i b16 = _mm256_set1_epi8(0x10);
+    for (int64_t i = 0; i < n / 32; ++i, w += 24, x += 36) {
+        summs += f16at(w + 2) * f16at(x + 2);
+        __m256i hi = _mm256_and_si256(bits_to_bytes(qs_load_u32(w + 4)), b16);
+        __m256i qw = _mm256_or_si256(nibbles_32(w + 8), hi);
+        __m256i qx = _mm256_loadu_si256((const __m256i *)(x + 4));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16at(w) * f16at(x)), mul_sum_u8_i8(qw, qx), acc);
+    }
+    return hsum_ps(acc) + summs;
+}
+
+T float qs_dot_q5_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0F), b16 = _mm256_set1_epi8(0x10);
+    for (int64_t i = 0; i < n / 256; ++i, w += 176, x += 292) {
+        const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+        uint32_t u[4];
+        memcpy(u, w + 4, 12);
+        u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+        uint32_t aux = u[1] & k1;
+        u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+        u[2] = aux;
+        u[0] &= k1;
+        const uint8_t *sc = (const uint8_t *)u;
+        __m128i mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8)));
+        __m256i bs = _mm256_loadu_si256((const __m256i *)(x + 260));
+        __m128i bsp = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        __m128 dd8 = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)qs_load_u32(w))), _mm_set1_ps(qs_load_f32(x)));
+        accm = _mm_fmadd_ps(_mm_shuffle_ps(dd8, dd8, 0x55), _mm_cvtepi32_ps(_mm_madd_epi16(mins16, bsp)), accm);
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 16));
+        const uint8_t *qs = w + 48;
+        const uint8_t *q8 = x + 4;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {
+            __m256i q4 = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i lo = _mm256_or_si256(_mm256_and_si256(q4, m4),
+                                         _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * c), 4), b16));
+            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4),
+                                         _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * c + 1), 4), b16));
+            __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(q8 + 64 * c)));
+            __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 64 * c + 32)));
+            pl = _mm256_madd_epi16(pl, _mm256_set1_epi16(sc[2 * c]));
+            ph = _mm256_madd_epi16(ph, _mm256_set1_epi16(sc[2 * c + 1]));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_mm_cvtss_f32(dd8)), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return hsum_ps(acc) - _mm_cvtss_f32(m);
+}
+
+T static inline __m256 bf16x8(const uint8_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+T float qs_dot_bf16_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(bf16x8(w + 2 * i), bf16x8(x + 2 * i), a0);
+        a1 = _mm256_fmadd_ps(bf16x8(w + 2 * i + 16), bf16x8(x + 2 * i + 16), a1);
+    }
+    float s = hsum_ps(_mm256_add_ps(a0, a1));
+    for (; i < n; ++i) s += qs_bf16_to_fp32(qs_load_u16(w + 2 * i)) * qs_bf16_to_fp32(qs_load_u16(x + 2 * i));
+    return s;
 }

@@ -8,7 +8,7 @@
 
 #define T QS_TARGET_AVX512
 
-static inline float f16at(const uint8_t *p) { return qs_fp16_to_fp32(qs_load_u16(p)); }
+T static inline float f16at(const uint8_t *p) { return _cvtsh_ss(qs_load_u16(p)); } /* F16C */
 
 T static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -74,45 +74,62 @@ T float qs_dot_q4_1_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
     return hsum256(acc) + summs;
 }
 
+/* Q4_K scales: 12 bytes -> bytes 0..7 = eight 6-bit scales, bytes 8..15 = eight 6-bit mins (ggml's mask trick). */
+static inline void k4_scales_mins(const uint8_t *s, uint32_t u[4]) {
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    memcpy(u, s, 12);
+    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    uint32_t aux = u[1] & k1;
+    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    u[2] = aux;
+    u[0] &= k1;
+}
+
+static const int16_t K4_IDX[4][32] __attribute__((aligned(64))) = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+    {2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5},
+    {6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7},
+};
+
 T float qs_dot_q4_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
     __m512 acc = _mm512_setzero_ps();
-    float mins = 0.0f;
+    __m128 accm = _mm_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i i0 = _mm512_load_si512((const void *)K4_IDX[0]), i1 = _mm512_load_si512((const void *)K4_IDX[1]);
+    const __m512i i2 = _mm512_load_si512((const void *)K4_IDX[2]), i3 = _mm512_load_si512((const void *)K4_IDX[3]);
     for (int64_t i = 0; i < n / 256; ++i, w += 144, x += 292) {
-        const uint8_t *s = w + 4;
-        uint32_t sc[8], mn[8];
-        for (int j = 0; j < 4; ++j) {
-            sc[j] = s[j] & 63;
-            mn[j] = s[j + 4] & 63;
-            sc[j + 4] = (uint32_t)((s[j + 8] & 15) | ((s[j] >> 6) << 4));
-            mn[j + 4] = (uint32_t)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
-        }
-        /* min term from the activation's 16-element sums */
+        uint32_t u[4];
+        k4_scales_mins(w + 4, u);
+        __m256i sm16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)u)); /* sc0..7, m0..7 */
         __m256i bs = _mm256_loadu_si256((const __m256i *)(x + 260));
-        __m256i bs2 = _mm256_madd_epi16(bs, _mm256_set1_epi16(1)); /* 8 sums of 32 */
-        __m256i mv = _mm256_loadu_si256((const __m256i *)mn);
-        __m256i prod = _mm256_mullo_epi32(bs2, mv);
-        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(prod), _mm256_extracti128_si256(prod, 1));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-        float d8 = qs_load_f32(x);
-        mins += f16at(w + 2) * d8 * (float)_mm_cvtsi128_si32(t);
-
+        __m128i bsp = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        __m128i mprod = _mm_madd_epi16(_mm256_extracti128_si256(sm16, 1), bsp);
+        __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)qs_load_u32(w))); /* d, dmin */
+        __m128 d8 = _mm_set1_ps(qs_load_f32(x));
+        __m128 dd8 = _mm_mul_ps(dd, d8);
+        accm = _mm_fmadd_ps(_mm_shuffle_ps(dd8, dd8, 0x55), _mm_cvtepi32_ps(mprod), accm);
+        __m512i sc512 = _mm512_castsi256_si512(sm16);
         const uint8_t *qs = w + 16;
         const uint8_t *q8 = x + 4;
         __m512i sumi = _mm512_setzero_si512();
-        for (int c = 0; c < 4; ++c) {
-            __m256i q4 = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(q4), _mm256_srli_epi16(q4, 4), 1);
-            v = _mm512_and_si512(v, m4);
-            __m512i p = _mm512_maddubs_epi16(v, _mm512_loadu_si512((const void *)(q8 + 64 * c)));
-            __m512i scl = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)sc[2 * c])),
-                                             _mm256_set1_epi16((short)sc[2 * c + 1]), 1);
-            sumi = _mm512_dpwssd_epi32(sumi, p, scl);
-        }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(f16at(w) * d8), _mm512_cvtepi32_ps(sumi), acc);
+#define Q4K_STEP(c, idx)                                                                                         \
+        do {                                                                                                     \
+            __m256i q4 = _mm256_loadu_si256((const __m256i *)(qs + 32 * (c)));                                  \
+            __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(q4), _mm256_srli_epi16(q4, 4), 1);            \
+            __m512i p = _mm512_maddubs_epi16(_mm512_and_si512(v, m4), _mm512_loadu_si512((const void *)(q8 + 64 * (c)))); \
+            sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(idx, sc512));                          \
+        } while (0)
+        Q4K_STEP(0, i0);
+        Q4K_STEP(1, i1);
+        Q4K_STEP(2, i2);
+        Q4K_STEP(3, i3);
+#undef Q4K_STEP
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(_mm_cvtss_f32(dd8)), _mm512_cvtepi32_ps(sumi), acc);
     }
-    return _mm512_reduce_add_ps(acc) - mins;
+    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(m);
 }
 
 T float qs_dot_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {

@@ -61,7 +61,8 @@ def test_dequantize_real_tensors_every_level(model_path):
                 ref = dequantize(rows, t.type)
                 for level in LEVELS:
                     with K.forced_isa(level):
-                        assert np.array_equal(K.dequantize(rows, t.type).view(np.uint32), ref.view(np.uint32)), (n, level)
+                        got = K.dequantize(rows, t.type)
+                        assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), (n, level)
 
 
 # ---------------------------------------------------------------- activation quantizers
@@ -282,3 +283,66 @@ def test_wrappers_validate_sizes():
         K.dequantize(np.zeros(66, np.uint8), "IQ2_XXS")
     with pytest.raises(ValueError, match="bytes"):
         K.vec_dot("Q8_0", np.zeros(34, np.uint8), np.zeros(33, np.uint8), 32)
+
+
+# ---------------------------------------------------------------- thread pool
+def _case(name="Q4_K", rows=512, k=1024, seed=11):
+    from quantscope.core.bench import random_weights
+
+    w = random_weights(name, rows, k, seed)
+    x = np.random.default_rng(seed).standard_normal(k).astype(np.float32)
+    return name, w, rows, k, x
+
+
+def test_thread_count_does_not_change_bits():
+    name, w, rows, k, x = _case()
+    ref = K.matvec(name, w, rows, k, x, threads=1)
+    for n in (2, 3, 4, 8):
+        assert np.array_equal(K.matvec(name, w, rows, k, x, threads=n), ref)
+
+
+def test_concurrent_callers_from_python_threads():
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = [_case(t, seed=i) for i, t in enumerate(["Q4_K", "Q6_K", "Q8_0", "Q5_0"])]
+    expected = [K.matvec(n, w, r, k, x, threads=1) for n, w, r, k, x in cases]
+
+    def run(i: int) -> bool:
+        n, w, r, k, x = cases[i % 4]
+        return all(np.array_equal(K.matvec(n, w, r, k, x, threads=2), expected[i % 4]) for _ in range(20))
+
+    with ThreadPoolExecutor(4) as ex:
+        assert all(ex.map(run, range(8)))
+
+
+def test_pool_survives_fork():
+    """A forked child (the GNU OpenMP hazard) can use the multi-threaded kernels."""
+    import os
+    import time
+
+    name, w, rows, k, x = _case()
+    ref = K.matvec(name, w, rows, k, x, threads=2)  # the parent's pool is running
+    pid = os.fork()
+    if pid == 0:  # child
+        ok = np.array_equal(K.matvec(name, w, rows, k, x, threads=2), ref)
+        os._exit(0 if ok else 3)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    pytest.fail("forked child hung in the kernel thread pool")
+
+
+def test_get_rows_any_type(model_path):
+    with GGUFFile(model_path("qwen2.5-coder")) as f:
+        t = f.tensor("token_embd.weight")  # Q5_0, 151936 x 896
+        ids = np.array([0, 151935, 42, 42], np.int64)
+        rows = K.get_rows(t.type, f.tensor_bytes(t), t.n_rows, t.ne[0], ids)
+        ref = dequantize(f.tensor_rows(t)[ids], t.type)
+        assert np.array_equal(rows.view(np.uint32), ref.view(np.uint32))
+        with pytest.raises(IndexError):
+            K.get_rows(t.type, f.tensor_bytes(t), t.n_rows, t.ne[0], np.array([151936]))

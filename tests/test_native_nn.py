@@ -90,7 +90,7 @@ def test_gated_activations():
 
 
 def attention_ref(q, q_pos, k, v, n_kv, scale, window):
-    n_q, n_heads, hd = q.shape
+    n_q, n_heads, _ = q.shape
     group = n_heads // k.shape[1]
     out = np.zeros(q.shape, np.float64)
     for i in range(n_q):

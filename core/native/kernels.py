@@ -183,3 +183,14 @@ def matvec(qtype: GGMLType | int | str, w: np.ndarray, n_rows: int, k: int, x: n
     if rc != 0:
         raise KernelError(f"matvec {t.name} failed ({rc})")
     return out
+
+
+def get_rows(qtype: GGMLType | int | str, table: np.ndarray, n_rows: int, row_len: int, ids: np.ndarray, *,
+             threads: int = 0) -> np.ndarray:
+    """Embedding lookup: dequantize rows ``ids`` of a ``n_rows`` × ``row_len`` table of any supported type."""
+    t = _t(qtype)
+    tab = _weights(table, t, n_rows, row_len).reshape(n_rows, t.row_bytes(row_len))
+    idx = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if idx.size and (idx.min() < 0 or idx.max() >= n_rows):
+        raise IndexError(f"row ids must lie in 0..{n_rows - 1}")
+    return dequantize(tab[idx], t, threads=threads)

@@ -1,0 +1,59 @@
+/* Memory read-bandwidth probe for `quantscope bench kernels`: the ceiling a memory-bound GEMV is measured against. */
+#include <immintrin.h>
+
+#include "qs.h"
+
+typedef struct {
+    const uint8_t *p;
+    int64_t n, per;
+    uint64_t sums[64];
+} probe_ctx;
+
+QS_TARGET_AVX2 static uint64_t xor_avx2(const uint8_t *p, int64_t n) {
+    __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+    int64_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        a = _mm256_xor_si256(a, _mm256_loadu_si256((const __m256i *)(p + i)));
+        b = _mm256_xor_si256(b, _mm256_loadu_si256((const __m256i *)(p + i + 32)));
+        c = _mm256_xor_si256(c, _mm256_loadu_si256((const __m256i *)(p + i + 64)));
+        d = _mm256_xor_si256(d, _mm256_loadu_si256((const __m256i *)(p + i + 96)));
+    }
+    a = _mm256_xor_si256(_mm256_xor_si256(a, b), _mm256_xor_si256(c, d));
+    uint64_t s = (uint64_t)_mm256_extract_epi64(a, 0) ^ (uint64_t)_mm256_extract_epi64(a, 1) ^
+                 (uint64_t)_mm256_extract_epi64(a, 2) ^ (uint64_t)_mm256_extract_epi64(a, 3);
+    for (; i < n; ++i) s ^= p[i];
+    return s;
+}
+
+static uint64_t xor_scalar(const uint8_t *p, int64_t n) {
+    uint64_t s = 0, w;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, p + i, 8);
+        s ^= w;
+    }
+    for (; i < n; ++i) s ^= p[i];
+    return s;
+}
+
+static void probe_task(void *vctx, int64_t t) {
+    probe_ctx *c = (probe_ctx *)vctx;
+    int64_t a = t * c->per, b = a + c->per;
+    if (b > c->n) b = c->n;
+    uint64_t s = qs_isa_get() >= QS_ISA_AVX2 ? xor_avx2(c->p + a, b - a) : xor_scalar(c->p + a, b - a);
+    c->sums[t % 64] ^= s;
+}
+
+uint64_t qs_read_probe(const uint8_t *p, int64_t n, int n_threads) {
+    if (n_threads <= 0) n_threads = qs_threads_default();
+    probe_ctx c;
+    memset(&c, 0, sizeof c);
+    c.p = p;
+    c.n = n;
+    c.per = (n + 4 * (int64_t)n_threads - 1) / (4 * (int64_t)n_threads);
+    if (c.per < 4096) c.per = 4096;
+    qs_parallel_for((n + c.per - 1) / c.per, probe_task, &c, n_threads);
+    uint64_t s = 0;
+    for (int i = 0; i < 64; ++i) s ^= c.sums[i];
+    return s;
+}

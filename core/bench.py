@@ -186,3 +186,72 @@ def render_kernels(r: dict[str, Any]) -> str:
                          f"{d['native_2t_ms']:9.2f}m {d['numpy_ms']:7.1f}m {d['gguf_py_ms']:7.1f}m "
                          f"{x1:13.1f}x {x2:5.1f}x")
     return "\n".join(lines)
+
+
+def _peak_rss_reset() -> bool:
+    """Reset the kernel's peak-RSS counter for this process (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _status_kb(field: str) -> int:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def bench_convert(gguf: Path, out_dir: Path, repeat: int = 3, context: int | None = None,
+                  profile: str = "ckernel") -> dict[str, Any]:
+    """Conversion time, MB/s and peak RSS growth, interleaved in one run with SHA-256 of the output size and a
+    copy (+fsync) of it: the two floors a conversion can approach."""
+    import hashlib
+    import os
+    import shutil
+
+    from .bump import ConvertJob
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / "bench.bump"
+    copy = out_dir / "bench-copy.bin"
+    conv_t, hash_t, copy_t, rss = [], [], [], []
+    size = 0
+    for _ in range(repeat):
+        gc.collect()
+        base = _status_kb("VmRSS")
+        out.unlink(missing_ok=True)  # both peers write a fresh file
+        reset = _peak_rss_reset()
+        t0 = time.perf_counter()
+        res = ConvertJob(gguf, out, profile=profile, context=context).run()
+        conv_t.append(time.perf_counter() - t0)
+        rss.append((_status_kb("VmHWM") - base) / 1024 if reset else float("nan"))
+        size = res.size
+        with open(out, "rb") as fh:  # untimed: both floors start from a page-cache-resident file
+            while fh.read(8 << 20):
+                pass
+        t0 = time.perf_counter()
+        h = hashlib.sha256()
+        with open(out, "rb") as fh:
+            fh.seek(128)
+            while chunk := fh.read(8 << 20):
+                h.update(chunk)
+        hash_t.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        shutil.copyfile(out, copy)
+        fd = os.open(copy, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        copy_t.append(time.perf_counter() - t0)
+        copy.unlink()
+    out.unlink(missing_ok=True)
+    c, hs, cp = statistics.median(conv_t), statistics.median(hash_t), statistics.median(copy_t)
+    return {"file": str(gguf), "size": size, "convert_s": c, "mb_s": size / 1e6 / c, "hash_s": hs, "copy_s": cp,
+            "ratio": c / max(hs, cp), "peak_rss_growth_mb": max(rss)}

@@ -11,7 +11,7 @@ from typing import Any
 from . import catalog
 from .gguf import GGUFError, GGUFFile
 
-COMMANDS = ("inspect", "dump-block", "models", "bench")
+COMMANDS = ("inspect", "dump-block", "models", "bench", "convert", "verify")
 KERNEL_TYPES_HELP = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32")
 
 
@@ -40,9 +40,22 @@ def _default_model_path() -> Path:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from .bump import BumpError, describe, is_bump, open_bump, render_bump
     from .summary import render_text, summarize
 
     path = args.file or str(_default_model_path())
+    if is_bump(path):
+        try:
+            b = open_bump(path)
+            d = describe(b, None if args.no_checksum else b.checksum_ok())
+        except BumpError as exc:
+            raise CLIError(str(exc)) from None
+        if args.json:
+            json.dump(d, sys.stdout, indent=1)
+            sys.stdout.write("\n")
+        else:
+            print(render_bump(d))
+        return 0 if d["checksum_ok"] is not False else 1
     with _open(path) as f:
         s = summarize(f, max_items=args.items)
         if args.json:
@@ -123,6 +136,27 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import bench_kernels, bench_open, render_kernels
 
+    if args.what == "convert":
+        import tempfile
+
+        from .bench import bench_convert
+        from .bump import BumpRefusal
+
+        src = Path(args.file)
+        if not src.is_file():
+            raise CLIError(f"{src}: no such file")
+        with tempfile.TemporaryDirectory(dir=args.out_dir) as tmp:
+            try:
+                r = bench_convert(src, Path(tmp), args.repeat, args.context)
+            except BumpRefusal as exc:
+                raise CLIError(f"cannot convert {src.name}: {exc}") from None
+        print(f"{src.name}: {r['size']:,} bytes (median of {args.repeat})")
+        print(f"  convert      {r['convert_s']:.3f} s  {r['mb_s']:.0f} MB/s  "
+              f"peak RSS growth {r['peak_rss_growth_mb']:.1f} MB")
+        print(f"  sha256 only  {r['hash_s']:.3f} s")
+        print(f"  copy+fsync   {r['copy_s']:.3f} s")
+        print(f"  convert / max(hash, copy) = {r['ratio']:.2f}")
+        return 0
     if args.what == "kernels":
         types = tuple(x.strip().upper() for x in args.types.split(",") if x.strip())
         bad = [x for x in types if x not in KERNEL_TYPES_HELP]
@@ -153,6 +187,102 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Bar:
+    """Progress on stderr: a redrawn bar on a terminal, a line every 10% otherwise."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.tty = sys.stderr.isatty()
+        self.last = -1
+
+    def __call__(self, done: int, total: int, detail: str = "") -> None:
+        if total <= 0:
+            return
+        pct = int(100 * done / total)
+        if self.tty:
+            filled = pct * 30 // 100
+            sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] {pct:3d}% "
+                             f"{done / 2**20:8.1f}/{total / 2**20:.1f} MiB {detail[:28]:<28}")
+            sys.stderr.flush()
+        elif pct // 10 != self.last // 10:
+            sys.stderr.write(f"{self.label}: {pct}% ({done:,} of {total:,} bytes) {detail}\n")
+        self.last = pct
+
+    def close(self) -> None:
+        if self.tty:
+            sys.stderr.write("\n")
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from .bump import BumpRefusal, BumpWriteError, Cancelled, CancelToken, ConvertJob, ConvertProgress
+
+    src = Path(args.file)
+    if not src.is_file():
+        raise CLIError(f"{src}: no such file")
+    job = ConvertJob(src, args.output, profile=args.profile, context=args.context, config_path=args.config,
+                     manifest_path=args.manifest, drop_untied_head=args.drop_untied_head)
+    bar = _Bar("convert")
+    token = CancelToken()
+
+    def progress(p: ConvertProgress) -> None:
+        if p.phase == "planning":
+            print(f"planning {src.name} ({args.profile} profile; checking the lm_head)...", file=sys.stderr)
+        else:
+            bar(p.done, p.total, f"{p.section_index + 1}/{p.n_sections} {p.section}")
+
+    try:
+        res = job.run(progress, token)
+    except BumpRefusal as exc:
+        raise CLIError(f"cannot convert {src.name}: {exc}") from None
+    except (BumpWriteError, OSError) as exc:
+        raise CLIError(str(exc)) from None
+    except (KeyboardInterrupt, Cancelled):
+        bar.close()
+        print("quantscope: conversion cancelled; nothing was written at the target path", file=sys.stderr)
+        return 130
+    except GGUFError as exc:
+        raise CLIError(f"{src}: not a readable GGUF file: {exc}") from None
+    bar.close()
+    plan = res.plan
+    h = plan.hyper
+    types: dict[str, set[str]] = {}
+    for s in plan.sections:
+        types.setdefault(s.name.split(".")[-1], set()).add(s.type_name)
+    print(f"wrote {res.path} ({res.size:,} bytes) in {res.seconds:.2f} s, {res.mb_per_s:.0f} MB/s")
+    print(f"profile   {plan.profile}")
+    print(f"model     {h.arch}: {h.n_layers} layers, embed {h.embed}, heads {h.heads}/{h.kv_heads} x {h.head_dim}, "
+          f"ffn {h.ffn}, vocab {h.vocab}, context {h.context}")
+    print("sections  " + ", ".join(f"{k} {'/'.join(sorted(v))}" for k, v in types.items()))
+    print(f"biases    {len(plan.biases)} real q/k/v bias tensors carried" if plan.biases else "biases    none (zeros)")
+    print(f"lm_head   {plan.lm_head.decision}: {plan.lm_head.message}")
+    print(f"sha256    {res.sha256}")
+    for label, p in (("config", res.config_path), ("manifest", res.manifest_path)):
+        if p:
+            print(f"{label:<9} {p}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .bump import BumpError, BumpRefusal, verify_against
+
+    bar = _Bar("verify")
+    try:
+        rep = verify_against(args.file, args.against, progress=lambda d, t: bar(d, t))
+    except (BumpError, BumpRefusal) as exc:
+        bar.close()
+        raise CLIError(str(exc)) from None
+    bar.close()
+    b = rep.bump
+    print(f"{b.path}: profile {b.profile} ({b.profile_source}), {len(b.sections)} sections")
+    print(f"checksum  {'ok' if rep.checksum_ok else 'MISMATCH'}")
+    if args.against:
+        print(f"sections  {rep.sections_checked} compared with {args.against}")
+    for p in rep.problems:
+        print(f"problem   {p}")
+    print("verified" if rep.ok else "NOT VERIFIED")
+    return 0 if rep.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="quantscope",
@@ -161,9 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command")
 
-    s = sub.add_parser("inspect", help="header, metadata, tensor table and per-type summary of a GGUF file")
-    s.add_argument("file", nargs="?", help="GGUF file (default: the demo model)")
+    s = sub.add_parser("inspect", help="header, metadata, tensor table and per-type summary of a GGUF or bump file")
+    s.add_argument("file", nargs="?", help="GGUF or BUMPWGT3 file (default: the demo model)")
     s.add_argument("--json", action="store_true", help="print JSON instead of text")
+    s.add_argument("--no-checksum", action="store_true", help="bump files: skip verifying the checksum")
     s.add_argument("--items", type=int, default=8, help="array elements to preview (default 8)")
     s.set_defaults(func=cmd_inspect)
 
@@ -176,6 +307,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_dump_block)
 
+    s = sub.add_parser("convert", help="convert a GGUF file to the C-Kernel-Engine BUMPWGT3 layout")
+    s.add_argument("file")
+    s.add_argument("-o", "--output", required=True, help="output .bump path")
+    s.add_argument("--profile", choices=("ckernel", "seed"), default="ckernel",
+                   help="dtype code table (default ckernel)")
+    s.add_argument("--context", type=int, help="context length to record (default: the model's)")
+    s.add_argument("--config", help="also write config.json here")
+    s.add_argument("--manifest", help="also write a manifest JSON here")
+    s.add_argument("--drop-untied-head", action="store_true",
+                   help="convert even when output.weight is a genuinely different lm_head (it is dropped)")
+    s.set_defaults(func=cmd_convert)
+
+    s = sub.add_parser("verify", help="check a bump file's checksum and (with --against) every section")
+    s.add_argument("file")
+    s.add_argument("--against", help="the GGUF file it was converted from")
+    s.set_defaults(func=cmd_verify)
+
     s = sub.add_parser("models", help="the demo/test models: list, fetch, path")
     s.add_argument("action", choices=("list", "fetch", "path"))
     s.add_argument("names", nargs="*", help=f"model names ({', '.join(catalog.MODELS)}); default all")
@@ -187,6 +335,12 @@ def build_parser() -> argparse.ArgumentParser:
     b = bsub.add_parser("open", help="time to read header, metadata and tensor index; RSS growth")
     b.add_argument("files", nargs="*", help="GGUF files (default: every cached catalogue model)")
     b.add_argument("--repeat", type=int, default=7)
+    b.set_defaults(func=cmd_bench)
+    b = bsub.add_parser("convert", help="GGUF -> bump conversion vs hashing and copying the same bytes")
+    b.add_argument("file")
+    b.add_argument("--repeat", type=int, default=3)
+    b.add_argument("--context", type=int, help="context override (default: the model's)")
+    b.add_argument("--out-dir", help="where to write (default: a temporary directory)")
     b.set_defaults(func=cmd_bench)
     b = bsub.add_parser("kernels", help="native GEMV and dequantization throughput, memory bandwidth")
     b.add_argument("--types", default=",".join(KERNEL_TYPES_HELP), help="comma-separated weight types")

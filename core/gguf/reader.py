@@ -590,6 +590,20 @@ class GGUFFile:
             raise TypeError(f"{t.name} is {t.type.name}, a block format: use tensor_rows() or dequantize()")
         return np.frombuffer(self._buf, dtype=dtype, count=t.n_elements, offset=t.data_offset).reshape(t.shape)
 
+    def release_pages(self, offset: int, length: int) -> None:
+        """Drop this process's mapping of whole pages inside ``[offset, offset+length)`` (they stay in the page
+        cache), so streaming a large file keeps resident memory bounded. No-op for in-memory buffers."""
+        if self._mmap is None or length <= 0:
+            return
+        page = mmap.PAGESIZE
+        a = (offset + page - 1) // page * page
+        b = (offset + length) // page * page
+        if b > a:
+            try:
+                self._mmap.madvise(mmap.MADV_DONTNEED, a, b - a)
+            except (OSError, ValueError, AttributeError):
+                pass
+
     def block_location(self, t: TensorInfo | str, row: int, block: int) -> tuple[int, int]:
         """Absolute file offset and byte size of block ``block`` of row ``row`` (flattened rows)."""
         if isinstance(t, str):

@@ -11,7 +11,9 @@ from typing import Any
 from . import catalog
 from .gguf import GGUFError, GGUFFile
 
-COMMANDS = ("inspect", "dump-block", "models", "bench", "convert", "verify")
+COMMANDS = ("inspect", "dump-block", "models", "bench", "convert", "verify", "generate", "chat", "tokenize",
+            "perplexity")
+BENCH_KINDS = ("open", "kernels", "convert", "model")
 KERNEL_TYPES_HELP = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32")
 
 
@@ -283,6 +285,167 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if rep.ok else 1
 
 
+def _engine(args: argparse.Namespace, n_ctx: int = 4096) -> Any:
+    from .engine.generate import Engine
+    from .model import UnsupportedModel
+    from .tokenizer import TokenizerError
+
+    if not Path(args.file).is_file():
+        raise CLIError(f"{args.file}: no such file")
+    try:
+        return Engine(args.file, n_ctx=n_ctx, threads=args.threads)
+    except (UnsupportedModel, TokenizerError) as exc:
+        raise CLIError(f"{args.file}: {exc}") from None
+    except GGUFError as exc:
+        raise CLIError(f"{args.file}: not a readable GGUF file: {exc}") from None
+
+
+def _params(args: argparse.Namespace) -> Any:
+    from .chat import SamplerParams
+
+    return SamplerParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                         repeat_penalty=args.repeat_penalty, seed=args.seed, max_tokens=args.n_predict,
+                         stop=list(args.stop or []))
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    eng = _engine(args, args.ctx)
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    if args.echo:
+        sys.stdout.write(prompt)
+    last = None
+    for d in eng.generate(prompt, _params(args)):
+        sys.stdout.write(d.text)
+        sys.stdout.flush()
+        last = d
+    sys.stdout.write("\n")
+    if last is not None:
+        print(f"[{last.n_prompt} prompt tokens at {last.prompt_tps:.1f} t/s, ttft {last.ttft_s * 1e3:.0f} ms; "
+              f"{last.n_generated} generated at {last.gen_tps:.1f} t/s; stop: {last.stop_reason}]", file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    eng = _engine(args, args.ctx)
+    system = args.system
+    messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+    print(f"chatting with {Path(args.file).name} ({eng.model.config.arch}, context {eng.n_ctx}); "
+          "/reset clears, /system TEXT sets the system prompt, /quit or Ctrl-D leaves", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        if line.strip() in ("/quit", "/exit"):
+            return 0
+        if line.strip() == "/reset":
+            messages = [{"role": "system", "content": system}] if system else []
+            print("(conversation cleared)", file=sys.stderr)
+            continue
+        if line.startswith("/system"):
+            system = line[len("/system"):].strip()
+            messages = [{"role": "system", "content": system}] if system else []
+            print("(system prompt set; conversation cleared)", file=sys.stderr)
+            continue
+        messages.append({"role": "user", "content": line})
+        reply = ""
+        last = None
+        try:
+            for d in eng.generate(messages if eng.template else line, _params(args)):
+                sys.stdout.write(d.text)
+                sys.stdout.flush()
+                reply += d.text
+                last = d
+        except KeyboardInterrupt:
+            print("\n(interrupted)", file=sys.stderr)
+        print()
+        messages.append({"role": "assistant", "content": reply})
+        if last is not None:
+            print(f"[{last.n_generated} tokens, {last.gen_tps:.1f} t/s, context {last.context_used}/{eng.n_ctx}]",
+                  file=sys.stderr)
+
+
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    from .gguf import GGUFFile
+    from .tokenizer import Tokenizer, TokenizerError
+
+    try:
+        with GGUFFile(args.file) as f:
+            tok = Tokenizer(f)
+    except (TokenizerError, GGUFError, OSError) as exc:
+        raise CLIError(f"{args.file}: {exc}") from None
+    ids = tok.encode(args.text, add_special=None if not args.no_bos else False)
+    if args.ids:
+        print(" ".join(str(i) for i in ids))
+    elif args.pieces:
+        print(" ".join(repr(tok.pieces[i]) for i in ids))
+    else:
+        for i in ids:
+            print(f"{i:>8}  {tok.pieces[i]!r}  {tok.token_bytes(i)!r}")
+    return 0
+
+
+def cmd_perplexity(args: argparse.Namespace) -> int:
+    from .engine.tools import perplexity
+
+    eng = _engine(args, args.ctx)
+    text = Path(args.text_file).read_text(encoding="utf-8")
+    try:
+        r = perplexity(eng.model, eng.tokenizer, text, args.ctx, args.chunks,
+                       progress=lambda c, n, p: print(f"[{c}/{n}] running ppl {p:.4f}", file=sys.stderr))
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    print(f"perplexity {r.ppl:.4f} over {r.n_chunks} chunks of {r.n_ctx} tokens ({r.n_tokens_scored} scored) "
+          f"in {r.seconds:.1f} s")
+    return 0
+
+
+def cmd_bench_model(args: argparse.Namespace) -> int:
+    from .bench import rss_bytes
+    from .engine.tools import bench_model
+
+    eng = _engine(args, max(args.n_prompt, args.n_gen) + 16)
+    rows = bench_model(eng.model, args.n_prompt, args.n_gen, args.repetitions)
+    peak = _peak_rss_mb()
+    for r in rows:
+        r.update({"model": Path(args.file).name, "isa": _isa(), "peak_rss_mb": peak, "rss_mb": rss_bytes() / 2**20})
+    if args.json:
+        json.dump(rows, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(f"{'model':<42} {'threads':>7} {'test':>6} {'t/s':>16}")
+        for r in rows:
+            print(f"{r['model']:<42} {r['threads']:>7} {r['test']:>6} {r['tokens_per_s']:9.2f} ± {r['stddev']:5.2f}")
+        print(f"peak RSS {peak:.0f} MiB")
+    return 0
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _isa() -> str:
+    from .native import kernels
+
+    return kernels.isa()
+
+
+def _add_sampling(s: argparse.ArgumentParser) -> None:
+    s.add_argument("-n", "--n-predict", type=int, default=256, help="tokens to generate")
+    s.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy)")
+    s.add_argument("--top-k", type=int, default=40)
+    s.add_argument("--top-p", type=float, default=0.95)
+    s.add_argument("--min-p", type=float, default=0.05)
+    s.add_argument("--repeat-penalty", type=float, default=1.0)
+    s.add_argument("--seed", type=int, help="same seed, same text")
+    s.add_argument("--stop", action="append", help="stop string (repeatable)")
+    s.add_argument("-c", "--ctx", type=int, default=4096, help="context size")
+    s.add_argument("-t", "--threads", type=int, default=0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="quantscope",
@@ -319,6 +482,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="convert even when output.weight is a genuinely different lm_head (it is dropped)")
     s.set_defaults(func=cmd_convert)
 
+    s = sub.add_parser("generate", help="continue a prompt (stdout: the generated text)")
+    s.add_argument("file")
+    s.add_argument("-p", "--prompt", help="prompt text (default: stdin)")
+    s.add_argument("--echo", action="store_true", help="print the prompt before the continuation")
+    _add_sampling(s)
+    s.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("chat", help="interactive chat with the model's template")
+    s.add_argument("file")
+    s.add_argument("--system", help="system prompt")
+    _add_sampling(s)
+    s.set_defaults(func=cmd_chat)
+
+    s = sub.add_parser("tokenize", help="token ids and pieces of a text")
+    s.add_argument("file")
+    s.add_argument("text")
+    s.add_argument("--ids", action="store_true", help="only the ids")
+    s.add_argument("--pieces", action="store_true", help="only the pieces")
+    s.add_argument("--no-bos", action="store_true", help="do not add BOS/EOS")
+    s.set_defaults(func=cmd_tokenize)
+
+    s = sub.add_parser("perplexity", help="perplexity of a text (llama-perplexity's procedure)")
+    s.add_argument("file")
+    s.add_argument("-f", "--text-file", required=True)
+    s.add_argument("-c", "--ctx", type=int, default=512)
+    s.add_argument("--chunks", type=int, default=0, help="at most this many chunks (0 = all)")
+    s.add_argument("-t", "--threads", type=int, default=0)
+    s.set_defaults(func=cmd_perplexity)
+
     s = sub.add_parser("verify", help="check a bump file's checksum and (with --against) every section")
     s.add_argument("file")
     s.add_argument("--against", help="the GGUF file it was converted from")
@@ -336,6 +528,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("files", nargs="*", help="GGUF files (default: every cached catalogue model)")
     b.add_argument("--repeat", type=int, default=7)
     b.set_defaults(func=cmd_bench)
+    b = bsub.add_parser("model", help="prefill/decode tokens per second of a model (like llama-bench)")
+    b.add_argument("file")
+    b.add_argument("-p", "--n-prompt", type=int, default=128)
+    b.add_argument("-n", "--n-gen", type=int, default=64)
+    b.add_argument("-t", "--threads", type=int, default=0)
+    b.add_argument("-r", "--repetitions", type=int, default=3)
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=cmd_bench_model)
     b = bsub.add_parser("convert", help="GGUF -> bump conversion vs hashing and copying the same bytes")
     b.add_argument("file")
     b.add_argument("--repeat", type=int, default=3)
@@ -357,6 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or (argv[0] not in COMMANDS and not argv[0].startswith("-")):
         # `quantscope [FILE]`: the app. Until the GUI lands this shows the file's inspection.
         argv = ["inspect", *argv]
+    if len(argv) > 1 and argv[0] == "bench" and argv[1] not in BENCH_KINDS and not argv[1].startswith("-"):
+        argv = ["bench", "model", *argv[1:]]  # `quantscope bench FILE …` benchmarks a model
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

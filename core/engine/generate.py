@@ -1,0 +1,143 @@
+"""The generation API: load a model with progress/cancel, then stream token deltas with timings."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..chat import ChatTemplate, Sampler, SamplerParams
+from ..gguf import GGUFFile
+from ..tokenizer import StreamDecoder, Tokenizer
+from .session import ContextFull, Model, Session
+
+
+class LoadCancelled(Exception):
+    """Loading was cancelled."""
+
+
+@dataclass
+class Delta:
+    """One streamed piece of output with the running timings."""
+
+    text: str
+    token: int | None
+    n_prompt: int
+    n_generated: int
+    ttft_s: float
+    prompt_tps: float
+    gen_tps: float
+    context_used: int
+    finished: bool = False
+    stop_reason: str = ""
+
+
+class Engine:
+    """A loaded model + tokenizer + template, with one chat session."""
+
+    def __init__(self, path: str | Path, n_ctx: int = 4096, threads: int = 0,
+                 progress: Callable[[str, float], None] | None = None,
+                 cancel: threading.Event | None = None) -> None:
+        say = progress or (lambda _m, _f: None)
+
+        def check() -> None:
+            if cancel is not None and cancel.is_set():
+                raise LoadCancelled("loading cancelled")
+
+        say("opening file", 0.0)
+        self.file = GGUFFile(path)
+        check()
+        say("binding weights", 0.2)
+        self.model = Model(self.file, threads)
+        check()
+        say("loading tokenizer", 0.6)
+        self.tokenizer = Tokenizer(self.file)
+        self.template = ChatTemplate.from_gguf(self.file)
+        check()
+        n_ctx = min(n_ctx, self.model.config.n_ctx_train)
+        say("allocating KV cache", 0.9)
+        self.session: Session = self.model.session(n_ctx)
+        self.cached: list[int] = []  # token ids currently in the KV cache
+        say("ready", 1.0)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.session.n_ctx
+
+    def prompt_ids(self, messages: list[dict[str, Any]] | str) -> list[int]:
+        """Token ids for a chat (rendered with the template) or a plain completion prompt."""
+        if isinstance(messages, str):
+            return self.tokenizer.encode(messages)
+        if self.template is None:  # base model: concatenate contents as plain text
+            return self.tokenizer.encode("\n".join(m["content"] for m in messages))
+        text = self.template.render(messages, add_generation_prompt=True)
+        has_bos = self.template.bos_token and text.startswith(self.template.bos_token)
+        return self.tokenizer.encode(text, add_special=not has_bos)
+
+    def generate(self, messages: list[dict[str, Any]] | str, params: SamplerParams | None = None,
+                 cancel: threading.Event | None = None) -> Iterator[Delta]:
+        """Yield :class:`Delta` pieces until end-of-generation, a stop string, ``max_tokens`` or ``cancel``.
+
+        Reuses the KV cache for the longest common prefix with the previous call (a follow-up turn only
+        evaluates its new tokens)."""
+        p = params or SamplerParams()
+        ids = self.prompt_ids(messages)
+        if len(ids) >= self.n_ctx:
+            raise ContextFull(f"the prompt has {len(ids)} tokens but the context holds {self.n_ctx}; shorten the "
+                              "conversation or raise the context size")
+        common = 0
+        for a, b in zip(self.cached, ids, strict=False):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ids) - 1)
+        self.session.truncate(common)
+        self.cached = self.cached[:common]
+        sampler = Sampler(p)
+        t0 = time.perf_counter()
+        logits = self.session.forward(ids[common:])
+        self.cached = list(ids)
+        t1 = time.perf_counter()
+        prompt_tps = (len(ids) - common) / (t1 - t0) if t1 > t0 else 0.0
+        dec = StreamDecoder(self.tokenizer)
+        text = ""
+        history = list(ids)
+        n = 0
+        reason = ""
+        while True:
+            if cancel is not None and cancel.is_set():
+                reason = "cancelled"
+                break
+            tid = sampler.sample(logits, history)
+            if self.tokenizer.is_eog(tid):
+                reason = "end of generation"
+                break
+            n += 1
+            history.append(tid)
+            delta = dec.push(tid)
+            text += delta
+            hit = next((s for s in p.stop if s and s in text), None)
+            now = time.perf_counter()
+            gen_tps = n / (now - t1) if now > t1 else 0.0
+            if hit:
+                cut = text.index(hit)
+                delta = delta[: max(0, len(delta) - (len(text) - cut))]
+                yield Delta(delta, tid, len(ids), n, t1 - t0, prompt_tps, gen_tps, self.session.n_past)
+                reason = f"stop string {hit!r}"
+                break
+            yield Delta(delta, tid, len(ids), n, t1 - t0, prompt_tps, gen_tps, self.session.n_past)
+            if n >= p.max_tokens:
+                reason = "max tokens"
+                break
+            if self.session.n_past >= self.n_ctx:
+                reason = "context full"
+                break
+            logits = self.session.forward([tid])
+            self.cached.append(tid)
+        tail = dec.flush()
+        now = time.perf_counter()
+        yield Delta(tail, None, len(ids), n, t1 - t0, prompt_tps, n / (now - t1) if now > t1 and n else 0.0,
+                    self.session.n_past, True, reason)

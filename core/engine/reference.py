@@ -1,0 +1,86 @@
+"""A slow, plain numpy (float64) forward pass over dequantized weights: the oracle for the native engine.
+
+It shares nothing with the native path but the config and the reference dequantizer: RMSNorm, RoPE (both
+pairings), GQA attention with causal and sliding-window masks, and the gated FFNs are written out here directly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..model import ModelConfig, ModelWeights, Weight
+from ..quant import dequantize
+
+
+def _dense(w: Weight) -> np.ndarray:
+    return dequantize(w.data.reshape(w.rows, -1), w.type).astype(np.float64)
+
+
+def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
+
+
+def _rope(x: np.ndarray, pos: np.ndarray, base: float, dim: int, neox: bool) -> np.ndarray:
+    out = x.copy()
+    half = dim // 2
+    inv = base ** (-2.0 * np.arange(half) / dim)
+    ang = pos[:, None] * inv[None, :]  # (T, half)
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    a = np.arange(half) if neox else 2 * np.arange(half)
+    b = a + half if neox else a + 1
+    x0, x1 = x[:, :, a], x[:, :, b]
+    out[:, :, a] = x0 * cos - x1 * sin
+    out[:, :, b] = x0 * sin + x1 * cos
+    return out
+
+
+def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int]) -> np.ndarray:
+    """Logits (T, n_vocab) for ``tokens`` at positions 0..T-1, in float64."""
+    ids = np.asarray(tokens)
+    T = ids.size
+    pos = np.arange(T, dtype=np.float64)
+    emb = dequantize(w.tok_embd.data.reshape(w.tok_embd.rows, -1)[ids], w.tok_embd.type).astype(np.float64)
+    x = emb * cfg.embed_scale
+    H, KV, hd = cfg.n_head, cfg.n_head_kv, cfg.head_dim
+    scale = cfg.attn_scale or 1.0 / math.sqrt(hd)
+    for li, lw in enumerate(w.layers):
+        h = _rms(x, lw.attn_norm, cfg.rms_eps)
+        q = h @ _dense(lw.wq).T
+        k = h @ _dense(lw.wk).T
+        v = h @ _dense(lw.wv).T
+        if lw.bq is not None:
+            q, k, v = q + lw.bq, k + lw.bk, v + lw.bv
+        q, k, v = q.reshape(T, H, hd), k.reshape(T, KV, hd), v.reshape(T, KV, hd)
+        if lw.q_norm is not None:
+            q, k = _rms(q, lw.q_norm, cfg.rms_eps), _rms(k, lw.k_norm, cfg.rms_eps)
+        base = cfg.layer_rope_base(li)
+        q = _rope(q, pos, base, cfg.rope_dim, cfg.rope_neox)
+        k = _rope(k, pos, base, cfg.rope_dim, cfg.rope_neox)
+        window = cfg.layer_window(li)
+        att = np.zeros((T, H, hd))
+        group = H // KV
+        for t in range(T):
+            lo = max(0, t - window + 1) if window > 0 else 0
+            for hh in range(H):
+                kk, vv = k[lo : t + 1, hh // group], v[lo : t + 1, hh // group]
+                s = kk @ q[t, hh] * scale
+                p = np.exp(s - s.max())
+                att[t, hh] = (p / p.sum()) @ vv
+        o = att.reshape(T, H * hd) @ _dense(lw.wo).T
+        if lw.post_attn_norm is not None:
+            o = _rms(o, lw.post_attn_norm, cfg.rms_eps)
+        x = x + o
+        h = _rms(x, lw.ffn_norm, cfg.rms_eps)
+        g, u = h @ _dense(lw.w_gate).T, h @ _dense(lw.w_up).T
+        if cfg.gelu:
+            a = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3))) * u
+        else:
+            a = g / (1 + np.exp(-g)) * u
+        d = a @ _dense(lw.w_down).T
+        if lw.post_ffn_norm is not None:
+            d = _rms(d, lw.post_ffn_norm, cfg.rms_eps)
+        x = x + d
+    x = _rms(x, w.output_norm, cfg.rms_eps)
+    return x @ _dense(w.output).T

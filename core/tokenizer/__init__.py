@@ -1,0 +1,350 @@
+"""Tokenizers read from GGUF metadata: byte-level BPE (``gpt2``) with llama.cpp's pre-tokenizers, and
+SentencePiece-style BPE with scores (``llama``, as gemma uses); special tokens recognised in text; streaming
+detokenization that never emits half a UTF-8 character."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import regex
+
+from ..gguf import GGUFFile
+
+# token types (llama_token_type)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+# llama.cpp's pre-tokenizer expressions, applied in sequence (each splits the pieces of the previous one).
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+           r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+          r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
+    "default": (_GPT2,),
+    "gpt2": (_GPT2,),
+    "llama-bpe": (_LLAMA3,),
+    "llama3": (_LLAMA3,),
+    "smaug-bpe": (_LLAMA3,),
+    "qwen2": (_QWEN2,),
+    "deepseek-r1-qwen": (_QWEN2,),
+    "smollm": (r"\p{N}", _GPT2),
+    "starcoder": (r"\p{N}", _GPT2),
+    "refact": (r"\p{N}", _GPT2),
+}
+
+
+class TokenizerError(ValueError):
+    """The file's tokenizer is missing or of a kind we do not implement."""
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+
+
+def regex_split(text: str, exprs: Sequence[str]) -> list[str]:
+    """Split like llama.cpp's unicode_regex_split: each expression splits every piece into its matches and the
+    unmatched gaps between them (both kept)."""
+    pieces = [text]
+    for expr in exprs:
+        pat = regex.compile(expr)
+        out: list[str] = []
+        for piece in pieces:
+            pos = 0
+            for m in pat.finditer(piece):
+                if m.start() > pos:
+                    out.append(piece[pos : m.start()])
+                if m.end() > m.start():
+                    out.append(m.group())
+                pos = m.end()
+            if pos < len(piece):
+                out.append(piece[pos:])
+        pieces = out
+    return pieces
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    piece: str
+    type: int
+
+
+class Tokenizer:
+    """Encode/decode with the vocabulary, merges/scores and special tokens of a GGUF file."""
+
+    def __init__(self, f: GGUFFile) -> None:
+        self.model = f.get("tokenizer.ggml.model")
+        if self.model not in ("gpt2", "llama"):
+            raise TokenizerError(f"tokenizer model {self.model!r} is not supported (gpt2 BPE and llama SPM are)")
+        tokens = f.get("tokenizer.ggml.tokens")
+        if tokens is None:
+            raise TokenizerError("the file has no tokenizer.ggml.tokens")
+        self.pieces: list[str] = tokens.to_list()
+        n = len(self.pieces)
+        types = f.get("tokenizer.ggml.token_type")
+        self.types = np.asarray(types, dtype=np.int32) if types is not None else np.full(n, NORMAL, np.int32)
+        self.vocab: dict[str, int] = {}
+        for i, p in enumerate(self.pieces):
+            self.vocab.setdefault(p, i)
+        self.pre = str(f.get("tokenizer.ggml.pre", "default"))
+        self.bos_id = _opt_int(f.get("tokenizer.ggml.bos_token_id"))
+        self.eos_id = _opt_int(f.get("tokenizer.ggml.eos_token_id"))
+        self.eot_id = _opt_int(f.get("tokenizer.ggml.eot_token_id"))
+        self.unk_id = _opt_int(f.get("tokenizer.ggml.unknown_token_id"))
+        default_bos = self.model == "llama"
+        self.add_bos = bool(f.get("tokenizer.ggml.add_bos_token", default_bos))
+        self.add_eos = bool(f.get("tokenizer.ggml.add_eos_token", False))
+        self.add_space_prefix = bool(f.get("tokenizer.ggml.add_space_prefix", self.model == "llama"))
+        self.special_ids = [i for i in range(n) if self.types[i] in (CONTROL, USER_DEFINED)]
+        specials = sorted((self.pieces[i] for i in self.special_ids if self.pieces[i]), key=len, reverse=True)
+        self._special_re = regex.compile("|".join(regex.escape(s) for s in specials)) if specials else None
+        self._cache: dict[str, list[int]] = {}
+        if self.model == "gpt2":
+            merges = f.get("tokenizer.ggml.merges")
+            if merges is None:
+                raise TokenizerError("gpt2 tokenizer without tokenizer.ggml.merges")
+            self.ranks: dict[tuple[str, str], int] = {}
+            for r, m in enumerate(merges):
+                a, _, b = m.partition(" ")
+                self.ranks.setdefault((a, b), r)
+            if self.pre not in PRE_TOKENIZERS:
+                raise TokenizerError(f"pre-tokenizer {self.pre!r} is not supported "
+                                     f"(known: {', '.join(sorted(PRE_TOKENIZERS))})")
+            self.exprs = PRE_TOKENIZERS[self.pre]
+            self.byte_enc = bytes_to_unicode()
+            self.byte_dec = {c: b for b, c in self.byte_enc.items()}
+        else:
+            scores = f.get("tokenizer.ggml.scores")
+            self.scores = np.asarray(scores, dtype=np.float32) if scores is not None else np.zeros(n, np.float32)
+            self.byte_ids = {}
+            for i, p in enumerate(self.pieces):
+                if self.types[i] == BYTE and len(p) == 6 and p.startswith("<0x"):
+                    self.byte_ids[int(p[3:5], 16)] = i
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def n_vocab(self) -> int:
+        return len(self.pieces)
+
+    def is_eog(self, tid: int) -> bool:
+        """End-of-generation token (eos, eot, or a control token named like an end marker)."""
+        if tid in (self.eos_id, self.eot_id):
+            return True
+        if 0 <= tid < self.n_vocab and self.types[tid] == CONTROL:
+            return self.pieces[tid] in ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<|eot_id|>", "<|end|>")
+        return False
+
+    # ------------------------------------------------------------------ encoding
+    def encode(self, text: str, add_special: bool | None = None, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text``; BOS/EOS per metadata unless ``add_special`` says otherwise; special tokens
+        written in the text are recognised when ``parse_special``."""
+        add = (self.add_bos or self.add_eos) if add_special is None else add_special
+        ids: list[int] = []
+        if add and self.add_bos and self.bos_id is not None:
+            ids.append(self.bos_id)
+        first = True
+        for is_special, chunk in self._split_special(text, parse_special):
+            if is_special:
+                ids.append(self.vocab[chunk])
+                continue
+            if self.model == "gpt2":
+                ids.extend(self._encode_bpe(chunk))
+            else:
+                if self.add_space_prefix and first:
+                    chunk = " " + chunk
+                ids.extend(self._encode_spm(chunk))
+            first = False
+        if add and self.add_eos and self.eos_id is not None:
+            ids.append(self.eos_id)
+        return ids
+
+    def _split_special(self, text: str, parse_special: bool) -> Iterable[tuple[bool, str]]:
+        if not parse_special or self._special_re is None:
+            if text:
+                yield False, text
+            return
+        pos = 0
+        for m in self._special_re.finditer(text):
+            if m.start() > pos:
+                yield False, text[pos : m.start()]
+            yield True, m.group()
+            pos = m.end()
+        if pos < len(text):
+            yield False, text[pos:]
+
+    def _encode_bpe(self, text: str) -> list[int]:
+        out: list[int] = []
+        for word in regex_split(text, self.exprs):
+            cached = self._cache.get(word)
+            if cached is None:
+                mapped = "".join(self.byte_enc[b] for b in word.encode("utf-8"))
+                cached = self._bpe(mapped)
+                if len(self._cache) < 100_000:
+                    self._cache[word] = cached
+            out.extend(cached)
+        return out
+
+    def _bpe(self, word: str) -> list[int]:
+        if word in self.vocab and len(word) > 0 and self.types[self.vocab[word]] not in (CONTROL,):
+            return [self.vocab[word]]
+        parts = list(word)
+        ranks = self.ranks
+        while len(parts) > 1:
+            best, best_i = None, -1
+            for i in range(len(parts) - 1):
+                r = ranks.get((parts[i], parts[i + 1]))
+                if r is not None and (best is None or r < best):
+                    best, best_i = r, i
+            if best is None:
+                break
+            a, b = parts[best_i], parts[best_i + 1]
+            merged: list[str] = []
+            i = 0
+            while i < len(parts):  # merge every occurrence of the pair, left to right
+                if i < len(parts) - 1 and parts[i] == a and parts[i + 1] == b:
+                    merged.append(a + b)
+                    i += 2
+                else:
+                    merged.append(parts[i])
+                    i += 1
+            parts = merged
+        ids = []
+        for p in parts:
+            tid = self.vocab.get(p)
+            if tid is None:  # not in vocab: fall back to single characters
+                ids.extend(self.vocab.get(ch, self.unk_id if self.unk_id is not None else 0) for ch in p)
+            else:
+                ids.append(tid)
+        return ids
+
+    def _encode_spm(self, text: str) -> list[int]:
+        text = text.replace(" ", "▁")
+        syms = list(text)
+        if not syms:
+            return []
+        n = len(syms)
+        prev = list(range(-1, n - 1))
+        nxt = list(range(1, n + 1))
+        nxt[-1] = -1
+        alive = [True] * n
+        heap: list[tuple[float, int, int, str]] = []
+
+        def push(i: int) -> None:
+            j = nxt[i]
+            if j == -1:
+                return
+            merged = syms[i] + syms[j]
+            tid = self.vocab.get(merged)
+            if tid is not None:
+                heapq.heappush(heap, (-float(self.scores[tid]), i, j, merged))
+
+        for i in range(n - 1):
+            push(i)
+        while heap:
+            _, i, j, merged = heapq.heappop(heap)
+            if not alive[i] or not alive[j] or nxt[i] != j or syms[i] + syms[j] != merged:
+                continue
+            syms[i] = merged
+            alive[j] = False
+            nxt[i] = nxt[j]
+            if nxt[j] != -1:
+                prev[nxt[j]] = i
+            if prev[i] != -1:
+                push(prev[i])
+            push(i)
+        ids: list[int] = []
+        i = 0
+        while i != -1:
+            s = syms[i]
+            tid = self.vocab.get(s)
+            if tid is not None:
+                ids.append(tid)
+            else:
+                for b in s.encode("utf-8"):
+                    ids.append(self.byte_ids.get(b, self.unk_id if self.unk_id is not None else 0))
+            i = nxt[i]
+        return ids
+
+    # ------------------------------------------------------------------ decoding
+    def token_bytes(self, tid: int, special: bool = True) -> bytes:
+        """The bytes token ``tid`` stands for (control tokens render as their text when ``special``)."""
+        p = self.pieces[tid]
+        t = self.types[tid]
+        if t in (CONTROL, UNKNOWN, UNUSED) or (t == USER_DEFINED and self.model == "gpt2" and p in self.vocab
+                                              and tid in self.special_ids):
+            return p.encode("utf-8") if special and t != UNUSED else b""
+        if self.model == "gpt2":
+            try:
+                return bytes(self.byte_dec[c] for c in p)
+            except KeyError:
+                return p.encode("utf-8")
+        if t == BYTE:
+            return bytes([int(p[3:5], 16)])
+        return p.replace("▁", " ").encode("utf-8")
+
+    def decode(self, ids: Iterable[int], special: bool = True) -> str:
+        data = b"".join(self.token_bytes(i, special) for i in ids)
+        text = data.decode("utf-8", errors="replace")
+        if self.model == "llama" and self.add_space_prefix and text.startswith(" "):
+            text = text[1:]
+        return text
+
+    def pieces_of(self, ids: Iterable[int]) -> list[str]:
+        return [self.pieces[i] for i in ids]
+
+
+def _opt_int(v: object) -> int | None:
+    return None if v is None else int(v)  # type: ignore[arg-type]
+
+
+class StreamDecoder:
+    """Turns a stream of token ids into text deltas, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self, tok: Tokenizer, special: bool = False) -> None:
+        self.tok = tok
+        self.special = special
+        self.buf = b""
+
+    def push(self, tid: int) -> str:
+        self.buf += self.tok.token_bytes(tid, self.special)
+        cut = _valid_prefix(self.buf)
+        out, self.buf = self.buf[:cut], self.buf[cut:]
+        return out.decode("utf-8", errors="replace")
+
+    def flush(self) -> str:
+        out, self.buf = self.buf, b""
+        return out.decode("utf-8", errors="replace")
+
+
+def _valid_prefix(b: bytes) -> int:
+    """Length of the longest prefix of ``b`` that does not end inside a UTF-8 sequence."""
+    n = len(b)
+    i = n - 1
+    back = 0
+    while i >= 0 and back < 4 and (b[i] & 0xC0) == 0x80:
+        i -= 1
+        back += 1
+    if i < 0:
+        return n
+    lead = b[i]
+    if lead >> 5 == 0b110:
+        need = 2
+    elif lead >> 4 == 0b1110:
+        need = 3
+    elif lead >> 3 == 0b11110:
+        need = 4
+    else:
+        need = 1
+    return n if n - i >= need else i

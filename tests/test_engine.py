@@ -1,0 +1,194 @@
+"""The chat engine on the three real models: native forward vs the numpy reference, tokenizers, templates,
+sampling, generation quality and perplexity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from quantscope.core.chat import ChatTemplate, ChatTemplateError, Sampler, SamplerParams
+from quantscope.core.engine import ContextFull
+from quantscope.core.engine.generate import Engine
+from quantscope.core.engine.reference import reference_logits
+from quantscope.core.engine.tools import bench_model, perplexity
+from quantscope.core.tokenizer import StreamDecoder
+
+from .conftest import MODEL_NAMES
+
+TEXT = (Path(__file__).parent / "data" / "english.txt").read_text(encoding="utf-8")
+_ENGINES: dict[str, Engine] = {}
+
+
+@pytest.fixture
+def engine(model_path):
+    def get(name: str) -> Engine:
+        if name not in _ENGINES:
+            _ENGINES[name] = Engine(model_path(name), n_ctx=1024, threads=2)
+        return _ENGINES[name]
+
+    return get
+
+
+def greedy(e: Engine, prompt, n: int) -> str:
+    e.session.reset()
+    e.cached = []
+    return "".join(d.text for d in e.generate(prompt, SamplerParams(temperature=0, max_tokens=n)))
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_native_forward_matches_numpy_reference(name, engine):
+    e = engine(name)
+    ids = e.tokenizer.encode("The lighthouse keeper climbed the stairs at night")[:12]
+    s = e.model.session(64)
+    native = s.forward(ids, all_logits=True).astype(np.float64)
+    ref = reference_logits(e.model.config, e.model.weights, ids)
+    cos = (native * ref).sum(1) / np.linalg.norm(native, axis=1) / np.linalg.norm(ref, axis=1)
+    rel = np.linalg.norm(native - ref, axis=1) / np.linalg.norm(ref, axis=1)
+    assert cos.min() > 0.995, cos
+    assert np.median(rel) < 0.06, rel
+    assert (native.argmax(1) == ref.argmax(1)).mean() >= 0.75
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_prefill_equals_token_by_token_decode(name, engine):
+    e = engine(name)
+    ids = e.tokenizer.encode("Paris is the capital and largest city of France.")
+    a = e.model.session(64)
+    batch = a.forward(ids, all_logits=True)
+    b = e.model.session(64)
+    steps = np.stack([b.forward([t]) for t in ids])
+    assert np.allclose(batch, steps, rtol=1e-4, atol=1e-3)
+    assert a.n_past == b.n_past == len(ids)
+
+
+def test_context_full_is_reported(engine):
+    e = engine("smollm2")
+    s = e.model.session(8)
+    s.forward(list(range(100, 108)))
+    with pytest.raises(ContextFull):
+        s.forward([5])
+
+
+HARD = ["Hello world", "  two  spaces\n\n\tand tabs", "digits 1234567 and 3.14159", "日本語のテキスト",
+        "emoji 🚀🔥 mix", "don't won't it's", "<|im_start|>user\nhi<|im_end|>", "ends with space "]
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_tokenizer_round_trips(name, engine):
+    tok = engine(name).tokenizer
+    for s in HARD:
+        ids = tok.encode(s, add_special=False)
+        assert tok.decode(ids) == s, (name, s)
+
+
+def test_tokenizer_fixed_ids(engine):
+    qwen = engine("qwen2.5-coder").tokenizer
+    assert qwen.encode("Hello world") == [9707, 1879]
+    assert qwen.encode("<|im_start|>user") == [151644, 872]
+    assert qwen.encode("12345", add_special=False) == [16, 17, 18, 19, 20]  # qwen2 splits digits one by one
+    smol = engine("smollm2").tokenizer
+    assert smol.encode("<|im_start|>x<|im_end|>")[0] == 1 and smol.encode("<|im_end|>") == [2]
+    assert smol.encode(" 2024", add_special=False) == [216, 34, 32, 34, 36]  # smollm: digits split first
+    gem = engine("gemma3").tokenizer
+    ids = gem.encode("Hello world")
+    assert ids[0] == 2 and gem.pieces[ids[1]] == "Hello"  # BOS added per metadata
+    assert gem.encode("<start_of_turn>user", add_special=False)[0] == 105
+    assert gem.is_eog(gem.eos_id) and gem.is_eog(106)
+
+
+def test_stream_decoder_holds_back_partial_utf8(engine):
+    tok = engine("qwen2.5-coder").tokenizer
+    ids = tok.encode(" 🚀", add_special=False)
+    assert len(ids) == 3  # ' \xf0\x9f' + '\x9a' + '\x80': the emoji is split across byte tokens
+    dec = StreamDecoder(tok)
+    parts = [dec.push(i) for i in ids]
+    assert parts == [" ", "", "🚀"]
+    assert "\ufffd" not in "".join(parts) and dec.flush() == ""
+
+
+def test_chat_template_sandbox_and_helpers():
+    t = ChatTemplate("{% for m in messages %}{{ m.role }}:{{ m.content | tojson }}\n{% endfor %}"
+                     "{% if add_generation_prompt %}assistant:{% endif %}")
+    assert t.render([{"role": "user", "content": 'é "q"'}]) == 'user:' + '"é \\"q\\""' + '\nassistant:'
+    evil = ChatTemplate("{{ ''.__class__.__mro__[1].__subclasses__() }}")
+    with pytest.raises(ChatTemplateError):
+        evil.render([])
+    mutate = ChatTemplate("{% set _ = messages.append({'role': 'x'}) %}ok")
+    with pytest.raises(ChatTemplateError):
+        mutate.render([])
+    boom = ChatTemplate("{{ raise_exception('no system role') }}")
+    with pytest.raises(ChatTemplateError, match="no system role"):
+        boom.render([])
+    loops = ChatTemplate("{% for i in range(5) %}{% if i == 3 %}{% break %}{% endif %}{{ i }}{% endfor %}")
+    assert loops.render([]) == "012"
+
+
+def test_sampler_seed_and_filters():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    a = Sampler(SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7))
+    b = Sampler(SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7))
+    sa = [a.sample(logits, []) for _ in range(50)]
+    assert sa == [b.sample(logits, []) for _ in range(50)] and len(set(sa)) > 1
+    assert {Sampler(SamplerParams(temperature=1.0, top_k=1, seed=i)).sample(logits, []) for i in range(20)} == {0}
+    top_p = Sampler(SamplerParams(temperature=1.0, top_k=0, top_p=0.7, min_p=0.0, seed=1))
+    assert {top_p.sample(logits, []) for _ in range(100)} == {0, 1}
+    min_p = Sampler(SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.5, seed=1))
+    assert {min_p.sample(logits, []) for _ in range(100)} == {0, 1}
+    assert Sampler(SamplerParams(temperature=0)).sample(logits, []) == 0
+    pen = Sampler(SamplerParams(temperature=0, repeat_penalty=10.0))
+    assert pen.sample(np.array([2.0, 1.5, 0.1]), [0]) == 1
+
+
+def test_qwen_answers_the_capital_question(engine):
+    out = greedy(engine("qwen2.5-coder"), [{"role": "user", "content": "What is the capital of France?"}], 24)
+    assert "Paris" in out
+
+
+def test_smollm_completes_the_capital_of_france(engine):
+    out = greedy(engine("smollm2"), "The capital of France is", 8)
+    assert out.strip().startswith("Paris")
+
+
+def test_long_reply_does_not_collapse(engine):
+    e = engine("qwen2.5-coder")
+    e.cached = []
+    prompt = [{"role": "user", "content": "Write a short story about a lighthouse keeper who finds a message in a "
+                                          "bottle."}]
+    out = "".join(d.text for d in e.generate(prompt, SamplerParams(seed=1, max_tokens=200)))
+    ids = e.tokenizer.encode(out, add_special=False)
+    assert len(ids) > 150
+    assert len(set(ids)) / len(ids) > 0.3  # not one token over and over
+    grams = [tuple(ids[i : i + 4]) for i in range(len(ids) - 3)]
+    assert max(grams.count(g) for g in set(grams)) <= 4  # no phrase loop
+    assert "lighthouse" in out.lower() and "bottle" in out.lower()
+
+
+def test_stop_strings_and_seeded_sampling(engine):
+    e = engine("smollm2")
+    p = SamplerParams(temperature=0.9, seed=123, max_tokens=30)
+    e.session.reset()
+    e.cached = []
+    first = "".join(d.text for d in e.generate("Once upon a time", p))
+    second = "".join(d.text for d in e.generate("Once upon a time", p))
+    assert first == second and first
+    e.cached = []
+    stopped = list(e.generate("The capital of France is", SamplerParams(temperature=0, max_tokens=30, stop=["."])))
+    assert stopped[-1].finished and "stop string" in stopped[-1].stop_reason
+    assert "." not in "".join(d.text for d in stopped)
+
+
+@pytest.mark.parametrize("name", ["smollm2", "qwen2.5-coder"])
+def test_perplexity_is_sane(name, engine):
+    e = engine(name)
+    r = perplexity(e.model, e.tokenizer, TEXT, 128, max_chunks=2)
+    assert r.n_chunks == 2 and r.n_tokens_scored == 2 * 63
+    assert 3.0 < r.ppl < 80.0, r.ppl
+    shuffled = " ".join(sorted(TEXT.split()))
+    assert perplexity(e.model, e.tokenizer, shuffled, 128, max_chunks=2).ppl > 2 * r.ppl
+
+
+def test_bench_model_reports_rates(engine):
+    rows = bench_model(engine("smollm2").model, 16, 8, repetitions=1)
+    assert [r["test"] for r in rows] == ["pp16", "tg8"] and all(r["tokens_per_s"] > 0 for r in rows)

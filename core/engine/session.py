@@ -1,9 +1,9 @@
 """Inference session: KV cache and the forward pass (prefill of a batch, decode of one token) on native kernels.
 
 The forward pass reads like the paper (llama2.c style): embed, then per layer RMSNorm -> q/k/v -> RoPE -> attention
-over the cache -> output projection -> residual -> RMSNorm -> gated FFN -> residual; final norm; lm_head. Every
-per-token operation runs in C (matmul, norms, RoPE, attention, activations); Python only sequences the calls,
-through pre-bound cffi pointers to skip per-call validation (sizes are checked once, when the model loads).
+over the cache -> output projection -> residual -> RMSNorm -> gated FFN -> residual; final norm; lm_head. Each
+layer is one call of the native ``qs_block_forward`` (csrc/qs_block.c) with pointers bound once per session, so
+Python only loops over layers; sizes are checked once, when the model loads.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class Session:
         self.k_cache = np.zeros(shape, dtype=kv_dtype)
         self.v_cache = np.zeros(shape, dtype=kv_dtype)
         self.n_past = 0
+        self._block_structs = self._blocks()
 
     def reset(self) -> None:
         self.n_past = 0
@@ -101,6 +102,31 @@ class Session:
         lib.qs_rmsnorm(_fp(x), _fp(w), _fp(y), x.size // n, n, self.model.config.rms_eps)
         return y
 
+    def _blocks(self) -> list[object]:
+        """One ``qs_block`` per layer: the model's weight pointers plus this session's cache slices."""
+        m, c = self.model, self.model.config
+        blocks = []
+        kv_f16 = int(self.k_cache.dtype == np.float16)
+        for li, (lw, lb) in enumerate(zip(m.weights.layers, m.layers, strict=True)):
+            b = ffi.new("qs_block *")
+            b.n_embd, b.n_head, b.n_head_kv, b.head_dim, b.n_ff = c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff
+            b.rope_dim, b.rope_neox, b.gelu, b.kv_f16 = c.rope_dim, int(c.rope_neox), int(c.gelu), kv_f16
+            b.n_ctx, b.window = self.n_ctx, c.layer_window(li)
+            b.eps, b.rope_base = c.rms_eps, c.layer_rope_base(li)
+            b.attn_scale = c.attn_scale or 1.0 / math.sqrt(c.head_dim)
+            for field, key in (("wq", "wq"), ("wk", "wk"), ("wv", "wv"), ("wo", "wo"), ("wg", "w_gate"),
+                               ("wu", "w_up"), ("wd", "w_down")):
+                setattr(b, field, lb[key].ptr)
+                setattr(b, field + "_type", lb[key].type_id)
+            for field in ("attn_norm", "ffn_norm", "bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm",
+                          "post_ffn_norm"):
+                vec = getattr(lw, field)
+                setattr(b, field, _fp(vec) if vec is not None else ffi.NULL)
+            b.k_cache = ffi.from_buffer(self.k_cache[li])
+            b.v_cache = ffi.from_buffer(self.v_cache[li])
+            blocks.append(b)
+        return blocks
+
     def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
         """Run ``tokens`` at positions ``n_past…``; returns logits of the last token (or of every token)."""
         m, c = self.model, self.model.config
@@ -116,50 +142,13 @@ class Session:
         x = K.get_rows(m.tok_embd.type, m.tok_embd.data, m.tok_embd.rows, m.tok_embd.k, ids, threads=m.threads)
         if c.embed_scale != 1.0:
             x *= np.float32(c.embed_scale)
-        H, KV, hd, E = c.n_head, c.n_head_kv, c.head_dim, c.n_embd
-        scale = c.attn_scale or 1.0 / math.sqrt(hd)
+        xp = ffi.cast("float *", ffi.from_buffer(x))
         posp = ffi.cast("int32_t *", ffi.from_buffer(pos))
-        kv_f16 = int(self.k_cache.dtype == np.float16)
-        for li, (lw, lb) in enumerate(zip(m.weights.layers, m.layers, strict=True)):
-            h = self._rmsnorm(x, lw.attn_norm, E)
-            q = self._mm(lb["wq"], h)
-            k = self._mm(lb["wk"], h)
-            v = self._mm(lb["wv"], h)
-            if lw.bq is not None:
-                q += lw.bq
-            if lw.bk is not None:
-                k += lw.bk
-            if lw.bv is not None:
-                v += lw.bv
-            if lw.q_norm is not None and lw.k_norm is not None:
-                q = self._rmsnorm(q, lw.q_norm, hd)
-                k = self._rmsnorm(k, lw.k_norm, hd)
-            base = c.layer_rope_base(li)
-            lib.qs_rope(_fp(q), T, H, hd, c.rope_dim, posp, base, 1.0, int(c.rope_neox))
-            lib.qs_rope(_fp(k), T, KV, hd, c.rope_dim, posp, base, 1.0, int(c.rope_neox))
-            kc, vc = self.k_cache[li], self.v_cache[li]
-            kc[self.n_past : self.n_past + T] = k.reshape(T, KV, hd)
-            vc[self.n_past : self.n_past + T] = v.reshape(T, KV, hd)
-            att = np.empty((T, H * hd), dtype=np.float32)
-            rc = lib.qs_attention(_fp(q), T, posp, H, hd, ffi.from_buffer(kc), ffi.from_buffer(vc), kv_f16, KV,
-                                  self.n_past + T, c.layer_window(li), scale, _fp(att), m.threads)
+        for b in self._block_structs:
+            rc = lib.qs_block_forward(b, xp, T, posp, self.n_past, m.threads)
             if rc != 0:
-                raise K.KernelError(f"attention failed ({rc})")
-            o = self._mm(lb["wo"], att)
-            if lw.post_attn_norm is not None:
-                o = self._rmsnorm(o, lw.post_attn_norm, E)
-            x += o
-            h = self._rmsnorm(x, lw.ffn_norm, E)
-            g = self._mm(lb["w_gate"], h)
-            u = self._mm(lb["w_up"], h)
-            if c.gelu:
-                lib.qs_geglu_tanh(_fp(g), _fp(u), _fp(g), g.size)
-            else:
-                lib.qs_swiglu(_fp(g), _fp(u), _fp(g), g.size)
-            d = self._mm(lb["w_down"], g)
-            if lw.post_ffn_norm is not None:
-                d = self._rmsnorm(d, lw.post_ffn_norm, E)
-            x += d
+                raise K.KernelError(f"transformer block failed ({rc})")
+        E = c.n_embd
         self.n_past += T
         last = x if all_logits else x[-1:]
         last = self._rmsnorm(np.ascontiguousarray(last), m.weights.output_norm, E)

@@ -1,0 +1,68 @@
+/* A whole transformer block in C: the engine calls this once per layer, so per-token work never returns to
+ * Python between operations. Straight-line code in the order of the paper (see core/engine/session.py). */
+#include <stdlib.h>
+
+#include "qs.h"
+
+static void add_bias(float *y, const float *b, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < n; ++i) y[r * n + i] += b[i];
+}
+
+static void store_kv(void *cache, int f16, int64_t row0, const float *src, int64_t count) {
+    if (f16) {
+        uint16_t *dst = (uint16_t *)cache + row0;
+        for (int64_t i = 0; i < count; ++i) dst[i] = qs_fp32_to_fp16(src[i]);
+    } else {
+        memcpy((float *)cache + row0, src, (size_t)count * sizeof(float));
+    }
+}
+
+int qs_block_forward(const qs_block *b, float *x, int64_t T, const int32_t *pos, int64_t n_past, int n_threads) {
+    const int64_t E = b->n_embd, H = b->n_head, KV = b->n_head_kv, hd = b->head_dim, F = b->n_ff;
+    if (n_past + T > b->n_ctx || T <= 0) return -1;
+    size_t need = (size_t)(T * E * 2 + T * H * hd * 2 + T * KV * hd * 2 + T * F * 2);
+    float *buf = (float *)malloc(need * sizeof(float));
+    if (!buf) return -2;
+    float *h = buf, *o = h + T * E, *q = o + T * E, *att = q + T * H * hd, *k = att + T * H * hd, *v = k + T * KV * hd;
+    float *g = v + T * KV * hd, *u = g + T * F;
+    int rc = 0;
+    /* attention */
+    qs_rmsnorm(x, b->attn_norm, h, T, E, b->eps);
+    rc |= qs_matmat(b->wq_type, b->wq, H * hd, E, h, T, q, n_threads);
+    rc |= qs_matmat(b->wk_type, b->wk, KV * hd, E, h, T, k, n_threads);
+    rc |= qs_matmat(b->wv_type, b->wv, KV * hd, E, h, T, v, n_threads);
+    if (rc) goto done;
+    if (b->bq) add_bias(q, b->bq, T, H * hd);
+    if (b->bk) add_bias(k, b->bk, T, KV * hd);
+    if (b->bv) add_bias(v, b->bv, T, KV * hd);
+    if (b->q_norm && b->k_norm) {
+        qs_rmsnorm(q, b->q_norm, q, T * H, hd, b->eps);
+        qs_rmsnorm(k, b->k_norm, k, T * KV, hd, b->eps);
+    }
+    qs_rope(q, T, (int)H, (int)hd, b->rope_dim, pos, b->rope_base, 1.0f, b->rope_neox);
+    qs_rope(k, T, (int)KV, (int)hd, b->rope_dim, pos, b->rope_base, 1.0f, b->rope_neox);
+    store_kv(b->k_cache, b->kv_f16, n_past * KV * hd, k, T * KV * hd);
+    store_kv(b->v_cache, b->kv_f16, n_past * KV * hd, v, T * KV * hd);
+    rc = qs_attention(q, T, pos, (int)H, (int)hd, b->k_cache, b->v_cache, b->kv_f16, (int)KV, n_past + T,
+                      b->window, b->attn_scale, att, n_threads);
+    if (rc) goto done;
+    rc = qs_matmat(b->wo_type, b->wo, E, H * hd, att, T, o, n_threads);
+    if (rc) goto done;
+    if (b->post_attn_norm) qs_rmsnorm(o, b->post_attn_norm, o, T, E, b->eps);
+    for (int64_t i = 0; i < T * E; ++i) x[i] += o[i];
+    /* feed-forward */
+    qs_rmsnorm(x, b->ffn_norm, h, T, E, b->eps);
+    rc |= qs_matmat(b->wg_type, b->wg, F, E, h, T, g, n_threads);
+    rc |= qs_matmat(b->wu_type, b->wu, F, E, h, T, u, n_threads);
+    if (rc) goto done;
+    if (b->gelu) qs_geglu_tanh(g, u, g, T * F);
+    else qs_swiglu(g, u, g, T * F);
+    rc = qs_matmat(b->wd_type, b->wd, E, F, g, T, o, n_threads);
+    if (rc) goto done;
+    if (b->post_ffn_norm) qs_rmsnorm(o, b->post_ffn_norm, o, T, E, b->eps);
+    for (int64_t i = 0; i < T * E; ++i) x[i] += o[i];
+done:
+    free(buf);
+    return rc;
+}

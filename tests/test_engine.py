@@ -192,3 +192,21 @@ def test_perplexity_is_sane(name, engine):
 def test_bench_model_reports_rates(engine):
     rows = bench_model(engine("smollm2").model, 16, 8, repetitions=1)
     assert [r["test"] for r in rows] == ["pp16", "tg8"] and all(r["tokens_per_s"] > 0 for r in rows)
+
+
+def test_bump_file_gives_the_same_logits_as_its_gguf(model_path, tmp_path):
+    from quantscope.core.bump import ConvertJob
+    from quantscope.core.engine import Model
+
+    src = model_path("qwen2.5-coder")
+    ConvertJob(src, tmp_path / "w.bump", context=256, config_path=tmp_path / "config.json").run()
+    from_bump = Model.load_bump(str(tmp_path / "w.bump"), str(tmp_path / "config.json"), threads=2)
+    tied = Model.load(str(src), threads=2, tie_output=True)  # the bump's lm_head is token_embd
+    ids = [9707, 1879, 11, 1246, 525, 498, 30]
+    a = from_bump.session(32).forward(ids, all_logits=True)
+    b = tied.session(32).forward(ids, all_logits=True)
+    assert np.array_equal(a, b)
+    assert from_bump.config.n_head_kv == 2 and from_bump.config.rope_neox
+    untied = Model.load(str(src), threads=2).session(32).forward(ids, all_logits=True)
+    cos = (a * untied).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(untied, axis=1)
+    assert cos.min() > 0.99  # the dropped output.weight was a requantized copy

@@ -8,6 +8,7 @@ Python only loops over layers; sizes are checked once, when the model loads.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -46,10 +47,18 @@ def _fp(a: np.ndarray) -> object:
 class Model:
     """A loaded model: config, weights bound to the mapped file, ready to create sessions."""
 
-    def __init__(self, f: GGUFFile, threads: int = 0) -> None:
+    def __init__(self, f: GGUFFile | None, threads: int = 0, weights: ModelWeights | None = None,
+                 tie_output: bool = False) -> None:
+        """Bind ``f``'s weights (or take ready ``weights``, e.g. from a bump file). ``tie_output`` uses
+        token_embd as the lm_head even when the file has an output.weight (what a bump conversion does)."""
         self.file = f
-        self.config: ModelConfig = read_config(f)
-        self.weights: ModelWeights = bind_weights(f, self.config)
+        if weights is None:
+            assert f is not None
+            weights = bind_weights(f, read_config(f))
+        if tie_output and not weights.tied:
+            weights = dataclasses.replace(weights, output=weights.tok_embd, tied=True)
+        self.weights: ModelWeights = weights
+        self.config: ModelConfig = weights.config
         self.threads = threads or K.default_threads()
         self._keep: list[object] = []
         self.layers = []
@@ -59,8 +68,15 @@ class Model:
         self.output = _bind(self.weights.output)
 
     @classmethod
-    def load(cls, path: str, threads: int = 0) -> Model:
-        return cls(GGUFFile(path), threads)
+    def load(cls, path: str, threads: int = 0, tie_output: bool = False) -> Model:
+        return cls(GGUFFile(path), threads, tie_output=tie_output)
+
+    @classmethod
+    def load_bump(cls, bump_path: str, config_path: str, threads: int = 0) -> Model:
+        """Weights from a BUMPWGT3 file and its config.json (C-Kernel-Engine's layout)."""
+        from ..model.from_bump import bind_bump
+
+        return cls(None, threads, weights=bind_bump(bump_path, config_path))
 
     def session(self, n_ctx: int = 2048, kv_dtype: type = np.float16) -> Session:
         return Session(self, n_ctx, kv_dtype)

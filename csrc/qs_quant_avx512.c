@@ -176,3 +176,153 @@ T float qs_dot_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
     }
     return _mm512_reduce_add_ps(acc);
 }
+
+/* ---------------------------------------------------------------- 4 activation rows at a time (prefill)
+ * Each column's arithmetic is exactly the single-row kernel's (same operations, same order), so results are
+ * bit-identical to qs_dot_*_avx512; only the weight decoding is shared between the four columns. */
+
+T static inline float hsum256_(__m256 v) { return hsum256(v); }
+
+T void qs_dot4_q5_0_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i b16 = _mm256_set1_epi8(16);
+    for (int64_t i = 0; i < n / 32; ++i, w += 22) {
+        __m256i hi = _mm256_maskz_mov_epi8((__mmask32)qs_load_u32(w + 2), b16);
+        __m256i q = _mm256_or_si256(nibbles_32(w + 6), hi);
+        float dw = f16at(w);
+        for (int c = 0; c < 4; ++c) {
+            const uint8_t *xc = x[c] + 34 * i;
+            __m256i p = dot_u8_s8_off(q, _mm256_loadu_si256((const __m256i *)(xc + 2)), 16);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16at(xc)), _mm256_cvtepi32_ps(p), acc[c]);
+        }
+    }
+    for (int c = 0; c < 4; ++c) out[c] = hsum256_(acc[c]);
+}
+
+T void qs_dot4_q8_0_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < n / 32; ++i, w += 34) {
+        __m256i qw = _mm256_loadu_si256((const __m256i *)(w + 2));
+        __m256i aw = _mm256_sign_epi8(qw, qw);
+        float dw = f16at(w);
+        for (int c = 0; c < 4; ++c) {
+            const uint8_t *xc = x[c] + 34 * i;
+            __m256i qx = _mm256_loadu_si256((const __m256i *)(xc + 2));
+            __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(qx, qw));
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16at(xc)), _mm256_cvtepi32_ps(p), acc[c]);
+        }
+    }
+    for (int c = 0; c < 4; ++c) out[c] = hsum256_(acc[c]);
+}
+
+T void qs_dot4_q4_1_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    float summs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t i = 0; i < n / 32; ++i, w += 20) {
+        __m256i q = nibbles_32(w + 4);
+        float dw = f16at(w), mw = f16at(w + 2);
+        for (int c = 0; c < 4; ++c) {
+            const uint8_t *xc = x[c] + 36 * i;
+            summs[c] += mw * f16at(xc + 2);
+            __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, _mm256_loadu_si256((const __m256i *)(xc + 4)));
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16at(xc)), _mm256_cvtepi32_ps(p), acc[c]);
+        }
+    }
+    for (int c = 0; c < 4; ++c) out[c] = hsum256_(acc[c]) + summs[c];
+}
+
+T void qs_dot4_q4_K_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]) {
+    __m512 acc[4];
+    __m128 accm[4];
+    for (int c = 0; c < 4; ++c) {
+        acc[c] = _mm512_setzero_ps();
+        accm[c] = _mm_setzero_ps();
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i idx[4] = {_mm512_load_si512((const void *)K4_IDX[0]), _mm512_load_si512((const void *)K4_IDX[1]),
+                            _mm512_load_si512((const void *)K4_IDX[2]), _mm512_load_si512((const void *)K4_IDX[3])};
+    for (int64_t i = 0; i < n / 256; ++i, w += 144) {
+        uint32_t u[4];
+        k4_scales_mins(w + 4, u);
+        __m256i sm16 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)u));
+        __m128i mins16 = _mm256_extracti128_si256(sm16, 1);
+        __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)qs_load_u32(w)));
+        __m512i sc512 = _mm512_castsi256_si512(sm16);
+        __m512i v[4], s[4];
+        for (int j = 0; j < 4; ++j) {
+            __m256i q4 = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * j));
+            v[j] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q4), _mm256_srli_epi16(q4, 4), 1), m4);
+            s[j] = _mm512_permutexvar_epi16(idx[j], sc512);
+        }
+        for (int c = 0; c < 4; ++c) {
+            const uint8_t *xc = x[c] + 292 * i;
+            __m256i bs = _mm256_loadu_si256((const __m256i *)(xc + 260));
+            __m128i bsp = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+            __m128i mprod = _mm_madd_epi16(mins16, bsp);
+            __m128 dd8 = _mm_mul_ps(dd, _mm_set1_ps(qs_load_f32(xc)));
+            accm[c] = _mm_fmadd_ps(_mm_shuffle_ps(dd8, dd8, 0x55), _mm_cvtepi32_ps(mprod), accm[c]);
+            const uint8_t *q8 = xc + 4;
+            __m512i sumi = _mm512_setzero_si512();
+            for (int j = 0; j < 4; ++j) {
+                __m512i p = _mm512_maddubs_epi16(v[j], _mm512_loadu_si512((const void *)(q8 + 64 * j)));
+                sumi = _mm512_dpwssd_epi32(sumi, p, s[j]);
+            }
+            acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(_mm_cvtss_f32(dd8)), _mm512_cvtepi32_ps(sumi), acc[c]);
+        }
+    }
+    for (int c = 0; c < 4; ++c) {
+        __m128 m = _mm_add_ps(accm[c], _mm_movehl_ps(accm[c], accm[c]));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        out[c] = _mm512_reduce_add_ps(acc[c]) - _mm_cvtss_f32(m);
+    }
+}
+
+T void qs_dot4_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    __m512i idx[4];
+    for (int k = 0; k < 4; ++k) {
+        int16_t vv[32];
+        for (int i = 0; i < 32; ++i) vv[i] = (int16_t)(4 * k + i / 8);
+        idx[k] = _mm512_loadu_si512((const void *)vv);
+    }
+    for (int64_t i = 0; i < n / 256; ++i, w += 210) {
+        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 192)));
+        __m512i sc512 = _mm512_castsi256_si512(sc16);
+        __m512i z[4], s[4];
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t *ql = w + 64 * h;
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+            __m256i q1 = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+            __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+            __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            z[2 * h] = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
+            z[2 * h + 1] = _mm512_inserti64x4(_mm512_castsi256_si512(q2), q3, 1);
+            s[2 * h] = _mm512_permutexvar_epi16(idx[2 * h], sc512);
+            s[2 * h + 1] = _mm512_permutexvar_epi16(idx[2 * h + 1], sc512);
+        }
+        float dw = f16at(w + 208);
+        for (int c = 0; c < 4; ++c) {
+            const uint8_t *xc = x[c] + 292 * i;
+            const uint8_t *q8 = xc + 4;
+            __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(xc + 260)));
+            __m512i sumi = _mm512_setzero_si512();
+            for (int h = 0; h < 2; ++h) {
+                __m512i p0 = _mm512_maddubs_epi16(z[2 * h], _mm512_loadu_si512((const void *)(q8 + 128 * h)));
+                __m512i p1 = _mm512_maddubs_epi16(z[2 * h + 1], _mm512_loadu_si512((const void *)(q8 + 128 * h + 64)));
+                sumi = _mm512_dpwssd_epi32(sumi, p0, s[2 * h]);
+                sumi = _mm512_dpwssd_epi32(sumi, p1, s[2 * h + 1]);
+            }
+            __m512i offz = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_slli_epi32(off, 5)), _mm256_setzero_si256(), 1);
+            sumi = _mm512_sub_epi32(sumi, offz);
+            acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(dw * qs_load_f32(xc)), _mm512_cvtepi32_ps(sumi), acc[c]);
+        }
+    }
+    for (int c = 0; c < 4; ++c) out[c] = _mm512_reduce_add_ps(acc[c]);
+}

@@ -45,4 +45,12 @@ float qs_dot_q8_0_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_q4_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
 
+/* four activation rows per weight row (bit-identical to four single dots) */
+typedef void (*qs_dot4_fn)(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]);
+void qs_dot4_q5_0_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]);
+void qs_dot4_q8_0_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]);
+void qs_dot4_q4_1_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]);
+void qs_dot4_q4_K_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]);
+void qs_dot4_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]);
+
 #endif

@@ -223,14 +223,14 @@ def test_simd_matches_scalar_and_float64(name):
     t = ggml_type(name)
     rows, k = 48, 1024
     w = np.stack([weight_row(name, k, rng) for _ in range(rows)])
-    x = np.stack([activations(rng, k, outliers=False) for _ in range(3)])
+    x = np.stack([activations(rng, k, outliers=False) for _ in range(6)])  # 4-row kernels + a remainder
     dense = dequantize(w, t).astype(np.float64)
     ref = x.astype(np.float64) @ dense.T
     results = {}
     for level in LEVELS:
         with K.forced_isa(level):
             results[level] = K.matmat(t, w, rows, k, x)
-            for j in range(3):  # matmat row j == matvec of x[j], bit for bit
+            for j in range(6):  # matmat row j == matvec of x[j], bit for bit
                 assert np.array_equal(K.matvec(t, w, rows, k, x[j]), results[level][j])
             assert np.array_equal(K.matmat(t, w, rows, k, x, threads=1), results[level])
         err = np.linalg.norm(results[level] - ref) / np.linalg.norm(ref)

@@ -210,3 +210,24 @@ def test_bump_file_gives_the_same_logits_as_its_gguf(model_path, tmp_path):
     untied = Model.load(str(src), threads=2).session(32).forward(ids, all_logits=True)
     cos = (a * untied).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(untied, axis=1)
     assert cos.min() > 0.99  # the dropped output.weight was a requantized copy
+
+
+def test_cli_generate_tokenize_perplexity_bench(model_path, capsys, tmp_path):
+    import json
+
+    from quantscope.core.cli import main
+
+    smol = str(model_path("smollm2"))
+    assert main(["generate", smol, "-p", "The capital of France is", "-n", "6", "--temp", "0"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip().startswith("Paris") and "generated at" in err
+    assert main(["tokenize", smol, "Hello world", "--ids"]) == 0
+    assert capsys.readouterr().out.split() == ["19556", "905"]
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    assert main(["perplexity", smol, "-f", str(text), "-c", "128", "--chunks", "1"]) == 0
+    assert "perplexity" in capsys.readouterr().out
+    assert main(["bench", smol, "-p", "8", "-n", "4", "-r", "1", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["test"] for r in rows] == ["pp8", "tg4"] and all(r["tokens_per_s"] > 0 for r in rows)
+    assert main(["generate", str(model_path("gemma3")) + ".missing", "-p", "x"]) == 2

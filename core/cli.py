@@ -552,11 +552,45 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+NO_DISPLAY_MESSAGE = ("quantscope: no display: set DISPLAY, run under xvfb-run, or use --screenshot / "
+                      "quantscope inspect")
+
+
+def launch_gui(argv: list[str]) -> int:
+    """`quantscope [FILE] [--screenshot PNG] [--view NAME]`: the desktop app. Without a display (and no
+    QT_QPA_PLATFORM) a screenshot renders offscreen; anything else exits 2 with a clear message instead of
+    letting Qt abort."""
+    import os
+
+    headless = not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or os.environ.get("QT_QPA_PLATFORM"))
+    wants_shot = any(a == "--screenshot" or a.startswith("--screenshot=") for a in argv)
+    wants_help = any(a in ("-h", "--help") for a in argv)
+    if headless and not wants_shot and not wants_help:
+        print(NO_DISPLAY_MESSAGE, file=sys.stderr)
+        return 2
+    if os.environ.get("QT_QPA_PLATFORM") in ("offscreen", "minimal") and not wants_shot and not wants_help:
+        print(f"quantscope: QT_QPA_PLATFORM={os.environ['QT_QPA_PLATFORM']} shows no window: use --screenshot PNG, "
+              "or unset it to open the app", file=sys.stderr)
+        return 2
+    if headless:
+        os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    try:
+        from quantscope.gui.app import main as gui_main
+    except ImportError as exc:
+        print(f"quantscope: the desktop app cannot start: {exc} (pip install -e . installs PySide6 and pyqtgraph; "
+              "`quantscope inspect FILE` works without them)", file=sys.stderr)
+        return 2
+    try:
+        return gui_main(argv)
+    except catalog.FetchError as exc:
+        print(f"quantscope: error: {exc}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or (argv[0] not in COMMANDS and not argv[0].startswith("-")):
-        # `quantscope [FILE]`: the app. Until the GUI lands this shows the file's inspection.
-        argv = ["inspect", *argv]
+    if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
+        return launch_gui(argv)
     if len(argv) > 1 and argv[0] == "bench" and argv[1] not in BENCH_KINDS and not argv[1].startswith("-"):
         argv = ["bench", "model", *argv[1:]]  # `quantscope bench FILE …` benchmarks a model
     parser = build_parser()

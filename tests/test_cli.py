@@ -44,12 +44,6 @@ def test_inspect_json(capsys, model_path):
     assert s["hyperparameters"]["attention.sliding_window"] == 512
 
 
-def test_bare_file_argument_opens_it(capsys, tmp_path):
-    path = write_all_types(tmp_path / "x.gguf")
-    rc, out, _ = run(capsys, str(path))
-    assert rc == 0 and "t.str" in out
-
-
 def test_dump_block_q4k(capsys, model_path):
     rc, out, _ = run(capsys, "dump-block", str(model_path("gemma3")), "blk.3.ffn_down.weight",
                      "--row", "7", "--block", "2", "--element", "37")

@@ -1,0 +1,157 @@
+"""Application entry point: ``quantscope [FILE] [--screenshot PNG [--view NAME]]``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SCREENSHOT_VIEWS = ("overview", "metadata", "tensors", "block", "convert", "bump")
+
+
+def has_display() -> bool:
+    """True when Qt can open a window: a display is set, or a platform plugin was chosen explicitly."""
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or os.environ.get("QT_QPA_PLATFORM"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="quantscope", description="Quantscope: explore quantized LLM files (GGUF) "
+                                "and bump files. Without FILE the default demo model is opened.")
+    p.add_argument("file", nargs="?", help="GGUF or bump file to open")
+    p.add_argument("--screenshot", metavar="PNG", help="render a view with the file loaded into PNG and exit")
+    p.add_argument("--view", choices=SCREENSHOT_VIEWS, default="overview", help="view for --screenshot")
+    p.add_argument("--theme", choices=("system", "light", "dark"), default="system", help="colour scheme")
+    p.add_argument("--size", default="1440x920", help="window size for --screenshot (WIDTHxHEIGHT)")
+    return p
+
+
+def _default_file() -> Path:
+    from quantscope.core import catalog
+
+    name = catalog.DEFAULT_MODEL
+    if not catalog.is_present(name):
+        print(f"Default model {name!r} is not cached yet; fetching it (once).", file=sys.stderr)
+        catalog.fetch(name, progress=lambda m: print(m, file=sys.stderr))
+    return catalog.model_path(name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.screenshot and not has_display():
+        os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    if args.theme != "system":
+        os.environ["QUANTSCOPE_THEME"] = args.theme
+    path = Path(args.file) if args.file else _default_file()
+
+    from PySide6.QtWidgets import QApplication
+
+    from .mainwindow import MainWindow, app_icon
+    from .theme import apply_theme
+
+    if os.environ.get("QT_QPA_PLATFORM") == "offscreen":
+        from PySide6.QtCore import qInstallMessageHandler
+
+        def quiet(_mode: object, _ctx: object, msg: str) -> None:  # the offscreen plugin's one harmless warning
+            if "propagateSizeHints" not in msg:
+                print(msg, file=sys.stderr)
+
+        qInstallMessageHandler(quiet)
+    app = QApplication.instance() or QApplication([sys.argv[0]])
+    app.setOrganizationName("Quantscope")
+    app.setApplicationName("Quantscope")
+    app.setDesktopFileName("quantscope")
+    app.setWindowIcon(app_icon())
+    apply_theme(app)
+    try:  # follow the system when it switches between light and dark
+        app.styleHints().colorSchemeChanged.connect(lambda *_: apply_theme(app))
+    except AttributeError:
+        pass
+    win = MainWindow()
+    ok = win.open_path(path)
+    if args.screenshot:
+        if not ok:
+            msg = win.error_box.text() if win.error_box else "cannot open"
+            detail = win.error_box.informativeText() if win.error_box else ""
+            print(f"quantscope: {msg} {detail}".rstrip(), file=sys.stderr)
+            win.close()
+            return 2
+        w, _, h = args.size.partition("x")
+        return render_screenshot(app, win, args.view, Path(args.screenshot), (int(w), int(h)))
+    win.show()
+    return int(app.exec())
+
+
+def wait_idle(app: object, win: object, timeout: float = 90.0) -> bool:
+    """Process events until no background task runs (or ``timeout`` seconds pass)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        app.processEvents()  # type: ignore[attr-defined]
+        if not win.runner.running():  # type: ignore[attr-defined]
+            for _ in range(5):
+                app.processEvents()  # type: ignore[attr-defined]
+                time.sleep(0.02)
+            if not win.runner.running():  # type: ignore[attr-defined]
+                return True
+        time.sleep(0.02)
+    return False
+
+
+def render_screenshot(app: object, win: object, view: str, out: Path, size: tuple[int, int] = (1440, 920)) -> int:
+    """Show ``view`` with the file loaded, wait for its background work, save a PNG, close cleanly."""
+    from .mainwindow import MainWindow
+
+    assert isinstance(win, MainWindow)
+    win.resize(*size)
+    win.show()
+    wait_idle(app, win)
+    target = win
+    tmp: tempfile.TemporaryDirectory[str] | None = None
+    try:
+        if view in ("tensors", "block", "metadata", "overview"):
+            win.show_view(view)
+        if view == "tensors":
+            f = win.doc.gguf if win.doc else None
+            if f is not None:
+                name = next((n for n in ("blk.0.attn_output.weight", "blk.0.ffn_down.weight") if f.has_tensor(n)),
+                            f.tensors[0].name)
+                win.tensors_view.select_tensor(name)
+                win.tensors_view.lists.setCurrentIndex(0)
+        if view == "block":
+            win.block_view.set_element(37)
+        if view in ("convert", "bump"):
+            tmp = tempfile.TemporaryDirectory(prefix="quantscope-shot-")
+            dlg = win.show_convert()
+            if dlg is None:
+                print("quantscope: --view convert needs a GGUF file", file=sys.stderr)
+                return 2
+            dlg.output.setText(str(Path(tmp.name) / (win.doc.path.stem + ".bump")))  # type: ignore[union-attr]
+            dlg.manifest_check.setChecked(True)
+            dlg.manifest.setText(str(Path(tmp.name) / "manifest.json"))
+            dlg.drop_head.setChecked(True)
+            dlg.start()
+            wait_idle(app, win)
+            if view == "convert":
+                target = dlg
+            else:
+                if dlg.result is None:
+                    print(f"quantscope: conversion failed: {dlg.error}", file=sys.stderr)
+                    return 1
+                dlg._open_result()
+        wait_idle(app, win)
+        for _ in range(10):
+            app.processEvents()  # type: ignore[attr-defined]
+            time.sleep(0.01)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        ok = target.grab().save(str(out))
+        if not ok:
+            print(f"quantscope: could not write {out}", file=sys.stderr)
+            return 1
+        print(f"wrote {out} ({view})")
+        return 0
+    finally:
+        win.close()
+        if tmp is not None:
+            tmp.cleanup()

@@ -1,0 +1,357 @@
+"""The main window: menus, shortcuts, recent files, drag-and-drop, the tabs, and the background task bar."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyqtgraph as pg
+import PySide6
+from PySide6.QtCore import QSettings, Qt, qVersion
+from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QIcon, QKeySequence
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QTabWidget,
+)
+
+from quantscope.core.native.kernels import default_threads, isa, isa_detected
+
+from .document import Document, OpenError, open_document
+from .views.block_inspector import BlockInspectorView
+from .views.bump_inspector import BumpInspectorView
+from .views.chat import ChatPlaceholder
+from .views.convert_dialog import ConvertDialog
+from .views.metadata import MetadataView
+from .views.overview import OverviewView
+from .views.tensors import TensorsView
+from .workers import TaskRunner
+
+MAX_RECENT = 10
+RESOURCES = Path(__file__).resolve().parent.parent / "resources"
+VIEWS = ("overview", "metadata", "tensors", "block", "chat", "bump")
+
+
+def app_icon() -> QIcon:
+    for p in (RESOURCES / "icons" / "quantscope.svg", RESOURCES / "icons" / "quantscope.png",
+              Path(getattr(sys, "_MEIPASS", "")) / "resources" / "icons" / "quantscope.png"):
+        if p.is_file():
+            return QIcon(str(p))
+    return QIcon()
+
+
+def versions() -> dict[str, str]:
+    """Versions shown in the About box."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        qs = version("quantscope")
+    except PackageNotFoundError:
+        qs = "dev"
+    return {
+        "Quantscope": qs, "Python": platform.python_version(), "Qt": qVersion(), "PySide6": PySide6.__version__,
+        "pyqtgraph": pg.__version__, "numpy": np.__version__,
+        "Kernel ISA": f"{isa()} (CPU supports {isa_detected()}, {default_threads()} threads)",
+    }
+
+
+class MainWindow(QMainWindow):
+    """Quantscope's window. ``settings`` defaults to the user's QSettings (tests pass their own)."""
+
+    def __init__(self, settings: QSettings | None = None) -> None:
+        super().__init__()
+        self.settings = settings or QSettings()
+        self.doc: Document | None = None
+        self.convert_dialog: ConvertDialog | None = None
+        self.error_box: QMessageBox | None = None
+        self.about_box: QMessageBox | None = None
+        self.setWindowTitle("Quantscope")
+        self.setWindowIcon(app_icon())
+        self.setAcceptDrops(True)
+        self.resize(1440, 920)
+        self.runner = TaskRunner(self)
+
+        self.overview = OverviewView(self.runner)
+        self.metadata_view = MetadataView()
+        self.tensors_view = TensorsView(self.runner)
+        self.block_view = BlockInspectorView()
+        self.chat_view = ChatPlaceholder()
+        self.bump_view = BumpInspectorView(self.runner)
+        self.welcome = QLabel("<h2>Quantscope</h2><p>Open a GGUF or bump file: File ▸ Open (Ctrl+O), the recent "
+                              "files, or drop a file here.</p>")
+        self.welcome.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.tabs = QTabWidget()
+        self.tabs.setAccessibleName("Views")
+        self.tabs.setDocumentMode(True)
+        self._tab = {}
+        for key, w, label in (("overview", self.overview, "Overview"), ("metadata", self.metadata_view, "Metadata"),
+                              ("tensors", self.tensors_view, "Tensors"), ("block", self.block_view, "Block inspector"),
+                              ("chat", self.chat_view, "Chat"), ("bump", self.bump_view, "Bump file"),
+                              ("welcome", self.welcome, "Start")):
+            self._tab[key] = self.tabs.addTab(w, label)
+            w.setAccessibleName(w.accessibleName() or label)
+        self.setCentralWidget(self.tabs)
+        self._show_tabs(None)
+
+        self.tensors_view.inspectRequested.connect(self.inspect_block)
+
+        # status bar: message, background task, ISA
+        self.task_label = QLabel()
+        self.task_label.setObjectName("muted")
+        self.task_progress = QProgressBar()
+        self.task_progress.setMaximumWidth(160)
+        self.task_progress.setRange(0, 0)
+        self.task_progress.setAccessibleName("Background work")
+        self.task_cancel = QPushButton("Cancel")
+        self.task_cancel.setAccessibleName("Cancel background work")
+        self.task_cancel.clicked.connect(lambda: self.runner.cancel())
+        isa_label = QLabel(f"kernels: {isa()}")
+        isa_label.setObjectName("muted")
+        isa_label.setAccessibleName("Kernel instruction set")
+        sb = self.statusBar()
+        sb.addPermanentWidget(self.task_label)
+        sb.addPermanentWidget(self.task_progress)
+        sb.addPermanentWidget(self.task_cancel)
+        sb.addPermanentWidget(isa_label)
+        self.runner.changed.connect(self._tasks_changed)
+        self._tasks_changed()
+
+        self._build_menus()
+
+    # ------------------------------------------------------------------ menus
+    def _action(self, text: str, slot: object, shortcut: QKeySequence | str | None = None,
+                name: str | None = None) -> QAction:
+        a = QAction(text, self)
+        if shortcut is not None:
+            a.setShortcut(QKeySequence(shortcut))
+        a.triggered.connect(slot)  # type: ignore[arg-type]
+        a.setObjectName(name or text)
+        self.addAction(a)
+        return a
+
+    def _build_menus(self) -> None:
+        mb = self.menuBar()
+        m = mb.addMenu("&File")
+        self.open_action = self._action("&Open…", self.open_dialog, QKeySequence.StandardKey.Open, "open")
+        m.addAction(self.open_action)
+        self.recent_menu = m.addMenu("Open &Recent")
+        self.recent_menu.setAccessibleName("Recent files")
+        self._fill_recent()
+        m.addAction(self._action("Open the &demo model", self.open_demo, None, "open-demo"))
+        m.addSeparator()
+        self.convert_action = self._action("&Convert to bump…", self.show_convert, "Ctrl+Shift+B", "convert")
+        m.addAction(self.convert_action)
+        m.addSeparator()
+        m.addAction(self._action("&Close file", self.close_document, "Ctrl+W", "close-file"))
+        m.addAction(self._action("&Quit", self.close, "Ctrl+Q", "quit"))
+        v = mb.addMenu("&View")
+        for i, (key, label) in enumerate((("overview", "&Overview"), ("metadata", "&Metadata"),
+                                          ("tensors", "&Tensors"), ("block", "&Block inspector"),
+                                          ("chat", "&Chat"))):
+            v.addAction(self._action(label, lambda _=False, k=key: self.show_view(k), f"Ctrl+{i + 1}", f"view-{key}"))
+        v.addSeparator()
+        v.addAction(self._action("&Find", self.focus_filter, QKeySequence.StandardKey.Find, "find"))
+        t = mb.addMenu("&Tools")
+        t.addAction(self._action("Cancel background &work", lambda: self.runner.cancel(), "Ctrl+.", "cancel-work"))
+        h = mb.addMenu("&Help")
+        h.addAction(self._action("&Keyboard shortcuts", self.show_shortcuts, "F1", "shortcuts"))
+        h.addAction(self._action("&About Quantscope", self.show_about, None, "about"))
+
+    # ------------------------------------------------------------------ recent files
+    def recent_files(self) -> list[str]:
+        v = self.settings.value("recentFiles", [])
+        if isinstance(v, str):
+            v = [v]
+        return [str(x) for x in (v or [])]
+
+    def _remember(self, path: Path) -> None:
+        p = str(path.resolve())
+        files = [p] + [x for x in self.recent_files() if x != p]
+        self.settings.setValue("recentFiles", files[:MAX_RECENT])
+        self.settings.sync()
+        self._fill_recent()
+
+    def _fill_recent(self) -> None:
+        self.recent_menu.clear()
+        files = self.recent_files()
+        for i, f in enumerate(files):
+            a = self.recent_menu.addAction(f"&{(i + 1) % 10} {Path(f).name}   —   {Path(f).parent}")
+            a.setData(f)
+            a.triggered.connect(lambda _=False, p=f: self.open_path(p))
+        if files:
+            self.recent_menu.addSeparator()
+            self.recent_menu.addAction("Clear the list", self._clear_recent)
+        else:
+            self.recent_menu.addAction("(no recent files)").setEnabled(False)
+
+    def _clear_recent(self) -> None:
+        self.settings.setValue("recentFiles", [])
+        self._fill_recent()
+
+    # ------------------------------------------------------------------ opening
+    def open_dialog(self) -> None:
+        start = str(Path(self.recent_files()[0]).parent) if self.recent_files() else str(Path.home())
+        path, _ = QFileDialog.getOpenFileName(self, "Open a model file", start,
+                                              "Model files (*.gguf *.bump *.bin);;All files (*)")
+        if path:
+            self.open_path(path)
+
+    def open_demo(self) -> None:
+        from quantscope.core import catalog
+
+        name = catalog.DEFAULT_MODEL
+        if not catalog.is_present(name):
+            self.show_error("The demo model is not downloaded yet.",
+                            f"Run `quantscope models fetch {name}` (or ./dev run) once to fetch it.")
+            return
+        self.open_path(catalog.model_path(name))
+
+    def open_path(self, path: str | Path) -> bool:
+        """Open a GGUF or bump file; on failure show an error dialog and keep the current file."""
+        try:
+            doc = open_document(path)
+        except OpenError as exc:
+            self.show_error(str(exc), exc.detail)
+            return False
+        self.set_document(doc)
+        self._remember(doc.path)
+        return True
+
+    def set_document(self, doc: Document | None) -> None:
+        self.runner.cancel()
+        self.doc = doc
+        self.setWindowTitle(f"{doc.title} — Quantscope" if doc else "Quantscope")
+        if doc is not None and doc.gguf is not None:
+            self.overview.set_document(doc)
+            self.metadata_view.set_document(doc)
+            self.tensors_view.set_document(doc)
+            self.block_view.set_file(doc.gguf)
+            self.bump_view.set_bump(None)
+            self.statusBar().showMessage(f"{doc.path}  ·  opened in {doc.open_ms:.0f} ms", 0)
+        elif doc is not None and doc.bump is not None:
+            self.bump_view.set_bump(doc.bump)
+            self.statusBar().showMessage(f"{doc.path}  ·  BUMPWGT3, opened in {doc.open_ms:.0f} ms", 0)
+        self._show_tabs(doc)
+        self.convert_action.setEnabled(doc is not None and doc.gguf is not None)
+
+    def close_document(self) -> None:
+        self.set_document(None)
+        self.statusBar().clearMessage()
+
+    def _show_tabs(self, doc: Document | None) -> None:
+        kind = doc.kind if doc else None
+        for key, i in self._tab.items():
+            visible = (key == "welcome" and kind is None) or (key == "bump" and kind == "bump") or (
+                key not in ("welcome", "bump") and kind == "gguf")
+            self.tabs.setTabVisible(i, visible)
+        self.tabs.setCurrentIndex(self._tab["overview" if kind == "gguf" else kind or "welcome"])
+
+    def show_view(self, key: str) -> None:
+        i = self._tab.get(key)
+        if i is not None and self.tabs.isTabVisible(i):
+            self.tabs.setCurrentIndex(i)
+
+    def current_view(self) -> str:
+        i = self.tabs.currentIndex()
+        return next(k for k, v in self._tab.items() if v == i)
+
+    def focus_filter(self) -> None:
+        w = {"metadata": self.metadata_view.filter, "tensors": self.tensors_view.filter,
+             "bump": self.bump_view.filter}.get(self.current_view())
+        if w is not None:
+            w.setFocus()
+            w.selectAll()
+
+    def inspect_block(self, tensor: str, row: int, block: int, element: int) -> None:
+        self.block_view.show_block(tensor, row, block, element)
+        self.show_view("block")
+
+    # ------------------------------------------------------------------ dialogs
+    def show_error(self, message: str, detail: str = "") -> QMessageBox:
+        """A non-blocking error dialog (the window stays usable)."""
+        box = QMessageBox(QMessageBox.Icon.Critical, "Quantscope", message, QMessageBox.StandardButton.Ok, self)
+        box.setAccessibleName("Error")
+        if detail:
+            box.setInformativeText(detail)
+        box.setWindowModality(Qt.WindowModality.WindowModal)
+        box.open()
+        self.error_box = box
+        self.statusBar().showMessage(message, 10000)
+        return box
+
+    def show_convert(self) -> ConvertDialog | None:
+        if self.doc is None or self.doc.gguf is None:
+            return None
+        if self.convert_dialog is not None and self.convert_dialog.state == "running":
+            self.convert_dialog.show()
+            self.convert_dialog.raise_()
+            return self.convert_dialog
+        ctx = self.doc.gguf.arch_get("context_length")
+        dlg = ConvertDialog(self.doc.path, self.runner, self, int(ctx) if isinstance(ctx, int) else None)
+        dlg.openRequested.connect(self.open_path)
+        self.convert_dialog = dlg
+        dlg.show()
+        return dlg
+
+    def about_text(self) -> str:
+        rows = "".join(f"<tr><td><b>{k}</b></td><td>{v}</td></tr>" for k, v in versions().items())
+        return ("<h3>Quantscope</h3><p>A desktop explorer for quantized LLM files (GGUF): metadata, tensors, the "
+                f"inside of every quantization block, conversion to bump.</p><table>{rows}</table>")
+
+    def show_about(self) -> QMessageBox:
+        box = QMessageBox(QMessageBox.Icon.NoIcon, "About Quantscope", self.about_text(),
+                          QMessageBox.StandardButton.Ok, self)
+        box.setIconPixmap(self.windowIcon().pixmap(64, 64))
+        box.setAccessibleName("About Quantscope")
+        box.open()
+        self.about_box = box
+        return box
+
+    def show_shortcuts(self) -> QMessageBox:
+        rows = [(a.shortcut().toString(QKeySequence.SequenceFormat.NativeText), a.text().replace("&", ""))
+                for a in self.actions() if not a.shortcut().isEmpty()]
+        html = "".join(f"<tr><td><b>{k}</b></td><td>{v}</td></tr>" for k, v in rows)
+        box = QMessageBox(QMessageBox.Icon.NoIcon, "Keyboard shortcuts", f"<table>{html}</table>",
+                          QMessageBox.StandardButton.Ok, self)
+        box.setAccessibleName("Keyboard shortcuts")
+        box.open()
+        return box
+
+    # ------------------------------------------------------------------ background tasks
+    def _tasks_changed(self) -> None:
+        running = self.runner.running()
+        on = bool(running)
+        self.task_progress.setVisible(on)
+        self.task_cancel.setVisible(on)
+        names = {"tensor-stats": "statistics", "scale-scan": "scale scan", "convert": "conversion",
+                 "bump-checksum": "checksum", "heatmap": "heatmap"}
+        self.task_label.setText(", ".join(sorted({names.get(t.name, t.name) for t in running})) + "…" if on else "")
+
+    # ------------------------------------------------------------------ drag and drop
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if event.mimeData().hasUrls() and any(u.isLocalFile() for u in event.mimeData().urls()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        for u in event.mimeData().urls():
+            if u.isLocalFile():
+                self.open_path(u.toLocalFile())
+                event.acceptProposedAction()
+                return
+
+    # ------------------------------------------------------------------ closing
+    def closeEvent(self, event: QCloseEvent) -> None:
+        """Cancel every background job and wait for the workers before the window goes."""
+        if self.convert_dialog is not None:
+            self.convert_dialog.cancel()
+        self.runner.shutdown(30000)
+        if self.doc is not None:
+            self.doc.close()
+        event.accept()
+

@@ -1,0 +1,1 @@
+"""Qt views of Quantscope (one module per tab or dialog)."""

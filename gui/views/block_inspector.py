@@ -1,0 +1,444 @@
+"""The block inspector: one quantization block of any tensor, decoded field by field.
+
+Raw bytes as coloured hex, fp16 scales as bits, packed 6-bit scales unpacked bit by bit (Q4_K/Q5_K/Q3_K/IQ4_XS),
+the code grid showing which sub-block each nibble belongs to, and the dequantized values plotted by sub-block
+with the formula evaluated for the hovered element. Everything shown is a field of the core decoder's
+:class:`~quantscope.core.quant.DecodedBlock`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QGridLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QScrollArea,
+    QSizePolicy,
+    QSpinBox,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
+)
+
+from quantscope.core.analysis import (
+    blocks_per_row,
+    code_layout,
+    field_at,
+    fp16_parts,
+    scale_bit_owners,
+)
+from quantscope.core.gguf import GGUFFile, TensorInfo
+from quantscope.core.quant import DecodedBlock, can_decode, decode_block
+
+from ..models import KeyValueModel
+from ..theme import group_color, muted_color
+from ..widgets.blockwidgets import CodeGrid, Fp16Strip, HexView, ScaleBitDiagram, mono_font
+from ..widgets.plots import CompactPlot
+
+
+class FieldModel(KeyValueModel):
+    """Fields of a decoded block: name, offset, size, kind, value, description."""
+
+    def __init__(self) -> None:
+        super().__init__(headers=("Field", "Offset", "Bytes", "Kind", "Value", "Meaning"), mono_columns=(1, 2, 4))
+
+
+def _field_value_text(v: object) -> str:
+    if isinstance(v, dict) and "bits" in v:
+        return f"0x{v['bits']:04x} = {v['float']:.8g}"
+    if isinstance(v, list):
+        head = " ".join(str(x) for x in v[:12])
+        return head + (" …" if len(v) > 12 else "")
+    if isinstance(v, int):
+        return f"0x{v:08x}"
+    if isinstance(v, float):
+        return f"{v:.8g}"
+    return str(v)
+
+
+class BlockInspectorView(QWidget):
+    """Pick a tensor, row and block; see inside it."""
+
+    blockShown = Signal(str, int, int)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.file: GGUFFile | None = None
+        self.tensor: TensorInfo | None = None
+        self.decoded: DecodedBlock | None = None
+        self.file_offset = 0
+        self.element = -1
+        self._updating = False
+
+        self.tensor_combo = QComboBox()
+        self.tensor_combo.setAccessibleName("Tensor to inspect")
+        self.tensor_combo.setMinimumContentsLength(28)
+        self.tensor_combo.setMaximumWidth(460)
+        self.tensor_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.row_spin = QSpinBox()
+        self.row_spin.setAccessibleName("Row")
+        self.block_spin = QSpinBox()
+        self.block_spin.setAccessibleName("Block within the row")
+        self.elem_spin = QSpinBox()
+        self.elem_spin.setAccessibleName("Element within the block")
+        for s in (self.row_spin, self.block_spin, self.elem_spin):
+            s.setKeyboardTracking(False)
+            s.setMinimumWidth(90)
+        self.info = QLabel()
+        self.info.setObjectName("muted")
+        self.info.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.info.setAccessibleName("Block location")
+        self.info.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.formula = QLabel()
+        self.formula.setFont(mono_font(10, bold=True))
+        self.formula.setAccessibleName("Dequantization formula")
+
+        top = QHBoxLayout()
+        for label, w in (("Tensor", self.tensor_combo), ("Row", self.row_spin), ("Block", self.block_spin),
+                         ("Element", self.elem_spin)):
+            lab = QLabel(label)
+            lab.setBuddy(w)
+            top.addWidget(lab)
+            top.addWidget(w, 3 if w is self.tensor_combo else 0)
+        top.addWidget(self.info, 1)
+
+        self.hex = HexView()
+        self.fields_model = FieldModel()
+        self.fields_table = QTableView()
+        self.fields_table.setModel(self.fields_model)
+        self.fields_table.setAccessibleName("Block fields")
+        self.fields_table.verticalHeader().setVisible(False)
+        self.fields_table.horizontalHeader().setStretchLastSection(True)
+        self.fields_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.fields_table.horizontalHeader().setSectionResizeMode(5, QHeaderView.ResizeMode.Stretch)
+        self.fields_table.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Expanding)
+        self.fields_table.setMinimumHeight(70)
+        self.fields_table.setWordWrap(True)
+        self.fp16_box = QWidget()
+        self.fp16_layout = QGridLayout(self.fp16_box)
+        self.fp16_layout.setContentsMargins(0, 0, 0, 0)
+        self.scales = ScaleBitDiagram()
+        self.scales_note = QLabel()
+        self.scales_note.setObjectName("muted")
+        self.scales_note.setWordWrap(True)
+        self.codes = CodeGrid()
+        self.codes_note = QLabel()
+        self.codes_note.setObjectName("muted")
+        self.codes_note.setWordWrap(True)
+
+        self.plot = CompactPlot((500, 220))
+        self.plot.setAccessibleName("Dequantized values of the block, coloured by sub-block")
+        self.plot.setMinimumHeight(200)
+        self.plot.showGrid(x=True, y=True, alpha=0.25)
+        self.plot.setLabel("bottom", "element")
+        self.plot.setLabel("left", "value")
+        self.plot.setMouseEnabled(x=True, y=False)
+        self.plot.getAxis("left").enableAutoSIPrefix(False)
+        self.bars: pg.BarGraphItem | None = None
+        self.marker = pg.ScatterPlotItem(size=11, pen=pg.mkPen("w", width=1.5), brush=pg.mkBrush("#e15759"))
+        self.vline = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen(muted_color(), style=Qt.PenStyle.DashLine))
+        self.plot.addItem(self.vline)
+        self.plot.addItem(self.marker)
+        self.plot.scene().sigMouseMoved.connect(self._plot_hover)
+        self.explain = QLabel()
+        self.explain.setFont(mono_font(10.5, bold=True))
+        self.explain.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.explain.setAccessibleName("Dequantization of the hovered element")
+        self.explain.setWordWrap(True)
+        self.explain_detail = QLabel()
+        self.explain_detail.setObjectName("muted")
+        self.explain_detail.setAccessibleName("Where the hovered element's bits live")
+        self.explain_detail.setWordWrap(True)
+        self.message = QLabel()
+        self.message.setWordWrap(True)
+        self.message.setAccessibleName("Inspector message")
+
+        raw_box = QGroupBox("Raw bytes")
+        lay = QVBoxLayout(raw_box)
+        lay.addWidget(self.hex)
+        lay.addWidget(self.fp16_box)
+        fields_box = QGroupBox("Fields")
+        lay = QVBoxLayout(fields_box)
+        lay.addWidget(self.fields_table)
+        self.scales_box = QGroupBox("Scales")
+        lay = QVBoxLayout(self.scales_box)
+        lay.addWidget(self.scales)
+        lay.addWidget(self.scales_note)
+        self.codes_box = QGroupBox("Codes")
+        lay = QVBoxLayout(self.codes_box)
+        lay.addWidget(self.codes)
+        lay.addWidget(self.codes_note)
+        values_box = QGroupBox("Dequantized values")
+        lay = QVBoxLayout(values_box)
+        lay.addWidget(self.formula)
+        lay.addWidget(self.explain)
+        lay.addWidget(self.explain_detail)
+        lay.addWidget(self.plot, 1)
+
+        left = QVBoxLayout()
+        left.addWidget(raw_box)
+        left.addWidget(values_box, 1)
+        right = QVBoxLayout()
+        right.addWidget(self.scales_box)
+        right.addWidget(self.codes_box)
+        right.addWidget(fields_box, 1)
+        grid = QHBoxLayout()
+        grid.addLayout(left, 1)
+        grid.addLayout(right, 0)
+
+        body = QWidget()
+        body_lay = QVBoxLayout(body)
+        body_lay.addLayout(top)
+        body_lay.addWidget(self.message)
+        body_lay.addLayout(grid, 1)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(body)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scroll)
+
+        self.tensor_combo.currentIndexChanged.connect(self._tensor_changed)
+        self.row_spin.valueChanged.connect(self._location_changed)
+        self.block_spin.valueChanged.connect(self._location_changed)
+        self.elem_spin.valueChanged.connect(lambda v: self.set_element(v))
+        self.codes.elementHovered.connect(self._element_hovered)
+        self.scales.scaleHovered.connect(self._scale_hovered)
+
+    # ------------------------------------------------------------------ document
+    def set_file(self, f: GGUFFile | None) -> None:
+        self.file = f
+        self._updating = True
+        self.tensor_combo.clear()
+        if f is not None:
+            ordered = sorted(f.tensors, key=lambda t: (not (t.type is not None and t.type.is_quantized), 0))
+            for t in ordered:
+                self.tensor_combo.addItem(f"{t.name}   [{t.type_name}]", t.name)
+        self._updating = False
+        self.decoded = None
+        if f is not None and self.tensor_combo.count():
+            default = self.default_tensor(f)
+            self.show_block(default, 0, 0)
+
+    @staticmethod
+    def default_tensor(f: GGUFFile) -> str:
+        """The first Q4_K tensor (the signature view), else the first decodable quantized one."""
+        for want in ("Q4_K", None):
+            for t in f.tensors:
+                if t.type is not None and t.type.is_quantized and can_decode(t.type) and not t.problem \
+                        and (want is None or t.type.name == want):
+                    return t.name
+        return f.tensors[0].name if f.tensors else ""
+
+    def show_block(self, tensor: str, row: int, block: int, element: int | None = None) -> None:
+        """Show block ``block`` of row ``row`` of ``tensor`` (and highlight ``element``)."""
+        i = self.tensor_combo.findData(tensor)
+        if i < 0:
+            return
+        self._updating = True
+        self.tensor_combo.setCurrentIndex(i)
+        self._configure_spins()
+        self.row_spin.setValue(row)
+        self.block_spin.setValue(block)
+        self._updating = False
+        self._decode()
+        if element is not None:
+            self.set_element(element)
+
+    def _configure_spins(self) -> None:
+        f = self.file
+        name = self.tensor_combo.currentData()
+        if f is None or name is None:
+            return
+        t = f.tensor(name)
+        self.tensor = t
+        self.row_spin.setRange(0, max(0, t.n_rows - 1))
+        self.block_spin.setRange(0, max(0, blocks_per_row(t) - 1))
+        self.elem_spin.setRange(0, max(0, (t.type.block_elems if t.type else 1) - 1))
+
+    def _tensor_changed(self) -> None:
+        if self._updating:
+            return
+        self._updating = True
+        self._configure_spins()
+        self.row_spin.setValue(0)
+        self.block_spin.setValue(0)
+        self._updating = False
+        self._decode()
+
+    def _location_changed(self) -> None:
+        if not self._updating:
+            self._decode()
+
+    # ------------------------------------------------------------------ decoding
+    def _decode(self) -> None:
+        f, t = self.file, self.tensor
+        if f is None or t is None:
+            return
+        row, block = self.row_spin.value(), self.block_spin.value()
+        self.decoded = None
+        if t.type is None or t.problem:
+            self._show_message(f"{t.name} cannot be decoded: {t.problem or t.type_name}. Its bytes are not shown "
+                               "because their extent is unknown.")
+            return
+        self.file_offset, size = f.block_location(t, row, block)
+        raw = f.block_bytes(t, row, block)
+        self.info.setText(f"{t.type.name} · {size} bytes / {t.type.block_elems} elements · file offset "
+                          f"{self.file_offset:,} · row {row:,} of {t.n_rows:,} · block {block:,} of "
+                          f"{blocks_per_row(t):,}")
+        if not can_decode(t.type):
+            self._show_message(f"No field decoder for {t.type.name} yet: the raw bytes are shown undivided.")
+            from quantscope.core.quant import BlockField
+
+            self.hex.set_block(raw, [BlockField("raw", 0, len(raw), "u8[]", list(raw), "undecoded")],
+                               self.file_offset)
+            return
+        b = decode_block(t.type, raw)
+        self.decoded = b
+        self.message.hide()
+        self._populate(b)
+        self.blockShown.emit(t.name, row, block)
+
+    def _show_message(self, text: str) -> None:
+        self.message.setText(text)
+        self.message.show()
+        self.formula.setText("")
+        self.fields_model.set_rows([])
+        self.hex.set_block(b"", [], 0)
+        self.scales_box.hide()
+        self.codes_box.hide()
+        if self.bars is not None:
+            self.plot.removeItem(self.bars)
+            self.bars = None
+        self.explain.setText("")
+        self.explain_detail.setText("")
+
+    def _populate(self, b: DecodedBlock) -> None:
+        self.formula.setText(b.formula)
+        self.hex.set_block(b.raw, b.fields, self.file_offset)
+        self.fields_model.set_rows([
+            (fd.name, str(fd.offset), str(fd.size), fd.kind, _field_value_text(fd.value), fd.description)
+            for fd in b.fields
+        ])
+        self.fields_table.resizeRowsToContents()
+        # fp16 fields as bits
+        while self.fp16_layout.count():
+            item = self.fp16_layout.takeAt(0)
+            if item is not None and item.widget() is not None:
+                item.widget().deleteLater()
+        col = 0
+        for fd in b.fields:
+            if fd.kind == "fp16":
+                parts = fp16_parts(fd.value["bits"])
+                name = QLabel(f"<b>{fd.name}</b> @{fd.offset}<br>fp16 0x{parts.bits:04x}<br>= {parts.value:.8g}")
+                name.setFont(mono_font(8.5))
+                strip = Fp16Strip()
+                strip.set_value(fd.name, fd.offset, parts)
+                self.fp16_layout.addWidget(name, 0, col)
+                self.fp16_layout.addWidget(strip, 0, col + 1)
+                col += 2
+        self.fp16_layout.setColumnStretch(col, 1)
+        # scales
+        if b.scales:
+            self.scales_box.show()
+            self.scales.set_scales(b.raw, scale_bit_owners(b), b.scales, b.scale_sources)
+            n_groups = int(b.group.max()) + 1
+            if b.scale_sources:
+                names = " and ".join(f"{len(v)} {k}" for k, v in b.scales.items())
+                self.scales_note.setText(
+                    f"{names} for {n_groups} sub-blocks of {b.group_size}: a bit's colour is its sub-block (solid "
+                    f"= {next(iter(b.scales))}, outlined = {', '.join(list(b.scales)[1:]) or '-'}); label = value.bit")
+            else:
+                self.scales_note.setText(f"{n_groups} sub-blocks of {b.group_size} elements, one scale each "
+                                         "(stored whole, no bit packing).")
+        else:
+            self.scales_box.hide()
+        # code grid
+        lay = code_layout(b)
+        if lay is not None:
+            self.codes_box.show()
+            self.codes.set_codes(lay, b.raw_code, b.group)
+            fields = sorted({field_at(b, x) for x in lay.bytes})
+            self.codes_note.setText(
+                f"{len(lay.bytes)} bytes of {', '.join(fields)}, {lay.slots_per_byte} × {lay.slot_bits}-bit slots per "
+                f"byte (high bits left): the element's {b.code_bits}-bit code, coloured by its sub-block")
+        else:
+            self.codes_box.hide()
+        # values
+        if self.bars is not None:
+            self.plot.removeItem(self.bars)
+        n = len(b.values)
+        brushes = [pg.mkBrush(group_color(int(g))) for g in b.group]
+        heights = np.where(np.isfinite(b.values), b.values, 0.0)
+        self.bars = pg.BarGraphItem(x=np.arange(n), height=heights, width=0.8, brushes=brushes, pens=[None] * n)
+        self.plot.addItem(self.bars)
+        self.plot.setXRange(-1, n, padding=0)
+        self.plot.enableAutoRange(axis="y")
+        self.set_element(self.element if 0 <= self.element < n else 0)
+
+    @property
+    def values(self) -> np.ndarray:
+        """The plotted values (the core decoder's ``DecodedBlock.values``)."""
+        return self.decoded.values if self.decoded is not None else np.empty(0, np.float32)
+
+    # ------------------------------------------------------------------ linking
+    def set_element(self, i: int) -> None:
+        b = self.decoded
+        if b is None or not 0 <= i < len(b.values):
+            return
+        self.element = i
+        if self.elem_spin.value() != i:
+            self.elem_spin.blockSignals(True)
+            self.elem_spin.setValue(i)
+            self.elem_spin.blockSignals(False)
+        g = int(b.group[i])
+        self.explain.setText(b.explain(i))
+        byte, shift = int(b.code_byte[i]), int(b.code_shift[i])
+        where = (f"code {int(b.raw_code[i])} in byte +{byte} ({field_at(b, byte)}) bits {shift}+ · "
+                 if b.code_bits else "")
+        self.explain_detail.setText(f"element {i} · {where}sub-block {g} (elements {g * b.group_size}–"
+                                    f"{(g + 1) * b.group_size - 1}) · absolute offset of the block "
+                                    f"{self.file_offset:,}")
+        self.codes.set_highlight(i, g)
+        self.scales.set_highlight_group(g)
+        lit = {byte} if b.code_bits else set()
+        for (sbyte, _bit), owner in scale_bit_owners(b).items():
+            if owner.index == g:
+                lit.add(sbyte)
+        self.hex.set_highlight(lit)
+        v = float(b.values[i])
+        self.marker.setData([i], [v if np.isfinite(v) else 0.0])
+        self.vline.setValue(i)
+
+    def _element_hovered(self, e: int) -> None:
+        if e >= 0:
+            self.set_element(e)
+
+    def _scale_hovered(self, name: str, index: int) -> None:
+        b = self.decoded
+        if b is None:
+            return
+        if index < 0:
+            self.codes.set_highlight(self.element, None)
+            return
+        self.codes.set_highlight(-1, index)
+        lit = {sb for (sb, _), o in scale_bit_owners(b).items() if (o.name, o.index) == (name, index)}
+        self.hex.set_highlight(lit)
+
+    def _plot_hover(self, pos: object) -> None:
+        b = self.decoded
+        if b is None or self.bars is None:
+            return
+        vb = self.plot.getPlotItem().vb
+        if not self.plot.sceneBoundingRect().contains(pos):
+            return
+        x = vb.mapSceneToView(pos).x()
+        i = round(x)
+        if 0 <= i < len(b.values) and i != self.element:
+            self.set_element(i)

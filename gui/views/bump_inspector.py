@@ -1,0 +1,177 @@
+"""The bump inspector: a BUMPWGT3 file's header, dtype table, sections and checksum status."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
+)
+
+from quantscope.core.bump import BumpFile, describe
+from quantscope.core.summary import human_bytes
+
+from ..models import BumpSectionsModel, KeyValueModel, SortFilterProxy
+from ..theme import BAD_COLOR, OK_COLOR
+from ..workers import TaskRunner
+
+
+def _table(model: object, name: str) -> QTableView:
+    v = QTableView()
+    v.setModel(model)  # type: ignore[arg-type]
+    v.setAccessibleName(name)
+    v.verticalHeader().setVisible(False)
+    v.verticalHeader().setDefaultSectionSize(21)
+    v.horizontalHeader().setStretchLastSection(True)
+    v.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    v.setAlternatingRowColors(True)
+    v.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+    return v
+
+
+class BumpInspectorView(QWidget):
+    """Shown instead of the GGUF tabs when a bump file is open."""
+
+    def __init__(self, runner: TaskRunner, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.runner = runner
+        self.bump: BumpFile | None = None
+        self.checksum_ok: bool | None = None
+        self.title = QLabel()
+        self.title.setObjectName("heading")
+        self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.checksum = QLabel()
+        self.checksum.setAccessibleName("Checksum status")
+        self.checksum.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.progress = QProgressBar()
+        self.progress.setAccessibleName("Checksum progress")
+        self.progress.setMaximumWidth(240)
+        self.verify_btn = QPushButton("Verify checksum")
+        self.verify_btn.setAccessibleName("Verify the checksum again")
+        self.verify_btn.clicked.connect(self.start_checksum)
+        self.header_model = KeyValueModel(headers=("Header field", "Value"))
+        self.header_table = _table(self.header_model, "Bump header")
+        self.dtype_model = KeyValueModel(headers=("Code", "Type", "Sections", "Bytes"), mono_columns=(0, 2, 3))
+        self.dtype_table = _table(self.dtype_model, "Dtype table")
+        self.sections_model = BumpSectionsModel()
+        self.sections_proxy = SortFilterProxy(self)
+        self.sections_proxy.setSourceModel(self.sections_model)
+        self.sections_table = _table(self.sections_proxy, "Bump sections")
+        self.sections_table.setSortingEnabled(True)
+        self.sections_table.sortByColumn(3, Qt.SortOrder.AscendingOrder)
+        self.filter = QLineEdit()
+        self.filter.setPlaceholderText("Filter sections, e.g. layer.3. or Q4_K…")
+        self.filter.setClearButtonEnabled(True)
+        self.filter.setAccessibleName("Filter bump sections")
+        self.filter.textChanged.connect(self.sections_proxy.setFilterFixedString)
+
+        top = QHBoxLayout()
+        top.addWidget(self.title, 1)
+        top.addWidget(self.checksum)
+        top.addWidget(self.progress)
+        top.addWidget(self.verify_btn)
+        hb = QGroupBox("Header (128 bytes)")
+        QVBoxLayout(hb).addWidget(self.header_table)
+        db = QGroupBox("Dtype table")
+        QVBoxLayout(db).addWidget(self.dtype_table)
+        left = QWidget()
+        ll = QVBoxLayout(left)
+        ll.setContentsMargins(0, 0, 0, 0)
+        ll.addWidget(hb, 3)
+        ll.addWidget(db, 1)
+        sb = QGroupBox("Sections")
+        sl = QVBoxLayout(sb)
+        sl.addWidget(self.filter)
+        sl.addWidget(self.sections_table)
+        split = QSplitter()
+        split.addWidget(left)
+        split.addWidget(sb)
+        split.setStretchFactor(0, 2)
+        split.setStretchFactor(1, 3)
+        lay = QVBoxLayout(self)
+        lay.addLayout(top)
+        lay.addWidget(split, 1)
+
+    def set_bump(self, b: BumpFile | None) -> None:
+        self.bump = b
+        self.checksum_ok = None
+        self.sections_model.set_bump(b)
+        if b is None:
+            return
+        d = describe(b, None)
+        self.title.setText(f"{b.path.name} — BUMPWGT3 v{d['version']}, {human_bytes(d['file_size'])}, "
+                           f"{len(b.sections)} sections")
+        prof = f"{d['profile']} ({d['profile_source']})"
+        if d["profile_source"] == "ambiguous":
+            prof += f"; also fits {', '.join(d['profiles_that_fit'])}"
+        self.header_model.set_rows([
+            ("magic", d["magic"]), ("version", str(d["version"])), ("model_type", str(d["model_type"])),
+            ("num_layers", str(d["num_layers"])), ("vocab_size", f"{d['vocab_size']:,}"),
+            ("embed_dim", str(d["embed_dim"])), ("context_len", f"{d['context_len']:,}"),
+            ("num_heads", str(d["num_heads"])), ("head_dim", str(d["head_dim"])),
+            ("aligned_embed_dim", str(d["aligned_embed_dim"])), ("aligned_head_dim", str(d["aligned_head_dim"])),
+            ("aligned_context", f"{d['aligned_context']:,}"), ("checksum (sha256)", d["checksum"]),
+            ("profile", prof), ("kv heads (solved)", str(d["num_kv_heads"])),
+            ("ffn size (solved)", str(d["intermediate_size"])), ("file size", f"{d['file_size']:,} bytes"),
+        ])
+        per: dict[int, list[int]] = {}
+        for s in b.sections:
+            per.setdefault(s.code, []).append(s.size)
+        self.dtype_model.set_rows([
+            (code, str(name), f"{len(per.get(int(code), []))}", human_bytes(sum(per.get(int(code), []))))
+            for code, name in d["dtype_table"].items()
+        ])
+        self.start_checksum()
+
+    def start_checksum(self) -> None:
+        b = self.bump
+        if b is None:
+            return
+        self.runner.cancel("bump-checksum")
+        self.checksum.setText("Checksum: verifying…")
+        self.progress.setValue(0)
+        self.progress.show()
+        self.verify_btn.hide()
+
+        def work(report, token):  # type: ignore[no-untyped-def]
+            from quantscope.core.bump import Cancelled
+
+            def prog(done: int, total: int) -> None:
+                if token.cancelled:
+                    raise Cancelled("checksum cancelled")
+                report(done, total)
+
+            return b.checksum_ok(prog)
+
+        def progress(done: int, total: int, _t: str) -> None:
+            if self.bump is b:
+                self.progress.setValue(int(100 * done / total) if total else 100)
+
+        def done(ok: bool) -> None:
+            if self.bump is not b:
+                return
+            self.checksum_ok = ok
+            color, text = (OK_COLOR, "✓ checksum verifies") if ok else (BAD_COLOR, "✗ checksum DOES NOT verify")
+            self.checksum.setText(f"<span style='color:{color}; font-weight:600'>{text}</span>")
+            self.progress.hide()
+            self.verify_btn.show()
+
+        def ended_other(text: str) -> None:
+            if self.bump is b:
+                self.checksum.setText(text)
+                self.progress.hide()
+                self.verify_btn.show()
+
+        self.runner.start("bump-checksum", work, on_done=done, on_progress=progress,
+                          on_cancelled=lambda: ended_other("Checksum: not verified (cancelled)"),
+                          on_failed=lambda m, _tb: ended_other(f"Checksum: could not be read: {m}"))

@@ -1,0 +1,298 @@
+"""The "Convert to bump" dialog: options, a background conversion with progress, MB/s, ETA and cancel, then
+a result summary and "Open the result"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+from quantscope.core.analysis import RateMeter, format_duration
+from quantscope.core.bump import (
+    DEFAULT_PROFILE,
+    PROFILES,
+    ConvertJob,
+    ConvertProgress,
+    ConvertResult,
+)
+from quantscope.core.summary import human_bytes
+
+from ..theme import BAD_COLOR, OK_COLOR
+from ..workers import Task, TaskRunner
+
+
+def _path_row(edit: QLineEdit, title: str, save_filter: str, parent: QWidget) -> QWidget:
+    w = QWidget()
+    lay = QHBoxLayout(w)
+    lay.setContentsMargins(0, 0, 0, 0)
+    btn = QPushButton("Browse…")
+    btn.setAccessibleName(f"Browse for {title}")
+
+    def browse() -> None:
+        path, _ = QFileDialog.getSaveFileName(parent, title, edit.text(), save_filter)
+        if path:
+            edit.setText(path)
+
+    btn.clicked.connect(browse)
+    lay.addWidget(edit, 1)
+    lay.addWidget(btn)
+    return w
+
+
+class ConvertDialog(QDialog):
+    """Converts ``gguf_path`` to BUMPWGT3 in a worker; emits ``openRequested(path)`` for "Open the result"."""
+
+    openRequested = Signal(str)
+    conversionFinished = Signal(object)  # ConvertResult, or None when cancelled / failed
+
+    def __init__(self, gguf_path: Path, runner: TaskRunner, parent: QWidget | None = None,
+                 default_context: int | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle(f"Convert {gguf_path.name} to bump")
+        self.setAccessibleName("Convert to bump")
+        self.gguf_path = gguf_path
+        self.runner = runner
+        self.task: Task | None = None
+        self.result: ConvertResult | None = None
+        self.error: str | None = None
+        self.state = "idle"  # idle | running | done | cancelled | failed
+        self.meter = RateMeter()
+
+        out = gguf_path.with_suffix(".bump")
+        self.output = QLineEdit(str(out))
+        self.output.setAccessibleName("Output bump file")
+        self.profile = QComboBox()
+        self.profile.addItems(list(PROFILES))
+        self.profile.setCurrentText(DEFAULT_PROFILE)
+        self.profile.setAccessibleName("Dtype profile")
+        self.profile.setToolTip("ckernel: C-Kernel-Engine's runtime codes (Q4_K, Q6_K, Q8_0, Q5_0, Q5_1, F32); "
+                                "seed: the original converter's codes (Q4_K, Q6_K, F32)")
+        self.ctx_check = QCheckBox("Override")
+        self.ctx_check.setAccessibleName("Override the context length")
+        self.ctx = QSpinBox()
+        self.ctx.setRange(1, 10_000_000)
+        self.ctx.setGroupSeparatorShown(True)
+        self.ctx.setValue(default_context or 4096)
+        self.ctx.setEnabled(False)
+        self.ctx.setAccessibleName("Context length")
+        self.ctx_check.toggled.connect(self.ctx.setEnabled)
+        self.config_check = QCheckBox("Write config.json")
+        self.config_check.setAccessibleName("Also write config.json")
+        self.config = QLineEdit(str(out.with_name("config.json")))
+        self.config.setToolTip("config.json (bump.md §6) beside the output by default")
+        self.config.setAccessibleName("config.json path")
+        self.manifest_check = QCheckBox("Write manifest")
+        self.manifest_check.setAccessibleName("Also write a manifest")
+        self.manifest = QLineEdit(str(out.with_name("manifest.json")))
+        self.manifest.setAccessibleName("Manifest path")
+        self.output.textChanged.connect(self._output_changed)
+        self.drop_head = QCheckBox("Convert even if output.weight is a distinct lm_head (it is dropped)")
+        self.drop_head.setAccessibleName("Drop an untied lm_head")
+
+        form = QFormLayout()
+        form.addRow("Source", QLabel(str(gguf_path)))
+        form.addRow("Output", _path_row(self.output, "Bump output", "Bump files (*.bump *.bin);;All files (*)", self))
+        form.addRow("Profile", self.profile)
+        ctx_row = QWidget()
+        cl = QHBoxLayout(ctx_row)
+        cl.setContentsMargins(0, 0, 0, 0)
+        cl.addWidget(self.ctx_check)
+        cl.addWidget(self.ctx, 1)
+        form.addRow("Context", ctx_row)
+        form.addRow(self.config_check, _path_row(self.config, "config.json", "JSON (*.json)", self))
+        form.addRow(self.manifest_check, _path_row(self.manifest, "Manifest", "JSON (*.json)", self))
+        form.addRow("lm_head", self.drop_head)
+        self.options = QWidget()
+        self.options.setLayout(form)
+
+        self.progress = QProgressBar()
+        self.progress.setAccessibleName("Conversion progress")
+        self.progress.setRange(0, 1000)
+        self.progress.setTextVisible(True)
+        self.progress.setFormat("%p%")
+        self.status = QLabel("Ready.")
+        self.status.setAccessibleName("Conversion status")
+        self.status.setWordWrap(True)
+        self.rate = QLabel()
+        self.rate.setObjectName("muted")
+        self.rate.setAccessibleName("Conversion speed and time left")
+        self.summary = QTextBrowser()
+        self.summary.setAccessibleName("Conversion result")
+        self.summary.setMinimumHeight(170)
+        self.summary.hide()
+
+        self.buttons = QDialogButtonBox()
+        self.start_btn = self.buttons.addButton("Convert", QDialogButtonBox.ButtonRole.AcceptRole)
+        self.start_btn.setAccessibleName("Start the conversion")
+        self.cancel_btn = self.buttons.addButton("Cancel", QDialogButtonBox.ButtonRole.ActionRole)
+        self.cancel_btn.setAccessibleName("Cancel the conversion")
+        self.open_btn = self.buttons.addButton("Open the result", QDialogButtonBox.ButtonRole.ActionRole)
+        self.open_btn.setAccessibleName("Open the converted bump file")
+        self.open_btn.hide()
+        self.close_btn = self.buttons.addButton("Close", QDialogButtonBox.ButtonRole.RejectRole)
+        self.close_btn.setAccessibleName("Close the dialog")
+        self.start_btn.clicked.connect(self.start)
+        self.cancel_btn.clicked.connect(self.cancel)
+        self.open_btn.clicked.connect(self._open_result)
+        self.close_btn.clicked.connect(self.close)
+        self.cancel_btn.setEnabled(False)
+
+        lay = QVBoxLayout(self)
+        lay.addWidget(self.options)
+        lay.addWidget(self.progress)
+        lay.addWidget(self.status)
+        lay.addWidget(self.rate)
+        lay.addWidget(self.summary, 1)
+        lay.addWidget(self.buttons)
+        self.resize(760, 580)
+
+    def _output_changed(self, text: str) -> None:
+        """Keep config.json and the manifest beside the output until the user picks their own paths."""
+        folder = Path(text).expanduser().parent
+        for check, edit, name in ((self.config_check, self.config, "config.json"),
+                                  (self.manifest_check, self.manifest, "manifest.json")):
+            if not check.isChecked():
+                edit.setText(str(folder / name))
+
+    # ------------------------------------------------------------------ job
+    def job(self) -> ConvertJob:
+        return ConvertJob(
+            self.gguf_path, Path(self.output.text()).expanduser(), profile=self.profile.currentText(),
+            context=self.ctx.value() if self.ctx_check.isChecked() else None,
+            config_path=Path(self.config.text()).expanduser() if self.config_check.isChecked() else None,
+            manifest_path=Path(self.manifest.text()).expanduser() if self.manifest_check.isChecked() else None,
+            drop_untied_head=self.drop_head.isChecked(),
+        )
+
+    def start(self) -> None:
+        if self.state == "running":
+            return
+        if not self.output.text().strip():
+            self.status.setText("Choose an output path first.")
+            return
+        job = self.job()
+        self.state = "running"
+        self.result = None
+        self.error = None
+        self.meter = RateMeter()
+        self.options.setEnabled(False)
+        self.start_btn.setEnabled(False)
+        self.cancel_btn.setEnabled(True)
+        self.open_btn.hide()
+        self.summary.hide()
+        self.progress.setValue(0)
+        self.status.setText("Planning (checking every tensor has a slot, deciding the lm_head)…")
+
+        def work(report, token):  # type: ignore[no-untyped-def]
+            def on_progress(p: ConvertProgress) -> None:
+                label = "planning" if p.phase == "planning" else (
+                    f"{p.phase}: section {p.section_index + 1}/{p.n_sections} {p.section}")
+                report(p.done, p.total, label)
+
+            return job.run(on_progress, token)
+
+        self.task = self.runner.start("convert", work, on_done=self._done, on_progress=self._progress,
+                                      on_failed=self._failed, on_cancelled=self._cancelled)
+
+    def _progress(self, done: int, total: int, text: str) -> None:
+        if total > 0:
+            self.progress.setValue(int(1000 * done / total))
+            rate, eta = self.meter.update(done, total)
+            self.rate.setText(f"{human_bytes(done)} of {human_bytes(total)} · {rate / 1e6:,.0f} MB/s · "
+                              f"{format_duration(eta)} left")
+        self.status.setText(text[:1].upper() + text[1:] if text else "Working…")
+
+    def _finish(self, state: str) -> None:
+        self.state = state
+        self.task = None
+        self.options.setEnabled(True)
+        self.start_btn.setEnabled(True)
+        self.start_btn.setText("Convert again")
+        self.cancel_btn.setEnabled(False)
+
+    def _done(self, res: ConvertResult) -> None:
+        self.result = res
+        self._finish("done")
+        self.progress.setValue(1000)
+        plan = res.plan
+        h = plan.hyper
+        types: dict[str, int] = {}
+        for s in plan.sections:
+            types[s.type_name] = types.get(s.type_name, 0) + 1
+        lm = plan.lm_head
+        rows = [
+            ("File", f"{res.path} ({res.size:,} bytes, {human_bytes(res.size)})"),
+            ("Time", f"{res.seconds:.2f} s, {res.mb_per_s:,.0f} MB/s"),
+            ("Profile", plan.profile),
+            ("Model", f"{h.arch}: {h.n_layers} layers, embed {h.embed}, heads {h.heads}/{h.kv_heads} × "
+                      f"{h.head_dim}, ffn {h.ffn}, vocab {h.vocab:,}, context {h.context:,}"),
+            ("Sections", f"{len(plan.sections)}: " + ", ".join(f"{n} × {k}" for k, n in sorted(types.items()))),
+            ("Biases", f"{len(plan.biases)} q/k/v bias tensors carried" if plan.biases else "none (zeros)"),
+            ("lm_head", f"{lm.decision}: {lm.message}" if lm is not None else "?"),
+            ("SHA-256", res.sha256),
+        ]
+        for label, p in (("config.json", res.config_path), ("Manifest", res.manifest_path)):
+            if p:
+                rows.append((label, str(p)))
+        html = "".join(f"<tr><td style='padding-right:12px'><b>{k}</b></td><td>{v}</td></tr>" for k, v in rows)
+        self.summary.setHtml(f"<p style='color:{OK_COLOR}; font-weight:600'>✓ Converted</p><table>{html}</table>")
+        self.summary.show()
+        self.status.setText(f"Done: {res.path.name}")
+        self.open_btn.show()
+        self.conversionFinished.emit(res)
+
+    def _failed(self, msg: str, _tb: str) -> None:
+        self.error = msg
+        self._finish("failed")
+        self.progress.setValue(0)
+        self.status.setText(f"<span style='color:{BAD_COLOR}; font-weight:600'>Conversion failed.</span> "
+                            "Nothing was left at the target path.")
+        self.summary.setPlainText(msg)
+        self.summary.show()
+        self.conversionFinished.emit(None)
+
+    def _cancelled(self) -> None:
+        self._finish("cancelled")
+        self.progress.setValue(0)
+        self.rate.setText("")
+        self.status.setText("Cancelled: nothing was written at the target path.")
+        self.conversionFinished.emit(None)
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.status.setText("Cancelling…")
+            self.task.cancel()
+
+    def _open_result(self) -> None:
+        if self.result is not None:
+            self.openRequested.emit(str(self.result.path))
+            self.close()
+
+    def closeEvent(self, event: object) -> None:
+        if self.state == "running":
+            self.cancel()
+        super().closeEvent(event)  # type: ignore[arg-type]
+
+    def reject(self) -> None:  # Esc
+        if self.state == "running":
+            self.cancel()
+            return
+        super().reject()
+

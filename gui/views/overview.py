@@ -1,0 +1,375 @@
+"""Overview: what the file is (architecture, file type, size, parameters), its hyperparameters, the tensor-type
+mix, the memory it needs for a chosen context, and integrity checks with a background NaN/Inf scale scan."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFrame,
+    QGridLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
+)
+
+from quantscope.core.analysis import (
+    KV_TYPES,
+    ScaleScan,
+    integrity_checks,
+    memory_plan,
+    scan_scales,
+    weights_by_layer,
+)
+from quantscope.core.summary import human_bytes
+
+from ..document import Document
+from ..models import KeyValueModel
+from ..theme import BAD_COLOR, INFO_COLOR, OK_COLOR, group_color
+from ..workers import TaskRunner
+
+
+class Card(QFrame):
+    """A titled number."""
+
+    def __init__(self, title: str) -> None:
+        super().__init__()
+        self.setObjectName("card")
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(12, 8, 12, 8)
+        lay.setSpacing(2)
+        self.title = QLabel(title.upper())
+        self.title.setObjectName("cardTitle")
+        self.value = QLabel("—")
+        self.value.setObjectName("cardValue")
+        self.value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.sub = QLabel("")
+        self.sub.setObjectName("muted")
+        lay.addWidget(self.title)
+        lay.addWidget(self.value)
+        lay.addWidget(self.sub)
+        self.setAccessibleName(title)
+
+    def set(self, value: str, sub: str = "") -> None:
+        self.value.setText(value)
+        self.sub.setText(sub)
+        self.setAccessibleDescription(f"{value} {sub}".strip())
+
+
+def _table(model: KeyValueModel, name: str) -> QTableView:
+    v = QTableView()
+    v.setModel(model)
+    v.setAccessibleName(name)
+    v.verticalHeader().setVisible(False)
+    v.horizontalHeader().setStretchLastSection(True)
+    v.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    v.setSelectionBehavior(QTableView.SelectionBehavior.SelectRows)
+    v.setAlternatingRowColors(True)
+    v.verticalHeader().setDefaultSectionSize(22)
+    v.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+    return v
+
+
+def fit_rows(v: QTableView, max_rows: int = 14) -> None:
+    """Make a short table exactly as tall as its rows (no empty space, no scroll bar)."""
+    n = min(max_rows, v.model().rowCount())
+    v.setFixedHeight(v.horizontalHeader().height() + n * v.verticalHeader().defaultSectionSize() + 4)
+
+
+class OverviewView(QWidget):
+    """The first tab."""
+
+    def __init__(self, runner: TaskRunner, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.runner = runner
+        self.doc: Document | None = None
+        self.scan_result: ScaleScan | None = None
+
+        self.cards = {k: Card(k) for k in ("Architecture", "File type", "Parameters", "Size", "Tensors", "Opened in")}
+        cards = QHBoxLayout()
+        for c in self.cards.values():
+            cards.addWidget(c)
+
+        self.hyper_model = KeyValueModel(headers=("Hyperparameter", "Value"))
+        self.hyper_table = _table(self.hyper_model, "Hyperparameters")
+
+        self.types_plot = pg.PlotWidget()
+        self.types_plot.setAccessibleName("Tensor type mix: bytes per type")
+        self.types_plot.setFixedHeight(190)
+        self.types_plot.setMouseEnabled(x=False, y=False)
+        self.types_plot.hideButtons()
+        self.types_model = KeyValueModel(headers=("Type", "Tensors", "Elements", "Bytes", "Share", "bpw"),
+                                         mono_columns=(1, 2, 3, 4, 5))
+        self.types_table = _table(self.types_model, "Tensor types")
+        self.layers_plot = pg.PlotWidget()
+        self.layers_plot.setAccessibleName("Weights per layer")
+        self.layers_plot.setMinimumHeight(120)
+        self.layers_plot.setMaximumHeight(200)
+        self.layers_plot.setMouseEnabled(x=False, y=False)
+        self.layers_plot.hideButtons()
+        self.layers_plot.setLabel("left", "MiB")
+
+        self.ctx_spin = QSpinBox()
+        self.ctx_spin.setRange(0, 10_000_000)
+        self.ctx_spin.setSingleStep(1024)
+        self.ctx_spin.setGroupSeparatorShown(True)
+        self.ctx_spin.setAccessibleName("Context length for the memory estimate")
+        self.ctx_spin.setKeyboardTracking(False)
+        self.kv_combo = QComboBox()
+        self.kv_combo.addItems(list(KV_TYPES))
+        self.kv_combo.setAccessibleName("KV cache type")
+        self.mem_weights = QLabel()
+        self.mem_kv = QLabel()
+        self.mem_total = QLabel()
+        self.mem_total.setObjectName("cardValue")
+        self.mem_note = QLabel()
+        self.mem_note.setObjectName("muted")
+        self.mem_note.setWordWrap(True)
+        for w, n in ((self.mem_weights, "Weights memory"), (self.mem_kv, "KV cache memory"),
+                     (self.mem_total, "Total memory")):
+            w.setAccessibleName(n)
+            w.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+
+        self.checks_model = KeyValueModel(headers=("Check", "Status", "Detail"), mono_columns=())
+        self.checks_table = _table(self.checks_model, "Integrity checks")
+        self.scan_label = QLabel("NaN/Inf scale scan: waiting")
+        self.scan_label.setAccessibleName("NaN/Inf scale scan status")
+        self.scan_label.setWordWrap(True)
+        self.scan_progress = QProgressBar()
+        self.scan_progress.setAccessibleName("Scale scan progress")
+        self.scan_progress.setMaximumWidth(220)
+        self.scan_cancel = QPushButton("Cancel scan")
+        self.scan_cancel.setAccessibleName("Cancel the scale scan")
+        self.scan_cancel.clicked.connect(lambda: self.runner.cancel("scale-scan"))
+        self.scan_again = QPushButton("Scan again")
+        self.scan_again.setAccessibleName("Run the scale scan again")
+        self.scan_again.clicked.connect(self.start_scan)
+
+        # layout: cards; hyperparameters | tensor types | memory + layers; integrity
+        hb = QGroupBox("Hyperparameters")
+        hl = QVBoxLayout(hb)
+        hl.addWidget(self.hyper_table)
+        hl.addStretch(1)
+        tb = QGroupBox("Tensor types")
+        tl = QVBoxLayout(tb)
+        tl.addWidget(self.types_plot, 1)
+        tl.addWidget(self.types_table)
+        mb = QGroupBox("Memory to run it")
+        g = QGridLayout(mb)
+        g.addWidget(QLabel("Context"), 0, 0)
+        g.addWidget(self.ctx_spin, 0, 1)
+        g.addWidget(QLabel("KV cache"), 0, 2)
+        g.addWidget(self.kv_combo, 0, 3)
+        g.addWidget(QLabel("Weights"), 1, 0)
+        g.addWidget(self.mem_weights, 1, 1, 1, 3)
+        g.addWidget(QLabel("KV cache"), 2, 0)
+        g.addWidget(self.mem_kv, 2, 1, 1, 3)
+        g.addWidget(QLabel("Total"), 3, 0)
+        g.addWidget(self.mem_total, 3, 1, 1, 3)
+        g.addWidget(self.mem_note, 4, 0, 1, 4)
+        g.setColumnStretch(3, 1)
+        self.mem_kv.setWordWrap(True)
+        lb = QGroupBox("Weights per layer")
+        QVBoxLayout(lb).addWidget(self.layers_plot)
+        third = QVBoxLayout()
+        third.addWidget(mb)
+        third.addWidget(lb, 1)
+
+        ib = QGroupBox("Integrity")
+        il = QVBoxLayout(ib)
+        il.addWidget(self.checks_table)
+        sl = QHBoxLayout()
+        sl.addWidget(self.scan_label, 1)
+        sl.addWidget(self.scan_progress)
+        sl.addWidget(self.scan_cancel)
+        sl.addWidget(self.scan_again)
+        il.addLayout(sl)
+
+        cols = QHBoxLayout()
+        cols.addWidget(hb, 4)
+        cols.addWidget(tb, 5)
+        cols.addLayout(third, 5)
+        body = QWidget()
+        bl = QVBoxLayout(body)
+        bl.addLayout(cards)
+        bl.addLayout(cols, 0)
+        bl.addWidget(ib, 1)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        scroll.setWidget(body)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scroll)
+
+        self.ctx_spin.valueChanged.connect(self.update_memory)
+        self.kv_combo.currentIndexChanged.connect(self.update_memory)
+
+    # ------------------------------------------------------------------ content
+    def set_document(self, doc: Document | None) -> None:
+        self.doc = doc
+        self.scan_result = None
+        if doc is None or doc.gguf is None:
+            return
+        s = doc.summary
+        ft = s["file_type"]
+        self.cards["Architecture"].set(s["architecture"] or "(none)", str(s["name"] or ""))
+        self.cards["File type"].set(ft["name"] or "(not set)",
+                                    f"general.file_type = {ft['value']}" if ft["value"] is not None else "")
+        bpw = s["bits_per_weight"]
+        self.cards["Parameters"].set(_count(s["parameters"]), f"{s['parameters']:,}" + (
+            f" · {bpw:.2f} bits/weight" if bpw else ""))
+        self.cards["Size"].set(human_bytes(s["file_size"]), f"{s['file_size']:,} bytes")
+        self.cards["Tensors"].set(f"{s['tensor_count']:,}", f"{s['kv_count']} metadata keys · GGUF v{s['version']}")
+        self.cards["Opened in"].set(f"{doc.open_ms:.0f} ms", "header, metadata and tensor index")
+        self.hyper_model.set_rows([(k, _short(v)) for k, v in s["hyperparameters"].items()])
+        fit_rows(self.hyper_table, 16)
+        self._types_chart(s["types"])
+        self._layers_chart()
+        ctx = int(s["hyperparameters"].get("context_length") or 4096)
+        self.ctx_spin.blockSignals(True)
+        self.ctx_spin.setValue(min(ctx, 8192))
+        self.ctx_spin.blockSignals(False)
+        self.update_memory()
+        self._show_checks()
+        self.start_scan()
+
+    def _types_chart(self, types: list[dict]) -> None:
+        p = self.types_plot
+        p.clear()
+        rows = [r for r in types if r["bytes"]]
+        n = len(rows)
+        mib = np.array([r["bytes"] / 2**20 for r in rows], dtype=float)
+        y = np.arange(n)
+        bars = pg.BarGraphItem(x0=np.zeros(n), y=y, height=0.62, width=mib,
+                               brushes=[pg.mkBrush(group_color(i)) for i in range(n)], pens=[None] * n)
+        p.addItem(bars)
+        ax = p.getAxis("left")
+        ax.setTicks([[(i, r["type"]) for i, r in enumerate(rows)]])
+        p.getPlotItem().invertY(True)
+        p.setLabel("bottom", "MiB")
+        top = float(mib.max()) if n else 1.0
+        for i, r in enumerate(rows):
+            bpw = r["bits_per_weight"]
+            label = f" {human_bytes(r['bytes'])} · {r['tensors']} tensors" + (f" · {bpw:.2f} bpw" if bpw else "")
+            t = pg.TextItem(label, anchor=(0, 0.5), color=p.getAxis("bottom").textPen().color())
+            t.setPos(mib[i], i)
+            p.addItem(t)
+        p.setXRange(0, top * 1.9, padding=0)
+        p.setYRange(-0.6, n - 0.4, padding=0)
+        self.types_model.set_rows([
+            (r["type"], f"{r['tensors']:,}", f"{r['elements']:,}", human_bytes(r["bytes"]), f"{r['share']:.1%}",
+             f"{r['bits_per_weight']:.3f}" if r["bits_per_weight"] else "?")
+            for r in types
+        ])
+        fit_rows(self.types_table, 8)
+
+    def _layers_chart(self) -> None:
+        assert self.doc is not None and self.doc.gguf is not None
+        p = self.layers_plot
+        p.clear()
+        rows = weights_by_layer(self.doc.gguf)
+        layers = [(g, b) for g, b in rows if g]
+        if not layers:
+            return
+        x = np.array([int(g.split(".")[1]) for g, _ in layers])
+        h = np.array([b / 2**20 for _, b in layers])
+        p.addItem(pg.BarGraphItem(x=x, height=h, width=0.75, brush=pg.mkBrush(group_color(0))))
+        outside = next((b for g, b in rows if not g), 0)
+        p.setLabel("bottom", f"layer (outside the layers: {human_bytes(outside)})")
+        p.setXRange(-1, int(x.max()) + 1, padding=0)
+
+    def update_memory(self) -> None:
+        if self.doc is None or self.doc.gguf is None:
+            return
+        m = memory_plan(self.doc.gguf, self.ctx_spin.value(), self.kv_combo.currentText())
+        self.mem_weights.setText(f"{human_bytes(m.weights_bytes)}  ({m.weights_bytes:,} bytes as stored)")
+        self.mem_kv.setText(f"{human_bytes(m.kv_bytes)}  = {m.n_layers} layers × {m.context:,} tokens × "
+                            f"{m.n_kv_heads} KV heads × ({m.key_length} + {m.value_length}) × {m.kv_type} "
+                            f"({human_bytes(m.kv_bytes_per_token)} per token)")
+        self.mem_total.setText(human_bytes(m.total_bytes))
+        self.mem_note.setText(m.note + ("; " if m.note else "") + "compute buffers and the runtime come on top.")
+        self.memory = m
+
+    def _show_checks(self) -> None:
+        assert self.doc is not None and self.doc.gguf is not None
+        checks = integrity_checks(self.doc.gguf)
+        rows, colors = [], {}
+        for i, c in enumerate(checks):
+            status = {True: "✓ ok", False: "✗ failed", None: "ℹ info"}[c.ok]
+            colors[i] = QColor({True: OK_COLOR, False: BAD_COLOR, None: INFO_COLOR}[c.ok])
+            rows.append((c.name, status, c.detail))
+        self.checks = checks
+        self.checks_model.set_rows(rows, colors)
+        fit_rows(self.checks_table, 12)
+
+    # ------------------------------------------------------------------ scale scan
+    def start_scan(self) -> None:
+        if self.doc is None or self.doc.gguf is None:
+            return
+        self.runner.cancel("scale-scan")
+        f = self.doc.gguf
+        doc = self.doc
+        self.scan_label.setText("NaN/Inf scale scan: scanning every block's fp16 scales…")
+        self.scan_progress.setValue(0)
+        self.scan_progress.show()
+        self.scan_cancel.show()
+        self.scan_again.hide()
+
+        def work(report, token):  # type: ignore[no-untyped-def]
+            return scan_scales(f, progress=lambda d, t: report(d, t), cancel=token)
+
+        def progress(done: int, total: int, _text: str) -> None:
+            if self.doc is doc:
+                self.scan_progress.setValue(int(100 * done / total) if total else 100)
+
+        self.runner.start("scale-scan", work, on_done=lambda r: self._scan_done(doc, r), on_progress=progress,
+                          on_failed=lambda m, _tb: self._scan_end(doc, f"NaN/Inf scale scan failed: {m}"),
+                          on_cancelled=lambda: self._scan_end(doc, "NaN/Inf scale scan: cancelled"))
+
+    def _scan_end(self, doc: Document, text: str) -> None:
+        if doc is not self.doc:
+            return
+        self.scan_label.setText(text)
+        self.scan_progress.hide()
+        self.scan_cancel.hide()
+        self.scan_again.show()
+
+    def _scan_done(self, doc: Document, r: ScaleScan) -> None:
+        if doc is not self.doc:
+            return
+        self.scan_result = r
+        if r.n_bad:
+            first = ", ".join(f"{b.tensor} block {b.block} {b.field}=0x{b.bits:x}" for b in r.bad[:3])
+            text = (f"<span style='color:{BAD_COLOR}'>✗ {r.n_bad:,} NaN/Inf scales</span> in "
+                    f"{r.blocks_scanned:,} blocks of {r.tensors_scanned} tensors, e.g. {first}")
+        else:
+            text = (f"<span style='color:{OK_COLOR}'>✓ no NaN/Inf scales</span> in {r.blocks_scanned:,} blocks "
+                    f"of {r.tensors_scanned} tensors ({r.seconds:.2f} s)")
+        if r.skipped:
+            text += f"; {len(r.skipped)} tensors of types without known scale fields skipped"
+        self._scan_end(doc, text)
+
+
+def _count(n: int) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.1f}{unit}" if unit != "B" else f"{n / div:.2f}B"
+    return str(n)
+
+
+def _short(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.7g}"
+    return str(v)

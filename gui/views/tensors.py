@@ -1,0 +1,479 @@
+"""Tensors: a tree by layer and a flat filterable table; the selected tensor's details, statistics, histogram
+and heatmap, computed in a worker with the native kernels and cached per file."""
+
+from __future__ import annotations
+
+import pyqtgraph as pg
+from PySide6.QtCore import QModelIndex, QRectF, Qt, Signal
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QTableView,
+    QTabWidget,
+    QTreeView,
+    QVBoxLayout,
+    QWidget,
+)
+
+from quantscope.core.analysis import (
+    Heatmap,
+    TensorAnalysis,
+    analyze_tensor,
+    blocks_per_row,
+    can_read_values,
+    element_location,
+    heatmap,
+)
+from quantscope.core.gguf import TensorInfo
+from quantscope.core.summary import human_bytes
+
+from ..document import Document
+from ..models import KEY_ROLE, KeyValueModel, SortFilterProxy, TensorTableModel, TensorTreeModel, shape_text
+from ..theme import BAD_COLOR, group_color
+from ..workers import TaskRunner
+
+_DIVERGING = "CET-D1"
+_SEQUENTIAL = "viridis"
+
+
+class TensorsView(QWidget):
+    """The Tensors tab."""
+
+    inspectRequested = Signal(str, int, int, int)  # tensor, row, block, element
+    analysisReady = Signal(str)
+
+    def __init__(self, runner: TaskRunner, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.runner = runner
+        self.doc: Document | None = None
+        self.tensor: TensorInfo | None = None
+        self.analysis: TensorAnalysis | None = None
+        self.heat: Heatmap | None = None
+
+        # ---- left: filter, tree, table
+        self.filter = QLineEdit()
+        self.filter.setPlaceholderText("Filter by name or type, e.g. ffn_down or Q4_K (Ctrl+F)…")
+        self.filter.setClearButtonEnabled(True)
+        self.filter.setAccessibleName("Filter tensors")
+        self.tree_model = TensorTreeModel()
+        self.tree_proxy = SortFilterProxy(self, recursive=True)
+        self.tree_proxy.setSourceModel(self.tree_model)
+        self.tree = QTreeView()
+        self.tree.setModel(self.tree_proxy)
+        self.tree.setAccessibleName("Tensors by layer")
+        self.tree.setUniformRowHeights(True)
+        self.tree.setAlternatingRowColors(True)
+        self.tree.setSortingEnabled(False)
+        self.table_model = TensorTableModel()
+        self.table_proxy = SortFilterProxy(self)
+        self.table_proxy.setSourceModel(self.table_model)
+        self.table = QTableView()
+        self.table.setModel(self.table_proxy)
+        self.table.setAccessibleName("All tensors")
+        self.table.setSortingEnabled(True)
+        self.table.sortByColumn(5, Qt.SortOrder.AscendingOrder)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.verticalHeader().setVisible(False)
+        self.table.verticalHeader().setDefaultSectionSize(22)
+        self.table.setAlternatingRowColors(True)
+        self.lists = QTabWidget()
+        self.lists.addTab(self.tree, "By layer")
+        self.lists.addTab(self.table, "All tensors")
+        self.lists.setAccessibleName("Tensor lists")
+        self.count = QLabel()
+        self.count.setObjectName("muted")
+        left = QWidget()
+        ll = QVBoxLayout(left)
+        ll.setContentsMargins(0, 0, 0, 0)
+        ll.addWidget(self.filter)
+        ll.addWidget(self.lists, 1)
+        ll.addWidget(self.count)
+
+        # ---- right: details + stats/histogram + heatmap
+        self.title = QLabel("Select a tensor")
+        self.title.setObjectName("heading")
+        self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.details_model = KeyValueModel(headers=("Property", "Value"))
+        self.details = QTableView()
+        self.details.setModel(self.details_model)
+        self.details.setAccessibleName("Tensor details")
+        self.details.verticalHeader().setVisible(False)
+        self.details.verticalHeader().setDefaultSectionSize(21)
+        self.details.horizontalHeader().setStretchLastSection(True)
+        self.details.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
+        self.details.setMaximumHeight(240)
+        self.stats_model = KeyValueModel(headers=("Statistic", "Value"))
+        self.stats = QTableView()
+        self.stats.setModel(self.stats_model)
+        self.stats.setAccessibleName("Tensor statistics")
+        self.stats.verticalHeader().setVisible(False)
+        self.stats.verticalHeader().setDefaultSectionSize(21)
+        self.stats.horizontalHeader().setStretchLastSection(True)
+        self.stats.setMaximumWidth(300)
+        self.progress = QProgressBar()
+        self.progress.setAccessibleName("Statistics progress")
+        self.progress_label = QLabel()
+        self.progress_label.setObjectName("muted")
+        self.cancel_btn = QPushButton("Cancel")
+        self.cancel_btn.setAccessibleName("Cancel the statistics")
+        self.cancel_btn.clicked.connect(lambda: self.runner.cancel("tensor-stats"))
+        self.retry_btn = QPushButton("Compute")
+        self.retry_btn.setAccessibleName("Compute the statistics")
+        self.retry_btn.clicked.connect(lambda: self.start_analysis(force=True))
+        self.hist = pg.PlotWidget()
+        self.hist.setAccessibleName("Histogram of the tensor's values")
+        self.hist.setLabel("bottom", "value")
+        self.hist.setLabel("left", "count")
+        self.hist.showGrid(x=True, y=True, alpha=0.2)
+        self.hist.getAxis("bottom").enableAutoSIPrefix(False)
+        self.log_y = QCheckBox("log count")
+        self.log_y.setAccessibleName("Logarithmic histogram counts")
+        self.log_y.toggled.connect(lambda on: self.hist.setLogMode(y=on))
+
+        self.heat_widget = pg.GraphicsLayoutWidget()
+        self.heat_widget.setAccessibleName("Heatmap of the dequantized matrix")
+        self.heat_plot = self.heat_widget.addPlot()
+        self.heat_plot.invertY(True)
+        self.heat_plot.setLabel("bottom", "column (ne0)")
+        self.heat_plot.setLabel("left", "row")
+        self.image = pg.ImageItem(axisOrder="row-major")
+        self.heat_plot.addItem(self.image)
+        self.colorbar = pg.ColorBarItem(values=(-1, 1), colorMap=pg.colormap.get(_DIVERGING), interactive=False,
+                                        width=14)
+        self.colorbar.setImageItem(self.image, insert_in=self.heat_plot)
+        self.heat_mode = QComboBox()
+        self.heat_mode.addItems(["mean", "RMS"])
+        self.heat_mode.setAccessibleName("Heatmap cell statistic")
+        self.heat_mode.currentIndexChanged.connect(self._draw_heatmap)
+        self.refine_btn = QPushButton("Refine visible region")
+        self.refine_btn.setAccessibleName("Recompute the heatmap for the visible region at full detail")
+        self.refine_btn.clicked.connect(self.refine_heatmap)
+        self.reset_btn = QPushButton("Whole matrix")
+        self.reset_btn.setAccessibleName("Show the whole matrix again")
+        self.reset_btn.clicked.connect(self._reset_heatmap)
+        self.hover = QLabel("Hover the heatmap for row, column and value; click a cell to open its block.")
+        self.hover.setObjectName("muted")
+        self.hover.setAccessibleName("Heatmap position")
+        self.hover.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.heat_info = QLabel()
+        self.heat_info.setObjectName("muted")
+        self.heat_plot.scene().sigMouseMoved.connect(self._heat_hover)
+        self.heat_plot.scene().sigMouseClicked.connect(self._heat_click)
+
+        prog = QHBoxLayout()
+        prog.addWidget(self.progress_label, 1)
+        prog.addWidget(self.progress)
+        prog.addWidget(self.cancel_btn)
+        prog.addWidget(self.retry_btn)
+        stats_page = QWidget()
+        sl = QHBoxLayout(stats_page)
+        sl.setContentsMargins(0, 4, 0, 0)
+        sl.addWidget(self.stats)
+        hl = QVBoxLayout()
+        hl.addWidget(self.hist, 1)
+        hl.addWidget(self.log_y)
+        sl.addLayout(hl, 1)
+        heat_page = QWidget()
+        hpl = QVBoxLayout(heat_page)
+        hpl.setContentsMargins(0, 4, 0, 0)
+        bar = QHBoxLayout()
+        bar.addWidget(QLabel("Cell shows"))
+        bar.addWidget(self.heat_mode)
+        bar.addWidget(self.refine_btn)
+        bar.addWidget(self.reset_btn)
+        bar.addStretch(1)
+        bar.addWidget(self.heat_info)
+        hpl.addLayout(bar)
+        hpl.addWidget(self.heat_widget, 1)
+        hpl.addWidget(self.hover)
+        self.value_split = QSplitter(Qt.Orientation.Vertical)
+        self.value_split.addWidget(stats_page)
+        self.value_split.addWidget(heat_page)
+        self.value_split.setStretchFactor(0, 2)
+        self.value_split.setStretchFactor(1, 3)
+        self.value_split.setAccessibleName("Tensor values")
+        right = QWidget()
+        rl = QVBoxLayout(right)
+        rl.setContentsMargins(0, 0, 0, 0)
+        rl.addWidget(self.title)
+        rl.addWidget(self.details)
+        rl.addLayout(prog)
+        rl.addWidget(self.value_split, 1)
+
+        split = QSplitter()
+        split.addWidget(left)
+        split.addWidget(right)
+        split.setStretchFactor(0, 4)
+        split.setStretchFactor(1, 7)
+        split.setSizes([560, 880])
+        lay = QVBoxLayout(self)
+        lay.addWidget(split)
+
+        self.filter.textChanged.connect(self._filter)
+        self.tree.selectionModel().currentChanged.connect(self._tree_current)
+        self.table.selectionModel().currentRowChanged.connect(self._table_current)
+        self._set_progress_visible(False)
+
+    # ------------------------------------------------------------------ document
+    def set_document(self, doc: Document | None) -> None:
+        self.runner.cancel("tensor-stats")
+        self.doc = doc
+        f = doc.gguf if doc else None
+        self.tree_model.set_file(f)
+        self.table_model.set_file(f)
+        self.tree.expandToDepth(-1)
+        if self.tree_model.rowCount():
+            self.tree.expand(self.tree_proxy.index(0, 0))
+        self.tree.header().setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
+        self.table.resizeColumnsToContents()
+        self._filter(self.filter.text())
+        self.tensor = None
+        self.analysis = None
+        self.title.setText("Select a tensor")
+        self.details_model.set_rows([])
+        self.stats_model.set_rows([])
+        self.hist.clear()
+        self.image.clear()
+
+    def _filter(self, text: str) -> None:
+        self.tree_proxy.setFilterFixedString(text)
+        self.table_proxy.setFilterFixedString(text)
+        if text:
+            self.tree.expandAll()
+        self.count.setText(f"{self.table_proxy.rowCount():,} of {self.table_model.rowCount():,} tensors")
+
+    def _tree_current(self, current: QModelIndex, _prev: QModelIndex) -> None:
+        name = self.tree_proxy.data(current.siblingAtColumn(0), KEY_ROLE)
+        if isinstance(name, str):
+            self.select_tensor(name)
+
+    def _table_current(self, current: QModelIndex, _prev: QModelIndex) -> None:
+        name = self.table_proxy.data(current.siblingAtColumn(0), KEY_ROLE)
+        if isinstance(name, str):
+            self.select_tensor(name)
+
+    def select_tensor(self, name: str) -> None:
+        """Show ``name``'s details and start (or show the cached) statistics."""
+        if self.doc is None or self.doc.gguf is None:
+            return
+        t = self.doc.gguf.tensor(name)
+        if self.tensor is not None and self.tensor.name == name:
+            return
+        self.tensor = t
+        self._sync_selection(name)
+        self.title.setText(t.name)
+        bpw = t.bits_per_weight
+        rows = [
+            ("type", t.type_name + (f" ({t.type.block_elems} elements in {t.type.block_bytes} bytes per block)"
+                                    if t.type and t.type.is_quantized else "")),
+            ("shape (ne, ggml order)", shape_text(t)),
+            ("matrix", f"{t.n_rows:,} rows × {t.row_len:,} columns"),
+            ("elements", f"{t.n_elements:,}"),
+            ("bytes", f"{t.n_bytes:,} ({human_bytes(t.n_bytes)})" if t.n_bytes is not None else "?"),
+            ("file offset", f"{t.data_offset:,} (data section + {t.offset:,})"),
+            ("bits per weight", f"{bpw:.4f}" if bpw is not None else "?"),
+            ("blocks per row", f"{blocks_per_row(t):,}"),
+        ]
+        colors = {}
+        if t.problem:
+            rows.append(("problem", t.problem))
+            colors[len(rows) - 1] = pg.mkColor(BAD_COLOR)
+        self.details_model.set_rows(rows, colors)
+        self.start_analysis()
+
+    def _sync_selection(self, name: str) -> None:
+        """Select ``name`` in the tree (expanding its layer) and in the table, without re-entering."""
+        for view, proxy, model in ((self.tree, self.tree_proxy, self.tree_model),
+                                   (self.table, self.table_proxy, self.table_model)):
+            src = self._source_index(model, name)
+            idx = proxy.mapFromSource(src) if src is not None else QModelIndex()
+            if idx.isValid() and view.currentIndex().siblingAtColumn(0) != idx:
+                view.blockSignals(True)
+                view.selectionModel().blockSignals(True)
+                if idx.parent().isValid():
+                    view.expand(idx.parent())  # type: ignore[attr-defined]
+                view.setCurrentIndex(idx)
+                view.scrollTo(idx)
+                view.selectionModel().blockSignals(False)
+                view.blockSignals(False)
+
+    @staticmethod
+    def _source_index(model: TensorTreeModel | TensorTableModel, name: str) -> QModelIndex | None:
+        if isinstance(model, TensorTableModel):
+            for r, t in enumerate(model.tensors):
+                if t.name == name:
+                    return model.index(r, 0)
+            return None
+        for g, (_, ts) in enumerate(model.groups):
+            for r, t in enumerate(ts):
+                if t.name == name:
+                    return model.index(r, 0, model.index(g, 0))
+        return None
+
+    # ------------------------------------------------------------------ analysis
+    def start_analysis(self, force: bool = False) -> None:
+        doc, t = self.doc, self.tensor
+        if doc is None or doc.gguf is None or t is None:
+            return
+        self.runner.cancel("tensor-stats")
+        cached = doc.analyses.get(t.name)
+        if cached is not None and not force:
+            self._show_analysis(cached)
+            return
+        self.analysis = None
+        self.stats_model.set_rows([])
+        self.hist.clear()
+        self.image.clear()
+        if not can_read_values(t):
+            self._set_progress_visible(False)
+            self.progress_label.setText(f"Values of {t.type_name} cannot be computed"
+                                        + (f": {t.problem}" if t.problem else "."))
+            self.progress_label.show()
+            return
+        f = doc.gguf
+        self._set_progress_visible(True)
+        self.progress.setValue(0)
+        self.progress_label.setText(f"Dequantizing {t.name} ({t.n_elements:,} values) with the native kernels…")
+
+        def work(report, token):  # type: ignore[no-untyped-def]
+            return analyze_tensor(f, t, progress=lambda d, n: report(d, n), cancel=token)
+
+        def progress(done: int, total: int, _text: str) -> None:
+            if self.tensor is t:
+                self.progress.setValue(int(100 * done / total) if total else 100)
+
+        def done(a: TensorAnalysis) -> None:
+            doc.analyses[t.name] = a
+            if self.doc is doc and self.tensor is t:
+                self._show_analysis(a)
+            self.analysisReady.emit(t.name)
+
+        def cancelled() -> None:
+            if self.tensor is t:
+                self._set_progress_visible(False)
+                self.progress_label.setText("Statistics cancelled.")
+                self.progress_label.show()
+                self.retry_btn.show()
+
+        def failed(msg: str, _tb: str) -> None:
+            if self.tensor is t:
+                self._set_progress_visible(False)
+                self.progress_label.setText(f"Statistics failed: {msg}")
+                self.progress_label.show()
+
+        self.runner.start("tensor-stats", work, on_done=done, on_progress=progress, on_cancelled=cancelled,
+                          on_failed=failed)
+
+    def _set_progress_visible(self, on: bool) -> None:
+        self.progress.setVisible(on)
+        self.cancel_btn.setVisible(on)
+        self.progress_label.setVisible(on)
+        self.retry_btn.setVisible(False)
+
+    def _show_analysis(self, a: TensorAnalysis) -> None:
+        self.analysis = a
+        self._set_progress_visible(False)
+        self.progress_label.setText(f"Computed in {a.seconds:.2f} s (cached)")
+        self.progress_label.show()
+        s = a.stats
+        self.stats_model.set_rows([
+            ("min", f"{s.min:.7g}"), ("max", f"{s.max:.7g}"), ("mean", f"{s.mean:.7g}"), ("std", f"{s.std:.7g}"),
+            ("elements", f"{s.n_elements:,}"), ("finite", f"{s.n_finite:,}"), ("NaN", f"{s.n_nan:,}"),
+            ("Inf", f"{s.n_inf:,}"), ("zeros", f"{s.n_zero:,}"),
+        ], {i: pg.mkColor(BAD_COLOR) for i in (6, 7) if (s.n_nan if i == 6 else s.n_inf)})
+        self.hist.clear()
+        h = a.histogram
+        self.hist.plot(h.edges, h.counts, stepMode="center", fillLevel=0, brush=pg.mkBrush(group_color(0)),
+                       pen=pg.mkPen(group_color(0).darker(120)))
+        self.heat = a.heatmap
+        self._draw_heatmap()
+
+    def _draw_heatmap(self) -> None:
+        hm = self.heat
+        if hm is None:
+            return
+        mode = "rms" if self.heat_mode.currentIndex() == 1 else "mean"
+        img = hm.rms if mode == "rms" else hm.mean
+        lo, hi = hm.levels(mode)
+        self.colorbar.setColorMap(pg.colormap.get(_SEQUENTIAL if mode == "rms" else _DIVERGING))
+        self.image.setImage(img, autoLevels=False)
+        self.colorbar.setLevels((lo, hi))
+        self.image.setRect(QRectF(hm.col0, hm.row0, hm.n_cols, hm.n_rows))
+        self.heat_plot.setRange(xRange=(hm.col0, hm.col0 + hm.n_cols), yRange=(hm.row0, hm.row0 + hm.n_rows),
+                                padding=0)
+        h, w = hm.shape
+        self.heat_info.setText(f"{h} × {w} pixels, each {hm.row_step} row(s) × {hm.col_step} column(s)"
+                               + ("" if hm.exact else " (zoom, then refine for detail)"))
+
+    def refine_heatmap(self) -> None:
+        """Recompute the heatmap for the visible rows/columns at up to 512 × 512 pixels."""
+        doc, t = self.doc, self.tensor
+        if doc is None or doc.gguf is None or t is None or self.heat is None:
+            return
+        (x0, x1), (y0, y1) = self.heat_plot.viewRange()
+        rows = (max(0, int(y0)), min(t.n_rows, int(y1) + 1))
+        cols = (max(0, int(x0)), min(t.row_len, int(x1) + 1))
+        if rows[1] <= rows[0] or cols[1] <= cols[0]:
+            return
+        f = doc.gguf
+        self.heat_info.setText(f"refining rows {rows[0]:,}–{rows[1]:,}, columns {cols[0]:,}–{cols[1]:,}…")
+
+        def work(report, token):  # type: ignore[no-untyped-def]
+            return heatmap(f, t, rows=rows, cols=cols, progress=lambda d, n: report(d, n), cancel=token)
+
+        def done(hm: Heatmap) -> None:
+            if self.tensor is t:
+                self.heat = hm
+                self._draw_heatmap()
+
+        self.runner.start("heatmap", work, on_done=done)
+
+    def _reset_heatmap(self) -> None:
+        if self.analysis is not None:
+            self.heat = self.analysis.heatmap
+            self._draw_heatmap()
+
+    def _matrix_pos(self, scene_pos: object) -> tuple[int, int] | None:
+        hm, t = self.heat, self.tensor
+        if hm is None or t is None:
+            return None
+        vb = self.heat_plot.vb
+        if not vb.sceneBoundingRect().contains(scene_pos):
+            return None
+        p = vb.mapSceneToView(scene_pos)
+        row, col = int(p.y()), int(p.x())
+        if p.y() < 0 or p.x() < 0 or hm.cell_at(row, col) is None:
+            return None
+        return row, col
+
+    def _heat_hover(self, scene_pos: object) -> None:
+        pos = self._matrix_pos(scene_pos)
+        if pos is None or self.heat is None or self.tensor is None:
+            return
+        row, col = pos
+        cell = self.heat.cell_at(row, col)
+        assert cell is not None
+        block, elem = element_location(self.tensor, row, col)
+        where = f"row {row:,}, col {col:,} → block {block:,}, element {elem}"
+        if self.heat.exact:
+            self.hover.setText(f"{where} · value {cell.mean:.6g}")
+        else:
+            self.hover.setText(f"{where} · cell rows {cell.row0:,}–{cell.row1 - 1:,} × cols {cell.col0:,}–"
+                               f"{cell.col1 - 1:,}: mean {cell.mean:.5g}, RMS {cell.rms:.5g}")
+
+    def _heat_click(self, event: object) -> None:
+        pos = self._matrix_pos(event.scenePos())  # type: ignore[attr-defined]
+        if pos is None or self.tensor is None or self.tensor.type is None:
+            return
+        row, col = pos
+        block, elem = element_location(self.tensor, row, col)
+        self.inspectRequested.emit(self.tensor.name, row, block, elem)

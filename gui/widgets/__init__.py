@@ -1,0 +1,1 @@
+"""Reusable Qt widgets: hex view, bit diagram, nibble grid, plots."""

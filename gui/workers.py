@@ -1,0 +1,143 @@
+"""Background work: a function run on a QThreadPool with throttled progress, cancellation and clean shutdown.
+
+A task function has the signature ``fn(report, token) -> result``: ``report(done, total, text="")`` may be called
+as often as it likes (signals go out at most every 50 ms), and ``token.cancelled`` turns true on cancel; the
+function stops by raising :class:`~quantscope.core.bump.Cancelled` or
+:class:`~quantscope.core.analysis.AnalysisCancelled` (or by returning). Signals are delivered on the GUI thread.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
+
+from quantscope.core.analysis import AnalysisCancelled
+from quantscope.core.bump import Cancelled, CancelToken
+
+Report = Callable[..., None]
+TaskFn = Callable[[Report, CancelToken], Any]
+
+_PROGRESS_INTERVAL = 0.05
+
+
+class TaskSignals(QObject):
+    """Signals of one task (they live on the GUI thread; the worker only emits)."""
+
+    progress = Signal(object, object, str)  # done, total, text (ints may exceed 32 bits)
+    finished = Signal(object)
+    failed = Signal(str, str)  # message, traceback
+    cancelled = Signal()
+    ended = Signal()  # after any of the three above
+
+
+class Task(QRunnable):
+    """One unit of background work. Keep the :class:`TaskRunner` that started it alive until it ends."""
+
+    def __init__(self, name: str, fn: TaskFn) -> None:
+        super().__init__()
+        self.setAutoDelete(False)
+        self.name = name
+        self.fn = fn
+        self.token = CancelToken()
+        self.signals = TaskSignals()
+        self.done = False
+        self._last_emit = 0.0
+
+    def cancel(self) -> None:
+        self.token.cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.token.cancelled
+
+    def _report(self, done: int, total: int, text: str = "") -> None:
+        now = time.monotonic()
+        if now - self._last_emit >= _PROGRESS_INTERVAL or done >= total:
+            self._last_emit = now
+            self.signals.progress.emit(done, total, text)
+
+    def run(self) -> None:
+        try:
+            if self.token.cancelled:
+                raise Cancelled("cancelled before it started")
+            result = self.fn(self._report, self.token)
+        except (Cancelled, AnalysisCancelled):
+            self.signals.cancelled.emit()
+        except BaseException as exc:
+            self.signals.failed.emit(str(exc) or type(exc).__name__, traceback.format_exc())
+        else:
+            if self.token.cancelled:
+                self.signals.cancelled.emit()
+            else:
+                self.signals.finished.emit(result)
+        finally:
+            self.done = True
+            self.signals.ended.emit()
+
+
+class TaskRunner(QObject):
+    """Starts tasks on its own thread pool, tracks the running ones, cancels and waits for them on shutdown."""
+
+    changed = Signal()  # a task started or ended
+
+    def __init__(self, parent: QObject | None = None, max_threads: int = 2) -> None:
+        super().__init__(parent)
+        self.pool = QThreadPool(self)
+        self.pool.setMaxThreadCount(max_threads)
+        self.active: list[Task] = []
+        self.closed = False
+
+    def start(self, name: str, fn: TaskFn, *, on_done: Callable[[Any], None] | None = None,
+              on_progress: Callable[[int, int, str], None] | None = None,
+              on_failed: Callable[[str, str], None] | None = None,
+              on_cancelled: Callable[[], None] | None = None) -> Task:
+        """Queue ``fn``; callbacks run on the GUI thread."""
+        task = Task(name, fn)
+        if self.closed:
+            task.cancel()
+        if on_progress:
+            task.signals.progress.connect(on_progress)
+        if on_done:
+            task.signals.finished.connect(on_done)
+        if on_failed:
+            task.signals.failed.connect(on_failed)
+        if on_cancelled:
+            task.signals.cancelled.connect(on_cancelled)
+        task.signals.ended.connect(lambda t=task: self._ended(t))
+        self.active.append(task)
+        self.pool.start(task)
+        self.changed.emit()
+        return task
+
+    def _ended(self, task: Task) -> None:
+        if task in self.active:
+            self.active.remove(task)
+        self.changed.emit()
+
+    def running(self, name: str | None = None) -> list[Task]:
+        """Tasks started and not yet ended *as seen by the GUI thread* (their result callbacks have not run)."""
+        return [t for t in self.active if name is None or t.name == name]
+
+    def cancel(self, name: str | None = None) -> None:
+        for t in self.running(name):
+            if not t.done:
+                t.cancel()
+
+    def wait(self, timeout_ms: int = -1) -> bool:
+        """Block until every queued task has finished (used at shutdown and by tests)."""
+        return bool(self.pool.waitForDone(timeout_ms))
+
+    def shutdown(self, timeout_ms: int = 30000) -> bool:
+        """Cancel everything, refuse new work and wait; returns whether all tasks ended in time."""
+        self.closed = True
+        self.cancel()
+        self.pool.clear()
+        ok = self.wait(timeout_ms)
+        if ok:  # every worker has returned; their queued end signals will not be delivered to a closed window
+            self.active = []
+            self.changed.emit()
+        return ok

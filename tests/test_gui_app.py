@@ -1,0 +1,225 @@
+"""The main window: opening (menu, drag-and-drop, recent files, command line), bad files, shortcuts, About,
+accessibility, theme, the chat placeholder, the screenshot command and the PySide6 6.12 guard."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+from PySide6.QtGui import QAction, QDropEvent, QImage, QPalette
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QAbstractSpinBox,
+    QApplication,
+    QComboBox,
+    QLineEdit,
+    QPlainTextEdit,
+    QProgressBar,
+    QTextEdit,
+)
+
+from quantscope.core.gguf import GGUFFile
+from quantscope.core.native.kernels import isa
+
+from .gui_helpers import wait_idle, window  # noqa: F401
+
+
+def test_pyside_none_refcount_guard(qtbot):
+    """PySide6 6.12.0 drops a reference to None on every void method call (Python 3.11 then aborts)."""
+    box = QComboBox()
+    qtbot.addWidget(box)
+    before = sys.getrefcount(None)
+    for _ in range(1000):
+        box.clear()
+    assert sys.getrefcount(None) >= before - 10
+
+
+def test_open_fills_every_view_fast(window, model_path):  # noqa: F811
+    path = model_path("qwen2.5-coder")  # 469 MiB
+    t0 = time.perf_counter()
+    assert window.open_path(path)
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 1.0, f"opening took {elapsed:.2f} s"
+    with GGUFFile(path) as f:
+        n_tensors, n_kv = len(f.tensors), len(f.metadata)
+    assert window.tensors_view.table_model.rowCount() == n_tensors == 291
+    assert window.metadata_view.model.rowCount() == n_kv
+    assert window.overview.cards["File type"].value.text() == "MOSTLY_Q4_K_M"  # the file-type enum, not Q8_K
+    assert window.overview.cards["Architecture"].value.text() == "qwen2"
+    assert window.current_view() == "overview"
+    assert window.windowTitle().startswith(path.name)
+    # the tree groups by block: the non-layer tensors, then blk.0 .. blk.23
+    tree = window.tensors_view.tree_model
+    assert tree.rowCount() == 25 and tree.groups[1][0] == "blk.0" and tree.groups[-1][0] == "blk.23"
+
+
+def test_overview_type_mix_memory_and_integrity(window, qtbot, model_path):  # noqa: F811
+    assert window.open_path(model_path("gemma3"))
+    ov = window.overview
+    types = [r[0] for r in ov.types_model.rows]
+    assert types[0] == "Q8_0" and set(types) == {"Q8_0", "Q5_0", "Q4_K", "Q6_K", "F32"}
+    ov.ctx_spin.setValue(4096)
+    assert ov.memory.kv_bytes == 18 * 4096 * 1 * (256 + 256) * 2
+    assert "MiB" in ov.mem_total.text()
+    ov.kv_combo.setCurrentText("Q8_0")
+    assert ov.memory.kv_type == "Q8_0" and ov.memory.kv_bytes < 18 * 4096 * 1024
+    assert all(c.ok is not False for c in ov.checks)
+    qtbot.waitUntil(lambda: ov.scan_result is not None, timeout=30000)
+    assert ov.scan_result.n_bad == 0 and "no NaN/Inf scales" in ov.scan_label.text()
+
+
+def test_bad_file_shows_a_dialog_and_the_app_stays_usable(window, qtbot, tmp_path, model_path):  # noqa: F811
+    assert window.open_path(model_path("smollm2"))
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 40)
+    assert not window.open_path(bad)
+    box = window.error_box
+    assert box is not None and box.isVisible()
+    assert "broken.gguf is not a readable GGUF file" in box.text() and "count" in box.informativeText()
+    assert window.doc is not None and window.doc.path == model_path("smollm2")  # previous file still open
+    box.accept()
+    assert not window.open_path(tmp_path / "missing.gguf")
+    assert "does not exist" in window.error_box.text()
+    window.error_box.accept()
+    assert window.open_path(model_path("gemma3"))  # and the app still opens files
+
+
+def test_recent_files_drag_and_drop_and_menu(window, qtbot, model_path):  # noqa: F811
+    a, b = model_path("smollm2"), model_path("gemma3")
+    assert window.open_path(a) and window.open_path(b)
+    assert window.recent_files()[:2] == [str(b), str(a)]
+    actions = [x for x in window.recent_menu.actions() if x.data()]
+    assert [x.data() for x in actions[:2]] == [str(b), str(a)]
+    actions[1].trigger()
+    assert window.doc.path == a and window.recent_files()[0] == str(a)
+    # drag and drop
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(b))])
+    ev = QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
+                    Qt.KeyboardModifier.NoModifier)
+    window.dropEvent(ev)
+    assert window.doc.path == b
+    # the settings persist for the next window
+    from PySide6.QtCore import QSettings
+
+    s2 = QSettings(window.settings.fileName(), QSettings.Format.IniFormat)
+    assert [str(x) for x in s2.value("recentFiles")][:2] == [str(b), str(a)]
+
+
+def test_shortcuts_switch_views(window, qtbot, model_path):  # noqa: F811
+    assert window.open_path(model_path("smollm2"))
+    shortcuts = {a.objectName(): a.shortcut().toString() for a in window.findChildren(QAction)
+                 if not a.shortcut().isEmpty()}
+    assert shortcuts["open"] == "Ctrl+O" and shortcuts["convert"] == "Ctrl+Shift+B"
+    assert shortcuts["view-tensors"] == "Ctrl+3" and shortcuts["find"] == "Ctrl+F"
+    assert shortcuts["quit"] == "Ctrl+Q" and shortcuts["shortcuts"] == "F1"
+    window.activateWindow()
+    qtbot.keyClick(window, Qt.Key.Key_3, Qt.KeyboardModifier.ControlModifier)
+    if window.current_view() != "tensors":  # offscreen may not route shortcuts to an inactive window
+        window.findChild(QAction, "view-tensors").trigger()
+    assert window.current_view() == "tensors"
+    window.findChild(QAction, "find").trigger()
+    assert window.tensors_view.filter.hasFocus() or QApplication.focusWidget() in (None, window.tensors_view.filter)
+    window.findChild(QAction, "view-block").trigger()
+    assert window.current_view() == "block"
+
+
+def test_about_box_names_versions_and_kernel_isa(window):  # noqa: F811
+    import PySide6
+
+    box = window.show_about()
+    assert box.isVisible()
+    text = box.text()
+    assert isa() in text and PySide6.__version__ in text and "pyqtgraph" in text and "Kernel ISA" in text
+    box.accept()
+
+
+def test_widgets_have_accessible_names(window, model_path):  # noqa: F811
+    import pyqtgraph as pg
+
+    assert window.open_path(model_path("gemma3"))
+    missing = []
+    kinds = (QLineEdit, QAbstractItemView, QComboBox, QAbstractSpinBox, QProgressBar, QPlainTextEdit, QTextEdit,
+             pg.PlotWidget, pg.GraphicsLayoutWidget)
+    from PySide6.QtWidgets import QWidget
+
+    for w in (x for x in window.findChildren(QWidget) if isinstance(x, kinds)):
+        parent = w.parentWidget()
+        grand = parent.parentWidget() if parent is not None else None
+        if isinstance(parent, (QComboBox, QAbstractSpinBox, QAbstractItemView)) or isinstance(grand, QComboBox):
+            continue  # the inner editor / popup of a composite widget
+        if isinstance(w, QLineEdit) and isinstance(parent, QAbstractSpinBox):
+            continue
+        if not w.accessibleName():
+            missing.append(f"{type(w).__name__} in {type(parent).__name__}")
+    assert not missing, missing
+
+
+def test_dark_and_light_follow_the_palette(qtbot):
+    from quantscope.gui.theme import apply_theme
+
+    app = QApplication.instance()
+    old_palette, old_style = app.palette(), app.style().name()
+    try:
+        assert apply_theme(app, dark=True) is True
+        assert app.palette().color(QPalette.ColorRole.Window).lightness() < 80
+        assert apply_theme(app, dark=False) is False
+        assert app.palette().color(QPalette.ColorRole.Window).lightness() > 200
+        os.environ["QUANTSCOPE_THEME"] = "dark"
+        assert apply_theme(app) is True
+    finally:
+        os.environ.pop("QUANTSCOPE_THEME", None)
+        app.setPalette(old_palette)
+        app.setStyle(old_style)
+        app.setStyleSheet("")
+
+
+def test_chat_tab_is_an_honest_placeholder(window, model_path):  # noqa: F811
+    assert window.open_path(model_path("smollm2"))
+    window.show_view("chat")
+    assert window.current_view() == "chat"
+    chat = window.chat_view
+    assert chat.findChildren(QLineEdit) == [] and chat.findChildren(QTextEdit) == []
+    assert "arrives with the engine" in chat.TEXT and "no replies are simulated" in chat.TEXT
+
+
+def _env_without_display():
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    env["HOME"] = os.environ.get("HOME", "/root")
+    return env
+
+
+def test_no_display_gives_a_clear_message():
+    r = subprocess.run([sys.executable, "-m", "quantscope.core.cli", "some.gguf"], env=_env_without_display(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "no display: set DISPLAY, run under xvfb-run, or use --screenshot / quantscope inspect" in r.stderr
+
+
+def test_offscreen_without_screenshot_exits_instead_of_hanging(capsys, monkeypatch):
+    from quantscope.core.cli import main
+
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")
+    assert main(["model.gguf"]) == 2
+    assert "shows no window: use --screenshot PNG" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_screenshot_command_renders_the_block_view(tmp_path, model_path):
+    out = tmp_path / "block.png"
+    r = subprocess.run([sys.executable, "-m", "quantscope.core.cli", str(model_path("gemma3")), "--screenshot",
+                        str(out), "--view", "block", "--size", "1200x800"], env=_env_without_display(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    img = QImage(str(out))
+    assert (img.width(), img.height()) == (1200, 800)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"nope")
+    r = subprocess.run([sys.executable, "-m", "quantscope.core.cli", str(bad), "--screenshot",
+                        str(tmp_path / "x.png")], env=_env_without_display(), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "not a readable GGUF file" in r.stderr and not (tmp_path / "x.png").exists()

@@ -1,0 +1,141 @@
+"""Background work in the GUI: conversion through the dialog (verifies; cancel leaves nothing), the bump
+inspector, the event loop ticking while statistics and a conversion run, and closing mid-job."""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import QElapsedTimer, Qt, QTimer
+
+from quantscope.core.bump import verify_against
+
+from .gui_helpers import wait_idle, window  # noqa: F401
+
+
+def test_convert_dialog_writes_a_file_that_verifies_and_opens(window, qtbot, tmp_path, model_path):  # noqa: F811
+    src = model_path("qwen2.5-coder")
+    assert window.open_path(src)
+    dlg = window.show_convert()
+    assert dlg is not None and dlg.isVisible()
+    out = tmp_path / "out" / "qwen.bump"
+    dlg.output.setText(str(out))
+    assert dlg.manifest.text() == str(out.parent / "manifest.json")  # follows the output folder
+    dlg.manifest_check.setChecked(True)
+    dlg.config_check.setChecked(True)
+    progress = []
+    with qtbot.waitSignal(dlg.conversionFinished, timeout=120000) as sig:
+        dlg.start()
+        dlg.task.signals.progress.connect(lambda d, t, s: progress.append((d, t)))
+    res = sig.args[0]
+    assert res is not None and dlg.state == "done" and res.path == out
+    assert progress and progress[-1][0] == progress[-1][1] == out.stat().st_size
+    assert "MB/s" in dlg.rate.text() and "left" in dlg.rate.text()
+    html = dlg.summary.toPlainText()
+    assert "✓ Converted" in html and res.sha256 in html and "lm_head" in html and "copy" in html
+    assert "Sections" in html and "Q5_0" in html
+    assert (out.parent / "manifest.json").is_file() and (out.parent / "config.json").is_file()
+    rep = verify_against(out, src)
+    assert rep.ok, rep.problems
+    # "Open the result" shows the bump inspector
+    dlg.open_btn.click()
+    assert window.doc.kind == "bump" and window.current_view() == "bump"
+    bv = window.bump_view
+    qtbot.waitUntil(lambda: bv.checksum_ok is not None, timeout=60000)
+    assert bv.checksum_ok is True and "checksum verifies" in bv.checksum.text()
+    assert bv.sections_model.rowCount() == 14 * 24 + 4
+    header = dict(bv.header_model.rows)
+    assert header["magic"] == "BUMPWGT3" and header["num_layers"] == "24" and header["checksum (sha256)"] == res.sha256
+    assert {r[1] for r in bv.dtype_model.rows} >= {"F32", "Q5_0", "Q4_K", "Q6_K", "Q8_0"}
+    # bump files open directly too (menu / command line)
+    window.close_document()
+    assert window.open_path(out) and window.doc.kind == "bump"
+    assert window.tabs.isTabVisible(window._tab["bump"]) and not window.tabs.isTabVisible(window._tab["tensors"])
+
+
+def test_cancel_leaves_nothing_behind(window, qtbot, tmp_path, model_path):  # noqa: F811
+    assert window.open_path(model_path("qwen2.5-coder"))
+    dlg = window.show_convert()
+    out_dir = tmp_path / "cancelled"
+    out_dir.mkdir()
+    dlg.output.setText(str(out_dir / "x.bump"))
+    dlg.manifest_check.setChecked(True)
+    with qtbot.waitSignal(dlg.conversionFinished, timeout=120000) as sig:
+        dlg.start()
+        # cancel from inside the worker as soon as the first bytes are written (deterministic)
+        dlg.task.signals.progress.connect(
+            lambda d, t, s, task=dlg.task: task.cancel() if d > 0 else None, Qt.ConnectionType.DirectConnection)
+    assert sig.args == [None] and dlg.state == "cancelled"
+    assert "nothing was written" in dlg.status.text()
+    assert list(out_dir.iterdir()) == []
+
+
+def test_refused_conversion_says_why(window, qtbot, tmp_path, model_path):  # noqa: F811
+    assert window.open_path(model_path("smollm2"))  # Q4_1 weights: no BUMPWGT3 runtime takes them
+    dlg = window.show_convert()
+    dlg.output.setText(str(tmp_path / "s.bump"))
+    with qtbot.waitSignal(dlg.conversionFinished, timeout=60000) as sig:
+        dlg.start()
+    assert sig.args == [None] and dlg.state == "failed"
+    assert "Q4_1" in dlg.error and "Conversion failed" in dlg.status.text()
+    assert list(tmp_path.glob("*.bump")) == [] and list(tmp_path.glob(".*tmp*")) == []
+
+
+def test_event_loop_keeps_ticking_during_stats_and_conversion(window, qtbot, tmp_path, model_path):  # noqa: F811
+    assert window.open_path(model_path("qwen2.5-coder"))
+    wait_idle(qtbot, window)
+    gaps = []
+    stamps = []
+    clock = QElapsedTimer()
+    clock.start()
+    last = [clock.elapsed()]
+
+    def tick():
+        now = clock.elapsed()
+        gaps.append(now - last[0])
+        stamps.append((now - last[0], now, [t.name for t in window.runner.running()]))
+        last[0] = now
+
+    timer = QTimer()
+    timer.setInterval(5)
+    timer.timeout.connect(tick)
+    tv = window.tensors_view
+    dlg = window.show_convert()
+    dlg.output.setText(str(tmp_path / "tick.bump"))
+    qtbot.waitExposed(dlg)
+    qtbot.wait(300)  # the dialog's first paint (fonts, layout) is not what this test measures
+    t0 = time.perf_counter()
+    tv.select_tensor("output.weight")  # 151936 × 896 Q8_0: 136 M values through the native kernels
+    dlg.start()
+    assert len(window.runner.running()) == 2
+    last[0] = clock.elapsed()  # measure the loop while both jobs run (and their results are drawn)
+    timer.start()
+    wait_idle(qtbot, window, timeout=120000)
+    timer.stop()
+    elapsed = time.perf_counter() - t0
+    assert tv.analysis is not None and tv.analysis.tensor == "output.weight" and dlg.state == "done"
+    assert elapsed > 0.3 and len(gaps) > 20
+    assert max(gaps) < 50, f"event loop stalled {max(gaps)} ms (gaps: {sorted(stamps)[-5:]})"
+
+
+def test_closing_mid_job_shuts_down_cleanly(qtbot, tmp_path, model_path):
+    from PySide6.QtCore import QSettings
+
+    from quantscope.gui.mainwindow import MainWindow
+
+    w = MainWindow(QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat))
+    qtbot.addWidget(w)
+    w.show()
+    assert w.open_path(model_path("qwen2.5-coder"))
+    w.tensors_view.select_tensor("output.weight")
+    dlg = w.show_convert()
+    out_dir = tmp_path / "closing"
+    dlg.output.setText(str(out_dir / "c.bump"))
+    dlg.start()
+    qtbot.waitUntil(lambda: dlg.progress.value() > 0 or dlg.state != "running", timeout=30000)
+    t0 = time.perf_counter()
+    assert w.close()
+    assert time.perf_counter() - t0 < 10
+    assert not w.runner.running() and w.runner.pool.activeThreadCount() == 0
+    leftovers = [p.name for p in out_dir.iterdir()] if out_dir.exists() else []
+    assert leftovers in ([], ["c.bump"])  # cancelled (nothing) or it had already finished (the whole file)
+    assert not [n for n in leftovers if "tmp" in n]

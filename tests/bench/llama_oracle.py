@@ -88,6 +88,9 @@ def main() -> None:
         p_ours = perplexity(ours.model, tok, TEXT, 256).ppl
         p_llama = llama_ppl(llm, list(ids), 256, tok.add_bos, tok.bos_id or 0)
         print(f"  perplexity (ctx 256): ours {p_ours:.3f}  llama.cpp {p_llama:.3f}  ratio {p_ours / p_llama:.3f}")
+        del llm  # benchmark a peer that, like ours, computes logits for the last token only
+        llm = Llama(model_path=path, n_ctx=512, n_threads=args.threads, n_threads_batch=args.threads,
+                    logits_all=False, verbose=False, n_batch=512)
         rng = np.random.default_rng(0)
         pp_o, pp_l, tg_o, tg_l = [], [], [], []
         sess = ours.model.session(256)

@@ -292,12 +292,18 @@ def _engine(args: argparse.Namespace, n_ctx: int = 4096) -> Any:
 
     if not Path(args.file).is_file():
         raise CLIError(f"{args.file}: no such file")
+    from .engine.cuda_backend import CudaError
+
     try:
-        return Engine(args.file, n_ctx=n_ctx, threads=args.threads)
+        eng = Engine(args.file, n_ctx=n_ctx, threads=args.threads, backend=getattr(args, "backend", "auto"))
     except (UnsupportedModel, TokenizerError) as exc:
         raise CLIError(f"{args.file}: {exc}") from None
+    except CudaError as exc:
+        raise CLIError(f"--backend cuda: {exc}") from None
     except GGUFError as exc:
         raise CLIError(f"{args.file}: not a readable GGUF file: {exc}") from None
+    print(f"backend: {eng.backend} ({eng.backend_reason})", file=sys.stderr)
+    return eng
 
 
 def _params(args: argparse.Namespace) -> Any:
@@ -392,7 +398,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     eng = _engine(args, args.ctx)
     text = Path(args.text_file).read_text(encoding="utf-8")
     try:
-        r = perplexity(eng.model, eng.tokenizer, text, args.ctx, args.chunks,
+        r = perplexity(eng.model, eng.tokenizer, text, args.ctx, args.chunks, make_session=eng.new_session,
                        progress=lambda c, n, p: print(f"[{c}/{n}] running ppl {p:.4f}", file=sys.stderr))
     except ValueError as exc:
         raise CLIError(str(exc)) from None
@@ -406,10 +412,11 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
     from .engine.tools import bench_model
 
     eng = _engine(args, max(args.n_prompt, args.n_gen) + 16)
-    rows = bench_model(eng.model, args.n_prompt, args.n_gen, args.repetitions)
+    rows = bench_model(eng.model, args.n_prompt, args.n_gen, args.repetitions, make_session=eng.new_session)
     peak = _peak_rss_mb()
     for r in rows:
-        r.update({"model": Path(args.file).name, "isa": _isa(), "peak_rss_mb": peak, "rss_mb": rss_bytes() / 2**20})
+        r.update({"model": Path(args.file).name, "isa": _isa(), "backend": eng.backend, "peak_rss_mb": peak,
+                  "rss_mb": rss_bytes() / 2**20})
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -444,6 +451,7 @@ def _add_sampling(s: argparse.ArgumentParser) -> None:
     s.add_argument("--stop", action="append", help="stop string (repeatable)")
     s.add_argument("-c", "--ctx", type=int, default=4096, help="context size")
     s.add_argument("-t", "--threads", type=int, default=0)
+    s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -509,6 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-c", "--ctx", type=int, default=512)
     s.add_argument("--chunks", type=int, default=0, help="at most this many chunks (0 = all)")
     s.add_argument("-t", "--threads", type=int, default=0)
+    s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     s.set_defaults(func=cmd_perplexity)
 
     s = sub.add_parser("verify", help="check a bump file's checksum and (with --against) every section")
@@ -534,6 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-n", "--n-gen", type=int, default=64)
     b.add_argument("-t", "--threads", type=int, default=0)
     b.add_argument("-r", "--repetitions", type=int, default=3)
+    b.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench_model)
     b = bsub.add_parser("convert", help="GGUF -> bump conversion vs hashing and copying the same bytes")

@@ -231,3 +231,21 @@ def test_cli_generate_tokenize_perplexity_bench(model_path, capsys, tmp_path):
     rows = json.loads(capsys.readouterr().out)
     assert [r["test"] for r in rows] == ["pp8", "tg4"] and all(r["tokens_per_s"] > 0 for r in rows)
     assert main(["generate", str(model_path("gemma3")) + ".missing", "-p", "x"]) == 2
+
+
+def test_backend_selection(model_path):
+    from quantscope.core.engine.cuda_backend import CudaUnavailable, cuda_status
+
+    path = model_path("smollm2")
+    with pytest.raises(ValueError, match="backend"):
+        Engine(path, n_ctx=64, backend="tpu")
+    cpu = Engine(path, n_ctx=64, backend="cpu")
+    assert cpu.backend == "cpu" and "CPU kernels" in cpu.backend_reason
+    ok, why = cuda_status()
+    auto = Engine(path, n_ctx=64, backend="auto")
+    if ok:
+        assert auto.backend == "cuda"
+    else:
+        assert auto.backend == "cpu" and why in auto.backend_reason
+        with pytest.raises(CudaUnavailable):
+            Engine(path, n_ctx=64, backend="cuda")

@@ -11,8 +11,11 @@ from typing import Any
 
 from ..chat import ChatTemplate, Sampler, SamplerParams
 from ..gguf import GGUFFile
+from ..native.kernels import isa
 from ..tokenizer import StreamDecoder, Tokenizer
 from .session import ContextFull, Model, Session
+
+BACKENDS = ("auto", "cpu", "cuda")
 
 
 class LoadCancelled(Exception):
@@ -40,7 +43,11 @@ class Engine:
 
     def __init__(self, path: str | Path, n_ctx: int = 4096, threads: int = 0,
                  progress: Callable[[str, float], None] | None = None,
-                 cancel: threading.Event | None = None) -> None:
+                 cancel: threading.Event | None = None, backend: str = "auto") -> None:
+        """``backend``: ``cpu``, ``cuda`` (fails with the reason when CUDA cannot be used) or ``auto`` (CUDA when
+        it works, else the CPU with the reason in :attr:`backend_reason`)."""
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         say = progress or (lambda _m, _f: None)
 
         def check() -> None:
@@ -59,9 +66,43 @@ class Engine:
         check()
         n_ctx = min(n_ctx, self.model.config.n_ctx_train)
         say("allocating KV cache", 0.9)
-        self.session: Session = self.model.session(n_ctx)
+        self.backend, self.backend_reason = "cpu", f"CPU kernels ({isa()}, {self.model.threads} threads)"
+        self.session: Session | Any = None
+        if backend != "cpu":
+            from .cuda_backend import CudaError, CudaSession, CudaUnavailable, cuda_status
+
+            ok, why = cuda_status()
+            if not ok and backend == "cuda":
+                raise CudaUnavailable(why)
+            if ok:
+                say("uploading weights to the GPU", 0.92)
+                try:
+                    self.session = CudaSession(self.model, n_ctx)
+                    self.backend, self.backend_reason = "cuda", why
+                except CudaError as exc:
+                    if backend == "cuda":
+                        raise
+                    self.backend_reason = f"CUDA failed ({exc}); using the CPU ({isa()})"
+            else:
+                self.backend_reason = f"CUDA unavailable: {why}; using the CPU ({isa()})"
+        if self.session is None:
+            self.session = self.model.session(n_ctx)
         self.cached: list[int] = []  # token ids currently in the KV cache
         say("ready", 1.0)
+
+    def new_session(self, n_ctx: int) -> Session | Any:
+        """A fresh session on this engine's backend (for perplexity and benchmarks)."""
+        if self.backend == "cuda":
+            from .cuda_backend import CudaSession
+
+            return CudaSession(self.model, n_ctx)
+        return self.model.session(n_ctx)
+
+    def close(self) -> None:
+        """Free the session (GPU memory for the CUDA backend)."""
+        closer = getattr(self.session, "close", None)
+        if closer is not None:
+            closer()
 
     @property
     def n_ctx(self) -> int:

@@ -26,7 +26,8 @@ class PerplexityResult:
 
 
 def perplexity(model: Model, tok: Tokenizer, text: str, n_ctx: int, max_chunks: int = 0,
-               progress: Callable[[int, int, float], None] | None = None) -> PerplexityResult:
+               progress: Callable[[int, int, float], None] | None = None,
+               make_session: Callable[[int], Any] | None = None) -> PerplexityResult:
     """Tokenize once (BOS per metadata); non-overlapping chunks of ``n_ctx`` tokens, each from an empty cache, the
     first token replaced by BOS when the model adds BOS; score only the second half of each chunk."""
     ids = tok.encode(text)
@@ -35,7 +36,7 @@ def perplexity(model: Model, tok: Tokenizer, text: str, n_ctx: int, max_chunks: 
         n_chunks = min(n_chunks, max_chunks)
     if n_chunks == 0:
         raise ValueError(f"the text has {len(ids)} tokens; perplexity needs at least {n_ctx} (one chunk)")
-    session = model.session(n_ctx)
+    session = make_session(n_ctx) if make_session else model.session(n_ctx)
     first = n_ctx // 2
     nll_total, count = 0.0, 0
     per_chunk = []
@@ -60,12 +61,13 @@ def perplexity(model: Model, tok: Tokenizer, text: str, n_ctx: int, max_chunks: 
 
 
 def bench_model(model: Model, n_prompt: int = 128, n_gen: int = 64, repetitions: int = 3,
-                seed: int = 0) -> list[dict[str, Any]]:
+                seed: int = 0, make_session: Callable[[int], Any] | None = None) -> list[dict[str, Any]]:
     """llama-bench-like: ``pp<n>`` prefill of n random tokens from an empty cache and ``tg<n>`` n single-token
     decodes from an empty cache, each repeated; tokens/s mean and stddev."""
     rng = np.random.default_rng(seed)
     c = model.config
-    session = model.session(max(n_prompt, n_gen) + 8)
+    n = max(n_prompt, n_gen) + 8
+    session = make_session(n) if make_session else model.session(n)
     out = []
     for test, n in (("pp", n_prompt), ("tg", n_gen)):
         if n <= 0:

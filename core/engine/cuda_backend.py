@@ -1,0 +1,631 @@
+"""Optional CUDA backend: the whole forward pass on an NVIDIA GPU, behind the CPU :class:`Session` API.
+
+The library (``build/cuda/libquantscope_cuda.so``, built by ``csrc/cuda/build.sh`` when ``nvcc`` exists) is loaded
+with cffi's ``dlopen``; it is never needed: :func:`cuda_status` says whether it can run and, if not, why (no
+library, no driver, no device, ...), and callers fall back to the CPU. Weights are uploaded once, repacked but still
+quantized; types without GPU kernels are dequantized to F32 on upload. Every size is validated here before a
+pointer reaches C.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+import cffi
+import numpy as np
+
+from ..model import ModelConfig, UnsupportedModel, Weight
+from ..native import kernels as K
+from ..quant.types import GGMLType, ggml_type
+from .session import ContextFull, Model
+
+__all__ = [
+    "GPU_TYPES",
+    "CudaError",
+    "CudaSession",
+    "CudaUnavailable",
+    "cuda_status",
+    "describe_cuda_error",
+    "device_properties",
+    "library_path",
+    "probe",
+]
+
+LIB_ENV = "QUANTSCOPE_CUDA_LIB"
+DEFAULT_LIB = Path(__file__).resolve().parents[2] / "build" / "cuda" / "libquantscope_cuda.so"
+HEADER = Path(__file__).resolve().parents[2] / "csrc" / "cuda" / "qsc_api.h"
+
+#: Weight types with GPU kernels, as stored (ggml ids); others are dequantized to F32 on upload.
+GPU_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
+#: Activation types the device quantizers produce (ggml ids) and their (block elements, block bytes).
+ACT_LAYOUT = {8: (32, 34), 9: (32, 36), 15: (256, 292)}
+ARCH_IDS = {"llama": 0, "qwen2": 1, "gemma3": 2}
+
+# Weight slots of qsc_upload_weight (see csrc/cuda/qsc_api.h).
+_MATRIX_SLOTS = {"wq": 0, "wk": 1, "wv": 2, "wo": 3, "w_gate": 4, "w_up": 5, "w_down": 6}
+_VECTOR_SLOTS = {"attn_norm": 7, "ffn_norm": 8, "bq": 9, "bk": 10, "bv": 11, "q_norm": 12, "k_norm": 13,
+                 "post_attn_norm": 14, "post_ffn_norm": 15}
+_TOK_EMBD, _OUTPUT, _OUTPUT_NORM = 16, 17, 18
+
+CDEF = """
+typedef struct {
+    int arch;
+    int n_layers, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
+    float rms_eps, rope_base;
+    int rope_neox, rope_dim;
+    float rope_base_swa;
+    int sliding_window, swa_pattern;
+    float embed_scale;
+    int gelu, qk_norm, post_norms;
+    float attn_scale;
+} qsc_config;
+typedef struct {
+    char name[256];
+    int major, minor, sm_count;
+    int64_t total_mem, free_mem;
+    int mem_clock_khz, bus_width_bits;
+    double peak_bw_gbs;
+    int driver_version, runtime_version;
+} qsc_device_props;
+typedef struct qsc_model qsc_model;
+const char *qsc_build_info(void);
+int qsc_init(char *err, size_t err_len);
+int qsc_device_props_get(qsc_device_props *out, char *err, size_t err_len);
+int qsc_device_info(char *buf, size_t len);
+int qsc_type_supported(int type);
+int64_t qsc_packed_bytes(int type, int64_t rows, int64_t k);
+int qsc_repack(int type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst, int64_t dst_bytes);
+int qsc_config_layer(const qsc_config *cfg, int layer, int *window, float *rope_base);
+qsc_model *qsc_model_create(const qsc_config *cfg, int n_ctx, int kv_f16, int max_batch, char *err, size_t err_len);
+int qsc_upload_weight(qsc_model *m, int layer, int slot, int type, int64_t rows, int64_t k, const uint8_t *data,
+                      int64_t nbytes, char *err, size_t err_len);
+int qsc_tie_output(qsc_model *m, char *err, size_t err_len);
+int qsc_model_finalize(qsc_model *m, char *err, size_t err_len);
+int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
+                char *err, size_t err_len);
+int qsc_set_graphs(qsc_model *m, int enabled);
+int64_t qsc_model_device_bytes(qsc_model *m);
+void qsc_model_free(qsc_model *m);
+int qsc_kernel_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const float *x, int n_x, float *y,
+                      char *err, size_t err_len);
+int qsc_kernel_quantize(int act_type, const float *x, int64_t n, uint8_t *out, char *err, size_t err_len);
+int qsc_kernel_get_rows(int type, const uint8_t *w, int64_t rows, int64_t k, const int32_t *ids, int n_ids,
+                        float scale, float *out, char *err, size_t err_len);
+int qsc_kernel_rmsnorm(const float *x, const float *w, float *y, int n_rows, int n, float eps, char *err,
+                       size_t err_len);
+int qsc_kernel_rope(float *x, int n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
+                    float freq_base, int neox, char *err, size_t err_len);
+int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, int n, int gelu, char *err,
+                   size_t err_len);
+int qsc_kernel_attention(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                         const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv,
+                         int window, float scale, float *out, char *err, size_t err_len);
+int qsc_host_dequantize(int type, const uint8_t *w, int64_t rows, int64_t k, float *out);
+int qsc_host_quantize(int act_type, const float *x, int64_t n, uint8_t *out);
+int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const float *x, int n_x, float *y);
+"""
+
+ffi = cffi.FFI()
+ffi.cdef(CDEF)
+
+_ERR_LEN = 512
+_ERROR_HINTS = {
+    35: "no CUDA driver (cudaErrorInsufficientDriver = 35): no NVIDIA driver is installed, or it is older than "
+        "the CUDA 13 runtime the backend was built with",
+    100: "no CUDA device (cudaErrorNoDevice = 100): the driver sees no NVIDIA GPU",
+    209: "no kernel image for this GPU (cudaErrorNoKernelImageForDevice = 209): rebuild the backend with its "
+         "architecture in QSC_ARCHS (csrc/cuda/build.sh)",
+    222: "the driver is too old for the backend's PTX (cudaErrorUnsupportedPtxVersion = 222): update the driver",
+}
+
+
+class CudaError(RuntimeError):
+    """A CUDA backend call failed (message from the library, CUDA error name and code included)."""
+
+
+class CudaUnavailable(CudaError):
+    """The CUDA backend cannot run here; the message says why."""
+
+
+def describe_cuda_error(code: int, detail: str = "") -> str:
+    """Human reason for a ``cudaError_t`` from the probe (35: no driver, 100: no device, ...)."""
+    hint = _ERROR_HINTS.get(code, f"CUDA error {code}")
+    return f"{hint} [{detail}]" if detail and code not in _ERROR_HINTS else hint
+
+
+def library_path() -> Path:
+    """Where the library is looked for: ``$QUANTSCOPE_CUDA_LIB`` or ``build/cuda/libquantscope_cuda.so``."""
+    env = os.environ.get(LIB_ENV)
+    return Path(env) if env else DEFAULT_LIB
+
+
+@functools.cache
+def _load(path: str) -> tuple[Any, str]:
+    """``(lib, "")`` or ``(None, reason)``; loading is attempted once per path."""
+    if not Path(path).is_file():
+        return None, (f"the CUDA backend is not built ({path} not found; build it with csrc/cuda/build.sh, "
+                      "which needs nvcc)")
+    try:
+        return ffi.dlopen(path), ""
+    except OSError as exc:
+        return None, f"the CUDA backend library could not be loaded: {exc}"
+
+
+def _library(path: Path | None = None) -> Any:
+    lib, why = _load(str(path or library_path()))
+    if lib is None:
+        raise CudaUnavailable(why)
+    return lib
+
+
+def _err() -> Any:
+    return ffi.new(f"char[{_ERR_LEN}]")
+
+
+def _msg(err: Any) -> str:
+    return ffi.string(err).decode("utf-8", "replace")
+
+
+def probe(path: Path | None = None) -> tuple[bool, str]:
+    """Load the library at ``path`` and ask the CUDA runtime for a usable device: ``(available, reason)``.
+
+    ``reason`` names the device when available, else why not. Never raises."""
+    try:
+        lib, why = _load(str(path or library_path()))
+        if lib is None:
+            return False, why
+        err = _err()
+        rc = int(lib.qsc_init(err, _ERR_LEN))
+        if rc != 0:
+            return False, describe_cuda_error(rc, _msg(err))
+        buf = ffi.new("char[512]")
+        lib.qsc_device_info(buf, 512)
+        return True, _msg(buf)
+    except Exception as exc:  # any failure means "no CUDA", with the reason shown
+        return False, f"CUDA check failed: {type(exc).__name__}: {exc}"
+
+
+@functools.cache
+def cuda_status() -> tuple[bool, str]:
+    """``(available, reason)`` for the default library, probed once per process."""
+    return probe()
+
+
+def device_properties() -> dict[str, Any]:
+    """Name, compute capability, SMs, memory and peak DRAM bandwidth (GB/s) of the current device."""
+    ok, why = cuda_status()
+    if not ok:
+        raise CudaUnavailable(why)
+    p = ffi.new("qsc_device_props *")
+    err = _err()
+    if _library().qsc_device_props_get(p, err, _ERR_LEN) != 0:
+        raise CudaError(_msg(err))
+    return {"name": ffi.string(p.name).decode(), "compute": f"{p.major}.{p.minor}", "sm_count": p.sm_count,
+            "total_mem": int(p.total_mem), "free_mem": int(p.free_mem), "peak_bw_gbs": float(p.peak_bw_gbs),
+            "driver_version": p.driver_version, "runtime_version": p.runtime_version}
+
+
+def build_info() -> str:
+    """CUDA version and GPU architectures compiled into the library."""
+    return ffi.string(_library().qsc_build_info()).decode()
+
+
+# ---------------------------------------------------------------------------------------------------- validation
+def _type(qtype: GGMLType | int | str) -> GGMLType:
+    return qtype if isinstance(qtype, GGMLType) else ggml_type(qtype)
+
+
+def _gpu_type(qtype: GGMLType | int | str) -> GGMLType:
+    t = _type(qtype)
+    if t.id not in GPU_TYPES:
+        raise ValueError(f"{t.name} has no GPU kernel (GPU types: {', '.join(GPU_TYPES.values())})")
+    return t
+
+
+def _matrix(w: np.ndarray, t: GGMLType, rows: int, k: int) -> np.ndarray:
+    """Raw bytes of a ``rows`` x ``k`` matrix of type ``t``, checked (the GPU also needs k % 32 == 0)."""
+    a = np.ascontiguousarray(w)
+    if a.dtype != np.uint8:
+        raise TypeError(f"weights must be raw uint8 bytes, got {a.dtype}")
+    unit = max(t.block_elems, 32)
+    if rows <= 0 or k <= 0 or k % unit:
+        raise ValueError(f"a {t.name} matrix needs rows > 0 and k a positive multiple of {unit}, got {rows} x {k}")
+    if a.size != rows * t.row_bytes(k):
+        raise ValueError(f"{rows} rows of {k} {t.name} elements are {rows * t.row_bytes(k)} bytes, got {a.size}")
+    return a
+
+
+def _floats(x: np.ndarray, what: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    a = np.asarray(x)
+    if a.dtype != np.float32:
+        raise TypeError(f"{what} must be float32, got {a.dtype}")
+    if shape is not None and a.shape != shape:
+        raise ValueError(f"{what} must have shape {shape}, got {a.shape}")
+    return np.ascontiguousarray(a)
+
+
+def _i32(x: np.ndarray | list[int], what: str, n: int) -> np.ndarray:
+    a = np.ascontiguousarray(np.asarray(x, dtype=np.int64).reshape(-1))
+    if a.size != n:
+        raise ValueError(f"{what} must have {n} entries, got {a.size}")
+    if a.size and (a.min() < -(2**31) or a.max() >= 2**31):
+        raise ValueError(f"{what} must fit in int32")
+    return a.astype(np.int32)
+
+
+def _p(a: np.ndarray, ctype: str) -> Any:
+    return ffi.cast(ctype, ffi.from_buffer(a, require_writable=False))
+
+
+def _check(rc: int, err: Any, what: str) -> None:
+    if rc != 0:
+        raise CudaError(f"{what}: {_msg(err)} ({rc})")
+
+
+def check_config(cfg: ModelConfig) -> None:
+    """Refuse, with the reason, a model whose shapes the GPU kernels do not handle."""
+    if cfg.arch not in ARCH_IDS:
+        raise UnsupportedModel(f"architecture {cfg.arch!r} has no CUDA path")
+    sizes = (cfg.n_layers, cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff, cfg.n_vocab)
+    if min(sizes) <= 0:
+        raise UnsupportedModel(f"non-positive model size in {sizes}")
+    if cfg.n_head % cfg.n_head_kv:
+        raise UnsupportedModel(f"n_head {cfg.n_head} is not a multiple of n_head_kv {cfg.n_head_kv}")
+    if cfg.head_dim % 32 or cfg.head_dim > 256:
+        raise UnsupportedModel(f"head_dim {cfg.head_dim}: the GPU attention needs a multiple of 32, at most 256")
+    if cfg.rope_dim <= 0 or cfg.rope_dim % 2 or cfg.rope_dim > cfg.head_dim:
+        raise UnsupportedModel(f"rope_dim {cfg.rope_dim} invalid for head_dim {cfg.head_dim}")
+    if cfg.n_embd % 32 or cfg.n_ff % 32:
+        raise UnsupportedModel(f"n_embd {cfg.n_embd} and n_ff {cfg.n_ff} must be multiples of 32 on the GPU")
+    if max(sizes) >= 2**31:
+        raise UnsupportedModel("model size does not fit in int32")
+
+
+def config_struct(cfg: ModelConfig) -> Any:
+    """The C ``qsc_config`` mirroring ``cfg`` field by field."""
+    check_config(cfg)
+    c = ffi.new("qsc_config *")
+    c.arch = ARCH_IDS[cfg.arch]
+    for name in ("n_layers", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "n_vocab", "n_ctx_train",
+                 "rope_dim", "sliding_window", "swa_pattern"):
+        setattr(c, name, int(getattr(cfg, name)))
+    for name in ("rms_eps", "rope_base", "rope_base_swa", "embed_scale", "attn_scale"):
+        setattr(c, name, float(getattr(cfg, name)))
+    for name in ("rope_neox", "gelu", "qk_norm", "post_norms"):
+        setattr(c, name, int(bool(getattr(cfg, name))))
+    return c
+
+
+def config_layers(cfg: ModelConfig) -> list[tuple[int, float]]:
+    """(window, rope base) of every layer as the C side derives them (host only, no GPU needed)."""
+    lib, c = _library(), config_struct(cfg)
+    win, base = ffi.new("int *"), ffi.new("float *")
+    out = []
+    for i in range(cfg.n_layers):
+        if lib.qsc_config_layer(c, i, win, base) != 0:
+            raise CudaError(f"qsc_config_layer({i}) failed")
+        out.append((int(win[0]), float(base[0])))
+    return out
+
+
+# ------------------------------------------------------------------------------------ host emulation (no GPU)
+def packed_bytes(qtype: GGMLType | int | str, rows: int, k: int) -> int:
+    """Device bytes of a ``rows`` x ``k`` matrix after repacking (for F32/F16/quantized GPU types)."""
+    t = _gpu_type(qtype)
+    n = int(_library().qsc_packed_bytes(t.id, rows, k))
+    if n < 0:
+        raise ValueError(f"{rows} x {k} {t.name} cannot be packed")
+    return n
+
+
+def host_dequantize(qtype: GGMLType | int | str, w: np.ndarray, rows: int, k: int) -> np.ndarray:
+    """Repack + the device's element decode, run on the CPU: float32 ``(rows, k)``."""
+    t = _gpu_type(qtype)
+    a = _matrix(w, t, rows, k)
+    out = np.empty((rows, k), np.float32)
+    if _library().qsc_host_dequantize(t.id, _p(a, "uint8_t *"), rows, k, _p(out, "float *")) != 0:
+        raise CudaError("qsc_host_dequantize failed")
+    return out
+
+
+def host_quantize(x: np.ndarray, act: GGMLType | int | str) -> np.ndarray:
+    """The device's activation quantizer math on the CPU, in the CPU's byte layout (Q8_0, Q8_1 or Q8_K)."""
+    t = _type(act)
+    if t.id not in ACT_LAYOUT:
+        raise ValueError(f"{t.name} is not a GPU activation type (Q8_0, Q8_1, Q8_K)")
+    v = _floats(x, "x").reshape(-1)
+    blk, nbytes = ACT_LAYOUT[t.id]
+    if v.size == 0 or v.size % blk:
+        raise ValueError(f"{t.name} needs a positive multiple of {blk} values, got {v.size}")
+    out = np.empty(v.size // blk * nbytes, np.uint8)
+    if _library().qsc_host_quantize(t.id, _p(v, "float *"), v.size, _p(out, "uint8_t *")) != 0:
+        raise CudaError("qsc_host_quantize failed")
+    return out
+
+
+def host_matmat(qtype: GGMLType | int | str, w: np.ndarray, rows: int, k: int, x: np.ndarray) -> np.ndarray:
+    """``X @ W.T`` through the device's repack, activation quantizers and int8 unit dots, run on the CPU."""
+    t = _gpu_type(qtype)
+    a = _matrix(w, t, rows, k)
+    xa = _floats(x, "x")
+    if xa.ndim != 2 or xa.shape[1] != k or xa.shape[0] == 0:
+        raise ValueError(f"x must have shape (n > 0, {k}), got {xa.shape}")
+    y = np.empty((xa.shape[0], rows), np.float32)
+    rc = _library().qsc_host_matmat(t.id, _p(a, "uint8_t *"), rows, k, _p(xa, "float *"), xa.shape[0],
+                                    _p(y, "float *"))
+    if rc != 0:
+        raise CudaError("qsc_host_matmat failed")
+    return y
+
+
+# ------------------------------------------------------------------------------------ single GPU kernels (tests)
+def _gpu() -> Any:
+    ok, why = cuda_status()
+    if not ok:
+        raise CudaUnavailable(why)
+    return _library()
+
+
+def gpu_matmat(qtype: GGMLType | int | str, w: np.ndarray, rows: int, k: int, x: np.ndarray) -> np.ndarray:
+    """``X @ W.T`` with the device's quantize + matmul kernels (n_x = 1: the decode kernel, else prefill)."""
+    t = _gpu_type(qtype)
+    a = _matrix(w, t, rows, k)
+    xa = _floats(x, "x")
+    if xa.ndim != 2 or xa.shape[1] != k or not 0 < xa.shape[0] <= 8 * 65535:
+        raise ValueError(f"x must have shape (n, {k}) with 0 < n <= 524280, got {xa.shape}")
+    y = np.empty((xa.shape[0], rows), np.float32)
+    err = _err()
+    _check(_gpu().qsc_kernel_matmat(t.id, _p(a, "uint8_t *"), rows, k, _p(xa, "float *"), xa.shape[0],
+                                    _p(y, "float *"), err, _ERR_LEN), err, "matmat")
+    return y
+
+
+def gpu_quantize(x: np.ndarray, act: GGMLType | int | str) -> np.ndarray:
+    """The device's activation quantizer, returned in the CPU's byte layout."""
+    t = _type(act)
+    if t.id not in ACT_LAYOUT:
+        raise ValueError(f"{t.name} is not a GPU activation type (Q8_0, Q8_1, Q8_K)")
+    v = _floats(x, "x").reshape(-1)
+    blk, nbytes = ACT_LAYOUT[t.id]
+    if v.size == 0 or v.size % blk:
+        raise ValueError(f"{t.name} needs a positive multiple of {blk} values, got {v.size}")
+    out = np.empty(v.size // blk * nbytes, np.uint8)
+    err = _err()
+    _check(_gpu().qsc_kernel_quantize(t.id, _p(v, "float *"), v.size, _p(out, "uint8_t *"), err, _ERR_LEN), err,
+           "quantize")
+    return out
+
+
+def gpu_get_rows(qtype: GGMLType | int | str, w: np.ndarray, rows: int, k: int, ids: np.ndarray,
+                 scale: float = 1.0) -> np.ndarray:
+    """Embedding lookup on the device: rows ``ids`` dequantized, times ``scale``."""
+    t = _gpu_type(qtype)
+    a = _matrix(w, t, rows, k)
+    idx = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if idx.size == 0 or idx.min() < 0 or idx.max() >= rows:
+        raise IndexError(f"row ids must be non-empty and lie in 0..{rows - 1}")
+    i32 = idx.astype(np.int32)
+    out = np.empty((idx.size, k), np.float32)
+    err = _err()
+    _check(_gpu().qsc_kernel_get_rows(t.id, _p(a, "uint8_t *"), rows, k, _p(i32, "int32_t *"), idx.size, scale,
+                                      _p(out, "float *"), err, _ERR_LEN), err, "get_rows")
+    return out
+
+
+def gpu_rmsnorm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
+    """Row-wise RMSNorm over the last dimension on the device."""
+    xa = _floats(x, "x")
+    n = xa.shape[-1]
+    w = None if weight is None else _floats(weight, "weight", (n,))
+    y = np.empty_like(xa)
+    err = _err()
+    _check(_gpu().qsc_kernel_rmsnorm(_p(xa, "float *"), ffi.NULL if w is None else _p(w, "float *"),
+                                     _p(y, "float *"), xa.size // n, n, eps, err, _ERR_LEN), err, "rmsnorm")
+    return y
+
+
+def gpu_rope(x: np.ndarray, positions: np.ndarray, *, rot_dim: int | None = None, freq_base: float = 10000.0,
+             neox: bool = False) -> np.ndarray:
+    """RoPE on ``(n_tokens, n_heads, head_dim)`` float32 on the device; returns a new array."""
+    xa = _floats(x, "x").copy()
+    if xa.ndim != 3:
+        raise ValueError("x must be (n_tokens, n_heads, head_dim)")
+    n_tok, n_heads, hd = xa.shape
+    rd = hd if rot_dim is None else rot_dim
+    if rd <= 0 or rd % 2 or rd > hd:
+        raise ValueError(f"rot_dim {rd} must be even and at most head_dim {hd}")
+    pos = _i32(positions, "positions", n_tok)
+    err = _err()
+    _check(_gpu().qsc_kernel_rope(_p(xa, "float *"), n_tok, n_heads, hd, rd, _p(pos, "int32_t *"), freq_base,
+                                  int(neox), err, _ERR_LEN), err, "rope")
+    return xa
+
+
+def gpu_glu(gate: np.ndarray, up: np.ndarray, gelu: bool) -> np.ndarray:
+    """SiLU (or GELU-tanh) gated unit on the device."""
+    g = _floats(gate, "gate")
+    u = _floats(up, "up", g.shape)
+    n = g.shape[-1]
+    out = np.empty_like(g)
+    err = _err()
+    _check(_gpu().qsc_kernel_glu(_p(g, "float *"), _p(u, "float *"), _p(out, "float *"), g.size // n, n,
+                                 int(gelu), err, _ERR_LEN), err, "glu")
+    return out
+
+
+def gpu_attention(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_kv: int, *,
+                  scale: float, window: int = 0) -> np.ndarray:
+    """Attention over a ``(n_ctx, n_kv_heads, head_dim)`` F32/F16 cache on the device (as core.native.nn)."""
+    qa = _floats(q, "q")
+    if qa.ndim != 3:
+        raise ValueError("q must be (n_q, n_heads, head_dim)")
+    n_q, n_heads, hd = qa.shape
+    if k_cache.dtype not in (np.float32, np.float16) or v_cache.dtype != k_cache.dtype:
+        raise TypeError("k_cache and v_cache must both be float32 or both float16")
+    if k_cache.ndim != 3 or k_cache.shape != v_cache.shape or k_cache.shape[2] != hd:
+        raise ValueError(f"caches must be (n_ctx, n_kv_heads, {hd}) and equal")
+    n_kv_heads = k_cache.shape[1]
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")
+    if hd % 32 or hd > 256:
+        raise ValueError(f"head_dim {hd} must be a multiple of 32, at most 256")
+    if not 0 < n_kv <= k_cache.shape[0]:
+        raise ValueError(f"n_kv {n_kv} outside 1..{k_cache.shape[0]}")
+    pos = _i32(q_pos, "q_pos", n_q)
+    kc = np.ascontiguousarray(k_cache[:n_kv])
+    vc = np.ascontiguousarray(v_cache[:n_kv])
+    out = np.empty_like(qa)
+    err = _err()
+    _check(_gpu().qsc_kernel_attention(_p(qa, "float *"), n_q, _p(pos, "int32_t *"), n_heads, hd,
+                                       _p(kc, "void *"), _p(vc, "void *"), int(kc.dtype == np.float16), n_kv_heads,
+                                       n_kv, window, scale, _p(out, "float *"), err, _ERR_LEN), err, "attention")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- sessions
+def device_weight(w: Weight) -> tuple[GGMLType, np.ndarray]:
+    """The type and raw bytes a weight is uploaded as: as stored for GPU types, else dequantized to F32."""
+    t = w.type
+    if t.id in GPU_TYPES:
+        return t, w.data
+    if not K.can_dequantize(t):
+        raise UnsupportedModel(f"{w.name} is {t.name}: neither a GPU kernel nor a dequantizer handles it")
+    dense = K.dequantize(w.data.reshape(w.rows, -1), t).reshape(-1)
+    return ggml_type("F32"), dense.view(np.uint8)
+
+
+class CudaSession:
+    """One conversation on the GPU, with the CPU :class:`~quantscope.core.engine.session.Session`'s API.
+
+    The weights of ``model`` are uploaded when the session is created (one copy per session) and the KV cache
+    lives on the device; :meth:`forward` returns the logits on the host.
+    """
+
+    def __init__(self, model: Model, n_ctx: int = 2048, kv_dtype: type = np.float16, max_batch: int = 512,
+                 graphs: bool = True) -> None:
+        ok, why = cuda_status()
+        if not ok:
+            raise CudaUnavailable(why)
+        if not 0 < n_ctx < 2**31 or not 0 < max_batch <= 4096:
+            raise ValueError(f"n_ctx {n_ctx} / max_batch {max_batch} out of range")
+        if kv_dtype not in (np.float16, np.float32):
+            raise ValueError("kv_dtype must be numpy.float16 or numpy.float32")
+        self.model = model
+        self.config: ModelConfig = model.config
+        self.n_ctx = n_ctx
+        self.kv_dtype = kv_dtype
+        self.n_past = 0
+        self.weight_bytes_per_token = 0
+        self._lib = _library()
+        err = _err()
+        ptr = self._lib.qsc_model_create(config_struct(self.config), n_ctx, int(kv_dtype == np.float16), max_batch,
+                                         err, _ERR_LEN)
+        if ptr == ffi.NULL:
+            raise CudaError(f"qsc_model_create: {_msg(err)}")
+        self._m: Any = ptr
+        try:
+            self._upload()
+            _check(self._lib.qsc_model_finalize(self._m, err, _ERR_LEN), err, "finalize")
+            self._lib.qsc_set_graphs(self._m, int(graphs))
+        except BaseException:
+            self.close()
+            raise
+
+    def _upload_matrix(self, layer: int, slot: int, w: Weight) -> None:
+        t, data = device_weight(w)
+        raw = _matrix(data, t, w.rows, w.k)
+        err = _err()
+        _check(self._lib.qsc_upload_weight(self._m, layer, slot, t.id, w.rows, w.k, _p(raw, "uint8_t *"), raw.size,
+                                           err, _ERR_LEN), err, f"upload {w.name}")
+        self.weight_bytes_per_token += packed_bytes(t, w.rows, w.k)
+
+    def _upload_vector(self, layer: int, slot: int, v: np.ndarray) -> None:
+        a = _floats(v, "vector").reshape(-1)
+        err = _err()
+        _check(self._lib.qsc_upload_weight(self._m, layer, slot, 0, 1, a.size, _p(a, "uint8_t *"), a.nbytes, err,
+                                           _ERR_LEN), err, f"upload vector {slot} of layer {layer}")
+
+    def _upload(self) -> None:
+        mw = self.model.weights
+        for li, lw in enumerate(mw.layers):
+            for name, slot in _MATRIX_SLOTS.items():
+                self._upload_matrix(li, slot, getattr(lw, name))
+            for name, slot in _VECTOR_SLOTS.items():
+                vec = getattr(lw, name)
+                if vec is not None:
+                    self._upload_vector(li, slot, vec)
+        t, data = device_weight(mw.tok_embd)
+        raw = _matrix(data, t, mw.tok_embd.rows, mw.tok_embd.k)
+        err = _err()
+        _check(self._lib.qsc_upload_weight(self._m, -1, _TOK_EMBD, t.id, mw.tok_embd.rows, mw.tok_embd.k,
+                                           _p(raw, "uint8_t *"), raw.size, err, _ERR_LEN), err, "upload token_embd")
+        if mw.tied:
+            _check(self._lib.qsc_tie_output(self._m, err, _ERR_LEN), err, "tie output")
+            self.weight_bytes_per_token += packed_bytes(t, mw.tok_embd.rows, mw.tok_embd.k)
+        else:
+            self._upload_matrix(-1, _OUTPUT, mw.output)
+        self._upload_vector(-1, _OUTPUT_NORM, mw.output_norm)
+
+    @property
+    def kv_bytes(self) -> int:
+        c = self.config
+        return 2 * c.n_layers * self.n_ctx * c.n_head_kv * c.head_dim * np.dtype(self.kv_dtype).itemsize
+
+    @property
+    def device_bytes(self) -> int:
+        """Device memory held: weights, KV cache and scratch."""
+        return int(self._lib.qsc_model_device_bytes(self._m)) if self._m is not None else 0
+
+    def set_graphs(self, enabled: bool) -> None:
+        """Replay one-token steps from a CUDA graph (default) or launch every kernel each time."""
+        self._lib.qsc_set_graphs(self._live(), int(enabled))
+
+    def _live(self) -> Any:
+        if self._m is None:
+            raise CudaError("the session is closed")
+        return self._m
+
+    def reset(self) -> None:
+        self.n_past = 0
+
+    def truncate(self, n: int) -> None:
+        """Forget cached positions from ``n`` on (e.g. to rewind a turn)."""
+        self.n_past = max(0, min(self.n_past, n))
+
+    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
+        """Run ``tokens`` at positions ``n_past…``; returns logits of the last token (or of every token)."""
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        T = ids.size
+        if T == 0:
+            raise ValueError("forward needs at least one token")
+        if self.n_past + T > self.n_ctx:
+            raise ContextFull(f"context full: {self.n_past} + {T} tokens > {self.n_ctx}")
+        V = self.config.n_vocab
+        if ids.min() < 0 or ids.max() >= V:
+            raise ValueError(f"token ids must lie in 0..{V - 1}")
+        i32 = ids.astype(np.int32)
+        out = np.empty((T, V) if all_logits else (V,), np.float32)
+        err = _err()
+        _check(self._lib.qsc_forward(self._live(), _p(i32, "int32_t *"), T, self.n_past, int(all_logits),
+                                     _p(out, "float *"), err, _ERR_LEN), err, "forward")
+        self.n_past += T
+        return out
+
+    def close(self) -> None:
+        """Free the device memory now (also done when the session is garbage-collected)."""
+        if getattr(self, "_m", None) is not None:
+            self._lib.qsc_model_free(self._m)
+            self._m = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __enter__(self) -> CudaSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

@@ -1,0 +1,179 @@
+/* Host side of the CUDA backend that needs no GPU: weight repacking, the config's per-layer choices, and the
+ * device's per-block math (qsc_common.cuh) run on the CPU, so machines without a GPU can test the layouts, the
+ * decode of every block format and the int8 dot scheme against the CPU kernels. */
+#include <stdlib.h>
+
+#include <vector>
+
+#include "qsc_common.cuh"
+
+/* Q4_K / Q5_K 6-bit scale and min of sub-block j from the 12 packed bytes (get_scale_min_k4). */
+static void k4_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4));
+        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+int repack_host(int type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst, int64_t dst_bytes) {
+    PackedLayout L;
+    if (!packed_layout(type, rows, k, &L)) return -1;
+    if (dst_bytes < L.total) return -2;
+    memset(dst, 0, (size_t)L.total);
+    uint8_t *qs = dst + L.off[SEC_QS], *qh = dst + L.off[SEC_QH], *sc = dst + L.off[SEC_SC], *d = dst + L.off[SEC_D];
+    const int qk = type_qk(type), rb = raw_block_bytes(type);
+    const int64_t nblocks = rows * (k / qk);
+    if (type == T_F32 || type == T_F16) {
+        memcpy(qs, src, (size_t)(nblocks * rb));
+        return 0;
+    }
+    for (int64_t b = 0; b < nblocks; ++b) {
+        const uint8_t *s = src + b * rb;
+        switch (type) {
+        case T_Q4_0: memcpy(qs + b * 16, s + 2, 16); memcpy(d + b * 2, s, 2); break;
+        case T_Q4_1: memcpy(qs + b * 16, s + 4, 16); memcpy(d + b * 4, s, 4); break;
+        case T_Q5_0: memcpy(qs + b * 16, s + 6, 16); memcpy(qh + b * 4, s + 2, 4); memcpy(d + b * 2, s, 2); break;
+        case T_Q8_0: memcpy(qs + b * 32, s + 2, 32); memcpy(d + b * 2, s, 2); break;
+        case T_Q4_K:
+            memcpy(qs + b * 128, s + 16, 128);
+            for (int j = 0; j < 8; ++j) k4_scale_min(s + 4, j, sc + b * 16 + j, sc + b * 16 + 8 + j);
+            memcpy(d + b * 4, s, 4);
+            break;
+        case T_Q6_K:
+            memcpy(qs + b * 128, s, 128);
+            memcpy(qh + b * 64, s + 128, 64);
+            memcpy(sc + b * 16, s + 192, 16);
+            memcpy(d + b * 2, s + 208, 2);
+            break;
+        default: return -1;
+        }
+    }
+    return 0;
+}
+
+/* A repacked copy of a raw matrix in host memory. */
+struct HostQW {
+    std::vector<uint8_t> buf;
+    QW w;
+    bool ok = false;
+    HostQW(int type, const uint8_t *src, int64_t rows, int64_t k) {
+        PackedLayout L;
+        if (!packed_layout(type, rows, k, &L)) return;
+        buf.resize((size_t)L.total + 16);
+        if (repack_host(type, src, rows, k, buf.data(), L.total) != 0) return;
+        w = make_qw(type, rows, k, buf.data(), L);
+        ok = true;
+    }
+};
+
+/* Host activations in the device's formats (ACT_32 and ACT_256 together, plus the floats). */
+struct HostAct {
+    std::vector<int8_t> qs32, qs256;
+    std::vector<float> d32, s32, d256, f;
+    std::vector<int> bs;
+    int64_t k;
+    HostAct(const float *x, int n_x, int64_t k_) : k(k_) {
+        f.assign(x, x + (size_t)n_x * k);
+        qs32.resize((size_t)n_x * k);
+        d32.resize((size_t)n_x * k / 32);
+        s32.resize((size_t)n_x * k / 32);
+        for (int64_t b = 0; b < n_x * k / 32; ++b)
+            quant_block32(x + 32 * b, qs32.data() + 32 * b, d32.data() + b, s32.data() + b);
+        if (k % 256 == 0) {
+            qs256.resize((size_t)n_x * k);
+            d256.resize((size_t)n_x * k / 256);
+            bs.resize((size_t)n_x * k / 16);
+            for (int64_t b = 0; b < n_x * k / 256; ++b)
+                quant_block256(x + 256 * b, qs256.data() + 256 * b, d256.data() + b, bs.data() + 16 * b);
+        }
+    }
+    Act view(int type) const {
+        Act a;
+        bool k256 = type_act(type) == ACT_256;
+        a.qs = k256 ? qs256.data() : qs32.data();
+        a.d = k256 ? d256.data() : d32.data();
+        a.s = s32.data();
+        a.bs = bs.data();
+        a.f = f.data();
+        a.k = k;
+        return a;
+    }
+};
+
+template <int TYPE> static void host_mm(const QW &w, const Act &a, int n_x, float *y) {
+    using U = Unit<TYPE>;
+    const int nu = w.nb * U::NU;
+    for (int64_t r = 0; r < w.rows; ++r)
+        for (int c = 0; c < n_x; ++c) {
+            float acc = 0.0f;
+            for (int t = 0; t < nu; ++t) {
+                U u;
+                u.load(w, r * w.nb + t / U::NU, t % U::NU);
+                acc += u.dot(a, c, t / U::NU);
+            }
+            y[(int64_t)c * w.rows + r] = acc;
+        }
+}
+
+extern "C" {
+
+int qsc_type_supported(int type) { return type_supported(type) ? 1 : 0; }
+
+int64_t qsc_packed_bytes(int type, int64_t rows, int64_t k) {
+    PackedLayout L;
+    return packed_layout(type, rows, k, &L) ? L.total : -1;
+}
+
+int qsc_repack(int type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst, int64_t dst_bytes) {
+    return repack_host(type, src, rows, k, dst, dst_bytes);
+}
+
+int qsc_config_layer(const qsc_config *cfg, int layer, int *window, float *rope_base) {
+    if (!cfg || layer < 0 || layer >= cfg->n_layers) return -1;
+    LayerRope r = layer_rope(*cfg, layer);
+    *window = r.window;
+    *rope_base = r.base;
+    return 0;
+}
+
+int qsc_host_dequantize(int type, const uint8_t *w, int64_t rows, int64_t k, float *out) {
+    HostQW q(type, w, rows, k);
+    if (!q.ok) return -1;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t e = 0; e < k; ++e) out[r * k + e] = dequant_elem(q.w, r, e);
+    return 0;
+}
+
+int qsc_host_quantize(int act_type, const float *x, int64_t n, uint8_t *out) {
+    if (act_type == T_Q8_K ? n % 256 : n % 32) return -1;
+    if (act_type != T_Q8_0 && act_type != T_Q8_1 && act_type != T_Q8_K) return -1;
+    HostAct a(x, 1, n);
+    if (act_type == T_Q8_K)
+        return act_to_cpu_bytes(act_type, n, a.qs256.data(), a.d256.data(), nullptr, a.bs.data(), out) ? 0 : -1;
+    return act_to_cpu_bytes(act_type, n, a.qs32.data(), a.d32.data(), a.s32.data(), nullptr, out) ? 0 : -1;
+}
+
+int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const float *x, int n_x, float *y) {
+    if (n_x <= 0) return -1;
+    HostQW q(type, w, rows, k);
+    if (!q.ok) return -1;
+    HostAct act(x, n_x, k);
+    Act a = act.view(type);
+    switch (type) {
+    case T_Q4_0: host_mm<T_Q4_0>(q.w, a, n_x, y); break;
+    case T_Q4_1: host_mm<T_Q4_1>(q.w, a, n_x, y); break;
+    case T_Q5_0: host_mm<T_Q5_0>(q.w, a, n_x, y); break;
+    case T_Q8_0: host_mm<T_Q8_0>(q.w, a, n_x, y); break;
+    case T_Q4_K: host_mm<T_Q4_K>(q.w, a, n_x, y); break;
+    case T_Q6_K: host_mm<T_Q6_K>(q.w, a, n_x, y); break;
+    case T_F32: host_mm<T_F32>(q.w, a, n_x, y); break;
+    case T_F16: host_mm<T_F16>(q.w, a, n_x, y); break;
+    default: return -1;
+    }
+    return 0;
+}
+
+} /* extern "C" */

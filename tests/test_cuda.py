@@ -1,0 +1,469 @@
+"""The optional CUDA backend (core/engine/cuda_backend.py, csrc/cuda/).
+
+Everywhere: the no-GPU fallback and its reasons, the Python-side validation, the C API declarations, and — where the
+library is built (it is built here when nvcc exists) — the device's repack, block decode, activation quantizers and
+int8 dot scheme compiled for the host, against the CPU kernels and the numpy reference.
+On a GPU (skipped with the reason otherwise): every device kernel against the CPU kernels with the tolerances of
+test_native_kernels.py / test_native_nn.py, and whole models against the CPU engine.
+Run it all on a GPU machine with ``tests/run_gpu.sh``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from quantscope.core.engine import ContextFull, Model
+from quantscope.core.engine import cuda_backend as cb
+from quantscope.core.gguf import GGUFFile
+from quantscope.core.model import ModelConfig, UnsupportedModel, Weight
+from quantscope.core.native import kernels as K
+from quantscope.core.native import nn
+from quantscope.core.quant import dequantize, ggml_type
+from quantscope.core.tokenizer import Tokenizer
+
+from .test_dequant import realistic_blocks
+from .test_native_kernels import activations
+from .test_native_nn import attention_ref
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_KERNEL_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "F32", "F16"]
+TEXT = (Path(__file__).parent / "data" / "english.txt").read_text(encoding="utf-8")
+
+
+def weight_bytes(name: str, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    t = ggml_type(name)
+    if name in ("F32", "F16"):
+        v = rng.standard_normal((rows, k)).astype(np.float32) * 0.05
+        return (v if name == "F32" else v.astype(np.float16)).view(np.uint8).reshape(-1)
+    return realistic_blocks(name, rows, k // t.block_elems, rng).reshape(-1)
+
+
+def close_to_cpu(got: np.ndarray, cpu: np.ndarray) -> bool:
+    """The tolerance test_native_kernels.py allows between SIMD and scalar CPU kernels."""
+    return bool(np.allclose(got, cpu, rtol=1e-4, atol=1e-4 * np.abs(cpu).max()))
+
+
+def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+# ---------------------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="session")
+def cuda_lib() -> Path:
+    """The built library; built here (slow, once) when missing and nvcc exists, else the test is skipped."""
+    path = cb.library_path()
+    if not path.is_file():
+        if shutil.which(os.environ.get("NVCC", "nvcc")) is None:
+            pytest.skip(f"CUDA backend not built ({path}) and nvcc is not installed")
+        subprocess.run([str(ROOT / "csrc" / "cuda" / "build.sh")], check=True)
+        cb._load.cache_clear()
+        cb.cuda_status.cache_clear()
+    return path
+
+
+@pytest.fixture(scope="session")
+def gpu(cuda_lib: Path) -> str:
+    ok, why = cb.cuda_status()
+    if not ok:
+        pytest.skip(f"no usable CUDA GPU: {why}")
+    return why
+
+
+_MODELS: dict[str, tuple[Model, Tokenizer]] = {}
+
+
+@pytest.fixture
+def loaded(model_path):
+    def get(name: str) -> tuple[Model, Tokenizer]:
+        if name not in _MODELS:
+            f = GGUFFile(model_path(name))
+            _MODELS[name] = (Model(f), Tokenizer(f))
+        return _MODELS[name]
+
+    return get
+
+
+# ------------------------------------------------------------------------------------ everywhere: no-GPU fallback
+def test_describe_cuda_error_names_driver_and_device():
+    assert "no CUDA driver" in cb.describe_cuda_error(35) and "35" in cb.describe_cuda_error(35)
+    assert "no CUDA device" in cb.describe_cuda_error(100) and "100" in cb.describe_cuda_error(100)
+    assert "209" in cb.describe_cuda_error(209)
+    other = cb.describe_cuda_error(2, "out of memory (cudaErrorMemoryAllocation = 2)")
+    assert "CUDA error 2" in other and "cudaErrorMemoryAllocation" in other
+
+
+def test_missing_library_is_a_reason_not_an_error(tmp_path):
+    ok, why = cb.probe(tmp_path / "nope" / "libquantscope_cuda.so")
+    assert not ok and "not built" in why and "build.sh" in why
+
+
+def test_unloadable_library_is_a_reason_not_an_error(tmp_path):
+    bogus = tmp_path / "libbogus.so"
+    bogus.write_bytes(b"not an ELF file")
+    ok, why = cb.probe(bogus)
+    assert not ok and "could not be loaded" in why
+
+
+def test_status_without_gpu_gives_the_cuda_reason(cuda_lib):
+    ok, why = cb.cuda_status()
+    if ok:
+        pytest.skip(f"a GPU is present: {why}")
+    assert re.search(r"= \d+\)", why), why  # the CUDA error name and code
+    if not Path("/dev/nvidiactl").exists():  # no driver on this machine
+        assert "no CUDA driver" in why and "35" in why
+
+
+def test_session_refuses_without_gpu(cuda_lib, loaded):
+    if cb.cuda_status()[0]:
+        pytest.skip("a GPU is present")
+    model, _ = loaded("smollm2")
+    with pytest.raises(cb.CudaUnavailable, match="CUDA"):
+        cb.CudaSession(model)
+
+
+def test_cdef_matches_the_c_header():
+    header = (ROOT / "csrc" / "cuda" / "qsc_api.h").read_text()
+
+    def norm(text: str) -> str:
+        text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+        return re.sub(r"\s+", " ", text).strip()
+
+    assert norm(header) == norm(cb.CDEF)
+
+
+def test_dev_setup_builds_cuda_only_when_nvcc_exists():
+    dev = (ROOT / "dev").read_text()
+    assert "command -v nvcc" in dev and "csrc/cuda/build.sh --if-changed" in dev
+    assert "csrc/*.*" in dev  # the setup hash must not `cat` the csrc/cuda folder
+
+
+# ------------------------------------------------------------------------------------ everywhere: validation
+def test_config_validation_refuses_unsupported_shapes():
+    base = ModelConfig("llama", 2, 64, 2, 1, 32, 128, 100, 512, 1e-5, 10000.0, False, 32)
+    cb.check_config(base)
+    for bad in (dict(head_dim=48), dict(head_dim=512), dict(n_head_kv=3, n_head=4), dict(rope_dim=33),
+                dict(n_ff=100), dict(arch="mamba"), dict(n_layers=0)):
+        with pytest.raises(UnsupportedModel):
+            cb.check_config(dataclasses.replace(base, **bad))
+
+
+def test_host_wrappers_validate_sizes_before_c():
+    w = np.zeros(10 * 144, np.uint8)
+    with pytest.raises(ValueError, match="1440"):
+        cb.host_matmat("Q4_K", w[:-1], 10, 256, np.zeros((1, 256), np.float32))
+    with pytest.raises(ValueError, match="multiple of 256"):
+        cb.host_matmat("Q4_K", w, 10, 250, np.zeros((1, 250), np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        cb.host_matmat("Q4_K", w, 10, 256, np.zeros((1, 255), np.float32))
+    with pytest.raises(TypeError, match="float32"):
+        cb.host_matmat("Q4_K", w, 10, 256, np.zeros((1, 256), np.float64))
+    with pytest.raises(TypeError, match="uint8"):
+        cb.host_dequantize("Q4_K", w.view(np.int8), 10, 256)
+    with pytest.raises(ValueError, match="no GPU kernel"):
+        cb.host_matmat("Q5_K", np.zeros(176, np.uint8), 1, 256, np.zeros((1, 256), np.float32))
+    with pytest.raises(ValueError, match="multiple of 32"):  # F32 rows: the GPU works in 32-element units
+        cb.host_matmat("F32", np.zeros(4 * 40, np.uint8), 1, 40, np.zeros((1, 40), np.float32))
+    with pytest.raises(ValueError, match="multiple of 256"):
+        cb.host_quantize(np.zeros(100, np.float32), "Q8_K")
+    with pytest.raises(ValueError, match="not a GPU activation"):
+        cb.host_quantize(np.zeros(32, np.float32), "F16")
+    with pytest.raises(IndexError):
+        cb.gpu_get_rows("Q8_0", np.zeros(34 * 4, np.uint8), 4, 32, np.array([4]))
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        cb.gpu_attention(np.zeros((1, 4, 32), np.float32), np.zeros(1), np.zeros((3, 3, 32), np.float32),
+                         np.zeros((3, 3, 32), np.float32), 3, scale=1.0)
+    with pytest.raises(TypeError):
+        cb.gpu_attention(np.zeros((1, 4, 32), np.float32), np.zeros(1), np.zeros((3, 2, 32), np.float32),
+                         np.zeros((3, 2, 32), np.float16), 3, scale=1.0)
+
+
+def test_unsupported_weight_types_are_dequantized_or_refused():
+    rng = np.random.default_rng(5)
+    raw = realistic_blocks("Q5_K", 3, 2, rng).reshape(-1)
+    t, data = cb.device_weight(Weight("w", ggml_type("Q5_K"), raw, 3, 512))
+    assert t.name == "F32"
+    assert np.array_equal(data.view(np.float32).reshape(3, 512), dequantize(raw.reshape(3, -1), ggml_type("Q5_K")))
+    q = realistic_blocks("Q4_K", 1, 1, rng).reshape(-1)
+    assert cb.device_weight(Weight("w", ggml_type("Q4_K"), q, 1, 256))[1] is q  # GPU type: uploaded as stored
+    with pytest.raises(UnsupportedModel, match="IQ2_XXS"):
+        cb.device_weight(Weight("w", ggml_type("IQ2_XXS"), np.zeros(66, np.uint8), 1, 256))
+
+
+# ------------------------------------------------------------------------------------ host emulation of device math
+def test_config_struct_mirrors_model_config_per_layer(cuda_lib):
+    gemma_like = ModelConfig("gemma3", 18, 640, 4, 1, 256, 2048, 262144, 32768, 1e-6, 1e6, True, 256,
+                             rope_base_swa=10000.0, sliding_window=512, swa_pattern=6, embed_scale=25.3, gelu=True,
+                             qk_norm=True, post_norms=True, attn_scale=0.0625)
+    llama_like = ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 8192, 1e-5, 1e5, False, 64)
+    for cfg in (gemma_like, llama_like):
+        got = cb.config_layers(cfg)
+        want = [(cfg.layer_window(i), np.float32(cfg.layer_rope_base(i))) for i in range(cfg.n_layers)]
+        assert got == want
+    c = cb.config_struct(gemma_like)
+    assert (c.arch, c.head_dim, c.gelu, c.qk_norm, c.post_norms, c.swa_pattern) == (2, 256, 1, 1, 1, 6)
+    assert np.float32(c.embed_scale) == np.float32(25.3) and c.rope_neox == 1
+    assert sum(w > 0 for w, _ in cb.config_layers(gemma_like)) == 15  # every layer but each 6th slides
+
+
+@pytest.mark.parametrize("name", GPU_KERNEL_TYPES)
+def test_host_repack_and_decode_bit_exact(cuda_lib, name):
+    rng = np.random.default_rng(sum(name.encode()) + 3)
+    t = ggml_type(name)
+    for rows, k in ((7, 256), (3, 1024 if t.block_elems == 256 else 896)):
+        w = weight_bytes(name, rows, k, rng)
+        ref = dequantize(w.reshape(rows, -1), t)
+        got = cb.host_dequantize(t, w, rows, k)
+        assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), (name, rows, k)
+        assert cb.packed_bytes(t, rows, k) <= w.size * 1.05 + 4 * 256  # still quantized: no float expansion
+
+
+@pytest.mark.parametrize("act", ["Q8_0", "Q8_1", "Q8_K"])
+def test_host_activation_quantizers_match_ggml(cuda_lib, act):
+    x = activations(np.random.default_rng(3), 4864 // 256 * 256)
+    x[256:512] = 0
+    assert np.array_equal(cb.host_quantize(x, act), K.quantize_activation(x, act))
+
+
+@pytest.mark.parametrize("name", GPU_KERNEL_TYPES)
+def test_host_int8_dots_match_cpu_kernels(cuda_lib, name):
+    rng = np.random.default_rng(sum(name.encode()) + 11)
+    t = ggml_type(name)
+    rows = 48
+    for k in (1024, 4864 // 256 * 256) if t.block_elems == 256 else (576, 896, 1024):
+        w = weight_bytes(name, rows, k, rng)
+        x = np.stack([activations(rng, k, outliers=False) for _ in range(3)])
+        got = cb.host_matmat(t, w, rows, k, x)
+        cpu = K.matmat(t, w, rows, k, x)
+        assert close_to_cpu(got, cpu), (name, k, np.abs(got - cpu).max())
+        ref = x.astype(np.float64) @ dequantize(w.reshape(rows, -1), t).astype(np.float64).T
+        assert rel_l2(got, ref) < 2e-2, (name, k)
+
+
+def test_host_dots_on_real_tensors(cuda_lib, model_path):
+    rng = np.random.default_rng(7)
+    picks = {"smollm2": ["blk.0.ffn_up.weight", "blk.0.attn_k.weight"],
+             "gemma3": ["blk.0.attn_output.weight", "blk.0.ffn_down.weight", "blk.1.ffn_down.weight"],
+             "qwen2.5-coder": ["blk.0.ffn_down.weight", "blk.2.ffn_down.weight", "blk.0.attn_v.weight"]}
+    for model, names in picks.items():
+        with GGUFFile(model_path(model)) as f:
+            for n in names:
+                t = f.tensor(n)
+                rows = min(t.n_rows, 256)
+                w = np.ascontiguousarray(f.tensor_rows(t)[:rows]).reshape(-1)
+                x = rng.standard_normal((2, t.ne[0])).astype(np.float32)
+                got = cb.host_matmat(t.type, w, rows, t.ne[0], x)
+                assert close_to_cpu(got, K.matmat(t.type, w, rows, t.ne[0], x)), n
+
+
+@pytest.mark.slow
+def test_library_builds_static_runtime(tmp_path):
+    """csrc/cuda/build.sh makes a library that needs no libcudart.so and exports the C API (one arch, ~15 s)."""
+    if shutil.which(os.environ.get("NVCC", "nvcc")) is None:
+        pytest.skip("nvcc is not installed")
+    out = tmp_path / "libqs.so"
+    subprocess.run([str(ROOT / "csrc" / "cuda" / "build.sh")], check=True,
+                   env={**os.environ, "QSC_ARCHS": "90", "QSC_OUT": str(out)})
+    deps = subprocess.run(["ldd", str(out)], capture_output=True, text=True).stdout
+    assert "libcudart" not in deps and "libcuda.so" not in deps
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(out)], capture_output=True, text=True).stdout
+    for fn in re.findall(r"\b(qsc_\w+)\(", cb.CDEF):
+        assert f" T {fn}\n" in syms, fn
+    ok, why = cb.probe(out)
+    assert ok or "=" in why
+
+
+# ------------------------------------------------------------------------------------ GPU: single kernels
+@pytest.mark.parametrize("act", ["Q8_0", "Q8_1", "Q8_K"])
+def test_gpu_activation_quantizers_match_ggml(gpu, act):
+    x = activations(np.random.default_rng(3), 4864 // 256 * 256)
+    x[256:512] = 0
+    assert np.array_equal(cb.gpu_quantize(x, act), K.quantize_activation(x, act))
+
+
+@pytest.mark.parametrize("name", GPU_KERNEL_TYPES)
+def test_gpu_matmat_matches_cpu(gpu, name):
+    rng = np.random.default_rng(sum(name.encode()) + 99)
+    t = ggml_type(name)
+    rows = 100  # not a multiple of the 4 rows per block
+    for k in (1024, 4864 // 256 * 256) if t.block_elems == 256 else (576, 896):
+        w = weight_bytes(name, rows, k, rng)
+        x = np.stack([activations(rng, k, outliers=False) for _ in range(13)])
+        ref = x.astype(np.float64) @ dequantize(w.reshape(rows, -1), t).astype(np.float64).T
+        for n_x in (1, 3, 8, 13):  # decode kernel, then the 8-column kernel with partial column groups
+            got = cb.gpu_matmat(t, w, rows, k, x[:n_x])
+            assert close_to_cpu(got, K.matmat(t, w, rows, k, x[:n_x])), (name, k, n_x)
+            assert rel_l2(got, ref[:n_x]) < 2e-2, (name, k, n_x)
+
+
+def test_gpu_matmat_on_real_tensors(gpu, model_path):
+    rng = np.random.default_rng(7)
+    picks = {"smollm2": ["blk.0.ffn_up.weight", "blk.0.attn_k.weight", "token_embd.weight"],
+             "gemma3": ["blk.0.attn_output.weight", "blk.0.ffn_down.weight", "blk.1.ffn_down.weight"],
+             "qwen2.5-coder": ["blk.0.ffn_down.weight", "blk.2.ffn_down.weight", "blk.0.ffn_up.weight",
+                               "blk.0.attn_v.weight", "output.weight"]}
+    for model, names in picks.items():
+        with GGUFFile(model_path(model)) as f:
+            for n in names:
+                t = f.tensor(n)
+                k, rows = t.ne[0], t.n_rows
+                w = f.tensor_bytes(t)
+                x = rng.standard_normal((2, k)).astype(np.float32)
+                got = cb.gpu_matmat(t.type, w, rows, k, x)
+                assert close_to_cpu(got, K.matmat(t.type, w, rows, k, x)), n
+
+
+@pytest.mark.parametrize("name", GPU_KERNEL_TYPES)
+def test_gpu_get_rows_bit_exact(gpu, name):
+    rng = np.random.default_rng(21)
+    t = ggml_type(name)
+    k = 512
+    w = weight_bytes(name, 40, k, rng)
+    ids = np.array([0, 39, 7, 7], np.int64)
+    ref = dequantize(w.reshape(40, -1)[ids], t)
+    assert np.array_equal(cb.gpu_get_rows(t, w, 40, k, ids).view(np.uint32), ref.view(np.uint32))
+    scaled = cb.gpu_get_rows(t, w, 40, k, ids, scale=25.3)
+    assert np.array_equal(scaled, ref * np.float32(25.3))
+
+
+def test_gpu_rmsnorm(gpu):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 896)).astype(np.float32) * 3
+    w = rng.standard_normal(896).astype(np.float32)
+    assert np.allclose(cb.gpu_rmsnorm(x, w, 1e-6), nn.rmsnorm(x, w, 1e-6), rtol=1e-5, atol=1e-6)
+    assert np.allclose(cb.gpu_rmsnorm(x, None, 1e-5), nn.rmsnorm(x, None, 1e-5), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("neox", [False, True])
+@pytest.mark.parametrize("rot_dim", [64, 32])
+def test_gpu_rope(gpu, neox, rot_dim):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((6, 5, 64)).astype(np.float32)
+    pos = np.array([0, 1, 7, 100, 513, 4000], np.int32)
+    ref = nn.rope(x.copy(), pos, rot_dim=rot_dim, freq_base=1e6, neox=neox)
+    got = cb.gpu_rope(x, pos, rot_dim=rot_dim, freq_base=1e6, neox=neox)
+    assert np.allclose(got, ref, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("gelu", [False, True])
+def test_gpu_gated_activations(gpu, gelu):
+    rng = np.random.default_rng(3)
+    g = (rng.standard_normal((3, 4864)) * 4).astype(np.float32)
+    u = rng.standard_normal((3, 4864)).astype(np.float32)
+    ref = nn.geglu_tanh(g, u) if gelu else nn.swiglu(g, u)
+    assert np.allclose(cb.gpu_glu(g, u, gelu), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("window", [0, 5])
+@pytest.mark.parametrize("hd", [64, 256])
+def test_gpu_attention_gqa_causal_window(gpu, dtype, window, hd):
+    rng = np.random.default_rng(4)
+    n_ctx, n_kv_heads, n_heads = 40, 2, 6
+    k = rng.standard_normal((n_ctx, n_kv_heads, hd)).astype(dtype)
+    v = rng.standard_normal((n_ctx, n_kv_heads, hd)).astype(dtype)
+    q = rng.standard_normal((4, n_heads, hd)).astype(np.float32) * 0.2
+    q_pos = np.array([0, 9, 20, 29], np.int32)
+    ref = attention_ref(q, q_pos, k, v, 30, 0.125, window)
+    got = cb.gpu_attention(q, q_pos, k, v, 30, scale=0.125, window=window)
+    assert np.allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------ GPU: whole models
+@pytest.mark.parametrize("name", ["smollm2", "gemma3", "qwen2.5-coder"])
+def test_gpu_forward_matches_cpu(gpu, loaded, name):
+    model, tok = loaded(name)
+    ids = tok.encode(TEXT[:400])[:48]
+    cpu = model.session(128).forward(ids, all_logits=True)
+    with cb.CudaSession(model, 128) as s:
+        got = s.forward(ids, all_logits=True)
+        assert s.n_past == len(ids)
+    cos = (got * cpu).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(cpu, axis=1)
+    assert cos.min() > 0.999, cos
+    assert np.median(np.linalg.norm(got - cpu, axis=1) / np.linalg.norm(cpu, axis=1)) < 0.02
+    assert (got.argmax(1) == cpu.argmax(1)).mean() >= 0.9
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3", "qwen2.5-coder"])
+def test_gpu_prefill_equals_decode_steps_and_graphs(gpu, loaded, name):
+    model, tok = loaded(name)
+    ids = tok.encode("Paris is the capital and largest city of France.")
+    with cb.CudaSession(model, 64) as a, cb.CudaSession(model, 64) as b, \
+            cb.CudaSession(model, 64, graphs=False) as c:
+        batch = a.forward(ids, all_logits=True)
+        steps = np.stack([b.forward([t]) for t in ids])  # CUDA graph replays
+        plain = np.stack([c.forward([t]) for t in ids])  # the same kernels launched one by one
+        assert np.allclose(batch, steps, rtol=1e-4, atol=1e-3)
+        assert np.array_equal(steps, plain)
+        assert a.n_past == b.n_past == len(ids)
+
+
+def test_gpu_sliding_window_and_chunked_prefill(gpu, loaded):
+    """gemma3 with an 8-token window (so the 40-token prompt slides) and prefill split into 16-token chunks."""
+    model, tok = loaded("gemma3")
+    small = Model.__new__(Model)
+    small.__dict__.update(model.__dict__)
+    small.config = dataclasses.replace(model.config, sliding_window=8)
+    ids = tok.encode(TEXT[:600])[:40]
+    cpu = small.session(64).forward(ids, all_logits=True)
+    with cb.CudaSession(small, 64, max_batch=16) as s:
+        got = s.forward(ids, all_logits=True)
+    cos = (got * cpu).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(cpu, axis=1)
+    assert cos.min() > 0.999, cos
+    full_window = model.session(64).forward(ids, all_logits=True)
+    assert not np.allclose(cpu[-1], full_window[-1], atol=1e-2)  # the window did change the result
+
+
+def test_gpu_truncate_reset_and_context_full(gpu, loaded):
+    model, tok = loaded("smollm2")
+    ids = tok.encode("The lighthouse keeper climbed the stairs at night")
+    with cb.CudaSession(model, 32, kv_dtype=np.float32) as s:
+        first = s.forward(ids)
+        s.truncate(3)
+        again = s.forward(ids[3:])
+        assert np.allclose(first, again, rtol=1e-5, atol=1e-4)
+        s.reset()
+        assert np.allclose(s.forward(ids), first, rtol=1e-5, atol=1e-4)
+        s.forward(list(range(100, 100 + 32 - len(ids))))
+        with pytest.raises(ContextFull):
+            s.forward([5])
+        with pytest.raises(ValueError, match="token ids"):
+            s.forward([model.config.n_vocab])
+
+
+@pytest.mark.parametrize("name", ["smollm2", "qwen2.5-coder"])
+def test_gpu_greedy_tokens_follow_the_cpu(gpu, loaded, name):
+    """64 greedy tokens: the GPU picks the CPU's token at every step (fed the CPU's tokens), except where the CPU's
+    top two logits are within 1.0; free-running, the sequences agree up to such a step."""
+    model, tok = loaded(name)
+    prompt = tok.encode("Write a short story about a lighthouse keeper who finds a message in a bottle.")
+    cpu, gpu_s = model.session(256), cb.CudaSession(model, 256)
+    lc, lg = cpu.forward(prompt), gpu_s.forward(prompt)
+    cpu_tokens, gaps, departures = [], [], []
+    for step in range(64):
+        tc, tg = int(lc.argmax()), int(lg.argmax())
+        top2 = np.sort(lc)[-2:]
+        gaps.append(float(top2[1] - top2[0]))
+        if tc != tg:
+            departures.append(step)
+            assert gaps[-1] < 1.0, (step, tc, tg, gaps[-1])
+        cpu_tokens.append(tc)
+        lc, lg = cpu.forward([tc]), gpu_s.forward([tc])
+    gpu_s.close()
+    free = cb.CudaSession(model, 256)
+    lg = free.forward(prompt)
+    for step in range(64):
+        tg = int(lg.argmax())
+        if tg != cpu_tokens[step]:
+            assert gaps[step] < 1.0, (step, gaps[step])
+            break
+        lg = free.forward([tg])
+    free.close()
+    assert len(departures) <= 4, departures

@@ -9,7 +9,11 @@ import tempfile
 import time
 from pathlib import Path
 
-SCREENSHOT_VIEWS = ("overview", "metadata", "tensors", "block", "convert", "bump")
+SCREENSHOT_VIEWS = ("overview", "metadata", "tensors", "block", "chat", "convert", "bump")
+
+#: The short real exchange the chat screenshot runs (greedy, so the picture is reproducible).
+CHAT_DEMO_SYSTEM = "You are a concise, helpful assistant."
+CHAT_DEMO_PROMPTS = ("Write a Python function that checks whether a number is prime.", "What is its time complexity?")
 
 
 def has_display() -> bool:
@@ -99,6 +103,17 @@ def wait_idle(app: object, win: object, timeout: float = 90.0) -> bool:
     return False
 
 
+def wait_chat(app: object, chat: object, timeout: float = 600.0) -> bool:
+    """Process events until the chat view's scripted exchange (load + replies) has ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        app.processEvents()  # type: ignore[attr-defined]
+        if not chat.busy:  # type: ignore[attr-defined]
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def render_screenshot(app: object, win: object, view: str, out: Path, size: tuple[int, int] = (1440, 920)) -> int:
     """Show ``view`` with the file loaded, wait for its background work, save a PNG, close cleanly."""
     from .mainwindow import MainWindow
@@ -121,6 +136,19 @@ def render_screenshot(app: object, win: object, view: str, out: Path, size: tupl
                 win.tensors_view.lists.setCurrentIndex(0)
         if view == "block":
             win.block_view.set_element(37)
+        if view == "chat":  # a short real exchange on the engine, saved to a throw-away database
+            from quantscope.core.chat.store import ChatStore
+
+            tmp = tempfile.TemporaryDirectory(prefix="quantscope-shot-")
+            chat = win.chat_view
+            chat.use_store(ChatStore(Path(tmp.name) / "chats.sqlite3"))
+            win.show_view("chat")
+            chat.run_script(list(CHAT_DEMO_PROMPTS), system=CHAT_DEMO_SYSTEM, preset="Greedy", max_tokens=200)
+            if not wait_chat(app, chat) or chat.error:
+                print(f"quantscope: the chat exchange failed: {chat.error or 'timed out'}", file=sys.stderr)
+                return 1
+            chat.tools.setCurrentIndex(1)  # the template preview: the exact prompt of this conversation
+            chat.update_preview()
         if view in ("convert", "bump"):
             tmp = tempfile.TemporaryDirectory(prefix="quantscope-shot-")
             dlg = win.show_convert()

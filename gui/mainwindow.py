@@ -26,7 +26,7 @@ from quantscope.core.native.kernels import default_threads, isa, isa_detected
 from .document import Document, OpenError, open_document
 from .views.block_inspector import BlockInspectorView
 from .views.bump_inspector import BumpInspectorView
-from .views.chat import ChatPlaceholder
+from .views.chat import ChatView
 from .views.convert_dialog import ConvertDialog
 from .views.metadata import MetadataView
 from .views.overview import OverviewView
@@ -81,7 +81,7 @@ class MainWindow(QMainWindow):
         self.metadata_view = MetadataView()
         self.tensors_view = TensorsView(self.runner)
         self.block_view = BlockInspectorView()
-        self.chat_view = ChatPlaceholder()
+        self.chat_view = ChatView(self.runner)
         self.bump_view = BumpInspectorView(self.runner)
         self.welcome = QLabel("<h2>Quantscope</h2><p>Open a GGUF or bump file: File ▸ Open (Ctrl+O), the recent "
                               "files, or drop a file here.</p>")
@@ -233,10 +233,14 @@ class MainWindow(QMainWindow):
             self.tensors_view.set_document(doc)
             self.block_view.set_file(doc.gguf)
             self.bump_view.set_bump(None)
+            self.chat_view.set_document(doc)
             self.statusBar().showMessage(f"{doc.path}  ·  opened in {doc.open_ms:.0f} ms", 0)
         elif doc is not None and doc.bump is not None:
+            self.chat_view.set_document(None)
             self.bump_view.set_bump(doc.bump)
             self.statusBar().showMessage(f"{doc.path}  ·  BUMPWGT3, opened in {doc.open_ms:.0f} ms", 0)
+        else:
+            self.chat_view.set_document(None)
         self._show_tabs(doc)
         self.convert_action.setEnabled(doc is not None and doc.gguf is not None)
 
@@ -330,7 +334,8 @@ class MainWindow(QMainWindow):
         self.task_progress.setVisible(on)
         self.task_cancel.setVisible(on)
         names = {"tensor-stats": "statistics", "scale-scan": "scale scan", "convert": "conversion",
-                 "bump-checksum": "checksum", "heatmap": "heatmap"}
+                 "bump-checksum": "checksum", "heatmap": "heatmap", "tokenizer": "reading the tokenizer",
+                 "template": "template preview", "tokenize": "tokenizing", "cuda-check": "CUDA check"}
         self.task_label.setText(", ".join(sorted({names.get(t.name, t.name) for t in running})) + "…" if on else "")
 
     # ------------------------------------------------------------------ drag and drop
@@ -350,6 +355,7 @@ class MainWindow(QMainWindow):
         """Cancel every background job and wait for the workers before the window goes."""
         if self.convert_dialog is not None:
             self.convert_dialog.cancel()
+        self.chat_view.shutdown(30000)
         self.runner.shutdown(30000)
         if self.doc is not None:
             self.doc.close()

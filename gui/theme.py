@@ -75,6 +75,8 @@ def _light_palette() -> QPalette:
     p.setColor(QPalette.ColorRole.Link, QColor(30, 90, 200))
     p.setColor(QPalette.ColorRole.PlaceholderText, QColor(140, 144, 150))
     p.setColor(QPalette.ColorRole.Mid, QColor(200, 203, 208))
+    for role in (QPalette.ColorRole.Text, QPalette.ColorRole.WindowText, QPalette.ColorRole.ButtonText):
+        p.setColor(QPalette.ColorGroup.Disabled, role, QColor(150, 154, 160))
     return p
 
 

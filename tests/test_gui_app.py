@@ -178,15 +178,6 @@ def test_dark_and_light_follow_the_palette(qtbot):
         app.setStyleSheet("")
 
 
-def test_chat_tab_is_an_honest_placeholder(window, model_path):  # noqa: F811
-    assert window.open_path(model_path("smollm2"))
-    window.show_view("chat")
-    assert window.current_view() == "chat"
-    chat = window.chat_view
-    assert chat.findChildren(QLineEdit) == [] and chat.findChildren(QTextEdit) == []
-    assert "arrives with the engine" in chat.TEXT and "no replies are simulated" in chat.TEXT
-
-
 def _env_without_display():
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
     env["HOME"] = os.environ.get("HOME", "/root")

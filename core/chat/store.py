@@ -1,0 +1,394 @@
+"""Conversations on disk: one SQLite file (stdlib ``sqlite3``) under the user's data directory, plus Markdown and
+JSON export.
+
+The file is ``$QUANTSCOPE_DATA/chats.sqlite3`` when ``QUANTSCOPE_DATA`` is set, else
+``$XDG_DATA_HOME/quantscope/chats.sqlite3`` (default ``~/.local/share/quantscope/chats.sqlite3``). A store is used
+from one thread (the GUI's); every write is one short transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+DB_NAME = "chats.sqlite3"
+EXPORT_FORMAT = "quantscope-chat"
+MODES = ("chat", "completion")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    title TEXT NOT NULL,
+    model TEXT NOT NULL DEFAULT '',
+    model_path TEXT NOT NULL DEFAULT '',
+    system_prompt TEXT NOT NULL DEFAULT '',
+    mode TEXT NOT NULL DEFAULT 'chat',
+    params TEXT NOT NULL DEFAULT '{}',
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    position INTEGER NOT NULL,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    stats TEXT NOT NULL DEFAULT '{}',
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, position);
+"""
+
+
+class StoreError(RuntimeError):
+    """The database cannot be opened or used; the message says which file and why."""
+
+
+def data_dir() -> Path:
+    """``$QUANTSCOPE_DATA``, else ``$XDG_DATA_HOME/quantscope``, else ``~/.local/share/quantscope``."""
+    env = os.environ.get("QUANTSCOPE_DATA")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "quantscope"
+
+
+def default_path() -> Path:
+    """The conversation database: :func:`data_dir` / ``chats.sqlite3``."""
+    return data_dir() / DB_NAME
+
+
+@dataclass
+class StoredMessage:
+    """One message: ``role`` is system/user/assistant; ``stats`` holds the reply's timings (tokens, t/s, ...)."""
+
+    role: str
+    content: str
+    stats: dict[str, Any] = field(default_factory=dict)
+    created: float = 0.0
+
+    def as_chat(self) -> dict[str, str]:
+        """The ``{"role", "content"}`` form templates take."""
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass
+class ConversationInfo:
+    """A row of the conversation list."""
+
+    id: int
+    title: str
+    model: str
+    created: float
+    updated: float
+    n_messages: int
+
+
+@dataclass
+class Conversation:
+    """A whole conversation with its settings."""
+
+    id: int
+    title: str
+    model: str = ""
+    model_path: str = ""
+    system_prompt: str = ""
+    mode: str = "chat"
+    params: dict[str, Any] = field(default_factory=dict)
+    created: float = 0.0
+    updated: float = 0.0
+    messages: list[StoredMessage] = field(default_factory=list)
+
+
+def _dumps(d: dict[str, Any]) -> str:
+    return json.dumps(d, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def _loads(s: str) -> dict[str, Any]:
+    try:
+        v = json.loads(s)
+    except (TypeError, ValueError):
+        return {}
+    return v if isinstance(v, dict) else {}
+
+
+class ChatStore:
+    """The conversation database. ``path`` defaults to :func:`default_path`; its folder is created."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else default_path()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(self.path), timeout=5.0)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot open the conversation database {self.path}: {exc}") from None
+        try:
+            self._db.execute("PRAGMA foreign_keys = ON")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: durable, and a commit costs no fsync
+            version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                raise StoreError(f"{self.path} was written by a newer Quantscope (schema {version}, this one reads "
+                                 f"{SCHEMA_VERSION})")
+            with self._db:
+                self._db.executescript(_SCHEMA)
+                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except sqlite3.Error as exc:
+            self._db.close()
+            raise StoreError(f"{self.path} is not a usable conversation database: {exc}") from None
+        except StoreError:
+            self._db.close()
+            raise
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> ChatStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write(self, sql: str, args: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        try:
+            with self._db:
+                return self._db.execute(sql, args)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {exc}") from None
+
+    # ------------------------------------------------------------------ conversations
+    def create(self, title: str = "New chat", *, model: str = "", model_path: str = "", system_prompt: str = "",
+               mode: str = "chat", params: dict[str, Any] | None = None,
+               messages: list[StoredMessage] | None = None) -> int:
+        """A new conversation (optionally with its messages); returns its id."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        now = time.time()
+        cur = self._write("INSERT INTO conversations (title, model, model_path, system_prompt, mode, params, created, "
+                          "updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                          (title.strip() or "New chat", model, model_path, system_prompt, mode, _dumps(params or {}),
+                           now, now))
+        cid = int(cur.lastrowid or 0)
+        if messages:
+            self.set_messages(cid, messages)
+        return cid
+
+    def list_conversations(self) -> list[ConversationInfo]:
+        """Every conversation, most recently updated first."""
+        rows = self._db.execute(
+            "SELECT c.id, c.title, c.model, c.created, c.updated, COUNT(m.id) FROM conversations c "
+            "LEFT JOIN messages m ON m.conversation_id = c.id GROUP BY c.id ORDER BY c.updated DESC, c.id DESC"
+        ).fetchall()
+        return [ConversationInfo(int(r[0]), r[1], r[2], float(r[3]), float(r[4]), int(r[5])) for r in rows]
+
+    def exists(self, conv_id: int) -> bool:
+        return self._db.execute("SELECT 1 FROM conversations WHERE id = ?", (conv_id,)).fetchone() is not None
+
+    def get(self, conv_id: int) -> Conversation:
+        """The conversation and its messages in order; :class:`KeyError` when there is none with that id."""
+        r = self._db.execute("SELECT id, title, model, model_path, system_prompt, mode, params, created, updated "
+                             "FROM conversations WHERE id = ?", (conv_id,)).fetchone()
+        if r is None:
+            raise KeyError(conv_id)
+        msgs = [StoredMessage(m[0], m[1], _loads(m[2]), float(m[3])) for m in self._db.execute(
+            "SELECT role, content, stats, created FROM messages WHERE conversation_id = ? ORDER BY position",
+            (conv_id,))]
+        return Conversation(int(r[0]), r[1], r[2], r[3], r[4], r[5], _loads(r[6]), float(r[7]), float(r[8]), msgs)
+
+    def rename(self, conv_id: int, title: str) -> None:
+        title = " ".join(title.split())
+        if not title:
+            raise ValueError("a conversation needs a non-empty title")
+        self._touch(conv_id, "title = ?", (title,))
+
+    def update(self, conv_id: int, *, system_prompt: str | None = None, mode: str | None = None,
+               params: dict[str, Any] | None = None, model: str | None = None, model_path: str | None = None) -> None:
+        """Change the settings that are given (``None`` leaves a field as it is)."""
+        if mode is not None and mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        sets: list[str] = []
+        args: list[Any] = []
+        for col, val in (("system_prompt", system_prompt), ("mode", mode), ("model", model),
+                         ("model_path", model_path)):
+            if val is not None:
+                sets.append(f"{col} = ?")
+                args.append(val)
+        if params is not None:
+            sets.append("params = ?")
+            args.append(_dumps(params))
+        if sets:
+            self._touch(conv_id, ", ".join(sets), tuple(args))
+
+    def _touch(self, conv_id: int, sets: str, args: tuple[Any, ...]) -> None:
+        cur = self._write(f"UPDATE conversations SET {sets}, updated = ? WHERE id = ?", (*args, time.time(), conv_id))
+        if cur.rowcount == 0:
+            raise KeyError(conv_id)
+
+    def delete(self, conv_id: int) -> None:
+        """Remove the conversation and its messages (nothing happens when it does not exist)."""
+        self._write("DELETE FROM conversations WHERE id = ?", (conv_id,))
+
+    # ------------------------------------------------------------------ messages
+    def set_messages(self, conv_id: int, messages: list[StoredMessage]) -> None:
+        """Replace the conversation's messages (what an edit, a regenerate or a finished reply writes)."""
+        now = time.time()
+        try:
+            with self._db:
+                cur = self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conv_id))
+                if cur.rowcount == 0:
+                    raise KeyError(conv_id)
+                self._db.execute("DELETE FROM messages WHERE conversation_id = ?", (conv_id,))
+                self._db.executemany(
+                    "INSERT INTO messages (conversation_id, position, role, content, stats, created) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    [(conv_id, i, m.role, m.content, _dumps(m.stats), m.created or now)
+                     for i, m in enumerate(messages)])
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {exc}") from None
+
+    def append_message(self, conv_id: int, message: StoredMessage) -> None:
+        now = time.time()
+        try:
+            with self._db:
+                cur = self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conv_id))
+                if cur.rowcount == 0:
+                    raise KeyError(conv_id)
+                (pos,) = self._db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM messages "
+                                          "WHERE conversation_id = ?", (conv_id,)).fetchone()
+                self._db.execute("INSERT INTO messages (conversation_id, position, role, content, stats, created) "
+                                 "VALUES (?, ?, ?, ?, ?, ?)", (conv_id, int(pos), message.role, message.content,
+                                                               _dumps(message.stats), message.created or now))
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------------- export
+def title_from(text: str, limit: int = 48) -> str:
+    """A conversation title from its first message: the first line, whitespace collapsed, cut at a word."""
+    line = next((x for x in text.splitlines() if x.strip()), "")
+    line = " ".join(line.split())
+    if len(line) <= limit:
+        return line or "New chat"
+    cut = line[:limit].rsplit(" ", 1)[0] if " " in line[:limit] else line[:limit]
+    return cut.rstrip(" ,.;:") + "…"
+
+
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+
+
+def close_fences(text: str) -> str:
+    """``text`` with an unterminated code fence closed (a reply stopped inside a code block must not swallow the
+    rest of an exported document)."""
+    open_fence: str | None = None
+    for line in text.splitlines():
+        m = _FENCE.match(line)
+        if not m:
+            continue
+        fence = m.group(1)
+        if open_fence is None:
+            open_fence = fence
+        elif fence[0] == open_fence[0] and len(fence) >= len(open_fence) and not line.strip()[len(fence):].strip():
+            open_fence = None
+    if open_fence is None:
+        return text
+    return text + ("" if text.endswith("\n") else "\n") + open_fence
+
+
+_ROLE_TITLES = {"system": "System", "user": "User", "assistant": "Assistant"}
+
+
+def _when(t: float) -> str:
+    return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M") if t else "—"
+
+
+def _stats_line(stats: dict[str, Any]) -> str:
+    parts = []
+    if "n_generated" in stats:
+        parts.append(f"{stats['n_generated']} tokens")
+    if stats.get("gen_tps"):
+        parts.append(f"{float(stats['gen_tps']):.1f} tokens/s")
+    if stats.get("ttft_s") is not None:
+        parts.append(f"first token after {float(stats['ttft_s']) * 1000:.0f} ms")
+    if stats.get("stop_reason"):
+        parts.append(f"stop: {stats['stop_reason']}")
+    return " · ".join(parts)
+
+
+def to_markdown(conv: Conversation) -> str:
+    """A readable Markdown document: title, model and settings, then each message under a role heading."""
+    head = [f"# {conv.title}", ""]
+    meta = [f"- Model: `{conv.model}`" if conv.model else "- Model: (none recorded)",
+            f"- Mode: {'plain completion' if conv.mode == 'completion' else 'chat'}",
+            f"- Created: {_when(conv.created)}, updated: {_when(conv.updated)}"]
+    if conv.params:
+        meta.append("- Sampling: " + ", ".join(f"{k} = {v}" for k, v in sorted(conv.params.items())
+                                               if k != "stop" and v is not None))
+    out = head + meta + [""]
+    if conv.system_prompt:
+        out += ["## System", "", close_fences(conv.system_prompt.strip("\n")), ""]
+    for m in conv.messages:
+        if conv.mode == "completion":
+            title = "Prompt" if m.role == "user" else "Continuation"
+        else:
+            title = _ROLE_TITLES.get(m.role, m.role.capitalize())
+        out += [f"## {title}", ""]
+        body = m.content.strip("\n")
+        if conv.mode == "completion":  # exact text: fenced so that Markdown does not reflow it
+            fence = "````" if "```" in body else "```"
+            out += [fence + "text", body, fence]
+        else:
+            out.append(close_fences(body) if body else "*(empty)*")
+        line = _stats_line(m.stats)
+        if line:
+            out += ["", f"*{line}*"]
+        out.append("")
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def to_dict(conv: Conversation) -> dict[str, Any]:
+    """The JSON export as a dict (``format``/``version`` first, messages in the OpenAI-style role/content form)."""
+    return {
+        "format": EXPORT_FORMAT,
+        "version": 1,
+        "title": conv.title,
+        "model": conv.model,
+        "model_path": conv.model_path,
+        "mode": conv.mode,
+        "system_prompt": conv.system_prompt,
+        "params": conv.params,
+        "created": datetime.fromtimestamp(conv.created).astimezone().isoformat() if conv.created else None,
+        "updated": datetime.fromtimestamp(conv.updated).astimezone().isoformat() if conv.updated else None,
+        "messages": [{"role": m.role, "content": m.content, **({"stats": m.stats} if m.stats else {})}
+                     for m in conv.messages],
+    }
+
+
+def to_json(conv: Conversation) -> str:
+    return json.dumps(to_dict(conv), ensure_ascii=False, indent=2) + "\n"
+
+
+def export(conv: Conversation, path: str | Path, fmt: str | None = None) -> Path:
+    """Write ``conv`` as Markdown (``.md``) or JSON (``.json``); ``fmt`` ("markdown"/"json") overrides the
+    suffix. Written through a temporary file, so a failed export leaves no half file."""
+    p = Path(path)
+    kind = fmt or ("json" if p.suffix.lower() == ".json" else "markdown")
+    if kind not in ("markdown", "json"):
+        raise ValueError(f"export format must be markdown or json, got {kind!r}")
+    text = to_json(conv) if kind == "json" else to_markdown(conv)
+    tmp = p.with_name(f".{p.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return p

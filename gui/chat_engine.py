@@ -1,0 +1,452 @@
+"""The model in its own thread: load with progress and cancel, generate with streamed token deltas, stop within
+one token, and shut down without blocking the event loop.
+
+:class:`EngineHost` lives on the GUI thread. Each load starts a fresh :class:`QThread` with an
+:class:`EngineWorker` moved into it; requests go in through queued signals, results come back through queued
+signals (each tagged with its load or request id, so anything a retired worker still sends is ignored).
+Cancellation uses :class:`threading.Event` objects set directly from the GUI thread: the engine checks them
+between load stages and before every token. Unloading never waits: the old thread is told to stop and kept in
+``retired`` until it has finished; :meth:`EngineHost.shutdown` (on close) is the only blocking wait.
+
+Deltas are emitted per token and carry only the new text (never the whole reply); the view batches them with a
+timer before touching any widget.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
+
+from quantscope.core.chat import ChatTemplateError, SamplerParams
+from quantscope.core.chat.conversation import fit_messages
+
+BACKENDS = ("cpu", "cuda")
+
+_gc_lock = threading.Lock()
+_gc_pausers = 0
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a model loads, then its objects are frozen out of the collector.
+
+    Loading builds hundreds of thousands of long-lived Python objects (the vocabulary, merges, their lookup
+    tables). Each full collection walks every tracked object while holding the interpreter lock, which in the
+    GUI's process stalls the event loop for 40+ ms; a collection triggered mid-load, or later by anyone, would do
+    that. So collection is paused during the load and the survivors go to the permanent generation
+    (``gc.freeze``): later collections skip them. Freeing by reference count is unaffected (unloading a model
+    still returns its memory)."""
+    global _gc_pausers
+    with _gc_lock:
+        _gc_pausers += 1
+        if _gc_pausers == 1:
+            gc.disable()
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pausers -= 1
+            if _gc_pausers == 0:
+                gc.freeze()
+                gc.enable()
+
+
+def cuda_availability() -> tuple[bool | None, str]:
+    """``(available, reason)`` from the CUDA backend; ``(None, "not built")`` when it cannot even be imported."""
+    try:
+        from quantscope.core.engine.cuda_backend import cuda_status
+    except Exception as exc:  # the module is optional and may be missing or half-written
+        return None, f"not built ({type(exc).__name__})"
+    try:
+        ok, why = cuda_status()
+    except Exception as exc:
+        return False, f"CUDA check failed: {exc}"
+    return bool(ok), str(why)
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    path: Path
+    n_ctx: int
+    threads: int
+    backend: str = "cpu"
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the loaded engine is, for the model bar."""
+
+    path: Path
+    arch: str
+    n_ctx: int
+    n_ctx_train: int
+    threads: int
+    backend: str  # "CPU (avx512)" or "CUDA (device)"
+    backend_note: str  # why CUDA was not used, when it was asked for
+    has_template: bool
+    n_vocab: int
+    kv_bytes: int
+    load_s: float
+    tokenizer: Any = field(default=None, repr=False, compare=False)  # the engine's, shared with the preview/lab
+    template: Any = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class GenStats:
+    """Running numbers of one reply."""
+
+    n_prompt: int = 0
+    n_generated: int = 0
+    ttft_s: float = 0.0
+    prompt_tps: float = 0.0
+    gen_tps: float = 0.0
+    context_used: int = 0
+    n_ctx: int = 0
+    dropped: int = 0
+    stop_reason: str = ""
+    elapsed_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class GenRequest:
+    id: int
+    prompt: list[dict[str, str]] | str  # messages (chat) or text (plain completion)
+    params: SamplerParams
+    threads: int
+    reserve: int
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+class EngineWorker(QObject):
+    """Owns the :class:`~quantscope.core.engine.generate.Engine`; every slot runs on the worker thread."""
+
+    progress = Signal(int, str, float)  # load id, stage, fraction
+    loaded = Signal(int, object)  # load id, EngineInfo
+    loadFailed = Signal(int, str, str)  # load id, message, detail
+    loadCancelled = Signal(int)
+    trimmed = Signal(int, int, int)  # request id, messages left out, prompt tokens
+    delta = Signal(int, str, object)  # request id, new text, GenStats
+    finished = Signal(int, object)  # request id, final GenStats
+    failed = Signal(int, str, str)  # request id, message, detail
+
+    def __init__(self, load_id: int, cancel_load: threading.Event) -> None:
+        super().__init__()
+        self.load_id = load_id
+        self.cancel_load = cancel_load
+        self.engine: Any = None
+
+    @Slot(object)
+    def load(self, req: LoadRequest) -> None:
+        from quantscope.core.engine.generate import Engine, LoadCancelled
+        from quantscope.core.gguf import GGUFError
+        from quantscope.core.model import UnsupportedModel
+        from quantscope.core.native.kernels import isa
+        from quantscope.core.tokenizer import TokenizerError
+
+        t0 = time.perf_counter()
+        lid = self.load_id
+        try:
+            with gc_paused():
+                eng = Engine(req.path, n_ctx=req.n_ctx, threads=req.threads,
+                             progress=lambda m, f: self.progress.emit(lid, m, float(f)), cancel=self.cancel_load)
+            backend, note = f"CPU ({isa()})", ""
+            if req.backend == "cuda":
+                backend, note = self._to_cuda(eng, backend)
+            if self.cancel_load.is_set():
+                raise LoadCancelled("loading cancelled")
+        except LoadCancelled:
+            self.loadCancelled.emit(lid)
+            return
+        except UnsupportedModel as exc:
+            self.loadFailed.emit(lid, "This model cannot run on Quantscope's engine.", str(exc))
+            return
+        except TokenizerError as exc:
+            self.loadFailed.emit(lid, "This model's tokenizer is not supported.", str(exc))
+            return
+        except GGUFError as exc:
+            self.loadFailed.emit(lid, "The file is not a readable GGUF model.", str(exc))
+            return
+        except MemoryError:
+            self.loadFailed.emit(lid, "The model is too large for the memory available.",
+                                 "allocating the weights or the KV cache failed; try a smaller context")
+            return
+        except Exception as exc:
+            self.loadFailed.emit(lid, f"Loading failed: {exc or type(exc).__name__}", traceback.format_exc())
+            return
+        self.engine = eng
+        cfg = eng.model.config
+        info = EngineInfo(Path(req.path), cfg.arch, eng.n_ctx, cfg.n_ctx_train, eng.model.threads, backend, note,
+                          eng.template is not None, eng.tokenizer.n_vocab, int(getattr(eng.session, "kv_bytes", 0)),
+                          time.perf_counter() - t0, eng.tokenizer, eng.template)
+        self.loaded.emit(lid, info)
+
+    def _to_cuda(self, eng: Any, cpu_label: str) -> tuple[str, str]:
+        """Move the session to the GPU; on any failure keep the CPU session and say why."""
+        ok, why = cuda_availability()
+        if not ok:
+            return cpu_label, f"CUDA unavailable: {why}; running on the CPU"
+        try:
+            from quantscope.core.engine.cuda_backend import CudaSession
+
+            self.progress.emit(self.load_id, "uploading weights to the GPU", 1.0)
+            eng.session = CudaSession(eng.model, eng.n_ctx)
+        except Exception as exc:
+            return cpu_label, f"CUDA failed ({exc}); running on the CPU"
+        return f"CUDA ({why})", ""
+
+    @Slot(object)
+    def generate(self, req: GenRequest) -> None:
+        from quantscope.core.engine.session import ContextFull
+
+        eng = self.engine
+        if eng is None:
+            self.failed.emit(req.id, "No model is loaded.", "")
+            return
+        t0 = time.perf_counter()
+        try:
+            if req.threads > 0:
+                eng.model.threads = req.threads
+            dropped = 0
+            prompt: list[dict[str, str]] | str = req.prompt
+            if isinstance(req.prompt, list):
+                fit = fit_messages(req.prompt, eng, eng.n_ctx, req.reserve)
+                if not fit.fits:
+                    raise ContextFull(f"the last message alone needs {fit.n_tokens} tokens, but the context holds "
+                                      f"{eng.n_ctx} and {req.reserve} are kept for the reply; shorten it or load "
+                                      "the model with a larger context")
+                dropped = fit.dropped
+                prompt = [dict(m) for m in fit.messages]
+                self.trimmed.emit(req.id, dropped, fit.n_tokens)
+            else:
+                self.trimmed.emit(req.id, 0, -1)
+            last = GenStats(n_ctx=eng.n_ctx, dropped=dropped)
+            for d in eng.generate(prompt, req.params, cancel=req.cancel):
+                last = GenStats(d.n_prompt, d.n_generated, d.ttft_s, d.prompt_tps, d.gen_tps, d.context_used,
+                                eng.n_ctx, dropped, d.stop_reason, time.perf_counter() - t0)
+                if d.text:
+                    self.delta.emit(req.id, d.text, last)
+            self.finished.emit(req.id, last)
+        except ContextFull as exc:
+            self.failed.emit(req.id, "The conversation does not fit in the context.", str(exc))
+        except ChatTemplateError as exc:
+            self.failed.emit(req.id, "The model's chat template refused this conversation.", str(exc))
+        except Exception as exc:
+            self.failed.emit(req.id, f"Generation failed: {exc or type(exc).__name__}", traceback.format_exc())
+
+    def release(self) -> None:
+        """Drop the engine (and with it the KV cache and the file mapping)."""
+        eng, self.engine = self.engine, None
+        if eng is not None:
+            close = getattr(eng.session, "close", None)
+            if callable(close):
+                close()
+            f = getattr(eng, "file", None)
+            if f is not None:
+                f.close()
+
+
+class EngineHost(QObject):
+    """The GUI thread's handle on the model thread. ``state``: empty, loading, ready, generating."""
+
+    stateChanged = Signal(str)
+    loadProgress = Signal(str, float)
+    loaded = Signal(object)  # EngineInfo
+    loadFailed = Signal(str, str)
+    loadCancelled = Signal()
+    trimmed = Signal(int, int, int)
+    delta = Signal(int, str, object)
+    finished = Signal(int, object)
+    failed = Signal(int, str, str)
+
+    _doLoad = Signal(object)
+    _doGenerate = Signal(object)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.state = "empty"
+        self.info: EngineInfo | None = None
+        self._thread: QThread | None = None
+        self._worker: EngineWorker | None = None
+        self._load_id = 0
+        self._req_id = 0
+        self._cancel_load = threading.Event()
+        self._request: GenRequest | None = None
+        self.retired: list[tuple[QThread, EngineWorker]] = []
+        self.closed = False
+        self._reap_timer = QTimer(self)
+        self._reap_timer.setSingleShot(True)
+        self._reap_timer.setInterval(50)
+        self._reap_timer.timeout.connect(self._reap)
+
+    # ------------------------------------------------------------------ state
+    def _set_state(self, s: str) -> None:
+        if s != self.state:
+            self.state = s
+            self.stateChanged.emit(s)
+
+    @property
+    def busy(self) -> bool:
+        return self.state in ("loading", "generating")
+
+    def threads_alive(self) -> int:
+        """Model threads still running (the current one and retired ones that have not finished yet)."""
+        threads = [t for t, _ in self.retired] + ([self._thread] if self._thread is not None else [])
+        return sum(1 for t in threads if t.isRunning())
+
+    # ------------------------------------------------------------------ loading
+    def load(self, path: str | Path, n_ctx: int, threads: int = 0, backend: str = "cpu") -> None:
+        """Unload whatever is loaded, then load ``path`` on a fresh thread (progress, then loaded/failed)."""
+        if self.closed:
+            return
+        self.unload()
+        self._load_id += 1
+        self._cancel_load = threading.Event()
+        worker = EngineWorker(self._load_id, self._cancel_load)
+        thread = QThread()
+        thread.setObjectName(f"quantscope-model-{self._load_id}")
+        worker.moveToThread(thread)
+        worker.progress.connect(self._on_progress)
+        worker.loaded.connect(self._on_loaded)
+        worker.loadFailed.connect(self._on_load_failed)
+        worker.loadCancelled.connect(self._on_load_cancelled)
+        worker.trimmed.connect(self._on_trimmed)
+        worker.delta.connect(self._on_delta)
+        worker.finished.connect(self._on_finished)
+        worker.failed.connect(self._on_failed)
+        self._doLoad.connect(worker.load)
+        self._doGenerate.connect(worker.generate)
+        self._thread, self._worker = thread, worker
+        thread.start()
+        self._set_state("loading")
+        self._doLoad.emit(LoadRequest(Path(path), int(n_ctx), int(threads), backend))
+
+    def cancel_load(self) -> None:
+        if self.state == "loading":
+            self._cancel_load.set()
+            self.unload()
+            self.loadCancelled.emit()
+
+    def _current(self, load_id: int) -> bool:
+        return self._worker is not None and load_id == self._worker.load_id
+
+    def _on_progress(self, load_id: int, stage: str, fraction: float) -> None:
+        if self._current(load_id) and self.state == "loading":
+            self.loadProgress.emit(stage, fraction)
+
+    def _on_loaded(self, load_id: int, info: EngineInfo) -> None:
+        if not self._current(load_id):
+            return
+        self.info = info
+        self._set_state("ready")
+        self.loaded.emit(info)
+
+    def _on_load_failed(self, load_id: int, message: str, detail: str) -> None:
+        if not self._current(load_id):
+            return
+        self.unload()
+        self.loadFailed.emit(message, detail)
+
+    def _on_load_cancelled(self, load_id: int) -> None:
+        if self._current(load_id):
+            self.unload()
+            self.loadCancelled.emit()
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompt: list[dict[str, str]] | str, params: SamplerParams, threads: int = 0,
+                 reserve: int = 256) -> int:
+        """Start a reply; returns its request id (0 when no model is ready)."""
+        if self.state != "ready" or self._worker is None:
+            return 0
+        self._req_id += 1
+        req = GenRequest(self._req_id, prompt, params, int(threads), int(reserve))
+        self._request = req
+        self._set_state("generating")
+        self._doGenerate.emit(req)
+        return req.id
+
+    def stop(self) -> None:
+        """Ask the running reply to stop (the engine checks before every token)."""
+        if self._request is not None:
+            self._request.cancel.set()
+
+    @property
+    def request_id(self) -> int:
+        return self._request.id if self._request is not None else 0
+
+    def _live(self, req_id: int) -> bool:
+        return self._request is not None and req_id == self._request.id
+
+    def _on_trimmed(self, req_id: int, dropped: int, n_tokens: int) -> None:
+        if self._live(req_id):
+            self.trimmed.emit(req_id, dropped, n_tokens)
+
+    def _on_delta(self, req_id: int, text: str, stats: GenStats) -> None:
+        if self._live(req_id):
+            self.delta.emit(req_id, text, stats)
+
+    def _on_finished(self, req_id: int, stats: GenStats) -> None:
+        if self._live(req_id):
+            self._request = None
+            self._set_state("ready")
+            self.finished.emit(req_id, stats)
+
+    def _on_failed(self, req_id: int, message: str, detail: str) -> None:
+        if self._live(req_id):
+            self._request = None
+            self._set_state("ready")
+            self.failed.emit(req_id, message, detail)
+
+    # ------------------------------------------------------------------ unloading
+    def unload(self) -> None:
+        """Stop generation and loading, and let the model thread end on its own (never waits)."""
+        self.stop()
+        self._cancel_load.set()
+        thread, worker = self._thread, self._worker
+        self._thread = self._worker = None
+        self._request = None
+        self.info = None
+        if thread is not None and worker is not None:
+            for sig in (self._doLoad, self._doGenerate):
+                try:
+                    sig.disconnect()
+                except (RuntimeError, TypeError):
+                    pass
+            self.retired.append((thread, worker))
+            thread.finished.connect(self._reap)
+            thread.quit()  # the event loop ends once the running slot returns (within one token)
+        self._set_state("empty")
+
+    def _reap(self) -> None:
+        """Release the engines of retired threads that have ended. ``finished`` is emitted just before the thread
+        really ends, so a thread not quite done yet is looked at again shortly."""
+        for pair in list(self.retired):
+            t, w = pair
+            if t.isFinished():
+                w.release()
+                self.retired.remove(pair)
+        if self.retired and not self.closed and not self._reap_timer.isActive():
+            self._reap_timer.start()
+
+    def shutdown(self, timeout_ms: int = 30000) -> bool:
+        """Stop everything and wait for every model thread to end (closing the window)."""
+        self.closed = True
+        self.unload()
+        deadline = time.monotonic() + timeout_ms / 1000
+        ok = True
+        for t, _ in list(self.retired):
+            left = max(0, int((deadline - time.monotonic()) * 1000))
+            ok = bool(t.wait(left)) and ok
+        self._reap()
+        return ok

@@ -1,0 +1,322 @@
+"""Pieces of the chat pane: a message (Markdown, auto-height, copy/edit/regenerate), the tokenizer lab's token
+chips, and the template preview's highlighter."""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Sequence
+
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QFontDatabase,
+    QPalette,
+    QSyntaxHighlighter,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+    QTextDocument,
+    QTextFormat,
+    QWheelEvent,
+)
+from PySide6.QtWidgets import (
+    QApplication,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QSizePolicy,
+    QTextBrowser,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from ..theme import is_dark
+
+# token type ids of GGUF vocabularies (tokenizer.ggml.token_type)
+TOKEN_TYPES = {1: "normal", 2: "unknown", 3: "control", 4: "user-defined", 5: "unused", 6: "byte"}
+
+
+def mono_font() -> QFont:
+    f = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
+    f.setStyleHint(QFont.StyleHint.Monospace)
+    return f
+
+
+def code_background() -> QColor:
+    return QColor("#23272e") if is_dark() else QColor("#f1f3f6")
+
+
+def style_code(doc: QTextDocument) -> None:
+    """Give Markdown code blocks a tinted panel and a monospace font, and inline code a tint (Qt's Markdown
+    importer only changes their font family)."""
+    bg = code_background()
+    mono = mono_font()
+    block = doc.begin()
+    cur = QTextCursor(doc)
+    cur.beginEditBlock()
+    prev_code = False
+    while block.isValid():
+        fmt = block.blockFormat()
+        is_code = fmt.hasProperty(QTextFormat.Property.BlockCodeFence) or fmt.hasProperty(
+            QTextFormat.Property.BlockCodeLanguage)
+        if is_code:
+            nxt = block.next()
+            next_code = nxt.isValid() and nxt.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence)
+            bf = QTextBlockFormat(fmt)
+            bf.setBackground(bg)
+            bf.setLeftMargin(2)
+            bf.setTopMargin(0 if prev_code else 4)
+            bf.setBottomMargin(0 if next_code else 6)
+            cur.setPosition(block.position())
+            cur.setBlockFormat(bf)
+            cur.setPosition(block.position())
+            cur.setPosition(block.position() + max(0, block.length() - 1), QTextCursor.MoveMode.KeepAnchor)
+            cf = QTextCharFormat()
+            cf.setFont(mono)
+            cur.mergeCharFormat(cf)
+        else:
+            it = block.begin()
+            spans = []
+            while not it.atEnd():
+                frag = it.fragment()
+                if frag.isValid():
+                    fam = frag.charFormat().fontFamilies()
+                    fams = [str(x).lower() for x in fam] if isinstance(fam, (list, tuple)) else [str(fam).lower()]
+                    if frag.charFormat().fontFixedPitch() or any("mono" in x for x in fams):
+                        spans.append((frag.position(), frag.length()))
+                it += 1
+            for pos, n in spans:
+                cur.setPosition(pos)
+                cur.setPosition(pos + n, QTextCursor.MoveMode.KeepAnchor)
+                cf = QTextCharFormat()
+                cf.setBackground(bg)
+                cf.setFont(mono)
+                cur.mergeCharFormat(cf)
+        prev_code = is_code
+        block = block.next()
+    cur.endEditBlock()
+
+
+class AutoHeightBrowser(QTextBrowser):
+    """A frameless text browser exactly as tall as its document (the surrounding scroll area scrolls)."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setOpenExternalLinks(True)
+        self.viewport().setAutoFillBackground(False)
+        self.setStyleSheet("QTextBrowser { background: transparent; }")
+        self.document().setDocumentMargin(2)
+        self.document().documentLayout().documentSizeChanged.connect(self._fit)
+        self._fit()
+
+    def _fit(self, *_: object) -> None:
+        h = int(self.document().size().height() + 0.999) + 2 * self.frameWidth()
+        if h != self.height():
+            self.setFixedHeight(max(h, 18))
+
+    def sizeHint(self) -> QSize:
+        return QSize(super().sizeHint().width(), self.height())
+
+    def resizeEvent(self, event: object) -> None:
+        super().resizeEvent(event)  # type: ignore[arg-type]
+        self._fit()
+
+    def wheelEvent(self, event: QWheelEvent) -> None:
+        event.ignore()  # let the conversation's scroll area scroll
+
+
+ROLE_TITLES = {("chat", "user"): "You", ("chat", "assistant"): "Assistant", ("chat", "system"): "System",
+               ("completion", "user"): "Prompt", ("completion", "assistant"): "Continuation",
+               ("completion", "system"): "System"}
+
+
+class MessageView(QFrame):
+    """One message: a header (role, numbers, buttons) over its text. Assistant replies in chat mode are rendered
+    as Markdown once complete; while streaming, deltas are appended as plain text (no re-render per batch)."""
+
+    editRequested = Signal(int)
+    regenerateRequested = Signal()
+    copied = Signal(int)
+
+    def __init__(self, index: int, role: str, content: str, mode: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.index = index
+        self.role = role
+        self.mode = mode
+        self.content = content
+        self.streaming = False
+        self.setObjectName("msgUser" if role == "user" else "msgAssistant")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(12, 6, 12, 8)
+        lay.setSpacing(2)
+        head = QHBoxLayout()
+        head.setSpacing(6)
+        self.role_label = QLabel()
+        self.role_label.setObjectName("msgRole")
+        self.stats = QLabel()
+        self.stats.setObjectName("muted")
+        self.note = QLabel()
+        self.note.setObjectName("msgNote")
+        self.note.hide()
+        head.addWidget(self.role_label)
+        head.addWidget(self.note)
+        head.addWidget(self.stats)
+        head.addStretch(1)
+        self.copy_btn = self._button("Copy", "Copy this message")
+        self.copy_btn.clicked.connect(self.copy)
+        self.edit_btn = self._button("Edit", "Edit this message and send it again")
+        self.edit_btn.clicked.connect(lambda: self.editRequested.emit(self.index))
+        self.regen_btn = self._button("Regenerate", "Generate this reply again")
+        self.regen_btn.clicked.connect(self.regenerateRequested.emit)
+        for b in (self.copy_btn, self.edit_btn, self.regen_btn):
+            head.addWidget(b)
+        self.edit_btn.setVisible(role == "user")
+        self.regen_btn.setVisible(False)
+        lay.addLayout(head)
+        self.body = AutoHeightBrowser()
+        lay.addWidget(self.body)
+        self.set_mode(mode)
+        self.set_content(content)
+
+    def _button(self, text: str, name: str) -> QToolButton:
+        b = QToolButton()
+        b.setText(text)
+        b.setAutoRaise(True)
+        b.setAccessibleName(name)
+        b.setToolTip(name)
+        b.setObjectName("msgAction")
+        return b
+
+    def set_mode(self, mode: str) -> None:
+        self.mode = mode
+        title = ROLE_TITLES.get((mode, self.role), self.role.capitalize())
+        self.role_label.setText(title)
+        self.body.setAccessibleName(f"{title} message {self.index + 1}")
+        self.setAccessibleName(f"{title} message {self.index + 1}")
+
+    @property
+    def markdown(self) -> bool:
+        return self.role == "assistant" and self.mode == "chat" and not self.streaming
+
+    def set_content(self, text: str) -> None:
+        """Show ``text`` whole: Markdown for finished chat replies, plain text otherwise."""
+        self.content = text
+        if self.markdown:
+            self.body.document().setMarkdown(text, QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+            style_code(self.body.document())
+        else:
+            self.body.setPlainText(text)
+            if self.mode == "completion":
+                self.body.setFont(mono_font())
+        if self.role == "assistant" and not text and not self.streaming:
+            self.body.setPlainText("(no text)")
+
+    def start_streaming(self) -> None:
+        self.streaming = True
+        self.content = ""
+        self.body.setPlainText("")
+        self.set_stats("thinking…")
+        self.copy_btn.setEnabled(False)
+
+    def append(self, text: str) -> None:
+        """Add a batch of streamed text at the end (O(len(text)), the rest of the document is untouched)."""
+        self.content += text
+        cur = QTextCursor(self.body.document())
+        cur.movePosition(QTextCursor.MoveOperation.End)
+        cur.insertText(text)
+
+    def finish(self, text: str, stats: str) -> None:
+        self.streaming = False
+        self.copy_btn.setEnabled(True)
+        self.set_content(text)
+        self.set_stats(stats)
+
+    def set_stats(self, text: str) -> None:
+        self.stats.setText(text)
+        self.stats.setAccessibleName(f"Numbers of message {self.index + 1}")
+
+    def set_dropped(self, dropped: bool) -> None:
+        """Mark a message that no longer fits in the context (it stays visible, but the model does not see it)."""
+        self.note.setText("not in context" if dropped else "")
+        self.note.setToolTip("The context is full: this older message was left out of the prompt" if dropped else "")
+        self.note.setVisible(dropped)
+        self.body.setEnabled(not dropped)
+
+    def copy(self) -> None:
+        QApplication.clipboard().setText(self.content)
+        self.copied.emit(self.index)
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer lab
+def visible(text: str) -> str:
+    """Whitespace made visible for a token chip (the text itself otherwise unchanged)."""
+    return text.replace(" ", "·").replace("\n", "↵").replace("\t", "→").replace("\r", "␍")
+
+
+def _chip_colors(dark: bool) -> dict[str, tuple[str, ...]]:
+    """Background tints per token type; normal tokens cycle through three cool tints so that neighbours stay
+    apart, the other types have one warm or grey tint each."""
+    if dark:
+        return {"normal": ("#2c4a6e", "#2e5a3c", "#2a5558"), "control": ("#7a2e36",), "user-defined": ("#5b3a70",),
+                "byte": ("#7a5426",), "unknown": ("#55595f",), "unused": ("#55595f",)}
+    return {"normal": ("#cfe0f7", "#d3efcd", "#c9ecec"), "control": ("#f6c3c8",), "user-defined": ("#e3cff0",),
+            "byte": ("#fbd9ad",), "unknown": ("#d9dbde",), "unused": ("#d9dbde",)}
+
+
+def chips_html(pieces: Sequence[str], ids: Sequence[int], types: Sequence[int], limit: int = 4000) -> str:
+    """Token chips: each token's text on a background coloured by its type (alternating tints for normal tokens
+    so that neighbours stay apart); a tooltip-free, copyable rendering."""
+    colors = _chip_colors(is_dark())
+    out = []
+    for i, (p, t) in enumerate(zip(pieces, types, strict=False)):
+        if i >= limit:
+            out.append(f"<span> … {len(ids) - limit:,} more tokens</span>")
+            break
+        kind = TOKEN_TYPES.get(int(t), "normal")
+        tints = colors.get(kind, colors["normal"])
+        bg = tints[i % len(tints)]
+        text = html.escape(visible(p)) or "&nbsp;"
+        weight = "font-weight:600;" if kind in ("control", "user-defined") else ""
+        out.append(f'<span style="background-color:{bg};{weight}">{text}</span>'
+                   + ("<br>" if p.endswith("\n") else "&#8203;"))
+    return f'<div style="line-height:160%;">{"".join(out)}</div>'
+
+
+def legend_html() -> str:
+    colors = _chip_colors(is_dark())
+    kinds = ("normal", "control", "user-defined", "byte", "unknown")
+    items = ["".join(f'<span style="background-color:{c};">&nbsp;{k if j == 0 else ""}&nbsp;</span>'
+                     for j, c in enumerate(colors[k])) for k in kinds]
+    return "Types: " + " ".join(items) + " &nbsp;·&nbsp; spaces as ·, newlines as ↵"
+
+
+class SpecialTokenHighlighter(QSyntaxHighlighter):
+    """Highlights the special-token strings (``<|im_start|>`` …) in the template preview."""
+
+    def __init__(self, doc: QTextDocument, specials: Sequence[str] = ()) -> None:
+        super().__init__(doc)
+        self.fmt = QTextCharFormat()
+        self.fmt.setFontWeight(QFont.Weight.Bold)
+        self.set_specials(specials)
+
+    def set_specials(self, specials: Sequence[str]) -> None:
+        toks = sorted({s for s in specials if s}, key=len, reverse=True)[:2000]
+        self.pattern = re.compile("|".join(re.escape(s) for s in toks)) if toks else None
+        pal = QApplication.palette()
+        self.fmt.setForeground(QColor("#e0707a") if is_dark() else QColor("#b3261e"))
+        self.fmt.setBackground(pal.color(QPalette.ColorRole.AlternateBase))
+        self.rehighlight()
+
+    def highlightBlock(self, text: str) -> None:
+        if self.pattern is None:
+            return
+        for m in self.pattern.finditer(text):
+            self.setFormat(m.start(), m.end() - m.start(), self.fmt)

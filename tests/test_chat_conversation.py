@@ -1,0 +1,131 @@
+"""Turn dropping (core.chat.conversation.fit_messages) and the prompt a conversation becomes."""
+
+from __future__ import annotations
+
+import pytest
+
+from quantscope.core.chat import ChatTemplate
+from quantscope.core.chat.conversation import (
+    encode_prompt,
+    fit_messages,
+    prompt_text,
+    reply_reserve,
+    token_counter,
+    turn_groups,
+)
+from quantscope.core.gguf import GGUFFile
+from quantscope.core.tokenizer import Tokenizer
+
+
+def words(msgs):
+    """A stand-in counter: one token per word, plus 2 per message (role markers)."""
+    return sum(len(str(m["content"]).split()) + 2 for m in msgs)
+
+
+def convo(n_turns, system="be brief"):
+    out = [{"role": "system", "content": system}] if system else []
+    for i in range(n_turns):
+        out.append({"role": "user", "content": f"question {i} " + "w " * 8})
+        out.append({"role": "assistant", "content": f"answer {i} " + "w " * 8})
+    out.append({"role": "user", "content": "last question"})
+    return out
+
+
+def test_everything_fits_nothing_dropped():
+    msgs = convo(3)
+    r = fit_messages(msgs, words, n_ctx=1000, reserve=100)
+    assert r.fits and r.dropped == 0 and r.turns_dropped == 0 and r.messages == msgs
+    assert r.n_tokens == words(msgs) and r.budget == 900
+
+
+def test_drops_oldest_turns_keeps_system_and_last():
+    msgs = convo(5)  # system (4) + 5 turns x 2 x (10 + 2) + last (4) = 128 tokens
+    assert words(msgs) == 128
+    r = fit_messages(msgs, words, n_ctx=100, reserve=20)  # budget 80
+    assert r.fits and r.n_tokens <= 80
+    assert r.messages[0] == msgs[0]  # the system prompt stays
+    assert r.messages[-1] == msgs[-1]  # the question being answered stays
+    assert r.turns_dropped == 2 and r.dropped == 4  # 128 - 2*24 = 80: the fewest turns that fit
+    assert r.messages == [msgs[0], *msgs[5:]]  # a prefix of the turns goes, in order
+    assert r.messages[1]["role"] == "user"  # never starts with an orphan assistant reply
+
+
+def test_minimal_drop_is_found_for_every_budget():
+    msgs = convo(12)
+    for budget in range(4 + 4, words(msgs) + 5):
+        r = fit_messages(msgs, words, n_ctx=budget + 10, reserve=10)
+        assert r.fits and r.n_tokens <= budget
+        if r.turns_dropped:  # dropping one turn fewer would not fit
+            _, turns = turn_groups(msgs)
+            one_less = [m for i, m in enumerate(msgs)
+                        if i not in {j for t in turns[: r.turns_dropped - 1] for j in t}]
+            assert words(one_less) > budget
+
+
+def test_last_turn_alone_too_long_reports_no_fit():
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "yo"}, {"role": "user", "content": "x " * 500}]
+    r = fit_messages(msgs, words, n_ctx=100, reserve=10)
+    assert not r.fits and r.messages == [msgs[0], msgs[3]] and r.dropped == 2
+
+
+def test_no_system_and_leading_assistant_and_reserve_clamp():
+    msgs = [{"role": "assistant", "content": "hello there, how can I help " * 3},
+            {"role": "user", "content": "a b c"}, {"role": "assistant", "content": "d e f"},
+            {"role": "user", "content": "g"}]
+    system, turns = turn_groups(msgs)
+    assert system == [] and turns == [[0], [1, 2], [3]]
+    r = fit_messages(msgs, words, n_ctx=20, reserve=5)
+    assert r.fits and r.messages == msgs[1:] and r.dropped == 1
+    r = fit_messages(msgs, words, n_ctx=20, reserve=10_000)  # reserve clamped to n_ctx - 1
+    assert r.budget == 1 and not r.fits
+    with pytest.raises(ValueError):
+        fit_messages(msgs, words, n_ctx=0)
+
+
+def test_only_system_message():
+    r = fit_messages([{"role": "system", "content": "x"}], words, n_ctx=10)
+    assert r.fits and r.dropped == 0
+
+
+def test_counter_calls_are_logarithmic():
+    msgs = convo(200)
+    calls = []
+
+    def counting(m):
+        calls.append(1)
+        return words(m)
+
+    r = fit_messages(msgs, counting, n_ctx=500, reserve=50)
+    assert r.fits and r.turns_dropped > 150
+    assert len(calls) <= 12
+
+
+def test_reply_reserve():
+    assert reply_reserve(256, 4096) == 256
+    assert reply_reserve(4000, 4096) == 2048
+    assert reply_reserve(0, 4096) == 1
+
+
+def test_prompt_matches_the_engine_and_real_turn_dropping(model_path):
+    from quantscope.core.engine.generate import Engine
+
+    path = model_path("smollm2")
+    eng = Engine(path, n_ctx=256)
+    with GGUFFile(path) as f:
+        tok, tpl = Tokenizer(f), ChatTemplate.from_gguf(f)
+        assert tpl is not None
+        msgs = convo(6, system="You are a helpful assistant.")
+        assert encode_prompt(tok, tpl, msgs) == eng.prompt_ids(msgs)
+        text = prompt_text(tpl, msgs)
+        assert text.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>")
+        assert text.endswith("<|im_start|>assistant\n")
+        # the engine itself is a counter; the tokenizer+template pair counts the same
+        r = fit_messages(msgs, eng, n_ctx=eng.n_ctx, reserve=128)
+        r2 = fit_messages(msgs, token_counter((tok, tpl)), n_ctx=eng.n_ctx, reserve=128)
+        assert r == r2 and r.fits and r.turns_dropped > 0 and r.n_tokens <= 128
+        assert len(eng.prompt_ids(list(r.messages))) == r.n_tokens
+        assert r.messages[0]["role"] == "system" and r.messages[-1] == msgs[-1]
+        # no template (a base model): contents joined by newlines, as the engine does
+        assert prompt_text(None, msgs[:2]) == "You are a helpful assistant.\n" + msgs[1]["content"]
+        assert encode_prompt(tok, None, msgs[:2]) == tok.encode(prompt_text(None, msgs[:2]))

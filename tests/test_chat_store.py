@@ -1,0 +1,176 @@
+"""The conversation store (core.chat.store): SQLite persistence, the data-directory rules, exports."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from quantscope.core.chat.store import (
+    ChatStore,
+    StoredMessage,
+    StoreError,
+    close_fences,
+    data_dir,
+    default_path,
+    export,
+    title_from,
+    to_dict,
+    to_markdown,
+)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = ChatStore(tmp_path / "data" / "chats.sqlite3")
+    yield s
+    s.close()
+
+
+def test_data_dir_rules(monkeypatch, tmp_path):
+    monkeypatch.setenv("QUANTSCOPE_DATA", str(tmp_path / "qs"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert data_dir() == tmp_path / "qs" and default_path() == tmp_path / "qs" / "chats.sqlite3"
+    monkeypatch.delenv("QUANTSCOPE_DATA")
+    assert default_path() == tmp_path / "xdg" / "quantscope" / "chats.sqlite3"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_path() == tmp_path / "home" / ".local" / "share" / "quantscope" / "chats.sqlite3"
+
+
+def test_default_store_goes_where_quantscope_data_says(monkeypatch, tmp_path):
+    monkeypatch.setenv("QUANTSCOPE_DATA", str(tmp_path / "d"))
+    with ChatStore() as s:
+        s.create("x")
+    assert (tmp_path / "d" / "chats.sqlite3").is_file()
+
+
+def test_create_list_get_rename_delete(store):
+    a = store.create("First", model="smol.gguf", system_prompt="be nice", params={"temperature": 0.2})
+    b = store.create("  ", mode="completion")
+    assert store.get(b).title == "New chat" and store.get(b).mode == "completion"
+    store.set_messages(a, [StoredMessage("user", "hi"), StoredMessage("assistant", "hello", {"n_generated": 3})])
+    convs = store.list_conversations()
+    assert [c.id for c in convs] == [a, b]  # most recently updated first
+    assert convs[0].n_messages == 2 and convs[1].n_messages == 0 and convs[0].model == "smol.gguf"
+    c = store.get(a)
+    assert c.system_prompt == "be nice" and c.params == {"temperature": 0.2}
+    assert [(m.role, m.content) for m in c.messages] == [("user", "hi"), ("assistant", "hello")]
+    assert c.messages[1].stats == {"n_generated": 3} and c.messages[0].created > 0
+    store.rename(a, "  Renamed   twice ")
+    assert store.get(a).title == "Renamed twice"
+    with pytest.raises(ValueError):
+        store.rename(a, "   ")
+    store.update(a, system_prompt="terse", params={"temperature": 0.0}, mode="chat")
+    assert store.get(a).system_prompt == "terse" and store.get(a).params == {"temperature": 0.0}
+    with pytest.raises(ValueError):
+        store.update(a, mode="nonsense")
+    store.delete(a)
+    assert not store.exists(a) and [c.id for c in store.list_conversations()] == [b]
+    with pytest.raises(KeyError):
+        store.get(a)
+    with pytest.raises(KeyError):
+        store.rename(a, "gone")
+    with pytest.raises(KeyError):
+        store.set_messages(a, [])
+    # the messages went with it (ON DELETE CASCADE)
+    assert store._db.execute("SELECT COUNT(*) FROM messages WHERE conversation_id = ?", (a,)).fetchone()[0] == 0
+
+
+def test_set_messages_replaces_and_append_adds(store):
+    cid = store.create("c")
+    store.set_messages(cid, [StoredMessage("user", str(i)) for i in range(5)])
+    store.set_messages(cid, [StoredMessage("user", "edited")])  # an edit drops what followed
+    store.append_message(cid, StoredMessage("assistant", "reply ✓ 日本語"))
+    assert [m.content for m in store.get(cid).messages] == ["edited", "reply ✓ 日本語"]
+
+
+def test_persists_across_connections(tmp_path):
+    p = tmp_path / "c.sqlite3"
+    with ChatStore(p) as s:
+        cid = s.create("kept", messages=[StoredMessage("user", "q"), StoredMessage("assistant", "a")])
+    with ChatStore(p) as s:
+        assert s.get(cid).title == "kept" and len(s.get(cid).messages) == 2
+        assert s._db.execute("PRAGMA user_version").fetchone()[0] == 1
+
+
+def test_bad_and_newer_files_are_refused_by_name(tmp_path):
+    bad = tmp_path / "bad.sqlite3"
+    bad.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError, match=r"bad\.sqlite3"):
+        ChatStore(bad)
+    newer = tmp_path / "newer.sqlite3"
+    db = sqlite3.connect(newer)
+    db.execute("PRAGMA user_version = 99")
+    db.close()
+    with pytest.raises(StoreError, match="newer Quantscope"):
+        ChatStore(newer)
+    blocked = tmp_path / "file"
+    blocked.write_text("x")
+    with pytest.raises(StoreError):
+        ChatStore(blocked / "sub" / "c.sqlite3")
+
+
+def test_title_from_and_close_fences():
+    assert title_from("\n  Write a   haiku\nabout rain") == "Write a haiku"
+    t = title_from("word " * 40)
+    assert t.endswith("…") and len(t) <= 49
+    assert title_from("") == "New chat"
+    assert close_fences("a\n```py\nx = 1") == "a\n```py\nx = 1\n```"
+    assert close_fences("```\nx\n```\n") == "```\nx\n```\n"
+    assert close_fences("~~~~\n```\ninside\n") == "~~~~\n```\ninside\n~~~~"
+
+
+def _sample(store):
+    cid = store.create("Adding numbers", model="SmolLM2-135M-Instruct.Q4_1.gguf", system_prompt="Be brief.",
+                       params={"temperature": 0.0, "top_k": 40, "seed": None})
+    store.set_messages(cid, [
+        StoredMessage("user", "Write a function that adds two numbers."),
+        StoredMessage("assistant", "Here it is:\n\n```python\ndef add(a, b):\n    return a + b\n```\n\nDone.",
+                      {"n_generated": 30, "gen_tps": 25.5, "ttft_s": 0.12, "stop_reason": "end of generation"}),
+        StoredMessage("user", "And in C?"),
+        StoredMessage("assistant", "```c\nint add(int a, int b) {", {"n_generated": 9, "stop_reason": "cancelled"}),
+    ])
+    return store.get(cid)
+
+
+def test_markdown_export_is_valid_markdown(store, tmp_path, qapp):
+    from PySide6.QtGui import QTextDocument
+
+    conv = _sample(store)
+    md = to_markdown(conv)
+    assert md.startswith("# Adding numbers\n")
+    assert "## System\n\nBe brief." in md and md.count("## User") == 2 and md.count("## Assistant") == 2
+    assert "*30 tokens · 25.5 tokens/s · first token after 120 ms · stop: end of generation*" in md
+    fences = [ln for ln in md.splitlines() if ln.startswith("```")]
+    assert len(fences) % 2 == 0  # the stopped reply's open code block was closed
+    doc = QTextDocument()
+    doc.setMarkdown(md)  # Qt's CommonMark parser: headings and code blocks come out as such
+    text = doc.toPlainText()
+    assert "def add(a, b):" in text and "int add(int a, int b) {" in text and "## User" not in text
+    p = export(conv, tmp_path / "chat.md")
+    assert p.read_text(encoding="utf-8") == md and not list(tmp_path.glob(".*tmp"))
+
+
+def test_json_export_round_trips(store, tmp_path):
+    conv = _sample(store)
+    p = export(conv, tmp_path / "chat.json")
+    d = json.loads(p.read_text(encoding="utf-8"))
+    assert d == to_dict(conv)
+    assert d["format"] == "quantscope-chat" and d["version"] == 1 and d["title"] == "Adding numbers"
+    assert d["system_prompt"] == "Be brief." and d["params"]["temperature"] == 0.0
+    assert [m["role"] for m in d["messages"]] == ["user", "assistant", "user", "assistant"]
+    assert d["messages"][1]["content"] == conv.messages[1].content and d["messages"][1]["stats"]["n_generated"] == 30
+    assert "stats" not in d["messages"][0]
+    with pytest.raises(ValueError):
+        export(conv, tmp_path / "x.txt", fmt="html")
+
+
+def test_completion_mode_export_keeps_text_exact(store):
+    cid = store.create("c", mode="completion", messages=[StoredMessage("user", "Once upon a time"),
+                                                          StoredMessage("assistant", ", a *star* fell")])
+    md = to_markdown(store.get(cid))
+    assert "## Prompt\n\n```text\nOnce upon a time\n```" in md and "## Continuation" in md
+    assert "```text\n, a *star* fell\n```" in md
+

@@ -139,6 +139,19 @@ class _HeadCheck(threading.Thread):
             self.error = exc
 
 
+class _Flusher(threading.Thread):
+    """Kicks off writeback of finished ranges of the output beside the writer (the kernel call can block)."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(name="bump-writeback", daemon=True)
+        self.fd = fd
+        self.q: queue.Queue[Any] = queue.Queue()
+
+    def run(self) -> None:
+        while (item := self.q.get()) is not None:
+            _start_writeback(self.fd, *item)
+
+
 class _Hasher(threading.Thread):
     """SHA-256 of everything queued, in its own thread (hashlib releases the GIL on large buffers).
 
@@ -315,10 +328,12 @@ class ConvertJob:
         total = plan.total_size
         hasher = _Hasher(self.gguf_path, self.chunk)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        flusher = _Flusher(fd)
         src_fd = os.open(self.gguf_path, os.O_RDONLY) if hasattr(os, "copy_file_range") else -1
         ok = False
         try:
             hasher.start()
+            flusher.start()
             _write_all(fd, plan.header().pack(), tmp, 0, total)
             prefix = len(plan.sections).to_bytes(4, "little") + plan.codes
             _write_all(fd, prefix, tmp, HEADER_SIZE, total)
@@ -342,14 +357,16 @@ class ConvertJob:
                         hasher.q.put(data)
                     done += len(data)
                     if done - flushed >= _FLUSH_EVERY:  # start writeback now so the final fsync is short
-                        _start_writeback(fd, flushed, done - flushed)
+                        flusher.q.put((flushed, done - flushed))
                         flushed = done
                     now = time.perf_counter()
                     if now - last_report > 0.05:
                         report(ConvertProgress("writing", done, total, s.name, i, n))
                         last_report = now
             hasher.q.put(None)
+            flusher.q.put(None)
             hasher.join()
+            flusher.join()
             if hasher.error:
                 raise hasher.error
             if done != total:  # pragma: no cover - the plan and the writer disagree
@@ -369,6 +386,9 @@ class ConvertJob:
             ok = True
             return digest.hex()
         finally:
+            if flusher.is_alive():
+                flusher.q.put(None)
+                flusher.join()
             if hasher.is_alive():
                 hasher.error = hasher.error or Cancelled()
                 hasher.q.put(None)

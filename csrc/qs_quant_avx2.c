@@ -4,6 +4,7 @@
 
 #include "qs.h"
 #include "qs_quant_internal.h"
+#include "qs_simd_common.h"
 
 #define T QS_TARGET_AVX2
 
@@ -109,14 +110,8 @@ T float qs_dot_q4_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     __m128 accm = _mm_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     for (int64_t i = 0; i < n / 256; ++i, w += 144, x += 292) {
-        const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
         uint32_t u[4];
-        memcpy(u, w + 4, 12);
-        u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-        uint32_t aux = u[1] & k1;
-        u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-        u[2] = aux;
-        u[0] &= k1;
+        k4_scales_mins(w + 4, u);
         const uint8_t *sc = (const uint8_t *)u; /* sc0..7, then m0..7 */
         __m128i mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8)));
         __m256i bs = _mm256_loadu_si256((const __m256i *)(x + 260));
@@ -145,7 +140,6 @@ T float qs_dot_q4_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
 
 T float qs_dot_q6_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     __m256 acc = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
     for (int64_t i = 0; i < n / 256; ++i, w += 210, x += 292) {
         const int8_t *sc = (const int8_t *)(w + 192);
         const uint8_t *q8 = x + 4;
@@ -155,18 +149,8 @@ T float qs_dot_q6_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
         __m256i off = _mm256_madd_epi16(sc16, bs16);
         __m256i sumi = _mm256_setzero_si256();
         for (int h = 0; h < 2; ++h) {
-            const uint8_t *ql = w + 64 * h;
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            q6k_half_codes(w, h, q);
             for (int k = 0; k < 4; ++k) {
                 __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(q8 + 128 * h + 32 * k)));
                 int j = 8 * h + 2 * k;
@@ -258,22 +242,12 @@ T void qs_deq_q4_K_avx2(const uint8_t *b, float *y) {
 }
 
 T void qs_deq_q6_K_avx2(const uint8_t *b, float *y) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+    const __m256i off = _mm256_set1_epi8(32);
     const int8_t *sc = (const int8_t *)(b + 192);
     float d = f16at(b + 208);
     for (int h = 0; h < 2; ++h) {
-        const uint8_t *ql = b + 64 * h;
-        __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-        __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-        __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
         __m256i q[4];
-        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+        q6k_half_codes(b, h, q);
         for (int k = 0; k < 4; ++k) {
             __m256i v = _mm256_sub_epi8(q[k], off);
             float *yy = y + 128 * h + 32 * k;
@@ -307,14 +281,8 @@ T float qs_dot_q5_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     __m128 accm = _mm_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0F), b16 = _mm256_set1_epi8(0x10);
     for (int64_t i = 0; i < n / 256; ++i, w += 176, x += 292) {
-        const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
         uint32_t u[4];
-        memcpy(u, w + 4, 12);
-        u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-        uint32_t aux = u[1] & k1;
-        u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-        u[2] = aux;
-        u[0] &= k1;
+        k4_scales_mins(w + 4, u);
         const uint8_t *sc = (const uint8_t *)u;
         __m128i mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8)));
         __m256i bs = _mm256_loadu_si256((const __m256i *)(x + 260));

@@ -5,6 +5,7 @@
 
 #include "qs.h"
 #include "qs_quant_internal.h"
+#include "qs_simd_common.h"
 
 #define T QS_TARGET_AVX512
 
@@ -74,17 +75,6 @@ T float qs_dot_q4_1_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
     return hsum256(acc) + summs;
 }
 
-/* Q4_K scales: 12 bytes -> bytes 0..7 = eight 6-bit scales, bytes 8..15 = eight 6-bit mins (ggml's mask trick). */
-static inline void k4_scales_mins(const uint8_t *s, uint32_t u[4]) {
-    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-    memcpy(u, s, 12);
-    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-    uint32_t aux = u[1] & k1;
-    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-    u[2] = aux;
-    u[0] &= k1;
-}
-
 static const int16_t K4_IDX[4][32] __attribute__((aligned(64))) = {
     {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
     {2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3},
@@ -134,7 +124,7 @@ T float qs_dot_q4_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
 
 T float qs_dot_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
     __m512 acc = _mm512_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+
     /* lane i of a 64-element register (32 int16 pairs) belongs to scale group base + i/8 */
     __m512i idx[4];
     for (int k = 0; k < 4; ++k) {
@@ -149,17 +139,9 @@ T float qs_dot_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
         __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(x + 260)));
         __m512i sumi = _mm512_setzero_si512();
         for (int h = 0; h < 2; ++h) {
-            const uint8_t *ql = w + 64 * h;
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            __m256i q1 = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            __m256i qv[4];
+            q6k_half_codes(w, h, qv);
+            __m256i q0 = qv[0], q1 = qv[1], q2 = qv[2], q3 = qv[3];
             __m512i z0 = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
             __m512i z1 = _mm512_inserti64x4(_mm512_castsi256_si512(q2), q3, 1);
             __m512i p0 = _mm512_maddubs_epi16(z0, _mm512_loadu_si512((const void *)(q8 + 128 * h)));
@@ -279,7 +261,6 @@ T void qs_dot4_q4_K_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4
 
 T void qs_dot4_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]) {
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
     __m512i idx[4];
     for (int k = 0; k < 4; ++k) {
         int16_t vv[32];
@@ -291,17 +272,9 @@ T void qs_dot4_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4
         __m512i sc512 = _mm512_castsi256_si512(sc16);
         __m512i z[4], s[4];
         for (int h = 0; h < 2; ++h) {
-            const uint8_t *ql = w + 64 * h;
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h));
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            __m256i q1 = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            __m256i qv[4];
+            q6k_half_codes(w, h, qv);
+            __m256i q0 = qv[0], q1 = qv[1], q2 = qv[2], q3 = qv[3];
             z[2 * h] = _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1);
             z[2 * h + 1] = _mm512_inserti64x4(_mm512_castsi256_si512(q2), q3, 1);
             s[2 * h] = _mm512_permutexvar_epi16(idx[2 * h], sc512);

@@ -24,10 +24,13 @@ void qs_rmsnorm_scalar(const float *x, const float *w, float *y, int64_t n_rows,
 void qs_rope_scalar(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
                     float freq_base, float freq_scale, int neox) {
     int half = rot_dim / 2;
+    double inv_freq[512]; /* rot_dim <= 1024: checked by the callers (core/native/nn.py, core/model) */
+    if (half > 512) half = 512;
+    for (int i = 0; i < half; ++i) inv_freq[i] = pow((double)freq_base, -2.0 * i / rot_dim);
     for (int64_t t = 0; t < n_tokens; ++t) {
         double p = (double)pos[t] * freq_scale;
         for (int i = 0; i < half; ++i) {
-            double theta = p * pow((double)freq_base, -2.0 * i / rot_dim);
+            double theta = p * inv_freq[i];
             float c = (float)cos(theta), s = (float)sin(theta);
             for (int h = 0; h < n_heads; ++h) {
                 float *v = x + (t * n_heads + h) * (int64_t)head_dim;
@@ -89,11 +92,13 @@ void qs_rope(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim,
 void qs_softmax(float *x, int64_t n_rows, int64_t n) { qs_softmax_scalar(x, n_rows, n); }
 
 void qs_swiglu(const float *gate, const float *up, float *out, int64_t n) {
-    qs_swiglu_scalar(gate, up, out, n);
+    if (qs_isa_get() >= QS_ISA_AVX2) qs_swiglu_avx2(gate, up, out, n);
+    else qs_swiglu_scalar(gate, up, out, n);
 }
 
 void qs_geglu_tanh(const float *gate, const float *up, float *out, int64_t n) {
-    qs_geglu_tanh_scalar(gate, up, out, n);
+    if (qs_isa_get() >= QS_ISA_AVX2) qs_geglu_tanh_avx2(gate, up, out, n);
+    else qs_geglu_tanh_scalar(gate, up, out, n);
 }
 
 /* ---------------------------------------------------------------- attention */

@@ -9,5 +9,7 @@ float qs_dot_f32_avx2(const float *a, const float *b, int n);
 float qs_dot_f32_f16_avx2(const float *a, const uint16_t *b, int n);
 void qs_axpy_f32_avx2(float a, const float *x, float *y, int n);
 void qs_axpy_f16_avx2(float a, const uint16_t *x, float *y, int n);
+void qs_swiglu_avx2(const float *gate, const float *up, float *out, int64_t n);
+void qs_geglu_tanh_avx2(const float *gate, const float *up, float *out, int64_t n);
 
 #endif

@@ -83,3 +83,52 @@ QS_TARGET_AVX2 void qs_rmsnorm_avx2(const float *x, const float *w, float *y, in
         }
     }
 }
+
+/* exp(x) for 8 floats: Cody-Waite range reduction x = n*ln2 + r, degree-6 polynomial for e^r (|r| <= ln2/2),
+ * scaled by 2^n through the exponent bits; inputs clamped to [-87.3, 88.7] (relative error ~2e-7). */
+QS_TARGET_AVX2 static inline __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.7f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+QS_TARGET_AVX2 void qs_swiglu_avx2(const float *gate, const float *up, float *out, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; ++i) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+QS_TARGET_AVX2 void qs_geglu_tanh_avx2(const float *gate, const float *up, float *out, int64_t n) {
+    const __m256 k = _mm256_set1_ps(0.7978845608028654f), c = _mm256_set1_ps(0.044715f);
+    const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f), two = _mm256_set1_ps(2.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 y = _mm256_mul_ps(k, _mm256_fmadd_ps(_mm256_mul_ps(c, g), _mm256_mul_ps(g, g), g));
+        /* tanh(y) = 1 - 2 / (exp(2y) + 1), exact limits at +-inf through the clamp in exp256 */
+        __m256 t = _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(exp256(_mm256_mul_ps(two, y)), one)));
+        __m256 v = _mm256_mul_ps(_mm256_mul_ps(half, g), _mm256_add_ps(one, t));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(v, _mm256_loadu_ps(up + i)));
+    }
+    const float ks = 0.7978845608028654f;
+    for (; i < n; ++i) {
+        float g = gate[i];
+        out[i] = 0.5f * g * (1.0f + tanhf(ks * (g + 0.044715f * g * g * g))) * up[i];
+    }
+}

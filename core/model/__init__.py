@@ -75,6 +75,8 @@ def read_config(f: GGUFFile) -> ModelConfig:
     n_head_kv = int(_get(f, p + "attention.head_count_kv", n_head))  # type: ignore[arg-type]
     head_dim = int(_get(f, p + "attention.key_length", n_embd // n_head))  # type: ignore[arg-type]
     emb = f.tensor("token_embd.weight")
+    if not 0 < head_dim <= 1024 or head_dim % 2:
+        raise UnsupportedModel(f"head dimension {head_dim} is not supported (even, at most 1024)")
     common = dict(
         arch=arch,
         n_layers=int(_get(f, p + "block_count")),  # type: ignore[arg-type]

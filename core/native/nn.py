@@ -44,8 +44,8 @@ def rope(x: np.ndarray, positions: np.ndarray, *, rot_dim: int | None = None, fr
         raise ValueError("x must be (n_tokens, n_heads, head_dim)")
     n_tok, n_heads, head_dim = xa.shape
     rd = head_dim if rot_dim is None else rot_dim
-    if rd <= 0 or rd % 2 or rd > head_dim:
-        raise ValueError(f"rot_dim {rd} must be even and at most head_dim {head_dim}")
+    if rd <= 0 or rd % 2 or rd > head_dim or rd > 1024:
+        raise ValueError(f"rot_dim {rd} must be even and at most head_dim {head_dim} (and 1024)")
     pos = _in(positions, np.int32, "positions").reshape(-1)
     if pos.size != n_tok:
         raise ValueError(f"{pos.size} positions for {n_tok} tokens")

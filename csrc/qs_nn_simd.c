@@ -4,13 +4,7 @@
 
 #include "qs.h"
 #include "qs_nn_internal.h"
-
-QS_TARGET_AVX2 static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#include "qs_simd_common.h"
 
 QS_TARGET_AVX2 float qs_dot_f32_avx2(const float *a, const float *b, int n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();

@@ -8,21 +8,6 @@
 
 #define T QS_TARGET_AVX2
 
-T static inline float f16at(const uint8_t *p) { return _cvtsh_ss(qs_load_u16(p)); } /* F16C */
-
-T static inline float hsum_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-T static inline __m256i nibbles_32(const uint8_t *p) { /* 16 bytes -> 32 codes: low nibbles, then high */
-    __m128i t = _mm_loadu_si128((const __m128i *)p);
-    __m128i m = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(t, 4), m), _mm_and_si128(t, m));
-}
-
 T static inline __m256i bits_to_bytes(uint32_t x32) { /* bit e set -> byte e = 0xFF */
     const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
     __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x32), shuf);
@@ -49,7 +34,7 @@ T float qs_dot_q8_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
         __m256i qx = _mm256_loadu_si256((const __m256i *)(x + 2));
         acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs(qw, qx), acc);
     }
-    return hsum_ps(acc);
+    return hsum256(acc);
 }
 
 T float qs_dot_q4_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
@@ -60,7 +45,7 @@ T float qs_dot_q4_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
         __m256i qx = _mm256_loadu_si256((const __m256i *)(x + 2));
         acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs(qw, qx), acc);
     }
-    return hsum_ps(acc);
+    return hsum256(acc);
 }
 
 T float qs_dot_q5_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
@@ -72,7 +57,7 @@ T float qs_dot_q5_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
         __m256i qx = _mm256_loadu_si256((const __m256i *)(x + 2));
         acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs(qw, qx), acc);
     }
-    return hsum_ps(acc);
+    return hsum256(acc);
 }
 
 T float qs_dot_q4_1_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
@@ -85,7 +70,7 @@ T float qs_dot_q4_1_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
         __m256i qx = _mm256_loadu_si256((const __m256i *)(x + 4));
         acc = _mm256_fmadd_ps(d, mul_sum_u8_i8(qw, qx), acc);
     }
-    return hsum_ps(acc) + summs;
+    return hsum256(acc) + summs;
 }
 
 static inline void k4_unpack(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
@@ -95,14 +80,6 @@ static inline void k4_unpack(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
         sc[j + 4] = (uint8_t)((s[j + 8] & 15) | ((s[j] >> 6) << 4));
         m[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
     }
-}
-
-static inline int32_t k4_min_sum(const uint8_t m[8], const uint8_t *x) {
-    int16_t b[16];
-    memcpy(b, x + 260, 32);
-    int32_t s = 0;
-    for (int j = 0; j < 8; ++j) s += m[j] * (b[2 * j] + b[2 * j + 1]);
-    return s;
 }
 
 T float qs_dot_q4_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
@@ -135,7 +112,7 @@ T float qs_dot_q4_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     }
     __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
     m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    return hsum_ps(acc) - _mm_cvtss_f32(m);
+    return hsum256(acc) - _mm_cvtss_f32(m);
 }
 
 T float qs_dot_q6_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
@@ -161,7 +138,7 @@ T float qs_dot_q6_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
         sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 5));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(f16at(w + 208) * qs_load_f32(x)), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum_ps(acc);
+    return hsum256(acc);
 }
 
 T float qs_dot_f16_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
@@ -175,7 +152,7 @@ T float qs_dot_f16_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
         a0 = _mm256_fmadd_ps(w0, x0, a0);
         a1 = _mm256_fmadd_ps(w1, x1, a1);
     }
-    float s = hsum_ps(_mm256_add_ps(a0, a1));
+    float s = hsum256(_mm256_add_ps(a0, a1));
     for (; i < n; ++i) s += f16at(w + 2 * i) * f16at(x + 2 * i);
     return s;
 }
@@ -191,7 +168,7 @@ T float qs_dot_f32_avx2_q(int64_t n, const uint8_t *w, const uint8_t *x) {
         a3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), a3);
     }
     for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
-    float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
     for (; i < n; ++i) s += a[i] * b[i];
     return s;
 }
@@ -273,7 +250,7 @@ T float qs_dot_q5_1_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
         __m256i qx = _mm256_loadu_si256((const __m256i *)(x + 4));
         acc = _mm256_fmadd_ps(_mm256_set1_ps(f16at(w) * f16at(x)), mul_sum_u8_i8(qw, qx), acc);
     }
-    return hsum_ps(acc) + summs;
+    return hsum256(acc) + summs;
 }
 
 T float qs_dot_q5_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
@@ -309,7 +286,7 @@ T float qs_dot_q5_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     }
     __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
     m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    return hsum_ps(acc) - _mm_cvtss_f32(m);
+    return hsum256(acc) - _mm_cvtss_f32(m);
 }
 
 T static inline __m256 bf16x8(const uint8_t *p) {
@@ -323,7 +300,7 @@ T float qs_dot_bf16_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
         a0 = _mm256_fmadd_ps(bf16x8(w + 2 * i), bf16x8(x + 2 * i), a0);
         a1 = _mm256_fmadd_ps(bf16x8(w + 2 * i + 16), bf16x8(x + 2 * i + 16), a1);
     }
-    float s = hsum_ps(_mm256_add_ps(a0, a1));
+    float s = hsum256(_mm256_add_ps(a0, a1));
     for (; i < n; ++i) s += qs_bf16_to_fp32(qs_load_u16(w + 2 * i)) * qs_bf16_to_fp32(qs_load_u16(x + 2 * i));
     return s;
 }

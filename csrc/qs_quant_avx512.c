@@ -9,21 +9,6 @@
 
 #define T QS_TARGET_AVX512
 
-T static inline float f16at(const uint8_t *p) { return _cvtsh_ss(qs_load_u16(p)); } /* F16C */
-
-T static inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-T static inline __m256i nibbles_32(const uint8_t *p) {
-    __m128i t = _mm_loadu_si128((const __m128i *)p);
-    __m128i m = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(t, 4), m), _mm_and_si128(t, m));
-}
-
 /* sum over 32 bytes of u8 q * s8 x, minus off * sum(x) -> 8 int32 lanes */
 T static inline __m256i dot_u8_s8_off(__m256i q, __m256i x, int off) {
     __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, x);
@@ -163,8 +148,6 @@ T float qs_dot_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
  * Each column's arithmetic is exactly the single-row kernel's (same operations, same order), so results are
  * bit-identical to qs_dot_*_avx512; only the weight decoding is shared between the four columns. */
 
-T static inline float hsum256_(__m256 v) { return hsum256(v); }
-
 T void qs_dot4_q5_0_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]) {
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     const __m256i b16 = _mm256_set1_epi8(16);
@@ -178,7 +161,7 @@ T void qs_dot4_q5_0_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16at(xc)), _mm256_cvtepi32_ps(p), acc[c]);
         }
     }
-    for (int c = 0; c < 4; ++c) out[c] = hsum256_(acc[c]);
+    for (int c = 0; c < 4; ++c) out[c] = hsum256(acc[c]);
 }
 
 T void qs_dot4_q8_0_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]) {
@@ -194,7 +177,7 @@ T void qs_dot4_q8_0_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16at(xc)), _mm256_cvtepi32_ps(p), acc[c]);
         }
     }
-    for (int c = 0; c < 4; ++c) out[c] = hsum256_(acc[c]);
+    for (int c = 0; c < 4; ++c) out[c] = hsum256(acc[c]);
 }
 
 T void qs_dot4_q4_1_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]) {
@@ -210,7 +193,7 @@ T void qs_dot4_q4_1_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * f16at(xc)), _mm256_cvtepi32_ps(p), acc[c]);
         }
     }
-    for (int c = 0; c < 4; ++c) out[c] = hsum256_(acc[c]) + summs[c];
+    for (int c = 0; c < 4; ++c) out[c] = hsum256(acc[c]) + summs[c];
 }
 
 T void qs_dot4_q4_K_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]) {

@@ -2,6 +2,22 @@
 #ifndef QS_SIMD_COMMON_H
 #define QS_SIMD_COMMON_H
 
+QS_TARGET_AVX2 static inline float f16at(const uint8_t *p) { return _cvtsh_ss(qs_load_u16(p)); } /* F16C */
+
+QS_TARGET_AVX2 static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 16 bytes -> 32 codes: low nibbles (elements 0..15), then high nibbles (16..31). */
+QS_TARGET_AVX2 static inline __m256i nibbles_32(const uint8_t *p) {
+    __m128i t = _mm_loadu_si128((const __m128i *)p);
+    __m128i m = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(t, 4), m), _mm_and_si128(t, m));
+}
+
 /* Q4_K/Q5_K scales: 12 bytes -> bytes 0..7 = eight 6-bit scales, bytes 8..15 = eight 6-bit mins (ggml's masks). */
 static inline void k4_scales_mins(const uint8_t *s, uint32_t u[4]) {
     const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;

@@ -24,5 +24,6 @@ int qs_matvec(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float
 int qs_matmat(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,
               int n_threads);
 
+int qs_gemm_set(int on);           /* tiled prefill GEMM on (1) / off (0); -1 queries; returns the previous state */
 int qs_threads_default(void);
 uint64_t qs_read_probe(const uint8_t *p, int64_t n, int n_threads);  /* XOR of every byte: a read-bandwidth probe */

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..chat import ChatTemplate, Sampler, SamplerParams
 from ..gguf import GGUFFile
 from ..native.kernels import isa
@@ -88,6 +90,7 @@ class Engine:
         if self.session is None:
             self.session = self.model.session(n_ctx)
         self.cached: list[int] = []  # token ids currently in the KV cache
+        self._prompt_logits: tuple[tuple[int, ...], np.ndarray] | None = None  # last prompt and its logits
         say("ready", 1.0)
 
     def new_session(self, n_ctx: int) -> Session | Any:
@@ -134,12 +137,20 @@ class Engine:
             if a != b:
                 break
             common += 1
-        common = min(common, len(ids) - 1)
-        self.session.truncate(common)
-        self.cached = self.cached[:common]
         sampler = Sampler(p)
         t0 = time.perf_counter()
-        logits = self.session.forward(ids[common:])
+        memo = self._prompt_logits
+        if common >= len(ids) and memo is not None and memo[0] == tuple(ids):
+            # the same prompt again (regenerate, same seed): its logits as computed then, not re-derived by a
+            # differently batched forward pass (which may round differently), so a seed reproduces its text
+            self.session.truncate(len(ids))
+            logits = memo[1].copy()
+        else:
+            common = min(common, len(ids) - 1)
+            self.session.truncate(common)
+            self.cached = self.cached[:common]
+            logits = self.session.forward(ids[common:])
+            self._prompt_logits = (tuple(ids), logits.copy())
         self.cached = list(ids)
         t1 = time.perf_counter()
         prompt_tps = (len(ids) - common) / (t1 - t0) if t1 > t0 else 0.0

@@ -50,6 +50,16 @@ def forced_isa(level: str | int) -> Iterator[str]:
         lib.qs_isa_set(prev)
 
 
+@contextmanager
+def prefill_gemm(on: bool) -> Iterator[None]:
+    """Run a block with the tiled prefill GEMM switched on or off (off: row-by-row dot kernels)."""
+    prev = lib.qs_gemm_set(1 if on else 0)
+    try:
+        yield
+    finally:
+        lib.qs_gemm_set(prev)
+
+
 def default_threads() -> int:
     """Threads a call uses when none is given (online CPUs)."""
     return int(lib.qs_threads_default())

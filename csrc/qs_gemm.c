@@ -1,0 +1,326 @@
+/* Prefill GEMM (see qs_gemm.h): scalar weight-row decoders into the common code/scale/min form, activation
+ * column preparation, and the threaded driver that runs the AVX-512 tile kernel over panels of 4 weight rows. */
+#include <stdlib.h>
+
+#include "qs.h"
+#include "qs_gemm.h"
+
+static inline float h2f(const uint8_t *p) { return qs_fp16_to_fp32(qs_load_u16(p)); }
+
+static void zero_tail(const qs_gemm_dims *d, uint8_t *codes, float *ws, float *mrow) {
+    memset(codes + d->k, 0, (size_t)(d->k64 - d->k));
+    for (int64_t i = d->k / 4; i < d->nl; ++i) ws[i] = 0.0f;
+    for (int64_t i = d->ng; i < d->ngp; ++i) mrow[i] = 0.0f;
+}
+
+/* 32-element blocks: per block 32 codes, one scale d (8 lanes), one min term. */
+static void set_lanes(float *ws, int64_t b, float d) {
+    for (int j = 0; j < 8; ++j) ws[8 * b + j] = d;
+}
+
+static void panel_q4_0(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    for (int64_t b = 0; b < d->k / 32; ++b, w += 18) {
+        for (int j = 0; j < 16; ++j) {
+            c[32 * b + j] = w[2 + j] & 15;
+            c[32 * b + 16 + j] = w[2 + j] >> 4;
+        }
+        float s = h2f(w);
+        set_lanes(ws, b, s);
+        mrow[b] = 8.0f * s;
+    }
+    zero_tail(d, c, ws, mrow);
+}
+
+static void panel_q4_1(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    for (int64_t b = 0; b < d->k / 32; ++b, w += 20) {
+        for (int j = 0; j < 16; ++j) {
+            c[32 * b + j] = w[4 + j] & 15;
+            c[32 * b + 16 + j] = w[4 + j] >> 4;
+        }
+        set_lanes(ws, b, h2f(w));
+        mrow[b] = -h2f(w + 2);
+    }
+    zero_tail(d, c, ws, mrow);
+}
+
+static void panel_q5_0(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    for (int64_t b = 0; b < d->k / 32; ++b, w += 22) {
+        uint32_t qh = qs_load_u32(w + 2);
+        for (int j = 0; j < 16; ++j) {
+            c[32 * b + j] = (uint8_t)((w[6 + j] & 15) | (((qh >> j) & 1) << 4));
+            c[32 * b + 16 + j] = (uint8_t)((w[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+        }
+        float s = h2f(w);
+        set_lanes(ws, b, s);
+        mrow[b] = 16.0f * s;
+    }
+    zero_tail(d, c, ws, mrow);
+}
+
+static void panel_q5_1(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    for (int64_t b = 0; b < d->k / 32; ++b, w += 24) {
+        uint32_t qh = qs_load_u32(w + 4);
+        for (int j = 0; j < 16; ++j) {
+            c[32 * b + j] = (uint8_t)((w[8 + j] & 15) | (((qh >> j) & 1) << 4));
+            c[32 * b + 16 + j] = (uint8_t)((w[8 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+        }
+        set_lanes(ws, b, h2f(w));
+        mrow[b] = -h2f(w + 2);
+    }
+    zero_tail(d, c, ws, mrow);
+}
+
+static void panel_q8_0(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    for (int64_t b = 0; b < d->k / 32; ++b, w += 34) {
+        for (int j = 0; j < 32; ++j) c[32 * b + j] = (uint8_t)(w[2 + j] ^ 0x80); /* s8 + 128 */
+        float s = h2f(w);
+        set_lanes(ws, b, s);
+        mrow[b] = 128.0f * s;
+    }
+    zero_tail(d, c, ws, mrow);
+}
+
+static void k4_sm(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+static void panel_q4_K(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    for (int64_t i = 0; i < d->k / 256; ++i, w += 144) {
+        float dd = h2f(w), dm = h2f(w + 2);
+        for (int g = 0; g < 8; ++g) {
+            int sc, m;
+            k4_sm(w + 4, g, &sc, &m);
+            for (int l = 0; l < 8; ++l) ws[64 * i + 8 * g + l] = dd * (float)sc;
+            mrow[8 * i + g] = dm * (float)m;
+        }
+        for (int q = 0; q < 4; ++q)
+            for (int l = 0; l < 32; ++l) {
+                c[256 * i + 64 * q + l] = w[16 + 32 * q + l] & 15;
+                c[256 * i + 64 * q + 32 + l] = w[16 + 32 * q + l] >> 4;
+            }
+    }
+    zero_tail(d, c, ws, mrow);
+}
+
+static void panel_q5_K(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    for (int64_t i = 0; i < d->k / 256; ++i, w += 176) {
+        float dd = h2f(w), dm = h2f(w + 2);
+        const uint8_t *qh = w + 16, *qs = w + 48;
+        for (int g = 0; g < 8; ++g) {
+            int sc, m;
+            k4_sm(w + 4, g, &sc, &m);
+            for (int l = 0; l < 8; ++l) ws[64 * i + 8 * g + l] = dd * (float)sc;
+            mrow[8 * i + g] = dm * (float)m;
+        }
+        for (int q = 0; q < 4; ++q)
+            for (int l = 0; l < 32; ++l) {
+                c[256 * i + 64 * q + l] = (uint8_t)((qs[32 * q + l] & 15) | (((qh[l] >> (2 * q)) & 1) << 4));
+                c[256 * i + 64 * q + 32 + l] = (uint8_t)((qs[32 * q + l] >> 4) | (((qh[l] >> (2 * q + 1)) & 1) << 4));
+            }
+    }
+    zero_tail(d, c, ws, mrow);
+}
+
+static void panel_q6_K(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    for (int64_t i = 0; i < d->k / 256; ++i, w += 210) {
+        float dd = h2f(w + 208);
+        const int8_t *sc = (const int8_t *)(w + 192);
+        for (int g = 0; g < 16; ++g) {
+            float s = dd * (float)sc[g];
+            for (int l = 0; l < 4; ++l) ws[64 * i + 4 * g + l] = s;
+            mrow[16 * i + g] = 32.0f * s;
+        }
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t *ql = w + 64 * h, *qh = w + 128 + 32 * h;
+            uint8_t *o = c + 256 * i + 128 * h;
+            for (int l = 0; l < 32; ++l) {
+                o[l] = (uint8_t)((ql[l] & 15) | ((qh[l] & 3) << 4));
+                o[32 + l] = (uint8_t)((ql[32 + l] & 15) | (((qh[l] >> 2) & 3) << 4));
+                o[64 + l] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                o[96 + l] = (uint8_t)((ql[32 + l] >> 4) | (((qh[l] >> 6) & 3) << 4));
+            }
+        }
+    }
+    zero_tail(d, c, ws, mrow);
+}
+
+qs_panel_fn qs_gemm_panel_scalar(int type) {
+    switch (type) {
+    case QS_Q4_0: return panel_q4_0;
+    case QS_Q4_1: return panel_q4_1;
+    case QS_Q5_0: return panel_q5_0;
+    case QS_Q5_1: return panel_q5_1;
+    case QS_Q8_0: return panel_q8_0;
+    case QS_Q4_K: return panel_q4_K;
+    case QS_Q5_K: return panel_q5_K;
+    case QS_Q6_K: return panel_q6_K;
+    default: return NULL;
+    }
+}
+
+int qs_gemm_group(int type) {
+    switch (type) {
+    case QS_Q4_0: case QS_Q4_1: case QS_Q5_0: case QS_Q5_1: case QS_Q8_0: case QS_Q4_K: case QS_Q5_K: return 32;
+    case QS_Q6_K: return 16;
+    default: return 0;
+    }
+}
+
+static int gemm_act(int type) {
+    switch (type) {
+    case QS_Q4_1: case QS_Q5_1: return QS_Q8_1;
+    case QS_Q4_K: case QS_Q5_K: case QS_Q6_K: return QS_Q8_K;
+    default: return QS_Q8_0;
+    }
+}
+
+void qs_gemm_prep_column(int act, const uint8_t *xq, const qs_gemm_dims *d, int8_t *codes, float *xs, float *bcol) {
+    if (act == QS_Q8_K) {
+        for (int64_t i = 0; i < d->k / 256; ++i, xq += 292) {
+            float dx = qs_load_f32(xq);
+            memcpy(codes + 256 * i, xq + 4, 256);
+            for (int l = 0; l < 64; ++l) xs[64 * i + l] = dx;
+            for (int g = 0; g < 16; ++g) {
+                int16_t s;
+                memcpy(&s, xq + 260 + 2 * g, 2);
+                if (d->group == 16) bcol[16 * i + g] = dx * (float)s;
+                else if (g % 2 == 0) bcol[8 * i + g / 2] = (float)s;
+                else bcol[8 * i + g / 2] = dx * (bcol[8 * i + g / 2] + (float)s);
+            }
+        }
+    } else {
+        const int bytes = act == QS_Q8_1 ? 36 : 34, off = act == QS_Q8_1 ? 4 : 2;
+        for (int64_t b = 0; b < d->k / 32; ++b, xq += bytes) {
+            float dx = h2f(xq);
+            memcpy(codes + 32 * b, xq + off, 32);
+            for (int l = 0; l < 8; ++l) xs[8 * b + l] = dx;
+            if (act == QS_Q8_1) {
+                bcol[b] = h2f(xq + 2);
+            } else {
+                int s = 0;
+                for (int j = 0; j < 32; ++j) s += (int8_t)xq[2 + j];
+                bcol[b] = dx * (float)s;
+            }
+        }
+    }
+    memset(codes + d->k, 0, (size_t)(d->k64 - d->k));
+    for (int64_t i = d->k / 4; i < d->nl; ++i) xs[i] = 0.0f;
+    for (int64_t i = d->ng; i < d->ngp; ++i) bcol[i] = 0.0f;
+}
+
+/* ---------------------------------------------------------------- driver */
+typedef struct {
+    qs_gemm_dims d;
+    qs_panel_fn panel;
+    const uint8_t *w;
+    int64_t row_bytes, n_rows, n_c, panels_per_task;
+    const int8_t *xc;
+    const float *xs, *bcol;
+    float *y;
+    int failed;
+} gemm_ctx;
+
+static void gemm_task(void *vctx, int64_t t) {
+    gemm_ctx *g = (gemm_ctx *)vctx;
+    const qs_gemm_dims *d = &g->d;
+    size_t bytes = (size_t)(4 * d->k64) + (size_t)(4 * d->nl + 4 * d->ngp) * sizeof(float) + 64;
+    uint8_t *buf = (uint8_t *)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!buf) {
+        g->failed = 1;
+        return;
+    }
+    uint8_t *wc = buf;
+    float *ws = (float *)(buf + 4 * d->k64), *mrow = ws + 4 * d->nl;
+    int64_t p0 = t * g->panels_per_task, p1 = p0 + g->panels_per_task;
+    int64_t n_panels = (g->n_rows + 3) / 4;
+    if (p1 > n_panels) p1 = n_panels;
+    for (int64_t p = p0; p < p1; ++p) {
+        int64_t r0 = 4 * p;
+        int n_r = g->n_rows - r0 < 4 ? (int)(g->n_rows - r0) : 4;
+        for (int r = 0; r < 4; ++r) {
+            if (r < n_r) {
+                g->panel(g->w + (r0 + r) * g->row_bytes, d, wc + r * d->k64, ws + r * d->nl, mrow + r * d->ngp);
+            } else {
+                memset(wc + r * d->k64, 0, (size_t)d->k64);
+                memset(ws + r * d->nl, 0, (size_t)d->nl * sizeof(float));
+                memset(mrow + r * d->ngp, 0, (size_t)d->ngp * sizeof(float));
+            }
+        }
+        qs_gemm_tile_avx512(d, wc, ws, mrow, g->xc, g->xs, g->bcol, g->n_c, n_r, g->y + r0, g->n_rows);
+    }
+    free(buf);
+}
+
+/* y[j][r] for j < n_x (n_x >= 1). Returns 1 when this type/ISA has no GEMM path (caller falls back). */
+int qs_gemm(int type, const uint8_t *w, int64_t n_rows, int64_t k, int64_t row_bytes, const float *x, int64_t n_x,
+            float *y, int n_threads) {
+    int group = qs_gemm_group(type);
+    if (!group || qs_isa_get() < QS_ISA_AVX512) return 1;
+    int act = gemm_act(type);
+    int64_t ab = act == QS_Q8_K ? 256 : 32;
+    if (k % ab || k % group) return 1;
+    gemm_ctx g;
+    memset(&g, 0, sizeof g);
+    g.d.k = k;
+    g.d.k64 = (k + 63) / 64 * 64;
+    g.d.nl = g.d.k64 / 4;
+    g.d.ng = k / group;
+    g.d.ngp = (g.d.ng + 15) / 16 * 16;
+    g.d.group = group;
+    g.panel = qs_gemm_panel_scalar(type);
+    g.w = w;
+    g.row_bytes = row_bytes;
+    g.n_rows = n_rows;
+    g.n_c = (n_x + 3) / 4 * 4;
+    g.y = y;
+    int64_t act_bytes = act == QS_Q8_K ? k / 256 * 292 : k / 32 * (act == QS_Q8_1 ? 36 : 34);
+    size_t per_col = (size_t)g.d.k64 + (size_t)(g.d.nl + g.d.ngp) * sizeof(float);
+    uint8_t *xbuf = (uint8_t *)aligned_alloc(64, ((size_t)g.n_c * per_col + (size_t)act_bytes + 127) & ~(size_t)63);
+    if (!xbuf) return -2;
+    int8_t *xc = (int8_t *)xbuf;
+    float *xs = (float *)(xbuf + g.n_c * g.d.k64), *bcol = xs + g.n_c * g.d.nl;
+    uint8_t *tmp = (uint8_t *)(bcol + g.n_c * g.d.ngp);
+    for (int64_t j = 0; j < g.n_c; ++j) {
+        int8_t *cj = xc + j * g.d.k64;
+        float *sj = xs + j * g.d.nl, *bj = bcol + j * g.d.ngp;
+        if (j < n_x) {
+            qs_quantize_activation(act, x + j * k, tmp, k);
+            qs_gemm_prep_column(act, tmp, &g.d, cj, sj, bj);
+        } else {
+            memset(cj, 0, (size_t)g.d.k64);
+            memset(sj, 0, (size_t)g.d.nl * sizeof(float));
+            memset(bj, 0, (size_t)g.d.ngp * sizeof(float));
+        }
+    }
+    g.xc = xc;
+    g.xs = xs;
+    g.bcol = bcol;
+    /* output rows for padded columns must not be written: give the kernel a padded y when needed */
+    float *ypad = NULL;
+    if (g.n_c != n_x) {
+        ypad = (float *)malloc((size_t)(g.n_c * n_rows) * sizeof(float));
+        if (!ypad) {
+            free(xbuf);
+            return -2;
+        }
+        g.y = ypad;
+    }
+    if (n_threads <= 0) n_threads = qs_threads_default();
+    int64_t n_panels = (n_rows + 3) / 4;
+    int64_t per = (n_panels + 4 * (int64_t)n_threads - 1) / (4 * (int64_t)n_threads);
+    if (per < 1) per = 1;
+    g.panels_per_task = per;
+    qs_parallel_for((n_panels + per - 1) / per, gemm_task, &g, n_threads);
+    if (ypad) {
+        memcpy(y, ypad, (size_t)(n_x * n_rows) * sizeof(float));
+        free(ypad);
+    }
+    free(xbuf);
+    return g.failed ? -2 : 0;
+}

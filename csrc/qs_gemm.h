@@ -1,0 +1,46 @@
+/* Prefill GEMM: quantized weights x many activation rows, by register tiles.
+ *
+ * Every supported weight type is reduced to one form: unsigned 8-bit codes c (one per element), a float scale per
+ * 4-element lane s, and a float "min" per group g (16 or 32 elements):
+ *     w[i] = s[i/4] * c[i] - (mrow[g] / dx[g]) * ...      (see below)
+ * Activations (quantized exactly as ggml does for this weight type: Q8_0, Q8_1 or Q8_K) become signed 8-bit
+ * codes q, a float scale per lane xs (the block's d), and a per-group float bcol (d * sum of the group's codes, or
+ * Q8_1's stored s). Then
+ *     dot(w, x) = sum_lanes s * xs * (sum of 4 products c*q)  -  sum_groups mrow * bcol
+ * which the AVX-512 kernel evaluates with one vpdpbusd per 64 elements and tile. The integer part is exact; only
+ * the order of float additions differs from the row-by-row dot products (tests compare within float tolerance).
+ */
+#ifndef QS_GEMM_H
+#define QS_GEMM_H
+#include <stdint.h>
+
+typedef struct {
+    int64_t k;   /* row length (elements) */
+    int64_t k64; /* k rounded up to 64: code bytes per row */
+    int64_t nl;  /* k64 / 4 lanes: floats of lane scales per row */
+    int64_t ng;  /* groups per row */
+    int64_t ngp; /* ng rounded up to 16: floats of mins per row */
+    int group;   /* 16 or 32 */
+} qs_gemm_dims;
+
+/* Decode one weight row: codes[k64], ws[nl], mrow[ngp] (padding zeroed). */
+typedef void (*qs_panel_fn)(const uint8_t *row, const qs_gemm_dims *d, uint8_t *codes, float *ws, float *mrow);
+
+/* Scalar decoders (the specification; also used when no SIMD decoder exists). Returns NULL for unsupported types. */
+qs_panel_fn qs_gemm_panel_scalar(int type);
+int qs_gemm_group(int type); /* 0 when the type has no GEMM form */
+
+/* One activation column from its quantized blocks (act = QS_Q8_0, QS_Q8_1 or QS_Q8_K). */
+void qs_gemm_prep_column(int act, const uint8_t *xq_blocks, const qs_gemm_dims *d, int8_t *codes, float *xs,
+                         float *bcol);
+
+/* AVX-512 VNNI kernel: rows [0, 4) of a decoded panel against n_c (multiple of 4) prepared columns. */
+void qs_gemm_tile_avx512(const qs_gemm_dims *d, const uint8_t *wc, const float *ws, const float *mrow,
+                         const int8_t *xc, const float *xs, const float *bcol, int64_t n_c, int n_r, float *y,
+                         int64_t ldy);
+
+/* Whole product y[j][r] = dot(row r, x[j]) for j < n_x; returns 1 when the type or the CPU has no GEMM path. */
+int qs_gemm(int type, const uint8_t *w, int64_t n_rows, int64_t k, int64_t row_bytes, const float *x, int64_t n_x,
+            float *y, int n_threads);
+
+#endif

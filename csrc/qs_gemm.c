@@ -164,6 +164,38 @@ qs_panel_fn qs_gemm_panel_scalar(int type) {
     }
 }
 
+static qs_panel_fn panel_simd(int type) {
+    switch (type) {
+    case QS_Q4_0: return qs_gemm_panel_q4_0_avx512;
+    case QS_Q4_1: return qs_gemm_panel_q4_1_avx512;
+    case QS_Q5_0: return qs_gemm_panel_q5_0_avx512;
+    case QS_Q8_0: return qs_gemm_panel_q8_0_avx512;
+    case QS_Q4_K: return qs_gemm_panel_q4_K_avx512;
+    case QS_Q6_K: return qs_gemm_panel_q6_K_avx512;
+    default: return qs_gemm_panel_scalar(type);
+    }
+}
+
+static void gemm_dims(int type, int64_t k, qs_gemm_dims *d) {
+    int group = qs_gemm_group(type);
+    d->k = k;
+    d->k64 = (k + 63) / 64 * 64;
+    d->nl = d->k64 / 4;
+    d->ng = group ? k / group : 0;
+    d->ngp = (d->ng + 15) / 16 * 16;
+    d->group = group;
+}
+
+int qs_gemm_decode_row(int type, const uint8_t *row, int64_t k, int simd, uint8_t *codes, float *ws, float *mrow) {
+    qs_gemm_dims d;
+    int group = qs_gemm_group(type);
+    if (!group || k % (type >= QS_Q2_K ? 256 : 32)) return -1;
+    if (simd && qs_isa_get() < QS_ISA_AVX512) return 1;
+    gemm_dims(type, k, &d);
+    (simd ? panel_simd(type) : qs_gemm_panel_scalar(type))(row, &d, codes, ws, mrow);
+    return 0;
+}
+
 int qs_gemm_group(int type) {
     switch (type) {
     case QS_Q4_0: case QS_Q4_1: case QS_Q5_0: case QS_Q5_1: case QS_Q8_0: case QS_Q4_K: case QS_Q5_K: return 32;
@@ -267,13 +299,8 @@ int qs_gemm(int type, const uint8_t *w, int64_t n_rows, int64_t k, int64_t row_b
     if (k % ab || k % group) return 1;
     gemm_ctx g;
     memset(&g, 0, sizeof g);
-    g.d.k = k;
-    g.d.k64 = (k + 63) / 64 * 64;
-    g.d.nl = g.d.k64 / 4;
-    g.d.ng = k / group;
-    g.d.ngp = (g.d.ng + 15) / 16 * 16;
-    g.d.group = group;
-    g.panel = qs_gemm_panel_scalar(type);
+    gemm_dims(type, k, &g.d);
+    g.panel = panel_simd(type);
     g.w = w;
     g.row_bytes = row_bytes;
     g.n_rows = n_rows;

@@ -39,6 +39,13 @@ void qs_gemm_tile_avx512(const qs_gemm_dims *d, const uint8_t *wc, const float *
                          const int8_t *xc, const float *xs, const float *bcol, int64_t n_c, int n_r, float *y,
                          int64_t ldy);
 
+void qs_gemm_panel_q4_0_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q4_1_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q5_0_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q8_0_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q4_K_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q6_K_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+
 /* Whole product y[j][r] = dot(row r, x[j]) for j < n_x; returns 1 when the type or the CPU has no GEMM path. */
 int qs_gemm(int type, const uint8_t *w, int64_t n_rows, int64_t k, int64_t row_bytes, const float *x, int64_t n_x,
             float *y, int n_threads);

@@ -84,3 +84,107 @@ T void qs_gemm_tile_avx512(const qs_gemm_dims *d, const uint8_t *wc, const float
         }
     }
 }
+
+/* ---------------------------------------------------------------- weight-row decoders (AVX-512), bit-identical to
+ * the scalar ones in qs_gemm.c */
+#include "qs_simd_common.h"
+
+T static inline void tail512(const qs_gemm_dims *d, uint8_t *codes, float *ws, float *mrow) {
+    memset(codes + d->k, 0, (size_t)(d->k64 - d->k));
+    for (int64_t i = d->k / 4; i < d->nl; ++i) ws[i] = 0.0f;
+    for (int64_t i = d->ng; i < d->ngp; ++i) mrow[i] = 0.0f;
+}
+
+T void qs_gemm_panel_q5_0_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    const __m256i b16 = _mm256_set1_epi8(16);
+    for (int64_t b = 0; b < d->k / 32; ++b, w += 22) {
+        __m256i hi = _mm256_maskz_mov_epi8((__mmask32)qs_load_u32(w + 2), b16);
+        _mm256_storeu_si256((__m256i *)(c + 32 * b), _mm256_or_si256(nibbles_32(w + 6), hi));
+        float s = f16at(w);
+        _mm256_storeu_ps(ws + 8 * b, _mm256_set1_ps(s));
+        mrow[b] = 16.0f * s;
+    }
+    tail512(d, c, ws, mrow);
+}
+
+T void qs_gemm_panel_q4_0_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    for (int64_t b = 0; b < d->k / 32; ++b, w += 18) {
+        _mm256_storeu_si256((__m256i *)(c + 32 * b), nibbles_32(w + 2));
+        float s = f16at(w);
+        _mm256_storeu_ps(ws + 8 * b, _mm256_set1_ps(s));
+        mrow[b] = 8.0f * s;
+    }
+    tail512(d, c, ws, mrow);
+}
+
+T void qs_gemm_panel_q4_1_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    for (int64_t b = 0; b < d->k / 32; ++b, w += 20) {
+        _mm256_storeu_si256((__m256i *)(c + 32 * b), nibbles_32(w + 4));
+        _mm256_storeu_ps(ws + 8 * b, _mm256_set1_ps(f16at(w)));
+        mrow[b] = -f16at(w + 2);
+    }
+    tail512(d, c, ws, mrow);
+}
+
+T void qs_gemm_panel_q8_0_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < d->k / 32; ++b, w += 34) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(w + 2));
+        _mm256_storeu_si256((__m256i *)(c + 32 * b), _mm256_xor_si256(q, flip));
+        float s = f16at(w);
+        _mm256_storeu_ps(ws + 8 * b, _mm256_set1_ps(s));
+        mrow[b] = 128.0f * s;
+    }
+    tail512(d, c, ws, mrow);
+}
+
+static const int32_t SPREAD[2][4][16] __attribute__((aligned(64))) = {
+    /* 2 groups of 8 lanes per vector (Q4_K: 8 groups of 32 elements) */
+    {{0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1}, {2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+     {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5}, {6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7}},
+    /* 4 groups of 4 lanes per vector (Q6_K: 16 groups of 16 elements) */
+    {{0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3}, {4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7},
+     {8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11},
+     {12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15}},
+};
+
+/* 64 lane scales of one super-block from the 16 floats of v (table t of SPREAD) */
+T static inline void spread64(__m512 v, int t, float *out) {
+    for (int j = 0; j < 4; ++j)
+        _mm512_storeu_ps(out + 16 * j, _mm512_permutexvar_ps(_mm512_load_si512((const void *)SPREAD[t][j]), v));
+}
+
+T void qs_gemm_panel_q4_K_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t i = 0; i < d->k / 256; ++i, w += 144) {
+        uint32_t u[4];
+        k4_scales_mins(w + 4, u);
+        __m128i sm = _mm_loadu_si128((const __m128i *)u); /* sc0..7, m0..7 */
+        __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm));
+        __m512 dd = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(f16at(w)), _mm512_set1_ps(f16at(w + 2)));
+        __m512 v = _mm512_mul_ps(f, dd); /* d*sc0..7, dmin*m0..7 */
+        _mm256_storeu_ps(mrow + 8 * i, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        spread64(v, 0, ws + 64 * i);
+        for (int q = 0; q < 4; ++q) {
+            __m256i b = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * q));
+            _mm256_storeu_si256((__m256i *)(c + 256 * i + 64 * q), _mm256_and_si256(b, m4));
+            _mm256_storeu_si256((__m256i *)(c + 256 * i + 64 * q + 32), _mm256_and_si256(_mm256_srli_epi16(b, 4), m4));
+        }
+    }
+    tail512(d, c, ws, mrow);
+}
+
+T void qs_gemm_panel_q6_K_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    for (int64_t i = 0; i < d->k / 256; ++i, w += 210) {
+        __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 192)))),
+                                 _mm512_set1_ps(f16at(w + 208)));
+        _mm512_storeu_ps(mrow + 16 * i, _mm512_mul_ps(s, _mm512_set1_ps(32.0f)));
+        spread64(s, 1, ws + 64 * i);
+        for (int h = 0; h < 2; ++h) {
+            __m256i q[4];
+            q6k_half_codes(w, h, q);
+            for (int j = 0; j < 4; ++j) _mm256_storeu_si256((__m256i *)(c + 256 * i + 128 * h + 32 * j), q[j]);
+        }
+    }
+    tail512(d, c, ws, mrow);
+}

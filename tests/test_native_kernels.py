@@ -266,6 +266,46 @@ def test_prefill_gemm_matches_row_dots(name):
             assert np.all(np.abs(got - ref) <= bound), (name, rows, k, n_x, float(np.abs(got - ref).max()))
 
 
+def _decode_row(name: str, row: np.ndarray, k: int, simd: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    from quantscope.core.native import ffi, lib
+
+    t = ggml_type(name)
+    group = 16 if name == "Q6_K" else 32
+    k64 = (k + 63) // 64 * 64
+    codes = np.full(k64, 0xAA, np.uint8)
+    ws = np.full(k64 // 4, np.nan, np.float32)
+    mins = np.full((k // group + 15) // 16 * 16, np.nan, np.float32)
+    assert row.size == k // t.block_elems * t.block_bytes
+    def p(a: np.ndarray, ctype: str) -> object:
+        return ffi.cast(ctype, ffi.from_buffer(a))
+
+    rc = lib.qs_gemm_decode_row(t.id, p(row, "uint8_t *"), k, simd, p(codes, "uint8_t *"), p(ws, "float *"),
+                                p(mins, "float *"))
+    assert rc == 0
+    return codes, ws, mins
+
+
+@pytest.mark.parametrize("name", GEMM_TYPES)
+def test_gemm_row_decoders(name):
+    """The scalar decoder rebuilds the dequantized row from codes, lane scales and group mins; the AVX-512 decoder
+    is bit-identical to it (random blocks, padding included)."""
+    rng = np.random.default_rng(sum(name.encode()) + 17)
+    t = ggml_type(name)
+    group = 16 if name == "Q6_K" else 32
+    for k in ((96, 608, 1024) if t.block_elems == 32 else (256, 768)):
+        row = weight_row(name, k, rng)
+        codes, ws, mins = _decode_row(name, row, k, 0)
+        lanes = np.repeat(ws, 4)[:k].astype(np.float64)
+        per_group = np.repeat(mins[: k // group], group).astype(np.float64)
+        rebuilt = lanes * codes[:k] - per_group  # w = s*c - min for every type (see csrc/qs_gemm.h)
+        assert np.allclose(rebuilt, dequantize(row, t).astype(np.float64), rtol=1e-6, atol=1e-6)
+        assert not codes[k:].any() and not ws[k // 4 :].any() and not mins[k // group :].any()
+        if K.isa_detected() == "avx512":
+            simd = _decode_row(name, row, k, 1)
+            for a, b in zip(simd, (codes, ws, mins), strict=True):
+                assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), name
+
+
 def test_prefill_gemm_on_real_tensors(model_path):
     if K.isa_detected() != "avx512":
         pytest.skip("the tiled GEMM runs on AVX-512 VNNI only")

@@ -254,6 +254,10 @@ static inline int nearest_int(float fval) {
 
 int qs_quantize_q8_0(const float *x, uint8_t *dst, int64_t n) {
     if (n % 32) return -1;
+    if (qs_isa_get() >= QS_ISA_AVX512) {
+        qs_quantize_q8_0_avx512(x, dst, n);
+        return 0;
+    }
     for (int64_t i = 0; i < n / 32; ++i) {
         const float *v = x + 32 * i;
         uint8_t *o = dst + 34 * i;
@@ -270,6 +274,10 @@ int qs_quantize_q8_0(const float *x, uint8_t *dst, int64_t n) {
 
 int qs_quantize_q8_1(const float *x, uint8_t *dst, int64_t n) {
     if (n % 32) return -1;
+    if (qs_isa_get() >= QS_ISA_AVX512) {
+        qs_quantize_q8_1_avx512(x, dst, n);
+        return 0;
+    }
     for (int64_t i = 0; i < n / 32; ++i) {
         const float *v = x + 32 * i;
         uint8_t *o = dst + 36 * i;
@@ -293,6 +301,10 @@ int qs_quantize_q8_1(const float *x, uint8_t *dst, int64_t n) {
 
 int qs_quantize_q8_K(const float *x, uint8_t *dst, int64_t n) {
     if (n % 256) return -1;
+    if (qs_isa_get() >= QS_ISA_AVX512) {
+        qs_quantize_q8_K_avx512(x, dst, n);
+        return 0;
+    }
     for (int64_t i = 0; i < n / 256; ++i) {
         const float *v = x + 256 * i;
         uint8_t *o = dst + 292 * i;

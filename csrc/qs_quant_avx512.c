@@ -282,3 +282,86 @@ T void qs_dot4_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4
     }
     for (int c = 0; c < 4; ++c) out[c] = _mm512_reduce_add_ps(acc[c]);
 }
+
+/* ---------------------------------------------------------------- activation quantizers, bit-identical to the
+ * scalar ggml reference versions in qs_quant.c (roundf = round half away from zero; nearest_int = half to even) */
+
+T static inline __m512 round_half_away(__m512 p) {
+    __m512 t = _mm512_roundscale_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m512 frac = _mm512_sub_ps(p, t); /* exact */
+    __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(frac), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    __m512i sign = _mm512_and_si512(_mm512_castps_si512(p), _mm512_set1_epi32((int)0x80000000u));
+    __m512 one = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(_mm512_set1_ps(1.0f)), sign));
+    return _mm512_mask_add_ps(t, up, t, one);
+}
+
+/* one 32-element block: codes into o, returns the sum of the codes; *d_out = amax / 127 */
+T static inline int q8_block32(const float *v, int8_t *o, float *d_out) {
+    __m512 a0 = _mm512_loadu_ps(v), a1 = _mm512_loadu_ps(v + 16);
+    __m512 m = _mm512_max_ps(_mm512_abs_ps(a0), _mm512_abs_ps(a1));
+    float amax = _mm512_reduce_max_ps(m);
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m512i q0 = _mm512_cvtps_epi32(round_half_away(_mm512_mul_ps(a0, _mm512_set1_ps(id))));
+    __m512i q1 = _mm512_cvtps_epi32(round_half_away(_mm512_mul_ps(a1, _mm512_set1_ps(id))));
+    _mm_storeu_si128((__m128i *)o, _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128((__m128i *)(o + 16), _mm512_cvtepi32_epi8(q1));
+    *d_out = d;
+    return _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+}
+
+T void qs_quantize_q8_0_avx512(const float *x, uint8_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n / 32; ++i) {
+        uint8_t *o = dst + 34 * i;
+        float d;
+        q8_block32(x + 32 * i, (int8_t *)(o + 2), &d);
+        uint16_t dh = qs_fp32_to_fp16(d);
+        memcpy(o, &dh, 2);
+    }
+}
+
+T void qs_quantize_q8_1_avx512(const float *x, uint8_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n / 32; ++i) {
+        uint8_t *o = dst + 36 * i;
+        float d;
+        int sum = q8_block32(x + 32 * i, (int8_t *)(o + 4), &d);
+        uint16_t dh = qs_fp32_to_fp16(d), sh = qs_fp32_to_fp16((float)sum * d);
+        memcpy(o, &dh, 2);
+        memcpy(o + 2, &sh, 2);
+    }
+}
+
+T void qs_quantize_q8_K_avx512(const float *x, uint8_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n / 256; ++i) {
+        const float *v = x + 256 * i;
+        uint8_t *o = dst + 292 * i;
+        __m512 m = _mm512_setzero_ps();
+        for (int j = 0; j < 16; ++j) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(v + 16 * j)));
+        float amax = _mm512_reduce_max_ps(m);
+        if (amax == 0.0f) {
+            memset(o, 0, 292);
+            continue;
+        }
+        float max = 0.0f; /* the first element whose magnitude is amax, with its sign (as the scalar loop finds) */
+        for (int j = 0; j < 16; ++j) {
+            __m512 a = _mm512_loadu_ps(v + 16 * j);
+            __mmask16 hit = _mm512_cmp_ps_mask(_mm512_abs_ps(a), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+            if (hit) {
+                max = v[16 * j + __builtin_ctz((unsigned)hit)];
+                break;
+            }
+        }
+        float iscale = -127.0f / max;
+        const __m512 is = _mm512_set1_ps(iscale);
+        const __m512i lim = _mm512_set1_epi32(127);
+        for (int j = 0; j < 16; ++j) {
+            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + 16 * j), is)); /* half to even */
+            q = _mm512_min_epi32(q, lim);
+            _mm_storeu_si128((__m128i *)(o + 4 + 16 * j), _mm512_cvtepi32_epi8(q));
+            int16_t s16 = (int16_t)_mm512_reduce_add_epi32(q);
+            memcpy(o + 260 + 2 * j, &s16, 2);
+        }
+        float d = 1.0f / iscale;
+        memcpy(o, &d, 4);
+    }
+}

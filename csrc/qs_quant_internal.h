@@ -45,6 +45,10 @@ float qs_dot_q8_0_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_q4_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
 
+void qs_quantize_q8_0_avx512(const float *x, uint8_t *dst, int64_t n);
+void qs_quantize_q8_1_avx512(const float *x, uint8_t *dst, int64_t n);
+void qs_quantize_q8_K_avx512(const float *x, uint8_t *dst, int64_t n);
+
 /* four activation rows per weight row (bit-identical to four single dots) */
 typedef void (*qs_dot4_fn)(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]);
 void qs_dot4_q5_0_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]);

@@ -129,6 +129,28 @@ def test_q8_k_matches_ggml():
     assert np.array_equal(K.quantize_activation(x, "Q8_K"), ref_q8_k(x))
 
 
+@pytest.mark.parametrize("level", LEVELS[1:])
+def test_simd_activation_quantizers_equal_scalar(level):
+    """Vector quantizers round exactly like ggml's scalar ones: ties (half away for Q8_0/Q8_1, half to even for
+    Q8_K), zero blocks, a magnitude tie of opposite signs for Q8_K's signed max, tiny and huge scales."""
+    rng = np.random.default_rng(5)
+    for trial in range(60):
+        x = (rng.standard_normal(4096) * rng.choice([1e-3, 1.0, 50.0])).astype(np.float32)
+        x[::97] *= 20
+        x[64:96] = np.float32(0.5) * np.arange(32, dtype=np.float32)
+        x[5:37] = 0
+        x[128:160] = np.arange(32, dtype=np.float32) - 15.5
+        x[140] = 127  # amax 127 -> scale 1: every x.5 is a tie
+        x[263] = -np.abs(x[256:512]).max()
+        x[356] = -x[263]
+        for act in ("Q8_0", "Q8_1", "Q8_K"):
+            with K.forced_isa(level):
+                got = K.quantize_activation(x, act)
+            with K.forced_isa("scalar"):
+                ref = K.quantize_activation(x, act)
+            assert np.array_equal(got, ref), (act, trial)
+
+
 def test_f16_bf16_activation_rounding():
     x = activations(np.random.default_rng(4), 1000)
     x[:3] = [np.nan, np.inf, 65520.0]

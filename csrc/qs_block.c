@@ -3,6 +3,32 @@
 #include <stdlib.h>
 
 #include "qs.h"
+#include "qs_gemm.h"
+
+/* n products of the same input x (q/k/v, gate/up): for the prefill GEMM the activations are quantized once per
+ * activation format instead of once per matrix. */
+static int matmat_shared(int n, const int *type, const uint8_t *const *w, const int64_t *rows, int64_t k,
+                         const float *x, int64_t T, float *const *y, int n_threads) {
+    qs_gemm_act acts[3];
+    int n_acts = 0, rc = 0;
+    for (int i = 0; i < n && !rc; ++i) {
+        if (T >= 4 && qs_gemm_enabled() && qs_gemm_usable(type[i], k)) {
+            int a = 0;
+            while (a < n_acts && !qs_gemm_act_fits(&acts[a], type[i], k)) ++a;
+            if (a == n_acts) {
+                rc = qs_gemm_act_prepare(&acts[a], type[i], x, T, k, n_threads);
+                if (rc) break;
+                ++n_acts;
+            }
+            int64_t row_bytes = k / qs_block_elems(type[i]) * qs_block_bytes(type[i]);
+            rc = qs_gemm_run(type[i], w[i], rows[i], row_bytes, &acts[a], y[i], n_threads);
+        } else {
+            rc = qs_matmat(type[i], w[i], rows[i], k, x, T, y[i], n_threads);
+        }
+    }
+    for (int a = 0; a < n_acts; ++a) qs_gemm_act_free(&acts[a]);
+    return rc;
+}
 
 static void add_bias(float *y, const float *b, int64_t rows, int64_t n) {
     for (int64_t r = 0; r < rows; ++r)
@@ -29,9 +55,13 @@ int qs_block_forward(const qs_block *b, float *x, int64_t T, const int32_t *pos,
     int rc = 0;
     /* attention */
     qs_rmsnorm(x, b->attn_norm, h, T, E, b->eps);
-    rc |= qs_matmat(b->wq_type, b->wq, H * hd, E, h, T, q, n_threads);
-    rc |= qs_matmat(b->wk_type, b->wk, KV * hd, E, h, T, k, n_threads);
-    rc |= qs_matmat(b->wv_type, b->wv, KV * hd, E, h, T, v, n_threads);
+    {
+        const int ty[3] = {b->wq_type, b->wk_type, b->wv_type};
+        const uint8_t *const ws[3] = {b->wq, b->wk, b->wv};
+        const int64_t rows[3] = {H * hd, KV * hd, KV * hd};
+        float *const ys[3] = {q, k, v};
+        rc = matmat_shared(3, ty, ws, rows, E, h, T, ys, n_threads);
+    }
     if (rc) goto done;
     if (b->bq) add_bias(q, b->bq, T, H * hd);
     if (b->bk) add_bias(k, b->bk, T, KV * hd);
@@ -53,8 +83,13 @@ int qs_block_forward(const qs_block *b, float *x, int64_t T, const int32_t *pos,
     for (int64_t i = 0; i < T * E; ++i) x[i] += o[i];
     /* feed-forward */
     qs_rmsnorm(x, b->ffn_norm, h, T, E, b->eps);
-    rc |= qs_matmat(b->wg_type, b->wg, F, E, h, T, g, n_threads);
-    rc |= qs_matmat(b->wu_type, b->wu, F, E, h, T, u, n_threads);
+    {
+        const int ty[2] = {b->wg_type, b->wu_type};
+        const uint8_t *const ws[2] = {b->wg, b->wu};
+        const int64_t rows[2] = {F, F};
+        float *const ys[2] = {g, u};
+        rc = matmat_shared(2, ty, ws, rows, E, h, T, ys, n_threads);
+    }
     if (rc) goto done;
     if (b->gelu) qs_geglu_tanh(g, u, g, T * F);
     else qs_swiglu(g, u, g, T * F);

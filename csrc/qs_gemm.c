@@ -246,21 +246,107 @@ void qs_gemm_prep_column(int act, const uint8_t *xq, const qs_gemm_dims *d, int8
     for (int64_t i = d->ng; i < d->ngp; ++i) bcol[i] = 0.0f;
 }
 
+/* ---------------------------------------------------------------- prepared activations */
+static int gemm_on = 1;
+
+int qs_gemm_set(int on) {
+    int prev = gemm_on;
+    if (on >= 0) gemm_on = on != 0;
+    return prev;
+}
+
+int qs_gemm_enabled(void) { return gemm_on; }
+
+int qs_gemm_usable(int type, int64_t k) {
+    int group = qs_gemm_group(type);
+    if (!group || qs_isa_get() < QS_ISA_AVX512) return 0;
+    int64_t ab = gemm_act(type) == QS_Q8_K ? 256 : 32;
+    return k % ab == 0 && k % group == 0;
+}
+
+typedef struct {
+    qs_gemm_act *a;
+    const float *x;
+    int64_t per;
+    int failed;
+} prep_ctx;
+
+static int64_t act_block_bytes(int act, int64_t k) {
+    return act == QS_Q8_K ? k / 256 * 292 : k / 32 * (act == QS_Q8_1 ? 36 : 34);
+}
+
+static void prep_task(void *vctx, int64_t t) {
+    prep_ctx *p = (prep_ctx *)vctx;
+    qs_gemm_act *a = p->a;
+    const qs_gemm_dims *d = &a->d;
+    uint8_t *tmp = (uint8_t *)malloc((size_t)act_block_bytes(a->act, d->k) + 64);
+    if (!tmp) {
+        p->failed = 1;
+        return;
+    }
+    int64_t j1 = (t + 1) * p->per < a->n_c ? (t + 1) * p->per : a->n_c;
+    for (int64_t j = t * p->per; j < j1; ++j) {
+        int8_t *cj = a->xc + j * d->k64;
+        float *sj = a->xs + j * d->nl, *bj = a->bcol + j * d->ngp;
+        if (j < a->n_x) {
+            qs_quantize_activation(a->act, p->x + j * d->k, tmp, d->k);
+            qs_gemm_prep_column(a->act, tmp, d, cj, sj, bj);
+        } else { /* padding column: all zero, its outputs are never stored */
+            memset(cj, 0, (size_t)d->k64);
+            memset(sj, 0, (size_t)d->nl * sizeof(float));
+            memset(bj, 0, (size_t)d->ngp * sizeof(float));
+        }
+    }
+    free(tmp);
+}
+
+int qs_gemm_act_prepare(qs_gemm_act *a, int type, const float *x, int64_t n_x, int64_t k, int n_threads) {
+    memset(a, 0, sizeof *a);
+    if (!qs_gemm_usable(type, k)) return 1;
+    a->act = gemm_act(type);
+    gemm_dims(type, k, &a->d);
+    a->n_x = n_x;
+    a->n_c = (n_x + 3) / 4 * 4;
+    size_t per_col = (size_t)a->d.k64 + (size_t)(a->d.nl + a->d.ngp) * sizeof(float);
+    a->buf = (uint8_t *)aligned_alloc(64, ((size_t)a->n_c * per_col + 63) & ~(size_t)63);
+    if (!a->buf) return -2;
+    a->xc = (int8_t *)a->buf;
+    a->xs = (float *)(a->buf + a->n_c * a->d.k64);
+    a->bcol = a->xs + a->n_c * a->d.nl;
+    prep_ctx p = {a, x, 4, 0};
+    if (n_threads <= 0) n_threads = qs_threads_default();
+    qs_parallel_for((a->n_c + 3) / 4, prep_task, &p, a->n_c * k < (1 << 15) ? 1 : n_threads);
+    if (p.failed) {
+        qs_gemm_act_free(a);
+        return -2;
+    }
+    return 0;
+}
+
+int qs_gemm_act_fits(const qs_gemm_act *a, int type, int64_t k) {
+    return a->buf && qs_gemm_usable(type, k) && a->act == gemm_act(type) && a->d.group == qs_gemm_group(type) &&
+           a->d.k == k;
+}
+
+void qs_gemm_act_free(qs_gemm_act *a) {
+    free(a->buf);
+    a->buf = NULL;
+}
+
 /* ---------------------------------------------------------------- driver */
 typedef struct {
-    qs_gemm_dims d;
+    const qs_gemm_act *a;
     qs_panel_fn panel;
     const uint8_t *w;
-    int64_t row_bytes, n_rows, n_c, panels_per_task;
-    const int8_t *xc;
-    const float *xs, *bcol;
+    int64_t row_bytes, n_rows, panels_per_task;
     float *y;
     int failed;
 } gemm_ctx;
 
 static void gemm_task(void *vctx, int64_t t) {
     gemm_ctx *g = (gemm_ctx *)vctx;
-    const qs_gemm_dims *d = &g->d;
+    const qs_gemm_act *a = g->a;
+    const qs_gemm_dims *d = &a->d;
     size_t bytes = (size_t)(4 * d->k64) + (size_t)(4 * d->nl + 4 * d->ngp) * sizeof(float) + 64;
     uint8_t *buf = (uint8_t *)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (!buf) {
@@ -284,70 +370,36 @@ static void gemm_task(void *vctx, int64_t t) {
                 memset(mrow + r * d->ngp, 0, (size_t)d->ngp * sizeof(float));
             }
         }
-        qs_gemm_tile_avx512(d, wc, ws, mrow, g->xc, g->xs, g->bcol, g->n_c, n_r, g->y + r0, g->n_rows);
+        qs_gemm_tile_avx512(d, wc, ws, mrow, a->xc, a->xs, a->bcol, a->n_c, a->n_x, n_r, g->y + r0, g->n_rows);
     }
     free(buf);
 }
 
-/* y[j][r] for j < n_x (n_x >= 1). Returns 1 when this type/ISA has no GEMM path (caller falls back). */
-int qs_gemm(int type, const uint8_t *w, int64_t n_rows, int64_t k, int64_t row_bytes, const float *x, int64_t n_x,
-            float *y, int n_threads) {
-    int group = qs_gemm_group(type);
-    if (!group || qs_isa_get() < QS_ISA_AVX512) return 1;
-    int act = gemm_act(type);
-    int64_t ab = act == QS_Q8_K ? 256 : 32;
-    if (k % ab || k % group) return 1;
+int qs_gemm_run(int type, const uint8_t *w, int64_t n_rows, int64_t row_bytes, const qs_gemm_act *a, float *y,
+                int n_threads) {
     gemm_ctx g;
     memset(&g, 0, sizeof g);
-    gemm_dims(type, k, &g.d);
+    g.a = a;
     g.panel = panel_simd(type);
     g.w = w;
     g.row_bytes = row_bytes;
     g.n_rows = n_rows;
-    g.n_c = (n_x + 3) / 4 * 4;
     g.y = y;
-    int64_t act_bytes = act == QS_Q8_K ? k / 256 * 292 : k / 32 * (act == QS_Q8_1 ? 36 : 34);
-    size_t per_col = (size_t)g.d.k64 + (size_t)(g.d.nl + g.d.ngp) * sizeof(float);
-    uint8_t *xbuf = (uint8_t *)aligned_alloc(64, ((size_t)g.n_c * per_col + (size_t)act_bytes + 127) & ~(size_t)63);
-    if (!xbuf) return -2;
-    int8_t *xc = (int8_t *)xbuf;
-    float *xs = (float *)(xbuf + g.n_c * g.d.k64), *bcol = xs + g.n_c * g.d.nl;
-    uint8_t *tmp = (uint8_t *)(bcol + g.n_c * g.d.ngp);
-    for (int64_t j = 0; j < g.n_c; ++j) {
-        int8_t *cj = xc + j * g.d.k64;
-        float *sj = xs + j * g.d.nl, *bj = bcol + j * g.d.ngp;
-        if (j < n_x) {
-            qs_quantize_activation(act, x + j * k, tmp, k);
-            qs_gemm_prep_column(act, tmp, &g.d, cj, sj, bj);
-        } else {
-            memset(cj, 0, (size_t)g.d.k64);
-            memset(sj, 0, (size_t)g.d.nl * sizeof(float));
-            memset(bj, 0, (size_t)g.d.ngp * sizeof(float));
-        }
-    }
-    g.xc = xc;
-    g.xs = xs;
-    g.bcol = bcol;
-    /* output rows for padded columns must not be written: give the kernel a padded y when needed */
-    float *ypad = NULL;
-    if (g.n_c != n_x) {
-        ypad = (float *)malloc((size_t)(g.n_c * n_rows) * sizeof(float));
-        if (!ypad) {
-            free(xbuf);
-            return -2;
-        }
-        g.y = ypad;
-    }
     if (n_threads <= 0) n_threads = qs_threads_default();
     int64_t n_panels = (n_rows + 3) / 4;
     int64_t per = (n_panels + 4 * (int64_t)n_threads - 1) / (4 * (int64_t)n_threads);
     if (per < 1) per = 1;
     g.panels_per_task = per;
     qs_parallel_for((n_panels + per - 1) / per, gemm_task, &g, n_threads);
-    if (ypad) {
-        memcpy(y, ypad, (size_t)(n_x * n_rows) * sizeof(float));
-        free(ypad);
-    }
-    free(xbuf);
     return g.failed ? -2 : 0;
+}
+
+int qs_gemm(int type, const uint8_t *w, int64_t n_rows, int64_t k, int64_t row_bytes, const float *x, int64_t n_x,
+            float *y, int n_threads) {
+    qs_gemm_act a;
+    int rc = qs_gemm_act_prepare(&a, type, x, n_x, k, n_threads);
+    if (rc) return rc;
+    rc = qs_gemm_run(type, w, n_rows, row_bytes, &a, y, n_threads);
+    qs_gemm_act_free(&a);
+    return rc;
 }

@@ -36,8 +36,8 @@ void qs_gemm_prep_column(int act, const uint8_t *xq_blocks, const qs_gemm_dims *
 
 /* AVX-512 VNNI kernel: rows [0, 4) of a decoded panel against n_c (multiple of 4) prepared columns. */
 void qs_gemm_tile_avx512(const qs_gemm_dims *d, const uint8_t *wc, const float *ws, const float *mrow,
-                         const int8_t *xc, const float *xs, const float *bcol, int64_t n_c, int n_r, float *y,
-                         int64_t ldy);
+                         const int8_t *xc, const float *xs, const float *bcol, int64_t n_c, int64_t n_valid, int n_r,
+                         float *y, int64_t ldy);
 
 void qs_gemm_panel_q4_0_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
 void qs_gemm_panel_q4_1_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
@@ -45,6 +45,24 @@ void qs_gemm_panel_q5_0_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t 
 void qs_gemm_panel_q8_0_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
 void qs_gemm_panel_q4_K_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
 void qs_gemm_panel_q6_K_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+
+/* Activations prepared once for every weight type with the same activation format (e.g. q/k/v, gate/up). */
+typedef struct {
+    int act;
+    qs_gemm_dims d;
+    int64_t n_x, n_c; /* columns, and columns padded to a multiple of 4 */
+    uint8_t *buf;
+    int8_t *xc;
+    float *xs, *bcol;
+} qs_gemm_act;
+
+int qs_gemm_enabled(void);
+int qs_gemm_usable(int type, int64_t k);
+int qs_gemm_act_prepare(qs_gemm_act *a, int type, const float *x, int64_t n_x, int64_t k, int n_threads);
+int qs_gemm_act_fits(const qs_gemm_act *a, int type, int64_t k);
+void qs_gemm_act_free(qs_gemm_act *a);
+int qs_gemm_run(int type, const uint8_t *w, int64_t n_rows, int64_t row_bytes, const qs_gemm_act *a, float *y,
+                int n_threads);
 
 /* Whole product y[j][r] = dot(row r, x[j]) for j < n_x; returns 1 when the type or the CPU has no GEMM path. */
 int qs_gemm(int type, const uint8_t *w, int64_t n_rows, int64_t k, int64_t row_bytes, const float *x, int64_t n_x,

@@ -19,8 +19,8 @@ T static inline __m128 hsum4x16(__m512 a, __m512 b, __m512 c, __m512 d) {
 }
 
 T void qs_gemm_tile_avx512(const qs_gemm_dims *d, const uint8_t *wc, const float *ws, const float *mrow,
-                           const int8_t *xc, const float *xs, const float *bcol, int64_t n_c, int n_r, float *y,
-                           int64_t ldy) {
+                           const int8_t *xc, const float *xs, const float *bcol, int64_t n_c, int64_t n_valid,
+                           int n_r, float *y, int64_t ldy) {
     const int64_t k64 = d->k64, nl = d->nl, ngp = d->ngp, nch = k64 / 64;
     const uint8_t *w0p = wc, *w1p = wc + k64, *w2p = wc + 2 * k64, *w3p = wc + 3 * k64;
     const float *s0p = ws, *s1p = ws + nl, *s2p = ws + 2 * nl, *s3p = ws + 3 * nl;
@@ -72,7 +72,7 @@ T void qs_gemm_tile_avx512(const qs_gemm_dims *d, const uint8_t *wc, const float
         }
         __m128 v[4] = {hsum4x16(a00, a10, a20, a30), hsum4x16(a01, a11, a21, a31), hsum4x16(a02, a12, a22, a32),
                        hsum4x16(a03, a13, a23, a33)};
-        for (int c = 0; c < 4; ++c) {
+        for (int c = 0; c < 4 && c0 + c < n_valid; ++c) {
             float *yc = y + (c0 + c) * ldy;
             if (n_r == 4) {
                 _mm_storeu_ps(yc, v[c]);

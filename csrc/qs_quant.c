@@ -617,19 +617,16 @@ static int64_t act_row_bytes(int act, int64_t k) {
     }
 }
 
-static int qs_gemm_enabled = 1;
-
-int qs_gemm_set(int on) {
-    int prev = qs_gemm_enabled;
-    if (on >= 0) qs_gemm_enabled = on != 0;
-    return prev;
-}
 
 int qs_matmat(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,
               int n_threads) {
     qs_type_traits tr = traits(type);
     if (!tr.deq || tr.elems == 0 || k % tr.elems || n_rows < 0 || n_x < 0) return -1;
     if (n_rows == 0 || n_x == 0) return 0;
+    if (n_x >= 4 && qs_gemm_enabled()) {
+        int rc = qs_gemm(type, w, n_rows, k, k / tr.elems * tr.bytes, x, n_x, y, n_threads);
+        if (rc <= 0) return rc;
+    }
     mm_ctx c;
     memset(&c, 0, sizeof c);
     c.type = type;
@@ -643,10 +640,6 @@ int qs_matmat(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float
     c.bytes = tr.bytes;
     c.dot = tr.act >= 0 ? dot_fn(type) : NULL;
     c.dot4 = (c.dot && n_x >= 4) ? dot4_fn(type) : NULL;
-    if (c.dot4 && qs_gemm_enabled) {
-        int rc = qs_gemm(type, w, n_rows, k, c.row_bytes, x, n_x, y, n_threads);
-        if (rc <= 0) return rc;
-    }
     uint8_t *xq = NULL;
     if (c.dot) {
         int64_t rb = act_row_bytes(tr.act, k);

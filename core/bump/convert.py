@@ -152,42 +152,48 @@ class _Flusher(threading.Thread):
             _start_writeback(self.fd, *item)
 
 
+Piece = tuple[Any, "tuple[int, int] | None"]  # (bytes-like, source range) as section_chunks yields them
+
+
 class _Hasher(threading.Thread):
-    """SHA-256 of everything queued, in its own thread (hashlib releases the GIL on large buffers).
+    """SHA-256 of the whole output after the header, in its own thread (hashlib releases the GIL on large buffers).
 
-    Items are bytes-like pieces, or ``(offset, length)`` ranges of the source file that it reads itself with
-    ``pread`` into one reusable buffer: no page faults on the mapping, resident memory bounded by the buffer."""
+    It walks the same list of pieces the writer writes, independently of the writer: neither waits for the other,
+    so the digest (one core, inherently sequential) runs at full speed from the start. Source ranges are read
+    with ``pread`` into one reusable buffer: no page faults on the mapping, resident memory bounded by the
+    buffer."""
 
-    def __init__(self, src_path: Path, chunk: int) -> None:
+    def __init__(self, src_path: Path, chunk: int, pieces: list[Piece], token: CancelToken) -> None:
         super().__init__(name="bump-hasher", daemon=True)
-        self.q: queue.Queue[Any] = queue.Queue(maxsize=8)
+        self.pieces = pieces
+        self.token = token
+        self.stop = False
         self.h = hashlib.sha256()
         self.error: BaseException | None = None
-        self.src = os.open(src_path, os.O_RDONLY)
+        self.src_path = src_path
         self.buf = bytearray(chunk)
 
     def run(self) -> None:
+        src = -1
         try:
-            while True:
-                item = self.q.get()
-                if item is None:
+            src = os.open(self.src_path, os.O_RDONLY)
+            for data, rng in self.pieces:
+                if self.stop or self.token.cancelled:
                     return
-                if self.error is not None:
+                if rng is None:
+                    self.h.update(data)
                     continue
-                try:
-                    if isinstance(item, tuple):
-                        offset, length = item
-                        view = memoryview(self.buf)[:length]
-                        got = os.preadv(self.src, [view], offset)
-                        if got != length:
-                            raise OSError(errno.EIO, f"short read of the source at {offset}")
-                        self.h.update(view)
-                    else:
-                        self.h.update(item)
-                except BaseException as exc:
-                    self.error = exc
+                offset, length = rng
+                view = memoryview(self.buf)[:length]
+                got = os.preadv(src, [view], offset)
+                if got != length:
+                    raise OSError(errno.EIO, f"short read of the source at {offset}")
+                self.h.update(view)
+        except BaseException as exc:
+            self.error = exc
         finally:
-            os.close(self.src)
+            if src >= 0:
+                os.close(src)
 
 
 def _write_all(fd: int, data: Any, path: Path, written: int, total: int) -> None:
@@ -326,7 +332,14 @@ class ConvertJob:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{threading.get_ident() % 100000}")
         total = plan.total_size
-        hasher = _Hasher(self.gguf_path, self.chunk)
+        prefix = len(plan.sections).to_bytes(4, "little") + plan.codes
+        pieces: list[Piece] = [(prefix, None)]
+        owner: list[int] = [-1]  # section index of each piece
+        for i, s in enumerate(plan.sections):
+            for piece in section_chunks(f, s, self.chunk):
+                pieces.append(piece)
+                owner.append(i)
+        hasher = _Hasher(self.gguf_path, self.chunk, pieces, token)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         flusher = _Flusher(fd)
         src_fd = os.open(self.gguf_path, os.O_RDONLY) if hasattr(os, "copy_file_range") else -1
@@ -335,38 +348,34 @@ class ConvertJob:
             hasher.start()
             flusher.start()
             _write_all(fd, plan.header().pack(), tmp, 0, total)
-            prefix = len(plan.sections).to_bytes(4, "little") + plan.codes
-            _write_all(fd, prefix, tmp, HEADER_SIZE, total)
-            hasher.q.put(prefix)
-            done = HEADER_SIZE + len(prefix)
+            done = HEADER_SIZE
             flushed = 0
             n = len(plan.sections)
             last_report = 0.0
-            for i, s in enumerate(plan.sections):
-                for data, release in section_chunks(f, s, self.chunk):
-                    if token.cancelled:
-                        raise Cancelled("conversion cancelled")
-                    if release is not None and src_fd >= 0:  # kernel-side copy of tensor bytes
-                        _copy_range(src_fd, fd, release[0], release[1], tmp, done, total)
-                        hasher.q.put(release)
-                    else:
-                        if s.kind == "zeros" and len(data) >= _HOLE_MIN:  # leave a hole: reads back as zeros
-                            os.lseek(fd, len(data), os.SEEK_CUR)
-                        else:
-                            _write_all(fd, data, tmp, done, total)
-                        hasher.q.put(data)
-                    done += len(data)
-                    if done - flushed >= _FLUSH_EVERY:  # start writeback now so the final fsync is short
-                        flusher.q.put((flushed, done - flushed))
-                        flushed = done
-                    now = time.perf_counter()
-                    if now - last_report > 0.05:
-                        report(ConvertProgress("writing", done, total, s.name, i, n))
-                        last_report = now
-            hasher.q.put(None)
+            for (data, rng), i in zip(pieces, owner, strict=True):
+                if token.cancelled:
+                    raise Cancelled("conversion cancelled")
+                if hasher.error is not None:
+                    raise hasher.error
+                if rng is not None and src_fd >= 0:  # kernel-side copy of tensor bytes
+                    _copy_range(src_fd, fd, rng[0], rng[1], tmp, done, total)
+                elif i >= 0 and plan.sections[i].kind == "zeros" and len(data) >= _HOLE_MIN:
+                    os.lseek(fd, len(data), os.SEEK_CUR)  # leave a hole: reads back as zeros
+                else:
+                    _write_all(fd, data, tmp, done, total)
+                done += len(data)
+                if done - flushed >= _FLUSH_EVERY:  # start writeback now so the final fsync is short
+                    flusher.q.put((flushed, done - flushed))
+                    flushed = done
+                now = time.perf_counter()
+                if now - last_report > 0.05 and i >= 0:
+                    report(ConvertProgress("writing", done, total, plan.sections[i].name, i, n))
+                    last_report = now
             flusher.q.put(None)
-            hasher.join()
             flusher.join()
+            hasher.join()
+            if token.cancelled:
+                raise Cancelled("conversion cancelled")
             if hasher.error:
                 raise hasher.error
             if done != total:  # pragma: no cover - the plan and the writer disagree
@@ -390,8 +399,7 @@ class ConvertJob:
                 flusher.q.put(None)
                 flusher.join()
             if hasher.is_alive():
-                hasher.error = hasher.error or Cancelled()
-                hasher.q.put(None)
+                hasher.stop = True
                 hasher.join()
             if fd >= 0:
                 os.close(fd)

@@ -212,6 +212,16 @@ def _write_all(fd: int, data: Any, path: Path, written: int, total: int) -> None
         written += n
 
 
+def _fsync(fd: int, path: Path, total: int) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise BumpWriteError(exc.errno, f"No space left on the device holding {path.parent} while flushing "
+                                 f"{total:,} bytes; nothing was kept at the target path") from None
+        raise BumpWriteError(exc.errno, f"Cannot flush {path} to disk: {exc.strerror}") from None
+
+
 def _copy_range(src_fd: int, dst_fd: int, offset: int, count: int, path: Path, written: int, total: int) -> None:
     """Copy ``count`` bytes at ``offset`` of the source file to the destination's current position, in the
     kernel (copy_file_range); falls back to pread/write where the kernel or filesystem refuses."""
@@ -373,21 +383,22 @@ class ConvertJob:
                     last_report = now
             flusher.q.put(None)
             flusher.join()
+            if done != total:  # pragma: no cover - the plan and the writer disagree
+                raise RuntimeError(f"wrote {done} bytes, planned {total}")
+            report(ConvertProgress("finishing", done, total, "", n - 1, n))
+            os.ftruncate(fd, total)  # in case the file ends in a hole
+            _fsync(fd, tmp, total)  # the bulk of the data reaches the disk while the hasher finishes
             hasher.join()
             if token.cancelled:
                 raise Cancelled("conversion cancelled")
             if hasher.error:
                 raise hasher.error
-            if done != total:  # pragma: no cover - the plan and the writer disagree
-                raise RuntimeError(f"wrote {done} bytes, planned {total}")
-            report(ConvertProgress("finishing", done, total, "", n - 1, n))
-            os.ftruncate(fd, total)  # in case the file ends in a hole
             digest = hasher.h.digest()
             head.join()
             if head.error is not None:
                 raise head.error
             os.pwrite(fd, digest, CHECKSUM_OFFSET)
-            os.fsync(fd)
+            _fsync(fd, tmp, total)  # the checksum page
             os.close(fd)
             fd = -1
             os.replace(tmp, out)

@@ -257,9 +257,41 @@ int qs_gemm_set(int on) {
 
 int qs_gemm_enabled(void) { return gemm_on; }
 
+/* Scalar tile: the numeric specification of the SIMD tiles (same decoded operands, same formula). */
+static void tile_scalar(const qs_gemm_dims *d, const uint8_t *wc, const float *ws, const float *mrow, const int8_t *xc,
+                        const float *xs, const float *bcol, int64_t n_c, int64_t n_valid, int n_r, float *y,
+                        int64_t ldy) {
+    (void)n_c;
+    for (int64_t c = 0; c < n_valid; ++c) {
+        const int8_t *x = xc + c * d->k64;
+        const float *sx = xs + c * d->nl, *bc = bcol + c * d->ngp;
+        for (int r = 0; r < n_r; ++r) {
+            const uint8_t *w = wc + r * d->k64;
+            const float *sw = ws + r * d->nl, *mr = mrow + r * d->ngp;
+            float acc = 0.0f;
+            for (int64_t l = 0; l < d->nl; ++l) {
+                int32_t p = 0;
+                for (int e = 0; e < 4; ++e) p += (int32_t)w[4 * l + e] * (int32_t)x[4 * l + e];
+                acc += (float)p * (sw[l] * sx[l]);
+            }
+            for (int64_t g = 0; g < d->ngp; ++g) acc -= mr[g] * bc[g];
+            y[c * ldy + r] = acc;
+        }
+    }
+}
+
+typedef void (*tile_fn)(const qs_gemm_dims *, const uint8_t *, const float *, const float *, const int8_t *,
+                        const float *, const float *, int64_t, int64_t, int, float *, int64_t);
+
+static tile_fn tile_for_isa(void) {
+    int isa = qs_isa_get();
+    return isa >= QS_ISA_AVX512 ? qs_gemm_tile_avx512 : isa >= QS_ISA_AVX2 ? qs_gemm_tile_avx2 : tile_scalar;
+}
+
 int qs_gemm_usable(int type, int64_t k) {
     int group = qs_gemm_group(type);
-    if (!group || qs_isa_get() < QS_ISA_AVX512) return 0;
+    if (!group) return 0;
+    if (type == QS_Q8_0 && qs_isa_get() == QS_ISA_AVX2) return 0; /* codes up to 255 would saturate vpmaddubsw */
     int64_t ab = gemm_act(type) == QS_Q8_K ? 256 : 32;
     return k % ab == 0 && k % group == 0;
 }
@@ -337,6 +369,7 @@ void qs_gemm_act_free(qs_gemm_act *a) {
 typedef struct {
     const qs_gemm_act *a;
     qs_panel_fn panel;
+    tile_fn tile;
     const uint8_t *w;
     int64_t row_bytes, n_rows, panels_per_task;
     float *y;
@@ -370,7 +403,7 @@ static void gemm_task(void *vctx, int64_t t) {
                 memset(mrow + r * d->ngp, 0, (size_t)d->ngp * sizeof(float));
             }
         }
-        qs_gemm_tile_avx512(d, wc, ws, mrow, a->xc, a->xs, a->bcol, a->n_c, a->n_x, n_r, g->y + r0, g->n_rows);
+        g->tile(d, wc, ws, mrow, a->xc, a->xs, a->bcol, a->n_c, a->n_x, n_r, g->y + r0, g->n_rows);
     }
     free(buf);
 }
@@ -380,7 +413,8 @@ int qs_gemm_run(int type, const uint8_t *w, int64_t n_rows, int64_t row_bytes, c
     gemm_ctx g;
     memset(&g, 0, sizeof g);
     g.a = a;
-    g.panel = panel_simd(type);
+    g.panel = qs_isa_get() >= QS_ISA_AVX512 ? panel_simd(type) : qs_gemm_panel_scalar(type);
+    g.tile = tile_for_isa();
     g.w = w;
     g.row_bytes = row_bytes;
     g.n_rows = n_rows;

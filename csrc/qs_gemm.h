@@ -46,6 +46,10 @@ void qs_gemm_panel_q8_0_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t 
 void qs_gemm_panel_q4_K_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
 void qs_gemm_panel_q6_K_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
 
+void qs_gemm_tile_avx2(const qs_gemm_dims *d, const uint8_t *wc, const float *ws, const float *mrow,
+                       const int8_t *xc, const float *xs, const float *bcol, int64_t n_c, int64_t n_valid, int n_r,
+                       float *y, int64_t ldy);
+
 /* Activations prepared once for every weight type with the same activation format (e.g. q/k/v, gate/up). */
 typedef struct {
     int act;

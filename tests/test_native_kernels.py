@@ -266,12 +266,12 @@ def test_simd_matches_scalar_and_float64(name):
 GEMM_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 
 
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("name", GEMM_TYPES)
-def test_prefill_gemm_matches_row_dots(name):
-    """The tiled GEMM (AVX-512) equals the row-by-row dot products up to float summation order, for ragged row
-    and column counts and rows that are not a multiple of 64 elements; thread count does not change its bits."""
-    if K.isa_detected() != "avx512":
-        pytest.skip("the tiled GEMM runs on AVX-512 VNNI only; this CPU dispatches to the dot kernels")
+def test_prefill_gemm_matches_row_dots(name, level):
+    """The tiled GEMM (scalar tile, AVX2, AVX-512 VNNI) equals the row-by-row dot products up to float summation
+    order, for ragged row and column counts and rows that are not a multiple of 64 elements; the thread count does
+    not change its bits."""
     rng = np.random.default_rng(sum(name.encode()) + 5)
     t = ggml_type(name)
     for rows, k in ((50, 608 if t.block_elems == 32 else 768), (9, 2048)):
@@ -279,13 +279,14 @@ def test_prefill_gemm_matches_row_dots(name):
         dense = np.abs(dequantize(w, t).astype(np.float64))
         for n_x in (4, 5, 7, 13, 37):
             x = np.stack([activations(rng, k) for _ in range(n_x)])
-            with K.prefill_gemm(True):
-                got = K.matmat(t, w, rows, k, x)
-                assert np.array_equal(K.matmat(t, w, rows, k, x, threads=1), got)
-            with K.prefill_gemm(False):
-                ref = K.matmat(t, w, rows, k, x)
+            with K.forced_isa(level):
+                with K.prefill_gemm(True):
+                    got = K.matmat(t, w, rows, k, x)
+                    assert np.array_equal(K.matmat(t, w, rows, k, x, threads=1), got)
+                with K.prefill_gemm(False):
+                    ref = K.matmat(t, w, rows, k, x)
             bound = (np.abs(x).astype(np.float64) @ dense.T) * 1e-5 + 1e-30
-            assert np.all(np.abs(got - ref) <= bound), (name, rows, k, n_x, float(np.abs(got - ref).max()))
+            assert np.all(np.abs(got - ref) <= bound), (name, level, rows, k, n_x, float(np.abs(got - ref).max()))
 
 
 def _decode_row(name: str, row: np.ndarray, k: int, simd: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -329,8 +330,6 @@ def test_gemm_row_decoders(name):
 
 
 def test_prefill_gemm_on_real_tensors(model_path):
-    if K.isa_detected() != "avx512":
-        pytest.skip("the tiled GEMM runs on AVX-512 VNNI only")
     rng = np.random.default_rng(3)
     picks = {"smollm2": ["blk.0.ffn_down.weight", "blk.0.attn_k.weight"],
              "gemma3": ["blk.0.attn_q.weight", "blk.0.attn_output.weight", "blk.0.ffn_down.weight",
@@ -343,12 +342,13 @@ def test_prefill_gemm_on_real_tensors(model_path):
                 w = f.tensor_bytes(t)
                 x = rng.standard_normal((19, k)).astype(np.float32)
                 dense = np.abs(dequantize(f.tensor_rows(t), t.type).astype(np.float64))
-                with K.prefill_gemm(True):
-                    got = K.matmat(t.type, w, rows, k, x)
                 with K.prefill_gemm(False):
                     ref = K.matmat(t.type, w, rows, k, x)
                 bound = (np.abs(x).astype(np.float64) @ dense.T) * 1e-5
-                assert np.all(np.abs(got - ref) <= bound), n
+                for level in LEVELS[1:]:
+                    with K.forced_isa(level), K.prefill_gemm(True):
+                        got = K.matmat(t.type, w, rows, k, x)
+                    assert np.all(np.abs(got - ref) <= bound), (n, level)
 
 
 def test_matvec_on_real_tensors(model_path):

@@ -1,0 +1,67 @@
+/* AVX2 tile kernel of the prefill GEMM (qs_gemm.h), for CPUs without AVX-512 VNNI: 2 decoded weight rows x 4
+ * prepared activation columns per pass (16 ymm registers), 32 elements per vpmaddubsw + vpmaddwd. Codes must be
+ * at most 63 (vpmaddubsw saturates at 2 * 255 * 127): Q8_0 weights (codes up to 255) are not routed here. */
+#include <immintrin.h>
+
+#include "qs.h"
+#include "qs_gemm.h"
+#include "qs_simd_common.h"
+
+#define T QS_TARGET_AVX2
+
+T void qs_gemm_tile_avx2(const qs_gemm_dims *d, const uint8_t *wc, const float *ws, const float *mrow,
+                         const int8_t *xc, const float *xs, const float *bcol, int64_t n_c, int64_t n_valid, int n_r,
+                         float *y, int64_t ldy) {
+    const int64_t k64 = d->k64, nl = d->nl, ngp = d->ngp, nch = k64 / 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int rp = 0; rp < n_r; rp += 2) {
+        const uint8_t *w0p = wc + rp * k64, *w1p = w0p + k64;
+        const float *s0p = ws + rp * nl, *s1p = s0p + nl;
+        const float *m0p = mrow + rp * ngp, *m1p = m0p + ngp;
+        for (int64_t c0 = 0; c0 < n_c; c0 += 4) {
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00,
+                   a13 = a00;
+            const int8_t *xb = xc + c0 * k64;
+            const float *sb = xs + c0 * nl;
+            for (int64_t ch = 0; ch < nch; ++ch) {
+                const __m256i w0 = _mm256_load_si256((const __m256i *)(w0p + 32 * ch));
+                const __m256i w1 = _mm256_load_si256((const __m256i *)(w1p + 32 * ch));
+#define QS_COL(c, A0, A1)                                                                                       \
+                do {                                                                                            \
+                    const __m256i xv = _mm256_load_si256((const __m256i *)(xb + (c) * k64 + 32 * ch));           \
+                    const __m256 xsv = _mm256_load_ps(sb + (c) * nl + 8 * ch);                                   \
+                    __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w0, xv), ones);                          \
+                    __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w1, xv), ones);                          \
+                    A0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(_mm256_load_ps(s0p + 8 * ch), xsv), A0); \
+                    A1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(_mm256_load_ps(s1p + 8 * ch), xsv), A1); \
+                } while (0)
+                QS_COL(0, a00, a10);
+                QS_COL(1, a01, a11);
+                QS_COL(2, a02, a12);
+                QS_COL(3, a03, a13);
+#undef QS_COL
+            }
+            const float *bb = bcol + c0 * ngp;
+            for (int64_t g = 0; g < ngp; g += 8) {
+                const __m256 m0 = _mm256_load_ps(m0p + g), m1 = _mm256_load_ps(m1p + g);
+#define QS_MIN(c, A0, A1)                                                                                       \
+                do {                                                                                            \
+                    const __m256 b = _mm256_load_ps(bb + (c) * ngp + g);                                        \
+                    A0 = _mm256_fnmadd_ps(m0, b, A0);                                                           \
+                    A1 = _mm256_fnmadd_ps(m1, b, A1);                                                           \
+                } while (0)
+                QS_MIN(0, a00, a10);
+                QS_MIN(1, a01, a11);
+                QS_MIN(2, a02, a12);
+                QS_MIN(3, a03, a13);
+#undef QS_MIN
+            }
+            const float v0[4] = {hsum256(a00), hsum256(a01), hsum256(a02), hsum256(a03)};
+            const float v1[4] = {hsum256(a10), hsum256(a11), hsum256(a12), hsum256(a13)};
+            for (int c = 0; c < 4 && c0 + c < n_valid; ++c) {
+                y[(c0 + c) * ldy + rp] = v0[c];
+                if (rp + 1 < n_r) y[(c0 + c) * ldy + rp + 1] = v1[c];
+            }
+        }
+    }
+}

@@ -1,14 +1,15 @@
 /* Prefill GEMM: quantized weights x many activation rows, by register tiles.
  *
- * Every supported weight type is reduced to one form: unsigned 8-bit codes c (one per element), a float scale per
- * 4-element lane s, and a float "min" per group g (16 or 32 elements):
- *     w[i] = s[i/4] * c[i] - (mrow[g] / dx[g]) * ...      (see below)
- * Activations (quantized exactly as ggml does for this weight type: Q8_0, Q8_1 or Q8_K) become signed 8-bit
- * codes q, a float scale per lane xs (the block's d), and a per-group float bcol (d * sum of the group's codes, or
- * Q8_1's stored s). Then
- *     dot(w, x) = sum_lanes s * xs * (sum of 4 products c*q)  -  sum_groups mrow * bcol
- * which the AVX-512 kernel evaluates with one vpdpbusd per 64 elements and tile. The integer part is exact; only
- * the order of float additions differs from the row-by-row dot products (tests compare within float tolerance).
+ * Every supported weight type is decoded, one row at a time, into one form: an unsigned 8-bit code c per element,
+ * a float scale s per 4-element lane and a float min m per group of 16 or 32 elements, such that
+ *     w[i] = s[i/4] * c[i] - m[g(i)]
+ * (Q5_0: c = q, s = d, m = 16d; Q8_0: c = q + 128, m = 128d; Q4_1: m = -min; Q4_K: s = d*sc, m = dmin*mn; Q6_K:
+ * s = d*sc, m = 32*d*sc). Activations are quantized exactly as ggml does for the weight type (Q8_0, Q8_1 or Q8_K)
+ * and become signed codes q, a float scale xs per lane (the block's d) and a float per group bcol = d * (sum of
+ * the group's codes) (Q8_1: its stored s). Then
+ *     dot(w, x) = sum over lanes of s * xs * (sum of the lane's 4 products c*q)  -  sum over groups of m * bcol
+ * The integer lane sums are exact (one vpdpbusd per 64 elements and tile on AVX-512 VNNI); only the order of the
+ * float additions differs from the row-by-row dot products, which the tests compare within float tolerance.
  */
 #ifndef QS_GEMM_H
 #define QS_GEMM_H

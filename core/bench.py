@@ -124,7 +124,7 @@ def bench_kernels(types: tuple[str, ...] = KERNEL_TYPES, threads: tuple[int, ...
     from .quant import ggml_type
 
     out: dict[str, Any] = {"isa": K.isa(), "bandwidth": memory_bandwidth(threads=threads), "gemv": [],
-                           "dequant": []}
+                           "gemm": [], "dequant": []}
     rng = np.random.default_rng(1)
     cases = [(name, label, k, rows) for name in types for (label, k, rows) in KERNEL_SHAPES
              if k % ggml_type(name).block_elems == 0]
@@ -142,6 +142,27 @@ def bench_kernels(types: tuple[str, ...] = KERNEL_TYPES, threads: tuple[int, ...
             sec = _median_time(call)
             out["gemv"].append({"type": name, "shape": label, "rows": rows, "k": k, "threads": n_thr,
                                 "ms": sec * 1e3, "gelem_s": rows * k / sec / 1e9, "gb_s": w.nbytes / sec / 1e9})
+    # prefill: 128 activation rows, the tiled GEMM against the row-by-row dot kernels (its peer, same run)
+    for name in ("Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"):
+        if name not in types:
+            continue
+        t = ggml_type(name)
+        for label, k, rows in KERNEL_SHAPES[1:]:
+            if k % t.block_elems:
+                continue
+            w = random_weights(name, rows, k)
+            xs = rng.standard_normal((128, k)).astype(np.float32)
+            n_thr = max(threads)
+            res = {}
+            for on in (True, False):
+                def mm(t=t, w=w, rows=rows, k=k, xs=xs, n_thr=n_thr, on=on) -> None:
+                    with K.prefill_gemm(on):
+                        K.matmat(t, w, rows, k, xs, threads=n_thr)
+
+                res[on] = _median_time(mm, min_reps=3)
+            out["gemm"].append({"type": name, "shape": label, "threads": n_thr, "cols": 128,
+                                "gemm_gmac_s": rows * k * 128 / res[True] / 1e9,
+                                "dots_gmac_s": rows * k * 128 / res[False] / 1e9})
     if dequant:
         try:
             import gguf
@@ -176,6 +197,12 @@ def render_kernels(r: dict[str, Any]) -> str:
         share = f"{100 * g['gb_s'] / ceiling:11.0f}%" if ceiling else f"{'':>12}"
         lines.append(f"{g['type']:<6} {g['shape']:<16} {g['threads']:>3} {g['ms']:9.3f} {g['gelem_s']:8.2f} "
                      f"{g['gb_s']:7.2f} {share}")
+    if r.get("gemm"):
+        lines += ["", f"{'prefill':<7} {'shape':<16} {'thr':>3} {'cols':>4} {'tiled GEMM':>11} {'row dots':>9} "
+                      f"{'ratio':>6}  (GMAC/s, activation quantization included)"]
+        for g in r["gemm"]:
+            lines.append(f"{g['type']:<7} {g['shape']:<16} {g['threads']:>3} {g['cols']:>4} {g['gemm_gmac_s']:11.1f} "
+                         f"{g['dots_gmac_s']:9.1f} {g['gemm_gmac_s'] / g['dots_gmac_s']:5.2f}x")
     if r["dequant"]:
         lines += ["", f"{'dequant':<7} {'Melem':>6} {'native 1t':>10} {'native 2t':>10} {'numpy':>8} {'gguf-py':>8} "
                       f"{'x gguf-py (1t)':>14} {'(2t)':>6}"]

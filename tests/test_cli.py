@@ -104,3 +104,14 @@ def test_console_script_entry_point(tmp_path):
     res = subprocess.run(exe, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["architecture"] == "llama"
+
+
+def test_bench_kernels_reports_prefill_gemm_against_row_dots():
+    from quantscope.core.bench import bench_kernels, render_kernels
+
+    r = bench_kernels(types=("Q5_0",), threads=(1,), big=False, dequant=False)
+    rows = r["gemm"]
+    assert [g["shape"] for g in rows] == ["model 896x4864", "model 4864x896"]
+    assert all(g["gemm_gmac_s"] > 0 and g["dots_gmac_s"] > 0 and g["cols"] == 128 for g in rows)
+    text = render_kernels(r)
+    assert "tiled GEMM" in text and "Q5_0    model 896x4864" in text

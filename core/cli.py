@@ -320,7 +320,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.echo:
         sys.stdout.write(prompt)
     last = None
-    for d in eng.generate(prompt, _params(args)):
+
+    def on_prompt(done: int, total: int) -> None:  # long prompts: show progress on a terminal
+        if total > 512 and sys.stderr.isatty():
+            end = "\n" if done == total else ""
+            print(f"\r[prompt {done:,}/{total:,} tokens]", end=end, file=sys.stderr, flush=True)
+
+    for d in eng.generate(prompt, _params(args), on_prompt=on_prompt):
         sys.stdout.write(d.text)
         sys.stdout.flush()
         last = d

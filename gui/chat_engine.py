@@ -137,6 +137,7 @@ class EngineWorker(QObject):
     loadFailed = Signal(int, str, str)  # load id, message, detail
     loadCancelled = Signal(int)
     trimmed = Signal(int, int, int)  # request id, messages left out, prompt tokens
+    promptProgress = Signal(int, int, int)  # request id, new prompt tokens evaluated, of how many
     delta = Signal(int, str, object)  # request id, new text, GenStats
     finished = Signal(int, object)  # request id, final GenStats
     failed = Signal(int, str, str)  # request id, message, detail
@@ -232,7 +233,10 @@ class EngineWorker(QObject):
             else:
                 self.trimmed.emit(req.id, 0, -1)
             last = GenStats(n_ctx=eng.n_ctx, dropped=dropped)
-            for d in eng.generate(prompt, req.params, cancel=req.cancel):
+            def on_prompt(done: int, total: int) -> None:
+                self.promptProgress.emit(req.id, done, total)
+
+            for d in eng.generate(prompt, req.params, cancel=req.cancel, on_prompt=on_prompt):
                 last = GenStats(d.n_prompt, d.n_generated, d.ttft_s, d.prompt_tps, d.gen_tps, d.context_used,
                                 eng.n_ctx, dropped, d.stop_reason, time.perf_counter() - t0)
                 if d.text:
@@ -266,6 +270,7 @@ class EngineHost(QObject):
     loadFailed = Signal(str, str)
     loadCancelled = Signal()
     trimmed = Signal(int, int, int)
+    promptProgress = Signal(int, int, int)
     delta = Signal(int, str, object)
     finished = Signal(int, object)
     failed = Signal(int, str, str)
@@ -322,6 +327,7 @@ class EngineHost(QObject):
         worker.loadFailed.connect(self._on_load_failed)
         worker.loadCancelled.connect(self._on_load_cancelled)
         worker.trimmed.connect(self._on_trimmed)
+        worker.promptProgress.connect(self._on_prompt_progress)
         worker.delta.connect(self._on_delta)
         worker.finished.connect(self._on_finished)
         worker.failed.connect(self._on_failed)
@@ -391,6 +397,10 @@ class EngineHost(QObject):
     def _on_trimmed(self, req_id: int, dropped: int, n_tokens: int) -> None:
         if self._live(req_id):
             self.trimmed.emit(req_id, dropped, n_tokens)
+
+    def _on_prompt_progress(self, req_id: int, done: int, total: int) -> None:
+        if self._live(req_id):
+            self.promptProgress.emit(req_id, done, total)
 
     def _on_delta(self, req_id: int, text: str, stats: GenStats) -> None:
         if self._live(req_id):

@@ -3,6 +3,7 @@ sampling, generation quality and perplexity."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -267,3 +268,34 @@ def test_backend_selection(model_path):
         assert auto.backend == "cpu" and why in auto.backend_reason
         with pytest.raises(CudaUnavailable):
             Engine(path, n_ctx=64, backend="cuda")
+
+
+def test_long_prompt_is_evaluated_in_chunks_with_progress_and_cancel(engine):
+    """A prompt longer than PREFILL_CHUNK reports progress per chunk, gives the same first token as one big
+    forward pass, and a cancel between chunks stops with the evaluated part kept in the cache."""
+    from quantscope.core.engine.generate import PREFILL_CHUNK
+
+    e = engine("smollm2")
+    text = " ".join(TEXT.split()[:600])
+    ids = e.prompt_ids(text)
+    assert PREFILL_CHUNK < len(ids) < 1000
+    e.session.reset()
+    e.cached = []
+    seen: list[tuple[int, int]] = []
+    out = list(e.generate(text, SamplerParams(temperature=0, max_tokens=1), on_prompt=lambda d, t: seen.append((d, t))))
+    assert seen == [(PREFILL_CHUNK, len(ids)), (len(ids), len(ids))]
+    whole = e.model.session(1024).forward(ids)
+    assert out[0].token == int(np.argmax(whole))
+
+    e.session.reset()
+    e.cached = []
+    cancel = threading.Event()
+    out = list(e.generate(text, SamplerParams(temperature=0, max_tokens=5), cancel=cancel,
+                          on_prompt=lambda d, t: cancel.set()))
+    assert out[-1].finished and out[-1].stop_reason == "cancelled" and out[-1].n_generated == 0
+    assert e.session.n_past == PREFILL_CHUNK and e.cached == ids[:PREFILL_CHUNK]
+    # the next call reuses the evaluated chunk and finishes the prompt
+    seen.clear()
+    out = list(e.generate(text, SamplerParams(temperature=0, max_tokens=1), on_prompt=lambda d, t: seen.append((d, t))))
+    assert seen == [(len(ids) - PREFILL_CHUNK, len(ids) - PREFILL_CHUNK)]
+    assert out[0].token == int(np.argmax(whole))

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from PySide6.QtCore import QElapsedTimer, Qt, QThread, QTimer
@@ -38,6 +39,9 @@ from .gui_helpers import window  # noqa: F401
 GREEDY_PROMPT = "The capital of France is"
 LOAD_TIMEOUT = 120_000
 REPLY_TIMEOUT = 240_000
+
+
+TEXT = (Path(__file__).parent / "data" / "english.txt").read_text(encoding="utf-8")
 
 
 @pytest.fixture(autouse=True)
@@ -253,6 +257,40 @@ def test_stop_within_one_token(window, qtbot, model_path):  # noqa: F811
         assert chat.stop_btn.isEnabled()
         chat.stop_btn.click()
     assert sig.args[0].stop_reason == "cancelled" and sig.args[0].n_generated < 200
+    assert chat.host.state == "ready" and chat.send_btn.isEnabled()
+
+
+def test_long_prompt_shows_progress_and_can_be_stopped_while_read(window, qtbot, model_path):  # noqa: F811
+    """A prompt longer than one prefill chunk: the pane reports how much of it is read, and Stop during reading
+    ends the turn before any token is generated."""
+    from quantscope.core.engine.generate import PREFILL_CHUNK
+
+    chat = open_chat(window, qtbot, model_path)
+    chat.set_mode("completion")
+    chat.apply_preset("Greedy")
+    chat.max_spin.setValue(8)
+    text = " ".join(TEXT.split()[:700])
+    seen, labels = [], []
+
+    def on_progress(_req, done, total):
+        seen.append((done, total))
+        labels.append(chat.activity.text())
+
+    chat.host.promptProgress.connect(on_progress)
+    stats = send_and_wait(qtbot, chat, text)
+    assert seen[0][0] == PREFILL_CHUNK and seen[-1][0] == seen[-1][1] == stats.n_prompt
+    assert f"reading the prompt: {PREFILL_CHUNK:,} of {stats.n_prompt:,} tokens" in labels[0]
+    assert stats.n_generated == 8
+    worker = chat.host._worker
+
+    def stop_after_first_chunk(_req, done, total):  # on the model thread, between two chunks
+        if done < total:
+            chat.host.stop()
+
+    worker.promptProgress.connect(stop_after_first_chunk, Qt.ConnectionType.DirectConnection)
+    stats = send_and_wait(qtbot, chat, "Once more: " + text)  # no common prefix: read from the start
+    worker.promptProgress.disconnect(stop_after_first_chunk)
+    assert stats.stop_reason == "cancelled" and stats.n_generated == 0
     assert chat.host.state == "ready" and chat.send_btn.isEnabled()
 
 

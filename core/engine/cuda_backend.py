@@ -595,8 +595,9 @@ class CudaSession:
         """Forget cached positions from ``n`` on (e.g. to rewind a turn)."""
         self.n_past = max(0, min(self.n_past, n))
 
-    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
-        """Run ``tokens`` at positions ``n_past…``; returns logits of the last token (or of every token)."""
+    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False, logits: bool = True) -> np.ndarray:
+        """Run ``tokens`` at positions ``n_past…``; returns logits of the last token (or of every token).
+        ``logits=False`` is accepted for the CPU session's interface; the head is computed anyway (cheap on a GPU)."""
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         T = ids.size
         if T == 0:

@@ -40,6 +40,11 @@ class Delta:
     stop_reason: str = ""
 
 
+#: prompt tokens per forward call: bounds the block's scratch memory and lets a long prompt report progress and
+#: be stopped; large enough that the prefill GEMM runs at full speed.
+PREFILL_CHUNK = 512
+
+
 class Engine:
     """A loaded model + tokenizer + template, with one chat session."""
 
@@ -122,11 +127,13 @@ class Engine:
         return self.tokenizer.encode(text, add_special=not has_bos)
 
     def generate(self, messages: list[dict[str, Any]] | str, params: SamplerParams | None = None,
-                 cancel: threading.Event | None = None) -> Iterator[Delta]:
+                 cancel: threading.Event | None = None,
+                 on_prompt: Callable[[int, int], None] | None = None) -> Iterator[Delta]:
         """Yield :class:`Delta` pieces until end-of-generation, a stop string, ``max_tokens`` or ``cancel``.
 
         Reuses the KV cache for the longest common prefix with the previous call (a follow-up turn only
-        evaluates its new tokens)."""
+        evaluates its new tokens). New prompt tokens are evaluated in chunks of ``PREFILL_CHUNK``:
+        ``on_prompt(done, total)`` is called after each, and ``cancel`` is honoured between them."""
         p = params or SamplerParams()
         ids = self.prompt_ids(messages)
         if len(ids) >= self.n_ctx:
@@ -149,7 +156,17 @@ class Engine:
             common = min(common, len(ids) - 1)
             self.session.truncate(common)
             self.cached = self.cached[:common]
-            logits = self.session.forward(ids[common:])
+            new = ids[common:]
+            for a in range(0, len(new), PREFILL_CHUNK):
+                if a and cancel is not None and cancel.is_set():  # stop between chunks: keep what is evaluated
+                    self.cached = list(ids[: common + a])
+                    yield Delta("", None, len(ids), 0, 0.0, 0.0, 0.0, self.session.n_past, True, "cancelled")
+                    return
+                last = a + PREFILL_CHUNK >= len(new)
+                logits = self.session.forward(new[a : a + PREFILL_CHUNK], logits=last)
+                self.cached = list(ids[: common + min(len(new), a + PREFILL_CHUNK)])
+                if on_prompt is not None:
+                    on_prompt(min(len(new), a + PREFILL_CHUNK), len(new))
             self._prompt_logits = (tuple(ids), logits.copy())
         self.cached = list(ids)
         t1 = time.perf_counter()

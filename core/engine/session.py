@@ -143,8 +143,9 @@ class Session:
             blocks.append(b)
         return blocks
 
-    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
-        """Run ``tokens`` at positions ``n_past…``; returns logits of the last token (or of every token)."""
+    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False, logits: bool = True) -> np.ndarray:
+        """Run ``tokens`` at positions ``n_past…``; returns logits of the last token (or of every token), or an
+        empty array with ``logits=False`` (a prompt chunk whose only product is the KV cache)."""
         m, c = self.model, self.model.config
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         T = ids.size
@@ -166,6 +167,8 @@ class Session:
                 raise K.KernelError(f"transformer block failed ({rc})")
         E = c.n_embd
         self.n_past += T
+        if not logits:
+            return np.empty(0, np.float32)
         last = x if all_logits else x[-1:]
         last = self._rmsnorm(np.ascontiguousarray(last), m.weights.output_norm, E)
         logits = self._mm(m.output, last)

@@ -229,6 +229,7 @@ class ChatView(QWidget):
         self.host.loadFailed.connect(self._on_load_failed)
         self.host.loadCancelled.connect(self._on_load_cancelled)
         self.host.trimmed.connect(self._on_trimmed)
+        self.host.promptProgress.connect(self._on_prompt_progress)
         self.host.delta.connect(self._on_delta)
         self.host.finished.connect(self._on_finished)
         self.host.failed.connect(self._on_failed)
@@ -1029,6 +1030,10 @@ class ChatView(QWidget):
                 f"message{'s are' if dropped != 1 else ' is'} left out of the prompt (marked “not in context”). "
                 "Load the model with a larger context to keep them.")
             self.notice.show()
+
+    def _on_prompt_progress(self, req: int, done: int, total: int) -> None:
+        if req == self._reply_req and done < total:  # the last chunk is followed by the first token
+            self.activity.setText(f"reading the prompt: {done:,} of {total:,} tokens…")
 
     def _on_delta(self, req: int, text: str, stats: GenStats) -> None:
         if req != self._reply_req:

@@ -333,7 +333,8 @@ def test_prefill_gemm_on_real_tensors(model_path):
     rng = np.random.default_rng(3)
     picks = {"smollm2": ["blk.0.ffn_down.weight", "blk.0.attn_k.weight"],
              "gemma3": ["blk.0.attn_q.weight", "blk.0.attn_output.weight", "blk.0.ffn_down.weight",
-                        "blk.1.ffn_down.weight", "blk.1.attn_v.weight"]}
+                        "blk.1.ffn_down.weight", "blk.1.attn_v.weight"],
+             "qwen2.5-coder": ["blk.0.ffn_up.weight", "blk.0.ffn_down.weight", "blk.2.ffn_down.weight"]}
     for model, names in picks.items():
         with GGUFFile(model_path(model)) as f:
             for n in names:

@@ -1,10 +1,11 @@
 """The GGUF -> BUMPWGT3 conversion job: plain Python with a progress callback and a cancel token, usable from the
 CLI and from a GUI worker thread.
 
-Tensor bytes stream from the mapped GGUF in bounded chunks; a hashing thread digests each chunk while the next one
-is written (hashlib releases the GIL), and pages already written and hashed are dropped from the mapping, so
-resident memory stays bounded whatever the model size. Output is atomic: a temporary file in the target
-directory, fsync, rename; on error or cancel nothing is left at the target path.
+Tensor bytes are copied in the kernel (copy_file_range) in bounded chunks while a hashing thread walks the same
+list of pieces on its own, reading them with pread into one buffer (hashlib releases the GIL), so SHA-256 (one
+core, inherently sequential) never waits for the writer; writeback is started as the file grows and the data is
+fsynced while the hash finishes. Resident memory stays bounded whatever the model size. Output is atomic: a
+temporary file in the target directory, fsync, rename; on error or cancel nothing is left at the target path.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ int qs_matmat(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float
 
 int qs_gemm_set(int on);           /* tiled prefill GEMM on (1) / off (0); -1 queries; returns the previous state */
 /* Test hook: one weight row in the GEMM's decoded form (codes[k64], lane scales[k64/4], group mins[ceil16(k/group)]),
- * k64 = k rounded up to 64; simd = 1 uses the AVX-512 decoder (returns 1 if unavailable). */
+ * k64 = k rounded up to 64; simd = 1 uses the decoder of the active ISA level (returns 1 below AVX2). */
 int qs_gemm_decode_row(int type, const uint8_t *row, int64_t k, int simd, uint8_t *codes, float *ws, float *mrow);
 int qs_threads_default(void);
 uint64_t qs_read_probe(const uint8_t *p, int64_t n, int n_threads);  /* XOR of every byte: a read-bandwidth probe */

@@ -164,16 +164,30 @@ qs_panel_fn qs_gemm_panel_scalar(int type) {
     }
 }
 
+/* The decoder for the active ISA (scalar where no SIMD one exists). */
 static qs_panel_fn panel_simd(int type) {
-    switch (type) {
-    case QS_Q4_0: return qs_gemm_panel_q4_0_avx512;
-    case QS_Q4_1: return qs_gemm_panel_q4_1_avx512;
-    case QS_Q5_0: return qs_gemm_panel_q5_0_avx512;
-    case QS_Q8_0: return qs_gemm_panel_q8_0_avx512;
-    case QS_Q4_K: return qs_gemm_panel_q4_K_avx512;
-    case QS_Q6_K: return qs_gemm_panel_q6_K_avx512;
-    default: return qs_gemm_panel_scalar(type);
+    int isa = qs_isa_get();
+    if (isa >= QS_ISA_AVX512) {
+        switch (type) {
+        case QS_Q4_0: return qs_gemm_panel_q4_0_avx512;
+        case QS_Q4_1: return qs_gemm_panel_q4_1_avx512;
+        case QS_Q5_0: return qs_gemm_panel_q5_0_avx512;
+        case QS_Q8_0: return qs_gemm_panel_q8_0_avx512;
+        case QS_Q4_K: return qs_gemm_panel_q4_K_avx512;
+        case QS_Q6_K: return qs_gemm_panel_q6_K_avx512;
+        default: break;
+        }
+    } else if (isa >= QS_ISA_AVX2) {
+        switch (type) {
+        case QS_Q4_0: return qs_gemm_panel_q4_0_avx2;
+        case QS_Q4_1: return qs_gemm_panel_q4_1_avx2;
+        case QS_Q5_0: return qs_gemm_panel_q5_0_avx2;
+        case QS_Q4_K: return qs_gemm_panel_q4_K_avx2;
+        case QS_Q6_K: return qs_gemm_panel_q6_K_avx2;
+        default: break;
+        }
     }
+    return qs_gemm_panel_scalar(type);
 }
 
 static void gemm_dims(int type, int64_t k, qs_gemm_dims *d) {
@@ -190,7 +204,7 @@ int qs_gemm_decode_row(int type, const uint8_t *row, int64_t k, int simd, uint8_
     qs_gemm_dims d;
     int group = qs_gemm_group(type);
     if (!group || k % (type >= QS_Q2_K ? 256 : 32)) return -1;
-    if (simd && qs_isa_get() < QS_ISA_AVX512) return 1;
+    if (simd && qs_isa_get() < QS_ISA_AVX2) return 1;
     gemm_dims(type, k, &d);
     (simd ? panel_simd(type) : qs_gemm_panel_scalar(type))(row, &d, codes, ws, mrow);
     return 0;
@@ -413,7 +427,7 @@ int qs_gemm_run(int type, const uint8_t *w, int64_t n_rows, int64_t row_bytes, c
     gemm_ctx g;
     memset(&g, 0, sizeof g);
     g.a = a;
-    g.panel = qs_isa_get() >= QS_ISA_AVX512 ? panel_simd(type) : qs_gemm_panel_scalar(type);
+    g.panel = panel_simd(type);
     g.tile = tile_for_isa();
     g.w = w;
     g.row_bytes = row_bytes;

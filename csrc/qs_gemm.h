@@ -51,6 +51,12 @@ void qs_gemm_tile_avx2(const qs_gemm_dims *d, const uint8_t *wc, const float *ws
                        const int8_t *xc, const float *xs, const float *bcol, int64_t n_c, int64_t n_valid, int n_r,
                        float *y, int64_t ldy);
 
+void qs_gemm_panel_q4_0_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q4_1_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q5_0_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q4_K_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q6_K_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+
 /* Activations prepared once for every weight type with the same activation format (e.g. q/k/v, gate/up). */
 typedef struct {
     int act;

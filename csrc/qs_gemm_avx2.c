@@ -65,3 +65,89 @@ T void qs_gemm_tile_avx2(const qs_gemm_dims *d, const uint8_t *wc, const float *
         }
     }
 }
+
+/* ---------------------------------------------------------------- weight-row decoders (AVX2), bit-identical to
+ * the scalar ones in qs_gemm.c */
+T static inline void tail_avx2(const qs_gemm_dims *d, uint8_t *codes, float *ws, float *mrow) {
+    memset(codes + d->k, 0, (size_t)(d->k64 - d->k));
+    for (int64_t i = d->k / 4; i < d->nl; ++i) ws[i] = 0.0f;
+    for (int64_t i = d->ng; i < d->ngp; ++i) mrow[i] = 0.0f;
+}
+
+/* 32 bits -> 32 bytes: byte j = 16 if bit j of qh is set, else 0 */
+T static inline __m256i bit16_bytes(uint32_t qh) {
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
+                                          3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), pick);
+    __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
+    return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+
+T void qs_gemm_panel_q5_0_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    for (int64_t b = 0; b < d->k / 32; ++b, w += 22) {
+        __m256i q = _mm256_or_si256(nibbles_32(w + 6), bit16_bytes(qs_load_u32(w + 2)));
+        _mm256_storeu_si256((__m256i *)(c + 32 * b), q);
+        float s = f16at(w);
+        _mm256_storeu_ps(ws + 8 * b, _mm256_set1_ps(s));
+        mrow[b] = 16.0f * s;
+    }
+    tail_avx2(d, c, ws, mrow);
+}
+
+T void qs_gemm_panel_q4_0_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    for (int64_t b = 0; b < d->k / 32; ++b, w += 18) {
+        _mm256_storeu_si256((__m256i *)(c + 32 * b), nibbles_32(w + 2));
+        float s = f16at(w);
+        _mm256_storeu_ps(ws + 8 * b, _mm256_set1_ps(s));
+        mrow[b] = 8.0f * s;
+    }
+    tail_avx2(d, c, ws, mrow);
+}
+
+T void qs_gemm_panel_q4_1_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    for (int64_t b = 0; b < d->k / 32; ++b, w += 20) {
+        _mm256_storeu_si256((__m256i *)(c + 32 * b), nibbles_32(w + 4));
+        _mm256_storeu_ps(ws + 8 * b, _mm256_set1_ps(f16at(w)));
+        mrow[b] = -f16at(w + 2);
+    }
+    tail_avx2(d, c, ws, mrow);
+}
+
+T void qs_gemm_panel_q4_K_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t i = 0; i < d->k / 256; ++i, w += 144) {
+        uint32_t u[4];
+        k4_scales_mins(w + 4, u);
+        const uint8_t *sm = (const uint8_t *)u; /* sc0..7, m0..7 */
+        float dd = f16at(w), dm = f16at(w + 2);
+        for (int g = 0; g < 8; ++g) {
+            _mm256_storeu_ps(ws + 64 * i + 8 * g, _mm256_set1_ps(dd * (float)sm[g]));
+            mrow[8 * i + g] = dm * (float)sm[8 + g];
+        }
+        for (int q = 0; q < 4; ++q) {
+            __m256i b = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * q));
+            _mm256_storeu_si256((__m256i *)(c + 256 * i + 64 * q), _mm256_and_si256(b, m4));
+            _mm256_storeu_si256((__m256i *)(c + 256 * i + 64 * q + 32), _mm256_and_si256(_mm256_srli_epi16(b, 4), m4));
+        }
+    }
+    tail_avx2(d, c, ws, mrow);
+}
+
+T void qs_gemm_panel_q6_K_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    for (int64_t i = 0; i < d->k / 256; ++i, w += 210) {
+        float dd = f16at(w + 208);
+        const int8_t *sc = (const int8_t *)(w + 192);
+        for (int g = 0; g < 16; ++g) {
+            float s = dd * (float)sc[g];
+            _mm_storeu_ps(ws + 64 * i + 4 * g, _mm_set1_ps(s));
+            mrow[16 * i + g] = 32.0f * s;
+        }
+        for (int h = 0; h < 2; ++h) {
+            __m256i q[4];
+            q6k_half_codes(w, h, q);
+            for (int j = 0; j < 4; ++j) _mm256_storeu_si256((__m256i *)(c + 256 * i + 128 * h + 32 * j), q[j]);
+        }
+    }
+    tail_avx2(d, c, ws, mrow);
+}

@@ -258,6 +258,10 @@ int qs_quantize_q8_0(const float *x, uint8_t *dst, int64_t n) {
         qs_quantize_q8_0_avx512(x, dst, n);
         return 0;
     }
+    if (qs_isa_get() >= QS_ISA_AVX2) {
+        qs_quantize_q8_0_avx2(x, dst, n);
+        return 0;
+    }
     for (int64_t i = 0; i < n / 32; ++i) {
         const float *v = x + 32 * i;
         uint8_t *o = dst + 34 * i;
@@ -276,6 +280,10 @@ int qs_quantize_q8_1(const float *x, uint8_t *dst, int64_t n) {
     if (n % 32) return -1;
     if (qs_isa_get() >= QS_ISA_AVX512) {
         qs_quantize_q8_1_avx512(x, dst, n);
+        return 0;
+    }
+    if (qs_isa_get() >= QS_ISA_AVX2) {
+        qs_quantize_q8_1_avx2(x, dst, n);
         return 0;
     }
     for (int64_t i = 0; i < n / 32; ++i) {
@@ -303,6 +311,10 @@ int qs_quantize_q8_K(const float *x, uint8_t *dst, int64_t n) {
     if (n % 256) return -1;
     if (qs_isa_get() >= QS_ISA_AVX512) {
         qs_quantize_q8_K_avx512(x, dst, n);
+        return 0;
+    }
+    if (qs_isa_get() >= QS_ISA_AVX2) {
+        qs_quantize_q8_K_avx2(x, dst, n);
         return 0;
     }
     for (int64_t i = 0; i < n / 256; ++i) {

@@ -1,6 +1,7 @@
 /* AVX2+FMA+F16C variants of the quantized kernels (ggml's x86 strategy; see gguf-and-quants.md §3.4).
  * Dot products are exact in their integer parts; dequantization is bit-exact (every product is exact). */
 #include <immintrin.h>
+#include <math.h>
 
 #include "qs.h"
 #include "qs_quant_internal.h"
@@ -303,4 +304,117 @@ T float qs_dot_bf16_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     float s = hsum256(_mm256_add_ps(a0, a1));
     for (; i < n; ++i) s += qs_bf16_to_fp32(qs_load_u16(w + 2 * i)) * qs_bf16_to_fp32(qs_load_u16(x + 2 * i));
     return s;
+}
+
+/* ---------------------------------------------------------------- activation quantizers, bit-identical to the
+ * scalar ggml reference versions in qs_quant.c (roundf = round half away from zero; nearest_int = half to even) */
+
+T static inline __m256 round_half_away8(__m256 p) {
+    __m256 t = _mm256_round_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m256 frac = _mm256_sub_ps(p, t); /* exact */
+    __m256 sign = _mm256_and_ps(p, _mm256_set1_ps(-0.0f));
+    __m256 up = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), frac), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    return _mm256_add_ps(t, _mm256_and_ps(up, _mm256_or_ps(_mm256_set1_ps(1.0f), sign)));
+}
+
+/* four vectors of 8 int32 (values within int8) -> 32 bytes in element order */
+T static inline void store_i8x32(int8_t *o, __m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
+    __m256i v = _mm256_packs_epi16(ab, cd);
+    v = _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)o, v);
+}
+
+T static inline float hmax8(__m256 m) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+T static inline int hsum_i32x8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+T static inline int q8_block32_avx2(const float *v, int8_t *o, float *d_out) {
+    const __m256 absm = _mm256_set1_ps(-0.0f);
+    __m256 a[4];
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+        a[j] = _mm256_loadu_ps(v + 8 * j);
+        m = _mm256_max_ps(m, _mm256_andnot_ps(absm, a[j]));
+    }
+    float amax = hmax8(m);
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m256i q[4];
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+        q[j] = _mm256_cvtps_epi32(round_half_away8(_mm256_mul_ps(a[j], _mm256_set1_ps(id))));
+        sum = _mm256_add_epi32(sum, q[j]);
+    }
+    store_i8x32(o, q[0], q[1], q[2], q[3]);
+    *d_out = d;
+    return hsum_i32x8(sum);
+}
+
+T void qs_quantize_q8_0_avx2(const float *x, uint8_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n / 32; ++i) {
+        uint8_t *o = dst + 34 * i;
+        float d;
+        q8_block32_avx2(x + 32 * i, (int8_t *)(o + 2), &d);
+        uint16_t dh = qs_fp32_to_fp16(d);
+        memcpy(o, &dh, 2);
+    }
+}
+
+T void qs_quantize_q8_1_avx2(const float *x, uint8_t *dst, int64_t n) {
+    for (int64_t i = 0; i < n / 32; ++i) {
+        uint8_t *o = dst + 36 * i;
+        float d;
+        int sum = q8_block32_avx2(x + 32 * i, (int8_t *)(o + 4), &d);
+        uint16_t dh = qs_fp32_to_fp16(d), sh = qs_fp32_to_fp16((float)sum * d);
+        memcpy(o, &dh, 2);
+        memcpy(o + 2, &sh, 2);
+    }
+}
+
+T void qs_quantize_q8_K_avx2(const float *x, uint8_t *dst, int64_t n) {
+    const __m256 absm = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < n / 256; ++i) {
+        const float *v = x + 256 * i;
+        uint8_t *o = dst + 292 * i;
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < 32; ++j) m = _mm256_max_ps(m, _mm256_andnot_ps(absm, _mm256_loadu_ps(v + 8 * j)));
+        float amax = hmax8(m);
+        if (amax == 0.0f) {
+            memset(o, 0, 292);
+            continue;
+        }
+        float max = 0.0f; /* the first element whose magnitude is amax, with its sign (as the scalar loop finds) */
+        for (int j = 0; j < 256; ++j) {
+            if (fabsf(v[j]) == amax) {
+                max = v[j];
+                break;
+            }
+        }
+        float iscale = -127.0f / max;
+        const __m256 is = _mm256_set1_ps(iscale);
+        const __m256i lim = _mm256_set1_epi32(127);
+        for (int j = 0; j < 8; ++j) { /* 32 elements per step: two 16-element bsums */
+            __m256i q[4];
+            for (int t = 0; t < 4; ++t)
+                q[t] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 32 * j + 8 * t), is)), lim);
+            store_i8x32((int8_t *)(o + 4 + 32 * j), q[0], q[1], q[2], q[3]);
+            int16_t s0 = (int16_t)hsum_i32x8(_mm256_add_epi32(q[0], q[1]));
+            int16_t s1 = (int16_t)hsum_i32x8(_mm256_add_epi32(q[2], q[3]));
+            memcpy(o + 260 + 4 * j, &s0, 2);
+            memcpy(o + 262 + 4 * j, &s1, 2);
+        }
+        float d = 1.0f / iscale;
+        memcpy(o, &d, 4);
+    }
 }

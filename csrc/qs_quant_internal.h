@@ -45,6 +45,9 @@ float qs_dot_q8_0_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_q4_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
 
+void qs_quantize_q8_0_avx2(const float *x, uint8_t *dst, int64_t n);
+void qs_quantize_q8_1_avx2(const float *x, uint8_t *dst, int64_t n);
+void qs_quantize_q8_K_avx2(const float *x, uint8_t *dst, int64_t n);
 void qs_quantize_q8_0_avx512(const float *x, uint8_t *dst, int64_t n);
 void qs_quantize_q8_1_avx512(const float *x, uint8_t *dst, int64_t n);
 void qs_quantize_q8_K_avx512(const float *x, uint8_t *dst, int64_t n);

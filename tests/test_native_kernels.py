@@ -310,8 +310,8 @@ def _decode_row(name: str, row: np.ndarray, k: int, simd: int) -> tuple[np.ndarr
 
 @pytest.mark.parametrize("name", GEMM_TYPES)
 def test_gemm_row_decoders(name):
-    """The scalar decoder rebuilds the dequantized row from codes, lane scales and group mins; the AVX-512 decoder
-    is bit-identical to it (random blocks, padding included)."""
+    """The scalar decoder rebuilds the dequantized row from codes, lane scales and group mins; the AVX2 and AVX-512
+    decoders are bit-identical to it (random blocks, padding included)."""
     rng = np.random.default_rng(sum(name.encode()) + 17)
     t = ggml_type(name)
     group = 16 if name == "Q6_K" else 32
@@ -323,10 +323,11 @@ def test_gemm_row_decoders(name):
         rebuilt = lanes * codes[:k] - per_group  # w = s*c - min for every type (see csrc/qs_gemm.h)
         assert np.allclose(rebuilt, dequantize(row, t).astype(np.float64), rtol=1e-6, atol=1e-6)
         assert not codes[k:].any() and not ws[k // 4 :].any() and not mins[k // group :].any()
-        if K.isa_detected() == "avx512":
-            simd = _decode_row(name, row, k, 1)
+        for level in LEVELS[1:]:  # the AVX2 and AVX-512 decoders (scalar where a level has none)
+            with K.forced_isa(level):
+                simd = _decode_row(name, row, k, 1)
             for a, b in zip(simd, (codes, ws, mins), strict=True):
-                assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), name
+                assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), (name, level)
 
 
 def test_prefill_gemm_on_real_tensors(model_path):

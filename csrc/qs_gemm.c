@@ -7,7 +7,7 @@
 
 static inline float h2f(const uint8_t *p) { return qs_fp16_to_fp32(qs_load_u16(p)); }
 
-static void zero_tail(const qs_gemm_dims *d, uint8_t *codes, float *ws, float *mrow) {
+void qs_gemm_zero_tail(const qs_gemm_dims *d, uint8_t *codes, float *ws, float *mrow) {
     memset(codes + d->k, 0, (size_t)(d->k64 - d->k));
     for (int64_t i = d->k / 4; i < d->nl; ++i) ws[i] = 0.0f;
     for (int64_t i = d->ng; i < d->ngp; ++i) mrow[i] = 0.0f;
@@ -28,7 +28,7 @@ static void panel_q4_0(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, floa
         set_lanes(ws, b, s);
         mrow[b] = 8.0f * s;
     }
-    zero_tail(d, c, ws, mrow);
+    qs_gemm_zero_tail(d, c, ws, mrow);
 }
 
 static void panel_q4_1(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
@@ -40,7 +40,7 @@ static void panel_q4_1(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, floa
         set_lanes(ws, b, h2f(w));
         mrow[b] = -h2f(w + 2);
     }
-    zero_tail(d, c, ws, mrow);
+    qs_gemm_zero_tail(d, c, ws, mrow);
 }
 
 static void panel_q5_0(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
@@ -54,7 +54,7 @@ static void panel_q5_0(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, floa
         set_lanes(ws, b, s);
         mrow[b] = 16.0f * s;
     }
-    zero_tail(d, c, ws, mrow);
+    qs_gemm_zero_tail(d, c, ws, mrow);
 }
 
 static void panel_q5_1(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
@@ -67,7 +67,7 @@ static void panel_q5_1(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, floa
         set_lanes(ws, b, h2f(w));
         mrow[b] = -h2f(w + 2);
     }
-    zero_tail(d, c, ws, mrow);
+    qs_gemm_zero_tail(d, c, ws, mrow);
 }
 
 static void panel_q8_0(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
@@ -77,7 +77,7 @@ static void panel_q8_0(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, floa
         set_lanes(ws, b, s);
         mrow[b] = 128.0f * s;
     }
-    zero_tail(d, c, ws, mrow);
+    qs_gemm_zero_tail(d, c, ws, mrow);
 }
 
 static void k4_sm(const uint8_t *s, int j, int *sc, int *m) {
@@ -105,7 +105,7 @@ static void panel_q4_K(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, floa
                 c[256 * i + 64 * q + 32 + l] = w[16 + 32 * q + l] >> 4;
             }
     }
-    zero_tail(d, c, ws, mrow);
+    qs_gemm_zero_tail(d, c, ws, mrow);
 }
 
 static void panel_q5_K(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
@@ -124,7 +124,7 @@ static void panel_q5_K(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, floa
                 c[256 * i + 64 * q + 32 + l] = (uint8_t)((qs[32 * q + l] >> 4) | (((qh[l] >> (2 * q + 1)) & 1) << 4));
             }
     }
-    zero_tail(d, c, ws, mrow);
+    qs_gemm_zero_tail(d, c, ws, mrow);
 }
 
 static void panel_q6_K(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
@@ -147,7 +147,7 @@ static void panel_q6_K(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, floa
             }
         }
     }
-    zero_tail(d, c, ws, mrow);
+    qs_gemm_zero_tail(d, c, ws, mrow);
 }
 
 qs_panel_fn qs_gemm_panel_scalar(int type) {
@@ -164,24 +164,14 @@ qs_panel_fn qs_gemm_panel_scalar(int type) {
     }
 }
 
-/* The decoder for the active ISA (scalar where no SIMD one exists). */
+/* The decoder for the active ISA (the AVX2 ones serve AVX-512 too; scalar where no SIMD one exists). */
 static qs_panel_fn panel_simd(int type) {
-    int isa = qs_isa_get();
-    if (isa >= QS_ISA_AVX512) {
-        switch (type) {
-        case QS_Q4_0: return qs_gemm_panel_q4_0_avx512;
-        case QS_Q4_1: return qs_gemm_panel_q4_1_avx512;
-        case QS_Q5_0: return qs_gemm_panel_q5_0_avx512;
-        case QS_Q8_0: return qs_gemm_panel_q8_0_avx512;
-        case QS_Q4_K: return qs_gemm_panel_q4_K_avx512;
-        case QS_Q6_K: return qs_gemm_panel_q6_K_avx512;
-        default: break;
-        }
-    } else if (isa >= QS_ISA_AVX2) {
+    if (qs_isa_get() >= QS_ISA_AVX2) {
         switch (type) {
         case QS_Q4_0: return qs_gemm_panel_q4_0_avx2;
         case QS_Q4_1: return qs_gemm_panel_q4_1_avx2;
         case QS_Q5_0: return qs_gemm_panel_q5_0_avx2;
+        case QS_Q8_0: return qs_gemm_panel_q8_0_avx2;
         case QS_Q4_K: return qs_gemm_panel_q4_K_avx2;
         case QS_Q6_K: return qs_gemm_panel_q6_K_avx2;
         default: break;

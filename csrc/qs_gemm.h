@@ -40,17 +40,16 @@ void qs_gemm_tile_avx512(const qs_gemm_dims *d, const uint8_t *wc, const float *
                          const int8_t *xc, const float *xs, const float *bcol, int64_t n_c, int64_t n_valid, int n_r,
                          float *y, int64_t ldy);
 
-void qs_gemm_panel_q4_0_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
-void qs_gemm_panel_q4_1_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
-void qs_gemm_panel_q5_0_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
-void qs_gemm_panel_q8_0_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
-void qs_gemm_panel_q4_K_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
-void qs_gemm_panel_q6_K_avx512(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
 
 void qs_gemm_tile_avx2(const qs_gemm_dims *d, const uint8_t *wc, const float *ws, const float *mrow,
                        const int8_t *xc, const float *xs, const float *bcol, int64_t n_c, int64_t n_valid, int n_r,
                        float *y, int64_t ldy);
 
+/* Zero the padding after k codes, k/4 lane scales and ng mins of one decoded row. */
+void qs_gemm_zero_tail(const qs_gemm_dims *d, uint8_t *codes, float *ws, float *mrow);
+
+/* AVX2 decoders (also used at the AVX-512 level), bit-identical to the scalar ones */
+void qs_gemm_panel_q8_0_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
 void qs_gemm_panel_q4_0_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
 void qs_gemm_panel_q4_1_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
 void qs_gemm_panel_q5_0_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);

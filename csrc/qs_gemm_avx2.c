@@ -66,14 +66,8 @@ T void qs_gemm_tile_avx2(const qs_gemm_dims *d, const uint8_t *wc, const float *
     }
 }
 
-/* ---------------------------------------------------------------- weight-row decoders (AVX2), bit-identical to
- * the scalar ones in qs_gemm.c */
-T static inline void tail_avx2(const qs_gemm_dims *d, uint8_t *codes, float *ws, float *mrow) {
-    memset(codes + d->k, 0, (size_t)(d->k64 - d->k));
-    for (int64_t i = d->k / 4; i < d->nl; ++i) ws[i] = 0.0f;
-    for (int64_t i = d->ng; i < d->ngp; ++i) mrow[i] = 0.0f;
-}
-
+/* ---------------------------------------------------------------- weight-row decoders (AVX2; also used at the
+ * AVX-512 level, where decoding is a few % of the GEMM), bit-identical to the scalar ones in qs_gemm.c */
 /* 32 bits -> 32 bytes: byte j = 16 if bit j of qh is set, else 0 */
 T static inline __m256i bit16_bytes(uint32_t qh) {
     const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
@@ -92,7 +86,19 @@ T void qs_gemm_panel_q5_0_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t 
         _mm256_storeu_ps(ws + 8 * b, _mm256_set1_ps(s));
         mrow[b] = 16.0f * s;
     }
-    tail_avx2(d, c, ws, mrow);
+    qs_gemm_zero_tail(d, c, ws, mrow);
+}
+
+T void qs_gemm_panel_q8_0_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < d->k / 32; ++b, w += 34) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(w + 2));
+        _mm256_storeu_si256((__m256i *)(c + 32 * b), _mm256_xor_si256(q, flip)); /* s8 + 128 */
+        float s = f16at(w);
+        _mm256_storeu_ps(ws + 8 * b, _mm256_set1_ps(s));
+        mrow[b] = 128.0f * s;
+    }
+    qs_gemm_zero_tail(d, c, ws, mrow);
 }
 
 T void qs_gemm_panel_q4_0_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
@@ -102,7 +108,7 @@ T void qs_gemm_panel_q4_0_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t 
         _mm256_storeu_ps(ws + 8 * b, _mm256_set1_ps(s));
         mrow[b] = 8.0f * s;
     }
-    tail_avx2(d, c, ws, mrow);
+    qs_gemm_zero_tail(d, c, ws, mrow);
 }
 
 T void qs_gemm_panel_q4_1_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
@@ -111,7 +117,7 @@ T void qs_gemm_panel_q4_1_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t 
         _mm256_storeu_ps(ws + 8 * b, _mm256_set1_ps(f16at(w)));
         mrow[b] = -f16at(w + 2);
     }
-    tail_avx2(d, c, ws, mrow);
+    qs_gemm_zero_tail(d, c, ws, mrow);
 }
 
 T void qs_gemm_panel_q4_K_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
@@ -131,7 +137,7 @@ T void qs_gemm_panel_q4_K_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t 
             _mm256_storeu_si256((__m256i *)(c + 256 * i + 64 * q + 32), _mm256_and_si256(_mm256_srli_epi16(b, 4), m4));
         }
     }
-    tail_avx2(d, c, ws, mrow);
+    qs_gemm_zero_tail(d, c, ws, mrow);
 }
 
 T void qs_gemm_panel_q6_K_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
@@ -149,5 +155,5 @@ T void qs_gemm_panel_q6_K_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t 
             for (int j = 0; j < 4; ++j) _mm256_storeu_si256((__m256i *)(c + 256 * i + 128 * h + 32 * j), q[j]);
         }
     }
-    tail_avx2(d, c, ws, mrow);
+    qs_gemm_zero_tail(d, c, ws, mrow);
 }

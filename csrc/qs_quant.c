@@ -252,56 +252,49 @@ static inline int nearest_int(float fval) {
     return (i & 0x007fffff) - 0x00400000;
 }
 
+/* one 32-element block (ggml's quantize_row_q8_0_ref): codes into q, returns their sum; *d_out = amax / 127 */
+static int q8_block32(const float *v, int8_t *q, float *d_out) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(v[j]));
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+        q[j] = (int8_t)roundf(v[j] * id);
+        sum += q[j];
+    }
+    *d_out = d;
+    return sum;
+}
+
 int qs_quantize_q8_0(const float *x, uint8_t *dst, int64_t n) {
     if (n % 32) return -1;
-    if (qs_isa_get() >= QS_ISA_AVX512) {
-        qs_quantize_q8_0_avx512(x, dst, n);
-        return 0;
-    }
     if (qs_isa_get() >= QS_ISA_AVX2) {
         qs_quantize_q8_0_avx2(x, dst, n);
         return 0;
     }
     for (int64_t i = 0; i < n / 32; ++i) {
-        const float *v = x + 32 * i;
         uint8_t *o = dst + 34 * i;
-        float amax = 0.0f;
-        for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(v[j]));
-        float d = amax / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        float d;
+        q8_block32(x + 32 * i, (int8_t *)(o + 2), &d);
         uint16_t dh = qs_fp32_to_fp16(d);
         memcpy(o, &dh, 2);
-        for (int j = 0; j < 32; ++j) o[2 + j] = (uint8_t)(int8_t)roundf(v[j] * id);
     }
     return 0;
 }
 
 int qs_quantize_q8_1(const float *x, uint8_t *dst, int64_t n) {
     if (n % 32) return -1;
-    if (qs_isa_get() >= QS_ISA_AVX512) {
-        qs_quantize_q8_1_avx512(x, dst, n);
-        return 0;
-    }
     if (qs_isa_get() >= QS_ISA_AVX2) {
         qs_quantize_q8_1_avx2(x, dst, n);
         return 0;
     }
     for (int64_t i = 0; i < n / 32; ++i) {
-        const float *v = x + 32 * i;
         uint8_t *o = dst + 36 * i;
-        float amax = 0.0f;
-        for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(v[j]));
-        float d = amax / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint16_t dh = qs_fp32_to_fp16(d);
+        float d;
+        int sum = q8_block32(x + 32 * i, (int8_t *)(o + 4), &d);
+        uint16_t dh = qs_fp32_to_fp16(d), sh = qs_fp32_to_fp16((float)sum * d);
         memcpy(o, &dh, 2);
-        int sum = 0;
-        for (int j = 0; j < 32; ++j) {
-            int8_t q = (int8_t)roundf(v[j] * id);
-            o[4 + j] = (uint8_t)q;
-            sum += q;
-        }
-        uint16_t sh = qs_fp32_to_fp16((float)sum * d);
         memcpy(o + 2, &sh, 2);
     }
     return 0;
@@ -309,10 +302,6 @@ int qs_quantize_q8_1(const float *x, uint8_t *dst, int64_t n) {
 
 int qs_quantize_q8_K(const float *x, uint8_t *dst, int64_t n) {
     if (n % 256) return -1;
-    if (qs_isa_get() >= QS_ISA_AVX512) {
-        qs_quantize_q8_K_avx512(x, dst, n);
-        return 0;
-    }
     if (qs_isa_get() >= QS_ISA_AVX2) {
         qs_quantize_q8_K_avx2(x, dst, n);
         return 0;

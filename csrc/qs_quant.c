@@ -541,18 +541,6 @@ static qs_dot_fn dot_fn(int type) {
     }
 }
 
-static qs_dot4_fn dot4_fn(int type) {
-    if (qs_isa_get() < QS_ISA_AVX512) return NULL;
-    switch (type) {
-    case QS_Q5_0: return qs_dot4_q5_0_avx512;
-    case QS_Q8_0: return qs_dot4_q8_0_avx512;
-    case QS_Q4_1: return qs_dot4_q4_1_avx512;
-    case QS_Q4_K: return qs_dot4_q4_K_avx512;
-    case QS_Q6_K: return qs_dot4_q6_K_avx512;
-    default: return NULL;
-    }
-}
-
 int qs_vec_dot(int type, int64_t n, const uint8_t *w, const uint8_t *xq, float *out) {
     qs_dot_fn fn = dot_fn(type);
     if (!fn) return -1;
@@ -564,7 +552,6 @@ int qs_vec_dot(int type, int64_t n, const uint8_t *w, const uint8_t *xq, float *
 typedef struct {
     int type;
     qs_dot_fn dot;
-    qs_dot4_fn dot4;
     qs_deq_block_fn deq; /* fallback: dequantize row, float dot */
     const uint8_t *w;
     int64_t n_rows, k, row_bytes, rows_per_task;
@@ -582,17 +569,7 @@ static void mm_task(void *vctx, int64_t t) {
     if (c->dot) {
         for (int64_t r = a; r < b; ++r) {
             const uint8_t *wr = c->w + r * c->row_bytes;
-            int64_t j = 0;
-            if (c->dot4) {
-                for (; j + 4 <= c->n_x; j += 4) {
-                    const uint8_t *xs[4] = {c->xq + j * c->xq_stride, c->xq + (j + 1) * c->xq_stride,
-                                            c->xq + (j + 2) * c->xq_stride, c->xq + (j + 3) * c->xq_stride};
-                    float o[4];
-                    c->dot4(c->k, wr, xs, o);
-                    for (int q = 0; q < 4; ++q) c->y[(j + q) * c->n_rows + r] = o[q];
-                }
-            }
-            for (; j < c->n_x; ++j) c->y[j * c->n_rows + r] = c->dot(c->k, wr, c->xq + j * c->xq_stride);
+            for (int64_t j = 0; j < c->n_x; ++j) c->y[j * c->n_rows + r] = c->dot(c->k, wr, c->xq + j * c->xq_stride);
         }
         return;
     }
@@ -640,7 +617,6 @@ int qs_matmat(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float
     c.elems = tr.elems;
     c.bytes = tr.bytes;
     c.dot = tr.act >= 0 ? dot_fn(type) : NULL;
-    c.dot4 = (c.dot && n_x >= 4) ? dot4_fn(type) : NULL;
     uint8_t *xq = NULL;
     if (c.dot) {
         int64_t rb = act_row_bytes(tr.act, k);

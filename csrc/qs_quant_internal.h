@@ -49,12 +49,4 @@ void qs_quantize_q8_0_avx2(const float *x, uint8_t *dst, int64_t n);
 void qs_quantize_q8_1_avx2(const float *x, uint8_t *dst, int64_t n);
 void qs_quantize_q8_K_avx2(const float *x, uint8_t *dst, int64_t n);
 
-/* four activation rows per weight row (bit-identical to four single dots) */
-typedef void (*qs_dot4_fn)(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]);
-void qs_dot4_q5_0_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]);
-void qs_dot4_q8_0_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]);
-void qs_dot4_q4_1_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]);
-void qs_dot4_q4_K_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]);
-void qs_dot4_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *const x[4], float out[4]);
-
 #endif

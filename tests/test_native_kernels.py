@@ -245,7 +245,7 @@ def test_simd_matches_scalar_and_float64(name):
     t = ggml_type(name)
     rows, k = 48, 1024
     w = np.stack([weight_row(name, k, rng) for _ in range(rows)])
-    x = np.stack([activations(rng, k, outliers=False) for _ in range(6)])  # 4-row kernels + a remainder
+    x = np.stack([activations(rng, k, outliers=False) for _ in range(6)])  # 4-column GEMM tiles + a padded remainder
     dense = dequantize(w, t).astype(np.float64)
     ref = x.astype(np.float64) @ dense.T
     results = {}

@@ -330,27 +330,31 @@ def test_gemm_row_decoders(name):
                 assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), (name, level)
 
 
+def _real_tensors(model_path, picks: dict[str, list[str]]):
+    """(file, tensor, k, rows, raw bytes) for each picked tensor of each model."""
+    for model, names in picks.items():
+        with GGUFFile(model_path(model)) as f:
+            for n in names:
+                t = f.tensor(n)
+                yield f, t, t.ne[0], t.n_rows, f.tensor_bytes(t)
+
+
 def test_prefill_gemm_on_real_tensors(model_path):
     rng = np.random.default_rng(3)
     picks = {"smollm2": ["blk.0.ffn_down.weight", "blk.0.attn_k.weight"],
              "gemma3": ["blk.0.attn_q.weight", "blk.0.attn_output.weight", "blk.0.ffn_down.weight",
                         "blk.1.ffn_down.weight", "blk.1.attn_v.weight"],
              "qwen2.5-coder": ["blk.0.ffn_up.weight", "blk.0.ffn_down.weight", "blk.2.ffn_down.weight"]}
-    for model, names in picks.items():
-        with GGUFFile(model_path(model)) as f:
-            for n in names:
-                t = f.tensor(n)
-                k, rows = t.ne[0], t.n_rows
-                w = f.tensor_bytes(t)
-                x = rng.standard_normal((19, k)).astype(np.float32)
-                dense = np.abs(dequantize(f.tensor_rows(t), t.type).astype(np.float64))
-                with K.prefill_gemm(False):
-                    ref = K.matmat(t.type, w, rows, k, x)
-                bound = (np.abs(x).astype(np.float64) @ dense.T) * 1e-5
-                for level in LEVELS[1:]:
-                    with K.forced_isa(level), K.prefill_gemm(True):
-                        got = K.matmat(t.type, w, rows, k, x)
-                    assert np.all(np.abs(got - ref) <= bound), (n, level)
+    for f, t, k, rows, w in _real_tensors(model_path, picks):
+        x = rng.standard_normal((19, k)).astype(np.float32)
+        dense = np.abs(dequantize(f.tensor_rows(t), t.type).astype(np.float64))
+        with K.prefill_gemm(False):
+            ref = K.matmat(t.type, w, rows, k, x)
+        bound = (np.abs(x).astype(np.float64) @ dense.T) * 1e-5
+        for level in LEVELS[1:]:
+            with K.forced_isa(level), K.prefill_gemm(True):
+                got = K.matmat(t.type, w, rows, k, x)
+            assert np.all(np.abs(got - ref) <= bound), (t.name, level)
 
 
 def test_matvec_on_real_tensors(model_path):
@@ -359,22 +363,17 @@ def test_matvec_on_real_tensors(model_path):
              "gemma3": ["blk.0.attn_output.weight", "blk.0.ffn_down.weight", "blk.1.ffn_down.weight"],
              "qwen2.5-coder": ["blk.0.ffn_down.weight", "blk.2.ffn_down.weight", "blk.0.ffn_up.weight",
                                "blk.0.attn_v.weight"]}
-    for model, names in picks.items():
-        with GGUFFile(model_path(model)) as f:
-            for n in names:
-                t = f.tensor(n)
-                k, rows = t.ne[0], t.n_rows
-                w = f.tensor_bytes(t)
-                x = rng.standard_normal(k).astype(np.float32)
-                ref = dequantize(f.tensor_rows(t), t.type).astype(np.float64) @ x.astype(np.float64)
-                ys = []
-                for level in LEVELS:
-                    with K.forced_isa(level):
-                        y = K.matvec(t.type, w, rows, k, x, threads=2)
-                    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 2e-2, (n, level)
-                    ys.append(y)
-                for y in ys[1:]:
-                    assert np.allclose(y, ys[0], rtol=1e-4, atol=1e-4 * np.abs(ys[0]).max()), n
+    for f, t, k, rows, w in _real_tensors(model_path, picks):
+        x = rng.standard_normal(k).astype(np.float32)
+        ref = dequantize(f.tensor_rows(t), t.type).astype(np.float64) @ x.astype(np.float64)
+        ys = []
+        for level in LEVELS:
+            with K.forced_isa(level):
+                y = K.matvec(t.type, w, rows, k, x, threads=2)
+            assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 2e-2, (t.name, level)
+            ys.append(y)
+        for y in ys[1:]:
+            assert np.allclose(y, ys[0], rtol=1e-4, atol=1e-4 * np.abs(ys[0]).max()), t.name
 
 
 def test_wrappers_validate_sizes():

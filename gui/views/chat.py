@@ -504,13 +504,21 @@ class ChatView(QWidget):
         self.ctx_bar.setFormat("%v / %m tokens")
         self.ctx_bar.setMinimumWidth(220)
         self.ctx_bar.setMaximumWidth(300)
+        lay.addWidget(t)
+        lay.addWidget(self.ctx_bar)
+        # what the model is doing ("reading the prompt: 512 of 2,048 tokens…") on a line of its own: the numbers
+        # row is full at common window widths
         self.activity = QLabel()
         self.activity.setObjectName("muted")
         self.activity.setAccessibleName("Activity")
-        lay.addWidget(self.activity)
-        lay.addWidget(t)
-        lay.addWidget(self.ctx_bar)
-        return w
+        self.activity.setMinimumHeight(self.activity.sizeHint().height())
+        box = QWidget()
+        col = QVBoxLayout(box)
+        col.setContentsMargins(0, 0, 0, 0)
+        col.setSpacing(2)
+        col.addWidget(w)
+        col.addWidget(self.activity)
+        return box
 
     # ------------------------------------------------------------------ right: settings, template, tokenizer
     def _build_right(self) -> QWidget:

@@ -1,4 +1,4 @@
-"""BUMPWGT3 byte layout (shared/specs/bump.md): header, dtype code tables of the two profiles, section names."""
+"""BUMPWGT3 byte layout (docs/bump.md §1-3): header, dtype code tables of the two profiles, section names."""
 
 from __future__ import annotations
 

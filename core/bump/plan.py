@@ -1,7 +1,7 @@
 """Plan a GGUF -> BUMPWGT3 conversion: hyperparameters, the ordered sections, refusals, the lm_head decision.
 
 Everything here is decided before a byte is written, so every refusal is a clear message and never a half-written
-file. See shared/specs/bump.md for the layout.
+file. See docs/bump.md for the layout (§2 sections, §5 refusals, §7 lm_head).
 """
 
 from __future__ import annotations

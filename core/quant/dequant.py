@@ -2,7 +2,7 @@
 
 Every function takes the raw bytes as a ``uint8`` array of shape ``(n_blocks, block_bytes)`` and writes
 ``float32`` values into ``out`` of shape ``(n_blocks, block_elems)``. All arithmetic is float32 and every
-product is exact (see shared/specs/gguf-and-quants.md §2.2), so the results equal ggml's bit for bit.
+product is exact (see docs/quant-formats.md §2), so the results equal ggml's bit for bit.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-/* AVX2+FMA+F16C variants of the quantized kernels (ggml's x86 strategy; see gguf-and-quants.md §3.4).
+/* AVX2+FMA+F16C variants of the quantized kernels (ggml's x86 strategy; see docs/quant-formats.md §6 and docs/engine.md §5).
  * Dot products are exact in their integer parts; dequantization is bit-exact (every product is exact). */
 #include <immintrin.h>
 #include <math.h>

@@ -50,6 +50,13 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["QUANTSCOPE_THEME"] = args.theme
     path = Path(args.file) if args.file else _default_file()
 
+    from .qtdeps import startup_problem
+
+    problem = startup_problem()  # Qt would abort with its own message, before any of ours
+    if problem:
+        print(f"quantscope: error: {problem}", file=sys.stderr)
+        return 2
+
     from PySide6.QtWidgets import QApplication
 
     from .mainwindow import MainWindow, app_icon

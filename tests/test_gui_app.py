@@ -43,7 +43,9 @@ def test_open_fills_every_view_fast(window, model_path):  # noqa: F811
     t0 = time.perf_counter()
     assert window.open_path(path)
     elapsed = time.perf_counter() - t0
-    assert elapsed < 1.0, f"opening took {elapsed:.2f} s"
+    # Not a speed figure (that is `quantscope bench open`): an eager pass over the 151,936-token arrays or the
+    # tensor data takes many seconds; the lazy open takes ~0.3 s idle and stays well under 3 s on a busy machine.
+    assert elapsed < 3.0, f"opening took {elapsed:.2f} s"
     with GGUFFile(path) as f:
         n_tensors, n_kv = len(f.tensors), len(f.metadata)
     assert window.tensors_view.table_model.rowCount() == n_tensors == 291

@@ -532,7 +532,9 @@ def test_event_loop_keeps_ticking_during_load_and_generation(window, qtbot, mode
         chat.send("Write a haiku about the sea.")
     timer.stop()
     assert sig.args[0].n_generated > 0 and time.perf_counter() - t0 > 0.5 and len(gaps) > 50
-    assert max(gaps) < 50, f"event loop stalled {max(gaps)} ms (gaps: {sorted(stamps)[-5:]})"
+    # Not a speed figure: work on the GUI thread (loading, a forward pass) stalls it for seconds; a busy 2-core
+    # machine delays a 5 ms timer by tens of ms. 250 ms tells the two apart without flaking under load.
+    assert max(gaps) < 250, f"event loop stalled {max(gaps)} ms (gaps: {sorted(stamps)[-5:]})"
 
 
 def test_switching_files_mid_generation_leaves_no_thread(window, qtbot, model_path, monkeypatch):  # noqa: F811

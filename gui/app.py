@@ -32,6 +32,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def install_excepthook(win: object) -> None:
+    """Make an exception that escapes a Qt slot non-fatal: printed to stderr, shown in the window's error dialog,
+    and the event loop keeps running (Ctrl-C still ends the app)."""
+    import traceback
+
+    previous = sys.excepthook
+
+    def hook(etype: type[BaseException], value: BaseException, tb: object) -> None:
+        if issubclass(etype, KeyboardInterrupt):
+            previous(etype, value, tb)  # type: ignore[arg-type]
+            return
+        text = "".join(traceback.format_exception(etype, value, tb))  # type: ignore[arg-type]
+        print(text, file=sys.stderr)
+        try:
+            win.show_error(f"Unexpected error: {etype.__name__}: {value}",  # type: ignore[attr-defined]
+                           "Quantscope keeps running; the last action may be incomplete.\n\n" + text[-3000:])
+        except Exception:  # the window itself is gone: stderr has it
+            pass
+
+    sys.excepthook = hook
+
+
 def _default_file() -> Path:
     from quantscope.core import catalog
 
@@ -74,7 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     except AttributeError:
         pass
     win = MainWindow()
-    ok = win.open_path(path)
+    install_excepthook(win)
+    try:
+        ok = win.open_path(path)
+    except Exception as exc:  # a view that fails on this file: say so, keep the window
+        win.show_error(f"{path.name} could not be shown: {type(exc).__name__}: {exc}")
+        ok = False
     if args.screenshot:
         if not ok:
             msg = win.error_box.text() if win.error_box else "cannot open"

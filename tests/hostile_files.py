@@ -179,3 +179,47 @@ ODD_FILES: dict[str, Callable[[Path, Path], Path]] = {
     "unknown-type": unknown_type,
     "huge-ne": huge_ne,
 }
+
+
+def with_template(src: Path, dst: Path, template: str) -> Path:
+    """A copy of ``src`` whose chat template is ``template`` padded with spaces to the original's byte length
+    (so no offset moves)."""
+    import shutil
+
+    with GGUFFile(src) as f:
+        kv = f.metadata["tokenizer.chat_template"]
+        start, n = kv.value_offset + 8, kv.end - kv.value_offset - 8
+    raw = template.encode("utf-8")
+    assert len(raw) <= n, f"template of {len(raw)} bytes does not fit in {n}"
+    shutil.copyfile(src, dst)
+    with open(dst, "r+b") as fh:
+        fh.seek(start)
+        fh.write(raw + b" " * (n - len(raw)))
+    with GGUFFile(dst) as f:
+        assert f.get("tokenizer.chat_template").rstrip(" ") == template.rstrip(" ")
+    return dst
+
+
+def vocab_with(path: Path, smol: Path, **overrides: tuple[object, V, V | None]) -> Path:
+    """A vocab-only file from SmolLM2's tokenizer with some keys replaced: ``key__with__dots=(value, type,
+    sub_type)`` (double underscores stand for dots)."""
+    over = {k.replace("__", "."): v for k, v in overrides.items()}
+    w = _writer(path)
+    copy_tokenizer(w, smol, skip=tuple(over))
+    for key, (value, vtype, sub) in over.items():
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    _finish(w)
+    return path
+
+
+def spm_vocab(path: Path, pieces: list[str], types: list[int], bos: int | None = 1) -> Path:
+    """A small SentencePiece-style (``llama``) vocab-only file."""
+    w = _writer(path)
+    w.add_key_value("tokenizer.ggml.model", "llama", V.STRING)
+    w.add_key_value("tokenizer.ggml.tokens", pieces, V.ARRAY, sub_type=V.STRING)
+    w.add_key_value("tokenizer.ggml.token_type", types, V.ARRAY, sub_type=V.INT32)
+    w.add_key_value("tokenizer.ggml.scores", [0.0] * len(pieces), V.ARRAY, sub_type=V.FLOAT32)
+    if bos is not None:
+        w.add_key_value("tokenizer.ggml.bos_token_id", bos, V.INT32)
+    _finish(w)
+    return path

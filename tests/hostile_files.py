@@ -119,6 +119,20 @@ def wrong_types(path: Path, smol: Path) -> Path:
     return path
 
 
+def scalars_for_arrays(path: Path, _smol: Path) -> Path:
+    """Scalars where arrays belong (tokens, token types, scores, merges) and a numeric architecture name."""
+    w = _writer(path)
+    w.add_key_value("general.architecture", 3, V.UINT32)  # replaces "llama" (GGUFWriter wrote it first)
+    w.add_key_value("tokenizer.ggml.model", "gpt2", V.STRING)
+    w.add_key_value("tokenizer.ggml.tokens", 5, V.UINT32)
+    w.add_key_value("tokenizer.ggml.token_type", "normal", V.STRING)
+    w.add_key_value("tokenizer.ggml.scores", 1.5, V.FLOAT32)
+    w.add_key_value("tokenizer.ggml.merges", 3, V.UINT32)
+    _small_tensors(w)
+    _finish(w)
+    return path
+
+
 def empty_arrays(path: Path, _smol: Path) -> Path:
     """Zero-length arrays (gguf-py refuses to write them: written with one element, then cut), no tensors."""
     keys = {"general.tags": V.STRING, "llama.attention.head_count": V.UINT32, "tokenizer.ggml.tokens": V.STRING,
@@ -176,6 +190,7 @@ ODD_FILES: dict[str, Callable[[Path, Path], Path]] = {
     "string-context": string_context,
     "wrong-types": wrong_types,
     "empty-arrays": empty_arrays,
+    "scalars-for-arrays": scalars_for_arrays,
     "unknown-type": unknown_type,
     "huge-ne": huge_ne,
 }

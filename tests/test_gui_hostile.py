@@ -28,6 +28,7 @@ EXPECTED = {
     "string-context": ("llama.context_length", "llama.context_length is a string ('4096'), not an integer"),
     "wrong-types": ("llama.block_count", "llama.block_count is a string ('two'), not an integer"),
     "empty-arrays": ("empty arrays", "5 metadata arrays have no elements: general.tags"),
+    "scalars-for-arrays": ("tokenizer.ggml.tokens", "tokenizer.ggml.tokens is an integer (5), not an array of"),
     "unknown-type": ("known tensor types", "blk.0.attn_q.weight: unknown type 200"),
     "huge-ne": ("tensors inside the file", "token_embd.weight: data [416, 35184372089248) lies outside"),
 }

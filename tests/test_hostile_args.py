@@ -99,7 +99,9 @@ def test_vocab_only_file_tokenizes(smol, tmp_path, capsys):
     ("tokenizer.ggml.token_type", "normal", V.STRING, None, "tokenizer.ggml.token_type is not a numeric array"),
     ("tokenizer.ggml.tokens", [1, 2, 3], V.ARRAY, V.UINT32, "tokenizer.ggml.tokens is not an array of strings"),
     ("tokenizer.ggml.merges", 5, V.UINT32, None, "tokenizer.ggml.merges is not an array of strings"),
-    ("tokenizer.ggml.pre", 3, V.UINT8, None, "tokenizer.ggml.pre is not a string"),
+    ("tokenizer.ggml.pre", 3, V.UINT8, None, "tokenizer.ggml.pre is not a string (an integer (3))"),
+    ("tokenizer.ggml.tokens", 5, V.UINT32, None, "tokenizer.ggml.tokens is not an array of strings (an integer (5))"),
+    ("tokenizer.ggml.token_type", 1.5, V.FLOAT32, None, "tokenizer.ggml.token_type is not a numeric array (a float"),
 ])
 def test_malformed_vocab_metadata_names_the_key(smol, tmp_path, capsys, key, value, vtype, sub, message):
     p = vocab_with(tmp_path / "v.gguf", smol, **{key.replace(".", "__"): (value, vtype, sub)})

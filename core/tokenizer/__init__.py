@@ -354,6 +354,10 @@ def _kind(v: object) -> str:
         return f"a string ({v[:20]!r})"
     if isinstance(v, (StringArray, np.ndarray, list)):
         return f"an array of {len(v)}"
+    if isinstance(v, (bool, np.bool_)):
+        return f"a boolean ({bool(v)})"
+    if isinstance(v, (int, np.integer, float, np.floating)):
+        return f"{'an integer' if isinstance(v, (int, np.integer)) else 'a float'} ({v})"
     return type(v).__name__
 
 

@@ -156,7 +156,7 @@ def render_screenshot(app: object, win: object, view: str, out: Path, size: tupl
             win.show_view(view)
         if view == "tensors":
             f = win.doc.gguf if win.doc else None
-            if f is not None:
+            if f is not None and f.tensors:  # a vocabulary-only file has none
                 name = next((n for n in ("blk.0.attn_output.weight", "blk.0.ffn_down.weight") if f.has_tensor(n)),
                             f.tensors[0].name)
                 win.tensors_view.select_tensor(name)

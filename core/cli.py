@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,52 @@ KERNEL_TYPES_HELP = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6
 
 class CLIError(Exception):
     """A user-facing error: printed as one message, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (``quantscope: error: …``, exit 2), not usage + message."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        raise CLIError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def _int_arg(lo: int, hi: int | None = None, what: str = "") -> Any:
+    """An argparse type: an integer in ``lo..hi``."""
+
+    def conv(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < lo or (hi is not None and v > hi):
+            rng = f"{lo}..{hi:,}" if hi is not None else f"at least {lo}"
+            raise argparse.ArgumentTypeError(f"{v} is out of range ({rng}{what})")
+        return v
+
+    return conv
+
+
+def _float_arg(lo: float, hi: float | None = None, lo_open: bool = False) -> Any:
+    """An argparse type: a finite number in ``[lo, hi]`` (``(lo, hi]`` when ``lo_open``)."""
+
+    def conv(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if v < lo or (lo_open and v == lo) or (hi is not None and v > hi):
+            rng = f"{'(' if lo_open else '['}{lo:g}, {'inf' if hi is None else f'{hi:g}'}]"
+            raise argparse.ArgumentTypeError(f"{v:g} is out of range {rng}")
+        return v
+
+    return conv
+
+
+#: the largest context the command line accepts (the model's trained context bounds it further)
+MAX_CTX = 1 << 24
+MAX_THREADS = 1024
 
 
 def _open(path: str) -> GGUFFile:
@@ -309,14 +357,37 @@ def _engine(args: argparse.Namespace, n_ctx: int = 4096) -> Any:
 def _params(args: argparse.Namespace) -> Any:
     from .chat import SamplerParams
 
+    seed = None if args.seed is None or args.seed < 0 else args.seed  # -1: a random seed, as in llama.cpp
     return SamplerParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                         repeat_penalty=args.repeat_penalty, seed=args.seed, max_tokens=args.n_predict,
+                         repeat_penalty=args.repeat_penalty, seed=seed, max_tokens=args.n_predict,
                          stop=list(args.stop or []))
 
 
+def _stream(eng: Any, prompt: Any, args: argparse.Namespace, **kw: Any) -> Any:
+    """``eng.generate`` with its refusals (template, context, empty prompt) as :class:`CLIError`."""
+    from .chat import ChatTemplateError
+    from .engine.generate import EmptyPrompt
+    from .engine.session import ContextFull
+
+    try:
+        yield from eng.generate(prompt, _params(args), **kw)
+    except ContextFull as exc:
+        raise CLIError(f"{exc}") from None
+    except ChatTemplateError as exc:
+        raise CLIError(f"{args.file}: {exc}") from None
+    except EmptyPrompt as exc:
+        raise CLIError(str(exc)) from None
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
+    if args.prompt is not None:
+        prompt = args.prompt
+    else:
+        try:
+            prompt = sys.stdin.read()
+        except UnicodeDecodeError as exc:
+            raise CLIError(f"the prompt on standard input is not UTF-8 text: {exc}") from None
     eng = _engine(args, args.ctx)
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     if args.echo:
         sys.stdout.write(prompt)
     last = None
@@ -326,7 +397,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             end = "\n" if done == total else ""
             print(f"\r[prompt {done:,}/{total:,} tokens]", end=end, file=sys.stderr, flush=True)
 
-    for d in eng.generate(prompt, _params(args), on_prompt=on_prompt):
+    for d in _stream(eng, prompt, args, on_prompt=on_prompt):
         sys.stdout.write(d.text)
         sys.stdout.flush()
         last = d
@@ -338,7 +409,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from .chat.conversation import fit_messages, reply_reserve
+
     eng = _engine(args, args.ctx)
+    if eng.template_error is not None:
+        raise CLIError(f"{args.file}: {eng.template_error}")
     system = args.system
     messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     print(f"chatting with {Path(args.file).name} ({eng.model.config.arch}, context {eng.n_ctx}); "
@@ -361,10 +436,26 @@ def cmd_chat(args: argparse.Namespace) -> int:
             print("(system prompt set; conversation cleared)", file=sys.stderr)
             continue
         messages.append({"role": "user", "content": line})
+        prompt: list[dict[str, str]] | str = line
+        if eng.template is not None:  # past the context: leave out the oldest turns, as the GUI does
+            from .chat import ChatTemplateError
+
+            try:
+                fit = fit_messages(messages, eng, eng.n_ctx, reply_reserve(args.n_predict, eng.n_ctx))
+            except ChatTemplateError as exc:
+                raise CLIError(f"{args.file}: {exc}") from None
+            if not fit.fits:
+                raise CLIError(f"the last message alone needs {fit.n_tokens} tokens, but the context holds "
+                               f"{eng.n_ctx} and {eng.n_ctx - fit.budget} are kept for the reply; shorten it or "
+                               "raise -c")
+            if fit.dropped:
+                print(f"(the {fit.dropped} oldest messages are left out: the conversation outgrew the context)",
+                      file=sys.stderr)
+            prompt = [dict(m) for m in fit.messages]
         reply = ""
         last = None
         try:
-            for d in eng.generate(messages if eng.template else line, _params(args)):
+            for d in _stream(eng, prompt, args):
                 sys.stdout.write(d.text)
                 sys.stdout.flush()
                 reply += d.text
@@ -401,8 +492,11 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 def cmd_perplexity(args: argparse.Namespace) -> int:
     from .engine.tools import perplexity
 
+    try:
+        text = Path(args.text_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CLIError(f"{args.text_file}: cannot read the text: {exc}") from None
     eng = _engine(args, args.ctx)
-    text = Path(args.text_file).read_text(encoding="utf-8")
     try:
         r = perplexity(eng.model, eng.tokenizer, text, args.ctx, args.chunks, make_session=eng.new_session,
                        progress=lambda c, n, p: print(f"[{c}/{n}] running ppl {p:.4f}", file=sys.stderr))
@@ -447,21 +541,21 @@ def _isa() -> str:
 
 
 def _add_sampling(s: argparse.ArgumentParser) -> None:
-    s.add_argument("-n", "--n-predict", type=int, default=256, help="tokens to generate")
-    s.add_argument("--temp", type=float, default=0.8, help="temperature (0 = greedy)")
-    s.add_argument("--top-k", type=int, default=40)
-    s.add_argument("--top-p", type=float, default=0.95)
-    s.add_argument("--min-p", type=float, default=0.05)
-    s.add_argument("--repeat-penalty", type=float, default=1.0)
-    s.add_argument("--seed", type=int, help="same seed, same text")
+    s.add_argument("-n", "--n-predict", type=_int_arg(1), default=256, help="tokens to generate (at least 1)")
+    s.add_argument("--temp", type=_float_arg(0.0), default=0.8, help="temperature (0 = greedy)")
+    s.add_argument("--top-k", type=_int_arg(0), default=40, help="0 = all tokens")
+    s.add_argument("--top-p", type=_float_arg(0.0, 1.0), default=0.95)
+    s.add_argument("--min-p", type=_float_arg(0.0, 1.0), default=0.05)
+    s.add_argument("--repeat-penalty", type=_float_arg(0.0, lo_open=True), default=1.0)
+    s.add_argument("--seed", type=_int_arg(-1), help="same seed, same text (-1 or none: a random seed)")
     s.add_argument("--stop", action="append", help="stop string (repeatable)")
-    s.add_argument("-c", "--ctx", type=int, default=4096, help="context size")
-    s.add_argument("-t", "--threads", type=int, default=0)
+    s.add_argument("-c", "--ctx", type=_int_arg(1, MAX_CTX), default=4096, help="context size")
+    s.add_argument("-t", "--threads", type=_int_arg(0, MAX_THREADS), default=0, help="0 = one per core")
     s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="quantscope",
         description="Explore quantized LLM files (GGUF). `quantscope FILE` opens FILE; with no arguments the "
         "default demo model is opened.",
@@ -520,9 +614,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("perplexity", help="perplexity of a text (llama-perplexity's procedure)")
     s.add_argument("file")
     s.add_argument("-f", "--text-file", required=True)
-    s.add_argument("-c", "--ctx", type=int, default=512)
-    s.add_argument("--chunks", type=int, default=0, help="at most this many chunks (0 = all)")
-    s.add_argument("-t", "--threads", type=int, default=0)
+    s.add_argument("-c", "--ctx", type=_int_arg(2, MAX_CTX), default=512)
+    s.add_argument("--chunks", type=_int_arg(0), default=0, help="at most this many chunks (0 = all)")
+    s.add_argument("-t", "--threads", type=_int_arg(0, MAX_THREADS), default=0)
     s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     s.set_defaults(func=cmd_perplexity)
 
@@ -545,10 +639,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bench)
     b = bsub.add_parser("model", help="prefill/decode tokens per second of a model (like llama-bench)")
     b.add_argument("file")
-    b.add_argument("-p", "--n-prompt", type=int, default=128)
-    b.add_argument("-n", "--n-gen", type=int, default=64)
-    b.add_argument("-t", "--threads", type=int, default=0)
-    b.add_argument("-r", "--repetitions", type=int, default=3)
+    b.add_argument("-p", "--n-prompt", type=_int_arg(1, MAX_CTX), default=128)
+    b.add_argument("-n", "--n-gen", type=_int_arg(1, MAX_CTX), default=64)
+    b.add_argument("-t", "--threads", type=_int_arg(0, MAX_THREADS), default=0)
+    b.add_argument("-r", "--repetitions", type=_int_arg(1), default=3)
     b.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench_model)
@@ -610,11 +704,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) > 1 and argv[0] == "bench" and argv[1] not in BENCH_KINDS and not argv[1].startswith("-"):
         argv = ["bench", "model", *argv[1:]]  # `quantscope bench FILE …` benchmarks a model
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
     try:
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
         return int(args.func(args))
     except CLIError as exc:
         print(f"quantscope: error: {exc}", file=sys.stderr)
@@ -624,6 +718,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        print("quantscope: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # the safety net: never a traceback (QUANTSCOPE_DEBUG=1 shows it)
+        if os.environ.get("QUANTSCOPE_DEBUG") == "1":
+            import traceback
+
+            traceback.print_exc()
+        msg = " ".join(str(exc).split())
+        print(f"quantscope: error: internal error: {type(exc).__name__}: {msg}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def hyperparameters(f: GGUFFile) -> dict[str, Any]:
             if v is not None:
                 out[suffix] = v.item() if isinstance(v, np.generic) else v
     toks = f.get("tokenizer.ggml.tokens")
-    if toks is not None and "vocab_size" not in out:
+    if isinstance(toks, (StringArray, np.ndarray, list)) and "vocab_size" not in out:
         out["vocab_size"] = len(toks)
     return out
 

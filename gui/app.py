@@ -32,6 +32,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def install_excepthook(win: object) -> None:
+    """Make an exception that escapes a Qt slot non-fatal: printed to stderr, shown in the window's error dialog,
+    and the event loop keeps running (Ctrl-C still ends the app)."""
+    import traceback
+
+    previous = sys.excepthook
+
+    def hook(etype: type[BaseException], value: BaseException, tb: object) -> None:
+        if issubclass(etype, KeyboardInterrupt):
+            previous(etype, value, tb)  # type: ignore[arg-type]
+            return
+        text = "".join(traceback.format_exception(etype, value, tb))  # type: ignore[arg-type]
+        print(text, file=sys.stderr)
+        try:
+            win.show_error(f"Unexpected error: {etype.__name__}: {value}",  # type: ignore[attr-defined]
+                           "Quantscope keeps running; the last action may be incomplete.\n\n" + text[-3000:])
+        except Exception:  # the window itself is gone: stderr has it
+            pass
+
+    sys.excepthook = hook
+
+
 def _default_file() -> Path:
     from quantscope.core import catalog
 
@@ -81,7 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     except AttributeError:
         pass
     win = MainWindow()
-    ok = win.open_path(path)
+    install_excepthook(win)
+    try:
+        ok = win.open_path(path)
+    except Exception as exc:  # a view that fails on this file: say so, keep the window
+        win.show_error(f"{path.name} could not be shown: {type(exc).__name__}: {exc}")
+        ok = False
     if args.screenshot:
         if not ok:
             msg = win.error_box.text() if win.error_box else "cannot open"
@@ -136,7 +163,7 @@ def render_screenshot(app: object, win: object, view: str, out: Path, size: tupl
             win.show_view(view)
         if view == "tensors":
             f = win.doc.gguf if win.doc else None
-            if f is not None:
+            if f is not None and f.tensors:  # a vocabulary-only file has none
                 name = next((n for n in ("blk.0.attn_output.weight", "blk.0.ffn_down.weight") if f.has_tensor(n)),
                             f.tensors[0].name)
                 win.tensors_view.select_tensor(name)

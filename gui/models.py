@@ -170,7 +170,7 @@ class ArrayModel(QAbstractTableModel):
             n = len(kv.value)
             for key, label in (("tokenizer.ggml.token_type", "Type"), ("tokenizer.ggml.scores", "Score")):
                 v = f.get(key)
-                if v is not None and len(v) == n:
+                if isinstance(v, np.ndarray) and v.ndim == 1 and len(v) == n:  # a wrong-typed value is skipped
                     self.extra.append((label, v))
         self.endResetModel()
 

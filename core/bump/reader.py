@@ -48,6 +48,7 @@ class BumpFile:
     ffn: int | None
     sections: list[BumpSection] = field(default_factory=list)
     candidates: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # e.g. a malformed manifest.json beside it (ignored)
 
     @property
     def body_offset(self) -> int:
@@ -150,11 +151,33 @@ def _solve(h: BumpHeader, codes: bytes, profile: str, file_size: int) -> list[tu
     return found
 
 
+#: a manifest larger than this is not read (ours are a few KiB)
+MAX_MANIFEST_BYTES = 16 << 20
+
+
 def read_manifest(path: Path) -> dict[str, Any] | None:
+    """The manifest as a dict, or ``None`` when it is missing or malformed (see :func:`load_manifest`)."""
+    return load_manifest(path)[0]
+
+
+def load_manifest(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """``(manifest, problem)``: a regular file of at most 16 MiB holding a JSON object, else ``None`` and why."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+        if not path.is_file():
+            return None, "not a regular file"
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            return None, f"larger than {MAX_MANIFEST_BYTES >> 20} MiB"
+        man = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    if not isinstance(man, dict):
+        return None, f"a JSON {type(man).__name__}, not an object"
+    return man, ""
+
+
+def _manifest_count(v: object) -> int:
+    """A positive integer from the manifest, else 0 (ignored)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 32 else 0
 
 
 def open_bump(path: str | os.PathLike[str], manifest: str | os.PathLike[str] | None = None) -> BumpFile:
@@ -189,16 +212,24 @@ def open_bump(path: str | os.PathLike[str], manifest: str | os.PathLike[str] | N
     if len(codes) != count:
         raise BumpError(f"{p}: file ends at byte {size} inside the dtype table (needs {count} bytes from byte 132)")
     man_path = Path(manifest) if manifest else p.with_name("manifest.json")
-    man = read_manifest(man_path) if man_path.exists() else None
-    man_profile = man.get("profile") if isinstance(man, dict) else None
-    if man_profile in PROFILES and isinstance(man, dict):
-        kv, ffn = int(man.get("num_kv_heads", 0) or 0), int(man.get("intermediate_size", 0) or 0)
+    notes: list[str] = []
+    man: dict[str, Any] | None = None
+    if man_path.exists() or man_path.is_symlink():
+        man, why = load_manifest(man_path)
+        if why:
+            notes.append(f"{man_path.name} beside the bump is malformed: {why}; ignored, the layout is inferred")
+    man_profile = man.get("profile") if man is not None else None
+    if man is not None and isinstance(man_profile, str) and man_profile in PROFILES:
+        kv, ffn = _manifest_count(man.get("num_kv_heads")), _manifest_count(man.get("intermediate_size"))
         secs = layout(h, codes, man_profile, kv, ffn) if kv and ffn else None
-        if secs is None or secs[-1].offset + secs[-1].size != size:
-            end = secs[-1].offset + secs[-1].size if secs else "?"
-            raise BumpError(f"{p}: the manifest's {man_profile} layout ends at byte {end} but the file has {size} "
-                            "bytes (truncated or corrupted)")
-        return BumpFile(p, size, h, codes, man_profile, "manifest", kv, ffn, secs, [man_profile])
+        if secs is not None and secs[-1].offset + secs[-1].size == size:
+            return BumpFile(p, size, h, codes, man_profile, "manifest", kv, ffn, secs, [man_profile], notes)
+        end = f"ends at byte {secs[-1].offset + secs[-1].size}" if secs else "cannot be laid out"
+        notes.append(f"{man_path.name} beside the bump does not describe it: its {man_profile} layout "
+                     f"(num_kv_heads {man.get('num_kv_heads')!r}, intermediate_size {man.get('intermediate_size')!r}) "
+                     f"{end}, the file has {size} bytes; ignored, the layout is inferred")
+    elif man is not None and "profile" in man:
+        notes.append(f"{man_path.name} beside the bump names an unknown profile {str(man_profile)[:40]!r}; ignored")
     solutions = {prof: _solve(h, codes, prof, size) for prof in PROFILES}
     fits = {prof: sols for prof, sols in solutions.items() if sols}
     if not fits:
@@ -210,10 +241,10 @@ def open_bump(path: str | os.PathLike[str], manifest: str | os.PathLike[str] | N
     if len(fits) == 1:
         prof, sols = next(iter(fits.items()))
         kv, ffn, secs = sols[0]
-        return BumpFile(p, size, h, codes, prof, "inferred", kv, ffn, secs, [prof])
+        return BumpFile(p, size, h, codes, prof, "inferred", kv, ffn, secs, [prof], notes)
     prof = "ckernel" if "ckernel" in fits else next(iter(fits))
     kv, ffn, secs = fits[prof][0]
-    return BumpFile(p, size, h, codes, prof, "ambiguous", kv, ffn, secs, list(fits))
+    return BumpFile(p, size, h, codes, prof, "ambiguous", kv, ffn, secs, list(fits), notes)
 
 
 def describe(b: BumpFile, checksum: bool | None = None) -> dict[str, Any]:

@@ -1,22 +1,161 @@
-"""Chat templates (rendered in a Jinja2 sandbox: GGUF templates are untrusted input) and the sampler."""
+"""Chat templates (rendered in a Jinja2 sandbox with a budget: GGUF templates are untrusted input) and the
+sampler."""
 
 from __future__ import annotations
 
 import json
+import math
+import re
+import time
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import numpy as np
-from jinja2 import TemplateError
+from jinja2 import TemplateError, nodes
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.visitor import NodeTransformer
 
 from ..gguf import GGUFFile
 
 
 class ChatTemplateError(ValueError):
-    """The template failed to render (its own raise_exception included)."""
+    """The template does not compile or failed to render (its own raise_exception included)."""
+
+
+class ChatTemplateBudgetError(ChatTemplateError):
+    """The template exceeded its rendering budget (steps, time or output size)."""
+
+
+@dataclass(frozen=True)
+class RenderBudget:
+    """Limits on one rendering: ``steps`` counts loop iterations, calls, filters and output pieces."""
+
+    steps: int = 1_000_000
+    seconds: float = 5.0
+    chars: int = 16 * 2**20
+
+
+DEFAULT_BUDGET = RenderBudget()
+
+
+class _Meter:
+    """The running count of one rendering against its :class:`RenderBudget`."""
+
+    __slots__ = ("budget", "deadline", "steps")
+
+    def __init__(self, budget: RenderBudget) -> None:
+        self.budget = budget
+        self.steps = 0
+        self.deadline = time.monotonic() + budget.seconds
+
+    def tick(self) -> None:
+        self.steps += 1
+        if self.steps > self.budget.steps:
+            raise ChatTemplateBudgetError(f"template exceeded its budget: more than {self.budget.steps:,} steps")
+        if not self.steps & 255 and time.monotonic() > self.deadline:
+            raise ChatTemplateBudgetError(f"template exceeded its budget: more than {self.budget.seconds:g} s")
+
+    def size(self, n: int, what: str = "a string") -> None:
+        if n > self.budget.chars:
+            raise ChatTemplateBudgetError(f"template exceeded its budget: {what} of {n:,} characters "
+                                          f"(at most {self.budget.chars:,})")
+
+
+_METER: ContextVar[_Meter | None] = ContextVar("quantscope_template_meter", default=None)
+
+
+def _guard_iter(value: Any) -> Any:
+    """Filter wrapped around every ``for`` loop's iterable: one step per iteration."""
+    meter = _METER.get()
+    if meter is None:
+        return value
+
+    def walk(it: Iterable[Any]) -> Iterator[Any]:
+        for x in it:
+            meter.tick()
+            yield x
+
+    try:
+        return walk(iter(value))
+    except TypeError:
+        return value  # not iterable: let the loop raise its own error
+
+
+def _guard_str(value: Any) -> Any:
+    """Filter wrapped around every output expression and ``~`` concatenation: bounds string sizes."""
+    meter = _METER.get()
+    if meter is not None:
+        meter.tick()
+        if isinstance(value, str):
+            meter.size(len(value))
+    return value
+
+
+class _Instrument(NodeTransformer):
+    """Rewrite a parsed template so loops, concatenations and output expressions pass through the guards."""
+
+    def visit_For(self, node: nodes.For) -> nodes.Node:
+        self.generic_visit(node)
+        node.iter = nodes.Filter(node.iter, "_qs_iter", [], [], None, None, lineno=node.lineno)
+        return node
+
+    def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
+        self.generic_visit(node)
+        return nodes.Filter(node, "_qs_str", [], [], None, None, lineno=node.lineno)
+
+    def visit_Output(self, node: nodes.Output) -> nodes.Node:
+        self.generic_visit(node)
+        node.nodes = [n if isinstance(n, nodes.TemplateData)
+                      else nodes.Filter(n, "_qs_str", [], [], None, None, lineno=n.lineno) for n in node.nodes]
+        return node
+
+
+_PAD_METHODS = frozenset({"ljust", "rjust", "center", "zfill", "expandtabs"})
+_PCT_WIDTH = re.compile(r"%[-#0 +]*(\d+)?(?:\.(\d+))?")
+
+
+class _GuardedEnvironment(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, plus a step/time/size budget on calls, loops, filters and the size-making
+    operators (``*``, ``**``, ``%``)."""
+
+    intercepted_binops = frozenset({"*", "**", "%"})
+
+    def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
+        tree = super()._parse(source, name, filename)
+        return _Instrument().visit(tree)  # type: ignore[no-any-return]
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        meter = _METER.get()
+        if meter is not None:
+            meter.tick()
+            if isinstance(getattr(__obj, "__self__", None), str) and getattr(__obj, "__name__", "") in _PAD_METHODS:
+                for a in args:
+                    if isinstance(a, int):
+                        meter.size(a, f"{__obj.__name__}() width")
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        meter = _METER.get()
+        if meter is not None:
+            meter.tick()
+            if operator == "*":
+                for seq, k in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(k, int) and not isinstance(k, bool):
+                        meter.size(len(seq) * max(k, 0), "a repetition")
+            elif operator == "**" and isinstance(left, int) and isinstance(right, int):
+                bits = abs(right) * math.log2(abs(left)) if abs(left) > 1 else 0
+                if bits > 65536:
+                    raise ChatTemplateBudgetError(f"template exceeded its budget: {left} ** {right} is too large")
+            elif operator == "%" and isinstance(left, str):
+                for m in _PCT_WIDTH.finditer(left):
+                    for g in m.groups():
+                        if g:
+                            meter.size(int(g), "a % format width")
+        return super().call_binop(context, operator, left, right)
 
 
 def _raise(message: str) -> None:
@@ -31,30 +170,60 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-class ChatTemplate:
-    """A GGUF ``tokenizer.chat_template`` compiled in an immutable sandbox with the helpers HF templates use."""
+def _make_env() -> _GuardedEnvironment:
+    env = _GuardedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.filters["_qs_iter"] = _guard_iter
+    env.filters["_qs_str"] = _guard_str
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = _strftime_now
+    return env
 
-    def __init__(self, source: str, bos_token: str = "", eos_token: str = "") -> None:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise
-        env.globals["strftime_now"] = _strftime_now
+
+class ChatTemplate:
+    """A GGUF ``tokenizer.chat_template`` compiled in an immutable sandbox with the helpers HF templates use.
+
+    Every rendering runs under a :class:`RenderBudget` (the GUI and the CLI share this guard): a template that
+    loops too long, runs too long or makes too much text raises :class:`ChatTemplateBudgetError`; one that does
+    not compile or fails to render raises :class:`ChatTemplateError`."""
+
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "",
+                 budget: RenderBudget = DEFAULT_BUDGET) -> None:
+        env = _make_env()
         try:
             self.template = env.from_string(source)
         except TemplateError as exc:
             raise ChatTemplateError(f"chat template does not compile: {exc}") from None
+        except RecursionError:
+            raise ChatTemplateError("chat template does not compile: nested too deeply") from None
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.budget = budget
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> str:
+        meter = _Meter(self.budget)
+        token = _METER.set(meter)
         try:
-            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                        bos_token=self.bos_token, eos_token=self.eos_token, **extra)
+            out: list[str] = []
+            n = 0
+            for piece in self.template.generate(messages=messages, add_generation_prompt=add_generation_prompt,
+                                                bos_token=self.bos_token, eos_token=self.eos_token, **extra):
+                n += len(piece)
+                meter.size(n, "the output")
+                meter.tick()
+                out.append(piece)
+            return "".join(out)
         except ChatTemplateError:
             raise
+        except RecursionError:
+            raise ChatTemplateBudgetError("template exceeded its budget: recursion too deep") from None
+        except MemoryError:
+            raise ChatTemplateBudgetError("template exceeded its budget: out of memory") from None
         except Exception as exc:  # the sandbox raises SecurityError and friends; all are template failures
-            raise ChatTemplateError(f"chat template failed: {exc}") from None
+            raise ChatTemplateError(f"chat template failed: {exc or type(exc).__name__}") from None
+        finally:
+            _METER.reset(token)
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> ChatTemplate | None:
@@ -66,7 +235,13 @@ class ChatTemplate:
 
         def tok(key: str) -> str:
             i = f.get(key)
-            return toks[int(i)] if toks is not None and i is not None and 0 <= int(i) < len(toks) else ""
+            if toks is None or isinstance(i, (bool, str, bytes)) or not isinstance(i, (int, np.integer)):
+                return ""
+            i = int(i)
+            if not 0 <= i < len(toks):
+                return ""
+            s = toks[i]
+            return s if isinstance(s, str) else ""
 
         return cls(src, tok("tokenizer.ggml.bos_token_id"), tok("tokenizer.ggml.eos_token_id"))
 

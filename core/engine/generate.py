@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..chat import ChatTemplate, Sampler, SamplerParams
+from ..chat import ChatTemplate, ChatTemplateError, Sampler, SamplerParams
 from ..gguf import GGUFFile
 from ..native.kernels import isa
 from ..tokenizer import StreamDecoder, Tokenizer
@@ -22,6 +22,10 @@ BACKENDS = ("auto", "cpu", "cuda")
 
 class LoadCancelled(Exception):
     """Loading was cancelled."""
+
+
+class EmptyPrompt(ValueError):
+    """The prompt has no tokens and the vocabulary has no BOS token to start from."""
 
 
 @dataclass
@@ -69,7 +73,12 @@ class Engine:
         check()
         say("loading tokenizer", 0.6)
         self.tokenizer = Tokenizer(self.file)
-        self.template = ChatTemplate.from_gguf(self.file)
+        #: the template's compile error: plain prompts (``generate -p``) do not need it, chat messages raise it
+        self.template_error: str | None = None
+        try:
+            self.template = ChatTemplate.from_gguf(self.file)
+        except ChatTemplateError as exc:
+            self.template, self.template_error = None, str(exc)
         check()
         n_ctx = min(n_ctx, self.model.config.n_ctx_train)
         say("allocating KV cache", 0.9)
@@ -120,8 +129,10 @@ class Engine:
         """Token ids for a chat (rendered with the template) or a plain completion prompt."""
         if isinstance(messages, str):
             return self.tokenizer.encode(messages)
+        if self.template_error is not None:
+            raise ChatTemplateError(self.template_error)
         if self.template is None:  # base model: concatenate contents as plain text
-            return self.tokenizer.encode("\n".join(m["content"] for m in messages))
+            return self.tokenizer.encode("\n".join(str(m["content"]) for m in messages))
         text = self.template.render(messages, add_generation_prompt=True)
         has_bos = self.template.bos_token and text.startswith(self.template.bos_token)
         return self.tokenizer.encode(text, add_special=not has_bos)
@@ -136,6 +147,11 @@ class Engine:
         ``on_prompt(done, total)`` is called after each, and ``cancel`` is honoured between them."""
         p = params or SamplerParams()
         ids = self.prompt_ids(messages)
+        if not ids:  # an empty prompt starts from BOS, as llama.cpp does
+            bos = self.tokenizer.bos_id
+            if bos is None:
+                raise EmptyPrompt("the prompt is empty and the vocabulary has no BOS token to start from")
+            ids = [bos]
         if len(ids) >= self.n_ctx:
             raise ContextFull(f"the prompt has {len(ids)} tokens but the context holds {self.n_ctx}; shorten the "
                               "conversation or raise the context size")

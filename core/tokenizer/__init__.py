@@ -5,6 +5,7 @@ detokenization that never emits half a UTF-8 character."""
 from __future__ import annotations
 
 import heapq
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -12,6 +13,9 @@ import numpy as np
 import regex
 
 from ..gguf import GGUFFile
+from ..gguf.strings import StringArray
+
+log = logging.getLogger(__name__)
 
 # token types (llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -85,34 +89,46 @@ class Tokenizer:
     """Encode/decode with the vocabulary, merges/scores and special tokens of a GGUF file."""
 
     def __init__(self, f: GGUFFile) -> None:
+        """Read and validate the vocabulary: malformed required metadata raises :class:`TokenizerError` naming
+        the key; a special-token id of the wrong type or out of range is treated as absent (as llama.cpp does)
+        and recorded in :attr:`problems`."""
+        #: metadata that was ignored (wrong type, out of range), one sentence each
+        self.problems: list[str] = []
         self.model = f.get("tokenizer.ggml.model")
         if self.model not in ("gpt2", "llama"):
             raise TokenizerError(f"tokenizer model {self.model!r} is not supported (gpt2 BPE and llama SPM are)")
-        tokens = f.get("tokenizer.ggml.tokens")
-        if tokens is None:
+        pieces = _string_array(f, "tokenizer.ggml.tokens")
+        if pieces is None:
             raise TokenizerError("the file has no tokenizer.ggml.tokens")
-        self.pieces: list[str] = tokens.to_list()
+        if not pieces:
+            raise TokenizerError("tokenizer.ggml.tokens is empty")
+        self.pieces: list[str] = pieces
         n = len(self.pieces)
-        types = f.get("tokenizer.ggml.token_type")
-        self.types = np.asarray(types, dtype=np.int32) if types is not None else np.full(n, NORMAL, np.int32)
+        types = _int_array(f, "tokenizer.ggml.token_type", n)
+        self.types = types if types is not None else np.full(n, NORMAL, np.int32)
         self.vocab: dict[str, int] = {}
         for i, p in enumerate(self.pieces):
             self.vocab.setdefault(p, i)
-        self.pre = str(f.get("tokenizer.ggml.pre", "default"))
-        self.bos_id = _opt_int(f.get("tokenizer.ggml.bos_token_id"))
-        self.eos_id = _opt_int(f.get("tokenizer.ggml.eos_token_id"))
-        self.eot_id = _opt_int(f.get("tokenizer.ggml.eot_token_id"))
-        self.unk_id = _opt_int(f.get("tokenizer.ggml.unknown_token_id"))
+        pre = f.get("tokenizer.ggml.pre", "default")
+        if not isinstance(pre, str):
+            raise TokenizerError(f"tokenizer.ggml.pre is not a string ({_kind(pre)})")
+        self.pre = pre
+        self.bos_id = self._special_id(f, "tokenizer.ggml.bos_token_id", n)
+        self.eos_id = self._special_id(f, "tokenizer.ggml.eos_token_id", n)
+        self.eot_id = self._special_id(f, "tokenizer.ggml.eot_token_id", n)
+        self.unk_id = self._special_id(f, "tokenizer.ggml.unknown_token_id", n)
         default_bos = self.model == "llama"
-        self.add_bos = bool(f.get("tokenizer.ggml.add_bos_token", default_bos))
-        self.add_eos = bool(f.get("tokenizer.ggml.add_eos_token", False))
-        self.add_space_prefix = bool(f.get("tokenizer.ggml.add_space_prefix", self.model == "llama"))
+        self.add_bos = self._flag(f, "tokenizer.ggml.add_bos_token", default_bos)
+        self.add_eos = self._flag(f, "tokenizer.ggml.add_eos_token", False)
+        self.add_space_prefix = self._flag(f, "tokenizer.ggml.add_space_prefix", self.model == "llama")
+        for p in self.problems:
+            log.warning("tokenizer: %s", p)
         self.special_ids = [i for i in range(n) if self.types[i] in (CONTROL, USER_DEFINED)]
         specials = sorted((self.pieces[i] for i in self.special_ids if self.pieces[i]), key=len, reverse=True)
         self._special_re = regex.compile("|".join(regex.escape(s) for s in specials)) if specials else None
         self._cache: dict[str, list[int]] = {}
         if self.model == "gpt2":
-            merges = f.get("tokenizer.ggml.merges")
+            merges = _string_array(f, "tokenizer.ggml.merges")
             if merges is None:
                 raise TokenizerError("gpt2 tokenizer without tokenizer.ggml.merges")
             self.ranks: dict[tuple[str, str], int] = {}
@@ -126,12 +142,35 @@ class Tokenizer:
             self.byte_enc = bytes_to_unicode()
             self.byte_dec = {c: b for b, c in self.byte_enc.items()}
         else:
-            scores = f.get("tokenizer.ggml.scores")
-            self.scores = np.asarray(scores, dtype=np.float32) if scores is not None else np.zeros(n, np.float32)
+            scores = _num_array(f, "tokenizer.ggml.scores", n)
+            self.scores = scores if scores is not None else np.zeros(n, np.float32)
             self.byte_ids = {}
             for i, p in enumerate(self.pieces):
-                if self.types[i] == BYTE and len(p) == 6 and p.startswith("<0x"):
-                    self.byte_ids[int(p[3:5], 16)] = i
+                b = _byte_value(p) if self.types[i] == BYTE else None
+                if b is not None:
+                    self.byte_ids.setdefault(b, i)
+
+    def _special_id(self, f: GGUFFile, key: str, n: int) -> int | None:
+        """A special token id, or ``None`` when absent, not an integer or not in ``0..n-1`` (noted)."""
+        v = f.get(key)
+        if v is None:
+            return None
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            self.problems.append(f"{key} is not an integer ({_kind(v)}); ignored")
+            return None
+        if not 0 <= int(v) < n:
+            self.problems.append(f"{key} = {int(v)} is outside the vocabulary (0..{n - 1}); ignored")
+            return None
+        return int(v)
+
+    def _flag(self, f: GGUFFile, key: str, default: bool) -> bool:
+        v = f.get(key)
+        if v is None:
+            return default
+        if isinstance(v, (bool, np.bool_, int, np.integer)):
+            return bool(v)
+        self.problems.append(f"{key} is not a boolean ({_kind(v)}); the default {default} is used")
+        return default
 
     # ------------------------------------------------------------------ properties
     @property
@@ -280,6 +319,8 @@ class Tokenizer:
     # ------------------------------------------------------------------ decoding
     def token_bytes(self, tid: int, special: bool = True) -> bytes:
         """The bytes token ``tid`` stands for (control tokens render as their text when ``special``)."""
+        if not 0 <= tid < len(self.pieces):
+            return b""  # an id of an embedding row with no vocabulary entry
         p = self.pieces[tid]
         t = self.types[tid]
         if t in (CONTROL, UNKNOWN, UNUSED) or (t == USER_DEFINED and self.model == "gpt2" and p in self.vocab
@@ -291,7 +332,9 @@ class Tokenizer:
             except KeyError:
                 return p.encode("utf-8")
         if t == BYTE:
-            return bytes([int(p[3:5], 16)])
+            b = _byte_value(p)
+            if b is not None:
+                return bytes([b])
         return p.replace("▁", " ").encode("utf-8")
 
     def decode(self, ids: Iterable[int], special: bool = True) -> str:
@@ -305,8 +348,55 @@ class Tokenizer:
         return [self.pieces[i] for i in ids]
 
 
-def _opt_int(v: object) -> int | None:
-    return None if v is None else int(v)  # type: ignore[arg-type]
+def _kind(v: object) -> str:
+    """A short description of a metadata value's type, for messages."""
+    if isinstance(v, str):
+        return f"a string ({v[:20]!r})"
+    if isinstance(v, (StringArray, np.ndarray, list)):
+        return f"an array of {len(v)}"
+    if isinstance(v, (bool, np.bool_)):
+        return f"a boolean ({bool(v)})"
+    if isinstance(v, (int, np.integer, float, np.floating)):
+        return f"{'an integer' if isinstance(v, (int, np.integer)) else 'a float'} ({v})"
+    return type(v).__name__
+
+
+def _string_array(f: GGUFFile, key: str) -> list[str] | None:
+    v = f.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, StringArray):
+        raise TokenizerError(f"{key} is not an array of strings ({_kind(v)})")
+    return v.to_list()
+
+
+def _array(f: GGUFFile, key: str, n: int, kinds: str) -> np.ndarray | None:
+    v = f.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, np.ndarray) or v.ndim != 1 or v.dtype.kind not in kinds:
+        raise TokenizerError(f"{key} is not a numeric array ({_kind(v)})")
+    if len(v) != n:
+        raise TokenizerError(f"{key} has {len(v)} entries but tokenizer.ggml.tokens has {n}")
+    return v
+
+
+def _int_array(f: GGUFFile, key: str, n: int) -> np.ndarray | None:
+    v = _array(f, key, n, "iu")
+    return None if v is None else np.asarray(v, dtype=np.int64).clip(-(2**31), 2**31 - 1).astype(np.int32)
+
+
+def _num_array(f: GGUFFile, key: str, n: int) -> np.ndarray | None:
+    v = _array(f, key, n, "iuf")
+    return None if v is None else np.asarray(v, dtype=np.float32)
+
+
+def _byte_value(piece: str) -> int | None:
+    """The byte a ``<0xAB>`` piece stands for, or ``None`` when it is not one (``<0xZZ>``: a normal piece)."""
+    if len(piece) != 6 or not piece.startswith("<0x") or not piece.endswith(">"):
+        return None
+    hx = piece[3:5]
+    return int(hx, 16) if all(c in "0123456789abcdefABCDEF" for c in hx) else None
 
 
 class StreamDecoder:

@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from quantscope.core.analysis import (
+    INT32_MAX,
     blocks_per_row,
     code_layout,
     field_at,
@@ -258,8 +259,8 @@ class BlockInspectorView(QWidget):
             return
         t = f.tensor(name)
         self.tensor = t
-        self.row_spin.setRange(0, max(0, t.n_rows - 1))
-        self.block_spin.setRange(0, max(0, blocks_per_row(t) - 1))
+        self.row_spin.setRange(0, min(INT32_MAX, max(0, t.n_rows - 1)))  # a spin box holds 32 bits
+        self.block_spin.setRange(0, min(INT32_MAX, max(0, blocks_per_row(t) - 1)))
         self.elem_spin.setRange(0, max(0, (t.type.block_elems if t.type else 1) - 1))
 
     def _tensor_changed(self) -> None:
@@ -286,6 +287,10 @@ class BlockInspectorView(QWidget):
         if t.type is None or t.problem:
             self._show_message(f"{t.name} cannot be decoded: {t.problem or t.type_name}. Its bytes are not shown "
                                "because their extent is unknown.")
+            return
+        if t.n_rows == 0 or blocks_per_row(t) == 0:
+            self._show_message(f"{t.name} has no blocks: its shape ne = {list(t.ne)} has a zero dimension or "
+                               f"rows shorter than one {t.type.name} block.")
             return
         self.file_offset, size = f.block_location(t, row, block)
         raw = f.block_bytes(t, row, block)

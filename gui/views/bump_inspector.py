@@ -123,6 +123,7 @@ class BumpInspectorView(QWidget):
             ("aligned_context", f"{d['aligned_context']:,}"), ("checksum (sha256)", d["checksum"]),
             ("profile", prof), ("kv heads (solved)", str(d["num_kv_heads"])),
             ("ffn size (solved)", str(d["intermediate_size"])), ("file size", f"{d['file_size']:,} bytes"),
+            *(("problem", note) for note in b.notes),
         ])
         per: dict[int, list[int]] = {}
         for s in b.sections:

@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
@@ -51,7 +50,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from quantscope.core.analysis import memory_plan
+from quantscope.core.analysis import INT32_MAX, memory_plan, metadata_int
 from quantscope.core.chat import ChatTemplate, ChatTemplateError, SamplerParams
 from quantscope.core.chat.conversation import encode_prompt, prompt_text, reply_reserve
 from quantscope.core.chat.store import (
@@ -680,8 +679,8 @@ class ChatView(QWidget):
             f = self.doc.gguf
             assert f is not None
             self.model_name.setText(self.doc.path.name)
-            ctx_train = f.arch_get("context_length")
-            hi = int(ctx_train) if isinstance(ctx_train, (int, np.integer)) and ctx_train > 0 else DEFAULT_CTX
+            ctx_train = metadata_int(f.arch_get("context_length") if f.architecture else None)
+            hi = min(ctx_train, INT32_MAX) if ctx_train is not None and ctx_train > 0 else DEFAULT_CTX  # spin box
             self.ctx_spin.setMaximum(max(256, hi))
             self.ctx_spin.setValue(min(DEFAULT_CTX, hi))
             has_template = isinstance(f.get("tokenizer.chat_template"), str)

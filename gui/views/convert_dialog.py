@@ -89,7 +89,7 @@ class ConvertDialog(QDialog):
         self.ctx = QSpinBox()
         self.ctx.setRange(1, 10_000_000)
         self.ctx.setGroupSeparatorShown(True)
-        self.ctx.setValue(default_context or 4096)
+        self.ctx.setValue(max(1, min(default_context or 4096, 10_000_000)))  # a file may claim 2^40
         self.ctx.setEnabled(False)
         self.ctx.setAccessibleName("Context length")
         self.ctx_check.toggled.connect(self.ctx.setEnabled)

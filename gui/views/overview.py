@@ -29,6 +29,7 @@ from quantscope.core.analysis import (
     ScaleScan,
     integrity_checks,
     memory_plan,
+    metadata_int,
     scan_scales,
     weights_by_layer,
 )
@@ -237,7 +238,8 @@ class OverviewView(QWidget):
         fit_rows(self.hyper_table, 16)
         self._types_chart(s["types"])
         self._layers_chart()
-        ctx = int(s["hyperparameters"].get("context_length") or 4096)
+        ctx = metadata_int(s["hyperparameters"].get("context_length"))
+        ctx = ctx if ctx is not None and ctx > 0 else 4096
         self.ctx_spin.blockSignals(True)
         self.ctx_spin.setValue(min(ctx, 8192))
         self.ctx_spin.blockSignals(False)
@@ -252,9 +254,10 @@ class OverviewView(QWidget):
         n = len(rows)
         mib = np.array([r["bytes"] / 2**20 for r in rows], dtype=float)
         y = np.arange(n)
-        bars = pg.BarGraphItem(x0=np.zeros(n), y=y, height=0.62, width=mib,
-                               brushes=[pg.mkBrush(group_color(i)) for i in range(n)], pens=[None] * n)
-        p.addItem(bars)
+        if n:  # pyqtgraph's bar item fails on zero bars (a vocabulary-only file has no tensors)
+            bars = pg.BarGraphItem(x0=np.zeros(n), y=y, height=0.62, width=mib,
+                                   brushes=[pg.mkBrush(group_color(i)) for i in range(n)], pens=[None] * n)
+            p.addItem(bars)
         ax = p.getAxis("left")
         ax.setTicks([[(i, r["type"]) for i, r in enumerate(rows)]])
         p.getPlotItem().invertY(True)
@@ -267,7 +270,7 @@ class OverviewView(QWidget):
             t.setPos(mib[i], i)
             p.addItem(t)
         p.setXRange(0, top * 1.9, padding=0)
-        p.setYRange(-0.6, n - 0.4, padding=0)
+        p.setYRange(-0.6, max(n, 1) - 0.4, padding=0)
         self.types_model.set_rows([
             (r["type"], f"{r['tensors']:,}", f"{r['elements']:,}", human_bytes(r["bytes"]), f"{r['share']:.1%}",
              f"{r['bits_per_weight']:.3f}" if r["bits_per_weight"] else "?")

@@ -333,6 +333,12 @@ class TensorsView(QWidget):
         self.stats_model.set_rows([])
         self.hist.clear()
         self.image.clear()
+        if t.n_elements == 0:
+            self._set_progress_visible(False)
+            self.heat = None
+            self.progress_label.setText(f"{t.name} has no values: its shape ne = {list(t.ne)} has a zero dimension.")
+            self.progress_label.show()
+            return
         if not can_read_values(t):
             self._set_progress_visible(False)
             self.progress_label.setText(f"Values of {t.type_name} cannot be computed"
@@ -403,6 +409,10 @@ class TensorsView(QWidget):
             return
         mode = "rms" if self.heat_mode.currentIndex() == 1 else "mean"
         img = hm.rms if mode == "rms" else hm.mean
+        if img.size == 0 or hm.n_cols == 0 or hm.n_rows == 0:
+            self.image.clear()
+            self.heat_info.setText("no values to draw")
+            return
         lo, hi = hm.levels(mode)
         self.colorbar.setColorMap(pg.colormap.get(_SEQUENTIAL if mode == "rms" else _DIVERGING))
         self.image.setImage(img, autoLevels=False)

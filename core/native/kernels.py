@@ -33,7 +33,7 @@ class MappedFileError(KernelError, FileChangedError):
 
 
 MAPPED_FAULT = int(lib.QS_ERR_MAPPED_FAULT)
-_MAPPED_MESSAGE = "mapped memory is no longer readable: the file changed or was truncated while it was being read"
+_MAPPED_MESSAGE = "mapped memory is no longer readable: the file changed or was truncated"
 
 
 def check(rc: int, what: str) -> None:

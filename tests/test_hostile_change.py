@@ -1,0 +1,211 @@
+"""Issue 12, item 6: a model file truncated or replaced while it is being read.
+
+Native kernels reading the dead mapping raise MappedFileError (the SIGBUS guard), the pool keeps working, faults
+outside any guard still end the process by SIGBUS (or with one CLI error line), the CLI exits with one
+``quantscope: error:`` line, and the desktop app notices the change, stops its workers and offers a reload.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from quantscope.core.bench import random_weights
+from quantscope.core.native import ffi, lib
+from quantscope.core.native import kernels as K
+from quantscope.core.quant import ggml_type
+
+ISAS = K.ISA_NAMES[: K.ISA_NAMES.index(K.isa_detected()) + 1]
+PAGE = mmap.PAGESIZE
+ROWS, KDIM = 512, 1024  # Q8_0: 557,056 bytes, large enough for the pool's parallel paths
+
+
+def _mapped_then_truncated(path: Path, data: np.ndarray, keep: int) -> np.ndarray:
+    """Write ``data``, map it read-only, truncate the file to ``keep`` bytes; returns the (now half-dead) view.
+
+    The view must not be read from Python past ``keep`` (that would be an unguarded SIGBUS)."""
+    path.write_bytes(data.tobytes())
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = np.frombuffer(mm, dtype=np.uint8)
+    os.truncate(path, keep)
+    return view
+
+
+@pytest.fixture
+def q8(tmp_path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(good weights in RAM, the same bytes mapped from a file truncated to its first page)."""
+    good = random_weights("Q8_0", ROWS, KDIM, seed=3)
+    return good, _mapped_then_truncated(tmp_path / "w.bin", good, PAGE)
+
+
+def _reference(good: np.ndarray, x: np.ndarray) -> np.ndarray:
+    w = K.dequantize(good.reshape(ROWS, -1), "Q8_0", threads=1)
+    return K.matmat("Q8_0", good, ROWS, KDIM, x, threads=1) if x.ndim == 2 else w @ x
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("isa", ISAS)
+def test_kernels_on_truncated_mapping_raise_and_pool_survives(q8, isa: str, threads: int) -> None:
+    good, dead = q8
+    t = ggml_type("Q8_0")
+    rng = np.random.default_rng(0)
+    x1 = rng.standard_normal(KDIM).astype(np.float32)
+    x8 = rng.standard_normal((8, KDIM)).astype(np.float32)
+    with K.forced_isa(isa):
+        for gemm in (True, False):
+            with K.prefill_gemm(gemm), pytest.raises(K.MappedFileError, match="no longer readable"):
+                K.matmat(t, dead, ROWS, KDIM, x8, threads=threads)
+        with pytest.raises(K.MappedFileError, match="matvec Q8_0: mapped memory is no longer readable"):
+            K.matvec(t, dead, ROWS, KDIM, x1, threads=threads)
+        with pytest.raises(K.MappedFileError, match="dequantize Q8_0"):
+            K.dequantize(dead.reshape(ROWS, -1), t, threads=threads)
+        with pytest.raises(K.MappedFileError, match="get_rows Q8_0"):
+            K.get_rows(t, dead, ROWS, KDIM, np.array([0, ROWS - 1, ROWS // 2]), threads=threads)
+        xq = K.quantize_activation(x1, "Q8_0")
+        row_bytes = t.row_bytes(KDIM)
+        with pytest.raises(K.MappedFileError, match="vec_dot"):
+            K.vec_dot(t, dead[(ROWS - 1) * row_bytes:], xq, KDIM)
+        assert lib.qs_guard_last_fault() == 0
+        lib.qs_read_probe(ffi.from_buffer(dead), dead.size, threads)
+        with pytest.raises(K.MappedFileError, match="read probe"):
+            K.check_last_fault("read probe")
+        # the first page is still readable: rows there work, and so does the pool on good data afterwards
+        assert np.array_equal(K.get_rows(t, dead, ROWS, KDIM, np.array([0]), threads=threads),
+                              K.get_rows(t, good, ROWS, KDIM, np.array([0]), threads=1))
+        for _ in range(3):
+            y = K.matmat(t, good, ROWS, KDIM, x8, threads=threads)
+            np.testing.assert_allclose(y, _reference(good, x8), rtol=1e-5, atol=1e-4)
+            np.testing.assert_array_equal(K.dequantize(good.reshape(ROWS, -1), t, threads=threads),
+                                          K.dequantize(good.reshape(ROWS, -1), t, threads=1))
+
+
+def test_string_scan_on_truncated_mapping(tmp_path: Path) -> None:
+    n = 50_000
+    one = np.frombuffer(np.uint64(20).tobytes() + b"tokentokentokentoken", dtype=np.uint8)
+    data = np.tile(one, n)
+    dead = _mapped_then_truncated(tmp_path / "s.bin", data, PAGE)
+    buf = ffi.from_buffer(dead)
+    out_end, err_pos, err_index = ffi.new("uint64_t *"), ffi.new("uint64_t *"), ffi.new("uint64_t *")
+    for check_utf8 in (0, 1):
+        code = lib.qs_scan_strings(buf, dead.size, n, 1 << 20, check_utf8, ffi.NULL, out_end, err_pos, err_index)
+        assert code == lib.QS_ERR_MAPPED_FAULT == -7
+    assert lib.qs_utf8_invalid_at(buf, dead.size) == 0
+    assert lib.qs_guard_last_fault() == 1
+    assert lib.qs_guard_last_fault() == 0  # reading clears it
+    good = ffi.from_buffer(data)
+    assert lib.qs_scan_strings(good, data.size, n, 1 << 20, 1, ffi.NULL, out_end, err_pos, err_index) == 0
+    assert out_end[0] == data.size
+
+
+_UNGUARDED = """
+import mmap, os, sys
+import numpy as np
+from quantscope.core.native import kernels as K
+p = sys.argv[1]
+open(p, "wb").write(bytes(1 << 20))
+K.dequantize(np.zeros(34, np.uint8), "Q8_0")          # a guarded call: our handler is installed now
+{setup}
+with open(p, "rb") as f:
+    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+view = np.frombuffer(mm, dtype=np.uint8)
+os.truncate(p, 0)
+{before}
+print("reading", flush=True)
+print(int(view[-1]))                                   # unguarded numpy read of a dead page
+print("survived", flush=True)
+"""
+
+
+def _run_unguarded(tmp_path: Path, setup: str = "", before: str = "",
+                   flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    code = textwrap.dedent(_UNGUARDED).format(setup=setup, before=before)
+    return subprocess.run([sys.executable, *flags, "-c", code, str(tmp_path / "u.bin")], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_unguarded_fault_still_dies_by_sigbus(tmp_path: Path) -> None:
+    r = _run_unguarded(tmp_path)
+    assert r.returncode == -signal.SIGBUS, r.stderr
+    assert "reading" in r.stdout and "survived" not in r.stdout
+
+
+def test_unguarded_fault_chains_to_faulthandler(tmp_path: Path) -> None:
+    r = _run_unguarded(tmp_path, flags=("-X", "faulthandler"))
+    assert r.returncode == -signal.SIGBUS, r.stderr
+    assert "Fatal Python error: Bus error" in r.stderr
+    assert "survived" not in r.stdout
+
+
+def test_faulthandler_enabled_after_the_guard(tmp_path: Path) -> None:
+    """faulthandler replacing our handler later: the next guarded call re-installs ours (the guard works), and an
+    unguarded fault still reaches faulthandler and ends the process (no loop between the two handlers)."""
+    before = textwrap.dedent("""
+        try:
+            K.dequantize(view[: 272 * 3000].reshape(-1, 272), "Q8_0", threads=2)
+        except K.MappedFileError as exc:
+            print("guarded:", exc, flush=True)
+    """)
+    r = _run_unguarded(tmp_path, setup="import faulthandler; faulthandler.enable()", before=before)
+    assert r.returncode == -signal.SIGBUS, r.stderr
+    assert "guarded: dequantize Q8_0: mapped memory is no longer readable" in r.stdout
+    assert r.stderr.count("Fatal Python error: Bus error") == 1  # only the unguarded fault reached faulthandler
+    assert "survived" not in r.stdout
+
+
+def test_cli_mode_unguarded_fault_prints_one_line(tmp_path: Path) -> None:
+    setup = "K.exit_on_unguarded_fault('quantscope: error: u.bin changed while it was being read (x)')"
+    r = _run_unguarded(tmp_path, setup=setup)
+    assert r.returncode == 2
+    assert r.stderr == "quantscope: error: u.bin changed while it was being read (x)\n"
+
+
+def _quantscope(*args: str, **kw) -> subprocess.Popen:
+    exe = Path(sys.executable).with_name("quantscope")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([str(exe), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, **kw)
+
+
+def _error_lines(stderr: str) -> list[str]:
+    assert "Traceback" not in stderr and "Fatal Python error" not in stderr, stderr
+    return [ln for ln in stderr.splitlines() if ln.startswith("quantscope: error:")]
+
+
+@pytest.mark.parametrize("how", ["truncate", "replace"])
+def test_cli_generate_survives_its_model_being_truncated(model_path, tmp_path: Path, how: str) -> None:
+    copy = tmp_path / "model.gguf"
+    shutil.copyfile(model_path("smollm2"), copy)
+    size = copy.stat().st_size
+    proc = _quantscope("generate", str(copy), "-p", "Once upon a time", "-n", "100000", "--temp", "0",
+                       "--ctx", "8192", "-t", "2", "--backend", "cpu")
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.read(20)  # tokens are streaming: the decode loop is running on the mapping
+        if how == "truncate":
+            os.truncate(copy, size // 2)
+        else:  # rewrite in place with a shorter file: same inode, new size
+            with open(copy, "r+b") as f:
+                f.truncate(0)
+                f.write(b"GGUF" + bytes(1000))
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = err.decode()
+    assert proc.returncode == 2, (proc.returncode, err)
+    lines = _error_lines(err)
+    assert len(lines) == 1, err
+    assert re.fullmatch(rf"quantscope: error: {re.escape(str(copy))} changed while it was being read "
+                        r"\((transformer block|get_rows \w+|matmul): mapped memory is no longer readable: "
+                        r"the file changed or was truncated\)", lines[0]), err

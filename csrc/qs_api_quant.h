@@ -14,6 +14,7 @@ int qs_guard_last_fault(void);      /* 1 when this thread's last qs_read_probe /
 /* CLI mode: on a SIGBUS outside any guard, write msg to stderr and _exit(status) instead of dying by the signal
  * (NULL restores the default: hand it to the previous handler). Installs the handler. */
 void qs_guard_set_fatal_message(const char *msg, int status);
+int qs_copy_mapped(uint8_t *dst, const uint8_t *src, int64_t n);  /* memcpy under the guard, for numpy code */
 
 int qs_isa_detected(void);          /* 0 = scalar, 1 = AVX2+FMA+F16C, 2 = AVX-512 F/BW/VL + VNNI */
 int qs_isa_get(void);

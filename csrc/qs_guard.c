@@ -93,3 +93,15 @@ int qs_guard_last_fault(void) {
     last_fault = 0;
     return f;
 }
+
+static int copy_bytes(uint8_t *dst, const uint8_t *src, int64_t n) {
+    memcpy(dst, src, (size_t)n);
+    return 0;
+}
+
+int qs_copy_mapped(uint8_t *dst, const uint8_t *src, int64_t n) {
+    if (n < 0) return -1;
+    int rc;
+    QS_GUARDED(rc, copy_bytes(dst, src, n));
+    return rc;
+}

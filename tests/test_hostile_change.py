@@ -209,3 +209,112 @@ def test_cli_generate_survives_its_model_being_truncated(model_path, tmp_path: P
     assert re.fullmatch(rf"quantscope: error: {re.escape(str(copy))} changed while it was being read "
                         r"\((transformer block|get_rows \w+|matmul): mapped memory is no longer readable: "
                         r"the file changed or was truncated\)", lines[0]), err
+
+
+def test_analysis_reads_of_a_truncated_file_raise(model_path, tmp_path: Path) -> None:
+    from quantscope.core import analysis
+    from quantscope.core.gguf import GGUFFile
+
+    copy = tmp_path / "model.gguf"
+    shutil.copyfile(model_path("smollm2"), copy)
+    f = GGUFFile(copy)
+    last = max(f.tensors, key=lambda t: t.offset)
+    os.truncate(copy, copy.stat().st_size // 2)
+    with pytest.raises(K.MappedFileError, match="no longer readable"):
+        analysis.scan_scales(f)
+    with pytest.raises(K.MappedFileError, match=f"{last.type.name}|{last.name}"):
+        analysis.dequantize_rows(f, last, 0, last.n_rows, threads=2)
+    with pytest.raises(K.MappedFileError):
+        analysis.analyze_tensor(f, last)
+
+
+# ---------------------------------------------------------------------------------------------- the desktop app
+from .gui_helpers import wait_idle, window  # noqa: E402, F401
+
+
+def _responsive(qtbot) -> None:
+    """The event loop runs: a zero-delay timer fires promptly."""
+    from PySide6.QtCore import QTimer
+
+    fired: list[bool] = []
+    QTimer.singleShot(0, lambda: fired.append(True))
+    qtbot.waitUntil(lambda: bool(fired), timeout=2000)
+
+
+@pytest.mark.parametrize("how", ["truncate", "replace"])
+def test_gui_notices_the_change_stops_workers_and_reloads(window, qtbot, model_path, tmp_path, how):  # noqa: F811
+    import threading
+
+    from quantscope.core import analysis
+
+    src = model_path("smollm2")
+    copy = tmp_path / "model.gguf"
+    shutil.copyfile(src, copy)
+    assert window.open_path(copy)
+    wait_idle(qtbot, window)
+    f = window.doc.gguf
+    started = threading.Event()
+    outcome: list[str] = []
+
+    def reader(report, token):  # a worker reading the mapping until told to stop
+        big = sorted(f.tensors, key=lambda t: -t.n_bytes)[:4]
+        while not token.cancelled:
+            for t in big:
+                analysis.dequantize_rows(f, t, 0, t.n_rows, threads=2)
+            started.set()
+
+    window.runner.start("reader", reader, on_failed=lambda m, _tb: outcome.append(m),
+                        on_cancelled=lambda: outcome.append("cancelled"))
+    assert started.wait(60)
+    if how == "truncate":
+        os.truncate(copy, copy.stat().st_size // 2)
+        want = "its size went from"
+    else:
+        other = tmp_path / "other.gguf"
+        shutil.copyfile(src, other)
+        os.replace(other, copy)
+        want = "it was replaced by another file"
+    qtbot.waitUntil(lambda: window.stale_bar.isVisible(), timeout=10000)
+    assert all(t.done for t in window.runner.running()) and window.doc is None  # ended before the notice showed
+    qtbot.waitUntil(lambda: not window.runner.running(), timeout=2000)
+    qtbot.waitUntil(lambda: bool(outcome), timeout=5000)
+    assert outcome[0] == "cancelled" or "mapped memory is no longer readable" in outcome[0]
+    assert want in window.stale_label.text() and "model.gguf changed on disk" in window.stale_label.text()
+    assert "(changed on disk)" in window.windowTitle()
+    assert window.chat_view.host.threads_alive() == 0
+    _responsive(qtbot)
+    window.show_about().close()
+    # Reload re-opens it (restored to a whole model)
+    shutil.copyfile(src, copy)
+    window.stale_reload.click()
+    assert window.doc is not None and window.doc.stale is None and not window.stale_bar.isVisible()
+    assert window.current_view() == "overview" and window.windowTitle() == "model.gguf — Quantscope"
+    wait_idle(qtbot, window)
+    # and Close dismisses a second notice
+    os.truncate(copy, 1000)
+    assert window.check_file() is not None and window.stale_bar.isVisible()
+    window.stale_close.click()
+    assert not window.stale_bar.isVisible() and window.doc is None and window.current_view() == "welcome"
+
+
+def test_gui_chat_thread_survives_truncation_mid_reply(window, qtbot, model_path, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("QUANTSCOPE_DATA", str(tmp_path / "qs-data"))
+    copy = tmp_path / "model.gguf"
+    shutil.copyfile(model_path("smollm2"), copy)
+    assert window.open_path(copy)
+    window.show_view("chat")
+    chat = window.chat_view
+    with qtbot.waitSignal(chat.engineLoaded, timeout=120_000):
+        assert chat.load_model()
+    chat.apply_preset("Greedy")
+    chat.max_spin.setValue(2000)
+    window.file_timer.stop()  # let the model thread meet the dead mapping first
+    failed: list[str] = []
+    chat.replyFailed.connect(failed.append)
+    assert chat.send("Tell me a very long story about a dragon.")
+    qtbot.waitUntil(lambda: chat._reply_stats is not None and chat._reply_stats.n_generated >= 3, timeout=120_000)
+    os.truncate(copy, copy.stat().st_size // 2)
+    qtbot.waitUntil(lambda: window.stale_bar.isVisible(), timeout=20000)
+    assert window.doc is None and chat.host.threads_alive() == 0 and chat.host.state == "empty"
+    assert not failed or "no longer readable" in failed[0] or "changed" in failed[0]
+    _responsive(qtbot)

@@ -50,6 +50,20 @@ def check_last_fault(what: str) -> None:
         raise MappedFileError(f"{what}: {_MAPPED_MESSAGE}")
 
 
+def copy_mapped(a: np.ndarray, what: str = "read") -> np.ndarray:
+    """A copy of ``a`` (typically a view of a memory-mapped file) made under the fault guard: numpy code then works
+    on memory that cannot vanish. Raises :class:`MappedFileError` when the file was truncated under it."""
+    src = np.asarray(a)
+    if not src.flags.c_contiguous:
+        src = np.ascontiguousarray(src)  # strided views are small (single blocks): copied by numpy
+        return src if src is not a else src.copy()
+    out = np.empty_like(src)
+    if src.nbytes:
+        check(lib.qs_copy_mapped(ffi.cast("uint8_t *", ffi.from_buffer(out, require_writable=True)),
+                                 ffi.cast("uint8_t *", ffi.from_buffer(src)), src.nbytes), what)
+    return out
+
+
 def exit_on_unguarded_fault(message: str | None, status: int = 2) -> None:
     """CLI mode: a SIGBUS outside the guarded kernels (numpy reading a truncated mapping) prints ``message`` (one
     line) and exits with ``status`` instead of killing the process by the signal; ``None`` turns that off."""

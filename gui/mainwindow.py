@@ -120,6 +120,7 @@ class MainWindow(QMainWindow):
         self.runner.may_start = self._file_unchanged
         self.runner.changed.connect(lambda: QTimer.singleShot(0, self.check_file))  # a task ended: perhaps failed
         self.chat_view.replyFailed.connect(lambda _m: self.check_file())
+        self.block_view.may_read = lambda: self.check_file() is None
 
         self.tensors_view.inspectRequested.connect(self.inspect_block)
 
@@ -387,6 +388,8 @@ class MainWindow(QMainWindow):
             w.selectAll()
 
     def inspect_block(self, tensor: str, row: int, block: int, element: int) -> None:
+        if self.check_file() is not None:  # the block's bytes would be read from a mapping that may be gone
+            return
         self.block_view.show_block(tensor, row, block, element)
         self.show_view("block")
 

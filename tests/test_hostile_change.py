@@ -318,3 +318,22 @@ def test_gui_chat_thread_survives_truncation_mid_reply(window, qtbot, model_path
     assert window.doc is None and chat.host.threads_alive() == 0 and chat.host.state == "empty"
     assert not failed or "no longer readable" in failed[0] or "changed" in failed[0]
     _responsive(qtbot)
+
+
+def test_gui_block_inspector_checks_before_reading(window, qtbot, model_path, tmp_path):  # noqa: F811
+    """Watchers miss some changes: the block inspector itself asks before reading a block of the mapping."""
+    copy = tmp_path / "model.gguf"
+    shutil.copyfile(model_path("smollm2"), copy)
+    assert window.open_path(copy)
+    wait_idle(qtbot, window)
+    f = window.doc.gguf
+    last = max((t for t in f.tensors if t.n_rows > 1), key=lambda t: t.offset)
+    assert last.offset > f.file_size // 2
+    window.inspect_block(last.name, 0, 0, 0)
+    assert window.current_view() == "block" and window.block_view.decoded is not None
+    window.file_timer.stop()
+    window.file_watcher.removePaths(window.file_watcher.files())  # as if the watcher missed it
+    os.truncate(copy, copy.stat().st_size // 2)
+    window.block_view.row_spin.setValue(last.n_rows - 1)  # would read a page past the new end
+    assert window.stale_bar.isVisible() and window.doc is None
+    _responsive(qtbot)

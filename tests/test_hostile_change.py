@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -337,3 +338,52 @@ def test_gui_block_inspector_checks_before_reading(window, qtbot, model_path, tm
     window.block_view.row_spin.setValue(last.n_rows - 1)  # would read a page past the new end
     assert window.stale_bar.isVisible() and window.doc is None
     _responsive(qtbot)
+
+
+def _truncate_while_running(proc: subprocess.Popen, copy: Path, ready) -> str:
+    """Wait for ``ready(proc)`` (the command is reading the model), truncate the model to half; returns stderr."""
+    try:
+        ready(proc)
+        os.truncate(copy, copy.stat().st_size // 2)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return err.decode()
+
+
+def _stderr_line_starting(prefix: str):
+    def ready(proc: subprocess.Popen) -> None:
+        assert proc.stderr is not None
+        for line in iter(proc.stderr.readline, b""):
+            if line.decode().startswith(prefix):
+                return
+        pytest.fail(f"the command ended before printing {prefix!r}")
+    return ready
+
+
+@pytest.mark.parametrize("command", ["chat", "perplexity", "bench"])
+def test_cli_commands_end_with_one_error_line(model_path, tmp_path: Path, command: str) -> None:
+    copy = tmp_path / "model.gguf"
+    shutil.copyfile(model_path("smollm2"), copy)
+    if command == "chat":
+        proc = _quantscope("chat", str(copy), "-n", "100000", "--temp", "0", "-t", "2", "--backend", "cpu",
+                           stdin=subprocess.PIPE)
+        assert proc.stdin is not None
+        proc.stdin.write(b"Tell me a very long story about a dragon.\n")
+        proc.stdin.flush()
+        ready = lambda p: p.stdout.read(10)  # noqa: E731  # the reply is streaming
+    elif command == "perplexity":
+        text = tmp_path / "text.txt"
+        text.write_text((Path(__file__).parent / "data" / "english.txt").read_text(encoding="utf-8") * 60)
+        proc = _quantscope("perplexity", str(copy), "-f", str(text), "-c", "128", "-t", "2", "--backend", "cpu")
+        ready = _stderr_line_starting("[1/")
+    else:
+        proc = _quantscope("bench", str(copy), "-p", "64", "-n", "100000", "-t", "2")
+        ready = lambda p: time.sleep(3)  # noqa: E731  # loaded and decoding (it prints only at the end)
+    err = _truncate_while_running(proc, copy, ready)
+    assert proc.returncode == 2, (proc.returncode, err)
+    lines = _error_lines(err)
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"quantscope: error: {copy} changed while it was being read ("), err

@@ -68,10 +68,10 @@ def dequantize_rows(f: GGUFFile, t: TensorInfo, start: int, stop: int, *, thread
     rows = f.tensor_rows(t)[start:stop]
     name = t.type.name
     if name in _INT_DTYPES:
-        return np.ascontiguousarray(rows).view(_INT_DTYPES[name]).astype(np.float32)
+        return native.copy_mapped(rows, t.name).view(_INT_DTYPES[name]).astype(np.float32)
     if native.can_dequantize(t.type):
         return native.dequantize(rows, t.type, threads=threads)
-    return ref_dequantize(rows, t.type)
+    return ref_dequantize(native.copy_mapped(rows, t.name), t.type)  # numpy reads a copy: a truncation cannot kill
 
 
 def _rows_per_chunk(t: TensorInfo, chunk_elems: int) -> int:
@@ -672,7 +672,7 @@ def scan_scales(f: GGUFFile, *, chunk_bytes: int = 8 << 20, max_report: int = 10
         step = max(width, chunk_bytes // width * width)
         for a in range(0, raw.size, step):
             _check(cancel)
-            blocks = raw[a : a + step].reshape(-1, width)
+            blocks = native.copy_mapped(raw[a : a + step], t.name).reshape(-1, width)  # guarded read
             for fname, off in fields:
                 size = np.dtype(dt).itemsize
                 vals = np.ascontiguousarray(blocks[:, off : off + size]).view(dt).reshape(-1)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from . import catalog
+from .filestate import FileChangedError
 from .gguf import GGUFError, GGUFFile
 
 COMMANDS = ("inspect", "dump-block", "models", "bench", "convert", "verify", "generate", "chat", "tokenize",
@@ -697,6 +698,17 @@ def launch_gui(argv: list[str]) -> int:
         return 2
 
 
+def _exit_cleanly_if_file_changes(file: str) -> None:
+    """Reads of ``file``'s mapping outside the guarded kernels (numpy views) die by SIGBUS when it is truncated
+    under us: make that one error line and exit status 2 instead."""
+    try:
+        from .native.kernels import exit_on_unguarded_fault
+    except ImportError:  # no native library: commands that need it say so themselves
+        return
+    exit_on_unguarded_fault(f"quantscope: error: {file} changed while it was being read (its memory-mapped "
+                            "bytes are gone: the file was truncated or replaced)")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
@@ -704,14 +716,21 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) > 1 and argv[0] == "bench" and argv[1] not in BENCH_KINDS and not argv[1].startswith("-"):
         argv = ["bench", "model", *argv[1:]]  # `quantscope bench FILE …` benchmarks a model
     parser = build_parser()
+    file = None
     try:
         args = parser.parse_args(argv)
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
+        file = getattr(args, "file", None)
+        if file:
+            _exit_cleanly_if_file_changes(file)
         return int(args.func(args))
     except CLIError as exc:
         print(f"quantscope: error: {exc}", file=sys.stderr)
+        return 2
+    except FileChangedError as exc:  # a native kernel read a mapping the file no longer backs
+        print(f"quantscope: error: {file} changed while it was being read ({exc})", file=sys.stderr)
         return 2
     except catalog.FetchError as exc:
         print(f"quantscope: error: {exc}", file=sys.stderr)

@@ -3,13 +3,16 @@
 
 #include <string.h>
 
+#include "qs_api_quant.h"
+#include "qs_guard.h"
+
 static uint64_t load_u64_le(const uint8_t *p) {
     uint64_t v = 0;
     for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
     return v;
 }
 
-uint64_t qs_utf8_invalid_at(const uint8_t *s, uint64_t n) {
+static uint64_t utf8_invalid_at(const uint8_t *s, uint64_t n) {
     uint64_t i = 0;
     while (i < n) {
         /* ASCII fast path, 8 bytes at a time. */
@@ -42,8 +45,8 @@ uint64_t qs_utf8_invalid_at(const uint8_t *s, uint64_t n) {
     return n;
 }
 
-int qs_scan_strings(const uint8_t *buf, uint64_t len, uint64_t count, uint64_t max_len, int check_utf8,
-                    uint64_t *offsets, uint64_t *out_end, uint64_t *err_pos, uint64_t *err_index) {
+static int scan_strings(const uint8_t *buf, uint64_t len, uint64_t count, uint64_t max_len, int check_utf8,
+                        uint64_t *offsets, uint64_t *out_end, uint64_t *err_pos, uint64_t *err_index) {
     uint64_t pos = 0;
     for (uint64_t i = 0; i < count; ++i) {
         if (offsets) offsets[i] = pos;
@@ -62,7 +65,7 @@ int qs_scan_strings(const uint8_t *buf, uint64_t len, uint64_t count, uint64_t m
         }
         pos += 8;
         if (check_utf8) {
-            uint64_t bad = qs_utf8_invalid_at(buf + pos, n);
+            uint64_t bad = utf8_invalid_at(buf + pos, n);
             if (bad != n) {
                 *err_pos = pos + bad; *err_index = i;
                 return QS_SCAN_BAD_UTF8;
@@ -73,4 +76,25 @@ int qs_scan_strings(const uint8_t *buf, uint64_t len, uint64_t count, uint64_t m
     if (offsets) offsets[count] = pos;
     *out_end = pos;
     return QS_SCAN_OK;
+}
+
+static int utf8_invalid_into(const uint8_t *s, uint64_t n, uint64_t *out) {
+    *out = utf8_invalid_at(s, n);
+    return 0;
+}
+
+uint64_t qs_utf8_invalid_at(const uint8_t *s, uint64_t n) {
+    uint64_t r = 0;
+    int rc;
+    QS_GUARDED(rc, utf8_invalid_into(s, n, &r));
+    if (rc) qs_guard_note_fault(); /* returns 0: qs_guard_last_fault() tells it from "invalid at 0" */
+    return rc ? 0 : r;
+}
+
+int qs_scan_strings(const uint8_t *buf, uint64_t len, uint64_t count, uint64_t max_len, int check_utf8,
+                    uint64_t *offsets, uint64_t *out_end, uint64_t *err_pos, uint64_t *err_index) {
+    int rc;
+    QS_GUARDED(rc, scan_strings(buf, len, count, max_len, check_utf8, offsets, out_end, err_pos, err_index));
+    if (rc == QS_ERR_MAPPED_FAULT) *err_pos = *err_index = 0;
+    return rc;
 }

@@ -1,6 +1,20 @@
 /* Quantscope native API: ISA dispatch, dequantization, activation quantizers, dots, matvec/matmat.
  * This file is read by cffi's cdef: declarations only, no preprocessor directives.
- * Type ids are ggml's. Sizes are trusted: the Python wrappers validate every length before calling. */
+ * Type ids are ggml's. Sizes are trusted: the Python wrappers validate every length before calling.
+ *
+ * Mapped memory: every entry point here and in qs_api_nn.h / gguf_scan.h that reads caller-supplied weights or
+ * file bytes (qs_dequantize, qs_get_rows, qs_vec_dot, qs_matvec / qs_matmat and the GEMM behind them,
+ * qs_block_forward, qs_read_probe, qs_scan_strings, qs_utf8_invalid_at) runs under a SIGBUS guard, on the calling
+ * thread and on every pool thread. When the memory-mapped file is truncated or replaced under the call, it returns
+ * QS_ERR_MAPPED_FAULT instead of killing the process (the entry points without an error return give 0 and
+ * qs_guard_last_fault() reports 1). Buffers the faulted call had allocated are leaked. Outside guarded calls a
+ * SIGBUS goes to the handler that was installed before ours (faulthandler, or the default: the process dies). */
+enum { QS_ERR_MAPPED_FAULT = -7 };  /* mapped memory is no longer readable: the file changed or was truncated */
+int qs_guard_last_fault(void);      /* 1 when this thread's last qs_read_probe / qs_utf8_invalid_at faulted; clears */
+/* CLI mode: on a SIGBUS outside any guard, write msg to stderr and _exit(status) instead of dying by the signal
+ * (NULL restores the default: hand it to the previous handler). Installs the handler. */
+void qs_guard_set_fatal_message(const char *msg, int status);
+int qs_copy_mapped(uint8_t *dst, const uint8_t *src, int64_t n);  /* memcpy under the guard, for numpy code */
 
 int qs_isa_detected(void);          /* 0 = scalar, 1 = AVX2+FMA+F16C, 2 = AVX-512 F/BW/VL + VNNI */
 int qs_isa_get(void);
@@ -10,6 +24,9 @@ int qs_block_elems(int type);       /* 0 for unknown types */
 int qs_block_bytes(int type);
 int qs_can_dequantize(int type);
 int qs_dequantize(int type, const uint8_t *src, float *dst, int64_t n_blocks, int n_threads);
+/* Dequantize rows ids[0..n_ids) of an n_rows x row_len table into dst [n_ids][row_len]; -1 on a bad id. */
+int qs_get_rows(int type, const uint8_t *table, int64_t n_rows, int64_t row_len, const int64_t *ids, int64_t n_ids,
+                float *dst, int n_threads);
 
 int qs_quantize_q8_0(const float *x, uint8_t *dst, int64_t n);   /* n % 32 == 0 */
 int qs_quantize_q8_1(const float *x, uint8_t *dst, int64_t n);   /* n % 32 == 0 */

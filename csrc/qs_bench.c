@@ -2,6 +2,7 @@
 #include <immintrin.h>
 
 #include "qs.h"
+#include "qs_guard.h"
 
 typedef struct {
     const uint8_t *p;
@@ -44,7 +45,7 @@ static void probe_task(void *vctx, int64_t t) {
     c->sums[t % 64] ^= s;
 }
 
-uint64_t qs_read_probe(const uint8_t *p, int64_t n, int n_threads) {
+static int read_probe(const uint8_t *p, int64_t n, int n_threads, uint64_t *out) {
     if (n_threads <= 0) n_threads = qs_threads_default();
     probe_ctx c;
     memset(&c, 0, sizeof c);
@@ -55,5 +56,14 @@ uint64_t qs_read_probe(const uint8_t *p, int64_t n, int n_threads) {
     qs_parallel_for((n + c.per - 1) / c.per, probe_task, &c, n_threads);
     uint64_t s = 0;
     for (int i = 0; i < 64; ++i) s ^= c.sums[i];
+    *out = s;
+    return 0;
+}
+
+uint64_t qs_read_probe(const uint8_t *p, int64_t n, int n_threads) {
+    uint64_t s = 0;
+    int rc;
+    QS_GUARDED(rc, read_probe(p, n, n_threads, &s));
+    if (rc) qs_guard_note_fault();
     return s;
 }

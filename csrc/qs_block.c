@@ -4,6 +4,7 @@
 
 #include "qs.h"
 #include "qs_gemm.h"
+#include "qs_guard.h"
 
 /* n products of the same input x (q/k/v, gate/up): for the prefill GEMM the activations are quantized once per
  * activation format instead of once per matrix. */
@@ -44,7 +45,7 @@ static void store_kv(void *cache, int f16, int64_t row0, const float *src, int64
     }
 }
 
-int qs_block_forward(const qs_block *b, float *x, int64_t T, const int32_t *pos, int64_t n_past, int n_threads) {
+static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *pos, int64_t n_past, int n_threads) {
     const int64_t E = b->n_embd, H = b->n_head, KV = b->n_head_kv, hd = b->head_dim, F = b->n_ff;
     if (n_past + T > b->n_ctx || T <= 0) return -1;
     size_t need = (size_t)(T * E * 2 + T * H * hd * 2 + T * KV * hd * 2 + T * F * 2);
@@ -99,5 +100,11 @@ int qs_block_forward(const qs_block *b, float *x, int64_t T, const int32_t *pos,
     for (int64_t i = 0; i < T * E; ++i) x[i] += o[i];
 done:
     free(buf);
+    return rc;
+}
+
+int qs_block_forward(const qs_block *b, float *x, int64_t T, const int32_t *pos, int64_t n_past, int n_threads) {
+    int rc;
+    QS_GUARDED(rc, block_forward(b, x, T, pos, n_past, n_threads));
     return rc;
 }

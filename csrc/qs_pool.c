@@ -2,6 +2,7 @@
  * Workers spin briefly on an atomic job counter before sleeping on a condition variable, so back-to-back
  * kernel calls (one per layer op in the engine) do not pay a futex wake-up each time. */
 #include "qs.h"
+#include "qs_guard.h"
 
 #include <immintrin.h>
 #include <pthread.h>
@@ -26,10 +27,11 @@ typedef struct {
     void *ctx;
     int64_t n_tasks;
     atomic_llong next;
+    atomic_int faulted; /* a task of the current job hit SIGBUS (see qs_guard.h) */
 } qs_pool;
 
 static qs_pool pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0,
-                       NULL, NULL, 0, 0};
+                       NULL, NULL, 0, 0, 0};
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 static inline void cpu_relax(void) {
@@ -38,11 +40,22 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* Every task runs under its own guard (a plain sigsetjmp, savemask 0): a fault ends that task, marks the job,
+ * and the loop goes on claiming (and, once faulted, skipping) tasks, so the job's bookkeeping always completes. */
 static void run_tasks(void) {
+    sigjmp_buf jb;
+    sigjmp_buf *prev = qs_guard_jb;
     for (;;) {
         int64_t t = atomic_fetch_add_explicit(&pool.next, 1, memory_order_relaxed);
         if (t >= pool.n_tasks) break;
-        pool.fn(pool.ctx, t);
+        if (atomic_load_explicit(&pool.faulted, memory_order_relaxed)) continue;
+        if (sigsetjmp(jb, 0) == 0) {
+            qs_guard_jb = &jb;
+            pool.fn(pool.ctx, t);
+        } else {
+            atomic_store_explicit(&pool.faulted, 1, memory_order_relaxed);
+        }
+        qs_guard_jb = prev;
     }
 }
 
@@ -104,7 +117,7 @@ void qs_parallel_for(int64_t n_tasks, qs_task_fn fn, void *ctx, int n_threads) {
     if (n_threads <= 0) n_threads = qs_threads_default();
     if (n_threads > QS_MAX_THREADS) n_threads = QS_MAX_THREADS;
     if ((int64_t)n_threads > n_tasks) n_threads = (int)n_tasks;
-    if (n_threads <= 1) {
+    if (n_threads <= 1) { /* no pool state involved: a fault jumps straight to the caller's guard */
         for (int64_t t = 0; t < n_tasks; ++t) fn(ctx, t);
         return;
     }
@@ -134,6 +147,7 @@ void qs_parallel_for(int64_t n_tasks, qs_task_fn fn, void *ctx, int n_threads) {
     pool.n_tasks = n_tasks;
     pool.active_workers = want;
     atomic_store_explicit(&pool.next, 0, memory_order_relaxed);
+    atomic_store_explicit(&pool.faulted, 0, memory_order_relaxed);
     atomic_store_explicit(&pool.pending, want, memory_order_relaxed);
     atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
     pthread_mutex_lock(&pool.m);
@@ -144,5 +158,7 @@ void qs_parallel_for(int64_t n_tasks, qs_task_fn fn, void *ctx, int n_threads) {
         if (spins < QS_SPIN_ITERS) cpu_relax();
         else sched_yield();
     }
+    int faulted = atomic_load_explicit(&pool.faulted, memory_order_relaxed);
     pthread_mutex_unlock(&pool.lock);
+    if (faulted) qs_guard_rethrow(); /* the job is over and the pool released: only now leave this frame */
 }

@@ -5,6 +5,7 @@
 
 #include "qs.h"
 #include "qs_gemm.h"
+#include "qs_guard.h"
 #include "qs_quant_internal.h"
 
 static const int8_t IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -231,7 +232,7 @@ static void deq_task(void *vctx, int64_t t) {
     for (int64_t i = a; i < b; ++i) c->fn(c->src + i * c->bytes, c->dst + i * c->elems);
 }
 
-int qs_dequantize(int type, const uint8_t *src, float *dst, int64_t n_blocks, int n_threads) {
+static int dequantize_unguarded(int type, const uint8_t *src, float *dst, int64_t n_blocks, int n_threads) {
     qs_type_traits tr = traits(type);
     if (!tr.deq) return -1;
     deq_ctx c = {deq_fn(type), src, dst, n_blocks, 0, tr.elems, tr.bytes};
@@ -242,6 +243,47 @@ int qs_dequantize(int type, const uint8_t *src, float *dst, int64_t n_blocks, in
     int64_t n_tasks = (n_blocks + per - 1) / per;
     qs_parallel_for(n_tasks, deq_task, &c, elems < (1 << 17) ? 1 : n_threads);
     return 0;
+}
+
+int qs_dequantize(int type, const uint8_t *src, float *dst, int64_t n_blocks, int n_threads) {
+    int rc;
+    QS_GUARDED(rc, dequantize_unguarded(type, src, dst, n_blocks, n_threads));
+    return rc;
+}
+
+/* Embedding lookup: dequantize rows ids[0..n_ids) of a table of n_rows rows of row_len elements. */
+typedef struct {
+    qs_deq_block_fn fn;
+    const uint8_t *table;
+    const int64_t *ids;
+    float *dst;
+    int64_t row_len, row_bytes;
+    int elems, bytes;
+} rows_ctx;
+
+static void rows_task(void *vctx, int64_t t) {
+    rows_ctx *c = (rows_ctx *)vctx;
+    const uint8_t *src = c->table + c->ids[t] * c->row_bytes;
+    float *d = c->dst + t * c->row_len;
+    for (int64_t i = 0; i < c->row_len / c->elems; ++i) c->fn(src + i * c->bytes, d + i * c->elems);
+}
+
+static int get_rows_unguarded(int type, const uint8_t *table, int64_t n_rows, int64_t row_len, const int64_t *ids,
+                              int64_t n_ids, float *dst, int n_threads) {
+    qs_type_traits tr = traits(type);
+    if (!tr.deq || row_len <= 0 || row_len % tr.elems || n_ids < 0) return -1;
+    for (int64_t i = 0; i < n_ids; ++i)
+        if (ids[i] < 0 || ids[i] >= n_rows) return -1;
+    rows_ctx c = {deq_fn(type), table, ids, dst, row_len, row_len / tr.elems * tr.bytes, tr.elems, tr.bytes};
+    qs_parallel_for(n_ids, rows_task, &c, n_ids * row_len < (1 << 17) ? 1 : n_threads);
+    return 0;
+}
+
+int qs_get_rows(int type, const uint8_t *table, int64_t n_rows, int64_t row_len, const int64_t *ids, int64_t n_ids,
+                float *dst, int n_threads) {
+    int rc;
+    QS_GUARDED(rc, get_rows_unguarded(type, table, n_rows, row_len, ids, n_ids, dst, n_threads));
+    return rc;
 }
 
 /* ---------------------------------------------------------------- activation quantizers (ggml *_ref) */
@@ -541,11 +583,17 @@ static qs_dot_fn dot_fn(int type) {
     }
 }
 
-int qs_vec_dot(int type, int64_t n, const uint8_t *w, const uint8_t *xq, float *out) {
+static int vec_dot_unguarded(int type, int64_t n, const uint8_t *w, const uint8_t *xq, float *out) {
     qs_dot_fn fn = dot_fn(type);
     if (!fn) return -1;
     *out = fn(n, w, xq);
     return 0;
+}
+
+int qs_vec_dot(int type, int64_t n, const uint8_t *w, const uint8_t *xq, float *out) {
+    int rc;
+    QS_GUARDED(rc, vec_dot_unguarded(type, n, w, xq, out));
+    return rc;
 }
 
 /* ---------------------------------------------------------------- matvec / matmat drivers */
@@ -596,8 +644,8 @@ static int64_t act_row_bytes(int act, int64_t k) {
 }
 
 
-int qs_matmat(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,
-              int n_threads) {
+static int matmat_unguarded(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x,
+                            float *y, int n_threads) {
     qs_type_traits tr = traits(type);
     if (!tr.deq || tr.elems == 0 || k % tr.elems || n_rows < 0 || n_x < 0) return -1;
     if (n_rows == 0 || n_x == 0) return 0;
@@ -641,6 +689,13 @@ int qs_matmat(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float
     qs_parallel_for((n_rows + per - 1) / per, mm_task, &c, n_threads);
     free(xq);
     return c.failed ? -2 : 0;
+}
+
+int qs_matmat(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,
+              int n_threads) {
+    int rc;
+    QS_GUARDED(rc, matmat_unguarded(type, w, n_rows, k, x, n_x, y, n_threads));
+    return rc;
 }
 
 int qs_matvec(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, float *y, int n_threads) {

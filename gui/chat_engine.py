@@ -449,6 +449,15 @@ class EngineHost(QObject):
         if self.retired and not self.closed and not self._reap_timer.isActive():
             self._reap_timer.start()
 
+    def wait_retired(self, timeout_ms: int = 30000) -> bool:
+        """Wait for the unloaded models' threads to end and release their engines (and file mappings)."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        ok = True
+        for t, _ in list(self.retired):
+            ok = bool(t.wait(max(0, int((deadline - time.monotonic()) * 1000)))) and ok
+        self._reap()
+        return ok
+
     def shutdown(self, timeout_ms: int = 30000) -> bool:
         """Stop everything and wait for every model thread to end (closing the window)."""
         self.closed = True

@@ -9,6 +9,7 @@ from typing import Any
 
 from quantscope.core.analysis import TensorAnalysis
 from quantscope.core.bump import BumpError, BumpFile, is_bump, open_bump
+from quantscope.core.filestate import FileWatch
 from quantscope.core.gguf import GGUFError, GGUFFile
 from quantscope.core.summary import summarize
 
@@ -31,6 +32,14 @@ class Document:
     bump: BumpFile | None = None
     summary: dict[str, Any] = field(default_factory=dict)
     analyses: dict[str, TensorAnalysis] = field(default_factory=dict)
+    watch: FileWatch | None = None  # the file's identity when it was opened
+    stale: str | None = None  # how the file changed on disk since (then its mapping must not be read again)
+
+    def change(self) -> str | None:
+        """How the file changed on disk since it was opened (``None``: unchanged); remembered once seen."""
+        if self.stale is None and self.watch is not None:
+            self.stale = self.watch.change()
+        return self.stale
 
     @property
     def kind(self) -> str:
@@ -53,12 +62,16 @@ def open_document(path: str | Path) -> Document:
     if p.is_dir():
         raise OpenError(f"{p} is a folder, not a model file.")
     t0 = time.perf_counter()
+    try:
+        watch = FileWatch(p)  # taken before the mapping: a change during the open is seen too
+    except OSError as exc:
+        raise OpenError(f"{p.name} cannot be read.", str(exc)) from None
     if is_bump(p):
         try:
             b = open_bump(p)
         except BumpError as exc:
             raise OpenError(f"{p.name} is not a readable bump file.", str(exc)) from None
-        return Document(p, (time.perf_counter() - t0) * 1000, bump=b)
+        return Document(p, (time.perf_counter() - t0) * 1000, bump=b, watch=watch)
     try:
         f = GGUFFile(p, strict=False)
     except GGUFError as exc:
@@ -70,4 +83,4 @@ def open_document(path: str | Path) -> Document:
     except Exception as exc:  # a file that parses but cannot be summarised is still a bad file
         f.close()
         raise OpenError(f"{p.name} could not be summarised.", str(exc)) from None
-    return Document(p, (time.perf_counter() - t0) * 1000, gguf=f, summary=s)
+    return Document(p, (time.perf_counter() - t0) * 1000, gguf=f, summary=s, watch=watch)

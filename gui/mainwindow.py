@@ -9,16 +9,20 @@ from pathlib import Path
 import numpy as np
 import pyqtgraph as pg
 import PySide6
-from PySide6.QtCore import QSettings, Qt, qVersion
+from PySide6.QtCore import QEvent, QFileSystemWatcher, QSettings, Qt, QTimer, qVersion
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QIcon, QKeySequence
 from PySide6.QtWidgets import (
     QFileDialog,
+    QFrame,
+    QHBoxLayout,
     QLabel,
     QMainWindow,
     QMessageBox,
     QProgressBar,
     QPushButton,
     QTabWidget,
+    QVBoxLayout,
+    QWidget,
 )
 
 from quantscope.core.native.kernels import default_threads, isa, isa_detected
@@ -34,6 +38,7 @@ from .views.tensors import TensorsView
 from .workers import TaskRunner
 
 MAX_RECENT = 10
+FILE_CHECK_MS = 2000  # the open file's size/mtime/inode is compared this often (watchers miss some changes)
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 VIEWS = ("overview", "metadata", "tensors", "block", "chat", "bump")
 
@@ -96,8 +101,26 @@ class MainWindow(QMainWindow):
                               ("welcome", self.welcome, "Start")):
             self._tab[key] = self.tabs.addTab(w, label)
             w.setAccessibleName(w.accessibleName() or label)
-        self.setCentralWidget(self.tabs)
+        central = QWidget()
+        lay = QVBoxLayout(central)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(0)
+        lay.addWidget(self._build_stale_bar())
+        lay.addWidget(self.tabs, 1)
+        self.setCentralWidget(central)
         self._show_tabs(None)
+
+        # the open file, watched: a change on disk stops every reader of its old mapping (see file_changed)
+        self.stale_path: Path | None = None
+        self.file_watcher = QFileSystemWatcher(self)
+        self.file_watcher.fileChanged.connect(lambda _p: self.check_file())
+        self.file_timer = QTimer(self)
+        self.file_timer.setInterval(FILE_CHECK_MS)
+        self.file_timer.timeout.connect(self.check_file)
+        self.runner.may_start = self._file_unchanged
+        self.runner.changed.connect(lambda: QTimer.singleShot(0, self.check_file))  # a task ended: perhaps failed
+        self.chat_view.replyFailed.connect(lambda _m: self.check_file())
+        self.block_view.may_read = lambda: self.check_file() is None
 
         self.tensors_view.inspectRequested.connect(self.inspect_block)
 
@@ -123,6 +146,94 @@ class MainWindow(QMainWindow):
         self._tasks_changed()
 
         self._build_menus()
+
+    def _build_stale_bar(self) -> QFrame:
+        """The notice shown when the open file changed on disk: what happened, Reload, Close (non-modal)."""
+        bar = QFrame()
+        bar.setObjectName("staleBar")
+        bar.setAccessibleName("File changed on disk")
+        bar.setFrameShape(QFrame.Shape.StyledPanel)
+        bar.setStyleSheet("#staleBar { background: palette(alternate-base); border-bottom: 2px solid #d08000; }")
+        h = QHBoxLayout(bar)
+        h.setContentsMargins(10, 6, 10, 6)
+        self.stale_label = QLabel()
+        self.stale_label.setWordWrap(True)
+        self.stale_reload = QPushButton("Reload")
+        self.stale_reload.setAccessibleName("Reload the changed file")
+        self.stale_reload.clicked.connect(self.reload_stale)
+        self.stale_close = QPushButton("Close")
+        self.stale_close.setAccessibleName("Close the changed file")
+        self.stale_close.clicked.connect(self.dismiss_stale)
+        h.addWidget(self.stale_label, 1)
+        h.addWidget(self.stale_reload)
+        h.addWidget(self.stale_close)
+        bar.hide()
+        self.stale_bar = bar
+        return bar
+
+    # ------------------------------------------------------------------ the open file changing on disk
+    def _file_unchanged(self) -> bool:
+        """Asked before each background task starts: refuse (and handle the change soon) when the file changed."""
+        doc = self.doc
+        if doc is None or doc.change() is None:
+            return True
+        QTimer.singleShot(0, self.check_file)
+        return False
+
+    def check_file(self) -> str | None:
+        """Compare the open file with its identity at open time; on a change, stop using it (see file_changed)."""
+        doc = self.doc
+        if doc is None:
+            return None
+        what = doc.change()
+        if what is not None:
+            self.file_changed(doc, what)
+        return what
+
+    def file_changed(self, doc: Document, what: str) -> None:
+        """The file behind ``doc`` changed on disk: its mapping may now fault on any read. Cancel and wait for every
+        worker (the chat model thread included), let every view go of the document, and offer Reload / Close."""
+        if self.doc is not doc:
+            return
+        if self.convert_dialog is not None:
+            self.convert_dialog.cancel()
+        self.runner.cancel()
+        self.runner.wait(30000)  # readers of the dead mapping end at once: cancelled, or MappedFileError
+        self.chat_view.set_document(None)
+        self.chat_view.host.wait_retired(30000)
+        self.set_document(None)  # no view keeps the old mapping: nothing touches it again
+        self.stale_path = doc.path
+        self.setWindowTitle(f"{doc.title} (changed on disk) — Quantscope")
+        self.stale_label.setText(f"<b>{doc.title} changed on disk</b> ({what}). Its views were closed: they were "
+                                 "reading the old contents. Reload it, or close it.")
+        self.stale_bar.show()
+        self.statusBar().showMessage(f"{doc.path} changed on disk", 0)
+
+    def reload_stale(self) -> bool:
+        """Open the changed file again (the bar stays when it cannot be opened any more)."""
+        if self.stale_path is None:
+            return False
+        return self.open_path(self.stale_path)
+
+    def dismiss_stale(self) -> None:
+        self.stale_path = None
+        self.stale_bar.hide()
+        self.close_document()
+
+    def _watch(self, doc: Document | None) -> None:
+        old = self.file_watcher.files()
+        if old:
+            self.file_watcher.removePaths(old)
+        if doc is None:
+            self.file_timer.stop()
+            return
+        self.file_watcher.addPath(str(doc.path))
+        self.file_timer.start()
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.ActivationChange and self.isActiveWindow():
+            self.check_file()  # back from another program (which may have rewritten the file)
 
     # ------------------------------------------------------------------ menus
     def _action(self, text: str, slot: object, shortcut: QKeySequence | str | None = None,
@@ -226,6 +337,10 @@ class MainWindow(QMainWindow):
     def set_document(self, doc: Document | None) -> None:
         self.runner.cancel()
         self.doc = doc
+        self._watch(doc)
+        if doc is not None:
+            self.stale_path = None
+            self.stale_bar.hide()
         self.setWindowTitle(f"{doc.title} — Quantscope" if doc else "Quantscope")
         if doc is not None and doc.gguf is not None:
             self.overview.set_document(doc)
@@ -273,6 +388,8 @@ class MainWindow(QMainWindow):
             w.selectAll()
 
     def inspect_block(self, tensor: str, row: int, block: int, element: int) -> None:
+        if self.check_file() is not None:  # the block's bytes would be read from a mapping that may be gone
+            return
         self.block_view.show_block(tensor, row, block, element)
         self.show_view("block")
 

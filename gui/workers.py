@@ -90,6 +90,8 @@ class TaskRunner(QObject):
         self.pool.setMaxThreadCount(max_threads)
         self.active: list[Task] = []
         self.closed = False
+        #: Asked before each task starts; False cancels it at once (the window refuses work on a changed file).
+        self.may_start: Callable[[], bool] | None = None
 
     def start(self, name: str, fn: TaskFn, *, on_done: Callable[[Any], None] | None = None,
               on_progress: Callable[[int, int, str], None] | None = None,
@@ -97,7 +99,7 @@ class TaskRunner(QObject):
               on_cancelled: Callable[[], None] | None = None) -> Task:
         """Queue ``fn``; callbacks run on the GUI thread."""
         task = Task(name, fn)
-        if self.closed:
+        if self.closed or (self.may_start is not None and not self.may_start()):
             task.cancel()
         if on_progress:
             task.signals.progress.connect(on_progress)

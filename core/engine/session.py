@@ -109,8 +109,7 @@ class Session:
     def _mm(self, w: _Bound, x: np.ndarray) -> np.ndarray:
         y = np.empty((x.shape[0], w.rows), dtype=np.float32)
         rc = lib.qs_matmat(w.type_id, w.ptr, w.rows, w.k, _fp(x), x.shape[0], _fp(y), self.model.threads)
-        if rc != 0:
-            raise K.KernelError(f"matmul failed ({rc})")
+        K.check(rc, "matmul")
         return y
 
     def _rmsnorm(self, x: np.ndarray, w: np.ndarray, n: int) -> np.ndarray:
@@ -163,8 +162,7 @@ class Session:
         posp = ffi.cast("int32_t *", ffi.from_buffer(pos))
         for b in self._block_structs:
             rc = lib.qs_block_forward(b, xp, T, posp, self.n_past, m.threads)
-            if rc != 0:
-                raise K.KernelError(f"transformer block failed ({rc})")
+            K.check(rc, "transformer block")
         E = c.n_embd
         self.n_past += T
         if not logits:

@@ -175,9 +175,11 @@ def _vector(f: GGUFFile, name: str, optional: bool = False) -> np.ndarray | None
     if optional and not f.has_tensor(name):
         return None
     w = _weight(f, name)
+    from ..native.kernels import copy_mapped  # a guarded copy: a truncated file raises instead of SIGBUS
     from ..quant import dequantize
 
-    return np.ascontiguousarray(dequantize(w.data.reshape(1, -1), w.type).reshape(-1), dtype=np.float32)
+    return np.ascontiguousarray(dequantize(copy_mapped(w.data, name).reshape(1, -1), w.type).reshape(-1),
+                                dtype=np.float32)
 
 
 def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights:

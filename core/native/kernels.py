@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..filestate import FileChangedError
 from ..quant.types import GGMLType, ggml_type
 from . import ffi, lib
 
@@ -22,6 +23,52 @@ _ACT_LAYOUT = {0: (1, 4), 1: (1, 2), 30: (1, 2), 8: (32, 34), 9: (32, 36), 15: (
 
 class KernelError(RuntimeError):
     """A native kernel reported failure (e.g. out of memory)."""
+
+
+class MappedFileError(KernelError, FileChangedError):
+    """A kernel's input (a memory-mapped file) stopped being readable mid-call: the file was truncated or replaced.
+
+    The native guard turned the SIGBUS into this error; the process and the kernel pool are unharmed.
+    """
+
+
+MAPPED_FAULT = int(lib.QS_ERR_MAPPED_FAULT)
+_MAPPED_MESSAGE = "mapped memory is no longer readable: the file changed or was truncated"
+
+
+def check(rc: int, what: str) -> None:
+    """Raise for a native return code: :class:`MappedFileError` for the guard's code, else :class:`KernelError`."""
+    if rc == MAPPED_FAULT:
+        raise MappedFileError(f"{what}: {_MAPPED_MESSAGE}")
+    if rc != 0:
+        raise KernelError(f"{what} failed ({rc})")
+
+
+def check_last_fault(what: str) -> None:
+    """After a call without an error return (``qs_read_probe``, ``qs_utf8_invalid_at``): raise if it faulted."""
+    if lib.qs_guard_last_fault():
+        raise MappedFileError(f"{what}: {_MAPPED_MESSAGE}")
+
+
+def copy_mapped(a: np.ndarray, what: str = "read") -> np.ndarray:
+    """A copy of ``a`` (typically a view of a memory-mapped file) made under the fault guard: numpy code then works
+    on memory that cannot vanish. Raises :class:`MappedFileError` when the file was truncated under it."""
+    src = np.asarray(a)
+    if not src.flags.c_contiguous:
+        src = np.ascontiguousarray(src)  # strided views are small (single blocks): copied by numpy
+        return src if src is not a else src.copy()
+    out = np.empty_like(src)
+    if src.nbytes:
+        check(lib.qs_copy_mapped(ffi.cast("uint8_t *", ffi.from_buffer(out, require_writable=True)),
+                                 ffi.cast("uint8_t *", ffi.from_buffer(src)), src.nbytes), what)
+    return out
+
+
+def exit_on_unguarded_fault(message: str | None, status: int = 2) -> None:
+    """CLI mode: a SIGBUS outside the guarded kernels (numpy reading a truncated mapping) prints ``message`` (one
+    line) and exits with ``status`` instead of killing the process by the signal; ``None`` turns that off."""
+    lib.qs_guard_set_fatal_message(ffi.NULL if message is None else message.encode("utf-8", "replace") + b"\n",
+                                   status)
 
 
 def isa_detected() -> str:
@@ -101,8 +148,9 @@ def dequantize(raw: np.ndarray, qtype: GGMLType | int | str, *, threads: int = 0
         raise ValueError(f"last dimension must hold whole {t.name} blocks of {t.block_bytes} bytes")
     n_blocks = a.size // t.block_bytes
     out = np.empty((*a.shape[:-1], a.shape[-1] // t.block_bytes * t.block_elems), dtype=np.float32)
-    if n_blocks and lib.qs_dequantize(t.id, _ptr(a, "uint8_t *"), _out(out, "float *"), n_blocks, threads) != 0:
-        raise KernelError(f"dequantize {t.name} failed")
+    if n_blocks:
+        check(lib.qs_dequantize(t.id, _ptr(a, "uint8_t *"), _out(out, "float *"), n_blocks, threads),
+              f"dequantize {t.name}")
     return out
 
 
@@ -141,7 +189,7 @@ def vec_dot(qtype: GGMLType | int | str, w_row: np.ndarray, xq: np.ndarray, n: i
     if n % blk or x.size != n // blk * nbytes:
         raise ValueError(f"{act.name} activation of {n} elements is {n // blk * nbytes} bytes, got {x.size}")
     out = ffi.new("float *")
-    lib.qs_vec_dot(t.id, n, _ptr(w, "uint8_t *"), _ptr(x, "uint8_t *"), out)
+    check(lib.qs_vec_dot(t.id, n, _ptr(w, "uint8_t *"), _ptr(x, "uint8_t *"), out), f"vec_dot {t.name}")
     return float(out[0])
 
 
@@ -170,8 +218,7 @@ def matmat(qtype: GGMLType | int | str, w: np.ndarray, n_rows: int, k: int, x: n
     y = np.empty((xa.shape[0], n_rows), dtype=np.float32)
     rc = lib.qs_matmat(t.id, _ptr(wa, "uint8_t *"), n_rows, k, _ptr(xa, "float *"), xa.shape[0],
                        _out(y, "float *"), threads)
-    if rc != 0:
-        raise KernelError(f"matmat {t.name} failed ({rc})")
+    check(rc, f"matmat {t.name}")
     return y
 
 
@@ -190,17 +237,24 @@ def matvec(qtype: GGMLType | int | str, w: np.ndarray, n_rows: int, k: int, x: n
     elif out.dtype != np.float32 or out.size != n_rows or not out.flags.c_contiguous:
         raise ValueError(f"out must be a contiguous float32 array of {n_rows}")
     rc = lib.qs_matvec(t.id, _ptr(wa, "uint8_t *"), n_rows, k, _ptr(xa, "float *"), _out(out, "float *"), threads)
-    if rc != 0:
-        raise KernelError(f"matvec {t.name} failed ({rc})")
+    check(rc, f"matvec {t.name}")
     return out
 
 
 def get_rows(qtype: GGMLType | int | str, table: np.ndarray, n_rows: int, row_len: int, ids: np.ndarray, *,
              threads: int = 0) -> np.ndarray:
-    """Embedding lookup: dequantize rows ``ids`` of a ``n_rows`` × ``row_len`` table of any supported type."""
+    """Embedding lookup: dequantize rows ``ids`` of a ``n_rows`` × ``row_len`` table of any supported type.
+
+    The rows are read in C under the fault guard (the table is usually a view of the mapped file)."""
     t = _t(qtype)
-    tab = _weights(table, t, n_rows, row_len).reshape(n_rows, t.row_bytes(row_len))
-    idx = np.asarray(ids, dtype=np.int64).reshape(-1)
+    if not lib.qs_can_dequantize(t.id):
+        raise NotImplementedError(f"no native dequantizer for {t.name}")
+    tab = _weights(table, t, n_rows, row_len)
+    idx = np.ascontiguousarray(np.asarray(ids, dtype=np.int64).reshape(-1))
     if idx.size and (idx.min() < 0 or idx.max() >= n_rows):
         raise IndexError(f"row ids must lie in 0..{n_rows - 1}")
-    return dequantize(tab[idx], t, threads=threads)
+    out = np.empty((idx.size, row_len), dtype=np.float32)
+    if idx.size:
+        check(lib.qs_get_rows(t.id, _ptr(tab, "uint8_t *"), n_rows, row_len, _ptr(idx, "int64_t *"), idx.size,
+                              _out(out, "float *"), threads), f"get_rows {t.name}")
+    return out

@@ -7,6 +7,8 @@ with the formula evaluated for the hovered element. Everything shown is a field 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
@@ -71,6 +73,8 @@ class BlockInspectorView(QWidget):
         super().__init__(parent)
         self.file: GGUFFile | None = None
         self.tensor: TensorInfo | None = None
+        #: Asked before a block's bytes are read from the mapping (the window answers False once the file changed).
+        self.may_read: Callable[[], bool] | None = None
         self.decoded: DecodedBlock | None = None
         self.file_offset = 0
         self.element = -1
@@ -281,6 +285,8 @@ class BlockInspectorView(QWidget):
     def _decode(self) -> None:
         f, t = self.file, self.tensor
         if f is None or t is None:
+            return
+        if self.may_read is not None and not self.may_read():
             return
         row, block = self.row_spin.value(), self.block_spin.value()
         self.decoded = None

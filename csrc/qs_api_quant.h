@@ -1,6 +1,8 @@
 /* Quantscope native API: ISA dispatch, dequantization, activation quantizers, dots, matvec/matmat.
  * This file is read by cffi's cdef: declarations only, no preprocessor directives.
- * Type ids are ggml's. Sizes are trusted: the Python wrappers validate every length before calling. */
+ * Type ids are ggml's. Size arguments are checked (negative, not whole blocks, products that overflow int64: the
+ * call returns <0); the lengths of the buffers behind the pointers are not visible here, so the Python wrappers
+ * (core/native/kernels.py) check them against those sizes before calling. */
 
 int qs_isa_detected(void);          /* 0 = scalar, 1 = AVX2+FMA+F16C, 2 = AVX-512 F/BW/VL + VNNI */
 int qs_isa_get(void);

@@ -24,6 +24,24 @@ class KernelError(RuntimeError):
     """A native kernel reported failure (e.g. out of memory)."""
 
 
+#: What the engine's error codes (``QS_ERR_*`` in csrc/qs_api_nn.h) mean.
+NATIVE_ERRORS = {
+    -1: "a size argument is out of range",
+    -2: "out of memory",
+    -3: "a weight type has no kernel or a row length is not a whole number of blocks",
+    -4: "a weight buffer is shorter than its rows need",
+    -5: "a norm or bias vector is missing or has the wrong length",
+    -6: "the KV cache is smaller than n_ctx x n_head_kv x head_dim",
+    -7: "a position lies outside the context",
+    -8: "head counts, head dimension or RoPE dimension are invalid",
+}
+
+
+def native_error(what: str, rc: int) -> KernelError:
+    """A :class:`KernelError` saying what failed and what the native code ``rc`` means."""
+    return KernelError(f"{what} failed: {NATIVE_ERRORS.get(rc, 'unknown error')} ({rc})")
+
+
 def isa_detected() -> str:
     """Best instruction set this CPU supports: ``scalar``, ``avx2`` or ``avx512``."""
     return ISA_NAMES[lib.qs_isa_detected()]
@@ -171,7 +189,7 @@ def matmat(qtype: GGMLType | int | str, w: np.ndarray, n_rows: int, k: int, x: n
     rc = lib.qs_matmat(t.id, _ptr(wa, "uint8_t *"), n_rows, k, _ptr(xa, "float *"), xa.shape[0],
                        _out(y, "float *"), threads)
     if rc != 0:
-        raise KernelError(f"matmat {t.name} failed ({rc})")
+        raise native_error(f"matmat {t.name}", rc)
     return y
 
 
@@ -191,7 +209,7 @@ def matvec(qtype: GGMLType | int | str, w: np.ndarray, n_rows: int, k: int, x: n
         raise ValueError(f"out must be a contiguous float32 array of {n_rows}")
     rc = lib.qs_matvec(t.id, _ptr(wa, "uint8_t *"), n_rows, k, _ptr(xa, "float *"), _out(out, "float *"), threads)
     if rc != 0:
-        raise KernelError(f"matvec {t.name} failed ({rc})")
+        raise native_error(f"matvec {t.name}", rc)
     return out
 
 

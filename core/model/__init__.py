@@ -111,10 +111,11 @@ def _float(f: GGUFFile, key: str, default: float, hi: float) -> float:
     return x
 
 
-def gguf_keys(arch: str) -> dict[str, str]:
-    """The GGUF metadata key behind each :class:`ModelConfig` field (what error messages name)."""
+def gguf_keys(arch: str, derived_head_dim: bool = False) -> dict[str, str]:
+    """The GGUF metadata key behind each :class:`ModelConfig` field (what error messages name);
+    ``derived_head_dim``: the file has no key_length, the head dimension is embedding_length / head_count."""
     p = arch + "."
-    return {
+    keys = {
         "n_layers": p + "block_count", "n_embd": p + "embedding_length", "n_head": p + "attention.head_count",
         "n_head_kv": p + "attention.head_count_kv", "head_dim": p + "attention.key_length",
         "n_ff": p + "feed_forward_length", "n_vocab": "token_embd.weight rows", "n_ctx_train": p + "context_length",
@@ -122,6 +123,9 @@ def gguf_keys(arch: str) -> dict[str, str]:
         "rope_dim": p + "rope.dimension_count", "sliding_window": p + "attention.sliding_window",
         "rope_base_swa": p + "rope.freq_base (sliding layers)",
     }
+    if derived_head_dim:
+        keys["head_dim"] = f"{p}embedding_length / {p}attention.head_count"
+    return keys
 
 
 def check_config(cfg: ModelConfig, keys: dict[str, str] | None = None) -> None:
@@ -147,8 +151,8 @@ def check_config(cfg: ModelConfig, keys: dict[str, str] | None = None) -> None:
     if cfg.head_dim % 2:
         raise ModelError(f"{k['head_dim']}: expected an even head dimension, found {cfg.head_dim}")
     if cfg.rope_dim % 2 or cfg.rope_dim > cfg.head_dim:
-        raise ModelError(f"{k['rope_dim']}: expected an even number at most the head dimension {cfg.head_dim}, "
-                         f"found {cfg.rope_dim}")
+        raise ModelError(f"{k['rope_dim']}: expected an even number at most the head dimension {cfg.head_dim} "
+                         f"({k['head_dim']}), found {cfg.rope_dim}")
     if cfg.n_head * cfg.head_dim > MAX_FF:
         raise ModelError(f"{k['n_head']}: {cfg.n_head} heads of {cfg.head_dim} exceed {MAX_FF} values")
     if not 0 <= cfg.sliding_window <= MAX_CTX or not 0 <= cfg.swa_pattern <= MAX_LAYERS:
@@ -165,7 +169,7 @@ def read_config(f: GGUFFile) -> ModelConfig:
     if arch not in SUPPORTED_ARCHS:
         raise UnsupportedModel(f"architecture {arch!r} is not supported by the engine (supported: "
                                f"{', '.join(SUPPORTED_ARCHS)})")
-    keys = gguf_keys(arch)
+    keys = gguf_keys(arch, derived_head_dim=f"{arch}.attention.key_length" not in f.metadata)
     n_embd = _int(f, keys["n_embd"], hi=MAX_EMBD)
     n_layers = _int(f, keys["n_layers"], hi=MAX_LAYERS)
     n_head = _int(f, keys["n_head"], hi=MAX_HEADS)
@@ -190,9 +194,6 @@ def read_config(f: GGUFFile) -> ModelConfig:
                          f"{keys['head_dim']} given), found {n_head}")
     else:
         head_dim = n_embd // n_head
-    value_len = _int(f, f"{arch}.attention.value_length", head_dim, hi=MAX_HEAD_DIM)
-    if value_len != head_dim:
-        raise ModelError(f"{arch}.attention.value_length: expected {head_dim} (the key length), found {value_len}")
     vocab_key = f"{arch}.vocab_size"
     if vocab_key in f.metadata and _int(f, vocab_key, hi=MAX_VOCAB) != n_vocab:
         raise ModelError(f"{vocab_key}: expected {n_vocab} (the rows of token_embd.weight), "
@@ -226,6 +227,10 @@ def read_config(f: GGUFFile) -> ModelConfig:
             attn_scale=1.0 / math.sqrt(head_dim),
         )
     check_config(cfg, keys)
+    value_len = _int(f, f"{arch}.attention.value_length", head_dim, hi=MAX_HEAD_DIM)
+    if value_len != head_dim:
+        raise ModelError(f"{arch}.attention.value_length: expected {head_dim} (= {keys['head_dim']}), "
+                         f"found {value_len}")
     _check_layer_count(f, n_layers, keys["n_layers"])
     return cfg
 
@@ -346,7 +351,7 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
     tied = not f.has_tensor("output.weight")
     out = emb if tied else _weight(f, "output.weight")
     w = ModelWeights(cfg, emb, out, _vector(f, "output_norm.weight"), layers, tied)  # type: ignore[arg-type]
-    check_weights(w)
+    check_weights(w, gguf_keys(cfg.arch, derived_head_dim=f"{cfg.arch}.attention.key_length" not in f.metadata))
     return w
 
 
@@ -386,8 +391,7 @@ def check_weights(w: ModelWeights, keys: dict[str, str] | None = None) -> None:
     E, H, KV, hd, F = c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff
     if len(w.layers) != c.n_layers:
         raise ModelError(f"{k['n_layers']}: expected {len(w.layers)} (the layers bound), found {c.n_layers}")
-    heads = f"{k['n_head']} x {k['head_dim']}"
-    kv_heads = f"{k['n_head_kv']} x {k['head_dim']}"
+    heads = kv_heads = f"{k['n_head']} = {H}, {k['n_head_kv']} = {KV}, head dimension {k['head_dim']} = {hd}"
     _check_matrix(w.tok_embd, c.n_vocab, E, k["n_vocab"], k["n_embd"])
     _check_matrix(w.output, c.n_vocab, E, k["n_vocab"], k["n_embd"])
     _check_vector("output_norm.weight", w.output_norm, E, k["n_embd"])

@@ -10,6 +10,7 @@ on the ASan/UBSan build.
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -562,3 +563,65 @@ def test_qs_block_forward_runs_with_the_sizes_it_was_given(live_block):
     pos = np.array([0, 1], np.int32)
     assert lib.qs_block_forward(s._block_structs[0], _fp(x), 2, _ip(pos), 0, 1) == lib.QS_OK
     assert np.isfinite(x).all() and not (x == 1).all()
+
+
+# ------------------------------------------------------------------------------------------ bump + config.json
+@pytest.fixture(scope="module")
+def bump_pair(corpus_dir) -> tuple[Path, dict[str, Any]]:
+    """The synthetic llama converted to a bump file (F32 down projections: the bump profiles take no F16)."""
+    tens = {f"blk.{i}.ffn_down.weight": base_tensors("llama")[f"blk.{i}.ffn_down.weight"].astype(np.float32)
+            for i in range(SPECS["llama"]["L"])}
+    src = write_model(corpus_dir / "for-bump.gguf", "llama", tensors=tens)
+    out = corpus_dir / "bump"
+    out.mkdir()
+    res = cli("convert", str(src), "-o", str(out / "w.bump"), "--config", str(out / "config.json"))
+    assert res.returncode == 0, res.stderr
+    return out / "w.bump", json.loads((out / "config.json").read_text())
+
+
+def test_valid_bump_runs_like_its_gguf(bump_pair, corpus_dir):
+    bump, cfg = bump_pair
+    cfg_path = corpus_dir / "config-ok.json"
+    cfg_path.write_text(json.dumps(cfg))
+    a = Model.load_bump(str(bump), str(cfg_path), threads=1).session(16).forward([1, 2, 3])
+    b = Model.load(str(corpus_dir / "for-bump.gguf"), threads=1).session(16).forward([1, 2, 3])
+    assert np.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+BUMP_CASES = [
+    ({"hidden_size": 96}, ModelError, ("config.json hidden_size", "expected 64", "found 96")),
+    ({"num_key_value_heads": "2"}, ModelError, ("config.json num_key_value_heads", "expected an integer")),
+    ({"num_key_value_heads": 4}, ModelError, ("config.json num_key_value_heads", "expected 2", "found 4")),
+    ({"num_attention_heads": 0}, ModelError, ("config.json num_attention_heads", "found 0")),
+    ({"intermediate_size": 256}, ModelError, ("config.json intermediate_size", "expected 128", "found 256")),
+    ({"intermediate_size": -128}, ModelError, ("config.json intermediate_size", "found -128")),
+    ({"num_hidden_layers": 3}, ModelError, ("config.json num_hidden_layers", "expected 2", "found 3")),
+    ({"vocab_size": 300}, ModelError, ("config.json vocab_size", f"expected {N_VOCAB}", "found 300")),
+    ({"max_position_embeddings": True}, ModelError, ("config.json max_position_embeddings", "expected an integer")),
+    ({"rms_norm_eps": float("nan")}, ModelError, ("config.json rms_norm_eps", "finite", "nan")),
+    ({"rms_norm_eps": [1e-5]}, ModelError, ("config.json rms_norm_eps", "finite")),
+    ({"rope_theta": -1.0}, ModelError, ("config.json rope_theta", "found -1.0")),
+    ({"rope_theta": float("inf")}, ModelError, ("config.json rope_theta", "inf")),
+    ({"model_type": "gemma3"}, UnsupportedModel, ("config.json says 'gemma3'",)),
+    ({"model_type": ["llama"]}, UnsupportedModel, ("config.json says ['llama']",)),
+]
+
+
+@pytest.mark.parametrize(("change", "exc", "expect"), BUMP_CASES, ids=[str(c[0])[:40] for c in BUMP_CASES])
+def test_bad_bump_config_is_refused_naming_the_key(bump_pair, change, exc, expect, tmp_path):
+    bump, cfg = bump_pair
+    cfg_path = tmp_path / "config.json"
+    cfg_path.write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(UnsupportedModel) as ei:
+        Model.load_bump(str(bump), str(cfg_path), threads=1)
+    assert type(ei.value) is exc, repr(ei.value)
+    for part in expect:
+        assert part in str(ei.value), (part, str(ei.value))
+
+
+def test_bump_config_that_is_not_an_object_is_refused(bump_pair, tmp_path):
+    bump, _cfg = bump_pair
+    cfg_path = tmp_path / "config.json"
+    cfg_path.write_text("[1, 2]")
+    with pytest.raises(ModelError, match="expected a JSON object, found list"):
+        Model.load_bump(str(bump), str(cfg_path), threads=1)

@@ -428,6 +428,13 @@ def test_model_refuses_weights_that_disagree_with_their_config(corpus_dir):
                 dict(n_layers=3), dict(rope_dim=6 + 1)):
         with pytest.raises(ModelError):
             Model(None, 1, weights=dataclasses.replace(w, config=dataclasses.replace(w.config, **bad)))
+    lw = w.layers[1]
+    for bad_layer in (dataclasses.replace(lw, wq=dataclasses.replace(lw.wq, data=lw.wq.data[:-1])),
+                      dataclasses.replace(lw, w_up=dataclasses.replace(lw.w_up, data=lw.w_up.data.view(np.float32))),
+                      dataclasses.replace(lw, bk=lw.bk.astype(np.float64)),
+                      dataclasses.replace(lw, ffn_norm=None)):
+        with pytest.raises(ModelError, match=r"^blk\.1\.(attn_q|ffn_up|attn_k|ffn_norm)"):
+            Model(None, 1, weights=dataclasses.replace(w, layers=[w.layers[0], bad_layer]))
     m = Model(None, 1, weights=w)
     for n_ctx in (0, -1, 2**40, 1.5):
         with pytest.raises(ValueError, match="context size"):

@@ -368,6 +368,8 @@ def _check_matrix(w: Weight, rows: int, k: int, rows_from: str, k_from: str) -> 
         which = rows_from if w.rows != rows else k_from
         raise ModelError(f"{which}: expected {w.name} to be {rows} x {k} (rows x row length), found "
                          f"{w.rows} x {w.k}")
+    if w.data.dtype != np.uint8 or w.data.ndim != 1 or not w.data.flags.c_contiguous:
+        raise ModelError(f"{w.name}: expected contiguous raw bytes, found a {w.data.dtype} array of {w.data.shape}")
     if w.k % w.type.block_elems or w.data.size != w.rows * w.type.row_bytes(w.k):
         raise ModelError(f"{w.name}: expected {w.rows} rows of {w.k} {w.type.name} values in whole blocks of "
                          f"{w.type.block_elems}, found {w.data.size} bytes")
@@ -378,7 +380,9 @@ def _check_vector(name: str, v: np.ndarray | None, n: int, n_from: str, required
         if required:
             raise ModelError(f"{name}: expected a vector of {n} values, found none")
         return
-    if v.ndim != 1 or v.size != n or v.dtype != np.float32 or not v.flags.c_contiguous:
+    if v.dtype != np.float32 or v.ndim != 1 or not v.flags.c_contiguous:
+        raise ModelError(f"{name}: expected a contiguous float32 vector, found a {v.dtype} array of {v.shape}")
+    if v.size != n:
         raise ModelError(f"{n_from}: expected {name} to hold {n} values, found {v.size}")
 
 

@@ -632,3 +632,31 @@ def test_bump_config_that_is_not_an_object_is_refused(bump_pair, tmp_path):
     cfg_path.write_text("[1, 2]")
     with pytest.raises(ModelError, match="expected a JSON object, found list"):
         Model.load_bump(str(bump), str(cfg_path), threads=1)
+
+
+# ------------------------------------------------------------------------------------------ a real model, edited
+@pytest.mark.parametrize(("key", "value", "expect"), [
+    ("llama.embedding_length", 640, "expected 576"),
+    ("llama.feed_forward_length", 2048, "blk.0.ffn_gate.weight"),
+    ("llama.attention.head_count", 8, "divisor"),
+    ("llama.rope.dimension_count", 640, "at most the head dimension 64"),
+])
+def test_real_model_with_one_edited_hyperparameter_is_refused(model_path, key, value, expect, tmp_path):
+    """The issue's reproduction: one UINT32 of SmolLM2 rewritten in place; generate must refuse, not crash."""
+    import shutil
+
+    from quantscope.core.gguf import GGUFFile
+
+    path = tmp_path / "edited.gguf"
+    shutil.copyfile(model_path("smollm2"), path)
+    with GGUFFile(path) as f:
+        kv = f.metadata[key]
+        assert kv.type_label == "UINT32"
+        offset = kv.value_offset
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(int(value).to_bytes(4, "little"))
+    res = cli("generate", str(path), "-p", "hi", "-n", "2", "--backend", "cpu")
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("quantscope: error:") and key in lines[0] and expect in lines[0]

@@ -187,11 +187,11 @@ def read_config(f: GGUFFile) -> ModelConfig:
     n_vocab = emb.ne[1]
     if not 0 < n_vocab <= MAX_VOCAB:
         raise ModelError(f"token_embd.weight: expected 1..{MAX_VOCAB} rows, found {n_vocab}")
-    if keys["head_dim"] in f.metadata:
-        head_dim = _int(f, keys["head_dim"], hi=MAX_HEAD_DIM)
+    if f"{arch}.attention.key_length" in f.metadata:
+        head_dim = _int(f, f"{arch}.attention.key_length", hi=MAX_HEAD_DIM)
     elif n_embd % n_head:
         raise ModelError(f"{keys['n_head']}: expected a divisor of {keys['n_embd']} = {n_embd} (no "
-                         f"{keys['head_dim']} given), found {n_head}")
+                         f"{arch}.attention.key_length given), found {n_head}")
     else:
         head_dim = n_embd // n_head
     vocab_key = f"{arch}.vocab_size"

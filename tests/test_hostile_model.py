@@ -209,7 +209,8 @@ META_CASES = [
     case("llama", FF, [128], VT.ARRAY, ("llama.feed_forward_length", "expected an integer", "ARRAY")),
     # head counts
     case("llama", HC, 0, VT.UINT32, ("llama.attention.head_count", "found 0")),
-    case("llama", HC, 3, VT.UINT32, ("llama.attention.head_count", "divisor", "found 3")),
+    case("llama", HC, 3, VT.UINT32, ("llama.attention.head_count", "divisor", "no llama.attention.key_length",
+                                    "found 3")),
     case("llama", HC, 8, VT.UINT32, ("llama.rope.dimension_count", "llama.attention.head_count", "found 16")),
     case("llama", HC, 2, VT.UINT32, ("llama.attention.head_count = 2", "blk.0.attn_k.weight", "found 32 x 64")),
     case("qwen2", HC, 5000, VT.UINT32, ("qwen2.attention.head_count", "found 5000")),

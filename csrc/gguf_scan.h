@@ -10,7 +10,7 @@ enum {
     QS_SCAN_PAST_END = 2,         /* string bytes run past the end of the buffer */
     QS_SCAN_TOO_LONG = 3,         /* string longer than max_len */
     QS_SCAN_BAD_UTF8 = 4          /* string bytes are not valid UTF-8 */
-};                                /* and -7 (QS_ERR_MAPPED_FAULT): the mapped buffer became unreadable */
+};                                /* and -9 (QS_ERR_MAPPED_FAULT): the mapped buffer became unreadable */
 
 /* Walk `count` consecutive gguf_strings (u64 LE byte length + bytes) in buf[0..len).
  * On success returns QS_SCAN_OK and sets *out_end to the offset just past the last string.

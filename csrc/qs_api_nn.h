@@ -1,25 +1,50 @@
 /* Quantscope native API: float kernels of the inference engine (cffi cdef: declarations only). */
 
+/* Error codes of the engine's entry points (qs_rope, qs_attention, qs_block_forward; qs_matmat shares the first
+ * two). Every size argument is checked before anything is written: a bad one returns its code, never writes out
+ * of bounds. What C cannot see is the length of a buffer behind a bare pointer: qs_block carries those lengths. */
+enum {
+    QS_OK = 0,
+    QS_ERR_SIZE = -1,   /* a size/count argument is negative, zero where it must not be, too large or inconsistent
+                           (dimensions, tokens, n_past + tokens > n_ctx, window) */
+    QS_ERR_NOMEM = -2,  /* scratch memory could not be allocated */
+    QS_ERR_TYPE = -3,   /* a weight type has no kernel, or a row length is not a multiple of its block */
+    QS_ERR_WEIGHT = -4, /* a weight's byte length is less than rows x row bytes */
+    QS_ERR_VECTOR = -5, /* a norm/bias vector is missing or its length is not the one the block needs */
+    QS_ERR_CACHE = -6,  /* a KV cache holds fewer bytes than n_ctx x n_head_kv x head_dim elements */
+    QS_ERR_POS = -7,    /* a position lies outside 0..n_ctx-1 */
+    QS_ERR_HEADS = -8   /* n_head, n_head_kv (must divide n_head), head_dim (<= 1024) or rope_dim (even, > 0,
+                           <= head_dim) is invalid */
+};
+
 void qs_rmsnorm(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps);
-void qs_rope(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
-             float freq_base, float freq_scale, int neox);
+/* Rotates the first rot_dim values of each head; returns QS_ERR_HEADS unless rot_dim is even, > 0, <= head_dim
+ * and <= 1024, QS_ERR_SIZE for negative counts. */
+int qs_rope(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
+            float freq_base, float freq_scale, int neox);
 void qs_softmax(float *x, int64_t n_rows, int64_t n);
 void qs_swiglu(const float *gate, const float *up, float *out, int64_t n);
 void qs_geglu_tanh(const float *gate, const float *up, float *out, int64_t n);
+/* Caches hold n_ctx positions; the first n_kv (<= n_ctx) are valid. Query positions must be >= 0. */
 int qs_attention(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
-                 const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv,
+                 const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv, int64_t n_ctx,
                  int64_t window, float scale, float *out, int n_threads);
 
 /* One transformer block (llama / qwen2 / gemma3 variants), in place on x [T][n_embd]. Pointers that a variant
- * lacks are NULL. KV cache layout: [n_ctx][n_head_kv][head_dim], F32 or F16. Returns 0, or <0 on failure. */
+ * lacks are NULL (their length 0). KV cache layout: [n_ctx][n_head_kv][head_dim], F32 or F16. Every size is
+ * checked against the others on each call (integer checks only); returns QS_OK or a QS_ERR_* code. */
 typedef struct {
     int n_embd, n_head, n_head_kv, head_dim, n_ff, rope_dim, rope_neox, gelu, kv_f16;
     int64_t n_ctx, window;
     float eps, rope_base, attn_scale;
     int wq_type, wk_type, wv_type, wo_type, wg_type, wu_type, wd_type;
     const uint8_t *wq, *wk, *wv, *wo, *wg, *wu, *wd;
+    int64_t wq_bytes, wk_bytes, wv_bytes, wo_bytes, wg_bytes, wu_bytes, wd_bytes;
     const float *attn_norm, *ffn_norm, *bq, *bk, *bv, *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm;
+    int64_t attn_norm_len, ffn_norm_len, bq_len, bk_len, bv_len, q_norm_len, k_norm_len, post_attn_norm_len,
+        post_ffn_norm_len;
     void *k_cache, *v_cache;
+    int64_t k_cache_bytes, v_cache_bytes;
 } qs_block;
 int qs_block_forward(const qs_block *b, float *x, int64_t n_tokens, const int32_t *pos, int64_t n_past,
                      int n_threads);

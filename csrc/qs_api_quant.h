@@ -1,6 +1,8 @@
 /* Quantscope native API: ISA dispatch, dequantization, activation quantizers, dots, matvec/matmat.
  * This file is read by cffi's cdef: declarations only, no preprocessor directives.
- * Type ids are ggml's. Sizes are trusted: the Python wrappers validate every length before calling.
+ * Type ids are ggml's. Size arguments are checked (negative, not whole blocks, products that overflow int64: the
+ * call returns <0); the lengths of the buffers behind the pointers are not visible here, so the Python wrappers
+ * (core/native/kernels.py) check them against those sizes before calling.
  *
  * Mapped memory: every entry point here and in qs_api_nn.h / gguf_scan.h that reads caller-supplied weights or
  * file bytes (qs_dequantize, qs_get_rows, qs_vec_dot, qs_matvec / qs_matmat and the GEMM behind them,
@@ -9,7 +11,7 @@
  * QS_ERR_MAPPED_FAULT instead of killing the process (the entry points without an error return give 0 and
  * qs_guard_last_fault() reports 1). Buffers the faulted call had allocated are leaked. Outside guarded calls a
  * SIGBUS goes to the handler that was installed before ours (faulthandler, or the default: the process dies). */
-enum { QS_ERR_MAPPED_FAULT = -7 };  /* mapped memory is no longer readable: the file changed or was truncated */
+enum { QS_ERR_MAPPED_FAULT = -9 };  /* mapped memory is no longer readable: the file changed or was truncated */
 int qs_guard_last_fault(void);      /* 1 when this thread's last qs_read_probe / qs_utf8_invalid_at faulted; clears */
 /* CLI mode: on a SIGBUS outside any guard, write msg to stderr and _exit(status) instead of dying by the signal
  * (NULL restores the default: hand it to the previous handler). Installs the handler. */

@@ -45,15 +45,56 @@ static void store_kv(void *cache, int f16, int64_t row0, const float *src, int64
     }
 }
 
-static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *pos, int64_t n_past, int n_threads) {
+/* A weight of rows x k elements of `type` fits in `bytes`, and the type has a kernel. */
+static int check_weight(int type, const uint8_t *w, int64_t bytes, int64_t rows, int64_t k) {
+    int elems = qs_block_elems(type), bb = qs_block_bytes(type);
+    if (!qs_can_dequantize(type) || elems <= 0 || k % elems) return QS_ERR_TYPE;
+    if (!w || bytes < 0 || rows > bytes / ((k / elems) * bb)) return QS_ERR_WEIGHT;
+    return QS_OK;
+}
+
+/* Every size in *b against the others and the call's arguments: integer checks only, once per call. */
+static int check_block(const qs_block *b, const float *x, int64_t T, const int32_t *pos, int64_t n_past) {
     const int64_t E = b->n_embd, H = b->n_head, KV = b->n_head_kv, hd = b->head_dim, F = b->n_ff;
-    if (n_past + T > b->n_ctx || T <= 0) return -1;
+    if (E <= 0 || E > (1 << 20) || F <= 0 || F > (1 << 22)) return QS_ERR_SIZE;
+    if (H <= 0 || H > 4096 || KV <= 0 || H % KV || hd <= 0 || hd > 1024 || H * hd > (1 << 22)) return QS_ERR_HEADS;
+    if (b->rope_dim <= 0 || b->rope_dim % 2 || b->rope_dim > hd) return QS_ERR_HEADS;
+    if (b->n_ctx <= 0 || b->n_ctx > (1 << 24) || b->window < 0 || T <= 0 || T > (1 << 20) || n_past < 0 ||
+        n_past > b->n_ctx - T || !x || !pos)
+        return QS_ERR_SIZE;
+    for (int64_t t = 0; t < T; ++t)
+        if (pos[t] < 0 || pos[t] >= b->n_ctx) return QS_ERR_POS;
+    const int ty[7] = {b->wq_type, b->wk_type, b->wv_type, b->wo_type, b->wg_type, b->wu_type, b->wd_type};
+    const uint8_t *const ws[7] = {b->wq, b->wk, b->wv, b->wo, b->wg, b->wu, b->wd};
+    const int64_t nb[7] = {b->wq_bytes, b->wk_bytes, b->wv_bytes, b->wo_bytes, b->wg_bytes, b->wu_bytes, b->wd_bytes};
+    const int64_t rows[7] = {H * hd, KV * hd, KV * hd, E, F, F, E}, ks[7] = {E, E, E, H * hd, E, E, F};
+    for (int i = 0; i < 7; ++i) {
+        int rc = check_weight(ty[i], ws[i], nb[i], rows[i], ks[i]);
+        if (rc) return rc;
+    }
+    const float *const vs[9] = {b->attn_norm, b->ffn_norm, b->bq, b->bk, b->bv, b->q_norm, b->k_norm,
+                                b->post_attn_norm, b->post_ffn_norm};
+    const int64_t vlen[9] = {b->attn_norm_len, b->ffn_norm_len, b->bq_len, b->bk_len, b->bv_len, b->q_norm_len,
+                             b->k_norm_len, b->post_attn_norm_len, b->post_ffn_norm_len};
+    const int64_t want[9] = {E, E, H * hd, KV * hd, KV * hd, hd, hd, E, E};
+    if (!b->attn_norm || !b->ffn_norm || !b->q_norm != !b->k_norm) return QS_ERR_VECTOR;
+    for (int i = 0; i < 9; ++i)
+        if (vs[i] && vlen[i] != want[i]) return QS_ERR_VECTOR;
+    const int64_t cache = b->n_ctx * KV * hd * (b->kv_f16 ? 2 : 4);
+    if (!b->k_cache || !b->v_cache || b->k_cache_bytes < cache || b->v_cache_bytes < cache) return QS_ERR_CACHE;
+    return QS_OK;
+}
+
+static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *pos, int64_t n_past, int n_threads) {
+    if (!b) return QS_ERR_SIZE;
+    int rc = check_block(b, x, T, pos, n_past);
+    if (rc) return rc;
+    const int64_t E = b->n_embd, H = b->n_head, KV = b->n_head_kv, hd = b->head_dim, F = b->n_ff;
     size_t need = (size_t)(T * E * 2 + T * H * hd * 2 + T * KV * hd * 2 + T * F * 2);
     float *buf = (float *)malloc(need * sizeof(float));
-    if (!buf) return -2;
+    if (!buf) return QS_ERR_NOMEM;
     float *h = buf, *o = h + T * E, *q = o + T * E, *att = q + T * H * hd, *k = att + T * H * hd, *v = k + T * KV * hd;
     float *g = v + T * KV * hd, *u = g + T * F;
-    int rc = 0;
     /* attention */
     qs_rmsnorm(x, b->attn_norm, h, T, E, b->eps);
     {
@@ -71,12 +112,13 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
         qs_rmsnorm(q, b->q_norm, q, T * H, hd, b->eps);
         qs_rmsnorm(k, b->k_norm, k, T * KV, hd, b->eps);
     }
-    qs_rope(q, T, (int)H, (int)hd, b->rope_dim, pos, b->rope_base, 1.0f, b->rope_neox);
-    qs_rope(k, T, (int)KV, (int)hd, b->rope_dim, pos, b->rope_base, 1.0f, b->rope_neox);
+    rc = qs_rope(q, T, (int)H, (int)hd, b->rope_dim, pos, b->rope_base, 1.0f, b->rope_neox);
+    if (!rc) rc = qs_rope(k, T, (int)KV, (int)hd, b->rope_dim, pos, b->rope_base, 1.0f, b->rope_neox);
+    if (rc) goto done;
     store_kv(b->k_cache, b->kv_f16, n_past * KV * hd, k, T * KV * hd);
     store_kv(b->v_cache, b->kv_f16, n_past * KV * hd, v, T * KV * hd);
     rc = qs_attention(q, T, pos, (int)H, (int)hd, b->k_cache, b->v_cache, b->kv_f16, (int)KV, n_past + T,
-                      b->window, b->attn_scale, att, n_threads);
+                      b->n_ctx, b->window, b->attn_scale, att, n_threads);
     if (rc) goto done;
     rc = qs_matmat(b->wo_type, b->wo, E, H * hd, att, T, o, n_threads);
     if (rc) goto done;

@@ -24,7 +24,7 @@ void qs_rmsnorm_scalar(const float *x, const float *w, float *y, int64_t n_rows,
 void qs_rope_scalar(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
                     float freq_base, float freq_scale, int neox) {
     int half = rot_dim / 2;
-    double inv_freq[512]; /* rot_dim <= 1024: checked by the callers (core/native/nn.py, core/model) */
+    double inv_freq[512]; /* rot_dim <= 1024: checked by qs_rope, the only caller */
     if (half > 512) half = 512;
     for (int i = 0; i < half; ++i) inv_freq[i] = pow((double)freq_base, -2.0 * i / rot_dim);
     for (int64_t t = 0; t < n_tokens; ++t) {
@@ -84,9 +84,12 @@ void qs_rmsnorm(const float *x, const float *w, float *y, int64_t n_rows, int64_
     else qs_rmsnorm_scalar(x, w, y, n_rows, n, eps);
 }
 
-void qs_rope(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos, float freq_base,
-             float freq_scale, int neox) {
+int qs_rope(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos, float freq_base,
+            float freq_scale, int neox) {
+    if (n_tokens < 0 || n_heads < 0) return QS_ERR_SIZE;
+    if (head_dim <= 0 || head_dim > 1024 || rot_dim <= 0 || rot_dim % 2 || rot_dim > head_dim) return QS_ERR_HEADS;
     qs_rope_scalar(x, n_tokens, n_heads, head_dim, rot_dim, pos, freq_base, freq_scale, neox);
+    return QS_OK;
 }
 
 void qs_softmax(float *x, int64_t n_rows, int64_t n) { qs_softmax_scalar(x, n_rows, n); }
@@ -174,9 +177,13 @@ static void attn_task(void *vctx, int64_t task) {
 }
 
 int qs_attention(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim, const void *k_cache,
-                 const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv, int64_t window, float scale,
-                 float *out, int n_threads) {
-    if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || head_dim <= 0) return -1;
+                 const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv, int64_t n_ctx, int64_t window,
+                 float scale, float *out, int n_threads) {
+    if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || head_dim <= 0 || head_dim > (1 << 16))
+        return QS_ERR_HEADS;
+    if (n_q < 0 || n_ctx < 0 || n_kv < 0 || n_kv > n_ctx || window < 0 || n_q > INT64_MAX / n_heads) return QS_ERR_SIZE;
+    for (int64_t i = 0; i < n_q; ++i)
+        if (q_pos[i] < 0) return QS_ERR_POS;
     attn_ctx c = {q, q_pos, n_heads, head_dim, n_kv_heads, kv_f16, k_cache, v_cache, n_kv, window, scale, out, 0};
     qs_parallel_for(n_q * n_heads, attn_task, &c, n_threads);
     return c.failed ? -2 : 0;

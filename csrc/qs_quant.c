@@ -234,7 +234,7 @@ static void deq_task(void *vctx, int64_t t) {
 
 static int dequantize_unguarded(int type, const uint8_t *src, float *dst, int64_t n_blocks, int n_threads) {
     qs_type_traits tr = traits(type);
-    if (!tr.deq) return -1;
+    if (!tr.deq || n_blocks < 0 || n_blocks > INT64_MAX / tr.bytes / tr.elems) return -1;
     deq_ctx c = {deq_fn(type), src, dst, n_blocks, 0, tr.elems, tr.bytes};
     int64_t elems = n_blocks * tr.elems;
     int64_t per = (1 << 16) / tr.elems; /* ~64k elements per task */
@@ -398,6 +398,7 @@ int qs_quantize_bf16(const float *x, uint8_t *dst, int64_t n) {
 }
 
 int qs_quantize_activation(int act, const float *x, uint8_t *dst, int64_t n) {
+    if (n < 0 || n > INT64_MAX / 8) return -1;
     switch (act) {
     case QS_Q8_0: return qs_quantize_q8_0(x, dst, n);
     case QS_Q8_1: return qs_quantize_q8_1(x, dst, n);
@@ -585,7 +586,7 @@ static qs_dot_fn dot_fn(int type) {
 
 static int vec_dot_unguarded(int type, int64_t n, const uint8_t *w, const uint8_t *xq, float *out) {
     qs_dot_fn fn = dot_fn(type);
-    if (!fn) return -1;
+    if (!fn || n < 0) return -1;
     *out = fn(n, w, xq);
     return 0;
 }
@@ -647,8 +648,12 @@ static int64_t act_row_bytes(int act, int64_t k) {
 static int matmat_unguarded(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x,
                             float *y, int n_threads) {
     qs_type_traits tr = traits(type);
-    if (!tr.deq || tr.elems == 0 || k % tr.elems || n_rows < 0 || n_x < 0) return -1;
+    if (!tr.deq || tr.elems == 0 || k <= 0 || k % tr.elems || n_rows < 0 || n_x < 0) return -1;
     if (n_rows == 0 || n_x == 0) return 0;
+    int64_t nbytes; /* the weights, the activations and the output must each be addressable */
+    if (k > INT64_MAX / 8 || n_x > INT64_MAX / 4 || __builtin_mul_overflow(n_rows, k / tr.elems * tr.bytes, &nbytes) ||
+        __builtin_mul_overflow(n_x, k * 8, &nbytes) || __builtin_mul_overflow(n_x * 4, n_rows, &nbytes))
+        return -1;
     if (n_x >= 4 && qs_gemm_enabled()) {
         int rc = qs_gemm(type, w, n_rows, k, k / tr.elems * tr.bytes, x, n_x, y, n_threads);
         if (rc <= 0) return rc;
@@ -681,7 +686,8 @@ static int matmat_unguarded(int type, const uint8_t *w, int64_t n_rows, int64_t 
     if (n_threads <= 0) n_threads = qs_threads_default();
     /* Few, contiguous chunks per thread: each thread streams long runs of rows (keeps the hardware prefetcher
      * on one stream) while 4 chunks per thread still balance uneven progress. */
-    int64_t work = n_rows * k * n_x;
+    int64_t work;
+    if (__builtin_mul_overflow(n_rows, k, &work) || __builtin_mul_overflow(work, n_x, &work)) work = INT64_MAX;
     if (work < (1 << 16)) n_threads = 1;
     int64_t per = (n_rows + 4 * (int64_t)n_threads - 1) / (4 * (int64_t)n_threads);
     if (per < 1) per = 1;

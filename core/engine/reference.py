@@ -6,11 +6,12 @@ pairings), GQA attention with causal and sliding-window masks, and the gated FFN
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
-from ..model import ModelConfig, ModelWeights, Weight
+from ..model import ModelConfig, ModelWeights, Weight, check_weights
 from ..quant import dequantize
 
 
@@ -37,8 +38,12 @@ def _rope(x: np.ndarray, pos: np.ndarray, base: float, dim: int, neox: bool) -> 
 
 
 def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int]) -> np.ndarray:
-    """Logits (T, n_vocab) for ``tokens`` at positions 0..T-1, in float64."""
-    ids = np.asarray(tokens)
+    """Logits (T, n_vocab) for ``tokens`` at positions 0..T-1, in float64. ``cfg`` and ``w`` are checked first
+    (:func:`~quantscope.core.model.check_weights`), as the native engine checks them."""
+    check_weights(dataclasses.replace(w, config=cfg))
+    ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    if ids.size == 0 or ids.min() < 0 or ids.max() >= w.tok_embd.rows:
+        raise ValueError(f"token ids must be given and lie in 0..{w.tok_embd.rows - 1}")
     T = ids.size
     pos = np.arange(T, dtype=np.float64)
     emb = dequantize(w.tok_embd.data.reshape(w.tok_embd.rows, -1)[ids], w.tok_embd.type).astype(np.float64)

@@ -15,9 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..gguf import GGUFFile
-from ..model import ModelConfig, ModelWeights, Weight, bind_weights, read_config
+from ..model import ModelConfig, ModelError, ModelWeights, Weight, bind_weights, check_weights, read_config
 from ..native import ffi, lib
 from ..native import kernels as K
+
+#: Positions the native block accepts in one cache (csrc/qs_block.c checks the same bound).
+MAX_SESSION_CTX = 1 << 24
 
 
 class ContextFull(RuntimeError):
@@ -32,12 +35,13 @@ class _Bound:
     ptr: object
     rows: int
     k: int
+    nbytes: int
 
 
 def _bind(w: Weight) -> _Bound:
-    if w.data.size != w.rows * w.type.row_bytes(w.k):
-        raise ValueError(f"{w.name}: {w.data.size} bytes for {w.rows}x{w.k} {w.type.name}")
-    return _Bound(w.type.id, ffi.cast("uint8_t *", ffi.from_buffer(w.data)), w.rows, w.k)
+    if w.k <= 0 or w.k % w.type.block_elems or w.data.size != w.rows * w.type.row_bytes(w.k):
+        raise ModelError(f"{w.name}: {w.data.size} bytes for {w.rows}x{w.k} {w.type.name}")
+    return _Bound(w.type.id, ffi.cast("uint8_t *", ffi.from_buffer(w.data)), w.rows, w.k, int(w.data.size))
 
 
 def _fp(a: np.ndarray) -> object:
@@ -57,6 +61,7 @@ class Model:
             weights = bind_weights(f, read_config(f))
         if tie_output and not weights.tied:
             weights = dataclasses.replace(weights, output=weights.tok_embd, tied=True)
+        check_weights(weights)  # every size the native block trusts, against the config
         self.weights: ModelWeights = weights
         self.config: ModelConfig = weights.config
         self.threads = threads or K.default_threads()
@@ -87,8 +92,12 @@ class Session:
 
     def __init__(self, model: Model, n_ctx: int, kv_dtype: type = np.float16) -> None:
         c = model.config
+        if isinstance(n_ctx, bool) or not isinstance(n_ctx, int | np.integer) or not 0 < n_ctx <= MAX_SESSION_CTX:
+            raise ValueError(f"context size must be an integer in 1..{MAX_SESSION_CTX}, got {n_ctx!r}")
+        if np.dtype(kv_dtype) not in (np.float16, np.float32):
+            raise ValueError(f"KV cache type must be float16 or float32, got {np.dtype(kv_dtype)}")
         self.model = model
-        self.n_ctx = n_ctx
+        self.n_ctx = n_ctx = int(n_ctx)
         shape = (c.n_layers, n_ctx, c.n_head_kv, c.head_dim)
         self.k_cache = np.zeros(shape, dtype=kv_dtype)
         self.v_cache = np.zeros(shape, dtype=kv_dtype)
@@ -114,6 +123,8 @@ class Session:
 
     def _rmsnorm(self, x: np.ndarray, w: np.ndarray, n: int) -> np.ndarray:
         y = np.empty_like(x)
+        if w.size != n or x.size % n:
+            raise ModelError(f"norm of {w.size} values for rows of {n}")
         lib.qs_rmsnorm(_fp(x), _fp(w), _fp(y), x.size // n, n, self.model.config.rms_eps)
         return y
 
@@ -133,12 +144,15 @@ class Session:
                                ("wu", "w_up"), ("wd", "w_down")):
                 setattr(b, field, lb[key].ptr)
                 setattr(b, field + "_type", lb[key].type_id)
+                setattr(b, field + "_bytes", lb[key].nbytes)
             for field in ("attn_norm", "ffn_norm", "bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm",
                           "post_ffn_norm"):
                 vec = getattr(lw, field)
                 setattr(b, field, _fp(vec) if vec is not None else ffi.NULL)
+                setattr(b, field + "_len", 0 if vec is None else int(vec.size))
             b.k_cache = ffi.from_buffer(self.k_cache[li])
             b.v_cache = ffi.from_buffer(self.v_cache[li])
+            b.k_cache_bytes, b.v_cache_bytes = self.k_cache[li].nbytes, self.v_cache[li].nbytes
             blocks.append(b)
         return blocks
 

@@ -56,7 +56,7 @@ _SCAN_MESSAGES = {
     2: ("string runs past the end of the file", "a length that fits in the file"),
     3: ("string length exceeds the 1 GiB cap", "a plausible string length"),
     4: ("string is not valid UTF-8", "UTF-8 text"),
-    -7: ("the file changed while it was being read", "an unchanged file"),  # the native SIGBUS guard's code
+    -9: ("the file changed while it was being read", "an unchanged file"),  # the native SIGBUS guard's code
 }
 # (fixed) integer limit for element counts and byte sizes: ggml uses int64_t
 _INT64_MAX = (1 << 63) - 1

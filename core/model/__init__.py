@@ -7,6 +7,7 @@ q/k RMSNorm, post-attention/post-FFN norms, sliding-window layers with their own
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,20 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3")
 class UnsupportedModel(ValueError):
     """The file's architecture (or one of its tensors) is not something the engine can run."""
 
+
+class ModelError(UnsupportedModel):
+    """A hyperparameter is mistyped or out of range, or disagrees with the tensors: the message names the key, the
+    expected and the found value. A subclass of :class:`UnsupportedModel`, so callers catching that catch both."""
+
+
+#: Upper bounds the engine accepts (the native block checks the same limits again on every call).
+MAX_EMBD = 1 << 20
+MAX_FF = 1 << 22
+MAX_HEADS = 4096
+MAX_HEAD_DIM = 1024
+MAX_LAYERS = 4096
+MAX_CTX = (1 << 31) - 1
+MAX_VOCAB = 1 << 24
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -58,56 +73,181 @@ class ModelConfig:
         return self.sliding_window if self.is_sliding(layer) else 0
 
 
-def _get(f: GGUFFile, key: str, default: object = None) -> object:
-    v = f.get(key, default)
-    return v.item() if isinstance(v, np.generic) else v
+_REQUIRED = object()
+
+
+def _show(v: object) -> str:
+    text = repr(v.to_list()[:4] if hasattr(v, "to_list") else v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _raw(f: GGUFFile, key: str, default: object) -> tuple[object, str]:
+    kv = f.metadata.get(key)
+    if kv is None:
+        if default is _REQUIRED:
+            raise ModelError(f"{key}: expected a value, found none (the key is missing)")
+        return default, ""
+    return kv.value, kv.type_label
+
+
+def _int(f: GGUFFile, key: str, default: object = _REQUIRED, lo: int = 1, hi: int = MAX_CTX) -> int:
+    """Integer metadata ``key`` in ``lo..hi``; a bool, float, string or array is an error naming its type."""
+    v, label = _raw(f, key, default)
+    if isinstance(v, bool | np.bool_) or not isinstance(v, int | np.integer):
+        raise ModelError(f"{key}: expected an integer, found {label or type(v).__name__} {_show(v)}")
+    if not lo <= int(v) <= hi:
+        raise ModelError(f"{key}: expected an integer in {lo}..{hi}, found {int(v)}")
+    return int(v)
+
+
+def _float(f: GGUFFile, key: str, default: float, hi: float) -> float:
+    """Finite positive float metadata ``key`` at most ``hi`` (an integer value is accepted)."""
+    v, label = _raw(f, key, default)
+    if isinstance(v, bool | np.bool_) or not isinstance(v, int | float | np.integer | np.floating):
+        raise ModelError(f"{key}: expected a number, found {label or type(v).__name__} {_show(v)}")
+    x = float(v)
+    if not (math.isfinite(x) and 0.0 < x <= hi):
+        raise ModelError(f"{key}: expected a finite number in (0, {hi:g}], found {x!r}")
+    return x
+
+
+def gguf_keys(arch: str, derived_head_dim: bool = False) -> dict[str, str]:
+    """The GGUF metadata key behind each :class:`ModelConfig` field (what error messages name);
+    ``derived_head_dim``: the file has no key_length, the head dimension is embedding_length / head_count."""
+    p = arch + "."
+    keys = {
+        "n_layers": p + "block_count", "n_embd": p + "embedding_length", "n_head": p + "attention.head_count",
+        "n_head_kv": p + "attention.head_count_kv", "head_dim": p + "attention.key_length",
+        "n_ff": p + "feed_forward_length", "n_vocab": "token_embd.weight rows", "n_ctx_train": p + "context_length",
+        "rms_eps": p + "attention.layer_norm_rms_epsilon", "rope_base": p + "rope.freq_base",
+        "rope_dim": p + "rope.dimension_count", "sliding_window": p + "attention.sliding_window",
+        "rope_base_swa": p + "rope.freq_base (sliding layers)",
+    }
+    if derived_head_dim:
+        keys["head_dim"] = f"{p}embedding_length / {p}attention.head_count"
+    return keys
+
+
+def check_config(cfg: ModelConfig, keys: dict[str, str] | None = None) -> None:
+    """Every hyperparameter in range and consistent with the others; :class:`ModelError` naming the key."""
+    k = keys or gguf_keys(cfg.arch)
+    if cfg.arch not in SUPPORTED_ARCHS:
+        raise UnsupportedModel(f"architecture {cfg.arch!r} is not supported by the engine")
+    limits = {"n_layers": MAX_LAYERS, "n_embd": MAX_EMBD, "n_head": MAX_HEADS, "n_head_kv": MAX_HEADS,
+              "head_dim": MAX_HEAD_DIM, "n_ff": MAX_FF, "n_vocab": MAX_VOCAB, "n_ctx_train": MAX_CTX,
+              "rope_dim": MAX_HEAD_DIM}
+    for name, hi in limits.items():
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= hi:
+            raise ModelError(f"{k[name]}: expected an integer in 1..{hi}, found {v!r}")
+    for name in ("rms_eps", "rope_base", "rope_base_swa"):
+        v = getattr(cfg, name)
+        hi = 1.0 if name == "rms_eps" else 1e30
+        if not (isinstance(v, int | float) and math.isfinite(v) and 0.0 < v <= hi):
+            raise ModelError(f"{k[name]}: expected a finite number in (0, {hi:g}], found {v!r}")
+    if cfg.n_head % cfg.n_head_kv:
+        raise ModelError(f"{k['n_head_kv']}: expected a divisor of {k['n_head']} = {cfg.n_head}, "
+                         f"found {cfg.n_head_kv}")
+    if cfg.head_dim % 2:
+        raise ModelError(f"{k['head_dim']}: expected an even head dimension, found {cfg.head_dim}")
+    if cfg.rope_dim % 2 or cfg.rope_dim > cfg.head_dim:
+        raise ModelError(f"{k['rope_dim']}: expected an even number at most the head dimension {cfg.head_dim} "
+                         f"({k['head_dim']}), found {cfg.rope_dim}")
+    if cfg.n_head * cfg.head_dim > MAX_FF:
+        raise ModelError(f"{k['n_head']}: {cfg.n_head} heads of {cfg.head_dim} exceed {MAX_FF} values")
+    if not 0 <= cfg.sliding_window <= MAX_CTX or not 0 <= cfg.swa_pattern <= MAX_LAYERS:
+        raise ModelError(f"{k.get('sliding_window', 'sliding_window')}: expected 0..{MAX_CTX}, "
+                         f"found {cfg.sliding_window}")
+    if not (math.isfinite(cfg.embed_scale) and math.isfinite(cfg.attn_scale) and cfg.attn_scale >= 0):
+        raise ModelError(f"{k['n_embd']}: derived scales are not finite")
 
 
 def read_config(f: GGUFFile) -> ModelConfig:
-    """Hyperparameters from metadata; raises :class:`UnsupportedModel` naming the architecture."""
+    """Hyperparameters from metadata, each checked for type and range and against token_embd.weight; raises
+    :class:`UnsupportedModel` naming the architecture, :class:`ModelError` naming a bad key."""
     arch = f.architecture or "?"
     if arch not in SUPPORTED_ARCHS:
         raise UnsupportedModel(f"architecture {arch!r} is not supported by the engine (supported: "
                                f"{', '.join(SUPPORTED_ARCHS)})")
-    p = arch + "."
-    n_embd = int(_get(f, p + "embedding_length"))  # type: ignore[arg-type]
-    n_head = int(_get(f, p + "attention.head_count"))  # type: ignore[arg-type]
-    n_head_kv = int(_get(f, p + "attention.head_count_kv", n_head))  # type: ignore[arg-type]
-    head_dim = int(_get(f, p + "attention.key_length", n_embd // n_head))  # type: ignore[arg-type]
+    keys = gguf_keys(arch, derived_head_dim=f"{arch}.attention.key_length" not in f.metadata)
+    n_embd = _int(f, keys["n_embd"], hi=MAX_EMBD)
+    n_layers = _int(f, keys["n_layers"], hi=MAX_LAYERS)
+    n_head = _int(f, keys["n_head"], hi=MAX_HEADS)
+    n_head_kv = _int(f, keys["n_head_kv"], n_head, hi=MAX_HEADS)
+    n_ff = _int(f, keys["n_ff"], hi=MAX_FF)
+    n_ctx_train = _int(f, keys["n_ctx_train"], 4096)
+    if not f.has_tensor("token_embd.weight"):
+        raise UnsupportedModel("missing tensor token_embd.weight")
     emb = f.tensor("token_embd.weight")
-    if not 0 < head_dim <= 1024 or head_dim % 2:
-        raise UnsupportedModel(f"head dimension {head_dim} is not supported (even, at most 1024)")
+    if len(emb.ne) != 2:
+        raise ModelError(f"token_embd.weight: expected 2 dimensions, found shape {list(emb.ne)}")
+    if emb.ne[0] != n_embd:
+        raise ModelError(f"{keys['n_embd']}: expected {emb.ne[0]} (the row length of token_embd.weight), "
+                         f"found {n_embd}")
+    n_vocab = emb.ne[1]
+    if not 0 < n_vocab <= MAX_VOCAB:
+        raise ModelError(f"token_embd.weight: expected 1..{MAX_VOCAB} rows, found {n_vocab}")
+    if f"{arch}.attention.key_length" in f.metadata:
+        head_dim = _int(f, f"{arch}.attention.key_length", hi=MAX_HEAD_DIM)
+    elif n_embd % n_head:
+        raise ModelError(f"{keys['n_head']}: expected a divisor of {keys['n_embd']} = {n_embd} (no "
+                         f"{arch}.attention.key_length given), found {n_head}")
+    else:
+        head_dim = n_embd // n_head
+    vocab_key = f"{arch}.vocab_size"
+    if vocab_key in f.metadata and _int(f, vocab_key, hi=MAX_VOCAB) != n_vocab:
+        raise ModelError(f"{vocab_key}: expected {n_vocab} (the rows of token_embd.weight), "
+                         f"found {f.get(vocab_key)}")
+    tokens = f.metadata.get("tokenizer.ggml.tokens")
+    if tokens is not None and tokens.count is not None and tokens.count > n_vocab:
+        raise ModelError(f"tokenizer.ggml.tokens: expected at most {n_vocab} tokens (the rows of "
+                         f"token_embd.weight), found {tokens.count}")
     common = dict(
-        arch=arch,
-        n_layers=int(_get(f, p + "block_count")),  # type: ignore[arg-type]
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        head_dim=head_dim,
-        n_ff=int(_get(f, p + "feed_forward_length")),  # type: ignore[arg-type]
-        n_vocab=emb.ne[1],
-        n_ctx_train=int(_get(f, p + "context_length", 4096)),  # type: ignore[arg-type]
-        rms_eps=float(_get(f, p + "attention.layer_norm_rms_epsilon", 1e-5)),  # type: ignore[arg-type]
-        rope_base=float(_get(f, p + "rope.freq_base", 10000.0)),  # type: ignore[arg-type]
-        rope_dim=int(_get(f, p + "rope.dimension_count", head_dim)),  # type: ignore[arg-type]
+        arch=arch, n_layers=n_layers, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+        n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=n_ctx_train,
+        rms_eps=_float(f, keys["rms_eps"], 1e-5, 1.0),
+        rope_base=_float(f, keys["rope_base"], 10000.0, 1e30),
+        rope_dim=_int(f, keys["rope_dim"], head_dim, hi=MAX_HEAD_DIM),
     )
     if arch == "llama":
-        return ModelConfig(**common, rope_neox=False)  # type: ignore[arg-type]
-    if arch == "qwen2":
-        return ModelConfig(**common, rope_neox=True)  # type: ignore[arg-type]
-    # gemma3
-    return ModelConfig(
-        **common,  # type: ignore[arg-type]
-        rope_neox=True,
-        rope_base_swa=10000.0,
-        sliding_window=int(_get(f, p + "attention.sliding_window", 0)),  # type: ignore[arg-type]
-        swa_pattern=6,
-        embed_scale=math.sqrt(n_embd),
-        gelu=True,
-        qk_norm=True,
-        post_norms=True,
-        attn_scale=1.0 / math.sqrt(head_dim),
-    )
+        cfg = ModelConfig(**common, rope_neox=False)  # type: ignore[arg-type]
+    elif arch == "qwen2":
+        cfg = ModelConfig(**common, rope_neox=True)  # type: ignore[arg-type]
+    else:  # gemma3
+        cfg = ModelConfig(
+            **common,  # type: ignore[arg-type]
+            rope_neox=True,
+            rope_base_swa=10000.0,
+            sliding_window=_int(f, keys["sliding_window"], 0, lo=0),
+            swa_pattern=6,
+            embed_scale=math.sqrt(n_embd),
+            gelu=True,
+            qk_norm=True,
+            post_norms=True,
+            attn_scale=1.0 / math.sqrt(head_dim),
+        )
+    check_config(cfg, keys)
+    value_len = _int(f, f"{arch}.attention.value_length", head_dim, hi=MAX_HEAD_DIM)
+    if value_len != head_dim:
+        raise ModelError(f"{arch}.attention.value_length: expected {head_dim} (= {keys['head_dim']}), "
+                         f"found {value_len}")
+    _check_layer_count(f, n_layers, keys["n_layers"])
+    return cfg
+
+
+def _check_layer_count(f: GGUFFile, n_layers: int, key: str) -> None:
+    """``block_count`` must equal the number of ``blk.N`` present, numbered 0..N-1."""
+    present = {int(m.group(1)) for m in (_BLK.match(t.name) for t in f.tensors) if m}
+    n = max(present) + 1 if present else 0
+    if n != n_layers:
+        found = f"blk.0..blk.{n - 1}" if present else "no blk.N tensors"
+        raise ModelError(f"{key}: expected {n} (the layers present: {found}), found {n_layers}")
+    missing = sorted(set(range(n)) - present)
+    if missing:
+        raise ModelError(f"{key}: {n_layers} layers, but blk.{missing[0]} has no tensors")
+
+
+_BLK = re.compile(r"blk\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -162,28 +302,34 @@ class ModelWeights:
         return n
 
 
-def _weight(f: GGUFFile, name: str) -> Weight:
+def _weight(f: GGUFFile, name: str, ndim: int = 2) -> Weight:
     if not f.has_tensor(name):
         raise UnsupportedModel(f"missing tensor {name}")
     t: TensorInfo = f.tensor(name)
     if t.type is None:
         raise UnsupportedModel(f"tensor {name} has {t.type_name}")
+    if len(t.ne) != ndim and not (ndim == 1 and len(t.ne) > 1 and t.n_rows == 1):
+        raise ModelError(f"{name}: expected {ndim} dimension(s), found shape {list(t.ne)}")
     return Weight(name, t.type, f.tensor_bytes(t), t.n_rows, t.row_len)
 
 
 def _vector(f: GGUFFile, name: str, optional: bool = False) -> np.ndarray | None:
     if optional and not f.has_tensor(name):
         return None
-    w = _weight(f, name)
+    w = _weight(f, name, ndim=1)
     from ..native.kernels import copy_mapped  # a guarded copy: a truncated file raises instead of SIGBUS
     from ..quant import dequantize
 
-    return np.ascontiguousarray(dequantize(copy_mapped(w.data, name).reshape(1, -1), w.type).reshape(-1),
-                                dtype=np.float32)
+    try:
+        v = dequantize(copy_mapped(w.data, name).reshape(1, -1), w.type).reshape(-1)
+    except (ValueError, NotImplementedError, KeyError) as exc:
+        raise ModelError(f"{name}: a {w.type.name} vector the engine cannot read ({exc})") from None
+    return np.ascontiguousarray(v, dtype=np.float32)
 
 
 def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights:
-    """Bind every tensor the architecture uses; matrices stay quantized views of the file (zero copy)."""
+    """Bind every tensor the architecture uses; matrices stay quantized views of the file (zero copy). Every
+    shape, length and type is checked against the config (:func:`check_weights`)."""
     cfg = config or read_config(f)
     layers = []
     for i in range(cfg.n_layers):
@@ -205,4 +351,76 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
     emb = _weight(f, "token_embd.weight")
     tied = not f.has_tensor("output.weight")
     out = emb if tied else _weight(f, "output.weight")
-    return ModelWeights(cfg, emb, out, _vector(f, "output_norm.weight"), layers, tied)  # type: ignore[arg-type]
+    w = ModelWeights(cfg, emb, out, _vector(f, "output_norm.weight"), layers, tied)  # type: ignore[arg-type]
+    check_weights(w, gguf_keys(cfg.arch, derived_head_dim=f"{cfg.arch}.attention.key_length" not in f.metadata))
+    return w
+
+
+def _native_kernel(t: GGMLType) -> bool:
+    from ..native import lib
+
+    return bool(lib.qs_can_dequantize(t.id))
+
+
+def _check_matrix(w: Weight, rows: int, k: int, rows_from: str, k_from: str) -> None:
+    if not _native_kernel(w.type):
+        raise UnsupportedModel(f"{w.name} is {w.type.name}: the engine has no kernel for it")
+    if (w.rows, w.k) != (rows, k):
+        which = rows_from if w.rows != rows else k_from
+        raise ModelError(f"{which}: expected {w.name} to be {rows} x {k} (rows x row length), found "
+                         f"{w.rows} x {w.k}")
+    if w.data.dtype != np.uint8 or w.data.ndim != 1 or not w.data.flags.c_contiguous:
+        raise ModelError(f"{w.name}: expected contiguous raw bytes, found a {w.data.dtype} array of {w.data.shape}")
+    if w.k % w.type.block_elems or w.data.size != w.rows * w.type.row_bytes(w.k):
+        raise ModelError(f"{w.name}: expected {w.rows} rows of {w.k} {w.type.name} values in whole blocks of "
+                         f"{w.type.block_elems}, found {w.data.size} bytes")
+
+
+def _check_vector(name: str, v: np.ndarray | None, n: int, n_from: str, required: bool = True) -> None:
+    if v is None:
+        if required:
+            raise ModelError(f"{name}: expected a vector of {n} values, found none")
+        return
+    if v.dtype != np.float32 or v.ndim != 1 or not v.flags.c_contiguous:
+        raise ModelError(f"{name}: expected a contiguous float32 vector, found a {v.dtype} array of {v.shape}")
+    if v.size != n:
+        raise ModelError(f"{n_from}: expected {name} to hold {n} values, found {v.size}")
+
+
+def check_weights(w: ModelWeights, keys: dict[str, str] | None = None) -> None:
+    """Every matrix's shape and type and every vector's length against the (checked) config, so that nothing the
+    native block is given can be indexed out of bounds; :class:`ModelError` names the key that disagrees."""
+    c = w.config
+    k = keys or gguf_keys(c.arch)
+    check_config(c, k)
+    E, H, KV, hd, F = c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff
+    if len(w.layers) != c.n_layers:
+        raise ModelError(f"{k['n_layers']}: expected {len(w.layers)} (the layers bound), found {c.n_layers}")
+    heads = kv_heads = f"{k['n_head']} = {H}, {k['n_head_kv']} = {KV}, head dimension {k['head_dim']} = {hd}"
+    _check_matrix(w.tok_embd, c.n_vocab, E, k["n_vocab"], k["n_embd"])
+    _check_matrix(w.output, c.n_vocab, E, k["n_vocab"], k["n_embd"])
+    _check_vector("output_norm.weight", w.output_norm, E, k["n_embd"])
+    for i, lw in enumerate(w.layers):
+        b = f"blk.{i}."
+        _check_matrix(lw.wq, H * hd, E, heads, k["n_embd"])
+        _check_matrix(lw.wk, KV * hd, E, kv_heads, k["n_embd"])
+        _check_matrix(lw.wv, KV * hd, E, kv_heads, k["n_embd"])
+        _check_matrix(lw.wo, E, H * hd, k["n_embd"], heads)
+        _check_matrix(lw.w_gate, F, E, k["n_ff"], k["n_embd"])
+        _check_matrix(lw.w_up, F, E, k["n_ff"], k["n_embd"])
+        _check_matrix(lw.w_down, E, F, k["n_embd"], k["n_ff"])
+        _check_vector(b + "attn_norm.weight", lw.attn_norm, E, k["n_embd"])
+        _check_vector(b + "ffn_norm.weight", lw.ffn_norm, E, k["n_embd"])
+        biases = (lw.bq, lw.bk, lw.bv)
+        if any(x is not None for x in biases) and any(x is None for x in biases):
+            raise ModelError(f"{b}attn_q/k/v.bias: expected all three biases or none, found "
+                             f"{sum(x is not None for x in biases)}")
+        _check_vector(b + "attn_q.bias", lw.bq, H * hd, heads, False)
+        _check_vector(b + "attn_k.bias", lw.bk, KV * hd, kv_heads, False)
+        _check_vector(b + "attn_v.bias", lw.bv, KV * hd, kv_heads, False)
+        if (lw.q_norm is None) != (lw.k_norm is None):
+            raise ModelError(f"{b}attn_q_norm/attn_k_norm.weight: expected both or neither, found one")
+        _check_vector(b + "attn_q_norm.weight", lw.q_norm, hd, k["head_dim"], c.qk_norm)
+        _check_vector(b + "attn_k_norm.weight", lw.k_norm, hd, k["head_dim"], c.qk_norm)
+        _check_vector(b + "post_attention_norm.weight", lw.post_attn_norm, E, k["n_embd"], c.post_norms)
+        _check_vector(b + "post_ffw_norm.weight", lw.post_ffn_norm, E, k["n_embd"], c.post_norms)

@@ -25,6 +25,24 @@ class KernelError(RuntimeError):
     """A native kernel reported failure (e.g. out of memory)."""
 
 
+#: What the engine's error codes (``QS_ERR_*`` in csrc/qs_api_nn.h) mean.
+NATIVE_ERRORS = {
+    -1: "a size argument is out of range",
+    -2: "out of memory",
+    -3: "a weight type has no kernel or a row length is not a whole number of blocks",
+    -4: "a weight buffer is shorter than its rows need",
+    -5: "a norm or bias vector is missing or has the wrong length",
+    -6: "the KV cache is smaller than n_ctx x n_head_kv x head_dim",
+    -7: "a position lies outside the context",
+    -8: "head counts, head dimension or RoPE dimension are invalid",
+}
+
+
+def native_error(what: str, rc: int) -> KernelError:
+    """A :class:`KernelError` saying what failed and what the native code ``rc`` means."""
+    return KernelError(f"{what} failed: {NATIVE_ERRORS.get(rc, 'unknown error')} ({rc})")
+
+
 class MappedFileError(KernelError, FileChangedError):
     """A kernel's input (a memory-mapped file) stopped being readable mid-call: the file was truncated or replaced.
 
@@ -41,7 +59,7 @@ def check(rc: int, what: str) -> None:
     if rc == MAPPED_FAULT:
         raise MappedFileError(f"{what}: {_MAPPED_MESSAGE}")
     if rc != 0:
-        raise KernelError(f"{what} failed ({rc})")
+        raise native_error(what, rc)
 
 
 def check_last_fault(what: str) -> None:

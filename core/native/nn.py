@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import ffi, lib
-from .kernels import KernelError, _in, _out, _ptr
+from .kernels import _in, _out, _ptr, native_error
 
 
 def _f32_inplace(x: np.ndarray, what: str) -> np.ndarray:
@@ -49,8 +49,10 @@ def rope(x: np.ndarray, positions: np.ndarray, *, rot_dim: int | None = None, fr
     pos = _in(positions, np.int32, "positions").reshape(-1)
     if pos.size != n_tok:
         raise ValueError(f"{pos.size} positions for {n_tok} tokens")
-    lib.qs_rope(_out(xa, "float *"), n_tok, n_heads, head_dim, rd, _ptr(pos, "int32_t *"), freq_base, freq_scale,
-                int(neox))
+    rc = lib.qs_rope(_out(xa, "float *"), n_tok, n_heads, head_dim, rd, _ptr(pos, "int32_t *"), freq_base,
+                     freq_scale, int(neox))
+    if rc != 0:
+        raise native_error("rope", rc)
     return xa
 
 
@@ -109,6 +111,8 @@ def attention(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np
         raise ValueError(f"{n_heads} heads are not a multiple of {n_kv_heads} KV heads")
     if not 0 <= n_kv <= n_ctx:
         raise ValueError(f"n_kv {n_kv} outside 0..{n_ctx}")
+    if window < 0:
+        raise ValueError(f"window {window} is negative")
     pos = _in(q_pos, np.int32, "q_pos").reshape(-1)
     if pos.size != n_q:
         raise ValueError(f"{pos.size} positions for {n_q} queries")
@@ -117,7 +121,7 @@ def attention(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np
         raise ValueError("out must have the shape of q")
     rc = lib.qs_attention(_ptr(qa, "float *"), n_q, _ptr(pos, "int32_t *"), n_heads, head_dim,
                           ffi.from_buffer(k_cache), ffi.from_buffer(v_cache), int(k_cache.dtype == np.float16),
-                          n_kv_heads, n_kv, window, scale, _out(y, "float *"), threads)
+                          n_kv_heads, n_kv, n_ctx, window, scale, _out(y, "float *"), threads)
     if rc != 0:
-        raise KernelError(f"attention failed ({rc})")
+        raise native_error("attention", rc)
     return y

@@ -238,7 +238,11 @@ class OutputSet:
             os.fsync(o.fd)
             if o.named is None:  # give the unnamed file a (hidden) name in its folder
                 name = _temp_name(o.target)
-                os.link(f"/proc/self/fd/{o.fd}", name, follow_symlinks=True)
+                dfd = os.open(name.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:  # an explicit dir fd makes os.link use linkat(..., AT_SYMLINK_FOLLOW)
+                    os.link(f"/proc/self/fd/{o.fd}", name.name, dst_dir_fd=dfd, follow_symlinks=True)
+                finally:
+                    os.close(dfd)
                 o.named = name
             os.close(o.fd)
             o.fd = -1

@@ -272,8 +272,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from .bump import BumpError, BumpRefusal, verify_against
 
     _check_file(args.file)
-    if args.against is not None:
+    if args.against is not None:  # a missing or non-GGUF source is refused before any hashing
         _check_file(args.against)
+        try:
+            GGUFFile(args.against).close()
+        except GGUFError as exc:
+            raise CLIError(f"--against {args.against}: not a readable GGUF file: {exc}") from None
     bar = _Bar("verify")
     try:
         rep = verify_against(args.file, args.against, progress=lambda d, t: bar(d, t))

@@ -170,6 +170,9 @@ class OutputSet:
                 ost: os.stat_result | None = os.stat(real)
             except FileNotFoundError:
                 ost = None
+            except NotADirectoryError:
+                up = next((a for a in reversed(real.parents) if a.exists() and not a.is_dir()), real.parent)
+                raise PathRefused(f"{label} {op}: {up} is not a directory") from None
             except OSError as exc:
                 raise PathRefused(f"{label} {op}: cannot use this path: {exc.strerror}") from None
             if ost is not None and not stat.S_ISREG(ost.st_mode):

@@ -485,7 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("inspect", help="header, metadata, tensor table and per-type summary of a GGUF or bump file")
     s.add_argument("file", nargs="?", help="GGUF or BUMPWGT3 file (default: the demo model)")
-    s.add_argument("--json", action="store_true", help="print JSON instead of text")
+    s.add_argument("--json", action="store_true", help="print strict JSON instead of text (NaN and infinities "
+                   "are written as the strings \"nan\", \"inf\", \"-inf\")")
     s.add_argument("--no-checksum", action="store_true", help="bump files: skip verifying the checksum")
     s.add_argument("--items", type=int, default=8, help="array elements to preview (default 8)")
     s.set_defaults(func=cmd_inspect)
@@ -496,7 +497,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--row", type=int, default=0, help="row (flattened over ne[1:], default 0)")
     s.add_argument("--block", type=int, default=0, help="block within the row (default 0)")
     s.add_argument("--element", type=int, help="also explain the dequantization of this element of the block")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print strict JSON (NaN/infinities as \"nan\", \"inf\", "
+                   "\"-inf\")")
     s.set_defaults(func=cmd_dump_block)
 
     s = sub.add_parser("convert", help="convert a GGUF file to the C-Kernel-Engine BUMPWGT3 layout")

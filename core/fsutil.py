@@ -138,6 +138,7 @@ class _Out:
         self.fd = -1
         self.named: Path | None = None  # the named temporary (fallback, or O_TMPFILE once linked)
         self.backup: Path | None = None
+        self.existed = False
         self.replaced = False
 
 
@@ -252,9 +253,13 @@ class OutputSet:
         try:
             for o in self._outs:
                 if os.path.lexists(o.target):
+                    o.existed = True
                     bak = _temp_name(o.target, "bak")
-                    os.link(o.target, bak, follow_symlinks=False)
-                    o.backup = bak
+                    try:  # a second name keeps the old content until every rename succeeded
+                        os.link(o.target, bak, follow_symlinks=False)
+                        o.backup = bak
+                    except OSError:  # no hard links here: that file cannot be restored
+                        pass
             for o in self._outs:
                 assert o.named is not None
                 os.replace(o.named, o.target)
@@ -266,7 +271,7 @@ class OutputSet:
                     if o.backup is not None:
                         os.replace(o.backup, o.target)
                         o.backup = None
-                    else:
+                    elif not o.existed:
                         os.unlink(o.target)
             raise
         finally:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from . import catalog
-from .fsutil import PathRefused, check_input, json_safe, printable
+from .fsutil import PathRefused, check_input, json_text, printable
 from .gguf import GGUFError, GGUFFile
 
 COMMANDS = ("inspect", "dump-block", "models", "bench", "convert", "verify", "generate", "chat", "tokenize",
@@ -40,8 +40,7 @@ def _open(path: str) -> GGUFFile:
 
 def _dump_json(obj: Any) -> None:
     """Strict JSON on stdout: NaN and infinities are written as the strings "nan", "inf", "-inf"."""
-    json.dump(json_safe(obj), sys.stdout, indent=1, ensure_ascii=False, allow_nan=False)
-    sys.stdout.write("\n")
+    sys.stdout.write(json_text(obj) + "\n")
 
 
 def _default_model_path() -> Path:

@@ -330,6 +330,18 @@ def printable(text: object) -> str:
     return _CTRL.sub(_esc, str(text))
 
 
+_JSON_CTRL = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def json_text(obj: object, indent: int | None = 1) -> str:
+    """Strict JSON of ``obj`` (through :func:`json_safe`) that keeps non-ASCII text readable but escapes every
+    control character, DEL, C1 and bidi override as ``\\uXXXX`` (they only occur inside strings)."""
+    import json
+
+    text = json.dumps(json_safe(obj), indent=indent, ensure_ascii=False, allow_nan=False)
+    return _JSON_CTRL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def json_safe(obj: object) -> object:
     """A copy of ``obj`` that strict JSON can encode: NaN and ±infinity become the strings ``"nan"``,
     ``"inf"``, ``"-inf"``; numpy scalars and arrays become Python numbers and lists; tuples become lists."""

@@ -475,10 +475,11 @@ def test_inspect_json_is_strict_json(tmp_path: Path) -> None:
         raise AssertionError(f"non-standard JSON constant {name}")
 
     d = json.loads(proc.stdout, parse_constant=no_constants)
-    meta = {m["key"]: m for m in d["metadata"]} if isinstance(d.get("metadata"), list) else d["metadata"]
-    text = json.dumps(meta)
-    assert '"nan"' in text and '"inf"' in text and '"-inf"' in text
-    assert "\x1b" not in proc.stdout  # JSON escapes control characters (\u001b)
+    meta = {m["key"]: m["value"] for m in d["metadata"]}
+    assert (meta["x.nan"], meta["x.inf"], meta["x.ninf"]) == ("nan", "inf", "-inf")
+    assert meta["x.farr"]["head"] == [1.5, "nan", "inf", "-inf"]
+    _no_control(proc.stdout)  # C0 by JSON itself, DEL/C1/bidi overrides by us: all as \uXXXX
+    assert "x." + EVIL in {m["key"] for m in d["metadata"]}  # and they decode back exactly
     proc = run_cli("dump-block", p, "blk.0." + EVIL + ".weight", "--json")
     assert proc.returncode == 0, proc.stderr
     json.loads(proc.stdout, parse_constant=no_constants)
@@ -516,6 +517,20 @@ def test_chat_export_refuses_a_fifo(tmp_path: Path) -> None:
         export(Conversation(1, "t"), fifo)
     assert stat.S_ISFIFO(os.stat(fifo).st_mode) and listing(tmp_path) == ["chat.md"]
     assert export(Conversation(1, "t"), tmp_path / "c.json").is_file()
+
+
+def test_screenshot_over_the_input_or_a_fifo_is_refused(src: Path, tmp_path: Path) -> None:
+    fifo = tmp_path / "shot.png"
+    os.mkfifo(fifo)
+    before = digest(src)
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "PYTHONWARNINGS": "ignore"}
+    for out, msg in ((src, "is the input file"), (fifo, "is a FIFO")):
+        proc = subprocess.run([*CLI, str(src), "--screenshot", str(out), "--view", "overview"], capture_output=True,
+                              text=True, timeout=120, env=env)
+        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("quantscope: error: ")]
+        assert proc.returncode == 1 and len(errors) == 1 and msg in errors[0], proc.stderr
+    assert digest(src) == before and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert listing(tmp_path) == ["a.gguf", "shot.png"]
 
 
 # ---------------------------------------------------------------------------------------------- GUI dialog

@@ -253,17 +253,17 @@ def cmd_convert(args: argparse.Namespace) -> int:
     types: dict[str, set[str]] = {}
     for s in plan.sections:
         types.setdefault(s.name.split(".")[-1], set()).add(s.type_name)
-    print(f"wrote {res.path} ({res.size:,} bytes) in {res.seconds:.2f} s, {res.mb_per_s:.0f} MB/s")
+    print(printable(f"wrote {res.path} ({res.size:,} bytes) in {res.seconds:.2f} s, {res.mb_per_s:.0f} MB/s"))
     print(f"profile   {plan.profile}")
-    print(f"model     {h.arch}: {h.n_layers} layers, embed {h.embed}, heads {h.heads}/{h.kv_heads} x {h.head_dim}, "
-          f"ffn {h.ffn}, vocab {h.vocab}, context {h.context}")
+    print(f"model     {printable(h.arch)}: {h.n_layers} layers, embed {h.embed}, heads {h.heads}/{h.kv_heads} x "
+          f"{h.head_dim}, ffn {h.ffn}, vocab {h.vocab}, context {h.context}")
     print("sections  " + ", ".join(f"{k} {'/'.join(sorted(v))}" for k, v in types.items()))
     print(f"biases    {len(plan.biases)} real q/k/v bias tensors carried" if plan.biases else "biases    none (zeros)")
-    print(f"lm_head   {plan.lm_head.decision}: {plan.lm_head.message}")
+    print(printable(f"lm_head   {plan.lm_head.decision}: {plan.lm_head.message}"))
     print(f"sha256    {res.sha256}")
     for label, p in (("config", res.config_path), ("manifest", res.manifest_path)):
         if p:
-            print(f"{label:<9} {p}")
+            print(printable(f"{label:<9} {p}"))
     return 0
 
 

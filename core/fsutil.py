@@ -238,6 +238,13 @@ class OutputSet:
         for o in self._outs:
             if o.fd < 0:
                 raise RuntimeError(f"{o.label}: nothing was written")
+            try:  # again: the path may have been swapped for a FIFO or device while we wrote
+                mode = os.stat(o.target).st_mode
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(mode):
+                raise PathRefused(f"{o.label} {o.given}: is {kind_of(mode)}; an output must be a regular file "
+                                  "or not exist yet")
         for o in self._outs:
             os.fsync(o.fd)
             if o.named is None:  # give the unnamed file a (hidden) name in its folder

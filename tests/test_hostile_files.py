@@ -144,6 +144,18 @@ def test_output_fifo_is_refused_and_left_a_fifo(src: Path, tmp_path: Path) -> No
     assert listing(tmp_path) == ["a.gguf", "pipe.bump"]
 
 
+def test_output_swapped_for_a_fifo_during_the_write_is_not_replaced(src: Path, tmp_path: Path) -> None:
+    out = tmp_path / "w.bump"
+
+    def progress(p) -> None:  # type: ignore[no-untyped-def]
+        if p.phase == "writing" and not out.exists():
+            os.mkfifo(out)
+
+    with pytest.raises(PathRefused, match="is a FIFO"):
+        ConvertJob(src, out, chunk_bytes=4096).run(progress)
+    assert stat.S_ISFIFO(os.stat(out).st_mode) and listing(tmp_path) == ["a.gguf", "w.bump"]
+
+
 def test_output_directory_is_refused(src: Path, tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     assert_one_error(run_cli("convert", src, "-o", tmp_path / "d"), "is a directory")

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from .fsutil import printable
 from .gguf import GGUFFile
 from .quant import DecodedBlock, decode_block
 
@@ -85,7 +86,7 @@ def render_block(b: DecodedBlock, *, tensor: str = "", row: int = 0, block: int 
     if element is not None:
         L.append("")
         L.append(b.explain(element))
-    return "\n".join(L)
+    return "\n".join(printable(line) for line in L)
 
 
 def block_to_json(b: DecodedBlock, *, tensor: str, row: int, block: int, file_offset: int) -> dict[str, Any]:

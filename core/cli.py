@@ -12,6 +12,7 @@ from typing import Any
 
 from . import catalog
 from .filestate import FileChangedError
+from .fsutil import PathRefused, check_input, json_text, printable
 from .gguf import GGUFError, GGUFFile
 
 COMMANDS = ("inspect", "dump-block", "models", "bench", "convert", "verify", "generate", "chat", "tokenize",
@@ -70,16 +71,25 @@ MAX_CTX = 1 << 24
 MAX_THREADS = 1024
 
 
-def _open(path: str) -> GGUFFile:
-    p = Path(path)
-    if not p.exists():
-        raise CLIError(f"{path}: no such file")
-    if p.is_dir():
-        raise CLIError(f"{path}: is a directory")
+def _check_file(path: str) -> None:
+    """Refuse a missing path, a directory, FIFO, device or socket before anything opens it."""
     try:
-        return GGUFFile(p, strict=False)
+        check_input(path)
+    except PathRefused as exc:
+        raise CLIError(str(exc)) from None
+
+
+def _open(path: str) -> GGUFFile:
+    _check_file(path)
+    try:
+        return GGUFFile(Path(path), strict=False)
     except GGUFError as exc:
         raise CLIError(f"{path}: not a readable GGUF file: {exc}") from None
+
+
+def _dump_json(obj: Any) -> None:
+    """Strict JSON on stdout: NaN and infinities are written as the strings "nan", "inf", "-inf"."""
+    sys.stdout.write(json_text(obj) + "\n")
 
 
 def _default_model_path() -> Path:
@@ -95,6 +105,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from .summary import render_text, summarize
 
     path = args.file or str(_default_model_path())
+    _check_file(path)
     if is_bump(path):
         try:
             b = open_bump(path)
@@ -102,29 +113,17 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         except BumpError as exc:
             raise CLIError(str(exc)) from None
         if args.json:
-            json.dump(d, sys.stdout, indent=1)
-            sys.stdout.write("\n")
+            _dump_json(d)
         else:
             print(render_bump(d))
         return 0 if d["checksum_ok"] is not False else 1
     with _open(path) as f:
         s = summarize(f, max_items=args.items)
         if args.json:
-            json.dump(s, sys.stdout, indent=1, default=_json_default, ensure_ascii=False)
-            sys.stdout.write("\n")
+            _dump_json(s)
         else:
             print(render_text(f, s))
     return 0
-
-
-def _json_default(o: Any) -> Any:
-    import numpy as np
-
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 def cmd_dump_block(args: argparse.Namespace) -> int:
@@ -137,7 +136,7 @@ def cmd_dump_block(args: argparse.Namespace) -> int:
         except KeyError:
             near = [n for n in (x.name for x in f.tensors) if args.tensor.split(".")[-2:] == n.split(".")[-2:]][:5]
             hint = f" (did you mean {', '.join(near)}?)" if near else ""
-            raise CLIError(f"no tensor named {args.tensor!r} in {args.file}{hint}") from None
+            raise CLIError(f"no tensor named {args.tensor!r} in {args.file}{printable(hint)}") from None
         if t.type is None or t.problem:
             raise CLIError(f"{t.name}: cannot decode: {t.problem or t.type_name}")
         if not can_decode(t.type):
@@ -149,9 +148,7 @@ def cmd_dump_block(args: argparse.Namespace) -> int:
         if args.element is not None and not 0 <= args.element < t.type.block_elems:
             raise CLIError(f"element {args.element} out of range 0..{t.type.block_elems - 1}")
         if args.json:
-            json.dump(block_to_json(b, tensor=t.name, row=args.row, block=args.block, file_offset=off),
-                      sys.stdout, indent=1)
-            sys.stdout.write("\n")
+            _dump_json(block_to_json(b, tensor=t.name, row=args.row, block=args.block, file_offset=off))
         else:
             print(render_block(b, tensor=t.name, row=args.row, block=args.block, file_offset=off,
                                element=args.element))
@@ -268,10 +265,14 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from .bump import BumpRefusal, BumpWriteError, Cancelled, CancelToken, ConvertJob, ConvertProgress
 
     src = Path(args.file)
-    if not src.is_file():
-        raise CLIError(f"{src}: no such file")
+    _check_file(args.file)
     job = ConvertJob(src, args.output, profile=args.profile, context=args.context, config_path=args.config,
-                     manifest_path=args.manifest, drop_untied_head=args.drop_untied_head)
+                     manifest_path=args.manifest, drop_untied_head=args.drop_untied_head,
+                     labels=("-o", "--config", "--manifest"))
+    try:
+        job.check()  # outputs aliasing the input or each other, FIFOs, devices: refused before any work
+    except PathRefused as exc:
+        raise CLIError(str(exc)) from None
     bar = _Bar("convert")
     token = CancelToken()
 
@@ -283,6 +284,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     try:
         res = job.run(progress, token)
+    except PathRefused as exc:
+        raise CLIError(str(exc)) from None
     except BumpRefusal as exc:
         raise CLIError(f"cannot convert {src.name}: {exc}") from None
     except (BumpWriteError, OSError) as exc:
@@ -299,37 +302,47 @@ def cmd_convert(args: argparse.Namespace) -> int:
     types: dict[str, set[str]] = {}
     for s in plan.sections:
         types.setdefault(s.name.split(".")[-1], set()).add(s.type_name)
-    print(f"wrote {res.path} ({res.size:,} bytes) in {res.seconds:.2f} s, {res.mb_per_s:.0f} MB/s")
+    print(printable(f"wrote {res.path} ({res.size:,} bytes) in {res.seconds:.2f} s, {res.mb_per_s:.0f} MB/s"))
     print(f"profile   {plan.profile}")
-    print(f"model     {h.arch}: {h.n_layers} layers, embed {h.embed}, heads {h.heads}/{h.kv_heads} x {h.head_dim}, "
-          f"ffn {h.ffn}, vocab {h.vocab}, context {h.context}")
+    print(f"model     {printable(h.arch)}: {h.n_layers} layers, embed {h.embed}, heads {h.heads}/{h.kv_heads} x "
+          f"{h.head_dim}, ffn {h.ffn}, vocab {h.vocab}, context {h.context}")
     print("sections  " + ", ".join(f"{k} {'/'.join(sorted(v))}" for k, v in types.items()))
     print(f"biases    {len(plan.biases)} real q/k/v bias tensors carried" if plan.biases else "biases    none (zeros)")
-    print(f"lm_head   {plan.lm_head.decision}: {plan.lm_head.message}")
+    print(printable(f"lm_head   {plan.lm_head.decision}: {plan.lm_head.message}"))
     print(f"sha256    {res.sha256}")
     for label, p in (("config", res.config_path), ("manifest", res.manifest_path)):
         if p:
-            print(f"{label:<9} {p}")
+            print(printable(f"{label:<9} {p}"))
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from .bump import BumpError, BumpRefusal, verify_against
 
+    _check_file(args.file)
+    if args.against is not None:  # a missing or non-GGUF source is refused before any hashing
+        _check_file(args.against)
+        try:
+            GGUFFile(args.against).close()
+        except GGUFError as exc:
+            raise CLIError(f"--against {args.against}: not a readable GGUF file: {exc}") from None
     bar = _Bar("verify")
     try:
         rep = verify_against(args.file, args.against, progress=lambda d, t: bar(d, t))
-    except (BumpError, BumpRefusal) as exc:
+    except (BumpError, BumpRefusal, PathRefused) as exc:
         bar.close()
         raise CLIError(str(exc)) from None
+    except GGUFError as exc:
+        bar.close()
+        raise CLIError(f"--against {args.against}: not a readable GGUF file: {exc}") from None
     bar.close()
     b = rep.bump
-    print(f"{b.path}: profile {b.profile} ({b.profile_source}), {len(b.sections)} sections")
+    print(printable(f"{b.path}: profile {b.profile} ({b.profile_source}), {len(b.sections)} sections"))
     print(f"checksum  {'ok' if rep.checksum_ok else 'MISMATCH'}")
     if args.against:
-        print(f"sections  {rep.sections_checked} compared with {args.against}")
+        print(printable(f"sections  {rep.sections_checked} compared with {args.against}"))
     for p in rep.problems:
-        print(f"problem   {p}")
+        print(f"problem   {printable(p)}")
     print("verified" if rep.ok else "NOT VERIFIED")
     return 0 if rep.ok else 1
 
@@ -474,6 +487,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     from .gguf import GGUFFile
     from .tokenizer import Tokenizer, TokenizerError
 
+    _check_file(args.file)
     try:
         with GGUFFile(args.file) as f:
             tok = Tokenizer(f)
@@ -565,7 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("inspect", help="header, metadata, tensor table and per-type summary of a GGUF or bump file")
     s.add_argument("file", nargs="?", help="GGUF or BUMPWGT3 file (default: the demo model)")
-    s.add_argument("--json", action="store_true", help="print JSON instead of text")
+    s.add_argument("--json", action="store_true", help="print strict JSON instead of text (NaN and infinities "
+                   "are written as the strings \"nan\", \"inf\", \"-inf\")")
     s.add_argument("--no-checksum", action="store_true", help="bump files: skip verifying the checksum")
     s.add_argument("--items", type=int, default=8, help="array elements to preview (default 8)")
     s.set_defaults(func=cmd_inspect)
@@ -576,7 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--row", type=int, default=0, help="row (flattened over ne[1:], default 0)")
     s.add_argument("--block", type=int, default=0, help="block within the row (default 0)")
     s.add_argument("--element", type=int, help="also explain the dequantization of this element of the block")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print strict JSON (NaN/infinities as \"nan\", \"inf\", "
+                   "\"-inf\")")
     s.set_defaults(func=cmd_dump_block)
 
     s = sub.add_parser("convert", help="convert a GGUF file to the C-Kernel-Engine BUMPWGT3 layout")
@@ -727,7 +743,7 @@ def main(argv: list[str] | None = None) -> int:
             _exit_cleanly_if_file_changes(file)
         return int(args.func(args))
     except CLIError as exc:
-        print(f"quantscope: error: {exc}", file=sys.stderr)
+        print(f"quantscope: error: {printable(exc)}", file=sys.stderr)
         return 2
     except FileChangedError as exc:  # a native kernel read a mapping the file no longer backs
         print(f"quantscope: error: {file} changed while it was being read ({exc})", file=sys.stderr)

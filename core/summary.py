@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from .fsutil import printable
 from .gguf import GGUFFile, MetadataValue, StringArray, ValueType
 
 #: Hyperparameters shown first, as ``{arch}.{suffix}``.
@@ -211,4 +212,4 @@ def render_text(f: GGUFFile, summary: dict[str, Any] | None = None) -> str:
         add("Problems")
         for p in s["problems"]:
             add(f"  {p}")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)  # file-controlled text never reaches a terminal raw

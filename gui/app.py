@@ -206,10 +206,21 @@ def render_screenshot(app: object, win: object, view: str, out: Path, size: tupl
         for _ in range(10):
             app.processEvents()  # type: ignore[attr-defined]
             time.sleep(0.01)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        ok = target.grab().save(str(out))
-        if not ok:
-            print(f"quantscope: could not write {out}", file=sys.stderr)
+        from PySide6.QtCore import QBuffer, QByteArray, QIODevice
+
+        from quantscope.core.fsutil import PathRefused, write_atomic
+
+        data = QByteArray()
+        buf = QBuffer(data)
+        buf.open(QIODevice.OpenModeFlag.WriteOnly)
+        ok = target.grab().save(buf, "PNG")
+        buf.close()
+        try:  # through a temporary and a rename; a FIFO, device or directory at OUT is refused
+            if not ok:
+                raise OSError("the picture could not be encoded")
+            write_atomic(out, bytes(data.data()), "--screenshot", [win.doc.path] if win.doc else [])
+        except (OSError, PathRefused) as exc:
+            print(f"quantscope: error: could not write {out}: {exc}", file=sys.stderr)
             return 1
         print(f"wrote {out} ({view})")
         return 0

@@ -10,6 +10,7 @@ from typing import Any
 from quantscope.core.analysis import TensorAnalysis
 from quantscope.core.bump import BumpError, BumpFile, is_bump, open_bump
 from quantscope.core.filestate import FileWatch
+from quantscope.core.fsutil import PathRefused, check_input, printable
 from quantscope.core.gguf import GGUFError, GGUFFile
 from quantscope.core.summary import summarize
 
@@ -61,6 +62,10 @@ def open_document(path: str | Path) -> Document:
         raise OpenError(f"{p} does not exist.")
     if p.is_dir():
         raise OpenError(f"{p} is a folder, not a model file.")
+    try:
+        check_input(p)  # a FIFO, device or socket would block or never end: refused before any open
+    except PathRefused as exc:
+        raise OpenError(f"{printable(p.name)} is not a regular file.", str(exc)) from None
     t0 = time.perf_counter()
     try:
         watch = FileWatch(p)  # taken before the mapping: a change during the open is seen too

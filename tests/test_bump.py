@@ -11,7 +11,6 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import gguf
@@ -306,13 +305,15 @@ def test_killed_conversion_leaves_no_target(model_path, tmp_path):
     src = model_path("qwen2.5-coder")
     out = tmp_path / "w.bump"
     proc = subprocess.Popen([sys.executable, "-m", "quantscope.core.cli", "convert", str(src), "-o", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any(p.name.startswith(".w.bump.tmp") for p in tmp_path.iterdir()):
-        time.sleep(0.005)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the writer is running once progress is reported (the temporary is unnamed)
+        if line.startswith("convert:"):
+            break
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     assert not out.exists()
+    assert os.listdir(tmp_path) == []  # O_TMPFILE: nothing named was ever created
 
 
 def test_reader_rejects_damaged_files(tmp_path):

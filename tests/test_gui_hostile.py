@@ -193,8 +193,8 @@ def test_manifest_fifo_is_not_read(tmp_path, bump_file):
     t0 = time.monotonic()
     got = open_bump(b)
     assert time.monotonic() - t0 < 5
-    assert got.notes == ["manifest.json beside the bump is malformed: not a regular file; ignored, the layout is "
-                         "inferred"]
+    assert got.notes == ["manifest.json beside the bump is malformed: is a FIFO (named pipe), not a regular file; "
+                         "ignored, the layout is inferred"]
 
 
 def test_uncaught_slot_exception_is_shown_and_the_app_keeps_running(window, qtbot):  # noqa: F811

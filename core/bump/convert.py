@@ -4,8 +4,10 @@ CLI and from a GUI worker thread.
 Tensor bytes are copied in the kernel (copy_file_range) in bounded chunks while a hashing thread walks the same
 list of pieces on its own, reading them with pread into one buffer (hashlib releases the GIL), so SHA-256 (one
 core, inherently sequential) never waits for the writer; writeback is started as the file grows and the data is
-fsynced while the hash finishes. Resident memory stays bounded whatever the model size. Output is atomic: a
-temporary file in the target directory, fsync, rename; on error or cancel nothing is left at the target path.
+fsynced while the hash finishes. Resident memory stays bounded whatever the model size. Outputs (the bump,
+config.json, the manifest) go through :class:`~quantscope.core.fsutil.OutputSet`: checked against the input and
+each other, written to unnamed temporaries and renamed into place together only when all succeeded; on error,
+cancel or kill nothing is left at the target paths.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..fsutil import OutputSet, open_input
 from ..gguf import GGUFFile, TensorInfo
 from .format import CHECKSUM_OFFSET, HEADER_SIZE
 from .plan import BumpPlan, LmHead, Section, decide_lm_head, plan_conversion
@@ -177,7 +180,7 @@ class _Hasher(threading.Thread):
     def run(self) -> None:
         src = -1
         try:
-            src = os.open(self.src_path, os.O_RDONLY)
+            src = open_input(self.src_path)
             for data, rng in self.pieces:
                 if self.stop or self.token.cancelled:
                     return
@@ -245,15 +248,6 @@ def _copy_range(src_fd: int, dst_fd: int, offset: int, count: int, path: Path, w
         written += n
 
 
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def config_json(plan: BumpPlan) -> str:
     """config.json per bump.md §6 (floats written as the repr of their float32 value)."""
     h = plan.hyper
@@ -290,11 +284,14 @@ def manifest_json(plan: BumpPlan, model: str) -> str:
 class ConvertJob:
     """Convert one GGUF file to BUMPWGT3. Construct, then :meth:`run` (in any thread)."""
 
+    #: How the outputs are named in refusals (the CLI passes its flags).
+    LABELS = ("output", "config.json", "manifest")
+
     def __init__(self, gguf_path: str | os.PathLike[str], out_path: str | os.PathLike[str], *,
                  profile: str = "ckernel", context: int | None = None,
                  config_path: str | os.PathLike[str] | None = None,
                  manifest_path: str | os.PathLike[str] | None = None, drop_untied_head: bool = False,
-                 chunk_bytes: int = CHUNK) -> None:
+                 chunk_bytes: int = CHUNK, labels: tuple[str, str, str] | None = None) -> None:
         self.gguf_path = Path(gguf_path)
         self.out_path = Path(out_path)
         self.profile = profile
@@ -303,45 +300,76 @@ class ConvertJob:
         self.manifest_path = Path(manifest_path) if manifest_path else None
         self.drop_untied_head = drop_untied_head
         self.chunk = chunk_bytes
+        self.labels = labels or self.LABELS
 
     def plan(self, f: GGUFFile, check_head: bool = True) -> BumpPlan:
         return plan_conversion(f, self.profile, self.context, self.drop_untied_head, check_head)
 
+    def outputs(self) -> OutputSet:
+        """Check the output paths (raises :class:`~quantscope.core.fsutil.PathRefused`: an output is the input,
+        two outputs are one file, an output is a FIFO/device/directory) and return the set to write them."""
+        outs = [(self.labels[0], self.out_path)]
+        if self.config_path is not None:
+            outs.append((self.labels[1], self.config_path))
+        if self.manifest_path is not None:
+            outs.append((self.labels[2], self.manifest_path))
+        return OutputSet(outs, [self.gguf_path])
+
+    def check(self) -> None:
+        """Refuse unusable paths before any work: the input must be a regular file, the outputs as in
+        :meth:`outputs`. Raises :class:`~quantscope.core.fsutil.PathRefused`."""
+        os.close(open_input(self.gguf_path))
+        self.outputs()
+
     def run(self, progress: Callable[[ConvertProgress], None] | None = None,
             cancel: CancelToken | None = None) -> ConvertResult:
-        """Do the conversion; raises :class:`BumpRefusal`, :class:`Cancelled` or :class:`BumpWriteError`."""
+        """Do the conversion; raises :class:`~quantscope.core.fsutil.PathRefused`, :class:`BumpRefusal`,
+        :class:`Cancelled` or :class:`BumpWriteError`."""
         report = progress or (lambda _p: None)
         token = cancel or CancelToken()
         t0 = time.perf_counter()
         report(ConvertProgress("planning", 0, 0))
-        with GGUFFile(self.gguf_path) as f:
+        with self.outputs() as outs, GGUFFile(self.gguf_path) as f:
             plan = self.plan(f, check_head=False)
             if token.cancelled:
                 raise Cancelled("cancelled before writing")
-            # The lm_head decision (a comparison of two big matrices) runs beside the writing; the output is
-            # only renamed into place once it is known, and a refusal discards it.
+            labels = [self.labels[0]] + [lb for lb, p in zip(self.labels[1:], (self.config_path,
+                                                                                self.manifest_path), strict=True)
+                                         if p is not None]
+            fds = {lb: _open_temp(outs, lb) for lb in labels}  # every temporary first: a bad folder fails fast
+            # The lm_head decision (a comparison of two big matrices) runs beside the writing; the outputs are
+            # only renamed into place once it is known, and a refusal discards them.
             head = _HeadCheck(f, self.drop_untied_head)
             head.start()
             try:
-                digest = self._write(f, plan, report, token, head)
+                digest = self._write(f, plan, report, token, head, fds[self.labels[0]], outs.target(self.labels[0]))
             finally:
                 head.join()
-        plan.lm_head = head.result  # type: ignore[assignment]
-        for p in (self.config_path, self.manifest_path):
-            if p is not None:
-                p.parent.mkdir(parents=True, exist_ok=True)
-        if self.config_path:
-            _atomic_text(self.config_path, config_json(plan))
-        if self.manifest_path:
-            _atomic_text(self.manifest_path, manifest_json(plan, self.gguf_path.name))
-        return ConvertResult(self.out_path, plan, plan.total_size, digest, time.perf_counter() - t0,
-                             self.config_path, self.manifest_path)
+            plan.lm_head = head.result  # type: ignore[assignment]
+            texts = []
+            if self.config_path:
+                texts.append((self.labels[1], config_json(plan)))
+            if self.manifest_path:
+                texts.append((self.labels[2], manifest_json(plan, self.gguf_path.name)))
+            try:
+                for lb, text in texts:
+                    _write_all(fds[lb], text.encode("utf-8"), outs.target(lb), 0, len(text))
+                if token.cancelled:
+                    raise Cancelled("conversion cancelled")
+                outs.commit()
+            except OSError as exc:
+                if isinstance(exc, BumpWriteError):
+                    raise
+                raise BumpWriteError(exc.errno, f"Cannot write the outputs: {exc.strerror or exc} "
+                                     f"({exc.filename or outs.target(self.labels[0])}); nothing was kept at the "
+                                     "target paths") from None
+        return ConvertResult(outs.target(self.labels[0]), plan, plan.total_size, digest, time.perf_counter() - t0,
+                             outs.target(self.labels[1]) if self.config_path else None,
+                             outs.target(self.labels[2]) if self.manifest_path else None)
 
     def _write(self, f: GGUFFile, plan: BumpPlan, report: Callable[[ConvertProgress], None],
-               token: CancelToken, head: _HeadCheck) -> str:
-        out = self.out_path
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{threading.get_ident() % 100000}")
+               token: CancelToken, head: _HeadCheck, fd: int, out: Path) -> str:
+        """Write the bump to ``fd`` (a temporary of ``out``, named in messages) and return the SHA-256."""
         total = plan.total_size
         prefix = len(plan.sections).to_bytes(4, "little") + plan.codes
         pieces: list[Piece] = [(prefix, None)]
@@ -351,14 +379,12 @@ class ConvertJob:
                 pieces.append(piece)
                 owner.append(i)
         hasher = _Hasher(self.gguf_path, self.chunk, pieces, token)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         flusher = _Flusher(fd)
-        src_fd = os.open(self.gguf_path, os.O_RDONLY) if hasattr(os, "copy_file_range") else -1
-        ok = False
+        src_fd = open_input(self.gguf_path) if hasattr(os, "copy_file_range") else -1
         try:
             hasher.start()
             flusher.start()
-            _write_all(fd, plan.header().pack(), tmp, 0, total)
+            _write_all(fd, plan.header().pack(), out, 0, total)
             done = HEADER_SIZE
             flushed = 0
             n = len(plan.sections)
@@ -369,11 +395,11 @@ class ConvertJob:
                 if hasher.error is not None:
                     raise hasher.error
                 if rng is not None and src_fd >= 0:  # kernel-side copy of tensor bytes
-                    _copy_range(src_fd, fd, rng[0], rng[1], tmp, done, total)
+                    _copy_range(src_fd, fd, rng[0], rng[1], out, done, total)
                 elif i >= 0 and plan.sections[i].kind == "zeros" and len(data) >= _HOLE_MIN:
                     os.lseek(fd, len(data), os.SEEK_CUR)  # leave a hole: reads back as zeros
                 else:
-                    _write_all(fd, data, tmp, done, total)
+                    _write_all(fd, data, out, done, total)
                 done += len(data)
                 if done - flushed >= _FLUSH_EVERY:  # start writeback now so the final fsync is short
                     flusher.q.put((flushed, done - flushed))
@@ -388,7 +414,7 @@ class ConvertJob:
                 raise RuntimeError(f"wrote {done} bytes, planned {total}")
             report(ConvertProgress("finishing", done, total, "", n - 1, n))
             os.ftruncate(fd, total)  # in case the file ends in a hole
-            _fsync(fd, tmp, total)  # the bulk of the data reaches the disk while the hasher finishes
+            _fsync(fd, out, total)  # the bulk of the data reaches the disk while the hasher finishes
             hasher.join()
             if token.cancelled:
                 raise Cancelled("conversion cancelled")
@@ -399,12 +425,7 @@ class ConvertJob:
             if head.error is not None:
                 raise head.error
             os.pwrite(fd, digest, CHECKSUM_OFFSET)
-            _fsync(fd, tmp, total)  # the checksum page
-            os.close(fd)
-            fd = -1
-            os.replace(tmp, out)
-            _fsync_dir(out.parent)
-            ok = True
+            _fsync(fd, out, total)  # the checksum page
             return digest.hex()
         finally:
             if flusher.is_alive():
@@ -413,12 +434,17 @@ class ConvertJob:
             if hasher.is_alive():
                 hasher.stop = True
                 hasher.join()
-            if fd >= 0:
-                os.close(fd)
             if src_fd >= 0:
                 os.close(src_fd)
-            if not ok:
-                tmp.unlink(missing_ok=True)
+
+
+def _open_temp(outs: OutputSet, label: str) -> int:
+    try:
+        return outs.open(label)
+    except OSError as exc:
+        folder = outs.target(label).parent
+        raise BumpWriteError(exc.errno, f"Cannot write {label} {outs.target(label)}: cannot create a file in "
+                             f"{folder}: {exc.strerror}; nothing was written") from None
 
 
 def _start_writeback(fd: int, offset: int, length: int) -> None:
@@ -429,16 +455,3 @@ def _start_writeback(fd: int, offset: int, length: int) -> None:
             os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
         except OSError:
             pass
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        dfd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)

@@ -53,17 +53,38 @@ class BumpHeader:
     version: int = VERSION
     model_type: int = MODEL_TYPE
     magic: bytes = MAGIC
+    reserved: bytes = b"\0" * 32  # bytes 0x60..0x7f, zero in every valid file (outside the checksum)
 
     def pack(self) -> bytes:
         return HEADER.pack(self.magic, self.version, self.model_type, self.num_layers, self.vocab_size,
                            self.embed_dim, self.context_len, self.num_heads, self.head_dim, self.aligned_embed_dim,
-                           self.aligned_head_dim, self.aligned_context, self.checksum, b"\0" * 32)
+                           self.aligned_head_dim, self.aligned_context, self.checksum, self.reserved)
 
     @classmethod
     def unpack(cls, raw: bytes) -> BumpHeader:
         (magic, version, model_type, layers, vocab, embed, ctx, heads, hd, a_e, a_h, a_c, checksum,
-         _reserved) = HEADER.unpack(raw[:HEADER_SIZE])
-        return cls(layers, vocab, embed, ctx, heads, hd, a_e, a_h, a_c, checksum, version, model_type, magic)
+         reserved) = HEADER.unpack(raw[:HEADER_SIZE])
+        return cls(layers, vocab, embed, ctx, heads, hd, a_e, a_h, a_c, checksum, version, model_type, magic,
+                   reserved)
+
+    def field_problems(self) -> list[str]:
+        """Header fields outside the checksum that disagree with the format or with each other."""
+        out = []
+        if self.model_type != MODEL_TYPE:
+            out.append(f"header: model_type {self.model_type} at byte 0x0c; expected {MODEL_TYPE}")
+        if self.aligned_embed_dim != self.embed_dim:
+            out.append(f"header: aligned_embed_dim {self.aligned_embed_dim} at byte 0x28 differs from embed_dim "
+                       f"{self.embed_dim} (this layout has no padding)")
+        if self.aligned_head_dim != self.head_dim:
+            out.append(f"header: aligned_head_dim {self.aligned_head_dim} at byte 0x30 differs from head_dim "
+                       f"{self.head_dim} (this layout has no padding)")
+        if self.aligned_context != align_context(self.context_len):
+            out.append(f"header: aligned_context {self.aligned_context} at byte 0x38 is not context "
+                       f"{self.context_len} rounded up to 16")
+        if any(self.reserved):
+            first = next(i for i, x in enumerate(self.reserved) if x)
+            out.append(f"header: reserved bytes 0x60..0x7f are not zero (first non-zero at byte {0x60 + first:#x})")
+        return out
 
 
 def align_context(c: int) -> int:

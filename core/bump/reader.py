@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..fsutil import PathRefused, open_input, printable
 from ..quant.types import ggml_type
 from .format import CHECKSUM_OFFSET, HEADER_SIZE, MAGIC, PER_LAYER, PROFILES, BumpHeader, align_context, code_to_type
 
@@ -67,9 +68,13 @@ class BumpFile:
 
 def compute_checksum(path: Path, progress: Callable[[int, int], None] | None = None) -> bytes:
     h = hashlib.sha256()
-    size = path.stat().st_size
+    try:
+        fd = open_input(path)
+    except PathRefused as exc:
+        raise BumpError(str(exc)) from None
+    size = os.fstat(fd).st_size
     done = HEADER_SIZE
-    with open(path, "rb") as fh:
+    with os.fdopen(fd, "rb") as fh:
         fh.seek(HEADER_SIZE)
         while chunk := fh.read(CHUNK):
             h.update(chunk)
@@ -132,7 +137,7 @@ def _solve(h: BumpHeader, codes: bytes, profile: str, file_size: int) -> list[tu
         return []
     found = []
     H = h.num_heads
-    for kv in (k for k in range(1, H + 1) if H % k == 0):
+    for kv in _divisors(H):
         # total size is affine in ffn: evaluate at two points and solve.
         def total(ffn: int, kv: int = kv) -> int | None:
             secs = layout(h, codes, profile, kv, ffn)
@@ -155,19 +160,60 @@ def _solve(h: BumpHeader, codes: bytes, profile: str, file_size: int) -> list[tu
 MAX_MANIFEST_BYTES = 16 << 20
 
 
+def _divisors(n: int) -> list[int]:
+    """Divisors of ``n`` in ascending order, in O(sqrt(n))."""
+    small, large = [], []
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            small.append(i)
+            if i * i != n:
+                large.append(n // i)
+        i += 1
+    return small + large[::-1]
+
+
+def _check_dims(p: Path, h: BumpHeader, size: int) -> None:
+    """Refuse header dimensions that cannot fit in ``size`` bytes, before any loop or layout uses them: every
+    section holds at least its float32 vectors and its smallest-type matrices, so the claim must fit."""
+    for name, v, at in (("num_layers", h.num_layers, 0x10), ("vocab_size", h.vocab_size, 0x14),
+                        ("embed_dim", h.embed_dim, 0x18), ("context_len", h.context_len, 0x1C),
+                        ("num_heads", h.num_heads, 0x20), ("head_dim", h.head_dim, 0x24)):
+        if v == 0:
+            raise BumpError(f"{p}: {name} is 0 at byte {at:#x}")
+    if h.num_heads > h.embed_dim:
+        raise BumpError(f"{p}: num_heads {h.num_heads} (byte 0x20) exceeds embed_dim {h.embed_dim}")
+    E, L = h.embed_dim, h.num_layers
+    # float32 vectors: pos_emb, 2 norms + bq + bo + b2 per layer (bk/bv/b1 and the matrices only add), final ln x2;
+    # matrices at no less than 0.5 bytes per weight: token_emb, wq and wo per layer.
+    least = (HEADER_SIZE + 4 + 14 * L + 4 + 4 * h.context_len * E + L * 5 * 4 * E + 8 * E
+             + h.vocab_size * E // 2 + L * E * E)
+    if least > size:
+        raise BumpError(f"{p}: the header claims {L} layers, embed {E}, vocab {h.vocab_size}, context "
+                        f"{h.context_len}, which need at least {least:,} bytes; the file has {size:,} (corrupted or "
+                        "truncated)")
+
+
 def read_manifest(path: Path) -> dict[str, Any] | None:
-    """The manifest as a dict, or ``None`` when it is missing or malformed (see :func:`load_manifest`)."""
+    """The JSON object in a small regular file (a manifest or config.json), or ``None`` when it is missing or
+    malformed (see :func:`load_manifest`)."""
     return load_manifest(path)[0]
 
 
 def load_manifest(path: Path) -> tuple[dict[str, Any] | None, str]:
-    """``(manifest, problem)``: a regular file of at most 16 MiB holding a JSON object, else ``None`` and why."""
+    """``(manifest, problem)``: a regular file of at most 16 MiB holding a JSON object, else ``None`` and why.
+    Opened without blocking (a FIFO in its place is refused, never waited on)."""
     try:
-        if not path.is_file():
-            return None, "not a regular file"
-        if path.stat().st_size > MAX_MANIFEST_BYTES:
+        fd = open_input(path)
+    except PathRefused as exc:
+        why = str(exc)
+        return None, why[len(f"{path}: "):] if why.startswith(f"{path}: ") else why
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            raw = fh.read(MAX_MANIFEST_BYTES + 1)
+        if len(raw) > MAX_MANIFEST_BYTES:
             return None, f"larger than {MAX_MANIFEST_BYTES >> 20} MiB"
-        man = json.loads(path.read_text(encoding="utf-8"))
+        man = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError, RecursionError) as exc:
         return None, f"{type(exc).__name__}: {exc}"
     if not isinstance(man, dict):
@@ -184,31 +230,37 @@ def open_bump(path: str | os.PathLike[str], manifest: str | os.PathLike[str] | N
     """Parse a bump file; ``manifest`` (default: ``manifest.json`` beside it, if any) may name the profile."""
     p = Path(path)
     try:
-        size = p.stat().st_size
-        with open(p, "rb") as fh:
+        fd = open_input(p)
+    except PathRefused as exc:
+        raise BumpError(str(exc)) from None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
             head = fh.read(HEADER_SIZE + 4)
             if len(head) < HEADER_SIZE:
                 raise BumpError(f"{p}: file is {size} bytes, shorter than the 128-byte BUMPWGT3 header")
             if head[:8] != MAGIC:
-                raise BumpError(f"{p}: bad magic {head[:8]!r} at byte 0; expected {MAGIC!r}")
+                raise BumpError(f"{p}: bad magic {printable(head[:8])} at byte 0; expected {MAGIC!r}")
             if len(head) < HEADER_SIZE + 4:
                 raise BumpError(f"{p}: file ends at byte {size}, inside the section count at byte 128")
+            h = BumpHeader.unpack(head)
+            if h.version != 3:
+                raise BumpError(f"{p}: version {h.version} at byte 8; expected 3")
+            if h.num_heads == 0 or h.embed_dim % h.num_heads or h.head_dim != h.embed_dim // h.num_heads:
+                raise BumpError(f"{p}: head_dim {h.head_dim} (byte 0x24) does not equal embed_dim {h.embed_dim} / "
+                                f"num_heads {h.num_heads}")
+            if h.aligned_context != align_context(h.context_len):
+                raise BumpError(f"{p}: aligned_context {h.aligned_context} (byte 0x38) is not context "
+                                f"{h.context_len} rounded up to 16")
+            _check_dims(p, h, size)
             count = int.from_bytes(head[HEADER_SIZE:], "little")
-            codes = fh.read(count) if count <= size else b""
+            expected_count = 14 * h.num_layers + 4
+            if count != expected_count:
+                raise BumpError(f"{p}: section count {count} at byte 128; expected 14*{h.num_layers}+4 = "
+                                f"{expected_count}")
+            codes = fh.read(count)
     except OSError as exc:
         raise BumpError(f"{path}: cannot read: {exc.strerror}") from None
-    h = BumpHeader.unpack(head)
-    if h.version != 3:
-        raise BumpError(f"{p}: version {h.version} at byte 8; expected 3")
-    if h.num_heads == 0 or h.embed_dim % h.num_heads or h.head_dim != h.embed_dim // h.num_heads:
-        raise BumpError(f"{p}: head_dim {h.head_dim} (byte 0x24) does not equal embed_dim {h.embed_dim} / "
-                        f"num_heads {h.num_heads}")
-    if h.aligned_context != align_context(h.context_len):
-        raise BumpError(f"{p}: aligned_context {h.aligned_context} (byte 0x38) is not context {h.context_len} "
-                        "rounded up to 16")
-    expected_count = 14 * h.num_layers + 4
-    if count != expected_count:
-        raise BumpError(f"{p}: section count {count} at byte 128; expected 14*{h.num_layers}+4 = {expected_count}")
     if len(codes) != count:
         raise BumpError(f"{p}: file ends at byte {size} inside the dtype table (needs {count} bytes from byte 132)")
     man_path = Path(manifest) if manifest else p.with_name("manifest.json")
@@ -226,10 +278,12 @@ def open_bump(path: str | os.PathLike[str], manifest: str | os.PathLike[str] | N
             return BumpFile(p, size, h, codes, man_profile, "manifest", kv, ffn, secs, [man_profile], notes)
         end = f"ends at byte {secs[-1].offset + secs[-1].size}" if secs else "cannot be laid out"
         notes.append(f"{man_path.name} beside the bump does not describe it: its {man_profile} layout "
-                     f"(num_kv_heads {man.get('num_kv_heads')!r}, intermediate_size {man.get('intermediate_size')!r}) "
+                     f"(num_kv_heads {printable(repr(man.get('num_kv_heads')))[:40]}, "
+                     f"intermediate_size {printable(repr(man.get('intermediate_size')))[:40]}) "
                      f"{end}, the file has {size} bytes; ignored, the layout is inferred")
     elif man is not None and "profile" in man:
-        notes.append(f"{man_path.name} beside the bump names an unknown profile {str(man_profile)[:40]!r}; ignored")
+        shown = printable(repr(str(man_profile)[:40]))
+        notes.append(f"{man_path.name} beside the bump names an unknown profile {shown}; ignored")
     solutions = {prof: _solve(h, codes, prof, size) for prof in PROFILES}
     fits = {prof: sols for prof, sols in solutions.items() if sols}
     if not fits:
@@ -285,15 +339,21 @@ def render_bump(d: dict[str, Any]) -> str:
     for s in d["sections"]:
         lines.append(f"  {s['name']:<22} {s['type_name'] if 'type_name' in s else s['dtype']:<6} {s['code']:>4} "
                      f"{s['offset']:>14,} {s['size']:>14,}")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
 
 
 def is_bump(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a regular file starting with the BUMPWGT3 magic (never opens a FIFO or device)."""
     try:
-        with open(path, "rb") as fh:
-            return fh.read(8) == MAGIC
+        fd = open_input(path)
+    except PathRefused:
+        return False
+    try:
+        return os.pread(fd, 8, 0) == MAGIC
     except OSError:
         return False
+    finally:
+        os.close(fd)
 
 
 __all__ = ["CHECKSUM_OFFSET", "BumpError", "BumpFile", "BumpSection", "describe", "is_bump", "open_bump",

@@ -18,6 +18,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ..fsutil import write_atomic
+
 SCHEMA_VERSION = 1
 DB_NAME = "chats.sqlite3"
 EXPORT_FORMAT = "quantscope-chat"
@@ -384,11 +386,5 @@ def export(conv: Conversation, path: str | Path, fmt: str | None = None) -> Path
     if kind not in ("markdown", "json"):
         raise ValueError(f"export format must be markdown or json, got {kind!r}")
     text = to_json(conv) if kind == "json" else to_markdown(conv)
-    tmp = p.with_name(f".{p.name}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, p)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(p, text, "export")  # refuses FIFOs, devices, directories; a failed export leaves no half file
     return p

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..fsutil import PathRefused, open_input
 from ..native import ffi, lib
 from ..quant.types import GGML_TYPES, REMOVED_TYPE_IDS, GGMLType
 from .constants import (
@@ -249,9 +250,9 @@ class GGUFFile:
     # ------------------------------------------------------------------ opening
     def _open_mmap(self, path: Path) -> None:
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise GGUFError(f"cannot open {path}: {exc.strerror}") from None
+            fd = open_input(path)  # refuses FIFOs, devices, sockets and directories without blocking
+        except PathRefused as exc:
+            raise GGUFError(f"cannot open {exc}") from None
         try:
             size = os.fstat(fd).st_size
             self.file_size = size

@@ -3,6 +3,7 @@ a result summary and "Open the result"."""
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 from PySide6.QtCore import Signal
@@ -32,6 +33,7 @@ from quantscope.core.bump import (
     ConvertProgress,
     ConvertResult,
 )
+from quantscope.core.fsutil import PathRefused, printable
 from quantscope.core.summary import human_bytes
 
 from ..theme import BAD_COLOR, OK_COLOR
@@ -188,6 +190,13 @@ class ConvertDialog(QDialog):
             self.status.setText("Choose an output path first.")
             return
         job = self.job()
+        try:
+            job.check()  # an output that is the source or another output, a FIFO/device/folder: refused here
+        except PathRefused as exc:
+            self.error = str(exc)
+            self.status.setText(f"<span style='color:{BAD_COLOR}; font-weight:600'>Cannot convert:</span> "
+                                f"{html.escape(printable(exc))}")
+            return
         self.state = "running"
         self.result = None
         self.error = None

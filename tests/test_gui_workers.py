@@ -114,7 +114,9 @@ def test_event_loop_keeps_ticking_during_stats_and_conversion(window, qtbot, tmp
     elapsed = time.perf_counter() - t0
     assert tv.analysis is not None and tv.analysis.tensor == "output.weight" and dlg.state == "done"
     assert elapsed > 0.3 and len(gaps) > 20
-    assert max(gaps) < 50, f"event loop stalled {max(gaps)} ms (gaps: {sorted(stamps)[-5:]})"
+    # Not a speed figure: statistics or conversion on the GUI thread stall it for seconds, while a busy 2-core
+    # machine delays a 5 ms timer by tens of ms. 250 ms tells the two apart without flaking under load.
+    assert max(gaps) < 250, f"event loop stalled {max(gaps)} ms (gaps: {sorted(stamps)[-5:]})"
 
 
 def test_closing_mid_job_shuts_down_cleanly(qtbot, tmp_path, model_path):

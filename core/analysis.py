@@ -10,6 +10,7 @@ raising :class:`AnalysisCancelled`.
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from typing import Protocol
 
 import numpy as np
 
+from .filestate import FileChangedError
+from .fsutil import open_input
 from .gguf import GGUFFile, StringArray, TensorInfo
 from .native import kernels as native
 from .quant import DecodedBlock, GGMLType, can_decode, decode_block, ggml_type
@@ -784,9 +787,11 @@ def find_in_strings(arr: StringArray, needle: str, *, ignore_case: bool = True, 
         n = len(arr) if limit is None else min(limit, len(arr))
         return np.arange(n, dtype=np.int64)
     if path is not None:
-        with open(path, "rb") as fh:
+        with os.fdopen(open_input(path), "rb") as fh:  # a FIFO swapped in for the file is refused, not waited on
             fh.seek(arr.start)
             blob = fh.read(arr.nbytes)
+        if len(blob) != arr.nbytes:
+            raise FileChangedError(f"{path}: the file is shorter than when it was opened")
         lengths = arr.lengths()
         starts = np.cumsum(np.concatenate([[0], lengths[:-1] + 8])) + 8  # first text byte of each element
         ends = starts + lengths

@@ -352,8 +352,7 @@ def _engine(args: argparse.Namespace, n_ctx: int = 4096) -> Any:
     from .model import UnsupportedModel
     from .tokenizer import TokenizerError
 
-    if not Path(args.file).is_file():
-        raise CLIError(f"{args.file}: no such file")
+    _check_file(args.file)
     from .engine.cuda_backend import CudaError
 
     try:

@@ -350,3 +350,19 @@ def test_cli_convert_inspect_verify(tmp_path, capsys):
     assert cli_main(["convert", str(src), "-o", str(tmp_path / "s.bump"), "--profile", "seed"]) == 2
     err = capsys.readouterr().err
     assert "cannot convert m.gguf" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.05])
+def test_source_truncated_mid_conversion_is_a_clear_error(tmp_path, keep):
+    """The GGUF shrinks under the writer (its mapping loses pages): a BumpWriteError naming the change, no
+    SIGBUS, nothing left at the target path."""
+    src = write_model(tmp_path / "m.gguf")
+    size = src.stat().st_size
+
+    def progress(p):
+        if p.phase == "writing" and src.stat().st_size == size:
+            os.truncate(src, int(size * keep))
+
+    with pytest.raises(BumpWriteError, match="source file changed while it was being converted"):
+        ConvertJob(src, tmp_path / "w.bump", chunk_bytes=4096).run(progress, CancelToken())
+    assert os.listdir(tmp_path) == ["m.gguf"]

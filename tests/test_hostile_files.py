@@ -299,7 +299,8 @@ def test_stale_temporaries_of_dead_processes_are_removed(src: Path, tmp_path: Pa
 @pytest.mark.parametrize("cmd", [
     ["inspect", "{x}"], ["inspect", "{x}", "--json"], ["tokenize", "{x}", "hello"], ["verify", "{x}"],
     ["dump-block", "{x}", "token_embd.weight"], ["convert", "{x}", "-o", "{tmp}/w.bump"],
-    ["verify", "{bump}", "--against", "{x}"],
+    ["verify", "{bump}", "--against", "{x}"], ["generate", "{x}", "-p", "hi", "-n", "1"],
+    ["chat", "{x}"], ["bench", "{x}", "-p", "4", "-n", "1"],
 ])
 @pytest.mark.parametrize("kind", ["fifo", "dir", "chardev"])
 def test_non_regular_inputs_are_refused_at_once(cmd: list[str], kind: str, tmp_path: Path, bump: Path) -> None:

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..fsutil import OutputSet, open_input
 from ..gguf import GGUFFile, TensorInfo
+from ..native.kernels import copy_mapped
 from .format import CHECKSUM_OFFSET, HEADER_SIZE
 from .plan import BumpPlan, LmHead, Section, decide_lm_head, plan_conversion
 
@@ -92,7 +93,7 @@ class ConvertResult:
 def vector_as_f32(f: GGUFFile, t: TensorInfo, n: int) -> bytes:
     """A norm or bias vector as float32 (F16 exactly, BF16 as u16 << 16), truncated or zero-padded to ``n``."""
     assert t.type is not None
-    raw = f.tensor_bytes(t)
+    raw = copy_mapped(f.tensor_bytes(t), t.name)  # guarded: a truncated source raises instead of SIGBUS
     if t.type.name == "F32":
         v = raw.view("<f4")
     elif t.type.name == "F16":
@@ -159,6 +160,10 @@ class _Flusher(threading.Thread):
 Piece = tuple[Any, "tuple[int, int] | None"]  # (bytes-like, source range) as section_chunks yields them
 
 
+_SOURCE_CHANGED = ("The source file changed while it was being converted (truncated or replaced); nothing was "
+                   "kept at the target path")
+
+
 class _Hasher(threading.Thread):
     """SHA-256 of the whole output after the header, in its own thread (hashlib releases the GIL on large buffers).
 
@@ -191,7 +196,7 @@ class _Hasher(threading.Thread):
                 view = memoryview(self.buf)[:length]
                 got = os.preadv(src, [view], offset)
                 if got != length:
-                    raise OSError(errno.EIO, f"short read of the source at {offset}")
+                    raise BumpWriteError(errno.EIO, _SOURCE_CHANGED)
                 self.h.update(view)
         except BaseException as exc:
             self.error = exc
@@ -211,6 +216,8 @@ def _write_all(fd: int, data: Any, path: Path, written: int, total: int) -> None
                 raise BumpWriteError(exc.errno, f"No space left on the device holding {path.parent} after writing "
                                      f"{written:,} of {total:,} bytes ({free:,} bytes free); nothing was kept "
                                      "at the target path") from None
+            if exc.errno == errno.EFAULT:  # the kernel could not read our source: the mapped GGUF lost its pages
+                raise BumpWriteError(exc.errno, _SOURCE_CHANGED) from None
             raise BumpWriteError(exc.errno, f"Cannot write {path}: {exc.strerror}") from None
         mv = mv[n:]
         written += n
@@ -240,8 +247,11 @@ def _copy_range(src_fd: int, dst_fd: int, offset: int, count: int, path: Path, w
                                      f"{written:,} of {total:,} bytes; nothing was kept at the target path") from None
             else:
                 raise BumpWriteError(exc.errno, f"Cannot write {path}: {exc.strerror}") from None
-        if n == 0:  # not supported here: plain copy
-            _write_all(dst_fd, os.pread(src_fd, count, offset), path, written, total)
+        if n == 0:  # not supported here (or the source ended early): plain copy
+            data = os.pread(src_fd, count, offset)
+            if len(data) != count:
+                raise BumpWriteError(errno.EIO, _SOURCE_CHANGED)
+            _write_all(dst_fd, data, path, written, total)
             return
         offset += n
         count -= n

@@ -16,7 +16,7 @@ from .fsutil import PathRefused, check_input, json_text, printable
 from .gguf import GGUFError, GGUFFile
 
 COMMANDS = ("inspect", "dump-block", "models", "bench", "convert", "verify", "generate", "chat", "tokenize",
-            "perplexity")
+            "perplexity", "desktop")
 BENCH_KINDS = ("open", "kernels", "convert", "model")
 KERNEL_TYPES_HELP = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32")
 
@@ -568,6 +568,27 @@ def _add_sampling(s: argparse.ArgumentParser) -> None:
     s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
 
 
+def cmd_desktop(args: argparse.Namespace) -> int:
+    from . import desktop
+
+    try:
+        base = desktop.data_dir(args.prefix)
+        rep = desktop.install(base) if args.action == "install" else desktop.uninstall(base)
+    except desktop.DesktopError as exc:
+        raise CLIError(str(exc)) from None
+    if args.action == "install":
+        print(f"Installed the desktop entry, icons and {desktop.MIME_TYPE} under {printable(base)}, starting: "
+              f"{printable(' '.join(rep.command))}")
+    else:
+        print(f"Removed the desktop integration under {printable(base)}" if rep.removed
+              else f"Nothing of quantscope's desktop integration was found under {printable(base)}")
+    for rel in rep.written or rep.removed:
+        print(f"  {printable(rel)}")
+    for line in rep.kept + rep.tools:
+        print(f"  {printable(line)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="quantscope",
@@ -646,6 +667,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("names", nargs="*", help=f"model names ({', '.join(catalog.MODELS)}); default all")
     s.add_argument("--verify", action="store_true", help="re-hash cached files")
     s.set_defaults(func=cmd_models)
+
+    s = sub.add_parser("desktop", help="add quantscope to this user's application menu, with its icon and the GGUF "
+                       "file type (install), or take it out again (uninstall)")
+    s.add_argument("action", choices=("install", "uninstall"))
+    s.add_argument("--prefix", help="use DIR/share instead of $XDG_DATA_HOME (default ~/.local/share)",
+                   metavar="DIR")
+    s.set_defaults(func=cmd_desktop)
 
     s = sub.add_parser("bench", help="benchmarks (figures only)")
     bsub = s.add_subparsers(dest="what", required=True)

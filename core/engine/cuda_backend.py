@@ -1,16 +1,17 @@
 """Optional CUDA backend: the whole forward pass on an NVIDIA GPU, behind the CPU :class:`Session` API.
 
-The library (``build/cuda/libquantscope_cuda.so``, built by ``csrc/cuda/build.sh`` when ``nvcc`` exists) is loaded
-with cffi's ``dlopen``; it is never needed: :func:`cuda_status` says whether it can run and, if not, why (no
-library, no driver, no device, ...), and callers fall back to the CPU. Weights are uploaded once, repacked but still
-quantized; types without GPU kernels are dequantized to F32 on upload. Every size is validated here before a
-pointer reaches C.
+The library (``build/cuda/libquantscope_cuda.so``, built by ``csrc/cuda/build.sh`` when ``nvcc`` exists; inside a
+PyInstaller app, the bundled copy: :func:`library_path`) is loaded with cffi's ``dlopen``; it is never needed:
+:func:`cuda_status` says whether it can run and, if not, why (no library, no driver, no device, ...), and callers
+fall back to the CPU. Weights are uploaded once, repacked but still quantized; types without GPU kernels are
+dequantized to F32 on upload. Every size is validated here before a pointer reaches C.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,8 @@ __all__ = [
 ]
 
 LIB_ENV = "QUANTSCOPE_CUDA_LIB"
-DEFAULT_LIB = Path(__file__).resolve().parents[2] / "build" / "cuda" / "libquantscope_cuda.so"
+LIB_NAME = "libquantscope_cuda.so"
+DEFAULT_LIB = Path(__file__).resolve().parents[2] / "build" / "cuda" / LIB_NAME
 HEADER = Path(__file__).resolve().parents[2] / "csrc" / "cuda" / "qsc_api.h"
 
 #: Weight types with GPU kernels, as stored (ggml ids); others are dequantized to F32 on upload.
@@ -137,9 +139,18 @@ def describe_cuda_error(code: int, detail: str = "") -> str:
 
 
 def library_path() -> Path:
-    """Where the library is looked for: ``$QUANTSCOPE_CUDA_LIB`` or ``build/cuda/libquantscope_cuda.so``."""
+    """Where the library is looked for: ``$QUANTSCOPE_CUDA_LIB``; in a frozen (PyInstaller) app the bundle's
+    folder (``sys._MEIPASS``, where packaging/quantscope.spec puts it), then the executable's folder; otherwise
+    ``build/cuda/libquantscope_cuda.so`` of the source tree. When none exists, the first place is named."""
     env = os.environ.get(LIB_ENV)
-    return Path(env) if env else DEFAULT_LIB
+    if env:
+        return Path(env)
+    if not getattr(sys, "frozen", False):
+        return DEFAULT_LIB
+    bundle = getattr(sys, "_MEIPASS", None)
+    places = [Path(bundle) / LIB_NAME] if bundle else []
+    places.append(Path(sys.executable).resolve().parent / LIB_NAME)
+    return next((p for p in places if p.is_file()), places[0])
 
 
 @functools.cache

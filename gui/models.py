@@ -34,6 +34,11 @@ TOKEN_TYPE_NAMES = {NORMAL: "NORMAL", UNKNOWN: "UNKNOWN", CONTROL: "CONTROL", US
 _CONTROL = {"\n": "↵", "\r": "␍", "\t": "⇥", "\0": "␀"}
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 tensor``, ``2 tensors``, ``12,345 tokens`` (``many`` for irregular plurals)."""
+    return f"{n:,} {word if n == 1 else many or word + 's'}"
+
+
 def visible_text(s: str, limit: int = 400) -> str:
     """A string with control characters made visible (tokens are often just whitespace)."""
     if len(s) > limit:
@@ -335,7 +340,7 @@ class TensorTreeModel(QAbstractItemModel):
 
     def group_label(self, g: int) -> str:
         name, ts = self.groups[g]
-        return f"{name or 'model (outside the blocks)'}  ·  {len(ts)} tensors"
+        return f"{name or 'model (outside the blocks)'}  ·  {plural(len(ts), 'tensor')}"
 
     def index(self, row: int, column: int, parent: _Index = _ROOT) -> QModelIndex:
         if not self.hasIndex(row, column, parent):

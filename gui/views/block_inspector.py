@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QResizeEvent, QShowEvent
+from PySide6.QtGui import QKeySequence, QResizeEvent, QShortcut, QShowEvent
 from PySide6.QtWidgets import (
     QBoxLayout,
     QComboBox,
@@ -224,6 +224,29 @@ class BlockInspectorView(QWidget):
         self.codes.elementHovered.connect(self.preview_element)
         self.codes.elementClicked.connect(self.set_element)
         self.scales.scaleHovered.connect(self._scale_hovered)
+        self._install_keys()
+
+    #: Keys of this view (also listed by F1): keys, what they do, and the step they take.
+    KEYS = (("Ctrl+Left", "previous element", "element", -1), ("Ctrl+Right", "next element", "element", 1),
+            ("Ctrl+Up", "previous block of the row", "block", -1), ("Ctrl+Down", "next block of the row", "block", 1),
+            ("Alt+Up", "previous row", "row", -1), ("Alt+Down", "next row", "row", 1))
+
+    def key_help(self) -> list[tuple[str, str]]:
+        """(keys, what they do) of this view's shortcuts, for the F1 list."""
+        return [(QKeySequence(k).toString(QKeySequence.SequenceFormat.NativeText), what)
+                for k, what, _, _ in self.KEYS]
+
+    def _install_keys(self) -> None:
+        for keys, what, target, step in self.KEYS:
+            sc = QShortcut(QKeySequence(keys), self)
+            sc.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+            sc.setWhatsThis(what)
+            sc.activated.connect(lambda t=target, d=step: self.step(t, d))
+
+    def step(self, target: str, delta: int) -> None:
+        """Move the selected element, block or row by ``delta`` (clamped to the tensor)."""
+        spin = {"element": self.elem_spin, "block": self.block_spin, "row": self.row_spin}[target]
+        spin.setValue(max(spin.minimum(), min(spin.maximum(), spin.value() + delta)))
 
     # ------------------------------------------------------------------ reflow
     def resizeEvent(self, event: QResizeEvent) -> None:

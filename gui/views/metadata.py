@@ -29,7 +29,7 @@ from quantscope.core.gguf import GGUFFile, MetadataValue, StringArray, ValueType
 from quantscope.core.summary import format_value
 
 from ..document import Document
-from ..models import KEY_ROLE, ArrayModel, MetadataModel, SortFilterProxy
+from ..models import KEY_ROLE, ArrayModel, MetadataModel, SortFilterProxy, plural
 from ..theme import is_dark
 from ..widgets.blockwidgets import mono_font
 from ..widgets.fit import fit_columns
@@ -168,11 +168,12 @@ class ArrayView(QWidget):
         text = self.search.text()
         if not text:
             self.model.set_indices(None)
-            self.status.setText(f"{kv.key}: {len(kv.value):,} elements")
+            self.status.setText(f"{kv.key}: {plural(len(kv.value), 'element')}")
             return
         hits = find_in_strings(kv.value, text, path=str(f.path) if f.path else None)
         self.model.set_indices(hits)
-        self.status.setText(f"{len(hits):,} of {len(kv.value):,} elements contain {text!r}")
+        verb = "contains" if len(hits) == 1 else "contain"
+        self.status.setText(f"{len(hits):,} of {plural(len(kv.value), 'element')} {verb} {text!r}")
 
     def go_to(self, i: int) -> None:
         row = i
@@ -263,7 +264,7 @@ class MetadataView(QWidget):
 
     def _filter(self, text: str) -> None:
         self.proxy.setFilterFixedString(text)
-        self.count.setText(f"{self.proxy.rowCount():,} of {self.model.rowCount():,} keys")
+        self.count.setText(f"{self.proxy.rowCount():,} of {plural(self.model.rowCount(), 'key')}")
 
     def select_key(self, key: str) -> bool:
         """Select ``key`` in the table (clearing a filter that hides it) and show its value."""

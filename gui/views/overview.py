@@ -35,7 +35,7 @@ from quantscope.core.analysis import (
 from quantscope.core.summary import human_bytes
 
 from ..document import Document
-from ..models import KeyValueModel
+from ..models import KeyValueModel, plural
 from ..theme import BAD_COLOR, INFO_COLOR, OK_COLOR, group_color
 from ..widgets.fit import ElidedLabel, fit_columns
 from ..workers import TaskRunner
@@ -307,7 +307,8 @@ class OverviewView(QWidget):
         top = float(mib.max()) if n else 1.0
         for i, r in enumerate(rows):
             bpw = r["bits_per_weight"]
-            label = f" {human_bytes(r['bytes'])} · {r['tensors']} tensors" + (f" · {bpw:.2f} bpw" if bpw else "")
+            label = (f" {human_bytes(r['bytes'])} · {plural(r['tensors'], 'tensor')}"
+                     + (f" · {bpw:.2f} bpw" if bpw else ""))
             t = pg.TextItem(label, anchor=(0, 0.5), color=p.getAxis("bottom").textPen().color())
             t.setPos(mib[i], i)
             p.addItem(t)
@@ -340,8 +341,9 @@ class OverviewView(QWidget):
             return
         m = memory_plan(self.doc.gguf, self.ctx_spin.value(), self.kv_combo.currentText())
         self.mem_weights.setText(f"{human_bytes(m.weights_bytes)}  ({m.weights_bytes:,} bytes as stored)")
-        self.mem_kv.setText(f"{human_bytes(m.kv_bytes)}  = {m.n_layers} layers × {m.context:,} tokens × "
-                            f"{m.n_kv_heads} KV heads × ({m.key_length} + {m.value_length}) × {m.kv_type} "
+        self.mem_kv.setText(f"{human_bytes(m.kv_bytes)}  = {plural(m.n_layers, 'layer')} × "
+                            f"{plural(m.context, 'token')} × {plural(m.n_kv_heads, 'KV head')} × "
+                            f"({m.key_length} + {m.value_length}) × {m.kv_type} "
                             f"({human_bytes(m.kv_bytes_per_token)} per token)")
         self.mem_total.setText(human_bytes(m.total_bytes))
         self.mem_note.setText(m.note + ("; " if m.note else "") + "compute buffers and the runtime come on top.")
@@ -398,12 +400,12 @@ class OverviewView(QWidget):
         if r.n_bad:
             first = ", ".join(f"{b.tensor} block {b.block} {b.field}=0x{b.bits:x}" for b in r.bad[:3])
             text = (f"<span style='color:{BAD_COLOR}'>✗ {r.n_bad:,} NaN/Inf scales</span> in "
-                    f"{r.blocks_scanned:,} blocks of {r.tensors_scanned} tensors, e.g. {first}")
+                    f"{plural(r.blocks_scanned, 'block')} of {plural(r.tensors_scanned, 'tensor')}, e.g. {first}")
         else:
-            text = (f"<span style='color:{OK_COLOR}'>✓ no NaN/Inf scales</span> in {r.blocks_scanned:,} blocks "
-                    f"of {r.tensors_scanned} tensors ({r.seconds:.2f} s)")
+            text = (f"<span style='color:{OK_COLOR}'>✓ no NaN/Inf scales</span> in "
+                    f"{plural(r.blocks_scanned, 'block')} of {plural(r.tensors_scanned, 'tensor')} ({r.seconds:.2f} s)")
         if r.skipped:
-            text += f"; {len(r.skipped)} tensors of types without known scale fields skipped"
+            text += f"; {plural(len(r.skipped), 'tensor')} of types without known scale fields skipped"
         self._scan_end(doc, text)
 
 

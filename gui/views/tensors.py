@@ -37,7 +37,7 @@ from quantscope.core.gguf import TensorInfo
 from quantscope.core.summary import human_bytes
 
 from ..document import Document
-from ..models import KEY_ROLE, KeyValueModel, SortFilterProxy, TensorTableModel, TensorTreeModel, shape_text
+from ..models import KEY_ROLE, KeyValueModel, SortFilterProxy, TensorTableModel, TensorTreeModel, plural, shape_text
 from ..theme import BAD_COLOR, group_color
 from ..widgets.fit import ElidedLabel, fit_columns
 from ..workers import TaskRunner
@@ -260,6 +260,11 @@ class TensorsView(QWidget):
             self.hover.setText("Select a tensor: its heatmap appears here." if self.tensor is None else
                                "No heatmap for this tensor.")
 
+    def key_help(self) -> list[tuple[str, str]]:
+        """(keys, what they do) of this view, for the F1 list."""
+        return [("Enter, double click", "open the tensor's first block in the block inspector"),
+                ("Menu key, right click", "copy the name, open the block, show it in the heatmap")]
+
     def tensor_at(self, view: QTreeView | QTableView, index: QModelIndex) -> str | None:
         """The tensor name of a row of the tree or the table (None for a layer row)."""
         proxy = self.tree_proxy if view is self.tree else self.table_proxy
@@ -300,7 +305,12 @@ class TensorsView(QWidget):
         return [copy, block, heat]
 
     def _context_menu(self, view: QTreeView | QTableView, pos: QPoint) -> None:
-        name = self.tensor_at(view, view.indexAt(pos))
+        at = view.indexAt(pos)
+        name = self.tensor_at(view, at)
+        if name is None and not at.isValid():  # the Menu key (or a click off the rows): the current row
+            name = self.tensor_at(view, view.currentIndex())
+            if name is not None:
+                pos = view.visualRect(view.currentIndex()).center()
         if name is None:
             return
         menu = QMenu(self)
@@ -308,6 +318,7 @@ class TensorsView(QWidget):
         for a in self.context_actions(name):
             a.setParent(menu)
             menu.addAction(a)
+        self.context_menu = menu
         menu.popup(view.viewport().mapToGlobal(pos))
 
     def _filter(self, text: str) -> None:
@@ -315,7 +326,7 @@ class TensorsView(QWidget):
         self.table_proxy.setFilterFixedString(text)
         if text:
             self.tree.expandAll()
-        self.count.setText(f"{self.table_proxy.rowCount():,} of {self.table_model.rowCount():,} tensors")
+        self.count.setText(f"{self.table_proxy.rowCount():,} of {plural(self.table_model.rowCount(), 'tensor')}")
 
     def _tree_current(self, current: QModelIndex, _prev: QModelIndex) -> None:
         name = self.tree_proxy.data(current.siblingAtColumn(0), KEY_ROLE)

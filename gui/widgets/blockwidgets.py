@@ -184,6 +184,7 @@ class ScaleBitDiagram(_Painted):
     scaleHovered = Signal(str, int)  # name, index ("" / -1 when leaving)
 
     BIT_W, ROW_H, LEFT = 34, 28, 76
+    LABEL_PT = 7.5  # the value.bit label under each bit (``sc1.5``)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -271,7 +272,7 @@ class ScaleBitDiagram(_Painted):
                 p.setPen(QColor("white") if solid and lit else text)
                 p.setFont(mono_font(9, bold=True))
                 p.drawText(rect.adjusted(0, 1, 0, -rect.height() // 2), Qt.AlignmentFlag.AlignCenter, str(bit_v))
-                p.setFont(mono_font(7.5))
+                p.setFont(mono_font(self.LABEL_PT))
                 p.drawText(rect.adjusted(0, rect.height() // 2 - 2, 0, 0), Qt.AlignmentFlag.AlignCenter,
                            f"{owner.name[:2]}{owner.index}.{owner.value_bit}")
         # unpacked values

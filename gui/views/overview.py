@@ -205,7 +205,8 @@ class OverviewView(QWidget):
         bl = QVBoxLayout(body)
         bl.addLayout(self.cards_grid)
         bl.addLayout(self.columns, 0)
-        bl.addWidget(ib, 1)
+        bl.addWidget(ib)
+        bl.addStretch(1)  # a tall window: empty space below, not inside the boxes
         self._wide: tuple[bool, bool] | None = None
         self._reflow(WIDE_COLUMNS)
         scroll = QScrollArea()

@@ -42,6 +42,7 @@ from ..theme import BAD_COLOR, group_color
 from ..widgets.fit import ElidedLabel, fit_columns
 from ..workers import TaskRunner
 
+HOVER_HINT = "Hover the heatmap for row, column and value; click a cell to open its block."
 _DIVERGING = "CET-D1"
 _SEQUENTIAL = "viridis"
 
@@ -88,7 +89,7 @@ class TensorsView(QWidget):
         self.table.verticalHeader().setDefaultSectionSize(22)
         self.table.setAlternatingRowColors(True)
         for view in (self.tree, self.table):
-            fit_columns(view, stretch=0, optional=(3, 5, 2, 6, 4), min_stretch=150)
+            fit_columns(view, stretch=0, optional=(3, 5, 2, 6, 4), min_stretch=150, max_stretch=300)
             view.activated.connect(self._activated)  # Enter, or a double click
             view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
             view.customContextMenuRequested.connect(lambda pos, v=view: self._context_menu(v, pos))
@@ -166,11 +167,12 @@ class TensorsView(QWidget):
         self.reset_btn = QPushButton("Whole matrix")
         self.reset_btn.setAccessibleName("Show the whole matrix again")
         self.reset_btn.clicked.connect(self._reset_heatmap)
-        self.hover = QLabel("Hover the heatmap for row, column and value; click a cell to open its block.")
+        self.hover = QLabel(HOVER_HINT)
         self.hover.setObjectName("muted")
         self.hover.setAccessibleName("Heatmap position")
         self.hover.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.heat_info = ElidedLabel()
+        self.heat_info.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.heat_info.setObjectName("muted")
         self.heat_plot.scene().sigMouseMoved.connect(self._heat_hover)
         self.heat_plot.scene().sigMouseClicked.connect(self._heat_click)
@@ -196,8 +198,7 @@ class TensorsView(QWidget):
         bar.addWidget(self.heat_mode)
         bar.addWidget(self.refine_btn)
         bar.addWidget(self.reset_btn)
-        bar.addStretch(1)
-        bar.addWidget(self.heat_info)
+        bar.addWidget(self.heat_info, 1)  # elided when narrow, whole in its tool tip
         hpl.addLayout(bar)
         hpl.addWidget(self.heat_widget, 1)
         hpl.addWidget(self.hover)
@@ -255,7 +256,9 @@ class TensorsView(QWidget):
         for side in ("left", "bottom"):
             self.heat_plot.showAxis(side, on)
         self.colorbar.setVisible(on)
-        if not on:
+        if on:
+            self.hover.setText(HOVER_HINT)
+        else:
             self.heat_info.setText("")
             self.hover.setText("Select a tensor: its heatmap appears here." if self.tensor is None else
                                "No heatmap for this tensor.")

@@ -58,9 +58,11 @@ class ElidedLabel(QLabel):
 class _ColumnFitter(QObject):
     """Event filter behind :func:`fit_columns`: re-fits on every resize of the view."""
 
-    def __init__(self, view: QTableView | QTreeView, stretch: int, optional: Sequence[int], min_stretch: int) -> None:
+    def __init__(self, view: QTableView | QTreeView, stretch: int, optional: Sequence[int], min_stretch: int,
+                 max_stretch: int) -> None:
         super().__init__(view)
-        self.view, self.stretch, self.optional, self.min_stretch = view, stretch, tuple(optional), min_stretch
+        self.view, self.stretch, self.optional = view, stretch, tuple(optional)
+        self.min_stretch, self.max_stretch = min_stretch, max_stretch
 
     def eventFilter(self, obj: QObject, event: QEvent) -> bool:
         if event.type() in (QEvent.Type.Resize, QEvent.Type.Show, QEvent.Type.LayoutRequest):
@@ -82,21 +84,23 @@ class _ColumnFitter(QObject):
         cols = [c for c in range(model.columnCount()) if c != self.stretch]
         hidden: set[int] = set()
         widths = {c: self._width(c) for c in cols}
+        want = max(self.min_stretch, min(self._width(self.stretch), self.max_stretch))
         for c in (None, *self.optional):
             if c is not None:
                 hidden.add(c)
-            if room - sum(w for k, w in widths.items() if k not in hidden) >= self.min_stretch:
+            if room - sum(w for k, w in widths.items() if k not in hidden) >= want:
                 break
         for c in cols:
             h.setSectionHidden(c, c in hidden)
 
 
 def fit_columns(view: QTableView | QTreeView, stretch: int = 0, optional: Sequence[int] = (),
-                min_stretch: int = 120) -> None:
+                min_stretch: int = 120, max_stretch: int = 0) -> None:
     """Keep ``view``'s columns inside its width: never a horizontal scroll bar. Every column but ``stretch`` is as
     wide as its contents; ``stretch`` takes the rest, its text elided in the middle (item views show the full
-    text in the tool tip their model gives). While ``stretch`` would get less than ``min_stretch`` pixels, the
-    columns in ``optional`` are hidden, in that order (the first is the least needed)."""
+    text in the tool tip their model gives). While ``stretch`` would get less than its contents' width (at most
+    ``max_stretch`` pixels) or ``min_stretch``, the columns in ``optional`` are hidden, in that order (the first
+    is the least needed)."""
     h = view.header() if isinstance(view, QTreeView) else view.horizontalHeader()
     view.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
     view.setHorizontalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
@@ -105,7 +109,7 @@ def fit_columns(view: QTableView | QTreeView, stretch: int = 0, optional: Sequen
     h.setMinimumSectionSize(24)
     h.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
     h.setSectionResizeMode(stretch, QHeaderView.ResizeMode.Stretch)
-    fitter = _ColumnFitter(view, stretch, optional, min_stretch)
+    fitter = _ColumnFitter(view, stretch, optional, min_stretch, max_stretch)
     view.viewport().installEventFilter(fitter)
     view._column_fitter = fitter  # type: ignore[attr-defined]
     fitter.fit()

@@ -210,7 +210,7 @@ class MetadataView(QWidget):
         self.table.verticalHeader().setDefaultSectionSize(22)
         self.table.setAlternatingRowColors(True)
         self.table.setWordWrap(False)
-        fit_columns(self.table, stretch=2, optional=(3,), min_stretch=100)
+        fit_columns(self.table, stretch=2, optional=(3,), min_stretch=100, elide=Qt.TextElideMode.ElideRight)
         self.count = QLabel()
         self.count.setObjectName("muted")
 

@@ -95,16 +95,17 @@ class _ColumnFitter(QObject):
 
 
 def fit_columns(view: QTableView | QTreeView, stretch: int = 0, optional: Sequence[int] = (),
-                min_stretch: int = 120, max_stretch: int = 0) -> None:
+                min_stretch: int = 120, max_stretch: int = 0,
+                elide: Qt.TextElideMode = Qt.TextElideMode.ElideMiddle) -> None:
     """Keep ``view``'s columns inside its width: never a horizontal scroll bar. Every column but ``stretch`` is as
-    wide as its contents; ``stretch`` takes the rest, its text elided in the middle (item views show the full
+    wide as its contents; ``stretch`` takes the rest, its text elided (``elide``; item views show the full
     text in the tool tip their model gives). While ``stretch`` would get less than its contents' width (at most
     ``max_stretch`` pixels) or ``min_stretch``, the columns in ``optional`` are hidden, in that order (the first
     is the least needed)."""
     h = view.header() if isinstance(view, QTreeView) else view.horizontalHeader()
     view.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
     view.setHorizontalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
-    view.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+    view.setTextElideMode(elide)
     h.setStretchLastSection(False)
     h.setMinimumSectionSize(24)
     h.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)

@@ -379,6 +379,14 @@ def test_block_inspector_keeps_the_selected_element_while_hovering(window, qtbot
     assert (bv.row_spin.value(), bv.block_spin.value(), bv.element) == (6, 3, 201)
     bv.step("row", -100)
     assert bv.row_spin.value() == 0  # clamped
+    # its keys work wherever the focus is while the view shows (the tab bar's too), and are off elsewhere
+    keys = {sc.key().toString(): sc for sc in bv.shortcuts}
+    assert set(keys) == {"Ctrl+Left", "Ctrl+Right", "Ctrl+Up", "Ctrl+Down", "Alt+Up", "Alt+Down"}
+    assert all(sc.isEnabled() and sc.context() == Qt.ShortcutContext.WindowShortcut for sc in bv.shortcuts)
+    keys["Ctrl+Right"].activated.emit()
+    assert bv.element == 202
+    window.show_view("overview")
+    assert not any(sc.isEnabled() for sc in bv.shortcuts)
 
 
 def test_scale_bit_labels_are_readable(window, model_path):  # noqa: F811

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QKeySequence, QResizeEvent, QShortcut, QShowEvent
+from PySide6.QtGui import QHideEvent, QKeySequence, QResizeEvent, QShortcut, QShowEvent
 from PySide6.QtWidgets import (
     QBoxLayout,
     QComboBox,
@@ -237,11 +237,15 @@ class BlockInspectorView(QWidget):
                 for k, what, _, _ in self.KEYS]
 
     def _install_keys(self) -> None:
+        """Window-wide while this view is shown (whatever has the focus, the tab bar included), off while hidden."""
+        self.shortcuts: list[QShortcut] = []
         for keys, what, target, step in self.KEYS:
             sc = QShortcut(QKeySequence(keys), self)
-            sc.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+            sc.setContext(Qt.ShortcutContext.WindowShortcut)
             sc.setWhatsThis(what)
+            sc.setEnabled(False)
             sc.activated.connect(lambda t=target, d=step: self.step(t, d))
+            self.shortcuts.append(sc)
 
     def step(self, target: str, delta: int) -> None:
         """Move the selected element, block or row by ``delta`` (clamped to the tensor)."""
@@ -255,7 +259,14 @@ class BlockInspectorView(QWidget):
 
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
+        for sc in self.shortcuts:
+            sc.setEnabled(True)
         self._reflow()
+
+    def hideEvent(self, event: QHideEvent) -> None:
+        super().hideEvent(event)
+        for sc in self.shortcuts:
+            sc.setEnabled(False)
 
     def _reflow(self) -> None:
         """Raw bytes and values beside scales, codes and fields when both columns fit; one column otherwise."""

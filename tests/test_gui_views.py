@@ -435,6 +435,7 @@ def test_tensor_enter_double_click_and_context_menu(window, qtbot, model_path): 
     window.show_view("tensors")
     # no tensor chosen yet: no axes around an empty heatmap
     assert not tv.heat_plot.getAxis("bottom").isVisible() and not tv.colorbar.isVisible()
+    assert not tv.hist.getPlotItem().getAxis("bottom").isVisible()
     name = "blk.2.ffn_up.weight"
     tv.lists.setCurrentIndex(1)
     src = tv._source_index(tv.table_model, name)
@@ -442,6 +443,7 @@ def test_tensor_enter_double_click_and_context_menu(window, qtbot, model_path): 
     tv.table.setCurrentIndex(idx)
     wait_idle(qtbot, window)
     assert tv.heat_plot.getAxis("bottom").isVisible() and tv.colorbar.isVisible()
+    assert tv.hist.getPlotItem().getAxis("bottom").isVisible()
     qtbot.keyClick(tv.table, Qt.Key.Key_Return)
     assert window.current_view() == "block" and window.block_view.tensor.name == name
     window.show_view("tensors")

@@ -250,6 +250,11 @@ class TensorsView(QWidget):
         self.image.clear()
         self.heat = None
         self._heat_axes(False)
+        self._hist_axes(False)
+
+    def _hist_axes(self, on: bool) -> None:
+        for side in ("left", "bottom"):
+            self.hist.getPlotItem().showAxis(side, on)
 
     def _heat_axes(self, on: bool) -> None:
         """Axes and colour bar only around a drawn heatmap (an empty plot's −400…400 axes mean nothing)."""
@@ -414,6 +419,7 @@ class TensorsView(QWidget):
         self.hist.clear()
         self.image.clear()
         self._heat_axes(False)
+        self._hist_axes(False)
         if t.n_elements == 0:
             self._set_progress_visible(False)
             self.heat = None
@@ -478,6 +484,7 @@ class TensorsView(QWidget):
             ("Inf", f"{s.n_inf:,}"), ("zeros", f"{s.n_zero:,}"),
         ], {i: pg.mkColor(BAD_COLOR) for i in (6, 7) if (s.n_nan if i == 6 else s.n_inf)})
         self.hist.clear()
+        self._hist_axes(True)
         h = a.histogram
         self.hist.plot(h.edges, h.counts, stepMode="center", fillLevel=0, brush=pg.mkBrush(group_color(0)),
                        pen=pg.mkPen(group_color(0).darker(120)))

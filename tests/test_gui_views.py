@@ -262,6 +262,12 @@ def test_every_view_fits_without_sideways_scrolling_or_cut_text(window, qtbot, m
     window.block_view.show_block("blk.0.attn_output.weight", 0, 0, 37)
     _settle(qtbot, window, size)
     assert fit_problems(window) == [], "block inspector"
+    # another file in the same window: its names and numbers are fitted again
+    assert window.open_path(model_path("qwen2.5-coder"))
+    for view in ("overview", "metadata", "tensors", "block"):
+        window.show_view(view)
+        _settle(qtbot, window, size)
+        assert fit_problems(window) == [], f"{view} after opening another file"
 
 
 def test_convert_dialog_and_bump_view_fit(window, qtbot, tmp_path, model_path):  # noqa: F811

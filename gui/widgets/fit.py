@@ -112,5 +112,12 @@ def fit_columns(view: QTableView | QTreeView, stretch: int = 0, optional: Sequen
     h.setSectionResizeMode(stretch, QHeaderView.ResizeMode.Stretch)
     fitter = _ColumnFitter(view, stretch, optional, min_stretch, max_stretch)
     view.viewport().installEventFilter(fitter)
+    model = view.model()
+    if model is not None:  # another file's names and numbers: other widths
+        model.modelReset.connect(fitter.fit)
+        model.layoutChanged.connect(fitter.fit)
+    if isinstance(view, QTreeView):  # the rows shown change the widest name
+        view.expanded.connect(fitter.fit)
+        view.collapsed.connect(fitter.fit)
     view._column_fitter = fitter  # type: ignore[attr-defined]
     fitter.fit()

@@ -21,6 +21,17 @@ def has_display() -> bool:
     return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or os.environ.get("QT_QPA_PLATFORM"))
 
 
+def window_size(text: str) -> tuple[int, int]:
+    """``WIDTHxHEIGHT`` (e.g. ``1100x700``) as a pair of pixels, each 200…16384 (argparse type)."""
+    w, sep, h = text.lower().partition("x")
+    if not sep or not w.strip().isdigit() or not h.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not WIDTHxHEIGHT, e.g. 1100x700")
+    size = int(w), int(h)
+    if not all(200 <= v <= 16384 for v in size):
+        raise argparse.ArgumentTypeError(f"{text!r}: width and height must be 200 to 16384 pixels")
+    return size
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="quantscope", description="Quantscope: explore quantized LLM files (GGUF) "
                                 "and bump files. Without FILE the default demo model is opened.")
@@ -28,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--screenshot", metavar="PNG", help="render a view with the file loaded into PNG and exit")
     p.add_argument("--view", choices=SCREENSHOT_VIEWS, default="overview", help="view for --screenshot")
     p.add_argument("--theme", choices=("system", "light", "dark"), default="system", help="colour scheme")
-    p.add_argument("--size", default="1440x920", help="window size for --screenshot (WIDTHxHEIGHT)")
+    p.add_argument("--size", type=window_size, default=(1440, 920), metavar="WxH",
+                   help="window size for --screenshot, e.g. 1100x700 (the convert dialog keeps its own size)")
     return p
 
 
@@ -116,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"quantscope: {msg} {detail}".rstrip(), file=sys.stderr)
             win.close()
             return 2
-        w, _, h = args.size.partition("x")
-        return render_screenshot(app, win, args.view, Path(args.screenshot), (int(w), int(h)))
+        return render_screenshot(app, win, args.view, Path(args.screenshot), args.size)
     win.show()
     return int(app.exec())
 

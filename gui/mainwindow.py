@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import platform
 import sys
+from html import escape
 from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
 import PySide6
 from PySide6.QtCore import QEvent, QFileSystemWatcher, QSettings, Qt, QTimer, qVersion
-from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QIcon, QKeySequence
+from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QIcon, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QFileDialog,
     QFrame,
@@ -35,6 +36,7 @@ from .views.convert_dialog import ConvertDialog
 from .views.metadata import MetadataView
 from .views.overview import OverviewView
 from .views.tensors import TensorsView
+from .widgets.fit import ElidedLabel
 from .workers import TaskRunner
 
 MAX_RECENT = 10
@@ -137,7 +139,10 @@ class MainWindow(QMainWindow):
         isa_label = QLabel(f"kernels: {isa()}")
         isa_label.setObjectName("muted")
         isa_label.setAccessibleName("Kernel instruction set")
+        self.file_label = ElidedLabel(mode=Qt.TextElideMode.ElideMiddle)
+        self.file_label.setAccessibleName("Open file")
         sb = self.statusBar()
+        sb.addWidget(self.file_label, 1)  # a widget, not a message: menus' status tips do not erase it
         sb.addPermanentWidget(self.task_label)
         sb.addPermanentWidget(self.task_progress)
         sb.addPermanentWidget(self.task_cancel)
@@ -207,7 +212,7 @@ class MainWindow(QMainWindow):
         self.stale_label.setText(f"<b>{doc.title} changed on disk</b> ({what}). Its views were closed: they were "
                                  "reading the old contents. Reload it, or close it.")
         self.stale_bar.show()
-        self.statusBar().showMessage(f"{doc.path} changed on disk", 0)
+        self.file_label.setText(f"{doc.path} changed on disk")
 
     def reload_stale(self) -> bool:
         """Open the changed file again (the bar stays when it cannot be opened any more)."""
@@ -256,9 +261,6 @@ class MainWindow(QMainWindow):
         self._fill_recent()
         m.addAction(self._action("Open the &demo model", self.open_demo, None, "open-demo"))
         m.addSeparator()
-        self.convert_action = self._action("&Convert to bump…", self.show_convert, "Ctrl+Shift+B", "convert")
-        m.addAction(self.convert_action)
-        m.addSeparator()
         m.addAction(self._action("&Close file", self.close_document, "Ctrl+W", "close-file"))
         m.addAction(self._action("&Quit", self.close, "Ctrl+Q", "quit"))
         v = mb.addMenu("&View")
@@ -269,6 +271,9 @@ class MainWindow(QMainWindow):
         v.addSeparator()
         v.addAction(self._action("&Find", self.focus_filter, QKeySequence.StandardKey.Find, "find"))
         t = mb.addMenu("&Tools")
+        self.convert_action = self._action("&Convert to bump…", self.show_convert, "Ctrl+Shift+B", "convert")
+        t.addAction(self.convert_action)
+        t.addSeparator()
         t.addAction(self._action("Cancel background &work", lambda: self.runner.cancel(), "Ctrl+.", "cancel-work"))
         h = mb.addMenu("&Help")
         h.addAction(self._action("&Keyboard shortcuts", self.show_shortcuts, "F1", "shortcuts"))
@@ -349,13 +354,14 @@ class MainWindow(QMainWindow):
             self.block_view.set_file(doc.gguf)
             self.bump_view.set_bump(None)
             self.chat_view.set_document(doc)
-            self.statusBar().showMessage(f"{doc.path}  ·  opened in {doc.open_ms:.0f} ms", 0)
+            self.file_label.setText(f"{doc.path}  ·  opened in {doc.open_ms:.0f} ms")
         elif doc is not None and doc.bump is not None:
             self.chat_view.set_document(None)
             self.bump_view.set_bump(doc.bump)
-            self.statusBar().showMessage(f"{doc.path}  ·  BUMPWGT3, opened in {doc.open_ms:.0f} ms", 0)
+            self.file_label.setText(f"{doc.path}  ·  BUMPWGT3, opened in {doc.open_ms:.0f} ms")
         else:
             self.chat_view.set_document(None)
+            self.file_label.setText("")
         self._show_tabs(doc)
         self.convert_action.setEnabled(doc is not None and doc.gguf is not None)
 
@@ -434,14 +440,37 @@ class MainWindow(QMainWindow):
         self.about_box = box
         return box
 
+    def shortcut_sections(self) -> list[tuple[str, list[tuple[str, str]]]]:
+        """Every keyboard shortcut, by where it works: the window's actions, then each view's own keys (its
+        ``key_help()``, and the QShortcuts inside it described by their what's-this text)."""
+        native = QKeySequence.SequenceFormat.NativeText
+        out = [("Everywhere", [(a.shortcut().toString(native), a.text().replace("&", ""))
+                               for a in self.actions() if not a.shortcut().isEmpty()])]
+        for i in self._tab.values():
+            view = self.tabs.widget(i)
+            rows = list(view.key_help()) if hasattr(view, "key_help") else []
+            seen = {k for k, _ in rows}
+            for sc in view.findChildren(QShortcut):
+                k = sc.key().toString(native)
+                what = sc.whatsThis()
+                if k and what and k not in seen and sc.isEnabled():
+                    rows.append((k, what))
+                    seen.add(k)
+            if rows:
+                out.append((self.tabs.tabText(i), rows))
+        return out
+
     def show_shortcuts(self) -> QMessageBox:
-        rows = [(a.shortcut().toString(QKeySequence.SequenceFormat.NativeText), a.text().replace("&", ""))
-                for a in self.actions() if not a.shortcut().isEmpty()]
-        html = "".join(f"<tr><td><b>{k}</b></td><td>{v}</td></tr>" for k, v in rows)
+        html = ""
+        for title, rows in self.shortcut_sections():
+            html += f"<tr><td colspan=2><br><b>{escape(title)}</b></td></tr>"
+            html += "".join(f"<tr><td><code>{escape(k)}</code>&nbsp;&nbsp;</td><td>{escape(v)}</td></tr>"
+                            for k, v in rows)
         box = QMessageBox(QMessageBox.Icon.NoIcon, "Keyboard shortcuts", f"<table>{html}</table>",
                           QMessageBox.StandardButton.Ok, self)
         box.setAccessibleName("Keyboard shortcuts")
         box.open()
+        self.shortcuts_box = box
         return box
 
     # ------------------------------------------------------------------ background tasks

@@ -14,6 +14,7 @@ from quantscope.core.analysis import block_group, group_sort_key
 from quantscope.core.bump import BumpFile
 from quantscope.core.gguf import GGUFFile, MetadataValue, StringArray, TensorInfo, ValueType
 from quantscope.core.summary import format_value, human_bytes
+from quantscope.core.tokenizer import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED
 
 #: Role holding the value a column sorts by (numbers for numeric columns).
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -26,7 +27,16 @@ _ALIGN_RIGHT = int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
 _MONO = QFont("monospace")
 _MONO.setStyleHint(QFont.StyleHint.Monospace)
 
+#: Names of ``tokenizer.ggml.token_type`` values (llama.cpp's token attributes).
+TOKEN_TYPE_NAMES = {NORMAL: "NORMAL", UNKNOWN: "UNKNOWN", CONTROL: "CONTROL", USER_DEFINED: "USER_DEFINED",
+                    UNUSED: "UNUSED", BYTE: "BYTE"}
+
 _CONTROL = {"\n": "↵", "\r": "␍", "\t": "⇥", "\0": "␀"}
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 tensor``, ``2 tensors``, ``12,345 tokens`` (``many`` for irregular plurals)."""
+    return f"{n:,} {word if n == 1 else many or word + 's'}"
 
 
 def visible_text(s: str, limit: int = 400) -> str:
@@ -134,8 +144,8 @@ class MetadataModel(QAbstractTableModel):
             return (kv.key, kv.type_label, self.preview(index.row()), kv.offset)[col]
         if role == KEY_ROLE:
             return kv.key
-        if role == Qt.ItemDataRole.ToolTipRole and col == 2:
-            return self.preview(index.row())
+        if role == Qt.ItemDataRole.ToolTipRole and col in (0, 2):
+            return kv.key if col == 0 else self.preview(index.row())
         if role == Qt.ItemDataRole.TextAlignmentRole and col == 3:
             return _ALIGN_RIGHT
         if role == Qt.ItemDataRole.FontRole and col in (1, 3):
@@ -202,6 +212,26 @@ class ArrayModel(QAbstractTableModel):
             return str(bool(v))
         return str(v.item() if isinstance(v, np.generic) else v)
 
+    def extra_text(self, col: int, i: int) -> str:
+        """A token's type (by name: ``NORMAL``, ``CONTROL``…) or score, for column ``col`` >= 2."""
+        label, arr = self.extra[col - 2]
+        v = arr[i]
+        if isinstance(v, (float, np.floating)):
+            return f"{float(v):.6g}"
+        if label == "Type":
+            return TOKEN_TYPE_NAMES.get(int(v), str(int(v)))
+        return str(int(v))
+
+    def widest_extra(self, col: int) -> list[str]:
+        """Texts as wide as any of column ``col``'s (>= 2), without formatting every row."""
+        label, arr = self.extra[col - 2]
+        if label == "Type":
+            return [*TOKEN_TYPE_NAMES.values(), str(int(arr.min())) if len(arr) else "", str(int(arr.max()))
+                    if len(arr) else ""]
+        if np.issubdtype(arr.dtype, np.floating):
+            return ["-9.99999e-99"]
+        return [str(int(arr.min())), str(int(arr.max()))] if len(arr) else []
+
     def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if not index.isValid() or self.values is None:
             return None
@@ -212,8 +242,7 @@ class ArrayModel(QAbstractTableModel):
                 return f"{i:,}"
             if col == 1:
                 return self.element_text(i)
-            v = self.extra[col - 2][1][i]
-            return f"{float(v):.6g}" if isinstance(v, (float, np.floating)) else str(int(v))
+            return self.extra_text(col, i)
         if role == KEY_ROLE:
             return i
         if role == Qt.ItemDataRole.TextAlignmentRole and col != 1:
@@ -311,7 +340,7 @@ class TensorTreeModel(QAbstractItemModel):
 
     def group_label(self, g: int) -> str:
         name, ts = self.groups[g]
-        return f"{name or 'model (outside the blocks)'}  ·  {len(ts)} tensors"
+        return f"{name or 'model (outside the blocks)'}  ·  {plural(len(ts), 'tensor')}"
 
     def index(self, row: int, column: int, parent: _Index = _ROOT) -> QModelIndex:
         if not self.hasIndex(row, column, parent):

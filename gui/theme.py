@@ -5,9 +5,17 @@ from __future__ import annotations
 import os
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QPalette
-from PySide6.QtWidgets import QApplication
+from PySide6.QtCore import QRectF, Qt
+from PySide6.QtGui import QColor, QPainter, QPalette, QPen
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QApplication,
+    QProxyStyle,
+    QStyle,
+    QStyleOption,
+    QStyleOptionComplex,
+    QWidget,
+)
 
 #: Sub-block / scale-group colours (index = group % len): distinct hues readable on light and dark.
 GROUP_COLORS = (
@@ -21,6 +29,10 @@ FIELD_COLORS = ("#e15759", "#f28e2b", "#b07aa1", "#4e79a7", "#59a14f", "#76b7b2"
 OK_COLOR = "#2e9d4f"
 BAD_COLOR = "#d64545"
 INFO_COLOR = "#6b7a90"
+
+#: On the dark palette: the outline of check boxes and radio buttons, and the keyboard focus ring.
+DARK_INDICATOR_OUTLINE = "#9aa3ad"
+DARK_FOCUS_RING = "#6ea8ff"
 
 
 def group_color(i: int) -> QColor:
@@ -80,6 +92,64 @@ def _light_palette() -> QPalette:
     return p
 
 
+class QuantscopeStyle(QProxyStyle):
+    """Fusion, plus what Fusion draws too faintly on a dark palette: the outline of check boxes and radio
+    buttons (Fusion darkens the window colour for it) and the keyboard focus ring (a dimmed highlight)."""
+
+    _FOCUS_PANELS = (QStyle.PrimitiveElement.PE_PanelButtonCommand, QStyle.PrimitiveElement.PE_PanelLineEdit,
+                     QStyle.PrimitiveElement.PE_FrameFocusRect)
+
+    def __init__(self) -> None:
+        super().__init__("Fusion")
+
+    def drawPrimitive(self, element: QStyle.PrimitiveElement, option: QStyleOption, painter: QPainter,
+                      widget: QWidget | None = None) -> None:
+        super().drawPrimitive(element, option, painter, widget)
+        if not is_dark():
+            return
+        PE = QStyle.PrimitiveElement
+        if element in (PE.PE_IndicatorCheckBox, PE.PE_IndicatorRadioButton):
+            painter.save()
+            painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+            painter.setPen(QPen(QColor(DARK_INDICATOR_OUTLINE), 1.2))
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            r = QRectF(option.rect).adjusted(0.6, 0.6, -0.6, -0.6)
+            if element == PE.PE_IndicatorRadioButton:
+                painter.drawEllipse(r)
+            else:
+                painter.drawRoundedRect(r, 2, 2)
+            painter.restore()
+        elif (element in self._FOCUS_PANELS and self._keyboard_focus(element, option)
+              and not isinstance(widget, QAbstractItemView)):  # a view's current cell keeps Fusion's own
+            self._ring(painter, option)
+
+    def drawComplexControl(self, control: QStyle.ComplexControl, option: QStyleOptionComplex, painter: QPainter,
+                           widget: QWidget | None = None) -> None:
+        super().drawComplexControl(control, option, painter, widget)
+        CC = QStyle.ComplexControl
+        if (is_dark() and control in (CC.CC_ComboBox, CC.CC_SpinBox)
+                and option.state & QStyle.StateFlag.State_HasFocus):
+            self._ring(painter, option)
+
+    @staticmethod
+    def _keyboard_focus(element: QStyle.PrimitiveElement, option: QStyleOption) -> bool:
+        if element == QStyle.PrimitiveElement.PE_FrameFocusRect:
+            return True  # drawn only for the focused item or widget
+        focus = bool(option.state & QStyle.StateFlag.State_HasFocus)
+        if element == QStyle.PrimitiveElement.PE_PanelButtonCommand:
+            return focus and bool(option.state & QStyle.StateFlag.State_KeyboardFocusChange)
+        return focus
+
+    @staticmethod
+    def _ring(painter: QPainter, option: QStyleOption) -> None:
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        painter.setPen(QPen(QColor(DARK_FOCUS_RING), 2))
+        painter.setBrush(Qt.BrushStyle.NoBrush)
+        painter.drawRoundedRect(QRectF(option.rect).adjusted(1, 1, -1, -1), 3, 3)
+        painter.restore()
+
+
 def system_is_dark(app: QApplication) -> bool:
     """The scheme to use: ``QUANTSCOPE_THEME`` (dark/light) if set, else the system's colour scheme."""
     forced = os.environ.get("QUANTSCOPE_THEME", "").lower()
@@ -95,7 +165,8 @@ def apply_theme(app: QApplication, dark: bool | None = None) -> bool:
     """Fusion style with a light or dark palette; pyqtgraph follows. Returns whether dark was applied."""
     if dark is None:
         dark = system_is_dark(app)
-    app.setStyle("Fusion")
+    app.setProperty("quantscope_dark", dark)  # before the style: it reads is_dark() when painting
+    app.setStyle(QuantscopeStyle())
     pal = _dark_palette() if dark else _light_palette()
     app.setPalette(pal)
     pg.setConfigOptions(

@@ -25,3 +25,110 @@ def window(qtbot, tmp_path):
 def wait_idle(qtbot, w, timeout=60000):
     """Wait until the window's background tasks have all ended."""
     qtbot.waitUntil(lambda: not w.runner.running(), timeout=timeout)
+
+
+def fit_problems(root) -> list[str]:
+    """What does not fit in ``root``'s visible widget tree at its current size, one line per problem.
+
+    Reported: a visible horizontal scroll bar; a scroll area whose horizontal bar is off but whose content (a
+    table's or tree's columns) is wider than its viewport; a QLabel, QAbstractButton or QComboBox whose text is
+    wider (font metrics) than the room its contents rectangle leaves. Labels that wrap are not checked (they
+    reflow); an elided label shows text that fits and keeps the whole text in its tool tip; a combo box whose tool
+    tip holds its text is allowed to cut it. Hidden widgets (other tabs) are skipped. Use after the window has its
+    size and its events were processed::
+
+        window.resize(1100, 700); qtbot.wait(50)
+        assert fit_problems(window) == []
+    """
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import Qt as QtGui_Qt
+    from PySide6.QtGui import QTextDocument
+    from PySide6.QtWidgets import (
+        QAbstractButton,
+        QAbstractScrollArea,
+        QCheckBox,
+        QComboBox,
+        QLabel,
+        QPushButton,
+        QRadioButton,
+        QScrollArea,
+        QScrollBar,
+        QStyle,
+        QStyleOptionComboBox,
+        QTableView,
+        QTreeView,
+        QWidget,
+    )
+
+    def name(w) -> str:
+        n = w.accessibleName() or w.objectName()
+        return f"{type(w).__name__}({n!r})" if n else type(w).__name__
+
+    def text_width(w, text: str, rich: bool) -> int:
+        if rich:
+            doc = QTextDocument()
+            doc.setDefaultFont(w.font())
+            doc.setDocumentMargin(0)
+            doc.setHtml(text)
+            return int(doc.idealWidth())
+        return max((w.fontMetrics().horizontalAdvance(line) for line in text.split("\n")), default=0)
+
+    problems: list[str] = []
+    widgets = [root, *root.findChildren(QWidget)]
+    for w in widgets:
+        if not w.isVisible() or w.width() <= 0:
+            continue
+        if isinstance(w, QScrollBar):
+            if w.orientation() == Qt.Orientation.Horizontal and w.maximum() > w.minimum():
+                owner = w.parent().parent() if w.parent() is not None else None
+                problems.append(f"horizontal scroll bar in {name(owner) if owner is not None else '?'} "
+                                f"(range {w.maximum() - w.minimum()} px)")
+        elif isinstance(w, QScrollArea):
+            inner = w.widget()
+            if (w.horizontalScrollBarPolicy() == Qt.ScrollBarPolicy.ScrollBarAlwaysOff and inner is not None
+                    and inner.width() > w.viewport().width()):
+                problems.append(f"{name(w)} clips its content: {inner.width()} px in {w.viewport().width()} px")
+        elif isinstance(w, (QTableView, QTreeView)):
+            head = w.header() if isinstance(w, QTreeView) else w.horizontalHeader()
+            if (w.horizontalScrollBarPolicy() == Qt.ScrollBarPolicy.ScrollBarAlwaysOff
+                    and head.length() > w.viewport().width() + 1):
+                problems.append(f"{name(w)} clips its columns: {head.length()} px in {w.viewport().width()} px")
+        elif isinstance(w, QLabel):
+            text = w.text()
+            if not text or w.wordWrap() or isinstance(w, QAbstractScrollArea):
+                continue
+            rich = w.textFormat() == Qt.TextFormat.RichText or (
+                w.textFormat() == Qt.TextFormat.AutoText and QtGui_Qt.mightBeRichText(text))
+            room = w.contentsRect().width() - 2 * max(0, w.margin()) - max(0, w.indent())
+            need = text_width(w, text, rich)
+            if need > room + 1:
+                problems.append(f"{name(w)} text {text[:60]!r} needs {need} px, has {room}")
+        elif isinstance(w, QAbstractButton):
+            text = w.text().replace("&&", "\0").replace("&", "").replace("\0", "&")
+            if not text:
+                continue
+            need = w.fontMetrics().horizontalAdvance(text)
+            if not w.icon().isNull():
+                need += w.iconSize().width() + 4
+            st = w.style()
+            if isinstance(w, (QCheckBox, QRadioButton)):
+                ind = QStyle.PixelMetric.PM_IndicatorWidth if isinstance(w, QCheckBox) else \
+                    QStyle.PixelMetric.PM_ExclusiveIndicatorWidth
+                need += st.pixelMetric(ind, None, w) + st.pixelMetric(QStyle.PixelMetric.PM_CheckBoxLabelSpacing,
+                                                                       None, w)
+            elif isinstance(w, QPushButton):
+                need += 2 * st.pixelMetric(QStyle.PixelMetric.PM_ButtonMargin, None, w) // 2
+            if need > w.contentsRect().width() + 1:
+                problems.append(f"{name(w)} text {text!r} needs {need} px, has {w.contentsRect().width()}")
+        elif isinstance(w, QComboBox) and not w.isEditable():
+            text = w.currentText()
+            if not text or text in w.toolTip():
+                continue
+            opt = QStyleOptionComboBox()
+            w.initStyleOption(opt)
+            field = w.style().subControlRect(QStyle.ComplexControl.CC_ComboBox, opt,
+                                             QStyle.SubControl.SC_ComboBoxEditField, w)
+            need = w.fontMetrics().horizontalAdvance(text)
+            if need > field.width() + 1:
+                problems.append(f"{name(w)} text {text!r} needs {need} px, has {field.width()}")
+    return problems

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
-from PySide6.QtGui import QAction, QDropEvent, QImage, QPalette
+from PySide6.QtGui import QAction, QColor, QDropEvent, QImage, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QAbstractSpinBox,
@@ -216,3 +216,118 @@ def test_screenshot_command_renders_the_block_view(tmp_path, model_path):
                         str(tmp_path / "x.png")], env=_env_without_display(), capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "not a readable GGUF file" in r.stderr and not (tmp_path / "x.png").exists()
+
+
+def test_convert_is_in_the_tools_menu(window):  # noqa: F811
+    menus = {m.title().replace("&", ""): [a.objectName() for a in m.actions()]
+             for m in (a.menu() for a in window.menuBar().actions()) if m is not None}
+    assert "convert" in menus["Tools"] and "convert" not in menus["File"]
+
+
+def test_f1_lists_every_shortcut_by_view(window, model_path):  # noqa: F811
+    assert window.open_path(model_path("smollm2"))
+    sections = dict(window.shortcut_sections())
+    everywhere = dict(sections["Everywhere"])
+    assert everywhere["F1"] == "Keyboard shortcuts" and everywhere["Ctrl+Shift+B"] == "Convert to bump…"
+    block = dict(sections["Block inspector"])
+    assert block["Ctrl+Right"] == "next element" and block["Alt+Down"] == "next row"
+    assert "open the tensor's first block" in dict(sections["Tensors"])["Enter, double click"]
+    chat = dict(sections["Chat"])
+    assert chat["Ctrl+Return"] == "send the message" and chat["Esc"] == "stop the reply"
+    box = window.show_shortcuts()
+    text = box.text()
+    assert all(k in text for k in ("F1", "Ctrl+Right", "Ctrl+Return", "Esc", "Block inspector", "Chat"))
+    box.accept()
+
+
+def test_status_bar_keeps_the_file_path_after_a_menu(window, qtbot, model_path):  # noqa: F811
+    from PySide6.QtGui import QStatusTipEvent
+
+    path = model_path("smollm2")
+    assert window.open_path(path)
+    assert window.file_label.full_text().startswith(str(path))
+    # hovering a menu entry sends its (empty) status tip: it used to erase the path shown as a message
+    QApplication.sendEvent(window, QStatusTipEvent(""))
+    QApplication.sendEvent(window, QStatusTipEvent("Open a file"))
+    QApplication.sendEvent(window, QStatusTipEvent(""))
+    qtbot.wait(10)
+    assert window.file_label.isVisible() and window.file_label.full_text().startswith(str(path))
+    window.resize(1024, 640)  # a long path is elided in the middle, whole in the tool tip
+    window.file_label.setText("/very/long/" * 40 + "model.gguf")
+    assert "…" in window.file_label.text() and window.file_label.toolTip().endswith("model.gguf")
+    window.close_document()
+    assert window.file_label.full_text() == ""
+
+
+def _draw(element, state, dark):
+    """Paint one style primitive on the theme's window colour; the colours it used."""
+    from PySide6.QtCore import QRect
+    from PySide6.QtGui import QPainter
+    from PySide6.QtWidgets import QStyle, QStyleOptionButton, QStyleOptionFrame
+
+    from quantscope.gui.theme import apply_theme
+
+    app = QApplication.instance()
+    apply_theme(app, dark=dark)
+    img = QImage(40, 30, QImage.Format.Format_RGB32)
+    bg = app.palette().color(QPalette.ColorRole.Window)
+    img.fill(bg)
+    opt = QStyleOptionButton() if element == QStyle.PrimitiveElement.PE_IndicatorCheckBox else QStyleOptionFrame()
+    if isinstance(opt, QStyleOptionFrame):
+        opt.lineWidth = 1
+    opt.rect = QRect(5, 5, 30 if element != QStyle.PrimitiveElement.PE_IndicatorCheckBox else 14,
+                     20 if element != QStyle.PrimitiveElement.PE_IndicatorCheckBox else 14)
+    opt.state = QStyle.StateFlag.State_Enabled | state
+    opt.palette = app.palette()
+    p = QPainter(img)
+    app.style().drawPrimitive(element, opt, p)
+    p.end()
+    return bg, [QColor(rgb) for rgb in {img.pixel(x, y) for x in range(40) for y in range(30)}]
+
+
+def test_dark_theme_check_boxes_and_focus_ring_are_visible(qtbot):
+    from PySide6.QtWidgets import QStyle
+
+    from quantscope.gui.theme import DARK_FOCUS_RING
+
+    app = QApplication.instance()
+    old_palette, old_style = app.palette(), app.style().name()
+    PE, S = QStyle.PrimitiveElement, QStyle.StateFlag
+
+    def contrast(bg, colors):
+        return max(abs(c.lightness() - bg.lightness()) for c in colors)
+
+    try:
+        bg, colors = _draw(PE.PE_IndicatorCheckBox, S.State_Off, dark=True)
+        assert contrast(bg, colors) > 80  # an unchecked box's outline against the dark window
+        bg, colors = _draw(PE.PE_PanelLineEdit, S.State_HasFocus, dark=True)
+        ring = QColor(DARK_FOCUS_RING)
+        assert any(abs(c.red() - ring.red()) + abs(c.green() - ring.green()) + abs(c.blue() - ring.blue()) < 40
+                   for c in colors)
+        assert ring.lightness() - bg.lightness() > 80
+        bg, colors = _draw(PE.PE_PanelLineEdit, S.State_None, dark=True)  # no focus: no ring
+        assert not any(abs(c.red() - ring.red()) + abs(c.green() - ring.green()) + abs(c.blue() - ring.blue()) < 40
+                       for c in colors)
+    finally:
+        app.setPalette(old_palette)
+        app.setStyle(old_style)
+        app.setStyleSheet("")
+        app.setProperty("quantscope_dark", False)
+
+
+def test_screenshot_size_is_checked():
+    r = subprocess.run([sys.executable, "-m", "quantscope.core.cli", "x.gguf", "--screenshot", "x.png", "--size",
+                        "1100by700"], env=_env_without_display(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "argument --size: '1100by700' is not WIDTHxHEIGHT" in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("view", ["overview", "metadata", "tensors", "block"])
+def test_screenshot_size_applies_to_every_view(tmp_path, model_path, view):
+    out = tmp_path / f"{view}.png"
+    r = subprocess.run([sys.executable, "-m", "quantscope.core.cli", str(model_path("gemma3")), "--screenshot",
+                        str(out), "--view", view, "--size", "1024x640", "--theme", "dark"],
+                       env=_env_without_display(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    img = QImage(str(out))
+    assert (img.width(), img.height()) == (1024, 640)

@@ -13,7 +13,7 @@ from quantscope.core.analysis import analyze_tensor, code_layout, find_in_string
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.quant import can_decode, decode_block
 
-from .gui_helpers import wait_idle, window  # noqa: F401
+from .gui_helpers import fit_problems, wait_idle, window  # noqa: F401
 
 
 def test_metadata_filter_and_sort(window, model_path):  # noqa: F811
@@ -228,3 +228,266 @@ def test_block_inspector_shows_undecodable_types_without_crashing(window, tmp_pa
     assert "No field decoder for IQ2_XXS" in bv.message.text() and len(bv.hex.raw) == 66
     window.tensors_view.select_tensor("iq2")
     assert "cannot be computed" in window.tensors_view.progress_label.text()
+
+
+def _settle(qtbot, window, size):  # noqa: F811
+    window.resize(*size)
+    wait_idle(qtbot, window)
+    qtbot.wait(30)  # resize and layout events
+
+
+@pytest.mark.parametrize("size", [(1100, 700), (1024, 640)])
+def test_every_view_fits_without_sideways_scrolling_or_cut_text(window, qtbot, model_path, size):  # noqa: F811
+    assert window.open_path(model_path("gemma3"))
+    for view in ("overview", "metadata", "tensors", "block"):
+        window.show_view(view)
+        _settle(qtbot, window, size)
+        assert fit_problems(window) == [], view
+    mv = window.metadata_view
+    window.show_view("metadata")
+    assert mv.select_key("tokenizer.ggml.tokens")
+    mv.array.search.setText("hello")
+    mv.array.apply_search()
+    _settle(qtbot, window, size)
+    assert fit_problems(window) == [], "metadata: token search"
+    tv = window.tensors_view
+    window.show_view("tensors")
+    with qtbot.waitSignal(tv.analysisReady, timeout=30000):
+        tv.select_tensor("blk.0.attn_output.weight")
+    for page in (0, 1):  # by layer, and the table with every column it can fit
+        tv.lists.setCurrentIndex(page)
+        _settle(qtbot, window, size)
+        assert fit_problems(window) == [], f"tensors page {page}"
+    window.show_view("block")
+    window.block_view.show_block("blk.0.attn_output.weight", 0, 0, 37)
+    _settle(qtbot, window, size)
+    assert fit_problems(window) == [], "block inspector"
+    # another file in the same window: its names and numbers are fitted again
+    assert window.open_path(model_path("qwen2.5-coder"))
+    for view in ("overview", "metadata", "tensors", "block"):
+        window.show_view(view)
+        _settle(qtbot, window, size)
+        assert fit_problems(window) == [], f"{view} after opening another file"
+
+
+def test_convert_dialog_and_bump_view_fit(window, qtbot, tmp_path, model_path):  # noqa: F811
+    assert window.open_path(model_path("qwen2.5-coder"))
+    dlg = window.show_convert()
+    dlg.output.setText(str(tmp_path / "q.bump"))
+    dlg.manifest_check.setChecked(True)
+    dlg.config_check.setChecked(True)
+    assert fit_problems(dlg) == []
+    with qtbot.waitSignal(dlg.conversionFinished, timeout=120000):
+        dlg.start()
+    qtbot.wait(30)
+    assert dlg.state == "done" and fit_problems(dlg) == []
+    dlg.open_btn.click()
+    assert window.current_view() == "bump"
+    for size in ((1100, 700), (1024, 640)):
+        _settle(qtbot, window, size)
+        assert fit_problems(window) == [], size
+
+
+def test_fit_problems_reports_what_is_cut(qtbot):
+    """The helper itself: it finds a cut label, button and combo, a sideways scroll bar and a clipping table, and
+    passes wrapped and elided labels."""
+    from PySide6.QtGui import QStandardItemModel
+    from PySide6.QtWidgets import (
+        QComboBox,
+        QHBoxLayout,
+        QLabel,
+        QPushButton,
+        QScrollArea,
+        QTableView,
+        QVBoxLayout,
+        QWidget,
+    )
+
+    from quantscope.gui.widgets.fit import ElidedLabel
+
+    long = "a rather long piece of text that cannot fit in sixty pixels"
+    root = QWidget()
+    qtbot.addWidget(root)
+    lay = QVBoxLayout(root)
+    row = QHBoxLayout()
+    cut, wrapped, elided = QLabel(long), QLabel(long), ElidedLabel(long)
+    cut.setObjectName("cut")
+    wrapped.setWordWrap(True)
+    button = QPushButton(long)
+    combo = QComboBox()
+    combo.addItem(long)
+    for w in (cut, wrapped, elided, button, combo):
+        w.setFixedWidth(60)
+        row.addWidget(w)
+    lay.addLayout(row)
+    scroll = QScrollArea()
+    inner = QWidget()
+    inner.setMinimumWidth(2000)
+    scroll.setWidget(inner)
+    lay.addWidget(scroll)
+    table = QTableView()
+    model = QStandardItemModel(3, 3)
+    table.setModel(model)
+    table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    for c in range(3):
+        table.setColumnWidth(c, 400)
+    lay.addWidget(table)
+    root.resize(700, 500)
+    root.show()
+    qtbot.waitExposed(root)
+    problems = fit_problems(root)
+    text = "\n".join(problems)
+    assert "QLabel('cut')" in text and "QPushButton" in text and "QComboBox" in text
+    assert "horizontal scroll bar in QScrollArea" in text and "QTableView clips its columns" in text
+    assert len(problems) == 5, problems  # the wrapped label and the elided one fit
+    assert elided.text().endswith("…") and elided.toolTip() == long and elided.full_text() == long
+    combo.setToolTip(long)  # a combo box that cuts its text but shows it whole in the tool tip
+    assert "QComboBox" not in "\n".join(fit_problems(root))
+
+
+def test_block_inspector_keeps_the_selected_element_while_hovering(window, qtbot, model_path):  # noqa: F811
+    assert window.open_path(model_path("gemma3"))
+    bv = window.block_view
+    window.show_view("block")
+    name = "blk.3.ffn_down.weight"
+    bv.show_block(name, 7, 2)
+    bv.elem_spin.setValue(37)  # chosen with the keyboard
+    with GGUFFile(model_path("gemma3")) as f:
+        b = decode_block("Q4_K", f.block_bytes(name, 7, 2))
+    assert bv.element == 37 and bv.explain.text() == b.explain(37)
+    # hovering the code grid, then the plot, shows another element without changing the selection
+    bv.codes.elementHovered.emit(5)
+    assert bv.explain.text() == b.explain(5) and "selected: 37" in bv.explain_detail.text()
+    assert bv.elem_spin.value() == 37 and bv.element == 37 and bv.codes.highlight == 5
+    vb = bv.plot.getPlotItem().vb
+    qtbot.wait(30)
+    bv.plot.scene().sigMouseMoved.emit(vb.mapViewToScene(QPointF(120, 0)))
+    assert bv.hovered == 120 and bv.explain.text() == b.explain(120)
+    assert bv.elem_spin.value() == 37 and bv.marker.data["x"][0] == 37 and bv.hover_marker.data["x"][0] == 120
+    # the mouse leaves: the selected element is shown again
+    bv.plot.scene().sigMouseMoved.emit(QPointF(-50, -50))
+    assert bv.hovered == -1 and bv.explain.text() == b.explain(37) and bv.codes.highlight == 37
+    assert len(bv.hover_marker.data) == 0
+    # a click selects: on the code grid, and on the plot
+    bv.codes.elementClicked.emit(64)
+    assert bv.element == 64 and bv.elem_spin.value() == 64
+
+    class Click:
+        def scenePos(self):
+            return vb.mapViewToScene(QPointF(200, 0))
+
+    bv._plot_click(Click())
+    assert bv.element == 200 and bv.elem_spin.value() == 200 and bv.explain.text() == b.explain(200)
+    # the view's keys step the element, the block and the row
+    bv.step("element", 1)
+    bv.step("block", 1)
+    bv.step("row", -1)
+    assert (bv.row_spin.value(), bv.block_spin.value(), bv.element) == (6, 3, 201)
+    bv.step("row", -100)
+    assert bv.row_spin.value() == 0  # clamped
+    # its keys work wherever the focus is while the view shows (the tab bar's too), and are off elsewhere
+    keys = {sc.key().toString(): sc for sc in bv.shortcuts}
+    assert set(keys) == {"Ctrl+Left", "Ctrl+Right", "Ctrl+Up", "Ctrl+Down", "Alt+Up", "Alt+Down"}
+    assert all(sc.isEnabled() and sc.context() == Qt.ShortcutContext.WindowShortcut for sc in bv.shortcuts)
+    keys["Ctrl+Right"].activated.emit()
+    assert bv.element == 202
+    window.show_view("overview")
+    assert not any(sc.isEnabled() for sc in bv.shortcuts)
+
+
+def test_scale_bit_labels_are_readable(window, model_path):  # noqa: F811
+    from PySide6.QtGui import QFontMetrics
+
+    from quantscope.gui.widgets.blockwidgets import ScaleBitDiagram, mono_font
+
+    assert window.open_path(model_path("gemma3"))
+    d = window.block_view.scales
+    assert d.bytes  # a Q4_K block is shown: its packed scale bytes
+    fm = QFontMetrics(mono_font(ScaleBitDiagram.LABEL_PT))
+    assert ScaleBitDiagram.LABEL_PT >= 7.5
+    assert fm.horizontalAdvance("sc7.5") <= d._bit_rect(0, 0).width()  # the widest label fits its cell
+
+
+def test_token_search_hits_show_whole_indices_and_type_names(window, qtbot, model_path):  # noqa: F811
+    from quantscope.gui.models import TOKEN_TYPE_NAMES
+
+    assert window.open_path(model_path("gemma3"))
+    mv = window.metadata_view
+    window.show_view("metadata")
+    window.resize(1100, 700)
+    assert mv.select_key("tokenizer.ggml.tokens")
+    av, m = mv.array, mv.array.model
+    types = window.doc.gguf.get("tokenizer.ggml.token_type")
+    assert m.index(2, 2).data() == TOKEN_TYPE_NAMES[int(types[2])] == "CONTROL"  # <bos>
+    assert {m.index(r, 2).data() for r in range(0, 262144, 997)} <= set(TOKEN_TYPE_NAMES.values())
+    av.search.setText("ing")
+    av.apply_search()
+    assert m.indices is not None and m.indices[-1] > 100_000
+    av.go_to(int(m.indices[-1]))
+    qtbot.wait(30)
+    fm = av.table.fontMetrics()
+    width = av.table.columnWidth(0)
+    first = av.table.rowAt(0)
+    rows = range(first, min(m.rowCount(), first + 20))
+    assert all(fm.horizontalAdvance(m.index(r, 0).data()) + 6 <= width for r in rows)
+    assert all(fm.horizontalAdvance(m.index(r, 2).data()) + 6 <= av.table.columnWidth(2) for r in rows)
+
+
+def test_tensor_enter_double_click_and_context_menu(window, qtbot, model_path):  # noqa: F811
+    from PySide6.QtWidgets import QApplication
+
+    assert window.open_path(model_path("gemma3"))
+    tv = window.tensors_view
+    window.show_view("tensors")
+    # no tensor chosen yet: no axes around an empty heatmap
+    assert not tv.heat_plot.getAxis("bottom").isVisible() and not tv.colorbar.isVisible()
+    assert not tv.hist.getPlotItem().getAxis("bottom").isVisible()
+    name = "blk.2.ffn_up.weight"
+    tv.lists.setCurrentIndex(1)
+    src = tv._source_index(tv.table_model, name)
+    idx = tv.table_proxy.mapFromSource(src)
+    tv.table.setCurrentIndex(idx)
+    wait_idle(qtbot, window)
+    assert tv.heat_plot.getAxis("bottom").isVisible() and tv.colorbar.isVisible()
+    assert tv.hist.getPlotItem().getAxis("bottom").isVisible()
+    qtbot.keyClick(tv.table, Qt.Key.Key_Return)
+    assert window.current_view() == "block" and window.block_view.tensor.name == name
+    window.show_view("tensors")
+    other = tv.table_proxy.mapFromSource(tv._source_index(tv.table_model, "blk.1.attn_q.weight"))
+    tv.table.scrollTo(other)
+    rect = tv.table.visualRect(other)
+    qtbot.mouseClick(tv.table.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())  # a double click's press
+    qtbot.mouseDClick(tv.table.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
+    assert window.current_view() == "block" and window.block_view.tensor.name == "blk.1.attn_q.weight"
+    # the context menu: copy the name, open the block, show in the heatmap
+    window.show_view("tensors")
+    tv._context_menu(tv.table, tv.table.visualRect(idx).center())
+    assert [a.text() for a in tv.context_menu.actions()] == ["Copy name", "Open in the block inspector",
+                                                            "Show in the heatmap"]
+    tv.context_menu.close()
+    copy, block, heat = tv.context_actions("blk.4.attn_k.weight")
+    copy.trigger()
+    assert QApplication.clipboard().text() == "blk.4.attn_k.weight"
+    heat.trigger()
+    assert tv.tensor.name == "blk.4.attn_k.weight" and window.current_view() == "tensors"
+    block.trigger()
+    assert window.current_view() == "block" and window.block_view.tensor.name == "blk.4.attn_k.weight"
+    wait_idle(qtbot, window)
+
+
+def test_counts_say_one_tensor_not_one_tensors(window, model_path):  # noqa: F811
+    import pyqtgraph as pg
+
+    from quantscope.gui.models import plural
+
+    assert (plural(1, "tensor"), plural(2, "tensor"), plural(12345, "token")) == ("1 tensor", "2 tensors",
+                                                                                   "12,345 tokens")
+    assert window.open_path(model_path("qwen2.5-coder"))
+    labels = [i.textItem.toPlainText() for i in window.overview.types_plot.getPlotItem().items
+              if isinstance(i, pg.TextItem)]
+    counts = window.doc.summary["types"]
+    assert labels and all(f" {plural(r['tensors'], 'tensor')}" in lab for r, lab in
+                          zip([r for r in counts if r["bytes"]], labels, strict=True))
+    assert not any(" 1 tensors" in lab for lab in labels)
+    window.tensors_view.filter.setText("output_norm")
+    assert window.tensors_view.count.text() == "1 of 291 tensors"

@@ -12,7 +12,9 @@ from collections.abc import Callable
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QHideEvent, QKeySequence, QResizeEvent, QShortcut, QShowEvent
 from PySide6.QtWidgets import (
+    QBoxLayout,
     QComboBox,
     QGridLayout,
     QGroupBox,
@@ -77,7 +79,8 @@ class BlockInspectorView(QWidget):
         self.may_read: Callable[[], bool] | None = None
         self.decoded: DecodedBlock | None = None
         self.file_offset = 0
-        self.element = -1
+        self.element = -1  # selected (Element box, click); kept while the mouse hovers others
+        self.hovered = -1  # under the mouse in the plot or the code grid, or -1
         self._updating = False
 
         self.tensor_combo = QComboBox()
@@ -98,7 +101,7 @@ class BlockInspectorView(QWidget):
         self.info.setObjectName("muted")
         self.info.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.info.setAccessibleName("Block location")
-        self.info.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.info.setWordWrap(True)
         self.formula = QLabel()
         self.formula.setFont(mono_font(10, bold=True))
         self.formula.setAccessibleName("Dequantization formula")
@@ -110,7 +113,7 @@ class BlockInspectorView(QWidget):
             lab.setBuddy(w)
             top.addWidget(lab)
             top.addWidget(w, 3 if w is self.tensor_combo else 0)
-        top.addWidget(self.info, 1)
+        top.addStretch(1)
 
         self.hex = HexView()
         self.fields_model = FieldModel()
@@ -146,18 +149,21 @@ class BlockInspectorView(QWidget):
         self.plot.getAxis("left").enableAutoSIPrefix(False)
         self.bars: pg.BarGraphItem | None = None
         self.marker = pg.ScatterPlotItem(size=11, pen=pg.mkPen("w", width=1.5), brush=pg.mkBrush("#e15759"))
+        self.hover_marker = pg.ScatterPlotItem(size=13, pen=pg.mkPen(muted_color(), width=2), brush=None)
         self.vline = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen(muted_color(), style=Qt.PenStyle.DashLine))
         self.plot.addItem(self.vline)
         self.plot.addItem(self.marker)
+        self.plot.addItem(self.hover_marker)
         self.plot.scene().sigMouseMoved.connect(self._plot_hover)
+        self.plot.scene().sigMouseClicked.connect(self._plot_click)
         self.explain = QLabel()
         self.explain.setFont(mono_font(10.5, bold=True))
         self.explain.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.explain.setAccessibleName("Dequantization of the hovered element")
+        self.explain.setAccessibleName("Dequantization of the selected or hovered element")
         self.explain.setWordWrap(True)
         self.explain_detail = QLabel()
         self.explain_detail.setObjectName("muted")
-        self.explain_detail.setAccessibleName("Where the hovered element's bits live")
+        self.explain_detail.setAccessibleName("Where the element's bits live")
         self.explain_detail.setWordWrap(True)
         self.message = QLabel()
         self.message.setWordWrap(True)
@@ -192,15 +198,17 @@ class BlockInspectorView(QWidget):
         right.addWidget(self.scales_box)
         right.addWidget(self.codes_box)
         right.addWidget(fields_box, 1)
-        grid = QHBoxLayout()
-        grid.addLayout(left, 1)
-        grid.addLayout(right, 0)
+        self.columns = QBoxLayout(QBoxLayout.Direction.LeftToRight)  # one column when both do not fit (reflow)
+        self.columns.addLayout(left, 1)
+        self.columns.addLayout(right, 0)
+        self._left, self._right = left, right
 
         body = QWidget()
         body_lay = QVBoxLayout(body)
         body_lay.addLayout(top)
+        body_lay.addWidget(self.info)
         body_lay.addWidget(self.message)
-        body_lay.addLayout(grid, 1)
+        body_lay.addLayout(self.columns, 1)
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setWidget(body)
@@ -213,8 +221,62 @@ class BlockInspectorView(QWidget):
         self.row_spin.valueChanged.connect(self._location_changed)
         self.block_spin.valueChanged.connect(self._location_changed)
         self.elem_spin.valueChanged.connect(lambda v: self.set_element(v))
-        self.codes.elementHovered.connect(self._element_hovered)
+        self.codes.elementHovered.connect(self.preview_element)
+        self.codes.elementClicked.connect(self.set_element)
         self.scales.scaleHovered.connect(self._scale_hovered)
+        self._install_keys()
+
+    #: Keys of this view (also listed by F1): keys, what they do, and the step they take.
+    KEYS = (("Ctrl+Left", "previous element", "element", -1), ("Ctrl+Right", "next element", "element", 1),
+            ("Ctrl+Up", "previous block of the row", "block", -1), ("Ctrl+Down", "next block of the row", "block", 1),
+            ("Alt+Up", "previous row", "row", -1), ("Alt+Down", "next row", "row", 1))
+
+    def key_help(self) -> list[tuple[str, str]]:
+        """(keys, what they do) of this view's shortcuts, for the F1 list."""
+        return [(QKeySequence(k).toString(QKeySequence.SequenceFormat.NativeText), what)
+                for k, what, _, _ in self.KEYS]
+
+    def _install_keys(self) -> None:
+        """Window-wide while this view is shown (whatever has the focus, the tab bar included), off while hidden."""
+        self.shortcuts: list[QShortcut] = []
+        for keys, what, target, step in self.KEYS:
+            sc = QShortcut(QKeySequence(keys), self)
+            sc.setContext(Qt.ShortcutContext.WindowShortcut)
+            sc.setWhatsThis(what)
+            sc.setEnabled(False)
+            sc.activated.connect(lambda t=target, d=step: self.step(t, d))
+            self.shortcuts.append(sc)
+
+    def step(self, target: str, delta: int) -> None:
+        """Move the selected element, block or row by ``delta`` (clamped to the tensor)."""
+        spin = {"element": self.elem_spin, "block": self.block_spin, "row": self.row_spin}[target]
+        spin.setValue(max(spin.minimum(), min(spin.maximum(), spin.value() + delta)))
+
+    # ------------------------------------------------------------------ reflow
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._reflow()
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        for sc in self.shortcuts:
+            sc.setEnabled(True)
+        self._reflow()
+
+    def hideEvent(self, event: QHideEvent) -> None:
+        super().hideEvent(event)
+        for sc in self.shortcuts:
+            sc.setEnabled(False)
+
+    def _reflow(self) -> None:
+        """Raw bytes and values beside scales, codes and fields when both columns fit; one column otherwise."""
+        self._left.invalidate()  # the painted widgets' sizes changed with the block: no cached minimum
+        self._right.invalidate()
+        need = self._left.minimumSize().width() + self._right.minimumSize().width() + 60
+        direction = QBoxLayout.Direction.LeftToRight if self.width() >= need else QBoxLayout.Direction.TopToBottom
+        if self.columns.direction() != direction:
+            self.columns.setDirection(direction)
+            self.columns.setStretch(1, 1 if direction == QBoxLayout.Direction.TopToBottom else 0)
 
     # ------------------------------------------------------------------ document
     def set_file(self, f: GGUFFile | None) -> None:
@@ -248,6 +310,7 @@ class BlockInspectorView(QWidget):
             return
         self._updating = True
         self.tensor_combo.setCurrentIndex(i)
+        self.tensor_combo.setToolTip(self.tensor_combo.currentText())
         self._configure_spins()
         self.row_spin.setValue(row)
         self.block_spin.setValue(block)
@@ -268,6 +331,7 @@ class BlockInspectorView(QWidget):
         self.elem_spin.setRange(0, max(0, (t.type.block_elems if t.type else 1) - 1))
 
     def _tensor_changed(self) -> None:
+        self.tensor_combo.setToolTip(self.tensor_combo.currentText())
         if self._updating:
             return
         self._updating = True
@@ -314,6 +378,7 @@ class BlockInspectorView(QWidget):
         self.decoded = b
         self.message.hide()
         self._populate(b)
+        self._reflow()
         self.blockShown.emit(t.name, row, block)
 
     def _show_message(self, text: str) -> None:
@@ -400,20 +465,53 @@ class BlockInspectorView(QWidget):
 
     # ------------------------------------------------------------------ linking
     def set_element(self, i: int) -> None:
+        """Select element ``i`` (the Element box, a click on the plot or the code grid): it stays selected while
+        the mouse hovers others."""
         b = self.decoded
         if b is None or not 0 <= i < len(b.values):
             return
         self.element = i
+        self.hovered = -1
+        self.hover_marker.setData([], [])
         if self.elem_spin.value() != i:
             self.elem_spin.blockSignals(True)
             self.elem_spin.setValue(i)
             self.elem_spin.blockSignals(False)
+        v = float(b.values[i])
+        self.marker.setData([i], [v if np.isfinite(v) else 0.0])
+        self._show_element(i)
+
+    def preview_element(self, i: int) -> None:
+        """Show the formula and the bits of hovered element ``i`` without changing the selection; ``-1`` (the
+        mouse left) shows the selected element again."""
+        b = self.decoded
+        if b is None:
+            return
+        if not 0 <= i < len(b.values) or i == self.element:
+            if self.hovered != -1:
+                self.hovered = -1
+                self.hover_marker.setData([], [])
+                if 0 <= self.element < len(b.values):
+                    self._show_element(self.element)
+            return
+        if i == self.hovered:
+            return
+        self.hovered = i
+        v = float(b.values[i])
+        self.hover_marker.setData([i], [v if np.isfinite(v) else 0.0])
+        self._show_element(i)
+
+    def _show_element(self, i: int) -> None:
+        b = self.decoded
+        assert b is not None
         g = int(b.group[i])
         self.explain.setText(b.explain(i))
         byte, shift = int(b.code_byte[i]), int(b.code_shift[i])
         where = (f"code {int(b.raw_code[i])} in byte +{byte} ({field_at(b, byte)}) bits {shift}+ · "
                  if b.code_bits else "")
-        self.explain_detail.setText(f"element {i} · {where}sub-block {g} (elements {g * b.group_size}–"
+        state = (f"hovered element {i} (selected: {self.element}; click to select)" if i != self.element
+                 else f"element {i}")
+        self.explain_detail.setText(f"{state} · {where}sub-block {g} (elements {g * b.group_size}–"
                                     f"{(g + 1) * b.group_size - 1}) · absolute offset of the block "
                                     f"{self.file_offset:,}")
         self.codes.set_highlight(i, g)
@@ -423,33 +521,36 @@ class BlockInspectorView(QWidget):
             if owner.index == g:
                 lit.add(sbyte)
         self.hex.set_highlight(lit)
-        v = float(b.values[i])
-        self.marker.setData([i], [v if np.isfinite(v) else 0.0])
         self.vline.setValue(i)
-
-    def _element_hovered(self, e: int) -> None:
-        if e >= 0:
-            self.set_element(e)
 
     def _scale_hovered(self, name: str, index: int) -> None:
         b = self.decoded
         if b is None:
             return
         if index < 0:
-            self.codes.set_highlight(self.element, None)
+            shown = self.hovered if self.hovered >= 0 else self.element
+            if 0 <= shown < len(b.values):
+                self._show_element(shown)
             return
         self.codes.set_highlight(-1, index)
         lit = {sb for (sb, _), o in scale_bit_owners(b).items() if (o.name, o.index) == (name, index)}
         self.hex.set_highlight(lit)
 
-    def _plot_hover(self, pos: object) -> None:
+    def _plot_element(self, pos: object) -> int:
+        """The element under scene position ``pos`` in the values plot, or -1."""
         b = self.decoded
         if b is None or self.bars is None:
-            return
+            return -1
         vb = self.plot.getPlotItem().vb
-        if not self.plot.sceneBoundingRect().contains(pos):
-            return
-        x = vb.mapSceneToView(pos).x()
-        i = round(x)
-        if 0 <= i < len(b.values) and i != self.element:
+        if not vb.sceneBoundingRect().contains(pos):
+            return -1
+        i = round(vb.mapSceneToView(pos).x())
+        return i if 0 <= i < len(b.values) else -1
+
+    def _plot_hover(self, pos: object) -> None:
+        self.preview_element(self._plot_element(pos))
+
+    def _plot_click(self, event: object) -> None:
+        i = self._plot_element(event.scenePos())  # type: ignore[attr-defined]
+        if i >= 0:
             self.set_element(i)

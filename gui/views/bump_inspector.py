@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
 from quantscope.core.bump import BumpFile, describe
 from quantscope.core.summary import human_bytes
 
-from ..models import BumpSectionsModel, KeyValueModel, SortFilterProxy
+from ..models import BumpSectionsModel, KeyValueModel, SortFilterProxy, plural
 from ..theme import BAD_COLOR, OK_COLOR
 from ..workers import TaskRunner
 
@@ -110,7 +110,7 @@ class BumpInspectorView(QWidget):
             return
         d = describe(b, None)
         self.title.setText(f"{b.path.name} — BUMPWGT3 v{d['version']}, {human_bytes(d['file_size'])}, "
-                           f"{len(b.sections)} sections")
+                           f"{plural(len(b.sections), 'section')}")
         prof = f"{d['profile']} ({d['profile_source']})"
         if d["profile_source"] == "ambiguous":
             prof += f"; also fits {', '.join(d['profiles_that_fit'])}"

@@ -372,6 +372,7 @@ class ChatView(QWidget):
                            ("Escape", self.stop)):
             sc = QShortcut(QKeySequence(keys), self.composer)
             sc.setContext(Qt.ShortcutContext.WidgetShortcut)
+            sc.setWhatsThis("stop the reply" if keys == "Escape" else "send the message")  # listed by F1
             sc.activated.connect(slot)
         self.send_btn = QPushButton("Send")
         self.send_btn.setAccessibleName("Send the message")

@@ -29,9 +29,10 @@ from quantscope.core.gguf import GGUFFile, MetadataValue, StringArray, ValueType
 from quantscope.core.summary import format_value
 
 from ..document import Document
-from ..models import KEY_ROLE, ArrayModel, MetadataModel, SortFilterProxy
+from ..models import KEY_ROLE, ArrayModel, MetadataModel, SortFilterProxy, plural
 from ..theme import is_dark
 from ..widgets.blockwidgets import mono_font
+from ..widgets.fit import fit_columns
 
 
 class JinjaHighlighter(QSyntaxHighlighter):
@@ -96,8 +97,9 @@ class ArrayView(QWidget):
         self.table.verticalHeader().setVisible(False)
         self.table.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Fixed)
         self.table.verticalHeader().setDefaultSectionSize(21)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
-        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.horizontalHeader().setStretchLastSection(False)
+        self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setAlternatingRowColors(True)
         self.search = QLineEdit()
@@ -138,10 +140,26 @@ class ArrayView(QWidget):
         is_str = isinstance(kv.value, StringArray)
         self.search.setEnabled(is_str)
         self.search.setPlaceholderText("Search strings…" if is_str else "(search works on string arrays)")
-        self.table.resizeColumnToContents(0)
-        self.table.setColumnWidth(1, 320)
+        self._size_columns()
         self.status.setText(f"{kv.key}: {n:,} × {kv.elem_type.name if kv.elem_type else '?'} "
                             f"(rows are read from the file as they scroll into view)")
+
+    def _size_columns(self) -> None:
+        """The index column as wide as the largest index (search hits far down stay whole), the type and score
+        columns as wide as their widest value; the element column takes the rest."""
+        h = self.table.horizontalHeader()
+        fm = self.table.fontMetrics()
+        pad = 2 * self.table.style().pixelMetric(self.table.style().PixelMetric.PM_FocusFrameHMargin) + 14
+        n = self.model.rowCount()
+        widest = {0: [f"{max(0, n - 1):,}", "Index"]}
+        for c in range(2, self.model.columnCount()):
+            widest[c] = [self.model.headerData(c, Qt.Orientation.Horizontal), *self.model.widest_extra(c)]
+        for c in range(self.model.columnCount()):
+            if c == 1:
+                h.setSectionResizeMode(c, QHeaderView.ResizeMode.Stretch)
+                continue
+            h.setSectionResizeMode(c, QHeaderView.ResizeMode.Fixed)
+            h.resizeSection(c, max(fm.horizontalAdvance(str(t)) for t in widest[c]) + pad)
 
     def apply_search(self) -> None:
         kv, f = self.kv, self.file
@@ -150,11 +168,12 @@ class ArrayView(QWidget):
         text = self.search.text()
         if not text:
             self.model.set_indices(None)
-            self.status.setText(f"{kv.key}: {len(kv.value):,} elements")
+            self.status.setText(f"{kv.key}: {plural(len(kv.value), 'element')}")
             return
         hits = find_in_strings(kv.value, text, path=str(f.path) if f.path else None)
         self.model.set_indices(hits)
-        self.status.setText(f"{len(hits):,} of {len(kv.value):,} elements contain {text!r}")
+        verb = "contains" if len(hits) == 1 else "contain"
+        self.status.setText(f"{len(hits):,} of {plural(len(kv.value), 'element')} {verb} {text!r}")
 
     def go_to(self, i: int) -> None:
         row = i
@@ -189,10 +208,9 @@ class MetadataView(QWidget):
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.verticalHeader().setVisible(False)
         self.table.verticalHeader().setDefaultSectionSize(22)
-        self.table.horizontalHeader().setStretchLastSection(False)
-        self.table.horizontalHeader().setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
         self.table.setAlternatingRowColors(True)
         self.table.setWordWrap(False)
+        fit_columns(self.table, stretch=2, optional=(3,), min_stretch=100, elide=Qt.TextElideMode.ElideRight)
         self.count = QLabel()
         self.count.setObjectName("muted")
 
@@ -239,8 +257,6 @@ class MetadataView(QWidget):
     def set_document(self, doc: Document | None) -> None:
         self.doc = doc
         self.model.set_file(doc.gguf if doc else None)
-        self.table.resizeColumnToContents(0)
-        self.table.resizeColumnToContents(1)
         self._filter(self.filter.text())
         if doc is not None and doc.gguf is not None:
             key = "tokenizer.chat_template" if "tokenizer.chat_template" in doc.gguf else "general.architecture"
@@ -248,7 +264,7 @@ class MetadataView(QWidget):
 
     def _filter(self, text: str) -> None:
         self.proxy.setFilterFixedString(text)
-        self.count.setText(f"{self.proxy.rowCount():,} of {self.model.rowCount():,} keys")
+        self.count.setText(f"{self.proxy.rowCount():,} of {plural(self.model.rowCount(), 'key')}")
 
     def select_key(self, key: str) -> bool:
         """Select ``key`` in the table (clearing a filter that hides it) and show its value."""

@@ -6,14 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor
+from PySide6.QtGui import QColor, QResizeEvent
 from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
     QGridLayout,
     QGroupBox,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QProgressBar,
     QPushButton,
@@ -36,13 +35,14 @@ from quantscope.core.analysis import (
 from quantscope.core.summary import human_bytes
 
 from ..document import Document
-from ..models import KeyValueModel
+from ..models import KeyValueModel, plural
 from ..theme import BAD_COLOR, INFO_COLOR, OK_COLOR, group_color
+from ..widgets.fit import ElidedLabel, fit_columns
 from ..workers import TaskRunner
 
 
 class Card(QFrame):
-    """A titled number."""
+    """A titled number (its lines elided, whole in the tool tip, when the card is narrow)."""
 
     def __init__(self, title: str) -> None:
         super().__init__()
@@ -50,16 +50,17 @@ class Card(QFrame):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(12, 8, 12, 8)
         lay.setSpacing(2)
-        self.title = QLabel(title.upper())
+        self.title = ElidedLabel(title.upper())
         self.title.setObjectName("cardTitle")
-        self.value = QLabel("—")
+        self.value = ElidedLabel("—")
         self.value.setObjectName("cardValue")
         self.value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.sub = QLabel("")
+        self.sub = ElidedLabel("")
         self.sub.setObjectName("muted")
         lay.addWidget(self.title)
         lay.addWidget(self.value)
         lay.addWidget(self.sub)
+        self.setMinimumWidth(120)
         self.setAccessibleName(title)
 
     def set(self, value: str, sub: str = "") -> None:
@@ -73,13 +74,16 @@ def _table(model: KeyValueModel, name: str) -> QTableView:
     v.setModel(model)
     v.setAccessibleName(name)
     v.verticalHeader().setVisible(False)
-    v.horizontalHeader().setStretchLastSection(True)
-    v.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
     v.setSelectionBehavior(QTableView.SelectionBehavior.SelectRows)
     v.setAlternatingRowColors(True)
     v.verticalHeader().setDefaultSectionSize(22)
     v.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
     return v
+
+
+#: Below these widths the overview reflows: the cards into two rows of three, the three columns into two.
+WIDE_CARDS = 1180
+WIDE_COLUMNS = 1500
 
 
 def fit_rows(v: QTableView, max_rows: int = 14) -> None:
@@ -98,12 +102,11 @@ class OverviewView(QWidget):
         self.scan_result: ScaleScan | None = None
 
         self.cards = {k: Card(k) for k in ("Architecture", "File type", "Parameters", "Size", "Tensors", "Opened in")}
-        cards = QHBoxLayout()
-        for c in self.cards.values():
-            cards.addWidget(c)
+        self.cards_grid = QGridLayout()
 
         self.hyper_model = KeyValueModel(headers=("Hyperparameter", "Value"))
         self.hyper_table = _table(self.hyper_model, "Hyperparameters")
+        fit_columns(self.hyper_table, stretch=1, min_stretch=60)
 
         self.types_plot = pg.PlotWidget()
         self.types_plot.setAccessibleName("Tensor type mix: bytes per type")
@@ -113,6 +116,7 @@ class OverviewView(QWidget):
         self.types_model = KeyValueModel(headers=("Type", "Tensors", "Elements", "Bytes", "Share", "bpw"),
                                          mono_columns=(1, 2, 3, 4, 5))
         self.types_table = _table(self.types_model, "Tensor types")
+        fit_columns(self.types_table, stretch=0, optional=(2, 1), min_stretch=50)
         self.layers_plot = pg.PlotWidget()
         self.layers_plot.setAccessibleName("Weights per layer")
         self.layers_plot.setMinimumHeight(120)
@@ -144,6 +148,7 @@ class OverviewView(QWidget):
 
         self.checks_model = KeyValueModel(headers=("Check", "Status", "Detail"), mono_columns=())
         self.checks_table = _table(self.checks_model, "Integrity checks")
+        fit_columns(self.checks_table, stretch=2, min_stretch=160)
         self.scan_label = QLabel("NaN/Inf scale scan: waiting")
         self.scan_label.setAccessibleName("NaN/Inf scale scan status")
         self.scan_label.setWordWrap(True)
@@ -181,12 +186,9 @@ class OverviewView(QWidget):
         g.addWidget(self.mem_note, 4, 0, 1, 4)
         g.setColumnStretch(3, 1)
         self.mem_kv.setWordWrap(True)
+        self.mem_weights.setWordWrap(True)
         lb = QGroupBox("Weights per layer")
         QVBoxLayout(lb).addWidget(self.layers_plot)
-        third = QVBoxLayout()
-        third.addWidget(mb)
-        third.addWidget(lb, 1)
-
         ib = QGroupBox("Integrity")
         il = QVBoxLayout(ib)
         il.addWidget(self.checks_table)
@@ -196,16 +198,17 @@ class OverviewView(QWidget):
         sl.addWidget(self.scan_cancel)
         sl.addWidget(self.scan_again)
         il.addLayout(sl)
+        self.column_boxes = (hb, tb, mb, lb)
+        self.columns = QGridLayout()
 
-        cols = QHBoxLayout()
-        cols.addWidget(hb, 4)
-        cols.addWidget(tb, 5)
-        cols.addLayout(third, 5)
         body = QWidget()
         bl = QVBoxLayout(body)
-        bl.addLayout(cards)
-        bl.addLayout(cols, 0)
-        bl.addWidget(ib, 1)
+        bl.addLayout(self.cards_grid)
+        bl.addLayout(self.columns, 0)
+        bl.addWidget(ib)
+        bl.addStretch(1)  # a tall window: empty space below, not inside the boxes
+        self._wide: tuple[bool, bool] | None = None
+        self._reflow(WIDE_COLUMNS)
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QScrollArea.Shape.NoFrame)
@@ -216,6 +219,46 @@ class OverviewView(QWidget):
 
         self.ctx_spin.valueChanged.connect(self.update_memory)
         self.kv_combo.currentIndexChanged.connect(self.update_memory)
+
+    # ------------------------------------------------------------------ reflow
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._reflow(event.size().width())
+
+    def _reflow(self, width: int) -> None:
+        """Six cards in a row and three columns when wide; two rows of three cards, and the tables above the
+        memory and per-layer boxes (two columns), when narrow."""
+        wide = (width >= WIDE_CARDS, width >= WIDE_COLUMNS)
+        if wide == self._wide:
+            return
+        self._wide = wide
+        per_row = 6 if wide[0] else 3
+        for i, c in enumerate(self.cards.values()):
+            self.cards_grid.addWidget(c, i // per_row, i % per_row)
+        for i in range(6):
+            self.cards_grid.setColumnStretch(i, 1 if i < per_row else 0)
+        hb, tb, mb, lb = self.column_boxes
+        g = self.columns
+        for w in self.column_boxes:
+            g.removeWidget(w)
+        for i in range(3):
+            g.setColumnStretch(i, 0)
+            g.setRowStretch(i, 0)
+        if wide[1]:
+            g.addWidget(hb, 0, 0, 2, 1)
+            g.addWidget(tb, 0, 1, 2, 1)
+            g.addWidget(mb, 0, 2)
+            g.addWidget(lb, 1, 2)
+            g.setRowStretch(1, 1)
+            for i, s in enumerate((4, 5, 5)):
+                g.setColumnStretch(i, s)
+        else:
+            g.addWidget(hb, 0, 0)
+            g.addWidget(tb, 0, 1)
+            g.addWidget(mb, 1, 0)
+            g.addWidget(lb, 1, 1)
+            g.setColumnStretch(0, 1)
+            g.setColumnStretch(1, 1)
 
     # ------------------------------------------------------------------ content
     def set_document(self, doc: Document | None) -> None:
@@ -265,7 +308,8 @@ class OverviewView(QWidget):
         top = float(mib.max()) if n else 1.0
         for i, r in enumerate(rows):
             bpw = r["bits_per_weight"]
-            label = f" {human_bytes(r['bytes'])} · {r['tensors']} tensors" + (f" · {bpw:.2f} bpw" if bpw else "")
+            label = (f" {human_bytes(r['bytes'])} · {plural(r['tensors'], 'tensor')}"
+                     + (f" · {bpw:.2f} bpw" if bpw else ""))
             t = pg.TextItem(label, anchor=(0, 0.5), color=p.getAxis("bottom").textPen().color())
             t.setPos(mib[i], i)
             p.addItem(t)
@@ -298,8 +342,9 @@ class OverviewView(QWidget):
             return
         m = memory_plan(self.doc.gguf, self.ctx_spin.value(), self.kv_combo.currentText())
         self.mem_weights.setText(f"{human_bytes(m.weights_bytes)}  ({m.weights_bytes:,} bytes as stored)")
-        self.mem_kv.setText(f"{human_bytes(m.kv_bytes)}  = {m.n_layers} layers × {m.context:,} tokens × "
-                            f"{m.n_kv_heads} KV heads × ({m.key_length} + {m.value_length}) × {m.kv_type} "
+        self.mem_kv.setText(f"{human_bytes(m.kv_bytes)}  = {plural(m.n_layers, 'layer')} × "
+                            f"{plural(m.context, 'token')} × {plural(m.n_kv_heads, 'KV head')} × "
+                            f"({m.key_length} + {m.value_length}) × {m.kv_type} "
                             f"({human_bytes(m.kv_bytes_per_token)} per token)")
         self.mem_total.setText(human_bytes(m.total_bytes))
         self.mem_note.setText(m.note + ("; " if m.note else "") + "compute buffers and the runtime come on top.")
@@ -356,12 +401,12 @@ class OverviewView(QWidget):
         if r.n_bad:
             first = ", ".join(f"{b.tensor} block {b.block} {b.field}=0x{b.bits:x}" for b in r.bad[:3])
             text = (f"<span style='color:{BAD_COLOR}'>✗ {r.n_bad:,} NaN/Inf scales</span> in "
-                    f"{r.blocks_scanned:,} blocks of {r.tensors_scanned} tensors, e.g. {first}")
+                    f"{plural(r.blocks_scanned, 'block')} of {plural(r.tensors_scanned, 'tensor')}, e.g. {first}")
         else:
-            text = (f"<span style='color:{OK_COLOR}'>✓ no NaN/Inf scales</span> in {r.blocks_scanned:,} blocks "
-                    f"of {r.tensors_scanned} tensors ({r.seconds:.2f} s)")
+            text = (f"<span style='color:{OK_COLOR}'>✓ no NaN/Inf scales</span> in "
+                    f"{plural(r.blocks_scanned, 'block')} of {plural(r.tensors_scanned, 'tensor')} ({r.seconds:.2f} s)")
         if r.skipped:
-            text += f"; {len(r.skipped)} tensors of types without known scale fields skipped"
+            text += f"; {plural(len(r.skipped), 'tensor')} of types without known scale fields skipped"
         self._scan_end(doc, text)
 
 

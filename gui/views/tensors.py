@@ -4,15 +4,16 @@ and heatmap, computed in a worker with the native kernels and cached per file.""
 from __future__ import annotations
 
 import pyqtgraph as pg
-from PySide6.QtCore import QModelIndex, QRectF, Qt, Signal
+from PySide6.QtCore import QModelIndex, QPoint, QRectF, Qt, Signal
+from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
     QComboBox,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QLineEdit,
+    QMenu,
     QProgressBar,
     QPushButton,
     QSplitter,
@@ -36,10 +37,12 @@ from quantscope.core.gguf import TensorInfo
 from quantscope.core.summary import human_bytes
 
 from ..document import Document
-from ..models import KEY_ROLE, KeyValueModel, SortFilterProxy, TensorTableModel, TensorTreeModel, shape_text
+from ..models import KEY_ROLE, KeyValueModel, SortFilterProxy, TensorTableModel, TensorTreeModel, plural, shape_text
 from ..theme import BAD_COLOR, group_color
+from ..widgets.fit import ElidedLabel, fit_columns
 from ..workers import TaskRunner
 
+HOVER_HINT = "Hover the heatmap for row, column and value; click a cell to open its block."
 _DIVERGING = "CET-D1"
 _SEQUENTIAL = "viridis"
 
@@ -85,6 +88,11 @@ class TensorsView(QWidget):
         self.table.verticalHeader().setVisible(False)
         self.table.verticalHeader().setDefaultSectionSize(22)
         self.table.setAlternatingRowColors(True)
+        for view in (self.tree, self.table):
+            fit_columns(view, stretch=0, optional=(3, 5, 2, 6, 4), min_stretch=150, max_stretch=300)
+            view.activated.connect(self._activated)  # Enter, or a double click
+            view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+            view.customContextMenuRequested.connect(lambda pos, v=view: self._context_menu(v, pos))
         self.lists = QTabWidget()
         self.lists.addTab(self.tree, "By layer")
         self.lists.addTab(self.table, "All tensors")
@@ -108,8 +116,7 @@ class TensorsView(QWidget):
         self.details.setAccessibleName("Tensor details")
         self.details.verticalHeader().setVisible(False)
         self.details.verticalHeader().setDefaultSectionSize(21)
-        self.details.horizontalHeader().setStretchLastSection(True)
-        self.details.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
+        fit_columns(self.details, stretch=1, min_stretch=80)
         self.details.setMaximumHeight(240)
         self.stats_model = KeyValueModel(headers=("Statistic", "Value"))
         self.stats = QTableView()
@@ -117,7 +124,7 @@ class TensorsView(QWidget):
         self.stats.setAccessibleName("Tensor statistics")
         self.stats.verticalHeader().setVisible(False)
         self.stats.verticalHeader().setDefaultSectionSize(21)
-        self.stats.horizontalHeader().setStretchLastSection(True)
+        fit_columns(self.stats, stretch=1, min_stretch=60)
         self.stats.setMaximumWidth(300)
         self.progress = QProgressBar()
         self.progress.setAccessibleName("Statistics progress")
@@ -160,11 +167,12 @@ class TensorsView(QWidget):
         self.reset_btn = QPushButton("Whole matrix")
         self.reset_btn.setAccessibleName("Show the whole matrix again")
         self.reset_btn.clicked.connect(self._reset_heatmap)
-        self.hover = QLabel("Hover the heatmap for row, column and value; click a cell to open its block.")
+        self.hover = QLabel(HOVER_HINT)
         self.hover.setObjectName("muted")
         self.hover.setAccessibleName("Heatmap position")
         self.hover.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.heat_info = QLabel()
+        self.heat_info = ElidedLabel()
+        self.heat_info.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.heat_info.setObjectName("muted")
         self.heat_plot.scene().sigMouseMoved.connect(self._heat_hover)
         self.heat_plot.scene().sigMouseClicked.connect(self._heat_click)
@@ -190,8 +198,7 @@ class TensorsView(QWidget):
         bar.addWidget(self.heat_mode)
         bar.addWidget(self.refine_btn)
         bar.addWidget(self.reset_btn)
-        bar.addStretch(1)
-        bar.addWidget(self.heat_info)
+        bar.addWidget(self.heat_info, 1)  # elided when narrow, whole in its tool tip
         hpl.addLayout(bar)
         hpl.addWidget(self.heat_widget, 1)
         hpl.addWidget(self.hover)
@@ -233,8 +240,6 @@ class TensorsView(QWidget):
         self.tree.expandToDepth(-1)
         if self.tree_model.rowCount():
             self.tree.expand(self.tree_proxy.index(0, 0))
-        self.tree.header().setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
-        self.table.resizeColumnsToContents()
         self._filter(self.filter.text())
         self.tensor = None
         self.analysis = None
@@ -243,13 +248,93 @@ class TensorsView(QWidget):
         self.stats_model.set_rows([])
         self.hist.clear()
         self.image.clear()
+        self.heat = None
+        self._heat_axes(False)
+        self._hist_axes(False)
+
+    def _hist_axes(self, on: bool) -> None:
+        for side in ("left", "bottom"):
+            self.hist.getPlotItem().showAxis(side, on)
+
+    def _heat_axes(self, on: bool) -> None:
+        """Axes and colour bar only around a drawn heatmap (an empty plot's −400…400 axes mean nothing)."""
+        for side in ("left", "bottom"):
+            self.heat_plot.showAxis(side, on)
+        self.colorbar.setVisible(on)
+        if on:
+            self.hover.setText(HOVER_HINT)
+        else:
+            self.heat_info.setText("")
+            self.hover.setText("Select a tensor: its heatmap appears here." if self.tensor is None else
+                               "No heatmap for this tensor.")
+
+    def key_help(self) -> list[tuple[str, str]]:
+        """(keys, what they do) of this view, for the F1 list."""
+        return [("Enter, double click", "open the tensor's first block in the block inspector"),
+                ("Menu key, right click", "copy the name, open the block, show it in the heatmap")]
+
+    def tensor_at(self, view: QTreeView | QTableView, index: QModelIndex) -> str | None:
+        """The tensor name of a row of the tree or the table (None for a layer row)."""
+        proxy = self.tree_proxy if view is self.tree else self.table_proxy
+        name = proxy.data(index.siblingAtColumn(0), KEY_ROLE) if index.isValid() else None
+        return name if isinstance(name, str) else None
+
+    def _activated(self, index: QModelIndex) -> None:
+        view = self.tree if self.sender() is self.tree else self.table
+        name = self.tensor_at(view, index)
+        if name is not None:
+            self.open_block(name)
+
+    def open_block(self, name: str) -> None:
+        """Open the first block of ``name`` in the block inspector."""
+        if self.doc is not None and self.doc.gguf is not None and self.doc.gguf.has_tensor(name):
+            self.inspectRequested.emit(name, 0, 0, 0)
+
+    def show_heatmap(self, name: str) -> None:
+        """Select ``name`` and make sure the heatmap pane is open, with the keyboard focus on it."""
+        self.select_tensor(name)
+        sizes = self.value_split.sizes()
+        if len(sizes) == 2 and sizes[1] < 120:
+            self.value_split.setSizes([max(1, sum(sizes) * 2 // 5), sum(sizes) * 3 // 5])
+        self.heat_widget.setFocus()
+
+    def context_actions(self, name: str) -> list[QAction]:
+        """The tensor context menu's actions (tests trigger them directly)."""
+        copy = QAction("Copy name", self)
+        copy.triggered.connect(lambda: QGuiApplication.clipboard().setText(name))
+        block = QAction("Open in the block inspector", self)
+        block.setShortcut(QKeySequence(Qt.Key.Key_Return))
+        block.triggered.connect(lambda: self.open_block(name))
+        heat = QAction("Show in the heatmap", self)
+        heat.triggered.connect(lambda: self.show_heatmap(name))
+        t = self.doc.gguf.tensor(name) if self.doc is not None and self.doc.gguf is not None else None
+        block.setEnabled(t is not None and t.type is not None and not t.problem)
+        heat.setEnabled(t is not None and can_read_values(t))
+        return [copy, block, heat]
+
+    def _context_menu(self, view: QTreeView | QTableView, pos: QPoint) -> None:
+        at = view.indexAt(pos)
+        name = self.tensor_at(view, at)
+        if name is None and not at.isValid():  # the Menu key (or a click off the rows): the current row
+            name = self.tensor_at(view, view.currentIndex())
+            if name is not None:
+                pos = view.visualRect(view.currentIndex()).center()
+        if name is None:
+            return
+        menu = QMenu(self)
+        menu.setAccessibleName(f"Actions for {name}")
+        for a in self.context_actions(name):
+            a.setParent(menu)
+            menu.addAction(a)
+        self.context_menu = menu
+        menu.popup(view.viewport().mapToGlobal(pos))
 
     def _filter(self, text: str) -> None:
         self.tree_proxy.setFilterFixedString(text)
         self.table_proxy.setFilterFixedString(text)
         if text:
             self.tree.expandAll()
-        self.count.setText(f"{self.table_proxy.rowCount():,} of {self.table_model.rowCount():,} tensors")
+        self.count.setText(f"{self.table_proxy.rowCount():,} of {plural(self.table_model.rowCount(), 'tensor')}")
 
     def _tree_current(self, current: QModelIndex, _prev: QModelIndex) -> None:
         name = self.tree_proxy.data(current.siblingAtColumn(0), KEY_ROLE)
@@ -333,6 +418,8 @@ class TensorsView(QWidget):
         self.stats_model.set_rows([])
         self.hist.clear()
         self.image.clear()
+        self._heat_axes(False)
+        self._hist_axes(False)
         if t.n_elements == 0:
             self._set_progress_visible(False)
             self.heat = None
@@ -397,6 +484,7 @@ class TensorsView(QWidget):
             ("Inf", f"{s.n_inf:,}"), ("zeros", f"{s.n_zero:,}"),
         ], {i: pg.mkColor(BAD_COLOR) for i in (6, 7) if (s.n_nan if i == 6 else s.n_inf)})
         self.hist.clear()
+        self._hist_axes(True)
         h = a.histogram
         self.hist.plot(h.edges, h.counts, stepMode="center", fillLevel=0, brush=pg.mkBrush(group_color(0)),
                        pen=pg.mkPen(group_color(0).darker(120)))
@@ -411,8 +499,10 @@ class TensorsView(QWidget):
         img = hm.rms if mode == "rms" else hm.mean
         if img.size == 0 or hm.n_cols == 0 or hm.n_rows == 0:
             self.image.clear()
+            self._heat_axes(False)
             self.heat_info.setText("no values to draw")
             return
+        self._heat_axes(True)
         lo, hi = hm.levels(mode)
         self.colorbar.setColorMap(pg.colormap.get(_SEQUENTIAL if mode == "rms" else _DIVERGING))
         self.image.setImage(img, autoLevels=False)

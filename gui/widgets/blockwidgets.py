@@ -183,7 +183,8 @@ class ScaleBitDiagram(_Painted):
 
     scaleHovered = Signal(str, int)  # name, index ("" / -1 when leaving)
 
-    BIT_W, ROW_H, LEFT = 26, 20, 72
+    BIT_W, ROW_H, LEFT = 34, 28, 76
+    LABEL_PT = 7.5  # the value.bit label under each bit (``sc1.5``)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -244,7 +245,7 @@ class ScaleBitDiagram(_Painted):
             v = self.raw[byte] if byte < len(self.raw) else 0
             p.setPen(text)
             p.setFont(mono_font(8.5))
-            p.drawText(QRect(4, y, self.LEFT - 8, self.ROW_H - 3), Qt.AlignmentFlag.AlignVCenter,
+            p.drawText(QRect(4, y, self.LEFT - 6, self.ROW_H - 3), Qt.AlignmentFlag.AlignVCenter,
                        f"b{byte:<3d} 0x{v:02x}")
             for bit in range(8):
                 rect = self._bit_rect(row, bit)
@@ -270,9 +271,9 @@ class ScaleBitDiagram(_Painted):
                 p.drawRoundedRect(rect, 3, 3)
                 p.setPen(QColor("white") if solid and lit else text)
                 p.setFont(mono_font(9, bold=True))
-                p.drawText(rect.adjusted(0, -5, 0, 0), Qt.AlignmentFlag.AlignCenter, str(bit_v))
-                p.setFont(mono_font(6))
-                p.drawText(rect.adjusted(0, 11, 0, 0), Qt.AlignmentFlag.AlignCenter,
+                p.drawText(rect.adjusted(0, 1, 0, -rect.height() // 2), Qt.AlignmentFlag.AlignCenter, str(bit_v))
+                p.setFont(mono_font(self.LABEL_PT))
+                p.drawText(rect.adjusted(0, rect.height() // 2 - 2, 0, 0), Qt.AlignmentFlag.AlignCenter,
                            f"{owner.name[:2]}{owner.index}.{owner.value_bit}")
         # unpacked values
         x0 = self.LEFT + 8 * self.BIT_W + 16 if self.bytes else 4
@@ -345,7 +346,8 @@ class CodeGrid(_Painted):
     """The code bytes of a block, each split into its code slots (nibbles, 2-bit crumbs or whole bytes),
     tinted by the sub-block of the element stored there and labelled with that element's code."""
 
-    elementHovered = Signal(int)
+    elementHovered = Signal(int)  # -1 when leaving
+    elementClicked = Signal(int)
 
     CELL_H = 17
 
@@ -433,12 +435,20 @@ class CodeGrid(_Painted):
         p.end()
 
     def mouseMoveEvent(self, event: QMouseEvent) -> None:
-        pos = event.position().toPoint()
+        e = self.element_at(event.position().toPoint())
+        if e >= 0 and e != self.highlight:
+            self.elementHovered.emit(e)
+
+    def element_at(self, pos: QPoint) -> int:
         for rect, e in self._slots():
             if rect.contains(pos) and e >= 0:
-                if e != self.highlight:
-                    self.elementHovered.emit(e)
-                return
+                return e
+        return -1
+
+    def mousePressEvent(self, event: QMouseEvent) -> None:
+        e = self.element_at(event.position().toPoint())
+        if e >= 0 and event.button() == Qt.MouseButton.LeftButton:
+            self.elementClicked.emit(e)
 
     def leaveEvent(self, event: object) -> None:
         self.elementHovered.emit(-1)

@@ -1,0 +1,123 @@
+"""Widgets and helpers that keep text inside the window at any size (1024 × 640 up to 4K, any scale factor):
+a label that elides with the full text in its tool tip, and item views whose columns always fit their width."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from PySide6.QtCore import QEvent, QObject, QSize, Qt
+from PySide6.QtGui import QResizeEvent
+from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QSizePolicy, QTableView, QTreeView, QWidget
+
+
+class ElidedLabel(QLabel):
+    """A one-line plain-text label that shows as much of its text as fits, ending in "…", with the whole text in
+    its tool tip when it is cut. ``full_text()`` is the text set; ``text()`` is what is shown."""
+
+    def __init__(self, text: str = "", parent: QWidget | None = None,
+                 mode: Qt.TextElideMode = Qt.TextElideMode.ElideRight) -> None:
+        super().__init__(parent)
+        self._full = ""
+        self._mode = mode
+        self.setTextFormat(Qt.TextFormat.PlainText)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.setMinimumWidth(1)
+        self.setText(text)
+
+    def setText(self, text: str) -> None:  # type: ignore[override]
+        self._full = text
+        self._elide()
+
+    def full_text(self) -> str:
+        return self._full
+
+    def sizeHint(self) -> QSize:
+        m = self.contentsMargins()
+        return QSize(self.fontMetrics().horizontalAdvance(self._full) + m.left() + m.right() + 2,
+                     super().sizeHint().height())
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(1, super().minimumSizeHint().height())
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._elide()
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.FontChange:
+            self._elide()
+
+    def _elide(self) -> None:
+        room = self.contentsRect().width()
+        shown = self.fontMetrics().elidedText(self._full, self._mode, max(0, room))
+        super().setText(shown)
+        self.setToolTip("" if shown == self._full else self._full)
+
+
+class _ColumnFitter(QObject):
+    """Event filter behind :func:`fit_columns`: re-fits on every resize of the view."""
+
+    def __init__(self, view: QTableView | QTreeView, stretch: int, optional: Sequence[int], min_stretch: int,
+                 max_stretch: int) -> None:
+        super().__init__(view)
+        self.view, self.stretch, self.optional = view, stretch, tuple(optional)
+        self.min_stretch, self.max_stretch = min_stretch, max_stretch
+
+    def eventFilter(self, obj: QObject, event: QEvent) -> bool:
+        if event.type() in (QEvent.Type.Resize, QEvent.Type.Show, QEvent.Type.LayoutRequest):
+            self.fit()
+        return False
+
+    def _width(self, col: int) -> int:
+        v = self.view
+        h = v.header() if isinstance(v, QTreeView) else v.horizontalHeader()
+        return max(h.sectionSizeHint(col), v.sizeHintForColumn(col))
+
+    def fit(self) -> None:
+        v = self.view
+        h = v.header() if isinstance(v, QTreeView) else v.horizontalHeader()
+        model = v.model()
+        if model is None:
+            return
+        room = v.viewport().width()
+        cols = [c for c in range(model.columnCount()) if c != self.stretch]
+        hidden: set[int] = set()
+        widths = {c: self._width(c) for c in cols}
+        want = max(self.min_stretch, min(self._width(self.stretch), self.max_stretch))
+        for c in (None, *self.optional):
+            if c is not None:
+                hidden.add(c)
+            if room - sum(w for k, w in widths.items() if k not in hidden) >= want:
+                break
+        for c in cols:
+            h.setSectionHidden(c, c in hidden)
+
+
+def fit_columns(view: QTableView | QTreeView, stretch: int = 0, optional: Sequence[int] = (),
+                min_stretch: int = 120, max_stretch: int = 0,
+                elide: Qt.TextElideMode = Qt.TextElideMode.ElideMiddle) -> None:
+    """Keep ``view``'s columns inside its width: never a horizontal scroll bar. Every column but ``stretch`` is as
+    wide as its contents; ``stretch`` takes the rest, its text elided (``elide``; item views show the full
+    text in the tool tip their model gives). While ``stretch`` would get less than its contents' width (at most
+    ``max_stretch`` pixels) or ``min_stretch``, the columns in ``optional`` are hidden, in that order (the first
+    is the least needed)."""
+    h = view.header() if isinstance(view, QTreeView) else view.horizontalHeader()
+    view.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    view.setHorizontalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
+    view.setTextElideMode(elide)
+    h.setStretchLastSection(False)
+    h.setMinimumSectionSize(24)
+    h.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    h.setSectionResizeMode(stretch, QHeaderView.ResizeMode.Stretch)
+    fitter = _ColumnFitter(view, stretch, optional, min_stretch, max_stretch)
+    view.viewport().installEventFilter(fitter)
+    model = view.model()
+    if model is not None:  # another file's names and numbers: other widths
+        model.modelReset.connect(fitter.fit)
+        model.layoutChanged.connect(fitter.fit)
+    if isinstance(view, QTreeView):  # the rows shown change the widest name
+        view.expanded.connect(fitter.fit)
+        view.collapsed.connect(fitter.fit)
+    view._column_fitter = fitter  # type: ignore[attr-defined]
+    fitter.fit()

@@ -52,6 +52,7 @@ from PySide6.QtWidgets import (
 
 from quantscope.core.analysis import INT32_MAX, memory_plan, metadata_int
 from quantscope.core.chat import ChatTemplate, ChatTemplateError, SamplerParams
+from quantscope.core.chat.controller import ChatController, identity_of, stats_numbers, stats_text
 from quantscope.core.chat.conversation import encode_prompt, prompt_text, reply_reserve
 from quantscope.core.chat.store import (
     ChatStore,
@@ -59,7 +60,6 @@ from quantscope.core.chat.store import (
     StoreError,
     default_path,
     export,
-    title_from,
 )
 from quantscope.core.native.kernels import default_threads, isa
 from quantscope.core.summary import human_bytes
@@ -71,6 +71,8 @@ from ..theme import is_dark
 from ..workers import TaskRunner
 from .chat_widgets import (
     TOKEN_TYPES,
+    ConversationDelegate,
+    ElidedLabel,
     MessageView,
     SpecialTokenHighlighter,
     chips_html,
@@ -87,6 +89,7 @@ PRESETS: dict[str, dict[str, float]] = {
     "Greedy": {"temperature": 0.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0},
 }
 FLUSH_MS = 50
+MODEL_ROLE = Qt.ItemDataRole.UserRole + 1  # the conversation list's "name · quant" line
 DEFAULT_CTX = 4096
 MAX_TOKEN_ROWS = 5000
 
@@ -115,16 +118,6 @@ class TokBundle:
     template: ChatTemplate | None
     template_error: str
     specials: list[str]
-
-
-def _stats_text(s: GenStats) -> str:
-    parts = [f"{s.n_generated} tokens"]
-    if s.gen_tps:
-        parts.append(f"{s.gen_tps:.1f} t/s")
-    parts.append(f"TTFT {s.ttft_s * 1000:.0f} ms")
-    if s.stop_reason:
-        parts.append("stopped" if s.stop_reason == "cancelled" else s.stop_reason)
-    return " · ".join(parts)
 
 
 def _spin(lo: float, hi: float, step: float, decimals: int, name: str, tip: str) -> QDoubleSpinBox:
@@ -157,6 +150,8 @@ def _stylesheet(dark: bool) -> str:
     QLabel#msgRole {{ font-weight: 600; }}
     QLabel#msgNote {{ color: {note_fg}; background: {note_bg}; border-radius: 3px; padding: 0 4px; }}
     QToolButton#msgAction {{ padding: 1px 6px; }}
+    QFrame#notice {{ background: {note_bg}; border: 1px solid {note_bd}; border-radius: 6px; }}
+    QFrame#notice QLabel {{ color: {note_fg}; }}
     QLabel#notice {{ background: {note_bg}; color: {note_fg}; border: 1px solid {note_bd}; border-radius: 6px;
                      padding: 6px 10px; }}
     QLabel#errorBanner {{ background: {err_bg}; color: {err_fg}; border: 1px solid {err_bd}; border-radius: 6px;
@@ -182,10 +177,8 @@ class ChatView(QWidget):
         self.doc: Document | None = None
         self._store: ChatStore | None = None
         self.store_error = ""
-        self.conv_id: int | None = None
-        self.messages: list[StoredMessage] = []
+        self.ctl = ChatController()  # messages, conversation id, the model it belongs to
         self.views: list[MessageView] = []
-        self.editing: int | None = None
         self.error = ""
         self.last_stats: GenStats | None = None
         self.dropped = 0
@@ -235,6 +228,23 @@ class ChatView(QWidget):
         self.apply_preset("Balanced")
         self._update_controls()
 
+    # the open conversation lives in the controller
+    @property
+    def messages(self) -> list[StoredMessage]:
+        return self.ctl.messages
+
+    @messages.setter
+    def messages(self, value: list[StoredMessage]) -> None:
+        self.ctl.messages = value
+
+    @property
+    def conv_id(self) -> int | None:
+        return self.ctl.conv_id
+
+    @property
+    def editing(self) -> int | None:
+        return self.ctl.editing
+
     # ================================================================== building
     def _build(self) -> None:
         split = QSplitter(Qt.Orientation.Horizontal)
@@ -245,7 +255,7 @@ class ChatView(QWidget):
         split.setStretchFactor(0, 0)
         split.setStretchFactor(1, 1)
         split.setStretchFactor(2, 0)
-        split.setSizes([230, 800, 380])
+        split.setSizes([210, 820, 330])
         self.splitter = split
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
@@ -254,7 +264,6 @@ class ChatView(QWidget):
     # ------------------------------------------------------------------ conversations panel
     def _build_side(self) -> QWidget:
         w = QWidget()
-        w.setMinimumWidth(180)
         lay = QVBoxLayout(w)
         lay.setContentsMargins(0, 0, 4, 0)
         title = QLabel("Conversations")
@@ -271,6 +280,7 @@ class ChatView(QWidget):
         self.conv_list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.conv_list.setUniformItemSizes(True)
+        self.conv_list.setItemDelegate(ConversationDelegate(MODEL_ROLE, self.conv_list))
         self.conv_list.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed
                                        | QAbstractItemView.EditTrigger.DoubleClicked)
         self.conv_list.itemActivated.connect(lambda it: self.open_conversation(int(it.data(Qt.ItemDataRole.UserRole))))
@@ -296,9 +306,8 @@ class ChatView(QWidget):
         row.addWidget(self.rename_btn)
         row.addWidget(self.delete_btn)
         row.addWidget(self.export_btn)
-        self.store_label = QLabel()
+        self.store_label = ElidedLabel(mode=Qt.TextElideMode.ElideMiddle)  # a path: elided in the middle
         self.store_label.setObjectName("muted")
-        self.store_label.setWordWrap(True)
         self.store_label.setAccessibleName("Where conversations are saved")
         lay.addLayout(head)
         lay.addWidget(self.conv_list, 1)
@@ -309,7 +318,6 @@ class ChatView(QWidget):
     # ------------------------------------------------------------------ center: model bar, thread, composer
     def _build_center(self) -> QWidget:
         w = QWidget()
-        w.setMinimumWidth(420)
         lay = QVBoxLayout(w)
         lay.setContentsMargins(4, 0, 4, 0)
         lay.setSpacing(6)
@@ -325,8 +333,22 @@ class ChatView(QWidget):
         self.notice.setWordWrap(True)
         self.notice.setAccessibleName("Context notice")
         self.notice.hide()
+        self.binding_bar = QFrame()
+        self.binding_bar.setObjectName("notice")
+        self.binding_bar.setAccessibleName("Conversation of another model")
+        bb = QHBoxLayout(self.binding_bar)
+        bb.setContentsMargins(8, 4, 8, 4)
+        self.binding_label = QLabel()
+        self.binding_label.setWordWrap(True)
+        self.binding_btn = QPushButton("Continue with this model")
+        self.binding_btn.setAccessibleName("Continue this conversation with the open model")
+        self.binding_btn.clicked.connect(self.continue_with_model)
+        bb.addWidget(self.binding_label, 1)
+        bb.addWidget(self.binding_btn)
+        self.binding_bar.hide()
         lay.addWidget(self.error_banner)
         lay.addWidget(self.notice)
+        lay.addWidget(self.binding_bar)
 
         self.thread = QWidget()
         self.thread.setObjectName("thread")
@@ -403,21 +425,22 @@ class ChatView(QWidget):
         g.setContentsMargins(12, 8, 12, 8)
         g.setHorizontalSpacing(10)
         g.setVerticalSpacing(4)
-        self.model_name = QLabel("No model")
+        self.model_name = ElidedLabel("No model", Qt.TextElideMode.ElideMiddle)
         self.model_name.setObjectName("modelName")
-        self.model_state = QLabel("not loaded")
+        self.model_name.setAccessibleName("Model file")
+        self.model_state = ElidedLabel("not loaded")
         self.model_state.setObjectName("muted")
         self.model_state.setAccessibleName("Model state")
         self.backend_combo = QComboBox()
         self.backend_combo.setAccessibleName("Backend")
+        self.backend_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.backend_combo.addItem(f"CPU · {isa()}", "cpu")
         self.backend_combo.addItem("CUDA", "cuda")
         self.backend_combo.setToolTip("Where the model runs: the CPU with Quantscope's native kernels "
                                       f"(instruction set in use: {isa()}), or an NVIDIA GPU")
-        self.cuda_label = QLabel("CUDA: checking…")
+        self.cuda_label = ElidedLabel("CUDA: checking…")
         self.cuda_label.setObjectName("muted")
         self.cuda_label.setAccessibleName("CUDA status")
-        self.cuda_label.setMaximumWidth(320)
         self.threads_spin = _ispin(1, max(1, os.cpu_count() or 1), "Threads",
                                    "CPU threads for the kernels (applies from the next reply)")
         self.threads_spin.setValue(default_threads())
@@ -440,6 +463,7 @@ class ChatView(QWidget):
         self.load_progress = QProgressBar()
         self.load_progress.setRange(0, 100)
         self.load_progress.setAccessibleName("Loading progress")
+        self.load_progress.setMinimumWidth(120)
         self.load_progress.setMaximumWidth(220)
         self.load_cancel = QPushButton("Cancel")
         self.load_cancel.setAccessibleName("Cancel loading")
@@ -450,9 +474,9 @@ class ChatView(QWidget):
         self.engine_label.setWordWrap(True)
         self.engine_label.hide()
         top = QHBoxLayout()
-        top.addWidget(self.model_name)
+        top.addWidget(self.model_name, 3)
         top.addSpacing(8)
-        top.addWidget(self.model_state, 1)
+        top.addWidget(self.model_state, 2)
         top.addWidget(self.load_btn)
         top.addWidget(self.unload_btn)
         opts = QHBoxLayout()
@@ -464,8 +488,7 @@ class ChatView(QWidget):
             opts.addWidget(lab)
             opts.addWidget(widget)
             opts.addSpacing(10)
-        opts.addWidget(self.cuda_label)
-        opts.addStretch(1)
+        opts.addWidget(self.cuda_label, 1)  # elided where the row is narrow; the reason is in its tooltip
         bottom = QHBoxLayout()
         bottom.addWidget(self.memory_label, 1)
         bottom.addWidget(self.load_progress)
@@ -477,22 +500,28 @@ class ChatView(QWidget):
         return card
 
     def _build_status(self) -> QWidget:
-        w = QWidget()
-        lay = QHBoxLayout(w)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.setSpacing(6)
+        """The live numbers on one row (each pair keeps its label whole), the context fill and what the model is
+        doing on the next (the bar takes the room that is left; the activity elides)."""
+        box = QWidget()
+        grid = QGridLayout(box)
+        grid.setContentsMargins(0, 0, 0, 0)
+        grid.setHorizontalSpacing(6)
+        grid.setVerticalSpacing(2)
         self.stat_labels: dict[str, QLabel] = {}
+        nums = QHBoxLayout()
+        nums.setSpacing(6)
         for key, title in (("ttft", "First token"), ("prompt", "Prompt"), ("gen", "Generation")):
             t = QLabel(title)
             t.setObjectName("muted")
             v = QLabel("—")
             v.setObjectName("statValue")
             v.setAccessibleName(title)
-            v.setMinimumWidth(72)
+            v.setMinimumWidth(v.fontMetrics().horizontalAdvance("9999.9 t/s"))
             self.stat_labels[key] = v
-            lay.addWidget(t)
-            lay.addWidget(v)
-        lay.addStretch(1)
+            nums.addWidget(t)
+            nums.addWidget(v)
+            nums.addSpacing(6)
+        nums.addStretch(1)
         t = QLabel("Context")
         t.setObjectName("muted")
         self.ctx_bar = QProgressBar()
@@ -501,29 +530,24 @@ class ChatView(QWidget):
         self.ctx_bar.setValue(0)
         self.ctx_bar.setTextVisible(True)
         self.ctx_bar.setFormat("%v / %m tokens")
-        self.ctx_bar.setMinimumWidth(220)
-        self.ctx_bar.setMaximumWidth(300)
-        lay.addWidget(t)
-        lay.addWidget(self.ctx_bar)
-        # what the model is doing ("reading the prompt: 512 of 2,048 tokens…") on a line of its own: the numbers
-        # row is full at common window widths
-        self.activity = QLabel()
+        self.ctx_bar.setMinimumWidth(self.ctx_bar.fontMetrics().horizontalAdvance("99,999 / 99,999 tokens") + 16)
+        self.activity = ElidedLabel()
         self.activity.setObjectName("muted")
         self.activity.setAccessibleName("Activity")
-        self.activity.setMinimumHeight(self.activity.sizeHint().height())
-        box = QWidget()
-        col = QVBoxLayout(box)
-        col.setContentsMargins(0, 0, 0, 0)
-        col.setSpacing(2)
-        col.addWidget(w)
-        col.addWidget(self.activity)
+        ctx = QHBoxLayout()
+        ctx.setSpacing(6)
+        ctx.addWidget(t)
+        ctx.addWidget(self.ctx_bar, 1)
+        ctx.addWidget(self.activity, 1)
+        grid.addLayout(nums, 0, 0)
+        grid.addLayout(ctx, 1, 0)
         return box
 
     # ------------------------------------------------------------------ right: settings, template, tokenizer
     def _build_right(self) -> QWidget:
         tabs = QTabWidget()
         tabs.setAccessibleName("Chat tools")
-        tabs.setMinimumWidth(300)
+        tabs.setMinimumWidth(260)
         tabs.addTab(self._build_settings(), "Settings")
         tabs.addTab(self._build_template(), "Template")
         tabs.addTab(self._build_lab(), "Tokenizer")
@@ -537,7 +561,7 @@ class ChatView(QWidget):
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         self.mode_combo = QComboBox()
         self.mode_combo.setAccessibleName("Mode")
-        self.mode_combo.addItem("Chat (the model's template)", "chat")
+        self.mode_combo.addItem("Chat (template)", "chat")
         self.mode_combo.addItem("Plain completion", "completion")
         self.mode_combo.setToolTip("Chat renders the conversation with the file's chat template; plain "
                                    "completion continues the text as it is (for models without a template)")
@@ -563,6 +587,10 @@ class ChatView(QWidget):
         self.seed_spin.setGroupSeparatorShown(False)
         self.max_spin = _ispin(1, 1 << 20, "Max tokens", "Most tokens a reply may have")
         self.max_spin.setValue(512)
+        self.special_check = QCheckBox("Show control tokens")
+        self.special_check.setAccessibleName("Show control tokens")
+        self.special_check.setToolTip("Print control tokens such as <|im_end|> or <start_of_image> in replies "
+                                      "(normally left out); end-of-generation tokens always stop the reply")
         for sp in (self.temp_spin, self.topp_spin, self.minp_spin, self.repeat_spin):
             sp.valueChanged.connect(self._param_edited)
         self.topk_spin.valueChanged.connect(self._param_edited)
@@ -576,6 +604,7 @@ class ChatView(QWidget):
         form.addRow("Repeat penalty", self.repeat_spin)
         form.addRow("Seed", self.seed_spin)
         form.addRow("Max tokens", self.max_spin)
+        form.addRow("", self.special_check)
         hint = QLabel("Presets: <b>Precise</b> (low temperature, mild repeat penalty), <b>Creative</b> (high "
                       "temperature, wide top-k), <b>Greedy</b> (always the most likely token: the same text as "
                       "<code>quantscope generate --temp 0</code>).")
@@ -645,8 +674,11 @@ class ChatView(QWidget):
         self.lab_table.setAccessibleName("Tokens: index, id, piece and type")
         self.lab_table.verticalHeader().setVisible(False)
         self.lab_table.verticalHeader().setDefaultSectionSize(20)
-        self.lab_table.horizontalHeader().setStretchLastSection(True)
-        self.lab_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header = self.lab_table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)  # the piece takes the room; long ones elide
+        self.lab_table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.lab_table.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         self.lab_ids = QPlainTextEdit()
         self.lab_ids.setReadOnly(True)
         self.lab_ids.setAccessibleName("Token ids")
@@ -675,6 +707,14 @@ class ChatView(QWidget):
         self.preview_hl.set_specials(())
         self.clear_error()
         self.load_progress.hide()
+        self.cancel_edit()
+        self.notice.hide()
+        self.reset_stats()
+        # a conversation belongs to a model: a new file starts a new chat
+        self.ctl.set_model(identity_of(self.doc.path, self.doc.gguf.file_type_name)
+                           if self.doc is not None and self.doc.gguf is not None else None)
+        self._rebuild_views()
+        self._show_binding()
         if self.doc is not None:
             f = self.doc.gguf
             assert f is not None
@@ -895,7 +935,7 @@ class ChatView(QWidget):
         return {"temperature": round(self.temp_spin.value(), 4), "top_k": self.topk_spin.value(),
                 "top_p": round(self.topp_spin.value(), 4), "min_p": round(self.minp_spin.value(), 4),
                 "repeat_penalty": round(self.repeat_spin.value(), 4), "seed": None if seed < 0 else seed,
-                "max_tokens": self.max_spin.value()}
+                "max_tokens": self.max_spin.value(), "special": self.special_check.isChecked()}
 
     def set_params(self, p: dict[str, Any]) -> None:
         self._applying_preset = True
@@ -909,6 +949,7 @@ class ChatView(QWidget):
                     iw.setValue(int(p[key]))
             seed = p.get("seed")
             self.seed_spin.setValue(int(seed) if isinstance(seed, int) else -1)
+            self.special_check.setChecked(p.get("special") is True)
         finally:
             self._applying_preset = False
         self.preset_combo.setCurrentText(self._matching_preset())
@@ -916,7 +957,8 @@ class ChatView(QWidget):
     def sampler_params(self) -> SamplerParams:
         d = self.params_dict()
         return SamplerParams(temperature=d["temperature"], top_k=d["top_k"], top_p=d["top_p"], min_p=d["min_p"],
-                             repeat_penalty=d["repeat_penalty"], seed=d["seed"], max_tokens=d["max_tokens"])
+                             repeat_penalty=d["repeat_penalty"], seed=d["seed"], max_tokens=d["max_tokens"],
+                             special=d["special"])
 
     @property
     def mode(self) -> str:
@@ -939,23 +981,16 @@ class ChatView(QWidget):
     # ================================================================== the conversation
     def prompt_for(self, messages: list[StoredMessage]) -> list[dict[str, str]] | str:
         """What the engine gets: the messages (with the system prompt) in chat mode, the text in completion mode."""
-        if self.mode == "completion":
-            return "".join(m.content for m in messages if m.role != "system")
-        system = self.system_edit.toPlainText().strip()
-        msgs = [{"role": "system", "content": system}] if system else []
-        return msgs + [m.as_chat() for m in messages if m.role != "system"]
+        return self.ctl.prompt(messages, self.mode, self.system_edit.toPlainText().strip())
 
     def send(self, text: str | None = None) -> bool:
         """Send ``text`` (default: the composer's) and start the reply; False when nothing can be sent now."""
         if text is None:
             text = self.composer.toPlainText()
-        if not text.strip() or self.host.state != "ready":
+        if not text.strip() or self.host.state != "ready" or self.ctl.foreign:
             return False
-        if self.editing is not None:
-            self.messages = self.messages[: self.editing]
-            self.editing = None
-            self.edit_bar.hide()
-        self.messages.append(StoredMessage("user", text, created=time.time()))
+        self.edit_bar.hide()
+        self.ctl.add_user(text)
         self.composer.clear()
         self._rebuild_views()
         self._start_reply()
@@ -963,11 +998,9 @@ class ChatView(QWidget):
 
     def regenerate(self) -> bool:
         """Drop the last reply and generate it again (the prompt's KV cache is reused)."""
-        if self.host.state != "ready" or not self.messages:
+        if self.host.state != "ready" or not self.messages or self.ctl.foreign:
             return False
-        while self.messages and self.messages[-1].role == "assistant":
-            self.messages.pop()
-        if not self.messages:
+        if not self.ctl.drop_replies():
             return False
         self._rebuild_views()
         self._start_reply()
@@ -977,7 +1010,7 @@ class ChatView(QWidget):
         """Put message ``index`` into the composer; sending replaces it and drops what followed."""
         if not 0 <= index < len(self.messages) or self.messages[index].role != "user":
             return
-        self.editing = index
+        self.ctl.editing = index
         self.composer.setPlainText(self.messages[index].content)
         self.composer.setFocus()
         after = len(self.messages) - index - 1
@@ -986,7 +1019,7 @@ class ChatView(QWidget):
         self.edit_bar.show()
 
     def cancel_edit(self) -> None:
-        self.editing = None
+        self.ctl.editing = None
         self.edit_bar.hide()
         self.composer.clear()
 
@@ -1064,9 +1097,8 @@ class ChatView(QWidget):
 
     def _show_stats(self, s: GenStats, live: bool = False) -> None:
         self.last_stats = s
-        self.stat_labels["ttft"].setText(f"{s.ttft_s * 1000:.0f} ms")
-        self.stat_labels["prompt"].setText(f"{s.prompt_tps:.1f} t/s")
-        self.stat_labels["gen"].setText(f"{s.gen_tps:.1f} t/s" if s.n_generated else "—")
+        for key, text in stats_numbers(s.as_dict()).items():
+            self.stat_labels[key].setText(text)
         if s.n_ctx:
             self.ctx_bar.setRange(0, s.n_ctx)
         self.ctx_bar.setValue(min(s.context_used, self.ctx_bar.maximum()))
@@ -1111,8 +1143,8 @@ class ChatView(QWidget):
             d = stats.as_dict() if stats is not None else {}
             if note:
                 d["stop_reason"] = f"cancelled ({note})"
-            self.messages.append(StoredMessage("assistant", text, d, time.time()))
-            label = _stats_text(stats) if stats is not None else "failed"
+            self.ctl.add_reply(text, d)
+            label = stats_text(stats.as_dict()) if stats is not None else "failed"
             if note:
                 label += f" ({note})"
             view.finish(text, label)
@@ -1123,6 +1155,14 @@ class ChatView(QWidget):
         self._update_controls()
         self._update_regen_buttons()
         self._schedule_preview()
+
+    def reset_stats(self) -> None:
+        """No numbers and an empty context bar (a new or another conversation: nothing of it is measured yet)."""
+        self.last_stats = None
+        self.dropped = 0
+        for v in self.stat_labels.values():
+            v.setText("—")
+        self.ctx_bar.setValue(0)
 
     def _abort_reply(self, note: str) -> None:
         """End the reply now (switching files, conversations, closing): keep what arrived, stop the engine."""
@@ -1156,8 +1196,7 @@ class ChatView(QWidget):
         for i, m in enumerate(self.messages):
             v = self._add_view(i, m.role, m.content)
             if m.role == "assistant" and m.stats:
-                v.set_stats(_stats_text(GenStats(**{k: m.stats[k] for k in GenStats.__dataclass_fields__
-                                                    if k in m.stats})))
+                v.set_stats(stats_text(m.stats))
         self._update_regen_buttons()
         self._update_empty()
         self._schedule_preview()
@@ -1193,9 +1232,11 @@ class ChatView(QWidget):
         self.load_progress.setVisible(st == "loading")
         for w in (self.backend_combo, self.ctx_spin):
             w.setEnabled(has_doc and st in ("empty", "ready"))
-        self.send_btn.setEnabled(st == "ready")
+        foreign = self.ctl.foreign
+        self.send_btn.setEnabled(st == "ready" and not foreign)
+        self.composer.setReadOnly(foreign)
         self.stop_btn.setEnabled(st == "generating")
-        self.regen_btn.setEnabled(st == "ready" and bool(self.messages))
+        self.regen_btn.setEnabled(st == "ready" and bool(self.messages) and not foreign)
         self.conv_list.setEnabled(st != "generating")
         self.new_btn.setEnabled(st != "generating")
         for b in (self.rename_btn, self.delete_btn):
@@ -1229,21 +1270,15 @@ class ChatView(QWidget):
                 self.show_error("Conversations cannot be saved.", self.store_error)
         return self._store
 
+    def _settings(self) -> dict[str, Any]:
+        return {"system_prompt": self.system_edit.toPlainText(), "mode": self.mode, "params": self.params_dict()}
+
     def _save(self) -> None:
         store = self.store()
         if store is None or not self.messages:
             return
-        settings = {"system_prompt": self.system_edit.toPlainText(), "mode": self.mode,
-                    "params": self.params_dict()}
-        model = self.doc.path.name if self.doc else ""
-        model_path = str(self.doc.path) if self.doc else ""
         try:
-            if self.conv_id is None or not store.exists(self.conv_id):
-                first = next((m.content for m in self.messages if m.role == "user"), "")
-                self.conv_id = store.create(title_from(first), model=model, model_path=model_path, **settings)
-            else:
-                store.update(self.conv_id, model=model or None, model_path=model_path or None, **settings)
-            store.set_messages(self.conv_id, self.messages)
+            self.ctl.save(store, self._settings())
         except (StoreError, KeyError) as exc:
             self.show_error("The conversation could not be saved.", str(exc))
             return
@@ -1262,9 +1297,10 @@ class ChatView(QWidget):
             for c in store.list_conversations():
                 it = QListWidgetItem(c.title)
                 it.setData(Qt.ItemDataRole.UserRole, c.id)
+                it.setData(MODEL_ROLE, c.identity.label)
                 it.setFlags(it.flags() | Qt.ItemFlag.ItemIsEditable)
                 when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.updated))
-                it.setToolTip(f"{c.title}\n{c.model or 'no model recorded'}\n{c.n_messages} messages · {when}")
+                it.setToolTip(f"{c.title}\n{c.identity.label}\n{c.n_messages} messages · {when}")
                 self.conv_list.addItem(it)
                 if c.id == self.conv_id:
                     self.conv_list.setCurrentItem(it)
@@ -1281,10 +1317,11 @@ class ChatView(QWidget):
 
     def new_conversation(self) -> None:
         self._abort_reply("a new conversation was started")
-        self.conv_id = None
-        self.messages = []
+        self.ctl.new()
         self.cancel_edit()
         self.notice.hide()
+        self.reset_stats()
+        self._show_binding()
         self._rebuild_views()
         self.conv_list.clearSelection()
         self.conv_list.setCurrentRow(-1)
@@ -1298,12 +1335,12 @@ class ChatView(QWidget):
         if self.host.state == "generating":
             return False
         try:
-            conv = store.get(conv_id)
+            conv = self.ctl.open(store, conv_id)
         except KeyError:
             self._refresh_list()
             return False
-        self.conv_id = conv.id
-        self.messages = list(conv.messages)
+        self.reset_stats()
+        self._show_binding()
         self.system_edit.setPlainText(conv.system_prompt)
         self.set_mode(conv.mode if self.mode_combo.model().item(0).isEnabled() else "completion")  # type: ignore[attr-defined]
         self.set_params(conv.params)
@@ -1314,6 +1351,31 @@ class ChatView(QWidget):
         self._refresh_list()
         self._update_controls()
         return True
+
+    def _show_binding(self) -> None:
+        """Say which model the open conversation belongs to when it is not the opened file's, with the explicit
+        choice to continue it with this one."""
+        owner, model = self.ctl.owner, self.ctl.model
+        if self.ctl.foreign and owner is not None and model is not None:
+            self.binding_label.setText(f"This conversation was held with <b>{_esc(owner.label)}</b>; the open file "
+                                       f"is <b>{_esc(model.label)}</b>. Start a new chat, or continue a copy of "
+                                       "this one with the open model.")
+            self.binding_btn.setText(f"Continue with {model.name}")
+            self.binding_bar.show()
+        else:
+            self.binding_bar.hide()
+        self.model_name.setToolTip(model.label if model is not None else "")
+
+    def continue_with_model(self) -> None:
+        """The explicit choice: continue the open conversation (a copy) with the opened file's model."""
+        store = self.store()
+        try:
+            self.ctl.continue_with(store, self._settings())
+        except (StoreError, KeyError) as exc:
+            self.show_error("The conversation could not be copied.", str(exc))
+        self._show_binding()
+        self._refresh_list()
+        self._update_controls()
 
     def rename_conversation(self, conv_id: int, title: str) -> None:
         store = self.store()

@@ -7,11 +7,12 @@ import html
 import re
 from collections.abc import Sequence
 
-from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QSize, Qt, Signal
 from PySide6.QtGui import (
     QColor,
     QFont,
     QFontDatabase,
+    QPainter,
     QPalette,
     QSyntaxHighlighter,
     QTextBlockFormat,
@@ -19,6 +20,7 @@ from PySide6.QtGui import (
     QTextCursor,
     QTextDocument,
     QTextFormat,
+    QTextOption,
     QWheelEvent,
 )
 from PySide6.QtWidgets import (
@@ -27,11 +29,16 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QSizePolicy,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QTextBrowser,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
+
+from quantscope.core.chat.controller import chat_markdown
 
 from ..theme import is_dark
 
@@ -70,6 +77,7 @@ def style_code(doc: QTextDocument) -> None:
             bf.setLeftMargin(2)
             bf.setTopMargin(0 if prev_code else 4)
             bf.setBottomMargin(0 if next_code else 6)
+            bf.setNonBreakableLines(False)  # code wraps at the reply's width instead of being cut off
             cur.setPosition(block.position())
             cur.setBlockFormat(bf)
             cur.setPosition(block.position())
@@ -100,6 +108,51 @@ def style_code(doc: QTextDocument) -> None:
     cur.endEditBlock()
 
 
+class ElidedLabel(QLabel):
+    """A one-line label that never asks for more width than it gets: the text is elided (``mode``) where it does
+    not fit, and then the whole text is its tooltip. ``full`` is the text as set."""
+
+    def __init__(self, text: str = "", mode: Qt.TextElideMode = Qt.TextElideMode.ElideRight,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.mode = mode
+        self.full = ""
+        self._tip = ""
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.setMinimumWidth(24)
+        self.setText(text)
+
+    def setText(self, text: str) -> None:
+        self.full = text
+        self._elide()
+
+    def text(self) -> str:
+        return self.full
+
+    def setToolTip(self, tip: str) -> None:
+        self._tip = tip
+        self._elide()
+
+    @property
+    def elided(self) -> bool:
+        return super().text() != self.full
+
+    def sizeHint(self) -> QSize:
+        return QSize(self.fontMetrics().horizontalAdvance(self.full) + 4, super().sizeHint().height())
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(24, super().minimumSizeHint().height())
+
+    def resizeEvent(self, event: object) -> None:
+        super().resizeEvent(event)  # type: ignore[arg-type]
+        self._elide()
+
+    def _elide(self) -> None:
+        shown = self.fontMetrics().elidedText(self.full, self.mode, max(0, self.width() - 2))
+        QLabel.setText(self, shown)
+        QLabel.setToolTip(self, self._tip or (self.full if shown != self.full else ""))
+
+
 class AutoHeightBrowser(QTextBrowser):
     """A frameless text browser exactly as tall as its document (the surrounding scroll area scrolls)."""
 
@@ -109,6 +162,9 @@ class AutoHeightBrowser(QTextBrowser):
         self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setMinimumWidth(40)
+        self.setLineWrapMode(QTextBrowser.LineWrapMode.WidgetWidth)
+        self.setWordWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)  # long words and code wrap too
         self.setOpenExternalLinks(True)
         self.viewport().setAutoFillBackground(False)
         self.setStyleSheet("QTextBrowser { background: transparent; }")
@@ -161,15 +217,14 @@ class MessageView(QFrame):
         head.setSpacing(6)
         self.role_label = QLabel()
         self.role_label.setObjectName("msgRole")
-        self.stats = QLabel()
+        self.stats = ElidedLabel()
         self.stats.setObjectName("muted")
         self.note = QLabel()
         self.note.setObjectName("msgNote")
         self.note.hide()
         head.addWidget(self.role_label)
         head.addWidget(self.note)
-        head.addWidget(self.stats)
-        head.addStretch(1)
+        head.addWidget(self.stats, 1)
         self.copy_btn = self._button("Copy", "Copy this message")
         self.copy_btn.clicked.connect(self.copy)
         self.edit_btn = self._button("Edit", "Edit this message and send it again")
@@ -210,7 +265,7 @@ class MessageView(QFrame):
         """Show ``text`` whole: Markdown for finished chat replies, plain text otherwise."""
         self.content = text
         if self.markdown:
-            self.body.document().setMarkdown(text, QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+            self.body.document().setMarkdown(chat_markdown(text), QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
             style_code(self.body.document())
         else:
             self.body.setPlainText(text)
@@ -255,6 +310,40 @@ class MessageView(QFrame):
         self.copied.emit(self.index)
 
 
+class ConversationDelegate(QStyledItemDelegate):
+    """A conversation in the list: its title, and under it in a smaller muted line the model it belongs to
+    (``name · quant``, from ``model_role``); both elided to the width, the whole in the tooltip."""
+
+    def __init__(self, model_role: int, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model_role = model_role
+
+    def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex) -> QSize:
+        fm = option.fontMetrics  # type: ignore[attr-defined]
+        return QSize(super().sizeHint(option, index).width(), 2 * fm.height() + 8)
+
+    def paint(self, painter: QPainter, option: QStyleOptionViewItem,
+              index: QModelIndex | QPersistentModelIndex) -> None:
+        opt = QStyleOptionViewItem(option)
+        self.initStyleOption(opt, index)
+        title, model = opt.text, str(index.data(self.model_role) or "")  # type: ignore[attr-defined]
+        opt.text = ""  # type: ignore[attr-defined]
+        style = opt.widget.style() if opt.widget is not None else QApplication.style()  # type: ignore[attr-defined]
+        style.drawControl(QStyle.ControlElement.CE_ItemViewItem, opt, painter, opt.widget)  # type: ignore[attr-defined]
+        r = opt.rect.adjusted(6, 3, -6, -3)  # type: ignore[attr-defined]
+        fm = opt.fontMetrics  # type: ignore[attr-defined]
+        selected = bool(opt.state & QStyle.StateFlag.State_Selected)  # type: ignore[attr-defined]
+        pal = opt.palette  # type: ignore[attr-defined]
+        painter.save()
+        painter.setPen(pal.color(QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.Text))
+        painter.drawText(r.x(), r.y() + fm.ascent(), fm.elidedText(title, Qt.TextElideMode.ElideRight, r.width()))
+        muted = pal.color(QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.PlaceholderText)
+        painter.setPen(muted)
+        painter.drawText(r.x(), r.y() + fm.height() + fm.ascent() + 2,
+                         fm.elidedText(model, Qt.TextElideMode.ElideMiddle, r.width()))
+        painter.restore()
+
+
 # ---------------------------------------------------------------------------------------------- tokenizer lab
 def visible(text: str) -> str:
     """Whitespace made visible for a token chip (the text itself otherwise unchanged)."""
@@ -293,8 +382,9 @@ def chips_html(pieces: Sequence[str], ids: Sequence[int], types: Sequence[int], 
 def legend_html() -> str:
     colors = _chip_colors(is_dark())
     kinds = ("normal", "control", "user-defined", "byte", "unknown")
-    items = ["".join(f'<span style="background-color:{c};">&nbsp;{k if j == 0 else ""}&nbsp;</span>'
-                     for j, c in enumerate(colors[k])) for k in kinds]
+    # one labelled chip per type (normal tokens alternate tints in the chips, the legend shows the first)
+    items = [f'<span style="background-color:{colors[k][0]};">&nbsp;{k.replace("-", "&#8209;")}&nbsp;</span>'
+             for k in kinds]
     return "Types: " + " ".join(items) + " &nbsp;·&nbsp; spaces as ·, newlines as ↵"
 
 

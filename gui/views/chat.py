@@ -40,6 +40,7 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QScrollArea,
+    QSizePolicy,
     QSpinBox,
     QSplitter,
     QTableView,
@@ -288,10 +289,12 @@ class ChatView(QWidget):
         self.conv_list.itemChanged.connect(self._item_renamed)
         self.conv_list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.conv_list.customContextMenuRequested.connect(self._list_menu)
-        self.rename_btn = QPushButton("Rename")
+        self.rename_btn = QToolButton()
+        self.rename_btn.setText("Rename")
         self.rename_btn.setAccessibleName("Rename the selected conversation")
         self.rename_btn.clicked.connect(self._rename_selected)
-        self.delete_btn = QPushButton("Delete")
+        self.delete_btn = QToolButton()
+        self.delete_btn.setText("Delete")
         self.delete_btn.setAccessibleName("Delete the selected conversation")
         self.delete_btn.clicked.connect(self._delete_selected)
         self.export_btn = QToolButton()
@@ -303,6 +306,9 @@ class ChatView(QWidget):
         menu.addAction("As JSON…", lambda: self.export_dialog("json"))
         self.export_btn.setMenu(menu)
         row = QHBoxLayout()
+        row.setSpacing(4)
+        for b in (self.rename_btn, self.delete_btn, self.export_btn):
+            b.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         row.addWidget(self.rename_btn)
         row.addWidget(self.delete_btn)
         row.addWidget(self.export_btn)
@@ -422,7 +428,7 @@ class ChatView(QWidget):
         card.setObjectName("card")
         card.setAccessibleName("Model")
         g = QGridLayout(card)
-        g.setContentsMargins(12, 8, 12, 8)
+        g.setContentsMargins(10, 8, 10, 8)
         g.setHorizontalSpacing(10)
         g.setVerticalSpacing(4)
         self.model_name = ElidedLabel("No model", Qt.TextElideMode.ElideMiddle)
@@ -487,7 +493,7 @@ class ChatView(QWidget):
             lab.setBuddy(widget)
             opts.addWidget(lab)
             opts.addWidget(widget)
-            opts.addSpacing(10)
+            opts.addSpacing(4)
         opts.addWidget(self.cuda_label, 1)  # elided where the row is narrow; the reason is in its tooltip
         bottom = QHBoxLayout()
         bottom.addWidget(self.memory_label, 1)
@@ -785,7 +791,7 @@ class ChatView(QWidget):
         self.cuda_label.setText(text)
         self.cuda_label.setToolTip(why)
         item.setToolTip(why)
-        self.backend_combo.setItemText(1, "CUDA" if ok else f"CUDA ({'not built' if ok is None else 'unavailable'})")
+        # the item stays "CUDA" (a short combo box); why it is disabled is in the CUDA label and the tooltips
         if not ok and self.backend_combo.currentData() == "cuda":
             self.backend_combo.setCurrentIndex(0)
 

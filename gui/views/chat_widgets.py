@@ -150,7 +150,10 @@ class ElidedLabel(QLabel):
     def _elide(self) -> None:
         shown = self.fontMetrics().elidedText(self.full, self.mode, max(0, self.width() - 2))
         QLabel.setText(self, shown)
-        QLabel.setToolTip(self, self._tip or (self.full if shown != self.full else ""))
+        tip = self._tip
+        if shown != self.full and self.full not in tip:  # elided: the whole text first, then any own tooltip
+            tip = self.full + (f"\n{tip}" if tip else "")
+        QLabel.setToolTip(self, tip)
 
 
 class AutoHeightBrowser(QTextBrowser):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +22,11 @@ from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractItemView,
-    QCheckBox,
     QComboBox,
-    QDoubleSpinBox,
     QFileDialog,
-    QFormLayout,
     QFrame,
     QGridLayout,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QListWidget,
     QListWidgetItem,
@@ -41,20 +37,17 @@ from PySide6.QtWidgets import (
     QPushButton,
     QScrollArea,
     QSizePolicy,
-    QSpinBox,
     QSplitter,
-    QTableView,
     QTabWidget,
-    QTextBrowser,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
 from quantscope.core.analysis import INT32_MAX, memory_plan, metadata_int
-from quantscope.core.chat import ChatTemplate, ChatTemplateError, SamplerParams
+from quantscope.core.chat import ChatTemplate, ChatTemplateError
 from quantscope.core.chat.controller import ChatController, identity_of, stats_numbers, stats_text
-from quantscope.core.chat.conversation import encode_prompt, prompt_text, reply_reserve
+from quantscope.core.chat.conversation import reply_reserve
 from quantscope.core.chat.store import (
     ChatStore,
     StoredMessage,
@@ -67,32 +60,19 @@ from quantscope.core.summary import human_bytes
 
 from ..chat_engine import EngineHost, EngineInfo, GenStats, cuda_availability, gc_paused
 from ..document import Document
-from ..models import KeyValueModel
 from ..theme import is_dark
 from ..workers import TaskRunner
+from .chat_settings import SamplingPanel, ispin
+from .chat_tools import TemplatePreview, TokBundle, TokenizerLab
 from .chat_widgets import (
-    TOKEN_TYPES,
     ConversationDelegate,
     ElidedLabel,
     MessageView,
-    SpecialTokenHighlighter,
-    chips_html,
-    legend_html,
-    mono_font,
-    visible,
 )
 
-#: Sampling presets (llama.cpp meanings). "Greedy" is temperature 0: the same text as `quantscope generate --temp 0`.
-PRESETS: dict[str, dict[str, float]] = {
-    "Balanced": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0},
-    "Precise": {"temperature": 0.2, "top_k": 20, "top_p": 0.9, "min_p": 0.1, "repeat_penalty": 1.1},
-    "Creative": {"temperature": 1.1, "top_k": 100, "top_p": 0.98, "min_p": 0.02, "repeat_penalty": 1.05},
-    "Greedy": {"temperature": 0.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0},
-}
 FLUSH_MS = 50
 MODEL_ROLE = Qt.ItemDataRole.UserRole + 1  # the conversation list's "name · quant" line
 DEFAULT_CTX = 4096
-MAX_TOKEN_ROWS = 5000
 
 
 def available_memory() -> int | None:
@@ -108,36 +88,6 @@ def available_memory() -> int | None:
         return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         return None
-
-
-@dataclass
-class TokBundle:
-    """The opened file's tokenizer and template, built in a worker for the template preview and the lab."""
-
-    path: Path
-    tokenizer: Any
-    template: ChatTemplate | None
-    template_error: str
-    specials: list[str]
-
-
-def _spin(lo: float, hi: float, step: float, decimals: int, name: str, tip: str) -> QDoubleSpinBox:
-    w = QDoubleSpinBox()
-    w.setRange(lo, hi)
-    w.setSingleStep(step)
-    w.setDecimals(decimals)
-    w.setAccessibleName(name)
-    w.setToolTip(tip)
-    return w
-
-
-def _ispin(lo: int, hi: int, name: str, tip: str) -> QSpinBox:
-    w = QSpinBox()
-    w.setRange(lo, hi)
-    w.setAccessibleName(name)
-    w.setToolTip(tip)
-    w.setGroupSeparatorShown(True)
-    return w
 
 
 def _stylesheet(dark: bool) -> str:
@@ -196,7 +146,6 @@ class ChatView(QWidget):
         self._script: list[str] = []
         self.script_active = False
         self._filling = False
-        self._applying_preset = False
         self._stick = True
         self._loaded_note = ""
         self.flushes = 0  # batches appended to the reply (tests check that tokens are batched)
@@ -208,10 +157,6 @@ class ChatView(QWidget):
         self._preview_timer.setSingleShot(True)
         self._preview_timer.setInterval(200)
         self._preview_timer.timeout.connect(self.update_preview)
-        self._lab_timer = QTimer(self)
-        self._lab_timer.setSingleShot(True)
-        self._lab_timer.setInterval(150)
-        self._lab_timer.timeout.connect(self.tokenize_lab)
 
         self._dark = is_dark()
         self.setStyleSheet(_stylesheet(self._dark))
@@ -226,7 +171,6 @@ class ChatView(QWidget):
         self.host.delta.connect(self._on_delta)
         self.host.finished.connect(self._on_finished)
         self.host.failed.connect(self._on_failed)
-        self.apply_preset("Balanced")
         self._update_controls()
 
     # the open conversation lives in the controller
@@ -447,11 +391,11 @@ class ChatView(QWidget):
         self.cuda_label = ElidedLabel("CUDA: checking…")
         self.cuda_label.setObjectName("muted")
         self.cuda_label.setAccessibleName("CUDA status")
-        self.threads_spin = _ispin(1, max(1, os.cpu_count() or 1), "Threads",
+        self.threads_spin = ispin(1, max(1, os.cpu_count() or 1), "Threads",
                                    "CPU threads for the kernels (applies from the next reply)")
         self.threads_spin.setValue(default_threads())
         self.threads_spin.valueChanged.connect(lambda _v: self._show_engine_info())
-        self.ctx_spin = _ispin(256, 1 << 20, "Context size",
+        self.ctx_spin = ispin(256, 1 << 20, "Context size",
                                "Tokens the KV cache holds (the conversation plus the reply); applies on load")
         self.ctx_spin.setSingleStep(512)
         self.ctx_spin.setValue(DEFAULT_CTX)
@@ -480,9 +424,10 @@ class ChatView(QWidget):
         self.engine_label.setWordWrap(True)
         self.engine_label.hide()
         top = QHBoxLayout()
-        top.addWidget(self.model_name, 3)
+        self.model_name.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)  # whole if it can
+        top.addWidget(self.model_name)
         top.addSpacing(8)
-        top.addWidget(self.model_state, 2)
+        top.addWidget(self.model_state, 1)
         top.addWidget(self.load_btn)
         top.addWidget(self.unload_btn)
         opts = QHBoxLayout()
@@ -554,150 +499,33 @@ class ChatView(QWidget):
         tabs = QTabWidget()
         tabs.setAccessibleName("Chat tools")
         tabs.setMinimumWidth(260)
-        tabs.addTab(self._build_settings(), "Settings")
-        tabs.addTab(self._build_template(), "Template")
-        tabs.addTab(self._build_lab(), "Tokenizer")
+        self.settings = SamplingPanel()
+        self.settings.modeChanged.connect(self._mode_changed)
+        self.settings.systemChanged.connect(self._schedule_preview)
+        s = self.settings  # the panel's widgets, as the view's (tests and scripts use them by these names)
+        self.mode_combo, self.system_edit, self.preset_combo, self.special_check = (
+            s.mode_combo, s.system_edit, s.preset_combo, s.special_check)
+        self.temp_spin, self.topk_spin, self.topp_spin, self.minp_spin, self.repeat_spin = (
+            s.temp_spin, s.topk_spin, s.topp_spin, s.minp_spin, s.repeat_spin)
+        self.seed_spin, self.max_spin = s.seed_spin, s.max_spin
+        self.apply_preset, self.params_dict, self.set_params = s.apply_preset, s.params_dict, s.set_params
+        self.sampler_params, self.set_mode = s.sampler_params, s.set_mode
+        tabs.addTab(self.settings, "Settings")
+        self.preview = TemplatePreview(self.runner)
+        self.preview_status, self.preview_text, self.preview_ids = (
+            self.preview.status, self.preview.text, self.preview.ids)
+        self.preview_hl = self.preview.highlighter
+        self.lab = TokenizerLab(self.runner)
+        self.lab.wanted.connect(self._ensure_bundle)
+        self.lab_input, self.lab_special, self.lab_bos, self.lab_count = (
+            self.lab.input, self.lab.special, self.lab.bos, self.lab.count)
+        self.lab_chips, self.lab_legend, self.lab_model, self.lab_table, self.lab_ids = (
+            self.lab.chips, self.lab.legend, self.lab.model, self.lab.table, self.lab.ids)
+        tabs.addTab(self.preview, "Template")
+        tabs.addTab(self.lab, "Tokenizer")
         tabs.currentChanged.connect(self._tool_tab_changed)
         self.tools = tabs
         return tabs
-
-    def _build_settings(self) -> QWidget:
-        w = QWidget()
-        form = QFormLayout(w)
-        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
-        self.mode_combo = QComboBox()
-        self.mode_combo.setAccessibleName("Mode")
-        self.mode_combo.addItem("Chat (template)", "chat")
-        self.mode_combo.addItem("Plain completion", "completion")
-        self.mode_combo.setToolTip("Chat renders the conversation with the file's chat template; plain "
-                                   "completion continues the text as it is (for models without a template)")
-        self.mode_combo.currentIndexChanged.connect(self._mode_changed)
-        self.system_edit = QPlainTextEdit()
-        self.system_edit.setAccessibleName("System prompt")
-        self.system_edit.setPlaceholderText("System prompt (optional)")
-        self.system_edit.setFixedHeight(84)
-        self.system_edit.textChanged.connect(self._schedule_preview)
-        self.preset_combo = QComboBox()
-        self.preset_combo.setAccessibleName("Sampling preset")
-        self.preset_combo.addItems([*PRESETS, "Custom"])
-        self.preset_combo.activated.connect(lambda i: self.apply_preset(self.preset_combo.itemText(i)))
-        self.temp_spin = _spin(0.0, 2.0, 0.05, 2, "Temperature", "0 picks the most likely token (greedy)")
-        self.topk_spin = _ispin(0, 1000, "Top-k", "Keep the k most likely tokens (0: all)")
-        self.topp_spin = _spin(0.0, 1.0, 0.01, 2, "Top-p", "Keep the smallest set whose probability reaches p")
-        self.minp_spin = _spin(0.0, 1.0, 0.01, 2, "Min-p", "Drop tokens less likely than min-p × the best one")
-        self.repeat_spin = _spin(1.0, 2.0, 0.05, 2, "Repeat penalty",
-                                 "Penalise the last 64 tokens (1.0: no penalty)")
-        self.seed_spin = _ispin(-1, 2**31 - 1, "Seed", "Same seed, same text; -1 picks a new one each time")
-        self.seed_spin.setSpecialValueText("random")
-        self.seed_spin.setValue(-1)
-        self.seed_spin.setGroupSeparatorShown(False)
-        self.max_spin = _ispin(1, 1 << 20, "Max tokens", "Most tokens a reply may have")
-        self.max_spin.setValue(512)
-        self.special_check = QCheckBox("Show control tokens")
-        self.special_check.setAccessibleName("Show control tokens")
-        self.special_check.setToolTip("Print control tokens such as <|im_end|> or <start_of_image> in replies "
-                                      "(normally left out); end-of-generation tokens always stop the reply")
-        for sp in (self.temp_spin, self.topp_spin, self.minp_spin, self.repeat_spin):
-            sp.valueChanged.connect(self._param_edited)
-        self.topk_spin.valueChanged.connect(self._param_edited)
-        form.addRow("Mode", self.mode_combo)
-        form.addRow("System", self.system_edit)
-        form.addRow("Preset", self.preset_combo)
-        form.addRow("Temperature", self.temp_spin)
-        form.addRow("Top-k", self.topk_spin)
-        form.addRow("Top-p", self.topp_spin)
-        form.addRow("Min-p", self.minp_spin)
-        form.addRow("Repeat penalty", self.repeat_spin)
-        form.addRow("Seed", self.seed_spin)
-        form.addRow("Max tokens", self.max_spin)
-        form.addRow("", self.special_check)
-        hint = QLabel("Presets: <b>Precise</b> (low temperature, mild repeat penalty), <b>Creative</b> (high "
-                      "temperature, wide top-k), <b>Greedy</b> (always the most likely token: the same text as "
-                      "<code>quantscope generate --temp 0</code>).")
-        hint.setObjectName("muted")
-        hint.setWordWrap(True)
-        form.addRow(hint)
-        return w
-
-    def _build_template(self) -> QWidget:
-        w = QWidget()
-        lay = QVBoxLayout(w)
-        self.preview_status = QLabel("The exact prompt the model will read for this conversation.")
-        self.preview_status.setObjectName("muted")
-        self.preview_status.setWordWrap(True)
-        self.preview_status.setAccessibleName("Template preview status")
-        self.preview_text = QPlainTextEdit()
-        self.preview_text.setReadOnly(True)
-        self.preview_text.setAccessibleName("Rendered prompt")
-        self.preview_text.setFont(mono_font())
-        self.preview_text.setLineWrapMode(QPlainTextEdit.LineWrapMode.WidgetWidth)
-        self.preview_hl = SpecialTokenHighlighter(self.preview_text.document())
-        ids_label = QLabel("Token ids")
-        ids_label.setObjectName("heading")
-        self.preview_ids = QPlainTextEdit()
-        self.preview_ids.setReadOnly(True)
-        self.preview_ids.setAccessibleName("Prompt token ids")
-        self.preview_ids.setFont(mono_font())
-        self.preview_ids.setMaximumHeight(150)
-        lay.addWidget(self.preview_status)
-        lay.addWidget(self.preview_text, 3)
-        lay.addWidget(ids_label)
-        lay.addWidget(self.preview_ids, 1)
-        return w
-
-    def _build_lab(self) -> QWidget:
-        w = QWidget()
-        lay = QVBoxLayout(w)
-        self.lab_input = QPlainTextEdit()
-        self.lab_input.setAccessibleName("Text to tokenize")
-        self.lab_input.setPlaceholderText("Type text to see how this model tokenizes it…")
-        self.lab_input.setFixedHeight(90)
-        self.lab_input.textChanged.connect(lambda: self._lab_timer.start())
-        opts = QHBoxLayout()
-        self.lab_special = QCheckBox("Special tokens")
-        self.lab_special.setToolTip("Recognise special-token text such as <|im_start|> as one control token")
-        self.lab_special.setChecked(True)
-        self.lab_special.setAccessibleName("Parse special tokens")
-        self.lab_bos = QCheckBox("Add BOS/EOS")
-        self.lab_bos.setToolTip("Add the begin/end-of-sequence tokens the model's metadata asks for")
-        self.lab_bos.setAccessibleName("Add BOS and EOS as the model does")
-        for c in (self.lab_special, self.lab_bos):
-            c.toggled.connect(lambda _c: self._lab_timer.start())
-            opts.addWidget(c)
-        opts.addStretch(1)
-        self.lab_count = QLabel("—")
-        self.lab_count.setObjectName("statValue")
-        self.lab_count.setAccessibleName("Token count")
-        self.lab_chips = QTextBrowser()
-        self.lab_chips.setAccessibleName("Tokens coloured by type")
-        self.lab_chips.setFont(mono_font())
-        self.lab_legend = QLabel(legend_html())
-        self.lab_legend.setWordWrap(True)
-        self.lab_legend.setObjectName("muted")
-        self.lab_model = KeyValueModel(headers=("#", "Id", "Piece", "Type"), mono_columns=(0, 1, 2))
-        self.lab_table = QTableView()
-        self.lab_table.setModel(self.lab_model)
-        self.lab_table.setAccessibleName("Tokens: index, id, piece and type")
-        self.lab_table.verticalHeader().setVisible(False)
-        self.lab_table.verticalHeader().setDefaultSectionSize(20)
-        header = self.lab_table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)  # the piece takes the room; long ones elide
-        self.lab_table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.lab_table.setTextElideMode(Qt.TextElideMode.ElideMiddle)
-        self.lab_ids = QPlainTextEdit()
-        self.lab_ids.setReadOnly(True)
-        self.lab_ids.setAccessibleName("Token ids")
-        self.lab_ids.setFont(mono_font())
-        self.lab_ids.setMaximumHeight(70)
-        lay.addWidget(self.lab_input)
-        lay.addLayout(opts)
-        lay.addWidget(self.lab_count)
-        lay.addWidget(self.lab_chips, 2)
-        lay.addWidget(self.lab_legend)
-        lay.addWidget(self.lab_ids)
-        lay.addWidget(self.lab_table, 2)
-        return w
 
     # ================================================================== the document
     def set_document(self, doc: Document | None) -> None:
@@ -708,6 +536,7 @@ class ChatView(QWidget):
         self.host.unload()
         self.doc = doc if doc is not None and doc.gguf is not None else None
         self.bundle = None
+        self.lab.set_bundle(None)
         self._bundle_error = ""
         self._bundle_pending = False
         self.preview_hl.set_specials(())
@@ -730,7 +559,7 @@ class ChatView(QWidget):
             self.ctx_spin.setMaximum(max(256, hi))
             self.ctx_spin.setValue(min(DEFAULT_CTX, hi))
             has_template = isinstance(f.get("tokenizer.chat_template"), str)
-            self._set_mode_available(has_template)
+            self.settings.set_mode_available(has_template)
             self.set_mode("chat" if has_template else "completion")  # each file starts in its natural mode
         else:
             self.model_name.setText("No model")
@@ -740,11 +569,6 @@ class ChatView(QWidget):
         self._refresh_list()
         if self.isVisible():
             self._ensure_bundle()
-
-    def _set_mode_available(self, chat: bool) -> None:
-        item = self.mode_combo.model().item(0)  # type: ignore[attr-defined]
-        item.setEnabled(chat)
-        item.setToolTip("" if chat else "This model has no chat template: plain completion only")
 
     def changeEvent(self, event: QEvent) -> None:
         super().changeEvent(event)
@@ -909,74 +733,11 @@ class ChatView(QWidget):
         self.error_banner.hide()
 
     # ================================================================== sampling settings
-    def apply_preset(self, name: str) -> None:
-        if name not in PRESETS:
-            self.preset_combo.setCurrentText("Custom")
-            return
-        v = PRESETS[name]
-        self._applying_preset = True
-        try:
-            self.temp_spin.setValue(v["temperature"])
-            self.topk_spin.setValue(int(v["top_k"]))
-            self.topp_spin.setValue(v["top_p"])
-            self.minp_spin.setValue(v["min_p"])
-            self.repeat_spin.setValue(v["repeat_penalty"])
-        finally:
-            self._applying_preset = False
-        self.preset_combo.setCurrentText(name)
-
-    def _param_edited(self, *_: object) -> None:
-        if not self._applying_preset:
-            self.preset_combo.setCurrentText(self._matching_preset())
-
-    def _matching_preset(self) -> str:
-        cur = self.params_dict()
-        for name, v in PRESETS.items():
-            if all(abs(float(cur[k]) - float(x)) < 1e-9 for k, x in v.items()):
-                return name
-        return "Custom"
-
-    def params_dict(self) -> dict[str, Any]:
-        seed = self.seed_spin.value()
-        return {"temperature": round(self.temp_spin.value(), 4), "top_k": self.topk_spin.value(),
-                "top_p": round(self.topp_spin.value(), 4), "min_p": round(self.minp_spin.value(), 4),
-                "repeat_penalty": round(self.repeat_spin.value(), 4), "seed": None if seed < 0 else seed,
-                "max_tokens": self.max_spin.value(), "special": self.special_check.isChecked()}
-
-    def set_params(self, p: dict[str, Any]) -> None:
-        self._applying_preset = True
-        try:
-            for key, w in (("temperature", self.temp_spin), ("top_p", self.topp_spin), ("min_p", self.minp_spin),
-                           ("repeat_penalty", self.repeat_spin)):
-                if isinstance(p.get(key), (int, float)):
-                    w.setValue(float(p[key]))
-            for key, iw in (("top_k", self.topk_spin), ("max_tokens", self.max_spin)):
-                if isinstance(p.get(key), int):
-                    iw.setValue(int(p[key]))
-            seed = p.get("seed")
-            self.seed_spin.setValue(int(seed) if isinstance(seed, int) else -1)
-            self.special_check.setChecked(p.get("special") is True)
-        finally:
-            self._applying_preset = False
-        self.preset_combo.setCurrentText(self._matching_preset())
-
-    def sampler_params(self) -> SamplerParams:
-        d = self.params_dict()
-        return SamplerParams(temperature=d["temperature"], top_k=d["top_k"], top_p=d["top_p"], min_p=d["min_p"],
-                             repeat_penalty=d["repeat_penalty"], seed=d["seed"], max_tokens=d["max_tokens"],
-                             special=d["special"])
-
     @property
     def mode(self) -> str:
-        return str(self.mode_combo.currentData() or "chat")
+        return self.settings.mode
 
-    def set_mode(self, mode: str) -> None:
-        i = self.mode_combo.findData(mode)
-        if i >= 0:
-            self.mode_combo.setCurrentIndex(i)
-
-    def _mode_changed(self, _i: int) -> None:
-        self.system_edit.setEnabled(self.mode == "chat")
+    def _mode_changed(self, _mode: str) -> None:
         for v in self.views:
             v.set_mode(self.mode)
             if v is not self._reply_view:
@@ -1348,7 +1109,7 @@ class ChatView(QWidget):
         self.reset_stats()
         self._show_binding()
         self.system_edit.setPlainText(conv.system_prompt)
-        self.set_mode(conv.mode if self.mode_combo.model().item(0).isEnabled() else "completion")  # type: ignore[attr-defined]
+        self.set_mode(conv.mode if self.settings.chat_available else "completion")
         self.set_params(conv.params)
         self.cancel_edit()
         self.notice.hide()
@@ -1516,7 +1277,7 @@ class ChatView(QWidget):
         self.bundle = b
         self.preview_hl.set_specials(b.specials)
         self.update_preview()
-        self.tokenize_lab()
+        self.lab.set_bundle(b)
 
     def _tool_tab_changed(self, _i: int) -> None:
         self._ensure_bundle()
@@ -1542,72 +1303,7 @@ class ChatView(QWidget):
         stand_in = isinstance(prompt, list) and (len(prompt) == 0 or prompt[-1]["role"] != "user")
         if isinstance(prompt, list) and stand_in:
             prompt.append({"role": "user", "content": "(your next message)"})
-        tok, tpl = b.tokenizer, b.template
-
-        def render(_r: Any, _t: Any) -> tuple[str, list[int], str]:
-            if isinstance(prompt, str):
-                return prompt, tok.encode(prompt), "plain completion: the text as it is"
-            if tpl is None:
-                return prompt_text(None, prompt), encode_prompt(tok, None, prompt), "no chat template in this file"
-            text = prompt_text(tpl, prompt)
-            has_bos = bool(tpl.bos_token) and text.startswith(tpl.bos_token)
-            note = "BOS from the template" if has_bos else ("BOS added by the tokenizer" if tok.add_bos
-                                                             and tok.bos_id is not None else "no BOS")
-            return text, encode_prompt(tok, tpl, prompt), note
-
-        def done(r: tuple[str, list[int], str]) -> None:
-            text, ids, note = r
-            self.preview_text.setPlainText(text)
-            self.preview_ids.setPlainText(" ".join(map(str, ids)))
-            self.preview_status.setText(
-                f"<b>{len(ids):,} tokens</b> · {len(text):,} characters · {note}"
-                + (" · special tokens in red" if tpl and isinstance(prompt, list) else "")
-                + (" · “(your next message)” stands in for the composer" if stand_in else ""))
-
-        def failed(msg: str, _d: str) -> None:
-            self.preview_status.setText(f"The chat template failed: {_esc(msg)}")
-            self.preview_text.setPlainText("")
-            self.preview_ids.setPlainText("")
-
-        self.runner.cancel("template")
-        self.runner.start("template", render, on_done=done, on_failed=failed)
-
-    def tokenize_lab(self) -> None:
-        b = self.bundle
-        text = self.lab_input.toPlainText()
-        if b is None:
-            self._ensure_bundle()
-            return
-        if not text:
-            self.lab_count.setText("0 tokens")
-            self.lab_chips.setHtml("")
-            self.lab_ids.setPlainText("")
-            self.lab_model.set_rows([])
-            return
-        tok = b.tokenizer
-        add, special = self.lab_bos.isChecked(), self.lab_special.isChecked()
-
-        def run(_r: Any, _t: Any) -> tuple[list[int], list[str], list[int]]:
-            ids = tok.encode(text, add_special=add, parse_special=special)
-            pieces = []
-            for i in ids:
-                raw = tok.token_bytes(i)
-                s = raw.decode("utf-8", errors="replace")
-                pieces.append(s if "\ufffd" not in s else "".join(f"\\x{x:02x}" for x in raw))
-            return ids, pieces, [int(tok.types[i]) for i in ids]
-
-        def done(r: tuple[list[int], list[str], list[int]]) -> None:
-            ids, pieces, types = r
-            self.lab_count.setText(f"{len(ids):,} tokens · {len(text):,} characters")
-            self.lab_chips.setHtml(chips_html(pieces, ids, types))
-            self.lab_ids.setPlainText(" ".join(map(str, ids)))
-            self.lab_model.set_rows([(str(k), str(i), visible(p), TOKEN_TYPES.get(t, str(t)))
-                                     for k, (i, p, t) in enumerate(zip(ids, pieces, types, strict=True))
-                                     if k < MAX_TOKEN_ROWS])
-
-        self.runner.cancel("tokenize")
-        self.runner.start("tokenize", run, on_done=done,
-                          on_failed=lambda m, _d: self.lab_count.setText(f"cannot tokenize: {m}"))
+        self.preview.render(b, prompt, stand_in)
 
     # ================================================================== scripted exchange (screenshot, demos)
     def run_script(self, prompts: list[str], system: str | None = None, preset: str | None = None,

@@ -342,8 +342,13 @@ class ConversationDelegate(QStyledItemDelegate):
         painter.drawText(r.x(), r.y() + fm.ascent(), fm.elidedText(title, Qt.TextElideMode.ElideRight, r.width()))
         muted = pal.color(QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.PlaceholderText)
         painter.setPen(muted)
+        name, sep, quant = model.rpartition(" · ")
+        if sep and fm.horizontalAdvance(model) > r.width():  # the name is elided, the quantization stays whole
+            quant = sep + quant
+            model = fm.elidedText(name, Qt.TextElideMode.ElideRight, max(0, r.width() - fm.horizontalAdvance(quant)))
+            model += quant
         painter.drawText(r.x(), r.y() + fm.height() + fm.ascent() + 2,
-                         fm.elidedText(model, Qt.TextElideMode.ElideMiddle, r.width()))
+                         fm.elidedText(model, Qt.TextElideMode.ElideRight, r.width()))
         painter.restore()
 
 

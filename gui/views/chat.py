@@ -22,7 +22,6 @@ from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractItemView,
-    QComboBox,
     QFileDialog,
     QFrame,
     QGridLayout,
@@ -55,14 +54,14 @@ from quantscope.core.chat.store import (
     default_path,
     export,
 )
-from quantscope.core.native.kernels import default_threads, isa
 from quantscope.core.summary import human_bytes
 
 from ..chat_engine import EngineHost, EngineInfo, GenStats, cuda_availability, gc_paused
 from ..document import Document
 from ..theme import is_dark
 from ..workers import TaskRunner
-from .chat_settings import SamplingPanel, ispin
+from .chat_modelbar import DEFAULT_CTX, ModelBar
+from .chat_settings import SamplingPanel
 from .chat_tools import TemplatePreview, TokBundle, TokenizerLab
 from .chat_widgets import (
     ConversationDelegate,
@@ -72,7 +71,6 @@ from .chat_widgets import (
 
 FLUSH_MS = 50
 MODEL_ROLE = Qt.ItemDataRole.UserRole + 1  # the conversation list's "name · quant" line
-DEFAULT_CTX = 4096
 
 
 def available_memory() -> int | None:
@@ -271,7 +269,20 @@ class ChatView(QWidget):
         lay = QVBoxLayout(w)
         lay.setContentsMargins(4, 0, 4, 0)
         lay.setSpacing(6)
-        lay.addWidget(self._build_model_bar())
+        self.model_bar = ModelBar()
+        mb = self.model_bar  # its widgets, as the view's (tests and scripts use them by these names)
+        self.model_name, self.model_state, self.backend_combo, self.cuda_label = (
+            mb.model_name, mb.model_state, mb.backend_combo, mb.cuda_label)
+        self.threads_spin, self.ctx_spin, self.load_btn, self.unload_btn = (
+            mb.threads_spin, mb.ctx_spin, mb.load_btn, mb.unload_btn)
+        self.memory_label, self.load_progress, self.load_cancel, self.engine_label = (
+            mb.memory_label, mb.load_progress, mb.load_cancel, mb.engine_label)
+        self.threads_spin.valueChanged.connect(lambda _v: self._show_engine_info())
+        self.ctx_spin.valueChanged.connect(lambda _v: self._update_memory())
+        self.load_btn.clicked.connect(self.load_model)
+        self.unload_btn.clicked.connect(self.unload_model)
+        self.load_cancel.clicked.connect(self.host.cancel_load)
+        lay.addWidget(self.model_bar)
         self.error_banner = QLabel()
         self.error_banner.setObjectName("errorBanner")
         self.error_banner.setWordWrap(True)
@@ -366,89 +377,6 @@ class ChatView(QWidget):
         lay.addLayout(comp)
         lay.addWidget(self._build_status())
         return w
-
-    def _build_model_bar(self) -> QWidget:
-        card = QFrame()
-        card.setObjectName("card")
-        card.setAccessibleName("Model")
-        g = QGridLayout(card)
-        g.setContentsMargins(10, 8, 10, 8)
-        g.setHorizontalSpacing(10)
-        g.setVerticalSpacing(4)
-        self.model_name = ElidedLabel("No model", Qt.TextElideMode.ElideMiddle)
-        self.model_name.setObjectName("modelName")
-        self.model_name.setAccessibleName("Model file")
-        self.model_state = ElidedLabel("not loaded")
-        self.model_state.setObjectName("muted")
-        self.model_state.setAccessibleName("Model state")
-        self.backend_combo = QComboBox()
-        self.backend_combo.setAccessibleName("Backend")
-        self.backend_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
-        self.backend_combo.addItem(f"CPU · {isa()}", "cpu")
-        self.backend_combo.addItem("CUDA", "cuda")
-        self.backend_combo.setToolTip("Where the model runs: the CPU with Quantscope's native kernels "
-                                      f"(instruction set in use: {isa()}), or an NVIDIA GPU")
-        self.cuda_label = ElidedLabel("CUDA: checking…")
-        self.cuda_label.setObjectName("muted")
-        self.cuda_label.setAccessibleName("CUDA status")
-        self.threads_spin = ispin(1, max(1, os.cpu_count() or 1), "Threads",
-                                   "CPU threads for the kernels (applies from the next reply)")
-        self.threads_spin.setValue(default_threads())
-        self.threads_spin.valueChanged.connect(lambda _v: self._show_engine_info())
-        self.ctx_spin = ispin(256, 1 << 20, "Context size",
-                               "Tokens the KV cache holds (the conversation plus the reply); applies on load")
-        self.ctx_spin.setSingleStep(512)
-        self.ctx_spin.setValue(DEFAULT_CTX)
-        self.ctx_spin.valueChanged.connect(lambda _v: self._update_memory())
-        self.load_btn = QPushButton("Load model")
-        self.load_btn.setAccessibleName("Load the model")
-        self.load_btn.clicked.connect(self.load_model)
-        self.unload_btn = QPushButton("Unload")
-        self.unload_btn.setAccessibleName("Unload the model")
-        self.unload_btn.clicked.connect(self.unload_model)
-        self.memory_label = QLabel()
-        self.memory_label.setObjectName("muted")
-        self.memory_label.setWordWrap(True)
-        self.memory_label.setAccessibleName("Memory the model will use")
-        self.load_progress = QProgressBar()
-        self.load_progress.setRange(0, 100)
-        self.load_progress.setAccessibleName("Loading progress")
-        self.load_progress.setMinimumWidth(120)
-        self.load_progress.setMaximumWidth(220)
-        self.load_cancel = QPushButton("Cancel")
-        self.load_cancel.setAccessibleName("Cancel loading")
-        self.load_cancel.clicked.connect(self.host.cancel_load)
-        self.engine_label = QLabel()
-        self.engine_label.setObjectName("muted")
-        self.engine_label.setAccessibleName("Loaded engine")
-        self.engine_label.setWordWrap(True)
-        self.engine_label.hide()
-        top = QHBoxLayout()
-        self.model_name.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)  # whole if it can
-        top.addWidget(self.model_name)
-        top.addSpacing(8)
-        top.addWidget(self.model_state, 1)
-        top.addWidget(self.load_btn)
-        top.addWidget(self.unload_btn)
-        opts = QHBoxLayout()
-        opts.setSpacing(6)
-        for label, widget in (("Backend", self.backend_combo), ("Threads", self.threads_spin),
-                              ("Context", self.ctx_spin)):
-            lab = QLabel(label)
-            lab.setBuddy(widget)
-            opts.addWidget(lab)
-            opts.addWidget(widget)
-            opts.addSpacing(4)
-        opts.addWidget(self.cuda_label, 1)  # elided where the row is narrow; the reason is in its tooltip
-        bottom = QHBoxLayout()
-        bottom.addWidget(self.memory_label, 1)
-        bottom.addWidget(self.load_progress)
-        bottom.addWidget(self.load_cancel)
-        g.addLayout(top, 0, 0)
-        g.addWidget(self.engine_label, 1, 0)
-        g.addLayout(opts, 2, 0)
-        g.addLayout(bottom, 3, 0)
-        return card
 
     def _build_status(self) -> QWidget:
         """The live numbers on one row (each pair keeps its label whole), the context fill and what the model is
@@ -600,24 +528,7 @@ class ChatView(QWidget):
         self._show_cuda()
 
     def _show_cuda(self) -> None:
-        ok, why = self.cuda
-        item = self.backend_combo.model().item(1)  # type: ignore[attr-defined]
-        item.setEnabled(bool(ok))
-        if ok is None and why == "checking":
-            text = "CUDA: checking…"
-        elif ok is None:
-            text = "CUDA: not built"
-        elif ok:
-            text = f"CUDA: {why}"
-        else:
-            short = why.split(" (")[0].split(":")[0].split(";")[0].strip()
-            text = f"CUDA unavailable: {short}" if short else "CUDA unavailable"
-        self.cuda_label.setText(text)
-        self.cuda_label.setToolTip(why)
-        item.setToolTip(why)
-        # the item stays "CUDA" (a short combo box); why it is disabled is in the CUDA label and the tooltips
-        if not ok and self.backend_combo.currentData() == "cuda":
-            self.backend_combo.setCurrentIndex(0)
+        self.model_bar.show_cuda(*self.cuda)
 
     def plan(self) -> Any:
         if self.doc is None or self.doc.gguf is None:
@@ -628,15 +539,7 @@ class ChatView(QWidget):
             return None
 
     def _update_memory(self) -> None:
-        p = self.plan()
-        if p is None:
-            self.memory_label.setText("Open a GGUF file to chat with it.")
-            return
-        avail = available_memory()
-        tail = f" · {human_bytes(avail)} available" if avail is not None else ""
-        self.memory_label.setText(
-            f"Needs ≈ <b>{human_bytes(p.total_bytes)}</b>: {human_bytes(p.weights_bytes)} of weights "
-            f"(memory-mapped) + {human_bytes(p.kv_bytes)} KV cache for {p.context:,} tokens (F16){tail}")
+        self.model_bar.show_memory(self.plan(), available_memory())
 
     # ================================================================== loading
     def load_model(self) -> bool:
@@ -669,9 +572,7 @@ class ChatView(QWidget):
         self._update_controls()
 
     def _on_load_progress(self, stage: str, fraction: float) -> None:
-        self.load_progress.setValue(int(fraction * 100))
-        self.load_progress.setFormat(f"{stage} %p%")
-        self.model_state.setText(f"loading: {stage}…")
+        self.model_bar.show_progress(stage, fraction)
 
     def _on_loaded(self, info: EngineInfo) -> None:
         self.load_progress.hide()
@@ -695,12 +596,7 @@ class ChatView(QWidget):
         info = self.host.info
         if info is None:
             return
-        threads = self.threads_spin.value() if info.backend.startswith("CPU") else info.threads
-        self.engine_label.setText(
-            f"{info.arch} · {info.backend} · {threads} threads · context {info.n_ctx:,} of "
-            f"{info.n_ctx_train:,} trained · KV cache {human_bytes(info.kv_bytes)} · vocabulary {info.n_vocab:,}"
-            + ("" if info.has_template else " · no chat template: plain completion"))
-        self.engine_label.show()
+        self.model_bar.show_engine(info)
 
     def _on_load_failed(self, message: str, detail: str) -> None:
         self.load_progress.hide()

@@ -13,32 +13,24 @@ from __future__ import annotations
 
 import html
 import os
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QKeySequence, QShortcut
+from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QFileDialog,
     QFrame,
     QGridLayout,
     QHBoxLayout,
     QLabel,
-    QListWidget,
-    QListWidgetItem,
-    QMenu,
-    QMessageBox,
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
     QScrollArea,
-    QSizePolicy,
     QSplitter,
     QTabWidget,
-    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -60,17 +52,16 @@ from ..chat_engine import EngineHost, EngineInfo, GenStats, cuda_availability, g
 from ..document import Document
 from ..theme import is_dark
 from ..workers import TaskRunner
+from .chat_conversations import ConversationPanel
 from .chat_modelbar import DEFAULT_CTX, ModelBar
 from .chat_settings import SamplingPanel
 from .chat_tools import TemplatePreview, TokBundle, TokenizerLab
 from .chat_widgets import (
-    ConversationDelegate,
     ElidedLabel,
     MessageView,
 )
 
 FLUSH_MS = 50
-MODEL_ROLE = Qt.ItemDataRole.UserRole + 1  # the conversation list's "name · quant" line
 
 
 def available_memory() -> int | None:
@@ -143,7 +134,6 @@ class ChatView(QWidget):
         self._reply_stats: GenStats | None = None
         self._script: list[str] = []
         self.script_active = False
-        self._filling = False
         self._stick = True
         self._loaded_note = ""
         self.flushes = 0  # batches appended to the reply (tests check that tokens are batched)
@@ -192,7 +182,16 @@ class ChatView(QWidget):
     def _build(self) -> None:
         split = QSplitter(Qt.Orientation.Horizontal)
         split.setChildrenCollapsible(False)
-        split.addWidget(self._build_side())
+        self.side = ConversationPanel()
+        sp = self.side  # its widgets, as the view's (tests use them by these names)
+        self.new_btn, self.conv_list, self.rename_btn, self.delete_btn, self.export_btn, self.store_label = (
+            sp.new_btn, sp.list, sp.rename_btn, sp.delete_btn, sp.export_btn, sp.store_label)
+        sp.newRequested.connect(self.new_conversation)
+        sp.openRequested.connect(self.open_conversation)
+        sp.renameRequested.connect(self.rename_conversation)
+        sp.deleteRequested.connect(self.delete_conversation)
+        sp.exportRequested.connect(self.export_dialog)
+        split.addWidget(sp)
         split.addWidget(self._build_center())
         split.addWidget(self._build_right())
         split.setStretchFactor(0, 0)
@@ -205,64 +204,6 @@ class ChatView(QWidget):
         lay.addWidget(split)
 
     # ------------------------------------------------------------------ conversations panel
-    def _build_side(self) -> QWidget:
-        w = QWidget()
-        lay = QVBoxLayout(w)
-        lay.setContentsMargins(0, 0, 4, 0)
-        title = QLabel("Conversations")
-        title.setObjectName("heading")
-        self.new_btn = QPushButton("New chat")
-        self.new_btn.setAccessibleName("New conversation")
-        self.new_btn.clicked.connect(self.new_conversation)
-        head = QHBoxLayout()
-        head.addWidget(title)
-        head.addStretch(1)
-        head.addWidget(self.new_btn)
-        self.conv_list = QListWidget()
-        self.conv_list.setAccessibleName("Saved conversations")
-        self.conv_list.setTextElideMode(Qt.TextElideMode.ElideRight)
-        self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.conv_list.setUniformItemSizes(True)
-        self.conv_list.setItemDelegate(ConversationDelegate(MODEL_ROLE, self.conv_list))
-        self.conv_list.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed
-                                       | QAbstractItemView.EditTrigger.DoubleClicked)
-        self.conv_list.itemActivated.connect(lambda it: self.open_conversation(int(it.data(Qt.ItemDataRole.UserRole))))
-        self.conv_list.itemClicked.connect(lambda it: self.open_conversation(int(it.data(Qt.ItemDataRole.UserRole))))
-        self.conv_list.itemChanged.connect(self._item_renamed)
-        self.conv_list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
-        self.conv_list.customContextMenuRequested.connect(self._list_menu)
-        self.rename_btn = QToolButton()
-        self.rename_btn.setText("Rename")
-        self.rename_btn.setAccessibleName("Rename the selected conversation")
-        self.rename_btn.clicked.connect(self._rename_selected)
-        self.delete_btn = QToolButton()
-        self.delete_btn.setText("Delete")
-        self.delete_btn.setAccessibleName("Delete the selected conversation")
-        self.delete_btn.clicked.connect(self._delete_selected)
-        self.export_btn = QToolButton()
-        self.export_btn.setText("Export")
-        self.export_btn.setAccessibleName("Export the conversation")
-        self.export_btn.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
-        menu = QMenu(self.export_btn)
-        menu.addAction("As Markdown…", lambda: self.export_dialog("markdown"))
-        menu.addAction("As JSON…", lambda: self.export_dialog("json"))
-        self.export_btn.setMenu(menu)
-        row = QHBoxLayout()
-        row.setSpacing(4)
-        for b in (self.rename_btn, self.delete_btn, self.export_btn):
-            b.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
-        row.addWidget(self.rename_btn)
-        row.addWidget(self.delete_btn)
-        row.addWidget(self.export_btn)
-        self.store_label = ElidedLabel(mode=Qt.TextElideMode.ElideMiddle)  # a path: elided in the middle
-        self.store_label.setObjectName("muted")
-        self.store_label.setAccessibleName("Where conversations are saved")
-        lay.addLayout(head)
-        lay.addWidget(self.conv_list, 1)
-        lay.addLayout(row)
-        lay.addWidget(self.store_label)
-        return w
-
     # ------------------------------------------------------------------ center: model bar, thread, composer
     def _build_center(self) -> QWidget:
         w = QWidget()
@@ -900,11 +841,7 @@ class ChatView(QWidget):
         self.composer.setReadOnly(foreign)
         self.stop_btn.setEnabled(st == "generating")
         self.regen_btn.setEnabled(st == "ready" and bool(self.messages) and not foreign)
-        self.conv_list.setEnabled(st != "generating")
-        self.new_btn.setEnabled(st != "generating")
-        for b in (self.rename_btn, self.delete_btn):
-            b.setEnabled(st != "generating" and self.conv_list.currentItem() is not None)
-        self.export_btn.setEnabled(self.conv_id is not None)
+        self._update_buttons_for_list()
         if st == "empty" and not self.model_state.text().startswith(("loading cancelled", "not loaded")):
             self.model_state.setText("not loaded")
         self.engine_label.setVisible(st in ("ready", "generating"))
@@ -951,32 +888,16 @@ class ChatView(QWidget):
         store = self._store
         if store is None and self.isVisible() and default_path().exists():
             store = self.store()  # an existing database is opened to list it; a new one is made on first save
-        self._filling = True
-        try:
-            self.conv_list.clear()
-            if store is None:
-                self.store_label.setText(self.store_error or f"Conversations will be saved in {default_path()}")
-                return
-            for c in store.list_conversations():
-                it = QListWidgetItem(c.title)
-                it.setData(Qt.ItemDataRole.UserRole, c.id)
-                it.setData(MODEL_ROLE, c.identity.label)
-                it.setFlags(it.flags() | Qt.ItemFlag.ItemIsEditable)
-                when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.updated))
-                it.setToolTip(f"{c.title}\n{c.identity.label}\n{c.n_messages} messages · {when}")
-                self.conv_list.addItem(it)
-                if c.id == self.conv_id:
-                    self.conv_list.setCurrentItem(it)
+        if store is None:
+            self.side.fill([], None)
+            self.store_label.setText(self.store_error or f"Conversations will be saved in {default_path()}")
+        else:
+            self.side.fill(store.list_conversations(), self.conv_id)
             self.store_label.setText(f"Saved in {store.path}")
-        finally:
-            self._filling = False
         self._update_buttons_for_list()
 
     def _update_buttons_for_list(self) -> None:
-        busy = self.host.state == "generating"
-        for b in (self.rename_btn, self.delete_btn):
-            b.setEnabled(not busy and self.conv_list.currentItem() is not None)
-        self.export_btn.setEnabled(self.conv_id is not None)
+        self.side.update_buttons(self.host.state == "generating", self.conv_id is not None)
 
     def new_conversation(self) -> None:
         self._abort_reply("a new conversation was started")
@@ -986,8 +907,7 @@ class ChatView(QWidget):
         self.reset_stats()
         self._show_binding()
         self._rebuild_views()
-        self.conv_list.clearSelection()
-        self.conv_list.setCurrentRow(-1)
+        self.side.clear_selection()
         self._update_controls()
 
     def open_conversation(self, conv_id: int) -> bool:
@@ -1084,43 +1004,6 @@ class ChatView(QWidget):
             out = self.export_conversation(path, fmt)
             if out is not None:
                 self.activity.setText(f"exported to {out.name}")
-
-    def _item_renamed(self, item: QListWidgetItem) -> None:
-        if self._filling:
-            return
-        cid = int(item.data(Qt.ItemDataRole.UserRole))
-        QTimer.singleShot(0, lambda: self.rename_conversation(cid, item.text()))
-
-    def _selected_id(self) -> int | None:
-        it = self.conv_list.currentItem()
-        return int(it.data(Qt.ItemDataRole.UserRole)) if it is not None else None
-
-    def _rename_selected(self) -> None:
-        it = self.conv_list.currentItem()
-        if it is not None:
-            self.conv_list.editItem(it)
-
-    def _delete_selected(self) -> None:
-        cid = self._selected_id()
-        if cid is None:
-            return
-        box = QMessageBox(QMessageBox.Icon.Question, "Delete conversation",
-                          f"Delete “{self.conv_list.currentItem().text()}” and its messages?",
-                          QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel, self)
-        box.setAccessibleName("Confirm deletion")
-        box.accepted.connect(lambda: self.delete_conversation(cid))
-        box.open()
-        self.confirm_box = box
-
-    def _list_menu(self, pos: Any) -> None:
-        it = self.conv_list.itemAt(pos)
-        if it is None:
-            return
-        self.conv_list.setCurrentItem(it)
-        menu = QMenu(self)
-        menu.addAction(QAction("Rename", menu, triggered=self._rename_selected))
-        menu.addAction(QAction("Delete…", menu, triggered=self._delete_selected))
-        menu.exec(self.conv_list.viewport().mapToGlobal(pos))
 
     # ================================================================== template preview and tokenizer lab
     def _ensure_bundle(self) -> None:

@@ -7,12 +7,11 @@ import html
 import re
 from collections.abc import Sequence
 
-from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QSize, Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import (
     QColor,
     QFont,
     QFontDatabase,
-    QPainter,
     QPalette,
     QSyntaxHighlighter,
     QTextBlockFormat,
@@ -29,9 +28,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QSizePolicy,
-    QStyle,
-    QStyledItemDelegate,
-    QStyleOptionViewItem,
     QTextBrowser,
     QToolButton,
     QVBoxLayout,
@@ -311,45 +307,6 @@ class MessageView(QFrame):
     def copy(self) -> None:
         QApplication.clipboard().setText(self.content)
         self.copied.emit(self.index)
-
-
-class ConversationDelegate(QStyledItemDelegate):
-    """A conversation in the list: its title, and under it in a smaller muted line the model it belongs to
-    (``name · quant``, from ``model_role``); both elided to the width, the whole in the tooltip."""
-
-    def __init__(self, model_role: int, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.model_role = model_role
-
-    def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex) -> QSize:
-        fm = option.fontMetrics  # type: ignore[attr-defined]
-        return QSize(super().sizeHint(option, index).width(), 2 * fm.height() + 8)
-
-    def paint(self, painter: QPainter, option: QStyleOptionViewItem,
-              index: QModelIndex | QPersistentModelIndex) -> None:
-        opt = QStyleOptionViewItem(option)
-        self.initStyleOption(opt, index)
-        title, model = opt.text, str(index.data(self.model_role) or "")  # type: ignore[attr-defined]
-        opt.text = ""  # type: ignore[attr-defined]
-        style = opt.widget.style() if opt.widget is not None else QApplication.style()  # type: ignore[attr-defined]
-        style.drawControl(QStyle.ControlElement.CE_ItemViewItem, opt, painter, opt.widget)  # type: ignore[attr-defined]
-        r = opt.rect.adjusted(6, 3, -6, -3)  # type: ignore[attr-defined]
-        fm = opt.fontMetrics  # type: ignore[attr-defined]
-        selected = bool(opt.state & QStyle.StateFlag.State_Selected)  # type: ignore[attr-defined]
-        pal = opt.palette  # type: ignore[attr-defined]
-        painter.save()
-        painter.setPen(pal.color(QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.Text))
-        painter.drawText(r.x(), r.y() + fm.ascent(), fm.elidedText(title, Qt.TextElideMode.ElideRight, r.width()))
-        muted = pal.color(QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.PlaceholderText)
-        painter.setPen(muted)
-        name, sep, quant = model.rpartition(" · ")
-        if sep and fm.horizontalAdvance(model) > r.width():  # the name is elided, the quantization stays whole
-            quant = sep + quant
-            model = fm.elidedText(name, Qt.TextElideMode.ElideRight, max(0, r.width() - fm.horizontalAdvance(quant)))
-            model += quant
-        painter.drawText(r.x(), r.y() + fm.height() + fm.ascent() + 2,
-                         fm.elidedText(model, Qt.TextElideMode.ElideRight, r.width()))
-        painter.restore()
 
 
 # ---------------------------------------------------------------------------------------------- tokenizer lab

@@ -18,17 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QFileDialog,
     QFrame,
-    QGridLayout,
     QHBoxLayout,
     QLabel,
-    QPlainTextEdit,
-    QProgressBar,
     QPushButton,
-    QScrollArea,
     QSplitter,
     QTabWidget,
     QVBoxLayout,
@@ -37,7 +32,7 @@ from PySide6.QtWidgets import (
 
 from quantscope.core.analysis import INT32_MAX, memory_plan, metadata_int
 from quantscope.core.chat import ChatTemplate, ChatTemplateError
-from quantscope.core.chat.controller import ChatController, identity_of, stats_numbers, stats_text
+from quantscope.core.chat.controller import ChatController, identity_of, stats_text
 from quantscope.core.chat.conversation import reply_reserve
 from quantscope.core.chat.store import (
     ChatStore,
@@ -55,9 +50,9 @@ from ..workers import TaskRunner
 from .chat_conversations import ConversationPanel
 from .chat_modelbar import DEFAULT_CTX, ModelBar
 from .chat_settings import SamplingPanel
+from .chat_thread import Composer, ReplyStream, StatsBar
 from .chat_tools import TemplatePreview, TokBundle, TokenizerLab
 from .chat_widgets import (
-    ElidedLabel,
     MessageView,
 )
 
@@ -118,7 +113,6 @@ class ChatView(QWidget):
         self._store: ChatStore | None = None
         self.store_error = ""
         self.ctl = ChatController()  # messages, conversation id, the model it belongs to
-        self.views: list[MessageView] = []
         self.error = ""
         self.last_stats: GenStats | None = None
         self.dropped = 0
@@ -134,7 +128,6 @@ class ChatView(QWidget):
         self._reply_stats: GenStats | None = None
         self._script: list[str] = []
         self.script_active = False
-        self._stick = True
         self._loaded_note = ""
         self.flushes = 0  # batches appended to the reply (tests check that tokens are batched)
 
@@ -169,6 +162,10 @@ class ChatView(QWidget):
     @messages.setter
     def messages(self, value: list[StoredMessage]) -> None:
         self.ctl.messages = value
+
+    @property
+    def views(self) -> list[MessageView]:
+        return self.stream.views
 
     @property
     def conv_id(self) -> int | None:
@@ -252,116 +249,24 @@ class ChatView(QWidget):
         lay.addWidget(self.notice)
         lay.addWidget(self.binding_bar)
 
-        self.thread = QWidget()
-        self.thread.setObjectName("thread")
-        self.thread_lay = QVBoxLayout(self.thread)
-        self.thread_lay.setContentsMargins(2, 2, 10, 2)
-        self.thread_lay.setSpacing(8)
-        self.empty_label = QLabel()
-        self.empty_label.setObjectName("muted")
-        self.empty_label.setWordWrap(True)
-        self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.thread_lay.addWidget(self.empty_label)
-        self.thread_lay.addStretch(1)
-        self.scroll = QScrollArea()
-        self.scroll.setWidgetResizable(True)
-        self.scroll.setWidget(self.thread)
-        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
-        self.scroll.setAccessibleName("Conversation")
-        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        bar = self.scroll.verticalScrollBar()
-        bar.rangeChanged.connect(lambda _lo, hi: bar.setValue(hi) if self._stick else None)
-        bar.valueChanged.connect(lambda v: setattr(self, "_stick", v >= bar.maximum() - 40))
-        lay.addWidget(self.scroll, 1)
-
-        self.edit_bar = QWidget()
-        eb = QHBoxLayout(self.edit_bar)
-        eb.setContentsMargins(0, 0, 0, 0)
-        self.edit_label = QLabel()
-        self.edit_label.setObjectName("muted")
-        cancel_edit = QPushButton("Cancel edit")
-        cancel_edit.setAccessibleName("Cancel editing")
-        cancel_edit.clicked.connect(self.cancel_edit)
-        eb.addWidget(self.edit_label, 1)
-        eb.addWidget(cancel_edit)
-        self.edit_bar.hide()
-        lay.addWidget(self.edit_bar)
-
-        self.composer = QPlainTextEdit()
-        self.composer.setAccessibleName("Message to send")
-        self.composer.setPlaceholderText("Message the model…  (Ctrl+Enter sends, Esc stops)")
-        self.composer.setFixedHeight(78)
-        self.composer.textChanged.connect(self._schedule_preview)
-        for keys, slot in (("Ctrl+Return", lambda: self.send()), ("Ctrl+Enter", lambda: self.send()),
-                           ("Escape", self.stop)):
-            sc = QShortcut(QKeySequence(keys), self.composer)
-            sc.setContext(Qt.ShortcutContext.WidgetShortcut)
-            sc.activated.connect(slot)
-        self.send_btn = QPushButton("Send")
-        self.send_btn.setAccessibleName("Send the message")
-        self.send_btn.setDefault(True)
-        self.send_btn.clicked.connect(lambda: self.send())
-        self.stop_btn = QPushButton("Stop")
-        self.stop_btn.setAccessibleName("Stop the reply")
-        self.stop_btn.clicked.connect(self.stop)
-        self.regen_btn = QPushButton("Regenerate")
-        self.regen_btn.setAccessibleName("Regenerate the last reply")
-        self.regen_btn.clicked.connect(self.regenerate)
-        buttons = QVBoxLayout()
-        buttons.setSpacing(4)
-        buttons.addWidget(self.send_btn)
-        buttons.addWidget(self.stop_btn)
-        buttons.addWidget(self.regen_btn)
-        comp = QHBoxLayout()
-        comp.addWidget(self.composer, 1)
-        comp.addLayout(buttons)
-        lay.addLayout(comp)
-        lay.addWidget(self._build_status())
+        self.stream = ReplyStream()
+        self.scroll = self.stream
+        lay.addWidget(self.stream, 1)
+        self.composer_box = Composer()
+        cb = self.composer_box  # its widgets, as the view's (tests use them by these names)
+        self.composer, self.send_btn, self.stop_btn, self.regen_btn, self.edit_bar, self.edit_label = (
+            cb.text, cb.send_btn, cb.stop_btn, cb.regen_btn, cb.edit_bar, cb.edit_label)
+        cb.sendRequested.connect(lambda: self.send())
+        cb.stopRequested.connect(self.stop)
+        cb.regenerateRequested.connect(self.regenerate)
+        cb.cancelEditRequested.connect(self.cancel_edit)
+        cb.textChanged.connect(self._schedule_preview)
+        lay.addWidget(cb)
+        self.stats_bar = StatsBar(DEFAULT_CTX)
+        self.stat_labels, self.ctx_bar, self.activity = (
+            self.stats_bar.labels, self.stats_bar.ctx_bar, self.stats_bar.activity)
+        lay.addWidget(self.stats_bar)
         return w
-
-    def _build_status(self) -> QWidget:
-        """The live numbers on one row (each pair keeps its label whole), the context fill and what the model is
-        doing on the next (the bar takes the room that is left; the activity elides)."""
-        box = QWidget()
-        grid = QGridLayout(box)
-        grid.setContentsMargins(0, 0, 0, 0)
-        grid.setHorizontalSpacing(6)
-        grid.setVerticalSpacing(2)
-        self.stat_labels: dict[str, QLabel] = {}
-        nums = QHBoxLayout()
-        nums.setSpacing(6)
-        for key, title in (("ttft", "First token"), ("prompt", "Prompt"), ("gen", "Generation")):
-            t = QLabel(title)
-            t.setObjectName("muted")
-            v = QLabel("—")
-            v.setObjectName("statValue")
-            v.setAccessibleName(title)
-            v.setMinimumWidth(v.fontMetrics().horizontalAdvance("9999.9 t/s"))
-            self.stat_labels[key] = v
-            nums.addWidget(t)
-            nums.addWidget(v)
-            nums.addSpacing(6)
-        nums.addStretch(1)
-        t = QLabel("Context")
-        t.setObjectName("muted")
-        self.ctx_bar = QProgressBar()
-        self.ctx_bar.setAccessibleName("Context used")
-        self.ctx_bar.setRange(0, DEFAULT_CTX)
-        self.ctx_bar.setValue(0)
-        self.ctx_bar.setTextVisible(True)
-        self.ctx_bar.setFormat("%v / %m tokens")
-        self.ctx_bar.setMinimumWidth(self.ctx_bar.fontMetrics().horizontalAdvance("99,999 / 99,999 tokens") + 16)
-        self.activity = ElidedLabel()
-        self.activity.setObjectName("muted")
-        self.activity.setAccessibleName("Activity")
-        ctx = QHBoxLayout()
-        ctx.setSpacing(6)
-        ctx.addWidget(t)
-        ctx.addWidget(self.ctx_bar, 1)
-        ctx.addWidget(self.activity, 1)
-        grid.addLayout(nums, 0, 0)
-        grid.addLayout(ctx, 1, 0)
-        return box
 
     # ------------------------------------------------------------------ right: settings, template, tokenizer
     def _build_right(self) -> QWidget:
@@ -618,9 +523,7 @@ class ChatView(QWidget):
         self.composer.setPlainText(self.messages[index].content)
         self.composer.setFocus()
         after = len(self.messages) - index - 1
-        self.edit_label.setText(f"Editing message {index + 1}: Send replaces it"
-                                + (f" and the {after} message{'s' if after != 1 else ''} after it." if after else "."))
-        self.edit_bar.show()
+        self.composer_box.show_editing(index, after)
 
     def cancel_edit(self) -> None:
         self.ctl.editing = None
@@ -701,11 +604,7 @@ class ChatView(QWidget):
 
     def _show_stats(self, s: GenStats, live: bool = False) -> None:
         self.last_stats = s
-        for key, text in stats_numbers(s.as_dict()).items():
-            self.stat_labels[key].setText(text)
-        if s.n_ctx:
-            self.ctx_bar.setRange(0, s.n_ctx)
-        self.ctx_bar.setValue(min(s.context_used, self.ctx_bar.maximum()))
+        self.stats_bar.show_stats(s.as_dict())
         if live and self._reply_view is not None:
             self._reply_view.set_stats(f"{s.n_generated} tokens · {s.gen_tps:.1f} t/s")
             self.activity.setText("generating…")
@@ -742,7 +641,7 @@ class ChatView(QWidget):
         if view is None:
             return
         if stats is None and not text:  # failed before any token: no empty reply is kept
-            self._remove_view(view)
+            self.stream.remove(view)
         else:
             d = stats.as_dict() if stats is not None else {}
             if note:
@@ -764,9 +663,7 @@ class ChatView(QWidget):
         """No numbers and an empty context bar (a new or another conversation: nothing of it is measured yet)."""
         self.last_stats = None
         self.dropped = 0
-        for v in self.stat_labels.values():
-            v.setText("—")
-        self.ctx_bar.setValue(0)
+        self.stats_bar.reset()
 
     def _abort_reply(self, note: str) -> None:
         """End the reply now (switching files, conversations, closing): keep what arrived, stop the engine."""
@@ -778,29 +675,17 @@ class ChatView(QWidget):
         self._finish_reply(replace(stats, stop_reason="cancelled"), note)
 
     # ------------------------------------------------------------------ message views
-    def _add_view(self, index: int, role: str, content: str) -> MessageView:
-        v = MessageView(index, role, content, self.mode)
+    def _connect_view(self, v: MessageView) -> None:
         v.editRequested.connect(self.edit_message)
         v.regenerateRequested.connect(self.regenerate)
-        self.thread_lay.insertWidget(self.thread_lay.count() - 1, v)
-        self.views.append(v)
-        self._stick = True
+
+    def _add_view(self, index: int, role: str, content: str) -> MessageView:
+        v = self.stream.add(index, role, content, self.mode)
+        self._connect_view(v)
         return v
 
-    def _remove_view(self, v: MessageView) -> None:
-        if v in self.views:
-            self.views.remove(v)
-        self.thread_lay.removeWidget(v)
-        v.hide()
-        v.deleteLater()
-
     def _rebuild_views(self) -> None:
-        for v in list(self.views):
-            self._remove_view(v)
-        for i, m in enumerate(self.messages):
-            v = self._add_view(i, m.role, m.content)
-            if m.role == "assistant" and m.stats:
-                v.set_stats(stats_text(m.stats))
+        self.stream.rebuild(self.messages, self.mode, stats_text, self._connect_view)
         self._update_regen_buttons()
         self._update_empty()
         self._schedule_preview()
@@ -813,7 +698,7 @@ class ChatView(QWidget):
 
     def _update_empty(self) -> None:
         if self.views:
-            self.empty_label.hide()
+            self.stream.set_empty("")
             return
         if self.doc is None:
             text = "Open a GGUF file, then load it here to chat with it on Quantscope's own kernels."
@@ -822,8 +707,7 @@ class ChatView(QWidget):
                     else "Type a message below (Ctrl+Enter sends).")
         else:
             text = "Load the model (above) to start; the memory it needs is shown before it loads."
-        self.empty_label.setText(text)
-        self.empty_label.show()
+        self.stream.set_empty(text)
 
     def _update_controls(self) -> None:
         st = self.host.state

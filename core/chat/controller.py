@@ -159,6 +159,21 @@ class ChatController:
         msgs = [{"role": "system", "content": system}] if system else []
         return msgs + [m.as_chat() for m in messages if m.role != "system"]
 
+    def preview_prompt(self, pending: str, mode: str, system: str) -> tuple[list[dict[str, str]] | str, bool]:
+        """What the template preview shows: the conversation (up to the message being edited) plus the composer's
+        text as the next message; ``(prompt, stand_in)`` where ``stand_in`` says a placeholder user message was
+        added because there is none to answer yet."""
+        msgs = list(self.messages)
+        if self.editing is not None:
+            msgs = msgs[: self.editing]
+        if pending.strip():
+            msgs.append(StoredMessage("user", pending))
+        prompt = self.prompt(msgs, mode, system)
+        stand_in = isinstance(prompt, list) and (len(prompt) == 0 or prompt[-1]["role"] != "user")
+        if isinstance(prompt, list) and stand_in:
+            prompt.append({"role": "user", "content": "(your next message)"})
+        return prompt, stand_in
+
     def save(self, store: ChatStore, settings: dict[str, Any]) -> None:
         """Write the conversation (created on first save, bound to its model). Raises StoreError/KeyError."""
         if not self.messages:

@@ -11,7 +11,6 @@ collected in a list and appended to the reply by a 50 ms timer, so a fast model 
 
 from __future__ import annotations
 
-import html
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -20,10 +19,6 @@ from typing import Any
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QFileDialog,
-    QFrame,
-    QHBoxLayout,
-    QLabel,
-    QPushButton,
     QSplitter,
     QTabWidget,
     QVBoxLayout,
@@ -31,7 +26,6 @@ from PySide6.QtWidgets import (
 )
 
 from quantscope.core.analysis import INT32_MAX, memory_plan, metadata_int
-from quantscope.core.chat import ChatTemplate, ChatTemplateError
 from quantscope.core.chat.controller import ChatController, identity_of, stats_text
 from quantscope.core.chat.conversation import reply_reserve
 from quantscope.core.chat.store import (
@@ -43,15 +37,16 @@ from quantscope.core.chat.store import (
 )
 from quantscope.core.summary import human_bytes
 
-from ..chat_engine import EngineHost, EngineInfo, GenStats, cuda_availability, gc_paused
+from ..chat_engine import EngineHost, EngineInfo, GenStats, cuda_availability
 from ..document import Document
 from ..theme import is_dark
 from ..workers import TaskRunner
 from .chat_conversations import ConversationPanel
 from .chat_modelbar import DEFAULT_CTX, ModelBar
+from .chat_notices import Notices, stylesheet
 from .chat_settings import SamplingPanel
 from .chat_thread import Composer, ReplyStream, StatsBar
-from .chat_tools import TemplatePreview, TokBundle, TokenizerLab
+from .chat_tools import TemplatePreview, TokBundle, TokenizerLab, read_bundle
 from .chat_widgets import (
     MessageView,
 )
@@ -72,29 +67,6 @@ def available_memory() -> int | None:
         return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         return None
-
-
-def _stylesheet(dark: bool) -> str:
-    user = "#2b3440" if dark else "#eaf1fb"
-    user_border = "#3b4d63" if dark else "#c9daf2"
-    note_bg, note_fg, note_bd = ("#4a3d17", "#f3dc9b", "#7a6326") if dark else ("#fff4d6", "#5c4400", "#e8c66a")
-    err_bg, err_fg, err_bd = ("#4d2226", "#f5b8bd", "#8a3a41") if dark else ("#fde7e7", "#7a1010", "#e39a9a")
-    return f"""
-    QFrame#msgUser {{ background: {user}; border: 1px solid {user_border}; border-radius: 8px; }}
-    QFrame#msgAssistant {{ background: palette(base); border: 1px solid palette(mid); border-radius: 8px; }}
-    QLabel#msgRole {{ font-weight: 600; }}
-    QLabel#msgNote {{ color: {note_fg}; background: {note_bg}; border-radius: 3px; padding: 0 4px; }}
-    QToolButton#msgAction {{ padding: 1px 6px; }}
-    QFrame#notice {{ background: {note_bg}; border: 1px solid {note_bd}; border-radius: 6px; }}
-    QFrame#notice QLabel {{ color: {note_fg}; }}
-    QLabel#notice {{ background: {note_bg}; color: {note_fg}; border: 1px solid {note_bd}; border-radius: 6px;
-                     padding: 6px 10px; }}
-    QLabel#errorBanner {{ background: {err_bg}; color: {err_fg}; border: 1px solid {err_bd}; border-radius: 6px;
-                          padding: 6px 10px; }}
-    QLabel#modelName {{ font-size: 11pt; font-weight: 600; }}
-    QLabel#statValue {{ font-weight: 600; }}
-    QWidget#thread {{ background: palette(window); }}
-    """
 
 
 class ChatView(QWidget):
@@ -140,7 +112,7 @@ class ChatView(QWidget):
         self._preview_timer.timeout.connect(self.update_preview)
 
         self._dark = is_dark()
-        self.setStyleSheet(_stylesheet(self._dark))
+        self.setStyleSheet(stylesheet(self._dark))
         self._build()
         self.host.stateChanged.connect(lambda _s: self._update_controls())
         self.host.loadProgress.connect(self._on_load_progress)
@@ -221,33 +193,12 @@ class ChatView(QWidget):
         self.unload_btn.clicked.connect(self.unload_model)
         self.load_cancel.clicked.connect(self.host.cancel_load)
         lay.addWidget(self.model_bar)
-        self.error_banner = QLabel()
-        self.error_banner.setObjectName("errorBanner")
-        self.error_banner.setWordWrap(True)
-        self.error_banner.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.error_banner.setAccessibleName("Chat error")
-        self.error_banner.hide()
-        self.notice = QLabel()
-        self.notice.setObjectName("notice")
-        self.notice.setWordWrap(True)
-        self.notice.setAccessibleName("Context notice")
-        self.notice.hide()
-        self.binding_bar = QFrame()
-        self.binding_bar.setObjectName("notice")
-        self.binding_bar.setAccessibleName("Conversation of another model")
-        bb = QHBoxLayout(self.binding_bar)
-        bb.setContentsMargins(8, 4, 8, 4)
-        self.binding_label = QLabel()
-        self.binding_label.setWordWrap(True)
-        self.binding_btn = QPushButton("Continue with this model")
-        self.binding_btn.setAccessibleName("Continue this conversation with the open model")
+        self.notices = Notices()
+        nt = self.notices  # its widgets, as the view's (tests use them by these names)
+        self.error_banner, self.notice, self.binding_bar, self.binding_label, self.binding_btn = (
+            nt.error_banner, nt.notice, nt.binding_bar, nt.binding_label, nt.binding_btn)
         self.binding_btn.clicked.connect(self.continue_with_model)
-        bb.addWidget(self.binding_label, 1)
-        bb.addWidget(self.binding_btn)
-        self.binding_bar.hide()
-        lay.addWidget(self.error_banner)
-        lay.addWidget(self.notice)
-        lay.addWidget(self.binding_bar)
+        lay.addWidget(nt)
 
         self.stream = ReplyStream()
         self.scroll = self.stream
@@ -348,7 +299,7 @@ class ChatView(QWidget):
         super().changeEvent(event)
         if event.type() == QEvent.Type.PaletteChange and is_dark() != self._dark:
             self._dark = is_dark()  # the system switched between light and dark: recolour the bubbles
-            self.setStyleSheet(_stylesheet(self._dark))
+            self.setStyleSheet(stylesheet(self._dark))
 
     def showEvent(self, event: Any) -> None:
         super().showEvent(event)
@@ -466,9 +417,7 @@ class ChatView(QWidget):
         self.error = message
         d = detail.strip().splitlines()
         short = d[-1] if d else ""
-        self.error_banner.setText(f"<b>{message}</b>" + (f"<br>{_esc(short)}" if short else ""))
-        self.error_banner.setToolTip(detail)
-        self.error_banner.show()
+        self.notices.show_error(message, short, detail)
 
     def clear_error(self) -> None:
         self.error = ""
@@ -823,14 +772,7 @@ class ChatView(QWidget):
         """Say which model the open conversation belongs to when it is not the opened file's, with the explicit
         choice to continue it with this one."""
         owner, model = self.ctl.owner, self.ctl.model
-        if self.ctl.foreign and owner is not None and model is not None:
-            self.binding_label.setText(f"This conversation was held with <b>{_esc(owner.label)}</b>; the open file "
-                                       f"is <b>{_esc(model.label)}</b>. Start a new chat, or continue a copy of "
-                                       "this one with the open model.")
-            self.binding_btn.setText(f"Continue with {model.name}")
-            self.binding_bar.show()
-        else:
-            self.binding_bar.hide()
+        self.notices.show_binding(owner if self.ctl.foreign else None, model)
         self.model_name.setToolTip(model.label if model is not None else "")
 
     def continue_with_model(self) -> None:
@@ -901,28 +843,12 @@ class ChatView(QWidget):
         path = self.doc.path
         info = self.host.info
         if info is not None and info.tokenizer is not None and info.path == path:
-            tok = info.tokenizer
-            self._bundle_done(TokBundle(path, tok, info.template, "", [tok.pieces[i] for i in tok.special_ids]))
+            self._bundle_done(TokBundle.of(path, info.tokenizer, info.template))
             return
         if self.host.state == "loading":
             return  # _on_loaded / _on_load_failed come back here
         self._bundle_pending = True
         self.preview_status.setText("Reading the tokenizer…")
-
-        def build(_report: Any, _token: Any) -> TokBundle:
-            from quantscope.core.gguf import GGUFFile
-            from quantscope.core.tokenizer import Tokenizer
-
-            f = GGUFFile(path)
-            with gc_paused():  # see gc_paused: a full collection mid-build would stall the event loop
-                tok = Tokenizer(f)
-            err = ""
-            try:
-                tpl = ChatTemplate.from_gguf(f)
-            except ChatTemplateError as exc:
-                tpl, err = None, str(exc)
-            specials = [tok.pieces[i] for i in tok.special_ids]
-            return TokBundle(path, tok, tpl, err, specials)
 
         def failed(msg: str, _detail: str) -> None:
             self._bundle_pending = False
@@ -930,7 +856,7 @@ class ChatView(QWidget):
             self.preview_status.setText(f"The tokenizer cannot be read: {msg}")
             self.lab_count.setText("—")
 
-        self.runner.start("tokenizer", build, on_done=self._bundle_done, on_failed=failed,
+        self.runner.start("tokenizer", lambda _r, _t: read_bundle(path), on_done=self._bundle_done, on_failed=failed,
                           on_cancelled=lambda: setattr(self, "_bundle_pending", False))
 
     def _bundle_done(self, b: TokBundle) -> None:
@@ -956,16 +882,8 @@ class ChatView(QWidget):
         if b is None:
             self._ensure_bundle()
             return
-        msgs = list(self.messages)
-        if self.editing is not None:
-            msgs = msgs[: self.editing]
-        pending = self.composer.toPlainText()
-        if pending.strip():
-            msgs.append(StoredMessage("user", pending))
-        prompt = self.prompt_for(msgs)
-        stand_in = isinstance(prompt, list) and (len(prompt) == 0 or prompt[-1]["role"] != "user")
-        if isinstance(prompt, list) and stand_in:
-            prompt.append({"role": "user", "content": "(your next message)"})
+        prompt, stand_in = self.ctl.preview_prompt(self.composer.toPlainText(), self.mode,
+                                                   self.system_edit.toPlainText().strip())
         self.preview.render(b, prompt, stand_in)
 
     # ================================================================== scripted exchange (screenshot, demos)
@@ -1016,5 +934,3 @@ class ChatView(QWidget):
         return ok
 
 
-def _esc(s: str) -> str:
-    return html.escape(s)

@@ -42,6 +42,29 @@ class TokBundle:
     template_error: str
     specials: list[str]
 
+    @classmethod
+    def of(cls, path: Path, tok: Any, template: ChatTemplate | None, error: str = "") -> TokBundle:
+        return cls(path, tok, template, error, [tok.pieces[i] for i in tok.special_ids])
+
+
+def read_bundle(path: Path) -> TokBundle:
+    """Read the file's tokenizer and template (in a worker: it takes a while for a large vocabulary)."""
+    from quantscope.core.chat import ChatTemplateError
+    from quantscope.core.gguf import GGUFFile
+    from quantscope.core.tokenizer import Tokenizer
+
+    from ..chat_engine import gc_paused
+
+    f = GGUFFile(path)
+    with gc_paused():  # see gc_paused: a full collection mid-build would stall the event loop
+        tok = Tokenizer(f)
+    err = ""
+    try:
+        tpl = ChatTemplate.from_gguf(f)
+    except ChatTemplateError as exc:
+        tpl, err = None, str(exc)
+    return TokBundle.of(path, tok, tpl, err)
+
 
 class TemplatePreview(QWidget):
     """The rendered prompt with special tokens highlighted, its token ids and a status line."""

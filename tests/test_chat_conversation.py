@@ -213,3 +213,37 @@ def test_control_tokens_are_left_out_unless_asked_and_eog_stops(model_path, monk
         assert deltas[-1].stop_reason == "end of generation"
         assert deltas[-1].n_generated == len(hello) + 1 + len(world)
     eng.close()
+
+
+def test_controller_binds_a_conversation_to_its_model(tmp_path):
+    """Qt-free: a conversation saved with one model is foreign to another; continuing it is a copy bound to the
+    other model, the original keeps its own; a new file starts empty."""
+    from quantscope.core.chat.controller import ChatController
+    from quantscope.core.chat.store import ChatStore, ModelIdentity
+
+    smol = ModelIdentity("smol.gguf", "MOSTLY_Q4_1", "/m/smol.gguf", 100)
+    qwen = ModelIdentity("qwen.gguf", "MOSTLY_Q4_K_M", "/m/qwen.gguf", 200)
+    settings = {"system_prompt": "", "mode": "chat", "params": {}}
+    with ChatStore(tmp_path / "c.sqlite3") as store:
+        ctl = ChatController()
+        ctl.set_model(smol)
+        ctl.add_user("hello")
+        ctl.add_reply("hi", {"n_generated": 1})
+        ctl.save(store, settings)
+        first = ctl.conv_id
+        assert store.get(first).identity == smol and not ctl.foreign
+        ctl.set_model(qwen)  # another file
+        assert ctl.conv_id is None and ctl.messages == [] and not ctl.foreign
+        ctl.open(store, first)
+        assert ctl.foreign and [m.content for m in ctl.messages] == ["hello", "hi"]
+        assert ctl.prompt(ctl.messages, "chat", "be brief")[0] == {"role": "system", "content": "be brief"}
+        copy = ctl.continue_with(store, settings)
+        assert copy not in (None, first) and not ctl.foreign
+        ctl.add_user("more")
+        ctl.save(store, settings)
+        assert store.get(first).identity == smol and len(store.get(first).messages) == 2
+        assert store.get(copy).identity == qwen and [m.content for m in store.get(copy).messages] == [
+            "hello", "hi", "more"]
+        ctl.editing = 0  # an edit replaces the message and drops what followed
+        ctl.add_user("edited")
+        assert [m.content for m in ctl.messages] == ["edited"]

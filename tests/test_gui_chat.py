@@ -725,7 +725,7 @@ def test_a_conversation_belongs_to_its_model(window, qtbot, model_path):  # noqa
     assert chat.open_conversation(smol_id)
     assert [m.content for m in chat.messages][:1] == ["Hi there"]
     assert chat.binding_bar.isVisible() and "SmolLM2" in chat.binding_label.text()
-    assert chat.binding_btn.text().startswith("Continue with qwen2.5-coder")
+    assert chat.binding_btn.text() == "Continue with the open model" and "qwen2.5-coder" in chat.binding_btn.toolTip()
     assert not chat.send_btn.isEnabled() and not chat.send("go on") and not chat.regenerate()
 
     chat.apply_preset("Greedy")

@@ -198,6 +198,7 @@ class ChatView(QWidget):
         self.error_banner, self.notice, self.binding_bar, self.binding_label, self.binding_btn = (
             nt.error_banner, nt.notice, nt.binding_bar, nt.binding_label, nt.binding_btn)
         self.binding_btn.clicked.connect(self.continue_with_model)
+        nt.binding_new.clicked.connect(self.new_conversation)
         lay.addWidget(nt)
 
         self.stream = ReplyStream()
@@ -378,8 +379,8 @@ class ChatView(QWidget):
         self._show_engine_info()
         if info.backend_note:
             self.show_error("Running on the CPU.", info.backend_note)
-        self.ctx_bar.setRange(0, info.n_ctx)
-        self.ctx_bar.setValue(0)
+        self.reset_stats()
+        self.ctx_bar.setRange(0, info.n_ctx)  # a new engine: nothing measured yet, its context size
         self.max_spin.setMaximum(info.n_ctx)
         if not info.has_template:
             self.set_mode("completion")
@@ -466,7 +467,7 @@ class ChatView(QWidget):
 
     def edit_message(self, index: int) -> None:
         """Put message ``index`` into the composer; sending replaces it and drops what followed."""
-        if not 0 <= index < len(self.messages) or self.messages[index].role != "user":
+        if not 0 <= index < len(self.messages) or self.messages[index].role != "user" or self.ctl.foreign:
             return
         self.ctl.editing = index
         self.composer.setPlainText(self.messages[index].content)
@@ -643,7 +644,7 @@ class ChatView(QWidget):
         last = len(self.messages) - 1
         for v in self.views:
             v.regen_btn.setVisible(v.role == "assistant" and v.index == last and v is not self._reply_view)
-            v.edit_btn.setEnabled(self.host.state != "generating")
+            v.edit_btn.setEnabled(self.host.state != "generating" and not self.ctl.foreign)
 
     def _update_empty(self) -> None:
         if self.views:

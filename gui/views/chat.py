@@ -12,13 +12,10 @@ collected in a list and appended to the reply by a 50 ms timer, so a fast model 
 from __future__ import annotations
 
 import os
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
-    QFileDialog,
     QSplitter,
     QTabWidget,
     QVBoxLayout,
@@ -26,14 +23,10 @@ from PySide6.QtWidgets import (
 )
 
 from quantscope.core.analysis import INT32_MAX, memory_plan, metadata_int
-from quantscope.core.chat.controller import ChatController, identity_of, stats_text
-from quantscope.core.chat.conversation import reply_reserve
+from quantscope.core.chat.controller import ChatController, identity_of
 from quantscope.core.chat.store import (
     ChatStore,
     StoredMessage,
-    StoreError,
-    default_path,
-    export,
 )
 from quantscope.core.summary import human_bytes
 
@@ -44,6 +37,8 @@ from ..workers import TaskRunner
 from .chat_conversations import ConversationPanel
 from .chat_modelbar import DEFAULT_CTX, ModelBar
 from .chat_notices import Notices, stylesheet
+from .chat_persist import PersistMixin
+from .chat_reply import ReplyMixin
 from .chat_settings import SamplingPanel
 from .chat_thread import Composer, ReplyStream, StatsBar
 from .chat_tools import TemplatePreview, TokBundle, TokenizerLab, read_bundle
@@ -69,7 +64,7 @@ def available_memory() -> int | None:
         return None
 
 
-class ChatView(QWidget):
+class ChatView(ReplyMixin, PersistMixin, QWidget):
     """The Chat tab. ``runner`` runs the tokenizer lab and template preview; the model has its own thread."""
 
     replyFinished = Signal(object)  # GenStats of a reply that ended (finished or stopped)
@@ -436,401 +431,6 @@ class ChatView(QWidget):
                 v.set_content(v.content)
         self._update_empty()
         self._schedule_preview()
-
-    # ================================================================== the conversation
-    def prompt_for(self, messages: list[StoredMessage]) -> list[dict[str, str]] | str:
-        """What the engine gets: the messages (with the system prompt) in chat mode, the text in completion mode."""
-        return self.ctl.prompt(messages, self.mode, self.system_edit.toPlainText().strip())
-
-    def send(self, text: str | None = None) -> bool:
-        """Send ``text`` (default: the composer's) and start the reply; False when nothing can be sent now."""
-        if text is None:
-            text = self.composer.toPlainText()
-        if not text.strip() or self.host.state != "ready" or self.ctl.foreign:
-            return False
-        self.edit_bar.hide()
-        self.ctl.add_user(text)
-        self.composer.clear()
-        self._rebuild_views()
-        self._start_reply()
-        return True
-
-    def regenerate(self) -> bool:
-        """Drop the last reply and generate it again (the prompt's KV cache is reused)."""
-        if self.host.state != "ready" or not self.messages or self.ctl.foreign:
-            return False
-        if not self.ctl.drop_replies():
-            return False
-        self._rebuild_views()
-        self._start_reply()
-        return True
-
-    def edit_message(self, index: int) -> None:
-        """Put message ``index`` into the composer; sending replaces it and drops what followed."""
-        if not 0 <= index < len(self.messages) or self.messages[index].role != "user" or self.ctl.foreign:
-            return
-        self.ctl.editing = index
-        self.composer.setPlainText(self.messages[index].content)
-        self.composer.setFocus()
-        after = len(self.messages) - index - 1
-        self.composer_box.show_editing(index, after)
-
-    def cancel_edit(self) -> None:
-        self.ctl.editing = None
-        self.edit_bar.hide()
-        self.composer.clear()
-
-    def stop(self) -> None:
-        """Stop the reply (the engine checks before each token) or cancel loading."""
-        if self.host.state == "generating":
-            self.host.stop()
-            self.activity.setText("stopping…")
-        elif self.host.state == "loading":
-            self.host.cancel_load()
-
-    def _start_reply(self) -> None:
-        self.clear_error()
-        self.notice.hide()
-        for v in self.views:
-            v.set_dropped(False)
-        prompt = self.prompt_for(self.messages)
-        params = self.sampler_params()
-        n_ctx = self.host.info.n_ctx if self.host.info else self.ctx_spin.value()
-        self._save()
-        view = self._add_view(len(self.messages), "assistant", "")
-        view.start_streaming()
-        self._reply_view = view
-        self._reply_text = []
-        self._pending = []
-        self._pending_stats = None
-        self._reply_stats = None
-        self.activity.setText("reading the prompt…")
-        self._reply_req = self.host.generate(prompt, params, self.threads_spin.value(),
-                                             reply_reserve(params.max_tokens, n_ctx))
-        self._flush_timer.start()
-        self._update_controls()
-        self._update_empty()
-
-    def _on_trimmed(self, req: int, dropped: int, n_tokens: int) -> None:
-        if req != self._reply_req:
-            return
-        self.dropped = dropped
-        if n_tokens >= 0:
-            self.activity.setText(f"reading {n_tokens:,} prompt tokens…")
-        if dropped:
-            non_system = [v for v in self.views if v.role != "system" and v is not self._reply_view]
-            for v in non_system[:dropped]:
-                v.set_dropped(True)
-            n_ctx = self.host.info.n_ctx if self.host.info else 0
-            self.notice.setText(
-                f"The conversation no longer fits in the {n_ctx:,}-token context: the {dropped} oldest "
-                f"message{'s are' if dropped != 1 else ' is'} left out of the prompt (marked “not in context”). "
-                "Load the model with a larger context to keep them.")
-            self.notice.show()
-
-    def _on_prompt_progress(self, req: int, done: int, total: int) -> None:
-        if req == self._reply_req and done < total:  # the last chunk is followed by the first token
-            self.activity.setText(f"reading the prompt: {done:,} of {total:,} tokens…")
-
-    def _on_delta(self, req: int, text: str, stats: GenStats) -> None:
-        if req != self._reply_req:
-            return
-        self._pending.append(text)  # no widget work per token: the timer appends the batch
-        self._pending_stats = stats
-        self._reply_stats = stats
-
-    def _flush(self) -> None:
-        if self._reply_view is None:
-            return
-        if self._pending:
-            chunk = "".join(self._pending)
-            self._pending = []
-            self._reply_text.append(chunk)
-            self._reply_view.append(chunk)
-            self.flushes += 1
-        if self._pending_stats is not None:
-            self._show_stats(self._pending_stats, live=True)
-            self._pending_stats = None
-
-    def _show_stats(self, s: GenStats, live: bool = False) -> None:
-        self.last_stats = s
-        self.stats_bar.show_stats(s.as_dict())
-        if live and self._reply_view is not None:
-            self._reply_view.set_stats(f"{s.n_generated} tokens · {s.gen_tps:.1f} t/s")
-            self.activity.setText("generating…")
-
-    def _on_finished(self, req: int, stats: GenStats) -> None:
-        if req != self._reply_req:
-            return
-        self._flush()
-        self._finish_reply(stats)
-        self.replyFinished.emit(stats)
-        if self.script_active:
-            self._script_next()
-
-    def _on_failed(self, req: int, message: str, detail: str) -> None:
-        if req != self._reply_req:
-            return
-        self._flush()
-        self._finish_reply(None)
-        self.show_error(message, detail)
-        self.replyFailed.emit(message)
-        if self.script_active:
-            self._script = []
-            self.script_active = False
-            self.scriptFinished.emit()
-
-    def _finish_reply(self, stats: GenStats | None, note: str = "") -> None:
-        """Turn the streaming view into a message (Markdown rendered once, now), save, reset the live state."""
-        self._flush_timer.stop()
-        view, text = self._reply_view, "".join(self._reply_text)
-        self._reply_view = None
-        self._reply_req = 0
-        self._reply_text = []
-        self._pending = []
-        if view is None:
-            return
-        if stats is None and not text:  # failed before any token: no empty reply is kept
-            self.stream.remove(view)
-        else:
-            d = stats.as_dict() if stats is not None else {}
-            if note:
-                d["stop_reason"] = f"cancelled ({note})"
-            self.ctl.add_reply(text, d)
-            label = stats_text(stats.as_dict()) if stats is not None else "failed"
-            if note:
-                label += f" ({note})"
-            view.finish(text, label)
-            if stats is not None:
-                self._show_stats(stats)
-        self.activity.setText("")
-        self._save()
-        self._update_controls()
-        self._update_regen_buttons()
-        self._schedule_preview()
-
-    def reset_stats(self) -> None:
-        """No numbers and an empty context bar (a new or another conversation: nothing of it is measured yet)."""
-        self.last_stats = None
-        self.dropped = 0
-        self.stats_bar.reset()
-
-    def _abort_reply(self, note: str) -> None:
-        """End the reply now (switching files, conversations, closing): keep what arrived, stop the engine."""
-        if self._reply_view is None:
-            return
-        self.host.stop()
-        self._flush()
-        stats = self._reply_stats or GenStats()
-        self._finish_reply(replace(stats, stop_reason="cancelled"), note)
-
-    # ------------------------------------------------------------------ message views
-    def _connect_view(self, v: MessageView) -> None:
-        v.editRequested.connect(self.edit_message)
-        v.regenerateRequested.connect(self.regenerate)
-
-    def _add_view(self, index: int, role: str, content: str) -> MessageView:
-        v = self.stream.add(index, role, content, self.mode)
-        self._connect_view(v)
-        return v
-
-    def _rebuild_views(self) -> None:
-        self.stream.rebuild(self.messages, self.mode, stats_text, self._connect_view)
-        self._update_regen_buttons()
-        self._update_empty()
-        self._schedule_preview()
-
-    def _update_regen_buttons(self) -> None:
-        last = len(self.messages) - 1
-        for v in self.views:
-            v.regen_btn.setVisible(v.role == "assistant" and v.index == last and v is not self._reply_view)
-            v.edit_btn.setEnabled(self.host.state != "generating" and not self.ctl.foreign)
-
-    def _update_empty(self) -> None:
-        if self.views:
-            self.stream.set_empty("")
-            return
-        if self.doc is None:
-            text = "Open a GGUF file, then load it here to chat with it on Quantscope's own kernels."
-        elif self.host.state in ("ready", "generating"):
-            text = ("Type a prompt below: the model continues the text." if self.mode == "completion"
-                    else "Type a message below (Ctrl+Enter sends).")
-        else:
-            text = "Load the model (above) to start; the memory it needs is shown before it loads."
-        self.stream.set_empty(text)
-
-    def _update_controls(self) -> None:
-        st = self.host.state
-        has_doc = self.doc is not None
-        self.load_btn.setEnabled(has_doc and st in ("empty", "ready"))
-        self.load_btn.setText("Reload" if st in ("ready", "generating") else "Load model")
-        self.load_btn.setToolTip("Load again with the backend and context chosen here" if st == "ready" else "")
-        self.unload_btn.setEnabled(st in ("ready", "generating", "loading"))
-        self.load_cancel.setVisible(st == "loading")
-        self.load_progress.setVisible(st == "loading")
-        for w in (self.backend_combo, self.ctx_spin):
-            w.setEnabled(has_doc and st in ("empty", "ready"))
-        foreign = self.ctl.foreign
-        self.send_btn.setEnabled(st == "ready" and not foreign)
-        self.composer.setReadOnly(foreign)
-        self.stop_btn.setEnabled(st == "generating")
-        self.regen_btn.setEnabled(st == "ready" and bool(self.messages) and not foreign)
-        self._update_buttons_for_list()
-        if st == "empty" and not self.model_state.text().startswith(("loading cancelled", "not loaded")):
-            self.model_state.setText("not loaded")
-        self.engine_label.setVisible(st in ("ready", "generating"))
-        if st == "generating":
-            self.model_state.setText("generating…")
-        elif st == "ready":
-            self.model_state.setText(f"ready{self._loaded_note}")
-        self._update_regen_buttons()
-        self._update_empty()
-
-    # ================================================================== persistence
-    def use_store(self, store: ChatStore | None) -> None:
-        """Use ``store`` (tests and the screenshot pass a temporary one); None reopens the default lazily."""
-        if self._store is not None and self._store is not store:
-            self._store.close()
-        self._store = store
-        self.store_error = ""
-        self._refresh_list()
-
-    def store(self) -> ChatStore | None:
-        if self._store is None and not self.store_error:
-            try:
-                self._store = ChatStore()
-            except StoreError as exc:
-                self.store_error = str(exc)
-                self.show_error("Conversations cannot be saved.", self.store_error)
-        return self._store
-
-    def _settings(self) -> dict[str, Any]:
-        return {"system_prompt": self.system_edit.toPlainText(), "mode": self.mode, "params": self.params_dict()}
-
-    def _save(self) -> None:
-        store = self.store()
-        if store is None or not self.messages:
-            return
-        try:
-            self.ctl.save(store, self._settings())
-        except (StoreError, KeyError) as exc:
-            self.show_error("The conversation could not be saved.", str(exc))
-            return
-        self._refresh_list()
-
-    def _refresh_list(self) -> None:
-        store = self._store
-        if store is None and self.isVisible() and default_path().exists():
-            store = self.store()  # an existing database is opened to list it; a new one is made on first save
-        if store is None:
-            self.side.fill([], None)
-            self.store_label.setText(self.store_error or f"Conversations will be saved in {default_path()}")
-        else:
-            self.side.fill(store.list_conversations(), self.conv_id)
-            self.store_label.setText(f"Saved in {store.path}")
-        self._update_buttons_for_list()
-
-    def _update_buttons_for_list(self) -> None:
-        self.side.update_buttons(self.host.state == "generating", self.conv_id is not None)
-
-    def new_conversation(self) -> None:
-        self._abort_reply("a new conversation was started")
-        self.ctl.new()
-        self.cancel_edit()
-        self.notice.hide()
-        self.reset_stats()
-        self._show_binding()
-        self._rebuild_views()
-        self.side.clear_selection()
-        self._update_controls()
-
-    def open_conversation(self, conv_id: int) -> bool:
-        """Show a saved conversation with its system prompt, mode and sampling settings."""
-        store = self.store()
-        if store is None or (conv_id == self.conv_id and self.views):
-            return conv_id == self.conv_id
-        if self.host.state == "generating":
-            return False
-        try:
-            conv = self.ctl.open(store, conv_id)
-        except KeyError:
-            self._refresh_list()
-            return False
-        self.reset_stats()
-        self._show_binding()
-        self.system_edit.setPlainText(conv.system_prompt)
-        self.set_mode(conv.mode if self.settings.chat_available else "completion")
-        self.set_params(conv.params)
-        self.cancel_edit()
-        self.notice.hide()
-        self.clear_error()
-        self._rebuild_views()
-        self._refresh_list()
-        self._update_controls()
-        return True
-
-    def _show_binding(self) -> None:
-        """Say which model the open conversation belongs to when it is not the opened file's, with the explicit
-        choice to continue it with this one."""
-        owner, model = self.ctl.owner, self.ctl.model
-        self.notices.show_binding(owner if self.ctl.foreign else None, model)
-        self.model_name.setToolTip(model.label if model is not None else "")
-
-    def continue_with_model(self) -> None:
-        """The explicit choice: continue the open conversation (a copy) with the opened file's model."""
-        store = self.store()
-        try:
-            self.ctl.continue_with(store, self._settings())
-        except (StoreError, KeyError) as exc:
-            self.show_error("The conversation could not be copied.", str(exc))
-        self._show_binding()
-        self._refresh_list()
-        self._update_controls()
-
-    def rename_conversation(self, conv_id: int, title: str) -> None:
-        store = self.store()
-        if store is None:
-            return
-        try:
-            store.rename(conv_id, title)
-        except (ValueError, KeyError, StoreError) as exc:
-            self.show_error("The conversation could not be renamed.", str(exc))
-        self._refresh_list()
-
-    def delete_conversation(self, conv_id: int) -> None:
-        store = self.store()
-        if store is None:
-            return
-        if conv_id == self.conv_id:
-            self.new_conversation()
-        try:
-            store.delete(conv_id)
-        except StoreError as exc:
-            self.show_error("The conversation could not be deleted.", str(exc))
-        self._refresh_list()
-
-    def export_conversation(self, path: str | Path, fmt: str | None = None) -> Path | None:
-        store = self.store()
-        if store is None or self.conv_id is None:
-            return None
-        try:
-            return export(store.get(self.conv_id), path, fmt)
-        except (OSError, KeyError, ValueError) as exc:
-            self.show_error("The conversation could not be exported.", str(exc))
-            return None
-
-    def export_dialog(self, fmt: str) -> None:
-        if self.conv_id is None or (store := self.store()) is None:
-            return
-        title = store.get(self.conv_id).title
-        safe = "".join(c if c.isalnum() or c in "-_ " else "_" for c in title).strip() or "conversation"
-        suffix = ".json" if fmt == "json" else ".md"
-        path, _ = QFileDialog.getSaveFileName(self, "Export the conversation", str(Path.home() / (safe + suffix)),
-                                              "JSON (*.json)" if fmt == "json" else "Markdown (*.md)")
-        if path:
-            out = self.export_conversation(path, fmt)
-            if out is not None:
-                self.activity.setText(f"exported to {out.name}")
 
     # ================================================================== template preview and tokenizer lab
     def _ensure_bundle(self) -> None:

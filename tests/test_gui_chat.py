@@ -481,7 +481,7 @@ def test_errors_appear_in_the_pane(window, qtbot, model_path, tmp_path, monkeypa
     import gguf
     import numpy as np
 
-    from quantscope.gui.views import chat as chat_mod
+    from quantscope.gui.views import chat_loading as chat_mod
 
     # an architecture the engine does not run
     bad = tmp_path / "mamba.gguf"

@@ -7,11 +7,16 @@ the exact prompt the chat template produces (with its token ids) and a tokenizer
 
 The model runs in its own thread (:mod:`quantscope.gui.chat_engine`); token deltas arrive as queued signals, are
 collected in a list and appended to the reply by a 50 ms timer, so a fast model never repaints per token.
+
+The pieces: the conversation logic without Qt is :class:`quantscope.core.chat.controller.ChatController`; the
+widgets are ``chat_conversations`` (the list), ``chat_modelbar``, ``chat_notices`` (banners, style sheet),
+``chat_thread`` (messages, composer, numbers), ``chat_settings`` (sampling), ``chat_tools`` (template preview,
+tokenizer lab) and ``chat_widgets`` (a message, labels, chips); :class:`ChatView` wires them, with its loading,
+reply and persistence behaviour in the ``chat_loading``, ``chat_reply`` and ``chat_persist`` mixins.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
@@ -22,19 +27,19 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from quantscope.core.analysis import INT32_MAX, memory_plan, metadata_int
+from quantscope.core.analysis import INT32_MAX, metadata_int
 from quantscope.core.chat.controller import ChatController, identity_of
 from quantscope.core.chat.store import (
     ChatStore,
     StoredMessage,
 )
-from quantscope.core.summary import human_bytes
 
-from ..chat_engine import EngineHost, EngineInfo, GenStats, cuda_availability
+from ..chat_engine import EngineHost, GenStats
 from ..document import Document
 from ..theme import is_dark
 from ..workers import TaskRunner
 from .chat_conversations import ConversationPanel
+from .chat_loading import LoadingMixin
 from .chat_modelbar import DEFAULT_CTX, ModelBar
 from .chat_notices import Notices, stylesheet
 from .chat_persist import PersistMixin
@@ -49,22 +54,7 @@ from .chat_widgets import (
 FLUSH_MS = 50
 
 
-def available_memory() -> int | None:
-    """Bytes the system can still give (``MemAvailable``), or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-class ChatView(ReplyMixin, PersistMixin, QWidget):
+class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
     """The Chat tab. ``runner`` runs the tokenizer lab and template preview; the model has its own thread."""
 
     replyFinished = Signal(object)  # GenStats of a reply that ended (finished or stopped)
@@ -300,112 +290,6 @@ class ChatView(ReplyMixin, PersistMixin, QWidget):
     def showEvent(self, event: Any) -> None:
         super().showEvent(event)
         self._refresh_list()
-        self._ensure_bundle()
-
-    def _probe_cuda(self) -> None:
-        if self.cuda[0] is not None or self.cuda[1] != "not checked yet":
-            self._show_cuda()
-            return
-        self.cuda = (None, "checking")
-        self.runner.start("cuda-check", lambda _r, _t: cuda_availability(), on_done=self._cuda_checked,
-                          on_failed=lambda m, _d: self._cuda_checked((False, m)),
-                          on_cancelled=self._cuda_check_cancelled)
-
-    def _cuda_check_cancelled(self) -> None:
-        self.cuda = (None, "not checked yet")
-        if not self.runner.closed:
-            self._probe_cuda()  # cancelled by a file switch: ask again (the probe result is cached)
-
-    def _cuda_checked(self, result: tuple[bool | None, str]) -> None:
-        self.cuda = result
-        self._show_cuda()
-
-    def _show_cuda(self) -> None:
-        self.model_bar.show_cuda(*self.cuda)
-
-    def plan(self) -> Any:
-        if self.doc is None or self.doc.gguf is None:
-            return None
-        try:
-            return memory_plan(self.doc.gguf, self.ctx_spin.value(), "F16")
-        except Exception:
-            return None
-
-    def _update_memory(self) -> None:
-        self.model_bar.show_memory(self.plan(), available_memory())
-
-    # ================================================================== loading
-    def load_model(self) -> bool:
-        """Load the open file in the model thread (memory is checked first; errors appear in the pane)."""
-        if self.doc is None or self.host.state == "loading":
-            return False
-        self.clear_error()
-        p = self.plan()
-        avail = available_memory()
-        if p is not None and avail is not None and p.total_bytes > avail:
-            self.show_error("The model is too large for the memory available.",
-                            f"It needs about {human_bytes(p.total_bytes)} (weights {human_bytes(p.weights_bytes)} "
-                            f"+ KV cache {human_bytes(p.kv_bytes)}) and {human_bytes(avail)} is free; lower the "
-                            "context size or close other programs.")
-            self._script = []
-            self.script_active = False
-            return False
-        self.load_progress.setValue(0)
-        self.load_progress.show()
-        self.model_state.setText("loading…")
-        backend = str(self.backend_combo.currentData() or "cpu")
-        self.host.load(self.doc.path, self.ctx_spin.value(), self.threads_spin.value(), backend)
-        self._update_controls()
-        return True
-
-    def unload_model(self) -> None:
-        self._abort_reply("the model was unloaded")
-        self.host.unload()
-        self.model_state.setText("not loaded")
-        self._update_controls()
-
-    def _on_load_progress(self, stage: str, fraction: float) -> None:
-        self.model_bar.show_progress(stage, fraction)
-
-    def _on_loaded(self, info: EngineInfo) -> None:
-        self.load_progress.hide()
-        self._loaded_note = f" · loaded in {info.load_s:.2f} s"
-        self.model_state.setText(f"ready{self._loaded_note}")
-        self._show_engine_info()
-        if info.backend_note:
-            self.show_error("Running on the CPU.", info.backend_note)
-        self.reset_stats()
-        self.ctx_bar.setRange(0, info.n_ctx)  # a new engine: nothing measured yet, its context size
-        self.max_spin.setMaximum(info.n_ctx)
-        if not info.has_template:
-            self.set_mode("completion")
-        self._update_controls()
-        self._ensure_bundle()
-        self.engineLoaded.emit(info)
-        if self.script_active:
-            self._script_next()
-
-    def _show_engine_info(self) -> None:
-        info = self.host.info
-        if info is None:
-            return
-        self.model_bar.show_engine(info)
-
-    def _on_load_failed(self, message: str, detail: str) -> None:
-        self.load_progress.hide()
-        self.model_state.setText("not loaded")
-        self.show_error(message, detail)
-        self._script = []
-        self.script_active = False
-        self._update_controls()
-        self._ensure_bundle()
-
-    def _on_load_cancelled(self) -> None:
-        self.load_progress.hide()
-        self.model_state.setText("loading cancelled")
-        self._script = []
-        self.script_active = False
-        self._update_controls()
         self._ensure_bundle()
 
     # ================================================================== errors and notices

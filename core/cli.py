@@ -422,7 +422,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from .chat.conversation import fit_messages, reply_reserve
+    from .chat import ChatTemplateError
+    from .chat.conversation import ContextTooSmall, prepare_prompt, reply_reserve
 
     eng = _engine(args, args.ctx)
     if eng.template_error is not None:
@@ -449,22 +450,19 @@ def cmd_chat(args: argparse.Namespace) -> int:
             print("(system prompt set; conversation cleared)", file=sys.stderr)
             continue
         messages.append({"role": "user", "content": line})
-        prompt: list[dict[str, str]] | str = line
-        if eng.template is not None:  # past the context: leave out the oldest turns, as the GUI does
-            from .chat import ChatTemplateError
-
-            try:
-                fit = fit_messages(messages, eng, eng.n_ctx, reply_reserve(args.n_predict, eng.n_ctx))
-            except ChatTemplateError as exc:
-                raise CLIError(f"{args.file}: {exc}") from None
-            if not fit.fits:
-                raise CLIError(f"the last message alone needs {fit.n_tokens} tokens, but the context holds "
-                               f"{eng.n_ctx} and {eng.n_ctx - fit.budget} are kept for the reply; shorten it or "
-                               "raise -c")
-            if fit.dropped:
-                print(f"(the {fit.dropped} oldest messages are left out: the conversation outgrew the context)",
-                      file=sys.stderr)
-            prompt = [dict(m) for m in fit.messages]
+        # the GUI's context policy: past the context the oldest turns are left out (a base model without a
+        # template continues each line as plain text)
+        try:
+            prep = prepare_prompt(messages if eng.template is not None else line, eng, eng.n_ctx,
+                                  reply_reserve(args.n_predict, eng.n_ctx), hint="raise -c")
+        except ChatTemplateError as exc:
+            raise CLIError(f"{args.file}: {exc}") from None
+        except ContextTooSmall as exc:
+            raise CLIError(str(exc)) from None
+        if prep.dropped:
+            print(f"(the {prep.dropped} oldest messages are left out: the conversation outgrew the context)",
+                  file=sys.stderr)
+        prompt = prep.prompt
         reply = ""
         last = None
         try:

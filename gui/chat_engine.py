@@ -27,7 +27,7 @@ from typing import Any
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
 from quantscope.core.chat import ChatTemplateError, SamplerParams
-from quantscope.core.chat.conversation import fit_messages
+from quantscope.core.chat.conversation import ContextTooSmall, prepare_prompt
 
 BACKENDS = ("cpu", "cuda")
 
@@ -98,6 +98,7 @@ class EngineInfo:
     load_s: float
     tokenizer: Any = field(default=None, repr=False, compare=False)  # the engine's, shared with the preview/lab
     template: Any = field(default=None, repr=False, compare=False)
+    engine_backend: str = "cpu"  # what the engine runs on: "cpu" or "cuda"
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ class GenStats:
     dropped: int = 0
     stop_reason: str = ""
     elapsed_s: float = 0.0
+    n_prompt_new: int = -1  # prompt tokens evaluated (0: the whole prompt came from the cache)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -160,12 +162,13 @@ class EngineWorker(QObject):
         lid = self.load_id
         try:
             with gc_paused():
+                # the user's choice goes to the engine: "cpu" never touches the GPU; "cuda" is the engine's
+                # "auto" (the GPU when it starts, otherwise the CPU with the reason, shown in the pane)
                 eng = Engine(req.path, n_ctx=req.n_ctx, threads=req.threads,
-                             progress=lambda m, f: self.progress.emit(lid, m, float(f)), cancel=self.cancel_load)
-            backend, note = f"CPU ({isa()})", ""
-            if req.backend == "cuda":
-                backend, note = self._to_cuda(eng, backend)
+                             progress=lambda m, f: self.progress.emit(lid, m, float(f)), cancel=self.cancel_load,
+                             backend="auto" if req.backend == "cuda" else "cpu")
             if self.cancel_load.is_set():
+                eng.close()
                 raise LoadCancelled("loading cancelled")
         except LoadCancelled:
             self.loadCancelled.emit(lid)
@@ -187,25 +190,16 @@ class EngineWorker(QObject):
             self.loadFailed.emit(lid, f"Loading failed: {exc or type(exc).__name__}", traceback.format_exc())
             return
         self.engine = eng
+        if eng.backend == "cuda":
+            backend, note = f"CUDA ({eng.backend_reason})", ""
+        else:
+            backend = f"CPU ({isa()})"
+            note = eng.backend_reason if req.backend == "cuda" else ""
         cfg = eng.model.config
         info = EngineInfo(Path(req.path), cfg.arch, eng.n_ctx, cfg.n_ctx_train, eng.model.threads, backend, note,
                           eng.template is not None, eng.tokenizer.n_vocab, int(getattr(eng.session, "kv_bytes", 0)),
-                          time.perf_counter() - t0, eng.tokenizer, eng.template)
+                          time.perf_counter() - t0, eng.tokenizer, eng.template, eng.backend)
         self.loaded.emit(lid, info)
-
-    def _to_cuda(self, eng: Any, cpu_label: str) -> tuple[str, str]:
-        """Move the session to the GPU; on any failure keep the CPU session and say why."""
-        ok, why = cuda_availability()
-        if not ok:
-            return cpu_label, f"CUDA unavailable: {why}; running on the CPU"
-        try:
-            from quantscope.core.engine.cuda_backend import CudaSession
-
-            self.progress.emit(self.load_id, "uploading weights to the GPU", 1.0)
-            eng.session = CudaSession(eng.model, eng.n_ctx)
-        except Exception as exc:
-            return cpu_label, f"CUDA failed ({exc}); running on the CPU"
-        return f"CUDA ({why})", ""
 
     @Slot(object)
     def generate(self, req: GenRequest) -> None:
@@ -219,30 +213,20 @@ class EngineWorker(QObject):
         try:
             if req.threads > 0:
                 eng.model.threads = req.threads
-            dropped = 0
-            prompt: list[dict[str, str]] | str = req.prompt
-            if isinstance(req.prompt, list):
-                fit = fit_messages(req.prompt, eng, eng.n_ctx, req.reserve)
-                if not fit.fits:
-                    raise ContextFull(f"the last message alone needs {fit.n_tokens} tokens, but the context holds "
-                                      f"{eng.n_ctx} and {req.reserve} are kept for the reply; shorten it or load "
-                                      "the model with a larger context")
-                dropped = fit.dropped
-                prompt = [dict(m) for m in fit.messages]
-                self.trimmed.emit(req.id, dropped, fit.n_tokens)
-            else:
-                self.trimmed.emit(req.id, 0, -1)
-            last = GenStats(n_ctx=eng.n_ctx, dropped=dropped)
+            prep = prepare_prompt(req.prompt, eng, eng.n_ctx, req.reserve)
+            self.trimmed.emit(req.id, prep.dropped, prep.n_tokens)
+            last = GenStats(n_ctx=eng.n_ctx, dropped=prep.dropped)
+
             def on_prompt(done: int, total: int) -> None:
                 self.promptProgress.emit(req.id, done, total)
 
-            for d in eng.generate(prompt, req.params, cancel=req.cancel, on_prompt=on_prompt):
+            for d in eng.generate(prep.prompt, req.params, cancel=req.cancel, on_prompt=on_prompt):
                 last = GenStats(d.n_prompt, d.n_generated, d.ttft_s, d.prompt_tps, d.gen_tps, d.context_used,
-                                eng.n_ctx, dropped, d.stop_reason, time.perf_counter() - t0)
+                                eng.n_ctx, prep.dropped, d.stop_reason, time.perf_counter() - t0, d.n_prompt_new)
                 if d.text:
                     self.delta.emit(req.id, d.text, last)
             self.finished.emit(req.id, last)
-        except ContextFull as exc:
+        except (ContextFull, ContextTooSmall) as exc:
             self.failed.emit(req.id, "The conversation does not fit in the context.", str(exc))
         except ChatTemplateError as exc:
             self.failed.emit(req.id, "The model's chat template refused this conversation.", str(exc))

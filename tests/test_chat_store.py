@@ -9,6 +9,7 @@ import pytest
 
 from quantscope.core.chat.store import (
     ChatStore,
+    ModelIdentity,
     StoredMessage,
     StoreError,
     close_fences,
@@ -92,7 +93,47 @@ def test_persists_across_connections(tmp_path):
         cid = s.create("kept", messages=[StoredMessage("user", "q"), StoredMessage("assistant", "a")])
     with ChatStore(p) as s:
         assert s.get(cid).title == "kept" and len(s.get(cid).messages) == 2
-        assert s._db.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert s._db.execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+def test_schema_1_database_is_migrated_and_keeps_its_conversations(tmp_path):
+    """A database written before conversations carried the model identity opens, keeps its rows (with an empty
+    quantization) and takes the identity from then on."""
+    import sqlite3
+
+    p = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(p)
+    db.executescript("""
+        CREATE TABLE conversations (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL,
+            model TEXT NOT NULL DEFAULT '', model_path TEXT NOT NULL DEFAULT '',
+            system_prompt TEXT NOT NULL DEFAULT '', mode TEXT NOT NULL DEFAULT 'chat',
+            params TEXT NOT NULL DEFAULT '{}', created REAL NOT NULL, updated REAL NOT NULL);
+        CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, conversation_id INTEGER NOT NULL,
+            position INTEGER NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
+            stats TEXT NOT NULL DEFAULT '{}', created REAL NOT NULL);
+        INSERT INTO conversations (title, model, model_path, created, updated)
+            VALUES ('old chat', 'SmolLM2.gguf', '/m/SmolLM2.gguf', 1, 1);
+        INSERT INTO messages (conversation_id, position, role, content, created) VALUES (1, 0, 'user', 'hi', 1);
+        PRAGMA user_version = 1;
+    """)
+    db.commit()
+    db.close()
+    with ChatStore(p) as s:
+        assert s._db.execute("PRAGMA user_version").fetchone()[0] == 2
+        old = s.get(1)
+        assert old.title == "old chat" and [m.content for m in old.messages] == ["hi"]
+        assert old.identity == ModelIdentity("SmolLM2.gguf", "", "/m/SmolLM2.gguf", 0)
+        ident = ModelIdentity("qwen.gguf", "MOSTLY_Q4_K_M", "/m/qwen.gguf", 123)
+        cid = s.create("new", identity=ident)
+        s.update(1, identity=ident)
+    with ChatStore(p) as s:
+        rows = {c.id: c for c in s.list_conversations()}
+        assert rows[cid].identity == ident and rows[1].identity == ident
+        assert rows[1].identity.label == "qwen.gguf · MOSTLY_Q4_K_M"
+        assert ident.same_model(ModelIdentity("qwen.gguf", "MOSTLY_Q4_K_M", "/elsewhere/qwen.gguf", 123))
+        assert not ident.same_model(ModelIdentity("qwen.gguf", "MOSTLY_Q8_0", "/m/qwen.gguf", 123))
+        assert not ident.same_model(ModelIdentity("smol.gguf", "MOSTLY_Q4_K_M", "/m/qwen.gguf", 123))
+        assert ident.same_model(ModelIdentity("qwen.gguf", "", "", 0))  # a schema-1 row: by name
 
 
 def test_bad_and_newer_files_are_refused_by_name(tmp_path):

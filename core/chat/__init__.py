@@ -259,6 +259,7 @@ class SamplerParams:
     seed: int | None = None
     max_tokens: int = 256
     stop: list[str] = field(default_factory=list)
+    special: bool = False  # print control tokens (``<|im_end|>``, ``<start_of_image>``) instead of leaving them out
 
 
 class Sampler:

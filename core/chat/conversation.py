@@ -137,6 +137,35 @@ def fit_messages(messages: Sequence[Message], count: PromptCounter | HasPromptId
     return FitResult(kept, len(msgs) - len(kept), hi, n_tokens(hi), budget, True)
 
 
+class ContextTooSmall(ValueError):
+    """Even the last message (with the system prompt) leaves no room for the reply."""
+
+
+@dataclass(frozen=True)
+class PreparedPrompt:
+    """What to hand to ``Engine.generate``: ``prompt`` (messages as kept, or the completion text), the number of
+    messages ``dropped`` from the front, and ``n_tokens`` (-1 for a plain completion, which is not fitted)."""
+
+    prompt: list[dict[str, Any]] | str
+    dropped: int
+    n_tokens: int
+
+
+def prepare_prompt(prompt: Sequence[Message] | str, engine: HasPromptIds, n_ctx: int, reserve: int,
+                   hint: str = "load the model with a larger context") -> PreparedPrompt:
+    """The context policy the GUI and ``quantscope chat`` share: a conversation is fitted with
+    :func:`fit_messages` (oldest turns left out); a plain completion text goes as it is (the engine refuses one
+    longer than the context). :class:`ContextTooSmall` says how many tokens the last message needs; ``hint``
+    ends the message with what the user can do."""
+    if isinstance(prompt, str):
+        return PreparedPrompt(prompt, 0, -1)
+    fit = fit_messages(prompt, engine, n_ctx, reserve)
+    if not fit.fits:
+        raise ContextTooSmall(f"the last message alone needs {fit.n_tokens} tokens, but the context holds {n_ctx} "
+                              f"and {n_ctx - fit.budget} are kept for the reply; shorten it or {hint}")
+    return PreparedPrompt([dict(m) for m in fit.messages], fit.dropped, fit.n_tokens)
+
+
 def reply_reserve(max_tokens: int, n_ctx: int) -> int:
     """Tokens to keep free for the reply: ``max_tokens``, but at most half the context (a long ``max_tokens``
     should not push the whole conversation out; generation stops at "context full" instead)."""

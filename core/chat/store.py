@@ -20,7 +20,7 @@ from typing import Any
 
 from ..fsutil import write_atomic
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the model identity (quantization, size) per conversation
 DB_NAME = "chats.sqlite3"
 EXPORT_FORMAT = "quantscope-chat"
 MODES = ("chat", "completion")
@@ -31,6 +31,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     title TEXT NOT NULL,
     model TEXT NOT NULL DEFAULT '',
     model_path TEXT NOT NULL DEFAULT '',
+    model_quant TEXT NOT NULL DEFAULT '',
+    model_size INTEGER NOT NULL DEFAULT 0,
     system_prompt TEXT NOT NULL DEFAULT '',
     mode TEXT NOT NULL DEFAULT 'chat',
     params TEXT NOT NULL DEFAULT '{}',
@@ -48,6 +50,8 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, position);
 """
+#: columns added after schema 1, with their definitions (added to an older database when it is opened)
+_ADDED = {"model_quant": "TEXT NOT NULL DEFAULT ''", "model_size": "INTEGER NOT NULL DEFAULT 0"}
 
 
 class StoreError(RuntimeError):
@@ -82,6 +86,30 @@ class StoredMessage:
         return {"role": self.role, "content": self.content}
 
 
+@dataclass(frozen=True)
+class ModelIdentity:
+    """Which model a conversation belongs to: file name, quantization (``general.file_type`` name), path and
+    size in bytes. Two identities are the same model when their names agree and so do quantization and size
+    where both record them (a moved file is still the same model; a conversation saved before identities had
+    a quantization matches by name)."""
+
+    name: str = ""
+    quant: str = ""
+    path: str = ""
+    size: int = 0
+
+    def same_model(self, other: ModelIdentity) -> bool:
+        return (self.name == other.name and (not self.quant or not other.quant or self.quant == other.quant)
+                and (not self.size or not other.size or self.size == other.size))
+
+    @property
+    def label(self) -> str:
+        """``name · quant`` for lists and notices."""
+        if not self.name:
+            return "no model recorded"
+        return f"{self.name} · {self.quant}" if self.quant else self.name
+
+
 @dataclass
 class ConversationInfo:
     """A row of the conversation list."""
@@ -92,6 +120,13 @@ class ConversationInfo:
     created: float
     updated: float
     n_messages: int
+    model_quant: str = ""
+    model_path: str = ""
+    model_size: int = 0
+
+    @property
+    def identity(self) -> ModelIdentity:
+        return ModelIdentity(self.model, self.model_quant, self.model_path, self.model_size)
 
 
 @dataclass
@@ -108,6 +143,12 @@ class Conversation:
     created: float = 0.0
     updated: float = 0.0
     messages: list[StoredMessage] = field(default_factory=list)
+    model_quant: str = ""
+    model_size: int = 0
+
+    @property
+    def identity(self) -> ModelIdentity:
+        return ModelIdentity(self.model, self.model_quant, self.model_path, self.model_size)
 
 
 def _dumps(d: dict[str, Any]) -> str:
@@ -142,6 +183,10 @@ class ChatStore:
                                  f"{SCHEMA_VERSION})")
             with self._db:
                 self._db.executescript(_SCHEMA)
+                have = {r[1] for r in self._db.execute("PRAGMA table_info(conversations)")}
+                for col, decl in _ADDED.items():  # schema 1 -> 2: conversations made before keep an empty identity
+                    if col not in have:
+                        self._db.execute(f"ALTER TABLE conversations ADD COLUMN {col} {decl}")
                 self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except sqlite3.Error as exc:
             self._db.close()
@@ -170,15 +215,17 @@ class ChatStore:
     # ------------------------------------------------------------------ conversations
     def create(self, title: str = "New chat", *, model: str = "", model_path: str = "", system_prompt: str = "",
                mode: str = "chat", params: dict[str, Any] | None = None,
-               messages: list[StoredMessage] | None = None) -> int:
-        """A new conversation (optionally with its messages); returns its id."""
+               messages: list[StoredMessage] | None = None, identity: ModelIdentity | None = None) -> int:
+        """A new conversation (optionally with its messages) bound to ``identity`` (or to ``model`` and
+        ``model_path`` alone); returns its id."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        ident = identity or ModelIdentity(model, "", model_path, 0)
         now = time.time()
-        cur = self._write("INSERT INTO conversations (title, model, model_path, system_prompt, mode, params, created, "
-                          "updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                          (title.strip() or "New chat", model, model_path, system_prompt, mode, _dumps(params or {}),
-                           now, now))
+        cur = self._write("INSERT INTO conversations (title, model, model_path, model_quant, model_size, "
+                          "system_prompt, mode, params, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                          (title.strip() or "New chat", ident.name, ident.path, ident.quant, int(ident.size),
+                           system_prompt, mode, _dumps(params or {}), now, now))
         cid = int(cur.lastrowid or 0)
         if messages:
             self.set_messages(cid, messages)
@@ -187,24 +234,27 @@ class ChatStore:
     def list_conversations(self) -> list[ConversationInfo]:
         """Every conversation, most recently updated first."""
         rows = self._db.execute(
-            "SELECT c.id, c.title, c.model, c.created, c.updated, COUNT(m.id) FROM conversations c "
-            "LEFT JOIN messages m ON m.conversation_id = c.id GROUP BY c.id ORDER BY c.updated DESC, c.id DESC"
+            "SELECT c.id, c.title, c.model, c.created, c.updated, COUNT(m.id), c.model_quant, c.model_path, "
+            "c.model_size FROM conversations c LEFT JOIN messages m ON m.conversation_id = c.id GROUP BY c.id "
+            "ORDER BY c.updated DESC, c.id DESC"
         ).fetchall()
-        return [ConversationInfo(int(r[0]), r[1], r[2], float(r[3]), float(r[4]), int(r[5])) for r in rows]
+        return [ConversationInfo(int(r[0]), r[1], r[2], float(r[3]), float(r[4]), int(r[5]), r[6], r[7], int(r[8]))
+                for r in rows]
 
     def exists(self, conv_id: int) -> bool:
         return self._db.execute("SELECT 1 FROM conversations WHERE id = ?", (conv_id,)).fetchone() is not None
 
     def get(self, conv_id: int) -> Conversation:
         """The conversation and its messages in order; :class:`KeyError` when there is none with that id."""
-        r = self._db.execute("SELECT id, title, model, model_path, system_prompt, mode, params, created, updated "
-                             "FROM conversations WHERE id = ?", (conv_id,)).fetchone()
+        r = self._db.execute("SELECT id, title, model, model_path, system_prompt, mode, params, created, updated, "
+                             "model_quant, model_size FROM conversations WHERE id = ?", (conv_id,)).fetchone()
         if r is None:
             raise KeyError(conv_id)
         msgs = [StoredMessage(m[0], m[1], _loads(m[2]), float(m[3])) for m in self._db.execute(
             "SELECT role, content, stats, created FROM messages WHERE conversation_id = ? ORDER BY position",
             (conv_id,))]
-        return Conversation(int(r[0]), r[1], r[2], r[3], r[4], r[5], _loads(r[6]), float(r[7]), float(r[8]), msgs)
+        return Conversation(int(r[0]), r[1], r[2], r[3], r[4], r[5], _loads(r[6]), float(r[7]), float(r[8]), msgs,
+                            r[9], int(r[10]))
 
     def rename(self, conv_id: int, title: str) -> None:
         title = " ".join(title.split())
@@ -213,12 +263,18 @@ class ChatStore:
         self._touch(conv_id, "title = ?", (title,))
 
     def update(self, conv_id: int, *, system_prompt: str | None = None, mode: str | None = None,
-               params: dict[str, Any] | None = None, model: str | None = None, model_path: str | None = None) -> None:
-        """Change the settings that are given (``None`` leaves a field as it is)."""
+               params: dict[str, Any] | None = None, model: str | None = None, model_path: str | None = None,
+               identity: ModelIdentity | None = None) -> None:
+        """Change the settings that are given (``None`` leaves a field as it is); ``identity`` rebinds the
+        conversation to another model (name, quantization, path, size)."""
         if mode is not None and mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         sets: list[str] = []
         args: list[Any] = []
+        if identity is not None:
+            model, model_path = identity.name, identity.path
+            sets += ["model_quant = ?", "model_size = ?"]
+            args += [identity.quant, int(identity.size)]
         for col, val in (("system_prompt", system_prompt), ("mode", mode), ("model", model),
                          ("model_path", model_path)):
             if val is not None:
@@ -328,7 +384,8 @@ def _stats_line(stats: dict[str, Any]) -> str:
 def to_markdown(conv: Conversation) -> str:
     """A readable Markdown document: title, model and settings, then each message under a role heading."""
     head = [f"# {conv.title}", ""]
-    meta = [f"- Model: `{conv.model}`" if conv.model else "- Model: (none recorded)",
+    meta = [f"- Model: `{conv.model}`" + (f" ({conv.model_quant})" if conv.model_quant else "") if conv.model
+            else "- Model: (none recorded)",
             f"- Mode: {'plain completion' if conv.mode == 'completion' else 'chat'}",
             f"- Created: {_when(conv.created)}, updated: {_when(conv.updated)}"]
     if conv.params:
@@ -364,6 +421,8 @@ def to_dict(conv: Conversation) -> dict[str, Any]:
         "title": conv.title,
         "model": conv.model,
         "model_path": conv.model_path,
+        "model_quant": conv.model_quant,
+        "model_size": conv.model_size,
         "mode": conv.mode,
         "system_prompt": conv.system_prompt,
         "params": conv.params,

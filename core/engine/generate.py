@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,10 +15,40 @@ import numpy as np
 from ..chat import ChatTemplate, ChatTemplateError, Sampler, SamplerParams
 from ..gguf import GGUFFile
 from ..native.kernels import isa
-from ..tokenizer import StreamDecoder, Tokenizer
+from ..tokenizer import CONTROL, USER_DEFINED, StreamDecoder, Tokenizer
 from .session import ContextFull, Model, Session
 
 BACKENDS = ("auto", "cpu", "cuda")
+
+#: Token texts that end generation when the vocabulary marks them control or user-defined (the names llama.cpp
+#: recognises as end-of-generation besides the eos/eot/eom ids in the metadata).
+EOG_PIECES = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
+                        "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+                        "<｜end▁of▁sentence｜>"})
+#: User-defined tokens that are markers, not text (gemma3's ``<start_of_image>``, ``<|...|>`` pieces): shown only
+#: when control tokens are asked for. Other user-defined tokens (gemma's ``<table>``, runs of spaces) are text.
+_MARKER = re.compile(r"<\|[^<>|]*\|>|<(?:start|end)_of_[a-z_]+>|\[multimodal\]")
+
+
+def eog_ids(tok: Tokenizer, f: GGUFFile | None = None) -> frozenset[int]:
+    """Every end-of-generation token: eos, eot and eom from the metadata, plus control or user-defined tokens
+    named like an end marker (:data:`EOG_PIECES`)."""
+    ids = {i for i in (tok.eos_id, tok.eot_id) if i is not None}
+    if f is not None:
+        eom = f.get("tokenizer.ggml.eom_token_id")
+        if isinstance(eom, (int, np.integer)) and not isinstance(eom, bool) and 0 <= int(eom) < tok.n_vocab:
+            ids.add(int(eom))
+    for piece in EOG_PIECES:
+        i = tok.vocab.get(piece)
+        if i is not None and tok.types[i] in (CONTROL, USER_DEFINED):
+            ids.add(i)
+    return frozenset(ids)
+
+
+def marker_ids(tok: Tokenizer) -> frozenset[int]:
+    """User-defined tokens that are markers rather than text (see :data:`_MARKER`); control tokens are hidden by
+    the decoder itself."""
+    return frozenset(i for i in tok.special_ids if tok.types[i] == USER_DEFINED and _MARKER.fullmatch(tok.pieces[i]))
 
 
 class LoadCancelled(Exception):
@@ -42,6 +73,7 @@ class Delta:
     context_used: int
     finished: bool = False
     stop_reason: str = ""
+    n_prompt_new: int = -1  # prompt tokens evaluated for this reply (0: the whole prompt was cached)
 
 
 #: prompt tokens per forward call: bounds the block's scratch memory and lets a long prompt report progress and
@@ -99,10 +131,17 @@ class Engine:
                     if backend == "cuda":
                         raise
                     self.backend_reason = f"CUDA failed ({exc}); using the CPU ({isa()})"
+                except Exception as exc:  # auto: any failure to start the GPU session falls back to the CPU
+                    if backend == "cuda":
+                        raise
+                    self.backend_reason = f"CUDA failed ({exc or type(exc).__name__}); using the CPU ({isa()})"
             else:
                 self.backend_reason = f"CUDA unavailable: {why}; using the CPU ({isa()})"
         if self.session is None:
             self.session = self.model.session(n_ctx)
+        #: token ids that end generation, and user-defined marker tokens hidden unless control tokens are shown
+        self.eog = eog_ids(self.tokenizer, self.file)
+        self.markers = marker_ids(self.tokenizer)
         self.cached: list[int] = []  # token ids currently in the KV cache
         self._prompt_logits: tuple[tuple[int, ...], np.ndarray] | None = None  # last prompt and its logits
         say("ready", 1.0)
@@ -144,7 +183,8 @@ class Engine:
 
         Reuses the KV cache for the longest common prefix with the previous call (a follow-up turn only
         evaluates its new tokens). New prompt tokens are evaluated in chunks of ``PREFILL_CHUNK``:
-        ``on_prompt(done, total)`` is called after each, and ``cancel`` is honoured between them."""
+        ``on_prompt(done, total)`` is called after each, and ``cancel`` is honoured between them. Every token of
+        :attr:`eog` stops; control and marker tokens are left out of the text unless ``params.special``."""
         p = params or SamplerParams()
         ids = self.prompt_ids(messages)
         if not ids:  # an empty prompt starts from BOS, as llama.cpp does
@@ -168,6 +208,7 @@ class Engine:
             # differently batched forward pass (which may round differently), so a seed reproduces its text
             self.session.truncate(len(ids))
             logits = memo[1].copy()
+            n_new = 0
         else:
             common = min(common, len(ids) - 1)
             self.session.truncate(common)
@@ -184,10 +225,12 @@ class Engine:
                 if on_prompt is not None:
                     on_prompt(min(len(new), a + PREFILL_CHUNK), len(new))
             self._prompt_logits = (tuple(ids), logits.copy())
+            n_new = len(ids) - common
         self.cached = list(ids)
         t1 = time.perf_counter()
         prompt_tps = (len(ids) - common) / (t1 - t0) if t1 > t0 else 0.0
-        dec = StreamDecoder(self.tokenizer)
+        dec = StreamDecoder(self.tokenizer, special=p.special)
+        hide = frozenset() if p.special else self.markers
         text = ""
         history = list(ids)
         n = 0
@@ -197,12 +240,12 @@ class Engine:
                 reason = "cancelled"
                 break
             tid = sampler.sample(logits, history)
-            if self.tokenizer.is_eog(tid):
+            if tid in self.eog:
                 reason = "end of generation"
                 break
             n += 1
             history.append(tid)
-            delta = dec.push(tid)
+            delta = "" if tid in hide else dec.push(tid)
             text += delta
             hit = next((s for s in p.stop if s and s in text), None)
             now = time.perf_counter()
@@ -210,10 +253,12 @@ class Engine:
             if hit:
                 cut = text.index(hit)
                 delta = delta[: max(0, len(delta) - (len(text) - cut))]
-                yield Delta(delta, tid, len(ids), n, t1 - t0, prompt_tps, gen_tps, self.session.n_past)
+                yield Delta(delta, tid, len(ids), n, t1 - t0, prompt_tps, gen_tps, self.session.n_past,
+                            n_prompt_new=n_new)
                 reason = f"stop string {hit!r}"
                 break
-            yield Delta(delta, tid, len(ids), n, t1 - t0, prompt_tps, gen_tps, self.session.n_past)
+            yield Delta(delta, tid, len(ids), n, t1 - t0, prompt_tps, gen_tps, self.session.n_past,
+                            n_prompt_new=n_new)
             if n >= p.max_tokens:
                 reason = "max tokens"
                 break
@@ -225,4 +270,4 @@ class Engine:
         tail = dec.flush()
         now = time.perf_counter()
         yield Delta(tail, None, len(ids), n, t1 - t0, prompt_tps, n / (now - t1) if now > t1 and n else 0.0,
-                    self.session.n_past, True, reason)
+                    self.session.n_past, True, reason, n_new)

@@ -7,167 +7,54 @@ the exact prompt the chat template produces (with its token ids) and a tokenizer
 
 The model runs in its own thread (:mod:`quantscope.gui.chat_engine`); token deltas arrive as queued signals, are
 collected in a list and appended to the reply by a 50 ms timer, so a fast model never repaints per token.
+
+The pieces: the conversation logic without Qt is :class:`quantscope.core.chat.controller.ChatController`; the
+widgets are ``chat_conversations`` (the list), ``chat_modelbar``, ``chat_notices`` (banners, style sheet),
+``chat_thread`` (messages, composer, numbers), ``chat_settings`` (sampling), ``chat_tools`` (template preview,
+tokenizer lab) and ``chat_widgets`` (a message, labels, chips); :class:`ChatView` wires them, with its loading,
+reply and persistence behaviour in the ``chat_loading``, ``chat_reply`` and ``chat_persist`` mixins.
 """
 
 from __future__ import annotations
 
-import html
-import os
-import time
-from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
-    QAbstractItemView,
-    QCheckBox,
-    QComboBox,
-    QDoubleSpinBox,
-    QFileDialog,
-    QFormLayout,
-    QFrame,
-    QGridLayout,
-    QHBoxLayout,
-    QHeaderView,
-    QLabel,
-    QListWidget,
-    QListWidgetItem,
-    QMenu,
-    QMessageBox,
-    QPlainTextEdit,
-    QProgressBar,
-    QPushButton,
-    QScrollArea,
-    QSpinBox,
     QSplitter,
-    QTableView,
     QTabWidget,
-    QTextBrowser,
-    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
-from quantscope.core.analysis import INT32_MAX, memory_plan, metadata_int
-from quantscope.core.chat import ChatTemplate, ChatTemplateError, SamplerParams
-from quantscope.core.chat.conversation import encode_prompt, prompt_text, reply_reserve
+from quantscope.core.analysis import INT32_MAX, metadata_int
+from quantscope.core.chat.controller import ChatController, identity_of
 from quantscope.core.chat.store import (
     ChatStore,
     StoredMessage,
-    StoreError,
-    default_path,
-    export,
-    title_from,
 )
-from quantscope.core.native.kernels import default_threads, isa
-from quantscope.core.summary import human_bytes
 
-from ..chat_engine import EngineHost, EngineInfo, GenStats, cuda_availability, gc_paused
+from ..chat_engine import EngineHost, GenStats
 from ..document import Document
-from ..models import KeyValueModel
 from ..theme import is_dark
 from ..workers import TaskRunner
+from .chat_conversations import ConversationPanel
+from .chat_loading import LoadingMixin
+from .chat_modelbar import DEFAULT_CTX, ModelBar
+from .chat_notices import Notices, stylesheet
+from .chat_persist import PersistMixin
+from .chat_reply import ReplyMixin
+from .chat_settings import SamplingPanel
+from .chat_thread import Composer, ReplyStream, StatsBar
+from .chat_tools import TemplatePreview, TokBundle, TokenizerLab, read_bundle
 from .chat_widgets import (
-    TOKEN_TYPES,
     MessageView,
-    SpecialTokenHighlighter,
-    chips_html,
-    legend_html,
-    mono_font,
-    visible,
 )
 
-#: Sampling presets (llama.cpp meanings). "Greedy" is temperature 0: the same text as `quantscope generate --temp 0`.
-PRESETS: dict[str, dict[str, float]] = {
-    "Balanced": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0},
-    "Precise": {"temperature": 0.2, "top_k": 20, "top_p": 0.9, "min_p": 0.1, "repeat_penalty": 1.1},
-    "Creative": {"temperature": 1.1, "top_k": 100, "top_p": 0.98, "min_p": 0.02, "repeat_penalty": 1.05},
-    "Greedy": {"temperature": 0.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0},
-}
 FLUSH_MS = 50
-DEFAULT_CTX = 4096
-MAX_TOKEN_ROWS = 5000
 
 
-def available_memory() -> int | None:
-    """Bytes the system can still give (``MemAvailable``), or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-@dataclass
-class TokBundle:
-    """The opened file's tokenizer and template, built in a worker for the template preview and the lab."""
-
-    path: Path
-    tokenizer: Any
-    template: ChatTemplate | None
-    template_error: str
-    specials: list[str]
-
-
-def _stats_text(s: GenStats) -> str:
-    parts = [f"{s.n_generated} tokens"]
-    if s.gen_tps:
-        parts.append(f"{s.gen_tps:.1f} t/s")
-    parts.append(f"TTFT {s.ttft_s * 1000:.0f} ms")
-    if s.stop_reason:
-        parts.append("stopped" if s.stop_reason == "cancelled" else s.stop_reason)
-    return " · ".join(parts)
-
-
-def _spin(lo: float, hi: float, step: float, decimals: int, name: str, tip: str) -> QDoubleSpinBox:
-    w = QDoubleSpinBox()
-    w.setRange(lo, hi)
-    w.setSingleStep(step)
-    w.setDecimals(decimals)
-    w.setAccessibleName(name)
-    w.setToolTip(tip)
-    return w
-
-
-def _ispin(lo: int, hi: int, name: str, tip: str) -> QSpinBox:
-    w = QSpinBox()
-    w.setRange(lo, hi)
-    w.setAccessibleName(name)
-    w.setToolTip(tip)
-    w.setGroupSeparatorShown(True)
-    return w
-
-
-def _stylesheet(dark: bool) -> str:
-    user = "#2b3440" if dark else "#eaf1fb"
-    user_border = "#3b4d63" if dark else "#c9daf2"
-    note_bg, note_fg, note_bd = ("#4a3d17", "#f3dc9b", "#7a6326") if dark else ("#fff4d6", "#5c4400", "#e8c66a")
-    err_bg, err_fg, err_bd = ("#4d2226", "#f5b8bd", "#8a3a41") if dark else ("#fde7e7", "#7a1010", "#e39a9a")
-    return f"""
-    QFrame#msgUser {{ background: {user}; border: 1px solid {user_border}; border-radius: 8px; }}
-    QFrame#msgAssistant {{ background: palette(base); border: 1px solid palette(mid); border-radius: 8px; }}
-    QLabel#msgRole {{ font-weight: 600; }}
-    QLabel#msgNote {{ color: {note_fg}; background: {note_bg}; border-radius: 3px; padding: 0 4px; }}
-    QToolButton#msgAction {{ padding: 1px 6px; }}
-    QLabel#notice {{ background: {note_bg}; color: {note_fg}; border: 1px solid {note_bd}; border-radius: 6px;
-                     padding: 6px 10px; }}
-    QLabel#errorBanner {{ background: {err_bg}; color: {err_fg}; border: 1px solid {err_bd}; border-radius: 6px;
-                          padding: 6px 10px; }}
-    QLabel#modelName {{ font-size: 11pt; font-weight: 600; }}
-    QLabel#statValue {{ font-weight: 600; }}
-    QWidget#thread {{ background: palette(window); }}
-    """
-
-
-class ChatView(QWidget):
+class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
     """The Chat tab. ``runner`` runs the tokenizer lab and template preview; the model has its own thread."""
 
     replyFinished = Signal(object)  # GenStats of a reply that ended (finished or stopped)
@@ -182,10 +69,7 @@ class ChatView(QWidget):
         self.doc: Document | None = None
         self._store: ChatStore | None = None
         self.store_error = ""
-        self.conv_id: int | None = None
-        self.messages: list[StoredMessage] = []
-        self.views: list[MessageView] = []
-        self.editing: int | None = None
+        self.ctl = ChatController()  # messages, conversation id, the model it belongs to
         self.error = ""
         self.last_stats: GenStats | None = None
         self.dropped = 0
@@ -201,9 +85,6 @@ class ChatView(QWidget):
         self._reply_stats: GenStats | None = None
         self._script: list[str] = []
         self.script_active = False
-        self._filling = False
-        self._applying_preset = False
-        self._stick = True
         self._loaded_note = ""
         self.flushes = 0  # batches appended to the reply (tests check that tokens are batched)
 
@@ -214,13 +95,9 @@ class ChatView(QWidget):
         self._preview_timer.setSingleShot(True)
         self._preview_timer.setInterval(200)
         self._preview_timer.timeout.connect(self.update_preview)
-        self._lab_timer = QTimer(self)
-        self._lab_timer.setSingleShot(True)
-        self._lab_timer.setInterval(150)
-        self._lab_timer.timeout.connect(self.tokenize_lab)
 
         self._dark = is_dark()
-        self.setStyleSheet(_stylesheet(self._dark))
+        self.setStyleSheet(stylesheet(self._dark))
         self._build()
         self.host.stateChanged.connect(lambda _s: self._update_controls())
         self.host.loadProgress.connect(self._on_load_progress)
@@ -232,435 +109,134 @@ class ChatView(QWidget):
         self.host.delta.connect(self._on_delta)
         self.host.finished.connect(self._on_finished)
         self.host.failed.connect(self._on_failed)
-        self.apply_preset("Balanced")
         self._update_controls()
+
+    # the open conversation lives in the controller
+    @property
+    def messages(self) -> list[StoredMessage]:
+        return self.ctl.messages
+
+    @messages.setter
+    def messages(self, value: list[StoredMessage]) -> None:
+        self.ctl.messages = value
+
+    @property
+    def views(self) -> list[MessageView]:
+        return self.stream.views
+
+    @property
+    def conv_id(self) -> int | None:
+        return self.ctl.conv_id
+
+    @property
+    def editing(self) -> int | None:
+        return self.ctl.editing
 
     # ================================================================== building
     def _build(self) -> None:
         split = QSplitter(Qt.Orientation.Horizontal)
         split.setChildrenCollapsible(False)
-        split.addWidget(self._build_side())
+        self.side = ConversationPanel()
+        sp = self.side  # its widgets, as the view's (tests use them by these names)
+        self.new_btn, self.conv_list, self.rename_btn, self.delete_btn, self.export_btn, self.store_label = (
+            sp.new_btn, sp.list, sp.rename_btn, sp.delete_btn, sp.export_btn, sp.store_label)
+        sp.newRequested.connect(self.new_conversation)
+        sp.openRequested.connect(self.open_conversation)
+        sp.renameRequested.connect(self.rename_conversation)
+        sp.deleteRequested.connect(self.delete_conversation)
+        sp.exportRequested.connect(self.export_dialog)
+        split.addWidget(sp)
         split.addWidget(self._build_center())
         split.addWidget(self._build_right())
         split.setStretchFactor(0, 0)
         split.setStretchFactor(1, 1)
         split.setStretchFactor(2, 0)
-        split.setSizes([230, 800, 380])
+        split.setSizes([210, 820, 330])
         self.splitter = split
         lay = QVBoxLayout(self)
         lay.setContentsMargins(6, 6, 6, 6)
         lay.addWidget(split)
 
     # ------------------------------------------------------------------ conversations panel
-    def _build_side(self) -> QWidget:
-        w = QWidget()
-        w.setMinimumWidth(180)
-        lay = QVBoxLayout(w)
-        lay.setContentsMargins(0, 0, 4, 0)
-        title = QLabel("Conversations")
-        title.setObjectName("heading")
-        self.new_btn = QPushButton("New chat")
-        self.new_btn.setAccessibleName("New conversation")
-        self.new_btn.clicked.connect(self.new_conversation)
-        head = QHBoxLayout()
-        head.addWidget(title)
-        head.addStretch(1)
-        head.addWidget(self.new_btn)
-        self.conv_list = QListWidget()
-        self.conv_list.setAccessibleName("Saved conversations")
-        self.conv_list.setTextElideMode(Qt.TextElideMode.ElideRight)
-        self.conv_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.conv_list.setUniformItemSizes(True)
-        self.conv_list.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed
-                                       | QAbstractItemView.EditTrigger.DoubleClicked)
-        self.conv_list.itemActivated.connect(lambda it: self.open_conversation(int(it.data(Qt.ItemDataRole.UserRole))))
-        self.conv_list.itemClicked.connect(lambda it: self.open_conversation(int(it.data(Qt.ItemDataRole.UserRole))))
-        self.conv_list.itemChanged.connect(self._item_renamed)
-        self.conv_list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
-        self.conv_list.customContextMenuRequested.connect(self._list_menu)
-        self.rename_btn = QPushButton("Rename")
-        self.rename_btn.setAccessibleName("Rename the selected conversation")
-        self.rename_btn.clicked.connect(self._rename_selected)
-        self.delete_btn = QPushButton("Delete")
-        self.delete_btn.setAccessibleName("Delete the selected conversation")
-        self.delete_btn.clicked.connect(self._delete_selected)
-        self.export_btn = QToolButton()
-        self.export_btn.setText("Export")
-        self.export_btn.setAccessibleName("Export the conversation")
-        self.export_btn.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
-        menu = QMenu(self.export_btn)
-        menu.addAction("As Markdown…", lambda: self.export_dialog("markdown"))
-        menu.addAction("As JSON…", lambda: self.export_dialog("json"))
-        self.export_btn.setMenu(menu)
-        row = QHBoxLayout()
-        row.addWidget(self.rename_btn)
-        row.addWidget(self.delete_btn)
-        row.addWidget(self.export_btn)
-        self.store_label = QLabel()
-        self.store_label.setObjectName("muted")
-        self.store_label.setWordWrap(True)
-        self.store_label.setAccessibleName("Where conversations are saved")
-        lay.addLayout(head)
-        lay.addWidget(self.conv_list, 1)
-        lay.addLayout(row)
-        lay.addWidget(self.store_label)
-        return w
-
     # ------------------------------------------------------------------ center: model bar, thread, composer
     def _build_center(self) -> QWidget:
         w = QWidget()
-        w.setMinimumWidth(420)
         lay = QVBoxLayout(w)
         lay.setContentsMargins(4, 0, 4, 0)
         lay.setSpacing(6)
-        lay.addWidget(self._build_model_bar())
-        self.error_banner = QLabel()
-        self.error_banner.setObjectName("errorBanner")
-        self.error_banner.setWordWrap(True)
-        self.error_banner.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.error_banner.setAccessibleName("Chat error")
-        self.error_banner.hide()
-        self.notice = QLabel()
-        self.notice.setObjectName("notice")
-        self.notice.setWordWrap(True)
-        self.notice.setAccessibleName("Context notice")
-        self.notice.hide()
-        lay.addWidget(self.error_banner)
-        lay.addWidget(self.notice)
-
-        self.thread = QWidget()
-        self.thread.setObjectName("thread")
-        self.thread_lay = QVBoxLayout(self.thread)
-        self.thread_lay.setContentsMargins(2, 2, 10, 2)
-        self.thread_lay.setSpacing(8)
-        self.empty_label = QLabel()
-        self.empty_label.setObjectName("muted")
-        self.empty_label.setWordWrap(True)
-        self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.thread_lay.addWidget(self.empty_label)
-        self.thread_lay.addStretch(1)
-        self.scroll = QScrollArea()
-        self.scroll.setWidgetResizable(True)
-        self.scroll.setWidget(self.thread)
-        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
-        self.scroll.setAccessibleName("Conversation")
-        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        bar = self.scroll.verticalScrollBar()
-        bar.rangeChanged.connect(lambda _lo, hi: bar.setValue(hi) if self._stick else None)
-        bar.valueChanged.connect(lambda v: setattr(self, "_stick", v >= bar.maximum() - 40))
-        lay.addWidget(self.scroll, 1)
-
-        self.edit_bar = QWidget()
-        eb = QHBoxLayout(self.edit_bar)
-        eb.setContentsMargins(0, 0, 0, 0)
-        self.edit_label = QLabel()
-        self.edit_label.setObjectName("muted")
-        cancel_edit = QPushButton("Cancel edit")
-        cancel_edit.setAccessibleName("Cancel editing")
-        cancel_edit.clicked.connect(self.cancel_edit)
-        eb.addWidget(self.edit_label, 1)
-        eb.addWidget(cancel_edit)
-        self.edit_bar.hide()
-        lay.addWidget(self.edit_bar)
-
-        self.composer = QPlainTextEdit()
-        self.composer.setAccessibleName("Message to send")
-        self.composer.setPlaceholderText("Message the model…  (Ctrl+Enter sends, Esc stops)")
-        self.composer.setFixedHeight(78)
-        self.composer.textChanged.connect(self._schedule_preview)
-        for keys, slot in (("Ctrl+Return", lambda: self.send()), ("Ctrl+Enter", lambda: self.send()),
-                           ("Escape", self.stop)):
-            sc = QShortcut(QKeySequence(keys), self.composer)
-            sc.setContext(Qt.ShortcutContext.WidgetShortcut)
-            sc.setWhatsThis("stop the reply" if keys == "Escape" else "send the message")  # listed by F1
-            sc.activated.connect(slot)
-        self.send_btn = QPushButton("Send")
-        self.send_btn.setAccessibleName("Send the message")
-        self.send_btn.setDefault(True)
-        self.send_btn.clicked.connect(lambda: self.send())
-        self.stop_btn = QPushButton("Stop")
-        self.stop_btn.setAccessibleName("Stop the reply")
-        self.stop_btn.clicked.connect(self.stop)
-        self.regen_btn = QPushButton("Regenerate")
-        self.regen_btn.setAccessibleName("Regenerate the last reply")
-        self.regen_btn.clicked.connect(self.regenerate)
-        buttons = QVBoxLayout()
-        buttons.setSpacing(4)
-        buttons.addWidget(self.send_btn)
-        buttons.addWidget(self.stop_btn)
-        buttons.addWidget(self.regen_btn)
-        comp = QHBoxLayout()
-        comp.addWidget(self.composer, 1)
-        comp.addLayout(buttons)
-        lay.addLayout(comp)
-        lay.addWidget(self._build_status())
-        return w
-
-    def _build_model_bar(self) -> QWidget:
-        card = QFrame()
-        card.setObjectName("card")
-        card.setAccessibleName("Model")
-        g = QGridLayout(card)
-        g.setContentsMargins(12, 8, 12, 8)
-        g.setHorizontalSpacing(10)
-        g.setVerticalSpacing(4)
-        self.model_name = QLabel("No model")
-        self.model_name.setObjectName("modelName")
-        self.model_state = QLabel("not loaded")
-        self.model_state.setObjectName("muted")
-        self.model_state.setAccessibleName("Model state")
-        self.backend_combo = QComboBox()
-        self.backend_combo.setAccessibleName("Backend")
-        self.backend_combo.addItem(f"CPU · {isa()}", "cpu")
-        self.backend_combo.addItem("CUDA", "cuda")
-        self.backend_combo.setToolTip("Where the model runs: the CPU with Quantscope's native kernels "
-                                      f"(instruction set in use: {isa()}), or an NVIDIA GPU")
-        self.cuda_label = QLabel("CUDA: checking…")
-        self.cuda_label.setObjectName("muted")
-        self.cuda_label.setAccessibleName("CUDA status")
-        self.cuda_label.setMaximumWidth(320)
-        self.threads_spin = _ispin(1, max(1, os.cpu_count() or 1), "Threads",
-                                   "CPU threads for the kernels (applies from the next reply)")
-        self.threads_spin.setValue(default_threads())
+        self.model_bar = ModelBar()
+        mb = self.model_bar  # its widgets, as the view's (tests and scripts use them by these names)
+        self.model_name, self.model_state, self.backend_combo, self.cuda_label = (
+            mb.model_name, mb.model_state, mb.backend_combo, mb.cuda_label)
+        self.threads_spin, self.ctx_spin, self.load_btn, self.unload_btn = (
+            mb.threads_spin, mb.ctx_spin, mb.load_btn, mb.unload_btn)
+        self.memory_label, self.load_progress, self.load_cancel, self.engine_label = (
+            mb.memory_label, mb.load_progress, mb.load_cancel, mb.engine_label)
         self.threads_spin.valueChanged.connect(lambda _v: self._show_engine_info())
-        self.ctx_spin = _ispin(256, 1 << 20, "Context size",
-                               "Tokens the KV cache holds (the conversation plus the reply); applies on load")
-        self.ctx_spin.setSingleStep(512)
-        self.ctx_spin.setValue(DEFAULT_CTX)
         self.ctx_spin.valueChanged.connect(lambda _v: self._update_memory())
-        self.load_btn = QPushButton("Load model")
-        self.load_btn.setAccessibleName("Load the model")
         self.load_btn.clicked.connect(self.load_model)
-        self.unload_btn = QPushButton("Unload")
-        self.unload_btn.setAccessibleName("Unload the model")
         self.unload_btn.clicked.connect(self.unload_model)
-        self.memory_label = QLabel()
-        self.memory_label.setObjectName("muted")
-        self.memory_label.setWordWrap(True)
-        self.memory_label.setAccessibleName("Memory the model will use")
-        self.load_progress = QProgressBar()
-        self.load_progress.setRange(0, 100)
-        self.load_progress.setAccessibleName("Loading progress")
-        self.load_progress.setMaximumWidth(220)
-        self.load_cancel = QPushButton("Cancel")
-        self.load_cancel.setAccessibleName("Cancel loading")
         self.load_cancel.clicked.connect(self.host.cancel_load)
-        self.engine_label = QLabel()
-        self.engine_label.setObjectName("muted")
-        self.engine_label.setAccessibleName("Loaded engine")
-        self.engine_label.setWordWrap(True)
-        self.engine_label.hide()
-        top = QHBoxLayout()
-        top.addWidget(self.model_name)
-        top.addSpacing(8)
-        top.addWidget(self.model_state, 1)
-        top.addWidget(self.load_btn)
-        top.addWidget(self.unload_btn)
-        opts = QHBoxLayout()
-        opts.setSpacing(6)
-        for label, widget in (("Backend", self.backend_combo), ("Threads", self.threads_spin),
-                              ("Context", self.ctx_spin)):
-            lab = QLabel(label)
-            lab.setBuddy(widget)
-            opts.addWidget(lab)
-            opts.addWidget(widget)
-            opts.addSpacing(10)
-        opts.addWidget(self.cuda_label)
-        opts.addStretch(1)
-        bottom = QHBoxLayout()
-        bottom.addWidget(self.memory_label, 1)
-        bottom.addWidget(self.load_progress)
-        bottom.addWidget(self.load_cancel)
-        g.addLayout(top, 0, 0)
-        g.addWidget(self.engine_label, 1, 0)
-        g.addLayout(opts, 2, 0)
-        g.addLayout(bottom, 3, 0)
-        return card
+        lay.addWidget(self.model_bar)
+        self.notices = Notices()
+        nt = self.notices  # its widgets, as the view's (tests use them by these names)
+        self.error_banner, self.notice, self.binding_bar, self.binding_label, self.binding_btn = (
+            nt.error_banner, nt.notice, nt.binding_bar, nt.binding_label, nt.binding_btn)
+        self.binding_btn.clicked.connect(self.continue_with_model)
+        nt.binding_new.clicked.connect(self.new_conversation)
+        lay.addWidget(nt)
 
-    def _build_status(self) -> QWidget:
-        w = QWidget()
-        lay = QHBoxLayout(w)
-        lay.setContentsMargins(0, 0, 0, 0)
-        lay.setSpacing(6)
-        self.stat_labels: dict[str, QLabel] = {}
-        for key, title in (("ttft", "First token"), ("prompt", "Prompt"), ("gen", "Generation")):
-            t = QLabel(title)
-            t.setObjectName("muted")
-            v = QLabel("—")
-            v.setObjectName("statValue")
-            v.setAccessibleName(title)
-            v.setMinimumWidth(72)
-            self.stat_labels[key] = v
-            lay.addWidget(t)
-            lay.addWidget(v)
-        lay.addStretch(1)
-        t = QLabel("Context")
-        t.setObjectName("muted")
-        self.ctx_bar = QProgressBar()
-        self.ctx_bar.setAccessibleName("Context used")
-        self.ctx_bar.setRange(0, DEFAULT_CTX)
-        self.ctx_bar.setValue(0)
-        self.ctx_bar.setTextVisible(True)
-        self.ctx_bar.setFormat("%v / %m tokens")
-        self.ctx_bar.setMinimumWidth(220)
-        self.ctx_bar.setMaximumWidth(300)
-        lay.addWidget(t)
-        lay.addWidget(self.ctx_bar)
-        # what the model is doing ("reading the prompt: 512 of 2,048 tokens…") on a line of its own: the numbers
-        # row is full at common window widths
-        self.activity = QLabel()
-        self.activity.setObjectName("muted")
-        self.activity.setAccessibleName("Activity")
-        self.activity.setMinimumHeight(self.activity.sizeHint().height())
-        box = QWidget()
-        col = QVBoxLayout(box)
-        col.setContentsMargins(0, 0, 0, 0)
-        col.setSpacing(2)
-        col.addWidget(w)
-        col.addWidget(self.activity)
-        return box
+        self.stream = ReplyStream()
+        self.scroll = self.stream
+        lay.addWidget(self.stream, 1)
+        self.composer_box = Composer()
+        cb = self.composer_box  # its widgets, as the view's (tests use them by these names)
+        self.composer, self.send_btn, self.stop_btn, self.regen_btn, self.edit_bar, self.edit_label = (
+            cb.text, cb.send_btn, cb.stop_btn, cb.regen_btn, cb.edit_bar, cb.edit_label)
+        cb.sendRequested.connect(lambda: self.send())
+        cb.stopRequested.connect(self.stop)
+        cb.regenerateRequested.connect(self.regenerate)
+        cb.cancelEditRequested.connect(self.cancel_edit)
+        cb.textChanged.connect(self._schedule_preview)
+        lay.addWidget(cb)
+        self.stats_bar = StatsBar(DEFAULT_CTX)
+        self.stat_labels, self.ctx_bar, self.activity = (
+            self.stats_bar.labels, self.stats_bar.ctx_bar, self.stats_bar.activity)
+        lay.addWidget(self.stats_bar)
+        return w
 
     # ------------------------------------------------------------------ right: settings, template, tokenizer
     def _build_right(self) -> QWidget:
         tabs = QTabWidget()
         tabs.setAccessibleName("Chat tools")
-        tabs.setMinimumWidth(300)
-        tabs.addTab(self._build_settings(), "Settings")
-        tabs.addTab(self._build_template(), "Template")
-        tabs.addTab(self._build_lab(), "Tokenizer")
+        tabs.setMinimumWidth(260)
+        self.settings = SamplingPanel()
+        self.settings.modeChanged.connect(self._mode_changed)
+        self.settings.systemChanged.connect(self._schedule_preview)
+        s = self.settings  # the panel's widgets, as the view's (tests and scripts use them by these names)
+        self.mode_combo, self.system_edit, self.preset_combo, self.special_check = (
+            s.mode_combo, s.system_edit, s.preset_combo, s.special_check)
+        self.temp_spin, self.topk_spin, self.topp_spin, self.minp_spin, self.repeat_spin = (
+            s.temp_spin, s.topk_spin, s.topp_spin, s.minp_spin, s.repeat_spin)
+        self.seed_spin, self.max_spin = s.seed_spin, s.max_spin
+        self.apply_preset, self.params_dict, self.set_params = s.apply_preset, s.params_dict, s.set_params
+        self.sampler_params, self.set_mode = s.sampler_params, s.set_mode
+        tabs.addTab(self.settings, "Settings")
+        self.preview = TemplatePreview(self.runner)
+        self.preview_status, self.preview_text, self.preview_ids = (
+            self.preview.status, self.preview.text, self.preview.ids)
+        self.preview_hl = self.preview.highlighter
+        self.lab = TokenizerLab(self.runner)
+        self.lab.wanted.connect(self._ensure_bundle)
+        self.lab_input, self.lab_special, self.lab_bos, self.lab_count = (
+            self.lab.input, self.lab.special, self.lab.bos, self.lab.count)
+        self.lab_chips, self.lab_legend, self.lab_model, self.lab_table, self.lab_ids = (
+            self.lab.chips, self.lab.legend, self.lab.model, self.lab.table, self.lab.ids)
+        tabs.addTab(self.preview, "Template")
+        tabs.addTab(self.lab, "Tokenizer")
         tabs.currentChanged.connect(self._tool_tab_changed)
         self.tools = tabs
         return tabs
-
-    def _build_settings(self) -> QWidget:
-        w = QWidget()
-        form = QFormLayout(w)
-        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
-        self.mode_combo = QComboBox()
-        self.mode_combo.setAccessibleName("Mode")
-        self.mode_combo.addItem("Chat (the model's template)", "chat")
-        self.mode_combo.addItem("Plain completion", "completion")
-        self.mode_combo.setToolTip("Chat renders the conversation with the file's chat template; plain "
-                                   "completion continues the text as it is (for models without a template)")
-        self.mode_combo.currentIndexChanged.connect(self._mode_changed)
-        self.system_edit = QPlainTextEdit()
-        self.system_edit.setAccessibleName("System prompt")
-        self.system_edit.setPlaceholderText("System prompt (optional)")
-        self.system_edit.setFixedHeight(84)
-        self.system_edit.textChanged.connect(self._schedule_preview)
-        self.preset_combo = QComboBox()
-        self.preset_combo.setAccessibleName("Sampling preset")
-        self.preset_combo.addItems([*PRESETS, "Custom"])
-        self.preset_combo.activated.connect(lambda i: self.apply_preset(self.preset_combo.itemText(i)))
-        self.temp_spin = _spin(0.0, 2.0, 0.05, 2, "Temperature", "0 picks the most likely token (greedy)")
-        self.topk_spin = _ispin(0, 1000, "Top-k", "Keep the k most likely tokens (0: all)")
-        self.topp_spin = _spin(0.0, 1.0, 0.01, 2, "Top-p", "Keep the smallest set whose probability reaches p")
-        self.minp_spin = _spin(0.0, 1.0, 0.01, 2, "Min-p", "Drop tokens less likely than min-p × the best one")
-        self.repeat_spin = _spin(1.0, 2.0, 0.05, 2, "Repeat penalty",
-                                 "Penalise the last 64 tokens (1.0: no penalty)")
-        self.seed_spin = _ispin(-1, 2**31 - 1, "Seed", "Same seed, same text; -1 picks a new one each time")
-        self.seed_spin.setSpecialValueText("random")
-        self.seed_spin.setValue(-1)
-        self.seed_spin.setGroupSeparatorShown(False)
-        self.max_spin = _ispin(1, 1 << 20, "Max tokens", "Most tokens a reply may have")
-        self.max_spin.setValue(512)
-        for sp in (self.temp_spin, self.topp_spin, self.minp_spin, self.repeat_spin):
-            sp.valueChanged.connect(self._param_edited)
-        self.topk_spin.valueChanged.connect(self._param_edited)
-        form.addRow("Mode", self.mode_combo)
-        form.addRow("System", self.system_edit)
-        form.addRow("Preset", self.preset_combo)
-        form.addRow("Temperature", self.temp_spin)
-        form.addRow("Top-k", self.topk_spin)
-        form.addRow("Top-p", self.topp_spin)
-        form.addRow("Min-p", self.minp_spin)
-        form.addRow("Repeat penalty", self.repeat_spin)
-        form.addRow("Seed", self.seed_spin)
-        form.addRow("Max tokens", self.max_spin)
-        hint = QLabel("Presets: <b>Precise</b> (low temperature, mild repeat penalty), <b>Creative</b> (high "
-                      "temperature, wide top-k), <b>Greedy</b> (always the most likely token: the same text as "
-                      "<code>quantscope generate --temp 0</code>).")
-        hint.setObjectName("muted")
-        hint.setWordWrap(True)
-        form.addRow(hint)
-        return w
-
-    def _build_template(self) -> QWidget:
-        w = QWidget()
-        lay = QVBoxLayout(w)
-        self.preview_status = QLabel("The exact prompt the model will read for this conversation.")
-        self.preview_status.setObjectName("muted")
-        self.preview_status.setWordWrap(True)
-        self.preview_status.setAccessibleName("Template preview status")
-        self.preview_text = QPlainTextEdit()
-        self.preview_text.setReadOnly(True)
-        self.preview_text.setAccessibleName("Rendered prompt")
-        self.preview_text.setFont(mono_font())
-        self.preview_text.setLineWrapMode(QPlainTextEdit.LineWrapMode.WidgetWidth)
-        self.preview_hl = SpecialTokenHighlighter(self.preview_text.document())
-        ids_label = QLabel("Token ids")
-        ids_label.setObjectName("heading")
-        self.preview_ids = QPlainTextEdit()
-        self.preview_ids.setReadOnly(True)
-        self.preview_ids.setAccessibleName("Prompt token ids")
-        self.preview_ids.setFont(mono_font())
-        self.preview_ids.setMaximumHeight(150)
-        lay.addWidget(self.preview_status)
-        lay.addWidget(self.preview_text, 3)
-        lay.addWidget(ids_label)
-        lay.addWidget(self.preview_ids, 1)
-        return w
-
-    def _build_lab(self) -> QWidget:
-        w = QWidget()
-        lay = QVBoxLayout(w)
-        self.lab_input = QPlainTextEdit()
-        self.lab_input.setAccessibleName("Text to tokenize")
-        self.lab_input.setPlaceholderText("Type text to see how this model tokenizes it…")
-        self.lab_input.setFixedHeight(90)
-        self.lab_input.textChanged.connect(lambda: self._lab_timer.start())
-        opts = QHBoxLayout()
-        self.lab_special = QCheckBox("Special tokens")
-        self.lab_special.setToolTip("Recognise special-token text such as <|im_start|> as one control token")
-        self.lab_special.setChecked(True)
-        self.lab_special.setAccessibleName("Parse special tokens")
-        self.lab_bos = QCheckBox("Add BOS/EOS")
-        self.lab_bos.setToolTip("Add the begin/end-of-sequence tokens the model's metadata asks for")
-        self.lab_bos.setAccessibleName("Add BOS and EOS as the model does")
-        for c in (self.lab_special, self.lab_bos):
-            c.toggled.connect(lambda _c: self._lab_timer.start())
-            opts.addWidget(c)
-        opts.addStretch(1)
-        self.lab_count = QLabel("—")
-        self.lab_count.setObjectName("statValue")
-        self.lab_count.setAccessibleName("Token count")
-        self.lab_chips = QTextBrowser()
-        self.lab_chips.setAccessibleName("Tokens coloured by type")
-        self.lab_chips.setFont(mono_font())
-        self.lab_legend = QLabel(legend_html())
-        self.lab_legend.setWordWrap(True)
-        self.lab_legend.setObjectName("muted")
-        self.lab_model = KeyValueModel(headers=("#", "Id", "Piece", "Type"), mono_columns=(0, 1, 2))
-        self.lab_table = QTableView()
-        self.lab_table.setModel(self.lab_model)
-        self.lab_table.setAccessibleName("Tokens: index, id, piece and type")
-        self.lab_table.verticalHeader().setVisible(False)
-        self.lab_table.verticalHeader().setDefaultSectionSize(20)
-        self.lab_table.horizontalHeader().setStretchLastSection(True)
-        self.lab_table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.lab_ids = QPlainTextEdit()
-        self.lab_ids.setReadOnly(True)
-        self.lab_ids.setAccessibleName("Token ids")
-        self.lab_ids.setFont(mono_font())
-        self.lab_ids.setMaximumHeight(70)
-        lay.addWidget(self.lab_input)
-        lay.addLayout(opts)
-        lay.addWidget(self.lab_count)
-        lay.addWidget(self.lab_chips, 2)
-        lay.addWidget(self.lab_legend)
-        lay.addWidget(self.lab_ids)
-        lay.addWidget(self.lab_table, 2)
-        return w
 
     # ================================================================== the document
     def set_document(self, doc: Document | None) -> None:
@@ -671,11 +247,20 @@ class ChatView(QWidget):
         self.host.unload()
         self.doc = doc if doc is not None and doc.gguf is not None else None
         self.bundle = None
+        self.lab.set_bundle(None)
         self._bundle_error = ""
         self._bundle_pending = False
         self.preview_hl.set_specials(())
         self.clear_error()
         self.load_progress.hide()
+        self.cancel_edit()
+        self.notice.hide()
+        self.reset_stats()
+        # a conversation belongs to a model: a new file starts a new chat
+        self.ctl.set_model(identity_of(self.doc.path, self.doc.gguf.file_type_name)
+                           if self.doc is not None and self.doc.gguf is not None else None)
+        self._rebuild_views()
+        self._show_binding()
         if self.doc is not None:
             f = self.doc.gguf
             assert f is not None
@@ -685,7 +270,7 @@ class ChatView(QWidget):
             self.ctx_spin.setMaximum(max(256, hi))
             self.ctx_spin.setValue(min(DEFAULT_CTX, hi))
             has_template = isinstance(f.get("tokenizer.chat_template"), str)
-            self._set_mode_available(has_template)
+            self.settings.set_mode_available(has_template)
             self.set_mode("chat" if has_template else "completion")  # each file starts in its natural mode
         else:
             self.model_name.setText("No model")
@@ -696,158 +281,15 @@ class ChatView(QWidget):
         if self.isVisible():
             self._ensure_bundle()
 
-    def _set_mode_available(self, chat: bool) -> None:
-        item = self.mode_combo.model().item(0)  # type: ignore[attr-defined]
-        item.setEnabled(chat)
-        item.setToolTip("" if chat else "This model has no chat template: plain completion only")
-
     def changeEvent(self, event: QEvent) -> None:
         super().changeEvent(event)
         if event.type() == QEvent.Type.PaletteChange and is_dark() != self._dark:
             self._dark = is_dark()  # the system switched between light and dark: recolour the bubbles
-            self.setStyleSheet(_stylesheet(self._dark))
+            self.setStyleSheet(stylesheet(self._dark))
 
     def showEvent(self, event: Any) -> None:
         super().showEvent(event)
         self._refresh_list()
-        self._ensure_bundle()
-
-    def _probe_cuda(self) -> None:
-        if self.cuda[0] is not None or self.cuda[1] != "not checked yet":
-            self._show_cuda()
-            return
-        self.cuda = (None, "checking")
-        self.runner.start("cuda-check", lambda _r, _t: cuda_availability(), on_done=self._cuda_checked,
-                          on_failed=lambda m, _d: self._cuda_checked((False, m)),
-                          on_cancelled=self._cuda_check_cancelled)
-
-    def _cuda_check_cancelled(self) -> None:
-        self.cuda = (None, "not checked yet")
-        if not self.runner.closed:
-            self._probe_cuda()  # cancelled by a file switch: ask again (the probe result is cached)
-
-    def _cuda_checked(self, result: tuple[bool | None, str]) -> None:
-        self.cuda = result
-        self._show_cuda()
-
-    def _show_cuda(self) -> None:
-        ok, why = self.cuda
-        item = self.backend_combo.model().item(1)  # type: ignore[attr-defined]
-        item.setEnabled(bool(ok))
-        if ok is None and why == "checking":
-            text = "CUDA: checking…"
-        elif ok is None:
-            text = "CUDA: not built"
-        elif ok:
-            text = f"CUDA: {why}"
-        else:
-            short = why.split(" (")[0].split(":")[0].split(";")[0].strip()
-            text = f"CUDA unavailable: {short}" if short else "CUDA unavailable"
-        self.cuda_label.setText(text)
-        self.cuda_label.setToolTip(why)
-        item.setToolTip(why)
-        self.backend_combo.setItemText(1, "CUDA" if ok else f"CUDA ({'not built' if ok is None else 'unavailable'})")
-        if not ok and self.backend_combo.currentData() == "cuda":
-            self.backend_combo.setCurrentIndex(0)
-
-    def plan(self) -> Any:
-        if self.doc is None or self.doc.gguf is None:
-            return None
-        try:
-            return memory_plan(self.doc.gguf, self.ctx_spin.value(), "F16")
-        except Exception:
-            return None
-
-    def _update_memory(self) -> None:
-        p = self.plan()
-        if p is None:
-            self.memory_label.setText("Open a GGUF file to chat with it.")
-            return
-        avail = available_memory()
-        tail = f" · {human_bytes(avail)} available" if avail is not None else ""
-        self.memory_label.setText(
-            f"Needs ≈ <b>{human_bytes(p.total_bytes)}</b>: {human_bytes(p.weights_bytes)} of weights "
-            f"(memory-mapped) + {human_bytes(p.kv_bytes)} KV cache for {p.context:,} tokens (F16){tail}")
-
-    # ================================================================== loading
-    def load_model(self) -> bool:
-        """Load the open file in the model thread (memory is checked first; errors appear in the pane)."""
-        if self.doc is None or self.host.state == "loading":
-            return False
-        self.clear_error()
-        p = self.plan()
-        avail = available_memory()
-        if p is not None and avail is not None and p.total_bytes > avail:
-            self.show_error("The model is too large for the memory available.",
-                            f"It needs about {human_bytes(p.total_bytes)} (weights {human_bytes(p.weights_bytes)} "
-                            f"+ KV cache {human_bytes(p.kv_bytes)}) and {human_bytes(avail)} is free; lower the "
-                            "context size or close other programs.")
-            self._script = []
-            self.script_active = False
-            return False
-        self.load_progress.setValue(0)
-        self.load_progress.show()
-        self.model_state.setText("loading…")
-        backend = str(self.backend_combo.currentData() or "cpu")
-        self.host.load(self.doc.path, self.ctx_spin.value(), self.threads_spin.value(), backend)
-        self._update_controls()
-        return True
-
-    def unload_model(self) -> None:
-        self._abort_reply("the model was unloaded")
-        self.host.unload()
-        self.model_state.setText("not loaded")
-        self._update_controls()
-
-    def _on_load_progress(self, stage: str, fraction: float) -> None:
-        self.load_progress.setValue(int(fraction * 100))
-        self.load_progress.setFormat(f"{stage} %p%")
-        self.model_state.setText(f"loading: {stage}…")
-
-    def _on_loaded(self, info: EngineInfo) -> None:
-        self.load_progress.hide()
-        self._loaded_note = f" · loaded in {info.load_s:.2f} s"
-        self.model_state.setText(f"ready{self._loaded_note}")
-        self._show_engine_info()
-        if info.backend_note:
-            self.show_error("Running on the CPU.", info.backend_note)
-        self.ctx_bar.setRange(0, info.n_ctx)
-        self.ctx_bar.setValue(0)
-        self.max_spin.setMaximum(info.n_ctx)
-        if not info.has_template:
-            self.set_mode("completion")
-        self._update_controls()
-        self._ensure_bundle()
-        self.engineLoaded.emit(info)
-        if self.script_active:
-            self._script_next()
-
-    def _show_engine_info(self) -> None:
-        info = self.host.info
-        if info is None:
-            return
-        threads = self.threads_spin.value() if info.backend.startswith("CPU") else info.threads
-        self.engine_label.setText(
-            f"{info.arch} · {info.backend} · {threads} threads · context {info.n_ctx:,} of "
-            f"{info.n_ctx_train:,} trained · KV cache {human_bytes(info.kv_bytes)} · vocabulary {info.n_vocab:,}"
-            + ("" if info.has_template else " · no chat template: plain completion"))
-        self.engine_label.show()
-
-    def _on_load_failed(self, message: str, detail: str) -> None:
-        self.load_progress.hide()
-        self.model_state.setText("not loaded")
-        self.show_error(message, detail)
-        self._script = []
-        self.script_active = False
-        self._update_controls()
-        self._ensure_bundle()
-
-    def _on_load_cancelled(self) -> None:
-        self.load_progress.hide()
-        self.model_state.setText("loading cancelled")
-        self._script = []
-        self.script_active = False
-        self._update_controls()
         self._ensure_bundle()
 
     # ================================================================== errors and notices
@@ -855,548 +297,24 @@ class ChatView(QWidget):
         self.error = message
         d = detail.strip().splitlines()
         short = d[-1] if d else ""
-        self.error_banner.setText(f"<b>{message}</b>" + (f"<br>{_esc(short)}" if short else ""))
-        self.error_banner.setToolTip(detail)
-        self.error_banner.show()
+        self.notices.show_error(message, short, detail)
 
     def clear_error(self) -> None:
         self.error = ""
         self.error_banner.hide()
 
     # ================================================================== sampling settings
-    def apply_preset(self, name: str) -> None:
-        if name not in PRESETS:
-            self.preset_combo.setCurrentText("Custom")
-            return
-        v = PRESETS[name]
-        self._applying_preset = True
-        try:
-            self.temp_spin.setValue(v["temperature"])
-            self.topk_spin.setValue(int(v["top_k"]))
-            self.topp_spin.setValue(v["top_p"])
-            self.minp_spin.setValue(v["min_p"])
-            self.repeat_spin.setValue(v["repeat_penalty"])
-        finally:
-            self._applying_preset = False
-        self.preset_combo.setCurrentText(name)
-
-    def _param_edited(self, *_: object) -> None:
-        if not self._applying_preset:
-            self.preset_combo.setCurrentText(self._matching_preset())
-
-    def _matching_preset(self) -> str:
-        cur = self.params_dict()
-        for name, v in PRESETS.items():
-            if all(abs(float(cur[k]) - float(x)) < 1e-9 for k, x in v.items()):
-                return name
-        return "Custom"
-
-    def params_dict(self) -> dict[str, Any]:
-        seed = self.seed_spin.value()
-        return {"temperature": round(self.temp_spin.value(), 4), "top_k": self.topk_spin.value(),
-                "top_p": round(self.topp_spin.value(), 4), "min_p": round(self.minp_spin.value(), 4),
-                "repeat_penalty": round(self.repeat_spin.value(), 4), "seed": None if seed < 0 else seed,
-                "max_tokens": self.max_spin.value()}
-
-    def set_params(self, p: dict[str, Any]) -> None:
-        self._applying_preset = True
-        try:
-            for key, w in (("temperature", self.temp_spin), ("top_p", self.topp_spin), ("min_p", self.minp_spin),
-                           ("repeat_penalty", self.repeat_spin)):
-                if isinstance(p.get(key), (int, float)):
-                    w.setValue(float(p[key]))
-            for key, iw in (("top_k", self.topk_spin), ("max_tokens", self.max_spin)):
-                if isinstance(p.get(key), int):
-                    iw.setValue(int(p[key]))
-            seed = p.get("seed")
-            self.seed_spin.setValue(int(seed) if isinstance(seed, int) else -1)
-        finally:
-            self._applying_preset = False
-        self.preset_combo.setCurrentText(self._matching_preset())
-
-    def sampler_params(self) -> SamplerParams:
-        d = self.params_dict()
-        return SamplerParams(temperature=d["temperature"], top_k=d["top_k"], top_p=d["top_p"], min_p=d["min_p"],
-                             repeat_penalty=d["repeat_penalty"], seed=d["seed"], max_tokens=d["max_tokens"])
-
     @property
     def mode(self) -> str:
-        return str(self.mode_combo.currentData() or "chat")
+        return self.settings.mode
 
-    def set_mode(self, mode: str) -> None:
-        i = self.mode_combo.findData(mode)
-        if i >= 0:
-            self.mode_combo.setCurrentIndex(i)
-
-    def _mode_changed(self, _i: int) -> None:
-        self.system_edit.setEnabled(self.mode == "chat")
+    def _mode_changed(self, _mode: str) -> None:
         for v in self.views:
             v.set_mode(self.mode)
             if v is not self._reply_view:
                 v.set_content(v.content)
         self._update_empty()
         self._schedule_preview()
-
-    # ================================================================== the conversation
-    def prompt_for(self, messages: list[StoredMessage]) -> list[dict[str, str]] | str:
-        """What the engine gets: the messages (with the system prompt) in chat mode, the text in completion mode."""
-        if self.mode == "completion":
-            return "".join(m.content for m in messages if m.role != "system")
-        system = self.system_edit.toPlainText().strip()
-        msgs = [{"role": "system", "content": system}] if system else []
-        return msgs + [m.as_chat() for m in messages if m.role != "system"]
-
-    def send(self, text: str | None = None) -> bool:
-        """Send ``text`` (default: the composer's) and start the reply; False when nothing can be sent now."""
-        if text is None:
-            text = self.composer.toPlainText()
-        if not text.strip() or self.host.state != "ready":
-            return False
-        if self.editing is not None:
-            self.messages = self.messages[: self.editing]
-            self.editing = None
-            self.edit_bar.hide()
-        self.messages.append(StoredMessage("user", text, created=time.time()))
-        self.composer.clear()
-        self._rebuild_views()
-        self._start_reply()
-        return True
-
-    def regenerate(self) -> bool:
-        """Drop the last reply and generate it again (the prompt's KV cache is reused)."""
-        if self.host.state != "ready" or not self.messages:
-            return False
-        while self.messages and self.messages[-1].role == "assistant":
-            self.messages.pop()
-        if not self.messages:
-            return False
-        self._rebuild_views()
-        self._start_reply()
-        return True
-
-    def edit_message(self, index: int) -> None:
-        """Put message ``index`` into the composer; sending replaces it and drops what followed."""
-        if not 0 <= index < len(self.messages) or self.messages[index].role != "user":
-            return
-        self.editing = index
-        self.composer.setPlainText(self.messages[index].content)
-        self.composer.setFocus()
-        after = len(self.messages) - index - 1
-        self.edit_label.setText(f"Editing message {index + 1}: Send replaces it"
-                                + (f" and the {after} message{'s' if after != 1 else ''} after it." if after else "."))
-        self.edit_bar.show()
-
-    def cancel_edit(self) -> None:
-        self.editing = None
-        self.edit_bar.hide()
-        self.composer.clear()
-
-    def stop(self) -> None:
-        """Stop the reply (the engine checks before each token) or cancel loading."""
-        if self.host.state == "generating":
-            self.host.stop()
-            self.activity.setText("stopping…")
-        elif self.host.state == "loading":
-            self.host.cancel_load()
-
-    def _start_reply(self) -> None:
-        self.clear_error()
-        self.notice.hide()
-        for v in self.views:
-            v.set_dropped(False)
-        prompt = self.prompt_for(self.messages)
-        params = self.sampler_params()
-        n_ctx = self.host.info.n_ctx if self.host.info else self.ctx_spin.value()
-        self._save()
-        view = self._add_view(len(self.messages), "assistant", "")
-        view.start_streaming()
-        self._reply_view = view
-        self._reply_text = []
-        self._pending = []
-        self._pending_stats = None
-        self._reply_stats = None
-        self.activity.setText("reading the prompt…")
-        self._reply_req = self.host.generate(prompt, params, self.threads_spin.value(),
-                                             reply_reserve(params.max_tokens, n_ctx))
-        self._flush_timer.start()
-        self._update_controls()
-        self._update_empty()
-
-    def _on_trimmed(self, req: int, dropped: int, n_tokens: int) -> None:
-        if req != self._reply_req:
-            return
-        self.dropped = dropped
-        if n_tokens >= 0:
-            self.activity.setText(f"reading {n_tokens:,} prompt tokens…")
-        if dropped:
-            non_system = [v for v in self.views if v.role != "system" and v is not self._reply_view]
-            for v in non_system[:dropped]:
-                v.set_dropped(True)
-            n_ctx = self.host.info.n_ctx if self.host.info else 0
-            self.notice.setText(
-                f"The conversation no longer fits in the {n_ctx:,}-token context: the {dropped} oldest "
-                f"message{'s are' if dropped != 1 else ' is'} left out of the prompt (marked “not in context”). "
-                "Load the model with a larger context to keep them.")
-            self.notice.show()
-
-    def _on_prompt_progress(self, req: int, done: int, total: int) -> None:
-        if req == self._reply_req and done < total:  # the last chunk is followed by the first token
-            self.activity.setText(f"reading the prompt: {done:,} of {total:,} tokens…")
-
-    def _on_delta(self, req: int, text: str, stats: GenStats) -> None:
-        if req != self._reply_req:
-            return
-        self._pending.append(text)  # no widget work per token: the timer appends the batch
-        self._pending_stats = stats
-        self._reply_stats = stats
-
-    def _flush(self) -> None:
-        if self._reply_view is None:
-            return
-        if self._pending:
-            chunk = "".join(self._pending)
-            self._pending = []
-            self._reply_text.append(chunk)
-            self._reply_view.append(chunk)
-            self.flushes += 1
-        if self._pending_stats is not None:
-            self._show_stats(self._pending_stats, live=True)
-            self._pending_stats = None
-
-    def _show_stats(self, s: GenStats, live: bool = False) -> None:
-        self.last_stats = s
-        self.stat_labels["ttft"].setText(f"{s.ttft_s * 1000:.0f} ms")
-        self.stat_labels["prompt"].setText(f"{s.prompt_tps:.1f} t/s")
-        self.stat_labels["gen"].setText(f"{s.gen_tps:.1f} t/s" if s.n_generated else "—")
-        if s.n_ctx:
-            self.ctx_bar.setRange(0, s.n_ctx)
-        self.ctx_bar.setValue(min(s.context_used, self.ctx_bar.maximum()))
-        if live and self._reply_view is not None:
-            self._reply_view.set_stats(f"{s.n_generated} tokens · {s.gen_tps:.1f} t/s")
-            self.activity.setText("generating…")
-
-    def _on_finished(self, req: int, stats: GenStats) -> None:
-        if req != self._reply_req:
-            return
-        self._flush()
-        self._finish_reply(stats)
-        self.replyFinished.emit(stats)
-        if self.script_active:
-            self._script_next()
-
-    def _on_failed(self, req: int, message: str, detail: str) -> None:
-        if req != self._reply_req:
-            return
-        self._flush()
-        self._finish_reply(None)
-        self.show_error(message, detail)
-        self.replyFailed.emit(message)
-        if self.script_active:
-            self._script = []
-            self.script_active = False
-            self.scriptFinished.emit()
-
-    def _finish_reply(self, stats: GenStats | None, note: str = "") -> None:
-        """Turn the streaming view into a message (Markdown rendered once, now), save, reset the live state."""
-        self._flush_timer.stop()
-        view, text = self._reply_view, "".join(self._reply_text)
-        self._reply_view = None
-        self._reply_req = 0
-        self._reply_text = []
-        self._pending = []
-        if view is None:
-            return
-        if stats is None and not text:  # failed before any token: no empty reply is kept
-            self._remove_view(view)
-        else:
-            d = stats.as_dict() if stats is not None else {}
-            if note:
-                d["stop_reason"] = f"cancelled ({note})"
-            self.messages.append(StoredMessage("assistant", text, d, time.time()))
-            label = _stats_text(stats) if stats is not None else "failed"
-            if note:
-                label += f" ({note})"
-            view.finish(text, label)
-            if stats is not None:
-                self._show_stats(stats)
-        self.activity.setText("")
-        self._save()
-        self._update_controls()
-        self._update_regen_buttons()
-        self._schedule_preview()
-
-    def _abort_reply(self, note: str) -> None:
-        """End the reply now (switching files, conversations, closing): keep what arrived, stop the engine."""
-        if self._reply_view is None:
-            return
-        self.host.stop()
-        self._flush()
-        stats = self._reply_stats or GenStats()
-        self._finish_reply(replace(stats, stop_reason="cancelled"), note)
-
-    # ------------------------------------------------------------------ message views
-    def _add_view(self, index: int, role: str, content: str) -> MessageView:
-        v = MessageView(index, role, content, self.mode)
-        v.editRequested.connect(self.edit_message)
-        v.regenerateRequested.connect(self.regenerate)
-        self.thread_lay.insertWidget(self.thread_lay.count() - 1, v)
-        self.views.append(v)
-        self._stick = True
-        return v
-
-    def _remove_view(self, v: MessageView) -> None:
-        if v in self.views:
-            self.views.remove(v)
-        self.thread_lay.removeWidget(v)
-        v.hide()
-        v.deleteLater()
-
-    def _rebuild_views(self) -> None:
-        for v in list(self.views):
-            self._remove_view(v)
-        for i, m in enumerate(self.messages):
-            v = self._add_view(i, m.role, m.content)
-            if m.role == "assistant" and m.stats:
-                v.set_stats(_stats_text(GenStats(**{k: m.stats[k] for k in GenStats.__dataclass_fields__
-                                                    if k in m.stats})))
-        self._update_regen_buttons()
-        self._update_empty()
-        self._schedule_preview()
-
-    def _update_regen_buttons(self) -> None:
-        last = len(self.messages) - 1
-        for v in self.views:
-            v.regen_btn.setVisible(v.role == "assistant" and v.index == last and v is not self._reply_view)
-            v.edit_btn.setEnabled(self.host.state != "generating")
-
-    def _update_empty(self) -> None:
-        if self.views:
-            self.empty_label.hide()
-            return
-        if self.doc is None:
-            text = "Open a GGUF file, then load it here to chat with it on Quantscope's own kernels."
-        elif self.host.state in ("ready", "generating"):
-            text = ("Type a prompt below: the model continues the text." if self.mode == "completion"
-                    else "Type a message below (Ctrl+Enter sends).")
-        else:
-            text = "Load the model (above) to start; the memory it needs is shown before it loads."
-        self.empty_label.setText(text)
-        self.empty_label.show()
-
-    def _update_controls(self) -> None:
-        st = self.host.state
-        has_doc = self.doc is not None
-        self.load_btn.setEnabled(has_doc and st in ("empty", "ready"))
-        self.load_btn.setText("Reload" if st in ("ready", "generating") else "Load model")
-        self.load_btn.setToolTip("Load again with the backend and context chosen here" if st == "ready" else "")
-        self.unload_btn.setEnabled(st in ("ready", "generating", "loading"))
-        self.load_cancel.setVisible(st == "loading")
-        self.load_progress.setVisible(st == "loading")
-        for w in (self.backend_combo, self.ctx_spin):
-            w.setEnabled(has_doc and st in ("empty", "ready"))
-        self.send_btn.setEnabled(st == "ready")
-        self.stop_btn.setEnabled(st == "generating")
-        self.regen_btn.setEnabled(st == "ready" and bool(self.messages))
-        self.conv_list.setEnabled(st != "generating")
-        self.new_btn.setEnabled(st != "generating")
-        for b in (self.rename_btn, self.delete_btn):
-            b.setEnabled(st != "generating" and self.conv_list.currentItem() is not None)
-        self.export_btn.setEnabled(self.conv_id is not None)
-        if st == "empty" and not self.model_state.text().startswith(("loading cancelled", "not loaded")):
-            self.model_state.setText("not loaded")
-        self.engine_label.setVisible(st in ("ready", "generating"))
-        if st == "generating":
-            self.model_state.setText("generating…")
-        elif st == "ready":
-            self.model_state.setText(f"ready{self._loaded_note}")
-        self._update_regen_buttons()
-        self._update_empty()
-
-    # ================================================================== persistence
-    def use_store(self, store: ChatStore | None) -> None:
-        """Use ``store`` (tests and the screenshot pass a temporary one); None reopens the default lazily."""
-        if self._store is not None and self._store is not store:
-            self._store.close()
-        self._store = store
-        self.store_error = ""
-        self._refresh_list()
-
-    def store(self) -> ChatStore | None:
-        if self._store is None and not self.store_error:
-            try:
-                self._store = ChatStore()
-            except StoreError as exc:
-                self.store_error = str(exc)
-                self.show_error("Conversations cannot be saved.", self.store_error)
-        return self._store
-
-    def _save(self) -> None:
-        store = self.store()
-        if store is None or not self.messages:
-            return
-        settings = {"system_prompt": self.system_edit.toPlainText(), "mode": self.mode,
-                    "params": self.params_dict()}
-        model = self.doc.path.name if self.doc else ""
-        model_path = str(self.doc.path) if self.doc else ""
-        try:
-            if self.conv_id is None or not store.exists(self.conv_id):
-                first = next((m.content for m in self.messages if m.role == "user"), "")
-                self.conv_id = store.create(title_from(first), model=model, model_path=model_path, **settings)
-            else:
-                store.update(self.conv_id, model=model or None, model_path=model_path or None, **settings)
-            store.set_messages(self.conv_id, self.messages)
-        except (StoreError, KeyError) as exc:
-            self.show_error("The conversation could not be saved.", str(exc))
-            return
-        self._refresh_list()
-
-    def _refresh_list(self) -> None:
-        store = self._store
-        if store is None and self.isVisible() and default_path().exists():
-            store = self.store()  # an existing database is opened to list it; a new one is made on first save
-        self._filling = True
-        try:
-            self.conv_list.clear()
-            if store is None:
-                self.store_label.setText(self.store_error or f"Conversations will be saved in {default_path()}")
-                return
-            for c in store.list_conversations():
-                it = QListWidgetItem(c.title)
-                it.setData(Qt.ItemDataRole.UserRole, c.id)
-                it.setFlags(it.flags() | Qt.ItemFlag.ItemIsEditable)
-                when = time.strftime("%Y-%m-%d %H:%M", time.localtime(c.updated))
-                it.setToolTip(f"{c.title}\n{c.model or 'no model recorded'}\n{c.n_messages} messages · {when}")
-                self.conv_list.addItem(it)
-                if c.id == self.conv_id:
-                    self.conv_list.setCurrentItem(it)
-            self.store_label.setText(f"Saved in {store.path}")
-        finally:
-            self._filling = False
-        self._update_buttons_for_list()
-
-    def _update_buttons_for_list(self) -> None:
-        busy = self.host.state == "generating"
-        for b in (self.rename_btn, self.delete_btn):
-            b.setEnabled(not busy and self.conv_list.currentItem() is not None)
-        self.export_btn.setEnabled(self.conv_id is not None)
-
-    def new_conversation(self) -> None:
-        self._abort_reply("a new conversation was started")
-        self.conv_id = None
-        self.messages = []
-        self.cancel_edit()
-        self.notice.hide()
-        self._rebuild_views()
-        self.conv_list.clearSelection()
-        self.conv_list.setCurrentRow(-1)
-        self._update_controls()
-
-    def open_conversation(self, conv_id: int) -> bool:
-        """Show a saved conversation with its system prompt, mode and sampling settings."""
-        store = self.store()
-        if store is None or (conv_id == self.conv_id and self.views):
-            return conv_id == self.conv_id
-        if self.host.state == "generating":
-            return False
-        try:
-            conv = store.get(conv_id)
-        except KeyError:
-            self._refresh_list()
-            return False
-        self.conv_id = conv.id
-        self.messages = list(conv.messages)
-        self.system_edit.setPlainText(conv.system_prompt)
-        self.set_mode(conv.mode if self.mode_combo.model().item(0).isEnabled() else "completion")  # type: ignore[attr-defined]
-        self.set_params(conv.params)
-        self.cancel_edit()
-        self.notice.hide()
-        self.clear_error()
-        self._rebuild_views()
-        self._refresh_list()
-        self._update_controls()
-        return True
-
-    def rename_conversation(self, conv_id: int, title: str) -> None:
-        store = self.store()
-        if store is None:
-            return
-        try:
-            store.rename(conv_id, title)
-        except (ValueError, KeyError, StoreError) as exc:
-            self.show_error("The conversation could not be renamed.", str(exc))
-        self._refresh_list()
-
-    def delete_conversation(self, conv_id: int) -> None:
-        store = self.store()
-        if store is None:
-            return
-        if conv_id == self.conv_id:
-            self.new_conversation()
-        try:
-            store.delete(conv_id)
-        except StoreError as exc:
-            self.show_error("The conversation could not be deleted.", str(exc))
-        self._refresh_list()
-
-    def export_conversation(self, path: str | Path, fmt: str | None = None) -> Path | None:
-        store = self.store()
-        if store is None or self.conv_id is None:
-            return None
-        try:
-            return export(store.get(self.conv_id), path, fmt)
-        except (OSError, KeyError, ValueError) as exc:
-            self.show_error("The conversation could not be exported.", str(exc))
-            return None
-
-    def export_dialog(self, fmt: str) -> None:
-        if self.conv_id is None or (store := self.store()) is None:
-            return
-        title = store.get(self.conv_id).title
-        safe = "".join(c if c.isalnum() or c in "-_ " else "_" for c in title).strip() or "conversation"
-        suffix = ".json" if fmt == "json" else ".md"
-        path, _ = QFileDialog.getSaveFileName(self, "Export the conversation", str(Path.home() / (safe + suffix)),
-                                              "JSON (*.json)" if fmt == "json" else "Markdown (*.md)")
-        if path:
-            out = self.export_conversation(path, fmt)
-            if out is not None:
-                self.activity.setText(f"exported to {out.name}")
-
-    def _item_renamed(self, item: QListWidgetItem) -> None:
-        if self._filling:
-            return
-        cid = int(item.data(Qt.ItemDataRole.UserRole))
-        QTimer.singleShot(0, lambda: self.rename_conversation(cid, item.text()))
-
-    def _selected_id(self) -> int | None:
-        it = self.conv_list.currentItem()
-        return int(it.data(Qt.ItemDataRole.UserRole)) if it is not None else None
-
-    def _rename_selected(self) -> None:
-        it = self.conv_list.currentItem()
-        if it is not None:
-            self.conv_list.editItem(it)
-
-    def _delete_selected(self) -> None:
-        cid = self._selected_id()
-        if cid is None:
-            return
-        box = QMessageBox(QMessageBox.Icon.Question, "Delete conversation",
-                          f"Delete “{self.conv_list.currentItem().text()}” and its messages?",
-                          QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel, self)
-        box.setAccessibleName("Confirm deletion")
-        box.accepted.connect(lambda: self.delete_conversation(cid))
-        box.open()
-        self.confirm_box = box
-
-    def _list_menu(self, pos: Any) -> None:
-        it = self.conv_list.itemAt(pos)
-        if it is None:
-            return
-        self.conv_list.setCurrentItem(it)
-        menu = QMenu(self)
-        menu.addAction(QAction("Rename", menu, triggered=self._rename_selected))
-        menu.addAction(QAction("Delete…", menu, triggered=self._delete_selected))
-        menu.exec(self.conv_list.viewport().mapToGlobal(pos))
 
     # ================================================================== template preview and tokenizer lab
     def _ensure_bundle(self) -> None:
@@ -1410,28 +328,12 @@ class ChatView(QWidget):
         path = self.doc.path
         info = self.host.info
         if info is not None and info.tokenizer is not None and info.path == path:
-            tok = info.tokenizer
-            self._bundle_done(TokBundle(path, tok, info.template, "", [tok.pieces[i] for i in tok.special_ids]))
+            self._bundle_done(TokBundle.of(path, info.tokenizer, info.template))
             return
         if self.host.state == "loading":
             return  # _on_loaded / _on_load_failed come back here
         self._bundle_pending = True
         self.preview_status.setText("Reading the tokenizer…")
-
-        def build(_report: Any, _token: Any) -> TokBundle:
-            from quantscope.core.gguf import GGUFFile
-            from quantscope.core.tokenizer import Tokenizer
-
-            f = GGUFFile(path)
-            with gc_paused():  # see gc_paused: a full collection mid-build would stall the event loop
-                tok = Tokenizer(f)
-            err = ""
-            try:
-                tpl = ChatTemplate.from_gguf(f)
-            except ChatTemplateError as exc:
-                tpl, err = None, str(exc)
-            specials = [tok.pieces[i] for i in tok.special_ids]
-            return TokBundle(path, tok, tpl, err, specials)
 
         def failed(msg: str, _detail: str) -> None:
             self._bundle_pending = False
@@ -1439,7 +341,7 @@ class ChatView(QWidget):
             self.preview_status.setText(f"The tokenizer cannot be read: {msg}")
             self.lab_count.setText("—")
 
-        self.runner.start("tokenizer", build, on_done=self._bundle_done, on_failed=failed,
+        self.runner.start("tokenizer", lambda _r, _t: read_bundle(path), on_done=self._bundle_done, on_failed=failed,
                           on_cancelled=lambda: setattr(self, "_bundle_pending", False))
 
     def _bundle_done(self, b: TokBundle) -> None:
@@ -1449,7 +351,7 @@ class ChatView(QWidget):
         self.bundle = b
         self.preview_hl.set_specials(b.specials)
         self.update_preview()
-        self.tokenize_lab()
+        self.lab.set_bundle(b)
 
     def _tool_tab_changed(self, _i: int) -> None:
         self._ensure_bundle()
@@ -1465,82 +367,9 @@ class ChatView(QWidget):
         if b is None:
             self._ensure_bundle()
             return
-        msgs = list(self.messages)
-        if self.editing is not None:
-            msgs = msgs[: self.editing]
-        pending = self.composer.toPlainText()
-        if pending.strip():
-            msgs.append(StoredMessage("user", pending))
-        prompt = self.prompt_for(msgs)
-        stand_in = isinstance(prompt, list) and (len(prompt) == 0 or prompt[-1]["role"] != "user")
-        if isinstance(prompt, list) and stand_in:
-            prompt.append({"role": "user", "content": "(your next message)"})
-        tok, tpl = b.tokenizer, b.template
-
-        def render(_r: Any, _t: Any) -> tuple[str, list[int], str]:
-            if isinstance(prompt, str):
-                return prompt, tok.encode(prompt), "plain completion: the text as it is"
-            if tpl is None:
-                return prompt_text(None, prompt), encode_prompt(tok, None, prompt), "no chat template in this file"
-            text = prompt_text(tpl, prompt)
-            has_bos = bool(tpl.bos_token) and text.startswith(tpl.bos_token)
-            note = "BOS from the template" if has_bos else ("BOS added by the tokenizer" if tok.add_bos
-                                                             and tok.bos_id is not None else "no BOS")
-            return text, encode_prompt(tok, tpl, prompt), note
-
-        def done(r: tuple[str, list[int], str]) -> None:
-            text, ids, note = r
-            self.preview_text.setPlainText(text)
-            self.preview_ids.setPlainText(" ".join(map(str, ids)))
-            self.preview_status.setText(
-                f"<b>{len(ids):,} tokens</b> · {len(text):,} characters · {note}"
-                + (" · special tokens in red" if tpl and isinstance(prompt, list) else "")
-                + (" · “(your next message)” stands in for the composer" if stand_in else ""))
-
-        def failed(msg: str, _d: str) -> None:
-            self.preview_status.setText(f"The chat template failed: {_esc(msg)}")
-            self.preview_text.setPlainText("")
-            self.preview_ids.setPlainText("")
-
-        self.runner.cancel("template")
-        self.runner.start("template", render, on_done=done, on_failed=failed)
-
-    def tokenize_lab(self) -> None:
-        b = self.bundle
-        text = self.lab_input.toPlainText()
-        if b is None:
-            self._ensure_bundle()
-            return
-        if not text:
-            self.lab_count.setText("0 tokens")
-            self.lab_chips.setHtml("")
-            self.lab_ids.setPlainText("")
-            self.lab_model.set_rows([])
-            return
-        tok = b.tokenizer
-        add, special = self.lab_bos.isChecked(), self.lab_special.isChecked()
-
-        def run(_r: Any, _t: Any) -> tuple[list[int], list[str], list[int]]:
-            ids = tok.encode(text, add_special=add, parse_special=special)
-            pieces = []
-            for i in ids:
-                raw = tok.token_bytes(i)
-                s = raw.decode("utf-8", errors="replace")
-                pieces.append(s if "\ufffd" not in s else "".join(f"\\x{x:02x}" for x in raw))
-            return ids, pieces, [int(tok.types[i]) for i in ids]
-
-        def done(r: tuple[list[int], list[str], list[int]]) -> None:
-            ids, pieces, types = r
-            self.lab_count.setText(f"{len(ids):,} tokens · {len(text):,} characters")
-            self.lab_chips.setHtml(chips_html(pieces, ids, types))
-            self.lab_ids.setPlainText(" ".join(map(str, ids)))
-            self.lab_model.set_rows([(str(k), str(i), visible(p), TOKEN_TYPES.get(t, str(t)))
-                                     for k, (i, p, t) in enumerate(zip(ids, pieces, types, strict=True))
-                                     if k < MAX_TOKEN_ROWS])
-
-        self.runner.cancel("tokenize")
-        self.runner.start("tokenize", run, on_done=done,
-                          on_failed=lambda m, _d: self.lab_count.setText(f"cannot tokenize: {m}"))
+        prompt, stand_in = self.ctl.preview_prompt(self.composer.toPlainText(), self.mode,
+                                                   self.system_edit.toPlainText().strip())
+        self.preview.render(b, prompt, stand_in)
 
     # ================================================================== scripted exchange (screenshot, demos)
     def run_script(self, prompts: list[str], system: str | None = None, preset: str | None = None,
@@ -1590,5 +419,3 @@ class ChatView(QWidget):
         return ok
 
 
-def _esc(s: str) -> str:
-    return html.escape(s)

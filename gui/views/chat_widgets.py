@@ -19,6 +19,7 @@ from PySide6.QtGui import (
     QTextCursor,
     QTextDocument,
     QTextFormat,
+    QTextOption,
     QWheelEvent,
 )
 from PySide6.QtWidgets import (
@@ -32,6 +33,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+
+from quantscope.core.chat.controller import chat_markdown
 
 from ..theme import is_dark
 
@@ -70,6 +73,7 @@ def style_code(doc: QTextDocument) -> None:
             bf.setLeftMargin(2)
             bf.setTopMargin(0 if prev_code else 4)
             bf.setBottomMargin(0 if next_code else 6)
+            bf.setNonBreakableLines(False)  # code wraps at the reply's width instead of being cut off
             cur.setPosition(block.position())
             cur.setBlockFormat(bf)
             cur.setPosition(block.position())
@@ -100,6 +104,54 @@ def style_code(doc: QTextDocument) -> None:
     cur.endEditBlock()
 
 
+class ElidedLabel(QLabel):
+    """A one-line label that never asks for more width than it gets: the text is elided (``mode``) where it does
+    not fit, and then the whole text is its tooltip. ``full`` is the text as set."""
+
+    def __init__(self, text: str = "", mode: Qt.TextElideMode = Qt.TextElideMode.ElideRight,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.mode = mode
+        self.full = ""
+        self._tip = ""
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.setMinimumWidth(24)
+        self.setText(text)
+
+    def setText(self, text: str) -> None:
+        self.full = text
+        self._elide()
+
+    def text(self) -> str:
+        return self.full
+
+    def setToolTip(self, tip: str) -> None:
+        self._tip = tip
+        self._elide()
+
+    @property
+    def elided(self) -> bool:
+        return super().text() != self.full
+
+    def sizeHint(self) -> QSize:
+        return QSize(self.fontMetrics().horizontalAdvance(self.full) + 4, super().sizeHint().height())
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(24, super().minimumSizeHint().height())
+
+    def resizeEvent(self, event: object) -> None:
+        super().resizeEvent(event)  # type: ignore[arg-type]
+        self._elide()
+
+    def _elide(self) -> None:
+        shown = self.fontMetrics().elidedText(self.full, self.mode, max(0, self.width() - 2))
+        QLabel.setText(self, shown)
+        tip = self._tip
+        if shown != self.full and self.full not in tip:  # elided: the whole text first, then any own tooltip
+            tip = self.full + (f"\n{tip}" if tip else "")
+        QLabel.setToolTip(self, tip)
+
+
 class AutoHeightBrowser(QTextBrowser):
     """A frameless text browser exactly as tall as its document (the surrounding scroll area scrolls)."""
 
@@ -109,6 +161,9 @@ class AutoHeightBrowser(QTextBrowser):
         self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setMinimumWidth(40)
+        self.setLineWrapMode(QTextBrowser.LineWrapMode.WidgetWidth)
+        self.setWordWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)  # long words and code wrap too
         self.setOpenExternalLinks(True)
         self.viewport().setAutoFillBackground(False)
         self.setStyleSheet("QTextBrowser { background: transparent; }")
@@ -161,15 +216,14 @@ class MessageView(QFrame):
         head.setSpacing(6)
         self.role_label = QLabel()
         self.role_label.setObjectName("msgRole")
-        self.stats = QLabel()
+        self.stats = ElidedLabel()
         self.stats.setObjectName("muted")
         self.note = QLabel()
         self.note.setObjectName("msgNote")
         self.note.hide()
         head.addWidget(self.role_label)
         head.addWidget(self.note)
-        head.addWidget(self.stats)
-        head.addStretch(1)
+        head.addWidget(self.stats, 1)
         self.copy_btn = self._button("Copy", "Copy this message")
         self.copy_btn.clicked.connect(self.copy)
         self.edit_btn = self._button("Edit", "Edit this message and send it again")
@@ -210,7 +264,7 @@ class MessageView(QFrame):
         """Show ``text`` whole: Markdown for finished chat replies, plain text otherwise."""
         self.content = text
         if self.markdown:
-            self.body.document().setMarkdown(text, QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
+            self.body.document().setMarkdown(chat_markdown(text), QTextDocument.MarkdownFeature.MarkdownDialectGitHub)
             style_code(self.body.document())
         else:
             self.body.setPlainText(text)
@@ -293,8 +347,9 @@ def chips_html(pieces: Sequence[str], ids: Sequence[int], types: Sequence[int], 
 def legend_html() -> str:
     colors = _chip_colors(is_dark())
     kinds = ("normal", "control", "user-defined", "byte", "unknown")
-    items = ["".join(f'<span style="background-color:{c};">&nbsp;{k if j == 0 else ""}&nbsp;</span>'
-                     for j, c in enumerate(colors[k])) for k in kinds]
+    # one labelled chip per type (normal tokens alternate tints in the chips, the legend shows the first)
+    items = [f'<span style="background-color:{colors[k][0]};">&nbsp;{k.replace("-", "&#8209;")}&nbsp;</span>'
+             for k in kinds]
     return "Types: " + " ".join(items) + " &nbsp;·&nbsp; spaces as ·, newlines as ↵"
 
 

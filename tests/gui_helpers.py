@@ -132,3 +132,57 @@ def fit_problems(root) -> list[str]:
             if need > field.width() + 1:
                 problems.append(f"{name(w)} text {text!r} needs {need} px, has {field.width()}")
     return problems
+
+
+def clipping_problems(root):
+    """What is cut off in ``root``: labels narrower than their text (or, wrapped, shorter than it), buttons and
+    combo boxes below their minimum size, widgets outside the area their parent shows, conversation content
+    wider than its scroll area, and visible horizontal scroll bars. An elided label is fine when its tooltip has
+    the whole text. Stricter than :func:`fit_problems` about geometry (wrapped labels cut short, widgets pushed
+    outside their parent), which the chat pane's dynamic message column needs."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QAbstractButton, QAbstractScrollArea, QComboBox, QLabel, QScrollArea, QWidget
+
+    from quantscope.gui.widgets.fit import ElidedLabel
+
+    def in_scroll(w):
+        p = w.parentWidget()
+        while p is not None and p is not root:
+            if isinstance(p, QAbstractScrollArea):
+                return True
+            p = p.parentWidget()
+        return False
+
+    out = []
+    for w in [root, *root.findChildren(QWidget)]:
+        if not w.isVisible() or w.width() <= 0:
+            continue
+        name = f"{type(w).__name__} {w.accessibleName() or w.objectName()!r}"
+        if isinstance(w, ElidedLabel):
+            if w.elided and w.full_text() not in w.toolTip():
+                out.append(f"{name}: elided without the whole text in its tooltip")
+        elif isinstance(w, QLabel) and w.text() and w.textFormat() != Qt.TextFormat.RichText and "<" not in w.text():
+            room = w.contentsRect().width() - 2 * w.margin() - w.indent() if w.indent() > 0 else \
+                w.contentsRect().width() - 2 * w.margin()
+            if w.wordWrap():
+                if w.heightForWidth(w.width()) > w.height() + 1:
+                    out.append(f"{name}: wrapped text taller than the label ({w.text()[:40]!r})")
+            elif max(w.fontMetrics().horizontalAdvance(t) for t in w.text().split("\n")) > room + 1:
+                out.append(f"{name}: text wider than the label ({w.text()[:40]!r})")
+        elif isinstance(w, QLabel) and w.wordWrap() and w.heightForWidth(w.width()) > w.height() + 1:
+            out.append(f"{name}: wrapped text taller than the label")
+        if isinstance(w, (QAbstractButton, QComboBox)) and w.width() < w.minimumSizeHint().width() - 1:
+            out.append(f"{name}: {w.width()} px wide, needs {w.minimumSizeHint().width()}")
+        if isinstance(w, QAbstractScrollArea):
+            if w.horizontalScrollBar().isVisible():
+                out.append(f"{name}: horizontal scroll bar")
+            if isinstance(w, QScrollArea) and w.widget() is not None and \
+                    w.widget().width() > w.viewport().width() + 1:
+                out.append(f"{name}: content {w.widget().width()} px in a {w.viewport().width()} px viewport")
+        p = w.parentWidget()
+        if p is not None and w is not root and not in_scroll(w) and w.isWindow() is False:
+            g = w.geometry()
+            if g.right() > p.rect().right() + 1 or g.bottom() > p.rect().bottom() + 1 or g.x() < -1 or g.y() < -1:
+                out.append(f"{name}: outside its parent ({g.x()},{g.y()} {g.width()}x{g.height()} in "
+                           f"{p.width()}x{p.height()})")
+    return out

@@ -34,7 +34,7 @@ from PySide6.QtWidgets import (
 from quantscope.core.chat import SamplerParams
 from quantscope.core.chat.store import ChatStore, default_path
 
-from .gui_helpers import window  # noqa: F401
+from .gui_helpers import clipping_problems, fit_problems, window  # noqa: F401
 
 GREEDY_PROMPT = "The capital of France is"
 LOAD_TIMEOUT = 120_000
@@ -85,14 +85,14 @@ def test_memory_shown_before_loading_then_progress_and_engine_info(window, qtbot
     from quantscope.core.native.kernels import isa
 
     chat = open_chat(window, qtbot, model_path, load=False)
-    assert chat.host.state == "empty" and chat.model_state.text() == "not loaded"
+    assert chat.host.state == "empty" and chat.model_state.full_text() == "not loaded"
     mem = chat.memory_label.text()
     assert "Needs ≈" in mem and "KV cache" in mem and "4,096 tokens" in mem
     chat.ctx_spin.setValue(2048)
     assert "2,048 tokens" in chat.memory_label.text()
     assert chat.backend_combo.itemText(0) == f"CPU · {isa()}" and chat.backend_combo.currentData() == "cpu"
     qtbot.waitUntil(lambda: chat.cuda[1] != "checking", timeout=30000)
-    assert chat.cuda_label.text().startswith("CUDA")
+    assert chat.cuda_label.full_text().startswith("CUDA")
     cuda_item = chat.backend_combo.model().item(1)
     assert cuda_item.isEnabled() == bool(chat.cuda[0])  # CUDA selectable only where it can run
     if not chat.cuda[0]:
@@ -107,7 +107,7 @@ def test_memory_shown_before_loading_then_progress_and_engine_info(window, qtbot
     assert info.arch == "llama" and info.n_ctx == 2048 and info.threads == 1 and info.backend == f"CPU ({isa()})"
     assert [m for m, _ in stages][-1] == "ready" and stages[-1][1] == 1.0
     assert [f for _, f in stages] == sorted(f for _, f in stages)
-    assert not chat.load_progress.isVisible() and chat.model_state.text().startswith("ready")
+    assert not chat.load_progress.isVisible() and chat.model_state.full_text().startswith("ready")
     text = chat.engine_label.text()
     assert "llama" in text and "1 threads" in text and "context 2,048" in text and "KV cache" in text
     assert chat.send_btn.isEnabled() and not chat.stop_btn.isEnabled()
@@ -119,7 +119,7 @@ def test_cancel_loading(window, qtbot, model_path):  # noqa: F811
     with qtbot.waitSignal(chat.host.loadCancelled, timeout=10000):
         assert chat.load_model()
         chat.load_cancel.click()
-    assert chat.host.state == "empty" and "cancelled" in chat.model_state.text()
+    assert chat.host.state == "empty" and "cancelled" in chat.model_state.full_text()
     assert not chat.load_progress.isVisible()
     qtbot.waitUntil(lambda: chat.host.threads_alive() == 0, timeout=60000)
     assert chat.load_btn.isEnabled()
@@ -150,7 +150,7 @@ def test_cuda_choice_falls_back_to_the_cpu_with_a_visible_reason(window, qtbot, 
 
     monkeypatch.setattr(gen.Engine, "__init__", recording)
     chat._cuda_checked((True, "Fake GPU (test)"))
-    assert chat.backend_combo.model().item(1).isEnabled() and chat.cuda_label.text() == "CUDA: Fake GPU (test)"
+    assert chat.backend_combo.model().item(1).isEnabled() and chat.cuda_label.full_text() == "CUDA: Fake GPU (test)"
     chat.backend_combo.setCurrentIndex(1)
     assert chat.load_btn.isEnabled() and chat.load_btn.text() == "Reload"
     with qtbot.waitSignal(chat.engineLoaded, timeout=LOAD_TIMEOUT) as sig:
@@ -188,7 +188,7 @@ def test_greedy_completion_streams_and_equals_the_cli(window, qtbot, model_path)
     assert chat.views[-1].role_label.text() == "Continuation"
     assert chat.stat_labels["ttft"].text().endswith("ms") and chat.stat_labels["gen"].text().endswith("t/s")
     assert chat.ctx_bar.value() == stats.context_used and chat.ctx_bar.maximum() == 4096
-    assert "24 tokens" in chat.views[-1].stats.text()
+    assert "24 tokens" in chat.views[-1].stats.full_text()
 
 
 def test_chat_reply_equals_the_engine_and_preview_shows_its_prompt(window, qtbot, model_path):  # noqa: F811
@@ -261,7 +261,7 @@ def test_stop_within_one_token(window, qtbot, model_path):  # noqa: F811
     stats = send_and_wait(qtbot, chat, "Tell me a long story about a dragon.")
     worker.delta.disconnect(on_delta)
     assert stats.stop_reason == "cancelled" and stats.n_generated == 5  # not one token more
-    assert "stopped" in chat.views[-1].stats.text()
+    assert "stopped" in chat.views[-1].stats.full_text()
     assert chat.messages[-1].stats["stop_reason"] == "cancelled"
     # the Stop button, as a user presses it
     with qtbot.waitSignal(chat.replyFinished, timeout=REPLY_TIMEOUT) as sig:
@@ -287,7 +287,7 @@ def test_long_prompt_shows_progress_and_can_be_stopped_while_read(window, qtbot,
 
     def on_progress(_req, done, total):
         seen.append((done, total))
-        labels.append(chat.activity.text())
+        labels.append(chat.activity.full_text())
 
     chat.host.promptProgress.connect(on_progress)
     stats = send_and_wait(qtbot, chat, text)
@@ -388,7 +388,7 @@ def test_conversation_saved_reopened_renamed_exported_deleted(window, qtbot, mod
     assert chat.open_conversation(cid)
     assert [m.content for m in chat.messages] == ["What is 2 + 2?", reply]
     assert chat.system_edit.toPlainText() == "Be brief." and chat.preset_combo.currentText() == "Greedy"
-    assert len(chat.views) == 2 and chat.views[1].content == reply and "tokens" in chat.views[1].stats.text()
+    assert len(chat.views) == 2 and chat.views[1].content == reply and "tokens" in chat.views[1].stats.full_text()
     # rename in the list
     chat.rename_conversation(cid, "Arithmetic")
     assert chat.conv_list.item(0).text() == "Arithmetic"
@@ -613,58 +613,6 @@ def test_screenshot_renders_a_real_conversation(tmp_path, model_path):
 
 
 # ---------------------------------------------------------------------------------------------- issue 13
-def clipping_problems(root):
-    """What is cut off in ``root``: labels narrower than their text (or, wrapped, shorter than it), buttons and
-    combo boxes below their minimum size, widgets outside the area their parent shows, conversation content
-    wider than its scroll area, and visible horizontal scroll bars. An elided label is fine when its tooltip has
-    the whole text. (The lead will merge this with tests/gui_helpers.py's check.)"""
-    from PySide6.QtWidgets import QAbstractButton, QAbstractScrollArea, QLabel, QScrollArea
-
-    from quantscope.gui.views.chat_widgets import ElidedLabel
-
-    def in_scroll(w):
-        p = w.parentWidget()
-        while p is not None and p is not root:
-            if isinstance(p, QAbstractScrollArea):
-                return True
-            p = p.parentWidget()
-        return False
-
-    out = []
-    for w in [root, *root.findChildren(QWidget)]:
-        if not w.isVisible() or w.width() <= 0:
-            continue
-        name = f"{type(w).__name__} {w.accessibleName() or w.objectName()!r}"
-        if isinstance(w, ElidedLabel):
-            if w.elided and w.full not in w.toolTip():
-                out.append(f"{name}: elided without the whole text in its tooltip")
-        elif isinstance(w, QLabel) and w.text() and w.textFormat() != Qt.TextFormat.RichText and "<" not in w.text():
-            room = w.contentsRect().width() - 2 * w.margin() - w.indent() if w.indent() > 0 else \
-                w.contentsRect().width() - 2 * w.margin()
-            if w.wordWrap():
-                if w.heightForWidth(w.width()) > w.height() + 1:
-                    out.append(f"{name}: wrapped text taller than the label ({w.text()[:40]!r})")
-            elif max(w.fontMetrics().horizontalAdvance(t) for t in w.text().split("\n")) > room + 1:
-                out.append(f"{name}: text wider than the label ({w.text()[:40]!r})")
-        elif isinstance(w, QLabel) and w.wordWrap() and w.heightForWidth(w.width()) > w.height() + 1:
-            out.append(f"{name}: wrapped text taller than the label")
-        if isinstance(w, (QAbstractButton, QComboBox)) and w.width() < w.minimumSizeHint().width() - 1:
-            out.append(f"{name}: {w.width()} px wide, needs {w.minimumSizeHint().width()}")
-        if isinstance(w, QAbstractScrollArea):
-            if w.horizontalScrollBar().isVisible():
-                out.append(f"{name}: horizontal scroll bar")
-            if isinstance(w, QScrollArea) and w.widget() is not None and \
-                    w.widget().width() > w.viewport().width() + 1:
-                out.append(f"{name}: content {w.widget().width()} px in a {w.viewport().width()} px viewport")
-        p = w.parentWidget()
-        if p is not None and w is not root and not in_scroll(w) and w.isWindow() is False:
-            g = w.geometry()
-            if g.right() > p.rect().right() + 1 or g.bottom() > p.rect().bottom() + 1 or g.x() < -1 or g.y() < -1:
-                out.append(f"{name}: outside its parent ({g.x()},{g.y()} {g.width()}x{g.height()} in "
-                           f"{p.width()}x{p.height()})")
-    return out
-
-
 @pytest.mark.parametrize("size", [(1100, 700), (1024, 640)])
 def test_chat_fits_a_laptop_screen_without_clipping(window, qtbot, model_path, size):  # noqa: F811
     chat = open_chat(window, qtbot, model_path)
@@ -680,7 +628,7 @@ def test_chat_fits_a_laptop_screen_without_clipping(window, qtbot, model_path, s
         qtbot.wait(300)  # layouts settle, the preview and the lab fill in their workers
         QApplication.processEvents()
         assert window.chat_view.width() <= size[0]
-        problems = clipping_problems(chat)
+        problems = fit_problems(chat) + clipping_problems(chat)
         assert not problems, f"{size} tab {chat.tools.tabText(tab)}: " + "; ".join(problems)
     for v in chat.views:  # every message fits the conversation's width (replies wrap, buttons stay in view)
         assert v.width() <= chat.scroll.viewport().width()
@@ -750,7 +698,7 @@ def test_regenerate_says_prompt_cached_and_new_chat_resets_the_numbers(window, q
         assert chat.regenerate()
     assert sig.args[0].n_prompt_new == 0  # the same prompt: its logits came from the cache
     assert chat.stat_labels["ttft"].text() == "prompt cached" and chat.stat_labels["prompt"].text() == "cached"
-    assert "prompt cached" in chat.views[-1].stats.text() and "TTFT 0 ms" not in chat.views[-1].stats.text()
+    assert "prompt cached" in chat.views[-1].stats.full_text() and "TTFT 0 ms" not in chat.views[-1].stats.full_text()
     assert chat.ctx_bar.value() > 0
     chat.new_conversation()
     assert all(v.text() == "—" for v in chat.stat_labels.values()) and chat.ctx_bar.value() == 0

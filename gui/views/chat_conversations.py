@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 
 from quantscope.core.chat.store import ConversationInfo
 
-from .chat_widgets import ElidedLabel
+from ..widgets.fit import ElidedLabel
 
 MODEL_ROLE = Qt.ItemDataRole.UserRole + 1  # the list's "name · quant" line
 

@@ -22,8 +22,8 @@ from PySide6.QtWidgets import (
 from quantscope.core.native.kernels import default_threads, isa
 from quantscope.core.summary import human_bytes
 
+from ..widgets.fit import ElidedLabel
 from .chat_settings import ispin
-from .chat_widgets import ElidedLabel
 
 DEFAULT_CTX = 4096
 

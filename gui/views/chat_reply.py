@@ -260,7 +260,7 @@ class ReplyMixin:
         self.stop_btn.setEnabled(st == "generating")
         self.regen_btn.setEnabled(st == "ready" and bool(self.messages) and not foreign)
         self._update_buttons_for_list()
-        if st == "empty" and not self.model_state.text().startswith(("loading cancelled", "not loaded")):
+        if st == "empty" and not self.model_state.full_text().startswith(("loading cancelled", "not loaded")):
             self.model_state.setText("not loaded")
         self.engine_label.setVisible(st in ("ready", "generating"))
         if st == "generating":

@@ -24,7 +24,8 @@ from PySide6.QtWidgets import (
 from quantscope.core.chat.controller import stats_numbers
 from quantscope.core.chat.store import StoredMessage
 
-from .chat_widgets import ElidedLabel, MessageView
+from ..widgets.fit import ElidedLabel
+from .chat_widgets import MessageView
 
 
 class ReplyStream(QScrollArea):

@@ -37,6 +37,7 @@ from PySide6.QtWidgets import (
 from quantscope.core.chat.controller import chat_markdown
 
 from ..theme import is_dark
+from ..widgets.fit import ElidedLabel
 
 # token type ids of GGUF vocabularies (tokenizer.ggml.token_type)
 TOKEN_TYPES = {1: "normal", 2: "unknown", 3: "control", 4: "user-defined", 5: "unused", 6: "byte"}
@@ -102,54 +103,6 @@ def style_code(doc: QTextDocument) -> None:
         prev_code = is_code
         block = block.next()
     cur.endEditBlock()
-
-
-class ElidedLabel(QLabel):
-    """A one-line label that never asks for more width than it gets: the text is elided (``mode``) where it does
-    not fit, and then the whole text is its tooltip. ``full`` is the text as set."""
-
-    def __init__(self, text: str = "", mode: Qt.TextElideMode = Qt.TextElideMode.ElideRight,
-                 parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.mode = mode
-        self.full = ""
-        self._tip = ""
-        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        self.setMinimumWidth(24)
-        self.setText(text)
-
-    def setText(self, text: str) -> None:
-        self.full = text
-        self._elide()
-
-    def text(self) -> str:
-        return self.full
-
-    def setToolTip(self, tip: str) -> None:
-        self._tip = tip
-        self._elide()
-
-    @property
-    def elided(self) -> bool:
-        return super().text() != self.full
-
-    def sizeHint(self) -> QSize:
-        return QSize(self.fontMetrics().horizontalAdvance(self.full) + 4, super().sizeHint().height())
-
-    def minimumSizeHint(self) -> QSize:
-        return QSize(24, super().minimumSizeHint().height())
-
-    def resizeEvent(self, event: object) -> None:
-        super().resizeEvent(event)  # type: ignore[arg-type]
-        self._elide()
-
-    def _elide(self) -> None:
-        shown = self.fontMetrics().elidedText(self.full, self.mode, max(0, self.width() - 2))
-        QLabel.setText(self, shown)
-        tip = self._tip
-        if shown != self.full and self.full not in tip:  # elided: the whole text first, then any own tooltip
-            tip = self.full + (f"\n{tip}" if tip else "")
-        QLabel.setToolTip(self, tip)
 
 
 class AutoHeightBrowser(QTextBrowser):

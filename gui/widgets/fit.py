@@ -11,13 +11,16 @@ from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QSizePolic
 
 
 class ElidedLabel(QLabel):
-    """A one-line plain-text label that shows as much of its text as fits, ending in "…", with the whole text in
-    its tool tip when it is cut. ``full_text()`` is the text set; ``text()`` is what is shown."""
+    """A one-line plain-text label that never asks for more width than it gets: it shows as much of its text as
+    fits, cut with "…" (``mode``: end, middle or start), and then the whole text leads its tool tip (followed by
+    any tool tip of its own). ``text()`` is what is shown, ``full_text()`` the text set, ``elided`` whether it
+    is cut."""
 
-    def __init__(self, text: str = "", parent: QWidget | None = None,
-                 mode: Qt.TextElideMode = Qt.TextElideMode.ElideRight) -> None:
+    def __init__(self, text: str = "", mode: Qt.TextElideMode = Qt.TextElideMode.ElideRight,
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._full = ""
+        self._tip = ""
         self._mode = mode
         self.setTextFormat(Qt.TextFormat.PlainText)
         self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
@@ -28,8 +31,16 @@ class ElidedLabel(QLabel):
         self._full = text
         self._elide()
 
+    def setToolTip(self, tip: str) -> None:  # type: ignore[override]
+        self._tip = tip
+        self._elide()
+
     def full_text(self) -> str:
         return self._full
+
+    @property
+    def elided(self) -> bool:
+        return super().text() != self._full
 
     def sizeHint(self) -> QSize:
         m = self.contentsMargins()
@@ -49,10 +60,12 @@ class ElidedLabel(QLabel):
             self._elide()
 
     def _elide(self) -> None:
-        room = self.contentsRect().width()
-        shown = self.fontMetrics().elidedText(self._full, self._mode, max(0, room))
+        shown = self.fontMetrics().elidedText(self._full, self._mode, max(0, self.contentsRect().width()))
         super().setText(shown)
-        self.setToolTip("" if shown == self._full else self._full)
+        tip = self._tip
+        if shown != self._full and self._full not in tip:
+            tip = self._full + (f"\n{tip}" if tip else "")
+        super().setToolTip(tip)
 
 
 class _ColumnFitter(QObject):

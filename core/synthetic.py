@@ -37,10 +37,11 @@ from .gguf.constants import DEFAULT_ALIGNMENT, FileType, ValueType
 from .quant import ggml_type
 
 #: Bumped when the bytes a given shape and seed produce change; part of the marker key, so old files are remade.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MARKER_KEY = "quantscope.synthetic"
-#: Super-block scales are drawn uniformly from this range (fp16): weights of a few hundredths, like a real model.
-SCALE_RANGE = (1e-4, 5e-4)
+#: Super-block scales (fp16, normal numbers) are drawn uniformly from these ranges: weights with an RMS of about
+#: 0.05 (Q4_K) and 0.12 (Q6_K, whose int8 sub-scales and signed codes are larger), every one below 1.
+SCALE_RANGE = {"Q4_K": (1e-4, 2e-4), "Q6_K": (6.2e-5, 1.2e-4)}
 CHUNK_BYTES = 4 << 20
 VOCAB_MODEL = "smollm2"
 
@@ -224,7 +225,7 @@ def tensor_chunks(spec: TensorSpec, rng: np.random.Generator,
     scale_at = {"Q4_K": (0, 2), "Q6_K": (208,)}[t.name]
     n_blocks = spec.n_bytes // t.block_bytes
     per = max(1, chunk_bytes // t.block_bytes)
-    lo, hi = SCALE_RANGE
+    lo, hi = SCALE_RANGE[t.name]
     for start in range(0, n_blocks, per):
         n = min(per, n_blocks - start)
         raw = rng.bit_generator.random_raw((n * t.block_bytes + 7) // 8).view(np.uint8)[: n * t.block_bytes]
@@ -281,13 +282,14 @@ def is_complete(path: str | os.PathLike[str], shape: str, seed: int = 0) -> bool
 
 
 def ensure_synthetic(shape: str, seed: int = 0, progress: Callable[[SyntheticProgress], None] | None = None,
-                     cancel: Cancel | None = None, say: Callable[[str], None] | None = None) -> Path:
-    """The cached synthetic model ``shape``: reused when complete, otherwise written (fetching the vocabulary's
-    catalogue model first if needed)."""
+                     cancel: Cancel | None = None, say: Callable[[str], None] | None = None,
+                     vocab_source: str | os.PathLike[str] | None = None) -> Path:
+    """The cached synthetic model ``shape``: reused when complete, otherwise written with the vocabulary of
+    ``vocab_source`` (default: the SmolLM2 catalogue model, fetched first if needed)."""
     from . import catalog
 
     target = synthetic_path(shape)
     if is_complete(target, shape, seed):
         return target
-    vocab = catalog.fetch(VOCAB_MODEL, progress=say)
+    vocab = vocab_source if vocab_source is not None else catalog.fetch(VOCAB_MODEL, progress=say)
     return write_synthetic(target, shape, vocab, seed, progress, cancel)

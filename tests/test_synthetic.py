@@ -133,6 +133,12 @@ def test_ensure_reuses_a_complete_file_and_remakes_a_broken_one(smol, tmp_path, 
     seen = []
     p = S.ensure_synthetic("tiny", vocab_source=smol, progress=seen.append)
     assert p == target and seen[-1].done == seen[-1].total and S.is_complete(p, "tiny")
+    p.unlink()
+    (tmp_path / "cache" / smol.name).symlink_to(smol)  # the vocabulary's model "cached": nothing is downloaded
+    assert main(["bench", "--synthetic=tiny"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == str(target) and "100%" in err and S.is_complete(p, "tiny")
+    assert main(["bench", "--synthetic", "9b"]) == 2 and "invalid choice: '9b'" in capsys.readouterr().err
     ino = p.stat().st_ino
     assert S.ensure_synthetic("tiny", vocab_source=smol).stat().st_ino == ino  # reused, not rewritten
     assert not S.is_complete(p, "tiny", seed=3)

@@ -547,7 +547,7 @@ def cmd_bench_synthetic(args: argparse.Namespace) -> int:
     from . import synthetic
 
     if args.path_only:
-        print(synthetic.synthetic_path(args.shape))
+        print(synthetic.synthetic_path(args.shape, args.seed))
         return 0
     bar = _Bar(f"synthetic {args.shape}")
     try:

@@ -131,11 +131,13 @@ def tensor_plan(shape: Shape, n_vocab: int) -> list[TensorSpec]:
     return out
 
 
-def synthetic_path(shape: str) -> Path:
-    """Where :func:`ensure_synthetic` keeps a shape (whether or not it is there yet)."""
+def synthetic_path(shape: str, seed: int = 0) -> Path:
+    """Where :func:`ensure_synthetic` keeps a shape (whether or not it is there yet); a seed other than 0 is
+    part of the name."""
     from .catalog import cache_dir
 
-    return cache_dir() / "synthetic" / f"llama-{get_shape(shape).name}-q4km.gguf"
+    suffix = f"-seed{seed}" if seed else ""
+    return cache_dir() / "synthetic" / f"llama-{get_shape(shape).name}-q4km{suffix}.gguf"
 
 
 def marker(shape: Shape, seed: int) -> str:
@@ -288,7 +290,7 @@ def ensure_synthetic(shape: str, seed: int = 0, progress: Callable[[SyntheticPro
     ``vocab_source`` (default: the SmolLM2 catalogue model, fetched first if needed)."""
     from . import catalog
 
-    target = synthetic_path(shape)
+    target = synthetic_path(shape, seed)
     if is_complete(target, shape, seed):
         return target
     vocab = vocab_source if vocab_source is not None else catalog.fetch(VOCAB_MODEL, progress=say)

@@ -146,5 +146,6 @@ def test_ensure_reuses_a_complete_file_and_remakes_a_broken_one(smol, tmp_path, 
         fh.truncate(p.stat().st_size - 4096)
     assert not S.is_complete(p, "tiny")
     assert S.is_complete(S.ensure_synthetic("tiny", vocab_source=smol), "tiny")
+    assert S.synthetic_path("tiny", seed=7).name == "llama-tiny-q4km-seed7.gguf"
     with pytest.raises(ValueError, match="unknown synthetic shape"):
         S.synthetic_path("9b")

@@ -76,7 +76,15 @@ def resolve_models(names: list[str]) -> list[tuple[str, Path]]:
             out.append((name, catalog.fetch(name, progress=lambda m: print(m, file=sys.stderr))))
         elif name in synthetic.SHAPES:
             print(f"synthetic {name}: {synthetic.synthetic_path(name)}", file=sys.stderr)
-            out.append((f"synthetic-{name}", synthetic.ensure_synthetic(name)))
+            shown = [-1]
+
+            def tell(p: synthetic.SyntheticProgress, shown: list[int] = shown, name: str = name) -> None:
+                pct = 100 * p.done // p.total
+                if pct // 10 != shown[0] // 10:
+                    print(f"synthetic {name}: writing, {pct}%", file=sys.stderr)
+                shown[0] = pct
+
+            out.append((f"synthetic-{name}", synthetic.ensure_synthetic(name, progress=tell)))
         elif Path(name).is_file():
             out.append((Path(name).name, Path(name)))
         else:

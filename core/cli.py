@@ -17,7 +17,8 @@ from .gguf import GGUFError, GGUFFile
 
 COMMANDS = ("inspect", "dump-block", "models", "bench", "convert", "verify", "generate", "chat", "tokenize",
             "perplexity", "desktop")
-BENCH_KINDS = ("open", "kernels", "convert", "model")
+BENCH_KINDS = ("open", "kernels", "convert", "model", "synthetic")
+SYNTHETIC_SHAPES = ("tiny", "1b", "3b", "8b")  # core.synthetic.SHAPES, named here without importing numpy
 KERNEL_TYPES_HELP = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32")
 
 
@@ -540,6 +541,24 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_synthetic(args: argparse.Namespace) -> int:
+    from . import synthetic
+
+    if args.path_only:
+        print(synthetic.synthetic_path(args.shape, args.seed))
+        return 0
+    bar = _Bar(f"synthetic {args.shape}")
+    try:
+        path = synthetic.ensure_synthetic(args.shape, args.seed, lambda p: bar(p.done, p.total, p.tensor),
+                                          say=lambda m: print(m, file=sys.stderr))
+    except (OSError, PathRefused) as exc:
+        raise CLIError(f"cannot write the synthetic {args.shape} model: {exc}") from None
+    finally:
+        bar.close()
+    print(path)
+    return 0
+
+
 def _peak_rss_mb() -> float:
     import resource
 
@@ -688,6 +707,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench_model)
+    b = bsub.add_parser("synthetic", help="write (once, into the model cache) and print a random-weight llama of a "
+                        "named shape, Q4_K_M mix, SmolLM2 vocabulary: the file to compare engines on")
+    b.add_argument("shape", choices=tuple(SYNTHETIC_SHAPES))
+    b.add_argument("--path-only", action="store_true", help="print where it is (or would be); write nothing")
+    b.add_argument("--seed", type=_int_arg(0), default=0)
+    b.set_defaults(func=cmd_bench_synthetic)
     b = bsub.add_parser("convert", help="GGUF -> bump conversion vs hashing and copying the same bytes")
     b.add_argument("file")
     b.add_argument("--repeat", type=int, default=3)
@@ -756,6 +781,8 @@ def main(argv: list[str] | None = None) -> int:
         return launch_gui(argv)
     if len(argv) > 1 and argv[0] == "bench" and argv[1] not in BENCH_KINDS and not argv[1].startswith("-"):
         argv = ["bench", "model", *argv[1:]]  # `quantscope bench FILE …` benchmarks a model
+    elif len(argv) > 1 and argv[0] == "bench" and argv[1].startswith("--synthetic"):  # = `bench synthetic SHAPE`
+        argv = ["bench", "synthetic", *argv[1].split("=", 1)[1:], *argv[2:]]
     parser = build_parser()
     file = None
     try:

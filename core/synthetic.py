@@ -1,0 +1,297 @@
+"""Random-weight llama GGUF files of the sizes people run, for reproducible speed comparisons.
+
+A synthetic model has a real architecture and a real vocabulary but random weights: speed does not depend on
+the values, only on the shapes and tensor types, so anyone can write the same file and measure the same work.
+
+* Shapes (:data:`SHAPES`): ``1b`` (Llama-3.2-1B-like), ``3b`` (Llama-3.2-3B-like), ``8b`` (Llama-3.1-8B-like)
+  and ``tiny`` (2 layers of 256, for tests).
+* Types, the Q4_K_M mix: Q4_K everywhere (``token_embd`` included), Q6_K for ``output.weight`` (untied) and for
+  ``attn_v`` and ``ffn_down`` of the layers llama-quantize's Q4_K_M gives more bits (:func:`use_more_bits`: the
+  first and last eighth of the layers and every third one in between, about half of them), F32 norms (ones).
+* Vocabulary: every ``tokenizer.*`` metadata entry of SmolLM2-135M (49,152 tokens, gpt2 BPE, the ``smollm``
+  pre-tokenizer, special ids, chat template), copied byte for byte; ``token_embd`` and ``output`` have that many
+  rows.
+* Blocks are valid: random code bytes with small positive finite fp16 super-block scales (Q4_K ``d``/``dmin``
+  at bytes 0/2, Q6_K ``d`` at byte 208), so every engine stays finite.
+
+The file is deterministic for a seed (one PCG64 stream per tensor), streamed a few MiB at a time (an 8B file
+never needs its size in memory), and written through :class:`~.fsutil.OutputSet`: an unnamed temporary renamed
+into place only when complete, so a cancel, an error or a kill leaves nothing. :func:`ensure_synthetic` keeps
+the files in ``cache_dir()/synthetic`` and reuses a complete one.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from .fsutil import OutputSet, open_input
+from .gguf import GGUFFile
+from .gguf.constants import DEFAULT_ALIGNMENT, FileType, ValueType
+from .quant import ggml_type
+
+#: Bumped when the bytes a given shape and seed produce change; part of the marker key, so old files are remade.
+FORMAT_VERSION = 2
+MARKER_KEY = "quantscope.synthetic"
+#: Super-block scales (fp16, normal numbers) are drawn uniformly from these ranges: weights with an RMS of about
+#: 0.05 (Q4_K) and 0.12 (Q6_K, whose int8 sub-scales and signed codes are larger), every one below 1.
+SCALE_RANGE = {"Q4_K": (1e-4, 2e-4), "Q6_K": (6.2e-5, 1.2e-4)}
+CHUNK_BYTES = 4 << 20
+VOCAB_MODEL = "smollm2"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A llama model's dimensions."""
+
+    name: str
+    n_layers: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    like: str
+    rope_base: float = 500000.0
+    n_ctx: int = 8192
+
+
+SHAPES: dict[str, Shape] = {s.name: s for s in (
+    Shape("tiny", 2, 256, 512, 4, 2, 64, "a test-sized llama"),
+    Shape("1b", 16, 2048, 8192, 32, 8, 64, "Llama-3.2-1B"),
+    Shape("3b", 28, 3072, 8192, 24, 8, 128, "Llama-3.2-3B"),
+    Shape("8b", 32, 4096, 14336, 32, 8, 128, "Llama-3.1-8B"),
+)}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    ne: tuple[int, ...]
+    type_name: str
+
+    @property
+    def n_bytes(self) -> int:
+        t = ggml_type(self.type_name)
+        n = 1
+        for d in self.ne:
+            n *= d
+        return n // t.block_elems * t.block_bytes
+
+
+@dataclass(frozen=True)
+class SyntheticProgress:
+    done: int  # bytes of tensor data written
+    total: int
+    tensor: str
+
+
+class Cancel(Protocol):
+    @property
+    def cancelled(self) -> bool: ...
+
+
+class SyntheticCancelled(Exception):
+    """Writing was cancelled; nothing was left at the target path."""
+
+
+def get_shape(name: str) -> Shape:
+    try:
+        return SHAPES[name]
+    except KeyError:
+        raise ValueError(f"unknown synthetic shape {name!r}; known: {', '.join(SHAPES)}") from None
+
+
+def use_more_bits(i_layer: int, n_layers: int) -> bool:
+    """llama-quantize's Q4_K_M rule for the layers whose attn_v and ffn_down get Q6_K: the first eighth, the
+    last eighth, and every third layer in between (integer division, as in C)."""
+    eighth = n_layers // 8
+    return i_layer < eighth or i_layer >= 7 * n_layers // 8 or (i_layer - eighth) % 3 == 2
+
+
+def tensor_plan(shape: Shape, n_vocab: int) -> list[TensorSpec]:
+    """Every tensor of the model in file order, with its ``ne`` (row length first) and type."""
+    e, f, q, kv = shape.n_embd, shape.n_ff, shape.n_head * shape.head_dim, shape.n_head_kv * shape.head_dim
+    out = [TensorSpec("token_embd.weight", (e, n_vocab), "Q4_K")]
+    for i in range(shape.n_layers):
+        more = "Q6_K" if use_more_bits(i, shape.n_layers) else "Q4_K"
+        p = f"blk.{i}."
+        out += [TensorSpec(p + "attn_norm.weight", (e,), "F32"), TensorSpec(p + "attn_q.weight", (e, q), "Q4_K"),
+                TensorSpec(p + "attn_k.weight", (e, kv), "Q4_K"), TensorSpec(p + "attn_v.weight", (e, kv), more),
+                TensorSpec(p + "attn_output.weight", (q, e), "Q4_K"), TensorSpec(p + "ffn_norm.weight", (e,), "F32"),
+                TensorSpec(p + "ffn_gate.weight", (e, f), "Q4_K"), TensorSpec(p + "ffn_up.weight", (e, f), "Q4_K"),
+                TensorSpec(p + "ffn_down.weight", (f, e), more)]
+    out += [TensorSpec("output_norm.weight", (e,), "F32"), TensorSpec("output.weight", (e, n_vocab), "Q6_K")]
+    return out
+
+
+def synthetic_path(shape: str, seed: int = 0) -> Path:
+    """Where :func:`ensure_synthetic` keeps a shape (whether or not it is there yet); a seed other than 0 is
+    part of the name."""
+    from .catalog import cache_dir
+
+    suffix = f"-seed{seed}" if seed else ""
+    return cache_dir() / "synthetic" / f"llama-{get_shape(shape).name}-q4km{suffix}.gguf"
+
+
+def marker(shape: Shape, seed: int) -> str:
+    return f"llama-{shape.name} seed {seed} format {FORMAT_VERSION}"
+
+
+# --- GGUF encoding -----------------------------------------------------------------------------------------------
+
+def _str(s: str) -> bytes:
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+def _kv(key: str, vtype: ValueType, value: object) -> bytes:
+    fmt = {ValueType.UINT32: "<I", ValueType.FLOAT32: "<f", ValueType.BOOL: "<?"}
+    body = _str(str(value)) if vtype == ValueType.STRING else struct.pack(fmt[vtype], value)
+    return _str(key) + struct.pack("<I", int(vtype)) + body
+
+
+def _align(n: int, a: int = DEFAULT_ALIGNMENT) -> int:
+    return (n + a - 1) // a * a
+
+
+def tokenizer_entries(vocab_source: str | os.PathLike[str]) -> tuple[list[bytes], int]:
+    """The raw bytes of every ``tokenizer.*`` metadata entry of ``vocab_source`` and its vocabulary size."""
+    with GGUFFile(vocab_source) as f:
+        spans = [(kv.offset, kv.end) for key, kv in f.metadata.items() if key.startswith("tokenizer.")]
+        tokens = f.metadata.get("tokenizer.ggml.tokens")
+        if tokens is None:
+            raise ValueError(f"{vocab_source}: no tokenizer.ggml.tokens to copy")
+        n_vocab = len(tokens.value)
+    fd = open_input(vocab_source)
+    try:
+        return [os.pread(fd, end - start, start) for start, end in spans], n_vocab
+    finally:
+        os.close(fd)
+
+
+def header_bytes(shape: Shape, seed: int, tok_entries: list[bytes], n_vocab: int) -> tuple[bytes, list[TensorSpec]]:
+    """Header, metadata, tensor infos and padding up to the data section; and the tensors in data order."""
+    a = "llama."
+    kvs = [
+        _kv("general.architecture", ValueType.STRING, "llama"),
+        _kv("general.name", ValueType.STRING, f"synthetic llama {shape.name} ({shape.like} shape, random weights)"),
+        _kv("general.file_type", ValueType.UINT32, int(FileType.MOSTLY_Q4_K_M)),
+        _kv("general.quantization_version", ValueType.UINT32, 2),
+        _kv(MARKER_KEY, ValueType.STRING, marker(shape, seed)),
+        _kv(a + "block_count", ValueType.UINT32, shape.n_layers),
+        _kv(a + "context_length", ValueType.UINT32, shape.n_ctx),
+        _kv(a + "embedding_length", ValueType.UINT32, shape.n_embd),
+        _kv(a + "feed_forward_length", ValueType.UINT32, shape.n_ff),
+        _kv(a + "attention.head_count", ValueType.UINT32, shape.n_head),
+        _kv(a + "attention.head_count_kv", ValueType.UINT32, shape.n_head_kv),
+        _kv(a + "attention.key_length", ValueType.UINT32, shape.head_dim),
+        _kv(a + "attention.value_length", ValueType.UINT32, shape.head_dim),
+        _kv(a + "rope.dimension_count", ValueType.UINT32, shape.head_dim),
+        _kv(a + "rope.freq_base", ValueType.FLOAT32, shape.rope_base),
+        _kv(a + "attention.layer_norm_rms_epsilon", ValueType.FLOAT32, 1e-5),
+        _kv(a + "vocab_size", ValueType.UINT32, n_vocab),
+        *tok_entries,
+    ]
+    plan = tensor_plan(shape, n_vocab)
+    infos = []
+    offset = 0
+    for t in plan:
+        infos.append(_str(t.name) + struct.pack("<I", len(t.ne)) + struct.pack(f"<{len(t.ne)}Q", *t.ne)
+                     + struct.pack("<IQ", ggml_type(t.type_name).id, offset))
+        offset = _align(offset + t.n_bytes)
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(plan), len(kvs)) + b"".join(kvs) + b"".join(infos)
+    return head + b"\0" * (_align(len(head)) - len(head)), plan
+
+
+def expected_size(head: bytes, plan: list[TensorSpec]) -> int:
+    """The file's size: the header, then every tensor padded to the alignment (the last one too)."""
+    return len(head) + sum(_align(t.n_bytes) for t in plan)
+
+
+# --- tensor data -------------------------------------------------------------------------------------------------
+
+def tensor_chunks(spec: TensorSpec, rng: np.random.Generator,
+                  chunk_bytes: int = CHUNK_BYTES) -> Iterator[np.ndarray]:
+    """The tensor's bytes in pieces of about ``chunk_bytes``: valid random blocks (F32: ones)."""
+    if spec.type_name == "F32":
+        yield np.ones(spec.n_bytes // 4, np.float32).view(np.uint8)
+        return
+    t = ggml_type(spec.type_name)
+    scale_at = {"Q4_K": (0, 2), "Q6_K": (208,)}[t.name]
+    n_blocks = spec.n_bytes // t.block_bytes
+    per = max(1, chunk_bytes // t.block_bytes)
+    lo, hi = SCALE_RANGE[t.name]
+    for start in range(0, n_blocks, per):
+        n = min(per, n_blocks - start)
+        raw = rng.bit_generator.random_raw((n * t.block_bytes + 7) // 8).view(np.uint8)[: n * t.block_bytes]
+        blocks = raw.reshape(n, t.block_bytes)
+        for off in scale_at:
+            s = (lo + rng.random(n) * (hi - lo)).astype(np.float16)
+            blocks[:, off : off + 2] = s.view(np.uint8).reshape(n, 2)
+        yield raw
+
+
+def write_synthetic(path: str | os.PathLike[str], shape: str | Shape, vocab_source: str | os.PathLike[str],
+                    seed: int = 0, progress: Callable[[SyntheticProgress], None] | None = None,
+                    cancel: Cancel | None = None) -> Path:
+    """Write the random-weight model ``shape`` to ``path`` atomically; returns the path written.
+
+    Raises :class:`SyntheticCancelled` (leaving nothing) when ``cancel.cancelled`` becomes true."""
+    sh = shape if isinstance(shape, Shape) else get_shape(shape)
+    tok, n_vocab = tokenizer_entries(vocab_source)
+    head, plan = header_bytes(sh, seed, tok, n_vocab)
+    total = sum(t.n_bytes for t in plan)
+    report = progress or (lambda _p: None)
+    done = 0
+    with OutputSet([("synthetic", path)], inputs=[vocab_source]) as outs:
+        outs.open("synthetic")
+        outs.write_bytes("synthetic", head)
+        for i, spec in enumerate(plan):
+            rng = np.random.default_rng([seed, i])
+            for piece in tensor_chunks(spec, rng):
+                if cancel is not None and cancel.cancelled:
+                    raise SyntheticCancelled("writing the synthetic model was cancelled")
+                outs.write_bytes("synthetic", piece.data)
+                done += piece.nbytes
+                report(SyntheticProgress(done, total, spec.name))
+            outs.write_bytes("synthetic", b"\0" * (_align(spec.n_bytes) - spec.n_bytes))
+        outs.commit()
+        return outs.target("synthetic")
+
+
+def is_complete(path: str | os.PathLike[str], shape: str, seed: int = 0) -> bool:
+    """Does ``path`` hold the finished synthetic model ``shape`` of ``seed`` (marker and full size)?"""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    try:
+        with GGUFFile(p) as f:
+            if f.get(MARKER_KEY) != marker(get_shape(shape), seed) or not f.tensors:
+                return False
+            last = max(f.tensors, key=lambda t: t.data_offset)
+            if last.n_bytes is None:
+                return False
+            return f.file_size == _align(last.data_offset + last.n_bytes, f.alignment)
+    except (OSError, ValueError):
+        return False
+
+
+def ensure_synthetic(shape: str, seed: int = 0, progress: Callable[[SyntheticProgress], None] | None = None,
+                     cancel: Cancel | None = None, say: Callable[[str], None] | None = None,
+                     vocab_source: str | os.PathLike[str] | None = None) -> Path:
+    """The cached synthetic model ``shape``: reused when complete, otherwise written with the vocabulary of
+    ``vocab_source`` (default: the SmolLM2 catalogue model, fetched first if needed)."""
+    from . import catalog
+
+    target = synthetic_path(shape, seed)
+    if is_complete(target, shape, seed):
+        return target
+    vocab = vocab_source if vocab_source is not None else catalog.fetch(VOCAB_MODEL, progress=say)
+    return write_synthetic(target, shape, vocab, seed, progress, cancel)

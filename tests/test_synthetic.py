@@ -1,0 +1,151 @@
+"""Synthetic random-weight llama files (core/synthetic.py): the tiny shape end to end, the documented type
+layout, determinism, cancel and reuse. The big shapes are only planned here (sizes), never written."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from quantscope.core import synthetic as S
+from quantscope.core.chat import SamplerParams
+from quantscope.core.gguf import GGUFFile
+from quantscope.core.model import read_config
+from quantscope.core.native import kernels as K
+
+from .conftest import require_model
+
+
+@pytest.fixture(scope="module")
+def smol() -> Path:
+    return require_model("smollm2")
+
+
+@pytest.fixture(scope="module")
+def tiny(smol, tmp_path_factory) -> Path:
+    return S.write_synthetic(tmp_path_factory.mktemp("syn") / "tiny.gguf", "tiny", smol)
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_tiny_opens_validates_and_generates(tiny, smol):
+    from quantscope.core.engine.generate import Engine
+
+    mine_bytes, src_bytes = tiny.read_bytes(), smol.read_bytes()
+    with GGUFFile(tiny) as f, GGUFFile(smol) as src:
+        cfg = read_config(f)
+        assert (cfg.arch, cfg.n_layers, cfg.n_embd, cfg.n_ff, cfg.n_head, cfg.n_head_kv, cfg.head_dim) == (
+            "llama", 2, 256, 512, 4, 2, 64)
+        assert cfg.n_vocab == 49152 == len(f.get("tokenizer.ggml.tokens"))
+        for key, kv in src.metadata.items():  # the whole tokenizer, byte for byte
+            if key.startswith("tokenizer."):
+                mine = f.metadata[key]
+                assert mine_bytes[mine.offset : mine.end] == src_bytes[kv.offset : kv.end], key
+        assert f.get("general.file_type") == 15 and f.get(S.MARKER_KEY) == S.marker(S.SHAPES["tiny"], 0)
+    e = Engine(tiny, n_ctx=64, threads=1, backend="cpu")
+    try:
+        logits = e.model.session(16).forward(e.tokenizer.encode("Hello world"))
+        assert np.isfinite(logits).all()
+        deltas = list(e.generate("Hello", SamplerParams(temperature=0, max_tokens=3)))
+        assert deltas[-1].finished and deltas[-1].n_generated == 3
+    finally:
+        e.close()
+
+
+def test_layout_is_the_documented_q4_k_m_mix(tiny):
+    assert [i for i in range(16) if S.use_more_bits(i, 16)] == [0, 1, 4, 7, 10, 13, 14, 15]
+    assert [i for i in range(32) if S.use_more_bits(i, 32)] == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28,
+                                                                  29, 30, 31]
+    with GGUFFile(tiny) as f:
+        types = {t.name: t.type_name for t in f.tensors}
+        assert types.pop("token_embd.weight") == "Q4_K" and types.pop("output.weight") == "Q6_K"
+        assert types.pop("output_norm.weight") == "F32"
+        for name, ty in types.items():
+            layer, kind = int(name.split(".")[1]), name.split(".")[2]
+            if kind.endswith("norm"):
+                assert ty == "F32", name
+            elif kind in ("attn_v", "ffn_down"):
+                assert ty == ("Q6_K" if S.use_more_bits(layer, 2) else "Q4_K"), name
+            else:
+                assert ty == "Q4_K", name
+        for name in ("blk.1.ffn_down.weight", "output.weight", "blk.0.attn_q.weight"):
+            w = K.dequantize(f.tensor_rows(name), f.tensor(name).type_name, threads=1)
+            assert np.isfinite(w).all() and 0.02 < np.sqrt(np.mean(w * w)) < 0.2 and np.abs(w).max() < 1, name
+        assert np.all(f.tensor_array("blk.0.attn_norm.weight") == 1)
+
+
+def test_planned_sizes_match_the_issue(smol):
+    tok, n_vocab = S.tokenizer_entries(smol)
+    sizes = {}
+    for name in ("1b", "3b", "8b"):
+        head, plan = S.header_bytes(S.SHAPES[name], 0, tok, n_vocab)
+        sizes[name] = S.expected_size(head, plan)
+    assert round(sizes["1b"] / 1e6) == 725 and round(sizes["8b"] / 1e9, 2) == 4.47
+    assert sizes["1b"] < sizes["3b"] < sizes["8b"]
+
+
+def test_same_seed_same_bytes(tiny, smol, tmp_path):
+    again = S.write_synthetic(tmp_path / "again.gguf", "tiny", smol)
+    assert _sha(again) == _sha(tiny)
+    other = S.write_synthetic(tmp_path / "other.gguf", "tiny", smol, seed=1)
+    assert _sha(other) != _sha(tiny) and other.stat().st_size == tiny.stat().st_size
+
+
+class _CancelAfter:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    @property
+    def cancelled(self) -> bool:
+        self.n -= 1
+        return self.n < 0
+
+
+def test_cancel_and_errors_leave_no_debris(smol, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(S.SyntheticCancelled):
+        S.write_synthetic(out / "c.gguf", "tiny", smol, cancel=_CancelAfter(2))
+    assert os.listdir(out) == []
+
+    def boom(p: S.SyntheticProgress) -> None:
+        if p.done > 1 << 20:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        S.write_synthetic(out / "k.gguf", "tiny", smol, progress=boom)
+    assert os.listdir(out) == []
+
+
+def test_ensure_reuses_a_complete_file_and_remakes_a_broken_one(smol, tmp_path, monkeypatch, capsys):
+    from quantscope.core.cli import SYNTHETIC_SHAPES, main
+
+    assert tuple(S.SHAPES) == SYNTHETIC_SHAPES
+    monkeypatch.setenv("QUANTSCOPE_MODELS", str(tmp_path / "cache"))
+    assert main(["bench", "--synthetic", "tiny", "--path-only"]) == 0
+    target = Path(capsys.readouterr().out.strip())
+    assert target == S.synthetic_path("tiny") == tmp_path / "cache" / "synthetic" / "llama-tiny-q4km.gguf"
+    assert not target.exists()
+    seen = []
+    p = S.ensure_synthetic("tiny", vocab_source=smol, progress=seen.append)
+    assert p == target and seen[-1].done == seen[-1].total and S.is_complete(p, "tiny")
+    p.unlink()
+    (tmp_path / "cache" / smol.name).symlink_to(smol)  # the vocabulary's model "cached": nothing is downloaded
+    assert main(["bench", "--synthetic=tiny"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == str(target) and "100%" in err and S.is_complete(p, "tiny")
+    assert main(["bench", "--synthetic", "9b"]) == 2 and "invalid choice: '9b'" in capsys.readouterr().err
+    ino = p.stat().st_ino
+    assert S.ensure_synthetic("tiny", vocab_source=smol).stat().st_ino == ino  # reused, not rewritten
+    assert not S.is_complete(p, "tiny", seed=3)
+    with open(p, "r+b") as fh:
+        fh.truncate(p.stat().st_size - 4096)
+    assert not S.is_complete(p, "tiny")
+    assert S.is_complete(S.ensure_synthetic("tiny", vocab_source=smol), "tiny")
+    assert S.synthetic_path("tiny", seed=7).name == "llama-tiny-q4km-seed7.gguf"
+    with pytest.raises(ValueError, match="unknown synthetic shape"):
+        S.synthetic_path("9b")

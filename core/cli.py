@@ -562,6 +562,13 @@ def cmd_bench_synthetic(args: argparse.Namespace) -> int:
 def _peak_rss_mb() -> float:
     import resource
 
+    try:  # VmHWM: this process's own peak (ru_maxrss carries a large parent's size across fork and exec)
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

@@ -9,7 +9,9 @@ For each model, ``--reps`` rounds; each round runs, in an order that alternates 
 * our read-bandwidth probe (``core.bench.memory_bandwidth``: a native read-only stream over 256 MiB at T
   threads), so the decode figures are compared with the bandwidth of the same minutes.
 
-Every engine runs in its own process; its peak RSS is that process's ``ru_maxrss`` (``wait4``). Medians over the
+Every engine runs in its own process; its peak RSS is the high-water mark of that process's own memory (``VmHWM``
+in /proc/PID/status, polled while it runs). Not ``ru_maxrss``: Linux carries it across fork and exec, so a child
+of this (large) script would report the script's size. Medians over the
 rounds are printed as a table: decode and prefill tokens/s of both and their ratios (ours / llama), decode
 GB/s (bytes one decoded token reads: every tensor but the embedding, whose one row is negligible, unless the
 output is tied to it) and its fraction of the measured read bandwidth, and our peak RSS against the budget
@@ -46,13 +48,28 @@ from quantscope.core import catalog, synthetic
 RSS_SLACK = 150e6
 
 
+def _hwm_bytes(pid: int) -> float:
+    """``VmHWM`` of a running process (its peak resident memory since its exec), 0 when gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return float(line.split()[1]) * 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
 def run_measured(cmd: list[str], timeout: float) -> tuple[str, float]:
-    """Run ``cmd``; its stdout and peak RSS in bytes (from wait4). Raises RuntimeError with stderr on failure."""
+    """Run ``cmd``; its stdout and peak RSS in bytes (VmHWM, polled every 20 ms: the mark only grows, so the last
+    reading before the exit is the peak up to then). Raises RuntimeError with stderr on failure."""
     with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out:
         p = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
+        peak = 0.0
         while True:
-            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+            peak = max(peak, _hwm_bytes(p.pid))
+            pid, status, _usage = os.wait4(p.pid, os.WNOHANG)
             if pid:
                 break
             if time.monotonic() > deadline:
@@ -66,7 +83,7 @@ def run_measured(cmd: list[str], timeout: float) -> tuple[str, float]:
         if p.returncode:
             tail = err.read().decode(errors="replace").strip()[-1500:]
             raise RuntimeError(f"exit status {p.returncode}: {' '.join(cmd)}\n{tail}")
-        return out.read().decode(errors="replace"), usage.ru_maxrss * 1024.0
+        return out.read().decode(errors="replace"), peak
 
 
 def resolve_models(names: list[str]) -> list[tuple[str, Path]]:

@@ -374,7 +374,7 @@ def _params(args: argparse.Namespace) -> Any:
     seed = None if args.seed is None or args.seed < 0 else args.seed  # -1: a random seed, as in llama.cpp
     return SamplerParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                          repeat_penalty=args.repeat_penalty, seed=seed, max_tokens=args.n_predict,
-                         stop=list(args.stop or []))
+                         stop=list(args.stop or []), special=args.special)
 
 
 def _stream(eng: Any, prompt: Any, args: argparse.Namespace, **kw: Any) -> Any:
@@ -587,6 +587,8 @@ def _add_sampling(s: argparse.ArgumentParser) -> None:
     s.add_argument("--repeat-penalty", type=_float_arg(0.0, lo_open=True), default=1.0)
     s.add_argument("--seed", type=_int_arg(-1), help="same seed, same text (-1 or none: a random seed)")
     s.add_argument("--stop", action="append", help="stop string (repeatable)")
+    s.add_argument("--special", action="store_true",
+                   help="print control tokens (<|im_end|>, <start_of_image>, …) instead of leaving them out")
     s.add_argument("-c", "--ctx", type=_int_arg(1, MAX_CTX), default=4096, help="context size")
     s.add_argument("-t", "--threads", type=_int_arg(0, MAX_THREADS), default=0, help="0 = one per core")
     s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")

@@ -247,3 +247,13 @@ def test_controller_binds_a_conversation_to_its_model(tmp_path):
         ctl.editing = 0  # an edit replaces the message and drops what followed
         ctl.add_user("edited")
         assert [m.content for m in ctl.messages] == ["edited"]
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_cli_special_flag_reaches_the_sampler(command):
+    """`--special` is the command line's "Show control tokens": off by default, on when given."""
+    from quantscope.core import cli
+
+    parser = cli.build_parser()
+    assert cli._params(parser.parse_args([command, "m.gguf"])).special is False
+    assert cli._params(parser.parse_args([command, "m.gguf", "--special"])).special is True

@@ -387,3 +387,18 @@ def test_cli_commands_end_with_one_error_line(model_path, tmp_path: Path, comman
     lines = _error_lines(err)
     assert len(lines) == 1, err
     assert lines[0].startswith(f"quantscope: error: {copy} changed while it was being read ("), err
+
+
+def test_vocabulary_read_of_a_truncated_file_raises(model_path, tmp_path: Path) -> None:
+    """The tokenizer reads every token string at once: one guarded copy, so a truncated file is an error."""
+    from quantscope.core.gguf import GGUFFile
+
+    copy = tmp_path / "model.gguf"
+    shutil.copyfile(model_path("smollm2"), copy)
+    f = GGUFFile(copy)
+    tokens = f.get("tokenizer.ggml.tokens")
+    whole = list(tokens)
+    assert len(whole) == 49152 and whole[:2] == [tokens[0], tokens[1]]
+    os.truncate(copy, 4096)  # the vocabulary lies past the first page
+    with pytest.raises(K.MappedFileError, match="string array"):
+        list(tokens)

@@ -100,10 +100,15 @@ class StringArray(Sequence[str]):
         return self.raw(i).decode("utf-8")
 
     def __iter__(self) -> Iterator[str]:
+        """Every element in order, decoded from one guarded copy of the array's bytes: a whole-vocabulary read
+        (the tokenizer) of a file truncated under it raises ``MappedFileError`` instead of dying by SIGBUS."""
+        from ..native.kernels import copy_mapped
+
         off = self._offsets()
-        buf, start = self._buf, self._start
+        blob = copy_mapped(np.frombuffer(self._buf, np.uint8, count=self.nbytes, offset=self._start),
+                           "string array").tobytes()
         for k in range(self._count):
-            yield bytes(buf[start + int(off[k]) + 8 : start + int(off[k + 1])]).decode("utf-8")
+            yield blob[int(off[k]) + 8 : int(off[k + 1])].decode("utf-8")
 
     def to_list(self) -> list[str]:
         """Every element as a ``str`` (allocates one object per element)."""

@@ -23,6 +23,19 @@ def rss_bytes() -> int:
         return 0
 
 
+def peak_rss_bytes(pid: int | str = "self") -> int:
+    """Peak resident set size of a process since its exec (``VmHWM``; 0 when unknown or gone). Not ``ru_maxrss``:
+    Linux carries that across fork and exec, so a child of a large process reports the parent's size."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def time_call(fn: Callable[[], Any], repeat: int) -> list[float]:
     """Wall times (seconds) of ``repeat`` calls."""
     out = []

@@ -562,14 +562,10 @@ def cmd_bench_synthetic(args: argparse.Namespace) -> int:
 def _peak_rss_mb() -> float:
     import resource
 
-    try:  # VmHWM: this process's own peak (ru_maxrss carries a large parent's size across fork and exec)
-        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    from .bench import peak_rss_bytes
+
+    peak = peak_rss_bytes()
+    return peak / 2**20 if peak else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _isa() -> str:

@@ -115,3 +115,22 @@ def test_bench_kernels_reports_prefill_gemm_against_row_dots():
     assert all(g["gemm_gmac_s"] > 0 and g["dots_gmac_s"] > 0 and g["cols"] == 128 for g in rows)
     text = render_kernels(r)
     assert "tiled GEMM" in text and "Q5_0    model 896x4864" in text
+
+
+def test_peak_rss_is_the_process_own_not_its_parents():
+    """`quantscope bench`'s peak RSS: a small child of a large parent reports its own size (ru_maxrss would carry
+    the parent's across fork and exec)."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from quantscope.core.bench import peak_rss_bytes
+
+    big = np.ones(300 << 20, dtype=np.uint8)  # 300 MiB resident in this process
+    assert peak_rss_bytes() >= big.nbytes
+    out = subprocess.run([sys.executable, "-c", "from quantscope.core.bench import peak_rss_bytes; "
+                          "import numpy as np; a = np.ones(64 << 20, dtype=np.uint8); print(peak_rss_bytes())"],
+                         capture_output=True, text=True, check=True).stdout
+    child = int(out)
+    assert 64 << 20 <= child < 200 << 20

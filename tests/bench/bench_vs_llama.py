@@ -44,20 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import llamacpp_build
 
 from quantscope.core import catalog, synthetic
+from quantscope.core.bench import peak_rss_bytes
 
 RSS_SLACK = 150e6
-
-
-def _hwm_bytes(pid: int) -> float:
-    """``VmHWM`` of a running process (its peak resident memory since its exec), 0 when gone."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return float(line.split()[1]) * 1024.0
-    except OSError:
-        pass
-    return 0.0
 
 
 def run_measured(cmd: list[str], timeout: float) -> tuple[str, float]:
@@ -68,7 +57,7 @@ def run_measured(cmd: list[str], timeout: float) -> tuple[str, float]:
         deadline = time.monotonic() + timeout
         peak = 0.0
         while True:
-            peak = max(peak, _hwm_bytes(p.pid))
+            peak = max(peak, float(peak_rss_bytes(p.pid)))
             pid, status, _usage = os.wait4(p.pid, os.WNOHANG)
             if pid:
                 break

@@ -158,13 +158,17 @@ def _tensor_info_offset(path: Path, name: str) -> int:
         return f.tensor(name).info_offset
 
 
+def _dims_field(path: Path, name: str) -> tuple[bytearray, int]:
+    """The file's bytes and the offset of tensor ``name``'s n_dims field (just past its name)."""
+    off = _tensor_info_offset(path, name)
+    data = bytearray(path.read_bytes())
+    return data, off + 8 + struct.unpack_from("<Q", data, off)[0]
+
+
 def unknown_type(path: Path, smol: Path) -> Path:
     """A tensor whose type id (200) no ggml knows."""
     zero_dim(path, smol)
-    off = _tensor_info_offset(path, "blk.0.attn_q.weight")
-    data = bytearray(path.read_bytes())
-    name_len = struct.unpack_from("<Q", data, off)[0]
-    p = off + 8 + name_len
+    data, p = _dims_field(path, "blk.0.attn_q.weight")
     n_dims = struct.unpack_from("<I", data, p)[0]
     struct.pack_into("<I", data, p + 4 + 8 * n_dims, 200)
     path.write_bytes(bytes(data))
@@ -174,10 +178,7 @@ def unknown_type(path: Path, smol: Path) -> Path:
 def huge_ne(path: Path, smol: Path) -> Path:
     """A tensor claiming ne = (8, 2^40): far past the end of the file."""
     zero_dim(path, smol)
-    off = _tensor_info_offset(path, "token_embd.weight")
-    data = bytearray(path.read_bytes())
-    name_len = struct.unpack_from("<Q", data, off)[0]
-    p = off + 8 + name_len
+    data, p = _dims_field(path, "token_embd.weight")
     struct.pack_into("<Q", data, p + 4 + 8, 2**40)
     path.write_bytes(bytes(data))
     return path

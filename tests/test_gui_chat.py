@@ -125,6 +125,21 @@ def test_cancel_loading(window, qtbot, model_path):  # noqa: F811
     assert chat.load_btn.isEnabled()
 
 
+def record_engine_backends(monkeypatch) -> list:
+    """The ``backend`` argument of every ``Engine(...)`` made from now on (the engines are still built)."""
+    from quantscope.core.engine import generate as gen
+
+    backends: list = []
+    real_init = gen.Engine.__init__
+
+    def recording(self, *a, **kw):
+        backends.append(kw.get("backend"))
+        real_init(self, *a, **kw)
+
+    monkeypatch.setattr(gen.Engine, "__init__", recording)
+    return backends
+
+
 def test_cuda_choice_falls_back_to_the_cpu_with_a_visible_reason(window, qtbot, model_path, monkeypatch):  # noqa: F811
     """Where CUDA is reported available but the GPU session cannot start, the model runs on the CPU and the pane
     says why (here the real probe decides; it fails on machines without a driver)."""
@@ -137,18 +152,10 @@ def test_cuda_choice_falls_back_to_the_cpu_with_a_visible_reason(window, qtbot, 
     if real_ok:
         pytest.skip(f"a usable GPU is present ({real_why}): the fallback path cannot be forced honestly here")
     from quantscope.core.engine import cuda_backend
-    from quantscope.core.engine import generate as gen
 
     monkeypatch.setattr(chat_engine, "cuda_availability", lambda: (True, "Fake GPU (test)"))
     monkeypatch.setattr(cuda_backend, "cuda_status", lambda: (True, "Fake GPU (test)"))  # the engine asks too
-    backends = []
-    real_init = gen.Engine.__init__
-
-    def recording(self, *a, **kw):
-        backends.append(kw.get("backend"))
-        real_init(self, *a, **kw)
-
-    monkeypatch.setattr(gen.Engine, "__init__", recording)
+    backends = record_engine_backends(monkeypatch)
     chat._cuda_checked((True, "Fake GPU (test)"))
     assert chat.backend_combo.model().item(1).isEnabled() and chat.cuda_label.full_text() == "CUDA: Fake GPU (test)"
     chat.backend_combo.setCurrentIndex(1)
@@ -710,16 +717,7 @@ def test_regenerate_says_prompt_cached_and_new_chat_resets_the_numbers(window, q
 
 def test_backend_choice_reaches_the_engine(window, qtbot, model_path, monkeypatch):  # noqa: F811
     """The CPU choice loads the engine with backend "cpu" (never the GPU under a CPU label)."""
-    from quantscope.core.engine import generate as gen
-
-    backends = []
-    real_init = gen.Engine.__init__
-
-    def recording(self, *a, **kw):
-        backends.append(kw.get("backend"))
-        real_init(self, *a, **kw)
-
-    monkeypatch.setattr(gen.Engine, "__init__", recording)
+    backends = record_engine_backends(monkeypatch)
     chat = open_chat(window, qtbot, model_path, load=False)
     chat.backend_combo.setCurrentIndex(0)
     with qtbot.waitSignal(chat.engineLoaded, timeout=LOAD_TIMEOUT) as sig:

@@ -148,13 +148,20 @@ def bench_kernels(types: tuple[str, ...] = KERNEL_TYPES, threads: tuple[int, ...
         w = random_weights(name, rows, k)
         x = rng.standard_normal(k).astype(np.float32)
         y = np.empty(rows, np.float32)
+        rp = K.Repacked(t, w, rows, k) if K.isa() == "avx512" and K.can_repack(t, rows, k) else None
         for n_thr in threads:
             def call(t=t, w=w, rows=rows, k=k, x=x, y=y, n_thr=n_thr) -> None:
                 K.matvec(t, w, rows, k, x, threads=n_thr, out=y)
 
-            sec = _median_time(call)
-            out["gemv"].append({"type": name, "shape": label, "rows": rows, "k": k, "threads": n_thr,
-                                "ms": sec * 1e3, "gelem_s": rows * k / sec / 1e9, "gb_s": w.nbytes / sec / 1e9})
+            layouts = [("file", call, w.nbytes)]
+            if rp is not None:
+                layouts.append(("repacked", lambda rp=rp, x=x[None], n_thr=n_thr: rp.matmat(x, threads=n_thr),
+                                rp.nbytes))
+            for layout, fn, nbytes in layouts:
+                sec = _median_time(fn)
+                out["gemv"].append({"type": name, "shape": label, "rows": rows, "k": k, "threads": n_thr,
+                                    "layout": layout, "ms": sec * 1e3, "gelem_s": rows * k / sec / 1e9,
+                                    "gb_s": nbytes / sec / 1e9})
     # prefill: 128 activation rows, the tiled GEMM against the row-by-row dot kernels (its peer, same run)
     for name in ("Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"):
         if name not in types:
@@ -173,9 +180,14 @@ def bench_kernels(types: tuple[str, ...] = KERNEL_TYPES, threads: tuple[int, ...
                         K.matmat(t, w, rows, k, xs, threads=n_thr)
 
                 res[on] = _median_time(mm, min_reps=3)
+            packed = None
+            if K.isa() == "avx512" and K.can_repack(t, rows, k):
+                rp = K.Repacked(t, w, rows, k)
+                packed = rows * k * 128 / _median_time(lambda rp=rp, xs=xs, n=n_thr: rp.matmat(xs, threads=n),
+                                                       min_reps=3) / 1e9
             out["gemm"].append({"type": name, "shape": label, "threads": n_thr, "cols": 128,
                                 "gemm_gmac_s": rows * k * 128 / res[True] / 1e9,
-                                "dots_gmac_s": rows * k * 128 / res[False] / 1e9})
+                                "dots_gmac_s": rows * k * 128 / res[False] / 1e9, "repacked_gmac_s": packed})
     if dequant:
         try:
             import gguf
@@ -204,18 +216,21 @@ def render_kernels(r: dict[str, Any]) -> str:
     bw = r["bandwidth"]
     reads = ", ".join(f"{v:.1f} GB/s read ({k.split('_')[-1]})" for k, v in bw.items() if k.startswith("read_"))
     lines = [f"ISA {r['isa']}; memory: numpy copy {bw['copy_gbs']:.1f} GB/s (read+write), {reads}", "",
-             f"{'type':<6} {'shape':<16} {'thr':>3} {'ms':>9} {'Gelem/s':>8} {'GB/s':>7} {'% of read BW':>12}"]
+             f"{'type':<6} {'shape':<16} {'layout':<8} {'thr':>3} {'ms':>9} {'Gelem/s':>8} {'GB/s':>7} "
+             f"{'% of read BW':>12}"]
     for g in r["gemv"]:
         ceiling = bw.get(f"read_gbs_{g['threads']}t")
         share = f"{100 * g['gb_s'] / ceiling:11.0f}%" if ceiling else f"{'':>12}"
-        lines.append(f"{g['type']:<6} {g['shape']:<16} {g['threads']:>3} {g['ms']:9.3f} {g['gelem_s']:8.2f} "
-                     f"{g['gb_s']:7.2f} {share}")
+        lines.append(f"{g['type']:<6} {g['shape']:<16} {g.get('layout', 'file'):<8} {g['threads']:>3} {g['ms']:9.3f} "
+                     f"{g['gelem_s']:8.2f} {g['gb_s']:7.2f} {share}")
     if r.get("gemm"):
         lines += ["", f"{'prefill':<7} {'shape':<16} {'thr':>3} {'cols':>4} {'tiled GEMM':>11} {'row dots':>9} "
-                      f"{'ratio':>6}  (GMAC/s, activation quantization included)"]
+                      f"{'ratio':>6} {'repacked':>9}  (GMAC/s, activation quantization included)"]
         for g in r["gemm"]:
+            rp = g.get("repacked_gmac_s")
             lines.append(f"{g['type']:<7} {g['shape']:<16} {g['threads']:>3} {g['cols']:>4} {g['gemm_gmac_s']:11.1f} "
-                         f"{g['dots_gmac_s']:9.1f} {g['gemm_gmac_s'] / g['dots_gmac_s']:5.2f}x")
+                         f"{g['dots_gmac_s']:9.1f} {g['gemm_gmac_s'] / g['dots_gmac_s']:5.2f}x "
+                         f"{(f'{rp:9.1f}' if rp else '        -')}")
     if r["dequant"]:
         lines += ["", f"{'dequant':<7} {'Melem':>6} {'native 1t':>10} {'native 2t':>10} {'numpy':>8} {'gguf-py':>8} "
                       f"{'x gguf-py (1t)':>14} {'(2t)':>6}"]

@@ -357,7 +357,8 @@ def _engine(args: argparse.Namespace, n_ctx: int = 4096) -> Any:
     from .engine.cuda_backend import CudaError
 
     try:
-        eng = Engine(args.file, n_ctx=n_ctx, threads=args.threads, backend=getattr(args, "backend", "auto"))
+        eng = Engine(args.file, n_ctx=n_ctx, threads=args.threads, backend=getattr(args, "backend", "auto"),
+                     repack=not getattr(args, "no_repack", False))
     except (UnsupportedModel, TokenizerError) as exc:
         raise CLIError(f"{args.file}: {exc}") from None
     except CudaError as exc:
@@ -588,6 +589,8 @@ def _add_sampling(s: argparse.ArgumentParser) -> None:
     s.add_argument("-c", "--ctx", type=_int_arg(1, MAX_CTX), default=4096, help="context size")
     s.add_argument("-t", "--threads", type=_int_arg(0, MAX_THREADS), default=0, help="0 = one per core")
     s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
+    s.add_argument("--no-repack", action="store_true",
+                   help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
 
 
 def cmd_desktop(args: argparse.Namespace) -> int:
@@ -677,6 +680,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--chunks", type=_int_arg(0), default=0, help="at most this many chunks (0 = all)")
     s.add_argument("-t", "--threads", type=_int_arg(0, MAX_THREADS), default=0)
     s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
+    s.add_argument("--no-repack", action="store_true",
+                   help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
     s.set_defaults(func=cmd_perplexity)
 
     s = sub.add_parser("verify", help="check a bump file's checksum and (with --against) every section")
@@ -710,6 +715,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-t", "--threads", type=_int_arg(0, MAX_THREADS), default=0)
     b.add_argument("-r", "--repetitions", type=_int_arg(1), default=3)
     b.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
+    b.add_argument("--no-repack", action="store_true",
+                   help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench_model)
     b = bsub.add_parser("synthetic", help="write (once, into the model cache) and print a random-weight llama of a "

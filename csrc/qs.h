@@ -21,6 +21,9 @@ enum {
     QS_IQ4_XS = 23, QS_BF16 = 30
 };
 
+/* A repacked weight's type id: QS_RP_FLAG | ggml type (csrc/qs_repack.h). */
+#define QS_RP_FLAG 0x100
+
 extern int qs_isa_level; /* active level (read by every dispatcher) */
 
 /* IEEE binary16 -> binary32, exact (NaN payloads kept, as numpy does). */

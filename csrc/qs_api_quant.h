@@ -43,6 +43,22 @@ int qs_matvec(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float
 int qs_matmat(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,
               int n_threads);
 
+/* Load-time repacking (docs/engine.md#repacked-weights): 16 rows interleaved for the AVX-512 VNNI kernels.
+ * qs_repack_type: the repacked type id (0x100 | type) qs_matmat accepts, or -1 when the type has no such layout.
+ * qs_repack_bytes: bytes of the repacked copy of rows x k, or -1 (type, rows not a multiple of 16, k not whole
+ * layout blocks). qs_repack writes row groups [g0, g1) (16 rows each) of src (src_bytes long) into dst. */
+int qs_repack_type(int type);
+int64_t qs_repack_bytes(int type, int64_t rows, int64_t k);
+int qs_repack(int type, const uint8_t *src, int64_t src_bytes, int64_t rows, int64_t k, uint8_t *dst,
+              int64_t dst_bytes, int64_t g0, int64_t g1, int n_threads);
+/* Bytes rows x k of a weight of this type (plain or repacked) occupy; -1 when no kernel runs it. */
+int64_t qs_weight_bytes(int type, int64_t rows, int64_t k);
+/* Anonymous memory for repacked copies: 2 MiB aligned, transparent huge pages requested; NULL on failure. */
+void *qs_alloc_huge(int64_t bytes);
+void qs_free_huge(void *p, int64_t bytes);
+/* Drop this process's pages of a read-only file mapping (MADV_DONTNEED on the whole pages inside [p, p+n)). */
+int qs_drop_pages(const uint8_t *p, int64_t n);
+
 int qs_gemm_set(int on);           /* tiled prefill GEMM on (1) / off (0); -1 queries; returns the previous state */
 /* Test hook: one weight row in the GEMM's decoded form (codes[k64], lane scales[k64/4], group mins[ceil16(k/group)]),
  * k64 = k rounded up to 64; simd = 1 uses the decoder of the active ISA level (returns 1 below AVX2). */

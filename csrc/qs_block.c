@@ -47,9 +47,9 @@ static void store_kv(void *cache, int f16, int64_t row0, const float *src, int64
 
 /* A weight of rows x k elements of `type` fits in `bytes`, and the type has a kernel. */
 static int check_weight(int type, const uint8_t *w, int64_t bytes, int64_t rows, int64_t k) {
-    int elems = qs_block_elems(type), bb = qs_block_bytes(type);
-    if (!qs_can_dequantize(type) || elems <= 0 || k % elems) return QS_ERR_TYPE;
-    if (!w || bytes < 0 || rows > bytes / ((k / elems) * bb)) return QS_ERR_WEIGHT;
+    int64_t need = qs_weight_bytes(type, rows, k);
+    if (need < 0) return QS_ERR_TYPE;
+    if (!w || bytes < need) return QS_ERR_WEIGHT;
     return QS_OK;
 }
 

@@ -7,6 +7,7 @@
 #include "qs_gemm.h"
 #include "qs_guard.h"
 #include "qs_quant_internal.h"
+#include "qs_repack.h"
 
 static const int8_t IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
@@ -645,8 +646,23 @@ static int64_t act_row_bytes(int act, int64_t k) {
 }
 
 
+int64_t qs_weight_bytes(int type, int64_t rows, int64_t k) {
+    if (type & QS_RP_FLAG) return qs_repack_bytes(type & ~QS_RP_FLAG, rows, k);
+    qs_type_traits tr = traits(type);
+    int64_t b;
+    if (!tr.deq || tr.elems <= 0 || rows < 0 || k <= 0 || k % tr.elems ||
+        __builtin_mul_overflow(rows, k / tr.elems * tr.bytes, &b))
+        return -1;
+    return b;
+}
+
 static int matmat_unguarded(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x,
                             float *y, int n_threads) {
+    if (type & QS_RP_FLAG) {
+        if (k > INT64_MAX / 8 || n_x < 0 || n_x > INT64_MAX / 8 / (k > 0 ? k : 1) || n_rows > INT64_MAX / 8 / (n_x ? n_x : 1))
+            return -1;
+        return qs_rp_matmat(type, w, n_rows, k, x, n_x, y, n_threads);
+    }
     qs_type_traits tr = traits(type);
     if (!tr.deq || tr.elems == 0 || k <= 0 || k % tr.elems || n_rows < 0 || n_x < 0) return -1;
     if (n_rows == 0 || n_x == 0) return 0;

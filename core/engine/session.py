@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,11 @@ class _Bound:
     rows: int
     k: int
     nbytes: int
+
+
+#: (key in Model.layers, attribute of LayerWeights) of the seven matrices of a block.
+_LAYER_WEIGHTS = (("wq", "wq"), ("wk", "wk"), ("wv", "wv"), ("wo", "wo"), ("w_gate", "w_gate"), ("w_up", "w_up"),
+                  ("w_down", "w_down"))
 
 
 def _bind(w: Weight) -> _Bound:
@@ -66,11 +72,46 @@ class Model:
         self.config: ModelConfig = weights.config
         self.threads = threads or K.default_threads()
         self._keep: list[object] = []
-        self.layers = []
+        self.layers: list[dict[str, _Bound]] = []
         for lw in self.weights.layers:
-            self.layers.append({n: _bind(getattr(lw, n)) for n in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")})
+            self.layers.append({key: _bind(getattr(lw, attr)) for key, attr in _LAYER_WEIGHTS})
+        self._sessions_made = False
+        #: bytes of the weights now held in the repacked layout (see :meth:`repack`)
+        self.repacked_bytes = 0
         self.tok_embd = self.weights.tok_embd
         self.output = _bind(self.weights.output)
+
+    def repack(self, progress: Callable[[float], None] | None = None,
+               cancel: Callable[[], bool] | None = None) -> int:
+        """Copy every matrix that has a repacked layout into it (anonymous memory, huge pages) and release this
+        process's pages of the file's copy; later sessions run the repacked kernels (docs/engine.md#repacked-
+        weights). Only when the CPU runs the AVX-512 VNNI kernels; call before creating sessions. ``progress``
+        gets the fraction of bytes done; ``cancel()`` true stops with :class:`~..native.kernels.RepackCancelled`
+        (the model stays usable, partly repacked). Returns the bytes repacked."""
+        if K.isa() != "avx512" or self._sessions_made:
+            return 0
+        todo = [(lb, key, getattr(lw, attr)) for lw, lb in zip(self.weights.layers, self.layers, strict=True)
+                for key, attr in _LAYER_WEIGHTS]
+        todo.append((None, "output", self.weights.output))
+        todo = [(lb, key, w) for lb, key, w in todo if K.can_repack(w.type, w.rows, w.k)]
+        total = sum(w.data.nbytes for _, _, w in todo) or 1
+        done = 0
+        for lb, key, w in todo:
+            def step(n: int, base: int = done) -> None:
+                if progress is not None:
+                    progress((base + n) / total)
+
+            rp = K.Repacked(w.type, w.data, w.rows, w.k, threads=self.threads, progress=step, cancel=cancel)
+            bound = _Bound(rp.type_id, rp.ptr, rp.rows, rp.k, rp.nbytes)
+            self._keep.append(rp)
+            if lb is None:
+                self.output = bound
+            else:
+                lb[key] = bound
+            K.drop_pages(w.data)  # the file's copy is no longer read (a tied embedding's rows fault back in singly)
+            done += w.data.nbytes
+        self.repacked_bytes = done
+        return done
 
     @classmethod
     def load(cls, path: str, threads: int = 0, tie_output: bool = False) -> Model:
@@ -97,6 +138,7 @@ class Session:
         if np.dtype(kv_dtype) not in (np.float16, np.float32):
             raise ValueError(f"KV cache type must be float16 or float32, got {np.dtype(kv_dtype)}")
         self.model = model
+        model._sessions_made = True  # the blocks below hold the weight pointers: no repacking after this
         self.n_ctx = n_ctx = int(n_ctx)
         shape = (c.n_layers, n_ctx, c.n_head_kv, c.head_dim)
         self.k_cache = np.zeros(shape, dtype=kv_dtype)

@@ -276,3 +276,69 @@ def get_rows(qtype: GGMLType | int | str, table: np.ndarray, n_rows: int, row_le
         check(lib.qs_get_rows(t.id, _ptr(tab, "uint8_t *"), n_rows, row_len, _ptr(idx, "int64_t *"), idx.size,
                               _out(out, "float *"), threads), f"get_rows {t.name}")
     return out
+
+
+# ---------------------------------------------------------------- repacked weights (docs/engine.md#repacked-weights)
+
+#: Rows of one repacked group: repacking needs a multiple of this many rows.
+REPACK_ROWS = 16
+
+
+def can_repack(qtype: GGMLType | int | str, n_rows: int, k: int) -> bool:
+    """True when a weight of this type and shape has a repacked (16-row interleaved) layout."""
+    return int(lib.qs_repack_bytes(_t(qtype).id, n_rows, k)) > 0
+
+
+class RepackCancelled(RuntimeError):
+    """Repacking was cancelled through its ``cancel`` callback."""
+
+
+class Repacked:
+    """A weight's repacked copy in anonymous, huge-page-backed memory (freed when this object goes away).
+
+    ``type_id`` is the id the native matmul and block accept for it; ``ptr`` its address.
+    """
+
+    def __init__(self, qtype: GGMLType | int | str, w: np.ndarray, n_rows: int, k: int, *, threads: int = 0,
+                 progress: Any = None, cancel: Any = None) -> None:
+        """Repack ``w`` (raw ggml rows). ``progress(done_bytes)`` is called as row groups complete; ``cancel()``
+        returning true stops with :class:`RepackCancelled`. Raises ``ValueError`` when the shape has no layout."""
+        t = _t(qtype)
+        wa = _weights(w, t, n_rows, k)
+        nbytes = int(lib.qs_repack_bytes(t.id, n_rows, k))
+        if nbytes <= 0:
+            raise ValueError(f"{t.name} {n_rows}x{k} has no repacked layout")
+        raw = lib.qs_alloc_huge(nbytes)
+        if raw == ffi.NULL:
+            raise MemoryError(f"cannot allocate {nbytes} bytes for a repacked {t.name} weight")
+        self.ptr = ffi.gc(ffi.cast("uint8_t *", raw), lambda p, n=nbytes: lib.qs_free_huge(p, n), size=nbytes)
+        self.type = t
+        self.type_id = int(lib.qs_repack_type(t.id))
+        self.rows, self.k, self.nbytes = n_rows, k, nbytes
+        groups = n_rows // REPACK_ROWS
+        step = max(1, min(groups, (8 << 20) // max(1, t.row_bytes(k) * REPACK_ROWS)))  # ~8 MiB of source per call
+        src = _ptr(wa, "uint8_t *")
+        for g0 in range(0, groups, step):
+            if cancel is not None and cancel():
+                raise RepackCancelled("repacking cancelled")
+            g1 = min(groups, g0 + step)
+            check(lib.qs_repack(t.id, src, wa.size, n_rows, k, self.ptr, nbytes, g0, g1, threads), f"repack {t.name}")
+            if progress is not None:
+                progress(g1 * REPACK_ROWS * t.row_bytes(k))
+
+    def matmat(self, x: np.ndarray, *, threads: int = 0) -> np.ndarray:
+        """``Y = X @ W.T`` on the repacked weight (same contract as :func:`matmat`)."""
+        xa = _in(x, np.float32, "x")
+        if xa.ndim != 2 or xa.shape[1] != self.k:
+            raise ValueError(f"x must have shape (n, {self.k}), got {xa.shape}")
+        y = np.empty((xa.shape[0], self.rows), dtype=np.float32)
+        rc = lib.qs_matmat(self.type_id, self.ptr, self.rows, self.k, _ptr(xa, "float *"), xa.shape[0],
+                           _out(y, "float *"), threads)
+        check(rc, f"matmat repacked {self.type.name}")
+        return y
+
+
+def drop_pages(a: np.ndarray) -> None:
+    """Release this process's pages of a read-only mapped array (they are read again from the file if used)."""
+    if a.size:
+        lib.qs_drop_pages(_ptr(a, "uint8_t *"), a.nbytes)

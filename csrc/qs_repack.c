@@ -1,0 +1,562 @@
+/* Load-time repacking into the R16 layouts (qs_repack.h), their scalar reference kernels, activation preparation
+ * and the threaded matmul driver for repacked weights. The scalar kernels compute exactly what the AVX-512 ones
+ * compute (same integer sums, same float operations in the same order, fmaf where the SIMD code fuses), so the
+ * tests compare them bit for bit; against ggml's row-by-row dot products they differ only in float summation
+ * order (docs/engine.md#repacked-weights). */
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "qs.h"
+#include "qs_guard.h"
+#include "qs_repack.h"
+#include "qs_simd_common.h"
+
+static inline float h2f(const uint8_t *p) { return qs_fp16_to_fp32(qs_load_u16(p)); }
+
+/* ---------------------------------------------------------------- the layout table */
+typedef struct {
+    int type;      /* ggml weight type */
+    int blk;       /* elements of one k-block of the layout */
+    int unit;      /* bytes of one (16-row group, k-block) unit */
+    int act;       /* activation format (ggml's vec_dot_type for the weight type) */
+    int act_elems; /* elements of one activation block */
+    int act_bytes; /* bytes of one activation block */
+    int ia_per;    /* int32 offsets per activation block */
+    qs_rp_kernel k4, k1;
+} rp_info;
+
+static const rp_info RP_TABLE[] = {
+    {QS_Q4_K, 256, 2368, QS_Q8_K, 256, 292, 4, qs_rp_q4_K_avx512_4, qs_rp_q4_K_avx512_1},
+    {QS_Q6_K, 256, 3392, QS_Q8_K, 256, 292, 16, qs_rp_q6_K_avx512_4, qs_rp_q6_K_avx512_1},
+    {QS_Q4_0, 64, 576, QS_Q8_0, 32, 34, 1, qs_rp_q4_0_avx512_4, qs_rp_q4_0_avx512_1},
+    {QS_Q4_1, 64, 640, QS_Q8_1, 32, 36, 0, qs_rp_q4_1_avx512_4, qs_rp_q4_1_avx512_1},
+    {QS_Q8_0, 64, 1088, QS_Q8_0, 32, 34, 1, qs_rp_q8_0_avx512_4, qs_rp_q8_0_avx512_1},
+    {QS_Q5_0, 64, 704, QS_Q8_0, 32, 34, 1, qs_rp_q5_0_avx512_4, qs_rp_q5_0_avx512_1},
+};
+
+static const rp_info *rp_find(int type) {
+    for (size_t i = 0; i < sizeof RP_TABLE / sizeof RP_TABLE[0]; ++i)
+        if (RP_TABLE[i].type == type) return &RP_TABLE[i];
+    return NULL;
+}
+
+int qs_repack_type(int type) { return rp_find(type) ? (QS_RP_FLAG | type) : -1; }
+
+int64_t qs_repack_bytes(int type, int64_t rows, int64_t k) {
+    const rp_info *ri = rp_find(type & ~QS_RP_FLAG);
+    if (!ri || rows <= 0 || k <= 0 || rows % QS_RP_ROWS || k % ri->blk) return -1;
+    int64_t units, bytes;
+    if (__builtin_mul_overflow(rows / QS_RP_ROWS, k / ri->blk, &units) ||
+        __builtin_mul_overflow(units, (int64_t)ri->unit, &bytes))
+        return -1;
+    return bytes;
+}
+
+/* ---------------------------------------------------------------- one row's block -> codes and scales */
+static void nib_chunk(uint8_t *dst, int r, const uint8_t *codes) { /* codes: 8 elements of row r */
+    for (int j = 0; j < 4; ++j) dst[4 * r + j] = (uint8_t)(codes[j] | (codes[4 + j] << 4));
+}
+
+static void unit_q4_K(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
+    for (int r = 0; r < QS_RP_ROWS; ++r) {
+        const uint8_t *b = rows[r] + kb * 144;
+        uint8_t codes[256];
+        uint32_t sm[4];
+        memcpy(u + 2 * r, b, 2);
+        memcpy(u + 32 + 2 * r, b + 2, 2);
+        k4_scales_mins(b + 4, sm);
+        const uint8_t *smb = (const uint8_t *)sm;
+        for (int s = 0; s < 8; ++s) {
+            u[64 + 16 * s + r] = smb[s];
+            u[192 + 32 * (s / 2) + 2 * r + s % 2] = smb[8 + s];
+        }
+        for (int q = 0; q < 4; ++q)
+            for (int l = 0; l < 32; ++l) {
+                codes[64 * q + l] = b[16 + 32 * q + l] & 15;
+                codes[64 * q + 32 + l] = b[16 + 32 * q + l] >> 4;
+            }
+        for (int c = 0; c < 32; ++c) nib_chunk(u + 320 + 64 * c, r, codes + 8 * c);
+    }
+}
+
+static void unit_q6_K(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
+    memset(u + 32, 0, 32);
+    for (int r = 0; r < QS_RP_ROWS; ++r) {
+        const uint8_t *b = rows[r] + kb * 210;
+        uint8_t codes[256];
+        memcpy(u + 2 * r, b + 208, 2);
+        for (int s = 0; s < 16; ++s) u[64 + 16 * s + r] = b[192 + s];
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+            uint8_t *o = codes + 128 * h;
+            for (int l = 0; l < 32; ++l) {
+                o[l] = (uint8_t)((ql[l] & 15) | ((qh[l] & 3) << 4));
+                o[32 + l] = (uint8_t)((ql[32 + l] & 15) | (((qh[l] >> 2) & 3) << 4));
+                o[64 + l] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                o[96 + l] = (uint8_t)((ql[32 + l] >> 4) | (((qh[l] >> 6) & 3) << 4));
+            }
+        }
+        uint8_t lo[256];
+        for (int e = 0; e < 256; ++e) lo[e] = codes[e] & 15;
+        for (int c = 0; c < 32; ++c) nib_chunk(u + 320 + 64 * c, r, lo + 8 * c);
+        for (int s = 0; s < 16; ++s)
+            for (int j = 0; j < 4; ++j) {
+                uint8_t v = 0;
+                for (int i = 0; i < 4; ++i) v |= (uint8_t)((codes[16 * s + 4 * i + j] >> 4) << (2 * i));
+                u[2368 + 64 * s + 4 * r + j] = v;
+            }
+    }
+}
+
+/* 32-element ggml blocks, two per layout k-block */
+static void unit_q4_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
+    for (int r = 0; r < QS_RP_ROWS; ++r)
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t *b = rows[r] + (2 * kb + h) * 18;
+            uint8_t codes[32];
+            memcpy(u + 32 * h + 2 * r, b, 2);
+            for (int j = 0; j < 16; ++j) {
+                codes[j] = b[2 + j] & 15;
+                codes[16 + j] = b[2 + j] >> 4;
+            }
+            for (int c = 0; c < 4; ++c) nib_chunk(u + 64 + 64 * (4 * h + c), r, codes + 8 * c);
+        }
+}
+
+static void unit_q4_1(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
+    for (int r = 0; r < QS_RP_ROWS; ++r)
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t *b = rows[r] + (2 * kb + h) * 20;
+            uint8_t codes[32];
+            memcpy(u + 32 * h + 2 * r, b, 2);
+            memcpy(u + 64 + 32 * h + 2 * r, b + 2, 2);
+            for (int j = 0; j < 16; ++j) {
+                codes[j] = b[4 + j] & 15;
+                codes[16 + j] = b[4 + j] >> 4;
+            }
+            for (int c = 0; c < 4; ++c) nib_chunk(u + 128 + 64 * (4 * h + c), r, codes + 8 * c);
+        }
+}
+
+static void unit_q8_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
+    for (int r = 0; r < QS_RP_ROWS; ++r)
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t *b = rows[r] + (2 * kb + h) * 34;
+            memcpy(u + 32 * h + 2 * r, b, 2);
+            for (int c = 0; c < 8; ++c)
+                for (int j = 0; j < 4; ++j) u[64 + 64 * (8 * h + c) + 4 * r + j] = b[2 + 4 * c + j] ^ 0x80;
+        }
+}
+
+static void unit_q5_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
+    for (int r = 0; r < QS_RP_ROWS; ++r)
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t *b = rows[r] + (2 * kb + h) * 22;
+            uint8_t codes[32];
+            uint32_t qh = qs_load_u32(b + 2);
+            memcpy(u + 32 * h + 2 * r, b, 2);
+            for (int j = 0; j < 16; ++j) {
+                codes[j] = (uint8_t)((b[6 + j] & 15) | (((qh >> j) & 1) << 4));
+                codes[16 + j] = (uint8_t)((b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+            }
+            uint8_t lo[32];
+            for (int e = 0; e < 32; ++e) lo[e] = codes[e] & 15;
+            for (int c = 0; c < 4; ++c) nib_chunk(u + 64 + 64 * (4 * h + c), r, lo + 8 * c);
+            for (int j = 0; j < 4; ++j) {
+                uint8_t v = 0;
+                for (int i = 0; i < 8; ++i) v |= (uint8_t)((codes[j + 4 * i] >> 4) << i);
+                u[576 + 64 * h + 4 * r + j] = v;
+            }
+        }
+}
+
+typedef void (*unit_fn)(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+
+static unit_fn unit_for(int type) {
+    switch (type) {
+    case QS_Q4_K: return unit_q4_K;
+    case QS_Q6_K: return unit_q6_K;
+    case QS_Q4_0: return unit_q4_0;
+    case QS_Q4_1: return unit_q4_1;
+    case QS_Q8_0: return unit_q8_0;
+    case QS_Q5_0: return unit_q5_0;
+    default: return NULL;
+    }
+}
+
+typedef struct {
+    const rp_info *ri;
+    const uint8_t *src;
+    int64_t row_bytes, nkb, g0;
+    uint8_t *dst;
+} repack_ctx;
+
+static void repack_task(void *vctx, int64_t t) {
+    repack_ctx *c = (repack_ctx *)vctx;
+    int64_t g = c->g0 + t;
+    const uint8_t *rows[QS_RP_ROWS];
+    for (int r = 0; r < QS_RP_ROWS; ++r) rows[r] = c->src + (g * QS_RP_ROWS + r) * c->row_bytes;
+    uint8_t *u = c->dst + g * c->nkb * c->ri->unit;
+    unit_fn fn = unit_for(c->ri->type);
+    for (int64_t kb = 0; kb < c->nkb; ++kb, u += c->ri->unit) fn(rows, kb, u);
+}
+
+static int repack_unguarded(int type, const uint8_t *src, int64_t src_bytes, int64_t rows, int64_t k, uint8_t *dst,
+                            int64_t dst_bytes, int64_t g0, int64_t g1, int n_threads) {
+    const rp_info *ri = rp_find(type);
+    int64_t need = qs_repack_bytes(type, rows, k);
+    if (!ri || need < 0 || !src || !dst || dst_bytes < need) return QS_ERR_SIZE;
+    int64_t row_bytes = k / qs_block_elems(type) * qs_block_bytes(type);
+    if (src_bytes < 0 || rows > src_bytes / row_bytes) return QS_ERR_WEIGHT;
+    if (g0 < 0 || g1 < g0 || g1 > rows / QS_RP_ROWS) return QS_ERR_SIZE;
+    repack_ctx c = {ri, src, row_bytes, k / ri->blk, g0, dst};
+    qs_parallel_for(g1 - g0, repack_task, &c, n_threads);
+    return QS_OK;
+}
+
+int qs_repack(int type, const uint8_t *src, int64_t src_bytes, int64_t rows, int64_t k, uint8_t *dst,
+              int64_t dst_bytes, int64_t g0, int64_t g1, int n_threads) {
+    int rc;
+    QS_GUARDED(rc, repack_unguarded(type, src, src_bytes, rows, k, dst, dst_bytes, g0, g1, n_threads));
+    return rc;
+}
+
+/* ---------------------------------------------------------------- anonymous memory for repacked copies */
+#define QS_HUGE (2 * 1024 * 1024)
+
+void *qs_alloc_huge(int64_t bytes) {
+    if (bytes <= 0 || bytes > INT64_MAX / 2 - QS_HUGE) return NULL;
+    size_t n = ((size_t)bytes + 4095) & ~(size_t)4095;
+    size_t total = n + QS_HUGE;
+    uint8_t *p = (uint8_t *)mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    uint8_t *a = (uint8_t *)(((uintptr_t)p + QS_HUGE - 1) & ~(uintptr_t)(QS_HUGE - 1));
+    if (a > p) munmap(p, (size_t)(a - p));
+    size_t tail = (size_t)(p + total - (a + n));
+    if (tail) munmap(a + n, tail);
+#ifdef MADV_HUGEPAGE
+    madvise(a, n, MADV_HUGEPAGE); /* a hint: without THP the copy still works on 4 KiB pages */
+#endif
+    return a;
+}
+
+void qs_free_huge(void *p, int64_t bytes) {
+    if (p && bytes > 0) munmap(p, ((size_t)bytes + 4095) & ~(size_t)4095);
+}
+
+int qs_drop_pages(const uint8_t *p, int64_t n) {
+    long pg = sysconf(_SC_PAGESIZE);
+    if (!p || n <= 0 || pg <= 0) return -1;
+    uintptr_t a = ((uintptr_t)p + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
+    uintptr_t b = ((uintptr_t)p + (uintptr_t)n) & ~(uintptr_t)(pg - 1);
+    if (b <= a) return 0;
+    return madvise((void *)a, b - a, MADV_DONTNEED) == 0 ? 0 : -1;
+}
+
+/* ---------------------------------------------------------------- scalar reference kernels (one column) */
+#define RP_COL(x, c)                                                                                               \
+    const uint8_t *xq = (x)->xq + (c) * (x)->xq_stride;                                                            \
+    const int32_t *ia = (x)->ia + (c) * (x)->ia_stride;                                                            \
+    const float *fa = (x)->fa + (c) * (x)->f_stride;                                                               \
+    (void)ia;                                                                                                      \
+    (void)fa
+
+static int32_t nib_dot(const uint8_t *v, const int8_t *q) { /* one row's 4 bytes of a nibble chunk, 8 codes */
+    int32_t p = 0;
+    for (int j = 0; j < 4; ++j) p += (v[j] & 15) * q[j] + (v[j] >> 4) * q[4 + j];
+    return p;
+}
+
+static void rp_q4_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    RP_COL(x, c0);
+    float acc[16] = {0};
+    for (int64_t sb = 0; sb < nb; ++sb, g += 2368, xq += 292) {
+        const int8_t *q = (const int8_t *)(xq + 4);
+        const float dx = fa[sb];
+        for (int r = 0; r < 16; ++r) {
+            int32_t I = 0, M = 0;
+            for (int s = 0; s < 8; ++s) {
+                int32_t P = 0;
+                for (int cc = 0; cc < 4; ++cc) P += nib_dot(g + 320 + 64 * (4 * s + cc) + 4 * r, q + 8 * (4 * s + cc));
+                I += P * (int32_t)g[64 + 16 * s + r];
+            }
+            for (int p = 0; p < 4; ++p) {
+                int32_t s2 = ia[4 * sb + p];
+                M += (int32_t)g[192 + 32 * p + 2 * r] * (int16_t)(s2 & 0xFFFF) +
+                     (int32_t)g[193 + 32 * p + 2 * r] * (int16_t)((uint32_t)s2 >> 16);
+            }
+            acc[r] = fmaf((float)I, h2f(g + 2 * r) * dx, acc[r]);
+            acc[r] = fmaf(-(float)M, h2f(g + 32 + 2 * r) * dx, acc[r]);
+        }
+    }
+    memcpy(out, acc, sizeof acc);
+}
+
+static void rp_q6_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    RP_COL(x, c0);
+    float acc[16] = {0};
+    for (int64_t sb = 0; sb < nb; ++sb, g += 3392, xq += 292) {
+        const int8_t *q = (const int8_t *)(xq + 4);
+        const float dx = fa[sb];
+        for (int r = 0; r < 16; ++r) {
+            int32_t I = 0;
+            for (int s = 0; s < 16; ++s) {
+                int32_t P = 0;
+                const uint8_t *hb = g + 2368 + 64 * s + 4 * r;
+                for (int half = 0; half < 2; ++half) {
+                    int c = 2 * s + half;
+                    const uint8_t *v = g + 320 + 64 * c + 4 * r;
+                    for (int j = 0; j < 4; ++j) {
+                        int c0v = (v[j] & 15) | (((hb[j] >> (4 * half)) & 3) << 4);
+                        int c1v = (v[j] >> 4) | (((hb[j] >> (4 * half + 2)) & 3) << 4);
+                        P += c0v * q[8 * c + j] + c1v * q[8 * c + 4 + j];
+                    }
+                }
+                P -= ia[16 * sb + s];
+                I += P * (int32_t)(int8_t)g[64 + 16 * s + r];
+            }
+            acc[r] = fmaf((float)I, h2f(g + 2 * r) * dx, acc[r]);
+        }
+    }
+    memcpy(out, acc, sizeof acc);
+}
+
+static void rp_q4_0_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    RP_COL(x, c0);
+    float acc[16] = {0};
+    for (int64_t kb = 0; kb < nb; ++kb, g += 576)
+        for (int h = 0; h < 2; ++h) {
+            int64_t b = 2 * kb + h;
+            const int8_t *q = (const int8_t *)(xq + 34 * b + 2);
+            for (int r = 0; r < 16; ++r) {
+                int32_t P = 0;
+                for (int c = 0; c < 4; ++c) P += nib_dot(g + 64 + 64 * (4 * h + c) + 4 * r, q + 8 * c);
+                P -= ia[b];
+                acc[r] = fmaf((float)P, h2f(g + 32 * h + 2 * r) * fa[b], acc[r]);
+            }
+        }
+    memcpy(out, acc, sizeof acc);
+}
+
+static void rp_q4_1_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    RP_COL(x, c0);
+    const float *fb = x->fb + c0 * x->f_stride;
+    float acc[16] = {0};
+    for (int64_t kb = 0; kb < nb; ++kb, g += 640)
+        for (int h = 0; h < 2; ++h) {
+            int64_t b = 2 * kb + h;
+            const int8_t *q = (const int8_t *)(xq + 36 * b + 4);
+            for (int r = 0; r < 16; ++r) {
+                int32_t P = 0;
+                for (int c = 0; c < 4; ++c) P += nib_dot(g + 128 + 64 * (4 * h + c) + 4 * r, q + 8 * c);
+                acc[r] = fmaf((float)P, h2f(g + 32 * h + 2 * r) * fa[b], acc[r]);
+                acc[r] = fmaf(h2f(g + 64 + 32 * h + 2 * r), fb[b], acc[r]);
+            }
+        }
+    memcpy(out, acc, sizeof acc);
+}
+
+static void rp_q8_0_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    RP_COL(x, c0);
+    float acc[16] = {0};
+    for (int64_t kb = 0; kb < nb; ++kb, g += 1088)
+        for (int h = 0; h < 2; ++h) {
+            int64_t b = 2 * kb + h;
+            const int8_t *q = (const int8_t *)(xq + 34 * b + 2);
+            for (int r = 0; r < 16; ++r) {
+                int32_t P = 0;
+                for (int c = 0; c < 8; ++c)
+                    for (int j = 0; j < 4; ++j) P += (int32_t)g[64 + 64 * (8 * h + c) + 4 * r + j] * q[4 * c + j];
+                P -= ia[b];
+                acc[r] = fmaf((float)P, h2f(g + 32 * h + 2 * r) * fa[b], acc[r]);
+            }
+        }
+    memcpy(out, acc, sizeof acc);
+}
+
+static void rp_q5_0_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    RP_COL(x, c0);
+    float acc[16] = {0};
+    for (int64_t kb = 0; kb < nb; ++kb, g += 704)
+        for (int h = 0; h < 2; ++h) {
+            int64_t b = 2 * kb + h;
+            const int8_t *q = (const int8_t *)(xq + 34 * b + 2);
+            for (int r = 0; r < 16; ++r) {
+                const uint8_t *hb = g + 576 + 64 * h + 4 * r;
+                int32_t P = 0;
+                for (int c = 0; c < 4; ++c) {
+                    const uint8_t *v = g + 64 + 64 * (4 * h + c) + 4 * r;
+                    for (int j = 0; j < 4; ++j) {
+                        int c0v = (v[j] & 15) | (((hb[j] >> (2 * c)) & 1) << 4);
+                        int c1v = (v[j] >> 4) | (((hb[j] >> (2 * c + 1)) & 1) << 4);
+                        P += c0v * q[8 * c + j] + c1v * q[8 * c + 4 + j];
+                    }
+                }
+                P -= ia[b];
+                acc[r] = fmaf((float)P, h2f(g + 32 * h + 2 * r) * fa[b], acc[r]);
+            }
+        }
+    memcpy(out, acc, sizeof acc);
+}
+
+static qs_rp_kernel scalar_for(int type) {
+    switch (type) {
+    case QS_Q4_K: return rp_q4_K_scalar;
+    case QS_Q6_K: return rp_q6_K_scalar;
+    case QS_Q4_0: return rp_q4_0_scalar;
+    case QS_Q4_1: return rp_q4_1_scalar;
+    case QS_Q8_0: return rp_q8_0_scalar;
+    case QS_Q5_0: return rp_q5_0_scalar;
+    default: return NULL;
+    }
+}
+
+/* ---------------------------------------------------------------- activations */
+typedef struct {
+    const rp_info *ri;
+    const float *x;
+    int64_t k, n_x;
+    uint8_t *xq;
+    int64_t xq_stride;
+    int32_t *ia;
+    int64_t ia_stride;
+    float *fa, *fb;
+    int64_t f_stride;
+} prep_ctx;
+
+/* Column j: ggml's quantized blocks, then per block its scale (fa), Q8_1's s (fb) and the integer offsets (ia):
+ * Q4_K: per 256, four int16 pairs (sums of sub-blocks 2p, 2p+1); Q6_K: per 256, 32 x the 16 sums of 16;
+ * Q4_0 / Q5_0 / Q8_0: per 32, 8 / 16 / 128 x the block's sum. */
+static void prep_task(void *vctx, int64_t j) {
+    prep_ctx *p = (prep_ctx *)vctx;
+    const rp_info *ri = p->ri;
+    uint8_t *xq = p->xq + j * p->xq_stride;
+    int32_t *ia = p->ia + j * p->ia_stride;
+    float *fa = p->fa + j * p->f_stride, *fb = p->fb + j * p->f_stride;
+    qs_quantize_activation(ri->act, p->x + j * p->k, xq, p->k);
+    int64_t nab = p->k / ri->act_elems;
+    for (int64_t b = 0; b < nab; ++b) {
+        const uint8_t *blk = xq + b * ri->act_bytes;
+        if (ri->act == QS_Q8_K) {
+            int16_t bs[16];
+            memcpy(bs, blk + 260, 32);
+            fa[b] = qs_load_f32(blk);
+            if (ri->type == QS_Q4_K) {
+                for (int q = 0; q < 4; ++q) {
+                    int32_t s0 = bs[4 * q] + bs[4 * q + 1], s1 = bs[4 * q + 2] + bs[4 * q + 3];
+                    ia[4 * b + q] = (int32_t)(((uint32_t)(uint16_t)(int16_t)s0) | ((uint32_t)(uint16_t)(int16_t)s1 << 16));
+                }
+            } else {
+                for (int s = 0; s < 16; ++s) ia[16 * b + s] = 32 * bs[s];
+            }
+        } else {
+            fa[b] = h2f(blk);
+            if (ri->act == QS_Q8_1) {
+                fb[b] = h2f(blk + 2);
+            } else {
+                int32_t s = 0;
+                for (int e = 0; e < 32; ++e) s += (int8_t)blk[2 + e];
+                ia[b] = (ri->type == QS_Q4_0 ? 8 : ri->type == QS_Q5_0 ? 16 : 128) * s;
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- driver */
+typedef struct {
+    const rp_info *ri;
+    qs_rp_kernel scalar;
+    int simd;
+    const uint8_t *w;
+    int64_t n_groups, groups_per_task, nkb, n_rows, n_x, col_block;
+    const qs_rp_x *x;
+    float *y;
+} mm_ctx;
+
+static void mm_task(void *vctx, int64_t t) {
+    mm_ctx *c = (mm_ctx *)vctx;
+    int64_t g0 = t * c->groups_per_task, g1 = g0 + c->groups_per_task;
+    if (g1 > c->n_groups) g1 = c->n_groups;
+    const int64_t gbytes = c->nkb * c->ri->unit;
+    float out[4 * 16] __attribute__((aligned(64)));
+    for (int64_t cb = 0; cb < c->n_x; cb += c->col_block) {
+        int64_t ce = cb + c->col_block < c->n_x ? cb + c->col_block : c->n_x;
+        for (int64_t g = g0; g < g1; ++g) {
+            const uint8_t *gp = c->w + g * gbytes;
+            for (int64_t j = cb; j < ce;) {
+                int nc;
+                if (c->simd && ce - j >= 4) {
+                    c->ri->k4(gp, c->nkb, c->x, j, out);
+                    nc = 4;
+                } else {
+                    (c->simd ? c->ri->k1 : c->scalar)(gp, c->nkb, c->x, j, out);
+                    nc = 1;
+                }
+                for (int q = 0; q < nc; ++q) memcpy(c->y + (j + q) * c->n_rows + g * 16, out + 16 * q, 16 * sizeof(float));
+                j += nc;
+            }
+        }
+    }
+}
+
+int qs_rp_matmat(int rtype, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,
+                 int n_threads) {
+    const rp_info *ri = rp_find(rtype & ~QS_RP_FLAG);
+    if (!ri || qs_repack_bytes(ri->type, n_rows, k) < 0 || n_x < 0) return QS_ERR_SIZE;
+    if (n_x == 0) return QS_OK;
+    if (n_threads <= 0) n_threads = qs_threads_default();
+    const int64_t nab = k / ri->act_elems;
+    qs_rp_x xp;
+    prep_ctx p;
+    p.ri = ri;
+    p.x = x;
+    p.k = k;
+    p.n_x = n_x;
+    p.xq_stride = (nab * ri->act_bytes + 63) / 64 * 64;
+    p.ia_stride = (nab * (ri->ia_per ? ri->ia_per : 1) + 15) / 16 * 16;
+    p.f_stride = (nab + 15) / 16 * 16;
+    size_t bytes = (size_t)n_x * ((size_t)p.xq_stride + (size_t)p.ia_stride * 4 + (size_t)p.f_stride * 8);
+    uint8_t *buf = (uint8_t *)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!buf) return QS_ERR_NOMEM;
+    p.xq = buf;
+    p.ia = (int32_t *)(buf + n_x * p.xq_stride);
+    p.fa = (float *)(p.ia + n_x * p.ia_stride);
+    p.fb = p.fa + n_x * p.f_stride;
+    qs_parallel_for(n_x, prep_task, &p, n_x * k < (1 << 16) ? 1 : n_threads);
+    xp.xq = p.xq;
+    xp.xq_stride = p.xq_stride;
+    xp.ia = p.ia;
+    xp.ia_stride = p.ia_stride;
+    xp.fa = p.fa;
+    xp.fb = p.fb;
+    xp.f_stride = p.f_stride;
+
+    mm_ctx c;
+    memset(&c, 0, sizeof c);
+    c.ri = ri;
+    c.scalar = scalar_for(ri->type);
+    c.simd = qs_isa_get() >= QS_ISA_AVX512;
+    c.w = w;
+    c.n_groups = n_rows / QS_RP_ROWS;
+    c.nkb = k / ri->blk;
+    c.n_rows = n_rows;
+    c.n_x = n_x;
+    c.x = &xp;
+    c.y = y;
+    /* columns per pass over a task's groups: their activations stay in L2 (~256 KiB) while the weights stream */
+    int64_t per_col = p.xq_stride + p.ia_stride * 4 + p.f_stride * 8;
+    c.col_block = (256 * 1024 / per_col) / 4 * 4;
+    if (c.col_block < 4) c.col_block = 4;
+    int64_t work = n_rows * k * n_x;
+    if (work < (1 << 16)) n_threads = 1;
+    int64_t per = (c.n_groups + 4 * (int64_t)n_threads - 1) / (4 * (int64_t)n_threads);
+    if (n_x > 1) per = (c.n_groups + n_threads - 1) / n_threads; /* GEMM: one long run of groups per thread */
+    if (per < 1) per = 1;
+    c.groups_per_task = per;
+    qs_parallel_for((c.n_groups + per - 1) / per, mm_task, &c, n_threads);
+    free(buf);
+    return QS_OK;
+}

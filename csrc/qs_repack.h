@@ -1,0 +1,61 @@
+/* Load-time repacked weights ("R16" layouts, docs/engine.md#repacked-weights): internal declarations.
+ *
+ * A repacked weight interleaves 16 consecutive rows so that one 512-bit register holds 4 code bytes of each of
+ * the 16 rows: one vpdpbusd against 4 broadcast activation codes advances all 16 dot products, the integer sums
+ * stay in their row's lane through a whole block, and no horizontal sum is ever needed. The bytes of one row
+ * group are contiguous in k order, so a thread streams one sequential run of memory per group.
+ *
+ * Layout of one (16-row group, k-block) unit, offsets in bytes, all chunk offsets 64-byte aligned:
+ *   nibble chunk (64 B, 8 elements e0..e7 of each row): byte 4r+j = code(e_j) | code(e_{4+j}) << 4
+ *   byte chunk   (64 B, 4 elements e0..e3 of each row): byte 4r+j = code(e_j)
+ *   Q4_K  k-block 256, 2368 B: d[16] f16 @0, dmin[16] f16 @32, scale[8][16] u8 @64,
+ *         min pairs [4][16][2] u8 @192 (sub-blocks 2p, 2p+1 of row r at 32p+2r), 32 nibble chunks @320
+ *   Q6_K  k-block 256, 3392 B: d[16] f16 @0, scale[16][16] s8 @64, 32 nibble chunks (low 4 bits) @320,
+ *         16 high-bit chunks @2368 (chunk s, byte 4r+j: bits 2i..2i+1 = high bits of element 16s+4i+j)
+ *   Q4_0  k-block 64 (two ggml blocks), 576 B: d[2][16] f16 @0, 8 nibble chunks @64
+ *   Q4_1  k-block 64, 640 B: d[2][16] f16 @0, m[2][16] f16 @64, 8 nibble chunks @128
+ *   Q8_0  k-block 64, 1088 B: d[2][16] f16 @0, 16 byte chunks of code = q + 128 @64
+ *   Q5_0  k-block 64, 704 B: d[2][16] f16 @0, 8 nibble chunks (low 4 bits) @64, 2 high-bit planes @576
+ *         (plane h, byte 4r+j: bit i = fifth bit of element j+4i of ggml block h)
+ * Codes are unsigned (Q6_K 0..63 with the offset 32 folded into the activation sums; Q4_0 offset 8; Q5_0 16;
+ * Q8_0 128).
+ */
+#ifndef QS_REPACK_H
+#define QS_REPACK_H
+#include <stdint.h>
+
+#define QS_RP_ROWS 16
+
+/* Activations prepared for the repacked kernels: ggml's quantized blocks plus per-block sums. */
+typedef struct {
+    const uint8_t *xq;  /* column j's blocks at xq + j * xq_stride */
+    int64_t xq_stride;
+    const int32_t *ia;  /* per column: integer offsets (see qs_repack.c, rp_prep) */
+    int64_t ia_stride;
+    const float *fa;    /* per column, per ggml block: the activation scale d */
+    const float *fb;    /* per column, per ggml block: Q8_1's s (Q4_1 only) */
+    int64_t f_stride;
+} qs_rp_x;
+
+/* Kernel over one row group: nb k-blocks, columns c0 .. c0+nc-1, out[j*16 + r]. */
+typedef void (*qs_rp_kernel)(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+
+/* AVX-512 VNNI kernels (qs_repack_avx512.c): 4 columns and 1 column per call. */
+void qs_rp_q4_K_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q4_K_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q6_K_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q6_K_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q4_0_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q4_0_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q4_1_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q4_1_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q8_0_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q5_0_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q5_0_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q8_0_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+
+/* repacked matmul driver (qs_repack.c), called by qs_matmat for repacked type ids */
+int qs_rp_matmat(int rtype, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,
+                 int n_threads);
+
+#endif

@@ -101,12 +101,12 @@ static void unit_q6_K(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
         }
         uint8_t lo[256];
         for (int e = 0; e < 256; ++e) lo[e] = codes[e] & 15;
-        for (int c = 0; c < 32; ++c) nib_chunk(u + 320 + 64 * c, r, lo + 8 * c);
+        for (int c = 0; c < 32; ++c) nib_chunk(u + Q6_LO(c), r, lo + 8 * c);
         for (int s = 0; s < 16; ++s)
             for (int j = 0; j < 4; ++j) {
                 uint8_t v = 0;
                 for (int i = 0; i < 4; ++i) v |= (uint8_t)((codes[16 * s + 4 * i + j] >> 4) << (2 * i));
-                u[2368 + 64 * s + 4 * r + j] = v;
+                u[Q6_HI(s) + 4 * r + j] = v;
             }
     }
 }
@@ -305,10 +305,10 @@ static void rp_q6_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64
             int32_t I = 0;
             for (int s = 0; s < 16; ++s) {
                 int32_t P = 0;
-                const uint8_t *hb = g + 2368 + 64 * s + 4 * r;
+                const uint8_t *hb = g + Q6_HI(s) + 4 * r;
                 for (int half = 0; half < 2; ++half) {
                     int c = 2 * s + half;
-                    const uint8_t *v = g + 320 + 64 * c + 4 * r;
+                    const uint8_t *v = g + Q6_LO(c) + 4 * r;
                     for (int j = 0; j < 4; ++j) {
                         int c0v = (v[j] & 15) | (((hb[j] >> (4 * half)) & 3) << 4);
                         int c1v = (v[j] >> 4) | (((hb[j] >> (4 * half + 2)) & 3) << 4);

@@ -10,8 +10,9 @@
  *   byte chunk   (64 B, 4 elements e0..e3 of each row): byte 4r+j = code(e_j)
  *   Q4_K  k-block 256, 2368 B: d[16] f16 @0, dmin[16] f16 @32, scale[8][16] u8 @64,
  *         min pairs [4][16][2] u8 @192 (sub-blocks 2p, 2p+1 of row r at 32p+2r), 32 nibble chunks @320
- *   Q6_K  k-block 256, 3392 B: d[16] f16 @0, scale[16][16] s8 @64, 32 nibble chunks (low 4 bits) @320,
- *         16 high-bit chunks @2368 (chunk s, byte 4r+j: bits 2i..2i+1 = high bits of element 16s+4i+j)
+ *   Q6_K  k-block 256, 3392 B: d[16] f16 @0, scale[16][16] s8 @64, then per sub-block s of 16 elements, in the
+ *         order the kernels read them (one forward stream): nibble chunks 2s and 2s+1 (low 4 bits), then the
+ *         high-bit chunk s (byte 4r+j: bits 2i..2i+1 = high bits of element 16s+4i+j); see Q6_LO / Q6_HI
  *   Q4_0  k-block 64 (two ggml blocks), 576 B: d[2][16] f16 @0, 8 nibble chunks @64
  *   Q4_1  k-block 64, 640 B: d[2][16] f16 @0, m[2][16] f16 @64, 8 nibble chunks @128
  *   Q8_0  k-block 64, 1088 B: d[2][16] f16 @0, 16 byte chunks of code = q + 128 @64
@@ -25,6 +26,8 @@
 #include <stdint.h>
 
 #define QS_RP_ROWS 16
+#define Q6_LO(c) (320 + 192 * ((c) / 2) + 64 * ((c) % 2)) /* Q6_K: nibble chunk c (elements 8c..8c+7) */
+#define Q6_HI(s) (320 + 192 * (s) + 128)                  /* Q6_K: high-bit chunk of sub-block s */
 
 /* Activations prepared for the repacked kernels: ggml's quantized blocks plus per-block sums. */
 typedef struct {

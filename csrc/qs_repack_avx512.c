@@ -121,7 +121,6 @@ T AI void q6k_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
         __m512i I[4];
         _Pragma("GCC unroll 16")
         for (int j = 0; j < NC; ++j) I[j] = _mm512_setzero_si512();
-        const uint8_t *ql = g + 320, *qh = g + 2368;
         for (int s = 0; s < 16; ++s) {
             __m512i P[4][4];
             _Pragma("GCC unroll 16")
@@ -130,13 +129,13 @@ T AI void q6k_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
                 _Pragma("GCC unroll 4")
                 for (int q = 1; q < NCH; ++q) P[j][q] = _mm512_setzero_si512();
             }
-            _mm_prefetch((const char *)(qh + 64 * s + PF_DIST), _MM_HINT_T0);
-            const __m512i h = _mm512_loadu_si512((const void *)(qh + 64 * s));
+            _mm_prefetch((const char *)(g + Q6_HI(s) + PF_DIST), _MM_HINT_T0);
+            const __m512i h = _mm512_loadu_si512((const void *)(g + Q6_HI(s)));
             _Pragma("GCC unroll 16")
             for (int half = 0; half < 2; ++half) {
                 const int c = 2 * s + half, ch = NCH == 4 ? 2 * half : 0;
-                _mm_prefetch((const char *)(ql + 64 * c + PF_DIST), _MM_HINT_T0);
-                const __m512i v = _mm512_loadu_si512((const void *)(ql + 64 * c));
+                _mm_prefetch((const char *)(g + Q6_LO(c) + PF_DIST), _MM_HINT_T0);
+                const __m512i v = _mm512_loadu_si512((const void *)(g + Q6_LO(c)));
                 const __m512i c0v = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), q6_hi(h, 2 * half), m30, 0xF8);
                 const __m512i c1v = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
                                                               q6_hi(h, 2 * half + 1), m30, 0xF8);

@@ -111,35 +111,26 @@ static void unit_q6_K(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
     }
 }
 
-/* 32-element ggml blocks, two per layout k-block */
-static void unit_q4_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
+/* 32-element ggml blocks, two per layout k-block. Q4_0 / Q4_1: nibbles at qoff of a bytes-long block (Q4_1's
+ * min after its d) */
+static void unit_nib32(const uint8_t *const *rows, int64_t kb, uint8_t *u, int bytes, int has_min) {
+    const int qoff = has_min ? 4 : 2, uq = has_min ? 128 : 64;
     for (int r = 0; r < QS_RP_ROWS; ++r)
         for (int h = 0; h < 2; ++h) {
-            const uint8_t *b = rows[r] + (2 * kb + h) * 18;
+            const uint8_t *b = rows[r] + (2 * kb + h) * bytes;
             uint8_t codes[32];
             memcpy(u + 32 * h + 2 * r, b, 2);
+            if (has_min) memcpy(u + 64 + 32 * h + 2 * r, b + 2, 2);
             for (int j = 0; j < 16; ++j) {
-                codes[j] = b[2 + j] & 15;
-                codes[16 + j] = b[2 + j] >> 4;
+                codes[j] = b[qoff + j] & 15;
+                codes[16 + j] = b[qoff + j] >> 4;
             }
-            for (int c = 0; c < 4; ++c) nib_chunk(u + 64 + 64 * (4 * h + c), r, codes + 8 * c);
+            for (int c = 0; c < 4; ++c) nib_chunk(u + uq + 64 * (4 * h + c), r, codes + 8 * c);
         }
 }
 
-static void unit_q4_1(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
-    for (int r = 0; r < QS_RP_ROWS; ++r)
-        for (int h = 0; h < 2; ++h) {
-            const uint8_t *b = rows[r] + (2 * kb + h) * 20;
-            uint8_t codes[32];
-            memcpy(u + 32 * h + 2 * r, b, 2);
-            memcpy(u + 64 + 32 * h + 2 * r, b + 2, 2);
-            for (int j = 0; j < 16; ++j) {
-                codes[j] = b[4 + j] & 15;
-                codes[16 + j] = b[4 + j] >> 4;
-            }
-            for (int c = 0; c < 4; ++c) nib_chunk(u + 128 + 64 * (4 * h + c), r, codes + 8 * c);
-        }
-}
+static void unit_q4_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_nib32(rows, kb, u, 18, 0); }
+static void unit_q4_1(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_nib32(rows, kb, u, 20, 1); }
 
 static void unit_q8_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
     for (int r = 0; r < QS_RP_ROWS; ++r)

@@ -23,20 +23,34 @@ T AI __m512i sum_chains(const __m512i *p, const int n) {
     return n == 4 ? _mm512_add_epi32(_mm512_add_epi32(p[0], p[1]), _mm512_add_epi32(p[2], p[3])) : _mm512_add_epi32(p[0], p[1]);
 }
 
-T AI void q4k_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC) {
-    const int NCH = NC == 1 ? 4 : 2;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+/* Per-column state of a kernel call: accumulators, activation codes (at byte aq of each block), offsets, scales. */
+typedef struct {
     __m512 acc[4];
     const uint8_t *xq[4];
     const int32_t *ia[4];
-    const float *fa[4];
+    const float *fa[4], *fb[4];
+} cols;
+
+T AI void cols_init(cols *c, const qs_rp_x *x, int64_t c0, const int NC, int aq) {
     _Pragma("GCC unroll 16")
     for (int j = 0; j < NC; ++j) {
-        acc[j] = _mm512_setzero_ps();
-        xq[j] = x->xq + (c0 + j) * x->xq_stride + 4;
-        ia[j] = x->ia + (c0 + j) * x->ia_stride;
-        fa[j] = x->fa + (c0 + j) * x->f_stride;
+        c->acc[j] = _mm512_setzero_ps();
+        c->xq[j] = x->xq + (c0 + j) * x->xq_stride + aq;
+        c->ia[j] = x->ia + (c0 + j) * x->ia_stride;
+        c->fa[j] = x->fa + (c0 + j) * x->f_stride;
+        c->fb[j] = x->fb + (c0 + j) * x->f_stride;
     }
+}
+
+T AI void q4k_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC) {
+    const int NCH = NC == 1 ? 4 : 2;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    cols cs;
+    cols_init(&cs, x, c0, NC, 4);
+    __m512 *const acc = cs.acc;
+    const uint8_t *const *const xq = cs.xq;
+    const int32_t *const *const ia = cs.ia;
+    const float *const *const fa = cs.fa;
     for (int64_t sb = 0; sb < nb; ++sb, g += 2368) {
         __m512i I[4];
         _Pragma("GCC unroll 16")
@@ -106,17 +120,12 @@ T AI __m512i q6_hi(__m512i h, int i) { /* bits 2i..2i+1 of each byte -> bits 4..
 T AI void q6k_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC) {
     const int NCH = NC == 1 ? 4 : 2;
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    __m512 acc[4];
-    const uint8_t *xq[4];
-    const int32_t *ia[4];
-    const float *fa[4];
-    _Pragma("GCC unroll 16")
-    for (int j = 0; j < NC; ++j) {
-        acc[j] = _mm512_setzero_ps();
-        xq[j] = x->xq + (c0 + j) * x->xq_stride + 4;
-        ia[j] = x->ia + (c0 + j) * x->ia_stride;
-        fa[j] = x->fa + (c0 + j) * x->f_stride;
-    }
+    cols cs;
+    cols_init(&cs, x, c0, NC, 4);
+    __m512 *const acc = cs.acc;
+    const uint8_t *const *const xq = cs.xq;
+    const int32_t *const *const ia = cs.ia;
+    const float *const *const fa = cs.fa;
     for (int64_t sb = 0; sb < nb; ++sb, g += 3392) {
         __m512i I[4];
         _Pragma("GCC unroll 16")
@@ -180,18 +189,12 @@ T AI void b32_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
     const __m512i m10 = _mm512_set1_epi8(0x10);
     const int unit = kind == 0 ? 576 : kind == 1 ? 640 : kind == 2 ? 1088 : 704, qoff = kind == 1 ? 128 : 64;
     const int ab = kind == 1 ? 36 : 34, aq = kind == 1 ? 4 : 2;
-    __m512 acc[4];
-    const uint8_t *xq[4];
-    const int32_t *ia[4];
-    const float *fa[4], *fb[4];
-    _Pragma("GCC unroll 16")
-    for (int j = 0; j < NC; ++j) {
-        acc[j] = _mm512_setzero_ps();
-        xq[j] = x->xq + (c0 + j) * x->xq_stride + aq;
-        ia[j] = x->ia + (c0 + j) * x->ia_stride;
-        fa[j] = x->fa + (c0 + j) * x->f_stride;
-        fb[j] = x->fb + (c0 + j) * x->f_stride;
-    }
+    cols cs;
+    cols_init(&cs, x, c0, NC, aq);
+    __m512 *const acc = cs.acc;
+    const uint8_t *const *const xq = cs.xq;
+    const int32_t *const *const ia = cs.ia;
+    const float *const *const fa = cs.fa, *const *const fb = cs.fb;
     for (int64_t kb = 0; kb < nb; ++kb, g += unit) {
         _Pragma("GCC unroll 16")
         for (int h = 0; h < 2; ++h) {

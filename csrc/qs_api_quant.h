@@ -51,6 +51,10 @@ int qs_repack_type(int type);
 int64_t qs_repack_bytes(int type, int64_t rows, int64_t k);
 int qs_repack(int type, const uint8_t *src, int64_t src_bytes, int64_t rows, int64_t k, uint8_t *dst,
               int64_t dst_bytes, int64_t g0, int64_t g1, int n_threads);
+/* n (1..4) products of the same x (n_x rows of k) by repacked weights (type ids 0x100 | type, n_rows[i] rows
+ * each) in one pool job, y[i] = x W_i^T: the engine's q/k/v and gate/up. Same bits as n qs_matmat calls. */
+int qs_rp_matmat_multi(int n, const int *rtype, const uint8_t *const *w, const int64_t *n_rows, int64_t k,
+                       const float *x, int64_t n_x, float *const *y, int n_threads);
 /* Bytes rows x k of a weight of this type (plain or repacked) occupy; -1 when no kernel runs it. */
 int64_t qs_weight_bytes(int type, int64_t rows, int64_t k);
 /* Anonymous memory for repacked copies: 2 MiB aligned, transparent huge pages requested; NULL on failure. */

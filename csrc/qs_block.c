@@ -5,11 +5,15 @@
 #include "qs.h"
 #include "qs_gemm.h"
 #include "qs_guard.h"
+#include "qs_repack.h"
 
-/* n products of the same input x (q/k/v, gate/up): for the prefill GEMM the activations are quantized once per
- * activation format instead of once per matrix. */
+/* n products of the same input x (q/k/v, gate/up): repacked weights go to one pool job (one barrier); for the
+ * prefill GEMM the activations are quantized once per activation format instead of once per matrix. */
 static int matmat_shared(int n, const int *type, const uint8_t *const *w, const int64_t *rows, int64_t k,
                          const float *x, int64_t T, float *const *y, int n_threads) {
+    int all_repacked = 1;
+    for (int i = 0; i < n; ++i) all_repacked &= (type[i] & QS_RP_FLAG) != 0;
+    if (all_repacked) return qs_rp_matmat_multi(n, type, w, rows, k, x, T, y, n_threads);
     qs_gemm_act acts[3];
     int n_acts = 0, rc = 0;
     for (int i = 0; i < n && !rc; ++i) {

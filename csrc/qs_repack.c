@@ -5,6 +5,7 @@
  * order (docs/engine.md#repacked-weights). */
 #include <immintrin.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -457,33 +458,76 @@ static void prep_task(void *vctx, int64_t j) {
 }
 
 /* ---------------------------------------------------------------- driver */
+/* Activations prepared for one layout: the buffer behind a qs_rp_x. */
+typedef struct {
+    const rp_info *ri;
+    uint8_t *buf;
+    qs_rp_x x;
+    int64_t per_col; /* bytes of one column's prepared activations */
+} rp_act;
+
+static int act_prepare(rp_act *a, const rp_info *ri, const float *x, int64_t k, int64_t n_x, int n_threads) {
+    prep_ctx p;
+    const int64_t nab = k / ri->act_elems;
+    p.ri = ri;
+    p.x = x;
+    p.k = k;
+    p.n_x = n_x;
+    p.xq_stride = (nab * ri->act_bytes + 63) / 64 * 64;
+    p.ia_stride = (nab * (ri->ia_per ? ri->ia_per : 1) + 15) / 16 * 16;
+    p.f_stride = (nab + 15) / 16 * 16;
+    a->per_col = p.xq_stride + p.ia_stride * 4 + p.f_stride * 8;
+    size_t bytes = (size_t)n_x * (size_t)a->per_col;
+    a->buf = (uint8_t *)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (!a->buf) return QS_ERR_NOMEM;
+    p.xq = a->buf;
+    p.ia = (int32_t *)(a->buf + n_x * p.xq_stride);
+    p.fa = (float *)(p.ia + n_x * p.ia_stride);
+    p.fb = p.fa + n_x * p.f_stride;
+    qs_parallel_for(n_x, prep_task, &p, n_x * k < (1 << 16) ? 1 : n_threads);
+    a->ri = ri;
+    a->x = (qs_rp_x){p.xq, p.xq_stride, p.ia, p.ia_stride, p.fa, p.fb, p.f_stride};
+    return QS_OK;
+}
+
+/* One product of a job: its weights, prepared activations and output. */
 typedef struct {
     const rp_info *ri;
     qs_rp_kernel scalar;
-    int simd;
     const uint8_t *w;
-    int64_t n_groups, groups_per_task, nkb, n_rows, n_x, col_block;
+    int64_t n_groups, nkb, n_rows, col_block;
     const qs_rp_x *x;
     float *y;
-} mm_ctx;
+} mm_mat;
 
-static void mm_task(void *vctx, int64_t t) {
-    mm_ctx *c = (mm_ctx *)vctx;
-    int64_t g0 = t * c->groups_per_task, g1 = g0 + c->groups_per_task;
-    if (g1 > c->n_groups) g1 = c->n_groups;
+/* Products of the same input (q/k/v, gate/up) in one pool job: their row groups form one sequence that the
+ * threads take in contiguous chunks, so a layer waits at one barrier instead of three and the threads finish
+ * together. Decode chunks shrink as the work runs out (guided: remaining / (2 x threads), at least ~32 KiB of
+ * weights), which keeps each thread's stream long at first and the wait at the end short. The prefill GEMM
+ * takes one long run per thread (its activations are reused across a run's groups). */
+#define RP_MAX_MATS 4
+typedef struct {
+    int n, simd, n_threads;
+    int64_t n_x, total, min_chunk, fixed_chunk;
+    int64_t g_end[RP_MAX_MATS]; /* cumulative group counts */
+    mm_mat m[RP_MAX_MATS];
+    atomic_llong next;
+} mm_job;
+
+static void mm_run(const mm_mat *c, int simd, int64_t n_x, int64_t g0, int64_t g1) {
     const int64_t gbytes = c->nkb * c->ri->unit;
     float out[4 * 16] __attribute__((aligned(64)));
-    for (int64_t cb = 0; cb < c->n_x; cb += c->col_block) {
-        int64_t ce = cb + c->col_block < c->n_x ? cb + c->col_block : c->n_x;
+    for (int64_t cb = 0; cb < n_x; cb += c->col_block) {
+        int64_t ce = cb + c->col_block < n_x ? cb + c->col_block : n_x;
         for (int64_t g = g0; g < g1; ++g) {
             const uint8_t *gp = c->w + g * gbytes;
             for (int64_t j = cb; j < ce;) {
                 int nc;
-                if (c->simd && ce - j >= 4) {
+                if (simd && ce - j >= 4) {
                     c->ri->k4(gp, c->nkb, c->x, j, out);
                     nc = 4;
                 } else {
-                    (c->simd ? c->ri->k1 : c->scalar)(gp, c->nkb, c->x, j, out);
+                    (simd ? c->ri->k1 : c->scalar)(gp, c->nkb, c->x, j, out);
                     nc = 1;
                 }
                 for (int q = 0; q < nc; ++q) memcpy(c->y + (j + q) * c->n_rows + g * 16, out + 16 * q, 16 * sizeof(float));
@@ -493,61 +537,92 @@ static void mm_task(void *vctx, int64_t t) {
     }
 }
 
-int qs_rp_matmat(int rtype, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,
-                 int n_threads) {
-    const rp_info *ri = rp_find(rtype & ~QS_RP_FLAG);
-    if (!ri || qs_repack_bytes(ri->type, n_rows, k) < 0 || n_x < 0) return QS_ERR_SIZE;
+static void mm_task(void *vctx, int64_t t) {
+    (void)t;
+    mm_job *job = (mm_job *)vctx;
+    for (;;) {
+        long long cur = atomic_load_explicit(&job->next, memory_order_relaxed), size;
+        do {
+            if (cur >= job->total) return;
+            const int64_t rem = job->total - cur;
+            size = job->fixed_chunk ? job->fixed_chunk : rem / (2 * job->n_threads);
+            if (size < job->min_chunk) size = job->min_chunk;
+            if (size > rem) size = rem;
+        } while (!atomic_compare_exchange_weak_explicit(&job->next, &cur, cur + size, memory_order_relaxed,
+                                                        memory_order_relaxed));
+        const int64_t a = cur, b = cur + size;
+        int64_t base = 0;
+        for (int i = 0; i < job->n; base = job->g_end[i], ++i) {
+            const int64_t lo = a > base ? a : base, hi = b < job->g_end[i] ? b : job->g_end[i];
+            if (lo < hi) mm_run(&job->m[i], job->simd, job->n_x, lo - base, hi - base);
+        }
+    }
+}
+
+static int matmat_multi(int n, const int *rtype, const uint8_t *const *w, const int64_t *n_rows, int64_t k,
+                        const float *x, int64_t n_x, float *const *y, int n_threads) {
+    if (!rtype || !w || !n_rows || !y || n < 1 || n > RP_MAX_MATS || n_x < 0 || !x) return QS_ERR_SIZE;
+    const rp_info *ri[RP_MAX_MATS];
+    for (int i = 0; i < n; ++i) {
+        ri[i] = (rtype[i] & QS_RP_FLAG) ? rp_find(rtype[i] & ~QS_RP_FLAG) : NULL;
+        if (!ri[i] || !w[i] || !y[i] || qs_repack_bytes(ri[i]->type, n_rows[i], k) < 0) return QS_ERR_SIZE;
+    }
     if (n_x == 0) return QS_OK;
     if (n_threads <= 0) n_threads = qs_threads_default();
-    const int64_t nab = k / ri->act_elems;
-    qs_rp_x xp;
-    prep_ctx p;
-    p.ri = ri;
-    p.x = x;
-    p.k = k;
-    p.n_x = n_x;
-    p.xq_stride = (nab * ri->act_bytes + 63) / 64 * 64;
-    p.ia_stride = (nab * (ri->ia_per ? ri->ia_per : 1) + 15) / 16 * 16;
-    p.f_stride = (nab + 15) / 16 * 16;
-    size_t bytes = (size_t)n_x * ((size_t)p.xq_stride + (size_t)p.ia_stride * 4 + (size_t)p.f_stride * 8);
-    uint8_t *buf = (uint8_t *)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    if (!buf) return QS_ERR_NOMEM;
-    p.xq = buf;
-    p.ia = (int32_t *)(buf + n_x * p.xq_stride);
-    p.fa = (float *)(p.ia + n_x * p.ia_stride);
-    p.fb = p.fa + n_x * p.f_stride;
-    qs_parallel_for(n_x, prep_task, &p, n_x * k < (1 << 16) ? 1 : n_threads);
-    xp.xq = p.xq;
-    xp.xq_stride = p.xq_stride;
-    xp.ia = p.ia;
-    xp.ia_stride = p.ia_stride;
-    xp.fa = p.fa;
-    xp.fb = p.fb;
-    xp.f_stride = p.f_stride;
+    rp_act acts[RP_MAX_MATS];
+    int n_acts = 0, rc = QS_OK;
+    mm_job job;
+    memset(&job, 0, sizeof job);
+    job.n = n;
+    job.simd = qs_isa_get() >= QS_ISA_AVX512;
+    job.n_x = n_x;
+    int64_t work = 0, bytes = 0;
+    for (int i = 0; i < n && !rc; ++i) {
+        int a = 0;
+        while (a < n_acts && acts[a].ri != ri[i]) ++a; /* one preparation per layout */
+        if (a == n_acts) {
+            rc = act_prepare(&acts[a], ri[i], x, k, n_x, n_threads);
+            if (rc) break;
+            ++n_acts;
+        }
+        mm_mat *m = &job.m[i];
+        m->ri = ri[i];
+        m->scalar = scalar_for(ri[i]->type);
+        m->w = w[i];
+        m->n_groups = n_rows[i] / QS_RP_ROWS;
+        m->nkb = k / ri[i]->blk;
+        m->n_rows = n_rows[i];
+        m->x = &acts[a].x;
+        m->y = y[i];
+        /* columns per pass over a run of groups: their activations stay in L2 (~256 KiB) while weights stream */
+        m->col_block = (256 * 1024 / acts[a].per_col) / 4 * 4;
+        if (m->col_block < 4) m->col_block = 4;
+        job.total += m->n_groups;
+        job.g_end[i] = job.total;
+        work += n_rows[i] * k * n_x;
+        bytes += qs_repack_bytes(ri[i]->type, n_rows[i], k);
+    }
+    if (!rc) {
+        if (work < (1 << 16)) n_threads = 1;
+        job.n_threads = n_threads;
+        job.min_chunk = (32 * 1024 * job.total + bytes - 1) / (bytes > 0 ? bytes : 1);
+        if (job.min_chunk < 1) job.min_chunk = 1;
+        if (n_x > 1) job.fixed_chunk = (job.total + n_threads - 1) / n_threads;
+        atomic_init(&job.next, 0);
+        qs_parallel_for(n_threads, mm_task, &job, n_threads);
+    }
+    for (int a = 0; a < n_acts; ++a) free(acts[a].buf);
+    return rc;
+}
 
-    mm_ctx c;
-    memset(&c, 0, sizeof c);
-    c.ri = ri;
-    c.scalar = scalar_for(ri->type);
-    c.simd = qs_isa_get() >= QS_ISA_AVX512;
-    c.w = w;
-    c.n_groups = n_rows / QS_RP_ROWS;
-    c.nkb = k / ri->blk;
-    c.n_rows = n_rows;
-    c.n_x = n_x;
-    c.x = &xp;
-    c.y = y;
-    /* columns per pass over a task's groups: their activations stay in L2 (~256 KiB) while the weights stream */
-    int64_t per_col = p.xq_stride + p.ia_stride * 4 + p.f_stride * 8;
-    c.col_block = (256 * 1024 / per_col) / 4 * 4;
-    if (c.col_block < 4) c.col_block = 4;
-    int64_t work = n_rows * k * n_x;
-    if (work < (1 << 16)) n_threads = 1;
-    int64_t per = (c.n_groups + 4 * (int64_t)n_threads - 1) / (4 * (int64_t)n_threads);
-    if (n_x > 1) per = (c.n_groups + n_threads - 1) / n_threads; /* GEMM: one long run of groups per thread */
-    if (per < 1) per = 1;
-    c.groups_per_task = per;
-    qs_parallel_for((c.n_groups + per - 1) / per, mm_task, &c, n_threads);
-    free(buf);
-    return QS_OK;
+int qs_rp_matmat_multi(int n, const int *rtype, const uint8_t *const *w, const int64_t *n_rows, int64_t k,
+                       const float *x, int64_t n_x, float *const *y, int n_threads) {
+    int rc;
+    QS_GUARDED(rc, matmat_multi(n, rtype, w, n_rows, k, x, n_x, y, n_threads));
+    return rc;
+}
+
+int qs_rp_matmat(int rtype, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,
+                 int n_threads) {
+    return matmat_multi(1, &rtype, &w, &n_rows, k, x, n_x, &y, n_threads);
 }

@@ -53,6 +53,39 @@ def test_repacked_equals_scalar_reference_and_row_dots(name):
                     assert np.array_equal(rp.matmat(x, threads=1), got)
 
 
+def test_products_of_one_input_in_one_job():
+    """q/k/v and gate/up run as one pool job (guided chunks across the matrices): the same bits as one call per
+    matrix, for decode and prefill, at 1 and 2 threads, on mixed layouts; bad arguments are refused."""
+    rng = np.random.default_rng(7)
+    k = 512
+    mats = [("Q4_K", 48), ("Q6_K", 16), ("Q4_K", 80), ("Q4_0", 32)]
+    packed = [K.Repacked(name, _weights(name, rows, k, rng), rows, k) for name, rows in mats]
+    types = ffi.new("int[]", [rp.type_id for rp in packed])
+    ws = ffi.new("uint8_t *[]", [rp.ptr for rp in packed])
+    rows = ffi.new("int64_t[]", [rows for _, rows in mats])
+    for n_x in (1, 5):
+        x = np.stack([activations(rng, k) for _ in range(n_x)])
+        xp = ffi.cast("float *", ffi.from_buffer(x))
+        want = [rp.matmat(x, threads=1) for rp in packed]
+        for threads in (1, 2):
+            ys = [np.full((n_x, r), np.nan, np.float32) for _, r in mats]
+            yp = ffi.new("float *[]", [ffi.cast("float *", ffi.from_buffer(y)) for y in ys])
+            assert lib.qs_rp_matmat_multi(len(mats), types, ws, rows, k, xp, n_x, yp, threads) == 0
+            for y, w in zip(ys, want):
+                assert np.array_equal(y, w), (n_x, threads)
+    x = np.ones((1, k), np.float32)
+    xp = ffi.cast("float *", ffi.from_buffer(x))
+    ys = [np.zeros((1, r), np.float32) for _, r in mats]
+    yp = ffi.new("float *[]", [ffi.cast("float *", ffi.from_buffer(y)) for y in ys])
+    assert lib.qs_rp_matmat_multi(0, types, ws, rows, k, xp, 1, yp, 1) < 0
+    assert lib.qs_rp_matmat_multi(5, types, ws, rows, k, xp, 1, yp, 1) < 0  # more than four products
+    plain = ffi.new("int[]", [ggml_type("Q4_K").id])
+    assert lib.qs_rp_matmat_multi(1, plain, ws, rows, k, xp, 1, yp, 1) < 0  # not a repacked type id
+    assert lib.qs_rp_matmat_multi(1, types, ws, rows, k - 64, xp, 1, yp, 1) < 0  # k not whole layout blocks
+    odd = ffi.new("int64_t[]", [40])
+    assert lib.qs_rp_matmat_multi(1, types, ws, odd, k, xp, 1, yp, 1) < 0  # rows not whole groups
+
+
 def test_repacked_on_real_tensors(model_path):
     rng = np.random.default_rng(5)
     picks = {"smollm2": ["blk.0.ffn_down.weight", "blk.0.attn_k.weight", "token_embd.weight"],

@@ -71,7 +71,7 @@ def test_products_of_one_input_in_one_job():
             ys = [np.full((n_x, r), np.nan, np.float32) for _, r in mats]
             yp = ffi.new("float *[]", [ffi.cast("float *", ffi.from_buffer(y)) for y in ys])
             assert lib.qs_rp_matmat_multi(len(mats), types, ws, rows, k, xp, n_x, yp, threads) == 0
-            for y, w in zip(ys, want):
+            for y, w in zip(ys, want, strict=True):
                 assert np.array_equal(y, w), (n_x, threads)
     x = np.ones((1, k), np.float32)
     xp = ffi.cast("float *", ffi.from_buffer(x))

@@ -57,14 +57,20 @@ int64_t qs_repack_bytes(int type, int64_t rows, int64_t k) {
 }
 
 /* ---------------------------------------------------------------- one row's block -> codes and scales */
-static void nib_chunk(uint8_t *dst, int r, const uint8_t *codes) { /* codes: 8 elements of row r */
-    for (int j = 0; j < 4; ++j) dst[4 * r + j] = (uint8_t)(codes[j] | (codes[4 + j] << 4));
+/* A nibble chunk's 4 bytes of one row from 8 consecutive source bytes whose low (hi = 0) or high (hi = 1)
+ * nibbles hold elements e0..e7: byte j = e_j | e_{4+j} << 4. */
+static inline uint32_t nib8(const uint8_t *p, int hi) {
+    uint64_t x;
+    memcpy(&x, p, 8);
+    x = (hi ? x >> 4 : x) & 0x0F0F0F0F0F0F0F0FULL;
+    return (uint32_t)(x | (x >> 28));
 }
+
+static inline void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 
 static void unit_q4_K(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
     for (int r = 0; r < QS_RP_ROWS; ++r) {
         const uint8_t *b = rows[r] + kb * 144;
-        uint8_t codes[256];
         uint32_t sm[4];
         memcpy(u + 2 * r, b, 2);
         memcpy(u + 32 + 2 * r, b + 2, 2);
@@ -74,12 +80,13 @@ static void unit_q4_K(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
             u[64 + 16 * s + r] = smb[s];
             u[192 + 32 * (s / 2) + 2 * r + s % 2] = smb[8 + s];
         }
+        /* elements 64q + l: low nibble of byte 16 + 32q + l; 64q + 32 + l: its high nibble */
         for (int q = 0; q < 4; ++q)
-            for (int l = 0; l < 32; ++l) {
-                codes[64 * q + l] = b[16 + 32 * q + l] & 15;
-                codes[64 * q + 32 + l] = b[16 + 32 * q + l] >> 4;
+            for (int g = 0; g < 4; ++g) {
+                const uint8_t *p = b + 16 + 32 * q + 8 * g;
+                put32(u + 320 + 64 * (8 * q + g) + 4 * r, nib8(p, 0));
+                put32(u + 320 + 64 * (8 * q + 4 + g) + 4 * r, nib8(p, 1));
             }
-        for (int c = 0; c < 32; ++c) nib_chunk(u + 320 + 64 * c, r, codes + 8 * c);
     }
 }
 
@@ -87,46 +94,34 @@ static void unit_q6_K(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
     memset(u + 32, 0, 32);
     for (int r = 0; r < QS_RP_ROWS; ++r) {
         const uint8_t *b = rows[r] + kb * 210;
-        uint8_t codes[256];
         memcpy(u + 2 * r, b + 208, 2);
         for (int s = 0; s < 16; ++s) u[64 + 16 * s + r] = b[192 + s];
-        for (int h = 0; h < 2; ++h) {
-            const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
-            uint8_t *o = codes + 128 * h;
-            for (int l = 0; l < 32; ++l) {
-                o[l] = (uint8_t)((ql[l] & 15) | ((qh[l] & 3) << 4));
-                o[32 + l] = (uint8_t)((ql[32 + l] & 15) | (((qh[l] >> 2) & 3) << 4));
-                o[64 + l] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
-                o[96 + l] = (uint8_t)((ql[32 + l] >> 4) | (((qh[l] >> 6) & 3) << 4));
-            }
+        /* element 128h + 32p + l: low 4 bits in the (p >> 1) nibble of ql[64h + 32(p & 1) + l], high 2 bits at
+         * bit 2p of qh[32h + l] */
+        for (int h = 0; h < 2; ++h)
+            for (int p = 0; p < 4; ++p)
+                for (int g = 0; g < 4; ++g)
+                    put32(u + Q6_LO(16 * h + 4 * p + g) + 4 * r, nib8(b + 64 * h + 32 * (p & 1) + 8 * g, p >> 1));
+        for (int s = 0; s < 16; ++s) { /* elements 16s + 4i + j, i = 0..3: l = 16(s % 2) + 4i + j */
+            const uint8_t *qh = b + 128 + 32 * (s / 8) + 16 * (s % 2);
+            const int p = (s % 8) / 2;
+            uint32_t v = 0;
+            for (int i = 0; i < 4; ++i) v |= ((qs_load_u32(qh + 4 * i) >> (2 * p)) & 0x03030303u) << (2 * i);
+            put32(u + Q6_HI(s) + 4 * r, v);
         }
-        uint8_t lo[256];
-        for (int e = 0; e < 256; ++e) lo[e] = codes[e] & 15;
-        for (int c = 0; c < 32; ++c) nib_chunk(u + Q6_LO(c), r, lo + 8 * c);
-        for (int s = 0; s < 16; ++s)
-            for (int j = 0; j < 4; ++j) {
-                uint8_t v = 0;
-                for (int i = 0; i < 4; ++i) v |= (uint8_t)((codes[16 * s + 4 * i + j] >> 4) << (2 * i));
-                u[Q6_HI(s) + 4 * r + j] = v;
-            }
     }
 }
 
-/* 32-element ggml blocks, two per layout k-block. Q4_0 / Q4_1: nibbles at qoff of a bytes-long block (Q4_1's
- * min after its d) */
+/* 32-element ggml blocks, two per layout k-block; elements j and 16 + j in the low and high nibble of byte j.
+ * Q4_0 / Q4_1: nibbles at qoff of a bytes-long block (Q4_1's min after its d) */
 static void unit_nib32(const uint8_t *const *rows, int64_t kb, uint8_t *u, int bytes, int has_min) {
     const int qoff = has_min ? 4 : 2, uq = has_min ? 128 : 64;
     for (int r = 0; r < QS_RP_ROWS; ++r)
         for (int h = 0; h < 2; ++h) {
             const uint8_t *b = rows[r] + (2 * kb + h) * bytes;
-            uint8_t codes[32];
             memcpy(u + 32 * h + 2 * r, b, 2);
             if (has_min) memcpy(u + 64 + 32 * h + 2 * r, b + 2, 2);
-            for (int j = 0; j < 16; ++j) {
-                codes[j] = b[qoff + j] & 15;
-                codes[16 + j] = b[qoff + j] >> 4;
-            }
-            for (int c = 0; c < 4; ++c) nib_chunk(u + uq + 64 * (4 * h + c), r, codes + 8 * c);
+            for (int c = 0; c < 4; ++c) put32(u + uq + 64 * (4 * h + c) + 4 * r, nib8(b + qoff + 8 * (c % 2), c / 2));
         }
 }
 
@@ -138,8 +133,7 @@ static void unit_q8_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
         for (int h = 0; h < 2; ++h) {
             const uint8_t *b = rows[r] + (2 * kb + h) * 34;
             memcpy(u + 32 * h + 2 * r, b, 2);
-            for (int c = 0; c < 8; ++c)
-                for (int j = 0; j < 4; ++j) u[64 + 64 * (8 * h + c) + 4 * r + j] = b[2 + 4 * c + j] ^ 0x80;
+            for (int c = 0; c < 8; ++c) put32(u + 64 + 64 * (8 * h + c) + 4 * r, qs_load_u32(b + 2 + 4 * c) ^ 0x80808080u);
         }
 }
 
@@ -147,19 +141,12 @@ static void unit_q5_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
     for (int r = 0; r < QS_RP_ROWS; ++r)
         for (int h = 0; h < 2; ++h) {
             const uint8_t *b = rows[r] + (2 * kb + h) * 22;
-            uint8_t codes[32];
-            uint32_t qh = qs_load_u32(b + 2);
+            const uint32_t qh = qs_load_u32(b + 2); /* bit e: fifth bit of element e */
             memcpy(u + 32 * h + 2 * r, b, 2);
-            for (int j = 0; j < 16; ++j) {
-                codes[j] = (uint8_t)((b[6 + j] & 15) | (((qh >> j) & 1) << 4));
-                codes[16 + j] = (uint8_t)((b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
-            }
-            uint8_t lo[32];
-            for (int e = 0; e < 32; ++e) lo[e] = codes[e] & 15;
-            for (int c = 0; c < 4; ++c) nib_chunk(u + 64 + 64 * (4 * h + c), r, lo + 8 * c);
+            for (int c = 0; c < 4; ++c) put32(u + 64 + 64 * (4 * h + c) + 4 * r, nib8(b + 6 + 8 * (c % 2), c / 2));
             for (int j = 0; j < 4; ++j) {
                 uint8_t v = 0;
-                for (int i = 0; i < 8; ++i) v |= (uint8_t)((codes[j + 4 * i] >> 4) << i);
+                for (int i = 0; i < 8; ++i) v |= (uint8_t)(((qh >> (j + 4 * i)) & 1) << i);
                 u[576 + 64 * h + 4 * r + j] = v;
             }
         }

@@ -153,6 +153,58 @@ def test_progress_and_cancel():
         K.Repacked("Q4_0", w, 64, 128, cancel=lambda: True)
 
 
+def _mapping_rss_kib(path) -> int:
+    """Resident KiB of this process's mappings of ``path`` (from /proc/self/smaps)."""
+    total, ours = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:  # a mapping's header line
+                ours = line.rstrip().endswith(str(path))
+            elif ours and head and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
+def test_repack_releases_the_file_pages_as_it_goes(tmp_path):
+    """With ``release_source`` the file's pages are dropped chunk by chunk (the copy and the file's pages are never
+    both resident: issue 14's RSS budget); arrays that are not read-only file mappings are never touched."""
+    import mmap
+
+    from quantscope.core.bench import random_weights
+
+    rows, k = 16 * 1088, 4096  # ~40 MB of Q4_K: five ~8 MiB chunks
+    w = random_weights("Q4_K", rows, k)
+    path = tmp_path / "w.bin"
+    path.write_bytes(w.tobytes())
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    mapped = np.frombuffer(m, np.uint8)
+    peak: list[int] = []
+    kept = K.Repacked("Q4_K", mapped, rows, k, progress=lambda _n: peak.append(_mapping_rss_kib(path)))
+    assert _mapping_rss_kib(path) > 30_000  # without release_source the file's pages stay
+    K.drop_pages(mapped)
+    assert _mapping_rss_kib(path) < 64
+    peak.clear()
+    released = K.Repacked("Q4_K", mapped, rows, k, release_source=True,
+                          progress=lambda _n: peak.append(_mapping_rss_kib(path)))
+    assert len(peak) >= 4 and max(peak) < 12_000, peak  # at most about one chunk resident at any time
+    assert _mapping_rss_kib(path) < 64
+    x = np.random.default_rng(3).standard_normal((2, k)).astype(np.float32)
+    assert np.array_equal(kept.matmat(x), released.matmat(x))
+    # anonymous and writable arrays: MADV_DONTNEED would zero them, so drop_pages leaves them alone
+    anon = w.copy()
+    K.drop_pages(anon)
+    assert np.array_equal(anon, w)
+    with open(path, "r+b") as f:
+        cow = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY), np.uint8)
+    cow[:4] = 0
+    K.drop_pages(cow)
+    assert not cow[:4].any()
+    del mapped, cow
+    m.close()
+
+
 @NEEDS_AVX512
 @pytest.mark.parametrize("name", ["smollm2", "gemma3", "qwen2.5-coder"])
 def test_engine_logits_repacked_or_not(model_path, name):

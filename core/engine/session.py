@@ -101,14 +101,16 @@ class Model:
                 if progress is not None:
                     progress((base + n) / total)
 
-            rp = K.Repacked(w.type, w.data, w.rows, w.k, threads=self.threads, progress=step, cancel=cancel)
+            rp = K.Repacked(w.type, w.data, w.rows, w.k, threads=self.threads, progress=step, cancel=cancel,
+                            release_source=True)
             bound = _Bound(rp.type_id, rp.ptr, rp.rows, rp.k, rp.nbytes)
             self._keep.append(rp)
             if lb is None:
                 self.output = bound
             else:
                 lb[key] = bound
-            K.drop_pages(w.data)  # the file's copy is no longer read (a tied embedding's rows fault back in singly)
+            # the file's copy is no longer read (a tied embedding's rows fault back in singly); released chunk by
+            # chunk above, so the file's pages and the copy are never both resident
             done += w.data.nbytes
         self.repacked_bytes = done
         return done

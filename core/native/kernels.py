@@ -5,6 +5,7 @@ cffi releases the GIL around each call, so these can run in worker threads in pa
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -300,9 +301,11 @@ class Repacked:
     """
 
     def __init__(self, qtype: GGMLType | int | str, w: np.ndarray, n_rows: int, k: int, *, threads: int = 0,
-                 progress: Any = None, cancel: Any = None) -> None:
+                 progress: Any = None, cancel: Any = None, release_source: bool = False) -> None:
         """Repack ``w`` (raw ggml rows). ``progress(done_bytes)`` is called as row groups complete; ``cancel()``
-        returning true stops with :class:`RepackCancelled`. Raises ``ValueError`` when the shape has no layout."""
+        returning true stops with :class:`RepackCancelled`. ``release_source``: drop this process's pages of a
+        file-mapped ``w`` as each chunk is copied (:func:`drop_pages`), so the file's copy and the repacked one
+        are never both resident. Raises ``ValueError`` when the shape has no layout."""
         t = _t(qtype)
         wa = _weights(w, t, n_rows, k)
         nbytes = int(lib.qs_repack_bytes(t.id, n_rows, k))
@@ -318,13 +321,18 @@ class Repacked:
         groups = n_rows // REPACK_ROWS
         step = max(1, min(groups, (8 << 20) // max(1, t.row_bytes(k) * REPACK_ROWS)))  # ~8 MiB of source per call
         src = _ptr(wa, "uint8_t *")
+        flat, rb = wa.reshape(-1), t.row_bytes(k) * REPACK_ROWS
         for g0 in range(0, groups, step):
             if cancel is not None and cancel():
                 raise RepackCancelled("repacking cancelled")
             g1 = min(groups, g0 + step)
             check(lib.qs_repack(t.id, src, wa.size, n_rows, k, self.ptr, nbytes, g0, g1, threads), f"repack {t.name}")
+            if release_source:
+                drop_pages(flat[g0 * rb : g1 * rb])
             if progress is not None:
                 progress(g1 * REPACK_ROWS * t.row_bytes(k))
+        if release_source:
+            drop_pages(wa)  # the pages the chunks straddled
 
     def matmat(self, x: np.ndarray, *, threads: int = 0) -> np.ndarray:
         """``Y = X @ W.T`` on the repacked weight (same contract as :func:`matmat`)."""
@@ -338,7 +346,19 @@ class Repacked:
         return y
 
 
+def _file_mapped(a: np.ndarray) -> bool:
+    """``a`` is a read-only view of an ``mmap`` (on anonymous or copy-on-write memory, MADV_DONTNEED would
+    discard the data itself)."""
+    if a.flags.writeable:
+        return False
+    b: Any = a
+    while isinstance(b, np.ndarray | memoryview):
+        b = b.base if isinstance(b, np.ndarray) else b.obj
+    return isinstance(b, mmap.mmap)
+
+
 def drop_pages(a: np.ndarray) -> None:
-    """Release this process's pages of a read-only mapped array (they are read again from the file if used)."""
-    if a.size:
+    """Release this process's pages of a read-only file-mapped array (they are read again from the file if used);
+    no-op for any other array."""
+    if a.size and a.flags.c_contiguous and _file_mapped(a):
         lib.qs_drop_pages(_ptr(a, "uint8_t *"), a.nbytes)

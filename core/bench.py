@@ -134,15 +134,18 @@ def bench_kernels(types: tuple[str, ...] = KERNEL_TYPES, threads: tuple[int, ...
     import numpy as np
 
     from .native import kernels as K
+    from .native import lib
     from .quant import ggml_type
 
     out: dict[str, Any] = {"isa": K.isa(), "bandwidth": memory_bandwidth(threads=threads), "gemv": [],
-                           "gemm": [], "dequant": []}
+                           "gemm": [], "dequant": [],
+                           "pool_op_us": {n: lib.qs_pool_op_ns(n, 20000) / 1e3 for n in threads if n > 1}}
     rng = np.random.default_rng(1)
     cases = [(name, label, k, rows) for name in types for (label, k, rows) in KERNEL_SHAPES
              if k % ggml_type(name).block_elems == 0]
-    if big:
+    if big:  # DRAM-bound: the shapes whose speed decode at real sizes is made of
         cases.append(("Q8_0", "big 151936x896", 896, 151936))
+        cases += [(name, "big 65536x2048", 2048, 65536) for name in ("Q4_K", "Q6_K") if name in types]
     for name, label, k, rows in cases:
         t = ggml_type(name)
         w = random_weights(name, rows, k)
@@ -215,7 +218,10 @@ def render_kernels(r: dict[str, Any]) -> str:
     thread count."""
     bw = r["bandwidth"]
     reads = ", ".join(f"{v:.1f} GB/s read ({k.split('_')[-1]})" for k, v in bw.items() if k.startswith("read_"))
-    lines = [f"ISA {r['isa']}; memory: numpy copy {bw['copy_gbs']:.1f} GB/s (read+write), {reads}", "",
+    pool = ", ".join(f"{us:.2f} us at {n} threads" for n, us in r.get("pool_op_us", {}).items())
+    lines = [f"ISA {r['isa']}; memory: numpy copy {bw['copy_gbs']:.1f} GB/s (read+write), {reads}",
+             *([f"thread pool: {pool} per operation (an empty job: waking the workers and the barrier after it)"]
+               if pool else []), "",
              f"{'type':<6} {'shape':<16} {'layout':<8} {'thr':>3} {'ms':>9} {'Gelem/s':>8} {'GB/s':>7} "
              f"{'% of read BW':>12}"]
     for g in r["gemv"]:

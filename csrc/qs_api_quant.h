@@ -69,3 +69,4 @@ int qs_gemm_set(int on);           /* tiled prefill GEMM on (1) / off (0); -1 qu
 int qs_gemm_decode_row(int type, const uint8_t *row, int64_t k, int simd, uint8_t *codes, float *ws, float *mrow);
 int qs_threads_default(void);
 uint64_t qs_read_probe(const uint8_t *p, int64_t n, int n_threads);  /* XOR of every byte: a read-bandwidth probe */
+double qs_pool_op_ns(int n_threads, int reps); /* mean ns of one empty n_threads-task pool job (wake + barrier) */

@@ -1,5 +1,7 @@
 /* Memory read-bandwidth probe for `quantscope bench kernels`: the ceiling a memory-bound GEMV is measured against. */
 #include <immintrin.h>
+#include <stdatomic.h>
+#include <time.h>
 
 #include "qs.h"
 #include "qs_guard.h"
@@ -66,4 +68,24 @@ uint64_t qs_read_probe(const uint8_t *p, int64_t n, int n_threads) {
     QS_GUARDED(rc, read_probe(p, n, n_threads, &s));
     if (rc) qs_guard_note_fault();
     return s;
+}
+
+/* Thread-pool cost per operation: `reps` back-to-back qs_parallel_for calls of n_threads empty tasks (the wake-up
+ * of the spinning workers and the barrier at the end, what every engine op pays once). Mean ns per call. */
+static void empty_task(void *vctx, int64_t t) {
+    (void)t;
+    atomic_fetch_add_explicit((atomic_int *)vctx, 1, memory_order_relaxed);
+}
+
+double qs_pool_op_ns(int n_threads, int reps) {
+    if (n_threads <= 0) n_threads = qs_threads_default();
+    if (reps <= 0) return -1.0;
+    atomic_int count = 0;
+    struct timespec t0, t1;
+    qs_parallel_for(n_threads, empty_task, &count, n_threads); /* start the workers */
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < reps; ++i) qs_parallel_for(n_threads, empty_task, &count, n_threads);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (atomic_load(&count) != (reps + 1) * n_threads) return -1.0;
+    return ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / reps;
 }

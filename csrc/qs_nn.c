@@ -114,7 +114,10 @@ typedef struct {
     float scale;
     float *out;
     int failed;
+    int split; /* tasks per KV head and query: the group's query heads are split this many ways */
 } attn_ctx;
+
+#define QS_ATTN_MAX_GROUP 64
 
 static float kv_dot(const attn_ctx *c, const float *qv, int64_t p, int kvh) {
     int64_t base = (p * c->n_kv_heads + kvh) * (int64_t)c->head_dim;
@@ -144,35 +147,51 @@ static void kv_axpy(const attn_ctx *c, float a, int64_t p, int kvh, float *acc) 
     }
 }
 
+/* One task: query qi and `per` of the query heads that share KV head kvh (grouped-query attention), so each K and
+ * V row is read once for all of them while it is in L1. Per head the arithmetic is exactly the per-head loop:
+ * scores, max, exp and sum in position order, then the weighted V rows. */
 static void attn_task(void *vctx, int64_t task) {
     attn_ctx *c = (attn_ctx *)vctx;
-    int64_t qi = task / c->n_heads;
-    int h = (int)(task % c->n_heads);
-    int kvh = h / (c->n_heads / c->n_kv_heads);
-    const float *qv = c->q + (qi * c->n_heads + h) * (int64_t)c->head_dim;
-    float *o = c->out + (qi * c->n_heads + h) * (int64_t)c->head_dim;
-    int64_t qp = c->q_pos[qi];
-    int64_t hi = qp < c->n_kv - 1 ? qp : c->n_kv - 1; /* causal: keys 0..qp */
+    const int G = c->n_heads / c->n_kv_heads, per = G / c->split;
+    const int64_t qi = task / (c->n_kv_heads * (int64_t)c->split);
+    const int rest = (int)(task % (c->n_kv_heads * (int64_t)c->split));
+    const int kvh = rest / c->split, h0 = kvh * G + (rest % c->split) * per;
+    const int64_t qp = c->q_pos[qi];
+    const int64_t hi = qp < c->n_kv - 1 ? qp : c->n_kv - 1; /* causal: keys 0..qp */
     int64_t lo = 0;
     if (c->window > 0 && qp - c->window + 1 > lo) lo = qp - c->window + 1;
-    for (int d = 0; d < c->head_dim; ++d) o[d] = 0.0f;
+    for (int g = 0; g < per; ++g) {
+        float *o = c->out + (qi * c->n_heads + h0 + g) * (int64_t)c->head_dim;
+        for (int d = 0; d < c->head_dim; ++d) o[d] = 0.0f;
+    }
     if (hi < lo) return;
-    int64_t n = hi - lo + 1;
-    float *sc = (float *)malloc((size_t)n * sizeof(float));
+    const int64_t n = hi - lo + 1;
+    float *sc = (float *)malloc((size_t)n * (size_t)per * sizeof(float));
     if (!sc) { c->failed = 1; return; }
-    float mx = -INFINITY;
-    for (int64_t p = lo; p <= hi; ++p) {
-        float s = kv_dot(c, qv, p, kvh) * c->scale;
-        sc[p - lo] = s;
-        mx = s > mx ? s : mx;
+    float mx[QS_ATTN_MAX_GROUP], inv[QS_ATTN_MAX_GROUP];
+    for (int g = 0; g < per; ++g) mx[g] = -INFINITY;
+    for (int64_t p = lo; p <= hi; ++p)
+        for (int g = 0; g < per; ++g) {
+            const float *qv = c->q + (qi * c->n_heads + h0 + g) * (int64_t)c->head_dim;
+            float s = kv_dot(c, qv, p, kvh) * c->scale;
+            sc[g * n + p - lo] = s;
+            mx[g] = s > mx[g] ? s : mx[g];
+        }
+    for (int g = 0; g < per; ++g) {
+        double sum = 0.0;
+        float *sg = sc + g * n;
+        for (int64_t i = 0; i < n; ++i) {
+            const float d = sg[i] - mx[g];
+            sg[i] = d < -105.0f ? 0.0f : expf(d); /* expf is exactly 0 there; skips glibc's underflow path */
+            sum += sg[i];
+        }
+        inv[g] = (float)(1.0 / sum);
     }
-    double sum = 0.0;
-    for (int64_t i = 0; i < n; ++i) {
-        sc[i] = expf(sc[i] - mx);
-        sum += sc[i];
-    }
-    float inv = (float)(1.0 / sum);
-    for (int64_t p = lo; p <= hi; ++p) kv_axpy(c, sc[p - lo] * inv, p, kvh, o);
+    for (int64_t p = lo; p <= hi; ++p)
+        for (int g = 0; g < per; ++g) {
+            float *o = c->out + (qi * c->n_heads + h0 + g) * (int64_t)c->head_dim;
+            kv_axpy(c, sc[g * n + p - lo] * inv[g], p, kvh, o);
+        }
     free(sc);
 }
 
@@ -184,7 +203,15 @@ int qs_attention(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads,
     if (n_q < 0 || n_ctx < 0 || n_kv < 0 || n_kv > n_ctx || window < 0 || n_q > INT64_MAX / n_heads) return QS_ERR_SIZE;
     for (int64_t i = 0; i < n_q; ++i)
         if (q_pos[i] < 0) return QS_ERR_POS;
-    attn_ctx c = {q, q_pos, n_heads, head_dim, n_kv_heads, kv_f16, k_cache, v_cache, n_kv, window, scale, out, 0};
-    qs_parallel_for(n_q * n_heads, attn_task, &c, n_threads);
+    attn_ctx c = {q, q_pos, n_heads, head_dim, n_kv_heads, kv_f16, k_cache, v_cache, n_kv, window, scale, out, 0, 1};
+    /* split a group's heads (only) as far as needed for two tasks per thread, or to stay within the stack arrays */
+    const int G = n_heads / n_kv_heads;
+    if (n_threads <= 0) n_threads = qs_threads_default();
+    while (c.split < G && (G / c.split > QS_ATTN_MAX_GROUP || n_q * n_kv_heads * c.split < 2 * (int64_t)n_threads)) {
+        int d = c.split + 1;
+        while (G % d) ++d;
+        c.split = d;
+    }
+    qs_parallel_for(n_q * n_kv_heads * c.split, attn_task, &c, n_threads);
     return c.failed ? -2 : 0;
 }

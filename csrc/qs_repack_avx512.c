@@ -14,6 +14,13 @@
  * noise of 8). */
 #define PF_DIST 8192
 
+/* The lines of a unit that no chunk load's prefetch covers (scales, the Q5_0 bit planes), PF_DIST ahead: without
+ * it they are demand misses once per unit. */
+T AI void pf_lines(const uint8_t *p, const int n) {
+    _Pragma("GCC unroll 8")
+    for (int l = 0; l < n; ++l) _mm_prefetch((const char *)(p + PF_DIST + 64 * l), _MM_HINT_T0);
+}
+
 T AI __m512i bc32(const uint8_t *p) { return _mm512_set1_epi32((int)qs_load_u32(p)); }
 
 T AI __m512 ph16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
@@ -52,6 +59,7 @@ T AI void q4k_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
     const int32_t *const *const ia = cs.ia;
     const float *const *const fa = cs.fa;
     for (int64_t sb = 0; sb < nb; ++sb, g += 2368) {
+        pf_lines(g, 5);
         __m512i I[4];
         _Pragma("GCC unroll 16")
         for (int j = 0; j < NC; ++j) I[j] = _mm512_setzero_si512();
@@ -127,6 +135,7 @@ T AI void q6k_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
     const int32_t *const *const ia = cs.ia;
     const float *const *const fa = cs.fa;
     for (int64_t sb = 0; sb < nb; ++sb, g += 3392) {
+        pf_lines(g, 5);
         __m512i I[4];
         _Pragma("GCC unroll 16")
         for (int j = 0; j < NC; ++j) I[j] = _mm512_setzero_si512();
@@ -196,6 +205,8 @@ T AI void b32_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
     const int32_t *const *const ia = cs.ia;
     const float *const *const fa = cs.fa, *const *const fb = cs.fb;
     for (int64_t kb = 0; kb < nb; ++kb, g += unit) {
+        pf_lines(g, qoff / 64);
+        if (kind == 3) pf_lines(g + 576, 2);
         _Pragma("GCC unroll 16")
         for (int h = 0; h < 2; ++h) {
             const int64_t b = 2 * kb + h;

@@ -236,6 +236,21 @@ def test_engine_logits_repacked_or_not(model_path, name):
 
 
 @NEEDS_AVX512
+def test_repacked_engine_leaves_no_file_pages_resident(model_path):
+    """After repacking, the only reader of the file's mapping is the embedding lookup: the load and a prompt leave
+    almost none of the file resident (issue 14's RSS budget), and the logits are the same either way."""
+    path = model_path("gemma3")  # tied embeddings: the repacked copy is the lm_head, the file's table only looks up
+    m = Model.load(str(path), threads=2)
+    assert m.repack() > 0 and m.release_embd_pages
+    assert _mapping_rss_kib(path) < 12288
+    ids = np.random.default_rng(5).integers(0, m.config.n_vocab, size=64)
+    got = m.session(80).forward(ids)
+    assert _mapping_rss_kib(path) < 12288
+    m.release_embd_pages = False
+    assert np.array_equal(m.session(80).forward(ids), got)
+
+
+@NEEDS_AVX512
 def test_engine_repack_cancel_and_cli_switch(model_path, capsys):
     import threading
 

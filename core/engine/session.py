@@ -78,6 +78,9 @@ class Model:
         self._sessions_made = False
         #: bytes of the weights now held in the repacked layout (see :meth:`repack`)
         self.repacked_bytes = 0
+        #: drop the embedding table's file pages after each lookup: true once nothing else reads that mapping
+        #: (set by :meth:`repack`); the page cache maps whole large folios, ~1 MB per looked-up row
+        self.release_embd_pages = False
         self.tok_embd = self.weights.tok_embd
         self.output = _bind(self.weights.output)
 
@@ -113,6 +116,7 @@ class Model:
             # chunk above, so the file's pages and the copy are never both resident
             done += w.data.nbytes
         self.repacked_bytes = done
+        self.release_embd_pages = done > 0 and (not self.weights.tied or any(lb is None for lb, _, _ in todo))
         return done
 
     @classmethod
@@ -200,6 +204,19 @@ class Session:
             blocks.append(b)
         return blocks
 
+    def _embed(self, ids: np.ndarray) -> np.ndarray:
+        """The token embeddings of ``ids``; with the model's ``release_embd_pages``, eight rows at a time with the
+        table's file pages dropped after each (a prompt's lookups never pile up in RSS)."""
+        e = self.model.tok_embd
+        threads = self.model.threads
+        if not self.model.release_embd_pages:
+            return K.get_rows(e.type, e.data, e.rows, e.k, ids, threads=threads)
+        x = np.empty((ids.size, e.k), np.float32)
+        for i in range(0, ids.size, 8):
+            x[i : i + 8] = K.get_rows(e.type, e.data, e.rows, e.k, ids[i : i + 8], threads=threads)
+            K.drop_pages(e.data)
+        return x
+
     def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False, logits: bool = True) -> np.ndarray:
         """Run ``tokens`` at positions ``n_past…``; returns logits of the last token (or of every token), or an
         empty array with ``logits=False`` (a prompt chunk whose only product is the KV cache)."""
@@ -213,7 +230,7 @@ class Session:
         if ids.min() < 0 or ids.max() >= c.n_vocab:
             raise ValueError(f"token ids must lie in 0..{c.n_vocab - 1}")
         pos = np.arange(self.n_past, self.n_past + T, dtype=np.int32)
-        x = K.get_rows(m.tok_embd.type, m.tok_embd.data, m.tok_embd.rows, m.tok_embd.k, ids, threads=m.threads)
+        x = self._embed(ids)
         if c.embed_scale != 1.0:
             x *= np.float32(c.embed_scale)
         xp = ffi.cast("float *", ffi.from_buffer(x))

@@ -123,6 +123,27 @@ def test_attention_gqa_causal_window(dtype, window):
                 assert close(y, ref, rtol=1e-4, atol=1e-5), (level, threads)
 
 
+@pytest.mark.parametrize("n_heads", [8, 96])
+def test_attention_decode_head_groups(n_heads):
+    """One query, one KV head: the group's query heads are split across tasks (and at most 64 per task); every
+    split gives the same bits, and peaked scores (exp underflowing to 0) still match the reference."""
+    rng = np.random.default_rng(n_heads)
+    n_ctx, hd = 50, 64
+    k = rng.standard_normal((n_ctx, 1, hd)).astype(np.float16)
+    v = rng.standard_normal((n_ctx, 1, hd)).astype(np.float16)
+    q = rng.standard_normal((1, n_heads, hd)).astype(np.float32)
+    q_pos = np.array([44], np.int32)
+    for scale in (0.125, 40.0):
+        ref = attention_ref(q, q_pos, k, v, 45, scale, 0)
+        first = None
+        for threads in (1, 2, 3):
+            y = nn.attention(q, q_pos, k, v, 45, scale=scale, threads=threads)
+            assert close(y, ref, rtol=1e-4, atol=1e-5), (scale, threads)
+            if first is None:
+                first = y
+            assert np.array_equal(y, first)
+
+
 def test_attention_validates():
     q = np.zeros((1, 4, 8), np.float32)
     k = np.zeros((3, 3, 8), np.float32)

@@ -145,7 +145,7 @@ def bench_kernels(types: tuple[str, ...] = KERNEL_TYPES, threads: tuple[int, ...
              if k % ggml_type(name).block_elems == 0]
     if big:  # DRAM-bound: the shapes whose speed decode at real sizes is made of
         cases.append(("Q8_0", "big 151936x896", 896, 151936))
-        cases += [(name, "big 65536x2048", 2048, 65536) for name in ("Q4_K", "Q6_K") if name in types]
+        cases += [(name, "big 65536x2048", 2048, 65536) for name in ("Q4_K", "Q5_K", "Q6_K") if name in types]
     for name, label, k, rows in cases:
         t = ggml_type(name)
         w = random_weights(name, rows, k)
@@ -166,7 +166,7 @@ def bench_kernels(types: tuple[str, ...] = KERNEL_TYPES, threads: tuple[int, ...
                                     "layout": layout, "ms": sec * 1e3, "gelem_s": rows * k / sec / 1e9,
                                     "gb_s": nbytes / sec / 1e9})
     # prefill: 128 activation rows, the tiled GEMM against the row-by-row dot kernels (its peer, same run)
-    for name in ("Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"):
+    for name in ("Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"):
         if name not in types:
             continue
         t = ggml_type(name)

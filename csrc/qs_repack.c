@@ -31,6 +31,7 @@ typedef struct {
 
 static const rp_info RP_TABLE[] = {
     {QS_Q4_K, 256, 2368, QS_Q8_K, 256, 292, 4, qs_rp_q4_K_avx512_4, qs_rp_q4_K_avx512_1},
+    {QS_Q5_K, 256, 2880, QS_Q8_K, 256, 292, 4, qs_rp_q5_K_avx512_4, qs_rp_q5_K_avx512_1},
     {QS_Q6_K, 256, 3392, QS_Q8_K, 256, 292, 16, qs_rp_q6_K_avx512_4, qs_rp_q6_K_avx512_1},
     {QS_Q4_0, 64, 576, QS_Q8_0, 32, 34, 1, qs_rp_q4_0_avx512_4, qs_rp_q4_0_avx512_1},
     {QS_Q4_1, 64, 640, QS_Q8_1, 32, 36, 0, qs_rp_q4_1_avx512_4, qs_rp_q4_1_avx512_1},
@@ -68,9 +69,11 @@ static inline uint32_t nib8(const uint8_t *p, int hi) {
 
 static inline void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 
-static void unit_q4_K(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
+/* Q4_K (144-B blocks, nibbles at 16) and Q5_K (176-B blocks, fifth bits at 16, nibbles at 48) */
+static void unit_k45(const uint8_t *const *rows, int64_t kb, uint8_t *u, const int five) {
+    const int bytes = five ? 176 : 144, qoff = five ? 48 : 16;
     for (int r = 0; r < QS_RP_ROWS; ++r) {
-        const uint8_t *b = rows[r] + kb * 144;
+        const uint8_t *b = rows[r] + kb * bytes;
         uint32_t sm[4];
         memcpy(u + 2 * r, b, 2);
         memcpy(u + 32 + 2 * r, b + 2, 2);
@@ -80,15 +83,24 @@ static void unit_q4_K(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
             u[64 + 16 * s + r] = smb[s];
             u[192 + 32 * (s / 2) + 2 * r + s % 2] = smb[8 + s];
         }
-        /* elements 64q + l: low nibble of byte 16 + 32q + l; 64q + 32 + l: its high nibble */
+        /* elements 64q + l: low nibble of byte qoff + 32q + l; 64q + 32 + l: its high nibble */
         for (int q = 0; q < 4; ++q)
             for (int g = 0; g < 4; ++g) {
-                const uint8_t *p = b + 16 + 32 * q + 8 * g;
-                put32(u + 320 + 64 * (8 * q + g) + 4 * r, nib8(p, 0));
-                put32(u + 320 + 64 * (8 * q + 4 + g) + 4 * r, nib8(p, 1));
+                const uint8_t *p = b + qoff + 32 * q + 8 * g;
+                put32(u + K45_NIB(five, 8 * q + g) + 4 * r, nib8(p, 0));
+                put32(u + K45_NIB(five, 8 * q + 4 + g) + 4 * r, nib8(p, 1));
+            }
+        if (five) /* element 32s + l: fifth bit at bit s of qh[l]; chunk bit v of byte j is l = 4v + j */
+            for (int s = 0; s < 8; ++s) {
+                uint32_t v = 0;
+                for (int i = 0; i < 8; ++i) v |= ((qs_load_u32(b + 16 + 4 * i) >> s) & 0x01010101u) << i;
+                put32(u + K5_BITS(s) + 4 * r, v);
             }
     }
 }
+
+static void unit_q4_K(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_k45(rows, kb, u, 0); }
+static void unit_q5_K(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_k45(rows, kb, u, 1); }
 
 static void unit_q6_K(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
     memset(u + 32, 0, 32);
@@ -157,6 +169,7 @@ typedef void (*unit_fn)(const uint8_t *const *rows, int64_t kb, uint8_t *u);
 static unit_fn unit_for(int type) {
     switch (type) {
     case QS_Q4_K: return unit_q4_K;
+    case QS_Q5_K: return unit_q5_K;
     case QS_Q6_K: return unit_q6_K;
     case QS_Q4_0: return unit_q4_0;
     case QS_Q4_1: return unit_q4_1;
@@ -249,17 +262,26 @@ static int32_t nib_dot(const uint8_t *v, const int8_t *q) { /* one row's 4 bytes
     return p;
 }
 
-static void rp_q4_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+static void rp_k45_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int five) {
     RP_COL(x, c0);
+    const int unit = five ? 2880 : 2368;
     float acc[16] = {0};
-    for (int64_t sb = 0; sb < nb; ++sb, g += 2368, xq += 292) {
+    for (int64_t sb = 0; sb < nb; ++sb, g += unit, xq += 292) {
         const int8_t *q = (const int8_t *)(xq + 4);
         const float dx = fa[sb];
         for (int r = 0; r < 16; ++r) {
             int32_t I = 0, M = 0;
             for (int s = 0; s < 8; ++s) {
                 int32_t P = 0;
-                for (int cc = 0; cc < 4; ++cc) P += nib_dot(g + 320 + 64 * (4 * s + cc) + 4 * r, q + 8 * (4 * s + cc));
+                for (int cc = 0; cc < 4; ++cc) {
+                    const int c = 4 * s + cc;
+                    const uint8_t *v = g + K45_NIB(five, c) + 4 * r, *hb = g + K5_BITS(s) + 4 * r;
+                    for (int j = 0; j < 4; ++j) {
+                        const int c0v = (v[j] & 15) | (five ? ((hb[j] >> (2 * cc)) & 1) << 4 : 0);
+                        const int c1v = (v[j] >> 4) | (five ? ((hb[j] >> (2 * cc + 1)) & 1) << 4 : 0);
+                        P += c0v * q[8 * c + j] + c1v * q[8 * c + 4 + j];
+                    }
+                }
                 I += P * (int32_t)g[64 + 16 * s + r];
             }
             for (int p = 0; p < 4; ++p) {
@@ -272,6 +294,13 @@ static void rp_q4_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64
         }
     }
     memcpy(out, acc, sizeof acc);
+}
+
+static void rp_q4_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    rp_k45_scalar(g, nb, x, c0, out, 0);
+}
+static void rp_q5_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    rp_k45_scalar(g, nb, x, c0, out, 1);
 }
 
 static void rp_q6_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
@@ -384,6 +413,7 @@ static void rp_q5_0_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64
 static qs_rp_kernel scalar_for(int type) {
     switch (type) {
     case QS_Q4_K: return rp_q4_K_scalar;
+    case QS_Q5_K: return rp_q5_K_scalar;
     case QS_Q6_K: return rp_q6_K_scalar;
     case QS_Q4_0: return rp_q4_0_scalar;
     case QS_Q4_1: return rp_q4_1_scalar;
@@ -407,7 +437,7 @@ typedef struct {
 } prep_ctx;
 
 /* Column j: ggml's quantized blocks, then per block its scale (fa), Q8_1's s (fb) and the integer offsets (ia):
- * Q4_K: per 256, four int16 pairs (sums of sub-blocks 2p, 2p+1); Q6_K: per 256, 32 x the 16 sums of 16;
+ * Q4_K, Q5_K: per 256, four int16 pairs (sums of sub-blocks 2p, 2p+1); Q6_K: per 256, 32 x the 16 sums of 16;
  * Q4_0 / Q5_0 / Q8_0: per 32, 8 / 16 / 128 x the block's sum. */
 static void prep_task(void *vctx, int64_t j) {
     prep_ctx *p = (prep_ctx *)vctx;
@@ -423,7 +453,7 @@ static void prep_task(void *vctx, int64_t j) {
             int16_t bs[16];
             memcpy(bs, blk + 260, 32);
             fa[b] = qs_load_f32(blk);
-            if (ri->type == QS_Q4_K) {
+            if (ri->type == QS_Q4_K || ri->type == QS_Q5_K) {
                 for (int q = 0; q < 4; ++q) {
                     int32_t s0 = bs[4 * q] + bs[4 * q + 1], s1 = bs[4 * q + 2] + bs[4 * q + 3];
                     ia[4 * b + q] = (int32_t)(((uint32_t)(uint16_t)(int16_t)s0) | ((uint32_t)(uint16_t)(int16_t)s1 << 16));

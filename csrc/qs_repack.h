@@ -10,6 +10,9 @@
  *   byte chunk   (64 B, 4 elements e0..e3 of each row): byte 4r+j = code(e_j)
  *   Q4_K  k-block 256, 2368 B: d[16] f16 @0, dmin[16] f16 @32, scale[8][16] u8 @64,
  *         min pairs [4][16][2] u8 @192 (sub-blocks 2p, 2p+1 of row r at 32p+2r), 32 nibble chunks @320
+ *   Q5_K  k-block 256, 2880 B: Q4_K's first 320 B, then per sub-block s of 32 elements, in reading order: its
+ *         4 nibble chunks (low 4 bits), then its fifth-bit chunk (byte 4r+j: bit v = fifth bit of element
+ *         32s+4v+j); see K45_NIB / K5_BITS
  *   Q6_K  k-block 256, 3392 B: d[16] f16 @0, scale[16][16] s8 @64, then per sub-block s of 16 elements, in the
  *         order the kernels read them (one forward stream): nibble chunks 2s and 2s+1 (low 4 bits), then the
  *         high-bit chunk s (byte 4r+j: bits 2i..2i+1 = high bits of element 16s+4i+j); see Q6_LO / Q6_HI
@@ -26,6 +29,8 @@
 #include <stdint.h>
 
 #define QS_RP_ROWS 16
+#define K45_NIB(five, c) ((five) ? 320 + 320 * ((c) / 4) + 64 * ((c) % 4) : 320 + 64 * (c)) /* Q4_K/Q5_K chunk c */
+#define K5_BITS(s) (320 + 320 * (s) + 256) /* Q5_K: fifth-bit chunk of sub-block s */
 #define Q6_LO(c) (320 + 192 * ((c) / 2) + 64 * ((c) % 2)) /* Q6_K: nibble chunk c (elements 8c..8c+7) */
 #define Q6_HI(s) (320 + 192 * (s) + 128)                  /* Q6_K: high-bit chunk of sub-block s */
 
@@ -46,6 +51,8 @@ typedef void (*qs_rp_kernel)(const uint8_t *g, int64_t nb, const qs_rp_x *x, int
 /* AVX-512 VNNI kernels (qs_repack_avx512.c): 4 columns and 1 column per call. */
 void qs_rp_q4_K_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q4_K_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q5_K_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q5_K_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q6_K_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q6_K_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q4_0_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);

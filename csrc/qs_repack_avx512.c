@@ -25,7 +25,12 @@ T AI __m512i bc32(const uint8_t *p) { return _mm512_set1_epi32((int)qs_load_u32(
 
 T AI __m512 ph16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
-/* ---------------------------------------------------------------- Q4_K */
+/* bit i of each byte -> bit 4 (other bits masked later): Q5_0's and Q5_K's fifth bits */
+T AI __m512i q5_hi(__m512i h, int i) {
+    return i < 4 ? _mm512_slli_epi16(h, 4 - i) : i == 4 ? h : _mm512_srli_epi16(h, i - 4);
+}
+
+/* ---------------------------------------------------------------- Q4_K, Q5_K */
 T AI __m512i sum_chains(const __m512i *p, const int n) {
     return n == 4 ? _mm512_add_epi32(_mm512_add_epi32(p[0], p[1]), _mm512_add_epi32(p[2], p[3])) : _mm512_add_epi32(p[0], p[1]);
 }
@@ -49,22 +54,29 @@ T AI void cols_init(cols *c, const qs_rp_x *x, int64_t c0, const int NC, int aq)
     }
 }
 
-T AI void q4k_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC) {
-    const int NCH = NC == 1 ? 4 : 2;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+/* five = 0: Q4_K, 1: Q5_K (a fifth-bit chunk after each sub-block's nibble chunks) */
+
+T AI void k45_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
+                   const int five) {
+    const int NCH = NC == 1 ? 4 : 2, unit = five ? 2880 : 2368;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
     cols cs;
     cols_init(&cs, x, c0, NC, 4);
     __m512 *const acc = cs.acc;
     const uint8_t *const *const xq = cs.xq;
     const int32_t *const *const ia = cs.ia;
     const float *const *const fa = cs.fa;
-    for (int64_t sb = 0; sb < nb; ++sb, g += 2368) {
+    for (int64_t sb = 0; sb < nb; ++sb, g += unit) {
         pf_lines(g, 5);
         __m512i I[4];
         _Pragma("GCC unroll 16")
         for (int j = 0; j < NC; ++j) I[j] = _mm512_setzero_si512();
-        const uint8_t *qs = g + 320;
         for (int s = 0; s < 8; ++s) {
+            __m512i hb = _mm512_setzero_si512();
+            if (five) {
+                _mm_prefetch((const char *)(g + K5_BITS(s) + PF_DIST), _MM_HINT_T0);
+                hb = _mm512_loadu_si512((const void *)(g + K5_BITS(s)));
+            }
             __m512i P[4][4]; /* independent vpdpbusd chains per column: 2 (lo/hi), 4 for one column */
             _Pragma("GCC unroll 16")
             for (int j = 0; j < NC; ++j)
@@ -73,9 +85,14 @@ T AI void q4k_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
             _Pragma("GCC unroll 16")
             for (int cc = 0; cc < 4; ++cc) {
                 const int c = 4 * s + cc, ch = NCH == 4 ? 2 * (cc & 1) : 0;
-                _mm_prefetch((const char *)(qs + 64 * c + PF_DIST), _MM_HINT_T0);
-                const __m512i v = _mm512_loadu_si512((const void *)(qs + 64 * c));
-                const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                const uint8_t *vp = g + K45_NIB(five, c);
+                _mm_prefetch((const char *)(vp + PF_DIST), _MM_HINT_T0);
+                const __m512i v = _mm512_loadu_si512((const void *)vp);
+                __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (five) {
+                    lo = _mm512_ternarylogic_epi32(lo, q5_hi(hb, 2 * cc), m10, 0xF8);
+                    hi = _mm512_ternarylogic_epi32(hi, q5_hi(hb, 2 * cc + 1), m10, 0xF8);
+                }
                 _Pragma("GCC unroll 16")
                 for (int j = 0; j < NC; ++j) {
                     const uint8_t *xp = xq[j] + 292 * sb + 8 * c;
@@ -109,10 +126,16 @@ T AI void q4k_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
 }
 
 T void qs_rp_q4_K_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    q4k_body(g, nb, x, c0, out, 4);
+    k45_body(g, nb, x, c0, out, 4, 0);
 }
 T void qs_rp_q4_K_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    q4k_body(g, nb, x, c0, out, 1);
+    k45_body(g, nb, x, c0, out, 1, 0);
+}
+T void qs_rp_q5_K_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    k45_body(g, nb, x, c0, out, 4, 1);
+}
+T void qs_rp_q5_K_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    k45_body(g, nb, x, c0, out, 1, 1);
 }
 
 /* ---------------------------------------------------------------- Q6_K */
@@ -187,9 +210,6 @@ T void qs_rp_q6_K_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64
 /* ---------------------------------------------------------------- 32-element blocks: Q4_0, Q4_1, Q8_0 */
 /* kind 0: Q4_0 (nibbles, offset in ia), 1: Q4_1 (nibbles, min * s), 2: Q8_0 (bytes, offset in ia),
  * 3: Q5_0 (nibbles + a plane of fifth bits, offset in ia) */
-T AI __m512i q5_hi(__m512i h, int i) { /* bit i of each byte -> bit 4 (other bits masked later) */
-    return i < 4 ? _mm512_slli_epi16(h, 4 - i) : i == 4 ? h : _mm512_srli_epi16(h, i - 4);
-}
 
 T AI void b32_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
                    const int kind) {

@@ -17,7 +17,7 @@ from quantscope.core.quant import dequantize, ggml_type
 
 from .test_native_kernels import activations, weight_row
 
-REPACK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"]
+REPACK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 NEEDS_AVX512 = pytest.mark.skipif(K.isa_detected() != "avx512", reason="the repacked kernels' SIMD level is AVX-512")
 
 

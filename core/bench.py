@@ -166,7 +166,7 @@ def bench_kernels(types: tuple[str, ...] = KERNEL_TYPES, threads: tuple[int, ...
                                     "layout": layout, "ms": sec * 1e3, "gelem_s": rows * k / sec / 1e9,
                                     "gb_s": nbytes / sec / 1e9})
     # prefill: 128 activation rows, the tiled GEMM against the row-by-row dot kernels (its peer, same run)
-    for name in ("Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"):
+    for name in ("Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"):
         if name not in types:
             continue
         t = ggml_type(name)

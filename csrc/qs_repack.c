@@ -37,6 +37,7 @@ static const rp_info RP_TABLE[] = {
     {QS_Q4_1, 64, 640, QS_Q8_1, 32, 36, 0, qs_rp_q4_1_avx512_4, qs_rp_q4_1_avx512_1},
     {QS_Q8_0, 64, 1088, QS_Q8_0, 32, 34, 1, qs_rp_q8_0_avx512_4, qs_rp_q8_0_avx512_1},
     {QS_Q5_0, 64, 704, QS_Q8_0, 32, 34, 1, qs_rp_q5_0_avx512_4, qs_rp_q5_0_avx512_1},
+    {QS_Q5_1, 64, 768, QS_Q8_1, 32, 36, 0, qs_rp_q5_1_avx512_4, qs_rp_q5_1_avx512_1},
 };
 
 static const rp_info *rp_find(int type) {
@@ -124,45 +125,52 @@ static void unit_q6_K(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
     }
 }
 
-/* 32-element ggml blocks, two per layout k-block; elements j and 16 + j in the low and high nibble of byte j.
- * Q4_0 / Q4_1: nibbles at qoff of a bytes-long block (Q4_1's min after its d) */
-static void unit_nib32(const uint8_t *const *rows, int64_t kb, uint8_t *u, int bytes, int has_min) {
-    const int qoff = has_min ? 4 : 2, uq = has_min ? 128 : 64;
+/* 32-element ggml blocks, two per layout k-block (kinds as in B32 below); elements j and 16 + j in the low and
+ * high nibble of byte j, Q5's fifth bit of element e at bit e of the u32 qh. */
+typedef struct {
+    int unit, bytes, qoff, has_min, qh, byte_codes, uq, planes;
+} b32_kind;
+
+/* unit bytes, ggml block bytes, codes in the block, min, qh in the block (-1 none), 8-bit codes, chunk offset in the
+ * unit, bit-plane offset in the unit */
+static const b32_kind B32[5] = {
+    {576, 18, 2, 0, -1, 0, 64, 0},    /* Q4_0 */
+    {640, 20, 4, 1, -1, 0, 128, 0},   /* Q4_1 */
+    {1088, 34, 2, 0, -1, 1, 64, 0},   /* Q8_0 */
+    {704, 22, 6, 0, 2, 0, 64, 576},   /* Q5_0 */
+    {768, 24, 8, 1, 4, 0, 128, 640},  /* Q5_1 */
+};
+
+static void unit_b32(const uint8_t *const *rows, int64_t kb, uint8_t *u, const int kind) {
+    const b32_kind *k = &B32[kind];
     for (int r = 0; r < QS_RP_ROWS; ++r)
         for (int h = 0; h < 2; ++h) {
-            const uint8_t *b = rows[r] + (2 * kb + h) * bytes;
+            const uint8_t *b = rows[r] + (2 * kb + h) * k->bytes;
             memcpy(u + 32 * h + 2 * r, b, 2);
-            if (has_min) memcpy(u + 64 + 32 * h + 2 * r, b + 2, 2);
-            for (int c = 0; c < 4; ++c) put32(u + uq + 64 * (4 * h + c) + 4 * r, nib8(b + qoff + 8 * (c % 2), c / 2));
-        }
-}
-
-static void unit_q4_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_nib32(rows, kb, u, 18, 0); }
-static void unit_q4_1(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_nib32(rows, kb, u, 20, 1); }
-
-static void unit_q8_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
-    for (int r = 0; r < QS_RP_ROWS; ++r)
-        for (int h = 0; h < 2; ++h) {
-            const uint8_t *b = rows[r] + (2 * kb + h) * 34;
-            memcpy(u + 32 * h + 2 * r, b, 2);
-            for (int c = 0; c < 8; ++c) put32(u + 64 + 64 * (8 * h + c) + 4 * r, qs_load_u32(b + 2 + 4 * c) ^ 0x80808080u);
-        }
-}
-
-static void unit_q5_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
-    for (int r = 0; r < QS_RP_ROWS; ++r)
-        for (int h = 0; h < 2; ++h) {
-            const uint8_t *b = rows[r] + (2 * kb + h) * 22;
-            const uint32_t qh = qs_load_u32(b + 2); /* bit e: fifth bit of element e */
-            memcpy(u + 32 * h + 2 * r, b, 2);
-            for (int c = 0; c < 4; ++c) put32(u + 64 + 64 * (4 * h + c) + 4 * r, nib8(b + 6 + 8 * (c % 2), c / 2));
-            for (int j = 0; j < 4; ++j) {
-                uint8_t v = 0;
-                for (int i = 0; i < 8; ++i) v |= (uint8_t)(((qh >> (j + 4 * i)) & 1) << i);
-                u[576 + 64 * h + 4 * r + j] = v;
+            if (k->has_min) memcpy(u + 64 + 32 * h + 2 * r, b + 2, 2);
+            if (k->byte_codes) {
+                for (int c = 0; c < 8; ++c)
+                    put32(u + k->uq + 64 * (8 * h + c) + 4 * r, qs_load_u32(b + k->qoff + 4 * c) ^ 0x80808080u);
+                continue;
+            }
+            for (int c = 0; c < 4; ++c)
+                put32(u + k->uq + 64 * (4 * h + c) + 4 * r, nib8(b + k->qoff + 8 * (c % 2), c / 2));
+            if (k->qh >= 0) {
+                const uint32_t qh = qs_load_u32(b + k->qh); /* bit e: fifth bit of element e */
+                for (int j = 0; j < 4; ++j) {
+                    uint8_t v = 0;
+                    for (int i = 0; i < 8; ++i) v |= (uint8_t)(((qh >> (j + 4 * i)) & 1) << i);
+                    u[k->planes + 64 * h + 4 * r + j] = v;
+                }
             }
         }
 }
+
+static void unit_q4_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_b32(rows, kb, u, 0); }
+static void unit_q4_1(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_b32(rows, kb, u, 1); }
+static void unit_q8_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_b32(rows, kb, u, 2); }
+static void unit_q5_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_b32(rows, kb, u, 3); }
+static void unit_q5_1(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_b32(rows, kb, u, 4); }
 
 typedef void (*unit_fn)(const uint8_t *const *rows, int64_t kb, uint8_t *u);
 
@@ -175,6 +183,7 @@ static unit_fn unit_for(int type) {
     case QS_Q4_1: return unit_q4_1;
     case QS_Q8_0: return unit_q8_0;
     case QS_Q5_0: return unit_q5_0;
+    case QS_Q5_1: return unit_q5_1;
     default: return NULL;
     }
 }
@@ -332,82 +341,59 @@ static void rp_q6_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64
     memcpy(out, acc, sizeof acc);
 }
 
-static void rp_q4_0_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+/* 32-element blocks (kinds as in B32): integer sum per block and row, minus the activation offset (ia) or plus the
+ * min term (Q8_1's s) */
+static void rp_b32_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int kind) {
     RP_COL(x, c0);
-    float acc[16] = {0};
-    for (int64_t kb = 0; kb < nb; ++kb, g += 576)
-        for (int h = 0; h < 2; ++h) {
-            int64_t b = 2 * kb + h;
-            const int8_t *q = (const int8_t *)(xq + 34 * b + 2);
-            for (int r = 0; r < 16; ++r) {
-                int32_t P = 0;
-                for (int c = 0; c < 4; ++c) P += nib_dot(g + 64 + 64 * (4 * h + c) + 4 * r, q + 8 * c);
-                P -= ia[b];
-                acc[r] = fmaf((float)P, h2f(g + 32 * h + 2 * r) * fa[b], acc[r]);
-            }
-        }
-    memcpy(out, acc, sizeof acc);
-}
-
-static void rp_q4_1_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    RP_COL(x, c0);
+    const b32_kind *k = &B32[kind];
     const float *fb = x->fb + c0 * x->f_stride;
+    const int ab = k->has_min ? 36 : 34;
     float acc[16] = {0};
-    for (int64_t kb = 0; kb < nb; ++kb, g += 640)
+    for (int64_t kb = 0; kb < nb; ++kb, g += k->unit)
         for (int h = 0; h < 2; ++h) {
             int64_t b = 2 * kb + h;
-            const int8_t *q = (const int8_t *)(xq + 36 * b + 4);
+            const int8_t *q = (const int8_t *)(xq + ab * b + ab - 32);
             for (int r = 0; r < 16; ++r) {
                 int32_t P = 0;
-                for (int c = 0; c < 4; ++c) P += nib_dot(g + 128 + 64 * (4 * h + c) + 4 * r, q + 8 * c);
-                acc[r] = fmaf((float)P, h2f(g + 32 * h + 2 * r) * fa[b], acc[r]);
-                acc[r] = fmaf(h2f(g + 64 + 32 * h + 2 * r), fb[b], acc[r]);
-            }
-        }
-    memcpy(out, acc, sizeof acc);
-}
-
-static void rp_q8_0_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    RP_COL(x, c0);
-    float acc[16] = {0};
-    for (int64_t kb = 0; kb < nb; ++kb, g += 1088)
-        for (int h = 0; h < 2; ++h) {
-            int64_t b = 2 * kb + h;
-            const int8_t *q = (const int8_t *)(xq + 34 * b + 2);
-            for (int r = 0; r < 16; ++r) {
-                int32_t P = 0;
-                for (int c = 0; c < 8; ++c)
-                    for (int j = 0; j < 4; ++j) P += (int32_t)g[64 + 64 * (8 * h + c) + 4 * r + j] * q[4 * c + j];
-                P -= ia[b];
-                acc[r] = fmaf((float)P, h2f(g + 32 * h + 2 * r) * fa[b], acc[r]);
-            }
-        }
-    memcpy(out, acc, sizeof acc);
-}
-
-static void rp_q5_0_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    RP_COL(x, c0);
-    float acc[16] = {0};
-    for (int64_t kb = 0; kb < nb; ++kb, g += 704)
-        for (int h = 0; h < 2; ++h) {
-            int64_t b = 2 * kb + h;
-            const int8_t *q = (const int8_t *)(xq + 34 * b + 2);
-            for (int r = 0; r < 16; ++r) {
-                const uint8_t *hb = g + 576 + 64 * h + 4 * r;
-                int32_t P = 0;
-                for (int c = 0; c < 4; ++c) {
-                    const uint8_t *v = g + 64 + 64 * (4 * h + c) + 4 * r;
-                    for (int j = 0; j < 4; ++j) {
-                        int c0v = (v[j] & 15) | (((hb[j] >> (2 * c)) & 1) << 4);
-                        int c1v = (v[j] >> 4) | (((hb[j] >> (2 * c + 1)) & 1) << 4);
-                        P += c0v * q[8 * c + j] + c1v * q[8 * c + 4 + j];
+                if (k->byte_codes) {
+                    for (int c = 0; c < 8; ++c)
+                        for (int j = 0; j < 4; ++j) P += (int32_t)g[k->uq + 64 * (8 * h + c) + 4 * r + j] * q[4 * c + j];
+                } else {
+                    const uint8_t *hb = g + k->planes + 64 * h + 4 * r;
+                    for (int c = 0; c < 4; ++c) {
+                        const uint8_t *v = g + k->uq + 64 * (4 * h + c) + 4 * r;
+                        for (int j = 0; j < 4; ++j) {
+                            int c0v = v[j] & 15, c1v = v[j] >> 4;
+                            if (k->qh >= 0) {
+                                c0v |= ((hb[j] >> (2 * c)) & 1) << 4;
+                                c1v |= ((hb[j] >> (2 * c + 1)) & 1) << 4;
+                            }
+                            P += c0v * q[8 * c + j] + c1v * q[8 * c + 4 + j];
+                        }
                     }
                 }
-                P -= ia[b];
+                if (!k->has_min) P -= ia[b];
                 acc[r] = fmaf((float)P, h2f(g + 32 * h + 2 * r) * fa[b], acc[r]);
+                if (k->has_min) acc[r] = fmaf(h2f(g + 64 + 32 * h + 2 * r), fb[b], acc[r]);
             }
         }
     memcpy(out, acc, sizeof acc);
+}
+
+static void rp_q4_0_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    rp_b32_scalar(g, nb, x, c0, out, 0);
+}
+static void rp_q4_1_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    rp_b32_scalar(g, nb, x, c0, out, 1);
+}
+static void rp_q8_0_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    rp_b32_scalar(g, nb, x, c0, out, 2);
+}
+static void rp_q5_0_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    rp_b32_scalar(g, nb, x, c0, out, 3);
+}
+static void rp_q5_1_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    rp_b32_scalar(g, nb, x, c0, out, 4);
 }
 
 static qs_rp_kernel scalar_for(int type) {
@@ -419,6 +405,7 @@ static qs_rp_kernel scalar_for(int type) {
     case QS_Q4_1: return rp_q4_1_scalar;
     case QS_Q8_0: return rp_q8_0_scalar;
     case QS_Q5_0: return rp_q5_0_scalar;
+    case QS_Q5_1: return rp_q5_1_scalar;
     default: return NULL;
     }
 }

@@ -21,6 +21,7 @@
  *   Q8_0  k-block 64, 1088 B: d[2][16] f16 @0, 16 byte chunks of code = q + 128 @64
  *   Q5_0  k-block 64, 704 B: d[2][16] f16 @0, 8 nibble chunks (low 4 bits) @64, 2 high-bit planes @576
  *         (plane h, byte 4r+j: bit i = fifth bit of element j+4i of ggml block h)
+ *   Q5_1  k-block 64, 768 B: d[2][16] f16 @0, m[2][16] f16 @64, 8 nibble chunks @128, 2 high-bit planes @640
  * Codes are unsigned (Q6_K 0..63 with the offset 32 folded into the activation sums; Q4_0 offset 8; Q5_0 16;
  * Q8_0 128).
  */
@@ -62,6 +63,8 @@ void qs_rp_q4_1_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t
 void qs_rp_q8_0_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q5_0_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q5_0_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q5_1_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q5_1_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q8_0_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 
 /* repacked matmul driver (qs_repack.c), called by qs_matmat for repacked type ids */

@@ -209,15 +209,15 @@ T void qs_rp_q6_K_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64
 
 /* ---------------------------------------------------------------- 32-element blocks: Q4_0, Q4_1, Q8_0 */
 /* kind 0: Q4_0 (nibbles, offset in ia), 1: Q4_1 (nibbles, min * s), 2: Q8_0 (bytes, offset in ia),
- * 3: Q5_0 (nibbles + a plane of fifth bits, offset in ia) */
-
+ * 3: Q5_0 (nibbles + a plane of fifth bits, offset in ia), 4: Q5_1 (nibbles + fifth bits, min * s) */
 T AI void b32_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
                    const int kind) {
     const int NCH = NC == 1 ? 4 : 2;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i m10 = _mm512_set1_epi8(0x10);
-    const int unit = kind == 0 ? 576 : kind == 1 ? 640 : kind == 2 ? 1088 : 704, qoff = kind == 1 ? 128 : 64;
-    const int ab = kind == 1 ? 36 : 34, aq = kind == 1 ? 4 : 2;
+    const int has_min = kind == 1 || kind == 4, has_hb = kind == 3 || kind == 4, planes = kind == 3 ? 576 : 640;
+    const int unit = kind == 0 ? 576 : kind == 1 ? 640 : kind == 2 ? 1088 : kind == 3 ? 704 : 768;
+    const int qoff = has_min ? 128 : 64, ab = has_min ? 36 : 34, aq = has_min ? 4 : 2;
     cols cs;
     cols_init(&cs, x, c0, NC, aq);
     __m512 *const acc = cs.acc;
@@ -226,14 +226,14 @@ T AI void b32_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
     const float *const *const fa = cs.fa, *const *const fb = cs.fb;
     for (int64_t kb = 0; kb < nb; ++kb, g += unit) {
         pf_lines(g, qoff / 64);
-        if (kind == 3) pf_lines(g + 576, 2);
+        if (has_hb) pf_lines(g + planes, 2);
         _Pragma("GCC unroll 16")
         for (int h = 0; h < 2; ++h) {
             const int64_t b = 2 * kb + h;
             __m512i P[4][4];
             _Pragma("GCC unroll 16")
             for (int j = 0; j < NC; ++j) {
-                P[j][0] = kind == 1 ? _mm512_setzero_si512() : _mm512_set1_epi32(-ia[j][b]);
+                P[j][0] = has_min ? _mm512_setzero_si512() : _mm512_set1_epi32(-ia[j][b]);
                 _Pragma("GCC unroll 4")
                 for (int q = 1; q < NCH; ++q) P[j][q] = _mm512_setzero_si512();
             }
@@ -255,8 +255,8 @@ T AI void b32_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
                     _mm_prefetch((const char *)(vp + PF_DIST), _MM_HINT_T0);
                     const __m512i v = _mm512_loadu_si512((const void *)vp);
                     __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-                    if (kind == 3) {
-                        const __m512i hb = _mm512_loadu_si512((const void *)(g + 576 + 64 * h));
+                    if (has_hb) {
+                        const __m512i hb = _mm512_loadu_si512((const void *)(g + planes + 64 * h));
                         lo = _mm512_ternarylogic_epi32(lo, q5_hi(hb, 2 * c), m10, 0xF8);
                         hi = _mm512_ternarylogic_epi32(hi, q5_hi(hb, 2 * c + 1), m10, 0xF8);
                     }
@@ -272,7 +272,7 @@ T AI void b32_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
             _Pragma("GCC unroll 16")
             for (int j = 0; j < NC; ++j) {
                 acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_chains(P[j], NCH)), _mm512_mul_ps(d, _mm512_set1_ps(fa[j][b])), acc[j]);
-                if (kind == 1) acc[j] = _mm512_fmadd_ps(ph16(g + 64 + 32 * h), _mm512_set1_ps(fb[j][b]), acc[j]);
+                if (has_min) acc[j] = _mm512_fmadd_ps(ph16(g + 64 + 32 * h), _mm512_set1_ps(fb[j][b]), acc[j]);
             }
         }
     }
@@ -303,4 +303,10 @@ T void qs_rp_q5_0_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64
 }
 T void qs_rp_q5_0_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
     b32_body(g, nb, x, c0, out, 1, 3);
+}
+T void qs_rp_q5_1_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    b32_body(g, nb, x, c0, out, 4, 4);
+}
+T void qs_rp_q5_1_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    b32_body(g, nb, x, c0, out, 1, 4);
 }

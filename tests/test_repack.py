@@ -17,7 +17,7 @@ from quantscope.core.quant import dequantize, ggml_type
 
 from .test_native_kernels import activations, weight_row
 
-REPACK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+REPACK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 NEEDS_AVX512 = pytest.mark.skipif(K.isa_detected() != "avx512", reason="the repacked kernels' SIMD level is AVX-512")
 
 
@@ -114,10 +114,10 @@ def test_repacked_on_real_tensors(model_path):
 
 
 def test_shapes_without_a_layout_and_size_checks():
-    assert not K.can_repack("Q5_1", 64, 1024)  # no repacked layout for this type
+    assert not K.can_repack("Q3_K", 64, 1024)  # no repacked layout for this type
     assert not K.can_repack("Q4_K", 40, 1024)  # rows not a multiple of 16
     assert not K.can_repack("Q4_0", 32, 96)  # k not a multiple of the 64-element layout block
-    assert lib.qs_repack_type(ggml_type("Q5_1").id) == -1
+    assert lib.qs_repack_type(ggml_type("Q3_K").id) == -1
     w = _weights("Q4_K", 32, 512, np.random.default_rng(1))
     with pytest.raises(ValueError, match="no repacked layout"):
         K.Repacked("Q4_K", w[:20].reshape(-1), 20, 512)

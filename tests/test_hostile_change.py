@@ -182,13 +182,14 @@ def _error_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.startswith("quantscope: error:")]
 
 
-@pytest.mark.parametrize("how", ["truncate", "replace"])
-def test_cli_generate_survives_its_model_being_truncated(model_path, tmp_path: Path, how: str) -> None:
+@pytest.mark.parametrize(("how", "repack"), [("truncate", False), ("replace", False), ("replace", True)])
+def test_cli_generate_survives_its_model_being_truncated(model_path, tmp_path: Path, how: str, repack: bool) -> None:
     copy = tmp_path / "model.gguf"
     shutil.copyfile(model_path("smollm2"), copy)
     size = copy.stat().st_size
+    # --no-repack: the weights stay on the mapping; repacked, only the embedding lookups still read it
     proc = _quantscope("generate", str(copy), "-p", "Once upon a time", "-n", "100000", "--temp", "0",
-                       "--ctx", "8192", "-t", "2", "--backend", "cpu", "--no-repack")  # weights stay on the mapping
+                       "--ctx", "8192", "-t", "2", "--backend", "cpu", *([] if repack else ["--no-repack"]))
     try:
         assert proc.stdout is not None
         assert proc.stdout.read(20)  # tokens are streaming: the decode loop is running on the mapping

@@ -254,6 +254,25 @@ def test_repacked_engine_leaves_no_file_pages_resident(model_path):
 
 
 @NEEDS_AVX512
+def test_repacked_model_when_the_file_is_truncated(model_path, tmp_path):
+    """Repacked weights are copies, but the embedding lookups still read the file's mapping: after a truncation a
+    lookup raises MappedFileError (the guard), never a crash, and the model's copies are untouched."""
+    import shutil
+
+    path = tmp_path / "m.gguf"
+    shutil.copyfile(model_path("smollm2"), path)
+    m = Model.load(str(path), threads=2)
+    assert m.repack() > 0 and m.release_embd_pages
+    s = m.session(32)
+    before = s.forward([1, 2, 3])
+    with open(path, "r+b") as f:
+        f.truncate(4096)
+    with pytest.raises(K.MappedFileError):
+        s.forward([m.config.n_vocab - 1])
+    assert np.isfinite(before).all()
+
+
+@NEEDS_AVX512
 def test_engine_repack_cancel_and_cli_switch(model_path, capsys):
     import threading
 

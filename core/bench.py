@@ -151,7 +151,7 @@ def bench_kernels(types: tuple[str, ...] = KERNEL_TYPES, threads: tuple[int, ...
         w = random_weights(name, rows, k)
         x = rng.standard_normal(k).astype(np.float32)
         y = np.empty(rows, np.float32)
-        rp = K.Repacked(t, w, rows, k) if K.isa() == "avx512" and K.can_repack(t, rows, k) else None
+        rp = K.Repacked(t, w, rows, k) if K.isa() != "scalar" and K.can_repack(t, rows, k) else None
         for n_thr in threads:
             def call(t=t, w=w, rows=rows, k=k, x=x, y=y, n_thr=n_thr) -> None:
                 K.matvec(t, w, rows, k, x, threads=n_thr, out=y)
@@ -184,7 +184,7 @@ def bench_kernels(types: tuple[str, ...] = KERNEL_TYPES, threads: tuple[int, ...
 
                 res[on] = _median_time(mm, min_reps=3)
             packed = None
-            if K.isa() == "avx512" and K.can_repack(t, rows, k):
+            if K.isa() != "scalar" and K.can_repack(t, rows, k):
                 rp = K.Repacked(t, w, rows, k)
                 packed = rows * k * 128 / _median_time(lambda rp=rp, xs=xs, n=n_thr: rp.matmat(xs, threads=n),
                                                        min_reps=3) / 1e9

@@ -43,7 +43,7 @@ int qs_matvec(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float
 int qs_matmat(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,
               int n_threads);
 
-/* Load-time repacking (docs/engine.md#repacked-weights): 16 rows interleaved for the AVX-512 VNNI kernels.
+/* Load-time repacking (docs/engine.md#repacked-weights): 16 rows interleaved for the AVX-512 VNNI / AVX2 kernels.
  * qs_repack_type: the repacked type id (0x100 | type) qs_matmat accepts, or -1 when the type has no such layout.
  * qs_repack_bytes: bytes of the repacked copy of rows x k, or -1 (type, rows not a multiple of 16, k not whole
  * layout blocks). qs_repack writes row groups [g0, g1) (16 rows each) of src (src_bytes long) into dst. */

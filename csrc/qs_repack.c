@@ -1,5 +1,5 @@
 /* Load-time repacking into the R16 layouts (qs_repack.h), their scalar reference kernels, activation preparation
- * and the threaded matmul driver for repacked weights. The scalar kernels compute exactly what the AVX-512 ones
+ * and the threaded matmul driver for repacked weights. The scalar kernels compute exactly what the SIMD ones
  * compute (same integer sums, same float operations in the same order, fmaf where the SIMD code fuses), so the
  * tests compare them bit for bit; against ggml's row-by-row dot products they differ only in float summation
  * order (docs/engine.md#repacked-weights). */
@@ -26,18 +26,18 @@ typedef struct {
     int act_elems; /* elements of one activation block */
     int act_bytes; /* bytes of one activation block */
     int ia_per;    /* int32 offsets per activation block */
-    qs_rp_kernel k4, k1;
+    qs_rp_kernel k4, k1, a4, a1; /* AVX-512 and AVX2 kernels, 4 columns and 1 */
 } rp_info;
 
 static const rp_info RP_TABLE[] = {
-    {QS_Q4_K, 256, 2368, QS_Q8_K, 256, 292, 4, qs_rp_q4_K_avx512_4, qs_rp_q4_K_avx512_1},
-    {QS_Q5_K, 256, 2880, QS_Q8_K, 256, 292, 4, qs_rp_q5_K_avx512_4, qs_rp_q5_K_avx512_1},
-    {QS_Q6_K, 256, 3392, QS_Q8_K, 256, 292, 16, qs_rp_q6_K_avx512_4, qs_rp_q6_K_avx512_1},
-    {QS_Q4_0, 64, 576, QS_Q8_0, 32, 34, 1, qs_rp_q4_0_avx512_4, qs_rp_q4_0_avx512_1},
-    {QS_Q4_1, 64, 640, QS_Q8_1, 32, 36, 0, qs_rp_q4_1_avx512_4, qs_rp_q4_1_avx512_1},
-    {QS_Q8_0, 64, 1088, QS_Q8_0, 32, 34, 1, qs_rp_q8_0_avx512_4, qs_rp_q8_0_avx512_1},
-    {QS_Q5_0, 64, 704, QS_Q8_0, 32, 34, 1, qs_rp_q5_0_avx512_4, qs_rp_q5_0_avx512_1},
-    {QS_Q5_1, 64, 768, QS_Q8_1, 32, 36, 0, qs_rp_q5_1_avx512_4, qs_rp_q5_1_avx512_1},
+    {QS_Q4_K, 256, 2368, QS_Q8_K, 256, 292, 4, qs_rp_q4_K_avx512_4, qs_rp_q4_K_avx512_1, qs_rp_q4_K_avx2_4, qs_rp_q4_K_avx2_1},
+    {QS_Q5_K, 256, 2880, QS_Q8_K, 256, 292, 4, qs_rp_q5_K_avx512_4, qs_rp_q5_K_avx512_1, qs_rp_q5_K_avx2_4, qs_rp_q5_K_avx2_1},
+    {QS_Q6_K, 256, 3392, QS_Q8_K, 256, 292, 16, qs_rp_q6_K_avx512_4, qs_rp_q6_K_avx512_1, qs_rp_q6_K_avx2_4, qs_rp_q6_K_avx2_1},
+    {QS_Q4_0, 64, 576, QS_Q8_0, 32, 34, 1, qs_rp_q4_0_avx512_4, qs_rp_q4_0_avx512_1, qs_rp_q4_0_avx2_4, qs_rp_q4_0_avx2_1},
+    {QS_Q4_1, 64, 640, QS_Q8_1, 32, 36, 0, qs_rp_q4_1_avx512_4, qs_rp_q4_1_avx512_1, qs_rp_q4_1_avx2_4, qs_rp_q4_1_avx2_1},
+    {QS_Q8_0, 64, 1088, QS_Q8_0, 32, 34, 1, qs_rp_q8_0_avx512_4, qs_rp_q8_0_avx512_1, qs_rp_q8_0_avx2_4, qs_rp_q8_0_avx2_1},
+    {QS_Q5_0, 64, 704, QS_Q8_0, 32, 34, 1, qs_rp_q5_0_avx512_4, qs_rp_q5_0_avx512_1, qs_rp_q5_0_avx2_4, qs_rp_q5_0_avx2_1},
+    {QS_Q5_1, 64, 768, QS_Q8_1, 32, 36, 0, qs_rp_q5_1_avx512_4, qs_rp_q5_1_avx512_1, qs_rp_q5_1_avx2_4, qs_rp_q5_1_avx2_1},
 };
 
 static const rp_info *rp_find(int type) {
@@ -511,7 +511,7 @@ typedef struct {
  * takes one long run per thread (its activations are reused across a run's groups). */
 #define RP_MAX_MATS 4
 typedef struct {
-    int n, simd, n_threads;
+    int n, simd, n_threads; /* simd: 2 AVX-512 kernels, 1 AVX2, 0 the scalar references */
     int64_t n_x, total, min_chunk, fixed_chunk;
     int64_t g_end[RP_MAX_MATS]; /* cumulative group counts */
     mm_mat m[RP_MAX_MATS];
@@ -528,10 +528,10 @@ static void mm_run(const mm_mat *c, int simd, int64_t n_x, int64_t g0, int64_t g
             for (int64_t j = cb; j < ce;) {
                 int nc;
                 if (simd && ce - j >= 4) {
-                    c->ri->k4(gp, c->nkb, c->x, j, out);
+                    (simd == 2 ? c->ri->k4 : c->ri->a4)(gp, c->nkb, c->x, j, out);
                     nc = 4;
                 } else {
-                    (simd ? c->ri->k1 : c->scalar)(gp, c->nkb, c->x, j, out);
+                    (simd == 2 ? c->ri->k1 : simd == 1 ? c->ri->a1 : c->scalar)(gp, c->nkb, c->x, j, out);
                     nc = 1;
                 }
                 for (int q = 0; q < nc; ++q) memcpy(c->y + (j + q) * c->n_rows + g * 16, out + 16 * q, 16 * sizeof(float));
@@ -578,7 +578,7 @@ static int matmat_multi(int n, const int *rtype, const uint8_t *const *w, const 
     mm_job job;
     memset(&job, 0, sizeof job);
     job.n = n;
-    job.simd = qs_isa_get() >= QS_ISA_AVX512;
+    job.simd = qs_isa_get() >= QS_ISA_AVX512 ? 2 : qs_isa_get() >= QS_ISA_AVX2 ? 1 : 0;
     job.n_x = n_x;
     int64_t work = 0, bytes = 0;
     for (int i = 0; i < n && !rc; ++i) {

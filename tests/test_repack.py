@@ -18,7 +18,9 @@ from quantscope.core.quant import dequantize, ggml_type
 from .test_native_kernels import activations, weight_row
 
 REPACK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
-NEEDS_AVX512 = pytest.mark.skipif(K.isa_detected() != "avx512", reason="the repacked kernels' SIMD level is AVX-512")
+NEEDS_SIMD = pytest.mark.skipif(K.isa_detected() == "scalar", reason="the engine repacks only for SIMD kernels")
+#: SIMD levels of the repacked kernels this machine can run (each is compared with the scalar reference bit for bit)
+SIMD_LEVELS = {"scalar": (), "avx2": ("avx2",), "avx512": ("avx2", "avx512")}[K.isa_detected()]
 
 
 def _weights(name: str, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -46,10 +48,10 @@ def test_repacked_equals_scalar_reference_and_row_dots(name):
                 ref_scalar = rp.matmat(x)
             ref = np.stack([K.matvec(name, w, rows, k, xi) for xi in x])
             assert np.all(np.abs(ref_scalar - ref) <= _bound(x, w, t)), (name, rows, k, n_x)
-            if K.isa_detected() == "avx512":
-                with K.forced_isa("avx512"):
+            for level in SIMD_LEVELS:
+                with K.forced_isa(level):
                     got = rp.matmat(x)
-                    assert np.array_equal(got, ref_scalar), (name, rows, k, n_x)
+                    assert np.array_equal(got, ref_scalar), (name, level, rows, k, n_x)
                     assert np.array_equal(rp.matmat(x, threads=1), got)
 
 
@@ -107,9 +109,10 @@ def test_repacked_on_real_tensors(model_path):
                 got = rp.matmat(x)
                 dense = np.abs(dequantize(f.tensor_rows(t), t.type).astype(np.float64))
                 assert np.all(np.abs(got - ref) <= (np.abs(x).astype(np.float64) @ dense.T) * 1e-5), n
-                if K.isa_detected() == "avx512":
-                    with K.forced_isa("scalar"):
-                        assert np.array_equal(rp.matmat(x[:1]), got[:1]), n
+                for level in ("scalar", *SIMD_LEVELS):
+                    with K.forced_isa(level):
+                        assert np.array_equal(rp.matmat(x[:1]), got[:1]), (n, level)
+                        assert np.array_equal(rp.matmat(x), got), (n, level)
     assert seen >= {"Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"}, seen
 
 
@@ -207,7 +210,7 @@ def test_repack_releases_the_file_pages_as_it_goes(tmp_path):
     m.close()
 
 
-@NEEDS_AVX512
+@NEEDS_SIMD
 @pytest.mark.parametrize("name", ["smollm2", "gemma3", "qwen2.5-coder"])
 def test_engine_logits_repacked_or_not(model_path, name):
     ids = [1, 450, 7483, 310, 3444, 338, 3681, 29889, 13, 3492, 526]
@@ -237,7 +240,7 @@ def test_engine_logits_repacked_or_not(model_path, name):
     assert packed.repack() == 0  # sessions exist: their blocks hold pointers, nothing is swapped under them
 
 
-@NEEDS_AVX512
+@NEEDS_SIMD
 def test_repacked_engine_leaves_no_file_pages_resident(model_path):
     """After repacking, the only reader of the file's mapping is the embedding lookup: the load and a prompt leave
     almost none of the file resident (issue 14's RSS budget), and the logits are the same either way."""
@@ -253,7 +256,7 @@ def test_repacked_engine_leaves_no_file_pages_resident(model_path):
     assert np.array_equal(m.session(80).forward(ids), got)
 
 
-@NEEDS_AVX512
+@NEEDS_SIMD
 def test_repacked_model_when_the_file_is_truncated(model_path, tmp_path):
     """Repacked weights are copies, but the embedding lookups still read the file's mapping: after a truncation a
     lookup raises MappedFileError (the guard), never a crash, and the model's copies are untouched."""
@@ -272,7 +275,7 @@ def test_repacked_model_when_the_file_is_truncated(model_path, tmp_path):
     assert np.isfinite(before).all()
 
 
-@NEEDS_AVX512
+@NEEDS_SIMD
 def test_engine_repack_cancel_and_cli_switch(model_path, capsys):
     import threading
 

@@ -89,7 +89,7 @@ class Engine:
                  cancel: threading.Event | None = None, backend: str = "auto", repack: bool = True) -> None:
         """``backend``: ``cpu``, ``cuda`` (fails with the reason when CUDA cannot be used) or ``auto`` (CUDA when
         it works, else the CPU with the reason in :attr:`backend_reason`). ``repack``: on the CPU, copy the
-        weights into the repacked layout of the AVX-512 kernels (faster; ``False`` keeps them mapped from the file,
+        weights into the repacked layout of the SIMD kernels (faster; ``False`` keeps them mapped from the file,
         zero-copy, like llama.cpp's ``--no-repack``)."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")

@@ -88,10 +88,11 @@ class Model:
                cancel: Callable[[], bool] | None = None) -> int:
         """Copy every matrix that has a repacked layout into it (anonymous memory, huge pages) and release this
         process's pages of the file's copy; later sessions run the repacked kernels (docs/engine.md#repacked-
-        weights). Only when the CPU runs the AVX-512 VNNI kernels; call before creating sessions. ``progress``
-        gets the fraction of bytes done; ``cancel()`` true stops with :class:`~..native.kernels.RepackCancelled`
-        (the model stays usable, partly repacked). Returns the bytes repacked."""
-        if K.isa() != "avx512" or self._sessions_made:
+        weights). Only when the CPU runs SIMD kernels (AVX2 or AVX-512 VNNI); call before creating sessions.
+        ``progress`` gets the fraction of bytes done; ``cancel()`` true stops with
+        :class:`~..native.kernels.RepackCancelled` (the model stays usable, partly repacked). Returns the bytes
+        repacked."""
+        if K.isa() == "scalar" or self._sessions_made:
             return 0
         todo = [(lb, key, getattr(lw, attr)) for lw, lb in zip(self.weights.layers, self.layers, strict=True)
                 for key, attr in _LAYER_WEIGHTS]

@@ -1,0 +1,291 @@
+/* AVX2 kernels on repacked (R16) weights, qs_repack.h: the AVX-512 kernels' arithmetic on half a row group at a
+ * time. A 256-bit register holds 4 code bytes of 8 rows, so each kernel makes two passes over a group's units,
+ * rows 0-7 then rows 8-15 (the second pass finds the group in L1/L2). vpdpbusd becomes vpmaddubsw + vpmaddwd,
+ * exact because no pair of code x activation products leaves int16 (codes <= 63); Q8_0's byte codes would, so
+ * its kernel multiplies the signed weight with the sign trick instead and needs no activation offset. Every
+ * integer sum and every float operation per row is the scalar reference's (qs_repack.c): bit-identical. */
+#include <immintrin.h>
+
+#include "qs.h"
+#include "qs_repack.h"
+
+#define T QS_TARGET_AVX2
+#define AI __attribute__((always_inline)) static inline
+#define PF_DIST 8192 /* as the AVX-512 kernels; only the first pass over a group prefetches */
+
+T AI __m256i bc32(const uint8_t *p) { return _mm256_set1_epi32((int)qs_load_u32(p)); }
+
+T AI __m256 ph8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+/* acc + per 32-bit lane the sum of its 4 u8 x s8 products (exact while each pair's sum fits int16) */
+T AI __m256i dot4(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+
+T AI __m256i ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* bit i of each byte -> bit 4 (other bits masked later): Q5's fifth bits */
+T AI __m256i q5_hi(__m256i h, int i) {
+    return i < 4 ? _mm256_slli_epi16(h, 4 - i) : i == 4 ? h : _mm256_srli_epi16(h, i - 4);
+}
+
+/* bits 2i..2i+1 of each byte -> bits 4..5: Q6_K's high bits */
+T AI __m256i q6_hi(__m256i h, int i) {
+    switch (i) {
+    case 0: return _mm256_slli_epi16(h, 4);
+    case 1: return _mm256_slli_epi16(h, 2);
+    case 2: return h;
+    default: return _mm256_srli_epi16(h, 2);
+    }
+}
+
+T AI void pf(const uint8_t *p, const int on) {
+    if (on) _mm_prefetch((const char *)(p + PF_DIST), _MM_HINT_T0);
+}
+
+/* columns c0 .. c0+NC-1 of rows 8h .. 8h+7: accumulators, activation codes (at byte aq of each block), sums */
+typedef struct {
+    __m256 acc[2];
+    const uint8_t *xq[2];
+    const int32_t *ia[2];
+    const float *fa[2], *fb[2];
+} cols;
+
+T AI void cols_init(cols *c, const qs_rp_x *x, int64_t c0, const int NC, int aq) {
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < NC; ++j) {
+        c->acc[j] = _mm256_setzero_ps();
+        c->xq[j] = x->xq + (c0 + j) * x->xq_stride + aq;
+        c->ia[j] = x->ia + (c0 + j) * x->ia_stride;
+        c->fa[j] = x->fa + (c0 + j) * x->f_stride;
+        c->fb[j] = x->fb + (c0 + j) * x->f_stride;
+    }
+}
+
+T AI void cols_store(const cols *c, float *out, const int NC, const int h) {
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < NC; ++j) _mm256_storeu_ps(out + 16 * j + 8 * h, c->acc[j]);
+}
+
+/* ---------------------------------------------------------------- Q4_K (five = 0), Q5_K (five = 1) */
+T AI void k45_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
+                   const int five, const int h) {
+    const int NCH = NC == 1 ? 4 : 2, unit = five ? 2880 : 2368;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10);
+    cols cs;
+    cols_init(&cs, x, c0, NC, 4);
+    for (int64_t sb = 0; sb < nb; ++sb, g += unit) {
+        _Pragma("GCC unroll 8")
+        for (int l = 0; l < 5; ++l) pf(g + 64 * l, h == 0);
+        __m256i I[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int s = 0; s < 8; ++s) {
+            __m256i hb = _mm256_setzero_si256();
+            if (five) {
+                pf(g + K5_BITS(s), h == 0);
+                hb = ld(g + K5_BITS(s) + 32 * h);
+            }
+            __m256i P[2][4];
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < NC; ++j)
+                _Pragma("GCC unroll 8")
+                for (int q = 0; q < NCH; ++q) P[j][q] = _mm256_setzero_si256();
+            _Pragma("GCC unroll 8")
+            for (int cc = 0; cc < 4; ++cc) {
+                const int c = 4 * s + cc, ch = NCH == 4 ? 2 * (cc & 1) : 0;
+                pf(g + K45_NIB(five, c), h == 0);
+                const __m256i v = ld(g + K45_NIB(five, c) + 32 * h);
+                __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if (five) {
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(q5_hi(hb, 2 * cc), m10));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(q5_hi(hb, 2 * cc + 1), m10));
+                }
+                _Pragma("GCC unroll 8")
+                for (int j = 0; j < NC; ++j) {
+                    const uint8_t *xp = cs.xq[j] + 292 * sb + 8 * c;
+                    P[j][ch] = dot4(P[j][ch], lo, bc32(xp));
+                    P[j][ch + 1] = dot4(P[j][ch + 1], hi, bc32(xp + 4));
+                }
+            }
+            const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(g + 64 + 16 * s + 8 * h)));
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < NC; ++j) {
+                __m256i sum = _mm256_add_epi32(P[j][0], P[j][1]);
+                if (NCH == 4) sum = _mm256_add_epi32(sum, _mm256_add_epi32(P[j][2], P[j][3]));
+                I[j] = _mm256_add_epi32(I[j], _mm256_mullo_epi32(sum, sc));
+            }
+        }
+        __m256i M[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        _Pragma("GCC unroll 8")
+        for (int p = 0; p < 4; ++p) {
+            const __m256i mn = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(g + 192 + 32 * p + 16 * h)));
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < NC; ++j)
+                M[j] = _mm256_add_epi32(M[j], _mm256_madd_epi16(mn, _mm256_set1_epi32(cs.ia[j][4 * sb + p])));
+        }
+        const __m256 d = ph8(g + 16 * h), dm = ph8(g + 32 + 16 * h);
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < NC; ++j) {
+            const __m256 dx = _mm256_set1_ps(cs.fa[j][sb]);
+            cs.acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[j]), _mm256_mul_ps(d, dx), cs.acc[j]);
+            cs.acc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M[j]), _mm256_mul_ps(dm, dx), cs.acc[j]);
+        }
+    }
+    cols_store(&cs, out, NC, h);
+}
+
+/* ---------------------------------------------------------------- Q6_K */
+T AI void q6k_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC, const int h) {
+    const int NCH = NC == 1 ? 4 : 2;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    cols cs;
+    cols_init(&cs, x, c0, NC, 4);
+    for (int64_t sb = 0; sb < nb; ++sb, g += 3392) {
+        _Pragma("GCC unroll 8")
+        for (int l = 0; l < 5; ++l) pf(g + 64 * l, h == 0);
+        __m256i I[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int s = 0; s < 16; ++s) {
+            __m256i P[2][4];
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < NC; ++j) {
+                P[j][0] = _mm256_set1_epi32(-cs.ia[j][16 * sb + s]);
+                _Pragma("GCC unroll 8")
+                for (int q = 1; q < NCH; ++q) P[j][q] = _mm256_setzero_si256();
+            }
+            pf(g + Q6_HI(s), h == 0);
+            const __m256i hbits = ld(g + Q6_HI(s) + 32 * h);
+            _Pragma("GCC unroll 8")
+            for (int half = 0; half < 2; ++half) {
+                const int c = 2 * s + half, ch = NCH == 4 ? 2 * half : 0;
+                pf(g + Q6_LO(c), h == 0);
+                const __m256i v = ld(g + Q6_LO(c) + 32 * h);
+                const __m256i c0v = _mm256_or_si256(_mm256_and_si256(v, m4),
+                                                    _mm256_and_si256(q6_hi(hbits, 2 * half), m30));
+                const __m256i c1v = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
+                                                    _mm256_and_si256(q6_hi(hbits, 2 * half + 1), m30));
+                _Pragma("GCC unroll 8")
+                for (int j = 0; j < NC; ++j) {
+                    const uint8_t *xp = cs.xq[j] + 292 * sb + 8 * c;
+                    P[j][ch] = dot4(P[j][ch], c0v, bc32(xp));
+                    P[j][ch + 1] = dot4(P[j][ch + 1], c1v, bc32(xp + 4));
+                }
+            }
+            const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(g + 64 + 16 * s + 8 * h)));
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < NC; ++j) {
+                __m256i sum = _mm256_add_epi32(P[j][0], P[j][1]);
+                if (NCH == 4) sum = _mm256_add_epi32(sum, _mm256_add_epi32(P[j][2], P[j][3]));
+                I[j] = _mm256_add_epi32(I[j], _mm256_mullo_epi32(sum, sc));
+            }
+        }
+        const __m256 d = ph8(g + 16 * h);
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < NC; ++j)
+            cs.acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[j]), _mm256_mul_ps(d, _mm256_set1_ps(cs.fa[j][sb])),
+                                        cs.acc[j]);
+    }
+    cols_store(&cs, out, NC, h);
+}
+
+/* ---------------------------------------------------------------- 32-element blocks */
+/* kind 0: Q4_0, 1: Q4_1, 2: Q8_0, 3: Q5_0, 4: Q5_1 (as the AVX-512 kernels) */
+T AI void b32_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
+                   const int kind, const int h) {
+    const int NCH = NC == 1 ? 4 : 2;
+    const int has_min = kind == 1 || kind == 4, has_hb = kind == 3 || kind == 4, planes = kind == 3 ? 576 : 640;
+    const int unit = kind == 0 ? 576 : kind == 1 ? 640 : kind == 2 ? 1088 : kind == 3 ? 704 : 768;
+    const int qoff = has_min ? 128 : 64, ab = has_min ? 36 : 34, aq = has_min ? 4 : 2;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10), m80 = _mm256_set1_epi8((char)0x80);
+    cols cs;
+    cols_init(&cs, x, c0, NC, aq);
+    for (int64_t kb = 0; kb < nb; ++kb, g += unit) {
+        _Pragma("GCC unroll 8")
+        for (int l = 0; l < qoff / 64; ++l) pf(g + 64 * l, h == 0);
+        if (has_hb) {
+            pf(g + planes, h == 0);
+            pf(g + planes + 64, h == 0);
+        }
+        _Pragma("GCC unroll 8")
+        for (int hh = 0; hh < 2; ++hh) {
+            const int64_t b = 2 * kb + hh;
+            __m256i P[2][4];
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < NC; ++j) {
+                /* Q8_0 multiplies the signed weights: no offset; the others' codes carry one (ia) or a min */
+                P[j][0] = has_min || kind == 2 ? _mm256_setzero_si256() : _mm256_set1_epi32(-cs.ia[j][b]);
+                _Pragma("GCC unroll 8")
+                for (int q = 1; q < NCH; ++q) P[j][q] = _mm256_setzero_si256();
+            }
+            if (kind == 2) {
+                _Pragma("GCC unroll 8")
+                for (int c = 0; c < 8; ++c) {
+                    const uint8_t *vp = g + qoff + 64 * (8 * hh + c);
+                    pf(vp, h == 0);
+                    const __m256i q = _mm256_xor_si256(ld(vp + 32 * h), m80), aw = _mm256_abs_epi8(q);
+                    _Pragma("GCC unroll 8")
+                    for (int j = 0; j < NC; ++j) {
+                        const __m256i xs = _mm256_sign_epi8(bc32(cs.xq[j] + ab * b + 4 * c), q);
+                        P[j][c % NCH] = dot4(P[j][c % NCH], aw, xs);
+                    }
+                }
+            } else {
+                _Pragma("GCC unroll 8")
+                for (int c = 0; c < 4; ++c) {
+                    const uint8_t *vp = g + qoff + 64 * (4 * hh + c);
+                    const int ch = NCH == 4 ? 2 * (c & 1) : 0;
+                    pf(vp, h == 0);
+                    const __m256i v = ld(vp + 32 * h);
+                    __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                    if (has_hb) {
+                        const __m256i hb = ld(g + planes + 64 * hh + 32 * h);
+                        lo = _mm256_or_si256(lo, _mm256_and_si256(q5_hi(hb, 2 * c), m10));
+                        hi = _mm256_or_si256(hi, _mm256_and_si256(q5_hi(hb, 2 * c + 1), m10));
+                    }
+                    _Pragma("GCC unroll 8")
+                    for (int j = 0; j < NC; ++j) {
+                        const uint8_t *xp = cs.xq[j] + ab * b + 8 * c;
+                        P[j][ch] = dot4(P[j][ch], lo, bc32(xp));
+                        P[j][ch + 1] = dot4(P[j][ch + 1], hi, bc32(xp + 4));
+                    }
+                }
+            }
+            const __m256 d = ph8(g + 32 * hh + 16 * h);
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < NC; ++j) {
+                __m256i sum = _mm256_add_epi32(P[j][0], P[j][1]);
+                if (NCH == 4) sum = _mm256_add_epi32(sum, _mm256_add_epi32(P[j][2], P[j][3]));
+                cs.acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(cs.fa[j][b])),
+                                            cs.acc[j]);
+                if (has_min)
+                    cs.acc[j] = _mm256_fmadd_ps(ph8(g + 64 + 32 * hh + 16 * h), _mm256_set1_ps(cs.fb[j][b]), cs.acc[j]);
+            }
+        }
+    }
+    cols_store(&cs, out, NC, h);
+}
+
+/* Entry points: one column (decode) or four (prefill, as two pairs), each over both halves of the group. */
+#define RP_AVX2(name, call)                                                                                        \
+    T void qs_rp_##name##_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {         \
+        for (int h = 0; h < 2; ++h) call(g, nb, x, c0, out, 1, h);                                                 \
+    }                                                                                                              \
+    T void qs_rp_##name##_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {         \
+        for (int p = 0; p < 4; p += 2)                                                                             \
+            for (int h = 0; h < 2; ++h) call(g, nb, x, c0 + p, out + 16 * p, 2, h);                                \
+    }
+
+#define K4(g, nb, x, c0, out, NC, h) k45_half(g, nb, x, c0, out, NC, 0, h)
+#define K5(g, nb, x, c0, out, NC, h) k45_half(g, nb, x, c0, out, NC, 1, h)
+#define B0(g, nb, x, c0, out, NC, h) b32_half(g, nb, x, c0, out, NC, 0, h)
+#define B1(g, nb, x, c0, out, NC, h) b32_half(g, nb, x, c0, out, NC, 1, h)
+#define B2(g, nb, x, c0, out, NC, h) b32_half(g, nb, x, c0, out, NC, 2, h)
+#define B3(g, nb, x, c0, out, NC, h) b32_half(g, nb, x, c0, out, NC, 3, h)
+#define B4(g, nb, x, c0, out, NC, h) b32_half(g, nb, x, c0, out, NC, 4, h)
+
+RP_AVX2(q4_K, K4)
+RP_AVX2(q5_K, K5)
+RP_AVX2(q6_K, q6k_half)
+RP_AVX2(q4_0, B0)
+RP_AVX2(q4_1, B1)
+RP_AVX2(q8_0, B2)
+RP_AVX2(q5_0, B3)
+RP_AVX2(q5_1, B4)

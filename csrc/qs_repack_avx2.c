@@ -22,6 +22,11 @@ T AI __m256i dot4(__m256i acc, __m256i u, __m256i s) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
 
+T AI __m256i sum_chains(const __m256i *p, const int n) {
+    const __m256i s = _mm256_add_epi32(p[0], p[1]);
+    return n == 4 ? _mm256_add_epi32(s, _mm256_add_epi32(p[2], p[3])) : s;
+}
+
 T AI __m256i ld(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
 /* bit i of each byte -> bit 4 (other bits masked later): Q5's fifth bits */
@@ -109,9 +114,7 @@ T AI void k45_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
             const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(g + 64 + 16 * s + 8 * h)));
             _Pragma("GCC unroll 8")
             for (int j = 0; j < NC; ++j) {
-                __m256i sum = _mm256_add_epi32(P[j][0], P[j][1]);
-                if (NCH == 4) sum = _mm256_add_epi32(sum, _mm256_add_epi32(P[j][2], P[j][3]));
-                I[j] = _mm256_add_epi32(I[j], _mm256_mullo_epi32(sum, sc));
+                I[j] = _mm256_add_epi32(I[j], _mm256_mullo_epi32(sum_chains(P[j], NCH), sc));
             }
         }
         __m256i M[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
@@ -172,9 +175,7 @@ T AI void q6k_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
             const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(g + 64 + 16 * s + 8 * h)));
             _Pragma("GCC unroll 8")
             for (int j = 0; j < NC; ++j) {
-                __m256i sum = _mm256_add_epi32(P[j][0], P[j][1]);
-                if (NCH == 4) sum = _mm256_add_epi32(sum, _mm256_add_epi32(P[j][2], P[j][3]));
-                I[j] = _mm256_add_epi32(I[j], _mm256_mullo_epi32(sum, sc));
+                I[j] = _mm256_add_epi32(I[j], _mm256_mullo_epi32(sum_chains(P[j], NCH), sc));
             }
         }
         const __m256 d = ph8(g + 16 * h);
@@ -251,10 +252,8 @@ T AI void b32_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
             const __m256 d = ph8(g + 32 * hh + 16 * h);
             _Pragma("GCC unroll 8")
             for (int j = 0; j < NC; ++j) {
-                __m256i sum = _mm256_add_epi32(P[j][0], P[j][1]);
-                if (NCH == 4) sum = _mm256_add_epi32(sum, _mm256_add_epi32(P[j][2], P[j][3]));
-                cs.acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(cs.fa[j][b])),
-                                            cs.acc[j]);
+                const __m256 dx = _mm256_mul_ps(d, _mm256_set1_ps(cs.fa[j][b]));
+                cs.acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum_chains(P[j], NCH)), dx, cs.acc[j]);
                 if (has_min)
                     cs.acc[j] = _mm256_fmadd_ps(ph8(g + 64 + 32 * hh + 16 * h), _mm256_set1_ps(cs.fb[j][b]), cs.acc[j]);
             }

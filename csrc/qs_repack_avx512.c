@@ -125,19 +125,6 @@ T AI void k45_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
     for (int j = 0; j < NC; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
 }
 
-T void qs_rp_q4_K_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    k45_body(g, nb, x, c0, out, 4, 0);
-}
-T void qs_rp_q4_K_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    k45_body(g, nb, x, c0, out, 1, 0);
-}
-T void qs_rp_q5_K_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    k45_body(g, nb, x, c0, out, 4, 1);
-}
-T void qs_rp_q5_K_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    k45_body(g, nb, x, c0, out, 1, 1);
-}
-
 /* ---------------------------------------------------------------- Q6_K */
 T AI __m512i q6_hi(__m512i h, int i) { /* bits 2i..2i+1 of each byte -> bits 4..5 (other bits masked later) */
     switch (i) {
@@ -198,13 +185,6 @@ T AI void q6k_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
     }
     _Pragma("GCC unroll 16")
     for (int j = 0; j < NC; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
-}
-
-T void qs_rp_q6_K_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    q6k_body(g, nb, x, c0, out, 4);
-}
-T void qs_rp_q6_K_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    q6k_body(g, nb, x, c0, out, 1);
 }
 
 /* ---------------------------------------------------------------- 32-element blocks: Q4_0, Q4_1, Q8_0 */
@@ -280,33 +260,22 @@ T AI void b32_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
     for (int j = 0; j < NC; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
 }
 
-T void qs_rp_q4_0_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    b32_body(g, nb, x, c0, out, 4, 0);
-}
-T void qs_rp_q4_0_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    b32_body(g, nb, x, c0, out, 1, 0);
-}
-T void qs_rp_q4_1_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    b32_body(g, nb, x, c0, out, 4, 1);
-}
-T void qs_rp_q4_1_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    b32_body(g, nb, x, c0, out, 1, 1);
-}
-T void qs_rp_q8_0_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    b32_body(g, nb, x, c0, out, 4, 2);
-}
-T void qs_rp_q8_0_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    b32_body(g, nb, x, c0, out, 1, 2);
-}
-T void qs_rp_q5_0_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    b32_body(g, nb, x, c0, out, 4, 3);
-}
-T void qs_rp_q5_0_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    b32_body(g, nb, x, c0, out, 1, 3);
-}
-T void qs_rp_q5_1_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    b32_body(g, nb, x, c0, out, 4, 4);
-}
-T void qs_rp_q5_1_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    b32_body(g, nb, x, c0, out, 1, 4);
-}
+/* ---------------------------------------------------------------- entry points */
+/* One column (decode) and four (prefill) per kernel; `kind` selects the layout within a shared body. */
+#define RP_AVX512(name, body, kind)                                                                                \
+    T void qs_rp_##name##_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {       \
+        body(g, nb, x, c0, out, 4, kind);                                                                          \
+    }                                                                                                              \
+    T void qs_rp_##name##_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {       \
+        body(g, nb, x, c0, out, 1, kind);                                                                          \
+    }
+#define Q6K(g, nb, x, c0, out, NC, kind) q6k_body(g, nb, x, c0, out, NC)
+
+RP_AVX512(q4_K, k45_body, 0)
+RP_AVX512(q5_K, k45_body, 1)
+RP_AVX512(q6_K, Q6K, 0)
+RP_AVX512(q4_0, b32_body, 0)
+RP_AVX512(q4_1, b32_body, 1)
+RP_AVX512(q8_0, b32_body, 2)
+RP_AVX512(q5_0, b32_body, 3)
+RP_AVX512(q5_1, b32_body, 4)

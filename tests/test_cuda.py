@@ -22,6 +22,7 @@ import pytest
 
 from quantscope.core.engine import ContextFull, Model
 from quantscope.core.engine import cuda_backend as cb
+from quantscope.core.engine.reference import reference_logits
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.model import ModelConfig, UnsupportedModel, Weight
 from quantscope.core.native import kernels as K
@@ -53,6 +54,32 @@ def close_to_cpu(got: np.ndarray, cpu: np.ndarray) -> bool:
 
 def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def cos_rel(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-position cosine similarity and relative L2 error of logits ``a`` against ``b`` (both (T, V))."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    return cos, np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def assert_as_accurate_as_cpu(gpu: np.ndarray, cpu: np.ndarray, ref: np.ndarray) -> None:
+    """Whole-model logits: the GPU engine is no farther from the float64 reference than the CPU engine is.
+
+    Both engines quantize activations to 8 bits, each with its own order of operations, so they differ from each
+    other about as much as each differs from the reference: on an H200 with 48 tokens, cos(GPU, CPU) went down
+    to 0.9965 at single positions on SmolLM2 while cos(CPU, reference) went down to 0.9962 and the CPU engine
+    with an fp16 against an fp32 KV cache to 0.94 (docs/engine.md, "CUDA backend"). A tolerance between the two
+    engines alone would test that noise; the reference is the yardstick, with the CPU's own error as allowance."""
+    g_cos, g_rel = cos_rel(gpu, ref)
+    _, c_rel = cos_rel(cpu, ref)
+    assert np.median(g_rel) <= 1.25 * np.median(c_rel) + 0.005, (np.median(g_rel), np.median(c_rel))
+    assert np.quantile(g_rel, 0.9) <= 1.5 * np.quantile(c_rel, 0.9) + 0.01, (g_rel, c_rel)
+    assert g_cos.min() > 0.99, g_cos
+    g_top, c_top = (gpu.argmax(1) == ref.argmax(1)).mean(), (cpu.argmax(1) == ref.argmax(1)).mean()
+    assert g_top >= c_top - 0.05, (g_top, c_top)
+    mutual, _ = cos_rel(gpu, cpu)  # medians measured on the H200: 0.9994-0.9999, 0.99897 on gemma3 windowed
+    assert np.median(mutual) > 0.998, mutual
 
 
 # ---------------------------------------------------------------------------------------------------- fixtures
@@ -385,10 +412,7 @@ def test_gpu_forward_matches_cpu(gpu, loaded, name):
     with cb.CudaSession(model, 128) as s:
         got = s.forward(ids, all_logits=True)
         assert s.n_past == len(ids)
-    cos = (got * cpu).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(cpu, axis=1)
-    assert cos.min() > 0.999, cos
-    assert np.median(np.linalg.norm(got - cpu, axis=1) / np.linalg.norm(cpu, axis=1)) < 0.02
-    assert (got.argmax(1) == cpu.argmax(1)).mean() >= 0.9
+    assert_as_accurate_as_cpu(got, cpu, reference_logits(model.config, model.weights, ids))
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3", "qwen2.5-coder"])
@@ -415,8 +439,7 @@ def test_gpu_sliding_window_and_chunked_prefill(gpu, loaded):
     cpu = small.session(64).forward(ids, all_logits=True)
     with cb.CudaSession(small, 64, max_batch=16) as s:
         got = s.forward(ids, all_logits=True)
-    cos = (got * cpu).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(cpu, axis=1)
-    assert cos.min() > 0.999, cos
+    assert_as_accurate_as_cpu(got, cpu, reference_logits(small.config, model.weights, ids))
     full_window = model.session(64).forward(ids, all_logits=True)
     assert not np.allclose(cpu[-1], full_window[-1], atol=1e-2)  # the window did change the result
 
@@ -431,11 +454,13 @@ def test_gpu_truncate_reset_and_context_full(gpu, loaded):
         assert np.allclose(first, again, rtol=1e-5, atol=1e-4)
         s.reset()
         assert np.allclose(s.forward(ids), first, rtol=1e-5, atol=1e-4)
+        with pytest.raises(ValueError, match="token ids"):  # refused before anything runs: n_past stays
+            s.forward([model.config.n_vocab])
+        assert s.n_past == len(ids)
         s.forward(list(range(100, 100 + 32 - len(ids))))
         with pytest.raises(ContextFull):
             s.forward([5])
-        with pytest.raises(ValueError, match="token ids"):
-            s.forward([model.config.n_vocab])
+        assert s.n_past == 32
 
 
 @pytest.mark.parametrize("name", ["smollm2", "qwen2.5-coder"])

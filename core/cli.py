@@ -506,10 +506,16 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 def cmd_perplexity(args: argparse.Namespace) -> int:
     from .engine.tools import perplexity
 
+    if args.kl_divergence:
+        return _kl_divergence(args)
+    if not args.text_file:
+        raise CLIError("perplexity needs the text: -f FILE (or --kl-divergence-base FILE --kl-divergence)")
     try:
         text = Path(args.text_file).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CLIError(f"{args.text_file}: cannot read the text: {exc}") from None
+    if args.kl_divergence_base:
+        return _write_kld_base(args, text)
     eng = _engine(args, args.ctx)
     try:
         r = perplexity(eng.model, eng.tokenizer, text, args.ctx, args.chunks, make_session=eng.new_session,
@@ -518,6 +524,49 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
         raise CLIError(str(exc)) from None
     print(f"perplexity {r.ppl:.4f} over {r.n_chunks} chunks of {r.n_ctx} tokens ({r.n_tokens_scored} scored) "
           f"in {r.seconds:.1f} s")
+    return 0
+
+
+def _write_kld_base(args: argparse.Namespace, text: str) -> int:
+    """``--kl-divergence-base FILE`` without ``--kl-divergence``: write llama-perplexity's log-probability file."""
+    from .engine import kld
+    from .fsutil import PathRefused
+
+    eng = _engine(args, args.ctx)
+    try:
+        n, ppl = kld.write_base(args.kl_divergence_base, eng.model, eng.tokenizer, text, args.ctx, args.chunks,
+                                make_session=eng.new_session, inputs=(args.file, args.text_file),
+                                progress=lambda c, n: print(f"[{c}/{n}]", file=sys.stderr))
+    except (ValueError, PathRefused, OSError) as exc:
+        raise CLIError(str(exc)) from None
+    print(f"perplexity {ppl:.4f} over {n} chunks of {args.ctx} tokens; log-probabilities written to "
+          f"{args.kl_divergence_base}")
+    return 0
+
+
+def _kl_divergence(args: argparse.Namespace) -> int:
+    """``--kl-divergence-base FILE --kl-divergence``: compare with a base written by either tool."""
+    from .engine import kld
+    from .fsutil import PathRefused
+
+    if not args.kl_divergence_base:
+        raise CLIError("--kl-divergence needs --kl-divergence-base FILE (the base model's log-probabilities)")
+    try:
+        base = kld.KLDBase(args.kl_divergence_base)
+    except (ValueError, PathRefused, OSError) as exc:
+        raise CLIError(str(exc)) from None
+    eng = _engine(args, base.n_ctx)
+
+    def tell(c: int, n: int, r: kld.KLDResult) -> None:
+        print(f"[{c}/{n}] PPL {r.ppl()[0]:.4f}  KLD {r.mean_kld()[0]:.6f}  same top {100 * r.top1():.2f} %",
+              file=sys.stderr)
+
+    try:
+        r = kld.kl_divergence(base, eng.model, eng.tokenizer, make_session=eng.new_session, progress=tell)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    print(f"{r.n_chunks} chunks of {r.n_ctx} tokens, {r.count} positions compared with {base.path}")
+    print(r.report())
     return 0
 
 
@@ -675,8 +724,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("perplexity", help="perplexity of a text (llama-perplexity's procedure)")
     s.add_argument("file")
-    s.add_argument("-f", "--text-file", required=True)
+    s.add_argument("-f", "--text-file", help="the text (not needed with --kl-divergence: the base holds the tokens)")
     s.add_argument("-c", "--ctx", type=_int_arg(2, MAX_CTX), default=512)
+    s.add_argument("--kl-divergence-base", metavar="FILE",
+                   help="write the log-probabilities to FILE in llama-perplexity's format (with --kl-divergence: "
+                        "read them from FILE)")
+    s.add_argument("--kl-divergence", action="store_true",
+                   help="compare with the base log-probabilities of --kl-divergence-base: mean KLD, same-top "
+                        "fraction, PPL ratio (as llama-perplexity reports them)")
     s.add_argument("--chunks", type=_int_arg(0), default=0, help="at most this many chunks (0 = all)")
     s.add_argument("-t", "--threads", type=_int_arg(0, MAX_THREADS), default=0)
     s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")

@@ -19,9 +19,10 @@ enum {
 
 void qs_rmsnorm(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps);
 /* Rotates the first rot_dim values of each head; returns QS_ERR_HEADS unless rot_dim is even, > 0, <= head_dim
- * and <= 1024, QS_ERR_SIZE for negative counts. */
+ * and <= 1024, QS_ERR_SIZE for negative counts. freq_factors: NULL, or rot_dim/2 finite positive divisors of the
+ * pairs' frequencies (Llama 3's rope_freqs.weight; QS_ERR_SIZE otherwise). */
 int qs_rope(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
-            float freq_base, float freq_scale, int neox);
+            float freq_base, float freq_scale, int neox, const float *freq_factors);
 void qs_softmax(float *x, int64_t n_rows, int64_t n);
 void qs_swiglu(const float *gate, const float *up, float *out, int64_t n);
 void qs_geglu_tanh(const float *gate, const float *up, float *out, int64_t n);
@@ -43,6 +44,9 @@ typedef struct {
     const float *attn_norm, *ffn_norm, *bq, *bk, *bv, *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm;
     int64_t attn_norm_len, ffn_norm_len, bq_len, bk_len, bv_len, q_norm_len, k_norm_len, post_attn_norm_len,
         post_ffn_norm_len;
+    const float *rope_freqs; /* NULL or rope_dim/2 frequency divisors */
+    int64_t rope_freqs_len;
+    int no_rope; /* 1: this layer does not rotate q and k (smollm3's every fourth layer) */
     void *k_cache, *v_cache;
     int64_t k_cache_bytes, v_cache_bytes;
 } qs_block;

@@ -1,6 +1,7 @@
 /* A whole transformer block in C: the engine calls this once per layer, so per-token work never returns to
  * Python between operations. Straight-line code in the order of the paper (see core/engine/session.py). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "qs.h"
 #include "qs_gemm.h"
@@ -63,6 +64,7 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
     if (E <= 0 || E > (1 << 20) || F <= 0 || F > (1 << 22)) return QS_ERR_SIZE;
     if (H <= 0 || H > 4096 || KV <= 0 || H % KV || hd <= 0 || hd > 1024 || H * hd > (1 << 22)) return QS_ERR_HEADS;
     if (b->rope_dim <= 0 || b->rope_dim % 2 || b->rope_dim > hd) return QS_ERR_HEADS;
+    if (b->rope_freqs ? b->rope_freqs_len != b->rope_dim / 2 : b->rope_freqs_len != 0) return QS_ERR_SIZE;
     if (b->n_ctx <= 0 || b->n_ctx > (1 << 24) || b->window < 0 || T <= 0 || T > (1 << 20) || n_past < 0 ||
         n_past > b->n_ctx - T || !x || !pos)
         return QS_ERR_SIZE;
@@ -80,8 +82,10 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
                                 b->post_attn_norm, b->post_ffn_norm};
     const int64_t vlen[9] = {b->attn_norm_len, b->ffn_norm_len, b->bq_len, b->bk_len, b->bv_len, b->q_norm_len,
                              b->k_norm_len, b->post_attn_norm_len, b->post_ffn_norm_len};
-    const int64_t want[9] = {E, E, H * hd, KV * hd, KV * hd, hd, hd, E, E};
-    if (!b->attn_norm || !b->ffn_norm || !b->q_norm != !b->k_norm) return QS_ERR_VECTOR;
+    /* q/k norms: per head (length head_dim) or over the whole projection (olmo2: H*hd and KV*hd) */
+    const int full = b->q_norm && b->q_norm_len == H * hd && H > 1;
+    const int64_t want[9] = {E, E, H * hd, KV * hd, KV * hd, full ? H * hd : hd, full ? KV * hd : hd, E, E};
+    if (!b->attn_norm != !b->ffn_norm || !b->q_norm != !b->k_norm) return QS_ERR_VECTOR; /* NULL norms: olmo2 */
     for (int i = 0; i < 9; ++i)
         if (vs[i] && vlen[i] != want[i]) return QS_ERR_VECTOR;
     const int64_t cache = b->n_ctx * KV * hd * (b->kv_f16 ? 2 : 4);
@@ -99,8 +103,9 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
     if (!buf) return QS_ERR_NOMEM;
     float *h = buf, *o = h + T * E, *q = o + T * E, *att = q + T * H * hd, *k = att + T * H * hd, *v = k + T * KV * hd;
     float *g = v + T * KV * hd, *u = g + T * F;
-    /* attention */
-    qs_rmsnorm(x, b->attn_norm, h, T, E, b->eps);
+    /* attention (without pre-norms, as olmo2, on x itself) */
+    if (b->attn_norm) qs_rmsnorm(x, b->attn_norm, h, T, E, b->eps);
+    else memcpy(h, x, (size_t)(T * E) * sizeof(float));
     {
         const int ty[3] = {b->wq_type, b->wk_type, b->wv_type};
         const uint8_t *const ws[3] = {b->wq, b->wk, b->wv};
@@ -113,11 +118,19 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
     if (b->bk) add_bias(k, b->bk, T, KV * hd);
     if (b->bv) add_bias(v, b->bv, T, KV * hd);
     if (b->q_norm && b->k_norm) {
-        qs_rmsnorm(q, b->q_norm, q, T * H, hd, b->eps);
-        qs_rmsnorm(k, b->k_norm, k, T * KV, hd, b->eps);
+        if (b->q_norm_len == H * hd && H > 1) { /* over the whole projection (checked against k_norm_len) */
+            qs_rmsnorm(q, b->q_norm, q, T, H * hd, b->eps);
+            qs_rmsnorm(k, b->k_norm, k, T, KV * hd, b->eps);
+        } else {
+            qs_rmsnorm(q, b->q_norm, q, T * H, hd, b->eps);
+            qs_rmsnorm(k, b->k_norm, k, T * KV, hd, b->eps);
+        }
     }
-    rc = qs_rope(q, T, (int)H, (int)hd, b->rope_dim, pos, b->rope_base, 1.0f, b->rope_neox);
-    if (!rc) rc = qs_rope(k, T, (int)KV, (int)hd, b->rope_dim, pos, b->rope_base, 1.0f, b->rope_neox);
+    if (!b->no_rope) {
+        rc = qs_rope(q, T, (int)H, (int)hd, b->rope_dim, pos, b->rope_base, 1.0f, b->rope_neox, b->rope_freqs);
+        if (!rc) rc = qs_rope(k, T, (int)KV, (int)hd, b->rope_dim, pos, b->rope_base, 1.0f, b->rope_neox,
+                              b->rope_freqs);
+    }
     if (rc) goto done;
     store_kv(b->k_cache, b->kv_f16, n_past * KV * hd, k, T * KV * hd);
     store_kv(b->v_cache, b->kv_f16, n_past * KV * hd, v, T * KV * hd);
@@ -129,7 +142,8 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
     if (b->post_attn_norm) qs_rmsnorm(o, b->post_attn_norm, o, T, E, b->eps);
     for (int64_t i = 0; i < T * E; ++i) x[i] += o[i];
     /* feed-forward */
-    qs_rmsnorm(x, b->ffn_norm, h, T, E, b->eps);
+    if (b->ffn_norm) qs_rmsnorm(x, b->ffn_norm, h, T, E, b->eps);
+    else memcpy(h, x, (size_t)(T * E) * sizeof(float));
     {
         const int ty[2] = {b->wg_type, b->wu_type};
         const uint8_t *const ws[2] = {b->wg, b->wu};

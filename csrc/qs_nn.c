@@ -22,11 +22,14 @@ void qs_rmsnorm_scalar(const float *x, const float *w, float *y, int64_t n_rows,
 }
 
 void qs_rope_scalar(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
-                    float freq_base, float freq_scale, int neox) {
+                    float freq_base, float freq_scale, int neox, const float *freq_factors) {
     int half = rot_dim / 2;
     double inv_freq[512]; /* rot_dim <= 1024: checked by qs_rope, the only caller */
     if (half > 512) half = 512;
-    for (int i = 0; i < half; ++i) inv_freq[i] = pow((double)freq_base, -2.0 * i / rot_dim);
+    for (int i = 0; i < half; ++i) {
+        inv_freq[i] = pow((double)freq_base, -2.0 * i / rot_dim);
+        if (freq_factors) inv_freq[i] /= (double)freq_factors[i]; /* Llama 3 / Phi-3 rope factors */
+    }
     for (int64_t t = 0; t < n_tokens; ++t) {
         double p = (double)pos[t] * freq_scale;
         for (int i = 0; i < half; ++i) {
@@ -85,10 +88,13 @@ void qs_rmsnorm(const float *x, const float *w, float *y, int64_t n_rows, int64_
 }
 
 int qs_rope(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos, float freq_base,
-            float freq_scale, int neox) {
+            float freq_scale, int neox, const float *freq_factors) {
     if (n_tokens < 0 || n_heads < 0) return QS_ERR_SIZE;
     if (head_dim <= 0 || head_dim > 1024 || rot_dim <= 0 || rot_dim % 2 || rot_dim > head_dim) return QS_ERR_HEADS;
-    qs_rope_scalar(x, n_tokens, n_heads, head_dim, rot_dim, pos, freq_base, freq_scale, neox);
+    if (freq_factors)
+        for (int i = 0; i < rot_dim / 2; ++i)
+            if (!(freq_factors[i] > 0.0f) || !isfinite(freq_factors[i])) return QS_ERR_SIZE;
+    qs_rope_scalar(x, n_tokens, n_heads, head_dim, rot_dim, pos, freq_base, freq_scale, neox, freq_factors);
     return QS_OK;
 }
 

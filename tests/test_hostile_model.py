@@ -456,12 +456,19 @@ def test_qs_rope_validates_rot_dim_and_writes_nothing_on_error():
     pos = np.array([0, 5], np.int32)
     for rot, want in ((17, lib.QS_ERR_HEADS), (18, lib.QS_ERR_HEADS), (0, lib.QS_ERR_HEADS),
                       (-2, lib.QS_ERR_HEADS), (2048, lib.QS_ERR_HEADS)):
-        assert lib.qs_rope(_fp(x), 2, 3, 16, rot, _ip(pos), 1e4, 1.0, 0) == want
-    assert lib.qs_rope(_fp(x), 2, 3, 2048, 2048, _ip(pos), 1e4, 1.0, 1) == lib.QS_ERR_HEADS  # head_dim > 1024
-    assert lib.qs_rope(_fp(x), -1, 3, 16, 16, _ip(pos), 1e4, 1.0, 0) == lib.QS_ERR_SIZE
-    assert lib.qs_rope(_fp(x), 2, -3, 16, 16, _ip(pos), 1e4, 1.0, 0) == lib.QS_ERR_SIZE
+        assert lib.qs_rope(_fp(x), 2, 3, 16, rot, _ip(pos), 1e4, 1.0, 0, ffi.NULL) == want
+    big = lib.qs_rope(_fp(x), 2, 3, 2048, 2048, _ip(pos), 1e4, 1.0, 1, ffi.NULL)  # head_dim > 1024
+    assert big == lib.QS_ERR_HEADS
+    assert lib.qs_rope(_fp(x), -1, 3, 16, 16, _ip(pos), 1e4, 1.0, 0, ffi.NULL) == lib.QS_ERR_SIZE
+    assert lib.qs_rope(_fp(x), 2, -3, 16, 16, _ip(pos), 1e4, 1.0, 0, ffi.NULL) == lib.QS_ERR_SIZE
+    for bad in (0.0, -1.0, np.nan, np.inf):  # frequency factors must be finite and positive
+        ff = np.ones(8, np.float32)
+        ff[5] = bad
+        assert lib.qs_rope(_fp(x), 2, 3, 16, 16, _ip(pos), 1e4, 1.0, 0, _fp(ff)) == lib.QS_ERR_SIZE
+    with pytest.raises(ValueError, match="7 frequency factors for 8 pairs"):
+        nn.rope(x, pos, freq_factors=np.ones(7, np.float32))
     assert (x == 1).all()
-    assert lib.qs_rope(_fp(x), 2, 3, 16, 16, _ip(pos), 1e4, 1.0, 0) == lib.QS_OK
+    assert lib.qs_rope(_fp(x), 2, 3, 16, 16, _ip(pos), 1e4, 1.0, 0, ffi.NULL) == lib.QS_OK
     assert not (x == 1).all()
     with pytest.raises(ValueError, match="rot_dim"):
         nn.rope(x, pos, rot_dim=18)

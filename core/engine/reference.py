@@ -23,10 +23,13 @@ def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
 
 
-def _rope(x: np.ndarray, pos: np.ndarray, base: float, dim: int, neox: bool) -> np.ndarray:
+def _rope(x: np.ndarray, pos: np.ndarray, base: float, dim: int, neox: bool,
+          factors: np.ndarray | None = None) -> np.ndarray:
     out = x.copy()
     half = dim // 2
     inv = base ** (-2.0 * np.arange(half) / dim)
+    if factors is not None:
+        inv = inv / factors.astype(np.float64)
     ang = pos[:, None] * inv[None, :]  # (T, half)
     cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
     a = np.arange(half) if neox else 2 * np.arange(half)
@@ -51,18 +54,21 @@ def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int]) -> np
     H, KV, hd = cfg.n_head, cfg.n_head_kv, cfg.head_dim
     scale = cfg.attn_scale or 1.0 / math.sqrt(hd)
     for li, lw in enumerate(w.layers):
-        h = _rms(x, lw.attn_norm, cfg.rms_eps)
+        h = _rms(x, lw.attn_norm, cfg.rms_eps) if lw.attn_norm is not None else x
         q = h @ _dense(lw.wq).T
         k = h @ _dense(lw.wk).T
         v = h @ _dense(lw.wv).T
         if lw.bq is not None:
             q, k, v = q + lw.bq, k + lw.bk, v + lw.bv
+        if lw.q_norm is not None and cfg.qk_norm_full:  # olmo2: over the whole projection
+            q, k = _rms(q, lw.q_norm, cfg.rms_eps), _rms(k, lw.k_norm, cfg.rms_eps)
         q, k, v = q.reshape(T, H, hd), k.reshape(T, KV, hd), v.reshape(T, KV, hd)
-        if lw.q_norm is not None:
+        if lw.q_norm is not None and not cfg.qk_norm_full:
             q, k = _rms(q, lw.q_norm, cfg.rms_eps), _rms(k, lw.k_norm, cfg.rms_eps)
         base = cfg.layer_rope_base(li)
-        q = _rope(q, pos, base, cfg.rope_dim, cfg.rope_neox)
-        k = _rope(k, pos, base, cfg.rope_dim, cfg.rope_neox)
+        if cfg.uses_rope(li):
+            q = _rope(q, pos, base, cfg.rope_dim, cfg.rope_neox, w.rope_freqs)
+            k = _rope(k, pos, base, cfg.rope_dim, cfg.rope_neox, w.rope_freqs)
         window = cfg.layer_window(li)
         att = np.zeros((T, H, hd))
         group = H // KV
@@ -77,7 +83,7 @@ def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int]) -> np
         if lw.post_attn_norm is not None:
             o = _rms(o, lw.post_attn_norm, cfg.rms_eps)
         x = x + o
-        h = _rms(x, lw.ffn_norm, cfg.rms_eps)
+        h = _rms(x, lw.ffn_norm, cfg.rms_eps) if lw.ffn_norm is not None else x
         g, u = h @ _dense(lw.w_gate).T, h @ _dense(lw.w_up).T
         if cfg.gelu:
             a = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3))) * u

@@ -199,6 +199,10 @@ class Session:
                 vec = getattr(lw, field)
                 setattr(b, field, _fp(vec) if vec is not None else ffi.NULL)
                 setattr(b, field + "_len", 0 if vec is None else int(vec.size))
+            b.no_rope = int(not c.uses_rope(li))
+            rf = m.weights.rope_freqs
+            b.rope_freqs = _fp(rf) if rf is not None else ffi.NULL
+            b.rope_freqs_len = 0 if rf is None else int(rf.size)
             b.k_cache = ffi.from_buffer(self.k_cache[li])
             b.v_cache = ffi.from_buffer(self.v_cache[li])
             b.k_cache_bytes, b.v_cache_bytes = self.k_cache[li].nbytes, self.v_cache[li].nbytes

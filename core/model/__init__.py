@@ -1,7 +1,10 @@
 """Model architectures: hyperparameters from GGUF metadata and weights bound zero-copy to the mapped file.
 
-Supported: llama (SmolLM2), qwen2 (q/k/v biases) and gemma3 (scaled embeddings, GELU-tanh gated FFN, per-head
-q/k RMSNorm, post-attention/post-FFN norms, sliding-window layers with their own RoPE base).
+Supported: llama (SmolLM2; Llama 3's ``rope_freqs.weight`` frequency factors), smollm3 (no RoPE on every
+fourth layer), qwen2 (q/k/v biases), qwen3 (per-head q/k RMSNorm), phi3 (fused qkv and gate/up matrices, split
+into row views at binding) and gemma3 (scaled embeddings, GELU-tanh gated FFN, per-head q/k RMSNorm,
+post-attention/post-FFN norms, sliding-window layers with their own RoPE base). A file whose tensors or
+RoPE-scaling metadata the engine would ignore is refused.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import numpy as np
 from ..gguf import GGUFFile, TensorInfo
 from ..quant.types import GGMLType
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "smollm3", "olmo2", "gemma3")
 
 
 class UnsupportedModel(ValueError):
@@ -61,6 +64,9 @@ class ModelConfig:
     qk_norm: bool = False
     post_norms: bool = False
     attn_scale: float = 0.0
+    no_rope_step: int = 0  # smollm3: every no_rope_step-th layer has no RoPE (0: every layer rotates)
+    qk_norm_full: bool = False  # olmo2: the q/k RMSNorm spans the whole projection, not each head
+    pre_norms: bool = True  # olmo2 has none: attention and FFN read the residual stream directly
 
     def is_sliding(self, layer: int) -> bool:
         """Does ``layer`` use the sliding window (and the local RoPE base)?"""
@@ -71,6 +77,10 @@ class ModelConfig:
 
     def layer_window(self, layer: int) -> int:
         return self.sliding_window if self.is_sliding(layer) else 0
+
+    def uses_rope(self, layer: int) -> bool:
+        """Does ``layer`` rotate q and k (smollm3 leaves every fourth layer without positions)?"""
+        return self.no_rope_step <= 0 or (layer + 1) % self.no_rope_step != 0
 
 
 _REQUIRED = object()
@@ -158,6 +168,8 @@ def check_config(cfg: ModelConfig, keys: dict[str, str] | None = None) -> None:
     if not 0 <= cfg.sliding_window <= MAX_CTX or not 0 <= cfg.swa_pattern <= MAX_LAYERS:
         raise ModelError(f"{k.get('sliding_window', 'sliding_window')}: expected 0..{MAX_CTX}, "
                          f"found {cfg.sliding_window}")
+    if not 0 <= cfg.no_rope_step <= MAX_LAYERS:
+        raise ModelError(f"no-RoPE layer step: expected 0..{MAX_LAYERS}, found {cfg.no_rope_step}")
     if not (math.isfinite(cfg.embed_scale) and math.isfinite(cfg.attn_scale) and cfg.attn_scale >= 0):
         raise ModelError(f"{k['n_embd']}: derived scales are not finite")
 
@@ -209,10 +221,24 @@ def read_config(f: GGUFFile) -> ModelConfig:
         rope_base=_float(f, keys["rope_base"], 10000.0, 1e30),
         rope_dim=_int(f, keys["rope_dim"], head_dim, hi=MAX_HEAD_DIM),
     )
+    scaling = f.metadata.get(f"{arch}.rope.scaling.type")
+    if scaling is not None and scaling.value not in ("none", ""):
+        raise UnsupportedModel(f"{arch}.rope.scaling.type = {_show(scaling.value)}: RoPE scaling of this kind is "
+                               "not supported by the engine (running without it would give wrong results)")
     if arch == "llama":
         cfg = ModelConfig(**common, rope_neox=False)  # type: ignore[arg-type]
-    elif arch == "qwen2":
+    elif arch == "smollm3":
+        cfg = ModelConfig(**common, rope_neox=False, no_rope_step=4)  # type: ignore[arg-type]
+    elif arch in ("qwen2", "phi3"):
         cfg = ModelConfig(**common, rope_neox=True)  # type: ignore[arg-type]
+    elif arch == "qwen3":
+        cfg = ModelConfig(**common, rope_neox=True, qk_norm=True)  # type: ignore[arg-type]
+    elif arch == "olmo2":
+        if _int(f, keys["sliding_window"], 0, lo=0):
+            raise UnsupportedModel(f"{keys['sliding_window']}: OLMo 3's sliding-window layers are not supported "
+                                   "by the engine")
+        cfg = ModelConfig(**common, rope_neox=True, qk_norm=True, qk_norm_full=True,  # type: ignore[arg-type]
+                          post_norms=True, pre_norms=False)
     else:  # gemma3
         cfg = ModelConfig(
             **common,  # type: ignore[arg-type]
@@ -267,12 +293,12 @@ class Weight:
 
 @dataclass
 class LayerWeights:
-    attn_norm: np.ndarray
+    attn_norm: np.ndarray | None
     wq: Weight
     wk: Weight
     wv: Weight
     wo: Weight
-    ffn_norm: np.ndarray
+    ffn_norm: np.ndarray | None
     w_gate: Weight
     w_up: Weight
     w_down: Weight
@@ -293,6 +319,7 @@ class ModelWeights:
     output_norm: np.ndarray
     layers: list[LayerWeights]
     tied: bool
+    rope_freqs: np.ndarray | None = None  # Llama 3: rope_dim/2 divisors of the RoPE frequencies
 
     @property
     def nbytes(self) -> int:
@@ -327,19 +354,69 @@ def _vector(f: GGUFFile, name: str, optional: bool = False) -> np.ndarray | None
     return np.ascontiguousarray(v, dtype=np.float32)
 
 
+def _rows(w: Weight, parts: list[tuple[str, int]], rows_from: str) -> list[Weight]:
+    """A fused matrix split into consecutive row blocks (zero-copy views): ``parts`` = (suffix, rows) each."""
+    want = sum(n for _, n in parts)
+    if w.rows != want:
+        raise ModelError(f"{rows_from}: expected {w.name} to have {want} rows "
+                         f"({' + '.join(f'{n} {s}' for s, n in parts)}), found {w.rows}")
+    rb = w.type.row_bytes(w.k)
+    out, r = [], 0
+    for suffix, n in parts:
+        out.append(Weight(f"{w.name}[{suffix}]", w.type, w.data[r * rb : (r + n) * rb], n, w.k))
+        r += n
+    return out
+
+
+def _attn_and_ffn(f: GGUFFile, cfg: ModelConfig, b: str) -> tuple[Weight, ...]:
+    """q, k, v, gate and up of layer prefix ``b``: separate tensors, or phi3's fused attn_qkv and gate+up."""
+    keys = gguf_keys(cfg.arch)
+    heads = f"{keys['n_head']}, {keys['n_head_kv']}, {keys['head_dim']}"
+    if f.has_tensor(b + "attn_qkv.weight"):
+        q_rows, kv_rows = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+        wq, wk, wv = _rows(_weight(f, b + "attn_qkv.weight"), [("q", q_rows), ("k", kv_rows), ("v", kv_rows)],
+                           heads)
+    else:
+        wq, wk, wv = _weight(f, b + "attn_q.weight"), _weight(f, b + "attn_k.weight"), _weight(f, b + "attn_v.weight")
+    if cfg.arch == "phi3" and not f.has_tensor(b + "ffn_gate.weight"):
+        gate, up = _rows(_weight(f, b + "ffn_up.weight"), [("gate", cfg.n_ff), ("up", cfg.n_ff)], keys["n_ff"])
+    else:
+        gate, up = _weight(f, b + "ffn_gate.weight"), _weight(f, b + "ffn_up.weight")
+    return wq, wk, wv, gate, up
+
+
+#: Tensors a file may hold that llama.cpp ignores too (precomputed rotary tables of old conversions).
+_IGNORABLE = re.compile(r"^blk\.\d+\.attn_rot_embd$")
+#: LayerWeights vector field -> tensor name suffix.
+_VECTOR_TENSORS = {"attn_norm": "attn_norm.weight", "ffn_norm": "ffn_norm.weight", "bq": "attn_q.bias",
+                   "bk": "attn_k.bias", "bv": "attn_v.bias", "q_norm": "attn_q_norm.weight",
+                   "k_norm": "attn_k_norm.weight", "post_attn_norm": "post_attention_norm.weight",
+                   "post_ffn_norm": "post_ffw_norm.weight"}
+
+
+def _check_all_bound(f: GGUFFile, cfg: ModelConfig, used: set[str]) -> None:
+    """Refuse a file with tensors the engine would silently ignore (their absence would change the results)."""
+    extra = sorted(t.name for t in f.tensors if t.name not in used and not _IGNORABLE.match(t.name))
+    if extra:
+        more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
+        raise UnsupportedModel(f"{cfg.arch}: the engine does not use the tensor(s) {', '.join(extra[:3])}{more}; "
+                               "running without them would give wrong results")
+
+
 def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights:
     """Bind every tensor the architecture uses; matrices stay quantized views of the file (zero copy). Every
-    shape, length and type is checked against the config (:func:`check_weights`)."""
+    shape, length and type is checked against the config (:func:`check_weights`); a tensor left over is an
+    error (:class:`UnsupportedModel`)."""
     cfg = config or read_config(f)
     layers = []
     for i in range(cfg.n_layers):
         b = f"blk.{i}."
+        wq, wk, wv, gate, up = _attn_and_ffn(f, cfg, b)
         layers.append(LayerWeights(
-            attn_norm=_vector(f, b + "attn_norm.weight"),  # type: ignore[arg-type]
-            wq=_weight(f, b + "attn_q.weight"), wk=_weight(f, b + "attn_k.weight"),
-            wv=_weight(f, b + "attn_v.weight"), wo=_weight(f, b + "attn_output.weight"),
-            ffn_norm=_vector(f, b + "ffn_norm.weight"),  # type: ignore[arg-type]
-            w_gate=_weight(f, b + "ffn_gate.weight"), w_up=_weight(f, b + "ffn_up.weight"),
+            attn_norm=_vector(f, b + "attn_norm.weight", not cfg.pre_norms),
+            wq=wq, wk=wk, wv=wv, wo=_weight(f, b + "attn_output.weight"),
+            ffn_norm=_vector(f, b + "ffn_norm.weight", not cfg.pre_norms),
+            w_gate=gate, w_up=up,
             w_down=_weight(f, b + "ffn_down.weight"),
             bq=_vector(f, b + "attn_q.bias", True), bk=_vector(f, b + "attn_k.bias", True),
             bv=_vector(f, b + "attn_v.bias", True),
@@ -351,8 +428,17 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
     emb = _weight(f, "token_embd.weight")
     tied = not f.has_tensor("output.weight")
     out = emb if tied else _weight(f, "output.weight")
-    w = ModelWeights(cfg, emb, out, _vector(f, "output_norm.weight"), layers, tied)  # type: ignore[arg-type]
+    freqs = _vector(f, "rope_freqs.weight", True) if cfg.arch == "llama" else None
+    w = ModelWeights(cfg, emb, out, _vector(f, "output_norm.weight"), layers, tied,  # type: ignore[arg-type]
+                     rope_freqs=freqs)
     check_weights(w, gguf_keys(cfg.arch, derived_head_dim=f"{cfg.arch}.attention.key_length" not in f.metadata))
+    used = {"token_embd.weight", "output.weight", "output_norm.weight"} | ({"rope_freqs.weight"} if freqs is not None
+                                                                           else set())
+    for i, lw in enumerate(layers):
+        for x in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate, lw.w_up, lw.w_down):
+            used.add(x.name.split("[", 1)[0])
+        used |= {f"blk.{i}.{name}" for fld, name in _VECTOR_TENSORS.items() if getattr(lw, fld) is not None}
+    _check_all_bound(f, cfg, used)
     return w
 
 
@@ -400,6 +486,9 @@ def check_weights(w: ModelWeights, keys: dict[str, str] | None = None) -> None:
     _check_matrix(w.tok_embd, c.n_vocab, E, k["n_vocab"], k["n_embd"])
     _check_matrix(w.output, c.n_vocab, E, k["n_vocab"], k["n_embd"])
     _check_vector("output_norm.weight", w.output_norm, E, k["n_embd"])
+    _check_vector("rope_freqs.weight", w.rope_freqs, c.rope_dim // 2, k["rope_dim"] + " / 2", False)
+    if w.rope_freqs is not None and not (np.isfinite(w.rope_freqs).all() and (w.rope_freqs > 0).all()):
+        raise ModelError("rope_freqs.weight: expected finite positive frequency factors")
     for i, lw in enumerate(w.layers):
         b = f"blk.{i}."
         _check_matrix(lw.wq, H * hd, E, heads, k["n_embd"])
@@ -409,8 +498,10 @@ def check_weights(w: ModelWeights, keys: dict[str, str] | None = None) -> None:
         _check_matrix(lw.w_gate, F, E, k["n_ff"], k["n_embd"])
         _check_matrix(lw.w_up, F, E, k["n_ff"], k["n_embd"])
         _check_matrix(lw.w_down, E, F, k["n_embd"], k["n_ff"])
-        _check_vector(b + "attn_norm.weight", lw.attn_norm, E, k["n_embd"])
-        _check_vector(b + "ffn_norm.weight", lw.ffn_norm, E, k["n_embd"])
+        _check_vector(b + "attn_norm.weight", lw.attn_norm, E, k["n_embd"], c.pre_norms)
+        _check_vector(b + "ffn_norm.weight", lw.ffn_norm, E, k["n_embd"], c.pre_norms)
+        if (lw.attn_norm is None) != (lw.ffn_norm is None):
+            raise ModelError(f"{b}attn_norm/ffn_norm.weight: expected both or neither, found one")
         biases = (lw.bq, lw.bk, lw.bv)
         if any(x is not None for x in biases) and any(x is None for x in biases):
             raise ModelError(f"{b}attn_q/k/v.bias: expected all three biases or none, found "
@@ -420,7 +511,9 @@ def check_weights(w: ModelWeights, keys: dict[str, str] | None = None) -> None:
         _check_vector(b + "attn_v.bias", lw.bv, KV * hd, kv_heads, False)
         if (lw.q_norm is None) != (lw.k_norm is None):
             raise ModelError(f"{b}attn_q_norm/attn_k_norm.weight: expected both or neither, found one")
-        _check_vector(b + "attn_q_norm.weight", lw.q_norm, hd, k["head_dim"], c.qk_norm)
-        _check_vector(b + "attn_k_norm.weight", lw.k_norm, hd, k["head_dim"], c.qk_norm)
+        qn, kn = (H * hd, KV * hd) if c.qk_norm_full else (hd, hd)
+        _check_vector(b + "attn_q_norm.weight", lw.q_norm, qn, heads if c.qk_norm_full else k["head_dim"], c.qk_norm)
+        _check_vector(b + "attn_k_norm.weight", lw.k_norm, kn, kv_heads if c.qk_norm_full else k["head_dim"],
+                      c.qk_norm)
         _check_vector(b + "post_attention_norm.weight", lw.post_attn_norm, E, k["n_embd"], c.post_norms)
         _check_vector(b + "post_ffw_norm.weight", lw.post_ffn_norm, E, k["n_embd"], c.post_norms)

@@ -33,11 +33,12 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray | None, eps: float, out: np.ndarra
 
 
 def rope(x: np.ndarray, positions: np.ndarray, *, rot_dim: int | None = None, freq_base: float = 10000.0,
-         freq_scale: float = 1.0, neox: bool = False) -> np.ndarray:
+         freq_scale: float = 1.0, neox: bool = False, freq_factors: np.ndarray | None = None) -> np.ndarray:
     """Rotary embedding in place on ``x`` of shape ``(n_tokens, n_heads, head_dim)``.
 
     ``neox=False`` rotates pairs ``(2i, 2i+1)``; ``neox=True`` pairs ``(i, i + rot_dim/2)``; angle
-    ``pos * freq_scale * freq_base^(-2i/rot_dim)``. Returns ``x``.
+    ``pos * freq_scale * freq_base^(-2i/rot_dim) / freq_factors[i]`` (``freq_factors``: ``rot_dim/2`` positive
+    divisors, Llama 3's ``rope_freqs.weight``, or ``None``). Returns ``x``.
     """
     xa = _f32_inplace(x, "x")
     if xa.ndim != 3:
@@ -49,8 +50,14 @@ def rope(x: np.ndarray, positions: np.ndarray, *, rot_dim: int | None = None, fr
     pos = _in(positions, np.int32, "positions").reshape(-1)
     if pos.size != n_tok:
         raise ValueError(f"{pos.size} positions for {n_tok} tokens")
+    ff = ffi.NULL
+    if freq_factors is not None:
+        ffa = _in(freq_factors, np.float32, "freq_factors").reshape(-1)
+        if ffa.size != rd // 2:
+            raise ValueError(f"{ffa.size} frequency factors for {rd // 2} pairs")
+        ff = _ptr(ffa, "float *")
     rc = lib.qs_rope(_out(xa, "float *"), n_tok, n_heads, head_dim, rd, _ptr(pos, "int32_t *"), freq_base,
-                     freq_scale, int(neox))
+                     freq_scale, int(neox), ff)
     if rc != 0:
         raise native_error("rope", rc)
     return xa

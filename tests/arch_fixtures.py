@@ -1,0 +1,178 @@
+"""Tiny random-weight GGUFs, one per architecture, written with gguf-py: the fidelity fixtures of issue 15.
+
+Each fixture has llama.cpp's tensor names and metadata for its architecture, F32 weights (or, with ``quant``,
+matrices quantized by gguf-py) and a real vocabulary: SmolLM2's first :data:`N_VOCAB` tokens with the merges
+that stay inside them (byte-level BPE, pre-tokenizer ``smollm``), so llama.cpp and Quantscope tokenize text the
+same way. Weights are drawn from a seeded generator and scaled so that the logits are peaked (a near-uniform
+distribution would hide differences). The bytes are a function of (architecture, variant, seed) and the gguf-py
+version (pinned): ``tests/data/arch/meta.json`` records each fixture's SHA-256 next to llama.cpp's numbers
+(``tests/record_arch_fixtures.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+N_VOCAB = 1024
+N_EMBD = 64
+N_HEAD = 4
+N_HEAD_KV = 2
+HEAD_DIM = 16
+N_FF = 128
+N_LAYERS = 2
+N_CTX_TRAIN = 256
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What one architecture's fixture holds beyond the llama layout."""
+
+    arch: str
+    biases: bool = False  # attn_q/k/v.bias
+    qk_norm: str = ""  # "head": attn_q/k_norm of head_dim; "full": of the whole projection
+    post_norms: bool = False  # post_attention_norm, post_ffw_norm
+    pre_norms: bool = True  # attn_norm, ffn_norm
+    fused_qkv: bool = False  # attn_qkv
+    fused_gate_up: bool = False  # ffn_up holds gate then up
+    tied: bool = False  # no output.weight
+    extra_kv: dict[str, object] = field(default_factory=dict)
+    extra_tensors: Callable[[np.random.Generator], dict[str, np.ndarray]] | None = None
+    n_layers: int = N_LAYERS  # enough to reach every kind of layer (gemma3's global 6th, smollm3's NoPE 4th)
+    embd_std: float = 1.0  # token_embd; a tied output gets its logits from it too
+
+
+def _llama3_rope_freqs(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Llama 3.1's frequency factors for a head of 16: 1 for the fast pairs, up to 8 for the slow ones."""
+    return {"rope_freqs.weight": np.array([1.0, 1.0, 1.0, 1.5, 2.5, 4.0, 8.0, 8.0], dtype=np.float32)}
+
+
+SPECS: dict[str, Spec] = {
+    "llama": Spec("llama"),
+    "llama3": Spec("llama", extra_tensors=_llama3_rope_freqs),
+    "qwen2": Spec("qwen2", biases=True),
+    "qwen3": Spec("qwen3", qk_norm="head"),
+    "gemma3": Spec("gemma3", qk_norm="head", post_norms=True, tied=True, n_layers=6, embd_std=0.5,
+                   extra_kv={"attention.sliding_window": 16}),
+    "phi3": Spec("phi3", fused_qkv=True, fused_gate_up=True),
+    "smollm3": Spec("smollm3", n_layers=4),
+    "olmo2": Spec("olmo2", qk_norm="full", post_norms=True, pre_norms=False),
+}
+
+
+def vocabulary() -> dict[str, object]:
+    """SmolLM2's tokenizer cut to its first N_VOCAB tokens (and the merges whose parts and result stay inside)."""
+    from quantscope.core import catalog
+    from quantscope.core.gguf import GGUFFile
+
+    with GGUFFile(catalog.fetch("smollm2")) as f:
+        tokens = list(f.get("tokenizer.ggml.tokens"))[:N_VOCAB]
+        types = [int(t) for t in list(f.get("tokenizer.ggml.token_type"))[:N_VOCAB]]
+        keep = set(tokens)
+        merges = [m for m in f.get("tokenizer.ggml.merges")
+                  if (p := m.split(" ", 1)) and len(p) == 2 and p[0] in keep and p[1] in keep
+                  and p[0] + p[1] in keep]
+    return {"tokens": tokens, "types": types, "merges": merges}
+
+
+def _normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
+    return (rng.standard_normal(shape) * std).astype(np.float32)
+
+
+def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0,
+                  vocab: dict[str, object] | None = None) -> Path:
+    """Write fixture ``name`` (a key of :data:`SPECS`) to ``path``; ``quant``: F32, F16 or a gguf-py quantizable
+    type for the 2-D matrices (norms and biases stay F32)."""
+    import gguf
+
+    s = SPECS[name]
+    v = vocab or vocabulary()
+    rng = np.random.default_rng([seed, sum(name.encode())])
+    E, H, KV, hd, F = N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF
+    w = gguf.GGUFWriter(str(path), s.arch)
+    a = s.arch + "."
+    w.add_uint32(a + "context_length", N_CTX_TRAIN)
+    w.add_uint32(a + "embedding_length", E)
+    w.add_uint32(a + "block_count", s.n_layers)
+    w.add_uint32(a + "feed_forward_length", F)
+    w.add_uint32(a + "attention.head_count", H)
+    w.add_uint32(a + "attention.head_count_kv", KV)
+    w.add_uint32(a + "attention.key_length", hd)
+    w.add_uint32(a + "attention.value_length", hd)
+    w.add_uint32(a + "rope.dimension_count", hd)
+    w.add_float32(a + "rope.freq_base", 10000.0)
+    w.add_float32(a + "attention.layer_norm_rms_epsilon", 1e-6)
+    for key, val in s.extra_kv.items():
+        if isinstance(val, str):
+            w.add_string(a + key, val)
+        elif isinstance(val, float):
+            w.add_float32(a + key, val)
+        else:
+            w.add_uint32(a + key, int(val))  # type: ignore[call-overload]
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", "smollm")
+    w.add_array("tokenizer.ggml.tokens", v["tokens"])  # type: ignore[arg-type]
+    w.add_array("tokenizer.ggml.token_type", v["types"])  # type: ignore[arg-type]
+    w.add_array("tokenizer.ggml.merges", v["merges"])  # type: ignore[arg-type]
+    w.add_uint32("tokenizer.ggml.bos_token_id", 1)
+    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
+
+    def matrix(tname: str, rows: int, cols: int, std: float) -> None:
+        m = _normal(rng, (rows, cols), std)
+        if quant == "F32":
+            w.add_tensor(tname, m)
+        elif quant == "F16":
+            w.add_tensor(tname, m.astype(np.float16))
+        else:
+            qt = gguf.GGMLQuantizationType[quant]
+            w.add_tensor(tname, gguf.quants.quantize(m, qt), raw_dtype=qt)
+
+    def vector(tname: str, n: int, mean: float = 1.0, std: float = 0.1) -> None:
+        w.add_tensor(tname, (mean + _normal(rng, (n,), std)).astype(np.float32))
+
+    matrix("token_embd.weight", N_VOCAB, E, s.embd_std)
+    if s.extra_tensors:
+        for tname, arr in s.extra_tensors(rng).items():
+            w.add_tensor(tname, arr)
+    for i in range(s.n_layers):
+        b = f"blk.{i}."
+        if s.pre_norms:
+            vector(b + "attn_norm.weight", E)
+        if s.fused_qkv:
+            matrix(b + "attn_qkv.weight", (H + 2 * KV) * hd, E, 0.3)
+        else:
+            matrix(b + "attn_q.weight", H * hd, E, 0.3)
+            matrix(b + "attn_k.weight", KV * hd, E, 0.3)
+            matrix(b + "attn_v.weight", KV * hd, E, 0.3)
+        if s.biases:
+            vector(b + "attn_q.bias", H * hd, 0.0, 0.2)
+            vector(b + "attn_k.bias", KV * hd, 0.0, 0.2)
+            vector(b + "attn_v.bias", KV * hd, 0.0, 0.2)
+        if s.qk_norm:
+            vector(b + "attn_q_norm.weight", hd if s.qk_norm == "head" else H * hd)
+            vector(b + "attn_k_norm.weight", hd if s.qk_norm == "head" else KV * hd)
+        matrix(b + "attn_output.weight", E, H * hd, 0.2)
+        if s.post_norms:
+            vector(b + "post_attention_norm.weight", E)
+        if s.pre_norms:
+            vector(b + "ffn_norm.weight", E)
+        if s.fused_gate_up:
+            matrix(b + "ffn_up.weight", 2 * F, E, 0.3)
+        else:
+            matrix(b + "ffn_gate.weight", F, E, 0.3)
+            matrix(b + "ffn_up.weight", F, E, 0.3)
+        matrix(b + "ffn_down.weight", E, F, 0.2)
+        if s.post_norms:
+            vector(b + "post_ffw_norm.weight", E)
+    vector("output_norm.weight", E)
+    if not s.tied:
+        matrix("output.weight", N_VOCAB, E, 0.6)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)

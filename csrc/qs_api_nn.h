@@ -30,6 +30,11 @@ void qs_geglu_tanh(const float *gate, const float *up, float *out, int64_t n);
 int qs_attention(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
                  const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv, int64_t n_ctx,
                  int64_t window, float scale, float *out, int n_threads);
+/* The same with gemma2's soft-capping of the scaled scores, s -> softcap * tanh(s / softcap) (0: none; negative or
+ * non-finite: QS_ERR_SIZE). */
+int qs_attention_softcap(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                         const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv,
+                         int64_t n_ctx, int64_t window, float scale, float softcap, float *out, int n_threads);
 
 /* One transformer block (llama / qwen2 / gemma3 variants), in place on x [T][n_embd]. Pointers that a variant
  * lacks are NULL (their length 0). KV cache layout: [n_ctx][n_head_kv][head_dim], F32 or F16. Every size is
@@ -47,6 +52,7 @@ typedef struct {
     const float *rope_freqs; /* NULL or rope_dim/2 frequency divisors */
     int64_t rope_freqs_len;
     int no_rope; /* 1: this layer does not rotate q and k (smollm3's every fourth layer) */
+    float attn_softcap; /* gemma2: scores soft-capped at this value (0: none) */
     void *k_cache, *v_cache;
     int64_t k_cache_bytes, v_cache_bytes;
 } qs_block;

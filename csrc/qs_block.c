@@ -134,8 +134,8 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
     if (rc) goto done;
     store_kv(b->k_cache, b->kv_f16, n_past * KV * hd, k, T * KV * hd);
     store_kv(b->v_cache, b->kv_f16, n_past * KV * hd, v, T * KV * hd);
-    rc = qs_attention(q, T, pos, (int)H, (int)hd, b->k_cache, b->v_cache, b->kv_f16, (int)KV, n_past + T,
-                      b->n_ctx, b->window, b->attn_scale, att, n_threads);
+    rc = qs_attention_softcap(q, T, pos, (int)H, (int)hd, b->k_cache, b->v_cache, b->kv_f16, (int)KV, n_past + T,
+                              b->n_ctx, b->window, b->attn_scale, b->attn_softcap, att, n_threads);
     if (rc) goto done;
     rc = qs_matmat(b->wo_type, b->wo, E, H * hd, att, T, o, n_threads);
     if (rc) goto done;

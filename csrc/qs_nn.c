@@ -117,7 +117,7 @@ typedef struct {
     int n_heads, head_dim, n_kv_heads, kv_f16;
     const void *k, *v;
     int64_t n_kv, window;
-    float scale;
+    float scale, softcap;
     float *out;
     int failed;
     int split; /* tasks per KV head and query: the group's query heads are split this many ways */
@@ -180,6 +180,7 @@ static void attn_task(void *vctx, int64_t task) {
         for (int g = 0; g < per; ++g) {
             const float *qv = c->q + (qi * c->n_heads + h0 + g) * (int64_t)c->head_dim;
             float s = kv_dot(c, qv, p, kvh) * c->scale;
+            if (c->softcap > 0.0f) s = c->softcap * tanhf(s / c->softcap); /* gemma2's logit soft-capping */
             sc[g * n + p - lo] = s;
             mx[g] = s > mx[g] ? s : mx[g];
         }
@@ -204,12 +205,21 @@ static void attn_task(void *vctx, int64_t task) {
 int qs_attention(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim, const void *k_cache,
                  const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv, int64_t n_ctx, int64_t window,
                  float scale, float *out, int n_threads) {
+    return qs_attention_softcap(q, n_q, q_pos, n_heads, head_dim, k_cache, v_cache, kv_f16, n_kv_heads, n_kv, n_ctx,
+                                window, scale, 0.0f, out, n_threads);
+}
+
+int qs_attention_softcap(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                         const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv,
+                         int64_t n_ctx, int64_t window, float scale, float softcap, float *out, int n_threads) {
     if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || head_dim <= 0 || head_dim > (1 << 16))
         return QS_ERR_HEADS;
     if (n_q < 0 || n_ctx < 0 || n_kv < 0 || n_kv > n_ctx || window < 0 || n_q > INT64_MAX / n_heads) return QS_ERR_SIZE;
+    if (!(softcap >= 0.0f) || !isfinite(softcap)) return QS_ERR_SIZE;
     for (int64_t i = 0; i < n_q; ++i)
         if (q_pos[i] < 0) return QS_ERR_POS;
-    attn_ctx c = {q, q_pos, n_heads, head_dim, n_kv_heads, kv_f16, k_cache, v_cache, n_kv, window, scale, out, 0, 1};
+    attn_ctx c = {q,      q_pos, n_heads, head_dim, n_kv_heads, kv_f16, k_cache, v_cache, n_kv, window, scale,
+                  softcap, out,   0,       1};
     /* split a group's heads (only) as far as needed for two tasks per thread, or to stay within the stack arrays */
     const int G = n_heads / n_kv_heads;
     if (n_threads <= 0) n_threads = qs_threads_default();

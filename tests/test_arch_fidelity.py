@@ -9,6 +9,7 @@ positions, for the chunk evaluated at once (prefill) and token by token (decode)
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -69,14 +70,22 @@ def test_logits_match_llama_cpp(key, tmp_path, vocab):
     assert kl.mean() < limit and same.mean() >= 0.96
 
 
-def test_a_wrong_rope_is_caught(tmp_path, vocab):
-    """The oracle's power: llama3's fixture run without its rope_freqs.weight (as the engine did before it read
-    the tensor) is far from llama.cpp."""
-    model, tok, base = load("llama3-F32", tmp_path, vocab)
-    assert model.weights.rope_freqs is not None
-    model.weights.rope_freqs = None
-    r = kld.kl_divergence(base, Model(None, threads=2, weights=model.weights), tok)
-    assert r.mean_kld()[0] > 0.05 and r.top1() < 0.9
+@pytest.mark.parametrize(("key", "change"), [
+    ("llama3-F32", dict(rope_freqs=None)),  # as the engine ran Llama 3 files before it read the tensor
+    ("gemma2-F32", dict(attn_softcap=0.0)),
+    ("gemma2-F32", dict(final_softcap=0.0)),
+    ("smollm3-F32", dict(no_rope_step=0)),
+])
+def test_the_oracle_catches_a_missing_feature(key, change, tmp_path, vocab):
+    """Each feature the fixtures exercise matters: without it the logits are far from llama.cpp's."""
+    model, tok, base = load(key, tmp_path, vocab)
+    weights = model.weights
+    if "rope_freqs" in change:
+        weights = dataclasses.replace(weights, rope_freqs=None)
+    else:
+        weights = dataclasses.replace(weights, config=dataclasses.replace(model.config, **change))
+    r = kld.kl_divergence(base, Model(None, threads=2, weights=weights), tok)
+    assert r.mean_kld()[0] > 0.05, r.report()
 
 
 def _extra(names: dict[str, int]):

@@ -495,6 +495,11 @@ def test_qs_attention_validates_cache_size_positions_and_heads():
     assert call(n_kv_heads=3) == lib.QS_ERR_HEADS
     assert call(n_kv_heads=0) == lib.QS_ERR_HEADS
     assert call(hd=0) == lib.QS_ERR_HEADS
+    for cap in (-1.0, np.nan, np.inf):  # gemma2's soft-capping value must be finite and >= 0
+        assert lib.qs_attention_softcap(_fp(q), 2, _ip(pos), 4, 8, kp, kp, 0, 2, 2, 3, 0, 1.0, cap, _fp(out),
+                                        1) == lib.QS_ERR_SIZE
+        with pytest.raises(ValueError, match="softcap"):
+            nn.attention(q, pos, k, k, 2, scale=1.0, softcap=cap)
     assert (out == 7).all()
     assert call() == lib.QS_OK and np.allclose(out, 1.0)
     with pytest.raises(KernelError, match="position"):

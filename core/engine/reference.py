@@ -77,6 +77,8 @@ def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int]) -> np
             for hh in range(H):
                 kk, vv = k[lo : t + 1, hh // group], v[lo : t + 1, hh // group]
                 s = kk @ q[t, hh] * scale
+                if cfg.attn_softcap:
+                    s = cfg.attn_softcap * np.tanh(s / cfg.attn_softcap)
                 p = np.exp(s - s.max())
                 att[t, hh] = (p / p.sum()) @ vv
         o = att.reshape(T, H * hd) @ _dense(lw.wo).T
@@ -94,4 +96,7 @@ def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int]) -> np
             d = _rms(d, lw.post_ffn_norm, cfg.rms_eps)
         x = x + d
     x = _rms(x, w.output_norm, cfg.rms_eps)
-    return x @ _dense(w.output).T
+    logits = x @ _dense(w.output).T
+    if cfg.final_softcap:
+        logits = cfg.final_softcap * np.tanh(logits / cfg.final_softcap)
+    return logits

@@ -200,6 +200,7 @@ class Session:
                 setattr(b, field, _fp(vec) if vec is not None else ffi.NULL)
                 setattr(b, field + "_len", 0 if vec is None else int(vec.size))
             b.no_rope = int(not c.uses_rope(li))
+            b.attn_softcap = c.attn_softcap
             rf = m.weights.rope_freqs
             b.rope_freqs = _fp(rf) if rf is not None else ffi.NULL
             b.rope_freqs_len = 0 if rf is None else int(rf.size)
@@ -250,4 +251,7 @@ class Session:
         last = x if all_logits else x[-1:]
         last = self._rmsnorm(np.ascontiguousarray(last), m.weights.output_norm, E)
         logits = self._mm(m.output, last)
+        if c.final_softcap:  # gemma2
+            cap = np.float32(c.final_softcap)
+            logits = np.tanh(logits / cap) * cap
         return logits if all_logits else logits[0]

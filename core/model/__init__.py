@@ -2,9 +2,10 @@
 
 Supported: llama (SmolLM2; Llama 3's ``rope_freqs.weight`` frequency factors), smollm3 (no RoPE on every
 fourth layer), qwen2 (q/k/v biases), qwen3 (per-head q/k RMSNorm), phi3 (fused qkv and gate/up matrices, split
-into row views at binding) and gemma3 (scaled embeddings, GELU-tanh gated FFN, per-head q/k RMSNorm,
-post-attention/post-FFN norms, sliding-window layers with their own RoPE base). A file whose tensors or
-RoPE-scaling metadata the engine would ignore is refused.
+into row views at binding), olmo2 (no pre-norms, q/k RMSNorm over the projection, post norms), gemma2 (GEGLU, post
+norms, soft-capped scores and logits, every other layer sliding) and gemma3 (scaled embeddings, GELU-tanh gated
+FFN, per-head q/k RMSNorm, post-attention/post-FFN norms, sliding-window layers with their own RoPE base). A file
+whose tensors or RoPE-scaling metadata the engine would ignore is refused. docs/engine.md section 1 tabulates them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from ..gguf import GGUFFile, TensorInfo
 from ..quant.types import GGMLType
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "smollm3", "olmo2", "gemma3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "smollm3", "olmo2", "gemma2", "gemma3")
 
 
 class UnsupportedModel(ValueError):
@@ -67,6 +68,8 @@ class ModelConfig:
     no_rope_step: int = 0  # smollm3: every no_rope_step-th layer has no RoPE (0: every layer rotates)
     qk_norm_full: bool = False  # olmo2: the q/k RMSNorm spans the whole projection, not each head
     pre_norms: bool = True  # olmo2 has none: attention and FFN read the residual stream directly
+    attn_softcap: float = 0.0  # gemma2: scaled attention scores s -> cap * tanh(s / cap) (0: none)
+    final_softcap: float = 0.0  # gemma2: the same on the output logits
 
     def is_sliding(self, layer: int) -> bool:
         """Does ``layer`` use the sliding window (and the local RoPE base)?"""
@@ -168,6 +171,10 @@ def check_config(cfg: ModelConfig, keys: dict[str, str] | None = None) -> None:
     if not 0 <= cfg.sliding_window <= MAX_CTX or not 0 <= cfg.swa_pattern <= MAX_LAYERS:
         raise ModelError(f"{k.get('sliding_window', 'sliding_window')}: expected 0..{MAX_CTX}, "
                          f"found {cfg.sliding_window}")
+    for name in ("attn_softcap", "final_softcap"):
+        v = getattr(cfg, name)
+        if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+            raise ModelError(f"{cfg.arch} {name.replace('_', ' ')}: expected a finite number >= 0, found {v!r}")
     if not 0 <= cfg.no_rope_step <= MAX_LAYERS:
         raise ModelError(f"no-RoPE layer step: expected 0..{MAX_LAYERS}, found {cfg.no_rope_step}")
     if not (math.isfinite(cfg.embed_scale) and math.isfinite(cfg.attn_scale) and cfg.attn_scale >= 0):
@@ -239,6 +246,20 @@ def read_config(f: GGUFFile) -> ModelConfig:
                                    "by the engine")
         cfg = ModelConfig(**common, rope_neox=True, qk_norm=True, qk_norm_full=True,  # type: ignore[arg-type]
                           post_norms=True, pre_norms=False)
+    elif arch == "gemma2":
+        cfg = ModelConfig(
+            **common,  # type: ignore[arg-type]
+            rope_neox=True,
+            rope_base_swa=common["rope_base"],  # type: ignore[arg-type]
+            sliding_window=_int(f, keys["sliding_window"], 4096, lo=0),
+            swa_pattern=2,
+            embed_scale=math.sqrt(n_embd),
+            gelu=True,
+            post_norms=True,
+            attn_scale=1.0 / math.sqrt(head_dim),
+            attn_softcap=_float(f, f"{arch}.attn_logit_softcapping", 50.0, 1e30),
+            final_softcap=_float(f, f"{arch}.final_logit_softcapping", 30.0, 1e30),
+        )
     else:  # gemma3
         cfg = ModelConfig(
             **common,  # type: ignore[arg-type]

@@ -95,13 +95,15 @@ def geglu_tanh(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) 
 
 
 def attention(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_kv: int, *,
-              scale: float, window: int = 0, threads: int = 0, out: np.ndarray | None = None) -> np.ndarray:
+              scale: float, window: int = 0, threads: int = 0, out: np.ndarray | None = None,
+              softcap: float = 0.0) -> np.ndarray:
     """Causal scaled-dot-product attention of query rows against a KV cache.
 
     ``q``: ``(n_q, n_heads, head_dim)`` float32; ``q_pos``: each query's position; caches
     ``(n_ctx, n_kv_heads, head_dim)`` float32 or float16 with the first ``n_kv`` positions valid. Query ``i``
     sees keys ``p <= q_pos[i]`` (and ``p > q_pos[i] - window`` when ``window > 0``). GQA: head ``h`` uses KV
-    head ``h // (n_heads // n_kv_heads)``.
+    head ``h // (n_heads // n_kv_heads)``. ``softcap > 0``: scaled scores ``s`` become ``softcap·tanh(s/softcap)``
+    (gemma2).
     """
     qa = _in(q, np.float32, "q")
     if qa.ndim != 3:
@@ -126,9 +128,11 @@ def attention(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np
     y = np.empty_like(qa) if out is None else _f32_inplace(out, "out")
     if y.shape != qa.shape:
         raise ValueError("out must have the shape of q")
-    rc = lib.qs_attention(_ptr(qa, "float *"), n_q, _ptr(pos, "int32_t *"), n_heads, head_dim,
-                          ffi.from_buffer(k_cache), ffi.from_buffer(v_cache), int(k_cache.dtype == np.float16),
-                          n_kv_heads, n_kv, n_ctx, window, scale, _out(y, "float *"), threads)
+    if not (np.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap {softcap} must be finite and >= 0")
+    rc = lib.qs_attention_softcap(_ptr(qa, "float *"), n_q, _ptr(pos, "int32_t *"), n_heads, head_dim,
+                                  ffi.from_buffer(k_cache), ffi.from_buffer(v_cache), int(k_cache.dtype == np.float16),
+                                  n_kv_heads, n_kv, n_ctx, window, scale, softcap, _out(y, "float *"), threads)
     if rc != 0:
         raise native_error("attention", rc)
     return y

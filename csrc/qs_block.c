@@ -1,5 +1,6 @@
 /* A whole transformer block in C: the engine calls this once per layer, so per-token work never returns to
  * Python between operations. Straight-line code in the order of the paper (see core/engine/session.py). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,6 +66,7 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
     if (H <= 0 || H > 4096 || KV <= 0 || H % KV || hd <= 0 || hd > 1024 || H * hd > (1 << 22)) return QS_ERR_HEADS;
     if (b->rope_dim <= 0 || b->rope_dim % 2 || b->rope_dim > hd) return QS_ERR_HEADS;
     if (b->rope_freqs ? b->rope_freqs_len != b->rope_dim / 2 : b->rope_freqs_len != 0) return QS_ERR_SIZE;
+    if (!isfinite(b->residual_scale) || !isfinite(b->attn_softcap) || b->attn_softcap < 0.0f) return QS_ERR_SIZE;
     if (b->n_ctx <= 0 || b->n_ctx > (1 << 24) || b->window < 0 || T <= 0 || T > (1 << 20) || n_past < 0 ||
         n_past > b->n_ctx - T || !x || !pos)
         return QS_ERR_SIZE;
@@ -140,6 +142,9 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
     rc = qs_matmat(b->wo_type, b->wo, E, H * hd, att, T, o, n_threads);
     if (rc) goto done;
     if (b->post_attn_norm) qs_rmsnorm(o, b->post_attn_norm, o, T, E, b->eps);
+    const float rs = b->residual_scale != 0.0f ? b->residual_scale : 1.0f;
+    if (rs != 1.0f)
+        for (int64_t i = 0; i < T * E; ++i) o[i] *= rs;
     for (int64_t i = 0; i < T * E; ++i) x[i] += o[i];
     /* feed-forward */
     if (b->ffn_norm) qs_rmsnorm(x, b->ffn_norm, h, T, E, b->eps);
@@ -157,6 +162,8 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
     rc = qs_matmat(b->wd_type, b->wd, E, F, g, T, o, n_threads);
     if (rc) goto done;
     if (b->post_ffn_norm) qs_rmsnorm(o, b->post_ffn_norm, o, T, E, b->eps);
+    if (rs != 1.0f)
+        for (int64_t i = 0; i < T * E; ++i) o[i] *= rs;
     for (int64_t i = 0; i < T * E; ++i) x[i] += o[i];
 done:
     free(buf);

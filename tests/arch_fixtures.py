@@ -59,6 +59,8 @@ SPECS: dict[str, Spec] = {
                    extra_kv={"attention.sliding_window": 16}),
     "phi3": Spec("phi3", fused_qkv=True, fused_gate_up=True),
     "smollm3": Spec("smollm3", n_layers=4),
+    "granite": Spec("granite", extra_kv={"embedding_scale": 6.0, "attention.scale": 0.1, "residual_scale": 0.4,
+                                         "logit_scale": 0.5}),
     # small caps, so that the soft-capping changes these random logits and scores
     "gemma2": Spec("gemma2", post_norms=True, tied=True, embd_std=0.5,
                    extra_kv={"attention.sliding_window": 16, "attn_logit_softcapping": 1.5,

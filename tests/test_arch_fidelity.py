@@ -75,6 +75,8 @@ def test_logits_match_llama_cpp(key, tmp_path, vocab):
     ("gemma2-F32", dict(attn_softcap=0.0)),
     ("gemma2-F32", dict(final_softcap=0.0)),
     ("smollm3-F32", dict(no_rope_step=0)),
+    ("granite-F32", dict(residual_scale=1.0)),
+    ("granite-F32", dict(logit_scale=1.0)),
 ])
 def test_the_oracle_catches_a_missing_feature(key, change, tmp_path, vocab):
     """Each feature the fixtures exercise matters: without it the logits are far from llama.cpp's."""
@@ -100,7 +102,8 @@ def _extra(names: dict[str, int]):
      "rope_factors_long.weight"),
     (Spec("olmo2", qk_norm="full", post_norms=True, pre_norms=False, extra_kv={"attention.sliding_window": 8}),
      "sliding-window"),
-    (Spec("granite"), "architecture 'granite' is not supported"),
+    (Spec("mistral3"), "architecture 'mistral3' is not supported"),
+    (Spec("granite"), "granite.logit_scale: expected a value, found none"),
 ])
 def test_what_the_engine_would_ignore_is_refused(spec, message, tmp_path, vocab, monkeypatch, capsys):
     monkeypatch.setitem(arch_fixtures.SPECS, "case", spec)

@@ -84,7 +84,7 @@ def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int]) -> np
         o = att.reshape(T, H * hd) @ _dense(lw.wo).T
         if lw.post_attn_norm is not None:
             o = _rms(o, lw.post_attn_norm, cfg.rms_eps)
-        x = x + o
+        x = x + o * cfg.residual_scale
         h = _rms(x, lw.ffn_norm, cfg.rms_eps) if lw.ffn_norm is not None else x
         g, u = h @ _dense(lw.w_gate).T, h @ _dense(lw.w_up).T
         if cfg.gelu:
@@ -94,9 +94,9 @@ def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int]) -> np
         d = a @ _dense(lw.w_down).T
         if lw.post_ffn_norm is not None:
             d = _rms(d, lw.post_ffn_norm, cfg.rms_eps)
-        x = x + d
+        x = x + d * cfg.residual_scale
     x = _rms(x, w.output_norm, cfg.rms_eps)
-    logits = x @ _dense(w.output).T
+    logits = x @ _dense(w.output).T / cfg.logit_scale
     if cfg.final_softcap:
         logits = cfg.final_softcap * np.tanh(logits / cfg.final_softcap)
     return logits

@@ -201,6 +201,7 @@ class Session:
                 setattr(b, field + "_len", 0 if vec is None else int(vec.size))
             b.no_rope = int(not c.uses_rope(li))
             b.attn_softcap = c.attn_softcap
+            b.residual_scale = c.residual_scale
             rf = m.weights.rope_freqs
             b.rope_freqs = _fp(rf) if rf is not None else ffi.NULL
             b.rope_freqs_len = 0 if rf is None else int(rf.size)
@@ -251,6 +252,8 @@ class Session:
         last = x if all_logits else x[-1:]
         last = self._rmsnorm(np.ascontiguousarray(last), m.weights.output_norm, E)
         logits = self._mm(m.output, last)
+        if c.logit_scale != 1.0:  # granite
+            logits /= np.float32(c.logit_scale)
         if c.final_softcap:  # gemma2
             cap = np.float32(c.final_softcap)
             logits = np.tanh(logits / cap) * cap

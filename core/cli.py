@@ -161,6 +161,9 @@ def cmd_models(args: argparse.Namespace) -> int:
         for spec in catalog.MODELS.values():
             state = "cached" if catalog.is_present(spec.name) else "not fetched"
             print(f"{spec.name:<14} {spec.title:<36} {spec.size / 2**20:7.1f} MiB  {state:<11}  {spec.description}")
+        d = catalog.LLAMA_DATA
+        state = "cached" if catalog.data_present() else "not fetched"
+        print(f"{d.name:<14} {d.requirement:<36} {d.size / 2**20:7.1f} MiB  {state:<11}  {d.description}")
         print(f"cache: {catalog.cache_dir()}")
         return 0
     if args.action == "path":
@@ -173,11 +176,14 @@ def cmd_models(args: argparse.Namespace) -> int:
             except catalog.FetchError as exc:
                 raise CLIError(str(exc)) from None
         return 0
-    names = args.names or list(catalog.MODELS)
+    names = args.names or [*catalog.MODELS, catalog.LLAMA_DATA.name]
     for n in names:
         try:
-            catalog.fetch(n, progress=print, verify_existing=args.verify)
-        except catalog.FetchError as exc:
+            if n == catalog.LLAMA_DATA.name:
+                catalog.fetch_data(progress=print)
+            else:
+                catalog.fetch(n, progress=print, verify_existing=args.verify)
+        except (catalog.FetchError, OSError) as exc:
             raise CLIError(str(exc)) from None
     return 0
 

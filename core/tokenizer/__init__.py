@@ -26,6 +26,32 @@ _LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{
            r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
           r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# The expressions below are data from llama.cpp's llama-vocab.cpp (themselves from each model's tokenizer.json),
+# written with \u escapes.
+_DEEPSEEK_LLM = (
+    '[\r\n]',
+    '\\s?[A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+',
+    '\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+',
+    '\\s+$',
+    '[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+',
+    '\\p{N}+',
+)
+_DEEPSEEK_CODER = (
+    '[\r\n]',
+    '\\s?\\p{L}+',
+    '\\s?\\p{P}+',
+    '[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+',
+    '\\p{N}',
+)
+_FALCON = (
+    '[\\p{P}\\$\\+<=>\\^~\\|`]+',
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)",
+    '[0-9][0-9][0-9]',
+)
+_QWEN35 = (
+    (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"
+     r" ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
+)
 PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
     "default": (_GPT2,),
     "gpt2": (_GPT2,),
@@ -43,6 +69,11 @@ PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
     "qwen2": (_QWEN2,),
     "deepseek-r1-qwen": (_QWEN2,),
     "stablelm2": (_QWEN2,),
+    "qwen35": _QWEN35,
+    "deepseek-llm": _DEEPSEEK_LLM,
+    "deepseek-coder": _DEEPSEEK_CODER,
+    "falcon": _FALCON,
+    "command-r": (r"\p{N}", _GPT2),
     "smollm": (r"\p{N}", _GPT2),
     "starcoder": (r"\p{N}", _GPT2),
     "refact": (r"\p{N}", _GPT2),
@@ -133,8 +164,10 @@ class Tokenizer:
         for p in self.problems:
             log.warning("tokenizer: %s", p)
         self.special_ids = [i for i in range(n) if self.types[i] in (CONTROL, USER_DEFINED)]
-        specials = sorted((self.pieces[i] for i in self.special_ids if self.pieces[i]), key=len, reverse=True)
-        self._special_re = regex.compile("|".join(regex.escape(s) for s in specials)) if specials else None
+        self._special_re = self._alternation(self.special_ids)
+        # user-defined tokens (MPT's runs of spaces, ...) are matched in the text even when special tokens are not
+        # parsed, as llama.cpp does
+        self._user_re = self._alternation([i for i in self.special_ids if self.types[i] == USER_DEFINED])
         self._cache: dict[str, list[int]] = {}
         if self.model == "gpt2":
             merges = _string_array(f, "tokenizer.ggml.merges")
@@ -158,6 +191,11 @@ class Tokenizer:
                 b = _byte_value(p) if self.types[i] == BYTE else None
                 if b is not None:
                     self.byte_ids.setdefault(b, i)
+
+    def _alternation(self, ids: list[int]) -> regex.Pattern[str] | None:
+        """One expression matching any of the pieces of ``ids``, longest first (``None`` for no pieces)."""
+        pieces = sorted({self.pieces[i] for i in ids if self.pieces[i]}, key=len, reverse=True)
+        return regex.compile("|".join(regex.escape(s) for s in pieces)) if pieces else None
 
     def _special_id(self, f: GGUFFile, key: str, n: int) -> int | None:
         """A special token id, or ``None`` when absent, not an integer or not in ``0..n-1`` (noted)."""
@@ -219,12 +257,13 @@ class Tokenizer:
         return ids
 
     def _split_special(self, text: str, parse_special: bool) -> Iterable[tuple[bool, str]]:
-        if not parse_special or self._special_re is None:
+        rx = self._special_re if parse_special else self._user_re
+        if rx is None:
             if text:
                 yield False, text
             return
         pos = 0
-        for m in self._special_re.finditer(text):
+        for m in rx.finditer(text):
             if m.start() > pos:
                 yield False, text[pos : m.start()]
             yield True, m.group()

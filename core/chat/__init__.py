@@ -11,11 +11,11 @@ from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from jinja2 import TemplateError, nodes
-from jinja2.ext import loopcontrols
+from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
@@ -170,8 +170,23 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+class _Generation(Extension):
+    """``{% generation %}…{% endgeneration %}``: Hugging Face marks the assistant's tokens with it (for training
+    masks); rendering keeps the body as it is."""
+
+    tags: ClassVar[set[str]] = {"generation"}
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Any) -> str:
+        return str(caller())
+
+
 def _make_env() -> _GuardedEnvironment:
-    env = _GuardedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = _GuardedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _Generation])
     env.filters["tojson"] = _tojson
     env.filters["_qs_iter"] = _guard_iter
     env.filters["_qs_str"] = _guard_str
@@ -202,6 +217,9 @@ class ChatTemplate:
         self.budget = budget
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> str:
+        """The prompt for ``messages``; ``extra`` goes to the template (``tools``, ``documents``, …). As Hugging
+        Face's renderer does, ``tools`` and ``documents`` are passed as None when not given."""
+        extra = {"tools": None, "documents": None} | extra
         meter = _Meter(self.budget)
         token = _METER.set(meter)
         try:

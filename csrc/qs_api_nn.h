@@ -54,6 +54,7 @@ typedef struct {
     int no_rope; /* 1: this layer does not rotate q and k (smollm3's every fourth layer) */
     float attn_softcap; /* gemma2: scores soft-capped at this value (0: none) */
     float residual_scale; /* granite: the attention and FFN outputs are scaled by this before the add (0: 1) */
+    float rope_mscale;    /* phi3 LongRoPE: the rotated values of q and k are multiplied by this (0: 1) */
     void *k_cache, *v_cache;
     int64_t k_cache_bytes, v_cache_bytes;
 } qs_block;

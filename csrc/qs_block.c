@@ -66,7 +66,9 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
     if (H <= 0 || H > 4096 || KV <= 0 || H % KV || hd <= 0 || hd > 1024 || H * hd > (1 << 22)) return QS_ERR_HEADS;
     if (b->rope_dim <= 0 || b->rope_dim % 2 || b->rope_dim > hd) return QS_ERR_HEADS;
     if (b->rope_freqs ? b->rope_freqs_len != b->rope_dim / 2 : b->rope_freqs_len != 0) return QS_ERR_SIZE;
-    if (!isfinite(b->residual_scale) || !isfinite(b->attn_softcap) || b->attn_softcap < 0.0f) return QS_ERR_SIZE;
+    if (!isfinite(b->residual_scale) || !isfinite(b->attn_softcap) || b->attn_softcap < 0.0f ||
+        !isfinite(b->rope_mscale))
+        return QS_ERR_SIZE;
     if (b->n_ctx <= 0 || b->n_ctx > (1 << 24) || b->window < 0 || T <= 0 || T > (1 << 20) || n_past < 0 ||
         n_past > b->n_ctx - T || !x || !pos)
         return QS_ERR_SIZE;
@@ -132,6 +134,12 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
         rc = qs_rope(q, T, (int)H, (int)hd, b->rope_dim, pos, b->rope_base, 1.0f, b->rope_neox, b->rope_freqs);
         if (!rc) rc = qs_rope(k, T, (int)KV, (int)hd, b->rope_dim, pos, b->rope_base, 1.0f, b->rope_neox,
                               b->rope_freqs);
+        if (b->rope_mscale != 0.0f && b->rope_mscale != 1.0f) { /* as ggml_rope_ext's attn_factor */
+            for (int64_t r = 0; r < T * H; ++r)
+                for (int d = 0; d < b->rope_dim; ++d) q[r * hd + d] *= b->rope_mscale;
+            for (int64_t r = 0; r < T * KV; ++r)
+                for (int d = 0; d < b->rope_dim; ++d) k[r * hd + d] *= b->rope_mscale;
+        }
     }
     if (rc) goto done;
     store_kv(b->k_cache, b->kv_f16, n_past * KV * hd, k, T * KV * hd);

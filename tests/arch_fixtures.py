@@ -43,11 +43,18 @@ class Spec:
     extra_tensors: Callable[[np.random.Generator], dict[str, np.ndarray]] | None = None
     n_layers: int = N_LAYERS  # enough to reach every kind of layer (gemma3's global 6th, smollm3's NoPE 4th)
     embd_std: float = 1.0  # token_embd; a tied output gets its logits from it too
+    rope_dim: int = HEAD_DIM  # rotated values per head (Phi-4-mini rotates 3/4 of them)
 
 
 def _llama3_rope_freqs(rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Llama 3.1's frequency factors for a head of 16: 1 for the fast pairs, up to 8 for the slow ones."""
     return {"rope_freqs.weight": np.array([1.0, 1.0, 1.0, 1.5, 2.5, 4.0, 8.0, 8.0], dtype=np.float32)}
+
+
+def _longrope(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Phi-3.5-style factors for 6 rotated pairs: the long ones stretch the slow pairs much further."""
+    return {"rope_factors_long.weight": np.array([1.0, 1.2, 2.0, 4.0, 9.0, 16.0], dtype=np.float32),
+            "rope_factors_short.weight": np.array([1.0, 1.0, 1.1, 1.3, 1.6, 2.0], dtype=np.float32)}
 
 
 SPECS: dict[str, Spec] = {
@@ -59,6 +66,12 @@ SPECS: dict[str, Spec] = {
                    extra_kv={"attention.sliding_window": 16}),
     "phi3": Spec("phi3", fused_qkv=True, fused_gate_up=True),
     "smollm3": Spec("smollm3", n_layers=4),
+    # Phi-3.5/4 LongRoPE with 3/4 of each head rotated: llama-perplexity's 64-token context is beyond the 32 of
+    # "original_context_length" (long factors), and within 4096 (short factors)
+    "phi3-long": Spec("phi3", fused_qkv=True, fused_gate_up=True, rope_dim=12, extra_tensors=_longrope,
+                      extra_kv={"rope.scaling.attn_factor": 1.19, "rope.scaling.original_context_length": 32}),
+    "phi3-short": Spec("phi3", fused_qkv=True, fused_gate_up=True, rope_dim=12, extra_tensors=_longrope,
+                       extra_kv={"rope.scaling.attn_factor": 1.19, "rope.scaling.original_context_length": 4096}),
     "granite": Spec("granite", extra_kv={"embedding_scale": 6.0, "attention.scale": 0.1, "residual_scale": 0.4,
                                          "logit_scale": 0.5}),
     # small caps, so that the soft-capping changes these random logits and scores
@@ -108,7 +121,7 @@ def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0
     w.add_uint32(a + "attention.head_count_kv", KV)
     w.add_uint32(a + "attention.key_length", hd)
     w.add_uint32(a + "attention.value_length", hd)
-    w.add_uint32(a + "rope.dimension_count", hd)
+    w.add_uint32(a + "rope.dimension_count", s.rope_dim)
     w.add_float32(a + "rope.freq_base", 10000.0)
     w.add_float32(a + "attention.layer_norm_rms_epsilon", 1e-6)
     for key, val in s.extra_kv.items():

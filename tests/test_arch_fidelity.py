@@ -76,6 +76,9 @@ def test_logits_match_llama_cpp(key, tmp_path, vocab):
     ("gemma2-F32", dict(final_softcap=0.0)),
     ("smollm3-F32", dict(no_rope_step=0)),
     ("granite-F32", dict(residual_scale=1.0)),
+    ("phi3-long-F32", dict(rope_mscale=1.0)),
+    ("phi3-long-F32", dict(rope_orig_ctx=4096)),  # the short factors where llama.cpp takes the long ones
+    ("phi3-short-F32", dict(rope_orig_ctx=32)),
     ("granite-F32", dict(logit_scale=1.0)),
 ])
 def test_the_oracle_catches_a_missing_feature(key, change, tmp_path, vocab):
@@ -97,9 +100,8 @@ def _extra(names: dict[str, int]):
 @pytest.mark.parametrize(("spec", "message"), [
     (Spec("llama", extra_tensors=_extra({"blk.0.attn_sinks.weight": 4})), "blk.0.attn_sinks.weight"),
     (Spec("llama", extra_kv={"rope.scaling.type": "yarn"}), "llama.rope.scaling.type = 'yarn'"),
-    (Spec("phi3", fused_qkv=True, fused_gate_up=True,
-          extra_tensors=_extra({"rope_factors_long.weight": 8, "rope_factors_short.weight": 8})),
-     "rope_factors_long.weight"),
+    (Spec("phi3", fused_qkv=True, fused_gate_up=True, extra_tensors=_extra({"rope_factors_long.weight": 8})),
+     "rope_factors_long/rope_factors_short.weight: expected both or neither"),
     (Spec("olmo2", qk_norm="full", post_norms=True, pre_norms=False, extra_kv={"attention.sliding_window": 8}),
      "sliding-window"),
     (Spec("mistral3"), "architecture 'mistral3' is not supported"),

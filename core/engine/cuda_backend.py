@@ -524,8 +524,8 @@ class CudaSession:
             raise ValueError(f"n_ctx {n_ctx} / max_batch {max_batch} out of range")
         if kv_dtype not in (np.float16, np.float32):
             raise ValueError("kv_dtype must be numpy.float16 or numpy.float32")
-        if model.weights.rope_freqs is not None:
-            raise UnsupportedModel("rope_freqs.weight (Llama 3 RoPE frequency factors) has no CUDA path")
+        if model.weights.rope_freqs is not None or model.weights.rope_long is not None:
+            raise UnsupportedModel("RoPE frequency factors (Llama 3 rope_freqs, Phi-3 LongRoPE) have no CUDA path")
         self.model = model
         self.config: ModelConfig = model.config
         self.n_ctx = n_ctx

@@ -40,9 +40,10 @@ def _rope(x: np.ndarray, pos: np.ndarray, base: float, dim: int, neox: bool,
     return out
 
 
-def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int]) -> np.ndarray:
+def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int], n_ctx: int = 0) -> np.ndarray:
     """Logits (T, n_vocab) for ``tokens`` at positions 0..T-1, in float64. ``cfg`` and ``w`` are checked first
-    (:func:`~quantscope.core.model.check_weights`), as the native engine checks them."""
+    (:func:`~quantscope.core.model.check_weights`), as the native engine checks them. ``n_ctx``: the context of
+    the session to imitate (it picks Phi-3's long or short RoPE factors; 0: the short ones)."""
     check_weights(dataclasses.replace(w, config=cfg))
     ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
     if ids.size == 0 or ids.min() < 0 or ids.max() >= w.tok_embd.rows:
@@ -67,8 +68,11 @@ def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int]) -> np
             q, k = _rms(q, lw.q_norm, cfg.rms_eps), _rms(k, lw.k_norm, cfg.rms_eps)
         base = cfg.layer_rope_base(li)
         if cfg.uses_rope(li):
-            q = _rope(q, pos, base, cfg.rope_dim, cfg.rope_neox, w.rope_freqs)
-            k = _rope(k, pos, base, cfg.rope_dim, cfg.rope_neox, w.rope_freqs)
+            factors = w.rope_factors(n_ctx)
+            q = _rope(q, pos, base, cfg.rope_dim, cfg.rope_neox, factors)
+            k = _rope(k, pos, base, cfg.rope_dim, cfg.rope_neox, factors)
+            q[..., : cfg.rope_dim] *= cfg.rope_mscale
+            k[..., : cfg.rope_dim] *= cfg.rope_mscale
         window = cfg.layer_window(li)
         att = np.zeros((T, H, hd))
         group = H // KV

@@ -202,7 +202,8 @@ class Session:
             b.no_rope = int(not c.uses_rope(li))
             b.attn_softcap = c.attn_softcap
             b.residual_scale = c.residual_scale
-            rf = m.weights.rope_freqs
+            rf = m.weights.rope_factors(self.n_ctx)
+            b.rope_mscale = c.rope_mscale
             b.rope_freqs = _fp(rf) if rf is not None else ffi.NULL
             b.rope_freqs_len = 0 if rf is None else int(rf.size)
             b.k_cache = ffi.from_buffer(self.k_cache[li])

@@ -71,6 +71,8 @@ class ModelConfig:
     attn_softcap: float = 0.0  # gemma2: scaled attention scores s -> cap * tanh(s / cap) (0: none)
     final_softcap: float = 0.0  # gemma2: the same on the output logits
     residual_scale: float = 1.0  # granite: attention and FFN outputs scaled before the residual add
+    rope_orig_ctx: int = 0  # phi3 LongRoPE: sessions longer than this use rope_factors_long (0: n_ctx_train)
+    rope_mscale: float = 1.0  # phi3 LongRoPE: the rotated part of q and k is multiplied by this
     logit_scale: float = 1.0  # granite: logits divided by this
 
     def is_sliding(self, layer: int) -> bool:
@@ -173,7 +175,7 @@ def check_config(cfg: ModelConfig, keys: dict[str, str] | None = None) -> None:
     if not 0 <= cfg.sliding_window <= MAX_CTX or not 0 <= cfg.swa_pattern <= MAX_LAYERS:
         raise ModelError(f"{k.get('sliding_window', 'sliding_window')}: expected 0..{MAX_CTX}, "
                          f"found {cfg.sliding_window}")
-    for name in ("residual_scale", "logit_scale"):
+    for name in ("residual_scale", "logit_scale", "rope_mscale"):
         v = getattr(cfg, name)
         if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
             raise ModelError(f"{cfg.arch} {name.replace('_', ' ')}: expected a finite number > 0, found {v!r}")
@@ -181,6 +183,9 @@ def check_config(cfg: ModelConfig, keys: dict[str, str] | None = None) -> None:
         v = getattr(cfg, name)
         if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
             raise ModelError(f"{cfg.arch} {name.replace('_', ' ')}: expected a finite number >= 0, found {v!r}")
+    if not 0 <= cfg.rope_orig_ctx <= MAX_CTX:
+        raise ModelError(f"{cfg.arch}.rope.scaling.original_context_length: expected 0..{MAX_CTX}, "
+                         f"found {cfg.rope_orig_ctx}")
     if not 0 <= cfg.no_rope_step <= MAX_LAYERS:
         raise ModelError(f"no-RoPE layer step: expected 0..{MAX_LAYERS}, found {cfg.no_rope_step}")
     if not (math.isfinite(cfg.embed_scale) and math.isfinite(cfg.attn_scale) and cfg.attn_scale >= 0):
@@ -218,8 +223,17 @@ def _smollm3(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
 
 
 def _neox(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
-    """qwen2 (biases are bound when present) and phi3 (fused qkv / gate+up are split at binding)."""
+    """qwen2 (biases are bound when present)."""
     return {"rope_neox": True}
+
+
+def _phi3(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
+    """Fused qkv / gate+up (split at binding); Phi-3.5/4 LongRoPE: rope_factors_long/short.weight, chosen by the
+    session's context against ``rope.scaling.original_context_length``, and ``rope.scaling.attn_factor``."""
+    a = c["arch"]
+    return {"rope_neox": True,
+            "rope_orig_ctx": _int(f, f"{a}.rope.scaling.original_context_length", c["n_ctx_train"]),
+            "rope_mscale": _float(f, f"{a}.rope.scaling.attn_factor", 1.0, 1e3)}
 
 
 def _qwen3(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
@@ -265,7 +279,7 @@ class Architecture:
 
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     Architecture("llama", _llama), Architecture("granite", _granite), Architecture("smollm3", _smollm3),
-    Architecture("qwen2", _neox), Architecture("qwen3", _qwen3), Architecture("phi3", _neox, fused_gate_up=True),
+    Architecture("qwen2", _neox), Architecture("qwen3", _qwen3), Architecture("phi3", _phi3, fused_gate_up=True),
     Architecture("olmo2", _olmo2), Architecture("gemma2", _gemma2), Architecture("gemma3", _gemma3),
 )}
 SUPPORTED_ARCHS = tuple(ARCHITECTURES)
@@ -392,6 +406,15 @@ class ModelWeights:
     layers: list[LayerWeights]
     tied: bool
     rope_freqs: np.ndarray | None = None  # Llama 3: rope_dim/2 divisors of the RoPE frequencies
+    rope_long: np.ndarray | None = None  # Phi-3.5/4 LongRoPE: divisors for contexts beyond rope_orig_ctx
+    rope_short: np.ndarray | None = None  # ... and for contexts up to it
+
+    def rope_factors(self, n_ctx: int) -> np.ndarray | None:
+        """The RoPE frequency divisors a session of ``n_ctx`` positions uses (llama.cpp's choice), or None."""
+        if self.rope_freqs is not None or self.rope_long is None:
+            return self.rope_freqs
+        orig = self.config.rope_orig_ctx or self.config.n_ctx_train
+        return self.rope_long if n_ctx > orig else self.rope_short
 
     @property
     def nbytes(self) -> int:
@@ -501,11 +524,14 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
     tied = not f.has_tensor("output.weight")
     out = emb if tied else _weight(f, "output.weight")
     freqs = _vector(f, "rope_freqs.weight", True) if cfg.arch == "llama" else None
+    long = _vector(f, "rope_factors_long.weight", True) if cfg.arch == "phi3" else None
+    short = _vector(f, "rope_factors_short.weight", True) if cfg.arch == "phi3" else None
     w = ModelWeights(cfg, emb, out, _vector(f, "output_norm.weight"), layers, tied,  # type: ignore[arg-type]
-                     rope_freqs=freqs)
+                     rope_freqs=freqs, rope_long=long, rope_short=short)
     check_weights(w, gguf_keys(cfg.arch, derived_head_dim=f"{cfg.arch}.attention.key_length" not in f.metadata))
-    used = {"token_embd.weight", "output.weight", "output_norm.weight"} | ({"rope_freqs.weight"} if freqs is not None
-                                                                           else set())
+    used = {"token_embd.weight", "output.weight", "output_norm.weight"}
+    used |= {n for n, v in (("rope_freqs.weight", freqs), ("rope_factors_long.weight", long),
+                            ("rope_factors_short.weight", short)) if v is not None}
     for i, lw in enumerate(layers):
         for x in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate, lw.w_up, lw.w_down):
             used.add(x.name.split("[", 1)[0])
@@ -558,9 +584,13 @@ def check_weights(w: ModelWeights, keys: dict[str, str] | None = None) -> None:
     _check_matrix(w.tok_embd, c.n_vocab, E, k["n_vocab"], k["n_embd"])
     _check_matrix(w.output, c.n_vocab, E, k["n_vocab"], k["n_embd"])
     _check_vector("output_norm.weight", w.output_norm, E, k["n_embd"])
-    _check_vector("rope_freqs.weight", w.rope_freqs, c.rope_dim // 2, k["rope_dim"] + " / 2", False)
-    if w.rope_freqs is not None and not (np.isfinite(w.rope_freqs).all() and (w.rope_freqs > 0).all()):
-        raise ModelError("rope_freqs.weight: expected finite positive frequency factors")
+    if (w.rope_long is None) != (w.rope_short is None):
+        raise ModelError("rope_factors_long/rope_factors_short.weight: expected both or neither, found one")
+    for name, v in (("rope_freqs", w.rope_freqs), ("rope_factors_long", w.rope_long),
+                    ("rope_factors_short", w.rope_short)):
+        _check_vector(f"{name}.weight", v, c.rope_dim // 2, k["rope_dim"] + " / 2", False)
+        if v is not None and not (np.isfinite(v).all() and (v > 0).all()):
+            raise ModelError(f"{name}.weight: expected finite positive frequency factors")
     for i, lw in enumerate(w.layers):
         b = f"blk.{i}."
         _check_matrix(lw.wq, H * hd, E, heads, k["n_embd"])

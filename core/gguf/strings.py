@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
@@ -111,8 +112,13 @@ class StringArray(Sequence[str]):
             yield blob[int(off[k]) + 8 : int(off[k + 1])].decode("utf-8")
 
     def to_list(self) -> list[str]:
-        """Every element as a ``str`` (allocates one object per element)."""
-        return list(self)
+        """Every element as a ``str`` (allocates one object per element); one guarded copy, as :meth:`__iter__`."""
+        from ..native.kernels import copy_mapped
+
+        offs = self._offsets().tolist()
+        blob = copy_mapped(np.frombuffer(self._buf, np.uint8, count=self.nbytes, offset=self._start),
+                           "string array").tobytes()
+        return [blob[a + 8 : b].decode("utf-8") for a, b in itertools.pairwise(offs)]
 
     def __repr__(self) -> str:
         return f"StringArray(count={self._count}, bytes={self.nbytes})"

@@ -146,9 +146,8 @@ class Tokenizer:
         n = len(self.pieces)
         types = _int_array(f, "tokenizer.ggml.token_type", n)
         self.types = types if types is not None else np.full(n, NORMAL, np.int32)
-        self.vocab: dict[str, int] = {}
-        for i, p in enumerate(self.pieces):
-            self.vocab.setdefault(p, i)
+        # the first id of a piece that occurs twice wins: fill from the end
+        self.vocab: dict[str, int] = dict(zip(reversed(self.pieces), range(n - 1, -1, -1), strict=True))
         pre = f.get("tokenizer.ggml.pre", "default")
         if not isinstance(pre, str):
             raise TokenizerError(f"tokenizer.ggml.pre is not a string ({_kind(pre)})")
@@ -163,7 +162,7 @@ class Tokenizer:
         self.add_space_prefix = self._flag(f, "tokenizer.ggml.add_space_prefix", self.model == "llama")
         for p in self.problems:
             log.warning("tokenizer: %s", p)
-        self.special_ids = [i for i in range(n) if self.types[i] in (CONTROL, USER_DEFINED)]
+        self.special_ids = np.flatnonzero(np.isin(self.types, (CONTROL, USER_DEFINED))).tolist()
         self._special_re = self._alternation(self.special_ids)
         # user-defined tokens (MPT's runs of spaces, ...) are matched in the text even when special tokens are not
         # parsed, as llama.cpp does
@@ -173,10 +172,9 @@ class Tokenizer:
             merges = _string_array(f, "tokenizer.ggml.merges")
             if merges is None:
                 raise TokenizerError("gpt2 tokenizer without tokenizer.ggml.merges")
-            self.ranks: dict[tuple[str, str], int] = {}
-            for r, m in enumerate(merges):
-                a, _, b = m.partition(" ")
-                self.ranks.setdefault((a, b), r)
+            pairs = [m.partition(" ") for m in merges]  # the first rank of a pair that occurs twice wins
+            self.ranks: dict[tuple[str, str], int] = {
+                (p[0], p[2]): r for r, p in zip(range(len(pairs) - 1, -1, -1), reversed(pairs), strict=True)}
             if self.pre not in PRE_TOKENIZERS:
                 raise TokenizerError(f"pre-tokenizer {self.pre!r} is not supported "
                                      f"(known: {', '.join(sorted(PRE_TOKENIZERS))})")

@@ -23,6 +23,18 @@ void qs_rmsnorm(const float *x, const float *w, float *y, int64_t n_rows, int64_
  * pairs' frequencies (Llama 3's rope_freqs.weight; QS_ERR_SIZE otherwise). */
 int qs_rope(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
             float freq_base, float freq_scale, int neox, const float *freq_factors);
+/* ggml_rope_ext's full form: angle freq_scale * pos * base^(-2i/rot) / freq_factors[i]; with ext_factor != 0
+ * (YaRN) the unscaled angle is mixed back in below the correction dimensions corr0..corr1 and the magnitude gets
+ * 1 + 0.1 ln(1/freq_scale); every rotated value is multiplied by mscale. QS_ERR_SIZE for a non-finite or
+ * non-positive base or scale, or non-finite others. */
+typedef struct {
+    float freq_base, freq_scale;
+    int neox;
+    const float *freq_factors;
+    float ext_factor, corr0, corr1, mscale;
+} qs_rope_params;
+int qs_rope_ext(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
+                const qs_rope_params *rp);
 void qs_softmax(float *x, int64_t n_rows, int64_t n);
 void qs_swiglu(const float *gate, const float *up, float *out, int64_t n);
 void qs_geglu_tanh(const float *gate, const float *up, float *out, int64_t n);
@@ -54,7 +66,10 @@ typedef struct {
     int no_rope; /* 1: this layer does not rotate q and k (smollm3's every fourth layer) */
     float attn_softcap; /* gemma2: scores soft-capped at this value (0: none) */
     float residual_scale; /* granite: the attention and FFN outputs are scaled by this before the add (0: 1) */
-    float rope_mscale;    /* phi3 LongRoPE: the rotated values of q and k are multiplied by this (0: 1) */
+    float rope_mscale;    /* rotated values of q and k multiplied by this (LongRoPE/YaRN attn_factor; 0: 1) */
+    float rope_freq_scale, rope_ext_factor, rope_corr0, rope_corr1; /* linear / YaRN scaling (freq_scale 0: 1) */
+    float attn_temp_scale; /* mistral3 (Llama 4): q of position p times 1 + scale * ln(floor(p / floor) + 1) */
+    int64_t attn_temp_floor;
     void *k_cache, *v_cache;
     int64_t k_cache_bytes, v_cache_bytes;
 } qs_block;

@@ -67,7 +67,7 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
     if (b->rope_dim <= 0 || b->rope_dim % 2 || b->rope_dim > hd) return QS_ERR_HEADS;
     if (b->rope_freqs ? b->rope_freqs_len != b->rope_dim / 2 : b->rope_freqs_len != 0) return QS_ERR_SIZE;
     if (!isfinite(b->residual_scale) || !isfinite(b->attn_softcap) || b->attn_softcap < 0.0f ||
-        !isfinite(b->rope_mscale))
+        !isfinite(b->rope_mscale) || !isfinite(b->attn_temp_scale) || (b->attn_temp_scale != 0.0f && b->attn_temp_floor <= 0))
         return QS_ERR_SIZE;
     if (b->n_ctx <= 0 || b->n_ctx > (1 << 24) || b->window < 0 || T <= 0 || T > (1 << 20) || n_past < 0 ||
         n_past > b->n_ctx - T || !x || !pos)
@@ -131,16 +131,18 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
         }
     }
     if (!b->no_rope) {
-        rc = qs_rope(q, T, (int)H, (int)hd, b->rope_dim, pos, b->rope_base, 1.0f, b->rope_neox, b->rope_freqs);
-        if (!rc) rc = qs_rope(k, T, (int)KV, (int)hd, b->rope_dim, pos, b->rope_base, 1.0f, b->rope_neox,
-                              b->rope_freqs);
-        if (b->rope_mscale != 0.0f && b->rope_mscale != 1.0f) { /* as ggml_rope_ext's attn_factor */
-            for (int64_t r = 0; r < T * H; ++r)
-                for (int d = 0; d < b->rope_dim; ++d) q[r * hd + d] *= b->rope_mscale;
-            for (int64_t r = 0; r < T * KV; ++r)
-                for (int d = 0; d < b->rope_dim; ++d) k[r * hd + d] *= b->rope_mscale;
-        }
+        const qs_rope_params rp = {b->rope_base, b->rope_freq_scale != 0.0f ? b->rope_freq_scale : 1.0f,
+                                   b->rope_neox, b->rope_freqs, b->rope_ext_factor, b->rope_corr0, b->rope_corr1,
+                                   b->rope_mscale != 0.0f ? b->rope_mscale : 1.0f};
+        rc = qs_rope_ext(q, T, (int)H, (int)hd, b->rope_dim, pos, &rp);
+        if (!rc) rc = qs_rope_ext(k, T, (int)KV, (int)hd, b->rope_dim, pos, &rp);
     }
+    if (!rc && b->attn_temp_scale != 0.0f) /* Llama 4 / Ministral 3 temperature tuning of the queries */
+        for (int64_t t = 0; t < T; ++t) {
+            const float s = (float)(log(floor((double)pos[t] / (double)b->attn_temp_floor) + 1.0) *
+                                    b->attn_temp_scale + 1.0);
+            for (int64_t i = 0; i < H * hd; ++i) q[t * H * hd + i] *= s;
+        }
     if (rc) goto done;
     store_kv(b->k_cache, b->kv_f16, n_past * KV * hd, k, T * KV * hd);
     store_kv(b->v_cache, b->kv_f16, n_past * KV * hd, v, T * KV * hd);

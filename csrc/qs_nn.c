@@ -21,24 +21,38 @@ void qs_rmsnorm_scalar(const float *x, const float *w, float *y, int64_t n_rows,
     }
 }
 
+/* YaRN's ramp between the correction dimensions (pair i): 1 below corr0 (extrapolate), 0 above corr1. */
+static double yarn_ramp(float corr0, float corr1, int i) {
+    double y = (i - corr0) / fmax(0.001, (double)corr1 - corr0);
+    return 1.0 - fmin(1.0, fmax(0.0, y));
+}
+
 void qs_rope_scalar(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
-                    float freq_base, float freq_scale, int neox, const float *freq_factors) {
+                    const qs_rope_params *rp) {
     int half = rot_dim / 2;
     double inv_freq[512]; /* rot_dim <= 1024: checked by qs_rope, the only caller */
     if (half > 512) half = 512;
     for (int i = 0; i < half; ++i) {
-        inv_freq[i] = pow((double)freq_base, -2.0 * i / rot_dim);
-        if (freq_factors) inv_freq[i] /= (double)freq_factors[i]; /* Llama 3 / Phi-3 rope factors */
+        inv_freq[i] = pow((double)rp->freq_base, -2.0 * i / rot_dim);
+        if (rp->freq_factors) inv_freq[i] /= (double)rp->freq_factors[i]; /* Llama 3 / Phi-3 rope factors */
     }
+    /* ggml_rope_ext: interpolated angle freq_scale * theta, with YaRN mixing the extrapolated one back in below the
+     * correction dimensions and scaling the magnitude (docs/engine.md, "RoPE scaling") */
+    double mscale = rp->mscale;
+    if (rp->ext_factor != 0.0f) mscale *= 1.0 + 0.1 * log(1.0 / rp->freq_scale);
     for (int64_t t = 0; t < n_tokens; ++t) {
-        double p = (double)pos[t] * freq_scale;
         for (int i = 0; i < half; ++i) {
-            double theta = p * inv_freq[i];
-            float c = (float)cos(theta), s = (float)sin(theta);
+            const double extrap = (double)pos[t] * inv_freq[i];
+            double theta = rp->freq_scale * extrap;
+            if (rp->ext_factor != 0.0f) {
+                const double mix = yarn_ramp(rp->corr0, rp->corr1, i) * rp->ext_factor;
+                theta = theta * (1.0 - mix) + extrap * mix;
+            }
+            float c = (float)(cos(theta) * mscale), s = (float)(sin(theta) * mscale);
             for (int h = 0; h < n_heads; ++h) {
                 float *v = x + (t * n_heads + h) * (int64_t)head_dim;
-                int a = neox ? i : 2 * i;
-                int b = neox ? i + half : 2 * i + 1;
+                int a = rp->neox ? i : 2 * i;
+                int b = rp->neox ? i + half : 2 * i + 1;
                 float x0 = v[a], x1 = v[b];
                 v[a] = x0 * c - x1 * s;
                 v[b] = x0 * s + x1 * c;
@@ -89,12 +103,21 @@ void qs_rmsnorm(const float *x, const float *w, float *y, int64_t n_rows, int64_
 
 int qs_rope(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos, float freq_base,
             float freq_scale, int neox, const float *freq_factors) {
-    if (n_tokens < 0 || n_heads < 0) return QS_ERR_SIZE;
+    const qs_rope_params rp = {freq_base, freq_scale, neox, freq_factors, 0.0f, 0.0f, 0.0f, 1.0f};
+    return qs_rope_ext(x, n_tokens, n_heads, head_dim, rot_dim, pos, &rp);
+}
+
+int qs_rope_ext(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
+                const qs_rope_params *rp) {
+    if (!rp || n_tokens < 0 || n_heads < 0) return QS_ERR_SIZE;
     if (head_dim <= 0 || head_dim > 1024 || rot_dim <= 0 || rot_dim % 2 || rot_dim > head_dim) return QS_ERR_HEADS;
-    if (freq_factors)
+    if (!(rp->freq_base > 0.0f) || !isfinite(rp->freq_base) || !(rp->freq_scale > 0.0f) || !isfinite(rp->freq_scale) ||
+        !isfinite(rp->ext_factor) || !isfinite(rp->corr0) || !isfinite(rp->corr1) || !isfinite(rp->mscale))
+        return QS_ERR_SIZE;
+    if (rp->freq_factors)
         for (int i = 0; i < rot_dim / 2; ++i)
-            if (!(freq_factors[i] > 0.0f) || !isfinite(freq_factors[i])) return QS_ERR_SIZE;
-    qs_rope_scalar(x, n_tokens, n_heads, head_dim, rot_dim, pos, freq_base, freq_scale, neox, freq_factors);
+            if (!(rp->freq_factors[i] > 0.0f) || !isfinite(rp->freq_factors[i])) return QS_ERR_SIZE;
+    qs_rope_scalar(x, n_tokens, n_heads, head_dim, rot_dim, pos, rp);
     return QS_OK;
 }
 

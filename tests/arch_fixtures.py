@@ -66,6 +66,19 @@ SPECS: dict[str, Spec] = {
                    extra_kv={"attention.sliding_window": 16}),
     "phi3": Spec("phi3", fused_qkv=True, fused_gate_up=True),
     "smollm3": Spec("smollm3", n_layers=4),
+    # YaRN with pairs on both sides of the correction range (2..6 of 8 at base 10000, original context 4096)
+    "llama-yarn": Spec("llama", extra_kv={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                                          "rope.scaling.original_context_length": 4096}),
+    # Gemma 3 4B and up: linear scaling of the global layers only
+    "gemma3-linear": Spec("gemma3", qk_norm="head", post_norms=True, tied=True, n_layers=6, embd_std=0.5,
+                          extra_kv={"attention.sliding_window": 16, "rope.scaling.type": "linear",
+                                    "rope.scaling.factor": 8.0}),
+    # Ministral 3: YaRN with a log multiplier, and query temperature from position 16 on
+    "mistral3": Spec("mistral3", extra_kv={"rope.scaling.type": "yarn", "rope.scaling.factor": 16.0,
+                                           "rope.scaling.original_context_length": 16,
+                                           "rope.scaling.yarn_log_multiplier": 1.0,
+                                           "rope.scaling.yarn_beta_fast": 4.0, "rope.scaling.yarn_beta_slow": 0.5,
+                                           "attention.temperature_scale": 0.4}),
     # Phi-3.5/4 LongRoPE with 3/4 of each head rotated: llama-perplexity's 64-token context is beyond the 32 of
     # "original_context_length" (long factors), and within 4096 (short factors)
     "phi3-long": Spec("phi3", fused_qkv=True, fused_gate_up=True, rope_dim=12, extra_tensors=_longrope,

@@ -79,10 +79,14 @@ def test_logits_match_llama_cpp(key, tmp_path, vocab):
     ("phi3-long-F32", dict(rope_mscale=1.0)),
     ("phi3-long-F32", dict(rope_orig_ctx=4096)),  # the short factors where llama.cpp takes the long ones
     ("phi3-short-F32", dict(rope_orig_ctx=32)),
+    ("llama-yarn-F32", dict(rope_ext_factor=0.0)),  # linear interpolation only
+    ("gemma3-linear-F32", dict(rope_freq_scale=1.0)),
+    ("mistral3-F32", dict(attn_temp_scale=0.0)),
     ("granite-F32", dict(logit_scale=1.0)),
 ])
 def test_the_oracle_catches_a_missing_feature(key, change, tmp_path, vocab):
-    """Each feature the fixtures exercise matters: without it the logits are far from llama.cpp's."""
+    """Each feature the fixtures exercise matters: without it the fidelity test above would fail (gemma3's linear
+    scaling, on its one global layer in six, moves the mean KLD to 5e-4; the others to 0.05 and far beyond)."""
     model, tok, base = load(key, tmp_path, vocab)
     weights = model.weights
     if "rope_freqs" in change:
@@ -90,7 +94,7 @@ def test_the_oracle_catches_a_missing_feature(key, change, tmp_path, vocab):
     else:
         weights = dataclasses.replace(weights, config=dataclasses.replace(model.config, **change))
     r = kld.kl_divergence(base, Model(None, threads=2, weights=weights), tok)
-    assert r.mean_kld()[0] > 0.05, r.report()
+    assert r.mean_kld()[0] > 3 * LIMITS["F32"], r.report()
 
 
 def _extra(names: dict[str, int]):
@@ -99,12 +103,14 @@ def _extra(names: dict[str, int]):
 
 @pytest.mark.parametrize(("spec", "message"), [
     (Spec("llama", extra_tensors=_extra({"blk.0.attn_sinks.weight": 4})), "blk.0.attn_sinks.weight"),
-    (Spec("llama", extra_kv={"rope.scaling.type": "yarn"}), "llama.rope.scaling.type = 'yarn'"),
+    (Spec("llama", extra_kv={"rope.scaling.type": "dynamic-ntk"}), "llama.rope.scaling.type = 'dynamic-ntk'"),
     (Spec("phi3", fused_qkv=True, fused_gate_up=True, extra_tensors=_extra({"rope_factors_long.weight": 8})),
      "rope_factors_long/rope_factors_short.weight: expected both or neither"),
     (Spec("olmo2", qk_norm="full", post_norms=True, pre_norms=False, extra_kv={"attention.sliding_window": 8}),
      "sliding-window"),
-    (Spec("mistral3"), "architecture 'mistral3' is not supported"),
+    (Spec("mistral4"), "architecture 'mistral4' is not supported"),
+    (Spec("llama", extra_kv={"rope.scaling.type": "yarn", "rope.scaling.yarn_ext_factor": 0.5}),
+     "llama.rope.scaling.yarn_ext_factor: not supported"),
     (Spec("granite"), "granite.logit_scale: expected a value, found none"),
 ])
 def test_what_the_engine_would_ignore_is_refused(spec, message, tmp_path, vocab, monkeypatch, capsys):

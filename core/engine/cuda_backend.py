@@ -526,6 +526,9 @@ class CudaSession:
             raise ValueError("kv_dtype must be numpy.float16 or numpy.float32")
         if model.weights.rope_freqs is not None or model.weights.rope_long is not None:
             raise UnsupportedModel("RoPE frequency factors (Llama 3 rope_freqs, Phi-3 LongRoPE) have no CUDA path")
+        c = model.config
+        if c.rope_freq_scale != 1.0 or c.rope_ext_factor or c.rope_mscale != 1.0 or c.attn_temp_scale:
+            raise UnsupportedModel("RoPE scaling (linear, YaRN, attention factor) has no CUDA path")
         self.model = model
         self.config: ModelConfig = model.config
         self.n_ctx = n_ctx

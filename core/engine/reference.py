@@ -24,14 +24,21 @@ def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 
 def _rope(x: np.ndarray, pos: np.ndarray, base: float, dim: int, neox: bool,
-          factors: np.ndarray | None = None) -> np.ndarray:
+          factors: np.ndarray | None = None, freq_scale: float = 1.0, ext: float = 0.0,
+          corr: tuple[float, float] = (0.0, 0.0), mscale: float = 1.0) -> np.ndarray:
     out = x.copy()
     half = dim // 2
     inv = base ** (-2.0 * np.arange(half) / dim)
     if factors is not None:
         inv = inv / factors.astype(np.float64)
-    ang = pos[:, None] * inv[None, :]  # (T, half)
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    extrap = pos[:, None] * inv[None, :]  # (T, half)
+    ang = freq_scale * extrap
+    if ext:  # YaRN: the unscaled angle mixed back in below the correction dimensions, and a magnitude factor
+        ramp = 1.0 - np.clip((np.arange(half) - corr[0]) / max(0.001, corr[1] - corr[0]), 0.0, 1.0)
+        mix = ramp * ext
+        ang = ang * (1.0 - mix) + extrap * mix
+        mscale *= 1.0 + 0.1 * math.log(1.0 / freq_scale)
+    cos, sin = np.cos(ang)[:, None, :] * mscale, np.sin(ang)[:, None, :] * mscale
     a = np.arange(half) if neox else 2 * np.arange(half)
     b = a + half if neox else a + 1
     x0, x1 = x[:, :, a], x[:, :, b]
@@ -68,11 +75,12 @@ def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int], n_ctx
             q, k = _rms(q, lw.q_norm, cfg.rms_eps), _rms(k, lw.k_norm, cfg.rms_eps)
         base = cfg.layer_rope_base(li)
         if cfg.uses_rope(li):
-            factors = w.rope_factors(n_ctx)
-            q = _rope(q, pos, base, cfg.rope_dim, cfg.rope_neox, factors)
-            k = _rope(k, pos, base, cfg.rope_dim, cfg.rope_neox, factors)
-            q[..., : cfg.rope_dim] *= cfg.rope_mscale
-            k[..., : cfg.rope_dim] *= cfg.rope_mscale
+            args = (w.rope_factors(n_ctx), cfg.layer_rope_freq_scale(li), cfg.rope_ext_factor,
+                    cfg.yarn_corr_dims(li), cfg.rope_mscale)
+            q = _rope(q, pos, base, cfg.rope_dim, cfg.rope_neox, *args)
+            k = _rope(k, pos, base, cfg.rope_dim, cfg.rope_neox, *args)
+        if cfg.attn_temp_scale:
+            q = q * (np.log(np.floor(pos / cfg.original_ctx()) + 1.0) * cfg.attn_temp_scale + 1.0)[:, None, None]
         window = cfg.layer_window(li)
         att = np.zeros((T, H, hd))
         group = H // KV

@@ -204,6 +204,9 @@ class Session:
             b.residual_scale = c.residual_scale
             rf = m.weights.rope_factors(self.n_ctx)
             b.rope_mscale = c.rope_mscale
+            b.rope_freq_scale, b.rope_ext_factor = c.layer_rope_freq_scale(li), c.rope_ext_factor
+            b.rope_corr0, b.rope_corr1 = c.yarn_corr_dims(li)
+            b.attn_temp_scale, b.attn_temp_floor = c.attn_temp_scale, c.original_ctx()
             b.rope_freqs = _fp(rf) if rf is not None else ffi.NULL
             b.rope_freqs_len = 0 if rf is None else int(rf.size)
             b.k_cache = ffi.from_buffer(self.k_cache[li])

@@ -5,8 +5,10 @@ fourth layer), granite (embedding, attention, residual and logit multipliers), q
 (per-head q/k RMSNorm), phi3 (fused qkv and gate/up matrices, split into row views at binding), olmo2 (no
 pre-norms, q/k RMSNorm over the projection, post norms), gemma2 (GEGLU, post norms, soft-capped scores and
 logits, every other layer sliding) and gemma3 (scaled embeddings, GELU-tanh gated FFN, per-head q/k RMSNorm,
-post-attention/post-FFN norms, sliding-window layers with their own RoPE base). A file whose tensors or
-RoPE-scaling metadata the engine would ignore is refused. docs/engine.md section 1 tabulates them.
+post-attention/post-FFN norms, sliding-window layers with their own RoPE base) and mistral3 (llama with
+YaRN and query temperature tuning). Linear, YaRN and LongRoPE scaling are read for every architecture. A file
+whose tensors or RoPE-scaling metadata the engine would ignore is refused. docs/engine.md section 1 tabulates
+them.
 """
 
 from __future__ import annotations
@@ -71,8 +73,13 @@ class ModelConfig:
     attn_softcap: float = 0.0  # gemma2: scaled attention scores s -> cap * tanh(s / cap) (0: none)
     final_softcap: float = 0.0  # gemma2: the same on the output logits
     residual_scale: float = 1.0  # granite: attention and FFN outputs scaled before the residual add
-    rope_orig_ctx: int = 0  # phi3 LongRoPE: sessions longer than this use rope_factors_long (0: n_ctx_train)
-    rope_mscale: float = 1.0  # phi3 LongRoPE: the rotated part of q and k is multiplied by this
+    rope_orig_ctx: int = 0  # rope.scaling.original_context_length (0: n_ctx_train): LongRoPE's and YaRN's
+    rope_mscale: float = 1.0  # the rotated part of q and k is multiplied by this (llama.cpp's yarn_attn_factor)
+    rope_freq_scale: float = 1.0  # linear / YaRN scaling: 1 / rope.scaling.factor (sliding layers keep 1)
+    rope_ext_factor: float = 0.0  # 1 with YaRN
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    attn_temp_scale: float = 0.0  # mistral3: queries scaled by 1 + t * ln(floor(pos / rope_orig_ctx) + 1)
     logit_scale: float = 1.0  # granite: logits divided by this
 
     def is_sliding(self, layer: int) -> bool:
@@ -84,6 +91,26 @@ class ModelConfig:
 
     def layer_window(self, layer: int) -> int:
         return self.sliding_window if self.is_sliding(layer) else 0
+
+    def layer_rope_freq_scale(self, layer: int) -> float:
+        """llama.cpp scales the RoPE frequencies of the global layers only (sliding layers keep their own)."""
+        return 1.0 if self.is_sliding(layer) else self.rope_freq_scale
+
+    def original_ctx(self) -> int:
+        return self.rope_orig_ctx or self.n_ctx_train
+
+    def yarn_corr_dims(self, layer: int) -> tuple[float, float]:
+        """ggml's YaRN correction dimensions for ``layer``'s RoPE base (ggml_rope_yarn_corr_dims, float32)."""
+        base = np.float32(self.layer_rope_base(layer))
+        n = np.float32(self.rope_dim)
+        orig = np.float32(self.original_ctx())
+
+        def corr(beta: float) -> np.float32:
+            return np.float32(n * np.log(orig / (np.float32(beta) * np.float32(2 * math.pi)))
+                              / (np.float32(2) * np.log(base)))
+
+        start, end = math.floor(corr(self.rope_beta_fast)), math.ceil(corr(self.rope_beta_slow))
+        return float(max(0, start)), float(min(self.rope_dim - 1, end))
 
     def uses_rope(self, layer: int) -> bool:
         """Does ``layer`` rotate q and k (smollm3 leaves every fourth layer without positions)?"""
@@ -175,11 +202,14 @@ def check_config(cfg: ModelConfig, keys: dict[str, str] | None = None) -> None:
     if not 0 <= cfg.sliding_window <= MAX_CTX or not 0 <= cfg.swa_pattern <= MAX_LAYERS:
         raise ModelError(f"{k.get('sliding_window', 'sliding_window')}: expected 0..{MAX_CTX}, "
                          f"found {cfg.sliding_window}")
-    for name in ("residual_scale", "logit_scale", "rope_mscale"):
+    for name in ("residual_scale", "logit_scale", "rope_mscale", "rope_freq_scale", "rope_beta_fast",
+                 "rope_beta_slow"):
         v = getattr(cfg, name)
         if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
             raise ModelError(f"{cfg.arch} {name.replace('_', ' ')}: expected a finite number > 0, found {v!r}")
-    for name in ("attn_softcap", "final_softcap"):
+    if cfg.attn_temp_scale and not cfg.original_ctx():
+        raise ModelError(f"{cfg.arch}.attention.temperature_scale needs a positive original context length")
+    for name in ("attn_softcap", "final_softcap", "attn_temp_scale", "rope_ext_factor"):
         v = getattr(cfg, name)
         if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
             raise ModelError(f"{cfg.arch} {name.replace('_', ' ')}: expected a finite number >= 0, found {v!r}")
@@ -230,10 +260,13 @@ def _neox(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
 def _phi3(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
     """Fused qkv / gate+up (split at binding); Phi-3.5/4 LongRoPE: rope_factors_long/short.weight, chosen by the
     session's context against ``rope.scaling.original_context_length``, and ``rope.scaling.attn_factor``."""
-    a = c["arch"]
-    return {"rope_neox": True,
-            "rope_orig_ctx": _int(f, f"{a}.rope.scaling.original_context_length", c["n_ctx_train"]),
-            "rope_mscale": _float(f, f"{a}.rope.scaling.attn_factor", 1.0, 1e3)}
+    return {"rope_neox": True}
+
+
+def _mistral3(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
+    """Ministral 3: llama with YaRN (read for every architecture) and Llama 4's query temperature tuning."""
+    temp = _float0(f, f"{c['arch']}.attention.temperature_scale", 0.0)
+    return {"rope_neox": False, "attn_temp_scale": temp}
 
 
 def _qwen3(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
@@ -281,8 +314,54 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     Architecture("llama", _llama), Architecture("granite", _granite), Architecture("smollm3", _smollm3),
     Architecture("qwen2", _neox), Architecture("qwen3", _qwen3), Architecture("phi3", _phi3, fused_gate_up=True),
     Architecture("olmo2", _olmo2), Architecture("gemma2", _gemma2), Architecture("gemma3", _gemma3),
+    Architecture("mistral3", _mistral3),
 )}
 SUPPORTED_ARCHS = tuple(ARCHITECTURES)
+
+
+def _float0(f: GGUFFile, key: str, default: float, hi: float = 1e30) -> float:
+    """Finite float metadata ``key`` in ``[0, hi]`` (zero allowed, unlike :func:`_float`)."""
+    v, label = _raw(f, key, default)
+    if isinstance(v, bool | np.bool_) or not isinstance(v, int | float | np.integer | np.floating):
+        raise ModelError(f"{key}: expected a number, found {label or type(v).__name__} {_show(v)}")
+    x = float(v)
+    if not (math.isfinite(x) and 0.0 <= x <= hi):
+        raise ModelError(f"{key}: expected a finite number in [0, {hi:g}], found {x!r}")
+    return x
+
+
+def _rope_scaling(f: GGUFFile, arch: str, n_ctx_train: int) -> Common:
+    """``{arch}.rope.scaling.*`` as llama.cpp reads them for every architecture: the type (none, linear, yarn or
+    longrope; absent means linear), the factor (absent or 0 means none), the original context, YaRN's betas and
+    log multiplier, and the attention factor; returned as ModelConfig fields (docs/engine.md, "RoPE scaling")."""
+    p = f"{arch}.rope.scaling."
+    kind_kv = f.metadata.get(p + "type")
+    kind = "linear" if kind_kv is None else kind_kv.value
+    if kind not in ("none", "linear", "yarn", "longrope"):
+        raise UnsupportedModel(f"{p}type = {_show(kind)}: RoPE scaling of this kind is not supported by the engine "
+                               "(running without it would give wrong results)")
+    for unsupported in ("yarn_ext_factor", "yarn_attn_factor"):
+        if p + unsupported in f.metadata:
+            raise UnsupportedModel(f"{p}{unsupported}: not supported by the engine")
+    factor_key = p + "factor" if p + "factor" in f.metadata else f"{arch}.rope.scale_linear"  # the old name
+    factor = _float0(f, factor_key, 0.0)
+    freq_scale = 1.0 if kind == "none" or factor == 0.0 else 1.0 / factor
+    ext = 1.0 if kind == "yarn" else 0.0
+    attn = 1.0
+    if ext:
+        scale = 1.0 / freq_scale
+
+        def mscale(s: float, m: float) -> float:
+            return 1.0 if s <= 1.0 else 0.1 * m * math.log(s) + 1.0
+
+        log_mul = _float0(f, p + "yarn_log_multiplier", 0.0)
+        attn = mscale(scale, 1.0) / mscale(scale, log_mul) if log_mul else mscale(scale, 1.0)
+        attn *= 1.0 / (1.0 + 0.1 * math.log(scale))  # ggml's rope multiplies this back (yarn's magnitude)
+    attn *= _float(f, p + "attn_factor", 1.0, 1e3)
+    return {"rope_freq_scale": freq_scale, "rope_ext_factor": ext, "rope_mscale": attn,
+            "rope_orig_ctx": _int(f, p + "original_context_length", n_ctx_train),
+            "rope_beta_fast": _float(f, p + "yarn_beta_fast", 32.0, 1e6),
+            "rope_beta_slow": _float(f, p + "yarn_beta_slow", 1.0, 1e6)}
 
 
 def read_config(f: GGUFFile) -> ModelConfig:
@@ -332,10 +411,7 @@ def read_config(f: GGUFFile) -> ModelConfig:
         rope_base=_float(f, keys["rope_base"], 10000.0, 1e30),
         rope_dim=_int(f, keys["rope_dim"], head_dim, hi=MAX_HEAD_DIM),
     )
-    scaling = f.metadata.get(f"{arch}.rope.scaling.type")
-    if scaling is not None and scaling.value not in ("none", ""):
-        raise UnsupportedModel(f"{arch}.rope.scaling.type = {_show(scaling.value)}: RoPE scaling of this kind is "
-                               "not supported by the engine (running without it would give wrong results)")
+    common.update(_rope_scaling(f, arch, n_ctx_train))
     description = ARCHITECTURES[arch]
     cfg = ModelConfig(**common, **description.configure(f, common, keys))  # type: ignore[arg-type]
     check_config(cfg, keys)
@@ -523,7 +599,7 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
     emb = _weight(f, "token_embd.weight")
     tied = not f.has_tensor("output.weight")
     out = emb if tied else _weight(f, "output.weight")
-    freqs = _vector(f, "rope_freqs.weight", True) if cfg.arch == "llama" else None
+    freqs = _vector(f, "rope_freqs.weight", True) if cfg.arch in ("llama", "mistral3") else None
     long = _vector(f, "rope_factors_long.weight", True) if cfg.arch == "phi3" else None
     short = _vector(f, "rope_factors_short.weight", True) if cfg.arch == "phi3" else None
     w = ModelWeights(cfg, emb, out, _vector(f, "output_norm.weight"), layers, tied,  # type: ignore[arg-type]

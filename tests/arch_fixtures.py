@@ -44,6 +44,7 @@ class Spec:
     n_layers: int = N_LAYERS  # enough to reach every kind of layer (gemma3's global 6th, smollm3's NoPE 4th)
     embd_std: float = 1.0  # token_embd; a tied output gets its logits from it too
     rope_dim: int = HEAD_DIM  # rotated values per head (Phi-4-mini rotates 3/4 of them)
+    pre: str = "smollm"  # tokenizer.ggml.pre
 
 
 def _llama3_rope_freqs(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -145,7 +146,7 @@ def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0
         else:
             w.add_uint32(a + key, int(val))  # type: ignore[call-overload]
     w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", "smollm")
+    w.add_string("tokenizer.ggml.pre", s.pre)
     w.add_array("tokenizer.ggml.tokens", v["tokens"])  # type: ignore[arg-type]
     w.add_array("tokenizer.ggml.token_type", v["types"])  # type: ignore[arg-type]
     w.add_array("tokenizer.ggml.merges", v["merges"])  # type: ignore[arg-type]

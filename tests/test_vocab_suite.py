@@ -73,3 +73,22 @@ def test_every_vocab_file_opens_in_the_explorer():
     for p in paths:
         with GGUFFile(p) as f:
             assert f.metadata.get("tokenizer.ggml.model") is not None and not f.tensors, p.name
+
+
+def test_tekken_tokenizes_as_llama_cpp(tmp_path):
+    """Mistral's tekken pre-tokenizer (no llama.cpp vocab test has it): llama-bpe's vocabulary relabelled tekken,
+    on its cases and a few where the expressions differ, against llama-tokenize's ids (tests/data/tekken.json,
+    recorded by tests/record_tekken.py)."""
+    import json
+
+    from .record_tekken import tekken_vocab, texts
+
+    recorded = json.loads((Path(__file__).parent / "data" / "tekken.json").read_text(encoding="utf-8"))["cases"]
+    assert [t for t, _ in recorded] == texts()
+    path = tekken_vocab(tmp_path / "tekken.gguf")
+    with GGUFFile(path) as f:
+        tok = Tokenizer(f)
+        assert tok.pre == "tekken"
+        failed = [(t, ids, got) for t, ids in recorded
+                  if (got := tok.encode(t, add_special=False, parse_special=False)) != ids]
+    assert not failed, f"{len(failed)} case(s) differ, first: {failed[0]!r}"

@@ -52,6 +52,10 @@ _QWEN35 = (
     (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"
      r" ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
 )
+# Mistral's tekken, as llama.cpp runs it: upper-case runs are "letters other than a-z", lower-case runs "letters
+# other than A-Z" (its rewrite of the tokenizer.json expression with Unicode case classes).
+_TEKKEN = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+"
+           r"((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
     "default": (_GPT2,),
     "gpt2": (_GPT2,),
@@ -74,6 +78,7 @@ PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
     "deepseek-coder": _DEEPSEEK_CODER,
     "falcon": _FALCON,
     "command-r": (r"\p{N}", _GPT2),
+    "tekken": (_TEKKEN,),
     "smollm": (r"\p{N}", _GPT2),
     "starcoder": (r"\p{N}", _GPT2),
     "refact": (r"\p{N}", _GPT2),
@@ -156,7 +161,7 @@ class Tokenizer:
         self.eos_id = self._special_id(f, "tokenizer.ggml.eos_token_id", n)
         self.eot_id = self._special_id(f, "tokenizer.ggml.eot_token_id", n)
         self.unk_id = self._special_id(f, "tokenizer.ggml.unknown_token_id", n)
-        default_bos = self.model == "llama"
+        default_bos = self.model == "llama" or f.get("tokenizer.ggml.pre") == "tekken"  # as llama.cpp defaults
         self.add_bos = self._flag(f, "tokenizer.ggml.add_bos_token", default_bos)
         self.add_eos = self._flag(f, "tokenizer.ggml.add_eos_token", False)
         self.add_space_prefix = self._flag(f, "tokenizer.ggml.add_space_prefix", self.model == "llama")

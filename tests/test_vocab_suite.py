@@ -17,8 +17,8 @@ from quantscope.core.gguf import GGUFFile
 from quantscope.core.tokenizer import Tokenizer, TokenizerError
 
 SEP = "\n__ggml_vocab_test__\n"
-#: vocabularies with test cases whose tokenizer model is not implemented (WordPiece, Gemma 4's)
-UNSUPPORTED = {"bert-bge": "bert", "gemma-4": "gemma4"}
+#: vocabularies with test cases whose tokenizer model is not implemented (Gemma 4's)
+UNSUPPORTED = {"gemma-4": "gemma4"}
 #: every vocabulary with test cases in llama-cpp-python 0.3.36 (a new one must be added here, deliberately)
 WITH_CASES = ("bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2", "llama-bpe",
               "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder")

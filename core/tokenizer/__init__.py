@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -85,6 +86,13 @@ PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
 }
 
 
+def _is_cjk(cp: int) -> bool:
+    """The CJK ideograph blocks BERT splits into single characters (llama.cpp's ranges, HF's quirk included)."""
+    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF or 0x2A700 <= cp <= 0x2B73F
+            or 0x2B740 <= cp <= 0x2B81F or 0x2B920 <= cp <= 0x2CEAF or 0xF900 <= cp <= 0xFAFF
+            or 0x2F800 <= cp <= 0x2FA1F)
+
+
 class TokenizerError(ValueError):
     """The file's tokenizer is missing or of a kind we do not implement."""
 
@@ -140,8 +148,9 @@ class Tokenizer:
         #: metadata that was ignored (wrong type, out of range), one sentence each
         self.problems: list[str] = []
         self.model = f.get("tokenizer.ggml.model")
-        if self.model not in ("gpt2", "llama"):
-            raise TokenizerError(f"tokenizer model {self.model!r} is not supported (gpt2 BPE and llama SPM are)")
+        if self.model not in ("gpt2", "llama", "bert"):
+            raise TokenizerError(f"tokenizer model {self.model!r} is not supported (gpt2 BPE, llama SPM and bert "
+                                 "WordPiece are)")
         pieces = _string_array(f, "tokenizer.ggml.tokens")
         if pieces is None:
             raise TokenizerError("the file has no tokenizer.ggml.tokens")
@@ -161,10 +170,20 @@ class Tokenizer:
         self.eos_id = self._special_id(f, "tokenizer.ggml.eos_token_id", n)
         self.eot_id = self._special_id(f, "tokenizer.ggml.eot_token_id", n)
         self.unk_id = self._special_id(f, "tokenizer.ggml.unknown_token_id", n)
-        default_bos = self.model == "llama" or f.get("tokenizer.ggml.pre") == "tekken"  # as llama.cpp defaults
+        self.sep_id = self._special_id(f, "tokenizer.ggml.seperator_token_id", n)  # (sic: ggml's key)
+        if self.model == "bert":  # llama.cpp's defaults for BERT vocabularies
+            self.bos_id = 101 if self.bos_id is None and n > 101 else self.bos_id
+            self.unk_id = 100 if self.unk_id is None and n > 100 else self.unk_id
+            self.sep_id = 102 if self.sep_id is None and n > 102 else self.sep_id
+        # as llama.cpp defaults
+        default_bos = self.model in ("llama", "bert") or f.get("tokenizer.ggml.pre") == "tekken"
         self.add_bos = self._flag(f, "tokenizer.ggml.add_bos_token", default_bos)
         self.add_eos = self._flag(f, "tokenizer.ggml.add_eos_token", False)
         self.add_space_prefix = self._flag(f, "tokenizer.ggml.add_space_prefix", self.model == "llama")
+        self.add_sep = self._flag(f, "tokenizer.ggml.add_sep_token", self.model == "bert")
+        # BERT's normalizer (llama.cpp: lowercase by default, accents stripped when lowercasing unless told)
+        self.lowercase = self._flag(f, "tokenizer.ggml.normalizer.lowercase", True)
+        self.strip_accents = self._flag(f, "tokenizer.ggml.normalizer.strip_accents", self.lowercase)
         for p in self.problems:
             log.warning("tokenizer: %s", p)
         self.special_ids = np.flatnonzero(np.isin(self.types, (CONTROL, USER_DEFINED))).tolist()
@@ -186,6 +205,8 @@ class Tokenizer:
             self.exprs = PRE_TOKENIZERS[self.pre]
             self.byte_enc = bytes_to_unicode()
             self.byte_dec = {c: b for b, c in self.byte_enc.items()}
+        elif self.model == "bert":
+            self.max_piece = max((len(p) for p in self.pieces), default=1)
         else:
             scores = _num_array(f, "tokenizer.ggml.scores", n)
             self.scores = scores if scores is not None else np.zeros(n, np.float32)
@@ -250,6 +271,8 @@ class Tokenizer:
                 continue
             if self.model == "gpt2":
                 ids.extend(self._encode_bpe(chunk))
+            elif self.model == "bert":
+                ids.extend(self._encode_wpm(chunk))
             else:
                 if self.add_space_prefix and first:
                     chunk = " " + chunk
@@ -257,7 +280,63 @@ class Tokenizer:
             first = False
         if add and self.add_eos and self.eos_id is not None:
             ids.append(self.eos_id)
+        if add and self.add_sep and self.sep_id is not None:
+            ids.append(self.sep_id)
         return ids
+
+    def _wpm_words(self, text: str) -> list[str]:
+        """BERT's pre-tokenization as llama.cpp does it: NFD and accent marks dropped when stripping accents,
+        control characters dropped, lower case, whitespace separates words, punctuation, ASCII symbols and CJK
+        ideographs are words of their own."""
+        if self.strip_accents:
+            text = unicodedata.normalize("NFD", text)
+        words: list[str] = []
+        cur: list[str] = []
+        for ch in text:
+            if ch.isspace():
+                if cur:
+                    words.append("".join(cur))
+                    cur = []
+                continue
+            cat = unicodedata.category(ch)
+            if ch in ("\x00", "\ufffd") or cat[0] == "C" or (self.strip_accents and cat[0] == "M"):
+                continue
+            if self.lowercase:
+                low = ch.lower()
+                ch = low if len(low) == 1 else ch
+            cp = ord(ch)
+            if cat[0] == "P" or (cp < 0x7F and cat[0] == "S") or _is_cjk(cp):
+                if cur:
+                    words.append("".join(cur))
+                    cur = []
+                words.append(ch)
+            else:
+                cur.append(ch)
+        if cur:
+            words.append("".join(cur))
+        return words
+
+    def _encode_wpm(self, text: str) -> list[int]:
+        """Greedy longest match over each word with the word-start marker; a word with an unmatched position
+        becomes the unknown token."""
+        out: list[int] = []
+        for word in self._wpm_words(text):
+            w = "\u2581" + word
+            start = len(out)
+            i = 0
+            while i < len(w):
+                for j in range(min(len(w), i + self.max_piece), i, -1):
+                    tid = self.vocab.get(w[i:j])
+                    if tid is not None:
+                        out.append(tid)
+                        i = j
+                        break
+                else:
+                    del out[start:]
+                    break
+            if len(out) == start and self.unk_id is not None:
+                out.append(self.unk_id)
+        return out
 
     def _split_special(self, text: str, parse_special: bool) -> Iterable[tuple[bool, str]]:
         rx = self._special_re if parse_special else self._user_re

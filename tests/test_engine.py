@@ -299,3 +299,20 @@ def test_long_prompt_is_evaluated_in_chunks_with_progress_and_cancel(engine):
     out = list(e.generate(text, SamplerParams(temperature=0, max_tokens=1), on_prompt=lambda d, t: seen.append((d, t))))
     assert seen == [(len(ids) - PREFILL_CHUNK, len(ids) - PREFILL_CHUNK)]
     assert out[0].token == int(np.argmax(whole))
+
+
+def test_cpu_and_gpu_sessions_share_one_protocol(model_path):
+    """The generator, perplexity and benchmarks use a session only through InferenceSession; the CPU session is
+    one, and the GPU session class has every member (instances need a GPU: tests/test_cuda.py)."""
+    import inspect
+
+    from quantscope.core.engine import InferenceSession, Model
+    from quantscope.core.engine.cuda_backend import CudaSession
+    from quantscope.core.gguf import GGUFFile
+
+    m = Model(GGUFFile(model_path("smollm2")), threads=2)
+    assert isinstance(m.session(16), InferenceSession)
+    assert not isinstance(object(), InferenceSession)
+    assert {"kv_bytes", "reset", "truncate", "forward"} <= set(dir(CudaSession))
+    src = inspect.getsource(CudaSession.__init__)
+    assert "self.n_ctx = " in src and "self.n_past = " in src

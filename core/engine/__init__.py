@@ -1,5 +1,5 @@
 """Inference engine: sessions with a KV cache and the forward pass on native kernels."""
 
-from .session import ContextFull, Model, Session
+from .session import ContextFull, InferenceSession, Model, Session
 
-__all__ = ["ContextFull", "Model", "Session"]
+__all__ = ["ContextFull", "InferenceSession", "Model", "Session"]

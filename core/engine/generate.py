@@ -16,7 +16,7 @@ from ..chat import ChatTemplate, ChatTemplateError, Sampler, SamplerParams
 from ..gguf import GGUFFile
 from ..native.kernels import RepackCancelled, isa
 from ..tokenizer import CONTROL, USER_DEFINED, StreamDecoder, Tokenizer
-from .session import ContextFull, Model, Session
+from .session import ContextFull, InferenceSession, Model
 
 BACKENDS = ("auto", "cpu", "cuda")
 
@@ -117,7 +117,7 @@ class Engine:
         n_ctx = min(n_ctx, self.model.config.n_ctx_train)
         say("allocating KV cache", 0.9)
         self.backend, self.backend_reason = "cpu", f"CPU kernels ({isa()}, {self.model.threads} threads)"
-        self.session: Session | Any = None
+        self.session: InferenceSession | None = None
         if backend != "cpu":
             from .cuda_backend import CudaError, CudaSession, CudaUnavailable, cuda_status
 
@@ -157,7 +157,7 @@ class Engine:
         self._prompt_logits: tuple[tuple[int, ...], np.ndarray] | None = None  # last prompt and its logits
         say("ready", 1.0)
 
-    def new_session(self, n_ctx: int) -> Session | Any:
+    def new_session(self, n_ctx: int) -> InferenceSession:
         """A fresh session on this engine's backend (for perplexity and benchmarks)."""
         if self.backend == "cuda":
             from .cuda_backend import CudaSession

@@ -12,6 +12,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -133,6 +134,25 @@ class Model:
 
     def session(self, n_ctx: int = 2048, kv_dtype: type = np.float16) -> Session:
         return Session(self, n_ctx, kv_dtype)
+
+
+@runtime_checkable
+class InferenceSession(Protocol):
+    """What the generator, perplexity, KL divergence and benchmarks use of a session: the CPU :class:`Session`
+    and the GPU ``cuda_backend.CudaSession`` both provide it."""
+
+    n_ctx: int
+    n_past: int
+
+    @property
+    def kv_bytes(self) -> int: ...
+
+    def reset(self) -> None: ...
+
+    def truncate(self, n: int) -> None: ...
+
+    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False,
+                logits: bool = True) -> np.ndarray: ...
 
 
 class Session:

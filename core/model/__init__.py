@@ -352,6 +352,8 @@ def _rope_scaling(f: GGUFFile, arch: str, n_ctx_train: int) -> Common:
     factor = _float0(f, factor_key, 0.0)
     freq_scale = 1.0 if kind == "none" or factor == 0.0 else 1.0 / factor
     ext = 1.0 if kind == "yarn" else 0.0
+    if ext and factor and 1.0 + 0.1 * math.log(factor) <= 0.0:  # YaRN's magnitude term would be 0 or negative
+        raise ModelError(f"{factor_key}: expected a YaRN factor above {math.exp(-10):.3g}, found {factor!r}")
     attn = 1.0
     if ext:
         scale = 1.0 / freq_scale

@@ -171,3 +171,18 @@ def test_cli_writes_and_reads_a_base(tmp_path, capsys, model_path):
     assert main(["perplexity", m, "-t", "2", "--kl-divergence-base", str(out), "--kl-divergence"]) == 0
     report = capsys.readouterr().out
     assert "14 positions" in report and "Mean    KLD:" in report and "Same top p: 100.000" in report
+
+
+def test_records_are_read_per_chunk_and_truncation_in_use_is_an_error(tmp_path):
+    p = _write(tmp_path / "ok.kld", 16, 10, 3)
+    with kld.KLDBase(p) as base:
+        assert base.records(2).shape == (7, kld.record_len(10))
+        with open(p, "r+b") as fh:  # cut the last chunk after opening
+            fh.truncate(p.stat().st_size - 5)
+        assert base.records(1).shape == (7, kld.record_len(10))
+        with pytest.raises(kld.KLDFileError, match="cut short"):
+            base.records(2)
+        with pytest.raises(IndexError):
+            base.records(3)
+    with pytest.raises(ValueError, match="closed"):
+        base.records(0)

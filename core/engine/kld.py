@@ -80,43 +80,74 @@ def log_probs_of(records: np.ndarray, n_vocab: int) -> np.ndarray:
 
 
 class KLDBase:
-    """A log-probability file opened for reading; every count and the file size are checked when opened."""
+    """A log-probability file opened for reading; every count and the file size are checked when opened. The
+    tokens are read at once; each chunk's records only when asked for (a base over a long text and a large
+    vocabulary runs to gigabytes)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
+        self._fd: int | None = None
         fd = open_input(self.path)
-        with os.fdopen(fd, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            head = fh.read(HEADER_BYTES)
-            if len(head) < HEADER_BYTES or head[:8] != MAGIC:
-                raise KLDFileError(f"{self.path}: not a llama-perplexity log-probability file (it does not start "
-                                   f"with {MAGIC.decode()!r} and three counts)")
-            n_ctx, n_vocab, n_chunk = (int(x) for x in np.frombuffer(head, "<i4", 3, 8))
-            if not 4 <= n_ctx <= MAX_CTX:
-                raise KLDFileError(f"{self.path}: context size {n_ctx} is outside 4..{MAX_CTX}")
-            if not 1 <= n_vocab <= MAX_VOCAB:
-                raise KLDFileError(f"{self.path}: vocabulary size {n_vocab} is outside 1..{MAX_VOCAB}")
-            per_chunk = 4 * n_ctx + 2 * scored_per_chunk(n_ctx) * record_len(n_vocab)
-            if not 1 <= n_chunk <= (size - HEADER_BYTES) // per_chunk:
-                raise KLDFileError(f"{self.path}: {n_chunk} chunks of {n_ctx} tokens over {n_vocab} entries need "
-                                   f"{HEADER_BYTES + max(n_chunk, 1) * per_chunk} bytes; the file has {size}")
-            expect = HEADER_BYTES + n_chunk * per_chunk
-            if size != expect:
-                raise KLDFileError(f"{self.path}: expected {expect} bytes for {n_chunk} chunks of {n_ctx} tokens "
-                                   f"over {n_vocab} entries, found {size}")
-            self.n_ctx, self.n_vocab, self.n_chunk = n_ctx, n_vocab, n_chunk
-            self.tokens = np.frombuffer(fh.read(4 * n_ctx * n_chunk), "<i4").astype(np.int64).reshape(n_chunk,
-                                                                                                         n_ctx)
-            n = scored_per_chunk(n_ctx) * record_len(n_vocab)
-            self._records = [np.frombuffer(fh.read(2 * n), "<u2").reshape(-1, record_len(n_vocab))
-                             for _ in range(n_chunk)]
+        try:
+            with os.fdopen(os.dup(fd), "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                head = fh.read(HEADER_BYTES)
+                if len(head) < HEADER_BYTES or head[:8] != MAGIC:
+                    raise KLDFileError(f"{self.path}: not a llama-perplexity log-probability file (it does not start "
+                                       f"with {MAGIC.decode()!r} and three counts)")
+                n_ctx, n_vocab, n_chunk = (int(x) for x in np.frombuffer(head, "<i4", 3, 8))
+                if not 4 <= n_ctx <= MAX_CTX:
+                    raise KLDFileError(f"{self.path}: context size {n_ctx} is outside 4..{MAX_CTX}")
+                if not 1 <= n_vocab <= MAX_VOCAB:
+                    raise KLDFileError(f"{self.path}: vocabulary size {n_vocab} is outside 1..{MAX_VOCAB}")
+                per_chunk = 4 * n_ctx + 2 * scored_per_chunk(n_ctx) * record_len(n_vocab)
+                if not 1 <= n_chunk <= (size - HEADER_BYTES) // per_chunk:
+                    raise KLDFileError(f"{self.path}: {n_chunk} chunks of {n_ctx} tokens over {n_vocab} entries need "
+                                       f"{HEADER_BYTES + max(n_chunk, 1) * per_chunk} bytes; the file has {size}")
+                expect = HEADER_BYTES + n_chunk * per_chunk
+                if size != expect:
+                    raise KLDFileError(f"{self.path}: expected {expect} bytes for {n_chunk} chunks of {n_ctx} tokens "
+                                       f"over {n_vocab} entries, found {size}")
+                self.n_ctx, self.n_vocab, self.n_chunk = n_ctx, n_vocab, n_chunk
+                self.tokens = np.frombuffer(fh.read(4 * n_ctx * n_chunk), "<i4").astype(np.int64).reshape(n_chunk,
+                                                                                                             n_ctx)
+        except BaseException:
+            os.close(fd)
+            raise
         if self.tokens.min() < 0 or self.tokens.max() >= n_vocab:
+            os.close(fd)
             raise KLDFileError(f"{self.path}: token ids must lie in 0..{n_vocab - 1}, found "
                                f"{int(self.tokens.min())}..{int(self.tokens.max())}")
+        self._fd = fd
+        self._chunk_bytes = 2 * scored_per_chunk(n_ctx) * record_len(n_vocab)
+        self._records_at = HEADER_BYTES + 4 * n_ctx * n_chunk
 
     def records(self, chunk: int) -> np.ndarray:
-        """(scored positions, record_len) uint16 records of one chunk."""
-        return self._records[chunk]
+        """(scored positions, record_len) uint16 records of one chunk, read from the file now; a file cut short
+        since it was opened raises :class:`KLDFileError`."""
+        if not 0 <= chunk < self.n_chunk:
+            raise IndexError(f"chunk {chunk} outside 0..{self.n_chunk - 1}")
+        if self._fd is None:
+            raise ValueError(f"{self.path}: closed")
+        data = os.pread(self._fd, self._chunk_bytes, self._records_at + chunk * self._chunk_bytes)
+        if len(data) != self._chunk_bytes:
+            raise KLDFileError(f"{self.path}: chunk {chunk} is cut short ({len(data)} of {self._chunk_bytes} bytes): "
+                               "the file changed while in use")
+        return np.frombuffer(data, "<u2").reshape(-1, record_len(self.n_vocab))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> KLDBase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 @dataclass

@@ -149,14 +149,15 @@ def _int(f: GGUFFile, key: str, default: object = _REQUIRED, lo: int = 1, hi: in
     return int(v)
 
 
-def _float(f: GGUFFile, key: str, default: float, hi: float) -> float:
-    """Finite positive float metadata ``key`` at most ``hi`` (an integer value is accepted)."""
+def _float(f: GGUFFile, key: str, default: float, hi: float = 1e30, zero_ok: bool = False) -> float:
+    """Finite positive float metadata ``key`` at most ``hi`` (0 too with ``zero_ok``; an integer is accepted)."""
     v, label = _raw(f, key, default)
     if isinstance(v, bool | np.bool_) or not isinstance(v, int | float | np.integer | np.floating):
         raise ModelError(f"{key}: expected a number, found {label or type(v).__name__} {_show(v)}")
     x = float(v)
-    if not (math.isfinite(x) and 0.0 < x <= hi):
-        raise ModelError(f"{key}: expected a finite number in (0, {hi:g}], found {x!r}")
+    if not (math.isfinite(x) and (0.0 <= x if zero_ok else 0.0 < x) and x <= hi):
+        lo = "[0" if zero_ok else "(0"
+        raise ModelError(f"{key}: expected a finite number in {lo}, {hi:g}], found {x!r}")
     return x
 
 
@@ -270,7 +271,7 @@ def _phi3(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
 
 def _mistral3(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
     """Ministral 3: llama with YaRN (read for every architecture) and Llama 4's query temperature tuning."""
-    temp = _float0(f, f"{c['arch']}.attention.temperature_scale", 0.0)
+    temp = _float(f, f"{c['arch']}.attention.temperature_scale", 0.0, zero_ok=True)
     return {"rope_neox": False, "attn_temp_scale": temp}
 
 
@@ -324,17 +325,6 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
 SUPPORTED_ARCHS = tuple(ARCHITECTURES)
 
 
-def _float0(f: GGUFFile, key: str, default: float, hi: float = 1e30) -> float:
-    """Finite float metadata ``key`` in ``[0, hi]`` (zero allowed, unlike :func:`_float`)."""
-    v, label = _raw(f, key, default)
-    if isinstance(v, bool | np.bool_) or not isinstance(v, int | float | np.integer | np.floating):
-        raise ModelError(f"{key}: expected a number, found {label or type(v).__name__} {_show(v)}")
-    x = float(v)
-    if not (math.isfinite(x) and 0.0 <= x <= hi):
-        raise ModelError(f"{key}: expected a finite number in [0, {hi:g}], found {x!r}")
-    return x
-
-
 def _rope_scaling(f: GGUFFile, arch: str, n_ctx_train: int) -> Common:
     """``{arch}.rope.scaling.*`` as llama.cpp reads them for every architecture: the type (none, linear, yarn or
     longrope; absent means linear), the factor (absent or 0 means none), the original context, YaRN's betas and
@@ -349,7 +339,7 @@ def _rope_scaling(f: GGUFFile, arch: str, n_ctx_train: int) -> Common:
         if p + unsupported in f.metadata:
             raise UnsupportedModel(f"{p}{unsupported}: not supported by the engine")
     factor_key = p + "factor" if p + "factor" in f.metadata else f"{arch}.rope.scale_linear"  # the old name
-    factor = _float0(f, factor_key, 0.0)
+    factor = _float(f, factor_key, 0.0, zero_ok=True)
     freq_scale = 1.0 if kind == "none" or factor == 0.0 else 1.0 / factor
     ext = 1.0 if kind == "yarn" else 0.0
     if ext and factor and 1.0 + 0.1 * math.log(factor) <= 0.0:  # YaRN's magnitude term would be 0 or negative
@@ -361,7 +351,7 @@ def _rope_scaling(f: GGUFFile, arch: str, n_ctx_train: int) -> Common:
         def mscale(s: float, m: float) -> float:
             return 1.0 if s <= 1.0 else 0.1 * m * math.log(s) + 1.0
 
-        log_mul = _float0(f, p + "yarn_log_multiplier", 0.0)
+        log_mul = _float(f, p + "yarn_log_multiplier", 0.0, zero_ok=True)
         attn = mscale(scale, 1.0) / mscale(scale, log_mul) if log_mul else mscale(scale, 1.0)
         attn *= 1.0 / (1.0 + 0.1 * math.log(scale))  # ggml's rope multiplies this back (yarn's magnitude)
     attn *= _float(f, p + "attn_factor", 1.0, 1e3)

@@ -26,18 +26,23 @@ typedef struct {
     int act_elems; /* elements of one activation block */
     int act_bytes; /* bytes of one activation block */
     int ia_per;    /* int32 offsets per activation block */
-    qs_rp_kernel k4, k1, a4, a1; /* AVX-512 and AVX2 kernels, 4 columns and 1 */
+    qs_rp_kernel k4, k1, a4, a1; /* AVX-512 and AVX2 kernels, `cols` columns and 1 */
+    int cols;      /* columns of the wide kernels */
 } rp_info;
 
 static const rp_info RP_TABLE[] = {
-    {QS_Q4_K, 256, 2368, QS_Q8_K, 256, 292, 4, qs_rp_q4_K_avx512_4, qs_rp_q4_K_avx512_1, qs_rp_q4_K_avx2_4, qs_rp_q4_K_avx2_1},
-    {QS_Q5_K, 256, 2880, QS_Q8_K, 256, 292, 4, qs_rp_q5_K_avx512_4, qs_rp_q5_K_avx512_1, qs_rp_q5_K_avx2_4, qs_rp_q5_K_avx2_1},
-    {QS_Q6_K, 256, 3392, QS_Q8_K, 256, 292, 16, qs_rp_q6_K_avx512_4, qs_rp_q6_K_avx512_1, qs_rp_q6_K_avx2_4, qs_rp_q6_K_avx2_1},
-    {QS_Q4_0, 64, 576, QS_Q8_0, 32, 34, 1, qs_rp_q4_0_avx512_4, qs_rp_q4_0_avx512_1, qs_rp_q4_0_avx2_4, qs_rp_q4_0_avx2_1},
-    {QS_Q4_1, 64, 640, QS_Q8_1, 32, 36, 0, qs_rp_q4_1_avx512_4, qs_rp_q4_1_avx512_1, qs_rp_q4_1_avx2_4, qs_rp_q4_1_avx2_1},
-    {QS_Q8_0, 64, 1088, QS_Q8_0, 32, 34, 1, qs_rp_q8_0_avx512_4, qs_rp_q8_0_avx512_1, qs_rp_q8_0_avx2_4, qs_rp_q8_0_avx2_1},
-    {QS_Q5_0, 64, 704, QS_Q8_0, 32, 34, 1, qs_rp_q5_0_avx512_4, qs_rp_q5_0_avx512_1, qs_rp_q5_0_avx2_4, qs_rp_q5_0_avx2_1},
-    {QS_Q5_1, 64, 768, QS_Q8_1, 32, 36, 0, qs_rp_q5_1_avx512_4, qs_rp_q5_1_avx512_1, qs_rp_q5_1_avx2_4, qs_rp_q5_1_avx2_1},
+    {QS_Q4_K, 256, 2368, QS_Q8_K, 256, 292, 4, qs_rp_q4_K_avx512_4, qs_rp_q4_K_avx512_1, qs_rp_q4_K_avx2_4, qs_rp_q4_K_avx2_1, 4},
+    {QS_Q5_K, 256, 2880, QS_Q8_K, 256, 292, 4, qs_rp_q5_K_avx512_4, qs_rp_q5_K_avx512_1, qs_rp_q5_K_avx2_4, qs_rp_q5_K_avx2_1, 4},
+    {QS_Q6_K, 256, 3392, QS_Q8_K, 256, 292, 16, qs_rp_q6_K_avx512_4, qs_rp_q6_K_avx512_1, qs_rp_q6_K_avx2_4, qs_rp_q6_K_avx2_1, 4},
+    {QS_Q4_0, 64, 576, QS_Q8_0, 32, 34, 1, qs_rp_q4_0_avx512_4, qs_rp_q4_0_avx512_1, qs_rp_q4_0_avx2_4, qs_rp_q4_0_avx2_1, 4},
+    {QS_Q4_1, 64, 640, QS_Q8_1, 32, 36, 0, qs_rp_q4_1_avx512_4, qs_rp_q4_1_avx512_1, qs_rp_q4_1_avx2_4, qs_rp_q4_1_avx2_1, 4},
+    {QS_Q8_0, 64, 1088, QS_Q8_0, 32, 34, 1, qs_rp_q8_0_avx512_4, qs_rp_q8_0_avx512_1, qs_rp_q8_0_avx2_4, qs_rp_q8_0_avx2_1, 4},
+    {QS_Q5_0, 64, 704, QS_Q8_0, 32, 34, 1, qs_rp_q5_0_avx512_4, qs_rp_q5_0_avx512_1, qs_rp_q5_0_avx2_4, qs_rp_q5_0_avx2_1, 4},
+    {QS_Q5_1, 64, 768, QS_Q8_1, 32, 36, 0, qs_rp_q5_1_avx512_4, qs_rp_q5_1_avx512_1, qs_rp_q5_1_avx2_4, qs_rp_q5_1_avx2_1, 4},
+    /* float weights: the activations stay float32, read in place (no preparation) */
+    {QS_F32, 16, 1024, QS_F32, 16, 64, 0, qs_rp_f32_avx512_8, qs_rp_f32_avx512_1, qs_rp_f32_avx2_8, qs_rp_f32_avx2_1, 8},
+    {QS_F16, 16, 512, QS_F32, 16, 64, 0, qs_rp_f16_avx512_8, qs_rp_f16_avx512_1, qs_rp_f16_avx2_8, qs_rp_f16_avx2_1, 8},
+    {QS_BF16, 16, 512, QS_F32, 16, 64, 0, qs_rp_bf16_avx512_8, qs_rp_bf16_avx512_1, qs_rp_bf16_avx2_8, qs_rp_bf16_avx2_1, 8},
 };
 
 static const rp_info *rp_find(int type) {
@@ -172,6 +177,17 @@ static void unit_q8_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit
 static void unit_q5_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_b32(rows, kb, u, 3); }
 static void unit_q5_1(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_b32(rows, kb, u, 4); }
 
+/* F32 / F16 / BF16: element e of the k-block holds the 16 rows' values side by side (es bytes each) */
+static void unit_float(const uint8_t *const *rows, int64_t kb, uint8_t *u, const int es) {
+    for (int r = 0; r < QS_RP_ROWS; ++r) {
+        const uint8_t *b = rows[r] + kb * 16 * es;
+        for (int e = 0; e < 16; ++e) memcpy(u + es * (16 * e + r), b + es * e, (size_t)es);
+    }
+}
+
+static void unit_f32(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_float(rows, kb, u, 4); }
+static void unit_f16(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_float(rows, kb, u, 2); }
+
 typedef void (*unit_fn)(const uint8_t *const *rows, int64_t kb, uint8_t *u);
 
 static unit_fn unit_for(int type) {
@@ -184,6 +200,9 @@ static unit_fn unit_for(int type) {
     case QS_Q8_0: return unit_q8_0;
     case QS_Q5_0: return unit_q5_0;
     case QS_Q5_1: return unit_q5_1;
+    case QS_F32: return unit_f32;
+    case QS_F16:
+    case QS_BF16: return unit_f16;
     default: return NULL;
     }
 }
@@ -396,6 +415,32 @@ static void rp_q5_1_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64
     rp_b32_scalar(g, nb, x, c0, out, 4);
 }
 
+/* Float layouts: per row, two accumulation chains (element e of a k-block feeds chain e % 2), fused multiply-adds
+ * against the float32 activation, the chains added at the end; kind 0 F32, 1 F16, 2 BF16. */
+static void rp_float_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int kind) {
+    const float *xs = (const float *)(x->xq + c0 * x->xq_stride);
+    const int es = kind ? 2 : 4;
+    float acc[2][16] = {{0}};
+    for (int64_t kb = 0; kb < nb; ++kb, g += 16 * 16 * es)
+        for (int e = 0; e < 16; ++e)
+            for (int r = 0; r < 16; ++r) {
+                const uint8_t *p = g + es * (16 * e + r);
+                const float w = kind == 0 ? qs_load_f32(p) : kind == 1 ? h2f(p) : qs_bf16_to_fp32(qs_load_u16(p));
+                acc[e & 1][r] = fmaf(w, xs[16 * kb + e], acc[e & 1][r]);
+            }
+    for (int r = 0; r < 16; ++r) out[r] = acc[0][r] + acc[1][r];
+}
+
+static void rp_f32_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    rp_float_scalar(g, nb, x, c0, out, 0);
+}
+static void rp_f16_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    rp_float_scalar(g, nb, x, c0, out, 1);
+}
+static void rp_bf16_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    rp_float_scalar(g, nb, x, c0, out, 2);
+}
+
 static qs_rp_kernel scalar_for(int type) {
     switch (type) {
     case QS_Q4_K: return rp_q4_K_scalar;
@@ -406,6 +451,9 @@ static qs_rp_kernel scalar_for(int type) {
     case QS_Q8_0: return rp_q8_0_scalar;
     case QS_Q5_0: return rp_q5_0_scalar;
     case QS_Q5_1: return rp_q5_1_scalar;
+    case QS_F32: return rp_f32_scalar;
+    case QS_F16: return rp_f16_scalar;
+    case QS_BF16: return rp_bf16_scalar;
     default: return NULL;
     }
 }
@@ -472,6 +520,13 @@ typedef struct {
 
 static int act_prepare(rp_act *a, const rp_info *ri, const float *x, int64_t k, int64_t n_x, int n_threads) {
     prep_ctx p;
+    a->ri = ri;
+    if (ri->act == QS_F32) { /* float layouts read the activations where they are */
+        a->buf = NULL;
+        a->per_col = k * 4;
+        a->x = (qs_rp_x){(const uint8_t *)x, k * 4, NULL, 0, NULL, NULL, 0};
+        return QS_OK;
+    }
     const int64_t nab = k / ri->act_elems;
     p.ri = ri;
     p.x = x;
@@ -520,16 +575,17 @@ typedef struct {
 
 static void mm_run(const mm_mat *c, int simd, int64_t n_x, int64_t g0, int64_t g1) {
     const int64_t gbytes = c->nkb * c->ri->unit;
-    float out[4 * 16] __attribute__((aligned(64)));
+    const int wide = c->ri->cols;
+    float out[8 * 16] __attribute__((aligned(64)));
     for (int64_t cb = 0; cb < n_x; cb += c->col_block) {
         int64_t ce = cb + c->col_block < n_x ? cb + c->col_block : n_x;
         for (int64_t g = g0; g < g1; ++g) {
             const uint8_t *gp = c->w + g * gbytes;
             for (int64_t j = cb; j < ce;) {
                 int nc;
-                if (simd && ce - j >= 4) {
+                if (simd && ce - j >= wide) {
                     (simd == 2 ? c->ri->k4 : c->ri->a4)(gp, c->nkb, c->x, j, out);
-                    nc = 4;
+                    nc = wide;
                 } else {
                     (simd == 2 ? c->ri->k1 : simd == 1 ? c->ri->a1 : c->scalar)(gp, c->nkb, c->x, j, out);
                     nc = 1;
@@ -599,8 +655,8 @@ static int matmat_multi(int n, const int *rtype, const uint8_t *const *w, const 
         m->x = &acts[a].x;
         m->y = y[i];
         /* columns per pass over a run of groups: their activations stay in L2 (~256 KiB) while weights stream */
-        m->col_block = (256 * 1024 / acts[a].per_col) / 4 * 4;
-        if (m->col_block < 4) m->col_block = 4;
+        m->col_block = (256 * 1024 / acts[a].per_col) / 8 * 8;
+        if (m->col_block < 8) m->col_block = 8;
         job.total += m->n_groups;
         job.g_end[i] = job.total;
         work += n_rows[i] * k * n_x;

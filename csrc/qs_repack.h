@@ -22,6 +22,8 @@
  *   Q5_0  k-block 64, 704 B: d[2][16] f16 @0, 8 nibble chunks (low 4 bits) @64, 2 high-bit planes @576
  *         (plane h, byte 4r+j: bit i = fifth bit of element j+4i of ggml block h)
  *   Q5_1  k-block 64, 768 B: d[2][16] f16 @0, m[2][16] f16 @64, 8 nibble chunks @128, 2 high-bit planes @640
+ *   F32   k-block 16, 1024 B: element e of the block as 16 rows' float32 side by side @64e
+ *   F16, BF16 k-block 16, 512 B: the same with 2-byte values @32e (converted to float32 in the kernels)
  * Codes are unsigned (Q6_K 0..63 with the offset 32 folded into the activation sums; Q4_0 offset 8; Q5_0 16;
  * Q8_0 128).
  */
@@ -46,7 +48,8 @@ typedef struct {
     int64_t f_stride;
 } qs_rp_x;
 
-/* Kernel over one row group: nb k-blocks, columns c0 .. c0+nc-1, out[j*16 + r]. */
+/* Kernel over one row group: nb k-blocks, columns c0 .. c0+nc-1, out[j*16 + r]; the wide kernels take 4
+ * columns (quantized layouts) or 8 (float layouts). */
 typedef void (*qs_rp_kernel)(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 
 /* AVX-512 VNNI kernels (qs_repack_avx512.c): 4 columns and 1 column per call. */
@@ -67,6 +70,13 @@ void qs_rp_q5_1_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t
 void qs_rp_q5_1_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q8_0_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 
+void qs_rp_f32_avx512_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_f32_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_f16_avx512_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_f16_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_bf16_avx512_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_bf16_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+
 /* AVX2 kernels (qs_repack_avx2.c): the same, half a row group per pass. */
 void qs_rp_q4_K_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q4_K_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
@@ -84,6 +94,12 @@ void qs_rp_q5_0_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c
 void qs_rp_q5_0_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q5_1_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q5_1_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_f32_avx2_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_f32_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_f16_avx2_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_f16_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_bf16_avx2_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_bf16_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 
 /* repacked matmul driver (qs_repack.c), called by qs_matmat for repacked type ids */
 int qs_rp_matmat(int rtype, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,

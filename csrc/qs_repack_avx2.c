@@ -262,6 +262,39 @@ T AI void b32_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
     cols_store(&cs, out, NC, h);
 }
 
+/* ---------------------------------------------------------------- F32 (kind 0), F16 (1), BF16 (2) */
+T AI __m256 fl_w8(const uint8_t *p, const int kind) {
+    if (kind == 0) return _mm256_loadu_ps((const float *)p);
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return kind == 1 ? _mm256_cvtph_ps(h) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* the AVX-512 kernel's two chains per column on rows 8h .. 8h+7, up to 4 columns */
+T AI void fl_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
+                  const int kind, const int h) {
+    const int es = kind ? 32 : 64;
+    __m256 acc[4][2];
+    const float *xs[4];
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NC; ++j) {
+        xs[j] = (const float *)(x->xq + (c0 + j) * x->xq_stride);
+        acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    }
+    for (int64_t kb = 0; kb < nb; ++kb, g += 16 * es) {
+        _Pragma("GCC unroll 16")
+        for (int l = 0; l < es / 4; ++l) pf(g + 64 * l, h == 0);
+        _Pragma("GCC unroll 16")
+        for (int e = 0; e < 16; ++e) {
+            const __m256 w = fl_w8(g + es * e + es / 2 * h, kind);
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NC; ++j)
+                acc[j][e & 1] = _mm256_fmadd_ps(w, _mm256_set1_ps(xs[j][16 * kb + e]), acc[j][e & 1]);
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NC; ++j) _mm256_storeu_ps(out + 16 * j + 8 * h, _mm256_add_ps(acc[j][0], acc[j][1]));
+}
+
 /* Entry points: one column (decode) or four (prefill, as two pairs), each over both halves of the group. */
 #define RP_AVX2(name, call)                                                                                        \
     T void qs_rp_##name##_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {         \
@@ -288,3 +321,15 @@ RP_AVX2(q4_1, B1)
 RP_AVX2(q8_0, B2)
 RP_AVX2(q5_0, B3)
 RP_AVX2(q5_1, B4)
+/* float layouts: 8 columns per call as two passes of 4 over each half */
+#define RP_AVX2_F(name, kind)                                                                                      \
+    T void qs_rp_##name##_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {         \
+        for (int h = 0; h < 2; ++h) fl_half(g, nb, x, c0, out, 1, kind, h);                                        \
+    }                                                                                                              \
+    T void qs_rp_##name##_avx2_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {         \
+        for (int p = 0; p < 8; p += 4)                                                                             \
+            for (int h = 0; h < 2; ++h) fl_half(g, nb, x, c0 + p, out + 16 * p, 4, kind, h);                       \
+    }
+RP_AVX2_F(f32, 0)
+RP_AVX2_F(f16, 1)
+RP_AVX2_F(bf16, 2)

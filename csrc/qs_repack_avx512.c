@@ -260,6 +260,40 @@ T AI void b32_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
     for (int j = 0; j < NC; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
 }
 
+/* ---------------------------------------------------------------- F32 (kind 0), F16 (1), BF16 (2) */
+T AI __m512 fl_w(const uint8_t *p, const int kind) {
+    if (kind == 0) return _mm512_loadu_ps((const float *)p);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return kind == 1 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Each element's 16 row values against the column's float activation, broadcast. Two chains per column (element e
+ * feeds chain e % 2) keep a decode GEMV far above DRAM speed; the 8-column kernel reuses each loaded and
+ * converted vector 8 times (16 accumulators), which is what bounds the prefill GEMM. */
+T AI void fl_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
+                  const int kind) {
+    const int es = kind ? 32 : 64; /* bytes of one element's 16 values */
+    __m512 acc[8][2];
+    const float *xs[8];
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < NC; ++j) {
+        xs[j] = (const float *)(x->xq + (c0 + j) * x->xq_stride);
+        acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    }
+    for (int64_t kb = 0; kb < nb; ++kb, g += 16 * es) {
+        pf_lines(g, es / 4);
+        _Pragma("GCC unroll 16")
+        for (int e = 0; e < 16; ++e) {
+            const __m512 w = fl_w(g + es * e, kind);
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < NC; ++j)
+                acc[j][e & 1] = _mm512_fmadd_ps(w, _mm512_set1_ps(xs[j][16 * kb + e]), acc[j][e & 1]);
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < NC; ++j) _mm512_storeu_ps(out + 16 * j, _mm512_add_ps(acc[j][0], acc[j][1]));
+}
+
 /* ---------------------------------------------------------------- entry points */
 /* One column (decode) and four (prefill) per kernel; `kind` selects the layout within a shared body. */
 #define RP_AVX512(name, body, kind)                                                                                \
@@ -279,3 +313,14 @@ RP_AVX512(q4_1, b32_body, 1)
 RP_AVX512(q8_0, b32_body, 2)
 RP_AVX512(q5_0, b32_body, 3)
 RP_AVX512(q5_1, b32_body, 4)
+/* float layouts: 8 columns per call (RP_TABLE's cols) */
+#define RP_AVX512_F(name, kind)                                                                                    \
+    T void qs_rp_##name##_avx512_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {       \
+        fl_body(g, nb, x, c0, out, 8, kind);                                                                       \
+    }                                                                                                              \
+    T void qs_rp_##name##_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {       \
+        fl_body(g, nb, x, c0, out, 1, kind);                                                                       \
+    }
+RP_AVX512_F(f32, 0)
+RP_AVX512_F(f16, 1)
+RP_AVX512_F(bf16, 2)

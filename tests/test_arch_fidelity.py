@@ -23,6 +23,7 @@ from quantscope.core.cli import main
 from quantscope.core.engine import Model, kld
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.model import UnsupportedModel
+from quantscope.core.native import kernels as K
 from quantscope.core.tokenizer import Tokenizer
 
 from . import arch_fixtures
@@ -50,9 +51,14 @@ def load(key: str, tmp_path: Path, vocab: dict[str, object]) -> tuple[Model, Tok
     return Model(f, threads=2), Tokenizer(f), kld.KLDBase(base)
 
 
+@pytest.mark.parametrize("repack", [False, True], ids=["file-layout", "repacked"])
 @pytest.mark.parametrize("key", sorted(META["fixtures"]))
-def test_logits_match_llama_cpp(key, tmp_path, vocab):
+def test_logits_match_llama_cpp(key, repack, tmp_path, vocab):
     model, tok, base = load(key, tmp_path, vocab)
+    if repack:  # the repacked layouts (float ones for the F32 fixtures) against the same oracle
+        if K.isa() == "scalar":
+            pytest.skip("the engine repacks only for SIMD kernels")
+        assert model.repack() > 0
     text = (Path(__file__).parent / "data" / "english.txt").read_text(encoding="utf-8")
     assert base.tokens.reshape(-1).tolist() == tok.encode(text)[: base.tokens.size]  # same tokenizer
     r = kld.kl_divergence(base, model, tok)

@@ -17,7 +17,7 @@ from quantscope.core.quant import dequantize, ggml_type
 
 from .test_native_kernels import activations, weight_row
 
-REPACK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+REPACK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16"]
 NEEDS_SIMD = pytest.mark.skipif(K.isa_detected() == "scalar", reason="the engine repacks only for SIMD kernels")
 #: SIMD levels of the repacked kernels this machine can run (each is compared with the scalar reference bit for bit)
 SIMD_LEVELS = {"scalar": (), "avx2": ("avx2",), "avx512": ("avx2", "avx512")}[K.isa_detected()]
@@ -32,21 +32,31 @@ def _bound(x: np.ndarray, w: np.ndarray, t) -> np.ndarray:
     return (np.abs(x).astype(np.float64) @ dense.T) * 1e-5 + 1e-30
 
 
+def _layout_block(t) -> int:
+    return 256 if t.block_elems == 256 else 16 if t.block_elems == 1 else 64
+
+
 @pytest.mark.parametrize("name", REPACK_TYPES)
 def test_repacked_equals_scalar_reference_and_row_dots(name):
     rng = np.random.default_rng(sum(name.encode()) + 41)
     t = ggml_type(name)
-    for rows, k in ((48, 1024), (16, 256 if t.block_elems == 256 else 128), (32, 2816)):
-        if k % (256 if t.block_elems == 256 else 64):
+    for rows, k in ((48, 1024), (16, 256 if t.block_elems == 256 else 128), (32, 2816), (16, 16)):
+        if k % _layout_block(t):
             continue
         w = _weights(name, rows, k, rng)
         rp = K.Repacked(name, w, rows, k)
         assert rp.nbytes == lib.qs_repack_bytes(t.id, rows, k) > 0
-        for n_x in (1, 3, 4, 5, 9):  # the 4-column kernel, the 1-column kernel and their mix
-            x = np.stack([activations(rng, k) for _ in range(n_x)])
+        assert rp.nbytes == w.nbytes or t.block_elems > 1  # float layouts only reorder
+        for n_x in (1, 3, 4, 5, 8, 9, 17):  # the wide kernel (4 or 8 columns), the 1-column kernel and their mix
+            x = np.stack([activations(rng, k, outliers=k >= 96) for _ in range(n_x)])
             with K.forced_isa("scalar"):
                 ref_scalar = rp.matmat(x)
-            ref = np.stack([K.matvec(name, w, rows, k, xi) for xi in x])
+            if t.block_elems == 1:
+                # float layouts keep the activations float32 (the file layout's F16/BF16 dots round them to the
+                # weight's type, as ggml does): judged against the float64 product
+                ref = x.astype(np.float64) @ dequantize(w, t).astype(np.float64).T
+            else:
+                ref = np.stack([K.matvec(name, w, rows, k, xi) for xi in x])
             assert np.all(np.abs(ref_scalar - ref) <= _bound(x, w, t)), (name, rows, k, n_x)
             for level in SIMD_LEVELS:
                 with K.forced_isa(level):
@@ -60,12 +70,12 @@ def test_products_of_one_input_in_one_job():
     matrix, for decode and prefill, at 1 and 2 threads, on mixed layouts; bad arguments are refused."""
     rng = np.random.default_rng(7)
     k = 512
-    mats = [("Q4_K", 48), ("Q6_K", 16), ("Q4_K", 80), ("Q4_0", 32)]
+    mats = [("Q4_K", 48), ("Q6_K", 16), ("F16", 80), ("Q4_0", 32)]
     packed = [K.Repacked(name, _weights(name, rows, k, rng), rows, k) for name, rows in mats]
     types = ffi.new("int[]", [rp.type_id for rp in packed])
     ws = ffi.new("uint8_t *[]", [rp.ptr for rp in packed])
     rows = ffi.new("int64_t[]", [rows for _, rows in mats])
-    for n_x in (1, 5):
+    for n_x in (1, 5, 12):
         x = np.stack([activations(rng, k) for _ in range(n_x)])
         xp = ffi.cast("float *", ffi.from_buffer(x))
         want = [rp.matmat(x, threads=1) for rp in packed]
@@ -116,10 +126,36 @@ def test_repacked_on_real_tensors(model_path):
     assert seen >= {"Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"}, seen
 
 
+def test_float_layouts_on_real_values(model_path):
+    """Real weights (Qwen2.5's ffn_down and output rows, dequantized) stored as F32, F16 and BF16: the SIMD kernels
+    equal the scalar reference bit for bit, and the product is the float64 one within float32 summation error."""
+    rng = np.random.default_rng(11)
+    with GGUFFile(model_path("qwen2.5-coder")) as f:
+        for n in ("blk.11.ffn_down.weight", "output.weight"):
+            t = f.tensor(n)
+            dense = np.ascontiguousarray(dequantize(f.tensor_rows(t)[:64], t.type).reshape(64, t.ne[0]), np.float32)
+            for name, w in (("F32", dense.view(np.uint8)), ("F16", dense.astype(np.float16).view(np.uint8)),
+                            ("BF16", (dense.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8))):
+                rows, k = dense.shape
+                rp = K.Repacked(name, w, rows, k)
+                x = rng.standard_normal((9, k)).astype(np.float32)
+                want = x.astype(np.float64) @ dequantize(w, ggml_type(name)).reshape(rows, k).astype(np.float64).T
+                with K.forced_isa("scalar"):
+                    ref = rp.matmat(x)
+                bound = (np.abs(x).astype(np.float64) @ np.abs(dense.astype(np.float64)).T) * 1e-5
+                assert np.all(np.abs(ref - want) <= bound), (n, name)
+                for level in SIMD_LEVELS:
+                    with K.forced_isa(level):
+                        assert np.array_equal(rp.matmat(x), ref), (n, name, level)
+                        assert np.array_equal(rp.matmat(x[:1]), ref[:1]), (n, name, level)
+
+
 def test_shapes_without_a_layout_and_size_checks():
     assert not K.can_repack("Q3_K", 64, 1024)  # no repacked layout for this type
     assert not K.can_repack("Q4_K", 40, 1024)  # rows not a multiple of 16
     assert not K.can_repack("Q4_0", 32, 96)  # k not a multiple of the 64-element layout block
+    assert not K.can_repack("F16", 32, 72)  # k not a multiple of the float layouts' 16-element block
+    assert K.can_repack("F16", 32, 80) and K.can_repack("BF16", 16, 16) and K.can_repack("F32", 48, 64)
     assert lib.qs_repack_type(ggml_type("Q3_K").id) == -1
     w = _weights("Q4_K", 32, 512, np.random.default_rng(1))
     with pytest.raises(ValueError, match="no repacked layout"):

@@ -57,7 +57,12 @@ _QWEN35 = (
 # other than A-Z" (its rewrite of the tokenizer.json expression with Unicode case classes).
 _TEKKEN = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+"
            r"((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+#: BPE pre-tokenizers over raw UTF-8 with spaces as U+2581 (merges run on whole lines; newline runs apart)
+SPM_STYLE_BPE = ("gemma4", "granite-embed-multi-311m", "sarvam-moe")
 PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
+    "gemma4": ("[^\n]+|[\n]+",),
+    "granite-embed-multi-311m": ("[^\n]+|[\n]+",),
+    "sarvam-moe": ("[^\n]+|[\n]+",),
     "default": (_GPT2,),
     "gpt2": (_GPT2,),
     "gpt-2": (_GPT2,),
@@ -148,9 +153,12 @@ class Tokenizer:
         #: metadata that was ignored (wrong type, out of range), one sentence each
         self.problems: list[str] = []
         self.model = f.get("tokenizer.ggml.model")
-        if self.model not in ("gpt2", "llama", "bert"):
-            raise TokenizerError(f"tokenizer model {self.model!r} is not supported (gpt2 BPE, llama SPM and bert "
-                                 "WordPiece are)")
+        if self.model not in ("gpt2", "gemma4", "llama", "bert"):
+            raise TokenizerError(f"tokenizer model {self.model!r} is not supported (gpt2 and gemma4 BPE, llama SPM "
+                                 "and bert WordPiece are)")
+        #: BPE over GPT-2's byte-to-character mapping ("gpt2") or over raw UTF-8 with spaces written as U+2581
+        #: and <0xXX> byte tokens for what the merges do not cover (Gemma 4's "SPM-style" BPE)
+        self.bpe = self.model in ("gpt2", "gemma4")
         pieces = _string_array(f, "tokenizer.ggml.tokens")
         if pieces is None:
             raise TokenizerError("the file has no tokenizer.ggml.tokens")
@@ -165,7 +173,7 @@ class Tokenizer:
         pre = f.get("tokenizer.ggml.pre", "default")
         if not isinstance(pre, str):
             raise TokenizerError(f"tokenizer.ggml.pre is not a string ({_kind(pre)})")
-        self.pre = pre
+        self.pre = "gemma4" if self.model == "gemma4" else pre  # llama.cpp sets it for this model
         self.bos_id = self._special_id(f, "tokenizer.ggml.bos_token_id", n)
         self.eos_id = self._special_id(f, "tokenizer.ggml.eos_token_id", n)
         self.eot_id = self._special_id(f, "tokenizer.ggml.eot_token_id", n)
@@ -178,6 +186,8 @@ class Tokenizer:
         # as llama.cpp defaults
         default_bos = self.model in ("llama", "bert") or f.get("tokenizer.ggml.pre") == "tekken"
         self.add_bos = self._flag(f, "tokenizer.ggml.add_bos_token", default_bos)
+        if self.pre in SPM_STYLE_BPE:  # llama.cpp overrides a false add_bos_token for Gemma 4
+            self.add_bos = True
         self.add_eos = self._flag(f, "tokenizer.ggml.add_eos_token", False)
         self.add_space_prefix = self._flag(f, "tokenizer.ggml.add_space_prefix", self.model == "llama")
         self.add_sep = self._flag(f, "tokenizer.ggml.add_sep_token", self.model == "bert")
@@ -192,10 +202,10 @@ class Tokenizer:
         # parsed, as llama.cpp does
         self._user_re = self._alternation([i for i in self.special_ids if self.types[i] == USER_DEFINED])
         self._cache: dict[str, list[int]] = {}
-        if self.model == "gpt2":
+        if self.bpe:
             merges = _string_array(f, "tokenizer.ggml.merges")
             if merges is None:
-                raise TokenizerError("gpt2 tokenizer without tokenizer.ggml.merges")
+                raise TokenizerError(f"{self.model} tokenizer without tokenizer.ggml.merges")
             pairs = [m.partition(" ") for m in merges]  # the first rank of a pair that occurs twice wins
             self.ranks: dict[tuple[str, str], int] = {
                 (p[0], p[2]): r for r, p in zip(range(len(pairs) - 1, -1, -1), reversed(pairs), strict=True)}
@@ -203,18 +213,25 @@ class Tokenizer:
                 raise TokenizerError(f"pre-tokenizer {self.pre!r} is not supported "
                                      f"(known: {', '.join(sorted(PRE_TOKENIZERS))})")
             self.exprs = PRE_TOKENIZERS[self.pre]
+            self.spm_style = self.pre in SPM_STYLE_BPE
             self.byte_enc = bytes_to_unicode()
             self.byte_dec = {c: b for b, c in self.byte_enc.items()}
+            self.byte_ids = self._byte_ids() if self.spm_style else {}
         elif self.model == "bert":
             self.max_piece = max((len(p) for p in self.pieces), default=1)
         else:
             scores = _num_array(f, "tokenizer.ggml.scores", n)
             self.scores = scores if scores is not None else np.zeros(n, np.float32)
-            self.byte_ids = {}
-            for i, p in enumerate(self.pieces):
-                b = _byte_value(p) if self.types[i] == BYTE else None
-                if b is not None:
-                    self.byte_ids.setdefault(b, i)
+            self.byte_ids = self._byte_ids()
+
+    def _byte_ids(self) -> dict[int, int]:
+        """Byte value -> id of its <0xXX> byte token (the first one)."""
+        out: dict[int, int] = {}
+        for i in np.flatnonzero(self.types == BYTE).tolist():
+            b = _byte_value(self.pieces[i])
+            if b is not None:
+                out.setdefault(b, i)
+        return out
 
     def _alternation(self, ids: list[int]) -> regex.Pattern[str] | None:
         """One expression matching any of the pieces of ``ids``, longest first (``None`` for no pieces)."""
@@ -269,7 +286,7 @@ class Tokenizer:
             if is_special:
                 ids.append(self.vocab[chunk])
                 continue
-            if self.model == "gpt2":
+            if self.bpe:
                 ids.extend(self._encode_bpe(chunk))
             elif self.model == "bert":
                 ids.extend(self._encode_wpm(chunk))
@@ -355,18 +372,24 @@ class Tokenizer:
 
     def _encode_bpe(self, text: str) -> list[int]:
         out: list[int] = []
+        if self.spm_style:
+            text = text.replace(" ", "▁")
         for word in regex_split(text, self.exprs):
             cached = self._cache.get(word)
             if cached is None:
-                mapped = "".join(self.byte_enc[b] for b in word.encode("utf-8"))
-                cached = self._bpe(mapped)
+                if not self.spm_style:
+                    cached = self._bpe("".join(self.byte_enc[b] for b in word.encode("utf-8")))
+                elif word.strip("\n") == "" and word in self.vocab:  # a run of newlines is one token (llama.cpp)
+                    cached = [self.vocab[word]]
+                else:
+                    cached = self._bpe(word)
                 if len(self._cache) < 100_000:
                     self._cache[word] = cached
             out.extend(cached)
         return out
 
     def _bpe(self, word: str) -> list[int]:
-        if word in self.vocab and len(word) > 0 and self.types[self.vocab[word]] not in (CONTROL,):
+        if not self.spm_style and word in self.vocab and len(word) > 0 and self.types[self.vocab[word]] != CONTROL:
             return [self.vocab[word]]
         parts = list(word)
         ranks = self.ranks
@@ -392,10 +415,12 @@ class Tokenizer:
         ids = []
         for p in parts:
             tid = self.vocab.get(p)
-            if tid is None:  # not in vocab: fall back to single characters
-                ids.extend(self.vocab.get(ch, self.unk_id if self.unk_id is not None else 0) for ch in p)
-            else:
+            if tid is not None:
                 ids.append(tid)
+            elif self.spm_style:  # its bytes as <0xXX> tokens (a byte without one is dropped, as in llama.cpp)
+                ids.extend(self.byte_ids[b] for b in p.encode("utf-8") if b in self.byte_ids)
+            else:  # not in vocab: fall back to single characters
+                ids.extend(self.vocab.get(ch, self.unk_id if self.unk_id is not None else 0) for ch in p)
         return ids
 
     def _encode_spm(self, text: str) -> list[int]:
@@ -453,7 +478,7 @@ class Tokenizer:
             return b""  # an id of an embedding row with no vocabulary entry
         p = self.pieces[tid]
         t = self.types[tid]
-        if t in (CONTROL, UNKNOWN, UNUSED) or (t == USER_DEFINED and self.model == "gpt2" and p in self.vocab
+        if t in (CONTROL, UNKNOWN, UNUSED) or (t == USER_DEFINED and self.bpe and p in self.vocab
                                               and tid in self.special_ids):
             return p.encode("utf-8") if special and t != UNUSED else b""
         if self.model == "gpt2":

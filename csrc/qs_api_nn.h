@@ -72,6 +72,18 @@ typedef struct {
     int64_t attn_temp_floor;
     void *k_cache, *v_cache;
     int64_t k_cache_bytes, v_cache_bytes;
+    /* gemma4 */
+    int v_norm;    /* 1: V RMS-normalized per head without a weight */
+    int kv_reuse;  /* 1: no k/v of its own: attend to the cache as written by an earlier layer (wk, wv unused) */
+    float out_scale; /* the block's output x multiplied by this at the end (0: 1) */
+    int ple_dim;   /* per-layer embedding: x += norm(proj(gelu(gate(x)) * ple_in)) after the FFN (0: none) */
+    int wpg_type, wpp_type;
+    const uint8_t *wpg, *wpp; /* gate ple_dim x n_embd, proj n_embd x ple_dim */
+    int64_t wpg_bytes, wpp_bytes;
+    const float *ple_post_norm; /* n_embd */
+    int64_t ple_post_norm_len;
+    const float *ple_in; /* [T][ple_dim] of this call (set per call) */
+    int64_t ple_in_len;
 } qs_block;
 int qs_block_forward(const qs_block *b, float *x, int64_t n_tokens, const int32_t *pos, int64_t n_past,
                      int n_threads);

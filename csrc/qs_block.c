@@ -74,14 +74,21 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
         return QS_ERR_SIZE;
     for (int64_t t = 0; t < T; ++t)
         if (pos[t] < 0 || pos[t] >= b->n_ctx) return QS_ERR_POS;
-    const int ty[7] = {b->wq_type, b->wk_type, b->wv_type, b->wo_type, b->wg_type, b->wu_type, b->wd_type};
-    const uint8_t *const ws[7] = {b->wq, b->wk, b->wv, b->wo, b->wg, b->wu, b->wd};
-    const int64_t nb[7] = {b->wq_bytes, b->wk_bytes, b->wv_bytes, b->wo_bytes, b->wg_bytes, b->wu_bytes, b->wd_bytes};
-    const int64_t rows[7] = {H * hd, KV * hd, KV * hd, E, F, F, E}, ks[7] = {E, E, E, H * hd, E, E, F};
-    for (int i = 0; i < 7; ++i) {
+    const int64_t P = b->ple_dim;
+    if (P < 0 || P > (1 << 20) || !isfinite(b->out_scale) || (b->kv_reuse != 0 && b->kv_reuse != 1)) return QS_ERR_SIZE;
+    const int ty[9] = {b->wq_type, b->wk_type, b->wv_type, b->wo_type, b->wg_type, b->wu_type, b->wd_type, b->wpg_type,
+                       b->wpp_type};
+    const uint8_t *const ws[9] = {b->wq, b->wk, b->wv, b->wo, b->wg, b->wu, b->wd, b->wpg, b->wpp};
+    const int64_t nb[9] = {b->wq_bytes, b->wk_bytes, b->wv_bytes, b->wo_bytes, b->wg_bytes, b->wu_bytes, b->wd_bytes,
+                           b->wpg_bytes, b->wpp_bytes};
+    const int64_t rows[9] = {H * hd, KV * hd, KV * hd, E, F, F, E, P, E}, ks[9] = {E, E, E, H * hd, E, E, F, E, P};
+    for (int i = 0; i < 9; ++i) {
+        if ((b->kv_reuse && (i == 1 || i == 2)) || (!P && i >= 7)) continue; /* not read */
         int rc = check_weight(ty[i], ws[i], nb[i], rows[i], ks[i]);
         if (rc) return rc;
     }
+    if (P && (!b->ple_post_norm || b->ple_post_norm_len != E || !b->ple_in || b->ple_in_len < T * P))
+        return QS_ERR_VECTOR;
     const float *const vs[9] = {b->attn_norm, b->ffn_norm, b->bq, b->bk, b->bv, b->q_norm, b->k_norm,
                                 b->post_attn_norm, b->post_ffn_norm};
     const int64_t vlen[9] = {b->attn_norm_len, b->ffn_norm_len, b->bq_len, b->bk_len, b->bv_len, b->q_norm_len,
@@ -89,7 +96,8 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
     /* q/k norms: per head (length head_dim) or over the whole projection (olmo2: H*hd and KV*hd) */
     const int full = b->q_norm && b->q_norm_len == H * hd && H > 1;
     const int64_t want[9] = {E, E, H * hd, KV * hd, KV * hd, full ? H * hd : hd, full ? KV * hd : hd, E, E};
-    if (!b->attn_norm != !b->ffn_norm || !b->q_norm != !b->k_norm) return QS_ERR_VECTOR; /* NULL norms: olmo2 */
+    if (!b->attn_norm != !b->ffn_norm || (!b->q_norm != !b->k_norm && !b->kv_reuse))
+        return QS_ERR_VECTOR; /* NULL norms: olmo2 */
     for (int i = 0; i < 9; ++i)
         if (vs[i] && vlen[i] != want[i]) return QS_ERR_VECTOR;
     const int64_t cache = b->n_ctx * KV * hd * (b->kv_f16 ? 2 : 4);
@@ -101,8 +109,8 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
     if (!b) return QS_ERR_SIZE;
     int rc = check_block(b, x, T, pos, n_past);
     if (rc) return rc;
-    const int64_t E = b->n_embd, H = b->n_head, KV = b->n_head_kv, hd = b->head_dim, F = b->n_ff;
-    size_t need = (size_t)(T * E * 2 + T * H * hd * 2 + T * KV * hd * 2 + T * F * 2);
+    const int64_t E = b->n_embd, H = b->n_head, KV = b->n_head_kv, hd = b->head_dim, F = b->n_ff, P = b->ple_dim;
+    size_t need = (size_t)(T * E * 2 + T * H * hd * 2 + T * KV * hd * 2 + T * (F > P ? F : P) * 2);
     float *buf = (float *)malloc(need * sizeof(float));
     if (!buf) return QS_ERR_NOMEM;
     float *h = buf, *o = h + T * E, *q = o + T * E, *att = q + T * H * hd, *k = att + T * H * hd, *v = k + T * KV * hd;
@@ -115,13 +123,15 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
         const uint8_t *const ws[3] = {b->wq, b->wk, b->wv};
         const int64_t rows[3] = {H * hd, KV * hd, KV * hd};
         float *const ys[3] = {q, k, v};
-        rc = matmat_shared(3, ty, ws, rows, E, h, T, ys, n_threads);
+        rc = matmat_shared(b->kv_reuse ? 1 : 3, ty, ws, rows, E, h, T, ys, n_threads);
     }
     if (rc) goto done;
     if (b->bq) add_bias(q, b->bq, T, H * hd);
     if (b->bk) add_bias(k, b->bk, T, KV * hd);
     if (b->bv) add_bias(v, b->bv, T, KV * hd);
-    if (b->q_norm && b->k_norm) {
+    if (b->kv_reuse) {
+        if (b->q_norm) qs_rmsnorm(q, b->q_norm, q, T * H, hd, b->eps);
+    } else if (b->q_norm && b->k_norm) {
         if (b->q_norm_len == H * hd && H > 1) { /* over the whole projection (checked against k_norm_len) */
             qs_rmsnorm(q, b->q_norm, q, T, H * hd, b->eps);
             qs_rmsnorm(k, b->k_norm, k, T, KV * hd, b->eps);
@@ -135,8 +145,9 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
                                    b->rope_neox, b->rope_freqs, b->rope_ext_factor, b->rope_corr0, b->rope_corr1,
                                    b->rope_mscale != 0.0f ? b->rope_mscale : 1.0f};
         rc = qs_rope_ext(q, T, (int)H, (int)hd, b->rope_dim, pos, &rp);
-        if (!rc) rc = qs_rope_ext(k, T, (int)KV, (int)hd, b->rope_dim, pos, &rp);
+        if (!rc && !b->kv_reuse) rc = qs_rope_ext(k, T, (int)KV, (int)hd, b->rope_dim, pos, &rp);
     }
+    if (b->v_norm && !b->kv_reuse) qs_rmsnorm(v, NULL, v, T * KV, hd, b->eps);
     if (!rc && b->attn_temp_scale != 0.0f) /* Llama 4 / Ministral 3 temperature tuning of the queries */
         for (int64_t t = 0; t < T; ++t) {
             const float s = (float)(log(floor((double)pos[t] / (double)b->attn_temp_floor) + 1.0) *
@@ -144,8 +155,10 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
             for (int64_t i = 0; i < H * hd; ++i) q[t * H * hd + i] *= s;
         }
     if (rc) goto done;
-    store_kv(b->k_cache, b->kv_f16, n_past * KV * hd, k, T * KV * hd);
-    store_kv(b->v_cache, b->kv_f16, n_past * KV * hd, v, T * KV * hd);
+    if (!b->kv_reuse) {
+        store_kv(b->k_cache, b->kv_f16, n_past * KV * hd, k, T * KV * hd);
+        store_kv(b->v_cache, b->kv_f16, n_past * KV * hd, v, T * KV * hd);
+    }
     rc = qs_attention_softcap(q, T, pos, (int)H, (int)hd, b->k_cache, b->v_cache, b->kv_f16, (int)KV, n_past + T,
                               b->n_ctx, b->window, b->attn_scale, b->attn_softcap, att, n_threads);
     if (rc) goto done;
@@ -175,6 +188,17 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
     if (rs != 1.0f)
         for (int64_t i = 0; i < T * E; ++i) o[i] *= rs;
     for (int64_t i = 0; i < T * E; ++i) x[i] += o[i];
+    if (P) { /* gemma4's per-layer embedding: gelu(x W_gate^T) * ple_in -> W_proj -> RMSNorm, added to x */
+        rc = qs_matmat(b->wpg_type, b->wpg, P, E, x, T, g, n_threads);
+        if (rc) goto done;
+        qs_geglu_tanh(g, b->ple_in, g, T * P);
+        rc = qs_matmat(b->wpp_type, b->wpp, E, P, g, T, o, n_threads);
+        if (rc) goto done;
+        qs_rmsnorm(o, b->ple_post_norm, o, T, E, b->eps);
+        for (int64_t i = 0; i < T * E; ++i) x[i] += o[i];
+    }
+    if (b->out_scale != 0.0f && b->out_scale != 1.0f)
+        for (int64_t i = 0; i < T * E; ++i) x[i] *= b->out_scale;
 done:
     free(buf);
     return rc;

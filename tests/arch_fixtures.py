@@ -93,7 +93,56 @@ SPECS: dict[str, Spec] = {
                    extra_kv={"attention.sliding_window": 16, "attn_logit_softcapping": 1.5,
                              "final_logit_softcapping": 6.0}),
     "olmo2": Spec("olmo2", qk_norm="full", post_norms=True, pre_norms=False),
+    # written by _gemma4_layers: 6 layers alternating sliding/global with their own head sizes, KV heads, FFN
+    # widths and rotated sizes, V = K's projection in layer 1, the last 2 layers reading layers 2 and 3's caches,
+    # per-layer embeddings of 8, output scales and a small final cap
+    "gemma4": Spec("gemma4", tied=True, n_layers=6, embd_std=0.5),
 }
+
+#: gemma4 fixture: sliding layers, (head size, KV heads, FFN width) of sliding and global layers, shared layers
+G4_SWA = [True, False, True, False, True, False]
+G4_SHAPES = {True: (16, 2, 128), False: (32, 1, 128)}
+G4_SHARED = 2
+G4_PLE = 8
+
+
+def _gemma4_tensors(w, rng: np.random.Generator, matrix: Callable[..., None], vector: Callable[..., None],
+                    n_layers: int, ff: list[int]) -> None:
+    """Gemma 4's tensors (llama.cpp's names): proportional RoPE factors, per-layer embeddings, and per layer the
+    q/k norms, post norms, per-layer-embedding gate/projection/norm and output scale; the shared layers have no
+    k/v, layer 1 no attn_v."""
+    E, H, P = N_EMBD, N_HEAD, G4_PLE
+    hd_full = G4_SHAPES[False][0]
+    # the global layers rotate a quarter of each head: the other pairs get a factor that stops them
+    w.add_tensor("rope_freqs.weight", np.array([1.0] * (hd_full // 8) + [1e30] * (hd_full // 2 - hd_full // 8),
+                                               dtype=np.float32))
+    matrix("per_layer_token_embd.weight", N_VOCAB, n_layers * P, 0.5)
+    matrix("per_layer_model_proj.weight", n_layers * P, E, 0.2)
+    vector("per_layer_proj_norm.weight", P)
+    for i in range(n_layers):
+        b = f"blk.{i}."
+        hd, kv, _ = G4_SHAPES[G4_SWA[i]]
+        shared = i >= n_layers - G4_SHARED
+        vector(b + "attn_norm.weight", E)
+        matrix(b + "attn_q.weight", H * hd, E, 0.3)
+        if not shared:
+            matrix(b + "attn_k.weight", kv * hd, E, 0.3)
+            if i != 1:
+                matrix(b + "attn_v.weight", kv * hd, E, 0.3)
+        vector(b + "attn_q_norm.weight", hd)
+        if not shared:
+            vector(b + "attn_k_norm.weight", hd)
+        matrix(b + "attn_output.weight", E, H * hd, 0.2)
+        vector(b + "post_attention_norm.weight", E)
+        vector(b + "ffn_norm.weight", E)
+        matrix(b + "ffn_gate.weight", ff[i], E, 0.3)
+        matrix(b + "ffn_up.weight", ff[i], E, 0.3)
+        matrix(b + "ffn_down.weight", E, ff[i], 0.2)
+        vector(b + "post_ffw_norm.weight", E)
+        matrix(b + "inp_gate.weight", P, E, 0.3)
+        matrix(b + "proj.weight", E, P, 0.3)
+        vector(b + "post_norm.weight", E)
+        vector(b + "layer_output_scale.weight", 1, 0.8, 0.2)
 
 
 def vocabulary() -> dict[str, object]:
@@ -130,16 +179,41 @@ def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0
     w.add_uint32(a + "context_length", N_CTX_TRAIN)
     w.add_uint32(a + "embedding_length", E)
     w.add_uint32(a + "block_count", s.n_layers)
-    w.add_uint32(a + "feed_forward_length", F)
-    w.add_uint32(a + "attention.head_count", H)
-    w.add_uint32(a + "attention.head_count_kv", KV)
-    w.add_uint32(a + "attention.key_length", hd)
-    w.add_uint32(a + "attention.value_length", hd)
-    w.add_uint32(a + "rope.dimension_count", s.rope_dim)
-    w.add_float32(a + "rope.freq_base", 10000.0)
+    if s.arch == "gemma4":
+        def put(add: Callable[[str, object], None], key: str, val: object) -> None:
+            if key not in s.extra_kv:  # a test's extra_kv replaces the fixture's value
+                add(a + key, val)
+
+        put(w.add_uint32, "attention.head_count", H)
+        g4_ff = [G4_SHAPES[x][2] * (2 if i >= s.n_layers - G4_SHARED else 1) for i, x in enumerate(G4_SWA)]
+        put(w.add_array, "feed_forward_length", g4_ff)
+        put(w.add_array, "attention.head_count_kv", [G4_SHAPES[x][1] for x in G4_SWA])
+        put(w.add_array, "attention.sliding_window_pattern", G4_SWA)
+        put(w.add_uint32, "attention.key_length", G4_SHAPES[False][0])
+        put(w.add_uint32, "attention.value_length", G4_SHAPES[False][0])
+        put(w.add_uint32, "attention.key_length_swa", G4_SHAPES[True][0])
+        put(w.add_uint32, "attention.value_length_swa", G4_SHAPES[True][0])
+        put(w.add_uint32, "rope.dimension_count", G4_SHAPES[False][0])
+        put(w.add_uint32, "rope.dimension_count_swa", G4_SHAPES[True][0])
+        put(w.add_float32, "rope.freq_base", 1e6)
+        put(w.add_float32, "rope.freq_base_swa", 10000.0)
+        put(w.add_uint32, "attention.sliding_window", 16)
+        put(w.add_uint32, "attention.shared_kv_layers", G4_SHARED)
+        put(w.add_uint32, "embedding_length_per_layer_input", G4_PLE)
+        put(w.add_float32, "final_logit_softcapping", 6.0)
+    else:
+        w.add_uint32(a + "feed_forward_length", F)
+        w.add_uint32(a + "attention.head_count", H)
+        w.add_uint32(a + "attention.head_count_kv", KV)
+        w.add_uint32(a + "attention.key_length", hd)
+        w.add_uint32(a + "attention.value_length", hd)
+        w.add_uint32(a + "rope.dimension_count", s.rope_dim)
+        w.add_float32(a + "rope.freq_base", 10000.0)
     w.add_float32(a + "attention.layer_norm_rms_epsilon", 1e-6)
     for key, val in s.extra_kv.items():
-        if isinstance(val, str):
+        if isinstance(val, list):
+            w.add_array(a + key, val)
+        elif isinstance(val, str):
             w.add_string(a + key, val)
         elif isinstance(val, float):
             w.add_float32(a + key, val)
@@ -171,7 +245,9 @@ def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0
     if s.extra_tensors:
         for tname, arr in s.extra_tensors(rng).items():
             w.add_tensor(tname, arr)
-    for i in range(s.n_layers):
+    if s.arch == "gemma4":
+        _gemma4_tensors(w, rng, matrix, vector, s.n_layers, g4_ff)
+    for i in range(s.n_layers if s.arch != "gemma4" else 0):
         b = f"blk.{i}."
         if s.pre_norms:
             vector(b + "attn_norm.weight", E)

@@ -89,6 +89,13 @@ def test_logits_match_llama_cpp(key, repack, tmp_path, vocab):
     ("gemma3-linear-F32", dict(rope_freq_scale=1.0)),
     ("mistral3-F32", dict(attn_temp_scale=0.0)),
     ("granite-F32", dict(logit_scale=1.0)),
+    ("gemma4-F32", dict(v_norm=False)),
+    ("gemma4-F32", dict(attn_scale=0.0)),  # 1/sqrt(head size), as every other architecture
+    ("gemma4-F32", dict(rope_base_swa=1e6)),
+    ("gemma4-F32", dict(final_softcap=0.0)),
+    ("gemma4-F32", dict(rope_freqs=None)),  # every pair of the global layers rotated
+    ("gemma4-F32", dict(layer_out_scale=None)),
+    ("gemma4-F32", dict(layer_ple_post_norm=0.0)),  # the per-layer embeddings add nothing
 ])
 def test_the_oracle_catches_a_missing_feature(key, change, tmp_path, vocab):
     """Each feature the fixtures exercise matters: without it the fidelity test above would fail (gemma3's linear
@@ -97,6 +104,12 @@ def test_the_oracle_catches_a_missing_feature(key, change, tmp_path, vocab):
     weights = model.weights
     if "rope_freqs" in change:
         weights = dataclasses.replace(weights, rope_freqs=None)
+    elif "layer_out_scale" in change:
+        weights = dataclasses.replace(weights, layers=[dataclasses.replace(lw, out_scale=None)
+                                                       for lw in weights.layers])
+    elif "layer_ple_post_norm" in change:
+        weights = dataclasses.replace(weights, layers=[dataclasses.replace(lw, ple_post_norm=lw.ple_post_norm * 0)
+                                                       for lw in weights.layers])
     else:
         weights = dataclasses.replace(weights, config=dataclasses.replace(model.config, **change))
     r = kld.kl_divergence(base, Model(None, threads=2, weights=weights), tok)
@@ -105,6 +118,10 @@ def test_the_oracle_catches_a_missing_feature(key, change, tmp_path, vocab):
 
 def _extra(names: dict[str, int]):
     return lambda rng: {n: np.ones(k, np.float32) for n, k in names.items()}
+
+
+def G4(**kw: object) -> Spec:  # the gemma4 fixture with changes
+    return dataclasses.replace(arch_fixtures.SPECS["gemma4"], **kw)
 
 
 @pytest.mark.parametrize(("spec", "message"), [
@@ -118,6 +135,16 @@ def _extra(names: dict[str, int]):
     (Spec("llama", extra_kv={"rope.scaling.type": "yarn", "rope.scaling.yarn_ext_factor": 0.5}),
      "llama.rope.scaling.yarn_ext_factor: not supported"),
     (Spec("granite"), "granite.logit_scale: expected a value, found none"),
+    (G4(extra_tensors=lambda rng: {"blk.0.ffn_gate_inp.weight": np.ones((4, 64), np.float32)}),
+     "the mixture-of-experts variant (ffn_gate_inp) is not supported"),
+    (G4(extra_kv={"attention.shared_kv_layers": 6}), "gemma4.attention.shared_kv_layers: expected fewer than"),
+    (G4(extra_kv={"attention.shared_kv_layers": 5}), "own KV cache to number 2..6, found 1"),
+    (G4(extra_kv={"attention.shared_kv_layers": 3}), "layer 3 would read layer 2's KV cache"),
+    (G4(extra_kv={"attention.sliding_window_pattern": [True, False]}),
+     "gemma4.attention.sliding_window_pattern: expected an array of 6 booleans"),
+    (G4(extra_kv={"rope.dimension_count_swa": 20}), "at most the head dimension 16 for layer 0, found 20"),
+    (G4(extra_kv={"attention.head_count_kv": [2, 1, 2, 3, 2, 1]}), "for layer 3, found 3"),
+    (G4(extra_kv={"feed_forward_length": [128] * 6}), "blk.4.ffn_gate.weight to be 128 x 64"),
 ])
 def test_what_the_engine_would_ignore_is_refused(spec, message, tmp_path, vocab, monkeypatch, capsys):
     monkeypatch.setitem(arch_fixtures.SPECS, "case", spec)
@@ -147,3 +174,21 @@ def test_a_yarn_factor_that_zeroes_the_magnitude_is_refused(tmp_path, vocab, mon
     path = write_fixture("case", tmp_path / "case.gguf", vocab=vocab)
     with pytest.raises(UnsupportedModel, match=re.escape("rope.scaling.factor: expected a YaRN factor")):
         Model(GGUFFile(path))
+
+
+def test_gemma4_runs_from_the_cli_and_stays_off_the_gpu(tmp_path, vocab, capsys):
+    """The CLI generates with a gemma4 file; the CUDA backend refuses its per-layer shapes by name (CPU fallback),
+    as it does a llama whose layers differ in FFN width."""
+    from quantscope.core.engine import cuda_backend
+
+    model, _, _ = load("gemma4-F32", tmp_path, vocab)
+    with pytest.raises(UnsupportedModel, match="no CUDA path"):
+        cuda_backend.check_config(model.config)
+    llama, _, _ = load("llama-F32", tmp_path, vocab)
+    with pytest.raises(UnsupportedModel, match="layers of different shapes"):
+        cuda_backend.check_config(dataclasses.replace(llama.config, layer_n_ff=(128, 64)))
+    assert main(["generate", str(tmp_path / "gemma4-F32.gguf"), "-p", "The cat", "-n", "8", "--temp", "0"]) == 0
+    assert capsys.readouterr().out.strip()  # the continuation (the prompt is not echoed)
+    s = model.session(32)
+    assert s.kv_bytes == 2 * 32 * (2 * 2 * 16 + 2 * 1 * 32) * 2  # 4 caches of their own (f16), 2 shared
+    assert s.k_cache[4] is s.k_cache[2] and s.v_cache[5] is s.v_cache[3]

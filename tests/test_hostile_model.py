@@ -206,7 +206,13 @@ META_CASES = [
     case("llama", FF, 64, VT.UINT32, ("llama.feed_forward_length", "found 128 x 64")),
     case("qwen2", FF, 0, VT.UINT32, ("qwen2.feed_forward_length", "found 0")),
     case("gemma3", FF, 2**31, VT.UINT64, ("gemma3.feed_forward_length", f"found {2**31}")),
-    case("llama", FF, [128], VT.ARRAY, ("llama.feed_forward_length", "expected an integer", "ARRAY")),
+    # one value per layer is allowed (llama.cpp's get_key_or_arr), of the right count and each checked
+    case("llama", FF, [128], VT.ARRAY, ("llama.feed_forward_length", "one per layer", "array of 1")),
+    case("llama", FF, [128, 256], VT.ARRAY, ("llama.feed_forward_length", "blk.1.ffn_gate.weight to be 256 x 64")),
+    case("llama", FF, [128, 0], VT.ARRAY, ("llama.feed_forward_length", "expected integers in 1..", "0")),
+    case("llama", FF, ["a", "b"], VT.ARRAY, ("llama.feed_forward_length", "expected integers")),
+    case("llama", "attention.head_count_kv", [2, 3], VT.ARRAY,
+         ("llama.attention.head_count_kv", "divisor", "layer 1", "found 3")),
     # head counts
     case("llama", HC, 0, VT.UINT32, ("llama.attention.head_count", "found 0")),
     case("llama", HC, 3, VT.UINT32, ("llama.attention.head_count", "divisor", "no llama.attention.key_length",

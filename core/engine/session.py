@@ -40,9 +40,10 @@ class _Bound:
     nbytes: int
 
 
-#: (key in Model.layers, attribute of LayerWeights) of the seven matrices of a block.
+#: (key in Model.layers, attribute of LayerWeights) of the matrices of a block (wk/wv absent on gemma4's layers
+#: that read an earlier layer's cache; ple_* only with per-layer embeddings).
 _LAYER_WEIGHTS = (("wq", "wq"), ("wk", "wk"), ("wv", "wv"), ("wo", "wo"), ("w_gate", "w_gate"), ("w_up", "w_up"),
-                  ("w_down", "w_down"))
+                  ("w_down", "w_down"), ("ple_gate", "ple_gate"), ("ple_proj", "ple_proj"))
 
 
 def _bind(w: Weight) -> _Bound:
@@ -75,7 +76,11 @@ class Model:
         self._keep: list[object] = []
         self.layers: list[dict[str, _Bound]] = []
         for lw in self.weights.layers:
-            self.layers.append({key: _bind(getattr(lw, attr)) for key, attr in _LAYER_WEIGHTS})
+            bound = {key: _bind(getattr(lw, attr)) for key, attr in _LAYER_WEIGHTS
+                     if getattr(lw, attr) is not None and not (key == "wv" and lw.wv is lw.wk)}
+            if lw.wv is not None and lw.wv is lw.wk:  # V is K's projection (gemma4): one copy, repacked once
+                bound["wv"] = bound["wk"]
+            self.layers.append(bound)
         self._sessions_made = False
         #: bytes of the weights now held in the repacked layout (see :meth:`repack`)
         self.repacked_bytes = 0
@@ -84,6 +89,8 @@ class Model:
         self.release_embd_pages = False
         self.tok_embd = self.weights.tok_embd
         self.output = _bind(self.weights.output)
+        pm = self.weights.ple_model_proj
+        self.ple_model_proj = _bind(pm) if pm is not None else None
 
     def repack(self, progress: Callable[[float], None] | None = None,
                cancel: Callable[[], bool] | None = None) -> int:
@@ -96,7 +103,8 @@ class Model:
         if K.isa() == "scalar" or self._sessions_made:
             return 0
         todo = [(lb, key, getattr(lw, attr)) for lw, lb in zip(self.weights.layers, self.layers, strict=True)
-                for key, attr in _LAYER_WEIGHTS]
+                for key, attr in _LAYER_WEIGHTS
+                if getattr(lw, attr) is not None and not (key == "wv" and lw.wv is lw.wk)]
         todo.append((None, "output", self.weights.output))
         todo = [(lb, key, w) for lb, key, w in todo if K.can_repack(w.type, w.rows, w.k)]
         total = sum(w.data.nbytes for _, _, w in todo) or 1
@@ -113,6 +121,8 @@ class Model:
             if lb is None:
                 self.output = bound
             else:
+                if key == "wk" and lb.get("wv") is lb["wk"]:
+                    lb["wv"] = bound
                 lb[key] = bound
             # the file's copy is no longer read (a tied embedding's rows fault back in singly); released chunk by
             # chunk above, so the file's pages and the copy are never both resident
@@ -167,9 +177,18 @@ class Session:
         self.model = model
         model._sessions_made = True  # the blocks below hold the weight pointers: no repacking after this
         self.n_ctx = n_ctx = int(n_ctx)
-        shape = (c.n_layers, n_ctx, c.n_head_kv, c.head_dim)
-        self.k_cache = np.zeros(shape, dtype=kv_dtype)
-        self.v_cache = np.zeros(shape, dtype=kv_dtype)
+        # one (n_ctx, kv heads, head dim) cache per layer; a layer that reads an earlier one's (gemma4) shares it
+        self.k_cache: list[np.ndarray] = []
+        self.v_cache: list[np.ndarray] = []
+        for li in range(c.n_layers):
+            src = c.kv_source(li)
+            if src != li:
+                self.k_cache.append(self.k_cache[src])
+                self.v_cache.append(self.v_cache[src])
+                continue
+            shape = (n_ctx, c.n_head_kv_at(li), c.head_dim_at(li))
+            self.k_cache.append(np.zeros(shape, dtype=kv_dtype))
+            self.v_cache.append(np.zeros(shape, dtype=kv_dtype))
         self.n_past = 0
         self._block_structs = self._blocks()
 
@@ -182,7 +201,9 @@ class Session:
 
     @property
     def kv_bytes(self) -> int:
-        return int(self.k_cache.nbytes + self.v_cache.nbytes)
+        c = self.model.config
+        return int(sum(self.k_cache[i].nbytes + self.v_cache[i].nbytes for i in range(c.n_layers)
+                       if c.kv_source(i) == i))
 
     def _mm(self, w: _Bound, x: np.ndarray) -> np.ndarray:
         y = np.empty((x.shape[0], w.rows), dtype=np.float32)
@@ -201,28 +222,37 @@ class Session:
         """One ``qs_block`` per layer: the model's weight pointers plus this session's cache slices."""
         m, c = self.model, self.model.config
         blocks = []
-        kv_f16 = int(self.k_cache.dtype == np.float16)
+        kv_f16 = int(self.k_cache[0].dtype == np.float16)
         for li, (lw, lb) in enumerate(zip(m.weights.layers, m.layers, strict=True)):
             b = ffi.new("qs_block *")
-            b.n_embd, b.n_head, b.n_head_kv, b.head_dim, b.n_ff = c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff
-            b.rope_dim, b.rope_neox, b.gelu, b.kv_f16 = c.rope_dim, int(c.rope_neox), int(c.gelu), kv_f16
+            hd = c.head_dim_at(li)
+            b.n_embd, b.n_head, b.n_head_kv, b.head_dim, b.n_ff = c.n_embd, c.n_head, c.n_head_kv_at(li), hd, \
+                c.n_ff_at(li)
+            b.rope_dim, b.rope_neox, b.gelu, b.kv_f16 = c.rope_dim_at(li), int(c.rope_neox), int(c.gelu), kv_f16
             b.n_ctx, b.window = self.n_ctx, c.layer_window(li)
             b.eps, b.rope_base = c.rms_eps, c.layer_rope_base(li)
-            b.attn_scale = c.attn_scale or 1.0 / math.sqrt(c.head_dim)
+            b.attn_scale = c.attn_scale or 1.0 / math.sqrt(hd)
             for field, key in (("wq", "wq"), ("wk", "wk"), ("wv", "wv"), ("wo", "wo"), ("wg", "w_gate"),
-                               ("wu", "w_up"), ("wd", "w_down")):
-                setattr(b, field, lb[key].ptr)
-                setattr(b, field + "_type", lb[key].type_id)
-                setattr(b, field + "_bytes", lb[key].nbytes)
+                               ("wu", "w_up"), ("wd", "w_down"), ("wpg", "ple_gate"), ("wpp", "ple_proj")):
+                w = lb.get(key)
+                setattr(b, field, w.ptr if w is not None else ffi.NULL)
+                setattr(b, field + "_type", w.type_id if w is not None else 0)
+                setattr(b, field + "_bytes", w.nbytes if w is not None else 0)
             for field in ("attn_norm", "ffn_norm", "bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm",
-                          "post_ffn_norm"):
+                          "post_ffn_norm", "ple_post_norm"):
                 vec = getattr(lw, field)
                 setattr(b, field, _fp(vec) if vec is not None else ffi.NULL)
                 setattr(b, field + "_len", 0 if vec is None else int(vec.size))
+            b.kv_reuse = int(c.kv_source(li) != li)
+            b.v_norm = int(c.v_norm)
+            b.out_scale = float(lw.out_scale[0]) if lw.out_scale is not None else 0.0
+            b.ple_dim = c.ple_dim
             b.no_rope = int(not c.uses_rope(li))
             b.attn_softcap = c.attn_softcap
             b.residual_scale = c.residual_scale
             rf = m.weights.rope_factors(self.n_ctx)
+            if c.rope_freqs_global_only and c.is_sliding(li):
+                rf = None
             b.rope_mscale = c.rope_mscale
             b.rope_freq_scale, b.rope_ext_factor = c.layer_rope_freq_scale(li), c.rope_ext_factor
             b.rope_corr0, b.rope_corr1 = c.yarn_corr_dims(li)
@@ -248,6 +278,21 @@ class Session:
             K.drop_pages(e.data)
         return x
 
+    def _ple_inputs(self, ids: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Gemma 4's per-layer inputs ``[n_layers][T][ple_dim]``: each token's row of per_layer_token_embd times
+        sqrt(ple_dim), plus the scaled embedding projected by per_layer_model_proj (times 1/sqrt(n_embd)) and
+        RMS-normalized per layer, the sum times 1/sqrt(2) (llama.cpp's project_per_layer_inputs)."""
+        m, c = self.model, self.model.config
+        w = m.weights
+        L, P, T = c.n_layers, c.ple_dim, ids.size
+        assert w.ple_tok_embd is not None and w.ple_model_proj is not None and w.ple_proj_norm is not None
+        e = w.ple_tok_embd
+        tok = K.get_rows(e.type, e.data, e.rows, e.k, ids, threads=m.threads) * np.float32(math.sqrt(P))
+        proj = self._mm(m.ple_model_proj, np.ascontiguousarray(x)) * np.float32(1.0 / math.sqrt(c.n_embd))
+        proj = self._rmsnorm(np.ascontiguousarray(proj.reshape(T * L, P)), w.ple_proj_norm, P).reshape(T, L * P)
+        out = (proj + tok) * np.float32(1.0 / math.sqrt(2.0))
+        return np.ascontiguousarray(out.reshape(T, L, P).transpose(1, 0, 2))
+
     def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False, logits: bool = True) -> np.ndarray:
         """Run ``tokens`` at positions ``n_past…``; returns logits of the last token (or of every token), or an
         empty array with ``logits=False`` (a prompt chunk whose only product is the KV cache)."""
@@ -264,9 +309,12 @@ class Session:
         x = self._embed(ids)
         if c.embed_scale != 1.0:
             x *= np.float32(c.embed_scale)
+        ple = self._ple_inputs(ids, x) if c.ple_dim else None
         xp = ffi.cast("float *", ffi.from_buffer(x))
         posp = ffi.cast("int32_t *", ffi.from_buffer(pos))
-        for b in self._block_structs:
+        for li, b in enumerate(self._block_structs):
+            if ple is not None:
+                b.ple_in, b.ple_in_len = _fp(ple[li]), ple[li].size
             rc = lib.qs_block_forward(b, xp, T, posp, self.n_past, m.threads)
             K.check(rc, "transformer block")
         E = c.n_embd

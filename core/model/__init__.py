@@ -81,9 +81,42 @@ class ModelConfig:
     rope_beta_slow: float = 1.0
     attn_temp_scale: float = 0.0  # mistral3: queries scaled by 1 + t * ln(floor(pos / rope_orig_ctx) + 1)
     logit_scale: float = 1.0  # granite: logits divided by this
+    # gemma4: per-layer shapes (empty: every layer has the scalars above), an explicit sliding-layer list, V
+    # RMS-normalized without a weight, the layers from kv_from_start on reading an earlier layer's KV cache, and
+    # per-layer token embeddings of ple_dim values
+    layer_n_head_kv: tuple[int, ...] = ()
+    layer_head_dim: tuple[int, ...] = ()
+    layer_n_ff: tuple[int, ...] = ()
+    layer_rope_dim: tuple[int, ...] = ()
+    swa_layers: tuple[bool, ...] = ()
+    v_norm: bool = False
+    kv_from_start: int = 0
+    ple_dim: int = 0
+    rope_freqs_global_only: bool = False  # rope_freqs.weight applies to the global (non-sliding) layers only
+
+    def n_head_kv_at(self, layer: int) -> int:
+        return self.layer_n_head_kv[layer] if self.layer_n_head_kv else self.n_head_kv
+
+    def head_dim_at(self, layer: int) -> int:
+        return self.layer_head_dim[layer] if self.layer_head_dim else self.head_dim
+
+    def n_ff_at(self, layer: int) -> int:
+        return self.layer_n_ff[layer] if self.layer_n_ff else self.n_ff
+
+    def rope_dim_at(self, layer: int) -> int:
+        return self.layer_rope_dim[layer] if self.layer_rope_dim else self.rope_dim
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose KV cache ``layer`` attends to: itself, or for gemma4's shared layers the last earlier
+        layer of the same kind (llama.cpp: kv_from_start - 2 for sliding layers, - 1 for global ones)."""
+        if not self.kv_from_start or layer < self.kv_from_start:
+            return layer
+        return self.kv_from_start - (2 if self.is_sliding(layer) else 1)
 
     def is_sliding(self, layer: int) -> bool:
         """Does ``layer`` use the sliding window (and the local RoPE base)?"""
+        if self.swa_layers:
+            return self.sliding_window > 0 and self.swa_layers[layer]
         return self.swa_pattern > 0 and self.sliding_window > 0 and (layer + 1) % self.swa_pattern != 0
 
     def layer_rope_base(self, layer: int) -> float:
@@ -102,7 +135,7 @@ class ModelConfig:
     def yarn_corr_dims(self, layer: int) -> tuple[float, float]:
         """ggml's YaRN correction dimensions for ``layer``'s RoPE base (ggml_rope_yarn_corr_dims, float32)."""
         base = np.float32(self.layer_rope_base(layer))
-        n = np.float32(self.rope_dim)
+        n = np.float32(self.rope_dim_at(layer))
         orig = np.float32(self.original_ctx())
 
         def corr(beta: float) -> float:
@@ -115,7 +148,7 @@ class ModelConfig:
 
         start = finite(corr(self.rope_beta_fast), -1e9, 1e9)
         end = finite(corr(self.rope_beta_slow), -1e9, 1e9)
-        return float(max(0, math.floor(start))), float(min(self.rope_dim - 1, math.ceil(end)))
+        return float(max(0, math.floor(start))), float(min(self.rope_dim_at(layer) - 1, math.ceil(end)))
 
     def uses_rope(self, layer: int) -> bool:
         """Does ``layer`` rotate q and k (smollm3 leaves every fourth layer without positions)?"""
@@ -161,6 +194,34 @@ def _float(f: GGUFFile, key: str, default: float, hi: float = 1e30, zero_ok: boo
     return x
 
 
+def _ints(f: GGUFFile, key: str, n: int, default: object = _REQUIRED, lo: int = 1, hi: int = MAX_CTX) -> list[int]:
+    """Integer metadata ``key`` for each of ``n`` layers: one integer for all, or an array of ``n``."""
+    kv = f.metadata.get(key)
+    if kv is None or kv.count is None:
+        return [_int(f, key, default, lo, hi)] * n
+    v = kv.value
+    items = v.tolist() if isinstance(v, np.ndarray) else list(v)
+    if len(items) != n:
+        raise ModelError(f"{key}: expected one value or {n} (one per layer), found an array of {len(items)}")
+    for x in items:
+        if isinstance(x, bool | np.bool_) or not isinstance(x, int | np.integer) or not lo <= int(x) <= hi:
+            raise ModelError(f"{key}: expected integers in {lo}..{hi}, found {_show(x)}")
+    return [int(x) for x in items]
+
+
+def _bools(f: GGUFFile, key: str, n: int) -> list[bool]:
+    """A required array of ``n`` booleans (one per layer)."""
+    kv = f.metadata.get(key)
+    if kv is None:
+        raise ModelError(f"{key}: expected a value, found none (the key is missing)")
+    v = kv.value
+    items = v.tolist() if isinstance(v, np.ndarray) else []
+    if kv.count is None or len(items) != n or not all(isinstance(x, bool) for x in items):
+        raise ModelError(f"{key}: expected an array of {n} booleans (one per layer), found {kv.type_label} "
+                         f"{_show(v)}")
+    return [bool(x) for x in items]
+
+
 def gguf_keys(arch: str, derived_head_dim: bool = False) -> dict[str, str]:
     """The GGUF metadata key behind each :class:`ModelConfig` field (what error messages name);
     ``derived_head_dim``: the file has no key_length, the head dimension is embedding_length / head_count."""
@@ -172,6 +233,11 @@ def gguf_keys(arch: str, derived_head_dim: bool = False) -> dict[str, str]:
         "rms_eps": p + "attention.layer_norm_rms_epsilon", "rope_base": p + "rope.freq_base",
         "rope_dim": p + "rope.dimension_count", "sliding_window": p + "attention.sliding_window",
         "rope_base_swa": p + "rope.freq_base (sliding layers)",
+        "layer_n_head_kv": p + "attention.head_count_kv", "layer_n_ff": p + "feed_forward_length",
+        "layer_head_dim": p + "attention.key_length / key_length_swa",
+        "layer_rope_dim": p + "rope.dimension_count / dimension_count_swa",
+        "swa_layers": p + "attention.sliding_window_pattern", "kv_from_start": p + "attention.shared_kv_layers",
+        "ple_dim": p + "embedding_length_per_layer_input",
     }
     if derived_head_dim:
         keys["head_dim"] = f"{p}embedding_length / {p}attention.head_count"
@@ -226,6 +292,43 @@ def check_config(cfg: ModelConfig, keys: dict[str, str] | None = None) -> None:
         raise ModelError(f"no-RoPE layer step: expected 0..{MAX_LAYERS}, found {cfg.no_rope_step}")
     if not (math.isfinite(cfg.embed_scale) and math.isfinite(cfg.attn_scale) and cfg.attn_scale >= 0):
         raise ModelError(f"{k['n_embd']}: derived scales are not finite")
+    _check_layers(cfg, k)
+
+
+def _check_layers(cfg: ModelConfig, k: dict[str, str]) -> None:
+    """The per-layer shapes (gemma4), the sliding-layer list and the KV sharing, each against the others."""
+    L = cfg.n_layers
+    for name in ("layer_n_head_kv", "layer_head_dim", "layer_n_ff", "layer_rope_dim", "swa_layers"):
+        v = getattr(cfg, name)
+        if v and len(v) != L:
+            raise ModelError(f"{k.get(name, name)}: expected {L} values (one per layer), found {len(v)}")
+    for i in range(L):
+        kv, hd, ff, rd = cfg.n_head_kv_at(i), cfg.head_dim_at(i), cfg.n_ff_at(i), cfg.rope_dim_at(i)
+        for name, v, hi in (("n_head_kv", kv, MAX_HEADS), ("head_dim", hd, MAX_HEAD_DIM), ("n_ff", ff, MAX_FF),
+                            ("rope_dim", rd, MAX_HEAD_DIM)):
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= hi:
+                raise ModelError(f"{k.get('layer_' + name, k[name])}: expected an integer in 1..{hi} for layer {i}, "
+                                 f"found {v!r}")
+        if cfg.n_head % kv:
+            raise ModelError(f"{k.get('layer_n_head_kv', k['n_head_kv'])}: expected a divisor of {k['n_head']} = "
+                             f"{cfg.n_head} for layer {i}, found {kv}")
+        if hd % 2 or rd % 2 or rd > hd:
+            raise ModelError(f"{k.get('layer_rope_dim', k['rope_dim'])}: expected an even number at most the head "
+                             f"dimension {hd} for layer {i}, found {rd}")
+        if cfg.n_head * hd > MAX_FF:
+            raise ModelError(f"{k['n_head']}: {cfg.n_head} heads of {hd} exceed {MAX_FF} values (layer {i})")
+    if not 0 <= cfg.ple_dim <= MAX_EMBD:
+        raise ModelError(f"{k.get('ple_dim', 'ple_dim')}: expected 0..{MAX_EMBD}, found {cfg.ple_dim}")
+    if cfg.kv_from_start:
+        if not 2 <= cfg.kv_from_start <= L:
+            raise ModelError(f"{k.get('kv_from_start', 'kv_from_start')}: expected the layers with their own KV "
+                             f"cache to number 2..{L}, found {cfg.kv_from_start}")
+        for i in range(cfg.kv_from_start, L):
+            j = cfg.kv_source(i)
+            if (cfg.is_sliding(j) != cfg.is_sliding(i) or cfg.head_dim_at(j) != cfg.head_dim_at(i)
+                    or cfg.n_head_kv_at(j) != cfg.n_head_kv_at(i)):
+                raise ModelError(f"{k.get('kv_from_start', 'kv_from_start')}: layer {i} would read layer {j}'s KV "
+                                 "cache, which has another kind or shape")
 
 
 # ------------------------------------------------------------------------------ one description per architecture
@@ -307,6 +410,37 @@ def _gemma3(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
             "qk_norm": True, "post_norms": True, "attn_scale": 1.0 / math.sqrt(c["head_dim"])}  # type: ignore[arg-type]
 
 
+def _gemma4(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
+    """Gemma 4's dense text model: the layers listed in ``sliding_window_pattern`` slide (their own head size,
+    rotated size and RoPE base), the others rotate with rope_freqs.weight (proportional RoPE); unscaled attention
+    over q/k RMSNorm and a weightless V RMSNorm; the last ``shared_kv_layers`` layers read an earlier layer's
+    cache; optional per-layer token embeddings; a per-layer output scale; final soft-capping."""
+    a, n = c["arch"], c["n_layers"]
+    swa = _bools(f, keys["swa_layers"], n)  # type: ignore[arg-type]
+    hd_full = c["head_dim"]
+    hd_swa = _int(f, f"{a}.attention.key_length_swa", hd_full, hi=MAX_HEAD_DIM)
+    if _int(f, f"{a}.attention.value_length_swa", hd_swa, hi=MAX_HEAD_DIM) != hd_swa:
+        raise ModelError(f"{a}.attention.value_length_swa: expected {hd_swa} (= {a}.attention.key_length_swa), "
+                         f"found {f.get(a + '.attention.value_length_swa')}")
+    rot_full = c["rope_dim"]
+    rot_swa = _int(f, f"{a}.rope.dimension_count_swa", rot_full, hi=MAX_HEAD_DIM)
+    shared = _int(f, keys["kv_from_start"], 0, lo=0, hi=MAX_LAYERS)
+    if shared >= n:  # type: ignore[operator]
+        raise ModelError(f"{keys['kv_from_start']}: expected fewer than {keys['n_layers']} = {n}, found {shared}")
+    if f.has_tensor("blk.0.ffn_gate_inp.weight"):
+        raise UnsupportedModel(f"{a}: the mixture-of-experts variant (ffn_gate_inp) is not supported by the engine")
+    return {"rope_neox": True, "swa_layers": tuple(swa), "swa_pattern": 0,
+            "sliding_window": _int(f, keys["sliding_window"], hi=MAX_CTX),
+            "rope_base_swa": _float(f, f"{a}.rope.freq_base_swa", 10000.0, 1e30),
+            "layer_head_dim": tuple(hd_swa if w else hd_full for w in swa),
+            "layer_rope_dim": tuple(rot_swa if w else rot_full for w in swa),
+            "kv_from_start": n - shared if shared else 0,  # type: ignore[operator]
+            "ple_dim": _int(f, keys["ple_dim"], 0, lo=0, hi=MAX_EMBD),
+            "embed_scale": math.sqrt(c["n_embd"]), "gelu": True, "qk_norm": True, "v_norm": True,  # type: ignore[arg-type]
+            "post_norms": True, "attn_scale": 1.0, "rope_freqs_global_only": True,
+            "final_softcap": _float(f, f"{a}.final_logit_softcapping", 30.0, 1e30)}
+
+
 @dataclass(frozen=True)
 class Architecture:
     """What the engine knows about one ``general.architecture``."""
@@ -320,7 +454,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     Architecture("llama", _llama), Architecture("granite", _granite), Architecture("smollm3", _smollm3),
     Architecture("qwen2", _neox), Architecture("qwen3", _qwen3), Architecture("phi3", _phi3, fused_gate_up=True),
     Architecture("olmo2", _olmo2), Architecture("gemma2", _gemma2), Architecture("gemma3", _gemma3),
-    Architecture("mistral3", _mistral3),
+    Architecture("mistral3", _mistral3), Architecture("gemma4", _gemma4),
 )}
 SUPPORTED_ARCHS = tuple(ARCHITECTURES)
 
@@ -372,8 +506,9 @@ def read_config(f: GGUFFile) -> ModelConfig:
     n_embd = _int(f, keys["n_embd"], hi=MAX_EMBD)
     n_layers = _int(f, keys["n_layers"], hi=MAX_LAYERS)
     n_head = _int(f, keys["n_head"], hi=MAX_HEADS)
-    n_head_kv = _int(f, keys["n_head_kv"], n_head, hi=MAX_HEADS)
-    n_ff = _int(f, keys["n_ff"], hi=MAX_FF)
+    kv_list = _ints(f, keys["n_head_kv"], n_layers, n_head, hi=MAX_HEADS)  # llama.cpp takes one or one per layer
+    ff_list = _ints(f, keys["n_ff"], n_layers, hi=MAX_FF)
+    n_head_kv, n_ff = kv_list[0], max(ff_list)
     n_ctx_train = _int(f, keys["n_ctx_train"], 4096)
     if not f.has_tensor("token_embd.weight"):
         raise UnsupportedModel("missing tensor token_embd.weight")
@@ -407,6 +542,8 @@ def read_config(f: GGUFFile) -> ModelConfig:
         rms_eps=_float(f, keys["rms_eps"], 1e-5, 1.0),
         rope_base=_float(f, keys["rope_base"], 10000.0, 1e30),
         rope_dim=_int(f, keys["rope_dim"], head_dim, hi=MAX_HEAD_DIM),
+        layer_n_head_kv=tuple(kv_list) if len(set(kv_list)) > 1 else (),
+        layer_n_ff=tuple(ff_list) if len(set(ff_list)) > 1 else (),
     )
     common.update(_rope_scaling(f, arch, n_ctx_train))
     description = ARCHITECTURES[arch]
@@ -454,8 +591,8 @@ class Weight:
 class LayerWeights:
     attn_norm: np.ndarray | None
     wq: Weight
-    wk: Weight
-    wv: Weight
+    wk: Weight | None  # None: the layer reads an earlier layer's KV cache (ModelConfig.kv_source)
+    wv: Weight | None  # wk again where V is K's projection (gemma4 without attn_v)
     wo: Weight
     ffn_norm: np.ndarray | None
     w_gate: Weight
@@ -468,6 +605,19 @@ class LayerWeights:
     k_norm: np.ndarray | None = None
     post_attn_norm: np.ndarray | None = None
     post_ffn_norm: np.ndarray | None = None
+    ple_gate: Weight | None = None  # gemma4's per-layer embedding: ple_dim x n_embd
+    ple_proj: Weight | None = None  # n_embd x ple_dim
+    ple_post_norm: np.ndarray | None = None
+    out_scale: np.ndarray | None = None  # gemma4: the layer's output multiplied by this one value
+
+    def matrices(self) -> list[Weight]:
+        """The distinct matrices of the layer (a V that is K's projection counted once)."""
+        out: list[Weight] = []
+        for w in (self.wq, self.wk, self.wv, self.wo, self.w_gate, self.w_up, self.w_down, self.ple_gate,
+                  self.ple_proj):
+            if w is not None and all(w is not x for x in out):
+                out.append(w)
+        return out
 
 
 @dataclass
@@ -481,6 +631,9 @@ class ModelWeights:
     rope_freqs: np.ndarray | None = None  # Llama 3: rope_dim/2 divisors of the RoPE frequencies
     rope_long: np.ndarray | None = None  # Phi-3.5/4 LongRoPE: divisors for contexts beyond rope_orig_ctx
     rope_short: np.ndarray | None = None  # ... and for contexts up to it
+    ple_tok_embd: Weight | None = None  # gemma4: n_vocab rows of n_layers x ple_dim
+    ple_model_proj: Weight | None = None  # n_layers * ple_dim x n_embd
+    ple_proj_norm: np.ndarray | None = None  # ple_dim
 
     def rope_factors(self, n_ctx: int) -> np.ndarray | None:
         """The RoPE frequency divisors a session of ``n_ctx`` positions uses (llama.cpp's choice), or None."""
@@ -492,8 +645,9 @@ class ModelWeights:
     @property
     def nbytes(self) -> int:
         n = self.tok_embd.nbytes + (0 if self.tied else self.output.nbytes)
+        n += sum(w.nbytes for w in (self.ple_tok_embd, self.ple_model_proj) if w is not None)
         for lw in self.layers:
-            n += sum(w.nbytes for w in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate, lw.w_up, lw.w_down))
+            n += sum(w.nbytes for w in lw.matrices())
         return n
 
 
@@ -536,18 +690,26 @@ def _rows(w: Weight, parts: list[tuple[str, int]], rows_from: str) -> list[Weigh
     return out
 
 
-def _attn_and_ffn(f: GGUFFile, cfg: ModelConfig, b: str) -> tuple[Weight, ...]:
-    """q, k, v, gate and up of layer prefix ``b``: separate tensors, or phi3's fused attn_qkv and gate+up."""
+def _attn_and_ffn(f: GGUFFile, cfg: ModelConfig, i: int) -> tuple[Weight | None, ...]:
+    """q, k, v, gate and up of layer ``i``: separate tensors, or phi3's fused attn_qkv and gate+up; gemma4's
+    layers that read an earlier layer's cache have no k and v, and a missing attn_v means V is K's projection."""
+    b = f"blk.{i}."
     keys = gguf_keys(cfg.arch)
     heads = f"{keys['n_head']}, {keys['n_head_kv']}, {keys['head_dim']}"
+    hd, kvh, n_ff = cfg.head_dim_at(i), cfg.n_head_kv_at(i), cfg.n_ff_at(i)
+    wk: Weight | None
+    wv: Weight | None
     if f.has_tensor(b + "attn_qkv.weight"):
-        q_rows, kv_rows = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+        q_rows, kv_rows = cfg.n_head * hd, kvh * hd
         wq, wk, wv = _rows(_weight(f, b + "attn_qkv.weight"), [("q", q_rows), ("k", kv_rows), ("v", kv_rows)],
                            heads)
+    elif cfg.kv_source(i) != i:
+        wq, wk, wv = _weight(f, b + "attn_q.weight"), None, None
     else:
-        wq, wk, wv = _weight(f, b + "attn_q.weight"), _weight(f, b + "attn_k.weight"), _weight(f, b + "attn_v.weight")
+        wq, wk = _weight(f, b + "attn_q.weight"), _weight(f, b + "attn_k.weight")
+        wv = wk if cfg.arch == "gemma4" and not f.has_tensor(b + "attn_v.weight") else _weight(f, b + "attn_v.weight")
     if ARCHITECTURES[cfg.arch].fused_gate_up and not f.has_tensor(b + "ffn_gate.weight"):
-        gate, up = _rows(_weight(f, b + "ffn_up.weight"), [("gate", cfg.n_ff), ("up", cfg.n_ff)], keys["n_ff"])
+        gate, up = _rows(_weight(f, b + "ffn_up.weight"), [("gate", n_ff), ("up", n_ff)], keys["n_ff"])
     else:
         gate, up = _weight(f, b + "ffn_gate.weight"), _weight(f, b + "ffn_up.weight")
     return wq, wk, wv, gate, up
@@ -559,7 +721,8 @@ _IGNORABLE = re.compile(r"^blk\.\d+\.attn_rot_embd$")
 _VECTOR_TENSORS = {"attn_norm": "attn_norm.weight", "ffn_norm": "ffn_norm.weight", "bq": "attn_q.bias",
                    "bk": "attn_k.bias", "bv": "attn_v.bias", "q_norm": "attn_q_norm.weight",
                    "k_norm": "attn_k_norm.weight", "post_attn_norm": "post_attention_norm.weight",
-                   "post_ffn_norm": "post_ffw_norm.weight"}
+                   "post_ffn_norm": "post_ffw_norm.weight", "ple_post_norm": "post_norm.weight",
+                   "out_scale": "layer_output_scale.weight"}
 
 
 def _check_all_bound(f: GGUFFile, cfg: ModelConfig, used: set[str]) -> None:
@@ -577,9 +740,11 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
     error (:class:`UnsupportedModel`)."""
     cfg = config or read_config(f)
     layers = []
+    ple = cfg.ple_dim > 0
     for i in range(cfg.n_layers):
         b = f"blk.{i}."
-        wq, wk, wv, gate, up = _attn_and_ffn(f, cfg, b)
+        wq, wk, wv, gate, up = _attn_and_ffn(f, cfg, i)
+        shared = wk is None
         layers.append(LayerWeights(
             attn_norm=_vector(f, b + "attn_norm.weight", not cfg.pre_norms),
             wq=wq, wk=wk, wv=wv, wo=_weight(f, b + "attn_output.weight"),
@@ -589,26 +754,37 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
             bq=_vector(f, b + "attn_q.bias", True), bk=_vector(f, b + "attn_k.bias", True),
             bv=_vector(f, b + "attn_v.bias", True),
             q_norm=_vector(f, b + "attn_q_norm.weight", not cfg.qk_norm),
-            k_norm=_vector(f, b + "attn_k_norm.weight", not cfg.qk_norm),
+            k_norm=None if shared else _vector(f, b + "attn_k_norm.weight", not cfg.qk_norm),
             post_attn_norm=_vector(f, b + "post_attention_norm.weight", not cfg.post_norms),
             post_ffn_norm=_vector(f, b + "post_ffw_norm.weight", not cfg.post_norms),
+            ple_gate=_weight(f, b + "inp_gate.weight") if ple else None,
+            ple_proj=_weight(f, b + "proj.weight") if ple else None,
+            ple_post_norm=_vector(f, b + "post_norm.weight") if ple else None,
+            out_scale=_vector(f, b + "layer_output_scale.weight", True) if cfg.arch == "gemma4" else None,
         ))
     emb = _weight(f, "token_embd.weight")
     tied = not f.has_tensor("output.weight")
     out = emb if tied else _weight(f, "output.weight")
-    freqs = _vector(f, "rope_freqs.weight", True) if cfg.arch in ("llama", "mistral3") else None
+    freqs = _vector(f, "rope_freqs.weight", True) if cfg.arch in ("llama", "mistral3", "gemma4") else None
     long = _vector(f, "rope_factors_long.weight", True) if cfg.arch == "phi3" else None
     short = _vector(f, "rope_factors_short.weight", True) if cfg.arch == "phi3" else None
     w = ModelWeights(cfg, emb, out, _vector(f, "output_norm.weight"), layers, tied,  # type: ignore[arg-type]
-                     rope_freqs=freqs, rope_long=long, rope_short=short)
+                     rope_freqs=freqs, rope_long=long, rope_short=short,
+                     ple_tok_embd=_weight(f, "per_layer_token_embd.weight") if ple else None,
+                     ple_model_proj=_weight(f, "per_layer_model_proj.weight") if ple else None,
+                     ple_proj_norm=_vector(f, "per_layer_proj_norm.weight") if ple else None)
     check_weights(w, gguf_keys(cfg.arch, derived_head_dim=f"{cfg.arch}.attention.key_length" not in f.metadata))
     used = {"token_embd.weight", "output.weight", "output_norm.weight"}
     used |= {n for n, v in (("rope_freqs.weight", freqs), ("rope_factors_long.weight", long),
                             ("rope_factors_short.weight", short)) if v is not None}
+    if ple:
+        used |= {"per_layer_token_embd.weight", "per_layer_model_proj.weight", "per_layer_proj_norm.weight"}
     for i, lw in enumerate(layers):
-        for x in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w_gate, lw.w_up, lw.w_down):
+        for x in lw.matrices():
             used.add(x.name.split("[", 1)[0])
         used |= {f"blk.{i}.{name}" for fld, name in _VECTOR_TENSORS.items() if getattr(lw, fld) is not None}
+        if lw.wk is None:  # llama.cpp loads and ignores a shared layer's own k/v (they are optional there)
+            used |= {f"blk.{i}.{n}.weight" for n in ("attn_k", "attn_v", "attn_k_norm")}
     _check_all_bound(f, cfg, used)
     return w
 
@@ -650,29 +826,53 @@ def check_weights(w: ModelWeights, keys: dict[str, str] | None = None) -> None:
     c = w.config
     k = keys or gguf_keys(c.arch)
     check_config(c, k)
-    E, H, KV, hd, F = c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff
+    E, H = c.n_embd, c.n_head
     if len(w.layers) != c.n_layers:
         raise ModelError(f"{k['n_layers']}: expected {len(w.layers)} (the layers bound), found {c.n_layers}")
-    heads = kv_heads = f"{k['n_head']} = {H}, {k['n_head_kv']} = {KV}, head dimension {k['head_dim']} = {hd}"
     _check_matrix(w.tok_embd, c.n_vocab, E, k["n_vocab"], k["n_embd"])
     _check_matrix(w.output, c.n_vocab, E, k["n_vocab"], k["n_embd"])
     _check_vector("output_norm.weight", w.output_norm, E, k["n_embd"])
     if (w.rope_long is None) != (w.rope_short is None):
         raise ModelError("rope_factors_long/rope_factors_short.weight: expected both or neither, found one")
+    # rope_freqs: rope_dim/2 divisors (gemma4: of its global layers, whose rotated size is rope_dim too)
     for name, v in (("rope_freqs", w.rope_freqs), ("rope_factors_long", w.rope_long),
                     ("rope_factors_short", w.rope_short)):
         _check_vector(f"{name}.weight", v, c.rope_dim // 2, k["rope_dim"] + " / 2", False)
         if v is not None and not (np.isfinite(v).all() and (v > 0).all()):
             raise ModelError(f"{name}.weight: expected finite positive frequency factors")
+    P = c.ple_dim
+    if P:
+        _check_matrix(w.ple_tok_embd, c.n_vocab, c.n_layers * P, k["n_vocab"],  # type: ignore[arg-type]
+                      f"{k['n_layers']} x {k['ple_dim']}")
+        _check_matrix(w.ple_model_proj, c.n_layers * P, E, f"{k['n_layers']} x {k['ple_dim']}",  # type: ignore[arg-type]
+                      k["n_embd"])
+        _check_vector("per_layer_proj_norm.weight", w.ple_proj_norm, P, k["ple_dim"])
+    elif w.ple_tok_embd is not None or w.ple_model_proj is not None:
+        raise ModelError(f"{k['ple_dim']}: 0, but the file has per-layer token embeddings")
     for i, lw in enumerate(w.layers):
         b = f"blk.{i}."
+        KV, hd, F = c.n_head_kv_at(i), c.head_dim_at(i), c.n_ff_at(i)
+        heads = kv_heads = f"{k['n_head']} = {H}, {k['n_head_kv']} = {KV}, head dimension {k['head_dim']} = {hd}"
         _check_matrix(lw.wq, H * hd, E, heads, k["n_embd"])
-        _check_matrix(lw.wk, KV * hd, E, kv_heads, k["n_embd"])
-        _check_matrix(lw.wv, KV * hd, E, kv_heads, k["n_embd"])
+        if (lw.wk is None) != (c.kv_source(i) != i) or (lw.wv is None) != (lw.wk is None):
+            raise ModelError(f"{b}attn_k/attn_v.weight: expected {'none' if c.kv_source(i) != i else 'both'} "
+                             f"({k['kv_from_start']})")
+        if lw.wk is not None and lw.wv is not None:
+            _check_matrix(lw.wk, KV * hd, E, kv_heads, k["n_embd"])
+            _check_matrix(lw.wv, KV * hd, E, kv_heads, k["n_embd"])
         _check_matrix(lw.wo, E, H * hd, k["n_embd"], heads)
         _check_matrix(lw.w_gate, F, E, k["n_ff"], k["n_embd"])
         _check_matrix(lw.w_up, F, E, k["n_ff"], k["n_embd"])
         _check_matrix(lw.w_down, E, F, k["n_embd"], k["n_ff"])
+        if P:
+            _check_matrix(lw.ple_gate, P, E, k["ple_dim"], k["n_embd"])  # type: ignore[arg-type]
+            _check_matrix(lw.ple_proj, E, P, k["n_embd"], k["ple_dim"])  # type: ignore[arg-type]
+            _check_vector(b + "post_norm.weight", lw.ple_post_norm, E, k["n_embd"])
+        elif lw.ple_gate is not None or lw.ple_proj is not None:
+            raise ModelError(f"{k['ple_dim']}: 0, but {b}inp_gate/proj.weight are bound")
+        _check_vector(b + "layer_output_scale.weight", lw.out_scale, 1, "one value", False)
+        if lw.out_scale is not None and not np.isfinite(lw.out_scale).all():
+            raise ModelError(f"{b}layer_output_scale.weight: expected a finite value")
         _check_vector(b + "attn_norm.weight", lw.attn_norm, E, k["n_embd"], c.pre_norms)
         _check_vector(b + "ffn_norm.weight", lw.ffn_norm, E, k["n_embd"], c.pre_norms)
         if (lw.attn_norm is None) != (lw.ffn_norm is None):
@@ -684,11 +884,11 @@ def check_weights(w: ModelWeights, keys: dict[str, str] | None = None) -> None:
         _check_vector(b + "attn_q.bias", lw.bq, H * hd, heads, False)
         _check_vector(b + "attn_k.bias", lw.bk, KV * hd, kv_heads, False)
         _check_vector(b + "attn_v.bias", lw.bv, KV * hd, kv_heads, False)
-        if (lw.q_norm is None) != (lw.k_norm is None):
+        if (lw.q_norm is None) != (lw.k_norm is None) and lw.wk is not None:
             raise ModelError(f"{b}attn_q_norm/attn_k_norm.weight: expected both or neither, found one")
         qn, kn = (H * hd, KV * hd) if c.qk_norm_full else (hd, hd)
         _check_vector(b + "attn_q_norm.weight", lw.q_norm, qn, heads if c.qk_norm_full else k["head_dim"], c.qk_norm)
         _check_vector(b + "attn_k_norm.weight", lw.k_norm, kn, kv_heads if c.qk_norm_full else k["head_dim"],
-                      c.qk_norm)
+                      c.qk_norm and lw.wk is not None)
         _check_vector(b + "post_attention_norm.weight", lw.post_attn_norm, E, k["n_embd"], c.post_norms)
         _check_vector(b + "post_ffw_norm.weight", lw.post_ffn_norm, E, k["n_embd"], c.post_norms)

@@ -111,3 +111,21 @@ def test_tekken_tokenizes_as_llama_cpp(tmp_path):
         failed = [(t, ids, got) for t, ids in recorded
                   if (got := tok.encode(t, add_special=False, parse_special=False)) != ids]
     assert not failed, f"{len(failed)} case(s) differ, first: {failed[0]!r}"
+
+
+def test_the_special_token_matcher_equals_a_longest_first_alternation():
+    """Special tokens are found without compiling an alternation; on random texts over a small alphabet the
+    matches are those of one (leftmost, longest at a position, no overlaps)."""
+    import random
+
+    import regex
+
+    from quantscope.core.tokenizer import _PieceMatcher
+
+    pieces = {"<a>", "<ab>", "<abc>", "ab", "b<", "<", "c", "☃x"}
+    rx = regex.compile("|".join(regex.escape(p) for p in sorted(pieces, key=len, reverse=True)))
+    m = _PieceMatcher(pieces)
+    rnd = random.Random(3)
+    for _ in range(500):
+        text = "".join(rnd.choice("<>abc☃x ") for _ in range(rnd.randint(0, 30)))
+        assert list(m.finditer(text)) == [mm.span() for mm in rx.finditer(text)], text

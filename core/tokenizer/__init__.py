@@ -150,13 +150,13 @@ class _PieceMatcher:
 
     def finditer(self, text: str) -> Iterator[tuple[int, int]]:
         """(start, end) of each match, left to right, not overlapping."""
-        pos = 0
+        pos, end = 0, len(text)
         for m in self.first.finditer(text):
             i = m.start()
             if i < pos:
                 continue
             for n in self.lengths:
-                if text[i : i + n] in self.pieces:
+                if i + n <= end and text[i : i + n] in self.pieces:
                     yield i, i + n
                     pos = i + n
                     break

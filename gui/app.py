@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--theme", choices=("system", "light", "dark"), default="system", help="colour scheme")
     p.add_argument("--size", type=window_size, default=(1440, 920), metavar="WxH",
                    help="window size for --screenshot, e.g. 1100x700 (the convert dialog keeps its own size)")
+    p.add_argument("--block", metavar="TENSOR[:BLOCK]",
+                   help="with --view block: the tensor (and block of its first row, default 0) to show")
     return p
 
 
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"quantscope: {msg} {detail}".rstrip(), file=sys.stderr)
             win.close()
             return 2
-        return render_screenshot(app, win, args.view, Path(args.screenshot), args.size)
+        return render_screenshot(app, win, args.view, Path(args.screenshot), args.size, block=args.block)
     win.show()
     return int(app.exec())
 
@@ -159,7 +161,8 @@ def wait_chat(app: object, chat: object, timeout: float = 600.0) -> bool:
     return False
 
 
-def render_screenshot(app: object, win: object, view: str, out: Path, size: tuple[int, int] = (1440, 920)) -> int:
+def render_screenshot(app: object, win: object, view: str, out: Path, size: tuple[int, int] = (1440, 920),
+                      block: str | None = None) -> int:
     """Show ``view`` with the file loaded, wait for its background work, save a PNG, close cleanly."""
     from .mainwindow import MainWindow
 
@@ -180,6 +183,14 @@ def render_screenshot(app: object, win: object, view: str, out: Path, size: tupl
                 win.tensors_view.select_tensor(name)
                 win.tensors_view.lists.setCurrentIndex(0)
         if view == "block":
+            if block:
+                name, _, index = block.partition(":")
+                f = win.doc.gguf if win.doc else None
+                if f is None or not f.has_tensor(name) or (index and not index.isdigit()):
+                    print(f"quantscope: --block {block}: no such tensor (or block) in the file", file=sys.stderr)
+                    return 2
+                win.block_view.show_block(name, 0, int(index or 0))
+                wait_idle(app, win)
             win.block_view.set_element(37)
         if view == "chat":  # a short real exchange on the engine, saved to a throw-away database
             from quantscope.core.chat.store import ChatStore

@@ -106,9 +106,9 @@ def _tiny_gguf(path, *, nan_block: int | None = None, with_iq2: bool = False):
         q[r, 18 * k:18 * k + 2] = np.frombuffer(np.uint16(0x7E00).tobytes(), np.uint8)
     w.add_tensor("q4", q, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
     w.add_tensor("token_embd.weight", rng.standard_normal((7, 8)).astype(np.float32))  # 7 rows, 6 tokens
-    if with_iq2:
-        w.add_tensor("iq2", rng.integers(0, 256, size=(1, 66), dtype=np.uint8),
-                     raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
+    if with_iq2:  # a type without a decoder here (ggml's newer Q1_0)
+        w.add_tensor("iq2", rng.integers(0, 256, size=(1, 18), dtype=np.uint8),
+                     raw_dtype=gguf.GGMLQuantizationType.Q1_0)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -123,7 +123,7 @@ def test_decode_rejects_wrong_length_and_unknown_format():
     with pytest.raises(ValueError, match="144 bytes"):
         decode_block("Q4_K", b"\0" * 143)
     with pytest.raises(NotImplementedError):
-        decode_block("IQ2_XXS", b"\0" * 66)
+        decode_block("Q1_0", b"\0" * 18)
 
 
 def test_real_q4k_block_matches_tensor_dequant(model_path):
@@ -136,3 +136,12 @@ def test_real_q4k_block_matches_tensor_dequant(model_path):
         row = dequantize(f.tensor_rows(t)[7], t.type)
         assert np.array_equal(b.values, row[512:768])
         assert "d · sc[" in b.explain(37)
+
+
+@pytest.mark.parametrize(("name", "value"), [("I8", np.int8(-5)), ("I16", np.int16(-30000)),
+                                             ("I32", np.int32(123456789)), ("I64", np.int64(-(2**40) - 3)),
+                                             ("F64", np.float64(1 / 3))])
+def test_integer_and_f64_elements_show_their_exact_value(name, value):
+    b = decode_block(name, value.tobytes())
+    assert b.fields[0].value == value.item() and type(b.fields[0].value) is type(value.item())
+    assert b.values[0] == np.float32(value) and repr(value.item()) in b.explain(0)

@@ -225,7 +225,7 @@ def test_block_inspector_shows_undecodable_types_without_crashing(window, tmp_pa
     bv = window.block_view
     bv.show_block("iq2", 0, 0)
     assert bv.decoded is None and bv.message.isVisibleTo(bv)
-    assert "No field decoder for IQ2_XXS" in bv.message.text() and len(bv.hex.raw) == 66
+    assert "No field decoder for Q1_0" in bv.message.text() and len(bv.hex.raw) == 18
     window.tensors_view.select_tensor("iq2")
     assert "cannot be computed" in window.tensors_view.progress_label.text()
 
@@ -491,3 +491,35 @@ def test_counts_say_one_tensor_not_one_tensors(window, model_path):  # noqa: F81
     assert not any(" 1 tensors" in lab for lab in labels)
     window.tensors_view.filter.setText("output_norm")
     assert window.tensors_view.count.text() == "1 of 291 tensors"
+
+
+@pytest.mark.parametrize("name", ["IQ2_XXS", "IQ1_M", "TQ1_0", "NVFP4"])
+def test_block_inspector_decodes_the_low_bit_families(window, tmp_path, name):  # noqa: F811
+    """A real block of each family (tests/data/iq_blocks): fields, the formula with the hovered element's numbers,
+    and the heatmap statistics of the tensor."""
+    from pathlib import Path
+
+    import gguf
+
+    t = gguf.GGMLQuantizationType[name]
+    raw = np.frombuffer((Path(__file__).parent / "data" / "iq_blocks" / f"{name}.bin").read_bytes(), np.uint8)
+    elems, nbytes = gguf.GGML_QUANT_SIZES[t]
+    per_row = 1536 // elems  # rows of 1536 elements, as many as the 64 recorded blocks fill
+    rows = 64 // per_row
+    path = tmp_path / f"{name}.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("w", raw[: rows * per_row * nbytes].reshape(rows, -1), raw_dtype=t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert window.open_path(path)
+    bv = window.block_view
+    bv.show_block("w", 1, 2)
+    assert bv.decoded is not None and bv.decoded.type.name == name
+    assert not bv.message.isVisibleTo(bv)
+    bv.set_element(5)
+    assert "x[5] = " in bv.formula.text() or "x[5] = " in bv.explain.text()
+    with GGUFFile(path) as f:
+        s = analyze_tensor(f, "w").stats
+    assert s.n_nan == 0 and s.n_elements == rows * 1536 and s.std > 0

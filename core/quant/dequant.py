@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from . import iquants as _iquants
 from .types import GGMLType, ggml_type
 
 #: IQ4_NL / IQ4_XS non-linear code book.
@@ -205,6 +206,7 @@ DEQUANTIZERS: dict[str, Callable[[np.ndarray, np.ndarray], None]] = {
     "Q6_K": _q6_k,
     "IQ4_NL": _iq4_nl,
     "IQ4_XS": _iq4_xs,
+    **_iquants.DEQUANTIZERS,
 }
 
 #: Rows per chunk when dequantizing big tensors (bounds temporaries to a few MB).

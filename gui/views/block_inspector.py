@@ -407,6 +407,7 @@ class BlockInspectorView(QWidget):
         while self.fp16_layout.count():
             item = self.fp16_layout.takeAt(0)
             if item is not None and item.widget() is not None:
+                item.widget().hide()  # gone from this paint on; deleted when the loop next runs
                 item.widget().deleteLater()
         col = 0
         for fd in b.fields:

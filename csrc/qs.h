@@ -17,8 +17,9 @@ enum { QS_ISA_SCALAR = 0, QS_ISA_AVX2 = 1, QS_ISA_AVX512 = 2 };
 /* ggml type ids used by the kernels */
 enum {
     QS_F32 = 0, QS_F16 = 1, QS_Q4_0 = 2, QS_Q4_1 = 3, QS_Q5_0 = 6, QS_Q5_1 = 7, QS_Q8_0 = 8, QS_Q8_1 = 9,
-    QS_Q2_K = 10, QS_Q3_K = 11, QS_Q4_K = 12, QS_Q5_K = 13, QS_Q6_K = 14, QS_Q8_K = 15, QS_IQ4_NL = 20,
-    QS_IQ4_XS = 23, QS_BF16 = 30
+    QS_Q2_K = 10, QS_Q3_K = 11, QS_Q4_K = 12, QS_Q5_K = 13, QS_Q6_K = 14, QS_Q8_K = 15, QS_IQ2_XXS = 16,
+    QS_IQ2_XS = 17, QS_IQ3_XXS = 18, QS_IQ1_S = 19, QS_IQ4_NL = 20, QS_IQ3_S = 21, QS_IQ2_S = 22, QS_IQ4_XS = 23,
+    QS_IQ1_M = 29, QS_BF16 = 30, QS_TQ1_0 = 34, QS_TQ2_0 = 35, QS_MXFP4 = 39, QS_NVFP4 = 40
 };
 
 /* A repacked weight's type id: QS_RP_FLAG | ggml type (csrc/qs_repack.h). */

@@ -190,6 +190,17 @@ static qs_type_traits traits(int type) {
     case QS_Q8_K: return (qs_type_traits){256, 292, NULL, -1};
     case QS_IQ4_NL: return (qs_type_traits){32, 18, deq_iq4_nl, -1};
     case QS_IQ4_XS: return (qs_type_traits){256, 136, deq_iq4_xs, -1};
+    case QS_IQ2_XXS: return (qs_type_traits){256, 66, qs_deq_iq2_xxs, -1};
+    case QS_IQ2_XS: return (qs_type_traits){256, 74, qs_deq_iq2_xs, -1};
+    case QS_IQ2_S: return (qs_type_traits){256, 82, qs_deq_iq2_s, -1};
+    case QS_IQ3_XXS: return (qs_type_traits){256, 98, qs_deq_iq3_xxs, -1};
+    case QS_IQ3_S: return (qs_type_traits){256, 110, qs_deq_iq3_s, -1};
+    case QS_IQ1_S: return (qs_type_traits){256, 50, qs_deq_iq1_s, -1};
+    case QS_IQ1_M: return (qs_type_traits){256, 56, qs_deq_iq1_m, -1};
+    case QS_TQ1_0: return (qs_type_traits){256, 54, qs_deq_tq1_0, -1};
+    case QS_TQ2_0: return (qs_type_traits){256, 66, qs_deq_tq2_0, -1};
+    case QS_MXFP4: return (qs_type_traits){32, 17, qs_deq_mxfp4, -1};
+    case QS_NVFP4: return (qs_type_traits){64, 36, qs_deq_nvfp4, -1};
     default: return (qs_type_traits){0, 0, NULL, -1};
     }
 }

@@ -4,6 +4,19 @@
 #include <stdint.h>
 
 typedef void (*qs_deq_block_fn)(const uint8_t *blk, float *y);
+
+/* i-quants, ternary and FP4 types (qs_iquants.c): one block -> float32 */
+void qs_deq_iq2_xxs(const uint8_t *b, float *y);
+void qs_deq_iq2_xs(const uint8_t *b, float *y);
+void qs_deq_iq2_s(const uint8_t *b, float *y);
+void qs_deq_iq3_xxs(const uint8_t *b, float *y);
+void qs_deq_iq3_s(const uint8_t *b, float *y);
+void qs_deq_iq1_s(const uint8_t *b, float *y);
+void qs_deq_iq1_m(const uint8_t *b, float *y);
+void qs_deq_tq1_0(const uint8_t *b, float *y);
+void qs_deq_tq2_0(const uint8_t *b, float *y);
+void qs_deq_mxfp4(const uint8_t *b, float *y);
+void qs_deq_nvfp4(const uint8_t *b, float *y);
 typedef float (*qs_dot_fn)(int64_t n, const uint8_t *w, const uint8_t *xq);
 
 /* scalar references (qs_quant.c) */

@@ -220,8 +220,10 @@ def test_unsupported_weight_types_are_dequantized_or_refused():
     assert np.array_equal(data.view(np.float32).reshape(3, 512), dequantize(raw.reshape(3, -1), ggml_type("Q5_K")))
     q = realistic_blocks("Q4_K", 1, 1, rng).reshape(-1)
     assert cb.device_weight(Weight("w", ggml_type("Q4_K"), q, 1, 256))[1] is q  # GPU type: uploaded as stored
-    with pytest.raises(UnsupportedModel, match="IQ2_XXS"):
-        cb.device_weight(Weight("w", ggml_type("IQ2_XXS"), np.zeros(66, np.uint8), 1, 256))
+    iq = np.zeros(66, np.uint8)  # an i-quant: no GPU kernel, dequantized on the host like Q5_K
+    assert cb.device_weight(Weight("w", ggml_type("IQ2_XXS"), iq, 1, 256))[0].name == "F32"
+    with pytest.raises(UnsupportedModel, match="Q1_0"):  # no dequantizer at all (ggml's newer Q1_0)
+        cb.device_weight(Weight("w", ggml_type("Q1_0"), np.zeros(18, np.uint8), 1, 128))
 
 
 # ------------------------------------------------------------------------------------ host emulation of device math

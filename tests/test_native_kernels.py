@@ -392,7 +392,7 @@ def test_wrappers_validate_sizes():
     with pytest.raises(ValueError, match="multiple of 256"):
         K.quantize_activation(np.zeros(100, np.float32), "Q8_K")
     with pytest.raises(NotImplementedError):
-        K.dequantize(np.zeros(66, np.uint8), "IQ2_XXS")
+        K.dequantize(np.zeros(18, np.uint8), "Q1_0")
     with pytest.raises(ValueError, match="bytes"):
         K.vec_dot("Q8_0", np.zeros(34, np.uint8), np.zeros(33, np.uint8), 32)
 

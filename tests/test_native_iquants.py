@@ -1,0 +1,118 @@
+"""Native dequantization of the i-quants, ternary and FP4 types (csrc/qs_iquants.c) against the numpy reference
+(which tests/test_iquants.py checks against gguf-py), at every ISA level, on random and real blocks; and the
+engine running a model whose matrices use them, against the same model stored as float32."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from quantscope.core.engine import Model
+from quantscope.core.gguf import GGUFFile
+from quantscope.core.native import kernels as K
+from quantscope.core.quant import dequantize, ggml_type
+
+from .test_iquants import F16_AT, TYPES
+
+LEVELS = {"scalar": ("scalar",), "avx2": ("scalar", "avx2"),
+          "avx512": ("scalar", "avx2", "avx512")}[K.isa_detected()]
+DATA = Path(__file__).parent / "data" / "iq_blocks"
+
+
+def _equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit for bit, except that any NaN equals any NaN (a NaN's sign bit after a multiply by -1 is the
+    compiler's choice in C and the CPU's in numpy)."""
+    same = (a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))
+    return a.shape == b.shape and bool(np.all(same))
+
+
+def _random_blocks(name: str, n: int, rng: np.random.Generator, scale: float = 3.0) -> np.ndarray:
+    t = ggml_type(name)
+    raw = rng.integers(0, 256, (n, t.block_bytes), dtype=np.uint8)
+    at = F16_AT.get(name)
+    if at is not None:
+        raw[:, at : at + 2] = rng.uniform(-scale, scale, n).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    if name == "IQ1_M":  # d's 16 bits are the top nibbles of the four scale words
+        d = rng.uniform(-scale, scale, n).astype(np.float16).view(np.uint16).astype(np.uint32)
+        words = raw[:, 48:56].copy().view("<u2").astype(np.uint32) & 0x0FFF
+        for i in range(4):
+            words[:, i] |= ((d >> (4 * i)) & 15) << 12
+        raw[:, 48:56] = words.astype("<u2").view(np.uint8)
+    return raw
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_native_equals_numpy_on_random_and_real_blocks(name):
+    rng = np.random.default_rng(sum(name.encode()) + 7)
+    raw = _random_blocks(name, 700, rng)
+    at = F16_AT.get(name)
+    if at is not None:
+        raw[:4, at : at + 2] = np.array([0, np.inf, np.nan, 6e-8], np.float16).view(np.uint8).reshape(-1, 2)
+    real = np.frombuffer((DATA / f"{name}.bin").read_bytes(), np.uint8).reshape(-1, raw.shape[1])
+    assert K.can_dequantize(name)
+    for blocks in (raw, real):
+        ref = dequantize(blocks, name)
+        for level in LEVELS:
+            with K.forced_isa(level):
+                got = K.dequantize(blocks.reshape(-1), name).reshape(ref.shape)
+            assert _equal(got, ref), (name, level)
+
+
+def _write(path: Path, mats: dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType | None]]) -> Path:
+    w = gguf.GGUFWriter(str(path), "llama")
+    E, H, KV, F, L = 256, 4, 2, 256, 1
+    for key, val in (("context_length", 256), ("embedding_length", E), ("block_count", L),
+                     ("feed_forward_length", F), ("attention.head_count", H), ("attention.head_count_kv", KV)):
+        w.add_uint32(f"llama.{key}", val)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    for tname, (arr, qt) in mats.items():
+        if qt is None:
+            w.add_tensor(tname, arr)
+        else:
+            w.add_tensor(tname, arr, raw_dtype=qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_the_engine_runs_a_model_of_each_type(name, tmp_path):
+    """Every matrix of a one-layer llama (E = F = 256) in ``name``, random valid blocks; its twin holds the same
+    values as F32 (the numpy reference's): the engine's logits agree, prefill and decode."""
+    rng = np.random.default_rng(sum(name.encode()))
+    t = ggml_type(name)
+    E, F, V = 256, 256, 256
+    shapes = {"blk.0.attn_q.weight": (E, E), "blk.0.attn_k.weight": (128, E), "blk.0.attn_v.weight": (128, E),
+              "blk.0.attn_output.weight": (E, E), "blk.0.ffn_gate.weight": (F, E), "blk.0.ffn_up.weight": (F, E),
+              "blk.0.ffn_down.weight": (E, F)}
+    quant: dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType | None]] = {}
+    dense: dict[str, tuple[np.ndarray, gguf.GGMLQuantizationType | None]] = {}
+    for tname, (rows, k) in shapes.items():
+        raw = _random_blocks(name, rows * k // t.block_elems, rng, scale=0.02).reshape(rows, -1)
+        if name in ("MXFP4",):
+            raw[:, :: t.block_bytes] = rng.integers(118, 124, raw[:, :: t.block_bytes].shape)  # small exponents
+        if name == "NVFP4":
+            for s in range(4):
+                raw[:, s :: t.block_bytes] = rng.integers(8, 24, raw[:, s :: t.block_bytes].shape)
+        quant[tname] = (raw, gguf.GGMLQuantizationType[name])
+        dense[tname] = (dequantize(raw, name).reshape(rows, k), None)
+    common = {"token_embd.weight": (rng.standard_normal((V, E)).astype(np.float32) * 0.5, None),
+              "output_norm.weight": (np.ones(E, np.float32), None),
+              "blk.0.attn_norm.weight": (np.ones(E, np.float32), None),
+              "blk.0.ffn_norm.weight": (np.ones(E, np.float32), None)}
+    a = Model(GGUFFile(_write(tmp_path / "q.gguf", {**common, **quant})), threads=2)
+    b = Model(GGUFFile(_write(tmp_path / "f.gguf", {**common, **dense})), threads=2)
+    assert all(w.type.name == name for w in a.weights.layers[0].matrices())
+    ids = [3, 17, 200, 45, 9, 128]
+    la = a.session(16).forward(ids, all_logits=True)
+    lb = b.session(16).forward(ids, all_logits=True)
+    assert np.isfinite(la).all() and np.abs(lb).max() > 0
+    np.testing.assert_allclose(la, lb, rtol=1e-4, atol=1e-4 * np.abs(lb).max())
+    s = a.session(16)
+    steps = np.stack([s.forward([i]) for i in ids])
+    np.testing.assert_allclose(steps, la, rtol=1e-5, atol=1e-5 * np.abs(la).max())

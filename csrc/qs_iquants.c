@@ -2,6 +2,7 @@
  * ternary and FP4 types"). Each value is the float32 product chain of the numpy reference (core/quant/iquants.py)
  * in the same order, so the two agree bit for bit (tests/test_native_iquants.py). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "qs.h"
@@ -175,3 +176,199 @@ void qs_deq_nvfp4(const uint8_t *b, float *y) {
         }
     }
 }
+
+/* ---------------------------------------------------------------- dot products against quantized activations */
+/* One block as int8 codes and a float multiplier per group of gs elements, value[i] = mult[i / gs] * code[i]
+ * exactly (the IQ1 types: code = 8·G ± 1 and mult = dl / 8); returns gs. */
+static int iq_codes(int type, const uint8_t *b, int8_t *code, float *mult) {
+    switch (type) {
+    case QS_IQ2_XXS: case QS_IQ2_XS: case QS_IQ2_S: case QS_IQ3_XXS: case QS_IQ3_S: {
+        int gs = type == QS_IQ2_XS || type == QS_IQ2_S ? 16 : 32;
+        const float d = f16at(b);
+        for (int g = 0; g < 256 / gs; ++g) {
+            int sc;
+            switch (type) {
+            case QS_IQ2_XXS: sc = (int)(qs_load_u32(b + 2 + 8 * g + 4) >> 28); mult[g] = d * (0.5f + (float)sc) * 0.25f; break;
+            case QS_IQ2_XS: sc = (b[66 + g / 2] >> (4 * (g & 1))) & 15; mult[g] = d * (0.5f + (float)sc) * 0.25f; break;
+            case QS_IQ2_S: sc = (b[74 + g / 2] >> (4 * (g & 1))) & 15; mult[g] = d * (0.5f + (float)sc) * 0.25f; break;
+            case QS_IQ3_XXS: sc = (int)(qs_load_u32(b + 66 + 4 * g) >> 28); mult[g] = d * (0.5f + (float)sc) * 0.5f; break;
+            default: sc = (b[106 + g / 2] >> (4 * (g & 1))) & 15; mult[g] = d * (float)(1 + 2 * sc); break;
+            }
+        }
+        /* codes straight from the code books and sign bits */
+        if (type == QS_IQ2_XXS || type == QS_IQ3_XXS) {
+            for (int g = 0; g < 8; ++g) {
+                const uint32_t aux = qs_load_u32(type == QS_IQ2_XXS ? b + 2 + 8 * g + 4 : b + 66 + 4 * g);
+                for (int l = 0; l < 4; ++l) {
+                    const uint8_t s = ksign(aux >> (7 * l));
+                    for (int j = 0; j < 8; ++j) {
+                        const int e = 8 * l + j;
+                        const int v = type == QS_IQ2_XXS ? QS_GRID_IQ2_XXS[b[2 + 8 * g + l]][j]
+                                                         : QS_GRID_IQ3_XXS[b[2 + 8 * g + e / 4]][e % 4];
+                        code[32 * g + e] = (int8_t)((s >> j) & 1 ? -v : v);
+                    }
+                }
+            }
+        } else if (type == QS_IQ2_XS) {
+            for (int e = 0; e < 32; ++e) {
+                const uint16_t q = qs_load_u16(b + 2 + 2 * e);
+                const uint8_t s = ksign(q >> 9);
+                for (int j = 0; j < 8; ++j) code[8 * e + j] = (int8_t)((s >> j) & 1 ? -QS_GRID_IQ2_XS[q & 511][j] : QS_GRID_IQ2_XS[q & 511][j]);
+            }
+        } else if (type == QS_IQ2_S) {
+            for (int e = 0; e < 32; ++e) {
+                const int idx = b[2 + e] | (((b[66 + e / 4] >> (2 * (e % 4))) & 3) << 8);
+                for (int j = 0; j < 8; ++j) code[8 * e + j] = (int8_t)((b[34 + e] >> j) & 1 ? -QS_GRID_IQ2_S[idx][j] : QS_GRID_IQ2_S[idx][j]);
+            }
+        } else {
+            for (int e = 0; e < 64; ++e) {
+                const int idx = b[2 + e] | (((b[66 + e / 8] >> (e % 8)) & 1) << 8);
+                for (int j = 0; j < 4; ++j) {
+                    const int el = 4 * e + j;
+                    code[el] = (int8_t)((b[74 + el / 8] >> (el % 8)) & 1 ? -QS_GRID_IQ3_S[idx][j] : QS_GRID_IQ3_S[idx][j]);
+                }
+            }
+        }
+        return gs;
+    }
+    case QS_IQ1_S: {
+        const float d = f16at(b);
+        for (int g = 0; g < 8; ++g) {
+            const uint16_t qh = qs_load_u16(b + 34 + 2 * g);
+            mult[g] = d * (2.0f * (float)((qh >> 12) & 7) + 1.0f) * 0.125f;
+            const int delta = qh & 0x8000 ? -1 : 1;
+            for (int l = 0; l < 4; ++l) {
+                const int8_t *pt = QS_GRID_IQ1_S[b[2 + 4 * g + l] | (((qh >> (3 * l)) & 7) << 8)];
+                for (int j = 0; j < 8; ++j) code[32 * g + 8 * l + j] = (int8_t)(8 * pt[j] + delta);
+            }
+        }
+        return 32;
+    }
+    case QS_IQ1_M: {
+        uint16_t sw[4];
+        for (int i = 0; i < 4; ++i) sw[i] = qs_load_u16(b + 48 + 2 * i);
+        const float d = qs_fp16_to_fp32((uint16_t)((sw[0] >> 12) | ((sw[1] >> 8) & 0x00F0) | ((sw[2] >> 4) & 0x0F00) |
+                                                   (sw[3] & 0xF000)));
+        for (int s = 0; s < 16; ++s) mult[s] = d * (2.0f * (float)((sw[s / 4] >> (3 * (s % 4))) & 7) + 1.0f) * 0.125f;
+        for (int e = 0; e < 32; ++e) {
+            const int nib = (b[32 + e / 2] >> (4 * (e & 1))) & 15;
+            const int8_t *pt = QS_GRID_IQ1_S[b[e] | ((nib & 7) << 8)];
+            for (int j = 0; j < 8; ++j) code[8 * e + j] = (int8_t)(8 * pt[j] + (nib & 8 ? -1 : 1));
+        }
+        return 16;
+    }
+    case QS_TQ1_0:
+        mult[0] = f16at(b + 52);
+        for (int k = 0; k < 5; ++k)
+            for (int j = 0; j < 32; ++j) code[32 * k + j] = (int8_t)(trit(b[j], k) - 1);
+        for (int k = 0; k < 5; ++k)
+            for (int j = 0; j < 16; ++j) code[160 + 16 * k + j] = (int8_t)(trit(b[32 + j], k) - 1);
+        for (int k = 0; k < 4; ++k)
+            for (int j = 0; j < 4; ++j) code[240 + 4 * k + j] = (int8_t)(trit(b[48 + j], k) - 1);
+        return 256;
+    case QS_TQ2_0:
+        mult[0] = f16at(b + 64);
+        for (int h = 0; h < 2; ++h)
+            for (int k = 0; k < 4; ++k)
+                for (int j = 0; j < 32; ++j) code[128 * h + 32 * k + j] = (int8_t)(((b[32 * h + j] >> (2 * k)) & 3) - 1);
+        return 256;
+    case QS_MXFP4:
+        mult[0] = e8m0_half(b[0]);
+        for (int j = 0; j < 16; ++j) {
+            code[j] = FP4[b[1 + j] & 15];
+            code[16 + j] = FP4[b[1 + j] >> 4];
+        }
+        return 32;
+    case QS_NVFP4:
+        for (int s = 0; s < 4; ++s) {
+            mult[s] = ue4m3_half(b[s]);
+            for (int j = 0; j < 8; ++j) {
+                code[16 * s + j] = FP4[b[4 + 8 * s + j] & 15];
+                code[16 * s + 8 + j] = FP4[b[4 + 8 * s + j] >> 4];
+            }
+        }
+        return 16;
+    default: return 0;
+    }
+}
+
+int qs_iq_codes(int type, const uint8_t *b, int8_t *code, float *mult) {
+    if (!code || !mult) { /* only asks whether the type has codes: its group size */
+        switch (type) {
+        case QS_IQ2_XS: case QS_IQ2_S: case QS_IQ1_M: case QS_NVFP4: return 16;
+        case QS_IQ2_XXS: case QS_IQ3_XXS: case QS_IQ3_S: case QS_IQ1_S: case QS_MXFP4: return 32;
+        case QS_TQ1_0: case QS_TQ2_0: return 256;
+        default: return 0;
+        }
+    }
+    return iq_codes(type, b, code, mult);
+}
+
+/* A row of k elements as int8 codes and one multiplier per group (qs_iq_codes block by block); returns the
+ * group size (0 for a type without codes). */
+int qs_iq_row_codes(int type, const uint8_t *w, int64_t k, int8_t *codes, float *mults) {
+    const int elems = qs_block_elems(type), bytes = qs_block_bytes(type);
+    int gs = 0;
+    for (int64_t i = 0; i < k / elems; ++i) {
+        float m[16];
+        gs = iq_codes(type, w + i * bytes, codes + i * elems, m);
+        if (!gs) return 0;
+        memcpy(mults + i * (elems / gs), m, (size_t)(elems / gs) * sizeof(float));
+    }
+    return gs;
+}
+
+/* Σ over the groups, in order, of (mult · d_x) · Σ code · q: 256-element types against Q8_K (one f32 d per 256),
+ * MXFP4 and NVFP4 against Q8_0 (an fp16 d per 32). The integer sums are exact, so any ISA gets the same bits. */
+float qs_iq_dot_codes_scalar(const int8_t *codes, const float *mults, int gs, int q8k, int64_t k, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t e0 = 0, g = 0; e0 < k; e0 += gs, ++g) {
+        const int8_t *q;
+        float dx;
+        if (q8k) {
+            q = (const int8_t *)(x + 292 * (e0 / 256) + 4) + e0 % 256;
+            dx = qs_load_f32(x + 292 * (e0 / 256));
+        } else {
+            q = (const int8_t *)(x + 34 * (e0 / 32) + 2) + e0 % 32;
+            dx = f16at(x + 34 * (e0 / 32));
+        }
+        int32_t isum = 0;
+        for (int j = 0; j < gs; ++j) isum += codes[e0 + j] * q[j];
+        s = fmaf(mults[g] * dx, (float)isum, s); /* fused, as the SIMD kernels may fuse */
+    }
+    return s;
+}
+
+/* One row: decoded to codes, then one running sum over all its groups (what the many-column path does too) */
+static float dot_codes(int type, int64_t n, const uint8_t *w, const uint8_t *x, int simd) {
+    const int q8k = qs_block_elems(type) == 256;
+    int8_t stack_codes[4096];
+    float stack_mults[256];
+    int8_t *codes = n <= 4096 ? stack_codes : (int8_t *)malloc((size_t)n);
+    float *mults = n <= 4096 ? stack_mults : (float *)malloc((size_t)(n / 16 + 1) * sizeof(float));
+    float s = NAN;
+    if (codes && mults) {
+        const int gs = qs_iq_row_codes(type, w, n, codes, mults);
+        s = simd ? qs_iq_dot_codes_avx2(codes, mults, gs, q8k, n, x) : qs_iq_dot_codes_scalar(codes, mults, gs, q8k, n, x);
+    }
+    if (codes != stack_codes) free(codes);
+    if (mults != stack_mults) free(mults);
+    return s;
+}
+
+#define IQ_DOT(name, TYPE, ELEMS, BYTES)                                                                            \
+    float qs_dot_##name##_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {                                  \
+        return dot_codes(TYPE, n, w, x, 0);                                                                        \
+    }                                                                                                              \
+    float qs_dot_##name##_avx2(int64_t n, const uint8_t *w, const uint8_t *x) { return dot_codes(TYPE, n, w, x, 1); }
+IQ_DOT(iq2_xxs, QS_IQ2_XXS, 256, 66)
+IQ_DOT(iq2_xs, QS_IQ2_XS, 256, 74)
+IQ_DOT(iq2_s, QS_IQ2_S, 256, 82)
+IQ_DOT(iq3_xxs, QS_IQ3_XXS, 256, 98)
+IQ_DOT(iq3_s, QS_IQ3_S, 256, 110)
+IQ_DOT(iq1_s, QS_IQ1_S, 256, 50)
+IQ_DOT(iq1_m, QS_IQ1_M, 256, 56)
+IQ_DOT(tq1_0, QS_TQ1_0, 256, 54)
+IQ_DOT(tq2_0, QS_TQ2_0, 256, 66)
+IQ_DOT(mxfp4, QS_MXFP4, 32, 17)
+IQ_DOT(nvfp4, QS_NVFP4, 64, 36)

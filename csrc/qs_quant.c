@@ -188,19 +188,19 @@ static qs_type_traits traits(int type) {
     case QS_Q5_K: return (qs_type_traits){256, 176, deq_q5_K, QS_Q8_K};
     case QS_Q6_K: return (qs_type_traits){256, 210, deq_q6_K, QS_Q8_K};
     case QS_Q8_K: return (qs_type_traits){256, 292, NULL, -1};
-    case QS_IQ4_NL: return (qs_type_traits){32, 18, deq_iq4_nl, -1};
-    case QS_IQ4_XS: return (qs_type_traits){256, 136, deq_iq4_xs, -1};
-    case QS_IQ2_XXS: return (qs_type_traits){256, 66, qs_deq_iq2_xxs, -1};
-    case QS_IQ2_XS: return (qs_type_traits){256, 74, qs_deq_iq2_xs, -1};
-    case QS_IQ2_S: return (qs_type_traits){256, 82, qs_deq_iq2_s, -1};
-    case QS_IQ3_XXS: return (qs_type_traits){256, 98, qs_deq_iq3_xxs, -1};
-    case QS_IQ3_S: return (qs_type_traits){256, 110, qs_deq_iq3_s, -1};
-    case QS_IQ1_S: return (qs_type_traits){256, 50, qs_deq_iq1_s, -1};
-    case QS_IQ1_M: return (qs_type_traits){256, 56, qs_deq_iq1_m, -1};
-    case QS_TQ1_0: return (qs_type_traits){256, 54, qs_deq_tq1_0, -1};
-    case QS_TQ2_0: return (qs_type_traits){256, 66, qs_deq_tq2_0, -1};
-    case QS_MXFP4: return (qs_type_traits){32, 17, qs_deq_mxfp4, -1};
-    case QS_NVFP4: return (qs_type_traits){64, 36, qs_deq_nvfp4, -1};
+    case QS_IQ4_NL: return (qs_type_traits){32, 18, deq_iq4_nl, QS_Q8_0};
+    case QS_IQ4_XS: return (qs_type_traits){256, 136, deq_iq4_xs, QS_Q8_K};
+    case QS_IQ2_XXS: return (qs_type_traits){256, 66, qs_deq_iq2_xxs, QS_Q8_K};
+    case QS_IQ2_XS: return (qs_type_traits){256, 74, qs_deq_iq2_xs, QS_Q8_K};
+    case QS_IQ2_S: return (qs_type_traits){256, 82, qs_deq_iq2_s, QS_Q8_K};
+    case QS_IQ3_XXS: return (qs_type_traits){256, 98, qs_deq_iq3_xxs, QS_Q8_K};
+    case QS_IQ3_S: return (qs_type_traits){256, 110, qs_deq_iq3_s, QS_Q8_K};
+    case QS_IQ1_S: return (qs_type_traits){256, 50, qs_deq_iq1_s, QS_Q8_K};
+    case QS_IQ1_M: return (qs_type_traits){256, 56, qs_deq_iq1_m, QS_Q8_K};
+    case QS_TQ1_0: return (qs_type_traits){256, 54, qs_deq_tq1_0, QS_Q8_K};
+    case QS_TQ2_0: return (qs_type_traits){256, 66, qs_deq_tq2_0, QS_Q8_K};
+    case QS_MXFP4: return (qs_type_traits){32, 17, qs_deq_mxfp4, QS_Q8_0};
+    case QS_NVFP4: return (qs_type_traits){64, 36, qs_deq_nvfp4, QS_Q8_0};
     default: return (qs_type_traits){0, 0, NULL, -1};
     }
 }
@@ -561,6 +561,37 @@ float qs_dot_q6_K_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
     }
     return s;
 }
+/* IQ4_NL x Q8_0: the code book's values times the activation codes, one integer sum per block */
+float qs_dot_iq4_nl_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 32; ++i, w += 18, x += 34) {
+        int32_t sumi = 0;
+        for (int j = 0; j < 16; ++j)
+            sumi += IQ4NL[w[2 + j] & 15] * (int8_t)x[2 + j] + IQ4NL[w[2 + j] >> 4] * (int8_t)x[18 + j];
+        s += (float)sumi * (f16at(w) * f16at(x));
+    }
+    return s;
+}
+
+/* IQ4_XS x Q8_K: per 32-element sub-block an integer sum times its 6-bit scale minus 32 */
+float qs_dot_iq4_xs_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 256; ++i, w += 136, x += 292) {
+        const uint16_t sh = qs_load_u16(w + 2);
+        const int8_t *q = (const int8_t *)(x + 4);
+        int32_t sumi = 0;
+        for (int sb = 0; sb < 8; ++sb) {
+            const int ls = ((w[4 + sb / 2] >> (4 * (sb % 2))) & 15) | (((sh >> (2 * sb)) & 3) << 4);
+            const uint8_t *qs = w + 8 + 16 * sb;
+            int32_t p = 0;
+            for (int j = 0; j < 16; ++j) p += IQ4NL[qs[j] & 15] * q[32 * sb + j] + IQ4NL[qs[j] >> 4] * q[32 * sb + 16 + j];
+            sumi += p * (ls - 32);
+        }
+        s += (float)sumi * (f16at(w) * qs_load_f32(x));
+    }
+    return s;
+}
+
 float qs_dot_f16_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
     double s = 0.0;
     for (int64_t i = 0; i < n; ++i) s += (double)(f16at(w + 2 * i) * f16at(x + 2 * i));
@@ -589,6 +620,19 @@ static qs_dot_fn dot_fn(int type) {
     case QS_Q4_K: return isa >= 2 ? qs_dot_q4_K_avx512 : isa >= 1 ? qs_dot_q4_K_avx2 : qs_dot_q4_K_scalar;
     case QS_Q5_K: return isa >= 1 ? qs_dot_q5_K_avx2 : qs_dot_q5_K_scalar;
     case QS_Q6_K: return isa >= 2 ? qs_dot_q6_K_avx512 : isa >= 1 ? qs_dot_q6_K_avx2 : qs_dot_q6_K_scalar;
+    case QS_IQ2_XXS: return isa >= 1 ? qs_dot_iq2_xxs_avx2 : qs_dot_iq2_xxs_scalar;
+    case QS_IQ2_XS: return isa >= 1 ? qs_dot_iq2_xs_avx2 : qs_dot_iq2_xs_scalar;
+    case QS_IQ2_S: return isa >= 1 ? qs_dot_iq2_s_avx2 : qs_dot_iq2_s_scalar;
+    case QS_IQ3_XXS: return isa >= 1 ? qs_dot_iq3_xxs_avx2 : qs_dot_iq3_xxs_scalar;
+    case QS_IQ3_S: return isa >= 1 ? qs_dot_iq3_s_avx2 : qs_dot_iq3_s_scalar;
+    case QS_IQ1_S: return isa >= 1 ? qs_dot_iq1_s_avx2 : qs_dot_iq1_s_scalar;
+    case QS_IQ1_M: return isa >= 1 ? qs_dot_iq1_m_avx2 : qs_dot_iq1_m_scalar;
+    case QS_TQ1_0: return isa >= 1 ? qs_dot_tq1_0_avx2 : qs_dot_tq1_0_scalar;
+    case QS_TQ2_0: return isa >= 1 ? qs_dot_tq2_0_avx2 : qs_dot_tq2_0_scalar;
+    case QS_MXFP4: return isa >= 1 ? qs_dot_mxfp4_avx2 : qs_dot_mxfp4_scalar;
+    case QS_NVFP4: return isa >= 1 ? qs_dot_nvfp4_avx2 : qs_dot_nvfp4_scalar;
+    case QS_IQ4_NL: return isa >= 1 ? qs_dot_iq4_nl_avx2 : qs_dot_iq4_nl_scalar;
+    case QS_IQ4_XS: return isa >= 1 ? qs_dot_iq4_xs_avx2 : qs_dot_iq4_xs_scalar;
     case QS_F16: return isa >= 1 ? qs_dot_f16_avx2 : qs_dot_f16_scalar;
     case QS_BF16: return isa >= 1 ? qs_dot_bf16_avx2 : qs_dot_bf16_scalar;
     case QS_F32: return isa >= 1 ? qs_dot_f32_avx2_q : qs_dot_f32_scalar;
@@ -627,6 +671,30 @@ static void mm_task(void *vctx, int64_t t) {
     mm_ctx *c = (mm_ctx *)vctx;
     int64_t a = t * c->rows_per_task, b = a + c->rows_per_task;
     if (b > c->n_rows) b = c->n_rows;
+    if (c->dot && c->n_x > 1 && qs_iq_codes(c->type, c->w, NULL, NULL) > 0) {
+        /* i-quant / ternary / FP4 rows: decoded to codes once, then dotted with every column (the same sums and
+         * float operations as the one-column dot, so prefill and decode agree bit for bit) */
+        int8_t *codes = (int8_t *)malloc((size_t)c->k);
+        float *mults = (float *)malloc((size_t)(c->k / 16 + 1) * sizeof(float));
+        if (!codes || !mults) {
+            free(codes);
+            free(mults);
+            c->failed = 1;
+            return;
+        }
+        const int simd = qs_isa_get() >= QS_ISA_AVX2, q8k = c->elems == 256;
+        for (int64_t r = a; r < b; ++r) {
+            const int gs = qs_iq_row_codes(c->type, c->w + r * c->row_bytes, c->k, codes, mults);
+            for (int64_t j = 0; j < c->n_x; ++j) {
+                const uint8_t *x = c->xq + j * c->xq_stride;
+                c->y[j * c->n_rows + r] = simd ? qs_iq_dot_codes_avx2(codes, mults, gs, q8k, c->k, x)
+                                               : qs_iq_dot_codes_scalar(codes, mults, gs, q8k, c->k, x);
+            }
+        }
+        free(codes);
+        free(mults);
+        return;
+    }
     if (c->dot) {
         for (int64_t r = a; r < b; ++r) {
             const uint8_t *wr = c->w + r * c->row_bytes;

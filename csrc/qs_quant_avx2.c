@@ -49,6 +49,41 @@ T float qs_dot_q4_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     return hsum256(acc);
 }
 
+/* IQ4_NL / IQ4_XS: 32 nibbles -> code-book values by one byte shuffle (low nibbles = elements 0-15, high =
+ * 16-31), then the signed products as for Q8_0 */
+T static inline __m256i iq4nl_values(const uint8_t *qs) {
+    const __m128i book = _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_shuffle_epi8(book, _mm_and_si128(q, m4));
+    const __m128i hi = _mm_shuffle_epi8(book, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+    return _mm256_set_m128i(hi, lo);
+}
+
+T float qs_dot_iq4_nl_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / 32; ++i, w += 18, x += 34) {
+        __m256 d = _mm256_set1_ps(f16at(w) * f16at(x));
+        __m256i qx = _mm256_loadu_si256((const __m256i *)(x + 2));
+        acc = _mm256_fmadd_ps(d, mul_sum_i8_pairs(iq4nl_values(w + 2), qx), acc);
+    }
+    return hsum256(acc);
+}
+
+T float qs_dot_iq4_xs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / 256; ++i, w += 136, x += 292) {
+        const uint16_t sh = qs_load_u16(w + 2);
+        const float d = f16at(w) * qs_load_f32(x);
+        for (int sb = 0; sb < 8; ++sb) {
+            const int ls = ((w[4 + sb / 2] >> (4 * (sb % 2))) & 15) | (((sh >> (2 * sb)) & 3) << 4);
+            __m256i qx = _mm256_loadu_si256((const __m256i *)(x + 4 + 32 * sb));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)(ls - 32)), mul_sum_i8_pairs(iq4nl_values(w + 8 + 16 * sb), qx),
+                                  acc);
+        }
+    }
+    return hsum256(acc);
+}
+
 T float qs_dot_q5_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / 32; ++i, w += 22, x += 34) {
@@ -417,4 +452,40 @@ T void qs_quantize_q8_K_avx2(const float *x, uint8_t *dst, int64_t n) {
         float d = 1.0f / iscale;
         memcpy(o, &d, 4);
     }
+}
+
+/* The i-quant / ternary / FP4 codes of qs_iq_row_codes against Q8_K or Q8_0 activations: per group the exact
+ * integer Σ code · q (sign trick + vpmaddubsw: every code is within ±63, so no pair leaves int16), then the
+ * scalar reference's float operations in its order: bit-identical to qs_iq_dot_codes_scalar. */
+T float qs_iq_dot_codes_avx2(const int8_t *codes, const float *mults, int gs, int q8k, int64_t k, const uint8_t *x) {
+    float s = 0.0f;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t e0 = 0, g = 0; e0 < k; e0 += gs, ++g) {
+        const int8_t *q;
+        float dx;
+        if (q8k) {
+            q = (const int8_t *)(x + 292 * (e0 / 256) + 4) + e0 % 256;
+            dx = qs_load_f32(x + 292 * (e0 / 256));
+        } else {
+            q = (const int8_t *)(x + 34 * (e0 / 32) + 2) + e0 % 32;
+            dx = f16at(x + 34 * (e0 / 32));
+        }
+        __m256i acc = _mm256_setzero_si256();
+        int j = 0;
+        for (; j + 32 <= gs; j += 32) {
+            const __m256i c = _mm256_loadu_si256((const __m256i *)(codes + e0 + j));
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + j));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(c, c),
+                                                                               _mm256_sign_epi8(v, c)), ones));
+        }
+        if (j < gs) { /* a group of 16: the low lane only */
+            const __m128i c = _mm_loadu_si128((const __m128i *)(codes + e0 + j));
+            const __m128i v = _mm_loadu_si128((const __m128i *)(q + j));
+            const __m128i p = _mm_madd_epi16(_mm_maddubs_epi16(_mm_sign_epi8(c, c), _mm_sign_epi8(v, c)),
+                                             _mm_set1_epi16(1));
+            acc = _mm256_add_epi32(acc, _mm256_inserti128_si256(_mm256_setzero_si256(), p, 0));
+        }
+        s = fmaf(mults[g] * dx, (float)hsum_i32x8(acc), s);
+    }
+    return s;
 }

@@ -14,7 +14,8 @@ from quantscope.core.quant import dequantize, ggml_type
 from quantscope.core.quant.dequant import DEQUANTIZERS
 
 REQUIRED = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-            "IQ4_NL", "IQ4_XS"]
+            "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0",
+            "MXFP4", "NVFP4"]
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -33,9 +34,21 @@ def realistic_blocks(name: str, n_rows: int, blocks_per_row: int, rng: np.random
     raw = rng.integers(0, 256, size=(n_rows, blocks_per_row, t.block_bytes), dtype=np.uint8)
     fp16_offsets = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
                     "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0]}
+    fp16_offsets |= {n: [0] for n in ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S")}
+    fp16_offsets |= {"TQ1_0": [52], "TQ2_0": [64]}
     for off in fp16_offsets.get(name, []):
         scale = (rng.random((n_rows, blocks_per_row)) * 0.02 - 0.01).astype(np.float16)
         raw[:, :, off : off + 2] = scale.view(np.uint8).reshape(n_rows, blocks_per_row, 2)
+    if name == "IQ1_M":  # d's 16 bits are the top nibbles of the four scale words
+        d = (rng.random((n_rows, blocks_per_row)) * 0.02 - 0.01).astype(np.float16).view(np.uint16).astype(np.uint32)
+        words = raw[:, :, 48:56].copy().view("<u2").astype(np.uint32) & 0x0FFF
+        for i in range(4):
+            words[:, :, i] |= ((d >> (4 * i)) & 15) << 12
+        raw[:, :, 48:56] = words.astype("<u2").view(np.uint8)
+    if name == "MXFP4":  # E8M0 exponents around 2^-6
+        raw[:, :, 0] = rng.integers(118, 124, (n_rows, blocks_per_row))
+    if name == "NVFP4":  # UE4M3 scales between 2^-6 and 2^-4
+        raw[:, :, 0:4] = rng.integers(8, 24, (n_rows, blocks_per_row, 4))
     return raw.reshape(n_rows, blocks_per_row * t.block_bytes)
 
 

@@ -112,7 +112,35 @@ def test_the_engine_runs_a_model_of_each_type(name, tmp_path):
     la = a.session(16).forward(ids, all_logits=True)
     lb = b.session(16).forward(ids, all_logits=True)
     assert np.isfinite(la).all() and np.abs(lb).max() > 0
-    np.testing.assert_allclose(la, lb, rtol=1e-4, atol=1e-4 * np.abs(lb).max())
+    # the engine's dots see Q8_K (Q8_0) activations, the float twin's float ones: they part by that rounding
+    # (about 3 % of the logits' norm through this random layer; the dots themselves are checked exactly against
+    # the scheme in tests/test_native_kernels.py)
+    rel = np.linalg.norm(la - lb, axis=1) / np.linalg.norm(lb, axis=1)
+    assert np.median(rel) < 0.06 and rel.max() < 0.4, (name, rel)
+    assert (la.argmax(1) == lb.argmax(1)).mean() >= 4 / 6, name
     s = a.session(16)
     steps = np.stack([s.forward([i]) for i in ids])
     np.testing.assert_allclose(steps, la, rtol=1e-5, atol=1e-5 * np.abs(la).max())
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_simd_dots_and_the_decoded_row_path_equal_the_scalar_dot(name):
+    """The dot kernels sum exact integers per group and do the scalar reference's float operations in its order:
+    AVX2 and scalar give the same bits; so does a prefill product, which decodes each row once for all columns."""
+    rng = np.random.default_rng(sum(name.encode()) + 99)
+    t = ggml_type(name)
+    k, rows = 1536, 6
+    w = _random_blocks(name, rows * k // t.block_elems, rng, scale=0.05)
+    real = np.frombuffer((DATA / f"{name}.bin").read_bytes(), np.uint8)[: k // t.block_elems * t.block_bytes]
+    w = np.concatenate([w.reshape(rows, -1), real.reshape(1, -1)])
+    x = rng.standard_normal((5, k)).astype(np.float32)
+    act = K.activation_type(name)
+    for level in LEVELS:
+        with K.forced_isa(level):
+            ref = np.array([[K.vec_dot(name, w[r], K.quantize_activation(xi, act), k) for r in range(rows + 1)]
+                            for xi in x], np.float32)
+            assert np.array_equal(K.matmat(name, w.reshape(-1), rows + 1, k, x), ref), (name, level)
+            assert np.array_equal(K.matvec(name, w.reshape(-1), rows + 1, k, x[0]), ref[0]), (name, level)
+        if level == "scalar":
+            scalar = ref
+        assert np.array_equal(ref, scalar), (name, level)

@@ -102,6 +102,9 @@ def memory_bandwidth(mib: int = 256, threads: tuple[int, ...] = (1, 2)) -> dict[
 #: (label, k, rows): shape classes of `bench kernels` (k = row length).
 KERNEL_SHAPES = (("in-cache", 1024, 640), ("model 896x4864", 896, 4864), ("model 4864x896", 4864, 896))
 KERNEL_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32")
+#: Types with dot kernels that the benchmark also takes (not in the default run): IQ4 and the low-bit families.
+EXTRA_KERNEL_TYPES = ("IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+                      "TQ1_0", "TQ2_0", "MXFP4", "NVFP4")
 
 
 def random_weights(type_name: str, rows: int, k: int, seed: int = 0) -> Any:
@@ -121,10 +124,21 @@ def random_weights(type_name: str, rows: int, k: int, seed: int = 0) -> Any:
         return v.view(np.uint8)
     raw = rng.integers(0, 256, size=(rows * k // t.block_elems, t.block_bytes), dtype=np.uint8)
     scale_at = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2],
-                "Q5_K": [0, 2], "Q6_K": [208]}
+                "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0], "IQ2_XXS": [0], "IQ2_XS": [0],
+                "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0], "TQ1_0": [52], "TQ2_0": [64]}
     for off in scale_at.get(t.name, []):
         s = (rng.random(raw.shape[0]) * 0.01).astype(np.float16)
         raw[:, off : off + 2] = s.view(np.uint8).reshape(-1, 2)
+    if t.name == "IQ1_M":  # d's 16 bits: the top nibbles of the four scale words
+        d = (rng.random(raw.shape[0]) * 0.01).astype(np.float16).view(np.uint16).astype(np.uint32)
+        words = raw[:, 48:56].copy().view("<u2").astype(np.uint32) & 0x0FFF
+        for i in range(4):
+            words[:, i] |= ((d >> (4 * i)) & 15) << 12
+        raw[:, 48:56] = words.astype("<u2").view(np.uint8)
+    if t.name == "MXFP4":
+        raw[:, 0] = rng.integers(118, 124, raw.shape[0])
+    if t.name == "NVFP4":
+        raw[:, 0:4] = rng.integers(8, 24, (raw.shape[0], 4))
     return raw.reshape(-1)
 
 

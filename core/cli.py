@@ -214,9 +214,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     if args.what == "kernels":
         types = tuple(x.strip().upper() for x in args.types.split(",") if x.strip())
-        bad = [x for x in types if x not in KERNEL_TYPES_HELP]
+        from .bench import EXTRA_KERNEL_TYPES
+
+        bad = [x for x in types if x not in KERNEL_TYPES_HELP + EXTRA_KERNEL_TYPES]
         if bad:
-            raise CLIError(f"unsupported types {', '.join(bad)}; choose from {', '.join(KERNEL_TYPES_HELP)}")
+            raise CLIError(f"unsupported types {', '.join(bad)}; choose from "
+                           f"{', '.join(KERNEL_TYPES_HELP + EXTRA_KERNEL_TYPES)}")
         threads = tuple(int(x) for x in args.threads.split(",") if x.strip())
         r = bench_kernels(types, threads, big=not args.no_big, dequant=not args.no_dequant)
         if args.json:

@@ -323,15 +323,8 @@ int qs_iq_row_codes(int type, const uint8_t *w, int64_t k, int8_t *codes, float 
 float qs_iq_dot_codes_scalar(const int8_t *codes, const float *mults, int gs, int q8k, int64_t k, const uint8_t *x) {
     float s = 0.0f;
     for (int64_t e0 = 0, g = 0; e0 < k; e0 += gs, ++g) {
-        const int8_t *q;
         float dx;
-        if (q8k) {
-            q = (const int8_t *)(x + 292 * (e0 / 256) + 4) + e0 % 256;
-            dx = qs_load_f32(x + 292 * (e0 / 256));
-        } else {
-            q = (const int8_t *)(x + 34 * (e0 / 32) + 2) + e0 % 32;
-            dx = f16at(x + 34 * (e0 / 32));
-        }
+        const int8_t *q = qs_iq_act(x, e0, q8k, &dx);
         int32_t isum = 0;
         for (int j = 0; j < gs; ++j) isum += codes[e0 + j] * q[j];
         s = fmaf(mults[g] * dx, (float)isum, s); /* fused, as the SIMD kernels may fuse */

@@ -461,15 +461,8 @@ T float qs_iq_dot_codes_avx2(const int8_t *codes, const float *mults, int gs, in
     float s = 0.0f;
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t e0 = 0, g = 0; e0 < k; e0 += gs, ++g) {
-        const int8_t *q;
         float dx;
-        if (q8k) {
-            q = (const int8_t *)(x + 292 * (e0 / 256) + 4) + e0 % 256;
-            dx = qs_load_f32(x + 292 * (e0 / 256));
-        } else {
-            q = (const int8_t *)(x + 34 * (e0 / 32) + 2) + e0 % 32;
-            dx = f16at(x + 34 * (e0 / 32));
-        }
+        const int8_t *q = qs_iq_act(x, e0, q8k, &dx);
         __m256i acc = _mm256_setzero_si256();
         int j = 0;
         for (; j + 32 <= gs; j += 32) {

@@ -349,16 +349,17 @@ static float dot_codes(int type, int64_t n, const uint8_t *w, const uint8_t *x, 
     return s;
 }
 
+#define IQ_DOT_SCALAR(name, TYPE)                                                                                  \
+    float qs_dot_##name##_scalar(int64_t n, const uint8_t *w, const uint8_t *x) { return dot_codes(TYPE, n, w, x, 0); }
 #define IQ_DOT(name, TYPE, ELEMS, BYTES)                                                                            \
-    float qs_dot_##name##_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {                                  \
-        return dot_codes(TYPE, n, w, x, 0);                                                                        \
-    }                                                                                                              \
+    IQ_DOT_SCALAR(name, TYPE)                                                                                      \
     float qs_dot_##name##_avx2(int64_t n, const uint8_t *w, const uint8_t *x) { return dot_codes(TYPE, n, w, x, 1); }
-IQ_DOT(iq2_xxs, QS_IQ2_XXS, 256, 66)
-IQ_DOT(iq2_xs, QS_IQ2_XS, 256, 74)
-IQ_DOT(iq2_s, QS_IQ2_S, 256, 82)
-IQ_DOT(iq3_xxs, QS_IQ3_XXS, 256, 98)
-IQ_DOT(iq3_s, QS_IQ3_S, 256, 110)
+/* the lattice types' AVX2 dots gather the code books directly (qs_iquants_avx2.c) */
+IQ_DOT_SCALAR(iq2_xxs, QS_IQ2_XXS)
+IQ_DOT_SCALAR(iq2_xs, QS_IQ2_XS)
+IQ_DOT_SCALAR(iq2_s, QS_IQ2_S)
+IQ_DOT_SCALAR(iq3_xxs, QS_IQ3_XXS)
+IQ_DOT_SCALAR(iq3_s, QS_IQ3_S)
 IQ_DOT(iq1_s, QS_IQ1_S, 256, 50)
 IQ_DOT(iq1_m, QS_IQ1_M, 256, 56)
 IQ_DOT(tq1_0, QS_TQ1_0, 256, 54)

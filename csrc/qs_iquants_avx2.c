@@ -1,0 +1,159 @@
+/* AVX2 dot products of the lattice i-quants against Q8_K (docs/quant-formats.md, "I-quants"): the code-book
+ * points of a 32-element chunk are gathered as 64-bit (IQ2) or 32-bit (IQ3) rows into one vector of unsigned
+ * coordinates, the sign bits are applied to the activations (negation where set), and vpmaddubsw + vpmaddwd give
+ * each scale group's exact integer sum. The float work is the scalar reference's (qs_iq_dot_codes_scalar):
+ * s = fma(mult · d_x, isum, s) group after group, so the results are the same bits. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "qs.h"
+#include "qs_iq_grids.h"
+#include "qs_quant_internal.h"
+
+#define T QS_TARGET_AVX2
+#define AI __attribute__((always_inline)) static inline
+
+AI uint8_t ksign(uint32_t i7) { /* the 8th sign bit makes the number of minus signs even */
+    i7 &= 127;
+    return (uint8_t)(i7 | ((uint32_t)__builtin_parity(i7) << 7));
+}
+
+T AI float f16(const uint8_t *p) { return _cvtsh_ss(qs_load_u16(p)); }
+
+T AI __m256i bytes_of_bits(uint32_t x32) { /* bit e set -> byte e = 0xFF */
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x32), shuf);
+    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
+/* 32 activation codes with the signs applied, times 32 unsigned coordinates: 8 int32 partial sums */
+T AI __m256i chunk_sums(__m256i coords, const int8_t *q, uint32_t signs) {
+    const __m256i m = bytes_of_bits(signs), v = _mm256_loadu_si256((const __m256i *)q);
+    const __m256i a = _mm256_sub_epi8(_mm256_xor_si256(v, m), m);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(coords, a), _mm256_set1_epi16(1));
+}
+
+T AI int hsum4(__m128i s) {
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+T AI int hsum8(__m256i v) { return hsum4(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1))); }
+
+T AI __m256i rows64(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
+    uint64_t r[4];
+    memcpy(&r[0], p0, 8);
+    memcpy(&r[1], p1, 8);
+    memcpy(&r[2], p2, 8);
+    memcpy(&r[3], p3, 8);
+    return _mm256_loadu_si256((const __m256i *)r);
+}
+
+T float qs_dot_iq2_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 256; ++i, w += 66, x += 292) {
+        const float d = f16(w), dx = qs_load_f32(x);
+        const int8_t *q = (const int8_t *)(x + 4);
+        for (int g = 0; g < 8; ++g) {
+            const uint8_t *b = w + 2 + 8 * g;
+            const uint32_t aux = qs_load_u32(b + 4);
+            const uint32_t sg = ksign(aux) | (uint32_t)ksign(aux >> 7) << 8 | (uint32_t)ksign(aux >> 14) << 16 |
+                                (uint32_t)ksign(aux >> 21) << 24;
+            const __m256i c = rows64(QS_GRID_IQ2_XXS[b[0]], QS_GRID_IQ2_XXS[b[1]], QS_GRID_IQ2_XXS[b[2]],
+                                     QS_GRID_IQ2_XXS[b[3]]);
+            const int isum = hsum8(chunk_sums(c, q + 32 * g, sg));
+            const float mult = d * (0.5f + (float)(aux >> 28)) * 0.25f;
+            s = fmaf(mult * dx, (float)isum, s);
+        }
+    }
+    return s;
+}
+
+/* two scale groups of 16 per chunk: the low and the high 128-bit lane */
+T AI float two_groups(float s, __m256i p, float m0, float m1, float dx) {
+    s = fmaf(m0 * dx, (float)hsum4(_mm256_castsi256_si128(p)), s);
+    return fmaf(m1 * dx, (float)hsum4(_mm256_extracti128_si256(p, 1)), s);
+}
+
+T float qs_dot_iq2_xs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 256; ++i, w += 74, x += 292) {
+        const float d = f16(w), dx = qs_load_f32(x);
+        const int8_t *q = (const int8_t *)(x + 4);
+        for (int c = 0; c < 8; ++c) {
+            uint16_t e[4];
+            uint32_t sg = 0;
+            for (int k = 0; k < 4; ++k) {
+                e[k] = qs_load_u16(w + 2 + 8 * c + 2 * k);
+                sg |= (uint32_t)ksign(e[k] >> 9) << (8 * k);
+            }
+            const __m256i co = rows64(QS_GRID_IQ2_XS[e[0] & 511], QS_GRID_IQ2_XS[e[1] & 511],
+                                      QS_GRID_IQ2_XS[e[2] & 511], QS_GRID_IQ2_XS[e[3] & 511]);
+            const uint8_t sc = w[66 + c];
+            s = two_groups(s, chunk_sums(co, q + 32 * c, sg), d * (0.5f + (float)(sc & 15)) * 0.25f,
+                           d * (0.5f + (float)(sc >> 4)) * 0.25f, dx);
+        }
+    }
+    return s;
+}
+
+T float qs_dot_iq2_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 256; ++i, w += 82, x += 292) {
+        const float d = f16(w), dx = qs_load_f32(x);
+        const int8_t *q = (const int8_t *)(x + 4);
+        for (int c = 0; c < 8; ++c) {
+            const uint8_t qh = w[66 + c];
+            int idx[4];
+            for (int k = 0; k < 4; ++k) idx[k] = w[2 + 4 * c + k] | (((qh >> (2 * k)) & 3) << 8);
+            const __m256i co = rows64(QS_GRID_IQ2_S[idx[0]], QS_GRID_IQ2_S[idx[1]], QS_GRID_IQ2_S[idx[2]],
+                                      QS_GRID_IQ2_S[idx[3]]);
+            const uint8_t sc = w[74 + c];
+            s = two_groups(s, chunk_sums(co, q + 32 * c, qs_load_u32(w + 34 + 4 * c)),
+                           d * (0.5f + (float)(sc & 15)) * 0.25f, d * (0.5f + (float)(sc >> 4)) * 0.25f, dx);
+        }
+    }
+    return s;
+}
+
+T float qs_dot_iq3_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 256; ++i, w += 98, x += 292) {
+        const float d = f16(w), dx = qs_load_f32(x);
+        const int8_t *q = (const int8_t *)(x + 4);
+        for (int g = 0; g < 8; ++g) {
+            const uint32_t aux = qs_load_u32(w + 66 + 4 * g);
+            const uint32_t sg = ksign(aux) | (uint32_t)ksign(aux >> 7) << 8 | (uint32_t)ksign(aux >> 14) << 16 |
+                                (uint32_t)ksign(aux >> 21) << 24;
+            uint32_t pts[8];
+            for (int k = 0; k < 8; ++k) memcpy(&pts[k], QS_GRID_IQ3_XXS[w[2 + 8 * g + k]], 4);
+            const __m256i co = _mm256_loadu_si256((const __m256i *)pts);
+            const int isum = hsum8(chunk_sums(co, q + 32 * g, sg));
+            const float mult = d * (0.5f + (float)(aux >> 28)) * 0.5f;
+            s = fmaf(mult * dx, (float)isum, s);
+        }
+    }
+    return s;
+}
+
+T float qs_dot_iq3_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 256; ++i, w += 110, x += 292) {
+        const float d = f16(w), dx = qs_load_f32(x);
+        const int8_t *q = (const int8_t *)(x + 4);
+        for (int g = 0; g < 8; ++g) {
+            const uint8_t qh = w[66 + g];
+            uint32_t pts[8];
+            for (int k = 0; k < 8; ++k) memcpy(&pts[k], QS_GRID_IQ3_S[w[2 + 8 * g + k] | (((qh >> k) & 1) << 8)], 4);
+            const __m256i co = _mm256_loadu_si256((const __m256i *)pts);
+            const int isum = hsum8(chunk_sums(co, q + 32 * g, qs_load_u32(w + 74 + 4 * g)));
+            const int sc = (w[106 + g / 2] >> (4 * (g & 1))) & 15;
+            const float mult = d * (float)(1 + 2 * sc);
+            s = fmaf(mult * dx, (float)isum, s);
+        }
+    }
+    return s;
+}

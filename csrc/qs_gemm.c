@@ -1,9 +1,11 @@
 /* Prefill GEMM (see qs_gemm.h): scalar weight-row decoders into the common code/scale/min form, activation
  * column preparation, and the threaded driver that runs the AVX-512 tile kernel over panels of 4 weight rows. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "qs.h"
 #include "qs_gemm.h"
+#include "qs_quant_internal.h"
 
 static inline float h2f(const uint8_t *p) { return qs_fp16_to_fp32(qs_load_u16(p)); }
 
@@ -150,6 +152,84 @@ static void panel_q6_K(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, floa
     qs_gemm_zero_tail(d, c, ws, mrow);
 }
 
+static int gemm_act(int type);
+
+/* IQ4_NL / IQ4_XS: code = K[q] + 128 (1..241), lane scale d (IQ4_XS: d·(ls − 32)), min 128 · scale */
+static const int8_t IQ4NL_BOOK[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static void panel_iq4_nl(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    for (int64_t b = 0; b < d->k / 32; ++b, w += 18) {
+        for (int j = 0; j < 16; ++j) {
+            c[32 * b + j] = (uint8_t)(IQ4NL_BOOK[w[2 + j] & 15] + 128);
+            c[32 * b + 16 + j] = (uint8_t)(IQ4NL_BOOK[w[2 + j] >> 4] + 128);
+        }
+        float sc = h2f(w);
+        set_lanes(ws, b, sc);
+        mrow[b] = 128.0f * sc;
+    }
+    qs_gemm_zero_tail(d, c, ws, mrow);
+}
+
+static void panel_iq4_xs(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    for (int64_t i = 0; i < d->k / 256; ++i, w += 136) {
+        const float dd = h2f(w);
+        const uint16_t sh = qs_load_u16(w + 2);
+        for (int sb = 0; sb < 8; ++sb) {
+            const int ls = ((w[4 + sb / 2] >> (4 * (sb % 2))) & 15) | (((sh >> (2 * sb)) & 3) << 4);
+            const float sc = dd * (float)(ls - 32);
+            const uint8_t *qs = w + 8 + 16 * sb;
+            for (int j = 0; j < 16; ++j) {
+                c[256 * i + 32 * sb + j] = (uint8_t)(IQ4NL_BOOK[qs[j] & 15] + 128);
+                c[256 * i + 32 * sb + 16 + j] = (uint8_t)(IQ4NL_BOOK[qs[j] >> 4] + 128);
+            }
+            set_lanes(ws, 8 * i + sb, sc);
+            mrow[8 * i + sb] = 128.0f * sc;
+        }
+    }
+    qs_gemm_zero_tail(d, c, ws, mrow);
+}
+
+/* The i-quants, TQ and FP4 types from their exact int8 codes (qs_iq_codes): code + an offset that makes it
+ * unsigned and at most 127 (so vpmaddubsw pairs never saturate), lane scale = the group's multiplier, min =
+ * offset · multiplier, per GEMM group (the code group, or 32 within TQ's one 256-element group). */
+static int code_offset(int type) {
+    switch (type) {
+    case QS_IQ2_XXS: case QS_IQ2_XS: case QS_IQ2_S: case QS_IQ3_XXS: case QS_IQ3_S: return 64;
+    case QS_IQ1_S: case QS_IQ1_M: return 16;
+    case QS_TQ1_0: case QS_TQ2_0: return 1;
+    default: return 12; /* MXFP4, NVFP4 */
+    }
+}
+
+static void panel_codes(int type, const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    const int elems = qs_block_elems(type), bytes = qs_block_bytes(type), off = code_offset(type);
+    int8_t code[256];
+    float mult[16];
+    for (int64_t i = 0; i < d->k / elems; ++i, w += bytes) {
+        const int gs = qs_iq_codes(type, w, code, mult);
+        for (int e = 0; e < elems; ++e) c[elems * i + e] = (uint8_t)(code[e] + off);
+        for (int l = 0; l < elems / 4; ++l) ws[elems / 4 * i + l] = mult[4 * l / gs];
+        for (int g = 0; g < elems / d->group; ++g) mrow[elems / d->group * i + g] = (float)off * mult[g * d->group / gs];
+    }
+    qs_gemm_zero_tail(d, c, ws, mrow);
+}
+
+#define PANEL_CODES(name, TYPE)                                                                                    \
+    static void panel_##name(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {        \
+        panel_codes(TYPE, w, d, c, ws, mrow);                                                                      \
+    }
+PANEL_CODES(iq2_xxs, QS_IQ2_XXS)
+PANEL_CODES(iq2_xs, QS_IQ2_XS)
+PANEL_CODES(iq2_s, QS_IQ2_S)
+PANEL_CODES(iq3_xxs, QS_IQ3_XXS)
+PANEL_CODES(iq3_s, QS_IQ3_S)
+PANEL_CODES(iq1_s, QS_IQ1_S)
+PANEL_CODES(iq1_m, QS_IQ1_M)
+PANEL_CODES(tq1_0, QS_TQ1_0)
+PANEL_CODES(tq2_0, QS_TQ2_0)
+PANEL_CODES(mxfp4, QS_MXFP4)
+PANEL_CODES(nvfp4, QS_NVFP4)
+
 qs_panel_fn qs_gemm_panel_scalar(int type) {
     switch (type) {
     case QS_Q4_0: return panel_q4_0;
@@ -160,6 +240,19 @@ qs_panel_fn qs_gemm_panel_scalar(int type) {
     case QS_Q4_K: return panel_q4_K;
     case QS_Q5_K: return panel_q5_K;
     case QS_Q6_K: return panel_q6_K;
+    case QS_IQ4_NL: return panel_iq4_nl;
+    case QS_IQ4_XS: return panel_iq4_xs;
+    case QS_IQ2_XXS: return panel_iq2_xxs;
+    case QS_IQ2_XS: return panel_iq2_xs;
+    case QS_IQ2_S: return panel_iq2_s;
+    case QS_IQ3_XXS: return panel_iq3_xxs;
+    case QS_IQ3_S: return panel_iq3_s;
+    case QS_IQ1_S: return panel_iq1_s;
+    case QS_IQ1_M: return panel_iq1_m;
+    case QS_TQ1_0: return panel_tq1_0;
+    case QS_TQ2_0: return panel_tq2_0;
+    case QS_MXFP4: return panel_mxfp4;
+    case QS_NVFP4: return panel_nvfp4;
     default: return NULL;
     }
 }
@@ -193,7 +286,7 @@ static void gemm_dims(int type, int64_t k, qs_gemm_dims *d) {
 int qs_gemm_decode_row(int type, const uint8_t *row, int64_t k, int simd, uint8_t *codes, float *ws, float *mrow) {
     qs_gemm_dims d;
     int group = qs_gemm_group(type);
-    if (!group || k % (type >= QS_Q2_K ? 256 : 32)) return -1;
+    if (!group || k % qs_block_elems(type) || k % (gemm_act(type) == QS_Q8_K ? 256 : 32)) return -1;
     if (simd && qs_isa_get() < QS_ISA_AVX2) return 1;
     gemm_dims(type, k, &d);
     (simd ? panel_simd(type) : qs_gemm_panel_scalar(type))(row, &d, codes, ws, mrow);
@@ -203,7 +296,9 @@ int qs_gemm_decode_row(int type, const uint8_t *row, int64_t k, int simd, uint8_
 int qs_gemm_group(int type) {
     switch (type) {
     case QS_Q4_0: case QS_Q4_1: case QS_Q5_0: case QS_Q5_1: case QS_Q8_0: case QS_Q4_K: case QS_Q5_K: return 32;
-    case QS_Q6_K: return 16;
+    case QS_IQ4_NL: case QS_IQ4_XS: case QS_IQ2_XXS: case QS_IQ3_XXS: case QS_IQ3_S: case QS_IQ1_S: case QS_TQ1_0:
+    case QS_TQ2_0: case QS_MXFP4: return 32;
+    case QS_Q6_K: case QS_IQ2_XS: case QS_IQ2_S: case QS_IQ1_M: case QS_NVFP4: return 16;
     default: return 0;
     }
 }
@@ -211,7 +306,8 @@ int qs_gemm_group(int type) {
 static int gemm_act(int type) {
     switch (type) {
     case QS_Q4_1: case QS_Q5_1: return QS_Q8_1;
-    case QS_Q4_K: case QS_Q5_K: case QS_Q6_K: return QS_Q8_K;
+    case QS_Q4_K: case QS_Q5_K: case QS_Q6_K: case QS_IQ4_XS: case QS_IQ2_XXS: case QS_IQ2_XS: case QS_IQ2_S:
+    case QS_IQ3_XXS: case QS_IQ3_S: case QS_IQ1_S: case QS_IQ1_M: case QS_TQ1_0: case QS_TQ2_0: return QS_Q8_K;
     default: return QS_Q8_0;
     }
 }
@@ -238,6 +334,12 @@ void qs_gemm_prep_column(int act, const uint8_t *xq, const qs_gemm_dims *d, int8
             for (int l = 0; l < 8; ++l) xs[8 * b + l] = dx;
             if (act == QS_Q8_1) {
                 bcol[b] = h2f(xq + 2);
+            } else if (d->group == 16) { /* NVFP4: a min per 16 elements */
+                for (int h = 0; h < 2; ++h) {
+                    int s = 0;
+                    for (int j = 0; j < 16; ++j) s += (int8_t)xq[2 + 16 * h + j];
+                    bcol[2 * b + h] = dx * (float)s;
+                }
             } else {
                 int s = 0;
                 for (int j = 0; j < 32; ++j) s += (int8_t)xq[2 + j];
@@ -295,7 +397,8 @@ static tile_fn tile_for_isa(void) {
 int qs_gemm_usable(int type, int64_t k) {
     int group = qs_gemm_group(type);
     if (!group) return 0;
-    if (type == QS_Q8_0 && qs_isa_get() == QS_ISA_AVX2) return 0; /* codes up to 255 would saturate vpmaddubsw */
+    if ((type == QS_Q8_0 || type == QS_IQ4_NL || type == QS_IQ4_XS) && qs_isa_get() == QS_ISA_AVX2)
+        return 0; /* codes above 127 would saturate vpmaddubsw */
     int64_t ab = gemm_act(type) == QS_Q8_K ? 256 : 32;
     return k % ab == 0 && k % group == 0;
 }

@@ -119,8 +119,13 @@ def test_the_engine_runs_a_model_of_each_type(name, tmp_path):
     assert np.median(rel) < 0.06 and rel.max() < 0.4, (name, rel)
     assert (la.argmax(1) == lb.argmax(1)).mean() >= 4 / 6, name
     s = a.session(16)
-    steps = np.stack([s.forward([i]) for i in ids])
-    np.testing.assert_allclose(steps, la, rtol=1e-5, atol=1e-5 * np.abs(la).max())
+    steps = np.stack([s.forward([i]) for i in ids])  # decode: row dots; the prompt above went through the GEMM
+    # (they part by float summation order, and where that moves a later activation across a Q8 rounding step)
+    part = np.linalg.norm(steps - la, axis=1) / np.linalg.norm(la, axis=1)
+    assert part.max() < 0.02, (name, part)
+    with K.prefill_gemm(False):  # with the row dots for the prompt too: the same bits
+        lr = a.session(16).forward(ids, all_logits=True)
+    assert np.array_equal(steps, lr)
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -136,7 +141,7 @@ def test_simd_dots_and_the_decoded_row_path_equal_the_scalar_dot(name):
     x = rng.standard_normal((5, k)).astype(np.float32)
     act = K.activation_type(name)
     for level in LEVELS:
-        with K.forced_isa(level):
+        with K.forced_isa(level), K.prefill_gemm(False):  # the GEMM's own test is in test_native_kernels.py
             ref = np.array([[K.vec_dot(name, w[r], K.quantize_activation(xi, act), k) for r in range(rows + 1)]
                             for xi in x], np.float32)
             assert np.array_equal(K.matmat(name, w.reshape(-1), rows + 1, k, x), ref), (name, level)

@@ -264,7 +264,10 @@ def test_simd_matches_scalar_and_float64(name):
         assert np.allclose(results[level], scalar, rtol=1e-4, atol=1e-4 * np.abs(scalar).max()), (name, level)
 
 
-GEMM_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+GEMM_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS",
+              "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4"]
+#: GEMM types whose group (one lane scale and min) is 16 elements
+GEMM_GROUP16 = ("Q6_K", "IQ2_XS", "IQ2_S", "IQ1_M", "NVFP4")
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -294,7 +297,7 @@ def _decode_row(name: str, row: np.ndarray, k: int, simd: int) -> tuple[np.ndarr
     from quantscope.core.native import ffi, lib
 
     t = ggml_type(name)
-    group = 16 if name == "Q6_K" else 32
+    group = 16 if name in GEMM_GROUP16 else 32
     k64 = (k + 63) // 64 * 64
     codes = np.full(k64, 0xAA, np.uint8)
     ws = np.full(k64 // 4, np.nan, np.float32)
@@ -315,7 +318,7 @@ def test_gemm_row_decoders(name):
     decoders are bit-identical to it (random blocks, padding included)."""
     rng = np.random.default_rng(sum(name.encode()) + 17)
     t = ggml_type(name)
-    group = 16 if name == "Q6_K" else 32
+    group = 16 if name in GEMM_GROUP16 else 32
     for k in ((96, 608, 1024) if t.block_elems == 32 else (256, 768)):
         row = weight_row(name, k, rng)
         codes, ws, mins = _decode_row(name, row, k, 0)

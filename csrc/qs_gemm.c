@@ -154,6 +154,41 @@ static void panel_q6_K(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, floa
 
 static int gemm_act(int type);
 
+/* Q2_K: code q (0..3), lane scale d·(sc & 15), min dmin·(sc >> 4) per 16; Q3_K: code = low 2 bits + 4·hmask
+ * bit (0..7), lane scale d·(scale − 32), min 4·that per 16 */
+static void panel_q2_K(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    for (int64_t i = 0; i < d->k / 256; ++i, w += 84) {
+        const float dd = h2f(w + 80), dm = h2f(w + 82);
+        for (int g = 0; g < 16; ++g) {
+            for (int l = 0; l < 4; ++l) ws[64 * i + 4 * g + l] = dd * (float)(w[g] & 15);
+            mrow[16 * i + g] = dm * (float)(w[g] >> 4);
+        }
+        for (int n = 0; n < 2; ++n)
+            for (int j = 0; j < 4; ++j)
+                for (int l = 0; l < 32; ++l) c[256 * i + 128 * n + 32 * j + l] = (w[16 + 32 * n + l] >> (2 * j)) & 3;
+    }
+    qs_gemm_zero_tail(d, c, ws, mrow);
+}
+
+static void panel_q3_K(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
+    int8_t sc[16];
+    for (int64_t i = 0; i < d->k / 256; ++i, w += 110) {
+        const float dd = h2f(w + 108);
+        qs_q3k_scales(w + 96, sc);
+        for (int g = 0; g < 16; ++g) {
+            const float s = dd * (float)sc[g];
+            for (int l = 0; l < 4; ++l) ws[64 * i + 4 * g + l] = s;
+            mrow[16 * i + g] = 4.0f * s;
+        }
+        for (int n = 0; n < 2; ++n)
+            for (int j = 0; j < 4; ++j)
+                for (int l = 0; l < 32; ++l)
+                    c[256 * i + 128 * n + 32 * j + l] =
+                        (uint8_t)(((w[32 + 32 * n + l] >> (2 * j)) & 3) | (((w[l] >> (4 * n + j)) & 1) << 2));
+    }
+    qs_gemm_zero_tail(d, c, ws, mrow);
+}
+
 /* IQ4_NL / IQ4_XS: code = K[q] + 128 (1..241), lane scale d (IQ4_XS: d·(ls − 32)), min 128 · scale */
 static const int8_t IQ4NL_BOOK[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
@@ -240,6 +275,8 @@ qs_panel_fn qs_gemm_panel_scalar(int type) {
     case QS_Q4_K: return panel_q4_K;
     case QS_Q5_K: return panel_q5_K;
     case QS_Q6_K: return panel_q6_K;
+    case QS_Q2_K: return panel_q2_K;
+    case QS_Q3_K: return panel_q3_K;
     case QS_IQ4_NL: return panel_iq4_nl;
     case QS_IQ4_XS: return panel_iq4_xs;
     case QS_IQ2_XXS: return panel_iq2_xxs;
@@ -298,7 +335,7 @@ int qs_gemm_group(int type) {
     case QS_Q4_0: case QS_Q4_1: case QS_Q5_0: case QS_Q5_1: case QS_Q8_0: case QS_Q4_K: case QS_Q5_K: return 32;
     case QS_IQ4_NL: case QS_IQ4_XS: case QS_IQ2_XXS: case QS_IQ3_XXS: case QS_IQ3_S: case QS_IQ1_S: case QS_TQ1_0:
     case QS_TQ2_0: case QS_MXFP4: return 32;
-    case QS_Q6_K: case QS_IQ2_XS: case QS_IQ2_S: case QS_IQ1_M: case QS_NVFP4: return 16;
+    case QS_Q6_K: case QS_Q2_K: case QS_Q3_K: case QS_IQ2_XS: case QS_IQ2_S: case QS_IQ1_M: case QS_NVFP4: return 16;
     default: return 0;
     }
 }
@@ -306,7 +343,8 @@ int qs_gemm_group(int type) {
 static int gemm_act(int type) {
     switch (type) {
     case QS_Q4_1: case QS_Q5_1: return QS_Q8_1;
-    case QS_Q4_K: case QS_Q5_K: case QS_Q6_K: case QS_IQ4_XS: case QS_IQ2_XXS: case QS_IQ2_XS: case QS_IQ2_S:
+    case QS_Q2_K: case QS_Q3_K: case QS_Q4_K: case QS_Q5_K: case QS_Q6_K: case QS_IQ4_XS: case QS_IQ2_XXS:
+    case QS_IQ2_XS: case QS_IQ2_S:
     case QS_IQ3_XXS: case QS_IQ3_S: case QS_IQ1_S: case QS_IQ1_M: case QS_TQ1_0: case QS_TQ2_0: return QS_Q8_K;
     default: return QS_Q8_0;
     }

@@ -67,7 +67,7 @@ static void deq_q2_K(const uint8_t *b, float *y) {
                 y[128 * n + 32 * j + l] = d * (float)(s & 15) * (float)q - dmin * (float)(s >> 4);
             }
 }
-static void q3k_scales(const uint8_t *s, int8_t out[16]) {
+void qs_q3k_scales(const uint8_t *s, int8_t out[16]) {
     for (int j = 0; j < 16; ++j) {
         int low = j < 8 ? (s[j] & 15) : (s[j - 8] >> 4);
         int high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
@@ -78,7 +78,7 @@ static void deq_q3_K(const uint8_t *b, float *y) {
     const uint8_t *hm = b, *qs = b + 32;
     float d = f16at(b + 108);
     int8_t sc[16];
-    q3k_scales(b + 96, sc);
+    qs_q3k_scales(b + 96, sc);
     for (int n = 0; n < 2; ++n)
         for (int j = 0; j < 4; ++j)
             for (int l = 0; l < 32; ++l) {
@@ -182,8 +182,8 @@ static qs_type_traits traits(int type) {
     case QS_Q5_1: return (qs_type_traits){32, 24, deq_q5_1, QS_Q8_1};
     case QS_Q8_0: return (qs_type_traits){32, 34, deq_q8_0, QS_Q8_0};
     case QS_Q8_1: return (qs_type_traits){32, 36, NULL, -1};
-    case QS_Q2_K: return (qs_type_traits){256, 84, deq_q2_K, -1};
-    case QS_Q3_K: return (qs_type_traits){256, 110, deq_q3_K, -1};
+    case QS_Q2_K: return (qs_type_traits){256, 84, deq_q2_K, QS_Q8_K};
+    case QS_Q3_K: return (qs_type_traits){256, 110, deq_q3_K, QS_Q8_K};
     case QS_Q4_K: return (qs_type_traits){256, 144, deq_q4_K, QS_Q8_K};
     case QS_Q5_K: return (qs_type_traits){256, 176, deq_q5_K, QS_Q8_K};
     case QS_Q6_K: return (qs_type_traits){256, 210, deq_q6_K, QS_Q8_K};
@@ -561,6 +561,49 @@ float qs_dot_q6_K_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
     }
     return s;
 }
+/* Q2_K x Q8_K: per 16 elements Σ q·x times the 4-bit scale; the mins against the activation's 16-sums (bsums) */
+float qs_dot_q2_K_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 256; ++i, w += 84, x += 292) {
+        const int8_t *q = (const int8_t *)(x + 4);
+        int32_t isum = 0, summs = 0;
+        for (int g = 0; g < 16; ++g) {
+            const int16_t bs = (int16_t)qs_load_u16(x + 260 + 2 * g);
+            summs += (w[g] >> 4) * bs;
+            const int n2 = g / 8, j = (g % 8) / 2, l0 = 16 * (g % 2);
+            int32_t p = 0;
+            for (int l = l0; l < l0 + 16; ++l) p += ((w[16 + 32 * n2 + l] >> (2 * j)) & 3) * q[128 * n2 + 32 * j + l];
+            isum += (w[g] & 15) * p;
+        }
+        const float dx = qs_load_f32(x);
+        s += dx * f16at(w + 80) * (float)isum - dx * f16at(w + 82) * (float)summs;
+    }
+    return s;
+}
+
+/* Q3_K x Q8_K: codes q = low 2 bits + 4 · hmask bit (0..7), value q − 4: Σ (q − 4)·x = Σ q·x − 4 · bsum per 16 */
+float qs_dot_q3_K_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    int8_t sc[16];
+    for (int64_t i = 0; i < n / 256; ++i, w += 110, x += 292) {
+        const int8_t *q = (const int8_t *)(x + 4);
+        qs_q3k_scales(w + 96, sc);
+        int32_t isum = 0;
+        for (int g = 0; g < 16; ++g) {
+            const int16_t bs = (int16_t)qs_load_u16(x + 260 + 2 * g);
+            const int n2 = g / 8, j = (g % 8) / 2, l0 = 16 * (g % 2);
+            int32_t p = 0;
+            for (int l = l0; l < l0 + 16; ++l) {
+                const int c = ((w[32 + 32 * n2 + l] >> (2 * j)) & 3) | (((w[l] >> (4 * n2 + j)) & 1) << 2);
+                p += c * q[128 * n2 + 32 * j + l];
+            }
+            isum += sc[g] * (p - 4 * bs);
+        }
+        s += qs_load_f32(x) * f16at(w + 108) * (float)isum;
+    }
+    return s;
+}
+
 /* IQ4_NL x Q8_0: the code book's values times the activation codes, one integer sum per block */
 float qs_dot_iq4_nl_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
     float s = 0.0f;
@@ -631,6 +674,8 @@ static qs_dot_fn dot_fn(int type) {
     case QS_TQ2_0: return isa >= 1 ? qs_dot_tq2_0_avx2 : qs_dot_tq2_0_scalar;
     case QS_MXFP4: return isa >= 1 ? qs_dot_mxfp4_avx2 : qs_dot_mxfp4_scalar;
     case QS_NVFP4: return isa >= 1 ? qs_dot_nvfp4_avx2 : qs_dot_nvfp4_scalar;
+    case QS_Q2_K: return isa >= 1 ? qs_dot_q2_K_avx2 : qs_dot_q2_K_scalar;
+    case QS_Q3_K: return isa >= 1 ? qs_dot_q3_K_avx2 : qs_dot_q3_K_scalar;
     case QS_IQ4_NL: return isa >= 1 ? qs_dot_iq4_nl_avx2 : qs_dot_iq4_nl_scalar;
     case QS_IQ4_XS: return isa >= 1 ? qs_dot_iq4_xs_avx2 : qs_dot_iq4_xs_scalar;
     case QS_F16: return isa >= 1 ? qs_dot_f16_avx2 : qs_dot_f16_scalar;

@@ -49,6 +49,64 @@ T float qs_dot_q4_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     return hsum256(acc);
 }
 
+T static inline int hsum_i32x8(__m256i v);
+
+/* Q2_K / Q3_K: per 128-element half and shift j, 32 codes of 2 (Q3_K: 3) bits; vpmaddubsw against the
+ * activations gives 16 pair sums, vpmaddwd with the two 16-element groups' scales weights and adds them. The
+ * integer sums equal the scalar reference's, so only the final float products may be fused differently. */
+T static inline __m256i scales2(int a, int b) { /* pair sums 0-7 (elements 0-15) get a, 8-15 get b */
+    return _mm256_setr_m128i(_mm_set1_epi16((short)a), _mm_set1_epi16((short)b));
+}
+
+T float qs_dot_q2_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    for (int64_t i = 0; i < n / 256; ++i, w += 84, x += 292) {
+        __m256i acc = _mm256_setzero_si256();
+        for (int h = 0; h < 2; ++h) {
+            const __m256i qv = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * h));
+            for (int j = 0; j < 4; ++j) {
+                const __m256i c = _mm256_and_si256(_mm256_srli_epi16(qv, 2 * j), m3);
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 4 + 128 * h + 32 * j));
+                const int g = 8 * h + 2 * j;
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(c, xv),
+                                                              scales2(w[g] & 15, w[g + 1] & 15)));
+            }
+        }
+        int32_t summs = 0;
+        for (int g = 0; g < 16; ++g) summs += (w[g] >> 4) * (int16_t)qs_load_u16(x + 260 + 2 * g);
+        const float dx = qs_load_f32(x);
+        s += dx * f16at(w + 80) * (float)hsum_i32x8(acc) - dx * f16at(w + 82) * (float)summs;
+    }
+    return s;
+}
+
+T float qs_dot_q3_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    int8_t sc[16];
+    for (int64_t i = 0; i < n / 256; ++i, w += 110, x += 292) {
+        qs_q3k_scales(w + 96, sc);
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)w);
+        __m256i acc = _mm256_setzero_si256();
+        int32_t bterm = 0;
+        for (int h = 0; h < 2; ++h) {
+            const __m256i qv = _mm256_loadu_si256((const __m256i *)(w + 32 + 32 * h));
+            for (int j = 0; j < 4; ++j) {
+                const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one);
+                const __m256i c = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qv, 2 * j), m3),
+                                                  _mm256_slli_epi16(hb, 2));
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 4 + 128 * h + 32 * j));
+                const int g = 8 * h + 2 * j;
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(c, xv), scales2(sc[g], sc[g + 1])));
+            }
+        }
+        for (int g = 0; g < 16; ++g) bterm += sc[g] * 4 * (int16_t)qs_load_u16(x + 260 + 2 * g);
+        s += qs_load_f32(x) * f16at(w + 108) * (float)(hsum_i32x8(acc) - bterm);
+    }
+    return s;
+}
+
 /* IQ4_NL / IQ4_XS: 32 nibbles -> code-book values by one byte shuffle (low nibbles = elements 0-15, high =
  * 16-31), then the signed products as for Q8_0 */
 T static inline __m256i iq4nl_values(const uint8_t *qs) {

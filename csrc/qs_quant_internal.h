@@ -66,6 +66,11 @@ float qs_dot_q8_0_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_q4_K_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_q5_K_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_q6_K_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
+void qs_q3k_scales(const uint8_t *s, int8_t out[16]); /* Q3_K's 16 six-bit scales, minus 32 */
+float qs_dot_q2_K_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q3_K_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q2_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_q3_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq4_nl_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq4_xs_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq4_nl_avx2(int64_t n, const uint8_t *w, const uint8_t *x);

@@ -16,9 +16,10 @@ from quantscope.core.quant import dequantize, ggml_type
 from .test_dequant import REQUIRED, realistic_blocks
 
 LEVELS = K.ISA_NAMES[: K.ISA_NAMES.index(K.isa_detected()) + 1]
-DOT_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "F16", "BF16", "F32",
+DOT_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "F16",
+             "BF16", "F32",
              "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4"]
-FALLBACK_TYPES = ["Q2_K", "Q3_K"]
+FALLBACK_TYPES: list[str] = []  # every type with a kernel has a dot now
 # byte offsets of the fp16 min-scale field(s) of formats with a subtracted/added minimum
 MIN_FIELD = {"Q4_1": (2, 0), "Q5_1": (2, 0), "Q4_K": (2, 0), "Q5_K": (2, 0), "Q2_K": (82, 80)}
 
@@ -264,10 +265,10 @@ def test_simd_matches_scalar_and_float64(name):
         assert np.allclose(results[level], scalar, rtol=1e-4, atol=1e-4 * np.abs(scalar).max()), (name, level)
 
 
-GEMM_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS",
-              "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4"]
+GEMM_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+              "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4"]
 #: GEMM types whose group (one lane scale and min) is 16 elements
-GEMM_GROUP16 = ("Q6_K", "IQ2_XS", "IQ2_S", "IQ1_M", "NVFP4")
+GEMM_GROUP16 = ("Q6_K", "Q2_K", "Q3_K", "IQ2_XS", "IQ2_S", "IQ1_M", "NVFP4")
 
 
 @pytest.mark.parametrize("level", LEVELS)

@@ -163,8 +163,11 @@ void qs_deq_mxfp4(const uint8_t *b, float *y) {
 static inline float ue4m3_half(uint8_t x) {
     if (x == 0 || x == 0x7F) return 0.0f;
     const int exp = (x >> 3) & 15, man = x & 7;
-    const float raw = exp == 0 ? (float)man * 0x1p-9f : (1.0f + (float)man / 8.0f) * ldexpf(1.0f, exp - 7);
-    return raw * 0.5f;
+    if (exp == 0) return (float)man * 0x1p-10f; /* subnormal: m · 2^-9, halved */
+    const uint32_t bits = (uint32_t)(exp - 8 + 127) << 23 | (uint32_t)man << 20; /* (1 + m/8) · 2^(e-7), halved */
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
 }
 
 void qs_deq_nvfp4(const uint8_t *b, float *y) {
@@ -363,6 +366,6 @@ IQ_DOT_SCALAR(iq3_s, QS_IQ3_S)
 IQ_DOT(iq1_s, QS_IQ1_S, 256, 50)
 IQ_DOT(iq1_m, QS_IQ1_M, 256, 56)
 IQ_DOT(tq1_0, QS_TQ1_0, 256, 54)
-IQ_DOT(tq2_0, QS_TQ2_0, 256, 66)
-IQ_DOT(mxfp4, QS_MXFP4, 32, 17)
-IQ_DOT(nvfp4, QS_NVFP4, 64, 36)
+IQ_DOT_SCALAR(tq2_0, QS_TQ2_0) /* its AVX2 dot, and MXFP4's and NVFP4's, are in qs_iquants_avx2.c */
+IQ_DOT_SCALAR(mxfp4, QS_MXFP4)
+IQ_DOT_SCALAR(nvfp4, QS_NVFP4)

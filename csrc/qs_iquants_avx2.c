@@ -157,3 +157,85 @@ T float qs_dot_iq3_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     }
     return s;
 }
+
+/* MXFP4 / NVFP4 x Q8_0: E2M1 codes to their doubled integer values by one byte shuffle, then signed products */
+T AI __m128i fp4_values(__m128i nibbles) {
+    const __m128i book = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    return _mm_shuffle_epi8(book, nibbles);
+}
+
+T AI __m256i signed_sums(__m256i c, const int8_t *q) { /* 8 int32 partial sums of c · q, c and q signed */
+    const __m256i v = _mm256_loadu_si256((const __m256i *)q);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(v, c)),
+                             _mm256_set1_epi16(1));
+}
+
+static inline float e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline float ue4m3_half(uint8_t x) {
+    if (x == 0 || x == 0x7F) return 0.0f;
+    const int exp = (x >> 3) & 15, man = x & 7;
+    if (exp == 0) return (float)man * 0x1p-10f; /* subnormal: m · 2^-9, halved */
+    const uint32_t bits = (uint32_t)(exp - 8 + 127) << 23 | (uint32_t)man << 20; /* (1 + m/8) · 2^(e-7), halved */
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+T float qs_dot_mxfp4_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    for (int64_t i = 0; i < n / 32; ++i, w += 17, x += 34) {
+        const __m128i qv = _mm_loadu_si128((const __m128i *)(w + 1));
+        const __m256i c = _mm256_set_m128i(fp4_values(_mm_and_si128(_mm_srli_epi16(qv, 4), m4)),
+                                           fp4_values(_mm_and_si128(qv, m4)));
+        const int isum = hsum8(signed_sums(c, (const int8_t *)(x + 2)));
+        s = fmaf(e8m0_half(w[0]) * f16(x), (float)isum, s);
+    }
+    return s;
+}
+
+T float qs_dot_nvfp4_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    for (int64_t i = 0; i < n / 64; ++i, w += 36) {
+        for (int h = 0; h < 2; ++h) { /* two Q8_0 blocks, two 16-element groups each */
+            const uint8_t *xb = x + 34 * (2 * i + h);
+            const __m128i qv = _mm_loadu_si128((const __m128i *)(w + 4 + 16 * h)); /* groups 2h, 2h+1 */
+            const __m128i lo = _mm_and_si128(qv, m4), hi = _mm_and_si128(_mm_srli_epi16(qv, 4), m4);
+            /* per group: 8 low nibbles (elements 0-7), then 8 high (8-15) */
+            const __m128i g0 = _mm_unpacklo_epi64(lo, hi), g1 = _mm_unpackhi_epi64(lo, hi);
+            const __m256i p = signed_sums(_mm256_set_m128i(fp4_values(g1), fp4_values(g0)), (const int8_t *)(xb + 2));
+            const float dx = f16(xb);
+            s = fmaf(ue4m3_half(w[2 * h]) * dx, (float)hsum4(_mm256_castsi256_si128(p)), s);
+            s = fmaf(ue4m3_half(w[2 * h + 1]) * dx, (float)hsum4(_mm256_extracti128_si256(p, 1)), s);
+        }
+    }
+    return s;
+}
+
+T float qs_dot_tq2_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    const __m256i m3 = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+    for (int64_t i = 0; i < n / 256; ++i, w += 66, x += 292) {
+        const int8_t *q = (const int8_t *)(x + 4);
+        __m256i acc = _mm256_setzero_si256();
+        for (int h = 0; h < 2; ++h) {
+            const __m256i qv = _mm256_loadu_si256((const __m256i *)(w + 32 * h));
+            for (int k = 0; k < 4; ++k) {
+                const __m256i c = _mm256_and_si256(_mm256_srli_epi16(qv, 2 * k), m3); /* t in 0..2 */
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 128 * h + 32 * k));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(c, v), ones));
+            }
+        }
+        int32_t bs = 0; /* Σ (t − 1)·q = Σ t·q − Σ q */
+        for (int g = 0; g < 16; ++g) bs += (int16_t)qs_load_u16(x + 260 + 2 * g);
+        s = fmaf(f16(w + 64) * qs_load_f32(x), (float)(hsum8(acc) - bs), s);
+    }
+    return s;
+}

@@ -190,13 +190,12 @@ static void panel_q3_K(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, floa
 }
 
 /* IQ4_NL / IQ4_XS: code = K[q] + 128 (1..241), lane scale d (IQ4_XS: d·(ls − 32)), min 128 · scale */
-static const int8_t IQ4NL_BOOK[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 static void panel_iq4_nl(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow) {
     for (int64_t b = 0; b < d->k / 32; ++b, w += 18) {
         for (int j = 0; j < 16; ++j) {
-            c[32 * b + j] = (uint8_t)(IQ4NL_BOOK[w[2 + j] & 15] + 128);
-            c[32 * b + 16 + j] = (uint8_t)(IQ4NL_BOOK[w[2 + j] >> 4] + 128);
+            c[32 * b + j] = (uint8_t)(QS_IQ4NL[w[2 + j] & 15] + 128);
+            c[32 * b + 16 + j] = (uint8_t)(QS_IQ4NL[w[2 + j] >> 4] + 128);
         }
         float sc = h2f(w);
         set_lanes(ws, b, sc);
@@ -214,8 +213,8 @@ static void panel_iq4_xs(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, fl
             const float sc = dd * (float)(ls - 32);
             const uint8_t *qs = w + 8 + 16 * sb;
             for (int j = 0; j < 16; ++j) {
-                c[256 * i + 32 * sb + j] = (uint8_t)(IQ4NL_BOOK[qs[j] & 15] + 128);
-                c[256 * i + 32 * sb + 16 + j] = (uint8_t)(IQ4NL_BOOK[qs[j] >> 4] + 128);
+                c[256 * i + 32 * sb + j] = (uint8_t)(QS_IQ4NL[qs[j] & 15] + 128);
+                c[256 * i + 32 * sb + 16 + j] = (uint8_t)(QS_IQ4NL[qs[j] >> 4] + 128);
             }
             set_lanes(ws, 8 * i + sb, sc);
             mrow[8 * i + sb] = 128.0f * sc;

@@ -11,11 +11,6 @@
 
 static inline float f16at(const uint8_t *p) { return qs_fp16_to_fp32(qs_load_u16(p)); }
 
-/* ggml's ksigns_iq2xs rule: 7 stored sign bits, the 8th makes the number of minus signs even */
-static inline uint8_t ksign(uint32_t i7) {
-    i7 &= 127;
-    return (uint8_t)(i7 | ((uint32_t)__builtin_parity(i7) << 7));
-}
 
 static inline float sgn(uint8_t bits, int j) { return (bits >> j) & 1 ? -1.0f : 1.0f; }
 
@@ -27,7 +22,7 @@ void qs_deq_iq2_xxs(const uint8_t *b, float *y) {
         const float db = d * (0.5f + (float)(aux >> 28)) * 0.25f;
         for (int l = 0; l < 4; ++l) {
             const uint8_t *pt = QS_GRID_IQ2_XXS[q[l]];
-            const uint8_t s = ksign(aux >> (7 * l));
+            const uint8_t s = qs_ksign(aux >> (7 * l));
             for (int j = 0; j < 8; ++j) y[8 * l + j] = db * (float)pt[j] * sgn(s, j);
         }
     }
@@ -40,7 +35,7 @@ void qs_deq_iq2_xs(const uint8_t *b, float *y) {
         const int sc = (b[66 + e / 4] >> (4 * ((e / 2) & 1))) & 15; /* one scale per 16 elements */
         const float db = d * (0.5f + (float)sc) * 0.25f;
         const uint8_t *pt = QS_GRID_IQ2_XS[q & 511];
-        const uint8_t s = ksign(q >> 9);
+        const uint8_t s = qs_ksign(q >> 9);
         for (int j = 0; j < 8; ++j) y[j] = db * (float)pt[j] * sgn(s, j);
     }
 }
@@ -63,7 +58,7 @@ void qs_deq_iq3_xxs(const uint8_t *b, float *y) {
         const uint32_t aux = qs_load_u32(b + 66 + 4 * g);
         const float db = d * (0.5f + (float)(aux >> 28)) * 0.5f;
         for (int l = 0; l < 4; ++l) {
-            const uint8_t s = ksign(aux >> (7 * l));
+            const uint8_t s = qs_ksign(aux >> (7 * l));
             const uint8_t *p0 = QS_GRID_IQ3_XXS[b[2 + 8 * g + 2 * l]], *p1 = QS_GRID_IQ3_XXS[b[3 + 8 * g + 2 * l]];
             for (int j = 0; j < 4; ++j) {
                 y[8 * l + j] = db * (float)p0[j] * sgn(s, j);
@@ -143,36 +138,19 @@ void qs_deq_tq2_0(const uint8_t *b, float *y) {
 
 static const int8_t FP4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
-/* ggml_e8m0_to_fp32_half */
-static inline float e8m0_half(uint8_t e) {
-    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
 
 void qs_deq_mxfp4(const uint8_t *b, float *y) {
-    const float d = e8m0_half(b[0]);
+    const float d = qs_e8m0_half(b[0]);
     for (int j = 0; j < 16; ++j) {
         y[j] = d * (float)FP4[b[1 + j] & 15];
         y[16 + j] = d * (float)FP4[b[1 + j] >> 4];
     }
 }
 
-/* NVFP4's unsigned E4M3 scale (bias 7; 0 and 0x7F read as 0), halved */
-static inline float ue4m3_half(uint8_t x) {
-    if (x == 0 || x == 0x7F) return 0.0f;
-    const int exp = (x >> 3) & 15, man = x & 7;
-    if (exp == 0) return (float)man * 0x1p-10f; /* subnormal: m · 2^-9, halved */
-    const uint32_t bits = (uint32_t)(exp - 8 + 127) << 23 | (uint32_t)man << 20; /* (1 + m/8) · 2^(e-7), halved */
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
 
 void qs_deq_nvfp4(const uint8_t *b, float *y) {
     for (int s = 0; s < 4; ++s, y += 16) {
-        const float d = ue4m3_half(b[s]);
+        const float d = qs_ue4m3_half(b[s]);
         for (int j = 0; j < 8; ++j) {
             y[j] = d * (float)FP4[b[4 + 8 * s + j] & 15];
             y[8 + j] = d * (float)FP4[b[4 + 8 * s + j] >> 4];
@@ -203,7 +181,7 @@ static int iq_codes(int type, const uint8_t *b, int8_t *code, float *mult) {
             for (int g = 0; g < 8; ++g) {
                 const uint32_t aux = qs_load_u32(type == QS_IQ2_XXS ? b + 2 + 8 * g + 4 : b + 66 + 4 * g);
                 for (int l = 0; l < 4; ++l) {
-                    const uint8_t s = ksign(aux >> (7 * l));
+                    const uint8_t s = qs_ksign(aux >> (7 * l));
                     for (int j = 0; j < 8; ++j) {
                         const int e = 8 * l + j;
                         const int v = type == QS_IQ2_XXS ? QS_GRID_IQ2_XXS[b[2 + 8 * g + l]][j]
@@ -215,7 +193,7 @@ static int iq_codes(int type, const uint8_t *b, int8_t *code, float *mult) {
         } else if (type == QS_IQ2_XS) {
             for (int e = 0; e < 32; ++e) {
                 const uint16_t q = qs_load_u16(b + 2 + 2 * e);
-                const uint8_t s = ksign(q >> 9);
+                const uint8_t s = qs_ksign(q >> 9);
                 for (int j = 0; j < 8; ++j) code[8 * e + j] = (int8_t)((s >> j) & 1 ? -QS_GRID_IQ2_XS[q & 511][j] : QS_GRID_IQ2_XS[q & 511][j]);
             }
         } else if (type == QS_IQ2_S) {
@@ -276,7 +254,7 @@ static int iq_codes(int type, const uint8_t *b, int8_t *code, float *mult) {
                 for (int j = 0; j < 32; ++j) code[128 * h + 32 * k + j] = (int8_t)(((b[32 * h + j] >> (2 * k)) & 3) - 1);
         return 256;
     case QS_MXFP4:
-        mult[0] = e8m0_half(b[0]);
+        mult[0] = qs_e8m0_half(b[0]);
         for (int j = 0; j < 16; ++j) {
             code[j] = FP4[b[1 + j] & 15];
             code[16 + j] = FP4[b[1 + j] >> 4];
@@ -284,7 +262,7 @@ static int iq_codes(int type, const uint8_t *b, int8_t *code, float *mult) {
         return 32;
     case QS_NVFP4:
         for (int s = 0; s < 4; ++s) {
-            mult[s] = ue4m3_half(b[s]);
+            mult[s] = qs_ue4m3_half(b[s]);
             for (int j = 0; j < 8; ++j) {
                 code[16 * s + j] = FP4[b[4 + 8 * s + j] & 15];
                 code[16 * s + 8 + j] = FP4[b[4 + 8 * s + j] >> 4];

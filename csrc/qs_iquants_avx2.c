@@ -14,10 +14,6 @@
 #define T QS_TARGET_AVX2
 #define AI __attribute__((always_inline)) static inline
 
-AI uint8_t ksign(uint32_t i7) { /* the 8th sign bit makes the number of minus signs even */
-    i7 &= 127;
-    return (uint8_t)(i7 | ((uint32_t)__builtin_parity(i7) << 7));
-}
 
 T AI float f16(const uint8_t *p) { return _cvtsh_ss(qs_load_u16(p)); }
 
@@ -60,8 +56,8 @@ T float qs_dot_iq2_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
         for (int g = 0; g < 8; ++g) {
             const uint8_t *b = w + 2 + 8 * g;
             const uint32_t aux = qs_load_u32(b + 4);
-            const uint32_t sg = ksign(aux) | (uint32_t)ksign(aux >> 7) << 8 | (uint32_t)ksign(aux >> 14) << 16 |
-                                (uint32_t)ksign(aux >> 21) << 24;
+            const uint32_t sg = qs_ksign(aux) | (uint32_t)qs_ksign(aux >> 7) << 8 | (uint32_t)qs_ksign(aux >> 14) << 16 |
+                                (uint32_t)qs_ksign(aux >> 21) << 24;
             const __m256i c = rows64(QS_GRID_IQ2_XXS[b[0]], QS_GRID_IQ2_XXS[b[1]], QS_GRID_IQ2_XXS[b[2]],
                                      QS_GRID_IQ2_XXS[b[3]]);
             const int isum = hsum8(chunk_sums(c, q + 32 * g, sg));
@@ -88,7 +84,7 @@ T float qs_dot_iq2_xs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
             uint32_t sg = 0;
             for (int k = 0; k < 4; ++k) {
                 e[k] = qs_load_u16(w + 2 + 8 * c + 2 * k);
-                sg |= (uint32_t)ksign(e[k] >> 9) << (8 * k);
+                sg |= (uint32_t)qs_ksign(e[k] >> 9) << (8 * k);
             }
             const __m256i co = rows64(QS_GRID_IQ2_XS[e[0] & 511], QS_GRID_IQ2_XS[e[1] & 511],
                                       QS_GRID_IQ2_XS[e[2] & 511], QS_GRID_IQ2_XS[e[3] & 511]);
@@ -126,8 +122,8 @@ T float qs_dot_iq3_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
         const int8_t *q = (const int8_t *)(x + 4);
         for (int g = 0; g < 8; ++g) {
             const uint32_t aux = qs_load_u32(w + 66 + 4 * g);
-            const uint32_t sg = ksign(aux) | (uint32_t)ksign(aux >> 7) << 8 | (uint32_t)ksign(aux >> 14) << 16 |
-                                (uint32_t)ksign(aux >> 21) << 24;
+            const uint32_t sg = qs_ksign(aux) | (uint32_t)qs_ksign(aux >> 7) << 8 | (uint32_t)qs_ksign(aux >> 14) << 16 |
+                                (uint32_t)qs_ksign(aux >> 21) << 24;
             uint32_t pts[8];
             for (int k = 0; k < 8; ++k) memcpy(&pts[k], QS_GRID_IQ3_XXS[w[2 + 8 * g + k]], 4);
             const __m256i co = _mm256_loadu_si256((const __m256i *)pts);
@@ -170,22 +166,7 @@ T AI __m256i signed_sums(__m256i c, const int8_t *q) { /* 8 int32 partial sums o
                              _mm256_set1_epi16(1));
 }
 
-static inline float e8m0_half(uint8_t e) {
-    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
 
-static inline float ue4m3_half(uint8_t x) {
-    if (x == 0 || x == 0x7F) return 0.0f;
-    const int exp = (x >> 3) & 15, man = x & 7;
-    if (exp == 0) return (float)man * 0x1p-10f; /* subnormal: m · 2^-9, halved */
-    const uint32_t bits = (uint32_t)(exp - 8 + 127) << 23 | (uint32_t)man << 20; /* (1 + m/8) · 2^(e-7), halved */
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
 
 T float qs_dot_mxfp4_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     float s = 0.0f;
@@ -195,7 +176,7 @@ T float qs_dot_mxfp4_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
         const __m256i c = _mm256_set_m128i(fp4_values(_mm_and_si128(_mm_srli_epi16(qv, 4), m4)),
                                            fp4_values(_mm_and_si128(qv, m4)));
         const int isum = hsum8(signed_sums(c, (const int8_t *)(x + 2)));
-        s = fmaf(e8m0_half(w[0]) * f16(x), (float)isum, s);
+        s = fmaf(qs_e8m0_half(w[0]) * f16(x), (float)isum, s);
     }
     return s;
 }
@@ -212,8 +193,8 @@ T float qs_dot_nvfp4_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
             const __m128i g0 = _mm_unpacklo_epi64(lo, hi), g1 = _mm_unpackhi_epi64(lo, hi);
             const __m256i p = signed_sums(_mm256_set_m128i(fp4_values(g1), fp4_values(g0)), (const int8_t *)(xb + 2));
             const float dx = f16(xb);
-            s = fmaf(ue4m3_half(w[2 * h]) * dx, (float)hsum4(_mm256_castsi256_si128(p)), s);
-            s = fmaf(ue4m3_half(w[2 * h + 1]) * dx, (float)hsum4(_mm256_extracti128_si256(p, 1)), s);
+            s = fmaf(qs_ue4m3_half(w[2 * h]) * dx, (float)hsum4(_mm256_castsi256_si128(p)), s);
+            s = fmaf(qs_ue4m3_half(w[2 * h + 1]) * dx, (float)hsum4(_mm256_extracti128_si256(p, 1)), s);
         }
     }
     return s;

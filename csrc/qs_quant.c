@@ -9,7 +9,6 @@
 #include "qs_quant_internal.h"
 #include "qs_repack.h"
 
-static const int8_t IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 static inline float f16at(const uint8_t *p) { return qs_fp16_to_fp32(qs_load_u16(p)); }
 
@@ -146,8 +145,8 @@ static void deq_q6_K(const uint8_t *b, float *y) {
 static void deq_iq4_nl(const uint8_t *b, float *y) {
     float d = f16at(b);
     for (int j = 0; j < 16; ++j) {
-        y[j] = d * (float)IQ4NL[b[2 + j] & 15];
-        y[j + 16] = d * (float)IQ4NL[b[2 + j] >> 4];
+        y[j] = d * (float)QS_IQ4NL[b[2 + j] & 15];
+        y[j + 16] = d * (float)QS_IQ4NL[b[2 + j] >> 4];
     }
 }
 static void deq_iq4_xs(const uint8_t *b, float *y) {
@@ -158,8 +157,8 @@ static void deq_iq4_xs(const uint8_t *b, float *y) {
         float dl = d * (float)(ls - 32);
         const uint8_t *qs = b + 8 + 16 * s;
         for (int j = 0; j < 16; ++j) {
-            y[32 * s + j] = dl * (float)IQ4NL[qs[j] & 15];
-            y[32 * s + 16 + j] = dl * (float)IQ4NL[qs[j] >> 4];
+            y[32 * s + j] = dl * (float)QS_IQ4NL[qs[j] & 15];
+            y[32 * s + 16 + j] = dl * (float)QS_IQ4NL[qs[j] >> 4];
         }
     }
 }
@@ -610,7 +609,7 @@ float qs_dot_iq4_nl_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
     for (int64_t i = 0; i < n / 32; ++i, w += 18, x += 34) {
         int32_t sumi = 0;
         for (int j = 0; j < 16; ++j)
-            sumi += IQ4NL[w[2 + j] & 15] * (int8_t)x[2 + j] + IQ4NL[w[2 + j] >> 4] * (int8_t)x[18 + j];
+            sumi += QS_IQ4NL[w[2 + j] & 15] * (int8_t)x[2 + j] + QS_IQ4NL[w[2 + j] >> 4] * (int8_t)x[18 + j];
         s += (float)sumi * (f16at(w) * f16at(x));
     }
     return s;
@@ -627,7 +626,7 @@ float qs_dot_iq4_xs_scalar(int64_t n, const uint8_t *w, const uint8_t *x) {
             const int ls = ((w[4 + sb / 2] >> (4 * (sb % 2))) & 15) | (((sh >> (2 * sb)) & 3) << 4);
             const uint8_t *qs = w + 8 + 16 * sb;
             int32_t p = 0;
-            for (int j = 0; j < 16; ++j) p += IQ4NL[qs[j] & 15] * q[32 * sb + j] + IQ4NL[qs[j] >> 4] * q[32 * sb + 16 + j];
+            for (int j = 0; j < 16; ++j) p += QS_IQ4NL[qs[j] & 15] * q[32 * sb + j] + QS_IQ4NL[qs[j] >> 4] * q[32 * sb + 16 + j];
             sumi += p * (ls - 32);
         }
         s += (float)sumi * (f16at(w) * qs_load_f32(x));

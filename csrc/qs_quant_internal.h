@@ -7,6 +7,34 @@
 
 typedef void (*qs_deq_block_fn)(const uint8_t *blk, float *y);
 
+/* IQ4_NL / IQ4_XS code book */
+static const int8_t QS_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* ggml's ksigns_iq2xs rule: 7 stored sign bits, the 8th makes the number of minus signs even */
+static inline uint8_t qs_ksign(uint32_t i7) {
+    i7 &= 127;
+    return (uint8_t)(i7 | ((uint32_t)__builtin_parity(i7) << 7));
+}
+
+/* MXFP4's E8M0 scale halved (ggml_e8m0_to_fp32_half: E2M1 values are stored doubled) */
+static inline float qs_e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    __builtin_memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* NVFP4's unsigned E4M3 scale (bias 7; 0 and 0x7F read as 0), halved: built from its bits */
+static inline float qs_ue4m3_half(uint8_t x) {
+    if (x == 0 || x == 0x7F) return 0.0f;
+    const int exp = (x >> 3) & 15, man = x & 7;
+    if (exp == 0) return (float)man * 0x1p-10f; /* subnormal: m · 2^-9, halved */
+    const uint32_t bits = (uint32_t)(exp - 8 + 127) << 23 | (uint32_t)man << 20; /* (1 + m/8) · 2^(e-7), halved */
+    float f;
+    __builtin_memcpy(&f, &bits, 4);
+    return f;
+}
+
 /* i-quants, ternary and FP4 types (qs_iquants.c): one block -> float32 */
 void qs_deq_iq2_xxs(const uint8_t *b, float *y);
 void qs_deq_iq2_xs(const uint8_t *b, float *y);

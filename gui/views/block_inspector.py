@@ -126,6 +126,9 @@ class BlockInspectorView(QWidget):
         self.fields_table.horizontalHeader().setSectionResizeMode(5, QHeaderView.ResizeMode.Stretch)
         self.fields_table.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Expanding)
         self.fields_table.setMinimumHeight(70)
+        # a width of its own: a type with no scales or codes panel (F32, TQ1_0, ...) would otherwise leave the
+        # right column a sliver beside the bytes instead of reflowing below them
+        self.fields_table.setMinimumWidth(self.fields_table.fontMetrics().averageCharWidth() * 80)
         self.fields_table.setWordWrap(True)
         self.fp16_box = QWidget()
         self.fp16_layout = QGridLayout(self.fp16_box)

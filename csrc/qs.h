@@ -95,6 +95,11 @@ static inline uint32_t qs_load_u32(const uint8_t *p) {
     memcpy(&v, p, 4);
     return v;
 }
+static inline uint64_t qs_load_u64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
 static inline float qs_load_f32(const uint8_t *p) {
     float v;
     memcpy(&v, p, 4);

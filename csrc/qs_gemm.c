@@ -224,7 +224,7 @@ static void panel_iq4_xs(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, fl
 }
 
 /* The i-quants, TQ and FP4 types from their exact int8 codes (qs_iq_codes): code + an offset that makes it
- * unsigned and at most 127 (so vpmaddubsw pairs never saturate), lane scale = the group's multiplier, min =
+ * unsigned and at most 127 (so vpmaddubsw pairs never saturate), lane scale = the group's multiplier · its scale, min =
  * offset · multiplier, per GEMM group (the code group, or 32 within TQ's one 256-element group). */
 static int code_offset(int type) {
     switch (type) {
@@ -239,8 +239,10 @@ static void panel_codes(int type, const uint8_t *w, const qs_gemm_dims *d, uint8
     const int elems = qs_block_elems(type), bytes = qs_block_bytes(type), off = code_offset(type);
     int8_t code[256];
     float mult[16];
+    int16_t ls[16];
     for (int64_t i = 0; i < d->k / elems; ++i, w += bytes) {
-        const int gs = qs_iq_codes(type, w, code, mult);
+        const int gs = qs_iq_codes(type, w, code, mult, ls);
+        for (int g = 0; g < elems / gs; ++g) mult[g] *= (float)ls[g]; /* exact: an fp16 times a 5-bit integer */
         for (int e = 0; e < elems; ++e) c[elems * i + e] = (uint8_t)(code[e] + off);
         for (int l = 0; l < elems / 4; ++l) ws[elems / 4 * i + l] = mult[4 * l / gs];
         for (int g = 0; g < elems / d->group; ++g) mrow[elems / d->group * i + g] = (float)off * mult[g * d->group / gs];

@@ -159,22 +159,27 @@ void qs_deq_nvfp4(const uint8_t *b, float *y) {
 }
 
 /* ---------------------------------------------------------------- dot products against quantized activations */
-/* One block as int8 codes and a float multiplier per group of gs elements, value[i] = mult[i / gs] * code[i]
- * exactly (the IQ1 types: code = 8·G ± 1 and mult = dl / 8); returns gs. */
-static int iq_codes(int type, const uint8_t *b, int8_t *code, float *mult) {
+/* One block as int8 codes, an integer scale per group of gs elements and a float multiplier per outer group
+ * (qs_iq_outer: the elements that share one, stored once per group): value[i] = mult[i / gs] · ls[i / gs] · code[i]
+ * exactly (the IQ1 types: code = 8·G ± 1, mult = d / 8); returns gs. ggml's integer scales stay integers, so a dot
+ * sums a whole 256-element block exactly before its one float multiply, as ggml's own dots do. */
+static int iq_codes(int type, const uint8_t *b, int8_t *code, float *mult, int16_t *ls) {
     switch (type) {
     case QS_IQ2_XXS: case QS_IQ2_XS: case QS_IQ2_S: case QS_IQ3_XXS: case QS_IQ3_S: {
         int gs = type == QS_IQ2_XS || type == QS_IQ2_S ? 16 : 32;
-        const float d = f16at(b);
+        /* ggml: d · (0.5 + sc) / 4 (IQ2), d · (0.5 + sc) / 2 (IQ3_XXS), d · (1 + 2 sc) (IQ3_S) */
+        const float d = f16at(b) * (type == QS_IQ3_S ? 1.0f : type == QS_IQ3_XXS ? 0.25f : 0.125f);
         for (int g = 0; g < 256 / gs; ++g) {
             int sc;
             switch (type) {
-            case QS_IQ2_XXS: sc = (int)(qs_load_u32(b + 2 + 8 * g + 4) >> 28); mult[g] = d * (0.5f + (float)sc) * 0.25f; break;
-            case QS_IQ2_XS: sc = (b[66 + g / 2] >> (4 * (g & 1))) & 15; mult[g] = d * (0.5f + (float)sc) * 0.25f; break;
-            case QS_IQ2_S: sc = (b[74 + g / 2] >> (4 * (g & 1))) & 15; mult[g] = d * (0.5f + (float)sc) * 0.25f; break;
-            case QS_IQ3_XXS: sc = (int)(qs_load_u32(b + 66 + 4 * g) >> 28); mult[g] = d * (0.5f + (float)sc) * 0.5f; break;
-            default: sc = (b[106 + g / 2] >> (4 * (g & 1))) & 15; mult[g] = d * (float)(1 + 2 * sc); break;
+            case QS_IQ2_XXS: sc = (int)(qs_load_u32(b + 2 + 8 * g + 4) >> 28); break;
+            case QS_IQ2_XS: sc = (b[66 + g / 2] >> (4 * (g & 1))) & 15; break;
+            case QS_IQ2_S: sc = (b[74 + g / 2] >> (4 * (g & 1))) & 15; break;
+            case QS_IQ3_XXS: sc = (int)(qs_load_u32(b + 66 + 4 * g) >> 28); break;
+            default: sc = (b[106 + g / 2] >> (4 * (g & 1))) & 15; break;
             }
+            mult[g] = d;
+            ls[g] = (int16_t)(2 * sc + 1);
         }
         /* codes straight from the code books and sign bits */
         if (type == QS_IQ2_XXS || type == QS_IQ3_XXS) {
@@ -213,10 +218,11 @@ static int iq_codes(int type, const uint8_t *b, int8_t *code, float *mult) {
         return gs;
     }
     case QS_IQ1_S: {
-        const float d = f16at(b);
+        const float d = f16at(b) * 0.125f;
         for (int g = 0; g < 8; ++g) {
             const uint16_t qh = qs_load_u16(b + 34 + 2 * g);
-            mult[g] = d * (2.0f * (float)((qh >> 12) & 7) + 1.0f) * 0.125f;
+            mult[g] = d;
+            ls[g] = (int16_t)(2 * ((qh >> 12) & 7) + 1);
             const int delta = qh & 0x8000 ? -1 : 1;
             for (int l = 0; l < 4; ++l) {
                 const int8_t *pt = QS_GRID_IQ1_S[b[2 + 4 * g + l] | (((qh >> (3 * l)) & 7) << 8)];
@@ -229,8 +235,11 @@ static int iq_codes(int type, const uint8_t *b, int8_t *code, float *mult) {
         uint16_t sw[4];
         for (int i = 0; i < 4; ++i) sw[i] = qs_load_u16(b + 48 + 2 * i);
         const float d = qs_fp16_to_fp32((uint16_t)((sw[0] >> 12) | ((sw[1] >> 8) & 0x00F0) | ((sw[2] >> 4) & 0x0F00) |
-                                                   (sw[3] & 0xF000)));
-        for (int s = 0; s < 16; ++s) mult[s] = d * (2.0f * (float)((sw[s / 4] >> (3 * (s % 4))) & 7) + 1.0f) * 0.125f;
+                                                   (sw[3] & 0xF000))) * 0.125f;
+        for (int s = 0; s < 16; ++s) {
+            mult[s] = d;
+            ls[s] = (int16_t)(2 * ((sw[s / 4] >> (3 * (s % 4))) & 7) + 1);
+        }
         for (int e = 0; e < 32; ++e) {
             const int nib = (b[32 + e / 2] >> (4 * (e & 1))) & 15;
             const int8_t *pt = QS_GRID_IQ1_S[b[e] | ((nib & 7) << 8)];
@@ -240,6 +249,7 @@ static int iq_codes(int type, const uint8_t *b, int8_t *code, float *mult) {
     }
     case QS_TQ1_0:
         mult[0] = f16at(b + 52);
+        ls[0] = 1;
         for (int k = 0; k < 5; ++k)
             for (int j = 0; j < 32; ++j) code[32 * k + j] = (int8_t)(trit(b[j], k) - 1);
         for (int k = 0; k < 5; ++k)
@@ -249,12 +259,14 @@ static int iq_codes(int type, const uint8_t *b, int8_t *code, float *mult) {
         return 256;
     case QS_TQ2_0:
         mult[0] = f16at(b + 64);
+        ls[0] = 1;
         for (int h = 0; h < 2; ++h)
             for (int k = 0; k < 4; ++k)
                 for (int j = 0; j < 32; ++j) code[128 * h + 32 * k + j] = (int8_t)(((b[32 * h + j] >> (2 * k)) & 3) - 1);
         return 256;
     case QS_MXFP4:
         mult[0] = qs_e8m0_half(b[0]);
+        ls[0] = 1;
         for (int j = 0; j < 16; ++j) {
             code[j] = FP4[b[1 + j] & 15];
             code[16 + j] = FP4[b[1 + j] >> 4];
@@ -263,6 +275,7 @@ static int iq_codes(int type, const uint8_t *b, int8_t *code, float *mult) {
     case QS_NVFP4:
         for (int s = 0; s < 4; ++s) {
             mult[s] = qs_ue4m3_half(b[s]);
+            ls[s] = 1;
             for (int j = 0; j < 8; ++j) {
                 code[16 * s + j] = FP4[b[4 + 8 * s + j] & 15];
                 code[16 * s + 8 + j] = FP4[b[4 + 8 * s + j] >> 4];
@@ -273,8 +286,8 @@ static int iq_codes(int type, const uint8_t *b, int8_t *code, float *mult) {
     }
 }
 
-int qs_iq_codes(int type, const uint8_t *b, int8_t *code, float *mult) {
-    if (!code || !mult) { /* only asks whether the type has codes: its group size */
+int qs_iq_codes(int type, const uint8_t *b, int8_t *code, float *mult, int16_t *ls) {
+    if (!code || !mult || !ls) { /* only asks whether the type has codes: its group size */
         switch (type) {
         case QS_IQ2_XS: case QS_IQ2_S: case QS_IQ1_M: case QS_NVFP4: return 16;
         case QS_IQ2_XXS: case QS_IQ3_XXS: case QS_IQ3_S: case QS_IQ1_S: case QS_MXFP4: return 32;
@@ -282,51 +295,74 @@ int qs_iq_codes(int type, const uint8_t *b, int8_t *code, float *mult) {
         default: return 0;
         }
     }
-    return iq_codes(type, b, code, mult);
+    return iq_codes(type, b, code, mult, ls);
 }
 
-/* A row of k elements as int8 codes and one multiplier per group (qs_iq_codes block by block); returns the
- * group size (0 for a type without codes). */
-int qs_iq_row_codes(int type, const uint8_t *w, int64_t k, int8_t *codes, float *mults) {
+int qs_iq_outer(int type) {
+    switch (type) {
+    case QS_MXFP4: return 32;
+    case QS_NVFP4: return 16;
+    default: return qs_iq_codes(type, NULL, NULL, NULL, NULL) ? 256 : 0;
+    }
+}
+
+/* A row of k elements as codes, one multiplier and one integer scale per group (qs_iq_codes block by block);
+ * returns the group size (0 for a type without codes). */
+int qs_iq_row_codes(int type, const uint8_t *w, int64_t k, int8_t *codes, float *mults, int16_t *ls) {
     const int elems = qs_block_elems(type), bytes = qs_block_bytes(type);
     int gs = 0;
     for (int64_t i = 0; i < k / elems; ++i) {
         float m[16];
-        gs = iq_codes(type, w + i * bytes, codes + i * elems, m);
+        int16_t l[16];
+        gs = iq_codes(type, w + i * bytes, codes + i * elems, m, l);
         if (!gs) return 0;
         memcpy(mults + i * (elems / gs), m, (size_t)(elems / gs) * sizeof(float));
+        memcpy(ls + i * (elems / gs), l, (size_t)(elems / gs) * sizeof(int16_t));
     }
     return gs;
 }
 
-/* Σ over the groups, in order, of (mult · d_x) · Σ code · q: 256-element types against Q8_K (one f32 d per 256),
- * MXFP4 and NVFP4 against Q8_0 (an fp16 d per 32). The integer sums are exact, so any ISA gets the same bits. */
-float qs_iq_dot_codes_scalar(const int8_t *codes, const float *mults, int gs, int q8k, int64_t k, const uint8_t *x) {
+/* Σ over the outer groups, in order, of (mult · d_x) · Σ_groups ls · Σ code · q: the 256-element types against
+ * Q8_K (one f32 d per 256: one float multiply-add per block, as ggml), MXFP4 and NVFP4 against Q8_0 (an fp16 d
+ * per 32; NVFP4's fp8 scales make its outer group 16). The integer sums are exact, so any ISA gets the same bits. */
+float qs_iq_dot_codes_scalar(const int8_t *codes, const float *mults, const int16_t *ls, int gs, int os, int q8k,
+                             int64_t k, const uint8_t *x) {
     float s = 0.0f;
-    for (int64_t e0 = 0, g = 0; e0 < k; e0 += gs, ++g) {
+    for (int64_t o0 = 0; o0 < k; o0 += os) {
         float dx;
-        const int8_t *q = qs_iq_act(x, e0, q8k, &dx);
+        const int8_t *q = qs_iq_act(x, o0, q8k, &dx);
         int32_t isum = 0;
-        for (int j = 0; j < gs; ++j) isum += codes[e0 + j] * q[j];
-        s = fmaf(mults[g] * dx, (float)isum, s); /* fused, as the SIMD kernels may fuse */
+        for (int g0 = 0; g0 < os; g0 += gs) {
+            int32_t gsum = 0;
+            for (int j = 0; j < gs; ++j) gsum += codes[o0 + g0 + j] * q[g0 + j];
+            isum += ls[(o0 + g0) / gs] * gsum;
+        }
+        s = fmaf(mults[o0 / gs] * dx, (float)isum, s); /* fused, as the SIMD kernels may fuse */
     }
     return s;
 }
 
 /* One row: decoded to codes, then one running sum over all its groups (what the many-column path does too) */
 static float dot_codes(int type, int64_t n, const uint8_t *w, const uint8_t *x, int simd) {
-    const int q8k = qs_block_elems(type) == 256;
+    const int q8k = qs_block_elems(type) == 256, os = qs_iq_outer(type);
     int8_t stack_codes[4096];
     float stack_mults[256];
-    int8_t *codes = n <= 4096 ? stack_codes : (int8_t *)malloc((size_t)n);
-    float *mults = n <= 4096 ? stack_mults : (float *)malloc((size_t)(n / 16 + 1) * sizeof(float));
+    int16_t stack_ls[256];
+    const int big = n > 4096;
+    int8_t *codes = big ? (int8_t *)malloc((size_t)n) : stack_codes;
+    float *mults = big ? (float *)malloc((size_t)(n / 16 + 1) * sizeof(float)) : stack_mults;
+    int16_t *ls = big ? (int16_t *)malloc((size_t)(n / 16 + 1) * sizeof(int16_t)) : stack_ls;
     float s = NAN;
-    if (codes && mults) {
-        const int gs = qs_iq_row_codes(type, w, n, codes, mults);
-        s = simd ? qs_iq_dot_codes_avx2(codes, mults, gs, q8k, n, x) : qs_iq_dot_codes_scalar(codes, mults, gs, q8k, n, x);
+    if (codes && mults && ls) {
+        const int gs = qs_iq_row_codes(type, w, n, codes, mults, ls);
+        s = simd ? qs_iq_dot_codes_avx2(codes, mults, ls, gs, os, q8k, n, x)
+                 : qs_iq_dot_codes_scalar(codes, mults, ls, gs, os, q8k, n, x);
     }
-    if (codes != stack_codes) free(codes);
-    if (mults != stack_mults) free(mults);
+    if (big) {
+        free(codes);
+        free(mults);
+        free(ls);
+    }
     return s;
 }
 

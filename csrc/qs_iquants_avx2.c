@@ -1,8 +1,8 @@
 /* AVX2 dot products of the lattice i-quants against Q8_K (docs/quant-formats.md, "I-quants"): the code-book
  * points of a 32-element chunk are gathered as 64-bit (IQ2) or 32-bit (IQ3) rows into one vector of unsigned
- * coordinates, the sign bits are applied to the activations (negation where set), and vpmaddubsw + vpmaddwd give
- * each scale group's exact integer sum. The float work is the scalar reference's (qs_iq_dot_codes_scalar):
- * s = fma(mult · d_x, isum, s) group after group, so the results are the same bits. */
+ * coordinates, the sign bits are applied to the activations (negation where set), and vpmaddubsw + vpmaddwd (against
+ * the groups' integer scales) give the block's exact integer sum. The float work is the scalar reference's
+ * (qs_iq_dot_codes_scalar): s = fma(mult · d_x, isum, s) block after block, so the results are the same bits. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -24,11 +24,12 @@ T AI __m256i bytes_of_bits(uint32_t x32) { /* bit e set -> byte e = 0xFF */
     return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
 }
 
-/* 32 activation codes with the signs applied, times 32 unsigned coordinates: 8 int32 partial sums */
-T AI __m256i chunk_sums(__m256i coords, const int8_t *q, uint32_t signs) {
+/* 32 activation codes with the signs applied, times 32 unsigned coordinates, times the int16 scales sc: 8 int32
+ * partial sums (pairs stay within int16: coordinates <= 62, so 2 · 62 · 127 < 32768) */
+T AI __m256i chunk_sums(__m256i coords, const int8_t *q, uint32_t signs, __m256i sc) {
     const __m256i m = bytes_of_bits(signs), v = _mm256_loadu_si256((const __m256i *)q);
     const __m256i a = _mm256_sub_epi8(_mm256_xor_si256(v, m), m);
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(coords, a), _mm256_set1_epi16(1));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(coords, a), sc);
 }
 
 T AI int hsum4(__m128i s) {
@@ -39,20 +40,30 @@ T AI int hsum4(__m128i s) {
 
 T AI int hsum8(__m256i v) { return hsum4(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1))); }
 
+/* Four 8-byte code-book rows as one vector, built in registers: through a stack array the 256-bit load waits on
+ * four narrower stores it cannot forward from (a store-forwarding stall), which cost 3x in IQ3_S's dot. */
 T AI __m256i rows64(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
-    uint64_t r[4];
-    memcpy(&r[0], p0, 8);
-    memcpy(&r[1], p1, 8);
-    memcpy(&r[2], p2, 8);
-    memcpy(&r[3], p3, 8);
-    return _mm256_loadu_si256((const __m256i *)r);
+    return _mm256_setr_epi64x((long long)qs_load_u64(p0), (long long)qs_load_u64(p1), (long long)qs_load_u64(p2),
+                              (long long)qs_load_u64(p3));
+}
+
+/* scale 2 sc + 1 for a whole chunk, or per 128-bit lane (the low and the high 16 elements) */
+T AI __m256i scale1(int sc) { return _mm256_set1_epi16((short)(2 * sc + 1)); }
+T AI __m256i scale2(int lo, int hi) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)(2 * hi + 1)), _mm_set1_epi16((short)(2 * lo + 1)));
+}
+
+/* The block's exact integer Σ ls · Σ code · q, then one fused multiply-add with (mult · d_x), as the scalar
+ * reference (qs_iq_dot_codes_scalar) and ggml's dots do; mult as qs_iq_codes computes it. */
+T AI float block_end(float s, float mult, const uint8_t *x, __m256i acc) {
+    return fmaf(mult * qs_load_f32(x), (float)hsum8(acc), s);
 }
 
 T float qs_dot_iq2_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     float s = 0.0f;
     for (int64_t i = 0; i < n / 256; ++i, w += 66, x += 292) {
-        const float d = f16(w), dx = qs_load_f32(x);
         const int8_t *q = (const int8_t *)(x + 4);
+        __m256i acc = _mm256_setzero_si256();
         for (int g = 0; g < 8; ++g) {
             const uint8_t *b = w + 2 + 8 * g;
             const uint32_t aux = qs_load_u32(b + 4);
@@ -60,38 +71,28 @@ T float qs_dot_iq2_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
                                 (uint32_t)qs_ksign(aux >> 21) << 24;
             const __m256i c = rows64(QS_GRID_IQ2_XXS[b[0]], QS_GRID_IQ2_XXS[b[1]], QS_GRID_IQ2_XXS[b[2]],
                                      QS_GRID_IQ2_XXS[b[3]]);
-            const int isum = hsum8(chunk_sums(c, q + 32 * g, sg));
-            const float mult = d * (0.5f + (float)(aux >> 28)) * 0.25f;
-            s = fmaf(mult * dx, (float)isum, s);
+            acc = _mm256_add_epi32(acc, chunk_sums(c, q + 32 * g, sg, scale1((int)(aux >> 28))));
         }
+        s = block_end(s, f16(w) * 0.125f, x, acc);
     }
     return s;
-}
-
-/* two scale groups of 16 per chunk: the low and the high 128-bit lane */
-T AI float two_groups(float s, __m256i p, float m0, float m1, float dx) {
-    s = fmaf(m0 * dx, (float)hsum4(_mm256_castsi256_si128(p)), s);
-    return fmaf(m1 * dx, (float)hsum4(_mm256_extracti128_si256(p, 1)), s);
 }
 
 T float qs_dot_iq2_xs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     float s = 0.0f;
     for (int64_t i = 0; i < n / 256; ++i, w += 74, x += 292) {
-        const float d = f16(w), dx = qs_load_f32(x);
         const int8_t *q = (const int8_t *)(x + 4);
+        __m256i acc = _mm256_setzero_si256();
         for (int c = 0; c < 8; ++c) {
-            uint16_t e[4];
-            uint32_t sg = 0;
-            for (int k = 0; k < 4; ++k) {
-                e[k] = qs_load_u16(w + 2 + 8 * c + 2 * k);
-                sg |= (uint32_t)qs_ksign(e[k] >> 9) << (8 * k);
-            }
-            const __m256i co = rows64(QS_GRID_IQ2_XS[e[0] & 511], QS_GRID_IQ2_XS[e[1] & 511],
-                                      QS_GRID_IQ2_XS[e[2] & 511], QS_GRID_IQ2_XS[e[3] & 511]);
+            const uint64_t e = qs_load_u64(w + 2 + 8 * c); /* four 16-bit entries: 9-bit index, 7 sign bits */
+            const uint32_t sg = qs_ksign((uint32_t)(e >> 9)) | (uint32_t)qs_ksign((uint32_t)(e >> 25)) << 8 |
+                                (uint32_t)qs_ksign((uint32_t)(e >> 41)) << 16 | (uint32_t)qs_ksign((uint32_t)(e >> 57)) << 24;
+            const __m256i co = rows64(QS_GRID_IQ2_XS[e & 511], QS_GRID_IQ2_XS[(e >> 16) & 511],
+                                      QS_GRID_IQ2_XS[(e >> 32) & 511], QS_GRID_IQ2_XS[(e >> 48) & 511]);
             const uint8_t sc = w[66 + c];
-            s = two_groups(s, chunk_sums(co, q + 32 * c, sg), d * (0.5f + (float)(sc & 15)) * 0.25f,
-                           d * (0.5f + (float)(sc >> 4)) * 0.25f, dx);
+            acc = _mm256_add_epi32(acc, chunk_sums(co, q + 32 * c, sg, scale2(sc & 15, sc >> 4)));
         }
+        s = block_end(s, f16(w) * 0.125f, x, acc);
     }
     return s;
 }
@@ -99,18 +100,17 @@ T float qs_dot_iq2_xs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
 T float qs_dot_iq2_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     float s = 0.0f;
     for (int64_t i = 0; i < n / 256; ++i, w += 82, x += 292) {
-        const float d = f16(w), dx = qs_load_f32(x);
         const int8_t *q = (const int8_t *)(x + 4);
+        __m256i acc = _mm256_setzero_si256();
         for (int c = 0; c < 8; ++c) {
-            const uint8_t qh = w[66 + c];
-            int idx[4];
-            for (int k = 0; k < 4; ++k) idx[k] = w[2 + 4 * c + k] | (((qh >> (2 * k)) & 3) << 8);
-            const __m256i co = rows64(QS_GRID_IQ2_S[idx[0]], QS_GRID_IQ2_S[idx[1]], QS_GRID_IQ2_S[idx[2]],
-                                      QS_GRID_IQ2_S[idx[3]]);
+            const uint32_t qh = w[66 + c];
+            const uint8_t *qs = w + 2 + 4 * c;
+            const __m256i co = rows64(QS_GRID_IQ2_S[qs[0] | (qh & 3) << 8], QS_GRID_IQ2_S[qs[1] | (qh & 12) << 6],
+                                      QS_GRID_IQ2_S[qs[2] | (qh & 48) << 4], QS_GRID_IQ2_S[qs[3] | (qh & 192) << 2]);
             const uint8_t sc = w[74 + c];
-            s = two_groups(s, chunk_sums(co, q + 32 * c, qs_load_u32(w + 34 + 4 * c)),
-                           d * (0.5f + (float)(sc & 15)) * 0.25f, d * (0.5f + (float)(sc >> 4)) * 0.25f, dx);
+            acc = _mm256_add_epi32(acc, chunk_sums(co, q + 32 * c, qs_load_u32(w + 34 + 4 * c), scale2(sc & 15, sc >> 4)));
         }
+        s = block_end(s, f16(w) * 0.125f, x, acc);
     }
     return s;
 }
@@ -118,19 +118,19 @@ T float qs_dot_iq2_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
 T float qs_dot_iq3_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     float s = 0.0f;
     for (int64_t i = 0; i < n / 256; ++i, w += 98, x += 292) {
-        const float d = f16(w), dx = qs_load_f32(x);
         const int8_t *q = (const int8_t *)(x + 4);
+        __m256i acc = _mm256_setzero_si256();
         for (int g = 0; g < 8; ++g) {
             const uint32_t aux = qs_load_u32(w + 66 + 4 * g);
             const uint32_t sg = qs_ksign(aux) | (uint32_t)qs_ksign(aux >> 7) << 8 | (uint32_t)qs_ksign(aux >> 14) << 16 |
                                 (uint32_t)qs_ksign(aux >> 21) << 24;
-            uint32_t pts[8];
-            for (int k = 0; k < 8; ++k) memcpy(&pts[k], QS_GRID_IQ3_XXS[w[2 + 8 * g + k]], 4);
-            const __m256i co = _mm256_loadu_si256((const __m256i *)pts);
-            const int isum = hsum8(chunk_sums(co, q + 32 * g, sg));
-            const float mult = d * (0.5f + (float)(aux >> 28)) * 0.5f;
-            s = fmaf(mult * dx, (float)isum, s);
+            const uint8_t *qs = w + 2 + 8 * g;
+#define P3(k) (int)qs_load_u32(QS_GRID_IQ3_XXS[qs[k]])
+            const __m256i co = _mm256_setr_epi32(P3(0), P3(1), P3(2), P3(3), P3(4), P3(5), P3(6), P3(7));
+#undef P3
+            acc = _mm256_add_epi32(acc, chunk_sums(co, q + 32 * g, sg, scale1((int)(aux >> 28))));
         }
+        s = block_end(s, f16(w) * 0.25f, x, acc);
     }
     return s;
 }
@@ -138,18 +138,18 @@ T float qs_dot_iq3_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
 T float qs_dot_iq3_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     float s = 0.0f;
     for (int64_t i = 0; i < n / 256; ++i, w += 110, x += 292) {
-        const float d = f16(w), dx = qs_load_f32(x);
         const int8_t *q = (const int8_t *)(x + 4);
+        __m256i acc = _mm256_setzero_si256();
         for (int g = 0; g < 8; ++g) {
-            const uint8_t qh = w[66 + g];
-            uint32_t pts[8];
-            for (int k = 0; k < 8; ++k) memcpy(&pts[k], QS_GRID_IQ3_S[w[2 + 8 * g + k] | (((qh >> k) & 1) << 8)], 4);
-            const __m256i co = _mm256_loadu_si256((const __m256i *)pts);
-            const int isum = hsum8(chunk_sums(co, q + 32 * g, qs_load_u32(w + 74 + 4 * g)));
+            const uint32_t qh = w[66 + g];
+            const uint8_t *qs = w + 2 + 8 * g;
+#define P3(k) (int)qs_load_u32(QS_GRID_IQ3_S[qs[k] | ((qh << (8 - (k))) & 256)])
+            const __m256i co = _mm256_setr_epi32(P3(0), P3(1), P3(2), P3(3), P3(4), P3(5), P3(6), P3(7));
+#undef P3
             const int sc = (w[106 + g / 2] >> (4 * (g & 1))) & 15;
-            const float mult = d * (float)(1 + 2 * sc);
-            s = fmaf(mult * dx, (float)isum, s);
+            acc = _mm256_add_epi32(acc, chunk_sums(co, q + 32 * g, qs_load_u32(w + 74 + 4 * g), scale1(sc)));
         }
+        s = block_end(s, f16(w), x, acc);
     }
     return s;
 }

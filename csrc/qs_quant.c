@@ -715,28 +715,31 @@ static void mm_task(void *vctx, int64_t t) {
     mm_ctx *c = (mm_ctx *)vctx;
     int64_t a = t * c->rows_per_task, b = a + c->rows_per_task;
     if (b > c->n_rows) b = c->n_rows;
-    if (c->dot && c->n_x > 1 && qs_iq_codes(c->type, c->w, NULL, NULL) > 0) {
+    if (c->dot && c->n_x > 1 && qs_iq_codes(c->type, c->w, NULL, NULL, NULL) > 0) {
         /* i-quant / ternary / FP4 rows: decoded to codes once, then dotted with every column (the same sums and
          * float operations as the one-column dot, so prefill and decode agree bit for bit) */
         int8_t *codes = (int8_t *)malloc((size_t)c->k);
         float *mults = (float *)malloc((size_t)(c->k / 16 + 1) * sizeof(float));
-        if (!codes || !mults) {
+        int16_t *ls = (int16_t *)malloc((size_t)(c->k / 16 + 1) * sizeof(int16_t));
+        if (!codes || !mults || !ls) {
             free(codes);
             free(mults);
+            free(ls);
             c->failed = 1;
             return;
         }
-        const int simd = qs_isa_get() >= QS_ISA_AVX2, q8k = c->elems == 256;
+        const int simd = qs_isa_get() >= QS_ISA_AVX2, q8k = c->elems == 256, os = qs_iq_outer(c->type);
         for (int64_t r = a; r < b; ++r) {
-            const int gs = qs_iq_row_codes(c->type, c->w + r * c->row_bytes, c->k, codes, mults);
+            const int gs = qs_iq_row_codes(c->type, c->w + r * c->row_bytes, c->k, codes, mults, ls);
             for (int64_t j = 0; j < c->n_x; ++j) {
                 const uint8_t *x = c->xq + j * c->xq_stride;
-                c->y[j * c->n_rows + r] = simd ? qs_iq_dot_codes_avx2(codes, mults, gs, q8k, c->k, x)
-                                               : qs_iq_dot_codes_scalar(codes, mults, gs, q8k, c->k, x);
+                c->y[j * c->n_rows + r] = simd ? qs_iq_dot_codes_avx2(codes, mults, ls, gs, os, q8k, c->k, x)
+                                               : qs_iq_dot_codes_scalar(codes, mults, ls, gs, os, q8k, c->k, x);
             }
         }
         free(codes);
         free(mults);
+        free(ls);
         return;
     }
     if (c->dot) {

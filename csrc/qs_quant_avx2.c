@@ -513,30 +513,34 @@ T void qs_quantize_q8_K_avx2(const float *x, uint8_t *dst, int64_t n) {
 }
 
 /* The i-quant / ternary / FP4 codes of qs_iq_row_codes against Q8_K or Q8_0 activations: per group the exact
- * integer Σ code · q (sign trick + vpmaddubsw: every code is within ±63, so no pair leaves int16), then the
- * scalar reference's float operations in its order: bit-identical to qs_iq_dot_codes_scalar. */
-T float qs_iq_dot_codes_avx2(const int8_t *codes, const float *mults, int gs, int q8k, int64_t k, const uint8_t *x) {
+ * integer Σ code · q (sign trick + vpmaddubsw: every code is within ±63, so no pair leaves int16), times the
+ * group's integer scale in vpmaddwd, summed over the outer group; then the scalar reference's float operation:
+ * bit-identical to qs_iq_dot_codes_scalar. */
+T float qs_iq_dot_codes_avx2(const int8_t *codes, const float *mults, const int16_t *ls, int gs, int os, int q8k,
+                           int64_t k, const uint8_t *x) {
     float s = 0.0f;
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t e0 = 0, g = 0; e0 < k; e0 += gs, ++g) {
+    for (int64_t o0 = 0; o0 < k; o0 += os) {
         float dx;
-        const int8_t *q = qs_iq_act(x, e0, q8k, &dx);
+        const int8_t *q = qs_iq_act(x, o0, q8k, &dx);
+        const int8_t *c0 = codes + o0;
+        const int16_t *l0 = ls + o0 / gs;
         __m256i acc = _mm256_setzero_si256();
-        int j = 0;
-        for (; j + 32 <= gs; j += 32) {
-            const __m256i c = _mm256_loadu_si256((const __m256i *)(codes + e0 + j));
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + j));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(c, c),
-                                                                               _mm256_sign_epi8(v, c)), ones));
-        }
-        if (j < gs) { /* a group of 16: the low lane only */
-            const __m128i c = _mm_loadu_si128((const __m128i *)(codes + e0 + j));
-            const __m128i v = _mm_loadu_si128((const __m128i *)(q + j));
+        if (os == 16) { /* NVFP4: one group of 16, the low lane only */
+            const __m128i c = _mm_loadu_si128((const __m128i *)c0), v = _mm_loadu_si128((const __m128i *)q);
             const __m128i p = _mm_madd_epi16(_mm_maddubs_epi16(_mm_sign_epi8(c, c), _mm_sign_epi8(v, c)),
-                                             _mm_set1_epi16(1));
-            acc = _mm256_add_epi32(acc, _mm256_inserti128_si256(_mm256_setzero_si256(), p, 0));
+                                             _mm_set1_epi16(l0[0]));
+            acc = _mm256_inserti128_si256(acc, p, 0);
+        } else {
+            for (int j = 0; j < os; j += 32) {
+                const __m256i c = _mm256_loadu_si256((const __m256i *)(c0 + j));
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(q + j));
+                const __m256i sc = gs == 16 ? _mm256_set_m128i(_mm_set1_epi16(l0[j / 16 + 1]), _mm_set1_epi16(l0[j / 16]))
+                                            : _mm256_set1_epi16(l0[j / gs]);
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(c, c),
+                                                                                   _mm256_sign_epi8(v, c)), sc));
+            }
         }
-        s = fmaf(mults[g] * dx, (float)hsum_i32x8(acc), s);
+        s = fmaf(mults[o0 / gs] * dx, (float)hsum_i32x8(acc), s);
     }
     return s;
 }

@@ -48,8 +48,9 @@ void qs_deq_tq2_0(const uint8_t *b, float *y);
 void qs_deq_mxfp4(const uint8_t *b, float *y);
 void qs_deq_nvfp4(const uint8_t *b, float *y);
 /* their dot products against Q8_K (Q8_0 for MXFP4/NVFP4), through int8 codes per block (qs_iquants.c) */
-int qs_iq_codes(int type, const uint8_t *b, int8_t *code, float *mult);
-int qs_iq_row_codes(int type, const uint8_t *w, int64_t k, int8_t *codes, float *mults);
+int qs_iq_codes(int type, const uint8_t *b, int8_t *code, float *mult, int16_t *ls);
+int qs_iq_outer(int type); /* elements sharing one float multiplier: 256, or 32 (MXFP4), 16 (NVFP4) */
+int qs_iq_row_codes(int type, const uint8_t *w, int64_t k, int8_t *codes, float *mults, int16_t *ls);
 /* The activation codes and scale of the group starting at element e0 of a Q8_K (q8k) or Q8_0 row */
 static inline const int8_t *qs_iq_act(const uint8_t *x, int64_t e0, int q8k, float *dx) {
     if (q8k) {
@@ -59,8 +60,10 @@ static inline const int8_t *qs_iq_act(const uint8_t *x, int64_t e0, int q8k, flo
     *dx = qs_fp16_to_fp32(qs_load_u16(x + 34 * (e0 / 32)));
     return (const int8_t *)(x + 34 * (e0 / 32) + 2) + e0 % 32;
 }
-float qs_iq_dot_codes_scalar(const int8_t *codes, const float *mults, int gs, int q8k, int64_t k, const uint8_t *x);
-float qs_iq_dot_codes_avx2(const int8_t *codes, const float *mults, int gs, int q8k, int64_t k, const uint8_t *x);
+float qs_iq_dot_codes_scalar(const int8_t *codes, const float *mults, const int16_t *ls, int gs, int os, int q8k,
+                             int64_t k, const uint8_t *x);
+float qs_iq_dot_codes_avx2(const int8_t *codes, const float *mults, const int16_t *ls, int gs, int os, int q8k,
+                           int64_t k, const uint8_t *x);
 float qs_dot_iq2_xxs_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq2_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq2_xs_scalar(int64_t n, const uint8_t *w, const uint8_t *x);

@@ -12,6 +12,7 @@
 
 #include "qs.h"
 #include "qs_guard.h"
+#include "qs_quant_internal.h"
 #include "qs_repack.h"
 #include "qs_simd_common.h"
 
@@ -39,6 +40,8 @@ static const rp_info RP_TABLE[] = {
     {QS_Q8_0, 64, 1088, QS_Q8_0, 32, 34, 1, qs_rp_q8_0_avx512_4, qs_rp_q8_0_avx512_1, qs_rp_q8_0_avx2_4, qs_rp_q8_0_avx2_1, 4},
     {QS_Q5_0, 64, 704, QS_Q8_0, 32, 34, 1, qs_rp_q5_0_avx512_4, qs_rp_q5_0_avx512_1, qs_rp_q5_0_avx2_4, qs_rp_q5_0_avx2_1, 4},
     {QS_Q5_1, 64, 768, QS_Q8_1, 32, 36, 0, qs_rp_q5_1_avx512_4, qs_rp_q5_1_avx512_1, qs_rp_q5_1_avx2_4, qs_rp_q5_1_avx2_1, 4},
+    {QS_IQ4_XS, 256, 2240, QS_Q8_K, 256, 292, 8, qs_rp_iq4_xs_avx512_4, qs_rp_iq4_xs_avx512_1, qs_rp_iq4_xs_avx2_4, qs_rp_iq4_xs_avx2_1, 4},
+    {QS_IQ4_NL, 64, 576, QS_Q8_0, 32, 34, 1, qs_rp_iq4_nl_avx512_4, qs_rp_iq4_nl_avx512_1, qs_rp_iq4_nl_avx2_4, qs_rp_iq4_nl_avx2_1, 4},
     /* float weights: the activations stay float32, read in place (no preparation) */
     {QS_F32, 16, 1024, QS_F32, 16, 64, 0, qs_rp_f32_avx512_8, qs_rp_f32_avx512_1, qs_rp_f32_avx2_8, qs_rp_f32_avx2_1, 8},
     {QS_F16, 16, 512, QS_F32, 16, 64, 0, qs_rp_f16_avx512_8, qs_rp_f16_avx512_1, qs_rp_f16_avx2_8, qs_rp_f16_avx2_1, 8},
@@ -130,20 +133,37 @@ static void unit_q6_K(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
     }
 }
 
+/* IQ4_XS (136-B blocks: d, scales_h u16, scales_l[4], 128 nibble bytes): sub-block s of 32 elements j and 16 + j
+ * in the low and high nibble of byte 8 + 16 s + j */
+static void unit_iq4_xs(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
+    memset(u + 32, 0, 32);
+    for (int r = 0; r < QS_RP_ROWS; ++r) {
+        const uint8_t *b = rows[r] + kb * 136;
+        const uint16_t sh = qs_load_u16(b + 2);
+        memcpy(u + 2 * r, b, 2);
+        for (int s = 0; s < 8; ++s) {
+            const int ls = ((b[4 + s / 2] >> (4 * (s % 2))) & 15) | (((sh >> (2 * s)) & 3) << 4);
+            u[64 + 16 * s + r] = (uint8_t)(int8_t)(ls - 32);
+            for (int c = 0; c < 4; ++c) put32(u + 192 + 64 * (4 * s + c) + 4 * r, nib8(b + 8 + 16 * s + 8 * (c % 2), c / 2));
+        }
+    }
+}
+
 /* 32-element ggml blocks, two per layout k-block (kinds as in B32 below); elements j and 16 + j in the low and
  * high nibble of byte j, Q5's fifth bit of element e at bit e of the u32 qh. */
 typedef struct {
-    int unit, bytes, qoff, has_min, qh, byte_codes, uq, planes;
+    int unit, bytes, qoff, has_min, qh, byte_codes, uq, planes, lut;
 } b32_kind;
 
 /* unit bytes, ggml block bytes, codes in the block, min, qh in the block (-1 none), 8-bit codes, chunk offset in the
- * unit, bit-plane offset in the unit */
-static const b32_kind B32[5] = {
-    {576, 18, 2, 0, -1, 0, 64, 0},    /* Q4_0 */
-    {640, 20, 4, 1, -1, 0, 128, 0},   /* Q4_1 */
-    {1088, 34, 2, 0, -1, 1, 64, 0},   /* Q8_0 */
-    {704, 22, 6, 0, 2, 0, 64, 576},   /* Q5_0 */
-    {768, 24, 8, 1, 4, 0, 128, 640},  /* Q5_1 */
+ * unit, bit-plane offset in the unit, nibble = index into the IQ4_NL code book (value + 128 as the code) */
+static const b32_kind B32[6] = {
+    {576, 18, 2, 0, -1, 0, 64, 0, 0},    /* Q4_0 */
+    {640, 20, 4, 1, -1, 0, 128, 0, 0},   /* Q4_1 */
+    {1088, 34, 2, 0, -1, 1, 64, 0, 0},   /* Q8_0 */
+    {704, 22, 6, 0, 2, 0, 64, 576, 0},   /* Q5_0 */
+    {768, 24, 8, 1, 4, 0, 128, 640, 0},  /* Q5_1 */
+    {576, 18, 2, 0, -1, 0, 64, 0, 1},    /* IQ4_NL */
 };
 
 static void unit_b32(const uint8_t *const *rows, int64_t kb, uint8_t *u, const int kind) {
@@ -176,6 +196,7 @@ static void unit_q4_1(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit
 static void unit_q8_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_b32(rows, kb, u, 2); }
 static void unit_q5_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_b32(rows, kb, u, 3); }
 static void unit_q5_1(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_b32(rows, kb, u, 4); }
+static void unit_iq4_nl(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_b32(rows, kb, u, 5); }
 
 /* F32 / F16 / BF16: element e of the k-block holds the 16 rows' values side by side (es bytes each) */
 static void unit_float(const uint8_t *const *rows, int64_t kb, uint8_t *u, const int es) {
@@ -200,6 +221,8 @@ static unit_fn unit_for(int type) {
     case QS_Q8_0: return unit_q8_0;
     case QS_Q5_0: return unit_q5_0;
     case QS_Q5_1: return unit_q5_1;
+    case QS_IQ4_NL: return unit_iq4_nl;
+    case QS_IQ4_XS: return unit_iq4_xs;
     case QS_F32: return unit_f32;
     case QS_F16:
     case QS_BF16: return unit_f16;
@@ -360,6 +383,30 @@ static void rp_q6_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64
     memcpy(out, acc, sizeof acc);
 }
 
+/* IQ4_XS: per sub-block of 32 the code-book values + 128 against the activations minus 128 x their sum (ia), times
+ * the signed scale; one float multiply-add per block and row */
+static void rp_iq4_xs_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    RP_COL(x, c0);
+    float acc[16] = {0};
+    for (int64_t sb = 0; sb < nb; ++sb, g += 2240, xq += 292) {
+        const int8_t *q = (const int8_t *)(xq + 4);
+        for (int r = 0; r < 16; ++r) {
+            int32_t I = 0;
+            for (int s = 0; s < 8; ++s) {
+                int32_t P = -ia[8 * sb + s];
+                for (int c = 4 * s; c < 4 * s + 4; ++c) {
+                    const uint8_t *v = g + 192 + 64 * c + 4 * r;
+                    for (int j = 0; j < 4; ++j)
+                        P += (QS_IQ4NL[v[j] & 15] + 128) * q[8 * c + j] + (QS_IQ4NL[v[j] >> 4] + 128) * q[8 * c + 4 + j];
+                }
+                I += P * (int32_t)(int8_t)g[64 + 16 * s + r];
+            }
+            acc[r] = fmaf((float)I, h2f(g + 2 * r) * fa[sb], acc[r]);
+        }
+    }
+    memcpy(out, acc, sizeof acc);
+}
+
 /* 32-element blocks (kinds as in B32): integer sum per block and row, minus the activation offset (ia) or plus the
  * min term (Q8_1's s) */
 static void rp_b32_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int kind) {
@@ -387,6 +434,10 @@ static void rp_b32_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_
                                 c0v |= ((hb[j] >> (2 * c)) & 1) << 4;
                                 c1v |= ((hb[j] >> (2 * c + 1)) & 1) << 4;
                             }
+                            if (k->lut) {
+                                c0v = QS_IQ4NL[c0v] + 128;
+                                c1v = QS_IQ4NL[c1v] + 128;
+                            }
                             P += c0v * q[8 * c + j] + c1v * q[8 * c + 4 + j];
                         }
                     }
@@ -413,6 +464,9 @@ static void rp_q5_0_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64
 }
 static void rp_q5_1_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
     rp_b32_scalar(g, nb, x, c0, out, 4);
+}
+static void rp_iq4_nl_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    rp_b32_scalar(g, nb, x, c0, out, 5);
 }
 
 /* Float layouts: per row, two accumulation chains (element e of a k-block feeds chain e % 2), fused multiply-adds
@@ -451,6 +505,8 @@ static qs_rp_kernel scalar_for(int type) {
     case QS_Q8_0: return rp_q8_0_scalar;
     case QS_Q5_0: return rp_q5_0_scalar;
     case QS_Q5_1: return rp_q5_1_scalar;
+    case QS_IQ4_NL: return rp_iq4_nl_scalar;
+    case QS_IQ4_XS: return rp_iq4_xs_scalar;
     case QS_F32: return rp_f32_scalar;
     case QS_F16: return rp_f16_scalar;
     case QS_BF16: return rp_bf16_scalar;
@@ -473,7 +529,7 @@ typedef struct {
 
 /* Column j: ggml's quantized blocks, then per block its scale (fa), Q8_1's s (fb) and the integer offsets (ia):
  * Q4_K, Q5_K: per 256, four int16 pairs (sums of sub-blocks 2p, 2p+1); Q6_K: per 256, 32 x the 16 sums of 16;
- * Q4_0 / Q5_0 / Q8_0: per 32, 8 / 16 / 128 x the block's sum. */
+ * IQ4_XS: per 256, 128 x the 8 sums of 32; Q4_0 / Q5_0 / Q8_0, IQ4_NL: per 32, 8 / 16 / 128 x the block's sum. */
 static void prep_task(void *vctx, int64_t j) {
     prep_ctx *p = (prep_ctx *)vctx;
     const rp_info *ri = p->ri;
@@ -493,6 +549,8 @@ static void prep_task(void *vctx, int64_t j) {
                     int32_t s0 = bs[4 * q] + bs[4 * q + 1], s1 = bs[4 * q + 2] + bs[4 * q + 3];
                     ia[4 * b + q] = (int32_t)(((uint32_t)(uint16_t)(int16_t)s0) | ((uint32_t)(uint16_t)(int16_t)s1 << 16));
                 }
+            } else if (ri->type == QS_IQ4_XS) {
+                for (int s = 0; s < 8; ++s) ia[8 * b + s] = 128 * (bs[2 * s] + bs[2 * s + 1]);
             } else {
                 for (int s = 0; s < 16; ++s) ia[16 * b + s] = 32 * bs[s];
             }
@@ -503,7 +561,7 @@ static void prep_task(void *vctx, int64_t j) {
             } else {
                 int32_t s = 0;
                 for (int e = 0; e < 32; ++e) s += (int8_t)blk[2 + e];
-                ia[b] = (ri->type == QS_Q4_0 ? 8 : ri->type == QS_Q5_0 ? 16 : 128) * s;
+                ia[b] = (ri->type == QS_Q4_0 ? 8 : ri->type == QS_Q5_0 ? 16 : 128) * s; /* Q8_0, IQ4_NL: 128 */
             }
         }
     }

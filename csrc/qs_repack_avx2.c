@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include "qs.h"
+#include "qs_quant_internal.h"
 #include "qs_repack.h"
 
 #define T QS_TARGET_AVX2
@@ -187,14 +188,64 @@ T AI void q6k_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
     cols_store(&cs, out, NC, h);
 }
 
+/* ---------------------------------------------------------------- IQ4_XS */
+/* the signed code-book values by one byte shuffle, multiplied with the sign trick (no offset) */
+T AI void iq4xs_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
+                     const int h) {
+    const int NCH = NC == 1 ? 4 : 2;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)QS_IQ4NL));
+    cols cs;
+    cols_init(&cs, x, c0, NC, 4);
+    for (int64_t sb = 0; sb < nb; ++sb, g += 2240) {
+        _Pragma("GCC unroll 8")
+        for (int l = 0; l < 3; ++l) pf(g + 64 * l, h == 0);
+        __m256i I[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int s = 0; s < 8; ++s) {
+            __m256i P[2][4];
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < NC; ++j) {
+                _Pragma("GCC unroll 8")
+                for (int q = 0; q < NCH; ++q) P[j][q] = _mm256_setzero_si256();
+            }
+            _Pragma("GCC unroll 4")
+            for (int cc = 0; cc < 4; ++cc) {
+                const int c = 4 * s + cc, ch = NCH == 4 ? 2 * (cc & 1) : 0;
+                pf(g + 192 + 64 * c, h == 0);
+                const __m256i v = ld(g + 192 + 64 * c + 32 * h);
+                const __m256i ql = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
+                const __m256i qh = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+                const __m256i al = _mm256_abs_epi8(ql), ah = _mm256_abs_epi8(qh);
+                _Pragma("GCC unroll 8")
+                for (int j = 0; j < NC; ++j) {
+                    const uint8_t *xp = cs.xq[j] + 292 * sb + 8 * c;
+                    P[j][ch] = dot4(P[j][ch], al, _mm256_sign_epi8(bc32(xp), ql));
+                    P[j][ch + 1] = dot4(P[j][ch + 1], ah, _mm256_sign_epi8(bc32(xp + 4), qh));
+                }
+            }
+            const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(g + 64 + 16 * s + 8 * h)));
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < NC; ++j) I[j] = _mm256_add_epi32(I[j], _mm256_mullo_epi32(sum_chains(P[j], NCH), sc));
+        }
+        const __m256 d = ph8(g + 16 * h);
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < NC; ++j)
+            cs.acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[j]), _mm256_mul_ps(d, _mm256_set1_ps(cs.fa[j][sb])),
+                                        cs.acc[j]);
+    }
+    cols_store(&cs, out, NC, h);
+}
+
 /* ---------------------------------------------------------------- 32-element blocks */
-/* kind 0: Q4_0, 1: Q4_1, 2: Q8_0, 3: Q5_0, 4: Q5_1 (as the AVX-512 kernels) */
+/* kind 0: Q4_0, 1: Q4_1, 2: Q8_0, 3: Q5_0, 4: Q5_1, 5: IQ4_NL (as the AVX-512 kernels; IQ4_NL, like Q8_0, multiplies
+ * the signed code-book values with the sign trick and needs no offset) */
 T AI void b32_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
                    const int kind, const int h) {
     const int NCH = NC == 1 ? 4 : 2;
     const int has_min = kind == 1 || kind == 4, has_hb = kind == 3 || kind == 4, planes = kind == 3 ? 576 : 640;
-    const int unit = kind == 0 ? 576 : kind == 1 ? 640 : kind == 2 ? 1088 : kind == 3 ? 704 : 768;
+    const int unit = kind == 0 || kind == 5 ? 576 : kind == 1 ? 640 : kind == 2 ? 1088 : kind == 3 ? 704 : 768;
     const int qoff = has_min ? 128 : 64, ab = has_min ? 36 : 34, aq = has_min ? 4 : 2;
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)QS_IQ4NL));
     const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10), m80 = _mm256_set1_epi8((char)0x80);
     cols cs;
     cols_init(&cs, x, c0, NC, aq);
@@ -212,7 +263,7 @@ T AI void b32_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
             _Pragma("GCC unroll 8")
             for (int j = 0; j < NC; ++j) {
                 /* Q8_0 multiplies the signed weights: no offset; the others' codes carry one (ia) or a min */
-                P[j][0] = has_min || kind == 2 ? _mm256_setzero_si256() : _mm256_set1_epi32(-cs.ia[j][b]);
+                P[j][0] = has_min || kind == 2 || kind == 5 ? _mm256_setzero_si256() : _mm256_set1_epi32(-cs.ia[j][b]);
                 _Pragma("GCC unroll 8")
                 for (int q = 1; q < NCH; ++q) P[j][q] = _mm256_setzero_si256();
             }
@@ -240,6 +291,17 @@ T AI void b32_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
                         const __m256i hb = ld(g + planes + 64 * hh + 32 * h);
                         lo = _mm256_or_si256(lo, _mm256_and_si256(q5_hi(hb, 2 * c), m10));
                         hi = _mm256_or_si256(hi, _mm256_and_si256(q5_hi(hb, 2 * c + 1), m10));
+                    }
+                    if (kind == 5) {
+                        const __m256i ql = _mm256_shuffle_epi8(lut, lo), qh = _mm256_shuffle_epi8(lut, hi);
+                        const __m256i al = _mm256_abs_epi8(ql), ah = _mm256_abs_epi8(qh);
+                        _Pragma("GCC unroll 8")
+                        for (int j = 0; j < NC; ++j) {
+                            const uint8_t *xp = cs.xq[j] + ab * b + 8 * c;
+                            P[j][ch] = dot4(P[j][ch], al, _mm256_sign_epi8(bc32(xp), ql));
+                            P[j][ch + 1] = dot4(P[j][ch + 1], ah, _mm256_sign_epi8(bc32(xp + 4), qh));
+                        }
+                        continue;
                     }
                     _Pragma("GCC unroll 8")
                     for (int j = 0; j < NC; ++j) {
@@ -312,6 +374,7 @@ T AI void fl_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, fl
 #define B2(g, nb, x, c0, out, NC, h) b32_half(g, nb, x, c0, out, NC, 2, h)
 #define B3(g, nb, x, c0, out, NC, h) b32_half(g, nb, x, c0, out, NC, 3, h)
 #define B4(g, nb, x, c0, out, NC, h) b32_half(g, nb, x, c0, out, NC, 4, h)
+#define B5(g, nb, x, c0, out, NC, h) b32_half(g, nb, x, c0, out, NC, 5, h)
 
 RP_AVX2(q4_K, K4)
 RP_AVX2(q5_K, K5)
@@ -321,6 +384,8 @@ RP_AVX2(q4_1, B1)
 RP_AVX2(q8_0, B2)
 RP_AVX2(q5_0, B3)
 RP_AVX2(q5_1, B4)
+RP_AVX2(iq4_nl, B5)
+RP_AVX2(iq4_xs, iq4xs_half)
 /* float layouts: 8 columns per call as two passes of 4 over each half */
 #define RP_AVX2_F(name, kind)                                                                                      \
     T void qs_rp_##name##_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {         \

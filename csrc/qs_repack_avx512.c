@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include "qs.h"
+#include "qs_quant_internal.h"
 #include "qs_repack.h"
 
 #define T QS_TARGET_AVX512
@@ -187,17 +188,75 @@ T AI void q6k_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
     for (int j = 0; j < NC; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
 }
 
+/* ---------------------------------------------------------------- IQ4_XS */
+/* as Q6_K: per sub-block (32 elements) the offset-corrected integer sum of code-book values + 128 (one byte
+ * shuffle), times the sub-block's signed scale in the lanes; one float multiply-add per block */
+T AI void iq4xs_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC) {
+    const int NCH = NC == 1 ? 4 : 2;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)QS_IQ4NL),
+                                                            _mm_set1_epi8((char)0x80)));
+    cols cs;
+    cols_init(&cs, x, c0, NC, 4);
+    __m512 *const acc = cs.acc;
+    const uint8_t *const *const xq = cs.xq;
+    const int32_t *const *const ia = cs.ia;
+    const float *const *const fa = cs.fa;
+    for (int64_t sb = 0; sb < nb; ++sb, g += 2240) {
+        pf_lines(g, 3);
+        __m512i I[4];
+        _Pragma("GCC unroll 16")
+        for (int j = 0; j < NC; ++j) I[j] = _mm512_setzero_si512();
+        for (int s = 0; s < 8; ++s) {
+            __m512i P[4][4];
+            _Pragma("GCC unroll 16")
+            for (int j = 0; j < NC; ++j) {
+                P[j][0] = _mm512_set1_epi32(-ia[j][8 * sb + s]);
+                _Pragma("GCC unroll 4")
+                for (int q = 1; q < NCH; ++q) P[j][q] = _mm512_setzero_si512();
+            }
+            _Pragma("GCC unroll 4")
+            for (int cc = 0; cc < 4; ++cc) {
+                const int c = 4 * s + cc, ch = NCH == 4 ? 2 * (cc & 1) : 0;
+                const uint8_t *vp = g + 192 + 64 * c;
+                _mm_prefetch((const char *)(vp + PF_DIST), _MM_HINT_T0);
+                const __m512i v = _mm512_loadu_si512((const void *)vp);
+                const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m4));
+                const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+                _Pragma("GCC unroll 16")
+                for (int j = 0; j < NC; ++j) {
+                    const uint8_t *xp = xq[j] + 292 * sb + 8 * c;
+                    P[j][ch] = _mm512_dpbusd_epi32(P[j][ch], lo, bc32(xp));
+                    P[j][ch + 1] = _mm512_dpbusd_epi32(P[j][ch + 1], hi, bc32(xp + 4));
+                }
+            }
+            const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(g + 64 + 16 * s)));
+            _Pragma("GCC unroll 16")
+            for (int j = 0; j < NC; ++j) I[j] = _mm512_add_epi32(I[j], _mm512_mullo_epi32(sum_chains(P[j], NCH), sc));
+        }
+        const __m512 d = ph16(g);
+        _Pragma("GCC unroll 16")
+        for (int j = 0; j < NC; ++j)
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[j]), _mm512_mul_ps(d, _mm512_set1_ps(fa[j][sb])), acc[j]);
+    }
+    _Pragma("GCC unroll 16")
+    for (int j = 0; j < NC; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
+}
+
 /* ---------------------------------------------------------------- 32-element blocks: Q4_0, Q4_1, Q8_0 */
 /* kind 0: Q4_0 (nibbles, offset in ia), 1: Q4_1 (nibbles, min * s), 2: Q8_0 (bytes, offset in ia),
- * 3: Q5_0 (nibbles + a plane of fifth bits, offset in ia), 4: Q5_1 (nibbles + fifth bits, min * s) */
+ * 3: Q5_0 (nibbles + a plane of fifth bits, offset in ia), 4: Q5_1 (nibbles + fifth bits, min * s),
+ * 5: IQ4_NL (nibbles looked up in the code book + 128 by one byte shuffle, offset in ia) */
 T AI void b32_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
                    const int kind) {
     const int NCH = NC == 1 ? 4 : 2;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i m10 = _mm512_set1_epi8(0x10);
     const int has_min = kind == 1 || kind == 4, has_hb = kind == 3 || kind == 4, planes = kind == 3 ? 576 : 640;
-    const int unit = kind == 0 ? 576 : kind == 1 ? 640 : kind == 2 ? 1088 : kind == 3 ? 704 : 768;
+    const int unit = kind == 0 || kind == 5 ? 576 : kind == 1 ? 640 : kind == 2 ? 1088 : kind == 3 ? 704 : 768;
     const int qoff = has_min ? 128 : 64, ab = has_min ? 36 : 34, aq = has_min ? 4 : 2;
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)QS_IQ4NL),
+                                                            _mm_set1_epi8((char)0x80)));
     cols cs;
     cols_init(&cs, x, c0, NC, aq);
     __m512 *const acc = cs.acc;
@@ -239,6 +298,10 @@ T AI void b32_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
                         const __m512i hb = _mm512_loadu_si512((const void *)(g + planes + 64 * h));
                         lo = _mm512_ternarylogic_epi32(lo, q5_hi(hb, 2 * c), m10, 0xF8);
                         hi = _mm512_ternarylogic_epi32(hi, q5_hi(hb, 2 * c + 1), m10, 0xF8);
+                    }
+                    if (kind == 5) {
+                        lo = _mm512_shuffle_epi8(lut, lo);
+                        hi = _mm512_shuffle_epi8(lut, hi);
                     }
                     _Pragma("GCC unroll 16")
                     for (int j = 0; j < NC; ++j) {
@@ -313,6 +376,9 @@ RP_AVX512(q4_1, b32_body, 1)
 RP_AVX512(q8_0, b32_body, 2)
 RP_AVX512(q5_0, b32_body, 3)
 RP_AVX512(q5_1, b32_body, 4)
+RP_AVX512(iq4_nl, b32_body, 5)
+#define IQ4XS(g, nb, x, c0, out, NC, kind) iq4xs_body(g, nb, x, c0, out, NC)
+RP_AVX512(iq4_xs, IQ4XS, 0)
 /* float layouts: 8 columns per call (RP_TABLE's cols) */
 #define RP_AVX512_F(name, kind)                                                                                    \
     T void qs_rp_##name##_avx512_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {       \

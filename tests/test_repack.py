@@ -17,7 +17,7 @@ from quantscope.core.quant import dequantize, ggml_type
 
 from .test_native_kernels import activations, weight_row
 
-REPACK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16"]
+REPACK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_K", "Q6_K", "F32", "F16", "BF16"]
 NEEDS_SIMD = pytest.mark.skipif(K.isa_detected() == "scalar", reason="the engine repacks only for SIMD kernels")
 #: SIMD levels of the repacked kernels this machine can run (each is compared with the scalar reference bit for bit)
 SIMD_LEVELS = {"scalar": (), "avx2": ("avx2",), "avx512": ("avx2", "avx512")}[K.isa_detected()]
@@ -124,6 +124,30 @@ def test_repacked_on_real_tensors(model_path):
                         assert np.array_equal(rp.matmat(x[:1]), got[:1]), (n, level)
                         assert np.array_equal(rp.matmat(x), got), (n, level)
     assert seen >= {"Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"}, seen
+
+
+@pytest.mark.parametrize("name", ["IQ4_NL", "IQ4_XS"])
+def test_repacked_on_real_llama_quantize_rows(name):
+    """16 real rows that llama-quantize wrote (tests/data/iq_blocks/TYPE-rows.bin, SmolLM2's blk.0.ffn_down with an
+    importance matrix): every ISA equals the scalar reference bit for bit, and that equals the row dots up to float
+    summation order."""
+    from pathlib import Path
+
+    t = ggml_type(name)
+    raw = np.frombuffer((Path(__file__).parent / "data" / "iq_blocks" / f"{name}-rows.bin").read_bytes(), np.uint8)
+    rows, k = 16, 1536
+    assert raw.size == rows * t.row_bytes(k)
+    rp = K.Repacked(name, raw, rows, k)
+    x = np.random.default_rng(3).standard_normal((6, k)).astype(np.float32)
+    with K.forced_isa("scalar"):
+        ref = rp.matmat(x)
+    dots = K.matmat(name, raw, rows, k, x)
+    dense = np.abs(dequantize(raw, t).reshape(rows, k).astype(np.float64))
+    assert np.all(np.abs(ref - dots) <= (np.abs(x).astype(np.float64) @ dense.T) * 1e-5)
+    for level in SIMD_LEVELS:
+        with K.forced_isa(level):
+            assert np.array_equal(rp.matmat(x), ref), level
+            assert np.array_equal(rp.matmat(x[:1]), ref[:1]), level
 
 
 def test_float_layouts_on_real_values(model_path):

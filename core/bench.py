@@ -102,9 +102,10 @@ def memory_bandwidth(mib: int = 256, threads: tuple[int, ...] = (1, 2)) -> dict[
 #: (label, k, rows): shape classes of `bench kernels` (k = row length).
 KERNEL_SHAPES = (("in-cache", 1024, 640), ("model 896x4864", 896, 4864), ("model 4864x896", 4864, 896))
 KERNEL_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32")
-#: Types with dot kernels that the benchmark also takes (not in the default run): IQ4 and the low-bit families.
-EXTRA_KERNEL_TYPES = ("IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
-                      "TQ1_0", "TQ2_0", "MXFP4", "NVFP4")
+#: Types with dot kernels that the benchmark also takes (not in the default run): Q2_K, Q3_K, IQ4 and the low-bit
+#: families.
+EXTRA_KERNEL_TYPES = ("Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S",
+                      "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4")
 
 
 def random_weights(type_name: str, rows: int, k: int, seed: int = 0) -> Any:
@@ -124,7 +125,7 @@ def random_weights(type_name: str, rows: int, k: int, seed: int = 0) -> Any:
         return v.view(np.uint8)
     raw = rng.integers(0, 256, size=(rows * k // t.block_elems, t.block_bytes), dtype=np.uint8)
     scale_at = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2],
-                "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0], "IQ2_XXS": [0], "IQ2_XS": [0],
+                "Q5_K": [0, 2], "Q6_K": [208], "Q2_K": [80, 82], "Q3_K": [108], "IQ4_NL": [0], "IQ4_XS": [0], "IQ2_XXS": [0], "IQ2_XS": [0],
                 "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0], "TQ1_0": [52], "TQ2_0": [64]}
     for off in scale_at.get(t.name, []):
         s = (rng.random(raw.shape[0]) * 0.01).astype(np.float16)

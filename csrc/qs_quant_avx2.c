@@ -58,27 +58,45 @@ T static inline __m256i scales2(int a, int b) { /* pair sums 0-7 (elements 0-15)
     return _mm256_setr_m128i(_mm_set1_epi16((short)a), _mm_set1_epi16((short)b));
 }
 
+/* Σ over the 16 sub-blocks of (an int8 per sub-block) · (Q8_K's int16 sum of that sub-block's activations) */
+T static inline __m256i sub_sums(__m128i v8, const uint8_t *x) {
+    return _mm256_madd_epi16(_mm256_cvtepi8_epi16(v8), _mm256_loadu_si256((const __m256i *)(x + 260)));
+}
+
 T float qs_dot_q2_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     float s = 0.0f;
     const __m256i m3 = _mm256_set1_epi8(3);
     for (int64_t i = 0; i < n / 256; ++i, w += 84, x += 292) {
-        __m256i acc = _mm256_setzero_si256();
+        __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; ++h) {
             const __m256i qv = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * h));
+            _Pragma("GCC unroll 4")
             for (int j = 0; j < 4; ++j) {
                 const __m256i c = _mm256_and_si256(_mm256_srli_epi16(qv, 2 * j), m3);
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 4 + 128 * h + 32 * j));
                 const int g = 8 * h + 2 * j;
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(c, xv),
-                                                              scales2(w[g] & 15, w[g + 1] & 15)));
+                acc[j & 1] = _mm256_add_epi32(acc[j & 1], _mm256_madd_epi16(_mm256_maddubs_epi16(c, xv),
+                                                                            scales2(w[g] & 15, w[g + 1] & 15)));
             }
         }
-        int32_t summs = 0;
-        for (int g = 0; g < 16; ++g) summs += (w[g] >> 4) * (int16_t)qs_load_u16(x + 260 + 2 * g);
+        const __m128i mins = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)w), 4), _mm_set1_epi8(15));
+        const int32_t summs = hsum_i32x8(sub_sums(mins, x));
         const float dx = qs_load_f32(x);
-        s += dx * f16at(w + 80) * (float)hsum_i32x8(acc) - dx * f16at(w + 82) * (float)summs;
+        s += dx * f16at(w + 80) * (float)hsum_i32x8(_mm256_add_epi32(acc[0], acc[1])) - dx * f16at(w + 82) * (float)summs;
     }
     return s;
+}
+
+/* Q3_K's 16 6-bit scales - 32 (qs_q3k_scales) in one vector: low 4 bits from bytes 0-7 (low then high nibbles),
+ * high 2 bits from bytes 8-11 (bits 2k..2k+1 of byte b belong to scale 4k + b) */
+T static inline __m128i q3k_scales(const uint8_t *s) {
+    const __m128i m4 = _mm_set1_epi8(15);
+    const __m128i l8 = _mm_loadl_epi64((const __m128i *)s);
+    const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(l8, m4), _mm_and_si128(_mm_srli_epi16(l8, 4), m4));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)qs_load_u32(s + 8)), _mm_setr_epi32(0, 2, 4, 6)),
+                                     _mm_set1_epi8(3));
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
 }
 
 T float qs_dot_q3_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
@@ -86,23 +104,27 @@ T float qs_dot_q3_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
     int8_t sc[16];
     for (int64_t i = 0; i < n / 256; ++i, w += 110, x += 292) {
-        qs_q3k_scales(w + 96, sc);
+        const __m128i scv = q3k_scales(w + 96);
+        _mm_storeu_si128((__m128i *)sc, scv);
         const __m256i hm = _mm256_loadu_si256((const __m256i *)w);
-        __m256i acc = _mm256_setzero_si256();
-        int32_t bterm = 0;
+        /* the codes are stored + 4: subtract 4 · Σ scale · (sub-block activation sum) */
+        __m256i acc[2] = {_mm256_slli_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), sub_sums(scv, x)), 2),
+                          _mm256_setzero_si256()};
+        _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; ++h) {
             const __m256i qv = _mm256_loadu_si256((const __m256i *)(w + 32 + 32 * h));
+            _Pragma("GCC unroll 4")
             for (int j = 0; j < 4; ++j) {
                 const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one);
                 const __m256i c = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qv, 2 * j), m3),
                                                   _mm256_slli_epi16(hb, 2));
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 4 + 128 * h + 32 * j));
                 const int g = 8 * h + 2 * j;
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(c, xv), scales2(sc[g], sc[g + 1])));
+                acc[j & 1] = _mm256_add_epi32(acc[j & 1], _mm256_madd_epi16(_mm256_maddubs_epi16(c, xv),
+                                                                            scales2(sc[g], sc[g + 1])));
             }
         }
-        for (int g = 0; g < 16; ++g) bterm += sc[g] * 4 * (int16_t)qs_load_u16(x + 260 + 2 * g);
-        s += qs_load_f32(x) * f16at(w + 108) * (float)(hsum_i32x8(acc) - bterm);
+        s += qs_load_f32(x) * f16at(w + 108) * (float)hsum_i32x8(_mm256_add_epi32(acc[0], acc[1]));
     }
     return s;
 }

@@ -520,6 +520,13 @@ def test_block_inspector_decodes_the_low_bit_families(window, tmp_path, name):  
     assert not bv.message.isVisibleTo(bv)
     bv.set_element(5)
     assert "x[5] = " in bv.formula.text() or "x[5] = " in bv.explain.text()
+    # the code grid's note says what a code byte is: a grid row's index, or each element's own code
+    note = {"IQ2_XXS": "one per code-book row of 8 elements", "IQ1_M": "one per code-book row of 8 elements",
+            "NVFP4": "2 × 4-bit slots per byte"}.get(name)
+    if note is None:
+        assert not bv.codes_box.isVisibleTo(bv)  # TQ1_0's base-3 digits are not bit slots
+    else:
+        assert note in bv.codes_note.text(), bv.codes_note.text()
     with GGUFFile(path) as f:
         s = analyze_tensor(f, "w").stats
     assert s.n_nan == 0 and s.n_elements == rows * 1536 and s.std > 0

@@ -445,9 +445,16 @@ class BlockInspectorView(QWidget):
             self.codes_box.show()
             self.codes.set_codes(lay, b.raw_code, b.group)
             fields = sorted({field_at(b, x) for x in lay.bytes})
-            self.codes_note.setText(
-                f"{len(lay.bytes)} bytes of {', '.join(fields)}, {lay.slots_per_byte} × {lay.slot_bits}-bit slots per "
-                f"byte (high bits left): the element's {b.code_bits}-bit code, coloured by its sub-block")
+            per_slot = len(b.values) // max(1, len(lay.bytes) * lay.slots_per_byte)
+            if per_slot > 1:  # a code-book type: one byte selects a whole row of the grid
+                self.codes_note.setText(
+                    f"{len(lay.bytes)} bytes of {', '.join(fields)}, one per code-book row of {per_slot} elements: "
+                    "the low 8 bits of the row's grid index (the fields list says where its other bits and the "
+                    "signs are), coloured by its sub-block")
+            else:
+                self.codes_note.setText(
+                    f"{len(lay.bytes)} bytes of {', '.join(fields)}, {lay.slots_per_byte} × {lay.slot_bits}-bit slots "
+                    f"per byte (high bits left): the element's {b.code_bits}-bit code, coloured by its sub-block")
         else:
             self.codes_box.hide()
         # values

@@ -154,6 +154,32 @@ T float qs_dot_iq3_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     return s;
 }
 
+/* IQ1_S: code = 8·G + δ with G in {-1, 0, 1}, so per group Σ code · q = 8 · Σ (G + 1) · q + (δ − 8) · Σ q: the
+ * unsigned G + 1 goes through vpmaddubsw (weighted by 8 · ls in vpmaddwd), Σ q comes from Q8_K's sums of 16 */
+T float qs_dot_iq1_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    const __m256i one = _mm256_set1_epi8(1);
+    for (int64_t i = 0; i < n / 256; ++i, w += 50, x += 292) {
+        const int8_t *q = (const int8_t *)(x + 4);
+        __m256i acc = _mm256_setzero_si256();
+        int32_t bterm = 0;
+        for (int g = 0; g < 8; ++g) {
+            const uint32_t qh = qs_load_u16(w + 34 + 2 * g);
+            const uint8_t *qs = w + 2 + 4 * g;
+            const __m256i co = rows64((const uint8_t *)QS_GRID_IQ1_S[qs[0] | (qh & 7) << 8],
+                                      (const uint8_t *)QS_GRID_IQ1_S[qs[1] | (qh & 56) << 5],
+                                      (const uint8_t *)QS_GRID_IQ1_S[qs[2] | (qh & 448) << 2],
+                                      (const uint8_t *)QS_GRID_IQ1_S[qs[3] | (qh & 3584) >> 1]);
+            const int ls = 2 * (int)((qh >> 12) & 7) + 1, delta = qh & 0x8000 ? -1 : 1;
+            const __m256i p = _mm256_maddubs_epi16(_mm256_add_epi8(co, one), _mm256_loadu_si256((const __m256i *)(q + 32 * g)));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16((short)(8 * ls))));
+            bterm += ls * (delta - 8) * ((int16_t)qs_load_u16(x + 260 + 4 * g) + (int16_t)qs_load_u16(x + 262 + 4 * g));
+        }
+        s = fmaf(f16(w) * 0.125f * qs_load_f32(x), (float)(hsum8(acc) + bterm), s);
+    }
+    return s;
+}
+
 /* MXFP4 / NVFP4 x Q8_0: E2M1 codes to their doubled integer values by one byte shuffle, then signed products */
 T AI __m128i fp4_values(__m128i nibbles) {
     const __m128i book = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);

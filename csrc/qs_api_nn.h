@@ -84,6 +84,16 @@ typedef struct {
     int64_t ple_post_norm_len;
     const float *ple_in; /* [T][ple_dim] of this call (set per call) */
     int64_t ple_in_len;
+    /* mixture of experts (Mixtral-style llama, qwen3moe): with n_expert > 0 the FFN is n_expert gated FFNs of
+     * n_ff each, stored back to back in wg / wu (n_expert * n_ff rows) and wd (n_expert * n_embd rows). The router
+     * wr (n_expert x n_embd) scores them; per token the n_expert_used largest softmax probabilities pick the
+     * experts, their weights normalized to sum 1 (exp_norm) and multiplied by exp_scale (0: 1); the FFN output is
+     * the weighted sum of the picked experts' outputs. */
+    int n_expert, n_expert_used, exp_norm;
+    float exp_scale;
+    int wr_type;
+    const uint8_t *wr;
+    int64_t wr_bytes;
 } qs_block;
 int qs_block_forward(const qs_block *b, float *x, int64_t n_tokens, const int32_t *pos, int64_t n_past,
                      int n_threads);

@@ -9,6 +9,8 @@
 #include "qs_guard.h"
 #include "qs_repack.h"
 
+#define QS_MAX_EXPERTS 4096
+
 /* n products of the same input x (q/k/v, gate/up): repacked weights go to one pool job (one barrier); for the
  * prefill GEMM the activations are quantized once per activation format instead of once per matrix. */
 static int matmat_shared(int n, const int *type, const uint8_t *const *w, const int64_t *rows, int64_t k,
@@ -61,6 +63,7 @@ static int check_weight(int type, const uint8_t *w, int64_t bytes, int64_t rows,
 
 /* Every size in *b against the others and the call's arguments: integer checks only, once per call. */
 static int check_block(const qs_block *b, const float *x, int64_t T, const int32_t *pos, int64_t n_past) {
+    int rc_weight;
     const int64_t E = b->n_embd, H = b->n_head, KV = b->n_head_kv, hd = b->head_dim, F = b->n_ff;
     if (E <= 0 || E > (1 << 20) || F <= 0 || F > (1 << 22)) return QS_ERR_SIZE;
     if (H <= 0 || H > 4096 || KV <= 0 || H % KV || hd <= 0 || hd > 1024 || H * hd > (1 << 22)) return QS_ERR_HEADS;
@@ -81,7 +84,14 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
     const uint8_t *const ws[9] = {b->wq, b->wk, b->wv, b->wo, b->wg, b->wu, b->wd, b->wpg, b->wpp};
     const int64_t nb[9] = {b->wq_bytes, b->wk_bytes, b->wv_bytes, b->wo_bytes, b->wg_bytes, b->wu_bytes, b->wd_bytes,
                            b->wpg_bytes, b->wpp_bytes};
-    const int64_t rows[9] = {H * hd, KV * hd, KV * hd, E, F, F, E, P, E}, ks[9] = {E, E, E, H * hd, E, E, F, E, P};
+    const int64_t NE = b->n_expert;
+    if (NE < 0 || NE > QS_MAX_EXPERTS || (NE && (b->n_expert_used < 1 || b->n_expert_used > NE)) ||
+        (NE && (!isfinite(b->exp_scale) || b->exp_scale < 0.0f)))
+        return QS_ERR_SIZE;
+    if (NE && (rc_weight = check_weight(b->wr_type, b->wr, b->wr_bytes, NE, E)) != QS_OK) return rc_weight;
+    const int64_t ne = NE ? NE : 1; /* the FFN matrices hold n_expert matrices back to back */
+    const int64_t rows[9] = {H * hd, KV * hd, KV * hd, E, ne * F, ne * F, ne * E, P, E},
+                  ks[9] = {E, E, E, H * hd, E, E, F, E, P};
     for (int i = 0; i < 9; ++i) {
         if ((b->kv_reuse && (i == 1 || i == 2)) || (!P && i >= 7)) continue; /* not read */
         int rc = check_weight(ty[i], ws[i], nb[i], rows[i], ks[i]);
@@ -103,6 +113,93 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
     const int64_t cache = b->n_ctx * KV * hd * (b->kv_f16 ? 2 : 4);
     if (!b->k_cache || !b->v_cache || b->k_cache_bytes < cache || b->v_cache_bytes < cache) return QS_ERR_CACHE;
     return QS_OK;
+}
+
+/* The mixture-of-experts FFN of h [T][E] into out [T][E] (qs_block's n_expert fields): router logits, softmax,
+ * the n_expert_used largest per token (ties to the lower index, as a stable descending sort), their weights
+ * normalized as llama.cpp does (sum clamped below at 2^-14) and scaled; then expert by expert, only the tokens
+ * routed to it: their rows of h gathered, gate/up (one job), SwiGLU, down, and each output row added with its
+ * token's weight. Decode reads the picked experts' rows only; prefill streams each expert's weights once. */
+static int moe_ffn(const qs_block *b, const float *h, int64_t T, float *out, int n_threads) {
+    const int64_t E = b->n_embd, F = b->n_ff, NE = b->n_expert, K = b->n_expert_used;
+    const int64_t sg = qs_weight_bytes(b->wg_type, F, E), su = qs_weight_bytes(b->wu_type, F, E),
+                  sd = qs_weight_bytes(b->wd_type, E, F);
+    if (sg < 0 || su < 0 || sd < 0) return QS_ERR_TYPE;
+    float *probs = (float *)malloc((size_t)(T * NE) * sizeof(float));
+    int32_t *sel = (int32_t *)malloc((size_t)(T * K) * sizeof(int32_t));
+    float *wsel = (float *)malloc((size_t)(T * K) * sizeof(float));
+    int64_t *count = (int64_t *)calloc((size_t)NE + 1, sizeof(int64_t));
+    int64_t *tok = (int64_t *)malloc((size_t)(T * K) * sizeof(int64_t)); /* (token, slot) pairs by expert */
+    float *hb = (float *)malloc((size_t)(T * E) * sizeof(float));
+    float *gb = (float *)malloc((size_t)(T * F * 2) * sizeof(float));
+    float *ob = (float *)malloc((size_t)(T * E) * sizeof(float));
+    int rc = QS_ERR_NOMEM;
+    if (!probs || !sel || !wsel || !count || !tok || !hb || !gb || !ob) goto done;
+    rc = qs_matmat(b->wr_type, b->wr, NE, E, h, T, probs, n_threads);
+    if (rc) goto done;
+    qs_softmax(probs, T, NE);
+    for (int64_t t = 0; t < T; ++t) {
+        const float *p = probs + t * NE;
+        int32_t *s = sel + t * K;
+        for (int64_t j = 0; j < K; ++j) { /* insertion into the top K, descending, earlier index first on ties */
+            int64_t best = -1;
+            for (int64_t e = 0; e < NE; ++e) {
+                int taken = 0;
+                for (int64_t i = 0; i < j; ++i) taken |= s[i] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            s[j] = (int32_t)best;
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j < K; ++j) sum += p[s[j]];
+        if (sum < 6.103515625e-5f) sum = 6.103515625e-5f;
+        for (int64_t j = 0; j < K; ++j) {
+            float w = b->exp_norm ? p[s[j]] / sum : p[s[j]];
+            if (b->exp_scale != 0.0f) w *= b->exp_scale;
+            wsel[t * K + j] = w;
+            count[s[j] + 1]++;
+        }
+    }
+    for (int64_t e = 0; e < NE; ++e) count[e + 1] += count[e]; /* start of expert e's pairs in tok */
+    {
+        int64_t *fill = (int64_t *)malloc((size_t)NE * sizeof(int64_t));
+        if (!fill) { rc = QS_ERR_NOMEM; goto done; }
+        memcpy(fill, count, (size_t)NE * sizeof(int64_t));
+        for (int64_t t = 0; t < T; ++t)
+            for (int64_t j = 0; j < K; ++j) tok[fill[sel[t * K + j]]++] = t * K + j;
+        free(fill);
+    }
+    memset(out, 0, (size_t)(T * E) * sizeof(float));
+    for (int64_t e = 0; e < NE && !rc; ++e) {
+        const int64_t n = count[e + 1] - count[e];
+        if (!n) continue;
+        const int64_t *pairs = tok + count[e];
+        for (int64_t i = 0; i < n; ++i) memcpy(hb + i * E, h + (pairs[i] / K) * E, (size_t)E * sizeof(float));
+        const int ty[2] = {b->wg_type, b->wu_type};
+        const uint8_t *const ws[2] = {b->wg + e * sg, b->wu + e * su};
+        const int64_t rows[2] = {F, F};
+        float *const ys[2] = {gb, gb + n * F};
+        rc = matmat_shared(2, ty, ws, rows, E, hb, n, ys, n_threads);
+        if (rc) break;
+        qs_swiglu(gb, gb + n * F, gb, n * F);
+        rc = qs_matmat(b->wd_type, b->wd + e * sd, E, F, gb, n, ob, n_threads);
+        if (rc) break;
+        for (int64_t i = 0; i < n; ++i) {
+            const float w = wsel[pairs[i]];
+            float *o = out + (pairs[i] / K) * E;
+            for (int64_t c = 0; c < E; ++c) o[c] += w * ob[i * E + c];
+        }
+    }
+done:
+    free(probs);
+    free(sel);
+    free(wsel);
+    free(count);
+    free(tok);
+    free(hb);
+    free(gb);
+    free(ob);
+    return rc;
 }
 
 static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *pos, int64_t n_past, int n_threads) {
@@ -172,17 +269,19 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
     /* feed-forward */
     if (b->ffn_norm) qs_rmsnorm(x, b->ffn_norm, h, T, E, b->eps);
     else memcpy(h, x, (size_t)(T * E) * sizeof(float));
-    {
+    if (b->n_expert) {
+        rc = moe_ffn(b, h, T, o, n_threads);
+    } else {
         const int ty[2] = {b->wg_type, b->wu_type};
         const uint8_t *const ws[2] = {b->wg, b->wu};
         const int64_t rows[2] = {F, F};
         float *const ys[2] = {g, u};
         rc = matmat_shared(2, ty, ws, rows, E, h, T, ys, n_threads);
+        if (rc) goto done;
+        if (b->gelu) qs_geglu_tanh(g, u, g, T * F);
+        else qs_swiglu(g, u, g, T * F);
+        rc = qs_matmat(b->wd_type, b->wd, E, F, g, T, o, n_threads);
     }
-    if (rc) goto done;
-    if (b->gelu) qs_geglu_tanh(g, u, g, T * F);
-    else qs_swiglu(g, u, g, T * F);
-    rc = qs_matmat(b->wd_type, b->wd, E, F, g, T, o, n_threads);
     if (rc) goto done;
     if (b->post_ffn_norm) qs_rmsnorm(o, b->post_ffn_norm, o, T, E, b->eps);
     if (rs != 1.0f)

@@ -45,6 +45,8 @@ class Spec:
     embd_std: float = 1.0  # token_embd; a tied output gets its logits from it too
     rope_dim: int = HEAD_DIM  # rotated values per head (Phi-4-mini rotates 3/4 of them)
     pre: str = "smollm"  # tokenizer.ggml.pre
+    experts: tuple[int, int] = (0, 0)  # (expert_count, expert_used_count): ffn_gate_inp + ffn_*_exps
+    expert_ff: int = 0  # qwen3moe: expert_feed_forward_length (0: the experts are feed_forward_length wide)
 
 
 def _llama3_rope_freqs(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -97,6 +99,10 @@ SPECS: dict[str, Spec] = {
     # widths and rotated sizes, V = K's projection in layer 1, the last 2 layers reading layers 2 and 3's caches,
     # per-layer embeddings of 8, output scales and a small final cap
     "gemma4": Spec("gemma4", tied=True, n_layers=6, embd_std=0.5),
+    # mixtures of experts: Mixtral-style llama (8 experts of feed_forward_length, 2 per token) and qwen3moe (16 of
+    # their own width, 4 per token)
+    "mixtral": Spec("llama", experts=(8, 2)),
+    "qwen3moe": Spec("qwen3moe", qk_norm="head", experts=(16, 4), expert_ff=48),
 }
 
 #: gemma4 fixture: sliding layers, (head size, KV heads, FFN width) of sliding and global layers, shared layers
@@ -209,6 +215,11 @@ def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0
         w.add_uint32(a + "attention.value_length", hd)
         w.add_uint32(a + "rope.dimension_count", s.rope_dim)
         w.add_float32(a + "rope.freq_base", 10000.0)
+        if s.experts[0]:
+            w.add_uint32(a + "expert_count", s.experts[0])
+            w.add_uint32(a + "expert_used_count", s.experts[1])
+        if s.expert_ff:
+            w.add_uint32(a + "expert_feed_forward_length", s.expert_ff)
     w.add_float32(a + "attention.layer_norm_rms_epsilon", 1e-6)
     for key, val in s.extra_kv.items():
         if isinstance(val, list):
@@ -237,6 +248,18 @@ def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0
         else:
             qt = gguf.GGMLQuantizationType[quant]
             w.add_tensor(tname, gguf.quants.quantize(m, qt), raw_dtype=qt)
+
+    def experts(tname: str, n: int, rows: int, cols: int, std: float) -> None:
+        """A 3-D expert tensor: n matrices of rows x cols (ggml shape [cols, rows, n])."""
+        m = _normal(rng, (n, rows, cols), std)
+        if quant == "F32":
+            w.add_tensor(tname, m)
+        elif quant == "F16":
+            w.add_tensor(tname, m.astype(np.float16))
+        else:
+            qt = gguf.GGMLQuantizationType[quant]
+            w.add_tensor(tname, gguf.quants.quantize(m.reshape(n * rows, cols), qt).reshape(n, rows, -1),
+                         raw_dtype=qt)
 
     def vector(tname: str, n: int, mean: float = 1.0, std: float = 0.1) -> None:
         w.add_tensor(tname, (mean + _normal(rng, (n,), std)).astype(np.float32))
@@ -269,12 +292,19 @@ def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0
             vector(b + "post_attention_norm.weight", E)
         if s.pre_norms:
             vector(b + "ffn_norm.weight", E)
-        if s.fused_gate_up:
+        if s.experts[0]:
+            ne, fe = s.experts[0], s.expert_ff or F
+            matrix(b + "ffn_gate_inp.weight", ne, E, 0.5)
+            experts(b + "ffn_gate_exps.weight", ne, fe, E, 0.3)
+            experts(b + "ffn_up_exps.weight", ne, fe, E, 0.3)
+            experts(b + "ffn_down_exps.weight", ne, E, fe, 0.2)
+        elif s.fused_gate_up:
             matrix(b + "ffn_up.weight", 2 * F, E, 0.3)
         else:
             matrix(b + "ffn_gate.weight", F, E, 0.3)
             matrix(b + "ffn_up.weight", F, E, 0.3)
-        matrix(b + "ffn_down.weight", E, F, 0.2)
+        if not s.experts[0]:
+            matrix(b + "ffn_down.weight", E, F, 0.2)
         if s.post_norms:
             vector(b + "post_ffw_norm.weight", E)
     vector("output_norm.weight", E)

@@ -31,7 +31,7 @@ import llamacpp_build  # noqa: E402
 
 OUT = HERE / "data" / "arch"
 ARGS = ["-c", "64", "-b", "64", "--chunks", "4", "-t", "2"]
-VARIANTS = {name: ["F32"] for name in arch_fixtures.SPECS} | {"llama": ["F32", "Q8_0"]}
+VARIANTS = {name: ["F32"] for name in arch_fixtures.SPECS} | {"llama": ["F32", "Q8_0"], "mixtral": ["F32", "Q8_0"]}
 
 
 def main() -> None:
@@ -56,9 +56,15 @@ def main() -> None:
                 key = f"{name}-{variant}"
                 model = arch_fixtures.write_fixture(name, Path(tmp) / f"{key}.gguf", variant, vocab=vocab)
                 base = Path(tmp) / f"{key}.kld"
-                run = subprocess.run([perplexity, "-m", str(model), "-f", str(HERE / "data" / "english.txt"), *ARGS,
-                                      "--kl-divergence-base", str(base)], capture_output=True, text=True, check=True)
-                ppl = re.search(r"Final estimate: PPL = ([0-9.]+)", run.stdout + run.stderr)
+                # into a file: through a pipe, llama.cpp's asynchronous log loses its last lines at exit
+                log = Path(tmp) / f"{key}.log"
+                with log.open("w") as out:
+                    subprocess.run([perplexity, "-m", str(model), "-f", str(HERE / "data" / "english.txt"), *ARGS,
+                                    "--kl-divergence-base", str(base)], stdout=out, stderr=subprocess.STDOUT,
+                                   check=True)
+                text = log.read_text(errors="replace")
+                # the last chunk's running value is the final estimate (whose line the log may still lose)
+                ppl = re.search(r"Final estimate: PPL = ([0-9.]+)", text) or re.search(r"\[4\]([0-9.]+),", text)
                 with gzip.GzipFile(OUT / f"{key}.kld.gz", "wb", mtime=0) as gz:
                     gz.write(base.read_bytes())
                 fixtures[key] = {"arch": name, "variant": variant,

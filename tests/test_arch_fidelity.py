@@ -96,6 +96,9 @@ def test_logits_match_llama_cpp(key, repack, tmp_path, vocab):
     ("gemma4-F32", dict(rope_freqs=None)),  # every pair of the global layers rotated
     ("gemma4-F32", dict(layer_out_scale=None)),
     ("gemma4-F32", dict(layer_ple_post_norm=0.0)),  # the per-layer embeddings add nothing
+    ("mixtral-F32", dict(n_expert_used=1)),  # routing: how many experts each token takes
+    ("qwen3moe-F32", dict(n_expert_used=3)),
+    ("qwen3moe-F32", dict(expert_weights_scale=2.0)),  # the picked experts' weights sum to 1
 ])
 def test_the_oracle_catches_a_missing_feature(key, change, tmp_path, vocab):
     """Each feature the fixtures exercise matters: without it the fidelity test above would fail (gemma3's linear
@@ -145,6 +148,16 @@ def G4(**kw: object) -> Spec:  # the gemma4 fixture with changes
     (G4(extra_kv={"rope.dimension_count_swa": 20}), "at most the head dimension 16 for layer 0, found 20"),
     (G4(extra_kv={"attention.head_count_kv": [2, 1, 2, 3, 2, 1]}), "for layer 3, found 3"),
     (G4(extra_kv={"feed_forward_length": [128] * 6}), "blk.4.ffn_gate.weight to be 128 x 64"),
+    (dataclasses.replace(arch_fixtures.SPECS["qwen3moe"], extra_kv={"expert_shared_count": 1}),
+     "qwen3moe.expert_shared_count: shared experts are not supported"),
+    (dataclasses.replace(arch_fixtures.SPECS["qwen3moe"], extra_kv={"expert_gating_func": 2}),
+     "only softmax gating (1) is supported, found 2"),
+    (dataclasses.replace(arch_fixtures.SPECS["qwen3moe"], extra_kv={"expert_used_count": 17}),
+     "qwen3moe.expert_used_count: expected an integer in 1..16"),
+    (dataclasses.replace(arch_fixtures.SPECS["qwen3moe"], expert_ff=32, extra_kv={"expert_feed_forward_length": 48}),
+     "blk.0.ffn_gate_exps.weight: expected shape [64, 48, 16]"),
+    (Spec("llama", extra_tensors=lambda rng: {"blk.0.ffn_gate_inp.weight": np.ones((4, 64), np.float32)}),
+     "llama.expert_count: expected the number of experts (the file has blk.0.ffn_gate_inp.weight)"),
 ])
 def test_what_the_engine_would_ignore_is_refused(spec, message, tmp_path, vocab, monkeypatch, capsys):
     monkeypatch.setitem(arch_fixtures.SPECS, "case", spec)
@@ -176,6 +189,20 @@ def test_a_yarn_factor_that_zeroes_the_magnitude_is_refused(tmp_path, vocab, mon
         Model(GGUFFile(path))
 
 
+def test_experts_run_from_the_cli_and_stay_off_the_gpu(tmp_path, vocab, capsys):
+    """A qwen3moe file generates from the CLI; the CUDA backend refuses a llama file's experts by name (CPU
+    fallback)."""
+    from quantscope.core.engine import cuda_backend
+
+    model, _, _ = load("qwen3moe-F32", tmp_path, vocab)
+    assert (model.config.n_expert, model.config.n_expert_used, model.config.n_ff) == (16, 4, 48)
+    mixtral, _, _ = load("mixtral-F32", tmp_path, vocab)  # an architecture the GPU runs, with experts
+    with pytest.raises(UnsupportedModel, match="mixture-of-experts layers have no CUDA path"):
+        cuda_backend.check_config(mixtral.config)
+    assert main(["generate", str(tmp_path / "qwen3moe-F32.gguf"), "-p", "The cat", "-n", "8", "--temp", "0"]) == 0
+    assert capsys.readouterr().out.strip()
+
+
 def test_gemma4_runs_from_the_cli_and_stays_off_the_gpu(tmp_path, vocab, capsys):
     """The CLI generates with a gemma4 file; the CUDA backend refuses its per-layer shapes by name (CPU fallback),
     as it does a llama whose layers differ in FFN width."""
@@ -192,3 +219,31 @@ def test_gemma4_runs_from_the_cli_and_stays_off_the_gpu(tmp_path, vocab, capsys)
     s = model.session(32)
     assert s.kv_bytes == 2 * 32 * (2 * 2 * 16 + 2 * 1 * 32) * 2  # 4 caches of their own (f16), 2 shared
     assert s.k_cache[4] is s.k_cache[2] and s.v_cache[5] is s.v_cache[3]
+
+
+MOE_FIELDS = [("n_expert", -1, "QS_ERR_SIZE"), ("n_expert", 5000, "QS_ERR_SIZE"), ("n_expert_used", 0, "QS_ERR_SIZE"),
+              ("n_expert_used", 9, "QS_ERR_SIZE"), ("n_expert", 16, "QS_ERR_WEIGHT"), ("wr", None, "QS_ERR_WEIGHT"),
+              ("wr_bytes", 100, "QS_ERR_WEIGHT"), ("wr_type", 999, "QS_ERR_TYPE"),
+              ("exp_scale", float("nan"), "QS_ERR_SIZE"), ("exp_scale", -1.0, "QS_ERR_SIZE"),
+              ("wg_bytes", 7 * 128 * 64 * 4, "QS_ERR_WEIGHT"), ("wd_bytes", 8 * 64 * 128 * 4 - 1, "QS_ERR_WEIGHT"),
+              ("n_ff", 256, "QS_ERR_WEIGHT")]
+
+
+@pytest.mark.parametrize(("field", "value", "code"), MOE_FIELDS, ids=[f"{f}={v}" for f, v, _ in MOE_FIELDS])
+def test_the_native_block_checks_the_expert_sizes(field, value, code, tmp_path, vocab):
+    """qs_block_forward checks the router and the expert matrices against n_expert, n_expert_used and n_ff itself
+    (8 experts of 128 x 64 in F32 here) and writes nothing when one disagrees."""
+    from quantscope.core.native import ffi, lib
+
+    model, _, _ = load("mixtral-F32", tmp_path, vocab)
+    s = model.session(16)
+    b = ffi.new("qs_block *", s._block_structs[0][0])
+    assert (b.n_expert, b.n_expert_used, b.wr_bytes) == (8, 2, 8 * 64 * 4)
+    setattr(b, field, ffi.NULL if value is None else value)
+    x = np.ones((2, 64), np.float32)
+    pos = np.array([0, 1], np.int32)
+    cache = s.k_cache[0].copy()
+    rc = lib.qs_block_forward(b, ffi.cast("float *", ffi.from_buffer(x)), 2,
+                              ffi.cast("int32_t *", ffi.from_buffer(pos)), 0, 1)
+    assert rc == getattr(lib, code), (rc, code)
+    assert (x == 1).all() and np.array_equal(s.k_cache[0], cache)

@@ -282,6 +282,8 @@ def check_config(cfg: ModelConfig) -> None:
         raise UnsupportedModel(f"architecture {cfg.arch!r} has no CUDA path")
     if cfg.layer_n_head_kv or cfg.layer_head_dim or cfg.layer_n_ff or cfg.layer_rope_dim or cfg.kv_from_start:
         raise UnsupportedModel("layers of different shapes have no CUDA path")
+    if cfg.n_expert:
+        raise UnsupportedModel("mixture-of-experts layers have no CUDA path")
     sizes = (cfg.n_layers, cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff, cfg.n_vocab)
     if min(sizes) <= 0:
         raise UnsupportedModel(f"non-positive model size in {sizes}")

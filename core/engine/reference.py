@@ -1,7 +1,8 @@
 """A slow, plain numpy (float64) forward pass over dequantized weights: the oracle for the native engine.
 
 It shares nothing with the native path but the config and the reference dequantizer: RMSNorm, RoPE (both
-pairings), GQA attention with causal and sliding-window masks, and the gated FFNs are written out here directly.
+pairings), GQA attention with causal and sliding-window masks, the gated FFNs and the experts' routing are written
+out here directly.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 
 import numpy as np
 
-from ..model import ModelConfig, ModelWeights, Weight, check_weights
+from ..model import LayerWeights, ModelConfig, ModelWeights, Weight, check_weights
 from ..quant import dequantize
 
 
@@ -44,6 +45,29 @@ def _rope(x: np.ndarray, pos: np.ndarray, base: float, dim: int, neox: bool,
     x0, x1 = x[:, :, a], x[:, :, b]
     out[:, :, a] = x0 * cos - x1 * sin
     out[:, :, b] = x0 * sin + x1 * cos
+    return out
+
+
+def _moe(cfg: ModelConfig, lw: LayerWeights, h: np.ndarray) -> np.ndarray:
+    """The mixture-of-experts FFN (llama.cpp's build_moe_ffn with softmax gating): per token the n_expert_used most
+    probable experts (earlier index first on ties), their probabilities normalized to sum 1 and scaled."""
+    assert lw.router is not None
+    NE, F, E = cfg.n_expert, cfg.n_ff, cfg.n_embd
+    logits = h @ _dense(lw.router).T
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    gate = _dense(lw.w_gate).reshape(NE, F, E)
+    up = _dense(lw.w_up).reshape(NE, F, E)
+    down = _dense(lw.w_down).reshape(NE, E, F)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        sel = np.argsort(-p[t], kind="stable")[: cfg.n_expert_used]
+        wts = p[t, sel] / max(p[t, sel].sum(), 6.103515625e-5)
+        if cfg.expert_weights_scale:
+            wts = wts * cfg.expert_weights_scale
+        for e, wt in zip(sel, wts, strict=True):
+            g, u = gate[e] @ h[t], up[e] @ h[t]
+            out[t] += wt * (down[e] @ (g / (1 + np.exp(-g)) * u))
     return out
 
 
@@ -101,12 +125,15 @@ def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int], n_ctx
             o = _rms(o, lw.post_attn_norm, cfg.rms_eps)
         x = x + o * cfg.residual_scale
         h = _rms(x, lw.ffn_norm, cfg.rms_eps) if lw.ffn_norm is not None else x
-        g, u = h @ _dense(lw.w_gate).T, h @ _dense(lw.w_up).T
-        if cfg.gelu:
-            a = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3))) * u
+        if cfg.n_expert:
+            d = _moe(cfg, lw, h)
         else:
-            a = g / (1 + np.exp(-g)) * u
-        d = a @ _dense(lw.w_down).T
+            g, u = h @ _dense(lw.w_gate).T, h @ _dense(lw.w_up).T
+            if cfg.gelu:
+                a = 0.5 * g * (1 + np.tanh(math.sqrt(2 / math.pi) * (g + 0.044715 * g**3))) * u
+            else:
+                a = g / (1 + np.exp(-g)) * u
+            d = a @ _dense(lw.w_down).T
         if lw.post_ffn_norm is not None:
             d = _rms(d, lw.post_ffn_norm, cfg.rms_eps)
         x = x + d * cfg.residual_scale

@@ -43,7 +43,9 @@ class _Bound:
 #: (key in Model.layers, attribute of LayerWeights) of the matrices of a block (wk/wv absent on gemma4's layers
 #: that read an earlier layer's cache; ple_* only with per-layer embeddings).
 _LAYER_WEIGHTS = (("wq", "wq"), ("wk", "wk"), ("wv", "wv"), ("wo", "wo"), ("w_gate", "w_gate"), ("w_up", "w_up"),
-                  ("w_down", "w_down"), ("ple_gate", "ple_gate"), ("ple_proj", "ple_proj"))
+                  ("w_down", "w_down"), ("ple_gate", "ple_gate"), ("ple_proj", "ple_proj"), ("w_router", "router"))
+#: the matrices that hold every expert's rows back to back in a mixture-of-experts layer
+_EXPERT_KEYS = ("w_gate", "w_up", "w_down")
 
 
 def _bind(w: Weight) -> _Bound:
@@ -106,7 +108,11 @@ class Model:
                 for key, attr in _LAYER_WEIGHTS
                 if getattr(lw, attr) is not None and not (key == "wv" and lw.wv is lw.wk)]
         todo.append((None, "output", self.weights.output))
-        todo = [(lb, key, w) for lb, key, w in todo if K.can_repack(w.type, w.rows, w.k)]
+        ne = self.config.n_expert
+        # an expert matrix repacks as one matrix when each expert's rows are whole row groups (its slice of the
+        # repacked copy is then one expert's repacked layout)
+        todo = [(lb, key, w) for lb, key, w in todo
+                if K.can_repack(w.type, w.rows // ne if ne and key in _EXPERT_KEYS else w.rows, w.k)]
         total = sum(w.data.nbytes for _, _, w in todo) or 1
         done = 0
         for lb, key, w in todo:
@@ -233,7 +239,8 @@ class Session:
             b.eps, b.rope_base = c.rms_eps, c.layer_rope_base(li)
             b.attn_scale = c.attn_scale or 1.0 / math.sqrt(hd)
             for field, key in (("wq", "wq"), ("wk", "wk"), ("wv", "wv"), ("wo", "wo"), ("wg", "w_gate"),
-                               ("wu", "w_up"), ("wd", "w_down"), ("wpg", "ple_gate"), ("wpp", "ple_proj")):
+                               ("wu", "w_up"), ("wd", "w_down"), ("wpg", "ple_gate"), ("wpp", "ple_proj"),
+                               ("wr", "w_router")):
                 w = lb.get(key)
                 setattr(b, field, w.ptr if w is not None else ffi.NULL)
                 setattr(b, field + "_type", w.type_id if w is not None else 0)
@@ -243,6 +250,8 @@ class Session:
                 vec = getattr(lw, field)
                 setattr(b, field, _fp(vec) if vec is not None else ffi.NULL)
                 setattr(b, field + "_len", 0 if vec is None else int(vec.size))
+            b.n_expert, b.n_expert_used, b.exp_norm = c.n_expert, c.n_expert_used, int(c.n_expert > 0)
+            b.exp_scale = c.expert_weights_scale
             b.kv_reuse = int(c.kv_source(li) != li)
             b.v_norm = int(c.v_norm)
             b.out_scale = float(lw.out_scale[0]) if lw.out_scale is not None else 0.0

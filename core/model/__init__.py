@@ -41,6 +41,7 @@ MAX_HEAD_DIM = 1024
 MAX_LAYERS = 4096
 MAX_CTX = (1 << 31) - 1
 MAX_VOCAB = 1 << 24
+MAX_EXPERTS = 4096  # csrc/qs_block.c checks the same bound
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -93,6 +94,11 @@ class ModelConfig:
     kv_from_start: int = 0
     ple_dim: int = 0
     rope_freqs_global_only: bool = False  # rope_freqs.weight applies to the global (non-sliding) layers only
+    # mixture of experts (Mixtral-style llama, qwen3moe): n_expert gated FFNs of n_ff each per layer, n_expert_used
+    # of them per token (softmax router, top-k, weights normalized to 1 then times expert_weights_scale; 0: 1)
+    n_expert: int = 0
+    n_expert_used: int = 0
+    expert_weights_scale: float = 0.0
 
     def n_head_kv_at(self, layer: int) -> int:
         return self.layer_n_head_kv[layer] if self.layer_n_head_kv else self.n_head_kv
@@ -238,6 +244,7 @@ def gguf_keys(arch: str, derived_head_dim: bool = False) -> dict[str, str]:
         "layer_rope_dim": p + "rope.dimension_count / dimension_count_swa",
         "swa_layers": p + "attention.sliding_window_pattern", "kv_from_start": p + "attention.shared_kv_layers",
         "ple_dim": p + "embedding_length_per_layer_input",
+        "n_expert": p + "expert_count", "n_expert_used": p + "expert_used_count",
     }
     if derived_head_dim:
         keys["head_dim"] = f"{p}embedding_length / {p}attention.head_count"
@@ -292,6 +299,18 @@ def check_config(cfg: ModelConfig, keys: dict[str, str] | None = None) -> None:
         raise ModelError(f"no-RoPE layer step: expected 0..{MAX_LAYERS}, found {cfg.no_rope_step}")
     if not (math.isfinite(cfg.embed_scale) and math.isfinite(cfg.attn_scale) and cfg.attn_scale >= 0):
         raise ModelError(f"{k['n_embd']}: derived scales are not finite")
+    if isinstance(cfg.n_expert, bool) or not isinstance(cfg.n_expert, int) or not 0 <= cfg.n_expert <= MAX_EXPERTS:
+        raise ModelError(f"{k['n_expert']}: expected an integer in 0..{MAX_EXPERTS}, found {cfg.n_expert!r}")
+    if cfg.n_expert:
+        if isinstance(cfg.n_expert_used, bool) or not isinstance(cfg.n_expert_used, int) \
+                or not 1 <= cfg.n_expert_used <= cfg.n_expert:
+            raise ModelError(f"{k['n_expert_used']}: expected an integer in 1..{cfg.n_expert} ({k['n_expert']}), "
+                             f"found {cfg.n_expert_used!r}")
+        v = cfg.expert_weights_scale
+        if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+            raise ModelError(f"{cfg.arch}.expert_weights_scale: expected a finite number >= 0, found {v!r}")
+        if cfg.gelu:
+            raise UnsupportedModel(f"{cfg.arch}: experts with a GELU FFN are not supported by the engine")
     _check_layers(cfg, k)
 
 
@@ -337,9 +356,46 @@ def _check_layers(cfg: ModelConfig, k: dict[str, str]) -> None:
 Common = dict[str, object]
 
 
+def _experts(f: GGUFFile, c: Common, keys: dict[str, str], ff_key: str = "") -> dict[str, object]:
+    """The mixture-of-experts keys (none: a dense model): expert count and experts used per token;
+    ``ff_key``: the experts' own FFN width (qwen3moe), one value or one per layer (all equal). Shared experts and
+    gating functions other than llama.cpp's softmax for these architectures are refused."""
+    a = c["arch"]
+    n = _int(f, keys["n_expert"], 0, lo=0, hi=MAX_EXPERTS)
+    if not n:
+        if f.has_tensor("blk.0.ffn_gate_inp.weight"):
+            raise ModelError(f"{keys['n_expert']}: expected the number of experts (the file has "
+                             "blk.0.ffn_gate_inp.weight), found none")
+        return {}
+    for key in (f"{a}.expert_shared_count", f"{a}.expert_shared_feed_forward_length"):
+        if _int(f, key, 0, lo=0, hi=MAX_FF):
+            raise UnsupportedModel(f"{key}: shared experts are not supported by the engine")
+    gating = _int(f, f"{a}.expert_gating_func", 1, lo=0, hi=16)
+    if gating != 1:
+        raise UnsupportedModel(f"{a}.expert_gating_func: only softmax gating (1) is supported, found {gating}")
+    # llama.cpp reads no expert_weights_scale / _norm for these architectures (the weights are always normalized,
+    # never scaled), so neither do we
+    out: dict[str, object] = {"n_expert": n, "n_expert_used": _int(f, keys["n_expert_used"], hi=MAX_EXPERTS)}
+    if ff_key:
+        widths = _ints(f, ff_key, c["n_layers"], hi=MAX_FF)  # type: ignore[arg-type]
+        if len(set(widths)) > 1:
+            raise UnsupportedModel(f"{ff_key}: experts of different widths per layer are not supported")
+        out.update(n_ff=widths[0], layer_n_ff=())
+    return out
+
+
 def _llama(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
-    """Llama 1-3 (rope_freqs.weight, when present, is bound by :func:`bind_weights`)."""
-    return {"rope_neox": False}
+    """Llama 1-3 (rope_freqs.weight, when present, is bound by :func:`bind_weights`); with expert_count, Mixtral's
+    mixture of experts (feed_forward_length is each expert's width)."""
+    return {"rope_neox": False, **_experts(f, c, keys)}
+
+
+def _qwen3moe(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
+    """qwen3 with every FFN a mixture of experts of expert_feed_forward_length each."""
+    out = {"rope_neox": True, "qk_norm": True, **_experts(f, c, keys, f"{c['arch']}.expert_feed_forward_length")}
+    if not out.get("n_expert"):
+        raise ModelError(f"{keys['n_expert']}: expected the number of experts, found none")
+    return out
 
 
 def _granite(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
@@ -454,7 +510,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     Architecture("llama", _llama), Architecture("granite", _granite), Architecture("smollm3", _smollm3),
     Architecture("qwen2", _neox), Architecture("qwen3", _qwen3), Architecture("phi3", _phi3, fused_gate_up=True),
     Architecture("olmo2", _olmo2), Architecture("gemma2", _gemma2), Architecture("gemma3", _gemma3),
-    Architecture("mistral3", _mistral3), Architecture("gemma4", _gemma4),
+    Architecture("mistral3", _mistral3), Architecture("gemma4", _gemma4), Architecture("qwen3moe", _qwen3moe),
 )}
 SUPPORTED_ARCHS = tuple(ARCHITECTURES)
 
@@ -547,7 +603,7 @@ def read_config(f: GGUFFile) -> ModelConfig:
     )
     common.update(_rope_scaling(f, arch, n_ctx_train))
     description = ARCHITECTURES[arch]
-    cfg = ModelConfig(**common, **description.configure(f, common, keys))  # type: ignore[arg-type]
+    cfg = ModelConfig(**{**common, **description.configure(f, common, keys)})  # type: ignore[arg-type]
     check_config(cfg, keys)
     value_len = _int(f, f"{arch}.attention.value_length", head_dim, hi=MAX_HEAD_DIM)
     if value_len != head_dim:
@@ -609,12 +665,14 @@ class LayerWeights:
     ple_proj: Weight | None = None  # n_embd x ple_dim
     ple_post_norm: np.ndarray | None = None
     out_scale: np.ndarray | None = None  # gemma4: the layer's output multiplied by this one value
+    router: Weight | None = None  # experts: ffn_gate_inp (n_expert x n_embd); w_gate/w_up/w_down then hold every
+    # expert's matrix back to back (ffn_*_exps)
 
     def matrices(self) -> list[Weight]:
         """The distinct matrices of the layer (a V that is K's projection counted once)."""
         out: list[Weight] = []
         for w in (self.wq, self.wk, self.wv, self.wo, self.w_gate, self.w_up, self.w_down, self.ple_gate,
-                  self.ple_proj):
+                  self.ple_proj, self.router):
             if w is not None and all(w is not x for x in out):
                 out.append(w)
         return out
@@ -690,6 +748,20 @@ def _rows(w: Weight, parts: list[tuple[str, int]], rows_from: str) -> list[Weigh
     return out
 
 
+def _experts_weight(f: GGUFFile, name: str, shape: tuple[int, int, int], keys: dict[str, str]) -> Weight:
+    """A 3-D expert tensor of ggml shape ``shape`` (row length, rows per expert, experts), viewed as one matrix of
+    every expert's rows back to back."""
+    if not f.has_tensor(name):
+        raise UnsupportedModel(f"missing tensor {name}")
+    t: TensorInfo = f.tensor(name)
+    if t.type is None:
+        raise UnsupportedModel(f"tensor {name} has {t.type_name}")
+    if tuple(t.ne) != shape:
+        raise ModelError(f"{name}: expected shape {list(shape)} ({keys['n_embd']}, {keys['n_ff']}, "
+                         f"{keys['n_expert']}), found {list(t.ne)}")
+    return Weight(name, t.type, f.tensor_bytes(t), t.n_rows, t.row_len)
+
+
 def _attn_and_ffn(f: GGUFFile, cfg: ModelConfig, i: int) -> tuple[Weight | None, ...]:
     """q, k, v, gate and up of layer ``i``: separate tensors, or phi3's fused attn_qkv and gate+up; gemma4's
     layers that read an earlier layer's cache have no k and v, and a missing attn_v means V is K's projection."""
@@ -708,7 +780,11 @@ def _attn_and_ffn(f: GGUFFile, cfg: ModelConfig, i: int) -> tuple[Weight | None,
     else:
         wq, wk = _weight(f, b + "attn_q.weight"), _weight(f, b + "attn_k.weight")
         wv = wk if cfg.arch == "gemma4" and not f.has_tensor(b + "attn_v.weight") else _weight(f, b + "attn_v.weight")
-    if ARCHITECTURES[cfg.arch].fused_gate_up and not f.has_tensor(b + "ffn_gate.weight"):
+    if cfg.n_expert:
+        ne, E = cfg.n_expert, cfg.n_embd
+        gate = _experts_weight(f, b + "ffn_gate_exps.weight", (E, n_ff, ne), keys)
+        up = _experts_weight(f, b + "ffn_up_exps.weight", (E, n_ff, ne), keys)
+    elif ARCHITECTURES[cfg.arch].fused_gate_up and not f.has_tensor(b + "ffn_gate.weight"):
         gate, up = _rows(_weight(f, b + "ffn_up.weight"), [("gate", n_ff), ("up", n_ff)], keys["n_ff"])
     else:
         gate, up = _weight(f, b + "ffn_gate.weight"), _weight(f, b + "ffn_up.weight")
@@ -750,7 +826,9 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
             wq=wq, wk=wk, wv=wv, wo=_weight(f, b + "attn_output.weight"),
             ffn_norm=_vector(f, b + "ffn_norm.weight", not cfg.pre_norms),
             w_gate=gate, w_up=up,
-            w_down=_weight(f, b + "ffn_down.weight"),
+            w_down=_experts_weight(f, b + "ffn_down_exps.weight", (cfg.n_ff_at(i), cfg.n_embd, cfg.n_expert),
+                                   gguf_keys(cfg.arch)) if cfg.n_expert else _weight(f, b + "ffn_down.weight"),
+            router=_weight(f, b + "ffn_gate_inp.weight") if cfg.n_expert else None,
             bq=_vector(f, b + "attn_q.bias", True), bk=_vector(f, b + "attn_k.bias", True),
             bv=_vector(f, b + "attn_v.bias", True),
             q_norm=_vector(f, b + "attn_q_norm.weight", not cfg.qk_norm),
@@ -861,9 +939,17 @@ def check_weights(w: ModelWeights, keys: dict[str, str] | None = None) -> None:
             _check_matrix(lw.wk, KV * hd, E, kv_heads, k["n_embd"])
             _check_matrix(lw.wv, KV * hd, E, kv_heads, k["n_embd"])
         _check_matrix(lw.wo, E, H * hd, k["n_embd"], heads)
-        _check_matrix(lw.w_gate, F, E, k["n_ff"], k["n_embd"])
-        _check_matrix(lw.w_up, F, E, k["n_ff"], k["n_embd"])
-        _check_matrix(lw.w_down, E, F, k["n_embd"], k["n_ff"])
+        NE = c.n_expert or 1  # expert matrices hold n_expert matrices' rows back to back
+        per = f" x {k['n_expert']} = {c.n_expert}" if c.n_expert else ""
+        _check_matrix(lw.w_gate, NE * F, E, k["n_ff"] + per, k["n_embd"])
+        _check_matrix(lw.w_up, NE * F, E, k["n_ff"] + per, k["n_embd"])
+        _check_matrix(lw.w_down, NE * E, F, k["n_embd"] + per, k["n_ff"])
+        if c.n_expert:
+            if lw.router is None:
+                raise ModelError(f"{b}ffn_gate_inp.weight: expected the expert router ({k['n_expert']}), found none")
+            _check_matrix(lw.router, c.n_expert, E, k["n_expert"], k["n_embd"])
+        elif lw.router is not None:
+            raise ModelError(f"{k['n_expert']}: 0, but {b}ffn_gate_inp.weight is bound")
         if P:
             _check_matrix(lw.ple_gate, P, E, k["ple_dim"], k["n_embd"])  # type: ignore[arg-type]
             _check_matrix(lw.ple_proj, E, P, k["n_embd"], k["ple_dim"])  # type: ignore[arg-type]

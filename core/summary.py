@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -24,8 +25,13 @@ HYPERPARAMETER_KEYS = (
     "attention.sliding_window",
     "rope.freq_base",
     "rope.dimension_count",
+    "expert_count",
+    "expert_used_count",
+    "expert_feed_forward_length",
     "vocab_size",
 )
+#: A mixture-of-experts tensor: every expert's matrix of one kind in one 3-D tensor (llama.cpp's ``*_exps``).
+EXPERT_TENSOR = re.compile(r"^blk\.\d+\.ffn_(?:gate|up|down|gate_up)_exps\.(?:weight|bias)$")
 
 
 def _short(v: Any, max_str: int) -> str:
@@ -94,6 +100,35 @@ def hyperparameters(f: GGUFFile) -> dict[str, Any]:
     return out
 
 
+def _count_key(f: GGUFFile, suffix: str) -> int:
+    """A positive integer hyperparameter (the largest of a per-layer array), else 0."""
+    v = f.arch_get(suffix) if f.architecture else None
+    if isinstance(v, np.ndarray):
+        v = v.max() if v.size and v.dtype.kind in "iu" else None
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        return 0
+    return max(0, int(v))
+
+
+def experts_summary(f: GGUFFile) -> dict[str, Any] | None:
+    """A mixture-of-experts file's expert count, experts used per token, and the parameters and bytes a token
+    reads (everything outside the experts plus ``used / count`` of the expert tensors) against the totals; None
+    for a dense file. Every expert stays in memory: the active share is what one token's forward pass reads."""
+    n, used = _count_key(f, "expert_count"), _count_key(f, "expert_used_count")
+    if not n:
+        return None
+    used = min(used, n)
+    total = sum(t.n_elements for t in f.tensors)
+    total_bytes = sum(t.n_bytes or 0 for t in f.tensors)
+    ex = [t for t in f.tensors if EXPERT_TENSOR.match(t.name)]
+    ex_params = sum(t.n_elements for t in ex)
+    ex_bytes = sum(t.n_bytes or 0 for t in ex)
+    return {"count": n, "used": used, "layers": len({t.name.split(".")[1] for t in ex}),
+            "expert_parameters": ex_params, "expert_bytes": ex_bytes,
+            "active_parameters": total - ex_params + ex_params * used // n,
+            "active_bytes": total_bytes - ex_bytes + ex_bytes * used // n}
+
+
 def type_summary(f: GGUFFile) -> list[dict[str, Any]]:
     """Per ggml type: tensors, elements, bytes, share of the file, bits per weight; largest first."""
     acc: dict[str, dict[str, Any]] = defaultdict(lambda: {"tensors": 0, "elements": 0, "bytes": 0})
@@ -131,6 +166,7 @@ def summarize(f: GGUFFile, max_items: int = 8) -> dict[str, Any]:
         "tensor_bytes": n_bytes,
         "bits_per_weight": 8.0 * n_bytes / n_params if n_params else None,
         "hyperparameters": hyperparameters(f),
+        "experts": experts_summary(f),
         "metadata": [
             {"key": kv.key, "type": kv.type_label, "offset": kv.offset, "value": value_preview(kv, max_items)}
             for kv in f.metadata.values()
@@ -178,6 +214,11 @@ def render_text(f: GGUFFile, summary: dict[str, Any] | None = None) -> str:
     bpw = s["bits_per_weight"]
     add(f"Parameters  {s['parameters']:,} in {s['tensor_count']} tensors, {human_bytes(s['tensor_bytes'])}"
         + (f", {bpw:.3f} bits/weight" if bpw else ""))
+    ex = s.get("experts")
+    if ex:
+        add(f"Experts     {ex['count']} per layer in {ex['layers']} layers, {ex['used']} per token: "
+            f"{ex['active_parameters']:,} parameters active ({human_bytes(ex['active_bytes'])} of weights read per "
+            f"token, of {human_bytes(s['tensor_bytes'])})")
     if s["hyperparameters"]:
         add("")
         add("Hyperparameters")

@@ -4,7 +4,9 @@ A synthetic model has a real architecture and a real vocabulary but random weigh
 the values, only on the shapes and tensor types, so anyone can write the same file and measure the same work.
 
 * Shapes (:data:`SHAPES`): ``1b`` (Llama-3.2-1B-like), ``3b`` (Llama-3.2-3B-like), ``8b`` (Llama-3.1-8B-like)
-  and ``tiny`` (2 layers of 256, for tests).
+  and ``tiny`` (2 layers of 256, for tests); ``moe``, ``moe-k4`` and ``moe-k2``: Qwen3-30B-A3B's layer shape
+  (``qwen3moe``, 128 experts of 768, q/k norms) in 4 layers, with 8, 4 and 2 experts per token (the same tensors:
+  only ``expert_used_count`` differs), whose F32 routers hold random values so that tokens pick different experts.
 * Types, the Q4_K_M mix: Q4_K everywhere (``token_embd`` included), Q6_K for ``output.weight`` (untied) and for
   ``attn_v`` and ``ffn_down`` of the layers llama-quantize's Q4_K_M gives more bits (:func:`use_more_bits`: the
   first and last eighth of the layers and every third one in between, about half of them), F32 norms (ones).
@@ -60,6 +62,15 @@ class Shape:
     like: str
     rope_base: float = 500000.0
     n_ctx: int = 8192
+    arch: str = "llama"
+    n_expert: int = 0  # qwen3moe: experts per layer, used per token, each expert's FFN width
+    n_expert_used: int = 0
+    expert_ff: int = 0
+
+
+def _qwen3_30b_a3b(name: str, used: int) -> Shape:
+    return Shape(name, 4, 2048, 6144, 32, 4, 128, f"Qwen3-30B-A3B (4 of its 48 layers, {used} experts per token)",
+                 rope_base=1e6, arch="qwen3moe", n_expert=128, n_expert_used=used, expert_ff=768)
 
 
 SHAPES: dict[str, Shape] = {s.name: s for s in (
@@ -67,6 +78,7 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
     Shape("1b", 16, 2048, 8192, 32, 8, 64, "Llama-3.2-1B"),
     Shape("3b", 28, 3072, 8192, 24, 8, 128, "Llama-3.2-3B"),
     Shape("8b", 32, 4096, 14336, 32, 8, 128, "Llama-3.1-8B"),
+    _qwen3_30b_a3b("moe", 8), _qwen3_30b_a3b("moe-k4", 4), _qwen3_30b_a3b("moe-k2", 2),
 )}
 
 
@@ -122,6 +134,19 @@ def tensor_plan(shape: Shape, n_vocab: int) -> list[TensorSpec]:
     for i in range(shape.n_layers):
         more = "Q6_K" if use_more_bits(i, shape.n_layers) else "Q4_K"
         p = f"blk.{i}."
+        if shape.n_expert:  # qwen3moe: q/k norms, an F32 router, the experts in three 3-D tensors
+            ne, fe, hd = shape.n_expert, shape.expert_ff, shape.head_dim
+            out += [TensorSpec(p + "attn_norm.weight", (e,), "F32"),
+                    TensorSpec(p + "attn_q.weight", (e, q), "Q4_K"), TensorSpec(p + "attn_k.weight", (e, kv), "Q4_K"),
+                    TensorSpec(p + "attn_v.weight", (e, kv), more), TensorSpec(p + "attn_q_norm.weight", (hd,), "F32"),
+                    TensorSpec(p + "attn_k_norm.weight", (hd,), "F32"),
+                    TensorSpec(p + "attn_output.weight", (q, e), "Q4_K"),
+                    TensorSpec(p + "ffn_norm.weight", (e,), "F32"),
+                    TensorSpec(p + "ffn_gate_inp.weight", (e, ne), "F32"),
+                    TensorSpec(p + "ffn_gate_exps.weight", (e, fe, ne), "Q4_K"),
+                    TensorSpec(p + "ffn_up_exps.weight", (e, fe, ne), "Q4_K"),
+                    TensorSpec(p + "ffn_down_exps.weight", (fe, e, ne), more)]
+            continue
         out += [TensorSpec(p + "attn_norm.weight", (e,), "F32"), TensorSpec(p + "attn_q.weight", (e, q), "Q4_K"),
                 TensorSpec(p + "attn_k.weight", (e, kv), "Q4_K"), TensorSpec(p + "attn_v.weight", (e, kv), more),
                 TensorSpec(p + "attn_output.weight", (q, e), "Q4_K"), TensorSpec(p + "ffn_norm.weight", (e,), "F32"),
@@ -137,11 +162,12 @@ def synthetic_path(shape: str, seed: int = 0) -> Path:
     from .catalog import cache_dir
 
     suffix = f"-seed{seed}" if seed else ""
-    return cache_dir() / "synthetic" / f"llama-{get_shape(shape).name}-q4km{suffix}.gguf"
+    sh = get_shape(shape)
+    return cache_dir() / "synthetic" / f"{sh.arch}-{sh.name}-q4km{suffix}.gguf"
 
 
 def marker(shape: Shape, seed: int) -> str:
-    return f"llama-{shape.name} seed {seed} format {FORMAT_VERSION}"
+    return f"{shape.arch}-{shape.name} seed {seed} format {FORMAT_VERSION}"
 
 
 # --- GGUF encoding -----------------------------------------------------------------------------------------------
@@ -178,10 +204,14 @@ def tokenizer_entries(vocab_source: str | os.PathLike[str]) -> tuple[list[bytes]
 
 def header_bytes(shape: Shape, seed: int, tok_entries: list[bytes], n_vocab: int) -> tuple[bytes, list[TensorSpec]]:
     """Header, metadata, tensor infos and padding up to the data section; and the tensors in data order."""
-    a = "llama."
+    a = shape.arch + "."
+    experts = [_kv(a + "expert_count", ValueType.UINT32, shape.n_expert),
+               _kv(a + "expert_used_count", ValueType.UINT32, shape.n_expert_used),
+               _kv(a + "expert_feed_forward_length", ValueType.UINT32, shape.expert_ff)] if shape.n_expert else []
     kvs = [
-        _kv("general.architecture", ValueType.STRING, "llama"),
-        _kv("general.name", ValueType.STRING, f"synthetic llama {shape.name} ({shape.like} shape, random weights)"),
+        _kv("general.architecture", ValueType.STRING, shape.arch),
+        _kv("general.name", ValueType.STRING,
+            f"synthetic {shape.arch} {shape.name} ({shape.like} shape, random weights)"),
         _kv("general.file_type", ValueType.UINT32, int(FileType.MOSTLY_Q4_K_M)),
         _kv("general.quantization_version", ValueType.UINT32, 2),
         _kv(MARKER_KEY, ValueType.STRING, marker(shape, seed)),
@@ -197,6 +227,7 @@ def header_bytes(shape: Shape, seed: int, tok_entries: list[bytes], n_vocab: int
         _kv(a + "rope.freq_base", ValueType.FLOAT32, shape.rope_base),
         _kv(a + "attention.layer_norm_rms_epsilon", ValueType.FLOAT32, 1e-5),
         _kv(a + "vocab_size", ValueType.UINT32, n_vocab),
+        *experts,
         *tok_entries,
     ]
     plan = tensor_plan(shape, n_vocab)
@@ -219,9 +250,13 @@ def expected_size(head: bytes, plan: list[TensorSpec]) -> int:
 
 def tensor_chunks(spec: TensorSpec, rng: np.random.Generator,
                   chunk_bytes: int = CHUNK_BYTES) -> Iterator[np.ndarray]:
-    """The tensor's bytes in pieces of about ``chunk_bytes``: valid random blocks (F32: ones)."""
+    """The tensor's bytes in pieces of about ``chunk_bytes``: valid random blocks (F32: ones; an expert router:
+    normal values of deviation 0.05, so that each token ranks the experts its own way)."""
     if spec.type_name == "F32":
-        yield np.ones(spec.n_bytes // 4, np.float32).view(np.uint8)
+        if spec.name.endswith("ffn_gate_inp.weight"):
+            yield (rng.standard_normal(spec.n_bytes // 4) * 0.05).astype(np.float32).view(np.uint8)
+        else:
+            yield np.ones(spec.n_bytes // 4, np.float32).view(np.uint8)
         return
     t = ggml_type(spec.type_name)
     scale_at = {"Q4_K": (0, 2), "Q6_K": (208,)}[t.name]

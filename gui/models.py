@@ -13,7 +13,7 @@ from PySide6.QtGui import QColor, QFont
 from quantscope.core.analysis import block_group, group_sort_key
 from quantscope.core.bump import BumpFile
 from quantscope.core.gguf import GGUFFile, MetadataValue, StringArray, TensorInfo, ValueType
-from quantscope.core.summary import format_value, human_bytes
+from quantscope.core.summary import EXPERT_TENSOR, format_value, human_bytes
 from quantscope.core.tokenizer import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED
 
 #: Role holding the value a column sorts by (numbers for numeric columns).
@@ -340,7 +340,12 @@ class TensorTreeModel(QAbstractItemModel):
 
     def group_label(self, g: int) -> str:
         name, ts = self.groups[g]
-        return f"{name or 'model (outside the blocks)'}  ·  {plural(len(ts), 'tensor')}"
+        n_exp = sum(1 for t in ts if EXPERT_TENSOR.match(t.name))
+        experts = ""
+        if n_exp:  # the 3-D expert tensors: their last dimension counts the experts
+            counts = sorted({int(t.ne[-1]) for t in ts if EXPERT_TENSOR.match(t.name) and len(t.ne) == 3})
+            experts = f"  ·  {'/'.join(map(str, counts)) or '?'} experts in {plural(n_exp, 'tensor')}"
+        return f"{name or 'model (outside the blocks)'}  ·  {plural(len(ts), 'tensor')}{experts}"
 
     def index(self, row: int, column: int, parent: _Index = _ROOT) -> QModelIndex:
         if not self.hasIndex(row, column, parent):

@@ -530,3 +530,20 @@ def test_block_inspector_decodes_the_low_bit_families(window, tmp_path, name):  
     with GGUFFile(path) as f:
         s = analyze_tensor(f, "w").stats
     assert s.n_nan == 0 and s.n_elements == rows * 1536 and s.std > 0
+
+
+def test_a_mixture_of_experts_file_shows_its_experts(window, tmp_path):  # noqa: F811
+    """The Overview counts the parameters a token reads, the memory note says every expert stays resident, and the
+    tensor tree names each layer's experts (the qwen3moe fixture: 16 experts per layer, 4 per token)."""
+    from . import arch_fixtures
+
+    path = arch_fixtures.write_fixture("qwen3moe", tmp_path / "moe.gguf")
+    assert window.open_path(path)
+    card = window.overview.cards["Parameters"]
+    assert card.value.text() == "453.0K · 231.8K active", card.value.text()
+    assert card.sub.text().startswith("16 experts, 4 per token")
+    assert "all 16 experts of each layer stay in memory; a token reads 4 of them" in window.overview.mem_note.text()
+    tm = window.tensors_view.tree_model
+    labels = [tm.group_label(g) for g in range(len(tm.groups))]
+    assert labels[1] == "blk.0  ·  12 tensors  ·  16 experts in 3 tensors", labels
+    assert "experts" not in labels[0]

@@ -272,8 +272,11 @@ class OverviewView(QWidget):
         self.cards["File type"].set(ft["name"] or "(not set)",
                                     f"general.file_type = {ft['value']}" if ft["value"] is not None else "")
         bpw = s["bits_per_weight"]
-        self.cards["Parameters"].set(_count(s["parameters"]), f"{s['parameters']:,}" + (
-            f" · {bpw:.2f} bits/weight" if bpw else ""))
+        ex = s.get("experts")
+        self.cards["Parameters"].set(
+            _count(s["parameters"]) + (f" · {_count(ex['active_parameters'])} active" if ex else ""),
+            (f"{ex['count']} experts, {ex['used']} per token · " if ex else f"{s['parameters']:,}")
+            + (f" · {bpw:.2f} bits/weight" if bpw else ""))
         self.cards["Size"].set(human_bytes(s["file_size"]), f"{s['file_size']:,} bytes")
         self.cards["Tensors"].set(f"{s['tensor_count']:,}", f"{s['kv_count']} metadata keys · GGUF v{s['version']}")
         self.cards["Opened in"].set(f"{doc.open_ms:.0f} ms", "header, metadata and tensor index")
@@ -347,7 +350,11 @@ class OverviewView(QWidget):
                             f"({m.key_length} + {m.value_length}) × {m.kv_type} "
                             f"({human_bytes(m.kv_bytes_per_token)} per token)")
         self.mem_total.setText(human_bytes(m.total_bytes))
-        self.mem_note.setText(m.note + ("; " if m.note else "") + "compute buffers and the runtime come on top.")
+        ex = self.doc.summary.get("experts")
+        experts = (f"all {ex['count']} experts of each layer stay in memory; a token reads {ex['used']} of them "
+                   f"({human_bytes(ex['active_bytes'])} of weights per token); ") if ex else ""
+        self.mem_note.setText(m.note + ("; " if m.note else "") + experts
+                              + "compute buffers and the runtime come on top.")
         self.memory = m
 
     def _show_checks(self) -> None:

@@ -78,21 +78,50 @@ T float qs_dot_iq2_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     return s;
 }
 
+/* IQ2_XS, 128 elements (16 entries of 9-bit index | 7 sign bits << 9) per step: the indices and the eighth (parity)
+ * sign bits are computed for all 16 entries in one vector, the indices read back from a stack copy of that vector
+ * (narrow loads inside one wide store forward fine), and each 32-element chunk's 4 sign bytes are spread to its 32
+ * bytes by a byte shuffle. Two accumulators. */
+T AI __m256i spread_signs(__m256i sb, __m256i pick) { /* 0xFF where the element's sign bit is set */
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(sb, pick), bit), bit);
+}
+
 T float qs_dot_iq2_xs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     float s = 0.0f;
+    /* bit 7 set where the 4-bit value has odd parity */
+    const __m256i par = _mm256_setr_epi8(0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0,
+                                         0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0);
+    /* sign bytes of entries 0-3 (chunk 0 of a lane) / 4-7 (chunk 1), each to 8 bytes */
+    const __m256i pick0 = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 4, 4,
+                                           6, 6, 6, 6, 6, 6, 6, 6);
+    const __m256i pick1 = _mm256_add_epi8(pick0, _mm256_set1_epi8(8));
+    const __m256i m511 = _mm256_set1_epi16(511);
+    uint16_t ix[16];
     for (int64_t i = 0; i < n / 256; ++i, w += 74, x += 292) {
         const int8_t *q = (const int8_t *)(x + 4);
-        __m256i acc = _mm256_setzero_si256();
-        for (int c = 0; c < 8; ++c) {
-            const uint64_t e = qs_load_u64(w + 2 + 8 * c); /* four 16-bit entries: 9-bit index, 7 sign bits */
-            const uint32_t sg = qs_ksign((uint32_t)(e >> 9)) | (uint32_t)qs_ksign((uint32_t)(e >> 25)) << 8 |
-                                (uint32_t)qs_ksign((uint32_t)(e >> 41)) << 16 | (uint32_t)qs_ksign((uint32_t)(e >> 57)) << 24;
-            const __m256i co = rows64(QS_GRID_IQ2_XS[e & 511], QS_GRID_IQ2_XS[(e >> 16) & 511],
-                                      QS_GRID_IQ2_XS[(e >> 32) & 511], QS_GRID_IQ2_XS[(e >> 48) & 511]);
-            const uint8_t sc = w[66 + c];
-            acc = _mm256_add_epi32(acc, chunk_sums(co, q + 32 * c, sg, scale2(sc & 15, sc >> 4)));
+        __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+        for (int h = 0; h < 2; ++h) {
+            const __m256i e = _mm256_loadu_si256((const __m256i *)(w + 2 + 32 * h));
+            _mm256_storeu_si256((__m256i *)ix, _mm256_and_si256(e, m511));
+            const __m256i s7 = _mm256_srli_epi16(e, 9);
+            const __m256i sb = _mm256_or_si256(s7, _mm256_shuffle_epi8(par, _mm256_xor_si256(s7, _mm256_srli_epi16(s7, 4))));
+            const __m256i lo = _mm256_permute2x128_si256(sb, sb, 0x00), hi = _mm256_permute2x128_si256(sb, sb, 0x11);
+            const __m256i m[4] = {spread_signs(lo, pick0), spread_signs(lo, pick1), spread_signs(hi, pick0),
+                                  spread_signs(hi, pick1)};
+            _Pragma("GCC unroll 4")
+            for (int c = 0; c < 4; ++c) {
+                const __m256i co = rows64(QS_GRID_IQ2_XS[ix[4 * c]], QS_GRID_IQ2_XS[ix[4 * c + 1]],
+                                          QS_GRID_IQ2_XS[ix[4 * c + 2]], QS_GRID_IQ2_XS[ix[4 * c + 3]]);
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 128 * h + 32 * c));
+                const __m256i a = _mm256_sub_epi8(_mm256_xor_si256(v, m[c]), m[c]);
+                const uint8_t sc = w[66 + 4 * h + c];
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(co, a), scale2(sc & 15, sc >> 4));
+                if (c & 1) acc1 = _mm256_add_epi32(acc1, p);
+                else acc0 = _mm256_add_epi32(acc0, p);
+            }
         }
-        s = block_end(s, f16(w) * 0.125f, x, acc);
+        s = block_end(s, f16(w) * 0.125f, x, _mm256_add_epi32(acc0, acc1));
     }
     return s;
 }
@@ -135,21 +164,37 @@ T float qs_dot_iq3_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     return s;
 }
 
+/* IQ3_S, two 32-element groups per step: the 16 9-bit indices built in one vector (the ninth bits from the two qh
+ * bytes by variable shifts), read back from its stack copy for the row inserts; two accumulators. */
 T float qs_dot_iq3_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     float s = 0.0f;
+    const __m256i shl = _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1), b8 = _mm256_set1_epi32(256);
+    uint32_t ix[16];
     for (int64_t i = 0; i < n / 256; ++i, w += 110, x += 292) {
         const int8_t *q = (const int8_t *)(x + 4);
-        __m256i acc = _mm256_setzero_si256();
-        for (int g = 0; g < 8; ++g) {
-            const uint32_t qh = w[66 + g];
-            const uint8_t *qs = w + 2 + 8 * g;
-#define P3(k) (int)qs_load_u32(QS_GRID_IQ3_S[qs[k] | ((qh << (8 - (k))) & 256)])
-            const __m256i co = _mm256_setr_epi32(P3(0), P3(1), P3(2), P3(3), P3(4), P3(5), P3(6), P3(7));
+        __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+        for (int g = 0; g < 8; g += 2) {
+            const __m128i lo = _mm_loadu_si128((const __m128i *)(w + 2 + 8 * g));
+            const __m256i i0 = _mm256_or_si256(_mm256_cvtepu8_epi32(lo), _mm256_and_si256(
+                _mm256_sllv_epi32(_mm256_set1_epi32(w[66 + g]), shl), b8));
+            const __m256i i1 = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)), _mm256_and_si256(
+                _mm256_sllv_epi32(_mm256_set1_epi32(w[67 + g]), shl), b8));
+            _mm256_storeu_si256((__m256i *)ix, i0);
+            _mm256_storeu_si256((__m256i *)(ix + 8), i1);
+            const uint8_t sc = w[106 + g / 2];
+            _Pragma("GCC unroll 2")
+            for (int k = 0; k < 2; ++k) {
+                const uint32_t *t = ix + 8 * k;
+#define P3(j) (int)qs_load_u32(QS_GRID_IQ3_S[t[j]])
+                const __m256i co = _mm256_setr_epi32(P3(0), P3(1), P3(2), P3(3), P3(4), P3(5), P3(6), P3(7));
 #undef P3
-            const int sc = (w[106 + g / 2] >> (4 * (g & 1))) & 15;
-            acc = _mm256_add_epi32(acc, chunk_sums(co, q + 32 * g, qs_load_u32(w + 74 + 4 * g), scale1(sc)));
+                const __m256i p = chunk_sums(co, q + 32 * (g + k), qs_load_u32(w + 74 + 4 * (g + k)),
+                                             scale1(k ? sc >> 4 : sc & 15));
+                if (k) acc1 = _mm256_add_epi32(acc1, p);
+                else acc0 = _mm256_add_epi32(acc0, p);
+            }
         }
-        s = block_end(s, f16(w), x, acc);
+        s = block_end(s, f16(w), x, _mm256_add_epi32(acc0, acc1));
     }
     return s;
 }

@@ -40,6 +40,7 @@ static const rp_info RP_TABLE[] = {
     {QS_Q8_0, 64, 1088, QS_Q8_0, 32, 34, 1, qs_rp_q8_0_avx512_4, qs_rp_q8_0_avx512_1, qs_rp_q8_0_avx2_4, qs_rp_q8_0_avx2_1, 4},
     {QS_Q5_0, 64, 704, QS_Q8_0, 32, 34, 1, qs_rp_q5_0_avx512_4, qs_rp_q5_0_avx512_1, qs_rp_q5_0_avx2_4, qs_rp_q5_0_avx2_1, 4},
     {QS_Q5_1, 64, 768, QS_Q8_1, 32, 36, 0, qs_rp_q5_1_avx512_4, qs_rp_q5_1_avx512_1, qs_rp_q5_1_avx2_4, qs_rp_q5_1_avx2_1, 4},
+    {QS_Q2_K, 256, 1344, QS_Q8_K, 256, 292, 16, qs_rp_q2_K_avx512_4, qs_rp_q2_K_avx512_1, qs_rp_q2_K_avx2_4, qs_rp_q2_K_avx2_1, 4},
     {QS_IQ4_XS, 256, 2240, QS_Q8_K, 256, 292, 8, qs_rp_iq4_xs_avx512_4, qs_rp_iq4_xs_avx512_1, qs_rp_iq4_xs_avx2_4, qs_rp_iq4_xs_avx2_1, 4},
     {QS_IQ4_NL, 64, 576, QS_Q8_0, 32, 34, 1, qs_rp_iq4_nl_avx512_4, qs_rp_iq4_nl_avx512_1, qs_rp_iq4_nl_avx2_4, qs_rp_iq4_nl_avx2_1, 4},
     /* float weights: the activations stay float32, read in place (no preparation) */
@@ -129,6 +130,26 @@ static void unit_q6_K(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
             uint32_t v = 0;
             for (int i = 0; i < 4; ++i) v |= ((qs_load_u32(qh + 4 * i) >> (2 * p)) & 0x03030303u) << (2 * i);
             put32(u + Q6_HI(s) + 4 * r, v);
+        }
+    }
+}
+
+/* Q2_K (84-B blocks: scale|min << 4 [16], qs[64], d, dmin): element 128h + 32j + l at bits 2j of qs[32h + l];
+ * sub-block s = 8h + 2j + l / 16 */
+static void unit_q2_K(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
+    for (int r = 0; r < QS_RP_ROWS; ++r) {
+        const uint8_t *b = rows[r] + kb * 84;
+        memcpy(u + 2 * r, b + 80, 2);
+        memcpy(u + 32 + 2 * r, b + 82, 2);
+        for (int s = 0; s < 16; ++s) {
+            u[64 + 16 * s + r] = b[s];
+            const int h = s / 8, jj = (s % 8) / 2, l0 = 16 * (s % 2); /* elements 16s + e, e = 4i + j */
+            uint32_t v = 0;
+            for (int e = 0; e < 16; ++e) {
+                const uint32_t q = (b[16 + 32 * h + l0 + e] >> (2 * jj)) & 3;
+                v |= q << (8 * (e % 4) + 2 * (e / 4));
+            }
+            put32(u + Q2_CR(s) + 4 * r, v);
         }
     }
 }
@@ -223,6 +244,7 @@ static unit_fn unit_for(int type) {
     case QS_Q5_1: return unit_q5_1;
     case QS_IQ4_NL: return unit_iq4_nl;
     case QS_IQ4_XS: return unit_iq4_xs;
+    case QS_Q2_K: return unit_q2_K;
     case QS_F32: return unit_f32;
     case QS_F16:
     case QS_BF16: return unit_f16;
@@ -383,6 +405,32 @@ static void rp_q6_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64
     memcpy(out, acc, sizeof acc);
 }
 
+/* Q2_K: per sub-block of 16 the codes against the activations times the scale (I) and the min times the
+ * activations' sum (M); per block and row acc + I · (d · d_x), then acc − M · (dmin · d_x), both fused */
+static void rp_q2_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    RP_COL(x, c0);
+    float acc[16] = {0};
+    for (int64_t sb = 0; sb < nb; ++sb, g += 1344, xq += 292) {
+        const int8_t *q = (const int8_t *)(xq + 4);
+        for (int r = 0; r < 16; ++r) {
+            int32_t I = 0, M = 0;
+            for (int s = 0; s < 16; ++s) {
+                const uint8_t *v = g + Q2_CR(s) + 4 * r;
+                int32_t P = 0;
+                for (int i = 0; i < 4; ++i)
+                    for (int j = 0; j < 4; ++j) P += ((v[j] >> (2 * i)) & 3) * q[16 * s + 4 * i + j];
+                const uint8_t sm = g[64 + 16 * s + r];
+                I += P * (sm & 15);
+                M += (sm >> 4) * ia[16 * sb + s];
+            }
+            const float dx = fa[sb];
+            acc[r] = fmaf((float)I, h2f(g + 2 * r) * dx, acc[r]);
+            acc[r] = fmaf(-(float)M, h2f(g + 32 + 2 * r) * dx, acc[r]);
+        }
+    }
+    memcpy(out, acc, sizeof acc);
+}
+
 /* IQ4_XS: per sub-block of 32 the code-book values + 128 against the activations minus 128 x their sum (ia), times
  * the signed scale; one float multiply-add per block and row */
 static void rp_iq4_xs_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
@@ -507,6 +555,7 @@ static qs_rp_kernel scalar_for(int type) {
     case QS_Q5_1: return rp_q5_1_scalar;
     case QS_IQ4_NL: return rp_iq4_nl_scalar;
     case QS_IQ4_XS: return rp_iq4_xs_scalar;
+    case QS_Q2_K: return rp_q2_K_scalar;
     case QS_F32: return rp_f32_scalar;
     case QS_F16: return rp_f16_scalar;
     case QS_BF16: return rp_bf16_scalar;
@@ -529,7 +578,7 @@ typedef struct {
 
 /* Column j: ggml's quantized blocks, then per block its scale (fa), Q8_1's s (fb) and the integer offsets (ia):
  * Q4_K, Q5_K: per 256, four int16 pairs (sums of sub-blocks 2p, 2p+1); Q6_K: per 256, 32 x the 16 sums of 16;
- * IQ4_XS: per 256, 128 x the 8 sums of 32; Q4_0 / Q5_0 / Q8_0, IQ4_NL: per 32, 8 / 16 / 128 x the block's sum. */
+ * Q2_K: per 256, the 16 sums of 16; IQ4_XS: per 256, 128 x the 8 sums of 32; Q4_0 / Q5_0 / Q8_0, IQ4_NL: per 32, 8 / 16 / 128 x the block's sum. */
 static void prep_task(void *vctx, int64_t j) {
     prep_ctx *p = (prep_ctx *)vctx;
     const rp_info *ri = p->ri;
@@ -549,6 +598,8 @@ static void prep_task(void *vctx, int64_t j) {
                     int32_t s0 = bs[4 * q] + bs[4 * q + 1], s1 = bs[4 * q + 2] + bs[4 * q + 3];
                     ia[4 * b + q] = (int32_t)(((uint32_t)(uint16_t)(int16_t)s0) | ((uint32_t)(uint16_t)(int16_t)s1 << 16));
                 }
+            } else if (ri->type == QS_Q2_K) {
+                for (int s = 0; s < 16; ++s) ia[16 * b + s] = bs[s];
             } else if (ri->type == QS_IQ4_XS) {
                 for (int s = 0; s < 8; ++s) ia[8 * b + s] = 128 * (bs[2 * s] + bs[2 * s + 1]);
             } else {

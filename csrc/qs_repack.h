@@ -22,12 +22,15 @@
  *   Q5_0  k-block 64, 704 B: d[2][16] f16 @0, 8 nibble chunks (low 4 bits) @64, 2 high-bit planes @576
  *         (plane h, byte 4r+j: bit i = fifth bit of element j+4i of ggml block h)
  *   Q5_1  k-block 64, 768 B: d[2][16] f16 @0, m[2][16] f16 @64, 8 nibble chunks @128, 2 high-bit planes @640
+ *   Q2_K  k-block 256, 1344 B (as the file's 16 blocks): d[16] f16 @0, dmin[16] f16 @32, scale|min << 4 [16][16] u8
+ *         @64 (sub-block s of 16 elements, row r at 64 + 16 s + r), then a crumb chunk per sub-block @320 + 64 s
+ *         (byte 4r+j: bits 2i..2i+1 = code of element 16s + 4i + j); see Q2_CR
  *   IQ4_NL as Q4_0; a nibble is an index into the code book (the kernels look it up with one byte shuffle)
  *   IQ4_XS k-block 256, 2240 B: d[16] f16 @0, scale[8][16] s8 (the 6-bit scale - 32) @64, 32 nibble chunks @192
  *         (chunk c: elements 8c..8c+7, code-book indices as IQ4_NL's)
  *   F32   k-block 16, 1024 B: element e of the block as 16 rows' float32 side by side @64e
  *   F16, BF16 k-block 16, 512 B: the same with 2-byte values @32e (converted to float32 in the kernels)
- * Codes are unsigned (Q6_K 0..63 with the offset 32 folded into the activation sums; Q4_0 offset 8; Q5_0 16;
+ * Codes are unsigned (Q2_K 0..3 with its mins against the activation sums; Q6_K 0..63 with the offset 32 folded into the activation sums; Q4_0 offset 8; Q5_0 16;
  * Q8_0 and IQ4_NL 128).
  */
 #ifndef QS_REPACK_H
@@ -39,6 +42,7 @@
 #define K5_BITS(s) (320 + 320 * (s) + 256) /* Q5_K: fifth-bit chunk of sub-block s */
 #define Q6_LO(c) (320 + 192 * ((c) / 2) + 64 * ((c) % 2)) /* Q6_K: nibble chunk c (elements 8c..8c+7) */
 #define Q6_HI(s) (320 + 192 * (s) + 128)                  /* Q6_K: high-bit chunk of sub-block s */
+#define Q2_CR(s) (320 + 64 * (s))                         /* Q2_K: crumb chunk of sub-block s */
 
 /* Activations prepared for the repacked kernels: ggml's quantized blocks plus per-block sums. */
 typedef struct {
@@ -74,6 +78,8 @@ void qs_rp_q5_1_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t
 void qs_rp_q8_0_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_iq4_nl_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_iq4_nl_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q2_K_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q2_K_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_iq4_xs_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_iq4_xs_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 
@@ -103,6 +109,8 @@ void qs_rp_q5_1_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c
 void qs_rp_q5_1_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_iq4_nl_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_iq4_nl_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q2_K_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q2_K_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_iq4_xs_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_iq4_xs_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_f32_avx2_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);

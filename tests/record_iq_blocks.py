@@ -4,7 +4,7 @@ SmolLM2-135M (the catalogue's Q4_1 file, dequantized and written back as F16 wit
 matrix from llama-imatrix over tests/data/english.txt; then llama-quantize writes its ffn_down matrices (rows of
 1536, whole 256-element blocks) in each type (``--tensor-type ffn_down=TYPE``, the rest Q8_0). The first 64 blocks
 of blk.0.ffn_down.weight go to ``tests/data/iq_blocks/TYPE.bin``; for the types with a repacked layout (IQ4_NL,
-IQ4_XS) its first 16 rows go to ``TYPE-rows.bin`` (one row group for tests/test_repack.py). ``meta.json`` says where
+IQ4_XS, Q2_K, Q3_K) its first 16 rows go to ``TYPE-rows.bin`` (one row group for tests/test_repack.py). ``meta.json`` says where
 they came from. ``--types`` re-records only those types and keeps the other files.
 
 llama-imatrix and llama-quantize come from ``--llama-bin DIR`` or tests/bench/llamacpp_build.py.
@@ -30,7 +30,7 @@ import llamacpp_build  # noqa: E402
 OUT = HERE / "data" / "iq_blocks"
 TYPES = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4"]
 N_BLOCKS = 64
-ROW_TYPES = ["IQ4_NL", "IQ4_XS"]  # recorded as 16 whole rows
+ROW_TYPES = ["IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K"]  # recorded as 16 whole rows
 N_ROWS = 16
 
 

@@ -17,7 +17,7 @@ from quantscope.core.quant import dequantize, ggml_type
 
 from .test_native_kernels import activations, weight_row
 
-REPACK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_K", "Q6_K", "F32", "F16",
+REPACK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q2_K", "Q4_K", "Q5_K", "Q6_K", "F32", "F16",
                 "BF16"]
 NEEDS_SIMD = pytest.mark.skipif(K.isa_detected() == "scalar", reason="the engine repacks only for SIMD kernels")
 #: SIMD levels of the repacked kernels this machine can run (each is compared with the scalar reference bit for bit)
@@ -127,7 +127,7 @@ def test_repacked_on_real_tensors(model_path):
     assert seen >= {"Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"}, seen
 
 
-@pytest.mark.parametrize("name", ["IQ4_NL", "IQ4_XS"])
+@pytest.mark.parametrize("name", ["IQ4_NL", "IQ4_XS", "Q2_K"])
 def test_repacked_on_real_llama_quantize_rows(name):
     """16 real rows that llama-quantize wrote (tests/data/iq_blocks/TYPE-rows.bin, SmolLM2's blk.0.ffn_down with an
     importance matrix): every ISA equals the scalar reference bit for bit, and that equals the row dots up to float

@@ -41,6 +41,7 @@ static const rp_info RP_TABLE[] = {
     {QS_Q5_0, 64, 704, QS_Q8_0, 32, 34, 1, qs_rp_q5_0_avx512_4, qs_rp_q5_0_avx512_1, qs_rp_q5_0_avx2_4, qs_rp_q5_0_avx2_1, 4},
     {QS_Q5_1, 64, 768, QS_Q8_1, 32, 36, 0, qs_rp_q5_1_avx512_4, qs_rp_q5_1_avx512_1, qs_rp_q5_1_avx2_4, qs_rp_q5_1_avx2_1, 4},
     {QS_Q2_K, 256, 1344, QS_Q8_K, 256, 292, 16, qs_rp_q2_K_avx512_4, qs_rp_q2_K_avx512_1, qs_rp_q2_K_avx2_4, qs_rp_q2_K_avx2_1, 4},
+    {QS_Q3_K, 256, 1856, QS_Q8_K, 256, 292, 16, qs_rp_q3_K_avx512_4, qs_rp_q3_K_avx512_1, qs_rp_q3_K_avx2_4, qs_rp_q3_K_avx2_1, 4},
     {QS_IQ4_XS, 256, 2240, QS_Q8_K, 256, 292, 8, qs_rp_iq4_xs_avx512_4, qs_rp_iq4_xs_avx512_1, qs_rp_iq4_xs_avx2_4, qs_rp_iq4_xs_avx2_1, 4},
     {QS_IQ4_NL, 64, 576, QS_Q8_0, 32, 34, 1, qs_rp_iq4_nl_avx512_4, qs_rp_iq4_nl_avx512_1, qs_rp_iq4_nl_avx2_4, qs_rp_iq4_nl_avx2_1, 4},
     /* float weights: the activations stay float32, read in place (no preparation) */
@@ -154,6 +155,31 @@ static void unit_q2_K(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
     }
 }
 
+/* Q3_K (110-B blocks: hmask[32], qs[64], 12 scale bytes, d): element 128h + 32j + l has its low bits at bits 2j of
+ * qs[32h + l] and its third bit at bit 4h + j of hmask[l]; code = low + 4 · third bit (ggml subtracts 4) */
+static void unit_q3_K(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
+    memset(u + 32, 0, 32);
+    for (int r = 0; r < QS_RP_ROWS; ++r) {
+        const uint8_t *b = rows[r] + kb * 110;
+        int8_t sc[16];
+        memcpy(u + 2 * r, b + 108, 2);
+        qs_q3k_scales(b + 96, sc);
+        uint32_t hi[8] = {0};
+        for (int s = 0; s < 16; ++s) {
+            u[64 + 16 * s + r] = (uint8_t)sc[s];
+            const int h = s / 8, jj = (s % 8) / 2, l0 = 16 * (s % 2);
+            uint32_t v = 0;
+            for (int e = 0; e < 16; ++e) {
+                const int l = l0 + e;
+                v |= (uint32_t)((b[32 + 32 * h + l] >> (2 * jj)) & 3) << (8 * (e % 4) + 2 * (e / 4));
+                hi[s / 2] |= (uint32_t)((b[l] >> (4 * h + jj)) & 1) << (8 * (e % 4) + e / 4 + 4 * (s % 2));
+            }
+            put32(u + Q3_CR(s) + 4 * r, v);
+        }
+        for (int p = 0; p < 8; ++p) put32(u + Q3_HI(p) + 4 * r, hi[p]);
+    }
+}
+
 /* IQ4_XS (136-B blocks: d, scales_h u16, scales_l[4], 128 nibble bytes): sub-block s of 32 elements j and 16 + j
  * in the low and high nibble of byte 8 + 16 s + j */
 static void unit_iq4_xs(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
@@ -245,6 +271,7 @@ static unit_fn unit_for(int type) {
     case QS_IQ4_NL: return unit_iq4_nl;
     case QS_IQ4_XS: return unit_iq4_xs;
     case QS_Q2_K: return unit_q2_K;
+    case QS_Q3_K: return unit_q3_K;
     case QS_F32: return unit_f32;
     case QS_F16:
     case QS_BF16: return unit_f16;
@@ -431,6 +458,29 @@ static void rp_q2_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64
     memcpy(out, acc, sizeof acc);
 }
 
+/* Q3_K: per sub-block of 16 the 3-bit codes against the activations minus 4 x their sum (ia), times the signed
+ * scale; one float multiply-add per block and row */
+static void rp_q3_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    RP_COL(x, c0);
+    float acc[16] = {0};
+    for (int64_t sb = 0; sb < nb; ++sb, g += 1856, xq += 292) {
+        const int8_t *q = (const int8_t *)(xq + 4);
+        for (int r = 0; r < 16; ++r) {
+            int32_t I = 0;
+            for (int s = 0; s < 16; ++s) {
+                const uint8_t *v = g + Q3_CR(s) + 4 * r, *hb = g + Q3_HI(s / 2) + 4 * r;
+                int32_t P = -ia[16 * sb + s];
+                for (int i = 0; i < 4; ++i)
+                    for (int j = 0; j < 4; ++j)
+                        P += (((v[j] >> (2 * i)) & 3) | (((hb[j] >> (i + 4 * (s % 2))) & 1) << 2)) * q[16 * s + 4 * i + j];
+                I += P * (int32_t)(int8_t)g[64 + 16 * s + r];
+            }
+            acc[r] = fmaf((float)I, h2f(g + 2 * r) * fa[sb], acc[r]);
+        }
+    }
+    memcpy(out, acc, sizeof acc);
+}
+
 /* IQ4_XS: per sub-block of 32 the code-book values + 128 against the activations minus 128 x their sum (ia), times
  * the signed scale; one float multiply-add per block and row */
 static void rp_iq4_xs_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
@@ -556,6 +606,7 @@ static qs_rp_kernel scalar_for(int type) {
     case QS_IQ4_NL: return rp_iq4_nl_scalar;
     case QS_IQ4_XS: return rp_iq4_xs_scalar;
     case QS_Q2_K: return rp_q2_K_scalar;
+    case QS_Q3_K: return rp_q3_K_scalar;
     case QS_F32: return rp_f32_scalar;
     case QS_F16: return rp_f16_scalar;
     case QS_BF16: return rp_bf16_scalar;
@@ -578,7 +629,7 @@ typedef struct {
 
 /* Column j: ggml's quantized blocks, then per block its scale (fa), Q8_1's s (fb) and the integer offsets (ia):
  * Q4_K, Q5_K: per 256, four int16 pairs (sums of sub-blocks 2p, 2p+1); Q6_K: per 256, 32 x the 16 sums of 16;
- * Q2_K: per 256, the 16 sums of 16; IQ4_XS: per 256, 128 x the 8 sums of 32; Q4_0 / Q5_0 / Q8_0, IQ4_NL: per 32, 8 / 16 / 128 x the block's sum. */
+ * Q2_K: per 256, the 16 sums of 16; Q3_K: 4 x them; IQ4_XS: per 256, 128 x the 8 sums of 32; Q4_0 / Q5_0 / Q8_0, IQ4_NL: per 32, 8 / 16 / 128 x the block's sum. */
 static void prep_task(void *vctx, int64_t j) {
     prep_ctx *p = (prep_ctx *)vctx;
     const rp_info *ri = p->ri;
@@ -600,6 +651,8 @@ static void prep_task(void *vctx, int64_t j) {
                 }
             } else if (ri->type == QS_Q2_K) {
                 for (int s = 0; s < 16; ++s) ia[16 * b + s] = bs[s];
+            } else if (ri->type == QS_Q3_K) {
+                for (int s = 0; s < 16; ++s) ia[16 * b + s] = 4 * bs[s];
             } else if (ri->type == QS_IQ4_XS) {
                 for (int s = 0; s < 8; ++s) ia[8 * b + s] = 128 * (bs[2 * s] + bs[2 * s + 1]);
             } else {

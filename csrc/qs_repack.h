@@ -25,12 +25,15 @@
  *   Q2_K  k-block 256, 1344 B (as the file's 16 blocks): d[16] f16 @0, dmin[16] f16 @32, scale|min << 4 [16][16] u8
  *         @64 (sub-block s of 16 elements, row r at 64 + 16 s + r), then a crumb chunk per sub-block @320 + 64 s
  *         (byte 4r+j: bits 2i..2i+1 = code of element 16s + 4i + j); see Q2_CR
+ *   Q3_K  k-block 256, 1856 B: d[16] f16 @0, scale[16][16] s8 (the 6-bit scale - 32) @64, then per pair p of
+ *         sub-blocks: the crumb chunks (low 2 bits) of sub-blocks 2p and 2p+1, then their high-bit chunk (byte
+ *         4r+j: bit i = third bit of element 4i+j of sub-block 2p, bit 4+i of sub-block 2p+1); see Q3_CR / Q3_HI
  *   IQ4_NL as Q4_0; a nibble is an index into the code book (the kernels look it up with one byte shuffle)
  *   IQ4_XS k-block 256, 2240 B: d[16] f16 @0, scale[8][16] s8 (the 6-bit scale - 32) @64, 32 nibble chunks @192
  *         (chunk c: elements 8c..8c+7, code-book indices as IQ4_NL's)
  *   F32   k-block 16, 1024 B: element e of the block as 16 rows' float32 side by side @64e
  *   F16, BF16 k-block 16, 512 B: the same with 2-byte values @32e (converted to float32 in the kernels)
- * Codes are unsigned (Q2_K 0..3 with its mins against the activation sums; Q6_K 0..63 with the offset 32 folded into the activation sums; Q4_0 offset 8; Q5_0 16;
+ * Codes are unsigned (Q2_K 0..3 with its mins against the activation sums; Q3_K 0..7 with offset 4; Q6_K 0..63 with the offset 32 folded into the activation sums; Q4_0 offset 8; Q5_0 16;
  * Q8_0 and IQ4_NL 128).
  */
 #ifndef QS_REPACK_H
@@ -43,6 +46,8 @@
 #define Q6_LO(c) (320 + 192 * ((c) / 2) + 64 * ((c) % 2)) /* Q6_K: nibble chunk c (elements 8c..8c+7) */
 #define Q6_HI(s) (320 + 192 * (s) + 128)                  /* Q6_K: high-bit chunk of sub-block s */
 #define Q2_CR(s) (320 + 64 * (s))                         /* Q2_K: crumb chunk of sub-block s */
+#define Q3_CR(s) (320 + 192 * ((s) / 2) + 64 * ((s) % 2))  /* Q3_K: crumb chunk of sub-block s */
+#define Q3_HI(p) (320 + 192 * (p) + 128)                  /* Q3_K: high-bit chunk of sub-blocks 2p, 2p+1 */
 
 /* Activations prepared for the repacked kernels: ggml's quantized blocks plus per-block sums. */
 typedef struct {
@@ -80,6 +85,8 @@ void qs_rp_iq4_nl_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64
 void qs_rp_iq4_nl_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q2_K_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q2_K_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q3_K_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q3_K_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_iq4_xs_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_iq4_xs_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 
@@ -111,6 +118,8 @@ void qs_rp_iq4_nl_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t
 void qs_rp_iq4_nl_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q2_K_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q2_K_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q3_K_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q3_K_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_iq4_xs_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_iq4_xs_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_f32_avx2_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);

@@ -232,6 +232,54 @@ T AI void q2k_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
     cols_store(&cs, out, NC, h);
 }
 
+/* ---------------------------------------------------------------- Q3_K */
+T AI __m256i q3_hi(__m256i h, const int b) { /* bit b of each byte -> bit 2 (other bits masked later) */
+    return b < 2 ? _mm256_slli_epi16(h, 2 - b) : b == 2 ? h : _mm256_srli_epi16(h, b - 2);
+}
+
+T AI void q3k_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC, const int h) {
+    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
+    cols cs;
+    cols_init(&cs, x, c0, NC, 4);
+    for (int64_t sb = 0; sb < nb; ++sb, g += 1856) {
+        _Pragma("GCC unroll 8")
+        for (int l = 0; l < 5; ++l) pf(g + 64 * l, h == 0);
+        __m256i I[2];
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < NC; ++j) I[j] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 2")
+        for (int s = 0; s < 16; ++s) {
+            pf(g + Q3_CR(s), h == 0);
+            if (s % 2 == 0) pf(g + Q3_HI(s / 2), h == 0);
+            const __m256i v = ld(g + Q3_CR(s) + 32 * h), hb = ld(g + Q3_HI(s / 2) + 32 * h);
+            __m256i P[2][2];
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < NC; ++j) {
+                P[j][0] = _mm256_set1_epi32(-cs.ia[j][16 * sb + s]);
+                P[j][1] = _mm256_setzero_si256();
+            }
+            _Pragma("GCC unroll 4")
+            for (int i = 0; i < 4; ++i) {
+                const __m256i lo = _mm256_and_si256(i ? _mm256_srli_epi16(v, 2 * i) : v, m3);
+                const __m256i c = _mm256_or_si256(lo, _mm256_and_si256(q3_hi(hb, i + 4 * (s % 2)), m4));
+                _Pragma("GCC unroll 8")
+                for (int j = 0; j < NC; ++j)
+                    P[j][i & 1] = dot4(P[j][i & 1], c, bc32(cs.xq[j] + 292 * sb + 16 * s + 4 * i));
+            }
+            const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(g + 64 + 16 * s + 8 * h)));
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < NC; ++j)
+                I[j] = _mm256_add_epi32(I[j], _mm256_mullo_epi32(_mm256_add_epi32(P[j][0], P[j][1]), sc));
+        }
+        const __m256 d = ph8(g + 16 * h);
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < NC; ++j)
+            cs.acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[j]), _mm256_mul_ps(d, _mm256_set1_ps(cs.fa[j][sb])),
+                                        cs.acc[j]);
+    }
+    cols_store(&cs, out, NC, h);
+}
+
 /* ---------------------------------------------------------------- IQ4_XS */
 /* the signed code-book values by one byte shuffle, multiplied with the sign trick (no offset) */
 T AI void iq4xs_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
@@ -431,6 +479,7 @@ RP_AVX2(q5_1, B4)
 RP_AVX2(iq4_nl, B5)
 RP_AVX2(iq4_xs, iq4xs_half)
 RP_AVX2(q2_K, q2k_half)
+RP_AVX2(q3_K, q3k_half)
 /* float layouts: 8 columns per call as two passes of 4 over each half */
 #define RP_AVX2_F(name, kind)                                                                                      \
     T void qs_rp_##name##_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {         \

@@ -239,6 +239,60 @@ T AI void q2k_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
     for (int j = 0; j < NC; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
 }
 
+/* ---------------------------------------------------------------- Q3_K */
+/* the third bit of crumb position i (bit i, or 4 + i for the odd sub-block of a pair) -> bit 2 */
+T AI __m512i q3_hi(__m512i h, const int b) {
+    return b < 2 ? _mm512_slli_epi16(h, 2 - b) : b == 2 ? h : _mm512_srli_epi16(h, b - 2);
+}
+
+T AI void q3k_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC) {
+    const __m512i m3 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi8(4);
+    cols cs;
+    cols_init(&cs, x, c0, NC, 4);
+    __m512 *const acc = cs.acc;
+    const uint8_t *const *const xq = cs.xq;
+    const int32_t *const *const ia = cs.ia;
+    const float *const *const fa = cs.fa;
+    for (int64_t sb = 0; sb < nb; ++sb, g += 1856) {
+        pf_lines(g, 5);
+        __m512i I[4];
+        _Pragma("GCC unroll 16")
+        for (int j = 0; j < NC; ++j) I[j] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 2")
+        for (int s = 0; s < 16; ++s) {
+            const uint8_t *vp = g + Q3_CR(s);
+            _mm_prefetch((const char *)(vp + PF_DIST), _MM_HINT_T0);
+            const __m512i v = _mm512_loadu_si512((const void *)vp);
+            const __m512i hb = _mm512_loadu_si512((const void *)(g + Q3_HI(s / 2)));
+            if (s % 2 == 0) _mm_prefetch((const char *)(g + Q3_HI(s / 2) + PF_DIST), _MM_HINT_T0);
+            __m512i P[4][2];
+            _Pragma("GCC unroll 16")
+            for (int j = 0; j < NC; ++j) {
+                P[j][0] = _mm512_set1_epi32(-ia[j][16 * sb + s]);
+                P[j][1] = _mm512_setzero_si512();
+            }
+            _Pragma("GCC unroll 4")
+            for (int i = 0; i < 4; ++i) {
+                const __m512i lo = _mm512_and_si512(i ? _mm512_srli_epi16(v, 2 * i) : v, m3);
+                const __m512i c = _mm512_ternarylogic_epi32(lo, q3_hi(hb, i + 4 * (s % 2)), m4, 0xF8);
+                _Pragma("GCC unroll 16")
+                for (int j = 0; j < NC; ++j)
+                    P[j][i & 1] = _mm512_dpbusd_epi32(P[j][i & 1], c, bc32(xq[j] + 292 * sb + 16 * s + 4 * i));
+            }
+            const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(g + 64 + 16 * s)));
+            _Pragma("GCC unroll 16")
+            for (int j = 0; j < NC; ++j)
+                I[j] = _mm512_add_epi32(I[j], _mm512_mullo_epi32(_mm512_add_epi32(P[j][0], P[j][1]), sc));
+        }
+        const __m512 d = ph16(g);
+        _Pragma("GCC unroll 16")
+        for (int j = 0; j < NC; ++j)
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[j]), _mm512_mul_ps(d, _mm512_set1_ps(fa[j][sb])), acc[j]);
+    }
+    _Pragma("GCC unroll 16")
+    for (int j = 0; j < NC; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
+}
+
 /* ---------------------------------------------------------------- IQ4_XS */
 /* as Q6_K: per sub-block (32 elements) the offset-corrected integer sum of code-book values + 128 (one byte
  * shuffle), times the sub-block's signed scale in the lanes; one float multiply-add per block */
@@ -432,6 +486,8 @@ RP_AVX512(iq4_nl, b32_body, 5)
 RP_AVX512(iq4_xs, IQ4XS, 0)
 #define Q2K(g, nb, x, c0, out, NC, kind) q2k_body(g, nb, x, c0, out, NC)
 RP_AVX512(q2_K, Q2K, 0)
+#define Q3K(g, nb, x, c0, out, NC, kind) q3k_body(g, nb, x, c0, out, NC)
+RP_AVX512(q3_K, Q3K, 0)
 /* float layouts: 8 columns per call (RP_TABLE's cols) */
 #define RP_AVX512_F(name, kind)                                                                                    \
     T void qs_rp_##name##_avx512_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {       \

@@ -4,8 +4,8 @@ SmolLM2-135M (the catalogue's Q4_1 file, dequantized and written back as F16 wit
 matrix from llama-imatrix over tests/data/english.txt; then llama-quantize writes its ffn_down matrices (rows of
 1536, whole 256-element blocks) in each type (``--tensor-type ffn_down=TYPE``, the rest Q8_0). The first 64 blocks
 of blk.0.ffn_down.weight go to ``tests/data/iq_blocks/TYPE.bin``; for the types with a repacked layout (IQ4_NL,
-IQ4_XS, Q2_K, Q3_K) its first 16 rows go to ``TYPE-rows.bin`` (one row group for tests/test_repack.py). ``meta.json`` says where
-they came from. ``--types`` re-records only those types and keeps the other files.
+IQ4_XS, Q2_K, Q3_K) its first 16 rows go to ``TYPE-rows.bin`` (one row group for tests/test_repack.py).
+``meta.json`` says where they came from. ``--types`` re-records only those types and keeps the other files.
 
 llama-imatrix and llama-quantize come from ``--llama-bin DIR`` or tests/bench/llamacpp_build.py.
 Usage: python tests/record_iq_blocks.py [--llama-bin DIR] [--types IQ4_NL,IQ4_XS]

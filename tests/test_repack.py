@@ -17,8 +17,8 @@ from quantscope.core.quant import dequantize, ggml_type
 
 from .test_native_kernels import activations, weight_row
 
-REPACK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q2_K", "Q4_K", "Q5_K", "Q6_K", "F32", "F16",
-                "BF16"]
+REPACK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+                "F32", "F16", "BF16"]
 NEEDS_SIMD = pytest.mark.skipif(K.isa_detected() == "scalar", reason="the engine repacks only for SIMD kernels")
 #: SIMD levels of the repacked kernels this machine can run (each is compared with the scalar reference bit for bit)
 SIMD_LEVELS = {"scalar": (), "avx2": ("avx2",), "avx512": ("avx2", "avx512")}[K.isa_detected()]
@@ -127,7 +127,7 @@ def test_repacked_on_real_tensors(model_path):
     assert seen >= {"Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"}, seen
 
 
-@pytest.mark.parametrize("name", ["IQ4_NL", "IQ4_XS", "Q2_K"])
+@pytest.mark.parametrize("name", ["IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K"])
 def test_repacked_on_real_llama_quantize_rows(name):
     """16 real rows that llama-quantize wrote (tests/data/iq_blocks/TYPE-rows.bin, SmolLM2's blk.0.ffn_down with an
     importance matrix): every ISA equals the scalar reference bit for bit, and that equals the row dots up to float
@@ -176,12 +176,12 @@ def test_float_layouts_on_real_values(model_path):
 
 
 def test_shapes_without_a_layout_and_size_checks():
-    assert not K.can_repack("Q3_K", 64, 1024)  # no repacked layout for this type
+    assert not K.can_repack("IQ3_S", 64, 1024)  # no repacked layout for this type
     assert not K.can_repack("Q4_K", 40, 1024)  # rows not a multiple of 16
     assert not K.can_repack("Q4_0", 32, 96)  # k not a multiple of the 64-element layout block
     assert not K.can_repack("F16", 32, 72)  # k not a multiple of the float layouts' 16-element block
     assert K.can_repack("F16", 32, 80) and K.can_repack("BF16", 16, 16) and K.can_repack("F32", 48, 64)
-    assert lib.qs_repack_type(ggml_type("Q3_K").id) == -1
+    assert lib.qs_repack_type(ggml_type("IQ3_S").id) == -1
     w = _weights("Q4_K", 32, 512, np.random.default_rng(1))
     with pytest.raises(ValueError, match="no repacked layout"):
         K.Repacked("Q4_K", w[:20].reshape(-1), 20, 512)

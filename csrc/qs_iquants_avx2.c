@@ -47,11 +47,23 @@ T AI __m256i rows64(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, con
                               (long long)qs_load_u64(p3));
 }
 
-/* scale 2 sc + 1 for a whole chunk, or per 128-bit lane (the low and the high 16 elements) */
-T AI __m256i scale1(int sc) { return _mm256_set1_epi16((short)(2 * sc + 1)); }
-T AI __m256i scale2(int lo, int hi) {
-    return _mm256_set_m128i(_mm_set1_epi16((short)(2 * hi + 1)), _mm_set1_epi16((short)(2 * lo + 1)));
+/* The 16 per-16 scales of an IQ2_XS / IQ2_S block (nibbles of 8 bytes, group 2c low, 2c+1 high), as 2 sc + 1 bytes */
+T AI __m128i scales_of(__m128i b) {
+    const __m128i m4 = _mm_set1_epi8(15);
+    const __m128i v = _mm_unpacklo_epi8(_mm_and_si128(b, m4), _mm_and_si128(_mm_srli_epi16(b, 4), m4));
+    return _mm_add_epi8(_mm_add_epi8(v, v), _mm_set1_epi8(1));
 }
+T AI __m128i scales16(const uint8_t *p) { return scales_of(_mm_loadl_epi64((const __m128i *)p)); }
+
+/* chunk c's two scales (groups 2c, 2c+1) spread to the low and the high 8 int16 lanes */
+T AI __m256i chunk_scales(__m128i sc16, int c) {
+    const __m128i pick = _mm_add_epi8(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                      _mm_set1_epi8((char)(2 * c)));
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc16, pick));
+}
+
+/* scale 2 sc + 1 for a whole chunk */
+T AI __m256i scale1(int sc) { return _mm256_set1_epi16((short)(2 * sc + 1)); }
 
 /* The block's exact integer Σ ls · Σ code · q, then one fused multiply-add with (mult · d_x), as the scalar
  * reference (qs_iq_dot_codes_scalar) and ggml's dots do; mult as qs_iq_codes computes it. */
@@ -100,7 +112,9 @@ T float qs_dot_iq2_xs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     uint16_t ix[16];
     for (int64_t i = 0; i < n / 256; ++i, w += 74, x += 292) {
         const int8_t *q = (const int8_t *)(x + 4);
+        const __m128i sc16 = scales16(w + 66);
         __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+        _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; ++h) {
             const __m256i e = _mm256_loadu_si256((const __m256i *)(w + 2 + 32 * h));
             _mm256_storeu_si256((__m256i *)ix, _mm256_and_si256(e, m511));
@@ -115,8 +129,7 @@ T float qs_dot_iq2_xs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
                                           QS_GRID_IQ2_XS[ix[4 * c + 2]], QS_GRID_IQ2_XS[ix[4 * c + 3]]);
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 128 * h + 32 * c));
                 const __m256i a = _mm256_sub_epi8(_mm256_xor_si256(v, m[c]), m[c]);
-                const uint8_t sc = w[66 + 4 * h + c];
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(co, a), scale2(sc & 15, sc >> 4));
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(co, a), chunk_scales(sc16, 4 * h + c));
                 if (c & 1) acc1 = _mm256_add_epi32(acc1, p);
                 else acc0 = _mm256_add_epi32(acc0, p);
             }
@@ -130,14 +143,15 @@ T float qs_dot_iq2_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     float s = 0.0f;
     for (int64_t i = 0; i < n / 256; ++i, w += 82, x += 292) {
         const int8_t *q = (const int8_t *)(x + 4);
+        const __m128i sc16 = scales16(w + 74);
         __m256i acc = _mm256_setzero_si256();
+        _Pragma("GCC unroll 8")
         for (int c = 0; c < 8; ++c) {
             const uint32_t qh = w[66 + c];
             const uint8_t *qs = w + 2 + 4 * c;
             const __m256i co = rows64(QS_GRID_IQ2_S[qs[0] | (qh & 3) << 8], QS_GRID_IQ2_S[qs[1] | (qh & 12) << 6],
                                       QS_GRID_IQ2_S[qs[2] | (qh & 48) << 4], QS_GRID_IQ2_S[qs[3] | (qh & 192) << 2]);
-            const uint8_t sc = w[74 + c];
-            acc = _mm256_add_epi32(acc, chunk_sums(co, q + 32 * c, qs_load_u32(w + 34 + 4 * c), scale2(sc & 15, sc >> 4)));
+            acc = _mm256_add_epi32(acc, chunk_sums(co, q + 32 * c, qs_load_u32(w + 34 + 4 * c), chunk_scales(sc16, c)));
         }
         s = block_end(s, f16(w) * 0.125f, x, acc);
     }
@@ -172,7 +186,9 @@ T float qs_dot_iq3_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     uint32_t ix[16];
     for (int64_t i = 0; i < n / 256; ++i, w += 110, x += 292) {
         const int8_t *q = (const int8_t *)(x + 4);
+        const __m128i sc8 = scales_of(_mm_cvtsi32_si128((int)qs_load_u32(w + 106))); /* groups 0..7: 2 sc + 1 */
         __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4")
         for (int g = 0; g < 8; g += 2) {
             const __m128i lo = _mm_loadu_si128((const __m128i *)(w + 2 + 8 * g));
             const __m256i i0 = _mm256_or_si256(_mm256_cvtepu8_epi32(lo), _mm256_and_si256(
@@ -181,7 +197,6 @@ T float qs_dot_iq3_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
                 _mm256_sllv_epi32(_mm256_set1_epi32(w[67 + g]), shl), b8));
             _mm256_storeu_si256((__m256i *)ix, i0);
             _mm256_storeu_si256((__m256i *)(ix + 8), i1);
-            const uint8_t sc = w[106 + g / 2];
             _Pragma("GCC unroll 2")
             for (int k = 0; k < 2; ++k) {
                 const uint32_t *t = ix + 8 * k;
@@ -189,7 +204,7 @@ T float qs_dot_iq3_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
                 const __m256i co = _mm256_setr_epi32(P3(0), P3(1), P3(2), P3(3), P3(4), P3(5), P3(6), P3(7));
 #undef P3
                 const __m256i p = chunk_sums(co, q + 32 * (g + k), qs_load_u32(w + 74 + 4 * (g + k)),
-                                             scale1(k ? sc >> 4 : sc & 15));
+                                             _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, _mm_set1_epi8((char)(g + k)))));
                 if (k) acc1 = _mm256_add_epi32(acc1, p);
                 else acc0 = _mm256_add_epi32(acc0, p);
             }

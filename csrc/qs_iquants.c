@@ -181,6 +181,10 @@ static int iq_codes(int type, const uint8_t *b, int8_t *code, float *mult, int16
             mult[g] = d;
             ls[g] = (int16_t)(2 * sc + 1);
         }
+        if (qs_isa_get() >= QS_ISA_AVX2) { /* the same codes, a 32-element chunk per step */
+            qs_iq_lattice_codes_avx2(type, b, code);
+            return gs;
+        }
         /* codes straight from the code books and sign bits */
         if (type == QS_IQ2_XXS || type == QS_IQ3_XXS) {
             for (int g = 0; g < 8; ++g) {

@@ -214,6 +214,61 @@ T float qs_dot_iq3_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     return s;
 }
 
+/* Codes of a lattice block: per 32-element chunk the code-book rows (unsigned) and a sign mask, code = ±row */
+T void qs_iq_lattice_codes_avx2(int type, const uint8_t *b, int8_t *code) {
+    for (int c = 0; c < 8; ++c) {
+        __m256i co;
+        uint32_t sg;
+        switch (type) {
+        case QS_IQ2_XXS: {
+            const uint8_t *p = b + 2 + 8 * c;
+            const uint32_t aux = qs_load_u32(p + 4);
+            sg = qs_ksign(aux) | (uint32_t)qs_ksign(aux >> 7) << 8 | (uint32_t)qs_ksign(aux >> 14) << 16 |
+                 (uint32_t)qs_ksign(aux >> 21) << 24;
+            co = rows64(QS_GRID_IQ2_XXS[p[0]], QS_GRID_IQ2_XXS[p[1]], QS_GRID_IQ2_XXS[p[2]], QS_GRID_IQ2_XXS[p[3]]);
+            break;
+        }
+        case QS_IQ2_XS: {
+            const uint64_t e = qs_load_u64(b + 2 + 8 * c);
+            sg = qs_ksign((uint32_t)(e >> 9)) | (uint32_t)qs_ksign((uint32_t)(e >> 25)) << 8 |
+                 (uint32_t)qs_ksign((uint32_t)(e >> 41)) << 16 | (uint32_t)qs_ksign((uint32_t)(e >> 57)) << 24;
+            co = rows64(QS_GRID_IQ2_XS[e & 511], QS_GRID_IQ2_XS[(e >> 16) & 511], QS_GRID_IQ2_XS[(e >> 32) & 511],
+                        QS_GRID_IQ2_XS[(e >> 48) & 511]);
+            break;
+        }
+        case QS_IQ2_S: {
+            const uint32_t qh = b[66 + c];
+            const uint8_t *qs = b + 2 + 4 * c;
+            sg = qs_load_u32(b + 34 + 4 * c);
+            co = rows64(QS_GRID_IQ2_S[qs[0] | (qh & 3) << 8], QS_GRID_IQ2_S[qs[1] | (qh & 12) << 6],
+                        QS_GRID_IQ2_S[qs[2] | (qh & 48) << 4], QS_GRID_IQ2_S[qs[3] | (qh & 192) << 2]);
+            break;
+        }
+        case QS_IQ3_XXS: {
+            const uint32_t aux = qs_load_u32(b + 66 + 4 * c);
+            const uint8_t *qs = b + 2 + 8 * c;
+            sg = qs_ksign(aux) | (uint32_t)qs_ksign(aux >> 7) << 8 | (uint32_t)qs_ksign(aux >> 14) << 16 |
+                 (uint32_t)qs_ksign(aux >> 21) << 24;
+#define P3(k) (int)qs_load_u32(QS_GRID_IQ3_XXS[qs[k]])
+            co = _mm256_setr_epi32(P3(0), P3(1), P3(2), P3(3), P3(4), P3(5), P3(6), P3(7));
+#undef P3
+            break;
+        }
+        default: { /* IQ3_S */
+            const uint32_t qh = b[66 + c];
+            const uint8_t *qs = b + 2 + 8 * c;
+            sg = qs_load_u32(b + 74 + 4 * c);
+#define P3(k) (int)qs_load_u32(QS_GRID_IQ3_S[qs[k] | ((qh << (8 - (k))) & 256)])
+            co = _mm256_setr_epi32(P3(0), P3(1), P3(2), P3(3), P3(4), P3(5), P3(6), P3(7));
+#undef P3
+            break;
+        }
+        }
+        const __m256i m = bytes_of_bits(sg);
+        _mm256_storeu_si256((__m256i *)(code + 32 * c), _mm256_sub_epi8(_mm256_xor_si256(co, m), m));
+    }
+}
+
 /* IQ1_S: code = 8·G + δ with G in {-1, 0, 1}, so per group Σ code · q = 8 · Σ (G + 1) · q + (δ − 8) · Σ q: the
  * unsigned G + 1 goes through vpmaddubsw (weighted by 8 · ls in vpmaddwd), Σ q comes from Q8_K's sums of 16 */
 T float qs_dot_iq1_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {

@@ -1,5 +1,6 @@
 /* Prefill GEMM (see qs_gemm.h): scalar weight-row decoders into the common code/scale/min form, activation
  * column preparation, and the threaded driver that runs the AVX-512 tile kernel over panels of 4 weight rows. */
+#include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -242,9 +243,14 @@ static void panel_codes(int type, const uint8_t *w, const qs_gemm_dims *d, uint8
     int16_t ls[16];
     for (int64_t i = 0; i < d->k / elems; ++i, w += bytes) {
         const int gs = qs_iq_codes(type, w, code, mult, ls);
-        for (int g = 0; g < elems / gs; ++g) mult[g] *= (float)ls[g]; /* exact: an fp16 times a 5-bit integer */
-        for (int e = 0; e < elems; ++e) c[elems * i + e] = (uint8_t)(code[e] + off);
-        for (int l = 0; l < elems / 4; ++l) ws[elems / 4 * i + l] = mult[4 * l / gs];
+        const int ng = elems / gs, per = gs / 4;
+        for (int g = 0; g < ng; ++g) mult[g] *= (float)ls[g]; /* exact: an fp16 times a 5-bit integer */
+        const __m128i vo = _mm_set1_epi8((char)off); /* SSE2, the x86-64 baseline: 16 codes per add */
+        for (int e = 0; e < elems; e += 16)
+            _mm_storeu_si128((__m128i *)(c + elems * i + e),
+                             _mm_add_epi8(_mm_loadu_si128((const __m128i *)(code + e)), vo));
+        for (int g = 0; g < ng; ++g)
+            for (int l = 0; l < per; ++l) ws[elems / 4 * i + per * g + l] = mult[g];
         for (int g = 0; g < elems / d->group; ++g) mrow[elems / d->group * i + g] = (float)off * mult[g * d->group / gs];
     }
     qs_gemm_zero_tail(d, c, ws, mrow);

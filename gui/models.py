@@ -340,11 +340,10 @@ class TensorTreeModel(QAbstractItemModel):
 
     def group_label(self, g: int) -> str:
         name, ts = self.groups[g]
-        n_exp = sum(1 for t in ts if EXPERT_TENSOR.match(t.name))
         experts = ""
-        if n_exp:  # the 3-D expert tensors: their last dimension counts the experts
+        if any(EXPERT_TENSOR.match(t.name) for t in ts):  # the 3-D expert tensors: their last dimension counts them
             counts = sorted({int(t.ne[-1]) for t in ts if EXPERT_TENSOR.match(t.name) and len(t.ne) == 3})
-            experts = f"  ·  {'/'.join(map(str, counts)) or '?'} experts in {plural(n_exp, 'tensor')}"
+            experts = f"  ·  {'/'.join(map(str, counts)) or '?'} experts"
         return f"{name or 'model (outside the blocks)'}  ·  {plural(len(ts), 'tensor')}{experts}"
 
     def index(self, row: int, column: int, parent: _Index = _ROOT) -> QModelIndex:
@@ -393,6 +392,8 @@ class TensorTreeModel(QAbstractItemModel):
             return None
         if role == SORT_ROLE:
             return group_sort_key(name)[1] if col == 0 else 0
+        if role == Qt.ItemDataRole.ToolTipRole and col == 0:  # the whole label where the column elides it
+            return self.group_label(index.row())
         if role == Qt.ItemDataRole.FontRole and col == 0:
             font = QFont()
             font.setBold(True)

@@ -540,10 +540,11 @@ def test_a_mixture_of_experts_file_shows_its_experts(window, tmp_path):  # noqa:
     path = arch_fixtures.write_fixture("qwen3moe", tmp_path / "moe.gguf")
     assert window.open_path(path)
     card = window.overview.cards["Parameters"]
-    assert card.value.text() == "453.0K · 231.8K active", card.value.text()
-    assert card.sub.text().startswith("16 experts, 4 per token")
+    assert card.value.full_text() == "453.0K · 231.8K active", card.value.full_text()
+    assert card.sub.full_text() == "16 experts, 4 per token · 32.00 bits/weight", card.sub.full_text()
     assert "all 16 experts of each layer stay in memory; a token reads 4 of them" in window.overview.mem_note.text()
     tm = window.tensors_view.tree_model
     labels = [tm.group_label(g) for g in range(len(tm.groups))]
-    assert labels[1] == "blk.0  ·  12 tensors  ·  16 experts in 3 tensors", labels
+    assert labels[1] == "blk.0  ·  12 tensors  ·  16 experts", labels
+    assert tm.index(1, 0).data(Qt.ItemDataRole.ToolTipRole) == labels[1]  # whole, where the column elides it
     assert "experts" not in labels[0]

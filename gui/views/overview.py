@@ -275,8 +275,8 @@ class OverviewView(QWidget):
         ex = s.get("experts")
         self.cards["Parameters"].set(
             _count(s["parameters"]) + (f" · {_count(ex['active_parameters'])} active" if ex else ""),
-            (f"{ex['count']} experts, {ex['used']} per token · " if ex else f"{s['parameters']:,}")
-            + (f" · {bpw:.2f} bits/weight" if bpw else ""))
+            " · ".join([f"{ex['count']} experts, {ex['used']} per token" if ex else f"{s['parameters']:,}"]
+                       + ([f"{bpw:.2f} bits/weight"] if bpw else [])))
         self.cards["Size"].set(human_bytes(s["file_size"]), f"{s['file_size']:,} bytes")
         self.cards["Tensors"].set(f"{s['tensor_count']:,}", f"{s['kv_count']} metadata keys · GGUF v{s['version']}")
         self.cards["Opened in"].set(f"{doc.open_ms:.0f} ms", "header, metadata and tensor index")

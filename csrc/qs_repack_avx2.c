@@ -73,6 +73,18 @@ T AI void cols_store(const cols *c, float *out, const int NC, const int h) {
     for (int j = 0; j < NC; ++j) _mm256_storeu_ps(out + 16 * j + 8 * h, c->acc[j]);
 }
 
+/* A K-quant block's end on rows 8h..8h+7: acc + I · (d · d_x) − M · (dmin · d_x), fused as the scalar references */
+T AI void scale_min_end(cols *cs, const __m256i *I, const __m256i *M, const uint8_t *g, int64_t sb, const int NC,
+                        const int h) {
+    const __m256 d = ph8(g + 16 * h), dm = ph8(g + 32 + 16 * h);
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < NC; ++j) {
+        const __m256 dx = _mm256_set1_ps(cs->fa[j][sb]);
+        cs->acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[j]), _mm256_mul_ps(d, dx), cs->acc[j]);
+        cs->acc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M[j]), _mm256_mul_ps(dm, dx), cs->acc[j]);
+    }
+}
+
 /* ---------------------------------------------------------------- Q4_K (five = 0), Q5_K (five = 1) */
 T AI void k45_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
                    const int five, const int h) {
@@ -126,58 +138,89 @@ T AI void k45_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
             for (int j = 0; j < NC; ++j)
                 M[j] = _mm256_add_epi32(M[j], _mm256_madd_epi16(mn, _mm256_set1_epi32(cs.ia[j][4 * sb + p])));
         }
-        const __m256 d = ph8(g + 16 * h), dm = ph8(g + 32 + 16 * h);
-        _Pragma("GCC unroll 8")
-        for (int j = 0; j < NC; ++j) {
-            const __m256 dx = _mm256_set1_ps(cs.fa[j][sb]);
-            cs.acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[j]), _mm256_mul_ps(d, dx), cs.acc[j]);
-            cs.acc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M[j]), _mm256_mul_ps(dm, dx), cs.acc[j]);
-        }
+        scale_min_end(&cs, I, M, g, sb, NC, h);
     }
     cols_store(&cs, out, NC, h);
 }
 
-/* ---------------------------------------------------------------- Q6_K */
-T AI void q6k_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC, const int h) {
+/* ---------------------------------------------------------------- Q6_K, Q3_K, IQ4_XS */
+/* The AVX-512 kernels' sb_body on rows 8h .. 8h+7: per sub-block the integer sum of the codes against the
+ * activations (Q6_K, Q3_K: unsigned codes and the offset in ia; IQ4_XS: the signed code-book values with the sign
+ * trick, no offset), times the signed scale; one float multiply-add per block. */
+enum { SB_Q6K, SB_Q3K, SB_IQ4XS };
+
+T AI __m256i q3_hi(__m256i h, const int b) { /* bit b of each byte -> bit 2 (other bits masked later) */
+    return b < 2 ? _mm256_slli_epi16(h, 2 - b) : b == 2 ? h : _mm256_srli_epi16(h, b - 2);
+}
+
+/* step t of sub-block s (4 elements per row): the codes of rows 8h..8h+7 and where their activations start */
+T AI __m256i sb_codes(const uint8_t *g, const int kind, const int s, const int t, const int h, int *a) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    if (kind == SB_Q6K) {
+        const int c = 2 * s + t / 2, hi = t % 2;
+        const __m256i v = ld(g + Q6_LO(c) + 32 * h), hb = ld(g + Q6_HI(s) + 32 * h);
+        *a = 8 * c + 4 * hi;
+        return _mm256_or_si256(_mm256_and_si256(hi ? _mm256_srli_epi16(v, 4) : v, m4),
+                               _mm256_and_si256(q6_hi(hb, t), _mm256_set1_epi8(0x30)));
+    }
+    if (kind == SB_Q3K) {
+        const __m256i v = ld(g + Q3_CR(s) + 32 * h), hb = ld(g + Q3_HI(s / 2) + 32 * h);
+        *a = 16 * s + 4 * t;
+        return _mm256_or_si256(_mm256_and_si256(t ? _mm256_srli_epi16(v, 2 * t) : v, _mm256_set1_epi8(3)),
+                               _mm256_and_si256(q3_hi(hb, t + 4 * (s % 2)), _mm256_set1_epi8(4)));
+    }
+    const int c = 4 * s + t / 2, hi = t % 2;
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)QS_IQ4NL));
+    const __m256i v = ld(g + 192 + 64 * c + 32 * h);
+    *a = 8 * c + 4 * hi;
+    return _mm256_shuffle_epi8(lut, _mm256_and_si256(hi ? _mm256_srli_epi16(v, 4) : v, m4));
+}
+
+T AI void sb_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
+                  const int kind, const int h) {
     const int NCH = NC == 1 ? 4 : 2;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const int n_sub = kind == SB_IQ4XS ? 8 : 16, steps = kind == SB_IQ4XS ? 8 : 4;
+    const int unit = kind == SB_Q6K ? 3392 : kind == SB_Q3K ? 1856 : 2240, head = kind == SB_IQ4XS ? 3 : 5;
     cols cs;
     cols_init(&cs, x, c0, NC, 4);
-    for (int64_t sb = 0; sb < nb; ++sb, g += 3392) {
+    for (int64_t sb = 0; sb < nb; ++sb, g += unit) {
         _Pragma("GCC unroll 8")
-        for (int l = 0; l < 5; ++l) pf(g + 64 * l, h == 0);
+        for (int l = 0; l < head; ++l) pf(g + 64 * l, h == 0);
         __m256i I[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-        for (int s = 0; s < 16; ++s) {
+        _Pragma("GCC unroll 2")
+        for (int s = 0; s < n_sub; ++s) {
+            if (kind == SB_Q6K) {
+                pf(g + Q6_HI(s), h == 0);
+                pf(g + Q6_LO(2 * s), h == 0);
+                pf(g + Q6_LO(2 * s + 1), h == 0);
+            } else if (kind == SB_Q3K) {
+                pf(g + Q3_CR(s), h == 0);
+                if (s % 2 == 0) pf(g + Q3_HI(s / 2), h == 0);
+            } else {
+                _Pragma("GCC unroll 4")
+                for (int c = 4 * s; c < 4 * s + 4; ++c) pf(g + 192 + 64 * c, h == 0);
+            }
             __m256i P[2][4];
             _Pragma("GCC unroll 8")
             for (int j = 0; j < NC; ++j) {
-                P[j][0] = _mm256_set1_epi32(-cs.ia[j][16 * sb + s]);
+                P[j][0] = kind == SB_IQ4XS ? _mm256_setzero_si256() : _mm256_set1_epi32(-cs.ia[j][n_sub * sb + s]);
                 _Pragma("GCC unroll 8")
                 for (int q = 1; q < NCH; ++q) P[j][q] = _mm256_setzero_si256();
             }
-            pf(g + Q6_HI(s), h == 0);
-            const __m256i hbits = ld(g + Q6_HI(s) + 32 * h);
             _Pragma("GCC unroll 8")
-            for (int half = 0; half < 2; ++half) {
-                const int c = 2 * s + half, ch = NCH == 4 ? 2 * half : 0;
-                pf(g + Q6_LO(c), h == 0);
-                const __m256i v = ld(g + Q6_LO(c) + 32 * h);
-                const __m256i c0v = _mm256_or_si256(_mm256_and_si256(v, m4),
-                                                    _mm256_and_si256(q6_hi(hbits, 2 * half), m30));
-                const __m256i c1v = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                                                    _mm256_and_si256(q6_hi(hbits, 2 * half + 1), m30));
+            for (int t = 0; t < steps; ++t) {
+                int a;
+                const __m256i c = sb_codes(g, kind, s, t, h, &a);
+                const __m256i u = kind == SB_IQ4XS ? _mm256_abs_epi8(c) : c;
                 _Pragma("GCC unroll 8")
                 for (int j = 0; j < NC; ++j) {
-                    const uint8_t *xp = cs.xq[j] + 292 * sb + 8 * c;
-                    P[j][ch] = dot4(P[j][ch], c0v, bc32(xp));
-                    P[j][ch + 1] = dot4(P[j][ch + 1], c1v, bc32(xp + 4));
+                    const __m256i xv = bc32(cs.xq[j] + 292 * sb + a);
+                    P[j][t % NCH] = dot4(P[j][t % NCH], u, kind == SB_IQ4XS ? _mm256_sign_epi8(xv, c) : xv);
                 }
             }
             const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(g + 64 + 16 * s + 8 * h)));
             _Pragma("GCC unroll 8")
-            for (int j = 0; j < NC; ++j) {
-                I[j] = _mm256_add_epi32(I[j], _mm256_mullo_epi32(sum_chains(P[j], NCH), sc));
-            }
+            for (int j = 0; j < NC; ++j) I[j] = _mm256_add_epi32(I[j], _mm256_mullo_epi32(sum_chains(P[j], NCH), sc));
         }
         const __m256 d = ph8(g + 16 * h);
         _Pragma("GCC unroll 8")
@@ -221,109 +264,7 @@ T AI void q2k_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
                 M[j] = _mm256_add_epi32(M[j], _mm256_mullo_epi32(mn, _mm256_set1_epi32(cs.ia[j][16 * sb + s])));
             }
         }
-        const __m256 d = ph8(g + 16 * h), dm = ph8(g + 32 + 16 * h);
-        _Pragma("GCC unroll 8")
-        for (int j = 0; j < NC; ++j) {
-            const __m256 dx = _mm256_set1_ps(cs.fa[j][sb]);
-            cs.acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[j]), _mm256_mul_ps(d, dx), cs.acc[j]);
-            cs.acc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(M[j]), _mm256_mul_ps(dm, dx), cs.acc[j]);
-        }
-    }
-    cols_store(&cs, out, NC, h);
-}
-
-/* ---------------------------------------------------------------- Q3_K */
-T AI __m256i q3_hi(__m256i h, const int b) { /* bit b of each byte -> bit 2 (other bits masked later) */
-    return b < 2 ? _mm256_slli_epi16(h, 2 - b) : b == 2 ? h : _mm256_srli_epi16(h, b - 2);
-}
-
-T AI void q3k_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC, const int h) {
-    const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(4);
-    cols cs;
-    cols_init(&cs, x, c0, NC, 4);
-    for (int64_t sb = 0; sb < nb; ++sb, g += 1856) {
-        _Pragma("GCC unroll 8")
-        for (int l = 0; l < 5; ++l) pf(g + 64 * l, h == 0);
-        __m256i I[2];
-        _Pragma("GCC unroll 8")
-        for (int j = 0; j < NC; ++j) I[j] = _mm256_setzero_si256();
-        _Pragma("GCC unroll 2")
-        for (int s = 0; s < 16; ++s) {
-            pf(g + Q3_CR(s), h == 0);
-            if (s % 2 == 0) pf(g + Q3_HI(s / 2), h == 0);
-            const __m256i v = ld(g + Q3_CR(s) + 32 * h), hb = ld(g + Q3_HI(s / 2) + 32 * h);
-            __m256i P[2][2];
-            _Pragma("GCC unroll 8")
-            for (int j = 0; j < NC; ++j) {
-                P[j][0] = _mm256_set1_epi32(-cs.ia[j][16 * sb + s]);
-                P[j][1] = _mm256_setzero_si256();
-            }
-            _Pragma("GCC unroll 4")
-            for (int i = 0; i < 4; ++i) {
-                const __m256i lo = _mm256_and_si256(i ? _mm256_srli_epi16(v, 2 * i) : v, m3);
-                const __m256i c = _mm256_or_si256(lo, _mm256_and_si256(q3_hi(hb, i + 4 * (s % 2)), m4));
-                _Pragma("GCC unroll 8")
-                for (int j = 0; j < NC; ++j)
-                    P[j][i & 1] = dot4(P[j][i & 1], c, bc32(cs.xq[j] + 292 * sb + 16 * s + 4 * i));
-            }
-            const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(g + 64 + 16 * s + 8 * h)));
-            _Pragma("GCC unroll 8")
-            for (int j = 0; j < NC; ++j)
-                I[j] = _mm256_add_epi32(I[j], _mm256_mullo_epi32(_mm256_add_epi32(P[j][0], P[j][1]), sc));
-        }
-        const __m256 d = ph8(g + 16 * h);
-        _Pragma("GCC unroll 8")
-        for (int j = 0; j < NC; ++j)
-            cs.acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[j]), _mm256_mul_ps(d, _mm256_set1_ps(cs.fa[j][sb])),
-                                        cs.acc[j]);
-    }
-    cols_store(&cs, out, NC, h);
-}
-
-/* ---------------------------------------------------------------- IQ4_XS */
-/* the signed code-book values by one byte shuffle, multiplied with the sign trick (no offset) */
-T AI void iq4xs_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
-                     const int h) {
-    const int NCH = NC == 1 ? 4 : 2;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)QS_IQ4NL));
-    cols cs;
-    cols_init(&cs, x, c0, NC, 4);
-    for (int64_t sb = 0; sb < nb; ++sb, g += 2240) {
-        _Pragma("GCC unroll 8")
-        for (int l = 0; l < 3; ++l) pf(g + 64 * l, h == 0);
-        __m256i I[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-        for (int s = 0; s < 8; ++s) {
-            __m256i P[2][4];
-            _Pragma("GCC unroll 8")
-            for (int j = 0; j < NC; ++j) {
-                _Pragma("GCC unroll 8")
-                for (int q = 0; q < NCH; ++q) P[j][q] = _mm256_setzero_si256();
-            }
-            _Pragma("GCC unroll 4")
-            for (int cc = 0; cc < 4; ++cc) {
-                const int c = 4 * s + cc, ch = NCH == 4 ? 2 * (cc & 1) : 0;
-                pf(g + 192 + 64 * c, h == 0);
-                const __m256i v = ld(g + 192 + 64 * c + 32 * h);
-                const __m256i ql = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
-                const __m256i qh = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
-                const __m256i al = _mm256_abs_epi8(ql), ah = _mm256_abs_epi8(qh);
-                _Pragma("GCC unroll 8")
-                for (int j = 0; j < NC; ++j) {
-                    const uint8_t *xp = cs.xq[j] + 292 * sb + 8 * c;
-                    P[j][ch] = dot4(P[j][ch], al, _mm256_sign_epi8(bc32(xp), ql));
-                    P[j][ch + 1] = dot4(P[j][ch + 1], ah, _mm256_sign_epi8(bc32(xp + 4), qh));
-                }
-            }
-            const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(g + 64 + 16 * s + 8 * h)));
-            _Pragma("GCC unroll 8")
-            for (int j = 0; j < NC; ++j) I[j] = _mm256_add_epi32(I[j], _mm256_mullo_epi32(sum_chains(P[j], NCH), sc));
-        }
-        const __m256 d = ph8(g + 16 * h);
-        _Pragma("GCC unroll 8")
-        for (int j = 0; j < NC; ++j)
-            cs.acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[j]), _mm256_mul_ps(d, _mm256_set1_ps(cs.fa[j][sb])),
-                                        cs.acc[j]);
+        scale_min_end(&cs, I, M, g, sb, NC, h);
     }
     cols_store(&cs, out, NC, h);
 }
@@ -470,16 +411,19 @@ T AI void fl_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, fl
 
 RP_AVX2(q4_K, K4)
 RP_AVX2(q5_K, K5)
-RP_AVX2(q6_K, q6k_half)
+#define SB6(g, nb, x, c0, out, NC, h) sb_half(g, nb, x, c0, out, NC, SB_Q6K, h)
+#define SB3(g, nb, x, c0, out, NC, h) sb_half(g, nb, x, c0, out, NC, SB_Q3K, h)
+#define SBX(g, nb, x, c0, out, NC, h) sb_half(g, nb, x, c0, out, NC, SB_IQ4XS, h)
+RP_AVX2(q6_K, SB6)
 RP_AVX2(q4_0, B0)
 RP_AVX2(q4_1, B1)
 RP_AVX2(q8_0, B2)
 RP_AVX2(q5_0, B3)
 RP_AVX2(q5_1, B4)
 RP_AVX2(iq4_nl, B5)
-RP_AVX2(iq4_xs, iq4xs_half)
+RP_AVX2(iq4_xs, SBX)
 RP_AVX2(q2_K, q2k_half)
-RP_AVX2(q3_K, q3k_half)
+RP_AVX2(q3_K, SB3)
 /* float layouts: 8 columns per call as two passes of 4 over each half */
 #define RP_AVX2_F(name, kind)                                                                                      \
     T void qs_rp_##name##_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {         \

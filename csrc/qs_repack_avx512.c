@@ -55,6 +55,19 @@ T AI void cols_init(cols *c, const qs_rp_x *x, int64_t c0, const int NC, int aq)
     }
 }
 
+/* A K-quant block's end: acc + I · (d · d_x) − M · (dmin · d_x), fused as the scalar references, d and dmin at 0
+ * and 32 of the unit */
+T AI void scale_min_end(__m512 *acc, const __m512i *I, const __m512i *M, const uint8_t *g, const float *const *fa,
+                        int64_t sb, const int NC) {
+    const __m512 d = ph16(g), dm = ph16(g + 32);
+    _Pragma("GCC unroll 16")
+    for (int j = 0; j < NC; ++j) {
+        const __m512 dx = _mm512_set1_ps(fa[j][sb]);
+        acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[j]), _mm512_mul_ps(d, dx), acc[j]);
+        acc[j] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M[j]), _mm512_mul_ps(dm, dx), acc[j]);
+    }
+}
+
 /* five = 0: Q4_K, 1: Q5_K (a fifth-bit chunk after each sub-block's nibble chunks) */
 
 T AI void k45_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
@@ -114,19 +127,13 @@ T AI void k45_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
             _Pragma("GCC unroll 16")
             for (int j = 0; j < NC; ++j) M[j] = _mm512_dpwssd_epi32(M[j], mn, _mm512_set1_epi32(ia[j][4 * sb + p]));
         }
-        const __m512 d = ph16(g), dm = ph16(g + 32);
-        _Pragma("GCC unroll 16")
-        for (int j = 0; j < NC; ++j) {
-            const __m512 dx = _mm512_set1_ps(fa[j][sb]);
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[j]), _mm512_mul_ps(d, dx), acc[j]);
-            acc[j] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M[j]), _mm512_mul_ps(dm, dx), acc[j]);
-        }
+        scale_min_end(acc, I, M, g, fa, sb, NC);
     }
     _Pragma("GCC unroll 16")
     for (int j = 0; j < NC; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
 }
 
-/* ---------------------------------------------------------------- Q6_K */
+/* ---------------------------------------------------------------- Q6_K, Q3_K, IQ4_XS */
 T AI __m512i q6_hi(__m512i h, int i) { /* bits 2i..2i+1 of each byte -> bits 4..5 (other bits masked later) */
     switch (i) {
     case 0: return _mm512_slli_epi16(h, 4);
@@ -136,44 +143,88 @@ T AI __m512i q6_hi(__m512i h, int i) { /* bits 2i..2i+1 of each byte -> bits 4..
     }
 }
 
-T AI void q6k_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC) {
+/* the third bit of crumb position i (bit i, or 4 + i for the odd sub-block of a pair) -> bit 2 */
+T AI __m512i q3_hi(__m512i h, const int b) {
+    return b < 2 ? _mm512_slli_epi16(h, 2 - b) : b == 2 ? h : _mm512_srli_epi16(h, b - 2);
+}
+
+/* The layouts with one signed scale byte per sub-block and row (Q6_K, Q3_K: 16 sub-blocks of 16; IQ4_XS: 8 of 32):
+ * per sub-block the offset-corrected integer sum of its codes against the activations, times the scale in the
+ * lanes; one float multiply-add per block. A sub-block's codes come in steps of 4 elements per row (4 activation
+ * codes broadcast); step t feeds chain t % NCH. */
+enum { SB_Q6K, SB_Q3K, SB_IQ4XS };
+
+/* step t of sub-block s: the codes of 4 elements per row, and where their activations start in the block */
+T AI __m512i sb_codes(const uint8_t *g, const int kind, const int s, const int t, int *a) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    if (kind == SB_Q6K) { /* nibble chunk 2s + t / 2 (low or high nibbles), high 2 bits from chunk Q6_HI(s) */
+        const int c = 2 * s + t / 2, hi = t % 2;
+        const __m512i v = _mm512_loadu_si512((const void *)(g + Q6_LO(c)));
+        const __m512i h = _mm512_loadu_si512((const void *)(g + Q6_HI(s)));
+        *a = 8 * c + 4 * hi;
+        return _mm512_ternarylogic_epi32(_mm512_and_si512(hi ? _mm512_srli_epi16(v, 4) : v, m4), q6_hi(h, t),
+                                         _mm512_set1_epi8(0x30), 0xF8);
+    }
+    if (kind == SB_Q3K) { /* crumb t of chunk Q3_CR(s), third bit from the pair's chunk */
+        const __m512i v = _mm512_loadu_si512((const void *)(g + Q3_CR(s)));
+        const __m512i h = _mm512_loadu_si512((const void *)(g + Q3_HI(s / 2)));
+        *a = 16 * s + 4 * t;
+        return _mm512_ternarylogic_epi32(_mm512_and_si512(t ? _mm512_srli_epi16(v, 2 * t) : v, _mm512_set1_epi8(3)),
+                                         q3_hi(h, t + 4 * (s % 2)), _mm512_set1_epi8(4), 0xF8);
+    }
+    /* IQ4_XS: nibble chunk 4s + t / 2, looked up in the code book + 128 */
+    const int c = 4 * s + t / 2, hi = t % 2;
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)QS_IQ4NL),
+                                                            _mm_set1_epi8((char)0x80)));
+    const __m512i v = _mm512_loadu_si512((const void *)(g + 192 + 64 * c));
+    *a = 8 * c + 4 * hi;
+    return _mm512_shuffle_epi8(lut, _mm512_and_si512(hi ? _mm512_srli_epi16(v, 4) : v, m4));
+}
+
+T AI void sb_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
+                  const int kind) {
     const int NCH = NC == 1 ? 4 : 2;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const int n_sub = kind == SB_IQ4XS ? 8 : 16, steps = kind == SB_IQ4XS ? 8 : 4;
+    const int unit = kind == SB_Q6K ? 3392 : kind == SB_Q3K ? 1856 : 2240;
     cols cs;
     cols_init(&cs, x, c0, NC, 4);
     __m512 *const acc = cs.acc;
     const uint8_t *const *const xq = cs.xq;
     const int32_t *const *const ia = cs.ia;
     const float *const *const fa = cs.fa;
-    for (int64_t sb = 0; sb < nb; ++sb, g += 3392) {
-        pf_lines(g, 5);
+    for (int64_t sb = 0; sb < nb; ++sb, g += unit) {
+        pf_lines(g, kind == SB_IQ4XS ? 3 : 5);
         __m512i I[4];
         _Pragma("GCC unroll 16")
         for (int j = 0; j < NC; ++j) I[j] = _mm512_setzero_si512();
-        for (int s = 0; s < 16; ++s) {
+        _Pragma("GCC unroll 2")
+        for (int s = 0; s < n_sub; ++s) {
+            /* prefetch the sub-block's lines (one each; Q6_K's and Q3_K's high bits with the first of theirs) */
+            if (kind == SB_Q6K) {
+                _mm_prefetch((const char *)(g + Q6_HI(s) + PF_DIST), _MM_HINT_T0);
+                _mm_prefetch((const char *)(g + Q6_LO(2 * s) + PF_DIST), _MM_HINT_T0);
+                _mm_prefetch((const char *)(g + Q6_LO(2 * s + 1) + PF_DIST), _MM_HINT_T0);
+            } else if (kind == SB_Q3K) {
+                _mm_prefetch((const char *)(g + Q3_CR(s) + PF_DIST), _MM_HINT_T0);
+                if (s % 2 == 0) _mm_prefetch((const char *)(g + Q3_HI(s / 2) + PF_DIST), _MM_HINT_T0);
+            } else {
+                _Pragma("GCC unroll 4")
+                for (int c = 4 * s; c < 4 * s + 4; ++c) _mm_prefetch((const char *)(g + 192 + 64 * c + PF_DIST), _MM_HINT_T0);
+            }
             __m512i P[4][4];
             _Pragma("GCC unroll 16")
             for (int j = 0; j < NC; ++j) {
-                P[j][0] = _mm512_set1_epi32(-ia[j][16 * sb + s]);
+                P[j][0] = _mm512_set1_epi32(-ia[j][n_sub * sb + s]);
                 _Pragma("GCC unroll 4")
                 for (int q = 1; q < NCH; ++q) P[j][q] = _mm512_setzero_si512();
             }
-            _mm_prefetch((const char *)(g + Q6_HI(s) + PF_DIST), _MM_HINT_T0);
-            const __m512i h = _mm512_loadu_si512((const void *)(g + Q6_HI(s)));
-            _Pragma("GCC unroll 16")
-            for (int half = 0; half < 2; ++half) {
-                const int c = 2 * s + half, ch = NCH == 4 ? 2 * half : 0;
-                _mm_prefetch((const char *)(g + Q6_LO(c) + PF_DIST), _MM_HINT_T0);
-                const __m512i v = _mm512_loadu_si512((const void *)(g + Q6_LO(c)));
-                const __m512i c0v = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m4), q6_hi(h, 2 * half), m30, 0xF8);
-                const __m512i c1v = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
-                                                              q6_hi(h, 2 * half + 1), m30, 0xF8);
+            _Pragma("GCC unroll 8")
+            for (int t = 0; t < steps; ++t) {
+                int a;
+                const __m512i c = sb_codes(g, kind, s, t, &a);
                 _Pragma("GCC unroll 16")
-                for (int j = 0; j < NC; ++j) {
-                    const uint8_t *xp = xq[j] + 292 * sb + 8 * c;
-                    P[j][ch] = _mm512_dpbusd_epi32(P[j][ch], c0v, bc32(xp));
-                    P[j][ch + 1] = _mm512_dpbusd_epi32(P[j][ch + 1], c1v, bc32(xp + 4));
-                }
+                for (int j = 0; j < NC; ++j)
+                    P[j][t % NCH] = _mm512_dpbusd_epi32(P[j][t % NCH], c, bc32(xq[j] + 292 * sb + a));
             }
             const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(g + 64 + 16 * s)));
             _Pragma("GCC unroll 16")
@@ -227,122 +278,7 @@ T AI void q2k_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
                 M[j] = _mm512_add_epi32(M[j], _mm512_mullo_epi32(mn, _mm512_set1_epi32(ia[j][16 * sb + s])));
             }
         }
-        const __m512 d = ph16(g), dm = ph16(g + 32);
-        _Pragma("GCC unroll 16")
-        for (int j = 0; j < NC; ++j) {
-            const __m512 dx = _mm512_set1_ps(fa[j][sb]);
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[j]), _mm512_mul_ps(d, dx), acc[j]);
-            acc[j] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M[j]), _mm512_mul_ps(dm, dx), acc[j]);
-        }
-    }
-    _Pragma("GCC unroll 16")
-    for (int j = 0; j < NC; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
-}
-
-/* ---------------------------------------------------------------- Q3_K */
-/* the third bit of crumb position i (bit i, or 4 + i for the odd sub-block of a pair) -> bit 2 */
-T AI __m512i q3_hi(__m512i h, const int b) {
-    return b < 2 ? _mm512_slli_epi16(h, 2 - b) : b == 2 ? h : _mm512_srli_epi16(h, b - 2);
-}
-
-T AI void q3k_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC) {
-    const __m512i m3 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi8(4);
-    cols cs;
-    cols_init(&cs, x, c0, NC, 4);
-    __m512 *const acc = cs.acc;
-    const uint8_t *const *const xq = cs.xq;
-    const int32_t *const *const ia = cs.ia;
-    const float *const *const fa = cs.fa;
-    for (int64_t sb = 0; sb < nb; ++sb, g += 1856) {
-        pf_lines(g, 5);
-        __m512i I[4];
-        _Pragma("GCC unroll 16")
-        for (int j = 0; j < NC; ++j) I[j] = _mm512_setzero_si512();
-        _Pragma("GCC unroll 2")
-        for (int s = 0; s < 16; ++s) {
-            const uint8_t *vp = g + Q3_CR(s);
-            _mm_prefetch((const char *)(vp + PF_DIST), _MM_HINT_T0);
-            const __m512i v = _mm512_loadu_si512((const void *)vp);
-            const __m512i hb = _mm512_loadu_si512((const void *)(g + Q3_HI(s / 2)));
-            if (s % 2 == 0) _mm_prefetch((const char *)(g + Q3_HI(s / 2) + PF_DIST), _MM_HINT_T0);
-            __m512i P[4][2];
-            _Pragma("GCC unroll 16")
-            for (int j = 0; j < NC; ++j) {
-                P[j][0] = _mm512_set1_epi32(-ia[j][16 * sb + s]);
-                P[j][1] = _mm512_setzero_si512();
-            }
-            _Pragma("GCC unroll 4")
-            for (int i = 0; i < 4; ++i) {
-                const __m512i lo = _mm512_and_si512(i ? _mm512_srli_epi16(v, 2 * i) : v, m3);
-                const __m512i c = _mm512_ternarylogic_epi32(lo, q3_hi(hb, i + 4 * (s % 2)), m4, 0xF8);
-                _Pragma("GCC unroll 16")
-                for (int j = 0; j < NC; ++j)
-                    P[j][i & 1] = _mm512_dpbusd_epi32(P[j][i & 1], c, bc32(xq[j] + 292 * sb + 16 * s + 4 * i));
-            }
-            const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(g + 64 + 16 * s)));
-            _Pragma("GCC unroll 16")
-            for (int j = 0; j < NC; ++j)
-                I[j] = _mm512_add_epi32(I[j], _mm512_mullo_epi32(_mm512_add_epi32(P[j][0], P[j][1]), sc));
-        }
-        const __m512 d = ph16(g);
-        _Pragma("GCC unroll 16")
-        for (int j = 0; j < NC; ++j)
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[j]), _mm512_mul_ps(d, _mm512_set1_ps(fa[j][sb])), acc[j]);
-    }
-    _Pragma("GCC unroll 16")
-    for (int j = 0; j < NC; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
-}
-
-/* ---------------------------------------------------------------- IQ4_XS */
-/* as Q6_K: per sub-block (32 elements) the offset-corrected integer sum of code-book values + 128 (one byte
- * shuffle), times the sub-block's signed scale in the lanes; one float multiply-add per block */
-T AI void iq4xs_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC) {
-    const int NCH = NC == 1 ? 4 : 2;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)QS_IQ4NL),
-                                                            _mm_set1_epi8((char)0x80)));
-    cols cs;
-    cols_init(&cs, x, c0, NC, 4);
-    __m512 *const acc = cs.acc;
-    const uint8_t *const *const xq = cs.xq;
-    const int32_t *const *const ia = cs.ia;
-    const float *const *const fa = cs.fa;
-    for (int64_t sb = 0; sb < nb; ++sb, g += 2240) {
-        pf_lines(g, 3);
-        __m512i I[4];
-        _Pragma("GCC unroll 16")
-        for (int j = 0; j < NC; ++j) I[j] = _mm512_setzero_si512();
-        for (int s = 0; s < 8; ++s) {
-            __m512i P[4][4];
-            _Pragma("GCC unroll 16")
-            for (int j = 0; j < NC; ++j) {
-                P[j][0] = _mm512_set1_epi32(-ia[j][8 * sb + s]);
-                _Pragma("GCC unroll 4")
-                for (int q = 1; q < NCH; ++q) P[j][q] = _mm512_setzero_si512();
-            }
-            _Pragma("GCC unroll 4")
-            for (int cc = 0; cc < 4; ++cc) {
-                const int c = 4 * s + cc, ch = NCH == 4 ? 2 * (cc & 1) : 0;
-                const uint8_t *vp = g + 192 + 64 * c;
-                _mm_prefetch((const char *)(vp + PF_DIST), _MM_HINT_T0);
-                const __m512i v = _mm512_loadu_si512((const void *)vp);
-                const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m4));
-                const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
-                _Pragma("GCC unroll 16")
-                for (int j = 0; j < NC; ++j) {
-                    const uint8_t *xp = xq[j] + 292 * sb + 8 * c;
-                    P[j][ch] = _mm512_dpbusd_epi32(P[j][ch], lo, bc32(xp));
-                    P[j][ch + 1] = _mm512_dpbusd_epi32(P[j][ch + 1], hi, bc32(xp + 4));
-                }
-            }
-            const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(g + 64 + 16 * s)));
-            _Pragma("GCC unroll 16")
-            for (int j = 0; j < NC; ++j) I[j] = _mm512_add_epi32(I[j], _mm512_mullo_epi32(sum_chains(P[j], NCH), sc));
-        }
-        const __m512 d = ph16(g);
-        _Pragma("GCC unroll 16")
-        for (int j = 0; j < NC; ++j)
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[j]), _mm512_mul_ps(d, _mm512_set1_ps(fa[j][sb])), acc[j]);
+        scale_min_end(acc, I, M, g, fa, sb, NC);
     }
     _Pragma("GCC unroll 16")
     for (int j = 0; j < NC; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
@@ -471,7 +407,7 @@ T AI void fl_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, fl
     T void qs_rp_##name##_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {       \
         body(g, nb, x, c0, out, 1, kind);                                                                          \
     }
-#define Q6K(g, nb, x, c0, out, NC, kind) q6k_body(g, nb, x, c0, out, NC)
+#define Q6K(g, nb, x, c0, out, NC, kind) sb_body(g, nb, x, c0, out, NC, SB_Q6K)
 
 RP_AVX512(q4_K, k45_body, 0)
 RP_AVX512(q5_K, k45_body, 1)
@@ -482,11 +418,11 @@ RP_AVX512(q8_0, b32_body, 2)
 RP_AVX512(q5_0, b32_body, 3)
 RP_AVX512(q5_1, b32_body, 4)
 RP_AVX512(iq4_nl, b32_body, 5)
-#define IQ4XS(g, nb, x, c0, out, NC, kind) iq4xs_body(g, nb, x, c0, out, NC)
+#define IQ4XS(g, nb, x, c0, out, NC, kind) sb_body(g, nb, x, c0, out, NC, SB_IQ4XS)
 RP_AVX512(iq4_xs, IQ4XS, 0)
 #define Q2K(g, nb, x, c0, out, NC, kind) q2k_body(g, nb, x, c0, out, NC)
 RP_AVX512(q2_K, Q2K, 0)
-#define Q3K(g, nb, x, c0, out, NC, kind) q3k_body(g, nb, x, c0, out, NC)
+#define Q3K(g, nb, x, c0, out, NC, kind) sb_body(g, nb, x, c0, out, NC, SB_Q3K)
 RP_AVX512(q3_K, Q3K, 0)
 /* float layouts: 8 columns per call (RP_TABLE's cols) */
 #define RP_AVX512_F(name, kind)                                                                                    \

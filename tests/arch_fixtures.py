@@ -239,27 +239,22 @@ def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0
     w.add_uint32("tokenizer.ggml.eos_token_id", 2)
     w.add_bool("tokenizer.ggml.add_bos_token", False)
 
-    def matrix(tname: str, rows: int, cols: int, std: float) -> None:
-        m = _normal(rng, (rows, cols), std)
+    def store(tname: str, m: np.ndarray) -> None:
+        """A 2-D matrix, or a 3-D stack of them (experts: ggml shape [cols, rows, n]), in the fixture's type."""
         if quant == "F32":
             w.add_tensor(tname, m)
         elif quant == "F16":
             w.add_tensor(tname, m.astype(np.float16))
         else:
             qt = gguf.GGMLQuantizationType[quant]
-            w.add_tensor(tname, gguf.quants.quantize(m, qt), raw_dtype=qt)
+            q = gguf.quants.quantize(m.reshape(-1, m.shape[-1]), qt)
+            w.add_tensor(tname, q.reshape(*m.shape[:-1], -1), raw_dtype=qt)
+
+    def matrix(tname: str, rows: int, cols: int, std: float) -> None:
+        store(tname, _normal(rng, (rows, cols), std))
 
     def experts(tname: str, n: int, rows: int, cols: int, std: float) -> None:
-        """A 3-D expert tensor: n matrices of rows x cols (ggml shape [cols, rows, n])."""
-        m = _normal(rng, (n, rows, cols), std)
-        if quant == "F32":
-            w.add_tensor(tname, m)
-        elif quant == "F16":
-            w.add_tensor(tname, m.astype(np.float16))
-        else:
-            qt = gguf.GGMLQuantizationType[quant]
-            w.add_tensor(tname, gguf.quants.quantize(m.reshape(n * rows, cols), qt).reshape(n, rows, -1),
-                         raw_dtype=qt)
+        store(tname, _normal(rng, (n, rows, cols), std))
 
     def vector(tname: str, n: int, mean: float = 1.0, std: float = 0.1) -> None:
         w.add_tensor(tname, (mean + _normal(rng, (n,), std)).astype(np.float32))

@@ -24,6 +24,12 @@ T AI __m256i bytes_of_bits(uint32_t x32) { /* bit e set -> byte e = 0xFF */
     return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
 }
 
+/* four of ggml's 7-bit sign words (bits 0, 7, 14, 21 of aux) as 32 sign bits */
+T AI uint32_t ksigns4(uint32_t aux) {
+    return qs_ksign(aux) | (uint32_t)qs_ksign(aux >> 7) << 8 | (uint32_t)qs_ksign(aux >> 14) << 16 |
+           (uint32_t)qs_ksign(aux >> 21) << 24;
+}
+
 /* 32 activation codes with the signs applied, times 32 unsigned coordinates, times the int16 scales sc: 8 int32
  * partial sums (pairs stay within int16: coordinates <= 62, so 2 · 62 · 127 < 32768) */
 T AI __m256i chunk_sums(__m256i coords, const int8_t *q, uint32_t signs, __m256i sc) {
@@ -79,8 +85,7 @@ T float qs_dot_iq2_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
         for (int g = 0; g < 8; ++g) {
             const uint8_t *b = w + 2 + 8 * g;
             const uint32_t aux = qs_load_u32(b + 4);
-            const uint32_t sg = qs_ksign(aux) | (uint32_t)qs_ksign(aux >> 7) << 8 | (uint32_t)qs_ksign(aux >> 14) << 16 |
-                                (uint32_t)qs_ksign(aux >> 21) << 24;
+            const uint32_t sg = ksigns4(aux);
             const __m256i c = rows64(QS_GRID_IQ2_XXS[b[0]], QS_GRID_IQ2_XXS[b[1]], QS_GRID_IQ2_XXS[b[2]],
                                      QS_GRID_IQ2_XXS[b[3]]);
             acc = _mm256_add_epi32(acc, chunk_sums(c, q + 32 * g, sg, scale1((int)(aux >> 28))));
@@ -165,8 +170,7 @@ T float qs_dot_iq3_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
         __m256i acc = _mm256_setzero_si256();
         for (int g = 0; g < 8; ++g) {
             const uint32_t aux = qs_load_u32(w + 66 + 4 * g);
-            const uint32_t sg = qs_ksign(aux) | (uint32_t)qs_ksign(aux >> 7) << 8 | (uint32_t)qs_ksign(aux >> 14) << 16 |
-                                (uint32_t)qs_ksign(aux >> 21) << 24;
+            const uint32_t sg = ksigns4(aux);
             const uint8_t *qs = w + 2 + 8 * g;
 #define P3(k) (int)qs_load_u32(QS_GRID_IQ3_XXS[qs[k]])
             const __m256i co = _mm256_setr_epi32(P3(0), P3(1), P3(2), P3(3), P3(4), P3(5), P3(6), P3(7));
@@ -223,8 +227,7 @@ T void qs_iq_lattice_codes_avx2(int type, const uint8_t *b, int8_t *code) {
         case QS_IQ2_XXS: {
             const uint8_t *p = b + 2 + 8 * c;
             const uint32_t aux = qs_load_u32(p + 4);
-            sg = qs_ksign(aux) | (uint32_t)qs_ksign(aux >> 7) << 8 | (uint32_t)qs_ksign(aux >> 14) << 16 |
-                 (uint32_t)qs_ksign(aux >> 21) << 24;
+            sg = ksigns4(aux);
             co = rows64(QS_GRID_IQ2_XXS[p[0]], QS_GRID_IQ2_XXS[p[1]], QS_GRID_IQ2_XXS[p[2]], QS_GRID_IQ2_XXS[p[3]]);
             break;
         }
@@ -247,8 +250,7 @@ T void qs_iq_lattice_codes_avx2(int type, const uint8_t *b, int8_t *code) {
         case QS_IQ3_XXS: {
             const uint32_t aux = qs_load_u32(b + 66 + 4 * c);
             const uint8_t *qs = b + 2 + 8 * c;
-            sg = qs_ksign(aux) | (uint32_t)qs_ksign(aux >> 7) << 8 | (uint32_t)qs_ksign(aux >> 14) << 16 |
-                 (uint32_t)qs_ksign(aux >> 21) << 24;
+            sg = ksigns4(aux);
 #define P3(k) (int)qs_load_u32(QS_GRID_IQ3_XXS[qs[k]])
             co = _mm256_setr_epi32(P3(0), P3(1), P3(2), P3(3), P3(4), P3(5), P3(6), P3(7));
 #undef P3

@@ -14,7 +14,8 @@ in /proc/PID/status, polled while it runs). Not ``ru_maxrss``: Linux carries it 
 of this (large) script would report the script's size. Medians over the
 rounds are printed as a table: decode and prefill tokens/s of both and their ratios (ours / llama), decode
 GB/s (bytes one decoded token reads: every tensor but the embedding, whose one row is negligible, unless the
-output is tied to it) and its fraction of the measured read bandwidth, and our peak RSS against the budget
+output is tied to it; of a mixture of experts' expert tensors only the used share) and its fraction of the
+measured read bandwidth, and our peak RSS against the budget
 file + KV cache (fp16, P + N positions) + 150 MB. ``--json`` keeps every sample.
 
 Models: catalogue names (fetched if missing), synthetic shapes ``1b``/``3b``/``8b`` (written into the cache if
@@ -108,10 +109,12 @@ def model_facts(path: Path, n_ctx: int) -> dict[str, Any]:
     """File size, bytes one decoded token reads, KV cache bytes (fp16) for ``n_ctx`` positions, and a title."""
     from quantscope.core.gguf import GGUFFile
     from quantscope.core.model import read_config
+    from quantscope.core.summary import experts_summary
 
     with GGUFFile(path) as f:
         cfg = read_config(f)
-        weights = sum(t.n_bytes or 0 for t in f.tensors)
+        ex = experts_summary(f)  # a mixture of experts reads only the picked experts' share of the expert tensors
+        weights = ex["active_bytes"] if ex else sum(t.n_bytes or 0 for t in f.tensors)
         tied = not f.has_tensor("output.weight")
         per_token = weights - (0 if tied else f.tensor("token_embd.weight").n_bytes or 0)
         title = f.get("general.name") or path.name

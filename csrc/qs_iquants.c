@@ -383,7 +383,7 @@ IQ_DOT_SCALAR(iq3_xxs, QS_IQ3_XXS)
 IQ_DOT_SCALAR(iq3_s, QS_IQ3_S)
 IQ_DOT_SCALAR(iq1_s, QS_IQ1_S) /* its AVX2 dot is in qs_iquants_avx2.c */
 IQ_DOT(iq1_m, QS_IQ1_M, 256, 56)
-IQ_DOT(tq1_0, QS_TQ1_0, 256, 54)
+IQ_DOT_SCALAR(tq1_0, QS_TQ1_0) /* its AVX2 dot is in qs_iquants_avx2.c */
 IQ_DOT_SCALAR(tq2_0, QS_TQ2_0) /* its AVX2 dot, and MXFP4's and NVFP4's, are in qs_iquants_avx2.c */
 IQ_DOT_SCALAR(mxfp4, QS_MXFP4)
 IQ_DOT_SCALAR(nvfp4, QS_NVFP4)

@@ -297,6 +297,43 @@ T float qs_dot_iq1_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     return s;
 }
 
+/* TQ1_0: base-3 digits (ggml: digit k of byte q is ((q · 3^k mod 256) · 3) >> 8), 16 bytes widened to 16-bit
+ * lanes at a time; Σ (t − 1) · q = Σ t · q − Σ q, the last from Q8_K's sums of 16 */
+T AI __m256i trits16(__m256i q16, int p3) { /* digit of each 16-bit lane's byte for the power p3 */
+    const __m256i x = _mm256_and_si256(_mm256_mullo_epi16(q16, _mm256_set1_epi16((short)p3)), _mm256_set1_epi16(255));
+    return _mm256_srli_epi16(_mm256_add_epi16(_mm256_add_epi16(x, x), x), 8);
+}
+
+T AI __m256i act16(const int8_t *q) { return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)q)); }
+
+T float qs_dot_tq1_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    static const int P3[5] = {1, 3, 9, 27, 81};
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 256; ++i, w += 54, x += 292) {
+        const int8_t *q = (const int8_t *)(x + 4);
+        __m256i acc = _mm256_setzero_si256();
+        _Pragma("GCC unroll 2")
+        for (int h = 0; h < 2; ++h) { /* bytes 16h..16h+15: elements 32k + 16h + j */
+            const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 16 * h)));
+            _Pragma("GCC unroll 5")
+            for (int k = 0; k < 5; ++k)
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(trits16(b, P3[k]), act16(q + 32 * k + 16 * h)));
+        }
+        const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(w + 32))); /* 160 + 16k + j */
+        _Pragma("GCC unroll 5")
+        for (int k = 0; k < 5; ++k)
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(trits16(b, P3[k]), act16(q + 160 + 16 * k)));
+        int32_t isum = hsum8(acc);
+        for (int k = 0; k < 4; ++k) /* qh: elements 240 + 4k + j */
+            for (int j = 0; j < 4; ++j)
+                isum += (int32_t)((((unsigned)(uint8_t)(w[48 + j] * P3[k])) * 3u) >> 8) * q[240 + 4 * k + j];
+        int32_t bs = 0;
+        for (int g = 0; g < 16; ++g) bs += (int16_t)qs_load_u16(x + 260 + 2 * g);
+        s = fmaf(f16(w + 52) * qs_load_f32(x), (float)(isum - bs), s);
+    }
+    return s;
+}
+
 /* MXFP4 / NVFP4 x Q8_0: E2M1 codes to their doubled integer values by one byte shuffle, then signed products */
 T AI __m128i fp4_values(__m128i nibbles) {
     const __m128i book = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);

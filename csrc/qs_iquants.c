@@ -347,7 +347,7 @@ float qs_iq_dot_codes_scalar(const int8_t *codes, const float *mults, const int1
 }
 
 /* One row: decoded to codes, then one running sum over all its groups (what the many-column path does too) */
-static float dot_codes(int type, int64_t n, const uint8_t *w, const uint8_t *x, int simd) {
+static float dot_codes(int type, int64_t n, const uint8_t *w, const uint8_t *x) {
     const int q8k = qs_block_elems(type) == 256, os = qs_iq_outer(type);
     int8_t stack_codes[4096];
     float stack_mults[256];
@@ -359,8 +359,7 @@ static float dot_codes(int type, int64_t n, const uint8_t *w, const uint8_t *x, 
     float s = NAN;
     if (codes && mults && ls) {
         const int gs = qs_iq_row_codes(type, w, n, codes, mults, ls);
-        s = simd ? qs_iq_dot_codes_avx2(codes, mults, ls, gs, os, q8k, n, x)
-                 : qs_iq_dot_codes_scalar(codes, mults, ls, gs, os, q8k, n, x);
+        s = qs_iq_dot_codes_scalar(codes, mults, ls, gs, os, q8k, n, x);
     }
     if (big) {
         free(codes);
@@ -370,20 +369,18 @@ static float dot_codes(int type, int64_t n, const uint8_t *w, const uint8_t *x, 
     return s;
 }
 
+/* The scalar references: decoded to codes, then qs_iq_dot_codes_scalar. Every type's AVX2 dot reads the blocks
+ * directly (qs_iquants_avx2.c) and gives the same bits. */
 #define IQ_DOT_SCALAR(name, TYPE)                                                                                  \
-    float qs_dot_##name##_scalar(int64_t n, const uint8_t *w, const uint8_t *x) { return dot_codes(TYPE, n, w, x, 0); }
-#define IQ_DOT(name, TYPE, ELEMS, BYTES)                                                                            \
-    IQ_DOT_SCALAR(name, TYPE)                                                                                      \
-    float qs_dot_##name##_avx2(int64_t n, const uint8_t *w, const uint8_t *x) { return dot_codes(TYPE, n, w, x, 1); }
-/* the lattice types' AVX2 dots gather the code books directly (qs_iquants_avx2.c) */
+    float qs_dot_##name##_scalar(int64_t n, const uint8_t *w, const uint8_t *x) { return dot_codes(TYPE, n, w, x); }
 IQ_DOT_SCALAR(iq2_xxs, QS_IQ2_XXS)
 IQ_DOT_SCALAR(iq2_xs, QS_IQ2_XS)
 IQ_DOT_SCALAR(iq2_s, QS_IQ2_S)
 IQ_DOT_SCALAR(iq3_xxs, QS_IQ3_XXS)
 IQ_DOT_SCALAR(iq3_s, QS_IQ3_S)
-IQ_DOT_SCALAR(iq1_s, QS_IQ1_S) /* its AVX2 dot is in qs_iquants_avx2.c */
-IQ_DOT(iq1_m, QS_IQ1_M, 256, 56)
-IQ_DOT_SCALAR(tq1_0, QS_TQ1_0) /* its AVX2 dot is in qs_iquants_avx2.c */
-IQ_DOT_SCALAR(tq2_0, QS_TQ2_0) /* its AVX2 dot, and MXFP4's and NVFP4's, are in qs_iquants_avx2.c */
+IQ_DOT_SCALAR(iq1_s, QS_IQ1_S)
+IQ_DOT_SCALAR(iq1_m, QS_IQ1_M)
+IQ_DOT_SCALAR(tq1_0, QS_TQ1_0)
+IQ_DOT_SCALAR(tq2_0, QS_TQ2_0)
 IQ_DOT_SCALAR(mxfp4, QS_MXFP4)
 IQ_DOT_SCALAR(nvfp4, QS_NVFP4)

@@ -297,6 +297,42 @@ T float qs_dot_iq1_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     return s;
 }
 
+/* IQ1_M: code = 8·G + δ per row of 8 (δ = ±1 from the row's nibble), scales per 16. With u = 8·(G + 1) + δ + 1
+ * (0..18, unsigned for vpmaddubsw), Σ code · q = Σ u · q − 9 · Σ q, the last from Q8_K's sums of 16. */
+T float qs_dot_iq1_m_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    const __m256i one = _mm256_set1_epi8(1);
+    for (int64_t i = 0; i < n / 256; ++i, w += 56, x += 292) {
+        const int8_t *q = (const int8_t *)(x + 4);
+        uint16_t sw[4];
+        for (int k = 0; k < 4; ++k) sw[k] = qs_load_u16(w + 48 + 2 * k);
+        const float d = _cvtsh_ss((uint16_t)((sw[0] >> 12) | ((sw[1] >> 8) & 0x00F0) | ((sw[2] >> 4) & 0x0F00) |
+                                             (sw[3] & 0xF000))) * 0.125f;
+        __m256i acc = _mm256_setzero_si256();
+        int32_t bterm = 0;
+        for (int c = 0; c < 8; ++c) { /* rows 4c..4c+3 (elements 32c..32c+31), groups 2c and 2c+1 */
+            const uint32_t nb = qs_load_u16(w + 32 + 2 * c); /* the four rows' nibbles */
+            const uint8_t *qs = w + 4 * c;
+            const __m256i co = rows64((const uint8_t *)QS_GRID_IQ1_S[qs[0] | (nb & 7) << 8],
+                                      (const uint8_t *)QS_GRID_IQ1_S[qs[1] | ((nb >> 4) & 7) << 8],
+                                      (const uint8_t *)QS_GRID_IQ1_S[qs[2] | ((nb >> 8) & 7) << 8],
+                                      (const uint8_t *)QS_GRID_IQ1_S[qs[3] | ((nb >> 12) & 7) << 8]);
+#define D1(r) (long long)((nb >> (4 * (r) + 3)) & 1 ? 0 : 0x0202020202020202LL) /* δ + 1 for row r */
+            const __m256i dl = _mm256_setr_epi64x(D1(0), D1(1), D1(2), D1(3));
+#undef D1
+            const __m256i u = _mm256_add_epi8(_mm256_slli_epi16(_mm256_add_epi8(co, one), 3), dl);
+            const int l0 = 2 * (int)((sw[c / 2] >> (6 * (c % 2))) & 7) + 1;
+            const int l1 = 2 * (int)((sw[c / 2] >> (6 * (c % 2) + 3)) & 7) + 1;
+            const __m256i sc = _mm256_set_m128i(_mm_set1_epi16((short)l1), _mm_set1_epi16((short)l0));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(
+                _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(q + 32 * c))), sc));
+            bterm += 9 * (l0 * (int16_t)qs_load_u16(x + 260 + 4 * c) + l1 * (int16_t)qs_load_u16(x + 262 + 4 * c));
+        }
+        s = fmaf(d * qs_load_f32(x), (float)(hsum8(acc) - bterm), s);
+    }
+    return s;
+}
+
 /* TQ1_0: base-3 digits (ggml: digit k of byte q is ((q · 3^k mod 256) · 3) >> 8), 16 bytes widened to 16-bit
  * lanes at a time; Σ (t − 1) · q = Σ t · q − Σ q, the last from Q8_K's sums of 16 */
 T AI __m256i trits16(__m256i q16, int p3) { /* digit of each 16-bit lane's byte for the power p3 */

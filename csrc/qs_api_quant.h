@@ -55,6 +55,12 @@ int qs_repack(int type, const uint8_t *src, int64_t src_bytes, int64_t rows, int
  * each) in one pool job, y[i] = x W_i^T: the engine's q/k/v and gate/up. Same bits as n qs_matmat calls. */
 int qs_rp_matmat_multi(int n, const int *rtype, const uint8_t *const *w, const int64_t *n_rows, int64_t k,
                        const float *x, int64_t n_x, float *const *y, int n_threads);
+/* Prompts of the code types (IQ1/IQ2/IQ3 and TQ, Q8_K activations): each 16-row group decoded once into a
+ * transient repacked layout and multiplied with every column; the same bits as the row dots. qs_matmat takes this
+ * path for 4 or more columns where qs_iq_prefill_usable (a SIMD ISA, rows a multiple of 16, k of 256). */
+int qs_iq_prefill_usable(int type, int64_t n_rows, int64_t k);
+int qs_iq_prefill(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,
+                  int n_threads);
 /* Bytes rows x k of a weight of this type (plain or repacked) occupy; -1 when no kernel runs it. */
 int64_t qs_weight_bytes(int type, int64_t rows, int64_t k);
 /* Anonymous memory for repacked copies: 2 MiB aligned, transparent huge pages requested; NULL on failure. */

@@ -21,7 +21,7 @@ static int matmat_shared(int n, const int *type, const uint8_t *const *w, const 
     qs_gemm_act acts[3];
     int n_acts = 0, rc = 0;
     for (int i = 0; i < n && !rc; ++i) {
-        if (T >= 4 && qs_gemm_enabled() && qs_gemm_usable(type[i], k)) {
+        if (T >= 4 && qs_gemm_enabled() && qs_gemm_usable(type[i], k) && !qs_iq_prefill_usable(type[i], rows[i], k)) {
             int a = 0;
             while (a < n_acts && !qs_gemm_act_fits(&acts[a], type[i], k)) ++a;
             if (a == n_acts) {

@@ -797,6 +797,8 @@ static int matmat_unguarded(int type, const uint8_t *w, int64_t n_rows, int64_t 
         __builtin_mul_overflow(n_x, k * 8, &nbytes) || __builtin_mul_overflow(n_x * 4, n_rows, &nbytes))
         return -1;
     if (n_x >= 4 && qs_gemm_enabled()) {
+        /* the code types: row groups decoded once into a repacked layout, the same bits as their row dots */
+        if (qs_iq_prefill_usable(type, n_rows, k)) return qs_iq_prefill(type, w, n_rows, k, x, n_x, y, n_threads);
         int rc = qs_gemm(type, w, n_rows, k, k / tr.elems * tr.bytes, x, n_x, y, n_threads);
         if (rc <= 0) return rc;
     }

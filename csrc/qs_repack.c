@@ -50,9 +50,30 @@ static const rp_info RP_TABLE[] = {
     {QS_BF16, 16, 512, QS_F32, 16, 64, 0, qs_rp_bf16_avx512_8, qs_rp_bf16_avx512_1, qs_rp_bf16_avx2_8, qs_rp_bf16_avx2_1, 8},
 };
 
+/* The code types' prompt layout (qs_iq_prefill): never a load-time copy (2.5x the file's bytes), only a row
+ * group decoded for the columns of one product. blk 256, unit 4416: the block multiplier f32[16] @0, the group
+ * scales s8 [256/gs][16] @64, then 64 byte chunks @320 (chunk c, byte 4r+j: code of element 4c+j + 64). */
+static const rp_info RP_CODES[] = {
+    {QS_IQ2_XXS, 256, 4416, QS_Q8_K, 256, 292, 8, qs_rp_codes32_avx512_4, qs_rp_codes32_avx512_1, qs_rp_codes32_avx2_4, qs_rp_codes32_avx2_1, 4},
+    {QS_IQ2_XS, 256, 4416, QS_Q8_K, 256, 292, 16, qs_rp_codes16_avx512_4, qs_rp_codes16_avx512_1, qs_rp_codes16_avx2_4, qs_rp_codes16_avx2_1, 4},
+    {QS_IQ2_S, 256, 4416, QS_Q8_K, 256, 292, 16, qs_rp_codes16_avx512_4, qs_rp_codes16_avx512_1, qs_rp_codes16_avx2_4, qs_rp_codes16_avx2_1, 4},
+    {QS_IQ3_XXS, 256, 4416, QS_Q8_K, 256, 292, 8, qs_rp_codes32_avx512_4, qs_rp_codes32_avx512_1, qs_rp_codes32_avx2_4, qs_rp_codes32_avx2_1, 4},
+    {QS_IQ3_S, 256, 4416, QS_Q8_K, 256, 292, 8, qs_rp_codes32_avx512_4, qs_rp_codes32_avx512_1, qs_rp_codes32_avx2_4, qs_rp_codes32_avx2_1, 4},
+    {QS_IQ1_S, 256, 4416, QS_Q8_K, 256, 292, 8, qs_rp_codes32_avx512_4, qs_rp_codes32_avx512_1, qs_rp_codes32_avx2_4, qs_rp_codes32_avx2_1, 4},
+    {QS_IQ1_M, 256, 4416, QS_Q8_K, 256, 292, 16, qs_rp_codes16_avx512_4, qs_rp_codes16_avx512_1, qs_rp_codes16_avx2_4, qs_rp_codes16_avx2_1, 4},
+    {QS_TQ1_0, 256, 4416, QS_Q8_K, 256, 292, 1, qs_rp_codes256_avx512_4, qs_rp_codes256_avx512_1, qs_rp_codes256_avx2_4, qs_rp_codes256_avx2_1, 4},
+    {QS_TQ2_0, 256, 4416, QS_Q8_K, 256, 292, 1, qs_rp_codes256_avx512_4, qs_rp_codes256_avx512_1, qs_rp_codes256_avx2_4, qs_rp_codes256_avx2_1, 4},
+};
+
 static const rp_info *rp_find(int type) {
     for (size_t i = 0; i < sizeof RP_TABLE / sizeof RP_TABLE[0]; ++i)
         if (RP_TABLE[i].type == type) return &RP_TABLE[i];
+    return NULL;
+}
+
+static const rp_info *rp_codes(int type) {
+    for (size_t i = 0; i < sizeof RP_CODES / sizeof RP_CODES[0]; ++i)
+        if (RP_CODES[i].type == type) return &RP_CODES[i];
     return NULL;
 }
 
@@ -649,6 +670,13 @@ static void prep_task(void *vctx, int64_t j) {
                     int32_t s0 = bs[4 * q] + bs[4 * q + 1], s1 = bs[4 * q + 2] + bs[4 * q + 3];
                     ia[4 * b + q] = (int32_t)(((uint32_t)(uint16_t)(int16_t)s0) | ((uint32_t)(uint16_t)(int16_t)s1 << 16));
                 }
+            } else if (ri->unit == 4416) { /* the code types' prompt layout: 64 x the sums of each scale group */
+                const int ng = ri->ia_per, per = 16 / ng;
+                for (int g = 0; g < ng; ++g) {
+                    int32_t t = 0;
+                    for (int e = 0; e < per; ++e) t += bs[per * g + e];
+                    ia[ng * b + g] = 64 * t;
+                }
             } else if (ri->type == QS_Q2_K) {
                 for (int s = 0; s < 16; ++s) ia[16 * b + s] = bs[s];
             } else if (ri->type == QS_Q3_K) {
@@ -847,4 +875,96 @@ int qs_rp_matmat_multi(int n, const int *rtype, const uint8_t *const *w, const i
 int qs_rp_matmat(int rtype, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,
                  int n_threads) {
     return matmat_multi(1, &rtype, &w, &n_rows, k, x, n_x, &y, n_threads);
+}
+
+/* ---------------------------------------------------------------- prompts of the code types */
+/* The i-quants, IQ1 and TQ against many columns: each 16-row group decoded once (qs_iq_codes, AVX2 where the CPU
+ * has it) into the RP_CODES layout in a buffer of the task's own, then the repacked 4-column kernels over every
+ * column. Per row the integer sums and the one float multiply-add per block are the one-column dot's
+ * (qs_iq_dot_codes_scalar), so a prompt gives the same bits as token-by-token decoding. */
+typedef struct {
+    const rp_info *ri;
+    int type, simd;
+    const uint8_t *w;
+    int64_t row_bytes, nkb, n_rows, n_x;
+    const qs_rp_x *x;
+    float *y;
+    atomic_int failed;
+} cp_ctx;
+
+static void codes_unit(int type, const uint8_t *b, int r, uint8_t *u) {
+    int8_t code[256];
+    float mult[16];
+    int16_t ls[16];
+    const int gs = qs_iq_codes(type, b, code, mult, ls);
+    memcpy(u + 4 * r, &mult[0], 4);
+    for (int g = 0; g < 256 / gs; ++g) u[64 + 16 * g + r] = (uint8_t)(int8_t)ls[g];
+    for (int c = 0; c < 64; ++c)
+        for (int j = 0; j < 4; ++j) u[320 + 64 * c + 4 * r + j] = (uint8_t)(code[4 * c + j] + 64);
+}
+
+static void cp_task(void *vctx, int64_t g) {
+    cp_ctx *c = (cp_ctx *)vctx;
+    const int64_t unit = c->ri->unit;
+    uint8_t *buf = (uint8_t *)aligned_alloc(64, (size_t)(c->nkb * unit));
+    if (!buf) {
+        atomic_store(&c->failed, 1);
+        return;
+    }
+    memset(buf, 0, (size_t)(c->nkb * unit));
+    const int bytes = qs_block_bytes(c->type);
+    for (int r = 0; r < QS_RP_ROWS; ++r) {
+        const uint8_t *row = c->w + (g * QS_RP_ROWS + r) * c->row_bytes;
+        for (int64_t kb = 0; kb < c->nkb; ++kb) codes_unit(c->type, row + kb * bytes, r, buf + kb * unit);
+    }
+    float out[4 * 16] __attribute__((aligned(64)));
+    for (int64_t j = 0; j < c->n_x;) {
+        int nc = 1;
+        if (c->n_x - j >= 4) {
+            (c->simd == 2 ? c->ri->k4 : c->ri->a4)(buf, c->nkb, c->x, j, out);
+            nc = 4;
+        } else {
+            (c->simd == 2 ? c->ri->k1 : c->ri->a1)(buf, c->nkb, c->x, j, out);
+        }
+        for (int q = 0; q < nc; ++q) memcpy(c->y + (j + q) * c->n_rows + g * 16, out + 16 * q, 16 * sizeof(float));
+        j += nc;
+    }
+    free(buf);
+}
+
+int qs_iq_prefill_usable(int type, int64_t n_rows, int64_t k) {
+    return rp_codes(type) && qs_isa_get() >= QS_ISA_AVX2 && n_rows > 0 && n_rows % QS_RP_ROWS == 0 && k > 0 &&
+           k % 256 == 0 && k <= (1 << 22);
+}
+
+static int iq_prefill_unguarded(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x,
+                                float *y, int n_threads) {
+    if (!qs_iq_prefill_usable(type, n_rows, k) || !w || !x || !y || n_x < 1 || n_x > (1 << 20)) return QS_ERR_SIZE;
+    cp_ctx c;
+    memset(&c, 0, sizeof c);
+    c.ri = rp_codes(type);
+    c.type = type;
+    c.simd = qs_isa_get() >= QS_ISA_AVX512 ? 2 : 1;
+    c.w = w;
+    c.row_bytes = k / 256 * qs_block_bytes(type);
+    c.nkb = k / 256;
+    c.n_rows = n_rows;
+    c.n_x = n_x;
+    c.y = y;
+    atomic_init(&c.failed, 0);
+    if (n_threads <= 0) n_threads = qs_threads_default();
+    rp_act a;
+    int rc = act_prepare(&a, c.ri, x, k, n_x, n_threads);
+    if (rc) return rc;
+    c.x = &a.x;
+    qs_parallel_for(n_rows / QS_RP_ROWS, cp_task, &c, n_threads);
+    free(a.buf);
+    return atomic_load(&c.failed) ? QS_ERR_NOMEM : QS_OK;
+}
+
+int qs_iq_prefill(int type, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,
+                  int n_threads) {
+    int rc;
+    QS_GUARDED(rc, iq_prefill_unguarded(type, w, n_rows, k, x, n_x, y, n_threads));
+    return rc;
 }

@@ -97,6 +97,13 @@ void qs_rp_f16_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t 
 void qs_rp_bf16_avx512_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_bf16_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 
+void qs_rp_codes16_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_codes16_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_codes32_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_codes32_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_codes256_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_codes256_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+
 /* AVX2 kernels (qs_repack_avx2.c): the same, half a row group per pass. */
 void qs_rp_q4_K_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q4_K_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
@@ -128,6 +135,13 @@ void qs_rp_f16_avx2_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0
 void qs_rp_f16_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_bf16_avx2_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_bf16_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+
+void qs_rp_codes16_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_codes16_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_codes32_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_codes32_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_codes256_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_codes256_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 
 /* repacked matmul driver (qs_repack.c), called by qs_matmat for repacked type ids */
 int qs_rp_matmat(int rtype, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,

@@ -147,7 +147,9 @@ T AI void k45_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
 /* The AVX-512 kernels' sb_body on rows 8h .. 8h+7: per sub-block the integer sum of the codes against the
  * activations (Q6_K, Q3_K: unsigned codes and the offset in ia; IQ4_XS: the signed code-book values with the sign
  * trick, no offset), times the signed scale; one float multiply-add per block. */
-enum { SB_Q6K, SB_Q3K, SB_IQ4XS };
+enum { SB_Q6K, SB_Q3K, SB_IQ4XS, SB_C16, SB_C32, SB_C256 }; /* as the AVX-512 kernels */
+#define SB_CODES(kind) ((kind) >= SB_C16)
+#define SB_GS(kind) ((kind) == SB_C16 ? 16 : (kind) == SB_C32 ? 32 : 256)
 
 T AI __m256i q3_hi(__m256i h, const int b) { /* bit b of each byte -> bit 2 (other bits masked later) */
     return b < 2 ? _mm256_slli_epi16(h, 2 - b) : b == 2 ? h : _mm256_srli_epi16(h, b - 2);
@@ -162,6 +164,11 @@ T AI __m256i sb_codes(const uint8_t *g, const int kind, const int s, const int t
         *a = 8 * c + 4 * hi;
         return _mm256_or_si256(_mm256_and_si256(hi ? _mm256_srli_epi16(v, 4) : v, m4),
                                _mm256_and_si256(q6_hi(hb, t), _mm256_set1_epi8(0x30)));
+    }
+    if (SB_CODES(kind)) { /* codes + 64 <= 127: unsigned bytes whose pair sums stay inside int16 */
+        const int c = s * (SB_GS(kind) / 4) + t;
+        *a = 4 * c;
+        return ld(g + 320 + 64 * c + 32 * h);
     }
     if (kind == SB_Q3K) {
         const __m256i v = ld(g + Q3_CR(s) + 32 * h), hb = ld(g + Q3_HI(s / 2) + 32 * h);
@@ -179,8 +186,10 @@ T AI __m256i sb_codes(const uint8_t *g, const int kind, const int s, const int t
 T AI void sb_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
                   const int kind, const int h) {
     const int NCH = NC == 1 ? 4 : 2;
-    const int n_sub = kind == SB_IQ4XS ? 8 : 16, steps = kind == SB_IQ4XS ? 8 : 4;
-    const int unit = kind == SB_Q6K ? 3392 : kind == SB_Q3K ? 1856 : 2240, head = kind == SB_IQ4XS ? 3 : 5;
+    const int n_sub = SB_CODES(kind) ? 256 / SB_GS(kind) : kind == SB_IQ4XS ? 8 : 16;
+    const int steps = SB_CODES(kind) ? SB_GS(kind) / 4 : kind == SB_IQ4XS ? 8 : 4;
+    const int unit = SB_CODES(kind) ? 4416 : kind == SB_Q6K ? 3392 : kind == SB_Q3K ? 1856 : 2240;
+    const int head = SB_CODES(kind) ? 0 : kind == SB_IQ4XS ? 3 : 5;
     cols cs;
     cols_init(&cs, x, c0, NC, 4);
     for (int64_t sb = 0; sb < nb; ++sb, g += unit) {
@@ -196,7 +205,7 @@ T AI void sb_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, fl
             } else if (kind == SB_Q3K) {
                 pf(g + Q3_CR(s), h == 0);
                 if (s % 2 == 0) pf(g + Q3_HI(s / 2), h == 0);
-            } else {
+            } else if (kind == SB_IQ4XS) {
                 _Pragma("GCC unroll 4")
                 for (int c = 4 * s; c < 4 * s + 4; ++c) pf(g + 192 + 64 * c, h == 0);
             }
@@ -222,7 +231,7 @@ T AI void sb_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, fl
             _Pragma("GCC unroll 8")
             for (int j = 0; j < NC; ++j) I[j] = _mm256_add_epi32(I[j], _mm256_mullo_epi32(sum_chains(P[j], NCH), sc));
         }
-        const __m256 d = ph8(g + 16 * h);
+        const __m256 d = SB_CODES(kind) ? _mm256_loadu_ps((const float *)g + 8 * h) : ph8(g + 16 * h);
         _Pragma("GCC unroll 8")
         for (int j = 0; j < NC; ++j)
             cs.acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[j]), _mm256_mul_ps(d, _mm256_set1_ps(cs.fa[j][sb])),
@@ -424,6 +433,12 @@ RP_AVX2(iq4_nl, B5)
 RP_AVX2(iq4_xs, SBX)
 RP_AVX2(q2_K, q2k_half)
 RP_AVX2(q3_K, SB3)
+#define SBC16(g, nb, x, c0, out, NC, h) sb_half(g, nb, x, c0, out, NC, SB_C16, h)
+#define SBC32(g, nb, x, c0, out, NC, h) sb_half(g, nb, x, c0, out, NC, SB_C32, h)
+#define SBC256(g, nb, x, c0, out, NC, h) sb_half(g, nb, x, c0, out, NC, SB_C256, h)
+RP_AVX2(codes16, SBC16)
+RP_AVX2(codes32, SBC32)
+RP_AVX2(codes256, SBC256)
 /* float layouts: 8 columns per call as two passes of 4 over each half */
 #define RP_AVX2_F(name, kind)                                                                                      \
     T void qs_rp_##name##_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {         \

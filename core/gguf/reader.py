@@ -10,11 +10,10 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ..fsutil import PathRefused, open_input
 from ..native import ffi, lib
@@ -33,6 +32,9 @@ from .constants import (
 )
 from .errors import GGUFError
 from .strings import StringArray
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _SCALAR_STRUCT: dict[ValueType, struct.Struct] = {
     ValueType.UINT8: struct.Struct("<B"),
@@ -74,27 +76,87 @@ _DTYPE_OF_PLAIN_TYPE: dict[str, str] = {
 }
 
 
+#: ``array`` type codes of the numeric value types (BOOL as bytes), for numpy-free reads of numeric arrays.
+_ARRAY_CODES: dict[ValueType, str] = {
+    ValueType.UINT8: "B", ValueType.INT8: "b", ValueType.UINT16: "H", ValueType.INT16: "h", ValueType.UINT32: "I",
+    ValueType.INT32: "i", ValueType.FLOAT32: "f", ValueType.BOOL: "B", ValueType.UINT64: "Q", ValueType.INT64: "q",
+    ValueType.FLOAT64: "d",
+}
+
+
+class _Numbers:
+    """A numeric metadata array not yet made a numpy view: its bytes (a view of the file that keeps the mapping alive
+    as a numpy view would), element type and count. Opening a file does not import numpy."""
+
+    __slots__ = ("count", "etype", "view")
+
+    def __init__(self, view: memoryview, etype: ValueType, count: int) -> None:
+        self.view = view
+        self.etype = etype
+        self.count = count
+
+    def numpy(self) -> np.ndarray:
+        import numpy as np
+
+        arr = np.frombuffer(self.view, dtype=SCALAR_DTYPES[self.etype], count=self.count)
+        return arr.view(np.bool_) if self.etype == ValueType.BOOL else arr
+
+
+def _materialize(v: Any) -> Any:
+    if isinstance(v, _Numbers):
+        return v.numpy()
+    if isinstance(v, list):
+        return [_materialize(x) for x in v]
+    return v
+
+
 @dataclass(frozen=True)
 class MetadataValue:
     """One metadata entry.
 
     ``value`` is a Python ``int``/``float``/``bool``/``str`` for scalars, a read-only numpy view for numeric
-    arrays (``bool`` dtype for BOOL), a :class:`StringArray` for string arrays, or a list of those for
-    arrays of arrays. ``offset`` is where the entry (its key) starts; ``value_offset`` where its value does.
+    arrays (``bool`` dtype for BOOL; made on first access), a :class:`StringArray` for string arrays, or a list of
+    those for arrays of arrays. ``offset`` is where the entry (its key) starts; ``value_offset`` where its value
+    does.
     """
 
     key: str
     type: ValueType
-    value: Any
+    _value: Any
     offset: int
     value_offset: int
     end: int
     elem_type: ValueType | None = None
 
     @property
+    def value(self) -> Any:
+        v = self._value
+        if isinstance(v, (_Numbers, list)):
+            v = _materialize(v)
+            object.__setattr__(self, "_value", v)
+        return v
+
+    def numbers(self) -> array[Any] | None:
+        """A numeric array's elements as an ``array.array`` copy (read under the fault guard, no numpy); ``None``
+        when the value is not a numeric array."""
+        v = self._value
+        if self.type != ValueType.ARRAY or self.elem_type not in _ARRAY_CODES:
+            return None
+        from ..native.mapped import copy_bytes
+
+        out = array(_ARRAY_CODES[self.elem_type])
+        if isinstance(v, _Numbers):
+            out.frombytes(copy_bytes(v.view, 0, len(v.view), f"metadata {self.key}"))
+        else:
+            out.frombytes(v.tobytes())
+        return out
+
+    @property
     def count(self) -> int | None:
         """Element count of an array, ``None`` for scalars."""
-        return len(self.value) if self.type == ValueType.ARRAY else None
+        if self.type != ValueType.ARRAY:
+            return None
+        return self._value.count if isinstance(self._value, _Numbers) else len(self._value)
 
     @property
     def type_label(self) -> str:
@@ -401,7 +463,7 @@ class GGUFFile:
         count_pos = cur.pos
         count = cur.u64(f"array length of {key!r}")
         remaining = self.file_size - cur.pos
-        min_elem = _MIN_ELEM_BYTES.get(etype) or np.dtype(SCALAR_DTYPES[etype]).itemsize
+        min_elem = _MIN_ELEM_BYTES.get(etype) or _SCALAR_STRUCT[etype].size
         if count > MAX_ARRAY_ELEMENTS or count * min_elem > remaining:
             raise GGUFError(
                 f"array {key!r} claims {count} {etype.name} elements, more than the {remaining} bytes left hold",
@@ -427,15 +489,15 @@ class GGUFFile:
             if depth >= 8:
                 raise GGUFError(f"arrays nested too deeply in {key!r}", type_pos, "at most 8 levels")
             return [self._read_array(cur, key, depth + 1)[0] for _ in range(count)], etype
-        dtype = np.dtype(SCALAR_DTYPES[etype])
-        arr = np.frombuffer(self._buf, dtype=dtype, count=count, offset=cur.pos) if count else np.empty(0, dtype)
-        if etype == ValueType.BOOL:
-            if count and int(arr.max()) > 1:
-                bad = int(np.argmax(arr > 1))
-                raise GGUFError(f"BOOL element {bad} of {key!r} is {int(arr[bad])}", cur.pos + bad, "0 or 1")
-            arr = arr.view(np.bool_)
-        cur.pos += count * dtype.itemsize
-        return arr, etype
+        nbytes = count * _SCALAR_STRUCT[etype].size
+        view = memoryview(self._buf)[cur.pos : cur.pos + nbytes]
+        if etype == ValueType.BOOL and count:
+            raw = view.tobytes()
+            if raw.translate(None, b"\x00\x01"):
+                bad = next(i for i, b in enumerate(raw) if b > 1)
+                raise GGUFError(f"BOOL element {bad} of {key!r} is {raw[bad]}", cur.pos + bad, "0 or 1")
+        cur.pos += nbytes
+        return _Numbers(view, etype, count), etype
 
     def _read_tensor_info(self, cur: _Cursor) -> TensorInfo:
         start = cur.pos
@@ -570,6 +632,8 @@ class GGUFFile:
         """The tensor's raw bytes as a read-only ``uint8`` view (no copy)."""
         if isinstance(t, str):
             t = self.tensor(t)
+        import numpy as np
+
         n = self._usable(t)
         return np.frombuffer(self._buf, dtype=np.uint8, count=n, offset=t.data_offset)
 
@@ -590,6 +654,8 @@ class GGUFFile:
         dtype = _DTYPE_OF_PLAIN_TYPE.get(t.type.name)
         if dtype is None:
             raise TypeError(f"{t.name} is {t.type.name}, a block format: use tensor_rows() or dequantize()")
+        import numpy as np
+
         return np.frombuffer(self._buf, dtype=dtype, count=t.n_elements, offset=t.data_offset).reshape(t.shape)
 
     def release_pages(self, offset: int, length: int) -> None:

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections.abc import Iterator, Sequence
-from typing import Any, overload
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, overload
 
 from ..native import ffi, lib
+from ..native.mapped import copy_bytes
 from .constants import MAX_STRING_BYTES
 from .errors import GGUFError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class StringArray(Sequence[str]):
     """``count`` gguf_strings laid out back to back in ``buf`` starting at byte ``start``.
 
     The reader has already walked (and UTF-8-validated) the array natively to find where it ends; the
-    per-element offsets index is built on first element access, in C, as one ``uint64`` array.
+    per-element offsets index is built on first element access, in C, as one ``uint64`` array (no numpy: the
+    tokenizer's command-line path does not import it).
     """
 
     __slots__ = ("_buf", "_count", "_end", "_index", "_start")
@@ -27,7 +31,7 @@ class StringArray(Sequence[str]):
         self._start = start
         self._count = count
         self._end = end
-        self._index: np.ndarray | None = None
+        self._index: array[int] | None = None
 
     @property
     def start(self) -> int:
@@ -47,9 +51,10 @@ class StringArray(Sequence[str]):
     def __len__(self) -> int:
         return self._count
 
-    def _offsets(self) -> np.ndarray:
+    def _offsets(self) -> array[int]:
+        """Offset (from :attr:`start`) of each element's length field, and of the end: ``count + 1`` entries."""
         if self._index is None:
-            index = np.empty(self._count + 1, dtype=np.uint64)
+            index = array("Q", bytes(8 * (self._count + 1)))
             span = memoryview(self._buf)[self._start : self._end]
             cbuf = ffi.from_buffer("uint8_t[]", span)
             out_end = ffi.new("uint64_t *")
@@ -57,7 +62,7 @@ class StringArray(Sequence[str]):
             err_index = ffi.new("uint64_t *")
             code = lib.qs_scan_strings(
                 cbuf, len(span), self._count, MAX_STRING_BYTES, 0,
-                ffi.cast("uint64_t *", index.ctypes.data), out_end, err_pos, err_index,
+                ffi.cast("uint64_t *", ffi.from_buffer(index, require_writable=True)), out_end, err_pos, err_index,
             )
             ffi.release(cbuf)
             span.release()
@@ -65,6 +70,11 @@ class StringArray(Sequence[str]):
                 raise GGUFError("string array changed since the file was opened", self._start + err_pos[0])
             self._index = index
         return self._index
+
+    def offsets(self) -> array[int]:
+        """Where each element's length field lies in :meth:`copy` (``count + 1`` entries, the last = :attr:`nbytes`);
+        the array is shared: do not modify it."""
+        return self._offsets()
 
     def offset_of(self, i: int) -> int:
         """File offset of element ``i``'s length field."""
@@ -80,7 +90,9 @@ class StringArray(Sequence[str]):
 
     def lengths(self) -> np.ndarray:
         """Byte length of every element (one vectorised pass over the index)."""
-        off = self._offsets().astype(np.int64)
+        import numpy as np
+
+        off = np.frombuffer(self._offsets(), np.uint64).astype(np.int64)
         return np.diff(off) - 8
 
     def _norm(self, i: int) -> int:
@@ -103,22 +115,21 @@ class StringArray(Sequence[str]):
     def __iter__(self) -> Iterator[str]:
         """Every element in order, decoded from one guarded copy of the array's bytes: a whole-vocabulary read
         (the tokenizer) of a file truncated under it raises ``MappedFileError`` instead of dying by SIGBUS."""
-        from ..native.kernels import copy_mapped
-
         off = self._offsets()
-        blob = copy_mapped(np.frombuffer(self._buf, np.uint8, count=self.nbytes, offset=self._start),
-                           "string array").tobytes()
+        blob = self.copy()
         for k in range(self._count):
             yield blob[int(off[k]) + 8 : int(off[k + 1])].decode("utf-8")
 
     def to_list(self) -> list[str]:
         """Every element as a ``str`` (allocates one object per element); one guarded copy, as :meth:`__iter__`."""
-        from ..native.kernels import copy_mapped
-
         offs = self._offsets().tolist()
-        blob = copy_mapped(np.frombuffer(self._buf, np.uint8, count=self.nbytes, offset=self._start),
-                           "string array").tobytes()
+        blob = self.copy()
         return [blob[a + 8 : b].decode("utf-8") for a, b in itertools.pairwise(offs)]
+
+    def copy(self) -> bytes:
+        """The array's bytes (length fields included), copied under the fault guard: a file truncated under the read
+        raises ``MappedFileError`` instead of killing the process by SIGBUS."""
+        return copy_bytes(self._buf, self._start, self._end, "string array")
 
     def __repr__(self) -> str:
         return f"StringArray(count={self._count}, bytes={self.nbytes})"

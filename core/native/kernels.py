@@ -12,55 +12,23 @@ from typing import Any
 
 import numpy as np
 
-from ..filestate import FileChangedError
 from ..quant.types import GGMLType, ggml_type
 from . import ffi, lib
+from .mapped import (  # noqa: F401 - re-exported: the kernels' error types live in the numpy-free module
+    _MAPPED_MESSAGE,
+    MAPPED_FAULT,
+    NATIVE_ERRORS,
+    KernelError,
+    MappedFileError,
+    check,
+    exit_on_unguarded_fault,
+    native_error,
+)
 
 ISA_NAMES = ("scalar", "avx2", "avx512")
 
 #: Activation (vec-dot) type id -> bytes per ``block`` elements.
 _ACT_LAYOUT = {0: (1, 4), 1: (1, 2), 30: (1, 2), 8: (32, 34), 9: (32, 36), 15: (256, 292)}
-
-
-class KernelError(RuntimeError):
-    """A native kernel reported failure (e.g. out of memory)."""
-
-
-#: What the engine's error codes (``QS_ERR_*`` in csrc/qs_api_nn.h) mean.
-NATIVE_ERRORS = {
-    -1: "a size argument is out of range",
-    -2: "out of memory",
-    -3: "a weight type has no kernel or a row length is not a whole number of blocks",
-    -4: "a weight buffer is shorter than its rows need",
-    -5: "a norm or bias vector is missing or has the wrong length",
-    -6: "the KV cache is smaller than n_ctx x n_head_kv x head_dim",
-    -7: "a position lies outside the context",
-    -8: "head counts, head dimension or RoPE dimension are invalid",
-}
-
-
-def native_error(what: str, rc: int) -> KernelError:
-    """A :class:`KernelError` saying what failed and what the native code ``rc`` means."""
-    return KernelError(f"{what} failed: {NATIVE_ERRORS.get(rc, 'unknown error')} ({rc})")
-
-
-class MappedFileError(KernelError, FileChangedError):
-    """A kernel's input (a memory-mapped file) stopped being readable mid-call: the file was truncated or replaced.
-
-    The native guard turned the SIGBUS into this error; the process and the kernel pool are unharmed.
-    """
-
-
-MAPPED_FAULT = int(lib.QS_ERR_MAPPED_FAULT)
-_MAPPED_MESSAGE = "mapped memory is no longer readable: the file changed or was truncated"
-
-
-def check(rc: int, what: str) -> None:
-    """Raise for a native return code: :class:`MappedFileError` for the guard's code, else :class:`KernelError`."""
-    if rc == MAPPED_FAULT:
-        raise MappedFileError(f"{what}: {_MAPPED_MESSAGE}")
-    if rc != 0:
-        raise native_error(what, rc)
 
 
 def check_last_fault(what: str) -> None:
@@ -81,13 +49,6 @@ def copy_mapped(a: np.ndarray, what: str = "read") -> np.ndarray:
         check(lib.qs_copy_mapped(ffi.cast("uint8_t *", ffi.from_buffer(out, require_writable=True)),
                                  ffi.cast("uint8_t *", ffi.from_buffer(src)), src.nbytes), what)
     return out
-
-
-def exit_on_unguarded_fault(message: str | None, status: int = 2) -> None:
-    """CLI mode: a SIGBUS outside the guarded kernels (numpy reading a truncated mapping) prints ``message`` (one
-    line) and exits with ``status`` instead of killing the process by the signal; ``None`` turns that off."""
-    lib.qs_guard_set_fatal_message(ffi.NULL if message is None else message.encode("utf-8", "replace") + b"\n",
-                                   status)
 
 
 def isa_detected() -> str:

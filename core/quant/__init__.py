@@ -1,8 +1,22 @@
-"""ggml type table, reference (numpy) dequantization and single-block decoders."""
+"""ggml type table, reference (numpy) dequantization and single-block decoders.
 
-from .blocks import BitSource, BlockField, DecodedBlock, can_decode, decode_block
-from .dequant import can_dequantize, dequantize
+The type table is imported eagerly; the numpy-based decoders on first use (opening a file or tokenizing text does
+not import numpy)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .types import GGML_TYPES, GGML_TYPES_BY_NAME, REMOVED_TYPE_IDS, GGMLType, ggml_type
+
+if TYPE_CHECKING:
+    from .blocks import BitSource, BlockField, DecodedBlock, can_decode, decode_block
+    from .dequant import can_dequantize, dequantize
+
+_LAZY = {
+    "BitSource": "blocks", "BlockField": "blocks", "DecodedBlock": "blocks", "can_decode": "blocks",
+    "decode_block": "blocks", "can_dequantize": "dequant", "dequantize": "dequant",
+}
 
 __all__ = [
     "GGML_TYPES",
@@ -18,3 +32,12 @@ __all__ = [
     "dequantize",
     "ggml_type",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".{mod}", __name__), name)

@@ -5,19 +5,21 @@ detokenization that never emits half a UTF-8 character."""
 from __future__ import annotations
 
 import heapq
-import logging
+import itertools
+import numbers
 import re
+import struct
 import unicodedata
-from collections.abc import Iterable, Iterator, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, overload
 
-import numpy as np
 import regex
 
 from ..gguf import GGUFFile
 from ..gguf.strings import StringArray
-
-log = logging.getLogger(__name__)
+from ..native import ffi, lib
 
 # token types (llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -121,18 +123,20 @@ def regex_split(text: str, exprs: Sequence[str]) -> list[str]:
     unmatched gaps between them (both kept)."""
     pieces = [text]
     for expr in exprs:
-        pat = regex.compile(expr)
+        finditer = regex.compile(expr).finditer
         out: list[str] = []
+        add = out.append
         for piece in pieces:
             pos = 0
-            for m in pat.finditer(piece):
-                if m.start() > pos:
-                    out.append(piece[pos : m.start()])
-                if m.end() > m.start():
-                    out.append(m.group())
-                pos = m.end()
+            for m in finditer(piece):
+                a, b = m.span()
+                if a > pos:
+                    add(piece[pos:a])
+                if b > a:
+                    add(piece[a:b])
+                pos = b
             if pos < len(piece):
-                out.append(piece[pos:])
+                add(piece[pos:])
         pieces = out
     return pieces
 
@@ -162,6 +166,135 @@ class _PieceMatcher:
                     break
 
 
+class _Pieces(Sequence[str]):
+    """The vocabulary's pieces, decoded on access from one copy of the file's string array: no Python object per
+    piece until one is asked for (a 150k-piece vocabulary would take tens of milliseconds to decode)."""
+
+    __slots__ = ("_blob", "_off")
+
+    def __init__(self, blob: bytes, offsets: array[int]) -> None:
+        self._blob = blob
+        self._off = offsets
+
+    def __len__(self) -> int:
+        return len(self._off) - 1
+
+    def raw(self, i: int) -> bytes:
+        """Piece ``i``'s UTF-8 bytes."""
+        return self._blob[self._off[i] + 8 : self._off[i + 1]]
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"token id {i} out of range for {n} pieces")
+        return self._blob[self._off[i] + 8 : self._off[i + 1]].decode("utf-8")
+
+    def __iter__(self) -> Iterator[str]:
+        blob, off = self._blob, self._off
+        for k in range(len(self)):
+            yield blob[off[k] + 8 : off[k + 1]].decode("utf-8")
+
+
+class _Vocab(Mapping[str, int]):
+    """Piece -> id (the first id of a piece that occurs twice) and the BPE merge ranks, as native hash tables over the
+    string arrays' bytes (csrc/qs_vocab.c): built in milliseconds, no Python object per entry."""
+
+    def __init__(self, pieces: _Pieces, merges: StringArray | None) -> None:
+        self._pieces = pieces
+        self._tok = ffi.from_buffer(pieces._blob)  # the table points into these buffers: kept alive with it
+        mblob = merges.copy() if merges is not None else None
+        self._mrg = ffi.from_buffer(mblob) if mblob is not None else ffi.NULL
+        err = ffi.new("int *")
+        table = lib.qs_vocab_new(self._tok, len(pieces._blob), len(pieces), self._mrg,
+                                 len(mblob) if mblob is not None else 0, len(merges) if merges is not None else 0, err)
+        if table == ffi.NULL:
+            raise MemoryError("out of memory indexing the vocabulary") if err[0] == -2 else TokenizerError(
+                "the vocabulary's string arrays changed since the file was opened")
+        self._table = ffi.gc(table, lib.qs_vocab_free)
+        self._dict: dict[str, int] | None = None
+
+    def get(self, key: object, default: Any = None) -> Any:
+        if not isinstance(key, str):
+            return default
+        b = key.encode("utf-8", "surrogatepass")
+        i = lib.qs_vocab_find(self._table, b, len(b))
+        return default if i < 0 else int(i)
+
+    def __getitem__(self, key: str) -> int:
+        i = self.get(key)
+        if i is None:
+            raise KeyError(key)
+        return i
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key) is not None
+
+    def _all(self) -> dict[str, int]:
+        if self._dict is None:
+            n = len(self._pieces)
+            self._dict = dict(zip(reversed(self._pieces), range(n - 1, -1, -1), strict=True))
+        return self._dict
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def no_whole(self, ids: Iterable[int]) -> None:
+        """Words equal to these pieces are merged, not taken whole (control tokens, as llama.cpp)."""
+        flags = bytearray(len(self._pieces))
+        for i in ids:
+            flags[i] = 1
+        if lib.qs_vocab_no_whole(self._table, ffi.from_buffer(flags), len(flags)) != 0:
+            raise MemoryError("out of memory marking control tokens")
+
+    def bpe_words(self, text: str, words: Sequence[str], byte_map: bool) -> tuple[list[int], list[int] | None]:
+        """The ids of each of ``words`` (consecutive pieces of ``text``) after :meth:`bpe` with whole words first,
+        back to back. A symbol that is not a piece is ``-1``: then the second item gives where each word's ids
+        start (``len(words) + 1`` entries) for the caller's fallback; otherwise it is ``None``."""
+        raw = text.encode("utf-8")
+        ends = array("Q", itertools.accumulate(map(len, words)))
+        if ends and ends[-1] != len(text):
+            raise ValueError("the words do not make up the text")
+        n = max(len(raw), 1)  # a word has at most as many symbols as bytes
+        ids = ffi.new("int32_t[]", n)
+        starts = ffi.new("uint64_t[]", len(words) + 1)
+        flags = (lib.QS_BPE_BYTE_MAP if byte_map else 0) | lib.QS_BPE_WHOLE_FIRST
+        k = lib.qs_vocab_bpe_words(self._table, raw, len(raw), ffi.from_buffer("uint64_t[]", ends), len(words), flags,
+                                   ids, n, starts)
+        if k < 0:
+            raise MemoryError("out of memory merging words") if k == -2 else RuntimeError("qs_vocab_bpe_words refused")
+        out = ffi.unpack(ids, k)
+        return (out, None) if -1 not in out else (out, ffi.unpack(starts, len(words) + 1))
+
+    def rank(self, left: str, right: str) -> int | None:
+        """Rank of the merge ``left right`` (``None``: no such merge)."""
+        a, b = left.encode("utf-8", "surrogatepass"), right.encode("utf-8", "surrogatepass")
+        r = lib.qs_vocab_rank(self._table, a, len(a), b, len(b))
+        return None if r < 0 else int(r)
+
+    def bpe(self, word: bytes, byte_map: bool, whole_first: bool = False) -> tuple[list[int], list[int]]:
+        """The ids (-1: not a piece) of the symbols byte-pair merging leaves of ``word`` and the byte offsets where
+        they end in the (byte-mapped) word; see ``qs_vocab_bpe``."""
+        n = len(word)
+        ids = ffi.new("int32_t[]", max(n, 1))
+        ends = ffi.new("uint64_t[]", max(n, 1))
+        flags = (lib.QS_BPE_BYTE_MAP if byte_map else 0) | (lib.QS_BPE_WHOLE_FIRST if whole_first else 0)
+        k = lib.qs_vocab_bpe(self._table, word, n, flags, ids, ends, n)
+        if k < 0:
+            raise MemoryError("out of memory merging a word") if k == -2 else RuntimeError("qs_vocab_bpe refused")
+        return ffi.unpack(ids, k), ffi.unpack(ends, k)
+
+
 @dataclass(frozen=True)
 class Token:
     id: int
@@ -185,17 +318,22 @@ class Tokenizer:
         #: BPE over GPT-2's byte-to-character mapping ("gpt2") or over raw UTF-8 with spaces written as U+2581
         #: and <0xXX> byte tokens for what the merges do not cover (Gemma 4's "SPM-style" BPE)
         self.bpe = self.model in ("gpt2", "gemma4")
-        pieces = _string_array(f, "tokenizer.ggml.tokens")
-        if pieces is None:
+        tokens = _string_array(f, "tokenizer.ggml.tokens")
+        if tokens is None:
             raise TokenizerError("the file has no tokenizer.ggml.tokens")
-        if not pieces:
+        if not len(tokens):
             raise TokenizerError("tokenizer.ggml.tokens is empty")
-        self.pieces: list[str] = pieces
+        merges = _string_array(f, "tokenizer.ggml.merges") if self.bpe else None
+        if self.bpe and merges is None:
+            raise TokenizerError(f"{self.model} tokenizer without tokenizer.ggml.merges")
+        #: the pieces, by id (decoded on access)
+        self.pieces: Sequence[str] = _Pieces(tokens.copy(), array("Q", tokens.offsets()))
         n = len(self.pieces)
         types = _int_array(f, "tokenizer.ggml.token_type", n)
-        self.types = types if types is not None else np.full(n, NORMAL, np.int32)
-        # the first id of a piece that occurs twice wins: fill from the end
-        self.vocab: dict[str, int] = dict(zip(reversed(self.pieces), range(n - 1, -1, -1), strict=True))
+        #: token types (``NORMAL``, ``CONTROL``, ...), by id
+        self.types: array[int] = types if types is not None else array("i", [NORMAL]) * n
+        #: piece -> id (the first id of a piece that occurs twice) and the merge ranks
+        self.vocab = _Vocab(self.pieces, merges)  # type: ignore[arg-type]
         pre = f.get("tokenizer.ggml.pre", "default")
         if not isinstance(pre, str):
             raise TokenizerError(f"tokenizer.ggml.pre is not a string ({_kind(pre)})")
@@ -220,25 +358,23 @@ class Tokenizer:
         # BERT's normalizer (llama.cpp: lowercase by default, accents stripped when lowercasing unless told)
         self.lowercase = self._flag(f, "tokenizer.ggml.normalizer.lowercase", True)
         self.strip_accents = self._flag(f, "tokenizer.ggml.normalizer.strip_accents", self.lowercase)
-        for p in self.problems:
-            log.warning("tokenizer: %s", p)
-        self.special_ids = np.flatnonzero(np.isin(self.types, (CONTROL, USER_DEFINED))).tolist()
+        if self.problems:
+            import logging
+
+            for p in self.problems:
+                logging.getLogger(__name__).warning("tokenizer: %s", p)
+        self.special_ids = _ids_of_types(self.types, (CONTROL, USER_DEFINED))
         self._special_re = self._alternation(self.special_ids)
         # user-defined tokens (MPT's runs of spaces, ...) are matched in the text even when special tokens are not
         # parsed, as llama.cpp does
         self._user_re = self._alternation([i for i in self.special_ids if self.types[i] == USER_DEFINED])
         self._cache: dict[str, list[int]] = {}
         if self.bpe:
-            merges = _string_array(f, "tokenizer.ggml.merges")
-            if merges is None:
-                raise TokenizerError(f"{self.model} tokenizer without tokenizer.ggml.merges")
-            pairs = [m.partition(" ") for m in merges]  # the first rank of a pair that occurs twice wins
-            self.ranks: dict[tuple[str, str], int] = {
-                (p[0], p[2]): r for r, p in zip(range(len(pairs) - 1, -1, -1), reversed(pairs), strict=True)}
             if self.pre not in PRE_TOKENIZERS:
                 raise TokenizerError(f"pre-tokenizer {self.pre!r} is not supported "
                                      f"(known: {', '.join(sorted(PRE_TOKENIZERS))})")
             self.exprs = PRE_TOKENIZERS[self.pre]
+            self.vocab.no_whole(_ids_of_types(self.types, (CONTROL,)))
             self.spm_style = self.pre in SPM_STYLE_BPE
             self.byte_enc = bytes_to_unicode()
             self.byte_dec = {c: b for b, c in self.byte_enc.items()}
@@ -247,13 +383,13 @@ class Tokenizer:
             self.max_piece = max((len(p) for p in self.pieces), default=1)
         else:
             scores = _num_array(f, "tokenizer.ggml.scores", n)
-            self.scores = scores if scores is not None else np.zeros(n, np.float32)
+            self.scores: array[float] = scores if scores is not None else array("f", bytes(4 * n))
             self.byte_ids = self._byte_ids()
 
     def _byte_ids(self) -> dict[int, int]:
         """Byte value -> id of its <0xXX> byte token (the first one)."""
         out: dict[int, int] = {}
-        for i in np.flatnonzero(self.types == BYTE).tolist():
+        for i in _ids_of_types(self.types, (BYTE,)):
             b = _byte_value(self.pieces[i])
             if b is not None:
                 out.setdefault(b, i)
@@ -269,7 +405,7 @@ class Tokenizer:
         v = f.get(key)
         if v is None:
             return None
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
             self.problems.append(f"{key} is not an integer ({_kind(v)}); ignored")
             return None
         if not 0 <= int(v) < n:
@@ -281,7 +417,7 @@ class Tokenizer:
         v = f.get(key)
         if v is None:
             return default
-        if isinstance(v, (bool, np.bool_, int, np.integer)):
+        if isinstance(v, (bool, numbers.Integral)):
             return bool(v)
         self.problems.append(f"{key} is not a boolean ({_kind(v)}); the default {default} is used")
         return default
@@ -397,57 +533,50 @@ class Tokenizer:
             yield False, text[pos:]
 
     def _encode_bpe(self, text: str) -> list[int]:
-        out: list[int] = []
-        if self.spm_style:
-            text = text.replace(" ", "▁")
-        for word in regex_split(text, self.exprs):
+        if not self.spm_style:  # every word in one native call
+            words = regex_split(text, self.exprs)
+            ids, starts = self.vocab.bpe_words(text, words, byte_map=True)
+            if starts is None:
+                return ids
+            out: list[int] = []
+            for w, word in enumerate(words):
+                seg = ids[starts[w] : starts[w + 1]]
+                out.extend(self._bpe(word.encode("utf-8")) if -1 in seg else seg)
+            return out
+        out = []
+        for word in regex_split(text.replace(" ", "▁"), self.exprs):
             cached = self._cache.get(word)
             if cached is None:
-                if not self.spm_style:
-                    cached = self._bpe("".join(self.byte_enc[b] for b in word.encode("utf-8")))
-                elif word.strip("\n") == "" and word in self.vocab:  # a run of newlines is one token (llama.cpp)
+                if word.strip("\n") == "" and word in self.vocab:  # a run of newlines is one token (llama.cpp)
                     cached = [self.vocab[word]]
                 else:
-                    cached = self._bpe(word)
+                    cached = self._bpe(word.encode("utf-8", "surrogatepass"))
                 if len(self._cache) < 100_000:
                     self._cache[word] = cached
             out.extend(cached)
         return out
 
-    def _bpe(self, word: str) -> list[int]:
-        if not self.spm_style and word in self.vocab and len(word) > 0 and self.types[self.vocab[word]] != CONTROL:
-            return [self.vocab[word]]
-        parts = list(word)
-        ranks = self.ranks
-        while len(parts) > 1:
-            best, best_i = None, -1
-            for i in range(len(parts) - 1):
-                r = ranks.get((parts[i], parts[i + 1]))
-                if r is not None and (best is None or r < best):
-                    best, best_i = r, i
-            if best is None:
-                break
-            a, b = parts[best_i], parts[best_i + 1]
-            merged: list[str] = []
-            i = 0
-            while i < len(parts):  # merge every occurrence of the pair, left to right
-                if i < len(parts) - 1 and parts[i] == a and parts[i + 1] == b:
-                    merged.append(a + b)
-                    i += 2
-                else:
-                    merged.append(parts[i])
-                    i += 1
-            parts = merged
-        ids = []
-        for p in parts:
-            tid = self.vocab.get(p)
-            if tid is not None:
-                ids.append(tid)
+    def _bpe(self, raw: bytes) -> list[int]:
+        """Byte-pair merge one pre-tokenized word (natively, ``qs_vocab_bpe``; over GPT-2's byte characters unless
+        SPM-style), then its symbols' ids. A byte-level word that is a piece (not a control token) is that piece; a
+        symbol that is not a piece falls back to its bytes' <0xXX> tokens (SPM-style) or its characters."""
+        mapped = not self.spm_style
+        ids, ends = self.vocab.bpe(raw, mapped, whole_first=mapped)  # (control tokens are never taken whole)
+        if -1 not in ids:
+            return ids
+        text = "".join(self.byte_enc[b] for b in raw).encode("utf-8") if mapped else raw
+        out: list[int] = []
+        start = 0
+        for tid, end in zip(ids, ends, strict=True):
+            if tid >= 0:
+                out.append(tid)
             elif self.spm_style:  # its bytes as <0xXX> tokens (a byte without one is dropped, as in llama.cpp)
-                ids.extend(self.byte_ids[b] for b in p.encode("utf-8") if b in self.byte_ids)
+                out.extend(self.byte_ids[b] for b in text[start:end] if b in self.byte_ids)
             else:  # not in vocab: fall back to single characters
-                ids.extend(self.vocab.get(ch, self.unk_id if self.unk_id is not None else 0) for ch in p)
-        return ids
+                p = text[start:end].decode("utf-8", "surrogatepass")
+                out.extend(self.vocab.get(ch, self.unk_id if self.unk_id is not None else 0) for ch in p)
+            start = end
+        return out
 
     def _encode_spm(self, text: str) -> list[int]:
         text = text.replace(" ", "▁")
@@ -533,43 +662,70 @@ def _kind(v: object) -> str:
     """A short description of a metadata value's type, for messages."""
     if isinstance(v, str):
         return f"a string ({v[:20]!r})"
-    if isinstance(v, (StringArray, np.ndarray, list)):
-        return f"an array of {len(v)}"
-    if isinstance(v, (bool, np.bool_)):
+    if isinstance(v, (StringArray, list)) or hasattr(v, "ndim"):
+        return f"an array of {len(v)}"  # type: ignore[arg-type]
+    if isinstance(v, bool) or type(v).__name__ == "bool_":
         return f"a boolean ({bool(v)})"
-    if isinstance(v, (int, np.integer, float, np.floating)):
-        return f"{'an integer' if isinstance(v, (int, np.integer)) else 'a float'} ({v})"
+    if isinstance(v, numbers.Real):
+        return f"{'an integer' if isinstance(v, numbers.Integral) else 'a float'} ({v})"
     return type(v).__name__
 
 
-def _string_array(f: GGUFFile, key: str) -> list[str] | None:
+def _string_array(f: GGUFFile, key: str) -> StringArray | None:
     v = f.get(key)
     if v is None:
         return None
     if not isinstance(v, StringArray):
         raise TokenizerError(f"{key} is not an array of strings ({_kind(v)})")
-    return v.to_list()
+    return v
 
 
-def _array(f: GGUFFile, key: str, n: int, kinds: str) -> np.ndarray | None:
-    v = f.get(key)
-    if v is None:
+def _numbers(f: GGUFFile, key: str, n: int, floats: bool) -> array[Any] | None:
+    """A numeric metadata array of ``n`` entries (integers only unless ``floats``), read without numpy."""
+    kv = f.metadata.get(key)
+    if kv is None:
         return None
-    if not isinstance(v, np.ndarray) or v.ndim != 1 or v.dtype.kind not in kinds:
-        raise TokenizerError(f"{key} is not a numeric array ({_kind(v)})")
+    v = kv.numbers()
+    if v is None or (kv.elem_type is not None and kv.elem_type.name == "BOOL") or (not floats and v.typecode in "fd"):
+        raise TokenizerError(f"{key} is not a numeric array ({_kind(kv.value)})")
     if len(v) != n:
         raise TokenizerError(f"{key} has {len(v)} entries but tokenizer.ggml.tokens has {n}")
     return v
 
 
-def _int_array(f: GGUFFile, key: str, n: int) -> np.ndarray | None:
-    v = _array(f, key, n, "iu")
-    return None if v is None else np.asarray(v, dtype=np.int64).clip(-(2**31), 2**31 - 1).astype(np.int32)
+def _int_array(f: GGUFFile, key: str, n: int) -> array[int] | None:
+    """Integers clipped to int32, as llama.cpp reads them."""
+    v = _numbers(f, key, n, floats=False)
+    if v is None or v.typecode in "bBhHi":
+        return v if v is None or v.typecode == "i" else array("i", v)
+    lo, hi = -(2**31), 2**31 - 1
+    return array("i", (lo if x < lo else hi if x > hi else x for x in v))
 
 
-def _num_array(f: GGUFFile, key: str, n: int) -> np.ndarray | None:
-    v = _array(f, key, n, "iuf")
-    return None if v is None else np.asarray(v, dtype=np.float32)
+def _num_array(f: GGUFFile, key: str, n: int) -> array[float] | None:
+    """Numbers as float32 (out-of-range float64 values become infinities, as a cast does)."""
+    v = _numbers(f, key, n, floats=True)
+    if v is None or v.typecode == "f":
+        return v
+    big = 3.4028234663852886e38
+    return array("f", (x if -big <= x <= big or x != x else (float("inf") if x > 0 else float("-inf")) for x in v))
+
+
+def _ids_of_types(types: array[int], wanted: tuple[int, ...]) -> list[int]:
+    """Ids whose type is one of ``wanted``, in order (a byte search over the int32 array: vocabularies are mostly
+    NORMAL, so this is far faster than a Python loop over 150k entries)."""
+    raw = types.tobytes()
+    out: list[int] = []
+    for t in wanted:
+        pat = struct.pack("=i", t)
+        i = raw.find(pat)
+        while i != -1:
+            if i % 4 == 0:
+                out.append(i // 4)
+                i = raw.find(pat, i + 4)
+            else:
+                i = raw.find(pat, i + 1)
+    return sorted(out)
 
 
 def _byte_value(piece: str) -> int | None:

@@ -211,3 +211,37 @@ def test_tokenize_command_does_not_import_numpy(model_path):
     assert res.returncode == 0, res.stderr
     assert res.stderr.strip() == "[]", res.stderr
     assert res.stdout.split() == ["19556", "28", "905", "17", "216", "33", "34", "35"]
+
+
+def walk_split(text: str, exprs: tuple[str, ...]) -> list[str]:
+    """The pre-tokenizer split by walking each expression's matches (the reference for regex_split's fast path)."""
+    import regex
+
+    pieces = [text]
+    for expr in exprs:
+        out: list[str] = []
+        for piece in pieces:
+            pos = 0
+            for m in regex.finditer(expr, piece):
+                if m.start() > pos:
+                    out.append(piece[pos : m.start()])
+                if m.end() > m.start():
+                    out.append(m.group())
+                pos = m.end()
+            if pos < len(piece):
+                out.append(piece[pos:])
+        pieces = out
+    return pieces
+
+
+def test_every_pre_tokenizer_splits_as_the_match_walk():
+    from quantscope.core.tokenizer import PRE_TOKENIZERS
+
+    rng = random.Random(3)
+    docs = "\n".join(p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").glob("*.md")))[:6000]
+    alphabet = "ab Z9 0123\n\r\t  .,'s'LL—é中한Привет\u00a0\u2581!?()"
+    texts = [docs, "", " ", "\n\n\n", "   leading and trailing   ", "1234567 89", "I'm ALL CAPS'LL don't"]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 80))) for _ in range(200)]
+    for name, exprs in PRE_TOKENIZERS.items():
+        for t in texts:
+            assert regex_split(t, exprs) == walk_split(t, exprs), (name, t)

@@ -120,15 +120,22 @@ def bytes_to_unicode() -> dict[int, str]:
 
 def regex_split(text: str, exprs: Sequence[str]) -> list[str]:
     """Split like llama.cpp's unicode_regex_split: each expression splits every piece into its matches and the
-    unmatched gaps between them (both kept)."""
+    unmatched gaps between them (both kept). An expression without groups runs as one ``split`` per piece with the
+    whole expression captured (about twice as fast as walking the matches; none of them matches the empty text)."""
     pieces = [text]
     for expr in exprs:
-        finditer = regex.compile(expr).finditer
+        pat = regex.compile(expr)
         out: list[str] = []
+        if pat.groups == 0:
+            split = regex.compile(f"({expr})").split
+            for piece in pieces:
+                out.extend(filter(None, split(piece)))
+            pieces = out
+            continue
         add = out.append
         for piece in pieces:
             pos = 0
-            for m in finditer(piece):
+            for m in pat.finditer(piece):
                 a, b = m.span()
                 if a > pos:
                     add(piece[pos:a])

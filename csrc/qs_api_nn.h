@@ -38,6 +38,8 @@ int qs_rope_ext(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_d
 void qs_softmax(float *x, int64_t n_rows, int64_t n);
 void qs_swiglu(const float *gate, const float *up, float *out, int64_t n);
 void qs_geglu_tanh(const float *gate, const float *up, float *out, int64_t n);
+/* gpt-oss's clamped SwiGLU (qs_block's swiglu_oai); out may alias gate or up. */
+void qs_swiglu_oai(const float *gate, const float *up, float *out, int64_t n);
 /* Caches hold n_ctx positions; the first n_kv (<= n_ctx) are valid. Query positions must be >= 0. */
 int qs_attention(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
                  const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv, int64_t n_ctx,
@@ -47,6 +49,13 @@ int qs_attention(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads,
 int qs_attention_softcap(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
                          const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv,
                          int64_t n_ctx, int64_t window, float scale, float softcap, float *out, int n_threads);
+/* The same with gpt-oss's attention sinks: sinks (NULL: none) holds one logit per query head that joins each
+ * softmax's denominator, unscaled and never masked, with no value row: p_j = e^(s_j - M) / (sum_i e^(s_i - M) +
+ * e^(sink - M)), M the larger of the scores' maximum and the sink. A non-finite sink is QS_ERR_SIZE. */
+int qs_attention_sinks(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                       const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv,
+                       int64_t n_ctx, int64_t window, float scale, float softcap, const float *sinks, float *out,
+                       int n_threads);
 
 /* One transformer block (llama / qwen2 / gemma3 variants), in place on x [T][n_embd]. Pointers that a variant
  * lacks are NULL (their length 0). KV cache layout: [n_ctx][n_head_kv][head_dim], F32 or F16. Every size is
@@ -94,6 +103,14 @@ typedef struct {
     int wr_type;
     const uint8_t *wr;
     int64_t wr_bytes;
+    /* gpt-oss: biases of the attention output (n_embd), the router (n_expert) and each expert's gate and up
+     * (n_expert x n_ff, expert-major) and down (n_expert x n_embd); attention sinks (n_head logits, see
+     * qs_attention_sinks); swiglu_oai 1: the clamped SwiGLU, g = min(g, 7), u = clamp(u, -7, 7),
+     * out = g / (1 + e^(-1.702 g)) * (u + 1). NULL vectors: none. (gpt-oss's softmax over the picked router logits
+     * is the normalized softmax above: e^l_i / sum over the picked e^l_j either way.) */
+    const float *bo, *sinks, *br, *bg, *bu, *bd;
+    int64_t bo_len, sinks_len, br_len, bg_len, bu_len, bd_len;
+    int swiglu_oai;
 } qs_block;
 int qs_block_forward(const qs_block *b, float *x, int64_t n_tokens, const int32_t *pos, int64_t n_past,
                      int n_threads);

@@ -110,16 +110,26 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
         return QS_ERR_VECTOR; /* NULL norms: olmo2 */
     for (int i = 0; i < 9; ++i)
         if (vs[i] && vlen[i] != want[i]) return QS_ERR_VECTOR;
+    /* gpt-oss's vectors: each absent (NULL, length 0) or of its exact length; expert biases need experts */
+    const float *const gv[6] = {b->bo, b->sinks, b->br, b->bg, b->bu, b->bd};
+    const int64_t glen[6] = {b->bo_len, b->sinks_len, b->br_len, b->bg_len, b->bu_len, b->bd_len};
+    const int64_t gwant[6] = {E, H, NE, NE * F, NE * F, NE * E};
+    for (int i = 0; i < 6; ++i)
+        if (gv[i] ? glen[i] != gwant[i] || (i >= 2 && !NE) : glen[i] != 0) return QS_ERR_VECTOR;
+    if (b->swiglu_oai != 0 && b->swiglu_oai != 1) return QS_ERR_SIZE;
+    for (int64_t h = 0; b->sinks && h < H; ++h) /* checked here too: the attention would refuse after the KV store */
+        if (!isfinite(b->sinks[h])) return QS_ERR_SIZE;
     const int64_t cache = b->n_ctx * KV * hd * (b->kv_f16 ? 2 : 4);
     if (!b->k_cache || !b->v_cache || b->k_cache_bytes < cache || b->v_cache_bytes < cache) return QS_ERR_CACHE;
     return QS_OK;
 }
 
-/* The mixture-of-experts FFN of h [T][E] into out [T][E] (qs_block's n_expert fields): router logits, softmax,
- * the n_expert_used largest per token (ties to the lower index, as a stable descending sort), their weights
- * normalized as llama.cpp does (sum clamped below at 2^-14) and scaled; then expert by expert, only the tokens
- * routed to it: their rows of h gathered, gate/up (one job), SwiGLU, down, and each output row added with its
- * token's weight. Decode reads the picked experts' rows only; prefill streams each expert's weights once. */
+/* The mixture-of-experts FFN of h [T][E] into out [T][E] (qs_block's n_expert fields): router logits (+ bias),
+ * softmax, the n_expert_used largest per token (ties to the lower index, as a stable descending sort), their
+ * weights normalized as llama.cpp does (sum clamped below at 2^-14) and scaled. Then expert by expert, only the tokens routed to it:
+ * their rows of h gathered, gate/up (one job, + biases), SwiGLU (or the clamped variant), down (+ bias), and each
+ * output row added with its token's weight. Decode reads the picked experts' rows only; prefill streams each
+ * expert's weights once. */
 static int moe_ffn(const qs_block *b, const float *h, int64_t T, float *out, int n_threads) {
     const int64_t E = b->n_embd, F = b->n_ff, NE = b->n_expert, K = b->n_expert_used;
     const int64_t sg = qs_weight_bytes(b->wg_type, F, E), su = qs_weight_bytes(b->wu_type, F, E),
@@ -137,6 +147,7 @@ static int moe_ffn(const qs_block *b, const float *h, int64_t T, float *out, int
     if (!probs || !sel || !wsel || !count || !tok || !hb || !gb || !ob) goto done;
     rc = qs_matmat(b->wr_type, b->wr, NE, E, h, T, probs, n_threads);
     if (rc) goto done;
+    if (b->br) add_bias(probs, b->br, T, NE);
     qs_softmax(probs, T, NE);
     for (int64_t t = 0; t < T; ++t) {
         const float *p = probs + t * NE;
@@ -181,9 +192,13 @@ static int moe_ffn(const qs_block *b, const float *h, int64_t T, float *out, int
         float *const ys[2] = {gb, gb + n * F};
         rc = matmat_shared(2, ty, ws, rows, E, hb, n, ys, n_threads);
         if (rc) break;
-        qs_swiglu(gb, gb + n * F, gb, n * F);
+        if (b->bg) add_bias(gb, b->bg + e * F, n, F);
+        if (b->bu) add_bias(gb + n * F, b->bu + e * F, n, F);
+        if (b->swiglu_oai) qs_swiglu_oai(gb, gb + n * F, gb, n * F);
+        else qs_swiglu(gb, gb + n * F, gb, n * F);
         rc = qs_matmat(b->wd_type, b->wd + e * sd, E, F, gb, n, ob, n_threads);
         if (rc) break;
+        if (b->bd) add_bias(ob, b->bd + e * E, n, E);
         for (int64_t i = 0; i < n; ++i) {
             const float w = wsel[pairs[i]];
             float *o = out + (pairs[i] / K) * E;
@@ -256,11 +271,12 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
         store_kv(b->k_cache, b->kv_f16, n_past * KV * hd, k, T * KV * hd);
         store_kv(b->v_cache, b->kv_f16, n_past * KV * hd, v, T * KV * hd);
     }
-    rc = qs_attention_softcap(q, T, pos, (int)H, (int)hd, b->k_cache, b->v_cache, b->kv_f16, (int)KV, n_past + T,
-                              b->n_ctx, b->window, b->attn_scale, b->attn_softcap, att, n_threads);
+    rc = qs_attention_sinks(q, T, pos, (int)H, (int)hd, b->k_cache, b->v_cache, b->kv_f16, (int)KV, n_past + T,
+                            b->n_ctx, b->window, b->attn_scale, b->attn_softcap, b->sinks, att, n_threads);
     if (rc) goto done;
     rc = qs_matmat(b->wo_type, b->wo, E, H * hd, att, T, o, n_threads);
     if (rc) goto done;
+    if (b->bo) add_bias(o, b->bo, T, E);
     if (b->post_attn_norm) qs_rmsnorm(o, b->post_attn_norm, o, T, E, b->eps);
     const float rs = b->residual_scale != 0.0f ? b->residual_scale : 1.0f;
     if (rs != 1.0f)

@@ -128,6 +128,14 @@ void qs_swiglu(const float *gate, const float *up, float *out, int64_t n) {
     else qs_swiglu_scalar(gate, up, out, n);
 }
 
+void qs_swiglu_oai(const float *gate, const float *up, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = gate[i] < 7.0f ? gate[i] : 7.0f; /* fminf would keep a NaN gate's partner */
+        const float u = up[i] < -7.0f ? -7.0f : up[i] > 7.0f ? 7.0f : up[i];
+        out[i] = g / (1.0f + expf(-1.702f * g)) * (u + 1.0f);
+    }
+}
+
 void qs_geglu_tanh(const float *gate, const float *up, float *out, int64_t n) {
     if (qs_isa_get() >= QS_ISA_AVX2) qs_geglu_tanh_avx2(gate, up, out, n);
     else qs_geglu_tanh_scalar(gate, up, out, n);
@@ -141,6 +149,7 @@ typedef struct {
     const void *k, *v;
     int64_t n_kv, window;
     float scale, softcap;
+    const float *sinks;
     float *out;
     int failed;
     int split; /* tasks per KV head and query: the group's query heads are split this many ways */
@@ -198,7 +207,7 @@ static void attn_task(void *vctx, int64_t task) {
     float *sc = (float *)malloc((size_t)n * (size_t)per * sizeof(float));
     if (!sc) { c->failed = 1; return; }
     float mx[QS_ATTN_MAX_GROUP], inv[QS_ATTN_MAX_GROUP];
-    for (int g = 0; g < per; ++g) mx[g] = -INFINITY;
+    for (int g = 0; g < per; ++g) mx[g] = c->sinks ? c->sinks[h0 + g] : -INFINITY;
     for (int64_t p = lo; p <= hi; ++p)
         for (int g = 0; g < per; ++g) {
             const float *qv = c->q + (qi * c->n_heads + h0 + g) * (int64_t)c->head_dim;
@@ -208,7 +217,7 @@ static void attn_task(void *vctx, int64_t task) {
             mx[g] = s > mx[g] ? s : mx[g];
         }
     for (int g = 0; g < per; ++g) {
-        double sum = 0.0;
+        double sum = c->sinks ? (double)expf(c->sinks[h0 + g] - mx[g]) : 0.0; /* a sink: mass without a value */
         float *sg = sc + g * n;
         for (int64_t i = 0; i < n; ++i) {
             const float d = sg[i] - mx[g];
@@ -235,14 +244,24 @@ int qs_attention(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads,
 int qs_attention_softcap(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
                          const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv,
                          int64_t n_ctx, int64_t window, float scale, float softcap, float *out, int n_threads) {
+    return qs_attention_sinks(q, n_q, q_pos, n_heads, head_dim, k_cache, v_cache, kv_f16, n_kv_heads, n_kv, n_ctx,
+                              window, scale, softcap, NULL, out, n_threads);
+}
+
+int qs_attention_sinks(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                       const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv,
+                       int64_t n_ctx, int64_t window, float scale, float softcap, const float *sinks, float *out,
+                       int n_threads) {
     if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || head_dim <= 0 || head_dim > (1 << 16))
         return QS_ERR_HEADS;
     if (n_q < 0 || n_ctx < 0 || n_kv < 0 || n_kv > n_ctx || window < 0 || n_q > INT64_MAX / n_heads) return QS_ERR_SIZE;
     if (!(softcap >= 0.0f) || !isfinite(softcap)) return QS_ERR_SIZE;
+    for (int h = 0; sinks && h < n_heads; ++h)
+        if (!isfinite(sinks[h])) return QS_ERR_SIZE;
     for (int64_t i = 0; i < n_q; ++i)
         if (q_pos[i] < 0) return QS_ERR_POS;
     attn_ctx c = {q,      q_pos, n_heads, head_dim, n_kv_heads, kv_f16, k_cache, v_cache, n_kv, window, scale,
-                  softcap, out,   0,       1};
+                  softcap, sinks, out,   0,       1};
     /* split a group's heads (only) as far as needed for two tasks per thread, or to stay within the stack arrays */
     const int G = n_heads / n_kv_heads;
     if (n_threads <= 0) n_threads = qs_threads_default();

@@ -47,6 +47,8 @@ class Spec:
     pre: str = "smollm"  # tokenizer.ggml.pre
     experts: tuple[int, int] = (0, 0)  # (expert_count, expert_used_count): ffn_gate_inp + ffn_*_exps
     expert_ff: int = 0  # qwen3moe: expert_feed_forward_length (0: the experts are feed_forward_length wide)
+    oai: bool = False  # gpt-oss: attn_output.bias, attn_sinks, post_attention_norm as the FFN norm, router and
+    # expert biases
 
 
 def _llama3_rope_freqs(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -103,6 +105,13 @@ SPECS: dict[str, Spec] = {
     # their own width, 4 per token)
     "mixtral": Spec("llama", experts=(8, 2)),
     "qwen3moe": Spec("qwen3moe", qk_norm="head", experts=(16, 4), expert_ff=48),
+    # gpt-oss: 2 layers (sliding, full) with a window of 16 inside the 64-token chunks, YaRN as the
+    # real models have it (factor 32 from 4096 positions, base 150000), 8 biased experts of 64 with 2 per token,
+    # sinks, and o200k's pre-tokenizer; its quantized variant is llama-quantize's MXFP4_MOE mix (MXFP4 experts,
+    # Q8_0 for the other matrices)
+    "gpt-oss": Spec("gpt-oss", biases=True, experts=(8, 2), expert_ff=64, oai=True, pre="gpt-4o",
+                    extra_kv={"attention.sliding_window": 16, "rope.scaling.type": "yarn", "rope.scaling.factor": 32.0,
+                              "rope.scaling.original_context_length": 4096}),
 }
 
 #: gemma4 fixture: sliding layers, (head size, KV heads, FFN width) of sliding and global layers, shared layers
@@ -173,7 +182,8 @@ def _normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.
 def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0,
                   vocab: dict[str, object] | None = None) -> Path:
     """Write fixture ``name`` (a key of :data:`SPECS`) to ``path``; ``quant``: F32, F16 or a gguf-py quantizable
-    type for the 2-D matrices (norms and biases stay F32)."""
+    type for the 2-D matrices (norms and biases stay F32); MXFP4 means the experts in MXFP4 and the other matrices
+    in Q8_0 (the MXFP4_MOE mix of gpt-oss files)."""
     import gguf
 
     s = SPECS[name]
@@ -214,7 +224,7 @@ def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0
         w.add_uint32(a + "attention.key_length", hd)
         w.add_uint32(a + "attention.value_length", hd)
         w.add_uint32(a + "rope.dimension_count", s.rope_dim)
-        w.add_float32(a + "rope.freq_base", 10000.0)
+        w.add_float32(a + "rope.freq_base", 150000.0 if s.oai else 10000.0)
         if s.experts[0]:
             w.add_uint32(a + "expert_count", s.experts[0])
             w.add_uint32(a + "expert_used_count", s.experts[1])
@@ -246,7 +256,7 @@ def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0
         elif quant == "F16":
             w.add_tensor(tname, m.astype(np.float16))
         else:
-            qt = gguf.GGMLQuantizationType[quant]
+            qt = gguf.GGMLQuantizationType["Q8_0" if quant == "MXFP4" and m.ndim == 2 else quant]
             q = gguf.quants.quantize(m.reshape(-1, m.shape[-1]), qt)
             w.add_tensor(tname, q.reshape(*m.shape[:-1], -1), raw_dtype=qt)
 
@@ -283,16 +293,24 @@ def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0
             vector(b + "attn_q_norm.weight", hd if s.qk_norm == "head" else H * hd)
             vector(b + "attn_k_norm.weight", hd if s.qk_norm == "head" else KV * hd)
         matrix(b + "attn_output.weight", E, H * hd, 0.2)
+        if s.oai:
+            vector(b + "attn_output.bias", E, 0.0, 0.2)
+            vector(b + "attn_sinks.weight", H, 0.0, 1.0)
         if s.post_norms:
             vector(b + "post_attention_norm.weight", E)
         if s.pre_norms:
-            vector(b + "ffn_norm.weight", E)
+            vector(b + ("post_attention_norm.weight" if s.oai else "ffn_norm.weight"), E)
         if s.experts[0]:
             ne, fe = s.experts[0], s.expert_ff or F
             matrix(b + "ffn_gate_inp.weight", ne, E, 0.5)
             experts(b + "ffn_gate_exps.weight", ne, fe, E, 0.3)
             experts(b + "ffn_up_exps.weight", ne, fe, E, 0.3)
             experts(b + "ffn_down_exps.weight", ne, E, fe, 0.2)
+            if s.oai:
+                vector(b + "ffn_gate_inp.bias", ne, 0.0, 0.5)
+                w.add_tensor(b + "ffn_gate_exps.bias", _normal(rng, (ne, fe), 0.5))
+                w.add_tensor(b + "ffn_up_exps.bias", _normal(rng, (ne, fe), 0.5))
+                w.add_tensor(b + "ffn_down_exps.bias", _normal(rng, (ne, E), 0.2))
         elif s.fused_gate_up:
             matrix(b + "ffn_up.weight", 2 * F, E, 0.3)
         else:

@@ -31,7 +31,8 @@ import llamacpp_build  # noqa: E402
 
 OUT = HERE / "data" / "arch"
 ARGS = ["-c", "64", "-b", "64", "--chunks", "4", "-t", "2"]
-VARIANTS = {name: ["F32"] for name in arch_fixtures.SPECS} | {"llama": ["F32", "Q8_0"], "mixtral": ["F32", "Q8_0"]}
+VARIANTS = {name: ["F32"] for name in arch_fixtures.SPECS} | {"llama": ["F32", "Q8_0"], "mixtral": ["F32", "Q8_0"],
+                                                             "gpt-oss": ["F32", "MXFP4"]}
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ from .arch_fixtures import Spec, vocabulary, write_fixture
 
 DATA = Path(__file__).parent / "data" / "arch"
 META = json.loads((DATA / "meta.json").read_text(encoding="utf-8"))
-LIMITS = {"F32": 1e-4, "Q8_0": 2e-3}
+LIMITS = {"F32": 1e-4, "Q8_0": 2e-3, "MXFP4": 2e-3}
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +99,13 @@ def test_logits_match_llama_cpp(key, repack, tmp_path, vocab):
     ("mixtral-F32", dict(n_expert_used=1)),  # routing: how many experts each token takes
     ("qwen3moe-F32", dict(n_expert_used=3)),
     ("qwen3moe-F32", dict(expert_weights_scale=2.0)),  # the picked experts' weights sum to 1
+    ("gpt-oss-F32", dict(swiglu_oai=False)),  # the plain SwiGLU
+    ("gpt-oss-F32", dict(rope_scale_swa=False)),  # the sliding layers rotated without YaRN
+    ("gpt-oss-F32", dict(sliding_window=0)),
+    ("gpt-oss-F32", dict(layer_sinks=None)),
+    ("gpt-oss-F32", dict(layer_bo=None)),
+    ("gpt-oss-F32", dict(layer_b_router=None)),
+    ("gpt-oss-F32", dict(layer_b_down=None)),
 ])
 def test_the_oracle_catches_a_missing_feature(key, change, tmp_path, vocab):
     """Each feature the fixtures exercise matters: without it the fidelity test above would fail (gemma3's linear
@@ -110,6 +117,11 @@ def test_the_oracle_catches_a_missing_feature(key, change, tmp_path, vocab):
     elif "layer_out_scale" in change:
         weights = dataclasses.replace(weights, layers=[dataclasses.replace(lw, out_scale=None)
                                                        for lw in weights.layers])
+    elif any(k in change for k in ("layer_sinks", "layer_bo", "layer_b_router", "layer_b_down")):
+        field = next(iter(change))[len("layer_"):]  # a gpt-oss vector left out
+        cfg = dataclasses.replace(model.config, attn_sinks=field != "sinks")
+        weights = dataclasses.replace(weights, config=cfg, layers=[dataclasses.replace(lw, **{field: None})
+                                                                   for lw in weights.layers])
     elif "layer_ple_post_norm" in change:
         weights = dataclasses.replace(weights, layers=[dataclasses.replace(lw, ple_post_norm=lw.ple_post_norm * 0)
                                                        for lw in weights.layers])
@@ -227,6 +239,37 @@ MOE_FIELDS = [("n_expert", -1, "QS_ERR_SIZE"), ("n_expert", 5000, "QS_ERR_SIZE")
               ("exp_scale", float("nan"), "QS_ERR_SIZE"), ("exp_scale", -1.0, "QS_ERR_SIZE"),
               ("wg_bytes", 7 * 128 * 64 * 4, "QS_ERR_WEIGHT"), ("wd_bytes", 8 * 64 * 128 * 4 - 1, "QS_ERR_WEIGHT"),
               ("n_ff", 256, "QS_ERR_WEIGHT")]
+
+
+#: (field, value, error) of the gpt-oss fixture's blocks (4 heads, 8 experts of 64 x 64)
+OAI_FIELDS = [("bo_len", 63, "QS_ERR_VECTOR"), ("sinks_len", 3, "QS_ERR_VECTOR"), ("br_len", 9, "QS_ERR_VECTOR"),
+              ("bg_len", 8 * 64 - 1, "QS_ERR_VECTOR"), ("bu_len", 0, "QS_ERR_VECTOR"), ("bd_len", 64, "QS_ERR_VECTOR"),
+              ("swiglu_oai", -1, "QS_ERR_SIZE"),
+              ("sink0", float("nan"), "QS_ERR_SIZE"), ("sink0", float("inf"), "QS_ERR_SIZE")]
+
+
+@pytest.mark.parametrize(("field", "value", "code"), OAI_FIELDS, ids=[f"{f}={v}" for f, v, _ in OAI_FIELDS])
+def test_the_native_block_checks_gpt_oss_vectors(field, value, code, tmp_path, vocab):
+    """The biases, sinks and mode switches of gpt-oss's blocks are checked by qs_block_forward itself before anything
+    is written."""
+    from quantscope.core.native import ffi, lib
+
+    model, _, _ = load("gpt-oss-F32", tmp_path, vocab)
+    s = model.session(16)
+    b = ffi.new("qs_block *", s._block_structs[0][0])
+    assert (b.bo_len, b.sinks_len, b.br_len, b.bg_len, b.bd_len, b.swiglu_oai) == (64, 4, 8, 8 * 64, 8 * 64, 1)
+    if field == "sink0":
+        sinks = np.array([value, 0.0, 0.0, 0.0], np.float32)
+        b.sinks = ffi.cast("float *", ffi.from_buffer(sinks))
+    else:
+        setattr(b, field, value)
+    x = np.ones((2, 64), np.float32)
+    pos = np.array([0, 1], np.int32)
+    cache = s.k_cache[0].copy()
+    rc = lib.qs_block_forward(b, ffi.cast("float *", ffi.from_buffer(x)), 2,
+                              ffi.cast("int32_t *", ffi.from_buffer(pos)), 0, 1)
+    assert rc == getattr(lib, code), (rc, code)
+    assert (x == 1).all() and np.array_equal(s.k_cache[0], cache)
 
 
 @pytest.mark.parametrize(("field", "value", "code"), MOE_FIELDS, ids=[f"{f}={v}" for f, v, _ in MOE_FIELDS])

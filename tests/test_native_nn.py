@@ -87,9 +87,11 @@ def test_gated_activations():
         with K.forced_isa(level):
             assert close(nn.swiglu(g, u), silu, rtol=1e-5, atol=1e-6)
             assert close(nn.geglu_tanh(g, u), gelu, rtol=1e-5, atol=1e-6)
+    gc, uc = np.minimum(g64, 7.0), np.clip(u64, -7.0, 7.0)  # gpt-oss's clamped variant (the gate above 7 is common)
+    assert close(nn.swiglu_oai(g, u), gc / (1 + np.exp(-1.702 * gc)) * (uc + 1), rtol=1e-5, atol=1e-6)
 
 
-def attention_ref(q, q_pos, k, v, n_kv, scale, window):
+def attention_ref(q, q_pos, k, v, n_kv, scale, window, sinks=None):
     n_q, n_heads, _ = q.shape
     group = n_heads // k.shape[1]
     out = np.zeros(q.shape, np.float64)
@@ -101,9 +103,34 @@ def attention_ref(q, q_pos, k, v, n_kv, scale, window):
             kk = k[keys, h // group].astype(np.float64)
             vv = v[keys, h // group].astype(np.float64)
             s = kk @ q[i, h].astype(np.float64) * scale
-            p = np.exp(s - s.max())
-            out[i, h] = (p / p.sum()) @ vv
+            m = s.max() if sinks is None else max(s.max(), float(sinks[h]))
+            p = np.exp(s - m)
+            den = p.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - m))
+            out[i, h] = (p / den) @ vv
     return out
+
+
+def test_attention_sinks():
+    """gpt-oss's sinks: a per-head logit in each softmax's denominator, unscaled, never masked, with no value;
+    a sink far above the scores leaves almost nothing of the values, one far below changes nothing."""
+    rng = np.random.default_rng(9)
+    n_ctx, n_kv_heads, n_heads, hd = 30, 2, 4, 32
+    k = rng.standard_normal((n_ctx, n_kv_heads, hd)).astype(np.float16)
+    v = rng.standard_normal((n_ctx, n_kv_heads, hd)).astype(np.float16)
+    q = rng.standard_normal((3, n_heads, hd)).astype(np.float32)
+    q_pos = np.array([0, 11, 25], np.int32)
+    sinks = np.array([-1.0, 0.5, 2.0, 40.0], np.float32)
+    for level in LEVELS:
+        with K.forced_isa(level):
+            for window in (0, 4):
+                y = nn.attention(q, q_pos, k, v, 26, scale=0.2, window=window, sinks=sinks, threads=2)
+                assert close(y, attention_ref(q, q_pos, k, v, 26, 0.2, window, sinks), rtol=1e-4, atol=1e-5)
+                assert np.abs(y[:, 3]).max() < 1e-9  # the sink of 40 takes (almost) all the mass
+    plain = nn.attention(q, q_pos, k, v, 26, scale=0.2)
+    low = nn.attention(q, q_pos, k, v, 26, scale=0.2, sinks=np.full(4, -200.0, np.float32))
+    assert np.array_equal(plain, low)
+    with pytest.raises(K.KernelError, match="out of range"):
+        nn.attention(q, q_pos, k, v, 26, scale=0.2, sinks=np.array([0, 0, 0, np.nan], np.float32))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])

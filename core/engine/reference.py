@@ -49,25 +49,37 @@ def _rope(x: np.ndarray, pos: np.ndarray, base: float, dim: int, neox: bool,
 
 
 def _moe(cfg: ModelConfig, lw: LayerWeights, h: np.ndarray) -> np.ndarray:
-    """The mixture-of-experts FFN (llama.cpp's build_moe_ffn with softmax gating): per token the n_expert_used most
-    probable experts (earlier index first on ties), their probabilities normalized to sum 1 and scaled."""
+    """The mixture-of-experts FFN (llama.cpp's build_moe_ffn): per token the n_expert_used most probable experts
+    (earlier index first on ties), their probabilities normalized to sum 1 and scaled; gpt-oss's router and experts
+    have biases and its SwiGLU is clamped."""
     assert lw.router is not None
     NE, F, E = cfg.n_expert, cfg.n_ff, cfg.n_embd
     logits = h @ _dense(lw.router).T
+    if lw.b_router is not None:
+        logits = logits + lw.b_router
     p = np.exp(logits - logits.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
     gate = _dense(lw.w_gate).reshape(NE, F, E)
     up = _dense(lw.w_up).reshape(NE, F, E)
     down = _dense(lw.w_down).reshape(NE, E, F)
+    zero_f, zero_e = np.zeros((NE, F)), np.zeros((NE, E))
+    bg = zero_f if lw.b_gate is None else lw.b_gate.reshape(NE, F)
+    bu = zero_f if lw.b_up is None else lw.b_up.reshape(NE, F)
+    bd = zero_e if lw.b_down is None else lw.b_down.reshape(NE, E)
     out = np.zeros_like(h)
     for t in range(h.shape[0]):
         sel = np.argsort(-p[t], kind="stable")[: cfg.n_expert_used]
-        wts = p[t, sel] / max(p[t, sel].sum(), 6.103515625e-5)
+        wts = p[t, sel] / max(p[t, sel].sum(), 6.103515625e-5)  # (= gpt-oss's softmax over the picked logits)
         if cfg.expert_weights_scale:
             wts = wts * cfg.expert_weights_scale
         for e, wt in zip(sel, wts, strict=True):
-            g, u = gate[e] @ h[t], up[e] @ h[t]
-            out[t] += wt * (down[e] @ (g / (1 + np.exp(-g)) * u))
+            g, u = gate[e] @ h[t] + bg[e], up[e] @ h[t] + bu[e]
+            if cfg.swiglu_oai:
+                g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
+                a = g / (1 + np.exp(-1.702 * g)) * (u + 1.0)
+            else:
+                a = g / (1 + np.exp(-g)) * u
+            out[t] += wt * (down[e] @ a + bd[e])
     return out
 
 
@@ -118,9 +130,13 @@ def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int], n_ctx
                 s = kk @ q[t, hh] * scale
                 if cfg.attn_softcap:
                     s = cfg.attn_softcap * np.tanh(s / cfg.attn_softcap)
-                p = np.exp(s - s.max())
-                att[t, hh] = (p / p.sum()) @ vv
+                m = s.max() if lw.sinks is None else max(s.max(), float(lw.sinks[hh]))
+                p = np.exp(s - m)
+                den = p.sum() + (0.0 if lw.sinks is None else math.exp(float(lw.sinks[hh]) - m))  # gpt-oss's sink
+                att[t, hh] = (p / den) @ vv
         o = att.reshape(T, H * hd) @ _dense(lw.wo).T
+        if lw.bo is not None:
+            o = o + lw.bo
         if lw.post_attn_norm is not None:
             o = _rms(o, lw.post_attn_norm, cfg.rms_eps)
         x = x + o * cfg.residual_scale

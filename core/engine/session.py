@@ -245,12 +245,16 @@ class Session:
                 setattr(b, field, w.ptr if w is not None else ffi.NULL)
                 setattr(b, field + "_type", w.type_id if w is not None else 0)
                 setattr(b, field + "_bytes", w.nbytes if w is not None else 0)
-            for field in ("attn_norm", "ffn_norm", "bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm",
-                          "post_ffn_norm", "ple_post_norm"):
-                vec = getattr(lw, field)
+            for field, attr in (("attn_norm", "attn_norm"), ("ffn_norm", "ffn_norm"), ("bq", "bq"), ("bk", "bk"),
+                                ("bv", "bv"), ("q_norm", "q_norm"), ("k_norm", "k_norm"),
+                                ("post_attn_norm", "post_attn_norm"), ("post_ffn_norm", "post_ffn_norm"),
+                                ("ple_post_norm", "ple_post_norm"), ("bo", "bo"), ("sinks", "sinks"),
+                                ("br", "b_router"), ("bg", "b_gate"), ("bu", "b_up"), ("bd", "b_down")):
+                vec = getattr(lw, attr)
                 setattr(b, field, _fp(vec) if vec is not None else ffi.NULL)
                 setattr(b, field + "_len", 0 if vec is None else int(vec.size))
-            b.n_expert, b.n_expert_used, b.exp_norm = c.n_expert, c.n_expert_used, int(c.n_expert > 0)
+            b.n_expert, b.n_expert_used = c.n_expert, c.n_expert_used
+            b.exp_norm, b.swiglu_oai = int(c.n_expert > 0), int(c.swiglu_oai)
             b.exp_scale = c.expert_weights_scale
             b.kv_reuse = int(c.kv_source(li) != li)
             b.v_norm = int(c.v_norm)

@@ -99,6 +99,12 @@ class ModelConfig:
     n_expert: int = 0
     n_expert_used: int = 0
     expert_weights_scale: float = 0.0
+    # gpt-oss: attention sinks, the clamped SwiGLU (g = min(g, 7), u = clamp(u, -7, 7), g * sigmoid(1.702 g) *
+    # (u + 1)), the sliding layers' RoPE scaled like the others; its biases (attention output, router, experts) are
+    # bound when present. (Its softmax over the picked router logits is the normalized softmax of the others.)
+    attn_sinks: bool = False
+    swiglu_oai: bool = False
+    rope_scale_swa: bool = False
 
     def n_head_kv_at(self, layer: int) -> int:
         return self.layer_n_head_kv[layer] if self.layer_n_head_kv else self.n_head_kv
@@ -132,8 +138,9 @@ class ModelConfig:
         return self.sliding_window if self.is_sliding(layer) else 0
 
     def layer_rope_freq_scale(self, layer: int) -> float:
-        """llama.cpp scales the RoPE frequencies of the global layers only (sliding layers keep their own)."""
-        return 1.0 if self.is_sliding(layer) else self.rope_freq_scale
+        """llama.cpp scales the RoPE frequencies of the global layers only (sliding layers keep their own), except
+        for gpt-oss, whose sliding layers copy the global scaling."""
+        return 1.0 if self.is_sliding(layer) and not self.rope_scale_swa else self.rope_freq_scale
 
     def original_ctx(self) -> int:
         return self.rope_orig_ctx or self.n_ctx_train
@@ -398,6 +405,18 @@ def _qwen3moe(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]
     return out
 
 
+def _gpt_oss(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
+    """OpenAI's gpt-oss: every FFN a mixture of experts (expert_feed_forward_length wide, biased, the clamped SwiGLU,
+    weighed by a softmax over the picked router logits), attention with biases and per-head sinks, the even layers
+    sliding over ``attention.sliding_window`` positions with the same (YaRN) RoPE as the others (docs/engine.md)."""
+    out = {"rope_neox": True, "rope_base_swa": c["rope_base"], "swa_pattern": 2, "rope_scale_swa": True,
+           "sliding_window": _int(f, keys["sliding_window"], hi=MAX_CTX), "attn_sinks": True, "swiglu_oai": True,
+           **_experts(f, c, keys, f"{c['arch']}.expert_feed_forward_length")}
+    if not out.get("n_expert"):
+        raise ModelError(f"{keys['n_expert']}: expected the number of experts, found none")
+    return out
+
+
 def _granite(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
     """Llama with four multipliers; ``rope.scaling.finetuned = false`` turns RoPE off."""
     a = c["arch"]
@@ -504,6 +523,7 @@ class Architecture:
     name: str
     configure: Callable[[GGUFFile, Common, dict[str, str]], dict[str, object]]
     fused_gate_up: bool = False  # ffn_up may hold gate then up (2 x n_ff rows) with no ffn_gate
+    ffn_norm: str = "ffn_norm.weight"  # the pre-FFN norm's tensor (gpt-oss calls it post_attention_norm)
 
 
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
@@ -511,6 +531,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     Architecture("qwen2", _neox), Architecture("qwen3", _qwen3), Architecture("phi3", _phi3, fused_gate_up=True),
     Architecture("olmo2", _olmo2), Architecture("gemma2", _gemma2), Architecture("gemma3", _gemma3),
     Architecture("mistral3", _mistral3), Architecture("gemma4", _gemma4), Architecture("qwen3moe", _qwen3moe),
+    Architecture("gpt-oss", _gpt_oss, ffn_norm="post_attention_norm.weight"),
 )}
 SUPPORTED_ARCHS = tuple(ARCHITECTURES)
 
@@ -667,6 +688,12 @@ class LayerWeights:
     out_scale: np.ndarray | None = None  # gemma4: the layer's output multiplied by this one value
     router: Weight | None = None  # experts: ffn_gate_inp (n_expert x n_embd); w_gate/w_up/w_down then hold every
     # expert's matrix back to back (ffn_*_exps)
+    bo: np.ndarray | None = None  # gpt-oss: attn_output.bias (n_embd)
+    sinks: np.ndarray | None = None  # attn_sinks.weight (n_head)
+    b_router: np.ndarray | None = None  # ffn_gate_inp.bias (n_expert)
+    b_gate: np.ndarray | None = None  # ffn_gate_exps.bias, ffn_up_exps.bias (n_expert x n_ff), ffn_down_exps.bias
+    b_up: np.ndarray | None = None  # (n_expert x n_embd), expert-major
+    b_down: np.ndarray | None = None
 
     def matrices(self) -> list[Weight]:
         """The distinct matrices of the layer (a V that is K's projection counted once)."""
@@ -720,10 +747,11 @@ def _weight(f: GGUFFile, name: str, ndim: int = 2) -> Weight:
     return Weight(name, t.type, f.tensor_bytes(t), t.n_rows, t.row_len)
 
 
-def _vector(f: GGUFFile, name: str, optional: bool = False) -> np.ndarray | None:
+def _vector(f: GGUFFile, name: str, optional: bool = False, ndim: int = 1) -> np.ndarray | None:
+    """A float32 copy of a vector (``ndim`` 2: of a matrix's values in order: the experts' biases)."""
     if optional and not f.has_tensor(name):
         return None
-    w = _weight(f, name, ndim=1)
+    w = _weight(f, name, ndim=ndim)
     from ..native.kernels import copy_mapped  # a guarded copy: a truncated file raises instead of SIGBUS
     from ..quant import dequantize
 
@@ -798,7 +826,9 @@ _VECTOR_TENSORS = {"attn_norm": "attn_norm.weight", "ffn_norm": "ffn_norm.weight
                    "bk": "attn_k.bias", "bv": "attn_v.bias", "q_norm": "attn_q_norm.weight",
                    "k_norm": "attn_k_norm.weight", "post_attn_norm": "post_attention_norm.weight",
                    "post_ffn_norm": "post_ffw_norm.weight", "ple_post_norm": "post_norm.weight",
-                   "out_scale": "layer_output_scale.weight"}
+                   "out_scale": "layer_output_scale.weight", "bo": "attn_output.bias", "sinks": "attn_sinks.weight",
+                   "b_router": "ffn_gate_inp.bias", "b_gate": "ffn_gate_exps.bias", "b_up": "ffn_up_exps.bias",
+                   "b_down": "ffn_down_exps.bias"}
 
 
 def _check_all_bound(f: GGUFFile, cfg: ModelConfig, used: set[str]) -> None:
@@ -817,6 +847,8 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
     cfg = config or read_config(f)
     layers = []
     ple = cfg.ple_dim > 0
+    ffn_norm = ARCHITECTURES[cfg.arch].ffn_norm if cfg.arch in ARCHITECTURES else "ffn_norm.weight"
+    oai = cfg.arch == "gpt-oss"
     for i in range(cfg.n_layers):
         b = f"blk.{i}."
         wq, wk, wv, gate, up = _attn_and_ffn(f, cfg, i)
@@ -824,7 +856,7 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
         layers.append(LayerWeights(
             attn_norm=_vector(f, b + "attn_norm.weight", not cfg.pre_norms),
             wq=wq, wk=wk, wv=wv, wo=_weight(f, b + "attn_output.weight"),
-            ffn_norm=_vector(f, b + "ffn_norm.weight", not cfg.pre_norms),
+            ffn_norm=_vector(f, b + ffn_norm, not cfg.pre_norms),
             w_gate=gate, w_up=up,
             w_down=_experts_weight(f, b + "ffn_down_exps.weight", (cfg.n_ff_at(i), cfg.n_embd, cfg.n_expert),
                                    gguf_keys(cfg.arch)) if cfg.n_expert else _weight(f, b + "ffn_down.weight"),
@@ -833,12 +865,19 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
             bv=_vector(f, b + "attn_v.bias", True),
             q_norm=_vector(f, b + "attn_q_norm.weight", not cfg.qk_norm),
             k_norm=None if shared else _vector(f, b + "attn_k_norm.weight", not cfg.qk_norm),
-            post_attn_norm=_vector(f, b + "post_attention_norm.weight", not cfg.post_norms),
+            post_attn_norm=None if ffn_norm == "post_attention_norm.weight" else  # (gpt-oss: the FFN's norm)
+            _vector(f, b + "post_attention_norm.weight", not cfg.post_norms),
             post_ffn_norm=_vector(f, b + "post_ffw_norm.weight", not cfg.post_norms),
             ple_gate=_weight(f, b + "inp_gate.weight") if ple else None,
             ple_proj=_weight(f, b + "proj.weight") if ple else None,
             ple_post_norm=_vector(f, b + "post_norm.weight") if ple else None,
             out_scale=_vector(f, b + "layer_output_scale.weight", True) if cfg.arch == "gemma4" else None,
+            bo=_vector(f, b + "attn_output.bias", True) if oai else None,
+            sinks=_vector(f, b + "attn_sinks.weight") if cfg.attn_sinks else None,
+            b_router=_vector(f, b + "ffn_gate_inp.bias", True) if oai else None,
+            b_gate=_vector(f, b + "ffn_gate_exps.bias", True, 2) if oai else None,
+            b_up=_vector(f, b + "ffn_up_exps.bias", True, 2) if oai else None,
+            b_down=_vector(f, b + "ffn_down_exps.bias", True, 2) if oai else None,
         ))
     emb = _weight(f, "token_embd.weight")
     tied = not f.has_tensor("output.weight")
@@ -860,7 +899,8 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
     for i, lw in enumerate(layers):
         for x in lw.matrices():
             used.add(x.name.split("[", 1)[0])
-        used |= {f"blk.{i}.{name}" for fld, name in _VECTOR_TENSORS.items() if getattr(lw, fld) is not None}
+        used |= {f"blk.{i}.{ffn_norm if fld == 'ffn_norm' else name}" for fld, name in _VECTOR_TENSORS.items()
+                 if getattr(lw, fld) is not None}
         if lw.wk is None:  # llama.cpp loads and ignores a shared layer's own k/v (they are optional there)
             used |= {f"blk.{i}.{n}.weight" for n in ("attn_k", "attn_v", "attn_k_norm")}
     _check_all_bound(f, cfg, used)
@@ -977,4 +1017,16 @@ def check_weights(w: ModelWeights, keys: dict[str, str] | None = None) -> None:
         _check_vector(b + "attn_k_norm.weight", lw.k_norm, kn, kv_heads if c.qk_norm_full else k["head_dim"],
                       c.qk_norm and lw.wk is not None)
         _check_vector(b + "post_attention_norm.weight", lw.post_attn_norm, E, k["n_embd"], c.post_norms)
+        _check_vector(b + "attn_output.bias", lw.bo, E, k["n_embd"], False)
+        _check_vector(b + "attn_sinks.weight", lw.sinks, H, k["n_head"], c.attn_sinks)
+        if lw.sinks is not None and not np.isfinite(lw.sinks).all():
+            raise ModelError(f"{b}attn_sinks.weight: expected finite values")
+        exp = f" x {k['n_expert']} = {c.n_expert}"
+        for name, vec, n, what in (("ffn_gate_inp.bias", lw.b_router, c.n_expert, k["n_expert"]),
+                                   ("ffn_gate_exps.bias", lw.b_gate, c.n_expert * F, k["n_ff"] + exp),
+                                   ("ffn_up_exps.bias", lw.b_up, c.n_expert * F, k["n_ff"] + exp),
+                                   ("ffn_down_exps.bias", lw.b_down, c.n_expert * E, k["n_embd"] + exp)):
+            if vec is not None and not c.n_expert:
+                raise ModelError(f"{k['n_expert']}: 0, but {b}{name} is bound")
+            _check_vector(b + name, vec, n, what, False)
         _check_vector(b + "post_ffw_norm.weight", lw.post_ffn_norm, E, k["n_embd"], c.post_norms)

@@ -94,16 +94,21 @@ def geglu_tanh(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) 
     return _glu(lib.qs_geglu_tanh, gate, up, out)
 
 
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU: ``g·sigmoid(1.702·g)·(u + 1)`` with ``g = min(gate, 7)``, ``u = clip(up, -7, 7)``."""
+    return _glu(lib.qs_swiglu_oai, gate, up, out)
+
+
 def attention(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_kv: int, *,
               scale: float, window: int = 0, threads: int = 0, out: np.ndarray | None = None,
-              softcap: float = 0.0) -> np.ndarray:
+              softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
     """Causal scaled-dot-product attention of query rows against a KV cache.
 
     ``q``: ``(n_q, n_heads, head_dim)`` float32; ``q_pos``: each query's position; caches
     ``(n_ctx, n_kv_heads, head_dim)`` float32 or float16 with the first ``n_kv`` positions valid. Query ``i``
     sees keys ``p <= q_pos[i]`` (and ``p > q_pos[i] - window`` when ``window > 0``). GQA: head ``h`` uses KV
     head ``h // (n_heads // n_kv_heads)``. ``softcap > 0``: scaled scores ``s`` become ``softcap·tanh(s/softcap)``
-    (gemma2).
+    (gemma2). ``sinks``: one finite logit per head that joins each softmax's denominator (gpt-oss).
     """
     qa = _in(q, np.float32, "q")
     if qa.ndim != 3:
@@ -130,9 +135,15 @@ def attention(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np
         raise ValueError("out must have the shape of q")
     if not (np.isfinite(softcap) and softcap >= 0):
         raise ValueError(f"softcap {softcap} must be finite and >= 0")
-    rc = lib.qs_attention_softcap(_ptr(qa, "float *"), n_q, _ptr(pos, "int32_t *"), n_heads, head_dim,
-                                  ffi.from_buffer(k_cache), ffi.from_buffer(v_cache), int(k_cache.dtype == np.float16),
-                                  n_kv_heads, n_kv, n_ctx, window, scale, softcap, _out(y, "float *"), threads)
+    sk = ffi.NULL
+    if sinks is not None:
+        sa = _in(sinks, np.float32, "sinks").reshape(-1)
+        if sa.size != n_heads:
+            raise ValueError(f"{sa.size} sinks for {n_heads} heads")
+        sk = _ptr(sa, "float *")
+    rc = lib.qs_attention_sinks(_ptr(qa, "float *"), n_q, _ptr(pos, "int32_t *"), n_heads, head_dim,
+                                ffi.from_buffer(k_cache), ffi.from_buffer(v_cache), int(k_cache.dtype == np.float16),
+                                n_kv_heads, n_kv, n_ctx, window, scale, softcap, sk, _out(y, "float *"), threads)
     if rc != 0:
         raise native_error("attention", rc)
     return y

@@ -60,6 +60,12 @@ _QWEN35 = (
 # other than A-Z" (its rewrite of the tokenizer.json expression with Unicode case classes).
 _TEKKEN = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+"
            r"((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+# OpenAI's o200k (gpt-oss, "gpt-4o"): upper-case-led and lower-case runs with a contraction, digits in threes; the
+# case classes written as llama.cpp runs them (letters other than a-z / A-Z)
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTIONS +
+          r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTIONS +
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 #: BPE pre-tokenizers over raw UTF-8 with spaces as U+2581 (merges run on whole lines; newline runs apart)
 SPM_STYLE_BPE = ("gemma4", "granite-embed-multi-311m", "sarvam-moe")
 PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
@@ -88,6 +94,8 @@ PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
     "falcon": _FALCON,
     "command-r": (r"\p{N}", _GPT2),
     "tekken": (_TEKKEN,),
+    "gpt-4o": (_GPT4O,),
+    "minimax-m2": (_GPT4O,),
     "smollm": (r"\p{N}", _GPT2),
     "starcoder": (r"\p{N}", _GPT2),
     "refact": (r"\p{N}", _GPT2),

@@ -477,14 +477,28 @@ def cmd_chat(args: argparse.Namespace) -> int:
         prompt = prep.prompt
         reply = ""
         last = None
+        thinking = False  # a harmony model's thinking goes to stderr (dimmed on a terminal), the answer to stdout
+        dim = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() else ("", "")
         try:
             for d in _stream(eng, prompt, args):
+                last = d
+                if d.channel and d.text:
+                    if not thinking:
+                        sys.stderr.write(f"{dim[0]}[thinking] ")
+                        thinking = True
+                    sys.stderr.write(d.text)
+                    sys.stderr.flush()
+                    continue
+                if thinking and d.text:
+                    sys.stderr.write(f"{dim[1]}\n")
+                    thinking = False
                 sys.stdout.write(d.text)
                 sys.stdout.flush()
                 reply += d.text
-                last = d
         except KeyboardInterrupt:
             print("\n(interrupted)", file=sys.stderr)
+        if thinking:
+            sys.stderr.write(f"{dim[1]}\n")
         print()
         messages.append({"role": "assistant", "content": reply})
         if last is not None:

@@ -141,6 +141,7 @@ class EngineWorker(QObject):
     trimmed = Signal(int, int, int)  # request id, messages left out, prompt tokens
     promptProgress = Signal(int, int, int)  # request id, new prompt tokens evaluated, of how many
     delta = Signal(int, str, object)  # request id, new text, GenStats
+    thinking = Signal(int, str)  # request id, new text of the reply's thinking (harmony models)
     finished = Signal(int, object)  # request id, final GenStats
     failed = Signal(int, str, str)  # request id, message, detail
 
@@ -223,7 +224,9 @@ class EngineWorker(QObject):
             for d in eng.generate(prep.prompt, req.params, cancel=req.cancel, on_prompt=on_prompt):
                 last = GenStats(d.n_prompt, d.n_generated, d.ttft_s, d.prompt_tps, d.gen_tps, d.context_used,
                                 eng.n_ctx, prep.dropped, d.stop_reason, time.perf_counter() - t0, d.n_prompt_new)
-                if d.text:
+                if d.text and d.channel:
+                    self.thinking.emit(req.id, d.text)
+                elif d.text:
                     self.delta.emit(req.id, d.text, last)
             self.finished.emit(req.id, last)
         except (ContextFull, ContextTooSmall) as exc:
@@ -256,6 +259,7 @@ class EngineHost(QObject):
     trimmed = Signal(int, int, int)
     promptProgress = Signal(int, int, int)
     delta = Signal(int, str, object)
+    thinking = Signal(int, str)
     finished = Signal(int, object)
     failed = Signal(int, str, str)
 
@@ -313,6 +317,7 @@ class EngineHost(QObject):
         worker.trimmed.connect(self._on_trimmed)
         worker.promptProgress.connect(self._on_prompt_progress)
         worker.delta.connect(self._on_delta)
+        worker.thinking.connect(self._on_thinking)
         worker.finished.connect(self._on_finished)
         worker.failed.connect(self._on_failed)
         self._doLoad.connect(worker.load)
@@ -385,6 +390,10 @@ class EngineHost(QObject):
     def _on_prompt_progress(self, req_id: int, done: int, total: int) -> None:
         if self._live(req_id):
             self.promptProgress.emit(req_id, done, total)
+
+    def _on_thinking(self, req_id: int, text: str) -> None:
+        if self._live(req_id):
+            self.thinking.emit(req_id, text)
 
     def _on_delta(self, req_id: int, text: str, stats: GenStats) -> None:
         if self._live(req_id):

@@ -180,7 +180,7 @@ def _normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.
 
 
 def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0,
-                  vocab: dict[str, object] | None = None) -> Path:
+                  vocab: dict[str, object] | None = None, chat_template: str = "") -> Path:
     """Write fixture ``name`` (a key of :data:`SPECS`) to ``path``; ``quant``: F32, F16 or a gguf-py quantizable
     type for the 2-D matrices (norms and biases stay F32); MXFP4 means the experts in MXFP4 and the other matrices
     in Q8_0 (the MXFP4_MOE mix of gpt-oss files)."""
@@ -246,8 +246,13 @@ def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0
     w.add_array("tokenizer.ggml.token_type", v["types"])  # type: ignore[arg-type]
     w.add_array("tokenizer.ggml.merges", v["merges"])  # type: ignore[arg-type]
     w.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    if "eos" not in v:
+        w.add_uint32("tokenizer.ggml.eos_token_id", 2)
     w.add_bool("tokenizer.ggml.add_bos_token", False)
+    if chat_template:  # (none in the recorded fixtures)
+        w.add_string("tokenizer.chat_template", chat_template)
+    if "eos" in v:
+        w.add_uint32("tokenizer.ggml.eos_token_id", int(v["eos"]))  # type: ignore[call-overload]
 
     def store(tname: str, m: np.ndarray) -> None:
         """A 2-D matrix, or a 3-D stack of them (experts: ggml shape [cols, rows, n]), in the fixture's type."""

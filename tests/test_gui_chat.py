@@ -737,3 +737,38 @@ def test_finished_reply_keeps_single_line_breaks_and_the_legend_is_labelled(qtbo
 
     chips = re.findall(r'<span style="background-color:[^"]+;">(.*?)</span>', legend_html())
     assert chips and all(c.replace("&nbsp;", "").strip() for c in chips)  # every legend chip is labelled
+
+
+# ---------------------------------------------------------------------------------------------- issue 17
+def test_harmony_thinking_is_shown_apart_and_saved(window, qtbot, tmp_path, monkeypatch):  # noqa: F811
+    """A gpt-oss reply: its thinking streams into a section of its own, folds away once the answer is complete,
+    and is saved with the reply; the answer is the message's text (sampler scripted: see tests/test_harmony.py)."""
+    from quantscope.core.engine import generate as gen
+
+    from .test_harmony import REPLY, harmony_model, scripted
+
+    path = harmony_model(tmp_path)
+    assert window.open_path(path)
+    window.show_view("chat")
+    chat = window.chat_view
+    with qtbot.waitSignal(chat.engineLoaded, timeout=LOAD_TIMEOUT):
+        assert chat.load_model()
+    from types import SimpleNamespace
+
+    from quantscope.core.gguf import GGUFFile
+    from quantscope.core.tokenizer import Tokenizer
+
+    with GGUFFile(path) as f:
+        monkeypatch.setattr(gen, "Sampler", scripted(SimpleNamespace(tokenizer=Tokenizer(f)), REPLY))
+    chat.max_spin.setValue(64)
+    send_and_wait(qtbot, chat, "hi")
+    view = chat.stream.views[-1]
+    assert view.content == "Hello there!" and view.thinking == "The user says hi. I should greet back."
+    assert view.think_btn.isVisible() and not view.think_btn.isChecked() and not view.think_body.isVisible()
+    assert view.think_btn.text() == "Thought (8 words)"
+    view.think_btn.click()
+    assert view.think_body.isVisible() and "greet back" in view.think_body.toPlainText()
+    with ChatStore(default_path()) as s:
+        (c,) = s.list_conversations()
+        last = s.get(c.id).messages[-1]
+        assert (last.content, last.thinking) == ("Hello there!", "The user says hi. I should greet back.")

@@ -148,8 +148,9 @@ class ChatController:
             self.messages.pop()
         return bool(self.messages)
 
-    def add_reply(self, text: str, stats: dict[str, Any]) -> None:
-        self.messages.append(StoredMessage("assistant", text, stats, time.time()))
+    def add_reply(self, text: str, stats: dict[str, Any], thinking: str = "") -> None:
+        """The finished reply: its answer, numbers and (harmony models) its thinking, kept apart."""
+        self.messages.append(StoredMessage("assistant", text, stats, time.time(), thinking))
 
     def prompt(self, messages: list[StoredMessage], mode: str, system: str) -> list[dict[str, str]] | str:
         """What the engine gets: the messages (with the system prompt) in chat mode, the text in completion

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..fsutil import write_atomic
 
-SCHEMA_VERSION = 2  # 2: the model identity (quantization, size) per conversation
+SCHEMA_VERSION = 3  # 2: the model identity (quantization, size) per conversation; 3: a reply's thinking
 DB_NAME = "chats.sqlite3"
 EXPORT_FORMAT = "quantscope-chat"
 MODES = ("chat", "completion")
@@ -46,12 +46,15 @@ CREATE TABLE IF NOT EXISTS messages (
     role TEXT NOT NULL,
     content TEXT NOT NULL,
     stats TEXT NOT NULL DEFAULT '{}',
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    thinking TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, position);
 """
 #: columns added after schema 1, with their definitions (added to an older database when it is opened)
 _ADDED = {"model_quant": "TEXT NOT NULL DEFAULT ''", "model_size": "INTEGER NOT NULL DEFAULT 0"}
+#: the same for messages (schema 3: a reply's thinking, empty for the replies before)
+_ADDED_MESSAGES = {"thinking": "TEXT NOT NULL DEFAULT ''"}
 
 
 class StoreError(RuntimeError):
@@ -74,12 +77,14 @@ def default_path() -> Path:
 
 @dataclass
 class StoredMessage:
-    """One message: ``role`` is system/user/assistant; ``stats`` holds the reply's timings (tokens, t/s, ...)."""
+    """One message: ``role`` is system/user/assistant; ``stats`` holds the reply's timings (tokens, t/s, ...);
+    ``thinking`` a reply's reasoning apart from its answer (gpt-oss's analysis channel; never sent back)."""
 
     role: str
     content: str
     stats: dict[str, Any] = field(default_factory=dict)
     created: float = 0.0
+    thinking: str = ""
 
     def as_chat(self) -> dict[str, str]:
         """The ``{"role", "content"}`` form templates take."""
@@ -187,6 +192,10 @@ class ChatStore:
                 for col, decl in _ADDED.items():  # schema 1 -> 2: conversations made before keep an empty identity
                     if col not in have:
                         self._db.execute(f"ALTER TABLE conversations ADD COLUMN {col} {decl}")
+                have = {r[1] for r in self._db.execute("PRAGMA table_info(messages)")}
+                for col, decl in _ADDED_MESSAGES.items():
+                    if col not in have:
+                        self._db.execute(f"ALTER TABLE messages ADD COLUMN {col} {decl}")
                 self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except sqlite3.Error as exc:
             self._db.close()
@@ -250,8 +259,8 @@ class ChatStore:
                              "model_quant, model_size FROM conversations WHERE id = ?", (conv_id,)).fetchone()
         if r is None:
             raise KeyError(conv_id)
-        msgs = [StoredMessage(m[0], m[1], _loads(m[2]), float(m[3])) for m in self._db.execute(
-            "SELECT role, content, stats, created FROM messages WHERE conversation_id = ? ORDER BY position",
+        msgs = [StoredMessage(m[0], m[1], _loads(m[2]), float(m[3]), m[4]) for m in self._db.execute(
+            "SELECT role, content, stats, created, thinking FROM messages WHERE conversation_id = ? ORDER BY position",
             (conv_id,))]
         return Conversation(int(r[0]), r[1], r[2], r[3], r[4], r[5], _loads(r[6]), float(r[7]), float(r[8]), msgs,
                             r[9], int(r[10]))
@@ -306,9 +315,9 @@ class ChatStore:
                     raise KeyError(conv_id)
                 self._db.execute("DELETE FROM messages WHERE conversation_id = ?", (conv_id,))
                 self._db.executemany(
-                    "INSERT INTO messages (conversation_id, position, role, content, stats, created) "
-                    "VALUES (?, ?, ?, ?, ?, ?)",
-                    [(conv_id, i, m.role, m.content, _dumps(m.stats), m.created or now)
+                    "INSERT INTO messages (conversation_id, position, role, content, stats, created, thinking) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [(conv_id, i, m.role, m.content, _dumps(m.stats), m.created or now, m.thinking)
                      for i, m in enumerate(messages)])
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from None
@@ -322,9 +331,10 @@ class ChatStore:
                     raise KeyError(conv_id)
                 (pos,) = self._db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM messages "
                                           "WHERE conversation_id = ?", (conv_id,)).fetchone()
-                self._db.execute("INSERT INTO messages (conversation_id, position, role, content, stats, created) "
-                                 "VALUES (?, ?, ?, ?, ?, ?)", (conv_id, int(pos), message.role, message.content,
-                                                               _dumps(message.stats), message.created or now))
+                self._db.execute("INSERT INTO messages (conversation_id, position, role, content, stats, created, "
+                                 "thinking) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                 (conv_id, int(pos), message.role, message.content, _dumps(message.stats),
+                                  message.created or now, message.thinking))
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from None
 
@@ -400,6 +410,9 @@ def to_markdown(conv: Conversation) -> str:
         else:
             title = _ROLE_TITLES.get(m.role, m.role.capitalize())
         out += [f"## {title}", ""]
+        if m.thinking.strip():  # a harmony model's thinking, folded away as chat apps show it
+            out += ["<details><summary>Thinking</summary>", "", close_fences(m.thinking.strip("\n")), "",
+                    "</details>", ""]
         body = m.content.strip("\n")
         if conv.mode == "completion":  # exact text: fenced so that Markdown does not reflow it
             fence = "````" if "```" in body else "```"
@@ -428,7 +441,8 @@ def to_dict(conv: Conversation) -> dict[str, Any]:
         "params": conv.params,
         "created": datetime.fromtimestamp(conv.created).astimezone().isoformat() if conv.created else None,
         "updated": datetime.fromtimestamp(conv.updated).astimezone().isoformat() if conv.updated else None,
-        "messages": [{"role": m.role, "content": m.content, **({"stats": m.stats} if m.stats else {})}
+        "messages": [{"role": m.role, "content": m.content, **({"thinking": m.thinking} if m.thinking else {}),
+                      **({"stats": m.stats} if m.stats else {})}
                      for m in conv.messages],
     }
 

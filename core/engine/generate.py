@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..chat import ChatTemplate, ChatTemplateError, Sampler, SamplerParams
+from ..chat.channels import HarmonySplitter, HarmonyTokens
 from ..gguf import GGUFFile
 from ..native.kernels import RepackCancelled, isa
 from ..tokenizer import CONTROL, USER_DEFINED, StreamDecoder, Tokenizer
@@ -34,14 +35,19 @@ def eog_ids(tok: Tokenizer, f: GGUFFile | None = None) -> frozenset[int]:
     """Every end-of-generation token: eos, eot and eom from the metadata, plus control or user-defined tokens
     named like an end marker (:data:`EOG_PIECES`)."""
     ids = {i for i in (tok.eos_id, tok.eot_id) if i is not None}
+    # harmony (gpt-oss): <|end|> closes the thinking message and the answer follows, so it does not stop
+    # generation when <|return|> and <|call|> exist (llama.cpp drops it from its end-of-generation set too)
+    harmony = "<|return|>" in tok.vocab and "<|call|>" in tok.vocab
+    end = tok.vocab.get("<|end|>") if harmony else None
     if f is not None:
         eom = f.get("tokenizer.ggml.eom_token_id")
         if isinstance(eom, (int, np.integer)) and not isinstance(eom, bool) and 0 <= int(eom) < tok.n_vocab:
             ids.add(int(eom))
     for piece in EOG_PIECES:
         i = tok.vocab.get(piece)
-        if i is not None and tok.types[i] in (CONTROL, USER_DEFINED):
+        if i is not None and tok.types[i] in (CONTROL, USER_DEFINED) and i != end:
             ids.add(i)
+    ids.discard(end)  # type: ignore[arg-type]
     return frozenset(ids)
 
 
@@ -74,6 +80,7 @@ class Delta:
     finished: bool = False
     stop_reason: str = ""
     n_prompt_new: int = -1  # prompt tokens evaluated for this reply (0: the whole prompt was cached)
+    channel: str = ""  # "" for the answer; "analysis" (thinking) or "commentary" in a harmony (gpt-oss) reply
 
 
 #: prompt tokens per forward call: bounds the block's scratch memory and lets a long prompt report progress and
@@ -153,6 +160,10 @@ class Engine:
         #: token ids that end generation, and user-defined marker tokens hidden unless control tokens are shown
         self.eog = eog_ids(self.tokenizer, self.file)
         self.markers = marker_ids(self.tokenizer)
+        #: the framing tokens when the chat template writes OpenAI's harmony format: replies are split into
+        #: thinking and answer (:class:`~quantscope.core.chat.channels.HarmonySplitter`)
+        src = self.template.source if self.template is not None else ""
+        self.harmony = HarmonyTokens.find(self.tokenizer.vocab) if "<|channel|>" in src else None
         self.cached: list[int] = []  # token ids currently in the KV cache
         self._prompt_logits: tuple[tuple[int, ...], np.ndarray] | None = None  # last prompt and its logits
         say("ready", 1.0)
@@ -242,6 +253,8 @@ class Engine:
         prompt_tps = (len(ids) - common) / (t1 - t0) if t1 > t0 else 0.0
         dec = StreamDecoder(self.tokenizer, special=p.special)
         hide = frozenset() if p.special else self.markers
+        split = HarmonySplitter(self.harmony) if self.harmony is not None and not isinstance(messages, str) else None
+        channel = ""
         text = ""
         history = list(ids)
         n = 0
@@ -257,6 +270,9 @@ class Engine:
             n += 1
             history.append(tid)
             delta = "" if tid in hide else dec.push(tid)
+            if split is not None:  # the framing tokens and headers are not text; the rest is thinking or answer
+                part = split.push(tid, delta)
+                delta, channel = ("", channel) if part is None else (part[1], part[0])
             text += delta
             hit = next((s for s in p.stop if s and s in text), None)
             now = time.perf_counter()
@@ -265,11 +281,11 @@ class Engine:
                 cut = text.index(hit)
                 delta = delta[: max(0, len(delta) - (len(text) - cut))]
                 yield Delta(delta, tid, len(ids), n, t1 - t0, prompt_tps, gen_tps, self.session.n_past,
-                            n_prompt_new=n_new)
+                            n_prompt_new=n_new, channel=channel)
                 reason = f"stop string {hit!r}"
                 break
             yield Delta(delta, tid, len(ids), n, t1 - t0, prompt_tps, gen_tps, self.session.n_past,
-                            n_prompt_new=n_new)
+                        n_prompt_new=n_new, channel=channel)
             if n >= p.max_tokens:
                 reason = "max tokens"
                 break
@@ -281,4 +297,4 @@ class Engine:
         tail = dec.flush()
         now = time.perf_counter()
         yield Delta(tail, None, len(ids), n, t1 - t0, prompt_tps, n / (now - t1) if now > t1 and n else 0.0,
-                    self.session.n_past, True, reason, n_new)
+                    self.session.n_past, True, reason, n_new, channel)

@@ -81,6 +81,8 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
         self._reply_view: MessageView | None = None
         self._reply_text: list[str] = []
         self._pending: list[str] = []
+        self._reply_thinking: list[str] = []
+        self._pending_thinking: list[str] = []
         self._pending_stats: GenStats | None = None
         self._reply_stats: GenStats | None = None
         self._script: list[str] = []
@@ -107,6 +109,7 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
         self.host.trimmed.connect(self._on_trimmed)
         self.host.promptProgress.connect(self._on_prompt_progress)
         self.host.delta.connect(self._on_delta)
+        self.host.thinking.connect(self._on_thinking)
         self.host.finished.connect(self._on_finished)
         self.host.failed.connect(self._on_failed)
         self._update_controls()

@@ -16,12 +16,16 @@ def stylesheet(dark: bool) -> str:
     user_border = "#3b4d63" if dark else "#c9daf2"
     note_bg, note_fg, note_bd = ("#4a3d17", "#f3dc9b", "#7a6326") if dark else ("#fff4d6", "#5c4400", "#e8c66a")
     err_bg, err_fg, err_bd = ("#4d2226", "#f5b8bd", "#8a3a41") if dark else ("#fde7e7", "#7a1010", "#e39a9a")
+    think_fg, think_bd = ("#a9b1bb", "#4a5563") if dark else ("#5f6670", "#c6ccd4")  # a reply's thinking: muted
     return f"""
     QFrame#msgUser {{ background: {user}; border: 1px solid {user_border}; border-radius: 8px; }}
     QFrame#msgAssistant {{ background: palette(base); border: 1px solid palette(mid); border-radius: 8px; }}
     QLabel#msgRole {{ font-weight: 600; }}
     QLabel#msgNote {{ color: {note_fg}; background: {note_bg}; border-radius: 3px; padding: 0 4px; }}
     QToolButton#msgAction {{ padding: 1px 6px; }}
+    QToolButton#msgThinking {{ color: {think_fg}; padding: 1px 2px; }}
+    QTextBrowser#msgThinkingText {{ color: {think_fg}; border: none; border-left: 3px solid {think_bd};
+                                     padding-left: 6px; }}
     QFrame#notice {{ background: {note_bg}; border: 1px solid {note_bd}; border-radius: 6px; }}
     QFrame#notice QLabel {{ color: {note_fg}; }}
     QLabel#notice {{ background: {note_bg}; color: {note_fg}; border: 1px solid {note_bd}; border-radius: 6px;

@@ -86,6 +86,8 @@ class ReplyMixin:
         self._reply_view = view
         self._reply_text = []
         self._pending = []
+        self._reply_thinking = []
+        self._pending_thinking = []
         self._pending_stats = None
         self._reply_stats = None
         self.activity.setText("reading the prompt…")
@@ -116,6 +118,10 @@ class ReplyMixin:
         if req == self._reply_req and done < total:  # the last chunk is followed by the first token
             self.activity.setText(f"reading the prompt: {done:,} of {total:,} tokens…")
 
+    def _on_thinking(self: ChatView, req: int, text: str) -> None:
+        if req == self._reply_req:
+            self._pending_thinking.append(text)  # batched by the timer, as the answer's text
+
     def _on_delta(self: ChatView, req: int, text: str, stats: GenStats) -> None:
         if req != self._reply_req:
             return
@@ -126,6 +132,11 @@ class ReplyMixin:
     def _flush(self: ChatView) -> None:
         if self._reply_view is None:
             return
+        if self._pending_thinking:
+            chunk = "".join(self._pending_thinking)
+            self._pending_thinking = []
+            self._reply_thinking.append(chunk)
+            self._reply_view.append_thinking(chunk)
         if self._pending:
             chunk = "".join(self._pending)
             self._pending = []
@@ -167,20 +178,22 @@ class ReplyMixin:
     def _finish_reply(self: ChatView, stats: GenStats | None, note: str = "") -> None:
         """Turn the streaming view into a message (Markdown rendered once, now), save, reset the live state."""
         self._flush_timer.stop()
-        view, text = self._reply_view, "".join(self._reply_text)
+        view, text, thinking = self._reply_view, "".join(self._reply_text), "".join(self._reply_thinking)
         self._reply_view = None
         self._reply_req = 0
         self._reply_text = []
         self._pending = []
+        self._reply_thinking = []
+        self._pending_thinking = []
         if view is None:
             return
-        if stats is None and not text:  # failed before any token: no empty reply is kept
+        if stats is None and not text and not thinking:  # failed before any token: no empty reply is kept
             self.stream.remove(view)
         else:
             d = stats.as_dict() if stats is not None else {}
             if note:
                 d["stop_reason"] = f"cancelled ({note})"
-            self.ctl.add_reply(text, d)
+            self.ctl.add_reply(text, d, thinking)
             label = stats_text(stats.as_dict()) if stats is not None else "failed"
             if note:
                 label += f" ({note})"

@@ -77,6 +77,8 @@ class ReplyStream(QScrollArea):
             self.remove(v)
         for i, m in enumerate(messages):
             v = self.add(i, m.role, m.content, mode)
+            if m.thinking:
+                v.set_thinking(m.thinking)
             each(v)
             if m.role == "assistant" and m.stats:
                 v.set_stats(stats(m.stats))

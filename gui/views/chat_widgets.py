@@ -188,6 +188,24 @@ class MessageView(QFrame):
         self.edit_btn.setVisible(role == "user")
         self.regen_btn.setVisible(False)
         lay.addLayout(head)
+        # a harmony model's thinking (gpt-oss's analysis channel), apart from the answer: shown while it streams,
+        # folded behind its toggle once the reply is complete
+        self.thinking = ""
+        self.think_btn = QToolButton()
+        self.think_btn.setObjectName("msgThinking")
+        self.think_btn.setCheckable(True)
+        self.think_btn.setAutoRaise(True)
+        self.think_btn.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.think_btn.setArrowType(Qt.ArrowType.RightArrow)
+        self.think_btn.setAccessibleName("Show the model's thinking")
+        self.think_btn.toggled.connect(self._show_thinking)
+        self.think_btn.hide()
+        self.think_body = AutoHeightBrowser()
+        self.think_body.setObjectName("msgThinkingText")
+        self.think_body.setAccessibleName("The model's thinking")
+        self.think_body.hide()
+        lay.addWidget(self.think_btn)
+        lay.addWidget(self.think_body)
         self.body = AutoHeightBrowser()
         lay.addWidget(self.body)
         self.set_mode(mode)
@@ -233,6 +251,35 @@ class MessageView(QFrame):
         self.set_stats("thinking…")
         self.copy_btn.setEnabled(False)
 
+    def set_thinking(self, text: str, open_: bool = False) -> None:
+        """The reply's thinking (empty: no thinking section); ``open_`` unfolds it."""
+        self.thinking = text
+        self.think_body.setPlainText(text)
+        self.think_btn.setVisible(bool(text))
+        self._label_thinking()
+        self.think_btn.setChecked(open_ and bool(text))
+        self._show_thinking(self.think_btn.isChecked())
+
+    def append_thinking(self, text: str) -> None:
+        """Streamed thinking: shown open while the model thinks."""
+        if not self.thinking:
+            self.think_btn.show()
+            self.think_btn.setChecked(True)
+        self.thinking += text
+        cur = QTextCursor(self.think_body.document())
+        cur.movePosition(QTextCursor.MoveOperation.End)
+        cur.insertText(text)
+        self._label_thinking()
+
+    def _label_thinking(self) -> None:
+        words = len(self.thinking.split())
+        self.think_btn.setText(("Thinking…" if self.streaming and not self.content else "Thought")
+                               + f" ({words:,} word{'s' if words != 1 else ''})")
+
+    def _show_thinking(self, on: bool) -> None:
+        self.think_btn.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)
+        self.think_body.setVisible(on and bool(self.thinking))
+
     def append(self, text: str) -> None:
         """Add a batch of streamed text at the end (O(len(text)), the rest of the document is untouched)."""
         self.content += text
@@ -245,6 +292,8 @@ class MessageView(QFrame):
         self.copy_btn.setEnabled(True)
         self.set_content(text)
         self.set_stats(stats)
+        if self.thinking:  # the answer is what the reply is read for: its thinking folds away
+            self.set_thinking(self.thinking, open_=not text)
 
     def set_stats(self, text: str) -> None:
         self.stats.setText(text)

@@ -6,7 +6,10 @@ the values, only on the shapes and tensor types, so anyone can write the same fi
 * Shapes (:data:`SHAPES`): ``1b`` (Llama-3.2-1B-like), ``3b`` (Llama-3.2-3B-like), ``8b`` (Llama-3.1-8B-like)
   and ``tiny`` (2 layers of 256, for tests); ``moe``, ``moe-k4`` and ``moe-k2``: Qwen3-30B-A3B's layer shape
   (``qwen3moe``, 128 experts of 768, q/k norms) in 4 layers, with 8, 4 and 2 experts per token (the same tensors:
-  only ``expert_used_count`` differs), whose F32 routers hold random values so that tokens pick different experts.
+  only ``expert_used_count`` differs), whose F32 routers hold random values so that tokens pick different experts;
+  ``oss``: gpt-oss-20b's layer shape (32 experts of 2880, 4 per token, 64 query heads of 64, sinks, biases, window
+  128 on the even layers, YaRN) in 4 layers, as llama-quantize's MXFP4_MOE mix (MXFP4 experts with random shared
+  exponents 2^-8..2^-6, Q8_0 elsewhere; biases and sinks zero).
 * Types, the Q4_K_M mix: Q4_K everywhere (``token_embd`` included), Q6_K for ``output.weight`` (untied) and for
   ``attn_v`` and ``ffn_down`` of the layers llama-quantize's Q4_K_M gives more bits (:func:`use_more_bits`: the
   first and last eighth of the layers and every third one in between, about half of them), F32 norms (ones).
@@ -43,7 +46,9 @@ FORMAT_VERSION = 2
 MARKER_KEY = "quantscope.synthetic"
 #: Super-block scales (fp16, normal numbers) are drawn uniformly from these ranges: weights with an RMS of about
 #: 0.05 (Q4_K) and 0.12 (Q6_K, whose int8 sub-scales and signed codes are larger), every one below 1.
-SCALE_RANGE = {"Q4_K": (1e-4, 2e-4), "Q6_K": (6.2e-5, 1.2e-4)}
+SCALE_RANGE = {"Q4_K": (1e-4, 2e-4), "Q6_K": (6.2e-5, 1.2e-4), "Q8_0": (3e-4, 6e-4)}
+#: MXFP4 blocks (gpt-oss's experts): shared exponents 2^(e-127) for e in this range, values up to 6 x that
+MXFP4_EXPONENTS = (119, 121)
 CHUNK_BYTES = 4 << 20
 VOCAB_MODEL = "smollm2"
 
@@ -68,6 +73,11 @@ class Shape:
     expert_ff: int = 0
 
 
+def _gpt_oss_20b(name: str) -> Shape:
+    return Shape(name, 4, 2880, 2880, 64, 8, 64, "gpt-oss-20b (4 of its 24 layers, 4 of 32 experts per token)",
+                 rope_base=150000.0, arch="gpt-oss", n_expert=32, n_expert_used=4, expert_ff=2880)
+
+
 def _qwen3_30b_a3b(name: str, used: int) -> Shape:
     return Shape(name, 4, 2048, 6144, 32, 4, 128, f"Qwen3-30B-A3B (4 of its 48 layers, {used} experts per token)",
                  rope_base=1e6, arch="qwen3moe", n_expert=128, n_expert_used=used, expert_ff=768)
@@ -78,7 +88,7 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
     Shape("1b", 16, 2048, 8192, 32, 8, 64, "Llama-3.2-1B"),
     Shape("3b", 28, 3072, 8192, 24, 8, 128, "Llama-3.2-3B"),
     Shape("8b", 32, 4096, 14336, 32, 8, 128, "Llama-3.1-8B"),
-    _qwen3_30b_a3b("moe", 8), _qwen3_30b_a3b("moe-k4", 4), _qwen3_30b_a3b("moe-k2", 2),
+    _qwen3_30b_a3b("moe", 8), _qwen3_30b_a3b("moe-k4", 4), _qwen3_30b_a3b("moe-k2", 2), _gpt_oss_20b("oss"),
 )}
 
 
@@ -130,6 +140,8 @@ def use_more_bits(i_layer: int, n_layers: int) -> bool:
 def tensor_plan(shape: Shape, n_vocab: int) -> list[TensorSpec]:
     """Every tensor of the model in file order, with its ``ne`` (row length first) and type."""
     e, f, q, kv = shape.n_embd, shape.n_ff, shape.n_head * shape.head_dim, shape.n_head_kv * shape.head_dim
+    if shape.arch == "gpt-oss":
+        return _gpt_oss_plan(shape, n_vocab)
     out = [TensorSpec("token_embd.weight", (e, n_vocab), "Q4_K")]
     for i in range(shape.n_layers):
         more = "Q6_K" if use_more_bits(i, shape.n_layers) else "Q4_K"
@@ -156,6 +168,32 @@ def tensor_plan(shape: Shape, n_vocab: int) -> list[TensorSpec]:
     return out
 
 
+def _gpt_oss_plan(shape: Shape, n_vocab: int) -> list[TensorSpec]:
+    """gpt-oss as llama-quantize's MXFP4_MOE mix writes it: MXFP4 experts, Q8_0 for the other matrices, F32 norms,
+    biases, sinks and router."""
+    e, q, kv, ne, fe = (shape.n_embd, shape.n_head * shape.head_dim, shape.n_head_kv * shape.head_dim,
+                        shape.n_expert, shape.expert_ff)
+    out = [TensorSpec("token_embd.weight", (e, n_vocab), "Q8_0")]
+    for i in range(shape.n_layers):
+        p = f"blk.{i}."
+        out += [TensorSpec(p + "attn_norm.weight", (e,), "F32"),
+                TensorSpec(p + "attn_q.weight", (e, q), "Q8_0"), TensorSpec(p + "attn_q.bias", (q,), "F32"),
+                TensorSpec(p + "attn_k.weight", (e, kv), "Q8_0"), TensorSpec(p + "attn_k.bias", (kv,), "F32"),
+                TensorSpec(p + "attn_v.weight", (e, kv), "Q8_0"), TensorSpec(p + "attn_v.bias", (kv,), "F32"),
+                TensorSpec(p + "attn_output.weight", (q, e), "Q8_0"), TensorSpec(p + "attn_output.bias", (e,), "F32"),
+                TensorSpec(p + "attn_sinks.weight", (shape.n_head,), "F32"),
+                TensorSpec(p + "post_attention_norm.weight", (e,), "F32"),
+                TensorSpec(p + "ffn_gate_inp.weight", (e, ne), "F32"),
+                TensorSpec(p + "ffn_gate_inp.bias", (ne,), "F32"),
+                TensorSpec(p + "ffn_gate_exps.weight", (e, fe, ne), "MXFP4"),
+                TensorSpec(p + "ffn_gate_exps.bias", (fe, ne), "F32"),
+                TensorSpec(p + "ffn_up_exps.weight", (e, fe, ne), "MXFP4"),
+                TensorSpec(p + "ffn_up_exps.bias", (fe, ne), "F32"),
+                TensorSpec(p + "ffn_down_exps.weight", (fe, e, ne), "MXFP4"),
+                TensorSpec(p + "ffn_down_exps.bias", (e, ne), "F32")]
+    return [*out, TensorSpec("output_norm.weight", (e,), "F32"), TensorSpec("output.weight", (e, n_vocab), "Q8_0")]
+
+
 def synthetic_path(shape: str, seed: int = 0) -> Path:
     """Where :func:`ensure_synthetic` keeps a shape (whether or not it is there yet); a seed other than 0 is
     part of the name."""
@@ -163,7 +201,8 @@ def synthetic_path(shape: str, seed: int = 0) -> Path:
 
     suffix = f"-seed{seed}" if seed else ""
     sh = get_shape(shape)
-    return cache_dir() / "synthetic" / f"{sh.arch}-{sh.name}-q4km{suffix}.gguf"
+    mix = "mxfp4" if sh.arch == "gpt-oss" else "q4km"
+    return cache_dir() / "synthetic" / f"{sh.arch}-{sh.name}-{mix}{suffix}.gguf"
 
 
 def marker(shape: Shape, seed: int) -> str:
@@ -208,11 +247,17 @@ def header_bytes(shape: Shape, seed: int, tok_entries: list[bytes], n_vocab: int
     experts = [_kv(a + "expert_count", ValueType.UINT32, shape.n_expert),
                _kv(a + "expert_used_count", ValueType.UINT32, shape.n_expert_used),
                _kv(a + "expert_feed_forward_length", ValueType.UINT32, shape.expert_ff)] if shape.n_expert else []
+    if shape.arch == "gpt-oss":  # the real models' window and YaRN scaling
+        experts += [_kv(a + "attention.sliding_window", ValueType.UINT32, 128),
+                    _kv(a + "rope.scaling.type", ValueType.STRING, "yarn"),
+                    _kv(a + "rope.scaling.factor", ValueType.FLOAT32, 32.0),
+                    _kv(a + "rope.scaling.original_context_length", ValueType.UINT32, 4096)]
+    ftype = FileType.MOSTLY_MXFP4_MOE if shape.arch == "gpt-oss" else FileType.MOSTLY_Q4_K_M
     kvs = [
         _kv("general.architecture", ValueType.STRING, shape.arch),
         _kv("general.name", ValueType.STRING,
             f"synthetic {shape.arch} {shape.name} ({shape.like} shape, random weights)"),
-        _kv("general.file_type", ValueType.UINT32, int(FileType.MOSTLY_Q4_K_M)),
+        _kv("general.file_type", ValueType.UINT32, int(ftype)),
         _kv("general.quantization_version", ValueType.UINT32, 2),
         _kv(MARKER_KEY, ValueType.STRING, marker(shape, seed)),
         _kv(a + "block_count", ValueType.UINT32, shape.n_layers),
@@ -255,11 +300,22 @@ def tensor_chunks(spec: TensorSpec, rng: np.random.Generator,
     if spec.type_name == "F32":
         if spec.name.endswith("ffn_gate_inp.weight"):
             yield (rng.standard_normal(spec.n_bytes // 4) * 0.05).astype(np.float32).view(np.uint8)
+        elif spec.name.endswith((".bias", "attn_sinks.weight")):  # gpt-oss's biases and sinks: none in effect
+            yield np.zeros(spec.n_bytes // 4, np.float32).view(np.uint8)
         else:
             yield np.ones(spec.n_bytes // 4, np.float32).view(np.uint8)
         return
     t = ggml_type(spec.type_name)
-    scale_at = {"Q4_K": (0, 2), "Q6_K": (208,)}[t.name]
+    if t.name == "MXFP4":  # random nibbles under a random shared exponent byte
+        n_blocks = spec.n_bytes // t.block_bytes
+        per = max(1, chunk_bytes // t.block_bytes)
+        for start in range(0, n_blocks, per):
+            n = min(per, n_blocks - start)
+            raw = rng.bit_generator.random_raw((n * t.block_bytes + 7) // 8).view(np.uint8)[: n * t.block_bytes]
+            raw.reshape(n, t.block_bytes)[:, 0] = rng.integers(*MXFP4_EXPONENTS, endpoint=True, size=n)
+            yield raw
+        return
+    scale_at = {"Q4_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,)}[t.name]
     n_blocks = spec.n_bytes // t.block_bytes
     per = max(1, chunk_bytes // t.block_bytes)
     lo, hi = SCALE_RANGE[t.name]

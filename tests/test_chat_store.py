@@ -8,6 +8,7 @@ import sqlite3
 import pytest
 
 from quantscope.core.chat.store import (
+    SCHEMA_VERSION,
     ChatStore,
     ModelIdentity,
     StoredMessage,
@@ -93,12 +94,12 @@ def test_persists_across_connections(tmp_path):
         cid = s.create("kept", messages=[StoredMessage("user", "q"), StoredMessage("assistant", "a")])
     with ChatStore(p) as s:
         assert s.get(cid).title == "kept" and len(s.get(cid).messages) == 2
-        assert s._db.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert s._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
 
 
 def test_schema_1_database_is_migrated_and_keeps_its_conversations(tmp_path):
     """A database written before conversations carried the model identity opens, keeps its rows (with an empty
-    quantization) and takes the identity from then on."""
+    quantization; its messages gain an empty thinking column) and takes the identity from then on."""
     import sqlite3
 
     p = tmp_path / "old.sqlite3"
@@ -119,9 +120,9 @@ def test_schema_1_database_is_migrated_and_keeps_its_conversations(tmp_path):
     db.commit()
     db.close()
     with ChatStore(p) as s:
-        assert s._db.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert s._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
         old = s.get(1)
-        assert old.title == "old chat" and [m.content for m in old.messages] == ["hi"]
+        assert old.title == "old chat" and [(m.content, m.thinking) for m in old.messages] == [("hi", "")]
         assert old.identity == ModelIdentity("SmolLM2.gguf", "", "/m/SmolLM2.gguf", 0)
         ident = ModelIdentity("qwen.gguf", "MOSTLY_Q4_K_M", "/m/qwen.gguf", 123)
         cid = s.create("new", identity=ident)

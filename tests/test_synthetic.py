@@ -180,3 +180,32 @@ def test_a_mixture_of_experts_shape_runs_and_routes(smol, tmp_path):
     assert plan["blk.0.ffn_gate_exps.weight"].ne == (2048, 768, 128)  # Qwen3-30B-A3B's experts
     assert plan["blk.0.ffn_down_exps.weight"].ne == (768, 2048, 128)
     assert S.synthetic_path("moe-k2").name == "qwen3moe-moe-k2-q4km.gguf"
+
+
+def test_a_gpt_oss_shape_runs(smol, tmp_path):
+    """The gpt-oss shape (here 2 layers of 256, 4 experts, 2 per token) is llama-quantize's MXFP4_MOE mix: MXFP4
+    experts with valid exponents, Q8_0 elsewhere, zero biases and sinks; the engine loads and runs it, prefill and
+    decode agreeing."""
+    from quantscope.core.engine import Model
+
+    shape = S.Shape("oss-tiny", 2, 256, 256, 4, 2, 64, "a test-sized gpt-oss", rope_base=150000.0, arch="gpt-oss",
+                    n_expert=4, n_expert_used=2, expert_ff=256)
+    path = S.write_synthetic(tmp_path / "oss.gguf", shape, smol)
+    with GGUFFile(path) as f:
+        cfg = read_config(f)
+        assert (cfg.arch, cfg.n_expert, cfg.sliding_window, cfg.rope_ext_factor) == ("gpt-oss", 4, 128, 1.0)
+        assert f.tensor("blk.0.ffn_up_exps.weight").type_name == "MXFP4"
+        assert f.tensor("blk.1.attn_q.weight").type_name == "Q8_0" and f.get("general.file_type") == 38
+        exps = f.tensor_rows(f.tensor("blk.0.ffn_down_exps.weight")).reshape(-1, 17)[:, 0]
+        assert exps.min() >= S.MXFP4_EXPONENTS[0] and exps.max() <= S.MXFP4_EXPONENTS[1]
+        m = Model(f, threads=2)
+        ids = [5, 900, 77, 4000, 12]
+        full = m.session(16).forward(ids, all_logits=True)
+        s = m.session(16)
+        steps = np.stack([s.forward([i]) for i in ids])
+        assert np.isfinite(full).all() and np.abs(full).max() > 0
+        assert np.abs(steps - full).max() <= 1e-3 * np.abs(full).max()
+    plan = {t.name: t for t in S.tensor_plan(S.SHAPES["oss"], 49152)}
+    assert plan["blk.0.ffn_gate_exps.weight"].ne == (2880, 2880, 32)  # gpt-oss-20b's experts
+    assert plan["blk.3.attn_sinks.weight"].ne == (64,)
+    assert S.synthetic_path("oss").name == "gpt-oss-oss-mxfp4.gguf"

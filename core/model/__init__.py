@@ -1021,12 +1021,13 @@ def check_weights(w: ModelWeights, keys: dict[str, str] | None = None) -> None:
         _check_vector(b + "attn_sinks.weight", lw.sinks, H, k["n_head"], c.attn_sinks)
         if lw.sinks is not None and not np.isfinite(lw.sinks).all():
             raise ModelError(f"{b}attn_sinks.weight: expected finite values")
-        exp = f" x {k['n_expert']} = {c.n_expert}"
-        for name, vec, n, what in (("ffn_gate_inp.bias", lw.b_router, c.n_expert, k["n_expert"]),
+        nx = k.get("n_expert", "expert_count")  # (a bump file's keys have none)
+        exp = f" x {nx} = {c.n_expert}"
+        for name, vec, n, what in (("ffn_gate_inp.bias", lw.b_router, c.n_expert, nx),
                                    ("ffn_gate_exps.bias", lw.b_gate, c.n_expert * F, k["n_ff"] + exp),
                                    ("ffn_up_exps.bias", lw.b_up, c.n_expert * F, k["n_ff"] + exp),
                                    ("ffn_down_exps.bias", lw.b_down, c.n_expert * E, k["n_embd"] + exp)):
             if vec is not None and not c.n_expert:
-                raise ModelError(f"{k['n_expert']}: 0, but {b}{name} is bound")
+                raise ModelError(f"{nx}: 0, but {b}{name} is bound")
             _check_vector(b + name, vec, n, what, False)
         _check_vector(b + "post_ffw_norm.weight", lw.post_ffn_norm, E, k["n_embd"], c.post_norms)

@@ -9,6 +9,8 @@ typedef void (*qs_deq_block_fn)(const uint8_t *blk, float *y);
 
 /* IQ4_NL / IQ4_XS code book */
 static const int8_t QS_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+/* MXFP4's E2M1 values, doubled (ggml's kvalues_mxfp4) */
+static const int8_t QS_FP4X2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 /* ggml's ksigns_iq2xs rule: 7 stored sign bits, the 8th makes the number of minus signs even */
 static inline uint8_t qs_ksign(uint32_t i7) {

@@ -44,6 +44,7 @@ static const rp_info RP_TABLE[] = {
     {QS_Q3_K, 256, 1856, QS_Q8_K, 256, 292, 16, qs_rp_q3_K_avx512_4, qs_rp_q3_K_avx512_1, qs_rp_q3_K_avx2_4, qs_rp_q3_K_avx2_1, 4},
     {QS_IQ4_XS, 256, 2240, QS_Q8_K, 256, 292, 8, qs_rp_iq4_xs_avx512_4, qs_rp_iq4_xs_avx512_1, qs_rp_iq4_xs_avx2_4, qs_rp_iq4_xs_avx2_1, 4},
     {QS_IQ4_NL, 64, 576, QS_Q8_0, 32, 34, 1, qs_rp_iq4_nl_avx512_4, qs_rp_iq4_nl_avx512_1, qs_rp_iq4_nl_avx2_4, qs_rp_iq4_nl_avx2_1, 4},
+    {QS_MXFP4, 64, 576, QS_Q8_0, 32, 34, 1, qs_rp_mxfp4_avx512_4, qs_rp_mxfp4_avx512_1, qs_rp_mxfp4_avx2_4, qs_rp_mxfp4_avx2_1, 4},
     /* float weights: the activations stay float32, read in place (no preparation) */
     {QS_F32, 16, 1024, QS_F32, 16, 64, 0, qs_rp_f32_avx512_8, qs_rp_f32_avx512_1, qs_rp_f32_avx2_8, qs_rp_f32_avx2_1, 8},
     {QS_F16, 16, 512, QS_F32, 16, 64, 0, qs_rp_f16_avx512_8, qs_rp_f16_avx512_1, qs_rp_f16_avx2_8, qs_rp_f16_avx2_1, 8},
@@ -224,14 +225,16 @@ typedef struct {
 } b32_kind;
 
 /* unit bytes, ggml block bytes, codes in the block, min, qh in the block (-1 none), 8-bit codes, chunk offset in the
- * unit, bit-plane offset in the unit, nibble = index into the IQ4_NL code book (value + 128 as the code) */
-static const b32_kind B32[6] = {
+ * unit, bit-plane offset in the unit, nibble = index into a code book (value + 128 as the code: 1 IQ4_NL's, 2
+ * MXFP4's, whose one-byte E8M0 exponent takes the place of d) */
+static const b32_kind B32[7] = {
     {576, 18, 2, 0, -1, 0, 64, 0, 0},    /* Q4_0 */
     {640, 20, 4, 1, -1, 0, 128, 0, 0},   /* Q4_1 */
     {1088, 34, 2, 0, -1, 1, 64, 0, 0},   /* Q8_0 */
     {704, 22, 6, 0, 2, 0, 64, 576, 0},   /* Q5_0 */
     {768, 24, 8, 1, 4, 0, 128, 640, 0},  /* Q5_1 */
     {576, 18, 2, 0, -1, 0, 64, 0, 1},    /* IQ4_NL */
+    {576, 17, 1, 0, -1, 0, 64, 0, 2},    /* MXFP4 */
 };
 
 static void unit_b32(const uint8_t *const *rows, int64_t kb, uint8_t *u, const int kind) {
@@ -239,7 +242,12 @@ static void unit_b32(const uint8_t *const *rows, int64_t kb, uint8_t *u, const i
     for (int r = 0; r < QS_RP_ROWS; ++r)
         for (int h = 0; h < 2; ++h) {
             const uint8_t *b = rows[r] + (2 * kb + h) * k->bytes;
-            memcpy(u + 32 * h + 2 * r, b, 2);
+            if (k->lut == 2) { /* MXFP4: the exponent byte, then 0 */
+                u[32 * h + 2 * r] = b[0];
+                u[32 * h + 2 * r + 1] = 0;
+            } else {
+                memcpy(u + 32 * h + 2 * r, b, 2);
+            }
             if (k->has_min) memcpy(u + 64 + 32 * h + 2 * r, b + 2, 2);
             if (k->byte_codes) {
                 for (int c = 0; c < 8; ++c)
@@ -265,6 +273,7 @@ static void unit_q8_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit
 static void unit_q5_0(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_b32(rows, kb, u, 3); }
 static void unit_q5_1(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_b32(rows, kb, u, 4); }
 static void unit_iq4_nl(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_b32(rows, kb, u, 5); }
+static void unit_mxfp4(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_b32(rows, kb, u, 6); }
 
 /* F32 / F16 / BF16: element e of the k-block holds the 16 rows' values side by side (es bytes each) */
 static void unit_float(const uint8_t *const *rows, int64_t kb, uint8_t *u, const int es) {
@@ -290,6 +299,7 @@ static unit_fn unit_for(int type) {
     case QS_Q5_0: return unit_q5_0;
     case QS_Q5_1: return unit_q5_1;
     case QS_IQ4_NL: return unit_iq4_nl;
+    case QS_MXFP4: return unit_mxfp4;
     case QS_IQ4_XS: return unit_iq4_xs;
     case QS_Q2_K: return unit_q2_K;
     case QS_Q3_K: return unit_q3_K;
@@ -554,15 +564,17 @@ static void rp_b32_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_
                                 c1v |= ((hb[j] >> (2 * c + 1)) & 1) << 4;
                             }
                             if (k->lut) {
-                                c0v = QS_IQ4NL[c0v] + 128;
-                                c1v = QS_IQ4NL[c1v] + 128;
+                                const int8_t *book = k->lut == 2 ? QS_FP4X2 : QS_IQ4NL;
+                                c0v = book[c0v] + 128;
+                                c1v = book[c1v] + 128;
                             }
                             P += c0v * q[8 * c + j] + c1v * q[8 * c + 4 + j];
                         }
                     }
                 }
                 if (!k->has_min) P -= ia[b];
-                acc[r] = fmaf((float)P, h2f(g + 32 * h + 2 * r) * fa[b], acc[r]);
+                const float d = k->lut == 2 ? qs_e8m0_half(g[32 * h + 2 * r]) : h2f(g + 32 * h + 2 * r);
+                acc[r] = fmaf((float)P, d * fa[b], acc[r]);
                 if (k->has_min) acc[r] = fmaf(h2f(g + 64 + 32 * h + 2 * r), fb[b], acc[r]);
             }
         }
@@ -586,6 +598,9 @@ static void rp_q5_1_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64
 }
 static void rp_iq4_nl_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
     rp_b32_scalar(g, nb, x, c0, out, 5);
+}
+static void rp_mxfp4_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    rp_b32_scalar(g, nb, x, c0, out, 6);
 }
 
 /* Float layouts: per row, two accumulation chains (element e of a k-block feeds chain e % 2), fused multiply-adds
@@ -625,6 +640,7 @@ static qs_rp_kernel scalar_for(int type) {
     case QS_Q5_0: return rp_q5_0_scalar;
     case QS_Q5_1: return rp_q5_1_scalar;
     case QS_IQ4_NL: return rp_iq4_nl_scalar;
+    case QS_MXFP4: return rp_mxfp4_scalar;
     case QS_IQ4_XS: return rp_iq4_xs_scalar;
     case QS_Q2_K: return rp_q2_K_scalar;
     case QS_Q3_K: return rp_q3_K_scalar;
@@ -693,7 +709,7 @@ static void prep_task(void *vctx, int64_t j) {
             } else {
                 int32_t s = 0;
                 for (int e = 0; e < 32; ++e) s += (int8_t)blk[2 + e];
-                ia[b] = (ri->type == QS_Q4_0 ? 8 : ri->type == QS_Q5_0 ? 16 : 128) * s; /* Q8_0, IQ4_NL: 128 */
+                ia[b] = (ri->type == QS_Q4_0 ? 8 : ri->type == QS_Q5_0 ? 16 : 128) * s; /* Q8_0, IQ4_NL, MXFP4: 128 */
             }
         }
     }

@@ -29,12 +29,14 @@
  *         sub-blocks: the crumb chunks (low 2 bits) of sub-blocks 2p and 2p+1, then their high-bit chunk (byte
  *         4r+j: bit i = third bit of element 4i+j of sub-block 2p, bit 4+i of sub-block 2p+1); see Q3_CR / Q3_HI
  *   IQ4_NL as Q4_0; a nibble is an index into the code book (the kernels look it up with one byte shuffle)
+ *   MXFP4  as Q4_0 with the E8M0 exponent byte in place of d (its high byte 0) and MXFP4's doubled E2M1 values as
+ *         the code book (d = 2^(e - 128), ggml's halved scale)
  *   IQ4_XS k-block 256, 2240 B: d[16] f16 @0, scale[8][16] s8 (the 6-bit scale - 32) @64, 32 nibble chunks @192
  *         (chunk c: elements 8c..8c+7, code-book indices as IQ4_NL's)
  *   F32   k-block 16, 1024 B: element e of the block as 16 rows' float32 side by side @64e
  *   F16, BF16 k-block 16, 512 B: the same with 2-byte values @32e (converted to float32 in the kernels)
  * Codes are unsigned (Q2_K 0..3 with its mins against the activation sums; Q3_K 0..7 with offset 4; Q6_K 0..63 with the offset 32 folded into the activation sums; Q4_0 offset 8; Q5_0 16;
- * Q8_0 and IQ4_NL 128).
+ * Q8_0, IQ4_NL and MXFP4 128).
  */
 #ifndef QS_REPACK_H
 #define QS_REPACK_H
@@ -83,6 +85,8 @@ void qs_rp_q5_1_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t
 void qs_rp_q8_0_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_iq4_nl_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_iq4_nl_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_mxfp4_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_mxfp4_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q2_K_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q2_K_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q3_K_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
@@ -123,6 +127,8 @@ void qs_rp_q5_1_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c
 void qs_rp_q5_1_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_iq4_nl_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_iq4_nl_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_mxfp4_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_mxfp4_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q2_K_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q2_K_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q3_K_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);

@@ -18,6 +18,14 @@ T AI __m256i bc32(const uint8_t *p) { return _mm256_set1_epi32((int)qs_load_u32(
 
 T AI __m256 ph8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
+/* 8 MXFP4 exponents (u16 slots) as qs_e8m0_half's floats */
+T AI __m256 e8m0_8(const uint8_t *p) {
+    const __m256i e = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    const __m256i norm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(norm, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+}
+
 /* acc + per 32-bit lane the sum of its 4 u8 x s8 products (exact while each pair's sum fits int16) */
 T AI __m256i dot4(__m256i acc, __m256i u, __m256i s) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
@@ -279,15 +287,15 @@ T AI void q2k_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
 }
 
 /* ---------------------------------------------------------------- 32-element blocks */
-/* kind 0: Q4_0, 1: Q4_1, 2: Q8_0, 3: Q5_0, 4: Q5_1, 5: IQ4_NL (as the AVX-512 kernels; IQ4_NL, like Q8_0, multiplies
- * the signed code-book values with the sign trick and needs no offset) */
+/* kind 0: Q4_0, 1: Q4_1, 2: Q8_0, 3: Q5_0, 4: Q5_1, 5: IQ4_NL, 6: MXFP4 (as the AVX-512 kernels; IQ4_NL and MXFP4,
+ * like Q8_0, multiply the signed code-book values with the sign trick and need no offset) */
 T AI void b32_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
                    const int kind, const int h) {
     const int NCH = NC == 1 ? 4 : 2;
     const int has_min = kind == 1 || kind == 4, has_hb = kind == 3 || kind == 4, planes = kind == 3 ? 576 : 640;
-    const int unit = kind == 0 || kind == 5 ? 576 : kind == 1 ? 640 : kind == 2 ? 1088 : kind == 3 ? 704 : 768;
+    const int unit = kind == 0 || kind >= 5 ? 576 : kind == 1 ? 640 : kind == 2 ? 1088 : kind == 3 ? 704 : 768;
     const int qoff = has_min ? 128 : 64, ab = has_min ? 36 : 34, aq = has_min ? 4 : 2;
-    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)QS_IQ4NL));
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(kind == 6 ? QS_FP4X2 : QS_IQ4NL)));
     const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10), m80 = _mm256_set1_epi8((char)0x80);
     cols cs;
     cols_init(&cs, x, c0, NC, aq);
@@ -305,7 +313,7 @@ T AI void b32_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
             _Pragma("GCC unroll 8")
             for (int j = 0; j < NC; ++j) {
                 /* Q8_0 multiplies the signed weights: no offset; the others' codes carry one (ia) or a min */
-                P[j][0] = has_min || kind == 2 || kind == 5 ? _mm256_setzero_si256() : _mm256_set1_epi32(-cs.ia[j][b]);
+                P[j][0] = has_min || kind == 2 || kind >= 5 ? _mm256_setzero_si256() : _mm256_set1_epi32(-cs.ia[j][b]);
                 _Pragma("GCC unroll 8")
                 for (int q = 1; q < NCH; ++q) P[j][q] = _mm256_setzero_si256();
             }
@@ -334,7 +342,7 @@ T AI void b32_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
                         lo = _mm256_or_si256(lo, _mm256_and_si256(q5_hi(hb, 2 * c), m10));
                         hi = _mm256_or_si256(hi, _mm256_and_si256(q5_hi(hb, 2 * c + 1), m10));
                     }
-                    if (kind == 5) {
+                    if (kind >= 5) {
                         const __m256i ql = _mm256_shuffle_epi8(lut, lo), qh = _mm256_shuffle_epi8(lut, hi);
                         const __m256i al = _mm256_abs_epi8(ql), ah = _mm256_abs_epi8(qh);
                         _Pragma("GCC unroll 8")
@@ -353,7 +361,7 @@ T AI void b32_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
                     }
                 }
             }
-            const __m256 d = ph8(g + 32 * hh + 16 * h);
+            const __m256 d = kind == 6 ? e8m0_8(g + 32 * hh + 16 * h) : ph8(g + 32 * hh + 16 * h);
             _Pragma("GCC unroll 8")
             for (int j = 0; j < NC; ++j) {
                 const __m256 dx = _mm256_mul_ps(d, _mm256_set1_ps(cs.fa[j][b]));
@@ -417,6 +425,7 @@ T AI void fl_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, fl
 #define B3(g, nb, x, c0, out, NC, h) b32_half(g, nb, x, c0, out, NC, 3, h)
 #define B4(g, nb, x, c0, out, NC, h) b32_half(g, nb, x, c0, out, NC, 4, h)
 #define B5(g, nb, x, c0, out, NC, h) b32_half(g, nb, x, c0, out, NC, 5, h)
+#define B6(g, nb, x, c0, out, NC, h) b32_half(g, nb, x, c0, out, NC, 6, h)
 
 RP_AVX2(q4_K, K4)
 RP_AVX2(q5_K, K5)
@@ -430,6 +439,7 @@ RP_AVX2(q8_0, B2)
 RP_AVX2(q5_0, B3)
 RP_AVX2(q5_1, B4)
 RP_AVX2(iq4_nl, B5)
+RP_AVX2(mxfp4, B6)
 RP_AVX2(iq4_xs, SBX)
 RP_AVX2(q2_K, q2k_half)
 RP_AVX2(q3_K, SB3)

@@ -26,6 +26,15 @@ T AI __m512i bc32(const uint8_t *p) { return _mm512_set1_epi32((int)qs_load_u32(
 
 T AI __m512 ph16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
+/* 16 MXFP4 exponents (u16 slots, the exponent in the low byte) as qs_e8m0_half's floats: (e - 1) << 23, and for
+ * e < 2 the subnormals 0x00200000 << e */
+T AI __m512 e8m0_16(const uint8_t *p) {
+    const __m512i e = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    const __m512i norm = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i sub = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), norm, sub));
+}
+
 /* bit i of each byte -> bit 4 (other bits masked later): Q5_0's and Q5_K's fifth bits */
 T AI __m512i q5_hi(__m512i h, int i) {
     return i < 4 ? _mm512_slli_epi16(h, 4 - i) : i == 4 ? h : _mm512_srli_epi16(h, i - 4);
@@ -295,17 +304,18 @@ T AI void q2k_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
 /* ---------------------------------------------------------------- 32-element blocks: Q4_0, Q4_1, Q8_0 */
 /* kind 0: Q4_0 (nibbles, offset in ia), 1: Q4_1 (nibbles, min * s), 2: Q8_0 (bytes, offset in ia),
  * 3: Q5_0 (nibbles + a plane of fifth bits, offset in ia), 4: Q5_1 (nibbles + fifth bits, min * s),
- * 5: IQ4_NL (nibbles looked up in the code book + 128 by one byte shuffle, offset in ia) */
+ * 5: IQ4_NL (nibbles looked up in the code book + 128 by one byte shuffle, offset in ia), 6: MXFP4 (as IQ4_NL with
+ * its E2M1 code book and an E8M0 exponent for d) */
 T AI void b32_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC,
                    const int kind) {
     const int NCH = NC == 1 ? 4 : 2;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i m10 = _mm512_set1_epi8(0x10);
     const int has_min = kind == 1 || kind == 4, has_hb = kind == 3 || kind == 4, planes = kind == 3 ? 576 : 640;
-    const int unit = kind == 0 || kind == 5 ? 576 : kind == 1 ? 640 : kind == 2 ? 1088 : kind == 3 ? 704 : 768;
+    const int unit = kind == 0 || kind >= 5 ? 576 : kind == 1 ? 640 : kind == 2 ? 1088 : kind == 3 ? 704 : 768;
     const int qoff = has_min ? 128 : 64, ab = has_min ? 36 : 34, aq = has_min ? 4 : 2;
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)QS_IQ4NL),
-                                                            _mm_set1_epi8((char)0x80)));
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(
+        _mm_loadu_si128((const __m128i *)(kind == 6 ? QS_FP4X2 : QS_IQ4NL)), _mm_set1_epi8((char)0x80)));
     cols cs;
     cols_init(&cs, x, c0, NC, aq);
     __m512 *const acc = cs.acc;
@@ -348,7 +358,7 @@ T AI void b32_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
                         lo = _mm512_ternarylogic_epi32(lo, q5_hi(hb, 2 * c), m10, 0xF8);
                         hi = _mm512_ternarylogic_epi32(hi, q5_hi(hb, 2 * c + 1), m10, 0xF8);
                     }
-                    if (kind == 5) {
+                    if (kind >= 5) {
                         lo = _mm512_shuffle_epi8(lut, lo);
                         hi = _mm512_shuffle_epi8(lut, hi);
                     }
@@ -360,7 +370,7 @@ T AI void b32_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, f
                     }
                 }
             }
-            const __m512 d = ph16(g + 32 * h);
+            const __m512 d = kind == 6 ? e8m0_16(g + 32 * h) : ph16(g + 32 * h);
             _Pragma("GCC unroll 16")
             for (int j = 0; j < NC; ++j) {
                 acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum_chains(P[j], NCH)), _mm512_mul_ps(d, _mm512_set1_ps(fa[j][b])), acc[j]);
@@ -426,6 +436,7 @@ RP_AVX512(q8_0, b32_body, 2)
 RP_AVX512(q5_0, b32_body, 3)
 RP_AVX512(q5_1, b32_body, 4)
 RP_AVX512(iq4_nl, b32_body, 5)
+RP_AVX512(mxfp4, b32_body, 6)
 #define IQ4XS(g, nb, x, c0, out, NC, kind) sb_body(g, nb, x, c0, out, NC, SB_IQ4XS)
 RP_AVX512(iq4_xs, IQ4XS, 0)
 #define Q2K(g, nb, x, c0, out, NC, kind) q2k_body(g, nb, x, c0, out, NC)

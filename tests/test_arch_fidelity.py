@@ -241,6 +241,19 @@ MOE_FIELDS = [("n_expert", -1, "QS_ERR_SIZE"), ("n_expert", 5000, "QS_ERR_SIZE")
               ("n_ff", 256, "QS_ERR_WEIGHT")]
 
 
+def assert_refused(s, b, code: str) -> None:
+    """qs_block_forward on 2 tokens with block ``b`` of session ``s`` returns ``code`` and writes nothing."""
+    from quantscope.core.native import ffi, lib
+
+    x = np.ones((2, 64), np.float32)
+    pos = np.array([0, 1], np.int32)
+    cache = s.k_cache[0].copy()
+    rc = lib.qs_block_forward(b, ffi.cast("float *", ffi.from_buffer(x)), 2,
+                              ffi.cast("int32_t *", ffi.from_buffer(pos)), 0, 1)
+    assert rc == getattr(lib, code), (rc, code)
+    assert (x == 1).all() and np.array_equal(s.k_cache[0], cache)
+
+
 #: (field, value, error) of the gpt-oss fixture's blocks (4 heads, 8 experts of 64 x 64)
 OAI_FIELDS = [("bo_len", 63, "QS_ERR_VECTOR"), ("sinks_len", 3, "QS_ERR_VECTOR"), ("br_len", 9, "QS_ERR_VECTOR"),
               ("bg_len", 8 * 64 - 1, "QS_ERR_VECTOR"), ("bu_len", 0, "QS_ERR_VECTOR"), ("bd_len", 64, "QS_ERR_VECTOR"),
@@ -252,7 +265,7 @@ OAI_FIELDS = [("bo_len", 63, "QS_ERR_VECTOR"), ("sinks_len", 3, "QS_ERR_VECTOR")
 def test_the_native_block_checks_gpt_oss_vectors(field, value, code, tmp_path, vocab):
     """The biases, sinks and mode switches of gpt-oss's blocks are checked by qs_block_forward itself before anything
     is written."""
-    from quantscope.core.native import ffi, lib
+    from quantscope.core.native import ffi
 
     model, _, _ = load("gpt-oss-F32", tmp_path, vocab)
     s = model.session(16)
@@ -263,30 +276,18 @@ def test_the_native_block_checks_gpt_oss_vectors(field, value, code, tmp_path, v
         b.sinks = ffi.cast("float *", ffi.from_buffer(sinks))
     else:
         setattr(b, field, value)
-    x = np.ones((2, 64), np.float32)
-    pos = np.array([0, 1], np.int32)
-    cache = s.k_cache[0].copy()
-    rc = lib.qs_block_forward(b, ffi.cast("float *", ffi.from_buffer(x)), 2,
-                              ffi.cast("int32_t *", ffi.from_buffer(pos)), 0, 1)
-    assert rc == getattr(lib, code), (rc, code)
-    assert (x == 1).all() and np.array_equal(s.k_cache[0], cache)
+    assert_refused(s, b, code)
 
 
 @pytest.mark.parametrize(("field", "value", "code"), MOE_FIELDS, ids=[f"{f}={v}" for f, v, _ in MOE_FIELDS])
 def test_the_native_block_checks_the_expert_sizes(field, value, code, tmp_path, vocab):
     """qs_block_forward checks the router and the expert matrices against n_expert, n_expert_used and n_ff itself
     (8 experts of 128 x 64 in F32 here) and writes nothing when one disagrees."""
-    from quantscope.core.native import ffi, lib
+    from quantscope.core.native import ffi
 
     model, _, _ = load("mixtral-F32", tmp_path, vocab)
     s = model.session(16)
     b = ffi.new("qs_block *", s._block_structs[0][0])
     assert (b.n_expert, b.n_expert_used, b.wr_bytes) == (8, 2, 8 * 64 * 4)
     setattr(b, field, ffi.NULL if value is None else value)
-    x = np.ones((2, 64), np.float32)
-    pos = np.array([0, 1], np.int32)
-    cache = s.k_cache[0].copy()
-    rc = lib.qs_block_forward(b, ffi.cast("float *", ffi.from_buffer(x)), 2,
-                              ffi.cast("int32_t *", ffi.from_buffer(pos)), 0, 1)
-    assert rc == getattr(lib, code), (rc, code)
-    assert (x == 1).all() and np.array_equal(s.k_cache[0], cache)
+    assert_refused(s, b, code)

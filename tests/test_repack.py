@@ -17,8 +17,8 @@ from quantscope.core.quant import dequantize, ggml_type
 
 from .test_native_kernels import activations, weight_row
 
-REPACK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-                "F32", "F16", "BF16"]
+REPACK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                "Q6_K", "F32", "F16", "BF16"]
 NEEDS_SIMD = pytest.mark.skipif(K.isa_detected() == "scalar", reason="the engine repacks only for SIMD kernels")
 #: SIMD levels of the repacked kernels this machine can run (each is compared with the scalar reference bit for bit)
 SIMD_LEVELS = {"scalar": (), "avx2": ("avx2",), "avx512": ("avx2", "avx512")}[K.isa_detected()]

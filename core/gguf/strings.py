@@ -26,12 +26,22 @@ class StringArray(Sequence[str]):
 
     __slots__ = ("_buf", "_count", "_end", "_index", "_start")
 
-    def __init__(self, buf: Any, start: int, count: int, end: int) -> None:
+    def __init__(self, buf: Any, start: int, count: int, end: int, index: array[int] | None = None) -> None:
         self._buf = buf
         self._start = start
         self._count = count
         self._end = end
-        self._index: array[int] | None = None
+        self._index = index
+
+    def detached(self) -> StringArray:
+        """The same array over its own copy of the bytes (made under the fault guard): it outlives the file's mapping
+        and cannot fault (the tokenizer's pieces, decoded one at a time on access)."""
+        return StringArray(self.copy(), 0, self._count, self.nbytes, self._offsets())
+
+    @property
+    def buffer(self) -> Any:
+        """The buffer the elements are read from (the file's mapping, or a :meth:`detached` copy)."""
+        return self._buf
 
     @property
     def start(self) -> int:

@@ -13,7 +13,7 @@ import unicodedata
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
 import regex
 
@@ -181,54 +181,18 @@ class _PieceMatcher:
                     break
 
 
-class _Pieces(Sequence[str]):
-    """The vocabulary's pieces, decoded on access from one copy of the file's string array: no Python object per
-    piece until one is asked for (a 150k-piece vocabulary would take tens of milliseconds to decode)."""
-
-    __slots__ = ("_blob", "_off")
-
-    def __init__(self, blob: bytes, offsets: array[int]) -> None:
-        self._blob = blob
-        self._off = offsets
-
-    def __len__(self) -> int:
-        return len(self._off) - 1
-
-    def raw(self, i: int) -> bytes:
-        """Piece ``i``'s UTF-8 bytes."""
-        return self._blob[self._off[i] + 8 : self._off[i + 1]]
-
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[str]: ...
-    def __getitem__(self, i: int | slice) -> str | list[str]:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"token id {i} out of range for {n} pieces")
-        return self._blob[self._off[i] + 8 : self._off[i + 1]].decode("utf-8")
-
-    def __iter__(self) -> Iterator[str]:
-        blob, off = self._blob, self._off
-        for k in range(len(self)):
-            yield blob[off[k] + 8 : off[k + 1]].decode("utf-8")
-
-
 class _Vocab(Mapping[str, int]):
     """Piece -> id (the first id of a piece that occurs twice) and the BPE merge ranks, as native hash tables over the
     string arrays' bytes (csrc/qs_vocab.c): built in milliseconds, no Python object per entry."""
 
-    def __init__(self, pieces: _Pieces, merges: StringArray | None) -> None:
+    def __init__(self, pieces: StringArray, merges: StringArray | None) -> None:
+        """``pieces``: a copy of the tokens' array (:meth:`StringArray.detached`), whose buffer the table indexes."""
         self._pieces = pieces
-        self._tok = ffi.from_buffer(pieces._blob)  # the table points into these buffers: kept alive with it
+        self._tok = ffi.from_buffer(pieces.buffer)  # the table points into these buffers: kept alive with it
         mblob = merges.copy() if merges is not None else None
         self._mrg = ffi.from_buffer(mblob) if mblob is not None else ffi.NULL
         err = ffi.new("int *")
-        table = lib.qs_vocab_new(self._tok, len(pieces._blob), len(pieces), self._mrg,
+        table = lib.qs_vocab_new(self._tok, pieces.nbytes, len(pieces), self._mrg,
                                  len(mblob) if mblob is not None else 0, len(merges) if merges is not None else 0, err)
         if table == ffi.NULL:
             raise MemoryError("out of memory indexing the vocabulary") if err[0] == -2 else TokenizerError(
@@ -342,7 +306,7 @@ class Tokenizer:
         if self.bpe and merges is None:
             raise TokenizerError(f"{self.model} tokenizer without tokenizer.ggml.merges")
         #: the pieces, by id (decoded on access)
-        self.pieces: Sequence[str] = _Pieces(tokens.copy(), array("Q", tokens.offsets()))
+        self.pieces: Sequence[str] = tokens.detached()
         n = len(self.pieces)
         types = _int_array(f, "tokenizer.ggml.token_type", n)
         #: token types (``NORMAL``, ``CONTROL``, ...), by id

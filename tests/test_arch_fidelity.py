@@ -170,6 +170,13 @@ def G4(**kw: object) -> Spec:  # the gemma4 fixture with changes
      "blk.0.ffn_gate_exps.weight: expected shape [64, 48, 16]"),
     (Spec("llama", extra_tensors=lambda rng: {"blk.0.ffn_gate_inp.weight": np.ones((4, 64), np.float32)}),
      "llama.expert_count: expected the number of experts (the file has blk.0.ffn_gate_inp.weight)"),
+    (dataclasses.replace(arch_fixtures.SPECS["gpt-oss"], extra_kv={}),
+     "gpt-oss.attention.sliding_window: expected a value, found none"),
+    (dataclasses.replace(arch_fixtures.SPECS["gpt-oss"], extra_tensors=_extra({"blk.0.attn_q_norm.weight": 16})),
+     "gpt-oss: the engine does not use the tensor(s) blk.0.attn_q_norm.weight"),
+    (dataclasses.replace(arch_fixtures.SPECS["gpt-oss"], extra_kv={"attention.sliding_window": 16,
+                                                                    "expert_used_count": 9}),
+     "gpt-oss.expert_used_count: expected an integer in 1..8"),
 ])
 def test_what_the_engine_would_ignore_is_refused(spec, message, tmp_path, vocab, monkeypatch, capsys):
     monkeypatch.setitem(arch_fixtures.SPECS, "case", spec)

@@ -863,8 +863,10 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
             router=_weight(f, b + "ffn_gate_inp.weight") if cfg.n_expert else None,
             bq=_vector(f, b + "attn_q.bias", True), bk=_vector(f, b + "attn_k.bias", True),
             bv=_vector(f, b + "attn_v.bias", True),
-            q_norm=_vector(f, b + "attn_q_norm.weight", not cfg.qk_norm),
-            k_norm=None if shared else _vector(f, b + "attn_k_norm.weight", not cfg.qk_norm),
+            # q/k norms only where the architecture has them: elsewhere a file's norms are left unbound, so
+            # _check_all_bound refuses the file (llama.cpp refuses the tensor count) instead of applying them
+            q_norm=_vector(f, b + "attn_q_norm.weight") if cfg.qk_norm else None,
+            k_norm=None if shared or not cfg.qk_norm else _vector(f, b + "attn_k_norm.weight"),
             post_attn_norm=None if ffn_norm == "post_attention_norm.weight" else  # (gpt-oss: the FFN's norm)
             _vector(f, b + "post_attention_norm.weight", not cfg.post_norms),
             post_ffn_norm=_vector(f, b + "post_ffw_norm.weight", not cfg.post_norms),

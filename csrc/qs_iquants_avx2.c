@@ -77,6 +77,21 @@ T AI float block_end(float s, float mult, const uint8_t *x, __m256i acc) {
     return fmaf(mult * qs_load_f32(x), (float)hsum8(acc), s);
 }
 
+/* Four blocks' integer sums at once, the same integers as four hsum8 (three horizontal adds instead of four
+ * reductions): lane j of the result is the sum of v_j's eight lanes. */
+T AI __m128i hsum8x4(__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+    return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+/* s after the blocks i..i+3 whose integer sums are a[0..3] (block_end four times, the same operations) */
+T AI float blocks_end4(float s, const uint8_t *w, int64_t wb, float wscale, const uint8_t *x, const __m256i *a) {
+    int32_t is[4];
+    _mm_storeu_si128((__m128i *)is, hsum8x4(a[0], a[1], a[2], a[3]));
+    for (int j = 0; j < 4; ++j) s = fmaf(f16(w + wb * j) * wscale * qs_load_f32(x + 292 * j), (float)is[j], s);
+    return s;
+}
+
 T float qs_dot_iq2_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     float s = 0.0f;
     for (int64_t i = 0; i < n / 256; ++i, w += 66, x += 292) {
@@ -104,8 +119,7 @@ T AI __m256i spread_signs(__m256i sb, __m256i pick) { /* 0xFF where the element'
     return _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(sb, pick), bit), bit);
 }
 
-T float qs_dot_iq2_xs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
-    float s = 0.0f;
+T AI __m256i iq2_xs_block(const uint8_t *w, const int8_t *q) {
     /* bit 7 set where the 4-bit value has odd parity */
     const __m256i par = _mm256_setr_epi8(0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0,
                                          0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0);
@@ -115,32 +129,42 @@ T float qs_dot_iq2_xs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     const __m256i pick1 = _mm256_add_epi8(pick0, _mm256_set1_epi8(8));
     const __m256i m511 = _mm256_set1_epi16(511);
     uint16_t ix[16];
-    for (int64_t i = 0; i < n / 256; ++i, w += 74, x += 292) {
-        const int8_t *q = (const int8_t *)(x + 4);
-        const __m128i sc16 = scales16(w + 66);
-        __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
-        _Pragma("GCC unroll 2")
-        for (int h = 0; h < 2; ++h) {
-            const __m256i e = _mm256_loadu_si256((const __m256i *)(w + 2 + 32 * h));
-            _mm256_storeu_si256((__m256i *)ix, _mm256_and_si256(e, m511));
-            const __m256i s7 = _mm256_srli_epi16(e, 9);
-            const __m256i sb = _mm256_or_si256(s7, _mm256_shuffle_epi8(par, _mm256_xor_si256(s7, _mm256_srli_epi16(s7, 4))));
-            const __m256i lo = _mm256_permute2x128_si256(sb, sb, 0x00), hi = _mm256_permute2x128_si256(sb, sb, 0x11);
-            const __m256i m[4] = {spread_signs(lo, pick0), spread_signs(lo, pick1), spread_signs(hi, pick0),
-                                  spread_signs(hi, pick1)};
-            _Pragma("GCC unroll 4")
-            for (int c = 0; c < 4; ++c) {
-                const __m256i co = rows64(QS_GRID_IQ2_XS[ix[4 * c]], QS_GRID_IQ2_XS[ix[4 * c + 1]],
-                                          QS_GRID_IQ2_XS[ix[4 * c + 2]], QS_GRID_IQ2_XS[ix[4 * c + 3]]);
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 128 * h + 32 * c));
-                const __m256i a = _mm256_sub_epi8(_mm256_xor_si256(v, m[c]), m[c]);
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(co, a), chunk_scales(sc16, 4 * h + c));
-                if (c & 1) acc1 = _mm256_add_epi32(acc1, p);
-                else acc0 = _mm256_add_epi32(acc0, p);
-            }
+    const __m128i sc16 = scales16(w + 66);
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    _Pragma("GCC unroll 2")
+    for (int h = 0; h < 2; ++h) {
+        const __m256i e = _mm256_loadu_si256((const __m256i *)(w + 2 + 32 * h));
+        _mm256_storeu_si256((__m256i *)ix, _mm256_and_si256(e, m511));
+        const __m256i s7 = _mm256_srli_epi16(e, 9);
+        const __m256i sb = _mm256_or_si256(s7, _mm256_shuffle_epi8(par, _mm256_xor_si256(s7, _mm256_srli_epi16(s7, 4))));
+        const __m256i lo = _mm256_permute2x128_si256(sb, sb, 0x00), hi = _mm256_permute2x128_si256(sb, sb, 0x11);
+        const __m256i m[4] = {spread_signs(lo, pick0), spread_signs(lo, pick1), spread_signs(hi, pick0),
+                              spread_signs(hi, pick1)};
+        _Pragma("GCC unroll 4")
+        for (int c = 0; c < 4; ++c) {
+            const __m256i co = rows64(QS_GRID_IQ2_XS[ix[4 * c]], QS_GRID_IQ2_XS[ix[4 * c + 1]],
+                                      QS_GRID_IQ2_XS[ix[4 * c + 2]], QS_GRID_IQ2_XS[ix[4 * c + 3]]);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 128 * h + 32 * c));
+            const __m256i a = _mm256_sub_epi8(_mm256_xor_si256(v, m[c]), m[c]);
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(co, a), chunk_scales(sc16, 4 * h + c));
+            if (c & 1) acc1 = _mm256_add_epi32(acc1, p);
+            else acc0 = _mm256_add_epi32(acc0, p);
         }
-        s = block_end(s, f16(w) * 0.125f, x, _mm256_add_epi32(acc0, acc1));
     }
+    return _mm256_add_epi32(acc0, acc1);
+}
+
+T float qs_dot_iq2_xs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    const int64_t nb = n / 256;
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4, w += 4 * 74, x += 4 * 292) { /* four blocks per reduction */
+        __m256i a[4];
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < 4; ++j) a[j] = iq2_xs_block(w + 74 * j, (const int8_t *)(x + 292 * j + 4));
+        s = blocks_end4(s, w, 74, 0.125f, x, a);
+    }
+    for (; i < nb; ++i, w += 74, x += 292) s = block_end(s, f16(w) * 0.125f, x, iq2_xs_block(w, (const int8_t *)(x + 4)));
     return s;
 }
 
@@ -184,37 +208,46 @@ T float qs_dot_iq3_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
 
 /* IQ3_S, two 32-element groups per step: the 16 9-bit indices built in one vector (the ninth bits from the two qh
  * bytes by variable shifts), read back from its stack copy for the row inserts; two accumulators. */
-T float qs_dot_iq3_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
-    float s = 0.0f;
+T AI __m256i iq3_s_block(const uint8_t *w, const int8_t *q) {
     const __m256i shl = _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1), b8 = _mm256_set1_epi32(256);
     uint32_t ix[16];
-    for (int64_t i = 0; i < n / 256; ++i, w += 110, x += 292) {
-        const int8_t *q = (const int8_t *)(x + 4);
-        const __m128i sc8 = scales_of(_mm_cvtsi32_si128((int)qs_load_u32(w + 106))); /* groups 0..7: 2 sc + 1 */
-        __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
-        _Pragma("GCC unroll 4")
-        for (int g = 0; g < 8; g += 2) {
-            const __m128i lo = _mm_loadu_si128((const __m128i *)(w + 2 + 8 * g));
-            const __m256i i0 = _mm256_or_si256(_mm256_cvtepu8_epi32(lo), _mm256_and_si256(
-                _mm256_sllv_epi32(_mm256_set1_epi32(w[66 + g]), shl), b8));
-            const __m256i i1 = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)), _mm256_and_si256(
-                _mm256_sllv_epi32(_mm256_set1_epi32(w[67 + g]), shl), b8));
-            _mm256_storeu_si256((__m256i *)ix, i0);
-            _mm256_storeu_si256((__m256i *)(ix + 8), i1);
-            _Pragma("GCC unroll 2")
-            for (int k = 0; k < 2; ++k) {
-                const uint32_t *t = ix + 8 * k;
+    const __m128i sc8 = scales_of(_mm_cvtsi32_si128((int)qs_load_u32(w + 106))); /* groups 0..7: 2 sc + 1 */
+    __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+    _Pragma("GCC unroll 4")
+    for (int g = 0; g < 8; g += 2) {
+        const __m128i lo = _mm_loadu_si128((const __m128i *)(w + 2 + 8 * g));
+        const __m256i i0 = _mm256_or_si256(_mm256_cvtepu8_epi32(lo), _mm256_and_si256(
+            _mm256_sllv_epi32(_mm256_set1_epi32(w[66 + g]), shl), b8));
+        const __m256i i1 = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)), _mm256_and_si256(
+            _mm256_sllv_epi32(_mm256_set1_epi32(w[67 + g]), shl), b8));
+        _mm256_storeu_si256((__m256i *)ix, i0);
+        _mm256_storeu_si256((__m256i *)(ix + 8), i1);
+        _Pragma("GCC unroll 2")
+        for (int k = 0; k < 2; ++k) {
+            const uint32_t *t = ix + 8 * k;
 #define P3(j) (int)qs_load_u32(QS_GRID_IQ3_S[t[j]])
-                const __m256i co = _mm256_setr_epi32(P3(0), P3(1), P3(2), P3(3), P3(4), P3(5), P3(6), P3(7));
+            const __m256i co = _mm256_setr_epi32(P3(0), P3(1), P3(2), P3(3), P3(4), P3(5), P3(6), P3(7));
 #undef P3
-                const __m256i p = chunk_sums(co, q + 32 * (g + k), qs_load_u32(w + 74 + 4 * (g + k)),
-                                             _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, _mm_set1_epi8((char)(g + k)))));
-                if (k) acc1 = _mm256_add_epi32(acc1, p);
-                else acc0 = _mm256_add_epi32(acc0, p);
-            }
+            const __m256i p = chunk_sums(co, q + 32 * (g + k), qs_load_u32(w + 74 + 4 * (g + k)),
+                                         _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, _mm_set1_epi8((char)(g + k)))));
+            if (k) acc1 = _mm256_add_epi32(acc1, p);
+            else acc0 = _mm256_add_epi32(acc0, p);
         }
-        s = block_end(s, f16(w), x, _mm256_add_epi32(acc0, acc1));
     }
+    return _mm256_add_epi32(acc0, acc1);
+}
+
+T float qs_dot_iq3_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    const int64_t nb = n / 256;
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4, w += 4 * 110, x += 4 * 292) { /* four blocks per reduction */
+        __m256i a[4];
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < 4; ++j) a[j] = iq3_s_block(w + 110 * j, (const int8_t *)(x + 292 * j + 4));
+        s = blocks_end4(s, w, 110, 1.0f, x, a);
+    }
+    for (; i < nb; ++i, w += 110, x += 292) s = block_end(s, f16(w), x, iq3_s_block(w, (const int8_t *)(x + 4)));
     return s;
 }
 

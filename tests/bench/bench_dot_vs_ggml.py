@@ -1,0 +1,81 @@
+"""One-thread row-dot kernels side by side with ggml's, on real rows of a file: TSC cycles per 256-element block
+(best of 15 interleaved passes), the same rows and the same Q8_K activation for both.
+
+Usage: python tests/bench/bench_dot_vs_ggml.py --file GGUF [--types IQ3_S,IQ2_XS] [--rows 2048]
+    [--llama-build DIR]
+ggml's kernels come from the static libraries of the llama.cpp oracle build (tests/bench/llamacpp_build.py, the
+llama-cpp-python sdist's vendor/llama.cpp); tests/bench/dot_vs_ggml.c is compiled against them with gcc. Whole-model
+ratios come from bench_vs_llama.py; this separates the dot kernel from threading and the rest of the graph. Figures
+only. The relative difference of the summed dots is printed as a check that both read the rows alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import llamacpp_build  # noqa: E402
+
+from quantscope.core import native  # noqa: E402
+from quantscope.core.gguf import GGUFFile  # noqa: E402
+
+#: Q8_K-activation types with an AVX2 row dot on both sides
+TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+
+
+def compile_harness(build: Path, out: Path) -> Path:
+    libs = build / "ggml" / "src"
+    pylib = sysconfig.get_config_var("LIBDIR")
+    pyname = f"python{sysconfig.get_config_var('LDVERSION')}"
+    cmd = ["gcc", "-O2", "-o", str(out), str(HERE / "dot_vs_ggml.c"), "-rdynamic", "-Wl,--whole-archive",
+           str(libs / "libggml-cpu.a"), str(libs / "libggml-base.a"), "-Wl,--no-whole-archive", "-Wl,--no-as-needed",
+           f"-L{pylib}", f"-l{pyname}", f"-Wl,-rpath,{pylib}", "-ldl", "-lm", "-lstdc++", "-fopenmp", "-lpthread"]
+    subprocess.run(cmd, check=True)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--file", required=True)
+    ap.add_argument("--types", default="IQ3_S,IQ2_XS")
+    ap.add_argument("--rows", type=int, default=2048)
+    ap.add_argument("--llama-build", type=Path, default=llamacpp_build.cache_root() / "build")
+    args = ap.parse_args()
+    so = Path(native.__file__).parent
+    sos = sorted(so.glob("_quantscope_native*.so"), key=lambda p: p.stat().st_mtime)
+    if not sos:
+        raise SystemExit("the native library is not built")
+    print(f"CPU: {llamacpp_build.cpu_model()}; one thread; cycles per 256-element block (TSC), best of 15")
+    print(f"{'type':<8} {'tensor':<28} {'ours':>8} {'ggml':>8} {'ggml/ours':>9}  rel. diff")
+    with tempfile.TemporaryDirectory() as tmp, GGUFFile(args.file) as f:
+        exe = compile_harness(args.llama_build, Path(tmp) / "dot_vs_ggml")
+        for name in args.types.split(","):
+            if name not in TYPES:
+                raise SystemExit(f"{name}: not one of {', '.join(TYPES)}")
+            t = next((t for t in f.tensors if t.type_name == name and len(t.ne) == 2 and t.row_len % 256 == 0), None)
+            if t is None:
+                print(f"{name:<8} (no such tensor in the file)")
+                continue
+            rows = min(args.rows, t.n_rows)
+            sym = name.lower()[:-2] + "_K" if name.endswith("_K") else name.lower()  # q6_K, iq3_s
+            res = subprocess.run([str(exe), str(sos[-1]), args.file, str(t.data_offset), str(rows), str(t.row_len),
+                                  str(t.row_bytes), f"qs_dot_{sym}_avx2", f"ggml_vec_dot_{sym}_q8_K"],
+                                 capture_output=True, text=True)
+            if res.returncode != 0:
+                print(f"{name:<8} failed: {res.stderr.strip()}")
+                continue
+            ours, ggml, rel = res.stdout.split()
+            o, g = float(ours), float(ggml)
+            print(f"{name:<8} {t.name:<28} {o:8.1f} {g:8.1f} {g / o:9.3f}  {rel}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

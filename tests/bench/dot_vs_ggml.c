@@ -1,0 +1,67 @@
+/* One-thread row dots: Quantscope's kernel against ggml's on the same rows and the same Q8_K activation, in TSC
+ * cycles per 256-element block (best of 15 interleaved passes). Built and run by tests/bench/bench_dot_vs_ggml.py
+ * against the static ggml libraries of the llama.cpp oracle build; figures only.
+ *   dot_vs_ggml NATIVE_SO GGUF OFFSET ROWS K ROW_BYTES OURS_SYMBOL GGML_SYMBOL */
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <x86intrin.h>
+
+typedef float (*qs_dot)(int64_t n, const uint8_t *w, const uint8_t *x);
+typedef int (*qs_quant)(const float *x, uint8_t *dst, int64_t n);
+typedef void (*ggml_dot)(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc);
+
+int main(int argc, char **argv) {
+    if (argc != 9) {
+        fprintf(stderr, "usage: %s NATIVE_SO GGUF OFFSET ROWS K ROW_BYTES OURS GGML\n", argv[0]);
+        return 2;
+    }
+    const long off = atol(argv[3]);
+    const int rows = atoi(argv[4]), k = atoi(argv[5]), rowb = atoi(argv[6]);
+    if (rows <= 0 || k <= 0 || k % 256 || rowb <= 0) return 2;
+    void *h = dlopen(argv[1], RTLD_NOW);
+    if (!h) {
+        fprintf(stderr, "%s\n", dlerror());
+        return 1;
+    }
+    qs_dot ours = (qs_dot)dlsym(h, argv[7]);
+    qs_quant q8k = (qs_quant)dlsym(h, "qs_quantize_q8_K");
+    ggml_dot theirs = (ggml_dot)dlsym(RTLD_DEFAULT, argv[8]);
+    void (*cpu_init)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "ggml_cpu_init");
+    if (!ours || !q8k || !theirs || !cpu_init) {
+        fprintf(stderr, "missing symbol (%s or %s)\n", argv[7], argv[8]);
+        return 1;
+    }
+    cpu_init();
+    FILE *f = fopen(argv[2], "rb");
+    uint8_t *w = malloc((size_t)rows * rowb);
+    float *x = malloc((size_t)k * 4);
+    uint8_t *xq = malloc((size_t)k / 256 * 292);
+    if (!f || !w || !x || !xq || fseek(f, off, SEEK_SET) || fread(w, 1, (size_t)rows * rowb, f) != (size_t)rows * rowb)
+        return 1;
+    fclose(f);
+    for (int i = 0; i < k; ++i) x[i] = (float)((i * 7919 % 1000) - 500) / 300.0f;
+    q8k(x, xq, k);
+    uint64_t best_o = UINT64_MAX, best_g = UINT64_MAX;
+    double diff = 0.0, mag = 0.0;
+    for (int pass = 0; pass < 15; ++pass) {
+        float so = 0.0f, sg = 0.0f;
+        const uint64_t t0 = __rdtsc();
+        for (int r = 0; r < rows; ++r) so += ours(k, w + (size_t)r * rowb, xq);
+        const uint64_t t1 = __rdtsc();
+        for (int r = 0; r < rows; ++r) {
+            float s;
+            theirs(k, &s, 0, w + (size_t)r * rowb, 0, xq, 0, 1);
+            sg += s;
+        }
+        const uint64_t t2 = __rdtsc();
+        if (t1 - t0 < best_o) best_o = t1 - t0;
+        if (t2 - t1 < best_g) best_g = t2 - t1;
+        diff = (double)so - (double)sg;
+        mag = (double)sg;
+    }
+    const double blocks = (double)rows * (k / 256);
+    printf("%.2f %.2f %.3g\n", (double)best_o / blocks, (double)best_g / blocks, mag != 0.0 ? diff / mag : diff);
+    return 0;
+}

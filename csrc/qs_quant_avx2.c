@@ -54,8 +54,11 @@ T static inline int hsum_i32x8(__m256i v);
 /* Q2_K / Q3_K: per 128-element half and shift j, 32 codes of 2 (Q3_K: 3) bits; vpmaddubsw against the
  * activations gives 16 pair sums, vpmaddwd with the two 16-element groups' scales weights and adds them. The
  * integer sums equal the scalar reference's, so only the final float products may be fused differently. */
-T static inline __m256i scales2(int a, int b) { /* pair sums 0-7 (elements 0-15) get a, 8-15 get b */
-    return _mm256_setr_m128i(_mm_set1_epi16((short)a), _mm_set1_epi16((short)b));
+/* Signed byte scales g and g + 1 of sc8 (16 of them) as int16: pair sums 0-7 (elements 0-15) get scale g, 8-15
+ * get g + 1; one byte shuffle and a widening instead of two broadcasts from general registers */
+T static inline __m256i scales_pair(__m128i sc8, int g) {
+    const __m128i pick = _mm_add_epi8(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm_set1_epi8((char)g));
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
 }
 
 /* Σ over the 16 sub-blocks of (an int8 per sub-block) · (Q8_K's int16 sum of that sub-block's activations) */
@@ -64,9 +67,10 @@ T static inline __m256i sub_sums(__m128i v8, const uint8_t *x) {
 }
 
 T float qs_dot_q2_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
-    float s = 0.0f;
+    __m256 accf = _mm256_setzero_ps(), accm = _mm256_setzero_ps(); /* scale and min terms, reduced once at the end */
     const __m256i m3 = _mm256_set1_epi8(3);
     for (int64_t i = 0; i < n / 256; ++i, w += 84, x += 292) {
+        const __m128i sc8 = _mm_and_si128(_mm_loadu_si128((const __m128i *)w), _mm_set1_epi8(15));
         __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
         _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; ++h) {
@@ -77,15 +81,16 @@ T float qs_dot_q2_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 4 + 128 * h + 32 * j));
                 const int g = 8 * h + 2 * j;
                 acc[j & 1] = _mm256_add_epi32(acc[j & 1], _mm256_madd_epi16(_mm256_maddubs_epi16(c, xv),
-                                                                            scales2(w[g] & 15, w[g + 1] & 15)));
+                                                                            scales_pair(sc8, g)));
             }
         }
         const __m128i mins = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)w), 4), _mm_set1_epi8(15));
-        const int32_t summs = hsum_i32x8(sub_sums(mins, x));
         const float dx = qs_load_f32(x);
-        s += dx * f16at(w + 80) * (float)hsum_i32x8(_mm256_add_epi32(acc[0], acc[1])) - dx * f16at(w + 82) * (float)summs;
+        accf = _mm256_fmadd_ps(_mm256_set1_ps(dx * f16at(w + 80)), _mm256_cvtepi32_ps(_mm256_add_epi32(acc[0], acc[1])),
+                               accf);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(dx * f16at(w + 82)), _mm256_cvtepi32_ps(sub_sums(mins, x)), accm);
     }
-    return s;
+    return hsum256(accf) - hsum256(accm);
 }
 
 /* Q3_K's 16 6-bit scales - 32 (qs_q3k_scales) in one vector: low 4 bits from bytes 0-7 (low then high nibbles),
@@ -102,10 +107,8 @@ T static inline __m128i q3k_scales(const uint8_t *s) {
 T float qs_dot_q3_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     float s = 0.0f;
     const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
-    int8_t sc[16];
     for (int64_t i = 0; i < n / 256; ++i, w += 110, x += 292) {
         const __m128i scv = q3k_scales(w + 96);
-        _mm_storeu_si128((__m128i *)sc, scv);
         const __m256i hm = _mm256_loadu_si256((const __m256i *)w);
         /* the codes are stored + 4: subtract 4 · Σ scale · (sub-block activation sum) */
         __m256i acc[2] = {_mm256_slli_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), sub_sums(scv, x)), 2),
@@ -121,7 +124,7 @@ T float qs_dot_q3_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 4 + 128 * h + 32 * j));
                 const int g = 8 * h + 2 * j;
                 acc[j & 1] = _mm256_add_epi32(acc[j & 1], _mm256_madd_epi16(_mm256_maddubs_epi16(c, xv),
-                                                                            scales2(sc[g], sc[g + 1])));
+                                                                            scales_pair(scv, g)));
             }
         }
         s += qs_load_f32(x) * f16at(w + 108) * (float)hsum_i32x8(_mm256_add_epi32(acc[0], acc[1]));
@@ -198,6 +201,11 @@ static inline void k4_unpack(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
     }
 }
 
+/* Q4_K / Q5_K: scale s of the 8 (int16 in both lanes, sc16) in all 16 lanes, by one byte shuffle */
+T static inline __m256i k4_scale(__m256i sc16, int s) {
+    return _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * s)));
+}
+
 T float qs_dot_q4_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
@@ -213,15 +221,17 @@ T float qs_dot_q4_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
         accm = _mm_fmadd_ps(_mm_shuffle_ps(dd8, dd8, 0x55), _mm_cvtepi32_ps(_mm_madd_epi16(mins16, bsp)), accm);
         const uint8_t *qs = w + 16;
         const uint8_t *q8 = x + 4;
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
         __m256i sumi = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4")
         for (int c = 0; c < 4; ++c) {
             __m256i q4 = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
             __m256i lo = _mm256_and_si256(q4, m4);
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
             __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(q8 + 64 * c)));
             __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 64 * c + 32)));
-            pl = _mm256_madd_epi16(pl, _mm256_set1_epi16(sc[2 * c]));
-            ph = _mm256_madd_epi16(ph, _mm256_set1_epi16(sc[2 * c + 1]));
+            pl = _mm256_madd_epi16(pl, k4_scale(sc16, 2 * c));
+            ph = _mm256_madd_epi16(ph, k4_scale(sc16, 2 * c + 1));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(_mm_cvtss_f32(dd8)), _mm256_cvtepi32_ps(sumi), acc);
@@ -237,18 +247,19 @@ T float qs_dot_q6_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
         const int8_t *sc = (const int8_t *)(w + 192);
         const uint8_t *q8 = x + 4;
         /* -32 offset: 32 * sum_j sc_j * bsum_j */
-        __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)sc);
+        __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
         __m256i bs16 = _mm256_loadu_si256((const __m256i *)(x + 260));
         __m256i off = _mm256_madd_epi16(sc16, bs16);
         __m256i sumi = _mm256_setzero_si256();
+        _Pragma("GCC unroll 2")
         for (int h = 0; h < 2; ++h) {
             __m256i q[4];
             q6k_half_codes(w, h, q);
+            _Pragma("GCC unroll 4")
             for (int k = 0; k < 4; ++k) {
                 __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(q8 + 128 * h + 32 * k)));
-                int j = 8 * h + 2 * k;
-                __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[j + 1]), _mm_set1_epi16(sc[j]));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scales_pair(sc8, 8 * h + 2 * k)));
             }
         }
         sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(off, 5));
@@ -385,7 +396,9 @@ T float qs_dot_q5_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
         __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 16));
         const uint8_t *qs = w + 48;
         const uint8_t *q8 = x + 4;
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
         __m256i sumi = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4")
         for (int c = 0; c < 4; ++c) {
             __m256i q4 = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
             __m256i lo = _mm256_or_si256(_mm256_and_si256(q4, m4),
@@ -394,8 +407,8 @@ T float qs_dot_q5_K_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
                                          _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(qh, 2 * c + 1), 4), b16));
             __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(q8 + 64 * c)));
             __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 64 * c + 32)));
-            pl = _mm256_madd_epi16(pl, _mm256_set1_epi16(sc[2 * c]));
-            ph = _mm256_madd_epi16(ph, _mm256_set1_epi16(sc[2 * c + 1]));
+            pl = _mm256_madd_epi16(pl, k4_scale(sc16, 2 * c));
+            ph = _mm256_madd_epi16(ph, k4_scale(sc16, 2 * c + 1));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(_mm_cvtss_f32(dd8)), _mm256_cvtepi32_ps(sumi), acc);

@@ -30,6 +30,31 @@ T AI uint32_t ksigns4(uint32_t aux) {
            (uint32_t)qs_ksign(aux >> 21) << 24;
 }
 
+/* ggml's 7-bit sign words (the eighth bit by parity) as byte masks, 0xFF where the element is negated: four of them
+ * (one 32-element chunk) are four table loads instead of the bit arithmetic of ksigns4 and bytes_of_bits */
+static uint64_t KSIGN_MASK[128];
+
+__attribute__((constructor)) static void ksign_mask_init(void) {
+    for (uint32_t i = 0; i < 128; ++i) {
+        const uint32_t v = qs_ksign(i);
+        uint64_t m = 0;
+        for (int b = 0; b < 8; ++b)
+            if (v >> b & 1) m |= 0xFFull << (8 * b);
+        KSIGN_MASK[i] = m;
+    }
+}
+
+T AI __m256i sign_masks4(uint32_t aux) {
+    return _mm256_setr_epi64x((long long)KSIGN_MASK[aux & 127], (long long)KSIGN_MASK[(aux >> 7) & 127],
+                              (long long)KSIGN_MASK[(aux >> 14) & 127], (long long)KSIGN_MASK[(aux >> 21) & 127]);
+}
+
+/* chunk_sums (below) with the signs as byte masks */
+T AI __m256i chunk_sums_m(__m256i coords, const int8_t *q, __m256i m, __m256i sc) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)q);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(coords, _mm256_sub_epi8(_mm256_xor_si256(v, m), m)), sc);
+}
+
 /* 32 activation codes with the signs applied, times 32 unsigned coordinates, times the int16 scales sc: 8 int32
  * partial sums (pairs stay within int16: coordinates <= 62, so 2 · 62 · 127 < 32768) */
 T AI __m256i chunk_sums(__m256i coords, const int8_t *q, uint32_t signs, __m256i sc) {
@@ -92,23 +117,34 @@ T AI float blocks_end4(float s, const uint8_t *w, int64_t wb, float wscale, cons
     return s;
 }
 
-T float qs_dot_iq2_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < n / 256; ++i, w += 66, x += 292) {
-        const int8_t *q = (const int8_t *)(x + 4);
-        __m256i acc = _mm256_setzero_si256();
-        for (int g = 0; g < 8; ++g) {
-            const uint8_t *b = w + 2 + 8 * g;
-            const uint32_t aux = qs_load_u32(b + 4);
-            const uint32_t sg = ksigns4(aux);
-            const __m256i c = rows64(QS_GRID_IQ2_XXS[b[0]], QS_GRID_IQ2_XXS[b[1]], QS_GRID_IQ2_XXS[b[2]],
-                                     QS_GRID_IQ2_XXS[b[3]]);
-            acc = _mm256_add_epi32(acc, chunk_sums(c, q + 32 * g, sg, scale1((int)(aux >> 28))));
-        }
-        s = block_end(s, f16(w) * 0.125f, x, acc);
+/* The body of a lattice dot: BLOCK(w, q) gives a block's integer lane sums (BB bytes per block, d scaled by
+ * WSCALE); four blocks are reduced at once, then one fma per block in order, as the scalar reference does. */
+#define DOT_BLOCKS4(BB, WSCALE, BLOCK)                                                                             \
+    float s = 0.0f;                                                                                                \
+    const int64_t nb = n / 256;                                                                                    \
+    int64_t i = 0;                                                                                                 \
+    for (; i + 4 <= nb; i += 4, w += 4 * (BB), x += 4 * 292) {                                                     \
+        __m256i a[4];                                                                                              \
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; ++j) a[j] = BLOCK(w + (BB) * j, (const int8_t *)(x + 292 * j + 4)); \
+        s = blocks_end4(s, w, (BB), (WSCALE), x, a);                                                               \
+    }                                                                                                              \
+    for (; i < nb; ++i, w += (BB), x += 292) s = block_end(s, f16(w) * (WSCALE), x, BLOCK(w, (const int8_t *)(x + 4))); \
+    return s
+
+T AI __m256i iq2_xxs_block(const uint8_t *w, const int8_t *q) {
+    __m256i acc = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8")
+    for (int g = 0; g < 8; ++g) {
+        const uint8_t *b = w + 2 + 8 * g;
+        const uint32_t aux = qs_load_u32(b + 4);
+        const __m256i c = rows64(QS_GRID_IQ2_XXS[b[0]], QS_GRID_IQ2_XXS[b[1]], QS_GRID_IQ2_XXS[b[2]],
+                                 QS_GRID_IQ2_XXS[b[3]]);
+        acc = _mm256_add_epi32(acc, chunk_sums_m(c, q + 32 * g, sign_masks4(aux), scale1((int)(aux >> 28))));
     }
-    return s;
+    return acc;
 }
+
+T float qs_dot_iq2_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) { DOT_BLOCKS4(66, 0.125f, iq2_xxs_block); }
 
 /* IQ2_XS, 128 elements (16 entries of 9-bit index | 7 sign bits << 9) per step: the indices and the eighth (parity)
  * sign bits are computed for all 16 entries in one vector, the indices read back from a stack copy of that vector
@@ -154,57 +190,39 @@ T AI __m256i iq2_xs_block(const uint8_t *w, const int8_t *q) {
     return _mm256_add_epi32(acc0, acc1);
 }
 
-T float qs_dot_iq2_xs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
-    float s = 0.0f;
-    const int64_t nb = n / 256;
-    int64_t i = 0;
-    for (; i + 4 <= nb; i += 4, w += 4 * 74, x += 4 * 292) { /* four blocks per reduction */
-        __m256i a[4];
-        _Pragma("GCC unroll 4")
-        for (int j = 0; j < 4; ++j) a[j] = iq2_xs_block(w + 74 * j, (const int8_t *)(x + 292 * j + 4));
-        s = blocks_end4(s, w, 74, 0.125f, x, a);
+T float qs_dot_iq2_xs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) { DOT_BLOCKS4(74, 0.125f, iq2_xs_block); }
+
+T AI __m256i iq2_s_block(const uint8_t *w, const int8_t *q) {
+    const __m128i sc16 = scales16(w + 74);
+    __m256i acc = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8")
+    for (int c = 0; c < 8; ++c) {
+        const uint32_t qh = w[66 + c];
+        const uint8_t *qs = w + 2 + 4 * c;
+        const __m256i co = rows64(QS_GRID_IQ2_S[qs[0] | (qh & 3) << 8], QS_GRID_IQ2_S[qs[1] | (qh & 12) << 6],
+                                  QS_GRID_IQ2_S[qs[2] | (qh & 48) << 4], QS_GRID_IQ2_S[qs[3] | (qh & 192) << 2]);
+        acc = _mm256_add_epi32(acc, chunk_sums(co, q + 32 * c, qs_load_u32(w + 34 + 4 * c), chunk_scales(sc16, c)));
     }
-    for (; i < nb; ++i, w += 74, x += 292) s = block_end(s, f16(w) * 0.125f, x, iq2_xs_block(w, (const int8_t *)(x + 4)));
-    return s;
+    return acc;
 }
 
-T float qs_dot_iq2_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < n / 256; ++i, w += 82, x += 292) {
-        const int8_t *q = (const int8_t *)(x + 4);
-        const __m128i sc16 = scales16(w + 74);
-        __m256i acc = _mm256_setzero_si256();
-        _Pragma("GCC unroll 8")
-        for (int c = 0; c < 8; ++c) {
-            const uint32_t qh = w[66 + c];
-            const uint8_t *qs = w + 2 + 4 * c;
-            const __m256i co = rows64(QS_GRID_IQ2_S[qs[0] | (qh & 3) << 8], QS_GRID_IQ2_S[qs[1] | (qh & 12) << 6],
-                                      QS_GRID_IQ2_S[qs[2] | (qh & 48) << 4], QS_GRID_IQ2_S[qs[3] | (qh & 192) << 2]);
-            acc = _mm256_add_epi32(acc, chunk_sums(co, q + 32 * c, qs_load_u32(w + 34 + 4 * c), chunk_scales(sc16, c)));
-        }
-        s = block_end(s, f16(w) * 0.125f, x, acc);
-    }
-    return s;
-}
+T float qs_dot_iq2_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) { DOT_BLOCKS4(82, 0.125f, iq2_s_block); }
 
-T float qs_dot_iq3_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < n / 256; ++i, w += 98, x += 292) {
-        const int8_t *q = (const int8_t *)(x + 4);
-        __m256i acc = _mm256_setzero_si256();
-        for (int g = 0; g < 8; ++g) {
-            const uint32_t aux = qs_load_u32(w + 66 + 4 * g);
-            const uint32_t sg = ksigns4(aux);
-            const uint8_t *qs = w + 2 + 8 * g;
+T AI __m256i iq3_xxs_block(const uint8_t *w, const int8_t *q) {
+    __m256i acc = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8")
+    for (int g = 0; g < 8; ++g) {
+        const uint32_t aux = qs_load_u32(w + 66 + 4 * g);
+        const uint8_t *qs = w + 2 + 8 * g;
 #define P3(k) (int)qs_load_u32(QS_GRID_IQ3_XXS[qs[k]])
-            const __m256i co = _mm256_setr_epi32(P3(0), P3(1), P3(2), P3(3), P3(4), P3(5), P3(6), P3(7));
+        const __m256i co = _mm256_setr_epi32(P3(0), P3(1), P3(2), P3(3), P3(4), P3(5), P3(6), P3(7));
 #undef P3
-            acc = _mm256_add_epi32(acc, chunk_sums(co, q + 32 * g, sg, scale1((int)(aux >> 28))));
-        }
-        s = block_end(s, f16(w) * 0.25f, x, acc);
+        acc = _mm256_add_epi32(acc, chunk_sums_m(co, q + 32 * g, sign_masks4(aux), scale1((int)(aux >> 28))));
     }
-    return s;
+    return acc;
 }
+
+T float qs_dot_iq3_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x) { DOT_BLOCKS4(98, 0.25f, iq3_xxs_block); }
 
 /* IQ3_S, two 32-element groups per step: the 16 9-bit indices built in one vector (the ninth bits from the two qh
  * bytes by variable shifts), read back from its stack copy for the row inserts; two accumulators. */
@@ -237,19 +255,7 @@ T AI __m256i iq3_s_block(const uint8_t *w, const int8_t *q) {
     return _mm256_add_epi32(acc0, acc1);
 }
 
-T float qs_dot_iq3_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
-    float s = 0.0f;
-    const int64_t nb = n / 256;
-    int64_t i = 0;
-    for (; i + 4 <= nb; i += 4, w += 4 * 110, x += 4 * 292) { /* four blocks per reduction */
-        __m256i a[4];
-        _Pragma("GCC unroll 4")
-        for (int j = 0; j < 4; ++j) a[j] = iq3_s_block(w + 110 * j, (const int8_t *)(x + 292 * j + 4));
-        s = blocks_end4(s, w, 110, 1.0f, x, a);
-    }
-    for (; i < nb; ++i, w += 110, x += 292) s = block_end(s, f16(w), x, iq3_s_block(w, (const int8_t *)(x + 4)));
-    return s;
-}
+T float qs_dot_iq3_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) { DOT_BLOCKS4(110, 1.0f, iq3_s_block); }
 
 /* Codes of a lattice block: per 32-element chunk the code-book rows (unsigned) and a sign mask, code = ±row */
 T void qs_iq_lattice_codes_avx2(int type, const uint8_t *b, int8_t *code) {

@@ -1,12 +1,14 @@
 """One-thread row-dot kernels side by side with ggml's, on real rows of a file: TSC cycles per 256-element block
 (best of 15 interleaved passes), the same rows and the same Q8_K activation for both.
 
-Usage: python tests/bench/bench_dot_vs_ggml.py --file GGUF [--types IQ3_S,IQ2_XS] [--rows 2048]
+Usage: python tests/bench/bench_dot_vs_ggml.py --file GGUF|random [--types IQ3_S,IQ2_XS] [--rows 2048]
     [--llama-build DIR]
 ggml's kernels come from the static libraries of the llama.cpp oracle build (tests/bench/llamacpp_build.py, the
 llama-cpp-python sdist's vendor/llama.cpp); tests/bench/dot_vs_ggml.c is compiled against them with gcc. Whole-model
 ratios come from bench_vs_llama.py; this separates the dot kernel from threading and the rest of the graph. Figures
-only. The relative difference of the summed dots is printed as a check that both read the rows alike.
+only. The relative difference of the summed dots is printed as a check that both read the rows alike. ``--file
+random`` times random blocks (2048 rows of 4096) for types no file at hand holds: the time does not depend on the
+values.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import llamacpp_build  # noqa: E402
 
 from quantscope.core import native  # noqa: E402
 from quantscope.core.gguf import GGUFFile  # noqa: E402
+from quantscope.core.quant.types import ggml_type  # noqa: E402
 
 #: Q8_K-activation types with an AVX2 row dot on both sides
 TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -54,26 +57,34 @@ def main() -> int:
         raise SystemExit("the native library is not built")
     print(f"CPU: {llamacpp_build.cpu_model()}; one thread; cycles per 256-element block (TSC), best of 15")
     print(f"{'type':<8} {'tensor':<28} {'ours':>8} {'ggml':>8} {'ggml/ours':>9}  rel. diff")
-    with tempfile.TemporaryDirectory() as tmp, GGUFFile(args.file) as f:
+    with tempfile.TemporaryDirectory() as tmp:
         exe = compile_harness(args.llama_build, Path(tmp) / "dot_vs_ggml")
+        f = GGUFFile(args.file) if args.file != "random" else None
         for name in args.types.split(","):
             if name not in TYPES:
                 raise SystemExit(f"{name}: not one of {', '.join(TYPES)}")
-            t = next((t for t in f.tensors if t.type_name == name and len(t.ne) == 2 and t.row_len % 256 == 0), None)
-            if t is None:
-                print(f"{name:<8} (no such tensor in the file)")
-                continue
-            rows = min(args.rows, t.n_rows)
+            gt = ggml_type(name)
+            if f is None:
+                tname, off, rows, k = "(random blocks)", -gt.block_bytes, args.rows, 4096
+            else:
+                t = next((t for t in f.tensors if t.type_name == name and len(t.ne) == 2 and t.row_len % 256 == 0),
+                         None)
+                if t is None:
+                    print(f"{name:<8} (no such tensor in the file)")
+                    continue
+                tname, off, rows, k = t.name, t.data_offset, min(args.rows, t.n_rows), t.row_len
             sym = name.lower()[:-2] + "_K" if name.endswith("_K") else name.lower()  # q6_K, iq3_s
-            res = subprocess.run([str(exe), str(sos[-1]), args.file, str(t.data_offset), str(rows), str(t.row_len),
-                                  str(t.row_bytes), f"qs_dot_{sym}_avx2", f"ggml_vec_dot_{sym}_q8_K"],
+            res = subprocess.run([str(exe), str(sos[-1]), args.file, str(off), str(rows), str(k),
+                                  str(gt.row_bytes(k)), f"qs_dot_{sym}_avx2", f"ggml_vec_dot_{sym}_q8_K"],
                                  capture_output=True, text=True)
             if res.returncode != 0:
                 print(f"{name:<8} failed: {res.stderr.strip()}")
                 continue
             ours, ggml, rel = res.stdout.split()
             o, g = float(ours), float(ggml)
-            print(f"{name:<8} {t.name:<28} {o:8.1f} {g:8.1f} {g / o:9.3f}  {rel}")
+            print(f"{name:<8} {tname:<28} {o:8.1f} {g:8.1f} {g / o:9.3f}  {rel}")
+        if f is not None:
+            f.close()
     return 0
 
 

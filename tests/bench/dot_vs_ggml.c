@@ -1,7 +1,8 @@
 /* One-thread row dots: Quantscope's kernel against ggml's on the same rows and the same Q8_K activation, in TSC
  * cycles per 256-element block (best of 15 interleaved passes). Built and run by tests/bench/bench_dot_vs_ggml.py
  * against the static ggml libraries of the llama.cpp oracle build; figures only.
- *   dot_vs_ggml NATIVE_SO GGUF OFFSET ROWS K ROW_BYTES OURS_SYMBOL GGML_SYMBOL */
+ *   dot_vs_ggml NATIVE_SO GGUF OFFSET ROWS K ROW_BYTES OURS_SYMBOL GGML_SYMBOL
+ * (OFFSET -B: random blocks of B bytes instead of the file's rows, for types no file at hand holds) */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,13 +35,24 @@ int main(int argc, char **argv) {
         return 1;
     }
     cpu_init();
-    FILE *f = fopen(argv[2], "rb");
     uint8_t *w = malloc((size_t)rows * rowb);
     float *x = malloc((size_t)k * 4);
     uint8_t *xq = malloc((size_t)k / 256 * 292);
-    if (!f || !w || !x || !xq || fseek(f, off, SEEK_SET) || fread(w, 1, (size_t)rows * rowb, f) != (size_t)rows * rowb)
-        return 1;
-    fclose(f);
+    if (!w || !x || !xq) return 1;
+    if (off < 0) { /* GGUF "random": random bytes, each block's leading fp16 (d for most types) made small */
+        const int nblk = rowb / (int)-off;
+        srand(1);
+        for (size_t i = 0; i < (size_t)rows * rowb; ++i) w[i] = (uint8_t)(rand() >> 7);
+        for (int r = 0; r < rows; ++r)
+            for (int b = 0; b < nblk; ++b) {
+                w[(size_t)r * rowb + (size_t)b * -off] = 0;
+                w[(size_t)r * rowb + (size_t)b * -off + 1] = 0x20;
+            }
+    } else {
+        FILE *f = fopen(argv[2], "rb");
+        if (!f || fseek(f, off, SEEK_SET) || fread(w, 1, (size_t)rows * rowb, f) != (size_t)rows * rowb) return 1;
+        fclose(f);
+    }
     for (int i = 0; i < k; ++i) x[i] = (float)((i * 7919 % 1000) - 500) / 300.0f;
     q8k(x, xq, k);
     uint64_t best_o = UINT64_MAX, best_g = UINT64_MAX;

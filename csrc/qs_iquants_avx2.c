@@ -93,6 +93,12 @@ T AI __m256i chunk_scales(__m128i sc16, int c) {
     return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc16, pick));
 }
 
+/* unsigned byte scales g (pair sums 0-7) and g + 1 (8-15) of l8 as int16, by one byte shuffle */
+T AI __m256i scales_pair_u8(__m128i l8, int g) {
+    const __m128i pick = _mm_add_epi8(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm_set1_epi8((char)g));
+    return _mm256_cvtepu8_epi16(_mm_shuffle_epi8(l8, pick));
+}
+
 /* scale 2 sc + 1 for a whole chunk */
 T AI __m256i scale1(int sc) { return _mm256_set1_epi16((short)(2 * sc + 1)); }
 
@@ -312,32 +318,47 @@ T void qs_iq_lattice_codes_avx2(int type, const uint8_t *b, int8_t *code) {
 
 /* IQ1_S: code = 8·G + δ with G in {-1, 0, 1}, so per group Σ code · q = 8 · Σ (G + 1) · q + (δ − 8) · Σ q: the
  * unsigned G + 1 goes through vpmaddubsw (weighted by 8 · ls in vpmaddwd), Σ q comes from Q8_K's sums of 16 */
-T float qs_dot_iq1_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
-    float s = 0.0f;
+T AI __m256i iq1_s_block(const uint8_t *w, const int8_t *q) {
     const __m256i one = _mm256_set1_epi8(1);
-    for (int64_t i = 0; i < n / 256; ++i, w += 50, x += 292) {
-        const int8_t *q = (const int8_t *)(x + 4);
-        __m256i acc = _mm256_setzero_si256();
-        int32_t bterm = 0;
-        for (int g = 0; g < 8; ++g) {
-            const uint32_t qh = qs_load_u16(w + 34 + 2 * g);
-            const uint8_t *qs = w + 2 + 4 * g;
-            const __m256i co = rows64((const uint8_t *)QS_GRID_IQ1_S[qs[0] | (qh & 7) << 8],
-                                      (const uint8_t *)QS_GRID_IQ1_S[qs[1] | (qh & 56) << 5],
-                                      (const uint8_t *)QS_GRID_IQ1_S[qs[2] | (qh & 448) << 2],
-                                      (const uint8_t *)QS_GRID_IQ1_S[qs[3] | (qh & 3584) >> 1]);
-            const int ls = 2 * (int)((qh >> 12) & 7) + 1, delta = qh & 0x8000 ? -1 : 1;
-            const __m256i p = _mm256_maddubs_epi16(_mm256_add_epi8(co, one), _mm256_loadu_si256((const __m256i *)(q + 32 * g)));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16((short)(8 * ls))));
-            bterm += ls * (delta - 8) * ((int16_t)qs_load_u16(x + 260 + 4 * g) + (int16_t)qs_load_u16(x + 262 + 4 * g));
-        }
-        s = fmaf(f16(w) * 0.125f * qs_load_f32(x), (float)(hsum8(acc) + bterm), s);
+    /* per group g (the 16-bit qh of its 32 elements): ls = 2·((qh >> 12) & 7) + 1, δ = ±1 (bit 15) */
+    const __m128i qh8 = _mm_loadu_si128((const __m128i *)(w + 34));
+    const __m128i ls = _mm_add_epi16(_mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh8, 12), _mm_set1_epi16(7)), 1),
+                                     _mm_set1_epi16(1));
+    const __m128i dm8 = _mm_sub_epi16(_mm_set1_epi16(-7), _mm_and_si128(_mm_srai_epi16(qh8, 15), _mm_set1_epi16(2)));
+    /* the offset term ls · (δ − 8) · Σ q of each group (Q8_K's two sums of 16), as lane sums of the block */
+    const __m128i m = _mm_mullo_epi16(ls, dm8);
+    __m256i acc = _mm256_madd_epi16(_mm256_setr_m128i(_mm_unpacklo_epi16(m, m), _mm_unpackhi_epi16(m, m)),
+                                    _mm256_loadu_si256((const __m256i *)((const uint8_t *)q + 256)));
+    const __m256i ls8 = _mm256_broadcastsi128_si256(_mm_slli_epi16(ls, 3)); /* 8 · ls, group g in int16 lane g */
+    _Pragma("GCC unroll 8")
+    for (int g = 0; g < 8; ++g) {
+        const uint32_t qh = qs_load_u16(w + 34 + 2 * g);
+        const uint8_t *qs = w + 2 + 4 * g;
+        const __m256i co = rows64((const uint8_t *)QS_GRID_IQ1_S[qs[0] | (qh & 7) << 8],
+                                  (const uint8_t *)QS_GRID_IQ1_S[qs[1] | (qh & 56) << 5],
+                                  (const uint8_t *)QS_GRID_IQ1_S[qs[2] | (qh & 448) << 2],
+                                  (const uint8_t *)QS_GRID_IQ1_S[qs[3] | (qh & 3584) >> 1]);
+        const __m256i p = _mm256_maddubs_epi16(_mm256_add_epi8(co, one), _mm256_loadu_si256((const __m256i *)(q + 32 * g)));
+        const __m256i sc = _mm256_shuffle_epi8(ls8, _mm256_set1_epi16((short)(0x0100 + 0x0202 * g)));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc));
     }
-    return s;
+    return acc;
 }
+
+T float qs_dot_iq1_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x) { DOT_BLOCKS4(50, 0.125f, iq1_s_block); }
 
 /* IQ1_M: code = 8·G + δ per row of 8 (δ = ±1 from the row's nibble), scales per 16. With u = 8·(G + 1) + δ + 1
  * (0..18, unsigned for vpmaddubsw), Σ code · q = Σ u · q − 9 · Σ q, the last from Q8_K's sums of 16. */
+/* δ + 1 of the four rows of a chunk (bit 3 of each row's nibble set: δ = −1, so 0; else 2) as 32 bytes, by the
+ * four bits */
+static uint8_t IQ1M_DL[16][32];
+
+__attribute__((constructor)) static void iq1m_dl_init(void) {
+    for (int v = 0; v < 16; ++v)
+        for (int r = 0; r < 4; ++r)
+            for (int e = 0; e < 8; ++e) IQ1M_DL[v][8 * r + e] = (v >> r & 1) ? 0 : 2;
+}
+
 T float qs_dot_iq1_m_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     float s = 0.0f;
     const __m256i one = _mm256_set1_epi8(1);
@@ -347,8 +368,22 @@ T float qs_dot_iq1_m_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
         for (int k = 0; k < 4; ++k) sw[k] = qs_load_u16(w + 48 + 2 * k);
         const float d = _cvtsh_ss((uint16_t)((sw[0] >> 12) | ((sw[1] >> 8) & 0x00F0) | ((sw[2] >> 4) & 0x0F00) |
                                              (sw[3] & 0xF000))) * 0.125f;
-        __m256i acc = _mm256_setzero_si256();
-        int32_t bterm = 0;
+        /* the 16 scales of the groups of 16 (2·l + 1, three bits each, four per word: group 4k + j at bit 3j of
+         * word k), built in vectors: each word in four 32-bit lanes, shifted by 0, 3, 6, 9 */
+        const __m128i sw8 = _mm_loadl_epi64((const __m128i *)(w + 48));
+        const __m256i sh = _mm256_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9), m7 = _mm256_set1_epi32(7);
+        const __m256i w01 = _mm256_cvtepu16_epi32(_mm_shuffle_epi8(sw8, _mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3,
+                                                                                        2, 3, 2, 3)));
+        const __m256i w23 = _mm256_cvtepu16_epi32(_mm_shuffle_epi8(sw8, _mm_setr_epi8(4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7,
+                                                                                        6, 7, 6, 7)));
+        const __m256i l01 = _mm256_and_si256(_mm256_srlv_epi32(w01, sh), m7), l23 = _mm256_and_si256(_mm256_srlv_epi32(w23, sh), m7);
+        const __m256i l16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(l01, l23), 0xD8); /* groups 0..15 in order */
+        const __m128i lb = _mm_packus_epi16(_mm256_castsi256_si128(l16), _mm256_extracti128_si256(l16, 1));
+        const __m128i l8 = _mm_add_epi8(_mm_add_epi8(lb, lb), _mm_set1_epi8(1));
+        /* − 9 · Σ l · (Q8_K's sum of 16), as lane sums of the block */
+        __m256i acc = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(
+            _mm256_mullo_epi16(_mm256_cvtepu8_epi16(l8), _mm256_set1_epi16(9)), _mm256_loadu_si256((const __m256i *)(x + 260))));
+        _Pragma("GCC unroll 8")
         for (int c = 0; c < 8; ++c) { /* rows 4c..4c+3 (elements 32c..32c+31), groups 2c and 2c+1 */
             const uint32_t nb = qs_load_u16(w + 32 + 2 * c); /* the four rows' nibbles */
             const uint8_t *qs = w + 4 * c;
@@ -356,18 +391,13 @@ T float qs_dot_iq1_m_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
                                       (const uint8_t *)QS_GRID_IQ1_S[qs[1] | ((nb >> 4) & 7) << 8],
                                       (const uint8_t *)QS_GRID_IQ1_S[qs[2] | ((nb >> 8) & 7) << 8],
                                       (const uint8_t *)QS_GRID_IQ1_S[qs[3] | ((nb >> 12) & 7) << 8]);
-#define D1(r) (long long)((nb >> (4 * (r) + 3)) & 1 ? 0 : 0x0202020202020202LL) /* δ + 1 for row r */
-            const __m256i dl = _mm256_setr_epi64x(D1(0), D1(1), D1(2), D1(3));
-#undef D1
+            const uint32_t bits = ((nb >> 3) & 1) | ((nb >> 6) & 2) | ((nb >> 9) & 4) | ((nb >> 12) & 8);
+            const __m256i dl = _mm256_loadu_si256((const __m256i *)IQ1M_DL[bits]);
             const __m256i u = _mm256_add_epi8(_mm256_slli_epi16(_mm256_add_epi8(co, one), 3), dl);
-            const int l0 = 2 * (int)((sw[c / 2] >> (6 * (c % 2))) & 7) + 1;
-            const int l1 = 2 * (int)((sw[c / 2] >> (6 * (c % 2) + 3)) & 7) + 1;
-            const __m256i sc = _mm256_set_m128i(_mm_set1_epi16((short)l1), _mm_set1_epi16((short)l0));
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(
-                _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(q + 32 * c))), sc));
-            bterm += 9 * (l0 * (int16_t)qs_load_u16(x + 260 + 4 * c) + l1 * (int16_t)qs_load_u16(x + 262 + 4 * c));
+                _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(q + 32 * c))), scales_pair_u8(l8, 2 * c)));
         }
-        s = fmaf(d * qs_load_f32(x), (float)(hsum8(acc) - bterm), s);
+        s = fmaf(d * qs_load_f32(x), (float)hsum8(acc), s);
     }
     return s;
 }

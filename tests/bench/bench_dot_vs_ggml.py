@@ -1,5 +1,5 @@
 """One-thread row-dot kernels side by side with ggml's, on real rows of a file: TSC cycles per 256-element block
-(best of 15 interleaved passes), the same rows and the same Q8_K activation for both.
+(best of 15 interleaved passes), the same rows and the same activation (Q8_K; Q8_0 for the 32-element types).
 
 Usage: python tests/bench/bench_dot_vs_ggml.py --file GGUF|random [--types IQ3_S,IQ2_XS] [--rows 2048]
     [--llama-build DIR]
@@ -29,8 +29,10 @@ from quantscope.core import native  # noqa: E402
 from quantscope.core.gguf import GGUFFile  # noqa: E402
 from quantscope.core.quant.types import ggml_type  # noqa: E402
 
-#: Q8_K-activation types with an AVX2 row dot on both sides
-TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+#: types with an AVX2 row dot on both sides, by activation type
+TYPES = {**dict.fromkeys(("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "IQ4_XS", "TQ1_0",
+                          "TQ2_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"), "q8_K"),
+         **dict.fromkeys(("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "MXFP4", "NVFP4"), "q8_0")}
 
 
 def compile_harness(build: Path, out: Path) -> Path:
@@ -74,8 +76,9 @@ def main() -> int:
                     continue
                 tname, off, rows, k = t.name, t.data_offset, min(args.rows, t.n_rows), t.row_len
             sym = name.lower()[:-2] + "_K" if name.endswith("_K") else name.lower()  # q6_K, iq3_s
+            act = TYPES[name]
             res = subprocess.run([str(exe), str(sos[-1]), args.file, str(off), str(rows), str(k),
-                                  str(gt.row_bytes(k)), f"qs_dot_{sym}_avx2", f"ggml_vec_dot_{sym}_q8_K"],
+                                  str(gt.row_bytes(k)), f"qs_dot_{sym}_avx2", f"ggml_vec_dot_{sym}_{act}", act],
                                  capture_output=True, text=True)
             if res.returncode != 0:
                 print(f"{name:<8} failed: {res.stderr.strip()}")

@@ -1,7 +1,7 @@
-/* One-thread row dots: Quantscope's kernel against ggml's on the same rows and the same Q8_K activation, in TSC
+/* One-thread row dots: Quantscope's kernel against ggml's on the same rows and the same activation, in TSC
  * cycles per 256-element block (best of 15 interleaved passes). Built and run by tests/bench/bench_dot_vs_ggml.py
  * against the static ggml libraries of the llama.cpp oracle build; figures only.
- *   dot_vs_ggml NATIVE_SO GGUF OFFSET ROWS K ROW_BYTES OURS_SYMBOL GGML_SYMBOL
+ *   dot_vs_ggml NATIVE_SO GGUF OFFSET ROWS K ROW_BYTES OURS_SYMBOL GGML_SYMBOL ACT (q8_K or q8_0)
  * (OFFSET -B: random blocks of B bytes instead of the file's rows, for types no file at hand holds) */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -14,12 +14,13 @@ typedef int (*qs_quant)(const float *x, uint8_t *dst, int64_t n);
 typedef void (*ggml_dot)(int n, float *s, size_t bs, const void *vx, size_t bx, const void *vy, size_t by, int nrc);
 
 int main(int argc, char **argv) {
-    if (argc != 9) {
-        fprintf(stderr, "usage: %s NATIVE_SO GGUF OFFSET ROWS K ROW_BYTES OURS GGML\n", argv[0]);
+    if (argc != 10) {
+        fprintf(stderr, "usage: %s NATIVE_SO GGUF OFFSET ROWS K ROW_BYTES OURS GGML q8_K|q8_0\n", argv[0]);
         return 2;
     }
     const long off = atol(argv[3]);
     const int rows = atoi(argv[4]), k = atoi(argv[5]), rowb = atoi(argv[6]);
+    const int q8_0 = argv[9][3] == '0'; /* Q8_0 activations: 34-byte blocks of 32 */
     if (rows <= 0 || k <= 0 || k % 256 || rowb <= 0) return 2;
     void *h = dlopen(argv[1], RTLD_NOW);
     if (!h) {
@@ -27,7 +28,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     qs_dot ours = (qs_dot)dlsym(h, argv[7]);
-    qs_quant q8k = (qs_quant)dlsym(h, "qs_quantize_q8_K");
+    qs_quant q8k = (qs_quant)dlsym(h, q8_0 ? "qs_quantize_q8_0" : "qs_quantize_q8_K");
     ggml_dot theirs = (ggml_dot)dlsym(RTLD_DEFAULT, argv[8]);
     void (*cpu_init)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "ggml_cpu_init");
     if (!ours || !q8k || !theirs || !cpu_init) {
@@ -37,7 +38,7 @@ int main(int argc, char **argv) {
     cpu_init();
     uint8_t *w = malloc((size_t)rows * rowb);
     float *x = malloc((size_t)k * 4);
-    uint8_t *xq = malloc((size_t)k / 256 * 292);
+    uint8_t *xq = malloc((size_t)k / 256 * (q8_0 ? 8 * 34 : 292));
     if (!w || !x || !xq) return 1;
     if (off < 0) { /* GGUF "random": random bytes, each block's leading fp16 (d for most types) made small */
         const int nblk = rowb / (int)-off;

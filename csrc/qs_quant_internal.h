@@ -73,12 +73,15 @@ float qs_dot_iq2_xxs_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq2_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq2_xs_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq2_xs_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_iq2_xs_avx512(int64_t n, const uint8_t *w, const uint8_t *x); /* AVX512_VBMI */
 float qs_dot_iq2_s_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq2_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq3_xxs_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq3_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq3_s_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq3_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_iq3_s_avx512(int64_t n, const uint8_t *w, const uint8_t *x); /* AVX512_VBMI */
+int qs_cpu_has_vbmi(void);
 float qs_dot_iq1_s_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq1_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq1_m_scalar(int64_t n, const uint8_t *w, const uint8_t *x);

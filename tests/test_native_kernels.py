@@ -4,6 +4,8 @@ every ISA level this CPU has (scalar, AVX2, AVX-512), on random and real data.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as GQ
@@ -30,6 +32,16 @@ def test_detects_an_isa():
     with K.forced_isa("scalar") as lvl:
         assert lvl == "scalar" and K.isa() == "scalar"
     assert K.isa() == K.isa_detected()
+
+
+def test_vbmi_detection_agrees_with_the_kernel_s_cpu_flags():
+    """The AVX-512 lattice dots run only where the CPU has AVX512_VBMI (an illegal instruction otherwise)."""
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    assert K.has_vbmi() == ("avx512vbmi" in flags)
 
 
 def same_or_both_nan(a: np.ndarray, b: np.ndarray) -> bool:

@@ -56,6 +56,11 @@ def isa_detected() -> str:
     return ISA_NAMES[lib.qs_isa_detected()]
 
 
+def has_vbmi() -> bool:
+    """Whether this CPU has AVX512_VBMI, which the AVX-512 lattice i-quant dots need (else AVX2 runs them)."""
+    return bool(lib.qs_cpu_has_vbmi())
+
+
 def isa() -> str:
     """Instruction set the kernels use now."""
     return ISA_NAMES[lib.qs_isa_get()]

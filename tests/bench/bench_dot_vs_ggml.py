@@ -27,12 +27,15 @@ import llamacpp_build  # noqa: E402
 
 from quantscope.core import native  # noqa: E402
 from quantscope.core.gguf import GGUFFile  # noqa: E402
+from quantscope.core.native import kernels as K  # noqa: E402
 from quantscope.core.quant.types import ggml_type  # noqa: E402
 
 #: types with an AVX2 row dot on both sides, by activation type
 TYPES = {**dict.fromkeys(("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "IQ4_XS", "TQ1_0",
                           "TQ2_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"), "q8_K"),
          **dict.fromkeys(("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "MXFP4", "NVFP4"), "q8_0")}
+#: types whose AVX-512 dot needs AVX512_VBMI (the engine runs the AVX2 one on CPUs without it)
+VBMI_TYPES = ("IQ3_S", "IQ2_XS")
 
 
 def compile_harness(build: Path, out: Path) -> Path:
@@ -51,14 +54,17 @@ def main() -> int:
     ap.add_argument("--file", required=True)
     ap.add_argument("--types", default="IQ3_S,IQ2_XS")
     ap.add_argument("--rows", type=int, default=2048)
+    ap.add_argument("--isa", choices=("best", "avx2"), default="best",
+                    help="best: the kernel the engine runs here (AVX-512 where this CPU has one for the type)")
     ap.add_argument("--llama-build", type=Path, default=llamacpp_build.cache_root() / "build")
     args = ap.parse_args()
+    avx512 = args.isa == "best" and K.isa_detected() == "avx512"
     so = Path(native.__file__).parent
     sos = sorted(so.glob("_quantscope_native*.so"), key=lambda p: p.stat().st_mtime)
     if not sos:
         raise SystemExit("the native library is not built")
     print(f"CPU: {llamacpp_build.cpu_model()}; one thread; cycles per 256-element block (TSC), best of 15")
-    print(f"{'type':<8} {'tensor':<28} {'ours':>8} {'ggml':>8} {'ggml/ours':>9}  rel. diff")
+    print(f"{'type':<8} {'tensor':<28} {'ours':>8} {'ggml':>8} {'ggml/ours':>9}  {'rel. diff':<10} our kernel")
     with tempfile.TemporaryDirectory() as tmp:
         exe = compile_harness(args.llama_build, Path(tmp) / "dot_vs_ggml")
         f = GGUFFile(args.file) if args.file != "random" else None
@@ -77,15 +83,20 @@ def main() -> int:
                 tname, off, rows, k = t.name, t.data_offset, min(args.rows, t.n_rows), t.row_len
             sym = name.lower()[:-2] + "_K" if name.endswith("_K") else name.lower()  # q6_K, iq3_s
             act = TYPES[name]
-            res = subprocess.run([str(exe), str(sos[-1]), args.file, str(off), str(rows), str(k),
-                                  str(gt.row_bytes(k)), f"qs_dot_{sym}_avx2", f"ggml_vec_dot_{sym}_{act}", act],
-                                 capture_output=True, text=True)
+            kernels = ("avx512", "avx2") if avx512 and (K.has_vbmi() or name not in VBMI_TYPES) else ("avx2",)
+            for isa in kernels:
+                kern = f"qs_dot_{sym}_{isa}"
+                res = subprocess.run([str(exe), str(sos[-1]), args.file, str(off), str(rows), str(k),
+                                      str(gt.row_bytes(k)), kern, f"ggml_vec_dot_{sym}_{act}", act],
+                                     capture_output=True, text=True)
+                if res.returncode == 0 or "missing symbol (qs_dot" not in res.stderr:
+                    break
             if res.returncode != 0:
                 print(f"{name:<8} failed: {res.stderr.strip()}")
                 continue
             ours, ggml, rel = res.stdout.split()
             o, g = float(ours), float(ggml)
-            print(f"{name:<8} {tname:<28} {o:8.1f} {g:8.1f} {g / o:9.3f}  {rel}")
+            print(f"{name:<8} {tname:<28} {o:8.1f} {g:8.1f} {g / o:9.3f}  {rel:<10} {kern}")
         if f is not None:
             f.close()
     return 0

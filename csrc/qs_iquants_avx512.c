@@ -1,0 +1,193 @@
+/* AVX-512 VBMI dot products of lattice i-quants against Q8_K (docs/quant-formats.md, "I-quants";
+ * docs/engine.md, "Kernels"). The AVX2 kernels fetch each code-book row with a scalar load; here a whole block's
+ * rows come from byte-permute lookups (vpermi2b) into small tables derived from ggml's grid, so a block costs a fixed
+ * few dozen vector instructions. The integer sum of each block is the scalar reference's exactly, and the float work
+ * is the same s = fma(d · d_x, isum, s) block after block, so the results are the same bits as
+ * qs_dot_iq3_s_scalar. Used only where the CPU has AVX512_VBMI (qs_cpu_has_vbmi); otherwise the AVX2 kernel runs. */
+#include <immintrin.h>
+#include <math.h>
+
+#include "qs.h"
+#include "qs_iq_grids.h"
+#include "qs_quant_internal.h"
+
+#define T __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
+#define AI __attribute__((always_inline)) static inline
+
+int qs_cpu_has_vbmi(void) {
+    static int has = -1;
+    if (has < 0) {
+        __builtin_cpu_init();
+        has = __builtin_cpu_supports("avx512vbmi") ? 1 : 0;
+    }
+    return has;
+}
+
+/* IQ3_S's 512 grid rows, each four coordinates in 1..15, as two byte tables: coordinates 0 | 1 << 4 and
+ * 2 | 3 << 4 of row r at byte r. */
+static uint8_t IQ3S_P01[512] __attribute__((aligned(64)));
+static uint8_t IQ3S_P23[512] __attribute__((aligned(64)));
+
+__attribute__((constructor)) static void iq3s_tables_init(void) {
+    for (int r = 0; r < 512; ++r) {
+        const uint8_t *g = QS_GRID_IQ3_S[r];
+        IQ3S_P01[r] = (uint8_t)(g[0] | g[1] << 4);
+        IQ3S_P23[r] = (uint8_t)(g[2] | g[3] << 4);
+    }
+}
+
+/* table[idx] for 64 9-bit indices (low 8 bits in idx, bit 8 in k8): four 128-entry permutes, picked by bit 7 and
+ * bit 8 */
+T AI __m512i lookup512(const uint8_t *table, __m512i idx, __mmask64 k7, __mmask64 k8) {
+    const __m512i *t = (const __m512i *)table;
+    const __m512i a0 = _mm512_permutex2var_epi8(_mm512_load_si512(t + 0), idx, _mm512_load_si512(t + 1));
+    const __m512i a1 = _mm512_permutex2var_epi8(_mm512_load_si512(t + 2), idx, _mm512_load_si512(t + 3));
+    const __m512i a2 = _mm512_permutex2var_epi8(_mm512_load_si512(t + 4), idx, _mm512_load_si512(t + 5));
+    const __m512i a3 = _mm512_permutex2var_epi8(_mm512_load_si512(t + 6), idx, _mm512_load_si512(t + 7));
+    return _mm512_mask_blend_epi8(k8, _mm512_mask_blend_epi8(k7, a0, a1), _mm512_mask_blend_epi8(k7, a2, a3));
+}
+
+/* Byte-interleave permutes: lo[2i] = a[i], lo[2i + 1] = b[i] for i < 32; hi the same for i = 32..63. Word
+ * interleave: w0[2t] = a[t], w0[2t + 1] = b[t] (words, t < 16); w1 from t = 16..31. */
+static uint8_t IL_BYTES[2][64] __attribute__((aligned(64)));
+static uint16_t IL_WORDS[2][32] __attribute__((aligned(64)));
+
+__attribute__((constructor)) static void interleave_init(void) {
+    for (int h = 0; h < 2; ++h) {
+        for (int i = 0; i < 32; ++i) {
+            IL_BYTES[h][2 * i] = (uint8_t)(32 * h + i);
+            IL_BYTES[h][2 * i + 1] = (uint8_t)(64 + 32 * h + i);
+        }
+        for (int t = 0; t < 16; ++t) {
+            IL_WORDS[h][2 * t] = (uint16_t)(16 * h + t);
+            IL_WORDS[h][2 * t + 1] = (uint16_t)(32 + 16 * h + t);
+        }
+    }
+}
+
+/* One IQ3_S block's exact integer sum Σ_c (2 sc_c + 1) · Σ code · q (110 bytes: d, qs[64], qh[8], signs[32],
+ * scales[4]; row r of chunk c is qs[8c + r] | bit r of qh[c] << 8, element e of chunk c negated by bit e of its
+ * four sign bytes). */
+T AI int32_t iq3_s_block512(const uint8_t *w, const int8_t *q) {
+    const __m512i idx = _mm512_loadu_si512((const void *)(w + 2));
+    const __mmask64 k7 = _mm512_movepi8_mask(idx), k8 = (__mmask64)qs_load_u64(w + 66);
+    const __m512i p01 = lookup512(IQ3S_P01, idx, k7, k8), p23 = lookup512(IQ3S_P23, idx, k7, k8);
+    /* the four coordinates of row i: p01 low/high nibble, p23 low/high nibble -> element order */
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i l01 = _mm512_and_si512(p01, m4), h01 = _mm512_and_si512(_mm512_srli_epi16(p01, 4), m4);
+    const __m512i l23 = _mm512_and_si512(p23, m4), h23 = _mm512_and_si512(_mm512_srli_epi16(p23, 4), m4);
+    const __m512i ib0 = _mm512_load_si512(IL_BYTES[0]), ib1 = _mm512_load_si512(IL_BYTES[1]);
+    const __m512i a0 = _mm512_permutex2var_epi8(l01, ib0, h01), a1 = _mm512_permutex2var_epi8(l01, ib1, h01);
+    const __m512i b0 = _mm512_permutex2var_epi8(l23, ib0, h23), b1 = _mm512_permutex2var_epi8(l23, ib1, h23);
+    const __m512i iw0 = _mm512_load_si512(IL_WORDS[0]), iw1 = _mm512_load_si512(IL_WORDS[1]);
+    __m512i co[4];
+    co[0] = _mm512_permutex2var_epi16(a0, iw0, b0);
+    co[1] = _mm512_permutex2var_epi16(a0, iw1, b0);
+    co[2] = _mm512_permutex2var_epi16(a1, iw0, b1);
+    co[3] = _mm512_permutex2var_epi16(a1, iw1, b1);
+    /* chunk scales 2 sc + 1 as int16: lanes 0-15 of register m chunk 2m, lanes 16-31 chunk 2m + 1 */
+    const __m128i sb = _mm_cvtsi32_si128((int)qs_load_u32(w + 106));
+    const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(sb, _mm_set1_epi8(15)),
+                                          _mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(15)));
+    const __m512i sc = _mm512_broadcast_i32x4(
+        _mm_cvtepu8_epi16(_mm_add_epi8(_mm_add_epi8(nib, nib), _mm_set1_epi8(1))));
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i acc = zero;
+    _Pragma("GCC unroll 4")
+    for (int m = 0; m < 4; ++m) {
+        const __m512i sel = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)(2 * m))),
+                                               _mm256_set1_epi16((short)(2 * m + 1)), 1);
+        const __m512i s16 = _mm512_permutexvar_epi16(sel, sc);
+        const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * m));
+        const __m512i qn = _mm512_mask_sub_epi8(v, (__mmask64)qs_load_u64(w + 74 + 8 * m), zero, v);
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(co[m], qn), s16);
+    }
+    return _mm512_reduce_add_epi32(acc);
+}
+
+T float qs_dot_iq3_s_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 256; ++i, w += 110, x += 292) {
+        const int32_t isum = iq3_s_block512(w, (const int8_t *)(x + 4));
+        s = fmaf(qs_fp16_to_fp32(qs_load_u16(w)) * 1.0f * qs_load_f32(x), (float)isum, s);
+    }
+    return s;
+}
+
+/* IQ2_XS's 512 grid rows, eight coordinates in {8, 25, 43}, as 16-bit words of 2-bit codes 0, 1, 2 (coordinate k
+ * in bits 2k..2k+1); the code back to the coordinate by a byte permute (any index whose low two bits are v -> the
+ * coordinate of code v); ggml's 7-bit sign words with the parity bit, as bytes. */
+static uint16_t IQ2XS_ROWS[512] __attribute__((aligned(64)));
+static uint8_t COORD_OF_CODE[64] __attribute__((aligned(64)));
+static uint8_t KSIGN_BYTES[128] __attribute__((aligned(64)));
+/* Word permutes: SPREAD[m] puts row 8m + j in the low word of qword j; SCALE_PICK[m] gives int16 lane l the scale
+ * of group 4m + l / 8 */
+static uint16_t SPREAD[4][32] __attribute__((aligned(64)));
+static uint16_t SCALE_PICK[4][32] __attribute__((aligned(64)));
+
+__attribute__((constructor)) static void iq2xs_tables_init(void) {
+    for (int r = 0; r < 512; ++r) {
+        uint16_t v = 0;
+        for (int k = 0; k < 8; ++k) {
+            const uint8_t c = QS_GRID_IQ2_XS[r][k];
+            v |= (uint16_t)((c == 8 ? 0 : c == 25 ? 1 : 2) << (2 * k));
+        }
+        IQ2XS_ROWS[r] = v;
+    }
+    for (int i = 0; i < 64; ++i) COORD_OF_CODE[i] = (uint8_t)((i & 3) == 0 ? 8 : (i & 3) == 1 ? 25 : 43);
+    for (int i = 0; i < 128; ++i) KSIGN_BYTES[i] = qs_ksign((uint32_t)i);
+    for (int m = 0; m < 4; ++m)
+        for (int l = 0; l < 32; ++l) {
+            SPREAD[m][l] = (uint16_t)(l % 4 == 0 ? 8 * m + l / 4 : 0);
+            SCALE_PICK[m][l] = (uint16_t)(4 * m + l / 8);
+        }
+}
+
+/* One IQ2_XS block's exact integer sum Σ_g (2 sc_g + 1) · Σ code · q (74 bytes: d, 32 words of a 9-bit row index
+ * and a 7-bit sign word, scales[8] as nibbles per 16 elements; row i covers elements 8i..8i+7). */
+T AI int32_t iq2_xs_block512(const uint8_t *w, const int8_t *q) {
+    const __m512i e = _mm512_loadu_si512((const void *)(w + 2));
+    /* the 32 rows' code words: eight 64-entry word permutes, picked by index bits 6, 7, 8 */
+    const __m512i *t = (const __m512i *)IQ2XS_ROWS;
+    __m512i r[8];
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < 8; ++j) r[j] = _mm512_permutex2var_epi16(_mm512_load_si512(t + 2 * j), e, _mm512_load_si512(t + 2 * j + 1));
+    const __mmask32 k6 = _mm512_test_epi16_mask(e, _mm512_set1_epi16(64));
+    const __mmask32 k7 = _mm512_test_epi16_mask(e, _mm512_set1_epi16(128));
+    const __mmask32 k8 = _mm512_test_epi16_mask(e, _mm512_set1_epi16(256));
+    const __m512i c0 = _mm512_mask_blend_epi16(k7, _mm512_mask_blend_epi16(k6, r[0], r[1]), _mm512_mask_blend_epi16(k6, r[2], r[3]));
+    const __m512i c1 = _mm512_mask_blend_epi16(k7, _mm512_mask_blend_epi16(k6, r[4], r[5]), _mm512_mask_blend_epi16(k6, r[6], r[7]));
+    const __m512i rows = _mm512_mask_blend_epi16(k8, c0, c1);
+    /* sign bytes of the 32 rows: bit k of byte i negates element 8i + k, so bytes 8m..8m+7 mask register m */
+    uint64_t sg[8];
+    const __m512i s7 = _mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16(e, 9)));
+    _mm512_storeu_si512((void *)sg, _mm512_permutex2var_epi8(_mm512_load_si512(KSIGN_BYTES), s7,
+                                                             _mm512_load_si512(KSIGN_BYTES + 64)));
+    /* scales 2 sc + 1 of the 16 groups as int16 */
+    const __m128i sb = _mm_loadl_epi64((const __m128i *)(w + 66));
+    const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(sb, _mm_set1_epi8(15)),
+                                          _mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(15)));
+    const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_add_epi8(_mm_add_epi8(nib, nib), _mm_set1_epi8(1))));
+    const __m512i shifts = _mm512_set1_epi64(0x0E0C0A0806040200LL), coord = _mm512_load_si512(COORD_OF_CODE);
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i acc = zero;
+    _Pragma("GCC unroll 4")
+    for (int m = 0; m < 4; ++m) {
+        const __m512i wm = _mm512_permutexvar_epi16(_mm512_load_si512(SPREAD[m]), rows);
+        const __m512i co = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(shifts, wm), coord);
+        const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * m));
+        const __m512i qn = _mm512_mask_sub_epi8(v, (__mmask64)sg[m], zero, v);
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(co, qn),
+                                  _mm512_permutexvar_epi16(_mm512_load_si512(SCALE_PICK[m]), sc));
+    }
+    return _mm512_reduce_add_epi32(acc);
+}
+
+T float qs_dot_iq2_xs_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 256; ++i, w += 74, x += 292) {
+        const int32_t isum = iq2_xs_block512(w, (const int8_t *)(x + 4));
+        s = fmaf(qs_fp16_to_fp32(qs_load_u16(w)) * 0.125f * qs_load_f32(x), (float)isum, s);
+    }
+    return s;
+}

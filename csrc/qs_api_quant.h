@@ -21,7 +21,7 @@ int qs_copy_mapped(uint8_t *dst, const uint8_t *src, int64_t n);  /* memcpy unde
 int qs_isa_detected(void);          /* 0 = scalar, 1 = AVX2+FMA+F16C, 2 = AVX-512 F/BW/VL + VNNI */
 int qs_isa_get(void);
 int qs_isa_set(int level);          /* clamps to the detected level; returns the level now active */
-int qs_cpu_has_vbmi(void);         /* AVX512_VBMI: the AVX-512 lattice i-quant dots (IQ3_S, IQ2_XS) run */
+int qs_cpu_has_vbmi(void);         /* AVX512_VBMI: the AVX-512 lattice i-quant dots run */
 
 int qs_block_elems(int type);       /* 0 for unknown types */
 int qs_block_bytes(int type);

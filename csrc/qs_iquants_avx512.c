@@ -6,6 +6,7 @@
  * qs_dot_iq3_s_scalar. Used only where the CPU has AVX512_VBMI (qs_cpu_has_vbmi); otherwise the AVX2 kernel runs. */
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "qs.h"
 #include "qs_iq_grids.h"
@@ -65,6 +66,41 @@ __attribute__((constructor)) static void interleave_init(void) {
     }
 }
 
+/* Coordinate k of rows 0..63 in x_k -> the 256 coordinates in element order (element 4i + k), 64 per register */
+T AI void in_element_order(__m512i x0, __m512i x1, __m512i x2, __m512i x3, __m512i co[4]) {
+    const __m512i ib0 = _mm512_load_si512(IL_BYTES[0]), ib1 = _mm512_load_si512(IL_BYTES[1]);
+    const __m512i a0 = _mm512_permutex2var_epi8(x0, ib0, x1), a1 = _mm512_permutex2var_epi8(x0, ib1, x1);
+    const __m512i b0 = _mm512_permutex2var_epi8(x2, ib0, x3), b1 = _mm512_permutex2var_epi8(x2, ib1, x3);
+    const __m512i iw0 = _mm512_load_si512(IL_WORDS[0]), iw1 = _mm512_load_si512(IL_WORDS[1]);
+    co[0] = _mm512_permutex2var_epi16(a0, iw0, b0);
+    co[1] = _mm512_permutex2var_epi16(a0, iw1, b0);
+    co[2] = _mm512_permutex2var_epi16(a1, iw0, b1);
+    co[3] = _mm512_permutex2var_epi16(a1, iw1, b1);
+}
+
+/* The block's integer sum from its 256 unsigned coordinates (64 per register, element order), the sign bits (bit j
+ * of sg[m] negates element 64m + j) and the int16 scales of the pairs of each register (sc[m]) */
+T AI int32_t block_sum(const __m512i co[4], const uint64_t *sg, const __m512i sc[4], const int8_t *q) {
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i acc = zero;
+    _Pragma("GCC unroll 4")
+    for (int m = 0; m < 4; ++m) {
+        const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * m));
+        const __m512i qn = _mm512_mask_sub_epi8(v, (__mmask64)sg[m], zero, v);
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(co[m], qn), sc[m]);
+    }
+    return _mm512_reduce_add_epi32(acc);
+}
+
+/* Eight per-32 scales (int16 in an xmm) -> register m's pair scales: lanes 0-15 chunk 2m, lanes 16-31 chunk 2m + 1 */
+T AI void chunk_scales512(__m128i ls8, __m512i sc[4]) {
+    const __m512i b = _mm512_broadcast_i32x4(ls8);
+    _Pragma("GCC unroll 4")
+    for (int m = 0; m < 4; ++m)
+        sc[m] = _mm512_permutexvar_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)(2 * m))),
+                                                            _mm256_set1_epi16((short)(2 * m + 1)), 1), b);
+}
+
 /* One IQ3_S block's exact integer sum Σ_c (2 sc_c + 1) · Σ code · q (110 bytes: d, qs[64], qh[8], signs[32],
  * scales[4]; row r of chunk c is qs[8c + r] | bit r of qh[c] << 8, element e of chunk c negated by bit e of its
  * four sign bytes). */
@@ -76,33 +112,17 @@ T AI int32_t iq3_s_block512(const uint8_t *w, const int8_t *q) {
     const __m512i m4 = _mm512_set1_epi8(15);
     const __m512i l01 = _mm512_and_si512(p01, m4), h01 = _mm512_and_si512(_mm512_srli_epi16(p01, 4), m4);
     const __m512i l23 = _mm512_and_si512(p23, m4), h23 = _mm512_and_si512(_mm512_srli_epi16(p23, 4), m4);
-    const __m512i ib0 = _mm512_load_si512(IL_BYTES[0]), ib1 = _mm512_load_si512(IL_BYTES[1]);
-    const __m512i a0 = _mm512_permutex2var_epi8(l01, ib0, h01), a1 = _mm512_permutex2var_epi8(l01, ib1, h01);
-    const __m512i b0 = _mm512_permutex2var_epi8(l23, ib0, h23), b1 = _mm512_permutex2var_epi8(l23, ib1, h23);
-    const __m512i iw0 = _mm512_load_si512(IL_WORDS[0]), iw1 = _mm512_load_si512(IL_WORDS[1]);
     __m512i co[4];
-    co[0] = _mm512_permutex2var_epi16(a0, iw0, b0);
-    co[1] = _mm512_permutex2var_epi16(a0, iw1, b0);
-    co[2] = _mm512_permutex2var_epi16(a1, iw0, b1);
-    co[3] = _mm512_permutex2var_epi16(a1, iw1, b1);
-    /* chunk scales 2 sc + 1 as int16: lanes 0-15 of register m chunk 2m, lanes 16-31 chunk 2m + 1 */
+    in_element_order(l01, h01, l23, h23, co);
+    /* chunk scales 2 sc + 1 */
     const __m128i sb = _mm_cvtsi32_si128((int)qs_load_u32(w + 106));
     const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(sb, _mm_set1_epi8(15)),
                                           _mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(15)));
-    const __m512i sc = _mm512_broadcast_i32x4(
-        _mm_cvtepu8_epi16(_mm_add_epi8(_mm_add_epi8(nib, nib), _mm_set1_epi8(1))));
-    const __m512i zero = _mm512_setzero_si512();
-    __m512i acc = zero;
-    _Pragma("GCC unroll 4")
-    for (int m = 0; m < 4; ++m) {
-        const __m512i sel = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)(2 * m))),
-                                               _mm256_set1_epi16((short)(2 * m + 1)), 1);
-        const __m512i s16 = _mm512_permutexvar_epi16(sel, sc);
-        const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * m));
-        const __m512i qn = _mm512_mask_sub_epi8(v, (__mmask64)qs_load_u64(w + 74 + 8 * m), zero, v);
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(co[m], qn), s16);
-    }
-    return _mm512_reduce_add_epi32(acc);
+    __m512i sc[4];
+    chunk_scales512(_mm_cvtepu8_epi16(_mm_add_epi8(_mm_add_epi8(nib, nib), _mm_set1_epi8(1))), sc);
+    uint64_t sg[4];
+    memcpy(sg, w + 74, sizeof sg);
+    return block_sum(co, sg, sc, q);
 }
 
 T float qs_dot_iq3_s_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
@@ -143,6 +163,16 @@ __attribute__((constructor)) static void iq2xs_tables_init(void) {
         }
 }
 
+/* 32 rows of eight 2-bit codes (16-bit words) -> their 256 coordinates in element order, 64 per register */
+T AI void rows_to_coords(__m512i rows, __m512i co[4]) {
+    const __m512i shifts = _mm512_set1_epi64(0x0E0C0A0806040200LL), coord = _mm512_load_si512(COORD_OF_CODE);
+    _Pragma("GCC unroll 4")
+    for (int m = 0; m < 4; ++m) {
+        const __m512i wm = _mm512_permutexvar_epi16(_mm512_load_si512(SPREAD[m]), rows);
+        co[m] = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(shifts, wm), coord);
+    }
+}
+
 /* One IQ2_XS block's exact integer sum Σ_g (2 sc_g + 1) · Σ code · q (74 bytes: d, 32 words of a 9-bit row index
  * and a 7-bit sign word, scales[8] as nibbles per 16 elements; row i covers elements 8i..8i+7). */
 T AI int32_t iq2_xs_block512(const uint8_t *w, const int8_t *q) {
@@ -168,25 +198,117 @@ T AI int32_t iq2_xs_block512(const uint8_t *w, const int8_t *q) {
     const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(sb, _mm_set1_epi8(15)),
                                           _mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(15)));
     const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_add_epi8(_mm_add_epi8(nib, nib), _mm_set1_epi8(1))));
-    const __m512i shifts = _mm512_set1_epi64(0x0E0C0A0806040200LL), coord = _mm512_load_si512(COORD_OF_CODE);
-    const __m512i zero = _mm512_setzero_si512();
-    __m512i acc = zero;
+    __m512i co[4], scm[4];
+    rows_to_coords(rows, co);
     _Pragma("GCC unroll 4")
-    for (int m = 0; m < 4; ++m) {
-        const __m512i wm = _mm512_permutexvar_epi16(_mm512_load_si512(SPREAD[m]), rows);
-        const __m512i co = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(shifts, wm), coord);
-        const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * m));
-        const __m512i qn = _mm512_mask_sub_epi8(v, (__mmask64)sg[m], zero, v);
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(co, qn),
-                                  _mm512_permutexvar_epi16(_mm512_load_si512(SCALE_PICK[m]), sc));
-    }
-    return _mm512_reduce_add_epi32(acc);
+    for (int m = 0; m < 4; ++m) scm[m] = _mm512_permutexvar_epi16(_mm512_load_si512(SCALE_PICK[m]), sc);
+    return block_sum(co, sg, scm, q);
 }
 
 T float qs_dot_iq2_xs_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
     float s = 0.0f;
     for (int64_t i = 0; i < n / 256; ++i, w += 74, x += 292) {
         const int32_t isum = iq2_xs_block512(w, (const int8_t *)(x + 4));
+        s = fmaf(qs_fp16_to_fp32(qs_load_u16(w)) * 0.125f * qs_load_f32(x), (float)isum, s);
+    }
+    return s;
+}
+
+/* IQ3_XXS's 256 grid rows (four coordinates 4..62) as four byte tables, coordinate k of row r at byte r of table
+ * k; IQ2_XXS's 256 rows as 16-bit words of 2-bit codes (as IQ2_XS's) */
+static uint8_t IQ3XXS_COORD[4][256] __attribute__((aligned(64)));
+static uint16_t IQ2XXS_ROWS[256] __attribute__((aligned(64)));
+/* Byte permutes: the four 7-bit sign words of chunk c (bits 0, 7, 14, 21 of its 32-bit word, the words two to a
+ * quadword) to bytes 4c..4c+3; IQ2_XXS's 32 row indices (bytes 0-3 of each 8-byte chunk) to the low bytes of 32
+ * words */
+static uint8_t SIGN_FIELDS[64] __attribute__((aligned(64)));
+static uint8_t XXS_INDEX_BYTES[64] __attribute__((aligned(64)));
+static uint8_t XXS_SIGN_PACK[64] __attribute__((aligned(64)));
+
+__attribute__((constructor)) static void xxs_tables_init(void) {
+    for (int r = 0; r < 256; ++r) {
+        uint16_t v = 0;
+        for (int k = 0; k < 4; ++k) IQ3XXS_COORD[k][r] = QS_GRID_IQ3_XXS[r][k];
+        for (int k = 0; k < 8; ++k) {
+            const uint8_t c = QS_GRID_IQ2_XXS[r][k];
+            v |= (uint16_t)((c == 8 ? 0 : c == 25 ? 1 : 2) << (2 * k));
+        }
+        IQ2XXS_ROWS[r] = v;
+    }
+    for (int b = 0; b < 64; ++b) {
+        SIGN_FIELDS[b] = (uint8_t)(32 * (b % 8 / 4) + 7 * (b % 4));
+        XXS_INDEX_BYTES[b] = (uint8_t)(b % 2 ? 0 : 8 * (b / 8) + b % 8 / 2);
+        XXS_SIGN_PACK[b] = (uint8_t)(b < 32 ? 8 * (b / 4) + b % 4 : 0);
+    }
+}
+
+/* 128-entry byte table lookup of the low 7 bits of each byte of idx: ggml's sign word with its parity bit */
+T AI __m512i ksign_bytes(__m512i idx) {
+    return _mm512_permutex2var_epi8(_mm512_load_si512(KSIGN_BYTES), idx, _mm512_load_si512(KSIGN_BYTES + 64));
+}
+
+/* One IQ3_XXS block's exact integer sum Σ_c (2 sc_c + 1) · Σ code · q (98 bytes: d, qs[64] row indices, then per
+ * chunk a 32-bit word of four 7-bit sign words and the 4-bit scale on top) */
+T AI int32_t iq3_xxs_block512(const uint8_t *w, const int8_t *q) {
+    const __m512i idx = _mm512_loadu_si512((const void *)(w + 2));
+    const __mmask64 k7 = _mm512_movepi8_mask(idx);
+    __m512i x[4];
+    _Pragma("GCC unroll 4")
+    for (int k = 0; k < 4; ++k) {
+        const __m512i *t = (const __m512i *)IQ3XXS_COORD[k];
+        x[k] = _mm512_mask_blend_epi8(k7, _mm512_permutex2var_epi8(_mm512_load_si512(t), idx, _mm512_load_si512(t + 1)),
+                                      _mm512_permutex2var_epi8(_mm512_load_si512(t + 2), idx, _mm512_load_si512(t + 3)));
+    }
+    __m512i co[4];
+    in_element_order(x[0], x[1], x[2], x[3], co);
+    const __m256i aux = _mm256_loadu_si256((const __m256i *)(w + 66));
+    uint64_t sg[8];
+    _mm512_storeu_si512((void *)sg, ksign_bytes(_mm512_multishift_epi64_epi8(_mm512_load_si512(SIGN_FIELDS),
+                                                                            _mm512_castsi256_si512(aux))));
+    const __m256i ls = _mm256_add_epi32(_mm256_slli_epi32(_mm256_srli_epi32(aux, 28), 1), _mm256_set1_epi32(1));
+    __m512i sc[4];
+    chunk_scales512(_mm256_cvtepi32_epi16(ls), sc);
+    return block_sum(co, sg, sc, q);
+}
+
+T float qs_dot_iq3_xxs_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 256; ++i, w += 98, x += 292) {
+        const int32_t isum = iq3_xxs_block512(w, (const int8_t *)(x + 4));
+        s = fmaf(qs_fp16_to_fp32(qs_load_u16(w)) * 0.25f * qs_load_f32(x), (float)isum, s);
+    }
+    return s;
+}
+
+/* One IQ2_XXS block's exact integer sum (66 bytes: d, then per 32-element chunk four row indices and a 32-bit word
+ * of four 7-bit sign words and the 4-bit scale on top) */
+T AI int32_t iq2_xxs_block512(const uint8_t *w, const int8_t *q) {
+    const __m512i e = _mm512_loadu_si512((const void *)(w + 2));
+    const __m512i ix = _mm512_maskz_permutexvar_epi8(0x5555555555555555ULL, _mm512_load_si512(XXS_INDEX_BYTES), e);
+    const __m512i *t = (const __m512i *)IQ2XXS_ROWS;
+    const __mmask32 k6 = _mm512_test_epi16_mask(ix, _mm512_set1_epi16(64));
+    const __mmask32 k7 = _mm512_test_epi16_mask(ix, _mm512_set1_epi16(128));
+    const __m512i r0 = _mm512_permutex2var_epi16(_mm512_load_si512(t), ix, _mm512_load_si512(t + 1));
+    const __m512i r1 = _mm512_permutex2var_epi16(_mm512_load_si512(t + 2), ix, _mm512_load_si512(t + 3));
+    const __m512i r2 = _mm512_permutex2var_epi16(_mm512_load_si512(t + 4), ix, _mm512_load_si512(t + 5));
+    const __m512i r3 = _mm512_permutex2var_epi16(_mm512_load_si512(t + 6), ix, _mm512_load_si512(t + 7));
+    const __m512i rows = _mm512_mask_blend_epi16(k7, _mm512_mask_blend_epi16(k6, r0, r1), _mm512_mask_blend_epi16(k6, r2, r3));
+    __m512i co[4];
+    rows_to_coords(rows, co);
+    /* the sign words sit in the high half of each quadword: bit offsets 32, 39, 46, 53 */
+    const __m512i f = _mm512_multishift_epi64_epi8(_mm512_add_epi8(_mm512_load_si512(SIGN_FIELDS), _mm512_set1_epi8(32)), e);
+    uint64_t sg[8];
+    _mm512_storeu_si512((void *)sg, ksign_bytes(_mm512_permutexvar_epi8(_mm512_load_si512(XXS_SIGN_PACK), f)));
+    const __m512i ls = _mm512_add_epi64(_mm512_slli_epi64(_mm512_srli_epi64(e, 60), 1), _mm512_set1_epi64(1));
+    __m512i sc[4];
+    chunk_scales512(_mm512_cvtepi64_epi16(ls), sc);
+    return block_sum(co, sg, sc, q);
+}
+
+T float qs_dot_iq2_xxs_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / 256; ++i, w += 66, x += 292) {
+        const int32_t isum = iq2_xxs_block512(w, (const int8_t *)(x + 4));
         s = fmaf(qs_fp16_to_fp32(qs_load_u16(w)) * 0.125f * qs_load_f32(x), (float)isum, s);
     }
     return s;

@@ -662,10 +662,10 @@ static qs_dot_fn dot_fn(int type) {
     case QS_Q4_K: return isa >= 2 ? qs_dot_q4_K_avx512 : isa >= 1 ? qs_dot_q4_K_avx2 : qs_dot_q4_K_scalar;
     case QS_Q5_K: return isa >= 1 ? qs_dot_q5_K_avx2 : qs_dot_q5_K_scalar;
     case QS_Q6_K: return isa >= 2 ? qs_dot_q6_K_avx512 : isa >= 1 ? qs_dot_q6_K_avx2 : qs_dot_q6_K_scalar;
-    case QS_IQ2_XXS: return isa >= 1 ? qs_dot_iq2_xxs_avx2 : qs_dot_iq2_xxs_scalar;
+    case QS_IQ2_XXS: return isa >= 2 && qs_cpu_has_vbmi() ? qs_dot_iq2_xxs_avx512 : isa >= 1 ? qs_dot_iq2_xxs_avx2 : qs_dot_iq2_xxs_scalar;
     case QS_IQ2_XS: return isa >= 2 && qs_cpu_has_vbmi() ? qs_dot_iq2_xs_avx512 : isa >= 1 ? qs_dot_iq2_xs_avx2 : qs_dot_iq2_xs_scalar;
     case QS_IQ2_S: return isa >= 1 ? qs_dot_iq2_s_avx2 : qs_dot_iq2_s_scalar;
-    case QS_IQ3_XXS: return isa >= 1 ? qs_dot_iq3_xxs_avx2 : qs_dot_iq3_xxs_scalar;
+    case QS_IQ3_XXS: return isa >= 2 && qs_cpu_has_vbmi() ? qs_dot_iq3_xxs_avx512 : isa >= 1 ? qs_dot_iq3_xxs_avx2 : qs_dot_iq3_xxs_scalar;
     case QS_IQ3_S: return isa >= 2 && qs_cpu_has_vbmi() ? qs_dot_iq3_s_avx512 : isa >= 1 ? qs_dot_iq3_s_avx2 : qs_dot_iq3_s_scalar;
     case QS_IQ1_S: return isa >= 1 ? qs_dot_iq1_s_avx2 : qs_dot_iq1_s_scalar;
     case QS_IQ1_M: return isa >= 1 ? qs_dot_iq1_m_avx2 : qs_dot_iq1_m_scalar;

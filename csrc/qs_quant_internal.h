@@ -71,6 +71,7 @@ float qs_iq_dot_codes_avx2(const int8_t *codes, const float *mults, const int16_
                            int64_t k, const uint8_t *x);
 float qs_dot_iq2_xxs_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq2_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_iq2_xxs_avx512(int64_t n, const uint8_t *w, const uint8_t *x); /* AVX512_VBMI */
 float qs_dot_iq2_xs_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq2_xs_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq2_xs_avx512(int64_t n, const uint8_t *w, const uint8_t *x); /* AVX512_VBMI */
@@ -78,6 +79,7 @@ float qs_dot_iq2_s_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq2_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq3_xxs_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq3_xxs_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_iq3_xxs_avx512(int64_t n, const uint8_t *w, const uint8_t *x); /* AVX512_VBMI */
 float qs_dot_iq3_s_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq3_s_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq3_s_avx512(int64_t n, const uint8_t *w, const uint8_t *x); /* AVX512_VBMI */

@@ -1,9 +1,10 @@
-/* AVX-512 VBMI dot products of lattice i-quants against Q8_K (docs/quant-formats.md, "I-quants";
- * docs/engine.md, "Kernels"). The AVX2 kernels fetch each code-book row with a scalar load; here a whole block's
- * rows come from byte-permute lookups (vpermi2b) into small tables derived from ggml's grid, so a block costs a fixed
- * few dozen vector instructions. The integer sum of each block is the scalar reference's exactly, and the float work
- * is the same s = fma(d · d_x, isum, s) block after block, so the results are the same bits as
- * qs_dot_iq3_s_scalar. Used only where the CPU has AVX512_VBMI (qs_cpu_has_vbmi); otherwise the AVX2 kernel runs. */
+/* AVX-512 dot products of lattice i-quants and ternary types against Q8_K (docs/quant-formats.md, "I-quants").
+ * The AVX2 kernels fetch each code-book row with a scalar load; with AVX512_VBMI a whole block's rows come from
+ * byte/word permutes (vpermi2b, vpermi2w) into small tables derived from ggml's grids at load, so a block costs a
+ * fixed few dozen vector instructions. The integer sum of each block is the scalar reference's exactly, and the
+ * float work is its s = fma(d · d_x, isum, s) block after block, so the results are the same bits as the
+ * qs_dot_*_scalar references. The VBMI kernels run only where the CPU has it (qs_cpu_has_vbmi); TQ2_0's needs
+ * only AVX-512 F/BW/VL + VNNI. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include "qs_quant_internal.h"
 
 #define T __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
+#define T512 QS_TARGET_AVX512 /* AVX-512 F/BW/VL + VNNI, no VBMI */
 #define AI __attribute__((always_inline)) static inline
 
 int qs_cpu_has_vbmi(void) {
@@ -80,7 +82,7 @@ T AI void in_element_order(__m512i x0, __m512i x1, __m512i x2, __m512i x3, __m51
 
 /* The block's integer sum from its 256 unsigned coordinates (64 per register, element order), the sign bits (bit j
  * of sg[m] negates element 64m + j) and the int16 scales of the pairs of each register (sc[m]) */
-T AI int32_t block_sum(const __m512i co[4], const uint64_t *sg, const __m512i sc[4], const int8_t *q) {
+T AI __m512i block_sum(const __m512i co[4], const uint64_t *sg, const __m512i sc[4], const int8_t *q) {
     const __m512i zero = _mm512_setzero_si512();
     __m512i acc = zero;
     _Pragma("GCC unroll 4")
@@ -89,8 +91,36 @@ T AI int32_t block_sum(const __m512i co[4], const uint64_t *sg, const __m512i sc
         const __m512i qn = _mm512_mask_sub_epi8(v, (__mmask64)sg[m], zero, v);
         acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(co[m], qn), sc[m]);
     }
-    return _mm512_reduce_add_epi32(acc);
+    return acc;
 }
+
+/* Four blocks' integer sums (16 lanes each) by one reduction: lane j of the result is the sum of v_j's lanes */
+T512 AI __m128i hsum16x4(__m512i a, __m512i b, __m512i c, __m512i d) {
+#define FOLD(v) _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))
+    const __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(FOLD(a), FOLD(b)), _mm256_hadd_epi32(FOLD(c), FOLD(d)));
+#undef FOLD
+    return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+/* The body of a dot against Q8_K: BLOCK(w, x) gives a block's integer lane sums (BB bytes per block, its fp16 d at
+ * byte DOFF, scaled by WSCALE); four blocks are reduced at once, then one fma per block in order, the scalar
+ * reference's float operations. */
+#define DOT512(BB, DOFF, WSCALE, BLOCK)                                                                             \
+    float s = 0.0f;                                                                                                \
+    const int64_t nb = n / 256;                                                                                    \
+    int64_t i = 0;                                                                                                 \
+    for (; i + 4 <= nb; i += 4, w += 4 * (BB), x += 4 * 292) {                                                     \
+        int32_t is[4];                                                                                             \
+        _mm_storeu_si128((__m128i *)is, hsum16x4(BLOCK(w, x), BLOCK(w + (BB), x + 292), BLOCK(w + 2 * (BB), x + 584), \
+                                                 BLOCK(w + 3 * (BB), x + 876)));                                   \
+        for (int j = 0; j < 4; ++j)                                                                                \
+            s = fmaf(qs_fp16_to_fp32(qs_load_u16(w + (BB) * j + (DOFF))) * (WSCALE) * qs_load_f32(x + 292 * j),     \
+                     (float)is[j], s);                                                                             \
+    }                                                                                                              \
+    for (; i < nb; ++i, w += (BB), x += 292)                                                                       \
+        s = fmaf(qs_fp16_to_fp32(qs_load_u16(w + (DOFF))) * (WSCALE) * qs_load_f32(x),                             \
+                 (float)_mm512_reduce_add_epi32(BLOCK(w, x)), s);                                                  \
+    return s;
 
 /* Eight per-32 scales (int16 in an xmm) -> register m's pair scales: lanes 0-15 chunk 2m, lanes 16-31 chunk 2m + 1 */
 T AI void chunk_scales512(__m128i ls8, __m512i sc[4]) {
@@ -104,7 +134,8 @@ T AI void chunk_scales512(__m128i ls8, __m512i sc[4]) {
 /* One IQ3_S block's exact integer sum Σ_c (2 sc_c + 1) · Σ code · q (110 bytes: d, qs[64], qh[8], signs[32],
  * scales[4]; row r of chunk c is qs[8c + r] | bit r of qh[c] << 8, element e of chunk c negated by bit e of its
  * four sign bytes). */
-T AI int32_t iq3_s_block512(const uint8_t *w, const int8_t *q) {
+T AI __m512i iq3_s_block512(const uint8_t *w, const uint8_t *x) {
+    const int8_t *q = (const int8_t *)(x + 4);
     const __m512i idx = _mm512_loadu_si512((const void *)(w + 2));
     const __mmask64 k7 = _mm512_movepi8_mask(idx), k8 = (__mmask64)qs_load_u64(w + 66);
     const __m512i p01 = lookup512(IQ3S_P01, idx, k7, k8), p23 = lookup512(IQ3S_P23, idx, k7, k8);
@@ -125,14 +156,7 @@ T AI int32_t iq3_s_block512(const uint8_t *w, const int8_t *q) {
     return block_sum(co, sg, sc, q);
 }
 
-T float qs_dot_iq3_s_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < n / 256; ++i, w += 110, x += 292) {
-        const int32_t isum = iq3_s_block512(w, (const int8_t *)(x + 4));
-        s = fmaf(qs_fp16_to_fp32(qs_load_u16(w)) * 1.0f * qs_load_f32(x), (float)isum, s);
-    }
-    return s;
-}
+T float qs_dot_iq3_s_avx512(int64_t n, const uint8_t *w, const uint8_t *x) { DOT512(110, 0, 1.0f, iq3_s_block512); }
 
 /* IQ2_XS's 512 grid rows, eight coordinates in {8, 25, 43}, as 16-bit words of 2-bit codes 0, 1, 2 (coordinate k
  * in bits 2k..2k+1); the code back to the coordinate by a byte permute (any index whose low two bits are v -> the
@@ -175,7 +199,8 @@ T AI void rows_to_coords(__m512i rows, __m512i co[4]) {
 
 /* One IQ2_XS block's exact integer sum Σ_g (2 sc_g + 1) · Σ code · q (74 bytes: d, 32 words of a 9-bit row index
  * and a 7-bit sign word, scales[8] as nibbles per 16 elements; row i covers elements 8i..8i+7). */
-T AI int32_t iq2_xs_block512(const uint8_t *w, const int8_t *q) {
+T AI __m512i iq2_xs_block512(const uint8_t *w, const uint8_t *x) {
+    const int8_t *q = (const int8_t *)(x + 4);
     const __m512i e = _mm512_loadu_si512((const void *)(w + 2));
     /* the 32 rows' code words: eight 64-entry word permutes, picked by index bits 6, 7, 8 */
     const __m512i *t = (const __m512i *)IQ2XS_ROWS;
@@ -205,14 +230,7 @@ T AI int32_t iq2_xs_block512(const uint8_t *w, const int8_t *q) {
     return block_sum(co, sg, scm, q);
 }
 
-T float qs_dot_iq2_xs_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < n / 256; ++i, w += 74, x += 292) {
-        const int32_t isum = iq2_xs_block512(w, (const int8_t *)(x + 4));
-        s = fmaf(qs_fp16_to_fp32(qs_load_u16(w)) * 0.125f * qs_load_f32(x), (float)isum, s);
-    }
-    return s;
-}
+T float qs_dot_iq2_xs_avx512(int64_t n, const uint8_t *w, const uint8_t *x) { DOT512(74, 0, 0.125f, iq2_xs_block512); }
 
 /* IQ3_XXS's 256 grid rows (four coordinates 4..62) as four byte tables, coordinate k of row r at byte r of table
  * k; IQ2_XXS's 256 rows as 16-bit words of 2-bit codes (as IQ2_XS's) */
@@ -249,18 +267,19 @@ T AI __m512i ksign_bytes(__m512i idx) {
 
 /* One IQ3_XXS block's exact integer sum Σ_c (2 sc_c + 1) · Σ code · q (98 bytes: d, qs[64] row indices, then per
  * chunk a 32-bit word of four 7-bit sign words and the 4-bit scale on top) */
-T AI int32_t iq3_xxs_block512(const uint8_t *w, const int8_t *q) {
+T AI __m512i iq3_xxs_block512(const uint8_t *w, const uint8_t *x) {
+    const int8_t *q = (const int8_t *)(x + 4);
     const __m512i idx = _mm512_loadu_si512((const void *)(w + 2));
     const __mmask64 k7 = _mm512_movepi8_mask(idx);
-    __m512i x[4];
+    __m512i xk[4];
     _Pragma("GCC unroll 4")
     for (int k = 0; k < 4; ++k) {
         const __m512i *t = (const __m512i *)IQ3XXS_COORD[k];
-        x[k] = _mm512_mask_blend_epi8(k7, _mm512_permutex2var_epi8(_mm512_load_si512(t), idx, _mm512_load_si512(t + 1)),
+        xk[k] = _mm512_mask_blend_epi8(k7, _mm512_permutex2var_epi8(_mm512_load_si512(t), idx, _mm512_load_si512(t + 1)),
                                       _mm512_permutex2var_epi8(_mm512_load_si512(t + 2), idx, _mm512_load_si512(t + 3)));
     }
     __m512i co[4];
-    in_element_order(x[0], x[1], x[2], x[3], co);
+    in_element_order(xk[0], xk[1], xk[2], xk[3], co);
     const __m256i aux = _mm256_loadu_si256((const __m256i *)(w + 66));
     uint64_t sg[8];
     _mm512_storeu_si512((void *)sg, ksign_bytes(_mm512_multishift_epi64_epi8(_mm512_load_si512(SIGN_FIELDS),
@@ -271,18 +290,12 @@ T AI int32_t iq3_xxs_block512(const uint8_t *w, const int8_t *q) {
     return block_sum(co, sg, sc, q);
 }
 
-T float qs_dot_iq3_xxs_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < n / 256; ++i, w += 98, x += 292) {
-        const int32_t isum = iq3_xxs_block512(w, (const int8_t *)(x + 4));
-        s = fmaf(qs_fp16_to_fp32(qs_load_u16(w)) * 0.25f * qs_load_f32(x), (float)isum, s);
-    }
-    return s;
-}
+T float qs_dot_iq3_xxs_avx512(int64_t n, const uint8_t *w, const uint8_t *x) { DOT512(98, 0, 0.25f, iq3_xxs_block512); }
 
 /* One IQ2_XXS block's exact integer sum (66 bytes: d, then per 32-element chunk four row indices and a 32-bit word
  * of four 7-bit sign words and the 4-bit scale on top) */
-T AI int32_t iq2_xxs_block512(const uint8_t *w, const int8_t *q) {
+T AI __m512i iq2_xxs_block512(const uint8_t *w, const uint8_t *x) {
+    const int8_t *q = (const int8_t *)(x + 4);
     const __m512i e = _mm512_loadu_si512((const void *)(w + 2));
     const __m512i ix = _mm512_maskz_permutexvar_epi8(0x5555555555555555ULL, _mm512_load_si512(XXS_INDEX_BYTES), e);
     const __m512i *t = (const __m512i *)IQ2XXS_ROWS;
@@ -305,11 +318,62 @@ T AI int32_t iq2_xxs_block512(const uint8_t *w, const int8_t *q) {
     return block_sum(co, sg, sc, q);
 }
 
-T float qs_dot_iq2_xxs_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < n / 256; ++i, w += 66, x += 292) {
-        const int32_t isum = iq2_xxs_block512(w, (const int8_t *)(x + 4));
-        s = fmaf(qs_fp16_to_fp32(qs_load_u16(w)) * 0.125f * qs_load_f32(x), (float)isum, s);
-    }
-    return s;
+T float qs_dot_iq2_xxs_avx512(int64_t n, const uint8_t *w, const uint8_t *x) { DOT512(66, 0, 0.125f, iq2_xxs_block512); }
+
+/* ---------------------------------------------------------------- ternary types */
+
+T512 AI __m512i minus_q8k_sums(__m512i acc, const uint8_t *x) { /* acc − Q8_K's 16 sums of 16, in its lanes */
+    const __m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(x + 260)), _mm256_set1_epi16(1));
+    return _mm512_sub_epi32(acc, _mm512_zextsi256_si512(bs));
 }
+
+/* TQ2_0 x Q8_K: digit k of the 64 bytes at once (byte j: element 32k + j for j < 32, 128 + 32k + j − 32 after), as
+ * unsigned t in vpdpbusd; Σ (t − 1) · q = Σ t · q − Σ q */
+T512 AI __m512i tq2_0_block512(const uint8_t *w, const uint8_t *x) {
+    const int8_t *q = (const int8_t *)(x + 4);
+    const __m512i m3 = _mm512_set1_epi8(3), qv = _mm512_loadu_si512((const void *)w);
+    __m512i acc = _mm512_setzero_si512();
+    _Pragma("GCC unroll 4")
+    for (int k = 0; k < 4; ++k) {
+        const __m512i t = _mm512_and_si512(_mm512_srli_epi16(qv, 2 * k), m3);
+        const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(q + 32 * k))),
+                                             _mm256_loadu_si256((const __m256i *)(q + 128 + 32 * k)), 1);
+        acc = _mm512_dpbusd_epi32(acc, t, v);
+    }
+    return minus_q8k_sums(acc, x);
+}
+
+T512 float qs_dot_tq2_0_avx512(int64_t n, const uint8_t *w, const uint8_t *x) { DOT512(66, 64, 1.0f, tq2_0_block512); }
+
+/* TQ1_0's base-3 digit k of every byte value (ggml: ((b · 3^k mod 256) · 3) >> 8), one 256-byte table per k */
+static uint8_t TRITS[5][256] __attribute__((aligned(64)));
+
+__attribute__((constructor)) static void trits_init(void) {
+    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+    for (int k = 0; k < 5; ++k)
+        for (int b = 0; b < 256; ++b) TRITS[k][b] = (uint8_t)(((unsigned)(uint8_t)(b * pow3[k]) * 3u) >> 8);
+}
+
+/* TQ1_0 x Q8_K (54 bytes: 48 bytes of five digits, 4 of four, d): the block's 52 bytes in one register (a masked load,
+ * so nothing past the block is read); digit k of all of them by two 128-entry byte permutes; the activations of
+ * digit k gathered to match (bytes 0-31: elements 32k + j, 32-47: 160 + 16k + j, 48-51: 240 + 4k + j) */
+T AI __m512i tq1_0_block512(const uint8_t *w, const uint8_t *x) {
+    const int8_t *q = (const int8_t *)(x + 4);
+    const __m512i b = _mm512_maskz_loadu_epi8(0x000FFFFFFFFFFFFFULL, (const void *)w);
+    const __mmask64 k7 = _mm512_movepi8_mask(b);
+    __m512i acc = _mm512_setzero_si512();
+    _Pragma("GCC unroll 5")
+    for (int k = 0; k < 5; ++k) {
+        const __m512i *t = (const __m512i *)TRITS[k];
+        const __m512i d = _mm512_mask_blend_epi8(k7, _mm512_permutex2var_epi8(_mm512_load_si512(t), b, _mm512_load_si512(t + 1)),
+                                                 _mm512_permutex2var_epi8(_mm512_load_si512(t + 2), b, _mm512_load_si512(t + 3)));
+        __m512i v = _mm512_inserti32x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(q + 32 * k))),
+                                       _mm_loadu_si128((const __m128i *)(q + 160 + 16 * k)), 2);
+        v = _mm512_inserti32x4(v, k < 4 ? _mm_cvtsi32_si128((int)qs_load_u32((const uint8_t *)(q + 240 + 4 * k)))
+                                        : _mm_setzero_si128(), 3);
+        acc = _mm512_dpbusd_epi32(acc, d, v);
+    }
+    return minus_q8k_sums(acc, x);
+}
+
+T float qs_dot_tq1_0_avx512(int64_t n, const uint8_t *w, const uint8_t *x) { DOT512(54, 52, 1.0f, tq1_0_block512); }

@@ -669,8 +669,8 @@ static qs_dot_fn dot_fn(int type) {
     case QS_IQ3_S: return isa >= 2 && qs_cpu_has_vbmi() ? qs_dot_iq3_s_avx512 : isa >= 1 ? qs_dot_iq3_s_avx2 : qs_dot_iq3_s_scalar;
     case QS_IQ1_S: return isa >= 1 ? qs_dot_iq1_s_avx2 : qs_dot_iq1_s_scalar;
     case QS_IQ1_M: return isa >= 1 ? qs_dot_iq1_m_avx2 : qs_dot_iq1_m_scalar;
-    case QS_TQ1_0: return isa >= 1 ? qs_dot_tq1_0_avx2 : qs_dot_tq1_0_scalar;
-    case QS_TQ2_0: return isa >= 1 ? qs_dot_tq2_0_avx2 : qs_dot_tq2_0_scalar;
+    case QS_TQ1_0: return isa >= 2 && qs_cpu_has_vbmi() ? qs_dot_tq1_0_avx512 : isa >= 1 ? qs_dot_tq1_0_avx2 : qs_dot_tq1_0_scalar;
+    case QS_TQ2_0: return isa >= 2 ? qs_dot_tq2_0_avx512 : isa >= 1 ? qs_dot_tq2_0_avx2 : qs_dot_tq2_0_scalar;
     case QS_MXFP4: return isa >= 1 ? qs_dot_mxfp4_avx2 : qs_dot_mxfp4_scalar;
     case QS_NVFP4: return isa >= 1 ? qs_dot_nvfp4_avx2 : qs_dot_nvfp4_scalar;
     case QS_Q2_K: return isa >= 1 ? qs_dot_q2_K_avx2 : qs_dot_q2_K_scalar;

@@ -90,8 +90,10 @@ float qs_dot_iq1_m_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_iq1_m_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_tq1_0_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_tq1_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_tq1_0_avx512(int64_t n, const uint8_t *w, const uint8_t *x); /* AVX512_VBMI */
 float qs_dot_tq2_0_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_tq2_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
+float qs_dot_tq2_0_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_mxfp4_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_mxfp4_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_nvfp4_scalar(int64_t n, const uint8_t *w, const uint8_t *x);

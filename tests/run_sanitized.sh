@@ -12,7 +12,8 @@ export QUANTSCOPE_NATIVE_SO="$so"
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:detect_odr_violation=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 LD_PRELOAD="$libasan $libubsan" .venv/bin/python -m pytest -q -p no:cacheprovider \
-  tests/test_native_kernels.py tests/test_native_nn.py tests/test_native_scan.py tests/test_gguf_corrupt.py \
+  tests/test_native_kernels.py tests/test_native_iquants.py tests/test_native_nn.py tests/test_native_scan.py \
+  tests/test_gguf_corrupt.py \
   tests/test_tokenizer_native.py tests/test_vocab_suite.py \
   tests/test_hostile_model.py \
   "tests/test_engine.py::test_native_forward_matches_numpy_reference" \

@@ -35,7 +35,7 @@ TYPES = {**dict.fromkeys(("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1
                           "TQ2_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"), "q8_K"),
          **dict.fromkeys(("Q4_0", "Q5_0", "Q8_0", "IQ4_NL", "MXFP4", "NVFP4"), "q8_0")}
 #: types whose AVX-512 dot needs AVX512_VBMI (the engine runs the AVX2 one on CPUs without it)
-VBMI_TYPES = ("IQ3_S", "IQ2_XS", "IQ3_XXS", "IQ2_XXS")
+VBMI_TYPES = ("IQ3_S", "IQ2_XS", "IQ3_XXS", "IQ2_XXS", "TQ1_0")
 
 
 def compile_harness(build: Path, out: Path) -> Path:

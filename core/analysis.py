@@ -391,10 +391,12 @@ class MemoryPlan:
     key_length: int
     value_length: int
     note: str = ""
+    state_bytes: int = 0  # recurrent layers (qwen35's gated delta-net): conv inputs + state matrices, float32
+    n_recurrent: int = 0  # layers with a recurrent state instead of a KV cache (not in n_layers)
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes
+        return self.weights_bytes + self.kv_bytes + self.state_bytes
 
 
 def metadata_int(v: object) -> int | None:
@@ -427,6 +429,8 @@ def memory_plan(f: GGUFFile, context: int | None = None, kv_type: str = "F16") -
     if ctx < 0:
         raise ValueError(f"context must be non-negative, got {ctx}")
     kt = ggml_type(kv_type)
+    n_rec, state = _recurrent_state(f)
+    n_layers = max(0, n_layers - n_rec)
     per_row_k = _kv_row_bytes(kt, k_len)
     per_row_v = _kv_row_bytes(kt, v_len)
     per_token = n_layers * kv_heads * (per_row_k + per_row_v)
@@ -435,7 +439,24 @@ def memory_plan(f: GGUFFile, context: int | None = None, kv_type: str = "F16") -
     if window:
         note = (f"{f.architecture} uses sliding-window attention (window {window}) on some layers; llama.cpp "
                 "keeps a smaller cache for those, so this is an upper bound")
-    return MemoryPlan(ctx, kt.name, weights, per_token * ctx, per_token, n_layers, kv_heads, k_len, v_len, note)
+    return MemoryPlan(ctx, kt.name, weights, per_token * ctx, per_token, n_layers, kv_heads, k_len, v_len, note,
+                      state, n_rec)
+
+
+def _recurrent_state(f: GGUFFile) -> tuple[int, int]:
+    """(layers, bytes) of the recurrent state llama.cpp keeps per sequence (float32): layers with an
+    ``ssm_conv1d`` tensor hold their last ``conv_kernel - 1`` conv inputs and, for the gated delta-net
+    (``ssm.time_step_rank`` heads), a state_size x state_size matrix per head, else (Mamba) inner_size x
+    state_size values. (0, 0) for models without such layers."""
+    convs = [t for t in f.tensors if t.name.endswith(".ssm_conv1d.weight") and len(t.ne) == 2]
+    if not convs:
+        return 0, 0
+    k = _int_key(f, "ssm.conv_kernel") or convs[0].ne[0]
+    d_state = _int_key(f, "ssm.state_size") or 0
+    heads = _int_key(f, "ssm.time_step_rank") or 0
+    inner = _int_key(f, "ssm.inner_size") or 0
+    per = max(0, k - 1) * convs[0].ne[1] + (heads * d_state * d_state if heads else inner * d_state)
+    return len(convs), 4 * len(convs) * per
 
 
 def _kv_row_bytes(t: GGMLType, n: int) -> int:

@@ -28,6 +28,13 @@ HYPERPARAMETER_KEYS = (
     "expert_count",
     "expert_used_count",
     "expert_feed_forward_length",
+    "full_attention_interval",
+    "rope.dimension_sections",
+    "ssm.conv_kernel",
+    "ssm.inner_size",
+    "ssm.state_size",
+    "ssm.time_step_rank",
+    "ssm.group_count",
     "vocab_size",
 )
 #: A mixture-of-experts tensor: every expert's matrix of one kind in one 3-D tensor (llama.cpp's ``*_exps``).
@@ -93,7 +100,7 @@ def hyperparameters(f: GGUFFile) -> dict[str, Any]:
         for suffix in HYPERPARAMETER_KEYS:
             v = f.get(f"{arch}.{suffix}")
             if v is not None:
-                out[suffix] = v.item() if isinstance(v, np.generic) else v
+                out[suffix] = v.item() if isinstance(v, np.generic) else v.tolist() if isinstance(v, np.ndarray) else v
     toks = f.get("tokenizer.ggml.tokens")
     if isinstance(toks, (StringArray, np.ndarray, list)) and "vocab_size" not in out:
         out["vocab_size"] = len(toks)

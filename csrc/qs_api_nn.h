@@ -111,6 +111,24 @@ typedef struct {
     const float *bo, *sinks, *br, *bg, *bu, *bd;
     int64_t bo_len, sinks_len, br_len, bg_len, bu_len, bd_len;
     int swiglu_oai;
+    /* qwen35's attention layers: wq holds 2 x n_head x head_dim rows, each head's query then its output gate; the
+     * attention output of each head is multiplied by sigmoid(gate) before wo */
+    int q_gate;
+    /* qwen35's gated delta-net layers (docs/engine.md, "Gated delta-net layers"): with gdn_conv > 0 the mixer
+     * replaces attention. S = gdn_state (key and value head size), Hk / Hv key / value heads (Hv a multiple of Hk),
+     * C = 2 Hk S + Hv S conv channels. wq is attn_qkv (C x n_embd), wo is ssm_out (n_embd x Hv S); wz attn_gate
+     * (Hv S x n_embd), wbeta / walpha ssm_beta / ssm_alpha (Hv x n_embd); gdn_conv_w the depthwise conv kernel
+     * [C][gdn_conv]; dt_bias, ssm_a (= -exp(A_log)) of Hv, ssm_norm of S. The session's state: conv_state
+     * [gdn_conv - 1][C] (oldest first), ssm_state [Hv][S][S] (value index, then key index), both float32, updated
+     * in place; zeros start a sequence. */
+    int gdn_conv, gdn_state, gdn_k_heads, gdn_v_heads;
+    int wz_type, wbeta_type, walpha_type;
+    const uint8_t *wz, *wbeta, *walpha;
+    int64_t wz_bytes, wbeta_bytes, walpha_bytes;
+    const float *gdn_conv_w, *dt_bias, *ssm_a, *ssm_norm;
+    int64_t gdn_conv_w_len, dt_bias_len, ssm_a_len, ssm_norm_len;
+    float *conv_state, *ssm_state;
+    int64_t conv_state_len, ssm_state_len;
 } qs_block;
 int qs_block_forward(const qs_block *b, float *x, int64_t n_tokens, const int32_t *pos, int64_t n_past,
                      int n_threads);

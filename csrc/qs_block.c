@@ -61,6 +61,122 @@ static int check_weight(int type, const uint8_t *w, int64_t bytes, int64_t rows,
     return QS_OK;
 }
 
+/* The gated delta-net fields of *b (gdn_conv > 0): sizes, weights, vectors and the state buffers' lengths. */
+static int check_gdn(const qs_block *b) {
+    const int64_t E = b->n_embd, K = b->gdn_conv, S = b->gdn_state, Hk = b->gdn_k_heads, Hv = b->gdn_v_heads;
+    if (K < 1 || K > 64 || S < 1 || S > 1024 || Hk < 1 || Hv < 1 || Hv > 4096 || Hv % Hk) return QS_ERR_HEADS;
+    const int64_t Kd = Hk * S, Vd = Hv * S, C = 2 * Kd + Vd;
+    if (C > (1 << 22)) return QS_ERR_HEADS;
+    int rc;
+    if ((rc = check_weight(b->wq_type, b->wq, b->wq_bytes, C, E)) || (rc = check_weight(b->wo_type, b->wo, b->wo_bytes, E, Vd)) ||
+        (rc = check_weight(b->wz_type, b->wz, b->wz_bytes, Vd, E)) ||
+        (rc = check_weight(b->wbeta_type, b->wbeta, b->wbeta_bytes, Hv, E)) ||
+        (rc = check_weight(b->walpha_type, b->walpha, b->walpha_bytes, Hv, E)))
+        return rc;
+    if (!b->gdn_conv_w || b->gdn_conv_w_len != C * K || !b->dt_bias || b->dt_bias_len != Hv || !b->ssm_a ||
+        b->ssm_a_len != Hv || !b->ssm_norm || b->ssm_norm_len != S)
+        return QS_ERR_VECTOR;
+    if ((K > 1 && !b->conv_state) || b->conv_state_len != (K - 1) * C || !b->ssm_state || b->ssm_state_len != Hv * S * S)
+        return QS_ERR_CACHE;
+    return QS_OK;
+}
+
+typedef struct {
+    const qs_block *b;
+    const float *qkv, *beta, *alpha; /* [T][C] after the conv and SiLU, [T][Hv] raw */
+    float *o;                        /* [T][Hv * S] */
+    int64_t T;
+} gdn_ctx;
+
+/* One value head's recurrence over the call's tokens: q and k (of key head h mod Hk) L2-normalized, q scaled by
+ * 1/sqrt(S); per token St <- St * exp(g), d = beta (v - St k), St <- St + d k^T, o = St q, with St [S value][S key],
+ * g = softplus(alpha + dt_bias) * ssm_a and beta = sigmoid(beta) (llama.cpp's autoregressive delta net). */
+static void gdn_head(void *vctx, int64_t h) {
+    const gdn_ctx *c = (const gdn_ctx *)vctx;
+    const qs_block *b = c->b;
+    const int64_t S = b->gdn_state, Hk = b->gdn_k_heads, Hv = b->gdn_v_heads, Kd = Hk * S, C = 2 * Kd + Hv * S;
+    const int64_t kh = h % Hk;
+    float *St = b->ssm_state + h * S * S;
+    float *qn = (float *)malloc((size_t)(2 * S) * sizeof(float)), *kn = qn + S;
+    if (!qn) return; /* (the caller checks the outputs' finiteness: NaN marks the failure) */
+    const float qscale = 1.0f / sqrtf((float)S);
+    for (int64_t t = 0; t < c->T; ++t) {
+        const float *row = c->qkv + t * C, *q = row + kh * S, *k = row + Kd + kh * S, *v = row + 2 * Kd + h * S;
+        double sq = 0.0, sk = 0.0;
+        for (int64_t j = 0; j < S; ++j) {
+            sq += (double)q[j] * q[j];
+            sk += (double)k[j] * k[j];
+        }
+        const float iq = qscale / sqrtf((float)sq + b->eps), ik = 1.0f / sqrtf((float)sk + b->eps);
+        for (int64_t j = 0; j < S; ++j) {
+            qn[j] = q[j] * iq;
+            kn[j] = k[j] * ik;
+        }
+        const float a = c->alpha[t * Hv + h] + b->dt_bias[h];
+        const float sp = a > 20.0f ? a : log1pf(expf(a));
+        const float decay = expf(sp * b->ssm_a[h]);
+        const float beta = 1.0f / (1.0f + expf(-c->beta[t * Hv + h]));
+        float *out = c->o + t * Hv * S + h * S;
+        for (int64_t i = 0; i < S; ++i) {
+            float *r = St + i * S;
+            float dot = 0.0f;
+            for (int64_t j = 0; j < S; ++j) {
+                r[j] *= decay;
+                dot += r[j] * kn[j];
+            }
+            const float d = (v[i] - dot) * beta;
+            float oi = 0.0f;
+            for (int64_t j = 0; j < S; ++j) {
+                r[j] += d * kn[j];
+                oi += r[j] * qn[j];
+            }
+            out[i] = oi;
+        }
+    }
+    free(qn);
+}
+
+/* qwen35's gated delta-net mixer: h [T][E] (normed) -> out [T][E] (docs/engine.md, "Gated delta-net layers"). */
+static int gdn_mixer(const qs_block *b, const float *h, int64_t T, float *out, int n_threads) {
+    const int64_t E = b->n_embd, K = b->gdn_conv, S = b->gdn_state, Hk = b->gdn_k_heads, Hv = b->gdn_v_heads;
+    const int64_t Kd = Hk * S, Vd = Hv * S, C = 2 * Kd + Vd;
+    float *buf = (float *)malloc((size_t)(T * C + T * Vd * 2 + 2 * T * Hv + (K - 1 + T) * C) * sizeof(float));
+    if (!buf) return QS_ERR_NOMEM;
+    float *qkv = buf, *z = qkv + T * C, *o = z + T * Vd, *beta = o + T * Vd, *alpha = beta + T * Hv;
+    float *win = alpha + T * Hv;
+    int rc;
+    {
+        const int ty[2] = {b->wq_type, b->wz_type}, ty2[2] = {b->wbeta_type, b->walpha_type};
+        const uint8_t *const ws[2] = {b->wq, b->wz}, *const ws2[2] = {b->wbeta, b->walpha};
+        const int64_t rows[2] = {C, Vd}, rows2[2] = {Hv, Hv};
+        float *const ys[2] = {qkv, z}, *const ys2[2] = {beta, alpha};
+        rc = matmat_shared(2, ty, ws, rows, E, h, T, ys, n_threads);
+        if (!rc) rc = matmat_shared(2, ty2, ws2, rows2, E, h, T, ys2, n_threads);
+    }
+    if (rc) goto done;
+    /* the depthwise causal conv over the state's K - 1 inputs and this call's, then SiLU; the state keeps the last
+     * K - 1 inputs */
+    if (K > 1) memcpy(win, b->conv_state, (size_t)((K - 1) * C) * sizeof(float));
+    memcpy(win + (K - 1) * C, qkv, (size_t)(T * C) * sizeof(float));
+    for (int64_t t = 0; t < T; ++t)
+        for (int64_t ch = 0; ch < C; ++ch) {
+            const float *w = b->gdn_conv_w + ch * K;
+            float acc = 0.0f;
+            for (int64_t j = 0; j < K; ++j) acc += w[j] * win[(t + j) * C + ch];
+            qkv[t * C + ch] = acc / (1.0f + expf(-acc));
+        }
+    if (K > 1) memcpy(b->conv_state, win + T * C, (size_t)((K - 1) * C) * sizeof(float));
+    gdn_ctx ctx = {b, qkv, beta, alpha, o, T};
+    qs_parallel_for(Hv, gdn_head, &ctx, n_threads);
+    /* each head's output RMS-normalized (ssm_norm) and gated by SiLU(z), then ssm_out */
+    qs_rmsnorm(o, b->ssm_norm, o, T * Hv, S, b->eps);
+    for (int64_t i = 0; i < T * Vd; ++i) o[i] *= z[i] / (1.0f + expf(-z[i]));
+    rc = qs_matmat(b->wo_type, b->wo, E, Vd, o, T, out, n_threads);
+done:
+    free(buf);
+    return rc;
+}
+
 /* Every size in *b against the others and the call's arguments: integer checks only, once per call. */
 static int check_block(const qs_block *b, const float *x, int64_t T, const int32_t *pos, int64_t n_past) {
     int rc_weight;
@@ -90,10 +206,13 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
         return QS_ERR_SIZE;
     if (NE && (rc_weight = check_weight(b->wr_type, b->wr, b->wr_bytes, NE, E)) != QS_OK) return rc_weight;
     const int64_t ne = NE ? NE : 1; /* the FFN matrices hold n_expert matrices back to back */
-    const int64_t rows[9] = {H * hd, KV * hd, KV * hd, E, ne * F, ne * F, ne * E, P, E},
+    const int gdn = b->gdn_conv != 0;
+    if (b->q_gate != 0 && (b->q_gate != 1 || gdn)) return QS_ERR_SIZE;
+    if (gdn && (rc_weight = check_gdn(b)) != QS_OK) return rc_weight;
+    const int64_t rows[9] = {(b->q_gate ? 2 : 1) * H * hd, KV * hd, KV * hd, E, ne * F, ne * F, ne * E, P, E},
                   ks[9] = {E, E, E, H * hd, E, E, F, E, P};
     for (int i = 0; i < 9; ++i) {
-        if ((b->kv_reuse && (i == 1 || i == 2)) || (!P && i >= 7)) continue; /* not read */
+        if ((b->kv_reuse && (i == 1 || i == 2)) || (!P && i >= 7) || (gdn && i < 4)) continue; /* not read */
         int rc = check_weight(ty[i], ws[i], nb[i], rows[i], ks[i]);
         if (rc) return rc;
     }
@@ -119,6 +238,7 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
     if (b->swiglu_oai != 0 && b->swiglu_oai != 1) return QS_ERR_SIZE;
     for (int64_t h = 0; b->sinks && h < H; ++h) /* checked here too: the attention would refuse after the KV store */
         if (!isfinite(b->sinks[h])) return QS_ERR_SIZE;
+    if (gdn) return (b->bq || b->bk || b->bv || b->q_norm || b->k_norm || b->bo || b->sinks) ? QS_ERR_VECTOR : QS_OK;
     const int64_t cache = b->n_ctx * KV * hd * (b->kv_f16 ? 2 : 4);
     if (!b->k_cache || !b->v_cache || b->k_cache_bytes < cache || b->v_cache_bytes < cache) return QS_ERR_CACHE;
     return QS_OK;
@@ -222,22 +342,36 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
     int rc = check_block(b, x, T, pos, n_past);
     if (rc) return rc;
     const int64_t E = b->n_embd, H = b->n_head, KV = b->n_head_kv, hd = b->head_dim, F = b->n_ff, P = b->ple_dim;
-    size_t need = (size_t)(T * E * 2 + T * H * hd * 2 + T * KV * hd * 2 + T * (F > P ? F : P) * 2);
+    const int64_t qg = b->q_gate ? 2 : 1;
+    size_t need = (size_t)(T * E * 2 + T * H * hd * (1 + qg) + T * KV * hd * 2 + T * (F > P ? F : P) * 2);
     float *buf = (float *)malloc(need * sizeof(float));
     if (!buf) return QS_ERR_NOMEM;
-    float *h = buf, *o = h + T * E, *q = o + T * E, *att = q + T * H * hd, *k = att + T * H * hd, *v = k + T * KV * hd;
+    float *h = buf, *o = h + T * E, *q = o + T * E, *att = q + T * H * hd * qg, *k = att + T * H * hd;
+    float *v = k + T * KV * hd;
     float *g = v + T * KV * hd, *u = g + T * F;
     /* attention (without pre-norms, as olmo2, on x itself) */
     if (b->attn_norm) qs_rmsnorm(x, b->attn_norm, h, T, E, b->eps);
     else memcpy(h, x, (size_t)(T * E) * sizeof(float));
+    if (b->gdn_conv) { /* a gated delta-net layer instead of attention */
+        rc = gdn_mixer(b, h, T, o, n_threads);
+        if (rc) goto done;
+        goto residual;
+    }
     {
         const int ty[3] = {b->wq_type, b->wk_type, b->wv_type};
         const uint8_t *const ws[3] = {b->wq, b->wk, b->wv};
-        const int64_t rows[3] = {H * hd, KV * hd, KV * hd};
+        const int64_t rows[3] = {qg * H * hd, KV * hd, KV * hd};
         float *const ys[3] = {q, k, v};
         rc = matmat_shared(b->kv_reuse ? 1 : 3, ty, ws, rows, E, h, T, ys, n_threads);
     }
     if (rc) goto done;
+    if (b->q_gate) { /* [T][H][query | gate] -> queries packed in place, gates into att's place, sigmoid later */
+        for (int64_t t = 0; t < T; ++t)
+            for (int64_t hh = 0; hh < H; ++hh) {
+                memcpy(att + (t * H + hh) * hd, q + (t * H + hh) * 2 * hd + hd, (size_t)hd * sizeof(float));
+                memmove(q + (t * H + hh) * hd, q + (t * H + hh) * 2 * hd, (size_t)hd * sizeof(float));
+            }
+    }
     if (b->bq) add_bias(q, b->bq, T, H * hd);
     if (b->bk) add_bias(k, b->bk, T, KV * hd);
     if (b->bv) add_bias(v, b->bv, T, KV * hd);
@@ -271,12 +405,21 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
         store_kv(b->k_cache, b->kv_f16, n_past * KV * hd, k, T * KV * hd);
         store_kv(b->v_cache, b->kv_f16, n_past * KV * hd, v, T * KV * hd);
     }
-    rc = qs_attention_sinks(q, T, pos, (int)H, (int)hd, b->k_cache, b->v_cache, b->kv_f16, (int)KV, n_past + T,
-                            b->n_ctx, b->window, b->attn_scale, b->attn_softcap, b->sinks, att, n_threads);
-    if (rc) goto done;
+    {
+        float *dst = att;
+        if (b->q_gate) { /* the gates sit in att: the attention goes to the queries' unused second half */
+            dst = q + T * H * hd;
+        }
+        rc = qs_attention_sinks(q, T, pos, (int)H, (int)hd, b->k_cache, b->v_cache, b->kv_f16, (int)KV, n_past + T,
+                                b->n_ctx, b->window, b->attn_scale, b->attn_softcap, b->sinks, dst, n_threads);
+        if (rc) goto done;
+        if (b->q_gate)
+            for (int64_t i = 0; i < T * H * hd; ++i) att[i] = dst[i] / (1.0f + expf(-att[i]));
+    }
     rc = qs_matmat(b->wo_type, b->wo, E, H * hd, att, T, o, n_threads);
     if (rc) goto done;
     if (b->bo) add_bias(o, b->bo, T, E);
+residual:
     if (b->post_attn_norm) qs_rmsnorm(o, b->post_attn_norm, o, T, E, b->eps);
     const float rs = b->residual_scale != 0.0f ? b->residual_scale : 1.0f;
     if (rs != 1.0f)

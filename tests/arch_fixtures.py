@@ -112,7 +112,17 @@ SPECS: dict[str, Spec] = {
     "gpt-oss": Spec("gpt-oss", biases=True, experts=(8, 2), expert_ff=64, oai=True, pre="gpt-4o",
                     extra_kv={"attention.sliding_window": 16, "rope.scaling.type": "yarn", "rope.scaling.factor": 32.0,
                               "rope.scaling.original_context_length": 4096}),
+    # Qwen3.5: gated delta-net (linear attention) layers with full-attention ones every second layer (real files:
+    # every fourth), 4 value heads of 16 over 2 key heads, a conv kernel of 4; the attention layers' queries carry a
+    # per-head output gate, q/k norms, and interleaved multi-section RoPE over half of each head
+    "qwen35": Spec("qwen35", qk_norm="head", n_layers=4, rope_dim=8,
+                   extra_kv={"full_attention_interval": 2, "rope.dimension_sections": [2, 1, 1, 0],
+                             "ssm.conv_kernel": 4, "ssm.inner_size": 64, "ssm.state_size": 16,
+                             "ssm.time_step_rank": 4, "ssm.group_count": 2}),
 }
+
+#: qwen35 fixture: (d_conv, d_state, key heads, value heads)
+Q35_SSM = (4, 16, 2, 4)
 
 #: gemma4 fixture: sliding layers, (head size, KV heads, FFN width) of sliding and global layers, shared layers
 G4_SWA = [True, False, True, False, True, False]
@@ -173,6 +183,28 @@ def vocabulary() -> dict[str, object]:
                   if (p := m.split(" ", 1)) and len(p) == 2 and p[0] in keep and p[1] in keep
                   and p[0] + p[1] in keep]
     return {"tokens": tokens, "types": types, "merges": merges}
+
+
+def _qwen35_recurrent(b: str, rng: np.random.Generator, matrix: Callable[..., None], vector: Callable[..., None],
+                      w) -> None:
+    """One gated delta-net layer of the qwen35 fixture (llama.cpp's tensor names and shapes) and its FFN."""
+    E, F = N_EMBD, N_FF
+    K, S, HK, HV = Q35_SSM
+    conv = 2 * HK * S + HV * S
+    vector(b + "attn_norm.weight", E)
+    matrix(b + "attn_qkv.weight", conv, E, 0.3)
+    matrix(b + "attn_gate.weight", HV * S, E, 0.3)
+    w.add_tensor(b + "ssm_conv1d.weight", _normal(rng, (conv, K), 0.5))
+    vector(b + "ssm_dt.bias", HV, 0.0, 0.5)
+    w.add_tensor(b + "ssm_a", -np.exp(_normal(rng, (HV,), 0.5)))  # -exp(A_log)
+    matrix(b + "ssm_beta.weight", HV, E, 0.3)
+    matrix(b + "ssm_alpha.weight", HV, E, 0.3)
+    vector(b + "ssm_norm.weight", S)
+    matrix(b + "ssm_out.weight", E, HV * S, 0.2)
+    vector(b + "post_attention_norm.weight", E)
+    matrix(b + "ffn_gate.weight", F, E, 0.3)
+    matrix(b + "ffn_up.weight", F, E, 0.3)
+    matrix(b + "ffn_down.weight", E, F, 0.2)
 
 
 def _normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
@@ -282,12 +314,15 @@ def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0
         _gemma4_tensors(w, rng, matrix, vector, s.n_layers, g4_ff)
     for i in range(s.n_layers if s.arch != "gemma4" else 0):
         b = f"blk.{i}."
+        if s.arch == "qwen35" and (i + 1) % int(s.extra_kv.get("full_attention_interval", 4)):  # type: ignore[call-overload]
+            _qwen35_recurrent(b, rng, matrix, vector, w)
+            continue
         if s.pre_norms:
             vector(b + "attn_norm.weight", E)
         if s.fused_qkv:
             matrix(b + "attn_qkv.weight", (H + 2 * KV) * hd, E, 0.3)
         else:
-            matrix(b + "attn_q.weight", H * hd, E, 0.3)
+            matrix(b + "attn_q.weight", H * hd * (2 if s.arch == "qwen35" else 1), E, 0.3)  # qwen35: + the gate
             matrix(b + "attn_k.weight", KV * hd, E, 0.3)
             matrix(b + "attn_v.weight", KV * hd, E, 0.3)
         if s.biases:
@@ -304,7 +339,7 @@ def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0
         if s.post_norms:
             vector(b + "post_attention_norm.weight", E)
         if s.pre_norms:
-            vector(b + ("post_attention_norm.weight" if s.oai else "ffn_norm.weight"), E)
+            vector(b + ("post_attention_norm.weight" if s.oai or s.arch == "qwen35" else "ffn_norm.weight"), E)
         if s.experts[0]:
             ne, fe = s.experts[0], s.expert_ff or F
             matrix(b + "ffn_gate_inp.weight", ne, E, 0.5)

@@ -106,6 +106,9 @@ def test_logits_match_llama_cpp(key, repack, tmp_path, vocab):
     ("gpt-oss-F32", dict(layer_bo=None)),
     ("gpt-oss-F32", dict(layer_b_router=None)),
     ("gpt-oss-F32", dict(layer_b_down=None)),
+    ("qwen35-F32", dict(rope_dim=16)),  # every value of the heads rotated, not the first rope.dimension_count
+    ("qwen35-F32", dict(gdn_dt_bias=0.0)),  # the delta-net's decay without its bias
+    ("qwen35-F32", dict(gdn_conv="last tap")),  # no conv across positions (so no conv state either)
 ])
 def test_the_oracle_catches_a_missing_feature(key, change, tmp_path, vocab):
     """Each feature the fixtures exercise matters: without it the fidelity test above would fail (gemma3's linear
@@ -122,6 +125,15 @@ def test_the_oracle_catches_a_missing_feature(key, change, tmp_path, vocab):
         cfg = dataclasses.replace(model.config, attn_sinks=field != "sinks")
         weights = dataclasses.replace(weights, config=cfg, layers=[dataclasses.replace(lw, **{field: None})
                                                                    for lw in weights.layers])
+    elif "gdn_dt_bias" in change or "gdn_conv" in change:
+        def gdn(g):
+            if "gdn_dt_bias" in change:
+                return dataclasses.replace(g, dt_bias=g.dt_bias * 0)
+            conv = g.conv.reshape(-1, model.config.ssm_conv).copy()
+            conv[:, :-1] = 0.0
+            return dataclasses.replace(g, conv=conv.reshape(-1))
+        weights = dataclasses.replace(weights, layers=[
+            lw if lw.gdn is None else dataclasses.replace(lw, gdn=gdn(lw.gdn)) for lw in weights.layers])
     elif "layer_ple_post_norm" in change:
         weights = dataclasses.replace(weights, layers=[dataclasses.replace(lw, ple_post_norm=lw.ple_post_norm * 0)
                                                        for lw in weights.layers])
@@ -137,6 +149,11 @@ def _extra(names: dict[str, int]):
 
 def G4(**kw: object) -> Spec:  # the gemma4 fixture with changes
     return dataclasses.replace(arch_fixtures.SPECS["gemma4"], **kw)
+
+
+def Q35(**kv: object) -> Spec:  # the qwen35 fixture with metadata changed (the tensors stay as they are)
+    base = arch_fixtures.SPECS["qwen35"]
+    return dataclasses.replace(base, extra_kv={**base.extra_kv, **kv})
 
 
 @pytest.mark.parametrize(("spec", "message"), [
@@ -177,6 +194,13 @@ def G4(**kw: object) -> Spec:  # the gemma4 fixture with changes
     (dataclasses.replace(arch_fixtures.SPECS["gpt-oss"], extra_kv={"attention.sliding_window": 16,
                                                                     "expert_used_count": 9}),
      "gpt-oss.expert_used_count: expected an integer in 1..8"),
+    (Q35(**{"ssm.inner_size": 60}),
+     "qwen35.ssm.inner_size: expected qwen35.ssm.time_step_rank x qwen35.ssm.state_size = 64, found 60"),
+    (Q35(**{"ssm.group_count": 3}), "qwen35.ssm.group_count: expected a divisor of qwen35.ssm.time_step_rank = 4"),
+    (Q35(**{"rope.dimension_sections": [1, 1, 1, 1]}), "leave rotated pairs to the fourth (vision) section"),
+    (Q35(**{"ssm.conv_kernel": 5}), "expected blk.0.ssm_conv1d.weight of shape [5, 128], found [4, 128]"),
+    (Q35(**{"ssm.state_size": 8, "ssm.inner_size": 32}), "expected blk.0.ssm_conv1d.weight of shape [4, 64]"),
+    (Q35(nextn_predict_layers=1), "multi-token-prediction layers are not supported"),
 ])
 def test_what_the_engine_would_ignore_is_refused(spec, message, tmp_path, vocab, monkeypatch, capsys):
     monkeypatch.setitem(arch_fixtures.SPECS, "case", spec)

@@ -225,15 +225,20 @@ class Engine:
         sampler = Sampler(p)
         t0 = time.perf_counter()
         memo = self._prompt_logits
-        if common >= len(ids) and memo is not None and memo[0] == tuple(ids):
+        same = common >= len(ids) and memo is not None and memo[0] == tuple(ids)
+        if same:
+            self.session.truncate(len(ids))
+        if same and self.session.n_past == len(ids):
             # the same prompt again (regenerate, same seed): its logits as computed then, not re-derived by a
             # differently batched forward pass (which may round differently), so a seed reproduces its text
-            self.session.truncate(len(ids))
+            assert memo is not None
             logits = memo[1].copy()
             n_new = 0
         else:
             common = min(common, len(ids) - 1)
             self.session.truncate(common)
+            # a model with recurrent layers rewinds only to its checkpoint, or starts over
+            common = min(common, self.session.n_past)
             self.cached = self.cached[:common]
             new = ids[common:]
             for a in range(0, len(new), PREFILL_CHUNK):
@@ -247,6 +252,9 @@ class Engine:
                 if on_prompt is not None:
                     on_prompt(min(len(new), a + PREFILL_CHUNK), len(new))
             self._prompt_logits = (tuple(ids), logits.copy())
+            checkpoint = getattr(self.session, "checkpoint", None)
+            if checkpoint is not None:  # the recurrent state after the prompt: a regenerated reply starts there
+                checkpoint()
             n_new = len(ids) - common
         self.cached = list(ids)
         t1 = time.perf_counter()

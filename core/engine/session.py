@@ -17,7 +17,16 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from ..gguf import GGUFFile
-from ..model import ModelConfig, ModelError, ModelWeights, Weight, bind_weights, check_weights, read_config
+from ..model import (
+    LayerWeights,
+    ModelConfig,
+    ModelError,
+    ModelWeights,
+    Weight,
+    bind_weights,
+    check_weights,
+    read_config,
+)
 from ..native import ffi, lib
 from ..native import kernels as K
 
@@ -44,6 +53,19 @@ class _Bound:
 #: that read an earlier layer's cache; ple_* only with per-layer embeddings).
 _LAYER_WEIGHTS = (("wq", "wq"), ("wk", "wk"), ("wv", "wv"), ("wo", "wo"), ("w_gate", "w_gate"), ("w_up", "w_up"),
                   ("w_down", "w_down"), ("ple_gate", "ple_gate"), ("ple_proj", "ple_proj"), ("w_router", "router"))
+#: a gated delta-net layer's own matrices (LayerWeights.gdn): key -> GDNWeights field
+_GDN_WEIGHTS = (("gdn_z", "z"), ("gdn_beta", "beta"), ("gdn_alpha", "alpha"))
+
+
+def _layer_matrices(lw: LayerWeights) -> list[tuple[str, Weight]]:
+    """(key, matrix) of every weight matrix the layer's block reads (V counted once where it is K's projection)."""
+    out = [(key, getattr(lw, attr)) for key, attr in _LAYER_WEIGHTS
+           if getattr(lw, attr) is not None and not (key == "wv" and lw.wv is lw.wk)]
+    if lw.gdn is not None:
+        out += [(key, getattr(lw.gdn, attr)) for key, attr in _GDN_WEIGHTS]
+    return out
+
+
 #: the matrices that hold every expert's rows back to back in a mixture-of-experts layer
 _EXPERT_KEYS = ("w_gate", "w_up", "w_down")
 
@@ -78,8 +100,7 @@ class Model:
         self._keep: list[object] = []
         self.layers: list[dict[str, _Bound]] = []
         for lw in self.weights.layers:
-            bound = {key: _bind(getattr(lw, attr)) for key, attr in _LAYER_WEIGHTS
-                     if getattr(lw, attr) is not None and not (key == "wv" and lw.wv is lw.wk)}
+            bound = {key: _bind(w) for key, w in _layer_matrices(lw)}
             if lw.wv is not None and lw.wv is lw.wk:  # V is K's projection (gemma4): one copy, repacked once
                 bound["wv"] = bound["wk"]
             self.layers.append(bound)
@@ -104,9 +125,8 @@ class Model:
         repacked."""
         if K.isa() == "scalar" or self._sessions_made:
             return 0
-        todo = [(lb, key, getattr(lw, attr)) for lw, lb in zip(self.weights.layers, self.layers, strict=True)
-                for key, attr in _LAYER_WEIGHTS
-                if getattr(lw, attr) is not None and not (key == "wv" and lw.wv is lw.wk)]
+        todo = [(lb, key, w) for lw, lb in zip(self.weights.layers, self.layers, strict=True)
+                for key, w in _layer_matrices(lw)]
         todo.append((None, "output", self.weights.output))
         ne = self.config.n_expert
         # an expert matrix repacks as one matrix when each expert's rows are whole row groups (its slice of the
@@ -186,8 +206,18 @@ class Session:
         # one (n_ctx, kv heads, head dim) cache per layer; a layer that reads an earlier one's (gemma4) shares it
         self.k_cache: list[np.ndarray] = []
         self.v_cache: list[np.ndarray] = []
+        # gated delta-net layers (qwen35): a recurrent state instead of a KV cache (a 1-position stand-in there)
+        self.conv_state: dict[int, np.ndarray] = {}
+        self.ssm_state: dict[int, np.ndarray] = {}
+        self._checkpoint: tuple[int, dict[int, np.ndarray], dict[int, np.ndarray]] | None = None
         for li in range(c.n_layers):
             src = c.kv_source(li)
+            if c.is_recurrent(li):
+                self.k_cache.append(np.zeros((1, 1, 1), dtype=kv_dtype))
+                self.v_cache.append(np.zeros((1, 1, 1), dtype=kv_dtype))
+                self.conv_state[li] = np.zeros((c.ssm_conv - 1, c.ssm_channels), np.float32)
+                self.ssm_state[li] = np.zeros((c.ssm_v_heads, c.ssm_state, c.ssm_state), np.float32)
+                continue
             if src != li:
                 self.k_cache.append(self.k_cache[src])
                 self.v_cache.append(self.v_cache[src])
@@ -200,16 +230,49 @@ class Session:
 
     def reset(self) -> None:
         self.n_past = 0
+        self._checkpoint = None
+        self._zero_state()
+
+    def _zero_state(self) -> None:
+        for a in (*self.conv_state.values(), *self.ssm_state.values()):
+            a.fill(0.0)
+
+    @property
+    def recurrent(self) -> bool:
+        """Has the model recurrent layers, whose state cannot be rewound position by position?"""
+        return bool(self.ssm_state)
+
+    def checkpoint(self) -> None:
+        """Remember the recurrent state at the current position, so that :meth:`truncate` can return to it (a
+        regenerated reply); a no-op for attention-only models, whose cache rewinds to any position."""
+        if self.recurrent:
+            self._checkpoint = (self.n_past, {i: a.copy() for i, a in self.conv_state.items()},
+                                {i: a.copy() for i, a in self.ssm_state.items()})
 
     def truncate(self, n: int) -> None:
-        """Forget cached positions from ``n`` on (e.g. to rewind a turn)."""
-        self.n_past = max(0, min(self.n_past, n))
+        """Forget cached positions from ``n`` on (e.g. to rewind a turn). A model with recurrent layers keeps
+        ``n_past`` only up to its checkpoint (:meth:`checkpoint`) or else starts over: read ``n_past`` after."""
+        n = max(0, min(self.n_past, n))
+        if not self.recurrent or n == self.n_past:
+            self.n_past = n
+            return
+        ck = self._checkpoint
+        if ck is not None and ck[0] <= n:
+            for i, a in ck[1].items():
+                self.conv_state[i][...] = a
+            for i, a in ck[2].items():
+                self.ssm_state[i][...] = a
+            self.n_past = ck[0]
+        else:
+            self.reset()
 
     @property
     def kv_bytes(self) -> int:
+        """The KV cache and the recurrent state (what a session holds beyond the weights)."""
         c = self.model.config
-        return int(sum(self.k_cache[i].nbytes + self.v_cache[i].nbytes for i in range(c.n_layers)
-                       if c.kv_source(i) == i))
+        kv = sum(self.k_cache[i].nbytes + self.v_cache[i].nbytes for i in range(c.n_layers)
+                 if c.kv_source(i) == i and not c.is_recurrent(i))
+        return int(kv + sum(a.nbytes for a in (*self.conv_state.values(), *self.ssm_state.values())))
 
     def _mm(self, w: _Bound, x: np.ndarray) -> np.ndarray:
         y = np.empty((x.shape[0], w.rows), dtype=np.float32)
@@ -272,6 +335,23 @@ class Session:
             b.attn_temp_scale, b.attn_temp_floor = c.attn_temp_scale, c.original_ctx()
             b.rope_freqs = _fp(rf) if rf is not None else ffi.NULL
             b.rope_freqs_len = 0 if rf is None else int(rf.size)
+            b.q_gate = int(c.q_gate and not c.is_recurrent(li))
+            g = lw.gdn
+            if g is not None:
+                b.gdn_conv, b.gdn_state, b.gdn_k_heads, b.gdn_v_heads = c.ssm_conv, c.ssm_state, c.ssm_k_heads, \
+                    c.ssm_v_heads
+                for field in ("wz", "wbeta", "walpha"):
+                    bound = lb[f"gdn_{field[1:]}"]
+                    setattr(b, field, bound.ptr)
+                    setattr(b, field + "_type", bound.type_id)
+                    setattr(b, field + "_bytes", bound.nbytes)
+                for field, vec in (("gdn_conv_w", g.conv), ("dt_bias", g.dt_bias), ("ssm_a", g.a),
+                                   ("ssm_norm", g.norm)):
+                    setattr(b, field, _fp(vec))
+                    setattr(b, field + "_len", int(vec.size))
+                b.conv_state = _fp(self.conv_state[li]) if self.conv_state[li].size else ffi.NULL
+                b.conv_state_len = int(self.conv_state[li].size)
+                b.ssm_state, b.ssm_state_len = _fp(self.ssm_state[li]), int(self.ssm_state[li].size)
             b.k_cache = ffi.from_buffer(self.k_cache[li])
             b.v_cache = ffi.from_buffer(self.v_cache[li])
             b.k_cache_bytes, b.v_cache_bytes = self.k_cache[li].nbytes, self.v_cache[li].nbytes
@@ -318,6 +398,8 @@ class Session:
             raise ContextFull(f"context full: {self.n_past} + {T} tokens > {self.n_ctx}")
         if ids.min() < 0 or ids.max() >= c.n_vocab:
             raise ValueError(f"token ids must lie in 0..{c.n_vocab - 1}")
+        if self.n_past == 0 and self.recurrent:
+            self._zero_state()
         pos = np.arange(self.n_past, self.n_past + T, dtype=np.int32)
         x = self._embed(ids)
         if c.embed_scale != 1.0:

@@ -105,6 +105,15 @@ class ModelConfig:
     attn_sinks: bool = False
     swiglu_oai: bool = False
     rope_scale_swa: bool = False
+    # qwen35: the attention layers' attn_q holds each head's query and an output gate (sigmoid-gated attention
+    # output); the layers flagged in recurrent_layers are gated delta-net layers (docs/engine.md, "Gated delta-net
+    # layers"): a depthwise causal conv of ssm_conv taps, ssm_k_heads key and ssm_v_heads value heads of ssm_state
+    q_gate: bool = False
+    recurrent_layers: tuple[bool, ...] = ()
+    ssm_conv: int = 0
+    ssm_state: int = 0
+    ssm_k_heads: int = 0
+    ssm_v_heads: int = 0
 
     def n_head_kv_at(self, layer: int) -> int:
         return self.layer_n_head_kv[layer] if self.layer_n_head_kv else self.n_head_kv
@@ -162,6 +171,22 @@ class ModelConfig:
         start = finite(corr(self.rope_beta_fast), -1e9, 1e9)
         end = finite(corr(self.rope_beta_slow), -1e9, 1e9)
         return float(max(0, math.floor(start))), float(min(self.rope_dim_at(layer) - 1, math.ceil(end)))
+
+    def is_recurrent(self, layer: int) -> bool:
+        """Is ``layer`` a gated delta-net (linear attention) layer, with a recurrent state instead of a KV cache?"""
+        return bool(self.recurrent_layers) and self.recurrent_layers[layer]
+
+    @property
+    def ssm_channels(self) -> int:
+        """The delta-net's conv channels: queries and keys of the key heads, values of the value heads."""
+        return (2 * self.ssm_k_heads + self.ssm_v_heads) * self.ssm_state
+
+    def recurrent_state_bytes(self) -> int:
+        """Bytes of a session's recurrent state (float32 conv inputs and delta-net matrices of every recurrent
+        layer): fixed, whatever the context length."""
+        n = sum(self.is_recurrent(i) for i in range(self.n_layers))
+        per = (self.ssm_conv - 1) * self.ssm_channels + self.ssm_v_heads * self.ssm_state * self.ssm_state
+        return 4 * n * per
 
     def uses_rope(self, layer: int) -> bool:
         """Does ``layer`` rotate q and k (smollm3 leaves every fourth layer without positions)?"""
@@ -319,6 +344,30 @@ def check_config(cfg: ModelConfig, keys: dict[str, str] | None = None) -> None:
         if cfg.gelu:
             raise UnsupportedModel(f"{cfg.arch}: experts with a GELU FFN are not supported by the engine")
     _check_layers(cfg, k)
+    _check_recurrent(cfg)
+
+
+def _check_recurrent(cfg: ModelConfig) -> None:
+    """The gated delta-net hyperparameters (qwen35), each in range and against the others."""
+    a = cfg.arch
+    if not cfg.recurrent_layers:
+        if cfg.ssm_conv or cfg.ssm_state or cfg.ssm_k_heads or cfg.ssm_v_heads:
+            raise ModelError(f"{a}: delta-net sizes given without recurrent layers")
+        return
+    if len(cfg.recurrent_layers) != cfg.n_layers:
+        raise ModelError(f"{a}.full_attention_interval: expected {cfg.n_layers} layer kinds, "
+                         f"found {len(cfg.recurrent_layers)}")
+    for name, key, hi in (("ssm_conv", "ssm.conv_kernel", 64), ("ssm_state", "ssm.state_size", MAX_HEAD_DIM),
+                          ("ssm_k_heads", "ssm.group_count", MAX_HEADS),
+                          ("ssm_v_heads", "ssm.time_step_rank", MAX_HEADS)):
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= hi:
+            raise ModelError(f"{a}.{key}: expected an integer in 1..{hi}, found {v!r}")
+    if cfg.ssm_v_heads % cfg.ssm_k_heads:
+        raise ModelError(f"{a}.ssm.group_count: expected a divisor of {a}.ssm.time_step_rank = {cfg.ssm_v_heads}, "
+                         f"found {cfg.ssm_k_heads}")
+    if cfg.ssm_channels > MAX_FF:
+        raise ModelError(f"{a}.ssm.*: {cfg.ssm_channels} conv channels exceed {MAX_FF}")
 
 
 def _check_layers(cfg: ModelConfig, k: dict[str, str]) -> None:
@@ -516,6 +565,43 @@ def _gemma4(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
             "final_softcap": _float(f, f"{a}.final_logit_softcapping", 30.0, 1e30)}
 
 
+def _qwen35(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
+    """Qwen3.5: gated delta-net layers (every layer but each full_attention_interval-th, or those flagged by
+    ``attention.recurrent_layers``) and gated attention layers with q/k RMSNorm and interleaved multi-section RoPE
+    (text positions are the same in every section, so it is NeoX RoPE over rope.dimension_count values)."""
+    a, n = c["arch"], c["n_layers"]
+    if f.get(f"{a}.nextn_predict_layers"):
+        raise UnsupportedModel(f"{a}.nextn_predict_layers: multi-token-prediction layers are not supported by the "
+                               "engine")
+    if f"{a}.attention.recurrent_layers" in f.metadata:
+        rec = _bools(f, f"{a}.attention.recurrent_layers", n)  # type: ignore[arg-type]
+    else:
+        step = _int(f, f"{a}.full_attention_interval", 4, hi=MAX_LAYERS)
+        rec = [(i + 1) % step != 0 for i in range(n)]  # type: ignore[arg-type]
+    half = c["rope_dim"] // 2  # type: ignore[operator]
+    sec_key = f"{a}.rope.dimension_sections"
+    sec = _ints(f, sec_key, 4, lo=0, hi=MAX_HEAD_DIM) if sec_key in f.metadata else [half, 0, 0, 0]
+    total = sum(sec)
+    # a rotated pair whose section is the fourth (or none) would not rotate for text: llama.cpp gives it position 0
+    if total <= 0 or any(not ((s % 3 == 0 and s < 3 * sec[0]) or (s % 3 == 1 and s < 3 * sec[1]) or
+                              (s % 3 == 2 and s < 3 * sec[2])) for s in (i % total for i in range(half))):
+        raise UnsupportedModel(f"{a}.rope.dimension_sections = {sec}: sections that leave rotated pairs to the "
+                               "fourth (vision) section are not supported by the engine")
+    inner = _int(f, f"{a}.ssm.inner_size", hi=MAX_FF)
+    state = _int(f, f"{a}.ssm.state_size", hi=MAX_HEAD_DIM)
+    v_heads = _int(f, f"{a}.ssm.time_step_rank", hi=MAX_HEADS)
+    k_heads = _int(f, f"{a}.ssm.group_count", hi=MAX_HEADS)
+    if inner != v_heads * state:  # type: ignore[operator]
+        raise ModelError(f"{a}.ssm.inner_size: expected {a}.ssm.time_step_rank x {a}.ssm.state_size = "
+                         f"{v_heads * state}, found {inner}")  # type: ignore[operator]
+    if v_heads % k_heads:  # type: ignore[operator]
+        raise ModelError(f"{a}.ssm.group_count: expected a divisor of {a}.ssm.time_step_rank = {v_heads}, "
+                         f"found {k_heads}")
+    return {"rope_neox": True, "qk_norm": True, "q_gate": True, "recurrent_layers": tuple(rec),
+            "ssm_conv": _int(f, f"{a}.ssm.conv_kernel", hi=64), "ssm_state": state, "ssm_k_heads": k_heads,
+            "ssm_v_heads": v_heads}
+
+
 @dataclass(frozen=True)
 class Architecture:
     """What the engine knows about one ``general.architecture``."""
@@ -532,6 +618,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     Architecture("olmo2", _olmo2), Architecture("gemma2", _gemma2), Architecture("gemma3", _gemma3),
     Architecture("mistral3", _mistral3), Architecture("gemma4", _gemma4), Architecture("qwen3moe", _qwen3moe),
     Architecture("gpt-oss", _gpt_oss, ffn_norm="post_attention_norm.weight"),
+    Architecture("qwen35", _qwen35, ffn_norm="post_attention_norm.weight"),
 )}
 SUPPORTED_ARCHS = tuple(ARCHITECTURES)
 
@@ -665,6 +752,19 @@ class Weight:
 
 
 @dataclass
+class GDNWeights:
+    """A gated delta-net layer's own tensors beyond attn_qkv (the layer's wq) and ssm_out (its wo)."""
+
+    z: Weight  # attn_gate: value heads x state rows (the output gate)
+    beta: Weight  # ssm_beta: one row per value head
+    alpha: Weight  # ssm_alpha
+    conv: np.ndarray  # ssm_conv1d: [channels][taps], flattened
+    dt_bias: np.ndarray  # ssm_dt.bias (value heads)
+    a: np.ndarray  # ssm_a: -exp(A_log) (value heads)
+    norm: np.ndarray  # ssm_norm (state)
+
+
+@dataclass
 class LayerWeights:
     attn_norm: np.ndarray | None
     wq: Weight
@@ -694,12 +794,14 @@ class LayerWeights:
     b_gate: np.ndarray | None = None  # ffn_gate_exps.bias, ffn_up_exps.bias (n_expert x n_ff), ffn_down_exps.bias
     b_up: np.ndarray | None = None  # (n_expert x n_embd), expert-major
     b_down: np.ndarray | None = None
+    gdn: GDNWeights | None = None  # qwen35's gated delta-net layers (wq is then attn_qkv, wo ssm_out; no wk, wv)
 
     def matrices(self) -> list[Weight]:
         """The distinct matrices of the layer (a V that is K's projection counted once)."""
         out: list[Weight] = []
+        g = self.gdn
         for w in (self.wq, self.wk, self.wv, self.wo, self.w_gate, self.w_up, self.w_down, self.ple_gate,
-                  self.ple_proj, self.router):
+                  self.ple_proj, self.router, *((g.z, g.beta, g.alpha) if g else ())):
             if w is not None and all(w is not x for x in out):
                 out.append(w)
         return out
@@ -851,6 +953,9 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
     oai = cfg.arch == "gpt-oss"
     for i in range(cfg.n_layers):
         b = f"blk.{i}."
+        if cfg.is_recurrent(i):
+            layers.append(_recurrent_layer(f, cfg, i, ffn_norm))
+            continue
         wq, wk, wv, gate, up = _attn_and_ffn(f, cfg, i)
         shared = wk is None
         layers.append(LayerWeights(
@@ -903,10 +1008,58 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
             used.add(x.name.split("[", 1)[0])
         used |= {f"blk.{i}.{ffn_norm if fld == 'ffn_norm' else name}" for fld, name in _VECTOR_TENSORS.items()
                  if getattr(lw, fld) is not None}
-        if lw.wk is None:  # llama.cpp loads and ignores a shared layer's own k/v (they are optional there)
+        if lw.gdn is not None:
+            used |= {f"blk.{i}.{n}" for n in ("ssm_conv1d.weight", "ssm_dt.bias", "ssm_a", "ssm_norm.weight")}
+        elif lw.wk is None:  # llama.cpp loads and ignores a shared layer's own k/v (they are optional there)
             used |= {f"blk.{i}.{n}.weight" for n in ("attn_k", "attn_v", "attn_k_norm")}
     _check_all_bound(f, cfg, used)
     return w
+
+
+def _recurrent_layer(f: GGUFFile, cfg: ModelConfig, i: int, ffn_norm: str) -> LayerWeights:
+    """A gated delta-net layer (qwen35): its mixer's tensors, then the FFN as the attention layers have it."""
+    b = f"blk.{i}."
+    conv_name = b + "ssm_conv1d.weight"
+    if f.has_tensor(conv_name) and tuple(f.tensor(conv_name).ne) != (cfg.ssm_conv, cfg.ssm_channels):
+        raise ModelError(f"{cfg.arch}.ssm.conv_kernel, ssm.state_size, ssm.group_count, ssm.time_step_rank: "
+                         f"expected {conv_name} of shape {[cfg.ssm_conv, cfg.ssm_channels]}, found "
+                         f"{list(f.tensor(conv_name).ne)}")
+    gdn = GDNWeights(z=_weight(f, b + "attn_gate.weight"), beta=_weight(f, b + "ssm_beta.weight"),
+                     alpha=_weight(f, b + "ssm_alpha.weight"), conv=_vector(f, conv_name, ndim=2),  # type: ignore[arg-type]
+                     dt_bias=_vector(f, b + "ssm_dt.bias"), a=_vector(f, b + "ssm_a"),  # type: ignore[arg-type]
+                     norm=_vector(f, b + "ssm_norm.weight"))  # type: ignore[arg-type]
+    return LayerWeights(attn_norm=_vector(f, b + "attn_norm.weight"), wq=_weight(f, b + "attn_qkv.weight"), wk=None,
+                        wv=None, wo=_weight(f, b + "ssm_out.weight"), ffn_norm=_vector(f, b + ffn_norm),
+                        w_gate=_weight(f, b + "ffn_gate.weight"), w_up=_weight(f, b + "ffn_up.weight"),
+                        w_down=_weight(f, b + "ffn_down.weight"), gdn=gdn)
+
+
+def _check_recurrent_layer(c: ModelConfig, i: int, lw: LayerWeights, k: dict[str, str]) -> None:
+    """A gated delta-net layer's matrices and vectors against the delta-net sizes (the FFN is checked as usual)."""
+    b, a, E = f"blk.{i}.", c.arch, c.n_embd
+    g = lw.gdn
+    if g is None or lw.wk is not None or lw.wv is not None:
+        raise ModelError(f"{b}: expected a gated delta-net layer ({a}.full_attention_interval), found attention")
+    S, Hv, C = c.ssm_state, c.ssm_v_heads, c.ssm_channels
+    sizes = f"{a}.ssm.state_size = {S}, ssm.group_count = {c.ssm_k_heads}, ssm.time_step_rank = {Hv}"
+    _check_matrix(lw.wq, C, E, sizes, k["n_embd"])
+    _check_matrix(lw.wo, E, Hv * S, k["n_embd"], sizes)
+    _check_matrix(g.z, Hv * S, E, sizes, k["n_embd"])
+    _check_matrix(g.beta, Hv, E, f"{a}.ssm.time_step_rank", k["n_embd"])
+    _check_matrix(g.alpha, Hv, E, f"{a}.ssm.time_step_rank", k["n_embd"])
+    _check_vector(b + "ssm_conv1d.weight", g.conv, C * c.ssm_conv, f"{a}.ssm.conv_kernel x channels ({sizes})")
+    _check_vector(b + "ssm_dt.bias", g.dt_bias, Hv, f"{a}.ssm.time_step_rank")
+    _check_vector(b + "ssm_a", g.a, Hv, f"{a}.ssm.time_step_rank")
+    _check_vector(b + "ssm_norm.weight", g.norm, S, f"{a}.ssm.state_size")
+    for name, v in (("ssm_conv1d.weight", g.conv), ("ssm_dt.bias", g.dt_bias), ("ssm_a", g.a),
+                    ("ssm_norm.weight", g.norm)):
+        if not np.isfinite(v).all():
+            raise ModelError(f"{b}{name}: expected finite values")
+    extra = [n for n, v in (("attn_q/k/v.bias", lw.bq), ("attn_q_norm", lw.q_norm), ("attn_k_norm", lw.k_norm),
+                            ("attn_output.bias", lw.bo), ("attn_sinks", lw.sinks), ("ffn_gate_inp", lw.router))
+             if v is not None]
+    if extra:
+        raise ModelError(f"{b}{extra[0]}: not part of a gated delta-net layer")
 
 
 def _native_kernel(t: GGMLType) -> bool:
@@ -973,14 +1126,23 @@ def check_weights(w: ModelWeights, keys: dict[str, str] | None = None) -> None:
         b = f"blk.{i}."
         KV, hd, F = c.n_head_kv_at(i), c.head_dim_at(i), c.n_ff_at(i)
         heads = kv_heads = f"{k['n_head']} = {H}, {k['n_head_kv']} = {KV}, head dimension {k['head_dim']} = {hd}"
-        _check_matrix(lw.wq, H * hd, E, heads, k["n_embd"])
-        if (lw.wk is None) != (c.kv_source(i) != i) or (lw.wv is None) != (lw.wk is None):
+        if c.is_recurrent(i):
+            _check_recurrent_layer(c, i, lw, k)
+        elif lw.gdn is not None:
+            raise ModelError(f"{b}: delta-net tensors bound to an attention layer")
+        else:
+            _check_matrix(lw.wq, (2 if c.q_gate else 1) * H * hd, E, heads + (" (query and gate)" if c.q_gate else ""),
+                          k["n_embd"])
+        if c.is_recurrent(i):
+            pass
+        elif (lw.wk is None) != (c.kv_source(i) != i) or (lw.wv is None) != (lw.wk is None):
             raise ModelError(f"{b}attn_k/attn_v.weight: expected {'none' if c.kv_source(i) != i else 'both'} "
                              f"({k['kv_from_start']})")
         if lw.wk is not None and lw.wv is not None:
             _check_matrix(lw.wk, KV * hd, E, kv_heads, k["n_embd"])
             _check_matrix(lw.wv, KV * hd, E, kv_heads, k["n_embd"])
-        _check_matrix(lw.wo, E, H * hd, k["n_embd"], heads)
+        if not c.is_recurrent(i):
+            _check_matrix(lw.wo, E, H * hd, k["n_embd"], heads)
         NE = c.n_expert or 1  # expert matrices hold n_expert matrices' rows back to back
         per = f" x {k['n_expert']} = {c.n_expert}" if c.n_expert else ""
         _check_matrix(lw.w_gate, NE * F, E, k["n_ff"] + per, k["n_embd"])
@@ -1015,12 +1177,14 @@ def check_weights(w: ModelWeights, keys: dict[str, str] | None = None) -> None:
         if (lw.q_norm is None) != (lw.k_norm is None) and lw.wk is not None:
             raise ModelError(f"{b}attn_q_norm/attn_k_norm.weight: expected both or neither, found one")
         qn, kn = (H * hd, KV * hd) if c.qk_norm_full else (hd, hd)
-        _check_vector(b + "attn_q_norm.weight", lw.q_norm, qn, heads if c.qk_norm_full else k["head_dim"], c.qk_norm)
+        attn = not c.is_recurrent(i)
+        _check_vector(b + "attn_q_norm.weight", lw.q_norm, qn, heads if c.qk_norm_full else k["head_dim"],
+                      c.qk_norm and attn)
         _check_vector(b + "attn_k_norm.weight", lw.k_norm, kn, kv_heads if c.qk_norm_full else k["head_dim"],
-                      c.qk_norm and lw.wk is not None)
+                      c.qk_norm and lw.wk is not None and attn)
         _check_vector(b + "post_attention_norm.weight", lw.post_attn_norm, E, k["n_embd"], c.post_norms)
         _check_vector(b + "attn_output.bias", lw.bo, E, k["n_embd"], False)
-        _check_vector(b + "attn_sinks.weight", lw.sinks, H, k["n_head"], c.attn_sinks)
+        _check_vector(b + "attn_sinks.weight", lw.sinks, H, k["n_head"], c.attn_sinks and attn)
         if lw.sinks is not None and not np.isfinite(lw.sinks).all():
             raise ModelError(f"{b}attn_sinks.weight: expected finite values")
         nx = k.get("n_expert", "expert_count")  # (a bump file's keys have none)

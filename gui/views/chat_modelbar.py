@@ -137,7 +137,8 @@ class ModelBar(QFrame):
         tail = f" · {human_bytes(avail)} available" if avail is not None else ""
         self.memory_label.setText(
             f"Needs ≈ <b>{human_bytes(plan.total_bytes)}</b>: {human_bytes(plan.weights_bytes)} of weights "
-            f"(memory-mapped) + {human_bytes(plan.kv_bytes)} KV cache for {plan.context:,} tokens (F16){tail}")
+            f"(memory-mapped) + {human_bytes(plan.kv_bytes)} KV cache for {plan.context:,} tokens (F16)"
+            + (f" + {human_bytes(plan.state_bytes)} recurrent state" if plan.state_bytes else "") + tail)
 
     def show_progress(self, stage: str, fraction: float) -> None:
         self.load_progress.setValue(int(fraction * 100))

@@ -348,7 +348,9 @@ class OverviewView(QWidget):
         self.mem_kv.setText(f"{human_bytes(m.kv_bytes)}  = {plural(m.n_layers, 'layer')} × "
                             f"{plural(m.context, 'token')} × {plural(m.n_kv_heads, 'KV head')} × "
                             f"({m.key_length} + {m.value_length}) × {m.kv_type} "
-                            f"({human_bytes(m.kv_bytes_per_token)} per token)")
+                            f"({human_bytes(m.kv_bytes_per_token)} per token)"
+                            + (f" + {human_bytes(m.state_bytes)} recurrent state of "
+                               f"{plural(m.n_recurrent, 'delta-net layer')} (fixed)" if m.n_recurrent else ""))
         self.mem_total.setText(human_bytes(m.total_bytes))
         ex = self.doc.summary.get("experts")
         experts = (f"all {ex['count']} experts of each layer stay in memory; a token reads {ex['used']} of them "

@@ -18,7 +18,7 @@ from .gguf import GGUFError, GGUFFile
 COMMANDS = ("inspect", "dump-block", "models", "bench", "convert", "verify", "generate", "chat", "tokenize",
             "perplexity", "desktop")
 BENCH_KINDS = ("open", "kernels", "convert", "model", "synthetic")
-SYNTHETIC_SHAPES = ("tiny", "1b", "3b", "8b", "moe", "moe-k4", "moe-k2", "oss")  # core.synthetic.SHAPES, without numpy
+SYNTHETIC_SHAPES = ("tiny", "1b", "3b", "8b", "moe", "moe-k4", "moe-k2", "oss", "q35")  # core.synthetic.SHAPES
 KERNEL_TYPES_HELP = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32")
 
 
@@ -821,7 +821,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench_model)
     b = bsub.add_parser("synthetic", help="write (once, into the model cache) and print a random-weight model of a "
-                        "named shape (llama, qwen3moe experts: moe*, gpt-oss: oss), Q4_K_M (oss: MXFP4_MOE) mix, "
+                        "named shape (llama, qwen3moe experts: moe*, gpt-oss: oss, qwen35: q35), Q4_K_M "
+                        "(oss: MXFP4_MOE) mix, "
                         "SmolLM2 vocabulary: the file to compare engines on")
     b.add_argument("shape", choices=tuple(SYNTHETIC_SHAPES))
     b.add_argument("--path-only", action="store_true", help="print where it is (or would be); write nothing")

@@ -9,7 +9,9 @@ the values, only on the shapes and tensor types, so anyone can write the same fi
   only ``expert_used_count`` differs), whose F32 routers hold random values so that tokens pick different experts;
   ``oss``: gpt-oss-20b's layer shape (32 experts of 2880, 4 per token, 64 query heads of 64, sinks, biases, window
   128 on the even layers, YaRN) in 4 layers, as llama-quantize's MXFP4_MOE mix (MXFP4 experts with random shared
-  exponents 2^-8..2^-6, Q8_0 elsewhere; biases and sinks zero).
+  exponents 2^-8..2^-6, Q8_0 elsewhere; biases and sinks zero); ``q35``: a Qwen3.5-0.8B-like ``qwen35`` (24 layers
+  of 1024, FFN 3584, every fourth layer attention with 8/2 heads of 256 rotating 64 values, the others gated
+  delta-net layers of 16 heads of 128 with a conv of 4; ``ssm_a`` -1, conv taps 0.25, dt biases zero).
 * Types, the Q4_K_M mix: Q4_K everywhere (``token_embd`` included), Q6_K for ``output.weight`` (untied) and for
   ``attn_v`` and ``ffn_down`` of the layers llama-quantize's Q4_K_M gives more bits (:func:`use_more_bits`: the
   first and last eighth of the layers and every third one in between, about half of them), F32 norms (ones).
@@ -71,6 +73,9 @@ class Shape:
     n_expert: int = 0  # qwen3moe: experts per layer, used per token, each expert's FFN width
     n_expert_used: int = 0
     expert_ff: int = 0
+    rope_dim: int = 0  # rotated values per head (0: all)
+    # qwen35: gated delta-net layers (all but every fourth): conv taps, state size, key heads, value heads
+    ssm: tuple[int, int, int, int] = (0, 0, 0, 0)
 
 
 def _gpt_oss_20b(name: str) -> Shape:
@@ -83,12 +88,18 @@ def _qwen3_30b_a3b(name: str, used: int) -> Shape:
                  rope_base=1e6, arch="qwen3moe", n_expert=128, n_expert_used=used, expert_ff=768)
 
 
+def _qwen35_08b(name: str) -> Shape:
+    return Shape(name, 24, 1024, 3584, 8, 2, 256, "Qwen3.5-0.8B-like (18 delta-net and 6 attention layers)",
+                 rope_base=1e7, arch="qwen35", rope_dim=64, ssm=(4, 128, 16, 16))
+
+
 SHAPES: dict[str, Shape] = {s.name: s for s in (
     Shape("tiny", 2, 256, 512, 4, 2, 64, "a test-sized llama"),
     Shape("1b", 16, 2048, 8192, 32, 8, 64, "Llama-3.2-1B"),
     Shape("3b", 28, 3072, 8192, 24, 8, 128, "Llama-3.2-3B"),
     Shape("8b", 32, 4096, 14336, 32, 8, 128, "Llama-3.1-8B"),
     _qwen3_30b_a3b("moe", 8), _qwen3_30b_a3b("moe-k4", 4), _qwen3_30b_a3b("moe-k2", 2), _gpt_oss_20b("oss"),
+    _qwen35_08b("q35"),
 )}
 
 
@@ -146,6 +157,9 @@ def tensor_plan(shape: Shape, n_vocab: int) -> list[TensorSpec]:
     for i in range(shape.n_layers):
         more = "Q6_K" if use_more_bits(i, shape.n_layers) else "Q4_K"
         p = f"blk.{i}."
+        if shape.arch == "qwen35":
+            out += _qwen35_layer(shape, i, more)
+            continue
         if shape.n_expert:  # qwen3moe: q/k norms, an F32 router, the experts in three 3-D tensors
             ne, fe, hd = shape.n_expert, shape.expert_ff, shape.head_dim
             out += [TensorSpec(p + "attn_norm.weight", (e,), "F32"),
@@ -166,6 +180,32 @@ def tensor_plan(shape: Shape, n_vocab: int) -> list[TensorSpec]:
                 TensorSpec(p + "ffn_down.weight", (f, e), more)]
     out += [TensorSpec("output_norm.weight", (e,), "F32"), TensorSpec("output.weight", (e, n_vocab), "Q6_K")]
     return out
+
+
+def _qwen35_layer(shape: Shape, i: int, more: str) -> list[TensorSpec]:
+    """A qwen35 layer in the Q4_K_M mix: a gated delta-net layer, or every fourth an attention layer whose attn_q
+    also holds the output gates; F32 norms and delta-net vectors."""
+    e, f, q, kv, hd = (shape.n_embd, shape.n_ff, shape.n_head * shape.head_dim, shape.n_head_kv * shape.head_dim,
+                       shape.head_dim)
+    k, st, hk, hv = shape.ssm
+    p = f"blk.{i}."
+    out = [TensorSpec(p + "attn_norm.weight", (e,), "F32")]
+    if (i + 1) % 4:
+        c = (2 * hk + hv) * st
+        out += [TensorSpec(p + "attn_qkv.weight", (e, c), "Q4_K"),
+                TensorSpec(p + "attn_gate.weight", (e, hv * st), "Q4_K"),
+                TensorSpec(p + "ssm_conv1d.weight", (k, c), "F32"), TensorSpec(p + "ssm_dt.bias", (hv,), "F32"),
+                TensorSpec(p + "ssm_a", (hv,), "F32"), TensorSpec(p + "ssm_beta.weight", (e, hv), "Q4_K"),
+                TensorSpec(p + "ssm_alpha.weight", (e, hv), "Q4_K"), TensorSpec(p + "ssm_norm.weight", (st,), "F32"),
+                TensorSpec(p + "ssm_out.weight", (hv * st, e), "Q4_K")]
+    else:
+        out += [TensorSpec(p + "attn_q.weight", (e, 2 * q), "Q4_K"), TensorSpec(p + "attn_k.weight", (e, kv), "Q4_K"),
+                TensorSpec(p + "attn_v.weight", (e, kv), more), TensorSpec(p + "attn_q_norm.weight", (hd,), "F32"),
+                TensorSpec(p + "attn_k_norm.weight", (hd,), "F32"),
+                TensorSpec(p + "attn_output.weight", (q, e), "Q4_K")]
+    return [*out, TensorSpec(p + "post_attention_norm.weight", (e,), "F32"),
+            TensorSpec(p + "ffn_gate.weight", (e, f), "Q4_K"), TensorSpec(p + "ffn_up.weight", (e, f), "Q4_K"),
+            TensorSpec(p + "ffn_down.weight", (f, e), more)]
 
 
 def _gpt_oss_plan(shape: Shape, n_vocab: int) -> list[TensorSpec]:
@@ -252,6 +292,17 @@ def header_bytes(shape: Shape, seed: int, tok_entries: list[bytes], n_vocab: int
                     _kv(a + "rope.scaling.type", ValueType.STRING, "yarn"),
                     _kv(a + "rope.scaling.factor", ValueType.FLOAT32, 32.0),
                     _kv(a + "rope.scaling.original_context_length", ValueType.UINT32, 4096)]
+    if shape.arch == "qwen35":  # the delta-net sizes; text RoPE sections (all of the rotated pairs)
+        k, st, hk, hv = shape.ssm
+        half = (shape.rope_dim or shape.head_dim) // 2
+        sec = [(half + 2) // 3, (half + 1) // 3, half // 3, 0]  # (Qwen3.5's 11, 11, 10 for 32 pairs)
+        experts += [_kv(a + "ssm.conv_kernel", ValueType.UINT32, k), _kv(a + "ssm.state_size", ValueType.UINT32, st),
+                    _kv(a + "ssm.group_count", ValueType.UINT32, hk),
+                    _kv(a + "ssm.time_step_rank", ValueType.UINT32, hv),
+                    _kv(a + "ssm.inner_size", ValueType.UINT32, hv * st),
+                    _kv(a + "full_attention_interval", ValueType.UINT32, 4),
+                    _str(a + "rope.dimension_sections")
+                    + struct.pack("<IIQ4i", int(ValueType.ARRAY), int(ValueType.INT32), 4, *sec)]
     ftype = FileType.MOSTLY_MXFP4_MOE if shape.arch == "gpt-oss" else FileType.MOSTLY_Q4_K_M
     kvs = [
         _kv("general.architecture", ValueType.STRING, shape.arch),
@@ -268,7 +319,7 @@ def header_bytes(shape: Shape, seed: int, tok_entries: list[bytes], n_vocab: int
         _kv(a + "attention.head_count_kv", ValueType.UINT32, shape.n_head_kv),
         _kv(a + "attention.key_length", ValueType.UINT32, shape.head_dim),
         _kv(a + "attention.value_length", ValueType.UINT32, shape.head_dim),
-        _kv(a + "rope.dimension_count", ValueType.UINT32, shape.head_dim),
+        _kv(a + "rope.dimension_count", ValueType.UINT32, shape.rope_dim or shape.head_dim),
         _kv(a + "rope.freq_base", ValueType.FLOAT32, shape.rope_base),
         _kv(a + "attention.layer_norm_rms_epsilon", ValueType.FLOAT32, 1e-5),
         _kv(a + "vocab_size", ValueType.UINT32, n_vocab),
@@ -302,6 +353,10 @@ def tensor_chunks(spec: TensorSpec, rng: np.random.Generator,
             yield (rng.standard_normal(spec.n_bytes // 4) * 0.05).astype(np.float32).view(np.uint8)
         elif spec.name.endswith((".bias", "attn_sinks.weight")):  # gpt-oss's biases and sinks: none in effect
             yield np.zeros(spec.n_bytes // 4, np.float32).view(np.uint8)
+        elif spec.name.endswith(".ssm_a"):  # -exp(A_log): a decaying delta-net state
+            yield np.full(spec.n_bytes // 4, -1.0, np.float32).view(np.uint8)
+        elif spec.name.endswith(".ssm_conv1d.weight"):
+            yield np.full(spec.n_bytes // 4, 0.25, np.float32).view(np.uint8)
         else:
             yield np.ones(spec.n_bytes // 4, np.float32).view(np.uint8)
         return

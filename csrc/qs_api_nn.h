@@ -119,7 +119,7 @@ typedef struct {
      * C = 2 Hk S + Hv S conv channels. wq is attn_qkv (C x n_embd), wo is ssm_out (n_embd x Hv S); wz attn_gate
      * (Hv S x n_embd), wbeta / walpha ssm_beta / ssm_alpha (Hv x n_embd); gdn_conv_w the depthwise conv kernel
      * [C][gdn_conv]; dt_bias, ssm_a (= -exp(A_log)) of Hv, ssm_norm of S. The session's state: conv_state
-     * [gdn_conv - 1][C] (oldest first), ssm_state [Hv][S][S] (value index, then key index), both float32, updated
+     * [gdn_conv - 1][C] (oldest first), ssm_state [Hv][S][S] (key index, then value index), both float32, updated
      * in place; zeros start a sequence. */
     int gdn_conv, gdn_state, gdn_k_heads, gdn_v_heads;
     int wz_type, wbeta_type, walpha_type;
@@ -132,3 +132,7 @@ typedef struct {
 } qs_block;
 int qs_block_forward(const qs_block *b, float *x, int64_t n_tokens, const int32_t *pos, int64_t n_past,
                      int n_threads);
+/* One token of one gated delta-net head, as qs_block_forward runs it (k and q already normalized): st [S key][S
+ * value] <- st * decay; d = beta (v - st^T k); st += k d^T; o = st^T q. QS_ERR_SIZE unless 0 < S <= 1024. */
+int qs_gdn_step(int64_t S, float *st, const float *k, const float *q, const float *v, float decay, float beta,
+                float *o);

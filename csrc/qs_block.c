@@ -7,6 +7,7 @@
 #include "qs.h"
 #include "qs_gemm.h"
 #include "qs_guard.h"
+#include "qs_nn_internal.h"
 #include "qs_repack.h"
 
 #define QS_MAX_EXPERTS 4096
@@ -86,28 +87,30 @@ typedef struct {
     const float *qkv, *beta, *alpha; /* [T][C] after the conv and SiLU, [T][Hv] raw */
     float *o;                        /* [T][Hv * S] */
     int64_t T;
+    float *scratch; /* 3 S floats per value head */
 } gdn_ctx;
 
 /* One value head's recurrence over the call's tokens: q and k (of key head h mod Hk) L2-normalized, q scaled by
- * 1/sqrt(S); per token St <- St * exp(g), d = beta (v - St k), St <- St + d k^T, o = St q, with St [S value][S key],
- * g = softplus(alpha + dt_bias) * ssm_a and beta = sigmoid(beta) (llama.cpp's autoregressive delta net). */
+ * 1/sqrt(S); per token st <- st * exp(g), d = beta (v - st^T k), st <- st + k d^T, o = st^T q, with st the head's
+ * [S key][S value] state, g = softplus(alpha + dt_bias) * ssm_a and beta = sigmoid(beta) (llama.cpp's
+ * autoregressive delta net; qs_gdn_step_*). */
 static void gdn_head(void *vctx, int64_t h) {
     const gdn_ctx *c = (const gdn_ctx *)vctx;
     const qs_block *b = c->b;
     const int64_t S = b->gdn_state, Hk = b->gdn_k_heads, Hv = b->gdn_v_heads, Kd = Hk * S, C = 2 * Kd + Hv * S;
     const int64_t kh = h % Hk;
     float *St = b->ssm_state + h * S * S;
-    float *qn = (float *)malloc((size_t)(2 * S) * sizeof(float)), *kn = qn + S;
-    if (!qn) return; /* (the caller checks the outputs' finiteness: NaN marks the failure) */
+    float *qn = c->scratch + h * 3 * S, *kn = qn + S, *sk = kn + S;
+    const int simd = qs_isa_get() >= QS_ISA_AVX2;
     const float qscale = 1.0f / sqrtf((float)S);
     for (int64_t t = 0; t < c->T; ++t) {
         const float *row = c->qkv + t * C, *q = row + kh * S, *k = row + Kd + kh * S, *v = row + 2 * Kd + h * S;
-        double sq = 0.0, sk = 0.0;
+        double sq = 0.0, sk2 = 0.0;
         for (int64_t j = 0; j < S; ++j) {
             sq += (double)q[j] * q[j];
-            sk += (double)k[j] * k[j];
+            sk2 += (double)k[j] * k[j];
         }
-        const float iq = qscale / sqrtf((float)sq + b->eps), ik = 1.0f / sqrtf((float)sk + b->eps);
+        const float iq = qscale / sqrtf((float)sq + b->eps), ik = 1.0f / sqrtf((float)sk2 + b->eps);
         for (int64_t j = 0; j < S; ++j) {
             qn[j] = q[j] * iq;
             kn[j] = k[j] * ik;
@@ -117,30 +120,16 @@ static void gdn_head(void *vctx, int64_t h) {
         const float decay = expf(sp * b->ssm_a[h]);
         const float beta = 1.0f / (1.0f + expf(-c->beta[t * Hv + h]));
         float *out = c->o + t * Hv * S + h * S;
-        for (int64_t i = 0; i < S; ++i) {
-            float *r = St + i * S;
-            float dot = 0.0f;
-            for (int64_t j = 0; j < S; ++j) {
-                r[j] *= decay;
-                dot += r[j] * kn[j];
-            }
-            const float d = (v[i] - dot) * beta;
-            float oi = 0.0f;
-            for (int64_t j = 0; j < S; ++j) {
-                r[j] += d * kn[j];
-                oi += r[j] * qn[j];
-            }
-            out[i] = oi;
-        }
+        if (simd) qs_gdn_step_avx2(S, St, kn, qn, v, decay, beta, out, sk);
+        else qs_gdn_step_scalar(S, St, kn, qn, v, decay, beta, out, sk);
     }
-    free(qn);
 }
 
 /* qwen35's gated delta-net mixer: h [T][E] (normed) -> out [T][E] (docs/engine.md, "Gated delta-net layers"). */
 static int gdn_mixer(const qs_block *b, const float *h, int64_t T, float *out, int n_threads) {
     const int64_t E = b->n_embd, K = b->gdn_conv, S = b->gdn_state, Hk = b->gdn_k_heads, Hv = b->gdn_v_heads;
     const int64_t Kd = Hk * S, Vd = Hv * S, C = 2 * Kd + Vd;
-    float *buf = (float *)malloc((size_t)(T * C + T * Vd * 2 + 2 * T * Hv + (K - 1 + T) * C) * sizeof(float));
+    float *buf = (float *)malloc((size_t)(T * C + T * Vd * 2 + 2 * T * Hv + (K - 1 + T) * C + 3 * Vd) * sizeof(float));
     if (!buf) return QS_ERR_NOMEM;
     float *qkv = buf, *z = qkv + T * C, *o = z + T * Vd, *beta = o + T * Vd, *alpha = beta + T * Hv;
     float *win = alpha + T * Hv;
@@ -166,7 +155,7 @@ static int gdn_mixer(const qs_block *b, const float *h, int64_t T, float *out, i
             qkv[t * C + ch] = acc / (1.0f + expf(-acc));
         }
     if (K > 1) memcpy(b->conv_state, win + T * C, (size_t)((K - 1) * C) * sizeof(float));
-    gdn_ctx ctx = {b, qkv, beta, alpha, o, T};
+    gdn_ctx ctx = {b, qkv, beta, alpha, o, T, win + (K - 1 + T) * C};
     qs_parallel_for(Hv, gdn_head, &ctx, n_threads);
     /* each head's output RMS-normalized (ssm_norm) and gated by SiLU(z), then ssm_out */
     qs_rmsnorm(o, b->ssm_norm, o, T * Hv, S, b->eps);

@@ -273,3 +273,35 @@ int qs_attention_sinks(const float *q, int64_t n_q, const int32_t *q_pos, int n_
     qs_parallel_for(n_q * n_kv_heads * c.split, attn_task, &c, n_threads);
     return c.failed ? -2 : 0;
 }
+
+void qs_gdn_step_scalar(int64_t S, float *st, const float *k, const float *q, const float *v, float decay, float beta,
+                        float *o, float *sk) {
+    for (int64_t i = 0; i < S; ++i) sk[i] = 0.0f;
+    for (int64_t j = 0; j < S; ++j) {
+        float *r = st + j * S;
+        for (int64_t i = 0; i < S; ++i) {
+            r[i] *= decay;
+            sk[i] = fmaf(k[j], r[i], sk[i]);
+        }
+    }
+    for (int64_t i = 0; i < S; ++i) {
+        sk[i] = (v[i] - sk[i]) * beta; /* d */
+        o[i] = 0.0f;
+    }
+    for (int64_t j = 0; j < S; ++j) {
+        float *r = st + j * S;
+        for (int64_t i = 0; i < S; ++i) {
+            r[i] = fmaf(k[j], sk[i], r[i]);
+            o[i] = fmaf(q[j], r[i], o[i]);
+        }
+    }
+}
+
+int qs_gdn_step(int64_t S, float *st, const float *k, const float *q, const float *v, float decay, float beta,
+                float *o) {
+    if (S <= 0 || S > 1024 || !st || !k || !q || !v || !o) return QS_ERR_SIZE;
+    float sk[1024];
+    if (qs_isa_get() >= QS_ISA_AVX2) qs_gdn_step_avx2(S, st, k, q, v, decay, beta, o, sk);
+    else qs_gdn_step_scalar(S, st, k, q, v, decay, beta, o, sk);
+    return QS_OK;
+}

@@ -11,5 +11,12 @@ void qs_axpy_f32_avx2(float a, const float *x, float *y, int n);
 void qs_axpy_f16_avx2(float a, const uint16_t *x, float *y, int n);
 void qs_swiglu_avx2(const float *gate, const float *up, float *out, int64_t n);
 void qs_geglu_tanh_avx2(const float *gate, const float *up, float *out, int64_t n);
+/* One token of a gated delta-net head (docs/engine.md, "Gated delta-net layers"), state st [S key][S value]:
+ * st *= decay; sk = st^T k; d = beta (v - sk); st += k d^T; o = st^T q. Per value lane the same operations in the
+ * same order (fused multiply-adds over the key index), so the two give the same bits. sk: S floats of scratch. */
+void qs_gdn_step_scalar(int64_t S, float *st, const float *k, const float *q, const float *v, float decay, float beta,
+                        float *o, float *sk);
+void qs_gdn_step_avx2(int64_t S, float *st, const float *k, const float *q, const float *v, float decay, float beta,
+                      float *o, float *sk);
 
 #endif

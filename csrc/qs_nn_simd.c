@@ -126,3 +126,43 @@ QS_TARGET_AVX2 void qs_geglu_tanh_avx2(const float *gate, const float *up, float
         out[i] = 0.5f * g * (1.0f + tanhf(ks * (g + 0.044715f * g * g * g))) * up[i];
     }
 }
+
+QS_TARGET_AVX2 void qs_gdn_step_avx2(int64_t S, float *st, const float *k, const float *q, const float *v, float decay,
+                                     float beta, float *o, float *sk) {
+    const __m256 dv = _mm256_set1_ps(decay);
+    int64_t i0 = 0;
+    for (; i0 + 8 <= S; i0 += 8) _mm256_storeu_ps(sk + i0, _mm256_setzero_ps());
+    for (int64_t i = i0; i < S; ++i) sk[i] = 0.0f;
+    for (int64_t j = 0; j < S; ++j) {
+        float *r = st + j * S;
+        const __m256 kj = _mm256_set1_ps(k[j]);
+        int64_t i = 0;
+        for (; i + 8 <= S; i += 8) {
+            const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(r + i), dv);
+            _mm256_storeu_ps(r + i, x);
+            _mm256_storeu_ps(sk + i, _mm256_fmadd_ps(kj, x, _mm256_loadu_ps(sk + i)));
+        }
+        for (; i < S; ++i) {
+            r[i] *= decay;
+            sk[i] = fmaf(k[j], r[i], sk[i]);
+        }
+    }
+    for (int64_t i = 0; i < S; ++i) {
+        sk[i] = (v[i] - sk[i]) * beta;
+        o[i] = 0.0f;
+    }
+    for (int64_t j = 0; j < S; ++j) {
+        float *r = st + j * S;
+        const __m256 kj = _mm256_set1_ps(k[j]), qj = _mm256_set1_ps(q[j]);
+        int64_t i = 0;
+        for (; i + 8 <= S; i += 8) {
+            const __m256 x = _mm256_fmadd_ps(kj, _mm256_loadu_ps(sk + i), _mm256_loadu_ps(r + i));
+            _mm256_storeu_ps(r + i, x);
+            _mm256_storeu_ps(o + i, _mm256_fmadd_ps(qj, x, _mm256_loadu_ps(o + i)));
+        }
+        for (; i < S; ++i) {
+            r[i] = fmaf(k[j], sk[i], r[i]);
+            o[i] = fmaf(q[j], r[i], o[i]);
+        }
+    }
+}

@@ -108,3 +108,35 @@ def test_the_memory_plan_counts_the_recurrent_state(path, model):
     assert plan.state_bytes == 2 * 4 * (3 * 128 + 4 * 16 * 16)
     assert plan.kv_bytes + plan.state_bytes == s.kv_bytes
     assert plan.total_bytes == plan.weights_bytes + plan.kv_bytes + plan.state_bytes
+
+
+def _gdn_step(st, k, q, v, decay, beta):
+    o = np.zeros(st.shape[0], np.float32)
+    p = {n: ffi.cast("float *", ffi.from_buffer(a)) for n, a in (("st", st), ("k", k), ("q", q), ("v", v), ("o", o))}
+    assert lib.qs_gdn_step(st.shape[0], p["st"], p["k"], p["q"], p["v"], decay, beta, p["o"]) == lib.QS_OK
+    return o
+
+
+@pytest.mark.parametrize("S", [16, 128, 13])
+def test_the_delta_rule_step_simd_equals_scalar_and_the_formula(S):
+    """The delta-net head's step (csrc/qs_nn.c and its AVX2 twin): the same bits at every level, and the formula
+    in float64 (st <- st * decay, d = beta (v - st^T k), st += k d^T, o = st^T q) to float rounding."""
+    from quantscope.core.native import kernels as K
+
+    rng = np.random.default_rng(S)
+    st0 = rng.standard_normal((S, S)).astype(np.float32)
+    k, q, v = ((rng.standard_normal(S) / np.sqrt(S)).astype(np.float32) for _ in range(3))
+    got = {}
+    for level in K.ISA_NAMES[: K.ISA_NAMES.index(K.isa_detected()) + 1]:
+        st = st0.copy()
+        with K.forced_isa(level):
+            got[level] = (_gdn_step(st, k, q, v, 0.9, 0.6), st)
+    ref_st = st0.astype(np.float64) * 0.9
+    d = 0.6 * (v - ref_st.T @ k)
+    ref_st += np.outer(k, d)
+    ref_o = ref_st.T @ q
+    for level, (o, st) in got.items():
+        np.testing.assert_allclose(o, ref_o, rtol=1e-5, atol=1e-5, err_msg=level)
+        np.testing.assert_allclose(st, ref_st, rtol=1e-5, atol=1e-5, err_msg=level)
+        assert np.array_equal(o, got["scalar"][0]) and np.array_equal(st, got["scalar"][1]), level
+    assert lib.qs_gdn_step(0, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, 1.0, 1.0, ffi.NULL) == lib.QS_ERR_SIZE

@@ -129,6 +129,15 @@ typedef struct {
     int64_t gdn_conv_w_len, dt_bias_len, ssm_a_len, ssm_norm_len;
     float *conv_state, *ssm_state;
     int64_t conv_state_len, ssm_state_len;
+    /* qwen35moe's shared expert (with experts only; n_ff_shexp 0: none): a SwiGLU FFN of n_ff_shexp (wsg, wsu
+     * n_ff_shexp x n_embd, wsd n_embd x n_ff_shexp) on every token, its output times sigmoid(h . shexp_gate)
+     * (shexp_gate: n_embd values) added to the experts' */
+    int n_ff_shexp;
+    int wsg_type, wsu_type, wsd_type;
+    const uint8_t *wsg, *wsu, *wsd;
+    int64_t wsg_bytes, wsu_bytes, wsd_bytes;
+    const float *shexp_gate;
+    int64_t shexp_gate_len;
 } qs_block;
 int qs_block_forward(const qs_block *b, float *x, int64_t n_tokens, const int32_t *pos, int64_t n_past,
                      int n_threads);

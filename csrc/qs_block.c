@@ -194,6 +194,17 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
         (NE && (!isfinite(b->exp_scale) || b->exp_scale < 0.0f)))
         return QS_ERR_SIZE;
     if (NE && (rc_weight = check_weight(b->wr_type, b->wr, b->wr_bytes, NE, E)) != QS_OK) return rc_weight;
+    const int64_t FS = b->n_ff_shexp;
+    if (FS < 0 || FS > (1 << 22) || (FS && !NE)) return QS_ERR_SIZE;
+    if (FS) {
+        if ((rc_weight = check_weight(b->wsg_type, b->wsg, b->wsg_bytes, FS, E)) ||
+            (rc_weight = check_weight(b->wsu_type, b->wsu, b->wsu_bytes, FS, E)) ||
+            (rc_weight = check_weight(b->wsd_type, b->wsd, b->wsd_bytes, E, FS)))
+            return rc_weight;
+        if (!b->shexp_gate || b->shexp_gate_len != E) return QS_ERR_VECTOR;
+    } else if (b->shexp_gate || b->shexp_gate_len) {
+        return QS_ERR_VECTOR;
+    }
     const int64_t ne = NE ? NE : 1; /* the FFN matrices hold n_expert matrices back to back */
     const int gdn = b->gdn_conv != 0;
     if (b->q_gate != 0 && (b->q_gate != 1 || gdn)) return QS_ERR_SIZE;
@@ -239,6 +250,32 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
  * their rows of h gathered, gate/up (one job, + biases), SwiGLU (or the clamped variant), down (+ bias), and each
  * output row added with its token's weight. Decode reads the picked experts' rows only; prefill streams each
  * expert's weights once. */
+/* qwen35moe's shared expert on every token of h [T][E], its output times sigmoid(h . shexp_gate) added to out */
+static int shared_expert(const qs_block *b, const float *h, int64_t T, float *out, int n_threads) {
+    const int64_t E = b->n_embd, FS = b->n_ff_shexp;
+    float *buf = (float *)malloc((size_t)(T * FS * 2 + T * E) * sizeof(float));
+    if (!buf) return QS_ERR_NOMEM;
+    float *g = buf, *u = g + T * FS, *o = u + T * FS;
+    const int ty[2] = {b->wsg_type, b->wsu_type};
+    const uint8_t *const ws[2] = {b->wsg, b->wsu};
+    const int64_t rows[2] = {FS, FS};
+    float *const ys[2] = {g, u};
+    int rc = matmat_shared(2, ty, ws, rows, E, h, T, ys, n_threads);
+    if (!rc) {
+        qs_swiglu(g, u, g, T * FS);
+        rc = qs_matmat(b->wsd_type, b->wsd, E, FS, g, T, o, n_threads);
+    }
+    if (!rc)
+        for (int64_t t = 0; t < T; ++t) {
+            float z = 0.0f;
+            for (int64_t c = 0; c < E; ++c) z += h[t * E + c] * b->shexp_gate[c];
+            const float w = 1.0f / (1.0f + expf(-z));
+            for (int64_t c = 0; c < E; ++c) out[t * E + c] += w * o[t * E + c];
+        }
+    free(buf);
+    return rc;
+}
+
 static int moe_ffn(const qs_block *b, const float *h, int64_t T, float *out, int n_threads) {
     const int64_t E = b->n_embd, F = b->n_ff, NE = b->n_expert, K = b->n_expert_used;
     const int64_t sg = qs_weight_bytes(b->wg_type, F, E), su = qs_weight_bytes(b->wu_type, F, E),
@@ -314,6 +351,7 @@ static int moe_ffn(const qs_block *b, const float *h, int64_t T, float *out, int
             for (int64_t c = 0; c < E; ++c) o[c] += w * ob[i * E + c];
         }
     }
+    if (!rc && b->n_ff_shexp) rc = shared_expert(b, h, T, out, n_threads);
 done:
     free(probs);
     free(sel);

@@ -119,6 +119,12 @@ SPECS: dict[str, Spec] = {
                    extra_kv={"full_attention_interval": 2, "rope.dimension_sections": [2, 1, 1, 0],
                              "ssm.conv_kernel": 4, "ssm.inner_size": 64, "ssm.state_size": 16,
                              "ssm.time_step_rank": 4, "ssm.group_count": 2}),
+    # qwen35moe: the same layers with 8 experts of 32 (2 per token) and a shared expert of 48 behind a sigmoid gate
+    "qwen35moe": Spec("qwen35moe", qk_norm="head", n_layers=4, rope_dim=8, experts=(8, 2), expert_ff=32,
+                      extra_kv={"full_attention_interval": 2, "rope.dimension_sections": [2, 1, 1, 0],
+                                "ssm.conv_kernel": 4, "ssm.inner_size": 64, "ssm.state_size": 16,
+                                "ssm.time_step_rank": 4, "ssm.group_count": 2,
+                                "expert_shared_feed_forward_length": 48}),
 }
 
 #: qwen35 fixture: (d_conv, d_state, key heads, value heads)
@@ -187,8 +193,9 @@ def vocabulary() -> dict[str, object]:
 
 def _qwen35_recurrent(b: str, rng: np.random.Generator, matrix: Callable[..., None], vector: Callable[..., None],
                       w) -> None:
-    """One gated delta-net layer of the qwen35 fixture (llama.cpp's tensor names and shapes) and its FFN."""
-    E, F = N_EMBD, N_FF
+    """The gated delta-net mixer of a qwen35 fixture layer (llama.cpp's tensor names and shapes); the FFN is
+    written as for the other layers."""
+    E = N_EMBD
     K, S, HK, HV = Q35_SSM
     conv = 2 * HK * S + HV * S
     vector(b + "attn_norm.weight", E)
@@ -201,10 +208,6 @@ def _qwen35_recurrent(b: str, rng: np.random.Generator, matrix: Callable[..., No
     matrix(b + "ssm_alpha.weight", HV, E, 0.3)
     vector(b + "ssm_norm.weight", S)
     matrix(b + "ssm_out.weight", E, HV * S, 0.2)
-    vector(b + "post_attention_norm.weight", E)
-    matrix(b + "ffn_gate.weight", F, E, 0.3)
-    matrix(b + "ffn_up.weight", F, E, 0.3)
-    matrix(b + "ffn_down.weight", E, F, 0.2)
 
 
 def _normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
@@ -314,38 +317,48 @@ def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0
         _gemma4_tensors(w, rng, matrix, vector, s.n_layers, g4_ff)
     for i in range(s.n_layers if s.arch != "gemma4" else 0):
         b = f"blk.{i}."
-        if s.arch == "qwen35" and (i + 1) % int(s.extra_kv.get("full_attention_interval", 4)):  # type: ignore[call-overload]
+        q35 = s.arch in ("qwen35", "qwen35moe")
+        recurrent = q35 and (i + 1) % int(s.extra_kv.get("full_attention_interval", 4))  # type: ignore[call-overload]
+        if recurrent:
             _qwen35_recurrent(b, rng, matrix, vector, w)
-            continue
-        if s.pre_norms:
+        if s.pre_norms and not recurrent:
             vector(b + "attn_norm.weight", E)
-        if s.fused_qkv:
+        if recurrent:
+            pass
+        elif s.fused_qkv:
             matrix(b + "attn_qkv.weight", (H + 2 * KV) * hd, E, 0.3)
         else:
-            matrix(b + "attn_q.weight", H * hd * (2 if s.arch == "qwen35" else 1), E, 0.3)  # qwen35: + the gate
+            matrix(b + "attn_q.weight", H * hd * (2 if q35 else 1), E, 0.3)  # qwen35: + the gate
             matrix(b + "attn_k.weight", KV * hd, E, 0.3)
             matrix(b + "attn_v.weight", KV * hd, E, 0.3)
-        if s.biases:
+        if s.biases and not recurrent:
             vector(b + "attn_q.bias", H * hd, 0.0, 0.2)
             vector(b + "attn_k.bias", KV * hd, 0.0, 0.2)
             vector(b + "attn_v.bias", KV * hd, 0.0, 0.2)
-        if s.qk_norm:
+        if s.qk_norm and not recurrent:
             vector(b + "attn_q_norm.weight", hd if s.qk_norm == "head" else H * hd)
             vector(b + "attn_k_norm.weight", hd if s.qk_norm == "head" else KV * hd)
-        matrix(b + "attn_output.weight", E, H * hd, 0.2)
+        if not recurrent:
+            matrix(b + "attn_output.weight", E, H * hd, 0.2)
         if s.oai:
             vector(b + "attn_output.bias", E, 0.0, 0.2)
             vector(b + "attn_sinks.weight", H, 0.0, 1.0)
         if s.post_norms:
             vector(b + "post_attention_norm.weight", E)
         if s.pre_norms:
-            vector(b + ("post_attention_norm.weight" if s.oai or s.arch == "qwen35" else "ffn_norm.weight"), E)
+            vector(b + ("post_attention_norm.weight" if s.oai or q35 else "ffn_norm.weight"), E)
         if s.experts[0]:
             ne, fe = s.experts[0], s.expert_ff or F
             matrix(b + "ffn_gate_inp.weight", ne, E, 0.5)
             experts(b + "ffn_gate_exps.weight", ne, fe, E, 0.3)
             experts(b + "ffn_up_exps.weight", ne, fe, E, 0.3)
             experts(b + "ffn_down_exps.weight", ne, E, fe, 0.2)
+            if "expert_shared_feed_forward_length" in s.extra_kv:  # qwen35moe's shared expert and its gate
+                fs = int(s.extra_kv["expert_shared_feed_forward_length"])  # type: ignore[call-overload]
+                vector(b + "ffn_gate_inp_shexp.weight", E, 0.0, 0.5)
+                matrix(b + "ffn_gate_shexp.weight", fs, E, 0.3)
+                matrix(b + "ffn_up_shexp.weight", fs, E, 0.3)
+                matrix(b + "ffn_down_shexp.weight", E, fs, 0.2)
             if s.oai:
                 vector(b + "ffn_gate_inp.bias", ne, 0.0, 0.5)
                 w.add_tensor(b + "ffn_gate_exps.bias", _normal(rng, (ne, fe), 0.5))

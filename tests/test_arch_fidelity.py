@@ -109,6 +109,8 @@ def test_logits_match_llama_cpp(key, repack, tmp_path, vocab):
     ("qwen35-F32", dict(rope_dim=16)),  # every value of the heads rotated, not the first rope.dimension_count
     ("qwen35-F32", dict(gdn_dt_bias=0.0)),  # the delta-net's decay without its bias
     ("qwen35-F32", dict(gdn_conv="last tap")),  # no conv across positions (so no conv state either)
+    ("qwen35moe-F32", dict(layer_shared=None)),  # the routed experts alone
+    ("qwen35moe-F32", dict(n_expert_used=1)),
 ])
 def test_the_oracle_catches_a_missing_feature(key, change, tmp_path, vocab):
     """Each feature the fixtures exercise matters: without it the fidelity test above would fail (gemma3's linear
@@ -125,6 +127,9 @@ def test_the_oracle_catches_a_missing_feature(key, change, tmp_path, vocab):
         cfg = dataclasses.replace(model.config, attn_sinks=field != "sinks")
         weights = dataclasses.replace(weights, config=cfg, layers=[dataclasses.replace(lw, **{field: None})
                                                                    for lw in weights.layers])
+    elif "layer_shared" in change:
+        weights = dataclasses.replace(weights, config=dataclasses.replace(model.config, n_ff_shexp=0), layers=[
+            dataclasses.replace(lw, sh_gate=None, sh_up=None, sh_down=None, sh_gate_inp=None) for lw in weights.layers])
     elif "gdn_dt_bias" in change or "gdn_conv" in change:
         def gdn(g):
             if "gdn_dt_bias" in change:
@@ -201,6 +206,13 @@ def Q35(**kv: object) -> Spec:  # the qwen35 fixture with metadata changed (the 
     (Q35(**{"ssm.conv_kernel": 5}), "expected blk.0.ssm_conv1d.weight of shape [5, 128], found [4, 128]"),
     (Q35(**{"ssm.state_size": 8, "ssm.inner_size": 32}), "expected blk.0.ssm_conv1d.weight of shape [4, 64]"),
     (Q35(nextn_predict_layers=1), "multi-token-prediction layers are not supported"),
+    (dataclasses.replace(arch_fixtures.SPECS["qwen35moe"], extra_kv={**arch_fixtures.SPECS["qwen35moe"].extra_kv,
+                                                                      "expert_shared_count": 2}),
+     "qwen35moe.expert_shared_count: only one shared expert is supported"),
+    (dataclasses.replace(arch_fixtures.SPECS["qwen35moe"], extra_kv={
+        k: v for k, v in arch_fixtures.SPECS["qwen35moe"].extra_kv.items()
+        if k != "expert_shared_feed_forward_length"}),
+     "missing tensor blk.0.ffn_gate_shexp.weight"),  # the file has no shared expert: llama.cpp requires one
 ])
 def test_what_the_engine_would_ignore_is_refused(spec, message, tmp_path, vocab, monkeypatch, capsys):
     monkeypatch.setitem(arch_fixtures.SPECS, "case", spec)

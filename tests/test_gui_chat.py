@@ -772,3 +772,30 @@ def test_harmony_thinking_is_shown_apart_and_saved(window, qtbot, tmp_path, monk
         (c,) = s.list_conversations()
         last = s.get(c.id).messages[-1]
         assert (last.content, last.thinking) == ("Hello there!", "The user says hi. I should greet back.")
+
+
+def test_a_qwen35_model_chats_and_regenerates_from_its_recurrent_state(window, qtbot, tmp_path):  # noqa: F811
+    """Qwen3.5's delta-net layers in the app: the memory line counts their state, a greedy continuation equals
+    the engine's, and a regenerated reply (the same prompt) starts from the state checkpointed after the prompt."""
+    from quantscope.core.engine.generate import Engine
+
+    from .arch_fixtures import vocabulary, write_fixture
+
+    path = write_fixture("qwen35", tmp_path / "qwen35.gguf", vocab=vocabulary())
+    expected = "".join(d.text for d in Engine(path, n_ctx=256).generate("The cat sat",
+                                                                      SamplerParams(temperature=0, max_tokens=12)))
+    assert window.open_path(path)
+    window.show_view("chat")
+    chat = window.chat_view
+    chat.ctx_spin.setValue(256)
+    assert "recurrent state" in chat.memory_label.text()
+    with qtbot.waitSignal(chat.engineLoaded, timeout=LOAD_TIMEOUT):
+        assert chat.load_model()
+    chat.set_mode("completion")
+    chat.apply_preset("Greedy")
+    chat.max_spin.setValue(12)
+    send_and_wait(qtbot, chat, "The cat sat")
+    assert chat.messages[-1].content == expected
+    with qtbot.waitSignal(chat.replyFinished, timeout=REPLY_TIMEOUT) as sig:
+        assert chat.regenerate()
+    assert sig.args[0].n_prompt_new == 0 and chat.messages[-1].content == expected

@@ -140,3 +140,26 @@ def test_the_delta_rule_step_simd_equals_scalar_and_the_formula(S):
         np.testing.assert_allclose(st, ref_st, rtol=1e-5, atol=1e-5, err_msg=level)
         assert np.array_equal(o, got["scalar"][0]) and np.array_equal(st, got["scalar"][1]), level
     assert lib.qs_gdn_step(0, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, 1.0, 1.0, ffi.NULL) == lib.QS_ERR_SIZE
+
+
+#: (field, value, error) of the qwen35moe fixture's first block: a shared expert of 48 beside 8 experts of 32
+SHEXP_FIELDS = [("n_ff_shexp", -1, "QS_ERR_SIZE"), ("wsg_bytes", 48 * 64 * 4 - 1, "QS_ERR_WEIGHT"),
+                ("wsd_bytes", 64 * 48 * 4 - 4, "QS_ERR_WEIGHT"), ("wsu", None, "QS_ERR_WEIGHT"),
+                ("shexp_gate_len", 63, "QS_ERR_VECTOR"), ("shexp_gate", None, "QS_ERR_VECTOR"),
+                ("n_expert", 0, "QS_ERR_SIZE")]
+
+
+@pytest.mark.parametrize(("field", "value", "code"), SHEXP_FIELDS, ids=[f"{f}={v}" for f, v, _ in SHEXP_FIELDS])
+def test_the_native_block_checks_the_shared_expert(field, value, code, tmp_path):
+    """qwen35moe's shared expert: its matrices, gate vector and width are checked by qs_block_forward itself."""
+    m = Model(GGUFFile(write_fixture("qwen35moe", tmp_path / "q35moe.gguf", vocab=vocabulary())), threads=2)
+    s = m.session(16)
+    b = ffi.new("qs_block *", s._block_structs[0][0])
+    assert (b.n_ff_shexp, b.shexp_gate_len, b.n_expert) == (48, 64, 8)
+    setattr(b, field, ffi.NULL if value is None else value)
+    x = np.ones((2, 64), np.float32)
+    pos = np.array([0, 1], np.int32)
+    rc = lib.qs_block_forward(b, ffi.cast("float *", ffi.from_buffer(x)), 2,
+                              ffi.cast("int32_t *", ffi.from_buffer(pos)), 0, 1)
+    assert rc == getattr(lib, code), (rc, code)
+    assert (x == 1).all() and not s.ssm_state[0].any()

@@ -55,6 +55,8 @@ _LAYER_WEIGHTS = (("wq", "wq"), ("wk", "wk"), ("wv", "wv"), ("wo", "wo"), ("w_ga
                   ("w_down", "w_down"), ("ple_gate", "ple_gate"), ("ple_proj", "ple_proj"), ("w_router", "router"))
 #: a gated delta-net layer's own matrices (LayerWeights.gdn): key -> GDNWeights field
 _GDN_WEIGHTS = (("gdn_z", "z"), ("gdn_beta", "beta"), ("gdn_alpha", "alpha"))
+#: qwen35moe's shared expert: key -> LayerWeights field
+_SHARED_WEIGHTS = (("wsg", "sh_gate"), ("wsu", "sh_up"), ("wsd", "sh_down"))
 
 
 def _layer_matrices(lw: LayerWeights) -> list[tuple[str, Weight]]:
@@ -63,6 +65,7 @@ def _layer_matrices(lw: LayerWeights) -> list[tuple[str, Weight]]:
            if getattr(lw, attr) is not None and not (key == "wv" and lw.wv is lw.wk)]
     if lw.gdn is not None:
         out += [(key, getattr(lw.gdn, attr)) for key, attr in _GDN_WEIGHTS]
+    out += [(key, getattr(lw, attr)) for key, attr in _SHARED_WEIGHTS if getattr(lw, attr) is not None]
     return out
 
 
@@ -352,6 +355,14 @@ class Session:
                 b.conv_state = _fp(self.conv_state[li]) if self.conv_state[li].size else ffi.NULL
                 b.conv_state_len = int(self.conv_state[li].size)
                 b.ssm_state, b.ssm_state_len = _fp(self.ssm_state[li]), int(self.ssm_state[li].size)
+            if lw.sh_gate_inp is not None:
+                b.n_ff_shexp = c.n_ff_shexp
+                for field, _attr in _SHARED_WEIGHTS:
+                    bound = lb[field]
+                    setattr(b, field, bound.ptr)
+                    setattr(b, field + "_type", bound.type_id)
+                    setattr(b, field + "_bytes", bound.nbytes)
+                b.shexp_gate, b.shexp_gate_len = _fp(lw.sh_gate_inp), int(lw.sh_gate_inp.size)
             b.k_cache = ffi.from_buffer(self.k_cache[li])
             b.v_cache = ffi.from_buffer(self.v_cache[li])
             b.k_cache_bytes, b.v_cache_bytes = self.k_cache[li].nbytes, self.v_cache[li].nbytes

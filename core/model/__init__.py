@@ -114,6 +114,7 @@ class ModelConfig:
     ssm_state: int = 0
     ssm_k_heads: int = 0
     ssm_v_heads: int = 0
+    n_ff_shexp: int = 0  # qwen35moe: a shared expert of this width beside the routed ones (0: none)
 
     def n_head_kv_at(self, layer: int) -> int:
         return self.layer_n_head_kv[layer] if self.layer_n_head_kv else self.n_head_kv
@@ -345,6 +346,14 @@ def check_config(cfg: ModelConfig, keys: dict[str, str] | None = None) -> None:
             raise UnsupportedModel(f"{cfg.arch}: experts with a GELU FFN are not supported by the engine")
     _check_layers(cfg, k)
     _check_recurrent(cfg)
+    _check_shared_expert(cfg)
+
+
+def _check_shared_expert(cfg: ModelConfig) -> None:
+    v = cfg.n_ff_shexp
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_FF or (v and not cfg.n_expert):
+        raise ModelError(f"{cfg.arch}.expert_shared_feed_forward_length: expected 0..{MAX_FF} with experts, "
+                         f"found {v!r}")
 
 
 def _check_recurrent(cfg: ModelConfig) -> None:
@@ -412,7 +421,7 @@ def _check_layers(cfg: ModelConfig, k: dict[str, str]) -> None:
 Common = dict[str, object]
 
 
-def _experts(f: GGUFFile, c: Common, keys: dict[str, str], ff_key: str = "") -> dict[str, object]:
+def _experts(f: GGUFFile, c: Common, keys: dict[str, str], ff_key: str = "", shared: bool = False) -> dict[str, object]:
     """The mixture-of-experts keys (none: a dense model): expert count and experts used per token;
     ``ff_key``: the experts' own FFN width (qwen3moe), one value or one per layer (all equal). Shared experts and
     gating functions other than llama.cpp's softmax for these architectures are refused."""
@@ -424,7 +433,7 @@ def _experts(f: GGUFFile, c: Common, keys: dict[str, str], ff_key: str = "") -> 
                              "blk.0.ffn_gate_inp.weight), found none")
         return {}
     for key in (f"{a}.expert_shared_count", f"{a}.expert_shared_feed_forward_length"):
-        if _int(f, key, 0, lo=0, hi=MAX_FF):
+        if not shared and _int(f, key, 0, lo=0, hi=MAX_FF):
             raise UnsupportedModel(f"{key}: shared experts are not supported by the engine")
     gating = _int(f, f"{a}.expert_gating_func", 1, lo=0, hi=16)
     if gating != 1:
@@ -602,6 +611,20 @@ def _qwen35(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
             "ssm_v_heads": v_heads}
 
 
+def _qwen35moe(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
+    """qwen35 with every FFN a mixture of experts (expert_feed_forward_length wide, softmax routing, weights
+    normalized) plus a shared expert of expert_shared_feed_forward_length (default feed_forward_length) whose
+    output is gated by sigmoid(h . ffn_gate_inp_shexp)."""
+    a = c["arch"]
+    if _int(f, f"{a}.expert_shared_count", 1, lo=0, hi=MAX_EXPERTS) != 1:
+        raise UnsupportedModel(f"{a}.expert_shared_count: only one shared expert is supported")
+    out = {**_qwen35(f, c, keys), **_experts(f, c, keys, f"{a}.expert_feed_forward_length", shared=True)}
+    if not out.get("n_expert"):
+        raise ModelError(f"{keys['n_expert']}: expected the number of experts, found none")
+    out["n_ff_shexp"] = _int(f, f"{a}.expert_shared_feed_forward_length", c["n_ff"], hi=MAX_FF)
+    return out
+
+
 @dataclass(frozen=True)
 class Architecture:
     """What the engine knows about one ``general.architecture``."""
@@ -619,6 +642,7 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     Architecture("mistral3", _mistral3), Architecture("gemma4", _gemma4), Architecture("qwen3moe", _qwen3moe),
     Architecture("gpt-oss", _gpt_oss, ffn_norm="post_attention_norm.weight"),
     Architecture("qwen35", _qwen35, ffn_norm="post_attention_norm.weight"),
+    Architecture("qwen35moe", _qwen35moe, ffn_norm="post_attention_norm.weight"),
 )}
 SUPPORTED_ARCHS = tuple(ARCHITECTURES)
 
@@ -795,13 +819,18 @@ class LayerWeights:
     b_up: np.ndarray | None = None  # (n_expert x n_embd), expert-major
     b_down: np.ndarray | None = None
     gdn: GDNWeights | None = None  # qwen35's gated delta-net layers (wq is then attn_qkv, wo ssm_out; no wk, wv)
+    sh_gate: Weight | None = None  # qwen35moe's shared expert: ffn_{gate,up}_shexp (n_ff_shexp x n_embd),
+    sh_up: Weight | None = None  # ffn_down_shexp (n_embd x n_ff_shexp) and its gate ffn_gate_inp_shexp (n_embd)
+    sh_down: Weight | None = None
+    sh_gate_inp: np.ndarray | None = None
 
     def matrices(self) -> list[Weight]:
         """The distinct matrices of the layer (a V that is K's projection counted once)."""
         out: list[Weight] = []
         g = self.gdn
         for w in (self.wq, self.wk, self.wv, self.wo, self.w_gate, self.w_up, self.w_down, self.ple_gate,
-                  self.ple_proj, self.router, *((g.z, g.beta, g.alpha) if g else ())):
+                  self.ple_proj, self.router, *((g.z, g.beta, g.alpha) if g else ()), self.sh_gate, self.sh_up,
+                  self.sh_down):
             if w is not None and all(w is not x for x in out):
                 out.append(w)
         return out
@@ -930,7 +959,7 @@ _VECTOR_TENSORS = {"attn_norm": "attn_norm.weight", "ffn_norm": "ffn_norm.weight
                    "post_ffn_norm": "post_ffw_norm.weight", "ple_post_norm": "post_norm.weight",
                    "out_scale": "layer_output_scale.weight", "bo": "attn_output.bias", "sinks": "attn_sinks.weight",
                    "b_router": "ffn_gate_inp.bias", "b_gate": "ffn_gate_exps.bias", "b_up": "ffn_up_exps.bias",
-                   "b_down": "ffn_down_exps.bias"}
+                   "b_down": "ffn_down_exps.bias", "sh_gate_inp": "ffn_gate_inp_shexp.weight"}
 
 
 def _check_all_bound(f: GGUFFile, cfg: ModelConfig, used: set[str]) -> None:
@@ -986,6 +1015,12 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
             b_up=_vector(f, b + "ffn_up_exps.bias", True, 2) if oai else None,
             b_down=_vector(f, b + "ffn_down_exps.bias", True, 2) if oai else None,
         ))
+    if cfg.n_ff_shexp:
+        for i, lw in enumerate(layers):
+            b = f"blk.{i}."
+            lw.sh_gate, lw.sh_up = _weight(f, b + "ffn_gate_shexp.weight"), _weight(f, b + "ffn_up_shexp.weight")
+            lw.sh_down = _weight(f, b + "ffn_down_shexp.weight")
+            lw.sh_gate_inp = _vector(f, b + "ffn_gate_inp_shexp.weight")
     emb = _weight(f, "token_embd.weight")
     tied = not f.has_tensor("output.weight")
     out = emb if tied else _weight(f, "output.weight")
@@ -1028,10 +1063,18 @@ def _recurrent_layer(f: GGUFFile, cfg: ModelConfig, i: int, ffn_norm: str) -> La
                      alpha=_weight(f, b + "ssm_alpha.weight"), conv=_vector(f, conv_name, ndim=2),  # type: ignore[arg-type]
                      dt_bias=_vector(f, b + "ssm_dt.bias"), a=_vector(f, b + "ssm_a"),  # type: ignore[arg-type]
                      norm=_vector(f, b + "ssm_norm.weight"))  # type: ignore[arg-type]
+    if cfg.n_expert:
+        keys, E, F, NE = gguf_keys(cfg.arch), cfg.n_embd, cfg.n_ff, cfg.n_expert
+        ffn = dict(w_gate=_experts_weight(f, b + "ffn_gate_exps.weight", (E, F, NE), keys),
+                   w_up=_experts_weight(f, b + "ffn_up_exps.weight", (E, F, NE), keys),
+                   w_down=_experts_weight(f, b + "ffn_down_exps.weight", (F, E, NE), keys),
+                   router=_weight(f, b + "ffn_gate_inp.weight"))
+    else:
+        ffn = dict(w_gate=_weight(f, b + "ffn_gate.weight"), w_up=_weight(f, b + "ffn_up.weight"),
+                   w_down=_weight(f, b + "ffn_down.weight"))
     return LayerWeights(attn_norm=_vector(f, b + "attn_norm.weight"), wq=_weight(f, b + "attn_qkv.weight"), wk=None,
-                        wv=None, wo=_weight(f, b + "ssm_out.weight"), ffn_norm=_vector(f, b + ffn_norm),
-                        w_gate=_weight(f, b + "ffn_gate.weight"), w_up=_weight(f, b + "ffn_up.weight"),
-                        w_down=_weight(f, b + "ffn_down.weight"), gdn=gdn)
+                        wv=None, wo=_weight(f, b + "ssm_out.weight"), ffn_norm=_vector(f, b + ffn_norm), gdn=gdn,
+                        **ffn)  # type: ignore[arg-type]
 
 
 def _check_recurrent_layer(c: ModelConfig, i: int, lw: LayerWeights, k: dict[str, str]) -> None:
@@ -1056,7 +1099,7 @@ def _check_recurrent_layer(c: ModelConfig, i: int, lw: LayerWeights, k: dict[str
         if not np.isfinite(v).all():
             raise ModelError(f"{b}{name}: expected finite values")
     extra = [n for n, v in (("attn_q/k/v.bias", lw.bq), ("attn_q_norm", lw.q_norm), ("attn_k_norm", lw.k_norm),
-                            ("attn_output.bias", lw.bo), ("attn_sinks", lw.sinks), ("ffn_gate_inp", lw.router))
+                            ("attn_output.bias", lw.bo), ("attn_sinks", lw.sinks))
              if v is not None]
     if extra:
         raise ModelError(f"{b}{extra[0]}: not part of a gated delta-net layer")
@@ -1197,3 +1240,14 @@ def check_weights(w: ModelWeights, keys: dict[str, str] | None = None) -> None:
                 raise ModelError(f"{nx}: 0, but {b}{name} is bound")
             _check_vector(b + name, vec, n, what, False)
         _check_vector(b + "post_ffw_norm.weight", lw.post_ffn_norm, E, k["n_embd"], c.post_norms)
+        shared = (lw.sh_gate, lw.sh_up, lw.sh_down, lw.sh_gate_inp)
+        if c.n_ff_shexp:
+            FS, what = c.n_ff_shexp, f"{c.arch}.expert_shared_feed_forward_length"
+            if any(x is None for x in shared):
+                raise ModelError(f"{b}ffn_*_shexp: expected the shared expert ({what}), found none")
+            _check_matrix(lw.sh_gate, FS, E, what, k["n_embd"])  # type: ignore[arg-type]
+            _check_matrix(lw.sh_up, FS, E, what, k["n_embd"])  # type: ignore[arg-type]
+            _check_matrix(lw.sh_down, E, FS, k["n_embd"], what)  # type: ignore[arg-type]
+            _check_vector(b + "ffn_gate_inp_shexp.weight", lw.sh_gate_inp, E, k["n_embd"])
+        elif any(x is not None for x in shared):
+            raise ModelError(f"{b}ffn_*_shexp: a shared expert without {c.arch}.expert_shared_feed_forward_length")

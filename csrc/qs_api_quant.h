@@ -52,10 +52,13 @@ int qs_repack_type(int type);
 int64_t qs_repack_bytes(int type, int64_t rows, int64_t k);
 int qs_repack(int type, const uint8_t *src, int64_t src_bytes, int64_t rows, int64_t k, uint8_t *dst,
               int64_t dst_bytes, int64_t g0, int64_t g1, int n_threads);
-/* n (1..4) products of the same x (n_x rows of k) by repacked weights (type ids 0x100 | type, n_rows[i] rows
+/* n (1..32) products of the same x (n_x rows of k) by repacked weights (type ids 0x100 | type, n_rows[i] rows
  * each) in one pool job, y[i] = x W_i^T: the engine's q/k/v and gate/up. Same bits as n qs_matmat calls. */
 int qs_rp_matmat_multi(int n, const int *rtype, const uint8_t *const *w, const int64_t *n_rows, int64_t k,
                        const float *x, int64_t n_x, float *const *y, int n_threads);
+/* The same with an input of its own per product, y[i] = x[i] W_i^T (a decode step's experts' down products). */
+int qs_rp_matmat_multi_x(int n, const int *rtype, const uint8_t *const *w, const int64_t *n_rows, int64_t k,
+                         const float *const *x, int64_t n_x, float *const *y, int n_threads);
 /* Prompts of the code types (IQ1/IQ2/IQ3 and TQ, Q8_K activations): each 16-row group decoded once into a
  * transient repacked layout and multiplied with every column; the same bits as the row dots. qs_matmat takes this
  * path for 4 or more columns where qs_iq_prefill_usable (a SIMD ISA, rows a multiple of 16, k of 256). */

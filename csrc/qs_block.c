@@ -276,6 +276,54 @@ static int shared_expert(const qs_block *b, const float *h, int64_t T, float *ou
     return rc;
 }
 
+/* moe_ffn's decode step (one token, repacked experts): sel / wsel the K picked experts and weights; gb holds
+ * 2 K F floats, ob K E (as moe_ffn allocates them for K >= 1 pairs) */
+static int decode_experts(const qs_block *b, const float *h, const int32_t *sel, const float *wsel, float *gb,
+                          float *ob, float *out, int n_threads) {
+    const int64_t E = b->n_embd, F = b->n_ff, K = b->n_expert_used;
+    const int64_t sg = qs_weight_bytes(b->wg_type, F, E), su = qs_weight_bytes(b->wu_type, F, E),
+                  sd = qs_weight_bytes(b->wd_type, E, F);
+    int32_t order[32];
+    for (int64_t j = 0; j < K; ++j) { /* the picked experts by index: the accumulation order of moe_ffn */
+        int64_t i = j;
+        while (i > 0 && sel[order[i - 1]] > sel[j]) {
+            order[i] = order[i - 1];
+            --i;
+        }
+        order[i] = (int32_t)j;
+    }
+    int ty[64];
+    const uint8_t *ws[64];
+    int64_t rows[64];
+    float *ys[64];
+    const float *xs[32];
+    for (int64_t j = 0; j < K; ++j) {
+        const int64_t e = sel[order[j]];
+        ty[2 * j] = b->wg_type, ws[2 * j] = b->wg + e * sg, rows[2 * j] = F, ys[2 * j] = gb + j * F;
+        ty[2 * j + 1] = b->wu_type, ws[2 * j + 1] = b->wu + e * su, rows[2 * j + 1] = F, ys[2 * j + 1] = gb + (K + j) * F;
+    }
+    int rc = qs_rp_matmat_multi((int)(2 * K), ty, ws, rows, E, h, 1, ys, n_threads);
+    if (rc) return rc;
+    for (int64_t j = 0; j < K; ++j) {
+        const int64_t e = sel[order[j]];
+        float *g = gb + j * F, *u = gb + (K + j) * F;
+        if (b->bg) add_bias(g, b->bg + e * F, 1, F);
+        if (b->bu) add_bias(u, b->bu + e * F, 1, F);
+        if (b->swiglu_oai) qs_swiglu_oai(g, u, g, F);
+        else qs_swiglu(g, u, g, F);
+        ty[j] = b->wd_type, ws[j] = b->wd + e * sd, rows[j] = E, xs[j] = g, ys[j] = ob + j * E;
+    }
+    rc = qs_rp_matmat_multi_x((int)K, ty, ws, rows, F, xs, 1, ys, n_threads);
+    if (rc) return rc;
+    for (int64_t j = 0; j < K; ++j) {
+        const int64_t e = sel[order[j]];
+        const float w = wsel[order[j]];
+        if (b->bd) add_bias(ob + j * E, b->bd + e * E, 1, E);
+        for (int64_t c = 0; c < E; ++c) out[c] += w * ob[j * E + c];
+    }
+    return QS_OK;
+}
+
 static int moe_ffn(const qs_block *b, const float *h, int64_t T, float *out, int n_threads) {
     const int64_t E = b->n_embd, F = b->n_ff, NE = b->n_expert, K = b->n_expert_used;
     const int64_t sg = qs_weight_bytes(b->wg_type, F, E), su = qs_weight_bytes(b->wu_type, F, E),
@@ -287,8 +335,9 @@ static int moe_ffn(const qs_block *b, const float *h, int64_t T, float *out, int
     int64_t *count = (int64_t *)calloc((size_t)NE + 1, sizeof(int64_t));
     int64_t *tok = (int64_t *)malloc((size_t)(T * K) * sizeof(int64_t)); /* (token, slot) pairs by expert */
     float *hb = (float *)malloc((size_t)(T * E) * sizeof(float));
-    float *gb = (float *)malloc((size_t)(T * F * 2) * sizeof(float));
-    float *ob = (float *)malloc((size_t)(T * E) * sizeof(float));
+    const int64_t nb = T > K ? T : K; /* (decode_experts takes K experts' rows at once) */
+    float *gb = (float *)malloc((size_t)(nb * F * 2) * sizeof(float));
+    float *ob = (float *)malloc((size_t)(nb * E) * sizeof(float));
     int rc = QS_ERR_NOMEM;
     if (!probs || !sel || !wsel || !count || !tok || !hb || !gb || !ob) goto done;
     rc = qs_matmat(b->wr_type, b->wr, NE, E, h, T, probs, n_threads);
@@ -327,6 +376,14 @@ static int moe_ffn(const qs_block *b, const float *h, int64_t T, float *out, int
         free(fill);
     }
     memset(out, 0, (size_t)(T * E) * sizeof(float));
+    if (T == 1 && 2 * K <= 32 && (b->wg_type & b->wu_type & b->wd_type & QS_RP_FLAG)) {
+        /* one token (decode), repacked experts: the picked experts' gate and up products in one pool job, their
+         * down products in another (the same kernels and sums as expert by expert below), then the weighted outputs
+         * added in expert order as below */
+        rc = decode_experts(b, h, sel, wsel, gb, ob, out, n_threads);
+        if (!rc && b->n_ff_shexp) rc = shared_expert(b, h, T, out, n_threads);
+        goto done;
+    }
     for (int64_t e = 0; e < NE && !rc; ++e) {
         const int64_t n = count[e + 1] - count[e];
         if (!n) continue;

@@ -770,7 +770,7 @@ typedef struct {
  * together. Decode chunks shrink as the work runs out (guided: remaining / (2 x threads), at least ~32 KiB of
  * weights), which keeps each thread's stream long at first and the wait at the end short. The prefill GEMM
  * takes one long run per thread (its activations are reused across a run's groups). */
-#define RP_MAX_MATS 4
+#define RP_MAX_MATS 32 /* a decode step's selected experts' gate and up matrices go in one job */
 typedef struct {
     int n, simd, n_threads; /* simd: 2 AVX-512 kernels, 1 AVX2, 0 the scalar references */
     int64_t n_x, total, min_chunk, fixed_chunk;
@@ -826,8 +826,10 @@ static void mm_task(void *vctx, int64_t t) {
 }
 
 static int matmat_multi(int n, const int *rtype, const uint8_t *const *w, const int64_t *n_rows, int64_t k,
-                        const float *x, int64_t n_x, float *const *y, int n_threads) {
-    if (!rtype || !w || !n_rows || !y || n < 1 || n > RP_MAX_MATS || n_x < 0 || !x) return QS_ERR_SIZE;
+                        const float *x, const float *const *xs, int64_t n_x, float *const *y, int n_threads) {
+    if (!rtype || !w || !n_rows || !y || n < 1 || n > RP_MAX_MATS || n_x < 0 || (!x && !xs)) return QS_ERR_SIZE;
+    for (int i = 0; xs && i < n; ++i)
+        if (!xs[i]) return QS_ERR_SIZE;
     const rp_info *ri[RP_MAX_MATS];
     for (int i = 0; i < n; ++i) {
         ri[i] = (rtype[i] & QS_RP_FLAG) ? rp_find(rtype[i] & ~QS_RP_FLAG) : NULL;
@@ -836,6 +838,7 @@ static int matmat_multi(int n, const int *rtype, const uint8_t *const *w, const 
     if (n_x == 0) return QS_OK;
     if (n_threads <= 0) n_threads = qs_threads_default();
     rp_act acts[RP_MAX_MATS];
+    const float *act_x[RP_MAX_MATS];
     int n_acts = 0, rc = QS_OK;
     mm_job job;
     memset(&job, 0, sizeof job);
@@ -844,11 +847,13 @@ static int matmat_multi(int n, const int *rtype, const uint8_t *const *w, const 
     job.n_x = n_x;
     int64_t work = 0, bytes = 0;
     for (int i = 0; i < n && !rc; ++i) {
+        const float *xi = xs ? xs[i] : x;
         int a = 0;
-        while (a < n_acts && acts[a].ri != ri[i]) ++a; /* one preparation per layout */
+        while (a < n_acts && !(acts[a].ri == ri[i] && act_x[a] == xi)) ++a; /* one preparation per layout and input */
         if (a == n_acts) {
-            rc = act_prepare(&acts[a], ri[i], x, k, n_x, n_threads);
+            rc = act_prepare(&acts[a], ri[i], xi, k, n_x, n_threads);
             if (rc) break;
+            act_x[a] = xi;
             ++n_acts;
         }
         mm_mat *m = &job.m[i];
@@ -884,13 +889,20 @@ static int matmat_multi(int n, const int *rtype, const uint8_t *const *w, const 
 int qs_rp_matmat_multi(int n, const int *rtype, const uint8_t *const *w, const int64_t *n_rows, int64_t k,
                        const float *x, int64_t n_x, float *const *y, int n_threads) {
     int rc;
-    QS_GUARDED(rc, matmat_multi(n, rtype, w, n_rows, k, x, n_x, y, n_threads));
+    QS_GUARDED(rc, matmat_multi(n, rtype, w, n_rows, k, x, NULL, n_x, y, n_threads));
+    return rc;
+}
+
+int qs_rp_matmat_multi_x(int n, const int *rtype, const uint8_t *const *w, const int64_t *n_rows, int64_t k,
+                         const float *const *x, int64_t n_x, float *const *y, int n_threads) {
+    int rc;
+    QS_GUARDED(rc, matmat_multi(n, rtype, w, n_rows, k, NULL, x, n_x, y, n_threads));
     return rc;
 }
 
 int qs_rp_matmat(int rtype, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,
                  int n_threads) {
-    return matmat_multi(1, &rtype, &w, &n_rows, k, x, n_x, &y, n_threads);
+    return matmat_multi(1, &rtype, &w, &n_rows, k, x, NULL, n_x, &y, n_threads);
 }
 
 /* ---------------------------------------------------------------- prompts of the code types */

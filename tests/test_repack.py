@@ -91,12 +91,43 @@ def test_products_of_one_input_in_one_job():
     ys = [np.zeros((1, r), np.float32) for _, r in mats]
     yp = ffi.new("float *[]", [ffi.cast("float *", ffi.from_buffer(y)) for y in ys])
     assert lib.qs_rp_matmat_multi(0, types, ws, rows, k, xp, 1, yp, 1) < 0
-    assert lib.qs_rp_matmat_multi(5, types, ws, rows, k, xp, 1, yp, 1) < 0  # more than four products
+    many = 33  # more than 32 products in one job
+    t33 = ffi.new("int[]", [packed[0].type_id] * many)
+    w33 = ffi.new("uint8_t *[]", [packed[0].ptr] * many)
+    r33 = ffi.new("int64_t[]", [48] * many)
+    y33 = [np.zeros((1, 48), np.float32) for _ in range(many)]
+    p33 = ffi.new("float *[]", [ffi.cast("float *", ffi.from_buffer(y)) for y in y33])
+    assert lib.qs_rp_matmat_multi(many, t33, w33, r33, k, xp, 1, p33, 1) < 0
+    assert lib.qs_rp_matmat_multi(many - 1, t33, w33, r33, k, xp, 1, p33, 1) == 0
     plain = ffi.new("int[]", [ggml_type("Q4_K").id])
     assert lib.qs_rp_matmat_multi(1, plain, ws, rows, k, xp, 1, yp, 1) < 0  # not a repacked type id
     assert lib.qs_rp_matmat_multi(1, types, ws, rows, k - 64, xp, 1, yp, 1) < 0  # k not whole layout blocks
     odd = ffi.new("int64_t[]", [40])
     assert lib.qs_rp_matmat_multi(1, types, ws, odd, k, xp, 1, yp, 1) < 0  # rows not whole groups
+
+
+def test_products_of_their_own_inputs_in_one_job():
+    """A decode step's experts' down products: one pool job, each matrix with its own input (the same input twice
+    for two of them), the same bits as one call per matrix; a missing input is refused."""
+    rng = np.random.default_rng(11)
+    k = 512
+    mats = [("Q4_K", 48), ("Q6_K", 16), ("Q4_K", 32), ("Q8_0", 16)]
+    packed = [K.Repacked(name, _weights(name, rows, k, rng), rows, k) for name, rows in mats]
+    types = ffi.new("int[]", [rp.type_id for rp in packed])
+    ws = ffi.new("uint8_t *[]", [rp.ptr for rp in packed])
+    rows = ffi.new("int64_t[]", [rows for _, rows in mats])
+    xs = [activations(rng, k)[None, :] for _ in range(3)]
+    xs.append(xs[1])
+    want = [rp.matmat(x, threads=1) for rp, x in zip(packed, xs, strict=True)]
+    xp = ffi.new("float *[]", [ffi.cast("float *", ffi.from_buffer(x)) for x in xs])
+    for threads in (1, 2):
+        ys = [np.full((1, r), np.nan, np.float32) for _, r in mats]
+        yp = ffi.new("float *[]", [ffi.cast("float *", ffi.from_buffer(y)) for y in ys])
+        assert lib.qs_rp_matmat_multi_x(len(mats), types, ws, rows, k, xp, 1, yp, threads) == 0
+        for y, w in zip(ys, want, strict=True):
+            assert np.array_equal(y, w), threads
+    xp[2] = ffi.NULL
+    assert lib.qs_rp_matmat_multi_x(len(mats), types, ws, rows, k, xp, 1, yp, 1) < 0
 
 
 def test_repacked_on_real_tensors(model_path):

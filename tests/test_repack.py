@@ -66,16 +66,20 @@ def test_repacked_equals_scalar_reference_and_row_dots(name):
                     assert np.array_equal(rp.matmat(x, threads=1), got)
 
 
+def _packed_job(mats: list[tuple[str, int]], k: int, rng: np.random.Generator) -> tuple:
+    """Repacked random matrices (type, rows) of row length k, and the type, pointer and row arrays of one job."""
+    packed = [K.Repacked(name, _weights(name, rows, k, rng), rows, k) for name, rows in mats]
+    return (packed, ffi.new("int[]", [rp.type_id for rp in packed]), ffi.new("uint8_t *[]", [rp.ptr for rp in packed]),
+            ffi.new("int64_t[]", [rows for _, rows in mats]))
+
+
 def test_products_of_one_input_in_one_job():
     """q/k/v and gate/up run as one pool job (guided chunks across the matrices): the same bits as one call per
     matrix, for decode and prefill, at 1 and 2 threads, on mixed layouts; bad arguments are refused."""
     rng = np.random.default_rng(7)
     k = 512
     mats = [("Q4_K", 48), ("Q6_K", 16), ("F16", 80), ("Q4_0", 32)]
-    packed = [K.Repacked(name, _weights(name, rows, k, rng), rows, k) for name, rows in mats]
-    types = ffi.new("int[]", [rp.type_id for rp in packed])
-    ws = ffi.new("uint8_t *[]", [rp.ptr for rp in packed])
-    rows = ffi.new("int64_t[]", [rows for _, rows in mats])
+    packed, types, ws, rows = _packed_job(mats, k, rng)
     for n_x in (1, 5, 12):
         x = np.stack([activations(rng, k) for _ in range(n_x)])
         xp = ffi.cast("float *", ffi.from_buffer(x))
@@ -112,10 +116,7 @@ def test_products_of_their_own_inputs_in_one_job():
     rng = np.random.default_rng(11)
     k = 512
     mats = [("Q4_K", 48), ("Q6_K", 16), ("Q4_K", 32), ("Q8_0", 16)]
-    packed = [K.Repacked(name, _weights(name, rows, k, rng), rows, k) for name, rows in mats]
-    types = ffi.new("int[]", [rp.type_id for rp in packed])
-    ws = ffi.new("uint8_t *[]", [rp.ptr for rp in packed])
-    rows = ffi.new("int64_t[]", [rows for _, rows in mats])
+    packed, types, ws, rows = _packed_job(mats, k, rng)
     xs = [activations(rng, k)[None, :] for _ in range(3)]
     xs.append(xs[1])
     want = [rp.matmat(x, threads=1) for rp, x in zip(packed, xs, strict=True)]

@@ -9,6 +9,7 @@
 #include "qs_api_quant.h"
 #include "qs_api_nn.h"
 #include "qs_api_vocab.h"
+#include "qs_api_quantize.h"
 
 #define QS_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define QS_TARGET_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))

@@ -328,3 +328,39 @@ def drop_pages(a: np.ndarray) -> None:
     no-op for any other array."""
     if a.size and a.flags.c_contiguous and _file_mapped(a):
         lib.qs_drop_pages(_ptr(a, "uint8_t *"), a.nbytes)
+
+
+def can_quantize(qtype: GGMLType | int | str) -> bool:
+    """True when :func:`quantize_rows` has a native quantizer for this type (ggml's bytes)."""
+    return bool(lib.qs_can_quantize(_t(qtype).id))
+
+
+def quantize_rows(qtype: GGMLType | int | str, rows: np.ndarray, imatrix: np.ndarray | None = None, *,
+                  threads: int = 0) -> np.ndarray:
+    """Quantize float32 rows ``(n_rows, n_per_row)`` into ``qtype`` exactly as ggml's quantizer does.
+
+    ``imatrix``: ``None`` or one importance weight per column (ggml's weighted search; types without one ignore
+    it). Returns the raw bytes, shape ``(n_rows, row_bytes)``.
+    """
+    t = _t(qtype)
+    if not lib.qs_can_quantize(t.id):
+        raise ValueError(f"no quantizer for {t.name}")
+    x = _in(rows, np.float32, "rows")
+    if x.ndim == 1:
+        x = x.reshape(1, -1)
+    if x.ndim != 2:
+        raise ValueError(f"rows must be 2-D, got shape {x.shape}")
+    n_rows, n = x.shape
+    if n % t.block_elems:
+        raise ValueError(f"{t.name} rows need a multiple of {t.block_elems} values, got {n}")
+    qw = ffi.NULL
+    if imatrix is not None:
+        im = _in(imatrix, np.float32, "imatrix").reshape(-1)
+        if im.size != n:
+            raise ValueError(f"the importance vector has {im.size} values for rows of {n}")
+        qw = _ptr(im, "float *")
+    out = np.empty((n_rows, t.row_bytes(n)), dtype=np.uint8)
+    got = lib.qs_quantize_rows(t.id, _ptr(x, "float *"), n_rows, n, qw, _out(out, "uint8_t *"), out.size, threads)
+    if got != out.size:
+        raise KernelError(f"quantize {t.name} failed ({got})")
+    return out

@@ -1,0 +1,61 @@
+/* Weight quantizers: the entry point, its size checks and the row split over the pool (docs/quantize.md). */
+#include "qs.h"
+#include "qs_quantize_internal.h"
+
+static qs_qrow_fn row_fn(int type) {
+    switch (type) {
+    case QS_Q4_0: return qs_qrow_q4_0;
+    case QS_Q4_1: return qs_qrow_q4_1;
+    case QS_Q5_0: return qs_qrow_q5_0;
+    case QS_Q5_1: return qs_qrow_q5_1;
+    case QS_Q8_0: return qs_qrow_q8_0;
+    case QS_Q2_K: return qs_qrow_q2_K;
+    case QS_Q3_K: return qs_qrow_q3_K;
+    case QS_Q4_K: return qs_qrow_q4_K;
+    case QS_Q5_K: return qs_qrow_q5_K;
+    case QS_Q6_K: return qs_qrow_q6_K;
+    case QS_IQ4_NL: return qs_qrow_iq4_nl;
+    case QS_IQ4_XS: return qs_qrow_iq4_xs;
+    case QS_TQ1_0: return qs_qrow_tq1_0;
+    case QS_TQ2_0: return qs_qrow_tq2_0;
+    case QS_MXFP4: return qs_qrow_mxfp4;
+    default: return NULL;
+    }
+}
+
+int qs_can_quantize(int type) { return row_fn(type) != NULL && qs_block_elems(type) > 0; }
+
+typedef struct {
+    qs_qrow_fn fn;
+    const float *src;
+    const float *qw;
+    uint8_t *dst;
+    int64_t n_rows, n, row_bytes, per_task;
+} qz_ctx;
+
+static void qz_task(void *ctx, int64_t task) {
+    const qz_ctx *c = ctx;
+    int64_t a = task * c->per_task, b = a + c->per_task;
+    if (b > c->n_rows) b = c->n_rows;
+    for (int64_t r = a; r < b; ++r) c->fn(c->src + r * c->n, c->dst + r * c->row_bytes, c->n, c->qw);
+}
+
+int64_t qs_quantize_rows(int type, const float *src, int64_t n_rows, int64_t n_per_row, const float *imatrix,
+                         uint8_t *dst, int64_t dst_bytes, int n_threads) {
+    qs_qrow_fn fn = row_fn(type);
+    int64_t elems = qs_block_elems(type), bytes = qs_block_bytes(type);
+    if (!fn || elems <= 0) return -1;
+    if (n_rows < 0 || n_per_row < 0 || n_per_row % elems) return -2;
+    int64_t row_bytes = n_per_row / elems * bytes;
+    if (n_rows > 0 && row_bytes > INT64_MAX / n_rows) return -3;
+    if (dst_bytes < n_rows * row_bytes) return -3;
+    if (n_rows == 0 || n_per_row == 0) return 0;
+    if (!src || !dst) return -3;
+    if (n_threads <= 0) n_threads = qs_threads_default();
+    /* tasks of about 64k values: a K-quant row search costs ~20 ns per value, a task ~1 ms */
+    int64_t per = (1 << 16) / n_per_row;
+    if (per < 1) per = 1;
+    qz_ctx c = {fn, src, imatrix, dst, n_rows, n_per_row, row_bytes, per};
+    qs_parallel_for((n_rows + per - 1) / per, qz_task, &c, n_rows * n_per_row < (1 << 16) ? 1 : n_threads);
+    return n_rows * row_bytes;
+}

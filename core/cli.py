@@ -16,7 +16,7 @@ from .fsutil import PathRefused, check_input, json_text, printable
 from .gguf import GGUFError, GGUFFile
 
 COMMANDS = ("inspect", "dump-block", "models", "bench", "convert", "verify", "generate", "chat", "tokenize",
-            "perplexity", "desktop")
+            "perplexity", "desktop", "quantize", "imatrix")
 BENCH_KINDS = ("open", "kernels", "convert", "model", "synthetic")
 SYNTHETIC_SHAPES = ("tiny", "1b", "3b", "8b", "moe", "moe-k4", "moe-k2", "oss", "q35")  # core.synthetic.SHAPES
 KERNEL_TYPES_HELP = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32")
@@ -324,6 +324,158 @@ def cmd_convert(args: argparse.Namespace) -> int:
     for label, p in (("config", res.config_path), ("manifest", res.manifest_path)):
         if p:
             print(printable(f"{label:<9} {p}"))
+    return 0
+
+
+def _tensor_type_arg(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not PATTERN=TYPE")
+    pat, typ = text.split("=", 1)
+    if not pat or not typ:
+        raise argparse.ArgumentTypeError(f"{text!r}: both the pattern and the type are needed")
+    return pat, typ
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from .quant.imatrix import ImatrixError, read_imatrix
+    from .quant.quantize import (
+        QuantizeCancelled,
+        QuantizeError,
+        QuantizeOptions,
+        QuantizeProgress,
+        plan_quantize,
+        write_quantized,
+    )
+
+    _check_file(args.file)
+    if not args.type and args.output and not args.dry_run:
+        raise CLIError("quantize: give OUTPUT and TYPE (or --dry-run with TYPE)")
+    if args.dry_run and args.output and not args.type:
+        args.type, args.output = args.output, None  # `quantize IN TYPE --dry-run`
+    if not args.type:
+        raise CLIError("quantize: the preset TYPE is missing (e.g. Q4_K_M; see quantscope quantize --help)")
+    if not args.output and not args.dry_run:
+        raise CLIError("quantize: the OUTPUT path is missing")
+    im = None
+    if args.imatrix:
+        _check_file(args.imatrix)
+        try:
+            im = read_imatrix(args.imatrix)
+        except (ImatrixError, OSError) as exc:
+            raise CLIError(str(exc)) from None
+    tt = list(args.tensor_type or [])
+    for path in args.tensor_type_file or []:
+        _check_file(path)
+        try:
+            words = Path(path).read_text(encoding="utf-8").split()
+            tt += [_tensor_type_arg(w) for w in words]
+        except (OSError, UnicodeDecodeError, argparse.ArgumentTypeError) as exc:
+            raise CLIError(f"--tensor-type-file {path}: {exc}") from None
+    opts = QuantizeOptions(args.type, im, args.imatrix or "", tuple(tt), args.output_tensor_type,
+                           args.token_embedding_type, args.allow_requantize, args.pure, args.leave_output_tensor,
+                           args.threads)
+    f = _open(args.file)
+    try:
+        try:
+            plan = plan_quantize(f, opts)
+        except QuantizeError as exc:
+            raise CLIError(f"cannot quantize {Path(args.file).name}: {exc}") from None
+        if args.dry_run or args.json:
+            rows = [{"name": j.info.name, "shape": list(j.info.ne), "from": j.choice.source, "to": j.choice.target,
+                     "reason": j.choice.reason, "imatrix": j.has_imatrix, "bytes_in": j.info.n_bytes,
+                     "bytes_out": j.out_bytes} for j in plan.jobs]
+            summary = {"preset": plan.preset.name, "file_type": int(plan.preset.ftype), "bytes_in": plan.in_bytes,
+                       "bytes_out": plan.out_bytes, "file_bytes": plan.file_bytes,
+                       "bpw_in": plan.bits_per_weight(False), "bpw_out": plan.bits_per_weight(True),
+                       "types": plan.type_counts(), "warnings": plan.warnings}
+        if args.dry_run:
+            if args.json:
+                _dump_json({"summary": summary, "tensors": rows})
+                return 0
+            w = max(len(r["name"]) for r in rows) if rows else 4
+            for i, r in enumerate(rows):
+                why = "" if r["reason"] in ("preset", "kept") else f"  ({r['reason']})"
+                print(printable(f"[{i + 1:4d}/{len(rows)}] {r['name']:<{w}} {r['from']:>7} -> {r['to']:<7} "
+                                f"{r['bytes_in'] / 2**20:9.2f} -> {r['bytes_out'] / 2**20:9.2f} MiB"
+                                f"{' imatrix' if r['imatrix'] else ''}{why}"))
+            _print_plan_summary(plan)
+            return 0
+        try:
+            from .fsutil import OutputSet
+
+            OutputSet([("output", args.output)], inputs=[args.file])  # refuse an aliasing/odd output before work
+        except PathRefused as exc:
+            raise CLIError(str(exc)) from None
+        import time
+
+        bar = _Bar("quantize")
+        t0 = time.perf_counter()
+
+        def progress(p: QuantizeProgress) -> None:
+            bar(p.done_bytes, p.total_bytes, f"{p.index + 1}/{p.count} {p.tensor}" if p.tensor else "")
+
+        try:
+            out = write_quantized(f, plan, args.output, opts, progress)
+        except QuantizeError as exc:
+            raise CLIError(f"cannot quantize {Path(args.file).name}: {exc}") from None
+        except PathRefused as exc:
+            raise CLIError(str(exc)) from None
+        except OSError as exc:
+            raise CLIError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+        except (KeyboardInterrupt, QuantizeCancelled):
+            bar.close()
+            print("quantscope: quantization cancelled; nothing was written at the target path", file=sys.stderr)
+            return 130
+        bar.close()
+        secs = time.perf_counter() - t0
+        if args.json:
+            _dump_json({"summary": {**summary, "output": str(out), "seconds": secs}, "tensors": rows})
+            return 0
+        print(printable(f"wrote {out} ({plan.file_bytes:,} bytes) in {secs:.2f} s"))
+        _print_plan_summary(plan)
+        return 0
+    finally:
+        f.close()
+
+
+def _print_plan_summary(plan: Any) -> None:
+    print(f"preset    {plan.preset.name} (general.file_type {int(plan.preset.ftype)})")
+    print(f"size      {plan.in_bytes / 2**20:.2f} MiB ({plan.bits_per_weight(False):.2f} bpw) -> "
+          f"{plan.out_bytes / 2**20:.2f} MiB ({plan.bits_per_weight(True):.2f} bpw)")
+    print("types     " + ", ".join(f"{k} x{v}" for k, v in plan.type_counts().items()))
+    for w in plan.warnings:
+        print(printable(f"warning   {w}"), file=sys.stderr)
+
+
+def cmd_imatrix(args: argparse.Namespace) -> int:
+    from .quant.imatrix import ImatrixError, read_imatrix
+
+    _check_file(args.file)
+    try:
+        im = read_imatrix(args.file)
+    except (ImatrixError, OSError) as exc:
+        raise CLIError(str(exc)) from None
+    except GGUFError as exc:
+        raise CLIError(f"{args.file}: {exc}") from None
+    rows = []
+    for name, e in im.entries.items():
+        w = im.weights(name)
+        assert w is not None
+        rows.append({"name": name, "n_cols": e.n_cols, "n_mat": e.n_mat, "count": int(e.counts.max()),
+                     "mean": float(w.mean()) if w.size else 0.0, "max": float(w.max()) if w.size else 0.0,
+                     "zeros": int((w == 0).sum())})
+    if args.json:
+        _dump_json({"imatrix": im.summary(), "entries": rows})
+        return 0
+    s = im.summary()
+    print(printable(f"{args.file}: {s['format']} imatrix, {s['entries']} entries, {s['chunk_count']} chunks"
+                    + (f" of {s['chunk_size']}" if s["chunk_size"] else "")
+                    + (f", dataset {', '.join(im.datasets)}" if im.datasets else "")))
+    w = max((len(r["name"]) for r in rows), default=4)
+    print(f"{'tensor':<{w}} {'cols':>6} {'mats':>4} {'count':>8} {'mean':>11} {'max':>11} {'zeros':>6}")
+    for r in rows:
+        print(printable(f"{r['name']:<{w}} {r['n_cols']:>6} {r['n_mat']:>4} {r['count']:>8} {r['mean']:>11.4g} "
+                        f"{r['max']:>11.4g} {r['zeros']:>6}"))
     return 0
 
 
@@ -746,6 +898,30 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--drop-untied-head", action="store_true",
                    help="convert even when output.weight is a genuinely different lm_head (it is dropped)")
     s.set_defaults(func=cmd_convert)
+
+    s = sub.add_parser("quantize", help="quantize a GGUF like llama-quantize (same presets, rules and bytes)")
+    s.add_argument("file", help="input GGUF (F32/F16/BF16; quantized with --allow-requantize)")
+    s.add_argument("output", nargs="?", help="output GGUF (not needed with --dry-run)")
+    s.add_argument("type", nargs="?", help="preset: Q4_K_M, Q5_K_S, Q6_K, Q8_0, IQ4_XS, ... (llama-quantize's names)")
+    s.add_argument("--imatrix", help="importance matrix (llama-imatrix's GGUF or legacy .dat)")
+    s.add_argument("--tensor-type", action="append", type=_tensor_type_arg, metavar="REGEX=TYPE",
+                   help="give the tensors whose name matches REGEX this type (repeatable; the first match wins)")
+    s.add_argument("--tensor-type-file", action="append", metavar="FILE",
+                   help="REGEX=TYPE rules, separated by white space")
+    s.add_argument("--output-tensor-type", metavar="TYPE", help="type of output.weight")
+    s.add_argument("--token-embedding-type", metavar="TYPE", help="type of token_embd.weight")
+    s.add_argument("--allow-requantize", action="store_true", help="accept quantized input tensors")
+    s.add_argument("--leave-output-tensor", action="store_true", help="keep output.weight as it is")
+    s.add_argument("--pure", action="store_true", help="the preset's default type everywhere (no mixture rules)")
+    s.add_argument("--dry-run", action="store_true", help="print every tensor's type and the sizes; write nothing")
+    s.add_argument("--json", action="store_true", help="print the plan (and result) as JSON")
+    s.add_argument("--threads", type=_int_arg(0, 1024), default=0, help="worker threads (default: all cores)")
+    s.set_defaults(func=cmd_quantize)
+
+    s = sub.add_parser("imatrix", help="show an importance-matrix file (llama-imatrix's GGUF or legacy .dat)")
+    s.add_argument("file")
+    s.add_argument("--json", action="store_true", help="print strict JSON")
+    s.set_defaults(func=cmd_imatrix)
 
     s = sub.add_parser("generate", help="continue a prompt (stdout: the generated text)")
     s.add_argument("file")

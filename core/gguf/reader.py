@@ -637,6 +637,14 @@ class GGUFFile:
         n = self._usable(t)
         return np.frombuffer(self._buf, dtype=np.uint8, count=n, offset=t.data_offset)
 
+    def entry_bytes(self, key: str) -> bytes:
+        """One metadata entry exactly as stored (key, type and value), read under the fault guard: what a writer
+        copies to keep an entry byte for byte."""
+        kv = self.metadata[key]
+        from ..native.mapped import copy_bytes
+
+        return copy_bytes(self._buf, kv.offset, kv.end, f"metadata {key}")
+
     def tensor_rows(self, t: TensorInfo | str) -> np.ndarray:
         """Raw bytes shaped ``(n_rows, row_bytes)`` (what ``gguf.quants.dequantize`` takes)."""
         if isinstance(t, str):

@@ -240,6 +240,10 @@ static void deq_task(void *vctx, int64_t t) {
         memcpy(c->dst + a, c->src + a * 4, (size_t)(b - a) * 4);
         return;
     }
+    if (c->elems == 1 && (c->fn == deq_f16 || c->fn == deq_bf16) && qs_isa_get() >= QS_ISA_AVX2) {
+        (c->fn == deq_f16 ? qs_f16_row_avx2 : qs_bf16_row_avx2)(c->src + a * 2, c->dst + a, b - a);
+        return;
+    }
     for (int64_t i = a; i < b; ++i) c->fn(c->src + i * c->bytes, c->dst + i * c->elems);
 }
 

@@ -579,3 +579,30 @@ T float qs_iq_dot_codes_avx2(const int8_t *codes, const float *mults, const int1
     }
     return s;
 }
+
+/* n binary16 values -> binary32 with F16C; a group of 8 holding a NaN is redone by the exact scalar conversion (the
+ * instruction quiets signalling NaNs, the scalar keeps every payload bit, as ggml's software conversion does). */
+T void qs_f16_row_avx2(const uint8_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    const __m128i expm = _mm_set1_epi16(0x7C00), absm = _mm_set1_epi16(0x7FFF);
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(src + 2 * i));
+        __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(h, absm), expm); /* |h| > 0x7C00: NaN (signed compare ok) */
+        if (_mm_movemask_epi8(nan)) {
+            for (int k = 0; k < 8; ++k) dst[i + k] = qs_fp16_to_fp32(qs_load_u16(src + 2 * (i + k)));
+            continue;
+        }
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+    for (; i < n; ++i) dst[i] = qs_fp16_to_fp32(qs_load_u16(src + 2 * i));
+}
+
+/* n bfloat16 values -> binary32 (a shift: exact). */
+T void qs_bf16_row_avx2(const uint8_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + 2 * i)));
+        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)));
+    }
+    for (; i < n; ++i) dst[i] = qs_bf16_to_fp32(qs_load_u16(src + 2 * i));
+}

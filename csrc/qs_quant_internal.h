@@ -137,6 +137,8 @@ float qs_dot_bf16_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
 void qs_deq_q4_K_avx2(const uint8_t *blk, float *y);
 void qs_deq_q6_K_avx2(const uint8_t *blk, float *y);
 void qs_deq_q8_0_avx2(const uint8_t *blk, float *y);
+void qs_f16_row_avx2(const uint8_t *src, float *dst, int64_t n);  /* bulk F16 -> F32, exact */
+void qs_bf16_row_avx2(const uint8_t *src, float *dst, int64_t n);
 void qs_deq_q5_0_avx2(const uint8_t *blk, float *y);
 void qs_deq_q4_1_avx2(const uint8_t *blk, float *y);
 

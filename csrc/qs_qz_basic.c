@@ -12,6 +12,8 @@
  *                        weight is x^2, with them qw * sqrt(sigma2 + x^2), sigma2 twice the mean square of the
  *                        block (IQ4_NL: 32 values) or super-block (IQ4_XS: 256 values).
  *   Q8_0 TQ1_0 TQ2_0 MXFP4  importance weights are ignored. */
+/* ggml-base builds its quantizers with -O3: the same here (no fast-math, so the float results do not change). */
+#pragma GCC optimize("O3")
 #include <float.h>
 #include <math.h>
 #include <string.h>

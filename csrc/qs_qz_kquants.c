@@ -11,6 +11,8 @@
  * rounding to the nearest integer uses the same add-a-magic-number trick (ties to even, and the same garbage far
  * outside its range), and narrowing integer stores (uint8 / int8) wrap where ggml's wrap. This file is plain C
  * compiled without ISA flags, like ggml-base, so no multiply-add is ever fused on either side. */
+/* ggml-base builds its quantizers with -O3: the same here (no fast-math, so the float results do not change). */
+#pragma GCC optimize("O3")
 #include <math.h>
 
 #include "qs.h"

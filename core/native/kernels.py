@@ -37,14 +37,17 @@ def check_last_fault(what: str) -> None:
         raise MappedFileError(f"{what}: {_MAPPED_MESSAGE}")
 
 
-def copy_mapped(a: np.ndarray, what: str = "read") -> np.ndarray:
+def copy_mapped(a: np.ndarray, what: str = "read", out: np.ndarray | None = None) -> np.ndarray:
     """A copy of ``a`` (typically a view of a memory-mapped file) made under the fault guard: numpy code then works
-    on memory that cannot vanish. Raises :class:`MappedFileError` when the file was truncated under it."""
+    on memory that cannot vanish. Raises :class:`MappedFileError` when the file was truncated under it. ``out``: a
+    contiguous buffer of ``a``'s dtype and size to copy into."""
     src = np.asarray(a)
     if not src.flags.c_contiguous:
         src = np.ascontiguousarray(src)  # strided views are small (single blocks): copied by numpy
         return src if src is not a else src.copy()
-    out = np.empty_like(src)
+    if out is not None and (out.dtype != src.dtype or out.shape != src.shape or not out.flags.c_contiguous):
+        raise ValueError("out must match the source's dtype and shape")
+    out = np.empty_like(src) if out is None else out
     if src.nbytes:
         check(lib.qs_copy_mapped(ffi.cast("uint8_t *", ffi.from_buffer(out, require_writable=True)),
                                  ffi.cast("uint8_t *", ffi.from_buffer(src)), src.nbytes), what)
@@ -123,8 +126,10 @@ def can_dequantize(qtype: GGMLType | int | str) -> bool:
     return bool(lib.qs_can_dequantize(_t(qtype).id))
 
 
-def dequantize(raw: np.ndarray, qtype: GGMLType | int | str, *, threads: int = 0) -> np.ndarray:
-    """Native dequantization; same contract (and bits) as :func:`quantscope.core.quant.dequantize`."""
+def dequantize(raw: np.ndarray, qtype: GGMLType | int | str, *, threads: int = 0,
+               out: np.ndarray | None = None) -> np.ndarray:
+    """Native dequantization; same contract (and bits) as :func:`quantscope.core.quant.dequantize`. ``out``: a
+    contiguous float32 buffer of at least the result's size to write into (its leading part is returned)."""
     t = _t(qtype)
     if not lib.qs_can_dequantize(t.id):
         raise NotImplementedError(f"no native dequantizer for {t.name}")
@@ -132,7 +137,14 @@ def dequantize(raw: np.ndarray, qtype: GGMLType | int | str, *, threads: int = 0
     if a.ndim == 0 or a.shape[-1] % t.block_bytes:
         raise ValueError(f"last dimension must hold whole {t.name} blocks of {t.block_bytes} bytes")
     n_blocks = a.size // t.block_bytes
-    out = np.empty((*a.shape[:-1], a.shape[-1] // t.block_bytes * t.block_elems), dtype=np.float32)
+    shape = (*a.shape[:-1], a.shape[-1] // t.block_bytes * t.block_elems)
+    if out is None:
+        out = np.empty(shape, dtype=np.float32)
+    else:
+        need = n_blocks * t.block_elems
+        if out.dtype != np.float32 or not out.flags.c_contiguous or out.size < need:
+            raise ValueError(f"out must be a contiguous float32 buffer of at least {need} values")
+        out = out.reshape(-1)[:need].reshape(shape)
     if n_blocks:
         check(lib.qs_dequantize(t.id, _ptr(a, "uint8_t *"), _out(out, "float *"), n_blocks, threads),
               f"dequantize {t.name}")
@@ -335,12 +347,21 @@ def can_quantize(qtype: GGMLType | int | str) -> bool:
     return bool(lib.qs_can_quantize(_t(qtype).id))
 
 
+class NonFiniteRows(ValueError):
+    """Rows handed to a quantizer hold a NaN or an infinity; ``row`` is the first such row."""
+
+    def __init__(self, row: int) -> None:
+        super().__init__(f"row {row} holds a value that is not a finite number")
+        self.row = row
+
+
 def quantize_rows(qtype: GGMLType | int | str, rows: np.ndarray, imatrix: np.ndarray | None = None, *,
-                  threads: int = 0) -> np.ndarray:
+                  threads: int = 0, out: np.ndarray | None = None) -> np.ndarray:
     """Quantize float32 rows ``(n_rows, n_per_row)`` into ``qtype`` exactly as ggml's quantizer does.
 
     ``imatrix``: ``None`` or one importance weight per column (ggml's weighted search; types without one ignore
-    it). Returns the raw bytes, shape ``(n_rows, row_bytes)``.
+    it). Returns the raw bytes, shape ``(n_rows, row_bytes)`` (in ``out`` when given: a C-contiguous uint8 buffer
+    of at least that size). Raises :class:`NonFiniteRows` when a row holds a NaN or an infinity.
     """
     t = _t(qtype)
     if not lib.qs_can_quantize(t.id):
@@ -359,8 +380,16 @@ def quantize_rows(qtype: GGMLType | int | str, rows: np.ndarray, imatrix: np.nda
         if im.size != n:
             raise ValueError(f"the importance vector has {im.size} values for rows of {n}")
         qw = _ptr(im, "float *")
-    out = np.empty((n_rows, t.row_bytes(n)), dtype=np.uint8)
-    got = lib.qs_quantize_rows(t.id, _ptr(x, "float *"), n_rows, n, qw, _out(out, "uint8_t *"), out.size, threads)
-    if got != out.size:
+    need = n_rows * t.row_bytes(n)
+    if out is None:
+        out = np.empty(need, dtype=np.uint8)
+    elif out.dtype != np.uint8 or not out.flags.c_contiguous or out.size < need:
+        raise ValueError(f"out must be a contiguous uint8 buffer of at least {need} bytes")
+    res = out.reshape(-1)[:need].reshape(n_rows, t.row_bytes(n))
+    got = lib.qs_quantize_rows(t.id, _ptr(x, "float *"), n_rows, n, qw, _out(res, "uint8_t *"), need, threads)
+    if got == -4:
+        bad = ~np.isfinite(x)
+        raise NonFiniteRows(int(np.argwhere(bad.any(axis=1))[0][0]))
+    if got != need:
         raise KernelError(f"quantize {t.name} failed ({got})")
-    return out
+    return res

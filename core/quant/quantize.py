@@ -295,30 +295,47 @@ def _header(f: GGUFFile, preset: Preset, opts: QuantizeOptions, jobs: list[Tenso
     return head + b"\0" * (_pad(len(head), alignment) - len(head))
 
 
-def _float_rows(f: GGUFFile, t: TensorInfo, row0: int, n_rows: int) -> np.ndarray:
-    """Rows [row0, row0 + n_rows) of a tensor as float32 (copied out of the mapping under the fault guard)."""
+class _Buffers:
+    """Work buffers reused across chunks and tensors (fresh 64 MiB arrays would cost a page fault per 4 KiB)."""
+
+    def __init__(self) -> None:
+        self.f32 = np.empty(0, np.float32)
+        self.raw = np.empty(0, np.uint8)
+        self.out = np.empty(0, np.uint8)
+
+    @staticmethod
+    def grow(a: np.ndarray, n: int) -> np.ndarray:
+        return a if a.size >= n else np.empty(max(n, a.size * 5 // 4), a.dtype)
+
+
+def _float_rows(f: GGUFFile, t: TensorInfo, row0: int, n_rows: int, threads: int, buf: _Buffers) -> np.ndarray:
+    """Rows [row0, row0 + n_rows) of a tensor as float32. F32 rows are copied out of the mapping under the fault
+    guard; F16, BF16 and the block types go through the native dequantizers (guarded, and ggml's values)."""
     from ..native import kernels as K
 
     src = ggml_type(t.type_name)
     rb = src.row_bytes(t.ne[0])
-    raw = K.copy_mapped(f.tensor_bytes(t)[row0 * rb:(row0 + n_rows) * rb], f"tensor {t.name}")
+    view = f.tensor_bytes(t)[row0 * rb:(row0 + n_rows) * rb]
+    n = n_rows * t.ne[0]
+    buf.f32 = buf.grow(buf.f32, n)
+    dst = buf.f32[:n]
     if src.name == "F32":
-        return raw.view(np.float32).reshape(n_rows, t.ne[0])
-    if src.name == "F16":
-        return raw.view(np.float16).astype(np.float32).reshape(n_rows, t.ne[0])
-    if src.name == "BF16":
-        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(n_rows, t.ne[0])
-    return K.dequantize(raw.reshape(n_rows, rb), src).reshape(n_rows, t.ne[0])
+        K.copy_mapped(view.view(np.float32), f"tensor {t.name}", out=dst)
+        return dst.reshape(n_rows, t.ne[0])
+    return K.dequantize(view.reshape(n_rows, rb), src, threads=threads, out=dst).reshape(n_rows, t.ne[0])
 
 
-def _encode(target: str, rows: np.ndarray, weights: np.ndarray | None, threads: int) -> np.ndarray:
+def _encode(target: str, rows: np.ndarray, weights: np.ndarray | None, threads: int, buf: _Buffers) -> np.ndarray:
     from ..native import kernels as K
 
     if target == "F32":
         return rows.reshape(-1).view(np.uint8)
     if target in ("F16", "BF16"):
         return K.quantize_activation(rows.reshape(-1), target)
-    return K.quantize_rows(target, rows, weights, threads=threads)
+    t = ggml_type(target)
+    need = rows.shape[0] * t.row_bytes(rows.shape[1])
+    buf.out = buf.grow(buf.out, need)
+    return K.quantize_rows(t, rows, weights, threads=threads, out=buf.out[:need])
 
 
 def write_quantized(f: GGUFFile, plan: QuantizePlan, out: str | os.PathLike[str], opts: QuantizeOptions,
@@ -329,6 +346,7 @@ def write_quantized(f: GGUFFile, plan: QuantizePlan, out: str | os.PathLike[str]
     total = plan.out_bytes
     done = 0
     n_jobs = len(plan.jobs)
+    buf = _Buffers()
     inputs = [f.path] if f.path is not None else []
     with OutputSet([("output", out)], inputs=inputs) as outs:
         outs.open("output")
@@ -341,8 +359,10 @@ def write_quantized(f: GGUFFile, plan: QuantizePlan, out: str | os.PathLike[str]
             else:
                 weights = opts.imatrix.weights(t.name) if job.has_imatrix and opts.imatrix is not None else None
                 _convert(f, t, job, weights, outs, opts.threads, cancel,
-                         lambda n, name=t.name, k=i, d=done: report(QuantizeProgress(d + n, total, name, k, n_jobs)))
+                         lambda n, name=t.name, k=i, d=done: report(QuantizeProgress(d + n, total, name, k, n_jobs)),
+                         buf)
             outs.write_bytes("output", b"\0" * (_pad(job.out_bytes, plan.alignment) - job.out_bytes))
+            f.release_pages(t.data_offset, t.n_bytes or 0)  # resident memory stays near one tensor's size
             done += job.out_bytes
         report(QuantizeProgress(done, total, "", len(plan.jobs), len(plan.jobs)))
         outs.commit()
@@ -366,7 +386,9 @@ def _copy(f: GGUFFile, t: TensorInfo, outs: OutputSet, cancel: Cancel | None) ->
 
 
 def _convert(f: GGUFFile, t: TensorInfo, job: TensorJob, weights: np.ndarray | None, outs: OutputSet, threads: int,
-             cancel: Cancel | None, step: Callable[[int], None]) -> None:
+             cancel: Cancel | None, step: Callable[[int], None], buf: _Buffers) -> None:
+    from ..native import kernels as K
+
     ncols = t.ne[0]
     n_rows = t.n_elements // ncols if ncols else 0
     per_mat = t.ne[1] if len(t.ne) > 1 else 1  # rows per expert: the imatrix changes at these boundaries
@@ -378,15 +400,13 @@ def _convert(f: GGUFFile, t: TensorInfo, job: TensorJob, weights: np.ndarray | N
         _cancelled(cancel)
         mat = row // per_mat
         end = min(n_rows, row + chunk, (mat + 1) * per_mat)
-        rows = _float_rows(f, t, row, end - row)
-        if target not in ("F32", "F16", "BF16"):
-            bad = ~np.isfinite(rows)
-            if bad.any():
-                r = row + int(np.argwhere(bad)[0][0])
-                raise QuantizeError(f"{t.name} has a value that is not a finite number in row {r}; quantized blocks "
-                                    "cannot hold it (llama-quantize rejects the result too)")
+        rows = _float_rows(f, t, row, end - row, threads, buf)
         w = weights[mat * ncols:(mat + 1) * ncols] if weights is not None else None
-        data = _encode(target, rows, w, threads)
+        try:
+            data = _encode(target, rows, w, threads, buf)
+        except K.NonFiniteRows as exc:
+            raise QuantizeError(f"{t.name} has a value that is not a finite number in row {row + exc.row}; "
+                                "quantized blocks cannot hold it (llama-quantize rejects the result too)") from None
         outs.write_bytes("output", data.data)
         written += data.nbytes
         step(written)

@@ -475,3 +475,24 @@ def test_get_rows_any_type(model_path):
         assert np.array_equal(rows.view(np.uint32), ref.view(np.uint32))
         with pytest.raises(IndexError):
             K.get_rows(t.type, f.tensor_bytes(t), t.n_rows, t.ne[0], np.array([151936]))
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_f16_bf16_rows_every_bit_pattern(isa: str) -> None:
+    """The bulk F16/BF16 conversions (F16C, shifts) give the scalar conversion's bits for all 65536 patterns,
+    NaN payloads included (the instruction alone would quiet signalling NaNs), at every length remainder."""
+    if K.isa_detected() == "scalar" or (isa == "avx512" and K.isa_detected() != "avx512"):
+        pytest.skip(f"this CPU has no {isa}")
+    pats = np.arange(65536, dtype=np.uint16)
+    for t in ("F16", "BF16"):
+        raw = pats.view(np.uint8)
+        with K.forced_isa("scalar"):
+            ref = K.dequantize(raw, t).view(np.uint32)
+        with K.forced_isa(isa):
+            got = K.dequantize(raw, t).view(np.uint32)
+            for n in (1, 7, 9, 23):  # tails shorter than a vector
+                assert np.array_equal(K.dequantize(raw[2:2 + 2 * n], t).view(np.uint32), ref[1:1 + n])
+        assert np.array_equal(got, ref), t
+        if t == "F16":
+            finite = np.isfinite(pats.view(np.float16))
+            assert np.array_equal(got.view(np.float32)[finite], pats.view(np.float16)[finite].astype(np.float32))

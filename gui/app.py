@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SCREENSHOT_VIEWS = ("overview", "metadata", "tensors", "block", "chat", "convert", "bump")
+SCREENSHOT_VIEWS = ("overview", "metadata", "tensors", "block", "chat", "convert", "bump", "quantize")
 
 #: The short real exchange the chat screenshot runs (greedy, so the picture is reproducible).
 CHAT_DEMO_SYSTEM = "You are a concise, helpful assistant."
@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--view", choices=SCREENSHOT_VIEWS, default="overview", help="view for --screenshot")
     p.add_argument("--theme", choices=("system", "light", "dark"), default="system", help="colour scheme")
     p.add_argument("--size", type=window_size, default=(1440, 920), metavar="WxH",
-                   help="window size for --screenshot, e.g. 1100x700 (the convert dialog keeps its own size)")
+                   help="window size for --screenshot, e.g. 1100x700 (the convert dialog keeps its own size; the "
+                   "quantize dialog takes it)")
     p.add_argument("--block", metavar="TENSOR[:BLOCK]",
                    help="with --view block: the tensor (and block of its first row, default 0) to show")
     return p
@@ -205,6 +206,21 @@ def render_screenshot(app: object, win: object, view: str, out: Path, size: tupl
                 return 1
             chat.tools.setCurrentIndex(1)  # the template preview: the exact prompt of this conversation
             chat.update_preview()
+        if view == "quantize":  # the dialog at the window's size, after a real Q4_K_M run into a temporary folder
+            tmp = tempfile.TemporaryDirectory(prefix="quantscope-shot-")
+            qd = win.show_quantize()
+            if qd is None:
+                print("quantscope: --view quantize needs a GGUF file", file=sys.stderr)
+                return 2
+            qd.resize(*size)
+            qd.output.setText(str(Path(tmp.name) / f"{win.doc.path.stem}-Q4_K_M.gguf"))  # type: ignore[union-attr]
+            qd.start()
+            wait_idle(app, win)
+            if qd.state != "done":
+                print(f"quantscope: quantization failed: {qd.error or qd.plan_error}", file=sys.stderr)
+                return 1
+            qd.table.scrollToTop()
+            target = qd
         if view in ("convert", "bump"):
             tmp = tempfile.TemporaryDirectory(prefix="quantscope-shot-")
             dlg = win.show_convert()

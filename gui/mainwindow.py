@@ -35,6 +35,7 @@ from .views.chat import ChatView
 from .views.convert_dialog import ConvertDialog
 from .views.metadata import MetadataView
 from .views.overview import OverviewView
+from .views.quantize_dialog import QuantizeDialog
 from .views.tensors import TensorsView
 from .widgets.fit import ElidedLabel
 from .workers import TaskRunner
@@ -76,6 +77,7 @@ class MainWindow(QMainWindow):
         self.settings = settings or QSettings()
         self.doc: Document | None = None
         self.convert_dialog: ConvertDialog | None = None
+        self.quantize_dialog: QuantizeDialog | None = None
         self.error_box: QMessageBox | None = None
         self.about_box: QMessageBox | None = None
         self.setWindowTitle("Quantscope")
@@ -200,8 +202,12 @@ class MainWindow(QMainWindow):
         worker (the chat model thread included), let every view go of the document, and offer Reload / Close."""
         if self.doc is not doc:
             return
-        if self.convert_dialog is not None:
-            self.convert_dialog.cancel()
+        for dlg in (self.convert_dialog, self.quantize_dialog):
+            if dlg is not None:
+                dlg.cancel()
+        if self.quantize_dialog is not None and self.quantize_dialog.gguf is doc.gguf:
+            self.quantize_dialog.close()  # it plans from the old mapping
+            self.quantize_dialog = None
         self.runner.cancel()
         self.runner.wait(30000)  # readers of the dead mapping end at once: cancelled, or MappedFileError
         self.chat_view.set_document(None)
@@ -273,6 +279,8 @@ class MainWindow(QMainWindow):
         t = mb.addMenu("&Tools")
         self.convert_action = self._action("&Convert to bump…", self.show_convert, "Ctrl+Shift+B", "convert")
         t.addAction(self.convert_action)
+        self.quantize_action = self._action("&Quantize…", self.show_quantize, "Ctrl+Shift+Q", "quantize")
+        t.addAction(self.quantize_action)
         t.addSeparator()
         t.addAction(self._action("Cancel background &work", lambda: self.runner.cancel(), "Ctrl+.", "cancel-work"))
         h = mb.addMenu("&Help")
@@ -364,6 +372,7 @@ class MainWindow(QMainWindow):
             self.file_label.setText("")
         self._show_tabs(doc)
         self.convert_action.setEnabled(doc is not None and doc.gguf is not None)
+        self.quantize_action.setEnabled(doc is not None and doc.gguf is not None)
 
     def close_document(self) -> None:
         self.set_document(None)
@@ -426,6 +435,20 @@ class MainWindow(QMainWindow):
         dlg.show()
         return dlg
 
+    def show_quantize(self) -> QuantizeDialog | None:
+        if self.doc is None or self.doc.gguf is None:
+            return None
+        dlg = self.quantize_dialog
+        if dlg is not None and (dlg.state == "running" or dlg.gguf is self.doc.gguf):
+            dlg.show()
+            dlg.raise_()
+            return dlg
+        dlg = QuantizeDialog(self.doc.path, self.doc.gguf, self.runner, self)
+        dlg.openRequested.connect(self.open_path)
+        self.quantize_dialog = dlg
+        dlg.show()
+        return dlg
+
     def about_text(self) -> str:
         rows = "".join(f"<tr><td><b>{k}</b></td><td>{v}</td></tr>" for k, v in versions().items())
         return ("<h3>Quantscope</h3><p>A desktop explorer for quantized LLM files (GGUF): metadata, tensors, the "
@@ -481,7 +504,8 @@ class MainWindow(QMainWindow):
         self.task_cancel.setVisible(on)
         names = {"tensor-stats": "statistics", "scale-scan": "scale scan", "convert": "conversion",
                  "bump-checksum": "checksum", "heatmap": "heatmap", "tokenizer": "reading the tokenizer",
-                 "template": "template preview", "tokenize": "tokenizing", "cuda-check": "CUDA check"}
+                 "template": "template preview", "tokenize": "tokenizing", "cuda-check": "CUDA check",
+                 "quantize": "quantizing", "imatrix": "reading the imatrix"}
         self.task_label.setText(", ".join(sorted({names.get(t.name, t.name) for t in running})) + "…" if on else "")
 
     # ------------------------------------------------------------------ drag and drop
@@ -499,8 +523,9 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ closing
     def closeEvent(self, event: QCloseEvent) -> None:
         """Cancel every background job and wait for the workers before the window goes."""
-        if self.convert_dialog is not None:
-            self.convert_dialog.cancel()
+        for dlg in (self.convert_dialog, self.quantize_dialog):
+            if dlg is not None:
+                dlg.cancel()
         self.chat_view.shutdown(30000)
         self.runner.shutdown(30000)
         if self.doc is not None:

@@ -16,7 +16,7 @@ from .fsutil import PathRefused, check_input, json_text, printable
 from .gguf import GGUFError, GGUFFile
 
 COMMANDS = ("inspect", "dump-block", "models", "bench", "convert", "verify", "generate", "chat", "tokenize",
-            "perplexity", "desktop", "quantize", "imatrix")
+            "perplexity", "desktop", "quantize", "imatrix", "compare", "quant-stats")
 BENCH_KINDS = ("open", "kernels", "convert", "model", "synthetic")
 SYNTHETIC_SHAPES = ("tiny", "1b", "3b", "8b", "moe", "moe-k4", "moe-k2", "oss", "q35")  # core.synthetic.SHAPES
 KERNEL_TYPES_HELP = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32")
@@ -479,6 +479,91 @@ def cmd_imatrix(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_quant_stats(args: argparse.Namespace) -> int:
+    import time
+
+    from .quant import lab
+    from .quant.imatrix import ImatrixError, read_imatrix
+
+    try:
+        types = lab.candidate_types(t for t in args.types.split(",") if t.strip()) if args.types else \
+            list(lab.CANDIDATE_TYPES)
+    except ValueError as exc:
+        raise CLIError(f"--types: {exc}") from None
+    if not types:
+        raise CLIError("--types: no type given (e.g. --types Q4_K,Q5_K,Q8_0)")
+    _check_file(args.file)
+    im = None
+    if args.imatrix:
+        _check_file(args.imatrix)
+        try:
+            im = read_imatrix(args.imatrix)
+        except (ImatrixError, OSError) as exc:
+            raise CLIError(str(exc)) from None
+        except GGUFError as exc:
+            raise CLIError(f"--imatrix {args.imatrix}: {exc}") from None
+    with _open(args.file) as f:
+        ref = _open(args.reference) if args.reference else None
+        try:
+            try:
+                if not lab.quantizable_tensors(f, args.tensor):
+                    raise CLIError(f"no quantizable 2-D/3-D weight in {args.file}"
+                                   + (f" matches --tensor {args.tensor!r}" if args.tensor else ""))
+            except ValueError as exc:
+                raise CLIError(f"--tensor: {exc}") from None
+            bar = _Bar("quant-stats")
+            t0 = time.perf_counter()
+            try:
+                stats = lab.file_stats(f, types, pattern=args.tensor, imatrix=im, reference=ref,
+                                       max_rows=args.max_rows, threads=args.threads,
+                                       progress=lambda d, tot, name: bar(4 * d, 4 * tot, name))
+            except ValueError as exc:
+                raise CLIError(str(exc)) from None
+            finally:
+                bar.close()
+            secs = time.perf_counter() - t0
+        finally:
+            if ref is not None:
+                ref.close()
+    summary = lab.summarize(stats, types)
+    if args.json:
+        _dump_json({"file": args.file, "reference": args.reference, "imatrix": args.imatrix,
+                    "max_rows": args.max_rows, "types": types, "seconds": secs,
+                    "tensors": [{"name": s.name, "shape": list(s.shape), "source_type": s.source_type,
+                                 "n_elements": s.n_elements, "rows_measured": s.rows_measured,
+                                 "skipped": list(s.skipped), "errors": [lab.stats_json(e) for e in s.errors]}
+                                for s in stats],
+                    "summary": [{**lab.stats_json(u.stats), "n_tensors": u.n_tensors, "n_elements": u.n_elements}
+                                for u in summary]})
+        return 0
+    weighted = im is not None
+    src = f"values from {args.reference}" if args.reference else "values dequantized from the file"
+    print(printable(f"{args.file}: {len(stats)} tensors x {len(types)} types, {src}"
+                    + (f", at most {args.max_rows} rows per tensor" if args.max_rows else "")
+                    + (f", importance weights from {args.imatrix}" if im is not None else "")
+                    + f" ({secs:.2f} s)"))
+    w = max((len(s.name) for s in stats), default=6)
+    head = f"{'bpw':>6} {'rmse':>10} {'max|err|':>10} {'SNR dB':>7} {'cosine':>9}" + (
+        f" {'w-rmse':>10}" if weighted else "")
+
+    def cells(e: Any) -> str:
+        wr = "" if not weighted else f" {'-' if e.weighted_rmse is None else f'{e.weighted_rmse:.4g}':>10}"
+        return (f"{e.bits_per_weight:6.3f} {e.rmse:10.4g} {e.max_abs:10.4g} {e.snr_db:7.2f} {e.cosine:9.6f}"
+                + wr)
+
+    print(f"{'tensor':<{w}} {'from':<6} {'type':<7}{head}")
+    for s in stats:
+        if not s.errors:
+            print(printable(f"{s.name:<{w}} {s.source_type:<6} (no requested type fits rows of {s.shape[0]})"))
+        for e in s.errors:
+            print(printable(f"{s.name:<{w}} {s.source_type:<6} {e.type:<7}{cells(e)}"))
+    print()
+    print(f"whole file (element-weighted)\n{'type':<7}{head} {'tensors':>8} {'elements':>14}")
+    for u in summary:
+        print(f"{u.stats.type:<7}{cells(u.stats)} {u.n_tensors:>8} {u.n_elements:>14,}")
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from .bump import BumpError, BumpRefusal, verify_against
 
@@ -746,6 +831,111 @@ def _kl_divergence(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``compare``'s colour scale: upper KLD bounds (nats) and the ANSI 256-colour backgrounds, green to red
+KLD_BINS = (0.001, 0.01, 0.05, 0.1, 0.5, 1.0)
+KLD_COLOURS = (34, 70, 148, 184, 214, 202, 196)
+
+
+def _kld_colour(k: float) -> int:
+    return KLD_COLOURS[next((i for i, b in enumerate(KLD_BINS) if k < b), len(KLD_BINS))]
+
+
+def _paint(text: str, sgr: str) -> str:
+    """``text`` made safe for the terminal (newlines and tabs kept) inside the SGR ``sgr``, reset before each
+    newline so a background does not run to the end of the line."""
+    lines = ["\t".join(printable(p) for p in line.split("\t")) for line in text.split("\n")]
+    return "\n".join(f"\x1b[{sgr}m{line}\x1b[0m" if line else "" for line in lines)
+
+
+def _compare_text(r: Any) -> str:
+    """The compared text, the scored tokens on a background coloured by KLD, the unscored ones dimmed."""
+    score = {t.position: t.kld for t in r.tokens}
+    out = [_paint(piece, f"48;5;{_kld_colour(score[i])};38;5;16") if i in score else _paint(piece, "2")
+           for i, (_tid, piece) in enumerate(r.context)]
+    bounds = ["0", *(f"{b:g}" for b in KLD_BINS)]
+    legend = " ".join(f"\x1b[48;5;{c};38;5;16m {'<' + bounds[i + 1] if i < len(KLD_BINS) else '≥' + bounds[-1]} "
+                      "\x1b[0m" for i, c in enumerate(KLD_COLOURS))
+    return f"{''.join(out)}\n\nKLD (nats): {legend}  \x1b[2mdimmed: context, not scored\x1b[0m"
+
+
+def _compare_worst(r: Any, n: int) -> list[str]:
+    """The ``n`` positions of largest KLD, each with the text before it and what each model expected."""
+    lines = [f"the {min(n, r.n_scored)} positions of largest KLD (nats), with the text before them:"]
+    for t in r.worst(n):
+        start = (t.position // r.n_ctx) * r.n_ctx
+        before = "".join(p for _, p in r.context[max(start, t.position - 12) : t.position])[-48:]
+        tops = (f"top base {printable(repr(r.token_text.get(t.base_top1, '')))} quant "
+                f"{printable(repr(r.token_text.get(t.quant_top1, '')))}")
+        lines.append(f"  {t.kld:9.6f}  @{t.position:<7} {printable(repr(t.piece)):<12} p base "
+                     f"{math.exp(t.base_logp):.3g} quant {math.exp(t.quant_logp):.3g}  {tops}")
+        lines.append(f"             …{printable(before)}[{printable(t.piece)}]")
+    return lines
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``compare BASE QUANT``: perplexity of each, KL divergence and top-1 agreement token by token."""
+    from .engine.compare import CompareError, compare_models
+    from .engine.cuda_backend import CudaError
+
+    _check_file(args.base)
+    _check_file(args.quant)
+    _exit_cleanly_if_file_changes(f"{args.base} or {args.quant}")
+    if args.text_file is not None:
+        _check_file(args.text_file)
+        try:
+            text = Path(args.text_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CLIError(f"{args.text_file}: cannot read the text: {exc}") from None
+    elif args.prompt is not None:
+        text = args.prompt
+    elif args.base_kld:
+        text = ""  # the base file's tokens
+    else:
+        raise CLIError("compare needs the text: -f FILE or -p TEXT (with --base-kld the base file's tokens serve)")
+    if args.base_kld and args.ctx is not None:
+        from .engine import kld
+
+        try:
+            with kld.KLDBase(args.base) as kb:
+                if kb.n_ctx != args.ctx:
+                    raise CLIError(f"--ctx {args.ctx}: {args.base} was written with a context of {kb.n_ctx}")
+        except (ValueError, OSError) as exc:
+            raise CLIError(str(exc)) from None
+
+    def tell(done: int, total: int, message: str) -> None:
+        if not message.startswith("loading") and done:
+            print(f"[{done}/{total}] {message.split(': ', 1)[-1]}", file=sys.stderr)
+
+    try:
+        r = compare_models(args.base, args.quant, text, n_ctx=args.ctx or 512, max_chunks=args.chunks,
+                           threads=args.threads, base_is_kld=args.base_kld, progress=tell, backend=args.backend,
+                           repack=not args.no_repack)
+    except CudaError as exc:
+        raise CLIError(f"--backend cuda: {exc}") from None
+    except FileChangedError as exc:
+        raise CLIError(f"{args.base} or {args.quant} changed while it was being read ({exc})") from None
+    except (CompareError, ValueError, PathRefused, OSError) as exc:
+        raise CLIError(str(exc)) from None
+    if args.json:
+        _dump_json({"summary": r.summary(), "worst": [t.position for t in r.worst(args.worst)],
+                    "tokens": r.token_rows()})
+        return 0
+    print(printable(f"base   {r.base_name}{' (KL-divergence base file)' if r.base_is_kld else ''}"))
+    print(printable(f"quant  {r.quant_name}"))
+    print(f"text   {r.n_chunks} chunk{'s' if r.n_chunks != 1 else ''} of {r.n_ctx} tokens, {r.n_scored} positions "
+          f"scored in {r.seconds:.1f} s")
+    print(f"PPL    base {r.ppl_base:.4f}  quant {r.ppl_quant:.4f}  ratio {r.ppl_ratio:.6f} "
+          f"(ln {math.log(r.ppl_ratio):+.6f})")
+    print(f"KLD    mean {r.kld_mean:.6f}  median {r.kld_median:.6f}  p90 {r.kld_p90:.6f}  p99 {r.kld_p99:.6f}  "
+          f"max {r.kld_max:.6f}  (nats)")
+    print(f"top-1  {100 * r.top1_agreement:.2f} % of the positions agree")
+    colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty()
+                                        and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb")
+    print()
+    print(_compare_text(r) if colour else "\n".join(_compare_worst(r, args.worst)))
+    return 0
+
+
 def cmd_bench_model(args: argparse.Namespace) -> int:
     from .bench import rss_bytes
     from .engine.tools import bench_model
@@ -923,6 +1113,23 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print strict JSON")
     s.set_defaults(func=cmd_imatrix)
 
+    s = sub.add_parser("quant-stats", help="what each quantization type loses on every weight (like llama.cpp's "
+                       "quantize-stats): RMSE, max |error|, SNR, cosine per tensor and type, and per type")
+    s.add_argument("file", help="GGUF file (its weights are dequantized, unless --reference gives them)")
+    s.add_argument("--types", metavar="T1,T2,...", help="types to measure (default: all with a quantizer, "
+                   "TQ1_0 ... Q8_0, F16, BF16)")
+    s.add_argument("--tensor", metavar="REGEX", help="only the weights whose name this regular expression finds")
+    s.add_argument("--imatrix", metavar="FILE", help="importance matrix: quantize with it, and report the "
+                   "importance-weighted RMSE")
+    s.add_argument("--reference", metavar="FILE", help="a higher-precision GGUF of the same model to take the "
+                   "values from (same tensor names and shapes)")
+    s.add_argument("--max-rows", type=_int_arg(1), metavar="N", help="measure at most N evenly spaced rows per "
+                   "tensor (per expert: N / experts)")
+    s.add_argument("--threads", type=_int_arg(0, MAX_THREADS), default=0, help="worker threads (default: all "
+                   "cores)")
+    s.add_argument("--json", action="store_true", help="print strict JSON (infinities as \"inf\")")
+    s.set_defaults(func=cmd_quant_stats)
+
     s = sub.add_parser("generate", help="continue a prompt (stdout: the generated text)")
     s.add_argument("file")
     s.add_argument("-p", "--prompt", help="prompt text (default: stdin)")
@@ -960,6 +1167,31 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--no-repack", action="store_true",
                    help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
     s.set_defaults(func=cmd_perplexity)
+
+    s = sub.add_parser("compare", help="compare two GGUFs of the same model on a text: perplexity of each, KL "
+                       "divergence and top-1 agreement, the text coloured token by token by KLD")
+    s.add_argument("base", help="the reference GGUF (e.g. F16 or Q8_0), or with --base-kld a llama-perplexity "
+                   "KL-divergence base file")
+    s.add_argument("quant", help="the GGUF to measure (same vocabulary)")
+    t = s.add_mutually_exclusive_group()
+    t.add_argument("-f", "--text-file", help="the text (UTF-8)")
+    t.add_argument("-p", "--prompt", help="the text itself")
+    s.add_argument("-c", "--ctx", type=_int_arg(4, MAX_CTX), default=None,
+                   help="chunk size in tokens (default 512; a base file sets its own)")
+    s.add_argument("--chunks", type=_int_arg(0), default=0, help="at most this many chunks (0 = all)")
+    s.add_argument("--base-kld", action="store_true",
+                   help="BASE is a log-probability file of llama-perplexity --kl-divergence-base (or quantscope "
+                        "perplexity --kl-divergence-base); the text may then be left out")
+    s.add_argument("-t", "--threads", type=_int_arg(0, MAX_THREADS), default=0)
+    s.add_argument("--json", action="store_true", help="print strict JSON: the summary and every scored position")
+    s.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="colour the text token by token by KLD (auto: on a terminal); without colour the worst "
+                        "positions are listed")
+    s.add_argument("--worst", type=_int_arg(0), default=10, help="positions to list without colour (default 10)")
+    s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
+    s.add_argument("--no-repack", action="store_true",
+                   help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
+    s.set_defaults(func=cmd_compare)
 
     s = sub.add_parser("verify", help="check a bump file's checksum and (with --against) every section")
     s.add_argument("file")

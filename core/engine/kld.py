@@ -22,7 +22,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -236,32 +236,83 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return lg - (mx + np.log(np.exp(lg - mx).sum(axis=1, keepdims=True)))
 
 
+#: scored positions handled at once by :func:`score_positions` (bounds its float64 temporaries to a few rows of the
+#: vocabulary)
+SCORE_ROWS = 32
+
+
+class PositionScores(NamedTuple):
+    """Per scored position: our nll, the base's nll, KL(base || ours), p(target) ours - base, whether the top tokens
+    agree, and the two top tokens."""
+
+    nll: np.ndarray
+    nll_base: np.ndarray
+    kld: np.ndarray
+    p_diff: np.ndarray
+    same: np.ndarray
+    top: np.ndarray
+    top_base: np.ndarray
+
+
+def score_positions(logits: np.ndarray, targets: np.ndarray, *, base_logits: np.ndarray | None = None,
+                    records: np.ndarray | None = None, n_vocab: int = 0) -> PositionScores:
+    """Compare our (T, V) logits with a base given either as its logits (KL over the whole vocabulary, exactly 0
+    for the same logits) or as llama-perplexity's records (KL over the base entries above log-probability -16, as
+    llama-perplexity sums it); in blocks of :data:`SCORE_ROWS` rows."""
+    if (base_logits is None) == (records is None):
+        raise ValueError("give exactly one of base_logits and records")
+    T = int(targets.size)
+    cols: list[list[np.ndarray]] = [[] for _ in range(7)]
+    for a in range(0, T, SCORE_ROWS):
+        b = min(a + SCORE_ROWS, T)
+        ours = _log_softmax(logits[a:b])
+        tg = targets[a:b]
+        idx = np.arange(b - a)
+        if base_logits is not None:
+            base = _log_softmax(base_logits[a:b])
+            pb = np.exp(base)
+            kld = np.where(pb > 0, pb * (base - ours), 0.0).sum(axis=1)
+            top_base = base_logits[a:b].argmax(axis=1)
+        else:
+            assert records is not None
+            base = log_probs_of(records[a:b], n_vocab).astype(np.float64)
+            keep = base > -16.0
+            pb = np.where(keep, np.exp(np.where(keep, base, 0.0)), 0.0)
+            kld = (pb * np.where(keep, base - ours, 0.0)).sum(axis=1)
+            top_base = base.argmax(axis=1)
+        nll = -ours[idx, tg]
+        nll_base = -base[idx, tg]
+        top = logits[a:b].argmax(axis=1)
+        for col, x in zip(cols, (nll, nll_base, kld, np.exp(-nll) - np.exp(-nll_base), top == top_base, top,
+                                 top_base), strict=True):
+            col.append(x)
+    empty = (np.zeros(0),) * 4 + (np.zeros(0, bool),) + (np.zeros(0, np.int64),) * 2
+    return PositionScores(*(np.concatenate(c) if c else e for c, e in zip(cols, empty, strict=True)))
+
+
 def compare_records(logits: np.ndarray, records: np.ndarray, targets: np.ndarray,
                     n_vocab: int) -> tuple[np.ndarray, ...]:
     """Per position: our nll, the base's nll, KL(base || ours) over the entries above log-probability -16 (as
     llama-perplexity sums it), p(target) ours - base, and whether the top tokens agree."""
-    ours = _log_softmax(logits)
-    base = log_probs_of(records, n_vocab).astype(np.float64)
-    idx = np.arange(targets.size)
-    nll = -ours[idx, targets]
-    nll_base = -base[idx, targets]
-    keep = base > -16.0
-    pb = np.where(keep, np.exp(np.where(keep, base, 0.0)), 0.0)
-    kld = (pb * np.where(keep, base - ours, 0.0)).sum(axis=1)
-    p_diff = np.exp(-nll) - np.exp(-nll_base)
-    same = logits.argmax(axis=1) == base.argmax(axis=1)
-    return nll, nll_base, kld, p_diff, same
+    return score_positions(logits, targets, records=records, n_vocab=n_vocab)[:5]
 
 
-def _chunks(tok: Tokenizer, text: str, n_ctx: int, max_chunks: int) -> np.ndarray:
-    ids = tok.encode(text)
+def chunk_ids(ids: list[int] | np.ndarray, n_ctx: int, max_chunks: int = 0, min_chunks: int = 2) -> np.ndarray:
+    """Token ids cut into (n_chunks, n_ctx) non-overlapping chunks (at most ``max_chunks``, 0 = all); the text must
+    have ``min_chunks * n_ctx`` tokens (llama-perplexity asks for two chunks' worth)."""
     n_chunks = len(ids) // n_ctx
     if max_chunks:
         n_chunks = min(n_chunks, max_chunks)
-    if len(ids) < 2 * n_ctx or n_chunks == 0:
-        raise ValueError(f"the text has {len(ids)} tokens; llama-perplexity's procedure needs at least "
-                         f"{2 * n_ctx} (two chunks of {n_ctx})")
+    if len(ids) < min_chunks * n_ctx or n_chunks == 0:
+        if min_chunks >= 2:
+            raise ValueError(f"the text has {len(ids)} tokens; llama-perplexity's procedure needs at least "
+                             f"{min_chunks * n_ctx} ({'two' if min_chunks == 2 else min_chunks} chunks of {n_ctx})")
+        raise ValueError(f"the text has {len(ids)} tokens; at least {n_ctx} are needed (one chunk of {n_ctx})")
     return np.asarray(ids[: n_chunks * n_ctx], dtype=np.int64).reshape(n_chunks, n_ctx)
+
+
+def _chunks(tok: Tokenizer, text: str, n_ctx: int, max_chunks: int) -> np.ndarray:
+    return chunk_ids(tok.encode(text), n_ctx, max_chunks)
 
 
 def _chunk_logits(session: Any, tok: Tokenizer, chunk: np.ndarray) -> np.ndarray:

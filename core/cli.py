@@ -247,10 +247,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 class _Bar:
-    """Progress on stderr: a redrawn bar on a terminal, a line every 10% otherwise."""
+    """Progress on stderr: a redrawn bar on a terminal, a line every 10% otherwise. ``unit``: "bytes" (shown in
+    MiB) or a word for a count (chunks, …)."""
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, unit: str = "bytes") -> None:
         self.label = label
+        self.unit = unit
         self.tty = sys.stderr.isatty()
         self.last = -1
 
@@ -258,13 +260,16 @@ class _Bar:
         if total <= 0:
             return
         pct = int(100 * done / total)
+        amount = (f"{done / 2**20:8.1f}/{total / 2**20:.1f} MiB" if self.unit == "bytes"
+                  else f"{done:,}/{total:,} {self.unit}")
         if self.tty:
             filled = pct * 30 // 100
             sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] {pct:3d}% "
-                             f"{done / 2**20:8.1f}/{total / 2**20:.1f} MiB {detail[:28]:<28}")
+                             f"{amount} {detail[:28]:<28}")
             sys.stderr.flush()
         elif pct // 10 != self.last // 10:
-            sys.stderr.write(f"{self.label}: {pct}% ({done:,} of {total:,} bytes) {detail}\n")
+            what = f"{done:,} of {total:,} bytes" if self.unit == "bytes" else f"{done:,} of {total:,} {self.unit}"
+            sys.stderr.write(f"{self.label}: {pct}% ({what}) {detail}\n")
         self.last = pct
 
     def close(self) -> None:
@@ -447,10 +452,54 @@ def _print_plan_summary(plan: Any) -> None:
         print(printable(f"warning   {w}"), file=sys.stderr)
 
 
+def _compute_imatrix(args: argparse.Namespace) -> int:
+    from .engine.imatrix import compute_imatrix
+    from .fsutil import OutputSet
+    from .quant.imatrix import write_imatrix
+
+    if args.text_file and args.prompt is not None:
+        raise CLIError("imatrix: give -f TEXT or -p TEXT, not both")
+    out = args.output or "imatrix.gguf"
+    inputs = [args.file] + ([args.text_file] if args.text_file else [])
+    try:
+        OutputSet([("-o", out)], inputs=inputs)
+    except PathRefused as exc:
+        raise CLIError(str(exc)) from None
+    if args.text_file:
+        _check_file(args.text_file)
+        try:
+            text = Path(args.text_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CLIError(f"{args.text_file}: cannot read the text: {exc}") from None
+    else:
+        text = args.prompt
+    bar = _Bar("imatrix", "chunks")
+    try:
+        im = compute_imatrix(args.file, text, n_ctx=args.ctx, max_chunks=args.chunks, threads=args.threads,
+                             dataset=args.text_file or "", progress=lambda d, t, m: bar(d, t, m) if t > 1 else None)
+    except ValueError as exc:
+        raise CLIError(f"{args.file}: {exc}") from None
+    except GGUFError as exc:
+        raise CLIError(f"{args.file}: not a readable GGUF file: {exc}") from None
+    bar.close()
+    try:
+        path = write_imatrix(im, out, tuple(inputs))
+    except PathRefused as exc:
+        raise CLIError(str(exc)) from None
+    except OSError as exc:
+        raise CLIError(f"cannot write {out}: {exc.strerror or exc}") from None
+    print(printable(f"wrote {path}: {len(im.entries)} entries, {im.chunk_count} chunks of {im.chunk_size} tokens"))
+    return 0
+
+
 def cmd_imatrix(args: argparse.Namespace) -> int:
     from .quant.imatrix import ImatrixError, read_imatrix
 
     _check_file(args.file)
+    if args.text_file or args.prompt is not None:
+        return _compute_imatrix(args)
+    if args.output:
+        raise CLIError("imatrix: -o writes a computed matrix; give the text with -f or -p")
     try:
         im = read_imatrix(args.file)
     except (ImatrixError, OSError) as exc:
@@ -1108,8 +1157,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--threads", type=_int_arg(0, 1024), default=0, help="worker threads (default: all cores)")
     s.set_defaults(func=cmd_quantize)
 
-    s = sub.add_parser("imatrix", help="show an importance-matrix file (llama-imatrix's GGUF or legacy .dat)")
-    s.add_argument("file")
+    s = sub.add_parser("imatrix", help="show an importance-matrix file (llama-imatrix's GGUF or legacy .dat), or "
+                       "with -f/-p compute one for the model FILE (llama-imatrix's GGUF format)")
+    s.add_argument("file", help="an imatrix file to show, or (with -f/-p) the model")
+    s.add_argument("-f", "--file-text", dest="text_file", metavar="TEXT", help="compute over this text file")
+    s.add_argument("-p", "--prompt", help="compute over this text")
+    s.add_argument("-o", "--output", help="where to write the computed matrix (default: imatrix.gguf)")
+    s.add_argument("-c", "--ctx", type=_int_arg(16, 1 << 20), default=512, help="chunk size in tokens (default 512)")
+    s.add_argument("--chunks", type=_int_arg(0, 1 << 30), default=0, help="at most this many chunks (0: all)")
+    s.add_argument("-t", "--threads", type=_int_arg(0, 1024), default=0, help="threads (default: all cores)")
     s.add_argument("--json", action="store_true", help="print strict JSON")
     s.set_defaults(func=cmd_imatrix)
 

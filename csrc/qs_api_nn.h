@@ -138,6 +138,16 @@ typedef struct {
     int64_t wsg_bytes, wsu_bytes, wsd_bytes;
     const float *shexp_gate;
     int64_t shexp_gate_len;
+    /* Activation statistics for importance matrices (docs/quantize.md, "Computing one"): NULL, or float sums of the
+     * squares of a product's inputs, added to in place on prompts (T > 1), as llama-imatrix sums them. st_attn
+     * (n_embd): the input of the attention's projections (q/k/v, or a delta-net layer's); st_wo (n_head *
+     * head_dim): attn_output's; st_ffn (n_embd, or n_expert * n_embd for experts: each expert its rows): the
+     * FFN's gate/up input; st_down (n_ff, or n_expert * n_ff): ffn_down's; st_exp_count (n_expert): rows routed
+     * to each expert. The *_len fields are checked against those sizes. */
+    float *st_attn, *st_wo, *st_ffn, *st_down;
+    int64_t st_attn_len, st_wo_len, st_ffn_len, st_down_len;
+    int64_t *st_exp_count;
+    int64_t st_exp_count_len;
 } qs_block;
 int qs_block_forward(const qs_block *b, float *x, int64_t n_tokens, const int32_t *pos, int64_t n_past,
                      int n_threads);

@@ -55,6 +55,25 @@ static void store_kv(void *cache, int f16, int64_t row0, const float *src, int64
 }
 
 /* A weight of rows x k elements of `type` fits in `bytes`, and the type has a kernel. */
+/* acc[j] += x[t][j]^2 over T rows of n (llama-imatrix's float sums of squared activations); callers skip decode
+ * steps (T == 1): the statistics are of prompts. */
+static void acc_sq(float *acc, const float *x, int64_t T, int64_t n) {
+    if (!acc) return;
+    for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < n; ++j) acc[j] += x[t * n + j] * x[t * n + j];
+}
+
+static int check_stats(const qs_block *b) {
+    const int64_t E = b->n_embd, NE = b->n_expert, F = b->n_ff, A = (int64_t)b->n_head * b->head_dim;
+    const int64_t per = NE ? NE : 1;
+    if (b->st_attn && b->st_attn_len != E) return QS_ERR_SIZE;
+    if (b->st_wo && b->st_wo_len != A) return QS_ERR_SIZE;
+    if (b->st_ffn && b->st_ffn_len != per * E) return QS_ERR_SIZE;
+    if (b->st_down && b->st_down_len != per * F) return QS_ERR_SIZE;
+    if (b->st_exp_count && b->st_exp_count_len != NE) return QS_ERR_SIZE;
+    return 0;
+}
+
 static int check_weight(int type, const uint8_t *w, int64_t bytes, int64_t rows, int64_t k) {
     int64_t need = qs_weight_bytes(type, rows, k);
     if (need < 0) return QS_ERR_TYPE;
@@ -389,6 +408,10 @@ static int moe_ffn(const qs_block *b, const float *h, int64_t T, float *out, int
         if (!n) continue;
         const int64_t *pairs = tok + count[e];
         for (int64_t i = 0; i < n; ++i) memcpy(hb + i * E, h + (pairs[i] / K) * E, (size_t)E * sizeof(float));
+        if (T > 1) { /* each expert its own rows and count, however few picked it (llama-imatrix's MUL_MAT_ID) */
+            if (b->st_ffn) acc_sq(b->st_ffn + e * E, hb, n, E);
+            if (b->st_exp_count) b->st_exp_count[e] += n;
+        }
         const int ty[2] = {b->wg_type, b->wu_type};
         const uint8_t *const ws[2] = {b->wg + e * sg, b->wu + e * su};
         const int64_t rows[2] = {F, F};
@@ -399,6 +422,7 @@ static int moe_ffn(const qs_block *b, const float *h, int64_t T, float *out, int
         if (b->bu) add_bias(gb + n * F, b->bu + e * F, n, F);
         if (b->swiglu_oai) qs_swiglu_oai(gb, gb + n * F, gb, n * F);
         else qs_swiglu(gb, gb + n * F, gb, n * F);
+        if (T > 1 && b->st_down) acc_sq(b->st_down + e * F, gb, n, F);
         rc = qs_matmat(b->wd_type, b->wd + e * sd, E, F, gb, n, ob, n_threads);
         if (rc) break;
         if (b->bd) add_bias(ob, b->bd + e * E, n, E);
@@ -424,6 +448,7 @@ done:
 static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *pos, int64_t n_past, int n_threads) {
     if (!b) return QS_ERR_SIZE;
     int rc = check_block(b, x, T, pos, n_past);
+    if (!rc) rc = check_stats(b);
     if (rc) return rc;
     const int64_t E = b->n_embd, H = b->n_head, KV = b->n_head_kv, hd = b->head_dim, F = b->n_ff, P = b->ple_dim;
     const int64_t qg = b->q_gate ? 2 : 1;
@@ -436,6 +461,7 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
     /* attention (without pre-norms, as olmo2, on x itself) */
     if (b->attn_norm) qs_rmsnorm(x, b->attn_norm, h, T, E, b->eps);
     else memcpy(h, x, (size_t)(T * E) * sizeof(float));
+    if (T > 1) acc_sq(b->st_attn, h, T, E);
     if (b->gdn_conv) { /* a gated delta-net layer instead of attention */
         rc = gdn_mixer(b, h, T, o, n_threads);
         if (rc) goto done;
@@ -500,6 +526,7 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
         if (b->q_gate)
             for (int64_t i = 0; i < T * H * hd; ++i) att[i] = dst[i] / (1.0f + expf(-att[i]));
     }
+    if (T > 1) acc_sq(b->st_wo, att, T, H * hd);
     rc = qs_matmat(b->wo_type, b->wo, E, H * hd, att, T, o, n_threads);
     if (rc) goto done;
     if (b->bo) add_bias(o, b->bo, T, E);
@@ -519,10 +546,12 @@ residual:
         const uint8_t *const ws[2] = {b->wg, b->wu};
         const int64_t rows[2] = {F, F};
         float *const ys[2] = {g, u};
+        if (T > 1) acc_sq(b->st_ffn, h, T, E);
         rc = matmat_shared(2, ty, ws, rows, E, h, T, ys, n_threads);
         if (rc) goto done;
         if (b->gelu) qs_geglu_tanh(g, u, g, T * F);
         else qs_swiglu(g, u, g, T * F);
+        if (T > 1) acc_sq(b->st_down, g, T, F);
         rc = qs_matmat(b->wd_type, b->wd, E, F, g, T, o, n_threads);
     }
     if (rc) goto done;

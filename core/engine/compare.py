@@ -83,6 +83,18 @@ class CompareResult:
         """KL divergence of every scored position, in order."""
         return np.fromiter((t.kld for t in self.tokens), np.float64, len(self.tokens))
 
+    def kld_histogram(self, bins: int = 40, floor: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
+        """(edges, counts) of the positions' KL divergence in ``bins`` bins evenly spaced in log10 (edges in nats,
+        ``bins + 1`` of them) from the smallest value to the largest; values below ``floor`` (the two models agree
+        to rounding there, or exactly) are counted in the first bin."""
+        k = np.maximum(self.kld_values(), floor)
+        lo, hi = (math.log10(float(k.min())), math.log10(float(k.max()))) if k.size else (0.0, 0.0)
+        if hi - lo < 1e-9:
+            lo, hi = lo - 0.5, hi + 0.5
+        edges = np.logspace(lo, hi, max(int(bins), 1) + 1)
+        counts, _ = np.histogram(k, edges)
+        return edges, counts
+
     def worst(self, n: int) -> list[TokenScore]:
         """The ``n`` positions of largest KL divergence, largest first."""
         return sorted(self.tokens, key=lambda t: -t.kld)[: max(n, 0)]

@@ -236,6 +236,26 @@ class Session:
         self._checkpoint = None
         self._zero_state()
 
+    def set_activation_stats(self, stats: list[dict[str, np.ndarray]] | None) -> None:
+        """Have every layer add its products' squared inputs into ``stats[layer]`` on prompts (keys ``attn``,
+        ``wo``, ``ffn``, ``down``: float32 sums, ``count``: int64 rows per expert; absent keys are not collected),
+        or stop (``None``). The arrays must stay alive while set (the session keeps a reference)."""
+        if stats is not None and len(stats) != len(self._block_structs):
+            raise ValueError(f"{len(stats)} statistics for {len(self._block_structs)} layers")
+        self._stats = stats
+        for li, b in enumerate(self._block_structs):
+            d = stats[li] if stats is not None else {}
+            for key, field, dtype in (("attn", "st_attn", np.float32), ("wo", "st_wo", np.float32),
+                                      ("ffn", "st_ffn", np.float32), ("down", "st_down", np.float32),
+                                      ("count", "st_exp_count", np.int64)):
+                a = d.get(key)
+                if a is not None and (a.dtype != dtype or not a.flags.c_contiguous or not a.flags.writeable):
+                    raise ValueError(f"layer {li} {key}: a writable contiguous {np.dtype(dtype)} array is needed")
+                ctype = "int64_t *" if dtype is np.int64 else "float *"
+                setattr(b, field, ffi.cast(ctype, ffi.from_buffer(a, require_writable=True)) if a is not None
+                        else ffi.NULL)
+                setattr(b, field + "_len", 0 if a is None else int(a.size))
+
     def _zero_state(self) -> None:
         for a in (*self.conv_state.values(), *self.ssm_state.values()):
             a.fill(0.0)

@@ -84,6 +84,20 @@ class Imatrix:
         return {"path": str(self.path), "format": "legacy" if self.is_legacy else "gguf", "entries": len(self.entries),
                 "datasets": self.datasets, "chunk_count": self.chunk_count, "chunk_size": self.chunk_size}
 
+    def entry_stats(self) -> list[dict[str, object]]:
+        """Per entry, in the order of ``entries``: ``name``, ``n_cols``, ``n_mat`` (experts), ``count`` (the
+        largest), and the ``mean``, ``max`` and number of ``zeros`` of its importance weights over every expert
+        (``quantscope imatrix``'s rows)."""
+        rows: list[dict[str, object]] = []
+        for name, e in self.entries.items():
+            w = self.weights(name)
+            assert w is not None
+            rows.append({"name": name, "n_cols": e.n_cols, "n_mat": e.n_mat,
+                         "count": int(e.counts.max()) if e.counts.size else 0,
+                         "mean": float(w.mean()) if w.size else 0.0, "max": float(w.max()) if w.size else 0.0,
+                         "zeros": int((w == 0).sum())})
+        return rows
+
 
 def read_imatrix(path: str | os.PathLike[str]) -> Imatrix:
     """Read an imatrix file (GGUF, or legacy when it is not a GGUF)."""
@@ -184,3 +198,48 @@ def _read_legacy(p: Path) -> Imatrix:
             if 0 < n <= size - pos:
                 datasets.append(data[pos:pos + n].split(b"\0", 1)[0].decode("utf-8", "replace"))
     return Imatrix(p, entries, datasets, chunk_count, 0, is_legacy=True)
+
+
+def imatrix_bytes(im: Imatrix) -> bytes:
+    """The matrix in llama-imatrix's GGUF layout: ``general.type`` "imatrix", ``imatrix.datasets``,
+    ``imatrix.chunk_count``, ``imatrix.chunk_size``; per entry, in name order, ``NAME.in_sum2`` (F32
+    ``[n_cols, n_mat]``) and ``NAME.counts`` (F32 ``[1, n_mat]``), dimensions counted as ggml counts them."""
+    from .mixture import n_dims
+
+    def s(b: bytes) -> bytes:
+        return struct.pack("<Q", len(b)) + b
+
+    def kv_str(k: str, v: str) -> bytes:
+        return s(k.encode()) + struct.pack("<I", 8) + s(v.encode("utf-8", "surrogateescape"))
+
+    kvs = [kv_str("general.type", "imatrix"),
+           s(b"imatrix.datasets") + struct.pack("<IIQ", 9, 8, len(im.datasets))
+           + b"".join(s(d.encode("utf-8", "surrogateescape")) for d in im.datasets),
+           s(b"imatrix.chunk_count") + struct.pack("<II", 4, im.chunk_count & 0xFFFFFFFF),
+           s(b"imatrix.chunk_size") + struct.pack("<II", 4, im.chunk_size & 0xFFFFFFFF)]
+    infos: list[bytes] = []
+    blobs: list[bytes] = []
+    offset = 0
+    for name in sorted(im.entries):
+        e = im.entries[name]
+        for suffix, ne, data in ((".in_sum2", (e.n_cols, e.n_mat), e.sums.astype("<f4")),
+                                 (".counts", (1, e.n_mat), e.counts.astype("<f4"))):
+            nd = n_dims(ne)
+            infos.append(s((name + suffix).encode()) + struct.pack("<I", nd) + struct.pack(f"<{nd}q", *ne[:nd])
+                         + struct.pack("<IQ", 0, offset))
+            raw = data.tobytes()
+            pad = (-len(raw)) % 32
+            blobs.append(raw + b"\0" * pad)
+            offset += len(raw) + pad
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(infos), len(kvs)) + b"".join(kvs) + b"".join(infos)
+    head += b"\0" * ((-len(head)) % 32)
+    return head + b"".join(blobs)
+
+
+def write_imatrix(im: Imatrix, path: str | os.PathLike[str], inputs: tuple[str | os.PathLike[str], ...] = ()) -> Path:
+    """Write ``im`` in llama-imatrix's GGUF format, atomically (a temporary renamed into place)."""
+    from ..fsutil import write_atomic
+
+    out = Path(path)
+    write_atomic(out, imatrix_bytes(im), "imatrix output", list(inputs))
+    return out

@@ -510,8 +510,12 @@ def quantizable_tensors(f: GGUFFile, pattern: str | None = None) -> list[TensorI
     except re.error as exc:
         raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
     arch = f.architecture or ""
-    return [t for t in f.tensors if n_dims(t.ne) in (2, 3) and allows_quantization(t.name, t.ne, arch)
-            and (rx is None or rx.search(t.name))]
+    return [t for t in f.tensors if is_quantizable(t, arch) and (rx is None or rx.search(t.name))]
+
+
+def is_quantizable(t: TensorInfo, arch: str) -> bool:
+    """True for a 2-D/3-D weight llama-quantize would quantize (in a model of architecture ``arch``)."""
+    return n_dims(t.ne) in (2, 3) and allows_quantization(t.name, t.ne, arch)
 
 
 def file_stats(f: GGUFFile, types: Sequence[str], *, pattern: str | None = None, imatrix: Imatrix | None = None,
@@ -603,3 +607,111 @@ def stats_json(e: ErrorStats) -> dict[str, object]:
     return {"type": e.type, "bits_per_weight": e.bits_per_weight, "rmse": e.rmse, "max_abs": e.max_abs,
             "snr_db": e.snr_db, "cosine": e.cosine, "rel_rmse": e.rel_rmse, "weighted_rmse": e.weighted_rmse,
             "n_values": e.n_values}
+
+
+# ------------------------------------------------------------------------------------------ for viewers (the GUI)
+
+
+@dataclass(frozen=True)
+class BlockPair:
+    """One quantization block before and after the round trip: the original values, ``qtype``'s raw bytes of the
+    block (what :func:`~quantscope.core.quant.decode_block` takes) and the values they dequantize to."""
+
+    qtype: str
+    row: int
+    block: int
+    original: np.ndarray  # float32 (block_elems,)
+    raw: bytes
+    requantized: np.ndarray  # float32 (block_elems,)
+
+    @property
+    def columns(self) -> tuple[int, int]:
+        """The block's columns ``[first, end)`` in its row."""
+        n = self.original.size
+        return self.block * n, (self.block + 1) * n
+
+    @property
+    def rmse(self) -> float:
+        """The block's RMSE (the :attr:`ErrorStats.block_rmse` entry)."""
+        d = self.requantized.astype(np.float64) - self.original
+        return math.sqrt(float(np.dot(d, d)) / d.size) if d.size else 0.0
+
+    @property
+    def worst_element(self) -> tuple[int, float]:
+        """(element, |error|) of the element that moved most."""
+        d = np.abs(self.requantized.astype(np.float64) - self.original)
+        i = int(np.argmax(d)) if d.size else 0
+        return i, float(d[i]) if d.size else 0.0
+
+
+def requantize_block(values: np.ndarray, qtype: str, row: int, block: int, imatrix: np.ndarray | None = None, *,
+                     threads: int = 0) -> BlockPair:
+    """Block ``block`` of row ``row`` of ``values`` (rows x ne0, as :func:`requantize_errors` measured them) quantized
+    into ``qtype``: only that row is requantized (rows are quantized independently, so its bytes are the ones the
+    whole tensor's round trip has), with the importance weights of the row's expert when ``imatrix`` is given."""
+    x = _rows(values)
+    t = _candidate(qtype)
+    n_rows, n_cols = x.shape
+    if not fits(t.name, n_cols):
+        raise ValueError(f"rows of {n_cols} values are not whole {t.name} blocks of {t.block_elems}")
+    be = t.block_elems
+    if not (0 <= row < n_rows and 0 <= block < n_cols // be):
+        raise ValueError(f"no block {block} in row {row} ({n_rows} rows of {n_cols // be} {t.name} blocks)")
+    w = _weights(imatrix, n_rows, n_cols)
+    wg = None if w is None else w[row // (n_rows // w.shape[0])]
+    raw, y = requantize(x[row:row + 1], t.name, wg, threads=threads)
+    bb = t.block_bytes
+    a, b = block * be, (block + 1) * be
+    return BlockPair(t.name, row, block, np.asarray(x[row, a:b], np.float32).copy(),
+                     raw[0, block * bb:(block + 1) * bb].tobytes(), y[0, a:b].copy())
+
+
+def worst_block(block_rmse: np.ndarray) -> tuple[int, int, float]:
+    """(row, block, RMSE) of the largest entry of a :attr:`ErrorStats.block_rmse` array (NaN ignored)."""
+    a = np.asarray(block_rmse, np.float64)
+    if a.size == 0 or not np.isfinite(a).any():
+        raise ValueError("no block errors to look at")
+    i = int(np.nanargmax(np.where(np.isfinite(a), a, -np.inf)))
+    r, b = divmod(i, a.shape[1])
+    return r, b, float(a[r, b])
+
+
+def stats_report(stats: Sequence[TensorStats], summary: Sequence[TypeSummary], **meta: object) -> dict[str, object]:
+    """``quant-stats --json``'s document: ``meta`` (file, reference, imatrix, max_rows, types, seconds…) then every
+    tensor's figures and the per-type summary (pass it to :func:`~quantscope.core.fsutil.json_text`)."""
+    return {**meta,
+            "tensors": [{"name": s.name, "shape": list(s.shape), "source_type": s.source_type,
+                         "n_elements": s.n_elements, "rows_measured": s.rows_measured, "skipped": list(s.skipped),
+                         "errors": [stats_json(e) for e in s.errors]} for s in stats],
+            "summary": [{**stats_json(u.stats), "n_tensors": u.n_tensors, "n_elements": u.n_elements}
+                        for u in summary]}
+
+
+CSV_COLUMNS = ("scope", "tensor", "shape", "source_type", "type", "bits_per_weight", "rmse", "max_abs", "snr_db",
+               "cosine", "rel_rmse", "weighted_rmse", "n_values", "rows_measured", "n_tensors", "n_elements")
+
+
+def stats_csv(stats: Sequence[TensorStats], summary: Sequence[TypeSummary]) -> str:
+    """The figures as CSV (:data:`CSV_COLUMNS`): one ``tensor`` line per tensor and type, then one ``summary`` line
+    per type (tensor ``*``); infinities as ``inf``, a missing weighted RMSE empty."""
+    import csv
+    import io
+
+    def num(v: float | None) -> str:
+        return "" if v is None else repr(float(v))
+
+    def cells(e: ErrorStats) -> list[str]:
+        return [e.type, num(e.bits_per_weight), num(e.rmse), num(e.max_abs), num(e.snr_db), num(e.cosine),
+                num(e.rel_rmse), num(e.weighted_rmse), str(e.n_values)]
+
+    buf = io.StringIO()
+    out = csv.writer(buf, lineterminator="\n")
+    out.writerow(CSV_COLUMNS)
+    for s in stats:
+        shape = "x".join(str(d) for d in s.shape[:n_dims(s.shape)])
+        for e in s.errors:
+            out.writerow(["tensor", s.name, shape, s.source_type, *cells(e), str(s.rows_measured), "",
+                          str(s.n_elements)])
+    for u in summary:
+        out.writerow(["summary", "*", "", "", *cells(u.stats), "", str(u.n_tensors), str(u.n_elements)])
+    return buf.getvalue()

@@ -341,8 +341,22 @@ def _tensor_type_arg(text: str) -> tuple[str, str]:
     return pat, typ
 
 
-def cmd_quantize(args: argparse.Namespace) -> int:
+def _imatrix_arg(path: str | None) -> Any:
+    """The --imatrix file read (None without one); a bad file is one CLIError line."""
     from .quant.imatrix import ImatrixError, read_imatrix
+
+    if not path:
+        return None
+    _check_file(path)
+    try:
+        return read_imatrix(path)
+    except (ImatrixError, OSError) as exc:
+        raise CLIError(str(exc)) from None
+    except GGUFError as exc:
+        raise CLIError(f"--imatrix {path}: {exc}") from None
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
     from .quant.quantize import (
         QuantizeCancelled,
         QuantizeError,
@@ -361,13 +375,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         raise CLIError("quantize: the preset TYPE is missing (e.g. Q4_K_M; see quantscope quantize --help)")
     if not args.output and not args.dry_run:
         raise CLIError("quantize: the OUTPUT path is missing")
-    im = None
-    if args.imatrix:
-        _check_file(args.imatrix)
-        try:
-            im = read_imatrix(args.imatrix)
-        except (ImatrixError, OSError) as exc:
-            raise CLIError(str(exc)) from None
+    im = _imatrix_arg(args.imatrix)
     tt = list(args.tensor_type or [])
     for path in args.tensor_type_file or []:
         _check_file(path)
@@ -532,7 +540,6 @@ def cmd_quant_stats(args: argparse.Namespace) -> int:
     import time
 
     from .quant import lab
-    from .quant.imatrix import ImatrixError, read_imatrix
 
     try:
         types = lab.candidate_types(t for t in args.types.split(",") if t.strip()) if args.types else \
@@ -542,15 +549,7 @@ def cmd_quant_stats(args: argparse.Namespace) -> int:
     if not types:
         raise CLIError("--types: no type given (e.g. --types Q4_K,Q5_K,Q8_0)")
     _check_file(args.file)
-    im = None
-    if args.imatrix:
-        _check_file(args.imatrix)
-        try:
-            im = read_imatrix(args.imatrix)
-        except (ImatrixError, OSError) as exc:
-            raise CLIError(str(exc)) from None
-        except GGUFError as exc:
-            raise CLIError(f"--imatrix {args.imatrix}: {exc}") from None
+    im = _imatrix_arg(args.imatrix)
     with _open(args.file) as f:
         ref = _open(args.reference) if args.reference else None
         try:

@@ -9,7 +9,8 @@ import tempfile
 import time
 from pathlib import Path
 
-SCREENSHOT_VIEWS = ("overview", "metadata", "tensors", "block", "chat", "convert", "bump", "quantize")
+SCREENSHOT_VIEWS = ("overview", "metadata", "tensors", "block", "chat", "convert", "bump", "quantize", "requantize",
+                    "quant-stats", "compare", "imatrix")
 
 #: The short real exchange the chat screenshot runs (greedy, so the picture is reproducible).
 CHAT_DEMO_SYSTEM = "You are a concise, helpful assistant."
@@ -41,9 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--theme", choices=("system", "light", "dark"), default="system", help="colour scheme")
     p.add_argument("--size", type=window_size, default=(1440, 920), metavar="WxH",
                    help="window size for --screenshot, e.g. 1100x700 (the convert dialog keeps its own size; the "
-                   "quantize dialog takes it)")
+                   "quantize, compare and imatrix dialogs take it)")
     p.add_argument("--block", metavar="TENSOR[:BLOCK]",
                    help="with --view block: the tensor (and block of its first row, default 0) to show")
+    p.add_argument("--compare-with", metavar="GGUF",
+                   help="with --view compare: the quant compared with FILE (the base) on the bundled sample text")
+    p.add_argument("--imatrix", metavar="FILE",
+                   help="with --view imatrix: the importance matrix to show (default: FILE itself)")
     return p
 
 
@@ -131,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"quantscope: {msg} {detail}".rstrip(), file=sys.stderr)
             win.close()
             return 2
-        return render_screenshot(app, win, args.view, Path(args.screenshot), args.size, block=args.block)
+        return render_screenshot(app, win, args.view, Path(args.screenshot), args.size, block=args.block,
+                                 compare_with=args.compare_with, imatrix=args.imatrix)
     win.show()
     return int(app.exec())
 
@@ -162,8 +168,60 @@ def wait_chat(app: object, chat: object, timeout: float = 600.0) -> bool:
     return False
 
 
+def _lab_screenshot(app: object, win: object, view: str) -> str | None:
+    """The Quant lab for ``--view requantize`` (a representative tensor in every candidate type, its worst block
+    shown) or ``--view quant-stats`` (every weight × every type, rows sampled); a problem as text, or None."""
+    lab = win.lab_view  # type: ignore[attr-defined]
+    win.show_view("lab")  # type: ignore[attr-defined]
+    if view == "requantize":
+        name = lab.tensor_page.representative()
+        if name is None:
+            return "--view requantize: the file has no weight to requantize"
+        lab.open_tensor(name)
+        wait_idle(app, win, 600)
+        page = lab.tensor_page
+        return None if page.state == "done" else f"requantizing {name} failed: {page.error or page.state}"
+    lab.pages.setCurrentWidget(lab.file_page)
+    lab.file_page.start()
+    wait_idle(app, win, 600)
+    page = lab.file_page
+    return None if page.state == "done" else f"the whole-file statistics failed: {page.error or page.state}"
+
+
+def _analysis_screenshot(app: object, win: object, view: str, size: tuple[int, int], compare_with: str | None,
+                         imatrix: str | None) -> tuple[object, str | None]:
+    """The dialog of ``--view compare`` (the open file as the base, ``compare_with`` as the quant, the bundled
+    sample text, run to the end, its worst position shown) or ``--view imatrix`` (``imatrix``, default the open
+    file, read, a tensor selected), at the window's size; (the dialog, None) or (None, the problem)."""
+    if view == "compare":
+        if not compare_with:
+            return None, "--view compare needs --compare-with GGUF (the quant)"
+        cd = win.show_compare()  # type: ignore[attr-defined]
+        if cd is None:
+            return None, "--view compare needs a GGUF file"
+        cd.resize(*size)
+        cd.other.setText(compare_with)
+        cd.start()
+        wait_idle(app, win, 600)
+        if cd.state != "done":
+            return None, f"the comparison failed: {cd.error or cd.state}"
+        cd.show_worst(0)
+        return cd, None
+    path = imatrix or str(win.doc.path)  # type: ignore[attr-defined]
+    dlg = win.show_imatrix(path)  # type: ignore[attr-defined]
+    dlg.resize(*size)
+    wait_idle(app, win)
+    if dlg.imatrix is None:
+        return None, f"{path}: {dlg.error or 'not read'}"
+    names = list(dlg.imatrix.entries)
+    experts = [n for n in names if dlg.imatrix.entries[n].n_mat > 1]
+    pick = next((n for n in names if "ffn_down" in n), names[0]) if not experts else experts[0]
+    dlg.select_tensor(pick)
+    return dlg, None
+
+
 def render_screenshot(app: object, win: object, view: str, out: Path, size: tuple[int, int] = (1440, 920),
-                      block: str | None = None) -> int:
+                      block: str | None = None, compare_with: str | None = None, imatrix: str | None = None) -> int:
     """Show ``view`` with the file loaded, wait for its background work, save a PNG, close cleanly."""
     from .mainwindow import MainWindow
 
@@ -206,6 +264,17 @@ def render_screenshot(app: object, win: object, view: str, out: Path, size: tupl
                 return 1
             chat.tools.setCurrentIndex(1)  # the template preview: the exact prompt of this conversation
             chat.update_preview()
+        if view in ("requantize", "quant-stats"):  # the Quant lab after a real run (every candidate type)
+            problem = _lab_screenshot(app, win, view)
+            if problem:
+                print(f"quantscope: {problem}", file=sys.stderr)
+                return 1
+        if view in ("compare", "imatrix"):  # the dialog at the window's size, after its work has run
+            shown, problem = _analysis_screenshot(app, win, view, size, compare_with, imatrix)
+            if shown is None:
+                print(f"quantscope: {problem}", file=sys.stderr)
+                return 1
+            target = shown
         if view == "quantize":  # the dialog at the window's size, after a real Q4_K_M run into a temporary folder
             tmp = tempfile.TemporaryDirectory(prefix="quantscope-shot-")
             qd = win.show_quantize()

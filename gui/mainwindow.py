@@ -32,9 +32,12 @@ from .document import Document, OpenError, open_document
 from .views.block_inspector import BlockInspectorView
 from .views.bump_inspector import BumpInspectorView
 from .views.chat import ChatView
+from .views.compare_dialog import CompareDialog
 from .views.convert_dialog import ConvertDialog
+from .views.imatrix_dialog import ImatrixDialog
 from .views.metadata import MetadataView
 from .views.overview import OverviewView
+from .views.quant_lab import QuantLabView
 from .views.quantize_dialog import QuantizeDialog
 from .views.tensors import TensorsView
 from .widgets.fit import ElidedLabel
@@ -78,6 +81,8 @@ class MainWindow(QMainWindow):
         self.doc: Document | None = None
         self.convert_dialog: ConvertDialog | None = None
         self.quantize_dialog: QuantizeDialog | None = None
+        self.compare_dialog: CompareDialog | None = None
+        self.imatrix_dialog: ImatrixDialog | None = None
         self.error_box: QMessageBox | None = None
         self.about_box: QMessageBox | None = None
         self.setWindowTitle("Quantscope")
@@ -90,6 +95,7 @@ class MainWindow(QMainWindow):
         self.metadata_view = MetadataView()
         self.tensors_view = TensorsView(self.runner)
         self.block_view = BlockInspectorView()
+        self.lab_view = QuantLabView(self.runner)
         self.chat_view = ChatView(self.runner)
         self.bump_view = BumpInspectorView(self.runner)
         self.welcome = QLabel("<h2>Quantscope</h2><p>Open a GGUF or bump file: File ▸ Open (Ctrl+O), the recent "
@@ -101,6 +107,7 @@ class MainWindow(QMainWindow):
         self._tab = {}
         for key, w, label in (("overview", self.overview, "Overview"), ("metadata", self.metadata_view, "Metadata"),
                               ("tensors", self.tensors_view, "Tensors"), ("block", self.block_view, "Block inspector"),
+                              ("lab", self.lab_view, "Quant lab"),
                               ("chat", self.chat_view, "Chat"), ("bump", self.bump_view, "Bump file"),
                               ("welcome", self.welcome, "Start")):
             self._tab[key] = self.tabs.addTab(w, label)
@@ -127,6 +134,9 @@ class MainWindow(QMainWindow):
         self.block_view.may_read = lambda: self.check_file() is None
 
         self.tensors_view.inspectRequested.connect(self.inspect_block)
+        self.tensors_view.tensorSelected.connect(self.lab_view.follow_tensor)
+        self.tensors_view.requantizeRequested.connect(self.requantize_tensor)
+        self.lab_view.inspectRequested.connect(self.inspect_block)
 
         # status bar: message, background task, ISA
         self.task_label = QLabel()
@@ -202,7 +212,7 @@ class MainWindow(QMainWindow):
         worker (the chat model thread included), let every view go of the document, and offer Reload / Close."""
         if self.doc is not doc:
             return
-        for dlg in (self.convert_dialog, self.quantize_dialog):
+        for dlg in (self.convert_dialog, self.quantize_dialog, self.compare_dialog):
             if dlg is not None:
                 dlg.cancel()
         if self.quantize_dialog is not None and self.quantize_dialog.gguf is doc.gguf:
@@ -281,6 +291,14 @@ class MainWindow(QMainWindow):
         t.addAction(self.convert_action)
         self.quantize_action = self._action("&Quantize…", self.show_quantize, "Ctrl+Shift+Q", "quantize")
         t.addAction(self.quantize_action)
+        self.lab_action = self._action("Quant &lab (what each type loses)", lambda: self.show_view("lab"),
+                                       "Ctrl+Shift+L", "quant-lab")
+        t.addAction(self.lab_action)
+        self.compare_action = self._action("Compare &with… (measure a quant's quality)", self.show_compare,
+                                           "Ctrl+Shift+K", "compare")
+        self.compare_action.setEnabled(False)  # until a GGUF is open
+        t.addAction(self.compare_action)
+        t.addAction(self._action("Importance &matrix…", lambda: self.show_imatrix(), "Ctrl+Shift+M", "imatrix"))
         t.addSeparator()
         t.addAction(self._action("Cancel background &work", lambda: self.runner.cancel(), "Ctrl+.", "cancel-work"))
         h = mb.addMenu("&Help")
@@ -345,6 +363,8 @@ class MainWindow(QMainWindow):
             return False
         self.set_document(doc)
         self._remember(doc.path)
+        if doc.gguf is not None and doc.gguf.get("general.type") == "imatrix":  # llama-imatrix's output: shown too
+            self.show_imatrix(doc.path)
         return True
 
     def set_document(self, doc: Document | None) -> None:
@@ -370,9 +390,11 @@ class MainWindow(QMainWindow):
         else:
             self.chat_view.set_document(None)
             self.file_label.setText("")
+        self.lab_view.set_document(doc if doc is not None and doc.gguf is not None else None)
         self._show_tabs(doc)
         self.convert_action.setEnabled(doc is not None and doc.gguf is not None)
         self.quantize_action.setEnabled(doc is not None and doc.gguf is not None)
+        self.compare_action.setEnabled(doc is not None and doc.gguf is not None)
 
     def close_document(self) -> None:
         self.set_document(None)
@@ -407,6 +429,11 @@ class MainWindow(QMainWindow):
             return
         self.block_view.show_block(tensor, row, block, element)
         self.show_view("block")
+
+    def requantize_tensor(self, tensor: str) -> None:
+        """Open the Quant lab on ``tensor``, requantized into the chosen types."""
+        if self.check_file() is None and self.lab_view.open_tensor(tensor):
+            self.show_view("lab")
 
     # ------------------------------------------------------------------ dialogs
     def show_error(self, message: str, detail: str = "") -> QMessageBox:
@@ -447,6 +474,33 @@ class MainWindow(QMainWindow):
         dlg.openRequested.connect(self.open_path)
         self.quantize_dialog = dlg
         dlg.show()
+        return dlg
+
+    def show_compare(self) -> CompareDialog | None:
+        """Tools ▸ Compare with…: the open GGUF against another one (or a KLD base file) on a text."""
+        if self.doc is None or self.doc.gguf is None:
+            return None
+        dlg = self.compare_dialog
+        if dlg is not None and (dlg.state == "running" or dlg.doc_path == self.doc.path):
+            dlg.show()
+            dlg.raise_()
+            return dlg
+        if dlg is not None:
+            dlg.close()
+        dlg = CompareDialog(self.doc.path, self.runner, self)
+        self.compare_dialog = dlg
+        dlg.show()
+        return dlg
+
+    def show_imatrix(self, path: str | Path | None = None) -> ImatrixDialog:
+        """Tools ▸ Importance matrix…: the viewer, reading ``path`` when given."""
+        if self.imatrix_dialog is None:
+            self.imatrix_dialog = ImatrixDialog(self.runner, self)
+        dlg = self.imatrix_dialog
+        dlg.show()
+        dlg.raise_()
+        if path is not None:
+            dlg.open_file(path)
         return dlg
 
     def about_text(self) -> str:
@@ -505,7 +559,8 @@ class MainWindow(QMainWindow):
         names = {"tensor-stats": "statistics", "scale-scan": "scale scan", "convert": "conversion",
                  "bump-checksum": "checksum", "heatmap": "heatmap", "tokenizer": "reading the tokenizer",
                  "template": "template preview", "tokenize": "tokenizing", "cuda-check": "CUDA check",
-                 "quantize": "quantizing", "imatrix": "reading the imatrix"}
+                 "quantize": "quantizing", "imatrix": "reading the imatrix", "requantize": "requantizing",
+                 "quant-stats": "quant statistics", "lab-open": "opening", "compare": "comparing"}
         self.task_label.setText(", ".join(sorted({names.get(t.name, t.name) for t in running})) + "…" if on else "")
 
     # ------------------------------------------------------------------ drag and drop
@@ -523,11 +578,12 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ closing
     def closeEvent(self, event: QCloseEvent) -> None:
         """Cancel every background job and wait for the workers before the window goes."""
-        for dlg in (self.convert_dialog, self.quantize_dialog):
+        for dlg in (self.convert_dialog, self.quantize_dialog, self.compare_dialog, self.imatrix_dialog):
             if dlg is not None:
                 dlg.cancel()
         self.chat_view.shutdown(30000)
         self.runner.shutdown(30000)
+        self.lab_view.shutdown()
         if self.doc is not None:
             self.doc.close()
         event.accept()

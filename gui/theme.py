@@ -30,6 +30,18 @@ OK_COLOR = "#2e9d4f"
 BAD_COLOR = "#d64545"
 INFO_COLOR = "#6b7a90"
 
+#: The KL-divergence scale of the compared text (upper bounds in nats, as ``quantscope compare`` colours it) and its
+#: backgrounds, green to red, with the text colour readable on each (the same on light and dark palettes).
+KLD_BINS = (0.001, 0.01, 0.05, 0.1, 0.5, 1.0)
+KLD_COLORS = ("#66bd63", "#a6d96a", "#d9ef8b", "#fee08b", "#fdae61", "#f46d43", "#d73027")
+KLD_TEXT_COLORS = ("#111111",) * 6 + ("#ffffff",)
+
+
+def kld_bin(k: float) -> int:
+    """The index into :data:`KLD_COLORS` of a KL divergence."""
+    return next((i for i, b in enumerate(KLD_BINS) if k < b), len(KLD_BINS))
+
+
 #: On the dark palette: the outline of check boxes and radio buttons, and the keyboard focus ring.
 DARK_INDICATOR_OUTLINE = "#9aa3ad"
 DARK_FOCUS_RING = "#6ea8ff"

@@ -92,6 +92,8 @@ class CompareResult:
         if hi - lo < 1e-9:
             lo, hi = lo - 0.5, hi + 0.5
         edges = np.logspace(lo, hi, max(int(bins), 1) + 1)
+        if k.size:  # the outer edges hold the extremes exactly (10 ** log10(x) may round below x)
+            edges[0], edges[-1] = min(edges[0], float(k.min())), max(edges[-1], float(k.max()))
         counts, _ = np.histogram(k, edges)
         return edges, counts
 

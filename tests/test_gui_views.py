@@ -459,11 +459,11 @@ def test_tensor_enter_double_click_and_context_menu(window, qtbot, model_path): 
     qtbot.mouseClick(tv.table.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())  # a double click's press
     qtbot.mouseDClick(tv.table.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
     assert window.current_view() == "block" and window.block_view.tensor.name == "blk.1.attn_q.weight"
-    # the context menu: copy the name, open the block, show in the heatmap
+    # the context menu: copy the name, open the block, show in the heatmap, requantize in the Quant lab
     window.show_view("tensors")
     tv._context_menu(tv.table, tv.table.visualRect(idx).center())
     assert [a.text() for a in tv.context_menu.actions()] == ["Copy name", "Open in the block inspector",
-                                                            "Show in the heatmap"]
+                                                            "Show in the heatmap", "Requantize in the Quant lab"]
     tv.context_menu.close()
     copy, block, heat = tv.context_actions("blk.4.attn_k.weight")
     copy.trigger()

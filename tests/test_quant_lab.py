@@ -517,3 +517,50 @@ def test_cli_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert cli.main(["quant-stats", str(tmp_path / "junk.gguf")]) == 2
     err = capsys.readouterr().err
     assert "not a readable GGUF file" in err and err.count("\n") == 1
+
+
+# ------------------------------------------------------------------------------------- helpers for the GUI
+
+
+@pytest.mark.parametrize("qtype", lab.CANDIDATE_TYPES)
+def test_requantize_block_is_the_whole_round_trip_s_block(qtype: str) -> None:
+    ne0, per = 512, 4
+    x = _normal((N_EXP * per, ne0), 41, 0.3)
+    w = np.random.default_rng(42).uniform(0.1, 2.0, N_EXP * ne0).astype(np.float32)
+    raw, y = lab.requantize(x, qtype, w)
+    t = ggml_type(qtype)
+    be, bb = t.block_elems, t.block_bytes
+    for row, block in ((0, 0), (9, 1), (N_EXP * per - 1, ne0 // be - 1)):  # row 9: the third expert's weights
+        p = lab.requantize_block(x, qtype, row, block, w)
+        assert p.columns == (block * be, (block + 1) * be)
+        np.testing.assert_array_equal(p.original, x[row, block * be:(block + 1) * be])
+        np.testing.assert_array_equal(p.requantized, y[row, block * be:(block + 1) * be])
+        assert p.raw == raw[row, block * bb:(block + 1) * bb].tobytes()
+        d = p.requantized.astype(np.float64) - p.original
+        assert p.rmse == pytest.approx(math.sqrt(np.mean(d * d)), rel=1e-12)
+        assert p.worst_element == (int(np.argmax(np.abs(d))), float(np.abs(d).max()))
+    with pytest.raises(ValueError, match="no block"):
+        lab.requantize_block(x, qtype, N_EXP * per, 0)
+
+
+def test_worst_block_and_the_exports(files: dict[str, Path]) -> None:
+    a = np.array([[0.1, np.nan], [0.5, 0.2]], np.float32)
+    assert lab.worst_block(a) == (1, 0, pytest.approx(0.5))
+    with pytest.raises(ValueError):
+        lab.worst_block(np.full((2, 2), np.nan, np.float32))
+    types = ["Q4_K", "Q8_0"]
+    with GGUFFile(files["f32"]) as f:
+        stats = lab.file_stats(f, types, max_rows=8)
+    summary = lab.summarize(stats, types)
+    doc = lab.stats_report(stats, summary, file="x.gguf", types=types)
+    assert doc["file"] == "x.gguf" and [t["name"] for t in doc["tensors"]] == [s.name for s in stats]  # type: ignore[index]
+    import csv
+    import io
+
+    rows = list(csv.reader(io.StringIO(lab.stats_csv(stats, summary))))
+    assert tuple(rows[0]) == lab.CSV_COLUMNS
+    body = [dict(zip(lab.CSV_COLUMNS, r, strict=True)) for r in rows[1:]]
+    assert len(body) == sum(len(s.errors) for s in stats) + len(summary)
+    first = stats[0].errors[0]
+    assert body[0]["tensor"] == stats[0].name and float(body[0]["rmse"]) == first.rmse
+    assert body[-1]["scope"] == "summary" and int(body[-1]["n_tensors"]) == summary[-1].n_tensors

@@ -34,6 +34,7 @@ from quantscope.core.analysis import (
     heatmap,
 )
 from quantscope.core.gguf import TensorInfo
+from quantscope.core.quant.lab import is_quantizable
 from quantscope.core.summary import human_bytes
 
 from ..document import Document
@@ -52,6 +53,8 @@ class TensorsView(QWidget):
 
     inspectRequested = Signal(str, int, int, int)  # tensor, row, block, element
     analysisReady = Signal(str)
+    tensorSelected = Signal(str)  # the selected tensor changed
+    requantizeRequested = Signal(str)  # "Requantize in the Quant lab"
 
     def __init__(self, runner: TaskRunner, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -312,6 +315,15 @@ class TensorsView(QWidget):
         heat.setEnabled(t is not None and can_read_values(t))
         return [copy, block, heat]
 
+    def lab_action(self, name: str) -> QAction:
+        """The context menu's "Requantize in the Quant lab" (enabled for the weights llama-quantize quantizes)."""
+        a = QAction("Requantize in the Quant lab", self)
+        a.triggered.connect(lambda: self.requantizeRequested.emit(name))
+        f = self.doc.gguf if self.doc is not None else None
+        a.setEnabled(f is not None and f.has_tensor(name) and can_read_values(f.tensor(name))
+                     and is_quantizable(f.tensor(name), f.architecture or ""))
+        return a
+
     def _context_menu(self, view: QTreeView | QTableView, pos: QPoint) -> None:
         at = view.indexAt(pos)
         name = self.tensor_at(view, at)
@@ -323,7 +335,7 @@ class TensorsView(QWidget):
             return
         menu = QMenu(self)
         menu.setAccessibleName(f"Actions for {name}")
-        for a in self.context_actions(name):
+        for a in [*self.context_actions(name), self.lab_action(name)]:
             a.setParent(menu)
             menu.addAction(a)
         self.context_menu = menu
@@ -355,6 +367,7 @@ class TensorsView(QWidget):
             return
         self.tensor = t
         self._sync_selection(name)
+        self.tensorSelected.emit(name)
         self.title.setText(t.name)
         bpw = t.bits_per_weight
         rows = [

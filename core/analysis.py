@@ -16,13 +16,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Protocol
 
 import numpy as np
 
 from .filestate import FileChangedError
 from .fsutil import open_input
 from .gguf import GGUFFile, StringArray, TensorInfo
+from .jobs import CancelFlag, Cancelled, check_cancel
 from .native import kernels as native
 from .quant import DecodedBlock, GGMLType, can_decode, decode_block, ggml_type
 from .quant import can_dequantize as ref_can_dequantize
@@ -34,20 +34,12 @@ Progress = Callable[[int, int], None]
 _INT_DTYPES = {"I8": "<i1", "I16": "<i2", "I32": "<i4", "I64": "<i8", "F64": "<f8"}
 
 
-class AnalysisCancelled(Exception):
+class AnalysisCancelled(Cancelled):
     """A long computation stopped because its cancel token was set."""
 
 
-class CancelFlag(Protocol):
-    """Anything with a ``cancelled`` attribute (e.g. :class:`quantscope.core.bump.CancelToken`)."""
-
-    @property
-    def cancelled(self) -> bool: ...
-
-
 def _check(cancel: CancelFlag | None) -> None:
-    if cancel is not None and cancel.cancelled:
-        raise AnalysisCancelled("cancelled")
+    check_cancel(cancel, AnalysisCancelled)
 
 
 # ---------------------------------------------------------------------------------------------- dequantization
@@ -828,37 +820,3 @@ def find_in_strings(arr: StringArray, needle: str, *, ignore_case: bool = True, 
         found = np.fromiter((i for i, s in enumerate(arr) if key in (s.casefold() if ignore_case else s)),
                             dtype=np.int64)
     return found if limit is None else found[:limit]
-
-
-# ---------------------------------------------------------------------------------------------- progress rate
-class RateMeter:
-    """Throughput and time left of a job reporting ``(done, total)`` units, smoothed over ``window`` seconds."""
-
-    def __init__(self, window: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.window = window
-        self.clock = clock
-        self.samples: list[tuple[float, int]] = []
-        self.start = clock()
-
-    def update(self, done: int, total: int) -> tuple[float, float | None]:
-        """Record progress; returns (units per second, seconds left or ``None`` while unknown)."""
-        now = self.clock()
-        self.samples.append((now, done))
-        while len(self.samples) > 2 and now - self.samples[0][0] > self.window:
-            self.samples.pop(0)
-        t_a, d_a = self.samples[0]
-        if len(self.samples) < 2 or now <= t_a:
-            elapsed = now - self.start
-            rate = done / elapsed if elapsed > 0 else 0.0
-        else:
-            rate = (done - d_a) / (now - t_a)
-        eta = (total - done) / rate if rate > 0 and total >= done else None
-        return rate, eta
-
-
-def format_duration(seconds: float | None) -> str:
-    """``75.2`` -> ``1:15``; ``None`` -> ``…``."""
-    if seconds is None or not math.isfinite(seconds):
-        return "…"
-    s = round(seconds)
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from quantscope.core import analysis as A
+from quantscope.core import jobs
 from quantscope.core.bump import CancelToken
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.quant import decode_block
@@ -210,15 +211,15 @@ def test_find_in_strings(tmp_path, model_path):
 
 def test_rate_meter_and_durations():
     now = [0.0]
-    m = A.RateMeter(window=2.0, clock=lambda: now[0])
+    m = jobs.RateMeter(window=2.0, clock=lambda: now[0])
     now[0] = 1.0
     rate, eta = m.update(100, 1000)
     assert rate == pytest.approx(100.0) and eta == pytest.approx(9.0)
     now[0] = 2.0
     rate, eta = m.update(300, 1000)
     assert rate == pytest.approx(200.0) and eta == pytest.approx(3.5)
-    assert A.format_duration(75.2) == "1:15" and A.format_duration(3725) == "1:02:05"
-    assert A.format_duration(None) == "…"
+    assert jobs.format_duration(75.2) == "1:15" and jobs.format_duration(3725) == "1:02:05"
+    assert jobs.format_duration(None) == "…"
 
 
 def test_weights_by_layer_and_groups(model_path):

@@ -29,6 +29,8 @@ import numpy as np
 
 from ..fsutil import OutputSet, open_input
 from ..gguf import GGUFFile, TensorInfo
+from ..jobs import Cancelled as JobCancelled
+from ..jobs import CancelToken
 from ..native.kernels import copy_mapped
 from .format import CHECKSUM_OFFSET, HEADER_SIZE
 from .plan import BumpPlan, LmHead, Section, decide_lm_head, plan_conversion
@@ -39,26 +41,12 @@ _HOLE_MIN = 1 << 20  # zero runs at least this long are left as holes (sparse) i
 _FLUSH_EVERY = 64 << 20  # bytes between writeback kicks
 
 
-class Cancelled(Exception):
+class Cancelled(JobCancelled):
     """The job was cancelled; nothing was left at the target path."""
 
 
 class BumpWriteError(OSError):
     """Writing the output failed (disk full, permissions...); the message says where and why."""
-
-
-class CancelToken:
-    """Thread-safe cancellation flag shared between a job and whoever may cancel it."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-
-    def cancel(self) -> None:
-        self._event.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._event.is_set()
 
 
 @dataclass(frozen=True)

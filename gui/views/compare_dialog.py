@@ -40,10 +40,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from quantscope.core.analysis import RateMeter, format_duration
 from quantscope.core.bump import Cancelled
 from quantscope.core.engine.compare import CompareCancelled, CompareResult, TokenScore, compare_models
 from quantscope.core.fsutil import printable
+from quantscope.core.jobs import RateMeter, format_duration
 
 from ..theme import BAD_COLOR, KLD_BINS, KLD_COLORS, KLD_TEXT_COLORS, kld_bin, muted_color
 from ..widgets.fit import ElidedLabel, fit_columns

@@ -25,7 +25,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from quantscope.core.analysis import RateMeter, format_duration
 from quantscope.core.bump import (
     DEFAULT_PROFILE,
     PROFILES,
@@ -34,6 +33,7 @@ from quantscope.core.bump import (
     ConvertResult,
 )
 from quantscope.core.fsutil import PathRefused, printable
+from quantscope.core.jobs import RateMeter, format_duration
 from quantscope.core.summary import human_bytes
 
 from ..theme import BAD_COLOR, OK_COLOR

@@ -43,10 +43,11 @@ from PySide6.QtWidgets import (
     QWidgetAction,
 )
 
-from quantscope.core.analysis import RateMeter, element_location, format_duration
+from quantscope.core.analysis import element_location
 from quantscope.core.bump import Cancelled
 from quantscope.core.fsutil import PathRefused, json_text, printable, write_atomic
 from quantscope.core.gguf import GGUFError, GGUFFile
+from quantscope.core.jobs import RateMeter, format_duration
 from quantscope.core.quant import lab
 from quantscope.core.quant.imatrix import Imatrix, read_imatrix
 from quantscope.core.quant.types import ggml_type

@@ -30,10 +30,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from quantscope.core.analysis import RateMeter, format_duration
 from quantscope.core.bump import Cancelled
 from quantscope.core.fsutil import OutputSet, PathRefused, printable
 from quantscope.core.gguf import GGUFFile
+from quantscope.core.jobs import RateMeter, format_duration
 from quantscope.core.quant.imatrix import Imatrix, ImatrixError, read_imatrix
 from quantscope.core.quant.mixture import PRESETS
 from quantscope.core.quant.quantize import (

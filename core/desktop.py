@@ -92,7 +92,7 @@ def resources_dir() -> Path:
 
 def launcher() -> list[str]:
     """The command that starts this quantscope: the frozen binary, the ``quantscope`` script being run or the one
-    beside this Python (a virtual environment's), else ``python -m quantscope.core.cli``."""
+    beside this Python (a virtual environment's), else ``python -m quantscope.cli``."""
     if getattr(sys, "frozen", False):
         return [os.path.abspath(sys.executable)]
     argv0 = sys.argv[0] if sys.argv else ""
@@ -100,7 +100,7 @@ def launcher() -> list[str]:
     for cand in (argv0, beside):
         if os.path.basename(cand) == "quantscope" and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return [os.path.abspath(cand)]
-    return [os.path.abspath(sys.executable), "-m", "quantscope.core.cli"]
+    return [os.path.abspath(sys.executable), "-m", "quantscope.cli"]
 
 
 def _check_text(arg: str) -> None:

@@ -163,9 +163,11 @@ class OutputSet:
         self._outs: list[_Out] = []
         seen: list[tuple[_Out, os.stat_result | None]] = []
         for label, p in outputs:
+            given = os.fspath(p)  # before Path() drops a trailing slash ("out/" names a folder, not a file)
             op = Path(p)
-            if not os.fspath(op) or os.fspath(op).endswith(os.sep):
-                raise PathRefused(f"{label} {os.fspath(op)!r}: not a file name")
+            if not given or given.endswith((os.sep, "/")) or given.endswith((os.sep + ".", "/.")) or op.name in (
+                    "", ".", ".."):
+                raise PathRefused(f"{label} {given!r}: not a file name")
             real = Path(os.path.realpath(op))
             try:
                 ost: os.stat_result | None = os.stat(real)

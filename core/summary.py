@@ -158,7 +158,7 @@ def summarize(f: GGUFFile, max_items: int = 8) -> dict[str, Any]:
     """Everything ``inspect`` prints, as JSON-ready data."""
     n_params = sum(t.n_elements for t in f.tensors)
     n_bytes = sum(t.n_bytes or 0 for t in f.tensors)
-    return {
+    out: dict[str, Any] = {
         "path": str(f.path) if f.path else None,
         "file_size": f.file_size,
         "version": f.version,
@@ -195,6 +195,12 @@ def summarize(f: GGUFFile, max_items: int = 8) -> dict[str, Any]:
         "types": type_summary(f),
         "problems": [str(p) for p in f.problems],
     }
+    if f.is_split:  # a split model: its files; each tensor's offset is in its shard's file
+        out["shards"] = [{"path": str(s.path), "file_size": s.file_size, "data_offset": s.data_start,
+                          "tensors": s.n_tensors} for s in f.shards]
+        for t, row in zip(f.tensors, out["tensors"], strict=True):
+            row["shard"] = t.shard
+    return out
 
 
 def human_bytes(n: float) -> str:
@@ -213,6 +219,11 @@ def render_text(f: GGUFFile, summary: dict[str, Any] | None = None) -> str:
     add = lines.append
     add(f"File        {s['path'] or '<buffer>'}")
     add(f"Size        {s['file_size']:,} bytes ({human_bytes(s['file_size'])})")
+    shards = s.get("shards") or []
+    if shards:
+        add(f"Split       {len(shards)} files (metadata in the first; tensor offsets are in their file)")
+        for i, sh in enumerate(shards):
+            add(f"  {i + 1:>5}  {sh['path']}  {sh['file_size']:,} bytes, {sh['tensors']} tensors")
     add(f"GGUF        version {s['version']}, alignment {s['alignment']}, data offset {s['data_offset']:,}")
     ft = s["file_type"]
     add(f"File type   {ft['name'] or '(general.file_type not set)'}" + (f" ({ft['value']})" if ft["value"] is not None
@@ -246,7 +257,8 @@ def render_text(f: GGUFFile, summary: dict[str, Any] | None = None) -> str:
         nb = f"{t.n_bytes:,}" if t.n_bytes is not None else "?"
         bpw_t = f"{t.bits_per_weight:.3f}" if t.bits_per_weight is not None else "?"
         flag = f"  ! {t.problem}" if t.problem else ""
-        add(f"  {t.name:<{nw}}  {t.type_name:<8} {shape:<18} {t.n_elements:>12,} {nb:>12} {t.data_offset:>12,}"
+        off = f"{t.shard + 1}:{t.data_offset:,}" if shards else f"{t.data_offset:,}"
+        add(f"  {t.name:<{nw}}  {t.type_name:<8} {shape:<18} {t.n_elements:>12,} {nb:>12} {off:>12}"
             f"  {bpw_t}{flag}")
     add("")
     add("By type")

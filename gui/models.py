@@ -10,9 +10,9 @@ from PySide6.QtCore import QAbstractItemModel, QAbstractTableModel, QModelIndex,
 from PySide6.QtCore import QSortFilterProxyModel as _Proxy
 from PySide6.QtGui import QColor, QFont
 
-from quantscope.core.analysis import block_group, group_sort_key
 from quantscope.core.bump import BumpFile
 from quantscope.core.gguf import GGUFFile, MetadataValue, StringArray, TensorInfo, ValueType
+from quantscope.core.model.memory import block_group, group_sort_key
 from quantscope.core.summary import EXPERT_TENSOR, format_value, human_bytes
 from quantscope.core.tokenizer import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED
 
@@ -112,8 +112,13 @@ class MetadataModel(QAbstractTableModel):
         self._preview: dict[int, str] = {}
 
     def set_file(self, f: GGUFFile | None) -> None:
+        self.set_items(list(f.metadata.values()) if f is not None else [])
+
+    def set_items(self, items: list[Any]) -> None:
+        """The rows: the file's entries, or the edited list (an edited or added entry has ``offset`` None and a
+        ``status``; it is shown in italics with "edited"/"new" for its offset)."""
         self.beginResetModel()
-        self.items = list(f.metadata.values()) if f is not None else []
+        self.items = items
         self._preview = {}
         self.endResetModel()
 
@@ -138,10 +143,17 @@ class MetadataModel(QAbstractTableModel):
             return None
         kv = self.items[index.row()]
         col = index.column()
+        edited = kv.offset is None
         if role == Qt.ItemDataRole.DisplayRole:
-            return (kv.key, kv.type_label, self.preview(index.row()), f"{kv.offset:,}")[col]
-        if role == SORT_ROLE:
-            return (kv.key, kv.type_label, self.preview(index.row()), kv.offset)[col]
+            where = ("new" if kv.status == "added" else "edited") if edited else f"{kv.offset:,}"
+            return (kv.key, kv.type_label, self.preview(index.row()), where)[col]
+        if role == SORT_ROLE:  # the offset column sorts in the order the keys will be written
+            return (kv.key, kv.type_label, self.preview(index.row()), index.row())[col]
+        if role == Qt.ItemDataRole.FontRole and edited:
+            f = QFont(_MONO if col in (1, 3) else QFont())
+            f.setItalic(True)
+            f.setBold(col == 0)
+            return f
         if role == KEY_ROLE:
             return kv.key
         if role == Qt.ItemDataRole.ToolTipRole and col in (0, 2):

@@ -13,7 +13,8 @@ from pathlib import Path
 #: imported from C or by name at run time, invisible to PyInstaller's analysis of the entry script
 STATIC = (
     "_cffi_backend",  # cffi's API-mode extension imports it from C
-    "quantscope.gui.app",  # the CLI imports the GUI lazily
+    "quantscope.gui.launch",  # the CLI imports the GUI lazily
+    "quantscope.gui.app",
     "quantscope.gui.mainwindow",
     "quantscope.core.native._quantscope_native",
 )
@@ -40,9 +41,16 @@ def pyqtgraph_templates() -> list[str]:
     return names
 
 
+def cli_modules() -> list[str]:
+    """The command line's verb modules, which ``quantscope.cli.main`` imports by name."""
+    from quantscope.cli.main import COMMANDS
+
+    return [f"quantscope.cli.{m}" for m in dict.fromkeys(COMMANDS.values())]
+
+
 def hidden_imports() -> list[str]:
     """Every hidden import the spec passes to ``Analysis``."""
-    return [*STATIC, *pyqtgraph_templates()]
+    return [*STATIC, *cli_modules(), *pyqtgraph_templates()]
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 import sys
 
-from quantscope.core.cli import main
+from quantscope.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -50,7 +50,7 @@ def main() -> None:
         run = subprocess.run([perplexity, "-m", model, "-f", str(text), *ARGS, "--kl-divergence-base", str(theirs)],
                              capture_output=True, text=True, check=True)
         ppl = float(re.search(r"Final estimate: PPL = ([0-9.]+)", run.stdout + run.stderr).group(1))  # type: ignore[union-attr]
-        subprocess.run([sys.executable, "-m", "quantscope.core.cli", "perplexity", model, "-f", str(text), "-c", "16",
+        subprocess.run([sys.executable, "-m", "quantscope.cli", "perplexity", model, "-f", str(text), "-c", "16",
                         "--chunks", "1", "-t", "2", "--kl-divergence-base", str(ours)], check=True)
         read = subprocess.run([perplexity, "-m", model, *ARGS, "--kl-divergence-base", str(ours), "--kl-divergence"],
                               capture_output=True, text=True, check=True)

@@ -10,7 +10,10 @@ from quantscope.core import analysis as A
 from quantscope.core import jobs
 from quantscope.core.bump import CancelToken
 from quantscope.core.gguf import GGUFFile
+from quantscope.core.gguf import checks as chk
+from quantscope.core.model import memory as mem
 from quantscope.core.quant import decode_block
+from quantscope.core.quant import scales as scl
 
 
 def _all_values(f: GGUFFile, name: str) -> np.ndarray:
@@ -78,17 +81,17 @@ def test_cancel_stops_analysis(model_path):
 
 def test_memory_plan_from_the_file(model_path):
     with GGUFFile(model_path("qwen2.5-coder")) as f:
-        m = A.memory_plan(f, 4096)
+        m = mem.memory_plan(f, 4096)
         # 24 layers, 2 KV heads, head dim 64 for K and V, F16
         assert m.kv_bytes_per_token == 24 * 2 * (64 + 64) * 2
         assert m.kv_bytes == 4096 * m.kv_bytes_per_token
         assert m.weights_bytes == sum(t.n_bytes for t in f.tensors)
         assert m.total_bytes == m.weights_bytes + m.kv_bytes and m.note == ""
-        q8 = A.memory_plan(f, 4096, "Q8_0")
+        q8 = mem.memory_plan(f, 4096, "Q8_0")
         assert q8.kv_bytes_per_token == 24 * 2 * 2 * 68  # 64 elements = 2 Q8_0 blocks of 34 bytes
-        assert A.memory_plan(f).context == 32768
+        assert mem.memory_plan(f).context == 32768
     with GGUFFile(model_path("gemma3")) as f:
-        m = A.memory_plan(f, 1000)
+        m = mem.memory_plan(f, 1000)
         assert (m.key_length, m.value_length, m.n_kv_heads, m.n_layers) == (256, 256, 1, 18)
         assert "sliding-window" in m.note
 
@@ -119,17 +122,17 @@ def _tiny_gguf(path, *, nan_block: int | None = None, with_iq2: bool = False):
 
 def test_scan_scales_finds_planted_nan(tmp_path):
     with GGUFFile(_tiny_gguf(tmp_path / "nan.gguf", nan_block=5, with_iq2=True)) as f:
-        r = A.scan_scales(f)
-        assert r.n_bad == 1 and r.bad == [A.BadScale("q4", 5, "d", 0x7E00)]
+        r = scl.scan_scales(f)
+        assert r.n_bad == 1 and r.bad == [scl.BadScale("q4", 5, "d", 0x7E00)]
         assert r.tensors_scanned == 2 and any("iq2" in s for s in r.skipped)
         assert A.analyze_tensor(f, "q4").stats.n_nan == 32  # the whole block dequantizes to NaN
     with GGUFFile(_tiny_gguf(tmp_path / "ok.gguf")) as f:
-        assert A.scan_scales(f).n_bad == 0
+        assert scl.scan_scales(f).n_bad == 0
 
 
 def test_scan_scales_on_real_models(model_path):
     with GGUFFile(model_path("gemma3")) as f:
-        r = A.scan_scales(f)
+        r = scl.scan_scales(f)
         assert r.n_bad == 0 and r.tensors_scanned == len(f.tensors) and not r.skipped
         q4k = sum(t.n_bytes // 144 for t in f.tensors if t.type_name == "Q4_K")
         assert r.blocks_scanned > q4k
@@ -137,14 +140,14 @@ def test_scan_scales_on_real_models(model_path):
 
 def test_integrity_checks(tmp_path, model_path):
     with GGUFFile(model_path("qwen2.5-coder")) as f:
-        checks = {c.name: c for c in A.integrity_checks(f)}
+        checks = {c.name: c for c in chk.integrity_checks(f)}
         assert all(c.ok is not False for c in checks.values())
         assert checks["vocabulary matches embedding"].detail == "151,936 tokens, token_embd has 151,936 rows"
     path = _tiny_gguf(tmp_path / "t.gguf")
     data = path.read_bytes()
     path.write_bytes(data[:-40])  # cut into the last tensor
     with GGUFFile(path, strict=False) as f:
-        checks = {c.name: c for c in A.integrity_checks(f)}
+        checks = {c.name: c for c in chk.integrity_checks(f)}
         assert checks["tensors inside the file"].ok is False
         assert "token_embd.weight" in checks["tensors inside the file"].detail
         assert checks["vocabulary matches embedding"].ok is False  # 6 tokens vs 7 rows
@@ -156,8 +159,8 @@ def test_block_geometry_q4k(model_path):
     with GGUFFile(model_path("gemma3")) as f:
         t = f.tensor("blk.3.ffn_down.weight")
         b = decode_block(t.type, f.block_bytes(t, 7, 2))
-    assert A.scale_fields("Q4_K") == (("d", 0), ("dmin", 2))
-    assert A.scale_fields("Q6_K") == (("d", 208),) and A.scale_fields("F32") == ()
+    assert scl.scale_fields("Q4_K") == (("d", 0), ("dmin", 2))
+    assert scl.scale_fields("Q6_K") == (("d", 208),) and scl.scale_fields("F32") == ()
     owners = A.scale_bit_owners(b)
     assert len(owners) == 96  # 8 scales + 8 mins × 6 bits = every bit of the 12 scale bytes
     assert {k[0] for k in owners} == set(range(4, 16))
@@ -224,7 +227,7 @@ def test_rate_meter_and_durations():
 
 def test_weights_by_layer_and_groups(model_path):
     with GGUFFile(model_path("smollm2")) as f:
-        rows = A.weights_by_layer(f)
+        rows = mem.weights_by_layer(f)
         assert rows[0][0] == "" and [g for g, _ in rows[1:]] == [f"blk.{i}" for i in range(30)]
         assert sum(b for _, b in rows) == sum(t.n_bytes for t in f.tensors)
-    assert A.block_group("blk.12.attn_q.weight") == "blk.12" and A.block_group("output.weight") == ""
+    assert mem.block_group("blk.12.attn_q.weight") == "blk.12" and mem.block_group("output.weight") == ""

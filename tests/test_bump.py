@@ -17,6 +17,7 @@ import gguf
 import numpy as np
 import pytest
 
+from quantscope.cli.main import main as cli_main
 from quantscope.core.bump import (
     BumpError,
     BumpRefusal,
@@ -28,7 +29,6 @@ from quantscope.core.bump import (
     open_bump,
     verify_against,
 )
-from quantscope.core.cli import main as cli_main
 
 Q = gguf.GGMLQuantizationType
 E, H, KV, FF, L, V, C = 256, 4, 2, 512, 2, 300, 64
@@ -304,7 +304,7 @@ def test_disk_full_is_a_clear_error(tmp_path, monkeypatch):
 def test_killed_conversion_leaves_no_target(model_path, tmp_path):
     src = model_path("qwen2.5-coder")
     out = tmp_path / "w.bump"
-    proc = subprocess.Popen([sys.executable, "-m", "quantscope.core.cli", "convert", str(src), "-o", str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "quantscope.cli", "convert", str(src), "-o", str(out)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     for line in proc.stderr:  # the writer is running once progress is reported (the temporary is unnamed)

@@ -252,8 +252,9 @@ def test_controller_binds_a_conversation_to_its_model(tmp_path):
 @pytest.mark.parametrize("command", ["generate", "chat"])
 def test_cli_special_flag_reaches_the_sampler(command):
     """`--special` is the command line's "Show control tokens": off by default, on when given."""
-    from quantscope.core import cli
+    from quantscope.cli import main as cli
+    from quantscope.cli import model
 
     parser = cli.build_parser()
-    assert cli._params(parser.parse_args([command, "m.gguf"])).special is False
-    assert cli._params(parser.parse_args([command, "m.gguf", "--special"])).special is True
+    assert model._params(parser.parse_args([command, "m.gguf"])).special is False
+    assert model._params(parser.parse_args([command, "m.gguf", "--special"])).special is True

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
+from quantscope.cli.main import main
 from quantscope.core import catalog
-from quantscope.core.cli import main
 
 from .test_reader_synthetic import write_all_types
 
@@ -100,7 +100,7 @@ def test_bench_open_prints_figures(capsys, model_path):
 
 def test_console_script_entry_point(tmp_path):
     path = write_all_types(tmp_path / "x.gguf")
-    exe = [sys.executable, "-m", "quantscope.core.cli", "inspect", "--json", str(path)]
+    exe = [sys.executable, "-m", "quantscope.cli", "inspect", "--json", str(path)]
     res = subprocess.run(exe, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["architecture"] == "llama"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from quantscope.cli.main import main
 from quantscope.core import desktop
-from quantscope.core.cli import main
 from quantscope.core.engine import cuda_backend as cb
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -236,11 +236,11 @@ def test_launcher(monkeypatch, tmp_path, fake_exe):
     python = tmp_path / "bin" / "python3"  # no quantscope script beside this Python: run the module
     monkeypatch.setattr(sys, "argv", ["-c"])
     monkeypatch.setattr(sys, "executable", str(python))
-    assert desktop.launcher() == [str(python), "-m", "quantscope.core.cli"]
+    assert desktop.launcher() == [str(python), "-m", "quantscope.cli"]
 
 
 def test_module_fallback_command_runs():
-    r = subprocess.run([sys.executable, "-m", "quantscope.core.cli", "desktop", "--help"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "quantscope.cli", "desktop", "--help"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "uninstall" in r.stdout
 

@@ -234,7 +234,7 @@ def test_bump_file_gives_the_same_logits_as_its_gguf(model_path, tmp_path):
 def test_cli_generate_tokenize_perplexity_bench(model_path, capsys, tmp_path):
     import json
 
-    from quantscope.core.cli import main
+    from quantscope.cli.main import main
 
     smol = str(model_path("smollm2"))
     assert main(["generate", smol, "-p", "The capital of France is", "-n", "6", "--temp", "0"]) == 0

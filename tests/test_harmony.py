@@ -115,10 +115,11 @@ def test_the_engine_streams_thinking_apart(engine, monkeypatch):
 
 
 def test_the_command_line_prints_thinking_on_stderr(engine, monkeypatch, capsys):
-    from quantscope.core import cli
+    from quantscope.cli import main as cli
+    from quantscope.cli import model
 
     monkeypatch.setattr(gen, "Sampler", scripted(engine, REPLY))
-    monkeypatch.setattr(cli, "_engine", lambda *_a, **_k: engine)
+    monkeypatch.setattr(model, "load_engine", lambda *_a, **_k: engine)
     lines = iter(["hi"])
 
     def fake_input(_prompt: str = "") -> str:

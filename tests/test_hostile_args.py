@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from quantscope.core import cli
+from quantscope.cli import main as cli
 from quantscope.core.chat import ChatTemplate, ChatTemplateBudgetError, ChatTemplateError, RenderBudget
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.tokenizer import BYTE, CONTROL, NORMAL, Tokenizer, TokenizerError
@@ -258,7 +258,9 @@ def test_unexpected_exception_is_one_line(capsys, monkeypatch, tmp_path):
     def boom(_args):
         raise RuntimeError("something\nbroke")
 
-    monkeypatch.setattr(cli, "cmd_models", boom)
+    from quantscope.cli import install
+
+    monkeypatch.setattr(install, "cmd_models", boom)
     monkeypatch.delenv("QUANTSCOPE_DEBUG", raising=False)
     rc, out, err = run(capsys, "models", "list")
     assert rc == 1 and out == ""

@@ -216,6 +216,7 @@ def test_cli_generate_survives_its_model_being_truncated(model_path, tmp_path: P
 def test_analysis_reads_of_a_truncated_file_raise(model_path, tmp_path: Path) -> None:
     from quantscope.core import analysis
     from quantscope.core.gguf import GGUFFile
+    from quantscope.core.quant import scales
 
     copy = tmp_path / "model.gguf"
     shutil.copyfile(model_path("smollm2"), copy)
@@ -223,7 +224,7 @@ def test_analysis_reads_of_a_truncated_file_raise(model_path, tmp_path: Path) ->
     last = max(f.tensors, key=lambda t: t.offset)
     os.truncate(copy, copy.stat().st_size // 2)
     with pytest.raises(K.MappedFileError, match="no longer readable"):
-        analysis.scan_scales(f)
+        scales.scan_scales(f)
     with pytest.raises(K.MappedFileError, match=f"{last.type.name}|{last.name}"):
         analysis.dequantize_rows(f, last, 0, last.n_rows, threads=2)
     with pytest.raises(K.MappedFileError):

@@ -32,7 +32,7 @@ from quantscope.core.gguf import GGUFError, GGUFFile
 
 from .test_bump import write_model
 
-CLI = [sys.executable, "-m", "quantscope.core.cli"]
+CLI = [sys.executable, "-m", "quantscope.cli"]
 
 
 def run_cli(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -577,3 +577,11 @@ def test_convert_dialog_refuses_aliased_and_fifo_outputs(qtbot, src: Path, tmp_p
         assert msg in dlg.status.text() and "Cannot convert" in dlg.status.text() and msg in (dlg.error or "")
         assert dlg.start_btn.isEnabled()
     assert digest(src) == before and listing(tmp_path) == ["a.gguf", "pipe.bump"]
+
+
+@pytest.mark.parametrize("given", ["out/", "sub/.", "..", "."])
+def test_output_set_refuses_folder_like_names(tmp_path: Path, given: str) -> None:
+    """``Path()`` drops a trailing slash: "out/" must not silently become a file called "out"."""
+    with pytest.raises(PathRefused, match="not a file name"):
+        OutputSet([("-o", f"{tmp_path}/{given}")])
+    assert not (tmp_path / "out").exists() and sorted(os.listdir(tmp_path)) == []

@@ -165,7 +165,7 @@ def test_valid_synthetic_models_run_and_match_the_reference(arch, corpus_dir):
 
 
 def cli(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "quantscope.core.cli", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "quantscope.cli", *argv], capture_output=True, text=True,
                           timeout=120)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quantscope.core import cli
+from quantscope.cli import main as cli
 from quantscope.core.engine.imatrix import compute_imatrix
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.quant.imatrix import read_imatrix, write_imatrix

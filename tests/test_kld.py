@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quantscope.core.cli import main
+from quantscope.cli.main import main
 from quantscope.core.engine import Model, kld
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.tokenizer import Tokenizer

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quantscope.core import cli
+from quantscope.cli import main as cli
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.native import kernels as K
 from quantscope.core.quant import lab

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quantscope.core import cli
+from quantscope.cli import main as cli
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.quant.imatrix import read_imatrix
 from quantscope.core.quant.quantize import QuantizeError, QuantizeOptions, plan_quantize, quantize_file

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from quantscope.core.analysis import memory_plan
 from quantscope.core.chat import SamplerParams
 from quantscope.core.engine import Model
 from quantscope.core.engine.generate import Engine
 from quantscope.core.gguf import GGUFFile
+from quantscope.core.model.memory import memory_plan
 from quantscope.core.native import ffi, lib
 
 from .arch_fixtures import vocabulary, write_fixture

@@ -372,7 +372,7 @@ def test_repacked_model_when_the_file_is_truncated(model_path, tmp_path):
 def test_engine_repack_cancel_and_cli_switch(model_path, capsys):
     import threading
 
-    from quantscope.core.cli import main
+    from quantscope.cli.main import main
     from quantscope.core.engine.generate import Engine, LoadCancelled
 
     path = model_path("smollm2")

@@ -122,7 +122,8 @@ def test_cancel_and_errors_leave_no_debris(smol, tmp_path):
 
 
 def test_ensure_reuses_a_complete_file_and_remakes_a_broken_one(smol, tmp_path, monkeypatch, capsys):
-    from quantscope.core.cli import SYNTHETIC_SHAPES, main
+    from quantscope.cli.bench import SYNTHETIC_SHAPES
+    from quantscope.cli.main import main
 
     assert tuple(S.SHAPES) == SYNTHETIC_SHAPES
     monkeypatch.setenv("QUANTSCOPE_MODELS", str(tmp_path / "cache"))

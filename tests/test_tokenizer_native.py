@@ -203,7 +203,7 @@ def test_native_tables_check_their_sizes():
 def test_tokenize_command_does_not_import_numpy(model_path):
     """`quantscope tokenize` starts as fast as llama-tokenize only because it never imports numpy (about 70 ms)."""
     path = model_path("smollm2")
-    code = ("import sys\nfrom quantscope.core.cli import main\nrc = main(['tokenize', sys.argv[1], '--ids', "
+    code = ("import sys\nfrom quantscope.cli.main import main\nrc = main(['tokenize', sys.argv[1], '--ids', "
             "'Hello, world! 123'])\nassert rc == 0, rc\nprint(sorted(m for m in sys.modules if m.split('.')[0] == "
             "'numpy'), file=sys.stderr)\n")
     res = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,

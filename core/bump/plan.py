@@ -309,7 +309,7 @@ def head_difference(f: GGUFFile, a: TensorInfo, b: TensorInfo, max_rows: int = 4
         den += float(np.einsum("i,i->", y.reshape(-1), y.reshape(-1)))
         for t in (a, b):  # keep resident memory bounded: drop the rows' pages once compared
             row = t.row_bytes or 0
-            f.release_pages(t.data_offset + r0 * row, (r1 - r0) * row)
+            f.release_pages(t.data_offset + r0 * row, (r1 - r0) * row, shard=t.shard)
     return float(np.sqrt(num / den)) if den > 0 else float("inf")
 
 

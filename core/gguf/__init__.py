@@ -2,7 +2,17 @@
 
 from .constants import FileType, ValueType, file_type_name
 from .errors import GGUFError
-from .reader import GGUFFile, MetadataValue, TensorInfo, open_gguf
+from .reader import (
+    GGUFFile,
+    MetadataValue,
+    ShardError,
+    ShardInfo,
+    TensorInfo,
+    open_gguf,
+    shard_path,
+    shard_prefix,
+    sibling_shards,
+)
 from .strings import StringArray
 
 __all__ = [
@@ -10,9 +20,14 @@ __all__ = [
     "GGUFError",
     "GGUFFile",
     "MetadataValue",
+    "ShardError",
+    "ShardInfo",
     "StringArray",
     "TensorInfo",
     "ValueType",
     "file_type_name",
     "open_gguf",
+    "shard_path",
+    "shard_prefix",
+    "sibling_shards",
 ]

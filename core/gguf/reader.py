@@ -3,12 +3,17 @@
 Numeric metadata arrays are zero-copy numpy views into the mapping; string arrays are :class:`StringArray`
 views whose per-element index is built on first use. Every count, length and offset is checked against the
 file before it is used; problems raise :class:`GGUFError` with the byte offset and what was expected.
+
+A model split by llama-gguf-split (``NAME-00001-of-00003.gguf`` …) opens as one :class:`GGUFFile` from any of its
+shards: metadata from the first, the tensors of every shard in order, each :class:`TensorInfo` knowing its shard
+(``shard``; ``data_offset`` is relative to that shard's file). docs/shards.md describes the format and the checks.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import re
 import struct
 from array import array
 from dataclasses import dataclass, field
@@ -182,6 +187,7 @@ class TensorInfo:
     n_bytes: int | None
     problem: str | None = None
     problem_offset: int | None = field(default=None, repr=False)
+    shard: int = 0
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -199,7 +205,7 @@ class TensorInfo:
 
     @property
     def data_offset(self) -> int:
-        """Absolute file offset of the tensor's first byte."""
+        """Offset of the tensor's first byte in its file (its shard's, in a split model: see ``shard``)."""
         return self.data_start + self.offset
 
     @property
@@ -274,6 +280,82 @@ class _Cursor:
         self.pos += n
         return s
 
+#: llama.cpp's split keys: this shard's index (0-based), the number of shards, the tensors of the whole set
+SPLIT_NO = "split.no"
+SPLIT_COUNT = "split.count"
+SPLIT_TENSORS_COUNT = "split.tensors.count"
+_SHARD_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+_INT_TYPES = frozenset({ValueType.UINT8, ValueType.INT8, ValueType.UINT16, ValueType.INT16, ValueType.UINT32,
+                        ValueType.INT32, ValueType.UINT64, ValueType.INT64})
+
+
+class ShardError(GGUFError):
+    """A shard of a split model is missing, unreadable or not part of the set; ``path`` is the file concerned and
+    leads the message."""
+
+    def __init__(self, path: str | os.PathLike[str], message: str, offset: int | None = None,
+                 expected: str | None = None) -> None:
+        self.path = Path(path)
+        super().__init__(message, offset, expected)
+        self.args = (f"{os.fspath(path)}: {self.args[0]}",)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ShardError, (self.path, self.message, self.offset, self.expected))
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One file of an opened model (a plain file is a set of one): where its header ends and its data starts, and
+    which of the model's tensors (``first_tensor`` .. ``first_tensor + n_tensors``) it holds."""
+
+    index: int
+    path: Path | None
+    file_size: int
+    version: int
+    alignment: int
+    header_end: int
+    data_start: int
+    first_tensor: int
+    n_tensors: int
+
+
+def shard_path(prefix: str | os.PathLike[str], index: int, count: int) -> Path:
+    """llama.cpp's name of shard ``index`` (0-based) of ``count``: ``PREFIX-00001-of-00003.gguf``."""
+    return Path(f"{os.fspath(prefix)}-{index + 1:05d}-of-{count:05d}.gguf")
+
+
+def shard_prefix(path: str | os.PathLike[str], index: int, count: int) -> str | None:
+    """The prefix ``path`` was named from as shard ``index`` of ``count``, or ``None`` when its name does not end in
+    ``-{index+1:05d}-of-{count:05d}.gguf`` (after a non-empty prefix), as llama.cpp requires to find the others."""
+    text = os.fspath(path)
+    suffix = f"-{index + 1:05d}-of-{count:05d}.gguf"
+    if len(text) <= len(suffix) or not text.endswith(suffix):
+        return None
+    return text[: -len(suffix)]
+
+
+def sibling_shards(path: str | os.PathLike[str]) -> list[Path]:
+    """Every file of the set ``path``'s name says it belongs to (``[path]`` for any other name), without opening
+    anything: what a writer must not overwrite when ``path`` is its input."""
+    text = os.fspath(path)
+    m = _SHARD_NAME.search(text)
+    if m is None or m.start() == 0:
+        return [Path(path)]
+    no, count = int(m.group(1)), int(m.group(2))
+    if not 1 <= no <= count:
+        return [Path(path)]
+    return [shard_path(text[: m.start()], i, count) for i in range(count)]
+
+
+def _split_value(f: GGUFFile, key: str, where: Path) -> int | None:
+    """An integer split key of ``f`` (``None`` when absent); any other type is refused."""
+    kv = f.metadata.get(key)
+    if kv is None:
+        return None
+    if kv.type not in _INT_TYPES:
+        raise ShardError(where, f"{key} has type {kv.type_label}", kv.value_offset - 4, "an integer (UINT16)")
+    return int(kv.value)
+
 
 class GGUFFile:
     """An opened GGUF file (or in-memory buffer).
@@ -281,12 +363,20 @@ class GGUFFile:
     ``strict`` (default) raises on the first tensor whose byte range is unaligned, out of the file or
     overlapping another; with ``strict=False`` such tensors are kept with ``problem`` set and listed in
     :attr:`problems`. Tensors of unknown/removed type ids never stop the file from opening.
+
+    A shard of a split model (``split.count`` above 1) opens the whole set (``whole_set=False``: that file
+    alone): :attr:`path`, :attr:`metadata`, :attr:`version`, :attr:`alignment`, :attr:`header_end` and
+    :attr:`data_start` are the first shard's, :attr:`file_size` is the sum of the shards' sizes, :attr:`tensors`
+    are every shard's in order, and :attr:`shards` describes each file. A missing or inconsistent shard raises
+    :class:`ShardError` naming the file.
     """
 
-    def __init__(self, source: str | os.PathLike[str] | bytes | bytearray | memoryview, *, strict: bool = True):
+    def __init__(self, source: str | os.PathLike[str] | bytes | bytearray | memoryview, *, strict: bool = True,
+                 whole_set: bool = True):
         self.path: Path | None = None
         self._mmap: mmap.mmap | None = None
         self._fd: int | None = None
+        self._parts: list[GGUFFile] = []  # a split model's shards, each opened alone (empty for one file)
         if isinstance(source, (bytes, bytearray, memoryview)):
             view = memoryview(source)
             self._buf: Any = view.cast("B") if view.format != "B" or view.ndim != 1 else source
@@ -300,14 +390,17 @@ class GGUFFile:
         self._by_name: dict[str, TensorInfo] = {}
         self._cbuf: Any = None
         try:
-            self._parse(strict)
+            try:
+                self._parse(strict)
+            finally:
+                if self._cbuf is not None:
+                    ffi.release(self._cbuf)
+                    self._cbuf = None
+            if whole_set and self.path is not None:
+                self._open_set(strict)
         except BaseException:
             self.close()
             raise
-        finally:
-            if self._cbuf is not None:
-                ffi.release(self._cbuf)
-                self._cbuf = None
 
     # ------------------------------------------------------------------ opening
     def _open_mmap(self, path: Path) -> None:
@@ -327,7 +420,10 @@ class GGUFFile:
             os.close(fd)
 
     def close(self) -> None:
-        """Unmap the file. numpy views handed out keep the mapping alive until they are dropped."""
+        """Unmap the file (every shard). numpy views handed out keep the mapping alive until they are dropped."""
+        parts, self._parts = self._parts, []
+        for p in parts:
+            p.close()
         m, self._mmap = self._mmap, None
         self._buf = b""
         if m is not None:
@@ -341,6 +437,141 @@ class GGUFFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # ------------------------------------------------------------------ split models
+    def _open_set(self, strict: bool) -> None:
+        """When this file is a shard of a split model, open the other shards and become the whole set."""
+        assert self.path is not None
+        opened = self.path
+        try:
+            count = _split_value(self, SPLIT_COUNT, opened)
+        except ShardError as exc:  # llama.cpp refuses such a file too; the explorer shows it as a plain file
+            if strict:
+                raise
+            self.problems.append(exc)
+            return
+        if count is None or count in (0, 1):  # not split; 0 is what llama-gguf-split --merge leaves
+            return
+        if not 1 < count <= 0xFFFF:
+            raise ShardError(opened, f"{SPLIT_COUNT} is {count}", self.metadata[SPLIT_COUNT].value_offset,
+                             "a shard count of 0..65535")
+        no = _split_value(self, SPLIT_NO, opened)
+        if no is None:
+            raise ShardError(opened, f"{SPLIT_COUNT} is {count} but {SPLIT_NO} is missing", None,
+                             "both keys in every shard")
+        if not 0 <= no < count:
+            raise ShardError(opened, f"{SPLIT_NO} is {no}", self.metadata[SPLIT_NO].value_offset,
+                             f"a shard index 0..{count - 1} ({SPLIT_COUNT} is {count})")
+        prefix = shard_prefix(opened, no, count)
+        if prefix is None:  # a link to a shard: its siblings lie beside the file it names
+            prefix = shard_prefix(os.path.realpath(opened), no, count)
+        if prefix is None:
+            raise ShardError(opened, f"shard {no + 1} of a model split in {count} files, but its name does not end "
+                             f"in -{no + 1:05d}-of-{count:05d}.gguf, so the other shards cannot be found (was it "
+                             "renamed?)")
+        me = object.__new__(GGUFFile)  # what was parsed so far becomes one of the parts
+        me.__dict__.update(self.__dict__)
+        me.path = shard_path(prefix, no, count)  # itself, or the shard a link named
+        self._mmap = None
+        self._parts = [me]  # close() closes whatever was opened when a later shard fails
+        parts: dict[int, GGUFFile] = {no: me}
+        for i in range(count):
+            if i == no:
+                continue
+            p = shard_path(prefix, i, count)
+            if not os.path.lexists(p):
+                raise ShardError(p, f"missing: shard {i + 1} of the {count} files of the split model "
+                                 f"{opened.name} belongs to")
+            try:
+                part = GGUFFile(p, strict=strict, whole_set=False)
+            except GGUFError as exc:
+                raise ShardError(p, f"shard {i + 1} of {count} cannot be read: {exc.message}", exc.offset,
+                                 exc.expected) from None
+            self._parts.append(part)
+            parts[i] = part
+        self._parts = [parts[i] for i in range(count)]
+        self._join(self._parts, count)
+
+    def _join(self, parts: list[GGUFFile], count: int) -> None:
+        first = parts[0]
+        assert first.path is not None
+        n_total = _split_value(first, SPLIT_TENSORS_COUNT, first.path)
+        if n_total is None:
+            raise ShardError(first.path, f"{SPLIT_TENSORS_COUNT} is missing from the first shard", None,
+                             "the total tensor count of the split model")
+        arch = first.architecture
+        by_name: dict[str, TensorInfo] = {}
+        tensors: list[TensorInfo] = []
+        problems: list[GGUFError] = []
+        shards: list[ShardInfo] = []
+        for i, part in enumerate(parts):
+            path = part.path
+            assert path is not None
+            c = _split_value(part, SPLIT_COUNT, path)
+            if c != count:
+                raise ShardError(path, f"{SPLIT_COUNT} is {c}, but {first.path.name} says {count}: a shard of "
+                                 "another split of the model?", None, f"{count}")
+            no = _split_value(part, SPLIT_NO, path)
+            if no != i:
+                raise ShardError(path, f"{SPLIT_NO} is {no}, but the file is named as shard {i + 1} (index {i})")
+            n = _split_value(part, SPLIT_TENSORS_COUNT, path)
+            if n is not None and n != n_total:
+                raise ShardError(path, f"{SPLIT_TENSORS_COUNT} is {n}, but {first.path.name} says {n_total}: a shard "
+                                 "of another split or model?")
+            a = part.architecture
+            if i and a is not None and a != arch:
+                raise ShardError(path, f"general.architecture is {a!r}, but {first.path.name} says {arch!r}: a "
+                                 "shard of another model")
+            shards.append(ShardInfo(i, path, part.file_size, part.version, part.alignment, part.header_end,
+                                    part.data_start, len(tensors), len(part.tensors)))
+            for t in part.tensors:
+                other = by_name.get(t.name)
+                if other is not None:
+                    raise ShardError(path, f"tensor {t.name!r} is also in {parts[other.shard].path}",
+                                     t.info_offset, "each tensor in one shard only")
+                t.shard = i
+                by_name[t.name] = t
+                tensors.append(t)
+            problems += [ShardError(path, e.message, e.offset, e.expected) for e in part.problems]
+        if len(tensors) != n_total:
+            held = ", ".join(f"{s.n_tensors} in {s.path.name if s.path else '?'}" for s in shards)
+            raise ShardError(first.path, f"{SPLIT_TENSORS_COUNT} is {n_total}, but the {count} shards hold "
+                             f"{len(tensors)} tensors ({held}): a missing, foreign or damaged shard?")
+        self.path = first.path
+        self.version = first.version
+        self.metadata = first.metadata
+        self.alignment = first.alignment
+        self.header_end = first.header_end
+        self.data_start = first.data_start
+        self._buf = first._buf
+        self.file_size = sum(s.file_size for s in shards)
+        self.tensors = tensors
+        self._by_name = by_name
+        self.problems = problems
+        self._shards = shards
+
+    @property
+    def shards(self) -> list[ShardInfo]:
+        """The files the model is read from, in order (one for a plain file or buffer)."""
+        s = self.__dict__.get("_shards")
+        if s is None:
+            s = [ShardInfo(0, self.path, self.file_size, self.version, self.alignment, self.header_end,
+                           self.data_start, 0, len(self.tensors))]
+            self._shards = s
+        return s
+
+    @property
+    def paths(self) -> list[Path]:
+        """Every file the model is read from (empty for a buffer): what a writer must not overwrite."""
+        return [s.path for s in self.shards if s.path is not None]
+
+    @property
+    def is_split(self) -> bool:
+        """Whether the model was opened from more than one file."""
+        return len(self._parts) > 1
+
+    def _part_buf(self, t: TensorInfo) -> Any:
+        return self._parts[t.shard]._buf if self._parts else self._buf
 
     # ------------------------------------------------------------------ parsing
     def _parse(self, strict: bool) -> None:
@@ -635,7 +866,7 @@ class GGUFFile:
         import numpy as np
 
         n = self._usable(t)
-        return np.frombuffer(self._buf, dtype=np.uint8, count=n, offset=t.data_offset)
+        return np.frombuffer(self._part_buf(t), dtype=np.uint8, count=n, offset=t.data_offset)
 
     def entry_bytes(self, key: str) -> bytes:
         """One metadata entry exactly as stored (key, type and value), read under the fault guard: what a writer
@@ -664,24 +895,28 @@ class GGUFFile:
             raise TypeError(f"{t.name} is {t.type.name}, a block format: use tensor_rows() or dequantize()")
         import numpy as np
 
-        return np.frombuffer(self._buf, dtype=dtype, count=t.n_elements, offset=t.data_offset).reshape(t.shape)
+        return np.frombuffer(self._part_buf(t), dtype=dtype, count=t.n_elements,
+                             offset=t.data_offset).reshape(t.shape)
 
-    def release_pages(self, offset: int, length: int) -> None:
-        """Drop this process's mapping of whole pages inside ``[offset, offset+length)`` (they stay in the page
-        cache), so streaming a large file keeps resident memory bounded. No-op for in-memory buffers."""
-        if self._mmap is None or length <= 0:
+    def release_pages(self, offset: int, length: int, shard: int = 0) -> None:
+        """Drop this process's mapping of whole pages inside ``[offset, offset+length)`` of file ``shard`` (a
+        tensor's: ``t.data_offset``, ``shard=t.shard``; they stay in the page cache), so streaming a large file
+        keeps resident memory bounded. No-op for in-memory buffers."""
+        m = self._parts[shard]._mmap if self._parts and 0 <= shard < len(self._parts) else self._mmap
+        if m is None or length <= 0:
             return
         page = mmap.PAGESIZE
         a = (offset + page - 1) // page * page
         b = (offset + length) // page * page
         if b > a:
             try:
-                self._mmap.madvise(mmap.MADV_DONTNEED, a, b - a)
+                m.madvise(mmap.MADV_DONTNEED, a, b - a)
             except (OSError, ValueError, AttributeError):
                 pass
 
     def block_location(self, t: TensorInfo | str, row: int, block: int) -> tuple[int, int]:
-        """Absolute file offset and byte size of block ``block`` of row ``row`` (flattened rows)."""
+        """Offset in the tensor's file (``t.shard``'s) and byte size of block ``block`` of row ``row`` (flattened
+        rows)."""
         if isinstance(t, str):
             t = self.tensor(t)
         self._usable(t)
@@ -695,10 +930,12 @@ class GGUFFile:
 
     def block_bytes(self, t: TensorInfo | str, row: int, block: int) -> bytes:
         """The raw bytes of one block."""
+        if isinstance(t, str):
+            t = self.tensor(t)
         off, n = self.block_location(t, row, block)
-        return bytes(self._buf[off : off + n])
+        return bytes(self._part_buf(t)[off : off + n])
 
 
-def open_gguf(path: str | os.PathLike[str], *, strict: bool = True) -> GGUFFile:
-    """Open a GGUF file (see :class:`GGUFFile`)."""
-    return GGUFFile(path, strict=strict)
+def open_gguf(path: str | os.PathLike[str], *, strict: bool = True, whole_set: bool = True) -> GGUFFile:
+    """Open a GGUF file, or the split model it is a shard of (see :class:`GGUFFile`)."""
+    return GGUFFile(path, strict=strict, whole_set=whole_set)

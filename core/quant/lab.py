@@ -560,7 +560,7 @@ def file_stats(f: GGUFFile, types: Sequence[str], *, pattern: str | None = None,
             except _NonFinite as exc:
                 raise _nonfinite_error(int(j.rows[exc.row]), t.name) from None
             finally:
-                j.src_file.release_pages(j.src.data_offset, j.src.n_bytes or 0)
+                j.src_file.release_pages(j.src.data_offset, j.src.n_bytes or 0, shard=j.src.shard)
             done += j.rows.size * t.ne[0] * len(j.types)
         out.append(TensorStats(t.name, tuple(t.ne), j.src.type_name, t.n_elements, tuple(errors), int(j.rows.size),
                                reference is not None, j.skipped))

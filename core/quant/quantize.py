@@ -347,7 +347,7 @@ def write_quantized(f: GGUFFile, plan: QuantizePlan, out: str | os.PathLike[str]
     done = 0
     n_jobs = len(plan.jobs)
     buf = _Buffers()
-    inputs = [f.path] if f.path is not None else []
+    inputs = f.paths  # every shard of a split model
     with OutputSet([("output", out)], inputs=inputs) as outs:
         outs.open("output")
         outs.write_bytes("output", plan.header)
@@ -362,7 +362,7 @@ def write_quantized(f: GGUFFile, plan: QuantizePlan, out: str | os.PathLike[str]
                          lambda n, name=t.name, k=i, d=done: report(QuantizeProgress(d + n, total, name, k, n_jobs)),
                          buf)
             outs.write_bytes("output", b"\0" * (_pad(job.out_bytes, plan.alignment) - job.out_bytes))
-            f.release_pages(t.data_offset, t.n_bytes or 0)  # resident memory stays near one tensor's size
+            f.release_pages(t.data_offset, t.n_bytes or 0, shard=t.shard)  # resident memory: about one tensor
             done += job.out_bytes
         report(QuantizeProgress(done, total, "", len(plan.jobs), len(plan.jobs)))
         outs.commit()

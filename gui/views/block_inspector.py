@@ -11,8 +11,16 @@ from collections.abc import Callable
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QHideEvent, QKeySequence, QResizeEvent, QShortcut, QShowEvent
+from PySide6.QtCore import QPoint, Qt, Signal
+from PySide6.QtGui import (
+    QAction,
+    QGuiApplication,
+    QHideEvent,
+    QKeySequence,
+    QResizeEvent,
+    QShortcut,
+    QShowEvent,
+)
 from PySide6.QtWidgets import (
     QBoxLayout,
     QComboBox,
@@ -21,6 +29,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLabel,
+    QMenu,
     QScrollArea,
     QSizePolicy,
     QSpinBox,
@@ -30,7 +39,6 @@ from PySide6.QtWidgets import (
 )
 
 from quantscope.core.analysis import (
-    INT32_MAX,
     blocks_per_row,
     code_layout,
     field_at,
@@ -38,8 +46,10 @@ from quantscope.core.analysis import (
     scale_bit_owners,
 )
 from quantscope.core.gguf import GGUFFile, TensorInfo
+from quantscope.core.gguf.checks import INT32_MAX
 from quantscope.core.quant import DecodedBlock, can_decode, decode_block
 
+from ..exports import Exporter
 from ..models import KeyValueModel
 from ..theme import group_color, muted_color
 from ..widgets.blockwidgets import CodeGrid, Fp16Strip, HexView, ScaleBitDiagram, mono_font
@@ -228,6 +238,49 @@ class BlockInspectorView(QWidget):
         self.codes.elementClicked.connect(self.set_element)
         self.scales.scaleHovered.connect(self._scale_hovered)
         self._install_keys()
+        # right click anywhere on the block (bytes, fields, scales, codes) or on its plot: copy and export
+        self.exporter = Exporter(self)
+        self.exporter.install_plot_menu(self.plot, "block values", self.block_actions)
+        body.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        body.customContextMenuRequested.connect(lambda pos: self._block_menu(body.mapToGlobal(pos)))
+
+    def block_actions(self) -> list[QAction]:
+        """Copy values, copy the bytes as hex, export the block as CSV or JSON (disabled without a block)."""
+        b, t = self.decoded, self.tensor
+        out = []
+        for text, fn in (("Copy values", self.copy_values), ("Copy bytes as hex", self.copy_hex),
+                         ("Export block as CSV…", lambda: self.export_block("csv")),
+                         ("Export block as JSON…", lambda: self.export_block("json"))):
+            a = QAction(text, self)
+            a.triggered.connect(fn)
+            a.setEnabled(b is not None and t is not None)
+            out.append(a)
+        return out
+
+    def _block_menu(self, where: QPoint) -> None:
+        menu = QMenu(self)
+        menu.setAccessibleName("Block actions")
+        for a in self.block_actions():
+            a.setParent(menu)
+            menu.addAction(a)
+        self.context_menu = menu
+        menu.popup(where)
+
+    def copy_values(self) -> None:
+        """The block's dequantized values, one per line (as float32 prints them)."""
+        if self.decoded is not None:
+            QGuiApplication.clipboard().setText("\n".join(repr(float(v)) for v in self.values))
+
+    def copy_hex(self) -> None:
+        if self.decoded is not None:
+            QGuiApplication.clipboard().setText(bytes(self.decoded.raw).hex(" "))
+
+    def export_block(self, fmt: str, path: str | None = None) -> object:
+        """The shown block, decoded, as CSV or JSON (asks where unless ``path``)."""
+        if self.file is None or self.tensor is None or self.decoded is None:
+            return None
+        return self.exporter.block(self.file, self.tensor.name, self.row_spin.value(), self.block_spin.value(),
+                                   fmt=fmt, path=path)
 
     #: Keys of this view (also listed by F1): keys, what they do, and the step they take.
     KEYS = (("Ctrl+Left", "previous element", "element", -1), ("Ctrl+Right", "next element", "element", 1),
@@ -562,6 +615,8 @@ class BlockInspectorView(QWidget):
         self.preview_element(self._plot_element(pos))
 
     def _plot_click(self, event: object) -> None:
+        if event.button() != Qt.MouseButton.LeftButton:  # type: ignore[attr-defined]  # right: the plot menu
+            return
         i = self._plot_element(event.scenePos())  # type: ignore[attr-defined]
         if i >= 0:
             self.set_element(i)

@@ -27,12 +27,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from quantscope.core.analysis import INT32_MAX, metadata_int
 from quantscope.core.chat.controller import ChatController, identity_of
 from quantscope.core.chat.store import (
     ChatStore,
     StoredMessage,
 )
+from quantscope.core.gguf.checks import INT32_MAX, metadata_int
 
 from ..chat_engine import EngineHost, GenStats
 from ..document import Document

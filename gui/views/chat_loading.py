@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from quantscope.core.analysis import memory_plan
+from quantscope.core.model.memory import memory_plan
 from quantscope.core.summary import human_bytes
 
 from ..chat_engine import EngineInfo, cuda_availability

@@ -23,18 +23,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from quantscope.core.analysis import (
-    KV_TYPES,
-    ScaleScan,
-    integrity_checks,
-    memory_plan,
-    metadata_int,
-    scan_scales,
-    weights_by_layer,
-)
+from quantscope.core.gguf.checks import integrity_checks, metadata_int
+from quantscope.core.model.memory import KV_TYPES, memory_plan, weights_by_layer
+from quantscope.core.quant.scales import ScaleScan, scan_scales
 from quantscope.core.summary import human_bytes
 
 from ..document import Document
+from ..exports import Exporter
 from ..models import KeyValueModel, plural
 from ..theme import BAD_COLOR, INFO_COLOR, OK_COLOR, group_color
 from ..widgets.fit import ElidedLabel, fit_columns
@@ -124,6 +119,9 @@ class OverviewView(QWidget):
         self.layers_plot.setMouseEnabled(x=False, y=False)
         self.layers_plot.hideButtons()
         self.layers_plot.setLabel("left", "MiB")
+        self.exporter = Exporter(self, runner)
+        self.exporter.install_plot_menu(self.types_plot, "tensor types")
+        self.exporter.install_plot_menu(self.layers_plot, "weights per layer")
 
         self.ctx_spin = QSpinBox()
         self.ctx_spin.setRange(0, 10_000_000)

@@ -20,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,14 +45,16 @@ def _hwm(pid: int) -> int:
 
 def run(cmd: list[str]) -> tuple[float, int]:
     """Wall seconds and peak RSS (bytes) of one command; raises when it fails."""
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    peak = 0
-    while p.poll() is None:
-        peak = max(peak, _hwm(p.pid))
-        time.sleep(0.02)
-    secs = time.perf_counter() - t0
-    err = p.stderr.read().decode(errors="replace") if p.stderr else ""
+    with tempfile.TemporaryFile() as log:  # not a pipe: a tool that logs more than a pipe holds would block
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+        peak = 0
+        while p.poll() is None:
+            peak = max(peak, _hwm(p.pid))
+            time.sleep(0.02)
+        secs = time.perf_counter() - t0
+        log.seek(0)
+        err = log.read().decode(errors="replace")
     if p.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{err[-2000:]}")
     return secs, peak
@@ -76,7 +79,7 @@ def main() -> int:
     a = ap.parse_args()
     bin_dir = a.llama_bin or Path(llamacpp_build.build())
     lq = str(bin_dir / "llama-quantize")
-    qs = [sys.executable, "-m", "quantscope.core.cli"]
+    qs = [sys.executable, "-m", "quantscope.cli"]
     src = Path(a.model) if Path(a.model).is_file() else catalog.fetch(a.model)
     bench_dir = catalog.cache_dir().parent / "bench"
     bench_dir.mkdir(parents=True, exist_ok=True)

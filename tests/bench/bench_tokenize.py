@@ -66,7 +66,7 @@ def main() -> int:
     llama = str(Path(args.llama_bin) / "llama-tokenize")
     ours = [str(Path(sys.executable).with_name("quantscope"))]
     if not Path(ours[0]).exists():
-        ours = [sys.executable, "-m", "quantscope.core.cli"]
+        ours = [sys.executable, "-m", "quantscope.cli"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     text = docs_text(args.kb)
     print(f"CPU: {cpu_name()}; text: {len(text.encode('utf-8'))} bytes of docs/*.md; {args.rounds} rounds")

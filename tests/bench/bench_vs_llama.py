@@ -2,7 +2,7 @@
 
 For each model, ``--reps`` rounds; each round runs, in an order that alternates between rounds:
 
-* ours: ``python -m quantscope.core.cli bench FILE -p P -n N -t T -r 1 --json --backend cpu`` (one warm-up
+* ours: ``python -m quantscope.cli bench FILE -p P -n N -t T -r 1 --json --backend cpu`` (one warm-up
   repetition inside, then one measured);
 * llama-bench: ``-m FILE -p P -n N -t T -r 1 -o json`` with the file memory-mapped, once per repack setting
   (``--repack 0`` and ``1`` when this llama-bench has the switch; ``--help`` is asked);
@@ -132,7 +132,7 @@ def llama_switches(bench: Path) -> dict[str, Any]:
 
 
 def ours_cmd(path: Path, a: argparse.Namespace) -> list[str]:
-    return [sys.executable, "-m", "quantscope.core.cli", "bench", str(path), "-p", str(a.n_prompt), "-n",
+    return [sys.executable, "-m", "quantscope.cli", "bench", str(path), "-p", str(a.n_prompt), "-n",
             str(a.n_gen), "-t", str(a.threads), "-r", "1", "--json", "--backend", "cpu"]
 
 

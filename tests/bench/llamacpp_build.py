@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 VERSION = "0.3.36"
-TARGETS = ("llama-bench", "llama-perplexity", "llama-tokenize", "llama-quantize", "llama-imatrix")
+TARGETS = ("llama-bench", "llama-perplexity", "llama-tokenize", "llama-quantize", "llama-imatrix", "llama-gguf-split")
 AMX_OFF = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 

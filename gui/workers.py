@@ -2,8 +2,8 @@
 
 A task function has the signature ``fn(report, token) -> result``: ``report(done, total, text="")`` may be called
 as often as it likes (signals go out at most every 50 ms), and ``token.cancelled`` turns true on cancel; the
-function stops by raising :class:`~quantscope.core.bump.Cancelled` or
-:class:`~quantscope.core.analysis.AnalysisCancelled` (or by returning). Signals are delivered on the GUI thread.
+function stops by raising :class:`~quantscope.core.jobs.Cancelled` or a subclass (or by returning).
+Signals are delivered on the GUI thread.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import shiboken6
 from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
 
-from quantscope.core.analysis import AnalysisCancelled
-from quantscope.core.bump import Cancelled, CancelToken
+from quantscope.core.jobs import Cancelled, CancelToken
 
 Report = Callable[..., None]
 TaskFn = Callable[[Report, CancelToken], Any]
@@ -65,7 +65,7 @@ class Task(QRunnable):
             if self.token.cancelled:
                 raise Cancelled("cancelled before it started")
             result = self.fn(self._report, self.token)
-        except (Cancelled, AnalysisCancelled):
+        except Cancelled:
             self.signals.cancelled.emit()
         except BaseException as exc:
             self.signals.failed.emit(str(exc) or type(exc).__name__, traceback.format_exc())
@@ -99,7 +99,10 @@ class TaskRunner(QObject):
               on_cancelled: Callable[[], None] | None = None) -> Task:
         """Queue ``fn``; callbacks run on the GUI thread."""
         task = Task(name, fn)
-        if self.closed or (self.may_start is not None and not self.may_start()):
+        if self.closed:  # the window is going: nothing runs (and nothing may call back into deleted widgets)
+            task.cancel()
+            return task
+        if self.may_start is not None and not self.may_start():
             task.cancel()
         if on_progress:
             task.signals.progress.connect(on_progress)
@@ -116,6 +119,8 @@ class TaskRunner(QObject):
         return task
 
     def _ended(self, task: Task) -> None:
+        if not shiboken6.isValid(self):  # a queued end delivered after the window (and this runner) was deleted
+            return
         if task in self.active:
             self.active.remove(task)
         self.changed.emit()

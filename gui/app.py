@@ -9,8 +9,8 @@ import tempfile
 import time
 from pathlib import Path
 
-SCREENSHOT_VIEWS = ("overview", "metadata", "tensors", "block", "chat", "convert", "bump", "quantize", "requantize",
-                    "quant-stats", "compare", "imatrix")
+SCREENSHOT_VIEWS = ("overview", "metadata", "metadata-edit", "tensors", "block", "chat", "convert", "bump", "quantize",
+                    "requantize", "quant-stats", "compare", "imatrix", "diff")
 
 #: The short real exchange the chat screenshot runs (greedy, so the picture is reproducible).
 CHAT_DEMO_SYSTEM = "You are a concise, helpful assistant."
@@ -42,11 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--theme", choices=("system", "light", "dark"), default="system", help="colour scheme")
     p.add_argument("--size", type=window_size, default=(1440, 920), metavar="WxH",
                    help="window size for --screenshot, e.g. 1100x700 (the convert dialog keeps its own size; the "
-                   "quantize, compare and imatrix dialogs take it)")
+                   "quantize, compare, diff and imatrix dialogs take it)")
     p.add_argument("--block", metavar="TENSOR[:BLOCK]",
                    help="with --view block: the tensor (and block of its first row, default 0) to show")
     p.add_argument("--compare-with", metavar="GGUF",
-                   help="with --view compare: the quant compared with FILE (the base) on the bundled sample text")
+                   help="with --view compare: the quant compared with FILE (the base) on the bundled sample text; "
+                   "with --view diff: the file compared with FILE (File ▸ Compare with…)")
     p.add_argument("--imatrix", metavar="FILE",
                    help="with --view imatrix: the importance matrix to show (default: FILE itself)")
     return p
@@ -220,6 +221,29 @@ def _analysis_screenshot(app: object, win: object, view: str, size: tuple[int, i
     return dlg, None
 
 
+def _diff_screenshot(app: object, win: object, size: tuple[int, int],
+                     compare_with: str | None) -> tuple[object, str | None]:
+    """The dialog of ``--view diff``: the open file compared with ``compare_with`` to the end, the tensor of
+    largest relative error located (both blocks shown), at the window's size; (the dialog, None) or (None, the
+    problem)."""
+    if not compare_with:
+        return None, "--view diff needs --compare-with GGUF (the file compared with FILE)"
+    dlg = win.show_diff()  # type: ignore[attr-defined]
+    if dlg is None:
+        return None, "--view diff needs a GGUF file"
+    dlg.resize(*size)
+    dlg.set_other(compare_with)
+    dlg.start()
+    wait_idle(app, win, 600)
+    if dlg.state != "done":
+        return None, f"the comparison failed: {dlg.error or dlg.state}"
+    first = next((n for n in dlg.tensor_names() if dlg.why_not(n) is None), None)
+    if first is not None:
+        dlg.select_tensor(first)
+        wait_idle(app, win, 600)
+    return dlg, None
+
+
 def render_screenshot(app: object, win: object, view: str, out: Path, size: tuple[int, int] = (1440, 920),
                       block: str | None = None, compare_with: str | None = None, imatrix: str | None = None) -> int:
     """Show ``view`` with the file loaded, wait for its background work, save a PNG, close cleanly."""
@@ -264,13 +288,25 @@ def render_screenshot(app: object, win: object, view: str, out: Path, size: tupl
                 return 1
             chat.tools.setCurrentIndex(1)  # the template preview: the exact prompt of this conversation
             chat.update_preview()
+        if view == "metadata-edit":  # the chat template editor, the sample conversation rendered with its tokens
+            win.show_view("metadata")
+            dlg = win.metadata_view.edit_template()
+            if dlg is None:
+                print("quantscope: --view metadata-edit needs a GGUF file", file=sys.stderr)
+                return 2
+            dlg.resize(*size)
+            wait_idle(app, win)
+            dlg.render_sample()  # again, now that the tokenizer is read: with the token ids
+            wait_idle(app, win)
+            target = dlg
         if view in ("requantize", "quant-stats"):  # the Quant lab after a real run (every candidate type)
             problem = _lab_screenshot(app, win, view)
             if problem:
                 print(f"quantscope: {problem}", file=sys.stderr)
                 return 1
-        if view in ("compare", "imatrix"):  # the dialog at the window's size, after its work has run
-            shown, problem = _analysis_screenshot(app, win, view, size, compare_with, imatrix)
+        if view in ("compare", "imatrix", "diff"):  # the dialog at the window's size, after its work has run
+            shown, problem = (_diff_screenshot(app, win, size, compare_with) if view == "diff" else
+                              _analysis_screenshot(app, win, view, size, compare_with, imatrix))
             if shown is None:
                 print(f"quantscope: {problem}", file=sys.stderr)
                 return 1

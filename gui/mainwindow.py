@@ -34,6 +34,7 @@ from .views.bump_inspector import BumpInspectorView
 from .views.chat import ChatView
 from .views.compare_dialog import CompareDialog
 from .views.convert_dialog import ConvertDialog
+from .views.diff_view import DiffDialog
 from .views.imatrix_dialog import ImatrixDialog
 from .views.metadata import MetadataView
 from .views.overview import OverviewView
@@ -82,6 +83,7 @@ class MainWindow(QMainWindow):
         self.convert_dialog: ConvertDialog | None = None
         self.quantize_dialog: QuantizeDialog | None = None
         self.compare_dialog: CompareDialog | None = None
+        self.diff_dialog: DiffDialog | None = None
         self.imatrix_dialog: ImatrixDialog | None = None
         self.error_box: QMessageBox | None = None
         self.about_box: QMessageBox | None = None
@@ -132,6 +134,17 @@ class MainWindow(QMainWindow):
         self.runner.changed.connect(lambda: QTimer.singleShot(0, self.check_file))  # a task ended: perhaps failed
         self.chat_view.replyFailed.connect(lambda _m: self.check_file())
         self.block_view.may_read = lambda: self.check_file() is None
+
+        # exports from any view: long writes in the runner, the result in the status bar, a failure in a box
+        for view in (self.overview, self.metadata_view, self.tensors_view, self.block_view):
+            view.exporter.runner = self.runner
+            view.exporter.finished.connect(lambda msg: self.statusBar().showMessage(msg, 10000))
+            view.exporter.failed.connect(lambda msg: self.show_error(f"Export failed: {msg}"))
+
+        # metadata editing: saving runs in the runner and opens the result; the title marks unsaved changes
+        self.metadata_view.runner = self.runner
+        self.metadata_view.openRequested.connect(self.open_path)
+        self.metadata_view.dirtyChanged.connect(self._dirty_changed)
 
         self.tensors_view.inspectRequested.connect(self.inspect_block)
         self.tensors_view.tensorSelected.connect(self.lab_view.follow_tensor)
@@ -212,7 +225,7 @@ class MainWindow(QMainWindow):
         worker (the chat model thread included), let every view go of the document, and offer Reload / Close."""
         if self.doc is not doc:
             return
-        for dlg in (self.convert_dialog, self.quantize_dialog, self.compare_dialog):
+        for dlg in (self.convert_dialog, self.quantize_dialog, self.compare_dialog, self.diff_dialog):
             if dlg is not None:
                 dlg.cancel()
         if self.quantize_dialog is not None and self.quantize_dialog.gguf is doc.gguf:
@@ -220,6 +233,10 @@ class MainWindow(QMainWindow):
             self.quantize_dialog = None
         self.runner.cancel()
         self.runner.wait(30000)  # readers of the dead mapping end at once: cancelled, or MappedFileError
+        if self.diff_dialog is not None and self.diff_dialog.file_a is doc.gguf:
+            self.diff_dialog.release()  # its results point into the old mapping
+            self.diff_dialog.close()
+            self.diff_dialog = None
         self.chat_view.set_document(None)
         self.chat_view.host.wait_retired(30000)
         self.set_document(None)  # no view keeps the old mapping: nothing touches it again
@@ -276,6 +293,14 @@ class MainWindow(QMainWindow):
         self.recent_menu.setAccessibleName("Recent files")
         self._fill_recent()
         m.addAction(self._action("Open the &demo model", self.open_demo, None, "open-demo"))
+        self.save_as_action = self._action("&Save as…", self.save_as, "Ctrl+Shift+S", "save-as")
+        self.save_as_action.setEnabled(False)
+        m.addAction(self.save_as_action)
+        m.addSeparator()
+        self.diff_action = self._action("Compare &with…", self.show_diff, "Ctrl+Shift+D", "diff")
+        self.diff_action.setStatusTip("What changed between the open GGUF and another one: metadata, tensors, values")
+        self.diff_action.setEnabled(False)  # until a GGUF is open
+        m.addAction(self.diff_action)
         m.addSeparator()
         m.addAction(self._action("&Close file", self.close_document, "Ctrl+W", "close-file"))
         m.addAction(self._action("&Quit", self.close, "Ctrl+Q", "quit"))
@@ -294,7 +319,7 @@ class MainWindow(QMainWindow):
         self.lab_action = self._action("Quant &lab (what each type loses)", lambda: self.show_view("lab"),
                                        "Ctrl+Shift+L", "quant-lab")
         t.addAction(self.lab_action)
-        self.compare_action = self._action("Compare &with… (measure a quant's quality)", self.show_compare,
+        self.compare_action = self._action("Quality on a &text (KL divergence)…", self.show_compare,
                                            "Ctrl+Shift+K", "compare")
         self.compare_action.setEnabled(False)  # until a GGUF is open
         t.addAction(self.compare_action)
@@ -354,8 +379,34 @@ class MainWindow(QMainWindow):
             return
         self.open_path(catalog.model_path(name))
 
+    def _dirty_changed(self, dirty: bool) -> None:
+        title = self.windowTitle().removeprefix("* ")
+        self.setWindowTitle(f"* {title}" if dirty else title)
+
+    def confirm_discard(self) -> bool:
+        """True when nothing unsaved would be lost, or the user chose to discard the metadata changes."""
+        mv = self.metadata_view
+        if not mv.dirty:
+            return True
+        box = QMessageBox(QMessageBox.Icon.Warning, "Unsaved changes",
+                          f"The metadata has {len(mv.edits or ())} unsaved change(s). Discard them?",
+                          QMessageBox.StandardButton.Cancel, self)
+        box.setInformativeText("Save them first with File ▸ Save as… (Ctrl+Shift+S).")
+        discard = box.addButton("Discard", QMessageBox.ButtonRole.DestructiveRole)
+        box.exec()
+        return box.clickedButton() is discard
+
+    def save_as(self) -> object:
+        """File ▸ Save as…: the Metadata view's edits written to a new file."""
+        if self.doc is None or self.doc.gguf is None:
+            return None
+        self.show_view("metadata")
+        return self.metadata_view.save_as()
+
     def open_path(self, path: str | Path) -> bool:
         """Open a GGUF or bump file; on failure show an error dialog and keep the current file."""
+        if not self.confirm_discard():
+            return False
         try:
             doc = open_document(path)
         except OpenError as exc:
@@ -393,10 +444,14 @@ class MainWindow(QMainWindow):
         self.lab_view.set_document(doc if doc is not None and doc.gguf is not None else None)
         self._show_tabs(doc)
         self.convert_action.setEnabled(doc is not None and doc.gguf is not None)
+        self.save_as_action.setEnabled(doc is not None and doc.gguf is not None)
         self.quantize_action.setEnabled(doc is not None and doc.gguf is not None)
         self.compare_action.setEnabled(doc is not None and doc.gguf is not None)
+        self.diff_action.setEnabled(doc is not None and doc.gguf is not None)
 
     def close_document(self) -> None:
+        if not self.confirm_discard():
+            return
         self.set_document(None)
         self.statusBar().clearMessage()
 
@@ -492,6 +547,33 @@ class MainWindow(QMainWindow):
         dlg.show()
         return dlg
 
+    def show_diff(self) -> DiffDialog | None:
+        """File ▸ Compare with…: what changed between the open GGUF and another one."""
+        if self.doc is None or self.doc.gguf is None:
+            return None
+        dlg = self.diff_dialog
+        if dlg is not None and (dlg.state == "running" or dlg.file_a is self.doc.gguf):
+            dlg.show()
+            dlg.raise_()
+            return dlg
+        if dlg is not None:
+            dlg.release()
+            dlg.close()
+        dlg = DiffDialog(self.doc.path, self.doc.gguf, self.runner, self)
+        dlg.inspectRequested.connect(lambda *loc, d=dlg: self._inspect_from_diff(d, *loc))
+        self.diff_dialog = dlg
+        dlg.show()
+        return dlg
+
+    def _inspect_from_diff(self, dlg: DiffDialog, tensor: str, row: int, block: int, element: int) -> None:
+        """A's block from the comparison, in the Block inspector (when A is still the open file)."""
+        if self.doc is None or self.doc.gguf is not dlg.file_a:
+            self.statusBar().showMessage("File A of that comparison is no longer the open file.", 10000)
+            return
+        self.inspect_block(tensor, row, block, element)
+        self.raise_()
+        self.activateWindow()
+
     def show_imatrix(self, path: str | Path | None = None) -> ImatrixDialog:
         """Tools ▸ Importance matrix…: the viewer, reading ``path`` when given."""
         if self.imatrix_dialog is None:
@@ -560,7 +642,8 @@ class MainWindow(QMainWindow):
                  "bump-checksum": "checksum", "heatmap": "heatmap", "tokenizer": "reading the tokenizer",
                  "template": "template preview", "tokenize": "tokenizing", "cuda-check": "CUDA check",
                  "quantize": "quantizing", "imatrix": "reading the imatrix", "requantize": "requantizing",
-                 "quant-stats": "quant statistics", "lab-open": "opening", "compare": "comparing"}
+                 "quant-stats": "quant statistics", "lab-open": "opening", "compare": "comparing",
+                 "diff": "comparing files", "diff-locate": "locating a difference"}
         self.task_label.setText(", ".join(sorted({names.get(t.name, t.name) for t in running})) + "…" if on else "")
 
     # ------------------------------------------------------------------ drag and drop
@@ -577,8 +660,13 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ closing
     def closeEvent(self, event: QCloseEvent) -> None:
-        """Cancel every background job and wait for the workers before the window goes."""
-        for dlg in (self.convert_dialog, self.quantize_dialog, self.compare_dialog, self.imatrix_dialog):
+        """Cancel every background job and wait for the workers before the window goes (unsaved metadata changes
+        ask first)."""
+        if not self.confirm_discard():
+            event.ignore()
+            return
+        for dlg in (self.convert_dialog, self.quantize_dialog, self.compare_dialog, self.imatrix_dialog,
+                    self.diff_dialog):
             if dlg is not None:
                 dlg.cancel()
         self.chat_view.shutdown(30000)

@@ -187,14 +187,14 @@ def _env_without_display():
 
 
 def test_no_display_gives_a_clear_message():
-    r = subprocess.run([sys.executable, "-m", "quantscope.core.cli", "some.gguf"], env=_env_without_display(),
+    r = subprocess.run([sys.executable, "-m", "quantscope.cli", "some.gguf"], env=_env_without_display(),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "no display: set DISPLAY, run under xvfb-run, or use --screenshot / quantscope inspect" in r.stderr
 
 
 def test_offscreen_without_screenshot_exits_instead_of_hanging(capsys, monkeypatch):
-    from quantscope.core.cli import main
+    from quantscope.cli.main import main
 
     monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")
     assert main(["model.gguf"]) == 2
@@ -204,7 +204,7 @@ def test_offscreen_without_screenshot_exits_instead_of_hanging(capsys, monkeypat
 @pytest.mark.slow
 def test_screenshot_command_renders_the_block_view(tmp_path, model_path):
     out = tmp_path / "block.png"
-    r = subprocess.run([sys.executable, "-m", "quantscope.core.cli", str(model_path("gemma3")), "--screenshot",
+    r = subprocess.run([sys.executable, "-m", "quantscope.cli", str(model_path("gemma3")), "--screenshot",
                         str(out), "--view", "block", "--size", "1200x800"], env=_env_without_display(),
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -212,7 +212,7 @@ def test_screenshot_command_renders_the_block_view(tmp_path, model_path):
     assert (img.width(), img.height()) == (1200, 800)
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"nope")
-    r = subprocess.run([sys.executable, "-m", "quantscope.core.cli", str(bad), "--screenshot",
+    r = subprocess.run([sys.executable, "-m", "quantscope.cli", str(bad), "--screenshot",
                         str(tmp_path / "x.png")], env=_env_without_display(), capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "not a readable GGUF file" in r.stderr and not (tmp_path / "x.png").exists()
@@ -316,7 +316,7 @@ def test_dark_theme_check_boxes_and_focus_ring_are_visible(qtbot):
 
 
 def test_screenshot_size_is_checked():
-    r = subprocess.run([sys.executable, "-m", "quantscope.core.cli", "x.gguf", "--screenshot", "x.png", "--size",
+    r = subprocess.run([sys.executable, "-m", "quantscope.cli", "x.gguf", "--screenshot", "x.png", "--size",
                         "1100by700"], env=_env_without_display(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "argument --size: '1100by700' is not WIDTHxHEIGHT" in r.stderr
 
@@ -325,7 +325,7 @@ def test_screenshot_size_is_checked():
 @pytest.mark.parametrize("view", ["overview", "metadata", "tensors", "block"])
 def test_screenshot_size_applies_to_every_view(tmp_path, model_path, view):
     out = tmp_path / f"{view}.png"
-    r = subprocess.run([sys.executable, "-m", "quantscope.core.cli", str(model_path("gemma3")), "--screenshot",
+    r = subprocess.run([sys.executable, "-m", "quantscope.cli", str(model_path("gemma3")), "--screenshot",
                         str(out), "--view", view, "--size", "1024x640", "--theme", "dark"],
                        env=_env_without_display(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -73,7 +73,7 @@ def send_and_wait(qtbot, chat, text):
 
 
 def cli_generate(path, prompt, n):
-    r = subprocess.run([sys.executable, "-m", "quantscope.core.cli", "generate", str(path), "-p", prompt, "-n", str(n),
+    r = subprocess.run([sys.executable, "-m", "quantscope.cli", "generate", str(path), "-p", prompt, "-n", str(n),
                         "--temp", "0"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.endswith("\n")
@@ -610,7 +610,7 @@ def test_closing_mid_generation_stops_cleanly(qtbot, tmp_path, model_path):
 def test_screenshot_renders_a_real_conversation(tmp_path, model_path):
     out = tmp_path / "chat.png"
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
-    r = subprocess.run([sys.executable, "-m", "quantscope.core.cli", str(model_path("smollm2")), "--screenshot",
+    r = subprocess.run([sys.executable, "-m", "quantscope.cli", str(model_path("smollm2")), "--screenshot",
                         str(out), "--view", "chat", "--size", "1280x800"], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr

@@ -1,8 +1,8 @@
-"""Tools ▸ Compare with… and Tools ▸ Importance matrix…: a comparison runs in the worker and shows compare_models'
-figures, the text coloured token by token (hover, worst positions, keyboard), cancel, refusals shown in the view;
-the importance-matrix viewer lists and plots every entry (experts, log scale, sorting), bad files show the reason;
-the --screenshot views. The tiny llama fixture (tests/arch_fixtures.py) in F32, Q8_0 and Q4_0, and the committed
-imatrix files of tests/data/quantize."""
+"""Tools ▸ Quality on a text (KL divergence)… and Tools ▸ Importance matrix…: a comparison runs in the worker and shows
+compare_models' figures, the text coloured token by token (hover, worst positions, keyboard), cancel, refusals shown
+in the view; the importance-matrix viewer lists and plots every entry (experts, log scale, sorting), bad files show
+the reason; the --screenshot views. The tiny llama fixture (tests/arch_fixtures.py) in F32, Q8_0 and Q4_0, and the
+committed imatrix files of tests/data/quantize."""
 
 from __future__ import annotations
 
@@ -188,8 +188,8 @@ def test_the_sample_text_is_the_default(window, files):  # noqa: F811
 
 
 def test_the_text_has_one_span_per_token_coloured_by_kld(window, qtbot, files):  # noqa: F811
-    from quantscope.core.cli import KLD_BINS as CLI_BINS
-    from quantscope.core.cli import KLD_COLOURS, _kld_colour
+    from quantscope.cli.model import KLD_BINS as CLI_BINS
+    from quantscope.cli.model import KLD_COLOURS, _kld_colour
     from quantscope.gui.theme import KLD_BINS, KLD_COLORS, kld_bin
     from quantscope.gui.views.compare_dialog import shown_piece
 
@@ -449,7 +449,7 @@ def open_imatrix(window, qtbot, path: Path):  # type: ignore[no-untyped-def]  # 
 
 
 def cli_rows(capsys, path: Path) -> list[dict[str, object]]:
-    from quantscope.core.cli import main
+    from quantscope.cli.main import main
 
     assert main(["imatrix", str(path), "--json"]) == 0
     return json.loads(capsys.readouterr().out)["entries"]

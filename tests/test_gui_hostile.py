@@ -10,9 +10,9 @@ import time
 import pytest
 from PySide6.QtCore import QTimer
 
-from quantscope.core.analysis import INT32_MAX, integrity_checks
 from quantscope.core.bump import ConvertJob, open_bump
 from quantscope.core.gguf import GGUFFile
+from quantscope.core.gguf.checks import INT32_MAX, integrity_checks
 
 from .gui_helpers import wait_idle, window  # noqa: F401
 from .hostile_files import ODD_FILES, V, vocab_with

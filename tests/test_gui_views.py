@@ -147,6 +147,9 @@ def test_tree_selection_and_heatmap_click_opens_the_block(window, qtbot, model_p
         def scenePos(self):
             return scene
 
+        def button(self):
+            return Qt.MouseButton.LeftButton
+
     tv._heat_click(Click())
     bv = window.block_view
     assert window.current_view() == "block"
@@ -376,6 +379,9 @@ def test_block_inspector_keeps_the_selected_element_while_hovering(window, qtbot
         def scenePos(self):
             return vb.mapViewToScene(QPointF(200, 0))
 
+        def button(self):
+            return Qt.MouseButton.LeftButton
+
     bv._plot_click(Click())
     assert bv.element == 200 and bv.elem_spin.value() == 200 and bv.explain.text() == b.explain(200)
     # the view's keys step the element, the block and the row
@@ -462,10 +468,11 @@ def test_tensor_enter_double_click_and_context_menu(window, qtbot, model_path): 
     # the context menu: copy the name, open the block, show in the heatmap, requantize in the Quant lab
     window.show_view("tensors")
     tv._context_menu(tv.table, tv.table.visualRect(idx).center())
-    assert [a.text() for a in tv.context_menu.actions()] == ["Copy name", "Open in the block inspector",
-                                                            "Show in the heatmap", "Requantize in the Quant lab"]
+    assert [a.text() for a in tv.context_menu.actions()] == [
+        "Copy name", "Open in the block inspector", "Show in the heatmap", "Export values as .npy (float32)…",
+        "Export raw blocks as .npy…", "Requantize in the Quant lab"]
     tv.context_menu.close()
-    copy, block, heat = tv.context_actions("blk.4.attn_k.weight")
+    copy, block, heat, _values, _raw = tv.context_actions("blk.4.attn_k.weight")
     copy.trigger()
     assert QApplication.clipboard().text() == "blk.4.attn_k.weight"
     heat.trigger()

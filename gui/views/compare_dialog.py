@@ -1,7 +1,7 @@
-"""Tools ▸ Compare with…: measure a quant's quality. The open GGUF and another one of the same model (or a
-llama-perplexity KL-divergence base file) score a text in a worker (core/engine/compare.py); the dialog shows both
-perplexities, the KL divergence figures and top-1 agreement, the text coloured token by token by KL divergence, a
-histogram of it and the positions where the two models differ most."""
+"""Tools ▸ Quality on a text (KL divergence)…: measure a quant's quality. The open GGUF and another one of the same
+model (or a llama-perplexity KL-divergence base file) score a text in a worker (core/engine/compare.py); the dialog
+shows both perplexities, the KL divergence figures and top-1 agreement, the text coloured token by token by KL
+divergence, a histogram of it and the positions where the two models differ most."""
 
 from __future__ import annotations
 

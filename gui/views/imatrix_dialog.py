@@ -33,6 +33,7 @@ from quantscope.core.fsutil import printable
 from quantscope.core.gguf import GGUFError
 from quantscope.core.quant.imatrix import Imatrix, read_imatrix
 
+from ..exports import Exporter
 from ..models import KEY_ROLE, SORT_ROLE, SortFilterProxy, plural
 from ..theme import BAD_COLOR, group_color
 from ..widgets.fit import ElidedLabel, fit_columns
@@ -199,6 +200,8 @@ class ImatrixDialog(QDialog):
         self.plot.showGrid(x=True, y=True, alpha=0.2)
         self.plot.getAxis("bottom").enableAutoSIPrefix(False)
         self.plot.setMenuEnabled(False)
+        self.exporter = Exporter(self, standalone=True)
+        self.exporter.install_plot_menu(self.plot, "importance per channel")
         self.curve = pg.PlotDataItem(connect="finite")
         self.plot.addItem(self.curve)
         self.hover = QLabel("Hover the plot for a column's weight.")

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 from quantscope.core.quant import decode_block
 from quantscope.core.quant.lab import BlockPair, ErrorStats
 
+from ..exports import Exporter
 from ..theme import group_color, muted_color, plot_pen_color
 from ..widgets.blockwidgets import HexView, mono_font
 from ..widgets.fit import ElidedLabel, fit_columns
@@ -62,6 +63,8 @@ class BpwPlot(CompactPlot):
         self.setMouseEnabled(x=False, y=False)
         self.hideButtons()
         self.setMenuEnabled(False)
+        self.exporter = Exporter(self, standalone=True)
+        self.exporter.install_plot_menu(self, "bits per weight")
         pi = self.getPlotItem()
         pi.setLabel("bottom", "bits per weight")
         self.getAxis("left").enableAutoSIPrefix(False)
@@ -288,6 +291,8 @@ class BlockHeatmap(QWidget):
         lay.addLayout(self.footer)
         self.plot.scene().sigMouseMoved.connect(self._hover)
         self.plot.scene().sigMouseClicked.connect(self._click)
+        self.exporter = Exporter(self, standalone=True)
+        self.exporter.install_plot_menu(self.gl, "block RMSE")
         self.clear()
 
     def clear(self, text: str = "") -> None:
@@ -358,6 +363,8 @@ class BlockHeatmap(QWidget):
             self.hover.setText(self.describe(*at))
 
     def _click(self, event: object) -> None:
+        if event.button() != Qt.MouseButton.LeftButton:  # type: ignore[attr-defined]  # right: the plot menu
+            return
         at = self.block_at(event.scenePos())  # type: ignore[attr-defined]
         if at is not None:
             self.blockClicked.emit(*at)
@@ -392,6 +399,8 @@ class BlockCompare(QWidget):
         self.plot.setLabel("left", "value")
         self.plot.getAxis("left").enableAutoSIPrefix(False)
         self.plot.setMenuEnabled(False)
+        self.exporter = Exporter(self, standalone=True)
+        self.exporter.install_plot_menu(self.plot, "requantized block")
         self.moves = pg.PlotDataItem(pen=pg.mkPen(muted_color(), width=1))
         self.orig = pg.ScatterPlotItem(size=7, symbol="o", brush=None, pen=pg.mkPen(group_color(0), width=1.6))
         self.requant = pg.ScatterPlotItem(size=6, symbol="s", brush=pg.mkBrush(SELECTED_COLOR), pen=None)

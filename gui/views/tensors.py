@@ -38,6 +38,7 @@ from quantscope.core.quant.lab import is_quantizable
 from quantscope.core.summary import human_bytes
 
 from ..document import Document
+from ..exports import Exporter
 from ..models import KEY_ROLE, KeyValueModel, SortFilterProxy, TensorTableModel, TensorTreeModel, plural, shape_text
 from ..theme import BAD_COLOR, group_color
 from ..widgets.fit import ElidedLabel, fit_columns
@@ -179,6 +180,9 @@ class TensorsView(QWidget):
         self.heat_info.setObjectName("muted")
         self.heat_plot.scene().sigMouseMoved.connect(self._heat_hover)
         self.heat_plot.scene().sigMouseClicked.connect(self._heat_click)
+        self.exporter = Exporter(self, runner)
+        self.exporter.install_plot_menu(self.hist, "histogram", self._tensor_actions)
+        self.exporter.install_plot_menu(self.heat_widget, "heatmap", self._tensor_actions)
 
         prog = QHBoxLayout()
         prog.addWidget(self.progress_label, 1)
@@ -313,7 +317,23 @@ class TensorsView(QWidget):
         t = self.doc.gguf.tensor(name) if self.doc is not None and self.doc.gguf is not None else None
         block.setEnabled(t is not None and t.type is not None and not t.problem)
         heat.setEnabled(t is not None and can_read_values(t))
-        return [copy, block, heat]
+        values = QAction("Export values as .npy (float32)…", self)
+        values.triggered.connect(lambda: self.export_tensor(name, raw=False))
+        values.setEnabled(t is not None and can_read_values(t))
+        raw = QAction("Export raw blocks as .npy…", self)
+        raw.triggered.connect(lambda: self.export_tensor(name, raw=True))
+        raw.setEnabled(t is not None and t.type is not None and not t.problem and t.n_bytes is not None)
+        return [copy, block, heat, values, raw]
+
+    def _tensor_actions(self) -> list[QAction]:
+        """The selected tensor's export actions, at the top of the plots' menus."""
+        return self.context_actions(self.tensor.name)[3:] if self.tensor is not None else []
+
+    def export_tensor(self, name: str, *, raw: bool, path: str | None = None) -> object:
+        """Write ``name`` as .npy (asks where unless ``path``), in the runner."""
+        if self.doc is None or self.doc.gguf is None:
+            return None
+        return self.exporter.tensor_npy(self.doc.gguf, name, raw=raw, path=path)
 
     def lab_action(self, name: str) -> QAction:
         """The context menu's "Requantize in the Quant lab" (enabled for the weights llama-quantize quantizes)."""
@@ -584,6 +604,8 @@ class TensorsView(QWidget):
                                f"{cell.col1 - 1:,}: mean {cell.mean:.5g}, RMS {cell.rms:.5g}")
 
     def _heat_click(self, event: object) -> None:
+        if event.button() != Qt.MouseButton.LeftButton:  # type: ignore[attr-defined]  # right: the plot menu
+            return
         pos = self._matrix_pos(event.scenePos())  # type: ignore[attr-defined]
         if pos is None or self.tensor is None or self.tensor.type is None:
             return

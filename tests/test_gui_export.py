@@ -160,3 +160,34 @@ def test_plots_save_from_their_menu(window, qtbot, model_path, tmp_path, fmt):  
     assert texts == ["Export values as .npy (float32)…", "Export raw blocks as .npy…", "Save plot as PNG…",
                      "Save plot as SVG…", "Copy plot image"]
     menu.close()
+
+
+def test_a_shard_opens_the_whole_set(window, qtbot, tmp_path):  # noqa: F811
+    """Opening the third file of a llama-gguf-split set shows the model: every tensor, the block of one in the last
+    file, and the set's files under the size; a set with a missing file is refused with its name."""
+    import shutil
+
+    src = Path(__file__).parent / "data" / "shards"
+    for p in src.glob("small-0000*-of-00004.gguf"):
+        shutil.copy(p, tmp_path / p.name)
+    assert window.open_path(tmp_path / "small-00003-of-00004.gguf")
+    wait_idle(qtbot, window)
+    f = window.doc.gguf
+    with GGUFFile(src / "small.gguf") as whole:
+        assert [t.name for t in f.tensors] == [t.name for t in whole.tensors]
+        last = f.tensors[-1]
+        assert last.shard == 3
+        window.inspect_block(last.name, 0, 0, 0)
+        b = window.block_view.decoded
+        assert b is not None and bytes(b.raw) == bytes(whole.tensor_bytes(whole.tensor(last.name)))[: len(b.raw)]
+    card = window.overview.cards["Size"]
+    assert card.sub.text().endswith("in 4 files")
+    assert card.toolTip().count("\n") == 3 and "small-00004-of-00004.gguf" in card.toolTip()
+    # the metadata of a set is not edited as a set: the toolbar says why
+    assert window.metadata_view.edits is None and not window.metadata_view.actions_["edit"].isEnabled()
+    assert "split" in window.metadata_view.dirty_label.text()
+    window.close_document()
+    (tmp_path / "small-00002-of-00004.gguf").unlink()
+    assert not window.open_path(tmp_path / "small-00003-of-00004.gguf")
+    assert "small-00002-of-00004.gguf" in window.error_box.text() + window.error_box.informativeText()
+    window.error_box.close()

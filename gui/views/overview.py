@@ -275,7 +275,13 @@ class OverviewView(QWidget):
             _count(s["parameters"]) + (f" · {_count(ex['active_parameters'])} active" if ex else ""),
             " · ".join([f"{ex['count']} experts, {ex['used']} per token" if ex else f"{s['parameters']:,}"]
                        + ([f"{bpw:.2f} bits/weight"] if bpw else [])))
-        self.cards["Size"].set(human_bytes(s["file_size"]), f"{s['file_size']:,} bytes")
+        shards = doc.gguf.shards if getattr(doc.gguf, "is_split", False) else []
+        self.cards["Size"].set(human_bytes(s["file_size"]), f"{s['file_size']:,} bytes" + (
+            f" in {len(shards)} files" if shards else ""))
+        # a split model: every file of the set, with its tensors and size
+        self.cards["Size"].setToolTip("\n".join(
+            f"{sh.path.name if sh.path else '?'}: {sh.n_tensors:,} tensors, {human_bytes(sh.file_size)}"
+            for sh in shards))
         self.cards["Tensors"].set(f"{s['tensor_count']:,}", f"{s['kv_count']} metadata keys · GGUF v{s['version']}")
         self.cards["Opened in"].set(f"{doc.open_ms:.0f} ms", "header, metadata and tensor index")
         self.hyper_model.set_rows([(k, _short(v)) for k, v in s["hyperparameters"].items()])

@@ -22,7 +22,6 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
     QDialogButtonBox,
-    QFileDialog,
     QFormLayout,
     QGridLayout,
     QHBoxLayout,
@@ -47,6 +46,7 @@ from quantscope.core.jobs import RateMeter, format_duration
 
 from ..theme import BAD_COLOR, KLD_BINS, KLD_COLORS, KLD_TEXT_COLORS, kld_bin, muted_color
 from ..widgets.fit import ElidedLabel, fit_columns
+from ..widgets.paths import browse_row
 from ..widgets.plots import CompactPlot
 from ..workers import Task, TaskRunner
 from .overview import Card
@@ -281,23 +281,6 @@ class WorstModel(QAbstractTableModel):
         return None
 
 
-def _browse_row(edit: QLineEdit, title: str, filt: str, parent: QWidget) -> tuple[QWidget, QPushButton]:
-    w = QWidget()
-    lay = QHBoxLayout(w)
-    lay.setContentsMargins(0, 0, 0, 0)
-    btn = QPushButton("Browse…")
-    btn.setAccessibleName(f"Browse for the {title.lower()}")
-
-    def browse() -> None:
-        path, _ = QFileDialog.getOpenFileName(parent, title, edit.text(), filt)
-        if path:
-            edit.setText(path)
-
-    btn.clicked.connect(browse)
-    lay.addWidget(edit, 1)
-    lay.addWidget(btn)
-    return w, btn
-
 
 class CompareDialog(QDialog):
     """Compares the open file (``doc_path``) with another one in a worker; ``compareFinished`` carries the
@@ -327,8 +310,9 @@ class CompareDialog(QDialog):
         self.other = QLineEdit()
         self.other.setAccessibleName("Other file")
         self.other.setPlaceholderText("a GGUF of the same model")
-        other_row, self.other_browse = _browse_row(self.other, "Other file", "GGUF or KLD base (*.gguf *.kld *.bin);;"
-                                                   "All files (*)", self)
+        other_row, self.other_browse = browse_row(
+            self.other, "Other file", "GGUF or KLD base (*.gguf *.kld *.bin);;All files (*)", self, save=False,
+            accessible="Browse for the other file")
         self.kld_base = QCheckBox("The base is a llama-perplexity KLD file")
         self.kld_base.setAccessibleName("The base is a KL-divergence base file")
         self.kld_base.setToolTip("A file written by llama-perplexity --kl-divergence-base (or quantscope perplexity "
@@ -342,8 +326,9 @@ class CompareDialog(QDialog):
         self.text_file = QLineEdit()
         self.text_file.setAccessibleName("Text file")
         self.text_file.setPlaceholderText("a UTF-8 text file")
-        self.text_file_row, self.text_file_browse = _browse_row(self.text_file, "Text file",
-                                                                "Text (*.txt *.md *.raw);;All files (*)", self)
+        self.text_file_row, self.text_file_browse = browse_row(
+            self.text_file, "Text file", "Text (*.txt *.md *.raw);;All files (*)", self, save=False,
+            accessible="Browse for the text file")
         self.text_edit = QPlainTextEdit()
         self.text_edit.setAccessibleName("Text")
         self.text_edit.setPlaceholderText("Type or paste the text to score here.")

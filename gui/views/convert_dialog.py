@@ -12,13 +12,11 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
     QDialogButtonBox,
-    QFileDialog,
     QFormLayout,
     QHBoxLayout,
     QLabel,
     QLineEdit,
     QProgressBar,
-    QPushButton,
     QSpinBox,
     QTextBrowser,
     QVBoxLayout,
@@ -37,25 +35,8 @@ from quantscope.core.jobs import RateMeter, format_duration
 from quantscope.core.summary import human_bytes
 
 from ..theme import BAD_COLOR, OK_COLOR
+from ..widgets.paths import browse_row
 from ..workers import Task, TaskRunner
-
-
-def _path_row(edit: QLineEdit, title: str, save_filter: str, parent: QWidget) -> QWidget:
-    w = QWidget()
-    lay = QHBoxLayout(w)
-    lay.setContentsMargins(0, 0, 0, 0)
-    btn = QPushButton("Browse…")
-    btn.setAccessibleName(f"Browse for {title}")
-
-    def browse() -> None:
-        path, _ = QFileDialog.getSaveFileName(parent, title, edit.text(), save_filter)
-        if path:
-            edit.setText(path)
-
-    btn.clicked.connect(browse)
-    lay.addWidget(edit, 1)
-    lay.addWidget(btn)
-    return w
 
 
 class ConvertDialog(QDialog):
@@ -110,7 +91,8 @@ class ConvertDialog(QDialog):
 
         form = QFormLayout()
         form.addRow("Source", QLabel(str(gguf_path)))
-        form.addRow("Output", _path_row(self.output, "Bump output", "Bump files (*.bump *.bin);;All files (*)", self))
+        form.addRow("Output", browse_row(self.output, "Bump output", "Bump files (*.bump *.bin);;All files (*)", self,
+                                         save=True)[0])
         form.addRow("Profile", self.profile)
         ctx_row = QWidget()
         cl = QHBoxLayout(ctx_row)
@@ -118,8 +100,8 @@ class ConvertDialog(QDialog):
         cl.addWidget(self.ctx_check)
         cl.addWidget(self.ctx, 1)
         form.addRow("Context", ctx_row)
-        form.addRow(self.config_check, _path_row(self.config, "config.json", "JSON (*.json)", self))
-        form.addRow(self.manifest_check, _path_row(self.manifest, "Manifest", "JSON (*.json)", self))
+        form.addRow(self.config_check, browse_row(self.config, "config.json", "JSON (*.json)", self, save=True)[0])
+        form.addRow(self.manifest_check, browse_row(self.manifest, "Manifest", "JSON (*.json)", self, save=True)[0])
         form.addRow("lm_head", self.drop_head)
         self.options = QWidget()
         self.options.setLayout(form)

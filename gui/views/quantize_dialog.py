@@ -15,14 +15,12 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
     QDialogButtonBox,
-    QFileDialog,
     QFormLayout,
     QHBoxLayout,
     QHeaderView,
     QLabel,
     QLineEdit,
     QProgressBar,
-    QPushButton,
     QTableWidget,
     QTableWidgetItem,
     QTextBrowser,
@@ -49,30 +47,12 @@ from quantscope.core.quant.quantize import (
 from quantscope.core.summary import human_bytes
 
 from ..theme import BAD_COLOR, OK_COLOR
+from ..widgets.paths import browse_row
 from ..workers import Task, TaskRunner
 
 DEFAULT_PRESET = "Q4_K_M"
 _RULE = "preset rule"
 _COLS = ("Tensor", "Shape", "From", "To", "Why", "Override", "Size")
-
-
-def _browse_row(edit: QLineEdit, title: str, filt: str, parent: QWidget, save: bool) -> QWidget:
-    w = QWidget()
-    lay = QHBoxLayout(w)
-    lay.setContentsMargins(0, 0, 0, 0)
-    btn = QPushButton("Browse…")
-    btn.setAccessibleName(f"Browse for {title}")
-
-    def browse() -> None:
-        pick = QFileDialog.getSaveFileName if save else QFileDialog.getOpenFileName
-        path, _ = pick(parent, title, edit.text(), filt)
-        if path:
-            edit.setText(path)
-
-    btn.clicked.connect(browse)
-    lay.addWidget(edit, 1)
-    lay.addWidget(btn)
-    return w
 
 
 class QuantizeDialog(QDialog):
@@ -134,9 +114,10 @@ class QuantizeDialog(QDialog):
         form = QFormLayout()
         form.addRow("Source", QLabel(printable(str(gguf_path))))
         form.addRow("Preset", self.preset)
-        form.addRow("Output", _browse_row(self.output, "Quantized output", "GGUF (*.gguf);;All files (*)", self, True))
-        form.addRow("imatrix", _browse_row(self.imatrix_path, "Importance matrix",
-                                           "imatrix (*.gguf *.dat);;All files (*)", self, False))
+        form.addRow("Output", browse_row(self.output, "Quantized output", "GGUF (*.gguf);;All files (*)", self,
+                                         save=True)[0])
+        form.addRow("imatrix", browse_row(self.imatrix_path, "Importance matrix",
+                                          "imatrix (*.gguf *.dat);;All files (*)", self, save=False)[0])
         form.addRow(self.imatrix_info)
         types_row = QWidget()
         tl = QHBoxLayout(types_row)

@@ -11,6 +11,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialogButtonBox
 
 from quantscope.core.gguf import GGUFFile
@@ -67,9 +68,11 @@ def test_edit_value_add_delete_undo_redo(window, qtbot, tiny):  # noqa: F811
     assert mv.select_key("general.name")
     dlg = mv.edit_current()
     assert dlg.key_edit.isReadOnly() and dlg.type_combo.currentText() == "STRING"
-    assert dlg.text.toPlainText() == "tiny"
+    assert dlg.text.toPlainText() == "tiny" and dlg.focusWidget() is dlg.text  # typing replaces the value
+    assert not dlg.buttons.button(QDialogButtonBox.StandardButton.Ok).isEnabled() and "unchanged" in \
+        dlg.status.text()
     dlg.text.setPlainText("renamed")
-    _ok(dlg)
+    qtbot.keyClick(dlg.text, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)  # Ctrl+Enter applies
     assert not dlg.isVisible()
     row = next(i for i in range(mv.model.rowCount()) if mv.model.item(i).key == "general.name")
     assert mv.model.item(row).value == "renamed" and mv.model.item(row).offset is None

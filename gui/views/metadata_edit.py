@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer
+from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -118,7 +119,24 @@ class _Dialog(QDialog):
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         self.buttons.accepted.connect(self.accept)
         self.buttons.rejected.connect(self.reject)
+        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setToolTip("Apply (Ctrl+Enter)")
         self.applied: EditOp | None = None
+
+    def eventFilter(self, obj: QObject, event: QEvent) -> bool:
+        """Ctrl+Enter in a text editor applies (Enter alone makes a new line there)."""
+        if event.type() == QEvent.Type.KeyPress and isinstance(event, QKeyEvent) \
+                and event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) \
+                and event.modifiers() & Qt.KeyboardModifier.ControlModifier:
+            self.accept()
+            return True
+        return super().eventFilter(obj, event)
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and \
+                event.modifiers() & Qt.KeyboardModifier.ControlModifier:
+            self.accept()
+            return
+        super().keyPressEvent(event)
 
     def operation(self) -> EditOp:
         raise NotImplementedError
@@ -128,7 +146,10 @@ class _Dialog(QDialog):
         try:
             op = self.operation()
         except EditError as exc:
-            _status(self.status, False, str(exc))
+            if str(exc) == "unchanged":  # not an error: nothing to apply yet
+                self.status.setText("<span style='color:gray'>unchanged</span>")
+            else:
+                _status(self.status, False, str(exc))
             self.buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(False)
             return False
         _status(self.status, True, op.describe())
@@ -158,6 +179,8 @@ class ValueDialog(_Dialog):
         self.key_edit = QLineEdit(key or "")
         self.key_edit.setAccessibleName("Key")
         self.key_edit.setReadOnly(not self.adding)
+        if not self.adding:  # the value is what is edited: the key is shown, not a stop on the way to it
+            self.key_edit.setFocusPolicy(Qt.FocusPolicy.NoFocus)
         self.key_edit.setPlaceholderText("e.g. general.description")
         self.type_combo = QComboBox()
         self.type_combo.setAccessibleName("Value type")
@@ -198,6 +221,15 @@ class ValueDialog(_Dialog):
         for sig in (self.text.textChanged, self.line.textChanged, self.check.toggled):
             sig.connect(lambda *_: self.validate())
         self._type_changed(self.type_combo.currentText(), keep=True)
+        for w in (self.text, self.line):
+            w.installEventFilter(self)
+        editor = self.key_edit if self.adding else next(
+            (w for w in (self.text, self.line, self.check) if not w.isHidden()), self.text)
+        editor.setFocus()
+        if editor is self.line:
+            self.line.selectAll()
+        elif editor is self.text:
+            self.text.selectAll()
 
     def _key_changed(self, text: str) -> None:
         """A new key llama.cpp reads with a fixed type gets that type."""
@@ -247,6 +279,9 @@ class ValueDialog(_Dialog):
             if key in self.state:
                 raise EditError(f"{key} exists already: edit it instead")
             return AddKey(key, tv)
+        if self.state.type_of(key) == (tv.type, tv.elem_type) and vtype != ValueType.ARRAY \
+                and self.state.value(key) == tv.value:
+            raise EditError("unchanged")
         return SetValue(key, tv)
 
 
@@ -419,6 +454,7 @@ class TemplateDialog(_Dialog):
         self.editor.setAccessibleName("Chat template source")
         self.editor.setFont(mono_font(9.5))
         self.editor.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        self.editor.installEventFilter(self)
         self.jinja = JinjaHighlighter(self.editor.document())
         self.generation = QCheckBox("Add the generation prompt")
         self.generation.setChecked(True)

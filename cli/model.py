@@ -52,7 +52,8 @@ def _params(args: argparse.Namespace) -> Any:
     seed = None if args.seed is None or args.seed < 0 else args.seed  # -1: a random seed, as in llama.cpp
     return SamplerParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                          repeat_penalty=args.repeat_penalty, seed=seed, max_tokens=args.n_predict,
-                         stop=list(args.stop or []), special=args.special)
+                         stop=list(args.stop or []), special=args.special,
+                         alternatives=getattr(args, "alternatives", 0))
 
 
 def _stream(eng: Any, prompt: Any, args: argparse.Namespace, **kw: Any) -> Any:
@@ -69,6 +70,15 @@ def _stream(eng: Any, prompt: Any, args: argparse.Namespace, **kw: Any) -> Any:
         raise CLIError(f"{args.file}: {exc}") from None
     except EmptyPrompt as exc:
         raise CLIError(str(exc)) from None
+
+
+def _choice_line(eng: Any, c: Any) -> str:
+    """``[p 0.8312 (T 0.9120) H 0.61] 'Hello' | 'Hi' 0.1021 …``: one generated token and its alternatives."""
+    def piece(tid: int) -> str:
+        return "'" + printable(eng.tokenizer.token_bytes(tid, True).decode("utf-8", "replace")) + "'"
+
+    alts = "  ".join(f"{piece(t)} {p:.4f}" for t, p, _s in c.alternatives)
+    return f"[p {c.prob:.4f} (T {c.scaled_prob:.4f}) H {c.entropy:.2f}] {piece(c.token)} | {alts}"
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -92,6 +102,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     for d in _stream(eng, prompt, args, on_prompt=on_prompt):
         sys.stdout.write(d.text)
         sys.stdout.flush()
+        if d.choice is not None:
+            print(_choice_line(eng, d.choice), file=sys.stderr, flush=True)
         last = d
     sys.stdout.write("\n")
     if last is not None:
@@ -374,6 +386,9 @@ def register(sub: Any) -> None:
     s.add_argument("file")
     s.add_argument("-p", "--prompt", help="prompt text (default: stdin)")
     s.add_argument("--echo", action="store_true", help="print the prompt before the continuation")
+    s.add_argument("--alternatives", type=int_arg(0, 100), default=0, metavar="N",
+                   help="on stderr, per generated token: its probability (after the repetition penalty; raw and at "
+                   "the temperature), the entropy, and the N most likely tokens")
     add_sampling(s)
     s.set_defaults(func=cmd_generate)
     s = sub.add_parser("chat", help="interactive chat with the model's template")

@@ -278,6 +278,42 @@ class SamplerParams:
     max_tokens: int = 256
     stop: list[str] = field(default_factory=list)
     special: bool = False  # print control tokens (``<|im_end|>``, ``<start_of_image>``) instead of leaving them out
+    alternatives: int = 0  # keep the picked token's probabilities and this many top alternatives (0: off)
+
+
+@dataclass(frozen=True)
+class TokenChoice:
+    """How the sampler saw a picked token, from the logits after the repetition penalty: its probability over the
+    whole vocabulary (``prob``: temperature 1; ``scaled_prob``: at the sampling temperature, before top-k/top-p/
+    min-p), the distribution's entropy (nats) and the most likely tokens as ``(token, prob, scaled_prob)``."""
+
+    token: int
+    prob: float
+    scaled_prob: float
+    entropy: float
+    alternatives: tuple[tuple[int, float, float], ...]
+
+
+def token_choice(penalized: np.ndarray, token: int, temperature: float, n: int = 10) -> TokenChoice:
+    """:class:`TokenChoice` of ``token`` under ``penalized`` logits (float64 softmax; a greedy temperature <= 0
+    scales nothing)."""
+    x = np.asarray(penalized, dtype=np.float64)
+    z = x - x.max()
+    e = np.exp(z)
+    total = e.sum()
+    prob = e / total
+    entropy = float(-(prob * (z - np.log(total))).sum())
+    if temperature > 0 and temperature != 1.0:
+        zs = z / temperature
+        es = np.exp(zs - zs.max())
+        scaled = es / es.sum()
+    else:
+        scaled = prob
+    k = max(0, min(int(n), x.size))
+    top = np.argpartition(-x, k - 1)[:k] if 0 < k < x.size else np.arange(x.size if k else 0)
+    top = top[np.argsort(-x[top], kind="stable")]
+    return TokenChoice(int(token), float(prob[token]), float(scaled[token]), entropy,
+                       tuple((int(i), float(prob[i]), float(scaled[i])) for i in top))
 
 
 class Sampler:
@@ -286,6 +322,8 @@ class Sampler:
     def __init__(self, params: SamplerParams) -> None:
         self.p = params
         self.rng = np.random.default_rng(params.seed)
+        #: the last pick seen as :class:`TokenChoice` (only with ``params.alternatives``)
+        self.last: TokenChoice | None = None
 
     def sample(self, logits: np.ndarray, history: list[int]) -> int:
         p = self.p
@@ -294,6 +332,13 @@ class Sampler:
             recent = np.unique(np.asarray(history[-p.repeat_last_n:], dtype=np.int64))
             v = x[recent]
             x[recent] = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
+        tid = self._pick(x)
+        if p.alternatives > 0:
+            self.last = token_choice(x, tid, p.temperature, p.alternatives)
+        return tid
+
+    def _pick(self, x: np.ndarray) -> int:
+        p = self.p
         if p.temperature <= 0:
             return int(np.argmax(x))
         k = p.top_k if 0 < p.top_k < x.size else x.size

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..chat import ChatTemplate, ChatTemplateError, Sampler, SamplerParams
+from ..chat import ChatTemplate, ChatTemplateError, Sampler, SamplerParams, TokenChoice
 from ..chat.channels import HarmonySplitter, HarmonyTokens
 from ..gguf import GGUFFile
 from ..native.kernels import RepackCancelled, isa
@@ -81,6 +81,7 @@ class Delta:
     stop_reason: str = ""
     n_prompt_new: int = -1  # prompt tokens evaluated for this reply (0: the whole prompt was cached)
     channel: str = ""  # "" for the answer; "analysis" (thinking) or "commentary" in a harmony (gpt-oss) reply
+    choice: TokenChoice | None = None  # the token's probabilities and alternatives (SamplerParams.alternatives)
 
 
 #: prompt tokens per forward call: bounds the block's scratch memory and lets a long prompt report progress and
@@ -289,11 +290,11 @@ class Engine:
                 cut = text.index(hit)
                 delta = delta[: max(0, len(delta) - (len(text) - cut))]
                 yield Delta(delta, tid, len(ids), n, t1 - t0, prompt_tps, gen_tps, self.session.n_past,
-                            n_prompt_new=n_new, channel=channel)
+                            n_prompt_new=n_new, channel=channel, choice=getattr(sampler, "last", None))
                 reason = f"stop string {hit!r}"
                 break
             yield Delta(delta, tid, len(ids), n, t1 - t0, prompt_tps, gen_tps, self.session.n_past,
-                        n_prompt_new=n_new, channel=channel)
+                        n_prompt_new=n_new, channel=channel, choice=getattr(sampler, "last", None))
             if n >= p.max_tokens:
                 reason = "max tokens"
                 break

@@ -253,6 +253,7 @@ class MetadataView(QWidget):
         self.tokenizer: Any = None
         self.dialog: QDialog | None = None
         self.save_task: Any = None
+        self.current: MetadataValue | EditedValue | None = None  # the entry shown on the right
         self.model = MetadataModel()
         self.proxy = SortFilterProxy(self)
         self.proxy.setSourceModel(self.model)
@@ -455,7 +456,7 @@ class MetadataView(QWidget):
 
     def _refresh(self, key: str | None = None) -> None:
         """Show the edited state: the table, the changes list, the buttons; keep (or select) ``key``."""
-        keep = key or (self.current.key if getattr(self, "current", None) is not None else None)
+        keep = key or (self.current.key if self.current is not None else None)
         f = self.doc.gguf if self.doc is not None else None
         if self.edits is not None:
             items: list[Any] = [e.original if e.status == "kept" else
@@ -521,7 +522,7 @@ class MetadataView(QWidget):
         return self._open(ValueDialog(self.edits.state, key, self._try_apply, self))
 
     def edit_element(self, index: int) -> QDialog | None:
-        key = self.current.key if getattr(self, "current", None) is not None else None
+        key = self.current.key if self.current is not None else None
         if self.edits is None or key is None:
             return None
         t = self.edits.state.type_of(key)

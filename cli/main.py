@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "bench": "bench",
     "diff": "diff",
     "export": "export",
+    "probe": "probe",
 }
 BENCH_KINDS = ("open", "kernels", "convert", "model", "synthetic")
 

@@ -56,6 +56,13 @@ int qs_attention_sinks(const float *q, int64_t n_q, const int32_t *q_pos, int n_
                        const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv,
                        int64_t n_ctx, int64_t window, float scale, float softcap, const float *sinks, float *out,
                        int n_threads);
+/* The probe's attention weights (docs/probe.md): what qs_attention_sinks gives each key, computed by the same code,
+ * written to probs [n_q][n_heads][n_kv] (0 outside the causal window) instead of attending to V. k_cache_bytes is
+ * the cache's length (QS_ERR_CACHE when short of n_ctx rows), probs_len probs' (QS_ERR_SIZE when short). */
+int qs_attention_probs(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                       const void *k_cache, int64_t k_cache_bytes, int kv_f16, int n_kv_heads, int64_t n_kv,
+                       int64_t n_ctx, int64_t window, float scale, float softcap, const float *sinks, float *probs,
+                       int64_t probs_len, int n_threads);
 
 /* One transformer block (llama / qwen2 / gemma3 variants), in place on x [T][n_embd]. Pointers that a variant
  * lacks are NULL (their length 0). KV cache layout: [n_ctx][n_head_kv][head_dim], F32 or F16. Every size is
@@ -148,6 +155,11 @@ typedef struct {
     int64_t st_attn_len, st_wo_len, st_ffn_len, st_down_len;
     int64_t *st_exp_count;
     int64_t st_exp_count_len;
+    /* The probe (docs/probe.md): NULL, or room for the call's queries as the attention uses them ([T][n_head]
+     * [head_dim], after biases, norms, RoPE and temperature scaling); probe_q_len must be at least that
+     * (QS_ERR_SIZE). Not written by delta-net layers. */
+    float *probe_q;
+    int64_t probe_q_len;
 } qs_block;
 int qs_block_forward(const qs_block *b, float *x, int64_t n_tokens, const int32_t *pos, int64_t n_past,
                      int n_threads);

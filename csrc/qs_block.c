@@ -74,6 +74,12 @@ static int check_stats(const qs_block *b) {
     return 0;
 }
 
+/* The probe's query buffer holds the call's queries (checked per call: T varies). */
+static int check_probe(const qs_block *b, int64_t T) {
+    if (b->probe_q && b->probe_q_len < T * b->n_head * (int64_t)b->head_dim) return QS_ERR_SIZE;
+    return 0;
+}
+
 static int check_weight(int type, const uint8_t *w, int64_t bytes, int64_t rows, int64_t k) {
     int64_t need = qs_weight_bytes(type, rows, k);
     if (need < 0) return QS_ERR_TYPE;
@@ -449,6 +455,7 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
     if (!b) return QS_ERR_SIZE;
     int rc = check_block(b, x, T, pos, n_past);
     if (!rc) rc = check_stats(b);
+    if (!rc) rc = check_probe(b, T);
     if (rc) return rc;
     const int64_t E = b->n_embd, H = b->n_head, KV = b->n_head_kv, hd = b->head_dim, F = b->n_ff, P = b->ple_dim;
     const int64_t qg = b->q_gate ? 2 : 1;
@@ -515,6 +522,7 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
         store_kv(b->k_cache, b->kv_f16, n_past * KV * hd, k, T * KV * hd);
         store_kv(b->v_cache, b->kv_f16, n_past * KV * hd, v, T * KV * hd);
     }
+    if (b->probe_q) memcpy(b->probe_q, q, (size_t)(T * H * hd) * sizeof(float));
     {
         float *dst = att;
         if (b->q_gate) { /* the gates sit in att: the attention goes to the queries' unused second half */

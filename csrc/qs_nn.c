@@ -153,6 +153,7 @@ typedef struct {
     float *out;
     int failed;
     int split; /* tasks per KV head and query: the group's query heads are split this many ways */
+    float *probs; /* qs_attention_probs: [n_q][n_heads][n_kv] weights written instead of out (v, out unused) */
 } attn_ctx;
 
 #define QS_ATTN_MAX_GROUP 64
@@ -199,6 +200,11 @@ static void attn_task(void *vctx, int64_t task) {
     int64_t lo = 0;
     if (c->window > 0 && qp - c->window + 1 > lo) lo = qp - c->window + 1;
     for (int g = 0; g < per; ++g) {
+        if (c->probs) {
+            float *pr = c->probs + (qi * c->n_heads + h0 + g) * c->n_kv;
+            for (int64_t p = 0; p < c->n_kv; ++p) pr[p] = 0.0f;
+            continue;
+        }
         float *o = c->out + (qi * c->n_heads + h0 + g) * (int64_t)c->head_dim;
         for (int d = 0; d < c->head_dim; ++d) o[d] = 0.0f;
     }
@@ -226,6 +232,14 @@ static void attn_task(void *vctx, int64_t task) {
         }
         inv[g] = (float)(1.0 / sum);
     }
+    if (c->probs) { /* the probe: the very weights the V rows would get */
+        for (int g = 0; g < per; ++g) {
+            float *pr = c->probs + (qi * c->n_heads + h0 + g) * c->n_kv;
+            for (int64_t p = lo; p <= hi; ++p) pr[p] = sc[g * n + p - lo] * inv[g];
+        }
+        free(sc);
+        return;
+    }
     for (int64_t p = lo; p <= hi; ++p)
         for (int g = 0; g < per; ++g) {
             float *o = c->out + (qi * c->n_heads + h0 + g) * (int64_t)c->head_dim;
@@ -248,10 +262,10 @@ int qs_attention_softcap(const float *q, int64_t n_q, const int32_t *q_pos, int 
                               window, scale, softcap, NULL, out, n_threads);
 }
 
-int qs_attention_sinks(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
-                       const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv,
-                       int64_t n_ctx, int64_t window, float scale, float softcap, const float *sinks, float *out,
-                       int n_threads) {
+static int attention_run(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                         const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv,
+                         int64_t n_ctx, int64_t window, float scale, float softcap, const float *sinks, float *out,
+                         float *probs, int n_threads) {
     if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || head_dim <= 0 || head_dim > (1 << 16))
         return QS_ERR_HEADS;
     if (n_q < 0 || n_ctx < 0 || n_kv < 0 || n_kv > n_ctx || window < 0 || n_q > INT64_MAX / n_heads) return QS_ERR_SIZE;
@@ -261,7 +275,7 @@ int qs_attention_sinks(const float *q, int64_t n_q, const int32_t *q_pos, int n_
     for (int64_t i = 0; i < n_q; ++i)
         if (q_pos[i] < 0) return QS_ERR_POS;
     attn_ctx c = {q,      q_pos, n_heads, head_dim, n_kv_heads, kv_f16, k_cache, v_cache, n_kv, window, scale,
-                  softcap, sinks, out,   0,       1};
+                  softcap, sinks, out,   0,       1,          probs};
     /* split a group's heads (only) as far as needed for two tasks per thread, or to stay within the stack arrays */
     const int G = n_heads / n_kv_heads;
     if (n_threads <= 0) n_threads = qs_threads_default();
@@ -272,6 +286,28 @@ int qs_attention_sinks(const float *q, int64_t n_q, const int32_t *q_pos, int n_
     }
     qs_parallel_for(n_q * n_kv_heads * c.split, attn_task, &c, n_threads);
     return c.failed ? -2 : 0;
+}
+
+int qs_attention_sinks(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                       const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv,
+                       int64_t n_ctx, int64_t window, float scale, float softcap, const float *sinks, float *out,
+                       int n_threads) {
+    return attention_run(q, n_q, q_pos, n_heads, head_dim, k_cache, v_cache, kv_f16, n_kv_heads, n_kv, n_ctx, window,
+                         scale, softcap, sinks, out, NULL, n_threads);
+}
+
+int qs_attention_probs(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                       const void *k_cache, int64_t k_cache_bytes, int kv_f16, int n_kv_heads, int64_t n_kv,
+                       int64_t n_ctx, int64_t window, float scale, float softcap, const float *sinks, float *probs,
+                       int64_t probs_len, int n_threads) {
+    if (n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0 || head_dim > (1 << 16)) return QS_ERR_HEADS;
+    if (n_q < 0 || n_kv < 0 || n_ctx < 0 || n_ctx > INT64_MAX / n_kv_heads / head_dim / 4) return QS_ERR_SIZE;
+    if (!q || !q_pos || !k_cache || !probs || k_cache_bytes < n_ctx * n_kv_heads * (int64_t)head_dim * (kv_f16 ? 2 : 4))
+        return QS_ERR_CACHE;
+    if (n_kv && n_q > INT64_MAX / n_heads / n_kv) return QS_ERR_SIZE;
+    if (probs_len < n_q * n_heads * n_kv) return QS_ERR_SIZE;
+    return attention_run(q, n_q, q_pos, n_heads, head_dim, k_cache, NULL, kv_f16, n_kv_heads, n_kv, n_ctx, window,
+                         scale, softcap, sinks, NULL, probs, n_threads);
 }
 
 void qs_gdn_step_scalar(int64_t S, float *st, const float *k, const float *q, const float *v, float decay, float beta,

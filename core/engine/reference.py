@@ -83,15 +83,20 @@ def _moe(cfg: ModelConfig, lw: LayerWeights, h: np.ndarray) -> np.ndarray:
     return out
 
 
-def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int], n_ctx: int = 0) -> np.ndarray:
+def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int], n_ctx: int = 0,
+                     trace: dict[str, list[np.ndarray]] | None = None) -> np.ndarray:
     """Logits (T, n_vocab) for ``tokens`` at positions 0..T-1, in float64. ``cfg`` and ``w`` are checked first
     (:func:`~quantscope.core.model.check_weights`), as the native engine checks them. ``n_ctx``: the context of
-    the session to imitate (it picks Phi-3's long or short RoPE factors; 0: the short ones)."""
+    the session to imitate (it picks Phi-3's long or short RoPE factors; 0: the short ones). ``trace``: a dict that
+    receives what the probe shows (docs/probe.md): ``resid``, the residual stream (T, n_embd) entering each layer
+    and leaving the last (n_layers + 1 arrays), and ``attn``, each layer's attention weights (T, n_head, T), NaN
+    where a query does not see a key (the future, or outside a sliding window)."""
     check_weights(dataclasses.replace(w, config=cfg))
     ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
     if ids.size == 0 or ids.min() < 0 or ids.max() >= w.tok_embd.rows:
         raise ValueError(f"token ids must be given and lie in 0..{w.tok_embd.rows - 1}")
-    if cfg.arch == "gemma4" or cfg.layer_n_head_kv or cfg.layer_n_ff:
+    if cfg.arch == "gemma4" or cfg.layer_n_head_kv or cfg.layer_n_ff or any(map(cfg.is_recurrent,
+                                                                              range(cfg.n_layers))):
         raise ValueError(f"the float64 reference covers uniform layers without {cfg.arch}'s extras; llama.cpp's "
                          "log-probabilities are the oracle there (tests/test_arch_fidelity.py)")
     T = ids.size
@@ -100,6 +105,8 @@ def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int], n_ctx
     x = emb * cfg.embed_scale
     H, KV, hd = cfg.n_head, cfg.n_head_kv, cfg.head_dim
     scale = cfg.attn_scale or 1.0 / math.sqrt(hd)
+    if trace is not None:
+        trace["resid"], trace["attn"] = [x.copy()], []
     for li, lw in enumerate(w.layers):
         h = _rms(x, lw.attn_norm, cfg.rms_eps) if lw.attn_norm is not None else x
         q = h @ _dense(lw.wq).T
@@ -122,6 +129,7 @@ def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int], n_ctx
             q = q * (np.log(np.floor(pos / cfg.original_ctx()) + 1.0) * cfg.attn_temp_scale + 1.0)[:, None, None]
         window = cfg.layer_window(li)
         att = np.zeros((T, H, hd))
+        weights = np.full((T, H, T), np.nan)
         group = H // KV
         for t in range(T):
             lo = max(0, t - window + 1) if window > 0 else 0
@@ -133,6 +141,7 @@ def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int], n_ctx
                 m = s.max() if lw.sinks is None else max(s.max(), float(lw.sinks[hh]))
                 p = np.exp(s - m)
                 den = p.sum() + (0.0 if lw.sinks is None else math.exp(float(lw.sinks[hh]) - m))  # gpt-oss's sink
+                weights[t, hh, lo : t + 1] = p / den
                 att[t, hh] = (p / den) @ vv
         o = att.reshape(T, H * hd) @ _dense(lw.wo).T
         if lw.bo is not None:
@@ -153,6 +162,9 @@ def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int], n_ctx
         if lw.post_ffn_norm is not None:
             d = _rms(d, lw.post_ffn_norm, cfg.rms_eps)
         x = x + d * cfg.residual_scale
+        if trace is not None:
+            trace["resid"].append(x.copy())
+            trace["attn"].append(weights)
     x = _rms(x, w.output_norm, cfg.rms_eps)
     logits = x @ _dense(w.output).T / cfg.logit_scale
     if cfg.final_softcap:

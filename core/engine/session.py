@@ -27,7 +27,7 @@ from ..model import (
     check_weights,
     read_config,
 )
-from ..native import ffi, lib
+from ..native import ffi, lib, nn
 from ..native import kernels as K
 
 #: Positions the native block accepts in one cache (csrc/qs_block.c checks the same bound).
@@ -175,6 +175,19 @@ class Model:
         return Session(self, n_ctx, kv_dtype)
 
 
+class ForwardTrace:
+    """What :meth:`Session.forward` keeps for the probe (docs/probe.md): ``resid``, the residual stream entering each
+    layer and leaving the last (``n_layers + 1`` float32 arrays of ``(T, n_embd)``); ``queries``, each attention
+    layer's queries as its attention used them (``(T, n_head, head_dim)``, filled by the native block through its
+    ``probe_q`` pointer); ``after_layer(i)`` is called after layer ``i`` (progress; it may raise to stop)."""
+
+    def __init__(self, after_layer: Callable[[int], None] | None = None) -> None:
+        self.resid: list[np.ndarray] = []
+        self.queries: dict[int, np.ndarray] = {}
+        self.positions = np.empty(0, np.int32)
+        self.after_layer = after_layer
+
+
 @runtime_checkable
 class InferenceSession(Protocol):
     """What the generator, perplexity, KL divergence and benchmarks use of a session: the CPU :class:`Session`
@@ -255,6 +268,19 @@ class Session:
                 setattr(b, field, ffi.cast(ctype, ffi.from_buffer(a, require_writable=True)) if a is not None
                         else ffi.NULL)
                 setattr(b, field + "_len", 0 if a is None else int(a.size))
+
+    def attention_weights(self, layer: int, queries: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Layer ``layer``'s attention weights ``(T, n_head, n_past)`` for ``queries`` (a :class:`ForwardTrace`'s)
+        at ``positions`` against this session's cached keys, by the native attention's own code (0 where a query
+        does not see a key)."""
+        c = self.model.config
+        if not 0 <= layer < c.n_layers or c.is_recurrent(layer):
+            raise ValueError(f"layer {layer} has no attention weights")
+        lw = self.model.weights.layers[layer]
+        b = self._block_structs[layer]
+        return nn.attention_probs(queries, positions, self.k_cache[layer], self.n_past, scale=float(b.attn_scale),
+                                  window=c.layer_window(layer), softcap=c.attn_softcap, sinks=lw.sinks,
+                                  threads=self.model.threads)
 
     def _zero_state(self) -> None:
         for a in (*self.conv_state.values(), *self.ssm_state.values()):
@@ -417,9 +443,11 @@ class Session:
         out = (proj + tok) * np.float32(1.0 / math.sqrt(2.0))
         return np.ascontiguousarray(out.reshape(T, L, P).transpose(1, 0, 2))
 
-    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False, logits: bool = True) -> np.ndarray:
+    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False, logits: bool = True,
+                trace: ForwardTrace | None = None) -> np.ndarray:
         """Run ``tokens`` at positions ``n_past…``; returns logits of the last token (or of every token), or an
-        empty array with ``logits=False`` (a prompt chunk whose only product is the KV cache)."""
+        empty array with ``logits=False`` (a prompt chunk whose only product is the KV cache). ``trace``: keep the
+        residual stream and the queries of this call (:class:`ForwardTrace`; off, nothing is copied)."""
         m, c = self.model, self.model.config
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         T = ids.size
@@ -438,21 +466,45 @@ class Session:
         ple = self._ple_inputs(ids, x) if c.ple_dim else None
         xp = ffi.cast("float *", ffi.from_buffer(x))
         posp = ffi.cast("int32_t *", ffi.from_buffer(pos))
+        if trace is not None:
+            trace.resid, trace.queries, trace.positions = [x.copy()], {}, pos.copy()
         for li, b in enumerate(self._block_structs):
             if ple is not None:
                 b.ple_in, b.ple_in_len = _fp(ple[li]), ple[li].size
-            rc = lib.qs_block_forward(b, xp, T, posp, self.n_past, m.threads)
+            if trace is None:
+                rc = lib.qs_block_forward(b, xp, T, posp, self.n_past, m.threads)
+                K.check(rc, "transformer block")
+                continue
+            q = None if c.is_recurrent(li) else np.empty((T, c.n_head, c.head_dim_at(li)), np.float32)
+            if q is not None:
+                b.probe_q, b.probe_q_len = _fp(q), q.size
+            try:
+                rc = lib.qs_block_forward(b, xp, T, posp, self.n_past, m.threads)
+            finally:
+                b.probe_q, b.probe_q_len = ffi.NULL, 0
             K.check(rc, "transformer block")
-        E = c.n_embd
+            trace.resid.append(x.copy())
+            if q is not None:
+                trace.queries[li] = q
+            if trace.after_layer is not None:
+                trace.after_layer(li)
         self.n_past += T
         if not logits:
             return np.empty(0, np.float32)
-        last = x if all_logits else x[-1:]
-        last = self._rmsnorm(np.ascontiguousarray(last), m.weights.output_norm, E)
-        logits = self._mm(m.output, last)
+        logits = self.head(x if all_logits else x[-1:])
+        return logits if all_logits else logits[0]
+
+    def head(self, x: np.ndarray) -> np.ndarray:
+        """Logits of residual-stream rows ``x`` (n, n_embd): the final norm, the output head, granite's scale and
+        gemma2's soft-cap (what :meth:`forward` does after the last layer; the probe's logit lens)."""
+        m, c = self.model, self.model.config
+        if x.ndim != 2 or x.shape[1] != c.n_embd:
+            raise ValueError(f"rows of {c.n_embd} values are needed, not {x.shape}")
+        h = self._rmsnorm(np.ascontiguousarray(x, dtype=np.float32), m.weights.output_norm, c.n_embd)
+        logits = self._mm(m.output, h)
         if c.logit_scale != 1.0:  # granite
             logits /= np.float32(c.logit_scale)
         if c.final_softcap:  # gemma2
             cap = np.float32(c.final_softcap)
             logits = np.tanh(logits / cap) * cap
-        return logits if all_logits else logits[0]
+        return logits

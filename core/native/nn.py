@@ -147,3 +147,44 @@ def attention(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np
     if rc != 0:
         raise native_error("attention", rc)
     return y
+
+
+def attention_probs(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, n_kv: int, *, scale: float,
+                    window: int = 0, softcap: float = 0.0, sinks: np.ndarray | None = None,
+                    threads: int = 0) -> np.ndarray:
+    """The weights :func:`attention` gives each cached key, computed by the same native code:
+    ``(n_q, n_heads, n_kv)`` float32, 0 where a query does not see a key (docs/probe.md). Arguments as there."""
+    qa = _in(q, np.float32, "q")
+    if qa.ndim != 3:
+        raise ValueError("q must be (n_q, n_heads, head_dim)")
+    n_q, n_heads, head_dim = qa.shape
+    if k_cache.dtype not in (np.float32, np.float16) or k_cache.ndim != 3 or k_cache.shape[2] != head_dim:
+        raise ValueError(f"the cache must be (n_ctx, n_kv_heads, {head_dim}) float32 or float16")
+    if not k_cache.flags.c_contiguous:
+        raise ValueError("the cache must be C-contiguous")
+    n_ctx, n_kv_heads = k_cache.shape[0], k_cache.shape[1]
+    if n_kv_heads == 0 or n_heads % n_kv_heads:
+        raise ValueError(f"{n_heads} heads are not a multiple of {n_kv_heads} KV heads")
+    if not 0 <= n_kv <= n_ctx:
+        raise ValueError(f"n_kv {n_kv} outside 0..{n_ctx}")
+    if window < 0:
+        raise ValueError(f"window {window} is negative")
+    pos = _in(q_pos, np.int32, "q_pos").reshape(-1)
+    if pos.size != n_q:
+        raise ValueError(f"{pos.size} positions for {n_q} queries")
+    if not (np.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap {softcap} must be finite and >= 0")
+    sk = ffi.NULL
+    if sinks is not None:
+        sa = _in(sinks, np.float32, "sinks").reshape(-1)
+        if sa.size != n_heads:
+            raise ValueError(f"{sa.size} sinks for {n_heads} heads")
+        sk = _ptr(sa, "float *")
+    y = np.empty((n_q, n_heads, n_kv), np.float32)
+    rc = lib.qs_attention_probs(_ptr(qa, "float *"), n_q, _ptr(pos, "int32_t *"), n_heads, head_dim,
+                                ffi.from_buffer(k_cache), k_cache.nbytes, int(k_cache.dtype == np.float16),
+                                n_kv_heads, n_kv, n_ctx, window, scale, softcap, sk, _out(y, "float *"), y.size,
+                                threads)
+    if rc != 0:
+        raise native_error("attention weights", rc)
+    return y

@@ -227,10 +227,10 @@ def activations(probe: Probe) -> Activations:
 
 
 #: the matrices of a layer that read the (normed) residual stream: one column per channel
-_READERS = ("attn_q", "attn_k", "attn_v", "attn_qkv", "ffn_gate", "ffn_up", "ffn_gate_up", "ffn_gate_inp",
-            "ssm_in", "attn_gate", "ssm_beta_alpha", "ssm_alpha", "ssm_beta")
+_READERS = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha", "ffn_gate", "ffn_up",
+            "ffn_gate_inp", "ffn_gate_shexp", "ffn_up_shexp")
 #: the matrices of a layer that write into it: one row per channel
-_WRITERS = ("attn_output", "ffn_down", "ssm_out")
+_WRITERS = ("attn_output", "ssm_out", "ffn_down", "ffn_down_shexp")
 
 
 def channel_links(tensor_names: Iterable[str], n_layers: int, index: int) -> list[tuple[str, str]]:

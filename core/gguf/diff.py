@@ -453,8 +453,8 @@ def _bytes_first_diff(fa: GGUFFile, ta: TensorInfo, fb: GGUFFile, tb: TensorInfo
         cb = copy_mapped(rb[a:b], f"tensor {tb.name}")
         if not np.array_equal(ca, cb):
             return a + int(np.flatnonzero(ca != cb)[0])
-        fa.release_pages(ta.data_offset + a, b - a)  # resident memory stays near a chunk, not a tensor
-        fb.release_pages(tb.data_offset + a, b - a)
+        fa.release_pages(ta.data_offset + a, b - a, ta.shard)  # resident memory stays near a chunk, not a tensor
+        fb.release_pages(tb.data_offset + a, b - a, tb.shard)
         tick(2 * b)
     return None
 
@@ -526,7 +526,7 @@ def _release(fa: GGUFFile, ta: TensorInfo, fb: GGUFFile, tb: TensorInfo, r0: int
     """Drop this process's mapping of rows ``[r0, r1)`` of both tensors."""
     for f, t in ((fa, ta), (fb, tb)):
         if t.row_bytes:
-            f.release_pages(t.data_offset + r0 * t.row_bytes, (r1 - r0) * t.row_bytes)
+            f.release_pages(t.data_offset + r0 * t.row_bytes, (r1 - r0) * t.row_bytes, t.shard)
 
 
 def _sampled_rows(t: TensorInfo, max_rows: int | None) -> np.ndarray:
@@ -655,8 +655,8 @@ def diff_files(a: GGUFFile, b: GGUFFile, *, values: bool = True, tensor: str | r
                 td.values = vd
                 td.status = "same" if vd.exact else "changed"
             prog.finish((ta.n_bytes or 0) + (tb.n_bytes or 0))
-            a.release_pages(ta.data_offset, ta.n_bytes or 0)
-            b.release_pages(tb.data_offset, tb.n_bytes or 0)
+            a.release_pages(ta.data_offset, ta.n_bytes or 0, ta.shard)
+            b.release_pages(tb.data_offset, tb.n_bytes or 0, tb.shard)
         prog.at(prog.total)
     return out
 

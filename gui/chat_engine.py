@@ -129,6 +129,8 @@ class GenRequest:
     threads: int
     reserve: int
     cancel: threading.Event = field(default_factory=threading.Event)
+    forced: list[int] = field(default_factory=list)  # a branch: the reply's tokens up to the chosen one
+    seed: list[Any] = field(default_factory=list)  # their TokenRecords (core.chat.tokens.branch_records)
 
 
 class EngineWorker(QObject):
@@ -142,6 +144,8 @@ class EngineWorker(QObject):
     promptProgress = Signal(int, int, int)  # request id, new prompt tokens evaluated, of how many
     delta = Signal(int, str, object)  # request id, new text, GenStats
     thinking = Signal(int, str)  # request id, new text of the reply's thinking (harmony models)
+    token = Signal(int, object)  # request id, the TokenRecord of a generated (or forced) token
+    trace = Signal(int, object)  # request id, every TokenRecord of the reply (sent just before finished)
     finished = Signal(int, object)  # request id, final GenStats
     failed = Signal(int, str, str)  # request id, message, detail
 
@@ -221,13 +225,22 @@ class EngineWorker(QObject):
             def on_prompt(done: int, total: int) -> None:
                 self.promptProgress.emit(req.id, done, total)
 
-            for d in eng.generate(prep.prompt, req.params, cancel=req.cancel, on_prompt=on_prompt):
+            from quantscope.core.chat.tokens import ReplyTrace, piece_text
+
+            tok = eng.tokenizer
+            trace = ReplyTrace(lambda t: piece_text(tok.token_bytes(t, True)), req.seed)
+            kw = {"forced": req.forced} if req.forced else {}
+            for d in eng.generate(prep.prompt, req.params, cancel=req.cancel, on_prompt=on_prompt, **kw):
                 last = GenStats(d.n_prompt, d.n_generated, d.ttft_s, d.prompt_tps, d.gen_tps, d.context_used,
                                 eng.n_ctx, prep.dropped, d.stop_reason, time.perf_counter() - t0, d.n_prompt_new)
+                rec = trace.add(d.token, d.text, d.channel, d.choice, d.forced)
+                if rec is not None:
+                    self.token.emit(req.id, rec)
                 if d.text and d.channel:
                     self.thinking.emit(req.id, d.text)
                 elif d.text:
                     self.delta.emit(req.id, d.text, last)
+            self.trace.emit(req.id, trace.records)
             self.finished.emit(req.id, last)
         except (ContextFull, ContextTooSmall) as exc:
             self.failed.emit(req.id, "The conversation does not fit in the context.", str(exc))
@@ -260,6 +273,8 @@ class EngineHost(QObject):
     promptProgress = Signal(int, int, int)
     delta = Signal(int, str, object)
     thinking = Signal(int, str)
+    token = Signal(int, object)
+    trace = Signal(int, object)
     finished = Signal(int, object)
     failed = Signal(int, str, str)
 
@@ -318,6 +333,8 @@ class EngineHost(QObject):
         worker.promptProgress.connect(self._on_prompt_progress)
         worker.delta.connect(self._on_delta)
         worker.thinking.connect(self._on_thinking)
+        worker.token.connect(self._on_token)
+        worker.trace.connect(self._on_trace)
         worker.finished.connect(self._on_finished)
         worker.failed.connect(self._on_failed)
         self._doLoad.connect(worker.load)
@@ -360,12 +377,14 @@ class EngineHost(QObject):
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompt: list[dict[str, str]] | str, params: SamplerParams, threads: int = 0,
-                 reserve: int = 256) -> int:
-        """Start a reply; returns its request id (0 when no model is ready)."""
+                 reserve: int = 256, forced: list[int] | None = None, seed: list[Any] | None = None) -> int:
+        """Start a reply (``forced``: a branch's first tokens, ``seed`` their records); returns its request id
+        (0 when no model is ready)."""
         if self.state != "ready" or self._worker is None:
             return 0
         self._req_id += 1
-        req = GenRequest(self._req_id, prompt, params, int(threads), int(reserve))
+        req = GenRequest(self._req_id, prompt, params, int(threads), int(reserve), forced=list(forced or []),
+                         seed=list(seed or []))
         self._request = req
         self._set_state("generating")
         self._doGenerate.emit(req)
@@ -394,6 +413,14 @@ class EngineHost(QObject):
     def _on_thinking(self, req_id: int, text: str) -> None:
         if self._live(req_id):
             self.thinking.emit(req_id, text)
+
+    def _on_token(self, req_id: int, record: object) -> None:
+        if self._live(req_id):
+            self.token.emit(req_id, record)
+
+    def _on_trace(self, req_id: int, records: object) -> None:
+        if self._live(req_id):
+            self.trace.emit(req_id, records)
 
     def _on_delta(self, req_id: int, text: str, stats: GenStats) -> None:
         if self._live(req_id):

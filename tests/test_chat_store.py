@@ -94,7 +94,7 @@ def test_persists_across_connections(tmp_path):
         cid = s.create("kept", messages=[StoredMessage("user", "q"), StoredMessage("assistant", "a")])
     with ChatStore(p) as s:
         assert s.get(cid).title == "kept" and len(s.get(cid).messages) == 2
-        assert s._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert s._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
 
 
 def test_schema_1_database_is_migrated_and_keeps_its_conversations(tmp_path):
@@ -120,7 +120,7 @@ def test_schema_1_database_is_migrated_and_keeps_its_conversations(tmp_path):
     db.commit()
     db.close()
     with ChatStore(p) as s:
-        assert s._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert s._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         old = s.get(1)
         assert old.title == "old chat" and [(m.content, m.thinking) for m in old.messages] == [("hi", "")]
         assert old.identity == ModelIdentity("SmolLM2.gguf", "", "/m/SmolLM2.gguf", 0)

@@ -91,3 +91,22 @@ def test_cli_prints_a_line_per_token(model_path, capsys) -> None:
     assert len(lines) == 3
     assert all(ln.count("' ") >= 3 and " | " in ln for ln in lines)
     assert cli_main(["generate", str(model_path("smollm2")), "-p", "x", "--alternatives", "101"]) == 2
+
+
+def test_alternatives_are_exact_under_ties_and_float32_rounding():
+    """The top-N comes from a float32 partition widened by its rounding: logits that differ only below float32's
+    precision, and exact ties (kept in index order), still give numpy's exact top-N."""
+    from quantscope.core.chat import ChoiceScratch, token_choice
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(50_000)
+    x[100:130] = 7.0 - (30 - np.arange(30)) * 1e-12  # 30 values float32 rounds up to one
+    x[[5, 9, 2000]] = 7.5  # an exact tie above them
+    sc = ChoiceScratch()
+    c = token_choice(x, 9, 1.0, 10, sc)
+    want = [5, 9, 2000, *range(129, 122, -1)]
+    assert [a[0] for a in c.alternatives] == want
+    e = np.exp(x - x.max())
+    assert c.prob == pytest.approx(e[9] / e.sum(), rel=1e-12)
+    again = token_choice(x[:1000], 5, 0.5, 3, sc)  # the scratch follows a new vocabulary size
+    assert [a[0] for a in again.alternatives] == [5, 9, 129]

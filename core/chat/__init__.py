@@ -294,26 +294,52 @@ class TokenChoice:
     alternatives: tuple[tuple[int, float, float], ...]
 
 
-def token_choice(penalized: np.ndarray, token: int, temperature: float, n: int = 10) -> TokenChoice:
+class ChoiceScratch:
+    """Work arrays reused by :func:`token_choice` from token to token (fresh vocabulary-sized arrays each time
+    would cost more in page faults than the arithmetic)."""
+
+    def __init__(self) -> None:
+        self.n = -1
+        self.z = self.e = np.empty(0)
+        self.z32 = np.empty(0, np.float32)
+
+    def get(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if n != self.n:
+            self.n, self.z, self.e, self.z32 = n, np.empty(n), np.empty(n), np.empty(n, np.float32)
+        return self.z, self.e, self.z32
+
+
+def token_choice(penalized: np.ndarray, token: int, temperature: float, n: int = 10,
+                 scratch: ChoiceScratch | None = None) -> TokenChoice:
     """:class:`TokenChoice` of ``token`` under ``penalized`` logits (float64 softmax; a greedy temperature <= 0
-    scales nothing)."""
-    x = np.asarray(penalized, dtype=np.float64)
-    z = x - x.max()
-    e = np.exp(z)
-    total = e.sum()
-    prob = e / total
-    entropy = float(-(prob * (z - np.log(total))).sum())
+    scales nothing; tied alternatives in index order). About 0.3 ms for a 150k vocabulary with a ``scratch``."""
+    x = np.asarray(penalized, dtype=np.float64).reshape(-1)
+    z, e, z32 = (scratch or ChoiceScratch()).get(x.size)
+    np.subtract(x, x.max(), out=z)
+    np.exp(z, out=e)
+    total = float(e.sum())
+    entropy = math.log(total) - float(e @ z) / total
+    k = max(0, min(int(n), x.size))
+    if 0 < k < x.size:  # candidates from a float32 partition (cheap), widened by its rounding, then sorted exactly
+        z32[...] = z
+        z32.partition(x.size - k)
+        cut = float(z32[x.size - k])
+        cand = np.flatnonzero(z >= cut - abs(cut) * 2.4e-7 - 1e-37)
+        top = cand[np.argsort(-z[cand], kind="stable")][:k]
+    else:
+        top = np.argsort(-z, kind="stable")[:k]
+    idx = np.append(top, int(token))
+    prob = e[idx] / total
     if temperature > 0 and temperature != 1.0:
-        zs = z / temperature
-        es = np.exp(zs - zs.max())
-        scaled = es / es.sum()
+        sel = z[idx] / temperature
+        np.multiply(z, 1.0 / temperature, out=e)
+        np.exp(e, out=e)
+        scaled = np.exp(sel) / float(e.sum())
     else:
         scaled = prob
-    k = max(0, min(int(n), x.size))
-    top = np.argpartition(-x, k - 1)[:k] if 0 < k < x.size else np.arange(x.size if k else 0)
-    top = top[np.argsort(-x[top], kind="stable")]
-    return TokenChoice(int(token), float(prob[token]), float(scaled[token]), entropy,
-                       tuple((int(i), float(prob[i]), float(scaled[i])) for i in top))
+    return TokenChoice(int(token), float(prob[-1]), float(scaled[-1]), entropy,
+                       tuple((int(i), float(p), float(q)) for i, p, q in zip(top, prob[:-1], scaled[:-1],
+                                                                            strict=True)))
 
 
 class Sampler:
@@ -324,6 +350,7 @@ class Sampler:
         self.rng = np.random.default_rng(params.seed)
         #: the last pick seen as :class:`TokenChoice` (only with ``params.alternatives``)
         self.last: TokenChoice | None = None
+        self._scratch = ChoiceScratch()
 
     def sample(self, logits: np.ndarray, history: list[int]) -> int:
         p = self.p
@@ -334,7 +361,7 @@ class Sampler:
             x[recent] = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
         tid = self._pick(x)
         if p.alternatives > 0:
-            self.last = token_choice(x, tid, p.temperature, p.alternatives)
+            self.last = token_choice(x, tid, p.temperature, p.alternatives, self._scratch)
         return tid
 
     def _pick(self, x: np.ndarray) -> int:

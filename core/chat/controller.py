@@ -5,6 +5,10 @@ the engine is sent, saving, and the text shown for a reply (its Markdown and num
 it belongs to. A conversation belongs to one model (:class:`ModelIdentity`: file name, quantization, size):
 opening another file starts a new conversation, and continuing an old one with a different model is an explicit
 step (:meth:`ChatController.continue_with`), which copies it into a new conversation bound to that model.
+
+A reply can have versions: regenerating it, or branching it at one of its tokens with another token
+(:meth:`ChatController.begin_branch`), adds a version and keeps the old one with the messages that followed it;
+:meth:`ChatController.switch_variant` shows another version (the conversation continues from the shown one).
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .store import ChatStore, ModelIdentity, StoredMessage, title_from
+from .store import ChatStore, ModelIdentity, StoredMessage, add_variant, switch_variant, title_from
+from .tokens import TokenRecord, branch_records, replay_tokens
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 
@@ -90,6 +95,8 @@ class ChatController:
         #: the model of the opened file
         self.model: ModelIdentity | None = None
         self.editing: int | None = None
+        #: a reply being made as a new version of message ``[0]`` of the conversation ``[1]`` (regenerate, branch)
+        self.pending_variant: tuple[int, list[StoredMessage]] | None = None
 
     # ------------------------------------------------------------------ binding
     def set_model(self, model: ModelIdentity | None) -> None:
@@ -102,6 +109,7 @@ class ChatController:
         self.messages = []
         self.owner = None
         self.editing = None
+        self.pending_variant = None
 
     @property
     def foreign(self) -> bool:
@@ -117,6 +125,7 @@ class ChatController:
         self.messages = list(conv.messages)
         self.owner = conv.identity
         self.editing = None
+        self.pending_variant = None
         return conv
 
     def continue_with(self, store: ChatStore | None, settings: dict[str, Any]) -> int | None:
@@ -143,14 +152,49 @@ class ChatController:
             self.owner = self.model
 
     def drop_replies(self) -> bool:
-        """Remove the trailing replies (regenerate); False when no message is left to answer."""
+        """Remove the trailing replies (regenerate): the next reply becomes a new version of the first of them
+        (:meth:`add_reply`); False when no message is left to answer."""
+        before = list(self.messages)
         while self.messages and self.messages[-1].role == "assistant":
             self.messages.pop()
+        if len(self.messages) < len(before):
+            self.pending_variant = (len(self.messages), before)
         return bool(self.messages)
 
-    def add_reply(self, text: str, stats: dict[str, Any], thinking: str = "") -> None:
-        """The finished reply: its answer, numbers and (harmony models) its thinking, kept apart."""
-        self.messages.append(StoredMessage("assistant", text, stats, time.time(), thinking))
+    def begin_branch(self, index: int, token_index: int, token: int) -> tuple[list[int], list[TokenRecord]]:
+        """Branch reply ``index`` at its token ``token_index`` with ``token``: the conversation is cut before the
+        reply (the next :meth:`add_reply` becomes its new version, :meth:`abandon_variant` goes back); returns
+        the reply's tokens to force (the ones before, then ``token``) and their records. ``ValueError`` when the
+        message is not a reply with recorded tokens or the index is out of range."""
+        if not 0 <= index < len(self.messages) or self.messages[index].role != "assistant":
+            raise ValueError(f"message {index} is not a reply")
+        recs = self.messages[index].tokens
+        forced = replay_tokens(recs, token_index, token)
+        seed = branch_records(recs, token_index, token)
+        self.pending_variant = (index, list(self.messages))
+        self.messages = self.messages[:index]
+        return forced, seed
+
+    def abandon_variant(self) -> None:
+        """The new version was not made (failed before any token): the conversation as it was."""
+        if self.pending_variant is not None:
+            self.messages = self.pending_variant[1]
+            self.pending_variant = None
+
+    def add_reply(self, text: str, stats: dict[str, Any], thinking: str = "",
+                  tokens: list[TokenRecord] | None = None) -> None:
+        """The finished reply: its answer, numbers, (harmony models) its thinking, kept apart, and its token
+        records; a new version of the reply it regenerates or branches."""
+        msg = StoredMessage("assistant", text, stats, time.time(), thinking, list(tokens or []))
+        pending, self.pending_variant = self.pending_variant, None
+        if pending is not None and pending[0] == len(self.messages) and 0 <= pending[0] < len(pending[1]):
+            self.messages = add_variant(pending[1], pending[0], msg)
+        else:
+            self.messages.append(msg)
+
+    def switch_variant(self, index: int, which: int) -> None:
+        """Show version ``which`` (0-based) of message ``index``; the conversation continues from it."""
+        self.messages = switch_variant(self.messages, index, which)
 
     def prompt(self, messages: list[StoredMessage], mode: str, system: str) -> list[dict[str, str]] | str:
         """What the engine gets: the messages (with the system prompt) in chat mode, the text in completion

@@ -19,8 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from ..fsutil import write_atomic
+from . import tokens as _tokens
+from .tokens import TokenRecord
 
-SCHEMA_VERSION = 3  # 2: the model identity (quantization, size) per conversation; 3: a reply's thinking
+#: 2: the model identity (quantization, size) per conversation; 3: a reply's thinking; 4: a reply's tokens (their
+#: probabilities and alternatives) and a message's other variants (branches)
+SCHEMA_VERSION = 4
 DB_NAME = "chats.sqlite3"
 EXPORT_FORMAT = "quantscope-chat"
 MODES = ("chat", "completion")
@@ -47,14 +51,21 @@ CREATE TABLE IF NOT EXISTS messages (
     content TEXT NOT NULL,
     stats TEXT NOT NULL DEFAULT '{}',
     created REAL NOT NULL,
-    thinking TEXT NOT NULL DEFAULT ''
+    thinking TEXT NOT NULL DEFAULT '',
+    tokens TEXT NOT NULL DEFAULT '',
+    variants TEXT NOT NULL DEFAULT '',
+    variant INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, position);
 """
 #: columns added after schema 1, with their definitions (added to an older database when it is opened)
 _ADDED = {"model_quant": "TEXT NOT NULL DEFAULT ''", "model_size": "INTEGER NOT NULL DEFAULT 0"}
-#: the same for messages (schema 3: a reply's thinking, empty for the replies before)
-_ADDED_MESSAGES = {"thinking": "TEXT NOT NULL DEFAULT ''"}
+#: the same for messages (schema 3: a reply's thinking; schema 4: its token records as compact JSON, the message's
+#: other variants as JSON and its own place among them; empty for the messages before)
+_ADDED_MESSAGES = {"thinking": "TEXT NOT NULL DEFAULT ''", "tokens": "TEXT NOT NULL DEFAULT ''",
+                   "variants": "TEXT NOT NULL DEFAULT ''", "variant": "INTEGER NOT NULL DEFAULT 0"}
+#: how deeply variants may nest in a stored message (a branch's messages with branches of their own, ...)
+MAX_VARIANT_DEPTH = 32
 
 
 class StoreError(RuntimeError):
@@ -78,17 +89,147 @@ def default_path() -> Path:
 @dataclass
 class StoredMessage:
     """One message: ``role`` is system/user/assistant; ``stats`` holds the reply's timings (tokens, t/s, ...);
-    ``thinking`` a reply's reasoning apart from its answer (gpt-oss's analysis channel; never sent back)."""
+    ``thinking`` a reply's reasoning apart from its answer (gpt-oss's analysis channel; never sent back);
+    ``tokens`` a reply's tokens with their probabilities (when the chat recorded them).
+
+    A message may have other versions (a reply branched at one of its tokens): ``variants`` holds the versions
+    not shown, in order, each with the messages that followed it; this one is number ``variant`` (0-based) of
+    ``1 + len(variants)``. The conversation is the path of shown versions (see :func:`switch_variant`)."""
 
     role: str
     content: str
     stats: dict[str, Any] = field(default_factory=dict)
     created: float = 0.0
     thinking: str = ""
+    tokens: list[TokenRecord] = field(default_factory=list)
+    variants: list[Variant] = field(default_factory=list)
+    variant: int = 0
 
     def as_chat(self) -> dict[str, str]:
         """The ``{"role", "content"}`` form templates take."""
         return {"role": self.role, "content": self.content}
+
+    @property
+    def n_variants(self) -> int:
+        return 1 + len(self.variants)
+
+
+@dataclass
+class Variant:
+    """A version of a message that is not shown: the message (without variants of its own) and the messages
+    that followed it."""
+
+    message: StoredMessage
+    after: list[StoredMessage] = field(default_factory=list)
+
+
+def _bare(m: StoredMessage) -> StoredMessage:
+    return StoredMessage(m.role, m.content, m.stats, m.created, m.thinking, m.tokens)
+
+
+def add_variant(messages: list[StoredMessage], index: int, new: StoredMessage) -> list[StoredMessage]:
+    """The conversation with ``new`` as the last version of message ``index`` (shown; it ends the conversation):
+    the message there and what followed it become a variant. Returns the new message list."""
+    if not 0 <= index < len(messages):
+        raise IndexError(f"no message {index}")
+    old = messages[index]
+    variants = [*old.variants[: old.variant], Variant(_bare(old), list(messages[index + 1:])),
+                *old.variants[old.variant:]]
+    shown = StoredMessage(new.role, new.content, new.stats, new.created, new.thinking, new.tokens, variants,
+                          len(variants))
+    return [*messages[:index], shown]
+
+
+def switch_variant(messages: list[StoredMessage], index: int, which: int) -> list[StoredMessage]:
+    """The conversation showing version ``which`` (0-based) of message ``index``, followed by the messages that
+    followed that version; the shown version and its followers become a variant."""
+    if not 0 <= index < len(messages):
+        raise IndexError(f"no message {index}")
+    m = messages[index]
+    if not 0 <= which < m.n_variants:
+        raise IndexError(f"message {index} has {m.n_variants} versions, not {which + 1}")
+    if which == m.variant:
+        return list(messages)
+    every = [*m.variants[: m.variant], Variant(_bare(m), list(messages[index + 1:])), *m.variants[m.variant:]]
+    pick = every.pop(which)
+    p = pick.message
+    shown = StoredMessage(p.role, p.content, p.stats, p.created, p.thinking, p.tokens, every, which)
+    return [*messages[:index], shown, *pick.after]
+
+
+def message_dict(m: StoredMessage, compact: bool = True, depth: int = 0, times: bool = True) -> dict[str, Any]:
+    """A message as JSON-ready data, with its tokens (``compact``: the storage's lists, else one object per
+    token) and its variants (recursively, each with the messages after it); ``times``: with its creation time."""
+    d: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.thinking:
+        d["thinking"] = m.thinking
+    if m.stats:
+        d["stats"] = m.stats
+    if m.created and times:
+        d["created"] = m.created
+    if m.tokens:
+        d["tokens"] = _tokens.to_lists(m.tokens) if compact else _tokens.to_dicts(m.tokens)
+    if m.variants and depth < MAX_VARIANT_DEPTH:
+        d["variant"] = m.variant
+        d["variants"] = [{"message": message_dict(v.message, compact, depth + 1, times),
+                          "after": [message_dict(a, compact, depth + 1, times) for a in v.after]}
+                         for v in m.variants]
+    return d
+
+
+def _variants_json(m: StoredMessage) -> str:
+    if not m.variants:
+        return ""
+    d = message_dict(m)
+    return json.dumps(d["variants"], ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def message_from(d: Any, depth: int = 0) -> StoredMessage:
+    """A message from :func:`message_dict`'s compact form; ``ValueError`` when it is not one."""
+    if not isinstance(d, dict) or not isinstance(d.get("role"), str) or not isinstance(d.get("content"), str):
+        raise ValueError("a message needs a role and a content")
+    stats = d.get("stats", {})
+    thinking = d.get("thinking", "")
+    created = d.get("created", 0.0)
+    if not isinstance(stats, dict) or not isinstance(thinking, str) or isinstance(created, bool) \
+            or not isinstance(created, (int, float)):
+        raise ValueError("a message's stats, thinking or time is malformed")
+    toks = _tokens.from_lists(d.get("tokens", []))
+    variants = _variants_from(d.get("variants", []), depth)
+    which = d.get("variant", 0)
+    if isinstance(which, bool) or not isinstance(which, int):
+        raise ValueError("a message's variant must be an integer")
+    return StoredMessage(d["role"], d["content"], stats, float(created), thinking, toks, variants,
+                         max(0, min(which, len(variants))))
+
+
+def _variants_from(data: Any, depth: int) -> list[Variant]:
+    if depth >= MAX_VARIANT_DEPTH or not isinstance(data, list):
+        raise ValueError("variants must be a list (and not nested too deeply)")
+    out = []
+    for v in data:
+        if not isinstance(v, dict) or not isinstance(v.get("after", []), list):
+            raise ValueError("a variant needs a message and the messages after it")
+        msg = message_from(v.get("message"), depth + 1)
+        out.append(Variant(_bare(msg), [message_from(a, depth + 1) for a in v.get("after", [])]))
+    return out
+
+
+def _row_message(role: str, content: str, stats: str, created: float, thinking: str, toks: str, variants: str,
+                 variant: int) -> StoredMessage:
+    """A stored row as a message; token records or variants that do not read are left out (the text stays)."""
+    try:
+        records = _tokens.loads(toks)
+    except ValueError:
+        records = []
+    vs: list[Variant] = []
+    if variants:
+        try:
+            vs = _variants_from(json.loads(variants), 0)
+        except (ValueError, RecursionError):
+            vs = []
+    which = max(0, min(int(variant), len(vs)))
+    return StoredMessage(role, content, _loads(stats), float(created), thinking, records, vs, which)
 
 
 @dataclass(frozen=True)
@@ -259,9 +400,9 @@ class ChatStore:
                              "model_quant, model_size FROM conversations WHERE id = ?", (conv_id,)).fetchone()
         if r is None:
             raise KeyError(conv_id)
-        msgs = [StoredMessage(m[0], m[1], _loads(m[2]), float(m[3]), m[4]) for m in self._db.execute(
-            "SELECT role, content, stats, created, thinking FROM messages WHERE conversation_id = ? ORDER BY position",
-            (conv_id,))]
+        msgs = [_row_message(*m) for m in self._db.execute(
+            "SELECT role, content, stats, created, thinking, tokens, variants, variant FROM messages "
+            "WHERE conversation_id = ? ORDER BY position", (conv_id,))]
         return Conversation(int(r[0]), r[1], r[2], r[3], r[4], r[5], _loads(r[6]), float(r[7]), float(r[8]), msgs,
                             r[9], int(r[10]))
 
@@ -315,9 +456,10 @@ class ChatStore:
                     raise KeyError(conv_id)
                 self._db.execute("DELETE FROM messages WHERE conversation_id = ?", (conv_id,))
                 self._db.executemany(
-                    "INSERT INTO messages (conversation_id, position, role, content, stats, created, thinking) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [(conv_id, i, m.role, m.content, _dumps(m.stats), m.created or now, m.thinking)
+                    "INSERT INTO messages (conversation_id, position, role, content, stats, created, thinking, "
+                    "tokens, variants, variant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(conv_id, i, m.role, m.content, _dumps(m.stats), m.created or now, m.thinking,
+                      _tokens.dumps(m.tokens), _variants_json(m), m.variant if m.variants else 0)
                      for i, m in enumerate(messages)])
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from None
@@ -332,9 +474,10 @@ class ChatStore:
                 (pos,) = self._db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM messages "
                                           "WHERE conversation_id = ?", (conv_id,)).fetchone()
                 self._db.execute("INSERT INTO messages (conversation_id, position, role, content, stats, created, "
-                                 "thinking) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                 "thinking, tokens, variants, variant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                  (conv_id, int(pos), message.role, message.content, _dumps(message.stats),
-                                  message.created or now, message.thinking))
+                                  message.created or now, message.thinking, _tokens.dumps(message.tokens),
+                                  _variants_json(message), message.variant if message.variants else 0))
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from None
 
@@ -409,21 +552,36 @@ def to_markdown(conv: Conversation) -> str:
             title = "Prompt" if m.role == "user" else "Continuation"
         else:
             title = _ROLE_TITLES.get(m.role, m.role.capitalize())
-        out += [f"## {title}", ""]
-        if m.thinking.strip():  # a harmony model's thinking, folded away as chat apps show it
-            out += ["<details><summary>Thinking</summary>", "", close_fences(m.thinking.strip("\n")), "",
-                    "</details>", ""]
-        body = m.content.strip("\n")
-        if conv.mode == "completion":  # exact text: fenced so that Markdown does not reflow it
-            fence = "````" if "```" in body else "```"
-            out += [fence + "text", body, fence]
-        else:
-            out.append(close_fences(body) if body else "*(empty)*")
-        line = _stats_line(m.stats)
-        if line:
-            out += ["", f"*{line}*"]
-        out.append("")
+        out += [f"## {title}" + (f" (version {m.variant + 1} of {m.n_variants})" if m.variants else ""), ""]
+        out += _md_body(m, conv.mode)
+        if m.variants:  # the versions not shown (branches), folded away, each with how many messages followed
+            out += [f"<details><summary>Other versions ({len(m.variants)})</summary>", ""]
+            for k, v in enumerate(m.variants):
+                n = k + 1 if k < m.variant else k + 2
+                after = f", followed by {len(v.after)} message{'s' if len(v.after) != 1 else ''}" if v.after else ""
+                out += [f"**Version {n} of {m.n_variants}**{after}", ""]
+                out += _md_body(v.message, conv.mode)
+            out += ["</details>", ""]
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _md_body(m: StoredMessage, mode: str) -> list[str]:
+    """A message's thinking (folded), text and numbers as Markdown lines."""
+    out = []
+    if m.thinking.strip():  # a harmony model's thinking, folded away as chat apps show it
+        out += ["<details><summary>Thinking</summary>", "", close_fences(m.thinking.strip("\n")), "",
+                "</details>", ""]
+    body = m.content.strip("\n")
+    if mode == "completion":  # exact text: fenced so that Markdown does not reflow it
+        fence = "````" if "```" in body else "```"
+        out += [fence + "text", body, fence]
+    else:
+        out.append(close_fences(body) if body else "*(empty)*")
+    line = _stats_line(m.stats)
+    if line:
+        out += ["", f"*{line}*"]
+    out.append("")
+    return out
 
 
 def to_dict(conv: Conversation) -> dict[str, Any]:
@@ -441,10 +599,15 @@ def to_dict(conv: Conversation) -> dict[str, Any]:
         "params": conv.params,
         "created": datetime.fromtimestamp(conv.created).astimezone().isoformat() if conv.created else None,
         "updated": datetime.fromtimestamp(conv.updated).astimezone().isoformat() if conv.updated else None,
-        "messages": [{"role": m.role, "content": m.content, **({"thinking": m.thinking} if m.thinking else {}),
-                      **({"stats": m.stats} if m.stats else {})}
-                     for m in conv.messages],
+        "messages": [_export_message(m) for m in conv.messages],
     }
+
+
+def _export_message(m: StoredMessage) -> dict[str, Any]:
+    """A message of the JSON export: role, content, thinking, stats, its tokens (one object each, with their
+    probabilities and alternatives) and its other versions (``variants``, each with the messages after it;
+    ``variant`` is this one's place, 0-based)."""
+    return message_dict(m, compact=False, times=False)
 
 
 def to_json(conv: Conversation) -> str:

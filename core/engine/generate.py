@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +82,7 @@ class Delta:
     n_prompt_new: int = -1  # prompt tokens evaluated for this reply (0: the whole prompt was cached)
     channel: str = ""  # "" for the answer; "analysis" (thinking) or "commentary" in a harmony (gpt-oss) reply
     choice: TokenChoice | None = None  # the token's probabilities and alternatives (SamplerParams.alternatives)
+    forced: bool = False  # the token was given (``Engine.generate(forced=...)``), not sampled
 
 
 #: prompt tokens per forward call: bounds the block's scratch memory and lets a long prompt report progress and
@@ -201,8 +202,15 @@ class Engine:
 
     def generate(self, messages: list[dict[str, Any]] | str, params: SamplerParams | None = None,
                  cancel: threading.Event | None = None,
-                 on_prompt: Callable[[int, int], None] | None = None) -> Iterator[Delta]:
+                 on_prompt: Callable[[int, int], None] | None = None,
+                 forced: Sequence[int] = ()) -> Iterator[Delta]:
         """Yield :class:`Delta` pieces until end-of-generation, a stop string, ``max_tokens`` or ``cancel``.
+
+        ``forced``: the reply starts with these tokens instead of sampled ones (branching a reply: its tokens
+        before the branch point, then the token picked there). They are evaluated with the prompt (the cache
+        keeps what it shares with the last call, so a branch of the last reply evaluates only what differs) and
+        streamed first as deltas marked ``forced`` (without a ``choice``); ``max_tokens`` counts the tokens
+        generated after them. A forced end-of-generation token ends the reply after its (empty) delta.
 
         Reuses the KV cache for the longest common prefix with the previous call (a follow-up turn only
         evaluates its new tokens). New prompt tokens are evaluated in chunks of ``PREFILL_CHUNK``:
@@ -215,6 +223,12 @@ class Engine:
             if bos is None:
                 raise EmptyPrompt("the prompt is empty and the vocabulary has no BOS token to start from")
             ids = [bos]
+        forced = [int(t) for t in forced]
+        bad = next((t for t in forced if not 0 <= t < self.tokenizer.n_vocab), None)
+        if bad is not None:
+            raise ValueError(f"forced token {bad} is not in the vocabulary (0..{self.tokenizer.n_vocab - 1})")
+        n_prompt = len(ids)
+        ids = ids + forced
         if len(ids) >= self.n_ctx:
             raise ContextFull(f"the prompt has {len(ids)} tokens but the context holds {self.n_ctx}; shorten the "
                               "conversation or raise the context size")
@@ -245,7 +259,7 @@ class Engine:
             for a in range(0, len(new), PREFILL_CHUNK):
                 if a and cancel is not None and cancel.is_set():  # stop between chunks: keep what is evaluated
                     self.cached = list(ids[: common + a])
-                    yield Delta("", None, len(ids), 0, 0.0, 0.0, 0.0, self.session.n_past, True, "cancelled")
+                    yield Delta("", None, n_prompt, 0, 0.0, 0.0, 0.0, self.session.n_past, True, "cancelled")
                     return
                 last = a + PREFILL_CHUNK >= len(new)
                 logits = self.session.forward(new[a : a + PREFILL_CHUNK], logits=last)
@@ -268,7 +282,28 @@ class Engine:
         history = list(ids)
         n = 0
         reason = ""
-        while True:
+        for tid in forced:  # the given start of the reply: text and channel as if it had been sampled
+            n += 1
+            if tid in self.eog:
+                yield Delta("", tid, n_prompt, n, t1 - t0, prompt_tps, 0.0, self.session.n_past,
+                            n_prompt_new=n_new, channel=channel, forced=True)
+                reason = "end of generation"
+                break
+            delta = "" if tid in hide else dec.push(tid)
+            if split is not None:
+                part = split.push(tid, delta)
+                delta, channel = ("", channel) if part is None else (part[1], part[0])
+            text += delta
+            hit = next((s for s in p.stop if s and s in text), None)
+            if hit:
+                delta = delta[: max(0, len(delta) - (len(text) - text.index(hit)))]
+                reason = f"stop string {hit!r}"
+            yield Delta(delta, tid, n_prompt, n, t1 - t0, prompt_tps, 0.0, self.session.n_past,
+                        n_prompt_new=n_new, channel=channel, forced=True)
+            if hit:
+                break
+        n_forced = n
+        while not reason:
             if cancel is not None and cancel.is_set():
                 reason = "cancelled"
                 break
@@ -285,17 +320,17 @@ class Engine:
             text += delta
             hit = next((s for s in p.stop if s and s in text), None)
             now = time.perf_counter()
-            gen_tps = n / (now - t1) if now > t1 else 0.0
+            gen_tps = (n - n_forced) / (now - t1) if now > t1 else 0.0
             if hit:
                 cut = text.index(hit)
                 delta = delta[: max(0, len(delta) - (len(text) - cut))]
-                yield Delta(delta, tid, len(ids), n, t1 - t0, prompt_tps, gen_tps, self.session.n_past,
+                yield Delta(delta, tid, n_prompt, n, t1 - t0, prompt_tps, gen_tps, self.session.n_past,
                             n_prompt_new=n_new, channel=channel, choice=getattr(sampler, "last", None))
                 reason = f"stop string {hit!r}"
                 break
-            yield Delta(delta, tid, len(ids), n, t1 - t0, prompt_tps, gen_tps, self.session.n_past,
+            yield Delta(delta, tid, n_prompt, n, t1 - t0, prompt_tps, gen_tps, self.session.n_past,
                         n_prompt_new=n_new, channel=channel, choice=getattr(sampler, "last", None))
-            if n >= p.max_tokens:
+            if n - n_forced >= p.max_tokens:
                 reason = "max tokens"
                 break
             if self.session.n_past >= self.n_ctx:
@@ -305,5 +340,6 @@ class Engine:
             self.cached.append(tid)
         tail = dec.flush()
         now = time.perf_counter()
-        yield Delta(tail, None, len(ids), n, t1 - t0, prompt_tps, n / (now - t1) if now > t1 and n else 0.0,
+        made = n - n_forced
+        yield Delta(tail, None, n_prompt, n, t1 - t0, prompt_tps, made / (now - t1) if now > t1 and made else 0.0,
                     self.session.n_past, True, reason, n_new, channel)

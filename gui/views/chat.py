@@ -21,6 +21,7 @@ from typing import Any
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
+    QMenu,
     QSplitter,
     QTabWidget,
     QVBoxLayout,
@@ -32,6 +33,7 @@ from quantscope.core.chat.store import (
     ChatStore,
     StoredMessage,
 )
+from quantscope.core.chat.tokens import TokenRecord
 from quantscope.core.gguf.checks import INT32_MAX, metadata_int
 
 from ..chat_engine import EngineHost, GenStats
@@ -85,6 +87,9 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
         self._pending_thinking: list[str] = []
         self._pending_stats: GenStats | None = None
         self._reply_stats: GenStats | None = None
+        self._reply_records: list[TokenRecord] = []
+        self._reply_temperature: float | None = None
+        self.alt_menu: QMenu | None = None  # the alternatives of a clicked token (tests pick from it)
         self._script: list[str] = []
         self.script_active = False
         self._loaded_note = ""
@@ -110,6 +115,8 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
         self.host.promptProgress.connect(self._on_prompt_progress)
         self.host.delta.connect(self._on_delta)
         self.host.thinking.connect(self._on_thinking)
+        self.host.token.connect(self._on_token)
+        self.host.trace.connect(self._on_trace)
         self.host.finished.connect(self._on_finished)
         self.host.failed.connect(self._on_failed)
         self._update_controls()
@@ -216,6 +223,8 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
         self.settings = SamplingPanel()
         self.settings.modeChanged.connect(self._mode_changed)
         self.settings.systemChanged.connect(self._schedule_preview)
+        self.settings.colorModeChanged.connect(self._color_mode_changed)
+        self.color_combo = self.settings.color_combo
         s = self.settings  # the panel's widgets, as the view's (tests and scripts use them by these names)
         self.mode_combo, self.system_edit, self.preset_combo, self.special_check = (
             s.mode_combo, s.system_edit, s.preset_combo, s.special_check)
@@ -393,6 +402,25 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
         elif self.host.state == "empty" and not self.load_model():
             self.script_active = False
             self.scriptFinished.emit()
+
+    def token_demo(self, color: str = "probability") -> bool:
+        """Colour the replies by ``color`` and branch the last reply at its first uncertain token (probability
+        below 0.6, not the first) with the likeliest other word, as the token view's screenshot shows them: the
+        new version streams (wait for ``replyFinished``), the reply gets its "< 2/2 >" switcher. False when
+        there is no such token or no model is ready."""
+        self.settings.set_color_mode(color)
+        self.tools.setCurrentIndex(0)
+        last = len(self.messages) - 1
+        if last < 0 or self.messages[last].role != "assistant":
+            return False
+        recs = self.messages[last].tokens
+        for i, r in enumerate(recs):
+            if i and r.known and r.prob < 0.6 and r.text.strip() and not r.channel:  # a word, not a list number
+                alt = next((a.token for a in r.alternatives if a.token != r.token and a.piece.strip().isalpha()),
+                           None)
+                if alt is not None:
+                    return self.branch(last, i, alt)
+        return False
 
     def _script_next(self) -> None:
         if not self._script or self.host.state != "ready":

@@ -7,11 +7,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from PySide6.QtCore import QPoint
+
 from quantscope.core.chat.controller import stats_text
 from quantscope.core.chat.conversation import reply_reserve
 from quantscope.core.chat.store import StoredMessage
+from quantscope.core.chat.tokens import TokenRecord
 
 from ..chat_engine import GenStats
+from .chat_tokens import alternatives_menu
 from .chat_widgets import MessageView
 
 if TYPE_CHECKING:
@@ -64,6 +68,52 @@ class ReplyMixin:
         self.edit_bar.hide()
         self.composer.clear()
 
+    def branch(self: ChatView, index: int, token_index: int, token: int) -> bool:
+        """Continue reply ``index`` from its token ``token_index`` with ``token`` instead: a new version of the
+        reply (the old one stays, with what followed it); False when it cannot start now."""
+        if self.host.state != "ready" or self.ctl.foreign:
+            return False
+        try:
+            forced, seed = self.ctl.begin_branch(index, token_index, token)
+        except ValueError:
+            return False
+        self._rebuild_views()
+        self._start_reply(forced, seed)
+        return True
+
+    def switch_variant(self: ChatView, index: int, which: int) -> bool:
+        """Show version ``which`` (0-based) of message ``index``; the conversation continues from it."""
+        if self.host.state == "generating" or self._reply_view is not None:
+            return False
+        if not 0 <= index < len(self.messages) or not 0 <= which < self.messages[index].n_variants:
+            return False
+        self.ctl.switch_variant(index, which)
+        self._rebuild_views()
+        self._save()
+        self._update_controls()
+        return True
+
+    def _token_clicked(self: ChatView, index: int, token_index: int, where: QPoint) -> None:
+        """A click on a reply's token: the menu of its alternatives; picking one branches the reply there."""
+        if not 0 <= index < len(self.messages) or not 0 <= token_index < len(self.messages[index].tokens):
+            return
+        if self.alt_menu is not None:
+            self.alt_menu.close()
+            self.alt_menu.deleteLater()
+        menu = alternatives_menu(self.messages[index].tokens[token_index], self)
+        enabled = self.host.state == "ready" and not self.ctl.foreign
+        for act in menu.actions():
+            if act.data() is not None:
+                act.setEnabled(enabled and act.isEnabled())
+        menu.triggered.connect(lambda act: self.branch(index, token_index, int(act.data()))
+                               if act.data() is not None else None)
+        self.alt_menu = menu
+        menu.popup(where)
+
+    def _color_mode_changed(self: ChatView, mode: str) -> None:
+        for v in self.views:
+            v.set_color_mode(mode)
+
     def stop(self: ChatView) -> None:
         """Stop the reply (the engine checks before each token) or cancel loading."""
         if self.host.state == "generating":
@@ -72,7 +122,7 @@ class ReplyMixin:
         elif self.host.state == "loading":
             self.host.cancel_load()
 
-    def _start_reply(self: ChatView) -> None:
+    def _start_reply(self: ChatView, forced: list[int] | None = None, seed: list[TokenRecord] | None = None) -> None:
         self.clear_error()
         self.notice.hide()
         for v in self.views:
@@ -90,9 +140,12 @@ class ReplyMixin:
         self._pending_thinking = []
         self._pending_stats = None
         self._reply_stats = None
+        self._reply_records = []
+        self._reply_temperature = params.temperature
+        view.set_records(self._reply_records)
         self.activity.setText("reading the prompt…")
         self._reply_req = self.host.generate(prompt, params, self.threads_spin.value(),
-                                             reply_reserve(params.max_tokens, n_ctx))
+                                             reply_reserve(params.max_tokens, n_ctx), forced, seed)
         self._flush_timer.start()
         self._update_controls()
         self._update_empty()
@@ -121,6 +174,14 @@ class ReplyMixin:
     def _on_thinking(self: ChatView, req: int, text: str) -> None:
         if req == self._reply_req:
             self._pending_thinking.append(text)  # batched by the timer, as the answer's text
+
+    def _on_token(self: ChatView, req: int, record: TokenRecord) -> None:
+        if req == self._reply_req:
+            self._reply_records.append(record)  # the view holds this list: hover works while it streams
+
+    def _on_trace(self: ChatView, req: int, records: list[TokenRecord]) -> None:
+        if req == self._reply_req:
+            self._reply_records = list(records)
 
     def _on_delta(self: ChatView, req: int, text: str, stats: GenStats) -> None:
         if req != self._reply_req:
@@ -179,6 +240,7 @@ class ReplyMixin:
         """Turn the streaming view into a message (Markdown rendered once, now), save, reset the live state."""
         self._flush_timer.stop()
         view, text, thinking = self._reply_view, "".join(self._reply_text), "".join(self._reply_thinking)
+        records, self._reply_records = self._reply_records, []
         self._reply_view = None
         self._reply_req = 0
         self._reply_text = []
@@ -189,15 +251,24 @@ class ReplyMixin:
             return
         if stats is None and not text and not thinking:  # failed before any token: no empty reply is kept
             self.stream.remove(view)
+            if self.ctl.pending_variant is not None:  # a regenerate or branch made nothing: the reply as it was
+                self.ctl.abandon_variant()
+                self._rebuild_views()
         else:
             d = stats.as_dict() if stats is not None else {}
             if note:
                 d["stop_reason"] = f"cancelled ({note})"
-            self.ctl.add_reply(text, d, thinking)
+            if self._reply_temperature is not None:
+                d["temperature"] = self._reply_temperature
+            self.ctl.add_reply(text, d, thinking, records)
             label = stats_text(stats.as_dict()) if stats is not None else "failed"
             if note:
                 label += f" ({note})"
+            view.temperature = self._reply_temperature
             view.finish(text, label)
+            view.set_records(records)
+            last = self.messages[-1]
+            view.set_variants(last.variant, last.n_variants)
             if stats is not None:
                 self._show_stats(stats)
         self.activity.setText("")
@@ -225,6 +296,9 @@ class ReplyMixin:
     def _connect_view(self: ChatView, v: MessageView) -> None:
         v.editRequested.connect(self.edit_message)
         v.regenerateRequested.connect(self.regenerate)
+        v.tokenClicked.connect(self._token_clicked)
+        v.variantRequested.connect(self.switch_variant)
+        v.color_mode = self.settings.color_mode
 
     def _add_view(self: ChatView, index: int, role: str, content: str) -> MessageView:
         v = self.stream.add(index, role, content, self.mode)
@@ -242,6 +316,10 @@ class ReplyMixin:
         for v in self.views:
             v.regen_btn.setVisible(v.role == "assistant" and v.index == last and v is not self._reply_view)
             v.edit_btn.setEnabled(self.host.state != "generating" and not self.ctl.foreign)
+            idle = self.host.state != "generating" and v is not self._reply_view
+            v.branchable = idle and v.role == "assistant" and self.host.state == "ready" and not self.ctl.foreign
+            v.prev_btn.setEnabled(idle and v.variant > 0)
+            v.next_btn.setEnabled(idle and v.variant < v.n_variants - 1)
 
     def _update_empty(self: ChatView) -> None:
         if self.views:

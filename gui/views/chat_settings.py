@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from quantscope.core.chat import SamplerParams
+from quantscope.core.chat.tokens import N_ALTERNATIVES
 
 #: Sampling presets (llama.cpp meanings). "Greedy" is temperature 0: the same text as `quantscope generate --temp 0`.
 PRESETS: dict[str, dict[str, float]] = {
@@ -52,6 +53,7 @@ class SamplingPanel(QWidget):
 
     modeChanged = Signal(str)
     systemChanged = Signal()
+    colorModeChanged = Signal(str)  # "off", "probability", "entropy"
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -89,13 +91,21 @@ class SamplingPanel(QWidget):
         self.special_check.setAccessibleName("Show control tokens")
         self.special_check.setToolTip("Print control tokens such as <|im_end|> or <start_of_image> in replies "
                                       "(normally left out); end-of-generation tokens always stop the reply")
+        self.color_combo = QComboBox()
+        self.color_combo.setAccessibleName("Colour replies by")
+        for text, mode in (("Off", "off"), ("Probability", "probability"), ("Entropy", "entropy")):
+            self.color_combo.addItem(text, mode)
+        self.color_combo.setToolTip("Tint each token of the replies: by its probability (clear: certain, yellow to "
+                                    "red: unlikely) or by the entropy of its choice (clear: one choice, blue to "
+                                    "violet: many). Hover a token for its alternatives; click it to branch.")
+        self.color_combo.currentIndexChanged.connect(lambda _i: self.colorModeChanged.emit(self.color_mode))
         for sp in (self.temp_spin, self.topp_spin, self.minp_spin, self.repeat_spin):
             sp.valueChanged.connect(self._param_edited)
         self.topk_spin.valueChanged.connect(self._param_edited)
         for label, w in (("Mode", self.mode_combo), ("System", self.system_edit), ("Preset", self.preset_combo),
                          ("Temperature", self.temp_spin), ("Top-k", self.topk_spin), ("Top-p", self.topp_spin),
                          ("Min-p", self.minp_spin), ("Repeat penalty", self.repeat_spin), ("Seed", self.seed_spin),
-                         ("Max tokens", self.max_spin), ("", self.special_check)):
+                         ("Max tokens", self.max_spin), ("", self.special_check), ("Colour by", self.color_combo)):
             form.addRow(label, w)
         hint = QLabel("Presets: <b>Precise</b> (low temperature, mild repeat penalty), <b>Creative</b> (high "
                       "temperature, wide top-k), <b>Greedy</b> (always the most likely token: the same text as "
@@ -162,7 +172,16 @@ class SamplingPanel(QWidget):
         d = self.params_dict()
         return SamplerParams(temperature=d["temperature"], top_k=d["top_k"], top_p=d["top_p"], min_p=d["min_p"],
                              repeat_penalty=d["repeat_penalty"], seed=d["seed"], max_tokens=d["max_tokens"],
-                             special=d["special"])
+                             special=d["special"], alternatives=N_ALTERNATIVES)
+
+    @property
+    def color_mode(self) -> str:
+        return str(self.color_combo.currentData() or "off")
+
+    def set_color_mode(self, mode: str) -> None:
+        i = self.color_combo.findData(mode)
+        if i >= 0:
+            self.color_combo.setCurrentIndex(i)
 
     # ------------------------------------------------------------------ mode
     @property

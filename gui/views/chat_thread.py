@@ -82,6 +82,11 @@ class ReplyStream(QScrollArea):
             each(v)
             if m.role == "assistant" and m.stats:
                 v.set_stats(stats(m.stats))
+            temp = m.stats.get("temperature")
+            v.temperature = float(temp) if isinstance(temp, (int, float)) and not isinstance(temp, bool) else None
+            if m.tokens:
+                v.set_records(m.tokens)
+            v.set_variants(m.variant, m.n_variants)
 
     def set_empty(self, text: str) -> None:
         """The hint shown while there is no message ("" hides it)."""

@@ -7,11 +7,13 @@ import html
 import re
 from collections.abc import Sequence
 
-from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtCore import QEvent, QObject, QPoint, QSize, Qt, Signal
 from PySide6.QtGui import (
     QColor,
     QFont,
     QFontDatabase,
+    QHelpEvent,
+    QMouseEvent,
     QPalette,
     QSyntaxHighlighter,
     QTextBlockFormat,
@@ -30,14 +32,17 @@ from PySide6.QtWidgets import (
     QSizePolicy,
     QTextBrowser,
     QToolButton,
+    QToolTip,
     QVBoxLayout,
     QWidget,
 )
 
 from quantscope.core.chat.controller import chat_markdown
+from quantscope.core.chat.tokens import TokenRecord
 
 from ..theme import is_dark
 from ..widgets.fit import ElidedLabel
+from .chat_tokens import TokenMap, color_document, tooltip_html
 
 # token type ids of GGUF vocabularies (tokenizer.ggml.token_type)
 TOKEN_TYPES = {1: "normal", 2: "unknown", 3: "control", 4: "user-defined", 5: "unused", 6: "byte"}
@@ -152,6 +157,8 @@ class MessageView(QFrame):
     editRequested = Signal(int)
     regenerateRequested = Signal()
     copied = Signal(int)
+    tokenClicked = Signal(int, int, QPoint)  # message index, token (record) index, global position
+    variantRequested = Signal(int, int)  # message index, version to show (0-based)
 
     def __init__(self, index: int, role: str, content: str, mode: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -174,7 +181,21 @@ class MessageView(QFrame):
         self.note = QLabel()
         self.note.setObjectName("msgNote")
         self.note.hide()
+        # the versions of a reply (regenerated, branched): "< 1/2 >"
+        self.variant = 0
+        self.n_variants = 1
+        self.prev_btn = self._button("<", "Show the previous version of this reply")
+        self.prev_btn.setObjectName("msgVariant")
+        self.prev_btn.clicked.connect(lambda: self.variantRequested.emit(self.index, self.variant - 1))
+        self.variant_label = QLabel()
+        self.variant_label.setObjectName("muted")
+        self.next_btn = self._button(">", "Show the next version of this reply")
+        self.next_btn.setObjectName("msgVariant")
+        self.next_btn.clicked.connect(lambda: self.variantRequested.emit(self.index, self.variant + 1))
         head.addWidget(self.role_label)
+        for w in (self.prev_btn, self.variant_label, self.next_btn):
+            w.hide()
+            head.addWidget(w)
         head.addWidget(self.note)
         head.addWidget(self.stats, 1)
         self.copy_btn = self._button("Copy", "Copy this message")
@@ -208,6 +229,15 @@ class MessageView(QFrame):
         lay.addWidget(self.think_body)
         self.body = AutoHeightBrowser()
         lay.addWidget(self.body)
+        # the reply's tokens: hover shows their probabilities, a click their alternatives, colouring tints them
+        self.records: list[TokenRecord] = []
+        self.color_mode = "off"
+        self.temperature: float | None = None
+        self.branchable = False  # clicking a token offers its alternatives (set by the chat view)
+        self._tmap: TokenMap | None = None
+        self._press: QPoint | None = None
+        self.body.viewport().installEventFilter(self)
+        self.body.viewport().setMouseTracking(True)
         self.set_mode(mode)
         self.set_content(content)
 
@@ -243,10 +273,112 @@ class MessageView(QFrame):
                 self.body.setFont(mono_font())
         if self.role == "assistant" and not text and not self.streaming:
             self.body.setPlainText("(no text)")
+        self._tmap = None
+        self._apply_colors()
+
+    # ------------------------------------------------------------------ tokens
+    def set_records(self, records: list[TokenRecord]) -> None:
+        """The reply's token records (hover, click and colouring use them)."""
+        self.records = records
+        self._tmap = None
+        if not self.streaming:
+            self._apply_colors()
+
+    def set_color_mode(self, mode: str) -> None:
+        """Tint the text by token probability or entropy ("off": as rendered)."""
+        if mode == self.color_mode:
+            return
+        was = self.color_mode
+        self.color_mode = mode
+        if self.streaming:
+            return
+        if was != "off" or any(r.chosen for r in self.records):
+            self.set_content(self.content)  # a fresh rendering without the old tints
+        else:
+            self._apply_colors()
+
+    def _apply_colors(self) -> None:
+        if self.streaming or not self.records or self.role != "assistant":
+            return
+        if self.color_mode == "off" and not any(r.chosen for r in self.records):
+            return
+        color_document(self.body.document(), self.token_map(), self.color_mode)
+
+    def token_map(self) -> TokenMap:
+        """Which token wrote each character of the shown text (built when first needed)."""
+        if self._tmap is None:
+            self._tmap = TokenMap(self.body.document().toRawText(), self.records if self.role == "assistant" else [])
+        return self._tmap
+
+    def token_at(self, pos: QPoint) -> int:
+        """The record index of the token under ``pos`` (viewport coordinates), -1 for none."""
+        if not self.records:
+            return -1
+        doc = self.body.document()
+        hit = doc.documentLayout().hitTest(pos + QPoint(self.body.horizontalScrollBar().value(),
+                                                        self.body.verticalScrollBar().value()),
+                                           Qt.HitTestAccuracy.ExactHit)
+        if hit < 0:
+            return -1
+        cur = QTextCursor(doc)
+        cur.setPosition(hit)
+        if self.body.cursorRect(cur).x() > pos.x() and hit > 0:
+            hit -= 1  # the point is right of the character before the cursor position
+        return self.token_map().token(hit)
+
+    def token_point(self, index: int) -> QPoint | None:
+        """A viewport point inside the text of record ``index`` (None when it shows nowhere)."""
+        p = self.token_map().position(index)
+        if p < 0:
+            return None
+        cur = QTextCursor(self.body.document())
+        cur.setPosition(p)
+        r = self.body.cursorRect(cur)
+        return QPoint(r.x() + 2, r.center().y())
+
+    def tooltip_for(self, index: int) -> str:
+        return tooltip_html(self.records[index], self.temperature) if 0 <= index < len(self.records) else ""
+
+    def eventFilter(self, obj: QObject, event: QEvent) -> bool:
+        if obj is self.body.viewport() and self.records:
+            t = event.type()
+            if t == QEvent.Type.ToolTip and isinstance(event, QHelpEvent):
+                i = self.token_at(event.pos())
+                if i >= 0:
+                    QToolTip.showText(event.globalPos(), self.tooltip_for(i), self.body.viewport())
+                else:
+                    QToolTip.hideText()
+                    event.ignore()
+                return True
+            if t == QEvent.Type.MouseButtonPress and isinstance(event, QMouseEvent):
+                self._press = event.position().toPoint()
+            elif (t == QEvent.Type.MouseButtonRelease and isinstance(event, QMouseEvent)
+                  and event.button() == Qt.MouseButton.LeftButton and self.branchable and self._press is not None):
+                pos = event.position().toPoint()
+                moved = (pos - self._press).manhattanLength() > 4
+                self._press = None
+                if not moved and not self.body.textCursor().hasSelection() and not self.body.anchorAt(pos):
+                    i = self.token_at(pos)
+                    if i >= 0 and self.records[i].alternatives:
+                        self.tokenClicked.emit(self.index, i, self.body.viewport().mapToGlobal(pos))
+        return super().eventFilter(obj, event)
+
+    def set_variants(self, which: int, n: int) -> None:
+        """Show "< which+1/n >" when the message has more than one version."""
+        self.variant, self.n_variants = which, n
+        many = n > 1
+        for w in (self.prev_btn, self.variant_label, self.next_btn):
+            w.setVisible(many)
+        self.variant_label.setText(f"{which + 1}/{n}")
+        self.variant_label.setAccessibleName(f"Version {which + 1} of {n}")
+        self.prev_btn.setEnabled(which > 0)
+        self.next_btn.setEnabled(which < n - 1)
 
     def start_streaming(self) -> None:
         self.streaming = True
         self.content = ""
+        self.records = []
+        self._tmap = None
         self.body.setPlainText("")
         self.set_stats("thinking…")
         self.copy_btn.setEnabled(False)
@@ -286,6 +418,7 @@ class MessageView(QFrame):
         cur = QTextCursor(self.body.document())
         cur.movePosition(QTextCursor.MoveOperation.End)
         cur.insertText(text)
+        self._tmap = None
 
     def finish(self, text: str, stats: str) -> None:
         self.streaming = False

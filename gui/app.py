@@ -10,11 +10,16 @@ import time
 from pathlib import Path
 
 SCREENSHOT_VIEWS = ("overview", "metadata", "metadata-edit", "tensors", "block", "chat", "convert", "bump", "quantize",
-                    "requantize", "quant-stats", "compare", "imatrix", "diff")
+                    "requantize", "quant-stats", "compare", "imatrix", "diff", "probe", "probe-attention",
+                    "probe-activations", "chat-tokens")
 
 #: The short real exchange the chat screenshot runs (greedy, so the picture is reproducible).
 CHAT_DEMO_SYSTEM = "You are a concise, helpful assistant."
 CHAT_DEMO_PROMPTS = ("Write a Python function that checks whether a number is prime.", "What is its time complexity?")
+
+#: The prompt the probe screenshots run (``--view probe``, ``probe-attention``, ``probe-activations``).
+PROBE_DEMO_PROMPT = ("The capital of France is Paris, and the capital of Italy is Rome. The largest planet of the "
+                     "solar system is Jupiter, and the smallest is")
 
 
 def has_display() -> bool:
@@ -244,6 +249,35 @@ def _diff_screenshot(app: object, win: object, size: tuple[int, int],
     return dlg, None
 
 
+def _probe_screenshot(app: object, win: object, view: str) -> str | None:
+    """The Probe tab after a run of :data:`PROBE_DEMO_PROMPT`: the logit lens (``probe``), the attention of the
+    first sliding-window layer, else the middle one, averaged over the heads (``probe-attention``), or the
+    activations of the layer with the largest outlier channel (``probe-activations``); a problem, or None."""
+    pv = win.probe_view  # type: ignore[attr-defined]
+    win.show_view("probe")  # type: ignore[attr-defined]
+    pv.prompt.setPlainText(PROBE_DEMO_PROMPT)
+    if not pv.run():
+        return f"the probe did not start: {pv.error or pv.state}"
+    wait_idle(app, win, 600)
+    if pv.state != "done" or pv.result is None:
+        return f"the probe failed: {pv.error or pv.state}"
+    pr = pv.result.probe
+    if view == "probe-attention":
+        layers = [li for li in range(pr.n_layers) if pr.has_attention(li)]
+        if not layers:
+            return "the model has no attention layer"
+        windowed = [li for li in layers if pr.window(li)]
+        pv.pages.setCurrentWidget(pv.attention_page)
+        pv.attention_page.select(windowed[0] if windowed else layers[len(layers) // 2], -1)
+        wait_idle(app, win, 600)
+        if pv.attention_page.shown is None:
+            return f"the attention weights failed: {pv.error or pv.state}"
+        pv.attention_page.heat.pick(pr.n_tokens - 1, 0)
+    elif view == "probe-activations":
+        pv.pages.setCurrentWidget(pv.activations_page)
+    return None
+
+
 def render_screenshot(app: object, win: object, view: str, out: Path, size: tuple[int, int] = (1440, 920),
                       block: str | None = None, compare_with: str | None = None, imatrix: str | None = None) -> int:
     """Show ``view`` with the file loaded, wait for its background work, save a PNG, close cleanly."""
@@ -288,6 +322,20 @@ def render_screenshot(app: object, win: object, view: str, out: Path, size: tupl
                 return 1
             chat.tools.setCurrentIndex(1)  # the template preview: the exact prompt of this conversation
             chat.update_preview()
+        if view == "chat-tokens":  # a reply coloured by probability, branched at its first uncertain word
+            from quantscope.core.chat.store import ChatStore
+
+            tmp = tempfile.TemporaryDirectory(prefix="quantscope-shot-")
+            chat = win.chat_view
+            chat.use_store(ChatStore(Path(tmp.name) / "chats.sqlite3"))
+            win.show_view("chat")
+            chat.run_script(["Name three colours and say in one sentence why you like each."],
+                            system=CHAT_DEMO_SYSTEM, preset="Greedy", max_tokens=70)
+            ok = wait_chat(app, chat) and not chat.error and chat.token_demo() and wait_chat(app, chat)
+            if not ok or chat.error:
+                print(f"quantscope: the token view's exchange failed: {chat.error or 'no branch point'}",
+                      file=sys.stderr)
+                return 1
         if view == "metadata-edit":  # the chat template editor, the sample conversation rendered with its tokens
             win.show_view("metadata")
             dlg = win.metadata_view.edit_template()
@@ -299,6 +347,11 @@ def render_screenshot(app: object, win: object, view: str, out: Path, size: tupl
             dlg.render_sample()  # again, now that the tokenizer is read: with the token ids
             wait_idle(app, win)
             target = dlg
+        if view.startswith("probe"):  # the Probe tab after a real run of a fixed prompt
+            problem = _probe_screenshot(app, win, view)
+            if problem:
+                print(f"quantscope: {problem}", file=sys.stderr)
+                return 1
         if view in ("requantize", "quant-stats"):  # the Quant lab after a real run (every candidate type)
             problem = _lab_screenshot(app, win, view)
             if problem:

@@ -38,6 +38,7 @@ from .views.diff_view import DiffDialog
 from .views.imatrix_dialog import ImatrixDialog
 from .views.metadata import MetadataView
 from .views.overview import OverviewView
+from .views.probe import ProbeView
 from .views.quant_lab import QuantLabView
 from .views.quantize_dialog import QuantizeDialog
 from .views.tensors import TensorsView
@@ -47,7 +48,7 @@ from .workers import TaskRunner
 MAX_RECENT = 10
 FILE_CHECK_MS = 2000  # the open file's size/mtime/inode is compared this often (watchers miss some changes)
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
-VIEWS = ("overview", "metadata", "tensors", "block", "chat", "bump")
+VIEWS = ("overview", "metadata", "tensors", "block", "chat", "probe", "bump")
 
 
 def app_icon() -> QIcon:
@@ -100,6 +101,7 @@ class MainWindow(QMainWindow):
         self.lab_view = QuantLabView(self.runner)
         self.chat_view = ChatView(self.runner)
         self.bump_view = BumpInspectorView(self.runner)
+        self.probe_view = ProbeView(self.runner)
         self.welcome = QLabel("<h2>Quantscope</h2><p>Open a GGUF or bump file: File ▸ Open (Ctrl+O), the recent "
                               "files, or drop a file here.</p>")
         self.welcome.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -110,7 +112,8 @@ class MainWindow(QMainWindow):
         for key, w, label in (("overview", self.overview, "Overview"), ("metadata", self.metadata_view, "Metadata"),
                               ("tensors", self.tensors_view, "Tensors"), ("block", self.block_view, "Block inspector"),
                               ("lab", self.lab_view, "Quant lab"),
-                              ("chat", self.chat_view, "Chat"), ("bump", self.bump_view, "Bump file"),
+                              ("chat", self.chat_view, "Chat"), ("probe", self.probe_view, "Probe"),
+                              ("bump", self.bump_view, "Bump file"),
                               ("welcome", self.welcome, "Start")):
             self._tab[key] = self.tabs.addTab(w, label)
             w.setAccessibleName(w.accessibleName() or label)
@@ -150,6 +153,7 @@ class MainWindow(QMainWindow):
         self.tensors_view.tensorSelected.connect(self.lab_view.follow_tensor)
         self.tensors_view.requantizeRequested.connect(self.requantize_tensor)
         self.lab_view.inspectRequested.connect(self.inspect_block)
+        self.probe_view.channelLinkRequested.connect(self.show_channel)
 
         # status bar: message, background task, ISA
         self.task_label = QLabel()
@@ -307,7 +311,7 @@ class MainWindow(QMainWindow):
         v = mb.addMenu("&View")
         for i, (key, label) in enumerate((("overview", "&Overview"), ("metadata", "&Metadata"),
                                           ("tensors", "&Tensors"), ("block", "&Block inspector"),
-                                          ("chat", "&Chat"))):
+                                          ("chat", "&Chat"), ("probe", "&Probe"))):
             v.addAction(self._action(label, lambda _=False, k=key: self.show_view(k), f"Ctrl+{i + 1}", f"view-{key}"))
         v.addSeparator()
         v.addAction(self._action("&Find", self.focus_filter, QKeySequence.StandardKey.Find, "find"))
@@ -324,6 +328,9 @@ class MainWindow(QMainWindow):
         self.compare_action.setEnabled(False)  # until a GGUF is open
         t.addAction(self.compare_action)
         t.addAction(self._action("Importance &matrix…", lambda: self.show_imatrix(), "Ctrl+Shift+M", "imatrix"))
+        self.probe_action = self._action("&Probe a prompt (logit lens, attention, activations)",
+                                         lambda: self.show_view("probe"), "Ctrl+Shift+P", "probe")
+        t.addAction(self.probe_action)
         t.addSeparator()
         t.addAction(self._action("Cancel background &work", lambda: self.runner.cancel(), "Ctrl+.", "cancel-work"))
         h = mb.addMenu("&Help")
@@ -433,13 +440,16 @@ class MainWindow(QMainWindow):
             self.block_view.set_file(doc.gguf)
             self.bump_view.set_bump(None)
             self.chat_view.set_document(doc)
+            self.probe_view.set_document(doc)
             self.file_label.setText(f"{doc.path}  ·  opened in {doc.open_ms:.0f} ms")
         elif doc is not None and doc.bump is not None:
             self.chat_view.set_document(None)
+            self.probe_view.set_document(None)
             self.bump_view.set_bump(doc.bump)
             self.file_label.setText(f"{doc.path}  ·  BUMPWGT3, opened in {doc.open_ms:.0f} ms")
         else:
             self.chat_view.set_document(None)
+            self.probe_view.set_document(None)
             self.file_label.setText("")
         self.lab_view.set_document(doc if doc is not None and doc.gguf is not None else None)
         self._show_tabs(doc)
@@ -484,6 +494,17 @@ class MainWindow(QMainWindow):
             return
         self.block_view.show_block(tensor, row, block, element)
         self.show_view("block")
+
+    def show_channel(self, tensor: str, axis: str, index: int) -> None:
+        """From the Probe tab: ``tensor`` in the Tensors tab, its ``axis`` (column or row) ``index`` marked in the
+        heatmap."""
+        if self.check_file() is not None or self.doc is None or self.doc.gguf is None:
+            return
+        if not self.doc.gguf.has_tensor(tensor):
+            return
+        self.show_view("tensors")
+        self.tensors_view.show_heatmap(tensor)
+        self.tensors_view.mark_line(axis, index)
 
     def requantize_tensor(self, tensor: str) -> None:
         """Open the Quant lab on ``tensor``, requantized into the chosen types."""
@@ -643,7 +664,8 @@ class MainWindow(QMainWindow):
                  "template": "template preview", "tokenize": "tokenizing", "cuda-check": "CUDA check",
                  "quantize": "quantizing", "imatrix": "reading the imatrix", "requantize": "requantizing",
                  "quant-stats": "quant statistics", "lab-open": "opening", "compare": "comparing",
-                 "diff": "comparing files", "diff-locate": "locating a difference"}
+                 "diff": "comparing files", "diff-locate": "locating a difference", "probe-run": "probing",
+                 "probe-lens": "logit lens", "probe-attention": "attention weights"}
         self.task_label.setText(", ".join(sorted({names.get(t.name, t.name) for t in running})) + "…" if on else "")
 
     # ------------------------------------------------------------------ drag and drop
@@ -672,6 +694,7 @@ class MainWindow(QMainWindow):
         self.chat_view.shutdown(30000)
         self.runner.shutdown(30000)
         self.lab_view.shutdown()
+        self.probe_view.shutdown()
         if self.doc is not None:
             self.doc.close()
         event.accept()

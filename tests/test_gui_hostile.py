@@ -18,7 +18,7 @@ from .gui_helpers import wait_idle, window  # noqa: F401
 from .hostile_files import ODD_FILES, V, vocab_with
 from .test_bump import write_model
 
-VIEWS = ("overview", "metadata", "tensors", "block", "chat")
+VIEWS = ("overview", "metadata", "tensors", "block", "chat", "probe")
 
 #: per odd file: text the integrity panel must show (check name, detail substring)
 EXPECTED = {
@@ -69,6 +69,12 @@ def test_odd_file_opens_in_every_view(window, qtbot, tmp_path, smol, kind):  # n
     window.show_view("metadata")
     for key in list(f.metadata):
         assert window.metadata_view.select_key(key)
+    window.show_view("probe")  # the probe loads the odd file's model: a result, or the reason it cannot run
+    probe = window.probe_view
+    probe.prompt.setPlainText("Hello there")
+    probe.run()
+    qtbot.waitUntil(lambda: not probe.busy, timeout=120000)
+    assert probe.result is not None or probe.error, kind
     responsive(qtbot)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "settings.ini") == [path.name]

@@ -161,6 +161,12 @@ class TensorsView(QWidget):
         self.colorbar = pg.ColorBarItem(values=(-1, 1), colorMap=pg.colormap.get(_DIVERGING), interactive=False,
                                         width=14)
         self.colorbar.setImageItem(self.image, insert_in=self.heat_plot)
+        #: a column or row marked from outside (the Probe tab's channel links): (axis, index) and its line
+        self.mark: tuple[str, int] | None = None
+        self.mark_item = pg.InfiniteLine(angle=90, movable=False)
+        self.mark_item.setZValue(20)
+        self.mark_item.hide()
+        self.heat_plot.addItem(self.mark_item, ignoreBounds=True)
         self.heat_mode = QComboBox()
         self.heat_mode.addItems(["mean", "RMS"])
         self.heat_mode.setAccessibleName("Heatmap cell statistic")
@@ -250,6 +256,7 @@ class TensorsView(QWidget):
         self._filter(self.filter.text())
         self.tensor = None
         self.analysis = None
+        self.clear_mark()
         self.title.setText("Select a tensor")
         self.details_model.set_rows([])
         self.stats_model.set_rows([])
@@ -386,6 +393,7 @@ class TensorsView(QWidget):
         if self.tensor is not None and self.tensor.name == name:
             return
         self.tensor = t
+        self.clear_mark()
         self._sync_selection(name)
         self.tensorSelected.emit(name)
         self.title.setText(t.name)
@@ -543,9 +551,39 @@ class TensorsView(QWidget):
         self.image.setRect(QRectF(hm.col0, hm.row0, hm.n_cols, hm.n_rows))
         self.heat_plot.setRange(xRange=(hm.col0, hm.col0 + hm.n_cols), yRange=(hm.row0, hm.row0 + hm.n_rows),
                                 padding=0)
+        self._place_mark()
         h, w = hm.shape
         self.heat_info.setText(f"{h} × {w} pixels, each {hm.row_step} row(s) × {hm.col_step} column(s)"
                                + ("" if hm.exact else " (zoom, then refine for detail)"))
+
+    def mark_line(self, axis: str, index: int) -> bool:
+        """Mark column (``axis`` "column": ne0 index) or row ``index`` of the selected tensor with a thin line over
+        the heatmap (cleared when another tensor is selected); False when the tensor has no such column/row."""
+        t = self.tensor
+        if t is None or axis not in ("column", "row"):
+            return False
+        if not 0 <= index < (t.row_len if axis == "column" else t.n_rows):
+            return False
+        self.mark = (axis, int(index))
+        self._place_mark()
+        return True
+
+    def clear_mark(self) -> None:
+        self.mark = None
+        self.mark_item.hide()
+
+    def _place_mark(self) -> None:
+        """Draw the mark over a drawn heatmap (hidden while there is none), and say what it is."""
+        if self.mark is None:
+            self.mark_item.hide()
+            return
+        axis, index = self.mark
+        self.mark_item.setAngle(90 if axis == "column" else 0)
+        self.mark_item.setPos(index + 0.5)
+        self.mark_item.setPen(pg.mkPen("#ff3b30", width=2, cosmetic=True))
+        self.mark_item.setVisible(self.heat is not None)
+        self.hover.setText(f"Marked: {axis} {index:,} (a channel of the residual stream, from the Probe tab). "
+                           + HOVER_HINT)
 
     def refine_heatmap(self) -> None:
         """Recompute the heatmap for the visible rows/columns at up to 512 × 512 pixels."""

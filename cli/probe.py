@@ -108,7 +108,8 @@ def _lens(pr: Any, lens: Any, tok: Any, positions: list[int], as_json: bool) -> 
                 "target_rank": lens.target_rank.tolist(), "target_prob": _r(lens.target_prob),
                 "entropy": _r(lens.entropy, 4)}
     what = "the model's final prediction" if lens.target_kind == "final" else "the prompt's next token"
-    print(f"logit lens (target: {what}); rows: the residual stream after each layer ('emb': the embeddings)")
+    print(f"logit lens (target: {what}); rows: the residual stream after each layer ('emb': the embeddings); "
+          "rank 1: the likeliest token")
     for t in positions:
         tg = int(lens.targets[t])
         print(f"\nposition {t} {_tok(pr.pieces[t])} -> target {_tok(tok.decode([tg]))} "
@@ -117,7 +118,7 @@ def _lens(pr: Any, lens: Any, tok: Any, positions: list[int], as_json: bool) -> 
         for i, lab in enumerate(labels):
             tops = "  ".join(f"{_tok(tok.decode([int(k)]), 12)} {p:.2f}"
                              for k, p in zip(lens.top_ids[i, t], lens.top_probs[i, t], strict=True))
-            print(f"{lab:>5}  {lens.target_rank[i, t]:>6}  {lens.target_prob[i, t]:>6.3f}  "
+            print(f"{lab:>5}  {lens.target_rank[i, t] + 1:>6}  {lens.target_prob[i, t]:>6.3f}  "
                   f"{lens.entropy[i, t]:>7.2f}  {tops}")
     return None
 

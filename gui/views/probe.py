@@ -408,6 +408,8 @@ class AttentionPage(QWidget):
         else:
             scope = "sees the whole prefix"
         self.note.setText(f"layer {layer}: {weights.shape[0]} heads, {scope}; hatched: keys not seen")
+        if first:
+            self.hover.setText("Hover a cell for its query, key and weight; each row sums to 1 over the keys it sees.")
         self.redraw(keep_view=not first)
 
     def redraw(self, keep_view: bool = False) -> None:

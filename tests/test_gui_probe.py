@@ -1,7 +1,7 @@
-"""The Probe tab on SmolLM2 through the real worker: the logit lens, attention and activations pages show exactly
-what :mod:`quantscope.core.engine.probe` computes (the oracle: the core run again on the same tokens), a channel
-link marks the weight's column in the Tensors tab, cancel leaves the view usable, a too-long prompt and a file the
-engine cannot run are refused with a message."""
+"""The Probe tab on SmolLM2 (and four architecture fixtures) through the real worker: the logit lens, attention
+and activations pages show exactly what :mod:`quantscope.core.engine.probe` computes (the oracle: the core run
+again on the same tokens), a channel link marks the weight's column in the Tensors tab, cancel leaves the view
+usable, a too-long prompt and a file the engine cannot run are refused with a message."""
 
 from __future__ import annotations
 
@@ -221,3 +221,47 @@ def test_probe_tab_fits_1100x700(window, qtbot, model_path):  # noqa: F811
         wait_idle(qtbot, window, TIMEOUT)
         qtbot.wait(50)
         assert fit_problems(pv) == [], page
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma4", "gpt-oss", "qwen35"])
+def test_every_page_works_on_other_architectures(window, qtbot, tmp_path, arch):  # noqa: F811
+    """Sliding windows (gemma2's 16, gpt-oss's), gemma4's per-layer shapes and shared caches, gpt-oss's sinks and
+    qwen35's delta-net layers (no attention: listed, not selectable): the pages show the core's numbers."""
+    from .arch_fixtures import vocabulary, write_fixture
+
+    path = write_fixture(arch, tmp_path / f"{arch}.gguf", vocab=vocabulary())
+    assert window.open_path(path)
+    window.show_view("probe")
+    pv = window.probe_view
+    pv.prompt.setPlainText("the cat sat on the mat while the dog ran in the park and the bird sang in the tree")
+    with qtbot.waitSignal(pv.ranOut, timeout=TIMEOUT) as sig:
+        assert pv.run()
+    assert sig.args == ["done"], pv.error
+    wait_idle(qtbot, window, TIMEOUT)
+    pr = pv.result.probe
+    T, L = pr.n_tokens, pr.n_layers
+    assert T > 20 and pv.lens_page.heat.data.shape == (L + 1, T)
+    page = pv.attention_page
+    pv.pages.setCurrentWidget(page)
+    box = page.layer_box.model()
+    windows = set()
+    for li in range(L):
+        j = page.layer_box.findData(li)
+        enabled = bool(box.flags(box.index(j, 0)) & Qt.ItemFlag.ItemIsEnabled)
+        assert enabled == pr.has_attention(li), li
+        if not pr.has_attention(li):
+            continue
+        page.select(li, -1)  # computed in the worker, or drawn from the cache at once
+        qtbot.waitUntil(lambda li=li: page.layer == li and page.shown is not None and not pv.busy, timeout=TIMEOUT)
+        want = P.head_average(pr.attention(li))
+        np.testing.assert_allclose(page.heat.data, want, rtol=1e-5, atol=1e-7)
+        np.testing.assert_array_equal(~np.isnan(page.heat.data), P.visible_mask(T, pr.window(li)))
+        if pr.window(li) and pr.window(li) < T:
+            windows.add(li)
+            assert f"sliding window: {pr.window(li)}" in page.note.text()
+    assert bool(windows) == (arch in ("gemma2", "gemma4", "gpt-oss")), windows
+    assert any(not pr.has_attention(li) for li in range(L)) == (arch == "qwen35")
+    act = pv.activations_page
+    pv.pages.setCurrentWidget(act)
+    top = P.activations(pr).top_channels(act.index, 16)
+    assert [int(act.table.item(i, 0).text()) for i in range(act.table.rowCount())] == [c for c, _, _ in top]

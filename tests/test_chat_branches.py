@@ -264,3 +264,24 @@ def test_a_branch_continues_as_a_fresh_session_fed_the_same_tokens(smol) -> None
     eos = next(iter(eng.eog))
     end = list(eng.generate(msgs, greedy, forced=[forced[0], eos]))
     assert end[-1].finished and end[-1].stop_reason == "end of generation" and end[-1].n_generated == 2
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "gemma3"])
+def test_a_branch_of_a_recurrent_or_windowed_model_matches_a_fresh_session(arch, tmp_path) -> None:
+    """qwen35's delta-net state cannot rewind position by position (the engine returns to its checkpoint or starts
+    over); gemma3's sliding window: a branch still continues exactly as a fresh session fed the same tokens."""
+    from .arch_fixtures import vocabulary, write_fixture
+
+    eng = Engine(write_fixture(arch, tmp_path / f"{arch}.gguf", vocab=vocabulary()), n_ctx=256, backend="cpu")
+    prompt = "the cat sat on the mat while the dog"
+    greedy = SamplerParams(temperature=0, max_tokens=12, alternatives=5)
+    first = [d for d in eng.generate(prompt, greedy) if d.token is not None]
+    assert len(first) >= 4
+    at = 2
+    alt = next(a[0] for a in first[at].choice.alternatives if a[0] != first[at].token)
+    forced = [d.token for d in first[:at]] + [alt]
+    out = [d for d in eng.generate(prompt, greedy, forced=forced) if d.token is not None]
+    assert [d.token for d in out[: at + 1]] == forced and all(d.forced for d in out[: at + 1])
+    made = [d.token for d in out[at + 1 :]]
+    want = _greedy_fresh(eng, eng.prompt_ids(prompt) + forced, len(made))
+    assert made == want[: len(made)] and made

@@ -143,22 +143,34 @@ class LogitLens:
 
 
 def _lens_rows(session: Session, x: np.ndarray, targets: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
-    """Top-k, the targets (-1: the row's argmax), their rank and probability, and the entropy of rows ``x``."""
-    logits = session.head(x).astype(np.float64)
+    """Top-k, the targets (-1: the row's argmax), their rank and probability, and the entropy of rows ``x``. The
+    logits are float32 (as the head computes them), and so are the exponentials and their pairwise sums (no BLAS:
+    its threads would compete with the engine's)."""
+    logits = session.head(x)
+    n, v = logits.shape
+    rows = np.arange(n)
     z = logits - logits.max(axis=1, keepdims=True)
     e = np.exp(z)
-    total = e.sum(axis=1)
-    p = e / total[:, None]
-    entropy = np.log(total) - (p * z).sum(axis=1)
-    kk = min(k, logits.shape[1])
-    part = np.argpartition(-logits, kk - 1, axis=1)[:, :kk]
-    order = np.argsort(-np.take_along_axis(logits, part, 1), axis=1, kind="stable")
-    top = np.take_along_axis(part, order, 1)
+    total = e.sum(axis=1).astype(np.float64)  # (numpy's pairwise float32 sums: ~1e-7 relative here)
+    np.multiply(e, z, out=e)
+    entropy = np.log(total) - e.sum(axis=1).astype(np.float64) / total
+    kk = min(k, v)
+    # the k-th largest value per row (a value partition is cheaper than an index one), then every entry at or
+    # above it, ordered by row, value (descending) and index: the first k of each row, ties to the lower index
+    kth = np.partition(z, v - kk, axis=1)[:, v - kk]
+    flat = np.flatnonzero(z >= kth[:, None])
+    r, c = flat // v, flat % v
+    order = np.lexsort((c, -z[r, c], r))
+    r, c = r[order], c[order]
+    starts = np.concatenate(([0], np.cumsum(np.bincount(r, minlength=n))[:-1]))
+    top = c[starts[:, None] + np.arange(kk)[None, :]]
+    top_p = np.exp(np.take_along_axis(z, top, 1).astype(np.float64)) / total[:, None]
     tgt = np.where(targets < 0, top[:, 0], targets)
-    tl = np.take_along_axis(logits, tgt[:, None], 1)
-    rank = (logits > tl).sum(axis=1)
-    return (top.astype(np.int32), np.take_along_axis(p, top, 1).astype(np.float32), tgt.astype(np.int64),
-            rank.astype(np.int64), p[np.arange(len(tgt)), tgt].astype(np.float32), entropy.astype(np.float32))
+    zt = z[rows, tgt]
+    rank = (z > zt[:, None]).sum(axis=1)
+    prob = np.exp(zt.astype(np.float64)) / total
+    return (top.astype(np.int32), top_p.astype(np.float32), tgt.astype(np.int64), rank.astype(np.int64),
+            prob.astype(np.float32), entropy.astype(np.float32))
 
 
 def logit_lens(probe: Probe, top: int = 5, target: str = "final", cancel: CancelFlag | None = None,

@@ -189,3 +189,23 @@ def clipping_problems(root):
                 out.append(f"{name}: outside its parent ({g.x()},{g.y()} {g.width()}x{g.height()} in "
                            f"{p.width()}x{p.height()})")
     return out
+
+
+def unsupported_model(path):
+    """A small valid GGUF of an architecture the engine does not run (mamba): the model views must say why."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "mamba")
+    w.add_block_count(1)
+    w.add_context_length(128)
+    w.add_embedding_length(8)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(["a", "b"])
+    w.add_token_merges(["a b"])
+    w.add_tensor("token_embd.weight", np.zeros((2, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

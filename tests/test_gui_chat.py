@@ -34,7 +34,7 @@ from PySide6.QtWidgets import (
 from quantscope.core.chat import SamplerParams
 from quantscope.core.chat.store import ChatStore, default_path
 
-from .gui_helpers import clipping_problems, fit_problems, window  # noqa: F401
+from .gui_helpers import clipping_problems, fit_problems, unsupported_model, window  # noqa: F401
 
 GREEDY_PROMPT = "The capital of France is"
 LOAD_TIMEOUT = 120_000
@@ -485,25 +485,11 @@ def test_chat_widgets_have_accessible_names(window, qtbot, model_path):  # noqa:
 
 # ---------------------------------------------------------------------------------------------- errors
 def test_errors_appear_in_the_pane(window, qtbot, model_path, tmp_path, monkeypatch):  # noqa: F811
-    import gguf
-    import numpy as np
 
     from quantscope.gui.views import chat_loading as chat_mod
 
     # an architecture the engine does not run
-    bad = tmp_path / "mamba.gguf"
-    w = gguf.GGUFWriter(str(bad), "mamba")
-    w.add_block_count(1)
-    w.add_context_length(128)
-    w.add_embedding_length(8)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(["a", "b"])
-    w.add_token_merges(["a b"])
-    w.add_tensor("token_embd.weight", np.zeros((2, 8), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    bad = unsupported_model(tmp_path / "mamba.gguf")
     assert window.open_path(bad)
     window.show_view("chat")
     chat = window.chat_view

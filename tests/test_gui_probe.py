@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt
 from quantscope.core.engine import probe as P
 from quantscope.core.engine.generate import Engine
 
-from .gui_helpers import wait_idle, window  # noqa: F401
+from .gui_helpers import unsupported_model, wait_idle, window  # noqa: F401
 
 PROMPT = "The capital of France is Paris, and the capital of Italy is"
 TIMEOUT = 120_000
@@ -185,21 +185,8 @@ def test_too_long_prompt_is_refused(window, qtbot, model_path):  # noqa: F811
 
 
 def test_a_file_the_engine_cannot_run_says_why(window, qtbot, tmp_path):  # noqa: F811
-    import gguf
 
-    bad = tmp_path / "mamba.gguf"
-    w = gguf.GGUFWriter(str(bad), "mamba")
-    w.add_block_count(1)
-    w.add_context_length(128)
-    w.add_embedding_length(8)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(["a", "b"])
-    w.add_token_merges(["a b"])
-    w.add_tensor("token_embd.weight", np.zeros((2, 8), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    bad = unsupported_model(tmp_path / "mamba.gguf")
     assert window.open_path(bad)
     window.show_view("probe")
     pv = window.probe_view

@@ -99,26 +99,16 @@ def swiglu_oai(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) 
     return _glu(lib.qs_swiglu_oai, gate, up, out)
 
 
-def attention(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_kv: int, *,
-              scale: float, window: int = 0, threads: int = 0, out: np.ndarray | None = None,
-              softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
-    """Causal scaled-dot-product attention of query rows against a KV cache.
-
-    ``q``: ``(n_q, n_heads, head_dim)`` float32; ``q_pos``: each query's position; caches
-    ``(n_ctx, n_kv_heads, head_dim)`` float32 or float16 with the first ``n_kv`` positions valid. Query ``i``
-    sees keys ``p <= q_pos[i]`` (and ``p > q_pos[i] - window`` when ``window > 0``). GQA: head ``h`` uses KV
-    head ``h // (n_heads // n_kv_heads)``. ``softcap > 0``: scaled scores ``s`` become ``softcap·tanh(s/softcap)``
-    (gemma2). ``sinks``: one finite logit per head that joins each softmax's denominator (gpt-oss).
-    """
+def _attention_args(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, n_kv: int, window: int,
+                    softcap: float, sinks: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, object]:
+    """The checks :func:`attention` and :func:`attention_probs` share: (q as float32, positions, sinks pointer)."""
     qa = _in(q, np.float32, "q")
     if qa.ndim != 3:
         raise ValueError("q must be (n_q, n_heads, head_dim)")
     n_q, n_heads, head_dim = qa.shape
-    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (np.float32, np.float16):
-        raise TypeError("k_cache and v_cache must both be float32 or both float16")
-    if k_cache.shape != v_cache.shape or k_cache.ndim != 3 or k_cache.shape[2] != head_dim:
-        raise ValueError(f"caches must be (n_ctx, n_kv_heads, {head_dim}) and alike")
-    if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
+    if k_cache.dtype not in (np.float32, np.float16) or k_cache.ndim != 3 or k_cache.shape[2] != head_dim:
+        raise ValueError(f"caches must be (n_ctx, n_kv_heads, {head_dim}), float32 or float16")
+    if not k_cache.flags.c_contiguous:
         raise ValueError("caches must be C-contiguous")
     n_ctx, n_kv_heads = k_cache.shape[0], k_cache.shape[1]
     if n_kv_heads == 0 or n_heads % n_kv_heads:
@@ -130,9 +120,6 @@ def attention(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np
     pos = _in(q_pos, np.int32, "q_pos").reshape(-1)
     if pos.size != n_q:
         raise ValueError(f"{pos.size} positions for {n_q} queries")
-    y = np.empty_like(qa) if out is None else _f32_inplace(out, "out")
-    if y.shape != qa.shape:
-        raise ValueError("out must have the shape of q")
     if not (np.isfinite(softcap) and softcap >= 0):
         raise ValueError(f"softcap {softcap} must be finite and >= 0")
     sk = ffi.NULL
@@ -141,6 +128,28 @@ def attention(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np
         if sa.size != n_heads:
             raise ValueError(f"{sa.size} sinks for {n_heads} heads")
         sk = _ptr(sa, "float *")
+    return qa, pos, sk
+
+
+def attention(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_kv: int, *,
+              scale: float, window: int = 0, threads: int = 0, out: np.ndarray | None = None,
+              softcap: float = 0.0, sinks: np.ndarray | None = None) -> np.ndarray:
+    """Causal scaled-dot-product attention of query rows against a KV cache.
+
+    ``q``: ``(n_q, n_heads, head_dim)`` float32; ``q_pos``: each query's position; caches
+    ``(n_ctx, n_kv_heads, head_dim)`` float32 or float16 with the first ``n_kv`` positions valid. Query ``i``
+    sees keys ``p <= q_pos[i]`` (and ``p > q_pos[i] - window`` when ``window > 0``). GQA: head ``h`` uses KV
+    head ``h // (n_heads // n_kv_heads)``. ``softcap > 0``: scaled scores ``s`` become ``softcap·tanh(s/softcap)``
+    (gemma2). ``sinks``: one finite logit per head that joins each softmax's denominator (gpt-oss).
+    """
+    if k_cache.dtype != v_cache.dtype or k_cache.shape != v_cache.shape or not v_cache.flags.c_contiguous:
+        raise TypeError("k_cache and v_cache must be alike (shape, float32 or float16, C-contiguous)")
+    qa, pos, sk = _attention_args(q, q_pos, k_cache, n_kv, window, softcap, sinks)
+    n_q, n_heads, head_dim = qa.shape
+    n_ctx, n_kv_heads = k_cache.shape[0], k_cache.shape[1]
+    y = np.empty_like(qa) if out is None else _f32_inplace(out, "out")
+    if y.shape != qa.shape:
+        raise ValueError("out must have the shape of q")
     rc = lib.qs_attention_sinks(_ptr(qa, "float *"), n_q, _ptr(pos, "int32_t *"), n_heads, head_dim,
                                 ffi.from_buffer(k_cache), ffi.from_buffer(v_cache), int(k_cache.dtype == np.float16),
                                 n_kv_heads, n_kv, n_ctx, window, scale, softcap, sk, _out(y, "float *"), threads)
@@ -154,32 +163,9 @@ def attention_probs(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, n_kv:
                     threads: int = 0) -> np.ndarray:
     """The weights :func:`attention` gives each cached key, computed by the same native code:
     ``(n_q, n_heads, n_kv)`` float32, 0 where a query does not see a key (docs/probe.md). Arguments as there."""
-    qa = _in(q, np.float32, "q")
-    if qa.ndim != 3:
-        raise ValueError("q must be (n_q, n_heads, head_dim)")
+    qa, pos, sk = _attention_args(q, q_pos, k_cache, n_kv, window, softcap, sinks)
     n_q, n_heads, head_dim = qa.shape
-    if k_cache.dtype not in (np.float32, np.float16) or k_cache.ndim != 3 or k_cache.shape[2] != head_dim:
-        raise ValueError(f"the cache must be (n_ctx, n_kv_heads, {head_dim}) float32 or float16")
-    if not k_cache.flags.c_contiguous:
-        raise ValueError("the cache must be C-contiguous")
     n_ctx, n_kv_heads = k_cache.shape[0], k_cache.shape[1]
-    if n_kv_heads == 0 or n_heads % n_kv_heads:
-        raise ValueError(f"{n_heads} heads are not a multiple of {n_kv_heads} KV heads")
-    if not 0 <= n_kv <= n_ctx:
-        raise ValueError(f"n_kv {n_kv} outside 0..{n_ctx}")
-    if window < 0:
-        raise ValueError(f"window {window} is negative")
-    pos = _in(q_pos, np.int32, "q_pos").reshape(-1)
-    if pos.size != n_q:
-        raise ValueError(f"{pos.size} positions for {n_q} queries")
-    if not (np.isfinite(softcap) and softcap >= 0):
-        raise ValueError(f"softcap {softcap} must be finite and >= 0")
-    sk = ffi.NULL
-    if sinks is not None:
-        sa = _in(sinks, np.float32, "sinks").reshape(-1)
-        if sa.size != n_heads:
-            raise ValueError(f"{sa.size} sinks for {n_heads} heads")
-        sk = _ptr(sa, "float *")
     y = np.empty((n_q, n_heads, n_kv), np.float32)
     rc = lib.qs_attention_probs(_ptr(qa, "float *"), n_q, _ptr(pos, "int32_t *"), n_heads, head_dim,
                                 ffi.from_buffer(k_cache), k_cache.nbytes, int(k_cache.dtype == np.float16),

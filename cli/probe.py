@@ -10,6 +10,8 @@ import numpy as np
 
 from .common import MAX_THREADS, CLIError, dump_json, int_arg
 
+MAX_PROMPT_CHARS = 256 * 1024
+
 
 def _layer_head(text: str) -> tuple[int, int | None]:
     """``LAYER`` or ``LAYER:HEAD`` (both >= 0)."""
@@ -56,7 +58,10 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     from .model import load_engine
 
-    text = args.prompt if args.prompt is not None else sys.stdin.read()
+    text = args.prompt if args.prompt is not None else sys.stdin.read(MAX_PROMPT_CHARS + 1)
+    if len(text) > MAX_PROMPT_CHARS:  # refused before tokenizing: no vocabulary packs 256 characters per token
+        raise CLIError(f"the prompt is over {MAX_PROMPT_CHARS:,} characters; the probe takes at most "
+                       "1024 tokens")
     args.backend = "cpu"  # the probe's hooks are the CPU engine's
     eng = load_engine(args, n_ctx=64)
     tok = eng.tokenizer

@@ -253,3 +253,10 @@ def test_cli_probe_errors_are_one_line(model_path, argv, message):
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("quantscope: error:") and message in last, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_cli_probe_refuses_a_huge_stdin_prompt_before_tokenizing(model_path):
+    r = subprocess.run([sys.executable, "-m", "quantscope.cli", "probe", str(model_path("smollm2"))],
+                       input="x" * 10_000_000, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and r.stderr.strip().splitlines()[-1] == (
+        "quantscope: error: the prompt is over 262,144 characters; the probe takes at most 1024 tokens")

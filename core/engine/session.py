@@ -179,7 +179,9 @@ class ForwardTrace:
     """What :meth:`Session.forward` keeps for the probe (docs/probe.md): ``resid``, the residual stream entering each
     layer and leaving the last (``n_layers + 1`` float32 arrays of ``(T, n_embd)``); ``queries``, each attention
     layer's queries as its attention used them (``(T, n_head, head_dim)``, filled by the native block through its
-    ``probe_q`` pointer); ``after_layer(i)`` is called after layer ``i`` (progress; it may raise to stop)."""
+    ``probe_q`` pointer); ``after_layer(i)`` is called after layer ``i`` (progress; it may raise to stop, and the
+    session's recurrent state is then half-updated: reset it, as :func:`~.probe.run_probe`'s throw-away session needs
+    not)."""
 
     def __init__(self, after_layer: Callable[[int], None] | None = None) -> None:
         self.resid: list[np.ndarray] = []

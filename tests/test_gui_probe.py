@@ -57,6 +57,18 @@ def test_logit_lens_page_equals_core(window, qtbot, model_path, oracle):  # noqa
     np.testing.assert_allclose(heat.data, want.target_prob, rtol=1e-6)
     assert heat.left_axis.labels[0] == "emb" and heat.left_axis.labels[-1] == str(pr.n_layers - 1)
     assert len(heat.bottom_axis.labels) == pr.n_tokens
+    # zoomed in, each cell shows its top token (drawn for the visible cells only)
+    from quantscope.gui.views.probe_widgets import token_label
+
+    heat.plot.setRange(xRange=(0, 4), yRange=(0, 4), padding=0)
+    heat.grab()
+    assert 0 < heat.cell_text.painted <= 25
+    assert heat.cell_text.text(3, 2) == token_label(pv.piece(int(want.top_ids[3, 2, 0])), 12)
+    heat.plot.setRange(xRange=(0, pr.n_tokens), yRange=(0, pr.n_layers + 1), padding=0)
+    heat.cell_text.painted = 0
+    heat.resize(300, 200)
+    heat.grab()
+    assert heat.cell_text.painted == 0  # cells too small for text: none drawn
     # rank mode: -log10(rank + 1), the colour bar labelled in ranks
     page.mode.setCurrentIndex(1)
     np.testing.assert_allclose(heat.data, -np.log10(want.target_rank + 1.0), rtol=1e-6)

@@ -211,7 +211,7 @@ class LensPage(QWidget):
             return
         self.redraw()
         self.hover.setText("Hover a cell for the top tokens of that layer at that position; click it (or use the "
-                           "arrow keys) to list them beside the map.")
+                           "arrow keys) to list them beside the map; zoom in (wheel) to read each cell's top token.")
         last = result.probe.n_tokens - 1
         self.heat.pick(result.probe.n_layers, last)  # the model's own answer at the end of the prompt
 
@@ -232,7 +232,9 @@ class LensPage(QWidget):
             return
         data, levels, ticks = self.values()
         rows = [P.Probe.resid_label(i) for i in range(len(r.probe.resid))]
-        self.heat.set_data(data, rows, r.labels, levels, "viridis", ticks, keep_view)
+        top = r.lens.top_ids
+        self.heat.set_data(data, rows, r.labels, levels, "viridis", ticks, keep_view,
+                           cell_text=lambda i, j: token_label(self._tok(int(top[i, j, 0])), 12))
         what = "probability" if self.mode.currentIndex() == 0 else "rank (1: the likeliest)"
         self.caption.setText(f"each cell: the {what} of the target, {TARGET_TEXT[r.lens.target_kind]}")
 

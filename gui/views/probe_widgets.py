@@ -4,11 +4,12 @@ token) heatmap with hover, click and keyboard selection of a cell, masked cells 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QRectF, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFontMetrics, QKeyEvent, QPen
+from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import QBrush, QColor, QFontMetrics, QKeyEvent, QPainter, QPen, QTransform
 from PySide6.QtWidgets import QApplication, QGraphicsRectItem, QWidget
 
 from ..theme import is_dark, muted_color
@@ -95,6 +96,68 @@ class TokenAxis(pg.AxisItem):
         return out
 
 
+class CellText(pg.GraphicsObject):
+    """Text in the heatmap's cells (the logit lens's top token), painted in screen pixels for the visible cells only,
+    and only once a cell is wide and tall enough to hold a few characters; dark text on bright cells."""
+
+    MIN_W, MIN_H, MAX_CELLS = 30.0, 13.0, 2500
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text: Callable[[int, int], str] | None = None
+        self.bright: np.ndarray | None = None  # per cell: is the colour light (dark text)?
+        self.dims = (0, 0)
+        self.painted = 0  # cells given text by the last paint (for tests)
+        self.setZValue(5)
+
+    def set_cells(self, text: Callable[[int, int], str] | None, bright: np.ndarray | None) -> None:
+        self.prepareGeometryChange()
+        self.text, self.bright = text, bright
+        self.dims = bright.shape if bright is not None else (0, 0)
+        self.update()
+
+    def boundingRect(self) -> QRectF:
+        return QRectF(0, 0, self.dims[1], self.dims[0])
+
+    def visible_cells(self, tr: QTransform, device: QRectF) -> list[tuple[int, int]]:
+        """The cells that get text under the item-to-device transform ``tr`` in the ``device`` rectangle: none when a
+        cell is too small on screen or too many are visible."""
+        rows, cols = self.dims
+        if self.text is None or not rows or not cols:
+            return []
+        d = tr.map(QPointF(1, 1)) - tr.map(QPointF(0, 0))
+        if abs(d.x()) < self.MIN_W or abs(d.y()) < self.MIN_H:
+            return []
+        inv, ok = tr.inverted()
+        if not ok:
+            return []
+        vr = inv.mapRect(device)
+        r0, r1 = max(0, math.floor(vr.top())), min(rows, math.ceil(vr.bottom()))
+        c0, c1 = max(0, math.floor(vr.left())), min(cols, math.ceil(vr.right()))
+        if (r1 - r0) * (c1 - c0) > self.MAX_CELLS:
+            return []
+        return [(r, c) for r in range(r0, r1) for c in range(c0, c1)]
+
+    def paint(self, p: QPainter, *_args: object) -> None:
+        if self.text is None or self.bright is None:
+            return
+        tr = p.transform()
+        cells = self.visible_cells(tr, QRectF(p.viewport()))
+        if not cells:
+            return
+        self.painted = len(cells)
+        p.save()
+        p.setTransform(QTransform())
+        fm = p.fontMetrics()
+        light, dark = QColor("#ffffff"), QColor("#111111")
+        for r, c in cells:
+            rect = tr.mapRect(QRectF(c, r, 1, 1)).adjusted(2, 0, -2, 0)
+            p.setPen(dark if self.bright[r, c] else light)
+            p.drawText(rect, Qt.AlignmentFlag.AlignCenter,
+                       fm.elidedText(self.text(r, c), Qt.TextElideMode.ElideRight, int(rect.width())))
+        p.restore()
+
+
 class CellHeatmap(pg.GraphicsLayoutWidget):
     """A rows × columns heatmap of one value per cell (NaN: a masked cell, drawn hatched), token labels on both
     axes, a colour bar. ``hovered(row, col)`` follows the mouse (-1, -1 off the cells); ``picked(row, col)``
@@ -129,6 +192,8 @@ class CellHeatmap(pg.GraphicsLayoutWidget):
         self.marker.setZValue(10)
         self.marker.hide()
         self.plot.addItem(self.marker)
+        self.cell_text = CellText()
+        self.plot.addItem(self.cell_text)
         self.data: np.ndarray | None = None
         self.cursor: tuple[int, int] | None = None
         self.plot.scene().sigMouseMoved.connect(self._hover)
@@ -153,6 +218,7 @@ class CellHeatmap(pg.GraphicsLayoutWidget):
         self.data = None
         self.cursor = None
         self.image.clear()
+        self.cell_text.set_cells(None, None)
         self.hatch.setRect(QRectF())
         self.marker.hide()
         self.left_axis.set_labels([])
@@ -161,9 +227,10 @@ class CellHeatmap(pg.GraphicsLayoutWidget):
 
     def set_data(self, data: np.ndarray, row_labels: list[str], col_labels: list[str], levels: tuple[float, float],
                  cmap: str = "viridis", bar_ticks: list[tuple[float, str]] | None = None,
-                 keep_view: bool = False) -> None:
+                 keep_view: bool = False, cell_text: Callable[[int, int], str] | None = None) -> None:
         """Show ``data`` (rows, cols) float (NaN: masked) with the colour map ``cmap`` over ``levels``;
-        ``bar_ticks``: the colour bar's labels (default: its own numbers)."""
+        ``bar_ticks``: the colour bar's labels (default: its own numbers); ``cell_text(row, col)``: a text drawn in
+        each cell once the zoom leaves room for it."""
         rows, cols = data.shape
         old = self.data.shape if self.data is not None else None
         self.data = data
@@ -177,6 +244,9 @@ class CellHeatmap(pg.GraphicsLayoutWidget):
         self.image.setImage(np.ascontiguousarray(data, dtype=np.float32), autoLevels=False, levels=(lo, hi))
         self.colorbar.setLevels((lo, hi))
         self.colorbar.axis.setTicks([bar_ticks] if bar_ticks else None)
+        with np.errstate(invalid="ignore"):
+            bright = (np.nan_to_num(data, nan=lo) - lo) / (hi - lo) > 0.6  # viridis: green-yellow from there on
+        self.cell_text.set_cells(cell_text, bright)
         rect = QRectF(0, 0, cols, rows)
         self.image.setRect(rect)
         self.hatch.setRect(rect)

@@ -135,3 +135,31 @@ def test_hover_colour_click_branch_and_switch(window, qtbot, model_path, chat_da
     assert saved[1].variant == 1 and saved[1].variants[0].message.content == reply.content
     assert saved[1].tokens[k].chosen and len(saved[1].variants[0].message.tokens) == 14
     assert chat.views[1].variant_label.text() == "2/2" and chat.views[1].records[k].chosen
+
+
+def test_a_streaming_reply_is_tinted_as_it_grows(qtbot):
+    """Colouring does not wait for the end: each streamed batch is tinted by its tokens' records (which arrive
+    before their text), a token without a tint stays clear after a tinted one, and switching the mode while it
+    streams re-tints what is there (off: no tint at all)."""
+    from quantscope.core.chat.tokens import TokenRecord
+    from quantscope.gui.views.chat_widgets import MessageView
+
+    v = MessageView(0, "assistant", "", "chat")
+    qtbot.addWidget(v)
+    v.color_mode = "probability"
+    v.start_streaming()
+    recs = [TokenRecord(1, "Hello", "Hello", 0.3, 0.3, 2.0), TokenRecord(2, " world", " world", 0.999, 0.999, 0.01),
+            TokenRecord(3, "!", "!", 0.05, 0.05, 3.0)]
+    v.records.extend(recs[:2])
+    v.append("Hello world")
+    tinted = backgrounds(v.body.document())
+    assert [(p, n) for p, n, _c in tinted] == [(0, 5)]  # " world" is near certain: no tint, not the previous one
+    v.records.append(recs[2])
+    v.append("!")
+    assert [(p, n) for p, n, _c in backgrounds(v.body.document())] == [(0, 5), (11, 1)]
+    v.set_color_mode("entropy")
+    assert [(p, n) for p, n, _c in backgrounds(v.body.document())] == [(0, 5), (11, 1)]
+    assert backgrounds(v.body.document())[0][2] != tinted[0][2]  # the other scale
+    v.set_color_mode("off")
+    assert backgrounds(v.body.document()) == []
+    assert v.body.toPlainText() == "Hello world!"

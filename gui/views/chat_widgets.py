@@ -38,11 +38,11 @@ from PySide6.QtWidgets import (
 )
 
 from quantscope.core.chat.controller import chat_markdown
-from quantscope.core.chat.tokens import TokenRecord
+from quantscope.core.chat.tokens import TokenRecord, answer_spans
 
 from ..theme import is_dark
 from ..widgets.fit import ElidedLabel
-from .chat_tokens import TokenMap, color_document, tooltip_html
+from .chat_tokens import TokenMap, color_document, token_color, tooltip_html
 
 # token type ids of GGUF vocabularies (tokenizer.ggml.token_type)
 TOKEN_TYPES = {1: "normal", 2: "unknown", 3: "control", 4: "user-defined", 5: "unused", 6: "byte"}
@@ -290,12 +290,41 @@ class MessageView(QFrame):
             return
         was = self.color_mode
         self.color_mode = mode
-        if self.streaming:
+        if self.streaming:  # the plain text streamed so far: cleared of tints, then tinted anew
+            cur = QTextCursor(self.body.document())
+            cur.select(QTextCursor.SelectionType.Document)
+            cur.setCharFormat(QTextCharFormat())
+            self._tint_streamed(0)
             return
         if was != "off" or any(r.chosen for r in self.records):
             self.set_content(self.content)  # a fresh rendering without the old tints
         else:
             self._apply_colors()
+
+    def _tint_streamed(self, start: int) -> None:
+        """Tint the streamed text from document position ``start`` on. While a reply streams the document is its
+        plain answer text, so the records' answer offsets are document positions (the records arrive before the
+        text they wrote)."""
+        if self.color_mode == "off" or not self.records or self.role != "assistant":
+            return
+        doc = self.body.document()
+        end = doc.characterCount() - 1
+        cur = QTextCursor(doc)
+        cur.beginEditBlock()
+        for s, e, i in answer_spans(self.records):
+            if e <= start:
+                continue
+            if s >= end:
+                break
+            color = token_color(self.records[i], self.color_mode)
+            if color is None:
+                continue
+            fmt = QTextCharFormat()
+            fmt.setBackground(color)
+            cur.setPosition(max(s, start))
+            cur.setPosition(min(e, end), QTextCursor.MoveMode.KeepAnchor)
+            cur.mergeCharFormat(fmt)
+        cur.endEditBlock()
 
     def _apply_colors(self) -> None:
         if self.streaming or not self.records or self.role != "assistant":
@@ -417,8 +446,11 @@ class MessageView(QFrame):
         self.content += text
         cur = QTextCursor(self.body.document())
         cur.movePosition(QTextCursor.MoveOperation.End)
-        cur.insertText(text)
+        start = cur.position()
+        cur.insertText(text, QTextCharFormat())  # (not the tint of the text before it)
         self._tmap = None
+        if self.color_mode != "off":
+            self._tint_streamed(start)
 
     def finish(self, text: str, stats: str) -> None:
         self.streaming = False

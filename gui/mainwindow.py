@@ -154,6 +154,9 @@ class MainWindow(QMainWindow):
         self.tensors_view.requantizeRequested.connect(self.requantize_tensor)
         self.lab_view.inspectRequested.connect(self.inspect_block)
         self.probe_view.channelLinkRequested.connect(self.show_channel)
+        # the chat's "Colour by" choice is remembered between sessions
+        self.chat_view.settings.set_color_mode(str(self.settings.value("chat/colourBy", "off")))
+        self.chat_view.settings.colorModeChanged.connect(lambda m: self.settings.setValue("chat/colourBy", m))
 
         # status bar: message, background task, ISA
         self.task_label = QLabel()

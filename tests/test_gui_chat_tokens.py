@@ -163,3 +163,15 @@ def test_a_streaming_reply_is_tinted_as_it_grows(qtbot):
     v.set_color_mode("off")
     assert backgrounds(v.body.document()) == []
     assert v.body.toPlainText() == "Hello world!"
+
+
+def test_the_colour_choice_is_remembered(window, qtbot):  # noqa: F811
+    from quantscope.gui.mainwindow import MainWindow
+
+    assert window.chat_view.settings.color_mode == "off"
+    window.chat_view.settings.set_color_mode("entropy")
+    window.settings.sync()
+    again = MainWindow(window.settings)
+    qtbot.addWidget(again)
+    assert again.chat_view.settings.color_mode == "entropy"
+    again.close()

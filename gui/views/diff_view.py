@@ -301,7 +301,60 @@ _STATUS_COLORS = {"added": OK_COLOR, "removed": BAD_COLOR, "changed": CHANGED_CO
 _STATUS_TEXT = {"unchecked": "not compared"}
 
 
-class TensorDiffModel(QAbstractTableModel):
+class _DiffRows(QAbstractTableModel):
+    """What the two diff tables share: one row per item with its cells (shown cut), a tooltip, the item's key
+    under :data:`KEY_ROLE`, the sort value under :data:`SORT_ROLE` and a tab-separated copy; the subclasses add
+    their columns' other roles in :meth:`extra`."""
+
+    COLUMNS: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[Any] = []
+        self.cells: list[tuple[str, ...]] = []
+        self.tips: list[str] = []
+        self._mono = QFont(mono_font(9))
+
+    def key(self, r: int) -> str:
+        raise NotImplementedError
+
+    def sort_value(self, r: int, c: int) -> Any:
+        return self.cells[r][c]
+
+    def extra(self, r: int, c: int, role: int) -> Any:
+        return None
+
+    def rowCount(self, parent: _Index = _ROOT) -> int:
+        return 0 if parent.isValid() else len(self.rows)
+
+    def columnCount(self, parent: _Index = _ROOT) -> int:
+        return 0 if parent.isValid() else len(self.COLUMNS)
+
+    def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if not index.isValid():
+            return None
+        r, c = index.row(), index.column()
+        if role == Qt.ItemDataRole.DisplayRole:
+            return cut(self.cells[r][c])
+        if role == SORT_ROLE:
+            return self.sort_value(r, c)
+        if role == KEY_ROLE:
+            return self.key(r)
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return self.tips[r]
+        return self.extra(r, c, role)
+
+    def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
+            return self.COLUMNS[section]
+        return None
+
+    def row_text(self, r: int) -> str:
+        """Row ``r``'s cells, whole, tab-separated (Copy values)."""
+        return "\t".join(self.cells[r])
+
+
+class TensorDiffModel(_DiffRows):
     """Every tensor of the comparison: name, status, type and shape A → B, RMSE, max |Δ|, cosine, relative error,
     exact. :data:`SORT_ROLE` holds the numbers, :data:`KEY_ROLE` the name."""
 
@@ -312,10 +365,7 @@ class TensorDiffModel(QAbstractTableModel):
     def __init__(self) -> None:
         super().__init__()
         self.rows: list[TensorDiff] = []
-        self.cells: list[tuple[str, ...]] = []
         self.sorts: list[tuple[Any, ...]] = []
-        self.tips: list[str] = []
-        self._mono = QFont(mono_font(9))
 
     def set_diff(self, d: FileDiff | None) -> None:
         self.beginResetModel()
@@ -364,24 +414,13 @@ class TensorDiffModel(QAbstractTableModel):
             lines.append(printable(t.note))
         return cut("\n".join(lines), TIP_CHARS)
 
-    def rowCount(self, parent: _Index = _ROOT) -> int:
-        return 0 if parent.isValid() else len(self.rows)
+    def key(self, r: int) -> str:
+        return self.rows[r].name
 
-    def columnCount(self, parent: _Index = _ROOT) -> int:
-        return 0 if parent.isValid() else len(self.COLUMNS)
+    def sort_value(self, r: int, c: int) -> Any:
+        return self.sorts[r][c]
 
-    def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
-        if not index.isValid():
-            return None
-        r, c = index.row(), index.column()
-        if role == Qt.ItemDataRole.DisplayRole:
-            return cut(self.cells[r][c])
-        if role == SORT_ROLE:
-            return self.sorts[r][c]
-        if role == KEY_ROLE:
-            return self.rows[r].name
-        if role == Qt.ItemDataRole.ToolTipRole:
-            return self.tips[r]
+    def extra(self, r: int, c: int, role: int) -> Any:
         if role == Qt.ItemDataRole.TextAlignmentRole and c in self.NUMERIC:
             return _ALIGN_RIGHT
         if role == Qt.ItemDataRole.FontRole and c in self.NUMERIC:
@@ -397,21 +436,15 @@ class TensorDiffModel(QAbstractTableModel):
         return None
 
     def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
-        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
-            return self.COLUMNS[section]
         if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.ToolTipRole:
             return {4: "sqrt(Σ(b − a)² / n) over the values finite in both files",
                     5: "the largest |b − a|", 6: "Σab / sqrt(Σa² · Σb²)",
                     7: "RMSE / RMS of A (the default order: largest first)",
                     8: "same type and the same bytes"}.get(section)
-        return None
-
-    def row_text(self, r: int) -> str:
-        """Row ``r``'s cells, whole, tab-separated (Copy values)."""
-        return "\t".join(self.cells[r])
+        return super().headerData(section, orientation, role)
 
 
-class MetadataDiffModel(QAbstractTableModel):
+class MetadataDiffModel(_DiffRows):
     """The metadata keys that differ: key, kind of change, A's type and value, B's type and value."""
 
     COLUMNS = ("Key", "Change", "A (type: value)", "B (type: value)")
@@ -419,9 +452,6 @@ class MetadataDiffModel(QAbstractTableModel):
     def __init__(self) -> None:
         super().__init__()
         self.rows: list[MetadataChange] = []
-        self.cells: list[tuple[str, str, str, str]] = []
-        self.tips: list[str] = []
-        self._mono = QFont(mono_font(9))
 
     def set_diff(self, d: FileDiff | None) -> None:
         self.beginResetModel()
@@ -430,38 +460,16 @@ class MetadataDiffModel(QAbstractTableModel):
         self.tips = [change_tip(m) for m in self.rows]
         self.endResetModel()
 
-    def rowCount(self, parent: _Index = _ROOT) -> int:
-        return 0 if parent.isValid() else len(self.rows)
+    def key(self, r: int) -> str:
+        return self.rows[r].key
 
-    def columnCount(self, parent: _Index = _ROOT) -> int:
-        return 0 if parent.isValid() else len(self.COLUMNS)
-
-    def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
-        if not index.isValid():
-            return None
-        r, c = index.row(), index.column()
-        if role == Qt.ItemDataRole.DisplayRole:
-            return cut(self.cells[r][c])
-        if role == SORT_ROLE:
-            return self.cells[r][c]
-        if role == KEY_ROLE:
-            return self.rows[r].key
-        if role == Qt.ItemDataRole.ToolTipRole:
-            return self.tips[r]
+    def extra(self, r: int, c: int, role: int) -> Any:
         if role == Qt.ItemDataRole.FontRole and c in (2, 3):
             return self._mono
         if role == Qt.ItemDataRole.ForegroundRole and c == 1:
             kind = self.rows[r].kind
             return QColor(OK_COLOR if kind == "added" else BAD_COLOR if kind == "removed" else CHANGED_COLOR)
         return None
-
-    def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
-        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
-            return self.COLUMNS[section]
-        return None
-
-    def row_text(self, r: int) -> str:
-        return "\t".join(self.cells[r])
 
 
 class WindowModel(QAbstractTableModel):

@@ -30,7 +30,6 @@ the files in ``cache_dir()/synthetic`` and reuses a complete one.
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ import numpy as np
 from .fsutil import OutputSet, open_input
 from .gguf import GGUFFile
 from .gguf.constants import DEFAULT_ALIGNMENT, FileType, ValueType
+from .gguf.writer import DataSection, GGUFHeader, encode_entry
 from .quant import ggml_type
 
 #: Bumped when the bytes a given shape and seed produce change; part of the marker key, so old files are remade.
@@ -251,15 +251,8 @@ def marker(shape: Shape, seed: int) -> str:
 
 # --- GGUF encoding -----------------------------------------------------------------------------------------------
 
-def _str(s: str) -> bytes:
-    b = s.encode("utf-8")
-    return struct.pack("<Q", len(b)) + b
-
-
 def _kv(key: str, vtype: ValueType, value: object) -> bytes:
-    fmt = {ValueType.UINT32: "<I", ValueType.FLOAT32: "<f", ValueType.BOOL: "<?"}
-    body = _str(str(value)) if vtype == ValueType.STRING else struct.pack(fmt[vtype], value)
-    return _str(key) + struct.pack("<I", int(vtype)) + body
+    return encode_entry(key, vtype, value)
 
 
 def _align(n: int, a: int = DEFAULT_ALIGNMENT) -> int:
@@ -301,8 +294,7 @@ def header_bytes(shape: Shape, seed: int, tok_entries: list[bytes], n_vocab: int
                     _kv(a + "ssm.time_step_rank", ValueType.UINT32, hv),
                     _kv(a + "ssm.inner_size", ValueType.UINT32, hv * st),
                     _kv(a + "full_attention_interval", ValueType.UINT32, 4),
-                    _str(a + "rope.dimension_sections")
-                    + struct.pack("<IIQ4i", int(ValueType.ARRAY), int(ValueType.INT32), 4, *sec)]
+                    encode_entry(a + "rope.dimension_sections", ValueType.ARRAY, sec, ValueType.INT32)]
     ftype = FileType.MOSTLY_MXFP4_MOE if shape.arch == "gpt-oss" else FileType.MOSTLY_Q4_K_M
     kvs = [
         _kv("general.architecture", ValueType.STRING, shape.arch),
@@ -327,14 +319,12 @@ def header_bytes(shape: Shape, seed: int, tok_entries: list[bytes], n_vocab: int
         *tok_entries,
     ]
     plan = tensor_plan(shape, n_vocab)
-    infos = []
-    offset = 0
+    header = GGUFHeader(DEFAULT_ALIGNMENT)
+    for kv in kvs:
+        header.add_raw(kv)
     for t in plan:
-        infos.append(_str(t.name) + struct.pack("<I", len(t.ne)) + struct.pack(f"<{len(t.ne)}Q", *t.ne)
-                     + struct.pack("<IQ", ggml_type(t.type_name).id, offset))
-        offset = _align(offset + t.n_bytes)
-    head = b"GGUF" + struct.pack("<IQQ", 3, len(plan), len(kvs)) + b"".join(kvs) + b"".join(infos)
-    return head + b"\0" * (_align(len(head)) - len(head)), plan
+        header.add_tensor(t.name, t.ne, ggml_type(t.type_name).id, t.n_bytes)
+    return header.encode(), plan
 
 
 def expected_size(head: bytes, plan: list[TensorSpec]) -> int:
@@ -399,15 +389,17 @@ def write_synthetic(path: str | os.PathLike[str], shape: str | Shape, vocab_sour
     with OutputSet([("synthetic", path)], inputs=[vocab_source]) as outs:
         outs.open("synthetic")
         outs.write_bytes("synthetic", head)
+        data = DataSection(lambda b: outs.write_bytes("synthetic", b), DEFAULT_ALIGNMENT, (t.n_bytes for t in plan))
         for i, spec in enumerate(plan):
             rng = np.random.default_rng([seed, i])
             for piece in tensor_chunks(spec, rng):
                 if cancel is not None and cancel.cancelled:
                     raise SyntheticCancelled("writing the synthetic model was cancelled")
-                outs.write_bytes("synthetic", piece.data)
+                data.write(piece.data)
                 done += piece.nbytes
                 report(SyntheticProgress(done, total, spec.name))
-            outs.write_bytes("synthetic", b"\0" * (_align(spec.n_bytes) - spec.n_bytes))
+            data.end_tensor()
+        data.finish()
         outs.commit()
         return outs.target("synthetic")
 

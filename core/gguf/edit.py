@@ -21,18 +21,18 @@ import numbers
 import os
 import re
 import struct
-import sys
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 from ..fsutil import OutputSet, open_input, printable
 from ..jobs import CancelFlag, Cancelled, Progress, check_cancel
-from .constants import DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_ELEMENTS, MAX_STRING_BYTES, ValueType
+from .constants import DEFAULT_ALIGNMENT, MAX_ARRAY_ELEMENTS, MAX_STRING_BYTES, ValueType
 from .reader import GGUFFile, MetadataValue, TensorInfo, sibling_shards
 from .strings import StringArray
+from .writer import STRUCT_CODES, ArrayPatch, DataSection, GGUFHeader, encode_string, encode_typed, itemsize_ok, pad_to
 
 #: The GGUF version every edited file is written as (gguf-py's and llama.cpp's writers write 3 too).
 OUTPUT_VERSION = 3
@@ -122,12 +122,8 @@ _INT_RANGES: dict[ValueType, tuple[int, int]] = {
     _T.UINT32: (0, 0xFFFFFFFF), _T.INT32: (-0x80000000, 0x7FFFFFFF), _T.UINT64: (0, (1 << 64) - 1),
     _T.INT64: (-(1 << 63), (1 << 63) - 1),
 }
-_FMT: dict[ValueType, str] = {
-    _T.UINT8: "B", _T.INT8: "b", _T.UINT16: "H", _T.INT16: "h", _T.UINT32: "I", _T.INT32: "i", _T.FLOAT32: "f",
-    _T.BOOL: "B", _T.UINT64: "Q", _T.INT64: "q", _T.FLOAT64: "d",
-}
+_FMT = STRUCT_CODES
 _FLT_MAX = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
-_U64 = struct.Struct("<Q")
 _INT_TEXT = re.compile(r"([+-]?)(0[xX][0-9a-fA-F]+|[0-9]+)\Z")
 
 
@@ -187,44 +183,12 @@ def _scalar(vtype: ValueType, v: Any, what: str) -> Any:
     raise EditError(f"{what}: {vtype.name} is not a scalar type")
 
 
-class ArrayPatch(Sequence[Any]):
-    """An array with some elements replaced, over its unchanged base (a file's string array is not copied)."""
-
-    __slots__ = ("base", "patches")
-
-    def __init__(self, base: Sequence[Any], patches: Mapping[int, Any]) -> None:
-        if isinstance(base, ArrayPatch):
-            patches = {**base.patches, **patches}
-            base = base.base
-        self.base = base
-        self.patches = dict(patches)
-
-    def __len__(self) -> int:
-        return len(self.base)
-
-    @overload
-    def __getitem__(self, i: int) -> Any: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[Any]: ...
-    def __getitem__(self, i: int | slice) -> Any:
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        n = len(self)
-        k = i + n if i < 0 else i
-        if not 0 <= k < n:
-            raise IndexError(f"index {i} out of range for {n} elements")
-        return self.patches[k] if k in self.patches else self.base[k]
-
-    def __repr__(self) -> str:
-        return f"ArrayPatch({len(self)} elements, {len(self.patches)} replaced)"
-
-
 def _stored_array(elem_type: ValueType, base: Any) -> bool:
     """Whether ``base`` is an array as the reader returns it (a :class:`StringArray`, or the ``array.array`` copy of
     a numeric one), so its elements need no check."""
     if isinstance(base, StringArray):
         return elem_type == _T.STRING
-    if isinstance(base, array) and base.typecode == _FMT.get(elem_type) and _itemsize_ok(base):
+    if isinstance(base, array) and base.typecode == _FMT.get(elem_type) and itemsize_ok(base):
         return elem_type != _T.BOOL or max(base, default=0) <= 1
     return False
 
@@ -293,67 +257,12 @@ class TypedValue:
 
     def encode(self) -> bytes:
         """The value as stored after the key: type id, then the value."""
-        return struct.pack("<I", self.type) + _encode_value(self.type, self.value, self.elem_type)
-
-
-def _gstr(raw: bytes) -> bytes:
-    return _U64.pack(len(raw)) + raw
-
-
-def _pack_numbers(etype: ValueType, seq: Sequence[Any]) -> bytes:
-    code = _FMT[etype]
-    if isinstance(seq, ArrayPatch) and isinstance(seq.base, array):
-        a = array(seq.base.typecode, seq.base)
-        for i, v in seq.patches.items():
-            a[i] = int(v) if etype == _T.BOOL else v
-        seq = a
-    if isinstance(seq, array) and seq.typecode == code and _itemsize_ok(seq):
-        a = seq
-        if sys.byteorder == "big":
-            a = array(code, a)
-            a.byteswap()
-        return a.tobytes()
-    vals = [int(v) for v in seq] if etype == _T.BOOL else list(seq)
-    return struct.pack(f"<{len(vals)}{code}", *vals)
-
-
-def _itemsize_ok(a: array[Any]) -> bool:
-    """``array`` item sizes are platform-dependent for some codes: use the array's bytes only when they match."""
-    return a.itemsize == struct.calcsize(f"<{a.typecode}")
-
-
-def _pack_strings(seq: Sequence[str]) -> bytes:
-    if isinstance(seq, StringArray):
-        return seq.copy()
-    if isinstance(seq, ArrayPatch) and isinstance(seq.base, StringArray):
-        blob = seq.base.copy()
-        offs = seq.base.offsets()
-        parts: list[bytes] = []
-        pos = 0
-        for i in sorted(seq.patches):
-            parts.append(blob[pos : int(offs[i])])
-            parts.append(_gstr(seq.patches[i].encode("utf-8")))
-            pos = int(offs[i + 1])
-        parts.append(blob[pos:])
-        return b"".join(parts)
-    return b"".join(_gstr(s.encode("utf-8")) for s in seq)
-
-
-def _encode_value(vtype: ValueType, value: Any, elem_type: ValueType | None) -> bytes:
-    if vtype == _T.STRING:
-        return _gstr(value.encode("utf-8"))
-    if vtype == _T.ARRAY:
-        assert elem_type is not None
-        head = struct.pack("<IQ", elem_type, len(value))
-        if elem_type == _T.STRING:
-            return head + _pack_strings(value)
-        return head + _pack_numbers(elem_type, value)
-    return struct.pack(f"<{_FMT[vtype]}", int(value) if vtype == _T.BOOL else value)
+        return encode_typed(self.type, self.value, self.elem_type)
 
 
 def encode_entry(key: str, value: TypedValue) -> bytes:
     """One metadata entry (key, type, value) as it is written."""
-    return _gstr(key.encode("utf-8")) + value.encode()
+    return encode_string(key.encode("utf-8")) + value.encode()
 
 
 # ------------------------------------------------------------------------------------------------------ parsing text
@@ -566,7 +475,7 @@ def _find_token(seq: Sequence[str], text: str) -> list[int]:
         return sorted(ids)
     if isinstance(seq, StringArray):
         raw = text.encode("utf-8")
-        needle = _gstr(raw)
+        needle = encode_string(raw)
         blob = seq.copy()
         offs = seq.offsets()
         out: list[int] = []
@@ -902,10 +811,6 @@ class TensorCopy:
     offset: int
 
 
-def _pad(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
-
-
 @dataclass
 class EditPlan:
     """Everything :func:`save_edited` writes, and what a dry run shows."""
@@ -925,7 +830,7 @@ class EditPlan:
 
     @property
     def file_bytes(self) -> int:
-        return len(self.header) + sum(_pad(t.info.n_bytes or 0, self.alignment) for t in self.tensors)
+        return len(self.header) + sum(pad_to(t.info.n_bytes or 0, self.alignment) for t in self.tensors)
 
     @property
     def tensor_bytes(self) -> int:
@@ -973,20 +878,13 @@ def plan_edit(src: GGUFFile, edits: EditList | Iterable[EditOp]) -> EditPlan:
         if t.problem is not None or t.n_bytes is None:
             raise EditError(f"tensor {_show(t.name)} cannot be copied: {t.problem or 'its size is unknown'}")
     entries = state.entries()
-    kvs = [src.entry_bytes(e.key) if e.value is None else encode_entry(e.key, e.value) for e in entries]
-    alignment = state.alignment
-    infos: list[bytes] = []
-    copies: list[TensorCopy] = []
-    offset = 0
-    for t in src.tensors:
-        infos.append(_gstr(t.name.encode("utf-8")) + struct.pack(f"<I{len(t.ne)}Q", len(t.ne), *t.ne)
-                     + struct.pack("<IQ", t.type_id, offset))
-        copies.append(TensorCopy(t, offset))
-        offset += _pad(t.n_bytes or 0, alignment)
-    head = GGUF_MAGIC + struct.pack("<IQQ", OUTPUT_VERSION, len(src.tensors), len(kvs)) + b"".join(kvs) \
-        + b"".join(infos)
-    if src.tensors:  # gguf-py pads before the first tensor only (a file without tensors ends after its infos)
-        head += b"\0" * (_pad(len(head), alignment) - len(head))
+    header = GGUFHeader(state.alignment, OUTPUT_VERSION)
+    for e in entries:
+        header.add_raw(src.entry_bytes(e.key) if e.value is None else encode_entry(e.key, e.value))
+    copies = [TensorCopy(t, header.add_tensor(t.name, t.ne, t.type_id, t.n_bytes or 0)) for t in src.tensors]
+    alignment = header.alignment
+    # gguf-py pads before the first tensor only (a file without tensors ends after its infos)
+    head = header.encode(pad_without_tensors=False)
     return EditPlan(entries, state.deleted(), head, copies, alignment, src.alignment, list(state.warnings))
 
 
@@ -1114,13 +1012,15 @@ def _save(f: GGUFFile, dst: str | os.PathLike[str], edits: EditList | Iterable[E
             cp = _Copier(src_fd, f._buf, out_fd, cancel, step)
             cp.write(plan.header)
             step(len(plan.header))
+            data = DataSection(cp.write, plan.alignment, [tc.info.n_bytes or 0 for tc in plan.tensors])
             for tc in plan.tensors:
                 n = tc.info.n_bytes or 0
                 cp.copy(tc.info.data_offset, n, f"tensor {_show(tc.info.name)}")
-                pad = _pad(n, plan.alignment) - n
+                data.count(n)
+                pad = data.end_tensor()
                 if pad:
-                    cp.write(b"\0" * pad)
                     step(pad)
+            data.finish()
             if os.fstat(out_fd).st_size != total:
                 raise EditError(f"wrote {os.fstat(out_fd).st_size:,} bytes, expected {total:,}")
             check_cancel(cancel, EditCancelled)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import re
-import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from ..fsutil import OutputSet
 from ..jobs import CancelFlag, check_cancel
 from .constants import DEFAULT_ALIGNMENT, ValueType
 from .reader import SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS_COUNT, GGUFFile, TensorInfo, shard_path
+from .writer import DataSection, GGUFHeader, encode_entry, ggml_dims, pad_to
 
 #: what llama-gguf-split writes: version 3, data aligned to GGUF_DEFAULT_ALIGNMENT
 OUT_VERSION = 3
@@ -100,44 +100,24 @@ def parse_size(text: str) -> int:
 
 
 def _pad(n: int, a: int = ALIGN) -> int:
-    return (n + a - 1) // a * a
-
-
-def _gguf_str(b: bytes) -> bytes:
-    return struct.pack("<Q", len(b)) + b
+    return pad_to(n, a)
 
 
 def _kv_u16(key: str, v: int) -> bytes:
-    return _gguf_str(key.encode()) + struct.pack("<IH", ValueType.UINT16, v)
+    return encode_entry(key, ValueType.UINT16, v)
 
 
 def _kv_i32(key: str, v: int) -> bytes:
-    return _gguf_str(key.encode()) + struct.pack("<Ii", ValueType.INT32, v)
-
-
-def _n_dims(ne: Sequence[int]) -> int:
-    n = len(ne)
-    while n > 1 and ne[n - 1] == 1:
-        n -= 1
-    return max(n, 1)
-
-
-def _tensor_info(t: TensorInfo, offset: int) -> bytes:
-    nd = _n_dims(t.ne)
-    dims = list(t.ne[:nd]) + [1] * max(0, nd - len(t.ne))
-    return (_gguf_str(t.name.encode("utf-8")) + struct.pack(f"<I{nd}q", nd, *dims)
-            + struct.pack("<IQ", t.type_id, offset))
+    return encode_entry(key, ValueType.INT32, v)
 
 
 def _header(kvs: list[bytes], tensors: Sequence[TensorInfo]) -> bytes:
-    head = b"GGUF" + struct.pack("<IQQ", OUT_VERSION, len(tensors), len(kvs)) + b"".join(kvs)
-    off = 0
-    infos = []
+    header = GGUFHeader(ALIGN, OUT_VERSION)
+    for kv in kvs:
+        header.add_raw(kv)
     for t in tensors:
-        infos.append(_tensor_info(t, off))
-        off += _pad(t.n_bytes or 0)
-    head += b"".join(infos)
-    return head + b"\0" * (_pad(len(head)) - len(head))
+        header.add_tensor(t.name, ggml_dims(t.ne), t.type_id, t.n_bytes or 0)
+    return header.encode()
 
 
 def _shard(index: int, path: Path, tensors: list[TensorInfo], kvs: list[bytes]) -> ShardPlan:
@@ -241,6 +221,7 @@ def write_plan(f: GGUFFile, plan: SplitPlan, *, progress: Callable[[int, int], N
             check_cancel(cancel)
             outs.write_bytes(label, s.header)
             done += len(s.header)
+            data = DataSection(lambda b, lb=label: outs.write_bytes(lb, b), ALIGN, (t.n_bytes or 0 for t in s.tensors))
             for t in s.tensors:
                 n = t.n_bytes or 0
                 src = f.tensor_bytes(t)
@@ -249,15 +230,15 @@ def write_plan(f: GGUFFile, plan: SplitPlan, *, progress: Callable[[int, int], N
                     b = min(n, a + CHUNK)
                     if buf.size < b - a:
                         buf = np.empty(min(n, CHUNK), np.uint8)
-                    outs.write_bytes(label, K.copy_mapped(src[a:b], f"tensor {t.name}", out=buf[: b - a]).data)
+                    data.write(K.copy_mapped(src[a:b], f"tensor {t.name}", out=buf[: b - a]).data)
                     f.release_pages(t.data_offset + a, b - a, shard=t.shard)  # resident memory: about one chunk
                     done += b - a
                     if progress is not None:
                         progress(done, total)
                 del src
                 f.release_pages(t.data_offset, n, shard=t.shard)  # the pages the chunks' edges shared
-                outs.write_bytes(label, bytes(_pad(n) - n))
-                done += _pad(n) - n
+                done += data.end_tensor()
+            data.finish()
             if progress is not None:
                 progress(done, total)
         check_cancel(cancel)

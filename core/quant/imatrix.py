@@ -28,6 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from ..gguf import GGUFError, GGUFFile
+from ..gguf.constants import DEFAULT_ALIGNMENT, ValueType
+from ..gguf.writer import DataSection, GGUFHeader, ggml_dims, write_gguf
+from .types import ggml_type
 
 MAX_NAME_BYTES = 1 << 16
 
@@ -200,46 +203,39 @@ def _read_legacy(p: Path) -> Imatrix:
     return Imatrix(p, entries, datasets, chunk_count, 0, is_legacy=True)
 
 
-def imatrix_bytes(im: Imatrix) -> bytes:
-    """The matrix in llama-imatrix's GGUF layout: ``general.type`` "imatrix", ``imatrix.datasets``,
-    ``imatrix.chunk_count``, ``imatrix.chunk_size``; per entry, in name order, ``NAME.in_sum2`` (F32
-    ``[n_cols, n_mat]``) and ``NAME.counts`` (F32 ``[1, n_mat]``), dimensions counted as ggml counts them."""
-    from .mixture import n_dims
-
-    def s(b: bytes) -> bytes:
-        return struct.pack("<Q", len(b)) + b
-
-    def kv_str(k: str, v: str) -> bytes:
-        return s(k.encode()) + struct.pack("<I", 8) + s(v.encode("utf-8", "surrogateescape"))
-
-    kvs = [kv_str("general.type", "imatrix"),
-           s(b"imatrix.datasets") + struct.pack("<IIQ", 9, 8, len(im.datasets))
-           + b"".join(s(d.encode("utf-8", "surrogateescape")) for d in im.datasets),
-           s(b"imatrix.chunk_count") + struct.pack("<II", 4, im.chunk_count & 0xFFFFFFFF),
-           s(b"imatrix.chunk_size") + struct.pack("<II", 4, im.chunk_size & 0xFFFFFFFF)]
-    infos: list[bytes] = []
-    blobs: list[bytes] = []
-    offset = 0
+def _imatrix_header(im: Imatrix) -> tuple[GGUFHeader, list[np.ndarray]]:
+    """llama-imatrix's GGUF layout: ``general.type`` "imatrix", ``imatrix.datasets``, ``imatrix.chunk_count``,
+    ``imatrix.chunk_size``; per entry, in name order, ``NAME.in_sum2`` (F32 ``[n_cols, n_mat]``) and
+    ``NAME.counts`` (F32 ``[1, n_mat]``), dimensions counted as ggml counts them. Returns the header and the
+    tensors' data in order."""
+    header = GGUFHeader(DEFAULT_ALIGNMENT)
+    header.add_string("general.type", "imatrix")
+    header.add("imatrix.datasets", ValueType.ARRAY, im.datasets, ValueType.STRING)
+    header.add_u32("imatrix.chunk_count", im.chunk_count & 0xFFFFFFFF)
+    header.add_u32("imatrix.chunk_size", im.chunk_size & 0xFFFFFFFF)
+    f32 = ggml_type("F32").id
+    data: list[np.ndarray] = []
     for name in sorted(im.entries):
         e = im.entries[name]
-        for suffix, ne, data in ((".in_sum2", (e.n_cols, e.n_mat), e.sums.astype("<f4")),
-                                 (".counts", (1, e.n_mat), e.counts.astype("<f4"))):
-            nd = n_dims(ne)
-            infos.append(s((name + suffix).encode()) + struct.pack("<I", nd) + struct.pack(f"<{nd}q", *ne[:nd])
-                         + struct.pack("<IQ", 0, offset))
-            raw = data.tobytes()
-            pad = (-len(raw)) % 32
-            blobs.append(raw + b"\0" * pad)
-            offset += len(raw) + pad
-    head = b"GGUF" + struct.pack("<IQQ", 3, len(infos), len(kvs)) + b"".join(kvs) + b"".join(infos)
-    head += b"\0" * ((-len(head)) % 32)
-    return head + b"".join(blobs)
+        for suffix, ne, values in ((".in_sum2", (e.n_cols, e.n_mat), e.sums), (".counts", (1, e.n_mat), e.counts)):
+            arr = np.ascontiguousarray(values, dtype="<f4")
+            header.add_tensor(name + suffix, ggml_dims(ne), f32, arr.nbytes)
+            data.append(arr)
+    return header, data
+
+
+def imatrix_bytes(im: Imatrix) -> bytes:
+    """The whole file :func:`write_imatrix` writes, in memory."""
+    header, data = _imatrix_header(im)
+    out = bytearray(header.encode())
+    section = DataSection.for_header(header, out.extend)
+    for arr in data:
+        section.tensor([arr.view(np.uint8).data])
+    section.finish()
+    return bytes(out)
 
 
 def write_imatrix(im: Imatrix, path: str | os.PathLike[str], inputs: tuple[str | os.PathLike[str], ...] = ()) -> Path:
     """Write ``im`` in llama-imatrix's GGUF format, atomically (a temporary renamed into place)."""
-    from ..fsutil import write_atomic
-
-    out = Path(path)
-    write_atomic(out, imatrix_bytes(im), "imatrix output", list(inputs))
-    return out
+    header, data = _imatrix_header(im)
+    return write_gguf(path, header, ([a.view(np.uint8).data] for a in data), "imatrix output", list(inputs))

@@ -21,8 +21,7 @@ The output matches llama-quantize's for the same input, preset and options:
 from __future__ import annotations
 
 import os
-import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -32,8 +31,9 @@ import numpy as np
 from ..fsutil import OutputSet
 from ..gguf import GGUFFile, TensorInfo
 from ..gguf.constants import DEFAULT_ALIGNMENT, ValueType
+from ..gguf.writer import DataSection, GGUFHeader, encode_entry, ggml_dims, pad_to
 from .imatrix import Imatrix
-from .mixture import MixtureOptions, ModelShape, Preset, TypeChoice, choose_types, get_preset, n_dims, requires_imatrix
+from .mixture import MixtureOptions, ModelShape, Preset, TypeChoice, choose_types, get_preset, requires_imatrix
 from .types import ggml_type
 
 QUANTIZATION_VERSION = 2
@@ -125,7 +125,7 @@ class QuantizeProgress:
 
 
 def _pad(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
+    return pad_to(n, a)
 
 
 def _first(v: object, default: int) -> int:
@@ -152,28 +152,17 @@ def model_shape(f: GGUFFile) -> ModelShape:
     return ModelShape(arch, n_layer, n_expert, n_head, n_head_kv, is_70b)
 
 
-def _gguf_str(s: bytes) -> bytes:
-    return struct.pack("<Q", len(s)) + s
-
-
 def _kv_u32(key: str, v: int) -> bytes:
-    return _gguf_str(key.encode()) + struct.pack("<II", ValueType.UINT32, v & 0xFFFFFFFF)
+    return encode_entry(key, ValueType.UINT32, v & 0xFFFFFFFF)
 
 
 def _kv_str(key: str, v: bytes) -> bytes:
-    return _gguf_str(key.encode()) + struct.pack("<I", ValueType.STRING) + _gguf_str(v)
+    return encode_entry(key, ValueType.STRING, v)
 
 
 def _truncated(s: str, limit: int = 127) -> bytes:
     """llama-quantize copies these strings into a 128-byte field: at most 127 bytes survive."""
     return s.encode("utf-8", "surrogateescape")[:limit]
-
-
-def _tensor_info(name: str, ne: Sequence[int], type_id: int, offset: int) -> bytes:
-    nd = n_dims(ne)
-    dims = list(ne[:nd]) + [1] * max(0, nd - len(ne))
-    return (_gguf_str(name.encode("utf-8")) + struct.pack("<I", nd) + struct.pack(f"<{nd}q", *dims)
-            + struct.pack("<IQ", type_id, offset))
 
 
 def _check_target(name: str, target: str, ncols: int) -> None:
@@ -233,8 +222,7 @@ def plan_quantize(f: GGUFFile, opts: QuantizeOptions) -> QuantizePlan:
     by_name = {t.name: t for t in f.tensors}
     warnings: list[str] = []
     alignment = f.alignment if f.alignment else DEFAULT_ALIGNMENT
-    jobs: list[TensorJob] = []
-    offset = 0
+    planned: list[tuple[TensorInfo, TypeChoice, int, bool]] = []
     for ch in choices:
         t = by_name[ch.name]
         tgt = ggml_type(ch.target)
@@ -270,14 +258,16 @@ def plan_quantize(f: GGUFFile, opts: QuantizeOptions) -> QuantizePlan:
                                     "the result is garbage, so llama-quantize refuses too")
         if ch.reason == "fallback":
             warnings.append(f"{t.name}: rows of {t.ne[0]} do not fit {ch.fell_back_from}; using {ch.target}")
-        jobs.append(TensorJob(t, ch, out_bytes, offset, has_im))
-        offset += _pad(out_bytes, alignment)
-    header = _header(f, preset, opts, jobs, alignment)
-    return QuantizePlan(preset, jobs, header, alignment, sum(j.info.n_bytes or 0 for j in jobs),
+        planned.append((t, ch, out_bytes, has_im))
+    header = _metadata(f, preset, opts, alignment)
+    jobs = [TensorJob(t, ch, n, header.add_tensor(t.name, ggml_dims(t.ne), ggml_type(ch.target).id, n), has_im)
+            for t, ch, n, has_im in planned]
+    return QuantizePlan(preset, jobs, header.encode(), alignment, sum(j.info.n_bytes or 0 for j in jobs),
                         sum(j.out_bytes for j in jobs), sum(j.info.n_elements for j in jobs), warnings)
 
 
-def _header(f: GGUFFile, preset: Preset, opts: QuantizeOptions, jobs: list[TensorJob], alignment: int) -> bytes:
+def _metadata(f: GGUFFile, preset: Preset, opts: QuantizeOptions, alignment: int) -> GGUFHeader:
+    """The output's metadata: the input's (less the replaced keys) and llama-quantize's additions."""
     im = opts.imatrix
     drop = set(_REPLACED) | (set(_IMATRIX_KEYS) if im is not None else set())
     kvs = [f.entry_bytes(key) for key in f.metadata if key not in drop]
@@ -290,9 +280,10 @@ def _header(f: GGUFFile, preset: Preset, opts: QuantizeOptions, jobs: list[Tenso
         kvs.append(_kv_u32("quantize.imatrix.entries_count", len(im.entries)))
         if im.chunk_count > 0:
             kvs.append(_kv_u32("quantize.imatrix.chunks_count", im.chunk_count))
-    head = b"GGUF" + struct.pack("<IQQ", 3, len(jobs), len(kvs)) + b"".join(kvs)
-    head += b"".join(_tensor_info(j.info.name, j.info.ne, ggml_type(j.choice.target).id, j.offset) for j in jobs)
-    return head + b"\0" * (_pad(len(head), alignment) - len(head))
+    header = GGUFHeader(alignment)
+    for kv in kvs:
+        header.add_raw(kv)
+    return header
 
 
 class _Buffers:
@@ -351,19 +342,21 @@ def write_quantized(f: GGUFFile, plan: QuantizePlan, out: str | os.PathLike[str]
     with OutputSet([("output", out)], inputs=inputs) as outs:
         outs.open("output")
         outs.write_bytes("output", plan.header)
+        data = DataSection(lambda b: outs.write_bytes("output", b), plan.alignment, (j.out_bytes for j in plan.jobs))
         for i, job in enumerate(plan.jobs):
             t = job.info
             report(QuantizeProgress(done, total, t.name, i, len(plan.jobs)))
             if not job.converts:
-                _copy(f, t, outs, cancel)
+                _copy(f, t, data, cancel)
             else:
                 weights = opts.imatrix.weights(t.name) if job.has_imatrix and opts.imatrix is not None else None
-                _convert(f, t, job, weights, outs, opts.threads, cancel,
+                _convert(f, t, job, weights, data, opts.threads, cancel,
                          lambda n, name=t.name, k=i, d=done: report(QuantizeProgress(d + n, total, name, k, n_jobs)),
                          buf)
-            outs.write_bytes("output", b"\0" * (_pad(job.out_bytes, plan.alignment) - job.out_bytes))
+            data.end_tensor()
             f.release_pages(t.data_offset, t.n_bytes or 0, shard=t.shard)  # resident memory: about one tensor
             done += job.out_bytes
+        data.finish()
         report(QuantizeProgress(done, total, "", len(plan.jobs), len(plan.jobs)))
         outs.commit()
         return outs.target("output")
@@ -374,7 +367,7 @@ def _cancelled(cancel: Cancel | None) -> None:
         raise QuantizeCancelled("quantization was cancelled; nothing was written")
 
 
-def _copy(f: GGUFFile, t: TensorInfo, outs: OutputSet, cancel: Cancel | None) -> None:
+def _copy(f: GGUFFile, t: TensorInfo, data: DataSection, cancel: Cancel | None) -> None:
     from ..native import kernels as K
 
     n = t.n_bytes or 0
@@ -382,10 +375,10 @@ def _copy(f: GGUFFile, t: TensorInfo, outs: OutputSet, cancel: Cancel | None) ->
     for a in range(0, n, step):
         _cancelled(cancel)
         b = min(n, a + step)
-        outs.write_bytes("output", K.copy_mapped(f.tensor_bytes(t)[a:b], f"tensor {t.name}").data)
+        data.write(K.copy_mapped(f.tensor_bytes(t)[a:b], f"tensor {t.name}").data)
 
 
-def _convert(f: GGUFFile, t: TensorInfo, job: TensorJob, weights: np.ndarray | None, outs: OutputSet, threads: int,
+def _convert(f: GGUFFile, t: TensorInfo, job: TensorJob, weights: np.ndarray | None, data: DataSection, threads: int,
              cancel: Cancel | None, step: Callable[[int], None], buf: _Buffers) -> None:
     from ..native import kernels as K
 
@@ -403,12 +396,14 @@ def _convert(f: GGUFFile, t: TensorInfo, job: TensorJob, weights: np.ndarray | N
         rows = _float_rows(f, t, row, end - row, threads, buf)
         w = weights[mat * ncols:(mat + 1) * ncols] if weights is not None else None
         try:
-            data = _encode(target, rows, w, threads, buf)
+            enc = _encode(target, rows, w, threads, buf)
         except K.NonFiniteRows as exc:
             raise QuantizeError(f"{t.name} has a value that is not a finite number in row {row + exc.row}; "
                                 "quantized blocks cannot hold it (llama-quantize rejects the result too)") from None
-        outs.write_bytes("output", data.data)
-        written += data.nbytes
+        if written + enc.nbytes > job.out_bytes:
+            raise QuantizeError(f"{t.name}: wrote {written + enc.nbytes} bytes, expected {job.out_bytes}")
+        data.write(enc.data)
+        written += enc.nbytes
         step(written)
         row = end
     if written != job.out_bytes:

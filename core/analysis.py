@@ -31,10 +31,6 @@ from .quant import dequantize as ref_dequantize
 
 Progress = Callable[[int, int], None]
 
-#: Plain (one element per "block") integer types, dequantized by a dtype cast.
-_INT_DTYPES = {"I8": "<i1", "I16": "<i2", "I32": "<i4", "I64": "<i8", "F64": "<f8"}
-
-
 class AnalysisCancelled(Cancelled):
     """A long computation stopped because its cancel token was set."""
 
@@ -48,8 +44,7 @@ def can_read_values(t: TensorInfo) -> bool:
     """True when the tensor's values can be computed (known, supported type and no problem)."""
     if t.type is None or t.problem is not None or t.n_bytes is None:
         return False
-    name = t.type.name
-    return name in _INT_DTYPES or native.can_dequantize(t.type) or ref_can_dequantize(t.type)
+    return t.type.is_exact or native.can_dequantize(t.type) or ref_can_dequantize(t.type)
 
 
 def dequantize_rows(f: GGUFFile, t: TensorInfo, start: int, stop: int, *, threads: int = 1) -> np.ndarray:
@@ -62,9 +57,9 @@ def dequantize_rows(f: GGUFFile, t: TensorInfo, start: int, stop: int, *, thread
     assert t.type is not None
     start, stop = max(0, start), min(t.n_rows, stop)
     rows = f.tensor_rows(t)[start:stop]
-    name = t.type.name
-    if name in _INT_DTYPES:
-        return native.copy_mapped(rows, t.name).view(_INT_DTYPES[name]).astype(np.float32)
+    if t.type.is_exact:
+        assert t.type.dtype is not None
+        return native.copy_mapped(rows, t.name).view(t.type.dtype).astype(np.float32)
     if native.can_dequantize(t.type):
         return native.dequantize(rows, t.type, threads=threads)
     return ref_dequantize(native.copy_mapped(rows, t.name), t.type)  # numpy reads a copy: a truncation cannot kill

@@ -124,11 +124,7 @@ def random_weights(type_name: str, rows: int, k: int, seed: int = 0) -> Any:
             return (v.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
         return v.view(np.uint8)
     raw = rng.integers(0, 256, size=(rows * k // t.block_elems, t.block_bytes), dtype=np.uint8)
-    scale_at = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2],
-                "Q5_K": [0, 2], "Q6_K": [208], "Q2_K": [80, 82], "Q3_K": [108], "IQ4_NL": [0], "IQ4_XS": [0],
-                "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0], "TQ1_0": [52],
-                "TQ2_0": [64]}
-    for off in scale_at.get(t.name, []):
+    for off in t.fp16_scales:
         s = (rng.random(raw.shape[0]) * 0.01).astype(np.float16)
         raw[:, off : off + 2] = s.view(np.uint8).reshape(-1, 2)
     if t.name == "IQ1_M":  # d's 16 bits: the top nibbles of the four scale words

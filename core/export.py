@@ -26,11 +26,6 @@ from .quant import DecodedBlock
 
 #: Bytes of output per chunk of a tensor export.
 CHUNK_BYTES = 8 << 20
-#: Element types written as themselves by a raw export (BF16 as its 16 bits: numpy has no bfloat16).
-RAW_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8", "I8": "<i1", "I16": "<i2", "I32": "<i4",
-              "I64": "<i8"}
-#: Types whose values are their own (integers, F64): cast to float32 by a dequantized export.
-_CAST_DTYPES = {"I8": "<i1", "I16": "<i2", "I32": "<i4", "I64": "<i8", "F64": "<f8"}
 BLOCK_FORMATS = ("csv", "json")
 #: The columns of a block's CSV (see :func:`block_csv_rows`).
 BLOCK_CSV_COLUMNS = ("section", "name", "index", "value", "bits", "offset", "size", "kind", "description")
@@ -73,9 +68,9 @@ def npy_layout(t: TensorInfo, raw: bool = False) -> tuple[np.dtype, tuple[int, .
     if t.type.is_quantized:
         assert t.row_bytes is not None
         return np.dtype(np.uint8), (t.n_rows, t.row_bytes)
-    if t.type.name not in RAW_DTYPES:  # pragma: no cover - every element type is in the table
+    if t.type.dtype is None:  # pragma: no cover - every element type has one (BF16 as its 16 bits)
         raise ValueError(f"{t.name}: no raw dtype for {t.type.name}")
-    return np.dtype(RAW_DTYPES[t.type.name]), t.shape
+    return np.dtype(t.type.dtype), t.shape
 
 
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
@@ -101,11 +96,11 @@ def _value_chunks(f: GGUFFile, t: TensorInfo, threads: int) -> Iterator[tuple[np
     bb = t.type.block_bytes
     step = max(1, CHUNK_BYTES // 4 // t.type.block_elems) * bb
     raw = f.tensor_bytes(t)
-    name = t.type.name
     for a in range(0, t.n_bytes, step):
         part = raw[a : min(t.n_bytes, a + step)]
-        if name in _CAST_DTYPES:
-            x = native.copy_mapped(part, f"tensor {t.name}").view(_CAST_DTYPES[name]).astype(np.float32)
+        if t.type.is_exact:  # integers and F64: their values, cast
+            assert t.type.dtype is not None
+            x = native.copy_mapped(part, f"tensor {t.name}").view(t.type.dtype).astype(np.float32)
         elif native.can_dequantize(t.type):
             x = native.dequantize(part, t.type, threads=threads)
         else:

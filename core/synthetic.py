@@ -360,7 +360,6 @@ def tensor_chunks(spec: TensorSpec, rng: np.random.Generator,
             raw.reshape(n, t.block_bytes)[:, 0] = rng.integers(*MXFP4_EXPONENTS, endpoint=True, size=n)
             yield raw
         return
-    scale_at = {"Q4_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,)}[t.name]
     n_blocks = spec.n_bytes // t.block_bytes
     per = max(1, chunk_bytes // t.block_bytes)
     lo, hi = SCALE_RANGE[t.name]
@@ -368,7 +367,7 @@ def tensor_chunks(spec: TensorSpec, rng: np.random.Generator,
         n = min(per, n_blocks - start)
         raw = rng.bit_generator.random_raw((n * t.block_bytes + 7) // 8).view(np.uint8)[: n * t.block_bytes]
         blocks = raw.reshape(n, t.block_bytes)
-        for off in scale_at:
+        for off in t.fp16_scales:
             s = (lo + rng.random(n) * (hi - lo)).astype(np.float16)
             blocks[:, off : off + 2] = s.view(np.uint8).reshape(n, 2)
         yield raw

@@ -32,11 +32,7 @@ def realistic_blocks(name: str, n_rows: int, blocks_per_row: int, rng: np.random
     """Random code bytes with small finite fp16 scales at the type's scale offsets."""
     t = ggml_type(name)
     raw = rng.integers(0, 256, size=(n_rows, blocks_per_row, t.block_bytes), dtype=np.uint8)
-    fp16_offsets = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
-                    "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0]}
-    fp16_offsets |= {n: [0] for n in ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S")}
-    fp16_offsets |= {"TQ1_0": [52], "TQ2_0": [64]}
-    for off in fp16_offsets.get(name, []):
+    for off in t.fp16_scales:  # tests/test_quant_types.py checks them against the block decoders
         scale = (rng.random((n_rows, blocks_per_row)) * 0.02 - 0.01).astype(np.float16)
         raw[:, :, off : off + 2] = scale.view(np.uint8).reshape(n_rows, blocks_per_row, 2)
     if name == "IQ1_M":  # d's 16 bits are the top nibbles of the four scale words

@@ -69,18 +69,6 @@ _SCAN_MESSAGES = {
 # (fixed) integer limit for element counts and byte sizes: ggml uses int64_t
 _INT64_MAX = (1 << 63) - 1
 
-_DTYPE_OF_PLAIN_TYPE: dict[str, str] = {
-    "F32": "<f4",
-    "F16": "<f2",
-    "BF16": "<u2",
-    "F64": "<f8",
-    "I8": "<i1",
-    "I16": "<i2",
-    "I32": "<i4",
-    "I64": "<i8",
-}
-
-
 #: ``array`` type codes of the numeric value types (BOOL as bytes), for numpy-free reads of numeric arrays.
 _ARRAY_CODES: dict[ValueType, str] = {
     ValueType.UINT8: "B", ValueType.INT8: "b", ValueType.UINT16: "H", ValueType.INT16: "h", ValueType.UINT32: "I",
@@ -890,7 +878,7 @@ class GGUFFile:
             t = self.tensor(t)
         self._usable(t)
         assert t.type is not None
-        dtype = _DTYPE_OF_PLAIN_TYPE.get(t.type.name)
+        dtype = t.type.dtype
         if dtype is None:
             raise TypeError(f"{t.name} is {t.type.name}, a block format: use tensor_rows() or dequantize()")
         import numpy as np

@@ -20,7 +20,7 @@ from .dequant import (
     unpack_k4_scales,
     unpack_q3k_scales,
 )
-from .types import GGMLType, ggml_type
+from .types import GGML_TYPES, GGMLType, ggml_type
 
 
 @dataclass(frozen=True)
@@ -118,29 +118,21 @@ def _split32(base: int) -> tuple[np.ndarray, np.ndarray]:
     return base + (e % 16), np.where(e < 16, 0, 4)
 
 
-#: Integer and float64 element types: numpy dtype and description (their values shown exactly in the field, as
-#: float32 in the plot).
-_EXACT = {"I8": ("<i1", "signed 8-bit integer"), "I16": ("<i2", "signed 16-bit integer"),
-          "I32": ("<i4", "signed 32-bit integer"), "I64": ("<i8", "signed 64-bit integer"),
-          "F64": ("<f8", "IEEE binary64 (the plot shows it rounded to binary32)")}
-
-
 def _decode_plain(t: GGMLType, raw: bytes) -> DecodedBlock:
     n = t.block_elems
-    if t.name in _EXACT:
-        dtype, desc = _EXACT[t.name]
-        exact = np.frombuffer(raw, dtype=dtype, count=1)[0]
+    desc = t.description
+    if t.is_exact:  # integers and F64: the value shown exactly in the field, as float32 in the plot
+        exact = np.frombuffer(raw, dtype=t.dtype, count=1)[0]
         values = np.array([exact], dtype=np.float32)
         fields = [BlockField("value", 0, t.block_bytes, t.name.lower(), exact.item(), desc)]
     else:
-        desc = {"F32": "IEEE binary32", "F16": "IEEE binary16", "BF16": "bfloat16 (upper half of a binary32)"}[t.name]
         values = dequantize(np.frombuffer(raw, dtype=np.uint8).reshape(1, -1), t)[0]
         fields = [BlockField("value", 0, t.block_bytes, t.name.lower(), float(values[0]), desc)]
     one = np.ones(n)
     return DecodedBlock(
         t, raw, fields, values, np.zeros(n, np.int16), np.zeros(n, np.int16), one.astype(np.float32),
         values.copy(), np.zeros(n, np.int16), np.zeros(n, np.int16), np.zeros(n, np.int8), 0, "x = value", 1,
-        explain_terms=lambda i: f"{t.name} {fields[0].value!r} (bytes {raw.hex(' ')})" if t.name in _EXACT
+        explain_terms=lambda i: f"{t.name} {fields[0].value!r} (bytes {raw.hex(' ')})" if t.is_exact
         else f"{t.name} 0x{raw.hex()}",
     )
 
@@ -410,10 +402,7 @@ def _decode_iq4_xs(t: GGMLType, raw: bytes) -> DecodedBlock:
 
 
 _DECODERS: dict[str, Callable[[GGMLType, bytes], DecodedBlock]] = {
-    "F32": _decode_plain,
-    "F16": _decode_plain,
-    "BF16": _decode_plain,
-    **{name: _decode_plain for name in _EXACT},
+    **{t.name: _decode_plain for t in GGML_TYPES.values() if t.dtype is not None},
     "Q4_0": _decode_q4_0,
     "Q4_1": _decode_q4_1,
     "Q5_0": _decode_q5_0,

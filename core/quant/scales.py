@@ -51,10 +51,6 @@ def scale_fields(type_name: str) -> tuple[tuple[str, int], ...]:
     return tuple((fd.name, fd.offset) for fd in decode_block(t, bytes(t.block_bytes)).fields if fd.kind == "fp16")
 
 
-_FLOAT_BITS = {"F16": ("<u2", 0x7C00), "BF16": ("<u2", 0x7F80), "F32": ("<u4", 0x7F800000),
-               "F64": ("<u8", 0x7FF0000000000000)}
-
-
 def scan_scales(f: GGUFFile, *, chunk_bytes: int = 8 << 20, max_report: int = 100,
                 progress: Progress | None = None, cancel: CancelFlag | None = None) -> ScaleScan:
     """Find NaN/Inf fp16 scales in every quantized block (and NaN/Inf values in float tensors).
@@ -69,10 +65,10 @@ def scan_scales(f: GGUFFile, *, chunk_bytes: int = 8 << 20, max_report: int = 10
         assert t.type is not None
         name = t.type.name
         raw = f.tensor_bytes(t)
-        if name in _FLOAT_BITS:
-            dt, mask = _FLOAT_BITS[name]
+        if t.type.inf_nan_bits:  # a float type: every value's exponent bits
+            width = t.type.block_bytes
+            dt, mask = f"<u{width}", t.type.inf_nan_bits
             fields: tuple[tuple[str, int], ...] = (("value", 0),)
-            width = np.dtype(dt).itemsize
         else:
             fields = scale_fields(name)
             dt, mask, width = "<u2", 0x7C00, t.type.block_bytes

@@ -36,20 +36,15 @@ class ValueType(IntEnum):
     FLOAT64 = 12
 
 
-#: numpy dtype strings (little-endian) of the fixed-size value types.
-SCALAR_DTYPES: dict[ValueType, str] = {
-    ValueType.UINT8: "<u1",
-    ValueType.INT8: "<i1",
-    ValueType.UINT16: "<u2",
-    ValueType.INT16: "<i2",
-    ValueType.UINT32: "<u4",
-    ValueType.INT32: "<i4",
-    ValueType.FLOAT32: "<f4",
-    ValueType.BOOL: "<u1",
-    ValueType.UINT64: "<u8",
-    ValueType.INT64: "<i8",
-    ValueType.FLOAT64: "<f8",
+#: ``struct``/``array`` type code of each fixed-size value type (BOOL: one byte, 0 or 1). The one table every
+#: reader and writer of metadata values derives its formats from.
+STRUCT_CODES: dict[ValueType, str] = {
+    ValueType.UINT8: "B", ValueType.INT8: "b", ValueType.UINT16: "H", ValueType.INT16: "h",
+    ValueType.UINT32: "I", ValueType.INT32: "i", ValueType.FLOAT32: "f", ValueType.BOOL: "B",
+    ValueType.UINT64: "Q", ValueType.INT64: "q", ValueType.FLOAT64: "d",
 }
+#: numpy dtype strings (little-endian) of the fixed-size value types.
+SCALAR_DTYPES: dict[ValueType, str] = {t: "<" + c for t, c in STRUCT_CODES.items()}
 
 
 class FileType(IntEnum):

@@ -29,10 +29,10 @@ from typing import Any
 
 from ..fsutil import OutputSet, open_input, printable
 from ..jobs import CancelFlag, Cancelled, Progress, check_cancel
-from .constants import DEFAULT_ALIGNMENT, MAX_ARRAY_ELEMENTS, MAX_STRING_BYTES, ValueType
+from .constants import DEFAULT_ALIGNMENT, MAX_ARRAY_ELEMENTS, MAX_STRING_BYTES, STRUCT_CODES, ValueType
 from .reader import GGUFFile, MetadataValue, TensorInfo, sibling_shards
 from .strings import StringArray
-from .writer import STRUCT_CODES, ArrayPatch, DataSection, GGUFHeader, encode_string, encode_typed, itemsize_ok, pad_to
+from .writer import ArrayPatch, DataSection, GGUFHeader, encode_string, encode_typed, itemsize_ok, pad_to
 
 #: The GGUF version every edited file is written as (gguf-py's and llama.cpp's writers write 3 too).
 OUTPUT_VERSION = 3

@@ -31,6 +31,7 @@ from .constants import (
     MAX_STRING_BYTES,
     MAX_TENSOR_NAME_BYTES,
     SCALAR_DTYPES,
+    STRUCT_CODES,
     SUPPORTED_VERSIONS,
     ValueType,
     file_type_name,
@@ -41,19 +42,7 @@ from .strings import StringArray
 if TYPE_CHECKING:
     import numpy as np
 
-_SCALAR_STRUCT: dict[ValueType, struct.Struct] = {
-    ValueType.UINT8: struct.Struct("<B"),
-    ValueType.INT8: struct.Struct("<b"),
-    ValueType.UINT16: struct.Struct("<H"),
-    ValueType.INT16: struct.Struct("<h"),
-    ValueType.UINT32: struct.Struct("<I"),
-    ValueType.INT32: struct.Struct("<i"),
-    ValueType.FLOAT32: struct.Struct("<f"),
-    ValueType.BOOL: struct.Struct("<B"),
-    ValueType.UINT64: struct.Struct("<Q"),
-    ValueType.INT64: struct.Struct("<q"),
-    ValueType.FLOAT64: struct.Struct("<d"),
-}
+_SCALAR_STRUCT: dict[ValueType, struct.Struct] = {t: struct.Struct("<" + c) for t, c in STRUCT_CODES.items()}
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length + 1-byte key + type + smallest value
@@ -70,11 +59,7 @@ _SCAN_MESSAGES = {
 _INT64_MAX = (1 << 63) - 1
 
 #: ``array`` type codes of the numeric value types (BOOL as bytes), for numpy-free reads of numeric arrays.
-_ARRAY_CODES: dict[ValueType, str] = {
-    ValueType.UINT8: "B", ValueType.INT8: "b", ValueType.UINT16: "H", ValueType.INT16: "h", ValueType.UINT32: "I",
-    ValueType.INT32: "i", ValueType.FLOAT32: "f", ValueType.BOOL: "B", ValueType.UINT64: "Q", ValueType.INT64: "q",
-    ValueType.FLOAT64: "d",
-}
+_ARRAY_CODES = STRUCT_CODES
 
 
 class _Numbers:

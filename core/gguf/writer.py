@@ -24,18 +24,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, overload
 
-from .constants import DEFAULT_ALIGNMENT, GGUF_MAGIC, ValueType
+from .constants import DEFAULT_ALIGNMENT, GGUF_MAGIC, STRUCT_CODES, ValueType
 from .strings import StringArray
 
 #: the GGUF version every writer produces
 VERSION = 3
 ALIGNMENT_KEY = "general.alignment"
-#: ``struct`` codes of the fixed-size value types (BOOL is one byte, 0 or 1)
-STRUCT_CODES: dict[ValueType, str] = {
-    ValueType.UINT8: "B", ValueType.INT8: "b", ValueType.UINT16: "H", ValueType.INT16: "h",
-    ValueType.UINT32: "I", ValueType.INT32: "i", ValueType.FLOAT32: "f", ValueType.BOOL: "B",
-    ValueType.UINT64: "Q", ValueType.INT64: "q", ValueType.FLOAT64: "d",
-}
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _INT64_MAX = (1 << 63) - 1

@@ -160,7 +160,7 @@ class EngineWorker(QObject):
         from quantscope.core.engine.generate import Engine, LoadCancelled
         from quantscope.core.gguf import GGUFError
         from quantscope.core.model import UnsupportedModel
-        from quantscope.core.native.kernels import isa
+        from quantscope.core.cpu import isa
         from quantscope.core.tokenizer import TokenizerError
 
         t0 = time.perf_counter()

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from quantscope.core.native.kernels import default_threads, isa, isa_detected
+from quantscope.core.cpu import default_threads, isa, isa_detected
 
 from .document import Document, OpenError, open_document
 from .views.block_inspector import BlockInspectorView

@@ -7,11 +7,10 @@ dequantizer (one source of truth); each element is also explained as ``multiplie
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
+from .block_fields import BitSource, BlockField, DecodedBlock, build_block, bytes_field, fp16, fp16_field
 from .dequant import (
     IQ4_NL_VALUES,
     dequantize,
@@ -20,96 +19,8 @@ from .dequant import (
     unpack_k4_scales,
     unpack_q3k_scales,
 )
+from .iq_blocks import DECODERS as _IQ_DECODERS
 from .types import GGML_TYPES, GGMLType, ggml_type
-
-
-@dataclass(frozen=True)
-class BitSource:
-    """``n_bits`` bits of block byte ``byte`` starting at bit ``bit_lo`` land at bit ``value_bit`` of a value."""
-
-    byte: int
-    bit_lo: int
-    n_bits: int
-    value_bit: int
-
-
-@dataclass(frozen=True)
-class BlockField:
-    """A named field of a block: ``size`` bytes at ``offset`` (within the block), decoded ``value``."""
-
-    name: str
-    offset: int
-    size: int
-    kind: str
-    value: Any
-    description: str
-
-
-@dataclass
-class DecodedBlock:
-    """One block, decoded.
-
-    Per element ``i``: ``values[i] == multiplier[i] * code[i] + offset[i]`` (float32, bit-exact), where
-    ``code`` is the signed integer the format multiplies (e.g. ``q - 8`` for Q4_0), ``raw_code`` the bits as
-    stored, ``group`` the scale group (sub-block) and ``code_byte``/``code_shift`` where its low bits live.
-    """
-
-    type: GGMLType
-    raw: bytes
-    fields: list[BlockField]
-    values: np.ndarray
-    raw_code: np.ndarray
-    code: np.ndarray
-    multiplier: np.ndarray
-    offset: np.ndarray
-    group: np.ndarray
-    code_byte: np.ndarray
-    code_shift: np.ndarray
-    code_bits: int
-    formula: str
-    group_size: int
-    scales: dict[str, list[int]] = field(default_factory=dict)
-    scale_sources: dict[str, list[list[BitSource]]] = field(default_factory=dict)
-    explain_terms: Callable[[int], str] | None = None
-
-    def field(self, name: str) -> BlockField:
-        """The field called ``name``."""
-        for f in self.fields:
-            if f.name == name:
-                return f
-        raise KeyError(name)
-
-    def explain(self, i: int) -> str:
-        """The dequantization of element ``i`` written out with its numbers."""
-        terms = self.explain_terms(i) if self.explain_terms else f"{self.multiplier[i]:.7g} · {int(self.code[i])}"
-        return f"x[{i}] = {terms} = {self.values[i]:.7g}"
-
-
-def _fp16(raw: bytes, off: int) -> float:
-    return float(np.frombuffer(raw, dtype="<f2", count=1, offset=off)[0])
-
-
-def _fp16_field(raw: bytes, name: str, off: int, desc: str) -> BlockField:
-    bits = int.from_bytes(raw[off : off + 2], "little")
-    return BlockField(name, off, 2, "fp16", {"bits": bits, "float": _fp16(raw, off)}, desc)
-
-
-def _bytes_field(raw: bytes, name: str, off: int, n: int, desc: str, signed: bool = False) -> BlockField:
-    arr = np.frombuffer(raw, dtype=np.int8 if signed else np.uint8, count=n, offset=off)
-    return BlockField(name, off, n, "i8[]" if signed else "u8[]", [int(v) for v in arr], desc)
-
-
-def _build(
-    t: GGMLType, raw: bytes, fields: list[BlockField], code: np.ndarray, raw_code: np.ndarray,
-    mult: np.ndarray, offs: np.ndarray, group: np.ndarray, code_byte: np.ndarray, code_shift: np.ndarray,
-    code_bits: int, formula: str, group_size: int, **extra: Any,
-) -> DecodedBlock:
-    values = dequantize(np.frombuffer(raw, dtype=np.uint8).reshape(1, -1), t)[0]
-    return DecodedBlock(
-        t, raw, fields, values, raw_code.astype(np.int16), code.astype(np.int16), mult.astype(np.float32),
-        offs.astype(np.float32), group.astype(np.int16), code_byte.astype(np.int16), code_shift.astype(np.int8),
-        code_bits, formula, group_size, **extra,
-    )
 
 
 def _split32(base: int) -> tuple[np.ndarray, np.ndarray]:
@@ -138,24 +49,24 @@ def _decode_plain(t: GGMLType, raw: bytes) -> DecodedBlock:
 
 
 def _decode_q4_0(t: GGMLType, raw: bytes) -> DecodedBlock:
-    d = _fp16(raw, 0)
+    d = fp16(raw, 0)
     qs = np.frombuffer(raw, np.uint8, 16, 2)
     q = np.concatenate([qs & 15, qs >> 4]).astype(np.int16)
     cb, sh = _split32(2)
-    fields = [_fp16_field(raw, "d", 0, "block scale"), _bytes_field(raw, "qs", 2, 16, "4-bit codes: low nibbles = "
+    fields = [fp16_field(raw, "d", 0, "block scale"), bytes_field(raw, "qs", 2, 16, "4-bit codes: low nibbles = "
               "elements 0-15, high nibbles = 16-31")]
-    return _build(t, raw, fields, q - 8, q, np.full(32, d), np.zeros(32), np.zeros(32), cb, sh, 4,
+    return build_block(t, raw, fields, q - 8, q, np.full(32, d), np.zeros(32), np.zeros(32), cb, sh, 4,
                   "x = d · (q − 8)", 32, explain_terms=lambda i: f"d · (q − 8) = {d:.7g} · ({int(q[i])} − 8)")
 
 
 def _decode_q4_1(t: GGMLType, raw: bytes) -> DecodedBlock:
-    d, m = _fp16(raw, 0), _fp16(raw, 2)
+    d, m = fp16(raw, 0), fp16(raw, 2)
     qs = np.frombuffer(raw, np.uint8, 16, 4)
     q = np.concatenate([qs & 15, qs >> 4]).astype(np.int16)
     cb, sh = _split32(4)
-    fields = [_fp16_field(raw, "d", 0, "block scale"), _fp16_field(raw, "m", 2, "block minimum (added)"),
-              _bytes_field(raw, "qs", 4, 16, "4-bit codes: low nibbles = elements 0-15, high nibbles = 16-31")]
-    return _build(t, raw, fields, q, q, np.full(32, d), np.full(32, m), np.zeros(32), cb, sh, 4,
+    fields = [fp16_field(raw, "d", 0, "block scale"), fp16_field(raw, "m", 2, "block minimum (added)"),
+              bytes_field(raw, "qs", 4, 16, "4-bit codes: low nibbles = elements 0-15, high nibbles = 16-31")]
+    return build_block(t, raw, fields, q, q, np.full(32, d), np.full(32, m), np.zeros(32), cb, sh, 4,
                   "x = d · q + m", 32, explain_terms=lambda i: f"d · q + m = {d:.7g} · {int(q[i])} + {m:.7g}")
 
 
@@ -168,44 +79,44 @@ def _q5_codes(raw: bytes, qh_off: int, qs_off: int) -> tuple[np.ndarray, int]:
 
 
 def _decode_q5_0(t: GGMLType, raw: bytes) -> DecodedBlock:
-    d = _fp16(raw, 0)
+    d = fp16(raw, 0)
     q, qh = _q5_codes(raw, 2, 6)
     cb, sh = _split32(6)
-    fields = [_fp16_field(raw, "d", 0, "block scale"),
+    fields = [fp16_field(raw, "d", 0, "block scale"),
               BlockField("qh", 2, 4, "u32", qh, "bit e = 5th bit of element e"),
-              _bytes_field(raw, "qs", 6, 16, "low 4 bits: low nibbles = elements 0-15, high nibbles = 16-31")]
-    return _build(t, raw, fields, q - 16, q, np.full(32, d), np.zeros(32), np.zeros(32), cb, sh, 5,
+              bytes_field(raw, "qs", 6, 16, "low 4 bits: low nibbles = elements 0-15, high nibbles = 16-31")]
+    return build_block(t, raw, fields, q - 16, q, np.full(32, d), np.zeros(32), np.zeros(32), cb, sh, 5,
                   "x = d · (q − 16)", 32, explain_terms=lambda i: f"d · (q − 16) = {d:.7g} · ({int(q[i])} − 16)")
 
 
 def _decode_q5_1(t: GGMLType, raw: bytes) -> DecodedBlock:
-    d, m = _fp16(raw, 0), _fp16(raw, 2)
+    d, m = fp16(raw, 0), fp16(raw, 2)
     q, qh = _q5_codes(raw, 4, 8)
     cb, sh = _split32(8)
-    fields = [_fp16_field(raw, "d", 0, "block scale"), _fp16_field(raw, "m", 2, "block minimum (added)"),
+    fields = [fp16_field(raw, "d", 0, "block scale"), fp16_field(raw, "m", 2, "block minimum (added)"),
               BlockField("qh", 4, 4, "u32", qh, "bit e = 5th bit of element e"),
-              _bytes_field(raw, "qs", 8, 16, "low 4 bits: low nibbles = elements 0-15, high nibbles = 16-31")]
-    return _build(t, raw, fields, q, q, np.full(32, d), np.full(32, m), np.zeros(32), cb, sh, 5,
+              bytes_field(raw, "qs", 8, 16, "low 4 bits: low nibbles = elements 0-15, high nibbles = 16-31")]
+    return build_block(t, raw, fields, q, q, np.full(32, d), np.full(32, m), np.zeros(32), cb, sh, 5,
                   "x = d · q + m", 32, explain_terms=lambda i: f"d · q + m = {d:.7g} · {int(q[i])} + {m:.7g}")
 
 
 def _decode_q8_0(t: GGMLType, raw: bytes) -> DecodedBlock:
-    d = _fp16(raw, 0)
+    d = fp16(raw, 0)
     q = np.frombuffer(raw, np.int8, 32, 2).astype(np.int16)
-    fields = [_fp16_field(raw, "d", 0, "block scale"), _bytes_field(raw, "qs", 2, 32, "int8 codes", signed=True)]
-    return _build(t, raw, fields, q, q, np.full(32, d), np.zeros(32), np.zeros(32), 2 + np.arange(32),
+    fields = [fp16_field(raw, "d", 0, "block scale"), bytes_field(raw, "qs", 2, 32, "int8 codes", signed=True)]
+    return build_block(t, raw, fields, q, q, np.full(32, d), np.zeros(32), np.zeros(32), 2 + np.arange(32),
                   np.zeros(32), 8, "x = d · q", 32, explain_terms=lambda i: f"d · q = {d:.7g} · {int(q[i])}")
 
 
 def _decode_iq4_nl(t: GGMLType, raw: bytes) -> DecodedBlock:
-    d = _fp16(raw, 0)
+    d = fp16(raw, 0)
     qs = np.frombuffer(raw, np.uint8, 16, 2)
     idx = np.concatenate([qs & 15, qs >> 4]).astype(np.int16)
     k = IQ4_NL_VALUES[idx].astype(np.int16)
     cb, sh = _split32(2)
-    fields = [_fp16_field(raw, "d", 0, "block scale"),
-              _bytes_field(raw, "qs", 2, 16, "4-bit indices into the IQ4_NL code book (low nibbles first)")]
-    return _build(t, raw, fields, k, idx, np.full(32, d), np.zeros(32), np.zeros(32), cb, sh, 4,
+    fields = [fp16_field(raw, "d", 0, "block scale"),
+              bytes_field(raw, "qs", 2, 16, "4-bit indices into the IQ4_NL code book (low nibbles first)")]
+    return build_block(t, raw, fields, k, idx, np.full(32, d), np.zeros(32), np.zeros(32), cb, sh, 4,
                   "x = d · K[q],  K = IQ4_NL code book", 32,
                   explain_terms=lambda i: f"d · K[q] = {d:.7g} · K[{int(idx[i])}] = {d:.7g} · {int(k[i])}")
 
@@ -226,7 +137,7 @@ def k4_scale_sources() -> dict[str, list[list[BitSource]]]:
 
 
 def _k_quant_common(raw: bytes, qs_off: int) -> tuple[float, float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    d, dmin = _fp16(raw, 0), _fp16(raw, 2)
+    d, dmin = fp16(raw, 0), fp16(raw, 2)
     sc, mn = unpack_k4_scales(np.frombuffer(raw, np.uint8, 12, 4).reshape(1, 12))
     e = np.arange(256)
     c, r = e // 64, e % 64
@@ -242,10 +153,10 @@ def _decode_q4_k(t: GGMLType, raw: bytes) -> DecodedBlock:
     mult = np.float32(d) * sc[group].astype(np.float32)
     offs = -(np.float32(dmin) * mn[group].astype(np.float32))
     fields = [
-        _fp16_field(raw, "d", 0, "super-block scale of the 6-bit scales"),
-        _fp16_field(raw, "dmin", 2, "super-block scale of the 6-bit mins"),
-        _bytes_field(raw, "scales", 4, 12, "8 six-bit scales + 8 six-bit mins (get_scale_min_k4 packing)"),
-        _bytes_field(raw, "qs", 16, 128, "4-bit codes; bytes 32c..32c+31: low nibbles = sub-block 2c, "
+        fp16_field(raw, "d", 0, "super-block scale of the 6-bit scales"),
+        fp16_field(raw, "dmin", 2, "super-block scale of the 6-bit mins"),
+        bytes_field(raw, "scales", 4, 12, "8 six-bit scales + 8 six-bit mins (get_scale_min_k4 packing)"),
+        bytes_field(raw, "qs", 16, 128, "4-bit codes; bytes 32c..32c+31: low nibbles = sub-block 2c, "
                      "high nibbles = sub-block 2c+1"),
     ]
 
@@ -254,7 +165,7 @@ def _decode_q4_k(t: GGMLType, raw: bytes) -> DecodedBlock:
         return (f"d · sc[{s}] · q − dmin · m[{s}] = {d:.7g} · {int(sc[s])} · {int(q[i])} − "
                 f"{dmin:.7g} · {int(mn[s])}")
 
-    return _build(t, raw, fields, q, q, mult, offs, group, cb, sh, 4, "x = d · sc[s] · q − dmin · m[s]", 32,
+    return build_block(t, raw, fields, q, q, mult, offs, group, cb, sh, 4, "x = d · sc[s] · q − dmin · m[s]", 32,
                   scales={"sc": [int(v) for v in sc], "m": [int(v) for v in mn]},
                   scale_sources=k4_scale_sources(), explain_terms=terms)
 
@@ -268,11 +179,11 @@ def _decode_q5_k(t: GGMLType, raw: bytes) -> DecodedBlock:
     mult = np.float32(d) * sc[group].astype(np.float32)
     offs = -(np.float32(dmin) * mn[group].astype(np.float32))
     fields = [
-        _fp16_field(raw, "d", 0, "super-block scale of the 6-bit scales"),
-        _fp16_field(raw, "dmin", 2, "super-block scale of the 6-bit mins"),
-        _bytes_field(raw, "scales", 4, 12, "8 six-bit scales + 8 six-bit mins (get_scale_min_k4 packing)"),
-        _bytes_field(raw, "qh", 16, 32, "5th bits: bit s of byte l = element 32s+l"),
-        _bytes_field(raw, "qs", 48, 128, "low 4 bits, laid out as Q4_K's qs"),
+        fp16_field(raw, "d", 0, "super-block scale of the 6-bit scales"),
+        fp16_field(raw, "dmin", 2, "super-block scale of the 6-bit mins"),
+        bytes_field(raw, "scales", 4, 12, "8 six-bit scales + 8 six-bit mins (get_scale_min_k4 packing)"),
+        bytes_field(raw, "qh", 16, 32, "5th bits: bit s of byte l = element 32s+l"),
+        bytes_field(raw, "qs", 48, 128, "low 4 bits, laid out as Q4_K's qs"),
     ]
 
     def terms(i: int) -> str:
@@ -280,14 +191,14 @@ def _decode_q5_k(t: GGMLType, raw: bytes) -> DecodedBlock:
         return (f"d · sc[{s}] · q − dmin · m[{s}] = {d:.7g} · {int(sc[s])} · {int(q[i])} − "
                 f"{dmin:.7g} · {int(mn[s])}")
 
-    return _build(t, raw, fields, q, q, mult, offs, group, cb, sh, 5, "x = d · sc[s] · q − dmin · m[s]", 32,
+    return build_block(t, raw, fields, q, q, mult, offs, group, cb, sh, 5, "x = d · sc[s] · q − dmin · m[s]", 32,
                   scales={"sc": [int(v) for v in sc], "m": [int(v) for v in mn]},
                   scale_sources=k4_scale_sources(), explain_terms=terms)
 
 
 def _decode_q6_k(t: GGMLType, raw: bytes) -> DecodedBlock:
     b = np.frombuffer(raw, np.uint8)
-    d = _fp16(raw, 208)
+    d = fp16(raw, 208)
     q = q6_k_codes(b.reshape(1, -1))[0].astype(np.int16)
     scales = np.frombuffer(raw, np.int8, 16, 192).astype(np.int64)
     e = np.arange(256)
@@ -297,23 +208,23 @@ def _decode_q6_k(t: GGMLType, raw: bytes) -> DecodedBlock:
     group = e // 16
     mult = np.float32(d) * scales[group].astype(np.float32)
     fields = [
-        _bytes_field(raw, "ql", 0, 128, "low 4 bits (two halves of 64 bytes)"),
-        _bytes_field(raw, "qh", 128, 64, "high 2 bits, four elements per byte"),
-        _bytes_field(raw, "scales", 192, 16, "int8 scale per 16 elements", signed=True),
-        _fp16_field(raw, "d", 208, "super-block scale"),
+        bytes_field(raw, "ql", 0, 128, "low 4 bits (two halves of 64 bytes)"),
+        bytes_field(raw, "qh", 128, 64, "high 2 bits, four elements per byte"),
+        bytes_field(raw, "scales", 192, 16, "int8 scale per 16 elements", signed=True),
+        fp16_field(raw, "d", 208, "super-block scale"),
     ]
 
     def terms(i: int) -> str:
         j = int(group[i])
         return f"d · sc[{j}] · (q − 32) = {d:.7g} · {int(scales[j])} · ({int(q[i])} − 32)"
 
-    return _build(t, raw, fields, q - 32, q, mult, np.zeros(256), group, cb, sh, 6, "x = d · sc[j] · (q − 32)", 16,
+    return build_block(t, raw, fields, q - 32, q, mult, np.zeros(256), group, cb, sh, 6, "x = d · sc[j] · (q − 32)", 16,
                   scales={"sc": [int(v) for v in scales]}, explain_terms=terms)
 
 
 def _decode_q2_k(t: GGMLType, raw: bytes) -> DecodedBlock:
     b = np.frombuffer(raw, np.uint8)
-    d, dmin = _fp16(raw, 80), _fp16(raw, 82)
+    d, dmin = fp16(raw, 80), fp16(raw, 82)
     e = np.arange(256)
     n, j, lane = e // 128, (e % 128) // 32, e % 32
     cb = 16 + 32 * n + lane
@@ -325,10 +236,10 @@ def _decode_q2_k(t: GGMLType, raw: bytes) -> DecodedBlock:
     mult = np.float32(d) * sc[group].astype(np.float32)
     offs = -(np.float32(dmin) * mn[group].astype(np.float32))
     fields = [
-        _bytes_field(raw, "scales", 0, 16, "per 16 elements: low nibble = scale, high nibble = min"),
-        _bytes_field(raw, "qs", 16, 64, "2-bit codes, four per byte"),
-        _fp16_field(raw, "d", 80, "super-block scale of the scales"),
-        _fp16_field(raw, "dmin", 82, "super-block scale of the mins"),
+        bytes_field(raw, "scales", 0, 16, "per 16 elements: low nibble = scale, high nibble = min"),
+        bytes_field(raw, "qs", 16, 64, "2-bit codes, four per byte"),
+        fp16_field(raw, "d", 80, "super-block scale of the scales"),
+        fp16_field(raw, "dmin", 82, "super-block scale of the mins"),
     ]
 
     def terms(i: int) -> str:
@@ -336,13 +247,13 @@ def _decode_q2_k(t: GGMLType, raw: bytes) -> DecodedBlock:
         return (f"d · sc[{s}] · q − dmin · m[{s}] = {d:.7g} · {int(sc[s])} · {int(q[i])} − "
                 f"{dmin:.7g} · {int(mn[s])}")
 
-    return _build(t, raw, fields, q, q, mult, offs, group, cb, sh, 2, "x = d · sc[s] · q − dmin · m[s]", 16,
+    return build_block(t, raw, fields, q, q, mult, offs, group, cb, sh, 2, "x = d · sc[s] · q − dmin · m[s]", 16,
                   scales={"sc": [int(v) for v in sc], "m": [int(v) for v in mn]}, explain_terms=terms)
 
 
 def _decode_q3_k(t: GGMLType, raw: bytes) -> DecodedBlock:
     b = np.frombuffer(raw, np.uint8)
-    d = _fp16(raw, 108)
+    d = fp16(raw, 108)
     e = np.arange(256)
     n, j, lane = e // 128, (e % 128) // 32, e % 32
     cb = 32 + 32 * n + lane
@@ -359,23 +270,23 @@ def _decode_q3_k(t: GGMLType, raw: bytes) -> DecodedBlock:
         low = BitSource(96 + s, 0, 4, 0) if s < 8 else BitSource(96 + s - 8, 4, 4, 0)
         sources.append([low, BitSource(96 + 8 + s % 4, 2 * (s // 4), 2, 4)])
     fields = [
-        _bytes_field(raw, "hmask", 0, 32, "3rd bits: bit 4n+j of byte l (element 128n+32j+l); clear = subtract 4"),
-        _bytes_field(raw, "qs", 32, 64, "low 2 bits, four per byte"),
-        _bytes_field(raw, "scales", 96, 12, "16 six-bit scales (biased by 32)"),
-        _fp16_field(raw, "d", 108, "super-block scale"),
+        bytes_field(raw, "hmask", 0, 32, "3rd bits: bit 4n+j of byte l (element 128n+32j+l); clear = subtract 4"),
+        bytes_field(raw, "qs", 32, 64, "low 2 bits, four per byte"),
+        bytes_field(raw, "scales", 96, 12, "16 six-bit scales (biased by 32)"),
+        fp16_field(raw, "d", 108, "super-block scale"),
     ]
 
     def terms(i: int) -> str:
         s = int(group[i])
         return f"d · (sc[{s}] − 32) · q = {d:.7g} · ({int(sc[s])} − 32) · {int(code[i])}"
 
-    return _build(t, raw, fields, code, q, mult, np.zeros(256), group, cb, sh, 3, "x = d · (sc[s] − 32) · q", 16,
+    return build_block(t, raw, fields, code, q, mult, np.zeros(256), group, cb, sh, 3, "x = d · (sc[s] − 32) · q", 16,
                   scales={"sc": [int(v) for v in sc]}, scale_sources={"sc": sources}, explain_terms=terms)
 
 
 def _decode_iq4_xs(t: GGMLType, raw: bytes) -> DecodedBlock:
     b = np.frombuffer(raw, np.uint8)
-    d = _fp16(raw, 0)
+    d = fp16(raw, 0)
     ls = iq4_xs_scales(b.reshape(1, -1))[0].astype(np.int64)
     e = np.arange(256)
     group, r = e // 32, e % 32
@@ -387,17 +298,17 @@ def _decode_iq4_xs(t: GGMLType, raw: bytes) -> DecodedBlock:
     sources = [[BitSource(4 + s // 2, 4 * (s % 2), 4, 0), BitSource(2 + (2 * s) // 8, (2 * s) % 8, 2, 4)]
                for s in range(8)]
     fields = [
-        _fp16_field(raw, "d", 0, "super-block scale"),
+        fp16_field(raw, "d", 0, "super-block scale"),
         BlockField("scales_h", 2, 2, "u16", int.from_bytes(raw[2:4], "little"), "high 2 bits of the 8 scales"),
-        _bytes_field(raw, "scales_l", 4, 4, "low 4 bits of the 8 scales (two per byte)"),
-        _bytes_field(raw, "qs", 8, 128, "4-bit code-book indices; 16 bytes per 32-element sub-block"),
+        bytes_field(raw, "scales_l", 4, 4, "low 4 bits of the 8 scales (two per byte)"),
+        bytes_field(raw, "qs", 8, 128, "4-bit code-book indices; 16 bytes per 32-element sub-block"),
     ]
 
     def terms(i: int) -> str:
         s = int(group[i])
         return f"d · (ls[{s}] − 32) · K[q] = {d:.7g} · ({int(ls[s])} − 32) · {int(k[i])}"
 
-    return _build(t, raw, fields, k, idx, mult, np.zeros(256), group, cb, sh, 4, "x = d · (ls[s] − 32) · K[q]", 32,
+    return build_block(t, raw, fields, k, idx, mult, np.zeros(256), group, cb, sh, 4, "x = d · (ls[s] − 32) · K[q]", 32,
                   scales={"ls": [int(v) for v in ls]}, scale_sources={"ls": sources}, explain_terms=terms)
 
 
@@ -415,12 +326,8 @@ _DECODERS: dict[str, Callable[[GGMLType, bytes], DecodedBlock]] = {
     "Q6_K": _decode_q6_k,
     "IQ4_NL": _decode_iq4_nl,
     "IQ4_XS": _decode_iq4_xs,
+    **_IQ_DECODERS,
 }
-
-
-from .iq_blocks import DECODERS as _IQ_DECODERS  # noqa: E402 (it builds on the helpers above)
-
-_DECODERS.update(_IQ_DECODERS)
 
 
 def can_decode(qtype: GGMLType | int | str) -> bool:

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from quantscope.core.native.kernels import default_threads, isa
+from quantscope.core.cpu import default_threads, isa
 from quantscope.core.summary import human_bytes
 
 from ..widgets.fit import ElidedLabel

@@ -55,6 +55,7 @@ from quantscope.core.gguf.edit import (
 
 from ..theme import BAD_COLOR, OK_COLOR
 from ..widgets.blockwidgets import mono_font
+from ..widgets.jinja import JinjaHighlighter
 from ..workers import TaskRunner
 
 TryApply = Callable[[EditOp], str | None]  # None when applied, else why it was refused
@@ -443,7 +444,6 @@ class TemplateDialog(_Dialog):
                  parent: QWidget | None = None) -> None:
         super().__init__("Edit the chat template", try_apply, parent)
         from .chat_widgets import SpecialTokenHighlighter
-        from .metadata import JinjaHighlighter
 
         self.state = state
         self.runner = runner

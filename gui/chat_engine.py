@@ -157,10 +157,10 @@ class EngineWorker(QObject):
 
     @Slot(object)
     def load(self, req: LoadRequest) -> None:
+        from quantscope.core.cpu import isa
         from quantscope.core.engine.generate import Engine, LoadCancelled
         from quantscope.core.gguf import GGUFError
         from quantscope.core.model import UnsupportedModel
-        from quantscope.core.cpu import isa
         from quantscope.core.tokenizer import TokenizerError
 
         t0 = time.perf_counter()

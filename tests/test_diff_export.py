@@ -26,13 +26,16 @@ from quantscope.core.fsutil import PathRefused
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.gguf import diff as diff_mod
 from quantscope.core.gguf.diff import (
+    MIN_WINDOW,
     DiffCancelled,
     compare_values,
     diff_files,
+    locate_blocks,
     locate_difference,
 )
 from quantscope.core.jobs import Cancelled, CancelToken
 from quantscope.core.native.kernels import quantize_rows
+from quantscope.core.quant import decode_block
 
 V = gguf.GGUFValueType
 Q = gguf.GGMLQuantizationType
@@ -277,6 +280,31 @@ def test_locate_difference(pair):
             locate_difference(a, b, "reshaped.weight")
         with pytest.raises(KeyError):
             locate_difference(a, b, "nope")
+
+
+@pytest.mark.parametrize("name", ["q8.weight", "q4k.weight", "f16.weight"])
+def test_locate_blocks_holds_both_blocks_and_the_window(pair, name):
+    """Qt-free: both files' blocks where the tensor differs most, decoded, and the window's values (gguf-py's)."""
+    pa, pb = pair
+    with GGUFFile(pa) as a, GGUFFile(pb) as b:
+        found = locate_blocks(a, b, name)
+        loc = locate_difference(a, b, name)
+        assert found is not None and found.loc == loc
+        w0, w1 = found.window
+        if name == "f16.weight":  # an element type: MIN_WINDOW columns around the element
+            assert (w0, w1) == (loc.col // MIN_WINDOW * MIN_WINDOW, loc.col // MIN_WINDOW * MIN_WINDOW + MIN_WINDOW)
+        else:
+            assert found.window == loc.region
+        for f, path, s, block, element in ((a, pa, found.a, loc.block_a, loc.element_a),
+                                           (b, pb, found.b, loc.block_b, loc.element_b)):
+            t = f.tensor(name)
+            assert (s.block, s.element, s.type_name) == (block, element, t.type_name)
+            assert (s.offset, s.size) == f.block_location(t, loc.row, block)
+            dec = decode_block(t.type, f.block_bytes(t, loc.row, block))
+            np.testing.assert_array_equal(s.decoded.values, dec.values)
+            row = _gguf_py_values(path, name)[loc.row]
+            np.testing.assert_array_equal(s.values, row[w0:w1].astype(np.float32))
+        assert locate_blocks(a, b, "same.weight") is None
 
 
 def test_progress_and_cancel(pair):

@@ -6,7 +6,8 @@ RMSE, max |Δ|, cosine similarity and relative error (RMSE / RMS of A), or ``exa
 and the same bytes (found without dequantizing). Values are read in chunks of rows (float64 sums, bounded
 memory); metadata arrays are compared through their stored bytes (length, a BLAKE2b digest and the first
 differing element), never turned into Python objects. :func:`locate_difference` finds the row and block where two
-tensors differ most, for a side-by-side view of both blocks.
+tensors differ most; :func:`locate_blocks` adds both blocks there, decoded, and the window of values a
+side-by-side view shows.
 
 Progress is reported in bytes of tensor data read (both files); a set cancel token stops the job at the next
 chunk with :class:`DiffCancelled`.
@@ -21,7 +22,7 @@ import struct
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from ..jobs import CancelFlag, Cancelled, Progress, check_cancel
 from .constants import ValueType
 from .reader import GGUFFile, MetadataValue, TensorInfo
 from .strings import StringArray
+
+if TYPE_CHECKING:
+    from ..quant.blocks import DecodedBlock
 
 #: Values per chunk of a value comparison (per file): memory stays near 6 × 8 bytes × this.
 CHUNK_VALUES = 1 << 20
@@ -733,3 +737,74 @@ def locate_difference(fa: GGUFFile, fb: GGUFFile, name: str, *, threads: int = 1
     col = c0 + k
     return DiffLocation(name, row, col, col // ba, col // bb, col % ba, col % bb, (c0, c1),
                         math.sqrt(sse / (c1 - c0)), float(d[k]), float(x[k]), float(y[k]))
+
+
+#: columns shown around a located element when its region is narrower
+MIN_WINDOW = 16
+
+
+@dataclass
+class SideBlock:
+    """One file's block at a located difference: where it is, decoded (``None`` without a field decoder), and the
+    values of the shown window of columns."""
+
+    type_name: str
+    block: int  # in the row
+    element: int  # of the located column, in the block
+    block_elems: int
+    offset: int  # in the file
+    size: int
+    decoded: DecodedBlock | None
+    values: np.ndarray  # float32, columns window[0]..window[1]
+
+
+@dataclass
+class Located:
+    """Where two tensors differ most (``loc``) and both blocks there; ``window`` = the columns shown (the region,
+    or :data:`MIN_WINDOW` columns around the element when the region is narrower)."""
+
+    loc: DiffLocation
+    window: tuple[int, int]
+    a: SideBlock
+    b: SideBlock
+
+
+def _window_values(f: GGUFFile, t: TensorInfo, row: int, w0: int, w1: int) -> np.ndarray:
+    """Columns ``[w0, w1)`` of ``row``, block by block through the block decoder (the inspector's values)."""
+    from ..quant.blocks import can_decode, decode_block
+
+    assert t.type is not None
+    be = t.type.block_elems
+    if not can_decode(t.type):
+        from ..analysis import dequantize_rows
+
+        return dequantize_rows(f, t, row, row + 1)[0, w0:w1].astype(np.float32)
+    b0, b1 = w0 // be, (w1 - 1) // be
+    vals = np.concatenate([np.asarray(decode_block(t.type, f.block_bytes(t, row, b)).values, np.float32)
+                           for b in range(b0, b1 + 1)])
+    return vals[w0 - b0 * be : w1 - b0 * be]
+
+
+def _side_block(f: GGUFFile, t: TensorInfo, row: int, block: int, element: int, w0: int, w1: int) -> SideBlock:
+    from ..quant.blocks import can_decode, decode_block
+
+    assert t.type is not None
+    offset, size = f.block_location(t, row, block)
+    decoded = decode_block(t.type, f.block_bytes(t, row, block)) if can_decode(t.type) else None
+    return SideBlock(t.type.name, block, element, t.type.block_elems, offset, size, decoded,
+                     _window_values(f, t, row, w0, w1))
+
+
+def locate_blocks(fa: GGUFFile, fb: GGUFFile, name: str, *, threads: int = 0, progress: Progress | None = None,
+                  cancel: CancelFlag | None = None) -> Located | None:
+    """:func:`locate_difference` and both files' blocks there (``None`` when the values are equal everywhere)."""
+    loc = locate_difference(fa, fb, name, threads=threads, progress=progress, cancel=cancel)
+    if loc is None:
+        return None
+    ta, tb = fa.tensor(name), fb.tensor(name)
+    w0, w1 = loc.region
+    if w1 - w0 < MIN_WINDOW:
+        w0 = loc.col // MIN_WINDOW * MIN_WINDOW
+        w1 = min(ta.row_len, w0 + MIN_WINDOW)
+    return Located(loc, (w0, w1), _side_block(fa, ta, loc.row, loc.block_a, loc.element_a, w0, w1),
+                   _side_block(fb, tb, loc.row, loc.block_b, loc.element_b, w0, w1))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +42,17 @@ from PySide6.QtWidgets import (
 )
 
 from quantscope.core.fsutil import PathRefused, check_input, printable, write_atomic
-from quantscope.core.gguf import GGUFError, GGUFFile, TensorInfo
+from quantscope.core.gguf import GGUFError, GGUFFile
 from quantscope.core.gguf.diff import (
-    DiffLocation,
     FileDiff,
+    Located,
     MetadataChange,
+    SideBlock,
     TensorDiff,
     diff_files,
-    locate_difference,
+    locate_blocks,
 )
-from quantscope.core.jobs import CancelFlag, Progress, RateMeter, format_duration
-from quantscope.core.quant import DecodedBlock, can_decode, decode_block
+from quantscope.core.jobs import RateMeter, format_duration
 from quantscope.core.summary import human_bytes
 
 from ..models import KEY_ROLE, SORT_ROLE, KeyValueModel, SortFilterProxy, plural
@@ -68,8 +67,6 @@ LOCATE_TASK = "diff-locate"
 CELL_CHARS = 120
 #: Characters of a tool tip at most (values are previews already; keys are file-controlled).
 TIP_CHARS = 2000
-#: Columns shown around the located element when the differing region is narrower (element types).
-MIN_WINDOW = 16
 #: A string longer than this leads with its first difference.
 LONG_STRING = 60
 WORST_COLOR = "#e15759"  # the element of largest |Δ|
@@ -219,69 +216,6 @@ def field_value_text(v: object) -> str:
 
 
 # --------------------------------------------------------------------------------------------------- work
-@dataclass
-class SideBlock:
-    """One file's block at a located difference: where it is, decoded (``None`` without a field decoder), and the
-    values of the shown window of columns."""
-
-    type_name: str
-    block: int  # in the row
-    element: int  # of the located column, in the block
-    block_elems: int
-    offset: int  # in the file
-    size: int
-    decoded: DecodedBlock | None
-    values: np.ndarray  # float32, columns window[0]..window[1]
-
-
-@dataclass
-class Located:
-    """Where two tensors differ most (``loc``) and both blocks there; ``window`` = the columns shown (the region,
-    or :data:`MIN_WINDOW` columns around the element when the region is narrower)."""
-
-    loc: DiffLocation
-    window: tuple[int, int]
-    a: SideBlock
-    b: SideBlock
-
-
-def _window_values(f: GGUFFile, t: TensorInfo, row: int, w0: int, w1: int) -> np.ndarray:
-    """Columns ``[w0, w1)`` of ``row``, block by block through the block decoder (the inspector's values)."""
-    assert t.type is not None
-    be = t.type.block_elems
-    if not can_decode(t.type):
-        from quantscope.core.analysis import dequantize_rows
-
-        return dequantize_rows(f, t, row, row + 1)[0, w0:w1].astype(np.float32)
-    b0, b1 = w0 // be, (w1 - 1) // be
-    vals = np.concatenate([np.asarray(decode_block(t.type, f.block_bytes(t, row, b)).values, np.float32)
-                           for b in range(b0, b1 + 1)])
-    return vals[w0 - b0 * be : w1 - b0 * be]
-
-
-def _side(f: GGUFFile, t: TensorInfo, row: int, block: int, element: int, w0: int, w1: int) -> SideBlock:
-    assert t.type is not None
-    offset, size = f.block_location(t, row, block)
-    decoded = decode_block(t.type, f.block_bytes(t, row, block)) if can_decode(t.type) else None
-    return SideBlock(t.type.name, block, element, t.type.block_elems, offset, size, decoded,
-                     _window_values(f, t, row, w0, w1))
-
-
-def locate_blocks(fa: GGUFFile, fb: GGUFFile, name: str, *, threads: int = 0, progress: Progress | None = None,
-                  cancel: CancelFlag | None = None) -> Located | None:
-    """:func:`locate_difference` and both files' blocks there (``None`` when the values are equal everywhere)."""
-    loc = locate_difference(fa, fb, name, threads=threads, progress=progress, cancel=cancel)
-    if loc is None:
-        return None
-    ta, tb = fa.tensor(name), fb.tensor(name)
-    w0, w1 = loc.region
-    if w1 - w0 < MIN_WINDOW:
-        w0 = loc.col // MIN_WINDOW * MIN_WINDOW
-        w1 = min(ta.row_len, w0 + MIN_WINDOW)
-    return Located(loc, (w0, w1), _side(fa, ta, loc.row, loc.block_a, loc.element_a, w0, w1),
-                   _side(fb, tb, loc.row, loc.block_b, loc.element_b, w0, w1))
-
-
 def open_other(path: Path) -> GGUFFile:
     """Open B for a comparison (problems in its tensors are listed, not fatal); ``ValueError`` says why not."""
     try:

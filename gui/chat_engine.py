@@ -158,10 +158,7 @@ class EngineWorker(QObject):
     @Slot(object)
     def load(self, req: LoadRequest) -> None:
         from quantscope.core.cpu import isa
-        from quantscope.core.engine.generate import Engine, LoadCancelled
-        from quantscope.core.gguf import GGUFError
-        from quantscope.core.model import UnsupportedModel
-        from quantscope.core.tokenizer import TokenizerError
+        from quantscope.core.engine.generate import Engine, LoadCancelled, load_failure
 
         t0 = time.perf_counter()
         lid = self.load_id
@@ -178,21 +175,13 @@ class EngineWorker(QObject):
         except LoadCancelled:
             self.loadCancelled.emit(lid)
             return
-        except UnsupportedModel as exc:
-            self.loadFailed.emit(lid, "This model cannot run on Quantscope's engine.", str(exc))
-            return
-        except TokenizerError as exc:
-            self.loadFailed.emit(lid, "This model's tokenizer is not supported.", str(exc))
-            return
-        except GGUFError as exc:
-            self.loadFailed.emit(lid, "The file is not a readable GGUF model.", str(exc))
-            return
-        except MemoryError:
-            self.loadFailed.emit(lid, "The model is too large for the memory available.",
-                                 "allocating the weights or the KV cache failed; try a smaller context")
-            return
         except Exception as exc:
-            self.loadFailed.emit(lid, f"Loading failed: {exc or type(exc).__name__}", traceback.format_exc())
+            why = load_failure(exc)
+            if why is None:
+                self.loadFailed.emit(lid, f"Loading failed: {exc or type(exc).__name__}", traceback.format_exc())
+            else:
+                self.loadFailed.emit(lid, why.headline,
+                                     why.detail + ("; try a smaller context" if isinstance(exc, MemoryError) else ""))
             return
         self.engine = eng
         if eng.backend == "cuda":
@@ -253,12 +242,7 @@ class EngineWorker(QObject):
         """Drop the engine (and with it the KV cache and the file mapping)."""
         eng, self.engine = self.engine, None
         if eng is not None:
-            close = getattr(eng.session, "close", None)
-            if callable(close):
-                close()
-            f = getattr(eng, "file", None)
-            if f is not None:
-                f.close()
+            eng.close()
 
 
 class EngineHost(QObject):

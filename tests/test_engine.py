@@ -316,3 +316,32 @@ def test_cpu_and_gpu_sessions_share_one_protocol(model_path):
     assert {"kv_bytes", "reset", "truncate", "forward"} <= set(dir(CudaSession))
     src = inspect.getsource(CudaSession.__init__)
     assert "self.n_ctx = " in src and "self.n_past = " in src
+
+
+def test_close_frees_the_session_and_unmaps_the_file(model_path):
+    """Engine.close() closes its file too (the GUI no longer reaches into ``eng.file``); twice is harmless."""
+    eng = Engine(model_path("smollm2"), n_ctx=64, backend="cpu", repack=False)
+    assert eng.file._mmap is not None
+    eng.close()
+    assert eng.file._mmap is None and eng.file._buf == b""
+    eng.close()
+
+
+def test_load_failures_are_explained_once_for_every_caller(tmp_path):
+    from quantscope.core.engine.generate import LoadFailure, load_failure
+    from quantscope.core.gguf import GGUFError
+    from quantscope.core.model import UnsupportedModel
+    from quantscope.core.tokenizer import TokenizerError
+
+    assert load_failure(UnsupportedModel("arch 'x'")) == LoadFailure(
+        "This model cannot run on Quantscope's engine.", "arch 'x'")
+    assert load_failure(TokenizerError("no vocab")).headline == "This model's tokenizer is not supported."
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"nope" + bytes(40))
+    with pytest.raises(GGUFError) as info:
+        Engine(bad, n_ctx=64, backend="cpu")
+    why = load_failure(info.value)
+    assert why is not None and why.line() == f"The file is not a readable GGUF model: {info.value}"
+    assert load_failure(MemoryError()).line() == ("The model is too large for the memory available: allocating the "
+                                                  "weights or the KV cache failed")
+    assert load_failure(RuntimeError("a bug")) is None  # shown with its traceback

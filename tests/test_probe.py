@@ -81,6 +81,7 @@ def test_probe_matches_the_float64_reference(name, arch_model):
     assert np.allclose(act.rms, np.sqrt((rr * rr).mean(-1)), rtol=1e-5)
     assert np.allclose(act.channel_rms, np.sqrt((rr * rr).mean(1)), rtol=1e-5)
     assert np.allclose(act.channel_max, np.abs(rr).max(1), rtol=1e-5)
+    assert np.allclose(act.layer_rms(), np.sqrt((rr * rr).mean((1, 2))), rtol=1e-5)  # over every position
 
 
 @pytest.mark.parametrize("name", sorted(NO_REFERENCE))

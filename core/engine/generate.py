@@ -61,6 +61,38 @@ class LoadCancelled(Exception):
     """Loading was cancelled."""
 
 
+@dataclass(frozen=True)
+class LoadFailure:
+    """Why a model could not be loaded, in words: ``headline`` (a sentence) and ``detail``."""
+
+    headline: str
+    detail: str
+
+    def line(self) -> str:
+        """Headline and detail in one line."""
+        return f"{self.headline.rstrip('.')}: {self.detail}" if self.detail else self.headline
+
+
+def load_failure(exc: BaseException) -> LoadFailure | None:
+    """What to tell the user when :class:`Engine` raised ``exc`` for a reason the file or the machine explains (an
+    unsupported model or tokenizer, an unreadable GGUF, too little memory); ``None`` for anything else (a bug:
+    show its traceback). The chat and the probe say the same."""
+    from ..gguf import GGUFError
+    from ..model import UnsupportedModel
+    from ..tokenizer import TokenizerError
+
+    if isinstance(exc, UnsupportedModel):
+        return LoadFailure("This model cannot run on Quantscope's engine.", str(exc))
+    if isinstance(exc, TokenizerError):
+        return LoadFailure("This model's tokenizer is not supported.", str(exc))
+    if isinstance(exc, GGUFError):
+        return LoadFailure("The file is not a readable GGUF model.", str(exc))
+    if isinstance(exc, MemoryError):
+        return LoadFailure("The model is too large for the memory available.",
+                           "allocating the weights or the KV cache failed")
+    return None
+
+
 class EmptyPrompt(ValueError):
     """The prompt has no tokens and the vocabulary has no BOS token to start from."""
 
@@ -179,10 +211,14 @@ class Engine:
         return self.model.session(n_ctx)
 
     def close(self) -> None:
-        """Free the session (GPU memory for the CUDA backend)."""
-        closer = getattr(self.session, "close", None)
-        if closer is not None:
-            closer()
+        """Free the session (GPU memory for the CUDA backend) and unmap the file (numpy views still held keep the
+        mapping until they are dropped). Safe to call more than once."""
+        try:
+            closer = getattr(self.session, "close", None)
+            if closer is not None:
+                closer()
+        finally:
+            self.file.close()
 
     @property
     def n_ctx(self) -> int:

@@ -216,6 +216,10 @@ class Activations:
     channel_rms: np.ndarray  # (L + 1, n_embd) float32
     channel_max: np.ndarray  # (L + 1, n_embd) float32
 
+    def layer_rms(self) -> np.ndarray:
+        """The RMS over all positions of each residual index, ``(L + 1,)`` float64 (the positions' RMS combined)."""
+        return np.sqrt((self.rms.astype(np.float64) ** 2).mean(axis=1))
+
     def top_channels(self, index: int, n: int = 8) -> list[tuple[int, float, float]]:
         """The ``n`` channels of largest RMS at residual ``index``: (channel, rms, max |x|), largest first."""
         row = self.channel_rms[index]

@@ -81,11 +81,8 @@ def _load_engine(path: object, cancel: Any, report: Any) -> Any:
     saying why the file cannot run."""
     import threading
 
-    from quantscope.core.engine.generate import Engine, LoadCancelled
-    from quantscope.core.gguf import GGUFError
+    from quantscope.core.engine.generate import Engine, LoadCancelled, load_failure
     from quantscope.core.jobs import Cancelled
-    from quantscope.core.model import UnsupportedModel
-    from quantscope.core.tokenizer import TokenizerError
 
     stop = threading.Event()
 
@@ -98,26 +95,17 @@ def _load_engine(path: object, cancel: Any, report: Any) -> Any:
         return Engine(path, n_ctx=64, threads=0, progress=say, cancel=stop, backend="cpu", repack=False)
     except LoadCancelled:
         raise Cancelled("loading cancelled") from None
-    except UnsupportedModel as exc:
-        raise ProbeRefused(f"This model cannot run on Quantscope's engine: {exc}") from None
-    except TokenizerError as exc:
-        raise ProbeRefused(f"This model's tokenizer is not supported: {exc}") from None
-    except GGUFError as exc:
-        raise ProbeRefused(f"The file is not a readable GGUF model: {exc}") from None
-    except MemoryError:
-        raise ProbeRefused("The model is too large for the memory available.") from None
+    except Exception as exc:
+        why = load_failure(exc)
+        if why is None:
+            raise
+        raise ProbeRefused(why.line()) from None
 
 
 def release_engine(eng: Any) -> None:
     """Free an engine's session and unmap its file (views still exported keep the mapping until dropped)."""
-    if eng is None:
-        return
-    try:
+    if eng is not None:
         eng.close()
-    finally:
-        f = getattr(eng, "file", None)
-        if f is not None:
-            f.close()
 
 
 def resid_text(index: int) -> str:
@@ -538,8 +526,7 @@ class ActivationsPage(QWidget):
         self.rms_axis.set_labels(labels)
         a = result.acts
         x = np.arange(n) + 0.5
-        total = np.sqrt((a.rms.astype(np.float64) ** 2).mean(axis=1))
-        self.rms_plot.plot(x, total, pen=pg.mkPen(group_color(0), width=2), symbol="o", symbolSize=5,
+        self.rms_plot.plot(x, a.layer_rms(), pen=pg.mkPen(group_color(0), width=2), symbol="o", symbolSize=5,
                            symbolBrush=group_color(0), name="RMS over all positions")
         self.rms_plot.plot(x, a.rms.max(axis=1), pen=pg.mkPen(group_color(1), width=2, style=Qt.PenStyle.DashLine),
                            name="largest position's RMS")
@@ -588,9 +575,9 @@ class ActivationsPage(QWidget):
         self.chan_plot.setTitle(f"{resid_text(idx)}: RMS of each of the {E:,} channels "
                                 "(dashed: the median)", size="9pt")
         ratio = a.outlier_ratio(idx)
-        rms = a.rms[idx].astype(np.float64)
+        rms = a.rms[idx]
         self.summary.setText(
-            f"RMS {float(np.sqrt((rms ** 2).mean())):.4g} (largest at position {int(rms.argmax())}: "
+            f"RMS {float(a.layer_rms()[idx]):.4g} (largest at position {int(rms.argmax())}: "
             f"{float(rms.max()):.4g}); largest channel over the median channel: <b>{ratio:,.1f}×</b>")
         self.table.setRowCount(len(tops))
         for i, (c, v, mx) in enumerate(tops):

@@ -239,3 +239,27 @@ def test_write_is_streamed_and_leaves_nothing_on_failure(tmp_path: Path) -> None
     with pytest.raises(GGUFWriteError):
         write_gguf(bad, h, [[bytes(32)]])  # one tensor missing
     assert sorted(os.listdir(tmp_path)) == ["s.gguf"]
+
+
+def test_duplicates_and_bad_tensor_infos_refused() -> None:
+    h = GGUFHeader()
+    h.add_u32("a.key", 1)
+    with pytest.raises(GGUFWriteError, match="given twice"):
+        h.add_string("a.key", "x")
+    with pytest.raises(GGUFWriteError, match="given twice"):
+        h.add_raw(encode_entry("a.key", T.UINT8, 3))  # copied entries count too
+    h.add_raw(encode_entry("b.key", T.UINT8, 3))
+    with pytest.raises(GGUFWriteError, match="given twice"):
+        h.add("b.key", T.UINT8, 4)
+    for raw in (b"", bytes(8), (5).to_bytes(8, "little") + b"abc"):
+        with pytest.raises(GGUFWriteError, match="must start with its key"):
+            h.add_raw(raw)
+    assert len(h.entries) == 2
+    h.add_tensor("t", (4,), 0, 16)
+    with pytest.raises(GGUFWriteError, match="given twice"):
+        h.add_tensor("t", (4,), 0, 16)
+    with pytest.raises(GGUFWriteError, match="a name"):
+        h.add_tensor("", (4,), 0, 16)
+    with pytest.raises(GGUFWriteError, match="at most 4"):
+        h.add_tensor("u", (1, 1, 1, 1, 1), 0, 4)
+    assert len(h.infos) == 1 and h.data_size == 32

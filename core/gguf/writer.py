@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, overload
 
-from .constants import DEFAULT_ALIGNMENT, GGUF_MAGIC, STRUCT_CODES, ValueType
+from .constants import DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS, STRUCT_CODES, ValueType
 from .strings import StringArray
 
 #: the GGUF version every writer produces
@@ -194,6 +194,10 @@ def encode_entry(key: str, vtype: ValueType, value: Any, elem_type: ValueType | 
 
 def encode_tensor_info(name: str, ne: Sequence[int], type_id: int, offset: int) -> bytes:
     """One tensor info: name, dimension count, the dimensions as given, ggml type id, offset in the data."""
+    if not name:
+        raise GGUFWriteError("a tensor needs a name")
+    if len(ne) > MAX_DIMS:
+        raise GGUFWriteError(f"tensor {name!r}: {len(ne)} dimensions; ggml has at most {MAX_DIMS}")
     for d in ne:
         if not 0 <= d <= _INT64_MAX:
             raise GGUFWriteError(f"tensor {name!r}: dimension {d} is outside 0..2^63-1")
@@ -205,7 +209,8 @@ class GGUFHeader:
     """Everything before the data section: metadata entries in order, then tensor infos in data order.
 
     ``alignment`` is the data alignment; a typed ``general.alignment`` entry sets it (it must be a UINT32 power of
-    two). Tensors added after such an entry get offsets under the new alignment, so add it before any tensor."""
+    two). Tensors added after such an entry get offsets under the new alignment, so add it before any tensor.
+    A key or tensor name given twice is refused (llama.cpp refuses such a file)."""
 
     def __init__(self, alignment: int = DEFAULT_ALIGNMENT, version: int = VERSION) -> None:
         self._check_alignment(alignment)
@@ -213,6 +218,8 @@ class GGUFHeader:
         self.version = version
         self.entries: list[bytes] = []
         self.infos: list[bytes] = []
+        self._keys: set[bytes] = set()
+        self._names: set[str] = set()
         #: ``n_bytes`` of every tensor, in data order
         self.sizes: list[int] = []
         self.data_size = 0
@@ -222,8 +229,14 @@ class GGUFHeader:
         if not isinstance(a, int) or a <= 0 or a & (a - 1):
             raise GGUFWriteError(f"alignment {a!r} is not a positive power of two")
 
+    def _check_key(self, raw_key: bytes) -> None:
+        if raw_key in self._keys:
+            raise GGUFWriteError(f"metadata key {raw_key.decode('utf-8', 'replace')!r} given twice")
+
     def add(self, key: str, vtype: ValueType, value: Any, elem_type: ValueType | None = None) -> None:
         """A typed entry."""
+        raw_key = key.encode("utf-8")
+        self._check_key(raw_key)
         if key == ALIGNMENT_KEY:
             if vtype != ValueType.UINT32:
                 raise GGUFWriteError(f"{ALIGNMENT_KEY} must be a UINT32, not {ValueType(vtype).name}")
@@ -232,6 +245,7 @@ class GGUFHeader:
             self._check_alignment(value)
             self.alignment = value
         self.entries.append(encode_entry(key, vtype, value, elem_type))
+        self._keys.add(raw_key)
 
     def add_u32(self, key: str, value: int) -> None:
         self.add(key, ValueType.UINT32, value)
@@ -241,15 +255,24 @@ class GGUFHeader:
 
     def add_raw(self, entry: bytes) -> None:
         """An entry already encoded (key, type, value), e.g. copied from a source file byte for byte."""
-        self.entries.append(bytes(entry))
+        entry = bytes(entry)
+        n = _U64.unpack_from(entry)[0] if len(entry) >= 8 else -1
+        if not 0 < n <= len(entry) - 12:
+            raise GGUFWriteError("an encoded entry must start with its key (u64 length, bytes) and a type")
+        self._check_key(entry[8 : 8 + n])
+        self.entries.append(entry)
+        self._keys.add(entry[8 : 8 + n])
 
     def add_tensor(self, name: str, ne: Sequence[int], type_id: int, n_bytes: int) -> int:
         """A tensor info (``ne`` written as given: pass :func:`ggml_dims` to drop trailing 1s); returns its
         offset in the data section."""
         if n_bytes < 0:
             raise GGUFWriteError(f"tensor {name!r}: negative size {n_bytes}")
+        if name in self._names:
+            raise GGUFWriteError(f"tensor {name!r} given twice")
         offset = self.data_size
         self.infos.append(encode_tensor_info(name, ne, type_id, offset))
+        self._names.add(name)
         self.sizes.append(n_bytes)
         self.data_size += pad_to(n_bytes, self.alignment)
         return offset

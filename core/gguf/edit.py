@@ -32,7 +32,7 @@ from ..jobs import CancelFlag, Cancelled, Progress, check_cancel
 from .constants import DEFAULT_ALIGNMENT, MAX_ARRAY_ELEMENTS, MAX_STRING_BYTES, STRUCT_CODES, ValueType
 from .reader import GGUFFile, MetadataValue, TensorInfo, sibling_shards
 from .strings import StringArray
-from .writer import ArrayPatch, DataSection, GGUFHeader, encode_string, encode_typed, itemsize_ok, pad_to
+from .writer import ALIGNMENT_KEY, ArrayPatch, DataSection, GGUFHeader, encode_string, encode_typed, itemsize_ok, pad_to
 
 #: The GGUF version every edited file is written as (gguf-py's and llama.cpp's writers write 3 too).
 OUTPUT_VERSION = 3
@@ -44,7 +44,6 @@ MAX_ALIGNMENT = 1 << 24
 COPY_CHUNK = 64 << 20
 
 ARCHITECTURE_KEY = "general.architecture"
-ALIGNMENT_KEY = "general.alignment"
 CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
 TOKENS_KEY = "tokenizer.ggml.tokens"
 #: llama-gguf-split's keys: they describe the set of files a model is split into, which an edit does not change.

@@ -209,8 +209,8 @@ class GGUFHeader:
     """Everything before the data section: metadata entries in order, then tensor infos in data order.
 
     ``alignment`` is the data alignment; a typed ``general.alignment`` entry sets it (it must be a UINT32 power of
-    two). Tensors added after such an entry get offsets under the new alignment, so add it before any tensor.
-    A key or tensor name given twice is refused (llama.cpp refuses such a file)."""
+    two) and must come before the first tensor, whose offsets it decides. A key or tensor name given twice is
+    refused (llama.cpp refuses such a file)."""
 
     def __init__(self, alignment: int = DEFAULT_ALIGNMENT, version: int = VERSION) -> None:
         self._check_alignment(alignment)

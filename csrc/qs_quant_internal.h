@@ -101,6 +101,22 @@ float qs_dot_nvfp4_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
 typedef float (*qs_dot_fn)(int64_t n, const uint8_t *w, const uint8_t *xq);
 
 /* scalar references (qs_quant.c) */
+void qs_deq_f32(const uint8_t *b, float *y);
+void qs_deq_f16(const uint8_t *b, float *y);
+void qs_deq_bf16(const uint8_t *b, float *y);
+void qs_deq_q4_0(const uint8_t *b, float *y);
+void qs_deq_q4_1(const uint8_t *b, float *y);
+void qs_deq_q5_0(const uint8_t *b, float *y);
+void qs_deq_q5_1(const uint8_t *b, float *y);
+void qs_deq_q8_0(const uint8_t *b, float *y);
+void qs_deq_q2_K(const uint8_t *b, float *y);
+void qs_deq_q3_K(const uint8_t *b, float *y);
+void qs_deq_q4_K(const uint8_t *b, float *y);
+void qs_deq_q5_K(const uint8_t *b, float *y);
+void qs_deq_q6_K(const uint8_t *b, float *y);
+void qs_deq_iq4_nl(const uint8_t *b, float *y);
+void qs_deq_iq4_xs(const uint8_t *b, float *y);
+void qs_deq_row_f32(const uint8_t *src, float *dst, int64_t n); /* a copy */
 float qs_dot_q4_0_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_q4_1_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_q5_0_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
@@ -150,6 +166,8 @@ float qs_dot_q8_0_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_q4_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
 
+/* activation quantizers (qs_act.c; the others are API functions): F32 is a copy */
+int qs_quantize_f32_act(const float *x, uint8_t *dst, int64_t n);
 void qs_quantize_q8_0_avx2(const float *x, uint8_t *dst, int64_t n);
 void qs_quantize_q8_1_avx2(const float *x, uint8_t *dst, int64_t n);
 void qs_quantize_q8_K_avx2(const float *x, uint8_t *dst, int64_t n);

@@ -106,7 +106,7 @@ int qs_vec_dot(int type, int64_t n, const uint8_t *w, const uint8_t *xq, float *
 
 /* ---------------------------------------------------------------- matvec / matmat drivers */
 typedef struct {
-    int type;
+    const qs_type_traits *tr;
     qs_dot_fn dot;
     qs_deq_block_fn deq; /* fallback: dequantize row, float dot */
     const uint8_t *w;
@@ -122,7 +122,7 @@ static void mm_task(void *vctx, int64_t t) {
     mm_ctx *c = (mm_ctx *)vctx;
     int64_t a = t * c->rows_per_task, b = a + c->rows_per_task;
     if (b > c->n_rows) b = c->n_rows;
-    if (c->dot && c->n_x > 1 && qs_iq_codes(c->type, c->w, NULL, NULL, NULL) > 0) {
+    if (c->dot && c->n_x > 1 && c->tr->codes) {
         /* i-quant / ternary / FP4 rows: decoded to codes once, then dotted with every column (the same sums and
          * float operations as the one-column dot, so prefill and decode agree bit for bit) */
         int8_t *codes = (int8_t *)malloc((size_t)c->k);
@@ -135,9 +135,9 @@ static void mm_task(void *vctx, int64_t t) {
             c->failed = 1;
             return;
         }
-        const int simd = qs_isa_get() >= QS_ISA_AVX2, q8k = c->elems == 256, os = qs_iq_outer(c->type);
+        const int simd = qs_isa_get() >= QS_ISA_AVX2, q8k = c->elems == 256, os = c->tr->code_outer;
         for (int64_t r = a; r < b; ++r) {
-            const int gs = qs_iq_row_codes(c->type, c->w + r * c->row_bytes, c->k, codes, mults, ls);
+            const int gs = qs_iq_row_codes(c->tr->codes, c->elems, c->bytes, c->w + r * c->row_bytes, c->k, codes, mults, ls);
             for (int64_t j = 0; j < c->n_x; ++j) {
                 const uint8_t *x = c->xq + j * c->xq_stride;
                 c->y[j * c->n_rows + r] = simd ? qs_iq_dot_codes_avx2(codes, mults, ls, gs, os, q8k, c->k, x)
@@ -200,7 +200,7 @@ static int matmat_unguarded(int type, const uint8_t *w, int64_t n_rows, int64_t 
     }
     mm_ctx c;
     memset(&c, 0, sizeof c);
-    c.type = type;
+    c.tr = tr;
     c.w = w;
     c.n_rows = n_rows;
     c.k = k;

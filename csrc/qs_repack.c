@@ -15,6 +15,7 @@
 #include "qs_quant_internal.h"
 #include "qs_repack.h"
 #include "qs_simd_common.h"
+#include "qs_traits.h"
 
 static inline float h2f(const uint8_t *p) { return qs_fp16_to_fp32(qs_load_u16(p)); }
 
@@ -920,11 +921,11 @@ typedef struct {
     atomic_int failed;
 } cp_ctx;
 
-static void codes_unit(int type, const uint8_t *b, int r, uint8_t *u) {
+static void codes_unit(qs_codes_fn codes, const uint8_t *b, int r, uint8_t *u) {
     int8_t code[256];
     float mult[16];
     int16_t ls[16];
-    const int gs = qs_iq_codes(type, b, code, mult, ls);
+    const int gs = codes(b, code, mult, ls);
     memcpy(u + 4 * r, &mult[0], 4);
     for (int g = 0; g < 256 / gs; ++g) u[64 + 16 * g + r] = (uint8_t)(int8_t)ls[g];
     for (int c = 0; c < 64; ++c)
@@ -943,7 +944,7 @@ static void cp_task(void *vctx, int64_t g) {
     const int bytes = qs_block_bytes(c->type);
     for (int r = 0; r < QS_RP_ROWS; ++r) {
         const uint8_t *row = c->w + (g * QS_RP_ROWS + r) * c->row_bytes;
-        for (int64_t kb = 0; kb < c->nkb; ++kb) codes_unit(c->type, row + kb * bytes, r, buf + kb * unit);
+        for (int64_t kb = 0; kb < c->nkb; ++kb) codes_unit(qs_traits(c->type)->codes, row + kb * bytes, r, buf + kb * unit);
     }
     float out[4 * 16] __attribute__((aligned(64)));
     for (int64_t j = 0; j < c->n_x;) {

@@ -23,8 +23,6 @@ enum { QS_TIER_VBMI = 3, QS_TIERS = 4 };
 
 typedef int (*qs_act_quantize_fn)(const float *x, uint8_t *dst, int64_t n);
 typedef void (*qs_deq_row_fn)(const uint8_t *src, float *dst, int64_t n);
-/* i-quant codes of one block: int8 codes, a float multiplier and an integer scale per group; returns the group */
-typedef int (*qs_codes_fn)(const uint8_t *blk, int8_t *code, float *mult, int16_t *ls);
 
 typedef struct {
     const char *name;

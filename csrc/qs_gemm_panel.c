@@ -222,7 +222,7 @@ void qs_gemm_panel_iq4_xs_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_
     qs_gemm_zero_tail(d, c, ws, mrow);
 }
 
-/* The i-quants, TQ and FP4 types from their exact int8 codes (qs_iq_codes): code + an offset that makes it
+/* The i-quants, TQ and FP4 types from their exact int8 codes (qs_codes_*): code + an offset that makes it
  * unsigned and at most 127 (so vpmaddubsw pairs never saturate), lane scale = the group's multiplier · its scale, min =
  * offset · multiplier, per GEMM group (the code group, or 32 within TQ's one 256-element group). */
 static void panel_codes(qs_codes_fn codes, int elems, int bytes, int off, const uint8_t *w, const qs_gemm_dims *d,

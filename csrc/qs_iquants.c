@@ -160,8 +160,8 @@ void qs_deq_nvfp4(const uint8_t *b, float *y) {
 
 /* ---------------------------------------------------------------- dot products against quantized activations */
 /* One block as int8 codes, an integer scale per group of gs elements and a float multiplier per outer group
- * (qs_iq_outer: the elements that share one, stored once per group): value[i] = mult[i / gs] · ls[i / gs] · code[i]
- * exactly (the IQ1 types: code = 8·G ± 1, mult = d / 8); returns gs. ggml's integer scales stay integers, so a dot
+ * (the type-table row's code_outer: the elements that share one, stored once per group):
+ * value[i] = mult[i / gs] · ls[i / gs] · code[i] exactly (the IQ1 types: code = 8·G ± 1, mult = d / 8); returns gs. ggml's integer scales stay integers, so a dot
  * sums a whole 256-element block exactly before its one float multiply, as ggml's own dots do. */
 static int lattice_codes(int type, const uint8_t *b, int8_t *code, float *mult, int16_t *ls) {
     int gs = type == QS_IQ2_XS || type == QS_IQ2_S ? 16 : 32;
@@ -311,7 +311,7 @@ int qs_codes_nvfp4(const uint8_t *b, int8_t *code, float *mult, int16_t *ls) {
     return 16;
 }
 
-/* A row of k elements as codes, one multiplier and one integer scale per group (qs_iq_codes block by block);
+/* A row of k elements as codes, one multiplier and one integer scale per group (its codes function block by block);
  * returns the group size (0 for a type without codes). */
 int qs_iq_row_codes(qs_codes_fn fn, int elems, int bytes, const uint8_t *w, int64_t k, int8_t *codes, float *mults,
                     int16_t *ls) {

@@ -63,7 +63,7 @@ int qs_codes_tq2_0(const uint8_t *b, int8_t *code, float *mult, int16_t *ls);
 int qs_codes_mxfp4(const uint8_t *b, int8_t *code, float *mult, int16_t *ls);
 int qs_codes_nvfp4(const uint8_t *b, int8_t *code, float *mult, int16_t *ls);
 /* The 256 int8 codes (coordinate with its sign) of one IQ2_XXS/IQ2_XS/IQ2_S/IQ3_XXS/IQ3_S block, AVX2: the same
- * bytes as the scalar decoding in qs_iq_codes (the prefill GEMM's panels and the many-column path decode through it) */
+ * bytes as the scalar decoding in qs_codes_* (the prefill GEMM's panels and the many-column path decode through it) */
 void qs_iq_lattice_codes_avx2(int type, const uint8_t *b, int8_t *code); /* elements sharing one float multiplier: 256, or 32 (MXFP4), 16 (NVFP4) */
 int qs_iq_row_codes(qs_codes_fn fn, int elems, int bytes, const uint8_t *w, int64_t k, int8_t *codes, float *mults,
                     int16_t *ls);

@@ -176,6 +176,39 @@ void qs_rp_codes32_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_
 void qs_rp_codes256_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_codes256_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 
+/* Load-time unit writers and scalar reference kernels, 1 column (qs_repack_rows.c); BF16 is written as F16 is */
+void qs_rp_unit_q4_K(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_q5_K(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_q6_K(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_q2_K(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_q3_K(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_iq4_xs(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_q4_0(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_q4_1(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_q8_0(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_q5_0(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_q5_1(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_iq4_nl(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_mxfp4(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_f32(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_f16(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_q4_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q5_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q6_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q2_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q3_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_iq4_xs_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q4_0_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q4_1_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q8_0_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q5_0_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q5_1_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_iq4_nl_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_mxfp4_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_f32_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_f16_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_bf16_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+
 /* repacked matmul driver (qs_repack.c), called by qs_matmat for repacked type ids */
 int qs_rp_matmat(int rtype, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,
                  int n_threads);

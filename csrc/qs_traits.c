@@ -194,3 +194,32 @@ int64_t qs_act_row_bytes(int act, int64_t k) {
     const qs_type_traits *t = qs_traits(act);
     return t->elems ? k / t->elems * t->bytes : k * 4;
 }
+
+/* A row is consistent when every ISA slot has a scalar reference beneath it and each job has what its driver
+ * reads: a dot's activation format has a quantizer, a GEMM panel a group, a layout its writer and kernels. */
+static int slots_ok(void *const *slots) {
+    for (int i = 1; i < QS_TIERS; ++i)
+        if (slots[i] && !slots[0]) return 0;
+    return 1;
+}
+
+static int layout_ok(const qs_rp_layout *l, int load_time) {
+    if (!l->blk) return 1;
+    return l->unit > 0 && l->a4 && l->a1 && l->k4 && l->k1 && (l->cols == 4 || l->cols == 8) &&
+           qs_traits(l->act)->act_quantize && (!load_time || (l->write && l->scalar));
+}
+
+int qs_traits_check(void) {
+    for (int type = 0; type < QS_NTYPES; ++type) {
+        const qs_type_traits *t = &TYPES[type];
+        int ok = (t->elems > 0) == (t->bytes > 0) && (t->elems > 0 || !t->deq[0]);
+        ok = ok && slots_ok((void *const *)t->deq) && slots_ok((void *const *)t->dot) && slots_ok((void *const *)t->panel);
+        ok = ok && (!t->dot[0] || qs_traits(t->act)->act_quantize);
+        ok = ok && (!t->panel[0] == !t->gemm_group) && (!t->gemm_group || t->gemm_group == 16 || t->gemm_group == 32);
+        ok = ok && (!t->codes || (t->code_group > 0 && t->code_outer > 0 && t->elems % t->code_outer == 0));
+        ok = ok && layout_ok(&t->rp, 1) && layout_ok(&t->rp_codes, 0) && (!t->rp_codes.blk || t->codes);
+        ok = ok && (!t->quantize_row || t->deq[0]);
+        if (!ok) return type;
+    }
+    return -1;
+}

@@ -96,3 +96,10 @@ def test_no_call_cycle_among_csrc_files(tmp_path):
     for f, uses in graph.items():
         up = uses & above.get(f, {"qs_traits.c", *DRIVERS, *TOP})
         assert f in TOP or not up, f"{f} calls up into {sorted(up)} ({sorted(why[f, sorted(up)[0]])[:3]})"
+
+
+def test_type_table_rows_are_consistent():
+    """Every ISA slot of a row has a scalar reference beneath it; every job has what its driver reads."""
+    from quantscope.core.native import lib
+
+    assert lib.qs_traits_check() == -1

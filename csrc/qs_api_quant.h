@@ -25,6 +25,7 @@ int qs_cpu_has_vbmi(void);         /* AVX512_VBMI: the AVX-512 lattice i-quant d
 
 int qs_block_elems(int type);       /* 0 for unknown types */
 int qs_block_bytes(int type);
+int qs_traits_check(void);         /* the type table's first inconsistent row (a type id), or -1 */
 int qs_can_dequantize(int type);
 int qs_dequantize(int type, const uint8_t *src, float *dst, int64_t n_blocks, int n_threads);
 /* Dequantize rows ids[0..n_ids) of an n_rows x row_len table into dst [n_ids][row_len]; -1 on a bad id. */

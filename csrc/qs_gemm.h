@@ -27,9 +27,31 @@ typedef struct {
 /* Decode one weight row: codes[k64], ws[nl], mrow[ngp] (padding zeroed). */
 typedef void (*qs_panel_fn)(const uint8_t *row, const qs_gemm_dims *d, uint8_t *codes, float *ws, float *mrow);
 
-/* Scalar decoders (the specification; also used when no SIMD decoder exists). Returns NULL for unsupported types. */
-qs_panel_fn qs_gemm_panel_scalar(int type);
-int qs_gemm_group(int type); /* 0 when the type has no GEMM form */
+/* Scalar decoders (qs_gemm_panel.c; the specification, also used where no SIMD decoder exists). The type table
+ * (qs_traits.c) holds each type's decoders and its GEMM group (16 or 32). */
+void qs_gemm_panel_q4_0_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q4_1_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q5_0_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q5_1_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q8_0_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q4_K_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q5_K_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q6_K_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q2_K_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q3_K_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_iq4_nl_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_iq4_xs_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_iq2_xxs_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_iq2_xs_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_iq2_s_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_iq3_xxs_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_iq3_s_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_iq1_s_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_iq1_m_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_tq1_0_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_tq2_0_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_mxfp4_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_nvfp4_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
 
 /* One activation column from its quantized blocks (act = QS_Q8_0, QS_Q8_1 or QS_Q8_K). */
 void qs_gemm_prep_column(int act, const uint8_t *xq_blocks, const qs_gemm_dims *d, int8_t *codes, float *xs,

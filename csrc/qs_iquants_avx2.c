@@ -103,7 +103,7 @@ T AI __m256i scales_pair_u8(__m128i l8, int g) {
 T AI __m256i scale1(int sc) { return _mm256_set1_epi16((short)(2 * sc + 1)); }
 
 /* The block's exact integer Σ ls · Σ code · q, then one fused multiply-add with (mult · d_x), as the scalar
- * reference (qs_iq_dot_codes_scalar) and ggml's dots do; mult as qs_iq_codes computes it. */
+ * reference (qs_iq_dot_codes_scalar) and ggml's dots do; mult as qs_codes_* compute it. */
 T AI float block_end(float s, float mult, const uint8_t *x, __m256i acc) {
     return fmaf(mult * qs_load_f32(x), (float)hsum8(acc), s);
 }

@@ -50,12 +50,23 @@ void qs_deq_tq2_0(const uint8_t *b, float *y);
 void qs_deq_mxfp4(const uint8_t *b, float *y);
 void qs_deq_nvfp4(const uint8_t *b, float *y);
 /* their dot products against Q8_K (Q8_0 for MXFP4/NVFP4), through int8 codes per block (qs_iquants.c) */
-int qs_iq_codes(int type, const uint8_t *b, int8_t *code, float *mult, int16_t *ls);
-int qs_iq_outer(int type);
+typedef int (*qs_codes_fn)(const uint8_t *blk, int8_t *code, float *mult, int16_t *ls);
+int qs_codes_iq2_xxs(const uint8_t *b, int8_t *code, float *mult, int16_t *ls);
+int qs_codes_iq2_xs(const uint8_t *b, int8_t *code, float *mult, int16_t *ls);
+int qs_codes_iq2_s(const uint8_t *b, int8_t *code, float *mult, int16_t *ls);
+int qs_codes_iq3_xxs(const uint8_t *b, int8_t *code, float *mult, int16_t *ls);
+int qs_codes_iq3_s(const uint8_t *b, int8_t *code, float *mult, int16_t *ls);
+int qs_codes_iq1_s(const uint8_t *b, int8_t *code, float *mult, int16_t *ls);
+int qs_codes_iq1_m(const uint8_t *b, int8_t *code, float *mult, int16_t *ls);
+int qs_codes_tq1_0(const uint8_t *b, int8_t *code, float *mult, int16_t *ls);
+int qs_codes_tq2_0(const uint8_t *b, int8_t *code, float *mult, int16_t *ls);
+int qs_codes_mxfp4(const uint8_t *b, int8_t *code, float *mult, int16_t *ls);
+int qs_codes_nvfp4(const uint8_t *b, int8_t *code, float *mult, int16_t *ls);
 /* The 256 int8 codes (coordinate with its sign) of one IQ2_XXS/IQ2_XS/IQ2_S/IQ3_XXS/IQ3_S block, AVX2: the same
- * bytes as the scalar decoding in qs_iq_codes (the prefill GEMM's panels and the many-column path decode through it) */
+ * bytes as the scalar decoding in qs_codes_* (the prefill GEMM's panels and the many-column path decode through it) */
 void qs_iq_lattice_codes_avx2(int type, const uint8_t *b, int8_t *code); /* elements sharing one float multiplier: 256, or 32 (MXFP4), 16 (NVFP4) */
-int qs_iq_row_codes(int type, const uint8_t *w, int64_t k, int8_t *codes, float *mults, int16_t *ls);
+int qs_iq_row_codes(qs_codes_fn fn, int elems, int bytes, const uint8_t *w, int64_t k, int8_t *codes, float *mults,
+                    int16_t *ls);
 /* The activation codes and scale of the group starting at element e0 of a Q8_K (q8k) or Q8_0 row */
 static inline const int8_t *qs_iq_act(const uint8_t *x, int64_t e0, int q8k, float *dx) {
     if (q8k) {
@@ -101,6 +112,22 @@ float qs_dot_nvfp4_avx2(int64_t n, const uint8_t *w, const uint8_t *x);
 typedef float (*qs_dot_fn)(int64_t n, const uint8_t *w, const uint8_t *xq);
 
 /* scalar references (qs_quant.c) */
+void qs_deq_f32(const uint8_t *b, float *y);
+void qs_deq_f16(const uint8_t *b, float *y);
+void qs_deq_bf16(const uint8_t *b, float *y);
+void qs_deq_q4_0(const uint8_t *b, float *y);
+void qs_deq_q4_1(const uint8_t *b, float *y);
+void qs_deq_q5_0(const uint8_t *b, float *y);
+void qs_deq_q5_1(const uint8_t *b, float *y);
+void qs_deq_q8_0(const uint8_t *b, float *y);
+void qs_deq_q2_K(const uint8_t *b, float *y);
+void qs_deq_q3_K(const uint8_t *b, float *y);
+void qs_deq_q4_K(const uint8_t *b, float *y);
+void qs_deq_q5_K(const uint8_t *b, float *y);
+void qs_deq_q6_K(const uint8_t *b, float *y);
+void qs_deq_iq4_nl(const uint8_t *b, float *y);
+void qs_deq_iq4_xs(const uint8_t *b, float *y);
+void qs_deq_row_f32(const uint8_t *src, float *dst, int64_t n); /* a copy */
 float qs_dot_q4_0_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_q4_1_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_q5_0_scalar(int64_t n, const uint8_t *w, const uint8_t *x);
@@ -150,6 +177,8 @@ float qs_dot_q8_0_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_q4_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
 float qs_dot_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
 
+/* activation quantizers (qs_act.c; the others are API functions): F32 is a copy */
+int qs_quantize_f32_act(const float *x, uint8_t *dst, int64_t n);
 void qs_quantize_q8_0_avx2(const float *x, uint8_t *dst, int64_t n);
 void qs_quantize_q8_1_avx2(const float *x, uint8_t *dst, int64_t n);
 void qs_quantize_q8_K_avx2(const float *x, uint8_t *dst, int64_t n);

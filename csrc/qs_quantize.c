@@ -1,29 +1,10 @@
-/* Weight quantizers: the entry point, its size checks and the row split over the pool (docs/quantize.md). */
+/* Weight quantizers: the entry point, its size checks and the row split over the pool (docs/quantize.md); each
+ * type's row quantizer is its type-table row's quantize_row (qs_traits.c). */
 #include "qs.h"
 #include "qs_quantize_internal.h"
+#include "qs_traits.h"
 
-static qs_qrow_fn row_fn(int type) {
-    switch (type) {
-    case QS_Q4_0: return qs_qrow_q4_0;
-    case QS_Q4_1: return qs_qrow_q4_1;
-    case QS_Q5_0: return qs_qrow_q5_0;
-    case QS_Q5_1: return qs_qrow_q5_1;
-    case QS_Q8_0: return qs_qrow_q8_0;
-    case QS_Q2_K: return qs_qrow_q2_K;
-    case QS_Q3_K: return qs_qrow_q3_K;
-    case QS_Q4_K: return qs_qrow_q4_K;
-    case QS_Q5_K: return qs_qrow_q5_K;
-    case QS_Q6_K: return qs_qrow_q6_K;
-    case QS_IQ4_NL: return qs_qrow_iq4_nl;
-    case QS_IQ4_XS: return qs_qrow_iq4_xs;
-    case QS_TQ1_0: return qs_qrow_tq1_0;
-    case QS_TQ2_0: return qs_qrow_tq2_0;
-    case QS_MXFP4: return qs_qrow_mxfp4;
-    default: return NULL;
-    }
-}
-
-int qs_can_quantize(int type) { return row_fn(type) != NULL && qs_block_elems(type) > 0; }
+int qs_can_quantize(int type) { return qs_traits(type)->quantize_row != NULL && qs_block_elems(type) > 0; }
 
 typedef struct {
     qs_qrow_fn fn;
@@ -62,8 +43,9 @@ static void qz_task(void *ctx, int64_t task) {
 
 int64_t qs_quantize_rows(int type, const float *src, int64_t n_rows, int64_t n_per_row, const float *imatrix,
                          uint8_t *dst, int64_t dst_bytes, int n_threads) {
-    qs_qrow_fn fn = row_fn(type);
-    int64_t elems = qs_block_elems(type), bytes = qs_block_bytes(type);
+    const qs_type_traits *t = qs_traits(type);
+    qs_qrow_fn fn = t->quantize_row;
+    int64_t elems = t->elems, bytes = t->bytes;
     if (!fn || elems <= 0) return -1;
     if (n_rows < 0 || n_per_row < 0 || n_per_row % elems) return -2;
     int64_t row_bytes = n_per_row / elems * bytes;

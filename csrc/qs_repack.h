@@ -66,6 +66,33 @@ typedef struct {
  * columns (quantized layouts) or 8 (float layouts). */
 typedef void (*qs_rp_kernel)(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 
+/* Writes one (16-row group, k-block kb) unit from the 16 source rows (load time). */
+typedef void (*qs_rp_unit_fn)(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+
+/* How the prepared activations' integer offsets (qs_rp_x.ia) are formed from ggml's activation blocks */
+enum {
+    QS_RP_IA_NONE = 0,  /* Q8_1 (its s is used) and the float layouts */
+    QS_RP_IA_BLOCK,     /* Q8_0 per 32: ia_mul x the block's sum (Q4_0 8, Q5_0 16, Q8_0 / IQ4_NL / MXFP4 128) */
+    QS_RP_IA_K45,       /* Q4_K, Q5_K per 256: four int16 pairs (sums of sub-blocks 2p, 2p+1) */
+    QS_RP_IA_SUM16,     /* per 256: ia_mul x the 16 sums of 16 (Q6_K 32, Q2_K 1, Q3_K 4) */
+    QS_RP_IA_SUM32,     /* IQ4_XS per 256: ia_mul x the 8 sums of 32 */
+    QS_RP_IA_CODES      /* the code types' prompt layout: 64 x each scale group's sum */
+};
+
+/* A repacked layout: a row of the type table (qs_traits.h) */
+typedef struct {
+    int blk;                     /* elements of one k-block of the layout; 0: no layout */
+    int unit;                    /* bytes of one (16-row group, k-block) unit */
+    int act;                     /* activation format (ggml's vec_dot_type for the weight type) */
+    int act_elems, act_bytes;    /* one activation block */
+    int ia_per;                  /* int32 offsets per activation block */
+    int ia, ia_mul;              /* QS_RP_IA_* and its multiplier */
+    int cols;                    /* columns of the wide kernels */
+    qs_rp_unit_fn write;         /* load-time writer (NULL for the prompt layout: decoded per product) */
+    qs_rp_kernel scalar;         /* the reference kernel, 1 column */
+    qs_rp_kernel a4, a1, k4, k1; /* AVX2 and AVX-512 kernels: `cols` columns and 1 */
+} qs_rp_layout;
+
 /* AVX-512 VNNI kernels (qs_repack_avx512.c): 4 columns and 1 column per call. */
 void qs_rp_q4_K_avx512_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q4_K_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
@@ -148,6 +175,39 @@ void qs_rp_codes32_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_
 void qs_rp_codes32_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_codes256_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_codes256_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+
+/* Load-time unit writers and scalar reference kernels, 1 column (qs_repack_rows.c); BF16 is written as F16 is */
+void qs_rp_unit_q4_K(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_q5_K(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_q6_K(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_q2_K(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_q3_K(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_iq4_xs(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_q4_0(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_q4_1(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_q8_0(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_q5_0(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_q5_1(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_iq4_nl(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_mxfp4(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_f32(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_f16(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_q4_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q5_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q6_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q2_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q3_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_iq4_xs_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q4_0_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q4_1_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q8_0_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q5_0_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_q5_1_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_iq4_nl_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_mxfp4_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_f32_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_f16_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
+void qs_rp_bf16_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 
 /* repacked matmul driver (qs_repack.c), called by qs_matmat for repacked type ids */
 int qs_rp_matmat(int rtype, const uint8_t *w, int64_t n_rows, int64_t k, const float *x, int64_t n_x, float *y,

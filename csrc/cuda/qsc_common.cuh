@@ -28,22 +28,42 @@ enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q
 /* Activation formats a matrix consumes: floats, 32-element int8 blocks (Q8_0/Q8_1), 256-element (Q8_K). */
 enum { ACT_F = 0, ACT_32 = 1, ACT_256 = 2 };
 
-HD int type_act(int type) {
-    switch (type) {
-    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q8_0: return ACT_32;
-    case T_Q4_K: case T_Q6_K: return ACT_256;
-    default: return ACT_F;
-    }
+/* The device's type table (host side; the kernels get a matrix's geometry from its QW): per ggml id, the block
+ * (elements, file bytes), the activation format, and the repacked layout below, bytes per block in each section
+ * and where the section's bytes sit in the file's block (-1: none; Q4_K's sc are unpacked from its 6-bit
+ * fields). An all-zero row is an unsupported type. F32 / F16 count 32-element units, copied as stored. */
+struct TypeDesc {
+    int qk, raw_bytes, act;
+    int field[4]; /* SEC_QS, SEC_QH, SEC_SC, SEC_D bytes per block */
+    int src[4];   /* their offsets in the file's block */
+    bool k4_scales;
+};
+
+#define QSC_NTYPES 16
+static const TypeDesc QSC_TYPES[QSC_NTYPES] = {
+    /* T_F32 */ {32, 128, ACT_F, {128, 0, 0, 0}, {0, -1, -1, -1}, false},
+    /* T_F16 */ {32, 64, ACT_F, {64, 0, 0, 0}, {0, -1, -1, -1}, false},
+    /* T_Q4_0 */ {32, 18, ACT_32, {16, 0, 0, 2}, {2, -1, -1, 0}, false},
+    /* T_Q4_1 */ {32, 20, ACT_32, {16, 0, 0, 4}, {4, -1, -1, 0}, false},
+    {}, {}, /* 4, 5: no longer ggml types */
+    /* T_Q5_0 */ {32, 22, ACT_32, {16, 4, 0, 2}, {6, 2, -1, 0}, false},
+    {}, /* Q5_1: not on the GPU */
+    /* T_Q8_0 */ {32, 34, ACT_32, {32, 0, 0, 2}, {2, -1, -1, 0}, false},
+    {}, {}, {}, /* Q8_1 (an activation format), Q2_K, Q3_K */
+    /* T_Q4_K */ {256, 144, ACT_256, {128, 0, 16, 4}, {16, -1, -1, 0}, true},
+    {}, /* Q5_K */
+    /* T_Q6_K */ {256, 210, ACT_256, {128, 64, 16, 2}, {0, 128, 192, 208}, false},
+    {}, /* Q8_K: an activation format */
+};
+
+static inline const TypeDesc &type_desc(int type) {
+    static const TypeDesc none = {};
+    return type >= 0 && type < QSC_NTYPES ? QSC_TYPES[type] : none;
 }
-HD int type_qk(int type) { return (type == T_Q4_K || type == T_Q6_K) ? 256 : 32; } /* F32/F16: 32-element units */
-HD int raw_block_bytes(int type) {
-    switch (type) {
-    case T_Q4_0: return 18; case T_Q4_1: return 20; case T_Q5_0: return 22; case T_Q8_0: return 34;
-    case T_Q4_K: return 144; case T_Q6_K: return 210; case T_F32: return 128; case T_F16: return 64;
-    default: return 0;
-    }
-}
-HD bool type_supported(int type) { return raw_block_bytes(type) > 0; }
+static inline int type_act(int type) { return type_desc(type).act; }
+static inline int type_qk(int type) { return type_desc(type).qk; }
+static inline int raw_block_bytes(int type) { return type_desc(type).raw_bytes; }
+static inline bool type_supported(int type) { return type_desc(type).raw_bytes > 0; }
 
 /* ------------------------------------------------------------------------------------------------------------------
  * Repacked weight layout. GGUF blocks are 18..210 bytes, so their int8 payload is only 2-byte aligned; the device
@@ -63,26 +83,10 @@ struct PackedLayout {
     int64_t off[4], total;
 };
 
-static inline void field_bytes(int type, int b[4]) {
-    b[0] = b[1] = b[2] = b[3] = 0;
-    switch (type) {
-    case T_Q4_0: b[0] = 16; b[3] = 2; break;
-    case T_Q4_1: b[0] = 16; b[3] = 4; break;
-    case T_Q5_0: b[0] = 16; b[1] = 4; b[3] = 2; break;
-    case T_Q8_0: b[0] = 32; b[3] = 2; break;
-    case T_Q4_K: b[0] = 128; b[2] = 16; b[3] = 4; break;
-    case T_Q6_K: b[0] = 128; b[1] = 64; b[2] = 16; b[3] = 2; break;
-    case T_F32: b[0] = 128; break; /* per 32 elements */
-    case T_F16: b[0] = 64; break;
-    default: break;
-    }
-}
-
 /* Layout of a rows x k matrix; false for unsupported types or k not a multiple of the block size. */
 static inline bool packed_layout(int type, int64_t rows, int64_t k, PackedLayout *L) {
     if (!type_supported(type) || rows <= 0 || k <= 0 || k % type_qk(type)) return false;
-    int fb[4];
-    field_bytes(type, fb);
+    const int *fb = type_desc(type).field;
     int64_t nblocks = rows * (k / type_qk(type)), pos = 0;
     for (int s = 0; s < 4; ++s) {
         L->off[s] = pos;
@@ -443,7 +447,7 @@ template <> struct Unit<T_F16> {
 HD float dequant_elem(const QW &w, int64_t row, int64_t e) {
     if (w.type == T_F32) return ((const float *)w.qs)[row * w.k + e];
     if (w.type == T_F16) return h2f(((const __half *)w.qs)[row * w.k + e]);
-    int qk = type_qk(w.type);
+    int qk = (int)(w.k / w.nb);
     int64_t b = row * w.nb + e / qk;
     int j = (int)(e % qk);
     switch (w.type) {

@@ -23,33 +23,22 @@ int repack_host(int type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *
     if (!packed_layout(type, rows, k, &L)) return -1;
     if (dst_bytes < L.total) return -2;
     memset(dst, 0, (size_t)L.total);
-    uint8_t *qs = dst + L.off[SEC_QS], *qh = dst + L.off[SEC_QH], *sc = dst + L.off[SEC_SC], *d = dst + L.off[SEC_D];
-    const int qk = type_qk(type), rb = raw_block_bytes(type);
-    const int64_t nblocks = rows * (k / qk);
-    if (type == T_F32 || type == T_F16) {
-        memcpy(qs, src, (size_t)(nblocks * rb));
-        return 0;
-    }
-    for (int64_t b = 0; b < nblocks; ++b) {
-        const uint8_t *s = src + b * rb;
-        switch (type) {
-        case T_Q4_0: memcpy(qs + b * 16, s + 2, 16); memcpy(d + b * 2, s, 2); break;
-        case T_Q4_1: memcpy(qs + b * 16, s + 4, 16); memcpy(d + b * 4, s, 4); break;
-        case T_Q5_0: memcpy(qs + b * 16, s + 6, 16); memcpy(qh + b * 4, s + 2, 4); memcpy(d + b * 2, s, 2); break;
-        case T_Q8_0: memcpy(qs + b * 32, s + 2, 32); memcpy(d + b * 2, s, 2); break;
-        case T_Q4_K:
-            memcpy(qs + b * 128, s + 16, 128);
-            for (int j = 0; j < 8; ++j) k4_scale_min(s + 4, j, sc + b * 16 + j, sc + b * 16 + 8 + j);
-            memcpy(d + b * 4, s, 4);
-            break;
-        case T_Q6_K:
-            memcpy(qs + b * 128, s, 128);
-            memcpy(qh + b * 64, s + 128, 64);
-            memcpy(sc + b * 16, s + 192, 16);
-            memcpy(d + b * 2, s + 208, 2);
-            break;
-        default: return -1;
+    const TypeDesc &t = type_desc(type);
+    const int64_t nblocks = rows * (k / t.qk);
+    for (int sec = 0; sec < 4; ++sec) {
+        if (!t.field[sec] || t.src[sec] < 0) continue;
+        uint8_t *out = dst + L.off[sec];
+        if (t.field[sec] == t.raw_bytes) { /* the whole block (F32 / F16): the rows as stored */
+            memcpy(out, src, (size_t)(nblocks * t.raw_bytes));
+            continue;
         }
+        for (int64_t b = 0; b < nblocks; ++b)
+            memcpy(out + b * t.field[sec], src + b * t.raw_bytes + t.src[sec], (size_t)t.field[sec]);
+    }
+    if (t.k4_scales) { /* Q4_K: 8 scales then 8 mins, the 6-bit fields unpacked to bytes */
+        uint8_t *sc = dst + L.off[SEC_SC];
+        for (int64_t b = 0; b < nblocks; ++b)
+            for (int j = 0; j < 8; ++j) k4_scale_min(src + b * t.raw_bytes + 4, j, sc + b * 16 + j, sc + b * 16 + 8 + j);
     }
     return 0;
 }

@@ -15,7 +15,7 @@ from typing import Any
 
 from quantscope.core import catalog
 from quantscope.core.filestate import FileChangedError
-from quantscope.core.fsutil import printable
+from quantscope.core.fsutil import input_scope, printable
 
 from .common import CLIError, Parser, exit_cleanly_if_file_changes
 
@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         file = getattr(args, "file", None)
         if file:
             exit_cleanly_if_file_changes(file)
-        return int(args.func(args))
+        with input_scope():  # every file the verb reads: no writer of it may replace one
+            return int(args.func(args))
     except CLIError as exc:
         print(f"quantscope: error: {printable(exc)}", file=sys.stderr)
         return 2

@@ -440,4 +440,5 @@ def ensure_synthetic(shape: str, seed: int = 0, progress: Callable[[SyntheticPro
     if is_complete(target, shape, seed):
         return target
     vocab = vocab_source if vocab_source is not None else catalog.fetch(VOCAB_MODEL, progress=say)
+    target.parent.mkdir(parents=True, exist_ok=True)  # our cache folder (writers refuse a missing folder)
     return write_synthetic(target, shape, vocab, seed, progress, cancel)

@@ -1099,7 +1099,8 @@ def _save(f: GGUFFile, dst: str | os.PathLike[str], edits: EditList | Iterable[E
     inputs: list[Path] = []
     if f.path is not None:  # the input, and the other shards of a set it belongs to
         inputs = [p for p in sibling_shards(f.path) if not (overwrite_source and p == f.path)]
-    with OutputSet([("output", dst)], inputs=inputs) as outs:
+    with OutputSet([("output", dst)], inputs=inputs,
+                   replaces=[f.path] if overwrite_source and f.path is not None else []) as outs:
         check_cancel(cancel, EditCancelled)
         src_fd = _source_fd(f) if f.path is not None else None
         try:

@@ -347,7 +347,7 @@ def write_quantized(f: GGUFFile, plan: QuantizePlan, out: str | os.PathLike[str]
     done = 0
     n_jobs = len(plan.jobs)
     buf = _Buffers()
-    inputs = f.paths  # every shard of a split model
+    inputs = [*f.paths, *([opts.imatrix.path] if opts.imatrix is not None else [])]  # every shard, the imatrix
     with OutputSet([("output", out)], inputs=inputs) as outs:
         outs.open("output")
         outs.write_bytes("output", plan.header)

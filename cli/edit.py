@@ -71,7 +71,8 @@ def _op(kind: str, text: str, state: Any) -> Any:
     if kind == "chat_template_file":
         return SetChatTemplate(_read_template(text))
     name, tok = _pair(text, "--special-token", "NAME=TOKEN")
-    token: int | str = int(tok) if tok.isdecimal() and tok.isascii() else tok.removeprefix("text:")
+    is_id = tok.isdecimal() and tok.isascii() and len(tok) <= 20  # longer: no id, and int() would refuse it
+    token: int | str = int(tok) if is_id else tok.removeprefix("text:")
     return SetSpecialToken(name, token)
 
 

@@ -221,3 +221,18 @@ def test_every_text_input_is_checked(tmp_path: Path, kind: str, verb: list[str],
     assert {"fifo": "FIFO", "dev-zero": "character device", "folder": "directory", "too-big": "at most",
             "not-utf8": "not UTF-8"}[kind] in line
     _check_untouched(tmp_path, before)
+
+
+def test_a_broken_cache_file_is_remade_inside_a_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        model_path) -> None:
+    """The input set must not stop a cache from replacing its own broken file (read to see it is broken)."""
+    from quantscope.core import synthetic as S
+
+    smol = model_path("smollm2")
+    monkeypatch.setenv("QUANTSCOPE_MODELS", str(tmp_path))
+    target = S.synthetic_path("tiny")
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"GGUF, cut short")
+    with fsutil.input_scope():
+        assert S.ensure_synthetic("tiny", vocab_source=smol) == target
+    assert S.is_complete(target, "tiny", 0)

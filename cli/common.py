@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from quantscope.core import catalog
-from quantscope.core.fsutil import PathRefused, check_input, json_text
+from quantscope.core.fsutil import PathRefused, check_input, json_text, read_text_input
 from quantscope.core.gguf import GGUFError, GGUFFile
 
 
@@ -70,6 +70,15 @@ def check_file(path: str) -> None:
     """Refuse a missing path, a directory, FIFO, device or socket before anything opens it."""
     try:
         check_input(path)
+    except PathRefused as exc:
+        raise CLIError(str(exc)) from None
+
+
+def read_text_file(path: str, label: str = "") -> str:
+    """A text file a verb reads whole (``-f``, rule files, templates): a regular file, bounded in size, UTF-8;
+    anything else is one CLIError line."""
+    try:
+        return read_text_input(path, label)
     except PathRefused as exc:
         raise CLIError(str(exc)) from None
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 from typing import Any
 
@@ -19,15 +18,24 @@ from .common import MAX_THREADS, Bar, CLIError, dump_json, exit_cleanly_if_file_
 EXIT_HELP = "exit status: 0 when no difference was found, 1 when the files differ, 2 on an error (like diff(1))"
 
 
-def _regex(text: str) -> re.Pattern[str]:
+def _regex(text: str) -> Any:
+    from quantscope.core.userregex import UserPattern
+
     try:
-        return re.compile(text)
-    except re.error as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {exc}") from None
+        return UserPattern(text, "--tensor")  # searched within a time budget
+    except ValueError:
+        import re
+
+        try:
+            re.compile(text)
+        except re.error as exc:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {exc}") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression") from None
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
     from quantscope.core.gguf.diff import diff_files
+    from quantscope.core.userregex import RegexTimeout
 
     exit_cleanly_if_file_changes(f"{args.file} or {args.other}")
     with open_gguf(args.file) as a, open_gguf(args.other) as b:
@@ -37,6 +45,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
                            threads=args.threads, progress=lambda done, total: bar(done, total))
         except FileChangedError as exc:
             raise CLIError(f"{args.file} or {args.other} changed while it was being read ({exc})") from None
+        except RegexTimeout as exc:
+            raise CLIError(str(exc)) from None
         finally:
             bar.close()
     if args.json:

@@ -11,7 +11,7 @@ from typing import Any
 
 from quantscope.core.fsutil import PathRefused, printable
 
-from .common import Bar, CLIError, check_file, dump_json
+from .common import Bar, CLIError, check_file, dump_json, read_text_file
 
 _OPTIONS = {"set": "--set", "set_typed": "--set-typed", "delete": "--delete", "chat_template_file":
             "--chat-template-file", "special_token": "--special-token"}
@@ -39,14 +39,7 @@ def _pair(text: str, option: str, shape: str) -> tuple[str, str]:
 
 
 def _read_template(path: str) -> str:
-    check_file(path)
-    try:  # text mode: \r\n and \r become \n, as gguf_new_metadata.py reads it
-        with open(path, encoding="utf-8") as fp:
-            return fp.read()
-    except UnicodeDecodeError as exc:
-        raise CLIError(f"--chat-template-file {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except OSError as exc:
-        raise CLIError(f"--chat-template-file {path}: cannot read: {exc.strerror or exc}") from None
+    return read_text_file(path, "--chat-template-file")  # \r\n and \r become \n, as gguf_new_metadata.py reads it
 
 
 def _op(kind: str, text: str, state: Any) -> Any:
@@ -78,7 +71,8 @@ def _op(kind: str, text: str, state: Any) -> Any:
     if kind == "chat_template_file":
         return SetChatTemplate(_read_template(text))
     name, tok = _pair(text, "--special-token", "NAME=TOKEN")
-    token: int | str = int(tok) if tok.isdecimal() and tok.isascii() else tok.removeprefix("text:")
+    is_id = tok.isdecimal() and tok.isascii() and len(tok) <= 20  # longer: no id, and int() would refuse it
+    token: int | str = int(tok) if is_id else tok.removeprefix("text:")
     return SetSpecialToken(name, token)
 
 
@@ -105,7 +99,7 @@ def cmd_edit(args: argparse.Namespace) -> int:
         same = False
         others = [p for p in sibling_shards(args.file) if p != Path(args.file)]
         try:
-            OutputSet([("-o", out)], inputs=others)
+            OutputSet([("-o", out)], inputs=others, replaces=[args.file])
         except PathRefused as exc:
             if "is the input file" not in str(exc):
                 raise CLIError(str(exc)) from None

@@ -15,7 +15,7 @@ from typing import Any
 
 from quantscope.core import catalog
 from quantscope.core.filestate import FileChangedError
-from quantscope.core.fsutil import printable
+from quantscope.core.fsutil import input_scope, printable
 
 from .common import CLIError, Parser, exit_cleanly_if_file_changes
 
@@ -33,6 +33,48 @@ COMMANDS: dict[str, str] = {
     "probe": "probe",
 }
 BENCH_KINDS = ("open", "kernels", "convert", "model", "synthetic")
+#: the options (argparse dests) that name files: any bytes are a valid Linux file name, so a non-UTF-8 name is
+#: used as given; every other string argument is text and must be UTF-8 (checked once, in :func:`check_text_args`)
+PATH_DESTS = frozenset({"file", "files", "other", "output", "base", "quant", "text_file", "prefix", "imatrix",
+                        "tensor_type_file", "reference", "kl_divergence_base", "config", "manifest", "against",
+                        "screenshot"})
+
+
+def _not_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def check_text_args(args: argparse.Namespace) -> None:
+    """Refuse, in one line, a text argument (a prompt, a token, a pattern, an edit) that is not UTF-8: the shell
+    passed bytes Python could only decode with surrogates (``tokenize``, ``generate -p``, ``probe -p``,
+    ``edit --special-token`` … all go through here)."""
+
+    def strings(value: Any) -> Any:
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            if len(value) == 2 and value[0] == "chat_template_file":  # an edit naming a file
+                return
+            for v in value:
+                yield from strings(v)
+
+    for dest, value in vars(args).items():
+        if dest in PATH_DESTS or dest == "func":
+            continue
+        for text in strings(value):
+            if _not_utf8(text):
+                shown = text.encode("utf-8", "surrogateescape" if all(
+                    "\udc80" <= c <= "\udcff" for c in text if "\ud800" <= c <= "\udfff") else "backslashreplace")
+                name = dest.replace("_", "-") if dest in ("text", "tensor", "type") else "--" + dest.replace("_", "-")
+                raise CLIError(f"{argv_name(name)}: {ascii(shown)[2:-1][:80]} is not UTF-8 text; give it in UTF-8")
+
+
+def argv_name(name: str) -> str:
+    return {"--edits": "edit option", "--tensor-type": "--tensor-type", "--stop": "--stop"}.get(name, name)
 
 
 class _Skipped:
@@ -82,15 +124,26 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["bench", "synthetic", *argv[1].split("=", 1)[1:], *argv[2:]]
     parser = build_parser(argv[0] if argv[0] in COMMANDS else None)
     file = None
+    for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 is printed escaped, never a crash
+        try:
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+        except (AttributeError, ValueError):
+            pass
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # the verb's own help names its options (argparse would point at the top level)
+            verb = f"quantscope {argv[0]}" if argv[0] in COMMANDS else "quantscope"
+            raise CLIError(f"{argv[0] + ': ' if argv[0] in COMMANDS else ''}unrecognized arguments: "
+                           f"{' '.join(extra)} (see {verb} --help)")
+        check_text_args(args)
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
         file = getattr(args, "file", None)
         if file:
             exit_cleanly_if_file_changes(file)
-        return int(args.func(args))
+        with input_scope():  # every file the verb reads: no writer of it may replace one
+            return int(args.func(args))
     except CLIError as exc:
         print(f"quantscope: error: {printable(exc)}", file=sys.stderr)
         return 2

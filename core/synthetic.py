@@ -375,7 +375,7 @@ def tensor_chunks(spec: TensorSpec, rng: np.random.Generator,
 
 def write_synthetic(path: str | os.PathLike[str], shape: str | Shape, vocab_source: str | os.PathLike[str],
                     seed: int = 0, progress: Callable[[SyntheticProgress], None] | None = None,
-                    cancel: Cancel | None = None) -> Path:
+                    cancel: Cancel | None = None, replace_stale: bool = False) -> Path:
     """Write the random-weight model ``shape`` to ``path`` atomically; returns the path written.
 
     Raises :class:`SyntheticCancelled` (leaving nothing) when ``cancel.cancelled`` becomes true."""
@@ -385,7 +385,8 @@ def write_synthetic(path: str | os.PathLike[str], shape: str | Shape, vocab_sour
     total = sum(t.n_bytes for t in plan)
     report = progress or (lambda _p: None)
     done = 0
-    with OutputSet([("synthetic", path)], inputs=[vocab_source]) as outs:
+    # replace_stale: the cache's own broken file, just read by is_complete, may be replaced (never the vocabulary)
+    with OutputSet([("synthetic", path)], inputs=[vocab_source], replaces=[path] if replace_stale else []) as outs:
         outs.open("synthetic")
         outs.write_bytes("synthetic", head)
         data = DataSection(lambda b: outs.write_bytes("synthetic", b), DEFAULT_ALIGNMENT, (t.n_bytes for t in plan))
@@ -431,4 +432,5 @@ def ensure_synthetic(shape: str, seed: int = 0, progress: Callable[[SyntheticPro
     if is_complete(target, shape, seed):
         return target
     vocab = vocab_source if vocab_source is not None else catalog.fetch(VOCAB_MODEL, progress=say)
-    return write_synthetic(target, shape, vocab, seed, progress, cancel)
+    target.parent.mkdir(parents=True, exist_ok=True)  # our cache folder (writers refuse a missing folder)
+    return write_synthetic(target, shape, vocab, seed, progress, cancel, replace_stale=True)

@@ -160,6 +160,7 @@ def expected_bump(gguf_path: Path, codes: dict[str, int], context: int = C) -> b
 def test_synthetic_models_convert_byte_exact(tmp_path, arch, profile, codes):
     src = write_model(tmp_path / "m.gguf", arch, biases=arch == "qwen2")
     out = tmp_path / "out" / "w.bump"
+    out.parent.mkdir()  # writers do not create folders
     res = ConvertJob(src, out, profile=profile).run()
     want = expected_bump(src, codes)
     got = out.read_bytes()
@@ -187,6 +188,7 @@ def test_ckernel_only_types_and_context_override(tmp_path):
 def test_config_and_manifest(tmp_path):
     src = write_model(tmp_path / "m.gguf", "qwen2", biases=True)
     out, cfg, man = tmp_path / "o" / "w.bump", tmp_path / "o" / "config.json", tmp_path / "o" / "manifest.json"
+    out.parent.mkdir()  # writers do not create folders
     ConvertJob(src, out, config_path=cfg, manifest_path=man).run()
     text = cfg.read_text()
     assert text.endswith("}\n") and text.startswith('{\n  "architectures": [\n    "LlamaForCausalLM"\n  ],')

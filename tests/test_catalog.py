@@ -96,7 +96,7 @@ def test_fetch_data_leaves_no_debris(tmp_path, monkeypatch):
     folder of a process killed mid-fetch is removed by the next fetch (the download itself is faked here)."""
     monkeypatch.setenv("QUANTSCOPE_MODELS", str(tmp_path))
     spec = catalog.LLAMA_DATA
-    dead = tmp_path / f".{spec.name}.tmp-999999-0"  # no such process
+    dead = tmp_path / f".{spec.name}.quantscope-tmp-999999-0123456789ab"  # no such process
     dead.mkdir()
     (dead / "half-written").write_bytes(b"x")
 

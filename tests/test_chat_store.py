@@ -138,10 +138,17 @@ def test_schema_1_database_is_migrated_and_keeps_its_conversations(tmp_path):
 
 
 def test_bad_and_newer_files_are_refused_by_name(tmp_path):
+    """A file that is not a database is kept aside under a name the store reports (never dropped) and a new
+    database begins; a newer schema and an unusable path are refused by name."""
     bad = tmp_path / "bad.sqlite3"
-    bad.write_bytes(b"this is not a database" * 100)
-    with pytest.raises(StoreError, match=r"bad\.sqlite3"):
-        ChatStore(bad)
+    junk = b"this is not a database" * 100
+    bad.write_bytes(junk)
+    with ChatStore(bad) as s:
+        aside = s.moved_aside
+        assert aside is not None and aside.name.startswith("bad.sqlite3.unreadable-") and aside.read_bytes() == junk
+        assert s.list_conversations() == [] and s.create("new") == 1
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm"))) == sorted(
+        ["bad.sqlite3", aside.name])
     newer = tmp_path / "newer.sqlite3"
     db = sqlite3.connect(newer)
     db.execute("PRAGMA user_version = 99")
@@ -216,3 +223,115 @@ def test_completion_mode_export_keeps_text_exact(store):
     assert "## Prompt\n\n```text\nOnce upon a time\n```" in md and "## Continuation" in md
     assert "```text\n, a *star* fell\n```" in md
 
+
+
+# ------------------------------------------------------------------------------- two windows, one conversation
+_WINDOW = r"""
+import sys, time
+from pathlib import Path
+from quantscope.core.chat.controller import ChatController
+from quantscope.core.chat.store import ChatStore
+
+db, cid, me, other, first = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5] == "1"
+flags = Path(db).parent
+
+def wait(name):
+    for _ in range(3000):
+        if (flags / name).exists():
+            return
+        time.sleep(0.01)
+    raise SystemExit(f"timed out waiting for {name}")
+
+with ChatStore(db) as s:
+    ctl = ChatController()
+    ctl.open(s, cid)                       # both windows show the conversation as it was
+    (flags / f"loaded-{me}").touch()
+    wait(f"loaded-{other}")
+    if not first:
+        wait(f"saved-{other}")
+    ctl.add_user(f"question from {me}")
+    ctl.add_reply(f"answer for {me}", {"n_generated": 1})
+    ctl.save(s, {})                        # shown as saved in this window
+    (flags / f"saved-{me}").touch()
+"""
+
+
+def test_two_processes_with_one_conversation_lose_nothing(tmp_path):
+    """Window A and window B (two processes) have the same conversation open; A saves an exchange, then B saves
+    its own: both exchanges are in the database (B's save must not delete and rewrite A's)."""
+    import subprocess
+    import sys
+
+    p = tmp_path / "c.sqlite3"
+    with ChatStore(p) as s:
+        cid = s.create("shared", messages=[StoredMessage("user", "hi"), StoredMessage("assistant", "hello")])
+    procs = [subprocess.Popen([sys.executable, "-c", _WINDOW, str(p), str(cid), me, other, first])
+             for me, other, first in (("A", "B", "1"), ("B", "A", "0"))]
+    assert [pr.wait(120) for pr in procs] == [0, 0]
+    with ChatStore(p) as s:
+        got = [m.content for m in s.get(cid).messages]
+    assert got == ["hi", "hello", "question from A", "answer for A", "question from B", "answer for B"]
+
+
+def test_a_window_deletes_only_what_it_removed(tmp_path):
+    """An edit in window A drops the messages after the edited one that A had shown; a reply B added meanwhile
+    stays."""
+    from quantscope.core.chat.controller import ChatController
+
+    with ChatStore(tmp_path / "c.sqlite3") as s:
+        cid = s.create("x", messages=[StoredMessage("user", "q1"), StoredMessage("assistant", "a1")])
+        a, b = ChatController(), ChatController()
+        a.open(s, cid)
+        b.open(s, cid)
+        b.add_user("q-b")
+        b.save(s, {})
+        a.editing = 0  # A edits its first message: q1 and a1 go, "q1 edited" comes
+        a.add_user("q1 edited")
+        a.save(s, {})
+        assert [m.content for m in s.get(cid).messages] == ["q-b", "q1 edited"]
+        a.add_reply("a1 again", {})
+        a.save(s, {})  # the same message saved twice is one row
+        assert [m.content for m in s.get(cid).messages] == ["q-b", "q1 edited", "a1 again"]
+
+
+def test_rows_of_an_older_quantscope_keep_working(store):
+    """A row written without a uid (an older version in another window) is read, updated and removed by id."""
+    from quantscope.core.chat.controller import ChatController
+
+    cid = store.create("x", messages=[StoredMessage("user", "q1")])
+    store._db.execute("INSERT INTO messages (conversation_id, position, role, content, created) "
+                      "VALUES (?, 5, 'assistant', 'old reply', 1)", (cid,))
+    store._db.commit()
+    ctl = ChatController()
+    ctl.open(store, cid)
+    assert [m.content for m in ctl.messages] == ["q1", "old reply"] and ctl.messages[1].uid.startswith("row-")
+    ctl.drop_replies()
+    ctl.add_reply("new reply", {})
+    ctl.save(store, {})
+    got = store.get(cid).messages
+    assert [m.content for m in got] == ["q1", "new reply"] and got[1].variants[0].message.content == "old reply"
+
+
+@pytest.mark.parametrize("column, value", [("created", "'yesterday'"), ("updated", "x'00ff'"),
+                                           ("model_size", "'big'"), ("model_size", "1e300"), ("title", "42"),
+                                           ("mode", "'weird'"), ("params", "'[1,2'")])
+def test_values_of_the_wrong_type_read_as_defaults(tmp_path, column, value):
+    """A conversation whose created, updated or model_size is not a number (a hand-edited or damaged database)
+    lists and opens with defaults instead of raising (the GUI used to die in showEvent)."""
+    p = tmp_path / "c.sqlite3"
+    with ChatStore(p) as s:
+        cid = s.create("t", messages=[StoredMessage("user", "q")])
+    db = sqlite3.connect(p)
+    db.execute(f"UPDATE conversations SET {column} = {value} WHERE id = ?", (cid,))
+    db.execute(f"UPDATE messages SET created = {value}, variant = {value}, stats = {value} WHERE conversation_id = ?",
+               (cid,))
+    db.commit()
+    db.close()
+    with ChatStore(p) as s:
+        (info,) = s.list_conversations()
+        conv = s.get(cid)
+    for v in (info.created, info.updated, conv.created, conv.updated, conv.messages[0].created):
+        assert isinstance(v, float) and v == v
+    assert isinstance(info.model_size, int) and isinstance(conv.model_size, int) and conv.model_size >= 0
+    assert isinstance(info.title, str) and conv.mode in ("chat", "completion") and isinstance(conv.params, dict)
+    assert conv.messages[0].content == "q" and isinstance(conv.messages[0].stats, dict)

@@ -177,6 +177,50 @@ def test_install_refuses_a_symlink_target_and_writes_nothing(tmp_path, no_tools,
     assert rep.kept and "not a regular file" in rep.kept[0]
 
 
+def test_uninstall_without_a_manifest_removes_nothing(tmp_path, no_tools, fake_exe, capsys):
+    """A hand-made launcher, icon and MIME XML at our paths but no manifest: nothing is ours to remove."""
+    base = tmp_path / "share"
+    for rel in desktop.SOURCES:
+        (base / rel).parent.mkdir(parents=True, exist_ok=True)
+        (base / rel).write_text(f"made by hand: {rel}")
+    before = snapshot(base)
+    rep = desktop.uninstall(base)
+    assert rep.removed == [] and snapshot(base) == before
+    assert any("no install manifest" in k and "nothing was removed" in k for k in rep.kept)
+    assert main(["desktop", "uninstall", "--prefix", str(tmp_path / "x")]) == 0  # the CLI says so too
+    assert "no install manifest" in capsys.readouterr().out
+
+
+def test_uninstall_removes_only_files_the_manifest_lists(tmp_path, no_tools, fake_exe):
+    base = tmp_path / "share"
+    desktop.install(base, [str(fake_exe)])
+    man = base / desktop.MANIFEST
+    raw = man.read_text()
+    import json
+
+    doc = json.loads(raw)
+    del doc["files"][str(desktop.ICON_PNG)]  # a manifest that does not list the PNG icon
+    man.write_text(json.dumps(doc))
+    rep = desktop.uninstall(base)
+    assert (base / desktop.ICON_PNG).is_file() and desktop.ICON_PNG not in rep.removed
+    assert any("not listed" in k for k in rep.kept)
+    assert not (base / desktop.DESKTOP).exists()  # the listed, unchanged ones go
+
+
+def test_uninstall_never_follows_a_symlinked_folder(tmp_path, no_tools, fake_exe):
+    """Install, then the applications folder is swapped for a link to elsewhere holding an identical entry: the
+    file beyond the link is not under the data directory and stays."""
+    base = tmp_path / "share"
+    desktop.install(base, [str(fake_exe)])
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(base / "applications", elsewhere)
+    (base / "applications").symlink_to(elsewhere)
+    rep = desktop.uninstall(base)
+    assert (elsewhere / "quantscope.desktop").is_file()
+    assert any("symbolic link to a folder" in k for k in rep.kept)
+    assert (base / "applications").is_symlink()
+
+
 def test_tools_run_on_their_folders_and_a_failing_tool_is_reported(tmp_path, monkeypatch, fake_exe):
     bindir = tmp_path / "bin"
     bindir.mkdir()

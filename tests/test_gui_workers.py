@@ -18,6 +18,7 @@ def test_convert_dialog_writes_a_file_that_verifies_and_opens(window, qtbot, tmp
     dlg = window.show_convert()
     assert dlg is not None and dlg.isVisible()
     out = tmp_path / "out" / "qwen.bump"
+    out.parent.mkdir()  # writers refuse a missing folder
     dlg.output.setText(str(out))
     assert dlg.manifest.text() == str(out.parent / "manifest.json")  # follows the output folder
     dlg.manifest_check.setChecked(True)

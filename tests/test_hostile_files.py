@@ -74,6 +74,7 @@ def src(model_file: Path, tmp_path: Path) -> Path:
 @pytest.fixture
 def bump(model_file: Path, tmp_path: Path) -> Path:
     out = tmp_path / "b" / "w.bump"
+    out.parent.mkdir()
     ConvertJob(model_file, out, config_path=out.with_name("config.json")).run()
     return out
 
@@ -212,7 +213,7 @@ def test_temporary_that_cannot_be_created_fails_before_writing(src: Path, tmp_pa
 
     monkeypatch.setattr(OutputSet, "open", refuse_config)
     with pytest.raises(BumpWriteError, match=r"Cannot write config.json .*Permission denied; nothing was written"):
-        ConvertJob(src, tmp_path / "w.bump", config_path=tmp_path / "ro" / "config.json").run()
+        ConvertJob(src, tmp_path / "w.bump", config_path=tmp_path / "config.json").run()
     assert listing(tmp_path) == ["a.gguf"]
 
 
@@ -252,7 +253,7 @@ def test_named_temporaries_when_o_tmpfile_is_missing(src: Path, tmp_path: Path,
 
     monkeypatch.setattr(os, "open", no_tmpfile)
     ConvertJob(src, tmp_path / "w.bump", config_path=tmp_path / "config.json").run()
-    assert seen and all(n.startswith((".w.bump.tmp-", ".config.json.tmp-")) for n in seen)
+    assert seen and all(n.startswith((".w.bump.quantscope-tmp-", ".config.json.quantscope-tmp-")) for n in seen)
     assert listing(tmp_path) == ["a.gguf", "config.json", "w.bump"]
 
 
@@ -281,17 +282,20 @@ def _dead_pid() -> int:
 
 def test_stale_temporaries_of_dead_processes_are_removed(src: Path, tmp_path: Path) -> None:
     dead = _dead_pid()
-    stale = [f".w.bump.tmp-{dead}-3", f".config.json.tmp-{dead}-0", f".w.bump.bak-{dead}-1"]
-    live = f".w.bump.tmp-{os.getppid()}-1"  # a running process's temporary: kept
-    other = [".w.bump.tmp", f"w.bump.tmp-{dead}-1", f".notes.tmp-{dead}"]  # not our pattern: kept
+    tok = "0123456789ab"
+    stale = [f".w.bump.quantscope-tmp-{dead}-{tok}", f".config.json.quantscope-tmp-{dead}-{tok}",
+             f".w.bump.quantscope-bak-{dead}-{tok}"]
+    live = f".w.bump.quantscope-tmp-{os.getppid()}-{tok}"  # a running process's temporary: kept
+    other = [".w.bump.tmp", f"w.bump.quantscope-tmp-{dead}-{tok}", f".notes.quantscope-tmp-{dead}",
+             f".w.bump.tmp-{dead}-3", f".w.bump.bak-{dead}-1"]  # not our marker: kept (the old pattern included)
     for n in [*stale, live, *other]:
         (tmp_path / n).write_bytes(b"x" * 100)
-    (tmp_path / f".dir.tmp-{dead}-2").mkdir()  # our pattern but not a regular file: kept
-    (tmp_path / f".link.tmp-{dead}-4").symlink_to(src)  # a symlink: kept, and its target untouched
+    (tmp_path / f".dir.quantscope-tmp-{dead}-{tok}").mkdir()  # our pattern but not a regular file: kept
+    (tmp_path / f".link.quantscope-tmp-{dead}-{tok}").symlink_to(src)  # a symlink: kept, its target untouched
     proc = run_cli("convert", src, "-o", tmp_path / "w.bump")
     assert proc.returncode == 0, proc.stderr
-    assert listing(tmp_path) == sorted(["a.gguf", "w.bump", live, *other, f".dir.tmp-{dead}-2",
-                                        f".link.tmp-{dead}-4"])
+    assert listing(tmp_path) == sorted(["a.gguf", "w.bump", live, *other, f".dir.quantscope-tmp-{dead}-{tok}",
+                                        f".link.quantscope-tmp-{dead}-{tok}"])
     assert src.is_file() and fsutil.clean_stale_temps(tmp_path) == []
 
 
@@ -518,8 +522,9 @@ def test_write_atomic_refuses_fifos_and_inputs(tmp_path: Path) -> None:
     with pytest.raises(PathRefused, match="is the input file"):
         write_atomic(tmp_path / "." / "in.gguf", b"png", "--screenshot", [src])
     assert src.read_bytes() == b"model" and stat.S_ISFIFO(os.stat(fifo).st_mode)
-    assert write_atomic(tmp_path / "new" / "o.txt", "ok") == tmp_path / "new" / "o.txt"
-    assert listing(tmp_path) == ["in.gguf", "new", "p"] and listing(tmp_path / "new") == ["o.txt"]
+    with pytest.raises(PathRefused, match="does not exist"):  # a missing folder is refused, never created
+        write_atomic(tmp_path / "new" / "o.txt", "ok")
+    assert listing(tmp_path) == ["in.gguf", "p"]
 
 
 def test_chat_export_refuses_a_fifo(tmp_path: Path) -> None:

@@ -108,12 +108,14 @@ def test_split_and_merge_match_llama_gguf_split(tmp_path, sources, case):
     rec = META["cases"][case]
     model = rec["model"]
     out = tmp_path / "split"
+    out.mkdir()  # writers do not create folders
     plan = split_gguf(sources[model], out / model, **options(rec["args"]))
     assert files(out) == rec["split"]
     assert plan.report() == rec["plan"]
     if "merged" in rec:
         first = sorted(out.iterdir())[-1]  # the last shard: any shard names the set
         merged = tmp_path / "merged" / f"{model}-merged.gguf"
+        merged.parent.mkdir()
         merge_gguf(first, merged)
         assert files(merged.parent) == rec["merged"]
 
@@ -127,6 +129,8 @@ def test_dry_run_writes_nothing(tmp_path, sources):
 
 
 def test_resplitting_a_split_model_is_splitting_the_merged_file(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
     a = split_gguf(SHARDS[2], tmp_path / "a" / "x", max_tensors=5)
     b = split_gguf(MERGED, tmp_path / "b" / "x", max_tensors=5)
     assert [s.path.name for s in a.shards] == [s.path.name for s in b.shards]
@@ -267,6 +271,8 @@ def test_integrity_checks_per_shard():
 
 def test_shard_of_another_split(tmp_path, sources):
     s = copy_set(tmp_path)
+    (tmp_path / "t1").mkdir()
+    (tmp_path / "t5").mkdir()
     split_gguf(sources["small"], tmp_path / "t1" / "small", max_tensors=1)  # 16 shards
     shutil.copy(tmp_path / "t1" / "small-00002-of-00016.gguf", s[1])
     with pytest.raises(ShardError, match=r"split\.count is 16, but small-00001-of-00004\.gguf says 4") as e:
@@ -405,6 +411,7 @@ def test_split_keys_of_the_wrong_type(tmp_path):
 
 # ------------------------------------------------------------------------------------- outputs
 def test_cancel_leaves_nothing(tmp_path, sources):
+    (tmp_path / "out").mkdir()
     for job in (lambda pr, c: split_gguf(sources["big"], tmp_path / "out" / "b", max_size=10**6, progress=pr,
                                          cancel=c),
                 lambda pr, c: merge_gguf(SHARDS[0], tmp_path / "out" / "m.gguf", progress=pr, cancel=c)):
@@ -423,6 +430,7 @@ def test_cancel_leaves_nothing(tmp_path, sources):
 
 def test_killed_split_leaves_nothing(tmp_path, sources):
     out = tmp_path / "out"
+    out.mkdir()
     code = ("import sys, time\nfrom quantscope.core.gguf.split import split_gguf\n"
             "def p(d, t):\n    print('progress', flush=True)\n    time.sleep(60)\n"
             f"split_gguf({str(sources['big'])!r}, {str(out / 'b')!r}, max_size=10**6, progress=p)\n")
@@ -466,6 +474,8 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def test_cli_split_merge_inspect(tmp_path, capsys, sources):
+    for d in ("s", "m"):
+        (tmp_path / d).mkdir()
     rc, out, _ = run(capsys, "split", str(sources["big"]), str(tmp_path / "s" / "big"), "--split-max-size", "1M")
     assert rc == 0
     rec = META["cases"]["big-1M"]
@@ -520,6 +530,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """tests/quantize_models.py's llama (F32, 4 layers) and the first of its 4 shards."""
     d = tmp_path_factory.mktemp("tiny")
     src = quantize_models.write_model("llama", d / "llama.gguf")
+    (d / "shards").mkdir()
     plan = split_gguf(src, d / "shards" / "llama", max_tensors=12)
     assert len(plan.shards) == 4
     return src, plan.shards[0].path
@@ -552,6 +563,7 @@ def test_bump_conversion_of_a_split_model(tmp_path):
     from .test_bump import write_model
 
     src = write_model(tmp_path / "m.gguf", "qwen2", biases=True)
+    (tmp_path / "s").mkdir()
     plan = split_gguf(src, tmp_path / "s" / "m", max_tensors=7)
     assert len(plan.shards) > 2
     a = ConvertJob(src, tmp_path / "a.bump").run()
@@ -569,6 +581,8 @@ def test_real_model_split_and_merge_round_trip(tmp_path, model_path):
     appends (re-splitting it gives the same shards)."""
     src = model_path("qwen2.5-coder")
     t0 = time.perf_counter()
+    (tmp_path / "s").mkdir()
+    (tmp_path / "m").mkdir()
     plan = split_gguf(src, tmp_path / "s" / "qwen", max_size=parse_size("200M"))
     assert [s.path.name for s in plan.shards] == [f"qwen-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
     assert all(s.size <= 200_000_000 + len(s.header) for s in plan.shards)

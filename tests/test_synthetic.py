@@ -108,6 +108,7 @@ class _CancelAfter:
 
 def test_cancel_and_errors_leave_no_debris(smol, tmp_path):
     out = tmp_path / "out"
+    out.mkdir()  # writers refuse a missing folder
     with pytest.raises(S.SyntheticCancelled):
         S.write_synthetic(out / "c.gguf", "tiny", smol, cancel=_CancelAfter(2))
     assert os.listdir(out) == []

@@ -323,7 +323,8 @@ def token_choice(penalized: np.ndarray, token: int, temperature: float, n: int =
     entropy = math.log(total) - float(np.multiply(e, z, out=t).sum()) / total
     k = max(0, min(int(n), x.size))
     if 0 < k < x.size:  # candidates from a float32 partition (cheap), widened by its rounding, then sorted exactly
-        z32[...] = z
+        np.maximum(z, -3.0e38, out=t)  # float32's range: a penalty of 1e-45 pushes logits to -1e46 (no overflow)
+        z32[...] = t
         z32.partition(x.size - k)
         cut = float(z32[x.size - k])
         cand = np.flatnonzero(z >= cut - abs(cut) * 2.4e-7 - 1e-37)

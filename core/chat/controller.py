@@ -97,6 +97,8 @@ class ChatController:
         self.editing: int | None = None
         #: a reply being made as a new version of message ``[0]`` of the conversation ``[1]`` (regenerate, branch)
         self.pending_variant: tuple[int, list[StoredMessage]] | None = None
+        #: the uids of the messages this window loaded or saved: a save deletes only those it no longer shows
+        self.stored: set[str] = set()
 
     # ------------------------------------------------------------------ binding
     def set_model(self, model: ModelIdentity | None) -> None:
@@ -106,6 +108,7 @@ class ChatController:
 
     def new(self) -> None:
         self.conv_id = None
+        self.stored = set()
         self.messages = []
         self.owner = None
         self.editing = None
@@ -123,6 +126,7 @@ class ChatController:
         conv = store.get(conv_id)
         self.conv_id = conv.id
         self.messages = list(conv.messages)
+        self.stored = {m.uid for m in self.messages}
         self.owner = conv.identity
         self.editing = None
         self.pending_variant = None
@@ -140,6 +144,7 @@ class ChatController:
         title = store.get(self.conv_id).title
         self.conv_id = store.create(f"{title} ({self.model.name})", identity=self.model, messages=self.messages,
                                     **settings)
+        self.stored = {m.uid for m in self.messages}
         return self.conv_id
 
     # ------------------------------------------------------------------ messages
@@ -220,13 +225,17 @@ class ChatController:
         return prompt, stand_in
 
     def save(self, store: ChatStore, settings: dict[str, Any]) -> None:
-        """Write the conversation (created on first save, bound to its model). Raises StoreError/KeyError."""
+        """Write the conversation (created on first save, bound to its model), message by message: what another
+        window saved in the same conversation meanwhile stays (see :meth:`ChatStore.save_messages`). Raises
+        StoreError/KeyError."""
         if not self.messages:
             return
         owner = self.owner or self.model or ModelIdentity()
         if self.conv_id is None or not store.exists(self.conv_id):
             first = next((m.content for m in self.messages if m.role == "user"), "")
             self.conv_id = store.create(title_from(first), identity=owner, **settings)
+            self.stored = set()
         else:
             store.update(self.conv_id, **settings)
-        store.set_messages(self.conv_id, self.messages)
+        store.save_messages(self.conv_id, self.messages, removed=self.stored)
+        self.stored = {m.uid for m in self.messages}

@@ -4,15 +4,25 @@ JSON export.
 The file is ``$QUANTSCOPE_DATA/chats.sqlite3`` when ``QUANTSCOPE_DATA`` is set, else
 ``$XDG_DATA_HOME/quantscope/chats.sqlite3`` (default ``~/.local/share/quantscope/chats.sqlite3``). A store is used
 from one thread (the GUI's); every write is one short transaction.
+
+Several windows or processes may have the same conversation open: every message carries a random ``uid`` and a
+save (:meth:`ChatStore.save_messages`) inserts or updates its messages by uid and deletes only the ones that
+window itself removed, so what another window saved is never lost. A file that is not a readable database is
+moved aside (``chats.sqlite3.unreadable-YYYYmmdd-HHMMSS``; :attr:`ChatStore.moved_aside` names it) and a new one
+is started. Values read back are checked: a time, size or count that is not a number reads as 0, a text that is
+not text as "".
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sqlite3
 import time
+import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -63,13 +73,38 @@ _ADDED = {"model_quant": "TEXT NOT NULL DEFAULT ''", "model_size": "INTEGER NOT 
 #: the same for messages (schema 3: a reply's thinking; schema 4: its token records as compact JSON, the message's
 #: other variants as JSON and its own place among them; empty for the messages before)
 _ADDED_MESSAGES = {"thinking": "TEXT NOT NULL DEFAULT ''", "tokens": "TEXT NOT NULL DEFAULT ''",
-                   "variants": "TEXT NOT NULL DEFAULT ''", "variant": "INTEGER NOT NULL DEFAULT 0"}
+                   "variants": "TEXT NOT NULL DEFAULT ''", "variant": "INTEGER NOT NULL DEFAULT 0",
+                   "uid": "TEXT NOT NULL DEFAULT ''"}
 #: how deeply variants may nest in a stored message (a branch's messages with branches of their own, ...)
 MAX_VARIANT_DEPTH = 32
 
 
 class StoreError(RuntimeError):
     """The database cannot be opened or used; the message says which file and why."""
+
+
+def _new_uid() -> str:
+    return uuid.uuid4().hex
+
+
+def _num(v: object, default: float = 0.0) -> float:
+    """A stored number as a finite float (anything else: ``default``)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return default
+    f = float(v)
+    return f if math.isfinite(f) else default
+
+
+def _int(v: object, default: int = 0, lo: int = 0) -> int:
+    """A stored integer at least ``lo`` (a float is truncated; anything else: ``default``)."""
+    f = _num(v, float(default))
+    if abs(f) >= 2.0**63:
+        return default
+    return max(lo, int(f))
+
+
+def _text(v: object, default: str = "") -> str:
+    return v if isinstance(v, str) else default
 
 
 def data_dir() -> Path:
@@ -104,6 +139,8 @@ class StoredMessage:
     tokens: list[TokenRecord] = field(default_factory=list)
     variants: list[Variant] = field(default_factory=list)
     variant: int = 0
+    #: the message's identity in the store (random; not part of equality or of exports)
+    uid: str = field(default_factory=_new_uid, compare=False, repr=False)
 
     def as_chat(self) -> dict[str, str]:
         """The ``{"role", "content"}`` form templates take."""
@@ -215,21 +252,23 @@ def _variants_from(data: Any, depth: int) -> list[Variant]:
     return out
 
 
-def _row_message(role: str, content: str, stats: str, created: float, thinking: str, toks: str, variants: str,
-                 variant: int) -> StoredMessage:
-    """A stored row as a message; token records or variants that do not read are left out (the text stays)."""
+def _row_message(role: object, content: object, stats: object, created: object, thinking: object, toks: object,
+                 variants: object, variant: object, uid: object, row_id: object) -> StoredMessage:
+    """A stored row as a message; token records or variants that do not read are left out (the text stays), a
+    value of the wrong type reads as its default."""
     try:
-        records = _tokens.loads(toks)
-    except ValueError:
+        records = _tokens.loads(_text(toks))
+    except (ValueError, TypeError, RecursionError):
         records = []
     vs: list[Variant] = []
-    if variants:
+    if isinstance(variants, str) and variants:
         try:
             vs = _variants_from(json.loads(variants), 0)
-        except (ValueError, RecursionError):
+        except (ValueError, TypeError, RecursionError):
             vs = []
-    which = max(0, min(int(variant), len(vs)))
-    return StoredMessage(role, content, _loads(stats), float(created), thinking, records, vs, which)
+    which = max(0, min(_int(variant), len(vs)))
+    return StoredMessage(_text(role, "user"), _text(content), _loads(stats), _num(created), _text(thinking),
+                         records, vs, which, _text(uid) or f"row-{_int(row_id)}")
 
 
 @dataclass(frozen=True)
@@ -301,19 +340,50 @@ def _dumps(d: dict[str, Any]) -> str:
     return json.dumps(d, ensure_ascii=False, sort_keys=True, default=str)
 
 
-def _loads(s: str) -> dict[str, Any]:
+def _loads(s: object) -> dict[str, Any]:
     try:
-        v = json.loads(s)
-    except (TypeError, ValueError):
+        v = json.loads(s)  # type: ignore[arg-type]
+    except (TypeError, ValueError, RecursionError):
         return {}
     return v if isinstance(v, dict) else {}
 
 
 class ChatStore:
-    """The conversation database. ``path`` defaults to :func:`default_path`; its folder is created."""
+    """The conversation database. ``path`` defaults to :func:`default_path`; its folder is created. A file that is
+    not a readable database is renamed to ``NAME.unreadable-TIME`` (:attr:`moved_aside`) and a new one begun."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else default_path()
+        #: where an unreadable database found at :attr:`path` was moved (None: nothing was moved)
+        self.moved_aside: Path | None = None
+        try:
+            self._open()
+        except _Unreadable as exc:
+            self.moved_aside = self._move_aside(str(exc))
+            try:
+                self._open()
+            except _Unreadable as again:
+                raise StoreError(f"{self.path} is not a usable conversation database: {again}") from None
+
+    def _move_aside(self, why: str) -> Path:
+        """Rename the unreadable database (with its -wal and -shm files) to a free ``.unreadable-TIME`` name."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for n in range(1000):
+            dest = self.path.with_name(f"{self.path.name}.unreadable-{stamp}" + (f"-{n}" if n else ""))
+            if not any(os.path.lexists(f"{dest}{x}") for x in ("", "-wal", "-shm")):
+                break
+        else:
+            raise StoreError(f"{self.path} is not a usable conversation database ({why}) and cannot be moved aside")
+        try:
+            for x in ("-wal", "-shm", ""):
+                if os.path.lexists(f"{self.path}{x}"):
+                    os.rename(f"{self.path}{x}", f"{dest}{x}")
+        except OSError as exc:
+            raise StoreError(f"{self.path} is not a usable conversation database ({why}) and cannot be moved "
+                             f"aside: {exc.strerror or exc}") from None
+        return dest
+
+    def _open(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(str(self.path), timeout=5.0)
@@ -337,9 +407,14 @@ class ChatStore:
                 for col, decl in _ADDED_MESSAGES.items():
                     if col not in have:
                         self._db.execute(f"ALTER TABLE messages ADD COLUMN {col} {decl}")
+                self._db.execute("CREATE UNIQUE INDEX IF NOT EXISTS messages_by_uid ON messages(conversation_id, uid) "
+                                 "WHERE uid != ''")
+                self._db.execute("UPDATE messages SET uid = lower(hex(randomblob(16))) WHERE uid = ''")
                 self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except sqlite3.Error as exc:
             self._db.close()
+            if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
+                raise _Unreadable(str(exc)) from None  # not a database, malformed: its bytes are kept aside
             raise StoreError(f"{self.path} is not a usable conversation database: {exc}") from None
         except StoreError:
             self._db.close()
@@ -388,8 +463,8 @@ class ChatStore:
             "c.model_size FROM conversations c LEFT JOIN messages m ON m.conversation_id = c.id GROUP BY c.id "
             "ORDER BY c.updated DESC, c.id DESC"
         ).fetchall()
-        return [ConversationInfo(int(r[0]), r[1], r[2], float(r[3]), float(r[4]), int(r[5]), r[6], r[7], int(r[8]))
-                for r in rows]
+        return [ConversationInfo(_int(r[0]), _text(r[1], "(untitled)"), _text(r[2]), _num(r[3]), _num(r[4]),
+                                 _int(r[5]), _text(r[6]), _text(r[7]), _int(r[8])) for r in rows]
 
     def exists(self, conv_id: int) -> bool:
         return self._db.execute("SELECT 1 FROM conversations WHERE id = ?", (conv_id,)).fetchone() is not None
@@ -401,10 +476,12 @@ class ChatStore:
         if r is None:
             raise KeyError(conv_id)
         msgs = [_row_message(*m) for m in self._db.execute(
-            "SELECT role, content, stats, created, thinking, tokens, variants, variant FROM messages "
-            "WHERE conversation_id = ? ORDER BY position", (conv_id,))]
-        return Conversation(int(r[0]), r[1], r[2], r[3], r[4], r[5], _loads(r[6]), float(r[7]), float(r[8]), msgs,
-                            r[9], int(r[10]))
+            "SELECT role, content, stats, created, thinking, tokens, variants, variant, uid, id FROM messages "
+            "WHERE conversation_id = ? ORDER BY position, id", (conv_id,))]
+        mode = _text(r[5], "chat")
+        return Conversation(_int(r[0]), _text(r[1], "(untitled)"), _text(r[2]), _text(r[3]), _text(r[4]),
+                            mode if mode in MODES else "chat", _loads(r[6]), _num(r[7]), _num(r[8]), msgs,
+                            _text(r[9]), _int(r[10]))
 
     def rename(self, conv_id: int, title: str) -> None:
         title = " ".join(title.split())
@@ -446,8 +523,44 @@ class ChatStore:
         self._write("DELETE FROM conversations WHERE id = ?", (conv_id,))
 
     # ------------------------------------------------------------------ messages
+    def save_messages(self, conv_id: int, messages: list[StoredMessage], removed: Iterable[str] = ()) -> None:
+        """Save one window's view of a conversation without losing another's: each message is updated in place
+        by its uid, or appended after every stored one when it is new; the messages ``removed`` names (uids this
+        window loaded or saved and has since dropped: an edit, a regenerate, a switch of version) are deleted.
+        Messages another window saved meanwhile are left as they are."""
+        now = time.time()
+        keep = {m.uid for m in messages}
+        try:
+            with self._db:
+                cur = self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conv_id))
+                if cur.rowcount == 0:
+                    raise KeyError(conv_id)
+                for uid in set(removed) - keep:
+                    self._db.execute(f"DELETE FROM messages WHERE conversation_id = ? AND {_by_uid(uid)}",
+                                     (conv_id, _uid_arg(uid)))
+                for m in messages:
+                    fields = (m.role, m.content, _dumps(m.stats), m.created or now, m.thinking,
+                              _tokens.dumps(m.tokens), _variants_json(m), m.variant if m.variants else 0)
+                    cur = self._db.execute(
+                        "UPDATE messages SET role = ?, content = ?, stats = ?, created = ?, thinking = ?, tokens = ?, "
+                        f"variants = ?, variant = ? WHERE conversation_id = ? AND {_by_uid(m.uid)}",
+                        (*fields, conv_id, _uid_arg(m.uid)))
+                    if cur.rowcount:
+                        continue
+                    (pos,) = self._db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM messages "
+                                              "WHERE conversation_id = ?", (conv_id,)).fetchone()
+                    if m.uid.startswith("row-"):  # a row of an older Quantscope, gone meanwhile: a new identity
+                        m.uid = _new_uid()
+                    self._db.execute(
+                        "INSERT INTO messages (conversation_id, position, role, content, stats, created, thinking, "
+                        "tokens, variants, variant, uid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (conv_id, _int(pos), *fields, m.uid))
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {exc}") from None
+
     def set_messages(self, conv_id: int, messages: list[StoredMessage]) -> None:
-        """Replace the conversation's messages (what an edit, a regenerate or a finished reply writes)."""
+        """Replace all of the conversation's messages (a new conversation's, an import); a window saving what it
+        shows uses :meth:`save_messages`, which keeps what other windows saved."""
         now = time.time()
         try:
             with self._db:
@@ -457,9 +570,9 @@ class ChatStore:
                 self._db.execute("DELETE FROM messages WHERE conversation_id = ?", (conv_id,))
                 self._db.executemany(
                     "INSERT INTO messages (conversation_id, position, role, content, stats, created, thinking, "
-                    "tokens, variants, variant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "tokens, variants, variant, uid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [(conv_id, i, m.role, m.content, _dumps(m.stats), m.created or now, m.thinking,
-                      _tokens.dumps(m.tokens), _variants_json(m), m.variant if m.variants else 0)
+                      _tokens.dumps(m.tokens), _variants_json(m), m.variant if m.variants else 0, _fresh(m))
                      for i, m in enumerate(messages)])
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from None
@@ -474,12 +587,33 @@ class ChatStore:
                 (pos,) = self._db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM messages "
                                           "WHERE conversation_id = ?", (conv_id,)).fetchone()
                 self._db.execute("INSERT INTO messages (conversation_id, position, role, content, stats, created, "
-                                 "thinking, tokens, variants, variant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                 (conv_id, int(pos), message.role, message.content, _dumps(message.stats),
+                                 "thinking, tokens, variants, variant, uid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 (conv_id, _int(pos), message.role, message.content, _dumps(message.stats),
                                   message.created or now, message.thinking, _tokens.dumps(message.tokens),
-                                  _variants_json(message), message.variant if message.variants else 0))
+                                  _variants_json(message), message.variant if message.variants else 0,
+                                  _fresh(message)))
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: {exc}") from None
+
+
+class _Unreadable(Exception):
+    """The file is not a readable SQLite database (moved aside by :class:`ChatStore`)."""
+
+
+def _by_uid(uid: str) -> str:
+    """The condition naming a message: its uid, or its row id for a row an older Quantscope wrote."""
+    return "id = ?" if uid.startswith("row-") else "uid = ?"
+
+
+def _uid_arg(uid: str) -> object:
+    return _int(int(uid[4:]) if uid[4:].isdecimal() else -1) if uid.startswith("row-") else uid
+
+
+def _fresh(m: StoredMessage) -> str:
+    """The message's uid for a new row (an older row's stand-in gets a real one)."""
+    if not m.uid or m.uid.startswith("row-"):
+        m.uid = _new_uid()
+    return m.uid
 
 
 # ---------------------------------------------------------------------------------------------------- export

@@ -40,6 +40,32 @@ class KLDFileError(ValueError):
     """A file that is not a well-formed llama-perplexity log-probability file (the message says what is wrong)."""
 
 
+#: the largest scale a writer can store: the log-probabilities kept span at most 16 nats over 65535 steps
+MAX_SCALE = float(np.float32(16.0) / np.float32(65535.0)) * 1.001
+
+
+def memory_bytes() -> int:
+    """This machine's physical memory (0 when unknown)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def check_context(c: Any, n_ctx: int, what: str = "a context") -> None:
+    """Refuse a context the model (its :class:`~quantscope.core.model.ModelConfig` ``c``) was not trained for, or
+    whose KV cache and logits would not fit in half of this machine's memory (a KLD base file may ask for any
+    context up to 2**20)."""
+    if n_ctx > c.n_ctx_train:
+        raise ValueError(f"{what} of {n_ctx:,} tokens is longer than the model's trained context of "
+                         f"{c.n_ctx_train:,}")
+    need = 8 * c.n_layers * n_ctx * c.n_head_kv * c.head_dim + 4 * n_ctx * c.n_vocab
+    mem = memory_bytes()
+    if mem and need > mem // 2:
+        raise ValueError(f"{what} of {n_ctx:,} tokens needs about {need / 2**30:.1f} GiB for its KV cache and "
+                         f"logits; this machine has {mem / 2**30:.1f} GiB")
+
+
 def record_len(n_vocab: int) -> int:
     """uint16 values per scored position."""
     return 2 * ((n_vocab + 1) // 2) + 4
@@ -133,7 +159,19 @@ class KLDBase:
         if len(data) != self._chunk_bytes:
             raise KLDFileError(f"{self.path}: chunk {chunk} is cut short ({len(data)} of {self._chunk_bytes} bytes): "
                                "the file changed while in use")
-        return np.frombuffer(data, "<u2").reshape(-1, record_len(self.n_vocab))
+        rec = np.frombuffer(data, "<u2").reshape(-1, record_len(self.n_vocab))
+        head = np.ascontiguousarray(rec[:, :4]).view(np.float32)
+        scale, lo = head[:, 0], head[:, 1]
+        floor = -(16.0 + math.log(self.n_vocab) + 1.0)
+        with np.errstate(invalid="ignore"):
+            bad = ~(np.isfinite(scale) & np.isfinite(lo) & (scale >= 0) & (scale <= MAX_SCALE) & (lo <= 0)
+                    & (lo >= floor))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise KLDFileError(f"{self.path}: chunk {chunk}, position {i}: scale {float(scale[i]):g} and minimum "
+                               f"log-probability {float(lo[i]):g} are out of range (a writer stores a scale in "
+                               f"0..{MAX_SCALE:.3g} and a minimum in {floor:.3g}..0)")
+        return rec
 
     def close(self) -> None:
         if self._fd is not None:
@@ -148,6 +186,11 @@ class KLDBase:
 
     def __del__(self) -> None:
         self.close()
+
+
+def _exp(x: float) -> float:
+    """``exp(x)``, infinity instead of an OverflowError."""
+    return math.exp(x) if x < 709.0 else math.inf
 
 
 @dataclass
@@ -177,11 +220,11 @@ class KLDResult:
 
     def ppl(self) -> tuple[float, float]:
         m, u = self._mean_unc(self.nll)
-        return math.exp(m), math.exp(m) * u
+        return _exp(m), _exp(m) * u
 
     def ppl_base(self) -> tuple[float, float]:
         m, u = self._mean_unc(self.nll_base)
-        return math.exp(m), math.exp(m) * u
+        return _exp(m), _exp(m) * u
 
     def mean_kld(self) -> tuple[float, float]:
         return self._mean_unc(self.kld)
@@ -212,7 +255,7 @@ class KLDResult:
             f"Mean PPL(Q)                   : {q:10.6f} ± {qu:10.6f}",
             f"Mean PPL(base)                : {b:10.6f} ± {bu:10.6f}",
             f"Mean ln(PPL(Q)/PPL(base))     : {m1 - m2:10.6f} ± {ratio_unc:10.6f}",
-            f"Mean PPL(Q)/PPL(base)         : {q / b:10.6f}",
+            f"Mean PPL(Q)/PPL(base)         : {q / b if b else math.inf:10.6f}",
             f"Mean PPL(Q)-PPL(base)         : {q - b:10.6f}",
             "",
             "====== KL divergence statistics ======",
@@ -335,6 +378,7 @@ def write_base(path: str | os.PathLike[str], model: Model, tok: Tokenizer, text:
     perplexity of the scored positions."""
     if not 4 <= n_ctx <= MAX_CTX:
         raise ValueError(f"context size {n_ctx} is outside 4..{MAX_CTX}")
+    check_context(model.config, n_ctx)
     chunks = _chunks(tok, text, n_ctx, max_chunks)
     V = model.config.n_vocab
     session = make_session(n_ctx) if make_session else model.session(n_ctx)
@@ -362,6 +406,7 @@ def kl_divergence(base: KLDBase, model: Model, tok: Tokenizer, make_session: Cal
     if base.n_vocab != model.config.n_vocab:
         raise ValueError(f"{base.path}: written for a vocabulary of {base.n_vocab} entries; this model has "
                          f"{model.config.n_vocab}")
+    check_context(model.config, base.n_ctx, f"{base.path}: its context")
     session = make_session(base.n_ctx) if make_session else model.session(base.n_ctx)
     parts: list[tuple[np.ndarray, ...]] = []
     first = base.n_ctx // 2

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..jobs import CancelFlag, Cancelled, Progress, check_cancel
+from ..userregex import UserPattern
 from .constants import ValueType
 from .reader import GGUFFile, MetadataValue, TensorInfo
 from .strings import StringArray
@@ -599,9 +600,9 @@ def _tensor_ok(t: TensorInfo) -> bool:
     return t.problem is None and t.type is not None
 
 
-def diff_files(a: GGUFFile, b: GGUFFile, *, values: bool = True, tensor: str | re.Pattern[str] | None = None,
-               max_rows: int | None = None, threads: int = 1, progress: Progress | None = None,
-               cancel: CancelFlag | None = None) -> FileDiff:
+def diff_files(a: GGUFFile, b: GGUFFile, *, values: bool = True,
+               tensor: str | re.Pattern[str] | UserPattern | None = None, max_rows: int | None = None,
+               threads: int = 1, progress: Progress | None = None, cancel: CancelFlag | None = None) -> FileDiff:
     """Compare ``a`` (the reference) with ``b``; see :class:`FileDiff`.
 
     ``tensor``: a regular expression; only tensors whose name it finds (``re.search``) are compared. ``values``
@@ -610,7 +611,7 @@ def diff_files(a: GGUFFile, b: GGUFFile, *, values: bool = True, tensor: str | r
     byte). Progress: bytes of tensor data, both files."""
     if max_rows is not None and max_rows < 1:
         raise ValueError(f"max_rows must be at least 1, got {max_rows}")
-    pat = re.compile(tensor) if isinstance(tensor, str) else tensor
+    pat = UserPattern(tensor, "--tensor") if isinstance(tensor, str) else tensor  # time-bounded search
     meta, same = compare_metadata(a, b)
     out = FileDiff(_side(a), _side(b), meta, same, tensor_filter=None if pat is None else pat.pattern,
                    values_compared=values, max_rows=max_rows)

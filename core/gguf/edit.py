@@ -297,6 +297,9 @@ def _parse_scalar_text(vtype: ValueType, text: str, what: str) -> Any:
         m = _INT_TEXT.match(s)
         if m is None:
             raise EditError(f"{what}: {_show(text)!r} is not an integer (decimal or 0x hex)")
+        if len(m.group(2)) > 24:  # before int(): Python refuses over 4,300 digits with a ValueError of its own
+            raise EditError(f"{what}: an integer of {len(m.group(2)):,} digits is out of range for "
+                            f"{vtype.name}")
         v = int(m.group(2), 16) if m.group(2)[:2].lower() == "0x" else int(m.group(2), 10)
         return -v if m.group(1) == "-" else v
     try:
@@ -314,8 +317,10 @@ def parse_value(text: str, vtype: ValueType, elem_type: ValueType | None = None,
 
     try:
         items = json.loads(text)
-    except ValueError as exc:
-        raise EditError(f"{what}: an ARRAY value is a JSON list ({exc})") from None
+    except ValueError as exc:  # a 5,000-digit number too (Python's integer-string limit)
+        raise EditError(f"{what}: an ARRAY value is a JSON list ({' '.join(str(exc).split())[:160]})") from None
+    except RecursionError:
+        raise EditError(f"{what}: an ARRAY value is a flat JSON list; this one is nested too deeply") from None
     if not isinstance(items, list):
         raise EditError(f"{what}: an ARRAY value is a JSON list, e.g. [1, 2] or [\"a\", \"b\"]")
     if elem_type is None:
@@ -996,7 +1001,8 @@ def _save(f: GGUFFile, dst: str | os.PathLike[str], edits: EditList | Iterable[E
     inputs: list[Path] = []
     if f.path is not None:  # the input, and the other shards of a set it belongs to
         inputs = [p for p in sibling_shards(f.path) if not (overwrite_source and p == f.path)]
-    with OutputSet([("output", dst)], inputs=inputs) as outs:
+    with OutputSet([("output", dst)], inputs=inputs,
+                   replaces=[f.path] if overwrite_source and f.path is not None else []) as outs:
         check_cancel(cancel, EditCancelled)
         src_fd = _source_fd(f) if f.path is not None else None
         try:

@@ -14,8 +14,10 @@ Two formats exist, and :func:`read_imatrix` takes both:
   float32 values[nval]`` (values already divided by the count and multiplied by ``ncall``), then optionally
   ``int32 chunk_count, int32 len, dataset``.
 
-Every count and length is checked against the file before anything is allocated; a problem is an
-:class:`ImatrixError` naming the entry.
+Every count and length is checked against the file before anything is allocated (a legacy file is mapped, not
+read whole: a large file that is no imatrix is refused after its first bytes); every importance value must be a
+finite number in 0..:data:`MAX_IMPORTANCE` (NaN, infinities and 3e38 would quantize to NaN/inf scales). A problem
+is an :class:`ImatrixError` naming the entry.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from ..gguf.writer import DataSection, GGUFHeader, ggml_dims, write_gguf
 from .types import ggml_type
 
 MAX_NAME_BYTES = 1 << 16
+#: the largest importance value accepted (sums of squared activations; far beyond any real model's, far below
+#: what overflows the quantizers' float32 error sums)
+MAX_IMPORTANCE = 1e30
 
 
 class ImatrixError(ValueError):
@@ -103,13 +108,30 @@ class Imatrix:
 
 
 def read_imatrix(path: str | os.PathLike[str]) -> Imatrix:
-    """Read an imatrix file (GGUF, or legacy when it is not a GGUF)."""
+    """Read an imatrix file (GGUF, or legacy when it is not a GGUF); a FIFO, device or folder is refused
+    (:class:`~quantscope.core.fsutil.PathRefused`) before anything blocks."""
+    from ..fsutil import open_input
+
     p = Path(path)
-    with open(p, "rb") as fh:
-        magic = fh.read(4)
-    if magic == b"GGUF":
-        return _read_gguf(p)
-    return _read_legacy(p)
+    fd = open_input(p)
+    try:
+        magic = os.pread(fd, 4, 0)
+        if magic == b"GGUF":
+            return _read_gguf(p)
+        return _read_legacy(p, fd)
+    finally:
+        os.close(fd)
+
+
+def _check_values(p: Path, name: str, values: np.ndarray) -> None:
+    """Importance values must be finite, not negative and at most :data:`MAX_IMPORTANCE`."""
+    with np.errstate(invalid="ignore"):
+        bad = ~(np.isfinite(values) & (values >= 0) & (values <= MAX_IMPORTANCE))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ImatrixError(f"{p}: {name} has an importance value {float(values[i]):g} (column {i}); values must be "
+                           f"finite numbers in 0..{MAX_IMPORTANCE:g} (NaN, infinities or huge values would quantize "
+                           "to NaN/inf scales)")
 
 
 def _read_gguf(p: Path) -> Imatrix:
@@ -144,6 +166,7 @@ def _read_gguf(p: Path) -> Imatrix:
             if not np.all(np.isfinite(counts_f)) or np.any(np.abs(counts_f) > 2.0**62):
                 raise ImatrixError(f"{p}: {name} has counts that are not finite numbers")
             counts = np.array([_lround(float(v)) for v in counts_f], dtype=np.int64)
+            _check_values(p, name, sums)
             entries[name] = ImatrixEntry(sums, counts)
         return Imatrix(p, entries, datasets, _u32(f.get("imatrix.chunk_count")), _u32(f.get("imatrix.chunk_size")))
 
@@ -159,9 +182,29 @@ def _lround(v: float) -> int:
     return math.floor(v + 0.5) if v >= 0 else -math.floor(-v + 0.5)
 
 
-def _read_legacy(p: Path) -> Imatrix:
-    data = p.read_bytes()
-    size = len(data)
+def _read_legacy(p: Path, fd: int) -> Imatrix:
+    import mmap
+
+    size = os.fstat(fd).st_size
+    if size < 4:
+        raise ImatrixError(f"{p}: not an imatrix file (neither GGUF nor a legacy file with entries)")
+    try:
+        mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    except (OSError, ValueError) as exc:
+        raise ImatrixError(f"{p}: cannot map the file: {exc}") from None
+    view = memoryview(mm)
+    try:
+        return _parse_legacy(p, view, size)
+    finally:
+        try:
+            view.release()
+            mm.close()
+        except BufferError:  # a view still refers to it: unmapped when collected
+            pass
+
+
+def _parse_legacy(p: Path, data: memoryview, size: int) -> Imatrix:
+    """The legacy layout, parsed from the mapping (only the bytes walked are touched; values are copied)."""
     pos = 0
 
     def i32(what: str) -> int:
@@ -182,7 +225,7 @@ def _read_legacy(p: Path) -> Imatrix:
         n = i32(f"entry {i + 1}'s name length")
         if n < 0 or n > MAX_NAME_BYTES or pos + n > size:
             raise ImatrixError(f"{p}: entry {i + 1}'s name length {n} is out of range")
-        raw = data[pos:pos + n].split(b"\0", 1)[0]
+        raw = bytes(data[pos:pos + n]).split(b"\0", 1)[0]
         pos += n
         name = raw.decode("utf-8", "replace")
         ncall = i32(f"{name}'s call count")
@@ -191,6 +234,7 @@ def _read_legacy(p: Path) -> Imatrix:
             raise ImatrixError(f"{p}: {name} claims {nval} values; {max(size - pos, 0) // 4} are left in the file")
         sums = np.frombuffer(data, dtype="<f4", count=nval, offset=pos).astype(np.float32)
         pos += 4 * nval
+        _check_values(p, name, sums)
         entries[name] = ImatrixEntry(sums, np.array([ncall], dtype=np.int64))
     chunk_count = 0
     datasets: list[str] = []
@@ -199,7 +243,7 @@ def _read_legacy(p: Path) -> Imatrix:
         if pos + 4 <= size:
             n = i32("the dataset name length")
             if 0 < n <= size - pos:
-                datasets.append(data[pos:pos + n].split(b"\0", 1)[0].decode("utf-8", "replace"))
+                datasets.append(bytes(data[pos:pos + n]).split(b"\0", 1)[0].decode("utf-8", "replace"))
     return Imatrix(p, entries, datasets, chunk_count, 0, is_legacy=True)
 
 

@@ -15,13 +15,13 @@ expert ``e``'s slice weighs rows ``[e * n_rows / n_mat, (e + 1) * n_rows / n_mat
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..gguf import GGUFError, GGUFFile, TensorInfo
+from ..userregex import UserPattern
 from .imatrix import Imatrix
 from .mixture import allows_quantization, n_dims
 from .types import GGMLType, ggml_type
@@ -505,10 +505,7 @@ class _Job:
 
 def quantizable_tensors(f: GGUFFile, pattern: str | None = None) -> list[TensorInfo]:
     """The 2-D/3-D weights llama-quantize would quantize, whose name the regex ``pattern`` finds (file order)."""
-    try:
-        rx = re.compile(pattern) if pattern else None
-    except re.error as exc:
-        raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
+    rx = UserPattern(pattern, "") if pattern else None  # time-bounded (a ValueError when bad or slow)
     arch = f.architecture or ""
     return [t for t in f.tensors if is_quantizable(t, arch) and (rx is None or rx.search(t.name))]
 

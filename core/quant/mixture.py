@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from ..gguf.constants import FileType
+from ..userregex import UserPattern
 from .types import ggml_type
 
 
@@ -431,13 +432,14 @@ class MixtureOptions:
     pure: bool = False
     quantize_output: bool = True  # False: --leave-output-tensor
     has_imatrix: bool = False
-    _compiled: tuple[tuple[re.Pattern[str], str], ...] = field(default=(), compare=False, repr=False)
+    _compiled: tuple[tuple[UserPattern, str], ...] = field(default=(), compare=False, repr=False)
 
-    def patterns(self) -> tuple[tuple[re.Pattern[str], str], ...]:
+    def patterns(self) -> tuple[tuple[UserPattern, str], ...]:
+        """The rules compiled, each searched within a time budget (:mod:`~quantscope.core.userregex`)."""
         if not self._compiled and self.tensor_types:
             try:
-                comp = tuple((re.compile(p), t) for p, t in self.tensor_types)
-            except re.error as exc:
+                comp = tuple((UserPattern(p, "--tensor-type"), t) for p, t in self.tensor_types)
+            except ValueError as exc:
                 raise ValueError(f"--tensor-type: bad regular expression: {exc}") from None
             object.__setattr__(self, "_compiled", comp)
         return self._compiled

@@ -338,7 +338,7 @@ def write_quantized(f: GGUFFile, plan: QuantizePlan, out: str | os.PathLike[str]
     done = 0
     n_jobs = len(plan.jobs)
     buf = _Buffers()
-    inputs = f.paths  # every shard of a split model
+    inputs = [*f.paths, *([opts.imatrix.path] if opts.imatrix is not None else [])]  # every shard, the imatrix
     with OutputSet([("output", out)], inputs=inputs) as outs:
         outs.open("output")
         outs.write_bytes("output", plan.header)
@@ -400,6 +400,7 @@ def _convert(f: GGUFFile, t: TensorInfo, job: TensorJob, weights: np.ndarray | N
         except K.NonFiniteRows as exc:
             raise QuantizeError(f"{t.name} has a value that is not a finite number in row {row + exc.row}; "
                                 "quantized blocks cannot hold it (llama-quantize rejects the result too)") from None
+        _check_encoded(t.name, target, enc, row)
         if written + enc.nbytes > job.out_bytes:
             raise QuantizeError(f"{t.name}: wrote {written + enc.nbytes} bytes, expected {job.out_bytes}")
         data.write(enc.data)
@@ -408,6 +409,37 @@ def _convert(f: GGUFFile, t: TensorInfo, job: TensorJob, weights: np.ndarray | N
         row = end
     if written != job.out_bytes:
         raise QuantizeError(f"{t.name}: wrote {written} bytes, expected {job.out_bytes}")
+
+
+def _check_encoded(tensor: str, target: str, data: np.ndarray, row0: int) -> None:
+    """Refuse encoded rows that decode to NaN or infinity, as llama-quantize validates its output: a block type's
+    fp16 scales (an importance weighting or values that overflow them), or F16/BF16 values beyond their range.
+    Bit tests on the bytes (exponent all ones); F32 rows were checked finite before encoding."""
+    from .scales import scale_fields
+
+    if target == "F32":
+        return
+    raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    if target in ("F16", "BF16"):
+        mask = np.uint16(ggml_type(target).inf_nan_bits)
+        vals = raw.view("<u2")
+        bad = np.flatnonzero((vals & mask) == mask)
+        if bad.size:
+            raise QuantizeError(f"{tensor}: value {int(bad[0])} of rows {row0}… does not fit {target} (it becomes "
+                                "infinite); llama-quantize rejects such a file too")
+        return
+    t = ggml_type(target)
+    fields = scale_fields(target)
+    if not fields or not t.block_bytes:
+        return
+    blocks = raw.reshape(-1, t.block_bytes)
+    for name, off in fields:
+        vals = np.ascontiguousarray(blocks[:, off:off + 2]).view("<u2").reshape(-1)
+        bad = np.flatnonzero((vals & np.uint16(0x7C00)) == np.uint16(0x7C00))
+        if bad.size:
+            raise QuantizeError(f"{tensor}: block {int(bad[0])} (from row {row0}) quantized to a {name} scale that "
+                                "is not a finite number (NaN or infinity): the importance matrix or the values "
+                                "overflow the format; nothing was written (llama-quantize rejects it too)")
 
 
 def quantize_file(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: QuantizeOptions,

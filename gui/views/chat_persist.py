@@ -34,6 +34,10 @@ class PersistMixin:
             except StoreError as exc:
                 self.store_error = str(exc)
                 self.show_error("Conversations cannot be saved.", self.store_error)
+            else:
+                if self._store.moved_aside is not None:  # kept, never dropped: say where
+                    self.show_error("The conversation database could not be read; a new one was started.",
+                                    f"The old file was kept as {self._store.moved_aside}")
         return self._store
 
     def _settings(self: ChatView) -> dict[str, Any]:

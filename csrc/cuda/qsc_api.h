@@ -12,7 +12,8 @@
  *   16 token_embd  17 output  18 output_norm                                              (layer -1)
  */
 
-/* Mirrors core.model.ModelConfig field by field (arch as an id: 0 llama, 1 qwen2, 2 gemma3). */
+/* The ModelConfig switches the device code reads (cuda_backend.check_config refuses the features it lacks);
+ * arch is a label only: 0 plain RoPE, 1 NeoX RoPE, 2 GELU-gated FFN. */
 typedef struct {
     int arch;
     int n_layers, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;

@@ -21,7 +21,7 @@ import numpy as np
 from ..model import ARCHITECTURES, ModelConfig, ModelWeights, UnsupportedModel, Weight
 from ..native import kernels as K
 from ..quant.types import GGMLType, ggml_type
-from .session import ContextFull, Model
+from .session import ContextFull, Model, layer_policy
 
 __all__ = [
     "GPU_TYPES",
@@ -53,16 +53,17 @@ _TOK_EMBD, _OUTPUT, _OUTPUT_NORM = 16, 17, 18
 
 CDEF = """
 typedef struct {
-    int arch;
     int n_layers, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
-    float rms_eps, rope_base;
+    float rms_eps;
     int rope_neox, rope_dim;
-    float rope_base_swa;
-    int sliding_window, swa_pattern;
     float embed_scale;
     int gelu, qk_norm, post_norms;
     float attn_scale;
 } qsc_config;
+typedef struct {
+    int window;
+    float rope_base;
+} qsc_layer;
 typedef struct {
     char name[256];
     int major, minor, sm_count;
@@ -79,8 +80,9 @@ int qsc_device_info(char *buf, size_t len);
 int qsc_type_supported(int type);
 int64_t qsc_packed_bytes(int type, int64_t rows, int64_t k);
 int qsc_repack(int type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst, int64_t dst_bytes);
-int qsc_config_layer(const qsc_config *cfg, int layer, int *window, float *rope_base);
-qsc_model *qsc_model_create(const qsc_config *cfg, int n_ctx, int kv_f16, int max_batch, char *err, size_t err_len);
+int qsc_check_layers(const qsc_config *cfg, const qsc_layer *layers, char *err, size_t err_len);
+qsc_model *qsc_model_create(const qsc_config *cfg, const qsc_layer *layers, int n_ctx, int kv_f16, int max_batch,
+                             char *err, size_t err_len);
 int qsc_upload_weight(qsc_model *m, int layer, int slot, int type, int64_t rows, int64_t k, const uint8_t *data,
                       int64_t nbytes, char *err, size_t err_len);
 int qsc_tie_output(qsc_model *m, char *err, size_t err_len);
@@ -334,30 +336,41 @@ def check_config(cfg: ModelConfig) -> None:
 
 
 def config_struct(cfg: ModelConfig) -> Any:
-    """The C ``qsc_config`` mirroring ``cfg`` field by field."""
+    """The C ``qsc_config``: the model-wide switches the device code reads (each layer's own policy comes from
+    its forward description, :func:`layer_structs`)."""
     check_config(cfg)
     c = ffi.new("qsc_config *")
-    c.arch = 2 if cfg.gelu else int(cfg.rope_neox)  # a label only (the device code reads the switches)
     for name in ("n_layers", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "n_vocab", "n_ctx_train",
-                 "rope_dim", "sliding_window", "swa_pattern"):
+                 "rope_dim"):
         setattr(c, name, int(getattr(cfg, name)))
-    for name in ("rms_eps", "rope_base", "rope_base_swa", "embed_scale", "attn_scale"):
+    for name in ("rms_eps", "embed_scale", "attn_scale"):
         setattr(c, name, float(getattr(cfg, name)))
     for name in ("rope_neox", "gelu", "qk_norm", "post_norms"):
         setattr(c, name, int(bool(getattr(cfg, name))))
     return c
 
 
-def config_layers(cfg: ModelConfig) -> list[tuple[int, float]]:
-    """(window, rope base) of every layer as the C side derives them (host only, no GPU needed)."""
-    lib, c = _library(), config_struct(cfg)
-    win, base = ffi.new("int *"), ffi.new("float *")
-    out = []
-    for i in range(cfg.n_layers):
-        if lib.qsc_config_layer(c, i, win, base) != 0:
-            raise CudaError(f"qsc_config_layer({i}) failed")
-        out.append((int(win[0]), float(base[0])))
+def layer_structs(descriptions: list[Any]) -> Any:
+    """The ``qsc_layer`` array of a model: each layer's window and RoPE base as its forward description (the CPU
+    block's ``qs_block``, :func:`~quantscope.core.engine.session.layer_description`) has them; the GPU derives
+    neither."""
+    out = ffi.new("qsc_layer[]", max(1, len(descriptions)))
+    for i, b in enumerate(descriptions):
+        out[i].window, out[i].rope_base = int(b.attn.window), float(b.rope.base)
     return out
+
+
+def config_layer_structs(cfg: ModelConfig) -> Any:
+    """:func:`layer_structs` of ``cfg``'s layers, from each layer's policy (:func:`~.session.layer_policy`, what
+    the forward description starts from; host only, no GPU needed)."""
+    return layer_structs([layer_policy(cfg, li) for li in range(cfg.n_layers)])
+
+
+def check_layers(cfg: ModelConfig, layers: Any) -> None:
+    """The C side's check of a ``qsc_layer`` array (host only): :class:`CudaError` with its reason."""
+    err = _err()
+    if _library().qsc_check_layers(config_struct(cfg), layers, err, _ERR_LEN) != 0:
+        raise CudaError(f"qsc_check_layers: {_msg(err)}")
 
 
 # ------------------------------------------------------------------------------------ host emulation (no GPU)
@@ -576,8 +589,9 @@ class CudaSession:
         self.weight_bytes_per_token = 0
         self._lib = _library()
         err = _err()
-        ptr = self._lib.qsc_model_create(config_struct(self.config), n_ctx, int(kv_dtype == np.float16), max_batch,
-                                         err, _ERR_LEN)
+        self._layers = config_layer_structs(model.config)  # kept alive while the C side reads it
+        ptr = self._lib.qsc_model_create(config_struct(self.config), self._layers, n_ctx, int(kv_dtype == np.float16),
+                                         max_batch, err, _ERR_LEN)
         if ptr == ffi.NULL:
             raise CudaError(f"qsc_model_create: {_msg(err)}")
         self._m: Any = ptr

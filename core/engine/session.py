@@ -187,18 +187,13 @@ def _set_vec(d: Any, v: np.ndarray | None) -> None:
         d.ptr, d.len = _fp(v), int(v.size)
 
 
-def layer_description(c: ModelConfig, li: int, lw: LayerWeights, lb: dict[str, _Bound],
-                      rope_factors: np.ndarray | None) -> Any:
-    """Layer ``li``'s forward description (a ``qs_block``), without the session's buffers: the weights as
-    ``{ptr, type, bytes, rows, k}``, the vectors as ``{ptr, len}``, grouped, and every per-layer policy (window,
-    RoPE base, scaling and factors, NoPE, soft-cap, multipliers, V from K, routing, delta-net sizes) decided from
-    ``c`` here, so that the native side derives none of them."""
+def layer_policy(c: ModelConfig, li: int) -> Any:
+    """A ``qs_block`` holding layer ``li``'s policy only (what ``c`` decides, no weights): sizes, attention
+    window, scale, soft-cap, temperature, KV reuse, V norm and q/k norm span, RoPE (NoPE, base, scaling); what
+    :func:`layer_description` starts from and what the GPU backend reads."""
     b = ffi.new("qs_block *")
     hd = c.head_dim_at(li)
     b.n_embd, b.eps, b.residual_scale = c.n_embd, c.rms_eps, c.residual_scale
-    b.out_scale = float(lw.out_scale[0]) if lw.out_scale is not None else 0.0
-    for field in ("attn_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm"):
-        _set_vec(getattr(b, field), getattr(lw, field))
     a = b.attn
     a.n_head, a.n_head_kv, a.head_dim = c.n_head, c.n_head_kv_at(li), hd
     a.window, a.scale, a.softcap = c.layer_window(li), c.attn_scale or 1.0 / math.sqrt(hd), c.attn_softcap
@@ -210,7 +205,20 @@ def layer_description(c: ModelConfig, li: int, lw: LayerWeights, lb: dict[str, _
         c.layer_rope_base(li)
     r.freq_scale, r.ext_factor, r.mscale = c.layer_rope_freq_scale(li), c.rope_ext_factor, c.rope_mscale
     r.corr0, r.corr1 = c.yarn_corr_dims(li)
-    _set_vec(r.freqs, None if c.rope_freqs_global_only and c.is_sliding(li) else rope_factors)
+    return b
+
+
+def layer_description(c: ModelConfig, li: int, lw: LayerWeights, lb: dict[str, _Bound],
+                      rope_factors: np.ndarray | None) -> Any:
+    """Layer ``li``'s forward description (a ``qs_block``), without the session's buffers: the weights as
+    ``{ptr, type, bytes, rows, k}``, the vectors as ``{ptr, len}``, grouped, and every per-layer policy (window,
+    RoPE base, scaling and factors, NoPE, soft-cap, multipliers, V from K, routing, delta-net sizes) decided from
+    ``c`` here, so that the native side derives none of them."""
+    b = layer_policy(c, li)
+    b.out_scale = float(lw.out_scale[0]) if lw.out_scale is not None else 0.0
+    for field in ("attn_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm"):
+        _set_vec(getattr(b, field), getattr(lw, field))
+    _set_vec(b.rope.freqs, None if c.rope_freqs_global_only and c.is_sliding(li) else rope_factors)
     f = b.ffn
     f.n_ff, f.gelu, f.swiglu_oai = c.n_ff_at(li), int(c.gelu), int(c.swiglu_oai)
     _set_weight(f.gate, lb.get("w_gate"))
@@ -237,6 +245,7 @@ def layer_description(c: ModelConfig, li: int, lw: LayerWeights, lb: dict[str, _
         for field, vec in (("conv_w", gw.conv), ("dt_bias", gw.dt_bias), ("a", gw.a), ("norm", gw.norm)):
             _set_vec(getattr(g, field), vec)
     else:
+        a = b.attn
         a.q_gate = int(c.q_gate)
         for field, key in (("wq", "wq"), ("wk", "wk"), ("wv", "wv"), ("wo", "wo")):
             _set_weight(getattr(a, field), lb.get(key))

@@ -76,6 +76,18 @@ class Shape:
     rope_dim: int = 0  # rotated values per head (0: all)
     # qwen35: gated delta-net layers (all but every fourth): conv taps, state size, key heads, value heads
     ssm: tuple[int, int, int, int] = (0, 0, 0, 0)
+    @property
+    def delta_net(self) -> bool:
+        """Are three of every four layers gated delta-net layers (qwen35's layout)?"""
+        return any(self.ssm)
+
+    @property
+    def oss_layout(self) -> bool:
+        """gpt-oss's layout (its description binds expert biases): MXFP4 experts with biases, biased attention with
+        sinks, a sliding window and YaRN scaling."""
+        from .model.arch import description
+
+        return description(self.arch).expert_biases
 
 
 def _gpt_oss_20b(name: str) -> Shape:
@@ -151,13 +163,13 @@ def use_more_bits(i_layer: int, n_layers: int) -> bool:
 def tensor_plan(shape: Shape, n_vocab: int) -> list[TensorSpec]:
     """Every tensor of the model in file order, with its ``ne`` (row length first) and type."""
     e, f, q, kv = shape.n_embd, shape.n_ff, shape.n_head * shape.head_dim, shape.n_head_kv * shape.head_dim
-    if shape.arch == "gpt-oss":
+    if shape.oss_layout:
         return _gpt_oss_plan(shape, n_vocab)
     out = [TensorSpec("token_embd.weight", (e, n_vocab), "Q4_K")]
     for i in range(shape.n_layers):
         more = "Q6_K" if use_more_bits(i, shape.n_layers) else "Q4_K"
         p = f"blk.{i}."
-        if shape.arch == "qwen35":
+        if shape.delta_net:
             out += _qwen35_layer(shape, i, more)
             continue
         if shape.n_expert:  # qwen3moe: q/k norms, an F32 router, the experts in three 3-D tensors
@@ -241,7 +253,7 @@ def synthetic_path(shape: str, seed: int = 0) -> Path:
 
     suffix = f"-seed{seed}" if seed else ""
     sh = get_shape(shape)
-    mix = "mxfp4" if sh.arch == "gpt-oss" else "q4km"
+    mix = "mxfp4" if sh.oss_layout else "q4km"
     return cache_dir() / "synthetic" / f"{sh.arch}-{sh.name}-{mix}{suffix}.gguf"
 
 
@@ -280,12 +292,12 @@ def header_bytes(shape: Shape, seed: int, tok_entries: list[bytes], n_vocab: int
     experts = [_kv(a + "expert_count", ValueType.UINT32, shape.n_expert),
                _kv(a + "expert_used_count", ValueType.UINT32, shape.n_expert_used),
                _kv(a + "expert_feed_forward_length", ValueType.UINT32, shape.expert_ff)] if shape.n_expert else []
-    if shape.arch == "gpt-oss":  # the real models' window and YaRN scaling
+    if shape.oss_layout:  # the real models' window and YaRN scaling
         experts += [_kv(a + "attention.sliding_window", ValueType.UINT32, 128),
                     _kv(a + "rope.scaling.type", ValueType.STRING, "yarn"),
                     _kv(a + "rope.scaling.factor", ValueType.FLOAT32, 32.0),
                     _kv(a + "rope.scaling.original_context_length", ValueType.UINT32, 4096)]
-    if shape.arch == "qwen35":  # the delta-net sizes; text RoPE sections (all of the rotated pairs)
+    if shape.delta_net:  # the delta-net sizes; text RoPE sections (all of the rotated pairs)
         k, st, hk, hv = shape.ssm
         half = (shape.rope_dim or shape.head_dim) // 2
         sec = [(half + 2) // 3, (half + 1) // 3, half // 3, 0]  # (Qwen3.5's 11, 11, 10 for 32 pairs)
@@ -295,7 +307,7 @@ def header_bytes(shape: Shape, seed: int, tok_entries: list[bytes], n_vocab: int
                     _kv(a + "ssm.inner_size", ValueType.UINT32, hv * st),
                     _kv(a + "full_attention_interval", ValueType.UINT32, 4),
                     encode_entry(a + "rope.dimension_sections", ValueType.ARRAY, sec, ValueType.INT32)]
-    ftype = FileType.MOSTLY_MXFP4_MOE if shape.arch == "gpt-oss" else FileType.MOSTLY_Q4_K_M
+    ftype = FileType.MOSTLY_MXFP4_MOE if shape.oss_layout else FileType.MOSTLY_Q4_K_M
     kvs = [
         _kv("general.architecture", ValueType.STRING, shape.arch),
         _kv("general.name", ValueType.STRING,

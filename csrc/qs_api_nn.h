@@ -64,102 +64,121 @@ int qs_attention_probs(const float *q, int64_t n_q, const int32_t *q_pos, int n_
                        int64_t n_ctx, int64_t window, float scale, float softcap, const float *sinks, float *probs,
                        int64_t probs_len, int n_threads);
 
-/* One transformer block (llama / qwen2 / gemma3 variants), in place on x [T][n_embd]. Pointers that a variant
- * lacks are NULL (their length 0). KV cache layout: [n_ctx][n_head_kv][head_dim], F32 or F16. Every size is
- * checked against the others on each call (integer checks only); returns QS_OK or a QS_ERR_* code. */
+/* One layer's forward description (docs/engine.md, "The forward description"): Python decides every per-layer
+ * policy once (window, RoPE, soft-caps, multipliers, which optional vectors exist, routing, delta-net sizes) and
+ * hands the block this structure, grouped by what reads it. A weight is {ptr, type, bytes, rows, k}: rows x k
+ * values of ggml type `type` (possibly repacked) in `bytes` bytes; a vector is {ptr, len} (NULL, 0: absent). A
+ * zero-filled group is "this layer has none". qs_block_forward checks every size against the others on each call
+ * (integer checks only) and returns QS_OK or a QS_ERR_* code before writing anything. */
 typedef struct {
-    int n_embd, n_head, n_head_kv, head_dim, n_ff, rope_dim, rope_neox, gelu, kv_f16;
-    int64_t n_ctx, window;
-    float eps, rope_base, attn_scale;
-    int wq_type, wk_type, wv_type, wo_type, wg_type, wu_type, wd_type;
-    const uint8_t *wq, *wk, *wv, *wo, *wg, *wu, *wd;
-    int64_t wq_bytes, wk_bytes, wv_bytes, wo_bytes, wg_bytes, wu_bytes, wd_bytes;
-    const float *attn_norm, *ffn_norm, *bq, *bk, *bv, *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm;
-    int64_t attn_norm_len, ffn_norm_len, bq_len, bk_len, bv_len, q_norm_len, k_norm_len, post_attn_norm_len,
-        post_ffn_norm_len;
-    const float *rope_freqs; /* NULL or rope_dim/2 frequency divisors */
-    int64_t rope_freqs_len;
-    int no_rope; /* 1: this layer does not rotate q and k (smollm3's every fourth layer) */
-    float attn_softcap; /* gemma2: scores soft-capped at this value (0: none) */
-    float residual_scale; /* granite: the attention and FFN outputs are scaled by this before the add (0: 1) */
-    float rope_mscale;    /* rotated values of q and k multiplied by this (LongRoPE/YaRN attn_factor; 0: 1) */
-    float rope_freq_scale, rope_ext_factor, rope_corr0, rope_corr1; /* linear / YaRN scaling (freq_scale 0: 1) */
-    float attn_temp_scale; /* mistral3 (Llama 4): q of position p times 1 + scale * ln(floor(p / floor) + 1) */
-    int64_t attn_temp_floor;
+    const uint8_t *ptr;
+    int type;
+    int64_t bytes, rows, k;
+} qs_weight;
+typedef struct {
+    const float *ptr;
+    int64_t len;
+} qs_vec;
+/* Attention (unused by a delta-net layer). KV cache layout: [n_ctx][n_head_kv][head_dim], F32 or F16 (kv_f16). */
+typedef struct {
+    int n_head, n_head_kv, head_dim;
+    qs_weight wq, wk, wv, wo; /* wq: 2 x n_head x head_dim rows with q_gate (each head's query, then its gate) */
+    qs_vec bq, bk, bv, bo;    /* biases of q, k, v (all or none) and of the output (gpt-oss) */
+    qs_vec q_norm, k_norm;    /* RMSNorm weights of q and k: per head (head_dim) or, with qk_norm_full, over the
+                               * whole projection (n_head x head_dim, n_head_kv x head_dim: olmo2) */
+    qs_vec sinks;             /* gpt-oss: one logit per query head joining each softmax (qs_attention_sinks) */
+    int qk_norm_full;
+    int q_gate;   /* 1: each head's output times sigmoid(its gate) before wo (qwen35) */
+    int kv_reuse; /* 1: no k/v of its own: attends to the cache as written by an earlier layer (wk, wv unused) */
+    int v_norm;   /* 1: V RMS-normalized per head without a weight (gemma4) */
+    int64_t window;        /* sliding window (0: all positions) */
+    float scale, softcap;  /* score scale; scores soft-capped at softcap (gemma2; 0: none) */
+    float temp_scale;      /* Llama 4 / mistral3: q of position p times 1 + temp_scale * ln(floor(p / floor) + 1) */
+    int64_t temp_floor;
+    int kv_f16;
+    int64_t n_ctx;
     void *k_cache, *v_cache;
     int64_t k_cache_bytes, v_cache_bytes;
-    /* gemma4 */
-    int v_norm;    /* 1: V RMS-normalized per head without a weight */
-    int kv_reuse;  /* 1: no k/v of its own: attend to the cache as written by an earlier layer (wk, wv unused) */
-    float out_scale; /* the block's output x multiplied by this at the end (0: 1) */
-    int ple_dim;   /* per-layer embedding: x += norm(proj(gelu(gate(x)) * ple_in)) after the FFN (0: none) */
-    int wpg_type, wpp_type;
-    const uint8_t *wpg, *wpp; /* gate ple_dim x n_embd, proj n_embd x ple_dim */
-    int64_t wpg_bytes, wpp_bytes;
-    const float *ple_post_norm; /* n_embd */
-    int64_t ple_post_norm_len;
-    const float *ple_in; /* [T][ple_dim] of this call (set per call) */
-    int64_t ple_in_len;
-    /* mixture of experts (Mixtral-style llama, qwen3moe): with n_expert > 0 the FFN is n_expert gated FFNs of
-     * n_ff each, stored back to back in wg / wu (n_expert * n_ff rows) and wd (n_expert * n_embd rows). The router
-     * wr (n_expert x n_embd) scores them; per token the n_expert_used largest softmax probabilities pick the
-     * experts, their weights normalized to sum 1 (exp_norm) and multiplied by exp_scale (0: 1); the FFN output is
-     * the weighted sum of the picked experts' outputs. */
-    int n_expert, n_expert_used, exp_norm;
-    float exp_scale;
-    int wr_type;
-    const uint8_t *wr;
-    int64_t wr_bytes;
-    /* gpt-oss: biases of the attention output (n_embd), the router (n_expert) and each expert's gate and up
-     * (n_expert x n_ff, expert-major) and down (n_expert x n_embd); attention sinks (n_head logits, see
-     * qs_attention_sinks); swiglu_oai 1: the clamped SwiGLU, g = min(g, 7), u = clamp(u, -7, 7),
-     * out = g / (1 + e^(-1.702 g)) * (u + 1). NULL vectors: none. (gpt-oss's softmax over the picked router logits
-     * is the normalized softmax above: e^l_i / sum over the picked e^l_j either way.) */
-    const float *bo, *sinks, *br, *bg, *bu, *bd;
-    int64_t bo_len, sinks_len, br_len, bg_len, bu_len, bd_len;
-    int swiglu_oai;
-    /* qwen35's attention layers: wq holds 2 x n_head x head_dim rows, each head's query then its output gate; the
-     * attention output of each head is multiplied by sigmoid(gate) before wo */
-    int q_gate;
-    /* qwen35's gated delta-net layers (docs/engine.md, "Gated delta-net layers"): with gdn_conv > 0 the mixer
-     * replaces attention. S = gdn_state (key and value head size), Hk / Hv key / value heads (Hv a multiple of Hk),
-     * C = 2 Hk S + Hv S conv channels. wq is attn_qkv (C x n_embd), wo is ssm_out (n_embd x Hv S); wz attn_gate
-     * (Hv S x n_embd), wbeta / walpha ssm_beta / ssm_alpha (Hv x n_embd); gdn_conv_w the depthwise conv kernel
-     * [C][gdn_conv]; dt_bias, ssm_a (= -exp(A_log)) of Hv, ssm_norm of S. The session's state: conv_state
-     * [gdn_conv - 1][C] (oldest first), ssm_state [Hv][S][S] (key index, then value index), both float32, updated
-     * in place; zeros start a sequence. */
-    int gdn_conv, gdn_state, gdn_k_heads, gdn_v_heads;
-    int wz_type, wbeta_type, walpha_type;
-    const uint8_t *wz, *wbeta, *walpha;
-    int64_t wz_bytes, wbeta_bytes, walpha_bytes;
-    const float *gdn_conv_w, *dt_bias, *ssm_a, *ssm_norm;
-    int64_t gdn_conv_w_len, dt_bias_len, ssm_a_len, ssm_norm_len;
+} qs_attn_desc;
+/* RoPE of q and k (ggml_rope_ext, see qs_rope_ext): skip 1 leaves this layer unrotated (smollm3's NoPE layers) */
+typedef struct {
+    int skip, dim, neox;
+    float base, freq_scale, ext_factor, corr0, corr1, mscale; /* freq_scale / mscale 0: 1 */
+    qs_vec freqs; /* NULL or dim/2 frequency divisors (rope_freqs, LongRoPE's long or short factors) */
+} qs_rope_desc;
+/* The gated FFN; with experts, gate / up hold n_expert matrices of n_ff rows back to back, down n_expert of
+ * n_embd. gelu: GELU-tanh gating, swiglu_oai: gpt-oss's clamped SwiGLU, g = min(g, 7), u = clamp(u, -7, 7),
+ * out = g / (1 + e^(-1.702 g)) * (u + 1); else SwiGLU. */
+typedef struct {
+    int n_ff, gelu, swiglu_oai;
+    qs_weight gate, up, down;
+} qs_ffn_desc;
+/* Mixture of experts (n_expert 0: a dense FFN). The router (n_expert x n_embd, + b_router) scores them; per token
+ * the n_used largest softmax probabilities pick the experts, their weights normalized to sum 1 (norm) and times
+ * scale (0: 1); the FFN output is the weighted sum of the picked experts'. b_gate / b_up (n_expert x n_ff,
+ * expert-major), b_down (n_expert x n_embd): gpt-oss's expert biases. A shared expert (qwen35moe; n_ff_shexp 0:
+ * none): a SwiGLU FFN of n_ff_shexp (sh_gate, sh_up n_ff_shexp x n_embd, sh_down n_embd x n_ff_shexp) on every
+ * token, its output times sigmoid(h . sh_gate_inp) added. */
+typedef struct {
+    int n_expert, n_used, norm;
+    float scale;
+    qs_weight router;
+    qs_vec b_router, b_gate, b_up, b_down;
+    int n_ff_shexp;
+    qs_weight sh_gate, sh_up, sh_down;
+    qs_vec sh_gate_inp;
+} qs_moe_desc;
+/* qwen35's gated delta-net (docs/engine.md, "Gated delta-net layers"): with conv > 0 it replaces attention.
+ * S = state (key and value head size), Hk / Hv key / value heads (Hv a multiple of Hk), C = 2 Hk S + Hv S conv
+ * channels. qkv: attn_qkv (C x n_embd), out: ssm_out (n_embd x Hv S), z: attn_gate (Hv S x n_embd), beta / alpha:
+ * ssm_beta / ssm_alpha (Hv x n_embd); conv_w the depthwise conv kernel [C][conv]; dt_bias, a (= -exp(A_log)) of
+ * Hv, norm of S. The session's state: conv_state [conv - 1][C] (oldest first), ssm_state [Hv][S][S] (key index,
+ * then value index), float32, updated in place; zeros start a sequence. */
+typedef struct {
+    int conv, state, k_heads, v_heads;
+    qs_weight qkv, z, beta, alpha, out;
+    qs_vec conv_w, dt_bias, a, norm;
     float *conv_state, *ssm_state;
     int64_t conv_state_len, ssm_state_len;
-    /* qwen35moe's shared expert (with experts only; n_ff_shexp 0: none): a SwiGLU FFN of n_ff_shexp (wsg, wsu
-     * n_ff_shexp x n_embd, wsd n_embd x n_ff_shexp) on every token, its output times sigmoid(h . shexp_gate)
-     * (shexp_gate: n_embd values) added to the experts' */
-    int n_ff_shexp;
-    int wsg_type, wsu_type, wsd_type;
-    const uint8_t *wsg, *wsu, *wsd;
-    int64_t wsg_bytes, wsu_bytes, wsd_bytes;
-    const float *shexp_gate;
-    int64_t shexp_gate_len;
-    /* Activation statistics for importance matrices (docs/quantize.md, "Computing one"): NULL, or float sums of the
-     * squares of a product's inputs, added to in place on prompts (T > 1), as llama-imatrix sums them. st_attn
-     * (n_embd): the input of the attention's projections (q/k/v, or a delta-net layer's); st_wo (n_head *
-     * head_dim): attn_output's; st_ffn (n_embd, or n_expert * n_embd for experts: each expert its rows): the
-     * FFN's gate/up input; st_down (n_ff, or n_expert * n_ff): ffn_down's; st_exp_count (n_expert): rows routed
-     * to each expert. The *_len fields are checked against those sizes. */
-    float *st_attn, *st_wo, *st_ffn, *st_down;
-    int64_t st_attn_len, st_wo_len, st_ffn_len, st_down_len;
-    int64_t *st_exp_count;
-    int64_t st_exp_count_len;
-    /* The probe (docs/probe.md): NULL, or room for the call's queries as the attention uses them ([T][n_head]
-     * [head_dim], after biases, norms, RoPE and temperature scaling); probe_q_len must be at least that
-     * (QS_ERR_SIZE). Not written by delta-net layers. */
-    float *probe_q;
-    int64_t probe_q_len;
+} qs_gdn_desc;
+/* gemma4's per-layer embedding (dim 0: none): x += post_norm(proj(gelu(gate(x)) * inputs)) after the FFN; gate
+ * is dim x n_embd, proj n_embd x dim; inputs: [T][dim] of this call (set per call). */
+typedef struct {
+    int dim;
+    qs_weight gate, proj;
+    qs_vec post_norm;
+    const float *inputs;
+    int64_t inputs_len;
+} qs_ple_desc;
+/* What the block hands back when asked (NULL: nothing). Importance-matrix statistics (docs/quantize.md,
+ * "Computing one"): float sums of the squares of a product's inputs, added to in place on prompts (T > 1), as
+ * llama-imatrix sums them: attn (n_embd) the attention's (or delta-net's) projections' input, wo (n_head x
+ * head_dim) attn_output's, ffn (n_embd, or n_expert x n_embd) the FFN's gate/up input, down (n_ff, or n_expert x
+ * n_ff) ffn_down's, exp_count (n_expert) rows routed to each expert. The probe (docs/probe.md): q, room for the
+ * call's queries as the attention uses them ([T][n_head][head_dim], after biases, norms, RoPE and temperature
+ * scaling; q_len at least that, else QS_ERR_SIZE; not written by delta-net layers). */
+typedef struct {
+    float *attn, *wo, *ffn, *down;
+    int64_t attn_len, wo_len, ffn_len, down_len;
+    int64_t *exp_count;
+    int64_t exp_count_len;
+    float *q;
+    int64_t q_len;
+} qs_probe_desc;
+/* One layer, in place on x [T][n_embd]: norm, attention (or the delta-net), post norm, residual (times
+ * residual_scale, 0: 1), norm, FFN (or experts), post norm, residual, per-layer embedding, x times out_scale
+ * (0: 1). NULL norms: none (olmo2's pre-norms). */
+typedef struct {
+    int n_embd;
+    float eps, residual_scale, out_scale;
+    qs_vec attn_norm, post_attn_norm, ffn_norm, post_ffn_norm;
+    qs_attn_desc attn;
+    qs_rope_desc rope;
+    qs_ffn_desc ffn;
+    qs_moe_desc moe;
+    qs_gdn_desc gdn;
+    qs_ple_desc ple;
+    qs_probe_desc probe;
 } qs_block;
 int qs_block_forward(const qs_block *b, float *x, int64_t n_tokens, const int32_t *pos, int64_t n_past,
                      int n_threads);

@@ -64,45 +64,49 @@ static void acc_sq(float *acc, const float *x, int64_t T, int64_t n) {
 }
 
 static int check_stats(const qs_block *b) {
-    const int64_t E = b->n_embd, NE = b->n_expert, F = b->n_ff, A = (int64_t)b->n_head * b->head_dim;
+    const int64_t E = b->n_embd, NE = b->moe.n_expert, F = b->ffn.n_ff, A = (int64_t)b->attn.n_head * b->attn.head_dim;
     const int64_t per = NE ? NE : 1;
-    if (b->st_attn && b->st_attn_len != E) return QS_ERR_SIZE;
-    if (b->st_wo && b->st_wo_len != A) return QS_ERR_SIZE;
-    if (b->st_ffn && b->st_ffn_len != per * E) return QS_ERR_SIZE;
-    if (b->st_down && b->st_down_len != per * F) return QS_ERR_SIZE;
-    if (b->st_exp_count && b->st_exp_count_len != NE) return QS_ERR_SIZE;
+    if (b->probe.attn && b->probe.attn_len != E) return QS_ERR_SIZE;
+    if (b->probe.wo && b->probe.wo_len != A) return QS_ERR_SIZE;
+    if (b->probe.ffn && b->probe.ffn_len != per * E) return QS_ERR_SIZE;
+    if (b->probe.down && b->probe.down_len != per * F) return QS_ERR_SIZE;
+    if (b->probe.exp_count && b->probe.exp_count_len != NE) return QS_ERR_SIZE;
     return 0;
 }
 
 /* The probe's query buffer holds the call's queries (checked per call: T varies). */
 static int check_probe(const qs_block *b, int64_t T) {
-    if (b->probe_q && b->probe_q_len < T * b->n_head * (int64_t)b->head_dim) return QS_ERR_SIZE;
+    if (b->probe.q && b->probe.q_len < T * b->attn.n_head * (int64_t)b->attn.head_dim) return QS_ERR_SIZE;
     return 0;
 }
 
-static int check_weight(int type, const uint8_t *w, int64_t bytes, int64_t rows, int64_t k) {
-    int64_t need = qs_weight_bytes(type, rows, k);
+/* A weight the block reads as rows x k: the type has a kernel for rows of k, the bytes hold them, and the
+ * description says the same shape. */
+static int check_weight(const qs_weight *w, int64_t rows, int64_t k) {
+    int64_t need = qs_weight_bytes(w->type, rows, k);
     if (need < 0) return QS_ERR_TYPE;
-    if (!w || bytes < need) return QS_ERR_WEIGHT;
+    if (!w->ptr || w->bytes < need || w->rows != rows || w->k != k) return QS_ERR_WEIGHT;
     return QS_OK;
 }
 
-/* The gated delta-net fields of *b (gdn_conv > 0): sizes, weights, vectors and the state buffers' lengths. */
+/* The gated delta-net group of *b (gdn.conv > 0): sizes, weights, vectors and the state buffers' lengths. */
 static int check_gdn(const qs_block *b) {
-    const int64_t E = b->n_embd, K = b->gdn_conv, S = b->gdn_state, Hk = b->gdn_k_heads, Hv = b->gdn_v_heads;
+    const qs_gdn_desc *G = &b->gdn;
+    const int64_t E = b->n_embd, K = G->conv, S = G->state, Hk = G->k_heads, Hv = G->v_heads;
     if (K < 1 || K > 64 || S < 1 || S > 1024 || Hk < 1 || Hv < 1 || Hv > 4096 || Hv % Hk) return QS_ERR_HEADS;
     const int64_t Kd = Hk * S, Vd = Hv * S, C = 2 * Kd + Vd;
     if (C > (1 << 22)) return QS_ERR_HEADS;
     int rc;
-    if ((rc = check_weight(b->wq_type, b->wq, b->wq_bytes, C, E)) || (rc = check_weight(b->wo_type, b->wo, b->wo_bytes, E, Vd)) ||
-        (rc = check_weight(b->wz_type, b->wz, b->wz_bytes, Vd, E)) ||
-        (rc = check_weight(b->wbeta_type, b->wbeta, b->wbeta_bytes, Hv, E)) ||
-        (rc = check_weight(b->walpha_type, b->walpha, b->walpha_bytes, Hv, E)))
+    if ((rc = check_weight(&G->qkv, C, E)) || (rc = check_weight(&G->out, E, Vd)) ||
+        (rc = check_weight(&G->z, Vd, E)) ||
+        (rc = check_weight(&G->beta, Hv, E)) ||
+        (rc = check_weight(&G->alpha, Hv, E)))
         return rc;
-    if (!b->gdn_conv_w || b->gdn_conv_w_len != C * K || !b->dt_bias || b->dt_bias_len != Hv || !b->ssm_a ||
-        b->ssm_a_len != Hv || !b->ssm_norm || b->ssm_norm_len != S)
+    if (!G->conv_w.ptr || G->conv_w.len != C * K || !G->dt_bias.ptr || G->dt_bias.len != Hv || !G->a.ptr ||
+        G->a.len != Hv || !G->norm.ptr || G->norm.len != S)
         return QS_ERR_VECTOR;
-    if ((K > 1 && !b->conv_state) || b->conv_state_len != (K - 1) * C || !b->ssm_state || b->ssm_state_len != Hv * S * S)
+    if ((K > 1 && !G->conv_state) || G->conv_state_len != (K - 1) * C || !G->ssm_state ||
+        G->ssm_state_len != Hv * S * S)
         return QS_ERR_CACHE;
     return QS_OK;
 }
@@ -122,9 +126,10 @@ typedef struct {
 static void gdn_head(void *vctx, int64_t h) {
     const gdn_ctx *c = (const gdn_ctx *)vctx;
     const qs_block *b = c->b;
-    const int64_t S = b->gdn_state, Hk = b->gdn_k_heads, Hv = b->gdn_v_heads, Kd = Hk * S, C = 2 * Kd + Hv * S;
+    const qs_gdn_desc *G = &b->gdn;
+    const int64_t S = G->state, Hk = G->k_heads, Hv = G->v_heads, Kd = Hk * S, C = 2 * Kd + Hv * S;
     const int64_t kh = h % Hk;
-    float *St = b->ssm_state + h * S * S;
+    float *St = G->ssm_state + h * S * S;
     float *qn = c->scratch + h * 3 * S, *kn = qn + S, *sk = kn + S;
     const int simd = qs_isa_get() >= QS_ISA_AVX2;
     const float qscale = 1.0f / sqrtf((float)S);
@@ -140,9 +145,9 @@ static void gdn_head(void *vctx, int64_t h) {
             qn[j] = q[j] * iq;
             kn[j] = k[j] * ik;
         }
-        const float a = c->alpha[t * Hv + h] + b->dt_bias[h];
+        const float a = c->alpha[t * Hv + h] + G->dt_bias.ptr[h];
         const float sp = a > 20.0f ? a : log1pf(expf(a));
-        const float decay = expf(sp * b->ssm_a[h]);
+        const float decay = expf(sp * G->a.ptr[h]);
         const float beta = 1.0f / (1.0f + expf(-c->beta[t * Hv + h]));
         float *out = c->o + t * Hv * S + h * S;
         if (simd) qs_gdn_step_avx2(S, St, kn, qn, v, decay, beta, out, sk);
@@ -152,7 +157,8 @@ static void gdn_head(void *vctx, int64_t h) {
 
 /* qwen35's gated delta-net mixer: h [T][E] (normed) -> out [T][E] (docs/engine.md, "Gated delta-net layers"). */
 static int gdn_mixer(const qs_block *b, const float *h, int64_t T, float *out, int n_threads) {
-    const int64_t E = b->n_embd, K = b->gdn_conv, S = b->gdn_state, Hk = b->gdn_k_heads, Hv = b->gdn_v_heads;
+    const qs_gdn_desc *G = &b->gdn;
+    const int64_t E = b->n_embd, K = G->conv, S = G->state, Hk = G->k_heads, Hv = G->v_heads;
     const int64_t Kd = Hk * S, Vd = Hv * S, C = 2 * Kd + Vd;
     float *buf = (float *)malloc((size_t)(T * C + T * Vd * 2 + 2 * T * Hv + (K - 1 + T) * C + 3 * Vd) * sizeof(float));
     if (!buf) return QS_ERR_NOMEM;
@@ -160,8 +166,8 @@ static int gdn_mixer(const qs_block *b, const float *h, int64_t T, float *out, i
     float *win = alpha + T * Hv;
     int rc;
     {
-        const int ty[2] = {b->wq_type, b->wz_type}, ty2[2] = {b->wbeta_type, b->walpha_type};
-        const uint8_t *const ws[2] = {b->wq, b->wz}, *const ws2[2] = {b->wbeta, b->walpha};
+        const int ty[2] = {G->qkv.type, G->z.type}, ty2[2] = {G->beta.type, G->alpha.type};
+        const uint8_t *const ws[2] = {G->qkv.ptr, G->z.ptr}, *const ws2[2] = {G->beta.ptr, G->alpha.ptr};
         const int64_t rows[2] = {C, Vd}, rows2[2] = {Hv, Hv};
         float *const ys[2] = {qkv, z}, *const ys2[2] = {beta, alpha};
         rc = matmat_shared(2, ty, ws, rows, E, h, T, ys, n_threads);
@@ -170,22 +176,22 @@ static int gdn_mixer(const qs_block *b, const float *h, int64_t T, float *out, i
     if (rc) goto done;
     /* the depthwise causal conv over the state's K - 1 inputs and this call's, then SiLU; the state keeps the last
      * K - 1 inputs */
-    if (K > 1) memcpy(win, b->conv_state, (size_t)((K - 1) * C) * sizeof(float));
+    if (K > 1) memcpy(win, G->conv_state, (size_t)((K - 1) * C) * sizeof(float));
     memcpy(win + (K - 1) * C, qkv, (size_t)(T * C) * sizeof(float));
     for (int64_t t = 0; t < T; ++t)
         for (int64_t ch = 0; ch < C; ++ch) {
-            const float *w = b->gdn_conv_w + ch * K;
+            const float *w = G->conv_w.ptr + ch * K;
             float acc = 0.0f;
             for (int64_t j = 0; j < K; ++j) acc += w[j] * win[(t + j) * C + ch];
             qkv[t * C + ch] = acc / (1.0f + expf(-acc));
         }
-    if (K > 1) memcpy(b->conv_state, win + T * C, (size_t)((K - 1) * C) * sizeof(float));
+    if (K > 1) memcpy(G->conv_state, win + T * C, (size_t)((K - 1) * C) * sizeof(float));
     gdn_ctx ctx = {b, qkv, beta, alpha, o, T, win + (K - 1 + T) * C};
     qs_parallel_for(Hv, gdn_head, &ctx, n_threads);
     /* each head's output RMS-normalized (ssm_norm) and gated by SiLU(z), then ssm_out */
-    qs_rmsnorm(o, b->ssm_norm, o, T * Hv, S, b->eps);
+    qs_rmsnorm(o, G->norm.ptr, o, T * Hv, S, b->eps);
     for (int64_t i = 0; i < T * Vd; ++i) o[i] *= z[i] / (1.0f + expf(-z[i]));
-    rc = qs_matmat(b->wo_type, b->wo, E, Vd, o, T, out, n_threads);
+    rc = qs_matmat(G->out.type, G->out.ptr, E, Vd, o, T, out, n_threads);
 done:
     free(buf);
     return rc;
@@ -194,82 +200,86 @@ done:
 /* Every size in *b against the others and the call's arguments: integer checks only, once per call. */
 static int check_block(const qs_block *b, const float *x, int64_t T, const int32_t *pos, int64_t n_past) {
     int rc_weight;
-    const int64_t E = b->n_embd, H = b->n_head, KV = b->n_head_kv, hd = b->head_dim, F = b->n_ff;
+    const qs_attn_desc *A = &b->attn;
+    const qs_moe_desc *M = &b->moe;
+    const int64_t E = b->n_embd, H = A->n_head, KV = A->n_head_kv, hd = A->head_dim, F = b->ffn.n_ff;
     if (E <= 0 || E > (1 << 20) || F <= 0 || F > (1 << 22)) return QS_ERR_SIZE;
     if (H <= 0 || H > 4096 || KV <= 0 || H % KV || hd <= 0 || hd > 1024 || H * hd > (1 << 22)) return QS_ERR_HEADS;
-    if (b->rope_dim <= 0 || b->rope_dim % 2 || b->rope_dim > hd) return QS_ERR_HEADS;
-    if (b->rope_freqs ? b->rope_freqs_len != b->rope_dim / 2 : b->rope_freqs_len != 0) return QS_ERR_SIZE;
-    if (!isfinite(b->residual_scale) || !isfinite(b->attn_softcap) || b->attn_softcap < 0.0f ||
-        !isfinite(b->rope_mscale) || !isfinite(b->attn_temp_scale) || (b->attn_temp_scale != 0.0f && b->attn_temp_floor <= 0))
+    if (b->rope.dim <= 0 || b->rope.dim % 2 || b->rope.dim > hd) return QS_ERR_HEADS;
+    if (b->rope.freqs.ptr ? b->rope.freqs.len != b->rope.dim / 2 : b->rope.freqs.len != 0) return QS_ERR_SIZE;
+    if (!isfinite(b->residual_scale) || !isfinite(A->softcap) || A->softcap < 0.0f ||
+        !isfinite(b->rope.mscale) || !isfinite(A->temp_scale) || (A->temp_scale != 0.0f && A->temp_floor <= 0))
         return QS_ERR_SIZE;
-    if (b->n_ctx <= 0 || b->n_ctx > (1 << 24) || b->window < 0 || T <= 0 || T > (1 << 20) || n_past < 0 ||
-        n_past > b->n_ctx - T || !x || !pos)
+    if (A->n_ctx <= 0 || A->n_ctx > (1 << 24) || A->window < 0 || T <= 0 || T > (1 << 20) || n_past < 0 ||
+        n_past > A->n_ctx - T || !x || !pos)
         return QS_ERR_SIZE;
     for (int64_t t = 0; t < T; ++t)
-        if (pos[t] < 0 || pos[t] >= b->n_ctx) return QS_ERR_POS;
-    const int64_t P = b->ple_dim;
-    if (P < 0 || P > (1 << 20) || !isfinite(b->out_scale) || (b->kv_reuse != 0 && b->kv_reuse != 1)) return QS_ERR_SIZE;
-    const int ty[9] = {b->wq_type, b->wk_type, b->wv_type, b->wo_type, b->wg_type, b->wu_type, b->wd_type, b->wpg_type,
-                       b->wpp_type};
-    const uint8_t *const ws[9] = {b->wq, b->wk, b->wv, b->wo, b->wg, b->wu, b->wd, b->wpg, b->wpp};
-    const int64_t nb[9] = {b->wq_bytes, b->wk_bytes, b->wv_bytes, b->wo_bytes, b->wg_bytes, b->wu_bytes, b->wd_bytes,
-                           b->wpg_bytes, b->wpp_bytes};
-    const int64_t NE = b->n_expert;
-    if (NE < 0 || NE > QS_MAX_EXPERTS || (NE && (b->n_expert_used < 1 || b->n_expert_used > NE)) ||
-        (NE && (!isfinite(b->exp_scale) || b->exp_scale < 0.0f)))
+        if (pos[t] < 0 || pos[t] >= A->n_ctx) return QS_ERR_POS;
+    const int64_t P = b->ple.dim;
+    if (P < 0 || P > (1 << 20) || !isfinite(b->out_scale) || (A->kv_reuse != 0 && A->kv_reuse != 1)) return QS_ERR_SIZE;
+    const qs_weight *const ws[9] = {&A->wq, &A->wk,  &A->wv,  &A->wo, &b->ffn.gate,
+                                    &b->ffn.up,   &b->ffn.down, &b->ple.gate, &b->ple.proj};
+    const int64_t NE = M->n_expert;
+    if (NE < 0 || NE > QS_MAX_EXPERTS || (NE && (M->n_used < 1 || M->n_used > NE)) ||
+        (NE && (!isfinite(M->scale) || M->scale < 0.0f)))
         return QS_ERR_SIZE;
-    if (NE && (rc_weight = check_weight(b->wr_type, b->wr, b->wr_bytes, NE, E)) != QS_OK) return rc_weight;
-    const int64_t FS = b->n_ff_shexp;
+    if (NE && (rc_weight = check_weight(&M->router, NE, E)) != QS_OK) return rc_weight;
+    const int64_t FS = M->n_ff_shexp;
     if (FS < 0 || FS > (1 << 22) || (FS && !NE)) return QS_ERR_SIZE;
     if (FS) {
-        if ((rc_weight = check_weight(b->wsg_type, b->wsg, b->wsg_bytes, FS, E)) ||
-            (rc_weight = check_weight(b->wsu_type, b->wsu, b->wsu_bytes, FS, E)) ||
-            (rc_weight = check_weight(b->wsd_type, b->wsd, b->wsd_bytes, E, FS)))
+        if ((rc_weight = check_weight(&M->sh_gate, FS, E)) ||
+            (rc_weight = check_weight(&M->sh_up, FS, E)) ||
+            (rc_weight = check_weight(&M->sh_down, E, FS)))
             return rc_weight;
-        if (!b->shexp_gate || b->shexp_gate_len != E) return QS_ERR_VECTOR;
-    } else if (b->shexp_gate || b->shexp_gate_len) {
+        if (!M->sh_gate_inp.ptr || M->sh_gate_inp.len != E) return QS_ERR_VECTOR;
+    } else if (M->sh_gate_inp.ptr || M->sh_gate_inp.len) {
         return QS_ERR_VECTOR;
     }
     const int64_t ne = NE ? NE : 1; /* the FFN matrices hold n_expert matrices back to back */
-    const int gdn = b->gdn_conv != 0;
-    if (b->q_gate != 0 && (b->q_gate != 1 || gdn)) return QS_ERR_SIZE;
+    const int gdn = b->gdn.conv != 0;
+    if (A->q_gate != 0 && (A->q_gate != 1 || gdn)) return QS_ERR_SIZE;
     if (gdn && (rc_weight = check_gdn(b)) != QS_OK) return rc_weight;
-    const int64_t rows[9] = {(b->q_gate ? 2 : 1) * H * hd, KV * hd, KV * hd, E, ne * F, ne * F, ne * E, P, E},
+    const int64_t rows[9] = {(A->q_gate ? 2 : 1) * H * hd, KV * hd, KV * hd, E, ne * F, ne * F, ne * E, P, E},
                   ks[9] = {E, E, E, H * hd, E, E, F, E, P};
     for (int i = 0; i < 9; ++i) {
-        if ((b->kv_reuse && (i == 1 || i == 2)) || (!P && i >= 7) || (gdn && i < 4)) continue; /* not read */
-        int rc = check_weight(ty[i], ws[i], nb[i], rows[i], ks[i]);
+        if ((A->kv_reuse && (i == 1 || i == 2)) || (!P && i >= 7) || (gdn && i < 4)) continue; /* not read */
+        int rc = check_weight(ws[i], rows[i], ks[i]);
         if (rc) return rc;
     }
-    if (P && (!b->ple_post_norm || b->ple_post_norm_len != E || !b->ple_in || b->ple_in_len < T * P))
+    if (P && (!b->ple.post_norm.ptr || b->ple.post_norm.len != E || !b->ple.inputs || b->ple.inputs_len < T * P))
         return QS_ERR_VECTOR;
-    const float *const vs[9] = {b->attn_norm, b->ffn_norm, b->bq, b->bk, b->bv, b->q_norm, b->k_norm,
-                                b->post_attn_norm, b->post_ffn_norm};
-    const int64_t vlen[9] = {b->attn_norm_len, b->ffn_norm_len, b->bq_len, b->bk_len, b->bv_len, b->q_norm_len,
-                             b->k_norm_len, b->post_attn_norm_len, b->post_ffn_norm_len};
+    const float *const vs[9] = {b->attn_norm.ptr, b->ffn_norm.ptr, A->bq.ptr, A->bk.ptr, A->bv.ptr, A->q_norm.ptr,
+                                A->k_norm.ptr, b->post_attn_norm.ptr, b->post_ffn_norm.ptr};
+    const int64_t vlen[9] = {b->attn_norm.len, b->ffn_norm.len, A->bq.len, A->bk.len, A->bv.len, A->q_norm.len,
+                             A->k_norm.len, b->post_attn_norm.len, b->post_ffn_norm.len};
     /* q/k norms: per head (length head_dim) or over the whole projection (olmo2: H*hd and KV*hd) */
-    const int full = b->q_norm && b->q_norm_len == H * hd && H > 1;
+    if (A->qk_norm_full != 0 && A->qk_norm_full != 1) return QS_ERR_SIZE;
+    const int full = A->qk_norm_full;
     const int64_t want[9] = {E, E, H * hd, KV * hd, KV * hd, full ? H * hd : hd, full ? KV * hd : hd, E, E};
-    if (!b->attn_norm != !b->ffn_norm || (!b->q_norm != !b->k_norm && !b->kv_reuse))
+    if (!b->attn_norm.ptr != !b->ffn_norm.ptr || (!A->q_norm.ptr != !A->k_norm.ptr && !A->kv_reuse))
         return QS_ERR_VECTOR; /* NULL norms: olmo2 */
     for (int i = 0; i < 9; ++i)
         if (vs[i] && vlen[i] != want[i]) return QS_ERR_VECTOR;
     /* gpt-oss's vectors: each absent (NULL, length 0) or of its exact length; expert biases need experts */
-    const float *const gv[6] = {b->bo, b->sinks, b->br, b->bg, b->bu, b->bd};
-    const int64_t glen[6] = {b->bo_len, b->sinks_len, b->br_len, b->bg_len, b->bu_len, b->bd_len};
+    const float *const gv[6] = {A->bo.ptr, A->sinks.ptr, M->b_router.ptr, M->b_gate.ptr, M->b_up.ptr, M->b_down.ptr};
+    const int64_t glen[6] = {A->bo.len, A->sinks.len, M->b_router.len, M->b_gate.len, M->b_up.len, M->b_down.len};
     const int64_t gwant[6] = {E, H, NE, NE * F, NE * F, NE * E};
     for (int i = 0; i < 6; ++i)
         if (gv[i] ? glen[i] != gwant[i] || (i >= 2 && !NE) : glen[i] != 0) return QS_ERR_VECTOR;
-    if (b->swiglu_oai != 0 && b->swiglu_oai != 1) return QS_ERR_SIZE;
-    for (int64_t h = 0; b->sinks && h < H; ++h) /* checked here too: the attention would refuse after the KV store */
-        if (!isfinite(b->sinks[h])) return QS_ERR_SIZE;
-    if (gdn) return (b->bq || b->bk || b->bv || b->q_norm || b->k_norm || b->bo || b->sinks) ? QS_ERR_VECTOR : QS_OK;
-    const int64_t cache = b->n_ctx * KV * hd * (b->kv_f16 ? 2 : 4);
-    if (!b->k_cache || !b->v_cache || b->k_cache_bytes < cache || b->v_cache_bytes < cache) return QS_ERR_CACHE;
+    if (b->ffn.swiglu_oai != 0 && b->ffn.swiglu_oai != 1) return QS_ERR_SIZE;
+    /* checked here too: the attention would refuse after the KV store */
+    for (int64_t h = 0; A->sinks.ptr && h < H; ++h)
+        if (!isfinite(A->sinks.ptr[h])) return QS_ERR_SIZE;
+    if (gdn) /* a delta-net layer has none of attention's vectors */
+        return (A->bq.ptr || A->bk.ptr || A->bv.ptr || A->q_norm.ptr || A->k_norm.ptr || A->bo.ptr || A->sinks.ptr)
+                   ? QS_ERR_VECTOR
+                   : QS_OK;
+    const int64_t cache = A->n_ctx * KV * hd * (A->kv_f16 ? 2 : 4);
+    if (!A->k_cache || !A->v_cache || A->k_cache_bytes < cache || A->v_cache_bytes < cache) return QS_ERR_CACHE;
     return QS_OK;
 }
 
-/* The mixture-of-experts FFN of h [T][E] into out [T][E] (qs_block's n_expert fields): router logits (+ bias),
+/* The mixture-of-experts FFN of h [T][E] into out [T][E] (qs_block's moe group): router logits (+ bias),
  * softmax, the n_expert_used largest per token (ties to the lower index, as a stable descending sort), their
  * weights normalized as llama.cpp does (sum clamped below at 2^-14) and scaled. Then expert by expert, only the tokens routed to it:
  * their rows of h gathered, gate/up (one job, + biases), SwiGLU (or the clamped variant), down (+ bias), and each
@@ -277,23 +287,23 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
  * expert's weights once. */
 /* qwen35moe's shared expert on every token of h [T][E], its output times sigmoid(h . shexp_gate) added to out */
 static int shared_expert(const qs_block *b, const float *h, int64_t T, float *out, int n_threads) {
-    const int64_t E = b->n_embd, FS = b->n_ff_shexp;
+    const int64_t E = b->n_embd, FS = b->moe.n_ff_shexp;
     float *buf = (float *)malloc((size_t)(T * FS * 2 + T * E) * sizeof(float));
     if (!buf) return QS_ERR_NOMEM;
     float *g = buf, *u = g + T * FS, *o = u + T * FS;
-    const int ty[2] = {b->wsg_type, b->wsu_type};
-    const uint8_t *const ws[2] = {b->wsg, b->wsu};
+    const int ty[2] = {b->moe.sh_gate.type, b->moe.sh_up.type};
+    const uint8_t *const ws[2] = {b->moe.sh_gate.ptr, b->moe.sh_up.ptr};
     const int64_t rows[2] = {FS, FS};
     float *const ys[2] = {g, u};
     int rc = matmat_shared(2, ty, ws, rows, E, h, T, ys, n_threads);
     if (!rc) {
         qs_swiglu(g, u, g, T * FS);
-        rc = qs_matmat(b->wsd_type, b->wsd, E, FS, g, T, o, n_threads);
+        rc = qs_matmat(b->moe.sh_down.type, b->moe.sh_down.ptr, E, FS, g, T, o, n_threads);
     }
     if (!rc)
         for (int64_t t = 0; t < T; ++t) {
             float z = 0.0f;
-            for (int64_t c = 0; c < E; ++c) z += h[t * E + c] * b->shexp_gate[c];
+            for (int64_t c = 0; c < E; ++c) z += h[t * E + c] * b->moe.sh_gate_inp.ptr[c];
             const float w = 1.0f / (1.0f + expf(-z));
             for (int64_t c = 0; c < E; ++c) out[t * E + c] += w * o[t * E + c];
         }
@@ -305,9 +315,9 @@ static int shared_expert(const qs_block *b, const float *h, int64_t T, float *ou
  * 2 K F floats, ob K E (as moe_ffn allocates them for K >= 1 pairs) */
 static int decode_experts(const qs_block *b, const float *h, const int32_t *sel, const float *wsel, float *gb,
                           float *ob, float *out, int n_threads) {
-    const int64_t E = b->n_embd, F = b->n_ff, K = b->n_expert_used;
-    const int64_t sg = qs_weight_bytes(b->wg_type, F, E), su = qs_weight_bytes(b->wu_type, F, E),
-                  sd = qs_weight_bytes(b->wd_type, E, F);
+    const int64_t E = b->n_embd, F = b->ffn.n_ff, K = b->moe.n_used;
+    const int64_t sg = qs_weight_bytes(b->ffn.gate.type, F, E), su = qs_weight_bytes(b->ffn.up.type, F, E),
+                  sd = qs_weight_bytes(b->ffn.down.type, E, F);
     int32_t order[32];
     for (int64_t j = 0; j < K; ++j) { /* the picked experts by index: the accumulation order of moe_ffn */
         int64_t i = j;
@@ -324,35 +334,35 @@ static int decode_experts(const qs_block *b, const float *h, const int32_t *sel,
     const float *xs[32];
     for (int64_t j = 0; j < K; ++j) {
         const int64_t e = sel[order[j]];
-        ty[2 * j] = b->wg_type, ws[2 * j] = b->wg + e * sg, rows[2 * j] = F, ys[2 * j] = gb + j * F;
-        ty[2 * j + 1] = b->wu_type, ws[2 * j + 1] = b->wu + e * su, rows[2 * j + 1] = F, ys[2 * j + 1] = gb + (K + j) * F;
+        ty[2 * j] = b->ffn.gate.type, ws[2 * j] = b->ffn.gate.ptr + e * sg, rows[2 * j] = F, ys[2 * j] = gb + j * F;
+        ty[2 * j + 1] = b->ffn.up.type, ws[2 * j + 1] = b->ffn.up.ptr + e * su, rows[2 * j + 1] = F, ys[2 * j + 1] = gb + (K + j) * F;
     }
     int rc = qs_rp_matmat_multi((int)(2 * K), ty, ws, rows, E, h, 1, ys, n_threads);
     if (rc) return rc;
     for (int64_t j = 0; j < K; ++j) {
         const int64_t e = sel[order[j]];
         float *g = gb + j * F, *u = gb + (K + j) * F;
-        if (b->bg) add_bias(g, b->bg + e * F, 1, F);
-        if (b->bu) add_bias(u, b->bu + e * F, 1, F);
-        if (b->swiglu_oai) qs_swiglu_oai(g, u, g, F);
+        if (b->moe.b_gate.ptr) add_bias(g, b->moe.b_gate.ptr + e * F, 1, F);
+        if (b->moe.b_up.ptr) add_bias(u, b->moe.b_up.ptr + e * F, 1, F);
+        if (b->ffn.swiglu_oai) qs_swiglu_oai(g, u, g, F);
         else qs_swiglu(g, u, g, F);
-        ty[j] = b->wd_type, ws[j] = b->wd + e * sd, rows[j] = E, xs[j] = g, ys[j] = ob + j * E;
+        ty[j] = b->ffn.down.type, ws[j] = b->ffn.down.ptr + e * sd, rows[j] = E, xs[j] = g, ys[j] = ob + j * E;
     }
     rc = qs_rp_matmat_multi_x((int)K, ty, ws, rows, F, xs, 1, ys, n_threads);
     if (rc) return rc;
     for (int64_t j = 0; j < K; ++j) {
         const int64_t e = sel[order[j]];
         const float w = wsel[order[j]];
-        if (b->bd) add_bias(ob + j * E, b->bd + e * E, 1, E);
+        if (b->moe.b_down.ptr) add_bias(ob + j * E, b->moe.b_down.ptr + e * E, 1, E);
         for (int64_t c = 0; c < E; ++c) out[c] += w * ob[j * E + c];
     }
     return QS_OK;
 }
 
 static int moe_ffn(const qs_block *b, const float *h, int64_t T, float *out, int n_threads) {
-    const int64_t E = b->n_embd, F = b->n_ff, NE = b->n_expert, K = b->n_expert_used;
-    const int64_t sg = qs_weight_bytes(b->wg_type, F, E), su = qs_weight_bytes(b->wu_type, F, E),
-                  sd = qs_weight_bytes(b->wd_type, E, F);
+    const int64_t E = b->n_embd, F = b->ffn.n_ff, NE = b->moe.n_expert, K = b->moe.n_used;
+    const int64_t sg = qs_weight_bytes(b->ffn.gate.type, F, E), su = qs_weight_bytes(b->ffn.up.type, F, E),
+                  sd = qs_weight_bytes(b->ffn.down.type, E, F);
     if (sg < 0 || su < 0 || sd < 0) return QS_ERR_TYPE;
     float *probs = (float *)malloc((size_t)(T * NE) * sizeof(float));
     int32_t *sel = (int32_t *)malloc((size_t)(T * K) * sizeof(int32_t));
@@ -365,9 +375,9 @@ static int moe_ffn(const qs_block *b, const float *h, int64_t T, float *out, int
     float *ob = (float *)malloc((size_t)(nb * E) * sizeof(float));
     int rc = QS_ERR_NOMEM;
     if (!probs || !sel || !wsel || !count || !tok || !hb || !gb || !ob) goto done;
-    rc = qs_matmat(b->wr_type, b->wr, NE, E, h, T, probs, n_threads);
+    rc = qs_matmat(b->moe.router.type, b->moe.router.ptr, NE, E, h, T, probs, n_threads);
     if (rc) goto done;
-    if (b->br) add_bias(probs, b->br, T, NE);
+    if (b->moe.b_router.ptr) add_bias(probs, b->moe.b_router.ptr, T, NE);
     qs_softmax(probs, T, NE);
     for (int64_t t = 0; t < T; ++t) {
         const float *p = probs + t * NE;
@@ -385,8 +395,8 @@ static int moe_ffn(const qs_block *b, const float *h, int64_t T, float *out, int
         for (int64_t j = 0; j < K; ++j) sum += p[s[j]];
         if (sum < 6.103515625e-5f) sum = 6.103515625e-5f;
         for (int64_t j = 0; j < K; ++j) {
-            float w = b->exp_norm ? p[s[j]] / sum : p[s[j]];
-            if (b->exp_scale != 0.0f) w *= b->exp_scale;
+            float w = b->moe.norm ? p[s[j]] / sum : p[s[j]];
+            if (b->moe.scale != 0.0f) w *= b->moe.scale;
             wsel[t * K + j] = w;
             count[s[j] + 1]++;
         }
@@ -401,12 +411,12 @@ static int moe_ffn(const qs_block *b, const float *h, int64_t T, float *out, int
         free(fill);
     }
     memset(out, 0, (size_t)(T * E) * sizeof(float));
-    if (T == 1 && 2 * K <= 32 && (b->wg_type & b->wu_type & b->wd_type & QS_RP_FLAG)) {
+    if (T == 1 && 2 * K <= 32 && (b->ffn.gate.type & b->ffn.up.type & b->ffn.down.type & QS_RP_FLAG)) {
         /* one token (decode), repacked experts: the picked experts' gate and up products in one pool job, their
          * down products in another (the same kernels and sums as expert by expert below), then the weighted outputs
          * added in expert order as below */
         rc = decode_experts(b, h, sel, wsel, gb, ob, out, n_threads);
-        if (!rc && b->n_ff_shexp) rc = shared_expert(b, h, T, out, n_threads);
+        if (!rc && b->moe.n_ff_shexp) rc = shared_expert(b, h, T, out, n_threads);
         goto done;
     }
     for (int64_t e = 0; e < NE && !rc; ++e) {
@@ -415,30 +425,30 @@ static int moe_ffn(const qs_block *b, const float *h, int64_t T, float *out, int
         const int64_t *pairs = tok + count[e];
         for (int64_t i = 0; i < n; ++i) memcpy(hb + i * E, h + (pairs[i] / K) * E, (size_t)E * sizeof(float));
         if (T > 1) { /* each expert its own rows and count, however few picked it (llama-imatrix's MUL_MAT_ID) */
-            if (b->st_ffn) acc_sq(b->st_ffn + e * E, hb, n, E);
-            if (b->st_exp_count) b->st_exp_count[e] += n;
+            if (b->probe.ffn) acc_sq(b->probe.ffn + e * E, hb, n, E);
+            if (b->probe.exp_count) b->probe.exp_count[e] += n;
         }
-        const int ty[2] = {b->wg_type, b->wu_type};
-        const uint8_t *const ws[2] = {b->wg + e * sg, b->wu + e * su};
+        const int ty[2] = {b->ffn.gate.type, b->ffn.up.type};
+        const uint8_t *const ws[2] = {b->ffn.gate.ptr + e * sg, b->ffn.up.ptr + e * su};
         const int64_t rows[2] = {F, F};
         float *const ys[2] = {gb, gb + n * F};
         rc = matmat_shared(2, ty, ws, rows, E, hb, n, ys, n_threads);
         if (rc) break;
-        if (b->bg) add_bias(gb, b->bg + e * F, n, F);
-        if (b->bu) add_bias(gb + n * F, b->bu + e * F, n, F);
-        if (b->swiglu_oai) qs_swiglu_oai(gb, gb + n * F, gb, n * F);
+        if (b->moe.b_gate.ptr) add_bias(gb, b->moe.b_gate.ptr + e * F, n, F);
+        if (b->moe.b_up.ptr) add_bias(gb + n * F, b->moe.b_up.ptr + e * F, n, F);
+        if (b->ffn.swiglu_oai) qs_swiglu_oai(gb, gb + n * F, gb, n * F);
         else qs_swiglu(gb, gb + n * F, gb, n * F);
-        if (T > 1 && b->st_down) acc_sq(b->st_down + e * F, gb, n, F);
-        rc = qs_matmat(b->wd_type, b->wd + e * sd, E, F, gb, n, ob, n_threads);
+        if (T > 1 && b->probe.down) acc_sq(b->probe.down + e * F, gb, n, F);
+        rc = qs_matmat(b->ffn.down.type, b->ffn.down.ptr + e * sd, E, F, gb, n, ob, n_threads);
         if (rc) break;
-        if (b->bd) add_bias(ob, b->bd + e * E, n, E);
+        if (b->moe.b_down.ptr) add_bias(ob, b->moe.b_down.ptr + e * E, n, E);
         for (int64_t i = 0; i < n; ++i) {
             const float w = wsel[pairs[i]];
             float *o = out + (pairs[i] / K) * E;
             for (int64_t c = 0; c < E; ++c) o[c] += w * ob[i * E + c];
         }
     }
-    if (!rc && b->n_ff_shexp) rc = shared_expert(b, h, T, out, n_threads);
+    if (!rc && b->moe.n_ff_shexp) rc = shared_expert(b, h, T, out, n_threads);
 done:
     free(probs);
     free(sel);
@@ -457,8 +467,9 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
     if (!rc) rc = check_stats(b);
     if (!rc) rc = check_probe(b, T);
     if (rc) return rc;
-    const int64_t E = b->n_embd, H = b->n_head, KV = b->n_head_kv, hd = b->head_dim, F = b->n_ff, P = b->ple_dim;
-    const int64_t qg = b->q_gate ? 2 : 1;
+    const qs_attn_desc *A = &b->attn;
+    const int64_t E = b->n_embd, H = A->n_head, KV = A->n_head_kv, hd = A->head_dim, F = b->ffn.n_ff, P = b->ple.dim;
+    const int64_t qg = A->q_gate ? 2 : 1;
     size_t need = (size_t)(T * E * 2 + T * H * hd * (1 + qg) + T * KV * hd * 2 + T * (F > P ? F : P) * 2);
     float *buf = (float *)malloc(need * sizeof(float));
     if (!buf) return QS_ERR_NOMEM;
@@ -466,114 +477,114 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
     float *v = k + T * KV * hd;
     float *g = v + T * KV * hd, *u = g + T * F;
     /* attention (without pre-norms, as olmo2, on x itself) */
-    if (b->attn_norm) qs_rmsnorm(x, b->attn_norm, h, T, E, b->eps);
+    if (b->attn_norm.ptr) qs_rmsnorm(x, b->attn_norm.ptr, h, T, E, b->eps);
     else memcpy(h, x, (size_t)(T * E) * sizeof(float));
-    if (T > 1) acc_sq(b->st_attn, h, T, E);
-    if (b->gdn_conv) { /* a gated delta-net layer instead of attention */
+    if (T > 1) acc_sq(b->probe.attn, h, T, E);
+    if (b->gdn.conv) { /* a gated delta-net layer instead of attention */
         rc = gdn_mixer(b, h, T, o, n_threads);
         if (rc) goto done;
         goto residual;
     }
     {
-        const int ty[3] = {b->wq_type, b->wk_type, b->wv_type};
-        const uint8_t *const ws[3] = {b->wq, b->wk, b->wv};
+        const int ty[3] = {A->wq.type, A->wk.type, A->wv.type};
+        const uint8_t *const ws[3] = {A->wq.ptr, A->wk.ptr, A->wv.ptr};
         const int64_t rows[3] = {qg * H * hd, KV * hd, KV * hd};
         float *const ys[3] = {q, k, v};
-        rc = matmat_shared(b->kv_reuse ? 1 : 3, ty, ws, rows, E, h, T, ys, n_threads);
+        rc = matmat_shared(A->kv_reuse ? 1 : 3, ty, ws, rows, E, h, T, ys, n_threads);
     }
     if (rc) goto done;
-    if (b->q_gate) { /* [T][H][query | gate] -> queries packed in place, gates into att's place, sigmoid later */
+    if (A->q_gate) { /* [T][H][query | gate] -> queries packed in place, gates into att's place, sigmoid later */
         for (int64_t t = 0; t < T; ++t)
             for (int64_t hh = 0; hh < H; ++hh) {
                 memcpy(att + (t * H + hh) * hd, q + (t * H + hh) * 2 * hd + hd, (size_t)hd * sizeof(float));
                 memmove(q + (t * H + hh) * hd, q + (t * H + hh) * 2 * hd, (size_t)hd * sizeof(float));
             }
     }
-    if (b->bq) add_bias(q, b->bq, T, H * hd);
-    if (b->bk) add_bias(k, b->bk, T, KV * hd);
-    if (b->bv) add_bias(v, b->bv, T, KV * hd);
-    if (b->kv_reuse) {
-        if (b->q_norm) qs_rmsnorm(q, b->q_norm, q, T * H, hd, b->eps);
-    } else if (b->q_norm && b->k_norm) {
-        if (b->q_norm_len == H * hd && H > 1) { /* over the whole projection (checked against k_norm_len) */
-            qs_rmsnorm(q, b->q_norm, q, T, H * hd, b->eps);
-            qs_rmsnorm(k, b->k_norm, k, T, KV * hd, b->eps);
+    if (A->bq.ptr) add_bias(q, A->bq.ptr, T, H * hd);
+    if (A->bk.ptr) add_bias(k, A->bk.ptr, T, KV * hd);
+    if (A->bv.ptr) add_bias(v, A->bv.ptr, T, KV * hd);
+    if (A->kv_reuse) {
+        if (A->q_norm.ptr) qs_rmsnorm(q, A->q_norm.ptr, q, T * H, hd, b->eps);
+    } else if (A->q_norm.ptr && A->k_norm.ptr) {
+        if (A->qk_norm_full) { /* over the whole projection */
+            qs_rmsnorm(q, A->q_norm.ptr, q, T, H * hd, b->eps);
+            qs_rmsnorm(k, A->k_norm.ptr, k, T, KV * hd, b->eps);
         } else {
-            qs_rmsnorm(q, b->q_norm, q, T * H, hd, b->eps);
-            qs_rmsnorm(k, b->k_norm, k, T * KV, hd, b->eps);
+            qs_rmsnorm(q, A->q_norm.ptr, q, T * H, hd, b->eps);
+            qs_rmsnorm(k, A->k_norm.ptr, k, T * KV, hd, b->eps);
         }
     }
-    if (!b->no_rope) {
-        const qs_rope_params rp = {b->rope_base, b->rope_freq_scale != 0.0f ? b->rope_freq_scale : 1.0f,
-                                   b->rope_neox, b->rope_freqs, b->rope_ext_factor, b->rope_corr0, b->rope_corr1,
-                                   b->rope_mscale != 0.0f ? b->rope_mscale : 1.0f};
-        rc = qs_rope_ext(q, T, (int)H, (int)hd, b->rope_dim, pos, &rp);
-        if (!rc && !b->kv_reuse) rc = qs_rope_ext(k, T, (int)KV, (int)hd, b->rope_dim, pos, &rp);
+    if (!b->rope.skip) {
+        const qs_rope_params rp = {b->rope.base, b->rope.freq_scale != 0.0f ? b->rope.freq_scale : 1.0f,
+                                   b->rope.neox, b->rope.freqs.ptr, b->rope.ext_factor, b->rope.corr0, b->rope.corr1,
+                                   b->rope.mscale != 0.0f ? b->rope.mscale : 1.0f};
+        rc = qs_rope_ext(q, T, (int)H, (int)hd, b->rope.dim, pos, &rp);
+        if (!rc && !A->kv_reuse) rc = qs_rope_ext(k, T, (int)KV, (int)hd, b->rope.dim, pos, &rp);
     }
-    if (b->v_norm && !b->kv_reuse) qs_rmsnorm(v, NULL, v, T * KV, hd, b->eps);
-    if (!rc && b->attn_temp_scale != 0.0f) /* Llama 4 / Ministral 3 temperature tuning of the queries */
+    if (A->v_norm && !A->kv_reuse) qs_rmsnorm(v, NULL, v, T * KV, hd, b->eps);
+    if (!rc && A->temp_scale != 0.0f) /* Llama 4 / Ministral 3 temperature tuning of the queries */
         for (int64_t t = 0; t < T; ++t) {
-            const float s = (float)(log(floor((double)pos[t] / (double)b->attn_temp_floor) + 1.0) *
-                                    b->attn_temp_scale + 1.0);
+            const float s = (float)(log(floor((double)pos[t] / (double)A->temp_floor) + 1.0) *
+                                    A->temp_scale + 1.0);
             for (int64_t i = 0; i < H * hd; ++i) q[t * H * hd + i] *= s;
         }
     if (rc) goto done;
-    if (!b->kv_reuse) {
-        store_kv(b->k_cache, b->kv_f16, n_past * KV * hd, k, T * KV * hd);
-        store_kv(b->v_cache, b->kv_f16, n_past * KV * hd, v, T * KV * hd);
+    if (!A->kv_reuse) {
+        store_kv(A->k_cache, A->kv_f16, n_past * KV * hd, k, T * KV * hd);
+        store_kv(A->v_cache, A->kv_f16, n_past * KV * hd, v, T * KV * hd);
     }
-    if (b->probe_q) memcpy(b->probe_q, q, (size_t)(T * H * hd) * sizeof(float));
+    if (b->probe.q) memcpy(b->probe.q, q, (size_t)(T * H * hd) * sizeof(float));
     {
         float *dst = att;
-        if (b->q_gate) { /* the gates sit in att: the attention goes to the queries' unused second half */
+        if (A->q_gate) { /* the gates sit in att: the attention goes to the queries' unused second half */
             dst = q + T * H * hd;
         }
-        rc = qs_attention_sinks(q, T, pos, (int)H, (int)hd, b->k_cache, b->v_cache, b->kv_f16, (int)KV, n_past + T,
-                                b->n_ctx, b->window, b->attn_scale, b->attn_softcap, b->sinks, dst, n_threads);
+        rc = qs_attention_sinks(q, T, pos, (int)H, (int)hd, A->k_cache, A->v_cache, A->kv_f16, (int)KV, n_past + T,
+                                A->n_ctx, A->window, A->scale, A->softcap, A->sinks.ptr, dst, n_threads);
         if (rc) goto done;
-        if (b->q_gate)
+        if (A->q_gate)
             for (int64_t i = 0; i < T * H * hd; ++i) att[i] = dst[i] / (1.0f + expf(-att[i]));
     }
-    if (T > 1) acc_sq(b->st_wo, att, T, H * hd);
-    rc = qs_matmat(b->wo_type, b->wo, E, H * hd, att, T, o, n_threads);
+    if (T > 1) acc_sq(b->probe.wo, att, T, H * hd);
+    rc = qs_matmat(A->wo.type, A->wo.ptr, E, H * hd, att, T, o, n_threads);
     if (rc) goto done;
-    if (b->bo) add_bias(o, b->bo, T, E);
+    if (A->bo.ptr) add_bias(o, A->bo.ptr, T, E);
 residual:
-    if (b->post_attn_norm) qs_rmsnorm(o, b->post_attn_norm, o, T, E, b->eps);
+    if (b->post_attn_norm.ptr) qs_rmsnorm(o, b->post_attn_norm.ptr, o, T, E, b->eps);
     const float rs = b->residual_scale != 0.0f ? b->residual_scale : 1.0f;
     if (rs != 1.0f)
         for (int64_t i = 0; i < T * E; ++i) o[i] *= rs;
     for (int64_t i = 0; i < T * E; ++i) x[i] += o[i];
     /* feed-forward */
-    if (b->ffn_norm) qs_rmsnorm(x, b->ffn_norm, h, T, E, b->eps);
+    if (b->ffn_norm.ptr) qs_rmsnorm(x, b->ffn_norm.ptr, h, T, E, b->eps);
     else memcpy(h, x, (size_t)(T * E) * sizeof(float));
-    if (b->n_expert) {
+    if (b->moe.n_expert) {
         rc = moe_ffn(b, h, T, o, n_threads);
     } else {
-        const int ty[2] = {b->wg_type, b->wu_type};
-        const uint8_t *const ws[2] = {b->wg, b->wu};
+        const int ty[2] = {b->ffn.gate.type, b->ffn.up.type};
+        const uint8_t *const ws[2] = {b->ffn.gate.ptr, b->ffn.up.ptr};
         const int64_t rows[2] = {F, F};
         float *const ys[2] = {g, u};
-        if (T > 1) acc_sq(b->st_ffn, h, T, E);
+        if (T > 1) acc_sq(b->probe.ffn, h, T, E);
         rc = matmat_shared(2, ty, ws, rows, E, h, T, ys, n_threads);
         if (rc) goto done;
-        if (b->gelu) qs_geglu_tanh(g, u, g, T * F);
+        if (b->ffn.gelu) qs_geglu_tanh(g, u, g, T * F);
         else qs_swiglu(g, u, g, T * F);
-        if (T > 1) acc_sq(b->st_down, g, T, F);
-        rc = qs_matmat(b->wd_type, b->wd, E, F, g, T, o, n_threads);
+        if (T > 1) acc_sq(b->probe.down, g, T, F);
+        rc = qs_matmat(b->ffn.down.type, b->ffn.down.ptr, E, F, g, T, o, n_threads);
     }
     if (rc) goto done;
-    if (b->post_ffn_norm) qs_rmsnorm(o, b->post_ffn_norm, o, T, E, b->eps);
+    if (b->post_ffn_norm.ptr) qs_rmsnorm(o, b->post_ffn_norm.ptr, o, T, E, b->eps);
     if (rs != 1.0f)
         for (int64_t i = 0; i < T * E; ++i) o[i] *= rs;
     for (int64_t i = 0; i < T * E; ++i) x[i] += o[i];
     if (P) { /* gemma4's per-layer embedding: gelu(x W_gate^T) * ple_in -> W_proj -> RMSNorm, added to x */
-        rc = qs_matmat(b->wpg_type, b->wpg, P, E, x, T, g, n_threads);
+        rc = qs_matmat(b->ple.gate.type, b->ple.gate.ptr, P, E, x, T, g, n_threads);
         if (rc) goto done;
-        qs_geglu_tanh(g, b->ple_in, g, T * P);
-        rc = qs_matmat(b->wpp_type, b->wpp, E, P, g, T, o, n_threads);
+        qs_geglu_tanh(g, b->ple.inputs, g, T * P);
+        rc = qs_matmat(b->ple.proj.type, b->ple.proj.ptr, E, P, g, T, o, n_threads);
         if (rc) goto done;
-        qs_rmsnorm(o, b->ple_post_norm, o, T, E, b->eps);
+        qs_rmsnorm(o, b->ple.post_norm.ptr, o, T, E, b->eps);
         for (int64_t i = 0; i < T * E; ++i) x[i] += o[i];
     }
     if (b->out_scale != 0.0f && b->out_scale != 1.0f)

@@ -258,6 +258,24 @@ def test_experts_run_from_the_cli_and_stay_off_the_gpu(tmp_path, vocab, capsys):
     assert capsys.readouterr().out.strip()
 
 
+def test_the_gpu_refuses_by_features_what_it_refused_by_name(tmp_path, vocab):
+    """The CUDA backend decides by the features a model has, not by its architecture's name: of the F32 fixtures,
+    it finds nothing missing in the dense llama, qwen2 and gemma3 ones (the three it ran by name) and in qwen3
+    (gemma3's per-head q/k norms) and phi3 without LongRoPE (its fused matrices are row views), and names a
+    feature for every other (smollm3: its layers without RoPE; granite: its multipliers; mistral3: YaRN ...)."""
+    from quantscope.core.engine import cuda_backend
+    from quantscope.core.model import read_config
+
+    runs = set()
+    for key, m in sorted(META["fixtures"].items()):
+        if m["variant"] != "F32":
+            continue
+        cfg = read_config(GGUFFile(write_fixture(m["arch"], tmp_path / f"{key}.gguf", m["variant"], vocab=vocab)))
+        if not cuda_backend.missing_features(cfg):
+            runs.add(cfg.arch if not cfg.n_expert else f"{cfg.arch}+experts")
+    assert runs == {"llama", "qwen2", "gemma3", "qwen3", "phi3"}
+
+
 def test_gemma4_runs_from_the_cli_and_stays_off_the_gpu(tmp_path, vocab, capsys):
     """The CLI generates with a gemma4 file; the CUDA backend refuses its per-layer shapes by name (CPU fallback),
     as it does a llama whose layers differ in FFN width."""
@@ -276,12 +294,20 @@ def test_gemma4_runs_from_the_cli_and_stays_off_the_gpu(tmp_path, vocab, capsys)
     assert s.k_cache[4] is s.k_cache[2] and s.v_cache[5] is s.v_cache[3]
 
 
-MOE_FIELDS = [("n_expert", -1, "QS_ERR_SIZE"), ("n_expert", 5000, "QS_ERR_SIZE"), ("n_expert_used", 0, "QS_ERR_SIZE"),
-              ("n_expert_used", 9, "QS_ERR_SIZE"), ("n_expert", 16, "QS_ERR_WEIGHT"), ("wr", None, "QS_ERR_WEIGHT"),
-              ("wr_bytes", 100, "QS_ERR_WEIGHT"), ("wr_type", 999, "QS_ERR_TYPE"),
-              ("exp_scale", float("nan"), "QS_ERR_SIZE"), ("exp_scale", -1.0, "QS_ERR_SIZE"),
-              ("wg_bytes", 7 * 128 * 64 * 4, "QS_ERR_WEIGHT"), ("wd_bytes", 8 * 64 * 128 * 4 - 1, "QS_ERR_WEIGHT"),
-              ("n_ff", 256, "QS_ERR_WEIGHT")]
+def set_field(b, path: str, value) -> None:
+    """Set a (dotted) field of a native ``qs_block``: ``attn.wq.bytes``, ``moe.n_expert`` ..."""
+    *parents, name = path.split(".")
+    for p in parents:
+        b = getattr(b, p)
+    setattr(b, name, value)
+
+
+MOE_FIELDS = [("moe.n_expert", -1, "QS_ERR_SIZE"), ("moe.n_expert", 5000, "QS_ERR_SIZE"),
+              ("moe.n_used", 0, "QS_ERR_SIZE"), ("moe.n_used", 9, "QS_ERR_SIZE"), ("moe.n_expert", 16, "QS_ERR_WEIGHT"),
+              ("moe.router.ptr", None, "QS_ERR_WEIGHT"), ("moe.router.bytes", 100, "QS_ERR_WEIGHT"),
+              ("moe.router.type", 999, "QS_ERR_TYPE"), ("moe.scale", float("nan"), "QS_ERR_SIZE"),
+              ("moe.scale", -1.0, "QS_ERR_SIZE"), ("ffn.gate.bytes", 7 * 128 * 64 * 4, "QS_ERR_WEIGHT"),
+              ("ffn.down.bytes", 8 * 64 * 128 * 4 - 1, "QS_ERR_WEIGHT"), ("ffn.n_ff", 256, "QS_ERR_WEIGHT")]
 
 
 def assert_refused(s, b, code: str) -> None:
@@ -298,10 +324,11 @@ def assert_refused(s, b, code: str) -> None:
 
 
 #: (field, value, error) of the gpt-oss fixture's blocks (4 heads, 8 experts of 64 x 64)
-OAI_FIELDS = [("bo_len", 63, "QS_ERR_VECTOR"), ("sinks_len", 3, "QS_ERR_VECTOR"), ("br_len", 9, "QS_ERR_VECTOR"),
-              ("bg_len", 8 * 64 - 1, "QS_ERR_VECTOR"), ("bu_len", 0, "QS_ERR_VECTOR"), ("bd_len", 64, "QS_ERR_VECTOR"),
-              ("swiglu_oai", -1, "QS_ERR_SIZE"),
-              ("sink0", float("nan"), "QS_ERR_SIZE"), ("sink0", float("inf"), "QS_ERR_SIZE")]
+OAI_FIELDS = [("attn.bo.len", 63, "QS_ERR_VECTOR"), ("attn.sinks.len", 3, "QS_ERR_VECTOR"),
+              ("moe.b_router.len", 9, "QS_ERR_VECTOR"), ("moe.b_gate.len", 8 * 64 - 1, "QS_ERR_VECTOR"),
+              ("moe.b_up.len", 0, "QS_ERR_VECTOR"), ("moe.b_down.len", 64, "QS_ERR_VECTOR"),
+              ("ffn.swiglu_oai", -1, "QS_ERR_SIZE"), ("sink0", float("nan"), "QS_ERR_SIZE"),
+              ("sink0", float("inf"), "QS_ERR_SIZE")]
 
 
 @pytest.mark.parametrize(("field", "value", "code"), OAI_FIELDS, ids=[f"{f}={v}" for f, v, _ in OAI_FIELDS])
@@ -313,12 +340,13 @@ def test_the_native_block_checks_gpt_oss_vectors(field, value, code, tmp_path, v
     model, _, _ = load("gpt-oss-F32", tmp_path, vocab)
     s = model.session(16)
     b = ffi.new("qs_block *", s._block_structs[0][0])
-    assert (b.bo_len, b.sinks_len, b.br_len, b.bg_len, b.bd_len, b.swiglu_oai) == (64, 4, 8, 8 * 64, 8 * 64, 1)
+    assert (b.attn.bo.len, b.attn.sinks.len, b.moe.b_router.len, b.moe.b_gate.len, b.moe.b_down.len,
+            b.ffn.swiglu_oai) == (64, 4, 8, 8 * 64, 8 * 64, 1)
     if field == "sink0":
         sinks = np.array([value, 0.0, 0.0, 0.0], np.float32)
-        b.sinks = ffi.cast("float *", ffi.from_buffer(sinks))
+        b.attn.sinks.ptr = ffi.cast("float *", ffi.from_buffer(sinks))
     else:
-        setattr(b, field, value)
+        set_field(b, field, value)
     assert_refused(s, b, code)
 
 
@@ -331,6 +359,6 @@ def test_the_native_block_checks_the_expert_sizes(field, value, code, tmp_path, 
     model, _, _ = load("mixtral-F32", tmp_path, vocab)
     s = model.session(16)
     b = ffi.new("qs_block *", s._block_structs[0][0])
-    assert (b.n_expert, b.n_expert_used, b.wr_bytes) == (8, 2, 8 * 64 * 4)
-    setattr(b, field, ffi.NULL if value is None else value)
+    assert (b.moe.n_expert, b.moe.n_used, b.moe.router.bytes) == (8, 2, 8 * 64 * 4)
+    set_field(b, field, ffi.NULL if value is None else value)
     assert_refused(s, b, code)

@@ -228,18 +228,29 @@ def test_unsupported_weight_types_are_dequantized_or_refused():
 
 # ------------------------------------------------------------------------------------ host emulation of device math
 def test_config_struct_mirrors_model_config_per_layer(cuda_lib):
+    """The GPU gets each layer's window and RoPE base from the layer's forward description (nothing re-derived in
+    C: the explicit sliding-layer lists the C side used to miss need no C code), the model-wide switches in
+    qsc_config, and the C side refuses a per-layer policy out of range."""
     gemma_like = ModelConfig("gemma3", 18, 640, 4, 1, 256, 2048, 262144, 32768, 1e-6, 1e6, True, 256,
                              rope_base_swa=10000.0, sliding_window=512, swa_pattern=6, embed_scale=25.3, gelu=True,
                              qk_norm=True, post_norms=True, attn_scale=0.0625)
     llama_like = ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 8192, 1e-5, 1e5, False, 64)
     for cfg in (gemma_like, llama_like):
-        got = cb.config_layers(cfg)
+        layers = cb.config_layer_structs(cfg)
+        got = [(layers[i].window, layers[i].rope_base) for i in range(cfg.n_layers)]
         want = [(cfg.layer_window(i), np.float32(cfg.layer_rope_base(i))) for i in range(cfg.n_layers)]
         assert got == want
+        cb.check_layers(cfg, layers)
     c = cb.config_struct(gemma_like)
-    assert (c.arch, c.head_dim, c.gelu, c.qk_norm, c.post_norms, c.swa_pattern) == (2, 256, 1, 1, 1, 6)
+    assert (c.head_dim, c.gelu, c.qk_norm, c.post_norms) == (256, 1, 1, 1)
     assert np.float32(c.embed_scale) == np.float32(25.3) and c.rope_neox == 1
-    assert sum(w > 0 for w, _ in cb.config_layers(gemma_like)) == 15  # every layer but each 6th slides
+    layers = cb.config_layer_structs(gemma_like)
+    assert sum(layers[i].window > 0 for i in range(18)) == 15  # every layer but each 6th slides
+    for field, bad in (("window", -1), ("rope_base", 0.0), ("rope_base", float("nan")), ("rope_base", float("inf"))):
+        layers = cb.config_layer_structs(gemma_like)
+        setattr(layers[7], field, bad)
+        with pytest.raises(cb.CudaError, match="layer 7"):
+            cb.check_layers(gemma_like, layers)
 
 
 @pytest.mark.parametrize("name", GPU_KERNEL_TYPES)

@@ -539,18 +539,29 @@ def live_block(corpus_dir):
 
 FIELDS = [
     ("n_embd", 0, "QS_ERR_SIZE"), ("n_embd", 65, "QS_ERR_TYPE"), ("n_embd", 96, "QS_ERR_WEIGHT"),
-    ("n_ff", 256, "QS_ERR_WEIGHT"), ("n_ff", -1, "QS_ERR_SIZE"),
-    ("n_head", 0, "QS_ERR_HEADS"), ("n_head", 8, "QS_ERR_WEIGHT"), ("n_head_kv", 3, "QS_ERR_HEADS"),
-    ("n_head_kv", 0, "QS_ERR_HEADS"), ("n_head_kv", 2, "QS_ERR_WEIGHT"), ("head_dim", 2048, "QS_ERR_HEADS"),
-    ("head_dim", 64, "QS_ERR_WEIGHT"), ("head_dim", -32, "QS_ERR_HEADS"),
-    ("rope_dim", 34, "QS_ERR_HEADS"), ("rope_dim", 17, "QS_ERR_HEADS"), ("rope_dim", 0, "QS_ERR_HEADS"),
-    ("n_ctx", 17, "QS_ERR_CACHE"), ("n_ctx", 0, "QS_ERR_SIZE"), ("window", -1, "QS_ERR_SIZE"),
-    ("wq_bytes", -1, "QS_ERR_WEIGHT"), ("wd_bytes", 0, "QS_ERR_WEIGHT"), ("wo_type", 9, "QS_ERR_TYPE"),
-    ("wg_type", 999, "QS_ERR_TYPE"), ("wq", None, "QS_ERR_WEIGHT"),
-    ("attn_norm_len", 63, "QS_ERR_VECTOR"), ("attn_norm", None, "QS_ERR_VECTOR"), ("k_norm", None, "QS_ERR_VECTOR"),
-    ("q_norm_len", 64, "QS_ERR_VECTOR"), ("post_ffn_norm_len", 1, "QS_ERR_VECTOR"),
-    ("k_cache_bytes", 16 * 32 * 4 - 1, "QS_ERR_CACHE"), ("v_cache", None, "QS_ERR_CACHE"),
+    ("ffn.n_ff", 256, "QS_ERR_WEIGHT"), ("ffn.n_ff", -1, "QS_ERR_SIZE"), ("attn.n_head", 0, "QS_ERR_HEADS"),
+    ("attn.n_head", 8, "QS_ERR_WEIGHT"), ("attn.n_head_kv", 3, "QS_ERR_HEADS"), ("attn.n_head_kv", 0, "QS_ERR_HEADS"),
+    ("attn.n_head_kv", 2, "QS_ERR_WEIGHT"), ("attn.head_dim", 2048, "QS_ERR_HEADS"),
+    ("attn.head_dim", 64, "QS_ERR_WEIGHT"), ("attn.head_dim", -32, "QS_ERR_HEADS"), ("rope.dim", 34, "QS_ERR_HEADS"),
+    ("rope.dim", 17, "QS_ERR_HEADS"), ("rope.dim", 0, "QS_ERR_HEADS"), ("attn.n_ctx", 17, "QS_ERR_CACHE"),
+    ("attn.n_ctx", 0, "QS_ERR_SIZE"), ("attn.window", -1, "QS_ERR_SIZE"), ("attn.wq.bytes", -1, "QS_ERR_WEIGHT"),
+    ("ffn.down.bytes", 0, "QS_ERR_WEIGHT"), ("attn.wo.type", 9, "QS_ERR_TYPE"), ("ffn.gate.type", 999, "QS_ERR_TYPE"),
+    ("attn.wq.ptr", None, "QS_ERR_WEIGHT"), ("attn_norm.len", 63, "QS_ERR_VECTOR"),
+    ("attn_norm.ptr", None, "QS_ERR_VECTOR"), ("attn.k_norm.ptr", None, "QS_ERR_VECTOR"),
+    ("attn.q_norm.len", 64, "QS_ERR_VECTOR"), ("post_ffn_norm.len", 1, "QS_ERR_VECTOR"),
+    ("attn.k_cache_bytes", 16 * 32 * 4 - 1, "QS_ERR_CACHE"), ("attn.v_cache", None, "QS_ERR_CACHE"),
+    # the description's own shape of a weight must be the one the block reads; the q/k norm span a 0/1 switch
+    ("attn.wq.rows", 1, "QS_ERR_WEIGHT"), ("ffn.up.k", 32, "QS_ERR_WEIGHT"), ("ffn.down.rows", 0, "QS_ERR_WEIGHT"),
+    ("attn.qk_norm_full", 2, "QS_ERR_SIZE"), ("attn.qk_norm_full", 1, "QS_ERR_VECTOR"),
 ]
+
+
+def set_field(b, path: str, value) -> None:
+    """Set a (dotted) field of a native ``qs_block``: ``attn.wq.bytes``, ``moe.n_expert`` ..."""
+    *parents, name = path.split(".")
+    for p in parents:
+        b = getattr(b, p)
+    setattr(b, name, value)
 
 
 @pytest.mark.parametrize(("field", "value", "code"), FIELDS, ids=[f"{f}={v}" for f, v, _ in FIELDS])
@@ -558,7 +569,7 @@ def test_qs_block_forward_checks_every_size(live_block, field, value, code):
     _model, s = live_block
     good = s._block_structs[0]
     b = ffi.new("qs_block *", good[0])
-    setattr(b, field, ffi.NULL if value is None else value)
+    set_field(b, field, ffi.NULL if value is None else value)
     x = np.ones((2, 64), np.float32)
     pos = np.array([0, 1], np.int32)
     cache = s.k_cache[0].copy()

@@ -109,7 +109,7 @@ def test_probe_agrees_with_the_engine_where_the_reference_stops(name, arch_model
         q = pr.queries[layer].astype(np.float64)
         k = pr.session.k_cache[layer][: len(IDS)].astype(np.float64)
         group = c.n_head // k.shape[1]
-        s = np.einsum("thd,phd->htp", q, np.repeat(k, group, axis=1)) * pr.session._block_structs[layer].attn_scale
+        s = np.einsum("thd,phd->htp", q, np.repeat(k, group, axis=1)) * pr.session._block_structs[layer].attn.scale
         s = np.where(P.visible_mask(len(IDS), pr.window(layer))[None], s, -np.inf)
         ref = np.exp(s - s.max(-1, keepdims=True))
         ref /= ref.sum(-1, keepdims=True)
@@ -128,7 +128,7 @@ def test_hooks_change_nothing_and_cost_nothing_when_off(arch_model):
     traced = b.forward(IDS, all_logits=True, trace=tr)
     assert np.array_equal(plain, traced)
     assert all(np.array_equal(x, y) for x, y in zip(a.k_cache, b.k_cache, strict=True))
-    assert all(s.probe_q == ffi.NULL and s.probe_q_len == 0 for s in b._block_structs)
+    assert all(s.probe.q == ffi.NULL and s.probe.q_len == 0 for s in b._block_structs)
     assert len(tr.resid) == m.config.n_layers + 1 and sorted(tr.queries) == list(range(m.config.n_layers))
 
 
@@ -137,13 +137,13 @@ def test_native_probe_buffers_are_size_checked(arch_model):
     s = m.session(32)
     b = s._block_structs[0]
     short = np.zeros(len(IDS) * m.config.n_head * m.config.head_dim - 1, np.float32)
-    b.probe_q, b.probe_q_len = ffi.cast("float *", ffi.from_buffer(short)), short.size
+    b.probe.q, b.probe.q_len = ffi.cast("float *", ffi.from_buffer(short)), short.size
     x = np.zeros((len(IDS), m.config.n_embd), np.float32)
     pos = np.arange(len(IDS), dtype=np.int32)
     rc = lib.qs_block_forward(b, ffi.cast("float *", ffi.from_buffer(x)), len(IDS),
                               ffi.cast("int32_t *", ffi.from_buffer(pos)), 0, 1)
     assert rc == lib.QS_ERR_SIZE
-    b.probe_q, b.probe_q_len = ffi.NULL, 0
+    b.probe.q, b.probe.q_len = ffi.NULL, 0
     q = np.zeros((4, 4, 16), np.float32)
     k = np.zeros((8, 2, 16), np.float16)
     out = np.zeros(4 * 4 * 8, np.float32)

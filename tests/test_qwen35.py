@@ -27,17 +27,24 @@ def model(path):
     return Model(GGUFFile(path), threads=2)
 
 
+def set_field(b, path: str, value) -> None:
+    """Set a (dotted) field of a native ``qs_block``: ``attn.wq.bytes``, ``moe.n_expert`` ..."""
+    *parents, name = path.split(".")
+    for p in parents:
+        b = getattr(b, p)
+    setattr(b, name, value)
+
+
 #: (field, value, error) of the fixture's first (delta-net) block: 4 value heads of 16 over 2 key heads, a conv of 4
 #: taps over 128 channels
-GDN_FIELDS = [("gdn_state", 0, "QS_ERR_HEADS"), ("gdn_state", 2000, "QS_ERR_HEADS"),
-              ("gdn_v_heads", 3, "QS_ERR_HEADS"), ("gdn_conv", 65, "QS_ERR_HEADS"),
-              ("gdn_conv_w_len", 127 * 4, "QS_ERR_VECTOR"), ("dt_bias_len", 3, "QS_ERR_VECTOR"),
-              ("ssm_a", None, "QS_ERR_VECTOR"), ("ssm_norm_len", 15, "QS_ERR_VECTOR"),
-              ("conv_state_len", 3 * 128 - 1, "QS_ERR_CACHE"), ("ssm_state_len", 4 * 16 * 16 + 1, "QS_ERR_CACHE"),
-              ("ssm_state", None, "QS_ERR_CACHE"), ("wz_bytes", 64 * 64 * 4 - 1, "QS_ERR_WEIGHT"),
-              ("wbeta_bytes", 4 * 64 * 4 - 4, "QS_ERR_WEIGHT"), ("wq_bytes", 128 * 64 * 4 - 1, "QS_ERR_WEIGHT"),
-              ("wo_bytes", 64 * 64 * 4 - 1, "QS_ERR_WEIGHT"), ("q_gate", 1, "QS_ERR_SIZE"),
-              ("q_norm", "bq", "QS_ERR_VECTOR")]
+GDN_FIELDS = [("gdn.state", 0, "QS_ERR_HEADS"), ("gdn.state", 2000, "QS_ERR_HEADS"), ("gdn.v_heads", 3, "QS_ERR_HEADS"),
+              ("gdn.conv", 65, "QS_ERR_HEADS"), ("gdn.conv_w.len", 127 * 4, "QS_ERR_VECTOR"),
+              ("gdn.dt_bias.len", 3, "QS_ERR_VECTOR"), ("gdn.a.ptr", None, "QS_ERR_VECTOR"),
+              ("gdn.norm.len", 15, "QS_ERR_VECTOR"), ("gdn.conv_state_len", 3 * 128 - 1, "QS_ERR_CACHE"),
+              ("gdn.ssm_state_len", 4 * 16 * 16 + 1, "QS_ERR_CACHE"), ("gdn.ssm_state", None, "QS_ERR_CACHE"),
+              ("gdn.z.bytes", 64 * 64 * 4 - 1, "QS_ERR_WEIGHT"), ("gdn.beta.bytes", 4 * 64 * 4 - 4, "QS_ERR_WEIGHT"),
+              ("gdn.qkv.bytes", 128 * 64 * 4 - 1, "QS_ERR_WEIGHT"), ("gdn.out.bytes", 64 * 64 * 4 - 1, "QS_ERR_WEIGHT"),
+              ("attn.q_gate", 1, "QS_ERR_SIZE"), ("attn.q_norm.ptr", "bq", "QS_ERR_VECTOR")]
 
 
 @pytest.mark.parametrize(("field", "value", "code"), GDN_FIELDS, ids=[f"{f}={v}" for f, v, _ in GDN_FIELDS])
@@ -46,14 +53,14 @@ def test_the_native_block_checks_the_delta_net_fields(field, value, code, model)
     the state) when one disagrees."""
     s = model.session(16)
     b = ffi.new("qs_block *", s._block_structs[0][0])
-    assert (b.gdn_conv, b.gdn_state, b.gdn_k_heads, b.gdn_v_heads, b.ssm_state_len) == (4, 16, 2, 4, 1024)
+    assert (b.gdn.conv, b.gdn.state, b.gdn.k_heads, b.gdn.v_heads, b.gdn.ssm_state_len) == (4, 16, 2, 4, 1024)
     if value is None:
-        setattr(b, field, ffi.NULL)
+        set_field(b, field, ffi.NULL)
     elif value == "bq":
-        setattr(b, field, b.ssm_norm)
-        setattr(b, field + "_len", 16)
+        set_field(b, field, b.gdn.norm.ptr)
+        set_field(b, field.replace(".ptr", ".len"), 16)
     else:
-        setattr(b, field, value)
+        set_field(b, field, value)
     s.ssm_state[0][...] = 0.5
     x = np.ones((2, 64), np.float32)
     pos = np.array([0, 1], np.int32)
@@ -143,10 +150,10 @@ def test_the_delta_rule_step_simd_equals_scalar_and_the_formula(S):
 
 
 #: (field, value, error) of the qwen35moe fixture's first block: a shared expert of 48 beside 8 experts of 32
-SHEXP_FIELDS = [("n_ff_shexp", -1, "QS_ERR_SIZE"), ("wsg_bytes", 48 * 64 * 4 - 1, "QS_ERR_WEIGHT"),
-                ("wsd_bytes", 64 * 48 * 4 - 4, "QS_ERR_WEIGHT"), ("wsu", None, "QS_ERR_WEIGHT"),
-                ("shexp_gate_len", 63, "QS_ERR_VECTOR"), ("shexp_gate", None, "QS_ERR_VECTOR"),
-                ("n_expert", 0, "QS_ERR_SIZE")]
+SHEXP_FIELDS = [("moe.n_ff_shexp", -1, "QS_ERR_SIZE"), ("moe.sh_gate.bytes", 48 * 64 * 4 - 1, "QS_ERR_WEIGHT"),
+                ("moe.sh_down.bytes", 64 * 48 * 4 - 4, "QS_ERR_WEIGHT"), ("moe.sh_up.ptr", None, "QS_ERR_WEIGHT"),
+                ("moe.sh_gate_inp.len", 63, "QS_ERR_VECTOR"), ("moe.sh_gate_inp.ptr", None, "QS_ERR_VECTOR"),
+                ("moe.n_expert", 0, "QS_ERR_SIZE")]
 
 
 @pytest.mark.parametrize(("field", "value", "code"), SHEXP_FIELDS, ids=[f"{f}={v}" for f, v, _ in SHEXP_FIELDS])
@@ -155,8 +162,8 @@ def test_the_native_block_checks_the_shared_expert(field, value, code, tmp_path)
     m = Model(GGUFFile(write_fixture("qwen35moe", tmp_path / "q35moe.gguf", vocab=vocabulary())), threads=2)
     s = m.session(16)
     b = ffi.new("qs_block *", s._block_structs[0][0])
-    assert (b.n_ff_shexp, b.shexp_gate_len, b.n_expert) == (48, 64, 8)
-    setattr(b, field, ffi.NULL if value is None else value)
+    assert (b.moe.n_ff_shexp, b.moe.sh_gate_inp.len, b.moe.n_expert) == (48, 64, 8)
+    set_field(b, field, ffi.NULL if value is None else value)
     x = np.ones((2, 64), np.float32)
     pos = np.array([0, 1], np.int32)
     rc = lib.qs_block_forward(b, ffi.cast("float *", ffi.from_buffer(x)), 2,

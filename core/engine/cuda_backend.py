@@ -18,10 +18,10 @@ from typing import Any
 import cffi
 import numpy as np
 
-from ..model import ModelConfig, UnsupportedModel, Weight
+from ..model import ARCHITECTURES, ModelConfig, ModelWeights, UnsupportedModel, Weight
 from ..native import kernels as K
 from ..quant.types import GGMLType, ggml_type
-from .session import ContextFull, Model
+from .session import ContextFull, Model, layer_policy
 
 __all__ = [
     "GPU_TYPES",
@@ -44,7 +44,6 @@ HEADER = Path(__file__).resolve().parents[2] / "csrc" / "cuda" / "qsc_api.h"
 GPU_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
 #: Activation types the device quantizers produce (ggml ids) and their (block elements, block bytes).
 ACT_LAYOUT = {8: (32, 34), 9: (32, 36), 15: (256, 292)}
-ARCH_IDS = {"llama": 0, "qwen2": 1, "gemma3": 2}
 
 # Weight slots of qsc_upload_weight (see csrc/cuda/qsc_api.h).
 _MATRIX_SLOTS = {"wq": 0, "wk": 1, "wv": 2, "wo": 3, "w_gate": 4, "w_up": 5, "w_down": 6}
@@ -54,16 +53,17 @@ _TOK_EMBD, _OUTPUT, _OUTPUT_NORM = 16, 17, 18
 
 CDEF = """
 typedef struct {
-    int arch;
     int n_layers, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
-    float rms_eps, rope_base;
+    float rms_eps;
     int rope_neox, rope_dim;
-    float rope_base_swa;
-    int sliding_window, swa_pattern;
     float embed_scale;
     int gelu, qk_norm, post_norms;
     float attn_scale;
 } qsc_config;
+typedef struct {
+    int window;
+    float rope_base;
+} qsc_layer;
 typedef struct {
     char name[256];
     int major, minor, sm_count;
@@ -80,8 +80,9 @@ int qsc_device_info(char *buf, size_t len);
 int qsc_type_supported(int type);
 int64_t qsc_packed_bytes(int type, int64_t rows, int64_t k);
 int qsc_repack(int type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst, int64_t dst_bytes);
-int qsc_config_layer(const qsc_config *cfg, int layer, int *window, float *rope_base);
-qsc_model *qsc_model_create(const qsc_config *cfg, int n_ctx, int kv_f16, int max_batch, char *err, size_t err_len);
+int qsc_check_layers(const qsc_config *cfg, const qsc_layer *layers, char *err, size_t err_len);
+qsc_model *qsc_model_create(const qsc_config *cfg, const qsc_layer *layers, int n_ctx, int kv_f16, int max_batch,
+                             char *err, size_t err_len);
 int qsc_upload_weight(qsc_model *m, int layer, int slot, int type, int64_t rows, int64_t k, const uint8_t *data,
                       int64_t nbytes, char *err, size_t err_len);
 int qsc_tie_output(qsc_model *m, char *err, size_t err_len);
@@ -276,14 +277,49 @@ def _check(rc: int, err: Any, what: str) -> None:
         raise CudaError(f"{what}: {_msg(err)} ({rc})")
 
 
+def missing_features(cfg: ModelConfig) -> list[str]:
+    """The forward-pass features of ``cfg`` the device code does not compute (empty: it runs on the GPU). The
+    backend decides by these, never by the architecture's name."""
+    c = cfg
+    return [name for name, present in (
+        ("layers of different shapes", bool(c.layer_n_head_kv or c.layer_head_dim or c.layer_n_ff
+                                            or c.layer_rope_dim or c.kv_from_start)),
+        ("mixture-of-experts layers", c.n_expert > 0),
+        ("gated delta-net layers", any(c.recurrent_layers)),
+        ("explicit sliding-layer lists", bool(c.swa_layers)),
+        ("layers without pre-norms", not c.pre_norms),
+        ("q/k RMSNorms over the whole projection", c.qk_norm_full),
+        ("soft-capped scores or logits", c.attn_softcap > 0 or c.final_softcap > 0),
+        ("residual and logit multipliers", c.residual_scale != 1.0 or c.logit_scale != 1.0),
+        ("layers without RoPE", c.no_rope_step > 0),
+        ("attention sinks", c.attn_sinks),
+        ("clamped SwiGLU FFNs", c.swiglu_oai),
+        ("gated attention outputs", c.q_gate),
+        ("V RMSNorms", c.v_norm),
+        ("per-layer embeddings", c.ple_dim > 0),
+        ("shared experts", c.n_ff_shexp > 0),
+        ("RoPE factors on the global layers only", c.rope_freqs_global_only),
+        ("RoPE scaling (linear, YaRN, attention factor, temperature)",
+         c.rope_freq_scale != 1.0 or c.rope_ext_factor > 0 or c.rope_mscale != 1.0 or c.attn_temp_scale > 0),
+    ) if present]
+
+
+def missing_weight_features(w: ModelWeights) -> list[str]:
+    """The optional tensors of ``w`` the device code does not apply (empty: none)."""
+    return [name for name, present in (
+        ("RoPE frequency factors (rope_freqs, LongRoPE)", w.rope_freqs is not None or w.rope_long is not None),
+        ("attention output biases", any(lw.bo is not None for lw in w.layers)),
+        ("layer output scales", any(lw.out_scale is not None for lw in w.layers)),
+    ) if present]
+
+
 def check_config(cfg: ModelConfig) -> None:
-    """Refuse, with the reason, a model whose shapes the GPU kernels do not handle."""
-    if cfg.arch not in ARCH_IDS:
-        raise UnsupportedModel(f"architecture {cfg.arch!r} has no CUDA path")
-    if cfg.layer_n_head_kv or cfg.layer_head_dim or cfg.layer_n_ff or cfg.layer_rope_dim or cfg.kv_from_start:
-        raise UnsupportedModel("layers of different shapes have no CUDA path")
-    if cfg.n_expert:
-        raise UnsupportedModel("mixture-of-experts layers have no CUDA path")
+    """Refuse, with the reason, a model whose features or shapes the GPU kernels do not handle."""
+    if cfg.arch not in ARCHITECTURES:
+        raise UnsupportedModel(f"architecture {cfg.arch!r} is not supported by the engine")
+    missing = missing_features(cfg)
+    if missing:
+        raise UnsupportedModel(f"{', '.join(missing)} have no CUDA path")
     sizes = (cfg.n_layers, cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff, cfg.n_vocab)
     if min(sizes) <= 0:
         raise UnsupportedModel(f"non-positive model size in {sizes}")
@@ -300,30 +336,41 @@ def check_config(cfg: ModelConfig) -> None:
 
 
 def config_struct(cfg: ModelConfig) -> Any:
-    """The C ``qsc_config`` mirroring ``cfg`` field by field."""
+    """The C ``qsc_config``: the model-wide switches the device code reads (each layer's own policy comes from
+    its forward description, :func:`layer_structs`)."""
     check_config(cfg)
     c = ffi.new("qsc_config *")
-    c.arch = ARCH_IDS[cfg.arch]
     for name in ("n_layers", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "n_vocab", "n_ctx_train",
-                 "rope_dim", "sliding_window", "swa_pattern"):
+                 "rope_dim"):
         setattr(c, name, int(getattr(cfg, name)))
-    for name in ("rms_eps", "rope_base", "rope_base_swa", "embed_scale", "attn_scale"):
+    for name in ("rms_eps", "embed_scale", "attn_scale"):
         setattr(c, name, float(getattr(cfg, name)))
     for name in ("rope_neox", "gelu", "qk_norm", "post_norms"):
         setattr(c, name, int(bool(getattr(cfg, name))))
     return c
 
 
-def config_layers(cfg: ModelConfig) -> list[tuple[int, float]]:
-    """(window, rope base) of every layer as the C side derives them (host only, no GPU needed)."""
-    lib, c = _library(), config_struct(cfg)
-    win, base = ffi.new("int *"), ffi.new("float *")
-    out = []
-    for i in range(cfg.n_layers):
-        if lib.qsc_config_layer(c, i, win, base) != 0:
-            raise CudaError(f"qsc_config_layer({i}) failed")
-        out.append((int(win[0]), float(base[0])))
+def layer_structs(descriptions: list[Any]) -> Any:
+    """The ``qsc_layer`` array of a model: each layer's window and RoPE base as its forward description (the CPU
+    block's ``qs_block``, :func:`~quantscope.core.engine.session.layer_description`) has them; the GPU derives
+    neither."""
+    out = ffi.new("qsc_layer[]", max(1, len(descriptions)))
+    for i, b in enumerate(descriptions):
+        out[i].window, out[i].rope_base = int(b.attn.window), float(b.rope.base)
     return out
+
+
+def config_layer_structs(cfg: ModelConfig) -> Any:
+    """:func:`layer_structs` of ``cfg``'s layers, from each layer's policy (:func:`~.session.layer_policy`, what
+    the forward description starts from; host only, no GPU needed)."""
+    return layer_structs([layer_policy(cfg, li) for li in range(cfg.n_layers)])
+
+
+def check_layers(cfg: ModelConfig, layers: Any) -> None:
+    """The C side's check of a ``qsc_layer`` array (host only): :class:`CudaError` with its reason."""
+    err = _err()
+    if _library().qsc_check_layers(config_struct(cfg), layers, err, _ERR_LEN) != 0:
+        raise CudaError(f"qsc_check_layers: {_msg(err)}")
 
 
 # ------------------------------------------------------------------------------------ host emulation (no GPU)
@@ -530,9 +577,10 @@ class CudaSession:
             raise ValueError("kv_dtype must be numpy.float16 or numpy.float32")
         if model.weights.rope_freqs is not None or model.weights.rope_long is not None:
             raise UnsupportedModel("RoPE frequency factors (Llama 3 rope_freqs, Phi-3 LongRoPE) have no CUDA path")
-        c = model.config
-        if c.rope_freq_scale != 1.0 or c.rope_ext_factor or c.rope_mscale != 1.0 or c.attn_temp_scale:
-            raise UnsupportedModel("RoPE scaling (linear, YaRN, attention factor) has no CUDA path")
+        extra = missing_weight_features(model.weights)
+        if extra:
+            raise UnsupportedModel(f"{', '.join(extra)} have no CUDA path")
+        check_config(model.config)
         self.model = model
         self.config: ModelConfig = model.config
         self.n_ctx = n_ctx
@@ -541,8 +589,9 @@ class CudaSession:
         self.weight_bytes_per_token = 0
         self._lib = _library()
         err = _err()
-        ptr = self._lib.qsc_model_create(config_struct(self.config), n_ctx, int(kv_dtype == np.float16), max_batch,
-                                         err, _ERR_LEN)
+        self._layers = config_layer_structs(model.config)  # kept alive while the C side reads it
+        ptr = self._lib.qsc_model_create(config_struct(self.config), self._layers, n_ctx, int(kv_dtype == np.float16),
+                                         max_batch, err, _ERR_LEN)
         if ptr == ffi.NULL:
             raise CudaError(f"qsc_model_create: {_msg(err)}")
         self._m: Any = ptr

@@ -83,6 +83,18 @@ def _moe(cfg: ModelConfig, lw: LayerWeights, h: np.ndarray) -> np.ndarray:
     return out
 
 
+def _uncovered(cfg: ModelConfig, w: ModelWeights) -> tuple[tuple[str, bool], ...]:
+    """The forward-pass features this reference does not compute, each with whether ``cfg``/``w`` has it."""
+    return (("per-layer shapes", bool(cfg.layer_n_head_kv or cfg.layer_n_ff or cfg.layer_head_dim
+                                      or cfg.layer_rope_dim)),
+            ("delta-net layers", any(map(cfg.is_recurrent, range(cfg.n_layers)))),
+            ("per-layer embeddings", cfg.ple_dim > 0), ("V RMSNorm", cfg.v_norm),
+            ("shared KV caches", cfg.kv_from_start > 0),
+            ("RoPE factors on global layers only", cfg.rope_freqs_global_only),
+            ("gated attention output", cfg.q_gate), ("a shared expert", cfg.n_ff_shexp > 0),
+            ("layer output scales", any(lw.out_scale is not None for lw in w.layers)))
+
+
 def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int], n_ctx: int = 0,
                      trace: dict[str, list[np.ndarray]] | None = None) -> np.ndarray:
     """Logits (T, n_vocab) for ``tokens`` at positions 0..T-1, in float64. ``cfg`` and ``w`` are checked first
@@ -95,10 +107,11 @@ def reference_logits(cfg: ModelConfig, w: ModelWeights, tokens: list[int], n_ctx
     ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
     if ids.size == 0 or ids.min() < 0 or ids.max() >= w.tok_embd.rows:
         raise ValueError(f"token ids must be given and lie in 0..{w.tok_embd.rows - 1}")
-    if cfg.arch == "gemma4" or cfg.layer_n_head_kv or cfg.layer_n_ff or any(map(cfg.is_recurrent,
-                                                                              range(cfg.n_layers))):
-        raise ValueError(f"the float64 reference covers uniform layers without {cfg.arch}'s extras; llama.cpp's "
-                         "log-probabilities are the oracle there (tests/test_arch_fidelity.py)")
+    lacking = [name for name, present in _uncovered(cfg, w) if present]
+    if lacking:
+        raise ValueError(f"the float64 reference covers uniform layers without {cfg.arch}'s extras "
+                         f"({', '.join(lacking)}); llama.cpp's log-probabilities are the oracle there "
+                         "(tests/test_arch_fidelity.py)")
     T = ids.size
     pos = np.arange(T, dtype=np.float64)
     emb = dequantize(w.tok_embd.data.reshape(w.tok_embd.rows, -1)[ids], w.tok_embd.type).astype(np.float64)

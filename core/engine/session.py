@@ -12,7 +12,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -175,11 +175,96 @@ class Model:
         return Session(self, n_ctx, kv_dtype)
 
 
+def _set_weight(d: Any, w: _Bound | None) -> None:
+    """A ``qs_weight`` from a bound matrix (None: absent, all zero)."""
+    if w is not None:
+        d.ptr, d.type, d.bytes, d.rows, d.k = w.ptr, w.type_id, w.nbytes, w.rows, w.k
+
+
+def _set_vec(d: Any, v: np.ndarray | None) -> None:
+    """A ``qs_vec`` from a float32 vector (None: absent)."""
+    if v is not None:
+        d.ptr, d.len = _fp(v), int(v.size)
+
+
+def layer_policy(c: ModelConfig, li: int) -> Any:
+    """A ``qs_block`` holding layer ``li``'s policy only (what ``c`` decides, no weights): sizes, attention
+    window, scale, soft-cap, temperature, KV reuse, V norm and q/k norm span, RoPE (NoPE, base, scaling); what
+    :func:`layer_description` starts from and what the GPU backend reads."""
+    b = ffi.new("qs_block *")
+    hd = c.head_dim_at(li)
+    b.n_embd, b.eps, b.residual_scale = c.n_embd, c.rms_eps, c.residual_scale
+    a = b.attn
+    a.n_head, a.n_head_kv, a.head_dim = c.n_head, c.n_head_kv_at(li), hd
+    a.window, a.scale, a.softcap = c.layer_window(li), c.attn_scale or 1.0 / math.sqrt(hd), c.attn_softcap
+    a.temp_scale, a.temp_floor = c.attn_temp_scale, c.original_ctx()
+    a.kv_reuse, a.v_norm = int(c.kv_source(li) != li), int(c.v_norm)
+    a.qk_norm_full = int(c.qk_norm_full)
+    r = b.rope
+    r.skip, r.dim, r.neox, r.base = int(not c.uses_rope(li)), c.rope_dim_at(li), int(c.rope_neox), \
+        c.layer_rope_base(li)
+    r.freq_scale, r.ext_factor, r.mscale = c.layer_rope_freq_scale(li), c.rope_ext_factor, c.rope_mscale
+    r.corr0, r.corr1 = c.yarn_corr_dims(li)
+    return b
+
+
+def layer_description(c: ModelConfig, li: int, lw: LayerWeights, lb: dict[str, _Bound],
+                      rope_factors: np.ndarray | None) -> Any:
+    """Layer ``li``'s forward description (a ``qs_block``), without the session's buffers: the weights as
+    ``{ptr, type, bytes, rows, k}``, the vectors as ``{ptr, len}``, grouped, and every per-layer policy (window,
+    RoPE base, scaling and factors, NoPE, soft-cap, multipliers, V from K, routing, delta-net sizes) decided from
+    ``c`` here, so that the native side derives none of them."""
+    b = layer_policy(c, li)
+    b.out_scale = float(lw.out_scale[0]) if lw.out_scale is not None else 0.0
+    for field in ("attn_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm"):
+        _set_vec(getattr(b, field), getattr(lw, field))
+    _set_vec(b.rope.freqs, None if c.rope_freqs_global_only and c.is_sliding(li) else rope_factors)
+    f = b.ffn
+    f.n_ff, f.gelu, f.swiglu_oai = c.n_ff_at(li), int(c.gelu), int(c.swiglu_oai)
+    _set_weight(f.gate, lb.get("w_gate"))
+    _set_weight(f.up, lb.get("w_up"))
+    _set_weight(f.down, lb.get("w_down"))
+    e = b.moe
+    e.n_expert, e.n_used, e.norm, e.scale = c.n_expert, c.n_expert_used, int(c.n_expert > 0), c.expert_weights_scale
+    _set_weight(e.router, lb.get("w_router"))
+    for field, attr in (("b_router", "b_router"), ("b_gate", "b_gate"), ("b_up", "b_up"), ("b_down", "b_down")):
+        _set_vec(getattr(e, field), getattr(lw, attr))
+    if lw.sh_gate_inp is not None:
+        e.n_ff_shexp = c.n_ff_shexp
+        for field, key in (("sh_gate", "wsg"), ("sh_up", "wsu"), ("sh_down", "wsd")):
+            _set_weight(getattr(e, field), lb[key])
+        _set_vec(e.sh_gate_inp, lw.sh_gate_inp)
+    gw = lw.gdn
+    if gw is not None:  # a gated delta-net layer: its mixer instead of attention
+        g = b.gdn
+        g.conv, g.state, g.k_heads, g.v_heads = c.ssm_conv, c.ssm_state, c.ssm_k_heads, c.ssm_v_heads
+        _set_weight(g.qkv, lb["wq"])
+        _set_weight(g.out, lb["wo"])
+        for field in ("z", "beta", "alpha"):
+            _set_weight(getattr(g, field), lb[f"gdn_{field}"])
+        for field, vec in (("conv_w", gw.conv), ("dt_bias", gw.dt_bias), ("a", gw.a), ("norm", gw.norm)):
+            _set_vec(getattr(g, field), vec)
+    else:
+        a = b.attn
+        a.q_gate = int(c.q_gate)
+        for field, key in (("wq", "wq"), ("wk", "wk"), ("wv", "wv"), ("wo", "wo")):
+            _set_weight(getattr(a, field), lb.get(key))
+        for field in ("bq", "bk", "bv", "bo", "q_norm", "k_norm", "sinks"):
+            _set_vec(getattr(a, field), getattr(lw, field))
+    if c.ple_dim:
+        p = b.ple
+        p.dim = c.ple_dim
+        _set_weight(p.gate, lb.get("ple_gate"))
+        _set_weight(p.proj, lb.get("ple_proj"))
+        _set_vec(p.post_norm, lw.ple_post_norm)
+    return b
+
+
 class ForwardTrace:
     """What :meth:`Session.forward` keeps for the probe (docs/probe.md): ``resid``, the residual stream entering each
     layer and leaving the last (``n_layers + 1`` float32 arrays of ``(T, n_embd)``); ``queries``, each attention
     layer's queries as its attention used them (``(T, n_head, head_dim)``, filled by the native block through its
-    ``probe_q`` pointer); ``after_layer(i)`` is called after layer ``i`` (progress; it may raise to stop, and the
+    ``probe.q`` pointer); ``after_layer(i)`` is called after layer ``i`` (progress; it may raise to stop, and the
     session's recurrent state is then half-updated: reset it, as :func:`~.probe.run_probe`'s throw-away session needs
     not)."""
 
@@ -260,16 +345,16 @@ class Session:
         self._stats = stats
         for li, b in enumerate(self._block_structs):
             d = stats[li] if stats is not None else {}
-            for key, field, dtype in (("attn", "st_attn", np.float32), ("wo", "st_wo", np.float32),
-                                      ("ffn", "st_ffn", np.float32), ("down", "st_down", np.float32),
-                                      ("count", "st_exp_count", np.int64)):
+            for key, field, dtype in (("attn", "attn", np.float32), ("wo", "wo", np.float32),
+                                      ("ffn", "ffn", np.float32), ("down", "down", np.float32),
+                                      ("count", "exp_count", np.int64)):
                 a = d.get(key)
                 if a is not None and (a.dtype != dtype or not a.flags.c_contiguous or not a.flags.writeable):
                     raise ValueError(f"layer {li} {key}: a writable contiguous {np.dtype(dtype)} array is needed")
                 ctype = "int64_t *" if dtype is np.int64 else "float *"
-                setattr(b, field, ffi.cast(ctype, ffi.from_buffer(a, require_writable=True)) if a is not None
+                setattr(b.probe, field, ffi.cast(ctype, ffi.from_buffer(a, require_writable=True)) if a is not None
                         else ffi.NULL)
-                setattr(b, field + "_len", 0 if a is None else int(a.size))
+                setattr(b.probe, field + "_len", 0 if a is None else int(a.size))
 
     def attention_weights(self, layer: int, queries: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Layer ``layer``'s attention weights ``(T, n_head, n_past)`` for ``queries`` (a :class:`ForwardTrace`'s)
@@ -280,7 +365,7 @@ class Session:
             raise ValueError(f"layer {layer} has no attention weights")
         lw = self.model.weights.layers[layer]
         b = self._block_structs[layer]
-        return nn.attention_probs(queries, positions, self.k_cache[layer], self.n_past, scale=float(b.attn_scale),
+        return nn.attention_probs(queries, positions, self.k_cache[layer], self.n_past, scale=float(b.attn.scale),
                                   window=c.layer_window(layer), softcap=c.attn_softcap, sinks=lw.sinks,
                                   threads=self.model.threads)
 
@@ -339,81 +424,23 @@ class Session:
         return y
 
     def _blocks(self) -> list[object]:
-        """One ``qs_block`` per layer: the model's weight pointers plus this session's cache slices."""
-        m, c = self.model, self.model.config
+        """One ``qs_block`` per layer: the forward description (csrc/qs_api_nn.h), every per-layer policy decided
+        here once (:func:`layer_description`) plus this session's cache and state buffers."""
+        m = self.model
         blocks = []
         kv_f16 = int(self.k_cache[0].dtype == np.float16)
+        rope_factors = m.weights.rope_factors(self.n_ctx)
         for li, (lw, lb) in enumerate(zip(m.weights.layers, m.layers, strict=True)):
-            b = ffi.new("qs_block *")
-            hd = c.head_dim_at(li)
-            b.n_embd, b.n_head, b.n_head_kv, b.head_dim, b.n_ff = c.n_embd, c.n_head, c.n_head_kv_at(li), hd, \
-                c.n_ff_at(li)
-            b.rope_dim, b.rope_neox, b.gelu, b.kv_f16 = c.rope_dim_at(li), int(c.rope_neox), int(c.gelu), kv_f16
-            b.n_ctx, b.window = self.n_ctx, c.layer_window(li)
-            b.eps, b.rope_base = c.rms_eps, c.layer_rope_base(li)
-            b.attn_scale = c.attn_scale or 1.0 / math.sqrt(hd)
-            for field, key in (("wq", "wq"), ("wk", "wk"), ("wv", "wv"), ("wo", "wo"), ("wg", "w_gate"),
-                               ("wu", "w_up"), ("wd", "w_down"), ("wpg", "ple_gate"), ("wpp", "ple_proj"),
-                               ("wr", "w_router")):
-                w = lb.get(key)
-                setattr(b, field, w.ptr if w is not None else ffi.NULL)
-                setattr(b, field + "_type", w.type_id if w is not None else 0)
-                setattr(b, field + "_bytes", w.nbytes if w is not None else 0)
-            for field, attr in (("attn_norm", "attn_norm"), ("ffn_norm", "ffn_norm"), ("bq", "bq"), ("bk", "bk"),
-                                ("bv", "bv"), ("q_norm", "q_norm"), ("k_norm", "k_norm"),
-                                ("post_attn_norm", "post_attn_norm"), ("post_ffn_norm", "post_ffn_norm"),
-                                ("ple_post_norm", "ple_post_norm"), ("bo", "bo"), ("sinks", "sinks"),
-                                ("br", "b_router"), ("bg", "b_gate"), ("bu", "b_up"), ("bd", "b_down")):
-                vec = getattr(lw, attr)
-                setattr(b, field, _fp(vec) if vec is not None else ffi.NULL)
-                setattr(b, field + "_len", 0 if vec is None else int(vec.size))
-            b.n_expert, b.n_expert_used = c.n_expert, c.n_expert_used
-            b.exp_norm, b.swiglu_oai = int(c.n_expert > 0), int(c.swiglu_oai)
-            b.exp_scale = c.expert_weights_scale
-            b.kv_reuse = int(c.kv_source(li) != li)
-            b.v_norm = int(c.v_norm)
-            b.out_scale = float(lw.out_scale[0]) if lw.out_scale is not None else 0.0
-            b.ple_dim = c.ple_dim
-            b.no_rope = int(not c.uses_rope(li))
-            b.attn_softcap = c.attn_softcap
-            b.residual_scale = c.residual_scale
-            rf = m.weights.rope_factors(self.n_ctx)
-            if c.rope_freqs_global_only and c.is_sliding(li):
-                rf = None
-            b.rope_mscale = c.rope_mscale
-            b.rope_freq_scale, b.rope_ext_factor = c.layer_rope_freq_scale(li), c.rope_ext_factor
-            b.rope_corr0, b.rope_corr1 = c.yarn_corr_dims(li)
-            b.attn_temp_scale, b.attn_temp_floor = c.attn_temp_scale, c.original_ctx()
-            b.rope_freqs = _fp(rf) if rf is not None else ffi.NULL
-            b.rope_freqs_len = 0 if rf is None else int(rf.size)
-            b.q_gate = int(c.q_gate and not c.is_recurrent(li))
-            g = lw.gdn
-            if g is not None:
-                b.gdn_conv, b.gdn_state, b.gdn_k_heads, b.gdn_v_heads = c.ssm_conv, c.ssm_state, c.ssm_k_heads, \
-                    c.ssm_v_heads
-                for field in ("wz", "wbeta", "walpha"):
-                    bound = lb[f"gdn_{field[1:]}"]
-                    setattr(b, field, bound.ptr)
-                    setattr(b, field + "_type", bound.type_id)
-                    setattr(b, field + "_bytes", bound.nbytes)
-                for field, vec in (("gdn_conv_w", g.conv), ("dt_bias", g.dt_bias), ("ssm_a", g.a),
-                                   ("ssm_norm", g.norm)):
-                    setattr(b, field, _fp(vec))
-                    setattr(b, field + "_len", int(vec.size))
-                b.conv_state = _fp(self.conv_state[li]) if self.conv_state[li].size else ffi.NULL
-                b.conv_state_len = int(self.conv_state[li].size)
-                b.ssm_state, b.ssm_state_len = _fp(self.ssm_state[li]), int(self.ssm_state[li].size)
-            if lw.sh_gate_inp is not None:
-                b.n_ff_shexp = c.n_ff_shexp
-                for field, _attr in _SHARED_WEIGHTS:
-                    bound = lb[field]
-                    setattr(b, field, bound.ptr)
-                    setattr(b, field + "_type", bound.type_id)
-                    setattr(b, field + "_bytes", bound.nbytes)
-                b.shexp_gate, b.shexp_gate_len = _fp(lw.sh_gate_inp), int(lw.sh_gate_inp.size)
-            b.k_cache = ffi.from_buffer(self.k_cache[li])
-            b.v_cache = ffi.from_buffer(self.v_cache[li])
-            b.k_cache_bytes, b.v_cache_bytes = self.k_cache[li].nbytes, self.v_cache[li].nbytes
+            b = layer_description(m.config, li, lw, lb, rope_factors)
+            a = b.attn
+            a.kv_f16, a.n_ctx = kv_f16, self.n_ctx
+            a.k_cache, a.v_cache = ffi.from_buffer(self.k_cache[li]), ffi.from_buffer(self.v_cache[li])
+            a.k_cache_bytes, a.v_cache_bytes = self.k_cache[li].nbytes, self.v_cache[li].nbytes
+            if lw.gdn is not None:
+                g = b.gdn
+                g.conv_state = _fp(self.conv_state[li]) if self.conv_state[li].size else ffi.NULL
+                g.conv_state_len = int(self.conv_state[li].size)
+                g.ssm_state, g.ssm_state_len = _fp(self.ssm_state[li]), int(self.ssm_state[li].size)
             blocks.append(b)
         return blocks
 
@@ -472,18 +499,18 @@ class Session:
             trace.resid, trace.queries, trace.positions = [x.copy()], {}, pos.copy()
         for li, b in enumerate(self._block_structs):
             if ple is not None:
-                b.ple_in, b.ple_in_len = _fp(ple[li]), ple[li].size
+                b.ple.inputs, b.ple.inputs_len = _fp(ple[li]), ple[li].size
             if trace is None:
                 rc = lib.qs_block_forward(b, xp, T, posp, self.n_past, m.threads)
                 K.check(rc, "transformer block")
                 continue
             q = None if c.is_recurrent(li) else np.empty((T, c.n_head, c.head_dim_at(li)), np.float32)
             if q is not None:
-                b.probe_q, b.probe_q_len = _fp(q), q.size
+                b.probe.q, b.probe.q_len = _fp(q), q.size
             try:
                 rc = lib.qs_block_forward(b, xp, T, posp, self.n_past, m.threads)
             finally:
-                b.probe_q, b.probe_q_len = ffi.NULL, 0
+                b.probe.q, b.probe.q_len = ffi.NULL, 0
             K.check(rc, "transformer block")
             trace.resid.append(x.copy())
             if q is not None:

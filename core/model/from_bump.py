@@ -15,6 +15,7 @@ import numpy as np
 from ..bump.reader import open_bump
 from ..quant.types import ggml_type
 from . import (
+    ARCHITECTURES,
     MAX_CTX,
     MAX_EMBD,
     MAX_FF,
@@ -30,6 +31,7 @@ from . import (
     check_config,
     check_weights,
 )
+from .arch import BUMP_DEFAULT
 
 #: ModelConfig field -> where its value comes from (what error messages name).
 BUMP_KEYS = {
@@ -76,8 +78,9 @@ def bind_bump(bump_path: str | os.PathLike[str], config_path: str | os.PathLike[
     separate head)."""
     b = open_bump(bump_path)
     cfg = read_bump_config(config_path)
-    arch = cfg.get("model_type", "llama")
-    if arch not in ("llama", "qwen2"):
+    arch = cfg.get("model_type", BUMP_DEFAULT)
+    desc = ARCHITECTURES.get(arch) if isinstance(arch, str) else None
+    if desc is None or not desc.bump:
         raise UnsupportedModel(f"bump files hold llama-style models; config.json says {arch!r}")
     h = b.header
     n_head = _cfg_int(cfg, "num_attention_heads", h.num_heads, MAX_HEADS)
@@ -90,7 +93,7 @@ def bind_bump(bump_path: str | os.PathLike[str], config_path: str | os.PathLike[
         n_ctx_train=_cfg_int(cfg, "max_position_embeddings", h.context_len, MAX_CTX),
         rms_eps=_cfg_float(cfg, "rms_norm_eps", 1e-5, 1.0),
         rope_base=_cfg_float(cfg, "rope_theta", 10000.0, 1e30),
-        rope_neox=arch == "qwen2", rope_dim=h.head_dim,
+        rope_neox=desc.rope_neox, rope_dim=h.head_dim,
     )
     check_config(config, BUMP_KEYS)
     if b.profile is None or not b.sections:

@@ -12,18 +12,23 @@
  *   16 token_embd  17 output  18 output_norm                                              (layer -1)
  */
 
-/* Mirrors core.model.ModelConfig field by field (arch as an id: 0 llama, 1 qwen2, 2 gemma3). */
+/* The model-wide switches the device code reads (cuda_backend.check_config refuses, by name, the features of a
+ * model it lacks; never by architecture). */
 typedef struct {
-    int arch;
     int n_layers, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
-    float rms_eps, rope_base;
+    float rms_eps;
     int rope_neox, rope_dim;
-    float rope_base_swa;
-    int sliding_window, swa_pattern;
     float embed_scale;
     int gelu, qk_norm, post_norms;
     float attn_scale;
 } qsc_config;
+
+/* One layer's policy as the CPU block's forward description (qs_block: attn.window, rope.base) has it: decided
+ * once in Python, never re-derived here. window 0: every position. */
+typedef struct {
+    int window;
+    float rope_base;
+} qsc_layer;
 
 typedef struct {
     char name[256];
@@ -46,10 +51,11 @@ int qsc_device_info(char *buf, size_t len);             /* one human line, e.g. 
 int qsc_type_supported(int type);                       /* 1: kernels run on this type as stored */
 int64_t qsc_packed_bytes(int type, int64_t rows, int64_t k);   /* device bytes after repacking; < 0 unsupported */
 int qsc_repack(int type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst, int64_t dst_bytes);
-int qsc_config_layer(const qsc_config *cfg, int layer, int *window, float *rope_base);
+int qsc_check_layers(const qsc_config *cfg, const qsc_layer *layers, char *err, size_t err_len); /* 0: usable */
 
 /* ---- model: weights uploaded once, a GPU-resident KV cache, the whole forward pass on the device */
-qsc_model *qsc_model_create(const qsc_config *cfg, int n_ctx, int kv_f16, int max_batch, char *err, size_t err_len);
+qsc_model *qsc_model_create(const qsc_config *cfg, const qsc_layer *layers, int n_ctx, int kv_f16, int max_batch,
+                             char *err, size_t err_len);
 int qsc_upload_weight(qsc_model *m, int layer, int slot, int type, int64_t rows, int64_t k, const uint8_t *data,
                       int64_t nbytes, char *err, size_t err_len);
 int qsc_tie_output(qsc_model *m, char *err, size_t err_len);     /* output = token_embd (no second copy) */

@@ -11,8 +11,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 extern "C" {
@@ -529,14 +531,28 @@ HD void quant_block256(const float *v, int8_t *qs, float *d_out, int *bs) {
     *d_out = 1.0f / iscale;
 }
 
-/* Per-layer choices of core.model.ModelConfig.is_sliding / layer_rope_base / layer_window. */
-struct LayerRope {
-    int window;
-    float base;
-};
-static inline LayerRope layer_rope(const qsc_config &c, int layer) {
-    bool sliding = c.swa_pattern > 0 && c.sliding_window > 0 && (layer + 1) % c.swa_pattern != 0;
-    return LayerRope{sliding ? c.sliding_window : 0, sliding ? c.rope_base_swa : c.rope_base};
+/* A one-line reason into err[len] (nothing when err is NULL). */
+static inline void set_err(char *err, size_t len, const char *fmt, ...) {
+    if (!err || !len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, len, fmt, ap);
+    va_end(ap);
+}
+
+/* Each layer's window and RoPE base, as given (qsc_layer): n_layers entries, windows >= 0, bases finite > 0. */
+static inline int check_layers(const qsc_config *c, const qsc_layer *layers, char *err, size_t err_len) {
+    if (!c || !layers || c->n_layers <= 0) {
+        set_err(err, err_len, "no config or no layer policies");
+        return -1;
+    }
+    for (int i = 0; i < c->n_layers; ++i)
+        if (layers[i].window < 0 || !(layers[i].rope_base > 0.0f) || !isfinite(layers[i].rope_base)) {
+            set_err(err, err_len, "layer %d: window %d / RoPE base %g out of range", i, layers[i].window,
+                    (double)layers[i].rope_base);
+            return -1;
+        }
+    return 0;
 }
 
 /* Device activation formats -> the CPU's byte layouts (Q8_0 34 B, Q8_1 36 B, Q8_K 292 B blocks), for tests. */

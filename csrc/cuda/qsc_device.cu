@@ -24,14 +24,6 @@ static const char *SLOT_NAMES[S_COUNT] = {
     "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm", "attn_k_norm", "post_attention_norm",
     "post_ffw_norm", "token_embd", "output", "output_norm"};
 
-static void set_err(char *err, size_t len, const char *fmt, ...) {
-    if (!err || !len) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
-
 /* Every CUDA call is checked; the message names the call, the error and its code. */
 #define CUDA_TRY(call)                                                                                            \
     do {                                                                                                          \
@@ -430,12 +422,13 @@ static int check_config(const qsc_config *c, int n_ctx, int max_batch, char *err
     return 0;
 }
 
-qsc_model *qsc_model_create(const qsc_config *cfg, int n_ctx, int kv_f16, int max_batch, char *err, size_t err_len) {
+qsc_model *qsc_model_create(const qsc_config *cfg, const qsc_layer *layers, int n_ctx, int kv_f16, int max_batch,
+                             char *err, size_t err_len) {
     if (!cfg) {
         set_err(err, err_len, "no config");
         return nullptr;
     }
-    if (check_config(cfg, n_ctx, max_batch, err, err_len)) return nullptr;
+    if (check_config(cfg, n_ctx, max_batch, err, err_len) || check_layers(cfg, layers, err, err_len)) return nullptr;
     qsc_model *m = new qsc_model();
     m->cfg = *cfg;
     m->n_ctx = n_ctx;
@@ -444,9 +437,8 @@ qsc_model *qsc_model_create(const qsc_config *cfg, int n_ctx, int kv_f16, int ma
     m->device = 0;
     m->layers.resize(cfg->n_layers);
     for (int i = 0; i < cfg->n_layers; ++i) {
-        LayerRope r = layer_rope(*cfg, i);
-        m->layers[i].window = r.window;
-        m->layers[i].rope_base = r.base;
+        m->layers[i].window = layers[i].window;
+        m->layers[i].rope_base = layers[i].rope_base;
     }
     auto fail = [&](void) -> qsc_model * {
         qsc_model_free(m);

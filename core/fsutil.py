@@ -29,6 +29,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from .shardnames import sibling_shards
+
 #: our temporaries' names: ``.NAME.quantscope-tmp-PID-TOKEN`` (``bak`` for the backup of a replaced file); the
 #: token is 12 random hex digits, so no name a person or another program gives a file matches by chance
 TEMP_MARK = "quantscope-"
@@ -223,8 +225,6 @@ def _input_set(inputs: Iterable[str | os.PathLike[str]],
                replaces: Iterable[str | os.PathLike[str]]) -> list[tuple[str, str, tuple[int, int] | None]]:
     """(path, real path, device and inode) of every input an output must not be: the given ones with the shards
     their names (or their links' targets) imply, and the current scope's, less ``replaces``."""
-    from .gguf.reader import sibling_shards  # here: the reader imports this module
-
     found: list[tuple[str, str, tuple[int, int] | None]] = []
     for p in inputs:
         real = os.path.realpath(p)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import re
 import struct
 from array import array
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ..fsutil import PathRefused, open_input
 from ..native import ffi, lib
 from ..quant.types import GGML_TYPES, REMOVED_TYPE_IDS, GGMLType
+from ..shardnames import shard_path, shard_prefix
 from .constants import (
     DEFAULT_ALIGNMENT,
     GGUF_MAGIC,
@@ -257,7 +257,6 @@ class _Cursor:
 SPLIT_NO = "split.no"
 SPLIT_COUNT = "split.count"
 SPLIT_TENSORS_COUNT = "split.tensors.count"
-_SHARD_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 _INT_TYPES = frozenset({ValueType.UINT8, ValueType.INT8, ValueType.UINT16, ValueType.INT16, ValueType.UINT32,
                         ValueType.INT32, ValueType.UINT64, ValueType.INT64})
 
@@ -290,34 +289,6 @@ class ShardInfo:
     data_start: int
     first_tensor: int
     n_tensors: int
-
-
-def shard_path(prefix: str | os.PathLike[str], index: int, count: int) -> Path:
-    """llama.cpp's name of shard ``index`` (0-based) of ``count``: ``PREFIX-00001-of-00003.gguf``."""
-    return Path(f"{os.fspath(prefix)}-{index + 1:05d}-of-{count:05d}.gguf")
-
-
-def shard_prefix(path: str | os.PathLike[str], index: int, count: int) -> str | None:
-    """The prefix ``path`` was named from as shard ``index`` of ``count``, or ``None`` when its name does not end in
-    ``-{index+1:05d}-of-{count:05d}.gguf`` (after a non-empty prefix), as llama.cpp requires to find the others."""
-    text = os.fspath(path)
-    suffix = f"-{index + 1:05d}-of-{count:05d}.gguf"
-    if len(text) <= len(suffix) or not text.endswith(suffix):
-        return None
-    return text[: -len(suffix)]
-
-
-def sibling_shards(path: str | os.PathLike[str]) -> list[Path]:
-    """Every file of the set ``path``'s name says it belongs to (``[path]`` for any other name), without opening
-    anything: what a writer must not overwrite when ``path`` is its input."""
-    text = os.fspath(path)
-    m = _SHARD_NAME.search(text)
-    if m is None or m.start() == 0:
-        return [Path(path)]
-    no, count = int(m.group(1)), int(m.group(2))
-    if not 1 <= no <= count:
-        return [Path(path)]
-    return [shard_path(text[: m.start()], i, count) for i in range(count)]
 
 
 def _split_value(f: GGUFFile, key: str, where: Path) -> int | None:

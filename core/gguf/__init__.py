@@ -1,5 +1,6 @@
 """GGUF container reader."""
 
+from ..shardnames import shard_path, shard_prefix, sibling_shards
 from .constants import FileType, ValueType, file_type_name
 from .errors import GGUFError
 from .reader import (
@@ -9,9 +10,6 @@ from .reader import (
     ShardInfo,
     TensorInfo,
     open_gguf,
-    shard_path,
-    shard_prefix,
-    sibling_shards,
 )
 from .strings import StringArray
 

@@ -26,8 +26,9 @@ from pathlib import Path
 
 from ..fsutil import OutputSet
 from ..jobs import CancelFlag, check_cancel
+from ..shardnames import shard_path
 from .constants import DEFAULT_ALIGNMENT, ValueType
-from .reader import SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS_COUNT, GGUFFile, TensorInfo, shard_path
+from .reader import SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS_COUNT, GGUFFile, TensorInfo
 from .writer import DataSection, GGUFHeader, encode_entry, ggml_dims, pad_to
 
 #: what llama-gguf-split writes: version 3, data aligned to GGUF_DEFAULT_ALIGNMENT

@@ -19,7 +19,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QMainWindow,
     QMessageBox,
-    QProgressBar,
     QPushButton,
     QTabWidget,
     QVBoxLayout,
@@ -43,6 +42,7 @@ from .views.quant_lab import QuantLabView
 from .views.quantize_dialog import QuantizeDialog
 from .views.tensors import TensorsView
 from .widgets.fit import ElidedLabel
+from .widgets.progress import ProgressBar
 from .workers import TaskRunner
 
 MAX_RECENT = 10
@@ -161,7 +161,7 @@ class MainWindow(QMainWindow):
         # status bar: message, background task, ISA
         self.task_label = QLabel()
         self.task_label.setObjectName("muted")
-        self.task_progress = QProgressBar()
+        self.task_progress = ProgressBar()
         self.task_progress.setMaximumWidth(160)
         self.task_progress.setRange(0, 0)
         self.task_progress.setAccessibleName("Background work")

@@ -3,6 +3,7 @@ per row, no copy of a 262k-entry vocabulary."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -56,6 +57,42 @@ class SortFilterProxy(_Proxy):
         self.setFilterKeyColumn(-1)
         self.setRecursiveFilteringEnabled(recursive)
         self.setAutoAcceptChildRows(recursive)
+
+
+def natural_key(name: str) -> str:
+    """A string that sorts ``blk.2`` before ``blk.10``: every run of digits zero-padded to 12."""
+    return _DIGITS.sub(lambda m: m.group().zfill(12), name)
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+class TensorFilterProxy(SortFilterProxy):
+    """Tensors kept by a substring of their name or type, case-insensitive. Only those two texts are matched (the
+    numbers are not: "b" must not match every "MiB"), and a layer row of the tree is kept when one of its tensors
+    is. Cheap: one ``in`` test per tensor, no ``data()`` call."""
+
+    def __init__(self, parent: Any = None, recursive: bool = False) -> None:
+        super().__init__(parent, recursive)
+        self.setAutoAcceptChildRows(False)
+        self.needle = ""
+
+    def set_needle(self, text: str) -> bool:
+        """Filter by ``text``; False when it is what is already applied (nothing changed)."""
+        text = text.strip().lower()
+        if text == self.needle:
+            return False
+        self.beginFilterChange()
+        self.needle = text
+        self.endFilterChange(_Proxy.Direction.Rows)
+        return True
+
+    def filterAcceptsRow(self, row: int, parent: _Index) -> bool:
+        if not self.needle:
+            return True
+        src = self.sourceModel()
+        t = src.tensor_at(row, parent) if src is not None else None  # type: ignore[attr-defined]
+        return t is not None and (self.needle in t.name.lower() or self.needle in t.type_name.lower())
 
 
 class KeyValueModel(QAbstractTableModel):
@@ -302,6 +339,9 @@ class TensorTableModel(QAbstractTableModel):
             return None
         return tensor_cell(self.tensors[index.row()], index.column(), role)
 
+    def tensor_at(self, row: int, parent: _Index = _ROOT) -> TensorInfo | None:
+        return None if parent.isValid() or not 0 <= row < len(self.tensors) else self.tensors[row]
+
     def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
             return self.COLUMNS[section]
@@ -316,7 +356,7 @@ def tensor_cell(t: TensorInfo, col: int, role: int) -> Any:
                 human_bytes(t.n_bytes) if t.n_bytes is not None else "?", f"{t.data_offset:,}",
                 f"{bpw:.2f}" if bpw is not None else "?")[col]
     if role == SORT_ROLE:
-        return (t.name, t.type_name, t.n_elements, t.n_elements, t.n_bytes or 0, t.data_offset,
+        return (natural_key(t.name), t.type_name, t.n_elements, t.n_elements, t.n_bytes or 0, t.data_offset,
                 t.bits_per_weight or 0.0)[col]
     if role == KEY_ROLE:
         return t.name
@@ -385,6 +425,13 @@ class TensorTreeModel(QAbstractItemModel):
         if not index.isValid() or index.internalId() == 0:
             return None
         return self.groups[index.internalId() - 1][1][index.row()]
+
+    def tensor_at(self, row: int, parent: _Index = _ROOT) -> TensorInfo | None:
+        """The tensor at ``row`` under ``parent`` (None for a layer row)."""
+        if not parent.isValid() or parent.internalId() != 0:
+            return None
+        ts = self.groups[parent.row()][1]
+        return ts[row] if 0 <= row < len(ts) else None
 
     def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if not index.isValid():

@@ -10,7 +10,6 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QLineEdit,
-    QProgressBar,
     QPushButton,
     QSplitter,
     QTableView,
@@ -23,6 +22,7 @@ from quantscope.core.summary import human_bytes
 
 from ..models import BumpSectionsModel, KeyValueModel, SortFilterProxy, plural
 from ..theme import BAD_COLOR, OK_COLOR
+from ..widgets.progress import ProgressBar
 from ..workers import TaskRunner
 
 
@@ -53,7 +53,7 @@ class BumpInspectorView(QWidget):
         self.checksum = QLabel()
         self.checksum.setAccessibleName("Checksum status")
         self.checksum.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.progress = QProgressBar()
+        self.progress = ProgressBar()
         self.progress.setAccessibleName("Checksum progress")
         self.progress.setMaximumWidth(240)
         self.verify_btn = QPushButton("Verify checksum")

@@ -13,7 +13,6 @@ from PySide6.QtWidgets import (
     QGridLayout,
     QHBoxLayout,
     QLabel,
-    QProgressBar,
     QPushButton,
     QSizePolicy,
     QWidget,
@@ -23,6 +22,7 @@ from quantscope.core.native.kernels import default_threads, isa
 from quantscope.core.summary import human_bytes
 
 from ..widgets.fit import ElidedLabel
+from ..widgets.progress import ProgressBar
 from .chat_settings import ispin
 
 DEFAULT_CTX = 4096
@@ -70,7 +70,7 @@ class ModelBar(QFrame):
         self.memory_label.setObjectName("muted")
         self.memory_label.setWordWrap(True)
         self.memory_label.setAccessibleName("Memory the model will use")
-        self.load_progress = QProgressBar()
+        self.load_progress = ProgressBar()
         self.load_progress.setRange(0, 100)
         self.load_progress.setAccessibleName("Loading progress")
         self.load_progress.setMinimumWidth(120)

@@ -14,7 +14,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
-    QProgressBar,
     QPushButton,
     QScrollArea,
     QVBoxLayout,
@@ -25,6 +24,7 @@ from quantscope.core.chat.controller import stats_numbers
 from quantscope.core.chat.store import StoredMessage
 
 from ..widgets.fit import ElidedLabel
+from ..widgets.progress import ProgressBar
 from .chat_widgets import MessageView
 
 
@@ -126,12 +126,11 @@ class Composer(QWidget):
         self.text.setPlaceholderText("Message the model…  (Ctrl+Enter sends, Esc stops)")
         self.text.setFixedHeight(78)
         self.text.textChanged.connect(self.textChanged.emit)
-        for keys, sig in (("Ctrl+Return", self.sendRequested), ("Ctrl+Enter", self.sendRequested),
-                          ("Escape", self.stopRequested)):
+        for keys in ("Ctrl+Return", "Ctrl+Enter"):  # (Esc is the whole chat pane's: ChatView)
             sc = QShortcut(QKeySequence(keys), self.text)
             sc.setContext(Qt.ShortcutContext.WidgetShortcut)
-            sc.setWhatsThis("stop the reply" if keys == "Escape" else "send the message")  # listed by F1
-            sc.activated.connect(sig.emit)
+            sc.setWhatsThis("send the message")  # listed by F1
+            sc.activated.connect(self.sendRequested.emit)
         self.send_btn = QPushButton("Send")
         self.send_btn.setAccessibleName("Send the message")
         self.send_btn.setDefault(True)
@@ -184,7 +183,7 @@ class StatsBar(QWidget):
         nums.addStretch(1)
         t = QLabel("Context")
         t.setObjectName("muted")
-        self.ctx_bar = QProgressBar()
+        self.ctx_bar = ProgressBar()
         self.ctx_bar.setAccessibleName("Context used")
         self.ctx_bar.setRange(0, n_ctx)
         self.ctx_bar.setValue(0)

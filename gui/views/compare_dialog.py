@@ -28,7 +28,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QPlainTextEdit,
-    QProgressBar,
     QPushButton,
     QSpinBox,
     QSplitter,
@@ -48,6 +47,7 @@ from ..theme import BAD_COLOR, KLD_BINS, KLD_COLORS, KLD_TEXT_COLORS, kld_bin, m
 from ..widgets.fit import ElidedLabel, fit_columns
 from ..widgets.paths import browse_row
 from ..widgets.plots import CompactPlot
+from ..widgets.progress import ProgressBar
 from ..workers import Task, TaskRunner
 from .overview import Card
 
@@ -375,7 +375,7 @@ class CompareDialog(QDialog):
         run_row = QHBoxLayout()
         run_row.addWidget(self.start_btn, 1)
         run_row.addWidget(self.cancel_btn)
-        self.progress = QProgressBar()
+        self.progress = ProgressBar()
         self.progress.setAccessibleName("Comparison progress")
         self.progress.setRange(0, 1000)
         self.progress.setFormat("%p%")

@@ -16,7 +16,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
-    QProgressBar,
     QSpinBox,
     QTextBrowser,
     QVBoxLayout,
@@ -36,6 +35,7 @@ from quantscope.core.summary import human_bytes
 
 from ..theme import BAD_COLOR, OK_COLOR
 from ..widgets.paths import browse_row
+from ..widgets.progress import ProgressBar
 from ..workers import Task, TaskRunner
 
 
@@ -106,7 +106,7 @@ class ConvertDialog(QDialog):
         self.options = QWidget()
         self.options.setLayout(form)
 
-        self.progress = QProgressBar()
+        self.progress = ProgressBar()
         self.progress.setAccessibleName("Conversion progress")
         self.progress.setRange(0, 1000)
         self.progress.setTextVisible(True)

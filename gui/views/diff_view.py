@@ -32,7 +32,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QMenu,
-    QProgressBar,
     QPushButton,
     QSpinBox,
     QSplitter,
@@ -60,6 +59,7 @@ from ..models import KEY_ROLE, SORT_ROLE, KeyValueModel, SortFilterProxy, plural
 from ..theme import BAD_COLOR, OK_COLOR, muted_color
 from ..widgets.blockwidgets import mono_font
 from ..widgets.fit import ElidedLabel, fit_columns
+from ..widgets.progress import ProgressBar
 from ..workers import Task, TaskRunner
 
 DIFF_TASK = "diff"
@@ -841,7 +841,7 @@ class DiffDialog(QDialog):
         self.cancel_btn.setAccessibleName("Cancel the comparison")
         self.cancel_btn.setEnabled(False)
         self.cancel_btn.clicked.connect(self.cancel)
-        self.progress = QProgressBar()
+        self.progress = ProgressBar()
         self.progress.setAccessibleName("Comparison progress")
         self.progress.setRange(0, 1000)
         self.progress.setValue(0)

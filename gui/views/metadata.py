@@ -568,8 +568,11 @@ class MetadataView(QWidget):
                 with gc_paused():
                     return Tokenizer(f)
 
-            self.runner.start("tokenizer-edit", read, on_done=loaded,
-                              on_failed=lambda msg, _tb: _status_line(dlg.render_status, f"no token ids: {msg}"))
+            def failed(msg: str, _tb: str) -> None:
+                dlg.tokenizer_error = msg  # (a render ending later keeps saying it)
+                _status_line(dlg.render_status, False, f"no token ids: {msg}")
+
+            self.runner.start("tokenizer-edit", read, on_done=loaded, on_failed=failed)
         return self._open(dlg)
 
     def undo(self) -> None:

@@ -448,6 +448,7 @@ class TemplateDialog(_Dialog):
         self.state = state
         self.runner = runner
         self.tokenizer = tokenizer
+        self.tokenizer_error = ""  # why the file's tokenizer did not load (no token ids then)
         src = state.value("tokenizer.chat_template")
         self.original = src if isinstance(src, str) else ""
         self.editor = QPlainTextEdit(self.original)
@@ -542,6 +543,9 @@ class TemplateDialog(_Dialog):
             self.rendered.setPlainText(text)
             self.ids.setPlainText(" ".join(map(str, ids)) if ids is not None else "")
             count = f"{len(ids):,} tokens · " if ids is not None else ""
+            if self.tokenizer_error:  # the file's tokenizer did not load: say so, not only the length
+                _status(self.render_status, False, f"no token ids: {self.tokenizer_error} · {len(text):,} characters")
+                return
             _status(self.render_status, True, f"{count}{len(text):,} characters")
 
         def failed(msg: str, _tb: str) -> None:

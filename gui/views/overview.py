@@ -14,7 +14,6 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QLabel,
-    QProgressBar,
     QPushButton,
     QScrollArea,
     QSpinBox,
@@ -33,6 +32,7 @@ from ..exports import Exporter
 from ..models import KeyValueModel, plural
 from ..theme import BAD_COLOR, INFO_COLOR, OK_COLOR, group_color
 from ..widgets.fit import ElidedLabel, fit_columns
+from ..widgets.progress import ProgressBar
 from ..workers import TaskRunner
 
 
@@ -150,7 +150,7 @@ class OverviewView(QWidget):
         self.scan_label = QLabel("NaN/Inf scale scan: waiting")
         self.scan_label.setAccessibleName("NaN/Inf scale scan status")
         self.scan_label.setWordWrap(True)
-        self.scan_progress = QProgressBar()
+        self.scan_progress = ProgressBar()
         self.scan_progress.setAccessibleName("Scale scan progress")
         self.scan_progress.setMaximumWidth(220)
         self.scan_cancel = QPushButton("Cancel scan")
@@ -211,8 +211,17 @@ class OverviewView(QWidget):
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QScrollArea.Shape.NoFrame)
         scroll.setWidget(body)
+        # integrity first: a file whose layout is broken says so above everything (the figures below may be off)
+        self.banner = QLabel()
+        self.banner.setAccessibleName("Integrity warning")
+        self.banner.setWordWrap(True)
+        self.banner.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.banner.setStyleSheet(f"QLabel {{ background: {BAD_COLOR}; color: white; padding: 6px 10px; "
+                                  "font-weight: bold; }")
+        self.banner.hide()
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(self.banner)
         outer.addWidget(scroll)
 
         self.ctx_spin.valueChanged.connect(self.update_memory)
@@ -262,9 +271,15 @@ class OverviewView(QWidget):
     def set_document(self, doc: Document | None) -> None:
         self.doc = doc
         self.scan_result = None
+        self.banner.hide()
         if doc is None or doc.gguf is None:
             return
         s = doc.summary
+        problems = s.get("integrity") or []
+        if problems:
+            self.banner.setText("This file is damaged; figures that depend on its layout are not shown. "
+                                + " ".join(problems))
+            self.banner.show()
         ft = s["file_type"]
         self.cards["Architecture"].set(s["architecture"] or "(none)", str(s["name"] or ""))
         self.cards["File type"].set(ft["name"] or "(not set)",
@@ -323,7 +338,8 @@ class OverviewView(QWidget):
         p.setXRange(0, top * 1.9, padding=0)
         p.setYRange(-0.6, max(n, 1) - 0.4, padding=0)
         self.types_model.set_rows([
-            (r["type"], f"{r['tensors']:,}", f"{r['elements']:,}", human_bytes(r["bytes"]), f"{r['share']:.1%}",
+            (r["type"], f"{r['tensors']:,}", f"{r['elements']:,}", human_bytes(r["bytes"]),
+             f"{r['share']:.1%}" if r["share"] is not None else "—",
              f"{r['bits_per_weight']:.3f}" if r["bits_per_weight"] else "?")
             for r in types
         ])

@@ -108,10 +108,12 @@ class CellText(pg.GraphicsObject):
         self.bright: np.ndarray | None = None  # per cell: is the colour light (dark text)?
         self.dims = (0, 0)
         self.painted = 0  # cells given text by the last paint (for tests)
+        self._shown: dict[tuple[int, int, int], str] = {}  # (row, col, width) -> the elided text: paints repeat
         self.setZValue(5)
 
     def set_cells(self, text: Callable[[int, int], str] | None, bright: np.ndarray | None) -> None:
         self.prepareGeometryChange()
+        self._shown = {}
         self.text, self.bright = text, bright
         self.dims = bright.shape if bright is not None else (0, 0)
         self.update()
@@ -150,11 +152,18 @@ class CellText(pg.GraphicsObject):
         p.setTransform(QTransform())
         fm = p.fontMetrics()
         light, dark = QColor("#ffffff"), QColor("#111111")
+        shown, text, bright = self._shown, self.text, self.bright
+        if len(shown) > 4 * self.MAX_CELLS:  # zoomed through many sizes: start again
+            shown.clear()
+        center = Qt.AlignmentFlag.AlignCenter
         for r, c in cells:
             rect = tr.mapRect(QRectF(c, r, 1, 1)).adjusted(2, 0, -2, 0)
-            p.setPen(dark if self.bright[r, c] else light)
-            p.drawText(rect, Qt.AlignmentFlag.AlignCenter,
-                       fm.elidedText(self.text(r, c), Qt.TextElideMode.ElideRight, int(rect.width())))
+            w = int(rect.width())
+            s = shown.get((r, c, w))
+            if s is None:
+                s = shown[(r, c, w)] = fm.elidedText(text(r, c), Qt.TextElideMode.ElideRight, w)
+            p.setPen(dark if bright[r, c] else light)
+            p.drawText(rect, center, s)
         p.restore()
 
 

@@ -32,7 +32,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QMenu,
-    QProgressBar,
     QPushButton,
     QSpinBox,
     QSplitter,
@@ -55,6 +54,7 @@ from quantscope.core.quant.types import ggml_type
 from ..document import Document
 from ..models import KEY_ROLE, SortFilterProxy, plural
 from ..widgets.fit import ElidedLabel, fit_columns
+from ..widgets.progress import ProgressBar
 from ..workers import Task, TaskRunner
 from .quant_lab_table import METRICS, ErrorRow, ErrorTableModel
 from .quant_lab_widgets import BlockCompare, BlockHeatmap, BpwPlot
@@ -207,7 +207,7 @@ class RequantizePanel(QWidget):
         self.cancel_btn = QPushButton("Cancel")
         self.cancel_btn.setAccessibleName("Cancel requantizing")
         self.cancel_btn.clicked.connect(self.cancel)
-        self.progress = QProgressBar()
+        self.progress = ProgressBar()
         self.progress.setAccessibleName("Requantize progress")
         self.progress.setRange(0, 1000)
         self.progress.setMaximumWidth(160)
@@ -701,7 +701,7 @@ class FileStatsPanel(QWidget):
         self.export_btn = QPushButton("Export…")
         self.export_btn.setAccessibleName("Export the statistics as JSON or CSV")
         self.export_btn.clicked.connect(self.export_dialog)
-        self.progress = QProgressBar()
+        self.progress = ProgressBar()
         self.progress.setAccessibleName("Whole-file statistics progress")
         self.progress.setRange(0, 1000)
         self.progress.setMaximumWidth(160)

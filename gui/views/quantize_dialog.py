@@ -20,7 +20,6 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QLineEdit,
-    QProgressBar,
     QTableWidget,
     QTableWidgetItem,
     QTextBrowser,
@@ -48,6 +47,7 @@ from quantscope.core.summary import human_bytes
 
 from ..theme import BAD_COLOR, OK_COLOR
 from ..widgets.paths import browse_row
+from ..widgets.progress import ProgressBar
 from ..workers import Task, TaskRunner
 
 DEFAULT_PRESET = "Q4_K_M"
@@ -152,7 +152,7 @@ class QuantizeDialog(QDialog):
         self.estimate.setWordWrap(True)
         self.estimate.setTextFormat(Qt.TextFormat.RichText)
 
-        self.progress = QProgressBar()
+        self.progress = ProgressBar()
         self.progress.setAccessibleName("Quantization progress")
         self.progress.setRange(0, 1000)
         self.progress.setFormat("%p%")

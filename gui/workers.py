@@ -179,6 +179,7 @@ class JobSlot(QObject):
         self.runner = runner
         self.task: Task | None = None
         self.on_busy = on_busy
+        self._ticket: object | None = None
 
     @property
     def busy(self) -> bool:
@@ -196,10 +197,11 @@ class JobSlot(QObject):
         """Cancel the current job (its results are dropped) and start ``fn`` as the new one."""
         if self.task is not None:
             self.task.cancel()
-        holder: list[Task] = []
+        ticket = object()  # this job's: callbacks of a replaced or forgotten job find another one
+        self._ticket = ticket
 
         def current() -> bool:
-            return bool(holder) and self.task is holder[0] and shiboken6.isValid(self)
+            return shiboken6.isValid(self) and self._ticket is ticket
 
         def guard(cb: Callable[..., None] | None) -> Callable[..., None] | None:
             if cb is None:
@@ -212,13 +214,17 @@ class JobSlot(QObject):
 
         def ended() -> None:
             if current():
+                self._ticket = None
                 self.task = None
                 self._set_busy(False)
 
         task = self.runner.start(name, fn, on_done=guard(on_done), on_progress=guard(on_progress),
                                  on_failed=guard(on_failed), on_cancelled=guard(on_cancelled), on_ended=ended)
-        holder.append(task)
+        if self._ticket is not ticket:  # it has ended already (a task run at once): the view is idle
+            return task
         if task.done and task not in self.runner.active:  # refused (the window is closing): nothing will report
+            self._ticket = None
+            self.task = None
             if on_cancelled is not None:
                 on_cancelled()
             self._set_busy(False)
@@ -234,6 +240,7 @@ class JobSlot(QObject):
 
     def forget(self) -> None:
         """Cancel the current job and go idle now; nothing it reports later reaches the view."""
+        self._ticket = None
         if self.task is not None:
             self.task.cancel()
             self.task = None

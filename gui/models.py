@@ -322,11 +322,20 @@ class TensorTableModel(QAbstractTableModel):
     def __init__(self) -> None:
         super().__init__()
         self.tensors: list[TensorInfo] = []
+        self._texts: dict[int, list[str]] = {}
 
     def set_file(self, f: GGUFFile | None) -> None:
         self.beginResetModel()
         self.tensors = list(f.tensors) if f is not None else []
+        self._texts = {}
         self.endResetModel()
+
+    def column_texts(self, col: int) -> list[str]:
+        """Every text of column ``col`` (the column fitter measures these, not the cells one by one)."""
+        if col not in self._texts:
+            self._texts[col] = sorted({tensor_cell(t, col, Qt.ItemDataRole.DisplayRole) for t in self.tensors},
+                                      key=len)[-64:]
+        return self._texts[col]
 
     def rowCount(self, parent: _Index = _ROOT) -> int:
         return 0 if parent.isValid() else len(self.tensors)
@@ -381,6 +390,7 @@ class TensorTreeModel(QAbstractItemModel):
     def __init__(self) -> None:
         super().__init__()
         self.groups: list[tuple[str, list[TensorInfo]]] = []
+        self._texts: dict[int, list[str]] = {}
 
     def set_file(self, f: GGUFFile | None) -> None:
         self.beginResetModel()
@@ -388,7 +398,16 @@ class TensorTreeModel(QAbstractItemModel):
         for t in f.tensors if f is not None else []:
             acc.setdefault(block_group(t.name), []).append(t)
         self.groups = sorted(acc.items(), key=lambda kv: group_sort_key(kv[0]))
+        self._texts = {}
         self.endResetModel()
+
+    def column_texts(self, col: int) -> list[str]:
+        """Every text of column ``col``, tensors and layer rows (see :meth:`TensorTableModel.column_texts`)."""
+        if col not in self._texts:
+            cells = {tensor_cell(t, col, Qt.ItemDataRole.DisplayRole) for _, ts in self.groups for t in ts}
+            cells |= {self.data(self.index(g, col)) or "" for g in range(len(self.groups))}
+            self._texts[col] = sorted(cells, key=len)[-64:]
+        return self._texts[col]
 
     def group_label(self, g: int) -> str:
         name, ts = self.groups[g]

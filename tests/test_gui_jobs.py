@@ -239,3 +239,37 @@ def test_a_new_file_leaves_no_message_of_the_last(window, qtbot, model_path, tmp
     wait_idle(qtbot, window)
     assert window.open_path(model_path("gemma3"))
     assert tv.title.text() == "Select a tensor" and "Computed" not in tv.progress_label.text()
+
+
+def _scan_idle(ov) -> bool:  # type: ignore[no-untyped-def]
+    return (not ov.scan_job.busy and not ov.scan_progress.isVisible() and not ov.scan_cancel.isVisible()
+            and ov.scan_again.isVisible())
+
+
+@pytest.mark.parametrize("ending", ["done", "failed", "cancelled", "at once"])
+def test_overview_scale_scan_ends_idle(window, qtbot, model_path, monkeypatch, ending):  # noqa: F811
+    from quantscope.gui.views import overview as overview_module
+
+    real = overview_module.scan_scales
+    if ending == "failed":
+        def scan(*_a, **_k):  # type: ignore[no-untyped-def]
+            raise RuntimeError("unreadable")
+        monkeypatch.setattr(overview_module, "scan_scales", scan)
+    elif ending == "cancelled":
+        def scan(*_a, cancel=None, **_k):  # type: ignore[no-untyped-def]
+            while not cancel.cancelled:
+                pass
+            raise Cancelled("stop")
+        monkeypatch.setattr(overview_module, "scan_scales", scan)
+    elif ending == "at once":
+        monkeypatch.setattr(overview_module, "scan_scales", real)
+        run_at_once(window.runner, monkeypatch)
+    assert window.open_path(model_path("smollm2"))
+    ov = window.overview
+    if ending == "cancelled":
+        assert ov.scan_job.busy and ov.scan_cancel.isVisible()
+        ov.scan_cancel.click()
+    qtbot.waitUntil(lambda: _scan_idle(ov), timeout=60000)
+    assert {"done": "no NaN/Inf scales", "at once": "no NaN/Inf scales", "failed": "failed: unreadable",
+            "cancelled": "cancelled"}[ending] in ov.scan_label.text()
+    wait_idle(qtbot, window)

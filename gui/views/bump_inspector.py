@@ -23,7 +23,7 @@ from quantscope.core.summary import human_bytes
 from ..models import BumpSectionsModel, KeyValueModel, SortFilterProxy, plural
 from ..theme import BAD_COLOR, OK_COLOR
 from ..widgets.progress import ProgressBar
-from ..workers import TaskRunner
+from ..workers import JobSlot, TaskRunner
 
 
 def _table(model: object, name: str) -> QTableView:
@@ -47,6 +47,7 @@ class BumpInspectorView(QWidget):
         self.runner = runner
         self.bump: BumpFile | None = None
         self.checksum_ok: bool | None = None
+        self.job = JobSlot(runner, self, on_busy=self._busy)
         self.title = QLabel()
         self.title.setObjectName("heading")
         self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -101,10 +102,17 @@ class BumpInspectorView(QWidget):
         lay = QVBoxLayout(self)
         lay.addLayout(top)
         lay.addWidget(split, 1)
+        self._busy(False)
+
+    def _busy(self, busy: bool) -> None:
+        self.progress.setVisible(busy)
+        self.verify_btn.setVisible(not busy)
 
     def set_bump(self, b: BumpFile | None) -> None:
+        self.job.forget()
         self.bump = b
         self.checksum_ok = None
+        self.checksum.setText("")
         self.sections_model.set_bump(b)
         if b is None:
             return
@@ -138,11 +146,8 @@ class BumpInspectorView(QWidget):
         b = self.bump
         if b is None:
             return
-        self.runner.cancel("bump-checksum")
         self.checksum.setText("Checksum: verifying…")
         self.progress.setValue(0)
-        self.progress.show()
-        self.verify_btn.hide()
 
         def work(report, token):  # type: ignore[no-untyped-def]
             from quantscope.core.bump import Cancelled
@@ -155,8 +160,7 @@ class BumpInspectorView(QWidget):
             return b.checksum_ok(prog)
 
         def progress(done: int, total: int, _t: str) -> None:
-            if self.bump is b:
-                self.progress.setValue(int(100 * done / total) if total else 100)
+            self.progress.setValue(int(100 * done / total) if total else 100)
 
         def done(ok: bool) -> None:
             if self.bump is not b:
@@ -164,15 +168,11 @@ class BumpInspectorView(QWidget):
             self.checksum_ok = ok
             color, text = (OK_COLOR, "✓ checksum verifies") if ok else (BAD_COLOR, "✗ checksum DOES NOT verify")
             self.checksum.setText(f"<span style='color:{color}; font-weight:600'>{text}</span>")
-            self.progress.hide()
-            self.verify_btn.show()
 
         def ended_other(text: str) -> None:
             if self.bump is b:
                 self.checksum.setText(text)
-                self.progress.hide()
-                self.verify_btn.show()
 
-        self.runner.start("bump-checksum", work, on_done=done, on_progress=progress,
+        self.job.start("bump-checksum", work, on_done=done, on_progress=progress,
                           on_cancelled=lambda: ended_other("Checksum: not verified (cancelled)"),
                           on_failed=lambda m, _tb: ended_other(f"Checksum: could not be read: {m}"))

@@ -33,7 +33,7 @@ from ..models import KeyValueModel, plural
 from ..theme import BAD_COLOR, INFO_COLOR, OK_COLOR, group_color
 from ..widgets.fit import ElidedLabel, fit_columns
 from ..widgets.progress import ProgressBar
-from ..workers import TaskRunner
+from ..workers import JobSlot, TaskRunner
 
 
 class Card(QFrame):
@@ -95,6 +95,7 @@ class OverviewView(QWidget):
         self.runner = runner
         self.doc: Document | None = None
         self.scan_result: ScaleScan | None = None
+        self.scan_job = JobSlot(runner, self, on_busy=self._scan_busy)
 
         self.cards = {k: Card(k) for k in ("Architecture", "File type", "Parameters", "Size", "Tensors", "Opened in")}
         self.cards_grid = QGridLayout()
@@ -155,7 +156,7 @@ class OverviewView(QWidget):
         self.scan_progress.setMaximumWidth(220)
         self.scan_cancel = QPushButton("Cancel scan")
         self.scan_cancel.setAccessibleName("Cancel the scale scan")
-        self.scan_cancel.clicked.connect(lambda: self.runner.cancel("scale-scan"))
+        self.scan_cancel.clicked.connect(lambda: self.scan_job.cancel())
         self.scan_again = QPushButton("Scan again")
         self.scan_again.setAccessibleName("Run the scale scan again")
         self.scan_again.clicked.connect(self.start_scan)
@@ -226,6 +227,7 @@ class OverviewView(QWidget):
 
         self.ctx_spin.valueChanged.connect(self.update_memory)
         self.kv_combo.currentIndexChanged.connect(self.update_memory)
+        self._scan_busy(False)
 
     # ------------------------------------------------------------------ reflow
     def resizeEvent(self, event: QResizeEvent) -> None:
@@ -269,6 +271,7 @@ class OverviewView(QWidget):
 
     # ------------------------------------------------------------------ content
     def set_document(self, doc: Document | None) -> None:
+        self.scan_job.forget()
         self.doc = doc
         self.scan_result = None
         self.banner.hide()
@@ -395,33 +398,30 @@ class OverviewView(QWidget):
     def start_scan(self) -> None:
         if self.doc is None or self.doc.gguf is None:
             return
-        self.runner.cancel("scale-scan")
         f = self.doc.gguf
         doc = self.doc
         self.scan_label.setText("NaN/Inf scale scan: scanning every block's fp16 scales…")
         self.scan_progress.setValue(0)
-        self.scan_progress.show()
-        self.scan_cancel.show()
-        self.scan_again.hide()
 
         def work(report, token):  # type: ignore[no-untyped-def]
             return scan_scales(f, progress=lambda d, t: report(d, t), cancel=token)
 
         def progress(done: int, total: int, _text: str) -> None:
-            if self.doc is doc:
-                self.scan_progress.setValue(int(100 * done / total) if total else 100)
+            self.scan_progress.setValue(int(100 * done / total) if total else 100)
 
-        self.runner.start("scale-scan", work, on_done=lambda r: self._scan_done(doc, r), on_progress=progress,
+        self.scan_job.start("scale-scan", work, on_done=lambda r: self._scan_done(doc, r), on_progress=progress,
                           on_failed=lambda m, _tb: self._scan_end(doc, f"NaN/Inf scale scan failed: {m}"),
                           on_cancelled=lambda: self._scan_end(doc, "NaN/Inf scale scan: cancelled"))
+
+    def _scan_busy(self, busy: bool) -> None:
+        self.scan_progress.setVisible(busy)
+        self.scan_cancel.setVisible(busy)
+        self.scan_again.setVisible(not busy and self.doc is not None)
 
     def _scan_end(self, doc: Document, text: str) -> None:
         if doc is not self.doc:
             return
         self.scan_label.setText(text)
-        self.scan_progress.hide()
-        self.scan_cancel.hide()
-        self.scan_again.show()
 
     def _scan_done(self, doc: Document, r: ScaleScan) -> None:
         if doc is not self.doc:

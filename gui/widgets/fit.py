@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from PySide6.QtCore import QEvent, QObject, QSize, Qt, QTimer
+from PySide6.QtCore import QAbstractProxyModel, QEvent, QObject, QSize, Qt, QTimer
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QSizePolicy, QTableView, QTreeView, QWidget
 
@@ -68,6 +68,8 @@ class ElidedLabel(QLabel):
         super().setToolTip(tip)
 
 
+#: A cell's room around its text (the delegate's margins and focus frame).
+_CELL_PADDING = 12
 #: Rows measured beyond those in view when a column's width is fitted to its contents (0: those in view).
 CONTENTS_PRECISION = 0
 
@@ -100,6 +102,16 @@ class _ColumnFitter(QObject):
     def _width(self, col: int) -> int:
         v = self.view
         h = v.header() if isinstance(v, QTreeView) else v.horizontalHeader()
+        src = v.model()
+        while isinstance(src, QAbstractProxyModel):
+            src = src.sourceModel()
+        texts = getattr(src, "column_texts", None)
+        if texts is not None:  # the model lists its column's texts: measured as strings, no data() per cell
+            fm = v.fontMetrics()
+            w = max((fm.horizontalAdvance(t) for t in texts(col)), default=0) + _CELL_PADDING
+            if isinstance(v, QTreeView) and col == 0:
+                w += 2 * v.indentation()
+            return max(h.sectionSizeHint(col), w)
         return max(h.sectionSizeHint(col), v.sizeHintForColumn(col))
 
     def fit(self) -> None:

@@ -119,6 +119,14 @@ class ErrorTableModel(QAbstractTableModel):
         self.keys = self._keys()
         self.endResetModel()
 
+    def column_texts(self, col: int) -> list[str]:
+        """The longest texts of column ``col`` (the column fitter measures these, not each cell; bold rows get a
+        character more)."""
+        key = self.keys[col]
+        texts = {str(r.value(key) or "") if key in ("tensor", "source", "type") else metric_text(key, r.value(key))
+                 for r in self.rows}
+        return [t + "W" for t in sorted(texts, key=len)[-16:]]
+
     def column(self, key: str) -> int:
         """The column of ``key`` (-1 when not shown)."""
         return self.keys.index(key) if key in self.keys else -1

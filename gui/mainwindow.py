@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 from quantscope.core.native.kernels import default_threads, isa, isa_detected
 
 from .document import Document, OpenError, open_document
+from .guard import qt_guarded
 from .views.block_inspector import BlockInspectorView
 from .views.bump_inspector import BumpInspectorView
 from .views.chat import ChatView
@@ -74,6 +75,7 @@ def versions() -> dict[str, str]:
     }
 
 
+@qt_guarded
 class MainWindow(QMainWindow):
     """Quantscope's window. ``settings`` defaults to the user's QSettings (tests pass their own)."""
 

@@ -17,6 +17,8 @@ from quantscope.core.model.memory import block_group, group_sort_key
 from quantscope.core.summary import EXPERT_TENSOR, format_value, human_bytes
 from quantscope.core.tokenizer import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED
 
+from .guard import qt_guarded
+
 #: Role holding the value a column sorts by (numbers for numeric columns).
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1
 #: Role holding the underlying object's key (metadata key, tensor name, array index).
@@ -47,6 +49,7 @@ def visible_text(s: str, limit: int = 400) -> str:
     return "".join(_CONTROL.get(c, f"\\x{ord(c):02x}" if ord(c) < 32 else c) for c in s)
 
 
+@qt_guarded
 class SortFilterProxy(_Proxy):
     """Case-insensitive filtering over all columns, numeric sorting via :data:`SORT_ROLE`."""
 
@@ -67,6 +70,7 @@ def natural_key(name: str) -> str:
 _DIGITS = re.compile(r"\d+")
 
 
+@qt_guarded
 class TensorFilterProxy(SortFilterProxy):
     """Tensors kept by a substring of their name or type, case-insensitive. Only those two texts are matched (the
     numbers are not: "b" must not match every "MiB"), and a layer row of the tree is kept when one of its tensors
@@ -95,6 +99,7 @@ class TensorFilterProxy(SortFilterProxy):
         return t is not None and (self.needle in t.name.lower() or self.needle in t.type_name.lower())
 
 
+@qt_guarded
 class KeyValueModel(QAbstractTableModel):
     """Rows of strings (default two columns, name and value): hyperparameters, bump header fields, checks.
 
@@ -138,6 +143,7 @@ class KeyValueModel(QAbstractTableModel):
         return None
 
 
+@qt_guarded
 class MetadataModel(QAbstractTableModel):
     """Every metadata key: key, value type, one-line value, byte offset."""
 
@@ -207,6 +213,7 @@ class MetadataModel(QAbstractTableModel):
         return None
 
 
+@qt_guarded
 class ArrayModel(QAbstractTableModel):
     """A metadata array, element by element, read on demand. For ``tokenizer.ggml.tokens`` the token type and
     score arrays of the same length are shown beside each token. ``set_indices`` restricts the rows to a search
@@ -314,6 +321,7 @@ def shape_text(t: TensorInfo) -> str:
     return " × ".join(str(d) for d in t.ne) or "scalar"
 
 
+@qt_guarded
 class TensorTableModel(QAbstractTableModel):
     """Flat tensor table: name, type, shape (ne order), elements, bytes, offset, bits per weight."""
 
@@ -380,6 +388,7 @@ def tensor_cell(t: TensorInfo, col: int, role: int) -> Any:
     return None
 
 
+@qt_guarded
 class TensorTreeModel(QAbstractItemModel):
     """Tensors grouped by layer: the non-layer tensors, then ``blk.0`` … ``blk.N``; same columns as the table.
 
@@ -486,6 +495,7 @@ class TensorTreeModel(QAbstractItemModel):
         return None
 
 
+@qt_guarded
 class BumpSectionsModel(QAbstractTableModel):
     """Sections of a bump file: name, dtype, code, offset, size."""
 

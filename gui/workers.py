@@ -18,12 +18,15 @@ from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
 
 from quantscope.core.jobs import Cancelled, CancelToken
 
+from .guard import qt_guarded
+
 Report = Callable[..., None]
 TaskFn = Callable[[Report, CancelToken], Any]
 
 _PROGRESS_INTERVAL = 0.05
 
 
+@qt_guarded
 class TaskSignals(QObject):
     """Signals of one task (they live on the GUI thread; the worker only emits)."""
 
@@ -34,6 +37,7 @@ class TaskSignals(QObject):
     ended = Signal()  # after any of the three above
 
 
+@qt_guarded
 class Task(QRunnable):
     """One unit of background work. Keep the :class:`TaskRunner` that started it alive until it ends."""
 
@@ -86,6 +90,7 @@ class Task(QRunnable):
             self.signals.ended.emit()
 
 
+@qt_guarded
 class TaskRunner(QObject):
     """Starts tasks on its own thread pool, tracks the running ones, cancels and waits for them on shutdown."""
 
@@ -162,6 +167,7 @@ class TaskRunner(QObject):
         return ok
 
 
+@qt_guarded
 class JobSlot(QObject):
     """One view's background job, and the busy state that follows it: the helper every worker-backed control uses.
 

@@ -82,7 +82,12 @@ def classify(frame: FrameType | None) -> tuple[str, str] | None:
         frame = frame.f_back
     for i, fr in enumerate(chain):
         if _spins_loop(fr):
-            return (_where(chain[i - 1]), _where(chain[0])) if i else None
+            if not i:
+                return None
+            slot = i - 1
+            if slot and chain[slot].f_code.co_filename.endswith("guard.py"):  # gui/guard.py's wrapper: its method
+                slot -= 1
+            return _where(chain[slot]), _where(chain[0])
     return None
 
 

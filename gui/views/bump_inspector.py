@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 from quantscope.core.bump import BumpFile, describe
 from quantscope.core.summary import human_bytes
 
+from ..guard import qt_guarded
 from ..models import BumpSectionsModel, KeyValueModel, SortFilterProxy, plural
 from ..theme import BAD_COLOR, OK_COLOR
 from ..widgets.progress import ProgressBar
@@ -39,6 +40,7 @@ def _table(model: object, name: str) -> QTableView:
     return v
 
 
+@qt_guarded
 class BumpInspectorView(QWidget):
     """Shown instead of the GGUF tabs when a bump file is open."""
 

@@ -39,6 +39,7 @@ from quantscope.core.gguf.checks import INT32_MAX, metadata_int
 
 from ..chat_engine import EngineHost, GenStats
 from ..document import Document
+from ..guard import qt_guarded
 from ..theme import is_dark
 from ..workers import TaskRunner
 from .chat_conversations import ConversationPanel
@@ -57,6 +58,7 @@ from .chat_widgets import (
 FLUSH_MS = 50
 
 
+@qt_guarded
 class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
     """The Chat tab. ``runner`` runs the tokenizer lab and template preview; the model has its own thread."""
 

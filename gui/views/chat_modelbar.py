@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 from quantscope.core.native.kernels import default_threads, isa
 from quantscope.core.summary import human_bytes
 
+from ..guard import qt_guarded
 from ..widgets.fit import ElidedLabel
 from ..widgets.progress import ProgressBar
 from .chat_settings import ispin
@@ -28,6 +29,7 @@ from .chat_settings import ispin
 DEFAULT_CTX = 4096
 
 
+@qt_guarded
 class ModelBar(QFrame):
     """The model card above the conversation (the view connects its buttons and spin boxes)."""
 

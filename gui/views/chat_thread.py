@@ -23,11 +23,13 @@ from PySide6.QtWidgets import (
 from quantscope.core.chat.controller import stats_numbers
 from quantscope.core.chat.store import StoredMessage
 
+from ..guard import qt_guarded
 from ..widgets.fit import ElidedLabel
 from ..widgets.progress import ProgressBar
 from .chat_widgets import MessageView
 
 
+@qt_guarded
 class ReplyStream(QScrollArea):
     """The messages of the conversation, one :class:`MessageView` each; never wider than the pane (no
     horizontal scroll bar: replies wrap)."""
@@ -94,6 +96,7 @@ class ReplyStream(QScrollArea):
         self.empty_label.setVisible(bool(text) and not self.views)
 
 
+@qt_guarded
 class Composer(QWidget):
     """The message box (Ctrl+Enter sends, Esc stops), its buttons, and the bar shown while a message is edited."""
 
@@ -156,6 +159,7 @@ class Composer(QWidget):
         self.edit_bar.show()
 
 
+@qt_guarded
 class StatsBar(QWidget):
     """The live numbers on one row (each pair keeps its label whole), the context fill and what the model is doing
     on the next (the bar takes the room that is left; the activity elides)."""

@@ -43,6 +43,7 @@ from quantscope.core.engine.compare import CompareCancelled, CompareResult, Toke
 from quantscope.core.fsutil import printable
 from quantscope.core.jobs import RateMeter, format_duration
 
+from ..guard import qt_guarded
 from ..theme import BAD_COLOR, KLD_BINS, KLD_COLORS, KLD_TEXT_COLORS, kld_bin, muted_color
 from ..widgets.fit import ElidedLabel, fit_columns
 from ..widgets.paths import browse_row
@@ -110,6 +111,7 @@ def _legend_labels() -> list[str]:
     return [f"< {bounds[i + 1]}" if i < len(KLD_BINS) else f"≥ {bounds[-1]}" for i in range(len(KLD_COLORS))]
 
 
+@qt_guarded
 class TokenText(QTextBrowser):
     """The compared text, one span per token: scored positions on a background coloured by KL divergence (an
     anchor ``tok:INDEX`` into ``result.tokens``), the context that is only read dimmed. Hovering a token shows its
@@ -234,6 +236,7 @@ class TokenText(QTextBrowser):
             self.tokenChosen.emit(self.index_of[p])
 
 
+@qt_guarded
 class WorstModel(QAbstractTableModel):
     """The positions of largest KL divergence: KLD (on its colour), position, token, both top-1 tokens."""
 
@@ -282,6 +285,7 @@ class WorstModel(QAbstractTableModel):
 
 
 
+@qt_guarded
 class CompareDialog(QDialog):
     """Compares the open file (``doc_path``) with another one in a worker; ``compareFinished`` carries the
     :class:`CompareResult` (None when cancelled or failed)."""

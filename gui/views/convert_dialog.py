@@ -33,12 +33,14 @@ from quantscope.core.fsutil import PathRefused, printable
 from quantscope.core.jobs import RateMeter, format_duration
 from quantscope.core.summary import human_bytes
 
+from ..guard import qt_guarded
 from ..theme import BAD_COLOR, OK_COLOR
 from ..widgets.paths import browse_row
 from ..widgets.progress import ProgressBar
 from ..workers import Task, TaskRunner
 
 
+@qt_guarded
 class ConvertDialog(QDialog):
     """Converts ``gguf_path`` to BUMPWGT3 in a worker; emits ``openRequested(path)`` for "Open the result"."""
 

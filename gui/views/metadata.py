@@ -53,6 +53,7 @@ from quantscope.core.summary import format_value
 
 from ..document import Document
 from ..exports import Exporter
+from ..guard import qt_guarded
 from ..models import KEY_ROLE, ArrayModel, MetadataModel, SortFilterProxy, plural
 from ..theme import BAD_COLOR, OK_COLOR, is_dark, muted_color
 from ..widgets.blockwidgets import mono_font
@@ -76,6 +77,7 @@ def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
+@qt_guarded
 class JinjaHighlighter(QSyntaxHighlighter):
     """Jinja2 template highlighting: ``{% statements %}``, ``{{ expressions }}``, ``{# comments #}``, strings,
     keywords, and the special tokens (``<|im_start|>``, ``<start_of_turn>``...) that chat templates emit."""
@@ -124,6 +126,7 @@ class JinjaHighlighter(QSyntaxHighlighter):
             self.setFormat(m.start(), m.end() - m.start(), self.comment if is_comment else self.delim)
 
 
+@qt_guarded
 class ArrayView(QWidget):
     """A metadata array in a lazy table, with search (string arrays) and go-to-index. A double click (or Enter) on
     an element emits :attr:`elementActivated` with its index (the Metadata view edits it)."""
@@ -236,6 +239,7 @@ class ArrayView(QWidget):
         self.table.selectRow(row)
 
 
+@qt_guarded
 class MetadataView(QWidget):
     """The Metadata tab: every key, and editing them (listed with undo/redo until saved with Save As)."""
 

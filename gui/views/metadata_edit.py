@@ -53,6 +53,7 @@ from quantscope.core.gguf.edit import (
     parse_value,
 )
 
+from ..guard import qt_guarded
 from ..theme import BAD_COLOR, OK_COLOR
 from ..widgets.blockwidgets import mono_font
 from ..workers import TaskRunner
@@ -106,6 +107,7 @@ class EditedValue:
     offset: int | None = None
 
 
+@qt_guarded
 class _Dialog(QDialog):
     """OK runs ``try_apply`` on :meth:`operation`'s result; a refusal is shown and the dialog stays open."""
 
@@ -168,6 +170,7 @@ class _Dialog(QDialog):
         super().accept()
 
 
+@qt_guarded
 class ValueDialog(_Dialog):
     """Set a key's value (keeping or changing its type), or add a new key (``key=None``)."""
 
@@ -285,6 +288,7 @@ class ValueDialog(_Dialog):
         return SetValue(key, tv)
 
 
+@qt_guarded
 class ElementDialog(_Dialog):
     """Set one element of a flat array (a token's text, a score, a type)."""
 
@@ -337,6 +341,7 @@ SPECIAL_NAMES = ("bos", "eos", "eot", "eom", "unknown", "seperator", "padding", 
                  "fim_mid", "fim_pad", "fim_rep", "fim_sep", "prefix", "suffix", "middle")
 
 
+@qt_guarded
 class SpecialTokenDialog(_Dialog):
     """Pick a special token (BOS, EOS, padding, …) by id or from a search of the vocabulary."""
 
@@ -435,6 +440,7 @@ class SpecialTokenDialog(_Dialog):
         return SetSpecialToken(self.name.currentData(), self.token_id.value())
 
 
+@qt_guarded
 class TemplateDialog(_Dialog):
     """Edit the chat template; the sample conversation is rendered (in the sandbox, in a worker) as you type, with
     its tokens when the file's tokenizer is available."""

@@ -29,6 +29,7 @@ from quantscope.core.summary import human_bytes
 
 from ..document import Document
 from ..exports import Exporter
+from ..guard import qt_guarded
 from ..models import KeyValueModel, plural
 from ..theme import BAD_COLOR, INFO_COLOR, OK_COLOR, group_color
 from ..widgets.fit import ElidedLabel, fit_columns
@@ -36,6 +37,7 @@ from ..widgets.progress import ProgressBar
 from ..workers import JobSlot, TaskRunner
 
 
+@qt_guarded
 class Card(QFrame):
     """A titled number (its lines elided, whole in the tool tip, when the card is narrow)."""
 
@@ -87,6 +89,7 @@ def fit_rows(v: QTableView, max_rows: int = 14) -> None:
     v.setFixedHeight(v.horizontalHeader().height() + n * v.verticalHeader().defaultSectionSize() + 4)
 
 
+@qt_guarded
 class OverviewView(QWidget):
     """The first tab."""
 

@@ -46,6 +46,7 @@ from quantscope.core.engine import probe as P
 
 from ..document import Document
 from ..exports import Exporter
+from ..guard import qt_guarded
 from ..theme import BAD_COLOR, group_color, is_dark
 from ..widgets.fit import ElidedLabel
 from ..widgets.progress import ProgressBar
@@ -152,6 +153,7 @@ def _cell(text: str, align_right: bool = False, tip: str = "") -> QTableWidgetIt
 
 
 # ====================================================================== logit lens
+@qt_guarded
 class LensPage(QWidget):
     """The logit lens heatmap, its colour choice, the hovered cell's top tokens and the picked cell's table."""
 
@@ -287,6 +289,7 @@ def _html(s: str) -> str:
 
 
 # ====================================================================== attention
+@qt_guarded
 class AttentionPage(QWidget):
     """A layer's attention weights: layer and head choice, query × key heatmap, masked cells hatched."""
 
@@ -441,6 +444,7 @@ class AttentionPage(QWidget):
 
 
 # ====================================================================== activations
+@qt_guarded
 class ActivationsPage(QWidget):
     """The residual stream's RMS per layer, one layer's channels, its top channels and their weight links."""
 
@@ -660,6 +664,7 @@ class ActivationsPage(QWidget):
 
 
 # ====================================================================== the tab
+@qt_guarded
 class ProbeView(QWidget):
     """The Probe tab."""
 

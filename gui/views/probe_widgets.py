@@ -12,6 +12,7 @@ from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFontMetrics, QKeyEvent, QPainter, QPen, QTransform
 from PySide6.QtWidgets import QApplication, QGraphicsRectItem, QWidget
 
+from ..guard import qt_guarded
 from ..theme import is_dark, muted_color
 
 #: a token's label on an axis is cut to this many characters (the whole piece is in the hover text)
@@ -50,6 +51,7 @@ def nice_step(raw: float) -> int:
     return int(10 * p)
 
 
+@qt_guarded
 class TokenAxis(pg.AxisItem):
     """An axis over cells ``0..n-1`` (cell ``i`` spans ``[i, i+1)``) labelled with ``labels``: every n-th cell,
     the step chosen from the room the labels need at the current zoom, so they never overlap."""
@@ -96,6 +98,7 @@ class TokenAxis(pg.AxisItem):
         return out
 
 
+@qt_guarded
 class CellText(pg.GraphicsObject):
     """Text in the heatmap's cells (the logit lens's top token), painted in screen pixels for the visible cells only,
     and only once a cell is wide and tall enough to hold a few characters; dark text on bright cells."""
@@ -167,6 +170,7 @@ class CellText(pg.GraphicsObject):
         p.restore()
 
 
+@qt_guarded
 class CellHeatmap(pg.GraphicsLayoutWidget):
     """A rows × columns heatmap of one value per cell (NaN: a masked cell, drawn hatched), token labels on both
     axes, a colour bar. ``hovered(row, col)`` follows the mouse (-1, -1 off the cells); ``picked(row, col)``

@@ -52,6 +52,7 @@ from quantscope.core.quant.imatrix import Imatrix, read_imatrix
 from quantscope.core.quant.types import ggml_type
 
 from ..document import Document
+from ..guard import qt_guarded
 from ..models import KEY_ROLE, SortFilterProxy, plural
 from ..widgets.fit import ElidedLabel, fit_columns
 from ..widgets.progress import ProgressBar
@@ -73,6 +74,7 @@ def _shape(ne: tuple[int, ...] | list[int]) -> str:
 # --------------------------------------------------------------------------------------------------- type picker
 
 
+@qt_guarded
 class TypesButton(QPushButton):
     """"Types: all 17 ▾": a drop-down of check boxes, one per candidate type (it stays open while ticking)."""
 
@@ -155,6 +157,7 @@ class TensorRun:
     settings: tuple[object, ...]
 
 
+@qt_guarded
 class RequantizePanel(QWidget):
     """The "Requantize" page: a tensor, its round trip into every chosen type, the table, plot, heatmap and block."""
 
@@ -664,6 +667,7 @@ class FileRun:
     seconds: float
 
 
+@qt_guarded
 class FileStatsPanel(QWidget):
     """The "Whole file" page: every quantizable weight × the chosen types, and the per-type summary."""
 
@@ -955,6 +959,7 @@ class FileStatsPanel(QWidget):
 # ----------------------------------------------------------------------------------------------------- the tab
 
 
+@qt_guarded
 class QuantLabView(QWidget):
     """The Quant lab tab: the values' source, the importance matrix and the types (shared), then the
     "Requantize" and "Whole file" pages."""

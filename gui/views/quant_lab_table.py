@@ -12,6 +12,7 @@ from PySide6.QtGui import QColor, QFont
 
 from quantscope.core.quant.lab import CANDIDATE_TYPES, ErrorStats
 
+from ..guard import qt_guarded
 from ..models import KEY_ROLE, SORT_ROLE
 
 _Index = QModelIndex | QPersistentModelIndex
@@ -87,6 +88,7 @@ class ErrorRow:
         return getattr(self.stats, key)
 
 
+@qt_guarded
 class ErrorTableModel(QAbstractTableModel):
     """Rows of :class:`ErrorRow`. ``kind``: ``tensor`` (one tensor, one row per type), ``file`` (a row per tensor and
     type) or ``summary`` (a row per type over the file). The weighted-RMSE column is there only with an imatrix;

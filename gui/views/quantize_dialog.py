@@ -45,6 +45,7 @@ from quantscope.core.quant.quantize import (
 )
 from quantscope.core.summary import human_bytes
 
+from ..guard import qt_guarded
 from ..theme import BAD_COLOR, OK_COLOR
 from ..widgets.paths import browse_row
 from ..widgets.progress import ProgressBar
@@ -55,6 +56,7 @@ _RULE = "preset rule"
 _COLS = ("Tensor", "Shape", "From", "To", "Why", "Override", "Size")
 
 
+@qt_guarded
 class QuantizeDialog(QDialog):
     """Quantizes ``gguf_path`` in a worker; emits ``openRequested(path)`` for "Open the result"."""
 

@@ -38,6 +38,7 @@ from quantscope.core.summary import human_bytes
 
 from ..document import Document
 from ..exports import Exporter
+from ..guard import qt_guarded
 from ..models import (
     KEY_ROLE,
     KeyValueModel,
@@ -59,6 +60,7 @@ _SEQUENTIAL = "viridis"
 FILTER_DELAY_MS = 150
 
 
+@qt_guarded
 class TensorsView(QWidget):
     """The Tensors tab."""
 

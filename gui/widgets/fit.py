@@ -9,7 +9,10 @@ from PySide6.QtCore import QAbstractProxyModel, QEvent, QObject, QSize, Qt, QTim
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QLabel, QSizePolicy, QTableView, QTreeView, QWidget
 
+from ..guard import qt_guarded
 
+
+@qt_guarded
 class ElidedLabel(QLabel):
     """A one-line plain-text label that never asks for more width than it gets: it shows as much of its text as
     fits, cut with "…" (``mode``: end, middle or start), and then the whole text leads its tool tip (followed by
@@ -74,6 +77,7 @@ _CELL_PADDING = 12
 CONTENTS_PRECISION = 0
 
 
+@qt_guarded
 class _ColumnFitter(QObject):
     """Event filter behind :func:`fit_columns`: re-fits on every resize of the view."""
 

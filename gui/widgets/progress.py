@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QProgressBar
 
+from ..guard import qt_guarded
 
+
+@qt_guarded
 class ProgressBar(QProgressBar):
     """A :class:`QProgressBar` whose new value is painted with the next paint of the window (``update()``)."""
 

@@ -132,3 +132,49 @@ def test_tree_index_helper_is_sane(window, model_path):  # noqa: F811
     m = window.tensors_view.tree_model
     assert m.tensor_at(0, QModelIndex()) is None
     assert m.tensor_at(0, m.index(0, 0)) is not None
+
+
+def test_every_tab_has_a_shortcut_and_the_readme_lists_them(window, qtbot, model_path):  # noqa: F811
+    import re
+    from pathlib import Path
+
+    from quantscope.gui.mainwindow import VIEW_KEYS
+
+    assert window.open_path(model_path("smollm2"))
+    tabs = {k for k, i in window._tab.items() if window.tabs.isTabVisible(i) and k != "welcome"}
+    assert tabs <= {k for k, _ in VIEW_KEYS}  # the Quant lab too
+    for n, (key, _label) in enumerate(VIEW_KEYS, start=1):
+        action = window.findChild(type(window.save_as_action), f"view-{key}")
+        assert action is not None and action.shortcut().toString() == f"Ctrl+{n}", key
+        if window.tabs.isTabVisible(window._tab[key]):
+            action.trigger()
+            assert window.current_view() == key
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    m = re.search(r"Ctrl\+1…(\d+) switch views \(([^)]*)\)", readme.replace("\n  ", " "))
+    assert m and int(m.group(1)) == len(VIEW_KEYS)
+    assert [s.strip() for s in m.group(2).split(",")] == [lab.replace("&", "") for _, lab in VIEW_KEYS]
+
+
+def test_the_shortcut_sheet_fits_700_pixels(window, qtbot, model_path):  # noqa: F811
+    assert window.open_path(model_path("smollm2"))
+    window.resize(1100, 700)
+    box = window.show_shortcuts()
+    qtbot.waitUntil(box.isVisible)
+    assert box.height() <= 700 - 60 and box.width() <= 1100
+    assert "Ctrl+Right" in box.text() and "Quant lab" in box.text()
+    box.accept()
+
+
+def test_show_in_the_heatmap_clears_a_filter_that_hides_the_tensor(window, qtbot, model_path):  # noqa: F811
+    assert window.open_path(model_path("smollm2"))
+    tv = window.tensors_view
+    window.show_view("tensors")
+    tv.filter.setText("ffn_down")
+    qtbot.waitUntil(lambda: tv.table_proxy.rowCount() == 30)
+    tv.split.setSizes([150, 1250])
+    window.show_channel("blk.3.attn_q.weight", "column", 7)
+    assert tv.filter.text() == "" and tv.table_proxy.rowCount() == 272
+    assert tv.tensor is not None and tv.tensor.name == "blk.3.attn_q.weight"
+    assert tv.table_proxy.data(tv.table.currentIndex().siblingAtColumn(0)) == "blk.3.attn_q.weight"
+    assert tv.split.sizes()[0] >= 300
+    wait_idle(qtbot, window)

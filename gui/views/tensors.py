@@ -56,6 +56,8 @@ from ..workers import JobSlot, TaskRunner
 HOVER_HINT = "Hover the heatmap for row, column and value; click a cell to open its block."
 _DIVERGING = "CET-D1"
 _SEQUENTIAL = "viridis"
+#: The tensor list's width when a tensor is shown from elsewhere (the Probe's links) and it was narrower.
+LIST_MIN_WIDTH = 320
 #: Typing in the filter applies it after this pause.
 FILTER_DELAY_MS = 150
 
@@ -244,7 +246,7 @@ class TensorsView(QWidget):
         rl.addLayout(prog)
         rl.addWidget(self.value_split, 1)
 
-        split = QSplitter()
+        split = self.split = QSplitter()
         split.addWidget(left)
         split.addWidget(right)
         split.setStretchFactor(0, 4)
@@ -334,8 +336,19 @@ class TensorsView(QWidget):
             self.inspectRequested.emit(name, 0, 0, 0)
 
     def show_heatmap(self, name: str) -> None:
-        """Select ``name`` and make sure the heatmap pane is open, with the keyboard focus on it."""
+        """Select ``name`` and make sure the heatmap pane is open, with the keyboard focus on it; a filter that
+        hides ``name`` is cleared (the tensor shown is listed)."""
+        self.flush_filter()
+        src = self._source_index(self.table_model, name)
+        if src is not None and not self.table_proxy.mapFromSource(src).isValid():
+            self.filter.blockSignals(True)
+            self.filter.clear()
+            self.filter.blockSignals(False)
+            self._filter("")
         self.select_tensor(name)
+        sizes = self.split.sizes()
+        if len(sizes) == 2 and sizes[0] < LIST_MIN_WIDTH:  # the list keeps room for the names
+            self.split.setSizes([LIST_MIN_WIDTH, max(1, sum(sizes) - LIST_MIN_WIDTH)])
         sizes = self.value_split.sizes()
         if len(sizes) == 2 and sizes[1] < 120:
             self.value_split.setSizes([max(1, sum(sizes) * 2 // 5), sum(sizes) * 3 // 5])

@@ -178,3 +178,17 @@ def test_show_in_the_heatmap_clears_a_filter_that_hides_the_tensor(window, qtbot
     assert tv.table_proxy.data(tv.table.currentIndex().siblingAtColumn(0)) == "blk.3.attn_q.weight"
     assert tv.split.sizes()[0] >= 300
     wait_idle(qtbot, window)
+
+
+def test_a_one_row_heatmap_has_one_whole_row_tick(window, qtbot, model_path):  # noqa: F811
+    assert window.open_path(model_path("smollm2"))
+    tv = window.tensors_view
+    window.show_view("tensors")
+    with qtbot.waitSignal(tv.analysisReady, timeout=60000):
+        tv.select_tensor("blk.0.attn_norm.weight")  # 576 values: one row
+    ticks = tv.heat_plot.getAxis("left")._tickLevels
+    assert ticks is not None and ticks[0] == [(0.5, "0")]
+    with qtbot.waitSignal(tv.analysisReady, timeout=60000):
+        tv.select_tensor("blk.0.attn_q.weight")  # many rows: pyqtgraph's own ticks again
+    assert tv.heat_plot.getAxis("left")._tickLevels is None
+    wait_idle(qtbot, window)

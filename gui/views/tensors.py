@@ -56,6 +56,8 @@ from ..workers import JobSlot, TaskRunner
 HOVER_HINT = "Hover the heatmap for row, column and value; click a cell to open its block."
 _DIVERGING = "CET-D1"
 _SEQUENTIAL = "viridis"
+#: A heatmap of at most this many rows labels each row (one tick per row).
+FEW_ROWS = 8
 #: The tensor list's width when a tensor is shown from elsewhere (the Probe's links) and it was narrower.
 LIST_MIN_WIDTH = 320
 #: Typing in the filter applies it after this pause.
@@ -594,6 +596,12 @@ class TensorsView(QWidget):
         self.image.setRect(QRectF(hm.col0, hm.row0, hm.n_cols, hm.n_rows))
         self.heat_plot.setRange(xRange=(hm.col0, hm.col0 + hm.n_cols), yRange=(hm.row0, hm.row0 + hm.n_rows),
                                 padding=0)
+        # rows are whole numbers: a matrix of a few rows gets one tick per row (at its middle), not 0.2, 0.4, …
+        left = self.heat_plot.getAxis("left")
+        if hm.n_rows <= FEW_ROWS:
+            left.setTicks([[(r + 0.5, f"{r:,}") for r in range(hm.row0, hm.row0 + hm.n_rows)], []])
+        else:
+            left.setTicks(None)
         self._place_mark()
         h, w = hm.shape
         self.heat_info.setText(f"{h} × {w} pixels, each {hm.row_step} row(s) × {hm.col_step} column(s)"

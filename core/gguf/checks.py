@@ -40,7 +40,7 @@ def layout_problems(f: GGUFFile) -> list[str]:
     outside = [t for t in f.tensors if t.problem and ("outside" in t.problem or "past the end" in t.problem)]
     if outside:
         out.append(f"{_n(len(outside), 'tensor')} of {len(f.tensors):,} run past the end of the file "
-                   f"(truncated?), e.g. {outside[0].name}: {outside[0].problem}.")
+                   f"— e.g. {outside[0].name}: {outside[0].problem}.")
     overlaps = [t for t in f.tensors if t.problem and "overlaps" in t.problem]
     if overlaps:
         out.append(f"{_n(len(overlaps), 'tensor')} overlap another, e.g. {overlaps[0].name}: "

@@ -273,3 +273,15 @@ def test_overview_scale_scan_ends_idle(window, qtbot, model_path, monkeypatch, e
     assert {"done": "no NaN/Inf scales", "at once": "no NaN/Inf scales", "failed": "failed: unreadable",
             "cancelled": "cancelled"}[ending] in ov.scan_label.text()
     wait_idle(qtbot, window)
+
+
+def test_a_conversion_that_ends_at_once_leaves_the_dialog_idle(
+        window, qtbot, model_path, monkeypatch, tmp_path):  # noqa: F811
+    assert window.open_path(model_path("smollm2"))
+    dlg = window.show_convert()
+    dlg.output.setText(str(tmp_path / "smol.bump"))
+    run_at_once(window.runner, monkeypatch)
+    dlg.start()  # the whole conversion ran inside start()
+    assert dlg.state in ("done", "failed"), dlg.state
+    assert dlg.task is None and dlg.start_btn.isEnabled() and not dlg.cancel_btn.isEnabled()
+    dlg.reject()

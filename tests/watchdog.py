@@ -72,6 +72,11 @@ def _spins_loop(frame: FrameType) -> bool:
     return hit
 
 
+def _is_wrapper(frame: FrameType) -> bool:
+    path, name = frame.f_code.co_filename, frame.f_code.co_name
+    return (path.endswith("guard.py") and name == "guarded") or (path.endswith("workers.py") and name == "call")
+
+
 def classify(frame: FrameType | None) -> tuple[str, str] | None:
     """(the slot Qt called, the innermost frame) when ``frame``'s thread runs a Python slot or handler that the event
     loop called (or a C++ call made from one), else None: the test's own code, or Qt's own C++ work between Python
@@ -85,7 +90,7 @@ def classify(frame: FrameType | None) -> tuple[str, str] | None:
             if not i:
                 return None
             slot = i - 1
-            if slot and chain[slot].f_code.co_filename.endswith("guard.py"):  # gui/guard.py's wrapper: its method
+            while slot and _is_wrapper(chain[slot]):  # gui/guard.py's or JobSlot's wrapper: name what it calls
                 slot -= 1
             return _where(chain[slot]), _where(chain[0])
     return None

@@ -49,7 +49,7 @@ from ..widgets.fit import ElidedLabel, fit_columns
 from ..widgets.paths import browse_row
 from ..widgets.plots import CompactPlot
 from ..widgets.progress import ProgressBar
-from ..workers import Task, TaskRunner
+from ..workers import JobSlot, Task, TaskRunner
 from .overview import Card
 
 SAMPLE_TEXT = "sample-text.txt"
@@ -299,6 +299,7 @@ class CompareDialog(QDialog):
         self.doc_path = doc_path
         self.runner = runner
         self.task: Task | None = None
+        self.job_slot = JobSlot(self.runner, self)  # the job and its callbacks, connected before it is queued
         self.result: CompareResult | None = None
         self.error: str | None = None
         self.state = "idle"  # idle | running | done | cancelled | failed
@@ -638,8 +639,9 @@ class CompareDialog(QDialog):
             except CompareCancelled:
                 raise Cancelled("comparison cancelled") from None
 
-        self.task = self.runner.start("compare", work, on_done=self._done, on_progress=self._progress,
-                                      on_failed=self._failed, on_cancelled=self._cancelled)
+        task = self.job_slot.start("compare", work, on_done=self._done, on_progress=self._progress,
+                              on_failed=self._failed, on_cancelled=self._cancelled)
+        self.task = task if self.job_slot.busy else None  # (None: it has ended already)
 
     def _refuse(self, message: str) -> None:
         self.status.setText(f"<span style='color:{BAD_COLOR}; font-weight:600'>{html.escape(message)}</span>")

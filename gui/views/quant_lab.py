@@ -56,7 +56,7 @@ from ..guard import qt_guarded
 from ..models import KEY_ROLE, SortFilterProxy, plural
 from ..widgets.fit import ElidedLabel, fit_columns
 from ..widgets.progress import ProgressBar
-from ..workers import Task, TaskRunner
+from ..workers import JobSlot, Task, TaskRunner
 from .quant_lab_table import METRICS, ErrorRow, ErrorTableModel
 from .quant_lab_widgets import BlockCompare, BlockHeatmap, BpwPlot
 
@@ -171,6 +171,7 @@ class RequantizePanel(QWidget):
         self.tensor: str | None = None
         self.run: TensorRun | None = None
         self.task: Task | None = None
+        self.job_slot = JobSlot(self.runner, self)  # the job and its callbacks, connected before it is queued
         self.state = "idle"  # idle | running | done | cancelled | failed
         self.error: str | None = None
         self.pending = False  # the tensor or the settings changed: run when the page is next shown
@@ -502,8 +503,9 @@ class RequantizePanel(QWidget):
                 self.status.setText(f"Cancelled: {name} was not measured (press Requantize to run it).")
                 self.runFinished.emit(None)
 
-        self.task = self.runner.start(TENSOR_TASK, work, on_done=done, on_progress=progress, on_failed=failed,
-                                      on_cancelled=cancelled)
+        task = self.job_slot.start(TENSOR_TASK, work, on_done=done, on_progress=progress, on_failed=failed,
+                              on_cancelled=cancelled)
+        self.task = task if self.job_slot.busy else None  # (None: it has ended already)
 
     def cancel(self) -> None:
         if self.task is not None and self.state == "running":
@@ -680,6 +682,7 @@ class FileStatsPanel(QWidget):
         self.doc: Document | None = None
         self.result: FileRun | None = None
         self.task: Task | None = None
+        self.job_slot = JobSlot(self.runner, self)  # the job and its callbacks, connected before it is queued
         self.state = "idle"
         self.error: str | None = None
         self.meter = RateMeter()
@@ -885,8 +888,9 @@ class FileStatsPanel(QWidget):
                 self.status.setText("Cancelled: nothing measured.")
                 self.runFinished.emit(None)
 
-        self.task = self.runner.start(FILE_TASK, work, on_done=done, on_progress=progress, on_failed=failed,
-                                      on_cancelled=cancelled)
+        task = self.job_slot.start(FILE_TASK, work, on_done=done, on_progress=progress, on_failed=failed,
+                              on_cancelled=cancelled)
+        self.task = task if self.job_slot.busy else None  # (None: it has ended already)
 
     def cancel(self) -> None:
         if self.task is not None and self.state == "running":

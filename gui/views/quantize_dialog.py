@@ -49,7 +49,7 @@ from ..guard import qt_guarded
 from ..theme import BAD_COLOR, OK_COLOR
 from ..widgets.paths import browse_row
 from ..widgets.progress import ProgressBar
-from ..workers import Task, TaskRunner
+from ..workers import JobSlot, Task, TaskRunner
 
 DEFAULT_PRESET = "Q4_K_M"
 _RULE = "preset rule"
@@ -71,6 +71,7 @@ class QuantizeDialog(QDialog):
         self.gguf = gguf
         self.runner = runner
         self.task: Task | None = None
+        self.job_slot = JobSlot(self.runner, self)  # the job and its callbacks, connected before it is queued
         self.imatrix: Imatrix | None = None
         self.plan: QuantizePlan | None = None
         self.plan_error: str | None = None
@@ -384,8 +385,9 @@ class QuantizeDialog(QDialog):
                 raise Cancelled("quantization cancelled") from None
             return plan, out
 
-        self.task = self.runner.start("quantize", work, on_done=self._done, on_progress=self._progress,
-                                      on_failed=self._failed, on_cancelled=self._cancelled)
+        task = self.job_slot.start("quantize", work, on_done=self._done, on_progress=self._progress,
+                              on_failed=self._failed, on_cancelled=self._cancelled)
+        self.task = task if self.job_slot.busy else None  # (None: it has ended already)
 
     def _progress(self, done: int, total: int, text: str) -> None:
         if total > 0:

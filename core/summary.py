@@ -10,6 +10,7 @@ import numpy as np
 
 from .fsutil import printable
 from .gguf import GGUFFile, MetadataValue, StringArray, ValueType
+from .gguf.checks import layout_problems
 
 #: Hyperparameters shown first, as ``{arch}.{suffix}``.
 HYPERPARAMETER_KEYS = (
@@ -137,7 +138,9 @@ def experts_summary(f: GGUFFile) -> dict[str, Any] | None:
 
 
 def type_summary(f: GGUFFile) -> list[dict[str, Any]]:
-    """Per ggml type: tensors, elements, bytes, share of the file, bits per weight; largest first."""
+    """Per ggml type: tensors, elements, bytes, share of the file, bits per weight; largest first. The share is
+    None when the tensors' bytes do not fit the file (a truncated or overlapping layout): it would be wrong."""
+    sound = not layout_problems(f)
     acc: dict[str, dict[str, Any]] = defaultdict(lambda: {"tensors": 0, "elements": 0, "bytes": 0})
     for t in f.tensors:
         row = acc[t.type_name]
@@ -147,7 +150,7 @@ def type_summary(f: GGUFFile) -> list[dict[str, Any]]:
     rows = []
     for name, row in acc.items():
         row = {"type": name, **row}
-        row["share"] = row["bytes"] / f.file_size if f.file_size else 0.0
+        row["share"] = row["bytes"] / f.file_size if f.file_size and sound else None
         row["bits_per_weight"] = 8.0 * row["bytes"] / row["elements"] if row["elements"] else None
         rows.append(row)
     rows.sort(key=lambda r: (-r["bytes"], r["type"]))
@@ -193,6 +196,7 @@ def summarize(f: GGUFFile, max_items: int = 8) -> dict[str, Any]:
             for t in f.tensors
         ],
         "types": type_summary(f),
+        "integrity": layout_problems(f),
         "problems": [str(p) for p in f.problems],
     }
     if f.is_split:  # a split model: its files; each tensor's offset is in its shard's file
@@ -219,6 +223,8 @@ def render_text(f: GGUFFile, summary: dict[str, Any] | None = None) -> str:
     add = lines.append
     add(f"File        {s['path'] or '<buffer>'}")
     add(f"Size        {s['file_size']:,} bytes ({human_bytes(s['file_size'])})")
+    for i, p in enumerate(s.get("integrity") or []):  # before anything else: the figures below may be wrong
+        add(f"{'INTEGRITY' if i == 0 else '':<11} {p}")
     shards = s.get("shards") or []
     if shards:
         add(f"Split       {len(shards)} files (metadata in the first; tensor offsets are in their file)")
@@ -265,7 +271,8 @@ def render_text(f: GGUFFile, summary: dict[str, Any] | None = None) -> str:
     add(f"  {'type':<10} {'tensors':>8} {'elements':>14} {'bytes':>14} {'share':>7} {'bpw':>7}")
     for r in s["types"]:
         bpw_r = f"{r['bits_per_weight']:.3f}" if r["bits_per_weight"] else "?"
-        add(f"  {r['type']:<10} {r['tensors']:>8} {r['elements']:>14,} {r['bytes']:>14,} {r['share']:>6.1%}"
+        share = f"{r['share']:>6.1%}" if r["share"] is not None else f"{'-':>6}"
+        add(f"  {r['type']:<10} {r['tensors']:>8} {r['elements']:>14,} {r['bytes']:>14,} {share}"
             f" {bpw_r:>7}")
     if s["problems"]:
         add("")

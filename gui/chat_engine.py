@@ -29,6 +29,8 @@ from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 from quantscope.core.chat import ChatTemplateError, SamplerParams
 from quantscope.core.chat.conversation import ContextTooSmall, prepare_prompt
 
+from .guard import qt_guarded
+
 BACKENDS = ("cpu", "cuda")
 
 _gc_lock = threading.Lock()
@@ -133,6 +135,7 @@ class GenRequest:
     seed: list[Any] = field(default_factory=list)  # their TokenRecords (core.chat.tokens.branch_records)
 
 
+@qt_guarded
 class EngineWorker(QObject):
     """Owns the :class:`~quantscope.core.engine.generate.Engine`; every slot runs on the worker thread."""
 
@@ -245,6 +248,7 @@ class EngineWorker(QObject):
             eng.close()
 
 
+@qt_guarded
 class EngineHost(QObject):
     """The GUI thread's handle on the model thread. ``state``: empty, loading, ready, generating."""
 

@@ -24,6 +24,7 @@ from quantscope.core.fsutil import PathRefused, printable, write_atomic
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.summary import human_bytes
 
+from .guard import qt_guarded
 from .workers import Task, TaskRunner
 
 PLOT_FILTERS = "PNG image (*.png);;SVG drawing (*.svg)"
@@ -35,6 +36,7 @@ def _safe_name(name: str) -> str:
     return out[:120] or "export"
 
 
+@qt_guarded
 class Exporter(QObject):
     """Asks where, writes (in the runner when it may take a while) and reports."""
 

@@ -11,17 +11,28 @@ import numpy as np
 import pyqtgraph as pg
 import PySide6
 from PySide6.QtCore import QEvent, QFileSystemWatcher, QSettings, Qt, QTimer, qVersion
-from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QIcon, QKeySequence, QShortcut
+from PySide6.QtGui import (
+    QAction,
+    QCloseEvent,
+    QDragEnterEvent,
+    QDropEvent,
+    QGuiApplication,
+    QIcon,
+    QKeySequence,
+    QShortcut,
+)
 from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
     QFileDialog,
     QFrame,
     QHBoxLayout,
     QLabel,
     QMainWindow,
     QMessageBox,
-    QProgressBar,
     QPushButton,
     QTabWidget,
+    QTextBrowser,
     QVBoxLayout,
     QWidget,
 )
@@ -29,6 +40,7 @@ from PySide6.QtWidgets import (
 from quantscope.core.cpu import default_threads, isa, isa_detected
 
 from .document import Document, OpenError, open_document
+from .guard import qt_guarded
 from .views.block_inspector import BlockInspectorView
 from .views.bump_inspector import BumpInspectorView
 from .views.chat import ChatView
@@ -43,9 +55,14 @@ from .views.quant_lab import QuantLabView
 from .views.quantize_dialog import QuantizeDialog
 from .views.tensors import TensorsView
 from .widgets.fit import ElidedLabel
+from .widgets.progress import ProgressBar
 from .workers import TaskRunner
 
 MAX_RECENT = 10
+#: The View menu: Ctrl+1… in this order (the README lists the same), every tab of a file reachable by a key.
+VIEW_KEYS = (("overview", "&Overview"), ("metadata", "&Metadata"), ("tensors", "&Tensors"),
+             ("block", "&Block inspector"), ("chat", "&Chat"), ("probe", "&Probe"), ("lab", "Quant &lab"),
+             ("bump", "B&ump file"))
 FILE_CHECK_MS = 2000  # the open file's size/mtime/inode is compared this often (watchers miss some changes)
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 VIEWS = ("overview", "metadata", "tensors", "block", "chat", "probe", "bump")
@@ -74,6 +91,32 @@ def versions() -> dict[str, str]:
     }
 
 
+@qt_guarded
+class ShortcutSheet(QDialog):
+    """The keyboard shortcuts (F1): rich text in a scrolled browser, at most 620 pixels tall."""
+
+    def __init__(self, html: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Keyboard shortcuts")
+        self.setAccessibleName("Keyboard shortcuts")
+        self._html = html
+        self.browser = QTextBrowser()
+        self.browser.setHtml(html)
+        self.browser.setFrameShape(QTextBrowser.Shape.NoFrame)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok)
+        buttons.accepted.connect(self.accept)
+        lay = QVBoxLayout(self)
+        lay.addWidget(self.browser, 1)
+        lay.addWidget(buttons)
+        screen = (parent.screen() if parent is not None else None) or QGuiApplication.primaryScreen()
+        room = screen.availableGeometry().height() - 80 if screen is not None else 620
+        self.resize(min(960, max(600, int(self.browser.document().idealWidth()) + 60)), max(300, min(620, room)))
+
+    def text(self) -> str:
+        return self._html
+
+
+@qt_guarded
 class MainWindow(QMainWindow):
     """Quantscope's window. ``settings`` defaults to the user's QSettings (tests pass their own)."""
 
@@ -161,7 +204,7 @@ class MainWindow(QMainWindow):
         # status bar: message, background task, ISA
         self.task_label = QLabel()
         self.task_label.setObjectName("muted")
-        self.task_progress = QProgressBar()
+        self.task_progress = ProgressBar()
         self.task_progress.setMaximumWidth(160)
         self.task_progress.setRange(0, 0)
         self.task_progress.setAccessibleName("Background work")
@@ -312,9 +355,7 @@ class MainWindow(QMainWindow):
         m.addAction(self._action("&Close file", self.close_document, "Ctrl+W", "close-file"))
         m.addAction(self._action("&Quit", self.close, "Ctrl+Q", "quit"))
         v = mb.addMenu("&View")
-        for i, (key, label) in enumerate((("overview", "&Overview"), ("metadata", "&Metadata"),
-                                          ("tensors", "&Tensors"), ("block", "&Block inspector"),
-                                          ("chat", "&Chat"), ("probe", "&Probe"))):
+        for i, (key, label) in enumerate(VIEW_KEYS):
             v.addAction(self._action(label, lambda _=False, k=key: self.show_view(k), f"Ctrl+{i + 1}", f"view-{key}"))
         v.addSeparator()
         v.addAction(self._action("&Find", self.focus_filter, QKeySequence.StandardKey.Find, "find"))
@@ -643,15 +684,26 @@ class MainWindow(QMainWindow):
                 out.append((self.tabs.tabText(i), rows))
         return out
 
-    def show_shortcuts(self) -> QMessageBox:
-        html = ""
-        for title, rows in self.shortcut_sections():
-            html += f"<tr><td colspan=2><br><b>{escape(title)}</b></td></tr>"
-            html += "".join(f"<tr><td><code>{escape(k)}</code>&nbsp;&nbsp;</td><td>{escape(v)}</td></tr>"
-                            for k, v in rows)
-        box = QMessageBox(QMessageBox.Icon.NoIcon, "Keyboard shortcuts", f"<table>{html}</table>",
-                          QMessageBox.StandardButton.Ok, self)
-        box.setAccessibleName("Keyboard shortcuts")
+    def show_shortcuts(self) -> ShortcutSheet:
+        """F1: every shortcut by view, in two columns and scrolled when the screen is short (it fits 700 px)."""
+        sections = self.shortcut_sections()
+        half, acc, total = 0, 0, sum(len(r) + 2 for _, r in sections)
+        while half < len(sections) and acc + len(sections[half][1]) + 2 <= total / 2:
+            acc += len(sections[half][1]) + 2
+            half += 1
+        half = max(1, half)
+
+        def column(part: list[tuple[str, list[tuple[str, str]]]]) -> str:
+            html = ""
+            for title, rows in part:
+                html += f"<tr><td colspan=2><br><b>{escape(title)}</b></td></tr>"
+                html += "".join(f"<tr><td><code>{escape(k)}</code>&nbsp;&nbsp;</td><td>{escape(v)}</td></tr>"
+                                for k, v in rows)
+            return f"<table>{html}</table>"
+
+        html = (f"<table width='100%'><tr><td valign='top' width='50%'>{column(sections[:half])}</td>"
+                f"<td valign='top' width='50%'>{column(sections[half:])}</td></tr></table>")
+        box = ShortcutSheet(html, self)
         box.open()
         self.shortcuts_box = box
         return box

@@ -3,6 +3,7 @@ per row, no copy of a 262k-entry vocabulary."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,8 @@ from quantscope.core.gguf import GGUFFile, MetadataValue, StringArray, TensorInf
 from quantscope.core.model.memory import block_group, group_sort_key
 from quantscope.core.summary import EXPERT_TENSOR, format_value, human_bytes
 from quantscope.core.tokenizer import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED
+
+from .guard import qt_guarded
 
 #: Role holding the value a column sorts by (numbers for numeric columns).
 SORT_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -46,6 +49,7 @@ def visible_text(s: str, limit: int = 400) -> str:
     return "".join(_CONTROL.get(c, f"\\x{ord(c):02x}" if ord(c) < 32 else c) for c in s)
 
 
+@qt_guarded
 class SortFilterProxy(_Proxy):
     """Case-insensitive filtering over all columns, numeric sorting via :data:`SORT_ROLE`."""
 
@@ -58,6 +62,44 @@ class SortFilterProxy(_Proxy):
         self.setAutoAcceptChildRows(recursive)
 
 
+def natural_key(name: str) -> str:
+    """A string that sorts ``blk.2`` before ``blk.10``: every run of digits zero-padded to 12."""
+    return _DIGITS.sub(lambda m: m.group().zfill(12), name)
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+@qt_guarded
+class TensorFilterProxy(SortFilterProxy):
+    """Tensors kept by a substring of their name or type, case-insensitive. Only those two texts are matched (the
+    numbers are not: "b" must not match every "MiB"), and a layer row of the tree is kept when one of its tensors
+    is. Cheap: one ``in`` test per tensor, no ``data()`` call."""
+
+    def __init__(self, parent: Any = None, recursive: bool = False) -> None:
+        super().__init__(parent, recursive)
+        self.setAutoAcceptChildRows(False)
+        self.needle = ""
+
+    def set_needle(self, text: str) -> bool:
+        """Filter by ``text``; False when it is what is already applied (nothing changed)."""
+        text = text.strip().lower()
+        if text == self.needle:
+            return False
+        self.beginFilterChange()
+        self.needle = text
+        self.endFilterChange(_Proxy.Direction.Rows)
+        return True
+
+    def filterAcceptsRow(self, row: int, parent: _Index) -> bool:
+        if not self.needle:
+            return True
+        src = self.sourceModel()
+        t = src.tensor_at(row, parent) if src is not None else None  # type: ignore[attr-defined]
+        return t is not None and (self.needle in t.name.lower() or self.needle in t.type_name.lower())
+
+
+@qt_guarded
 class KeyValueModel(QAbstractTableModel):
     """Rows of strings (default two columns, name and value): hyperparameters, bump header fields, checks.
 
@@ -101,6 +143,7 @@ class KeyValueModel(QAbstractTableModel):
         return None
 
 
+@qt_guarded
 class MetadataModel(QAbstractTableModel):
     """Every metadata key: key, value type, one-line value, byte offset."""
 
@@ -170,6 +213,7 @@ class MetadataModel(QAbstractTableModel):
         return None
 
 
+@qt_guarded
 class ArrayModel(QAbstractTableModel):
     """A metadata array, element by element, read on demand. For ``tokenizer.ggml.tokens`` the token type and
     score arrays of the same length are shown beside each token. ``set_indices`` restricts the rows to a search
@@ -277,6 +321,7 @@ def shape_text(t: TensorInfo) -> str:
     return " × ".join(str(d) for d in t.ne) or "scalar"
 
 
+@qt_guarded
 class TensorTableModel(QAbstractTableModel):
     """Flat tensor table: name, type, shape (ne order), elements, bytes, offset, bits per weight."""
 
@@ -285,11 +330,20 @@ class TensorTableModel(QAbstractTableModel):
     def __init__(self) -> None:
         super().__init__()
         self.tensors: list[TensorInfo] = []
+        self._texts: dict[int, list[str]] = {}
 
     def set_file(self, f: GGUFFile | None) -> None:
         self.beginResetModel()
         self.tensors = list(f.tensors) if f is not None else []
+        self._texts = {}
         self.endResetModel()
+
+    def column_texts(self, col: int) -> list[str]:
+        """Every text of column ``col`` (the column fitter measures these, not the cells one by one)."""
+        if col not in self._texts:
+            self._texts[col] = sorted({tensor_cell(t, col, Qt.ItemDataRole.DisplayRole) for t in self.tensors},
+                                      key=len)[-64:]
+        return self._texts[col]
 
     def rowCount(self, parent: _Index = _ROOT) -> int:
         return 0 if parent.isValid() else len(self.tensors)
@@ -301,6 +355,9 @@ class TensorTableModel(QAbstractTableModel):
         if not index.isValid():
             return None
         return tensor_cell(self.tensors[index.row()], index.column(), role)
+
+    def tensor_at(self, row: int, parent: _Index = _ROOT) -> TensorInfo | None:
+        return None if parent.isValid() or not 0 <= row < len(self.tensors) else self.tensors[row]
 
     def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
@@ -316,7 +373,7 @@ def tensor_cell(t: TensorInfo, col: int, role: int) -> Any:
                 human_bytes(t.n_bytes) if t.n_bytes is not None else "?", f"{t.data_offset:,}",
                 f"{bpw:.2f}" if bpw is not None else "?")[col]
     if role == SORT_ROLE:
-        return (t.name, t.type_name, t.n_elements, t.n_elements, t.n_bytes or 0, t.data_offset,
+        return (natural_key(t.name), t.type_name, t.n_elements, t.n_elements, t.n_bytes or 0, t.data_offset,
                 t.bits_per_weight or 0.0)[col]
     if role == KEY_ROLE:
         return t.name
@@ -331,6 +388,7 @@ def tensor_cell(t: TensorInfo, col: int, role: int) -> Any:
     return None
 
 
+@qt_guarded
 class TensorTreeModel(QAbstractItemModel):
     """Tensors grouped by layer: the non-layer tensors, then ``blk.0`` … ``blk.N``; same columns as the table.
 
@@ -341,6 +399,7 @@ class TensorTreeModel(QAbstractItemModel):
     def __init__(self) -> None:
         super().__init__()
         self.groups: list[tuple[str, list[TensorInfo]]] = []
+        self._texts: dict[int, list[str]] = {}
 
     def set_file(self, f: GGUFFile | None) -> None:
         self.beginResetModel()
@@ -348,7 +407,16 @@ class TensorTreeModel(QAbstractItemModel):
         for t in f.tensors if f is not None else []:
             acc.setdefault(block_group(t.name), []).append(t)
         self.groups = sorted(acc.items(), key=lambda kv: group_sort_key(kv[0]))
+        self._texts = {}
         self.endResetModel()
+
+    def column_texts(self, col: int) -> list[str]:
+        """Every text of column ``col``, tensors and layer rows (see :meth:`TensorTableModel.column_texts`)."""
+        if col not in self._texts:
+            cells = {tensor_cell(t, col, Qt.ItemDataRole.DisplayRole) for _, ts in self.groups for t in ts}
+            cells |= {self.data(self.index(g, col)) or "" for g in range(len(self.groups))}
+            self._texts[col] = sorted(cells, key=len)[-64:]
+        return self._texts[col]
 
     def group_label(self, g: int) -> str:
         name, ts = self.groups[g]
@@ -386,6 +454,13 @@ class TensorTreeModel(QAbstractItemModel):
             return None
         return self.groups[index.internalId() - 1][1][index.row()]
 
+    def tensor_at(self, row: int, parent: _Index = _ROOT) -> TensorInfo | None:
+        """The tensor at ``row`` under ``parent`` (None for a layer row)."""
+        if not parent.isValid() or parent.internalId() != 0:
+            return None
+        ts = self.groups[parent.row()][1]
+        return ts[row] if 0 <= row < len(ts) else None
+
     def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if not index.isValid():
             return None
@@ -420,6 +495,7 @@ class TensorTreeModel(QAbstractItemModel):
         return None
 
 
+@qt_guarded
 class BumpSectionsModel(QAbstractTableModel):
     """Sections of a bump file: name, dtype, code, offset, size."""
 

@@ -17,6 +17,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from .guard import qt_guarded
+
 #: Sub-block / scale-group colours (index = group % len): distinct hues readable on light and dark.
 GROUP_COLORS = (
     "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2", "#edc948", "#ff9da7",
@@ -104,6 +106,7 @@ def _light_palette() -> QPalette:
     return p
 
 
+@qt_guarded
 class QuantscopeStyle(QProxyStyle):
     """Fusion, plus what Fusion draws too faintly on a dark palette: the outline of check boxes and radio
     buttons (Fusion darkens the window colour for it) and the keyboard focus ring (a dimmed highlight)."""

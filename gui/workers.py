@@ -18,12 +18,15 @@ from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
 
 from quantscope.core.jobs import Cancelled, CancelToken
 
+from .guard import qt_guarded
+
 Report = Callable[..., None]
 TaskFn = Callable[[Report, CancelToken], Any]
 
 _PROGRESS_INTERVAL = 0.05
 
 
+@qt_guarded
 class TaskSignals(QObject):
     """Signals of one task (they live on the GUI thread; the worker only emits)."""
 
@@ -34,6 +37,7 @@ class TaskSignals(QObject):
     ended = Signal()  # after any of the three above
 
 
+@qt_guarded
 class Task(QRunnable):
     """One unit of background work. Keep the :class:`TaskRunner` that started it alive until it ends."""
 
@@ -46,6 +50,9 @@ class Task(QRunnable):
         self.signals = TaskSignals()
         self.done = False
         self._last_emit = 0.0
+        # one progress signal in flight at a time: a GUI thread slower than the worker gets the latest, not a queue
+        self._in_flight = False
+        self.signals.progress.connect(self._delivered)
 
     def cancel(self) -> None:
         self.token.cancel()
@@ -56,9 +63,13 @@ class Task(QRunnable):
 
     def _report(self, done: int, total: int, text: str = "") -> None:
         now = time.monotonic()
-        if now - self._last_emit >= _PROGRESS_INTERVAL or done >= total:
+        if (now - self._last_emit >= _PROGRESS_INTERVAL and not self._in_flight) or done >= total:
             self._last_emit = now
+            self._in_flight = True
             self.signals.progress.emit(done, total, text)
+
+    def _delivered(self, *_args: object) -> None:
+        self._in_flight = False
 
     def run(self) -> None:
         try:
@@ -79,6 +90,7 @@ class Task(QRunnable):
             self.signals.ended.emit()
 
 
+@qt_guarded
 class TaskRunner(QObject):
     """Starts tasks on its own thread pool, tracks the running ones, cancels and waits for them on shutdown."""
 
@@ -96,11 +108,14 @@ class TaskRunner(QObject):
     def start(self, name: str, fn: TaskFn, *, on_done: Callable[[Any], None] | None = None,
               on_progress: Callable[[int, int, str], None] | None = None,
               on_failed: Callable[[str, str], None] | None = None,
-              on_cancelled: Callable[[], None] | None = None) -> Task:
-        """Queue ``fn``; callbacks run on the GUI thread."""
+              on_cancelled: Callable[[], None] | None = None,
+              on_ended: Callable[[], None] | None = None) -> Task:
+        """Queue ``fn``; callbacks run on the GUI thread. Every callback is connected before the task is queued, so
+        a task that ends at once still reports; ``on_ended`` runs after the result callback, however it ended."""
         task = Task(name, fn)
         if self.closed:  # the window is going: nothing runs (and nothing may call back into deleted widgets)
             task.cancel()
+            task.done = True
             return task
         if self.may_start is not None and not self.may_start():
             task.cancel()
@@ -113,6 +128,8 @@ class TaskRunner(QObject):
         if on_cancelled:
             task.signals.cancelled.connect(on_cancelled)
         task.signals.ended.connect(lambda t=task: self._ended(t))
+        if on_ended:
+            task.signals.ended.connect(on_ended)
         self.active.append(task)
         self.pool.start(task)
         self.changed.emit()
@@ -148,3 +165,89 @@ class TaskRunner(QObject):
             self.active = []
             self.changed.emit()
         return ok
+
+
+@qt_guarded
+class JobSlot(QObject):
+    """One view's background job, and the busy state that follows it: the helper every worker-backed control uses.
+
+    :meth:`start` queues the task with every callback connected first and calls ``on_busy(True)``; however the job
+    ends (done, cancelled, failed, refused before it ran, or so fast that it ended before :meth:`start` returned)
+    its result callback runs and then ``on_busy(False)``. Starting another job, or :meth:`forget` (a new file),
+    cancels the current one and drops its results: only the current job's callbacks run. ``busy`` is true exactly
+    while a job is current."""
+
+    busyChanged = Signal(bool)
+
+    def __init__(self, runner: TaskRunner, parent: QObject | None = None,
+                 on_busy: Callable[[bool], None] | None = None) -> None:
+        super().__init__(parent)
+        self.runner = runner
+        self.task: Task | None = None
+        self.on_busy = on_busy
+        self._ticket: object | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.task is not None
+
+    def _set_busy(self, busy: bool) -> None:
+        if self.on_busy is not None:
+            self.on_busy(busy)
+        self.busyChanged.emit(busy)
+
+    def start(self, name: str, fn: TaskFn, *, on_done: Callable[[Any], None] | None = None,
+              on_progress: Callable[[int, int, str], None] | None = None,
+              on_failed: Callable[[str, str], None] | None = None,
+              on_cancelled: Callable[[], None] | None = None) -> Task:
+        """Cancel the current job (its results are dropped) and start ``fn`` as the new one."""
+        if self.task is not None:
+            self.task.cancel()
+        ticket = object()  # this job's: callbacks of a replaced or forgotten job find another one
+        self._ticket = ticket
+
+        def current() -> bool:
+            return shiboken6.isValid(self) and self._ticket is ticket
+
+        def guard(cb: Callable[..., None] | None) -> Callable[..., None] | None:
+            if cb is None:
+                return None
+
+            def call(*args: Any) -> None:
+                if current():
+                    cb(*args)
+            return call
+
+        def ended() -> None:
+            if current():
+                self._ticket = None
+                self.task = None
+                self._set_busy(False)
+
+        task = self.runner.start(name, fn, on_done=guard(on_done), on_progress=guard(on_progress),
+                                 on_failed=guard(on_failed), on_cancelled=guard(on_cancelled), on_ended=ended)
+        if self._ticket is not ticket:  # it has ended already (a task run at once): the view is idle
+            return task
+        if task.done and task not in self.runner.active:  # refused (the window is closing): nothing will report
+            self._ticket = None
+            self.task = None
+            if on_cancelled is not None:
+                on_cancelled()
+            self._set_busy(False)
+            return task
+        self.task = task
+        self._set_busy(True)
+        return task
+
+    def cancel(self) -> None:
+        """Ask the current job to stop; it reports cancelled (and the view goes idle) when it has."""
+        if self.task is not None:
+            self.task.cancel()
+
+    def forget(self) -> None:
+        """Cancel the current job and go idle now; nothing it reports later reaches the view."""
+        self._ticket = None
+        if self.task is not None:
+            self.task.cancel()
+            self.task = None
+            self._set_busy(False)

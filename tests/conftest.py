@@ -45,3 +45,11 @@ def gguf_py_reader() -> Callable[[str], object]:
         return _READERS[name]
 
     return get
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):  # type: ignore[no-untyped-def]
+    """Every GUI test runs under the event-loop watchdog (tests/watchdog.py): a blocked loop fails it."""
+    from .watchdog import watch
+
+    return (yield from watch(item))

@@ -250,3 +250,25 @@ def test_the_real_question_box(window, qtbot, tiny, button):  # noqa: F811
     assert MainWindow.confirm_discard(window) is (button == "Discard")
     assert seen and "1 unsaved change" in seen[0]
     mv.discard_edits()
+
+
+def test_template_editor_says_why_token_ids_are_missing_when_the_tokenizer_does_not_load(window, qtbot, tmp_path):  # noqa: F811
+    """Issue 33 item 8: the tokenizer's failure reached ``_status`` with two arguments of three (a TypeError in a
+    slot); it must show as the editor's status line, the template still rendered."""
+    w = gguf.GGUFWriter(str(tmp_path / "odd.gguf"), "llama")
+    w.add_tokenizer_model("no-such-model")
+    w.add_token_list(TOKENS)
+    w.add_chat_template(TEMPLATE)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert window.open_path(tmp_path / "odd.gguf")
+    mv = window.metadata_view
+    window.show_view("metadata")
+    dlg = mv.edit_template()
+    wait_idle(qtbot, window)
+    qtbot.waitUntil(lambda: "no token ids" in dlg.render_status.text(), timeout=30000)
+    assert "no-such-model" in dlg.render_status.text()
+    wait_idle(qtbot, window)
+    dlg.reject()

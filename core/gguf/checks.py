@@ -28,6 +28,37 @@ class Check:
     detail: str
 
 
+def layout_problems(f: GGUFFile) -> list[str]:
+    """The layout faults that make figures about the file wrong, one sentence each, worst first: tensors past the
+    end of the file, overlapping tensors, a bad alignment or unaligned offsets, a data section past the end. Empty
+    for a sound file. The Overview shows these at its top and ``quantscope inspect`` before anything else."""
+    out: list[str] = []
+    al = f.alignment
+    if f.data_start > f.file_size:
+        out.append(f"The data section starts at byte {f.data_start:,}, past the end of the {f.file_size:,}-byte "
+                   "file.")
+    outside = [t for t in f.tensors if t.problem and ("outside" in t.problem or "past the end" in t.problem)]
+    if outside:
+        out.append(f"{_n(len(outside), 'tensor')} of {len(f.tensors):,} run past the end of the file "
+                   f"— e.g. {outside[0].name}: {outside[0].problem}.")
+    overlaps = [t for t in f.tensors if t.problem and "overlaps" in t.problem]
+    if overlaps:
+        out.append(f"{_n(len(overlaps), 'tensor')} overlap another, e.g. {overlaps[0].name}: "
+                   f"{overlaps[0].problem}.")
+    if not (al > 0 and al & (al - 1) == 0):
+        out.append(f"general.alignment = {al} is not a power of two.")
+    else:
+        unaligned = [t for t in f.tensors if t.offset % al]
+        if unaligned:
+            out.append(f"{_n(len(unaligned), 'tensor')} do not start on a {al}-byte boundary, e.g. "
+                       f"{unaligned[0].name} at offset {unaligned[0].offset:,}.")
+    return out
+
+
+def _n(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
 def integrity_checks(f: GGUFFile) -> list[Check]:
     """Header and layout checks: alignment, tensor offsets, bounds, overlaps, types, gaps, vocabulary size."""
     out: list[Check] = []
@@ -62,8 +93,11 @@ def integrity_checks(f: GGUFFile) -> list[Check]:
         ends[t.shard] = max(ends[t.shard], t.data_offset + (t.n_bytes or 0))
     used = sum(t.n_bytes or 0 for t in placed)
     trailing = sum(s.file_size - end for s, end in zip(f.shards, ends, strict=True))
-    out.append(Check("padding", None, f"{used:,} tensor bytes, {gap_bytes:,} bytes of alignment padding, "
-                     f"{trailing:,} bytes after the last tensor"))
+    if outside or overlaps:  # the bytes do not add up: a count of padding would be made up
+        out.append(Check("padding", None, "not measured: the tensors' bytes do not fit the file (see above)"))
+    else:
+        out.append(Check("padding", None, f"{used:,} tensor bytes, {gap_bytes:,} bytes of alignment padding, "
+                         f"{trailing:,} bytes after the last tensor"))
     toks = f.get("tokenizer.ggml.tokens")
     if isinstance(toks, StringArray) and f.has_tensor("token_embd.weight"):
         emb = f.tensor("token_embd.weight")

@@ -50,12 +50,14 @@ from quantscope.core.gguf.checks import INT32_MAX
 from quantscope.core.quant import DecodedBlock, can_decode, decode_block
 
 from ..exports import Exporter
+from ..guard import qt_guarded
 from ..models import KeyValueModel
 from ..theme import group_color, muted_color
 from ..widgets.blockwidgets import CodeGrid, Fp16Strip, HexView, ScaleBitDiagram, mono_font
 from ..widgets.plots import CompactPlot
 
 
+@qt_guarded
 class FieldModel(KeyValueModel):
     """Fields of a decoded block: name, offset, size, kind, value, description."""
 
@@ -76,6 +78,7 @@ def _field_value_text(v: object) -> str:
     return str(v)
 
 
+@qt_guarded
 class BlockInspectorView(QWidget):
     """Pick a tensor, row and block; see inside it."""
 

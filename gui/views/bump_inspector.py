@@ -10,7 +10,6 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QLineEdit,
-    QProgressBar,
     QPushButton,
     QSplitter,
     QTableView,
@@ -21,9 +20,11 @@ from PySide6.QtWidgets import (
 from quantscope.core.bump import BumpFile, describe
 from quantscope.core.summary import human_bytes
 
+from ..guard import qt_guarded
 from ..models import BumpSectionsModel, KeyValueModel, SortFilterProxy, plural
 from ..theme import BAD_COLOR, OK_COLOR
-from ..workers import TaskRunner
+from ..widgets.progress import ProgressBar
+from ..workers import JobSlot, TaskRunner
 
 
 def _table(model: object, name: str) -> QTableView:
@@ -39,6 +40,7 @@ def _table(model: object, name: str) -> QTableView:
     return v
 
 
+@qt_guarded
 class BumpInspectorView(QWidget):
     """Shown instead of the GGUF tabs when a bump file is open."""
 
@@ -47,13 +49,14 @@ class BumpInspectorView(QWidget):
         self.runner = runner
         self.bump: BumpFile | None = None
         self.checksum_ok: bool | None = None
+        self.job = JobSlot(runner, self, on_busy=self._busy)
         self.title = QLabel()
         self.title.setObjectName("heading")
         self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.checksum = QLabel()
         self.checksum.setAccessibleName("Checksum status")
         self.checksum.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.progress = QProgressBar()
+        self.progress = ProgressBar()
         self.progress.setAccessibleName("Checksum progress")
         self.progress.setMaximumWidth(240)
         self.verify_btn = QPushButton("Verify checksum")
@@ -101,10 +104,17 @@ class BumpInspectorView(QWidget):
         lay = QVBoxLayout(self)
         lay.addLayout(top)
         lay.addWidget(split, 1)
+        self._busy(False)
+
+    def _busy(self, busy: bool) -> None:
+        self.progress.setVisible(busy)
+        self.verify_btn.setVisible(not busy)
 
     def set_bump(self, b: BumpFile | None) -> None:
+        self.job.forget()
         self.bump = b
         self.checksum_ok = None
+        self.checksum.setText("")
         self.sections_model.set_bump(b)
         if b is None:
             return
@@ -138,11 +148,8 @@ class BumpInspectorView(QWidget):
         b = self.bump
         if b is None:
             return
-        self.runner.cancel("bump-checksum")
         self.checksum.setText("Checksum: verifying…")
         self.progress.setValue(0)
-        self.progress.show()
-        self.verify_btn.hide()
 
         def work(report, token):  # type: ignore[no-untyped-def]
             from quantscope.core.bump import Cancelled
@@ -155,8 +162,7 @@ class BumpInspectorView(QWidget):
             return b.checksum_ok(prog)
 
         def progress(done: int, total: int, _t: str) -> None:
-            if self.bump is b:
-                self.progress.setValue(int(100 * done / total) if total else 100)
+            self.progress.setValue(int(100 * done / total) if total else 100)
 
         def done(ok: bool) -> None:
             if self.bump is not b:
@@ -164,15 +170,11 @@ class BumpInspectorView(QWidget):
             self.checksum_ok = ok
             color, text = (OK_COLOR, "✓ checksum verifies") if ok else (BAD_COLOR, "✗ checksum DOES NOT verify")
             self.checksum.setText(f"<span style='color:{color}; font-weight:600'>{text}</span>")
-            self.progress.hide()
-            self.verify_btn.show()
 
         def ended_other(text: str) -> None:
             if self.bump is b:
                 self.checksum.setText(text)
-                self.progress.hide()
-                self.verify_btn.show()
 
-        self.runner.start("bump-checksum", work, on_done=done, on_progress=progress,
+        self.job.start("bump-checksum", work, on_done=done, on_progress=progress,
                           on_cancelled=lambda: ended_other("Checksum: not verified (cancelled)"),
                           on_failed=lambda m, _tb: ended_other(f"Checksum: could not be read: {m}"))

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QMenu,
     QSplitter,
@@ -38,6 +39,7 @@ from quantscope.core.gguf.checks import INT32_MAX, metadata_int
 
 from ..chat_engine import EngineHost, GenStats
 from ..document import Document
+from ..guard import qt_guarded
 from ..theme import is_dark
 from ..workers import TaskRunner
 from .chat_conversations import ConversationPanel
@@ -56,6 +58,7 @@ from .chat_widgets import (
 FLUSH_MS = 50
 
 
+@qt_guarded
 class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
     """The Chat tab. ``runner`` runs the tokenizer lab and template preview; the model has its own thread."""
 
@@ -205,6 +208,11 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
             cb.text, cb.send_btn, cb.stop_btn, cb.regen_btn, cb.edit_bar, cb.edit_label)
         cb.sendRequested.connect(lambda: self.send())
         cb.stopRequested.connect(self.stop)
+        # Esc stops the reply (or the loading) wherever the focus is in the chat pane
+        self.stop_shortcut = QShortcut(QKeySequence("Escape"), self)
+        self.stop_shortcut.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        self.stop_shortcut.setWhatsThis("stop the reply")  # listed by F1
+        self.stop_shortcut.activated.connect(self.stop)
         cb.regenerateRequested.connect(self.regenerate)
         cb.cancelEditRequested.connect(self.cancel_edit)
         cb.textChanged.connect(self._schedule_preview)

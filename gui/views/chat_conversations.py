@@ -30,11 +30,13 @@ from PySide6.QtWidgets import (
 
 from quantscope.core.chat.store import ConversationInfo
 
+from ..guard import qt_guarded
 from ..widgets.fit import ElidedLabel
 
 MODEL_ROLE = Qt.ItemDataRole.UserRole + 1  # the list's "name · quant" line
 
 
+@qt_guarded
 class ConversationDelegate(QStyledItemDelegate):
     """A conversation in the list: its title, and under it in a smaller muted line the model it belongs to
     (``name · quant``, from ``model_role``); both elided to the width, the whole in the tooltip."""
@@ -74,6 +76,7 @@ class ConversationDelegate(QStyledItemDelegate):
         painter.restore()
 
 
+@qt_guarded
 class ConversationPanel(QWidget):
     """The list of saved conversations (title, and under it the model: name · quantization)."""
 

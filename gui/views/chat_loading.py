@@ -113,6 +113,8 @@ class LoadingMixin:
             self.set_mode("completion")
         self._update_controls()
         self._ensure_bundle()
+        if self.isVisible():  # ready to type: the message box, not the list the Load button left the focus in
+            self.composer.setFocus()
         self.engineLoaded.emit(info)
         if self.script_active:
             self._script_next()

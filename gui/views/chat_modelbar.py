@@ -13,7 +13,6 @@ from PySide6.QtWidgets import (
     QGridLayout,
     QHBoxLayout,
     QLabel,
-    QProgressBar,
     QPushButton,
     QSizePolicy,
     QWidget,
@@ -22,12 +21,15 @@ from PySide6.QtWidgets import (
 from quantscope.core.cpu import default_threads, isa
 from quantscope.core.summary import human_bytes
 
+from ..guard import qt_guarded
 from ..widgets.fit import ElidedLabel
+from ..widgets.progress import ProgressBar
 from .chat_settings import ispin
 
 DEFAULT_CTX = 4096
 
 
+@qt_guarded
 class ModelBar(QFrame):
     """The model card above the conversation (the view connects its buttons and spin boxes)."""
 
@@ -70,7 +72,7 @@ class ModelBar(QFrame):
         self.memory_label.setObjectName("muted")
         self.memory_label.setWordWrap(True)
         self.memory_label.setAccessibleName("Memory the model will use")
-        self.load_progress = QProgressBar()
+        self.load_progress = ProgressBar()
         self.load_progress.setRange(0, 100)
         self.load_progress.setAccessibleName("Loading progress")
         self.load_progress.setMinimumWidth(120)

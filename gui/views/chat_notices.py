@@ -10,6 +10,8 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QVBoxLay
 
 from quantscope.core.chat.store import ModelIdentity
 
+from ..guard import qt_guarded
+
 
 def stylesheet(dark: bool) -> str:
     user = "#2b3440" if dark else "#eaf1fb"
@@ -39,6 +41,7 @@ def stylesheet(dark: bool) -> str:
 
 
 
+@qt_guarded
 class Notices(QWidget):
     """The banners above the conversation; each is hidden until it has something to say."""
 

@@ -19,6 +19,8 @@ from PySide6.QtWidgets import (
 from quantscope.core.chat import SamplerParams
 from quantscope.core.chat.tokens import N_ALTERNATIVES
 
+from ..guard import qt_guarded
+
 #: Sampling presets (llama.cpp meanings). "Greedy" is temperature 0: the same text as `quantscope generate --temp 0`.
 PRESETS: dict[str, dict[str, float]] = {
     "Balanced": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0},
@@ -47,6 +49,7 @@ def ispin(lo: int, hi: int, name: str, tip: str) -> QSpinBox:
     return w
 
 
+@qt_guarded
 class SamplingPanel(QWidget):
     """Mode, system prompt and sampling settings. ``modeChanged`` when the mode changes, ``systemChanged`` when
     the system prompt is edited."""

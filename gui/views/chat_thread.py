@@ -14,7 +14,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
-    QProgressBar,
     QPushButton,
     QScrollArea,
     QVBoxLayout,
@@ -24,10 +23,13 @@ from PySide6.QtWidgets import (
 from quantscope.core.chat.controller import stats_numbers
 from quantscope.core.chat.store import StoredMessage
 
+from ..guard import qt_guarded
 from ..widgets.fit import ElidedLabel
+from ..widgets.progress import ProgressBar
 from .chat_widgets import MessageView
 
 
+@qt_guarded
 class ReplyStream(QScrollArea):
     """The messages of the conversation, one :class:`MessageView` each; never wider than the pane (no
     horizontal scroll bar: replies wrap)."""
@@ -94,6 +96,7 @@ class ReplyStream(QScrollArea):
         self.empty_label.setVisible(bool(text) and not self.views)
 
 
+@qt_guarded
 class Composer(QWidget):
     """The message box (Ctrl+Enter sends, Esc stops), its buttons, and the bar shown while a message is edited."""
 
@@ -126,12 +129,11 @@ class Composer(QWidget):
         self.text.setPlaceholderText("Message the model…  (Ctrl+Enter sends, Esc stops)")
         self.text.setFixedHeight(78)
         self.text.textChanged.connect(self.textChanged.emit)
-        for keys, sig in (("Ctrl+Return", self.sendRequested), ("Ctrl+Enter", self.sendRequested),
-                          ("Escape", self.stopRequested)):
+        for keys in ("Ctrl+Return", "Ctrl+Enter"):  # (Esc is the whole chat pane's: ChatView)
             sc = QShortcut(QKeySequence(keys), self.text)
             sc.setContext(Qt.ShortcutContext.WidgetShortcut)
-            sc.setWhatsThis("stop the reply" if keys == "Escape" else "send the message")  # listed by F1
-            sc.activated.connect(sig.emit)
+            sc.setWhatsThis("send the message")  # listed by F1
+            sc.activated.connect(self.sendRequested.emit)
         self.send_btn = QPushButton("Send")
         self.send_btn.setAccessibleName("Send the message")
         self.send_btn.setDefault(True)
@@ -157,6 +159,7 @@ class Composer(QWidget):
         self.edit_bar.show()
 
 
+@qt_guarded
 class StatsBar(QWidget):
     """The live numbers on one row (each pair keeps its label whole), the context fill and what the model is doing
     on the next (the bar takes the room that is left; the activity elides)."""
@@ -184,7 +187,7 @@ class StatsBar(QWidget):
         nums.addStretch(1)
         t = QLabel("Context")
         t.setObjectName("muted")
-        self.ctx_bar = QProgressBar()
+        self.ctx_bar = ProgressBar()
         self.ctx_bar.setAccessibleName("Context used")
         self.ctx_bar.setRange(0, n_ctx)
         self.ctx_bar.setValue(0)

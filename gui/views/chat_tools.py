@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 from quantscope.core.chat import ChatTemplate
 from quantscope.core.chat.conversation import encode_prompt, prompt_text
 
+from ..guard import qt_guarded
 from ..models import KeyValueModel
 from ..workers import TaskRunner
 from .chat_widgets import TOKEN_TYPES, SpecialTokenHighlighter, chips_html, legend_html, mono_font, visible
@@ -66,6 +67,7 @@ def read_bundle(path: Path) -> TokBundle:
     return TokBundle.of(path, tok, tpl, err)
 
 
+@qt_guarded
 class TemplatePreview(QWidget):
     """The rendered prompt with special tokens highlighted, its token ids and a status line."""
 
@@ -128,6 +130,7 @@ class TemplatePreview(QWidget):
         self.runner.start("template", run, on_done=done, on_failed=failed)
 
 
+@qt_guarded
 class TokenizerLab(QWidget):
     """Type text, see its tokens as coloured chips, ids and a table. ``wanted`` asks for a bundle when there is
     none yet."""

@@ -40,6 +40,7 @@ from PySide6.QtWidgets import (
 from quantscope.core.chat.controller import chat_markdown
 from quantscope.core.chat.tokens import TokenRecord, answer_spans
 
+from ..guard import qt_guarded
 from ..theme import is_dark
 from ..widgets.fit import ElidedLabel
 from .chat_tokens import TokenMap, color_document, token_color, tooltip_html
@@ -110,6 +111,7 @@ def style_code(doc: QTextDocument) -> None:
     cur.endEditBlock()
 
 
+@qt_guarded
 class AutoHeightBrowser(QTextBrowser):
     """A frameless text browser exactly as tall as its document (the surrounding scroll area scrolls)."""
 
@@ -150,6 +152,7 @@ ROLE_TITLES = {("chat", "user"): "You", ("chat", "assistant"): "Assistant", ("ch
                ("completion", "system"): "System"}
 
 
+@qt_guarded
 class MessageView(QFrame):
     """One message: a header (role, numbers, buttons) over its text. Assistant replies in chat mode are rendered
     as Markdown once complete; while streaming, deltas are appended as plain text (no re-render per batch)."""
@@ -520,6 +523,7 @@ def legend_html() -> str:
     return "Types: " + " ".join(items) + " &nbsp;·&nbsp; spaces as ·, newlines as ↵"
 
 
+@qt_guarded
 class SpecialTokenHighlighter(QSyntaxHighlighter):
     """Highlights the special-token strings (``<|im_start|>`` …) in the template preview."""
 

@@ -28,7 +28,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QPlainTextEdit,
-    QProgressBar,
     QPushButton,
     QSpinBox,
     QSplitter,
@@ -44,11 +43,13 @@ from quantscope.core.engine.compare import CompareCancelled, CompareResult, Toke
 from quantscope.core.fsutil import printable
 from quantscope.core.jobs import RateMeter, format_duration
 
+from ..guard import qt_guarded
 from ..theme import BAD_COLOR, KLD_BINS, KLD_COLORS, KLD_TEXT_COLORS, kld_bin, muted_color
 from ..widgets.fit import ElidedLabel, fit_columns
 from ..widgets.paths import browse_row
 from ..widgets.plots import CompactPlot
-from ..workers import Task, TaskRunner
+from ..widgets.progress import ProgressBar
+from ..workers import JobSlot, Task, TaskRunner
 from .overview import Card
 
 SAMPLE_TEXT = "sample-text.txt"
@@ -110,6 +111,7 @@ def _legend_labels() -> list[str]:
     return [f"< {bounds[i + 1]}" if i < len(KLD_BINS) else f"≥ {bounds[-1]}" for i in range(len(KLD_COLORS))]
 
 
+@qt_guarded
 class TokenText(QTextBrowser):
     """The compared text, one span per token: scored positions on a background coloured by KL divergence (an
     anchor ``tok:INDEX`` into ``result.tokens``), the context that is only read dimmed. Hovering a token shows its
@@ -234,6 +236,7 @@ class TokenText(QTextBrowser):
             self.tokenChosen.emit(self.index_of[p])
 
 
+@qt_guarded
 class WorstModel(QAbstractTableModel):
     """The positions of largest KL divergence: KLD (on its colour), position, token, both top-1 tokens."""
 
@@ -282,6 +285,7 @@ class WorstModel(QAbstractTableModel):
 
 
 
+@qt_guarded
 class CompareDialog(QDialog):
     """Compares the open file (``doc_path``) with another one in a worker; ``compareFinished`` carries the
     :class:`CompareResult` (None when cancelled or failed)."""
@@ -295,6 +299,7 @@ class CompareDialog(QDialog):
         self.doc_path = doc_path
         self.runner = runner
         self.task: Task | None = None
+        self.job_slot = JobSlot(self.runner, self)  # the job and its callbacks, connected before it is queued
         self.result: CompareResult | None = None
         self.error: str | None = None
         self.state = "idle"  # idle | running | done | cancelled | failed
@@ -375,7 +380,7 @@ class CompareDialog(QDialog):
         run_row = QHBoxLayout()
         run_row.addWidget(self.start_btn, 1)
         run_row.addWidget(self.cancel_btn)
-        self.progress = QProgressBar()
+        self.progress = ProgressBar()
         self.progress.setAccessibleName("Comparison progress")
         self.progress.setRange(0, 1000)
         self.progress.setFormat("%p%")
@@ -634,8 +639,9 @@ class CompareDialog(QDialog):
             except CompareCancelled:
                 raise Cancelled("comparison cancelled") from None
 
-        self.task = self.runner.start("compare", work, on_done=self._done, on_progress=self._progress,
-                                      on_failed=self._failed, on_cancelled=self._cancelled)
+        task = self.job_slot.start("compare", work, on_done=self._done, on_progress=self._progress,
+                              on_failed=self._failed, on_cancelled=self._cancelled)
+        self.task = task if self.job_slot.busy else None  # (None: it has ended already)
 
     def _refuse(self, message: str) -> None:
         self.status.setText(f"<span style='color:{BAD_COLOR}; font-weight:600'>{html.escape(message)}</span>")

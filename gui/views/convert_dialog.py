@@ -16,7 +16,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
-    QProgressBar,
     QSpinBox,
     QTextBrowser,
     QVBoxLayout,
@@ -34,11 +33,14 @@ from quantscope.core.fsutil import PathRefused, printable
 from quantscope.core.jobs import RateMeter, format_duration
 from quantscope.core.summary import human_bytes
 
+from ..guard import qt_guarded
 from ..theme import BAD_COLOR, OK_COLOR
 from ..widgets.paths import browse_row
-from ..workers import Task, TaskRunner
+from ..widgets.progress import ProgressBar
+from ..workers import JobSlot, Task, TaskRunner
 
 
+@qt_guarded
 class ConvertDialog(QDialog):
     """Converts ``gguf_path`` to BUMPWGT3 in a worker; emits ``openRequested(path)`` for "Open the result"."""
 
@@ -53,6 +55,7 @@ class ConvertDialog(QDialog):
         self.gguf_path = gguf_path
         self.runner = runner
         self.task: Task | None = None
+        self.job_slot = JobSlot(self.runner, self)  # the job and its callbacks, connected before it is queued
         self.result: ConvertResult | None = None
         self.error: str | None = None
         self.state = "idle"  # idle | running | done | cancelled | failed
@@ -106,7 +109,7 @@ class ConvertDialog(QDialog):
         self.options = QWidget()
         self.options.setLayout(form)
 
-        self.progress = QProgressBar()
+        self.progress = ProgressBar()
         self.progress.setAccessibleName("Conversion progress")
         self.progress.setRange(0, 1000)
         self.progress.setTextVisible(True)
@@ -199,8 +202,9 @@ class ConvertDialog(QDialog):
 
             return job.run(on_progress, token)
 
-        self.task = self.runner.start("convert", work, on_done=self._done, on_progress=self._progress,
-                                      on_failed=self._failed, on_cancelled=self._cancelled)
+        task = self.job_slot.start("convert", work, on_done=self._done, on_progress=self._progress,
+                              on_failed=self._failed, on_cancelled=self._cancelled)
+        self.task = task if self.job_slot.busy else None  # (None: it has ended already)
 
     def _progress(self, done: int, total: int, text: str) -> None:
         if total > 0:

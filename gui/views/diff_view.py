@@ -31,7 +31,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QMenu,
-    QProgressBar,
     QPushButton,
     QSpinBox,
     QSplitter,
@@ -55,10 +54,12 @@ from quantscope.core.gguf.diff import (
 from quantscope.core.jobs import RateMeter, format_duration
 from quantscope.core.summary import human_bytes
 
+from ..guard import qt_guarded
 from ..models import KEY_ROLE, SORT_ROLE, KeyValueModel, SortFilterProxy, plural
 from ..theme import BAD_COLOR, OK_COLOR, muted_color
 from ..widgets.blockwidgets import mono_font
 from ..widgets.fit import ElidedLabel, fit_columns
+from ..widgets.progress import ProgressBar
 from ..workers import Task, TaskRunner
 
 DIFF_TASK = "diff"
@@ -235,6 +236,7 @@ _STATUS_COLORS = {"added": OK_COLOR, "removed": BAD_COLOR, "changed": CHANGED_CO
 _STATUS_TEXT = {"unchecked": "not compared"}
 
 
+@qt_guarded
 class _DiffRows(QAbstractTableModel):
     """What the two diff tables share: one row per item with its cells (shown cut), a tooltip, the item's key
     under :data:`KEY_ROLE`, the sort value under :data:`SORT_ROLE` and a tab-separated copy; the subclasses add
@@ -288,6 +290,7 @@ class _DiffRows(QAbstractTableModel):
         return "\t".join(self.cells[r])
 
 
+@qt_guarded
 class TensorDiffModel(_DiffRows):
     """Every tensor of the comparison: name, status, type and shape A → B, RMSE, max |Δ|, cosine, relative error,
     exact. :data:`SORT_ROLE` holds the numbers, :data:`KEY_ROLE` the name."""
@@ -378,6 +381,7 @@ class TensorDiffModel(_DiffRows):
         return super().headerData(section, orientation, role)
 
 
+@qt_guarded
 class MetadataDiffModel(_DiffRows):
     """The metadata keys that differ: key, kind of change, A's type and value, B's type and value."""
 
@@ -406,6 +410,7 @@ class MetadataDiffModel(_DiffRows):
         return None
 
 
+@qt_guarded
 class WindowModel(QAbstractTableModel):
     """One file's values over the shown columns, ``n_cols`` per row (rows headed by their first column): the
     cells of this file's block in full colour, the others dimmed, each tinted by |Δ| to the other file, the
@@ -512,6 +517,7 @@ class WindowModel(QAbstractTableModel):
         return f"{self.w0 + section * self.n_cols:,}"
 
 
+@qt_guarded
 class WindowTable(QTableView):
     """The values grid: as many columns as fit (2, 4, 8, 16 or 32), never a horizontal scroll bar."""
 
@@ -549,6 +555,7 @@ class WindowTable(QTableView):
         self.fit()
 
 
+@qt_guarded
 class SideView(QWidget):
     """One file's block at the located difference: where it is, the worst element's dequantization written out,
     the values of the shown columns and the block's fields."""
@@ -634,6 +641,7 @@ class SideView(QWidget):
         return str(self.values_model.index_of(self.values_model.col).data())
 
 
+@qt_guarded
 class BlockPairView(QWidget):
     """Both files' blocks where a tensor differs most, side by side, and a button to open A's block in the
     Block inspector (``inspectRequested``)."""
@@ -702,6 +710,7 @@ class BlockPairView(QWidget):
 
 
 # --------------------------------------------------------------------------------------------------- dialog
+@qt_guarded
 class DiffDialog(QDialog):
     """Compares the open file (``file_a`` at ``doc_path``) with another GGUF in a worker. ``diffFinished`` carries
     the :class:`FileDiff` (None when cancelled or failed), ``locateFinished`` the :class:`Located` (None when the
@@ -775,7 +784,7 @@ class DiffDialog(QDialog):
         self.cancel_btn.setAccessibleName("Cancel the comparison")
         self.cancel_btn.setEnabled(False)
         self.cancel_btn.clicked.connect(self.cancel)
-        self.progress = QProgressBar()
+        self.progress = ProgressBar()
         self.progress.setAccessibleName("Comparison progress")
         self.progress.setRange(0, 1000)
         self.progress.setValue(0)

@@ -34,6 +34,7 @@ from quantscope.core.gguf import GGUFError
 from quantscope.core.quant.imatrix import Imatrix, read_imatrix
 
 from ..exports import Exporter
+from ..guard import qt_guarded
 from ..models import KEY_ROLE, SORT_ROLE, SortFilterProxy, plural
 from ..theme import BAD_COLOR, group_color
 from ..widgets.fit import ElidedLabel, fit_columns
@@ -53,6 +54,7 @@ def natural_key(name: str) -> str:
     return _DIGITS.sub(lambda m: m.group().zfill(10), name)
 
 
+@qt_guarded
 class ImatrixModel(QAbstractTableModel):
     """The rows of :meth:`Imatrix.entry_stats`: one per tensor, numbers sortable through :data:`SORT_ROLE`."""
 
@@ -110,6 +112,7 @@ class ImatrixModel(QAbstractTableModel):
         return None
 
 
+@qt_guarded
 class ImatrixDialog(QDialog):
     """Reads an importance matrix in a worker and shows it; ``loaded`` carries the :class:`Imatrix` (None when the
     file could not be read: ``error`` says why)."""

@@ -48,6 +48,7 @@ from quantscope.core.summary import format_value
 
 from ..document import Document
 from ..exports import Exporter
+from ..guard import qt_guarded
 from ..models import KEY_ROLE, ArrayModel, MetadataModel, SortFilterProxy, plural
 from ..theme import BAD_COLOR, OK_COLOR, muted_color
 from ..widgets.blockwidgets import mono_font
@@ -72,6 +73,7 @@ def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
+@qt_guarded
 class ArrayView(QWidget):
     """A metadata array in a lazy table, with search (string arrays) and go-to-index. A double click (or Enter) on
     an element emits :attr:`elementActivated` with its index (the Metadata view edits it)."""
@@ -184,6 +186,7 @@ class ArrayView(QWidget):
         self.table.selectRow(row)
 
 
+@qt_guarded
 class MetadataView(QWidget):
     """The Metadata tab: every key, and editing them (listed with undo/redo until saved with Save As)."""
 
@@ -516,8 +519,11 @@ class MetadataView(QWidget):
                 with gc_paused():
                     return Tokenizer(f)
 
-            self.runner.start("tokenizer-edit", read, on_done=loaded,
-                              on_failed=lambda msg, _tb: _status_line(dlg.render_status, f"no token ids: {msg}"))
+            def failed(msg: str, _tb: str) -> None:
+                dlg.tokenizer_error = msg  # (a render ending later keeps saying it)
+                _status_line(dlg.render_status, False, f"no token ids: {msg}")
+
+            self.runner.start("tokenizer-edit", read, on_done=loaded, on_failed=failed)
         return self._open(dlg)
 
     def undo(self) -> None:

@@ -53,6 +53,7 @@ from quantscope.core.gguf.edit import (
     parse_value,
 )
 
+from ..guard import qt_guarded
 from ..theme import BAD_COLOR, OK_COLOR
 from ..widgets.blockwidgets import mono_font
 from ..widgets.jinja import JinjaHighlighter
@@ -107,6 +108,7 @@ class EditedValue:
     offset: int | None = None
 
 
+@qt_guarded
 class _Dialog(QDialog):
     """OK runs ``try_apply`` on :meth:`operation`'s result; a refusal is shown and the dialog stays open."""
 
@@ -169,6 +171,7 @@ class _Dialog(QDialog):
         super().accept()
 
 
+@qt_guarded
 class ValueDialog(_Dialog):
     """Set a key's value (keeping or changing its type), or add a new key (``key=None``)."""
 
@@ -286,6 +289,7 @@ class ValueDialog(_Dialog):
         return SetValue(key, tv)
 
 
+@qt_guarded
 class ElementDialog(_Dialog):
     """Set one element of a flat array (a token's text, a score, a type)."""
 
@@ -338,6 +342,7 @@ SPECIAL_NAMES = ("bos", "eos", "eot", "eom", "unknown", "seperator", "padding", 
                  "fim_mid", "fim_pad", "fim_rep", "fim_sep", "prefix", "suffix", "middle")
 
 
+@qt_guarded
 class SpecialTokenDialog(_Dialog):
     """Pick a special token (BOS, EOS, padding, …) by id or from a search of the vocabulary."""
 
@@ -436,6 +441,7 @@ class SpecialTokenDialog(_Dialog):
         return SetSpecialToken(self.name.currentData(), self.token_id.value())
 
 
+@qt_guarded
 class TemplateDialog(_Dialog):
     """Edit the chat template; the sample conversation is rendered (in the sandbox, in a worker) as you type, with
     its tokens when the file's tokenizer is available."""
@@ -448,6 +454,7 @@ class TemplateDialog(_Dialog):
         self.state = state
         self.runner = runner
         self.tokenizer = tokenizer
+        self.tokenizer_error = ""  # why the file's tokenizer did not load (no token ids then)
         src = state.value("tokenizer.chat_template")
         self.original = src if isinstance(src, str) else ""
         self.editor = QPlainTextEdit(self.original)
@@ -542,6 +549,9 @@ class TemplateDialog(_Dialog):
             self.rendered.setPlainText(text)
             self.ids.setPlainText(" ".join(map(str, ids)) if ids is not None else "")
             count = f"{len(ids):,} tokens · " if ids is not None else ""
+            if self.tokenizer_error:  # the file's tokenizer did not load: say so, not only the length
+                _status(self.render_status, False, f"no token ids: {self.tokenizer_error} · {len(text):,} characters")
+                return
             _status(self.render_status, True, f"{count}{len(text):,} characters")
 
         def failed(msg: str, _tb: str) -> None:

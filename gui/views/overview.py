@@ -14,7 +14,6 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QLabel,
-    QProgressBar,
     QPushButton,
     QScrollArea,
     QSpinBox,
@@ -30,12 +29,15 @@ from quantscope.core.summary import human_bytes
 
 from ..document import Document
 from ..exports import Exporter
+from ..guard import qt_guarded
 from ..models import KeyValueModel, plural
 from ..theme import BAD_COLOR, INFO_COLOR, OK_COLOR, group_color
 from ..widgets.fit import ElidedLabel, fit_columns
-from ..workers import TaskRunner
+from ..widgets.progress import ProgressBar
+from ..workers import JobSlot, TaskRunner
 
 
+@qt_guarded
 class Card(QFrame):
     """A titled number (its lines elided, whole in the tool tip, when the card is narrow)."""
 
@@ -87,6 +89,7 @@ def fit_rows(v: QTableView, max_rows: int = 14) -> None:
     v.setFixedHeight(v.horizontalHeader().height() + n * v.verticalHeader().defaultSectionSize() + 4)
 
 
+@qt_guarded
 class OverviewView(QWidget):
     """The first tab."""
 
@@ -95,6 +98,7 @@ class OverviewView(QWidget):
         self.runner = runner
         self.doc: Document | None = None
         self.scan_result: ScaleScan | None = None
+        self.scan_job = JobSlot(runner, self, on_busy=self._scan_busy)
 
         self.cards = {k: Card(k) for k in ("Architecture", "File type", "Parameters", "Size", "Tensors", "Opened in")}
         self.cards_grid = QGridLayout()
@@ -150,12 +154,12 @@ class OverviewView(QWidget):
         self.scan_label = QLabel("NaN/Inf scale scan: waiting")
         self.scan_label.setAccessibleName("NaN/Inf scale scan status")
         self.scan_label.setWordWrap(True)
-        self.scan_progress = QProgressBar()
+        self.scan_progress = ProgressBar()
         self.scan_progress.setAccessibleName("Scale scan progress")
         self.scan_progress.setMaximumWidth(220)
         self.scan_cancel = QPushButton("Cancel scan")
         self.scan_cancel.setAccessibleName("Cancel the scale scan")
-        self.scan_cancel.clicked.connect(lambda: self.runner.cancel("scale-scan"))
+        self.scan_cancel.clicked.connect(lambda: self.scan_job.cancel())
         self.scan_again = QPushButton("Scan again")
         self.scan_again.setAccessibleName("Run the scale scan again")
         self.scan_again.clicked.connect(self.start_scan)
@@ -211,12 +215,22 @@ class OverviewView(QWidget):
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QScrollArea.Shape.NoFrame)
         scroll.setWidget(body)
+        # integrity first: a file whose layout is broken says so above everything (the figures below may be off)
+        self.banner = QLabel()
+        self.banner.setAccessibleName("Integrity warning")
+        self.banner.setWordWrap(True)
+        self.banner.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.banner.setStyleSheet(f"QLabel {{ background: {BAD_COLOR}; color: white; padding: 6px 10px; "
+                                  "font-weight: bold; }")
+        self.banner.hide()
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(self.banner)
         outer.addWidget(scroll)
 
         self.ctx_spin.valueChanged.connect(self.update_memory)
         self.kv_combo.currentIndexChanged.connect(self.update_memory)
+        self._scan_busy(False)
 
     # ------------------------------------------------------------------ reflow
     def resizeEvent(self, event: QResizeEvent) -> None:
@@ -260,11 +274,18 @@ class OverviewView(QWidget):
 
     # ------------------------------------------------------------------ content
     def set_document(self, doc: Document | None) -> None:
+        self.scan_job.forget()
         self.doc = doc
         self.scan_result = None
+        self.banner.hide()
         if doc is None or doc.gguf is None:
             return
         s = doc.summary
+        problems = s.get("integrity") or []
+        if problems:
+            self.banner.setText("This file is damaged; figures that depend on its layout are not shown. "
+                                + " ".join(problems))
+            self.banner.show()
         ft = s["file_type"]
         self.cards["Architecture"].set(s["architecture"] or "(none)", str(s["name"] or ""))
         self.cards["File type"].set(ft["name"] or "(not set)",
@@ -323,7 +344,8 @@ class OverviewView(QWidget):
         p.setXRange(0, top * 1.9, padding=0)
         p.setYRange(-0.6, max(n, 1) - 0.4, padding=0)
         self.types_model.set_rows([
-            (r["type"], f"{r['tensors']:,}", f"{r['elements']:,}", human_bytes(r["bytes"]), f"{r['share']:.1%}",
+            (r["type"], f"{r['tensors']:,}", f"{r['elements']:,}", human_bytes(r["bytes"]),
+             f"{r['share']:.1%}" if r["share"] is not None else "—",
              f"{r['bits_per_weight']:.3f}" if r["bits_per_weight"] else "?")
             for r in types
         ])
@@ -379,33 +401,30 @@ class OverviewView(QWidget):
     def start_scan(self) -> None:
         if self.doc is None or self.doc.gguf is None:
             return
-        self.runner.cancel("scale-scan")
         f = self.doc.gguf
         doc = self.doc
         self.scan_label.setText("NaN/Inf scale scan: scanning every block's fp16 scales…")
         self.scan_progress.setValue(0)
-        self.scan_progress.show()
-        self.scan_cancel.show()
-        self.scan_again.hide()
 
         def work(report, token):  # type: ignore[no-untyped-def]
             return scan_scales(f, progress=lambda d, t: report(d, t), cancel=token)
 
         def progress(done: int, total: int, _text: str) -> None:
-            if self.doc is doc:
-                self.scan_progress.setValue(int(100 * done / total) if total else 100)
+            self.scan_progress.setValue(int(100 * done / total) if total else 100)
 
-        self.runner.start("scale-scan", work, on_done=lambda r: self._scan_done(doc, r), on_progress=progress,
+        self.scan_job.start("scale-scan", work, on_done=lambda r: self._scan_done(doc, r), on_progress=progress,
                           on_failed=lambda m, _tb: self._scan_end(doc, f"NaN/Inf scale scan failed: {m}"),
                           on_cancelled=lambda: self._scan_end(doc, "NaN/Inf scale scan: cancelled"))
+
+    def _scan_busy(self, busy: bool) -> None:
+        self.scan_progress.setVisible(busy)
+        self.scan_cancel.setVisible(busy)
+        self.scan_again.setVisible(not busy and self.doc is not None)
 
     def _scan_end(self, doc: Document, text: str) -> None:
         if doc is not self.doc:
             return
         self.scan_label.setText(text)
-        self.scan_progress.hide()
-        self.scan_cancel.hide()
-        self.scan_again.show()
 
     def _scan_done(self, doc: Document, r: ScaleScan) -> None:
         if doc is not self.doc:

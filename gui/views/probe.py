@@ -33,7 +33,6 @@ from PySide6.QtWidgets import (
     QListWidget,
     QListWidgetItem,
     QPlainTextEdit,
-    QProgressBar,
     QPushButton,
     QSplitter,
     QTableWidget,
@@ -47,9 +46,11 @@ from quantscope.core.engine import probe as P
 
 from ..document import Document
 from ..exports import Exporter
+from ..guard import qt_guarded
 from ..theme import BAD_COLOR, group_color, is_dark
 from ..widgets.fit import ElidedLabel
-from ..workers import Task, TaskRunner
+from ..widgets.progress import ProgressBar
+from ..workers import JobSlot, Task, TaskRunner
 from .probe_widgets import CellHeatmap, TokenAxis, token_label
 
 MAX_TOKENS = P.MAX_PROBE_TOKENS
@@ -140,6 +141,7 @@ def _cell(text: str, align_right: bool = False, tip: str = "") -> QTableWidgetIt
 
 
 # ====================================================================== logit lens
+@qt_guarded
 class LensPage(QWidget):
     """The logit lens heatmap, its colour choice, the hovered cell's top tokens and the picked cell's table."""
 
@@ -275,6 +277,7 @@ def _html(s: str) -> str:
 
 
 # ====================================================================== attention
+@qt_guarded
 class AttentionPage(QWidget):
     """A layer's attention weights: layer and head choice, query × key heatmap, masked cells hatched."""
 
@@ -429,6 +432,7 @@ class AttentionPage(QWidget):
 
 
 # ====================================================================== activations
+@qt_guarded
 class ActivationsPage(QWidget):
     """The residual stream's RMS per layer, one layer's channels, its top channels and their weight links."""
 
@@ -647,6 +651,7 @@ class ActivationsPage(QWidget):
 
 
 # ====================================================================== the tab
+@qt_guarded
 class ProbeView(QWidget):
     """The Probe tab."""
 
@@ -659,7 +664,7 @@ class ProbeView(QWidget):
         self.doc: Document | None = None
         self.engine: Any = None
         self.result: ProbeResult | None = None
-        self.task: Task | None = None
+        self.job = JobSlot(runner, self, on_busy=self._set_busy)
         self.state = "idle"  # idle, running, done, cancelled, failed, refused
         self.error = ""
         self.n_tokens: int | None = None
@@ -694,7 +699,7 @@ class ProbeView(QWidget):
         self.cancel_btn = QPushButton("Cancel")
         self.cancel_btn.setAccessibleName("Cancel the probe")
         self.cancel_btn.clicked.connect(self.cancel)
-        self.progress = QProgressBar()
+        self.progress = ProgressBar()
         self.progress.setRange(0, 1000)
         self.progress.setAccessibleName("Probe progress")
         self.progress.setMaximumWidth(180)
@@ -767,10 +772,16 @@ class ProbeView(QWidget):
         self.cancel_btn.setVisible(busy)
         self.run_btn.setEnabled(not busy and self.doc is not None)
         self.target.setEnabled(not busy)
+        if not busy:
+            QTimer.singleShot(0, self, self._idle)  # after the ended task has left the runner's list
 
     @property
     def busy(self) -> bool:
-        return self.task is not None
+        return self.job.busy
+
+    @property
+    def task(self) -> Task | None:
+        return self.job.task
 
     def changeEvent(self, event: QEvent) -> None:
         super().changeEvent(event)
@@ -782,9 +793,7 @@ class ProbeView(QWidget):
     # ------------------------------------------------------------------ the document
     def set_document(self, doc: Document | None) -> None:
         """A new file (or none): cancel the work, drop the engine and the results."""
-        if self.task is not None:
-            self.task.cancel()
-        self.task = None
+        self.job.forget()
         self._retire(self.engine)
         self.engine = None
         self.doc = doc if doc is not None and doc.gguf is not None else None
@@ -898,50 +907,34 @@ class ProbeView(QWidget):
         self.ranOut.emit("refused")
 
     def _start(self, name: str, work: Any, done: Any, text: str, status: bool = True) -> Task:
-        """Run ``work`` as the one probe task; ``status``: its text and progress go to the status line (else it
-        is left alone: a short computation for one page)."""
+        """Run ``work`` as the one probe task (the view's :class:`JobSlot`: busy until it ends, however it ends);
+        ``status``: its text and progress go to the status line (else it is left alone: a short computation for
+        one page)."""
         doc = self.doc
 
         def progress(d: int, t: int, what: str) -> None:
-            if self.task is task:
-                self.progress.setValue(int(1000 * d / t) if t else 0)
-                if what and status:
-                    self._say(what[:1].upper() + what[1:] + "…")
+            self.progress.setValue(int(1000 * d / t) if t else 0)
+            if what and status:
+                self._say(what[:1].upper() + what[1:] + "…")
 
         def finished(res: Any) -> None:
-            if self.doc is doc and self.task is task:
-                self.task = None
+            if self.doc is doc:
                 done(res)
 
         def cancelled() -> None:
-            if self.task is task:
-                self.task = None
-                self.state = "cancelled"
-                self._say("Cancelled." + (" The last run's results are still shown." if self.result else ""))
-                self.ranOut.emit("cancelled")
-
-        def on_failed(msg: str, tb: str) -> None:
-            if self.task is task:
-                self.task = None
-                self._failed(msg, tb)
+            self.state = "cancelled"
+            self._say("Cancelled." + (" The last run's results are still shown." if self.result else ""))
+            self.ranOut.emit("cancelled")
 
         self.state, self.error = "running", ""
         self.progress.setValue(0)
         if status:
             self._say(text)
-        task = self.runner.start(name, work, on_done=finished, on_progress=progress, on_failed=on_failed,
-                                 on_cancelled=cancelled)
-        self.task = task
-        task.signals.ended.connect(lambda t=task: self._ended(t))
-        self._set_busy(True)
-        return task
+        return self.job.start(name, work, on_done=finished, on_progress=progress, on_failed=self._failed,
+                              on_cancelled=cancelled)
 
-    def _ended(self, task: Task) -> None:
-        if self.task is task:  # (its result callback has normally let go of it already)
-            self.task = None
-        if self.task is not None:
-            return  # an older task ended; a newer one is current
-        self._set_busy(False)
+    def _idle(self) -> None:
+        """The job ended (whichever way): free retired engines, then run the attention layer asked meanwhile."""
         if not any(not t.done for t in self.runner.running() if t.name in TASK_NAMES):
             for e in self._retired:
                 release_engine(e)
@@ -956,8 +949,7 @@ class ProbeView(QWidget):
         self.ranOut.emit("failed")
 
     def cancel(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
+        self.job.cancel()
 
     def _show(self, res: ProbeResult) -> None:
         self.result = res

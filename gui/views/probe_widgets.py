@@ -12,6 +12,7 @@ from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFontMetrics, QKeyEvent, QPainter, QPen, QTransform
 from PySide6.QtWidgets import QApplication, QGraphicsRectItem, QWidget
 
+from ..guard import qt_guarded
 from ..theme import is_dark, muted_color
 
 #: a token's label on an axis is cut to this many characters (the whole piece is in the hover text)
@@ -50,6 +51,7 @@ def nice_step(raw: float) -> int:
     return int(10 * p)
 
 
+@qt_guarded
 class TokenAxis(pg.AxisItem):
     """An axis over cells ``0..n-1`` (cell ``i`` spans ``[i, i+1)``) labelled with ``labels``: every n-th cell,
     the step chosen from the room the labels need at the current zoom, so they never overlap."""
@@ -96,6 +98,7 @@ class TokenAxis(pg.AxisItem):
         return out
 
 
+@qt_guarded
 class CellText(pg.GraphicsObject):
     """Text in the heatmap's cells (the logit lens's top token), painted in screen pixels for the visible cells only,
     and only once a cell is wide and tall enough to hold a few characters; dark text on bright cells."""
@@ -108,10 +111,12 @@ class CellText(pg.GraphicsObject):
         self.bright: np.ndarray | None = None  # per cell: is the colour light (dark text)?
         self.dims = (0, 0)
         self.painted = 0  # cells given text by the last paint (for tests)
+        self._shown: dict[tuple[int, int, int], str] = {}  # (row, col, width) -> the elided text: paints repeat
         self.setZValue(5)
 
     def set_cells(self, text: Callable[[int, int], str] | None, bright: np.ndarray | None) -> None:
         self.prepareGeometryChange()
+        self._shown = {}
         self.text, self.bright = text, bright
         self.dims = bright.shape if bright is not None else (0, 0)
         self.update()
@@ -150,14 +155,22 @@ class CellText(pg.GraphicsObject):
         p.setTransform(QTransform())
         fm = p.fontMetrics()
         light, dark = QColor("#ffffff"), QColor("#111111")
+        shown, text, bright = self._shown, self.text, self.bright
+        if len(shown) > 4 * self.MAX_CELLS:  # zoomed through many sizes: start again
+            shown.clear()
+        center = Qt.AlignmentFlag.AlignCenter
         for r, c in cells:
             rect = tr.mapRect(QRectF(c, r, 1, 1)).adjusted(2, 0, -2, 0)
-            p.setPen(dark if self.bright[r, c] else light)
-            p.drawText(rect, Qt.AlignmentFlag.AlignCenter,
-                       fm.elidedText(self.text(r, c), Qt.TextElideMode.ElideRight, int(rect.width())))
+            w = int(rect.width())
+            s = shown.get((r, c, w))
+            if s is None:
+                s = shown[(r, c, w)] = fm.elidedText(text(r, c), Qt.TextElideMode.ElideRight, w)
+            p.setPen(dark if bright[r, c] else light)
+            p.drawText(rect, center, s)
         p.restore()
 
 
+@qt_guarded
 class CellHeatmap(pg.GraphicsLayoutWidget):
     """A rows × columns heatmap of one value per cell (NaN: a masked cell, drawn hatched), token labels on both
     axes, a colour bar. ``hovered(row, col)`` follows the mouse (-1, -1 off the cells); ``picked(row, col)``

@@ -32,7 +32,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QMenu,
-    QProgressBar,
     QPushButton,
     QSpinBox,
     QSplitter,
@@ -53,9 +52,11 @@ from quantscope.core.quant.imatrix import Imatrix, read_imatrix
 from quantscope.core.quant.types import ggml_type
 
 from ..document import Document
+from ..guard import qt_guarded
 from ..models import KEY_ROLE, SortFilterProxy, plural
 from ..widgets.fit import ElidedLabel, fit_columns
-from ..workers import Task, TaskRunner
+from ..widgets.progress import ProgressBar
+from ..workers import JobSlot, Task, TaskRunner
 from .quant_lab_table import METRICS, ErrorRow, ErrorTableModel
 from .quant_lab_widgets import BlockCompare, BlockHeatmap, BpwPlot
 
@@ -73,6 +74,7 @@ def _shape(ne: tuple[int, ...] | list[int]) -> str:
 # --------------------------------------------------------------------------------------------------- type picker
 
 
+@qt_guarded
 class TypesButton(QPushButton):
     """"Types: all 17 ▾": a drop-down of check boxes, one per candidate type (it stays open while ticking)."""
 
@@ -155,6 +157,7 @@ class TensorRun:
     settings: tuple[object, ...]
 
 
+@qt_guarded
 class RequantizePanel(QWidget):
     """The "Requantize" page: a tensor, its round trip into every chosen type, the table, plot, heatmap and block."""
 
@@ -168,6 +171,7 @@ class RequantizePanel(QWidget):
         self.tensor: str | None = None
         self.run: TensorRun | None = None
         self.task: Task | None = None
+        self.job_slot = JobSlot(self.runner, self)  # the job and its callbacks, connected before it is queued
         self.state = "idle"  # idle | running | done | cancelled | failed
         self.error: str | None = None
         self.pending = False  # the tensor or the settings changed: run when the page is next shown
@@ -207,7 +211,7 @@ class RequantizePanel(QWidget):
         self.cancel_btn = QPushButton("Cancel")
         self.cancel_btn.setAccessibleName("Cancel requantizing")
         self.cancel_btn.clicked.connect(self.cancel)
-        self.progress = QProgressBar()
+        self.progress = ProgressBar()
         self.progress.setAccessibleName("Requantize progress")
         self.progress.setRange(0, 1000)
         self.progress.setMaximumWidth(160)
@@ -499,8 +503,9 @@ class RequantizePanel(QWidget):
                 self.status.setText(f"Cancelled: {name} was not measured (press Requantize to run it).")
                 self.runFinished.emit(None)
 
-        self.task = self.runner.start(TENSOR_TASK, work, on_done=done, on_progress=progress, on_failed=failed,
-                                      on_cancelled=cancelled)
+        task = self.job_slot.start(TENSOR_TASK, work, on_done=done, on_progress=progress, on_failed=failed,
+                              on_cancelled=cancelled)
+        self.task = task if self.job_slot.busy else None  # (None: it has ended already)
 
     def cancel(self) -> None:
         if self.task is not None and self.state == "running":
@@ -664,6 +669,7 @@ class FileRun:
     seconds: float
 
 
+@qt_guarded
 class FileStatsPanel(QWidget):
     """The "Whole file" page: every quantizable weight × the chosen types, and the per-type summary."""
 
@@ -676,6 +682,7 @@ class FileStatsPanel(QWidget):
         self.doc: Document | None = None
         self.result: FileRun | None = None
         self.task: Task | None = None
+        self.job_slot = JobSlot(self.runner, self)  # the job and its callbacks, connected before it is queued
         self.state = "idle"
         self.error: str | None = None
         self.meter = RateMeter()
@@ -701,7 +708,7 @@ class FileStatsPanel(QWidget):
         self.export_btn = QPushButton("Export…")
         self.export_btn.setAccessibleName("Export the statistics as JSON or CSV")
         self.export_btn.clicked.connect(self.export_dialog)
-        self.progress = QProgressBar()
+        self.progress = ProgressBar()
         self.progress.setAccessibleName("Whole-file statistics progress")
         self.progress.setRange(0, 1000)
         self.progress.setMaximumWidth(160)
@@ -881,8 +888,9 @@ class FileStatsPanel(QWidget):
                 self.status.setText("Cancelled: nothing measured.")
                 self.runFinished.emit(None)
 
-        self.task = self.runner.start(FILE_TASK, work, on_done=done, on_progress=progress, on_failed=failed,
-                                      on_cancelled=cancelled)
+        task = self.job_slot.start(FILE_TASK, work, on_done=done, on_progress=progress, on_failed=failed,
+                              on_cancelled=cancelled)
+        self.task = task if self.job_slot.busy else None  # (None: it has ended already)
 
     def cancel(self) -> None:
         if self.task is not None and self.state == "running":
@@ -955,6 +963,7 @@ class FileStatsPanel(QWidget):
 # ----------------------------------------------------------------------------------------------------- the tab
 
 
+@qt_guarded
 class QuantLabView(QWidget):
     """The Quant lab tab: the values' source, the importance matrix and the types (shared), then the
     "Requantize" and "Whole file" pages."""

@@ -12,6 +12,7 @@ from PySide6.QtGui import QColor, QFont
 
 from quantscope.core.quant.lab import CANDIDATE_TYPES, ErrorStats
 
+from ..guard import qt_guarded
 from ..models import KEY_ROLE, SORT_ROLE
 
 _Index = QModelIndex | QPersistentModelIndex
@@ -87,6 +88,7 @@ class ErrorRow:
         return getattr(self.stats, key)
 
 
+@qt_guarded
 class ErrorTableModel(QAbstractTableModel):
     """Rows of :class:`ErrorRow`. ``kind``: ``tensor`` (one tensor, one row per type), ``file`` (a row per tensor and
     type) or ``summary`` (a row per type over the file). The weighted-RMSE column is there only with an imatrix;
@@ -118,6 +120,14 @@ class ErrorTableModel(QAbstractTableModel):
         self.current = current
         self.keys = self._keys()
         self.endResetModel()
+
+    def column_texts(self, col: int) -> list[str]:
+        """The longest texts of column ``col`` (the column fitter measures these, not each cell; bold rows get a
+        character more)."""
+        key = self.keys[col]
+        texts = {str(r.value(key) or "") if key in ("tensor", "source", "type") else metric_text(key, r.value(key))
+                 for r in self.rows}
+        return [t + "W" for t in sorted(texts, key=len)[-16:]]
 
     def column(self, key: str) -> int:
         """The column of ``key`` (-1 when not shown)."""

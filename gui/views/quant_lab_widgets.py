@@ -26,6 +26,7 @@ from quantscope.core.quant import decode_block
 from quantscope.core.quant.lab import BlockPair, ErrorStats
 
 from ..exports import Exporter
+from ..guard import qt_guarded
 from ..theme import group_color, muted_color, plot_pen_color
 from ..widgets.blockwidgets import HexView, mono_font
 from ..widgets.fit import ElidedLabel, fit_columns
@@ -49,6 +50,7 @@ def _tip(e: ErrorStats, current: bool) -> str:
     return "\n".join(lines)
 
 
+@qt_guarded
 class BpwPlot(CompactPlot):
     """Bits per weight (logarithmic x) against one error figure, a point per type labelled with its name; the
     tensor's own type ringed in red, the selected one filled orange. Errors that are 0 (exact round trips) sit on a
@@ -241,6 +243,7 @@ class BpwPlot(CompactPlot):
             self.typeClicked.emit(str(pts[0].data()))
 
 
+@qt_guarded
 class BlockHeatmap(QWidget):
     """The RMSE of every block of the measured rows for one type: rows along x, blocks along y. Hover shows the
     row (and the tensor row it is), the block and its columns and its RMSE; a click picks the block. The worst
@@ -370,6 +373,7 @@ class BlockHeatmap(QWidget):
             self.blockClicked.emit(*at)
 
 
+@qt_guarded
 class BlockCompare(QWidget):
     """One block before and after: the original values and the requantized ones (a plot of both, a line from each
     original value to what it became), and the requantized block's bytes decoded field by field."""

@@ -20,7 +20,6 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QLineEdit,
-    QProgressBar,
     QTableWidget,
     QTableWidgetItem,
     QTextBrowser,
@@ -46,15 +45,18 @@ from quantscope.core.quant.quantize import (
 )
 from quantscope.core.summary import human_bytes
 
+from ..guard import qt_guarded
 from ..theme import BAD_COLOR, OK_COLOR
 from ..widgets.paths import browse_row
-from ..workers import Task, TaskRunner
+from ..widgets.progress import ProgressBar
+from ..workers import JobSlot, Task, TaskRunner
 
 DEFAULT_PRESET = "Q4_K_M"
 _RULE = "preset rule"
 _COLS = ("Tensor", "Shape", "From", "To", "Why", "Override", "Size")
 
 
+@qt_guarded
 class QuantizeDialog(QDialog):
     """Quantizes ``gguf_path`` in a worker; emits ``openRequested(path)`` for "Open the result"."""
 
@@ -69,6 +71,7 @@ class QuantizeDialog(QDialog):
         self.gguf = gguf
         self.runner = runner
         self.task: Task | None = None
+        self.job_slot = JobSlot(self.runner, self)  # the job and its callbacks, connected before it is queued
         self.imatrix: Imatrix | None = None
         self.plan: QuantizePlan | None = None
         self.plan_error: str | None = None
@@ -152,7 +155,7 @@ class QuantizeDialog(QDialog):
         self.estimate.setWordWrap(True)
         self.estimate.setTextFormat(Qt.TextFormat.RichText)
 
-        self.progress = QProgressBar()
+        self.progress = ProgressBar()
         self.progress.setAccessibleName("Quantization progress")
         self.progress.setRange(0, 1000)
         self.progress.setFormat("%p%")
@@ -382,8 +385,9 @@ class QuantizeDialog(QDialog):
                 raise Cancelled("quantization cancelled") from None
             return plan, out
 
-        self.task = self.runner.start("quantize", work, on_done=self._done, on_progress=self._progress,
-                                      on_failed=self._failed, on_cancelled=self._cancelled)
+        task = self.job_slot.start("quantize", work, on_done=self._done, on_progress=self._progress,
+                              on_failed=self._failed, on_cancelled=self._cancelled)
+        self.task = task if self.job_slot.busy else None  # (None: it has ended already)
 
     def _progress(self, done: int, total: int, text: str) -> None:
         if total > 0:

@@ -4,7 +4,7 @@ and heatmap, computed in a worker with the native kernels and cached per file.""
 from __future__ import annotations
 
 import pyqtgraph as pg
-from PySide6.QtCore import QModelIndex, QPoint, QRectF, Qt, Signal
+from PySide6.QtCore import QModelIndex, QPoint, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -14,7 +14,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QMenu,
-    QProgressBar,
     QPushButton,
     QSplitter,
     QTableView,
@@ -39,16 +38,33 @@ from quantscope.core.summary import human_bytes
 
 from ..document import Document
 from ..exports import Exporter
-from ..models import KEY_ROLE, KeyValueModel, SortFilterProxy, TensorTableModel, TensorTreeModel, plural, shape_text
+from ..guard import qt_guarded
+from ..models import (
+    KEY_ROLE,
+    KeyValueModel,
+    TensorFilterProxy,
+    TensorTableModel,
+    TensorTreeModel,
+    plural,
+    shape_text,
+)
 from ..theme import BAD_COLOR, group_color
 from ..widgets.fit import ElidedLabel, fit_columns
-from ..workers import TaskRunner
+from ..widgets.progress import ProgressBar
+from ..workers import JobSlot, TaskRunner
 
 HOVER_HINT = "Hover the heatmap for row, column and value; click a cell to open its block."
 _DIVERGING = "CET-D1"
 _SEQUENTIAL = "viridis"
+#: A heatmap of at most this many rows labels each row (one tick per row).
+FEW_ROWS = 8
+#: The tensor list's width when a tensor is shown from elsewhere (the Probe's links) and it was narrower.
+LIST_MIN_WIDTH = 320
+#: Typing in the filter applies it after this pause.
+FILTER_DELAY_MS = 150
 
 
+@qt_guarded
 class TensorsView(QWidget):
     """The Tensors tab."""
 
@@ -64,6 +80,9 @@ class TensorsView(QWidget):
         self.tensor: TensorInfo | None = None
         self.analysis: TensorAnalysis | None = None
         self.heat: Heatmap | None = None
+        #: the statistics of the selected tensor, and a refinement of its heatmap: one job each
+        self.stats_job = JobSlot(runner, self, on_busy=self._set_progress_visible)
+        self.heat_job = JobSlot(runner, self, on_busy=lambda busy: self.refine_btn.setEnabled(not busy))
 
         # ---- left: filter, tree, table
         self.filter = QLineEdit()
@@ -71,7 +90,7 @@ class TensorsView(QWidget):
         self.filter.setClearButtonEnabled(True)
         self.filter.setAccessibleName("Filter tensors")
         self.tree_model = TensorTreeModel()
-        self.tree_proxy = SortFilterProxy(self, recursive=True)
+        self.tree_proxy = TensorFilterProxy(self, recursive=True)
         self.tree_proxy.setSourceModel(self.tree_model)
         self.tree = QTreeView()
         self.tree.setModel(self.tree_proxy)
@@ -80,7 +99,7 @@ class TensorsView(QWidget):
         self.tree.setAlternatingRowColors(True)
         self.tree.setSortingEnabled(False)
         self.table_model = TensorTableModel()
-        self.table_proxy = SortFilterProxy(self)
+        self.table_proxy = TensorFilterProxy(self)
         self.table_proxy.setSourceModel(self.table_model)
         self.table = QTableView()
         self.table.setModel(self.table_proxy)
@@ -130,13 +149,13 @@ class TensorsView(QWidget):
         self.stats.verticalHeader().setDefaultSectionSize(21)
         fit_columns(self.stats, stretch=1, min_stretch=60)
         self.stats.setMaximumWidth(300)
-        self.progress = QProgressBar()
+        self.progress = ProgressBar()
         self.progress.setAccessibleName("Statistics progress")
         self.progress_label = QLabel()
         self.progress_label.setObjectName("muted")
         self.cancel_btn = QPushButton("Cancel")
         self.cancel_btn.setAccessibleName("Cancel the statistics")
-        self.cancel_btn.clicked.connect(lambda: self.runner.cancel("tensor-stats"))
+        self.cancel_btn.clicked.connect(lambda: self.stats_job.cancel())
         self.retry_btn = QPushButton("Compute")
         self.retry_btn.setAccessibleName("Compute the statistics")
         self.retry_btn.clicked.connect(lambda: self.start_analysis(force=True))
@@ -229,7 +248,7 @@ class TensorsView(QWidget):
         rl.addLayout(prog)
         rl.addWidget(self.value_split, 1)
 
-        split = QSplitter()
+        split = self.split = QSplitter()
         split.addWidget(left)
         split.addWidget(right)
         split.setStretchFactor(0, 4)
@@ -238,14 +257,28 @@ class TensorsView(QWidget):
         lay = QVBoxLayout(self)
         lay.addWidget(split)
 
-        self.filter.textChanged.connect(self._filter)
+        # typing filters after a pause (one pass per pause, not per key)
+        self._filter_timer = QTimer(self)
+        self._filter_timer.setSingleShot(True)
+        self._filter_timer.setInterval(FILTER_DELAY_MS)
+        self._filter_timer.timeout.connect(lambda: self._filter(self.filter.text()))
+        self.filter.textChanged.connect(lambda _t: self._filter_timer.start())
         self.tree.selectionModel().currentChanged.connect(self._tree_current)
         self.table.selectionModel().currentRowChanged.connect(self._table_current)
         self._set_progress_visible(False)
+        self.progress_label.hide()
+        self.retry_btn.hide()
 
     # ------------------------------------------------------------------ document
     def set_document(self, doc: Document | None) -> None:
-        self.runner.cancel("tensor-stats")
+        """A new file (or none): nothing of the last one's selection, jobs or messages stays."""
+        self.stats_job.forget()
+        self.heat_job.forget()
+        self.progress_label.setText("")
+        self.progress_label.hide()
+        self.retry_btn.hide()
+        self.heat_info.setText("")
+        self.hover.setText(HOVER_HINT)
         self.doc = doc
         f = doc.gguf if doc else None
         self.tree_model.set_file(f)
@@ -305,8 +338,19 @@ class TensorsView(QWidget):
             self.inspectRequested.emit(name, 0, 0, 0)
 
     def show_heatmap(self, name: str) -> None:
-        """Select ``name`` and make sure the heatmap pane is open, with the keyboard focus on it."""
+        """Select ``name`` and make sure the heatmap pane is open, with the keyboard focus on it; a filter that
+        hides ``name`` is cleared (the tensor shown is listed)."""
+        self.flush_filter()
+        src = self._source_index(self.table_model, name)
+        if src is not None and not self.table_proxy.mapFromSource(src).isValid():
+            self.filter.blockSignals(True)
+            self.filter.clear()
+            self.filter.blockSignals(False)
+            self._filter("")
         self.select_tensor(name)
+        sizes = self.split.sizes()
+        if len(sizes) == 2 and sizes[0] < LIST_MIN_WIDTH:  # the list keeps room for the names
+            self.split.setSizes([LIST_MIN_WIDTH, max(1, sum(sizes) - LIST_MIN_WIDTH)])
         sizes = self.value_split.sizes()
         if len(sizes) == 2 and sizes[1] < 120:
             self.value_split.setSizes([max(1, sum(sizes) * 2 // 5), sum(sizes) * 3 // 5])
@@ -369,10 +413,12 @@ class TensorsView(QWidget):
         menu.popup(view.viewport().mapToGlobal(pos))
 
     def _filter(self, text: str) -> None:
-        self.tree_proxy.setFilterFixedString(text)
-        self.table_proxy.setFilterFixedString(text)
-        if text:
-            self.tree.expandAll()
+        """Keep the tensors whose name or type holds ``text`` (both lists; the tree's layers opened)."""
+        self._filter_timer.stop()
+        changed = self.table_proxy.set_needle(text)
+        if self.tree_proxy.set_needle(text) or changed:
+            if text.strip():
+                self.tree.expandAll()
         self.count.setText(f"{self.table_proxy.rowCount():,} of {plural(self.table_model.rowCount(), 'tensor')}")
 
     def _tree_current(self, current: QModelIndex, _prev: QModelIndex) -> None:
@@ -385,10 +431,16 @@ class TensorsView(QWidget):
         if isinstance(name, str):
             self.select_tensor(name)
 
+    def flush_filter(self) -> None:
+        """Apply the filter text now if a pause in the typing is still awaited (the lists must be current)."""
+        if self._filter_timer.isActive():
+            self._filter(self.filter.text())
+
     def select_tensor(self, name: str) -> None:
         """Show ``name``'s details and start (or show the cached) statistics."""
         if self.doc is None or self.doc.gguf is None:
             return
+        self.flush_filter()
         t = self.doc.gguf.tensor(name)
         if self.tensor is not None and self.tensor.name == name:
             return
@@ -450,7 +502,8 @@ class TensorsView(QWidget):
         doc, t = self.doc, self.tensor
         if doc is None or doc.gguf is None or t is None:
             return
-        self.runner.cancel("tensor-stats")
+        self.stats_job.forget()
+        self.heat_job.forget()
         cached = doc.analyses.get(t.name)
         if cached is not None and not force:
             self._show_analysis(cached)
@@ -461,20 +514,17 @@ class TensorsView(QWidget):
         self.image.clear()
         self._heat_axes(False)
         self._hist_axes(False)
+        self.heat = None
         if t.n_elements == 0:
-            self._set_progress_visible(False)
-            self.heat = None
             self.progress_label.setText(f"{t.name} has no values: its shape ne = {list(t.ne)} has a zero dimension.")
             self.progress_label.show()
             return
         if not can_read_values(t):
-            self._set_progress_visible(False)
             self.progress_label.setText(f"Values of {t.type_name} cannot be computed"
                                         + (f": {t.problem}" if t.problem else "."))
             self.progress_label.show()
             return
         f = doc.gguf
-        self._set_progress_visible(True)
         self.progress.setValue(0)
         self.progress_label.setText(f"Dequantizing {t.name} ({t.n_elements:,} values) with the native kernels…")
 
@@ -482,40 +532,35 @@ class TensorsView(QWidget):
             return analyze_tensor(f, t, progress=lambda d, n: report(d, n), cancel=token)
 
         def progress(done: int, total: int, _text: str) -> None:
-            if self.tensor is t:
-                self.progress.setValue(int(100 * done / total) if total else 100)
+            self.progress.setValue(int(100 * done / total) if total else 100)
 
         def done(a: TensorAnalysis) -> None:
             doc.analyses[t.name] = a
-            if self.doc is doc and self.tensor is t:
-                self._show_analysis(a)
+            self._show_analysis(a)
             self.analysisReady.emit(t.name)
 
         def cancelled() -> None:
-            if self.tensor is t:
-                self._set_progress_visible(False)
-                self.progress_label.setText("Statistics cancelled.")
-                self.progress_label.show()
-                self.retry_btn.show()
+            self.progress_label.setText("Statistics cancelled.")
+            self.retry_btn.show()
 
         def failed(msg: str, _tb: str) -> None:
-            if self.tensor is t:
-                self._set_progress_visible(False)
-                self.progress_label.setText(f"Statistics failed: {msg}")
-                self.progress_label.show()
+            self.progress_label.setText(f"Statistics failed: {msg}")
+            self.retry_btn.show()
 
-        self.runner.start("tensor-stats", work, on_done=done, on_progress=progress, on_cancelled=cancelled,
-                          on_failed=failed)
+        self.stats_job.start("tensor-stats", work, on_done=done, on_progress=progress, on_cancelled=cancelled,
+                             on_failed=failed)
 
     def _set_progress_visible(self, on: bool) -> None:
+        """The statistics job's busy state: its bar and Cancel while it runs; its label (the outcome) stays."""
         self.progress.setVisible(on)
         self.cancel_btn.setVisible(on)
-        self.progress_label.setVisible(on)
-        self.retry_btn.setVisible(False)
+        if on:
+            self.progress_label.setVisible(True)
+            self.retry_btn.setVisible(False)
 
     def _show_analysis(self, a: TensorAnalysis) -> None:
         self.analysis = a
-        self._set_progress_visible(False)
+        self.retry_btn.hide()
         self.progress_label.setText(f"Computed in {a.seconds:.2f} s (cached)")
         self.progress_label.show()
         s = a.stats
@@ -551,6 +596,12 @@ class TensorsView(QWidget):
         self.image.setRect(QRectF(hm.col0, hm.row0, hm.n_cols, hm.n_rows))
         self.heat_plot.setRange(xRange=(hm.col0, hm.col0 + hm.n_cols), yRange=(hm.row0, hm.row0 + hm.n_rows),
                                 padding=0)
+        # rows are whole numbers: a matrix of a few rows gets one tick per row (at its middle), not 0.2, 0.4, …
+        left = self.heat_plot.getAxis("left")
+        if hm.n_rows <= FEW_ROWS:
+            left.setTicks([[(r + 0.5, f"{r:,}") for r in range(hm.row0, hm.row0 + hm.n_rows)], []])
+        else:
+            left.setTicks(None)
         self._place_mark()
         h, w = hm.shape
         self.heat_info.setText(f"{h} × {w} pixels, each {hm.row_step} row(s) × {hm.col_step} column(s)"
@@ -606,7 +657,10 @@ class TensorsView(QWidget):
                 self.heat = hm
                 self._draw_heatmap()
 
-        self.runner.start("heatmap", work, on_done=done)
+        def failed(msg: str, _tb: str) -> None:
+            self.heat_info.setText(f"refining failed: {msg}")
+
+        self.heat_job.start("heatmap", work, on_done=done, on_failed=failed)
 
     def _reset_heatmap(self) -> None:
         if self.analysis is not None:

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 from quantscope.core.analysis import BitOwner, CodeLayout, Fp16Parts
 from quantscope.core.quant import BitSource, BlockField
 
+from ..guard import qt_guarded
 from ..theme import field_color, group_color, is_dark, muted_color
 
 
@@ -34,6 +35,7 @@ def _fill(c: QColor, alpha: int) -> QColor:
     return c
 
 
+@qt_guarded
 class _Painted(QWidget):
     """Common plumbing: mouse tracking, a fixed preferred size, hover bookkeeping."""
 
@@ -56,6 +58,7 @@ class _Painted(QWidget):
         self.update()
 
 
+@qt_guarded
 class HexView(_Painted):
     """A block's bytes, 16 per row, each cell tinted with the colour of the field it belongs to."""
 
@@ -177,6 +180,7 @@ def source_text(sources: Sequence[BitSource]) -> str:
     return " | ".join(parts)
 
 
+@qt_guarded
 class ScaleBitDiagram(_Painted):
     """The packed scale bytes drawn bit by bit, each bit tinted by the sub-block whose scale (solid) or min
     (outlined) it feeds, beside the unpacked values and where their bits come from."""
@@ -342,6 +346,7 @@ class ScaleBitDiagram(_Painted):
             self.scaleHovered.emit("", -1)
 
 
+@qt_guarded
 class CodeGrid(_Painted):
     """The code bytes of a block, each split into its code slots (nibbles, 2-bit crumbs or whole bytes),
     tinted by the sub-block of the element stored there and labelled with that element's code."""
@@ -454,6 +459,7 @@ class CodeGrid(_Painted):
         self.elementHovered.emit(-1)
 
 
+@qt_guarded
 class Fp16Strip(_Painted):
     """One fp16 field: its 16 bits (sign | 5 exponent | 10 mantissa) and the value they encode."""
 

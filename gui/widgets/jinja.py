@@ -6,9 +6,11 @@ import re
 
 from PySide6.QtGui import QColor, QFont, QSyntaxHighlighter, QTextCharFormat, QTextDocument
 
+from ..guard import qt_guarded
 from ..theme import is_dark
 
 
+@qt_guarded
 class JinjaHighlighter(QSyntaxHighlighter):
     """Jinja2 template highlighting: ``{% statements %}``, ``{{ expressions }}``, ``{# comments #}``, strings,
     keywords, and the special tokens (``<|im_start|>``, ``<start_of_turn>``...) that chat templates emit."""

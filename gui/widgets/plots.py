@@ -5,7 +5,10 @@ from __future__ import annotations
 import pyqtgraph as pg
 from PySide6.QtCore import QSize
 
+from ..guard import qt_guarded
 
+
+@qt_guarded
 class CompactPlot(pg.PlotWidget):
     """A PlotWidget that asks for ``hint`` (width, height) and grows from there."""
 

@@ -16,7 +16,11 @@ MODEL_NAMES = tuple(catalog.MODELS)
 
 
 def require_model(name: str) -> Path:
-    """Path of catalogue model ``name``; fails the test when it has not been fetched."""
+    """Path of catalogue model ``name``; fails the test when it has not been fetched. Only tests/run_gpu.sh, on a
+    device machine that cannot reach the registry nor receive the models, sets QUANTSCOPE_CATALOGUE_UNAVAILABLE: the
+    tests that need one are then reported as skipped, with the reason, instead of failing."""
+    if os.environ.get("QUANTSCOPE_CATALOGUE_UNAVAILABLE") and not catalog.is_present(name):
+        pytest.skip(f"catalogue model {name!r} is not on this machine (QUANTSCOPE_CATALOGUE_UNAVAILABLE)")
     if not catalog.is_present(name):
         pytest.fail(
             f"test model {name!r} is missing from {catalog.cache_dir()}: run `quantscope models fetch` "

@@ -30,6 +30,7 @@ from quantscope.core.native import nn
 from quantscope.core.quant import dequantize, ggml_type
 from quantscope.core.tokenizer import Tokenizer
 
+from .conftest import require_model
 from .test_dequant import realistic_blocks
 from .test_native_kernels import activations
 from .test_native_nn import attention_ref
@@ -417,6 +418,31 @@ def test_gpu_attention_gqa_causal_window(gpu, dtype, window, hd):
 
 
 # ------------------------------------------------------------------------------------ GPU: whole models
+@pytest.fixture(scope="module")
+def synthetic_tiny(tmp_path_factory) -> Model:
+    """core/synthetic.py's ``tiny`` llama (2 layers, heads of 64, Q4_K/Q6_K weights), written with the vocabulary of
+    $QUANTSCOPE_VOCAB_SOURCE (a vocabulary-only GGUF that tests/run_gpu.sh carries to a device machine) or of the
+    SmolLM2 catalogue model: the whole-model check that needs no catalogue model."""
+    from quantscope.core.synthetic import write_synthetic
+
+    vocab = os.environ.get("QUANTSCOPE_VOCAB_SOURCE") or require_model("smollm2")
+    path = write_synthetic(tmp_path_factory.mktemp("synthetic") / "tiny.gguf", "tiny", vocab, seed=3)
+    return Model(GGUFFile(path))
+
+
+def test_gpu_forward_matches_cpu_on_a_synthetic_model(gpu, synthetic_tiny):
+    """Prefill of 48 tokens and 16 decode steps (CUDA graphs) on the synthetic llama, against the CPU engine and the
+    float64 reference: the per-layer description reaches the device the same way for every file."""
+    model = synthetic_tiny
+    ids = [int(i) for i in np.random.default_rng(5).integers(10, 30000, 64)]
+    cpu = model.session(128).forward(ids, all_logits=True)
+    with cb.CudaSession(model, 128) as s:
+        got = np.concatenate([s.forward(ids[:48], all_logits=True),
+                              np.stack([s.forward([t]) for t in ids[48:]])])
+        assert s.n_past == len(ids)
+    assert_as_accurate_as_cpu(got, cpu, reference_logits(model.config, model.weights, ids))
+
+
 @pytest.mark.parametrize("name", ["smollm2", "gemma3", "qwen2.5-coder"])
 def test_gpu_forward_matches_cpu(gpu, loaded, name):
     model, tok = loaded(name)

@@ -188,3 +188,19 @@ def test_the_checks_can_fail(fake_tree: Path) -> None:
         "core imports Qt (PySide6.QtCore)", "core imports Qt (PySide6.QtCore.Qt)",
         "core imports quantscope.gui", "core imports quantscope.gui.w",
         "gui reaches into the native layer (quantscope.core.native.kernels)"]
+
+
+def test_every_package_folder_is_in_the_wheel() -> None:
+    """A package folder missing from pyproject's list is absent from every non-editable install (wheel, app
+    bundle): core/model/arch was, and `import quantscope.core.engine` failed there while the editable tree worked."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    dirs = {name: root / path for name, path in cfg["package-dir"].items()}
+    found = set()
+    for name, folder in dirs.items():
+        for init in folder.rglob("__init__.py"):
+            rel = init.parent.relative_to(folder).parts
+            found.add(".".join((name, *rel)))
+    assert found - set(cfg["packages"]) == set(), "package folders missing from pyproject.toml's packages"

@@ -192,7 +192,11 @@ def _quantize_to_target(args: argparse.Namespace) -> int:
                  "bytes_out": j.out_bytes,
                  "cost": tp.costs[j.info.name].costs.get(j.choice.target) if j.info.name in tp.costs else None,
                  "measured": tp.costs[j.info.name].measured.get(j.choice.target) if j.info.name in tp.costs
-                 else None} for j in plan.jobs]
+                 else None,
+                 # the sensitivity report: the cost of every candidate type, and whether it was measured
+                 "costs": {q: {"kld": c, "measured": tp.costs[j.info.name].measured[q]}
+                           for q, c in tp.costs[j.info.name].costs.items()} if j.info.name in tp.costs else None}
+                for j in plan.jobs]
         summary = {"target_bytes": tp.budget, "smallest_bytes": tp.smallest, "file_bytes": plan.file_bytes,
                    "bytes_out": plan.out_bytes, "bpw_out": plan.bits_per_weight(True),
                    "predicted_kld": tp.predicted_cost, "preset": plan.preset.name, "types": plan.type_counts(),

@@ -130,6 +130,10 @@ def test_cli_target_size_writes_the_file_and_a_rule_file_that_reproduces_it(llam
                TYPES, *cache])
     assert rc == 0
     dry = json.loads(capsys.readouterr().out)
+    q = next(r for r in dry["tensors"] if r["name"] == "blk.0.attn_q.weight")
+    assert set(q["costs"]) == {"Q4_0", "Q5_0", "Q8_0"} and q["costs"]["Q4_0"]["measured"]
+    assert q["costs"][q["to"]]["kld"] == q["cost"] and q["costs"]["Q8_0"]["kld"] < q["costs"]["Q4_0"]["kld"]
+    assert next(r for r in dry["tensors"] if r["name"] == "blk.0.attn_norm.weight")["costs"] is None
     size = dry["summary"]["file_bytes"] + 100
     rc = main(["quantize", str(llama), str(out), "--target-size", str(size), "-f", str(TEXT), "--types", TYPES,
                "--rules", str(rules), *cache])

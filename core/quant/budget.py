@@ -1,4 +1,4 @@
-"""Choose one option per item under a byte budget at the least total cost (docs/quantize.md#target-size).
+"""Choose one option per item under a byte budget at the least total cost (docs/quantize.md, section 8).
 
 A multiple-choice knapsack: each item (a tensor) has options ``(bytes, cost)`` (its candidate types, the cost being
 the KL divergence the type adds). :func:`solve` relaxes the budget with a Lagrange multiplier λ: for a given λ every

@@ -1,4 +1,4 @@
-"""What each candidate type of each tensor costs, measured on the model's output (docs/quantize.md#target-size).
+"""What each candidate type of each tensor costs, measured on the model's output (docs/quantize.md, section 8).
 
 The cost of giving tensor *t* type *q* is the mean KL divergence, over the positions of a calibration text, of the
 model with only *t* quantized to *q* against the unquantized (reference) model: :class:`KLDMeter` keeps the

@@ -1,5 +1,5 @@
 """Quantize to a size, not a preset: each tensor's type chosen by measured cost under a byte budget
-(docs/quantize.md#target-size).
+(docs/quantize.md, section 8).
 
 :func:`plan_target` lists each quantizable tensor's candidate types, measures their costs
 (:func:`.sensitivity.tensor_costs`), solves for the least total cost within the budget (:func:`.budget.solve`) and

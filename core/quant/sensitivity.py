@@ -296,6 +296,10 @@ def tensor_costs(f: GGUFFile, candidates: Sequence[tuple[str, Sequence[str]]], c
         if w is not None and w.size % t.ne[0]:
             w = None
         ordered = sorted(types, key=lambda q: ggml_type(q).row_bytes(t.ne[0]))
+        if len(ordered) + keep <= 1:  # one option: nothing to choose, nothing to measure
+            only = ordered[0] if ordered else src
+            out.append(TensorCosts(name, {only: 0.0}, {only: False}, {}, only))
+            continue
         t0 = time.perf_counter()
         values_all: np.ndarray | None = None
         errs = {q: cache.get("E:" + name, q) for q in ordered}

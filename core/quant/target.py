@@ -20,7 +20,7 @@ import numpy as np
 from ..gguf import GGUFFile
 from .budget import BudgetError, Solution, solve
 from .imatrix import Imatrix
-from .mixture import PRESETS, allows_quantization, get_preset, requires_imatrix
+from .mixture import PRESETS, allows_quantization, fallback_type, get_preset, requires_imatrix
 from .quantize import QuantizeError, QuantizeOptions, QuantizePlan, plan_quantize, supported_types
 from .sensitivity import Progress, TensorCosts, tensor_costs
 from .types import ggml_type
@@ -124,9 +124,12 @@ def _candidates(f: GGUFFile, types: Sequence[str], has_imatrix: bool) -> list[tu
             continue
         fit = [q for q in types if t.ne[0] % ggml_type(q).block_elems == 0
                and (has_imatrix or not requires_imatrix(t.name, q, preset))]
-        if not fit:
-            raise QuantizeError(f"{t.name}: none of the candidate types fits rows of {t.ne[0]} values"
-                                + ("" if has_imatrix else " without an imatrix"))
+        if not fit:  # llama-quantize's fallback for rows the blocks do not divide: a fixed choice
+            smallest = min(types, key=lambda q: ggml_type(q).block_bytes / ggml_type(q).block_elems)
+            try:
+                fit = [fallback_type(smallest, t.ne[0])[0]]
+            except ValueError:
+                fit = ["F16"]
         out.append((t.name, fit))
     if not out:
         raise QuantizeError("the file has no tensor llama-quantize would quantize")

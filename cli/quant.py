@@ -16,6 +16,7 @@ from .common import (
     CLIError,
     check_file,
     dump_json,
+    float_arg,
     imatrix_arg,
     int_arg,
     open_gguf,
@@ -35,6 +36,11 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     )
 
     check_file(args.file)
+    if args.target_size is not None or args.target_bpw is not None:
+        return _quantize_to_target(args)
+    for flag, v in (("-f", args.calibration), ("--types", args.types), ("--rules", args.rules)):
+        if v is not None:
+            raise CLIError(f"quantize: {flag} goes with --target-size or --target-bpw")
     if not args.type and args.output and not args.dry_run:
         raise CLIError("quantize: give OUTPUT and TYPE (or --dry-run with TYPE)")
     if args.dry_run and args.output and not args.type:
@@ -116,6 +122,137 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         return 0
     finally:
         f.close()
+
+
+def _quantize_to_target(args: argparse.Namespace) -> int:
+    """``quantize IN OUT --target-size S | --target-bpw B``: the least-KLD mix within the budget (docs/quantize.md)."""
+    import time
+
+    from quantscope.core.engine.kld import chunk_ids
+    from quantscope.core.fsutil import OutputSet
+    from quantscope.core.quant.quantize import QuantizeCancelled, QuantizeError, write_quantized
+    from quantscope.core.quant.target import DEFAULT_TYPES, parse_size, plan_target, rules_text
+    from quantscope.core.tokenizer import Tokenizer, TokenizerError
+
+    if args.target_size is not None and args.target_bpw is not None:
+        raise CLIError("quantize: give --target-size or --target-bpw, not both")
+    if args.type:
+        raise CLIError(f"quantize: a target size replaces the preset; drop {args.type!r}")
+    if not args.output and not args.dry_run:
+        raise CLIError("quantize: the OUTPUT path is missing")
+    if args.dry_run and args.output and args.rules is None:
+        raise CLIError("quantize: --dry-run writes nothing; drop OUTPUT (or give --rules to write the rule file)")
+    size = None
+    if args.target_size is not None:
+        try:
+            size = parse_size(args.target_size)
+        except ValueError as exc:
+            raise CLIError(f"--target-size: {exc}") from None
+    if args.calibration is None:
+        raise CLIError("quantize: a target size needs a calibration text (-f TEXT) to measure the costs on")
+    check_file(args.calibration)
+    try:
+        text = Path(args.calibration).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CLIError(f"{args.calibration}: cannot read the text: {exc}") from None
+    types = [t for t in (args.types.split(",") if args.types is not None else DEFAULT_TYPES)]
+    im = imatrix_arg(args.imatrix)
+    rules_path = args.rules
+    if rules_path is None and args.output:
+        rules_path = str(Path(args.output).with_suffix("")) + ".tensor-types.txt"
+    inputs = [args.file, args.calibration] + ([args.imatrix] if args.imatrix else [])
+    outs = ([("output", args.output)] if args.output and not args.dry_run else []) + \
+        ([("--rules", rules_path)] if rules_path else [])
+    try:
+        OutputSet(outs, inputs=inputs)  # refuse an aliasing/odd output before any work
+    except PathRefused as exc:
+        raise CLIError(str(exc)) from None
+    f = open_gguf(args.file)
+    try:
+        try:
+            chunks = chunk_ids(Tokenizer(f).encode(text), args.ctx, args.chunks, min_chunks=1)
+        except (ValueError, TokenizerError) as exc:
+            raise CLIError(f"{args.calibration}: {exc}") from None
+        bar = Bar("measure", "tensors")
+        t0 = time.perf_counter()
+        try:
+            tp = plan_target(f, chunks, size=size, bpw=args.target_bpw, types=types, imatrix=im,
+                             imatrix_label=args.imatrix or "", allow_requantize=args.allow_requantize,
+                             cache_dir=args.cost_cache, exact=args.exact, threads=args.threads,
+                             progress=lambda d, t, name: bar(d, t, name))
+        except QuantizeError as exc:
+            raise CLIError(f"cannot quantize {Path(args.file).name}: {exc}") from None
+        except ValueError as exc:
+            raise CLIError(f"cannot quantize {Path(args.file).name}: {exc}") from None
+        finally:
+            bar.close()
+        search = time.perf_counter() - t0
+        plan = tp.plan
+        rows = [{"name": j.info.name, "shape": list(j.info.ne), "from": j.choice.source, "to": j.choice.target,
+                 "bytes_out": j.out_bytes,
+                 "cost": tp.costs[j.info.name].costs.get(j.choice.target) if j.info.name in tp.costs else None,
+                 "measured": tp.costs[j.info.name].measured.get(j.choice.target) if j.info.name in tp.costs
+                 else None,
+                 # the sensitivity report: the cost of every candidate type, and whether it was measured
+                 "costs": {q: {"kld": c, "measured": tp.costs[j.info.name].measured[q]}
+                           for q, c in tp.costs[j.info.name].costs.items()} if j.info.name in tp.costs else None}
+                for j in plan.jobs]
+        summary = {"target_bytes": tp.budget, "smallest_bytes": tp.smallest, "file_bytes": plan.file_bytes,
+                   "bytes_out": plan.out_bytes, "bpw_out": plan.bits_per_weight(True),
+                   "predicted_kld": tp.predicted_cost, "preset": plan.preset.name, "types": plan.type_counts(),
+                   "search_seconds": search, "timings": tp.timings, "rules": rules_path, "warnings": plan.warnings}
+        written = None
+        if not args.dry_run:
+            bar = Bar("quantize")
+            try:
+                written = write_quantized(f, plan, args.output, tp.options,
+                                          lambda p: bar(p.done_bytes, p.total_bytes,
+                                                        f"{p.index + 1}/{p.count} {p.tensor}" if p.tensor else ""))
+            except QuantizeError as exc:
+                raise CLIError(f"cannot quantize {Path(args.file).name}: {exc}") from None
+            except PathRefused as exc:
+                raise CLIError(str(exc)) from None
+            except OSError as exc:
+                raise CLIError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+            except (KeyboardInterrupt, QuantizeCancelled):
+                bar.close()
+                print("quantscope: quantization cancelled; nothing was written at the target path", file=sys.stderr)
+                return 130
+            bar.close()
+        if rules_path:
+            try:
+                with OutputSet([("--rules", rules_path)], inputs=inputs) as ro:
+                    ro.open("--rules")
+                    ro.write_bytes("--rules", rules_text(tp.rules).encode("utf-8"))
+                    ro.commit()
+            except PathRefused as exc:
+                raise CLIError(str(exc)) from None
+            except OSError as exc:
+                raise CLIError(f"cannot write {rules_path}: {exc.strerror or exc}") from None
+    finally:
+        f.close()
+    if args.json:
+        dump_json({"summary": {**summary, "output": str(written) if written else None}, "tensors": rows})
+        return 0
+    w = max((len(r["name"]) for r in rows), default=4)
+    for i, r in enumerate(rows):
+        cost = "" if r["cost"] is None else f"  KLD {r['cost']:.3g}{'' if r['measured'] else ' (est.)'}"
+        print(printable(f"[{i + 1:4d}/{len(rows)}] {r['name']:<{w}} {r['from']:>7} -> {r['to']:<7} "
+                        f"{r['bytes_out'] / 2**20:9.2f} MiB{cost}"))
+    if written:
+        print(printable(f"wrote {written} ({plan.file_bytes:,} bytes)"))
+    if rules_path:
+        print(printable(f"rules     {rules_path} (llama-quantize --tensor-type, one per line; preset "
+                        f"{plan.preset.name})"))
+    print(f"target    {tp.budget:,} bytes; the mix takes {plan.file_bytes if size else plan.out_bytes:,} "
+          f"(file {plan.file_bytes:,} bytes, {plan.bits_per_weight(True):.3f} bpw)")
+    print(f"predicted mean KLD {tp.predicted_cost:.5f} (sum of the per-tensor costs)")
+    print("types     " + ", ".join(f"{k} x{v}" for k, v in plan.type_counts().items()))
+    print(f"search    {search:.1f} s (" + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                                           for k, v in tp.timings.items()) + ")")
+    for warn in plan.warnings:
+        print(printable(f"warning   {warn}"), file=sys.stderr)
+    return 0
 
 
 def _print_plan_summary(plan: Any) -> None:
@@ -295,6 +432,23 @@ def register(sub: Any) -> None:
     s.add_argument("--dry-run", action="store_true", help="print every tensor's type and the sizes; write nothing")
     s.add_argument("--json", action="store_true", help="print the plan (and result) as JSON")
     s.add_argument("--threads", type=int_arg(0, 1024), default=0, help="worker threads (default: all cores)")
+    s.add_argument("--target-size", metavar="SIZE", help="instead of a preset: the best mix (least measured KL "
+                   "divergence) whose file fits SIZE (4.2G, 900M, 1.5GiB, 4200MB; K/M/G binary)")
+    s.add_argument("--target-bpw", type=float_arg(0, 32, lo_open=True), metavar="BPW",
+                   help="instead of a preset: the best mix of at most BPW bits per weight (all tensors)")
+    s.add_argument("-f", "--calibration", metavar="TEXT", help="with a target: the text the costs are measured on")
+    s.add_argument("--types", metavar="T1,T2,...", help="with a target: the candidate types (default: Q2_K, Q3_K, "
+                   "Q4_0, IQ4_NL, IQ4_XS, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0)")
+    s.add_argument("--rules", metavar="FILE", help="with a target: where to write the --tensor-type rules "
+                   "(default: OUTPUT's name with .tensor-types.txt)")
+    s.add_argument("--ctx", type=int_arg(8, 1 << 16), default=128, help="with a target: calibration chunk length "
+                   "in tokens (default 128)")
+    s.add_argument("--chunks", type=int_arg(1, 1 << 16), default=1, help="with a target: calibration chunks "
+                   "(default 1)")
+    s.add_argument("--exact", action="store_true", help="with a target: measure the KL divergence of every type "
+                   "(slow), not one per tensor extended by the weighted error")
+    s.add_argument("--cost-cache", metavar="DIR", default=str(Path.home() / ".cache" / "quantscope" / "costs"),
+                   help="with a target: where measured costs are kept for the next run")
     s.set_defaults(func=cmd_quantize)
     s = sub.add_parser("imatrix", help="show an importance-matrix file (llama-imatrix's GGUF or legacy .dat), or "
                        "with -f/-p compute one for the model FILE (llama-imatrix's GGUF format)")

@@ -523,6 +523,29 @@ class Session:
         logits = self.head(x if all_logits else x[-1:])
         return logits if all_logits else logits[0]
 
+    def forward_from(self, x: np.ndarray, first_layer: int) -> np.ndarray:
+        """Logits of every row of ``x``, the residual stream entering layer ``first_layer`` at positions 0..T-1 (a
+        :class:`ForwardTrace`'s ``resid[first_layer]``), without running the layers before it: what one layer's
+        changed weights do to a prompt (the quantizer's cost model). Starts from an empty cache; a model whose
+        layers read another layer's cache or per-layer embeddings is refused."""
+        m, c = self.model, self.model.config
+        if c.ple_dim or any(c.kv_source(i) != i for i in range(c.n_layers)):
+            raise ValueError("this model's layers read state from earlier layers: run the whole forward pass")
+        if isinstance(first_layer, bool) or not 0 <= first_layer <= c.n_layers:
+            raise ValueError(f"first layer {first_layer!r} is outside 0..{c.n_layers}")
+        x = np.array(x, dtype=np.float32, order="C")  # a copy: the blocks update it in place
+        if x.ndim != 2 or x.shape[1] != c.n_embd or not 0 < x.shape[0] <= self.n_ctx:
+            raise ValueError(f"rows of {c.n_embd} values, 1..{self.n_ctx} of them, are needed, not {x.shape}")
+        self.reset()
+        T = x.shape[0]
+        pos = np.arange(T, dtype=np.int32)
+        xp = ffi.cast("float *", ffi.from_buffer(x))
+        posp = ffi.cast("int32_t *", ffi.from_buffer(pos))
+        for li in range(first_layer, c.n_layers):
+            K.check(lib.qs_block_forward(self._block_structs[li], xp, T, posp, 0, m.threads), "transformer block")
+        self.n_past = T
+        return self.head(x)
+
     def head(self, x: np.ndarray) -> np.ndarray:
         """Logits of residual-stream rows ``x`` (n, n_embd): the final norm, the output head, granite's scale and
         gemma2's soft-cap (what :meth:`forward` does after the last layer; the probe's logit lens)."""

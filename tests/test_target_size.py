@@ -1,0 +1,201 @@
+"""Quantize to a size (issue 39): the engine's resumed forward pass, the measured costs and their cache, the
+planner, the CLI's `--target-size`/`--target-bpw` and its rule file reproducing the file through `--tensor-type`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from quantscope.cli.main import main
+from quantscope.core.engine.kld import chunk_ids
+from quantscope.core.engine.session import ForwardTrace, Model
+from quantscope.core.gguf import GGUFFile
+from quantscope.core.quant.quantize import QuantizeError
+from quantscope.core.quant.sensitivity import KLDMeter, tensor_costs
+from quantscope.core.quant.target import parse_size, plan_target, rule_pattern
+from quantscope.core.tokenizer import Tokenizer
+
+from .arch_fixtures import vocabulary, write_fixture
+
+TEXT = Path(__file__).parent / "data" / "english.txt"
+TYPES = "Q4_0,Q5_0,Q8_0"
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    return write_fixture("llama", tmp_path_factory.mktemp("target") / "llama-F32.gguf", "F32", vocab=vocabulary())
+
+
+def _chunks(f: GGUFFile, n_ctx: int = 32) -> np.ndarray:
+    return chunk_ids(Tokenizer(f).encode(TEXT.read_text(encoding="utf-8")), n_ctx, 1, min_chunks=1)
+
+
+def test_forward_from_a_layer_gives_the_whole_pass_logits(llama: Path) -> None:
+    m = Model.load(str(llama), threads=1)
+    s = m.session(32)
+    ids = list(range(5, 37))
+    trace = ForwardTrace()
+    full = s.forward(ids, all_logits=True, trace=trace)
+    for layer in range(m.config.n_layers + 1):
+        np.testing.assert_array_equal(s.forward_from(trace.resid[layer], layer), full)
+    with pytest.raises(ValueError):
+        s.forward_from(trace.resid[0], m.config.n_layers + 1)
+    with pytest.raises(ValueError):
+        s.forward_from(np.zeros((4, 3), np.float32), 0)
+
+
+def test_the_meter_reads_zero_for_the_tensor_itself_and_more_for_fewer_bits(llama: Path) -> None:
+    from quantscope.core.quant.lab import requantize, tensor_values
+
+    with GGUFFile(llama) as f:
+        meter = KLDMeter(f, _chunks(f), threads=1)
+        for name in ("blk.1.attn_v.weight", "blk.0.ffn_down.weight", "token_embd.weight", "output.weight"):
+            same = np.array(f.tensor_bytes(f.tensor(name)))
+            assert meter.kld(name, same, "F32") == 0.0
+            v = tensor_values(f, name)
+            k4 = meter.kld(name, requantize(v, "Q4_0")[0], "Q4_0")
+            k8 = meter.kld(name, requantize(v, "Q8_0")[0], "Q8_0")
+            assert 0 < k8 < k4, name
+        with pytest.raises(ValueError, match="does not read"):
+            meter.kld("blk.0.attn_norm.weight", np.zeros(4, np.uint8), "F32")
+
+
+def test_costs_are_measured_at_the_anchor_extended_by_the_error_and_cached(llama: Path, tmp_path: Path) -> None:
+    with GGUFFile(llama) as f:
+        ch = _chunks(f)
+        cands = [("blk.0.attn_q.weight", ["Q8_0", "Q4_0", "Q5_0"]), ("blk.1.ffn_up.weight", ["Q4_0", "Q8_0"])]
+        tm: dict[str, float] = {}
+        first = tensor_costs(f, cands, ch, cache_dir=tmp_path, threads=1, timings=tm)
+        assert tm["kld_runs"] == 2  # one measurement per tensor: its smallest type
+        for c in first:
+            assert c.anchor == "Q4_0"
+            assert c.measured == {q: q == "Q4_0" for q in dict(cands)[c.name]}
+            assert c.costs["Q8_0"] == pytest.approx(c.costs["Q4_0"] * c.errors["Q8_0"] / c.errors["Q4_0"])
+            assert c.costs["Q8_0"] < c.costs["Q4_0"]
+        tm2: dict[str, float] = {}
+        again = tensor_costs(f, cands, ch, cache_dir=tmp_path, threads=1, timings=tm2)
+        assert "kld_runs" not in tm2 and "reference" not in tm2  # every value from the cache
+        assert [c.costs for c in again] == [c.costs for c in first]
+        exact = tensor_costs(f, cands[:1], ch, cache_dir=tmp_path, exact=True, threads=1)[0]
+        assert all(exact.measured.values()) and exact.costs["Q4_0"] == first[0].costs["Q4_0"]
+
+
+def test_parse_size() -> None:
+    assert parse_size("4.2G") == int(4.2 * 2**30)
+    assert parse_size("900M") == 900 * 2**20
+    assert parse_size("1.5GiB") == int(1.5 * 2**30)
+    assert parse_size("4200MB") == 4_200_000_000
+    assert parse_size("123456") == 123456
+    for bad in ("", "G", "-1G", "0", "0.0001", "1.2.3G", "4.2X", "nanG", "1e3G", "1" * 40):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+
+
+def test_rule_patterns_match_only_their_tensor() -> None:
+    import re
+
+    for name in ("blk.0.attn_q.weight", "a b=c\tweight", "blk.1.ffn_up_exps.weight"):
+        p = rule_pattern(name)
+        assert not any(ch.isspace() for ch in p) and p.count("=") == 0
+        assert re.search(p, name) and not re.search(p, name + "x") and not re.search(p, "x" + name)
+    assert not re.search(rule_pattern("blk.0.attn_q.weight"), "blk.0xattn_q.weight")
+
+
+def test_plan_meets_the_budget_and_spends_it(llama: Path, tmp_path: Path) -> None:
+    with GGUFFile(llama) as f:
+        ch = _chunks(f)
+        kw = dict(types=TYPES.split(","), cache_dir=tmp_path, threads=1)
+        low = plan_target(f, ch, bpw=4.6, **kw)  # type: ignore[arg-type]
+        high = plan_target(f, ch, bpw=7.0, **kw)  # type: ignore[arg-type]
+        assert low.plan.out_bytes <= low.budget and high.plan.out_bytes <= high.budget
+        assert high.predicted_cost <= low.predicted_cost
+        size = low.plan.file_bytes
+        by_size = plan_target(f, ch, size=size, **kw)  # type: ignore[arg-type]
+        assert by_size.plan.file_bytes <= size
+        with pytest.raises(QuantizeError, match="below the smallest mix"):
+            plan_target(f, ch, size=by_size.smallest - 1, **kw)  # type: ignore[arg-type]
+        with pytest.raises(QuantizeError, match="larger than the model in F32"):
+            plan_target(f, ch, size=10 * Path(llama).stat().st_size, **kw)  # type: ignore[arg-type]
+
+
+def test_cli_target_size_writes_the_file_and_a_rule_file_that_reproduces_it(llama: Path, tmp_path: Path,
+                                                                             capsys) -> None:
+    out = tmp_path / "mix.gguf"
+    rules = tmp_path / "mix.rules.txt"
+    cache = ["--cost-cache", str(tmp_path / "cache"), "--ctx", "32", "--threads", "1"]
+    rc = main(["quantize", str(llama), "--dry-run", "--json", "--target-bpw", "5", "-f", str(TEXT), "--types",
+               TYPES, *cache])
+    assert rc == 0
+    dry = json.loads(capsys.readouterr().out)
+    q = next(r for r in dry["tensors"] if r["name"] == "blk.0.attn_q.weight")
+    assert set(q["costs"]) == {"Q4_0", "Q5_0", "Q8_0"} and q["costs"]["Q4_0"]["measured"]
+    assert q["costs"][q["to"]]["kld"] == q["cost"] and q["costs"]["Q8_0"]["kld"] < q["costs"]["Q4_0"]["kld"]
+    assert next(r for r in dry["tensors"] if r["name"] == "blk.0.attn_norm.weight")["costs"] is None
+    size = dry["summary"]["file_bytes"] + 100
+    rc = main(["quantize", str(llama), str(out), "--target-size", str(size), "-f", str(TEXT), "--types", TYPES,
+               "--rules", str(rules), *cache])
+    assert rc == 0, capsys.readouterr().err
+    assert out.stat().st_size <= size
+    lines = rules.read_text().split()
+    assert lines and all(line.startswith("^") and "=" in line for line in lines)
+    with GGUFFile(out) as f:
+        mixed = {t.name: t.type_name for t in f.tensors}
+        preset = f.metadata["general.file_type"].value
+    assert len({v for k, v in mixed.items() if k.endswith("weight") and "norm" not in k}) > 1  # a real mix
+    # our quantizer driven by the rule file alone (as llama-quantize would be) writes the same bytes
+    from quantscope.core.gguf.constants import FileType
+
+    name = FileType(int(preset)).name.removeprefix("MOSTLY_")
+    again = tmp_path / "again.gguf"
+    rc = main(["quantize", str(llama), str(again), name, "--tensor-type-file", str(rules), "--threads", "1"])
+    assert rc == 0, capsys.readouterr().err
+    assert again.read_bytes() == out.read_bytes()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target-size", "abc"], "is not a size"),
+    (["--target-size", "0"], "not a positive size"),
+    (["--target-size=-5G"], "is not a size"),
+    (["--target-size", "3Q"], "unknown unit"),
+    (["--target-size", "1T"], "larger than the model in F32"),
+    (["--target-size", "10K"], "below the smallest mix"),
+    (["--target-bpw", "0"], "out of range"),
+    (["--target-bpw", "40"], "out of range"),
+    (["--target-bpw", "nan"], "not a finite number"),
+    (["--target-bpw", "5", "--types", "Q4_0,NOPE"], "unknown ggml type"),
+    (["--target-bpw", "5", "--types", ","], "no candidate type"),
+    (["--target-bpw", "5", "--target-size", "1G"], "not both"),
+])
+def test_cli_refuses_bad_targets_in_one_line(llama: Path, tmp_path: Path, capsys, args: list[str],
+                                             message: str) -> None:
+    rc = main(["quantize", str(llama), "--dry-run", "-f", str(TEXT), "--cost-cache", str(tmp_path), "--ctx", "32",
+               *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("quantscope: error:") and message in err and err.count("\n") == 1, err
+    assert not list(tmp_path.glob("*.json"))  # refused before any measuring
+
+
+def test_cli_target_needs_a_calibration_text(llama: Path, capsys) -> None:
+    assert main(["quantize", str(llama), "--dry-run", "--target-bpw", "5"]) == 2
+    assert "calibration text" in capsys.readouterr().err
+    assert main(["quantize", str(llama), "Q8_0", "--dry-run", "--types", "Q4_0"]) == 2
+    assert "goes with --target-size" in capsys.readouterr().err
+
+
+def test_a_mixture_of_experts_plans_per_expert_tensor(tmp_path: Path) -> None:
+    """3-D expert tensors: measured as one tensor (every expert's rows swapped), the weighted error per expert."""
+    moe = write_fixture("qwen3moe", tmp_path / "qwen3moe.gguf", "F32", vocab=vocabulary())
+    with GGUFFile(moe) as f:
+        exps = [t.name for t in f.tensors if "_exps" in t.name]
+        assert exps
+        tp = plan_target(f, _chunks(f), bpw=9.0, types=TYPES.split(","), cache_dir=tmp_path, threads=1)
+        assert tp.plan.out_bytes <= tp.budget
+        for n in exps:
+            c = tp.costs[n]
+            if f.tensor(n).ne[0] % 32:  # rows of 48: no candidate fits, llama-quantize's fallback (F16) is fixed
+                assert c.costs == {"F16": 0.0} and tp.choices[n] == "F16"
+            else:
+                assert c.costs[c.anchor] > 0 and c.measured[c.anchor]

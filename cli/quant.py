@@ -150,11 +150,7 @@ def _quantize_to_target(args: argparse.Namespace) -> int:
             raise CLIError(f"--target-size: {exc}") from None
     if args.calibration is None:
         raise CLIError("quantize: a target size needs a calibration text (-f TEXT) to measure the costs on")
-    check_file(args.calibration)
-    try:
-        text = Path(args.calibration).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CLIError(f"{args.calibration}: cannot read the text: {exc}") from None
+    text = read_text_file(args.calibration, "-f")
     types = [t for t in (args.types.split(",") if args.types is not None else DEFAULT_TYPES)]
     im = imatrix_arg(args.imatrix)
     rules_path = args.rules

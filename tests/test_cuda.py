@@ -158,13 +158,20 @@ def test_session_refuses_without_gpu(cuda_lib, loaded):
 
 
 def test_cdef_matches_the_c_header():
+    """The cffi declarations are the C headers': qsc_api.h's, and the forward description's structures exactly as
+    csrc/qs_api_nn.h (the CPU block's header) declares them, so the CPU's descriptions can be handed over."""
     header = (ROOT / "csrc" / "cuda" / "qsc_api.h").read_text()
+    nn_header = (ROOT / "csrc" / "qs_api_nn.h").read_text()
 
     def norm(text: str) -> str:
         text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
         return re.sub(r"\s+", " ", text).strip()
 
-    assert norm(header) == norm(cb.CDEF)
+    assert norm(header) == norm(cb.API_CDEF)
+    start = nn_header.index("typedef struct {\n    const uint8_t *ptr;")
+    end = nn_header.index("} qs_block;") + len("} qs_block;")
+    assert norm(nn_header[start:end]) == norm(cb.NN_CDEF)
+    assert cb.CDEF == cb.NN_CDEF + cb.API_CDEF
 
 
 def test_dev_setup_builds_cuda_only_when_nvcc_exists():
@@ -228,30 +235,91 @@ def test_unsupported_weight_types_are_dequantized_or_refused():
 
 
 # ------------------------------------------------------------------------------------ host emulation of device math
-def test_config_struct_mirrors_model_config_per_layer(cuda_lib):
-    """The GPU gets each layer's window and RoPE base from the layer's forward description (nothing re-derived in
-    C: the explicit sliding-layer lists the C side used to miss need no C code), the model-wide switches in
-    qsc_config, and the C side refuses a per-layer policy out of range."""
+def test_policy_description_is_the_cpu_layer_policy():
+    """The GPU reads each layer's window and RoPE base from the layer's forward description (nothing re-derived
+    in C: the explicit sliding-layer lists the C side used to miss need no C code)."""
     gemma_like = ModelConfig("gemma3", 18, 640, 4, 1, 256, 2048, 262144, 32768, 1e-6, 1e6, True, 256,
                              rope_base_swa=10000.0, sliding_window=512, swa_pattern=6, embed_scale=25.3, gelu=True,
                              qk_norm=True, post_norms=True, attn_scale=0.0625)
     llama_like = ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 8192, 1e-5, 1e5, False, 64)
     for cfg in (gemma_like, llama_like):
-        layers = cb.config_layer_structs(cfg)
-        got = [(layers[i].window, layers[i].rope_base) for i in range(cfg.n_layers)]
+        layers = [cb.policy_description(cfg, i) for i in range(cfg.n_layers)]
+        got = [(b.attn.window, b.rope.base) for b in layers]
         want = [(cfg.layer_window(i), np.float32(cfg.layer_rope_base(i))) for i in range(cfg.n_layers)]
         assert got == want
-        cb.check_layers(cfg, layers)
-    c = cb.config_struct(gemma_like)
-    assert (c.head_dim, c.gelu, c.qk_norm, c.post_norms) == (256, 1, 1, 1)
-    assert np.float32(c.embed_scale) == np.float32(25.3) and c.rope_neox == 1
-    layers = cb.config_layer_structs(gemma_like)
-    assert sum(layers[i].window > 0 for i in range(18)) == 15  # every layer but each 6th slides
-    for field, bad in (("window", -1), ("rope_base", 0.0), ("rope_base", float("nan")), ("rope_base", float("inf"))):
-        layers = cb.config_layer_structs(gemma_like)
-        setattr(layers[7], field, bad)
-        with pytest.raises(cb.CudaError, match="layer 7"):
-            cb.check_layers(gemma_like, layers)
+        assert cb.missing_features(cfg) == []
+    b = cb.policy_description(gemma_like, 0)
+    assert (b.attn.head_dim, b.ffn.gelu, b.rope.neox) == (256, 1, 1) and np.float32(b.attn.scale) == 0.0625
+    assert sum(cb.policy_description(gemma_like, i).attn.window > 0 for i in range(18)) == 15  # each 6th global
+    for bad, feature in ((dict(n_expert=4, n_expert_used=2), "mixture-of-experts layers"),
+                         (dict(attn_softcap=50.0), "soft-capped attention scores"),
+                         (dict(final_softcap=30.0), "soft-capped logits"),
+                         (dict(head_dim=80, rope_dim=80), "head size 80")):
+        with pytest.raises(UnsupportedModel, match=feature):
+            cb.check_config(dataclasses.replace(llama_like, **bad))
+
+
+def _corrupt(model, n_ctx, change):
+    desc, _ = cb.model_description(model, n_ctx)
+    change(desc.model, desc.layers)
+    return desc
+
+
+def test_description_upload_is_checked_before_any_device_call(cuda_lib, synthetic_tiny):
+    """The GPU gets the CPU block's own forward description (weights {ptr, type, bytes, rows, k} and vectors {ptr,
+    len}, by group) and the model-level part; the C side refuses, host only and before any device call, a missing
+    group, a weight's wrong size, type or byte count, a vector's wrong length, a policy out of range and every
+    feature the device lacks, by name. qsc_model_create refuses the same before touching the device (no GPU here:
+    its message is the check's, not a CUDA error)."""
+    model = synthetic_tiny
+    c = model.config
+    desc, blocks = cb.model_description(model, 64)
+    cb.check_description(desc)
+    assert cb.description_features(blocks) == []
+    assert desc.n_layers == c.n_layers == 2
+    hd = c.head_dim
+    for i in range(c.n_layers):
+        b = desc.layers[i]
+        assert (b.attn.wq.rows, b.attn.wq.k) == (c.n_head * hd, c.n_embd)
+        assert (b.attn.wk.rows, b.ffn.down.rows, b.ffn.down.k) == (c.n_head_kv * hd, c.n_embd, c.n_ff)
+        assert b.attn.wq.bytes == model.weights.layers[i].wq.data.nbytes
+        assert ggml_type(b.attn.wq.type).name == model.weights.layers[i].wq.type.name
+        assert (b.attn_norm.len, b.ffn_norm.len, b.attn.bq.len) == (c.n_embd, c.n_embd, 0)
+        assert (b.attn.window, b.rope.base) == (c.layer_window(i), np.float32(c.layer_rope_base(i)))
+    assert (desc.model.n_vocab, desc.model.tok_embd.rows, desc.model.output_norm.len) == (c.n_vocab, c.n_vocab,
+                                                                                             c.n_embd)
+    assert bool(desc.model.output.ptr) == (not model.weights.tied)
+    E = c.n_embd
+    cases = [
+        (lambda md, L: setattr(L[1].attn.wq, "bytes", L[1].attn.wq.bytes - 1), "layer 1: attn.wq"),
+        (lambda md, L: setattr(L[0].attn.wk, "ptr", cb.ffi.NULL), "layer 0: attn.wk is missing"),
+        (lambda md, L: setattr(L[0].attn.wo, "type", 10), "layer 0: attn.wo"),  # Q2_K: no GPU kernel
+        (lambda md, L: setattr(L[1].ffn.down, "rows", E + 32), "layer 1: ffn.down"),
+        (lambda md, L: setattr(L[0].ffn_norm, "len", E - 1), "layer 0: ffn_norm"),
+        (lambda md, L: setattr(L[1].attn.bq, "len", 7), "layer 1: attn.bq"),
+        (lambda md, L: setattr(L[0].attn_norm, "ptr", cb.ffi.NULL), "layers without pre-norms"),
+        (lambda md, L: setattr(L[1].moe, "n_expert", 4), "layer 1: mixture-of-experts layers"),
+        (lambda md, L: setattr(L[0].gdn, "conv", 4), "gated delta-net layers"),
+        (lambda md, L: setattr(L[0].rope.freqs, "len", 16), "RoPE frequency factors"),
+        (lambda md, L: setattr(L[0].attn, "sinks", (cb.ffi.NULL, 4)), "attention sinks"),
+        (lambda md, L: setattr(L[1].attn, "softcap", 50.0), "soft-capped attention scores"),
+        (lambda md, L: setattr(L[1].ffn, "n_ff", c.n_ff + 32), "layer 1: layers of different shapes"),
+        (lambda md, L: setattr(L[1].attn, "window", -1), "layer 1: window"),
+        (lambda md, L: setattr(L[0].rope, "base", float("nan")), "layer 0: window"),
+        (lambda md, L: [setattr(L[i].attn, "head_dim", 80) for i in range(2)], "head size 80"),
+        (lambda md, L: setattr(md.tok_embd, "rows", c.n_vocab - 1), "tok_embd"),
+        (lambda md, L: setattr(md.output_norm, "len", 0), "output_norm"),
+        (lambda md, L: setattr(md, "final_softcap", 30.0), "soft-capped logits"),
+        (lambda md, L: setattr(md, "n_layers", 0), "no layers"),
+    ]
+    lib = cb._library()
+    for change, message in cases:
+        desc = _corrupt(model, 64, change)
+        with pytest.raises(cb.CudaError, match=re.escape(message)):
+            cb.check_description(desc)
+        err = cb.ffi.new("char[512]")
+        assert lib.qsc_model_create(desc.model, desc.layers, 64, 1, 16, err, 512) == cb.ffi.NULL
+        assert message in cb.ffi.string(err).decode(), message
 
 
 @pytest.mark.parametrize("name", GPU_KERNEL_TYPES)

@@ -18,10 +18,11 @@ from typing import Any
 import cffi
 import numpy as np
 
-from ..model import ARCHITECTURES, ModelConfig, ModelWeights, UnsupportedModel, Weight
+from ..model import ARCHITECTURES, ModelConfig, UnsupportedModel, Weight
+from ..native import ffi as cpu_ffi
 from ..native import kernels as K
 from ..quant.types import GGMLType, ggml_type
-from .session import ContextFull, Model, layer_policy
+from .session import ContextFull, Model, _Bound, _layer_matrices, layer_description, layer_policy
 
 __all__ = [
     "GPU_TYPES",
@@ -45,25 +46,97 @@ GPU_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12:
 #: Activation types the device quantizers produce (ggml ids) and their (block elements, block bytes).
 ACT_LAYOUT = {8: (32, 34), 9: (32, 36), 15: (256, 292)}
 
-# Weight slots of qsc_upload_weight (see csrc/cuda/qsc_api.h).
-_MATRIX_SLOTS = {"wq": 0, "wk": 1, "wv": 2, "wo": 3, "w_gate": 4, "w_up": 5, "w_down": 6}
-_VECTOR_SLOTS = {"attn_norm": 7, "ffn_norm": 8, "bq": 9, "bk": 10, "bv": 11, "q_norm": 12, "k_norm": 13,
-                 "post_attn_norm": 14, "post_ffn_norm": 15}
-_TOK_EMBD, _OUTPUT, _OUTPUT_NORM = 16, 17, 18
-
-CDEF = """
+#: the forward description's structures, as csrc/qs_api_nn.h declares them (tests/test_cuda.py checks the copy)
+NN_CDEF = """
 typedef struct {
-    int n_layers, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
-    float rms_eps;
-    int rope_neox, rope_dim;
-    float embed_scale;
-    int gelu, qk_norm, post_norms;
-    float attn_scale;
-} qsc_config;
+    const uint8_t *ptr;
+    int type;
+    int64_t bytes, rows, k;
+} qs_weight;
 typedef struct {
-    int window;
-    float rope_base;
-} qsc_layer;
+    const float *ptr;
+    int64_t len;
+} qs_vec;
+typedef struct {
+    int n_head, n_head_kv, head_dim;
+    qs_weight wq, wk, wv, wo;
+    qs_vec bq, bk, bv, bo;
+    qs_vec q_norm, k_norm;
+    qs_vec sinks;
+    int qk_norm_full;
+    int q_gate;
+    int kv_reuse;
+    int v_norm;
+    int64_t window;
+    float scale, softcap;
+    float temp_scale;
+    int64_t temp_floor;
+    int kv_f16;
+    int64_t n_ctx;
+    void *k_cache, *v_cache;
+    int64_t k_cache_bytes, v_cache_bytes;
+} qs_attn_desc;
+typedef struct {
+    int skip, dim, neox;
+    float base, freq_scale, ext_factor, corr0, corr1, mscale;
+    qs_vec freqs;
+} qs_rope_desc;
+typedef struct {
+    int n_ff, gelu, swiglu_oai;
+    qs_weight gate, up, down;
+} qs_ffn_desc;
+typedef struct {
+    int n_expert, n_used, norm;
+    float scale;
+    qs_weight router;
+    qs_vec b_router, b_gate, b_up, b_down;
+    int n_ff_shexp;
+    qs_weight sh_gate, sh_up, sh_down;
+    qs_vec sh_gate_inp;
+} qs_moe_desc;
+typedef struct {
+    int conv, state, k_heads, v_heads;
+    qs_weight qkv, z, beta, alpha, out;
+    qs_vec conv_w, dt_bias, a, norm;
+    float *conv_state, *ssm_state;
+    int64_t conv_state_len, ssm_state_len;
+} qs_gdn_desc;
+typedef struct {
+    int dim;
+    qs_weight gate, proj;
+    qs_vec post_norm;
+    const float *inputs;
+    int64_t inputs_len;
+} qs_ple_desc;
+typedef struct {
+    float *attn, *wo, *ffn, *down;
+    int64_t attn_len, wo_len, ffn_len, down_len;
+    int64_t *exp_count;
+    int64_t exp_count_len;
+    float *q;
+    int64_t q_len;
+} qs_probe_desc;
+typedef struct {
+    int n_embd;
+    float eps, residual_scale, out_scale;
+    qs_vec attn_norm, post_attn_norm, ffn_norm, post_ffn_norm;
+    qs_attn_desc attn;
+    qs_rope_desc rope;
+    qs_ffn_desc ffn;
+    qs_moe_desc moe;
+    qs_gdn_desc gdn;
+    qs_ple_desc ple;
+    qs_probe_desc probe;
+} qs_block;
+"""
+#: csrc/cuda/qsc_api.h's declarations (tests/test_cuda.py checks the copy)
+API_CDEF = """
+typedef struct {
+    int n_layers, n_vocab;
+    float eps, embed_scale, final_softcap, logit_scale;
+    qs_weight tok_embd, output;
+    qs_vec output_norm;
+} qsc_model_desc;
 typedef struct {
     char name[256];
     int major, minor, sm_count;
@@ -80,13 +153,9 @@ int qsc_device_info(char *buf, size_t len);
 int qsc_type_supported(int type);
 int64_t qsc_packed_bytes(int type, int64_t rows, int64_t k);
 int qsc_repack(int type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst, int64_t dst_bytes);
-int qsc_check_layers(const qsc_config *cfg, const qsc_layer *layers, char *err, size_t err_len);
-qsc_model *qsc_model_create(const qsc_config *cfg, const qsc_layer *layers, int n_ctx, int kv_f16, int max_batch,
+int qsc_check_model(const qsc_model_desc *md, const qs_block *layers, char *err, size_t err_len);
+qsc_model *qsc_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16, int max_batch,
                              char *err, size_t err_len);
-int qsc_upload_weight(qsc_model *m, int layer, int slot, int type, int64_t rows, int64_t k, const uint8_t *data,
-                      int64_t nbytes, char *err, size_t err_len);
-int qsc_tie_output(qsc_model *m, char *err, size_t err_len);
-int qsc_model_finalize(qsc_model *m, char *err, size_t err_len);
 int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
                 char *err, size_t err_len);
 int qsc_set_graphs(qsc_model *m, int enabled);
@@ -110,6 +179,7 @@ int qsc_host_dequantize(int type, const uint8_t *w, int64_t rows, int64_t k, flo
 int qsc_host_quantize(int act_type, const float *x, int64_t n, uint8_t *out);
 int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const float *x, int n_x, float *y);
 """
+CDEF = NN_CDEF + API_CDEF
 
 ffi = cffi.FFI()
 ffi.cdef(CDEF)
@@ -277,56 +347,102 @@ def _check(rc: int, err: Any, what: str) -> None:
         raise CudaError(f"{what}: {_msg(err)} ({rc})")
 
 
-def missing_features(cfg: ModelConfig) -> list[str]:
-    """The forward-pass features of ``cfg`` the device code does not compute (empty: it runs on the GPU). The
-    backend decides by these, never by the architecture's name."""
-    c = cfg
+def block_features(b: Any) -> list[str]:
+    """The features of one layer's forward description (a ``qs_block``) that the device code does not compute
+    (empty: it runs on the GPU), as qsc_check_model names them. A vector or weight counts as present when it has
+    a length or a pointer (a policy-only description marks presence by length)."""
+    a, r = b.attn, b.rope
+
+    def has(v: Any) -> bool:
+        return bool(v.ptr) or int(v.len) > 0
+
+    def one(x: float) -> bool:
+        return float(x) in (0.0, 1.0)
+
     return [name for name, present in (
-        ("layers of different shapes", bool(c.layer_n_head_kv or c.layer_head_dim or c.layer_n_ff
-                                            or c.layer_rope_dim or c.kv_from_start)),
-        ("mixture-of-experts layers", c.n_expert > 0),
-        ("gated delta-net layers", any(c.recurrent_layers)),
-        ("explicit sliding-layer lists", bool(c.swa_layers)),
-        ("layers without pre-norms", not c.pre_norms),
-        ("q/k RMSNorms over the whole projection", c.qk_norm_full),
-        ("soft-capped scores or logits", c.attn_softcap > 0 or c.final_softcap > 0),
-        ("residual and logit multipliers", c.residual_scale != 1.0 or c.logit_scale != 1.0),
-        ("layers without RoPE", c.no_rope_step > 0),
-        ("attention sinks", c.attn_sinks),
-        ("clamped SwiGLU FFNs", c.swiglu_oai),
-        ("gated attention outputs", c.q_gate),
-        ("V RMSNorms", c.v_norm),
-        ("per-layer embeddings", c.ple_dim > 0),
-        ("shared experts", c.n_ff_shexp > 0),
-        ("RoPE factors on the global layers only", c.rope_freqs_global_only),
+        ("mixture-of-experts layers", b.moe.n_expert > 0 or b.moe.n_ff_shexp > 0 or bool(b.moe.router.ptr)),
+        ("gated delta-net layers", b.gdn.conv > 0 or bool(b.gdn.qkv.ptr)),
+        ("per-layer embeddings", b.ple.dim > 0 or bool(b.ple.gate.ptr)),
+        ("RoPE frequency factors", has(r.freqs)),
+        ("layers without RoPE", bool(r.skip)),
         ("RoPE scaling (linear, YaRN, attention factor, temperature)",
-         c.rope_freq_scale != 1.0 or c.rope_ext_factor > 0 or c.rope_mscale != 1.0 or c.attn_temp_scale > 0),
+         not one(r.freq_scale) or r.ext_factor != 0.0 or not one(r.mscale) or a.temp_scale != 0.0),
+        ("soft-capped attention scores", a.softcap != 0.0),
+        ("residual and layer output multipliers", not one(b.residual_scale) or not one(b.out_scale)),
+        ("attention sinks", has(a.sinks)),
+        ("attention output biases", has(a.bo)),
+        ("gated attention outputs", bool(a.q_gate)),
+        ("V RMSNorms", bool(a.v_norm)),
+        ("layers reading another layer's KV cache", bool(a.kv_reuse)),
+        ("q/k RMSNorms over the whole projection", bool(a.qk_norm_full)),
+        ("clamped SwiGLU FFNs", bool(b.ffn.swiglu_oai)),
+        ("layers without pre-norms", not has(b.attn_norm) or not has(b.ffn_norm)),
     ) if present]
 
 
-def missing_weight_features(w: ModelWeights) -> list[str]:
-    """The optional tensors of ``w`` the device code does not apply (empty: none)."""
-    return [name for name, present in (
-        ("RoPE frequency factors (rope_freqs, LongRoPE)", w.rope_freqs is not None or w.rope_long is not None),
-        ("attention output biases", any(lw.bo is not None for lw in w.layers)),
-        ("layer output scales", any(lw.out_scale is not None for lw in w.layers)),
-    ) if present]
+def _shape(b: Any) -> tuple[int, ...]:
+    return (b.n_embd, b.attn.n_head, b.attn.n_head_kv, b.attn.head_dim, b.ffn.n_ff, b.rope.dim, b.rope.neox,
+            b.ffn.gelu)
+
+
+def description_features(blocks: list[Any], final_softcap: float = 0.0, logit_scale: float = 1.0) -> list[str]:
+    """Every feature of a model's forward description (its layers' ``qs_block`` s and the model-level scales)
+    that the device code lacks, each named once (empty: the GPU runs it)."""
+    out: list[str] = []
+    for b in blocks:
+        out += [f for f in block_features(b) if f not in out]
+    if blocks and any(_shape(b) != _shape(blocks[0]) for b in blocks):
+        out.append("layers of different shapes")
+    if final_softcap != 0.0:
+        out.append("soft-capped logits")
+    if float(logit_scale) not in (0.0, 1.0):
+        out.append("logit multipliers")
+    return out
+
+
+def policy_description(cfg: ModelConfig, li: int) -> Any:
+    """Layer ``li``'s forward description as far as ``cfg`` alone decides it (no weights bound): the layer's
+    policy (:func:`~.session.layer_policy`) with the presence of its groups marked (experts, delta-net, per-layer
+    embeddings by their sizes, pre-norms and sinks by their lengths). For refusing a model before loading it."""
+    b = layer_policy(cfg, li)
+    b.ffn.n_ff, b.ffn.gelu, b.ffn.swiglu_oai = cfg.n_ff_at(li), int(cfg.gelu), int(cfg.swiglu_oai)
+    b.moe.n_expert, b.moe.n_ff_shexp = cfg.n_expert, cfg.n_ff_shexp
+    b.ple.dim = cfg.ple_dim
+    if cfg.is_recurrent(li):
+        b.gdn.conv = cfg.ssm_conv
+    else:
+        b.attn.q_gate = int(cfg.q_gate)
+    if cfg.pre_norms:
+        b.attn_norm.len = b.ffn_norm.len = cfg.n_embd
+    if cfg.attn_sinks:
+        b.attn.sinks.len = cfg.n_head
+    if cfg.rope_freqs_global_only and not cfg.is_sliding(li):
+        b.rope.freqs.len = max(1, b.rope.dim // 2)
+    return b
+
+
+def missing_features(cfg: ModelConfig) -> list[str]:
+    """The features of ``cfg``'s forward description the device code does not compute (empty: it runs on the
+    GPU). The backend decides by these, never by the architecture's name."""
+    blocks = [policy_description(cfg, li) for li in range(cfg.n_layers)]
+    return description_features(blocks, cfg.final_softcap, cfg.logit_scale)
 
 
 def check_config(cfg: ModelConfig) -> None:
     """Refuse, with the reason, a model whose features or shapes the GPU kernels do not handle."""
     if cfg.arch not in ARCHITECTURES:
         raise UnsupportedModel(f"architecture {cfg.arch!r} is not supported by the engine")
-    missing = missing_features(cfg)
-    if missing:
-        raise UnsupportedModel(f"{', '.join(missing)} have no CUDA path")
     sizes = (cfg.n_layers, cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff, cfg.n_vocab)
     if min(sizes) <= 0:
         raise UnsupportedModel(f"non-positive model size in {sizes}")
+    missing = missing_features(cfg)
+    if missing:
+        raise UnsupportedModel(f"{', '.join(missing)} have no CUDA path")
     if cfg.n_head % cfg.n_head_kv:
         raise UnsupportedModel(f"n_head {cfg.n_head} is not a multiple of n_head_kv {cfg.n_head_kv}")
     if cfg.head_dim % 32 or cfg.head_dim > 256:
-        raise UnsupportedModel(f"head_dim {cfg.head_dim}: the GPU attention needs a multiple of 32, at most 256")
+        raise UnsupportedModel(f"head size {cfg.head_dim} has no CUDA path (the GPU attention needs a multiple of "
+                               "32, at most 256)")
     if cfg.rope_dim <= 0 or cfg.rope_dim % 2 or cfg.rope_dim > cfg.head_dim:
         raise UnsupportedModel(f"rope_dim {cfg.rope_dim} invalid for head_dim {cfg.head_dim}")
     if cfg.n_embd % 32 or cfg.n_ff % 32:
@@ -335,42 +451,69 @@ def check_config(cfg: ModelConfig) -> None:
         raise UnsupportedModel("model size does not fit in int32")
 
 
-def config_struct(cfg: ModelConfig) -> Any:
-    """The C ``qsc_config``: the model-wide switches the device code reads (each layer's own policy comes from
-    its forward description, :func:`layer_structs`)."""
-    check_config(cfg)
-    c = ffi.new("qsc_config *")
-    for name in ("n_layers", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "n_vocab", "n_ctx_train",
-                 "rope_dim"):
-        setattr(c, name, int(getattr(cfg, name)))
-    for name in ("rms_eps", "embed_scale", "attn_scale"):
-        setattr(c, name, float(getattr(cfg, name)))
-    for name in ("rope_neox", "gelu", "qk_norm", "post_norms"):
-        setattr(c, name, int(bool(getattr(cfg, name))))
-    return c
+class Description:
+    """A model's forward description in the CUDA library's types: ``model`` (``qsc_model_desc *``) and
+    ``layers`` (``qs_block[]``, the CPU block's own descriptions, :func:`~.session.layer_description`, copied),
+    with the host arrays their pointers reach kept alive (``keep``) and ``matrices``, every matrix's (type, rows,
+    k) as it is uploaded. Built by :func:`model_description`."""
+
+    def __init__(self, model: Any, layers: Any, n_layers: int, keep: list[Any],
+                 matrices: list[tuple[GGMLType, int, int]]) -> None:
+        self.model, self.layers, self.n_layers, self.keep, self.matrices = model, layers, n_layers, keep, matrices
 
 
-def layer_structs(descriptions: list[Any]) -> Any:
-    """The ``qsc_layer`` array of a model: each layer's window and RoPE base as its forward description (the CPU
-    block's ``qs_block``, :func:`~quantscope.core.engine.session.layer_description`) has them; the GPU derives
-    neither."""
-    out = ffi.new("qsc_layer[]", max(1, len(descriptions)))
-    for i, b in enumerate(descriptions):
-        out[i].window, out[i].rope_base = int(b.attn.window), float(b.rope.base)
-    return out
+def _bound(w: Weight, keep: list[Any], matrices: list[tuple[GGMLType, int, int]], device: bool) -> _Bound:
+    t, data = device_weight(w) if device else (w.type, w.data)
+    raw = _matrix(data, t, w.rows, w.k) if device else np.ascontiguousarray(data)
+    keep.append(raw)
+    matrices.append((t, w.rows, w.k))
+    return _Bound(t.id, cpu_ffi.cast("uint8_t *", cpu_ffi.from_buffer(raw)), w.rows, w.k, int(raw.nbytes))
 
 
-def config_layer_structs(cfg: ModelConfig) -> Any:
-    """:func:`layer_structs` of ``cfg``'s layers, from each layer's policy (:func:`~.session.layer_policy`, what
-    the forward description starts from; host only, no GPU needed)."""
-    return layer_structs([layer_policy(cfg, li) for li in range(cfg.n_layers)])
+def model_description(model: Model, n_ctx: int, device: bool = True) -> tuple[Description, list[Any]]:
+    """``model``'s forward description for the GPU, and its layers' ``qs_block`` s as the CPU describes them (for
+    :func:`description_features`). ``device``: weights as they are uploaded (:func:`device_weight`: types
+    without GPU kernels dequantized to F32); else as stored (a cheap look at the features before that)."""
+    c, mw = model.config, model.weights
+    keep: list[Any] = []
+    matrices: list[tuple[GGMLType, int, int]] = []
+    rope_factors = mw.rope_factors(n_ctx)
+    cpu_blocks = []
+    for li, lw in enumerate(mw.layers):
+        lb = {key: _bound(w, keep, matrices, device) for key, w in _layer_matrices(lw)}
+        if lw.wv is lw.wk and "wk" in lb:
+            lb["wv"] = lb["wk"]
+        cpu_blocks.append(layer_description(c, li, lw, lb, rope_factors))
+    size = ffi.sizeof("qs_block")
+    if size != cpu_ffi.sizeof("qs_block"):
+        raise CudaError(f"qs_block is {size} bytes here and {cpu_ffi.sizeof('qs_block')} in the CPU library")
+    layers = ffi.new("qs_block[]", max(1, len(cpu_blocks)))
+    for i, b in enumerate(cpu_blocks):
+        ffi.memmove(layers + i, cpu_ffi.buffer(b), size)
+    md = ffi.new("qsc_model_desc *")
+    md.n_layers, md.n_vocab, md.eps, md.embed_scale = c.n_layers, c.n_vocab, c.rms_eps, c.embed_scale
+    md.final_softcap, md.logit_scale = c.final_softcap, c.logit_scale
+    for field, w in (("tok_embd", mw.tok_embd), ("output", None if mw.tied else mw.output)):
+        if w is not None:
+            bw = _bound(w, keep, matrices, device)
+            d = getattr(md, field)
+            d.ptr, d.type, d.bytes, d.rows, d.k = ffi.cast("uint8_t *", cpu_ffi.cast("uintptr_t", bw.ptr)), \
+                bw.type_id, bw.nbytes, bw.rows, bw.k
+    if mw.tied:
+        matrices.append(matrices[-1])  # the head reads the embedding's copy
+    norm = _floats(mw.output_norm, "output_norm").reshape(-1)
+    keep.append(norm)
+    md.output_norm.ptr, md.output_norm.len = _p(norm, "float *"), norm.size
+    keep += cpu_blocks
+    return Description(md, layers, len(cpu_blocks), keep, matrices), cpu_blocks
 
 
-def check_layers(cfg: ModelConfig, layers: Any) -> None:
-    """The C side's check of a ``qsc_layer`` array (host only): :class:`CudaError` with its reason."""
+def check_description(desc: Description) -> None:
+    """The C side's whole check of a description (host only, no device call): :class:`CudaError` with its
+    reason (a feature the device lacks, a missing group, a size, type or byte count that does not add up)."""
     err = _err()
-    if _library().qsc_check_layers(config_struct(cfg), layers, err, _ERR_LEN) != 0:
-        raise CudaError(f"qsc_check_layers: {_msg(err)}")
+    if _library().qsc_check_model(desc.model, desc.layers, err, _ERR_LEN) != 0:
+        raise CudaError(f"qsc_check_model: {_msg(err)}")
 
 
 # ------------------------------------------------------------------------------------ host emulation (no GPU)
@@ -575,68 +718,33 @@ class CudaSession:
             raise ValueError(f"n_ctx {n_ctx} / max_batch {max_batch} out of range")
         if kv_dtype not in (np.float16, np.float32):
             raise ValueError("kv_dtype must be numpy.float16 or numpy.float32")
-        if model.weights.rope_freqs is not None or model.weights.rope_long is not None:
-            raise UnsupportedModel("RoPE frequency factors (Llama 3 rope_freqs, Phi-3 LongRoPE) have no CUDA path")
-        extra = missing_weight_features(model.weights)
-        if extra:
-            raise UnsupportedModel(f"{', '.join(extra)} have no CUDA path")
         check_config(model.config)
+        c = model.config
+        # the weights' features first, on their descriptions as stored (no dequantizing for a refused model)
+        _, raw_blocks = model_description(model, n_ctx, device=False)
+        missing = description_features(raw_blocks, c.final_softcap, c.logit_scale)
+        if missing:
+            raise UnsupportedModel(f"{', '.join(missing)} have no CUDA path")
+        desc, _ = model_description(model, n_ctx)
+        check_description(desc)
         self.model = model
-        self.config: ModelConfig = model.config
+        self.config: ModelConfig = c
         self.n_ctx = n_ctx
         self.kv_dtype = kv_dtype
         self.n_past = 0
-        self.weight_bytes_per_token = 0
+        self.weight_bytes_per_token = sum(packed_bytes(t, rows, k) for t, rows, k in desc.matrices)
         self._lib = _library()
         err = _err()
-        self._layers = config_layer_structs(model.config)  # kept alive while the C side reads it
-        ptr = self._lib.qsc_model_create(config_struct(self.config), self._layers, n_ctx, int(kv_dtype == np.float16),
-                                         max_batch, err, _ERR_LEN)
+        ptr = self._lib.qsc_model_create(desc.model, desc.layers, n_ctx, int(kv_dtype == np.float16), max_batch,
+                                         err, _ERR_LEN)
         if ptr == ffi.NULL:
             raise CudaError(f"qsc_model_create: {_msg(err)}")
         self._m: Any = ptr
         try:
-            self._upload()
-            _check(self._lib.qsc_model_finalize(self._m, err, _ERR_LEN), err, "finalize")
             self._lib.qsc_set_graphs(self._m, int(graphs))
         except BaseException:
             self.close()
             raise
-
-    def _upload_matrix(self, layer: int, slot: int, w: Weight) -> None:
-        t, data = device_weight(w)
-        raw = _matrix(data, t, w.rows, w.k)
-        err = _err()
-        _check(self._lib.qsc_upload_weight(self._m, layer, slot, t.id, w.rows, w.k, _p(raw, "uint8_t *"), raw.size,
-                                           err, _ERR_LEN), err, f"upload {w.name}")
-        self.weight_bytes_per_token += packed_bytes(t, w.rows, w.k)
-
-    def _upload_vector(self, layer: int, slot: int, v: np.ndarray) -> None:
-        a = _floats(v, "vector").reshape(-1)
-        err = _err()
-        _check(self._lib.qsc_upload_weight(self._m, layer, slot, 0, 1, a.size, _p(a, "uint8_t *"), a.nbytes, err,
-                                           _ERR_LEN), err, f"upload vector {slot} of layer {layer}")
-
-    def _upload(self) -> None:
-        mw = self.model.weights
-        for li, lw in enumerate(mw.layers):
-            for name, slot in _MATRIX_SLOTS.items():
-                self._upload_matrix(li, slot, getattr(lw, name))
-            for name, slot in _VECTOR_SLOTS.items():
-                vec = getattr(lw, name)
-                if vec is not None:
-                    self._upload_vector(li, slot, vec)
-        t, data = device_weight(mw.tok_embd)
-        raw = _matrix(data, t, mw.tok_embd.rows, mw.tok_embd.k)
-        err = _err()
-        _check(self._lib.qsc_upload_weight(self._m, -1, _TOK_EMBD, t.id, mw.tok_embd.rows, mw.tok_embd.k,
-                                           _p(raw, "uint8_t *"), raw.size, err, _ERR_LEN), err, "upload token_embd")
-        if mw.tied:
-            _check(self._lib.qsc_tie_output(self._m, err, _ERR_LEN), err, "tie output")
-            self.weight_bytes_per_token += packed_bytes(t, mw.tok_embd.rows, mw.tok_embd.k)
-        else:
-            self._upload_matrix(-1, _OUTPUT, mw.output)
-        self._upload_vector(-1, _OUTPUT_NORM, mw.output_norm)
 
     @property
     def kv_bytes(self) -> int:

@@ -5,30 +5,21 @@
  * err[err_len] when err is not NULL. Type ids are ggml's. Sizes are validated by the Python wrappers first; the
  * C side checks them again and refuses (never trusts) a size that does not add up.
  *
- * Weight slots (argument `slot` of qsc_upload_weight); layer slots take layer = 0..n_layers-1, model slots -1:
- *   0 attn_q  1 attn_k  2 attn_v  3 attn_output  4 ffn_gate  5 ffn_up  6 ffn_down        matrices [rows][k]
- *   7 attn_norm  8 ffn_norm  9 attn_q.bias  10 attn_k.bias  11 attn_v.bias  12 attn_q_norm  13 attn_k_norm
- *   14 post_attention_norm  15 post_ffw_norm                                              F32 vectors (rows 1)
- *   16 token_embd  17 output  18 output_norm                                              (layer -1)
+ * The model is the same forward description the CPU block reads (csrc/qs_api_nn.h, declared before this file):
+ * one qs_block per layer (weights {ptr, type, bytes, rows, k}, vectors {ptr, len}, grouped into attn, rope, ffn,
+ * moe, gdn, ple, probe) and the model-level part below. Python decides every policy once; the device derives
+ * none. qsc_check_model refuses (host only, before any device call) a description whose sizes, types or byte
+ * counts do not add up, a missing group, and every feature the device code lacks, naming it.
  */
 
-/* The model-wide switches the device code reads (cuda_backend.check_config refuses, by name, the features of a
- * model it lacks; never by architecture). */
+/* The model-level part of the forward description: the embedding, the head and their scales. output
+ * zero-filled (ptr NULL, rows 0): tied to tok_embd (no second copy). eps: the final norm's. */
 typedef struct {
-    int n_layers, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, n_ctx_train;
-    float rms_eps;
-    int rope_neox, rope_dim;
-    float embed_scale;
-    int gelu, qk_norm, post_norms;
-    float attn_scale;
-} qsc_config;
-
-/* One layer's policy as the CPU block's forward description (qs_block: attn.window, rope.base) has it: decided
- * once in Python, never re-derived here. window 0: every position. */
-typedef struct {
-    int window;
-    float rope_base;
-} qsc_layer;
+    int n_layers, n_vocab;
+    float eps, embed_scale, final_softcap, logit_scale; /* final_softcap 0: none; logit_scale 0 or 1: none */
+    qs_weight tok_embd, output;
+    qs_vec output_norm;
+} qsc_model_desc;
 
 typedef struct {
     char name[256];
@@ -51,15 +42,13 @@ int qsc_device_info(char *buf, size_t len);             /* one human line, e.g. 
 int qsc_type_supported(int type);                       /* 1: kernels run on this type as stored */
 int64_t qsc_packed_bytes(int type, int64_t rows, int64_t k);   /* device bytes after repacking; < 0 unsupported */
 int qsc_repack(int type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst, int64_t dst_bytes);
-int qsc_check_layers(const qsc_config *cfg, const qsc_layer *layers, char *err, size_t err_len); /* 0: usable */
+int qsc_check_model(const qsc_model_desc *md, const qs_block *layers, char *err, size_t err_len); /* 0: usable */
 
-/* ---- model: weights uploaded once, a GPU-resident KV cache, the whole forward pass on the device */
-qsc_model *qsc_model_create(const qsc_config *cfg, const qsc_layer *layers, int n_ctx, int kv_f16, int max_batch,
+/* ---- model: weights uploaded once, a GPU-resident KV cache, the whole forward pass on the device.
+ * qsc_model_create checks the description (qsc_check_model), uploads every weight of it (the host memory it
+ * points to is read during the call only) and allocates the cache and the scratch. */
+qsc_model *qsc_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16, int max_batch,
                              char *err, size_t err_len);
-int qsc_upload_weight(qsc_model *m, int layer, int slot, int type, int64_t rows, int64_t k, const uint8_t *data,
-                      int64_t nbytes, char *err, size_t err_len);
-int qsc_tie_output(qsc_model *m, char *err, size_t err_len);     /* output = token_embd (no second copy) */
-int qsc_model_finalize(qsc_model *m, char *err, size_t err_len); /* every slot present; scratch allocated */
 int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
                 char *err, size_t err_len);             /* logits: n_vocab floats, or n_tokens x n_vocab */
 int qsc_set_graphs(qsc_model *m, int enabled);          /* CUDA graph for one-token steps (default on) */

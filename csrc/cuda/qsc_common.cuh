@@ -18,6 +18,7 @@
 #include <string.h>
 
 extern "C" {
+#include "../qs_api_nn.h" /* qs_weight, qs_vec, qs_block: the forward description the CPU block reads too */
 #include "qsc_api.h"
 }
 
@@ -540,18 +541,156 @@ static inline void set_err(char *err, size_t len, const char *fmt, ...) {
     va_end(ap);
 }
 
-/* Each layer's window and RoPE base, as given (qsc_layer): n_layers entries, windows >= 0, bases finite > 0. */
-static inline int check_layers(const qsc_config *c, const qsc_layer *layers, char *err, size_t err_len) {
-    if (!c || !layers || c->n_layers <= 0) {
-        set_err(err, err_len, "no config or no layer policies");
+/* The model-wide sizes the device code works with, read from the forward description (qsc_check_model makes
+ * sure every layer agrees with layer 0 on them). */
+struct Dims {
+    int n_layers, E, H, KV, hd, F, V, rope_dim, neox, gelu;
+    float eps, embed_scale;
+};
+
+static inline bool vec_ok(const qs_vec &v, int64_t n, bool required) {
+    if (!v.ptr) return !required && v.len == 0;
+    return v.len == n;
+}
+
+static inline bool weight_ok(const qs_weight &w, int64_t rows, int64_t k) {
+    PackedLayout L;
+    if (!w.ptr || w.rows != rows || w.k != k || !packed_layout(w.type, rows, k, &L)) return false;
+    return w.bytes == rows * (k / type_qk(w.type)) * raw_block_bytes(w.type);
+}
+
+static inline bool is_one(float x) { return x == 0.0f || x == 1.0f; }
+
+/* The first feature of layer b that the device code does not compute (NULL: none). */
+static inline const char *missing_feature(const qs_block &b) {
+    const qs_attn_desc &a = b.attn;
+    const qs_rope_desc &r = b.rope;
+    if (b.moe.n_expert || b.moe.n_ff_shexp || b.moe.router.ptr) return "mixture-of-experts layers";
+    if (b.gdn.conv || b.gdn.qkv.ptr) return "gated delta-net layers";
+    if (b.ple.dim || b.ple.gate.ptr) return "per-layer embeddings";
+    if (r.freqs.ptr || r.freqs.len) return "RoPE frequency factors";
+    if (r.skip) return "layers without RoPE";
+    if (!is_one(r.freq_scale) || r.ext_factor != 0.0f || !is_one(r.mscale) || a.temp_scale != 0.0f)
+        return "RoPE scaling (linear, YaRN, attention factor, temperature)";
+    if (a.softcap != 0.0f) return "soft-capped attention scores";
+    if (!is_one(b.residual_scale) || !is_one(b.out_scale)) return "residual and layer output multipliers";
+    if (a.sinks.ptr || a.sinks.len) return "attention sinks";
+    if (a.bo.ptr || a.bo.len) return "attention output biases";
+    if (a.q_gate) return "gated attention outputs";
+    if (a.v_norm) return "V RMSNorms";
+    if (a.kv_reuse) return "layers reading another layer's KV cache";
+    if (a.qk_norm_full) return "q/k RMSNorms over the whole projection";
+    if (b.ffn.swiglu_oai) return "clamped SwiGLU FFNs";
+    if (!b.attn_norm.ptr || !b.ffn_norm.ptr) return "layers without pre-norms";
+    if (b.probe.attn || b.probe.wo || b.probe.ffn || b.probe.down || b.probe.exp_count || b.probe.q)
+        return "probes";
+    return nullptr;
+}
+
+/* The whole check of a description, host only (no device call): every feature present has a device path, every
+ * layer has the shapes of layer 0, every weight its size, type and byte count, every vector its length.
+ * Fills *d with the model-wide sizes. 0: usable. */
+static inline int check_model(const qsc_model_desc *md, const qs_block *layers, Dims *d, char *err,
+                              size_t err_len) {
+    if (!md || !layers || md->n_layers <= 0 || md->n_vocab <= 0) {
+        set_err(err, err_len, "no model description, no layers or no vocabulary");
         return -1;
     }
-    for (int i = 0; i < c->n_layers; ++i)
-        if (layers[i].window < 0 || !(layers[i].rope_base > 0.0f) || !isfinite(layers[i].rope_base)) {
-            set_err(err, err_len, "layer %d: window %d / RoPE base %g out of range", i, layers[i].window,
-                    (double)layers[i].rope_base);
+    if (md->final_softcap != 0.0f || !is_one(md->logit_scale)) {
+        set_err(err, err_len, "%s have no CUDA path", md->final_softcap != 0.0f ? "soft-capped logits"
+                                                                               : "logit multipliers");
+        return -1;
+    }
+    const qs_block &b0 = layers[0];
+    Dims D = {md->n_layers, b0.n_embd, b0.attn.n_head, b0.attn.n_head_kv, b0.attn.head_dim, b0.ffn.n_ff,
+              md->n_vocab, b0.rope.dim, b0.rope.neox ? 1 : 0, b0.ffn.gelu ? 1 : 0, md->eps, md->embed_scale};
+    for (int i = 0; i < md->n_layers; ++i) {
+        const qs_block &b = layers[i];
+        const char *f = missing_feature(b);
+        if (f) {
+            set_err(err, err_len, "layer %d: %s have no CUDA path", i, f);
             return -1;
         }
+        if (b.n_embd != D.E || b.attn.n_head != D.H || b.attn.n_head_kv != D.KV || b.attn.head_dim != D.hd ||
+            b.ffn.n_ff != D.F || b.rope.dim != D.rope_dim || (b.rope.neox ? 1 : 0) != D.neox ||
+            (b.ffn.gelu ? 1 : 0) != D.gelu || b.eps != D.eps) {
+            set_err(err, err_len, "layer %d: layers of different shapes have no CUDA path", i);
+            return -1;
+        }
+        if (b.attn.window < 0 || b.attn.window > 2147483647 || !(b.rope.base > 0.0f) || !isfinite(b.rope.base) ||
+            !(b.attn.scale > 0.0f) || !isfinite(b.attn.scale)) {
+            set_err(err, err_len, "layer %d: window %lld / RoPE base %g / scale %g out of range", i,
+                    (long long)b.attn.window, (double)b.rope.base, (double)b.attn.scale);
+            return -1;
+        }
+    }
+    if (D.E <= 0 || D.H <= 0 || D.KV <= 0 || D.F <= 0 || D.H % D.KV) {
+        set_err(err, err_len, "sizes n_embd %d, n_head %d, n_head_kv %d, n_ff %d invalid", D.E, D.H, D.KV, D.F);
+        return -1;
+    }
+    if (D.hd <= 0 || D.hd % 32 || D.hd > 256) {
+        set_err(err, err_len, "head size %d has no CUDA path (a multiple of 32, at most 256)", D.hd);
+        return -1;
+    }
+    if (D.rope_dim <= 0 || D.rope_dim > D.hd || D.rope_dim % 2) {
+        set_err(err, err_len, "rope_dim %d invalid for head_dim %d", D.rope_dim, D.hd);
+        return -1;
+    }
+    if (D.E % 32 || D.F % 32) {
+        set_err(err, err_len, "n_embd %d / n_ff %d must be multiples of 32", D.E, D.F);
+        return -1;
+    }
+    if (!(D.eps > 0.0f) || !isfinite(D.eps) || !isfinite(D.embed_scale)) {
+        set_err(err, err_len, "eps %g / embed_scale %g out of range", (double)D.eps, (double)D.embed_scale);
+        return -1;
+    }
+    const int64_t E = D.E, QD = (int64_t)D.H * D.hd, KD = (int64_t)D.KV * D.hd, F = D.F, V = D.V;
+    for (int i = 0; i < md->n_layers; ++i) {
+        const qs_block &b = layers[i];
+        const struct { const char *name; const qs_weight *w; int64_t rows, k; } mats[] = {
+            {"attn.wq", &b.attn.wq, QD, E}, {"attn.wk", &b.attn.wk, KD, E}, {"attn.wv", &b.attn.wv, KD, E},
+            {"attn.wo", &b.attn.wo, E, QD}, {"ffn.gate", &b.ffn.gate, F, E}, {"ffn.up", &b.ffn.up, F, E},
+            {"ffn.down", &b.ffn.down, E, F}};
+        for (const auto &m : mats)
+            if (!weight_ok(*m.w, m.rows, m.k)) {
+                set_err(err, err_len, "layer %d: %s is %s%lld x %lld of type %d in %lld bytes; the GPU needs %lld x "
+                        "%lld of F32 F16 Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q6_K with the bytes that make", i, m.name,
+                        m.w->ptr ? "" : "missing: ", (long long)m.w->rows, (long long)m.w->k, m.w->type,
+                        (long long)m.w->bytes, (long long)m.rows, (long long)m.k);
+                return -1;
+            }
+        const struct { const char *name; const qs_vec *v; int64_t n; bool required; } vecs[] = {
+            {"attn_norm", &b.attn_norm, E, true}, {"ffn_norm", &b.ffn_norm, E, true},
+            {"post_attn_norm", &b.post_attn_norm, E, false}, {"post_ffn_norm", &b.post_ffn_norm, E, false},
+            {"attn.bq", &b.attn.bq, QD, false}, {"attn.bk", &b.attn.bk, KD, false},
+            {"attn.bv", &b.attn.bv, KD, false}, {"attn.q_norm", &b.attn.q_norm, D.hd, false},
+            {"attn.k_norm", &b.attn.k_norm, D.hd, false}};
+        for (const auto &v : vecs)
+            if (!vec_ok(*v.v, v.n, v.required)) {
+                set_err(err, err_len, "layer %d: %s has %lld values%s, expected %lld", i, v.name,
+                        (long long)v.v->len, v.v->ptr ? "" : " and no data", (long long)v.n);
+                return -1;
+            }
+    }
+    if (!weight_ok(md->tok_embd, V, E)) {
+        set_err(err, err_len, "tok_embd: %lld x %lld of type %d in %lld bytes, expected %lld x %lld of a GPU type",
+                (long long)md->tok_embd.rows, (long long)md->tok_embd.k, md->tok_embd.type,
+                (long long)md->tok_embd.bytes, (long long)V, (long long)E);
+        return -1;
+    }
+    const bool tied = !md->output.ptr && md->output.rows == 0 && md->output.bytes == 0;
+    if (!tied && !weight_ok(md->output, V, E)) {
+        set_err(err, err_len, "output: %lld x %lld of type %d in %lld bytes, expected %lld x %lld of a GPU type",
+                (long long)md->output.rows, (long long)md->output.k, md->output.type, (long long)md->output.bytes,
+                (long long)V, (long long)E);
+        return -1;
+    }
+    if (!vec_ok(md->output_norm, E, true)) {
+        set_err(err, err_len, "output_norm has %lld values%s, expected %lld", (long long)md->output_norm.len,
+                md->output_norm.ptr ? "" : " and no data", (long long)E);
+        return -1;
+    }
+    if (d) *d = D;
     return 0;
 }
 

@@ -17,13 +17,6 @@
 #define QSC_ARCHS "?"
 #endif
 
-enum { S_WQ, S_WK, S_WV, S_WO, S_WG, S_WU, S_WD, S_ATTN_NORM, S_FFN_NORM, S_BQ, S_BK, S_BV, S_Q_NORM, S_K_NORM,
-       S_POST_ATTN, S_POST_FFN, S_TOK_EMBD, S_OUTPUT, S_OUTPUT_NORM, S_COUNT };
-static const char *SLOT_NAMES[S_COUNT] = {
-    "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "attn_norm", "ffn_norm",
-    "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm", "attn_k_norm", "post_attention_norm",
-    "post_ffw_norm", "token_embd", "output", "output_norm"};
-
 /* Every CUDA call is checked; the message names the call, the error and its code. */
 #define CUDA_TRY(call)                                                                                            \
     do {                                                                                                          \
@@ -40,17 +33,17 @@ struct DevMat {
     bool present = false;
 };
 
+/* One layer on the device: its description's attention and FFN groups (absent vectors NULL) and policy. */
 struct Layer {
-    DevMat mat[7]; /* S_WQ .. S_WD */
-    float *vec[9] = {};
+    DevMat wq, wk, wv, wo, gate, up, down;
+    float *attn_norm = nullptr, *ffn_norm = nullptr, *post_attn_norm = nullptr, *post_ffn_norm = nullptr;
+    float *bq = nullptr, *bk = nullptr, *bv = nullptr, *q_norm = nullptr, *k_norm = nullptr;
     int window;
-    float rope_base;
+    float rope_base, scale;
 };
 
-static inline float *lvec(const Layer &L, int slot) { return L.vec[slot - S_ATTN_NORM]; }
-
 struct qsc_model {
-    qsc_config cfg;
+    Dims cfg; /* read from the description by check_model */
     int n_ctx, kv_f16, mb, device;
     std::vector<Layer> layers;
     DevMat tok, out;
@@ -179,35 +172,34 @@ static void launch_attention(int T, int H, int KV, int hd, int kv_f16, cudaStrea
 /* Enqueue the forward pass of T tokens whose ids/positions are already in m->d_params. logits: NULL (no lm_head),
  * or T x n_vocab (all rows) / n_vocab (last row) floats on the device. */
 static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, char *err, size_t err_len) {
-    const qsc_config &c = m->cfg;
-    const int E = c.n_embd, H = c.n_head, KV = c.n_head_kv, hd = c.head_dim, F = c.n_ff, V = c.n_vocab;
+    const Dims &c = m->cfg;
+    const int E = c.E, H = c.H, KV = c.KV, hd = c.hd, F = c.F, V = c.V;
     const int QD = H * hd, KD = KV * hd;
-    const float scale = c.attn_scale > 0.0f ? c.attn_scale : (float)(1.0 / sqrt((double)hd));
     cudaStream_t st = m->st;
     const int *tok = m->d_params, *pos = m->d_params + m->mb, *nkv = m->d_params + 2 * m->mb;
     k_embed<<<T, 256, 0, st>>>(m->tok.w, tok, m->x, E, c.embed_scale);
     const float *prev_o = nullptr, *prev_post = nullptr;
     for (int li = 0; li < c.n_layers; ++li) {
         Layer &L = m->layers[li];
-        const QW &wq = L.mat[S_WQ].w, &wk = L.mat[S_WK].w, &wv = L.mat[S_WV].w, &wo = L.mat[S_WO].w;
-        const QW &wg = L.mat[S_WG].w, &wu = L.mat[S_WU].w, &wd = L.mat[S_WD].w;
+        const QW &wq = L.wq.w, &wk = L.wk.w, &wv = L.wv.w, &wo = L.wo.w;
+        const QW &wg = L.gate.w, &wu = L.up.w, &wd = L.down.w;
         uint8_t *kc = m->k_cache + li * m->kv_layer_bytes, *vc = m->v_cache + li * m->kv_layer_bytes;
         /* attention branch */
-        k_norm_quant<<<T, 256, 0, st>>>(m->x, prev_o, prev_post, lvec(L, S_ATTN_NORM), m->h,
-                                        act_out_for(m, {wq.type, wk.type, wv.type}), E, c.rms_eps);
-        MatJob qkv[3] = {{&wq, act_view(m, wq.type, m->h, E, 0), m->q, QD, lvec(L, S_BQ)},
-                         {&wk, act_view(m, wk.type, m->h, E, 0), m->k, KD, lvec(L, S_BK)},
-                         {&wv, act_view(m, wv.type, m->h, E, 0), m->v, KD, lvec(L, S_BV)}};
+        k_norm_quant<<<T, 256, 0, st>>>(m->x, prev_o, prev_post, L.attn_norm, m->h,
+                                        act_out_for(m, {wq.type, wk.type, wv.type}), E, c.eps);
+        MatJob qkv[3] = {{&wq, act_view(m, wq.type, m->h, E, 0), m->q, QD, L.bq},
+                         {&wk, act_view(m, wk.type, m->h, E, 0), m->k, KD, L.bk},
+                         {&wv, act_view(m, wv.type, m->h, E, 0), m->v, KD, L.bv}};
         launch_matmul(qkv, 3, T, st);
-        k_qk_post<<<T, 256, 0, st>>>(m->q, m->k, m->v, H, KV, hd, lvec(L, S_Q_NORM), lvec(L, S_K_NORM), c.rms_eps,
-                                     pos, c.rope_dim, L.rope_base, c.rope_neox, kc, vc, m->kv_f16);
-        launch_attention(T, H, KV, hd, m->kv_f16, st, m->q, pos, kc, vc, nkv, L.window, scale, m->att,
+        k_qk_post<<<T, 256, 0, st>>>(m->q, m->k, m->v, H, KV, hd, L.q_norm, L.k_norm, c.eps,
+                                     pos, c.rope_dim, L.rope_base, c.neox, kc, vc, m->kv_f16);
+        launch_attention(T, H, KV, hd, m->kv_f16, st, m->q, pos, kc, vc, nkv, L.window, L.scale, m->att,
                          act_out_for(m, {wo.type}));
         MatJob ob = {&wo, act_view(m, wo.type, m->att, QD, 0), m->o, E, nullptr};
         launch_matmul(&ob, 1, T, st);
         /* feed-forward branch */
-        k_norm_quant<<<T, 256, 0, st>>>(m->x, m->o, lvec(L, S_POST_ATTN), lvec(L, S_FFN_NORM), m->h,
-                                        act_out_for(m, {wg.type, wu.type}), E, c.rms_eps);
+        k_norm_quant<<<T, 256, 0, st>>>(m->x, m->o, L.post_attn_norm, L.ffn_norm, m->h,
+                                        act_out_for(m, {wg.type, wu.type}), E, c.eps);
         MatJob gu[2] = {{&wg, act_view(m, wg.type, m->h, E, 0), m->g, F, nullptr},
                         {&wu, act_view(m, wu.type, m->h, E, 0), m->u, F, nullptr}};
         launch_matmul(gu, 2, T, st);
@@ -215,11 +207,11 @@ static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, ch
         MatJob db = {&wd, act_view(m, wd.type, m->a, F, 0), m->o, E, nullptr};
         launch_matmul(&db, 1, T, st);
         prev_o = m->o;
-        prev_post = lvec(L, S_POST_FFN);
+        prev_post = L.post_ffn_norm;
     }
     const QW &wout = m->tied ? m->tok.w : m->out.w;
     k_norm_quant<<<T, 256, 0, st>>>(m->x, prev_o, prev_post, m->out_norm, m->h, act_out_for(m, {wout.type}), E,
-                                    c.rms_eps);
+                                    c.eps);
     if (logits) {
         const int rows = all_rows ? T : 1;
         MatJob lm = {&wout, act_view(m, wout.type, m->h, E, all_rows ? 0 : T - 1), logits, V, nullptr};
@@ -235,11 +227,11 @@ static int ensure_logits_all(qsc_model *m, int64_t rows, char *err, size_t err_l
         CUDA_TRY(cudaFree(m->d_logits_all));
         for (auto &p : m->allocs)
             if (p == m->d_logits_all) p = nullptr;
-        m->dev_bytes -= (m->logits_all_rows * m->cfg.n_vocab * 4 + 255) / 256 * 256;
+        m->dev_bytes -= (m->logits_all_rows * m->cfg.V * 4 + 255) / 256 * 256;
         m->d_logits_all = nullptr;
         m->logits_all_rows = 0;
     }
-    int rc = dalloc_t(m, &m->d_logits_all, rows * m->cfg.n_vocab, err, err_len);
+    int rc = dalloc_t(m, &m->d_logits_all, rows * m->cfg.V, err, err_len);
     if (rc) return rc;
     m->logits_all_rows = rows;
     return 0;
@@ -253,7 +245,7 @@ static void drop_graph(qsc_model *m) {
 /* One-token step: capture (first time) and replay the graph: params in, every kernel, logits out. */
 static int step_graph(qsc_model *m, char *err, size_t err_len) {
     const size_t pbytes = (size_t)(2 * m->mb + 1) * sizeof(int);
-    const size_t lbytes = (size_t)m->cfg.n_vocab * sizeof(float);
+    const size_t lbytes = (size_t)m->cfg.V * sizeof(float);
     if (!m->gexec) {
         CUDA_TRY(cudaStreamBeginCapture(m->st, cudaStreamCaptureModeThreadLocal));
         cudaMemcpyAsync(m->d_params, m->h_params, pbytes, cudaMemcpyHostToDevice, m->st);
@@ -393,199 +385,80 @@ void qsc_model_free(qsc_model *m) {
     delete m;
 }
 
-static int check_config(const qsc_config *c, int n_ctx, int max_batch, char *err, size_t err_len) {
-    if (c->n_layers <= 0 || c->n_embd <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 || c->n_ff <= 0 ||
-        c->n_vocab <= 0) {
-        set_err(err, err_len, "config has a non-positive size");
-        return -1;
-    }
-    if (c->n_head % c->n_head_kv) {
-        set_err(err, err_len, "n_head %d is not a multiple of n_head_kv %d", c->n_head, c->n_head_kv);
-        return -1;
-    }
-    if (c->head_dim <= 0 || c->head_dim % 32 || c->head_dim > 256) {
-        set_err(err, err_len, "head_dim %d unsupported on the GPU (a multiple of 32, at most 256)", c->head_dim);
-        return -1;
-    }
-    if (c->rope_dim <= 0 || c->rope_dim > c->head_dim || c->rope_dim % 2) {
-        set_err(err, err_len, "rope_dim %d invalid for head_dim %d", c->rope_dim, c->head_dim);
-        return -1;
-    }
-    if (c->n_embd % 32 || c->n_ff % 32) {
-        set_err(err, err_len, "n_embd %d / n_ff %d must be multiples of 32", c->n_embd, c->n_ff);
-        return -1;
-    }
-    if (n_ctx <= 0 || max_batch <= 0 || max_batch > 4096) {
-        set_err(err, err_len, "n_ctx %d / max_batch %d out of range", n_ctx, max_batch);
-        return -1;
-    }
-    return 0;
-}
-
-qsc_model *qsc_model_create(const qsc_config *cfg, const qsc_layer *layers, int n_ctx, int kv_f16, int max_batch,
-                             char *err, size_t err_len) {
-    if (!cfg) {
-        set_err(err, err_len, "no config");
-        return nullptr;
-    }
-    if (check_config(cfg, n_ctx, max_batch, err, err_len) || check_layers(cfg, layers, err, err_len)) return nullptr;
-    qsc_model *m = new qsc_model();
-    m->cfg = *cfg;
-    m->n_ctx = n_ctx;
-    m->kv_f16 = kv_f16 ? 1 : 0;
-    m->mb = max_batch;
-    m->device = 0;
-    m->layers.resize(cfg->n_layers);
-    for (int i = 0; i < cfg->n_layers; ++i) {
-        m->layers[i].window = layers[i].window;
-        m->layers[i].rope_base = layers[i].rope_base;
-    }
-    auto fail = [&](void) -> qsc_model * {
-        qsc_model_free(m);
-        return nullptr;
-    };
-    cudaError_t e = cudaSetDevice(m->device);
-    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking);
-    if (e != cudaSuccess) {
-        set_err(err, err_len, "CUDA setup: %s (%s = %d)", cudaGetErrorString(e), cudaGetErrorName(e), (int)e);
-        return fail();
-    }
-    const int64_t kv_elems = (int64_t)n_ctx * cfg->n_head_kv * cfg->head_dim;
-    m->kv_layer_bytes = (kv_elems * (kv_f16 ? 2 : 4) + 255) / 256 * 256;
-    if (dalloc(m, (void **)&m->k_cache, m->kv_layer_bytes * cfg->n_layers, err, err_len) ||
-        dalloc(m, (void **)&m->v_cache, m->kv_layer_bytes * cfg->n_layers, err, err_len))
-        return fail();
-    return m;
-}
-
-static bool expected_shape(const qsc_config &c, int slot, int64_t *rows, int64_t *k) {
-    const int64_t E = c.n_embd, QD = (int64_t)c.n_head * c.head_dim, KD = (int64_t)c.n_head_kv * c.head_dim;
-    const int64_t F = c.n_ff, V = c.n_vocab;
-    *rows = 1;
-    switch (slot) {
-    case S_WQ: *rows = QD; *k = E; return true;
-    case S_WK: case S_WV: *rows = KD; *k = E; return true;
-    case S_WO: *rows = E; *k = QD; return true;
-    case S_WG: case S_WU: *rows = F; *k = E; return true;
-    case S_WD: *rows = E; *k = F; return true;
-    case S_ATTN_NORM: case S_FFN_NORM: case S_POST_ATTN: case S_POST_FFN: case S_OUTPUT_NORM: *k = E; return true;
-    case S_BQ: *k = QD; return true;
-    case S_BK: case S_BV: *k = KD; return true;
-    case S_Q_NORM: case S_K_NORM: *k = c.head_dim; return true;
-    case S_TOK_EMBD: case S_OUTPUT: *rows = V; *k = E; return true;
-    default: return false;
-    }
-}
-
-static bool is_matrix(int slot) { return slot <= S_WD || slot == S_TOK_EMBD || slot == S_OUTPUT; }
-static bool is_layer_slot(int slot) { return slot >= 0 && slot <= S_POST_FFN; }
-
-int qsc_upload_weight(qsc_model *m, int layer, int slot, int type, int64_t rows, int64_t k, const uint8_t *data,
-                      int64_t nbytes, char *err, size_t err_len) {
-    if (!m || !data) {
-        set_err(err, err_len, "no model or no data");
-        return -1;
-    }
-    std::lock_guard<std::mutex> lock(m->mu);
-    if (slot < 0 || slot >= S_COUNT || (is_layer_slot(slot) ? (layer < 0 || layer >= m->cfg.n_layers) : layer != -1)) {
-        set_err(err, err_len, "bad slot %d / layer %d", slot, layer);
-        return -1;
-    }
-    int64_t er, ek;
-    expected_shape(m->cfg, slot, &er, &ek);
-    if (rows != er || k != ek) {
-        set_err(err, err_len, "%s: shape %lld x %lld, expected %lld x %lld", SLOT_NAMES[slot], (long long)rows,
-                (long long)k, (long long)er, (long long)ek);
-        return -1;
-    }
-    if (m->finalized) {
-        set_err(err, err_len, "model already finalized");
-        return -1;
-    }
-    CUDA_TRY(cudaSetDevice(m->device));
-    if (!is_matrix(slot)) {
-        if (type != T_F32 || nbytes != k * 4) {
-            set_err(err, err_len, "%s: vectors are uploaded as %lld F32 values", SLOT_NAMES[slot], (long long)k);
-            return -1;
-        }
-        float **dst = slot == S_OUTPUT_NORM ? &m->out_norm : &m->layers[layer].vec[slot - S_ATTN_NORM];
-        if (*dst) {
-            set_err(err, err_len, "%s uploaded twice", SLOT_NAMES[slot]);
-            return -1;
-        }
-        int rc = dalloc_t(m, dst, k, err, err_len);
-        if (rc) return rc;
-        CUDA_TRY(cudaMemcpy(*dst, data, (size_t)nbytes, cudaMemcpyHostToDevice));
-        return 0;
-    }
+/* One matrix of the description onto the device, repacked (check_model has checked its size, type and bytes). */
+static int upload_matrix(qsc_model *m, const qs_weight &w, DevMat *dm, const char *what, char *err,
+                         size_t err_len) {
     PackedLayout L;
-    if (!packed_layout(type, rows, k, &L)) {
-        set_err(err, err_len, "%s: type %d with k = %lld has no GPU kernel (supported: F32 F16 Q4_0 Q4_1 Q5_0 Q8_0 "
-                "Q4_K Q6_K; k a multiple of the block size)", SLOT_NAMES[slot], type, (long long)k);
-        return -1;
-    }
-    const int64_t raw = rows * (k / type_qk(type)) * raw_block_bytes(type);
-    if (nbytes != raw) {
-        set_err(err, err_len, "%s: %lld bytes for %lld x %lld of type %d, expected %lld", SLOT_NAMES[slot],
-                (long long)nbytes, (long long)rows, (long long)k, type, (long long)raw);
-        return -1;
-    }
-    DevMat *dm = slot == S_TOK_EMBD ? &m->tok : slot == S_OUTPUT ? &m->out : &m->layers[layer].mat[slot];
-    if (dm->present) {
-        set_err(err, err_len, "%s uploaded twice", SLOT_NAMES[slot]);
+    if (!packed_layout(w.type, w.rows, w.k, &L)) {
+        set_err(err, err_len, "%s: type %d has no GPU kernel", what, w.type);
         return -1;
     }
     std::vector<uint8_t> host((size_t)L.total);
-    if (repack_host(type, data, rows, k, host.data(), L.total) != 0) {
-        set_err(err, err_len, "%s: repack failed", SLOT_NAMES[slot]);
+    if (repack_host(w.type, w.ptr, w.rows, w.k, host.data(), L.total) != 0) {
+        set_err(err, err_len, "%s: repack failed", what);
         return -1;
     }
     int rc = dalloc(m, (void **)&dm->buf, L.total, err, err_len);
     if (rc) return rc;
     CUDA_TRY(cudaMemcpy(dm->buf, host.data(), (size_t)L.total, cudaMemcpyHostToDevice));
-    dm->w = make_qw(type, rows, k, dm->buf, L);
+    dm->w = make_qw(w.type, w.rows, w.k, dm->buf, L);
     dm->present = true;
     return 0;
 }
 
-int qsc_tie_output(qsc_model *m, char *err, size_t err_len) {
-    if (!m) return -1;
-    std::lock_guard<std::mutex> lock(m->mu);
-    if (m->out.present) {
-        set_err(err, err_len, "output already uploaded");
-        return -1;
-    }
-    m->tied = true;
+/* One vector of the description onto the device (absent: *dst stays NULL). */
+static int upload_vector(qsc_model *m, const qs_vec &v, float **dst, char *err, size_t err_len) {
+    if (!v.ptr) return 0;
+    int rc = dalloc_t(m, dst, v.len, err, err_len);
+    if (rc) return rc;
+    CUDA_TRY(cudaMemcpy(*dst, v.ptr, (size_t)v.len * sizeof(float), cudaMemcpyHostToDevice));
     return 0;
 }
 
-int qsc_model_finalize(qsc_model *m, char *err, size_t err_len) {
-    if (!m) return -1;
-    std::lock_guard<std::mutex> lock(m->mu);
-    if (m->finalized) return 0;
-    const qsc_config &c = m->cfg;
-    for (int li = 0; li < c.n_layers; ++li) {
+/* Every weight of the description onto the device, by group. */
+static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *layers, char *err,
+                        size_t err_len) {
+    char what[64];
+    for (int li = 0; li < m->cfg.n_layers; ++li) {
+        const qs_block &b = layers[li];
         Layer &L = m->layers[li];
-        for (int s = S_WQ; s <= S_WD; ++s)
-            if (!L.mat[s].present) {
-                set_err(err, err_len, "layer %d: %s missing", li, SLOT_NAMES[s]);
-                return -1;
-            }
-        int required[] = {S_ATTN_NORM, S_FFN_NORM, c.qk_norm ? S_Q_NORM : -1, c.qk_norm ? S_K_NORM : -1,
-                          c.post_norms ? S_POST_ATTN : -1, c.post_norms ? S_POST_FFN : -1};
-        for (int s : required)
-            if (s >= 0 && !L.vec[s - S_ATTN_NORM]) {
-                set_err(err, err_len, "layer %d: %s missing", li, SLOT_NAMES[s]);
-                return -1;
-            }
+        const struct { const char *name; const qs_weight *w; DevMat *dm; } mats[] = {
+            {"attn.wq", &b.attn.wq, &L.wq}, {"attn.wk", &b.attn.wk, &L.wk}, {"attn.wv", &b.attn.wv, &L.wv},
+            {"attn.wo", &b.attn.wo, &L.wo}, {"ffn.gate", &b.ffn.gate, &L.gate}, {"ffn.up", &b.ffn.up, &L.up},
+            {"ffn.down", &b.ffn.down, &L.down}};
+        for (const auto &x : mats) {
+            snprintf(what, sizeof what, "layer %d: %s", li, x.name);
+            int rc = upload_matrix(m, *x.w, x.dm, what, err, err_len);
+            if (rc) return rc;
+        }
+        const struct { const qs_vec *v; float **dst; } vecs[] = {
+            {&b.attn_norm, &L.attn_norm}, {&b.ffn_norm, &L.ffn_norm}, {&b.post_attn_norm, &L.post_attn_norm},
+            {&b.post_ffn_norm, &L.post_ffn_norm}, {&b.attn.bq, &L.bq}, {&b.attn.bk, &L.bk}, {&b.attn.bv, &L.bv},
+            {&b.attn.q_norm, &L.q_norm}, {&b.attn.k_norm, &L.k_norm}};
+        for (const auto &x : vecs) {
+            int rc = upload_vector(m, *x.v, x.dst, err, err_len);
+            if (rc) return rc;
+        }
+        L.window = (int)b.attn.window;
+        L.rope_base = b.rope.base;
+        L.scale = b.attn.scale;
     }
-    if (!m->tok.present || (!m->tied && !m->out.present) || !m->out_norm) {
-        set_err(err, err_len, "token_embd, output (or tie) and output_norm are required");
-        return -1;
+    int rc = upload_matrix(m, md->tok_embd, &m->tok, "tok_embd", err, err_len);
+    if (rc) return rc;
+    m->tied = !md->output.ptr;
+    if (!m->tied) {
+        rc = upload_matrix(m, md->output, &m->out, "output", err, err_len);
+        if (rc) return rc;
     }
+    return upload_vector(m, md->output_norm, &m->out_norm, err, err_len);
+}
+
+/* Scratch for mb tokens and the pinned host buffers. */
+static int finalize(qsc_model *m, char *err, size_t err_len) {
+    const Dims &c = m->cfg;
     CUDA_TRY(cudaSetDevice(m->device));
-    const int64_t T = m->mb, E = c.n_embd, QD = (int64_t)c.n_head * c.head_dim, KD = (int64_t)c.n_head_kv * c.head_dim;
-    const int64_t F = c.n_ff;
+    const int64_t T = m->mb, E = c.E, QD = (int64_t)c.H * c.hd, KD = (int64_t)c.KV * c.hd;
+    const int64_t F = c.F;
     int64_t kmax = E > QD ? E : QD;
     kmax = kmax > F ? kmax : F;
     int rc = 0;
@@ -606,12 +479,47 @@ int qsc_model_finalize(qsc_model *m, char *err, size_t err_len) {
     rc = rc ? rc : dalloc_t(m, &m->d256, T * kmax / 256 + 1, err, err_len);
     rc = rc ? rc : dalloc_t(m, &m->bs256, T * kmax / 16, err, err_len);
     rc = rc ? rc : dalloc_t(m, &m->d_params, 2 * T + 1, err, err_len);
-    rc = rc ? rc : dalloc_t(m, &m->d_logits1, c.n_vocab, err, err_len);
+    rc = rc ? rc : dalloc_t(m, &m->d_logits1, c.V, err, err_len);
     if (rc) return rc;
     CUDA_TRY(cudaMallocHost((void **)&m->h_params, (size_t)(2 * T + 1) * sizeof(int)));
-    CUDA_TRY(cudaMallocHost((void **)&m->h_logits1, (size_t)c.n_vocab * sizeof(float)));
+    CUDA_TRY(cudaMallocHost((void **)&m->h_logits1, (size_t)c.V * sizeof(float)));
     m->finalized = true;
     return 0;
+}
+
+
+qsc_model *qsc_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16, int max_batch,
+                             char *err, size_t err_len) {
+    Dims d;
+    if (check_model(md, layers, &d, err, err_len)) return nullptr;
+    if (n_ctx <= 0 || max_batch <= 0 || max_batch > 4096) {
+        set_err(err, err_len, "n_ctx %d / max_batch %d out of range", n_ctx, max_batch);
+        return nullptr;
+    }
+    qsc_model *m = new qsc_model();
+    m->cfg = d;
+    m->n_ctx = n_ctx;
+    m->kv_f16 = kv_f16 ? 1 : 0;
+    m->mb = max_batch;
+    m->device = 0;
+    m->layers.resize(d.n_layers);
+    auto fail = [&](void) -> qsc_model * {
+        qsc_model_free(m);
+        return nullptr;
+    };
+    cudaError_t e = cudaSetDevice(m->device);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        set_err(err, err_len, "CUDA setup: %s (%s = %d)", cudaGetErrorString(e), cudaGetErrorName(e), (int)e);
+        return fail();
+    }
+    const int64_t kv_elems = (int64_t)n_ctx * d.KV * d.hd;
+    m->kv_layer_bytes = (kv_elems * (kv_f16 ? 2 : 4) + 255) / 256 * 256;
+    if (dalloc(m, (void **)&m->k_cache, m->kv_layer_bytes * d.n_layers, err, err_len) ||
+        dalloc(m, (void **)&m->v_cache, m->kv_layer_bytes * d.n_layers, err, err_len))
+        return fail();
+    if (upload_model(m, md, layers, err, err_len) || finalize(m, err, err_len)) return fail();
+    return m;
 }
 
 int qsc_set_graphs(qsc_model *m, int enabled) {
@@ -631,7 +539,7 @@ int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, i
         return -1;
     }
     std::lock_guard<std::mutex> lock(m->mu);
-    const int V = m->cfg.n_vocab;
+    const int V = m->cfg.V;
     if (!m->finalized) {
         set_err(err, err_len, "model not finalized");
         return -1;

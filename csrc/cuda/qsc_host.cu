@@ -120,8 +120,8 @@ int qsc_repack(int type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *d
     return repack_host(type, src, rows, k, dst, dst_bytes);
 }
 
-int qsc_check_layers(const qsc_config *cfg, const qsc_layer *layers, char *err, size_t err_len) {
-    return check_layers(cfg, layers, err, err_len);
+int qsc_check_model(const qsc_model_desc *md, const qs_block *layers, char *err, size_t err_len) {
+    return check_model(md, layers, nullptr, err, err_len);
 }
 
 int qsc_host_dequantize(int type, const uint8_t *w, int64_t rows, int64_t k, float *out) {

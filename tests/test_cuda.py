@@ -322,6 +322,41 @@ def test_description_upload_is_checked_before_any_device_call(cuda_lib, syntheti
         assert message in cb.ffi.string(err).decode(), message
 
 
+_FEATURES = [
+    (lambda b: setattr(b.moe, "n_expert", 4), "mixture-of-experts layers"),
+    (lambda b: setattr(b.moe, "n_ff_shexp", 64), "mixture-of-experts layers"),
+    (lambda b: setattr(b.gdn, "conv", 4), "gated delta-net layers"),
+    (lambda b: setattr(b.ple, "dim", 32), "per-layer embeddings"),
+    (lambda b: setattr(b.rope.freqs, "len", 16), "RoPE frequency factors"),
+    (lambda b: setattr(b.rope, "skip", 1), "layers without RoPE"),
+    (lambda b: setattr(b.rope, "freq_scale", 0.25), "RoPE scaling"),
+    (lambda b: setattr(b.rope, "ext_factor", 1.0), "RoPE scaling"),
+    (lambda b: setattr(b.attn, "temp_scale", 0.1), "RoPE scaling"),
+    (lambda b: setattr(b.attn, "softcap", 50.0), "soft-capped attention scores"),
+    (lambda b: setattr(b, "residual_scale", 0.2), "residual and layer output multipliers"),
+    (lambda b: setattr(b, "out_scale", 0.5), "residual and layer output multipliers"),
+    (lambda b: setattr(b.attn.sinks, "len", 4), "attention sinks"),
+    (lambda b: setattr(b.attn.bo, "len", 64), "attention output biases"),
+    (lambda b: setattr(b.attn, "q_gate", 1), "gated attention outputs"),
+    (lambda b: setattr(b.attn, "v_norm", 1), "V RMSNorms"),
+    (lambda b: setattr(b.attn, "kv_reuse", 1), "layers reading another layer's KV cache"),
+    (lambda b: setattr(b.attn, "qk_norm_full", 1), "q/k RMSNorms over the whole projection"),
+    (lambda b: setattr(b.ffn, "swiglu_oai", 1), "clamped SwiGLU FFNs"),
+    (lambda b: setattr(b, "ffn_norm", (cb.ffi.NULL, 0)), "layers without pre-norms"),
+]
+
+
+@pytest.mark.parametrize("change,feature", _FEATURES)
+def test_c_and_python_name_the_same_missing_feature(cuda_lib, synthetic_tiny, change, feature):
+    """Every feature the device lacks is named alike by the C check (qsc_check_model) and by the Python one
+    (description_features) on the same description."""
+    desc, _ = cb.model_description(synthetic_tiny, 64)
+    change(desc.layers[1])
+    with pytest.raises(cb.CudaError, match=re.escape(f"layer 1: {feature}")):
+        cb.check_description(desc)
+    assert any(f.startswith(feature) for f in cb.description_features([desc.layers[0], desc.layers[1]]))
+
+
 @pytest.mark.parametrize("name", GPU_KERNEL_TYPES)
 def test_host_repack_and_decode_bit_exact(cuda_lib, name):
     rng = np.random.default_rng(sum(name.encode()) + 3)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -222,7 +223,7 @@ def test_chat_reply_equals_the_engine_and_preview_shows_its_prompt(window, qtbot
     nxt = [*msgs, {"role": "assistant", "content": expected}, {"role": "user", "content": "And another?"}]
     want = eng.prompt_ids(nxt)
     qtbot.waitUntil(lambda: chat.preview_ids.toPlainText() == " ".join(map(str, want)), timeout=30000)
-    assert chat.preview_text.toPlainText() == eng.template.render(nxt, add_generation_prompt=True)
+    assert chat.preview.prompt() == eng.template.render(nxt, add_generation_prompt=True)
     assert f"{len(want):,} tokens" in chat.preview_status.text()
 
 
@@ -785,3 +786,66 @@ def test_a_qwen35_model_chats_and_regenerates_from_its_recurrent_state(window, q
     with qtbot.waitSignal(chat.replyFinished, timeout=REPLY_TIMEOUT) as sig:
         assert chat.regenerate()
     assert sig.args[0].n_prompt_new == 0 and chat.messages[-1].content == expected
+
+
+def test_template_pane_never_breaks_a_special_token_across_lines(window, qtbot, model_path):  # noqa: F811
+    """Issue 34: the Template pane wrapped `<|` / `im_end|>` onto two lines. At every width the pane may have, no
+    line of the rendered prompt starts inside a special token, and the prompt read back is the template's."""
+    chat = open_chat(window, qtbot, model_path, load=False)
+    chat.tools.setCurrentIndex(1)
+    chat.composer.setPlainText("Short words wrap a lot and often, so special tokens land at every column: " * 3)
+    qtbot.waitUntil(lambda: "tokens" in chat.preview_status.text() and "<|im_end|>" in chat.preview.prompt(),
+                    timeout=30000)
+    edit = chat.preview_text
+    specials = ("<|im_start|>", "<|im_end|>")
+    broken = []
+    for width in range(180, 420, 7):
+        edit.setFixedWidth(width)
+        QApplication.processEvents()
+        block = edit.document().begin()
+        while block.isValid():
+            text, lay = block.text().replace("\u2060", "\0"), block.layout()
+            spans = [(m.start(), m.end()) for m in re.finditer(
+                "|".join("\0?".join(re.escape(c) for c in s) for s in specials), text)]
+            for i in range(1, lay.lineCount()):
+                at = lay.lineAt(i).textStart()
+                broken += [(width, text[s:e]) for s, e in spans if s < at < e]
+            block = block.next()
+    assert not broken, broken[:5]
+    assert edit.document().begin().layout().lineCount() >= 1
+    # what the pane holds is the prompt, character for character, and copying it gives the prompt back
+    prompt = chat.preview.prompt()
+    assert prompt.startswith("<|im_start|>") and "\u2060" not in prompt
+    edit.selectAll()
+    edit.copy()
+    assert QApplication.clipboard().text() == prompt
+
+
+def test_wrapped_code_keeps_its_indentation(qtbot):
+    """Issue 34: at 1100×700 a reply's wrapped code line went on at the left edge. A wrapped code line's
+    continuation starts under its own text, not under the indentation (as an editor's soft wrap does)."""
+    from quantscope.gui.views.chat_widgets import MessageView
+
+    long = "        result = compute_the_value(first_argument, second_argument, third_argument, fourth_argument)"
+    src = f"```python\ndef f():\n    if x:\n{long}\n    return 1\n```"
+    v = MessageView(1, "assistant", src, "chat")
+    qtbot.addWidget(v)
+    v.resize(360, 300)
+    v.show()
+    QApplication.processEvents()
+    doc = v.body.document()
+    b = doc.begin()
+    while b.isValid() and b.text() != long:
+        b = b.next()
+    assert b.isValid() and b.text() == long  # the indentation is kept in the text
+    lay = b.layout()
+    assert lay.lineCount() >= 2, "the line should wrap at this width"
+    first = lay.lineAt(0)
+    indent_x = first.cursorToX(8)[0] if isinstance(first.cursorToX(8), tuple) else first.cursorToX(8)
+    for i in range(1, lay.lineCount()):
+        assert lay.lineAt(i).x() >= indent_x - 0.5, (i, lay.lineAt(i).x(), indent_x)
+    # an unwrapped line is where it was: its first character at the block's left edge
+    top = doc.begin()
+    while top.isValid() and top.text() != "def f():":
+        top = top.next()
+    assert top.layout().lineAt(0).x() == first.x()

@@ -111,6 +111,7 @@ class ReplyMixin:
         menu.popup(where)
 
     def _color_mode_changed(self: ChatView, mode: str) -> None:
+        self.color_legend.set_mode(mode)
         for v in self.views:
             v.set_color_mode(mode)
 

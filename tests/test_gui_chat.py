@@ -849,3 +849,65 @@ def test_wrapped_code_keeps_its_indentation(qtbot):
     while top.isValid() and top.text() != "def f():":
         top = top.next()
     assert top.layout().lineAt(0).x() == first.x()
+
+
+def test_a_reply_rendering_after_streaming_does_not_move_what_the_user_reads(qtbot):
+    """Issue 34: a reply's Markdown jumped when it rendered after streaming. Scrolled up into a long reply, the
+    paragraph at the top of the view is still there once the reply renders; following the newest text, the
+    view stays at the bottom."""
+    from PySide6.QtCore import QPoint
+
+    from quantscope.gui.views.chat_thread import ReplyStream
+
+    text = ("Here is **the** answer:\n\n"
+            + "".join(f"Paragraph {i} with *some* words that go on for a while to wrap.\n\n" for i in range(40))
+            + "```python\n" + "\n".join(f"    x{i} = {i}" for i in range(30)) + "\n```\nDone.")
+
+    def stream(s):  # type: ignore[no-untyped-def]
+        s.add(0, "user", "Write code", "chat")
+        v = s.add(1, "assistant", "", "chat")
+        v.start_streaming()
+        for k in range(0, len(text), 40):
+            v.append(text[k:k + 40])
+            QApplication.processEvents()
+        return v
+
+    def top_line(s, v):  # type: ignore[no-untyped-def]
+        """The first line with text at the top of the view, and its distance from the top."""
+        y = s.verticalScrollBar().value() - v.body.mapTo(s.thread, QPoint(0, 0)).y()
+        for dy in range(0, 120, 2):
+            c = v.body.cursorForPosition(QPoint(5, y + dy))
+            c.select(c.SelectionType.LineUnderCursor)
+            if c.selectedText().strip():
+                return c.selectedText().replace("*", "").split(" with")[0], dy
+        return "", 0
+
+    s = ReplyStream()
+    qtbot.addWidget(s)
+    s.resize(700, 500)
+    s.show()
+    v = stream(s)
+    bar = s.verticalScrollBar()
+    bar.setValue(bar.maximum() // 2)  # the user scrolled up into the reply
+    QApplication.processEvents()
+    assert not s.stick
+    before, dy = top_line(s, v)
+    assert before.startswith("Paragraph ")
+    s.finish(v, text, "stats")
+    for _ in range(3):
+        QApplication.processEvents()
+    assert "**" not in v.body.document().toPlainText()  # rendered
+    after, dy2 = top_line(s, v)
+    assert after == before and abs(dy2 - dy) <= v.body.fontMetrics().lineSpacing(), (before, dy, after, dy2)
+    assert not s.stick
+    # following the newest text: still at the bottom after the rendering
+    f = ReplyStream()
+    qtbot.addWidget(f)
+    f.resize(700, 500)
+    f.show()
+    w = stream(f)
+    assert f.stick
+    f.finish(w, text, "stats")
+    for _ in range(3):
+        QApplication.processEvents()
+    assert f.verticalScrollBar().value() == f.verticalScrollBar().maximum()

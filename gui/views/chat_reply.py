@@ -266,7 +266,7 @@ class ReplyMixin:
             if note:
                 label += f" ({note})"
             view.temperature = self._reply_temperature
-            view.finish(text, label)
+            self.stream.finish(view, text, label)
             view.set_records(records)
             last = self.messages[-1]
             view.set_variants(last.variant, last.n_variants)

@@ -214,7 +214,8 @@ def test_the_open_dialog_shows_sizes_whole(qtbot, tmp_path):
     model = dialog.findChild(QFileSystemModel)
     assert view is not None and model is not None
     qtbot.waitUntil(lambda: model.rowCount(model.index(str(tmp_path))) == 1, timeout=10000)
-    view.header().resizeSection(1, 40)  # as a narrow column remembered from an earlier session
+    view.header().resizeSection(1, 40)  # as narrow columns remembered from an earlier session
+    view.header().resizeSection(3, 40)
     dialog.setDirectory(str(models))
     root = model.index(str(models))
     qtbot.waitUntil(lambda: model.rowCount(root) == 3, timeout=10000)
@@ -224,3 +225,5 @@ def test_the_open_dialog_shows_sizes_whole(qtbot, tmp_path):
     margin = 2 * view.style().pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, None, view) + 2
     need = max(view.fontMetrics().horizontalAdvance(t) for t in texts) + margin
     assert view.header().sectionSize(1) >= need, (view.header().sectionSize(1), need, texts)
+    dates = [model.index(r, 3, root).data() for r in range(3)]
+    assert view.header().sectionSize(3) >= max(view.fontMetrics().horizontalAdvance(t) for t in dates) + margin

@@ -38,9 +38,9 @@ def browse_row(edit: QLineEdit, title: str, file_filter: str, parent: QWidget, *
 
 
 def fit_size_column(dialog: QFileDialog) -> None:
-    """Keep the Size column of Qt's own file dialog wide enough for its figures ("438.5 MiB" was cut to
-    "438…MiB"): each time a folder is listed the column takes the width its cells need. A native dialog has no
-    such view and is left as it is."""
+    """Keep the Size and Date Modified columns of Qt's own file dialog wide enough for their figures ("438.5 MiB"
+    was cut to "438…MiB"): each time a folder is listed the columns take the width their cells need. A native
+    dialog has no such view and is left as it is."""
     view = dialog.findChild(QTreeView, "treeView")
     model = dialog.findChild(QFileSystemModel)
     if view is None or model is None:
@@ -48,11 +48,18 @@ def fit_size_column(dialog: QFileDialog) -> None:
 
     def fit(*_: object) -> None:
         header = view.header()
-        sample = view.fontMetrics().horizontalAdvance("1023.99 MiB") + 2 * view.style().pixelMetric(
-            QStyle.PixelMetric.PM_HeaderMargin) + 8
-        need = max(header.sectionSizeHint(1), view.sizeHintForColumn(1), sample)
-        if header.sectionSize(1) < need:
-            header.resizeSection(1, need)
+        pad = 2 * view.style().pixelMetric(QStyle.PixelMetric.PM_HeaderMargin) + 8
+        sample = {1: "1023.99 MiB", 3: "88/88/8888 88:88"}  # the widest size, a date (the rows may be unlisted)
+        for col, text in sample.items():  # the size, and the date modified
+            need = max(header.sectionSizeHint(col), view.sizeHintForColumn(col),
+                       view.fontMetrics().horizontalAdvance(text) + pad)
+            if header.sectionSize(col) < need:
+                header.resizeSection(col, need)
+        # the names take what the view has left, up to what they need
+        room = view.viewport().width() - sum(header.sectionSize(c) for c in range(1, header.count()))
+        name = min(view.sizeHintForColumn(0) + pad, room)
+        if header.sectionSize(0) < name:
+            header.resizeSection(0, name)
 
     model.directoryLoaded.connect(fit)
     fit()
@@ -64,6 +71,7 @@ def open_file_dialog(parent: QWidget, title: str, start: str, file_filter: str) 
     dialog = QFileDialog(parent, title, start, file_filter)
     dialog.setAcceptMode(QFileDialog.AcceptMode.AcceptOpen)
     dialog.setFileMode(QFileDialog.FileMode.ExistingFile)
+    dialog.resize(860, 500)  # room for long model names beside the sizes and dates
     fit_size_column(dialog)
     return dialog
 

@@ -24,7 +24,6 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
-    QFileDialog,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -55,6 +54,7 @@ from .views.quant_lab import QuantLabView
 from .views.quantize_dialog import QuantizeDialog
 from .views.tensors import TensorsView
 from .widgets.fit import ElidedLabel
+from .widgets.paths import pick_file
 from .widgets.progress import ProgressBar
 from .workers import TaskRunner
 
@@ -415,8 +415,7 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ opening
     def open_dialog(self) -> None:
         start = str(Path(self.recent_files()[0]).parent) if self.recent_files() else str(Path.home())
-        path, _ = QFileDialog.getOpenFileName(self, "Open a model file", start,
-                                              "Model files (*.gguf *.bump *.bin);;All files (*)")
+        path = pick_file(self, "Open a model file", start, "Model files (*.gguf *.bump *.bin);;All files (*)")
         if path:
             self.open_path(path)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -222,7 +223,7 @@ def test_chat_reply_equals_the_engine_and_preview_shows_its_prompt(window, qtbot
     nxt = [*msgs, {"role": "assistant", "content": expected}, {"role": "user", "content": "And another?"}]
     want = eng.prompt_ids(nxt)
     qtbot.waitUntil(lambda: chat.preview_ids.toPlainText() == " ".join(map(str, want)), timeout=30000)
-    assert chat.preview_text.toPlainText() == eng.template.render(nxt, add_generation_prompt=True)
+    assert chat.preview.prompt() == eng.template.render(nxt, add_generation_prompt=True)
     assert f"{len(want):,} tokens" in chat.preview_status.text()
 
 
@@ -785,3 +786,128 @@ def test_a_qwen35_model_chats_and_regenerates_from_its_recurrent_state(window, q
     with qtbot.waitSignal(chat.replyFinished, timeout=REPLY_TIMEOUT) as sig:
         assert chat.regenerate()
     assert sig.args[0].n_prompt_new == 0 and chat.messages[-1].content == expected
+
+
+def test_template_pane_never_breaks_a_special_token_across_lines(window, qtbot, model_path):  # noqa: F811
+    """Issue 34: the Template pane wrapped `<|` / `im_end|>` onto two lines. At every width the pane may have, no
+    line of the rendered prompt starts inside a special token, and the prompt read back is the template's."""
+    chat = open_chat(window, qtbot, model_path, load=False)
+    chat.tools.setCurrentIndex(1)
+    chat.composer.setPlainText("Short words wrap a lot and often, so special tokens land at every column: " * 3)
+    qtbot.waitUntil(lambda: "tokens" in chat.preview_status.text() and "<|im_end|>" in chat.preview.prompt(),
+                    timeout=30000)
+    edit = chat.preview_text
+    specials = ("<|im_start|>", "<|im_end|>")
+    broken = []
+    for width in range(180, 420, 7):
+        edit.setFixedWidth(width)
+        QApplication.processEvents()
+        block = edit.document().begin()
+        while block.isValid():
+            text, lay = block.text().replace("\u2060", "\0"), block.layout()
+            spans = [(m.start(), m.end()) for m in re.finditer(
+                "|".join("\0?".join(re.escape(c) for c in s) for s in specials), text)]
+            for i in range(1, lay.lineCount()):
+                at = lay.lineAt(i).textStart()
+                broken += [(width, text[s:e]) for s, e in spans if s < at < e]
+            block = block.next()
+    assert not broken, broken[:5]
+    assert edit.document().begin().layout().lineCount() >= 1
+    # what the pane holds is the prompt, character for character, and copying it gives the prompt back
+    prompt = chat.preview.prompt()
+    assert prompt.startswith("<|im_start|>") and "\u2060" not in prompt
+    edit.selectAll()
+    edit.copy()
+    assert QApplication.clipboard().text() == prompt
+
+
+def test_wrapped_code_keeps_its_indentation(qtbot):
+    """Issue 34: at 1100×700 a reply's wrapped code line went on at the left edge. A wrapped code line's
+    continuation starts under its own text, not under the indentation (as an editor's soft wrap does)."""
+    from quantscope.gui.views.chat_widgets import MessageView
+
+    long = "        result = compute_the_value(first_argument, second_argument, third_argument, fourth_argument)"
+    src = f"```python\ndef f():\n    if x:\n{long}\n    return 1\n```"
+    v = MessageView(1, "assistant", src, "chat")
+    qtbot.addWidget(v)
+    v.resize(360, 300)
+    v.show()
+    QApplication.processEvents()
+    doc = v.body.document()
+    b = doc.begin()
+    while b.isValid() and b.text() != long:
+        b = b.next()
+    assert b.isValid() and b.text() == long  # the indentation is kept in the text
+    lay = b.layout()
+    assert lay.lineCount() >= 2, "the line should wrap at this width"
+    first = lay.lineAt(0)
+    indent_x = first.cursorToX(8)[0] if isinstance(first.cursorToX(8), tuple) else first.cursorToX(8)
+    for i in range(1, lay.lineCount()):
+        assert lay.lineAt(i).x() >= indent_x - 0.5, (i, lay.lineAt(i).x(), indent_x)
+    # an unwrapped line is where it was: its first character at the block's left edge
+    top = doc.begin()
+    while top.isValid() and top.text() != "def f():":
+        top = top.next()
+    assert top.layout().lineAt(0).x() == first.x()
+
+
+def test_a_reply_rendering_after_streaming_does_not_move_what_the_user_reads(qtbot):
+    """Issue 34: a reply's Markdown jumped when it rendered after streaming. Scrolled up into a long reply, the
+    paragraph at the top of the view is still there once the reply renders; following the newest text, the
+    view stays at the bottom."""
+    from PySide6.QtCore import QPoint
+
+    from quantscope.gui.views.chat_thread import ReplyStream
+
+    text = ("Here is **the** answer:\n\n"
+            + "".join(f"Paragraph {i} with *some* words that go on for a while to wrap.\n\n" for i in range(40))
+            + "```python\n" + "\n".join(f"    x{i} = {i}" for i in range(30)) + "\n```\nDone.")
+
+    def stream(s):  # type: ignore[no-untyped-def]
+        s.add(0, "user", "Write code", "chat")
+        v = s.add(1, "assistant", "", "chat")
+        v.start_streaming()
+        for k in range(0, len(text), 40):
+            v.append(text[k:k + 40])
+            QApplication.processEvents()
+        return v
+
+    def top_line(s, v):  # type: ignore[no-untyped-def]
+        """The first line with text at the top of the view, and its distance from the top."""
+        y = s.verticalScrollBar().value() - v.body.mapTo(s.thread, QPoint(0, 0)).y()
+        for dy in range(0, 120, 2):
+            c = v.body.cursorForPosition(QPoint(5, y + dy))
+            c.select(c.SelectionType.LineUnderCursor)
+            if c.selectedText().strip():
+                return c.selectedText().replace("*", "").split(" with")[0], dy
+        return "", 0
+
+    s = ReplyStream()
+    qtbot.addWidget(s)
+    s.resize(700, 500)
+    s.show()
+    v = stream(s)
+    bar = s.verticalScrollBar()
+    bar.setValue(bar.maximum() // 2)  # the user scrolled up into the reply
+    QApplication.processEvents()
+    assert not s.stick
+    before, dy = top_line(s, v)
+    assert before.startswith("Paragraph ")
+    s.finish(v, text, "stats")
+    for _ in range(3):
+        QApplication.processEvents()
+    assert "**" not in v.body.document().toPlainText()  # rendered
+    after, dy2 = top_line(s, v)
+    assert after == before and abs(dy2 - dy) <= v.body.fontMetrics().lineSpacing(), (before, dy, after, dy2)
+    assert not s.stick
+    # following the newest text: still at the bottom after the rendering
+    f = ReplyStream()
+    qtbot.addWidget(f)
+    f.resize(700, 500)
+    f.show()
+    w = stream(f)
+    assert f.stick
+    f.finish(w, text, "stats")
+    for _ in range(3):
+        QApplication.processEvents()
+    assert f.verticalScrollBar().value() == f.verticalScrollBar().maximum()

@@ -175,3 +175,24 @@ def test_the_colour_choice_is_remembered(window, qtbot):  # noqa: F811
     qtbot.addWidget(again)
     assert again.chat_view.settings.color_mode == "entropy"
     again.close()
+
+
+def test_the_colouring_has_a_legend_that_follows_the_mode(window, qtbot, model_path):  # noqa: F811
+    """Issue 34: colouring by probability or entropy had no legend. Under the replies a strip shows what the tint
+    means, its two ends named, while the replies are coloured."""
+    chat = window.chat_view
+    assert window.open_path(model_path("smollm2"))
+    window.show_view("chat")
+    legend = chat.color_legend
+    assert chat.settings.color_mode == "off" and legend.isHidden()
+    chat.settings.set_color_mode("probability")
+    assert legend.isVisible()
+    assert (legend.title.text(), legend.low.text(), legend.high.text()) == ("Probability:", "certain", "unlikely")
+    stops = legend.stops()
+    assert stops[0].alpha() == 0 and stops[-1].alpha() > 100  # clear when certain, strongest when unlikely
+    assert stops[-1].hue() < 20  # red at the unlikely end
+    chat.settings.set_color_mode("entropy")
+    assert not legend.isHidden() and legend.low.text() == "one choice" and legend.high.text().startswith("many")
+    assert 260 <= legend.stops()[-1].hue() <= 290  # violet at the many-choices end
+    chat.settings.set_color_mode("off")
+    assert legend.isHidden()

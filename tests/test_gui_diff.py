@@ -622,3 +622,18 @@ def test_control_characters_in_names_are_escaped(window, qtbot, tmp_path):  # no
     assert found is not None and found.loc.tensor == evil_tensor
     assert dlg.pair.title.full_text().startswith("evil\\x1b[2J\\u202e.weight · row 1")
     assert not any(c in dlg.pair.title.full_text() + dlg.summary.text() for c in "\x1b\u202e\x07")
+
+
+def test_a_comparison_that_ends_at_once_leaves_no_job(window, qtbot, pair, monkeypatch):  # noqa: F811
+    """Issue 34: a comparison that ended before start() stored its task kept that task as the current one, so
+    Cancel afterwards said "Cancelling…" with nothing running. However it ends, no job is left behind."""
+    from .test_gui_jobs import run_at_once
+
+    dlg = open_dialog(window, qtbot, *pair)
+    run_at_once(window.runner, monkeypatch)
+    dlg.start()  # the whole comparison ran inside start()
+    assert dlg.state == "done" and dlg.result is not None, dlg.error
+    assert dlg.task is None and dlg.start_btn.isEnabled() and not dlg.cancel_btn.isEnabled()
+    dlg.cancel()
+    assert dlg.status.full_text() != "Cancelling…" and dlg.state == "done"
+    wait_idle(qtbot, window)

@@ -192,3 +192,38 @@ def test_a_one_row_heatmap_has_one_whole_row_tick(window, qtbot, model_path):  #
         tv.select_tensor("blk.0.attn_q.weight")  # many rows: pyqtgraph's own ticks again
     assert tv.heat_plot.getAxis("left")._tickLevels is None
     wait_idle(qtbot, window)
+
+
+def test_the_open_dialog_shows_sizes_whole(qtbot, tmp_path):
+    """Issue 34: the open dialog cut its Size column ("438…MiB"): Qt sizes it for "128.88 GB" and remembers a
+    narrowed column between sessions. Each time a folder is listed, the column is as wide as its figures need
+    (Qt's own dialog; a native one has no such view)."""
+    from PySide6.QtWidgets import QFileSystemModel, QStyle, QTreeView
+
+    from quantscope.gui.widgets.paths import open_file_dialog
+
+    models = tmp_path / "models"
+    models.mkdir()
+    for name, size in (("model-q4_k_m.gguf", 459_836_123), ("tiny.gguf", 1234), ("big-f16.gguf", 1_073_000_000)):
+        with open(models / name, "wb") as f:
+            f.truncate(size)  # sparse: no disk used
+    dialog = open_file_dialog(None, "Open a model file", str(tmp_path), "Model files (*.gguf);;All files (*)")
+    qtbot.addWidget(dialog)
+    dialog.show()
+    view = dialog.findChild(QTreeView, "treeView")
+    model = dialog.findChild(QFileSystemModel)
+    assert view is not None and model is not None
+    qtbot.waitUntil(lambda: model.rowCount(model.index(str(tmp_path))) == 1, timeout=10000)
+    view.header().resizeSection(1, 40)  # as narrow columns remembered from an earlier session
+    view.header().resizeSection(3, 40)
+    dialog.setDirectory(str(models))
+    root = model.index(str(models))
+    qtbot.waitUntil(lambda: model.rowCount(root) == 3, timeout=10000)
+    qtbot.wait(200)
+    texts = [model.index(r, 1, root).data() for r in range(3)]
+    assert any("MiB" in t for t in texts)
+    margin = 2 * view.style().pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, None, view) + 2
+    need = max(view.fontMetrics().horizontalAdvance(t) for t in texts) + margin
+    assert view.header().sectionSize(1) >= need, (view.header().sectionSize(1), need, texts)
+    dates = [model.index(r, 3, root).data() for r in range(3)]
+    assert view.header().sectionSize(3) >= max(view.fontMetrics().horizontalAdvance(t) for t in dates) + margin

@@ -285,3 +285,35 @@ def test_a_conversion_that_ends_at_once_leaves_the_dialog_idle(
     assert dlg.state in ("done", "failed"), dlg.state
     assert dlg.task is None and dlg.start_btn.isEnabled() and not dlg.cancel_btn.isEnabled()
     dlg.reject()
+
+
+@pytest.mark.parametrize("ending", ["done", "at once", "failed at once", "cancelled"])
+def test_the_imatrix_viewer_ends_idle(window, qtbot, monkeypatch, tmp_path, ending):  # noqa: F811
+    """The importance-matrix viewer's read: shown (or its error shown) however it ends, never left "Reading…"."""
+    from quantscope.core.jobs import Cancelled
+    from quantscope.gui.views import imatrix_dialog as imatrix_module
+
+    from .test_gui_compare import IMATRIX
+
+    dlg = window.show_imatrix()
+    path = IMATRIX / "qwen2.imatrix.gguf"
+    if ending == "failed at once":
+        path = tmp_path / "bad.imatrix.gguf"
+        path.write_bytes(b"GGUF" + b"\xff" * 60)
+    if ending == "cancelled":
+        def read(_p, *_a, **_k):  # type: ignore[no-untyped-def]
+            raise Cancelled("stopped")
+        monkeypatch.setattr(imatrix_module, "read_imatrix", read)
+    if ending != "done":
+        run_at_once(window.runner, monkeypatch)
+    dlg.open_file(path)
+    qtbot.waitUntil(lambda: not dlg.busy, timeout=30000)
+    assert "Reading" not in dlg.info.text()
+    if ending in ("done", "at once"):
+        assert dlg.imatrix is not None and dlg.model.rowCount() == 28 and dlg.error is None
+    elif ending == "failed at once":
+        assert dlg.imatrix is None and dlg.error and "Cannot read this file" in dlg.info.text()
+    else:
+        assert dlg.imatrix is None and dlg.error is None and "cancelled" in dlg.info.text().lower()
+    dlg.close()
+    wait_idle(qtbot, window)

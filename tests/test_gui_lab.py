@@ -112,8 +112,15 @@ def test_requantize_fills_the_table_and_the_plot_for_every_type_that_fits(window
     assert all(area.adjusted(-2, -2, 2, 2).contains(r) for r in rects.values()), rects
     overlaps = [(a, b) for a in rects for b in rects if a < b and rects[a].intersects(rects[b])]
     assert len(overlaps) <= 2, overlaps
+    # another metric or another selected type updates the labels in place (no TextItem made anew each time)
+    items = {t.data(0): t for t in plot.labels}
+    plot.set_selected("Q8_0")
+    assert {t.data(0): t for t in plot.labels} == items
+    assert items["Q8_0"].textItem.font().bold() and not items["Q4_0"].textItem.font().bold()
     # another metric: SNR (linear); the table sorts by number
     page.metric.setCurrentIndex(page.metric.findData("snr_db"))
+    assert all(a is b for a, b in zip(sorted(plot.labels, key=lambda t: t.data(0)),
+                                      sorted(items.values(), key=lambda t: t.data(0)), strict=True))
     e = next(e for e in want if e.type == "Q8_0")
     assert plot.positions["Q8_0"][1] == pytest.approx(e.snr_db)
     col = page.model.column("rmse")

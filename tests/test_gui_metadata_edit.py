@@ -272,3 +272,29 @@ def test_template_editor_says_why_token_ids_are_missing_when_the_tokenizer_does_
     assert "no-such-model" in dlg.render_status.text()
     wait_idle(qtbot, window)
     dlg.reject()
+
+
+@pytest.mark.parametrize("ending", ["done at once", "failed at once"])
+def test_a_save_that_ends_at_once_leaves_the_view_idle(window, qtbot, tiny, tmp_path, monkeypatch, ending):  # noqa: F811
+    """Issue 34: a save that ended before save_as() stored its task left the view "saving" for good (every edit
+    action disabled). However it ends, the actions come back."""
+    from .test_gui_jobs import run_at_once
+
+    assert window.open_path(tiny)
+    mv = window.metadata_view
+    assert mv.select_key("general.name")
+    dlg = mv.edit_current()
+    dlg.text.setPlainText("at once")
+    _ok(dlg)
+    out = tmp_path / ("out.gguf" if ending == "done at once" else "missing-dir/out.gguf")
+    run_at_once(window.runner, monkeypatch)
+    mv.save_as(str(out))  # the whole save ran inside save_as()
+    assert not mv.saving
+    if ending == "done at once":
+        qtbot.waitUntil(lambda: window.doc is not None and Path(window.doc.path) == out, timeout=30000)
+        assert not mv.dirty
+    else:
+        assert mv.dirty and "Saving failed" in mv.edit_message.text()
+        assert mv.actions_["save"].isEnabled() and mv.actions_["undo"].isEnabled()
+    assert mv.actions_["save"].isEnabled() == (mv.edits is not None)
+    wait_idle(qtbot, window)

@@ -50,6 +50,7 @@ from .chat_persist import PersistMixin
 from .chat_reply import ReplyMixin
 from .chat_settings import SamplingPanel
 from .chat_thread import Composer, ReplyStream, StatsBar
+from .chat_tokens import ColorLegend
 from .chat_tools import TemplatePreview, TokBundle, TokenizerLab, read_bundle
 from .chat_widgets import (
     MessageView,
@@ -202,6 +203,8 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
         self.stream = ReplyStream()
         self.scroll = self.stream
         lay.addWidget(self.stream, 1)
+        self.color_legend = ColorLegend()  # what the replies' tint means (shown while they are coloured)
+        lay.addWidget(self.color_legend)
         self.composer_box = Composer()
         cb = self.composer_box  # its widgets, as the view's (tests use them by these names)
         self.composer, self.send_btn, self.stop_btn, self.regen_btn, self.edit_bar, self.edit_label = (
@@ -306,6 +309,7 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
         if event.type() == QEvent.Type.PaletteChange and is_dark() != self._dark:
             self._dark = is_dark()  # the system switched between light and dark: recolour the bubbles
             self.setStyleSheet(stylesheet(self._dark))
+            self.color_legend.set_mode(self.color_legend.mode)
 
     def showEvent(self, event: Any) -> None:
         super().showEvent(event)

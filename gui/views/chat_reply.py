@@ -111,6 +111,7 @@ class ReplyMixin:
         menu.popup(where)
 
     def _color_mode_changed(self: ChatView, mode: str) -> None:
+        self.color_legend.set_mode(mode)
         for v in self.views:
             v.set_color_mode(mode)
 
@@ -265,7 +266,7 @@ class ReplyMixin:
             if note:
                 label += f" ({note})"
             view.temperature = self._reply_temperature
-            view.finish(text, label)
+            self.stream.finish(view, text, label)
             view.set_records(records)
             last = self.messages[-1]
             view.set_variants(last.variant, last.n_variants)

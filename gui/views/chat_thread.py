@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtCore import QPoint, Qt, Signal
+from PySide6.QtGui import QKeySequence, QShortcut, QTextCursor
 from PySide6.QtWidgets import (
     QFrame,
     QGridLayout,
@@ -26,6 +26,7 @@ from quantscope.core.chat.store import StoredMessage
 from ..guard import qt_guarded
 from ..widgets.fit import ElidedLabel
 from ..widgets.progress import ProgressBar
+from .chat_tokens import align
 from .chat_widgets import MessageView
 
 
@@ -89,6 +90,35 @@ class ReplyStream(QScrollArea):
             if m.tokens:
                 v.set_records(m.tokens)
             v.set_variants(m.variant, m.n_variants)
+
+    def finish(self, v: MessageView, text: str, stats: str) -> None:
+        """End ``v``'s streaming (its text rendered as Markdown) without moving what the user reads: while they
+        follow the newest text the view stays at the bottom; when they have scrolled up into the reply, the
+        text at the top of the view stays at the top although the rendering changes the reply's height."""
+        bar = self.verticalScrollBar()
+        body = v.body
+        top = body.mapTo(self.thread, QPoint(0, 0)).y()
+        y = bar.value() - top
+        follow = self.stick
+        anchor = -1
+        if not follow and 0 <= y < body.height():
+            cur = body.cursorForPosition(QPoint(0, y))
+            anchor = cur.position()  # while streaming, document positions are offsets in the reply's text
+            dy = y - body.cursorRect(cur).top()
+        value = bar.value()
+        v.finish(text, stats)
+        if follow:
+            return  # rangeChanged keeps the bottom in view
+        v.layout().activate()  # the new heights, now (not at the next pass of the event loop)
+        self.thread.layout().activate()
+        if anchor >= 0 and v.markdown:
+            shown = align(body.document().toRawText(), text)
+            pos = next((i for i, o in enumerate(shown) if o >= anchor), max(0, len(shown) - 1))
+            cur = QTextCursor(body.document())
+            cur.setPosition(min(pos, body.document().characterCount() - 1))
+            value = body.mapTo(self.thread, QPoint(0, 0)).y() + body.cursorRect(cur).top() + dy
+        bar.setValue(value)
+        self.stick = bar.value() >= bar.maximum() - 40
 
     def set_empty(self, text: str) -> None:
         """The hint shown while there is no message ("" hides it)."""

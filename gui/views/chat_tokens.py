@@ -12,9 +12,10 @@ import bisect
 import html
 import math
 from collections.abc import Sequence
+from typing import ClassVar
 
 from PySide6.QtGui import QColor, QTextCharFormat, QTextCursor, QTextDocument
-from PySide6.QtWidgets import QMenu, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QMenu, QWidget
 
 from quantscope.core.chat.tokens import TokenRecord, answer_spans, answer_text
 
@@ -191,3 +192,58 @@ def alternatives_menu(r: TokenRecord, parent: QWidget | None = None) -> QMenu:
             act.setChecked(True)
             act.setEnabled(False)
     return menu
+
+
+class ColorLegend(QWidget):
+    """What the tint of a reply's tokens means: a strip from the clearest to the strongest tint of the mode, with
+    its two ends named. Hidden while the replies are not coloured."""
+
+    ENDS: ClassVar[dict[str, tuple[str, str, str]]] = {
+        "probability": ("Probability:", "certain", "unlikely"),
+        "entropy": ("Entropy:", "one choice", f"many ({ENTROPY_FULL:g} nats)")}
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setAccessibleName("Colour legend")
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(6)
+        self.title, self.low, self.high = QLabel(), QLabel(), QLabel()
+        for w in (self.title, self.low, self.high):
+            w.setObjectName("muted")
+        self.strip = QLabel()
+        self.strip.setAccessibleName("Colour scale")
+        self.strip.setFixedSize(120, 12)
+        for w in (self.title, self.low, self.strip, self.high):
+            lay.addWidget(w)
+        lay.addStretch(1)
+        self.mode = "off"
+        self.hide()
+
+    def stops(self, dark: bool | None = None) -> list[QColor]:
+        """The tints from one end of the scale to the other (clear where no tint is drawn)."""
+        out = []
+        for k in range(9):
+            t = k / 8
+            prob, ent = (1.0 - t, 0.0) if self.mode == "probability" else (1.0, t * ENTROPY_FULL)
+            r = TokenRecord(token=0, text="", piece="", prob=prob, scaled_prob=prob, entropy=ent)
+            out.append(token_color(r, self.mode, dark) or QColor(0, 0, 0, 0))
+        for k in range(len(out) - 1, -1, -1):  # untinted stops: the next tint's hue, transparent (no grey blend)
+            if out[k].alpha() == 0 and k + 1 < len(out):
+                out[k] = QColor(out[k + 1].red(), out[k + 1].green(), out[k + 1].blue(), 0)
+        return out
+
+    def set_mode(self, mode: str) -> None:
+        self.mode = mode if mode in self.ENDS else "off"
+        if self.mode == "off":
+            self.hide()
+            return
+        title, low, high = self.ENDS[self.mode]
+        self.title.setText(title)
+        self.low.setText(low)
+        self.high.setText(high)
+        grad = ", ".join(f"stop:{k / 8:g} rgba({c.red()},{c.green()},{c.blue()},{c.alpha()})"
+                         for k, c in enumerate(self.stops()))
+        self.strip.setStyleSheet("border: 1px solid palette(mid); "
+                                 f"background: qlineargradient(x1:0, y1:0, x2:1, y2:0, {grad});")
+        self.show()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QMimeData, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
@@ -28,7 +28,16 @@ from quantscope.core.chat.conversation import encode_prompt, prompt_text
 from ..guard import qt_guarded
 from ..models import KeyValueModel
 from ..workers import TaskRunner
-from .chat_widgets import TOKEN_TYPES, SpecialTokenHighlighter, chips_html, legend_html, mono_font, visible
+from .chat_widgets import (
+    TOKEN_TYPES,
+    WORD_JOINER,
+    SpecialTokenHighlighter,
+    chips_html,
+    legend_html,
+    mono_font,
+    unbreakable,
+    visible,
+)
 
 MAX_TOKEN_ROWS = 5000
 
@@ -68,6 +77,15 @@ def read_bundle(path: Path) -> TokBundle:
 
 
 @qt_guarded
+class PromptEdit(QPlainTextEdit):
+    """The rendered prompt: copying gives the prompt's own text, without the word joiners shown in it."""
+
+    def createMimeDataFromSelection(self) -> QMimeData:
+        data = QMimeData()
+        data.setText(self.textCursor().selection().toPlainText().replace(WORD_JOINER, ""))
+        return data
+
+
 class TemplatePreview(QWidget):
     """The rendered prompt with special tokens highlighted, its token ids and a status line."""
 
@@ -79,7 +97,7 @@ class TemplatePreview(QWidget):
         self.status.setObjectName("muted")
         self.status.setWordWrap(True)
         self.status.setAccessibleName("Template preview status")
-        self.text = QPlainTextEdit()
+        self.text = PromptEdit()
         self.text.setReadOnly(True)
         self.text.setAccessibleName("Rendered prompt")
         self.text.setFont(mono_font())
@@ -96,6 +114,11 @@ class TemplatePreview(QWidget):
         lay.addWidget(self.text, 3)
         lay.addWidget(ids_label)
         lay.addWidget(self.ids, 1)
+
+    def prompt(self) -> str:
+        """The rendered prompt shown, as the model reads it (without the word joiners that keep its special
+        tokens whole on screen)."""
+        return self.text.toPlainText().replace(WORD_JOINER, "")
 
     def render(self, b: TokBundle, prompt: list[dict[str, str]] | str, stand_in: bool) -> None:
         """Render ``prompt`` (messages or completion text) with ``b`` in a worker, then show it."""
@@ -114,7 +137,7 @@ class TemplatePreview(QWidget):
 
         def done(r: tuple[str, list[int], str]) -> None:
             text, ids, note = r
-            self.text.setPlainText(text)
+            self.text.setPlainText(unbreakable(text, self.highlighter.pattern))
             self.ids.setPlainText(" ".join(map(str, ids)))
             self.status.setText(
                 f"<b>{len(ids):,} tokens</b> · {len(text):,} characters · {note}"

@@ -12,6 +12,7 @@ from PySide6.QtGui import (
     QColor,
     QFont,
     QFontDatabase,
+    QFontMetricsF,
     QHelpEvent,
     QMouseEvent,
     QPalette,
@@ -81,6 +82,13 @@ def style_code(doc: QTextDocument) -> None:
             bf.setTopMargin(0 if prev_code else 4)
             bf.setBottomMargin(0 if next_code else 6)
             bf.setNonBreakableLines(False)  # code wraps at the reply's width instead of being cut off
+            # a wrapped line goes on under its own text, not at the left edge (an editor's soft wrap): the
+            # margin takes the line's indentation and the first line starts that much to the left
+            text = block.text()
+            lead = text[:len(text) - len(text.lstrip(" \t"))].expandtabs(4)
+            hang = QFontMetricsF(mono).horizontalAdvance(lead) if lead else 0.0
+            bf.setLeftMargin(2 + hang)
+            bf.setTextIndent(-hang)
             cur.setPosition(block.position())
             cur.setBlockFormat(bf)
             cur.setPosition(block.position())
@@ -523,6 +531,18 @@ def legend_html() -> str:
     return "Types: " + " ".join(items) + " &nbsp;·&nbsp; spaces as ·, newlines as ↵"
 
 
+#: U+2060: no line break on either side of it, and drawn as nothing
+WORD_JOINER = "\u2060"
+
+
+def unbreakable(text: str, pattern: re.Pattern[str] | None) -> str:
+    """``text`` with the characters of each match of ``pattern`` (the special tokens) joined by word joiners, so
+    that a wrapping view never breaks a token such as ``<|im_end|>`` after its ``|``."""
+    if pattern is None:
+        return text
+    return pattern.sub(lambda m: WORD_JOINER.join(m.group(0).replace(WORD_JOINER, "")), text)
+
+
 @qt_guarded
 class SpecialTokenHighlighter(QSyntaxHighlighter):
     """Highlights the special-token strings (``<|im_start|>`` …) in the template preview."""
@@ -535,7 +555,8 @@ class SpecialTokenHighlighter(QSyntaxHighlighter):
 
     def set_specials(self, specials: Sequence[str]) -> None:
         toks = sorted({s for s in specials if s}, key=len, reverse=True)[:2000]
-        self.pattern = re.compile("|".join(re.escape(s) for s in toks)) if toks else None
+        # a token matches as it is or as the preview shows it, its characters joined by word joiners
+        self.pattern = re.compile("|".join(f"{WORD_JOINER}?".join(map(re.escape, s)) for s in toks)) if toks else None
         pal = QApplication.palette()
         self.fmt.setForeground(QColor("#e0707a") if is_dark() else QColor("#b3261e"))
         self.fmt.setBackground(pal.color(QPalette.ColorRole.AlternateBase))

@@ -60,7 +60,7 @@ from ..theme import BAD_COLOR, OK_COLOR, muted_color
 from ..widgets.blockwidgets import mono_font
 from ..widgets.fit import ElidedLabel, fit_columns
 from ..widgets.progress import ProgressBar
-from ..workers import Task, TaskRunner
+from ..workers import JobSlot, Task, TaskRunner
 
 DIFF_TASK = "diff"
 LOCATE_TASK = "diff-locate"
@@ -734,7 +734,7 @@ class DiffDialog(QDialog):
         self.result: FileDiff | None = None
         self.error: str | None = None
         self.state = "idle"  # idle | running | done | cancelled | failed
-        self.task: Task | None = None
+        self.job = JobSlot(runner, self)  # the comparison: its callbacks connected before it is queued
         self.locate_task: Task | None = None
         self.locate_state = "idle"  # idle | running | done | failed | cancelled
         self.locate_error: str | None = None
@@ -1004,11 +1004,20 @@ class DiffDialog(QDialog):
                 raise
             return d, fb
 
-        self.task = self._run(DIFF_TASK, work, self._done, self._progress, self._failed, self._cancelled)
+        self._track(self.job.start(DIFF_TASK, work, on_done=self._done, on_progress=self._progress,
+                                   on_failed=self._failed, on_cancelled=self._cancelled))
+
+    @property
+    def task(self) -> Task | None:
+        """The comparison running (None when none is)."""
+        return self.job.task
 
     def _run(self, name: str, fn: Any, done: Any, progress: Any, failed: Any, cancelled: Any) -> Task:
-        task = self.runner.start(name, fn, on_done=done, on_progress=progress, on_failed=failed,
-                                 on_cancelled=cancelled)
+        return self._track(self.runner.start(name, fn, on_done=done, on_progress=progress, on_failed=failed,
+                                             on_cancelled=cancelled))
+
+    def _track(self, task: Task) -> Task:
+        """Keep B open until ``task`` (which may read it) has ended."""
         self._tasks.add(task)
         task.signals.ended.connect(lambda t=task: self._ended(t))
         if task.done:  # refused at once (the runner is closed): no end signal is pending any more
@@ -1052,7 +1061,6 @@ class DiffDialog(QDialog):
 
     def _finish(self, state: str) -> None:
         self.state = state
-        self.task = None
         self.seconds = time.monotonic() - self._t0
         self._set_running(False)
 

@@ -39,7 +39,7 @@ from ..models import KEY_ROLE, SORT_ROLE, SortFilterProxy, plural
 from ..theme import BAD_COLOR, group_color
 from ..widgets.fit import ElidedLabel, fit_columns
 from ..widgets.plots import CompactPlot
-from ..workers import Task, TaskRunner
+from ..workers import JobSlot, TaskRunner
 
 _Index = QModelIndex | QPersistentModelIndex
 _ROOT = QModelIndex()
@@ -124,7 +124,7 @@ class ImatrixDialog(QDialog):
         self.setWindowTitle("Importance matrix")
         self.setAccessibleName("Importance matrix")
         self.runner = runner
-        self.task: Task | None = None
+        self.job = JobSlot(runner, self)  # the read: its callbacks connected before it is queued
         self.imatrix: Imatrix | None = None
         self.error: str | None = None
         self.tensor: str | None = None
@@ -256,8 +256,6 @@ class ImatrixDialog(QDialog):
         if not text:
             return
         path = Path(text).expanduser()
-        if self.task is not None:
-            self.task.cancel()
         self.imatrix = None
         self.error = None
         self.model.set_rows([])
@@ -272,27 +270,22 @@ class ImatrixDialog(QDialog):
                 raise ValueError(f"{path}: {exc}") from None
             return im, im.entry_stats()
 
-        def done(res: tuple[Imatrix, list[dict[str, object]]]) -> None:
-            if task is not self.task:
-                return
-            self.task = None
-            self._show(*res)
-
         def failed(msg: str, _tb: str) -> None:
-            if task is not self.task:
-                return
-            self.task = None
             self.error = msg
             self.info.setText(f"<span style='color:{BAD_COLOR}; font-weight:600'>Cannot read this file:</span> "
                               f"{html.escape(printable(msg))}")
             self.loaded.emit(None)
 
         def cancelled() -> None:
-            if task is self.task:
-                self.task = None
+            self.info.setText(html.escape(printable(f"Cancelled: {path.name} was not read.")))
 
-        task = self.runner.start("imatrix", work, on_done=done, on_failed=failed, on_cancelled=cancelled)
-        self.task = task
+        self.job.start("imatrix", work, on_done=lambda res: self._show(*res), on_failed=failed,
+                       on_cancelled=cancelled)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a file is being read."""
+        return self.job.busy
 
     def _show(self, im: Imatrix, rows: list[dict[str, object]]) -> None:
         self.imatrix = im
@@ -311,8 +304,7 @@ class ImatrixDialog(QDialog):
         self.loaded.emit(im)
 
     def cancel(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
+        self.job.cancel()
 
     # ------------------------------------------------------------------ table
     def _filter(self, text: str) -> None:

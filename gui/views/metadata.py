@@ -54,7 +54,7 @@ from ..theme import BAD_COLOR, OK_COLOR, muted_color
 from ..widgets.blockwidgets import mono_font
 from ..widgets.fit import fit_columns
 from ..widgets.jinja import JinjaHighlighter
-from ..workers import TaskRunner
+from ..workers import JobSlot, TaskRunner
 from .metadata_edit import (
     EditedValue,
     ElementDialog,
@@ -203,7 +203,7 @@ class MetadataView(QWidget):
         self.edit_refusal = ""  # why this file cannot be edited ("" when it can)
         self.tokenizer: Any = None
         self.dialog: QDialog | None = None
-        self.save_task: Any = None
+        self.save_job: JobSlot | None = None  # the save, made with the first one (the runner comes later)
         self.current: MetadataValue | EditedValue | None = None  # the entry shown on the right
         self.model = MetadataModel()
         self.proxy = SortFilterProxy(self)
@@ -439,7 +439,7 @@ class MetadataView(QWidget):
     def _update_actions(self) -> None:
         can = self.edits is not None
         key = self.selected_key()
-        busy = self.save_task is not None
+        busy = self.saving
         for a in self.actions_.values():
             a.setEnabled(can and not busy)
         if can:
@@ -540,6 +540,11 @@ class MetadataView(QWidget):
             self._refresh()
 
     # ------------------------------------------------------------------ saving
+    @property
+    def saving(self) -> bool:
+        """Whether the edited file is being written."""
+        return self.save_job is not None and self.save_job.busy
+
     def save_as(self, path: str | None = None, confirm: Callable[[str], bool] | None = None) -> Any:
         """Write the edited file (asks where unless ``path``) in the runner, then open it. Writing over the open file
         asks first (``confirm``, default a question box), and then still goes through a temporary and a rename."""
@@ -564,26 +569,20 @@ class MetadataView(QWidget):
                                cancel=token, overwrite_source=same)
 
         def done(r: Any) -> None:
-            self.save_task = None
             self.edits = EditList(f)  # saved: what is open next is the file with the changes
             self._refresh()
             self._say(f"Saved {r.path} ({r.plan.file_bytes:,} bytes)")
             self.openRequested.emit(str(r.path))
 
         def failed(msg: str, _tb: str) -> None:
-            self.save_task = None
-            self._update_actions()
             self._say(f"Saving failed: {msg}", bad=True)
 
         def cancelled() -> None:
-            self.save_task = None
-            self._update_actions()
             self._say("Saving cancelled: nothing was written")
 
-        self.save_task = self.runner.start("save-metadata", work, on_done=done, on_failed=failed,
-                                           on_cancelled=cancelled)
-        self._update_actions()
-        return self.save_task
+        if self.save_job is None or self.save_job.runner is not self.runner:
+            self.save_job = JobSlot(self.runner, self, on_busy=lambda _busy: self._update_actions())
+        return self.save_job.start("save-metadata", work, on_done=done, on_failed=failed, on_cancelled=cancelled)
 
     def _confirm_overwrite(self, path: str) -> bool:
         box = QMessageBox(QMessageBox.Icon.Warning, "Overwrite the open file?",

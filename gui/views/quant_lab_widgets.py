@@ -118,8 +118,7 @@ class BpwPlot(CompactPlot):
         return [t.toPlainText() for t in self.labels]
 
     def _draw(self) -> None:
-        for t in self.labels:
-            self.removeItem(t)
+        old = {t.data(0): t for t in self.labels}  # the labels are kept and updated, not made anew each time
         self.labels = []
         self.positions = {}
         key, label, log = next(m for m in METRICS if m[0] == self.metric)
@@ -129,6 +128,10 @@ class BpwPlot(CompactPlot):
         for axis in ("left", "bottom"):
             self.getPlotItem().showAxis(axis, bool(shown))
         self.leaders.setData([], [])
+        keep = {e.type for e in shown}
+        for q, t in old.items():
+            if q not in keep:
+                self.removeItem(t)
         if not shown:
             self.points.setData([])
             self.rings.setData([])
@@ -161,12 +164,21 @@ class BpwPlot(CompactPlot):
                 rings.append({"pos": (x, y), "size": 18, "brush": None, "pen": pg.mkPen(CURRENT_COLOR, width=2.2),
                               "symbol": "o"})
             text = e.type + (" · exact" if exact else "") + (" · this file" if is_cur else "")
-            ti = pg.TextItem(text, color=CURRENT_COLOR if is_cur else plot_pen_color(), anchor=(0, 0))
-            ti.setFont(self._bold if is_cur or is_sel else self._font)
-            ti.textItem.document().setDocumentMargin(1)
+            color = CURRENT_COLOR if is_cur else plot_pen_color()
+            font = self._bold if is_cur or is_sel else self._font
+            ti = old.get(e.type)
+            if ti is None:
+                ti = pg.TextItem(text, color=color, anchor=(0, 0))
+                ti.textItem.document().setDocumentMargin(1)
+                ti.setData(0, e.type)
+                ti.setFont(font)
+                self.addItem(ti, ignoreBounds=True)
+            else:
+                if ti.toPlainText() != text or ti.color != pg.mkColor(color):
+                    ti.setText(text, color)
+                if ti.textItem.font() != font:
+                    ti.setFont(font)
             ti.setToolTip(_tip(e, is_cur))
-            ti.setData(0, e.type)
-            self.addItem(ti, ignoreBounds=True)
             self.labels.append(ti)
         tips = {e.type: _tip(e, e.type == self.current) for e in shown}
         self.points.setData(spots, tip=lambda x, y, data: tips.get(data, ""))

@@ -1,8 +1,18 @@
-"""A path field with its "Browse…" button, as the job dialogs (convert, quantize, compare) use it."""
+"""A path field with its "Browse…" button, as the job dialogs (convert, quantize, compare) use it, and the open
+dialog with a size column that fits its figures."""
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLineEdit, QPushButton, QWidget
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QFileSystemModel,
+    QHBoxLayout,
+    QLineEdit,
+    QPushButton,
+    QStyle,
+    QTreeView,
+    QWidget,
+)
 
 
 def browse_row(edit: QLineEdit, title: str, file_filter: str, parent: QWidget, *, save: bool,
@@ -25,3 +35,52 @@ def browse_row(edit: QLineEdit, title: str, file_filter: str, parent: QWidget, *
     lay.addWidget(edit, 1)
     lay.addWidget(btn)
     return w, btn
+
+
+def fit_size_column(dialog: QFileDialog) -> None:
+    """Keep the Size and Date Modified columns of Qt's own file dialog wide enough for their figures ("438.5 MiB"
+    was cut to "438…MiB"): each time a folder is listed the columns take the width their cells need. A native
+    dialog has no such view and is left as it is."""
+    view = dialog.findChild(QTreeView, "treeView")
+    model = dialog.findChild(QFileSystemModel)
+    if view is None or model is None:
+        return
+
+    def fit(*_: object) -> None:
+        header = view.header()
+        pad = 2 * view.style().pixelMetric(QStyle.PixelMetric.PM_HeaderMargin) + 8
+        sample = {1: "1023.99 MiB", 3: "88/88/8888 88:88"}  # the widest size, a date (the rows may be unlisted)
+        for col, text in sample.items():  # the size, and the date modified
+            need = max(header.sectionSizeHint(col), view.sizeHintForColumn(col),
+                       view.fontMetrics().horizontalAdvance(text) + pad)
+            if header.sectionSize(col) < need:
+                header.resizeSection(col, need)
+        # the names take what the view has left, up to what they need
+        room = view.viewport().width() - sum(header.sectionSize(c) for c in range(1, header.count()))
+        name = min(view.sizeHintForColumn(0) + pad, room)
+        if header.sectionSize(0) < name:
+            header.resizeSection(0, name)
+
+    model.directoryLoaded.connect(fit)
+    fit()
+
+
+def open_file_dialog(parent: QWidget, title: str, start: str, file_filter: str) -> QFileDialog:
+    """A dialog that picks one existing file, starting at ``start`` (a folder, or a file to select), with its
+    size column fitted (:func:`fit_size_column`); :func:`pick_file` runs it."""
+    dialog = QFileDialog(parent, title, start, file_filter)
+    dialog.setAcceptMode(QFileDialog.AcceptMode.AcceptOpen)
+    dialog.setFileMode(QFileDialog.FileMode.ExistingFile)
+    dialog.resize(860, 500)  # room for long model names beside the sizes and dates
+    fit_size_column(dialog)
+    return dialog
+
+
+def pick_file(parent: QWidget, title: str, start: str, file_filter: str) -> str:
+    """The file the user picked in :func:`open_file_dialog`, or "" when cancelled."""
+    dialog = open_file_dialog(parent, title, start, file_filter)
+    try:
+        files = dialog.selectedFiles() if dialog.exec() == QFileDialog.DialogCode.Accepted else []
+    finally:
+        dialog.deleteLater()
+    return files[0] if files else ""

@@ -527,7 +527,7 @@ def test_a_bad_imatrix_file_shows_the_reason(window, qtbot, files, tmp_path):  #
     junk.write_bytes(b"\xff\xff\xff\x7fnot an imatrix at all")
     cases = [(junk, "entries cannot fit in"),
              (files["F32"], "missing imatrix metadata"),
-             (tmp_path / "none.gguf", "No such file")]
+             (tmp_path / "none.gguf", "no such file")]
     for path, reason in cases:
         dlg2, im = open_imatrix(window, qtbot, path)
         assert dlg2 is dlg and im is None and reason in dlg.error

@@ -37,6 +37,8 @@ def run_probe(window, qtbot, model_path, prompt=PROMPT):  # noqa: F811
         assert pv.run()
     assert sig.args == ["done"], pv.error
     wait_idle(qtbot, window, TIMEOUT)
+    # the attention page may ask for its layer's weights once the run has ended: a second, short job
+    qtbot.waitUntil(lambda: not pv.busy and pv._pending_layer is None and not window.runner.running(), timeout=TIMEOUT)
     return pv
 
 

@@ -47,6 +47,7 @@ class Spec:
     pre: str = "smollm"  # tokenizer.ggml.pre
     experts: tuple[int, int] = (0, 0)  # (expert_count, expert_used_count): ffn_gate_inp + ffn_*_exps
     expert_ff: int = 0  # qwen3moe: expert_feed_forward_length (0: the experts are feed_forward_length wide)
+    ffn_norm: str = "ffn_norm.weight"  # the pre-FFN norm's name (seed_oss: post_attention_norm.weight)
     oai: bool = False  # gpt-oss: attn_output.bias, attn_sinks, post_attention_norm as the FFN norm, router and
     # expert biases
 
@@ -96,6 +97,8 @@ SPECS: dict[str, Spec] = {
     "gemma2": Spec("gemma2", post_norms=True, tied=True, embd_std=0.5,
                    extra_kv={"attention.sliding_window": 16, "attn_logit_softcapping": 1.5,
                              "final_logit_softcapping": 6.0}),
+    # Seed-OSS: qwen2's layout (q/k/v biases) with the pre-FFN norm named post_attention_norm
+    "seed_oss": Spec("seed_oss", biases=True, ffn_norm="post_attention_norm.weight"),
     "olmo2": Spec("olmo2", qk_norm="full", post_norms=True, pre_norms=False),
     # written by _gemma4_layers: 6 layers alternating sliding/global with their own head sizes, KV heads, FFN
     # widths and rotated sizes, V = K's projection in layer 1, the last 2 layers reading layers 2 and 3's caches,
@@ -346,7 +349,7 @@ def write_fixture(name: str, path: str | Path, quant: str = "F32", seed: int = 0
         if s.post_norms:
             vector(b + "post_attention_norm.weight", E)
         if s.pre_norms:
-            vector(b + ("post_attention_norm.weight" if s.oai or q35 else "ffn_norm.weight"), E)
+            vector(b + ("post_attention_norm.weight" if s.oai or q35 else s.ffn_norm), E)
         if s.experts[0]:
             ne, fe = s.experts[0], s.expert_ff or F
             matrix(b + "ffn_gate_inp.weight", ne, E, 0.5)

@@ -111,6 +111,7 @@ def test_logits_match_llama_cpp(key, repack, tmp_path, vocab):
     ("qwen35-F32", dict(gdn_conv="last tap")),  # no conv across positions (so no conv state either)
     ("qwen35moe-F32", dict(layer_shared=None)),  # the routed experts alone
     ("qwen35moe-F32", dict(n_expert_used=1)),
+    ("seed_oss-F32", dict(rope_neox=False)),  # adjacent pairs where its description says NeoX halves
 ])
 def test_the_oracle_catches_a_missing_feature(key, change, tmp_path, vocab):
     """Each feature the fixtures exercise matters: without it the fidelity test above would fail (gemma3's linear

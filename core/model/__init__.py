@@ -11,7 +11,8 @@ fourth layer), granite (embedding, attention, residual and logit multipliers), q
 pre-norms, q/k RMSNorm over the projection, post norms), gemma2 (GEGLU, post norms, soft-capped scores and
 logits, every other layer sliding) and gemma3 (scaled embeddings, GELU-tanh gated FFN, per-head q/k RMSNorm,
 post-attention/post-FFN norms, sliding-window layers with their own RoPE base), mistral3 (llama with YaRN and
-query temperature tuning), gemma4, qwen3moe, gpt-oss, qwen35 and qwen35moe. Linear, YaRN and LongRoPE scaling
+query temperature tuning), gemma4, qwen3moe, gpt-oss, qwen35, qwen35moe and seed_oss (qwen2's layout, its pre-FFN
+norm named post_attention_norm). Linear, YaRN and LongRoPE scaling
 are read for every architecture. A file whose tensors or RoPE-scaling metadata the engine would ignore is
 refused. docs/engine.md section 1 tabulates them.
 """

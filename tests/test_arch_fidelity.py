@@ -262,8 +262,9 @@ def test_experts_run_from_the_cli_and_stay_off_the_gpu(tmp_path, vocab, capsys):
 def test_the_gpu_refuses_by_features_what_it_refused_by_name(tmp_path, vocab):
     """The CUDA backend decides by the features a model has, not by its architecture's name: of the F32 fixtures,
     it finds nothing missing in the dense llama, qwen2 and gemma3 ones (the three it ran by name) and in qwen3
-    (gemma3's per-head q/k norms) and phi3 without LongRoPE (its fused matrices are row views), and names a
-    feature for every other (smollm3: its layers without RoPE; granite: its multipliers; mistral3: YaRN ...)."""
+    (gemma3's per-head q/k norms), phi3 without LongRoPE (its fused matrices are row views) and seed_oss (added as
+    one description module: qwen2's features under other tensor names), and names a feature for every other
+    (smollm3: its layers without RoPE; granite: its multipliers; mistral3: YaRN ...)."""
     from quantscope.core.engine import cuda_backend
     from quantscope.core.model import read_config
 
@@ -274,7 +275,7 @@ def test_the_gpu_refuses_by_features_what_it_refused_by_name(tmp_path, vocab):
         cfg = read_config(GGUFFile(write_fixture(m["arch"], tmp_path / f"{key}.gguf", m["variant"], vocab=vocab)))
         if not cuda_backend.missing_features(cfg):
             runs.add(cfg.arch if not cfg.n_expert else f"{cfg.arch}+experts")
-    assert runs == {"llama", "qwen2", "gemma3", "qwen3", "phi3"}
+    assert runs == {"llama", "qwen2", "gemma3", "qwen3", "phi3", "seed_oss"}
 
 
 def test_gemma4_runs_from_the_cli_and_stays_off_the_gpu(tmp_path, vocab, capsys):

@@ -27,12 +27,9 @@ from .common import (
 
 def cmd_quantize(args: argparse.Namespace) -> int:
     from quantscope.core.quant.quantize import (
-        QuantizeCancelled,
         QuantizeError,
         QuantizeOptions,
-        QuantizeProgress,
         plan_quantize,
-        write_quantized,
     )
 
     check_file(args.file)
@@ -94,25 +91,10 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             raise CLIError(str(exc)) from None
         import time
 
-        bar = Bar("quantize")
         t0 = time.perf_counter()
-
-        def progress(p: QuantizeProgress) -> None:
-            bar(p.done_bytes, p.total_bytes, f"{p.index + 1}/{p.count} {p.tensor}" if p.tensor else "")
-
-        try:
-            out = write_quantized(f, plan, args.output, opts, progress)
-        except QuantizeError as exc:
-            raise CLIError(f"cannot quantize {Path(args.file).name}: {exc}") from None
-        except PathRefused as exc:
-            raise CLIError(str(exc)) from None
-        except OSError as exc:
-            raise CLIError(f"cannot write {args.output}: {exc.strerror or exc}") from None
-        except (KeyboardInterrupt, QuantizeCancelled):
-            bar.close()
-            print("quantscope: quantization cancelled; nothing was written at the target path", file=sys.stderr)
+        out = _write(f, plan, args, opts)
+        if out is None:
             return 130
-        bar.close()
         secs = time.perf_counter() - t0
         if args.json:
             dump_json({"summary": {**summary, "output": str(out), "seconds": secs}, "tensors": rows})
@@ -130,7 +112,7 @@ def _quantize_to_target(args: argparse.Namespace) -> int:
 
     from quantscope.core.engine.kld import chunk_ids
     from quantscope.core.fsutil import OutputSet
-    from quantscope.core.quant.quantize import QuantizeCancelled, QuantizeError, write_quantized
+    from quantscope.core.quant.quantize import QuantizeError
     from quantscope.core.quant.target import DEFAULT_TYPES, parse_size, plan_target, rules_text
     from quantscope.core.tokenizer import Tokenizer, TokenizerError
 
@@ -199,22 +181,9 @@ def _quantize_to_target(args: argparse.Namespace) -> int:
                    "search_seconds": search, "timings": tp.timings, "rules": rules_path, "warnings": plan.warnings}
         written = None
         if not args.dry_run:
-            bar = Bar("quantize")
-            try:
-                written = write_quantized(f, plan, args.output, tp.options,
-                                          lambda p: bar(p.done_bytes, p.total_bytes,
-                                                        f"{p.index + 1}/{p.count} {p.tensor}" if p.tensor else ""))
-            except QuantizeError as exc:
-                raise CLIError(f"cannot quantize {Path(args.file).name}: {exc}") from None
-            except PathRefused as exc:
-                raise CLIError(str(exc)) from None
-            except OSError as exc:
-                raise CLIError(f"cannot write {args.output}: {exc.strerror or exc}") from None
-            except (KeyboardInterrupt, QuantizeCancelled):
-                bar.close()
-                print("quantscope: quantization cancelled; nothing was written at the target path", file=sys.stderr)
+            written = _write(f, plan, args, tp.options)
+            if written is None:
                 return 130
-            bar.close()
         if rules_path:
             try:
                 with OutputSet([("--rules", rules_path)], inputs=inputs) as ro:
@@ -249,6 +218,30 @@ def _quantize_to_target(args: argparse.Namespace) -> int:
     for warn in plan.warnings:
         print(printable(f"warning   {warn}"), file=sys.stderr)
     return 0
+
+
+def _write(f: Any, plan: Any, args: argparse.Namespace, opts: Any) -> Path | None:
+    """Write the quantize ``plan`` of ``f`` to ``args.output`` with a progress bar; ``None`` when cancelled (nothing
+    is left at the target). Every failure is one CLIError line."""
+    from quantscope.core.quant.quantize import QuantizeCancelled, QuantizeError, write_quantized
+
+    bar = Bar("quantize")
+    try:
+        out = write_quantized(f, plan, args.output, opts,
+                              lambda p: bar(p.done_bytes, p.total_bytes,
+                                            f"{p.index + 1}/{p.count} {p.tensor}" if p.tensor else ""))
+    except QuantizeError as exc:
+        raise CLIError(f"cannot quantize {Path(args.file).name}: {exc}") from None
+    except PathRefused as exc:
+        raise CLIError(str(exc)) from None
+    except OSError as exc:
+        raise CLIError(f"cannot write {args.output}: {exc.strerror or exc}") from None
+    except (KeyboardInterrupt, QuantizeCancelled):
+        bar.close()
+        print("quantscope: quantization cancelled; nothing was written at the target path", file=sys.stderr)
+        return None
+    bar.close()
+    return out
 
 
 def _print_plan_summary(plan: Any) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,20 +35,20 @@ def model_path() -> Callable[[str], Path]:
     return require_model
 
 
-_READERS: dict[str, object] = {}
-
-
-@pytest.fixture(scope="session")
-def gguf_py_reader() -> Callable[[str], object]:
-    """gguf-py's GGUFReader on a catalogue model, opened once per session (it takes 6-45 s)."""
+@pytest.fixture(scope="module")
+def gguf_py_reader() -> Iterator[Callable[[str], object]]:
+    """gguf-py's GGUFReader on a catalogue model, opened once per module (it takes 6-45 s) and dropped after."""
     import gguf
 
-    def get(name: str) -> object:
-        if name not in _READERS:
-            _READERS[name] = gguf.GGUFReader(require_model(name))
-        return _READERS[name]
+    readers: dict[str, object] = {}
 
-    return get
+    def get(name: str) -> object:
+        if name not in readers:
+            readers[name] = gguf.GGUFReader(require_model(name))
+        return readers[name]
+
+    yield get
+    readers.clear()
 
 
 @pytest.hookimpl(wrapper=True)

@@ -105,18 +105,19 @@ def gpu(cuda_lib: Path) -> str:
     return why
 
 
-_MODELS: dict[str, tuple[Model, Tokenizer]] = {}
-
-
-@pytest.fixture
+@pytest.fixture(scope="module")
 def loaded(model_path):
-    def get(name: str) -> tuple[Model, Tokenizer]:
-        if name not in _MODELS:
-            f = GGUFFile(model_path(name))
-            _MODELS[name] = (Model(f), Tokenizer(f))
-        return _MODELS[name]
+    """Catalogue models loaded once for this module and dropped when it ends."""
+    models: dict[str, tuple[Model, Tokenizer]] = {}
 
-    return get
+    def get(name: str) -> tuple[Model, Tokenizer]:
+        if name not in models:
+            f = GGUFFile(model_path(name))
+            models[name] = (Model(f), Tokenizer(f))
+        return models[name]
+
+    yield get
+    models.clear()
 
 
 # ------------------------------------------------------------------------------------ everywhere: no-GPU fallback

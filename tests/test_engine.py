@@ -20,17 +20,23 @@ from quantscope.core.tokenizer import StreamDecoder
 from .conftest import MODEL_NAMES
 
 TEXT = (Path(__file__).parent / "data" / "english.txt").read_text(encoding="utf-8")
-_ENGINES: dict[str, Engine] = {}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def engine(model_path):
-    def get(name: str) -> Engine:
-        if name not in _ENGINES:
-            _ENGINES[name] = Engine(model_path(name), n_ctx=1024, threads=2)
-        return _ENGINES[name]
+    """One engine per catalogue model for this module, closed when the module ends (a module-level dict kept
+    every model's repacked weights alive for the rest of the suite)."""
+    engines: dict[str, Engine] = {}
 
-    return get
+    def get(name: str) -> Engine:
+        if name not in engines:
+            engines[name] = Engine(model_path(name), n_ctx=1024, threads=2)
+        return engines[name]
+
+    yield get
+    for e in engines.values():
+        e.close()
+    engines.clear()
 
 
 def greedy(e: Engine, prompt, n: int) -> str:

@@ -165,6 +165,13 @@ def table(dlg) -> dict[str, list[str]]:  # type: ignore[no-untyped-def]
 def test_the_diff_runs_in_the_worker_and_the_tables_show_what_diff_files_reports(window, qtbot, pair):  # noqa: F811
     dlg = open_dialog(window, qtbot, *pair)
     progress: list[tuple[int, int]] = []
+    shown = dlg._progress  # recorded from the first report on (connecting after start() raced a fast worker)
+
+    def record(d: int, t: int, *rest: object) -> None:
+        progress.append((d, t))
+        shown(d, t, *rest)
+
+    dlg._progress = record
     with qtbot.waitSignal(dlg.diffFinished, timeout=60000) as sig:
         dlg.start()
         # start() returned at once: the work is a task of the window's runner, the controls wait for it
@@ -172,7 +179,6 @@ def test_the_diff_runs_in_the_worker_and_the_tables_show_what_diff_files_reports
         assert [t.name for t in window.runner.running()] == ["diff"]
         assert window.task_label.text() == "comparing files…"
         assert not dlg.setup.isEnabled() and not dlg.start_btn.isEnabled() and dlg.cancel_btn.isEnabled()
-        dlg.task.signals.progress.connect(lambda d, t, _m: progress.append((d, t)))
     d = sig.args[0]
     assert d is dlg.result and dlg.state == "done" and dlg.start_btn.isEnabled() and not dlg.cancel_btn.isEnabled()
     assert dlg.progress.value() == 1000 and dlg.export_btn.isEnabled()

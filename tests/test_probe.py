@@ -22,21 +22,22 @@ from .arch_fixtures import SPECS, vocabulary, write_fixture
 
 IDS = [int(t) for t in np.random.default_rng(1).integers(0, 1024, 24)]  # past gemma's window of 16
 NO_REFERENCE = {"gemma4", "qwen35", "qwen35moe"}
-_MODELS: dict[str, tuple[Path, Model]] = {}
 
 
 @pytest.fixture(scope="module")
 def arch_model(tmp_path_factory):
     vocab = vocabulary()
     root = tmp_path_factory.mktemp("probe")
+    models: dict[str, tuple[Path, Model]] = {}
 
     def get(name: str) -> Model:
-        if name not in _MODELS:
+        if name not in models:
             path = write_fixture(name, root / f"{name}.gguf", vocab=vocab)
-            _MODELS[name] = (path, Model.load(str(path), threads=2))
-        return _MODELS[name][1]
+            models[name] = (path, Model.load(str(path), threads=2))
+        return models[name][1]
 
-    return get
+    yield get
+    models.clear()
 
 
 def _ref_lens(model: Model, resid: np.ndarray) -> np.ndarray:

@@ -99,7 +99,7 @@ class ChatView(QWidget):
                                            lambda: self.host.state == "generating", self.activity.setText)
         lo, r, c = self.loader, self.reply, self.conversations
         # the controllers' actions, as the view's (the main window, scripts and tests call them by these names)
-        self.send, self.regenerate, self.switch_variant, self.stop = r.send, r.regenerate, r.switch_variant, r.stop
+        self.send, self.regenerate, self.switch_variant = r.send, r.regenerate, r.switch_variant
         self.store, self.use_store = c.store, c.use
         self.rename_conversation, self.export_conversation = c.rename, c.export
 

@@ -92,11 +92,11 @@ def test_memory_shown_before_loading_then_progress_and_engine_info(window, qtbot
     chat.ctx_spin.setValue(2048)
     assert "2,048 tokens" in chat.memory_label.text()
     assert chat.backend_combo.itemText(0) == f"CPU · {isa()}" and chat.backend_combo.currentData() == "cpu"
-    qtbot.waitUntil(lambda: chat.cuda[1] != "checking", timeout=30000)
+    qtbot.waitUntil(lambda: chat.loader.cuda[1] != "checking", timeout=30000)
     assert chat.cuda_label.full_text().startswith("CUDA")
     cuda_item = chat.backend_combo.model().item(1)
-    assert cuda_item.isEnabled() == bool(chat.cuda[0])  # CUDA selectable only where it can run
-    if not chat.cuda[0]:
+    assert cuda_item.isEnabled() == bool(chat.loader.cuda[0])  # CUDA selectable only where it can run
+    if not chat.loader.cuda[0]:
         assert chat.cuda_label.toolTip()  # the reason is shown
     chat.threads_spin.setValue(1)
     stages = []
@@ -149,7 +149,7 @@ def test_cuda_choice_falls_back_to_the_cpu_with_a_visible_reason(window, qtbot, 
 
     real_ok, real_why = chat_engine.cuda_availability()
     chat = open_chat(window, qtbot, model_path)
-    qtbot.waitUntil(lambda: chat.cuda[1] != "checking", timeout=30000)
+    qtbot.waitUntil(lambda: chat.loader.cuda[1] != "checking", timeout=30000)
     if real_ok:
         pytest.skip(f"a usable GPU is present ({real_why}): the fallback path cannot be forced honestly here")
     from quantscope.core.engine import cuda_backend
@@ -157,7 +157,7 @@ def test_cuda_choice_falls_back_to_the_cpu_with_a_visible_reason(window, qtbot, 
     monkeypatch.setattr(chat_engine, "cuda_availability", lambda: (True, "Fake GPU (test)"))
     monkeypatch.setattr(cuda_backend, "cuda_status", lambda: (True, "Fake GPU (test)"))  # the engine asks too
     backends = record_engine_backends(monkeypatch)
-    chat._cuda_checked((True, "Fake GPU (test)"))
+    chat.loader.cuda_checked((True, "Fake GPU (test)"))
     assert chat.backend_combo.model().item(1).isEnabled() and chat.cuda_label.full_text() == "CUDA: Fake GPU (test)"
     chat.backend_combo.setCurrentIndex(1)
     assert chat.load_btn.isEnabled() and chat.load_btn.text() == "Reload"
@@ -230,7 +230,7 @@ def test_chat_reply_equals_the_engine_and_preview_shows_its_prompt(window, qtbot
 def test_deltas_are_batched_by_a_timer(window, qtbot, model_path):  # noqa: F811
     """Tokens arriving together reach the widget as one append (no repaint per token)."""
     from quantscope.gui.chat_engine import GenStats
-    from quantscope.gui.views.chat import FLUSH_MS
+    from quantscope.gui.views.chat_reply import FLUSH_MS
 
     assert 30 <= FLUSH_MS <= 100
     chat = open_chat(window, qtbot, model_path)
@@ -238,21 +238,21 @@ def test_deltas_are_batched_by_a_timer(window, qtbot, model_path):  # noqa: F811
     chat.max_spin.setValue(1)
     send_and_wait(qtbot, chat, "Hi")
     # replay a burst of 200 deltas into a fresh streaming reply, as the model thread would deliver them
-    chat._reply_view = chat._add_view(len(chat.messages), "assistant", "")
-    chat._reply_view.start_streaming()
-    chat._reply_req = 999
-    before = chat.flushes
+    chat.reply.view = chat.reply.add_view(len(chat.messages), "assistant", "")
+    chat.reply.view.start_streaming()
+    chat.reply.req = 999
+    before = chat.reply.flushes
     appended = []
-    orig = chat._reply_view.append
-    chat._reply_view.append = lambda t: (appended.append(t), orig(t))
+    orig = chat.reply.view.append
+    chat.reply.view.append = lambda t: (appended.append(t), orig(t))
     for i in range(200):
-        chat._on_delta(999, f"t{i} ", GenStats(n_generated=i + 1))
-    chat._flush_timer.start()
+        chat.reply.on_delta(999, f"t{i} ", GenStats(n_generated=i + 1))
+    chat.reply.flush_timer.start()
     assert appended == []  # nothing touched the widget yet
     qtbot.wait(FLUSH_MS * 3)
-    assert chat.flushes - before == 1 and len(appended) == 1 and appended[0].startswith("t0 t1 ")
-    chat._reply_req = 0
-    chat._reply_view = None
+    assert chat.reply.flushes - before == 1 and len(appended) == 1 and appended[0].startswith("t0 t1 ")
+    chat.reply.req = 0
+    chat.reply.view = None
 
 
 def test_stop_within_one_token(window, qtbot, model_path):  # noqa: F811
@@ -274,7 +274,7 @@ def test_stop_within_one_token(window, qtbot, model_path):  # noqa: F811
     # the Stop button, as a user presses it
     with qtbot.waitSignal(chat.replyFinished, timeout=REPLY_TIMEOUT) as sig:
         assert chat.send("Another long story, please.")
-        qtbot.waitUntil(lambda: chat._reply_stats is not None, timeout=REPLY_TIMEOUT)
+        qtbot.waitUntil(lambda: chat.reply.stats is not None, timeout=REPLY_TIMEOUT)
         assert chat.stop_btn.isEnabled()
         chat.stop_btn.click()
     assert sig.args[0].stop_reason == "cancelled" and sig.args[0].n_generated < 200
@@ -360,7 +360,7 @@ def test_old_turns_dropped_with_a_notice(window, qtbot, model_path):  # noqa: F8
     chat.max_spin.setValue(8)
     filler = "This is a rather long message that fills the context window quickly. " * 3
     chat.messages = [StoredMessage(r, f"{i}: {filler}") for i in range(6) for r in ("user", "assistant")]
-    chat._rebuild_views()
+    chat.reply.rebuild_views()
     stats = send_and_wait(qtbot, chat, "Short question?")
     assert stats.dropped > 0 and stats.dropped % 2 == 0  # whole turns
     assert chat.notice.isVisible() and "256-token context" in chat.notice.text()
@@ -549,7 +549,7 @@ def test_switching_files_mid_generation_leaves_no_thread(window, qtbot, model_pa
     chat.apply_preset("Greedy")
     chat.max_spin.setValue(400)
     assert chat.send("Tell me a long story about a dragon.")
-    qtbot.waitUntil(lambda: chat._reply_stats is not None, timeout=REPLY_TIMEOUT)
+    qtbot.waitUntil(lambda: chat.reply.stats is not None, timeout=REPLY_TIMEOUT)
     assert chat.host.state == "generating" and chat.host.threads_alive() == 1
     old_id = chat.conv_id
     waits = []
@@ -581,7 +581,7 @@ def test_closing_mid_generation_stops_cleanly(qtbot, tmp_path, model_path):
     chat = open_chat(w, qtbot, model_path)
     chat.max_spin.setValue(400)
     assert chat.send("Tell me a long story.")
-    qtbot.waitUntil(lambda: chat._reply_stats is not None, timeout=REPLY_TIMEOUT)
+    qtbot.waitUntil(lambda: chat.reply.stats is not None, timeout=REPLY_TIMEOUT)
     t0 = time.perf_counter()
     assert w.close()
     assert time.perf_counter() - t0 < 10
@@ -696,7 +696,7 @@ def test_regenerate_says_prompt_cached_and_new_chat_resets_the_numbers(window, q
     assert chat.ctx_bar.value() > 0
     chat.new_conversation()
     assert all(v.text() == "—" for v in chat.stat_labels.values()) and chat.ctx_bar.value() == 0
-    assert chat.last_stats is None
+    assert chat.reply.last_stats is None
     assert not chat.sampler_params().special  # control tokens are left out unless asked for
     chat.special_check.setChecked(True)
     assert chat.sampler_params().special and chat.params_dict()["special"] is True

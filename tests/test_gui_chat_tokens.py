@@ -96,7 +96,7 @@ def test_hover_colour_click_branch_and_switch(window, qtbot, model_path, chat_da
 
     # click the token: its alternatives; picking the second one branches the reply there
     QTest.mouseClick(vp, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, view.token_point(k))
-    menu = chat.alt_menu
+    menu = chat.reply.alt_menu
     assert menu is not None
     acts = [a for a in menu.actions() if a.data() is not None]
     assert [a.data() for a in acts] == [a.token for a in r.alternatives]

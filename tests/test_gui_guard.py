@@ -90,17 +90,17 @@ SCRIPT = textwrap.dedent("""
     app = QApplication([])
     from quantscope.gui.app import install_excepthook
     from quantscope.gui.mainwindow import MainWindow
-    from quantscope.gui.views.chat import ChatView
+    from quantscope.gui.views.chat_persist import Conversations
 
     import inspect
-    real = ChatView._refresh_list
+    real = Conversations.refresh
 
     def broken(self):  # what a conversation with a text 'created' did, in showEvent
         if inspect.stack()[1].function == "showEvent":
             raise ValueError("could not convert string to float: 'yesterday'")
         return real(self)
 
-    ChatView._refresh_list = broken
+    Conversations.refresh = broken
     win = MainWindow(QSettings(sys.argv[2], QSettings.Format.IniFormat))
     install_excepthook(win)
     win.show()

@@ -111,7 +111,7 @@ def test_escape_stops_the_reply_wherever_the_focus_is_in_the_chat_pane(
     chat.max_spin.setValue(400)
     with qtbot.waitSignal(chat.replyFinished, timeout=240_000) as sig:
         assert chat.send("Tell me a long story about a dragon.")
-        qtbot.waitUntil(lambda: chat._reply_stats is not None, timeout=240_000)
+        qtbot.waitUntil(lambda: chat.reply.stats is not None, timeout=240_000)
         window.activateWindow()
         qtbot.waitUntil(window.isActiveWindow, timeout=5000)
         if where == "stop button":

@@ -315,7 +315,7 @@ def test_gui_chat_thread_survives_truncation_mid_reply(window, qtbot, model_path
     failed: list[str] = []
     chat.replyFailed.connect(failed.append)
     assert chat.send("Tell me a very long story about a dragon.")
-    qtbot.waitUntil(lambda: chat._reply_stats is not None and chat._reply_stats.n_generated >= 3, timeout=120_000)
+    qtbot.waitUntil(lambda: chat.reply.stats is not None and chat.reply.stats.n_generated >= 3, timeout=120_000)
     os.truncate(copy, copy.stat().st_size // 2)
     qtbot.waitUntil(lambda: window.stale_bar.isVisible(), timeout=20000)
     assert window.doc is None and chat.host.threads_alive() == 0 and chat.host.state == "empty"

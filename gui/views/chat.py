@@ -11,8 +11,11 @@ collected in a list and appended to the reply by a 50 ms timer, so a fast model 
 The pieces: the conversation logic without Qt is :class:`quantscope.core.chat.controller.ChatController`; the
 widgets are ``chat_conversations`` (the list), ``chat_modelbar``, ``chat_notices`` (banners, style sheet),
 ``chat_thread`` (messages, composer, numbers), ``chat_settings`` (sampling), ``chat_tools`` (template preview,
-tokenizer lab) and ``chat_widgets`` (a message, labels, chips); :class:`ChatView` wires them, with its loading,
-reply and persistence behaviour in the ``chat_loading``, ``chat_reply`` and ``chat_persist`` mixins.
+tokenizer lab) and ``chat_widgets`` (a message, labels, chips). Their behaviour is in three controllers that own
+their state and are handed the widgets and callbacks they need (none of them knows this module):
+:class:`~.chat_loading.ModelLoader` (the model bar: CUDA, memory, loading), :class:`~.chat_reply.ReplyController`
+(the conversation's actions and the streaming reply) and :class:`~.chat_persist.Conversations` (the store and the
+list). :class:`ChatView` builds the widgets, composes the controllers and decides what an event changes across them.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from typing import Any
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
-    QMenu,
     QSplitter,
     QTabWidget,
     QVBoxLayout,
@@ -30,37 +32,29 @@ from PySide6.QtWidgets import (
 )
 
 from quantscope.core.chat.controller import ChatController, identity_of
-from quantscope.core.chat.store import (
-    ChatStore,
-    StoredMessage,
-)
-from quantscope.core.chat.tokens import TokenRecord
+from quantscope.core.chat.store import StoredMessage
 from quantscope.core.gguf.checks import INT32_MAX, metadata_int
 
-from ..chat_engine import EngineHost, GenStats
+from ..chat_engine import EngineHost, EngineInfo, GenStats
 from ..document import Document
 from ..guard import qt_guarded
 from ..theme import is_dark
 from ..workers import TaskRunner
 from .chat_conversations import ConversationPanel
-from .chat_loading import LoadingMixin
+from .chat_loading import ModelLoader
 from .chat_modelbar import DEFAULT_CTX, ModelBar
 from .chat_notices import Notices, stylesheet
-from .chat_persist import PersistMixin
-from .chat_reply import ReplyMixin
+from .chat_persist import Conversations
+from .chat_reply import ReplyController, ReplyHooks
 from .chat_settings import SamplingPanel
 from .chat_thread import Composer, ReplyStream, StatsBar
 from .chat_tokens import ColorLegend
 from .chat_tools import TemplatePreview, TokBundle, TokenizerLab, read_bundle
-from .chat_widgets import (
-    MessageView,
-)
-
-FLUSH_MS = 50
+from .chat_widgets import MessageView
 
 
 @qt_guarded
-class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
+class ChatView(QWidget):
     """The Chat tab. ``runner`` runs the tokenizer lab and template preview; the model has its own thread."""
 
     replyFinished = Signal(object)  # GenStats of a reply that ended (finished or stopped)
@@ -73,35 +67,14 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
         self.runner = runner
         self.host = EngineHost(self)
         self.doc: Document | None = None
-        self._store: ChatStore | None = None
-        self.store_error = ""
         self.ctl = ChatController()  # messages, conversation id, the model it belongs to
         self.error = ""
-        self.last_stats: GenStats | None = None
-        self.dropped = 0
         self.bundle: TokBundle | None = None
         self._bundle_error = ""
         self._bundle_pending = False
-        self.cuda: tuple[bool | None, str] = (None, "not checked yet")
-        self._reply_req = 0
-        self._reply_view: MessageView | None = None
-        self._reply_text: list[str] = []
-        self._pending: list[str] = []
-        self._reply_thinking: list[str] = []
-        self._pending_thinking: list[str] = []
-        self._pending_stats: GenStats | None = None
-        self._reply_stats: GenStats | None = None
-        self._reply_records: list[TokenRecord] = []
-        self._reply_temperature: float | None = None
-        self.alt_menu: QMenu | None = None  # the alternatives of a clicked token (tests pick from it)
         self._script: list[str] = []
         self.script_active = False
-        self._loaded_note = ""
-        self.flushes = 0  # batches appended to the reply (tests check that tokens are batched)
 
-        self._flush_timer = QTimer(self)
-        self._flush_timer.setInterval(FLUSH_MS)
-        self._flush_timer.timeout.connect(self._flush)
         self._preview_timer = QTimer(self)
         self._preview_timer.setSingleShot(True)
         self._preview_timer.setInterval(200)
@@ -110,20 +83,52 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
         self._dark = is_dark()
         self.setStyleSheet(stylesheet(self._dark))
         self._build()
-        self.host.stateChanged.connect(lambda _s: self._update_controls())
-        self.host.loadProgress.connect(self._on_load_progress)
-        self.host.loaded.connect(self._on_loaded)
-        self.host.loadFailed.connect(self._on_load_failed)
-        self.host.loadCancelled.connect(self._on_load_cancelled)
-        self.host.trimmed.connect(self._on_trimmed)
-        self.host.promptProgress.connect(self._on_prompt_progress)
-        self.host.delta.connect(self._on_delta)
-        self.host.thinking.connect(self._on_thinking)
-        self.host.token.connect(self._on_token)
-        self.host.trace.connect(self._on_trace)
-        self.host.finished.connect(self._on_finished)
-        self.host.failed.connect(self._on_failed)
+        self._compose()
         self._update_controls()
+
+    def _compose(self) -> None:
+        """The controllers, each handed the widgets and callbacks it needs, and the signals that drive them."""
+        self.loader = ModelLoader(self.runner, self.host, self.model_bar, lambda: self.doc)
+        self.reply = ReplyController(
+            self.host, self.ctl, self.stream, self.composer_box, self.stats_bar, self.notices, self.settings,
+            self.model_bar, self, lambda: self.doc is not None,
+            ReplyHooks(show_error=self.show_error, clear_error=self.clear_error, save=self._save,
+                       controls_changed=self._update_controls, preview_changed=self._schedule_preview,
+                       finished=self._reply_finished, failed=self._reply_failed))
+        self.conversations = Conversations(self.side, self.ctl, self, self.show_error, self._settings,
+                                           lambda: self.host.state == "generating", self.activity.setText)
+        lo, r, c = self.loader, self.reply, self.conversations
+        # the controllers' actions, as the view's (the main window, scripts and tests call them by these names)
+        self.send, self.regenerate, self.switch_variant = r.send, r.regenerate, r.switch_variant
+        self.store, self.use_store = c.store, c.use
+        self.rename_conversation, self.export_conversation = c.rename, c.export
+
+        self.side.renameRequested.connect(c.rename)
+        self.side.exportRequested.connect(c.export_dialog)
+        self.threads_spin.valueChanged.connect(lambda _v: lo.show_engine_info())
+        self.ctx_spin.valueChanged.connect(lambda _v: lo.update_memory())
+        cb = self.composer_box
+        cb.sendRequested.connect(lambda: r.send())
+        cb.stopRequested.connect(r.stop)
+        self.stop_shortcut.activated.connect(r.stop)
+        cb.regenerateRequested.connect(r.regenerate)
+        cb.cancelEditRequested.connect(r.cancel_edit)
+        self.settings.modeChanged.connect(r.mode_changed)
+
+        h = self.host
+        h.stateChanged.connect(lambda _s: self._update_controls())
+        h.loadProgress.connect(lo.show_progress)
+        h.loaded.connect(self._on_loaded)
+        h.loadFailed.connect(self._on_load_failed)
+        h.loadCancelled.connect(self._on_load_cancelled)
+        h.trimmed.connect(r.on_trimmed)
+        h.promptProgress.connect(r.on_prompt_progress)
+        h.delta.connect(r.on_delta)
+        h.thinking.connect(r.on_thinking)
+        h.token.connect(r.on_token)
+        h.trace.connect(r.on_trace)
+        h.finished.connect(r.on_finished)
+        h.failed.connect(r.on_failed)
 
     # the open conversation lives in the controller
     @property
@@ -156,9 +161,7 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
             sp.new_btn, sp.list, sp.rename_btn, sp.delete_btn, sp.export_btn, sp.store_label)
         sp.newRequested.connect(self.new_conversation)
         sp.openRequested.connect(self.open_conversation)
-        sp.renameRequested.connect(self.rename_conversation)
         sp.deleteRequested.connect(self.delete_conversation)
-        sp.exportRequested.connect(self.export_dialog)
         split.addWidget(sp)
         split.addWidget(self._build_center())
         split.addWidget(self._build_right())
@@ -186,8 +189,6 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
             mb.threads_spin, mb.ctx_spin, mb.load_btn, mb.unload_btn)
         self.memory_label, self.load_progress, self.load_cancel, self.engine_label = (
             mb.memory_label, mb.load_progress, mb.load_cancel, mb.engine_label)
-        self.threads_spin.valueChanged.connect(lambda _v: self._show_engine_info())
-        self.ctx_spin.valueChanged.connect(lambda _v: self._update_memory())
         self.load_btn.clicked.connect(self.load_model)
         self.unload_btn.clicked.connect(self.unload_model)
         self.load_cancel.clicked.connect(self.host.cancel_load)
@@ -209,15 +210,10 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
         cb = self.composer_box  # its widgets, as the view's (tests use them by these names)
         self.composer, self.send_btn, self.stop_btn, self.regen_btn, self.edit_bar, self.edit_label = (
             cb.text, cb.send_btn, cb.stop_btn, cb.regen_btn, cb.edit_bar, cb.edit_label)
-        cb.sendRequested.connect(lambda: self.send())
-        cb.stopRequested.connect(self.stop)
         # Esc stops the reply (or the loading) wherever the focus is in the chat pane
         self.stop_shortcut = QShortcut(QKeySequence("Escape"), self)
         self.stop_shortcut.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
         self.stop_shortcut.setWhatsThis("stop the reply")  # listed by F1
-        self.stop_shortcut.activated.connect(self.stop)
-        cb.regenerateRequested.connect(self.regenerate)
-        cb.cancelEditRequested.connect(self.cancel_edit)
         cb.textChanged.connect(self._schedule_preview)
         lay.addWidget(cb)
         self.stats_bar = StatsBar(DEFAULT_CTX)
@@ -232,7 +228,6 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
         tabs.setAccessibleName("Chat tools")
         tabs.setMinimumWidth(260)
         self.settings = SamplingPanel()
-        self.settings.modeChanged.connect(self._mode_changed)
         self.settings.systemChanged.connect(self._schedule_preview)
         self.settings.colorModeChanged.connect(self._color_mode_changed)
         self.color_combo = self.settings.color_combo
@@ -264,7 +259,7 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
     # ================================================================== the document
     def set_document(self, doc: Document | None) -> None:
         """A new file (or none): stop any reply, unload the old model (without waiting), show the new one."""
-        self._abort_reply("the file was switched")
+        self.reply.abort("the file was switched")
         self._script = []
         self.script_active = False
         self.host.unload()
@@ -276,13 +271,13 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
         self.preview_hl.set_specials(())
         self.clear_error()
         self.load_progress.hide()
-        self.cancel_edit()
+        self.reply.cancel_edit()
         self.notice.hide()
-        self.reset_stats()
+        self.reply.reset_stats()
         # a conversation belongs to a model: a new file starts a new chat
         self.ctl.set_model(identity_of(self.doc.path, self.doc.gguf.file_type_name)
                            if self.doc is not None and self.doc.gguf is not None else None)
-        self._rebuild_views()
+        self.reply.rebuild_views()
         self._show_binding()
         if self.doc is not None:
             f = self.doc.gguf
@@ -297,10 +292,10 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
             self.set_mode("chat" if has_template else "completion")  # each file starts in its natural mode
         else:
             self.model_name.setText("No model")
-        self._update_memory()
-        self._probe_cuda()
+        self.loader.update_memory()
+        self.loader.probe_cuda()
         self._update_controls()
-        self._refresh_list()
+        self.conversations.refresh()
         if self.isVisible():
             self._ensure_bundle()
 
@@ -313,7 +308,7 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
 
     def showEvent(self, event: Any) -> None:
         super().showEvent(event)
-        self._refresh_list()
+        self.conversations.refresh()
         self._ensure_bundle()
 
     # ================================================================== errors and notices
@@ -332,13 +327,146 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
     def mode(self) -> str:
         return self.settings.mode
 
-    def _mode_changed(self, _mode: str) -> None:
+    def _color_mode_changed(self, mode: str) -> None:
+        self.color_legend.set_mode(mode)
         for v in self.views:
-            v.set_mode(self.mode)
-            if v is not self._reply_view:
-                v.set_content(v.content)
-        self._update_empty()
-        self._schedule_preview()
+            v.set_color_mode(mode)
+
+    # ================================================================== what an event changes across the pane
+    def _update_controls(self) -> None:
+        """Every button and state for the model thread's state and the open conversation."""
+        self.loader.update_controls(self.doc is not None)
+        self.reply.update_controls()
+        self.conversations.update_buttons()
+
+    # ------------------------------------------------------------------ loading
+    def load_model(self) -> bool:
+        """Load the open file in the model thread (memory is checked first; errors appear in the pane)."""
+        if self.doc is None or self.host.state == "loading":
+            return False
+        self.clear_error()
+        refused = self.loader.too_large()
+        if refused is not None:
+            self.show_error(*refused)
+            self._script = []
+            self.script_active = False
+            return False
+        self.loader.start()
+        self._update_controls()
+        return True
+
+    def unload_model(self) -> None:
+        self.reply.abort("the model was unloaded")
+        self.loader.unload()
+        self._update_controls()
+
+    def _on_loaded(self, info: EngineInfo) -> None:
+        self.loader.loaded(info)
+        if info.backend_note:
+            self.show_error("Running on the CPU.", info.backend_note)
+        self.reply.reset_stats()
+        self.ctx_bar.setRange(0, info.n_ctx)  # a new engine: nothing measured yet, its context size
+        self.max_spin.setMaximum(info.n_ctx)
+        if not info.has_template:
+            self.set_mode("completion")
+        self._update_controls()
+        self._ensure_bundle()
+        if self.isVisible():  # ready to type: the message box, not the list the Load button left the focus in
+            self.composer.setFocus()
+        self.engineLoaded.emit(info)
+        if self.script_active:
+            self._script_next()
+
+    def _on_load_failed(self, message: str, detail: str) -> None:
+        self.loader.ended("not loaded")
+        self.show_error(message, detail)
+        self._load_ended()
+
+    def _on_load_cancelled(self) -> None:
+        self.loader.ended("loading cancelled")
+        self._load_ended()
+
+    def _load_ended(self) -> None:
+        self._script = []
+        self.script_active = False
+        self._update_controls()
+        self._ensure_bundle()
+
+    # ------------------------------------------------------------------ a reply's end
+    def _reply_finished(self, stats: GenStats) -> None:
+        self.replyFinished.emit(stats)
+        if self.script_active:
+            self._script_next()
+
+    def _reply_failed(self, message: str, detail: str) -> None:
+        self.show_error(message, detail)
+        self.replyFailed.emit(message)
+        if self.script_active:
+            self._script = []
+            self.script_active = False
+            self.scriptFinished.emit()
+
+    # ------------------------------------------------------------------ conversations
+    def _settings(self) -> dict[str, Any]:
+        """What is saved with a conversation besides its messages."""
+        return {"system_prompt": self.system_edit.toPlainText(), "mode": self.mode, "params": self.params_dict()}
+
+    def _save(self) -> None:
+        self.conversations.save()
+
+    def new_conversation(self) -> None:
+        self.reply.abort("a new conversation was started")
+        self.ctl.new()
+        self.reply.cancel_edit()
+        self.notice.hide()
+        self.reply.reset_stats()
+        self._show_binding()
+        self.reply.rebuild_views()
+        self.side.clear_selection()
+        self._update_controls()
+
+    def open_conversation(self, conv_id: int) -> bool:
+        """Show a saved conversation with its system prompt, mode and sampling settings."""
+        if self.conversations.store() is None or (conv_id == self.conv_id and self.views):
+            return conv_id == self.conv_id
+        if self.host.state == "generating":
+            return False
+        conv = self.conversations.open(conv_id)
+        if conv is None:
+            return False
+        self.reply.reset_stats()
+        self._show_binding()
+        self.system_edit.setPlainText(conv.system_prompt)
+        self.set_mode(conv.mode if self.settings.chat_available else "completion")
+        self.set_params(conv.params)
+        self.reply.cancel_edit()
+        self.notice.hide()
+        self.clear_error()
+        self.reply.rebuild_views()
+        self.conversations.refresh()
+        self._update_controls()
+        return True
+
+    def _show_binding(self) -> None:
+        """Say which model the open conversation belongs to when it is not the opened file's, with the explicit
+        choice to continue it with this one."""
+        owner, model = self.ctl.owner, self.ctl.model
+        self.notices.show_binding(owner if self.ctl.foreign else None, model)
+        self.model_name.setToolTip(model.label if model is not None else "")
+
+    def continue_with_model(self) -> None:
+        """The explicit choice: continue the open conversation (a copy) with the opened file's model."""
+        self.conversations.continue_with_model()
+        self._show_binding()
+        self.conversations.refresh()
+        self._update_controls()
+
+    def delete_conversation(self, conv_id: int) -> None:
+        if self.conversations.store() is None:
+            return
+        if conv_id == self.conv_id:
+            self.new_conversation()
+        self.conversations.delete(conv_id)
 
     # ================================================================== template preview and tokenizer lab
     def _ensure_bundle(self) -> None:
@@ -431,7 +559,7 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
                 alt = next((a.token for a in r.alternatives if a.token != r.token and a.piece.strip().isalpha()),
                            None)
                 if alt is not None:
-                    return self.branch(last, i, alt)
+                    return self.reply.branch(last, i, alt)
         return False
 
     def _script_next(self) -> None:
@@ -451,14 +579,12 @@ class ChatView(LoadingMixin, ReplyMixin, PersistMixin, QWidget):
 
     def shutdown(self, timeout_ms: int = 30000) -> bool:
         """Stop the reply, unload the model and wait for its thread (closing the window)."""
-        self._abort_reply("the window was closed")
+        self.reply.abort("the window was closed")
         self._script = []
         self.script_active = False
-        self._flush_timer.stop()
+        self.reply.flush_timer.stop()
         ok = self.host.shutdown(timeout_ms)
-        if self._store is not None:
-            self._store.close()
-            self._store = None
+        self.conversations.close()
         return ok
 
 

@@ -1,170 +1,155 @@
-"""The chat pane's saved conversations: the store (opened lazily), saving, the list, new, open (with the model
-binding), continue with another model, rename, delete and export. A mixin of
-:class:`~quantscope.gui.views.chat.ChatView`."""
+"""The chat pane's saved conversations: the store (opened lazily), saving, the list, opening, continuing with
+another model, rename, delete and export. :class:`Conversations` owns the store and the list; the view composes
+it and decides what else opening or starting a conversation changes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from PySide6.QtWidgets import QFileDialog
+from PySide6.QtWidgets import QFileDialog, QWidget
 
-from quantscope.core.chat.store import ChatStore, StoreError, default_path, export
+from quantscope.core.chat.controller import ChatController
+from quantscope.core.chat.store import ChatStore, Conversation, StoreError, default_path, export
 
-if TYPE_CHECKING:
-    from .chat import ChatView
+from .chat_conversations import ConversationPanel
 
 
-class PersistMixin:
-    """Conversation persistence of the chat view."""
+class Conversations:
+    """The conversation store (``error`` says why there is none) and the list of saved conversations.
+    ``owner`` is the pane (it tells whether the list shows, and parents the export dialog); ``settings`` gives the
+    system prompt, mode and sampling settings saved with a conversation; ``busy`` whether a reply streams."""
 
-    # ================================================================== persistence
-    def use_store(self: ChatView, store: ChatStore | None) -> None:
+    def __init__(self, panel: ConversationPanel, ctl: ChatController, owner: QWidget,
+                 show_error: Callable[[str, str], None], settings: Callable[[], dict[str, Any]],
+                 busy: Callable[[], bool], report: Callable[[str], None]) -> None:
+        self.panel = panel
+        self.ctl = ctl
+        self.owner = owner
+        self._show_error = show_error
+        self._settings = settings
+        self._busy = busy
+        self._report = report
+        self._store: ChatStore | None = None
+        self.error = ""
+
+    def use(self, store: ChatStore | None) -> None:
         """Use ``store`` (tests and the screenshot pass a temporary one); None reopens the default lazily."""
         if self._store is not None and self._store is not store:
             self._store.close()
         self._store = store
-        self.store_error = ""
-        self._refresh_list()
+        self.error = ""
+        self.refresh()
 
-    def store(self: ChatView) -> ChatStore | None:
-        if self._store is None and not self.store_error:
+    def store(self) -> ChatStore | None:
+        """The store, opened now if it is not yet (None, and the error shown, where it cannot be)."""
+        if self._store is None and not self.error:
             try:
                 self._store = ChatStore()
             except StoreError as exc:
-                self.store_error = str(exc)
-                self.show_error("Conversations cannot be saved.", self.store_error)
+                self.error = str(exc)
+                self._show_error("Conversations cannot be saved.", self.error)
             else:
                 if self._store.moved_aside is not None:  # kept, never dropped: say where
-                    self.show_error("The conversation database could not be read; a new one was started.",
-                                    f"The old file was kept as {self._store.moved_aside}")
+                    self._show_error("The conversation database could not be read; a new one was started.",
+                                     f"The old file was kept as {self._store.moved_aside}")
         return self._store
 
-    def _settings(self: ChatView) -> dict[str, Any]:
-        return {"system_prompt": self.system_edit.toPlainText(), "mode": self.mode, "params": self.params_dict()}
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
 
-    def _save(self: ChatView) -> None:
+    def save(self) -> None:
+        """Save the open conversation (nothing while it is empty)."""
         store = self.store()
-        if store is None or not self.messages:
+        if store is None or not self.ctl.messages:
             return
         try:
             self.ctl.save(store, self._settings())
         except (StoreError, KeyError) as exc:
-            self.show_error("The conversation could not be saved.", str(exc))
+            self._show_error("The conversation could not be saved.", str(exc))
             return
-        self._refresh_list()
+        self.refresh()
 
-    def _refresh_list(self: ChatView) -> None:
+    def refresh(self) -> None:
+        """The list again, the open conversation selected."""
         store = self._store
-        if store is None and self.isVisible() and default_path().exists():
+        if store is None and self.owner.isVisible() and default_path().exists():
             store = self.store()  # an existing database is opened to list it; a new one is made on first save
         if store is None:
-            self.side.fill([], None)
-            self.store_label.setText(self.store_error or f"Conversations will be saved in {default_path()}")
+            self.panel.fill([], None)
+            self.panel.store_label.setText(self.error or f"Conversations will be saved in {default_path()}")
         else:
-            self.side.fill(store.list_conversations(), self.conv_id)
-            self.store_label.setText(f"Saved in {store.path}")
-        self._update_buttons_for_list()
+            self.panel.fill(store.list_conversations(), self.ctl.conv_id)
+            self.panel.store_label.setText(f"Saved in {store.path}")
+        self.update_buttons()
 
-    def _update_buttons_for_list(self: ChatView) -> None:
-        self.side.update_buttons(self.host.state == "generating", self.conv_id is not None)
+    def update_buttons(self) -> None:
+        self.panel.update_buttons(self._busy(), self.ctl.conv_id is not None)
 
-    def new_conversation(self: ChatView) -> None:
-        self._abort_reply("a new conversation was started")
-        self.ctl.new()
-        self.cancel_edit()
-        self.notice.hide()
-        self.reset_stats()
-        self._show_binding()
-        self._rebuild_views()
-        self.side.clear_selection()
-        self._update_controls()
-
-    def open_conversation(self: ChatView, conv_id: int) -> bool:
-        """Show a saved conversation with its system prompt, mode and sampling settings."""
+    def open(self, conv_id: int) -> Conversation | None:
+        """Make ``conv_id`` the open conversation; None (and the list refreshed) when it is gone."""
         store = self.store()
-        if store is None or (conv_id == self.conv_id and self.views):
-            return conv_id == self.conv_id
-        if self.host.state == "generating":
-            return False
+        if store is None:
+            return None
         try:
-            conv = self.ctl.open(store, conv_id)
+            return self.ctl.open(store, conv_id)
         except KeyError:
-            self._refresh_list()
-            return False
-        self.reset_stats()
-        self._show_binding()
-        self.system_edit.setPlainText(conv.system_prompt)
-        self.set_mode(conv.mode if self.settings.chat_available else "completion")
-        self.set_params(conv.params)
-        self.cancel_edit()
-        self.notice.hide()
-        self.clear_error()
-        self._rebuild_views()
-        self._refresh_list()
-        self._update_controls()
-        return True
+            self.refresh()
+            return None
 
-    def _show_binding(self: ChatView) -> None:
-        """Say which model the open conversation belongs to when it is not the opened file's, with the explicit
-        choice to continue it with this one."""
-        owner, model = self.ctl.owner, self.ctl.model
-        self.notices.show_binding(owner if self.ctl.foreign else None, model)
-        self.model_name.setToolTip(model.label if model is not None else "")
-
-    def continue_with_model(self: ChatView) -> None:
+    def continue_with_model(self) -> None:
         """The explicit choice: continue the open conversation (a copy) with the opened file's model."""
         store = self.store()
         try:
             self.ctl.continue_with(store, self._settings())
         except (StoreError, KeyError) as exc:
-            self.show_error("The conversation could not be copied.", str(exc))
-        self._show_binding()
-        self._refresh_list()
-        self._update_controls()
+            self._show_error("The conversation could not be copied.", str(exc))
 
-    def rename_conversation(self: ChatView, conv_id: int, title: str) -> None:
+    def rename(self, conv_id: int, title: str) -> None:
         store = self.store()
         if store is None:
             return
         try:
             store.rename(conv_id, title)
         except (ValueError, KeyError, StoreError) as exc:
-            self.show_error("The conversation could not be renamed.", str(exc))
-        self._refresh_list()
+            self._show_error("The conversation could not be renamed.", str(exc))
+        self.refresh()
 
-    def delete_conversation(self: ChatView, conv_id: int) -> None:
+    def delete(self, conv_id: int) -> None:
+        """Delete a saved conversation (the view starts a new one first when it is the open one)."""
         store = self.store()
         if store is None:
             return
-        if conv_id == self.conv_id:
-            self.new_conversation()
         try:
             store.delete(conv_id)
         except StoreError as exc:
-            self.show_error("The conversation could not be deleted.", str(exc))
-        self._refresh_list()
+            self._show_error("The conversation could not be deleted.", str(exc))
+        self.refresh()
 
-    def export_conversation(self: ChatView, path: str | Path, fmt: str | None = None) -> Path | None:
+    def export(self, path: str | Path, fmt: str | None = None) -> Path | None:
+        """Write the open conversation to ``path`` (Markdown or JSON, by ``fmt`` or the suffix)."""
         store = self.store()
-        if store is None or self.conv_id is None:
+        if store is None or self.ctl.conv_id is None:
             return None
         try:
-            return export(store.get(self.conv_id), path, fmt)
+            return export(store.get(self.ctl.conv_id), path, fmt)
         except (OSError, KeyError, ValueError) as exc:
-            self.show_error("The conversation could not be exported.", str(exc))
+            self._show_error("The conversation could not be exported.", str(exc))
             return None
 
-    def export_dialog(self: ChatView, fmt: str) -> None:
-        if self.conv_id is None or (store := self.store()) is None:
+    def export_dialog(self, fmt: str) -> None:
+        if self.ctl.conv_id is None or (store := self.store()) is None:
             return
-        title = store.get(self.conv_id).title
+        title = store.get(self.ctl.conv_id).title
         safe = "".join(c if c.isalnum() or c in "-_ " else "_" for c in title).strip() or "conversation"
         suffix = ".json" if fmt == "json" else ".md"
-        path, _ = QFileDialog.getSaveFileName(self, "Export the conversation", str(Path.home() / (safe + suffix)),
+        path, _ = QFileDialog.getSaveFileName(self.owner, "Export the conversation",
+                                              str(Path.home() / (safe + suffix)),
                                               "JSON (*.json)" if fmt == "json" else "Markdown (*.md)")
         if path:
-            out = self.export_conversation(path, fmt)
+            out = self.export(path, fmt)
             if out is not None:
-                self.activity.setText(f"exported to {out.name}")
-
+                self._report(f"exported to {out.name}")

@@ -1,74 +1,128 @@
-"""The chat pane's conversation actions (send, regenerate, edit and resend, stop) and the life of a reply: the
-prompt goes to the model thread, token deltas are batched by a timer into the streaming message, and the finished
-reply is rendered, measured and saved. A mixin of :class:`~quantscope.gui.views.chat.ChatView`."""
+"""The chat pane's conversation actions (send, regenerate, edit and resend, branch, stop) and the life of a reply:
+the prompt goes to the model thread, token deltas are batched by a timer into the streaming message, and the
+finished reply is rendered, measured and saved. :class:`ReplyController` owns that state and the message views;
+the view composes it and hands it the widgets and the few callbacks it needs."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
-from PySide6.QtCore import QPoint
+from PySide6.QtCore import QPoint, QTimer
+from PySide6.QtWidgets import QMenu, QWidget
 
-from quantscope.core.chat.controller import stats_text
+from quantscope.core.chat.controller import ChatController, stats_text
 from quantscope.core.chat.conversation import reply_reserve
 from quantscope.core.chat.store import StoredMessage
 from quantscope.core.chat.tokens import TokenRecord
 
-from ..chat_engine import GenStats
+from ..chat_engine import EngineHost, GenStats
+from .chat_modelbar import ModelBar
+from .chat_notices import Notices
+from .chat_settings import SamplingPanel
+from .chat_thread import Composer, ReplyStream, StatsBar
 from .chat_tokens import alternatives_menu
 from .chat_widgets import MessageView
 
-if TYPE_CHECKING:
-    from .chat import ChatView
+FLUSH_MS = 50
 
 
-class ReplyMixin:
-    """Conversation actions and the reply lifecycle of the chat view."""
+@dataclass(frozen=True)
+class ReplyHooks:
+    """What a reply changes around it, as the view does it: errors, saving, the pane's buttons, the template
+    preview, and a reply's end (``finished`` with its numbers, ``failed`` with message and detail)."""
+
+    show_error: Callable[[str, str], None]
+    clear_error: Callable[[], None]
+    save: Callable[[], None]
+    controls_changed: Callable[[], None]
+    preview_changed: Callable[[], None]
+    finished: Callable[[GenStats], None]
+    failed: Callable[[str, str], None]
+
+
+class ReplyController:
+    """The conversation's actions and the reply that streams: the request it answers (``req``), its message view
+    (``view``), the text, thinking, numbers and token records received, the batching timer (``flushes`` counts the
+    batches appended) and the numbers last shown (``last_stats``). ``has_doc`` says whether a file is open."""
+
+    def __init__(self, host: EngineHost, ctl: ChatController, stream: ReplyStream, composer: Composer,
+                 stats_bar: StatsBar, notices: Notices, settings: SamplingPanel, bar: ModelBar, owner: QWidget,
+                 has_doc: Callable[[], bool], hooks: ReplyHooks) -> None:
+        self.host, self.ctl, self.stream, self.composer = host, ctl, stream, composer
+        self.stats_bar, self.notice, self.settings, self.bar = stats_bar, notices.notice, settings, bar
+        self.owner = owner
+        self._has_doc = has_doc
+        self.hooks = hooks
+        self.req = 0
+        self.view: MessageView | None = None
+        self.text: list[str] = []
+        self.pending: list[str] = []
+        self.thinking: list[str] = []
+        self.pending_thinking: list[str] = []
+        self.pending_stats: GenStats | None = None
+        self.stats: GenStats | None = None  # the reply's numbers so far
+        self.records: list[TokenRecord] = []
+        self.temperature: float | None = None
+        self.last_stats: GenStats | None = None
+        self.dropped = 0
+        self.alt_menu: QMenu | None = None  # the alternatives of a clicked token (tests pick from it)
+        self.flushes = 0  # batches appended to the reply (tests check that tokens are batched)
+        self.flush_timer = QTimer(owner)
+        self.flush_timer.setInterval(FLUSH_MS)
+        self.flush_timer.timeout.connect(self.flush)
+
+    @property
+    def messages(self) -> list[StoredMessage]:
+        return self.ctl.messages
+
+    @property
+    def views(self) -> list[MessageView]:
+        return self.stream.views
 
     # ================================================================== the conversation
-    def prompt_for(self: ChatView, messages: list[StoredMessage]) -> list[dict[str, str]] | str:
+    def prompt_for(self, messages: list[StoredMessage]) -> list[dict[str, str]] | str:
         """What the engine gets: the messages (with the system prompt) in chat mode, the text in completion mode."""
-        return self.ctl.prompt(messages, self.mode, self.system_edit.toPlainText().strip())
+        return self.ctl.prompt(messages, self.settings.mode, self.settings.system_edit.toPlainText().strip())
 
-    def send(self: ChatView, text: str | None = None) -> bool:
+    def send(self, text: str | None = None) -> bool:
         """Send ``text`` (default: the composer's) and start the reply; False when nothing can be sent now."""
         if text is None:
-            text = self.composer.toPlainText()
+            text = self.composer.text.toPlainText()
         if not text.strip() or self.host.state != "ready" or self.ctl.foreign:
             return False
-        self.edit_bar.hide()
+        self.composer.edit_bar.hide()
         self.ctl.add_user(text)
-        self.composer.clear()
-        self._rebuild_views()
-        self._start_reply()
+        self.composer.text.clear()
+        self.rebuild_views()
+        self._start()
         return True
 
-    def regenerate(self: ChatView) -> bool:
+    def regenerate(self) -> bool:
         """Drop the last reply and generate it again (the prompt's KV cache is reused)."""
         if self.host.state != "ready" or not self.messages or self.ctl.foreign:
             return False
         if not self.ctl.drop_replies():
             return False
-        self._rebuild_views()
-        self._start_reply()
+        self.rebuild_views()
+        self._start()
         return True
 
-    def edit_message(self: ChatView, index: int) -> None:
+    def edit_message(self, index: int) -> None:
         """Put message ``index`` into the composer; sending replaces it and drops what followed."""
         if not 0 <= index < len(self.messages) or self.messages[index].role != "user" or self.ctl.foreign:
             return
         self.ctl.editing = index
-        self.composer.setPlainText(self.messages[index].content)
-        self.composer.setFocus()
-        after = len(self.messages) - index - 1
-        self.composer_box.show_editing(index, after)
+        self.composer.text.setPlainText(self.messages[index].content)
+        self.composer.text.setFocus()
+        self.composer.show_editing(index, len(self.messages) - index - 1)
 
-    def cancel_edit(self: ChatView) -> None:
+    def cancel_edit(self) -> None:
         self.ctl.editing = None
-        self.edit_bar.hide()
-        self.composer.clear()
+        self.composer.edit_bar.hide()
+        self.composer.text.clear()
 
-    def branch(self: ChatView, index: int, token_index: int, token: int) -> bool:
+    def branch(self, index: int, token_index: int, token: int) -> bool:
         """Continue reply ``index`` from its token ``token_index`` with ``token`` instead: a new version of the
         reply (the old one stays, with what followed it); False when it cannot start now."""
         if self.host.state != "ready" or self.ctl.foreign:
@@ -77,30 +131,30 @@ class ReplyMixin:
             forced, seed = self.ctl.begin_branch(index, token_index, token)
         except ValueError:
             return False
-        self._rebuild_views()
-        self._start_reply(forced, seed)
+        self.rebuild_views()
+        self._start(forced, seed)
         return True
 
-    def switch_variant(self: ChatView, index: int, which: int) -> bool:
+    def switch_variant(self, index: int, which: int) -> bool:
         """Show version ``which`` (0-based) of message ``index``; the conversation continues from it."""
-        if self.host.state == "generating" or self._reply_view is not None:
+        if self.host.state == "generating" or self.view is not None:
             return False
         if not 0 <= index < len(self.messages) or not 0 <= which < self.messages[index].n_variants:
             return False
         self.ctl.switch_variant(index, which)
-        self._rebuild_views()
-        self._save()
-        self._update_controls()
+        self.rebuild_views()
+        self.hooks.save()
+        self.hooks.controls_changed()
         return True
 
-    def _token_clicked(self: ChatView, index: int, token_index: int, where: QPoint) -> None:
+    def token_clicked(self, index: int, token_index: int, where: QPoint) -> None:
         """A click on a reply's token: the menu of its alternatives; picking one branches the reply there."""
         if not 0 <= index < len(self.messages) or not 0 <= token_index < len(self.messages[index].tokens):
             return
         if self.alt_menu is not None:
             self.alt_menu.close()
             self.alt_menu.deleteLater()
-        menu = alternatives_menu(self.messages[index].tokens[token_index], self)
+        menu = alternatives_menu(self.messages[index].tokens[token_index], self.owner)
         enabled = self.host.state == "ready" and not self.ctl.foreign
         for act in menu.actions():
             if act.data() is not None:
@@ -110,55 +164,57 @@ class ReplyMixin:
         self.alt_menu = menu
         menu.popup(where)
 
-    def _color_mode_changed(self: ChatView, mode: str) -> None:
-        self.color_legend.set_mode(mode)
+    def mode_changed(self, _mode: str = "") -> None:
+        """Chat or completion: every message shown the new way (the streaming one keeps streaming)."""
         for v in self.views:
-            v.set_color_mode(mode)
+            v.set_mode(self.settings.mode)
+            if v is not self.view:
+                v.set_content(v.content)
+        self.update_empty()
+        self.hooks.preview_changed()
 
-    def stop(self: ChatView) -> None:
+    def stop(self) -> None:
         """Stop the reply (the engine checks before each token) or cancel loading."""
         if self.host.state == "generating":
             self.host.stop()
-            self.activity.setText("stopping…")
+            self.stats_bar.activity.setText("stopping…")
         elif self.host.state == "loading":
             self.host.cancel_load()
 
-    def _start_reply(self: ChatView, forced: list[int] | None = None, seed: list[TokenRecord] | None = None) -> None:
-        self.clear_error()
+    # ================================================================== the reply
+    def _start(self, forced: list[int] | None = None, seed: list[TokenRecord] | None = None) -> None:
+        self.hooks.clear_error()
         self.notice.hide()
         for v in self.views:
             v.set_dropped(False)
         prompt = self.prompt_for(self.messages)
-        params = self.sampler_params()
-        n_ctx = self.host.info.n_ctx if self.host.info else self.ctx_spin.value()
-        self._save()
-        view = self._add_view(len(self.messages), "assistant", "")
+        params = self.settings.sampler_params()
+        n_ctx = self.host.info.n_ctx if self.host.info else self.bar.ctx_spin.value()
+        self.hooks.save()
+        view = self.add_view(len(self.messages), "assistant", "")
         view.start_streaming()
-        self._reply_view = view
-        self._reply_text = []
-        self._pending = []
-        self._reply_thinking = []
-        self._pending_thinking = []
-        self._pending_stats = None
-        self._reply_stats = None
-        self._reply_records = []
-        self._reply_temperature = params.temperature
-        view.set_records(self._reply_records)
-        self.activity.setText("reading the prompt…")
-        self._reply_req = self.host.generate(prompt, params, self.threads_spin.value(),
-                                             reply_reserve(params.max_tokens, n_ctx), forced, seed)
-        self._flush_timer.start()
-        self._update_controls()
-        self._update_empty()
+        self.view = view
+        self.text, self.pending, self.thinking, self.pending_thinking = [], [], [], []
+        self.pending_stats = None
+        self.stats = None
+        self.records = []
+        self.temperature = params.temperature
+        view.set_records(self.records)
+        self.stats_bar.activity.setText("reading the prompt…")
+        self.req = self.host.generate(prompt, params, self.bar.threads_spin.value(),
+                                      reply_reserve(params.max_tokens, n_ctx), forced, seed)
+        self.flush_timer.start()
+        self.hooks.controls_changed()
+        self.update_empty()
 
-    def _on_trimmed(self: ChatView, req: int, dropped: int, n_tokens: int) -> None:
-        if req != self._reply_req:
+    def on_trimmed(self, req: int, dropped: int, n_tokens: int) -> None:
+        if req != self.req:
             return
         self.dropped = dropped
         if n_tokens >= 0:
-            self.activity.setText(f"reading {n_tokens:,} prompt tokens…")
+            self.stats_bar.activity.setText(f"reading {n_tokens:,} prompt tokens…")
         if dropped:
-            non_system = [v for v in self.views if v.role != "system" and v is not self._reply_view]
+            non_system = [v for v in self.views if v.role != "system" and v is not self.view]
             for v in non_system[:dropped]:
                 v.set_dropped(True)
             n_ctx = self.host.info.n_ctx if self.host.info else 0
@@ -168,197 +224,172 @@ class ReplyMixin:
                 "Load the model with a larger context to keep them.")
             self.notice.show()
 
-    def _on_prompt_progress(self: ChatView, req: int, done: int, total: int) -> None:
-        if req == self._reply_req and done < total:  # the last chunk is followed by the first token
-            self.activity.setText(f"reading the prompt: {done:,} of {total:,} tokens…")
+    def on_prompt_progress(self, req: int, done: int, total: int) -> None:
+        if req == self.req and done < total:  # the last chunk is followed by the first token
+            self.stats_bar.activity.setText(f"reading the prompt: {done:,} of {total:,} tokens…")
 
-    def _on_thinking(self: ChatView, req: int, text: str) -> None:
-        if req == self._reply_req:
-            self._pending_thinking.append(text)  # batched by the timer, as the answer's text
+    def on_thinking(self, req: int, text: str) -> None:
+        if req == self.req:
+            self.pending_thinking.append(text)  # batched by the timer, as the answer's text
 
-    def _on_token(self: ChatView, req: int, record: TokenRecord) -> None:
-        if req == self._reply_req:
-            self._reply_records.append(record)  # the view holds this list: hover works while it streams
+    def on_token(self, req: int, record: TokenRecord) -> None:
+        if req == self.req:
+            self.records.append(record)  # the view holds this list: hover works while it streams
 
-    def _on_trace(self: ChatView, req: int, records: list[TokenRecord]) -> None:
-        if req == self._reply_req:
-            self._reply_records = list(records)
+    def on_trace(self, req: int, records: list[TokenRecord]) -> None:
+        if req == self.req:
+            self.records = list(records)
 
-    def _on_delta(self: ChatView, req: int, text: str, stats: GenStats) -> None:
-        if req != self._reply_req:
+    def on_delta(self, req: int, text: str, stats: GenStats) -> None:
+        if req != self.req:
             return
-        self._pending.append(text)  # no widget work per token: the timer appends the batch
-        self._pending_stats = stats
-        self._reply_stats = stats
+        self.pending.append(text)  # no widget work per token: the timer appends the batch
+        self.pending_stats = stats
+        self.stats = stats
 
-    def _flush(self: ChatView) -> None:
-        if self._reply_view is None:
+    def flush(self) -> None:
+        """Append what arrived since the last tick to the streaming message (one append per batch)."""
+        if self.view is None:
             return
-        if self._pending_thinking:
-            chunk = "".join(self._pending_thinking)
-            self._pending_thinking = []
-            self._reply_thinking.append(chunk)
-            self._reply_view.append_thinking(chunk)
-        if self._pending:
-            chunk = "".join(self._pending)
-            self._pending = []
-            self._reply_text.append(chunk)
-            self._reply_view.append(chunk)
+        if self.pending_thinking:
+            chunk = "".join(self.pending_thinking)
+            self.pending_thinking = []
+            self.thinking.append(chunk)
+            self.view.append_thinking(chunk)
+        if self.pending:
+            chunk = "".join(self.pending)
+            self.pending = []
+            self.text.append(chunk)
+            self.view.append(chunk)
             self.flushes += 1
-        if self._pending_stats is not None:
-            self._show_stats(self._pending_stats, live=True)
-            self._pending_stats = None
+        if self.pending_stats is not None:
+            self.show_stats(self.pending_stats, live=True)
+            self.pending_stats = None
 
-    def _show_stats(self: ChatView, s: GenStats, live: bool = False) -> None:
+    def show_stats(self, s: GenStats, live: bool = False) -> None:
         self.last_stats = s
         self.stats_bar.show_stats(s.as_dict())
-        if live and self._reply_view is not None:
-            self._reply_view.set_stats(f"{s.n_generated} tokens · {s.gen_tps:.1f} t/s")
-            self.activity.setText("generating…")
+        if live and self.view is not None:
+            self.view.set_stats(f"{s.n_generated} tokens · {s.gen_tps:.1f} t/s")
+            self.stats_bar.activity.setText("generating…")
 
-    def _on_finished(self: ChatView, req: int, stats: GenStats) -> None:
-        if req != self._reply_req:
+    def on_finished(self, req: int, stats: GenStats) -> None:
+        if req != self.req:
             return
-        self._flush()
-        self._finish_reply(stats)
-        self.replyFinished.emit(stats)
-        if self.script_active:
-            self._script_next()
+        self.flush()
+        self._finish(stats)
+        self.hooks.finished(stats)
 
-    def _on_failed(self: ChatView, req: int, message: str, detail: str) -> None:
-        if req != self._reply_req:
+    def on_failed(self, req: int, message: str, detail: str) -> None:
+        if req != self.req:
             return
-        self._flush()
-        self._finish_reply(None)
-        self.show_error(message, detail)
-        self.replyFailed.emit(message)
-        if self.script_active:
-            self._script = []
-            self.script_active = False
-            self.scriptFinished.emit()
+        self.flush()
+        self._finish(None)
+        self.hooks.failed(message, detail)
 
-    def _finish_reply(self: ChatView, stats: GenStats | None, note: str = "") -> None:
+    def _finish(self, stats: GenStats | None, note: str = "") -> None:
         """Turn the streaming view into a message (Markdown rendered once, now), save, reset the live state."""
-        self._flush_timer.stop()
-        view, text, thinking = self._reply_view, "".join(self._reply_text), "".join(self._reply_thinking)
-        records, self._reply_records = self._reply_records, []
-        self._reply_view = None
-        self._reply_req = 0
-        self._reply_text = []
-        self._pending = []
-        self._reply_thinking = []
-        self._pending_thinking = []
+        self.flush_timer.stop()
+        view, text, thinking = self.view, "".join(self.text), "".join(self.thinking)
+        records, self.records = self.records, []
+        self.view = None
+        self.req = 0
+        self.text, self.pending, self.thinking, self.pending_thinking = [], [], [], []
         if view is None:
             return
         if stats is None and not text and not thinking:  # failed before any token: no empty reply is kept
             self.stream.remove(view)
             if self.ctl.pending_variant is not None:  # a regenerate or branch made nothing: the reply as it was
                 self.ctl.abandon_variant()
-                self._rebuild_views()
+                self.rebuild_views()
         else:
             d = stats.as_dict() if stats is not None else {}
             if note:
                 d["stop_reason"] = f"cancelled ({note})"
-            if self._reply_temperature is not None:
-                d["temperature"] = self._reply_temperature
+            if self.temperature is not None:
+                d["temperature"] = self.temperature
             self.ctl.add_reply(text, d, thinking, records)
             label = stats_text(stats.as_dict()) if stats is not None else "failed"
             if note:
                 label += f" ({note})"
-            view.temperature = self._reply_temperature
+            view.temperature = self.temperature
             self.stream.finish(view, text, label)
             view.set_records(records)
             last = self.messages[-1]
             view.set_variants(last.variant, last.n_variants)
             if stats is not None:
-                self._show_stats(stats)
-        self.activity.setText("")
-        self._save()
-        self._update_controls()
-        self._update_regen_buttons()
-        self._schedule_preview()
+                self.show_stats(stats)
+        self.stats_bar.activity.setText("")
+        self.hooks.save()
+        self.hooks.controls_changed()
+        self.update_regen_buttons()
+        self.hooks.preview_changed()
 
-    def reset_stats(self: ChatView) -> None:
+    def reset_stats(self) -> None:
         """No numbers and an empty context bar (a new or another conversation: nothing of it is measured yet)."""
         self.last_stats = None
         self.dropped = 0
         self.stats_bar.reset()
 
-    def _abort_reply(self: ChatView, note: str) -> None:
+    def abort(self, note: str) -> None:
         """End the reply now (switching files, conversations, closing): keep what arrived, stop the engine."""
-        if self._reply_view is None:
+        if self.view is None:
             return
         self.host.stop()
-        self._flush()
-        stats = self._reply_stats or GenStats()
-        self._finish_reply(replace(stats, stop_reason="cancelled"), note)
+        self.flush()
+        stats = self.stats or GenStats()
+        self._finish(replace(stats, stop_reason="cancelled"), note)
 
     # ------------------------------------------------------------------ message views
-    def _connect_view(self: ChatView, v: MessageView) -> None:
+    def _connect_view(self, v: MessageView) -> None:
         v.editRequested.connect(self.edit_message)
         v.regenerateRequested.connect(self.regenerate)
-        v.tokenClicked.connect(self._token_clicked)
+        v.tokenClicked.connect(self.token_clicked)
         v.variantRequested.connect(self.switch_variant)
         v.color_mode = self.settings.color_mode
 
-    def _add_view(self: ChatView, index: int, role: str, content: str) -> MessageView:
-        v = self.stream.add(index, role, content, self.mode)
+    def add_view(self, index: int, role: str, content: str) -> MessageView:
+        v = self.stream.add(index, role, content, self.settings.mode)
         self._connect_view(v)
         return v
 
-    def _rebuild_views(self: ChatView) -> None:
-        self.stream.rebuild(self.messages, self.mode, stats_text, self._connect_view)
-        self._update_regen_buttons()
-        self._update_empty()
-        self._schedule_preview()
+    def rebuild_views(self) -> None:
+        """One message view per message of the open conversation."""
+        self.stream.rebuild(self.messages, self.settings.mode, stats_text, self._connect_view)
+        self.update_regen_buttons()
+        self.update_empty()
+        self.hooks.preview_changed()
 
-    def _update_regen_buttons(self: ChatView) -> None:
+    def update_regen_buttons(self) -> None:
         last = len(self.messages) - 1
+        st, foreign = self.host.state, self.ctl.foreign
         for v in self.views:
-            v.regen_btn.setVisible(v.role == "assistant" and v.index == last and v is not self._reply_view)
-            v.edit_btn.setEnabled(self.host.state != "generating" and not self.ctl.foreign)
-            idle = self.host.state != "generating" and v is not self._reply_view
-            v.branchable = idle and v.role == "assistant" and self.host.state == "ready" and not self.ctl.foreign
+            v.regen_btn.setVisible(v.role == "assistant" and v.index == last and v is not self.view)
+            v.edit_btn.setEnabled(st != "generating" and not foreign)
+            idle = st != "generating" and v is not self.view
+            v.branchable = idle and v.role == "assistant" and st == "ready" and not foreign
             v.prev_btn.setEnabled(idle and v.variant > 0)
             v.next_btn.setEnabled(idle and v.variant < v.n_variants - 1)
 
-    def _update_empty(self: ChatView) -> None:
+    def update_empty(self) -> None:
         if self.views:
             self.stream.set_empty("")
             return
-        if self.doc is None:
+        if not self._has_doc():
             text = "Open a GGUF file, then load it here to chat with it on Quantscope's own kernels."
         elif self.host.state in ("ready", "generating"):
-            text = ("Type a prompt below: the model continues the text." if self.mode == "completion"
+            text = ("Type a prompt below: the model continues the text." if self.settings.mode == "completion"
                     else "Type a message below (Ctrl+Enter sends).")
         else:
             text = "Load the model (above) to start; the memory it needs is shown before it loads."
         self.stream.set_empty(text)
 
-    def _update_controls(self: ChatView) -> None:
-        st = self.host.state
-        has_doc = self.doc is not None
-        self.load_btn.setEnabled(has_doc and st in ("empty", "ready"))
-        self.load_btn.setText("Reload" if st in ("ready", "generating") else "Load model")
-        self.load_btn.setToolTip("Load again with the backend and context chosen here" if st == "ready" else "")
-        self.unload_btn.setEnabled(st in ("ready", "generating", "loading"))
-        self.load_cancel.setVisible(st == "loading")
-        self.load_progress.setVisible(st == "loading")
-        for w in (self.backend_combo, self.ctx_spin):
-            w.setEnabled(has_doc and st in ("empty", "ready"))
-        foreign = self.ctl.foreign
-        self.send_btn.setEnabled(st == "ready" and not foreign)
-        self.composer.setReadOnly(foreign)
-        self.stop_btn.setEnabled(st == "generating")
-        self.regen_btn.setEnabled(st == "ready" and bool(self.messages) and not foreign)
-        self._update_buttons_for_list()
-        if st == "empty" and not self.model_state.full_text().startswith(("loading cancelled", "not loaded")):
-            self.model_state.setText("not loaded")
-        self.engine_label.setVisible(st in ("ready", "generating"))
-        if st == "generating":
-            self.model_state.setText("generating…")
-        elif st == "ready":
-            self.model_state.setText(f"ready{self._loaded_note}")
-        self._update_regen_buttons()
-        self._update_empty()
-
+    def update_controls(self) -> None:
+        """The composer's buttons and the message views' for the model thread's state."""
+        st, foreign = self.host.state, self.ctl.foreign
+        self.composer.send_btn.setEnabled(st == "ready" and not foreign)
+        self.composer.text.setReadOnly(foreign)
+        self.composer.stop_btn.setEnabled(st == "generating")
+        self.composer.regen_btn.setEnabled(st == "ready" and bool(self.messages) and not foreign)
+        self.update_regen_buttons()
+        self.update_empty()

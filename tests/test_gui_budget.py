@@ -172,13 +172,39 @@ def test_write_makes_a_file_within_the_budget_and_check_measures_the_mix(
     assert not page.write() and "Cannot write" in page.status.full_text()
 
 
+@pytest.fixture(scope="module")
+def every_type(tmp_path_factory) -> tuple[Path, Path]:
+    """A model whose rows take every type (256-blocks too), and a cost cache shared by the tests that use it."""
+    from . import quantize_models
+
+    d = tmp_path_factory.mktemp("budget-every-type")
+    return quantize_models.write_model("llama", d / "llama.gguf"), d / "costs"
+
+
 @pytest.mark.parametrize("size", [(1100, 700), (1920, 1080)])
-def test_the_budget_page_fits(window, qtbot, llama, tmp_path, size):  # noqa: F811
-    page = _page(window, llama, tmp_path / "costs")
+def test_the_budget_page_fits_with_every_default_type(window, qtbot, every_type, size):  # noqa: F811
+    from quantscope.core.quant.target import DEFAULT_TYPES
+
+    path, cache = every_type
+    page = _page(window, path, cache)
+    page.types_edit.setText(",".join(DEFAULT_TYPES))
     _measure(qtbot, page)
+    assert set(DEFAULT_TYPES) <= set(page.tensor_model.headers)  # ten type columns
     window.resize(*size)
     qtbot.wait(100)
     for i in range(page.tables.count()):
         page.tables.setCurrentIndex(i)
         qtbot.wait(50)
         assert fit_problems(window.lab_view) == [], (size, i)
+    hidden = [c for c in range(page.tensor_model.columnCount()) if page.tensor_table.isColumnHidden(c)]
+    if size == (1920, 1080):
+        assert hidden == []  # room for every type
+    else:
+        assert 0 not in hidden  # the tensor names stay; the widest types give way
+
+
+def test_numbers_and_reasons():
+    from quantscope.gui.views.quant_lab_budget import milli_text
+
+    assert [milli_text(v) for v in (0, 0.0996, 1.234, 0.0086, 0.00001, 1.2e-6)] == \
+        ["0", "100", "1,234", "8.6", "0.01", "1e-03"]

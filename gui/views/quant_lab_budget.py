@@ -82,11 +82,27 @@ def default_cost_dir() -> Path:
     return Path.home() / ".cache" / "quantscope" / "costs"
 
 
-def kld_text(v: float | None, measured: bool = True) -> str:
-    """A divergence as the tables show it: 3 significant digits; ``≈`` where it was extended, not measured."""
+def kld_text(v: float | None, measured: bool = True, digits: int = 3) -> str:
+    """A divergence as the tables show it: ``digits`` significant digits; ``≈`` where it was extended, not measured
+    (``measured=None``: no mark, the table marks it otherwise)."""
     if v is None:
         return ""
-    return ("" if measured else "≈") + ("0" if v == 0 else f"{v:.3g}")
+    return ("≈" if measured is False else "") + ("0" if v == 0 else f"{v:.{digits}g}")
+
+
+def milli_text(v: float) -> str:
+    """A divergence in thousandths of a nat, short (the sensitivity tables: many type columns side by side)."""
+    m = 1000.0 * v
+    if m == 0:
+        return "0"
+    if m >= 99.5:  # (not "1e+02")
+        return f"{m:,.0f}"
+    return f"{m:.2g}" if m >= 0.01 else f"{m:.0e}"
+
+
+def tensor_key(name: str) -> str:
+    """Sort key of a tensor name: by block number (the others first), then by name."""
+    return f"{layer_of(name) + 1:09d} {name}"
 
 
 # ------------------------------------------------------------------------------------------------------- results
@@ -107,22 +123,24 @@ class BudgetRun:
     text_name: str
 
 
-def why_text(space: TargetSpace, c: TensorCosts, chosen: str, lam: float | None) -> str:
-    """Why ``chosen``: the next larger candidate and what it would save per MiB against the budget's price."""
+def why_text(space: TargetSpace, c: TensorCosts, chosen: str, lam: float | None) -> tuple[str, str]:
+    """Why ``chosen`` (short, and the tool tip's long form): the larger candidate the budget would buy next, what
+    it would save and its price per MiB against the price the budget pays (the solver's multiplier)."""
     allowed = dict(space.candidates).get(c.name, [])
     opts = sorted((space.padded(space.tensor_bytes(c.name, q)), c.costs[q], q) for q in c.costs if q in allowed)
     if len(opts) <= 1:
-        return "the only candidate that fits its rows"
+        return "the only type that fits", "the only candidate type that fits the tensor's rows"
     b0 = space.padded(space.tensor_bytes(c.name, chosen))
     c0 = c.costs[chosen]
     up = [(b, v, q) for b, v, q in opts if b > b0 and v < c0]
     if not up:
-        return "the best candidate: no larger type costs less"
-    # the larger type that saves the most per byte: the one the budget would buy next
+        return "nothing larger costs less", "the best candidate: no larger type adds less divergence"
     b, v, q = max(up, key=lambda o: (c0 - o[1]) / (o[0] - b0))
     rate = (c0 - v) / ((b - b0) / _MIB)
-    price = f"; the budget pays {lam * _MIB:.2g}/MiB" if lam is not None and lam > 0 else ""
-    return f"{q} would save {c0 - v:.2g} for +{human_bytes(b - b0)} ({rate:.2g}/MiB){price}"
+    price = (f"; the budget pays {lam * _MIB:.3g} per MiB at the margin, so the bytes buy more elsewhere"
+             if lam is not None and lam > 0 else "; the budget has no bytes left for it")
+    return (f"next {q}: −{c0 - v:.2g} for +{human_bytes(b - b0)}",
+            f"{q} would lower the divergence by {c0 - v:.3g} for {b - b0:,} more bytes ({rate:.3g} per MiB){price}")
 
 
 # ---------------------------------------------------------------------------------------------------- table model
@@ -140,6 +158,7 @@ class RowsModel(QAbstractTableModel):
         self.keys: list[str] = []
         self.right: set[int] = set()
         self.row_tips: list[list[str]] = []
+        self.muted: set[tuple[int, int]] = set()  # (row, column) of the cells drawn muted (estimated values)
 
     def set_rows(self, headers: list[str], rows: list[list[tuple[str, Any]]], keys: list[str],
                  right: set[int] | None = None, tips: list[str] | None = None,
@@ -191,6 +210,8 @@ class RowsModel(QAbstractTableModel):
             return tip or text or None
         if role == Qt.ItemDataRole.TextAlignmentRole and c in self.right:
             return _ALIGN_RIGHT
+        if role == Qt.ItemDataRole.ForegroundRole and (r, c) in self.muted:
+            return muted_color()
         return None
 
 
@@ -391,12 +412,14 @@ class BudgetPanel(QWidget):
         self.mix_proxy = SortFilterProxy(self)
         self.mix_proxy.setSourceModel(self.mix_model)
         self.mix_table = _table(self.mix_proxy, "The chosen type per tensor and why")
-        fit_columns(self.mix_table, stretch=5, optional=(1, 3), min_stretch=120)
+        fit_columns(self.mix_table, stretch=5, optional=(1, 3), min_stretch=120,
+                    elide=Qt.TextElideMode.ElideRight)
+        self.mix_table.sortByColumn(0, Qt.SortOrder.AscendingOrder)
         self.tensor_model = RowsModel(["Tensor"])
         self.tensor_proxy = SortFilterProxy(self)
         self.tensor_proxy.setSourceModel(self.tensor_model)
         self.tensor_table = _table(self.tensor_proxy, "KLD each type adds, per tensor")
-        fit_columns(self.tensor_table, stretch=0, min_stretch=140)
+        fit_columns(self.tensor_table, stretch=0, optional=(1,), min_stretch=150)
         self.layer_model = RowsModel(["Layer"])
         self.layer_proxy = SortFilterProxy(self)
         self.layer_proxy.setSourceModel(self.layer_model)
@@ -481,11 +504,16 @@ class BudgetPanel(QWidget):
         rl.setSpacing(2)
         rl.addWidget(self.filter)
         rl.addWidget(self.tables, 1)
+        self.units = QLabel("Sensitivity tables: the KL divergence each type adds, in thousandths of a nat; muted: "
+                            "extended from the tensor's measured type by the weighted error.")
+        self.units.setObjectName("muted")
+        self.units.setWordWrap(True)
+        rl.addWidget(self.units)
         self.split = QSplitter()
         self.split.addWidget(left)
         self.split.addWidget(right)
-        self.split.setStretchFactor(0, 4)
-        self.split.setStretchFactor(1, 5)
+        self.split.setStretchFactor(0, 1)
+        self.split.setStretchFactor(1, 2)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 4, 0, 0)
         lay.addLayout(row1)
@@ -646,37 +674,48 @@ class BudgetPanel(QWidget):
 
     def _fill_sensitivity(self, res: BudgetRun) -> None:
         rep = sensitivity_report(res.space.f, res.costs)
-        types: list[str] = rep["types"]  # type: ignore[assignment]
+        chosen = {q for _, qs in res.space.candidates for q in qs}
+        types = [q for q in rep["types"] if q in chosen]  # type: ignore[union-attr]  # (not the presets' extras)
         rows, keys, tips = [], [], []
-        for t in rep["tensors"]:  # type: ignore[union-attr]
-            cells: list[tuple[str, Any]] = [(printable(t["name"]), t["name"]), (t["type"], t["type"])]
+        muted: set[tuple[int, int]] = set()
+        for r, t in enumerate(rep["tensors"]):  # type: ignore[union-attr]
+            cells: list[tuple[str, Any]] = [(printable(t["name"]), tensor_key(t["name"])), (t["type"], t["type"])]
             tip = ["", ""]
-            for q in types:
+            for i, q in enumerate(types):
                 k = t["kld"].get(q)
-                cells.append((kld_text(k["value"], k["measured"]), k["value"]) if k else ("", -1.0))
-                tip.append("" if not k else f"{q}: {k['value']:.4g} ({'measured' if k['measured'] else 'extended'})")
+                cells.append((milli_text(k["value"]), k["value"]) if k else ("", -1.0))
+                how = "measured" if k and k["measured"] else "extended from the measured type by the weighted error"
+                tip.append("" if not k else f"{q}: {k['value']:.4g} ({how})")
+                if k and not k["measured"]:
+                    muted.add((r, 2 + i))
             rows.append(cells)
             keys.append(t["name"])
             tips.append(tip)
         right = set(range(2, 2 + len(types)))
         hdr_tips = ["", "the tensor's type in this file"] + [
-            f"the mean KL divergence {q} adds on the text (≈: extended from the measured type by the weighted "
-            "error)" for q in types]
+            f"the mean KL divergence {q} adds on the text, in thousandths of a nat (muted: extended from the "
+            "measured type by the weighted error)" for q in types]
         self.tensor_model.set_rows(["Tensor", "From", *types], rows, keys, right, hdr_tips, tips)
+        self.tensor_model.muted = muted
         lrows, lkeys = [], []
         for r in rep["layers"]:  # type: ignore[union-attr]
             li = r["layer"]
             cells = [("other" if li < 0 else str(li), li), (str(r["tensors"]), r["tensors"])]
             for q in types:
                 k = r["kld"].get(q)
-                cells.append((kld_text(k["sum"]) + ("" if k["tensors"] == r["tensors"] else f" ({k['tensors']})"),
-                              k["sum"]) if k else ("", -1.0))
+                cells.append((milli_text(k["sum"]) + ("" if k["tensors"] == r["tensors"] else
+                                                      f" ({k['tensors']})"), k["sum"]) if k else ("", -1.0))
             lrows.append(cells)
             lkeys.append(str(li))
         self.layer_model.set_rows(["Layer", "Tensors", *types], lrows, lkeys, set(range(1, 2 + len(types))),
                                   ["blk.N (other: the embedding, the output head)", "quantizable tensors"]
                                   + [f"the sum of what {q} adds to each of the layer's tensors (in brackets: how many "
                                      "can take it)" for q in types])
+        last = tuple(range(1 + len(types), 1, -1))  # no room: the widest types go first (never a scroll bar)
+        self.tensor_table._column_fitter.optional = (1, *last)  # type: ignore[attr-defined]
+        self.layer_table._column_fitter.optional = last  # type: ignore[attr-defined]
+        for t in (self.tensor_table, self.layer_table):
+            t.sortByColumn(0, Qt.SortOrder.AscendingOrder)
 
     # ------------------------------------------------------------------ budget
     def set_budget(self, size: int) -> None:
@@ -729,28 +768,34 @@ class BudgetPanel(QWidget):
         self.plot.set_chosen(mix, size)
         by = {c.name: c for c in run.costs}
         lam = mix.solution.lam if mix.solution is not None else None
-        rows = []
+        rows: list[list[tuple[str, Any]]] = []
+        tips: list[list[str]] = []
         for n, q in mix.choices.items():
             c = by[n]
             src = sp.f.tensor(n).type_name
             nb = sp.tensor_bytes(n, q)
-            rows.append([(printable(n), (layer_of(n), n)), (src, src), (q, q), (human_bytes(nb), nb),
-                         (kld_text(c.costs[q], bool(c.measured.get(q))), c.costs[q]), (why_text(sp, c, q, lam), "")])
+            why, why_tip = why_text(sp, c, q, lam)
+            rows.append([(printable(n), tensor_key(n)), (src, src), (q, q), (human_bytes(nb), nb),
+                         (kld_text(c.costs[q], bool(c.measured.get(q))), c.costs[q]), (why, why)])
+            how = "measured" if c.measured.get(q) else "extended by the weighted error"
+            tips.append(["", "", "", f"{nb:,} bytes", f"{c.costs[q]:.4g} ({how})", why_tip])
         if self.mix_model.keys == list(mix.choices):
+            self.mix_model.row_tips = tips
             self.mix_model.update_rows(rows)
         else:
             self.mix_model.set_rows(["Tensor", "From", "Type", "Size", "KLD", "Why"], rows, list(mix.choices),
                                     {3, 4}, ["", "the tensor's type in this file", "the type the mix gives it",
                                              "its bytes in that type", "the KL divergence it adds (≈: extended)",
-                                             "what the next larger type would buy"])
+                                             "what the next larger type would buy"], tips)
         counts: dict[str, int] = {}
         for q in mix.choices.values():
             counts[q] = counts.get(q, 0) + 1
         near = ""
         for p, pm in run.presets.items():
             if abs(pm.file_bytes - size) <= max(sp.alignment, size // 2000):
-                gain = 100 * (1 - mix.cost / pm.cost) if pm.cost > 0 else 0.0
-                near = f" · {p} at this size predicts {pm.cost:.4g} ({gain:+.0f} % for the mix)"
+                less = 100 * (1 - mix.cost / pm.cost) if pm.cost > 0 else 0.0
+                near = (f" · {p}, the same size, predicts {pm.cost:.4g}: the mix {abs(less):.0f} % "
+                        f"{'less' if less >= 0 else 'more'}")
         self.summary.setText(
             f"<b>{human_bytes(mix.file_bytes)}</b> ({mix.file_bytes:,} bytes, "
             f"{sp.bpw(mix.tensor_bytes):.3f} bpw) within {human_bytes(size)} · predicted mean KLD "

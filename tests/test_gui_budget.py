@@ -208,3 +208,22 @@ def test_numbers_and_reasons():
 
     assert [milli_text(v) for v in (0, 0.0996, 1.234, 0.0086, 0.00001, 1.2e-6)] == \
         ["0", "100", "1,234", "8.6", "0.01", "1e-03"]
+
+
+def test_the_screenshot_view_measures_and_draws(llama, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from PySide6.QtGui import QImage
+
+    out = tmp_path / "budget.png"
+    env = {**os.environ, "HOME": str(tmp_path), "QT_QPA_PLATFORM": "offscreen"}
+    env.pop("DISPLAY", None)
+    r = subprocess.run([sys.executable, "-m", "quantscope.cli", str(llama), "--screenshot", str(out), "--view",
+                        "budget", "--size", "1100x700", "--theme", "dark"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    img = QImage(str(out))
+    assert (img.width(), img.height()) == (1100, 700)
+    assert len(list((tmp_path / ".cache" / "quantscope" / "costs").glob("kld-*.json"))) == 1  # measured, cached

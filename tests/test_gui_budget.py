@@ -227,3 +227,47 @@ def test_the_screenshot_view_measures_and_draws(llama, tmp_path):
     img = QImage(str(out))
     assert (img.width(), img.height()) == (1100, 700)
     assert len(list((tmp_path / ".cache" / "quantscope" / "costs").glob("kld-*.json"))) == 1  # measured, cached
+
+
+def test_a_cancelled_write_leaves_nothing(window, qtbot, llama, tmp_path):  # noqa: F811
+    import threading
+
+    page = _page(window, llama, tmp_path / "costs")
+    _measure(qtbot, page)
+    out = tmp_path / "out" / "mix.gguf"
+    out.parent.mkdir()
+    page.output.setText(str(out))
+    gate = threading.Event()
+    runner = window.runner
+    n = runner.pool.maxThreadCount()
+    for _ in range(n):  # every worker thread busy: the write is queued, and cancelled before it runs
+        runner.start("hold", lambda _r, _t: gate.wait(30))
+    try:
+        with qtbot.waitSignal(page.writeFinished, timeout=60000) as sig:
+            assert page.write()
+            assert page.job_slot.busy and not page.write_btn.isEnabled()
+            page.cancel()
+            gate.set()
+    finally:
+        gate.set()
+    assert sig.args == [None] and page.write_state == "cancelled"
+    assert "nothing was written" in page.status.full_text()
+    assert list(out.parent.iterdir()) == []
+    wait_idle(qtbot, window)
+
+
+def test_a_calibration_text_that_is_no_file_is_refused_in_one_line(window, qtbot, llama, tmp_path):  # noqa: F811
+    import os
+
+    page = _page(window, llama, tmp_path / "costs")
+    fifo = tmp_path / "text.fifo"
+    os.mkfifo(fifo)
+    for bad, why in ((fifo, "FIFO"), (tmp_path, "directory"), (tmp_path / "missing.txt", "")):
+        page.text_path.setText(str(bad))
+        with qtbot.waitSignal(page.measureFinished, timeout=60000) as sig:
+            assert page.start()
+        assert sig.args == [None] and page.state == "failed"
+        msg = page.status.full_text()
+        assert msg.startswith("Measuring failed:") and "calibration text" in msg and "\n" not in msg, msg
+        assert why.lower() in msg.lower() or why == "", msg
+    assert not (tmp_path / "costs").exists()  # refused before any measuring

@@ -37,7 +37,7 @@ from PySide6.QtWidgets import (
 )
 
 from quantscope.core.bump import Cancelled
-from quantscope.core.fsutil import OutputSet, PathRefused, printable
+from quantscope.core.fsutil import OutputSet, PathRefused, printable, read_text_input
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.jobs import RateMeter, format_duration
 from quantscope.core.quant.mixture import layer_of
@@ -338,7 +338,8 @@ class BudgetPanel(QWidget):
         self.cache_dir: Path | None = default_cost_dir()
         self.threads = 0
         self.task: Task | None = None
-        self.job_slot = JobSlot(self.runner, self, on_busy=lambda _b: self._update_buttons())
+        self.job_slot = JobSlot(self.runner, self, on_busy=self._busy_changed)
+        self._pending: tuple[Any, object] | None = None  # a finished signal, emitted once the page is idle
         self.state = "idle"  # idle | running | done | cancelled | failed (the measuring)
         self.write_state = "idle"  # idle | running | done | cancelled | failed
         self.error: str | None = None
@@ -524,6 +525,7 @@ class BudgetPanel(QWidget):
     # ------------------------------------------------------------------ document
     def set_document(self, doc: Document | None) -> None:
         self._gen += 1
+        self._pending = None
         self.job_slot.forget()
         self.doc = doc
         self.run = None
@@ -551,6 +553,19 @@ class BudgetPanel(QWidget):
         self.layer_model.set_rows(["Layer"], [], [])
         self.summary.setText("")
         self.progress.setVisible(False)
+
+    def _finished(self, signal: Any, value: object) -> None:
+        """Emit ``signal(value)`` once the job has ended and the page is idle (a listener may start the next)."""
+        self._pending = (signal, value)
+        if not self.job_slot.busy:
+            self._busy_changed(False)
+
+    def _busy_changed(self, busy: bool) -> None:
+        self._update_buttons()
+        if not busy and self._pending is not None:
+            signal, value = self._pending
+            self._pending = None
+            signal.emit(value)
 
     def _update_buttons(self) -> None:
         busy = self.job_slot.busy
@@ -597,10 +612,11 @@ class BudgetPanel(QWidget):
             from quantscope.core.tokenizer import Tokenizer
 
             t0 = time.perf_counter()
-            try:
-                text = path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ValueError(f"cannot read the calibration text {path.name}: {exc}") from None
+            try:  # a regular UTF-8 file of bounded size: a FIFO, a device or a folder is refused, never waited on
+                text = read_text_input(path, "the calibration text")
+            except PathRefused as exc:
+                msg = str(exc)
+                raise ValueError(msg if "calibration text" in msg else f"the calibration text {msg}") from None
             chunks = chunk_ids(Tokenizer(f).encode(text), ctx, n_chunks, min_chunks=1)
             space = target_space(f, types=types, imatrix=im, imatrix_label=im_label, allow_requantize=requant,
                                  threads=threads)
@@ -627,7 +643,7 @@ class BudgetPanel(QWidget):
         def done(res: BudgetRun) -> None:
             if gen == self._gen:
                 self._show(res)
-                self.measureFinished.emit(res)
+                self._finished(self.measureFinished, res)
 
         def failed(msg: str, _tb: str) -> None:
             if gen == self._gen:
@@ -635,13 +651,13 @@ class BudgetPanel(QWidget):
                 self.error = msg
                 self.status.setText(f"Measuring failed: {printable(msg)}")
                 self.status.setToolTip(printable(msg))
-                self.measureFinished.emit(None)
+                self._finished(self.measureFinished, None)
 
         def cancelled() -> None:
             if gen == self._gen:
                 self.state = "cancelled"
                 self.status.setText("Cancelled: what was measured is kept for the next run.")
-                self.measureFinished.emit(None)
+                self._finished(self.measureFinished, None)
 
         task = self.job_slot.start(MEASURE_TASK, work, on_done=done, on_progress=progress, on_failed=failed,
                                    on_cancelled=cancelled)
@@ -843,17 +859,17 @@ class BudgetPanel(QWidget):
                 f"The whole mix measures {r.measured_kld:.4g} on the text (predicted {r.predicted_before:.4g}; "
                 f"{plural(r.newly_measured, 'estimate')} measured, {plural(len(r.swapped), 'tensor')} changed).")
             self.set_budget(size)
-            self.refineFinished.emit(r)
+            self._finished(self.refineFinished, r)
 
         def failed(msg: str, _tb: str) -> None:
             if gen == self._gen:
                 self.status.setText(f"The check failed: {printable(msg)}")
-                self.refineFinished.emit(None)
+                self._finished(self.refineFinished, None)
 
         def cancelled() -> None:
             if gen == self._gen:
                 self.status.setText("The check was cancelled.")
-                self.refineFinished.emit(None)
+                self._finished(self.refineFinished, None)
 
         self.job_slot.start(REFINE_TASK, work, on_done=done, on_progress=progress, on_failed=failed,
                             on_cancelled=cancelled)
@@ -912,20 +928,20 @@ class BudgetPanel(QWidget):
             self.status.setText(f"Wrote {printable(path.name)} ({tp.plan.file_bytes:,} bytes, within the budget of "
                                 f"{size:,}) and {printable(rules_path.name)}.")
             self.status.setToolTip(printable(str(path)))
-            self.writeFinished.emit(path)
+            self._finished(self.writeFinished, path)
 
         def failed(msg: str, _tb: str) -> None:
             if gen == self._gen:
                 self.write_state = "failed"
                 self.error = msg
                 self.status.setText(f"Writing failed: {printable(msg)} (nothing was left at the target path)")
-                self.writeFinished.emit(None)
+                self._finished(self.writeFinished, None)
 
         def cancelled() -> None:
             if gen == self._gen:
                 self.write_state = "cancelled"
                 self.status.setText("Writing cancelled: nothing was written at the target path.")
-                self.writeFinished.emit(None)
+                self._finished(self.writeFinished, None)
 
         self.job_slot.start(WRITE_TASK, work, on_done=done, on_progress=progress, on_failed=failed,
                             on_cancelled=cancelled)

@@ -271,3 +271,25 @@ def test_a_calibration_text_that_is_no_file_is_refused_in_one_line(window, qtbot
         assert msg.startswith("Measuring failed:") and "calibration text" in msg and "\n" not in msg, msg
         assert why.lower() in msg.lower() or why == "", msg
     assert not (tmp_path / "costs").exists()  # refused before any measuring
+
+
+def test_an_imatrix_change_asks_for_another_measure(window, qtbot, llama, tmp_path):  # noqa: F811
+    from quantscope.core.engine.imatrix import compute_imatrix
+
+    page = _page(window, llama, tmp_path / "costs")
+    lv = window.lab_view
+    assert not lv.types.isEnabled() and not lv.ref_btn.isEnabled()  # the other pages' controls
+    _measure(qtbot, page)
+    assert page.write_btn.isEnabled() and page.refine_btn.isEnabled()
+    before = {c.name: dict(c.costs) for c in page.run.costs}
+    lv.imatrix = compute_imatrix(llama, TEXT.read_text(encoding="utf-8"), n_ctx=32, max_chunks=2, threads=1)
+    lv.imatrix_path = tmp_path / "im.gguf"
+    lv._sources_changed()
+    assert not page.write_btn.isEnabled() and not page.refine_btn.isEnabled()
+    assert "Measure again" in page.status.full_text()
+    _measure(qtbot, page)  # with the imatrix: other costs, another cache file
+    assert page.write_btn.isEnabled()
+    assert {c.name: dict(c.costs) for c in page.run.costs} != before
+    assert len(list((tmp_path / "costs").glob("kld-*.json"))) == 2
+    lv.pages.setCurrentWidget(lv.file_page)
+    assert lv.types.isEnabled() and lv.ref_btn.isEnabled()

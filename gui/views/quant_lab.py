@@ -1033,6 +1033,7 @@ class QuantLabView(QWidget):
         self.pages.addTab(self.file_page, "Whole file")
         self.budget_page = BudgetPanel(self)
         self.pages.addTab(self.budget_page, "Budget")
+        self.pages.currentChanged.connect(self._page_changed)
         lay = QVBoxLayout(self)
         lay.addLayout(bar)
         lay.addWidget(self.pages, 1)
@@ -1152,9 +1153,20 @@ class QuantLabView(QWidget):
         self.sources_version += 1
         self._source_buttons()
         self._settings_changed()
+        self.budget_page.imatrix_changed()
 
     def _settings_changed(self) -> None:
         self.tensor_page.settings_changed()
+
+    def _page_changed(self, _index: int) -> None:
+        """The Budget page measures the open file against itself, with its own types: the reference file and the
+        type picker are the other pages' (disabled there, the imatrix stays)."""
+        on = self.pages.currentWidget() is not self.budget_page
+        why = "" if on else "The Budget page measures this file against itself, with its own candidate types"
+        for w in (self.ref_btn, self.types):
+            w.setEnabled(on)
+            w.setToolTip(why or w.accessibleName())
+        self.ref_clear.setEnabled(on and self.reference is not None)
 
     def _retire(self, f: GGUFFile | None) -> None:
         """Close ``f`` once no lab worker can still be reading it."""

@@ -121,6 +121,7 @@ class BudgetRun:
     seconds: float
     timings: dict[str, float]
     text_name: str
+    imatrix: Any = None  # the lab's imatrix the costs were measured with (None: none)
 
 
 def why_text(space: TargetSpace, c: TensorCosts, chosen: str, lam: float | None) -> tuple[str, str]:
@@ -578,10 +579,17 @@ class BudgetPanel(QWidget):
             w.setEnabled(ready and not busy)
         for p, b in self.preset_btns.items():
             b.setVisible(self.run is None or p in self.run.presets)
-        self.write_btn.setEnabled(ready and not busy and self.mix is not None)
-        self.refine_btn.setEnabled(ready and not busy and self.mix is not None)
+        current = ready and self.run is not None and self.run.imatrix is self.view.imatrix
+        self.write_btn.setEnabled(current and not busy and self.mix is not None)
+        self.refine_btn.setEnabled(current and not busy and self.mix is not None)
         for w in (self.text_path, self.types_edit, self.ctx_spin, self.chunks_spin):
             w.setEnabled(not busy)
+
+    def imatrix_changed(self) -> None:
+        """The lab's imatrix changed: the measured costs are another imatrix's; Write and Check wait for Measure."""
+        if self.run is not None and self.run.imatrix is not self.view.imatrix:
+            self.status.setText("The imatrix changed since the costs were measured: Measure again.")
+        self._update_buttons()
 
     # ------------------------------------------------------------------ measure
     def start(self) -> bool:
@@ -630,7 +638,7 @@ class BudgetPanel(QWidget):
             front = space.front(costs)
             presets = {p: m for p in PRESETS if (m := space.preset_mix(p, costs)) is not None}
             return BudgetRun(space, costs, cands, chunks, front, presets, time.perf_counter() - t0, timings,
-                             path.name)
+                             path.name, im)
 
         def progress(done: int, total: int, text: str) -> None:
             if gen != self._gen or total <= 0:

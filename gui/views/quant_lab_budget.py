@@ -286,12 +286,14 @@ class FrontPlot(CompactPlot):
         for name in list(self.labels):
             if name not in self.preset_xy:
                 self.removeItem(self.labels.pop(name))
-        for name, (x, y) in self.preset_xy.items():
+        # by size, labels alternately above and below their diamonds (neighbouring presets often sit close)
+        for k, (name, (x, y)) in enumerate(sorted(self.preset_xy.items(), key=lambda kv: kv[1][0])):
             ti = self.labels.get(name)
             if ti is None:
-                ti = pg.TextItem(name, color=PRESET_COLOR, anchor=(0, 1))
+                ti = pg.TextItem(name, color=PRESET_COLOR)
                 self.labels[name] = ti
                 self.addItem(ti, ignoreBounds=True)
+            ti.setAnchor((0, 1) if k % 2 == 0 else (0, 0))
             ti.setPos(x, y)
         allx = xs + [v[0] for v in self.preset_xy.values()]
         ally = ys + [v[1] for v in self.preset_xy.values()]
@@ -414,7 +416,7 @@ class BudgetPanel(QWidget):
         self.mix_proxy = SortFilterProxy(self)
         self.mix_proxy.setSourceModel(self.mix_model)
         self.mix_table = _table(self.mix_proxy, "The chosen type per tensor and why")
-        fit_columns(self.mix_table, stretch=5, optional=(1, 3), min_stretch=120,
+        fit_columns(self.mix_table, stretch=5, optional=(1, 3), min_stretch=200,
                     elide=Qt.TextElideMode.ElideRight)
         self.mix_table.sortByColumn(0, Qt.SortOrder.AscendingOrder)
         self.tensor_model = RowsModel(["Tensor"])
@@ -514,8 +516,9 @@ class BudgetPanel(QWidget):
         self.split = QSplitter()
         self.split.addWidget(left)
         self.split.addWidget(right)
-        self.split.setStretchFactor(0, 1)
-        self.split.setStretchFactor(1, 2)
+        right.setMinimumWidth(560)  # room for the names and half a dozen type columns; the plot takes the rest
+        self.split.setStretchFactor(0, 2)
+        self.split.setStretchFactor(1, 3)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 4, 0, 0)
         lay.addLayout(row1)
@@ -687,7 +690,8 @@ class BudgetPanel(QWidget):
         self.size_spin.setRange(sp.smallest_file_bytes / _MIB, sp.largest_file_bytes / _MIB)
         self._syncing = False
         self._fill_sensitivity(res)
-        measured = sum(1 for c in res.costs for v in c.measured.values() if v)
+        measured = sum(1 for c in res.costs for q, v in c.measured.items()
+                       if v and q != sp.f.tensor(c.name).type_name)  # (a tensor's own type is copied: not measured)
         self.status.setText(f"{plural(len(res.costs), 'tensor')} measured on {printable(res.text_name)} in "
                             f"{res.seconds:.1f} s ({plural(measured, 'divergence')} measured, the rest extended "
                             "by the weighted error).")

@@ -24,7 +24,7 @@ COMMANDS: dict[str, str] = {
     "inspect": "files", "dump-block": "files", "convert": "files", "verify": "files",
     "edit": "edit",
     "split": "shards", "merge": "shards",
-    "quantize": "quant", "imatrix": "quant", "quant-stats": "quant",
+    "quantize": "quant", "imatrix": "quant", "quant-stats": "quant", "sensitivity": "quant",
     "generate": "model", "chat": "model", "tokenize": "model", "perplexity": "model", "compare": "model",
     "models": "install", "desktop": "install",
     "bench": "bench",

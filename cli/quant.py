@@ -1,4 +1,4 @@
-"""The quantization lab's verbs: quantize, imatrix (show or compute) and quant-stats."""
+"""The quantization lab's verbs: quantize, imatrix (show or compute), sensitivity and quant-stats."""
 
 from __future__ import annotations
 
@@ -164,6 +164,26 @@ def _quantize_to_target(args: argparse.Namespace) -> int:
             raise CLIError(f"cannot quantize {Path(args.file).name}: {exc}") from None
         finally:
             bar.close()
+        refined = None
+        if args.refine:
+            from quantscope.core.quant.sensitivity import CostCancelled
+            from quantscope.core.quant.target import refine_target, target_space
+
+            bar = Bar("check", "tensors")
+            try:
+                space = target_space(f, types=types, imatrix=im, imatrix_label=args.imatrix or "",
+                                     allow_requantize=args.allow_requantize, threads=args.threads)
+                refined = refine_target(tp, space, chunks, top=args.refine, cache_dir=args.cost_cache,
+                                        progress=lambda d, t, name: bar(d, t, name))
+            except (QuantizeError, ValueError) as exc:
+                raise CLIError(f"cannot quantize {Path(args.file).name}: {exc}") from None
+            except (KeyboardInterrupt, CostCancelled):
+                bar.close()
+                print("quantscope: cancelled; nothing was written", file=sys.stderr)
+                return 130
+            finally:
+                bar.close()
+            tp = refined.plan
         search = time.perf_counter() - t0
         plan = tp.plan
         rows = [{"name": j.info.name, "shape": list(j.info.ne), "from": j.choice.source, "to": j.choice.target,
@@ -179,6 +199,10 @@ def _quantize_to_target(args: argparse.Namespace) -> int:
                    "bytes_out": plan.out_bytes, "bpw_out": plan.bits_per_weight(True),
                    "predicted_kld": tp.predicted_cost, "preset": plan.preset.name, "types": plan.type_counts(),
                    "search_seconds": search, "timings": tp.timings, "rules": rules_path, "warnings": plan.warnings}
+        if refined is not None:
+            summary["refine"] = {"measured_kld": refined.measured_kld, "predicted_before": refined.predicted_before,
+                                 "newly_measured": refined.newly_measured, "rounds": refined.rounds,
+                                 "swapped": [{"tensor": n, "from": a, "to": b} for n, a, b in refined.swapped]}
         written = None
         if not args.dry_run:
             written = _write(f, plan, args, tp.options)
@@ -212,6 +236,10 @@ def _quantize_to_target(args: argparse.Namespace) -> int:
     print(f"target    {tp.budget:,} bytes; the mix takes {plan.file_bytes if size else plan.out_bytes:,} "
           f"(file {plan.file_bytes:,} bytes, {plan.bits_per_weight(True):.3f} bpw)")
     print(f"predicted mean KLD {tp.predicted_cost:.5f} (sum of the per-tensor costs)")
+    if refined is not None:
+        print(f"measured  mean KLD {refined.measured_kld:.5f} of the whole mix on the calibration text (before the "
+              f"check the prediction was {refined.predicted_before:.5f}; {refined.newly_measured} estimates measured, "
+              f"{len(refined.swapped)} tensors changed)")
     print("types     " + ", ".join(f"{k} x{v}" for k, v in plan.type_counts().items()))
     print(f"search    {search:.1f} s (" + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
                                            for k, v in tp.timings.items()) + ")")
@@ -242,6 +270,70 @@ def _write(f: Any, plan: Any, args: argparse.Namespace, opts: Any) -> Path | Non
         return None
     bar.close()
     return out
+
+
+def cmd_sensitivity(args: argparse.Namespace) -> int:
+    """``sensitivity FILE -f TEXT``: the KL divergence each type adds, per tensor and per layer (docs/quantize.md)."""
+    from quantscope.core.engine.kld import chunk_ids
+    from quantscope.core.quant.quantize import QuantizeError
+    from quantscope.core.quant.sensitivity import CostCancelled, sensitivity_report, tensor_costs
+    from quantscope.core.quant.target import DEFAULT_TYPES, target_space
+    from quantscope.core.tokenizer import Tokenizer, TokenizerError
+
+    check_file(args.file)
+    text = read_text_file(args.calibration, "-f")
+    types = args.types.split(",") if args.types is not None else list(DEFAULT_TYPES)
+    im = imatrix_arg(args.imatrix)
+    f = open_gguf(args.file)
+    bar = Bar("measure", "tensors")
+    try:
+        try:
+            chunks = chunk_ids(Tokenizer(f).encode(text), args.ctx, args.chunks, min_chunks=1)
+        except (ValueError, TokenizerError) as exc:
+            raise CLIError(f"{args.calibration}: {exc}") from None
+        try:
+            space = target_space(f, types=types, imatrix=im, imatrix_label=args.imatrix or "",
+                                 allow_requantize=args.allow_requantize, threads=args.threads)
+            costs = tensor_costs(f, space.candidates, chunks, imatrix=space.imatrix, cache_dir=args.cost_cache,
+                                 exact=args.exact, threads=args.threads, progress=lambda d, t, n: bar(d, t, n))
+        except (QuantizeError, ValueError) as exc:
+            raise CLIError(f"cannot measure {Path(args.file).name}: {exc}") from None
+        except (KeyboardInterrupt, CostCancelled):
+            bar.close()
+            print("quantscope: cancelled", file=sys.stderr)
+            return 130
+        finally:
+            bar.close()
+        rep = sensitivity_report(f, costs)
+    finally:
+        f.close()
+    if args.json:
+        dump_json({"file": str(args.file), "calibration": str(args.calibration), "ctx": args.ctx,
+                   "chunks": int(chunks.shape[0]), "imatrix": args.imatrix, "unit": "mean KL divergence, nats",
+                   **rep})
+        return 0
+    types_all: list[str] = rep["types"]  # type: ignore[assignment]
+    print(f"mean KL divergence each type adds on {Path(args.calibration).name} ({int(chunks.shape[0])} x "
+          f"{args.ctx} tokens); ~ : extended from the measured type by the weighted error")
+    head = "".join(f" {q:>9}" for q in types_all)
+    if args.by in ("tensor", "both"):
+        tensors: list[dict[str, Any]] = rep["tensors"]  # type: ignore[assignment]
+        w = max((len(t["name"]) for t in tensors), default=6)
+        print(f"\n{'tensor':<{w}} {'from':<6}{head}")
+        for t in tensors:
+            cells = "".join(f" {'' if q not in t['kld'] else _kld(t['kld'][q]['value'], t['kld'][q]['measured']):>9}"
+                            for q in types_all)
+            print(printable(f"{t['name']:<{w}} {t['type']:<6}{cells}"))
+    if args.by in ("layer", "both"):
+        print(f"\n{'layer':<6} {'tensors':>7}{head}")
+        for r in rep["layers"]:  # type: ignore[union-attr]
+            cells = "".join(f" {'' if q not in r['kld'] else _kld(r['kld'][q]['sum'], True):>9}" for q in types_all)
+            print(f"{'other' if r['layer'] < 0 else r['layer']:<6} {r['tensors']:>7}{cells}")
+    return 0
+
+
+def _kld(v: float, measured: bool) -> str:
+    return ("" if measured else "~") + ("0" if v == 0 else f"{v:.3g}")
 
 
 def _print_plan_summary(plan: Any) -> None:
@@ -438,6 +530,9 @@ def register(sub: Any) -> None:
                    "(slow), not one per tensor extended by the weighted error")
     s.add_argument("--cost-cache", metavar="DIR", default=str(Path.home() / ".cache" / "quantscope" / "costs"),
                    help="with a target: where measured costs are kept for the next run")
+    s.add_argument("--refine", type=int_arg(0, 1 << 16), default=0, metavar="N",
+                   help="with a target: after the solve, measure the N largest chosen costs that were estimated, "
+                   "solve again (up to 2 rounds), and measure the whole mix's KL divergence (default 0: off)")
     s.set_defaults(func=cmd_quantize)
     s = sub.add_parser("imatrix", help="show an importance-matrix file (llama-imatrix's GGUF or legacy .dat), or "
                        "with -f/-p compute one for the model FILE (llama-imatrix's GGUF format)")
@@ -450,6 +545,24 @@ def register(sub: Any) -> None:
     s.add_argument("-t", "--threads", type=int_arg(0, 1024), default=0, help="threads (default: all cores)")
     s.add_argument("--json", action="store_true", help="print strict JSON")
     s.set_defaults(func=cmd_imatrix)
+    s = sub.add_parser("sensitivity", help="what each quantization type adds to the model's KL divergence on a "
+                       "text, per tensor and per layer (to choose --tensor-type rules by hand)")
+    s.add_argument("file", help="the model (its own values are the reference)")
+    s.add_argument("-f", "--calibration", metavar="TEXT", required=True, help="the text the costs are measured on")
+    s.add_argument("--types", metavar="T1,T2,...", help="the types (default: Q2_K, Q3_K, Q4_0, IQ4_NL, IQ4_XS, "
+                   "Q4_K, Q5_0, Q5_K, Q6_K, Q8_0)")
+    s.add_argument("--imatrix", help="importance matrix the types are quantized with")
+    s.add_argument("--by", choices=("tensor", "layer", "both"), default="both", help="the tables to print")
+    s.add_argument("--ctx", type=int_arg(8, 1 << 16), default=128, help="calibration chunk length in tokens")
+    s.add_argument("--chunks", type=int_arg(1, 1 << 16), default=1, help="calibration chunks")
+    s.add_argument("--exact", action="store_true", help="measure every type (slow), not one per tensor "
+                   "extended by the weighted error")
+    s.add_argument("--allow-requantize", action="store_true", help="accept quantized input tensors")
+    s.add_argument("--cost-cache", metavar="DIR", default=str(Path.home() / ".cache" / "quantscope" / "costs"),
+                   help="where measured costs are kept (shared with quantize --target-size)")
+    s.add_argument("--threads", type=int_arg(0, MAX_THREADS), default=0, help="worker threads (default: all cores)")
+    s.add_argument("--json", action="store_true", help="print strict JSON")
+    s.set_defaults(func=cmd_sensitivity)
     s = sub.add_parser("quant-stats", help="what each quantization type loses on every weight (like llama.cpp's "
                        "quantize-stats): RMSE, max |error|, SNR, cosine per tensor and type, and per type")
     s.add_argument("file", help="GGUF file (its weights are dequantized, unless --reference gives them)")

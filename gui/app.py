@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 SCREENSHOT_VIEWS = ("overview", "metadata", "metadata-edit", "tensors", "block", "chat", "convert", "bump", "quantize",
-                    "requantize", "quant-stats", "compare", "imatrix", "diff", "probe", "probe-attention",
+                    "requantize", "quant-stats", "budget", "compare", "imatrix", "diff", "probe", "probe-attention",
                     "probe-activations", "chat-tokens")
 
 #: The short real exchange the chat screenshot runs (greedy, so the picture is reproducible).
@@ -176,7 +176,8 @@ def wait_chat(app: object, chat: object, timeout: float = 600.0) -> bool:
 
 def _lab_screenshot(app: object, win: object, view: str) -> str | None:
     """The Quant lab for ``--view requantize`` (a representative tensor in every candidate type, its worst block
-    shown) or ``--view quant-stats`` (every weight × every type, rows sampled); a problem as text, or None."""
+    shown), ``--view quant-stats`` (every weight × every type, rows sampled) or ``--view budget`` (the costs
+    measured, the front drawn, the budget at Q4_K_M's size); a problem as text, or None."""
     lab = win.lab_view  # type: ignore[attr-defined]
     win.show_view("lab")  # type: ignore[attr-defined]
     if view == "requantize":
@@ -187,6 +188,13 @@ def _lab_screenshot(app: object, win: object, view: str) -> str | None:
         wait_idle(app, win, 600)
         page = lab.tensor_page
         return None if page.state == "done" else f"requantizing {name} failed: {page.error or page.state}"
+    if view == "budget":  # every tensor's costs measured on the bundled sample text, the budget at Q4_K_M's size
+        lab.pages.setCurrentWidget(lab.budget_page)
+        if not lab.budget_page.start():
+            return "--view budget: the file cannot be measured"
+        wait_idle(app, win, 3600)
+        page = lab.budget_page
+        return None if page.state == "done" else f"measuring the costs failed: {page.error or page.state}"
     lab.pages.setCurrentWidget(lab.file_page)
     lab.file_page.start()
     wait_idle(app, win, 600)
@@ -352,7 +360,7 @@ def render_screenshot(app: object, win: object, view: str, out: Path, size: tupl
             if problem:
                 print(f"quantscope: {problem}", file=sys.stderr)
                 return 1
-        if view in ("requantize", "quant-stats"):  # the Quant lab after a real run (every candidate type)
+        if view in ("requantize", "quant-stats", "budget"):  # the Quant lab after a real run
             problem = _lab_screenshot(app, win, view)
             if problem:
                 print(f"quantscope: {problem}", file=sys.stderr)

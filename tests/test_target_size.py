@@ -199,3 +199,97 @@ def test_a_mixture_of_experts_plans_per_expert_tensor(tmp_path: Path) -> None:
                 assert c.costs == {"F16": 0.0} and tp.choices[n] == "F16"
             else:
                 assert c.costs[c.anchor] > 0 and c.measured[c.anchor]
+
+
+def test_a_whole_mix_is_measured_at_once(llama: Path) -> None:
+    """mix_kld: one tensor swapped reads what the meter reads for it; the whole mix is measured, not summed."""
+    from quantscope.core.quant.lab import requantize, tensor_values
+    from quantscope.core.quant.sensitivity import mix_kld
+
+    with GGUFFile(llama) as f:
+        ch = _chunks(f)
+        meter = KLDMeter(f, ch, threads=1)
+        one = "blk.1.ffn_down.weight"
+        alone = meter.kld(one, requantize(tensor_values(f, one), "Q4_0")[0], "Q4_0")
+        assert mix_kld(f, {one: "Q4_0"}, ch, threads=1, meter=meter) == pytest.approx(alone, rel=1e-6)
+        assert mix_kld(f, {one: "F32"}, ch, threads=1, meter=meter) == 0.0  # its own type: copied
+        two = {one: "Q4_0", "blk.0.attn_q.weight": "Q4_0", "output.weight": "Q4_0"}
+        both = mix_kld(f, two, ch, threads=1, meter=meter)
+        assert both > alone
+        parts = [mix_kld(f, {n: q}, ch, threads=1, meter=meter) for n, q in two.items()]
+        assert both != pytest.approx(sum(parts), rel=1e-9)  # measured together, not added
+
+
+def test_refine_measures_the_chosen_estimates_and_the_whole_mix(llama: Path, tmp_path: Path) -> None:
+    from quantscope.core.quant.sensitivity import mix_kld
+    from quantscope.core.quant.target import refine_target, target_space
+
+    with GGUFFile(llama) as f:
+        ch = _chunks(f)
+        tp = plan_target(f, ch, bpw=6.0, types=TYPES.split(","), cache_dir=tmp_path, threads=1)
+        estimated = [n for n, q in tp.choices.items() if not tp.costs[n].measured.get(q)]
+        assert estimated  # the mix leans on extended costs: something to refine
+        space = target_space(f, types=TYPES.split(","), threads=1)
+        r = refine_target(tp, space, ch, top=3, rounds=1, cache_dir=tmp_path)
+        assert r.rounds == 1 and r.newly_measured == min(3, len(estimated))
+        newly = [n for n in estimated if r.plan.costs[n].measured.get(tp.choices[n])]
+        assert len(newly) == r.newly_measured  # those estimates are measurements now
+        assert r.plan.plan.out_bytes <= r.plan.budget and not r.plan.by_file
+        assert r.predicted_before == tp.predicted_cost
+        assert r.measured_kld == pytest.approx(mix_kld(f, r.plan.choices, ch, threads=1), rel=1e-6)
+        assert r.swapped == [(n, tp.choices[n], q) for n, q in r.plan.choices.items() if tp.choices[n] != q]
+
+
+def test_target_space_front_and_presets_share_one_scale(llama: Path, tmp_path: Path) -> None:
+    from quantscope.core.quant.quantize import QuantizeOptions, plan_quantize
+    from quantscope.core.quant.target import target_space
+
+    with GGUFFile(llama) as f:
+        space = target_space(f, types=TYPES.split(","), threads=1)
+        cands = space.measure_candidates(("Q4_K_M", "Q5_K_M"))
+        assert [n for n, _ in cands] == [n for n, _ in space.candidates]
+        assert any("Q5_1" in qs for _, qs in cands)  # Q5_K_M's fallback for rows of 32-blocks only
+        costs = tensor_costs(f, cands, _chunks(f), cache_dir=tmp_path, threads=1)
+        front = space.front(costs, 16)
+        assert [m.file_bytes for m in front] == sorted(m.file_bytes for m in front)
+        assert front[0].file_bytes == space.smallest_file_bytes
+        assert all(set(m.choices.values()) <= set(TYPES.split(",")) for m in front)  # only the candidates
+        for p in ("Q4_K_M", "Q5_K_M"):
+            pm = space.preset_mix(p, costs)
+            assert pm is not None and pm.file_bytes == plan_quantize(f, QuantizeOptions(p)).file_bytes
+            best = space.solve(costs, size=pm.file_bytes)
+            assert best.file_bytes <= pm.file_bytes
+        assert space.preset_mix("Q5_K_M", tensor_costs(f, space.candidates, _chunks(f), cache_dir=tmp_path,
+                                                       threads=1)) is None  # its Q5_1 was not measured
+
+
+def test_cli_sensitivity_reports_per_tensor_and_per_layer(llama: Path, tmp_path: Path, capsys) -> None:
+    cache = ["--cost-cache", str(tmp_path), "--ctx", "32", "--threads", "1"]
+    assert main(["sensitivity", str(llama), "-f", str(TEXT), "--types", TYPES, "--json", *cache]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["types"] == ["Q4_0", "Q5_0", "Q8_0"]
+    with GGUFFile(llama) as f:
+        costs = tensor_costs(f, [(t["name"], TYPES.split(",")) for t in rep["tensors"]], _chunks(f),
+                             cache_dir=tmp_path, threads=1)
+    for t, c in zip(rep["tensors"], costs, strict=True):
+        assert {q: v["value"] for q, v in t["kld"].items()} == c.costs
+        assert {q: v["measured"] for q, v in t["kld"].items()} == c.measured
+    layer0 = next(r for r in rep["layers"] if r["layer"] == 0)
+    in0 = [t for t in rep["tensors"] if t["layer"] == 0]
+    assert layer0["tensors"] == len(in0) > 1
+    assert layer0["kld"]["Q4_0"]["sum"] == pytest.approx(sum(t["kld"]["Q4_0"]["value"] for t in in0))
+    assert main(["sensitivity", str(llama), "-f", str(TEXT), "--types", TYPES, *cache]) == 0
+    out = capsys.readouterr().out
+    assert "blk.0.attn_q.weight" in out and "~" in out and "\nlayer " in out
+    assert main(["sensitivity", str(llama), "-f", str(TEXT), "--types", "NOPE", *cache]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("quantscope: error:") and "unknown ggml type" in err and err.count("\n") == 1
+
+
+def test_cli_refine_reports_the_measured_mix(llama: Path, tmp_path: Path, capsys) -> None:
+    rc = main(["quantize", str(llama), "--dry-run", "--json", "--target-bpw", "6", "-f", str(TEXT), "--types",
+               TYPES, "--refine", "2", "--cost-cache", str(tmp_path), "--ctx", "32", "--threads", "1"])
+    assert rc == 0
+    s = json.loads(capsys.readouterr().out)["summary"]
+    assert s["refine"]["measured_kld"] > 0 and s["refine"]["newly_measured"] <= 4
+    assert s["bytes_out"] <= s["target_bytes"]

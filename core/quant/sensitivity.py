@@ -199,17 +199,25 @@ class KLDMeter:
 
     def kld(self, name: str, raw: np.ndarray, qtype: str) -> float:
         """Mean KL(reference || model with tensor ``name`` as ``raw`` bytes of ``qtype``) over every position."""
+        return self.kld_mix({name: (raw, qtype)})
+
+    def kld_mix(self, swaps: dict[str, tuple[np.ndarray, str]]) -> float:
+        """Mean KL(reference || model with every tensor of ``swaps`` replaced by its (bytes, type)) over every
+        position: a whole mix measured at once, not the sum of its tensors' costs."""
         from ..engine.session import Model
 
         f = self.model.file
         assert f is not None
-        origin = f.tensor_bytes(f.tensor(name)).__array_interface__["data"][0]
-        weights = _replace_weight(self.model.weights, name, raw, qtype, {}, origin)
-        if weights is self.model.weights:
-            raise ValueError(f"the engine does not read tensor {name}")
+        weights = self.model.weights
+        for name, (raw, qtype) in swaps.items():
+            origin = f.tensor_bytes(f.tensor(name)).__array_interface__["data"][0]
+            before = weights
+            weights = _replace_weight(weights, name, raw, qtype, {}, origin)
+            if weights is before:
+                raise ValueError(f"the engine does not read tensor {name}")
         m = Model(None, self.threads, weights=weights)  # type: ignore[arg-type]
         s = m.session(self.n_ctx)
-        first = self.first_layer(name)
+        first = min((self.first_layer(n) for n in swaps), default=m.config.n_layers)
         total, count = 0.0, 0
         for ids, resid, base in zip(self.ids, self.resid, self.base_logp, strict=True):
             if first < 0:
@@ -268,10 +276,12 @@ def tensor_costs(f: GGUFFile, candidates: Sequence[tuple[str, Sequence[str]]], c
                  imatrix: Imatrix | None = None, cache_dir: str | os.PathLike[str] | None = None,
                  exact: bool = False, threads: int = 0, progress: Progress | None = None,
                  cancel: Callable[[], bool] | None = None,
-                 timings: dict[str, float] | None = None) -> list[TensorCosts]:
+                 timings: dict[str, float] | None = None,
+                 also: dict[str, Sequence[str]] | None = None) -> list[TensorCosts]:
     """The cost of every (tensor, type) in ``candidates`` (tensor name, its candidate types): the KL divergence
-    measured at the anchor type (every type with ``exact``), extended by the weighted error (module docstring). A
-    candidate equal to the tensor's own type costs 0 (the bytes are copied)."""
+    measured at the anchor type (every type with ``exact``; and the types ``also`` names for a tensor), extended by
+    the weighted error (module docstring). A candidate equal to the tensor's own type costs 0 (the bytes are
+    copied)."""
     import time
 
     from .lab import requantize, sample_rows, tensor_values
@@ -311,7 +321,8 @@ def tensor_costs(f: GGUFFile, candidates: Sequence[tuple[str, Sequence[str]]], c
                 cache.put("E:" + name, q, v)
         tm["error"] = tm.get("error", 0.0) + time.perf_counter() - t0
         anchor = ordered[0] if ordered else src
-        want = ordered if exact else ordered[:1]
+        extra = set((also or {}).get(name, ()))
+        want = ordered if exact else ordered[:1] + [q for q in ordered[1:] if q in extra]
         kl: dict[str, float] = {}
         for q in want:
             v = cache.get(name, q)
@@ -346,3 +357,59 @@ def tensor_costs(f: GGUFFile, candidates: Sequence[tuple[str, Sequence[str]]], c
         progress(todo, todo, "")
     tm["total"] = time.perf_counter() - t_start
     return out
+
+
+def mix_kld(f: GGUFFile, choices: dict[str, str], chunks: np.ndarray, *, imatrix: Imatrix | None = None,
+            threads: int = 0, progress: Progress | None = None, cancel: Callable[[], bool] | None = None,
+            meter: KLDMeter | None = None) -> float:
+    """The measured mean KL divergence of the whole mix ``choices`` (tensor -> type; a tensor's own type is copied)
+    against ``f`` on ``chunks``: every chosen tensor requantized (with the imatrix, as the writer would) and the
+    model run once -- the check on the sum of the per-tensor costs the solver predicts."""
+    from .lab import requantize, tensor_values
+
+    swaps: dict[str, tuple[np.ndarray, str]] = {}
+    todo = [(n, q) for n, q in choices.items() if q != f.tensor(n).type_name]
+    for k, (name, q) in enumerate(todo):
+        if cancel is not None and cancel():
+            raise CostCancelled("measuring was cancelled")
+        if progress is not None:
+            progress(k, len(todo) + 1, name)
+        t = f.tensor(name)
+        w = imatrix.weights(name) if imatrix is not None else None
+        if w is not None and w.size % t.ne[0]:
+            w = None
+        raw, _ = requantize(tensor_values(f, name, threads=threads), q, w, threads=threads)
+        swaps[name] = (raw, q)
+    if progress is not None:
+        progress(len(todo), len(todo) + 1, "the whole mix")
+    m = meter if meter is not None else KLDMeter(f, chunks, threads)
+    out = m.kld_mix(swaps) if swaps else 0.0
+    if progress is not None:
+        progress(len(todo) + 1, len(todo) + 1, "")
+    return out
+
+
+def sensitivity_report(f: GGUFFile, costs: Sequence[TensorCosts]) -> dict[str, object]:
+    """For people who choose the types by hand: per tensor, the KL divergence each type adds (measured or extended
+    by the weighted error); per layer, the divergence each type adds to the layer's tensors together (the sum over
+    the tensors that can take it, with their count); a JSON-ready dict."""
+    types = sorted({q for c in costs for q in c.costs}, key=lambda q: (ggml_type(q).bits_per_weight, q))
+    tensors = []
+    layers: dict[int, dict[str, list[float]]] = {}
+    names: dict[int, list[str]] = {}
+    for c in costs:
+        t = f.tensor(c.name)
+        li = layer_of(c.name)
+        tensors.append({"name": c.name, "layer": li, "type": t.type_name, "shape": list(t.ne), "anchor": c.anchor,
+                        "kld": {q: {"value": c.costs[q], "measured": bool(c.measured.get(q))} for q in types
+                                if q in c.costs}})
+        names.setdefault(li, []).append(c.name)
+        per = layers.setdefault(li, {})
+        for q, v in c.costs.items():
+            per.setdefault(q, []).append(v)
+    rows = []
+    for li in sorted(layers):
+        rows.append({"layer": li, "tensors": len(names[li]),
+                     "kld": {q: {"sum": math.fsum(layers[li][q]), "tensors": len(layers[li][q])} for q in types
+                             if q in layers[li]}})
+    return {"types": types, "tensors": tensors, "layers": rows}

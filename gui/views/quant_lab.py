@@ -57,6 +57,7 @@ from ..models import KEY_ROLE, SortFilterProxy, plural
 from ..widgets.fit import ElidedLabel, fit_columns
 from ..widgets.progress import ProgressBar
 from ..workers import JobSlot, Task, TaskRunner
+from .quant_lab_budget import BudgetPanel
 from .quant_lab_table import METRICS, ErrorRow, ErrorTableModel
 from .quant_lab_widgets import BlockCompare, BlockHeatmap, BpwPlot
 
@@ -966,7 +967,7 @@ class FileStatsPanel(QWidget):
 @qt_guarded
 class QuantLabView(QWidget):
     """The Quant lab tab: the values' source, the importance matrix and the types (shared), then the
-    "Requantize" and "Whole file" pages."""
+    "Requantize", "Whole file" and "Budget" pages."""
 
     inspectRequested = Signal(str, int, int, int)  # tensor, row, block, element (this file's block)
 
@@ -1030,6 +1031,9 @@ class QuantLabView(QWidget):
         self.pages.setAccessibleName("Quant lab pages")
         self.pages.addTab(self.tensor_page, "Requantize a tensor")
         self.pages.addTab(self.file_page, "Whole file")
+        self.budget_page = BudgetPanel(self)
+        self.pages.addTab(self.budget_page, "Budget")
+        self.pages.currentChanged.connect(self._page_changed)
         lay = QVBoxLayout(self)
         lay.addLayout(bar)
         lay.addWidget(self.pages, 1)
@@ -1041,6 +1045,7 @@ class QuantLabView(QWidget):
         f = doc.gguf if doc is not None else None
         self.tensor_page.set_file(f)
         self.file_page.set_document(doc if f is not None else None)
+        self.budget_page.set_document(doc if f is not None else None)
 
     def follow_tensor(self, name: str) -> None:
         """The Tensors view selected ``name``: make it this tab's tensor (run when the tab is shown)."""
@@ -1148,9 +1153,20 @@ class QuantLabView(QWidget):
         self.sources_version += 1
         self._source_buttons()
         self._settings_changed()
+        self.budget_page.imatrix_changed()
 
     def _settings_changed(self) -> None:
         self.tensor_page.settings_changed()
+
+    def _page_changed(self, _index: int) -> None:
+        """The Budget page measures the open file against itself, with its own types: the reference file and the
+        type picker are the other pages' (disabled there, the imatrix stays)."""
+        on = self.pages.currentWidget() is not self.budget_page
+        why = "" if on else "The Budget page measures this file against itself, with its own candidate types"
+        for w in (self.ref_btn, self.types):
+            w.setEnabled(on)
+            w.setToolTip(why or w.accessibleName())
+        self.ref_clear.setEnabled(on and self.reference is not None)
 
     def _retire(self, f: GGUFFile | None) -> None:
         """Close ``f`` once no lab worker can still be reading it."""
@@ -1159,7 +1175,8 @@ class QuantLabView(QWidget):
         self._close_retired()
 
     def _close_retired(self) -> None:
-        busy = bool(self.runner.running(TENSOR_TASK) or self.runner.running(FILE_TASK))
+        busy = bool(self.runner.running(TENSOR_TASK) or self.runner.running(FILE_TASK))  # (the Budget page
+        # measures the open file, never the reference)
         if busy:
             if not self._waiting:
                 self._waiting = True

@@ -1,13 +1,19 @@
 """Quantize to a size vs the preset at the same size (issue 39): a benchmark with figures, not a test.
 
 For each model: the catalogue file (already quantized) requantized to F16 is the reference; an imatrix is computed on
-the calibration text; the preset (Q4_K_M by default) is written with it, then the target-size mix at the preset's
-file size with the same imatrix; both are scored against the reference on a HELD-OUT text (a licence text, not the
-calibration text) as llama-perplexity scores KL divergence (chunks of --ctx tokens, the second half of each scored).
+the calibration text; each preset (Q3_K_M, Q4_K_M and Q5_K_M by default) is written with it, then the target-size mix
+at that preset's file size with the same imatrix (with --refine N: the N largest chosen estimates measured, solved
+again, and the whole mix's divergence measured on the calibration text); both are scored against the reference on
+a HELD-OUT text (a licence text, not the calibration text) as llama-perplexity scores KL divergence (chunks of --ctx
+tokens, the second half of each scored).
 It also checks the cost model: on --rank-tensors tensors it measures the KL divergence of every candidate type and
 reports the Spearman rank correlation of the weighted-error extension with the measurement.
 
-    .venv/bin/python tests/bench/bench_target_size.py [--models smollm2] [--presets Q4_K_M] [--threads 2]
+    .venv/bin/python tests/bench/bench_target_size.py [--models smollm2] [--presets Q3_K_M,Q4_K_M,Q5_K_M]
+        [--threads 2] [--refine 8]
+
+``--models fixture`` (a 4-layer synthetic llama whose rows take every type, written on the fly) is a smoke run of
+the whole pipeline in about a minute; its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ CALIB = ROOT / "resources" / "sample-text.txt"
 HELDOUT = next((p for p in (Path("/usr/share/common-licenses/GPL-3"), Path("/usr/share/common-licenses/Apache-2.0"))
                 if p.is_file()), None)
 MODELS = {"smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3": "gemma-3-270m-q4_k_m.gguf",
-          "qwen-coder": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"}
+          "qwen-coder": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "fixture": "(tests/quantize_models.py llama)"}
 
 
 def cpu_name() -> str:
@@ -95,7 +101,13 @@ def bench_model(key: str, args: argparse.Namespace, work: Path) -> dict:
     from quantscope.core.quant.target import DEFAULT_TYPES, _candidates, plan_target
     from quantscope.core.tokenizer import Tokenizer
 
-    src = catalog.cache_dir() / MODELS[key]
+    if key == "fixture":
+        sys.path.insert(0, str(ROOT))
+        from tests import quantize_models
+
+        src = quantize_models.write_model("llama", work / "fixture-src.gguf")
+    else:
+        src = catalog.cache_dir() / MODELS[key]
     ref = work / f"{key}-F16.gguf"
     if not ref.exists():
         quantize_file(src, ref, QuantizeOptions("F16", allow_requantize=True, threads=args.threads))
@@ -130,6 +142,17 @@ def bench_model(key: str, args: argparse.Namespace, work: Path) -> dict:
             tp = plan_target(f, chunks, size=plan.file_bytes, imatrix=im, imatrix_label="imatrix",
                              cache_dir=cache, threads=args.threads)
             search = time.perf_counter() - t0
+            refine: dict = {}
+            if args.refine:
+                from quantscope.core.quant.target import refine_target, target_space
+
+                t0 = time.perf_counter()
+                space = target_space(f, imatrix=im, imatrix_label="imatrix", threads=args.threads)
+                r = refine_target(tp, space, chunks, top=args.refine, cache_dir=cache)
+                refine = {"refine": {"measured_calib_kld": r.measured_kld, "predicted_before": r.predicted_before,
+                                     "predicted_after": r.plan.predicted_cost, "newly_measured": r.newly_measured,
+                                     "swapped": len(r.swapped), "seconds": time.perf_counter() - t0}}
+                tp = r.plan
             mf = work / f"{key}-target-{preset}.gguf"
             write_quantized(f, tp.plan, mf, tp.options)
             scores = score({"preset": pf, "target": mf}, ref, args.heldout.read_text(encoding="utf-8"), args.ctx,
@@ -137,7 +160,7 @@ def bench_model(key: str, args: argparse.Namespace, work: Path) -> dict:
             res["presets"][preset] = {"preset_bytes": plan.file_bytes, "target_bytes": tp.plan.file_bytes,
                                       "preset_types": plan.type_counts(), "target_types": tp.plan.type_counts(),
                                       "predicted_kld": tp.predicted_cost, "search_seconds": search,
-                                      "timings": tp.timings, **{k: v for k, v in scores.items()}}
+                                      "timings": tp.timings, **refine, **{k: v for k, v in scores.items()}}
             print(json.dumps({key: {preset: res["presets"][preset]}}, indent=1), flush=True)
     return res
 
@@ -145,7 +168,7 @@ def bench_model(key: str, args: argparse.Namespace, work: Path) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="smollm2", help=f"comma-separated: {', '.join(MODELS)}")
-    p.add_argument("--presets", default="Q4_K_M")
+    p.add_argument("--presets", default="Q3_K_M,Q4_K_M,Q5_K_M")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ctx", type=int, default=128)
     p.add_argument("--calib-ctx", type=int, default=64, help="calibration chunk length for the costs")
@@ -153,6 +176,8 @@ def main() -> int:
     p.add_argument("--imatrix-chunks", type=int, default=4)
     p.add_argument("--eval-chunks", type=int, default=16)
     p.add_argument("--rank-tensors", type=int, default=8)
+    p.add_argument("--refine", type=int, default=0, help="after each solve: measure the N largest chosen "
+                   "estimates, solve again, measure the whole mix on the calibration text")
     p.add_argument("--heldout", type=Path, default=HELDOUT)
     p.add_argument("--work", type=Path, default=Path("/tmp/quantscope-bench-target"))
     p.add_argument("--json", type=Path, help="also write the figures here")

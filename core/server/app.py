@@ -208,6 +208,8 @@ class ServerApp:
         metric("requests_processing", "gauge", "Requests in a slot.", [("", s.busy_slots)])
         metric("requests_deferred", "gauge", "Requests waiting for a slot.", [("", s.queued)])
         metric("slots", "gauge", "Parallel slots.", [("", len(s.slots))])
+        metric("batched_steps_total", "counter", "Decode steps of several slots in one forward pass.",
+               [("", m.batched_steps)])
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     async def tokenize(self, request: Request) -> Response:

@@ -3,10 +3,12 @@ decode one token per slot per step.
 
 Each slot has its own inference session (KV cache) and remembers the tokens in it: a request goes to the free
 slot sharing the longest prefix with its prompt, and only the rest of the prompt is evaluated (a conversation
-that continues evaluates its new turn only; ``cached`` in its usage). Steps interleave the busy slots: each step
-evaluates one prompt chunk or one token per slot, in turn (one forward per slot: the native forward takes one
-sequence). A request whose client went away (its ``cancel`` set) leaves its slot at the next step. A full queue
-is refused (:class:`QueueFull`), and nothing here blocks the caller: events go out through ``Job.emit``.
+that continues evaluates its new turn only; ``cached`` in its usage). Each step evaluates one prompt chunk for
+every slot still reading its prompt, then samples a token for every generating slot and evaluates all of them in
+one batched forward pass (:func:`~quantscope.core.engine.batch.forward_batch`: each weight read once for all
+slots; one forward per slot on the GPU or for recurrent models). A request whose client went away (its
+``cancel`` set) leaves its slot at the next step. A full queue is refused (:class:`QueueFull`), and nothing here
+blocks the caller: events go out through ``Job.emit``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 
 from ..chat import Sampler, SamplerParams
 from ..chat.channels import HarmonySplitter
+from ..engine.batch import can_batch, forward_batch
 from ..engine.generate import PREFILL_CHUNK, Engine
 from ..tokenizer import StreamDecoder
 
@@ -102,6 +105,7 @@ class Metrics:
     prompt_seconds: float = 0.0
     generation_seconds: float = 0.0
     rejected_full: int = 0
+    batched_steps: int = 0  # steps whose tokens went through one batched forward pass
 
 
 class _Run:
@@ -164,7 +168,7 @@ def held_back(text: str, stops: list[str], start: int) -> int:
 class Scheduler:
     """``n_slots`` sessions on ``engine`` and the thread that serves them (see the module's docstring)."""
 
-    def __init__(self, engine: Engine, n_slots: int = 1, max_queue: int = 64) -> None:
+    def __init__(self, engine: Engine, n_slots: int = 1, max_queue: int = 64, batch: bool = True) -> None:
         if not 1 <= n_slots <= 256:
             raise ValueError(f"parallel slots must be 1..256, not {n_slots}")
         if not 0 <= max_queue <= 1 << 16:
@@ -173,6 +177,8 @@ class Scheduler:
         sessions = [engine.session] + [engine.new_session(engine.n_ctx) for _ in range(n_slots - 1)]
         self.slots = [Slot(i, s) for i, s in enumerate(sessions)]
         self.max_queue = max_queue
+        #: decode the generating slots in one batched forward pass per step (CPU sessions; else one per slot)
+        self.batch = batch
         self.metrics = Metrics()
         self._queue: deque[Job] = deque()
         self._cond = threading.Condition()
@@ -232,9 +238,7 @@ class Scheduler:
                     if self._stopping:
                         break
                     self._admit()
-                for slot in self.slots:
-                    if slot.run is not None:
-                        self._step(slot)
+                self._step()
         except BaseException as exc:  # a bug: every request ends with an error, /health says so
             self.failure = exc
             raise
@@ -288,19 +292,51 @@ class Scheduler:
         job.slot = slot.index
         slot.run = run
 
-    def _step(self, slot: Slot) -> None:
-        run = slot.run
-        assert run is not None
-        if run.job.cancel.is_set():
-            self._finish(slot, "cancelled")
+    def _step(self) -> None:
+        """One step: a prompt chunk for each slot still reading its prompt, then a token sampled for each slot
+        generating and all those tokens evaluated together (:func:`forward_batch` on the CPU; one forward per
+        slot where batching is not possible)."""
+        ready: list[tuple[Slot, int]] = []
+        for slot in self.slots:
+            run = slot.run
+            if run is None:
+                continue
+            if run.job.cancel.is_set():
+                self._finish(slot, "cancelled")
+                continue
+            try:
+                if run.pending:
+                    self._prefill(slot, run)
+                    continue
+                tid = self._sample(slot, run)
+            except Exception as exc:  # a native failure ends this request only
+                self._finish(slot, "error", f"{type(exc).__name__}: {exc}")
+                continue
+            if tid is not None:
+                ready.append((slot, tid))
+        if not ready:
             return
-        try:
-            if run.pending:
-                self._prefill(slot, run)
-            else:
-                self._decode(slot, run)
-        except Exception as exc:  # a native failure ends this request only
-            self._finish(slot, "error", f"{type(exc).__name__}: {exc}")
+        sessions = [slot.session for slot, _t in ready]
+        if len(ready) > 1 and self.batch and can_batch(sessions):
+            try:
+                logits = forward_batch(sessions, [t for _s, t in ready])  # type: ignore[arg-type]
+            except Exception as exc:
+                for slot, _t in ready:
+                    self._finish(slot, "error", f"{type(exc).__name__}: {exc}")
+                return
+            self.metrics.batched_steps += 1
+            for i, (slot, tid) in enumerate(ready):
+                assert slot.run is not None
+                slot.run.logits = logits[i]
+                slot.cached.append(tid)
+            return
+        for slot, tid in ready:
+            try:
+                assert slot.run is not None
+                slot.run.logits = slot.session.forward([tid])  # type: ignore[attr-defined]
+                slot.cached.append(tid)
+            except Exception as exc:
+                self._finish(slot, "error", f"{type(exc).__name__}: {exc}")
 
     def _prefill(self, slot: Slot, run: _Run) -> None:
         chunk, run.pending = run.pending[:PREFILL_CHUNK], run.pending[PREFILL_CHUNK:]
@@ -315,7 +351,9 @@ class Scheduler:
             if checkpoint is not None:  # recurrent layers: the state after the prompt, to come back to
                 checkpoint()
 
-    def _decode(self, slot: Slot, run: _Run) -> None:
+    def _sample(self, slot: Slot, run: _Run) -> int | None:
+        """Sample the slot's next token and send what it adds; the token to evaluate next, or None when the
+        request has ended."""
         eng, job = self.engine, run.job
         if not run.t_gen:
             run.t_gen = time.perf_counter()
@@ -328,7 +366,7 @@ class Scheduler:
         tid = run.sampler.sample(logits, run.history)
         if tid in eng.eog:
             self._finish(slot, "stop")
-            return
+            return None
         run.history.append(tid)
         run.usage.completion_tokens += 1
         delta = "" if tid in run.hide else run.decoder.push(tid)
@@ -344,15 +382,14 @@ class Scheduler:
             run.text += delta
         if self._flush(run, final=False):
             self._finish(slot, "stop")
-            return
+            return None
         if job.max_tokens is not None and run.usage.completion_tokens >= job.max_tokens:
             self._finish(slot, "length")
-            return
+            return None
         if slot.session.n_past >= slot.session.n_ctx:  # type: ignore[attr-defined]
             self._finish(slot, "length")
-            return
-        run.logits = slot.session.forward([tid])  # type: ignore[attr-defined]
-        slot.cached.append(tid)
+            return None
+        return tid
 
     def _record(self, run: _Run, tid: int, text: str) -> TokenLogprob:
         tok = self.engine.tokenizer

@@ -45,7 +45,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.host not in LOOPBACK and not key:
             print(f"warning: listening on {args.host} without an API key: anyone who can reach this machine can "
                   "use the model", file=sys.stderr)
-        server.serve_forever()
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:  # uvicorn shut down gracefully, then passed Ctrl-C on
+            pass
+        print("quantscope: server stopped", file=sys.stderr)
     finally:
         eng.close()
     return 0

@@ -15,6 +15,7 @@ import pytest
 
 from quantscope.core.engine.generate import Engine
 from quantscope.core.server import Server, model_id_of
+from quantscope.core.server.scheduler import held_back
 
 KEY = "test-key-123"
 SLOTS = 4
@@ -156,6 +157,20 @@ def test_completion_streamed_and_not(server: Server, client: openai.OpenAI) -> N
     cut = client.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=prompt, max_tokens=8,
                                     temperature=0, stop=["aris"])
     assert cut.choices[0].text == text[: text.index("aris")] and cut.choices[0].finish_reason == "stop"
+    # one that spans tokens, streamed: none of it is sent, not even its first tokens
+    stop = text[2:9]
+    parts = [c.choices[0].text for c in client.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1", prompt=prompt, max_tokens=8, temperature=0, stop=[stop, "zzz"],
+        stream=True) if c.choices]
+    assert "".join(parts) == text[: text.index(stop)]
+
+
+def test_held_back_text_is_what_could_start_a_stop_string() -> None:
+    assert held_back("Hello wor", ["world"], 0) == 3
+    assert held_back("Hello wor", ["world", "or"], 0) == 3
+    assert held_back("Hello wo", ["xyz", "o"], 0) == 0  # a whole stop string is found, not held back
+    assert held_back("Hello w", ["world"], 7) == 0  # only unsent text can be held back
+    assert held_back("", ["world"], 0) == 0 and held_back("abc", [], 0) == 0
 
 
 def test_logprobs(server: Server, client: openai.OpenAI) -> None:

@@ -165,6 +165,32 @@ def test_completion_streamed_and_not(server: Server, client: openai.OpenAI) -> N
     assert "".join(parts) == text[: text.index(stop)]
 
 
+def test_json_schema_and_json_object_outputs_parse(server: Server, client: openai.OpenAI) -> None:
+    """response_format by constrained sampling: the reply parses and follows the schema, and ends (finish_reason
+    stop) as soon as the object closes; a schema the server cannot enforce is a 400."""
+    idle(server)
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                               "likes_red": {"type": "boolean"}},
+              "required": ["name", "age", "likes_red"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1", messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        max_tokens=60, temperature=0, response_format={"type": "json_schema",
+                                                       "json_schema": {"name": "person", "schema": schema}})
+    data = json.loads(r.choices[0].message.content)
+    assert set(data) == {"name", "age", "likes_red"} and r.choices[0].finish_reason == "stop"
+    assert isinstance(data["name"], str) and type(data["age"]) is int and isinstance(data["likes_red"], bool)
+    parts = [ch.delta.content or "" for c in client.chat.completions.create(
+        model="SmolLM2-135M-Instruct.Q4_1", stream=True, max_tokens=60, temperature=0,
+        messages=[{"role": "user", "content": "What is the capital of France? Answer in JSON."}],
+        response_format={"type": "json_object"}) for ch in c.choices]
+    assert isinstance(json.loads("".join(parts)), dict)
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(
+            model="SmolLM2-135M-Instruct.Q4_1", messages=CHAT, response_format={
+                "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a+"}}})
+    assert "pattern" in exc.value.message
+
+
 def test_held_back_text_is_what_could_start_a_stop_string() -> None:
     assert held_back("Hello wor", ["world"], 0) == 3
     assert held_back("Hello wor", ["world", "or"], 0) == 3
@@ -305,8 +331,9 @@ def test_refusals_are_openai_shaped_and_never_reach_the_engine(server: Server, h
     refused(400, chat, body={"messages": CHAT, "max_tokens": "ten"}, param="max_tokens")
     refused(400, chat, body={"messages": CHAT, "top_logprobs": 3}, param="top_logprobs")
     refused(400, chat, body={"messages": CHAT, "n": 2}, param="n")
-    refused(400, chat, body={"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {}}},
-            param="response_format")
+    refused(400, chat, body={"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "schema": {"anyOf": []}}}}, param="response_format", code="unsupported_schema")
+    refused(400, chat, body={"messages": CHAT, "response_format": {"type": "yaml"}}, param="response_format")
     refused(400, chat, body={"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]},
             param="tools")
     refused(400, chat, body={"messages": [{"role": "user", "content": "word " * 600}]},

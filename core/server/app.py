@@ -281,7 +281,7 @@ class ServerApp:
 
         job = Job(ids, req.params, emit, max_tokens=req.max_tokens, logprobs=req.logprobs,
                   top_logprobs=req.top_logprobs, logit_bias=req.logit_bias,
-                  harmony=kind == "chat" and eng.harmony is not None)
+                  harmony=kind == "chat" and eng.harmony is not None, json_schema=req.json_schema)
         try:
             self.scheduler.submit(job)
         except QueueFull as exc:

@@ -1,8 +1,9 @@
 """The OpenAI request bodies, checked field by field into :class:`GenRequest` before the engine sees anything.
 
-Every known field is validated (type and range); a field this server cannot honour (``n`` > 1, a structured
-``response_format``, ``tools``, presence/frequency penalties) is refused with a 400 naming it, never silently
-ignored. Unknown fields are ignored, as the OpenAI API and llama-server do.
+Every known field is validated (type and range); a field this server cannot honour (``n`` > 1, a JSON schema it
+cannot enforce, ``tools``, presence/frequency penalties) is refused with a 400 naming it, never silently ignored.
+``response_format`` json_object and json_schema are enforced by constrained sampling (:mod:`.jsonmode`). Unknown
+fields are ignored, as the OpenAI API and llama-server do.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from ..chat import SamplerParams
 from .errors import ApiError, bad_request
+from .jsonmode import ANY_OBJECT, Schema, SchemaError, compile_schema
 
 #: limits on what one request may carry (each far above real use, far below what would hurt the server)
 MAX_MESSAGES = 4096
@@ -94,6 +96,7 @@ class GenRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     logit_bias: dict[int, float] = field(default_factory=dict)
+    json_schema: Schema | None = None  # response_format: the output is held to this (jsonmode)
 
 
 def _stop(d: dict[str, Any]) -> list[str]:
@@ -173,13 +176,6 @@ def _unsupported(d: dict[str, Any]) -> None:
     for key in ("presence_penalty", "frequency_penalty"):
         if _number(d, key, -2.0, 2.0, 0.0) != 0.0:
             raise bad_request(f"{key} is not supported (use repeat_penalty)", key, "unsupported_parameter")
-    rf = d.get("response_format")
-    if rf is not None:
-        kind = rf.get("type") if isinstance(rf, dict) else None
-        if kind != "text":
-            raise bad_request(f"response_format {_show(kind if kind is not None else rf)} is not supported: "
-                              "this server cannot constrain the output to JSON yet", "response_format",
-                              "unsupported_parameter")
     if d.get("tools") or d.get("functions"):
         raise bad_request("tools are not supported by this server", "tools", "unsupported_parameter")
     tc = d.get("tool_choice")
@@ -209,6 +205,29 @@ def _logit_bias(d: dict[str, Any], n_vocab: int) -> dict[int, float]:
             raise bad_request(f"logit_bias values must be numbers in [-100, 100], not {_show(b)}", "logit_bias")
         out[t] = float(b)
     return out
+
+
+def _response_format(d: dict[str, Any]) -> Schema | None:
+    """``response_format``: None for text, else the schema the output is held to (json_object: any object)."""
+    rf = d.get("response_format")
+    if rf is None:
+        return None
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ANY_OBJECT
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict):
+            raise bad_request("response_format.json_schema must be an object", "response_format")
+        try:
+            return compile_schema(js.get("schema", True))
+        except SchemaError as exc:
+            raise bad_request(f"response_format: {exc}", "response_format", "unsupported_schema") from None
+        except RecursionError:
+            raise bad_request("response_format: the schema is nested too deeply", "response_format") from None
+    raise bad_request("response_format.type must be text, json_object or json_schema", "response_format")
 
 
 def parse_generation(d: dict[str, Any], kind: str, n_vocab: int, n_ctx: int) -> GenRequest:
@@ -253,6 +272,7 @@ def parse_generation(d: dict[str, Any], kind: str, n_vocab: int, n_ctx: int) -> 
     req.stream, req.include_usage, req.params, req.max_tokens = stream, include_usage, params, max_tokens
     req.logprobs, req.top_logprobs, req.logit_bias = logprobs, top, _logit_bias(d, n_vocab)
     params.alternatives = max(top, 1) if logprobs else 0
+    req.json_schema = _response_format(d)
     return req
 
 

@@ -27,6 +27,7 @@ from ..chat.channels import HarmonySplitter
 from ..engine.batch import can_batch, forward_batch
 from ..engine.generate import PREFILL_CHUNK, Engine
 from ..tokenizer import StreamDecoder
+from .jsonmode import Schema, State, can_end, closed, feed, initial
 
 
 class QueueFull(Exception):
@@ -88,6 +89,7 @@ class Job:
     top_logprobs: int = 0
     logit_bias: dict[int, float] = field(default_factory=dict)
     harmony: bool = False  # split a harmony (gpt-oss) reply into thinking and answer
+    json_schema: Schema | None = None  # hold the output to this schema (response_format)
     cancel: threading.Event = field(default_factory=threading.Event)
     queued_at: float = field(default_factory=time.perf_counter)
     slot: int = -1
@@ -128,6 +130,7 @@ class _Run:
         self.text = ""  # the answer so far; ``sent`` characters of it are out
         self.sent = 0
         self.records: list[tuple[int, TokenLogprob]] = []  # (offset in text, record) not yet sent
+        self.json: State | None = initial(job.json_schema) if job.json_schema is not None else None
         self.bias: tuple[np.ndarray, np.ndarray] | None = None
         if job.logit_bias:
             self.bias = (np.fromiter(job.logit_bias, np.int64), np.fromiter(job.logit_bias.values(), np.float32))
@@ -185,6 +188,7 @@ class Scheduler:
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="quantscope-serve", daemon=True)
         self._started = False
+        self._token_bytes: list[bytes] | None = None
         #: set (with the exception) when the loop died of a bug: /health reports it
         self.failure: BaseException | None = None
 
@@ -363,7 +367,16 @@ class Scheduler:
         if run.bias is not None:
             logits = logits.astype(np.float32, copy=True)
             np.add.at(logits, run.bias[0], run.bias[1])
-        tid = run.sampler.sample(logits, run.history)
+        if run.json is not None:
+            picked = self._pick_json(run, logits)
+            if picked is None:
+                self._finish(slot, "error", "no token continues the JSON output")
+                return None
+            tid = picked
+            if tid not in eng.eog:
+                run.json = feed(run.json, self.token_bytes[tid])
+        else:
+            tid = run.sampler.sample(logits, run.history)
         if tid in eng.eog:
             self._finish(slot, "stop")
             return None
@@ -380,7 +393,7 @@ class Scheduler:
             if job.logprobs:
                 run.records.append((len(run.text), self._record(run, tid, delta)))
             run.text += delta
-        if self._flush(run, final=False):
+        if self._flush(run, final=False) or (run.json is not None and closed(run.json)):
             self._finish(slot, "stop")
             return None
         if job.max_tokens is not None and run.usage.completion_tokens >= job.max_tokens:
@@ -390,6 +403,51 @@ class Scheduler:
             self._finish(slot, "length")
             return None
         return tid
+
+    @property
+    def token_bytes(self) -> list[bytes]:
+        """Each token's bytes as output (control tokens: none), made on first use (constrained sampling)."""
+        if self._token_bytes is None:
+            tok = self.engine.tokenizer
+            self._token_bytes = [tok.token_bytes(t, False) for t in range(tok.n_vocab)]
+        return self._token_bytes
+
+    def _pick_json(self, run: _Run, logits: np.ndarray) -> int | None:
+        """A token that keeps the output valid for the request's schema: the sampler's pick when it does (up to
+        8 tries, each refused token masked), else a pick among the most likely tokens that do (at least 64 of
+        them, or ``top_k``), found in logit order. End of generation only where the JSON may end."""
+        state = run.json
+        assert state is not None
+        table, eog = self.token_bytes, self.engine.eog
+
+        def ok(t: int) -> bool:
+            if t in eog:
+                return can_end(state)
+            b = table[t]
+            return bool(b) and feed(state, b) is not None
+
+        x = logits
+        for _ in range(8):
+            t = run.sampler.sample(x, run.history)
+            if ok(t):
+                return t
+            if x is logits:
+                x = np.array(logits, dtype=np.float32)
+            x[t] = -np.inf
+        want = max(64, run.job.params.top_k)
+        allowed: list[int] = []
+        for t in np.argsort(-x, kind="stable"):
+            if x[t] == -np.inf:
+                break
+            if ok(int(t)):
+                allowed.append(int(t))
+                if len(allowed) >= want:
+                    break
+        if not allowed:
+            return None
+        masked = np.full_like(x, -np.inf)
+        masked[allowed] = x[allowed]
+        return run.sampler.sample(masked, run.history)
 
     def _record(self, run: _Run, tid: int, text: str) -> TokenLogprob:
         tok = self.engine.tokenizer

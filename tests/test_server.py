@@ -191,6 +191,18 @@ def test_json_schema_and_json_object_outputs_parse(server: Server, client: opena
     assert "pattern" in exc.value.message
 
 
+def test_ignore_eos_runs_to_max_tokens(server: Server, client: openai.OpenAI) -> None:
+    idle(server)
+    hi = [{"role": "user", "content": "Say hi."}]
+    short = client.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", messages=hi, max_tokens=40,
+                                           temperature=0)
+    assert short.choices[0].finish_reason == "stop" and short.usage.completion_tokens < 40
+    full = client.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", messages=hi, max_tokens=40,
+                                          temperature=0, extra_body={"ignore_eos": True})
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 40
+    assert full.choices[0].message.content.startswith(short.choices[0].message.content)
+
+
 def test_held_back_text_is_what_could_start_a_stop_string() -> None:
     assert held_back("Hello wor", ["world"], 0) == 3
     assert held_back("Hello wor", ["world", "or"], 0) == 3

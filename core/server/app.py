@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -279,8 +280,11 @@ class ServerApp:
         def emit(ev: Event) -> None:
             loop.call_soon_threadsafe(events.put_nowait, ev)
 
+        bias = dict(req.logit_bias)
+        if req.ignore_eos:
+            bias.update(dict.fromkeys(eng.eog, -math.inf))
         job = Job(ids, req.params, emit, max_tokens=req.max_tokens, logprobs=req.logprobs,
-                  top_logprobs=req.top_logprobs, logit_bias=req.logit_bias,
+                  top_logprobs=req.top_logprobs, logit_bias=bias,
                   harmony=kind == "chat" and eng.harmony is not None, json_schema=req.json_schema)
         try:
             self.scheduler.submit(job)

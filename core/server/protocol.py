@@ -97,6 +97,7 @@ class GenRequest:
     top_logprobs: int = 0
     logit_bias: dict[int, float] = field(default_factory=dict)
     json_schema: Schema | None = None  # response_format: the output is held to this (jsonmode)
+    ignore_eos: bool = False  # llama-server's: end-of-generation tokens are never sampled
 
 
 def _stop(d: dict[str, Any]) -> list[str]:
@@ -273,6 +274,7 @@ def parse_generation(d: dict[str, Any], kind: str, n_vocab: int, n_ctx: int) -> 
     req.logprobs, req.top_logprobs, req.logit_bias = logprobs, top, _logit_bias(d, n_vocab)
     params.alternatives = max(top, 1) if logprobs else 0
     req.json_schema = _response_format(d)
+    req.ignore_eos = _flag(d, "ignore_eos")
     return req
 
 

@@ -311,6 +311,23 @@ def test_closing_a_stream_frees_its_slot_and_a_full_server_answers_503(server: S
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] <= 2
 
 
+def test_a_client_gone_before_a_whole_reply_frees_the_slot(server: Server, http: Http) -> None:
+    """Not streamed: the server notices the closed connection while generating and stops at the next step."""
+    idle(server)
+    cancelled = server.scheduler.metrics.finished.get("cancelled", 0)
+    conn = httplib.HTTPConnection(server.host, server.port, timeout=60)
+    conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "Once", "max_tokens": 400,
+                                                             "ignore_eos": True}).encode(),
+                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    end = time.monotonic() + 20
+    while not server.scheduler.metrics.generated_tokens and not server.scheduler.busy_slots:
+        assert time.monotonic() < end
+        time.sleep(0.01)
+    conn.close()
+    idle(server)
+    assert server.scheduler.metrics.finished.get("cancelled", 0) == cancelled + 1
+
+
 def test_refusals_are_openai_shaped_and_never_reach_the_engine(server: Server, http: Http) -> None:
     idle(server)
     before = server.scheduler.metrics.requests

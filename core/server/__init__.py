@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from pathlib import Path
 
 from ..engine.generate import Engine
@@ -68,12 +69,9 @@ class Server:
         self._thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [self.sock]},
                                         name="quantscope-http", daemon=True)
         self._thread.start()
-        ready = threading.Event()
-        for _ in range(int(timeout * 100)):
-            if self.uvicorn.started or not self._thread.is_alive():
-                ready.set()
-                break
-            ready.wait(0.01)
+        end = time.monotonic() + timeout
+        while not self.uvicorn.started and self._thread.is_alive() and time.monotonic() < end:
+            time.sleep(0.01)
         if not self.uvicorn.started:
             raise RuntimeError("the server did not start")
 

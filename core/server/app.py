@@ -29,8 +29,12 @@ from starlette.routing import Route
 from ..chat import ChatTemplateError
 from ..engine.generate import Engine
 from .errors import ApiError, bad_request
+from .jsonmode import SchemaError
 from .protocol import GenRequest, parse_detokenize, parse_generation, parse_json, parse_tokenize
 from .scheduler import Event, Job, QueueFull, Scheduler, ServerStopped, TokenLogprob, Usage
+from .tools import CLOSE as TOOL_CLOSE
+from .tools import OPEN as TOOL_OPEN
+from .tools import ToolCallParser, call_schema, make_call, supports_tools
 
 #: the largest request body accepted (a long conversation is a few MiB at most)
 DEFAULT_MAX_BODY = 8 * 2**20
@@ -98,6 +102,9 @@ class ServerApp:
         self.config = config
         self.created = int(time.time())
         self.http_requests: dict[int, int] = {}  # status -> count, for /metrics
+        #: the tool-call tags that are special tokens of the vocabulary: written as text when tools are given
+        vocab = engine.tokenizer.vocab
+        self._tool_tags = frozenset(vocab[t] for t in (TOOL_OPEN, TOOL_CLOSE) if t in vocab)
         routes = [
             Route("/v1/models", self._wrap(self.models), methods=["GET"]),
             Route("/models", self._wrap(self.models), methods=["GET"]),
@@ -253,7 +260,7 @@ class ServerApp:
         if req.kind == "chat":
             assert req.messages is not None
             try:
-                ids = eng.prompt_ids(req.messages)
+                ids = self._chat_ids(req)
             except ChatTemplateError as exc:
                 raise bad_request(f"the chat template refused the messages: {exc}", "messages") from None
         elif isinstance(req.prompt, list):
@@ -269,11 +276,38 @@ class ServerApp:
                               "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
         return ids
 
+    @staticmethod
+    def _tool_names(req: GenRequest) -> frozenset[str]:
+        return frozenset(t["function"]["name"] for t in req.tools)
+
+    def _chat_ids(self, req: GenRequest) -> list[int]:
+        """The prompt of a chat request: its messages (and tools) through the template; a required tool call
+        starts the reply with the call's opening."""
+        eng = self.engine
+        assert req.messages is not None
+        if not req.tools:
+            return eng.prompt_ids(req.messages)
+        tpl = eng.template
+        if eng.template_error is not None or tpl is None or not supports_tools(tpl.source):
+            raise bad_request(f"tools are not supported for {self.config.model_id}: its chat template does not "
+                              "write tool calls as <tool_call> blocks", "tools", "unsupported_parameter")
+        text = tpl.render(req.messages, add_generation_prompt=True, tools=req.tools)
+        has_bos = bool(tpl.bos_token) and text.startswith(tpl.bos_token)
+        ids = eng.tokenizer.encode(text, add_special=not has_bos)
+        if req.tool_choice == "required":
+            ids += eng.tokenizer.encode(TOOL_OPEN + "\n", add_special=False)
+        return ids
+
     async def _generate(self, request: Request, kind: str) -> Response:
         eng = self.engine
         req = parse_generation(await self._json(request), kind, eng.tokenizer.n_vocab, eng.n_ctx)
         self._check_model(req.model)
         ids = await run_in_threadpool(self._prompt_ids, req)
+        if req.tool_choice == "required":
+            try:
+                req.json_schema = call_schema(req.tools, req.tool_name)
+            except SchemaError as exc:
+                raise bad_request(f"tools: {exc}", "tools", "unsupported_schema") from None
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -285,7 +319,8 @@ class ServerApp:
             bias.update(dict.fromkeys(eng.eog, -math.inf))
         job = Job(ids, req.params, emit, max_tokens=req.max_tokens, logprobs=req.logprobs,
                   top_logprobs=req.top_logprobs, logit_bias=bias,
-                  harmony=kind == "chat" and eng.harmony is not None, json_schema=req.json_schema)
+                  harmony=kind == "chat" and eng.harmony is not None, json_schema=req.json_schema,
+                  literal=self._tool_tags if req.tool_choice == "auto" else frozenset())
         try:
             self.scheduler.submit(job)
         except QueueFull as exc:
@@ -337,12 +372,25 @@ class ServerApp:
         body: dict[str, Any] = {"id": rid, "created": int(time.time()), "model": self.config.model_id}
         content = "".join(text)
         if req.kind == "chat":
-            msg: dict[str, Any] = {"role": "assistant", "content": content}
+            calls: list[dict[str, Any]] = []
+            if req.tool_choice == "required" and ev.finish_reason == "stop":
+                call = make_call(content)
+                if call is not None:
+                    content, calls = "", [call]
+            elif req.tool_choice == "auto":
+                parser = ToolCallParser(self._tool_names(req))
+                head, calls = parser.push(content)
+                tail, more = parser.finish()
+                content, calls = head + tail, calls + more
+            msg: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+            if calls:
+                msg["tool_calls"] = calls
             if any(reasoning):
                 msg["reasoning_content"] = "".join(reasoning)
+            reason = "tool_calls" if calls and ev.finish_reason == "stop" else _finish_reason(ev.finish_reason)
             body |= {"object": "chat.completion", "choices": [{
                 "index": 0, "message": msg, "logprobs": _chat_logprobs(tokens) if req.logprobs else None,
-                "finish_reason": _finish_reason(ev.finish_reason)}]}
+                "finish_reason": reason}]}
         else:
             body |= {"object": "text_completion", "choices": [{
                 "index": 0, "text": content, "logprobs": _completion_logprobs(tokens, 0) if req.logprobs else None,
@@ -372,8 +420,41 @@ class ServerApp:
             if chat:
                 yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None})
+            parser = ToolCallParser(self._tool_names(req)) if req.tool_choice == "auto" else None
+            forced: list[str] = []  # a required call: its JSON, sent as a call at the end
+            n_calls = 0
+
+            def call_chunks(calls: list[dict[str, Any]]) -> list[str]:
+                nonlocal n_calls
+                out = []
+                for call in calls:
+                    out.append(chunk({"index": 0, "delta": {"tool_calls": [{"index": n_calls, **call}]},
+                                      "logprobs": None, "finish_reason": None}))
+                    n_calls += 1
+                return out
+
             while True:
                 ev = await events.get()
+                if chat and (parser is not None or req.tool_choice == "required"):
+                    calls: list[dict[str, Any]] = []
+                    if req.tool_choice == "required":
+                        forced.append(ev.text)
+                        ev.text = ""
+                        if ev.done and ev.finish_reason == "stop":
+                            call = make_call("".join(forced))
+                            if call is None:
+                                ev.text = "".join(forced)
+                            else:
+                                calls = [call]
+                        elif ev.done:
+                            ev.text = "".join(forced)
+                    elif parser is not None:
+                        ev.text, calls = parser.push(ev.text)
+                        if ev.done:
+                            tail, more = parser.finish()
+                            ev.text, calls = ev.text + tail, calls + more
+                    for line in call_chunks(calls):
+                        yield line
                 if ev.text or ev.reasoning or ev.tokens:
                     if chat:
                         delta: dict[str, Any] = {"content": ev.text} if ev.text or ev.tokens else {}
@@ -395,6 +476,8 @@ class ServerApp:
                     yield f"data: {json.dumps(err.body())}\n\n"
                 else:
                     reason = _finish_reason(ev.finish_reason)
+                    if n_calls and ev.finish_reason == "stop":
+                        reason = "tool_calls"
                     u = ev.usage or Usage()
                     if chat:
                         yield chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason},

@@ -1,7 +1,7 @@
 """The OpenAI request bodies, checked field by field into :class:`GenRequest` before the engine sees anything.
 
 Every known field is validated (type and range); a field this server cannot honour (``n`` > 1, a JSON schema it
-cannot enforce, ``tools``, presence/frequency penalties) is refused with a 400 naming it, never silently ignored.
+cannot enforce, presence/frequency penalties) is refused with a 400 naming it, never silently ignored.
 ``response_format`` json_object and json_schema are enforced by constrained sampling (:mod:`.jsonmode`). Unknown
 fields are ignored, as the OpenAI API and llama-server do.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,8 @@ MAX_STOP_CHARS = 1024
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024
 MAX_PROMPT_IDS = 1 << 20
+MAX_TOOLS = 128
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: message roles passed to the chat template (``developer`` is OpenAI's new name for ``system``)
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
@@ -97,6 +100,9 @@ class GenRequest:
     top_logprobs: int = 0
     logit_bias: dict[int, float] = field(default_factory=dict)
     json_schema: Schema | None = None  # response_format: the output is held to this (jsonmode)
+    tools: list[dict[str, Any]] = field(default_factory=list)  # for the template ([] with tool_choice none)
+    tool_choice: str = "none"  # "none", "auto" or "required"
+    tool_name: str | None = None  # the function a named tool_choice requires
     ignore_eos: bool = False  # llama-server's: end-of-generation tokens are never sampled
 
 
@@ -143,15 +149,74 @@ def _messages(d: dict[str, Any]) -> list[dict[str, Any]]:
         if role not in ROLES:
             raise bad_request(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}, not {_show(role)}",
                               f"messages[{i}].role")
-        if m.get("tool_calls"):
-            raise bad_request("tool calls are not supported by this server", f"messages[{i}].tool_calls",
-                              "unsupported_parameter")
         msg: dict[str, Any] = {"role": "system" if role == "developer" else role,
                                "content": _content(m.get("content"), i)}
-        if isinstance(m.get("name"), str):
-            msg["name"] = m["name"]
+        for key in ("name", "tool_call_id"):
+            if isinstance(m.get(key), str):
+                msg[key] = m[key]
+        if m.get("tool_calls"):
+            msg["tool_calls"] = _message_calls(m["tool_calls"], f"messages[{i}].tool_calls")
         out.append(msg)
     return out
+
+
+def _message_calls(v: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls`` as chat templates take them (``arguments`` parsed into an object)."""
+    if not isinstance(v, list) or len(v) > MAX_TOOLS:
+        raise bad_request(f"{where} must be a list of at most {MAX_TOOLS} calls", where)
+    out = []
+    for j, call in enumerate(v):
+        fn = call.get("function") if isinstance(call, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        args = fn.get("arguments", "{}") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not isinstance(args, (str, dict)):
+            raise bad_request(f"{where}[{j}] must be {{\"type\": \"function\", \"function\": {{\"name\", "
+                              "\"arguments\"}}}}", where)
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except (ValueError, RecursionError):
+                raise bad_request(f"{where}[{j}].function.arguments is not JSON", where) from None
+        out.append({"id": str(call.get("id", "")), "type": "function",
+                    "function": {"name": name, "arguments": args}})
+    return out
+
+
+def _tools(d: dict[str, Any]) -> tuple[list[dict[str, Any]], str, str | None]:
+    """``tools`` and ``tool_choice``: the tools as the template takes them, the choice ("none", "auto" or
+    "required") and the one function a named choice requires."""
+    tools = d.get("tools")
+    if tools is None:
+        tools = []
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise bad_request(f"tools must be a list of at most {MAX_TOOLS} tools", "tools")
+    names = []
+    for j, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict):
+            raise bad_request(f"tools[{j}] must be {{\"type\": \"function\", \"function\": {{…}}}}", "tools")
+        name = fn.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            raise bad_request(f"tools[{j}].function.name must be 1-64 letters, digits, _ or -", "tools")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise bad_request(f"tools[{j}].function.parameters must be a JSON Schema object", "tools")
+        names.append(name)
+    tc = d.get("tool_choice")
+    named = None
+    if tc is None:
+        choice = "auto" if tools else "none"
+    elif tc in ("none", "auto", "required"):
+        choice = tc
+    elif isinstance(tc, dict) and tc.get("type") == "function" and isinstance(tc.get("function"), dict):
+        named, choice = tc["function"].get("name"), "required"
+        if named not in names:
+            raise bad_request(f"tool_choice names {_show(named)}, which is not among the tools", "tool_choice")
+    else:
+        raise bad_request("tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": "
+                          "{\"name\": …}}", "tool_choice")
+    if choice != "none" and not tools:
+        raise bad_request(f"tool_choice {choice} needs tools", "tool_choice")
+    return (tools if choice != "none" else []), choice, named
 
 
 def _prompt(d: dict[str, Any], n_vocab: int) -> str | list[int]:
@@ -177,11 +242,9 @@ def _unsupported(d: dict[str, Any]) -> None:
     for key in ("presence_penalty", "frequency_penalty"):
         if _number(d, key, -2.0, 2.0, 0.0) != 0.0:
             raise bad_request(f"{key} is not supported (use repeat_penalty)", key, "unsupported_parameter")
-    if d.get("tools") or d.get("functions"):
-        raise bad_request("tools are not supported by this server", "tools", "unsupported_parameter")
-    tc = d.get("tool_choice")
-    if tc is not None and tc != "none" and tc != "auto":
-        raise bad_request("tool_choice is not supported by this server", "tool_choice", "unsupported_parameter")
+    if d.get("functions") or d.get("function_call"):
+        raise bad_request("functions (the legacy form of tools) are not supported: use tools", "functions",
+                          "unsupported_parameter")
     if d.get("echo"):
         raise bad_request("echo is not supported", "echo", "unsupported_parameter")
     if d.get("suffix"):
@@ -265,15 +328,20 @@ def parse_generation(d: dict[str, Any], kind: str, n_vocab: int, n_ctx: int) -> 
         if top and not logprobs:
             raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
         req = GenRequest(kind, model, messages=_messages(d))
+        req.tools, req.tool_choice, req.tool_name = _tools(d)
     else:
         # the legacy API: ``logprobs`` is the number of alternatives (0 still returns the picked tokens')
         top_v = _integer(d, "logprobs", 0, MAX_TOP_LOGPROBS, None)
         logprobs, top = top_v is not None, int(top_v or 0)
         req = GenRequest(kind, model, prompt=_prompt(d, n_vocab))
+        if d.get("tools"):
+            raise bad_request("tools need /v1/chat/completions", "tools")
     req.stream, req.include_usage, req.params, req.max_tokens = stream, include_usage, params, max_tokens
     req.logprobs, req.top_logprobs, req.logit_bias = logprobs, top, _logit_bias(d, n_vocab)
     params.alternatives = max(top, 1) if logprobs else 0
     req.json_schema = _response_format(d)
+    if req.json_schema is not None and req.tool_choice == "required":
+        raise bad_request("response_format and a required tool call cannot both shape the output", "tool_choice")
     req.ignore_eos = _flag(d, "ignore_eos")
     return req
 

@@ -90,6 +90,7 @@ class Job:
     logit_bias: dict[int, float] = field(default_factory=dict)
     harmony: bool = False  # split a harmony (gpt-oss) reply into thinking and answer
     json_schema: Schema | None = None  # hold the output to this schema (response_format)
+    literal: frozenset[int] = frozenset()  # special tokens written as their text (a template's tool-call tags)
     cancel: threading.Event = field(default_factory=threading.Event)
     queued_at: float = field(default_factory=time.perf_counter)
     slot: int = -1
@@ -382,7 +383,10 @@ class Scheduler:
             return None
         run.history.append(tid)
         run.usage.completion_tokens += 1
-        delta = "" if tid in run.hide else run.decoder.push(tid)
+        if tid in job.literal:
+            delta = run.decoder.flush() + eng.tokenizer.token_bytes(tid, True).decode("utf-8", "replace")
+        else:
+            delta = "" if tid in run.hide else run.decoder.push(tid)
         channel = ""
         if run.split is not None:
             part = run.split.push(tid, delta)

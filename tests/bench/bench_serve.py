@@ -111,6 +111,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--llama-server", help="a llama-server binary to compare with (built from the pinned source)")
+    ap.add_argument("--unbatched", action="store_true",
+                    help="also run each N with the slots taking turns (one forward each), interleaved")
     a = ap.parse_args()
     ns = [int(x) for x in a.clients.split(",")]
     print(f"CPU: {cpu_model_name()}, {os.cpu_count()} logical CPUs; threads {a.threads or 'default'}; "
@@ -122,9 +124,14 @@ def main() -> int:
         srv.start()
         ours: dict[int, list[float]] = {n: [] for n in ns}
         theirs: dict[int, list[float]] = {n: [] for n in ns}
+        turns: dict[int, list[float]] = {n: [] for n in ns}
         for _ in range(a.reps):
             for n in ns:
                 ours[n].append(aggregate(srv.port, n, a.tokens))
+                if a.unbatched:
+                    srv.scheduler.batch = False
+                    turns[n].append(aggregate(srv.port, n, a.tokens))
+                    srv.scheduler.batch = True
                 if a.llama_server:
                     proc, port = llama_server(a.llama_server, path, n, a.ctx, a.threads)
                     try:
@@ -135,12 +142,15 @@ def main() -> int:
         srv.stop()
         eng.close()
         print(f"\n{path.name}")
-        print(f"{'clients':>8} {'quantscope t/s':>15} {'x single':>9}" + (f" {'llama-server':>13} {'ratio':>6}"
-                                                                           if a.llama_server else ""))
+        print(f"{'clients':>8} {'quantscope t/s':>15} {'x single':>9}"
+              + (f" {'in turns t/s':>13}" if a.unbatched else "")
+              + (f" {'llama-server':>13} {'ratio':>6}" if a.llama_server else ""))
         one = max(ours[ns[0]])
         for n in ns:
             best = max(ours[n])
             row = f"{n:>8} {best:>15.1f} {best / one:>9.2f}"
+            if a.unbatched:
+                row += f" {max(turns[n]):>13.1f}"
             if a.llama_server:
                 peer = max(theirs[n])
                 row += f" {peer:>13.1f} {best / peer:>6.2f}"

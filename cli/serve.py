@@ -24,6 +24,7 @@ def _api_key(args: argparse.Namespace) -> str | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from quantscope.core.engine.cuda_backend import CudaError
     from quantscope.core.server import Server, model_id_of
 
     from .model import load_engine
@@ -39,6 +40,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except MemoryError:
             raise CLIError(f"not enough memory for {args.parallel} slots of {eng.n_ctx} tokens; lower --parallel "
                            "or -c") from None
+        except CudaError as exc:
+            raise CLIError(f"cannot make {args.parallel} slots of {eng.n_ctx} tokens on the GPU: {exc}; lower "
+                           "--parallel or -c, or use --backend cpu") from None
         print(f"serving {server.app.config.model_id} ({eng.model.config.arch}, context {eng.n_ctx}, "
               f"{args.parallel} slot{'s' if args.parallel > 1 else ''}) at {server.url}/v1"
               f"{' (API key required)' if key else ''}; Ctrl-C stops", file=sys.stderr)

@@ -29,6 +29,9 @@ from ..engine.generate import PREFILL_CHUNK, Engine
 from ..tokenizer import StreamDecoder
 from .jsonmode import Schema, State, can_end, closed, feed, initial
 
+#: constrained sampling looks this far down the logit order for more valid tokens once it has found one
+SCAN = 4096
+
 
 class QueueFull(Exception):
     """Every slot is busy and the queue holds its maximum: try again later."""
@@ -418,8 +421,9 @@ class Scheduler:
 
     def _pick_json(self, run: _Run, logits: np.ndarray) -> int | None:
         """A token that keeps the output valid for the request's schema: the sampler's pick when it does (up to
-        8 tries, each refused token masked), else a pick among the most likely tokens that do (at least 64 of
-        them, or ``top_k``), found in logit order. End of generation only where the JSON may end."""
+        8 tries, each refused token masked), else a pick among the most likely tokens that do (up to 64 of them,
+        or ``top_k``, found in logit order within the first ``SCAN`` tokens once one is found). End of generation
+        only where the JSON may end."""
         state = run.json
         assert state is not None
         table, eog = self.token_bytes, self.engine.eog
@@ -440,13 +444,11 @@ class Scheduler:
             x[t] = -np.inf
         want = max(64, run.job.params.top_k)
         allowed: list[int] = []
-        for t in np.argsort(-x, kind="stable"):
-            if x[t] == -np.inf:
+        for seen, t in enumerate(np.argsort(-x, kind="stable")):
+            if x[t] == -np.inf or len(allowed) >= want or (allowed and seen >= SCAN):
                 break
             if ok(int(t)):
                 allowed.append(int(t))
-                if len(allowed) >= want:
-                    break
         if not allowed:
             return None
         masked = np.full_like(x, -np.inf)

@@ -182,6 +182,13 @@ typedef struct {
 } qs_block;
 int qs_block_forward(const qs_block *b, float *x, int64_t n_tokens, const int32_t *pos, int64_t n_past,
                      int n_threads);
+/* One decode step of n_seqs sequences at once (a server's parallel slots): row t of x [n_seqs][n_embd] is the next
+ * token of sequence t, at position pos[t] after n_pasts[t] cached tokens, and seqs[t] is this layer for sequence t
+ * (the same weights, its own KV cache). The products run on all rows together (the prefill GEMM); each row's K/V
+ * go to its own cache, and it attends to its own cache only. Attention layers only: QS_ERR_SIZE for a delta-net
+ * layer, a probe or statistics, or sequences whose layers differ; QS_ERR_CACHE for two rows sharing a cache. */
+int qs_block_forward_seqs(const qs_block *const *seqs, float *x, int64_t n_seqs, const int32_t *pos,
+                          const int64_t *n_pasts, int n_threads);
 /* One token of one gated delta-net head, as qs_block_forward runs it (k and q already normalized): st [S key][S
  * value] <- st * decay; d = beta (v - st^T k); st += k d^T; o = st^T q. QS_ERR_SIZE unless 0 < S <= 1024. */
 int qs_gdn_step(int64_t S, float *st, const float *k, const float *q, const float *v, float decay, float beta,

@@ -461,9 +461,40 @@ done:
     return rc;
 }
 
-static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *pos, int64_t n_past, int n_threads) {
+/* qs_block_forward_seqs' checks beyond check_block's: one sequence per row, each with this layer's weights and
+ * shapes and a cache of its own, large enough, with room for the row's token; attention layers only, no probe. */
+static int check_seqs(const qs_block *const *seqs, const int64_t *n_pasts, const int32_t *pos, int64_t T) {
+    const qs_block *b = seqs[0];
+    const qs_attn_desc *A = &b->attn;
+    const qs_probe_desc *P = &b->probe;
+    if (!n_pasts || !pos || T <= 0 || T > 4096) return QS_ERR_SIZE;
+    if (b->gdn.conv || P->attn || P->wo || P->ffn || P->down || P->exp_count || P->q) return QS_ERR_SIZE;
+    const int64_t KV = A->n_head_kv, hd = A->head_dim;
+    for (int64_t t = 0; t < T; ++t) {
+        const qs_block *s = seqs[t];
+        if (!s) return QS_ERR_SIZE;
+        const qs_attn_desc *S = &s->attn;
+        if (S->wq.ptr != A->wq.ptr || S->wo.ptr != A->wo.ptr || b->ffn.down.ptr != s->ffn.down.ptr ||
+            S->n_head != A->n_head || S->n_head_kv != KV || S->head_dim != hd || S->kv_f16 != A->kv_f16 ||
+            S->window != A->window || S->kv_reuse != A->kv_reuse || s->gdn.conv)
+            return QS_ERR_SIZE;
+        if (S->n_ctx <= 0 || S->n_ctx > (1 << 24) || n_pasts[t] < 0 || n_pasts[t] >= S->n_ctx) return QS_ERR_SIZE;
+        if (pos[t] < 0 || pos[t] >= S->n_ctx) return QS_ERR_POS;
+        const int64_t cache = S->n_ctx * KV * hd * (S->kv_f16 ? 2 : 4);
+        if (!S->k_cache || !S->v_cache || S->k_cache_bytes < cache || S->v_cache_bytes < cache) return QS_ERR_CACHE;
+        for (int64_t u = 0; u < t; ++u)
+            if (seqs[u]->attn.k_cache == S->k_cache || seqs[u]->attn.v_cache == S->v_cache) return QS_ERR_CACHE;
+    }
+    return QS_OK;
+}
+
+/* seqs NULL: T tokens of one sequence after n_past cached ones (b's cache). seqs: T sequences, row t the next token
+ * of sequence t, whose layer is seqs[t] (b == seqs[0]) with n_pasts[t] cached tokens; n_past unused. */
+static int block_forward(const qs_block *b, const qs_block *const *seqs, const int64_t *n_pasts, float *x, int64_t T,
+                         const int32_t *pos, int64_t n_past, int n_threads) {
     if (!b) return QS_ERR_SIZE;
-    int rc = check_block(b, x, T, pos, n_past);
+    int rc = check_block(b, x, T, pos, seqs ? 0 : n_past);
+    if (!rc && seqs) rc = check_seqs(seqs, n_pasts, pos, T);
     if (!rc) rc = check_stats(b);
     if (!rc) rc = check_probe(b, T);
     if (rc) return rc;
@@ -529,7 +560,12 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
             for (int64_t i = 0; i < H * hd; ++i) q[t * H * hd + i] *= s;
         }
     if (rc) goto done;
-    if (!A->kv_reuse) {
+    if (!A->kv_reuse && seqs) { /* each row's K and V into its own sequence's cache */
+        for (int64_t t = 0; t < T; ++t) {
+            store_kv(seqs[t]->attn.k_cache, A->kv_f16, n_pasts[t] * KV * hd, k + t * KV * hd, KV * hd);
+            store_kv(seqs[t]->attn.v_cache, A->kv_f16, n_pasts[t] * KV * hd, v + t * KV * hd, KV * hd);
+        }
+    } else if (!A->kv_reuse) {
         store_kv(A->k_cache, A->kv_f16, n_past * KV * hd, k, T * KV * hd);
         store_kv(A->v_cache, A->kv_f16, n_past * KV * hd, v, T * KV * hd);
     }
@@ -539,8 +575,18 @@ static int block_forward(const qs_block *b, float *x, int64_t T, const int32_t *
         if (A->q_gate) { /* the gates sit in att: the attention goes to the queries' unused second half */
             dst = q + T * H * hd;
         }
-        rc = qs_attention_sinks(q, T, pos, (int)H, (int)hd, A->k_cache, A->v_cache, A->kv_f16, (int)KV, n_past + T,
-                                A->n_ctx, A->window, A->scale, A->softcap, A->sinks.ptr, dst, n_threads);
+        if (seqs) { /* each row attends to its own sequence's cache */
+            for (int64_t t = 0; t < T && !rc; ++t) {
+                const qs_attn_desc *S = &seqs[t]->attn;
+                rc = qs_attention_sinks(q + t * H * hd, 1, pos + t, (int)H, (int)hd, S->k_cache, S->v_cache,
+                                        A->kv_f16, (int)KV, n_pasts[t] + 1, S->n_ctx, A->window, A->scale,
+                                        A->softcap, A->sinks.ptr, dst + t * H * hd, n_threads);
+            }
+        } else {
+            rc = qs_attention_sinks(q, T, pos, (int)H, (int)hd, A->k_cache, A->v_cache, A->kv_f16, (int)KV,
+                                    n_past + T, A->n_ctx, A->window, A->scale, A->softcap, A->sinks.ptr, dst,
+                                    n_threads);
+        }
         if (rc) goto done;
         if (A->q_gate)
             for (int64_t i = 0; i < T * H * hd; ++i) att[i] = dst[i] / (1.0f + expf(-att[i]));
@@ -596,6 +642,14 @@ done:
 
 int qs_block_forward(const qs_block *b, float *x, int64_t T, const int32_t *pos, int64_t n_past, int n_threads) {
     int rc;
-    QS_GUARDED(rc, block_forward(b, x, T, pos, n_past, n_threads));
+    QS_GUARDED(rc, block_forward(b, NULL, NULL, x, T, pos, n_past, n_threads));
+    return rc;
+}
+
+int qs_block_forward_seqs(const qs_block *const *seqs, float *x, int64_t n_seqs, const int32_t *pos,
+                          const int64_t *n_pasts, int n_threads) {
+    int rc;
+    if (!seqs || n_seqs <= 0) return QS_ERR_SIZE;
+    QS_GUARDED(rc, block_forward(seqs[0], seqs, n_pasts, x, n_seqs, pos, 0, n_threads));
     return rc;
 }

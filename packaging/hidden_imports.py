@@ -17,6 +17,14 @@ STATIC = (
     "quantscope.gui.app",
     "quantscope.gui.mainwindow",
     "quantscope.core.native._quantscope_native",
+    # quantscope serve: uvicorn imports its loop, protocol and lifespan modules by name from its config
+    "uvicorn.loops.auto",
+    "uvicorn.loops.asyncio",
+    "uvicorn.protocols.http.auto",
+    "uvicorn.protocols.http.h11_impl",
+    "uvicorn.protocols.websockets.auto",
+    "uvicorn.lifespan.off",
+    "uvicorn.logging",
 )
 TEMPLATE_SUFFIX = "Template_generic"
 #: pyqtgraph's examples import their templates as top-level modules; flowcharts are unused (pyqtgraph does not

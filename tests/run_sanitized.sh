@@ -18,4 +18,4 @@ LD_PRELOAD="$libasan $libubsan" .venv/bin/python -m pytest -q -p no:cacheprovide
   tests/test_hostile_model.py tests/test_quantize_native.py tests/test_imatrix.py \
   "tests/test_engine.py::test_native_forward_matches_numpy_reference" \
   "tests/test_engine.py::test_prefill_equals_token_by_token_decode" \
-  "tests/test_engine.py::test_context_full_is_reported" "$@"
+  "tests/test_engine.py::test_context_full_is_reported" tests/test_server_batch.py "$@"

@@ -1,0 +1,494 @@
+"""The Starlette application: the OpenAI endpoints, llama-server's /tokenize, /detokenize, /health and /metrics.
+
+Every request is checked before the engine is touched: the body's size (413), its JSON (400), the model's name
+(404), each parameter (400) and the prompt's length against the context (400); then it joins the scheduler's
+queue (503 with ``Retry-After`` when full). Generation runs on the scheduler's thread; handlers only wait for its
+events, so the event loop never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..chat import ChatTemplateError
+from ..engine.generate import Engine
+from .errors import ApiError, bad_request
+from .jsonmode import SchemaError
+from .protocol import GenRequest, parse_detokenize, parse_generation, parse_json, parse_tokenize
+from .scheduler import Event, Job, QueueFull, Scheduler, ServerStopped, TokenLogprob, Usage
+from .tools import CLOSE as TOOL_CLOSE
+from .tools import OPEN as TOOL_OPEN
+from .tools import ToolCallParser, call_schema, make_call, supports_tools
+
+#: the largest request body accepted (a long conversation is a few MiB at most)
+DEFAULT_MAX_BODY = 8 * 2**20
+#: paths open without the API key
+OPEN_PATHS = frozenset({"/health"})
+
+
+@dataclass
+class ServerConfig:
+    """What the app needs besides the engine: the model's name in the API, the key and the body limit."""
+
+    model_id: str
+    api_key: str | None = None
+    max_body: int = DEFAULT_MAX_BODY
+
+
+def _error(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def _usage(u: Usage) -> dict[str, Any]:
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+def _timings(u: Usage) -> dict[str, Any]:
+    """llama-server's ``timings`` object."""
+    n_prompt = u.prompt_tokens - u.cached_tokens
+    return {"cache_n": u.cached_tokens, "prompt_n": n_prompt, "prompt_ms": round(u.prompt_ms, 3),
+            "prompt_per_second": n_prompt / (u.prompt_ms / 1e3) if u.prompt_ms > 0 else 0.0,
+            "predicted_n": u.completion_tokens, "predicted_ms": round(u.predicted_ms, 3),
+            "predicted_per_second": u.completion_tokens / (u.predicted_ms / 1e3) if u.predicted_ms > 0 else 0.0}
+
+
+def _bytes(b: bytes) -> list[int]:
+    return list(b)
+
+
+def _chat_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:
+    return {"content": [{"token": t.text, "logprob": t.logprob, "bytes": _bytes(t.raw),
+                         "top_logprobs": [{"token": s, "logprob": lp, "bytes": _bytes(b)} for s, b, lp in t.top]}
+                        for t in tokens]}
+
+
+def _completion_logprobs(tokens: list[TokenLogprob], offset: int) -> dict[str, Any]:
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t.text)
+    return {"tokens": [t.text for t in tokens], "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [{s: lp for s, _b, lp in t.top} for t in tokens], "text_offset": offsets}
+
+
+def _finish_reason(reason: str) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+class ServerApp:
+    """The endpoints over one engine and its scheduler (see the module's docstring)."""
+
+    def __init__(self, engine: Engine, scheduler: Scheduler, config: ServerConfig) -> None:
+        self.engine = engine
+        self.scheduler = scheduler
+        self.config = config
+        self.created = int(time.time())
+        self.http_requests: dict[int, int] = {}  # status -> count, for /metrics
+        #: the tool-call tags that are special tokens of the vocabulary: written as text when tools are given
+        vocab = engine.tokenizer.vocab
+        self._tool_tags = frozenset(vocab[t] for t in (TOOL_OPEN, TOOL_CLOSE) if t in vocab)
+        routes = [
+            Route("/v1/models", self._wrap(self.models), methods=["GET"]),
+            Route("/models", self._wrap(self.models), methods=["GET"]),
+            Route("/v1/chat/completions", self._wrap(self.chat), methods=["POST"]),
+            Route("/chat/completions", self._wrap(self.chat), methods=["POST"]),
+            Route("/v1/completions", self._wrap(self.completions), methods=["POST"]),
+            Route("/completions", self._wrap(self.completions), methods=["POST"]),
+            Route("/v1/embeddings", self._wrap(self.embeddings), methods=["POST"]),
+            Route("/embeddings", self._wrap(self.embeddings), methods=["POST"]),
+            Route("/tokenize", self._wrap(self.tokenize), methods=["POST"]),
+            Route("/detokenize", self._wrap(self.detokenize), methods=["POST"]),
+            Route("/health", self._wrap(self.health), methods=["GET"]),
+            Route("/metrics", self._wrap(self.metrics), methods=["GET"]),
+        ]
+
+        async def http_error(request: Request, exc: Exception) -> Response:
+            status = exc.status_code if isinstance(exc, HTTPException) else 500
+            what = {404: f"no such endpoint: {request.url.path}",
+                    405: f"{request.method} is not allowed on {request.url.path}"}.get(status, "request failed")
+            return self._count(_error(ApiError(status, what)))
+
+        self.app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+    # ------------------------------------------------------------------ plumbing
+    def _count(self, r: Response) -> Response:
+        self.http_requests[r.status_code] = self.http_requests.get(r.status_code, 0) + 1
+        return r
+
+    def _wrap(self, fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def handler(request: Request) -> Response:
+            try:
+                if request.url.path not in OPEN_PATHS:
+                    self._authorize(request)
+                return self._count(await fn(request))
+            except ApiError as exc:
+                return self._count(_error(exc))
+
+        return handler
+
+    def _authorize(self, request: Request) -> None:
+        key = self.config.api_key
+        if not key:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                           code="invalid_api_key")
+
+    async def _json(self, request: Request) -> dict[str, Any]:
+        limit = self.config.max_body
+        too_big = ApiError(413, f"the request body is larger than {limit:,} bytes", code="request_too_large")
+        length = request.headers.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                raise bad_request("the Content-Length header is not a number")
+            if int(length) > limit:
+                raise too_big
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_big
+        return parse_json(bytes(body))
+
+    def _check_model(self, name: str | None) -> None:
+        if name is not None and name != self.config.model_id:
+            raise ApiError(404, f"the model {name!r} does not exist: this server serves {self.config.model_id!r}",
+                           param="model", code="model_not_found")
+
+    # ------------------------------------------------------------------ endpoints
+    async def models(self, request: Request) -> Response:
+        c = self.engine.model.config
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.config.model_id, "object": "model", "created": self.created, "owned_by": "quantscope",
+            "meta": {"arch": c.arch, "n_ctx": self.engine.n_ctx, "n_ctx_train": c.n_ctx_train,
+                     "n_vocab": c.n_vocab, "n_embd": c.n_embd, "backend": self.engine.backend,
+                     "slots": len(self.scheduler.slots)}}]})
+
+    async def health(self, request: Request) -> Response:
+        if self.scheduler.failure is not None:
+            return JSONResponse({"status": "error", "error": str(self.scheduler.failure)}, status_code=500)
+        return JSONResponse({"status": "ok", "slots_idle": len(self.scheduler.slots) - self.scheduler.busy_slots,
+                             "slots_processing": self.scheduler.busy_slots, "queued": self.scheduler.queued})
+
+    async def metrics(self, request: Request) -> Response:
+        m, s = self.scheduler.metrics, self.scheduler
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, help_: str, values: list[tuple[str, float]]) -> None:
+            lines.extend((f"# HELP quantscope_{name} {help_}", f"# TYPE quantscope_{name} {kind}"))
+            lines.extend(f"quantscope_{name}{labels} {value:g}" for labels, value in values)
+
+        metric("requests_total", "counter", "Generation requests accepted.", [("", m.requests)])
+        metric("requests_finished_total", "counter", "Generation requests finished, by reason.",
+               [(f'{{reason="{k}"}}', v) for k, v in sorted(m.finished.items())] or [('{reason="stop"}', 0)])
+        metric("requests_rejected_total", "counter", "Requests refused because the queue was full.",
+               [("", m.rejected_full)])
+        metric("http_responses_total", "counter", "HTTP responses, by status.",
+               [(f'{{status="{k}"}}', v) for k, v in sorted(self.http_requests.items())] or [('{status="200"}', 0)])
+        metric("prompt_tokens_total", "counter", "Prompt tokens evaluated.", [("", m.prompt_tokens)])
+        metric("prompt_tokens_cached_total", "counter", "Prompt tokens reused from a slot's cache.",
+               [("", m.cached_tokens)])
+        metric("tokens_predicted_total", "counter", "Tokens generated.", [("", m.generated_tokens)])
+        metric("prompt_seconds_total", "counter", "Time spent on prompts.", [("", m.prompt_seconds)])
+        metric("tokens_predicted_seconds_total", "counter", "Time spent generating.", [("", m.generation_seconds)])
+        metric("predicted_tokens_per_second", "gauge", "Average generation speed per request (tokens/s).",
+               [("", m.generated_tokens / m.generation_seconds if m.generation_seconds else 0.0)])
+        metric("requests_processing", "gauge", "Requests in a slot.", [("", s.busy_slots)])
+        metric("requests_deferred", "gauge", "Requests waiting for a slot.", [("", s.queued)])
+        metric("slots", "gauge", "Parallel slots.", [("", len(s.slots))])
+        metric("batched_steps_total", "counter", "Decode steps of several slots in one forward pass.",
+               [("", m.batched_steps)])
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    async def tokenize(self, request: Request) -> Response:
+        content, add_special, with_pieces = parse_tokenize(await self._json(request))
+        tok = self.engine.tokenizer
+        ids = await run_in_threadpool(tok.encode, content, add_special if add_special else False)
+        if not with_pieces:
+            return JSONResponse({"tokens": ids})
+
+        def piece(t: int) -> str | list[int]:
+            raw = tok.token_bytes(t, True)
+            try:
+                return raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return list(raw)
+
+        return JSONResponse({"tokens": [{"id": t, "piece": piece(t)} for t in ids]})
+
+    async def detokenize(self, request: Request) -> Response:
+        ids = parse_detokenize(await self._json(request), self.engine.tokenizer.n_vocab)
+        tok = self.engine.tokenizer
+        raw = b"".join(tok.token_bytes(t, True) for t in ids)
+        return JSONResponse({"content": raw.decode("utf-8", "replace")})
+
+    async def embeddings(self, request: Request) -> Response:
+        d = await self._json(request)
+        self._check_model(d.get("model") if isinstance(d.get("model"), str) else None)
+        raise bad_request(f"embeddings are not available: {self.config.model_id} is a text generation model and "
+                          "this server has no pooling for it", code="unsupported_endpoint")
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, "completion")
+
+    # ------------------------------------------------------------------ generation
+    def _prompt_ids(self, req: GenRequest) -> list[int]:
+        eng = self.engine
+        if req.kind == "chat":
+            assert req.messages is not None
+            try:
+                ids = self._chat_ids(req)
+            except ChatTemplateError as exc:
+                raise bad_request(f"the chat template refused the messages: {exc}", "messages") from None
+        elif isinstance(req.prompt, list):
+            ids = list(req.prompt)
+        else:
+            ids = eng.tokenizer.encode(req.prompt or "")
+        if not ids:
+            if eng.tokenizer.bos_id is None:
+                raise bad_request("the prompt is empty and the vocabulary has no BOS token to start from", "prompt")
+            ids = [eng.tokenizer.bos_id]
+        if len(ids) >= eng.n_ctx:
+            raise bad_request(f"the prompt has {len(ids)} tokens but the context holds {eng.n_ctx}",
+                              "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
+        return ids
+
+    @staticmethod
+    def _tool_names(req: GenRequest) -> frozenset[str]:
+        return frozenset(t["function"]["name"] for t in req.tools)
+
+    def _chat_ids(self, req: GenRequest) -> list[int]:
+        """The prompt of a chat request: its messages (and tools) through the template; a required tool call
+        starts the reply with the call's opening."""
+        eng = self.engine
+        assert req.messages is not None
+        if not req.tools:
+            return eng.prompt_ids(req.messages)
+        tpl = eng.template
+        if eng.template_error is not None or tpl is None or not supports_tools(tpl.source):
+            raise bad_request(f"tools are not supported for {self.config.model_id}: its chat template does not "
+                              "write tool calls as <tool_call> blocks", "tools", "unsupported_parameter")
+        text = tpl.render(req.messages, add_generation_prompt=True, tools=req.tools)
+        has_bos = bool(tpl.bos_token) and text.startswith(tpl.bos_token)
+        ids = eng.tokenizer.encode(text, add_special=not has_bos)
+        if req.tool_choice == "required":
+            ids += eng.tokenizer.encode(TOOL_OPEN + "\n", add_special=False)
+        return ids
+
+    async def _generate(self, request: Request, kind: str) -> Response:
+        eng = self.engine
+        req = parse_generation(await self._json(request), kind, eng.tokenizer.n_vocab, eng.n_ctx)
+        self._check_model(req.model)
+        ids = await run_in_threadpool(self._prompt_ids, req)
+        if req.tool_choice == "required":
+            try:
+                req.json_schema = call_schema(req.tools, req.tool_name)
+            except SchemaError as exc:
+                raise bad_request(f"tools: {exc}", "tools", "unsupported_schema") from None
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+
+        def emit(ev: Event) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, ev)
+
+        bias = dict(req.logit_bias)
+        if req.ignore_eos:
+            bias.update(dict.fromkeys(eng.eog, -math.inf))
+        job = Job(ids, req.params, emit, max_tokens=req.max_tokens, logprobs=req.logprobs,
+                  top_logprobs=req.top_logprobs, logit_bias=bias,
+                  harmony=kind == "chat" and eng.harmony is not None, json_schema=req.json_schema,
+                  literal=self._tool_tags if req.tool_choice == "auto" else frozenset())
+        try:
+            self.scheduler.submit(job)
+        except QueueFull as exc:
+            raise ApiError(503, f"the server is busy: {exc}; retry later", code="server_busy",
+                           headers={"Retry-After": "1"}) from None
+        except ServerStopped as exc:
+            raise ApiError(503, str(exc), code="server_stopping") from None
+        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        if req.stream:
+            return StreamingResponse(self._sse(req, rid, job, events), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await self._collect(request, req, rid, job, events)
+
+    def _cancel(self, job: Job) -> None:
+        job.cancel.set()
+        self.scheduler.wake()
+
+    async def _collect(self, request: Request, req: GenRequest, rid: str, job: Job,
+                       events: asyncio.Queue[Event]) -> Response:
+        """A non-streamed reply: wait for every event, cancelling the job if the client goes away meanwhile."""
+
+        async def watch() -> None:
+            while True:
+                msg = await request.receive()
+                if msg["type"] == "http.disconnect":
+                    self._cancel(job)
+                    return
+
+        watcher = asyncio.create_task(watch())
+        text, reasoning, tokens = [], [], []
+        ev = Event()
+        try:
+            while not ev.done:
+                ev = await events.get()
+                text.append(ev.text)
+                reasoning.append(ev.reasoning)
+                tokens.extend(ev.tokens)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            if not ev.done:
+                self._cancel(job)
+        if ev.finish_reason in ("error", "cancelled"):
+            raise ApiError(500 if ev.finish_reason == "error" else 503,
+                           f"generation failed: {ev.error}" if ev.error else "the request was cancelled",
+                           code="generation_failed")
+        u = ev.usage or Usage()
+        body: dict[str, Any] = {"id": rid, "created": int(time.time()), "model": self.config.model_id}
+        content = "".join(text)
+        if req.kind == "chat":
+            calls: list[dict[str, Any]] = []
+            if req.tool_choice == "required" and ev.finish_reason == "stop":
+                call = make_call(content)
+                if call is not None:
+                    content, calls = "", [call]
+            elif req.tool_choice == "auto":
+                parser = ToolCallParser(self._tool_names(req))
+                head, calls = parser.push(content)
+                tail, more = parser.finish()
+                content, calls = head + tail, calls + more
+            msg: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+            if calls:
+                msg["tool_calls"] = calls
+            if any(reasoning):
+                msg["reasoning_content"] = "".join(reasoning)
+            reason = "tool_calls" if calls and ev.finish_reason == "stop" else _finish_reason(ev.finish_reason)
+            body |= {"object": "chat.completion", "choices": [{
+                "index": 0, "message": msg, "logprobs": _chat_logprobs(tokens) if req.logprobs else None,
+                "finish_reason": reason}]}
+        else:
+            body |= {"object": "text_completion", "choices": [{
+                "index": 0, "text": content, "logprobs": _completion_logprobs(tokens, 0) if req.logprobs else None,
+                "finish_reason": _finish_reason(ev.finish_reason)}]}
+        body |= {"usage": _usage(u), "timings": _timings(u)}
+        return JSONResponse(body)
+
+    async def _sse(self, req: GenRequest, rid: str, job: Job, events: asyncio.Queue[Event]) -> AsyncIterator[str]:
+        """A streamed reply as server-sent events ending in ``data: [DONE]``; closing the stream cancels it."""
+        created = int(time.time())
+        chat = req.kind == "chat"
+        base = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+                "model": self.config.model_id}
+        offset = 0
+
+        def chunk(choice: dict[str, Any] | None, usage: Usage | None = None, final: bool = False) -> str:
+            d = dict(base)
+            d["choices"] = [choice] if choice is not None else []
+            if req.include_usage:
+                d["usage"] = _usage(usage) if usage is not None else None
+            if final and usage is not None:
+                d["timings"] = _timings(usage)
+            return f"data: {json.dumps(d, ensure_ascii=False)}\n\n"
+
+        done = False
+        try:
+            if chat:
+                yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None})
+            parser = ToolCallParser(self._tool_names(req)) if req.tool_choice == "auto" else None
+            forced: list[str] = []  # a required call: its JSON, sent as a call at the end
+            n_calls = 0
+
+            def call_chunks(calls: list[dict[str, Any]]) -> list[str]:
+                nonlocal n_calls
+                out = []
+                for call in calls:
+                    out.append(chunk({"index": 0, "delta": {"tool_calls": [{"index": n_calls, **call}]},
+                                      "logprobs": None, "finish_reason": None}))
+                    n_calls += 1
+                return out
+
+            while True:
+                ev = await events.get()
+                if chat and (parser is not None or req.tool_choice == "required"):
+                    calls: list[dict[str, Any]] = []
+                    if req.tool_choice == "required":
+                        forced.append(ev.text)
+                        ev.text = ""
+                        if ev.done and ev.finish_reason == "stop":
+                            call = make_call("".join(forced))
+                            if call is None:
+                                ev.text = "".join(forced)
+                            else:
+                                calls = [call]
+                        elif ev.done:
+                            ev.text = "".join(forced)
+                    elif parser is not None:
+                        ev.text, calls = parser.push(ev.text)
+                        if ev.done:
+                            tail, more = parser.finish()
+                            ev.text, calls = ev.text + tail, calls + more
+                    for line in call_chunks(calls):
+                        yield line
+                if ev.text or ev.reasoning or ev.tokens:
+                    if chat:
+                        delta: dict[str, Any] = {"content": ev.text} if ev.text or ev.tokens else {}
+                        if ev.reasoning:
+                            delta["reasoning_content"] = ev.reasoning
+                        yield chunk({"index": 0, "delta": delta,
+                                     "logprobs": _chat_logprobs(ev.tokens) if req.logprobs else None,
+                                     "finish_reason": None})
+                    else:
+                        yield chunk({"index": 0, "text": ev.text, "finish_reason": None,
+                                     "logprobs": _completion_logprobs(ev.tokens, offset) if req.logprobs else None})
+                    offset += len(ev.text)
+                if not ev.done:
+                    continue
+                done = True
+                if ev.finish_reason in ("error", "cancelled"):
+                    err = ApiError(500, f"generation failed: {ev.error}" if ev.error
+                                   else "the request was cancelled (the server is stopping)")
+                    yield f"data: {json.dumps(err.body())}\n\n"
+                else:
+                    reason = _finish_reason(ev.finish_reason)
+                    if n_calls and ev.finish_reason == "stop":
+                        reason = "tool_calls"
+                    u = ev.usage or Usage()
+                    if chat:
+                        yield chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason},
+                                    None if req.include_usage else u, final=not req.include_usage)
+                    else:
+                        yield chunk({"index": 0, "text": "", "logprobs": None, "finish_reason": reason},
+                                    None if req.include_usage else u, final=not req.include_usage)
+                    if req.include_usage:
+                        yield chunk(None, u, final=True)
+                yield "data: [DONE]\n\n"
+                return
+        finally:
+            if not done:  # the client closed the stream: the slot is freed at the next step
+                self._cancel(job)

@@ -1,0 +1,32 @@
+"""OpenAI-shaped errors: every refusal of the server is ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: the ``error.type`` OpenAI gives each status
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+               405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+               500: "server_error", 503: "unavailable_error"}
+
+
+class ApiError(Exception):
+    """A request the server refuses: HTTP ``status`` with an OpenAI-shaped body (:meth:`body`)."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": ERROR_TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    """A 400: the request is malformed or asks for something this server does not do."""
+    return ApiError(400, message, param=param, code=code)

@@ -1,0 +1,324 @@
+"""JSON output by constrained sampling: ``response_format`` ``json_object`` (any JSON object) and
+``json_schema`` (the subset of JSON Schema below), enforced byte by byte on every sampled token.
+
+:func:`compile_schema` turns a schema into a normalized tree, or raises :class:`SchemaError` naming the first
+keyword it cannot enforce (the server answers 400: a schema is never silently ignored). Enforced: ``type`` (one
+or a list), ``properties``, ``required``, ``additionalProperties`` (false, true or a schema), ``items``, ``enum``,
+``const``; annotations (``title``, ``description``, ``default``, ``examples``, ``$schema``, ``$id``,
+``$comment``) are ignored. :class:`JsonConstraint` is a pushdown automaton over the output's bytes whose states
+are immutable tuples, so trying a candidate token never disturbs the current state.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+#: keywords that describe but do not constrain
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
+                         "readOnly", "writeOnly"})
+KNOWN = frozenset({"type", "properties", "required", "additionalProperties", "items", "enum", "const"}) | ANNOTATIONS
+TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+MAX_DEPTH = 32  # schema nesting, and the nesting of values an unconstrained part may open
+MAX_NAMES = 1024  # properties per object, values per enum
+MAX_WS = 64  # consecutive whitespace bytes between tokens (a model may otherwise emit blank lines forever)
+WS = frozenset(b" \t\n\r")
+DIGITS = frozenset(b"0123456789")
+HEX = frozenset(b"0123456789abcdefABCDEF")
+
+Schema = tuple[Any, ...]
+ANY: Schema = ("any",)
+ANY_OBJECT: Schema = ("types", ("object",), (), frozenset(), ANY, None)
+
+
+class SchemaError(ValueError):
+    """A schema (or part of one) this server cannot enforce."""
+
+
+def compile_schema(schema: Any, path: str = "schema", depth: int = 0) -> Schema:
+    """The normalized form of ``schema`` (see the module's docstring); :class:`SchemaError` otherwise."""
+    if depth > MAX_DEPTH:
+        raise SchemaError(f"{path}: nested more than {MAX_DEPTH} levels")
+    if schema is True or schema == {}:
+        return ANY
+    if not isinstance(schema, dict):
+        raise SchemaError(f"{path} must be an object")
+    bad = sorted(k for k in schema if k not in KNOWN)
+    if bad:
+        raise SchemaError(f"{path}: the keyword {bad[0]!r} cannot be enforced")
+    if "const" in schema or "enum" in schema:
+        values = [schema["const"]] if "const" in schema else schema["enum"]
+        if not isinstance(values, list) or not values or len(values) > MAX_NAMES:
+            raise SchemaError(f"{path}.enum must be a non-empty list of at most {MAX_NAMES} values")
+        try:
+            lits = tuple(dict.fromkeys(json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode()
+                                       for v in values))
+        except (TypeError, ValueError):
+            raise SchemaError(f"{path}.enum holds a value that is not JSON") from None
+        return ("enum", lits)
+    kind = schema.get("type")
+    if kind is None:
+        kinds: tuple[str, ...] = ("object",) if "properties" in schema else TYPES
+    elif isinstance(kind, str):
+        kinds = (kind,)
+    elif isinstance(kind, list) and kind and all(isinstance(k, str) for k in kind):
+        kinds = tuple(dict.fromkeys(kind))
+    else:
+        raise SchemaError(f"{path}.type must be a type name or a list of them")
+    unknown = next((k for k in kinds if k not in TYPES), None)
+    if unknown is not None:
+        raise SchemaError(f"{path}.type {unknown!r} is not a JSON Schema type")
+    props: tuple[tuple[bytes, Schema], ...] = ()
+    required: frozenset[bytes] = frozenset()
+    extra: Schema | None = ANY
+    items: Schema | None = None
+    if "object" in kinds:
+        p = schema.get("properties", {})
+        if not isinstance(p, dict) or len(p) > MAX_NAMES:
+            raise SchemaError(f"{path}.properties must be an object of at most {MAX_NAMES} properties")
+        props = tuple((_key(name), compile_schema(sub, f"{path}.properties.{name}", depth + 1))
+                      for name, sub in p.items())
+        req = schema.get("required", [])
+        if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
+            raise SchemaError(f"{path}.required must be a list of names")
+        required = frozenset(_key(r) for r in req)
+        add = schema.get("additionalProperties", True)
+        if add is False:
+            extra = None
+            missing = required - {k for k, _s in props}
+            if missing:
+                raise SchemaError(f"{path}: required {sorted(missing)[0].decode()!r} is not among the properties")
+        elif add is not True:
+            extra = compile_schema(add, f"{path}.additionalProperties", depth + 1)
+    if "array" in kinds:
+        items = compile_schema(schema.get("items", True), f"{path}.items", depth + 1)
+    return ("types", kinds, props, required, extra, items)
+
+
+def _key(name: Any) -> bytes:
+    if not isinstance(name, str):
+        raise SchemaError("property names must be strings")
+    return json.dumps(name, ensure_ascii=False)[1:-1].encode()
+
+
+# ---------------------------------------------------------------------------------------------------- automaton
+# A state is (stack, ws, done): stack a tuple of frames (innermost last), ws the run of whitespace bytes so far,
+# done: the top-level value is complete. Frames:
+#   ("value", schema, depth)                      a value is expected
+#   ("obj", schema, seen, phase, key, depth)      phase: "first" "key" "colon" "value" "next"
+#   ("arr", items, phase, depth)                  phase: "first" "value" "next"
+#   ("str", allowed, buf, esc, is_key)            allowed: None (any text) or the JSON-escaped texts allowed
+#   ("num", integer, sub)                         sub: "-" "0" "int" "." "frac" "e" "esign" "exp"
+#   ("lit", options, pos)                         exact byte strings (true, false, null, enum values)
+State = tuple[tuple[tuple[Any, ...], ...], int, bool]
+
+_NUM_END = frozenset({"0", "int", "frac", "exp"})
+
+
+def initial(schema: Schema) -> State:
+    """The state before any output: one value of ``schema``."""
+    return ((("value", schema, 0),), 0, False)
+
+
+def _complete(stack: tuple[tuple[Any, ...], ...]) -> tuple[tuple[tuple[Any, ...], ...], bool]:
+    """The stack after its top frame's value completed: the parent moves on (``done`` when it was the top)."""
+    stack = stack[:-1]
+    if not stack:
+        return stack, True
+    parent = stack[-1]
+    if parent[0] == "obj":
+        return (*stack[:-1], ("obj", parent[1], parent[2], "next", b"", parent[5])), False
+    if parent[0] == "arr":
+        return (*stack[:-1], ("arr", parent[1], "next", parent[3])), False
+    raise AssertionError(parent[0])
+
+
+def _start_value(schema: Schema, depth: int, c: int) -> tuple[tuple[Any, ...], ...] | None:
+    """The frames that byte ``c`` opens as the first byte of a value of ``schema`` (None: it cannot start one)."""
+    if schema[0] == "enum":
+        opts = tuple(o for o in schema[1] if o[0] == c)
+        return (("lit", opts, 1),) if opts else None
+    kinds = TYPES if schema[0] == "any" else schema[1]
+    if c == ord("{") and "object" in kinds:
+        s = ANY_OBJECT if schema[0] == "any" else schema
+        if depth >= MAX_DEPTH:
+            return None
+        return (("obj", s, frozenset(), "first", b"", depth + 1),)
+    if c == ord("[") and "array" in kinds:
+        items = ANY if schema[0] == "any" else schema[5]
+        if depth >= MAX_DEPTH:
+            return None
+        return (("arr", items, "first", depth + 1),)
+    if c == ord('"') and "string" in kinds:
+        return (("str", None, b"", 0, False),)
+    if (c == ord("-") or c in DIGITS) and ("number" in kinds or "integer" in kinds):
+        integer = "number" not in kinds
+        return (("num", integer, "-" if c == ord("-") else "0" if c == ord("0") else "int"),)
+    if c == ord("t") and "boolean" in kinds:
+        return (("lit", (b"true",), 1),)
+    if c == ord("f") and "boolean" in kinds:
+        return (("lit", (b"false",), 1),)
+    if c == ord("n") and "null" in kinds:
+        return (("lit", (b"null",), 1),)
+    return None
+
+
+def _num_next(sub: str, c: int, integer: bool) -> str | None:
+    d = c in DIGITS
+    if sub == "-":
+        return "0" if c == ord("0") else "int" if d else None
+    if sub in ("0", "int"):
+        if sub == "int" and d:
+            return "int"
+        if integer:
+            return None
+        return "." if c == ord(".") else "e" if c in b"eE" else None
+    if sub == ".":
+        return "frac" if d else None
+    if sub == "frac":
+        return "frac" if d else "e" if c in b"eE" else None
+    if sub == "e":
+        return "exp" if d else "esign" if c in b"+-" else None
+    if sub in ("esign", "exp"):
+        return "exp" if d else None
+    return None
+
+
+def step(state: State, c: int) -> State | None:
+    """The state after byte ``c``; None when no valid output continues this way."""
+    stack, ws, done = state
+    while True:
+        if not stack:  # the value is complete: only (a little) whitespace may follow
+            return (stack, ws + 1, True) if c in WS and ws < MAX_WS else None
+        top = stack[-1]
+        kind = top[0]
+        if kind == "str":
+            _k, allowed, buf, esc, is_key = top
+            if esc == 1:
+                if c == ord("u"):
+                    esc = 2
+                elif c in b'"\\/bfnrt':
+                    esc = 0
+                else:
+                    return None
+            elif esc >= 2:
+                if c not in HEX:
+                    return None
+                esc = 0 if esc == 5 else esc + 1
+            elif c == ord("\\"):
+                esc = 1
+            elif c == ord('"'):
+                if allowed is not None and buf not in allowed:
+                    return None
+                if is_key:
+                    parent = stack[-2]
+                    if buf in parent[2]:
+                        return None  # a key already given
+                    stack = (*stack[:-2], ("obj", parent[1], parent[2], "colon", buf, parent[5]))
+                    return (stack, 0, False)
+                stack, done = _complete(stack)
+                return (stack, 0, done)
+            elif c < 0x20:
+                return None
+            if allowed is not None or is_key:
+                buf += bytes((c,))
+                if allowed is not None and not any(a.startswith(buf) for a in allowed):
+                    return None
+            return ((*stack[:-1], ("str", allowed, buf, esc, is_key)), 0, False)
+        if kind == "num":
+            _k, integer, sub = top
+            nxt = _num_next(sub, c, integer)
+            if nxt is not None:
+                return ((*stack[:-1], ("num", integer, nxt)), 0, False)
+            if sub not in _NUM_END:
+                return None
+            stack, done = _complete(stack)  # the number ended: the byte belongs to what follows
+            ws = 0
+            continue
+        if kind == "lit":
+            _k, opts, pos = top
+            longer = tuple(o for o in opts if len(o) > pos and o[pos] == c)
+            if len(longer) == 1 and len(longer[0]) == pos + 1:  # the only value, now whole
+                stack, done = _complete(stack)
+                return (stack, 0, done)
+            if longer:
+                return ((*stack[:-1], ("lit", longer, pos + 1)), 0, False)
+            if not any(len(o) == pos for o in opts):
+                return None
+            # a value of exactly this length ends here (only numbers need a following byte to know it)
+            stack, done = _complete(stack)
+            ws = 0
+            continue
+        if c in WS:  # between the parts of a value, object or array
+            return None if ws >= MAX_WS else (stack, ws + 1, False)
+        if kind == "value":
+            opened = _start_value(top[1], top[2], c)
+            if opened is None:
+                return None
+            new = opened[-1]
+            if new[0] == "lit" and len(new[1]) == 1 and len(new[1][0]) == 1:  # a one-byte enum value, whole
+                stack, done = _complete((*stack[:-1], new))
+                return (stack, 0, done)
+            return ((*stack[:-1], *opened), 0, False)
+        if kind == "obj":
+            _k, schema, seen, phase, key, depth = top
+            props = dict(schema[2])
+            required, extra = schema[3], schema[4]
+            if phase in ("first", "key") and c == ord('"'):
+                names = None if extra is not None else tuple(k for k in props if k not in seen)
+                if names is not None and not names:
+                    return None
+                return ((*stack, ("str", names, b"", 0, True)), 0, False)
+            if phase in ("first", "next") and c == ord("}"):
+                if not required <= seen:
+                    return None
+                stack, done = _complete(stack)
+                return (stack, 0, done)
+            if phase == "next" and c == ord(","):
+                if extra is None and not set(props) - seen:
+                    return None
+                return ((*stack[:-1], ("obj", schema, seen, "key", b"", depth)), 0, False)
+            if phase == "colon" and c == ord(":"):
+                sub = props.get(key, extra if extra is not None else ANY)
+                frame = ("obj", schema, seen | {key}, "value", b"", depth)
+                return ((*stack[:-1], frame, ("value", sub, depth)), 0, False)
+            return None
+        if kind == "arr":
+            _k, items, phase, depth = top
+            if phase in ("first", "next") and c == ord("]"):
+                stack, done = _complete(stack)
+                return (stack, 0, done)
+            if phase == "next" and c == ord(","):
+                return ((*stack[:-1], ("arr", items, "value", depth), ("value", items, depth)), 0, False)
+            if phase == "first":  # the first item starts without a comma
+                stack = (*stack[:-1], ("arr", items, "value", depth), ("value", items, depth))
+                continue
+            return None
+        raise AssertionError(kind)
+
+
+def feed(state: State | None, data: bytes) -> State | None:
+    """The state after ``data`` (None: not a valid continuation)."""
+    for c in data:
+        if state is None:
+            return None
+        state = step(state, c)
+    return state
+
+
+def can_end(state: State) -> bool:
+    """Whether the output may end here: the value is complete (a number or a literal at the top level ends
+    with the output)."""
+    stack, _ws, done = state
+    if done and not stack:
+        return True
+    if len(stack) == 1 and stack[0][0] == "num":
+        return stack[0][2] in _NUM_END
+    if len(stack) == 1 and stack[0][0] == "lit":
+        return any(len(o) == stack[0][2] for o in stack[0][1])
+    return False
+
+
+def closed(state: State) -> bool:
+    """Whether the value is complete and nothing but whitespace may follow (generation can stop)."""
+    return state[2] and not state[0]

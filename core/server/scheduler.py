@@ -1,0 +1,522 @@
+"""The engine's slots and the thread that runs them: requests queue, join a free slot between decode steps, and
+decode one token per slot per step.
+
+Each slot has its own inference session (KV cache) and remembers the tokens in it: a request goes to the free
+slot sharing the longest prefix with its prompt, and only the rest of the prompt is evaluated (a conversation
+that continues evaluates its new turn only; ``cached`` in its usage). Each step evaluates one prompt chunk for
+every slot still reading its prompt, then samples a token for every generating slot and evaluates all of them in
+one batched forward pass (:func:`~quantscope.core.engine.batch.forward_batch`: each weight read once for all
+slots; one forward per slot on the GPU or for recurrent models). A request whose client went away (its
+``cancel`` set) leaves its slot at the next step. A full queue is refused (:class:`QueueFull`), and nothing here
+blocks the caller: events go out through ``Job.emit``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..chat import Sampler, SamplerParams
+from ..chat.channels import HarmonySplitter
+from ..engine.batch import can_batch, forward_batch
+from ..engine.generate import PREFILL_CHUNK, Engine
+from ..tokenizer import StreamDecoder
+from .jsonmode import Schema, State, can_end, closed, feed, initial
+
+#: constrained sampling looks this far down the logit order for more valid tokens once it has found one
+SCAN = 4096
+
+
+class QueueFull(Exception):
+    """Every slot is busy and the queue holds its maximum: try again later."""
+
+
+class ServerStopped(Exception):
+    """The scheduler has stopped."""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token for ``logprobs``: the text it added to the reply, its bytes, its log-probability
+    (temperature 1, after the repetition penalty) and the most likely tokens as ``(text, bytes, logprob)``."""
+
+    token: int
+    text: str
+    raw: bytes
+    logprob: float
+    top: tuple[tuple[str, bytes, float], ...] = ()
+
+
+@dataclass
+class Usage:
+    """A request's counts and timings (llama-server's ``timings``)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_ms: float = 0.0
+    predicted_ms: float = 0.0
+    queued_ms: float = 0.0
+
+
+@dataclass
+class Event:
+    """A piece of a reply (``text``, ``reasoning`` for a harmony model's thinking, their tokens), or its end:
+    ``done`` with ``finish_reason`` ("stop", "length", "cancelled" or "error" with ``error``) and ``usage``."""
+
+    text: str = ""
+    reasoning: str = ""
+    tokens: list[TokenLogprob] = field(default_factory=list)
+    done: bool = False
+    finish_reason: str = ""
+    usage: Usage | None = None
+    error: str = ""
+
+
+@dataclass
+class Job:
+    """One request for the scheduler: its prompt tokens and sampling, and where its events go. ``emit`` is called
+    on the scheduler's thread and must not block; ``cancel`` may be set from any thread."""
+
+    ids: list[int]
+    params: SamplerParams
+    emit: Callable[[Event], None]
+    max_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    harmony: bool = False  # split a harmony (gpt-oss) reply into thinking and answer
+    json_schema: Schema | None = None  # hold the output to this schema (response_format)
+    literal: frozenset[int] = frozenset()  # special tokens written as their text (a template's tool-call tags)
+    cancel: threading.Event = field(default_factory=threading.Event)
+    queued_at: float = field(default_factory=time.perf_counter)
+    slot: int = -1
+
+
+@dataclass
+class Metrics:
+    """Running totals for /metrics (written by the scheduler's thread; read anywhere)."""
+
+    requests: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0  # evaluated (cached ones are counted apart)
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    prompt_seconds: float = 0.0
+    generation_seconds: float = 0.0
+    rejected_full: int = 0
+    batched_steps: int = 0  # steps whose tokens went through one batched forward pass
+
+
+class _Run:
+    """A job's state while it has a slot."""
+
+    def __init__(self, job: Job, engine: Engine, n_cached: int, pending: list[int]) -> None:
+        self.job = job
+        p = job.params
+        self.sampler = Sampler(p)
+        self.decoder = StreamDecoder(engine.tokenizer, special=p.special)
+        self.hide = frozenset() if p.special else engine.markers
+        self.split = HarmonySplitter(engine.harmony) if job.harmony and engine.harmony is not None else None
+        self.pending = pending
+        self.logits: np.ndarray | None = None
+        self.history = list(job.ids)
+        self.usage = Usage(prompt_tokens=len(job.ids), cached_tokens=n_cached)
+        self.usage.queued_ms = (time.perf_counter() - job.queued_at) * 1e3
+        self.t0 = time.perf_counter()
+        self.t_gen = 0.0
+        self.text = ""  # the answer so far; ``sent`` characters of it are out
+        self.sent = 0
+        self.records: list[tuple[int, TokenLogprob]] = []  # (offset in text, record) not yet sent
+        self.json: State | None = initial(job.json_schema) if job.json_schema is not None else None
+        self.bias: tuple[np.ndarray, np.ndarray] | None = None
+        if job.logit_bias:
+            self.bias = (np.fromiter(job.logit_bias, np.int64), np.fromiter(job.logit_bias.values(), np.float32))
+
+
+class Slot:
+    """An inference session and the tokens in its KV cache."""
+
+    def __init__(self, index: int, session: object) -> None:
+        self.index = index
+        self.session = session
+        self.cached: list[int] = []
+        self.memo: tuple[tuple[int, ...], np.ndarray] | None = None  # the last prompt and its logits
+        self.run: _Run | None = None
+        self.last_used = 0.0
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def held_back(text: str, stops: list[str], start: int) -> int:
+    """How many characters at the end of ``text`` (from ``start`` on) could begin a stop string."""
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text) - start), hold, -1):
+            if text.endswith(s[:k]):
+                hold = k
+                break
+    return hold
+
+
+class Scheduler:
+    """``n_slots`` sessions on ``engine`` and the thread that serves them (see the module's docstring)."""
+
+    def __init__(self, engine: Engine, n_slots: int = 1, max_queue: int = 64, batch: bool = True) -> None:
+        if not 1 <= n_slots <= 256:
+            raise ValueError(f"parallel slots must be 1..256, not {n_slots}")
+        if not 0 <= max_queue <= 1 << 16:
+            raise ValueError(f"the queue must hold 0..65536 requests, not {max_queue}")
+        self.engine = engine
+        sessions = [engine.session] + [engine.new_session(engine.n_ctx) for _ in range(n_slots - 1)]
+        self.slots = [Slot(i, s) for i, s in enumerate(sessions)]
+        self.max_queue = max_queue
+        #: decode the generating slots in one batched forward pass per step (CPU sessions; else one per slot)
+        self.batch = batch
+        self.metrics = Metrics()
+        self._queue: deque[Job] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="quantscope-serve", daemon=True)
+        self._started = False
+        self._token_bytes: list[bytes] | None = None
+        #: set (with the exception) when the loop died of a bug: /health reports it
+        self.failure: BaseException | None = None
+
+    # ------------------------------------------------------------------ control
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the thread: queued and running requests end with ``finish_reason`` "cancelled"."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._started:
+            self._thread.join(timeout)
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``; :class:`QueueFull` when every slot is busy and the queue is full."""
+        with self._cond:
+            if self._stopping:
+                raise ServerStopped("the server is shutting down")
+            busy = sum(s.run is not None for s in self.slots)
+            if busy + len(self._queue) >= len(self.slots) + self.max_queue:
+                self.metrics.rejected_full += 1
+                raise QueueFull(f"all {len(self.slots)} slots are busy and {len(self._queue)} requests wait")
+            self.metrics.requests += 1
+            self._queue.append(job)
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Have the thread look at the jobs again (a cancel of a queued job is seen at once)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def busy_slots(self) -> int:
+        return sum(s.run is not None for s in self.slots)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    # ------------------------------------------------------------------ the thread
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._stopping and not self._queue and all(s.run is None for s in self.slots):
+                        self._cond.wait()
+                    if self._stopping:
+                        break
+                    self._admit()
+                self._step()
+        except BaseException as exc:  # a bug: every request ends with an error, /health says so
+            self.failure = exc
+            raise
+        finally:
+            with self._cond:
+                self._stopping = True
+                jobs = list(self._queue)
+                self._queue.clear()
+            why = f"server error: {self.failure}" if self.failure is not None else ""
+            for job in jobs:
+                self._emit(job, Event(done=True, finish_reason="error" if why else "cancelled", error=why,
+                                      usage=Usage(prompt_tokens=len(job.ids))))
+            for slot in self.slots:
+                if slot.run is not None:
+                    self._finish(slot, "error" if why else "cancelled", why)
+
+    def _admit(self) -> None:
+        """Queued jobs into free slots (called with the lock held): each to the free slot whose cache shares
+        the longest prefix with its prompt (the least recently used among equals); cancelled jobs are dropped."""
+        while self._queue:
+            job = self._queue[0]
+            if job.cancel.is_set():
+                self._queue.popleft()
+                self._emit(job, Event(done=True, finish_reason="cancelled", usage=Usage(prompt_tokens=len(job.ids))))
+                continue
+            free = [s for s in self.slots if s.run is None]
+            if not free:
+                return
+            self._queue.popleft()
+            slot = max(free, key=lambda s: (common_prefix(s.cached, job.ids), -s.last_used))
+            self._start(slot, job)
+
+    def _start(self, slot: Slot, job: Job) -> None:
+        ids = job.ids
+        s = slot.session
+        common = common_prefix(slot.cached, ids)
+        memo = slot.memo
+        if common >= len(ids) and memo is not None and memo[0] == tuple(ids):
+            s.truncate(len(ids))  # type: ignore[attr-defined]
+        if common >= len(ids) and memo is not None and memo[0] == tuple(ids) and s.n_past == len(ids):  # type: ignore[attr-defined]
+            # the same prompt again: its logits as computed then (a seed reproduces its text exactly)
+            run = _Run(job, self.engine, len(ids), [])
+            run.logits = memo[1].copy()
+            slot.cached = list(ids)
+        else:
+            common = min(common, len(ids) - 1)
+            s.truncate(common)  # type: ignore[attr-defined]
+            common = min(common, s.n_past)  # type: ignore[attr-defined]  # recurrent layers: a checkpoint or 0
+            slot.cached = slot.cached[:common]
+            run = _Run(job, self.engine, common, list(ids[common:]))
+        job.slot = slot.index
+        slot.run = run
+
+    def _step(self) -> None:
+        """One step: a prompt chunk for each slot still reading its prompt, then a token sampled for each slot
+        generating and all those tokens evaluated together (:func:`forward_batch` on the CPU; one forward per
+        slot where batching is not possible)."""
+        ready: list[tuple[Slot, int]] = []
+        for slot in self.slots:
+            run = slot.run
+            if run is None:
+                continue
+            if run.job.cancel.is_set():
+                self._finish(slot, "cancelled")
+                continue
+            try:
+                if run.pending:
+                    self._prefill(slot, run)
+                    continue
+                tid = self._sample(slot, run)
+            except Exception as exc:  # a native failure ends this request only
+                self._finish(slot, "error", f"{type(exc).__name__}: {exc}")
+                continue
+            if tid is not None:
+                ready.append((slot, tid))
+        if not ready:
+            return
+        sessions = [slot.session for slot, _t in ready]
+        if len(ready) > 1 and self.batch and can_batch(sessions):
+            try:
+                logits = forward_batch(sessions, [t for _s, t in ready])  # type: ignore[arg-type]
+            except Exception as exc:
+                for slot, _t in ready:
+                    self._finish(slot, "error", f"{type(exc).__name__}: {exc}")
+                return
+            self.metrics.batched_steps += 1
+            for i, (slot, tid) in enumerate(ready):
+                assert slot.run is not None
+                slot.run.logits = logits[i]
+                slot.cached.append(tid)
+            return
+        for slot, tid in ready:
+            try:
+                assert slot.run is not None
+                slot.run.logits = slot.session.forward([tid])  # type: ignore[attr-defined]
+                slot.cached.append(tid)
+            except Exception as exc:
+                self._finish(slot, "error", f"{type(exc).__name__}: {exc}")
+
+    def _prefill(self, slot: Slot, run: _Run) -> None:
+        chunk, run.pending = run.pending[:PREFILL_CHUNK], run.pending[PREFILL_CHUNK:]
+        last = not run.pending
+        slot.memo = None
+        out = slot.session.forward(chunk, logits=last)  # type: ignore[attr-defined]
+        slot.cached.extend(chunk)
+        if last:
+            run.logits = out
+            slot.memo = (tuple(run.job.ids), out.copy())
+            checkpoint = getattr(slot.session, "checkpoint", None)
+            if checkpoint is not None:  # recurrent layers: the state after the prompt, to come back to
+                checkpoint()
+
+    def _sample(self, slot: Slot, run: _Run) -> int | None:
+        """Sample the slot's next token and send what it adds; the token to evaluate next, or None when the
+        request has ended."""
+        eng, job = self.engine, run.job
+        if not run.t_gen:
+            run.t_gen = time.perf_counter()
+            run.usage.prompt_ms = (run.t_gen - run.t0) * 1e3
+        assert run.logits is not None
+        logits = run.logits
+        if run.bias is not None:
+            logits = logits.astype(np.float32, copy=True)
+            np.add.at(logits, run.bias[0], run.bias[1])
+        if run.json is not None:
+            picked = self._pick_json(run, logits)
+            if picked is None:
+                self._finish(slot, "error", "no token continues the JSON output")
+                return None
+            tid = picked
+            if tid not in eng.eog:
+                run.json = feed(run.json, self.token_bytes[tid])
+        else:
+            tid = run.sampler.sample(logits, run.history)
+        if tid in eng.eog:
+            self._finish(slot, "stop")
+            return None
+        run.history.append(tid)
+        run.usage.completion_tokens += 1
+        if tid in job.literal:
+            delta = run.decoder.flush() + eng.tokenizer.token_bytes(tid, True).decode("utf-8", "replace")
+        else:
+            delta = "" if tid in run.hide else run.decoder.push(tid)
+        channel = ""
+        if run.split is not None:
+            part = run.split.push(tid, delta)
+            delta, channel = ("", "") if part is None else (part[1], part[0])
+        if channel:
+            self._emit(job, Event(reasoning=delta))
+        else:
+            if job.logprobs:
+                run.records.append((len(run.text), self._record(run, tid, delta)))
+            run.text += delta
+        if self._flush(run, final=False) or (run.json is not None and closed(run.json)):
+            self._finish(slot, "stop")
+            return None
+        if job.max_tokens is not None and run.usage.completion_tokens >= job.max_tokens:
+            self._finish(slot, "length")
+            return None
+        if slot.session.n_past >= slot.session.n_ctx:  # type: ignore[attr-defined]
+            self._finish(slot, "length")
+            return None
+        return tid
+
+    @property
+    def token_bytes(self) -> list[bytes]:
+        """Each token's bytes as output (control tokens: none), made on first use (constrained sampling)."""
+        if self._token_bytes is None:
+            tok = self.engine.tokenizer
+            self._token_bytes = [tok.token_bytes(t, False) for t in range(tok.n_vocab)]
+        return self._token_bytes
+
+    def _pick_json(self, run: _Run, logits: np.ndarray) -> int | None:
+        """A token that keeps the output valid for the request's schema: the sampler's pick when it does (up to
+        8 tries, each refused token masked), else a pick among the most likely tokens that do (up to 64 of them,
+        or ``top_k``, found in logit order within the first ``SCAN`` tokens once one is found). End of generation
+        only where the JSON may end."""
+        state = run.json
+        assert state is not None
+        table, eog = self.token_bytes, self.engine.eog
+
+        def ok(t: int) -> bool:
+            if t in eog:
+                return can_end(state)
+            b = table[t]
+            return bool(b) and feed(state, b) is not None
+
+        x = logits
+        for _ in range(8):
+            t = run.sampler.sample(x, run.history)
+            if ok(t):
+                return t
+            if x is logits:
+                x = np.array(logits, dtype=np.float32)
+            x[t] = -np.inf
+        want = max(64, run.job.params.top_k)
+        allowed: list[int] = []
+        for seen, t in enumerate(np.argsort(-x, kind="stable")):
+            if x[t] == -np.inf or len(allowed) >= want or (allowed and seen >= SCAN):
+                break
+            if ok(int(t)):
+                allowed.append(int(t))
+        if not allowed:
+            return None
+        masked = np.full_like(x, -np.inf)
+        masked[allowed] = x[allowed]
+        return run.sampler.sample(masked, run.history)
+
+    def _record(self, run: _Run, tid: int, text: str) -> TokenLogprob:
+        tok = self.engine.tokenizer
+        c = run.sampler.last
+
+        def lp(p: float) -> float:
+            return math.log(p) if p > 0 else -9999.0
+
+        if c is None:
+            return TokenLogprob(tid, text, tok.token_bytes(tid, True), 0.0)
+        top = tuple((tok.token_bytes(t, True).decode("utf-8", "replace"), tok.token_bytes(t, True), lp(p))
+                    for t, p, _q in c.alternatives[: run.job.top_logprobs])
+        return TokenLogprob(tid, text, tok.token_bytes(tid, True), lp(c.prob), top)
+
+    def _flush(self, run: _Run, final: bool) -> bool:
+        """Send the answer's text that can no longer turn out to be a stop string; True when one was found
+        (the text ends before it)."""
+        stops = run.job.params.stop
+        start = max(0, run.sent - max((len(s) for s in stops), default=0))
+        cut = min((i for i in (run.text.find(s, start) for s in stops) if i >= 0), default=-1)
+        end = cut if cut >= 0 else len(run.text) - (0 if final else held_back(run.text, stops, run.sent))
+        end = max(end, run.sent)
+        recs = []
+        while run.records and (run.records[0][0] < end or (run.records[0][0] == end and not run.records[0][1].text)):
+            off, r = run.records.pop(0)
+            if off + len(r.text) > end:  # a token that runs into the stop string: its part before it
+                r = TokenLogprob(r.token, r.text[: end - off], r.raw, r.logprob, r.top)
+            recs.append(r)
+        if cut >= 0:
+            run.records.clear()
+        if end > run.sent or recs:
+            self._emit(run.job, Event(text=run.text[run.sent:end], tokens=recs))
+            run.sent = end
+        return cut >= 0
+
+    def _finish(self, slot: Slot, reason: str, error: str = "") -> None:
+        run = slot.run
+        assert run is not None
+        slot.run = None
+        slot.last_used = time.perf_counter()
+        if reason in ("stop", "length"):
+            tail = run.decoder.flush()
+            if run.split is None:
+                run.text += tail
+            self._flush(run, final=True)
+        now = time.perf_counter()
+        u = run.usage
+        if run.t_gen:
+            u.predicted_ms = (now - run.t_gen) * 1e3
+        else:
+            u.prompt_ms = (now - run.t0) * 1e3
+        m = self.metrics
+        m.finished[reason] = m.finished.get(reason, 0) + 1
+        m.prompt_tokens += u.prompt_tokens - u.cached_tokens
+        m.cached_tokens += u.cached_tokens
+        m.generated_tokens += u.completion_tokens
+        m.prompt_seconds += u.prompt_ms / 1e3
+        m.generation_seconds += u.predicted_ms / 1e3
+        self._emit(run.job, Event(done=True, finish_reason=reason, usage=u, error=error))
+
+    @staticmethod
+    def _emit(job: Job, ev: Event) -> None:
+        try:
+            job.emit(ev)
+        except Exception:  # the receiver is gone (its event loop closed): nobody to tell, stop generating
+            job.cancel.set()

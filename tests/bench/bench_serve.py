@@ -1,0 +1,162 @@
+"""Aggregate decode throughput of ``quantscope serve`` with 1, 2, 4 and 8 parallel clients, optionally side by
+side with llama-server (``--llama-server BIN``, started with ``-np N``) on the same machine, interleaved.
+
+Each client streams one completion of ``--tokens`` tokens (``ignore_eos``) from a short prompt; the figure is
+all clients' tokens over the time from the first request to the last token. Figures only (no assertions).
+
+Usage: python tests/bench/bench_serve.py [MODEL …] [--clients 1,2,4,8] [--tokens 64] [--threads N] [--reps 2]
+       [--llama-server PATH]        (MODEL: a catalogue name, a GGUF path, or synthetic:1b; default smollm2)
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from quantscope.core import catalog
+from quantscope.core.engine.generate import Engine
+from quantscope.core.server import Server
+
+PROMPT = "Write a long story about a lighthouse keeper."
+
+
+def stream_one(port: int, tokens: int, seed: int, done: list[float], counts: list[int]) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    body = {"prompt": PROMPT, "max_tokens": tokens, "temperature": 0.8, "seed": seed, "stream": True,
+            "ignore_eos": True, "n_predict": tokens}
+    conn.request("POST", "/v1/completions", body=json.dumps(body).encode(),
+                 headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    n = 0
+    for line in r:
+        if line.startswith(b"data: {"):
+            d = json.loads(line[6:])
+            n += sum(1 for c in d.get("choices", []) if c.get("text"))
+        elif line.startswith(b"data: [DONE]"):
+            break
+    conn.close()
+    done.append(time.perf_counter())
+    counts.append(n)
+
+
+def aggregate(port: int, clients: int, tokens: int) -> float:
+    done: list[float] = []
+    counts: list[int] = []
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=stream_one, args=(port, tokens, 1 + i, done, counts)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # chunks may carry several tokens (a character split over tokens): count the tokens asked for
+    return clients * tokens / (max(done) - t0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def llama_server(binary: str, model: Path, n: int, ctx: int, threads: int) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    cmd = [binary, "-m", str(model), "-np", str(n), "-c", str(ctx * n), "--port", str(port), "--host", "127.0.0.1"]
+    if threads:
+        cmd += ["-t", str(threads)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return proc, port
+        except OSError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("llama-server did not start")
+
+
+def cpu_model_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), "unknown CPU")
+    except OSError:
+        return "unknown CPU"
+
+
+def model_path(name: str) -> Path:
+    if name.startswith("synthetic:"):
+        from quantscope.core.synthetic import ensure_synthetic
+
+        return Path(ensure_synthetic(name.split(":", 1)[1]))
+    return Path(name) if Path(name).is_file() else catalog.model_path(name)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*", default=["smollm2"])
+    ap.add_argument("--clients", default="1,2,4,8")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--llama-server", help="a llama-server binary to compare with (built from the pinned source)")
+    ap.add_argument("--unbatched", action="store_true",
+                    help="also run each N with the slots taking turns (one forward each), interleaved")
+    a = ap.parse_args()
+    ns = [int(x) for x in a.clients.split(",")]
+    print(f"CPU: {cpu_model_name()}, {os.cpu_count()} logical CPUs; threads {a.threads or 'default'}; "
+          f"{a.tokens} tokens per client; best of {a.reps} interleaved runs")
+    for name in a.models:
+        path = model_path(name)
+        eng = Engine(path, n_ctx=a.ctx, threads=a.threads, backend="cpu")
+        srv = Server(eng, "m", port=0, parallel=max(ns))
+        srv.start()
+        ours: dict[int, list[float]] = {n: [] for n in ns}
+        theirs: dict[int, list[float]] = {n: [] for n in ns}
+        turns: dict[int, list[float]] = {n: [] for n in ns}
+        for _ in range(a.reps):
+            for n in ns:
+                ours[n].append(aggregate(srv.port, n, a.tokens))
+                if a.unbatched:
+                    srv.scheduler.batch = False
+                    turns[n].append(aggregate(srv.port, n, a.tokens))
+                    srv.scheduler.batch = True
+                if a.llama_server:
+                    proc, port = llama_server(a.llama_server, path, n, a.ctx, a.threads)
+                    try:
+                        theirs[n].append(aggregate(port, n, a.tokens))
+                    finally:
+                        proc.kill()
+                        proc.wait()
+        srv.stop()
+        eng.close()
+        print(f"\n{path.name}")
+        print(f"{'clients':>8} {'quantscope t/s':>15} {'x single':>9}"
+              + (f" {'in turns t/s':>13}" if a.unbatched else "")
+              + (f" {'llama-server':>13} {'ratio':>6}" if a.llama_server else ""))
+        one = max(ours[ns[0]])
+        for n in ns:
+            best = max(ours[n])
+            row = f"{n:>8} {best:>15.1f} {best / one:>9.2f}"
+            if a.unbatched:
+                row += f" {max(turns[n]):>13.1f}"
+            if a.llama_server:
+                peer = max(theirs[n])
+                row += f" {peer:>13.1f} {best / peer:>6.2f}"
+            print(row + f"   (runs: {', '.join(f'{x:.1f}' for x in ours[n])}; median {statistics.median(ours[n]):.1f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Tool calls (core/server/tools.py): the parser of <tool_call> blocks on its own, and the server with
+qwen2.5-coder (whose template lists tools) through the real openai client: a named, a required and an automatic
+call, streamed as index-keyed deltas, and a conversation that continues with the tool's result."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from quantscope.core.engine.generate import Engine
+from quantscope.core.server import Server
+from quantscope.core.server.jsonmode import SchemaError
+from quantscope.core.server.tools import ToolCallParser, call_schema, supports_tools
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def run(parser: ToolCallParser, pieces: list[str]) -> tuple[str, list[dict[str, Any]]]:
+    text, calls = "", []
+    for p in pieces:
+        t, c = parser.push(p)
+        text, calls = text + t, calls + c
+    t, c = parser.finish()
+    return text + t, calls + c
+
+
+def test_parser_takes_calls_out_of_the_text() -> None:
+    raw = 'Let me check.<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call> Done.'
+    for split in (1, 3, 7, len(raw)):
+        text, calls = run(ToolCallParser(), [raw[i : i + split] for i in range(0, len(raw), split)])
+        assert text == "Let me check. Done."
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [("f", {"a": 1})]
+        assert calls[0]["type"] == "function" and calls[0]["id"].startswith("call_")
+    # text is never held back longer than it could still be a tag
+    p = ToolCallParser()
+    assert p.push("a <tool")[0] == "a " and p.push("s>")[0] == "<tools>"
+
+
+def test_parser_leaves_what_is_not_a_call_in_the_text() -> None:
+    assert run(ToolCallParser(), ["<tool_call>not json</tool_call>x"]) == ("<tool_call>not json</tool_call>x", [])
+    assert run(ToolCallParser(), ["<tool_call>{\"nam"]) == ("<tool_call>{\"nam", [])
+    text, calls = run(ToolCallParser(), ['<tool_call>{"name": "g", "arguments": {}}'])  # unclosed, but whole
+    assert text == "" and calls[0]["function"]["name"] == "g"
+
+
+def test_parser_reads_bare_json_calls_of_known_tools() -> None:
+    names = frozenset({"get_weather"})
+    text, calls = run(ToolCallParser(names), [' {"name": "get_weather", ', '"arguments": {"city": "Oslo"}}'])
+    assert text == "" and json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
+    assert run(ToolCallParser(names), ['{"name": "other", "arguments": {}}']) == (
+        '{"name": "other", "arguments": {}}', [])
+    assert run(ToolCallParser(names), ["Sure: ", '{"name": "get_weather"}']) == (
+        'Sure: {"name": "get_weather"}', [])
+
+
+def test_call_schema() -> None:
+    assert supports_tools("{% if tools %}<tool_call>{% endif %}") and not supports_tools("{{ messages }}")
+    call_schema([WEATHER], "get_weather")
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "x": {"type": "string", "pattern": "a"}}}}}
+    with pytest.raises(SchemaError, match="pattern"):
+        call_schema([bad], "f")
+    call_schema([bad, WEATHER], None)  # several tools: any arguments object
+
+
+@pytest.fixture(scope="module")
+def qwen(model_path: Any) -> Iterator[openai.OpenAI]:
+    eng = Engine(model_path("qwen2.5-coder"), n_ctx=1024, threads=1, backend="cpu")
+    srv = Server(eng, "qwen", port=0, parallel=2)
+    srv.start()
+    try:
+        yield openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    finally:
+        srv.stop()
+        eng.close()
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_tool_calls(qwen: openai.OpenAI, choice: Any) -> None:
+    r = qwen.chat.completions.create(model="qwen", messages=ASK, tools=[WEATHER], tool_choice=choice,
+                                     max_tokens=40, temperature=0)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None
+    (call,) = c.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+def test_streamed_tool_call_and_the_conversation_after_it(qwen: openai.OpenAI) -> None:
+    deltas, finish = [], None
+    for ch in qwen.chat.completions.create(model="qwen", messages=ASK, tools=[WEATHER], max_tokens=40,
+                                           temperature=0, stream=True, tool_choice="required"):
+        for c in ch.choices:
+            deltas.extend(c.delta.tool_calls or [])
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls" and [d.index for d in deltas] == [0]
+    call = deltas[0]
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    made = {"id": call.id, "type": "function",
+            "function": {"name": "get_weather", "arguments": call.function.arguments}}
+    follow = [*ASK, {"role": "assistant", "content": None, "tool_calls": [made]},
+              {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 18, "sky": "clear"}'}]
+    r = qwen.chat.completions.create(model="qwen", messages=follow, tools=[WEATHER], tool_choice="none",
+                                     max_tokens=24, temperature=0)
+    assert r.choices[0].message.content and not r.choices[0].message.tool_calls
+    with pytest.raises(openai.BadRequestError):  # tool_choice names a tool that is not given
+        qwen.chat.completions.create(model="qwen", messages=ASK, tools=[WEATHER], max_tokens=4,
+                                     tool_choice={"type": "function", "function": {"name": "nope"}})

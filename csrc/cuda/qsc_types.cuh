@@ -56,10 +56,12 @@
 #undef QS_GRID_IQ1_S
 
 /* IQ4_NL / IQ4_XS values and MXFP4 / NVFP4's E2M1 values doubled (ggml's kvalues_iq4nl, kvalues_mxfp4) */
-static const __align__(4) int8_t QSC_IQ4NL_H[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-static const __align__(4) int8_t QSC_FP4_H[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-static __device__ const __align__(4) int8_t QSC_IQ4NL_D[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-static __device__ const __align__(4) int8_t QSC_FP4_D[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+#define QSC_IQ4NL_VALUES {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
+#define QSC_FP4_VALUES {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}
+static const __align__(4) int8_t QSC_IQ4NL_H[16] = QSC_IQ4NL_VALUES;
+static const __align__(4) int8_t QSC_FP4_H[16] = QSC_FP4_VALUES;
+static __device__ const __align__(4) int8_t QSC_IQ4NL_D[16] = QSC_IQ4NL_VALUES;
+static __device__ const __align__(4) int8_t QSC_FP4_D[16] = QSC_FP4_VALUES;
 
 #ifdef __CUDA_ARCH__
 #define QSC_TABLE(name) QSC_DEV_##name
@@ -171,7 +173,7 @@ HD int dot16(const int *c, const int8_t *x) {
 
 /* A 32-element unit of a 256-element block given as int8 codes with an integer scale per 16 (ls[0], ls[1]; equal
  * for the types with one per 32) and one float multiplier: value = m * ls * code exactly, so the dot is
- * (m * d8) * (ls0 * Σ code·q over the first 16 + ls1 * Σ over the second), the CPU's qs_iq_dot_codes_scalar per unit. */
+ * (m * d8) * (ls0 * Σ code·q over the first 16 + ls1 * Σ over the second): qs_iq_dot_codes_scalar, per unit. */
 struct Codes256 {
     static constexpr int QK = 256, NU = 8;
     int c[8], ls[2], e0;
@@ -253,7 +255,8 @@ template <> struct Unit<T_Q3_K> {
         int4 A = ld_i4(w.qs + b * 64 + 32 * n), B = ld_i4(w.qs + b * 64 + 32 * n + 16);
         int4 H = ld_i4(w.qh + b * 32), G = ld_i4(w.qh + b * 32 + 16);
         const int v[8] = {A.x, A.y, A.z, A.w, B.x, B.y, B.z, B.w}, hm[8] = {H.x, H.y, H.z, H.w, G.x, G.y, G.z, G.w};
-        for (int i = 0; i < 8; ++i) q[i] = ((v[i] >> (2 * j)) & 0x03030303) | (((hm[i] >> (4 * n + j)) & 0x01010101) << 2);
+        for (int i = 0; i < 8; ++i)
+            q[i] = ((v[i] >> (2 * j)) & 0x03030303) | (((hm[i] >> (4 * n + j)) & 0x01010101) << 2);
         sc0 = (int8_t)w.sc[b * 16 + g0];
         sc1 = (int8_t)w.sc[b * 16 + g0 + 1];
         d = h2f(w.d[b]);
@@ -630,14 +633,16 @@ HD float dequant_elem_ext(const QW &w, int64_t b, int j) {
     }
     case T_Q3_K: {
         const int n = j / 128, jj = (j % 128) / 32, l = j % 32;
-        const int q = ((w.qs[b * 64 + 32 * n + l] >> (2 * jj)) & 3) - (((w.qh[b * 32 + l] >> (4 * n + jj)) & 1) ? 0 : 4);
+        const int low = (w.qs[b * 64 + 32 * n + l] >> (2 * jj)) & 3;
+        const int q = low - (((w.qh[b * 32 + l] >> (4 * n + jj)) & 1) ? 0 : 4);
         return h2f(w.d[b]) * (float)(int8_t)w.sc[b * 16 + 8 * n + 2 * jj + l / 16] * (float)q;
     }
     case T_Q5_K: {
         const int c = j / 64, l = j % 64, s = 2 * c + (l >= 32);
         const int byte = w.qs[b * 128 + 32 * c + (l & 31)];
         const int q = (l < 32 ? (byte & 15) : (byte >> 4)) | (((w.qh[b * 32 + (l & 31)] >> s) & 1) << 4);
-        const float d = h2f(w.d[2 * b]) * (float)w.sc[b * 16 + s], mm = h2f(w.d[2 * b + 1]) * (float)w.sc[b * 16 + 8 + s];
+        const float d = h2f(w.d[2 * b]) * (float)w.sc[b * 16 + s];
+        const float mm = h2f(w.d[2 * b + 1]) * (float)w.sc[b * 16 + 8 + s];
         return d * (float)q - mm;
     }
     case T_IQ4_NL: {

@@ -204,7 +204,7 @@ def test_host_wrappers_validate_sizes_before_c():
     with pytest.raises(TypeError, match="uint8"):
         cb.host_dequantize("Q4_K", w.view(np.int8), 10, 256)
     with pytest.raises(ValueError, match="no GPU kernel"):
-        cb.host_matmat("Q5_K", np.zeros(176, np.uint8), 1, 256, np.zeros((1, 256), np.float32))
+        cb.host_matmat("Q1_0", np.zeros(18, np.uint8), 1, 128, np.zeros((1, 128), np.float32))
     with pytest.raises(ValueError, match="multiple of 32"):  # F32 rows: the GPU works in 32-element units
         cb.host_matmat("F32", np.zeros(4 * 40, np.uint8), 1, 40, np.zeros((1, 40), np.float32))
     with pytest.raises(ValueError, match="multiple of 256"):
@@ -221,16 +221,18 @@ def test_host_wrappers_validate_sizes_before_c():
                          np.zeros((3, 2, 32), np.float16), 3, scale=1.0)
 
 
-def test_unsupported_weight_types_are_dequantized_or_refused():
+def test_unsupported_weight_types_are_dequantized_or_refused(monkeypatch):
     rng = np.random.default_rng(5)
     raw = realistic_blocks("Q5_K", 3, 2, rng).reshape(-1)
+    assert cb.device_weight(Weight("w", ggml_type("Q5_K"), raw, 3, 512))[1] is raw  # a GPU type (qsc_types.cuh)
+    monkeypatch.delitem(cb.GPU_TYPES, ggml_type("Q5_K").id)  # a type without GPU kernels: F32 on upload
     t, data = cb.device_weight(Weight("w", ggml_type("Q5_K"), raw, 3, 512))
     assert t.name == "F32"
     assert np.array_equal(data.view(np.float32).reshape(3, 512), dequantize(raw.reshape(3, -1), ggml_type("Q5_K")))
     q = realistic_blocks("Q4_K", 1, 1, rng).reshape(-1)
     assert cb.device_weight(Weight("w", ggml_type("Q4_K"), q, 1, 256))[1] is q  # GPU type: uploaded as stored
-    iq = np.zeros(66, np.uint8)  # an i-quant: no GPU kernel, dequantized on the host like Q5_K
-    assert cb.device_weight(Weight("w", ggml_type("IQ2_XXS"), iq, 1, 256))[0].name == "F32"
+    iq = np.zeros(66, np.uint8)  # an i-quant: a GPU type too, uploaded as stored
+    assert cb.device_weight(Weight("w", ggml_type("IQ2_XXS"), iq, 1, 256))[1] is iq
     with pytest.raises(UnsupportedModel, match="Q1_0"):  # no dequantizer at all (ggml's newer Q1_0)
         cb.device_weight(Weight("w", ggml_type("Q1_0"), np.zeros(18, np.uint8), 1, 128))
 
@@ -294,7 +296,7 @@ def test_description_upload_is_checked_before_any_device_call(cuda_lib, syntheti
     cases = [
         (lambda md, L: setattr(L[1].attn.wq, "bytes", L[1].attn.wq.bytes - 1), "layer 1: attn.wq"),
         (lambda md, L: setattr(L[0].attn.wk, "ptr", cb.ffi.NULL), "layer 0: attn.wk is missing"),
-        (lambda md, L: setattr(L[0].attn.wo, "type", 10), "layer 0: attn.wo"),  # Q2_K: no GPU kernel
+        (lambda md, L: setattr(L[0].attn.wo, "type", 41), "layer 0: attn.wo"),  # Q1_0: no GPU kernel
         (lambda md, L: setattr(L[1].ffn.down, "rows", E + 32), "layer 1: ffn.down"),
         (lambda md, L: setattr(L[0].ffn_norm, "len", E - 1), "layer 0: ffn_norm"),
         (lambda md, L: setattr(L[1].attn.bq, "len", 7), "layer 1: attn.bq"),

@@ -42,7 +42,11 @@ DEFAULT_LIB = Path(__file__).resolve().parents[2] / "build" / "cuda" / LIB_NAME
 HEADER = Path(__file__).resolve().parents[2] / "csrc" / "cuda" / "qsc_api.h"
 
 #: Weight types with GPU kernels, as stored (ggml ids); others are dequantized to F32 on upload.
-GPU_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
+GPU_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K",
+             # csrc/cuda/qsc_types.cuh
+             7: "Q5_1", 10: "Q2_K", 11: "Q3_K", 13: "Q5_K", 30: "BF16", 20: "IQ4_NL", 23: "IQ4_XS", 39: "MXFP4",
+             40: "NVFP4", 16: "IQ2_XXS", 17: "IQ2_XS", 22: "IQ2_S", 18: "IQ3_XXS", 21: "IQ3_S", 19: "IQ1_S",
+             29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0"}
 #: Activation types the device quantizers produce (ggml ids) and their (block elements, block bytes).
 ACT_LAYOUT = {8: (32, 34), 9: (32, 36), 15: (256, 292)}
 

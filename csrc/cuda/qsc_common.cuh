@@ -27,6 +27,10 @@ extern "C" {
 /* ggml type ids */
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q8_1 = 9, T_Q4_K = 12, T_Q6_K = 14,
        T_Q8_K = 15 };
+/* the types of qsc_types.cuh */
+enum { T_Q5_1 = 7, T_Q2_K = 10, T_Q3_K = 11, T_Q5_K = 13, T_IQ2_XXS = 16, T_IQ2_XS = 17, T_IQ3_XXS = 18, T_IQ1_S = 19,
+       T_IQ4_NL = 20, T_IQ3_S = 21, T_IQ2_S = 22, T_IQ4_XS = 23, T_IQ1_M = 29, T_BF16 = 30, T_TQ1_0 = 34, T_TQ2_0 = 35,
+       T_MXFP4 = 39, T_NVFP4 = 40 };
 
 /* Activation formats a matrix consumes: floats, 32-element int8 blocks (Q8_0/Q8_1), 256-element (Q8_K). */
 enum { ACT_F = 0, ACT_32 = 1, ACT_256 = 2 };
@@ -40,9 +44,10 @@ struct TypeDesc {
     int field[4]; /* SEC_QS, SEC_QH, SEC_SC, SEC_D bytes per block */
     int src[4];   /* their offsets in the file's block */
     bool k4_scales;
+    bool unpack_sc; /* sc made by unpack_scales (qsc_types.cuh) from the file's block */
 };
 
-#define QSC_NTYPES 16
+#define QSC_NTYPES 41
 static const TypeDesc QSC_TYPES[QSC_NTYPES] = {
     /* T_F32 */ {32, 128, ACT_F, {128, 0, 0, 0}, {0, -1, -1, -1}, false},
     /* T_F16 */ {32, 64, ACT_F, {64, 0, 0, 0}, {0, -1, -1, -1}, false},
@@ -50,13 +55,32 @@ static const TypeDesc QSC_TYPES[QSC_NTYPES] = {
     /* T_Q4_1 */ {32, 20, ACT_32, {16, 0, 0, 4}, {4, -1, -1, 0}, false},
     {}, {}, /* 4, 5: no longer ggml types */
     /* T_Q5_0 */ {32, 22, ACT_32, {16, 4, 0, 2}, {6, 2, -1, 0}, false},
-    {}, /* Q5_1: not on the GPU */
+    /* T_Q5_1 */ {32, 24, ACT_32, {16, 4, 0, 4}, {8, 4, -1, 0}, false},
     /* T_Q8_0 */ {32, 34, ACT_32, {32, 0, 0, 2}, {2, -1, -1, 0}, false},
-    {}, {}, {}, /* Q8_1 (an activation format), Q2_K, Q3_K */
+    {}, /* Q8_1: an activation format */
+    /* T_Q2_K */ {256, 84, ACT_256, {64, 0, 16, 4}, {16, -1, 0, 80}, false},
+    /* T_Q3_K */ {256, 110, ACT_256, {64, 32, 16, 2}, {32, 0, -1, 108}, false, true},
     /* T_Q4_K */ {256, 144, ACT_256, {128, 0, 16, 4}, {16, -1, -1, 0}, true},
-    {}, /* Q5_K */
+    /* T_Q5_K */ {256, 176, ACT_256, {128, 32, 16, 4}, {48, 16, -1, 0}, true},
     /* T_Q6_K */ {256, 210, ACT_256, {128, 64, 16, 2}, {0, 128, 192, 208}, false},
     {}, /* Q8_K: an activation format */
+    /* T_IQ2_XXS */ {256, 66, ACT_256, {64, 0, 0, 2}, {2, -1, -1, 0}, false},
+    /* T_IQ2_XS */ {256, 74, ACT_256, {64, 0, 8, 2}, {2, -1, 66, 0}, false},
+    /* T_IQ3_XXS */ {256, 98, ACT_256, {64, 0, 32, 2}, {2, -1, 66, 0}, false},
+    /* T_IQ1_S */ {256, 50, ACT_256, {32, 16, 0, 2}, {2, 34, -1, 0}, false},
+    /* T_IQ4_NL */ {32, 18, ACT_32, {16, 0, 0, 2}, {2, -1, -1, 0}, false},
+    /* T_IQ3_S */ {256, 110, ACT_256, {64, 8, 36, 2}, {2, 66, 74, 0}, false},
+    /* T_IQ2_S */ {256, 82, ACT_256, {64, 8, 8, 2}, {2, 66, 74, 0}, false},
+    /* T_IQ4_XS */ {256, 136, ACT_256, {128, 0, 8, 2}, {8, -1, -1, 0}, false, true},
+    {}, {}, {}, {}, {}, /* I8, I16, I32, I64, F64 */
+    /* T_IQ1_M */ {256, 56, ACT_256, {32, 16, 8, 0}, {0, 32, 48, -1}, false},
+    /* T_BF16 */ {32, 64, ACT_F, {64, 0, 0, 0}, {0, -1, -1, -1}, false},
+    {}, {}, {}, /* 31..33: no longer ggml types */
+    /* T_TQ1_0 */ {256, 54, ACT_256, {52, 0, 0, 2}, {0, -1, -1, 52}, false},
+    /* T_TQ2_0 */ {256, 66, ACT_256, {64, 0, 0, 2}, {0, -1, -1, 64}, false},
+    {}, {}, {}, /* 36..38: no longer ggml types */
+    /* T_MXFP4 */ {32, 17, ACT_32, {16, 0, 1, 0}, {1, -1, 0, -1}, false},
+    /* T_NVFP4 */ {64, 36, ACT_32, {32, 0, 4, 0}, {4, -1, 0, -1}, false},
 };
 
 static inline const TypeDesc &type_desc(int type) {
@@ -79,7 +103,8 @@ static inline bool type_supported(int type) { return type_desc(type).raw_bytes >
  *   Q4_K  qs[128]             sc[16]: 8 scales then 8 mins (the 6-bit fields unpacked to bytes)   d: half2 (d, dmin)
  *   Q6_K  qs[128] = ql  qh[64]  sc[16] int8                    d: half
  *   F32 / F16: the rows as stored, in the qs section.
- * Nothing is expanded to floats: the device bytes are within 3% of the file's. */
+ *   the other types: qsc_types.cuh.
+ * Nothing is expanded to floats: the device bytes are within 4% of the file's (Q3_K: 114 for 110). */
 enum { SEC_QS = 0, SEC_QH = 1, SEC_SC = 2, SEC_D = 3 };
 
 struct PackedLayout {
@@ -444,12 +469,15 @@ template <> struct Unit<T_F16> {
     }
 };
 
+#include "qsc_types.cuh" /* the other weight types' units and element decoders */
+
 /* ------------------------------------------------------------------------------------------------------------------
  * Element dequantization from the repacked layout (embedding lookup; bit-exact with the reference dequantizers:
  * every product below is exact in fp32, spec §2.2). */
 HD float dequant_elem(const QW &w, int64_t row, int64_t e) {
     if (w.type == T_F32) return ((const float *)w.qs)[row * w.k + e];
     if (w.type == T_F16) return h2f(((const __half *)w.qs)[row * w.k + e]);
+    if (w.type == T_BF16) return bf16_bits_to_f(ld_u16(w.qs + 2 * (row * w.k + e)));
     int qk = (int)(w.k / w.nb);
     int64_t b = row * w.nb + e / qk;
     int j = (int)(e % qk);
@@ -486,7 +514,7 @@ HD float dequant_elem(const QW &w, int64_t row, int64_t e) {
         int sc = (int8_t)w.sc[b * 16 + 8 * hh + 2 * g + l / 16];
         return h2f(w.d[b]) * (float)sc * (float)((low | (high << 4)) - 32);
     }
-    default: return 0.0f;
+    default: return dequant_elem_ext(w, b, j);
     }
 }
 
@@ -654,7 +682,7 @@ static inline int check_model(const qsc_model_desc *md, const qs_block *layers, 
         for (const auto &m : mats)
             if (!weight_ok(*m.w, m.rows, m.k)) {
                 set_err(err, err_len, "layer %d: %s is %s%lld x %lld of type %d in %lld bytes; the GPU needs %lld x "
-                        "%lld of F32 F16 Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q6_K with the bytes that make", i, m.name,
+                        "%lld of a GPU type with the bytes that make", i, m.name,
                         m.w->ptr ? "" : "missing: ", (long long)m.w->rows, (long long)m.w->k, m.w->type,
                         (long long)m.w->bytes, (long long)m.rows, (long long)m.k);
                 return -1;

@@ -40,6 +40,9 @@ int repack_host(int type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *
         for (int64_t b = 0; b < nblocks; ++b)
             for (int j = 0; j < 8; ++j) k4_scale_min(src + b * t.raw_bytes + 4, j, sc + b * 16 + j, sc + b * 16 + 8 + j);
     }
+    if (t.unpack_sc) /* Q3_K, IQ4_XS: the packed scales as one signed byte each */
+        for (int64_t b = 0; b < nblocks; ++b)
+            unpack_scales(type, src + b * t.raw_bytes, dst + L.off[SEC_SC] + b * t.field[SEC_SC]);
     return 0;
 }
 
@@ -156,6 +159,9 @@ int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const f
     case T_Q6_K: host_mm<T_Q6_K>(q.w, a, n_x, y); break;
     case T_F32: host_mm<T_F32>(q.w, a, n_x, y); break;
     case T_F16: host_mm<T_F16>(q.w, a, n_x, y); break;
+#define QSC_HOST_MM(T) case T: host_mm<T>(q.w, a, n_x, y); break;
+    QSC_EXT_TYPES(QSC_HOST_MM)
+#undef QSC_HOST_MM
     default: return -1;
     }
     return 0;

@@ -362,6 +362,9 @@ __global__ void __launch_bounds__(MM_WARPS * 32) k_matmul(const __grid_constant_
     case T_Q6_K: warp_row_dot<T_Q6_K, NC>(s.w, row, s.a, col0, ncols, acc); break;
     case T_F32: warp_row_dot<T_F32, NC>(s.w, row, s.a, col0, ncols, acc); break;
     case T_F16: warp_row_dot<T_F16, NC>(s.w, row, s.a, col0, ncols, acc); break;
+#define QSC_MM_CASE(T) case T: warp_row_dot<T, NC>(s.w, row, s.a, col0, ncols, acc); break;
+    QSC_EXT_TYPES(QSC_MM_CASE)
+#undef QSC_MM_CASE
     default: break;
     }
     const float b = s.bias ? s.bias[row] : 0.0f;

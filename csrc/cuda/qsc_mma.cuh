@@ -1,5 +1,5 @@
 /* Prefill GEMM on int8 tensor cores (mma.sync m16n8k32 / m16n8k16, s8 x s8 -> s32, sm_80+): the math shared by
- * the device kernel (qsc_mma_kernel.cuh) and its host emulation (qsc_prefill_host.cuh), as __host__ __device__ code.
+ * the device kernel (qsc_fast.cuh) and its host emulation (qsc_fast_host.cuh), as __host__ __device__ code.
  *
  * Numeric scheme = k_matmul's (qsc_common.cuh): the same repacked weights, the same int8 activations (Q8_0/Q8_1
  * per 32, Q8_K per 256), exact int32 sums within each scale unit, one float product per (row, column, scale
@@ -98,7 +98,6 @@ struct __align__(16) MmaSmem {
     float wm[MMA_BM][8];      /* Q4_1: m; Q4_K: dmin */
     float ad[MMA_BN][8];      /* per (column, group): activation scale */
     float as[MMA_BN][8];      /* Q4_1: Q8_1 sum d * sum(q) */
-    int bs[MMA_BN][8];        /* Q4_K: activation sums per 32-element sub-block */
 };
 
 /* NG scale groups of GK elements per stage, each of GK / KS chunks of KS elements under one integer scale. */
@@ -220,8 +219,6 @@ template <bool K256> HD void mma_load_x(const Act &a, int64_t col0, int ncols, i
             st_i4(dst, ld_i4(x));
             st_i4(dst + 16, ld_i4(x + 16));
             if (K256) {
-                const int *bs = a.bs + col * (a.k / 16) + kb * 16 + 2 * p;
-                s.bs[c][p] = bs[0] + bs[1];
                 if (p == 0) s.ad[c][0] = a.d[col * (a.k / 256) + kb];
             } else {
                 const int64_t xb = col * (a.k / 32) + kb * 8 + p;
@@ -232,7 +229,6 @@ template <bool K256> HD void mma_load_x(const Act &a, int64_t col0, int ncols, i
             st_i4(dst, make_int4(0, 0, 0, 0));
             st_i4(dst + 16, make_int4(0, 0, 0, 0));
             s.ad[c][p] = s.as[c][p] = 0.0f;
-            s.bs[c][p] = 0;
         }
     }
 }
@@ -251,23 +247,35 @@ template <int LANES> HD void mma_zero(MmaLane (&st)[LANES]) {
                 for (int i = 0; i < 4; ++i) st[l].acc[m][n][i] = 0.0f;
 }
 
-/* One stage of warp `warp`; lane0 = the first lane of the LANES held (device: this thread's lane, host: 0). */
+/* One stage of warp `warp`; lane0 = the first lane of the LANES held (device: this thread's lane, host: 0).
+ * A lane's 32 C elements lie in 4 rows (tile m, C half h: row rb + 16 m + mma_c_row(lane, 2 h)) and 8 columns
+ * (tile n, j: cb + 8 n + mma_c_col(lane, j)), so the scales are read from shared memory once per row / column. */
 template <int TYPE, int LANES> HD void mma_stage(const MmaSmem &s, int warp, int lane0, MmaLane (&st)[LANES]) {
     using TR = MmaTraits<TYPE>;
     const int rb = 32 * (warp & 1), cb = 32 * (warp >> 1);
     for (int g = 0; g < TR::NG; ++g) {
-        int sumi[LANES][2][4][4];
+        constexpr bool MINS = TYPE == T_Q4_K;
+        int sumi[LANES][2][4][4], msum[2][4][LANES][4]; /* msum: accumulated by the MMA itself */
         for (int l = 0; l < LANES; ++l)
             for (int m = 0; m < 2; ++m)
                 for (int n = 0; n < 4; ++n)
-                    for (int i = 0; i < 4; ++i) sumi[l][m][n][i] = 0;
+                    for (int i = 0; i < 4; ++i) sumi[l][m][n][i] = msum[m][n][l][i] = 0;
         for (int ch = 0; ch < TR::CPG; ++ch) {
             const int k0 = g * TR::GK + ch * TR::KS, chunk = k0 / TR::KS;
-            int fa[2][LANES][4], fb[4][LANES][2];
+            /* fm: Q4_K's min term on the tensor cores too: the sub-block's 6-bit min in every byte of an A
+             * fragment, times the activations, is min x (their sum over the sub-block) = min x bsum */
+            int fa[2][LANES][4], fm[2][LANES][4], fb[4][LANES][2], isc[LANES][2][2];
 #pragma unroll
             for (int l = 0; l < LANES; ++l) {
 #pragma unroll
-                for (int m = 0; m < 2; ++m) mma_frag_a<TR::KS>(lane0 + l, &s.a[0][0], MMA_LD, rb + 16 * m, k0, fa[m][l]);
+                for (int m = 0; m < 2; ++m) {
+                    mma_frag_a<TR::KS>(lane0 + l, &s.a[0][0], MMA_LD, rb + 16 * m, k0, fa[m][l]);
+                    for (int h = 0; h < 2; ++h)
+                        isc[l][m][h] = TR::CPG > 1 ? (int)s.isc[rb + 16 * m + mma_c_row(lane0 + l, 2 * h)][chunk] : 1;
+                    for (int r = 0; r < 4; ++r)
+                        fm[m][l][r] = MINS ? (int)s.imin[rb + 16 * m + mma_a_row(lane0 + l, 4 * r)][chunk] * 0x01010101
+                                           : 0;
+                }
 #pragma unroll
                 for (int n = 0; n < 4; ++n) mma_frag_b<TR::KS>(lane0 + l, &s.b[0][0], MMA_LD, cb + 8 * n, k0, fb[n][l]);
             }
@@ -280,29 +288,35 @@ template <int TYPE, int LANES> HD void mma_stage(const MmaSmem &s, int warp, int
                         for (int i = 0; i < 4; ++i) c[l][i] = 0;
                     mma_tile<TR::KS, LANES>(fa[m], fb[n], c);
                     for (int l = 0; l < LANES; ++l)
-                        for (int i = 0; i < 4; ++i) {
-                            const int row = rb + 16 * m + mma_c_row(lane0 + l, i);
-                            const int isc = TR::CPG > 1 ? (int)s.isc[row][chunk] : 1;
-                            sumi[l][m][n][i] += isc * c[l][i];
-                        }
+                        for (int i = 0; i < 4; ++i) sumi[l][m][n][i] += isc[l][m][i >> 1] * c[l][i];
+                    if (MINS) mma_tile<TR::KS, LANES>(fm[m], fb[n], msum[m][n]); /* exact: |msum| < 2^21 */
                 }
         }
-        /* the group's float epilogue: acc += d_w d_x sumi (+ the min / offset term) */
-        for (int l = 0; l < LANES; ++l)
+        /* the group's float epilogue: acc += d_w d_x sumi (+ Q4_1's m_w s_x, - Q4_K's dmin d_x msum) */
+        for (int l = 0; l < LANES; ++l) {
+            float wd[2][2], wm[2][2], ad[4][2], as[4][2];
+            for (int m = 0; m < 2; ++m)
+                for (int h = 0; h < 2; ++h) {
+                    const int row = rb + 16 * m + mma_c_row(lane0 + l, 2 * h);
+                    wd[m][h] = s.wd[row][g];
+                    wm[m][h] = s.wm[row][g];
+                }
+            for (int n = 0; n < 4; ++n)
+                for (int j = 0; j < 2; ++j) {
+                    const int col = cb + 8 * n + mma_c_col(lane0 + l, j);
+                    ad[n][j] = s.ad[col][g];
+                    as[n][j] = s.as[col][g];
+                }
             for (int m = 0; m < 2; ++m)
                 for (int n = 0; n < 4; ++n)
                     for (int i = 0; i < 4; ++i) {
-                        const int row = rb + 16 * m + mma_c_row(lane0 + l, i);
-                        const int col = cb + 8 * n + mma_c_col(lane0 + l, i);
-                        float v = s.wd[row][g] * s.ad[col][g] * (float)sumi[l][m][n][i];
-                        if (TYPE == T_Q4_1) v += s.wm[row][g] * s.as[col][g];
-                        if (TYPE == T_Q4_K) {
-                            int ms = 0;
-                            for (int sb = 0; sb < 8; ++sb) ms += (int)s.imin[row][sb] * s.bs[col][sb];
-                            v -= s.wm[row][0] * s.ad[col][0] * (float)ms;
-                        }
+                        const int h = i >> 1, j = i & 1;
+                        float v = wd[m][h] * ad[n][j] * (float)sumi[l][m][n][i];
+                        if (TYPE == T_Q4_1) v += wm[m][h] * as[n][j];
+                        if (MINS) v -= wm[m][h] * ad[n][j] * (float)msum[m][n][l][i];
                         st[l].acc[m][n][i] += v;
                     }
+        }
     }
 }
 

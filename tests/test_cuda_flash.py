@@ -1,4 +1,4 @@
-"""Flash attention for prefill (csrc/cuda/qsc_flash.cuh, launched from qsc_prefill.cuh).
+"""Flash attention for prefill (csrc/cuda/qsc_flash.cuh, launched from qsc_fast.cuh).
 
 Everywhere the library is built: the kernel's blocks, KV tiles and online-softmax recurrence run on the host, against
 the float64 reference, the CPU attention (core.native.nn, with soft-capping and sinks) and k_attention's algorithm
@@ -36,32 +36,30 @@ def lib(cuda_lib):
 
 
 def _args(lib, q, q_pos, k, v):
+    """The leading arguments of both entry points (the cdata keep their arrays alive) and the output array."""
     ffi, _ = lib
     q = np.ascontiguousarray(q, np.float32)
     pos = np.ascontiguousarray(q_pos, np.int32)
     k, v = np.ascontiguousarray(k), np.ascontiguousarray(v)
     out = np.full(q.shape, np.nan, np.float32)
-    keep = (q, pos, k, v, out)
     p = (ffi.from_buffer("float[]", q), q.shape[0], ffi.from_buffer("int32_t[]", pos), q.shape[1], q.shape[2],
          ffi.from_buffer(k), ffi.from_buffer(v), int(k.dtype == np.float16), k.shape[1])
-    return keep, p, out
+    return p, out
 
 
 def host_flash(lib, q, q_pos, k, v, n_kv, scale, window=0, softcap=0.0, sinks=None):
     ffi, L = lib
-    keep, p, out = _args(lib, q, q_pos, k, v)
+    p, out = _args(lib, q, q_pos, k, v)
     s = np.ascontiguousarray(sinks, np.float32) if sinks is not None else None
     rc = L.qsc_host_flash(*p, n_kv, window, scale, softcap,
                           ffi.from_buffer("float[]", s) if s is not None else ffi.NULL, ffi.from_buffer("float[]", out))
-    del keep
     return out if rc == 0 else None
 
 
 def host_kattn(lib, q, q_pos, k, v, n_kv, scale, window=0):
     ffi, L = lib
-    keep, p, out = _args(lib, q, q_pos, k, v)
+    p, out = _args(lib, q, q_pos, k, v)
     assert L.qsc_host_kattn(*p, n_kv, window, scale, ffi.from_buffer("float[]", out)) == 0
-    del keep
     return out
 
 

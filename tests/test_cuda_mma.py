@@ -1,4 +1,4 @@
-"""The prefill GEMM on int8 tensor cores (csrc/cuda/qsc_mma.cuh, launched from qsc_prefill.cuh).
+"""The prefill GEMM on int8 tensor cores (csrc/cuda/qsc_mma.cuh, launched from qsc_fast.cuh).
 
 Everywhere the library is built: the mma.sync fragment layouts against the PTX ISA's table, the emulated warp-wide
 MMA against a plain int32 matrix product, and the whole tile loop (the kernel's loads, fragments, integer scales and

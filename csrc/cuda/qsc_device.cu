@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "qsc_kernels.cuh"
-#include "qsc_prefill.cuh" /* prefill: int8 tensor-core GEMM, flash attention */
+#include "qsc_fast.cuh" /* tensor-core prefill GEMM, flash attention, decode GEMV */
 
 #ifndef QSC_ARCHS
 #define QSC_ARCHS "?"
@@ -120,10 +120,10 @@ struct MatJob {
 };
 
 static void launch_matmul(const MatJob *jobs, int n, int ncols, cudaStream_t st) {
-    if (ncols >= MMA_MIN_COLS && n <= 3) { /* prefill on int8 tensor cores where it applies (qsc_prefill.cuh) */
+    if ((ncols == 1 || ncols >= MMA_MIN_COLS) && n <= 3) { /* decode GEMV / tensor-core prefill (qsc_fast.cuh) */
         MmaSeg segs[3];
         for (int i = 0; i < n; ++i) segs[i] = {*jobs[i].w, jobs[i].a, jobs[i].y, jobs[i].ldy, jobs[i].bias, 0};
-        if (launch_matmul_mma(segs, n, ncols, st)) return;
+        if (ncols == 1 ? launch_gemv(segs, n, ncols, st) : launch_matmul_mma(segs, n, ncols, st)) return;
     }
     MMArgs args = {};
     int blocks = 0;
@@ -165,7 +165,7 @@ static void launch_attention(int T, int H, int KV, int hd, int kv_f16, cudaStrea
                              const int *pos, const void *kc, const void *vc, const int *nkv, int window, float scale,
                              float *out, ActOut ao) {
     const FaArgs fa = {q, pos, nkv, T, H, KV, window, scale, 0.0f, nullptr, out}; /* no soft-cap, no sinks */
-    if (launch_flash(fa, hd, kv_f16, kc, vc, st)) { /* prefill: flash attention (qsc_prefill.cuh) */
+    if (launch_flash(fa, hd, kv_f16, kc, vc, st)) { /* prefill: flash attention (qsc_fast.cuh) */
         if (ao.qs32 || ao.qs256) k_quantize<<<T, 256, 0, st>>>(out, ao, H * hd);
         return;
     }

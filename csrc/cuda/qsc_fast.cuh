@@ -1,7 +1,8 @@
-/* The prefill kernels (device only; included by qsc_device.cu after qsc_kernels.cuh): the int8 tensor-core GEMM
- * (qsc_mma.cuh) and flash attention (qsc_flash.cuh), with the launchers the forward pass asks first. Each kernel is
+/* The fast paths (device only; included by qsc_device.cu after qsc_kernels.cuh): for prefill the int8 tensor-core
+ * GEMM (qsc_mma.cuh) and flash attention (qsc_flash.cuh), for decode a GEMV with its loads batched (qsc_gemv.cuh),
+ * with the launchers the forward pass asks first. Each kernel is
  * a thin shell around the __host__ __device__ code that tests/test_cuda_mma.py and tests/test_cuda_flash.py run on
- * the host (qsc_prefill_host.cuh): the same loads, the same warp code with LANES = 1, the same stores.
+ * the host (qsc_fast_host.cuh): the same loads, the same warp code with LANES = 1, the same stores.
  *
  * Dispatch (launch_matmul_mma / launch_flash return false to keep today's kernels):
  *   GEMM   ncols >= MMA_MIN_COLS (prefill; decode keeps k_matmul's GEMV), every matrix of the launch of a type with
@@ -9,13 +10,15 @@
  *          library built with QSC_ARCHS="75" JIT-compiled on a newer GPU keeps k_matmul too), on an sm_80+ device.
  *          Compile with -DQSC_NO_MMA to leave the kernel out altogether.
  *   flash  T >= FLASH_MIN_T query tokens and head sizes 32..128.
- * QUANTSCOPE_CUDA_MMA=0 / QUANTSCOPE_CUDA_FLASH=0 in the environment (read once per process) turn either off, for
- * A/B benchmarks (tests/bench/bench_gpu_vs_llama.py). Thresholds are first guesses, not yet tuned on a GPU. */
+ *   GEMV   one column (decode, and the last-row lm_head of a prefill), every matrix of a type gemv_type_ok knows.
+ * QUANTSCOPE_CUDA_MMA=0 / QUANTSCOPE_CUDA_FLASH=0 / QUANTSCOPE_CUDA_GEMV=0 in the environment (read once per
+ * process) turn each off, for A/B benchmarks (tests/bench/bench_gpu_vs_llama.py). Thresholds are first guesses, not yet tuned on a GPU. */
 #pragma once
 
 #include <stdlib.h>
 
 #include "qsc_flash.cuh"
+#include "qsc_gemv.cuh"
 #include "qsc_mma.cuh"
 
 constexpr int MMA_MIN_COLS = 16, FLASH_MIN_T = 16;
@@ -170,5 +173,39 @@ static bool launch_flash(const FaArgs &a, int hd, int kv_f16, const void *kc, co
     default: return false;
     }
 #undef QSC_FA
+    return true;
+}
+
+/* ------------------------------------------------------------------------------------------------ decode GEMV */
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 6) k_gemv(const __grid_constant__ MmaArgs args) {
+    const int bx = blockIdx.x, lane = threadIdx.x & 31;
+    int si = 0;
+    if (args.nseg > 1 && bx >= args.seg[1].blk0) si = 1;
+    if (args.nseg > 2 && bx >= args.seg[2].blk0) si = 2;
+    const MmaSeg &sg = args.seg[si];
+    const int64_t row = (int64_t)(bx - sg.blk0) * GEMV_WARPS + (threadIdx.x >> 5);
+    if (row >= sg.w.rows) return; /* whole warp */
+    float acc = gemv_lane_any<GEMV_BATCH>(sg.w, row, sg.a, lane);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) sg.y[row] = acc + (sg.bias ? sg.bias[row] : 0.0f);
+}
+
+/* y = W x for one column and up to three matrices; false (nothing launched) where the path does not apply. */
+static bool launch_gemv(const MmaSeg *segs, int n, int ncols, cudaStream_t st) {
+    static const bool on = !env_off("QUANTSCOPE_CUDA_GEMV");
+    if (!on || ncols != 1 || n < 1 || n > 3) return false;
+    for (int i = 0; i < n; ++i)
+        if (!gemv_type_ok(segs[i].w.type)) return false;
+    MmaArgs args = {};
+    int blocks = 0;
+    for (int i = 0; i < n; ++i) {
+        args.seg[i] = segs[i];
+        args.seg[i].blk0 = blocks;
+        blocks += (int)((segs[i].w.rows + GEMV_WARPS - 1) / GEMV_WARPS);
+    }
+    args.nseg = n;
+    args.ncols = 1;
+    k_gemv<<<blocks, GEMV_WARPS * 32, 0, st>>>(args);
     return true;
 }

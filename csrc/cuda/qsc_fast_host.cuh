@@ -1,11 +1,12 @@
-/* Host emulation of the prefill kernels (qsc_prefill.cuh), included at the end of qsc_host.cu: the int8 MMA tile
- * loop with the fragment layouts of qsc_mma.cuh, flash attention with the recurrence of qsc_flash.cuh, and
- * k_attention's algorithm as it is today (per-warp online softmax over keys taken round-robin, merged at the end),
- * run on the CPU for tests/test_cuda_mma.py and tests/test_cuda_flash.py. Declared in those tests, not in
- * qsc_api.h: they are test entry points of this library, not part of the backend's API. */
+/* Host emulation of the fast paths (qsc_fast.cuh), included at the end of qsc_host.cu: the int8 MMA tile loop with
+ * the fragment layouts of qsc_mma.cuh, flash attention with the recurrence of qsc_flash.cuh, the decode GEMV's lanes
+ * (qsc_gemv.cuh), and k_attention's algorithm as it is today (per-warp online softmax over keys taken round-robin,
+ * merged at the end), run on the CPU for tests/test_cuda_mma.py, test_cuda_flash.py and test_cuda_gemv.py. Declared
+ * in those tests, not in qsc_api.h: test entry points of this library, not part of the backend's API. */
 #include <memory>
 
 #include "qsc_flash.cuh"
+#include "qsc_gemv.cuh"
 #include "qsc_mma.cuh"
 
 /* The block's work, block by block: every "thread" loads its share, then every warp runs mma_stage with all 32
@@ -209,6 +210,23 @@ int qsc_host_kattn(const float *q, int n_q, const int32_t *q_pos, int n_heads, i
     else
         host_kattn<float>(q, n_q, q_pos, n_heads, n_kv_heads, head_dim, (const float *)k_cache,
                           (const float *)v_cache, n_kv, window, scale, out);
+    return 0;
+}
+
+/* y = W x (one column) the way k_gemv computes it: each lane's partial with `batch` units' loads at a time (1 is
+ * k_matmul<1>'s order), then the warp's butterfly sum. */
+int qsc_host_gemv(int type, const uint8_t *w, int64_t rows, int64_t k, const float *x, int batch, float *y) {
+    if (!gemv_type_ok(type) || (batch != 1 && batch != GEMV_BATCH)) return -1;
+    HostQW q(type, w, rows, k);
+    if (!q.ok) return -1;
+    HostAct act(x, 1, k);
+    Act a = act.view(type);
+    for (int64_t r = 0; r < rows; ++r) {
+        float part[32];
+        for (int l = 0; l < 32; ++l)
+            part[l] = batch == 1 ? gemv_lane_any<1>(q.w, r, a, l) : gemv_lane_any<GEMV_BATCH>(q.w, r, a, l);
+        y[r] = fa_warp_sum<32>(part);
+    }
     return 0;
 }
 

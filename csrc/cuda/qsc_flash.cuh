@@ -1,5 +1,5 @@
-/* Flash attention for prefill: the math shared by the device kernel (qsc_flash_kernel.cuh) and its host emulation
- * (qsc_prefill_host.cuh), as __host__ __device__ code.
+/* Flash attention for prefill: the math shared by the device kernel (qsc_fast.cuh) and its host emulation
+ * (qsc_fast_host.cuh), as __host__ __device__ code.
  *
  * k_attention runs one block per (head, token) and reads the whole visible KV range for each of them. Here a block
  * takes FA_ROWS = 32 query rows that share one KV head (GQA: the row index runs over (token, head in the group)

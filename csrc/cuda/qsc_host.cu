@@ -164,4 +164,4 @@ int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const f
 } /* extern "C" */
 
 /* host emulation of the prefill kernels (tensor-core GEMM, flash attention) */
-#include "qsc_prefill_host.cuh"
+#include "qsc_fast_host.cuh"

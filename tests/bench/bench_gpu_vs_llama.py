@@ -11,16 +11,21 @@ Everything on the GPU machine, in one call (meant to finish in under 9 minutes o
 2. The synthetic Q4_K_M files (core/synthetic.py; ``--models 1b,8b`` by default) written into the model cache, with
    the vocabulary of ``--vocab`` (default ``$QUANTSCOPE_VOCAB_SOURCE``, else the SmolLM2 catalogue model).
 3. Per file, ``--reps`` rounds whose order alternates: ours (``quantscope bench model FILE --backend cuda -p P -n N
-   -r 1 --json``, a process each; with ``--baseline`` also ours with QUANTSCOPE_CUDA_MMA=0 QUANTSCOPE_CUDA_FLASH=0,
-   today's k_matmul and k_attention) and ``llama-bench -ngl 99 -p P -n N -r 1 -o json``.
+   -r 1 --json``, a process each; with ``--baseline`` also ours with QUANTSCOPE_CUDA_MMA=0 QUANTSCOPE_CUDA_FLASH=0
+   QUANTSCOPE_CUDA_GEMV=0: k_matmul and k_attention only, the kernels before issue 37) and
+   ``llama-bench -ngl 99 -p P -n N -r 1 -o json``.
 4. A table of medians: prefill and decode tokens/s, the ratios ours / llama.cpp, decode GB/s (the bytes one decoded
    token reads, as tests/bench/bench_vs_llama.py counts them, times tokens/s) and its share of the device's peak
    DRAM bandwidth. ``--json FILE`` keeps every sample.
 
-Without a usable CUDA GPU it prints one line saying why and exits with status 1 (``--prepare-source`` needs none).
+Time budget (estimated, not yet measured): the llama.cpp CUDA build about 5 minutes on 16 cores (reused when its
+folder survives), the 8B file about a minute, each engine run 10-30 s (loading dominates), so 2 rounds of 2 engines
+on 2 files fit 9 minutes; ``--baseline`` adds a third engine. Carry ``build/cuda`` (this library, built here) so the
+GPU machine need not build it. Without a usable CUDA GPU it prints one line saying why and exits with status 1
+(``--prepare-source`` needs none).
 Usage:
 
-    python tests/bench/bench_gpu_vs_llama.py [--models 1b,8b] [-p 512] [-n 128] [--reps 3] [--baseline]
+    python tests/bench/bench_gpu_vs_llama.py [--models 1b,8b] [-p 512] [-n 128] [--reps 2] [--baseline]
                                              [--llama-src DIR] [--vocab GGUF] [--jobs N] [--json out.json]
     python tests/bench/bench_gpu_vs_llama.py --prepare-source build/llama-src
 """
@@ -130,7 +135,7 @@ def run(cmd: list[str], env: dict[str, str] | None, timeout: float) -> str:
 
 def bench_file(name: str, path: Path, exe: Path, a: argparse.Namespace) -> dict[str, Any]:
     facts = model_facts(path, a.n_prompt + a.n_gen)
-    base_env = dict(os.environ, QUANTSCOPE_CUDA_MMA="0", QUANTSCOPE_CUDA_FLASH="0")
+    base_env = dict(os.environ, QUANTSCOPE_CUDA_MMA="0", QUANTSCOPE_CUDA_FLASH="0", QUANTSCOPE_CUDA_GEMV="0")
     variants: dict[str, tuple[list[str], dict[str, str] | None]] = {"ours": (ours_cmd(path, a), None)}
     if a.baseline:
         variants["ours-today"] = (ours_cmd(path, a), base_env)
@@ -183,8 +188,8 @@ def main() -> int:
     ap.add_argument("--models", default="1b,8b", help="synthetic shapes or GGUF paths, comma-separated")
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--baseline", action="store_true", help="also ours with the tensor-core GEMM and flash off")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--baseline", action="store_true", help="also ours with the issue-37 kernels off")
     ap.add_argument("--llama-src", type=Path, default=llamacpp_build.cache_root() / "src")
     ap.add_argument("--vocab", type=Path, default=os.environ.get("QUANTSCOPE_VOCAB_SOURCE") or None)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)

@@ -14,6 +14,8 @@
 template <int TYPE> static void host_mma_mm(const QW &w, const Act &a, int n_x, float *y) {
     std::unique_ptr<MmaSmem> sp(new MmaSmem());
     MmaSmem &s = *sp;
+    memset(&s, 0xFF, sizeof s); /* shared memory starts as garbage: NaN floats, -1 bytes, so a read of a field no
+                                   load wrote shows in the results */
     constexpr int NW = MMA_THREADS / 32;
     std::vector<MmaLane> lanes(NW * 32);
     for (int64_t row0 = 0; row0 < w.rows; row0 += MMA_BM)

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "qsc_kernels.cuh"
+#include "qsc_fast.cuh" /* tensor-core prefill GEMM, flash attention, decode GEMV */
 
 #ifndef QSC_ARCHS
 #define QSC_ARCHS "?"
@@ -119,6 +120,11 @@ struct MatJob {
 };
 
 static void launch_matmul(const MatJob *jobs, int n, int ncols, cudaStream_t st) {
+    if ((ncols == 1 || ncols >= MMA_MIN_COLS) && n <= 3) { /* decode GEMV / tensor-core prefill (qsc_fast.cuh) */
+        MmaSeg segs[3];
+        for (int i = 0; i < n; ++i) segs[i] = {*jobs[i].w, jobs[i].a, jobs[i].y, jobs[i].ldy, jobs[i].bias, 0};
+        if (ncols == 1 ? launch_gemv(segs, n, ncols, st) : launch_matmul_mma(segs, n, ncols, st)) return;
+    }
     MMArgs args = {};
     int blocks = 0;
     for (int i = 0; i < n; ++i) {
@@ -158,6 +164,11 @@ static void launch_attention_t(int epl, dim3 grid, cudaStream_t st, const float 
 static void launch_attention(int T, int H, int KV, int hd, int kv_f16, cudaStream_t st, const float *q,
                              const int *pos, const void *kc, const void *vc, const int *nkv, int window, float scale,
                              float *out, ActOut ao) {
+    const FaArgs fa = {q, pos, nkv, T, H, KV, window, scale, 0.0f, nullptr, out}; /* no soft-cap, no sinks */
+    if (launch_flash(fa, hd, kv_f16, kc, vc, st)) { /* prefill: flash attention (qsc_fast.cuh) */
+        if (ao.qs32 || ao.qs256) k_quantize<<<T, 256, 0, st>>>(out, ao, H * hd);
+        return;
+    }
     const bool fused = (!ao.qs32 || hd % 32 == 0) && (!ao.qs256 || hd % 256 == 0);
     const ActOut none = {};
     dim3 grid(H, T);

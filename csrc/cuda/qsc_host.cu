@@ -168,3 +168,6 @@ int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const f
 }
 
 } /* extern "C" */
+
+/* host emulation of the prefill kernels (tensor-core GEMM, flash attention) */
+#include "qsc_fast_host.cuh"

@@ -60,7 +60,7 @@ if ! "$PY" -c 'import quantscope.core.native' 2>/dev/null; then
 fi
 
 export QSC_ARCHS=${QSC_ARCHS:-90} QSC_JOBS=${QSC_JOBS:-8}
-csrc/cuda/build.sh || exit 1
+csrc/cuda/build.sh --if-changed || exit 1
 "$PY" -c 'from quantscope.core.engine import cuda_backend as cb; print("cuda:", cb.cuda_status()); print(cb.build_info())'
 
 have_models=1

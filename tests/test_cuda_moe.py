@@ -8,6 +8,7 @@ the CPU block (csrc/qs_block.c's moe_ffn) on the same layer description; the C c
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from typing import Any
@@ -25,7 +26,7 @@ from quantscope.core.quant import ggml_type
 
 from . import test_cuda
 from .conftest import require_model
-from .test_cuda import assert_as_accurate_as_cpu, weight_bytes
+from .test_cuda import assert_as_accurate_as_cpu, cos_rel, weight_bytes
 
 cuda_lib, gpu = test_cuda.cuda_lib, test_cuda.gpu  # the fixtures: the built library, a usable GPU
 
@@ -337,3 +338,66 @@ def test_gpu_moe_chunked_prefill_equals_one_prefill(gpu, synthetic_moe):
     with cb.CudaSession(model, 64, max_batch=8) as s:
         chunked = s.forward(ids, all_logits=True)
     assert np.allclose(one, chunked, rtol=1e-4, atol=1e-4 * np.abs(one).max())
+
+
+# ------------------------------------------------------------------ the architecture fixtures' experts, GPU-sized
+#: tests/arch_fixtures.py's mixtures of experts with heads the GPU takes (its fixtures' heads of 16 are not): 4
+#: heads of 32 in 128, experts at least 64 wide; F32 and a quantized variant
+GPU_FIXTURES = [("mixtral", "F32"), ("mixtral", "Q8_0"), ("qwen3moe", "F32"), ("qwen3moe", "Q4_0")]
+
+
+@pytest.fixture(scope="module")
+def gpu_sized_fixture(tmp_path_factory):
+    from . import arch_fixtures as af
+
+    made: dict[tuple[str, str], Model] = {}
+
+    def get(name: str, quant: str) -> Model:
+        if (name, quant) not in made:
+            ff = af.SPECS[name].expert_ff  # (0: feed_forward_length, 128)
+            spec = dataclasses.replace(af.SPECS[name], rope_dim=32, expert_ff=ff and max(64, ff))
+            path = tmp_path_factory.mktemp("gpu-fixtures") / f"{name}-{quant}.gguf"
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(af, "N_EMBD", 128)
+                mp.setattr(af, "HEAD_DIM", 32)
+                mp.setitem(af.SPECS, name, spec)
+                af.write_fixture(name, path, quant)
+            made[(name, quant)] = Model(GGUFFile(path))
+        return made[(name, quant)]
+
+    return get
+
+
+@pytest.mark.parametrize("name,quant", GPU_FIXTURES)
+def test_gpu_sized_moe_fixtures_pass_the_gpu_check(cuda_lib, gpu_sized_fixture, name, quant):
+    model = gpu_sized_fixture(name, quant)
+    c = model.config
+    assert (c.head_dim, c.n_embd, c.n_expert) == (32, 128, 8 if name == "mixtral" else 16)
+    assert cb.missing_features(c) == []
+    cb.check_config(c)
+    desc, _ = cb.model_description(model, 64)
+    cb.check_description(desc)
+
+
+@pytest.mark.parametrize("name,quant", GPU_FIXTURES)
+def test_gpu_moe_fixtures_match_cpu(gpu, gpu_sized_fixture, name, quant):
+    """Mixtral's and qwen3moe's experts (softmax routing over 8 or 16 experts, F32 or quantized) on the device:
+    prefill of 40 tokens, then 8 decode steps, against the CPU engine and the float64 reference."""
+    model = gpu_sized_fixture(name, quant)
+    ids = [int(i) for i in np.random.default_rng(8).integers(3, model.config.n_vocab, 48)]
+    cpu = model.session(64).forward(ids, all_logits=True)
+    with cb.CudaSession(model, 64) as s:
+        got = np.concatenate([s.forward(ids[:40], all_logits=True), np.stack([s.forward([t]) for t in ids[40:]])])
+    ref = reference_logits(model.config, model.weights, ids)
+    if quant == "F32":
+        assert_as_accurate_as_cpu(got, cpu, ref)
+        return
+    # Quantized: the router's inputs are 8-bit in both engines, so a token whose top experts nearly tie may route
+    # differently from the float64 reference (the CPU engine's own cosine to it falls to 0.85 at one position of
+    # mixtral-Q8_0): the GPU must be as close to the reference as the CPU is, position for position as a whole.
+    g_cos, g_rel = cos_rel(got, ref)
+    c_cos, c_rel = cos_rel(cpu, ref)
+    assert np.median(g_rel) <= 1.25 * np.median(c_rel) + 0.005, (np.median(g_rel), np.median(c_rel))
+    assert np.quantile(g_rel, 0.9) <= 1.5 * np.quantile(c_rel, 0.9) + 0.01, (g_rel, c_rel)
+    assert g_cos.min() >= c_cos.min() - 0.05, (g_cos, c_cos)
+    assert np.median(cos_rel(got, cpu)[0]) > 0.998

@@ -226,6 +226,47 @@ def test_host_moe_ffn_each_expert_is_its_own_view(cuda_lib):
     assert all(not np.allclose(outs[i], outs[j], atol=1e-3) for i in range(4) for j in range(i))
 
 
+def gpu_moe_ffn(cpu_block: Any, x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.empty_like(x)
+    err = cb.ffi.new("char[512]")
+    rc = cb._library().qsc_kernel_moe_ffn(cuda_block(cpu_block), cb._p(x, "float *"), x.shape[0],
+                                          cb._p(out, "float *"), err, 512)
+    assert rc == 0, cb.ffi.string(err).decode()
+    return out
+
+
+@pytest.mark.parametrize("case", list(MOE_CASES))
+@pytest.mark.parametrize("T", [1, 7, 40])
+def test_gpu_moe_ffn_matches_the_cpu_block(gpu, case, T):
+    """The device's MoE FFN of one layer (qsc_kernel_moe_ffn: enqueue_moe on a one-layer model) against the CPU
+    block and the host build: every weight type, ties, expert biases, the clamped SwiGLU, the shared expert."""
+    rng = np.random.default_rng([T, sum(case.encode()), 1])
+    layer = MoeLayer(rng, n_ctx=64, **MOE_CASES[case])
+    x = rng.standard_normal((T, layer.E)).astype(np.float32)
+    want = layer.cpu(x) - x
+    got = gpu_moe_ffn(layer.block, x)
+    scale = float(np.abs(want).max())
+    assert np.allclose(got, want, rtol=1e-3, atol=2e-4 * scale), (case, np.abs(got - want).max(), scale)
+    host = layer.host(x)
+    assert np.allclose(got, host, rtol=1e-4, atol=2e-5 * scale), (case, np.abs(got - host).max(), scale)
+
+
+def test_kernel_moe_ffn_checks_before_any_device_call(cuda_lib):
+    """A bad group is refused by the check, with its reason, also where no GPU is (no CUDA error)."""
+    layer = MoeLayer(np.random.default_rng(4), wtype="Q8_0")
+    b = cuda_block(layer.block)
+    b.moe.b_down.len = 3
+    x = np.zeros((2, layer.E), np.float32)
+    out = np.empty_like(x)
+    err = cb.ffi.new("char[512]")
+    assert cb._library().qsc_kernel_moe_ffn(b, cb._p(x, "float *"), 2, cb._p(out, "float *"), err, 512) == -1
+    assert "moe.b_down has 3 values" in cb.ffi.string(err).decode()
+    b = cuda_block(layer.block)
+    assert cb._library().qsc_kernel_moe_ffn(b, cb._p(x, "float *"), 0, cb._p(out, "float *"), err, 512) == -1
+    assert "n_tokens 0" in cb.ffi.string(err).decode()
+
+
 # --------------------------------------------------------------------------------------- the C check of the group
 _ONES = np.ones(4096, np.float32)
 

@@ -181,6 +181,7 @@ int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const f
 int qsc_host_moe_route(const float *logits, int n_tokens, int n_expert, int n_used, int norm, float scale,
                        int32_t *sel, float *w);
 int qsc_host_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
+int qsc_kernel_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
 """
 CDEF = NN_CDEF + API_CDEF
 

@@ -800,3 +800,6 @@ int qsc_kernel_attention(const float *q, int n_q, const int32_t *q_pos, int n_he
 }
 
 } /* extern "C" */
+
+#define QSC_MOE_ENTRY
+#include "qsc_moe.cuh" /* qsc_kernel_moe_ffn */

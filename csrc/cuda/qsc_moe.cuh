@@ -402,3 +402,79 @@ static int enqueue_moe(qsc_model *m, const Layer &L, int T, char *err, size_t er
 }
 
 #endif /* QSC_MOE_ENQUEUE */
+
+/* ================================================================================= 4. single-layer test entry */
+#if defined(QSC_MOE_ENTRY) && !defined(QSC_MOE_ENTRY_DONE)
+#define QSC_MOE_ENTRY_DONE
+
+/* One layer's moe FFN of h [n_tokens][n_embd] on the device (enqueue_moe on a one-layer model holding only the
+ * layer's moe group), for tests against the CPU block and the host build. Checked like qsc_host_moe_ffn before any
+ * device call. */
+extern "C" int qsc_kernel_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out, char *err,
+                                  size_t err_len) {
+    if (!b || !h || !out || n_tokens <= 0 || n_tokens > 4096 || b->moe.n_expert <= 0) {
+        set_err(err, err_len, "no block, input or output, no experts, or n_tokens %d outside 1..4096", n_tokens);
+        return -1;
+    }
+    Dims D = {};
+    D.E = b->n_embd;
+    D.F = b->ffn.n_ff;
+    if (D.E <= 0 || D.F <= 0 || D.E % 32 || D.F % 32) {
+        set_err(err, err_len, "n_embd %d / n_ff %d must be positive multiples of 32", D.E, D.F);
+        return -1;
+    }
+    if (!moe_check(*b, 0, D, err, err_len)) return -1;
+    const int64_t NE = b->moe.n_expert, E = D.E, F = D.F;
+    const struct { const char *name; const qs_weight *w; int64_t rows, k; } want[3] = {
+        {"ffn.gate", &b->ffn.gate, NE * F, E}, {"ffn.up", &b->ffn.up, NE * F, E}, {"ffn.down", &b->ffn.down, NE * E, F}};
+    for (const auto &x : want)
+        if (!weight_ok(*x.w, x.rows, x.k)) {
+            set_err(err, err_len, "%s is %lld x %lld, expected %lld x %lld of a GPU type", x.name,
+                    (long long)x.w->rows, (long long)x.w->k, (long long)x.rows, (long long)x.k);
+            return -1;
+        }
+    qsc_model *m = new qsc_model();
+    struct Guard {
+        qsc_model *m;
+        ~Guard() { qsc_model_free(m); }
+    } guard{m};
+    m->cfg = D;
+    m->cfg.n_layers = 1;
+    m->cfg.H = m->cfg.KV = 1;
+    m->cfg.hd = 32;
+    m->cfg.V = 1;
+    m->mb = n_tokens;
+    m->layers.resize(1);
+    CUDA_TRY(cudaSetDevice(m->device));
+    CUDA_TRY(cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking));
+    Layer &L = m->layers[0];
+    const struct { const char *name; const qs_weight *w; DevMat *dm; } mats[3] = {
+        {"ffn.gate", &b->ffn.gate, &L.gate}, {"ffn.up", &b->ffn.up, &L.up}, {"ffn.down", &b->ffn.down, &L.down}};
+    for (const auto &x : mats) {
+        int rc = upload_matrix(m, *x.w, x.dm, x.name, err, err_len);
+        if (rc) return rc;
+    }
+    MoeMat mm[4];
+    MoeVec mv[5];
+    int nv = 0, nm = moe_parts(*b, L.moe, mm, mv, &nv);
+    for (int j = 0; j < nm; ++j) {
+        int rc = upload_matrix(m, *mm[j].w, mm[j].dm, mm[j].name, err, err_len);
+        if (rc) return rc;
+    }
+    for (int j = 0; j < nv; ++j) {
+        int rc = upload_vector(m, *mv[j].v, mv[j].dst, err, err_len);
+        if (rc) return rc;
+    }
+    int rc = finalize(m, err, err_len);
+    if (rc) return rc;
+    const int T = n_tokens;
+    CUDA_TRY(cudaMemcpyAsync(m->h, h, (size_t)T * E * sizeof(float), cudaMemcpyHostToDevice, m->st));
+    k_quantize<<<T, 256, 0, m->st>>>(m->h, moe_input_formats(m, L.moe), (int)E);
+    rc = enqueue_moe(m, L, T, err, err_len);
+    if (rc) return rc;
+    CUDA_TRY(cudaMemcpyAsync(out, m->o, (size_t)T * E * sizeof(float), cudaMemcpyDeviceToHost, m->st));
+    CUDA_TRY(cudaStreamSynchronize(m->st));
+    return 0;
+}
+
+#endif /* QSC_MOE_ENTRY */

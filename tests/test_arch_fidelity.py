@@ -245,15 +245,16 @@ def test_a_yarn_factor_that_zeroes_the_magnitude_is_refused(tmp_path, vocab, mon
         Model(GGUFFile(path))
 
 
-def test_experts_run_from_the_cli_and_stay_off_the_gpu(tmp_path, vocab, capsys):
-    """A qwen3moe file generates from the CLI; the CUDA backend refuses a llama file's experts by name (CPU
-    fallback)."""
+def test_experts_run_from_the_cli_and_have_a_gpu_path(tmp_path, vocab, capsys):
+    """A qwen3moe file generates from the CLI; the CUDA backend names nothing missing in a llama file's experts
+    (csrc/cuda/qsc_moe.cuh); the fixture's heads of 16 are what it refuses."""
     from quantscope.core.engine import cuda_backend
 
     model, _, _ = load("qwen3moe-F32", tmp_path, vocab)
     assert (model.config.n_expert, model.config.n_expert_used, model.config.n_ff) == (16, 4, 48)
     mixtral, _, _ = load("mixtral-F32", tmp_path, vocab)  # an architecture the GPU runs, with experts
-    with pytest.raises(UnsupportedModel, match="mixture-of-experts layers have no CUDA path"):
+    assert cuda_backend.missing_features(mixtral.config) == []
+    with pytest.raises(UnsupportedModel, match="head size 16 has no CUDA path"):
         cuda_backend.check_config(mixtral.config)
     assert main(["generate", str(tmp_path / "qwen3moe-F32.gguf"), "-p", "The cat", "-n", "8", "--temp", "0"]) == 0
     assert capsys.readouterr().out.strip()
@@ -262,8 +263,9 @@ def test_experts_run_from_the_cli_and_stay_off_the_gpu(tmp_path, vocab, capsys):
 def test_the_gpu_refuses_by_features_what_it_refused_by_name(tmp_path, vocab):
     """The CUDA backend decides by the features a model has, not by its architecture's name: of the F32 fixtures,
     it finds nothing missing in the dense llama, qwen2 and gemma3 ones (the three it ran by name) and in qwen3
-    (gemma3's per-head q/k norms), phi3 without LongRoPE (its fused matrices are row views) and seed_oss (added as
-    one description module: qwen2's features under other tensor names), and names a feature for every other
+    (gemma3's per-head q/k norms), phi3 without LongRoPE (its fused matrices are row views), seed_oss (added as
+    one description module: qwen2's features under other tensor names) and the experts of mixtral (llama) and
+    qwen3moe (csrc/cuda/qsc_moe.cuh), and names a feature for every other
     (smollm3: its layers without RoPE; granite: its multipliers; mistral3: YaRN ...)."""
     from quantscope.core.engine import cuda_backend
     from quantscope.core.model import read_config
@@ -275,7 +277,7 @@ def test_the_gpu_refuses_by_features_what_it_refused_by_name(tmp_path, vocab):
         cfg = read_config(GGUFFile(write_fixture(m["arch"], tmp_path / f"{key}.gguf", m["variant"], vocab=vocab)))
         if not cuda_backend.missing_features(cfg):
             runs.add(cfg.arch if not cfg.n_expert else f"{cfg.arch}+experts")
-    assert runs == {"llama", "qwen2", "gemma3", "qwen3", "phi3", "seed_oss"}
+    assert runs == {"llama", "qwen2", "gemma3", "qwen3", "phi3", "seed_oss", "llama+experts", "qwen3moe+experts"}
 
 
 def test_gemma4_runs_from_the_cli_and_stays_off_the_gpu(tmp_path, vocab, capsys):

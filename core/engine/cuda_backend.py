@@ -182,6 +182,10 @@ int qsc_kernel_attention(const float *q, int n_q, const int32_t *q_pos, int n_he
 int qsc_host_dequantize(int type, const uint8_t *w, int64_t rows, int64_t k, float *out);
 int qsc_host_quantize(int act_type, const float *x, int64_t n, uint8_t *out);
 int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const float *x, int n_x, float *y);
+int qsc_host_moe_route(const float *logits, int n_tokens, int n_expert, int n_used, int norm, float scale,
+                       int32_t *sel, float *w);
+int qsc_host_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
+int qsc_kernel_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
 """
 CDEF = NN_CDEF + API_CDEF
 
@@ -364,7 +368,6 @@ def block_features(b: Any) -> list[str]:
         return float(x) in (0.0, 1.0)
 
     return [name for name, present in (
-        ("mixture-of-experts layers", b.moe.n_expert > 0 or b.moe.n_ff_shexp > 0 or bool(b.moe.router.ptr)),
         ("gated delta-net layers", b.gdn.conv > 0 or bool(b.gdn.qkv.ptr)),
         ("per-layer embeddings", b.ple.dim > 0 or bool(b.ple.gate.ptr)),
         ("RoPE frequency factors", has(r.freqs)),
@@ -379,7 +382,6 @@ def block_features(b: Any) -> list[str]:
         ("V RMSNorms", bool(a.v_norm)),
         ("layers reading another layer's KV cache", bool(a.kv_reuse)),
         ("q/k RMSNorms over the whole projection", bool(a.qk_norm_full)),
-        ("clamped SwiGLU FFNs", bool(b.ffn.swiglu_oai)),
         ("layers without pre-norms", not has(b.attn_norm) or not has(b.ffn_norm)),
     ) if present]
 

@@ -165,6 +165,11 @@ class Engine:
             ok, why = cuda_status()
             if not ok and backend == "cuda":
                 raise CudaUnavailable(why)
+            fit = ""  # auto: the GPU only when weights + KV cache + scratch fit in its free memory (cuda_fit)
+            if ok and backend == "auto":
+                from .cuda_fit import gpu_fit
+
+                ok, fit = gpu_fit(self.model, n_ctx)
             if ok:
                 say("uploading weights to the GPU", 0.92)
                 try:
@@ -178,6 +183,8 @@ class Engine:
                     if backend == "cuda":
                         raise
                     self.backend_reason = f"CUDA failed ({exc or type(exc).__name__}); using the CPU ({isa()})"
+            elif fit:
+                self.backend_reason = f"CUDA not used: the model {fit}; using the CPU ({isa()})"
             else:
                 self.backend_reason = f"CUDA unavailable: {why}; using the CPU ({isa()})"
         if self.session is None:

@@ -75,3 +75,11 @@ int qsc_kernel_attention(const float *q, int n_q, const int32_t *q_pos, int n_he
 int qsc_host_dequantize(int type, const uint8_t *w, int64_t rows, int64_t k, float *out);
 int qsc_host_quantize(int act_type, const float *x, int64_t n, uint8_t *out);
 int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const float *x, int n_x, float *y);
+
+/* ---- mixture of experts (qsc_moe.cuh) compiled for the host: the device's routing (sel, w: n_tokens x n_used) and
+ * its expert-by-expert FFN of one layer's moe group on h [n_tokens][n_embd] into out (no GPU needed) */
+int qsc_host_moe_route(const float *logits, int n_tokens, int n_expert, int n_used, int norm, float scale,
+                       int32_t *sel, float *w);
+int qsc_host_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
+/* the same on the device (a one-layer model holding the moe group; tests) */
+int qsc_kernel_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);

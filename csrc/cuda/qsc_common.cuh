@@ -589,11 +589,12 @@ static inline bool weight_ok(const qs_weight &w, int64_t rows, int64_t k) {
 
 static inline bool is_one(float x) { return x == 0.0f || x == 1.0f; }
 
+#include "qsc_moe.cuh" /* mixture-of-experts: the router math and moe_check */
+
 /* The first feature of layer b that the device code does not compute (NULL: none). */
 static inline const char *missing_feature(const qs_block &b) {
     const qs_attn_desc &a = b.attn;
     const qs_rope_desc &r = b.rope;
-    if (b.moe.n_expert || b.moe.n_ff_shexp || b.moe.router.ptr) return "mixture-of-experts layers";
     if (b.gdn.conv || b.gdn.qkv.ptr) return "gated delta-net layers";
     if (b.ple.dim || b.ple.gate.ptr) return "per-layer embeddings";
     if (r.freqs.ptr || r.freqs.len) return "RoPE frequency factors";
@@ -608,7 +609,6 @@ static inline const char *missing_feature(const qs_block &b) {
     if (a.v_norm) return "V RMSNorms";
     if (a.kv_reuse) return "layers reading another layer's KV cache";
     if (a.qk_norm_full) return "q/k RMSNorms over the whole projection";
-    if (b.ffn.swiglu_oai) return "clamped SwiGLU FFNs";
     if (!b.attn_norm.ptr || !b.ffn_norm.ptr) return "layers without pre-norms";
     if (b.probe.attn || b.probe.wo || b.probe.ffn || b.probe.down || b.probe.exp_count || b.probe.q)
         return "probes";
@@ -675,10 +675,12 @@ static inline int check_model(const qsc_model_desc *md, const qs_block *layers, 
     const int64_t E = D.E, QD = (int64_t)D.H * D.hd, KD = (int64_t)D.KV * D.hd, F = D.F, V = D.V;
     for (int i = 0; i < md->n_layers; ++i) {
         const qs_block &b = layers[i];
+        const int64_t NX = b.moe.n_expert > 0 ? b.moe.n_expert : 1; /* experts: n_expert matrices stacked */
+        if ((b.moe.n_expert || b.moe.n_ff_shexp || b.moe.router.ptr) && !moe_check(b, i, D, err, err_len)) return -1;
         const struct { const char *name; const qs_weight *w; int64_t rows, k; } mats[] = {
             {"attn.wq", &b.attn.wq, QD, E}, {"attn.wk", &b.attn.wk, KD, E}, {"attn.wv", &b.attn.wv, KD, E},
-            {"attn.wo", &b.attn.wo, E, QD}, {"ffn.gate", &b.ffn.gate, F, E}, {"ffn.up", &b.ffn.up, F, E},
-            {"ffn.down", &b.ffn.down, E, F}};
+            {"attn.wo", &b.attn.wo, E, QD}, {"ffn.gate", &b.ffn.gate, NX * F, E}, {"ffn.up", &b.ffn.up, NX * F, E},
+            {"ffn.down", &b.ffn.down, NX * E, F}};
         for (const auto &m : mats)
             if (!weight_ok(*m.w, m.rows, m.k)) {
                 set_err(err, err_len, "layer %d: %s is %s%lld x %lld of type %d in %lld bytes; the GPU needs %lld x "

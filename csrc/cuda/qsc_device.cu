@@ -34,6 +34,9 @@ struct DevMat {
     bool present = false;
 };
 
+#define QSC_MOE_KERNELS
+#include "qsc_moe.cuh" /* mixture-of-experts: MoeLayer, MoeScratch, the routing and expert kernels */
+
 /* One layer on the device: its description's attention and FFN groups (absent vectors NULL) and policy. */
 struct Layer {
     DevMat wq, wk, wv, wo, gate, up, down;
@@ -41,6 +44,7 @@ struct Layer {
     float *bq = nullptr, *bk = nullptr, *bv = nullptr, *q_norm = nullptr, *k_norm = nullptr;
     int window;
     float rope_base, scale;
+    MoeLayer moe; /* n_expert 0: a dense FFN */
 };
 
 struct qsc_model {
@@ -66,6 +70,8 @@ struct qsc_model {
     bool stepped = false; /* a one-token step ran without capture: every kernel it uses is loaded */
     int64_t dev_bytes = 0;
     std::vector<void *> allocs;
+    MoeScratch moe_s;
+    bool has_moe = false; /* the routing is read back once per moe layer: no CUDA graph */
     std::mutex mu;
 };
 
@@ -180,6 +186,9 @@ static void launch_attention(int T, int H, int KV, int hd, int kv_f16, cudaStrea
     if (!fused && (ao.qs32 || ao.qs256)) k_quantize<<<T, 256, 0, st>>>(out, ao, H * hd);
 }
 
+#define QSC_MOE_ENQUEUE
+#include "qsc_moe.cuh" /* moe_finalize, moe_input_formats, enqueue_moe */
+
 /* Enqueue the forward pass of T tokens whose ids/positions are already in m->d_params. logits: NULL (no lm_head),
  * or T x n_vocab (all rows) / n_vocab (last row) floats on the device. */
 static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, char *err, size_t err_len) {
@@ -210,13 +219,19 @@ static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, ch
         launch_matmul(&ob, 1, T, st);
         /* feed-forward branch */
         k_norm_quant<<<T, 256, 0, st>>>(m->x, m->o, L.post_attn_norm, L.ffn_norm, m->h,
-                                        act_out_for(m, {wg.type, wu.type}), E, c.eps);
-        MatJob gu[2] = {{&wg, act_view(m, wg.type, m->h, E, 0), m->g, F, nullptr},
-                        {&wu, act_view(m, wu.type, m->h, E, 0), m->u, F, nullptr}};
-        launch_matmul(gu, 2, T, st);
-        k_glu_quant<<<T, 256, 0, st>>>(m->g, m->u, m->a, act_out_for(m, {wd.type}), F, c.gelu);
-        MatJob db = {&wd, act_view(m, wd.type, m->a, F, 0), m->o, E, nullptr};
-        launch_matmul(&db, 1, T, st);
+                                        L.moe.n_expert ? moe_input_formats(m, L.moe)
+                                                       : act_out_for(m, {wg.type, wu.type}), E, c.eps);
+        if (L.moe.n_expert) {
+            int rc = enqueue_moe(m, L, T, err, err_len);
+            if (rc) return rc;
+        } else {
+            MatJob gu[2] = {{&wg, act_view(m, wg.type, m->h, E, 0), m->g, F, nullptr},
+                            {&wu, act_view(m, wu.type, m->h, E, 0), m->u, F, nullptr}};
+            launch_matmul(gu, 2, T, st);
+            k_glu_quant<<<T, 256, 0, st>>>(m->g, m->u, m->a, act_out_for(m, {wd.type}), F, c.gelu);
+            MatJob db = {&wd, act_view(m, wd.type, m->a, F, 0), m->o, E, nullptr};
+            launch_matmul(&db, 1, T, st);
+        }
         prev_o = m->o;
         prev_post = L.post_ffn_norm;
     }
@@ -392,6 +407,7 @@ void qsc_model_free(qsc_model *m) {
         if (p) cudaFree(p);
     if (m->h_params) cudaFreeHost(m->h_params);
     if (m->h_logits1) cudaFreeHost(m->h_logits1);
+    moe_free_host(m->moe_s);
     if (m->st) cudaStreamDestroy(m->st);
     delete m;
 }
@@ -450,6 +466,20 @@ static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *
             int rc = upload_vector(m, *x.v, x.dst, err, err_len);
             if (rc) return rc;
         }
+        if (b.moe.n_expert) { /* the stacked experts went up as ffn.gate/up/down above */
+            MoeMat mm[4];
+            MoeVec mv[5];
+            int nv = 0, nm = moe_parts(b, L.moe, mm, mv, &nv);
+            for (int j = 0; j < nm; ++j) {
+                snprintf(what, sizeof what, "layer %d: %s", li, mm[j].name);
+                int rc = upload_matrix(m, *mm[j].w, mm[j].dm, what, err, err_len);
+                if (rc) return rc;
+            }
+            for (int j = 0; j < nv; ++j) {
+                int rc = upload_vector(m, *mv[j].v, mv[j].dst, err, err_len);
+                if (rc) return rc;
+            }
+        }
         L.window = (int)b.attn.window;
         L.rope_base = b.rope.base;
         L.scale = b.attn.scale;
@@ -491,6 +521,7 @@ static int finalize(qsc_model *m, char *err, size_t err_len) {
     rc = rc ? rc : dalloc_t(m, &m->bs256, T * kmax / 16, err, err_len);
     rc = rc ? rc : dalloc_t(m, &m->d_params, 2 * T + 1, err, err_len);
     rc = rc ? rc : dalloc_t(m, &m->d_logits1, c.V, err, err_len);
+    rc = rc ? rc : moe_finalize(m, err, err_len);
     if (rc) return rc;
     CUDA_TRY(cudaMallocHost((void **)&m->h_params, (size_t)(2 * T + 1) * sizeof(int)));
     CUDA_TRY(cudaMallocHost((void **)&m->h_logits1, (size_t)c.V * sizeof(float)));
@@ -579,7 +610,7 @@ int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, i
         }
         m->h_params[2 * m->mb] = n_past + start + T;
         /* the first one-token step runs uncaptured (kernels load lazily on first use), later ones replay a graph */
-        if (T == 1 && m->use_graphs && m->stepped) {
+        if (T == 1 && m->use_graphs && m->stepped && !m->has_moe) {
             int rc = step_graph(m, err, err_len);
             if (rc) return rc;
             if (all_logits) memcpy(logits + (int64_t)start * V, m->h_logits1, (size_t)V * sizeof(float));
@@ -780,3 +811,6 @@ int qsc_kernel_attention(const float *q, int n_q, const int32_t *q_pos, int n_he
 }
 
 } /* extern "C" */
+
+#define QSC_MOE_ENTRY
+#include "qsc_moe.cuh" /* qsc_kernel_moe_ffn */

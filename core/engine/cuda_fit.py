@@ -1,0 +1,121 @@
+"""Does a model fit on the GPU? The device memory a :class:`~.cuda_backend.CudaSession` will hold, computed before
+anything is uploaded, and the ``--backend auto`` decision made from it.
+
+The figure is what ``qsc_model_create`` allocates (csrc/cuda/qsc_device.cu): every matrix as it is stored on the
+device (repacked, still quantized for the GPU types; F32 for the types dequantized on upload), every vector, the KV
+cache at the requested context, the scratch of one ``max_batch`` chunk (activations, their int8 copies, the
+all-token logits, the experts' routing buffers), each allocation rounded to 256 bytes, plus a margin for the
+allocator and the CUDA runtime's own buffers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..model import Weight
+from .session import Model, _layer_matrices
+
+__all__ = ["MARGIN_BYTES", "DeviceEstimate", "choose_gpu", "device_estimate", "gpu_fit"]
+
+#: kept free beyond the estimate: the allocator's granularity, the runtime's and the driver's own allocations
+MARGIN_BYTES = 256 << 20
+_ALIGN = 256
+
+
+def _round(n: int) -> int:
+    return max(_ALIGN, (n + _ALIGN - 1) // _ALIGN * _ALIGN)
+
+
+@dataclass(frozen=True)
+class DeviceEstimate:
+    """Device bytes of one session, by part (``total`` includes :data:`MARGIN_BYTES`)."""
+
+    weights: int
+    kv: int
+    scratch: int
+    n_ctx: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.scratch + MARGIN_BYTES
+
+
+def _matrix_bytes(w: Weight) -> int:
+    """``w`` as the device stores it: its repacked layout (the library's own figure) for a GPU type, F32 rows for a
+    type dequantized on upload."""
+    from . import cuda_backend as cb
+
+    f32 = w.rows * w.k * 4
+    if w.type.id not in cb.GPU_TYPES:
+        return _round(f32)
+    try:
+        return _round(cb.packed_bytes(w.type, w.rows, w.k))
+    except (cb.CudaError, ValueError):  # no library (a test without one) or a shape it refuses: the file's bytes
+        return _round(int(w.data.nbytes))
+
+
+def device_estimate(model: Model, n_ctx: int, kv_dtype: type = np.float16, max_batch: int = 512) -> DeviceEstimate:
+    """The device memory a session of ``model`` at ``n_ctx`` positions will hold; reads sizes only (nothing is
+    dequantized or uploaded)."""
+    c, mw = model.config, model.weights
+    weights = 0
+    for lw in mw.layers:
+        for _key, w in _layer_matrices(lw):
+            weights += _matrix_bytes(w)
+        if lw.wv is not None and lw.wv is lw.wk:  # bound twice, uploaded twice
+            weights += _matrix_bytes(lw.wv)
+        for f in dataclasses.fields(lw):
+            v = getattr(lw, f.name)
+            if isinstance(v, np.ndarray):
+                weights += _round(int(v.size) * 4)
+    weights += _matrix_bytes(mw.tok_embd)
+    if not mw.tied:
+        weights += _matrix_bytes(mw.output)
+    weights += _round(int(np.asarray(mw.output_norm).size) * 4)
+    kv_item = np.dtype(kv_dtype).itemsize
+    kv = 2 * sum(_round(n_ctx * c.n_head_kv_at(li) * c.head_dim_at(li) * kv_item) for li in range(c.n_layers))
+    T = min(max_batch, n_ctx)
+    E, V = c.n_embd, c.n_vocab
+    QD = max(c.n_head * c.head_dim_at(li) for li in range(c.n_layers))
+    KD = max(c.n_head_kv_at(li) * c.head_dim_at(li) for li in range(c.n_layers))
+    F = max(c.n_ff_at(li) for li in range(c.n_layers))
+    kmax = max(E, QD, F, c.n_ff_shexp)
+    f4 = [3 * T * E, 2 * T * QD, 2 * T * KD, 3 * T * F,  # x h o, q att, k v, g u a
+          2 * T * kmax // 32, T * kmax // 256 + 1, T * kmax // 16, 2 * T + 1, V, T * V]  # scales, params, logits
+    scratch = sum(_round(n * 4) for n in f4) + 2 * _round(T * kmax)  # + the int8 activations
+    if c.n_expert:  # qsc_moe.cuh's moe_finalize
+        K, FS = c.n_expert_used, c.n_ff_shexp
+        f4 = [T * c.n_expert, 3 * T * K, 2 * T * E, 2 * T * kmax // 32, T * kmax // 256 + 1, T * kmax // 16]
+        if FS:
+            f4 += [3 * T * FS, T * E]
+        scratch += sum(_round(n * 4) for n in f4) + 2 * _round(T * kmax)
+    return DeviceEstimate(weights, kv, scratch, n_ctx)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def choose_gpu(est: DeviceEstimate, free_bytes: int) -> tuple[bool, str]:
+    """(use the GPU?, the reason in one line with the numbers): the GPU when the session fits in ``free_bytes``."""
+    parts = (f"weights {_mib(est.weights)} + KV cache {_mib(est.kv)} at {est.n_ctx} positions + scratch "
+             f"{_mib(est.scratch)} + margin {_mib(MARGIN_BYTES)} = {_mib(est.total)}")
+    if est.total <= free_bytes:
+        return True, f"fits in GPU memory: {parts} of {_mib(free_bytes)} free"
+    return False, f"does not fit in GPU memory: {parts} needed, {_mib(free_bytes)} free"
+
+
+def gpu_fit(model: Model, n_ctx: int) -> tuple[bool, str]:
+    """``--backend auto``'s memory check: does a session of ``model`` at ``n_ctx`` fit in the device's free memory
+    now (and the one-line reason)? True with no reason when the free figure cannot be read (the session's own
+    allocation then decides)."""
+    from . import cuda_backend as cb
+
+    try:
+        free = int(cb.device_properties()["free_mem"])
+    except cb.CudaError:
+        return True, ""
+    return choose_gpu(device_estimate(model, n_ctx), free)

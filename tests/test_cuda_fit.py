@@ -1,0 +1,146 @@
+"""``--backend auto``'s memory check (core/engine/cuda_fit.py): the device memory a GPU session will hold, computed
+before uploading, and the decision made from it, with a fake device-memory figure (no GPU needed)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from quantscope.core.engine import Model, generate
+from quantscope.core.engine import cuda_backend as cb
+from quantscope.core.engine import cuda_fit as fit
+from quantscope.core.gguf import GGUFFile
+
+from . import test_cuda
+from .conftest import require_model
+
+cuda_lib, gpu = test_cuda.cuda_lib, test_cuda.gpu  # the fixtures: the built library, a usable GPU
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    from quantscope.core.synthetic import write_synthetic
+
+    vocab = os.environ.get("QUANTSCOPE_VOCAB_SOURCE") or require_model("smollm2")
+    return write_synthetic(tmp_path_factory.mktemp("fit") / "tiny.gguf", "tiny", vocab, seed=3)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_path) -> Model:
+    return Model(GGUFFile(tiny_path))
+
+
+def test_estimate_counts_the_uploaded_matrices_kv_and_scratch(cuda_lib, tiny):
+    """Weights: every matrix the description uploads, repacked as the library lays it out, plus the vectors; KV: two
+    caches of n_ctx x n_head_kv x head_dim per layer in the cache's type; scratch: grows with the chunk, not n_ctx."""
+    c = tiny.config
+    est = fit.device_estimate(tiny, 1024)
+    desc, _ = cb.model_description(tiny, 1024)
+    mats = desc.matrices[:-1] if tiny.weights.tied else desc.matrices  # (a tied head reads the embedding's copy)
+    packed = sum(cb.packed_bytes(t, r, k) for t, r, k in mats)
+    vectors = sum(int(v.size) * 4 for lw in tiny.weights.layers for v in vars(lw).values()
+                  if isinstance(v, np.ndarray)) + c.n_embd * 4
+    assert packed + vectors <= est.weights <= packed + vectors + 256 * (len(mats) + 8 * c.n_layers + 1)
+    assert est.kv == 2 * c.n_layers * 1024 * c.n_head_kv * c.head_dim * 2
+    assert fit.device_estimate(tiny, 1024, kv_dtype=np.float32).kv == 2 * est.kv
+    longer = fit.device_estimate(tiny, 4096)
+    assert (longer.weights, longer.kv, longer.scratch) == (est.weights, 4 * est.kv, est.scratch)
+    small_batch = fit.device_estimate(tiny, 1024, max_batch=64)
+    assert small_batch.scratch < est.scratch
+    assert est.total == est.weights + est.kv + est.scratch + fit.MARGIN_BYTES
+
+
+def test_estimate_stores_unsupported_types_as_f32(cuda_lib, tiny, monkeypatch):
+    """A type without GPU kernels is dequantized on upload: counted at 4 bytes per value, not its file size."""
+    before = fit.device_estimate(tiny, 256).weights
+    monkeypatch.setattr(cb, "GPU_TYPES", {k: v for k, v in cb.GPU_TYPES.items() if v != "Q4_K"})
+    after = fit.device_estimate(tiny, 256).weights
+    q4k = [w for lw in tiny.weights.layers for _, w in fit._layer_matrices(lw) if w.type.name == "Q4_K"]
+    assert q4k
+    assert after - before >= sum(w.rows * w.k * 4 - int(w.data.nbytes) * 1.05 for w in q4k)
+
+
+def test_choose_gpu_by_the_free_memory(tiny):
+    est = fit.device_estimate(tiny, 2048)
+    ok, why = fit.choose_gpu(est, est.total)
+    assert ok and why.startswith("fits in GPU memory: weights ")
+    ok, why = fit.choose_gpu(est, est.total - 1)
+    assert not ok and why.startswith("does not fit in GPU memory: weights ")
+    assert "KV cache" in why and "at 2048 positions" in why and "free" in why and "\n" not in why
+    ok, why = fit.choose_gpu(est, 10 << 30)
+    assert ok and why.endswith("of 10.0 GiB free")
+
+
+def _fake_gpu(monkeypatch, free: int) -> None:
+    monkeypatch.setattr(cb, "cuda_status", lambda: (True, "fake GPU"))
+    monkeypatch.setattr(cb, "device_properties", lambda: {"free_mem": free, "total_mem": free})
+
+
+def test_auto_backend_uses_the_cpu_when_the_model_does_not_fit(tiny_path, monkeypatch):
+    """--backend auto with too little free device memory: the CPU, the reason with the numbers, and no attempt to
+    upload (CudaSession is never created)."""
+    _fake_gpu(monkeypatch, 64 << 20)
+
+    def no_session(*_a, **_k):
+        raise AssertionError("a session must not be created when the model does not fit")
+
+    monkeypatch.setattr(cb, "CudaSession", no_session)
+    eng = generate.Engine(tiny_path, n_ctx=512, backend="auto", repack=False)
+    try:
+        assert eng.backend == "cpu"
+        assert eng.backend_reason.startswith("CUDA not used: the model does not fit in GPU memory: weights ")
+        assert "64 MiB free; using the CPU" in eng.backend_reason
+    finally:
+        eng.close()
+
+
+def test_auto_backend_tries_the_gpu_when_the_model_fits(tiny_path, monkeypatch):
+    _fake_gpu(monkeypatch, 80 << 30)
+    made = []
+
+    class FakeSession:
+        def __init__(self, model, n_ctx):
+            made.append(n_ctx)
+            self.n_ctx = n_ctx
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(cb, "CudaSession", FakeSession)
+    eng = generate.Engine(tiny_path, n_ctx=512, backend="auto", repack=False)
+    try:
+        assert eng.backend == "cuda" and made == [512] and eng.backend_reason == "fake GPU"
+    finally:
+        eng.close()
+
+
+def test_explicit_cuda_backend_is_not_second_guessed(tiny_path, monkeypatch):
+    """--backend cuda asks for the GPU whatever the estimate says (the allocation then decides)."""
+    _fake_gpu(monkeypatch, 1 << 20)
+    made = []
+
+    class FakeSession:
+        def __init__(self, model, n_ctx):
+            made.append(n_ctx)
+            self.n_ctx = n_ctx
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(cb, "CudaSession", FakeSession)
+    eng = generate.Engine(tiny_path, n_ctx=256, backend="cuda", repack=False)
+    try:
+        assert eng.backend == "cuda" and made == [256]
+    finally:
+        eng.close()
+
+
+def test_gpu_estimate_covers_the_session(gpu, tiny):
+    """On a GPU: the estimate (margin left out) is at least what the session allocates, and not far above it."""
+    est = fit.device_estimate(tiny, 1024)
+    with cb.CudaSession(tiny, 1024) as s:
+        s.forward([10 + i % 900 for i in range(512)], all_logits=True)  # a full chunk: every buffer allocated
+        held = s.device_bytes
+    assert held <= est.weights + est.kv + est.scratch <= 1.2 * held

@@ -14,7 +14,7 @@ csrc/cuda/build.sh || exit 1
 have_models=1
 "$PY" -c 'import sys; from quantscope.core import catalog; sys.exit(all(map(catalog.is_present, catalog.MODELS)) ^ 1)' \
   || { have_models=0; export QUANTSCOPE_CATALOGUE_UNAVAILABLE=1; echo "run_gpu: catalogue models absent here" >&2; }
-"$PY" -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py "$@"
+"$PY" -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py tests/test_cuda_probe.py "$@"
 rc=$?
 if [ "$have_models" = 1 ]; then "$PY" tests/bench/bench_cuda.py || rc=1; fi
 exit $rc

@@ -75,3 +75,12 @@ int qsc_kernel_attention(const float *q, int n_q, const int32_t *q_pos, int n_he
 int qsc_host_dequantize(int type, const uint8_t *w, int64_t rows, int64_t k, float *out);
 int qsc_host_quantize(int act_type, const float *x, int64_t n, uint8_t *out);
 int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const float *x, int n_x, float *y);
+
+/* ---- the probes (qsc_probe.cuh): copies back only when asked for */
+int qsc_probe_trace(qsc_model *m, float *resid, float *queries, int64_t n_tokens, char *err, size_t err_len);
+int qsc_stats_enable(qsc_model *m, int enabled, char *err, size_t err_len);
+int qsc_stats_read(qsc_model *m, float *out, int64_t n, char *err, size_t err_len);
+int qsc_head(qsc_model *m, const float *x, int n_rows, float *logits, char *err, size_t err_len);
+int qsc_read_cache(qsc_model *m, int layer, int which, int n_rows, void *out, int64_t out_bytes, char *err,
+                   size_t err_len);
+int qsc_host_probe_sumsq(float *acc, const float *x, int64_t T, int64_t n);

@@ -190,7 +190,7 @@ int qsc_host_dequantize(int type, const uint8_t *w, int64_t rows, int64_t k, flo
 int qsc_host_quantize(int act_type, const float *x, int64_t n, uint8_t *out);
 int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const float *x, int n_x, float *y);
 int qsc_probe_trace(qsc_model *m, float *resid, float *queries, int64_t n_tokens, char *err, size_t err_len);
-int qsc_stats_enable(qsc_model *m, int enabled, char *err, size_t err_len);
+int qsc_stats_enable(qsc_model *m, const float *init, int64_t n, char *err, size_t err_len);
 int qsc_stats_read(qsc_model *m, float *out, int64_t n, char *err, size_t err_len);
 int qsc_head(qsc_model *m, const float *x, int n_rows, float *logits, char *err, size_t err_len);
 int qsc_read_cache(qsc_model *m, int layer, int which, int n_rows, void *out, int64_t out_bytes, char *err,
@@ -882,9 +882,11 @@ class CudaSession:
                                   sinks=self.model.weights.layers[layer].sinks, threads=self.model.threads)
 
     def set_activation_stats(self, stats: list[dict[str, np.ndarray]] | None) -> None:
-        """As :meth:`Session.set_activation_stats`: the device adds each product's squared inputs on prompts and
-        each forward adds them into ``stats`` (per-expert statistics have no CUDA path)."""
+        """As :meth:`Session.set_activation_stats`: the device adds each product's squared inputs on prompts onto
+        ``stats``' values (uploaded here), in the CPU block's order, and each prompt's forward copies the sums back
+        into ``stats`` (per-expert statistics have no CUDA path)."""
         c = self.config
+        init = None
         if stats is not None:
             check_activation_stats(stats, c.n_layers)
             sizes = {"attn": c.n_embd, "wo": c.n_head * c.head_dim, "ffn": c.n_embd, "down": c.n_ff}
@@ -894,23 +896,35 @@ class CudaSession:
                 for key, a in d.items():
                     if key in sizes and a.size != sizes[key]:
                         raise ValueError(f"layer {li} {key}: {a.size} values, not {sizes[key]}")
+            init = np.zeros((c.n_layers, sum(sizes.values())), np.float32)
+            for d, row in zip(stats, init, strict=True):
+                for key, part in self._stats_parts():
+                    if key in d:
+                        row[part] = d[key]
         err = _err()
-        _check(self._lib.qsc_stats_enable(self._live(), int(stats is not None), err, _ERR_LEN), err, "statistics")
+        _check(self._lib.qsc_stats_enable(self._live(), ffi.NULL if init is None else _p(init, "float *"),
+                                          0 if init is None else init.size, err, _ERR_LEN), err, "statistics")
         self._stats = stats
+
+    def _stats_parts(self) -> list[tuple[str, slice]]:
+        """Where each product's sums lie in a layer's row of the device's statistics (qsc_probe.cuh)."""
+        c = self.config
+        E, QD, F = c.n_embd, c.n_head * c.head_dim, c.n_ff
+        return [("attn", slice(0, E)), ("wo", slice(E, E + QD)), ("ffn", slice(E + QD, 2 * E + QD)),
+                ("down", slice(2 * E + QD, 2 * E + QD + F))]
 
     def _add_stats(self) -> None:
         c = self.config
-        E, QD, F = c.n_embd, c.n_head * c.head_dim, c.n_ff
-        sums = np.empty((c.n_layers, 2 * E + QD + F), np.float32)
+        parts = self._stats_parts()
+        sums = np.empty((c.n_layers, parts[-1][1].stop), np.float32)
         err = _err()
         _check(self._lib.qsc_stats_read(self._live(), _p(sums, "float *"), sums.size, err, _ERR_LEN), err,
                "statistics")
         assert self._stats is not None
         for d, row in zip(self._stats, sums, strict=True):
-            for key, a, b in (("attn", 0, E), ("wo", E, E + QD), ("ffn", E + QD, 2 * E + QD),
-                              ("down", 2 * E + QD, 2 * E + QD + F)):
+            for key, part in parts:
                 if key in d:
-                    d[key] += row[a:b]
+                    d[key][...] = row[part]
 
     def close(self) -> None:
         """Free the device memory now (also done when the session is garbage-collected)."""

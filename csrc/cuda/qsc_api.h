@@ -78,7 +78,7 @@ int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const f
 
 /* ---- the probes (qsc_probe.cuh): copies back only when asked for */
 int qsc_probe_trace(qsc_model *m, float *resid, float *queries, int64_t n_tokens, char *err, size_t err_len);
-int qsc_stats_enable(qsc_model *m, int enabled, char *err, size_t err_len);
+int qsc_stats_enable(qsc_model *m, const float *init, int64_t n, char *err, size_t err_len);
 int qsc_stats_read(qsc_model *m, float *out, int64_t n, char *err, size_t err_len);
 int qsc_head(qsc_model *m, const float *x, int n_rows, float *logits, char *err, size_t err_len);
 int qsc_read_cache(qsc_model *m, int layer, int which, int n_rows, void *out, int64_t out_bytes, char *err,

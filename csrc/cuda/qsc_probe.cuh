@@ -6,7 +6,8 @@
  *          queries as its attention used them (n_layers x n x H*hd), copied into host buffers by the next
  *          qsc_forward of exactly n tokens (uncaptured: a traced one-token step does not replay the CUDA graph)
  *   stats  per layer, the column sums of squares of each product's input (attention in, wo in, FFN in, down in)
- *          on prompts (T > 1), as the CPU block's acc_sq: device sums, read back and zeroed by qsc_stats_read
+ *          on prompts (T > 1), as the CPU block's acc_sq: device sums started from the caller's, read back by
+ *          qsc_stats_read
  *   head   the final norm and the output head of host residual rows, by the forward pass's own kernels (logit lens)
  *   cache  a layer's K or V cache rows back to the host (the attention weights are computed there by the CPU's
  *          native attention, against the same keys)
@@ -115,43 +116,46 @@ int qsc_probe_trace(qsc_model *m, float *resid, float *queries, int64_t n_tokens
     return 0;
 }
 
-/* Collect (enabled) or stop collecting the activation statistics; enabling zeroes the device sums. */
-int qsc_stats_enable(qsc_model *m, int enabled, char *err, size_t err_len) {
-    if (!m) {
-        set_err(err, err_len, "no model");
+/* Collect the activation statistics onto init (n_layers x (2E + H*hd + F) floats, per layer attn | wo | ffn | down:
+ * the caller's sums so far, uploaded, so that the device adds onto them in the CPU block's order), or stop (init
+ * NULL). */
+int qsc_stats_enable(qsc_model *m, const float *init, int64_t n, char *err, size_t err_len) {
+    const int64_t len = m ? m->cfg.n_layers * probe_stats_per_layer(m->cfg) : 0;
+    if (!m || (init && n != len)) {
+        set_err(err, err_len, "no model, or %lld floats is not the statistics' size", (long long)n);
         return -1;
     }
     std::lock_guard<std::mutex> lock(m->mu);
-    CUDA_TRY(cudaSetDevice(m->device));
     QscProbe *p = probe_get(m);
-    if (!enabled) {
+    if (!init) {
         p->stats = nullptr;
         return 0;
     }
-    const int64_t len = m->cfg.n_layers * probe_stats_per_layer(m->cfg);
+    CUDA_TRY(cudaSetDevice(m->device));
     if (!p->sums) { /* allocated once, kept (among m->allocs) for the next enable */
         int rc = dalloc_t(m, &p->sums, len, err, err_len);
         if (rc) return rc;
         p->stats_len = len;
     }
-    p->stats = p->sums;
-    CUDA_TRY(cudaMemsetAsync(p->stats, 0, (size_t)len * sizeof(float), m->st));
+    CUDA_TRY(cudaMemcpyAsync(p->sums, init, (size_t)len * sizeof(float), cudaMemcpyHostToDevice, m->st));
     CUDA_TRY(cudaStreamSynchronize(m->st));
+    p->stats = p->sums;
     return 0;
 }
 
-/* Copy the device sums (n_layers x (2E + H*hd + F) floats, per layer attn | wo | ffn | down) into out and zero
- * them. */
+/* Copy the device sums (the layout of qsc_stats_enable's init) into out. */
 int qsc_stats_read(qsc_model *m, float *out, int64_t n, char *err, size_t err_len) {
-    if (!m || !out || !m->probe || !m->probe->stats || n != m->probe->stats_len) {
-        set_err(err, err_len, "no statistics are collected, or %lld floats is not their size", (long long)n);
+    if (!m || !out) {
+        set_err(err, err_len, "no model or output buffer");
         return -1;
     }
     std::lock_guard<std::mutex> lock(m->mu);
+    if (!m->probe || !m->probe->stats || n != m->probe->stats_len) {
+        set_err(err, err_len, "no statistics are collected, or %lld floats is not their size", (long long)n);
+        return -1;
+    }
     CUDA_TRY(cudaSetDevice(m->device));
-    QscProbe *p = m->probe;
-    CUDA_TRY(cudaMemcpyAsync(out, p->stats, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost, m->st));
-    CUDA_TRY(cudaMemsetAsync(p->stats, 0, (size_t)n * sizeof(float), m->st));
+    CUDA_TRY(cudaMemcpyAsync(out, m->probe->stats, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost, m->st));
     CUDA_TRY(cudaStreamSynchronize(m->st));
     return 0;
 }

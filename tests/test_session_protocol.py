@@ -130,13 +130,14 @@ def test_perplexity_and_kl_divergence_use_only_the_protocol(llama, tmp_path):
 def test_imatrix_uses_only_the_protocol(llama, monkeypatch):
     ref = IM.compute_imatrix(llama, TEXT, n_ctx=64, max_chunks=2, threads=2)
     made: list[ProtocolOnly] = []
-    real = G.Engine.new_session
 
-    def new_session(self: G.Engine, n_ctx: int) -> InferenceSession:
-        made.append(ProtocolOnly(real(self, n_ctx)))  # type: ignore[arg-type]
-        return made[-1]  # type: ignore[return-value]
+    class Wrapped(G.Engine):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            made.append(ProtocolOnly(self.session))  # type: ignore[arg-type]
+            self.session = made[-1]  # type: ignore[assignment]
 
-    monkeypatch.setattr(G.Engine, "new_session", new_session)
+    monkeypatch.setattr(G, "Engine", Wrapped)
     got = IM.compute_imatrix(llama, TEXT, n_ctx=64, max_chunks=2, threads=2)
     assert made and {"set_activation_stats", "reset", "forward"} <= made[0].used
     assert got.entries.keys() == ref.entries.keys() and got.entries

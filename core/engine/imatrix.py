@@ -86,7 +86,7 @@ def compute_imatrix(model: str | Path, text: str, *, n_ctx: int = 512, max_chunk
         if c.ple_dim or c.layer_n_ff or c.layer_n_head_kv:
             raise ValueError(f"{c.arch}: layers of different widths are not supported by the statistics hooks yet")
         chunks = kld.chunk_ids(eng.tokenizer.encode(text), n_ctx, max_chunks, min_chunks=1)
-        sess = eng.new_session(n_ctx)
+        sess = eng.session  # the engine's own (n_ctx positions): one copy of the weights on a GPU
         E, A, F, NE = c.n_embd, c.n_head * c.head_dim, c.n_ff, c.n_expert
         layers = [_layer(eng.file, li, E, A, F, NE) for li in range(c.n_layers)]
         sess.set_activation_stats([lay.stats for lay in layers])

@@ -52,6 +52,19 @@ def _tok(text: str, width: int = 14) -> str:
     return r if len(r) <= width else r[: width - 2] + "…'"
 
 
+def _engine_session(eng: Any) -> Any:
+    """run_probe's ``make_session``: the engine's own session, emptied (one upload of the weights to the GPU), or a
+    new one where it is too short."""
+
+    def make(n_ctx: int, _kv_dtype: type) -> Any:
+        if n_ctx > eng.session.n_ctx:
+            return eng.new_session(n_ctx)
+        eng.session.reset()
+        return eng.session
+
+    return make
+
+
 def cmd_probe(args: argparse.Namespace) -> int:
     from quantscope.core.engine import probe as P
     from quantscope.core.jobs import Cancelled
@@ -62,8 +75,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if len(text) > MAX_PROMPT_CHARS:  # refused before tokenizing: no vocabulary packs 256 characters per token
         raise CLIError(f"the prompt is over {MAX_PROMPT_CHARS:,} characters; the probe takes at most "
                        "1024 tokens")
-    args.backend = "cpu"  # the probe's hooks are the CPU engine's
-    eng = load_engine(args, n_ctx=64)
+    # a GPU session for the probe is the engine's own, with room for the longest prompt
+    eng = load_engine(args, n_ctx=64 if args.backend == "cpu" else P.MAX_PROBE_TOKENS)
     tok = eng.tokenizer
     ids = tok.encode(text, add_special=None if not args.no_bos else False)
     if not ids:
@@ -85,7 +98,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     positions = _positions(args.positions, len(ids))
     pieces = [tok.decode([t]) for t in ids]
     try:
-        pr = P.run_probe(eng.model, ids, pieces)
+        pr = P.run_probe(eng.model, ids, pieces, make_session=_engine_session(eng) if eng.backend != "cpu" else None)
         out: dict[str, Any] = {"file": args.file, "arch": cfg.arch, "n_layers": cfg.n_layers,
                                "tokens": [{"id": t, "text": s} for t, s in zip(ids, pieces, strict=True)]}
         if want_lens:
@@ -186,4 +199,6 @@ def register(sub: Any) -> None:
                    help="the positions printed (text output; default: the last)")
     s.add_argument("--no-bos", action="store_true", help="do not add BOS")
     s.add_argument("-t", "--threads", type=int_arg(0, MAX_THREADS), default=0)
+    s.add_argument("--backend", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="where the layers run: the CPU engine (default), the GPU (cuda), or the GPU where it works")
     s.set_defaults(func=cmd_probe)

@@ -21,8 +21,19 @@ import numpy as np
 from ..model import ARCHITECTURES, ModelConfig, UnsupportedModel, Weight
 from ..native import ffi as cpu_ffi
 from ..native import kernels as K
+from ..native import nn
 from ..quant.types import GGMLType, ggml_type
-from .session import ContextFull, Model, _Bound, _layer_matrices, layer_description, layer_policy
+from .session import (
+    ContextFull,
+    ForwardTrace,
+    Model,
+    _Bound,
+    _layer_matrices,
+    check_activation_stats,
+    head_scales,
+    layer_description,
+    layer_policy,
+)
 
 __all__ = [
     "GPU_TYPES",
@@ -186,6 +197,13 @@ int qsc_host_moe_route(const float *logits, int n_tokens, int n_expert, int n_us
                        int32_t *sel, float *w);
 int qsc_host_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
 int qsc_kernel_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
+int qsc_probe_trace(qsc_model *m, float *resid, float *queries, int64_t n_tokens, char *err, size_t err_len);
+int qsc_stats_enable(qsc_model *m, const float *init, int64_t n, char *err, size_t err_len);
+int qsc_stats_read(qsc_model *m, float *out, int64_t n, char *err, size_t err_len);
+int qsc_head(qsc_model *m, const float *x, int n_rows, float *logits, char *err, size_t err_len);
+int qsc_read_cache(qsc_model *m, int layer, int which, int n_rows, void *out, int64_t out_bytes, char *err,
+                   size_t err_len);
+int qsc_host_probe_sumsq(float *acc, const float *x, int64_t T, int64_t n);
 """
 CDEF = NN_CDEF + API_CDEF
 
@@ -746,6 +764,7 @@ class CudaSession:
         if ptr == ffi.NULL:
             raise CudaError(f"qsc_model_create: {_msg(err)}")
         self._m: Any = ptr
+        self._stats: list[dict[str, np.ndarray]] | None = None
         try:
             self._lib.qsc_set_graphs(self._m, int(graphs))
         except BaseException:
@@ -778,9 +797,20 @@ class CudaSession:
         """Forget cached positions from ``n`` on (e.g. to rewind a turn)."""
         self.n_past = max(0, min(self.n_past, n))
 
-    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False, logits: bool = True) -> np.ndarray:
+    def checkpoint(self) -> None:
+        """A no-op: the device runs attention-only models, whose cache rewinds to any position."""
+
+    @property
+    def recurrent(self) -> bool:
+        return False
+
+    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False, logits: bool = True,
+                trace: ForwardTrace | None = None) -> np.ndarray:
         """Run ``tokens`` at positions ``n_past…``; returns logits of the last token (or of every token).
-        ``logits=False`` is accepted for the CPU session's interface; the head is computed anyway (cheap on a GPU)."""
+        ``logits=False`` is accepted for the CPU session's interface; the head is computed anyway (cheap on a GPU).
+        ``trace``: copy this call's residual stream and queries back from the device (:class:`ForwardTrace`, as
+        the CPU's; ``after_layer`` is called for each layer once the device pass is done); off, nothing is
+        copied."""
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         T = ids.size
         if T == 0:
@@ -792,11 +822,115 @@ class CudaSession:
             raise ValueError(f"token ids must lie in 0..{V - 1}")
         i32 = ids.astype(np.int32)
         out = np.empty((T, V) if all_logits else (V,), np.float32)
+        c, m = self.config, self._live()
         err = _err()
-        _check(self._lib.qsc_forward(self._live(), _p(i32, "int32_t *"), T, self.n_past, int(all_logits),
-                                     _p(out, "float *"), err, _ERR_LEN), err, "forward")
+        if trace is None:
+            _check(self._lib.qsc_forward(m, _p(i32, "int32_t *"), T, self.n_past, int(all_logits),
+                                         _p(out, "float *"), err, _ERR_LEN), err, "forward")
+        else:
+            resid = np.empty((c.n_layers + 1, T, c.n_embd), np.float32)
+            queries = np.empty((c.n_layers, T, c.n_head, c.head_dim), np.float32)
+            _check(self._lib.qsc_probe_trace(m, _p(resid, "float *"), _p(queries, "float *"), T, err, _ERR_LEN),
+                   err, "probe trace")
+            try:
+                _check(self._lib.qsc_forward(m, _p(i32, "int32_t *"), T, self.n_past, int(all_logits),
+                                             _p(out, "float *"), err, _ERR_LEN), err, "forward")
+            finally:
+                self._lib.qsc_probe_trace(m, ffi.NULL, ffi.NULL, 0, ffi.NULL, 0)
+            trace.resid, trace.positions = list(resid), np.arange(self.n_past, self.n_past + T, dtype=np.int32)
+            trace.queries = dict(enumerate(queries))
+            if trace.after_layer is not None:
+                for li in range(c.n_layers):
+                    trace.after_layer(li)
+        if self._stats is not None and T > 1:
+            self._add_stats()
         self.n_past += T
         return out
+
+    # ---------------------------------------------------------------------------------------------- the probes
+    def head(self, x: np.ndarray) -> np.ndarray:
+        """Logits of residual-stream rows ``x`` (n, n_embd) on the device, by the forward pass's own final norm
+        and output head (kernels and int8 activations: the last row of the stream a traced forward leaves gives
+        that forward's logits); granite's scale and gemma2's soft-cap as the CPU's head applies them."""
+        c = self.config
+        xa = np.ascontiguousarray(x, dtype=np.float32)
+        if xa.ndim != 2 or xa.shape[1] != c.n_embd or not 0 < xa.shape[0] < 2**31:
+            raise ValueError(f"rows of {c.n_embd} values are needed, not {xa.shape}")
+        out = np.empty((xa.shape[0], c.n_vocab), np.float32)
+        err = _err()
+        _check(self._lib.qsc_head(self._live(), _p(xa, "float *"), xa.shape[0], _p(out, "float *"), err, _ERR_LEN),
+               err, "head")
+        return head_scales(c, out)
+
+    def cache_rows(self, layer: int, which: str = "k") -> np.ndarray:
+        """Layer ``layer``'s cached K (``k``) or V (``v``) rows ``(n_past, n_head_kv, head_dim)`` copied back from
+        the device, in the cache's type."""
+        c = self.config
+        if isinstance(layer, bool) or not 0 <= layer < c.n_layers or which not in ("k", "v"):
+            raise ValueError(f"no {which!r} cache for layer {layer!r}")
+        rows = np.empty((self.n_past, c.n_head_kv, c.head_dim), self.kv_dtype)
+        err = _err()
+        _check(self._lib.qsc_read_cache(self._live(), layer, int(which == "v"), self.n_past,
+                                        ffi.cast("void *", ffi.from_buffer(rows)), rows.nbytes, err, _ERR_LEN),
+               err, "read cache")
+        return rows
+
+    def attention_weights(self, layer: int, queries: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Layer ``layer``'s attention weights ``(T, n_head, n_past)`` for ``queries`` (a :class:`ForwardTrace`'s)
+        at ``positions``: the layer's cached keys are copied back from the device and the CPU's native attention
+        code computes the weights against them (as :meth:`Session.attention_weights`)."""
+        c = self.config
+        if isinstance(layer, bool) or not 0 <= layer < c.n_layers or c.is_recurrent(layer):
+            raise ValueError(f"layer {layer} has no attention weights")
+        keys = self.cache_rows(layer, "k")
+        return nn.attention_probs(queries, positions, keys, self.n_past, scale=float(layer_policy(c, layer).attn.scale),
+                                  window=c.layer_window(layer), softcap=c.attn_softcap,
+                                  sinks=self.model.weights.layers[layer].sinks, threads=self.model.threads)
+
+    def set_activation_stats(self, stats: list[dict[str, np.ndarray]] | None) -> None:
+        """As :meth:`Session.set_activation_stats`: the device adds each product's squared inputs on prompts onto
+        ``stats``' values (uploaded here), in the CPU block's order, and each prompt's forward copies the sums back
+        into ``stats`` (per-expert statistics have no CUDA path)."""
+        c = self.config
+        init = None
+        if stats is not None:
+            check_activation_stats(stats, c.n_layers)
+            sizes = {"attn": c.n_embd, "wo": c.n_head * c.head_dim, "ffn": c.n_embd, "down": c.n_ff}
+            for li, d in enumerate(stats):
+                if "count" in d:
+                    raise ValueError("per-expert statistics have no CUDA path")
+                for key, a in d.items():
+                    if key in sizes and a.size != sizes[key]:
+                        raise ValueError(f"layer {li} {key}: {a.size} values, not {sizes[key]}")
+            init = np.zeros((c.n_layers, sum(sizes.values())), np.float32)
+            for d, row in zip(stats, init, strict=True):
+                for key, part in self._stats_parts():
+                    if key in d:
+                        row[part] = d[key]
+        err = _err()
+        _check(self._lib.qsc_stats_enable(self._live(), ffi.NULL if init is None else _p(init, "float *"),
+                                          0 if init is None else init.size, err, _ERR_LEN), err, "statistics")
+        self._stats = stats
+
+    def _stats_parts(self) -> list[tuple[str, slice]]:
+        """Where each product's sums lie in a layer's row of the device's statistics (qsc_probe.cuh)."""
+        c = self.config
+        E, QD, F = c.n_embd, c.n_head * c.head_dim, c.n_ff
+        return [("attn", slice(0, E)), ("wo", slice(E, E + QD)), ("ffn", slice(E + QD, 2 * E + QD)),
+                ("down", slice(2 * E + QD, 2 * E + QD + F))]
+
+    def _add_stats(self) -> None:
+        c = self.config
+        parts = self._stats_parts()
+        sums = np.empty((c.n_layers, parts[-1][1].stop), np.float32)
+        err = _err()
+        _check(self._lib.qsc_stats_read(self._live(), _p(sums, "float *"), sums.size, err, _ERR_LEN), err,
+               "statistics")
+        assert self._stats is not None
+        for d, row in zip(self._stats, sums, strict=True):
+            for key, part in parts:
+                if key in d:
+                    d[key][...] = row[part]
 
     def close(self) -> None:
         """Free the device memory now (also done when the session is garbage-collected)."""

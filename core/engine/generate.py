@@ -221,9 +221,8 @@ class Engine:
         """Free the session (GPU memory for the CUDA backend) and unmap the file (numpy views still held keep the
         mapping until they are dropped). Safe to call more than once."""
         try:
-            closer = getattr(self.session, "close", None)
-            if closer is not None:
-                closer()
+            if self.session is not None:
+                self.session.close()
         finally:
             self.file.close()
 
@@ -310,9 +309,8 @@ class Engine:
                 if on_prompt is not None:
                     on_prompt(min(len(new), a + PREFILL_CHUNK), len(new))
             self._prompt_logits = (tuple(ids), logits.copy())
-            checkpoint = getattr(self.session, "checkpoint", None)
-            if checkpoint is not None:  # the recurrent state after the prompt: a regenerated reply starts there
-                checkpoint()
+            # the recurrent state after the prompt: a regenerated reply starts there
+            self.session.checkpoint()
             n_new = len(ids) - common
         self.cached = list(ids)
         t1 = time.perf_counter()

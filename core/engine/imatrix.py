@@ -70,14 +70,15 @@ def _layer(f: object, li: int, E: int, A: int, F: int, NE: int) -> _Layer:
 
 def compute_imatrix(model: str | Path, text: str, *, n_ctx: int = 512, max_chunks: int = 0, threads: int = 0,
                     dataset: str = "", progress: Callable[[int, int, str], None] | None = None,
-                    cancel: Callable[[], bool] | None = None) -> Imatrix:
+                    cancel: Callable[[], bool] | None = None, backend: str = "cpu") -> Imatrix:
     """The importance matrix of ``model`` over ``text`` in chunks of ``n_ctx`` tokens (``max_chunks``: 0 = all).
-    ``dataset`` is recorded as the data set's name (llama-imatrix records the text file's path)."""
+    ``dataset`` is recorded as the data set's name (llama-imatrix records the text file's path). ``backend``: as
+    :class:`~.generate.Engine`'s (the GPU collects the same statistics, except per-expert ones)."""
     from .generate import Engine
 
     say = progress or (lambda _d, _t, _m: None)
     say(0, 1, "loading the model")
-    eng = Engine(str(model), n_ctx=n_ctx, threads=threads, backend="cpu")
+    eng = Engine(str(model), n_ctx=n_ctx, threads=threads, backend=backend)
     try:
         c = eng.model.config
         if n_ctx > c.n_ctx_train:
@@ -85,9 +86,7 @@ def compute_imatrix(model: str | Path, text: str, *, n_ctx: int = 512, max_chunk
         if c.ple_dim or c.layer_n_ff or c.layer_n_head_kv:
             raise ValueError(f"{c.arch}: layers of different widths are not supported by the statistics hooks yet")
         chunks = kld.chunk_ids(eng.tokenizer.encode(text), n_ctx, max_chunks, min_chunks=1)
-        sess = eng.new_session(n_ctx)
-        if not hasattr(sess, "set_activation_stats"):
-            raise ValueError("the statistics hooks need the CPU engine")
+        sess = eng.session  # the engine's own (n_ctx positions): one copy of the weights on a GPU
         E, A, F, NE = c.n_embd, c.n_head * c.head_dim, c.n_ff, c.n_expert
         layers = [_layer(eng.file, li, E, A, F, NE) for li in range(c.n_layers)]
         sess.set_activation_stats([lay.stats for lay in layers])

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..jobs import CancelFlag, check_cancel
-from .session import ForwardTrace, Model, Session
+from .session import ForwardTrace, InferenceSession, Model
 
 MAX_PROBE_TOKENS = 1024
 TARGETS = ("final", "next")
@@ -38,7 +38,7 @@ class ProbeError(ValueError):
 class Probe:
     """One prompt's forward pass, kept. ``resid[i]``: (T, n_embd) float32 entering layer ``i`` (see the module
     docstring); ``queries[layer]``: (T, n_head, head_dim) as the attention used them; ``session``: the session
-    whose KV cache holds the prompt (for :meth:`attention`)."""
+    whose KV cache holds the prompt (for :meth:`attention`), on either backend."""
 
     model: Model
     tokens: list[int]
@@ -46,7 +46,7 @@ class Probe:
     resid: list[np.ndarray]
     queries: dict[int, np.ndarray]
     positions: np.ndarray
-    session: Session
+    session: InferenceSession
 
     @property
     def n_layers(self) -> int:
@@ -101,10 +101,12 @@ def visible_mask(n: int, window: int) -> np.ndarray:
 
 def run_probe(model: Model, tokens: Iterable[int], pieces: list[str] | None = None,
               cancel: CancelFlag | None = None, progress: Callable[[float], None] | None = None,
-              kv_dtype: type = np.float16) -> Probe:
+              kv_dtype: type = np.float16,
+              make_session: Callable[[int, type], InferenceSession] | None = None) -> Probe:
     """Run ``tokens`` (1..:data:`MAX_PROBE_TOKENS`) from position 0 in a fresh session of ``model`` (an F16 KV
     cache, as the chat's) and keep what the probe shows; ``progress`` gets the fraction of layers done, ``cancel``
-    stops between layers with :class:`~quantscope.core.jobs.Cancelled`."""
+    stops between layers with :class:`~quantscope.core.jobs.Cancelled`. ``make_session(n_ctx, kv_dtype)``: the
+    session to run in (e.g. a GPU one); default the CPU's."""
     ids = [int(t) for t in tokens]
     if not ids:
         raise ProbeError("the prompt has no tokens")
@@ -114,7 +116,7 @@ def run_probe(model: Model, tokens: Iterable[int], pieces: list[str] | None = No
     if min(ids) < 0 or max(ids) >= c.n_vocab:
         raise ProbeError(f"token ids must lie in 0..{c.n_vocab - 1}")
     check_cancel(cancel)
-    session = model.session(len(ids), kv_dtype)
+    session = make_session(len(ids), kv_dtype) if make_session is not None else model.session(len(ids), kv_dtype)
 
     def after(li: int) -> None:
         check_cancel(cancel)
@@ -142,7 +144,7 @@ class LogitLens:
     entropy: np.ndarray  # (L + 1, T) float32
 
 
-def _lens_rows(session: Session, x: np.ndarray, targets: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
+def _lens_rows(session: InferenceSession, x: np.ndarray, targets: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
     """Top-k, the targets (-1: the row's argmax), their rank and probability, and the entropy of rows ``x``. The
     logits are float32 (as the head computes them), and so are the exponentials and their pairwise sums (no BLAS:
     its threads would compete with the engine's)."""

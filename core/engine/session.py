@@ -275,10 +275,42 @@ class ForwardTrace:
         self.after_layer = after_layer
 
 
+#: activation statistics: key -> the dtype its arrays must have (:meth:`Session.set_activation_stats`)
+STATS_KEYS = {"attn": np.float32, "wo": np.float32, "ffn": np.float32, "down": np.float32, "count": np.int64}
+
+
+def check_activation_stats(stats: list[dict[str, np.ndarray]], n_layers: int) -> None:
+    """Refuse statistics that are not one dict per layer of writable contiguous arrays of :data:`STATS_KEYS`'
+    types (what both sessions' ``set_activation_stats`` accept)."""
+    if len(stats) != n_layers:
+        raise ValueError(f"{len(stats)} statistics for {n_layers} layers")
+    for li, d in enumerate(stats):
+        for key, a in d.items():
+            dtype = STATS_KEYS.get(key)
+            if dtype is None:
+                raise ValueError(f"layer {li}: no statistics are named {key!r}")
+            if a.dtype != dtype or not a.flags.c_contiguous or not a.flags.writeable:
+                raise ValueError(f"layer {li} {key}: a writable contiguous {np.dtype(dtype)} array is needed")
+
+
+def head_scales(c: ModelConfig, logits: np.ndarray) -> np.ndarray:
+    """The head's last steps on its logits (in place where it can): granite's scale, gemma2's soft-cap."""
+    if c.logit_scale != 1.0:  # granite
+        logits /= np.float32(c.logit_scale)
+    if c.final_softcap:  # gemma2
+        cap = np.float32(c.final_softcap)
+        logits = np.tanh(logits / cap) * cap
+    return logits
+
+
 @runtime_checkable
 class InferenceSession(Protocol):
-    """What the generator, perplexity, KL divergence and benchmarks use of a session: the CPU :class:`Session`
-    and the GPU ``cuda_backend.CudaSession`` both provide it."""
+    """The one session protocol: everything a caller (the chat and the CLI through :class:`~.generate.Engine`,
+    perplexity and KL divergence, the importance matrix, the probe) uses of a session, so that each runs on
+    either backend without knowing which. The CPU :class:`Session` and the GPU ``cuda_backend.CudaSession``
+    both satisfy it (tests/test_session_protocol.py checks the signatures and runs every caller against a
+    session that has nothing else). ``Session.forward_from`` (the quantizer's cost model, CPU sessions only) is
+    not part of it."""
 
     n_ctx: int
     n_past: int
@@ -290,8 +322,18 @@ class InferenceSession(Protocol):
 
     def truncate(self, n: int) -> None: ...
 
-    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False,
-                logits: bool = True) -> np.ndarray: ...
+    def checkpoint(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False, logits: bool = True,
+                trace: ForwardTrace | None = None) -> np.ndarray: ...
+
+    def head(self, x: np.ndarray) -> np.ndarray: ...
+
+    def attention_weights(self, layer: int, queries: np.ndarray, positions: np.ndarray) -> np.ndarray: ...
+
+    def set_activation_stats(self, stats: list[dict[str, np.ndarray]] | None) -> None: ...
 
 
 class Session:
@@ -340,8 +382,8 @@ class Session:
         """Have every layer add its products' squared inputs into ``stats[layer]`` on prompts (keys ``attn``,
         ``wo``, ``ffn``, ``down``: float32 sums, ``count``: int64 rows per expert; absent keys are not collected),
         or stop (``None``). The arrays must stay alive while set (the session keeps a reference)."""
-        if stats is not None and len(stats) != len(self._block_structs):
-            raise ValueError(f"{len(stats)} statistics for {len(self._block_structs)} layers")
+        if stats is not None:
+            check_activation_stats(stats, len(self._block_structs))
         self._stats = stats
         for li, b in enumerate(self._block_structs):
             d = stats[li] if stats is not None else {}
@@ -349,8 +391,6 @@ class Session:
                                       ("ffn", "ffn", np.float32), ("down", "down", np.float32),
                                       ("count", "exp_count", np.int64)):
                 a = d.get(key)
-                if a is not None and (a.dtype != dtype or not a.flags.c_contiguous or not a.flags.writeable):
-                    raise ValueError(f"layer {li} {key}: a writable contiguous {np.dtype(dtype)} array is needed")
                 ctype = "int64_t *" if dtype is np.int64 else "float *"
                 setattr(b.probe, field, ffi.cast(ctype, ffi.from_buffer(a, require_writable=True)) if a is not None
                         else ffi.NULL)
@@ -368,6 +408,9 @@ class Session:
         return nn.attention_probs(queries, positions, self.k_cache[layer], self.n_past, scale=float(b.attn.scale),
                                   window=c.layer_window(layer), softcap=c.attn_softcap, sinks=lw.sinks,
                                   threads=self.model.threads)
+
+    def close(self) -> None:
+        """Nothing to free early (the caches are host arrays); for the protocol's callers, which close sessions."""
 
     def _zero_state(self) -> None:
         for a in (*self.conv_state.values(), *self.ssm_state.values()):
@@ -553,10 +596,4 @@ class Session:
         if x.ndim != 2 or x.shape[1] != c.n_embd:
             raise ValueError(f"rows of {c.n_embd} values are needed, not {x.shape}")
         h = self._rmsnorm(np.ascontiguousarray(x, dtype=np.float32), m.weights.output_norm, c.n_embd)
-        logits = self._mm(m.output, h)
-        if c.logit_scale != 1.0:  # granite
-            logits /= np.float32(c.logit_scale)
-        if c.final_softcap:  # gemma2
-            cap = np.float32(c.final_softcap)
-            logits = np.tanh(logits / cap) * cap
-        return logits
+        return head_scales(c, self._mm(m.output, h))

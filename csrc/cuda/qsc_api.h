@@ -83,3 +83,12 @@ int qsc_host_moe_route(const float *logits, int n_tokens, int n_expert, int n_us
 int qsc_host_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
 /* the same on the device (a one-layer model holding the moe group; tests) */
 int qsc_kernel_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
+
+/* ---- the probes (qsc_probe.cuh): copies back only when asked for */
+int qsc_probe_trace(qsc_model *m, float *resid, float *queries, int64_t n_tokens, char *err, size_t err_len);
+int qsc_stats_enable(qsc_model *m, const float *init, int64_t n, char *err, size_t err_len);
+int qsc_stats_read(qsc_model *m, float *out, int64_t n, char *err, size_t err_len);
+int qsc_head(qsc_model *m, const float *x, int n_rows, float *logits, char *err, size_t err_len);
+int qsc_read_cache(qsc_model *m, int layer, int which, int n_rows, void *out, int64_t out_bytes, char *err,
+                   size_t err_len);
+int qsc_host_probe_sumsq(float *acc, const float *x, int64_t T, int64_t n);

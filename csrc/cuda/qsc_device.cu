@@ -73,6 +73,7 @@ struct qsc_model {
     MoeScratch moe_s;
     bool has_moe = false; /* the routing is read back once per moe layer: no CUDA graph */
     std::mutex mu;
+    struct QscProbe *probe = nullptr; /* qsc_probe.cuh: traces, statistics (NULL: none asked for) */
 };
 
 static int dalloc(qsc_model *m, void **p, int64_t bytes, char *err, size_t err_len) {
@@ -188,6 +189,7 @@ static void launch_attention(int T, int H, int KV, int hd, int kv_f16, cudaStrea
 
 #define QSC_MOE_ENQUEUE
 #include "qsc_moe.cuh" /* moe_finalize, moe_input_formats, enqueue_moe */
+#include "qsc_probe.cuh"
 
 /* Enqueue the forward pass of T tokens whose ids/positions are already in m->d_params. logits: NULL (no lm_head),
  * or T x n_vocab (all rows) / n_vocab (last row) floats on the device. */
@@ -207,20 +209,25 @@ static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, ch
         /* attention branch */
         k_norm_quant<<<T, 256, 0, st>>>(m->x, prev_o, prev_post, L.attn_norm, m->h,
                                         act_out_for(m, {wq.type, wk.type, wv.type}), E, c.eps);
+        probe_tap(m, PROBE_RESID, li, m->x, T);
+        probe_tap(m, PROBE_ATTN_IN, li, m->h, T);
         MatJob qkv[3] = {{&wq, act_view(m, wq.type, m->h, E, 0), m->q, QD, L.bq},
                          {&wk, act_view(m, wk.type, m->h, E, 0), m->k, KD, L.bk},
                          {&wv, act_view(m, wv.type, m->h, E, 0), m->v, KD, L.bv}};
         launch_matmul(qkv, 3, T, st);
         k_qk_post<<<T, 256, 0, st>>>(m->q, m->k, m->v, H, KV, hd, L.q_norm, L.k_norm, c.eps,
                                      pos, c.rope_dim, L.rope_base, c.neox, kc, vc, m->kv_f16);
+        probe_tap(m, PROBE_Q, li, m->q, T);
         launch_attention(T, H, KV, hd, m->kv_f16, st, m->q, pos, kc, vc, nkv, L.window, L.scale, m->att,
                          act_out_for(m, {wo.type}));
+        probe_tap(m, PROBE_WO_IN, li, m->att, T);
         MatJob ob = {&wo, act_view(m, wo.type, m->att, QD, 0), m->o, E, nullptr};
         launch_matmul(&ob, 1, T, st);
         /* feed-forward branch */
         k_norm_quant<<<T, 256, 0, st>>>(m->x, m->o, L.post_attn_norm, L.ffn_norm, m->h,
                                         L.moe.n_expert ? moe_input_formats(m, L.moe)
                                                        : act_out_for(m, {wg.type, wu.type}), E, c.eps);
+        probe_tap(m, PROBE_FFN_IN, li, m->h, T);
         if (L.moe.n_expert) {
             int rc = enqueue_moe(m, L, T, err, err_len);
             if (rc) return rc;
@@ -229,6 +236,7 @@ static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, ch
                             {&wu, act_view(m, wu.type, m->h, E, 0), m->u, F, nullptr}};
             launch_matmul(gu, 2, T, st);
             k_glu_quant<<<T, 256, 0, st>>>(m->g, m->u, m->a, act_out_for(m, {wd.type}), F, c.gelu);
+            probe_tap(m, PROBE_DOWN_IN, li, m->a, T);
             MatJob db = {&wd, act_view(m, wd.type, m->a, F, 0), m->o, E, nullptr};
             launch_matmul(&db, 1, T, st);
         }
@@ -238,6 +246,7 @@ static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, ch
     const QW &wout = m->tied ? m->tok.w : m->out.w;
     k_norm_quant<<<T, 256, 0, st>>>(m->x, prev_o, prev_post, m->out_norm, m->h, act_out_for(m, {wout.type}), E,
                                     c.eps);
+    probe_tap(m, PROBE_RESID, c.n_layers, m->x, T);
     if (logits) {
         const int rows = all_rows ? T : 1;
         MatJob lm = {&wout, act_view(m, wout.type, m->h, E, all_rows ? 0 : T - 1), logits, V, nullptr};
@@ -403,6 +412,7 @@ void qsc_model_free(qsc_model *m) {
     cudaSetDevice(m->device);
     if (m->st) cudaStreamSynchronize(m->st);
     drop_graph(m);
+    probe_free(m);
     for (void *p : m->allocs)
         if (p) cudaFree(p);
     if (m->h_params) cudaFreeHost(m->h_params);
@@ -610,7 +620,8 @@ int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, i
         }
         m->h_params[2 * m->mb] = n_past + start + T;
         /* the first one-token step runs uncaptured (kernels load lazily on first use), later ones replay a graph */
-        if (T == 1 && m->use_graphs && m->stepped && !m->has_moe) {
+        const bool traced = probe_chunk(m, start, n_tokens);
+        if (T == 1 && m->use_graphs && m->stepped && !m->has_moe && !traced) {
             int rc = step_graph(m, err, err_len);
             if (rc) return rc;
             if (all_logits) memcpy(logits + (int64_t)start * V, m->h_logits1, (size_t)V * sizeof(float));

@@ -65,7 +65,7 @@ int qsc_kernel_rmsnorm(const float *x, const float *w, float *y, int n_rows, int
                        size_t err_len);
 int qsc_kernel_rope(float *x, int n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
                     float freq_base, int neox, char *err, size_t err_len);
-int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, int n, int gelu, char *err,
+int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, int n, int mode, char *err,
                    size_t err_len);
 int qsc_kernel_attention(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
                          const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv,
@@ -75,3 +75,29 @@ int qsc_kernel_attention(const float *q, int n_q, const int32_t *q_pos, int n_he
 int qsc_host_dequantize(int type, const uint8_t *w, int64_t rows, int64_t k, float *out);
 int qsc_host_quantize(int act_type, const float *x, int64_t n, uint8_t *out);
 int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const float *x, int n_x, float *y);
+
+/* ---- the dense architecture features (tests/test_cuda_features.py): each on the device (qsc_kernel_*) and its
+ * per-element math (qsc_arch.cuh) run on the host the way the kernel runs it (qsc_host_*). glu mode: 0 SwiGLU,
+ * 1 GELU-tanh, 2 gpt-oss's clamped SwiGLU. qk_post: the q/k RMSNorms (both or neither; per head, or qk_full over
+ * the whole projection), RoPE as the description's qs_rope_desc says (NoPE, scaling, factors), the query
+ * temperature, in place (k NULL: queries only). attention: scores scaled, soft-capped (0: none), with one sink per
+ * query head (NULL: none), any head size up to 1024. logits: divided by logit_scale (0 or 1: none), then
+ * soft-capped (0: none). residual: x = (x + rs * [RMSNorm](o) * post_w) * out_scale, post_w NULL: o as it is. */
+int qsc_kernel_attention_ext(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                             const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv,
+                             int window, float scale, float softcap, const float *sinks, float *out, char *err,
+                             size_t err_len);
+int qsc_kernel_qk_post(float *q, float *k, int n_tokens, int n_head, int n_head_kv, int head_dim,
+                       const float *q_norm, const float *k_norm, int qk_full, float eps, const int32_t *pos,
+                       const qs_rope_desc *rope, float temp_scale, int64_t temp_floor, char *err, size_t err_len);
+int qsc_kernel_logits(float *x, int64_t n, float logit_scale, float softcap, char *err, size_t err_len);
+int qsc_host_attention(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                       const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv, int window,
+                       float scale, float softcap, const float *sinks, float *out);
+int qsc_host_qk_post(float *q, float *k, int n_tokens, int n_head, int n_head_kv, int head_dim, const float *q_norm,
+                     const float *k_norm, int qk_full, float eps, const int32_t *pos, const qs_rope_desc *rope,
+                     float temp_scale, int64_t temp_floor);
+int qsc_host_glu(const float *gate, const float *up, float *out, int64_t n, int mode);
+int qsc_host_logits(float *x, int64_t n, float logit_scale, float softcap);
+int qsc_host_residual(float *x, const float *o, const float *post_w, int n_rows, int n, float eps, float rs,
+                      float out_scale);

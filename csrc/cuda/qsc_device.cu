@@ -33,13 +33,17 @@ struct DevMat {
     bool present = false;
 };
 
-/* One layer on the device: its description's attention and FFN groups (absent vectors NULL) and policy. */
+/* One layer on the device: its description's attention and FFN groups (absent vectors NULL), its own sizes and
+ * its policy, the description's 0-means-1 scales resolved. */
 struct Layer {
     DevMat wq, wk, wv, wo, gate, up, down;
     float *attn_norm = nullptr, *ffn_norm = nullptr, *post_attn_norm = nullptr, *post_ffn_norm = nullptr;
-    float *bq = nullptr, *bk = nullptr, *bv = nullptr, *q_norm = nullptr, *k_norm = nullptr;
-    int window;
-    float rope_base, scale;
+    float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+    float *sinks = nullptr, *rope_freqs = nullptr;
+    int H = 0, KV = 0, hd = 0, F = 0, window = 0, glu = GLU_SILU, qk_full = 0;
+    float eps = 0.0f, scale = 0.0f, softcap = 0.0f, rs = 1.0f, out_scale = 1.0f;
+    QKArgs qk = {};
+    int64_t kv_off = 0; /* this layer's bytes in the K (and V) cache */
 };
 
 struct qsc_model {
@@ -50,7 +54,6 @@ struct qsc_model {
     bool tied = false, finalized = false, use_graphs = true;
     float *out_norm = nullptr;
     uint8_t *k_cache = nullptr, *v_cache = nullptr;
-    int64_t kv_layer_bytes = 0;
     /* scratch, sized for mb tokens */
     float *x, *h, *q, *k, *v, *att, *o, *g, *u, *a;
     int8_t *qs32, *qs256;
@@ -139,15 +142,34 @@ static void launch_matmul(const MatJob *jobs, int n, int ncols, cudaStream_t st)
         k_matmul<8><<<dim3(blocks, (ncols + 7) / 8), MM_WARPS * 32, 0, st>>>(args);
 }
 
+/* What one attention launch reads beyond q, positions and the cache. */
+struct AttnArgs {
+    int H, KV, hd, window;
+    float scale, softcap;
+    const float *sinks;
+};
+
+/* Elements per lane of the attention kernel for a head size: the instantiated EPL at least hd / 32 (any head size
+ * up to QSC_MAX_HEAD). */
+static int attention_epl(int hd) {
+    static const int epls[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32};
+    for (int e : epls)
+        if (32 * e >= hd) return e;
+    return 0;
+}
+
 template <typename KT>
-static void launch_attention_t(int epl, dim3 grid, cudaStream_t st, const float *q, const int *pos, int H, int KV,
-                               const void *kc, const void *vc, const int *nkv, int window, float scale, float *out,
-                               const ActOut &ao) {
+static void launch_attention_t(dim3 grid, cudaStream_t st, const float *q, const int *pos, const AttnArgs &A,
+                               const void *kc, const void *vc, const int *nkv, float *out, const ActOut &ao) {
     const KT *K = (const KT *)kc, *V = (const KT *)vc;
 #define QSC_ATT(E)                                                                                              \
-    case E: k_attention<E, KT><<<grid, 256, 0, st>>>(q, pos, H, KV, K, V, nkv, window, scale, out, ao); break;
-    switch (epl) {
-        QSC_ATT(1) QSC_ATT(2) QSC_ATT(3) QSC_ATT(4) QSC_ATT(5) QSC_ATT(6) QSC_ATT(7) QSC_ATT(8)
+    case E:                                                                                                     \
+        k_attention<E, KT><<<grid, 256, 0, st>>>(q, pos, A.H, A.KV, A.hd, K, V, nkv, A.window, A.scale,       \
+                                                 A.softcap, A.sinks, out, ao);                                \
+        break;
+    switch (attention_epl(A.hd)) {
+        QSC_ATT(1) QSC_ATT(2) QSC_ATT(3) QSC_ATT(4) QSC_ATT(5) QSC_ATT(6) QSC_ATT(7) QSC_ATT(8) QSC_ATT(12)
+        QSC_ATT(16) QSC_ATT(24) QSC_ATT(32)
     default: break;
     }
 #undef QSC_ATT
@@ -155,67 +177,70 @@ static void launch_attention_t(int epl, dim3 grid, cudaStream_t st, const float 
 
 /* Attention over the cache; quantizes the output in the same kernel when the int8 blocks fall inside a head,
  * otherwise with one more launch. */
-static void launch_attention(int T, int H, int KV, int hd, int kv_f16, cudaStream_t st, const float *q,
-                             const int *pos, const void *kc, const void *vc, const int *nkv, int window, float scale,
-                             float *out, ActOut ao) {
+static void launch_attention(int T, const AttnArgs &A, int kv_f16, cudaStream_t st, const float *q, const int *pos,
+                             const void *kc, const void *vc, const int *nkv, float *out, ActOut ao) {
+    const int hd = A.hd;
     const bool fused = (!ao.qs32 || hd % 32 == 0) && (!ao.qs256 || hd % 256 == 0);
     const ActOut none = {};
-    dim3 grid(H, T);
+    dim3 grid(A.H, T);
     const ActOut &aq = fused ? ao : none;
     if (kv_f16)
-        launch_attention_t<__half>(hd / 32, grid, st, q, pos, H, KV, kc, vc, nkv, window, scale, out, aq);
+        launch_attention_t<__half>(grid, st, q, pos, A, kc, vc, nkv, out, aq);
     else
-        launch_attention_t<float>(hd / 32, grid, st, q, pos, H, KV, kc, vc, nkv, window, scale, out, aq);
-    if (!fused && (ao.qs32 || ao.qs256)) k_quantize<<<T, 256, 0, st>>>(out, ao, H * hd);
+        launch_attention_t<float>(grid, st, q, pos, A, kc, vc, nkv, out, aq);
+    if (!fused && (ao.qs32 || ao.qs256)) k_quantize<<<T, 256, 0, st>>>(out, ao, A.H * hd);
 }
 
 /* Enqueue the forward pass of T tokens whose ids/positions are already in m->d_params. logits: NULL (no lm_head),
  * or T x n_vocab (all rows) / n_vocab (last row) floats on the device. */
 static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, char *err, size_t err_len) {
     const Dims &c = m->cfg;
-    const int E = c.E, H = c.H, KV = c.KV, hd = c.hd, F = c.F, V = c.V;
-    const int QD = H * hd, KD = KV * hd;
+    const int E = c.E, V = c.V;
     cudaStream_t st = m->st;
     const int *tok = m->d_params, *pos = m->d_params + m->mb, *nkv = m->d_params + 2 * m->mb;
     k_embed<<<T, 256, 0, st>>>(m->tok.w, tok, m->x, E, c.embed_scale);
-    const float *prev_o = nullptr, *prev_post = nullptr;
+    ResidIn prev = {}; /* the previous layer's FFN output, added by the next norm kernel */
     for (int li = 0; li < c.n_layers; ++li) {
         Layer &L = m->layers[li];
+        const int QD = L.H * L.hd, KD = L.KV * L.hd, F = L.F;
         const QW &wq = L.wq.w, &wk = L.wk.w, &wv = L.wv.w, &wo = L.wo.w;
         const QW &wg = L.gate.w, &wu = L.up.w, &wd = L.down.w;
-        uint8_t *kc = m->k_cache + li * m->kv_layer_bytes, *vc = m->v_cache + li * m->kv_layer_bytes;
+        uint8_t *kc = m->k_cache + L.kv_off, *vc = m->v_cache + L.kv_off;
         /* attention branch */
-        k_norm_quant<<<T, 256, 0, st>>>(m->x, prev_o, prev_post, L.attn_norm, m->h,
-                                        act_out_for(m, {wq.type, wk.type, wv.type}), E, c.eps);
+        k_norm_quant<<<T, 256, 0, st>>>(m->x, prev, L.attn_norm, L.attn_norm != nullptr, m->h,
+                                        act_out_for(m, {wq.type, wk.type, wv.type}), E, L.eps);
         MatJob qkv[3] = {{&wq, act_view(m, wq.type, m->h, E, 0), m->q, QD, L.bq},
                          {&wk, act_view(m, wk.type, m->h, E, 0), m->k, KD, L.bk},
                          {&wv, act_view(m, wv.type, m->h, E, 0), m->v, KD, L.bv}};
         launch_matmul(qkv, 3, T, st);
-        k_qk_post<<<T, 256, 0, st>>>(m->q, m->k, m->v, H, KV, hd, L.q_norm, L.k_norm, c.eps,
-                                     pos, c.rope_dim, L.rope_base, c.neox, kc, vc, m->kv_f16);
-        launch_attention(T, H, KV, hd, m->kv_f16, st, m->q, pos, kc, vc, nkv, L.window, L.scale, m->att,
-                         act_out_for(m, {wo.type}));
-        MatJob ob = {&wo, act_view(m, wo.type, m->att, QD, 0), m->o, E, nullptr};
+        k_qk_post<<<T, 256, 0, st>>>(m->q, m->k, m->v, L.qk, pos, kc, vc, m->kv_f16);
+        const AttnArgs aa = {L.H, L.KV, L.hd, L.window, L.scale, L.softcap, L.sinks};
+        launch_attention(T, aa, m->kv_f16, st, m->q, pos, kc, vc, nkv, m->att, act_out_for(m, {wo.type}));
+        MatJob ob = {&wo, act_view(m, wo.type, m->att, QD, 0), m->o, E, L.bo};
         launch_matmul(&ob, 1, T, st);
         /* feed-forward branch */
-        k_norm_quant<<<T, 256, 0, st>>>(m->x, m->o, L.post_attn_norm, L.ffn_norm, m->h,
-                                        act_out_for(m, {wg.type, wu.type}), E, c.eps);
+        const ResidIn ra = {m->o, L.post_attn_norm, L.eps, L.rs, 1.0f};
+        k_norm_quant<<<T, 256, 0, st>>>(m->x, ra, L.ffn_norm, L.ffn_norm != nullptr, m->h,
+                                        act_out_for(m, {wg.type, wu.type}), E, L.eps);
         MatJob gu[2] = {{&wg, act_view(m, wg.type, m->h, E, 0), m->g, F, nullptr},
                         {&wu, act_view(m, wu.type, m->h, E, 0), m->u, F, nullptr}};
         launch_matmul(gu, 2, T, st);
-        k_glu_quant<<<T, 256, 0, st>>>(m->g, m->u, m->a, act_out_for(m, {wd.type}), F, c.gelu);
+        k_glu_quant<<<T, 256, 0, st>>>(m->g, m->u, m->a, act_out_for(m, {wd.type}), F, L.glu);
         MatJob db = {&wd, act_view(m, wd.type, m->a, F, 0), m->o, E, nullptr};
         launch_matmul(&db, 1, T, st);
-        prev_o = m->o;
-        prev_post = L.post_ffn_norm;
+        prev = {m->o, L.post_ffn_norm, L.eps, L.rs, L.out_scale};
     }
     const QW &wout = m->tied ? m->tok.w : m->out.w;
-    k_norm_quant<<<T, 256, 0, st>>>(m->x, prev_o, prev_post, m->out_norm, m->h, act_out_for(m, {wout.type}), E,
-                                    c.eps);
+    k_norm_quant<<<T, 256, 0, st>>>(m->x, prev, m->out_norm, 1, m->h, act_out_for(m, {wout.type}), E, c.eps);
     if (logits) {
         const int rows = all_rows ? T : 1;
         MatJob lm = {&wout, act_view(m, wout.type, m->h, E, all_rows ? 0 : T - 1), logits, V, nullptr};
         launch_matmul(&lm, 1, rows, st);
+        if (c.logit_scale != 1.0f || c.final_softcap != 0.0f) {
+            const int64_t n = (int64_t)rows * V;
+            const int blocks = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
+            k_logits_post<<<blocks, 256, 0, st>>>(logits, n, c.logit_scale, c.final_softcap);
+        }
     }
     CUDA_TRY(cudaGetLastError());
     return 0;
@@ -431,17 +456,33 @@ static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *
             int rc = upload_matrix(m, *x.w, x.dm, what, err, err_len);
             if (rc) return rc;
         }
+        const qs_attn_desc &a = b.attn;
+        const qs_rope_desc &r = b.rope;
+        const qs_vec no_vec = {nullptr, 0};
         const struct { const qs_vec *v; float **dst; } vecs[] = {
             {&b.attn_norm, &L.attn_norm}, {&b.ffn_norm, &L.ffn_norm}, {&b.post_attn_norm, &L.post_attn_norm},
-            {&b.post_ffn_norm, &L.post_ffn_norm}, {&b.attn.bq, &L.bq}, {&b.attn.bk, &L.bk}, {&b.attn.bv, &L.bv},
-            {&b.attn.q_norm, &L.q_norm}, {&b.attn.k_norm, &L.k_norm}};
+            {&b.post_ffn_norm, &L.post_ffn_norm}, {&a.bq, &L.bq}, {&a.bk, &L.bk}, {&a.bv, &L.bv}, {&a.bo, &L.bo},
+            {&a.q_norm, &L.q_norm}, {&a.k_norm, &L.k_norm}, {&a.sinks, &L.sinks},
+            {r.skip ? &no_vec : &r.freqs, &L.rope_freqs}};
         for (const auto &x : vecs) {
             int rc = upload_vector(m, *x.v, x.dst, err, err_len);
             if (rc) return rc;
         }
-        L.window = (int)b.attn.window;
-        L.rope_base = b.rope.base;
-        L.scale = b.attn.scale;
+        L.H = a.n_head;
+        L.KV = a.n_head_kv;
+        L.hd = a.head_dim;
+        L.F = b.ffn.n_ff;
+        L.window = (int)a.window;
+        L.glu = b.ffn.swiglu_oai ? GLU_OAI : b.ffn.gelu ? GLU_GELU : GLU_SILU;
+        L.eps = b.eps;
+        L.scale = a.scale;
+        L.softcap = a.softcap;
+        L.rs = is_one(b.residual_scale) ? 1.0f : b.residual_scale;
+        L.out_scale = is_one(b.out_scale) ? 1.0f : b.out_scale;
+        const bool norms = L.q_norm && L.k_norm; /* both or neither, as the CPU block */
+        const RopeP rp = rope_params(r, L.rope_freqs);
+        L.qk = {L.H, L.KV, L.hd, a.qk_norm_full ? 1 : 0, norms ? L.q_norm : nullptr, norms ? L.k_norm : nullptr,
+                b.eps, rp, a.temp_scale, (long long)a.temp_floor};
     }
     int rc = upload_matrix(m, md->tok_embd, &m->tok, "tok_embd", err, err_len);
     if (rc) return rc;
@@ -457,8 +498,7 @@ static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *
 static int finalize(qsc_model *m, char *err, size_t err_len) {
     const Dims &c = m->cfg;
     CUDA_TRY(cudaSetDevice(m->device));
-    const int64_t T = m->mb, E = c.E, QD = (int64_t)c.H * c.hd, KD = (int64_t)c.KV * c.hd;
-    const int64_t F = c.F;
+    const int64_t T = m->mb, E = c.E, QD = c.max_qd, KD = c.max_kd, F = c.max_f;
     int64_t kmax = E > QD ? E : QD;
     kmax = kmax > F ? kmax : F;
     int rc = 0;
@@ -513,10 +553,14 @@ qsc_model *qsc_model_create(const qsc_model_desc *md, const qs_block *layers, in
         set_err(err, err_len, "CUDA setup: %s (%s = %d)", cudaGetErrorString(e), cudaGetErrorName(e), (int)e);
         return fail();
     }
-    const int64_t kv_elems = (int64_t)n_ctx * d.KV * d.hd;
-    m->kv_layer_bytes = (kv_elems * (kv_f16 ? 2 : 4) + 255) / 256 * 256;
-    if (dalloc(m, (void **)&m->k_cache, m->kv_layer_bytes * d.n_layers, err, err_len) ||
-        dalloc(m, (void **)&m->v_cache, m->kv_layer_bytes * d.n_layers, err, err_len))
+    int64_t kv_bytes = 0; /* each layer's [n_ctx][n_head_kv][head_dim] rows, 256-byte aligned */
+    for (int li = 0; li < d.n_layers; ++li) {
+        m->layers[li].kv_off = kv_bytes;
+        const int64_t elems = (int64_t)n_ctx * layers[li].attn.n_head_kv * layers[li].attn.head_dim;
+        kv_bytes += (elems * (kv_f16 ? 2 : 4) + 255) / 256 * 256;
+    }
+    if (dalloc(m, (void **)&m->k_cache, kv_bytes, err, err_len) ||
+        dalloc(m, (void **)&m->v_cache, kv_bytes, err, err_len))
         return fail();
     if (upload_model(m, md, layers, err, err_len) || finalize(m, err, err_len)) return fail();
     return m;
@@ -699,7 +743,7 @@ int qsc_kernel_rmsnorm(const float *x, const float *w, float *y, int n_rows, int
     CUDA_TRY(s.put(&dx, x, (int64_t)n_rows * n));
     if (w) CUDA_TRY(s.put(&dw, w, n));
     CUDA_TRY(s.get(&dy, (int64_t)n_rows * n));
-    k_norm_quant<<<n_rows, 256>>>(dx, nullptr, nullptr, dw, dy, ActOut{}, n, eps);
+    k_norm_quant<<<n_rows, 256>>>(dx, ResidIn{}, dw, 1, dy, ActOut{}, n, eps);
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(cudaMemcpy(y, dy, (size_t)n_rows * n * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
@@ -717,16 +761,19 @@ int qsc_kernel_rope(float *x, int n_tokens, int n_heads, int head_dim, int rot_d
     const int64_t n = (int64_t)n_tokens * n_heads * head_dim;
     CUDA_TRY(s.put(&dx, x, n));
     CUDA_TRY(s.put(&dpos, (const int *)pos, n_tokens));
-    k_qk_post<<<n_tokens, 256>>>(dx, nullptr, nullptr, n_heads, 0, head_dim, nullptr, nullptr, 0.0f, dpos, rot_dim,
-                                 freq_base, neox, nullptr, nullptr, 0);
+    QKArgs A = {};
+    A.H = n_heads;
+    A.hd = head_dim;
+    A.rope = {0, rot_dim, neox ? 1 : 0, freq_base, 1.0f, 0.0f, 0.0f, 0.0f, 1.0f, nullptr};
+    k_qk_post<<<n_tokens, 256>>>(dx, nullptr, nullptr, A, dpos, nullptr, nullptr, 0);
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(cudaMemcpy(x, dx, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }
 
-int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, int n, int gelu, char *err,
+int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, int n, int mode, char *err,
                    size_t err_len) {
-    if (n_rows <= 0 || n <= 0) {
+    if (n_rows <= 0 || n <= 0 || mode < 0 || mode > 2) {
         set_err(err, err_len, "bad shape");
         return -1;
     }
@@ -736,7 +783,7 @@ int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, i
     CUDA_TRY(s.put(&dg, gate, total));
     CUDA_TRY(s.put(&du, up, total));
     CUDA_TRY(s.get(&dout, total));
-    k_glu_quant<<<n_rows, 256>>>(dg, du, dout, ActOut{}, n, gelu);
+    k_glu_quant<<<n_rows, 256>>>(dg, du, dout, ActOut{}, n, mode);
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(cudaMemcpy(out, dout, (size_t)total * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
@@ -745,13 +792,26 @@ int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, i
 int qsc_kernel_attention(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
                          const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv, int window,
                          float scale, float *out, char *err, size_t err_len) {
-    if (n_q <= 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || head_dim % 32 || head_dim <= 0 ||
-        head_dim > 256 || n_kv <= 0) {
+    return qsc_kernel_attention_ext(q, n_q, q_pos, n_heads, head_dim, k_cache, v_cache, kv_f16, n_kv_heads, n_kv,
+                                    window, scale, 0.0f, nullptr, out, err, err_len);
+}
+
+int qsc_kernel_attention_ext(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                             const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv,
+                             int window, float scale, float softcap, const float *sinks, float *out, char *err,
+                             size_t err_len) {
+    if (n_q <= 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || head_dim <= 0 ||
+        head_dim > QSC_MAX_HEAD || n_kv <= 0 || window < 0 || !(softcap >= 0.0f)) {
         set_err(err, err_len, "bad shape");
         return -1;
     }
+    for (int i = 0; i < n_q; ++i)
+        if (q_pos[i] < 0) {
+            set_err(err, err_len, "negative position");
+            return -1;
+        }
     Scratch s;
-    float *dq, *dout;
+    float *dq, *dout, *dsinks = nullptr;
     int *dpos, *dnkv;
     uint8_t *dk, *dv;
     const int64_t kv_bytes = (int64_t)n_kv * n_kv_heads * head_dim * (kv_f16 ? 2 : 4);
@@ -760,11 +820,57 @@ int qsc_kernel_attention(const float *q, int n_q, const int32_t *q_pos, int n_he
     CUDA_TRY(s.put(&dnkv, &n_kv, 1));
     CUDA_TRY(s.put(&dk, (const uint8_t *)k_cache, kv_bytes));
     CUDA_TRY(s.put(&dv, (const uint8_t *)v_cache, kv_bytes));
+    if (sinks) CUDA_TRY(s.put(&dsinks, sinks, n_heads));
     CUDA_TRY(s.get(&dout, (int64_t)n_q * n_heads * head_dim));
-    launch_attention(n_q, n_heads, n_kv_heads, head_dim, kv_f16, 0, dq, dpos, dk, dv, dnkv, window, scale, dout,
-                     ActOut{});
+    const AttnArgs A = {n_heads, n_kv_heads, head_dim, window, scale, softcap, dsinks};
+    launch_attention(n_q, A, kv_f16, 0, dq, dpos, dk, dv, dnkv, dout, ActOut{});
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(cudaMemcpy(out, dout, (size_t)n_q * n_heads * head_dim * sizeof(float), cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+int qsc_kernel_qk_post(float *q, float *k, int n_tokens, int n_head, int n_head_kv, int head_dim,
+                       const float *q_norm, const float *k_norm, int qk_full, float eps, const int32_t *pos,
+                       const qs_rope_desc *rope, float temp_scale, int64_t temp_floor, char *err, size_t err_len) {
+    if (!qk_post_args_ok(q, k, n_tokens, n_head, n_head_kv, head_dim, pos, rope, temp_scale, temp_floor)) {
+        set_err(err, err_len, "bad shape or RoPE description");
+        return -1;
+    }
+    Scratch s;
+    float *dq, *dk = nullptr, *dqn = nullptr, *dkn = nullptr, *dfreqs = nullptr;
+    int *dpos;
+    const int64_t nq = (int64_t)n_tokens * n_head * head_dim, nk = (int64_t)n_tokens * n_head_kv * head_dim;
+    const int64_t qn = qk_full ? (int64_t)n_head * head_dim : head_dim, kn = qk_full ? (int64_t)n_head_kv * head_dim
+                                                                                      : head_dim;
+    CUDA_TRY(s.put(&dq, q, nq));
+    if (k) CUDA_TRY(s.put(&dk, k, nk));
+    if (q_norm && k_norm) {
+        CUDA_TRY(s.put(&dqn, q_norm, qn));
+        CUDA_TRY(s.put(&dkn, k_norm, kn));
+    }
+    if (rope->freqs.ptr && !rope->skip) CUDA_TRY(s.put(&dfreqs, rope->freqs.ptr, rope->dim / 2));
+    CUDA_TRY(s.put(&dpos, (const int *)pos, n_tokens));
+    const QKArgs A = {n_head, k ? n_head_kv : 0, head_dim, qk_full ? 1 : 0, dqn, dkn, eps, rope_params(*rope, dfreqs),
+                      temp_scale, (long long)temp_floor};
+    k_qk_post<<<n_tokens, 256>>>(dq, dk, nullptr, A, dpos, nullptr, nullptr, 0);
+    CUDA_TRY(cudaGetLastError());
+    CUDA_TRY(cudaMemcpy(q, dq, (size_t)nq * sizeof(float), cudaMemcpyDeviceToHost));
+    if (k) CUDA_TRY(cudaMemcpy(k, dk, (size_t)nk * sizeof(float), cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+int qsc_kernel_logits(float *x, int64_t n, float logit_scale, float softcap, char *err, size_t err_len) {
+    if (n <= 0) {
+        set_err(err, err_len, "bad length");
+        return -1;
+    }
+    Scratch s;
+    float *dx;
+    CUDA_TRY(s.put(&dx, x, n));
+    k_logits_post<<<(int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096), 256>>>(
+        dx, n, is_one(logit_scale) ? 1.0f : logit_scale, softcap);
+    CUDA_TRY(cudaGetLastError());
+    CUDA_TRY(cudaMemcpy(x, dx, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }
 

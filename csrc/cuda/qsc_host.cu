@@ -161,4 +161,129 @@ int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const f
     return 0;
 }
 
+/* ---- the dense architecture features, run on the host as the kernels run them (qsc_kernels.cuh) */
+
+int qsc_host_attention(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                       const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv, int window,
+                       float scale, float softcap, const float *sinks, float *out) {
+    if (n_q <= 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || head_dim <= 0 || head_dim > 1024 ||
+        n_kv <= 0 || window < 0 || !(softcap >= 0.0f))
+        return -1;
+    const int NW = 8, hd = head_dim; /* k_attention: 8 warps take the keys round-robin */
+    auto kv = [&](const void *c, int64_t i) -> float {
+        if (!kv_f16) return ((const float *)c)[i];
+        __half_raw r;
+        r.x = ((const uint16_t *)c)[i];
+        return h2f(__half(r));
+    };
+    std::vector<float> acc((size_t)NW * hd), m(NW), l(NW);
+    for (int t = 0; t < n_q; ++t) {
+        if (q_pos[t] < 0) return -1;
+        const int qp = q_pos[t], hi = qp < n_kv - 1 ? qp : n_kv - 1;
+        const int lo = window > 0 && qp - window + 1 > 0 ? qp - window + 1 : 0;
+        for (int h = 0; h < n_heads; ++h) {
+            const int kvh = h / (n_heads / n_kv_heads);
+            const float *qv = q + ((int64_t)t * n_heads + h) * hd;
+            for (int w = 0; w < NW; ++w) {
+                m[w] = -INFINITY;
+                l[w] = 0.0f;
+                float *a = acc.data() + (size_t)w * hd;
+                for (int e = 0; e < hd; ++e) a[e] = 0.0f;
+                for (int j = lo + w; j <= hi; j += NW) {
+                    const int64_t base = ((int64_t)j * n_kv_heads + kvh) * hd;
+                    float dot = 0.0f;
+                    for (int e = 0; e < hd; ++e) dot += qv[e] * kv(k_cache, base + e);
+                    float alpha;
+                    const float p = softmax_step(m[w], l[w], attn_score(dot, scale, softcap), &alpha);
+                    for (int e = 0; e < hd; ++e) a[e] = a[e] * alpha + p * kv(v_cache, base + e);
+                }
+            }
+            const float sink = sinks ? sinks[h] : -INFINITY;
+            float M = sink;
+            for (int w = 0; w < NW; ++w) M = fmaxf(M, m[w]);
+            for (int e = 0; e < hd; ++e) {
+                float L = sinks ? expf(sink - M) : 0.0f, o = 0.0f;
+                if (M != -INFINITY)
+                    for (int w = 0; w < NW; ++w) {
+                        const float f = expf(m[w] - M);
+                        L += l[w] * f;
+                        o += acc[(size_t)w * hd + e] * f;
+                    }
+                out[((int64_t)t * n_heads + h) * hd + e] = L > 0.0f ? o / L : 0.0f;
+            }
+        }
+    }
+    return 0;
+}
+
+/* RMSNorm of n values in place, times w (k_qk_post's per-head and whole-projection norms; float sums). */
+static void host_rms(float *r, int64_t n, const float *w, float eps) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; ++i) ss += r[i] * r[i];
+    const float sc = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; ++i) r[i] = r[i] * sc * w[i];
+}
+
+int qsc_host_qk_post(float *q, float *k, int n_tokens, int n_head, int n_head_kv, int head_dim, const float *q_norm,
+                     const float *k_norm, int qk_full, float eps, const int32_t *pos, const qs_rope_desc *rope,
+                     float temp_scale, int64_t temp_floor) {
+    if (!qk_post_args_ok(q, k, n_tokens, n_head, n_head_kv, head_dim, pos, rope, temp_scale, temp_floor)) return -1;
+    const int H = n_head, KV = k ? n_head_kv : 0, hd = head_dim;
+    const bool norms = q_norm && k_norm && k;
+    const RopeP rp = rope_params(*rope, rope->freqs.ptr);
+    for (int t = 0; t < n_tokens; ++t) {
+        const int p = pos[t];
+        if (norms && qk_full) {
+            host_rms(q + (int64_t)t * H * hd, (int64_t)H * hd, q_norm, eps);
+            host_rms(k + (int64_t)t * KV * hd, (int64_t)KV * hd, k_norm, eps);
+        }
+        for (int hh = 0; hh < H + KV; ++hh) {
+            const bool isq = hh < H;
+            float *vec = isq ? q + ((int64_t)t * H + hh) * hd : k + ((int64_t)t * KV + (hh - H)) * hd;
+            if (norms && !qk_full) host_rms(vec, hd, isq ? q_norm : k_norm, eps);
+            if (!rp.skip)
+                for (int i = 0; i < rp.dim / 2; ++i) {
+                    float c, s;
+                    rope_cs(rp, p, i, &c, &s);
+                    rope_pair(vec, rope_ia(rp, i), rope_ib(rp, i), c, s);
+                }
+            if (isq && temp_scale != 0.0f) {
+                const float f = temp_factor(p, temp_scale, (long long)temp_floor);
+                for (int i = 0; i < hd; ++i) vec[i] *= f;
+            }
+        }
+    }
+    return 0;
+}
+
+int qsc_host_glu(const float *gate, const float *up, float *out, int64_t n, int mode) {
+    if (n <= 0 || mode < 0 || mode > 2) return -1;
+    for (int64_t i = 0; i < n; ++i) out[i] = glu_unit(gate[i], up[i], mode);
+    return 0;
+}
+
+int qsc_host_logits(float *x, int64_t n, float logit_scale, float softcap) {
+    if (n <= 0) return -1;
+    const float ls = is_one(logit_scale) ? 1.0f : logit_scale;
+    for (int64_t i = 0; i < n; ++i) x[i] = logit_post(x[i], ls, softcap);
+    return 0;
+}
+
+int qsc_host_residual(float *x, const float *o, const float *post_w, int n_rows, int n, float eps, float rs,
+                      float out_scale) {
+    if (n_rows <= 0 || n <= 0) return -1;
+    for (int r = 0; r < n_rows; ++r) {
+        float *xr = x + (int64_t)r * n;
+        const float *orow = o + (int64_t)r * n;
+        float sc = 1.0f;
+        if (post_w) {
+            float ss = 0.0f;
+            for (int i = 0; i < n; ++i) ss += orow[i] * orow[i];
+            sc = 1.0f / sqrtf(ss / (float)n + eps);
+        }
+        for (int i = 0; i < n; ++i) xr[i] = residual_add(xr[i], post_w ? orow[i] * sc * post_w[i] : orow[i], rs, out_scale);
+    }
+    return 0;
+}
+
 } /* extern "C" */

@@ -12,6 +12,9 @@
 #define HD __host__ __device__ __forceinline__
 #endif
 
+/* The device's head sizes: any the CPU block takes (qs_block_forward: at most 1024). */
+#define QSC_MAX_HEAD 1024
+
 /* One layer's RoPE as the device applies it (the description's qs_rope_desc with 0 -> 1 for freq_scale and
  * mscale already resolved): ggml_rope_ext's angle, see qs_rope_ext. factors: NULL or dim/2 divisors. */
 struct RopeP {

@@ -592,7 +592,7 @@ static inline bool qk_post_args_ok(const float *q, const float *k, int n_tokens,
                                    int head_dim, const int32_t *pos, const qs_rope_desc *r, float temp_scale,
                                    int64_t temp_floor) {
     if (!q || !pos || !r || n_tokens <= 0 || n_head <= 0 || (k && n_head_kv <= 0) || head_dim <= 0 ||
-        head_dim > 1024)
+        head_dim > QSC_MAX_HEAD)
         return false;
     if (!r->skip && (r->dim <= 0 || r->dim > head_dim || r->dim % 2 || !(r->base > 0.0f) || !isfinite(r->base) ||
                      !(r->freq_scale >= 0.0f) || !isfinite(r->freq_scale) || !isfinite(r->ext_factor) ||
@@ -608,9 +608,6 @@ static inline bool qk_post_args_ok(const float *q, const float *k, int n_tokens,
         if (pos[i] < 0) return false;
     return true;
 }
-
-/* The device's head sizes: any the CPU block takes (qs_block_forward: at most 1024). */
-#define QSC_MAX_HEAD 1024
 
 static inline bool finite_pos(float x) { return x > 0.0f && isfinite(x); }
 

@@ -751,7 +751,8 @@ int qsc_kernel_rmsnorm(const float *x, const float *w, float *y, int n_rows, int
 
 int qsc_kernel_rope(float *x, int n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
                     float freq_base, int neox, char *err, size_t err_len) {
-    if (n_tokens <= 0 || n_heads <= 0 || head_dim <= 0 || rot_dim <= 0 || rot_dim > head_dim || rot_dim % 2) {
+    if (n_tokens <= 0 || n_heads <= 0 || head_dim <= 0 || head_dim > QSC_MAX_HEAD || rot_dim <= 0 ||
+        rot_dim > head_dim || rot_dim % 2) {
         set_err(err, err_len, "bad shape");
         return -1;
     }

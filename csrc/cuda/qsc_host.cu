@@ -166,7 +166,7 @@ int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const f
 int qsc_host_attention(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
                        const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv, int window,
                        float scale, float softcap, const float *sinks, float *out) {
-    if (n_q <= 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || head_dim <= 0 || head_dim > 1024 ||
+    if (n_q <= 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || head_dim <= 0 || head_dim > QSC_MAX_HEAD ||
         n_kv <= 0 || window < 0 || !(softcap >= 0.0f))
         return -1;
     const int NW = 8, hd = head_dim; /* k_attention: 8 warps take the keys round-robin */

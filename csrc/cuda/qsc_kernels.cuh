@@ -199,16 +199,21 @@ struct QKArgs {
 };
 
 /* q/k RMSNorm, RoPE (skipped on NoPE layers), the query temperature, then this token's K and V rows into the cache
- * (layout [n_ctx][KV][hd]) - the CPU block's order. One block per token, one warp per head. k_cache NULL: no
- * store (RoPE alone, for tests). */
+ * (layout [n_ctx][KV][hd]) - the CPU block's order. One block per token, one warp per head; each pair's cos and sin
+ * are computed once per token (rope_cs, in double) into shared memory for all heads. k_cache NULL: no store (RoPE
+ * alone, for tests). */
 __global__ void __launch_bounds__(256) k_qk_post(float *__restrict__ q, float *__restrict__ k,
                                                  const float *__restrict__ v, const QKArgs A,
                                                  const int *__restrict__ pos, void *k_cache, void *v_cache,
                                                  int kv_f16) {
     __shared__ float red[32];
+    __shared__ float rc[QSC_MAX_HEAD / 2], rs[QSC_MAX_HEAD / 2];
     const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     const int p = pos[t], H = A.H, KV = A.KV, hd = A.hd;
     const bool norms = A.q_norm && A.k_norm;
+    const int half = A.rope.skip ? 0 : A.rope.dim / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) rope_cs(A.rope, p, i, &rc[i], &rs[i]);
+    __syncthreads();
     if (norms && A.qk_full) { /* over the whole projection: one block-wide sum for q, one for k */
         for (int which = 0; which < 2; ++which) {
             const int n = (which ? KV : H) * hd;
@@ -222,7 +227,6 @@ __global__ void __launch_bounds__(256) k_qk_post(float *__restrict__ q, float *_
         }
         __syncthreads();
     }
-    const int half = A.rope.dim / 2;
     for (int hh = warp; hh < H + KV; hh += nw) {
         const bool isq = hh < H;
         float *vec = isq ? q + ((int64_t)t * H + hh) * hd : k + ((int64_t)t * KV + (hh - H)) * hd;
@@ -235,12 +239,7 @@ __global__ void __launch_bounds__(256) k_qk_post(float *__restrict__ q, float *_
             for (int i = lane; i < hd; i += 32) vec[i] = vec[i] * sc * nw_[i];
             __syncwarp();
         }
-        if (!A.rope.skip)
-            for (int i = lane; i < half; i += 32) {
-                float c, s;
-                rope_cs(A.rope, p, i, &c, &s);
-                rope_pair(vec, rope_ia(A.rope, i), rope_ib(A.rope, i), c, s);
-            }
+        for (int i = lane; i < half; i += 32) rope_pair(vec, rope_ia(A.rope, i), rope_ib(A.rope, i), rc[i], rs[i]);
         __syncwarp();
         if (isq && A.temp_scale != 0.0f) {
             const float f = temp_factor(p, A.temp_scale, A.temp_floor);

@@ -626,7 +626,9 @@ def test_gpu_greedy_tokens_follow_the_cpu(gpu, loaded, name):
 # ------------------------------------------------------------------------------------ GPU: every architecture fixture
 ARCH_META = json.loads((ROOT / "tests" / "data" / "arch" / "meta.json").read_text(encoding="utf-8"))["fixtures"]
 ARCH_F32 = sorted(k for k, m in ARCH_META.items() if m["variant"] == "F32")
-GPU_KLD_LIMIT, GPU_TOP1 = 1e-3, 0.98  # issue 36's bar for the GPU against llama.cpp
+#: issue 36's bar for the GPU against llama.cpp, F32 and quantized fixtures alike (the CPU engine: 1.4e-6 on
+#: llama-F32, 1.5e-5 on llama-Q8_0)
+GPU_KLD_LIMIT, GPU_TOP1 = 1e-3, 0.98
 
 
 @pytest.fixture(scope="module")
@@ -668,11 +670,12 @@ def test_the_gpu_takes_the_dense_arch_fixtures_descriptions(cuda_lib, tmp_path):
                             "qwen3moe-F32"}, refused
 
 
-@pytest.mark.parametrize("key", ARCH_F32)
+@pytest.mark.parametrize("key", sorted(ARCH_META))
 def test_gpu_arch_fixture_matches_llama_cpp(gpu, arch_vocab, key, tmp_path):
-    """Each architecture fixture (F32 weights) on the GPU against llama.cpp's recorded log-probabilities: mean KLD
-    at most 1e-3 and the same top token at 98 % of the positions, prefill (the chunks at once, F16 cache) and decode
-    (token by token, F32 cache). Fixtures with features the GPU lacks are skipped with them named."""
+    """Each architecture fixture on the GPU against llama.cpp's recorded log-probabilities: mean KLD at most 1e-3
+    (F32 weights and the quantized variants) and the same top token at 98 % of the positions,
+    prefill (the chunks at once, F16 cache) and decode (token by token, F32 cache), then a rewind. Fixtures with
+    features the GPU lacks are skipped with them named."""
     from quantscope.core.engine import kld
 
     from .test_arch_fidelity import load
@@ -681,8 +684,9 @@ def test_gpu_arch_fixture_matches_llama_cpp(gpu, arch_vocab, key, tmp_path):
     missing = cb.missing_features(model.config)
     if missing:
         pytest.skip(f"{key}: {', '.join(missing)} have no CUDA path yet")
+    limit = GPU_KLD_LIMIT
     r = kld.kl_divergence(base, model, tok, make_session=lambda n: cb.CudaSession(model, n))
-    assert r.mean_kld()[0] <= GPU_KLD_LIMIT, r.report()
+    assert r.mean_kld()[0] <= limit, r.report()
     assert r.top1() >= GPU_TOP1, r.report()
     chunk = base.tokens[1]
     with cb.CudaSession(model, base.n_ctx, kv_dtype=np.float32) as s:
@@ -690,5 +694,5 @@ def test_gpu_arch_fixture_matches_llama_cpp(gpu, arch_vocab, key, tmp_path):
         s.truncate(base.n_ctx // 2)  # the chat's branch: rewind and run the second half again
         again = s.forward([int(t) for t in chunk[base.n_ctx // 2 : base.n_ctx - 1]], all_logits=True)
     _, _, kl, _, same = kld.compare_records(steps, base.records(1), chunk[base.n_ctx // 2 + 1 :], base.n_vocab)
-    assert kl.mean() <= GPU_KLD_LIMIT and same.mean() >= GPU_TOP1, (kl.mean(), same.mean())
+    assert kl.mean() <= limit and same.mean() >= GPU_TOP1, (kl.mean(), same.mean())
     assert np.allclose(again, steps, rtol=1e-3, atol=1e-3)

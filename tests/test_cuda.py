@@ -670,29 +670,60 @@ def test_the_gpu_takes_the_dense_arch_fixtures_descriptions(cuda_lib, tmp_path):
                             "qwen3moe-F32"}, refused
 
 
-@pytest.mark.parametrize("key", sorted(ARCH_META))
-def test_gpu_arch_fixture_matches_llama_cpp(gpu, arch_vocab, key, tmp_path):
-    """Each architecture fixture on the GPU against llama.cpp's recorded log-probabilities: mean KLD at most 1e-3
-    (F32 weights and the quantized variants) and the same top token at 98 % of the positions,
-    prefill (the chunks at once, F16 cache) and decode (token by token, F32 cache), then a rewind. Fixtures with
-    features the GPU lacks are skipped with them named."""
+def mean_kld_top1(p_logits: np.ndarray, q_logits: np.ndarray) -> tuple[float, float]:
+    """Mean KL(softmax p || softmax q) over rows, and how often their top tokens agree."""
+    lp = p_logits.astype(np.float64) - np.logaddexp.reduce(p_logits.astype(np.float64), axis=1, keepdims=True)
+    lq = q_logits.astype(np.float64) - np.logaddexp.reduce(q_logits.astype(np.float64), axis=1, keepdims=True)
+    kl = (np.exp(lp) * (lp - lq)).sum(1)
+    return float(kl.mean()), float((p_logits.argmax(1) == q_logits.argmax(1)).mean())
+
+
+def check_fixture_against_llama_cpp(key: str, tmp_path: Path, vocab: dict[str, object], host: bool) -> None:
+    """Architecture fixture ``key`` through the device's forward pass (on the GPU, or with ``host`` its host
+    emulation) against llama.cpp's recorded log-probabilities (computed with an F16 KV cache): mean KLD at most 1e-3
+    and the same top token at 98 % of the positions, prefill (the chunks at once) and decode (token by token), then
+    a rewind (the chat's branch) that must give the decoded logits again; with an F32 cache, against the CPU
+    engine's F32 cache. Skipped, with them named, for features the device lacks."""
     from quantscope.core.engine import kld
 
     from .test_arch_fidelity import load
 
-    model, tok, base = load(key, tmp_path, arch_vocab)
+    model, tok, base = load(key, tmp_path, vocab)
     missing = cb.missing_features(model.config)
     if missing:
         pytest.skip(f"{key}: {', '.join(missing)} have no CUDA path yet")
-    limit = GPU_KLD_LIMIT
-    r = kld.kl_divergence(base, model, tok, make_session=lambda n: cb.CudaSession(model, n))
-    assert r.mean_kld()[0] <= limit, r.report()
+    r = kld.kl_divergence(base, model, tok, make_session=lambda n: cb.CudaSession(model, n, host_emulation=host))
+    assert r.mean_kld()[0] <= GPU_KLD_LIMIT, r.report()
     assert r.top1() >= GPU_TOP1, r.report()
-    chunk = base.tokens[1]
-    with cb.CudaSession(model, base.n_ctx, kv_dtype=np.float32) as s:
-        steps = np.stack([s.forward([int(t)]) for t in chunk[: base.n_ctx - 1]])[base.n_ctx // 2 :]
-        s.truncate(base.n_ctx // 2)  # the chat's branch: rewind and run the second half again
-        again = s.forward([int(t) for t in chunk[base.n_ctx // 2 : base.n_ctx - 1]], all_logits=True)
-    _, _, kl, _, same = kld.compare_records(steps, base.records(1), chunk[base.n_ctx // 2 + 1 :], base.n_vocab)
-    assert kl.mean() <= limit and same.mean() >= GPU_TOP1, (kl.mean(), same.mean())
+    n, chunk = base.n_ctx, base.tokens[1].copy()
+    if tok.add_bos and tok.bos_id is not None:  # as llama-perplexity evaluated it (kld._chunk_logits)
+        chunk[0] = tok.bos_id
+    ids = [int(t) for t in chunk[: n - 1]]
+    with cb.CudaSession(model, n, host_emulation=host) as s:
+        steps = np.stack([s.forward([t]) for t in ids])[n // 2 :]
+        s.truncate(n // 2)  # the chat's branch: rewind and run the second half again
+        again = s.forward(ids[n // 2 :], all_logits=True)
+    _, _, kl, _, same = kld.compare_records(steps, base.records(1), chunk[n // 2 + 1 :], base.n_vocab)
+    assert kl.mean() <= GPU_KLD_LIMIT and same.mean() >= GPU_TOP1, (kl.mean(), same.mean())
     assert np.allclose(again, steps, rtol=1e-3, atol=1e-3)
+    with cb.CudaSession(model, n, kv_dtype=np.float32, host_emulation=host) as s:
+        f32 = s.forward(ids, all_logits=True)
+    cpu = model.session(n, kv_dtype=np.float32).forward(ids, all_logits=True)
+    kl32, same32 = mean_kld_top1(cpu, f32)
+    assert kl32 <= GPU_KLD_LIMIT and same32 >= GPU_TOP1, (kl32, same32)
+
+
+@pytest.mark.parametrize("key", sorted(ARCH_META))
+def test_emulated_device_forward_matches_llama_cpp(cuda_lib, arch_vocab, key, tmp_path):
+    """The device's whole forward pass - its order of operations, per-layer buffers, KV cache layout and every
+    kernel's arithmetic, each kernel replaced by its host twin (qsc_emul.cuh) - on each architecture fixture, on
+    the CPU: what the GPU would compute, checked without one (measured: mean KLD 1e-8 .. 2.4e-6 on the F32
+    fixtures, 7.8e-5 on llama-Q8_0)."""
+    check_fixture_against_llama_cpp(key, tmp_path, arch_vocab, host=True)
+
+
+@pytest.mark.parametrize("key", sorted(ARCH_META))
+def test_gpu_arch_fixture_matches_llama_cpp(gpu, arch_vocab, key, tmp_path):
+    """Each architecture fixture on the GPU against llama.cpp's recorded log-probabilities (F32 weights and the
+    quantized variants), as test_emulated_device_forward_matches_llama_cpp on the host."""
+    check_fixture_against_llama_cpp(key, tmp_path, arch_vocab, host=False)

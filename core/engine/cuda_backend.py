@@ -198,6 +198,8 @@ int qsc_host_glu(const float *gate, const float *up, float *out, int64_t n, int 
 int qsc_host_logits(float *x, int64_t n, float logit_scale, float softcap);
 int qsc_host_residual(float *x, const float *o, const float *post_w, int n_rows, int n, float eps, float rs,
                       float out_scale);
+qsc_model *qsc_host_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16,
+                                 int max_batch, char *err, size_t err_len);
 """
 CDEF = NN_CDEF + API_CDEF
 
@@ -856,12 +858,14 @@ class CudaSession:
     """One conversation on the GPU, with the CPU :class:`~quantscope.core.engine.session.Session`'s API.
 
     The weights of ``model`` are uploaded when the session is created (one copy per session) and the KV cache
-    lives on the device; :meth:`forward` returns the logits on the host.
+    lives on the device; :meth:`forward` returns the logits on the host. ``host_emulation``: the device's forward
+    pass run on the CPU instead (every kernel replaced by its host twin, csrc/cuda/qsc_emul.cuh; no GPU needed,
+    slow): what tests use to check the device code's whole forward on machines without a GPU.
     """
 
     def __init__(self, model: Model, n_ctx: int = 2048, kv_dtype: type = np.float16, max_batch: int = 512,
-                 graphs: bool = True) -> None:
-        ok, why = cuda_status()
+                 graphs: bool = True, host_emulation: bool = False) -> None:
+        ok, why = (True, "") if host_emulation else cuda_status()
         if not ok:
             raise CudaUnavailable(why)
         if not 0 < n_ctx < 2**31 or not 0 < max_batch <= 4096:
@@ -885,10 +889,10 @@ class CudaSession:
         self.weight_bytes_per_token = sum(packed_bytes(t, rows, k) for t, rows, k in desc.matrices)
         self._lib = _library()
         err = _err()
-        ptr = self._lib.qsc_model_create(desc.model, desc.layers, n_ctx, int(kv_dtype == np.float16), max_batch,
-                                         err, _ERR_LEN)
+        create = self._lib.qsc_host_model_create if host_emulation else self._lib.qsc_model_create
+        ptr = create(desc.model, desc.layers, n_ctx, int(kv_dtype == np.float16), max_batch, err, _ERR_LEN)
         if ptr == ffi.NULL:
-            raise CudaError(f"qsc_model_create: {_msg(err)}")
+            raise CudaError(f"{'qsc_host_model_create' if host_emulation else 'qsc_model_create'}: {_msg(err)}")
         self._m: Any = ptr
         try:
             self._lib.qsc_set_graphs(self._m, int(graphs))

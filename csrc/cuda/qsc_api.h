@@ -101,3 +101,8 @@ int qsc_host_glu(const float *gate, const float *up, float *out, int64_t n, int 
 int qsc_host_logits(float *x, int64_t n, float logit_scale, float softcap);
 int qsc_host_residual(float *x, const float *o, const float *post_w, int n_rows, int n, float eps, float rs,
                       float out_scale);
+/* The device's forward pass run on the host (tests, machines without a GPU): a model like qsc_model_create's, its
+ * buffers in host memory and each kernel replaced by its host twin (qsc_emul.cuh); qsc_forward, qsc_set_graphs,
+ * qsc_model_device_bytes and qsc_model_free take it. Needs no GPU, driver or CUDA call. */
+qsc_model *qsc_host_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16,
+                                 int max_batch, char *err, size_t err_len);

@@ -106,3 +106,32 @@ HD float logit_post(float x, float logit_scale, float cap) {
 
 /* The residual update of one element: x + rs * o (o already post-normed), then times the layer's output scale. */
 HD float residual_add(float x, float o, float rs, float out_scale) { return (x + o * rs) * out_scale; }
+
+/* ------------------------------------------------------------------------------------------------------------------
+ * What the kernels of one layer read beyond their buffers (qsc_kernels.cuh; their host twins in qsc_emul.cuh). */
+
+/* The previous branch's output as the next norm kernel adds it to the residual stream (o NULL: nothing to add):
+ * x = (x + rs * [RMSNorm](o) * post_w) * out_scale, post_w NULL: o as it is (the CPU block's post norm, residual
+ * scale and layer output scale, in its order). */
+struct ResidIn {
+    const float *o, *post_w;
+    float post_eps, rs, out_scale;
+};
+
+/* What k_qk_post does to one token's q and k, per layer. q_norm / k_norm: RMSNorm weights of q and k (both or
+ * neither, as the CPU block), per head (head_dim) or, with qk_full, over the whole projection (olmo2). */
+struct QKArgs {
+    int H, KV, hd, qk_full;
+    const float *q_norm, *k_norm;
+    float eps;
+    RopeP rope;
+    float temp_scale;
+    long long temp_floor;
+};
+
+/* What one attention launch reads beyond q, positions and the cache. */
+struct AttnArgs {
+    int H, KV, hd, window;
+    float scale, softcap;
+    const float *sinks;
+};

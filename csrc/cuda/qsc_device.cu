@@ -11,6 +11,7 @@
 #include <mutex>
 #include <vector>
 
+#include "qsc_emul.cuh"
 #include "qsc_kernels.cuh"
 
 #ifndef QSC_ARCHS
@@ -52,6 +53,7 @@ struct qsc_model {
     std::vector<Layer> layers;
     DevMat tok, out;
     bool tied = false, finalized = false, use_graphs = true;
+    bool host = false; /* qsc_host_model_create: every buffer in host memory, the kernels' host twins run instead */
     float *out_norm = nullptr;
     uint8_t *k_cache = nullptr, *v_cache = nullptr;
     /* scratch, sized for mb tokens */
@@ -74,7 +76,15 @@ struct qsc_model {
 static int dalloc(qsc_model *m, void **p, int64_t bytes, char *err, size_t err_len) {
     bytes = (bytes + 255) / 256 * 256;
     if (bytes == 0) bytes = 256;
-    CUDA_TRY(cudaMalloc(p, (size_t)bytes));
+    if (m->host) {
+        *p = calloc((size_t)bytes, 1);
+        if (!*p) {
+            set_err(err, err_len, "out of host memory (%lld bytes)", (long long)bytes);
+            return -2;
+        }
+    } else {
+        CUDA_TRY(cudaMalloc(p, (size_t)bytes));
+    }
     m->allocs.push_back(*p);
     m->dev_bytes += bytes;
     return 0;
@@ -85,6 +95,16 @@ template <typename T> static int dalloc_t(qsc_model *m, T **p, int64_t count, ch
     int rc = dalloc(m, &v, count * (int64_t)sizeof(T), err, err_len);
     *p = (T *)v;
     return rc;
+}
+
+/* Host bytes into a buffer of the model (device memory, or host memory for a host model). */
+static int copy_in(qsc_model *m, void *dst, const void *src, size_t bytes, char *err, size_t err_len) {
+    if (m->host) {
+        memcpy(dst, src, bytes);
+        return 0;
+    }
+    CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------------------------ launches */
@@ -142,13 +162,6 @@ static void launch_matmul(const MatJob *jobs, int n, int ncols, cudaStream_t st)
         k_matmul<8><<<dim3(blocks, (ncols + 7) / 8), MM_WARPS * 32, 0, st>>>(args);
 }
 
-/* What one attention launch reads beyond q, positions and the cache. */
-struct AttnArgs {
-    int H, KV, hd, window;
-    float scale, softcap;
-    const float *sinks;
-};
-
 /* Elements per lane of the attention kernel for a head size: the instantiated EPL at least hd / 32 (any head size
  * up to QSC_MAX_HEAD). */
 static int attention_epl(int hd) {
@@ -191,14 +204,40 @@ static void launch_attention(int T, const AttnArgs &A, int kv_f16, cudaStream_t 
     if (!fused && (ao.qs32 || ao.qs256)) k_quantize<<<T, 256, 0, st>>>(out, ao, A.H * hd);
 }
 
+/* Each step of the forward pass: its kernel, or for a host model its host twin (qsc_emul.cuh). */
+static void run_norm_quant(qsc_model *m, int T, const ResidIn &r, const float *w, int norm, const ActOut &ao, int n,
+                           float eps) {
+    if (m->host) emu_norm_quant(m->x, r, w, norm, m->h, ao, T, n, eps);
+    else k_norm_quant<<<T, 256, 0, m->st>>>(m->x, r, w, norm, m->h, ao, n, eps);
+}
+
+static void run_matmul(qsc_model *m, const MatJob *jobs, int n, int ncols) {
+    if (!m->host) {
+        launch_matmul(jobs, n, ncols, m->st);
+        return;
+    }
+    for (int i = 0; i < n; ++i) emu_matmul(*jobs[i].w, jobs[i].a, jobs[i].y, jobs[i].ldy, jobs[i].bias, ncols);
+}
+
+static void run_attention(qsc_model *m, int T, const AttnArgs &A, const int *pos, const void *kc, const void *vc,
+                          const int *nkv, const ActOut &ao) {
+    if (!m->host) {
+        launch_attention(T, A, m->kv_f16, m->st, m->q, pos, kc, vc, nkv, m->att, ao);
+        return;
+    }
+    emu_attention(T, A, m->kv_f16, m->q, pos, kc, vc, *nkv, m->att);
+    emu_quantize(m->att, ao, T, A.H * A.hd);
+}
+
 /* Enqueue the forward pass of T tokens whose ids/positions are already in m->d_params. logits: NULL (no lm_head),
- * or T x n_vocab (all rows) / n_vocab (last row) floats on the device. */
+ * or T x n_vocab (all rows) / n_vocab (last row) floats on the device. A host model runs it at once. */
 static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, char *err, size_t err_len) {
     const Dims &c = m->cfg;
     const int E = c.E, V = c.V;
     cudaStream_t st = m->st;
     const int *tok = m->d_params, *pos = m->d_params + m->mb, *nkv = m->d_params + 2 * m->mb;
-    k_embed<<<T, 256, 0, st>>>(m->tok.w, tok, m->x, E, c.embed_scale);
+    if (m->host) emu_embed(m->tok.w, tok, m->x, T, E, c.embed_scale);
+    else k_embed<<<T, 256, 0, st>>>(m->tok.w, tok, m->x, E, c.embed_scale);
     ResidIn prev = {}; /* the previous layer's FFN output, added by the next norm kernel */
     for (int li = 0; li < c.n_layers; ++li) {
         Layer &L = m->layers[li];
@@ -207,49 +246,52 @@ static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, ch
         const QW &wg = L.gate.w, &wu = L.up.w, &wd = L.down.w;
         uint8_t *kc = m->k_cache + L.kv_off, *vc = m->v_cache + L.kv_off;
         /* attention branch */
-        k_norm_quant<<<T, 256, 0, st>>>(m->x, prev, L.attn_norm, L.attn_norm != nullptr, m->h,
-                                        act_out_for(m, {wq.type, wk.type, wv.type}), E, L.eps);
+        run_norm_quant(m, T, prev, L.attn_norm, L.attn_norm != nullptr, act_out_for(m, {wq.type, wk.type, wv.type}),
+                       E, L.eps);
         MatJob qkv[3] = {{&wq, act_view(m, wq.type, m->h, E, 0), m->q, QD, L.bq},
                          {&wk, act_view(m, wk.type, m->h, E, 0), m->k, KD, L.bk},
                          {&wv, act_view(m, wv.type, m->h, E, 0), m->v, KD, L.bv}};
-        launch_matmul(qkv, 3, T, st);
-        k_qk_post<<<T, 256, 0, st>>>(m->q, m->k, m->v, L.qk, pos, kc, vc, m->kv_f16);
+        run_matmul(m, qkv, 3, T);
+        if (m->host) emu_qk_post(m->q, m->k, m->v, L.qk, pos, T, kc, vc, m->kv_f16);
+        else k_qk_post<<<T, 256, 0, st>>>(m->q, m->k, m->v, L.qk, pos, kc, vc, m->kv_f16);
         const AttnArgs aa = {L.H, L.KV, L.hd, L.window, L.scale, L.softcap, L.sinks};
-        launch_attention(T, aa, m->kv_f16, st, m->q, pos, kc, vc, nkv, m->att, act_out_for(m, {wo.type}));
+        run_attention(m, T, aa, pos, kc, vc, nkv, act_out_for(m, {wo.type}));
         MatJob ob = {&wo, act_view(m, wo.type, m->att, QD, 0), m->o, E, L.bo};
-        launch_matmul(&ob, 1, T, st);
+        run_matmul(m, &ob, 1, T);
         /* feed-forward branch */
         const ResidIn ra = {m->o, L.post_attn_norm, L.eps, L.rs, 1.0f};
-        k_norm_quant<<<T, 256, 0, st>>>(m->x, ra, L.ffn_norm, L.ffn_norm != nullptr, m->h,
-                                        act_out_for(m, {wg.type, wu.type}), E, L.eps);
+        run_norm_quant(m, T, ra, L.ffn_norm, L.ffn_norm != nullptr, act_out_for(m, {wg.type, wu.type}), E, L.eps);
         MatJob gu[2] = {{&wg, act_view(m, wg.type, m->h, E, 0), m->g, F, nullptr},
                         {&wu, act_view(m, wu.type, m->h, E, 0), m->u, F, nullptr}};
-        launch_matmul(gu, 2, T, st);
-        k_glu_quant<<<T, 256, 0, st>>>(m->g, m->u, m->a, act_out_for(m, {wd.type}), F, L.glu);
+        run_matmul(m, gu, 2, T);
+        if (m->host) emu_glu(m->g, m->u, m->a, act_out_for(m, {wd.type}), T, F, L.glu);
+        else k_glu_quant<<<T, 256, 0, st>>>(m->g, m->u, m->a, act_out_for(m, {wd.type}), F, L.glu);
         MatJob db = {&wd, act_view(m, wd.type, m->a, F, 0), m->o, E, nullptr};
-        launch_matmul(&db, 1, T, st);
+        run_matmul(m, &db, 1, T);
         prev = {m->o, L.post_ffn_norm, L.eps, L.rs, L.out_scale};
     }
     const QW &wout = m->tied ? m->tok.w : m->out.w;
-    k_norm_quant<<<T, 256, 0, st>>>(m->x, prev, m->out_norm, 1, m->h, act_out_for(m, {wout.type}), E, c.eps);
+    run_norm_quant(m, T, prev, m->out_norm, 1, act_out_for(m, {wout.type}), E, c.eps);
     if (logits) {
         const int rows = all_rows ? T : 1;
         MatJob lm = {&wout, act_view(m, wout.type, m->h, E, all_rows ? 0 : T - 1), logits, V, nullptr};
-        launch_matmul(&lm, 1, rows, st);
+        run_matmul(m, &lm, 1, rows);
         if (c.logit_scale != 1.0f || c.final_softcap != 0.0f) {
             const int64_t n = (int64_t)rows * V;
             const int blocks = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
-            k_logits_post<<<blocks, 256, 0, st>>>(logits, n, c.logit_scale, c.final_softcap);
+            if (m->host) emu_logits(logits, n, c.logit_scale, c.final_softcap);
+            else k_logits_post<<<blocks, 256, 0, st>>>(logits, n, c.logit_scale, c.final_softcap);
         }
     }
-    CUDA_TRY(cudaGetLastError());
+    if (!m->host) CUDA_TRY(cudaGetLastError());
     return 0;
 }
 
 static int ensure_logits_all(qsc_model *m, int64_t rows, char *err, size_t err_len) {
     if (m->logits_all_rows >= rows) return 0;
     if (m->d_logits_all) {
-        CUDA_TRY(cudaFree(m->d_logits_all));
+        if (m->host) free(m->d_logits_all);
+        else CUDA_TRY(cudaFree(m->d_logits_all));
         for (auto &p : m->allocs)
             if (p == m->d_logits_all) p = nullptr;
         m->dev_bytes -= (m->logits_all_rows * m->cfg.V * 4 + 255) / 256 * 256;
@@ -399,6 +441,13 @@ int qsc_device_info(char *buf, size_t len) {
 
 void qsc_model_free(qsc_model *m) {
     if (!m) return;
+    if (m->host) {
+        for (void *p : m->allocs) free(p);
+        free(m->h_params);
+        free(m->h_logits1);
+        delete m;
+        return;
+    }
     cudaSetDevice(m->device);
     if (m->st) cudaStreamSynchronize(m->st);
     drop_graph(m);
@@ -425,7 +474,8 @@ static int upload_matrix(qsc_model *m, const qs_weight &w, DevMat *dm, const cha
     }
     int rc = dalloc(m, (void **)&dm->buf, L.total, err, err_len);
     if (rc) return rc;
-    CUDA_TRY(cudaMemcpy(dm->buf, host.data(), (size_t)L.total, cudaMemcpyHostToDevice));
+    rc = copy_in(m, dm->buf, host.data(), (size_t)L.total, err, err_len);
+    if (rc) return rc;
     dm->w = make_qw(w.type, w.rows, w.k, dm->buf, L);
     dm->present = true;
     return 0;
@@ -436,8 +486,7 @@ static int upload_vector(qsc_model *m, const qs_vec &v, float **dst, char *err, 
     if (!v.ptr) return 0;
     int rc = dalloc_t(m, dst, v.len, err, err_len);
     if (rc) return rc;
-    CUDA_TRY(cudaMemcpy(*dst, v.ptr, (size_t)v.len * sizeof(float), cudaMemcpyHostToDevice));
-    return 0;
+    return copy_in(m, *dst, v.ptr, (size_t)v.len * sizeof(float), err, err_len);
 }
 
 /* Every weight of the description onto the device, by group. */
@@ -497,7 +546,7 @@ static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *
 /* Scratch for mb tokens and the pinned host buffers. */
 static int finalize(qsc_model *m, char *err, size_t err_len) {
     const Dims &c = m->cfg;
-    CUDA_TRY(cudaSetDevice(m->device));
+    if (!m->host) CUDA_TRY(cudaSetDevice(m->device));
     const int64_t T = m->mb, E = c.E, QD = c.max_qd, KD = c.max_kd, F = c.max_f;
     int64_t kmax = E > QD ? E : QD;
     kmax = kmax > F ? kmax : F;
@@ -521,15 +570,24 @@ static int finalize(qsc_model *m, char *err, size_t err_len) {
     rc = rc ? rc : dalloc_t(m, &m->d_params, 2 * T + 1, err, err_len);
     rc = rc ? rc : dalloc_t(m, &m->d_logits1, c.V, err, err_len);
     if (rc) return rc;
-    CUDA_TRY(cudaMallocHost((void **)&m->h_params, (size_t)(2 * T + 1) * sizeof(int)));
-    CUDA_TRY(cudaMallocHost((void **)&m->h_logits1, (size_t)c.V * sizeof(float)));
+    if (m->host) {
+        m->h_params = (int *)calloc((size_t)(2 * T + 1), sizeof(int));
+        m->h_logits1 = (float *)calloc((size_t)c.V, sizeof(float));
+        if (!m->h_params || !m->h_logits1) {
+            set_err(err, err_len, "out of host memory");
+            return -2;
+        }
+    } else {
+        CUDA_TRY(cudaMallocHost((void **)&m->h_params, (size_t)(2 * T + 1) * sizeof(int)));
+        CUDA_TRY(cudaMallocHost((void **)&m->h_logits1, (size_t)c.V * sizeof(float)));
+    }
     m->finalized = true;
     return 0;
 }
 
 
-qsc_model *qsc_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16, int max_batch,
-                             char *err, size_t err_len) {
+static qsc_model *model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16,
+                               int max_batch, bool host, char *err, size_t err_len) {
     Dims d;
     if (check_model(md, layers, &d, err, err_len)) return nullptr;
     if (n_ctx <= 0 || max_batch <= 0 || max_batch > 4096) {
@@ -542,13 +600,14 @@ qsc_model *qsc_model_create(const qsc_model_desc *md, const qs_block *layers, in
     m->kv_f16 = kv_f16 ? 1 : 0;
     m->mb = max_batch;
     m->device = 0;
+    m->host = host;
     m->layers.resize(d.n_layers);
     auto fail = [&](void) -> qsc_model * {
         qsc_model_free(m);
         return nullptr;
     };
-    cudaError_t e = cudaSetDevice(m->device);
-    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking);
+    cudaError_t e = host ? cudaSuccess : cudaSetDevice(m->device);
+    if (e == cudaSuccess && !host) e = cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         set_err(err, err_len, "CUDA setup: %s (%s = %d)", cudaGetErrorString(e), cudaGetErrorName(e), (int)e);
         return fail();
@@ -564,6 +623,16 @@ qsc_model *qsc_model_create(const qsc_model_desc *md, const qs_block *layers, in
         return fail();
     if (upload_model(m, md, layers, err, err_len) || finalize(m, err, err_len)) return fail();
     return m;
+}
+
+qsc_model *qsc_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16, int max_batch,
+                             char *err, size_t err_len) {
+    return model_create(md, layers, n_ctx, kv_f16, max_batch, false, err, err_len);
+}
+
+qsc_model *qsc_host_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16,
+                                 int max_batch, char *err, size_t err_len) {
+    return model_create(md, layers, n_ctx, kv_f16, max_batch, true, err, err_len);
 }
 
 int qsc_set_graphs(qsc_model *m, int enabled) {
@@ -597,7 +666,7 @@ int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, i
             set_err(err, err_len, "token id %d outside 0..%d", tokens[i], V - 1);
             return -1;
         }
-    CUDA_TRY(cudaSetDevice(m->device));
+    if (!m->host) CUDA_TRY(cudaSetDevice(m->device));
     if (all_logits) {
         int rc = ensure_logits_all(m, n_tokens < m->mb ? n_tokens : m->mb, err, err_len);
         if (rc) return rc;
@@ -611,6 +680,15 @@ int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, i
             m->h_params[m->mb + i] = n_past + start + i;
         }
         m->h_params[2 * m->mb] = n_past + start + T;
+        if (m->host) { /* the host twins, at once: logits straight into the caller's buffer */
+            memcpy(m->d_params, m->h_params, pbytes);
+            float *dl = all_logits ? m->d_logits_all : (last ? m->d_logits1 : nullptr);
+            int rc = enqueue_forward(m, T, all_logits != 0, dl, err, err_len);
+            if (rc) return rc;
+            if (all_logits) memcpy(logits + (int64_t)start * V, dl, (size_t)T * V * sizeof(float));
+            else if (last) memcpy(logits, dl, (size_t)V * sizeof(float));
+            continue;
+        }
         /* the first one-token step runs uncaptured (kernels load lazily on first use), later ones replay a graph */
         if (T == 1 && m->use_graphs && m->stepped) {
             int rc = step_graph(m, err, err_len);

@@ -136,14 +136,6 @@ __global__ void __launch_bounds__(256) k_quantize(const float *__restrict__ x, c
     block_quantize_row(x + (int64_t)blockIdx.x * n, n, o, blockIdx.x);
 }
 
-/* The previous branch's output as the next norm kernel adds it to the residual stream (o NULL: nothing to add):
- * x = (x + rs * [RMSNorm](o) * post_w) * out_scale, post_w NULL: o as it is (the CPU block's post norm, residual
- * scale and layer output scale, in its order). */
-struct ResidIn {
-    const float *o, *post_w;
-    float post_eps, rs, out_scale;
-};
-
 /* Residual add + RMSNorm + quantize, one block per token row: the residual update above, then h = RMSNorm(x) * w
  * (w NULL: no weight; norm 0: h = x, olmo2's layers without pre-norms), then h -> the int8 formats in ao. */
 __global__ void __launch_bounds__(256) k_norm_quant(float *__restrict__ x, const ResidIn r,
@@ -186,17 +178,6 @@ __global__ void __launch_bounds__(256) k_glu_quant(const float *__restrict__ g, 
     __syncthreads();
     block_quantize_row(a + row * n, n, ao, row);
 }
-
-/* What k_qk_post does to one token's q and k, per layer. q_norm / k_norm: RMSNorm weights of q and k (both or
- * neither, as the CPU block), per head (head_dim) or, with qk_full, over the whole projection (olmo2). */
-struct QKArgs {
-    int H, KV, hd, qk_full;
-    const float *q_norm, *k_norm;
-    float eps;
-    RopeP rope;
-    float temp_scale;
-    long long temp_floor;
-};
 
 /* q/k RMSNorm, RoPE (skipped on NoPE layers), the query temperature, then this token's K and V rows into the cache
  * (layout [n_ctx][KV][hd]) - the CPU block's order. One block per token, one warp per head; each pair's cos and sin

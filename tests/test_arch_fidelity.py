@@ -263,8 +263,9 @@ def test_the_gpu_refuses_by_features_what_it_refused_by_name(tmp_path, vocab):
     """The CUDA backend decides by the features a model has, not by its architecture's name: of the F32 fixtures,
     it finds nothing missing in every dense one - llama (with Llama 3's frequency factors and YaRN), qwen2, qwen3,
     gemma3 (and its linear scaling), phi3 (and LongRoPE), seed_oss, smollm3 (NoPE layers), granite (multipliers),
-    mistral3 (YaRN and temperature), gemma2 (soft-caps) and olmo2 (no pre-norms, whole-projection q/k norms) - and
-    names a feature for the others (experts, the delta-net, gemma4's per-layer embeddings)."""
+    mistral3 (YaRN and temperature), gemma2 (soft-caps), olmo2 (no pre-norms, whole-projection q/k norms) and
+    gemma4 (per-layer shapes and embeddings, shared KV caches, V norms) - and names a feature for the others
+    (experts, the delta-net)."""
     from quantscope.core.engine import cuda_backend
     from quantscope.core.model import read_config
 
@@ -276,17 +277,17 @@ def test_the_gpu_refuses_by_features_what_it_refused_by_name(tmp_path, vocab):
         if not cuda_backend.missing_features(cfg):
             runs.add(cfg.arch if not cfg.n_expert else f"{cfg.arch}+experts")
     assert runs == {"llama", "qwen2", "gemma3", "qwen3", "phi3", "seed_oss", "smollm3", "granite", "mistral3",
-                    "gemma2", "olmo2"}
+                    "gemma2", "olmo2", "gemma4"}
 
 
-def test_gemma4_runs_from_the_cli_and_stays_off_the_gpu(tmp_path, vocab, capsys):
-    """The CLI generates with a gemma4 file; the CUDA backend refuses its per-layer embeddings by name (CPU
-    fallback), while per-layer shapes alone (a llama whose layers differ in FFN width) have a GPU path."""
+def test_gemma4_runs_from_the_cli_and_has_a_gpu_path(tmp_path, vocab, capsys):
+    """The CLI generates with a gemma4 file; the CUDA backend finds nothing missing in it (per-layer shapes and
+    embeddings, shared KV caches: tests/test_cuda.py runs it), nor in a llama whose layers differ in FFN width."""
     from quantscope.core.engine import cuda_backend
 
     model, _, _ = load("gemma4-F32", tmp_path, vocab)
-    with pytest.raises(UnsupportedModel, match=r"per-layer embeddings, .* have no CUDA path"):
-        cuda_backend.check_config(model.config)
+    cuda_backend.check_config(model.config)
+    assert cuda_backend.missing_features(model.config) == []
     llama, _, _ = load("llama-F32", tmp_path, vocab)
     assert cuda_backend.missing_features(dataclasses.replace(llama.config, layer_n_ff=(128, 64))) == []
     assert main(["generate", str(tmp_path / "gemma4-F32.gguf"), "-p", "The cat", "-n", "8", "--temp", "0"]) == 0

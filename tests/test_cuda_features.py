@@ -240,6 +240,7 @@ _ACCEPTED = [
         _vec(b.attn.k_norm, np.ones(b.attn.n_head_kv * b.attn.head_dim), keep)]),
     ("clamped SwiGLU", lambda b, keep: setattr(b.ffn, "swiglu_oai", 1)),
     ("no pre-norms", lambda b, keep: [_vec(b.attn_norm, None, keep), _vec(b.ffn_norm, None, keep)]),
+    ("V norms", lambda b, keep: setattr(b.attn, "v_norm", 1)),
 ]
 
 
@@ -287,6 +288,29 @@ def test_the_description_check_refuses_what_the_device_cannot_use(cuda_lib, synt
     keep: list[object] = []
     change(desc.layers[1], keep)
     with pytest.raises(cb.CudaError, match=re.escape(message)):
+        cb.check_description(desc)
+
+
+def test_shared_kv_caches_and_per_layer_embeddings_are_checked(cuda_lib, synthetic_tiny):
+    """gemma4's layers reading an earlier layer's KV cache need a kv_source naming one with a cache of its own and
+    the same shape; per-layer embeddings need their matrices and post norm, of one width in every layer."""
+    desc, _ = cb.model_description(synthetic_tiny, 64)
+    b1 = desc.layers[1]
+    b1.attn.kv_reuse = 1
+    src = np.array([0, 0], np.int32)
+    desc.model.kv_source = cb.ffi.cast("int32_t *", cb.ffi.from_buffer(src))
+    cb.check_description(desc)  # layer 1 attends to layer 0's cache
+    for bad in ([0, 1], [0, 5], [0, -1]):
+        src[:] = bad
+        with pytest.raises(cb.CudaError, match=re.escape(f"layer 1: kv_source {bad[1]} is not an earlier layer")):
+            cb.check_description(desc)
+    src[:] = [0, 0]
+    b1.attn.n_head_kv = desc.layers[0].attn.n_head_kv * 2 if desc.layers[0].attn.n_head % 2 == 0 else 1
+    with pytest.raises(cb.CudaError, match="layer 1"):  # not the shape of layer 0's cache
+        cb.check_description(desc)
+    desc, _ = cb.model_description(synthetic_tiny, 64)
+    desc.layers[0].ple.dim = 32
+    with pytest.raises(cb.CudaError, match=re.escape("layer 0: kv_reuse 0 / per-layer embedding 32 (post norm")):
         cb.check_description(desc)
 
 

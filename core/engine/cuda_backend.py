@@ -22,7 +22,7 @@ from ..model import ARCHITECTURES, ModelConfig, UnsupportedModel, Weight
 from ..native import ffi as cpu_ffi
 from ..native import kernels as K
 from ..quant.types import GGMLType, ggml_type
-from .session import ContextFull, Model, _Bound, _layer_matrices, layer_description, layer_policy
+from .session import ContextFull, Model, _Bound, _layer_matrices, layer_description, layer_policy, ple_inputs
 
 __all__ = [
     "GPU_TYPES",
@@ -138,6 +138,7 @@ typedef struct {
     float eps, embed_scale, final_softcap, logit_scale;
     qs_weight tok_embd, output;
     qs_vec output_norm;
+    const int32_t *kv_source;
 } qsc_model_desc;
 typedef struct {
     char name[256];
@@ -198,6 +199,8 @@ int qsc_host_glu(const float *gate, const float *up, float *out, int64_t n, int 
 int qsc_host_logits(float *x, int64_t n, float logit_scale, float softcap);
 int qsc_host_residual(float *x, const float *o, const float *post_w, int n_rows, int n, float eps, float rs,
                       float out_scale);
+int qsc_forward_ple(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
+                    const float *ple, int64_t ple_len, char *err, size_t err_len);
 qsc_model *qsc_host_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16,
                                  int max_batch, char *err, size_t err_len);
 """
@@ -329,12 +332,13 @@ def _gpu_type(qtype: GGMLType | int | str) -> GGMLType:
     return t
 
 
-def _matrix(w: np.ndarray, t: GGMLType, rows: int, k: int) -> np.ndarray:
-    """Raw bytes of a ``rows`` x ``k`` matrix of type ``t``, checked (the GPU also needs k % 32 == 0)."""
+def _matrix(w: np.ndarray, t: GGMLType, rows: int, k: int, padded: bool = False) -> np.ndarray:
+    """Raw bytes of a ``rows`` x ``k`` matrix of type ``t``, checked (the GPU also needs k % 32 == 0, unless
+    ``padded``: F32/F16 rows the library pads to 32 itself, gemma4's per-layer embedding projection)."""
     a = np.ascontiguousarray(w)
     if a.dtype != np.uint8:
         raise TypeError(f"weights must be raw uint8 bytes, got {a.dtype}")
-    unit = max(t.block_elems, 32)
+    unit = 1 if padded and t.name in ("F32", "F16") else max(t.block_elems, 32)
     if rows <= 0 or k <= 0 or k % unit:
         raise ValueError(f"a {t.name} matrix needs rows > 0 and k a positive multiple of {unit}, got {rows} x {k}")
     if a.size != rows * t.row_bytes(k):
@@ -377,10 +381,7 @@ def block_features(b: Any) -> list[str]:
     return [name for name, present in (
         ("mixture-of-experts layers", b.moe.n_expert > 0 or b.moe.n_ff_shexp > 0 or bool(b.moe.router.ptr)),
         ("gated delta-net layers", b.gdn.conv > 0 or bool(b.gdn.qkv.ptr)),
-        ("per-layer embeddings", b.ple.dim > 0 or bool(b.ple.gate.ptr)),
         ("gated attention outputs", bool(a.q_gate)),
-        ("V RMSNorms", bool(a.v_norm)),
-        ("layers reading another layer's KV cache", bool(a.kv_reuse)),
     ) if present]
 
 
@@ -461,11 +462,12 @@ class Description:
         self.model, self.layers, self.n_layers, self.keep, self.matrices = model, layers, n_layers, keep, matrices
 
 
-def _bound(w: Weight, keep: list[Any], matrices: list[tuple[GGMLType, int, int]], device: bool) -> _Bound:
+def _bound(w: Weight, keep: list[Any], matrices: list[tuple[GGMLType, int, int]], device: bool,
+           padded: bool = False) -> _Bound:
     t, data = device_weight(w) if device else (w.type, w.data)
-    raw = _matrix(data, t, w.rows, w.k) if device else np.ascontiguousarray(data)
+    raw = _matrix(data, t, w.rows, w.k, padded) if device else np.ascontiguousarray(data)
     keep.append(raw)
-    matrices.append((t, w.rows, w.k))
+    matrices.append((t, w.rows, -(-w.k // 32) * 32 if padded else w.k))
     return _Bound(t.id, cpu_ffi.cast("uint8_t *", cpu_ffi.from_buffer(raw)), w.rows, w.k, int(raw.nbytes))
 
 
@@ -479,7 +481,7 @@ def model_description(model: Model, n_ctx: int, device: bool = True) -> tuple[De
     rope_factors = mw.rope_factors(n_ctx)
     cpu_blocks = []
     for li, lw in enumerate(mw.layers):
-        lb = {key: _bound(w, keep, matrices, device) for key, w in _layer_matrices(lw)}
+        lb = {key: _bound(w, keep, matrices, device, padded=key == "ple_proj") for key, w in _layer_matrices(lw)}
         if lw.wv is lw.wk and "wk" in lb:
             lb["wv"] = lb["wk"]
         cpu_blocks.append(layer_description(c, li, lw, lb, rope_factors))
@@ -503,6 +505,9 @@ def model_description(model: Model, n_ctx: int, device: bool = True) -> tuple[De
     norm = _floats(mw.output_norm, "output_norm").reshape(-1)
     keep.append(norm)
     md.output_norm.ptr, md.output_norm.len = _p(norm, "float *"), norm.size
+    kv_source = np.array([c.kv_source(li) for li in range(c.n_layers)], np.int32)
+    keep.append(kv_source)
+    md.kv_source = _p(kv_source, "int32_t *")
     keep += cpu_blocks
     return Description(md, layers, len(cpu_blocks), keep, matrices), cpu_blocks
 
@@ -903,7 +908,7 @@ class CudaSession:
     @property
     def kv_bytes(self) -> int:
         c = self.config
-        per_pos = sum(c.n_head_kv_at(li) * c.head_dim_at(li) for li in range(c.n_layers))
+        per_pos = sum(c.n_head_kv_at(li) * c.head_dim_at(li) for li in range(c.n_layers) if c.kv_source(li) == li)
         return 2 * self.n_ctx * per_pos * np.dtype(self.kv_dtype).itemsize
 
     @property
@@ -942,8 +947,18 @@ class CudaSession:
         i32 = ids.astype(np.int32)
         out = np.empty((T, V) if all_logits else (V,), np.float32)
         err = _err()
-        _check(self._lib.qsc_forward(self._live(), _p(i32, "int32_t *"), T, self.n_past, int(all_logits),
-                                     _p(out, "float *"), err, _ERR_LEN), err, "forward")
+        if self.config.ple_dim:  # gemma4: the per-layer inputs of these tokens, [T][n_layers][ple_dim]
+            e = self.model.tok_embd
+            x = K.get_rows(e.type, e.data, e.rows, e.k, ids, threads=self.model.threads)
+            if self.config.embed_scale != 1.0:
+                x *= np.float32(self.config.embed_scale)
+            ple = np.ascontiguousarray(ple_inputs(self.model, ids, x).transpose(1, 0, 2))
+            _check(self._lib.qsc_forward_ple(self._live(), _p(i32, "int32_t *"), T, self.n_past, int(all_logits),
+                                             _p(out, "float *"), _p(ple, "float *"), ple.size, err, _ERR_LEN), err,
+                   "forward")
+        else:
+            _check(self._lib.qsc_forward(self._live(), _p(i32, "int32_t *"), T, self.n_past, int(all_logits),
+                                         _p(out, "float *"), err, _ERR_LEN), err, "forward")
         self.n_past += T
         return out
 

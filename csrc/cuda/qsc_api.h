@@ -13,12 +13,15 @@
  */
 
 /* The model-level part of the forward description: the embedding, the head and their scales. output
- * zero-filled (ptr NULL, rows 0): tied to tok_embd (no second copy). eps: the final norm's. */
+ * zero-filled (ptr NULL, rows 0): tied to tok_embd (no second copy). eps: the final norm's. kv_source: NULL, or
+ * n_layers entries, the layer whose KV cache each layer attends to (itself; for a layer with attn.kv_reuse, an
+ * earlier layer with a cache of its own and the same KV heads and head size: gemma4's shared layers). */
 typedef struct {
     int n_layers, n_vocab;
     float eps, embed_scale, final_softcap, logit_scale; /* final_softcap 0: none; logit_scale 0 or 1: none */
     qs_weight tok_embd, output;
     qs_vec output_norm;
+    const int32_t *kv_source;
 } qsc_model_desc;
 
 typedef struct {
@@ -104,5 +107,9 @@ int qsc_host_residual(float *x, const float *o, const float *post_w, int n_rows,
 /* The device's forward pass run on the host (tests, machines without a GPU): a model like qsc_model_create's, its
  * buffers in host memory and each kernel replaced by its host twin (qsc_emul.cuh); qsc_forward, qsc_set_graphs,
  * qsc_model_device_bytes and qsc_model_free take it. Needs no GPU, driver or CUDA call. */
+/* qsc_forward for a model with per-layer embeddings (gemma4: the layers' ple.dim P > 0): ple holds the call's
+ * per-layer inputs [n_tokens][n_layers][P] (ple_len floats, exactly that many); qsc_forward refuses such a model. */
+int qsc_forward_ple(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
+                    const float *ple, int64_t ple_len, char *err, size_t err_len);
 qsc_model *qsc_host_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16,
                                  int max_batch, char *err, size_t err_len);

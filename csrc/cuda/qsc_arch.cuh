@@ -118,8 +118,9 @@ struct ResidIn {
     float post_eps, rs, out_scale;
 };
 
-/* What k_qk_post does to one token's q and k, per layer. q_norm / k_norm: RMSNorm weights of q and k (both or
- * neither, as the CPU block), per head (head_dim) or, with qk_full, over the whole projection (olmo2). */
+/* What k_qk_post does to one token's q and k, per layer. q_norm / k_norm: RMSNorm weights of q and k (each NULL:
+ * none; the CPU block has both or neither, or q's alone on a layer reading another's cache), per head (head_dim)
+ * or, with qk_full, over the whole projection (olmo2). */
 struct QKArgs {
     int H, KV, hd, qk_full;
     const float *q_norm, *k_norm;
@@ -127,6 +128,7 @@ struct QKArgs {
     RopeP rope;
     float temp_scale;
     long long temp_floor;
+    int v_norm; /* gemma4: V RMS-normalized per head (no weight) before it is stored */
 };
 
 /* What one attention launch reads beyond q, positions and the cache. */

@@ -549,6 +549,7 @@ struct Dims {
     int n_layers, E, V;
     float eps, embed_scale, final_softcap, logit_scale;
     int64_t max_qd, max_kd, max_f;
+    int ple, ple_pad; /* gemma4's per-layer embedding width (0: none), rounded up to the matmul's 32 */
 };
 
 static inline bool vec_ok(const qs_vec &v, int64_t n, bool required) {
@@ -569,10 +570,7 @@ static inline const char *missing_feature(const qs_block &b) {
     const qs_attn_desc &a = b.attn;
     if (b.moe.n_expert || b.moe.n_ff_shexp || b.moe.router.ptr) return "mixture-of-experts layers";
     if (b.gdn.conv || b.gdn.qkv.ptr) return "gated delta-net layers";
-    if (b.ple.dim || b.ple.gate.ptr) return "per-layer embeddings";
     if (a.q_gate) return "gated attention outputs";
-    if (a.v_norm) return "V RMSNorms";
-    if (a.kv_reuse) return "layers reading another layer's KV cache";
     if (b.probe.attn || b.probe.wo || b.probe.ffn || b.probe.down || b.probe.exp_count || b.probe.q)
         return "probes";
     return nullptr;
@@ -659,7 +657,8 @@ static inline int check_layer(int i, const qs_block &b, const Dims &D, char *err
         {"attn_norm", &b.attn_norm, E}, {"ffn_norm", &b.ffn_norm, E},
         {"post_attn_norm", &b.post_attn_norm, E}, {"post_ffn_norm", &b.post_ffn_norm, E},
         {"attn.bq", &a.bq, QD}, {"attn.bk", &a.bk, KD}, {"attn.bv", &a.bv, KD}, {"attn.bo", &a.bo, E},
-        {"attn.q_norm", &a.q_norm, a.qk_norm_full ? QD : hd}, {"attn.k_norm", &a.k_norm, a.qk_norm_full ? KD : hd},
+        {"attn.q_norm", &a.q_norm, a.qk_norm_full && !a.kv_reuse ? QD : hd},
+        {"attn.k_norm", &a.k_norm, a.qk_norm_full ? KD : hd}, {"ple.post_norm", &b.ple.post_norm, E},
         {"attn.sinks", &a.sinks, H}, {"rope.freqs", &r.freqs, r.skip ? r.freqs.len : r.dim / 2}};
     for (const auto &v : vecs)
         if (!vec_ok(*v.v, v.n, false)) {
@@ -667,6 +666,12 @@ static inline int check_layer(int i, const qs_block &b, const Dims &D, char *err
                     v.v->ptr ? "" : " and no data", (long long)v.n);
             return -1;
         }
+    if ((a.kv_reuse != 0 && a.kv_reuse != 1) || b.ple.dim < 0 || (b.ple.dim && !b.ple.post_norm.ptr) ||
+        (!b.attn_norm.ptr != !b.ffn_norm.ptr) || (!a.kv_reuse && !a.q_norm.ptr != !a.k_norm.ptr)) {
+        set_err(err, err_len, "layer %d: kv_reuse %d / per-layer embedding %d (post norm %s) / pre-norms or q/k norms "
+                "not both or neither", i, a.kv_reuse, b.ple.dim, b.ple.post_norm.ptr ? "set" : "missing");
+        return -1;
+    }
     for (int j = 0; a.sinks.ptr && j < H; ++j)
         if (!isfinite(a.sinks.ptr[j])) {
             set_err(err, err_len, "layer %d: attention sink %d is not finite", i, j);
@@ -697,7 +702,7 @@ static inline int check_model(const qsc_model_desc *md, const qs_block *layers, 
         return -1;
     }
     Dims D = {md->n_layers, layers[0].n_embd, md->n_vocab, md->eps, md->embed_scale, md->final_softcap,
-              is_one(md->logit_scale) ? 1.0f : md->logit_scale, 0, 0, 0};
+              is_one(md->logit_scale) ? 1.0f : md->logit_scale, 0, 0, 0, layers[0].ple.dim, 0};
     if (D.E <= 0 || D.E % 32) {
         set_err(err, err_len, "n_embd %d must be a positive multiple of 32", D.E);
         return -1;
@@ -714,6 +719,20 @@ static inline int check_model(const qsc_model_desc *md, const qs_block *layers, 
             return -1;
         }
         if (check_layer(i, b, D, err, err_len)) return -1;
+        if (b.ple.dim != D.ple) {
+            set_err(err, err_len, "layer %d: per-layer embedding width %d differs from layer 0's %d", i, b.ple.dim,
+                    D.ple);
+            return -1;
+        }
+        const int src = md->kv_source ? md->kv_source[i] : i;
+        if (b.attn.kv_reuse ? !(src >= 0 && src < i) || layers[src].attn.kv_reuse ||
+                                  layers[src].attn.n_head_kv != b.attn.n_head_kv ||
+                                  layers[src].attn.head_dim != b.attn.head_dim
+                            : src != i) {
+            set_err(err, err_len, "layer %d: kv_source %d is not %s", i, src,
+                    b.attn.kv_reuse ? "an earlier layer with a KV cache of its own of the same shape" : "the layer");
+            return -1;
+        }
         const int64_t QD = (int64_t)b.attn.n_head * b.attn.head_dim, KD = (int64_t)b.attn.n_head_kv * b.attn.head_dim;
         D.max_qd = QD > D.max_qd ? QD : D.max_qd;
         D.max_kd = KD > D.max_kd ? KD : D.max_kd;
@@ -727,15 +746,29 @@ static inline int check_model(const qsc_model_desc *md, const qs_block *layers, 
         const struct { const char *name; const qs_weight *w; int64_t rows, k; } mats[] = {
             {"attn.wq", &b.attn.wq, QD, E}, {"attn.wk", &b.attn.wk, KD, E}, {"attn.wv", &b.attn.wv, KD, E},
             {"attn.wo", &b.attn.wo, E, QD}, {"ffn.gate", &b.ffn.gate, F, E}, {"ffn.up", &b.ffn.up, F, E},
-            {"ffn.down", &b.ffn.down, E, F}};
+            {"ffn.down", &b.ffn.down, E, F}, {"ple.gate", &b.ple.gate, D.ple, E}};
         for (const auto &m : mats)
-            if (!weight_ok(*m.w, m.rows, m.k)) {
+            if ((m.w == &b.attn.wk || m.w == &b.attn.wv) && b.attn.kv_reuse) continue; /* not read */
+            else if (m.w == &b.ple.gate && !D.ple) continue;
+            else if (!weight_ok(*m.w, m.rows, m.k)) {
                 set_err(err, err_len, "layer %d: %s is %s%lld x %lld of type %d in %lld bytes; the GPU needs %lld x "
                         "%lld of F32 F16 Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q6_K with the bytes that make", i, m.name,
                         m.w->ptr ? "" : "missing: ", (long long)m.w->rows, (long long)m.w->k, m.w->type,
                         (long long)m.w->bytes, (long long)m.rows, (long long)m.k);
                 return -1;
             }
+    }
+    D.ple_pad = D.ple;
+    for (int i = 0; D.ple && i < md->n_layers; ++i) { /* proj: E x P; F32/F16 rows are padded to 32 on upload */
+        const qs_weight &w = layers[i].ple.proj;
+        const int es = w.type == T_F32 ? 4 : w.type == T_F16 ? 2 : 0;
+        const bool padded = es && D.ple % 32 && w.ptr && w.rows == E && w.k == D.ple && w.bytes == E * D.ple * es;
+        if (!padded && !weight_ok(w, E, D.ple)) {
+            set_err(err, err_len, "layer %d: ple.proj is %lld x %lld of type %d in %lld bytes; the GPU needs %lld x %d",
+                    i, (long long)w.rows, (long long)w.k, w.type, (long long)w.bytes, (long long)E, D.ple);
+            return -1;
+        }
+        if (padded) D.ple_pad = (D.ple + 31) / 32 * 32;
     }
     if (!weight_ok(md->tok_embd, V, E)) {
         set_err(err, err_len, "tok_embd: %lld x %lld of type %d in %lld bytes, expected %lld x %lld of a GPU type",

@@ -37,7 +37,9 @@ struct DevMat {
 /* One layer on the device: its description's attention and FFN groups (absent vectors NULL), its own sizes and
  * its policy, the description's 0-means-1 scales resolved. */
 struct Layer {
-    DevMat wq, wk, wv, wo, gate, up, down;
+    DevMat wq, wk, wv, wo, gate, up, down, ple_gate, ple_proj;
+    float *ple_post_norm = nullptr;
+    int kv_reuse = 0; /* attends to an earlier layer's cache (kv_off is that layer's): no K, V of its own */
     float *attn_norm = nullptr, *ffn_norm = nullptr, *post_attn_norm = nullptr, *post_ffn_norm = nullptr;
     float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr, *q_norm = nullptr, *k_norm = nullptr;
     float *sinks = nullptr, *rope_freqs = nullptr;
@@ -58,6 +60,8 @@ struct qsc_model {
     uint8_t *k_cache = nullptr, *v_cache = nullptr;
     /* scratch, sized for mb tokens */
     float *x, *h, *q, *k, *v, *att, *o, *g, *u, *a;
+    float *pg = nullptr, *pa = nullptr;     /* gemma4's per-layer embedding: [mb][ple_pad], pads kept 0 */
+    float *d_ple = nullptr, *h_ple = nullptr; /* the call's per-layer inputs [mb][n_layers][ple] (device, pinned) */
     int8_t *qs32, *qs256;
     float *d32, *s32, *d256;
     int *bs256;
@@ -246,14 +250,15 @@ static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, ch
         const QW &wg = L.gate.w, &wu = L.up.w, &wd = L.down.w;
         uint8_t *kc = m->k_cache + L.kv_off, *vc = m->v_cache + L.kv_off;
         /* attention branch */
-        run_norm_quant(m, T, prev, L.attn_norm, L.attn_norm != nullptr, act_out_for(m, {wq.type, wk.type, wv.type}),
-                       E, L.eps);
+        const ActOut aqkv = L.kv_reuse ? act_out_for(m, {wq.type}) : act_out_for(m, {wq.type, wk.type, wv.type});
+        run_norm_quant(m, T, prev, L.attn_norm, L.attn_norm != nullptr, aqkv, E, L.eps);
         MatJob qkv[3] = {{&wq, act_view(m, wq.type, m->h, E, 0), m->q, QD, L.bq},
                          {&wk, act_view(m, wk.type, m->h, E, 0), m->k, KD, L.bk},
                          {&wv, act_view(m, wv.type, m->h, E, 0), m->v, KD, L.bv}};
-        run_matmul(m, qkv, 3, T);
-        if (m->host) emu_qk_post(m->q, m->k, m->v, L.qk, pos, T, kc, vc, m->kv_f16);
-        else k_qk_post<<<T, 256, 0, st>>>(m->q, m->k, m->v, L.qk, pos, kc, vc, m->kv_f16);
+        run_matmul(m, qkv, L.kv_reuse ? 1 : 3, T); /* a layer reading another's cache: its queries alone */
+        void *kst = L.kv_reuse ? nullptr : kc, *vst = L.kv_reuse ? nullptr : vc;
+        if (m->host) emu_qk_post(m->q, m->k, m->v, L.qk, pos, T, kst, vst, m->kv_f16);
+        else k_qk_post<<<T, 256, 0, st>>>(m->q, m->k, m->v, L.qk, pos, kst, vst, m->kv_f16);
         const AttnArgs aa = {L.H, L.KV, L.hd, L.window, L.scale, L.softcap, L.sinks};
         run_attention(m, T, aa, pos, kc, vc, nkv, act_out_for(m, {wo.type}));
         MatJob ob = {&wo, act_view(m, wo.type, m->att, QD, 0), m->o, E, L.bo};
@@ -264,11 +269,26 @@ static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, ch
         MatJob gu[2] = {{&wg, act_view(m, wg.type, m->h, E, 0), m->g, F, nullptr},
                         {&wu, act_view(m, wu.type, m->h, E, 0), m->u, F, nullptr}};
         run_matmul(m, gu, 2, T);
-        if (m->host) emu_glu(m->g, m->u, m->a, act_out_for(m, {wd.type}), T, F, L.glu);
-        else k_glu_quant<<<T, 256, 0, st>>>(m->g, m->u, m->a, act_out_for(m, {wd.type}), F, L.glu);
+        if (m->host) emu_glu(m->g, m->u, m->a, act_out_for(m, {wd.type}), T, F, L.glu, F, F);
+        else k_glu_quant<<<T, 256, 0, st>>>(m->g, m->u, m->a, act_out_for(m, {wd.type}), F, L.glu, F, F);
         MatJob db = {&wd, act_view(m, wd.type, m->a, F, 0), m->o, E, nullptr};
         run_matmul(m, &db, 1, T);
         prev = {m->o, L.post_ffn_norm, L.eps, L.rs, L.out_scale};
+        if (c.ple) { /* gemma4: x += RMSNorm(proj(gelu(gate(x)) * inputs)), then the layer's output scale */
+            const int P = c.ple, Pp = c.ple_pad;
+            const QW &pgw = L.ple_gate.w, &ppw = L.ple_proj.w;
+            const ResidIn rf = {m->o, L.post_ffn_norm, L.eps, L.rs, 1.0f};
+            run_norm_quant(m, T, rf, nullptr, 0, act_out_for(m, {pgw.type}), E, L.eps); /* h = x, unnormed */
+            MatJob gj = {&pgw, act_view(m, pgw.type, m->h, E, 0), m->pg, Pp, nullptr};
+            run_matmul(m, &gj, 1, T);
+            const float *in = m->d_ple + (int64_t)li * P;
+            const int64_t ldu = (int64_t)c.n_layers * P;
+            if (m->host) emu_glu(m->pg, in, m->pa, act_out_for(m, {ppw.type}), T, Pp, GLU_GELU, ldu, P);
+            else k_glu_quant<<<T, 256, 0, st>>>(m->pg, in, m->pa, act_out_for(m, {ppw.type}), Pp, GLU_GELU, ldu, P);
+            MatJob pj = {&ppw, act_view(m, ppw.type, m->pa, Pp, 0), m->o, E, nullptr};
+            run_matmul(m, &pj, 1, T);
+            prev = {m->o, L.ple_post_norm, L.eps, 1.0f, L.out_scale};
+        }
     }
     const QW &wout = m->tied ? m->tok.w : m->out.w;
     run_norm_quant(m, T, prev, m->out_norm, 1, act_out_for(m, {wout.type}), E, c.eps);
@@ -316,6 +336,9 @@ static int step_graph(qsc_model *m, char *err, size_t err_len) {
     if (!m->gexec) {
         CUDA_TRY(cudaStreamBeginCapture(m->st, cudaStreamCaptureModeThreadLocal));
         cudaMemcpyAsync(m->d_params, m->h_params, pbytes, cudaMemcpyHostToDevice, m->st);
+        if (m->cfg.ple) /* one token's per-layer inputs, filled in before each replay */
+            cudaMemcpyAsync(m->d_ple, m->h_ple, (size_t)m->cfg.n_layers * m->cfg.ple * sizeof(float),
+                            cudaMemcpyHostToDevice, m->st);
         int rc = enqueue_forward(m, 1, false, m->d_logits1, err, err_len);
         cudaMemcpyAsync(m->h_logits1, m->d_logits1, lbytes, cudaMemcpyDeviceToHost, m->st);
         cudaGraph_t graph = nullptr;
@@ -445,6 +468,7 @@ void qsc_model_free(qsc_model *m) {
         for (void *p : m->allocs) free(p);
         free(m->h_params);
         free(m->h_logits1);
+        free(m->h_ple);
         delete m;
         return;
     }
@@ -455,6 +479,7 @@ void qsc_model_free(qsc_model *m) {
         if (p) cudaFree(p);
     if (m->h_params) cudaFreeHost(m->h_params);
     if (m->h_logits1) cudaFreeHost(m->h_logits1);
+    if (m->h_ple) cudaFreeHost(m->h_ple);
     if (m->st) cudaStreamDestroy(m->st);
     delete m;
 }
@@ -481,6 +506,21 @@ static int upload_matrix(qsc_model *m, const qs_weight &w, DevMat *dm, const cha
     return 0;
 }
 
+/* An F32/F16 matrix of k columns with zero columns appended up to k_pad (gemma4's per-layer embedding projection
+ * of width P: the matmul works in 32-element units), then uploaded as upload_matrix does. */
+static int upload_matrix_padded(qsc_model *m, const qs_weight &w, int64_t k_pad, DevMat *dm, const char *what,
+                                char *err, size_t err_len) {
+    if (k_pad == w.k) return upload_matrix(m, w, dm, what, err, err_len);
+    const int64_t es = w.type == T_F32 ? 4 : 2;
+    std::vector<uint8_t> padded((size_t)(w.rows * k_pad * es), 0);
+    for (int64_t r = 0; r < w.rows; ++r) memcpy(&padded[(size_t)(r * k_pad * es)], w.ptr + r * w.k * es, (size_t)(w.k * es));
+    qs_weight pw = w;
+    pw.ptr = padded.data();
+    pw.k = k_pad;
+    pw.bytes = (int64_t)padded.size();
+    return upload_matrix(m, pw, dm, what, err, err_len);
+}
+
 /* One vector of the description onto the device (absent: *dst stays NULL). */
 static int upload_vector(qsc_model *m, const qs_vec &v, float **dst, char *err, size_t err_len) {
     if (!v.ptr) return 0;
@@ -501,8 +541,17 @@ static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *
             {"attn.wo", &b.attn.wo, &L.wo}, {"ffn.gate", &b.ffn.gate, &L.gate}, {"ffn.up", &b.ffn.up, &L.up},
             {"ffn.down", &b.ffn.down, &L.down}};
         for (const auto &x : mats) {
+            if (b.attn.kv_reuse && (x.dm == &L.wk || x.dm == &L.wv)) continue; /* not read */
             snprintf(what, sizeof what, "layer %d: %s", li, x.name);
             int rc = upload_matrix(m, *x.w, x.dm, what, err, err_len);
+            if (rc) return rc;
+        }
+        if (m->cfg.ple) {
+            snprintf(what, sizeof what, "layer %d: ple.gate", li);
+            int rc = upload_matrix(m, b.ple.gate, &L.ple_gate, what, err, err_len);
+            snprintf(what, sizeof what, "layer %d: ple.proj", li);
+            if (!rc) rc = upload_matrix_padded(m, b.ple.proj, m->cfg.ple_pad, &L.ple_proj, what, err, err_len);
+            if (!rc) rc = upload_vector(m, b.ple.post_norm, &L.ple_post_norm, err, err_len);
             if (rc) return rc;
         }
         const qs_attn_desc &a = b.attn;
@@ -528,10 +577,13 @@ static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *
         L.softcap = a.softcap;
         L.rs = is_one(b.residual_scale) ? 1.0f : b.residual_scale;
         L.out_scale = is_one(b.out_scale) ? 1.0f : b.out_scale;
-        const bool norms = L.q_norm && L.k_norm; /* both or neither, as the CPU block */
+        L.kv_reuse = a.kv_reuse ? 1 : 0;
         const RopeP rp = rope_params(r, L.rope_freqs);
-        L.qk = {L.H, L.KV, L.hd, a.qk_norm_full ? 1 : 0, norms ? L.q_norm : nullptr, norms ? L.k_norm : nullptr,
-                b.eps, rp, a.temp_scale, (long long)a.temp_floor};
+        if (L.kv_reuse) /* the queries alone, their norm per head (the CPU block's V-from-another-layer path) */
+            L.qk = {L.H, 0, L.hd, 0, L.q_norm, nullptr, b.eps, rp, a.temp_scale, (long long)a.temp_floor, 0};
+        else
+            L.qk = {L.H, L.KV, L.hd, a.qk_norm_full ? 1 : 0, L.q_norm, L.k_norm, b.eps, rp, a.temp_scale,
+                    (long long)a.temp_floor, a.v_norm ? 1 : 0};
     }
     int rc = upload_matrix(m, md->tok_embd, &m->tok, "tok_embd", err, err_len);
     if (rc) return rc;
@@ -550,6 +602,7 @@ static int finalize(qsc_model *m, char *err, size_t err_len) {
     const int64_t T = m->mb, E = c.E, QD = c.max_qd, KD = c.max_kd, F = c.max_f;
     int64_t kmax = E > QD ? E : QD;
     kmax = kmax > F ? kmax : F;
+    kmax = kmax > c.ple_pad ? kmax : c.ple_pad;
     int rc = 0;
     rc = rc ? rc : dalloc_t(m, &m->x, T * E, err, err_len);
     rc = rc ? rc : dalloc_t(m, &m->h, T * E, err, err_len);
@@ -568,18 +621,30 @@ static int finalize(qsc_model *m, char *err, size_t err_len) {
     rc = rc ? rc : dalloc_t(m, &m->d256, T * kmax / 256 + 1, err, err_len);
     rc = rc ? rc : dalloc_t(m, &m->bs256, T * kmax / 16, err, err_len);
     rc = rc ? rc : dalloc_t(m, &m->d_params, 2 * T + 1, err, err_len);
+    if (c.ple) { /* pads of pg / pa are never written: 0 from the allocation on */
+        rc = rc ? rc : dalloc_t(m, &m->pg, T * c.ple_pad, err, err_len);
+        rc = rc ? rc : dalloc_t(m, &m->pa, T * c.ple_pad, err, err_len);
+        rc = rc ? rc : dalloc_t(m, &m->d_ple, T * c.n_layers * c.ple, err, err_len);
+        if (!rc && !m->host) {
+            CUDA_TRY(cudaMemset(m->pg, 0, (size_t)(T * c.ple_pad) * sizeof(float)));
+            CUDA_TRY(cudaMemset(m->pa, 0, (size_t)(T * c.ple_pad) * sizeof(float)));
+        }
+    }
     rc = rc ? rc : dalloc_t(m, &m->d_logits1, c.V, err, err_len);
     if (rc) return rc;
+    const size_t ple_bytes = (size_t)(T * c.n_layers * c.ple) * sizeof(float);
     if (m->host) {
         m->h_params = (int *)calloc((size_t)(2 * T + 1), sizeof(int));
         m->h_logits1 = (float *)calloc((size_t)c.V, sizeof(float));
-        if (!m->h_params || !m->h_logits1) {
+        if (c.ple) m->h_ple = (float *)calloc(ple_bytes, 1);
+        if (!m->h_params || !m->h_logits1 || (c.ple && !m->h_ple)) {
             set_err(err, err_len, "out of host memory");
             return -2;
         }
     } else {
         CUDA_TRY(cudaMallocHost((void **)&m->h_params, (size_t)(2 * T + 1) * sizeof(int)));
         CUDA_TRY(cudaMallocHost((void **)&m->h_logits1, (size_t)c.V * sizeof(float)));
+        if (c.ple) CUDA_TRY(cudaMallocHost((void **)&m->h_ple, ple_bytes));
     }
     m->finalized = true;
     return 0;
@@ -614,6 +679,10 @@ static qsc_model *model_create(const qsc_model_desc *md, const qs_block *layers,
     }
     int64_t kv_bytes = 0; /* each layer's [n_ctx][n_head_kv][head_dim] rows, 256-byte aligned */
     for (int li = 0; li < d.n_layers; ++li) {
+        if (layers[li].attn.kv_reuse) { /* the source's cache (check_model: an earlier layer with its own) */
+            m->layers[li].kv_off = m->layers[md->kv_source[li]].kv_off;
+            continue;
+        }
         m->layers[li].kv_off = kv_bytes;
         const int64_t elems = (int64_t)n_ctx * layers[li].attn.n_head_kv * layers[li].attn.head_dim;
         kv_bytes += (elems * (kv_f16 ? 2 : 4) + 255) / 256 * 256;
@@ -645,8 +714,8 @@ int qsc_set_graphs(qsc_model *m, int enabled) {
 
 int64_t qsc_model_device_bytes(qsc_model *m) { return m ? m->dev_bytes : 0; }
 
-int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
-                char *err, size_t err_len) {
+static int forward_impl(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
+                        const float *ple, int64_t ple_len, char *err, size_t err_len) {
     if (!m || !tokens || !logits) {
         set_err(err, err_len, "no model, tokens or logits buffer");
         return -1;
@@ -666,6 +735,12 @@ int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, i
             set_err(err, err_len, "token id %d outside 0..%d", tokens[i], V - 1);
             return -1;
         }
+    const int64_t ple_row = (int64_t)m->cfg.n_layers * m->cfg.ple; /* one token's per-layer inputs */
+    if (ple_row ? !ple || ple_len != n_tokens * ple_row : ple || ple_len) {
+        set_err(err, err_len, "%lld per-layer input values for %d tokens; the model takes %lld per token",
+                (long long)(ple ? ple_len : 0), n_tokens, (long long)ple_row);
+        return -1;
+    }
     if (!m->host) CUDA_TRY(cudaSetDevice(m->device));
     if (all_logits) {
         int rc = ensure_logits_all(m, n_tokens < m->mb ? n_tokens : m->mb, err, err_len);
@@ -680,7 +755,10 @@ int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, i
             m->h_params[m->mb + i] = n_past + start + i;
         }
         m->h_params[2 * m->mb] = n_past + start + T;
-        if (m->host) { /* the host twins, at once: logits straight into the caller's buffer */
+        const size_t ple_bytes = (size_t)(T * ple_row) * sizeof(float);
+        if (ple_row) memcpy(m->h_ple, ple + start * ple_row, ple_bytes);
+        if (m->host) {
+            if (ple_row) memcpy(m->d_ple, m->h_ple, ple_bytes); /* the host twins, at once: logits straight into the caller's buffer */
             memcpy(m->d_params, m->h_params, pbytes);
             float *dl = all_logits ? m->d_logits_all : (last ? m->d_logits1 : nullptr);
             int rc = enqueue_forward(m, T, all_logits != 0, dl, err, err_len);
@@ -698,6 +776,7 @@ int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, i
             continue;
         }
         CUDA_TRY(cudaMemcpyAsync(m->d_params, m->h_params, pbytes, cudaMemcpyHostToDevice, m->st));
+        if (ple_row) CUDA_TRY(cudaMemcpyAsync(m->d_ple, m->h_ple, ple_bytes, cudaMemcpyHostToDevice, m->st));
         float *dl = all_logits ? m->d_logits_all : (last ? m->d_logits1 : nullptr);
         int rc = enqueue_forward(m, T, all_logits != 0, dl, err, err_len);
         if (rc) return rc;
@@ -711,6 +790,16 @@ int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, i
         if (T == 1) m->stepped = true;
     }
     return 0;
+}
+
+int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
+                char *err, size_t err_len) {
+    return forward_impl(m, tokens, n_tokens, n_past, all_logits, logits, nullptr, 0, err, err_len);
+}
+
+int qsc_forward_ple(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
+                    const float *ple, int64_t ple_len, char *err, size_t err_len) {
+    return forward_impl(m, tokens, n_tokens, n_past, all_logits, logits, ple, ple_len, err, err_len);
 }
 
 /* the single-kernel test entry points */
@@ -862,7 +951,7 @@ int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, i
     CUDA_TRY(s.put(&dg, gate, total));
     CUDA_TRY(s.put(&du, up, total));
     CUDA_TRY(s.get(&dout, total));
-    k_glu_quant<<<n_rows, 256>>>(dg, du, dout, ActOut{}, n, mode);
+    k_glu_quant<<<n_rows, 256>>>(dg, du, dout, ActOut{}, n, mode, n, n);
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(cudaMemcpy(out, dout, (size_t)total * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;

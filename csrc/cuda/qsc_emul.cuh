@@ -16,5 +16,6 @@ void emu_qk_post(float *q, float *k, const float *v, const QKArgs &A, const int 
                  void *v_cache, int kv_f16);
 void emu_attention(int T, const AttnArgs &A, int kv_f16, const float *q, const int *pos, const void *kc,
                    const void *vc, int n_kv, float *out);
-void emu_glu(const float *g, const float *u, float *a, const ActOut &ao, int rows, int n, int mode);
+void emu_glu(const float *g, const float *u, float *a, const ActOut &ao, int rows, int n, int mode, int64_t ldu,
+             int nv);
 void emu_logits(float *x, int64_t n, float logit_scale, float cap);

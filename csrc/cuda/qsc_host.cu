@@ -184,14 +184,14 @@ int qsc_host_qk_post(float *q, float *k, int n_tokens, int n_head, int n_head_kv
     const bool norms = q_norm && k_norm && k;
     const QKArgs A = {n_head, k ? n_head_kv : 0, head_dim, qk_full ? 1 : 0, norms ? q_norm : nullptr,
                       norms ? k_norm : nullptr, eps, rope_params(*rope, rope->freqs.ptr), temp_scale,
-                      (long long)temp_floor};
+                      (long long)temp_floor, 0};
     emu_qk_post(q, k, nullptr, A, (const int *)pos, n_tokens, nullptr, nullptr, 0);
     return 0;
 }
 
 int qsc_host_glu(const float *gate, const float *up, float *out, int64_t n, int mode) {
     if (n <= 0 || n > 2147483647 || mode < 0 || mode > 2) return -1;
-    emu_glu(gate, up, out, ActOut{}, 1, (int)n, mode);
+    emu_glu(gate, up, out, ActOut{}, 1, (int)n, mode, n, (int)n);
     return 0;
 }
 
@@ -304,20 +304,20 @@ static void emu_rms(float *r, int64_t n, const float *w, float eps) {
 void emu_qk_post(float *q, float *k, const float *v, const QKArgs &A, const int *pos, int T, void *k_cache,
                  void *v_cache, int kv_f16) {
     const int H = A.H, KV = A.KV, hd = A.hd;
-    const bool norms = A.q_norm && A.k_norm;
     const int half = A.rope.skip ? 0 : A.rope.dim / 2;
     std::vector<float> rc((size_t)half + 1), rs((size_t)half + 1);
     for (int t = 0; t < T; ++t) {
         const int p = pos[t];
         for (int i = 0; i < half; ++i) rope_cs(A.rope, p, i, &rc[i], &rs[i]);
-        if (norms && A.qk_full) {
+        if (A.q_norm && A.k_norm && A.qk_full) {
             emu_rms(q + (int64_t)t * H * hd, (int64_t)H * hd, A.q_norm, A.eps);
             emu_rms(k + (int64_t)t * KV * hd, (int64_t)KV * hd, A.k_norm, A.eps);
         }
         for (int hh = 0; hh < H + KV; ++hh) {
             const bool isq = hh < H;
             float *vec = isq ? q + ((int64_t)t * H + hh) * hd : k + ((int64_t)t * KV + (hh - H)) * hd;
-            if (norms && !A.qk_full) emu_rms(vec, hd, isq ? A.q_norm : A.k_norm, A.eps);
+            const float *nw = isq ? A.q_norm : A.k_norm;
+            if (nw && !A.qk_full) emu_rms(vec, hd, nw, A.eps);
             for (int i = 0; i < half; ++i) rope_pair(vec, rope_ia(A.rope, i), rope_ib(A.rope, i), rc[i], rs[i]);
             if (isq && A.temp_scale != 0.0f) {
                 const float f = temp_factor(p, A.temp_scale, A.temp_floor);
@@ -327,13 +327,19 @@ void emu_qk_post(float *q, float *k, const float *v, const QKArgs &A, const int 
                 const int kvh = hh - H;
                 const float *vv = v + ((int64_t)t * KV + kvh) * hd;
                 const int64_t off = ((int64_t)p * KV + kvh) * hd;
+                float vs = 1.0f;
+                if (A.v_norm) {
+                    float ss = 0.0f;
+                    for (int i = 0; i < hd; ++i) ss += vv[i] * vv[i];
+                    vs = 1.0f / sqrtf(ss / (float)hd + A.eps);
+                }
                 for (int i = 0; i < hd; ++i) {
                     if (kv_f16) {
                         ((__half *)k_cache)[off + i] = __float2half_rn(vec[i]);
-                        ((__half *)v_cache)[off + i] = __float2half_rn(vv[i]);
+                        ((__half *)v_cache)[off + i] = __float2half_rn(vv[i] * vs);
                     } else {
                         ((float *)k_cache)[off + i] = vec[i];
-                        ((float *)v_cache)[off + i] = vv[i];
+                        ((float *)v_cache)[off + i] = vv[i] * vs;
                     }
                 }
             }
@@ -388,8 +394,10 @@ void emu_attention(int T, const AttnArgs &A, int kv_f16, const float *q, const i
     }
 }
 
-void emu_glu(const float *g, const float *u, float *a, const ActOut &ao, int rows, int n, int mode) {
-    for (int64_t i = 0; i < (int64_t)rows * n; ++i) a[i] = glu_unit(g[i], u[i], mode);
+void emu_glu(const float *g, const float *u, float *a, const ActOut &ao, int rows, int n, int mode, int64_t ldu,
+             int nv) {
+    for (int64_t r = 0; r < rows; ++r)
+        for (int i = 0; i < n; ++i) a[r * n + i] = i < nv ? glu_unit(g[r * n + i], u[r * ldu + i], mode) : 0.0f;
     emu_quantize(a, ao, rows, n);
 }
 

@@ -170,11 +170,14 @@ __global__ void __launch_bounds__(256) k_norm_quant(float *__restrict__ x, const
 }
 
 /* Gated FFN activation, one block per token row: a = glu_unit(g, u, mode) (SiLU, GELU-tanh or gpt-oss's clamped
- * SwiGLU). */
+ * SwiGLU) for the first nv of the row's n values, 0 past them (gemma4's per-layer embedding, padded to the
+ * matmul's 32); u's rows are ldu apart. */
 __global__ void __launch_bounds__(256) k_glu_quant(const float *__restrict__ g, const float *__restrict__ u,
-                                                   float *__restrict__ a, const ActOut ao, int n, int mode) {
+                                                   float *__restrict__ a, const ActOut ao, int n, int mode,
+                                                   int64_t ldu, int nv) {
     const int64_t row = blockIdx.x;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) a[row * n + i] = glu_unit(g[row * n + i], u[row * n + i], mode);
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        a[row * n + i] = i < nv ? glu_unit(g[row * n + i], u[row * ldu + i], mode) : 0.0f;
     __syncthreads();
     block_quantize_row(a + row * n, n, ao, row);
 }
@@ -191,11 +194,10 @@ __global__ void __launch_bounds__(256) k_qk_post(float *__restrict__ q, float *_
     __shared__ float rc[QSC_MAX_HEAD / 2], rs[QSC_MAX_HEAD / 2];
     const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
     const int p = pos[t], H = A.H, KV = A.KV, hd = A.hd;
-    const bool norms = A.q_norm && A.k_norm;
     const int half = A.rope.skip ? 0 : A.rope.dim / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) rope_cs(A.rope, p, i, &rc[i], &rs[i]);
     __syncthreads();
-    if (norms && A.qk_full) { /* over the whole projection: one block-wide sum for q, one for k */
+    if (A.q_norm && A.k_norm && A.qk_full) { /* over the whole projection: one block-wide sum for q, one for k */
         for (int which = 0; which < 2; ++which) {
             const int n = (which ? KV : H) * hd;
             float *r = which ? k + (int64_t)t * n : q + (int64_t)t * n;
@@ -211,8 +213,8 @@ __global__ void __launch_bounds__(256) k_qk_post(float *__restrict__ q, float *_
     for (int hh = warp; hh < H + KV; hh += nw) {
         const bool isq = hh < H;
         float *vec = isq ? q + ((int64_t)t * H + hh) * hd : k + ((int64_t)t * KV + (hh - H)) * hd;
-        if (norms && !A.qk_full) {
-            const float *nw_ = isq ? A.q_norm : A.k_norm;
+        const float *nw_ = isq ? A.q_norm : A.k_norm;
+        if (nw_ && !A.qk_full) {
             float ss = 0.0f;
             for (int i = lane; i < hd; i += 32) ss += vec[i] * vec[i];
             ss = warp_sum(ss);
@@ -230,13 +232,19 @@ __global__ void __launch_bounds__(256) k_qk_post(float *__restrict__ q, float *_
             const int kvh = hh - H;
             const float *vv = v + ((int64_t)t * KV + kvh) * hd;
             const int64_t off = ((int64_t)p * KV + kvh) * hd;
+            float vs = 1.0f;
+            if (A.v_norm) {
+                float ss = 0.0f;
+                for (int i = lane; i < hd; i += 32) ss += vv[i] * vv[i];
+                vs = 1.0f / sqrtf(warp_sum(ss) / (float)hd + A.eps);
+            }
             for (int i = lane; i < hd; i += 32) {
                 if (kv_f16) {
                     ((__half *)k_cache)[off + i] = __float2half_rn(vec[i]);
-                    ((__half *)v_cache)[off + i] = __float2half_rn(vv[i]);
+                    ((__half *)v_cache)[off + i] = __float2half_rn(vv[i] * vs);
                 } else {
                     ((float *)k_cache)[off + i] = vec[i];
-                    ((float *)v_cache)[off + i] = vv[i];
+                    ((float *)v_cache)[off + i] = vv[i] * vs;
                 }
             }
         }

@@ -4,7 +4,8 @@
 # then benchmark the three models. Needs nvcc, an NVIDIA driver new enough for CUDA 13, and the test models
 # (`quantscope models fetch`, done by ./dev test). On a machine without them (a device machine receives at most
 # 64 MiB and reaches no registry) the tests that need one are reported as skipped and the benchmark is left out;
-# the synthetic whole-model test then takes its vocabulary from $QUANTSCOPE_VOCAB_SOURCE, a vocabulary-only GGUF.
+# the synthetic whole-model test then takes its vocabulary from $QUANTSCOPE_VOCAB_SOURCE, a vocabulary-only GGUF;
+# the architecture fixtures are written here from tests/data/arch (their vocabulary: vocab.json.gz).
 #   tests/run_gpu.sh [PYTEST ARGS]
 set -uo pipefail
 cd "$(dirname "$0")/.."

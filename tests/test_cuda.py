@@ -11,6 +11,7 @@ Run it all on a GPU machine with ``tests/run_gpu.sh``.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
 import re
@@ -628,16 +629,21 @@ ARCH_F32 = sorted(k for k, m in ARCH_META.items() if m["variant"] == "F32")
 GPU_KLD_LIMIT, GPU_TOP1 = 1e-3, 0.98
 
 
+ARCH_VOCAB = ROOT / "tests" / "data" / "arch" / "vocab.json.gz"
+
+
 @pytest.fixture(scope="module")
 def arch_vocab() -> dict[str, object]:
-    """The fixtures' vocabulary: from $QUANTSCOPE_VOCAB_SOURCE (SmolLM2's, as tests/run_gpu.sh carries it) or the
-    catalogue's SmolLM2; the fixture's SHA-256 check then tells whether it is the one llama.cpp read."""
+    """The fixtures' vocabulary (SmolLM2's first 1024 tokens and their merges: arch_fixtures.vocabulary()) as stored
+    in tests/data/arch/vocab.json.gz, so that a device machine without the catalogue writes the very files
+    llama.cpp read (each fixture's SHA-256 check confirms it)."""
+    return json.loads(gzip.decompress(ARCH_VOCAB.read_bytes()))
+
+
+def test_the_stored_fixture_vocabulary_is_smollm2s(arch_vocab):
     from .arch_fixtures import vocabulary
 
-    try:
-        return vocabulary(os.environ.get("QUANTSCOPE_VOCAB_SOURCE") or None)
-    except Exception as exc:  # no vocabulary source on this machine
-        pytest.skip(f"no SmolLM2 vocabulary for the architecture fixtures: {type(exc).__name__}: {exc}")
+    assert arch_vocab == vocabulary(require_model("smollm2"))
 
 
 def test_the_gpu_takes_the_dense_arch_fixtures_descriptions(cuda_lib, tmp_path):

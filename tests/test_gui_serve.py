@@ -79,15 +79,15 @@ def test_serve_a_request_live_then_finished_open_it_and_stop(window, qtbot, mode
     model = sv.model
     qtbot.waitUntil(lambda: model.rowCount() == 1 and model.rows[0].status in ("prompt", "generating"),
                     timeout=60000)
-    status = model.index(0, 4).data()
+    status = model.index(0, 3).data()
     assert status in ("reading prompt", "generating")
-    assert model.index(0, 2).data() == "/v1/chat/completions (stream)"
-    assert model.index(0, 3).data().startswith("127.0.0.1:")
+    assert model.index(0, 1).data() == "/chat/completions · stream"
+    assert model.index(0, 2).data().startswith("127.0.0.1:")
     release.set()
     qtbot.waitUntil(lambda: not t.is_alive() and model.rows[0].done, timeout=60000)
-    qtbot.waitUntil(lambda: model.index(0, 4).data().startswith("done"), timeout=5000)
+    qtbot.waitUntil(lambda: model.index(0, 3).data().startswith("done"), timeout=5000)
     rec = model.rows[0]
-    assert int(model.index(0, 6).data()) == rec.completion_tokens > 0
+    assert int(model.index(0, 5).data()) == rec.completion_tokens > 0
     assert got and got[0] == rec.text
 
     # opening it: the prompt, the reply with its tokens (equal to the reply), tinted by probability
@@ -157,3 +157,21 @@ def test_closing_the_window_while_serving_shuts_down(qtbot, tmp_path, model_path
     w.close()
     assert port_free(port)
     assert not any(t.is_alive() for t in threads)
+
+
+def test_screenshot_of_the_serve_view(tmp_path, model_path):
+    """``--view serve``: serving after three real requests, one opened; the process ends (the server stopped)."""
+    import os
+    import subprocess
+    import sys
+
+    from PySide6.QtGui import QImage
+
+    out = tmp_path / "serve.png"
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    r = subprocess.run([sys.executable, "-m", "quantscope.cli", str(model_path("smollm2")), "--screenshot", str(out),
+                        "--view", "serve", "--size", "1100x700", "--theme", "dark"], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    img = QImage(str(out))
+    assert (img.width(), img.height()) == (1100, 700)

@@ -54,7 +54,11 @@ from .chat_tokens import ColorLegend
 from .chat_widgets import MessageView, mono_font
 
 POLL_MS = 150  # the request log and the server's state are looked at this often
-COLUMNS = ("#", "Time", "Endpoint", "Client", "Status", "Prompt", "Completion", "t/s", "Duration")
+COLUMNS = ("#", "Endpoint", "Client", "Status", "Prompt", "Output", "t/s", "Took")
+HEADER_TIPS = ("The request's number", "The API path; 'stream': server-sent events", "The client's address and port",
+               "Where the request is, or how it ended (a refusal with its HTTP status)",
+               "Prompt tokens (and how many came from the slot's cache)", "Completion tokens generated",
+               "Generation speed, tokens per second", "From arrival to the last token")
 STATUS_TEXT = {"queued": "queued", "prompt": "reading prompt", "generating": "generating", "stop": "done",
                "length": "done (length)", "cancelled": "cancelled", "error": "error", "refused": "refused"}
 
@@ -91,6 +95,8 @@ class RequestsModel(QAbstractTableModel):
     def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
             return COLUMNS[section]
+        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.ToolTipRole:
+            return HEADER_TIPS[section]
         return None
 
     def data(self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
@@ -99,11 +105,14 @@ class RequestsModel(QAbstractTableModel):
         r, c = self.rows[index.row()], index.column()
         if role == Qt.ItemDataRole.DisplayRole:
             return self.text(r, c)
-        if role == Qt.ItemDataRole.TextAlignmentRole and c in (0, 5, 6, 7, 8):
+        if role == Qt.ItemDataRole.TextAlignmentRole and c in (0, 4, 5, 6, 7):
             return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        if role == Qt.ItemDataRole.ToolTipRole and c == 4 and r.error:
-            return r.error
-        if role == Qt.ItemDataRole.ForegroundRole and c == 4 and r.status in ("error", "refused"):
+        if role == Qt.ItemDataRole.ToolTipRole:
+            if c == 3 and r.error:
+                return r.error
+            return (f"#{r.seq}: {r.endpoint}{' (streamed)' if r.stream else ''} from {r.client}, arrived "
+                    f"{datetime.fromtimestamp(r.started).strftime('%H:%M:%S')}")
+        if role == Qt.ItemDataRole.ForegroundRole and c == 3 and r.status in ("error", "refused"):
             from PySide6.QtGui import QColor
 
             return QColor(BAD_COLOR)
@@ -114,19 +123,17 @@ class RequestsModel(QAbstractTableModel):
         if c == 0:
             return str(r.seq)
         if c == 1:
-            return datetime.fromtimestamp(r.started).strftime("%H:%M:%S")
+            return r.endpoint.removeprefix("/v1") + (" · stream" if r.stream else "")
         if c == 2:
-            return r.endpoint + (" (stream)" if r.stream else "")
-        if c == 3:
             return r.client
-        if c == 4:
+        if c == 3:
             s = STATUS_TEXT.get(r.status, r.status)
             return f"{s} {r.http_status}" if r.status in ("refused", "error") else s
-        if c == 5:
+        if c == 4:
             return f"{r.prompt_tokens:,}" + (f" ({r.cached_tokens:,} cached)" if r.cached_tokens else "")
-        if c == 6:
+        if c == 5:
             return f"{r.completion_tokens:,}"
-        if c == 7:
+        if c == 6:
             tps = r.tokens_per_second
             return f"{tps:.1f}" if tps else "—"
         return f"{r.duration:.2f} s"
@@ -281,7 +288,7 @@ class ServeView(QWidget):
         self.table.setWordWrap(False)
         hh = self.table.horizontalHeader()
         hh.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        hh.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
+        hh.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
         self.table.selectionModel().currentRowChanged.connect(lambda cur, _p: self.show_request(cur.row()))
         ll.addWidget(self.table, 1)
         split.addWidget(left)
@@ -323,7 +330,12 @@ class ServeView(QWidget):
         self.reply_scroll = QScrollArea()
         self.reply_scroll.setWidgetResizable(True)
         self.reply_scroll.setFrameShape(QFrame.Shape.NoFrame)
-        self.reply_scroll.setWidget(self.reply_view)
+        holder = QWidget()
+        hl2 = QVBoxLayout(holder)
+        hl2.setContentsMargins(0, 0, 0, 0)
+        hl2.addWidget(self.reply_view)
+        hl2.addStretch(1)
+        self.reply_scroll.setWidget(holder)
         self.reply_scroll.setAccessibleName("Request reply")
         vsplit.addWidget(self.reply_scroll)
         vsplit.setSizes([120, 300])

@@ -179,3 +179,21 @@ def test_trim_records_keeps_the_sent_text_only() -> None:
     assert [r.text for r in out] == ["Hel", "think", "lo, ", "w"]
     assert trim_records(recs, "") == [recs[1]]
     assert answer_text(trim_records(recs, "Hello, world")) == "Hello, world"
+
+
+def test_token_choice_of_masked_logits_has_a_finite_entropy() -> None:
+    """A JSON mask or an ``ignore_eos`` bias leaves -inf logits: the trace's entropy must stay a number."""
+    import warnings
+
+    import numpy as np
+
+    from quantscope.core.chat import token_choice
+
+    x = np.array([2.0, 1.0, -np.inf, 0.0, -np.inf])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = token_choice(x, 0, 1.0, 3)
+    p = np.exp(np.array([2.0, 1.0, 0.0]))
+    p /= p.sum()
+    assert c.entropy == pytest.approx(float(-(p * np.log(p)).sum()))
+    assert [a[0] for a in c.alternatives] == [0, 1, 3] and c.prob == pytest.approx(p[0])

@@ -232,6 +232,8 @@ class ServeView(QWidget):
             lab.setBuddy(w)
             row.addWidget(lab)
             row.addWidget(w, 2 if w is self.key_edit else 0)
+        self.key_edit.setMaximumWidth(360)
+        row.addStretch(1)
         row.addWidget(self.start_btn)
         g.addWidget(self.model_label, 0, 0, 1, 2)
         g.addLayout(row, 1, 0, 1, 2)

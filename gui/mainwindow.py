@@ -201,6 +201,7 @@ class MainWindow(QMainWindow):
         self.lab_view.inspectRequested.connect(self.inspect_block)
         self.probe_view.channelLinkRequested.connect(self.show_channel)
         self.serve_view.probeRequested.connect(self.probe_prompt)
+        self.chat_view.model_bar.serve_btn.clicked.connect(lambda: self.show_view("serve"))
         # the chat's "Colour by" choice is remembered between sessions
         self.chat_view.settings.set_color_mode(str(self.settings.value("chat/colourBy", "off")))
         self.chat_view.settings.colorModeChanged.connect(lambda m: self.settings.setValue("chat/colourBy", m))

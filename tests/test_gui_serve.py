@@ -175,3 +175,39 @@ def test_screenshot_of_the_serve_view(tmp_path, model_path):
     assert r.returncode == 0, r.stderr
     img = QImage(str(out))
     assert (img.width(), img.height()) == (1100, 700)
+
+
+def test_reached_from_the_chat_an_api_key_and_cancel_while_loading(window, qtbot, model_path):  # noqa: F811
+    import http.client as httplib
+    import json
+
+    assert window.open_path(model_path("smollm2"))
+    window.show_view("chat")
+    in_loop(qtbot, window.chat_view.model_bar.serve_btn.click)
+    assert window.current_view() == "serve"
+    sv = window.serve_view
+    # Cancel while the model loads: back to idle, nothing left running
+    sv.port_spin.setValue(0)
+    in_loop(qtbot, sv.start_btn.click)
+    assert sv.state == "loading" and sv.start_btn.text() == "Cancel"
+    in_loop(qtbot, sv.start_btn.click)
+    qtbot.waitUntil(lambda: sv.state == "idle", timeout=60000)
+    assert sv.server is None and sv.engine is None
+    assert not any(t.name.startswith("quantscope-serve") and t.is_alive() for t in threading.enumerate())
+    # a key: the example sends it, a request without it is refused (401) and listed as such
+    sv.key_edit.setText("sekrit-1")
+    serve(qtbot, window)
+    assert sv.state == "serving" and "API key required" in sv.status_label.full_text()
+    assert 'Authorization: Bearer sekrit-1' in sv.example.toPlainText()
+    c = httplib.HTTPConnection("127.0.0.1", sv.server.port, timeout=30)
+    c.request("POST", "/v1/completions", body=json.dumps({"prompt": "Hi", "max_tokens": 2}),
+              headers={"Content-Type": "application/json"})
+    assert c.getresponse().status == 401
+    c.close()
+    ok = openai.OpenAI(base_url=sv.server.url + "/v1", api_key="sekrit-1", max_retries=0, timeout=60)
+    text = ok.completions.create(model=sv.model_id, prompt="Hi", max_tokens=4, temperature=0).choices[0].text
+    qtbot.waitUntil(lambda: sv.model.rowCount() == 2 and sv.model.rows[1].done, timeout=30000)
+    assert sv.model.index(0, 3).data() == "refused 401" and "API key" in sv.model.rows[0].error
+    assert sv.model.rows[1].text == text and sv.model.index(1, 3).data().startswith("done")
+    in_loop(qtbot, sv.start_btn.click)
+    qtbot.waitUntil(lambda: sv.state == "idle", timeout=60000)

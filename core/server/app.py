@@ -42,6 +42,8 @@ from .tools import ToolCallParser, call_schema, make_call, supports_tools
 DEFAULT_MAX_BODY = 8 * 2**20
 #: paths open without the API key
 OPEN_PATHS = frozenset({"/health"})
+#: the paths whose requests go to the request log
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions"})
 
 
 @dataclass
@@ -52,6 +54,10 @@ class ServerConfig:
     api_key: str | None = None
     max_body: int = DEFAULT_MAX_BODY
     trace: bool = False  # keep each reply's token records with alternatives in the request log
+
+
+def _client(request: Request) -> str:
+    return f"{request.client.host}:{request.client.port}" if request.client is not None else "?"
 
 
 def _error(exc: ApiError) -> JSONResponse:
@@ -143,7 +149,12 @@ class ServerApp:
         async def handler(request: Request) -> Response:
             try:
                 if request.url.path not in OPEN_PATHS:
-                    self._authorize(request)
+                    try:
+                        self._authorize(request)
+                    except ApiError as exc:
+                        if request.url.path in GENERATION_PATHS:  # listed: a client with a wrong key shows up
+                            self.log.refused(request.url.path, _client(request), exc.status, exc.message)
+                        raise
                 return self._count(await fn(request))
             except ApiError as exc:
                 return self._count(_error(exc))
@@ -305,7 +316,7 @@ class ServerApp:
         return ids
 
     async def _generate(self, request: Request, kind: str) -> Response:
-        client = f"{request.client.host}:{request.client.port}" if request.client is not None else "?"
+        client = _client(request)
         try:
             return await self._generate_logged(request, kind, client)
         except ApiError as exc:

@@ -105,6 +105,11 @@ def test_serve_a_request_live_then_finished_open_it_and_stop(window, qtbot, mode
     i = runs[len(runs) // 2][2]
     assert view.token_point(i) is not None and view.token_at(view.token_point(i)) == i
 
+    for size in ((1100, 700), (1024, 640)):  # a laptop screen: nothing cut, no sideways scrolling
+        window.resize(*size)
+        qtbot.wait(50)
+        assert fit_problems(window) == [], size
+
     # "Probe this prompt": the Probe tab on the request's prompt
     assert sv.probe_btn.isEnabled()
     in_loop(qtbot, sv.probe_btn.click)

@@ -83,15 +83,19 @@ def test_serve_a_request_live_then_finished_open_it_and_stop(window, qtbot, mode
     assert status in ("reading prompt", "generating")
     assert model.index(0, 1).data() == "/chat/completions · stream"
     assert model.index(0, 2).data().startswith("127.0.0.1:")
+    # opened while it streams: the text so far, tinted as it comes
+    in_loop(qtbot, lambda: sv.table.selectRow(0))
+    qtbot.waitUntil(lambda: sv.reply_view.streaming and bool(sv.reply_view.content), timeout=30000)
+    assert sv.reply_view.records and model.rows[0].text.startswith(sv.reply_view.content)
     release.set()
     qtbot.waitUntil(lambda: not t.is_alive() and model.rows[0].done, timeout=60000)
+    qtbot.waitUntil(lambda: sv._shown_done and not sv.reply_view.streaming, timeout=5000)
     qtbot.waitUntil(lambda: model.index(0, 3).data().startswith("done"), timeout=5000)
     rec = model.rows[0]
     assert int(model.index(0, 5).data()) == rec.completion_tokens > 0
     assert got and got[0] == rec.text
 
     # opening it: the prompt, the reply with its tokens (equal to the reply), tinted by probability
-    in_loop(qtbot, lambda: sv.table.selectRow(0))
     assert sv._shown is rec
     assert "Name three colours." in sv.prompt_view.toPlainText()
     view = sv.reply_view

@@ -185,6 +185,7 @@ class ServeView(QWidget):
         self._version = -1
         self._shown: Any = None  # the request shown in the reply pane
         self._shown_done = False
+        self._live_seq = -1  # the live request the reply pane streams
         self._build()
         self.timer = QTimer(self)
         self.timer.setInterval(POLL_MS)
@@ -563,20 +564,28 @@ class ServeView(QWidget):
         mode = "chat" if "chat" in r.endpoint else "completion"
         v = self.reply_view
         v.set_mode(mode)
-        v.streaming = not done
-        v.set_stats("" if not done else f"{r.completion_tokens:,} tokens · {r.tokens_per_second:.1f} t/s · "
-                    f"{r.duration:.2f} s")
-        v.records = []
-        v.set_content(r.text)
-        if done:
+        self._recolor()
+        if not done:  # streaming: new text appended, tinted by the records that came with it
+            if not v.streaming or self._live_seq != r.seq:
+                v.start_streaming()
+                self._live_seq = r.seq
+            v.records = r.records
+            v._tmap = None
+            if len(r.text) > len(v.content):
+                v.append(r.text[len(v.content):])
+            v.set_stats(f"{r.completion_tokens:,} tokens so far · {r.tokens_per_second:.1f} t/s")
+        else:
+            v.records = []  # (finish renders the text again: no tints of other records on it)
+            v.finish(r.text, f"{r.completion_tokens:,} tokens · {r.tokens_per_second:.1f} t/s · "
+                     f"{r.duration:.2f} s" if r.status != "refused" else "")
             v.set_records(r.records)
-            self._recolor()
+            self._live_seq = -1
             self._shown_done = True
         self._update_detail_buttons()
 
     def _recolor(self) -> None:
         mode = str(self.color_combo.currentData() or "off")
-        has = bool(self.reply_view.records)
+        has = self._shown is not None and self._shown.trace is not None
         self.legend.set_mode(mode if has else "off")
         self.reply_view.set_color_mode(mode)
 

@@ -557,8 +557,10 @@ class ServeView(QWidget):
 
     def _fill_detail(self, r: Any) -> None:
         done = r.done
-        self.detail_title.setText(f"#{r.seq} · {r.endpoint} · {r.client} · {STATUS_TEXT.get(r.status, r.status)}"
+        self.detail_title.setText(f"Request #{r.seq} · {STATUS_TEXT.get(r.status, r.status)}"
                                   + (f": {r.error}" if r.error else ""))
+        self.detail_title.setToolTip(f"#{r.seq}: {r.endpoint}{' (streamed)' if r.stream else ''} from {r.client}"
+                                     + (f"\n{r.error}" if r.error else ""))
         if self.prompt_view.toPlainText() != r.prompt_text:
             self.prompt_view.setPlainText(r.prompt_text)
         mode = "chat" if "chat" in r.endpoint else "completion"

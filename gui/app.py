@@ -11,7 +11,7 @@ from pathlib import Path
 
 SCREENSHOT_VIEWS = ("overview", "metadata", "metadata-edit", "tensors", "block", "chat", "convert", "bump", "quantize",
                     "requantize", "quant-stats", "budget", "compare", "imatrix", "diff", "probe", "probe-attention",
-                    "probe-activations", "chat-tokens")
+                    "probe-activations", "chat-tokens", "serve")
 
 #: The short real exchange the chat screenshot runs (greedy, so the picture is reproducible).
 CHAT_DEMO_SYSTEM = "You are a concise, helpful assistant."
@@ -286,6 +286,58 @@ def _probe_screenshot(app: object, win: object, view: str) -> str | None:
     return None
 
 
+def _serve_screenshot(app: object, win: object) -> str | None:
+    """The Serve tab serving on a free port after three real requests (a streamed chat reply, a completion and a
+    refused one), the chat reply opened with its tokens tinted; a problem, or None. The server stops when the
+    window closes."""
+    import json
+    import threading
+    import urllib.error
+    import urllib.request
+
+    sv = win.serve_view  # type: ignore[attr-defined]
+    win.show_view("serve")  # type: ignore[attr-defined]
+    sv.port_spin.setValue(0)
+    sv.ctx_spin.setValue(min(sv.ctx_spin.value(), 2048))
+    if not sv.start():
+        return "the server did not start"
+    deadline = time.monotonic() + 300
+    while sv.state == "loading" and time.monotonic() < deadline:
+        app.processEvents()  # type: ignore[attr-defined]
+        time.sleep(0.02)
+    if sv.state != "serving":
+        return f"the server did not start: {sv.message or sv.state}"
+    url, model = sv.server.url, sv.model_id
+    bodies = [("/v1/chat/completions", {"model": model, "max_tokens": 60, "temperature": 0, "stream": True,
+                                        "messages": [{"role": "user", "content": CHAT_DEMO_PROMPTS[0]}]}),
+              ("/v1/completions", {"model": model, "max_tokens": 24, "temperature": 0,
+                                   "prompt": "The three primary colours are"}),
+              ("/v1/chat/completions", {"model": "no-such-model", "messages": [{"role": "user", "content": "Hi"}]})]
+
+    def send() -> None:
+        for path, body in bodies:
+            req = urllib.request.Request(url + path, json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=300) as r:
+                    r.read()
+            except urllib.error.HTTPError:
+                pass
+
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    while t.is_alive() and time.monotonic() < deadline:
+        app.processEvents()  # type: ignore[attr-defined]
+        time.sleep(0.02)
+    for _ in range(20):
+        app.processEvents()  # type: ignore[attr-defined]
+        time.sleep(0.02)
+    if sv.model.rowCount() < 3:
+        return "the requests did not show in the panel"
+    sv.table.selectRow(0)
+    return None
+
+
 def render_screenshot(app: object, win: object, view: str, out: Path, size: tuple[int, int] = (1440, 920),
                       block: str | None = None, compare_with: str | None = None, imatrix: str | None = None) -> int:
     """Show ``view`` with the file loaded, wait for its background work, save a PNG, close cleanly."""
@@ -357,6 +409,11 @@ def render_screenshot(app: object, win: object, view: str, out: Path, size: tupl
             target = dlg
         if view.startswith("probe"):  # the Probe tab after a real run of a fixed prompt
             problem = _probe_screenshot(app, win, view)
+            if problem:
+                print(f"quantscope: {problem}", file=sys.stderr)
+                return 1
+        if view == "serve":  # serving, after three real requests, one of them opened
+            problem = _serve_screenshot(app, win)
             if problem:
                 print(f"quantscope: {problem}", file=sys.stderr)
                 return 1

@@ -52,6 +52,7 @@ from .views.overview import OverviewView
 from .views.probe import ProbeView
 from .views.quant_lab import QuantLabView
 from .views.quantize_dialog import QuantizeDialog
+from .views.serve import ServeView
 from .views.tensors import TensorsView
 from .widgets.fit import ElidedLabel
 from .widgets.paths import pick_file
@@ -62,10 +63,10 @@ MAX_RECENT = 10
 #: The View menu: Ctrl+1… in this order (the README lists the same), every tab of a file reachable by a key.
 VIEW_KEYS = (("overview", "&Overview"), ("metadata", "&Metadata"), ("tensors", "&Tensors"),
              ("block", "&Block inspector"), ("chat", "&Chat"), ("probe", "&Probe"), ("lab", "Quant &lab"),
-             ("bump", "B&ump file"))
+             ("bump", "B&ump file"), ("serve", "&Serve"))
 FILE_CHECK_MS = 2000  # the open file's size/mtime/inode is compared this often (watchers miss some changes)
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
-VIEWS = ("overview", "metadata", "tensors", "block", "chat", "probe", "bump")
+VIEWS = ("overview", "metadata", "tensors", "block", "chat", "probe", "bump", "serve")
 
 
 def app_icon() -> QIcon:
@@ -145,6 +146,7 @@ class MainWindow(QMainWindow):
         self.chat_view = ChatView(self.runner)
         self.bump_view = BumpInspectorView(self.runner)
         self.probe_view = ProbeView(self.runner)
+        self.serve_view = ServeView()
         self.welcome = QLabel("<h2>Quantscope</h2><p>Open a GGUF or bump file: File ▸ Open (Ctrl+O), the recent "
                               "files, or drop a file here.</p>")
         self.welcome.setAlignment(Qt.AlignmentFlag.AlignCenter)
@@ -156,6 +158,7 @@ class MainWindow(QMainWindow):
                               ("tensors", self.tensors_view, "Tensors"), ("block", self.block_view, "Block inspector"),
                               ("lab", self.lab_view, "Quant lab"),
                               ("chat", self.chat_view, "Chat"), ("probe", self.probe_view, "Probe"),
+                              ("serve", self.serve_view, "Serve"),
                               ("bump", self.bump_view, "Bump file"),
                               ("welcome", self.welcome, "Start")):
             self._tab[key] = self.tabs.addTab(w, label)
@@ -197,6 +200,8 @@ class MainWindow(QMainWindow):
         self.tensors_view.requantizeRequested.connect(self.requantize_tensor)
         self.lab_view.inspectRequested.connect(self.inspect_block)
         self.probe_view.channelLinkRequested.connect(self.show_channel)
+        self.serve_view.probeRequested.connect(self.probe_prompt)
+        self.chat_view.model_bar.serve_btn.clicked.connect(lambda: self.show_view("serve"))
         # the chat's "Colour by" choice is remembered between sessions
         self.chat_view.settings.set_color_mode(str(self.settings.value("chat/colourBy", "off")))
         self.chat_view.settings.colorModeChanged.connect(lambda m: self.settings.setValue("chat/colourBy", m))
@@ -375,6 +380,11 @@ class MainWindow(QMainWindow):
         self.probe_action = self._action("&Probe a prompt (logit lens, attention, activations)",
                                          lambda: self.show_view("probe"), "Ctrl+Shift+P", "probe")
         t.addAction(self.probe_action)
+        self.serve_action = self._action("&Serve the model (OpenAI API)…", lambda: self.show_view("serve"),
+                                         "Ctrl+Shift+E", "serve")
+        self.serve_action.setStatusTip("Serve the open model over a local OpenAI-compatible API and look inside "
+                                       "each request")
+        t.addAction(self.serve_action)
         t.addSeparator()
         t.addAction(self._action("Cancel background &work", lambda: self.runner.cancel(), "Ctrl+.", "cancel-work"))
         h = mb.addMenu("&Help")
@@ -484,15 +494,18 @@ class MainWindow(QMainWindow):
             self.bump_view.set_bump(None)
             self.chat_view.set_document(doc)
             self.probe_view.set_document(doc)
+            self.serve_view.set_document(doc)
             self.file_label.setText(f"{doc.path}  ·  opened in {doc.open_ms:.0f} ms")
         elif doc is not None and doc.bump is not None:
             self.chat_view.set_document(None)
             self.probe_view.set_document(None)
+            self.serve_view.set_document(None)
             self.bump_view.set_bump(doc.bump)
             self.file_label.setText(f"{doc.path}  ·  BUMPWGT3, opened in {doc.open_ms:.0f} ms")
         else:
             self.chat_view.set_document(None)
             self.probe_view.set_document(None)
+            self.serve_view.set_document(None)
             self.file_label.setText("")
         self.lab_view.set_document(doc if doc is not None and doc.gguf is not None else None)
         self._show_tabs(doc)
@@ -548,6 +561,12 @@ class MainWindow(QMainWindow):
         self.show_view("tensors")
         self.tensors_view.show_heatmap(tensor)
         self.tensors_view.mark_line(axis, index)
+
+    def probe_prompt(self, text: str) -> bool:
+        """Open the Probe tab on ``text`` and run it (a served request's prompt)."""
+        self.probe_view.prompt.setPlainText(text)
+        self.show_view("probe")
+        return self.probe_view.run()
 
     def requantize_tensor(self, tensor: str) -> None:
         """Open the Quant lab on ``tensor``, requantized into the chosen types."""
@@ -746,6 +765,7 @@ class MainWindow(QMainWindow):
             if dlg is not None:
                 dlg.cancel()
         self.chat_view.shutdown(30000)
+        self.serve_view.shutdown(30)
         self.runner.shutdown(30000)
         self.lab_view.shutdown()
         self.probe_view.shutdown()

@@ -320,7 +320,8 @@ def token_choice(penalized: np.ndarray, token: int, temperature: float, n: int =
     np.exp(z, out=e)
     total = float(e.sum())
     # (not e @ z: a BLAS dot wakes OpenBLAS's threads, whose spinning then slows the engine's next forward pass)
-    entropy = math.log(total) - float(np.multiply(e, z, out=t).sum()) / total
+    np.maximum(z, -1.0e300, out=t)  # a -inf logit (a bias, a JSON mask) adds 0, not 0 * -inf = NaN
+    entropy = math.log(total) - float(np.multiply(e, t, out=t).sum()) / total
     k = max(0, min(int(n), x.size))
     if 0 < k < x.size:  # candidates from a float32 partition (cheap), widened by its rounding, then sorted exactly
         np.maximum(z, -3.0e38, out=t)  # float32's range: a penalty of 1e-45 pushes logits to -1e46 (no overflow)

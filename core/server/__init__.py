@@ -11,9 +11,11 @@ from pathlib import Path
 from ..engine.generate import Engine
 from .app import DEFAULT_MAX_BODY, ServerApp, ServerConfig
 from .errors import ApiError
+from .requests import RequestLog, RequestRecord
 from .scheduler import Scheduler
 
-__all__ = ["DEFAULT_MAX_BODY", "ApiError", "Server", "ServerApp", "ServerConfig", "model_id_of"]
+__all__ = ["DEFAULT_MAX_BODY", "ApiError", "RequestLog", "RequestRecord", "Server", "ServerApp", "ServerConfig",
+           "model_id_of"]
 
 
 def model_id_of(path: str | Path) -> str:
@@ -25,15 +27,16 @@ def model_id_of(path: str | Path) -> str:
 class Server:
     """The server on ``engine``: ``parallel`` slots, bound to ``host:port`` (port 0: a free one, read
     :attr:`port`). The socket is bound here (``OSError`` when the address is taken); :meth:`serve_forever` serves
-    on the calling thread until interrupted, :meth:`start` on a background thread until :meth:`stop`."""
+    on the calling thread until interrupted, :meth:`start` on a background thread until :meth:`stop`.
+    ``trace``: keep each reply's token records with alternatives in the request log (``app.log``)."""
 
     def __init__(self, engine: Engine, model_id: str, host: str = "127.0.0.1", port: int = 8080, parallel: int = 1,
                  api_key: str | None = None, max_queue: int = 64, max_body: int = DEFAULT_MAX_BODY,
-                 log_level: str = "warning") -> None:
+                 log_level: str = "warning", trace: bool = False) -> None:
         import uvicorn
 
         self.scheduler = Scheduler(engine, parallel, max_queue)
-        self.app = ServerApp(engine, self.scheduler, ServerConfig(model_id, api_key, max_body))
+        self.app = ServerApp(engine, self.scheduler, ServerConfig(model_id, api_key, max_body, trace))
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         try:

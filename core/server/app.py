@@ -27,10 +27,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from ..chat import ChatTemplateError
+from ..chat.tokens import piece_text
 from ..engine.generate import Engine
 from .errors import ApiError, bad_request
 from .jsonmode import SchemaError
 from .protocol import GenRequest, parse_detokenize, parse_generation, parse_json, parse_tokenize
+from .requests import RequestLog, RequestRecord
 from .scheduler import Event, Job, QueueFull, Scheduler, ServerStopped, TokenLogprob, Usage
 from .tools import CLOSE as TOOL_CLOSE
 from .tools import OPEN as TOOL_OPEN
@@ -40,6 +42,8 @@ from .tools import ToolCallParser, call_schema, make_call, supports_tools
 DEFAULT_MAX_BODY = 8 * 2**20
 #: paths open without the API key
 OPEN_PATHS = frozenset({"/health"})
+#: the paths whose requests go to the request log
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions"})
 
 
 @dataclass
@@ -49,6 +53,11 @@ class ServerConfig:
     model_id: str
     api_key: str | None = None
     max_body: int = DEFAULT_MAX_BODY
+    trace: bool = False  # keep each reply's token records with alternatives in the request log
+
+
+def _client(request: Request) -> str:
+    return f"{request.client.host}:{request.client.port}" if request.client is not None else "?"
 
 
 def _error(exc: ApiError) -> JSONResponse:
@@ -102,6 +111,9 @@ class ServerApp:
         self.config = config
         self.created = int(time.time())
         self.http_requests: dict[int, int] = {}  # status -> count, for /metrics
+        tok = engine.tokenizer
+        #: every generation request, live and finished (the app's Requests panel reads it)
+        self.log = RequestLog(lambda t: piece_text(tok.token_bytes(t, True)), trace=config.trace)
         #: the tool-call tags that are special tokens of the vocabulary: written as text when tools are given
         vocab = engine.tokenizer.vocab
         self._tool_tags = frozenset(vocab[t] for t in (TOOL_OPEN, TOOL_CLOSE) if t in vocab)
@@ -137,7 +149,12 @@ class ServerApp:
         async def handler(request: Request) -> Response:
             try:
                 if request.url.path not in OPEN_PATHS:
-                    self._authorize(request)
+                    try:
+                        self._authorize(request)
+                    except ApiError as exc:
+                        if request.url.path in GENERATION_PATHS:  # listed: a client with a wrong key shows up
+                            self.log.refused(request.url.path, _client(request), exc.status, exc.message)
+                        raise
                 return self._count(await fn(request))
             except ApiError as exc:
                 return self._count(_error(exc))
@@ -299,6 +316,19 @@ class ServerApp:
         return ids
 
     async def _generate(self, request: Request, kind: str) -> Response:
+        client = _client(request)
+        try:
+            return await self._generate_logged(request, kind, client)
+        except ApiError as exc:
+            if not getattr(exc, "logged", False):
+                self.log.refused(request.url.path, client, exc.status, exc.message)
+            raise
+
+    def _prompt_text(self, ids: list[int]) -> str:
+        tok = self.engine.tokenizer
+        return b"".join(tok.token_bytes(t, True) for t in ids).decode("utf-8", "replace")
+
+    async def _generate_logged(self, request: Request, kind: str, client: str) -> Response:
         eng = self.engine
         req = parse_generation(await self._json(request), kind, eng.tokenizer.n_vocab, eng.n_ctx)
         self._check_model(req.model)
@@ -310,9 +340,17 @@ class ServerApp:
                 raise bad_request(f"tools: {exc}", "tools", "unsupported_schema") from None
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
+        rec: RequestRecord | None = None
+        log = self.log
 
         def emit(ev: Event) -> None:
+            if rec is not None:
+                log.event(rec, ev)
             loop.call_soon_threadsafe(events.put_nowait, ev)
+
+        def on_token(tid: int | None, text: str, channel: str, choice: Any) -> None:
+            if rec is not None:
+                log.token(rec, tid, text, channel, choice)
 
         bias = dict(req.logit_bias)
         if req.ignore_eos:
@@ -320,14 +358,22 @@ class ServerApp:
         job = Job(ids, req.params, emit, max_tokens=req.max_tokens, logprobs=req.logprobs,
                   top_logprobs=req.top_logprobs, logit_bias=bias,
                   harmony=kind == "chat" and eng.harmony is not None, json_schema=req.json_schema,
-                  literal=self._tool_tags if req.tool_choice == "auto" else frozenset())
+                  literal=self._tool_tags if req.tool_choice == "auto" else frozenset(), on_token=on_token)
+        prompt_text = self._prompt_text(ids)
         try:
+            rec = log.open(request.url.path, client, job, prompt_text, req.stream)
             self.scheduler.submit(job)
         except QueueFull as exc:
-            raise ApiError(503, f"the server is busy: {exc}; retry later", code="server_busy",
-                           headers={"Retry-After": "1"}) from None
+            err = ApiError(503, f"the server is busy: {exc}; retry later", code="server_busy",
+                           headers={"Retry-After": "1"})
+            log.close_refused(rec, err.status, err.message)
+            err.logged = True  # type: ignore[attr-defined]
+            raise err from None
         except ServerStopped as exc:
-            raise ApiError(503, str(exc), code="server_stopping") from None
+            err = ApiError(503, str(exc), code="server_stopping")
+            log.close_refused(rec, err.status, err.message)
+            err.logged = True  # type: ignore[attr-defined]
+            raise err from None
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         if req.stream:
             return StreamingResponse(self._sse(req, rid, job, events), media_type="text/event-stream",

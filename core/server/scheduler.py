@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..chat import Sampler, SamplerParams
+from ..chat import Sampler, SamplerParams, TokenChoice
 from ..chat.channels import HarmonySplitter
 from ..engine.batch import can_batch, forward_batch
 from ..engine.generate import PREFILL_CHUNK, Engine
@@ -94,6 +94,9 @@ class Job:
     harmony: bool = False  # split a harmony (gpt-oss) reply into thinking and answer
     json_schema: Schema | None = None  # hold the output to this schema (response_format)
     literal: frozenset[int] = frozenset()  # special tokens written as their text (a template's tool-call tags)
+    #: called on the scheduler's thread with each token sampled (id, the text it added, its channel, how the
+    #: sampler saw it when ``params.alternatives`` is set) and, id None, with text flushed at the end
+    on_token: Callable[[int | None, str, str, TokenChoice | None], None] | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     queued_at: float = field(default_factory=time.perf_counter)
     slot: int = -1
@@ -394,6 +397,8 @@ class Scheduler:
         if run.split is not None:
             part = run.split.push(tid, delta)
             delta, channel = ("", "") if part is None else (part[1], part[0])
+        if job.on_token is not None:
+            self._tell(job, tid, delta, channel, run.sampler.last if job.params.alternatives > 0 else None)
         if channel:
             self._emit(job, Event(reasoning=delta))
         else:
@@ -498,6 +503,8 @@ class Scheduler:
             tail = run.decoder.flush()
             if run.split is None:
                 run.text += tail
+                if tail and run.job.on_token is not None:
+                    self._tell(run.job, None, tail, "", None)
             self._flush(run, final=True)
         now = time.perf_counter()
         u = run.usage
@@ -513,6 +520,14 @@ class Scheduler:
         m.prompt_seconds += u.prompt_ms / 1e3
         m.generation_seconds += u.predicted_ms / 1e3
         self._emit(run.job, Event(done=True, finish_reason=reason, usage=u, error=error))
+
+    @staticmethod
+    def _tell(job: Job, tid: int | None, text: str, channel: str, choice: TokenChoice | None) -> None:
+        assert job.on_token is not None
+        try:
+            job.on_token(tid, text, channel, choice)
+        except Exception:  # an observer's bug must not end the request
+            job.on_token = None
 
     @staticmethod
     def _emit(job: Job, ev: Event) -> None:

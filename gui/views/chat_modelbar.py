@@ -68,6 +68,10 @@ class ModelBar(QFrame):
         self.load_btn.setAccessibleName("Load the model")
         self.unload_btn = QPushButton("Unload")
         self.unload_btn.setAccessibleName("Unload the model")
+        self.serve_btn = QPushButton("Serve…")
+        self.serve_btn.setAccessibleName("Serve this model over the OpenAI API")
+        self.serve_btn.setToolTip("Serve this model to other programs over a local OpenAI-compatible API, and look "
+                                  "inside each request (the Serve tab)")
         self.memory_label = QLabel()
         self.memory_label.setObjectName("muted")
         self.memory_label.setWordWrap(True)
@@ -91,6 +95,7 @@ class ModelBar(QFrame):
         top.addWidget(self.model_state, 1)
         top.addWidget(self.load_btn)
         top.addWidget(self.unload_btn)
+        top.addWidget(self.serve_btn)
         opts = QHBoxLayout()
         opts.setSpacing(6)
         for label, widget in (("Backend", self.backend_combo), ("Threads", self.threads_spin),

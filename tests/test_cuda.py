@@ -302,7 +302,7 @@ def test_description_upload_is_checked_before_any_device_call(cuda_lib, syntheti
         (lambda md, L: setattr(L[1].attn.bq, "len", 7), "layer 1: attn.bq"),
         (lambda md, L: setattr(L[0].attn_norm, "ptr", cb.ffi.NULL), "layers without pre-norms"),
         (lambda md, L: setattr(L[1].moe, "n_expert", 4), "layer 1: moe: 4 experts, 0 used"),
-        (lambda md, L: setattr(L[0].gdn, "conv", 4), "gated delta-net layers"),
+        (lambda md, L: setattr(L[0].gdn, "conv", 4), "layer 0: delta-net sizes conv 4, state 0"),
         (lambda md, L: setattr(L[0].rope.freqs, "len", 16), "RoPE frequency factors"),
         (lambda md, L: setattr(L[0].attn, "sinks", (cb.ffi.NULL, 4)), "attention sinks"),
         (lambda md, L: setattr(L[1].attn, "softcap", 50.0), "soft-capped attention scores"),
@@ -326,7 +326,7 @@ def test_description_upload_is_checked_before_any_device_call(cuda_lib, syntheti
 
 
 _FEATURES = [
-    (lambda b: setattr(b.gdn, "conv", 4), "gated delta-net layers"),
+    (lambda b: setattr(b.gdn.qkv, "ptr", b.attn.wq.ptr), "gated delta-net weights without a conv size"),
     (lambda b: setattr(b.ple, "dim", 32), "per-layer embeddings"),
     (lambda b: setattr(b.rope.freqs, "len", 16), "RoPE frequency factors"),
     (lambda b: setattr(b.rope, "skip", 1), "layers without RoPE"),

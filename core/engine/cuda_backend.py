@@ -204,6 +204,9 @@ int qsc_head(qsc_model *m, const float *x, int n_rows, float *logits, char *err,
 int qsc_read_cache(qsc_model *m, int layer, int which, int n_rows, void *out, int64_t out_bytes, char *err,
                    size_t err_len);
 int qsc_host_probe_sumsq(float *acc, const float *x, int64_t T, int64_t n);
+int qsc_host_gdn_mixer(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
+int qsc_host_ple(const qs_block *b, float *x, int n_tokens, char *err, size_t err_len);
+int qsc_recurrent_state(qsc_model *m, int op, char *err, size_t err_len);
 """
 CDEF = NN_CDEF + API_CDEF
 
@@ -386,7 +389,7 @@ def block_features(b: Any) -> list[str]:
         return float(x) in (0.0, 1.0)
 
     return [name for name, present in (
-        ("gated delta-net layers", b.gdn.conv > 0 or bool(b.gdn.qkv.ptr)),
+        ("gated delta-net weights without a conv size", b.gdn.conv <= 0 and bool(b.gdn.qkv.ptr)),
         ("per-layer embeddings", b.ple.dim > 0 or bool(b.ple.gate.ptr)),
         ("RoPE frequency factors", has(r.freqs)),
         ("layers without RoPE", bool(r.skip)),
@@ -756,6 +759,7 @@ class CudaSession:
         self.n_ctx = n_ctx
         self.kv_dtype = kv_dtype
         self.n_past = 0
+        self._checkpoint: int | None = None  # the position whose recurrent state the device saved
         self.weight_bytes_per_token = sum(packed_bytes(t, rows, k) for t, rows, k in desc.matrices)
         self._lib = _library()
         err = _err()
@@ -792,17 +796,39 @@ class CudaSession:
 
     def reset(self) -> None:
         self.n_past = 0
+        self._checkpoint = None
+
+    def _state(self, op: int) -> None:
+        err = _err()
+        _check(self._lib.qsc_recurrent_state(self._live(), op, err, _ERR_LEN), err, "qsc_recurrent_state")
 
     def truncate(self, n: int) -> None:
-        """Forget cached positions from ``n`` on (e.g. to rewind a turn)."""
-        self.n_past = max(0, min(self.n_past, n))
+        """Forget cached positions from ``n`` on (e.g. to rewind a turn). With delta-net layers, as the CPU
+        session: ``n_past`` goes back to the checkpoint (:meth:`checkpoint`) if it is at or before ``n``, else to
+        0 (the device zeroes the state at position 0): read ``n_past`` after."""
+        n = max(0, min(self.n_past, n))
+        if not self.recurrent or n == self.n_past:
+            self.n_past = n
+            return
+        ck = self._checkpoint
+        if ck is not None and ck <= n:
+            self._state(2)
+            self.n_past = ck
+        else:
+            self.reset()
 
     def checkpoint(self) -> None:
-        """A no-op: the device runs attention-only models, whose cache rewinds to any position."""
+        """Save the recurrent state at the current position on the device, so that :meth:`truncate` can return
+        to it; a no-op for attention-only models, whose cache rewinds to any position."""
+        if self.recurrent:
+            self._state(1)
+            self._checkpoint = self.n_past
 
     @property
     def recurrent(self) -> bool:
-        return False
+        """Has the model gated delta-net layers, whose state cannot be rewound position by position?"""
+        c = self.config
+        return any(c.is_recurrent(li) for li in range(c.n_layers))
 
     def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False, logits: bool = True,
                 trace: ForwardTrace | None = None) -> np.ndarray:

@@ -92,3 +92,12 @@ int qsc_head(qsc_model *m, const float *x, int n_rows, float *logits, char *err,
 int qsc_read_cache(qsc_model *m, int layer, int which, int n_rows, void *out, int64_t out_bytes, char *err,
                    size_t err_len);
 int qsc_host_probe_sumsq(float *acc, const float *x, int64_t T, int64_t n);
+
+/* ---- gated delta-net layers (qsc_gdn.cuh) and per-layer embeddings (qsc_ple.cuh) compiled for the host: one layer's
+ * delta-net mixer on h [n_tokens][n_embd] into out, its conv_state / ssm_state updated in place; the per-layer
+ * embedding step in place on x [n_tokens][n_embd] (no GPU needed) */
+int qsc_host_gdn_mixer(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
+int qsc_host_ple(const qs_block *b, float *x, int n_tokens, char *err, size_t err_len);
+/* the session's recurrent state (every delta-net layer's conv and ssm state; qsc_forward zeroes it at position 0):
+ * op 0 zero it, 1 save it as the checkpoint, 2 restore the checkpoint, 3 ask whether there is one (1 / 0) */
+int qsc_recurrent_state(qsc_model *m, int op, char *err, size_t err_len);

@@ -590,12 +590,13 @@ static inline bool weight_ok(const qs_weight &w, int64_t rows, int64_t k) {
 static inline bool is_one(float x) { return x == 0.0f || x == 1.0f; }
 
 #include "qsc_moe.cuh" /* mixture-of-experts: the router math and moe_check */
+#include "qsc_gdn.cuh" /* gated delta-net: the recurrence math and gdn_check */
 
 /* The first feature of layer b that the device code does not compute (NULL: none). */
 static inline const char *missing_feature(const qs_block &b) {
     const qs_attn_desc &a = b.attn;
     const qs_rope_desc &r = b.rope;
-    if (b.gdn.conv || b.gdn.qkv.ptr) return "gated delta-net layers";
+    if (!b.gdn.conv && b.gdn.qkv.ptr) return "gated delta-net weights without a conv size";
     if (b.ple.dim || b.ple.gate.ptr) return "per-layer embeddings";
     if (r.freqs.ptr || r.freqs.len) return "RoPE frequency factors";
     if (r.skip) return "layers without RoPE";
@@ -681,8 +682,16 @@ static inline int check_model(const qsc_model_desc *md, const qs_block *layers, 
             {"attn.wq", &b.attn.wq, QD, E}, {"attn.wk", &b.attn.wk, KD, E}, {"attn.wv", &b.attn.wv, KD, E},
             {"attn.wo", &b.attn.wo, E, QD}, {"ffn.gate", &b.ffn.gate, NX * F, E}, {"ffn.up", &b.ffn.up, NX * F, E},
             {"ffn.down", &b.ffn.down, NX * E, F}};
+        GdnDims gd;
+        char why[256];
+        if (b.gdn.conv && !gdn_check(b, &gd, why, sizeof why)) {
+            set_err(err, err_len, "layer %d: %s", i, why);
+            return -1;
+        }
         for (const auto &m : mats)
-            if (!weight_ok(*m.w, m.rows, m.k)) {
+            if (b.gdn.conv && m.w != &b.ffn.gate && m.w != &b.ffn.up && m.w != &b.ffn.down) /* no attention */
+                continue;
+            else if (!weight_ok(*m.w, m.rows, m.k)) {
                 set_err(err, err_len, "layer %d: %s is %s%lld x %lld of type %d in %lld bytes; the GPU needs %lld x "
                         "%lld of a GPU type with the bytes that make", i, m.name,
                         m.w->ptr ? "" : "missing: ", (long long)m.w->rows, (long long)m.w->k, m.w->type,

@@ -36,6 +36,8 @@ struct DevMat {
 
 #define QSC_MOE_KERNELS
 #include "qsc_moe.cuh" /* mixture-of-experts: MoeLayer, MoeScratch, the routing and expert kernels */
+#define QSC_GDN_KERNELS
+#include "qsc_gdn.cuh" /* gated delta-net: GdnLayer, GdnModel, the conv and recurrence kernels */
 
 /* One layer on the device: its description's attention and FFN groups (absent vectors NULL) and policy. */
 struct Layer {
@@ -45,6 +47,7 @@ struct Layer {
     int window;
     float rope_base, scale;
     MoeLayer moe; /* n_expert 0: a dense FFN */
+    GdnLayer gdn; /* g.K 0: attention (else the delta-net mixer replaces it) */
 };
 
 struct qsc_model {
@@ -71,6 +74,7 @@ struct qsc_model {
     int64_t dev_bytes = 0;
     std::vector<void *> allocs;
     MoeScratch moe_s;
+    GdnModel gdn; /* the delta-net layers' scratch and the session's recurrent state */
     bool has_moe = false; /* the routing is read back once per moe layer: no CUDA graph */
     std::mutex mu;
     struct QscProbe *probe = nullptr; /* qsc_probe.cuh: traces, statistics (NULL: none asked for) */
@@ -190,6 +194,8 @@ static void launch_attention(int T, int H, int KV, int hd, int kv_f16, cudaStrea
 #define QSC_MOE_ENQUEUE
 #include "qsc_moe.cuh" /* moe_finalize, moe_input_formats, enqueue_moe */
 #include "qsc_probe.cuh"
+#define QSC_GDN_ENQUEUE
+#include "qsc_gdn.cuh" /* gdn_finalize, enqueue_gdn */
 
 /* Enqueue the forward pass of T tokens whose ids/positions are already in m->d_params. logits: NULL (no lm_head),
  * or T x n_vocab (all rows) / n_vocab (last row) floats on the device. */
@@ -206,11 +212,19 @@ static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, ch
         const QW &wq = L.wq.w, &wk = L.wk.w, &wv = L.wv.w, &wo = L.wo.w;
         const QW &wg = L.gate.w, &wu = L.up.w, &wd = L.down.w;
         uint8_t *kc = m->k_cache + li * m->kv_layer_bytes, *vc = m->v_cache + li * m->kv_layer_bytes;
-        /* attention branch */
+        /* attention branch (or the delta-net mixer) */
+        const GdnLayer &G = L.gdn;
         k_norm_quant<<<T, 256, 0, st>>>(m->x, prev_o, prev_post, L.attn_norm, m->h,
-                                        act_out_for(m, {wq.type, wk.type, wv.type}), E, c.eps);
+                                        G.g.K ? act_out_for(m, {G.qkv.w.type, G.z.w.type, G.beta.w.type,
+                                                                G.alpha.w.type})
+                                              : act_out_for(m, {wq.type, wk.type, wv.type}), E, c.eps);
         probe_tap(m, PROBE_RESID, li, m->x, T);
         probe_tap(m, PROBE_ATTN_IN, li, m->h, T);
+        if (G.g.K) {
+            enqueue_gdn(m, L, T);
+            goto ffn;
+        }
+        {
         MatJob qkv[3] = {{&wq, act_view(m, wq.type, m->h, E, 0), m->q, QD, L.bq},
                          {&wk, act_view(m, wk.type, m->h, E, 0), m->k, KD, L.bk},
                          {&wv, act_view(m, wv.type, m->h, E, 0), m->v, KD, L.bv}};
@@ -223,7 +237,8 @@ static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, ch
         probe_tap(m, PROBE_WO_IN, li, m->att, T);
         MatJob ob = {&wo, act_view(m, wo.type, m->att, QD, 0), m->o, E, nullptr};
         launch_matmul(&ob, 1, T, st);
-        /* feed-forward branch */
+        }
+    ffn: /* feed-forward branch */
         k_norm_quant<<<T, 256, 0, st>>>(m->x, m->o, L.post_attn_norm, L.ffn_norm, m->h,
                                         L.moe.n_expert ? moe_input_formats(m, L.moe)
                                                        : act_out_for(m, {wg.type, wu.type}), E, c.eps);
@@ -452,6 +467,9 @@ static int upload_vector(qsc_model *m, const qs_vec &v, float **dst, char *err, 
     return 0;
 }
 
+#define QSC_GDN_UPLOAD
+#include "qsc_gdn.cuh" /* gdn_upload */
+
 /* Every weight of the description onto the device, by group. */
 static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *layers, char *err,
                         size_t err_len) {
@@ -464,8 +482,13 @@ static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *
             {"attn.wo", &b.attn.wo, &L.wo}, {"ffn.gate", &b.ffn.gate, &L.gate}, {"ffn.up", &b.ffn.up, &L.up},
             {"ffn.down", &b.ffn.down, &L.down}};
         for (const auto &x : mats) {
+            if (b.gdn.conv && x.dm != &L.gate && x.dm != &L.up && x.dm != &L.down) continue; /* no attention */
             snprintf(what, sizeof what, "layer %d: %s", li, x.name);
             int rc = upload_matrix(m, *x.w, x.dm, what, err, err_len);
+            if (rc) return rc;
+        }
+        if (b.gdn.conv) {
+            int rc = gdn_upload(m, b, L, li, err, err_len);
             if (rc) return rc;
         }
         const struct { const qs_vec *v; float **dst; } vecs[] = {
@@ -512,6 +535,7 @@ static int finalize(qsc_model *m, char *err, size_t err_len) {
     const int64_t F = c.F;
     int64_t kmax = E > QD ? E : QD;
     kmax = kmax > F ? kmax : F;
+    kmax = kmax > gdn_kmax(m) ? kmax : gdn_kmax(m);
     int rc = 0;
     rc = rc ? rc : dalloc_t(m, &m->x, T * E, err, err_len);
     rc = rc ? rc : dalloc_t(m, &m->h, T * E, err, err_len);
@@ -532,6 +556,7 @@ static int finalize(qsc_model *m, char *err, size_t err_len) {
     rc = rc ? rc : dalloc_t(m, &m->d_params, 2 * T + 1, err, err_len);
     rc = rc ? rc : dalloc_t(m, &m->d_logits1, c.V, err, err_len);
     rc = rc ? rc : moe_finalize(m, err, err_len);
+    rc = rc ? rc : gdn_finalize(m, err, err_len);
     if (rc) return rc;
     CUDA_TRY(cudaMallocHost((void **)&m->h_params, (size_t)(2 * T + 1) * sizeof(int)));
     CUDA_TRY(cudaMallocHost((void **)&m->h_logits1, (size_t)c.V * sizeof(float)));
@@ -611,6 +636,8 @@ int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, i
         if (rc) return rc;
     }
     const size_t pbytes = (size_t)(2 * m->mb + 1) * sizeof(int);
+    if (n_past == 0 && m->gdn.n) /* a new sequence: the recurrent state starts from zeros, as the CPU's */
+        CUDA_TRY(cudaMemsetAsync(m->gdn.state, 0, (size_t)m->gdn.n * sizeof(float), m->st));
     for (int start = 0; start < n_tokens; start += m->mb) {
         const int T = n_tokens - start < m->mb ? n_tokens - start : m->mb;
         const bool last = start + T == n_tokens;
@@ -641,6 +668,23 @@ int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, i
         if (!all_logits && last) memcpy(logits, m->h_logits1, (size_t)V * sizeof(float));
         if (T == 1) m->stepped = true;
     }
+    return 0;
+}
+
+int qsc_recurrent_state(qsc_model *m, int op, char *err, size_t err_len) {
+    if (!m || op < 0 || op > 3) {
+        set_err(err, err_len, "no model, or state operation %d not 0..3", op);
+        return -1;
+    }
+    std::lock_guard<std::mutex> lock(m->mu);
+    const GdnModel &G = m->gdn;
+    if (op == 3 || !G.n) return op == 3 ? (int)(G.n > 0) : 0;
+    CUDA_TRY(cudaSetDevice(m->device));
+    const size_t bytes = (size_t)G.n * sizeof(float);
+    if (op == 0) CUDA_TRY(cudaMemsetAsync(G.state, 0, bytes, m->st));
+    else if (op == 1) CUDA_TRY(cudaMemcpyAsync(G.ckpt, G.state, bytes, cudaMemcpyDeviceToDevice, m->st));
+    else CUDA_TRY(cudaMemcpyAsync(G.state, G.ckpt, bytes, cudaMemcpyDeviceToDevice, m->st));
+    CUDA_TRY(cudaStreamSynchronize(m->st));
     return 0;
 }
 

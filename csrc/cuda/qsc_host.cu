@@ -289,3 +289,9 @@ int qsc_host_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out
 }
 
 } /* extern "C" */
+
+/* the delta-net and per-layer embedding entry points (after HostQW / host_linear, which they use) */
+#define QSC_GDN_HOST
+#include "qsc_gdn.cuh"
+#define QSC_PLE_HOST
+#include "qsc_ple.cuh"

@@ -265,7 +265,8 @@ def test_the_gpu_refuses_by_features_what_it_refused_by_name(tmp_path, vocab):
     it finds nothing missing in the dense llama, qwen2 and gemma3 ones (the three it ran by name) and in qwen3
     (gemma3's per-head q/k norms), phi3 without LongRoPE (its fused matrices are row views), seed_oss (added as
     one description module: qwen2's features under other tensor names) and the experts of mixtral (llama) and
-    qwen3moe (csrc/cuda/qsc_moe.cuh), and names a feature for every other
+    qwen3moe (csrc/cuda/qsc_moe.cuh), qwen35 and qwen35moe (their delta-net layers and gated attention:
+    csrc/cuda/qsc_gdn.cuh), and names a feature for every other
     (smollm3: its layers without RoPE; granite: its multipliers; mistral3: YaRN ...)."""
     from quantscope.core.engine import cuda_backend
     from quantscope.core.model import read_config
@@ -277,7 +278,8 @@ def test_the_gpu_refuses_by_features_what_it_refused_by_name(tmp_path, vocab):
         cfg = read_config(GGUFFile(write_fixture(m["arch"], tmp_path / f"{key}.gguf", m["variant"], vocab=vocab)))
         if not cuda_backend.missing_features(cfg):
             runs.add(cfg.arch if not cfg.n_expert else f"{cfg.arch}+experts")
-    assert runs == {"llama", "qwen2", "gemma3", "qwen3", "phi3", "seed_oss", "llama+experts", "qwen3moe+experts"}
+    assert runs == {"llama", "qwen2", "gemma3", "qwen3", "phi3", "seed_oss", "llama+experts", "qwen3moe+experts",
+                    "qwen35", "qwen35moe+experts"}
 
 
 def test_gemma4_runs_from_the_cli_and_stays_off_the_gpu(tmp_path, vocab, capsys):

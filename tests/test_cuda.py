@@ -338,7 +338,7 @@ _FEATURES = [
     (lambda b: setattr(b, "out_scale", 0.5), "residual and layer output multipliers"),
     (lambda b: setattr(b.attn.sinks, "len", 4), "attention sinks"),
     (lambda b: setattr(b.attn.bo, "len", 64), "attention output biases"),
-    (lambda b: setattr(b.attn, "q_gate", 1), "gated attention outputs"),
+    (lambda b: setattr(b.attn, "q_gate", 2), "gated attention outputs other than qwen35's"),
     (lambda b: setattr(b.attn, "v_norm", 1), "V RMSNorms"),
     (lambda b: setattr(b.attn, "kv_reuse", 1), "layers reading another layer's KV cache"),
     (lambda b: setattr(b.attn, "qk_norm_full", 1), "q/k RMSNorms over the whole projection"),

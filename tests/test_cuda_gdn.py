@@ -1,29 +1,33 @@
-"""Qwen3.5's gated delta-net layers on the CUDA backend (csrc/cuda/qsc_gdn.cuh).
+"""Qwen3.5's gated delta-net layers and gated attention outputs on the CUDA backend (csrc/cuda/qsc_gdn.cuh).
 
 Everywhere the library is built: the device's delta-net math (the depthwise conv with its state, the gates, the
 column-by-column recurrence, the RMSNorm x SiLU output gate), compiled for the host, against the CPU block
-(csrc/qs_block.c's gdn_mixer) on the same layer description, prefill then decode, outputs and both states; the C
-check of the group. The whole-model GPU comparison is in tests/test_cuda_gdn_gpu.py's manner below (skipped
-without a GPU).
+(csrc/qs_block.c's gdn_mixer) on the same layer description, prefill then decode, outputs and both states; the
+gated attention's split and gate; the C check of the group; the GPU-sized qwen35 / qwen35moe fixtures pass the
+device check. On a GPU (skipped with the reason otherwise): those fixtures against the CPU engine, prefill, decode
+and a branch rewound to a checkpoint.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import pytest
 
+from quantscope.core.engine import Model
 from quantscope.core.engine import cuda_backend as cb
+from quantscope.core.gguf import GGUFFile
 from quantscope.core.native import ffi as cpu_ffi
 from quantscope.core.native import lib as cpu_lib
 from quantscope.core.quant import ggml_type
 
 from . import test_cuda
-from .test_cuda import weight_bytes
+from .test_cuda import cos_rel, weight_bytes
 from .test_cuda_moe import cuda_block
 
-cuda_lib = test_cuda.cuda_lib  # the fixture: the built library
+cuda_lib, gpu = test_cuda.cuda_lib, test_cuda.gpu  # the fixtures: the built library, a usable GPU
 
 
 class GdnLayer:
@@ -184,3 +188,115 @@ def test_host_mixer_refuses_bad_groups(cuda_lib):
     L.block.gdn.norm.len = 31
     rc, why = run()
     assert rc != 0 and "norm" in why
+
+
+def test_host_qgate_splits_and_gates_as_the_cpu(cuda_lib):
+    """wq's output holds each head's query then its gate: the query (+ its bias) goes to q, the attention output
+    is multiplied by sigmoid(gate) (qs_block.c's q_gate path, float32)."""
+    rng = np.random.default_rng(4)
+    T, H, hd = 3, 4, 32
+    qg = rng.standard_normal((T, H, 2, hd)).astype(np.float32)
+    att = rng.standard_normal((T, H * hd)).astype(np.float32)
+    bq = rng.standard_normal(H * hd).astype(np.float32)
+    q, out = np.empty((T, H * hd), np.float32), np.empty((T, H * hd), np.float32)
+    rc = cb._library().qsc_host_qgate(cb._p(qg, "float *"), cb._p(bq, "float *"), cb._p(att, "float *"), T, H, hd,
+                                      cb._p(q, "float *"), cb._p(out, "float *"))
+    assert rc == 0
+    assert np.array_equal(q, qg[:, :, 0].reshape(T, -1) + bq)
+    gate = qg[:, :, 1].reshape(T, -1)
+    assert np.allclose(out, att / (np.float32(1) + np.exp(-gate)), rtol=1e-6, atol=0)
+
+
+# --------------------------------------------------------------------- the qwen35 fixtures, GPU-sized (head 32)
+GPU_FIXTURES = [("qwen35", "F32"), ("qwen35", "Q8_0"), ("qwen35moe", "F32")]
+
+
+@pytest.fixture(scope="module")
+def gpu_sized_fixture(tmp_path_factory):
+    from . import arch_fixtures as af
+
+    made: dict[tuple[str, str], Model] = {}
+
+    def get(name: str, quant: str) -> Model:
+        if (name, quant) not in made:
+            spec = af.SPECS[name]
+            ff = spec.expert_ff
+            spec = dataclasses.replace(spec, expert_ff=ff and max(64, ff),
+                                       extra_kv={**spec.extra_kv, "ssm.state_size": 32, "ssm.inner_size": 128,
+                                                 "expert_shared_feed_forward_length": 64} if ff else
+                                       {**spec.extra_kv, "ssm.state_size": 32, "ssm.inner_size": 128})
+            path = tmp_path_factory.mktemp("gpu-fixtures") / f"{name}-{quant}.gguf"
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(af, "N_EMBD", 128)
+                mp.setattr(af, "HEAD_DIM", 32)
+                mp.setattr(af, "Q35_SSM", (4, 32, 2, 4))
+                mp.setitem(af.SPECS, name, spec)
+                af.write_fixture(name, path, quant)
+            made[(name, quant)] = Model(GGUFFile(path))
+        return made[(name, quant)]
+
+    return get
+
+
+@pytest.mark.parametrize("name,quant", GPU_FIXTURES)
+def test_gpu_sized_qwen35_fixtures_pass_the_gpu_check(cuda_lib, gpu_sized_fixture, name, quant):
+    model = gpu_sized_fixture(name, quant)
+    c = model.config
+    assert c.head_dim == 32 and c.ssm_state == 32
+    assert any(c.is_recurrent(li) for li in range(c.n_layers)) and not all(c.is_recurrent(li)
+                                                                           for li in range(c.n_layers))
+    assert cb.missing_features(c) == []
+    cb.check_config(c)
+    desc, _ = cb.model_description(model, 64)
+    cb.check_description(desc)
+
+
+def assert_close_to_cpu(got: np.ndarray, cpu: np.ndarray) -> None:
+    """No float64 reference runs delta-net layers: the GPU against the CPU engine, which differ by the order of
+    their float sums (and, quantized, by 8-bit activations rounded from slightly different values)."""
+    cos, _ = cos_rel(got.reshape(-1, cpu.shape[-1]), cpu.reshape(-1, cpu.shape[-1]))
+    assert cos.min() > 0.99 and np.median(cos) > 0.999, cos
+    assert (got.reshape(cos.size, -1).argmax(1) == cpu.reshape(cos.size, -1).argmax(1)).mean() >= 0.9
+
+
+@pytest.mark.parametrize("name,quant", GPU_FIXTURES)
+def test_gpu_qwen35_fixtures_match_cpu(gpu, gpu_sized_fixture, name, quant):
+    """Delta-net layers (state on the device) and gated attention: prefill of 40 tokens, then 8 decode steps (a
+    CUDA graph replaying the state's kernels), against the CPU engine."""
+    model = gpu_sized_fixture(name, quant)
+    ids = [int(i) for i in np.random.default_rng(9).integers(3, model.config.n_vocab, 48)]
+    cpu = model.session(64).forward(ids, all_logits=True)
+    with cb.CudaSession(model, 64) as s:
+        assert s.recurrent
+        got = np.concatenate([s.forward(ids[:40], all_logits=True), np.stack([s.forward([t]) for t in ids[40:]])])
+    assert_close_to_cpu(got, cpu)
+
+
+def test_gpu_qwen35_chunked_prefill_and_branches_follow_the_cpu(gpu, gpu_sized_fixture):
+    """The state carries across prefill chunks (max_batch 8); a checkpoint after the prompt, decode, then truncate
+    back into the decoded part returns to the checkpoint, and the other branch's logits are the CPU session's
+    doing the same; a truncate before the checkpoint starts over from position 0."""
+    model = gpu_sized_fixture("qwen35", "F32")
+    rng = np.random.default_rng(10)
+    ids = [int(i) for i in rng.integers(3, model.config.n_vocab, 24)]
+    alt = [int(i) for i in rng.integers(3, model.config.n_vocab, 4)]
+    cpu = model.session(64)
+    with cb.CudaSession(model, 64, max_batch=8) as s:
+        outs = []
+        for sess in (cpu, s):
+            first = sess.forward(ids[:20])
+            sess.checkpoint()
+            for t in ids[20:]:
+                sess.forward([t])
+            sess.truncate(22)
+            assert sess.n_past == 20
+            branch = np.stack([sess.forward([t]) for t in alt])
+            sess.truncate(5)
+            assert sess.n_past == 0
+            again = sess.forward(ids[:20])
+            outs.append((first, branch, again))
+        (c_first, c_branch, c_again), (g_first, g_branch, g_again) = outs
+    assert_close_to_cpu(g_first[None], c_first[None])
+    assert_close_to_cpu(g_branch, c_branch)
+    assert np.array_equal(c_again, c_first)  # the CPU restarts from zeros
+    assert np.allclose(g_again, g_first, rtol=1e-5, atol=1e-5 * np.abs(g_first).max())

@@ -207,6 +207,8 @@ int qsc_host_probe_sumsq(float *acc, const float *x, int64_t T, int64_t n);
 int qsc_host_gdn_mixer(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
 int qsc_host_ple(const qs_block *b, float *x, int n_tokens, char *err, size_t err_len);
 int qsc_recurrent_state(qsc_model *m, int op, char *err, size_t err_len);
+int qsc_host_qgate(const float *qg, const float *bq, const float *att, int n_tokens, int n_head, int head_dim,
+                   float *q, float *out);
 """
 CDEF = NN_CDEF + API_CDEF
 
@@ -399,7 +401,7 @@ def block_features(b: Any) -> list[str]:
         ("residual and layer output multipliers", not one(b.residual_scale) or not one(b.out_scale)),
         ("attention sinks", has(a.sinks)),
         ("attention output biases", has(a.bo)),
-        ("gated attention outputs", bool(a.q_gate)),
+        ("gated attention outputs other than qwen35's", a.q_gate not in (0, 1) or (a.q_gate and b.gdn.conv > 0)),
         ("V RMSNorms", bool(a.v_norm)),
         ("layers reading another layer's KV cache", bool(a.kv_reuse)),
         ("q/k RMSNorms over the whole projection", bool(a.qk_norm_full)),
@@ -864,7 +866,7 @@ class CudaSession:
             finally:
                 self._lib.qsc_probe_trace(m, ffi.NULL, ffi.NULL, 0, ffi.NULL, 0)
             trace.resid, trace.positions = list(resid), np.arange(self.n_past, self.n_past + T, dtype=np.int32)
-            trace.queries = dict(enumerate(queries))
+            trace.queries = {li: q for li, q in enumerate(queries) if not c.is_recurrent(li)}  # as the CPU's
             if trace.after_layer is not None:
                 for li in range(c.n_layers):
                     trace.after_layer(li)
@@ -892,7 +894,8 @@ class CudaSession:
         """Layer ``layer``'s cached K (``k``) or V (``v``) rows ``(n_past, n_head_kv, head_dim)`` copied back from
         the device, in the cache's type."""
         c = self.config
-        if isinstance(layer, bool) or not 0 <= layer < c.n_layers or which not in ("k", "v"):
+        if (isinstance(layer, bool) or not 0 <= layer < c.n_layers or which not in ("k", "v")
+                or c.is_recurrent(layer)):  # a delta-net layer has a recurrent state instead
             raise ValueError(f"no {which!r} cache for layer {layer!r}")
         rows = np.empty((self.n_past, c.n_head_kv, c.head_dim), self.kv_dtype)
         err = _err()

@@ -101,3 +101,7 @@ int qsc_host_ple(const qs_block *b, float *x, int n_tokens, char *err, size_t er
 /* the session's recurrent state (every delta-net layer's conv and ssm state; qsc_forward zeroes it at position 0):
  * op 0 zero it, 1 save it as the checkpoint, 2 restore the checkpoint, 3 ask whether there is one (1 / 0) */
 int qsc_recurrent_state(qsc_model *m, int op, char *err, size_t err_len);
+/* qwen35's gated attention outputs compiled for the host: wq's output qg [n_tokens][n_head][2 head_dim] (each head's
+ * query, then its gate) split into q (+ bq, NULL: none), and out = att * sigmoid(gate) */
+int qsc_host_qgate(const float *qg, const float *bq, const float *att, int n_tokens, int n_head, int head_dim,
+                   float *q, float *out);

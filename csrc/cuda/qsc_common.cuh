@@ -606,7 +606,7 @@ static inline const char *missing_feature(const qs_block &b) {
     if (!is_one(b.residual_scale) || !is_one(b.out_scale)) return "residual and layer output multipliers";
     if (a.sinks.ptr || a.sinks.len) return "attention sinks";
     if (a.bo.ptr || a.bo.len) return "attention output biases";
-    if (a.q_gate) return "gated attention outputs";
+    if (a.q_gate != 0 && (a.q_gate != 1 || b.gdn.conv)) return "gated attention outputs other than qwen35's";
     if (a.v_norm) return "V RMSNorms";
     if (a.kv_reuse) return "layers reading another layer's KV cache";
     if (a.qk_norm_full) return "q/k RMSNorms over the whole projection";
@@ -679,7 +679,7 @@ static inline int check_model(const qsc_model_desc *md, const qs_block *layers, 
         const int64_t NX = b.moe.n_expert > 0 ? b.moe.n_expert : 1; /* experts: n_expert matrices stacked */
         if ((b.moe.n_expert || b.moe.n_ff_shexp || b.moe.router.ptr) && !moe_check(b, i, D, err, err_len)) return -1;
         const struct { const char *name; const qs_weight *w; int64_t rows, k; } mats[] = {
-            {"attn.wq", &b.attn.wq, QD, E}, {"attn.wk", &b.attn.wk, KD, E}, {"attn.wv", &b.attn.wv, KD, E},
+            {"attn.wq", &b.attn.wq, (b.attn.q_gate ? 2 : 1) * QD, E}, {"attn.wk", &b.attn.wk, KD, E}, {"attn.wv", &b.attn.wv, KD, E},
             {"attn.wo", &b.attn.wo, E, QD}, {"ffn.gate", &b.ffn.gate, NX * F, E}, {"ffn.up", &b.ffn.up, NX * F, E},
             {"ffn.down", &b.ffn.down, NX * E, F}};
         GdnDims gd;

@@ -225,15 +225,19 @@ static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, ch
             goto ffn;
         }
         {
-        MatJob qkv[3] = {{&wq, act_view(m, wq.type, m->h, E, 0), m->q, QD, L.bq},
+        const bool qgate = G.q_gate != 0; /* wq gives each head's query and gate (qwen35): split, bias after */
+        MatJob qkv[3] = {{&wq, act_view(m, wq.type, m->h, E, 0), qgate ? m->gdn.qg : m->q, qgate ? 2 * QD : QD,
+                          qgate ? nullptr : L.bq},
                          {&wk, act_view(m, wk.type, m->h, E, 0), m->k, KD, L.bk},
                          {&wv, act_view(m, wv.type, m->h, E, 0), m->v, KD, L.bv}};
         launch_matmul(qkv, 3, T, st);
+        if (qgate) k_qgate_split<<<T, 256, 0, st>>>(m->gdn.qg, L.bq, m->q, m->gdn.gate, H, hd);
         k_qk_post<<<T, 256, 0, st>>>(m->q, m->k, m->v, H, KV, hd, L.q_norm, L.k_norm, c.eps,
                                      pos, c.rope_dim, L.rope_base, c.neox, kc, vc, m->kv_f16);
         probe_tap(m, PROBE_Q, li, m->q, T);
         launch_attention(T, H, KV, hd, m->kv_f16, st, m->q, pos, kc, vc, nkv, L.window, L.scale, m->att,
-                         act_out_for(m, {wo.type}));
+                         qgate ? ActOut{} : act_out_for(m, {wo.type}));
+        if (qgate) k_qgate_quant<<<T, 256, 0, st>>>(m->att, m->gdn.gate, act_out_for(m, {wo.type}), QD);
         probe_tap(m, PROBE_WO_IN, li, m->att, T);
         MatJob ob = {&wo, act_view(m, wo.type, m->att, QD, 0), m->o, E, nullptr};
         launch_matmul(&ob, 1, T, st);
@@ -513,6 +517,7 @@ static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *
                 if (rc) return rc;
             }
         }
+        L.gdn.q_gate = b.attn.q_gate;
         L.window = (int)b.attn.window;
         L.rope_base = b.rope.base;
         L.scale = b.attn.scale;

@@ -66,6 +66,18 @@ HD float gdn_column(int S, float *st, int i, const float *k, const float *q, flo
 HD float gdn_out_gate(float o, float scale, float nw, float z) { return o * scale * nw * (z / (1.0f + expf(-z))); }
 HD float gdn_rms_scale(double sumsq, int S, float eps) { return (float)(1.0 / sqrt(sumsq / (double)S + (double)eps)); }
 
+/* qwen35's gated attention outputs (its attention layers, attn.q_gate): wq's rows hold each head's query then its
+ * gate, [T][H][2 hd]; value j of head h of token t goes to q (plus its bias) and to gate; after the attention each
+ * output value is times sigmoid(its gate), in the CPU's form. */
+HD void qgate_split(const float *qg, const float *bq, int64_t t, int H, int hd, int i, float *q, float *gate) {
+    const int h = i / hd, j = i % hd;
+    const int64_t QD = (int64_t)H * hd;
+    const float *src = qg + t * 2 * QD + (int64_t)h * 2 * hd;
+    q[t * QD + i] = bq ? src[j] + bq[i] : src[j];
+    gate[t * QD + i] = src[hd + j];
+}
+HD float qgate_apply(float att, float gate) { return att / (1.0f + expf(-gate)); }
+
 /* The group's sizes, checked against the description (host side; no device call). C: conv channels. */
 struct GdnDims {
     int E, K, S, Hk, Hv;
@@ -179,6 +191,18 @@ extern "C" int qsc_host_gdn_mixer(const qs_block *b, const float *h, int n_token
     }
     return 0;
 }
+
+/* The gated attention's split and gate on the host: qg [T][H][2 hd] -> q [T][H hd], and out = att * sigmoid(gate). */
+extern "C" int qsc_host_qgate(const float *qg, const float *bq, const float *att, int n_tokens, int n_head,
+                              int head_dim, float *q, float *out) {
+    if (!qg || !att || !q || !out || n_tokens <= 0 || n_head <= 0 || head_dim <= 0 || head_dim > 1024) return -1;
+    const int64_t QD = (int64_t)n_head * head_dim;
+    std::vector<float> gate((size_t)(n_tokens * QD));
+    for (int t = 0; t < n_tokens; ++t)
+        for (int i = 0; i < QD; ++i) qgate_split(qg, bq, t, n_head, head_dim, i, q, gate.data());
+    for (int64_t i = 0; i < n_tokens * QD; ++i) out[i] = qgate_apply(att[i], gate[(size_t)i]);
+    return 0;
+}
 #endif /* QSC_GDN_HOST */
 
 #if defined(QSC_GDN_KERNELS) && !defined(QSC_GDN_KERNELS_DONE)
@@ -208,6 +232,19 @@ __global__ void k_gdn_conv_state(const float *__restrict__ raw, float *__restric
         const int s = T + r;
         cstate[(int64_t)r * C + ch] = s < K - 1 ? cstate[(int64_t)s * C + ch] : raw[(int64_t)(s - (K - 1)) * C + ch];
     }
+}
+
+/* The gated attention: qg -> q, gate (one block per token), and att *= sigmoid(gate) then quantized for wo. */
+__global__ void __launch_bounds__(256) k_qgate_split(const float *__restrict__ qg, const float *__restrict__ bq,
+                                                     float *__restrict__ q, float *__restrict__ gate, int H, int hd) {
+    for (int i = threadIdx.x; i < H * hd; i += blockDim.x) qgate_split(qg, bq, blockIdx.x, H, hd, i, q, gate);
+}
+__global__ void __launch_bounds__(256) k_qgate_quant(float *__restrict__ att, const float *__restrict__ gate,
+                                                     const ActOut ao, int n) {
+    const int64_t row = blockIdx.x;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) att[row * n + i] = qgate_apply(att[row * n + i], gate[row * n + i]);
+    __syncthreads();
+    if (ao.qs32 || ao.qs256) block_quantize_row(att + row * n, n, ao, row);
 }
 
 /* Block-wide sum of one value per thread (blockDim a multiple of 32, at most 1024). */
@@ -262,6 +299,7 @@ struct GdnLayer {
     DevMat qkv, z, beta, alpha, out;
     float *conv_w = nullptr, *dt_bias = nullptr, *a = nullptr, *norm = nullptr;
     float *conv_state = nullptr, *ssm_state = nullptr; /* [K - 1][C], [Hv][S][S] */
+    int q_gate = 0; /* an attention layer with gated outputs (qwen35) */
 };
 
 /* The mixer of T tokens: h (normed, quantized for the projections by the caller into m's act buffers) -> out
@@ -288,6 +326,7 @@ struct GdnModel {
     float *state = nullptr, *ckpt = nullptr;
     int64_t n = 0; /* floats in state (0: no delta-net layer) */
     int64_t max_c = 0, max_vd = 0, max_hv = 0;
+    float *qg = nullptr, *gate = nullptr; /* gated attention: wq's output [mb][2 QD], the gates [mb][QD] */
 };
 #endif /* QSC_GDN_KERNELS */
 
@@ -311,9 +350,15 @@ static int gdn_finalize(qsc_model *m, char *err, size_t err_len) {
         G.max_vd = g.Vd > G.max_vd ? g.Vd : G.max_vd;
         G.max_hv = g.Hv > G.max_hv ? g.Hv : G.max_hv;
     }
-    if (!G.n) return 0;
-    const int64_t T = m->mb;
+    const int64_t T = m->mb, QD = (int64_t)m->cfg.H * m->cfg.hd;
     int rc = 0;
+    for (const Layer &L : m->layers)
+        if (L.gdn.q_gate) {
+            rc = rc ? rc : dalloc_t(m, &G.qg, T * 2 * QD, err, err_len);
+            rc = rc ? rc : dalloc_t(m, &G.gate, T * QD, err, err_len);
+            break;
+        }
+    if (rc || !G.n) return rc;
     rc = rc ? rc : dalloc_t(m, &G.state, G.n, err, err_len);
     rc = rc ? rc : dalloc_t(m, &G.ckpt, G.n, err, err_len);
     rc = rc ? rc : dalloc_t(m, &G.s.raw, T * G.max_c, err, err_len);

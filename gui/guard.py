@@ -9,6 +9,7 @@ override that does not.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import sys
 import threading
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import shiboken6
-from PySide6.QtCore import QModelIndex, QRectF, QSize
+from PySide6.QtCore import QMimeData, QModelIndex, QRectF, QSize
 
 T = TypeVar("T", bound=type)
 
@@ -115,3 +116,38 @@ def qt_guarded(cls: T) -> T:
                 and not getattr(fn, "qt_guarded", False) and _qt_bases_define(cls, name)):
             setattr(cls, name, _wrap(cls, name, fn))
     return cls
+
+
+_release_registered = False
+
+
+def mime_data(text: str) -> QMimeData:
+    """Plain-text mime data made in Python for Qt to own (what a ``createMimeDataFromSelection`` override returns).
+
+    A platform without a clipboard of its own (offscreen, minimal, VNC, linuxfb) keeps the clipboard's data in a Qt
+    global that an exit handler deletes after Python has finalized; the destructor of data made in Python then calls
+    into the dead interpreter (SIGSEGV at exit). The first call therefore has :func:`release_clipboard` run at
+    interpreter exit, while Python still runs."""
+    global _release_registered
+    if not _release_registered:
+        atexit.register(release_clipboard)  # after PySide's own exit handlers were registered: runs before them
+        _release_registered = True
+    data = QMimeData()
+    data.setText(text)
+    return data
+
+
+def release_clipboard() -> None:
+    """Swap clipboard data made in Python for the same text set through Qt: Qt deletes the Python-made data now and
+    keeps data it made itself, which needs no interpreter when Qt frees it."""
+    from PySide6.QtGui import QClipboard, QGuiApplication
+
+    app = QGuiApplication.instance()
+    if not isinstance(app, QGuiApplication):
+        return
+    board = QGuiApplication.clipboard()
+    modes = [QClipboard.Mode.Clipboard] + ([QClipboard.Mode.Selection] if board.supportsSelection() else [])
+    for mode in modes:
+        data = board.mimeData(mode)
+        if data is not None and shiboken6.isValid(data) and shiboken6.createdByPython(data):
+            board.setText(data.text(), mode)

@@ -179,12 +179,13 @@ def _gemma4_tensors(w, rng: np.random.Generator, matrix: Callable[..., None], ve
         vector(b + "layer_output_scale.weight", 1, 0.8, 0.2)
 
 
-def vocabulary() -> dict[str, object]:
-    """SmolLM2's tokenizer cut to its first N_VOCAB tokens (and the merges whose parts and result stay inside)."""
+def vocabulary(source: str | Path | None = None) -> dict[str, object]:
+    """SmolLM2's tokenizer cut to its first N_VOCAB tokens (and the merges whose parts and result stay inside), read
+    from ``source`` (a GGUF with SmolLM2's vocabulary) or the catalogue's SmolLM2."""
     from quantscope.core import catalog
     from quantscope.core.gguf import GGUFFile
 
-    with GGUFFile(catalog.fetch("smollm2")) as f:
+    with GGUFFile(source or catalog.fetch("smollm2")) as f:
         tokens = list(f.get("tokenizer.ggml.tokens"))[:N_VOCAB]
         types = [int(t) for t in list(f.get("tokenizer.ggml.token_type"))[:N_VOCAB]]
         keep = set(tokens)

@@ -247,27 +247,28 @@ def test_a_yarn_factor_that_zeroes_the_magnitude_is_refused(tmp_path, vocab, mon
 
 def test_experts_run_from_the_cli_and_have_a_gpu_path(tmp_path, vocab, capsys):
     """A qwen3moe file generates from the CLI; the CUDA backend names nothing missing in a llama file's experts
-    (csrc/cuda/qsc_moe.cuh); the fixture's heads of 16 are what it refuses."""
+    (csrc/cuda/qsc_moe.cuh) and takes its shapes; qwen3moe's experts of width 48 are what it refuses."""
     from quantscope.core.engine import cuda_backend
 
     model, _, _ = load("qwen3moe-F32", tmp_path, vocab)
     assert (model.config.n_expert, model.config.n_expert_used, model.config.n_ff) == (16, 4, 48)
     mixtral, _, _ = load("mixtral-F32", tmp_path, vocab)  # an architecture the GPU runs, with experts
     assert cuda_backend.missing_features(mixtral.config) == []
-    with pytest.raises(UnsupportedModel, match="head size 16 has no CUDA path"):
-        cuda_backend.check_config(mixtral.config)
+    cuda_backend.check_config(mixtral.config)
+    with pytest.raises(UnsupportedModel, match="n_ff 48 must be a positive multiple of 32"):
+        cuda_backend.check_config(model.config)
     assert main(["generate", str(tmp_path / "qwen3moe-F32.gguf"), "-p", "The cat", "-n", "8", "--temp", "0"]) == 0
     assert capsys.readouterr().out.strip()
 
 
 def test_the_gpu_refuses_by_features_what_it_refused_by_name(tmp_path, vocab):
     """The CUDA backend decides by the features a model has, not by its architecture's name: of the F32 fixtures,
-    it finds nothing missing in the dense llama, qwen2 and gemma3 ones (the three it ran by name) and in qwen3
-    (gemma3's per-head q/k norms), phi3 without LongRoPE (its fused matrices are row views), seed_oss (added as
-    one description module: qwen2's features under other tensor names) and the experts of mixtral (llama) and
-    qwen3moe (csrc/cuda/qsc_moe.cuh), qwen35 and qwen35moe (their delta-net layers and gated attention:
-    csrc/cuda/qsc_gdn.cuh), and names a feature for every other
-    (smollm3: its layers without RoPE; granite: its multipliers; mistral3: YaRN ...)."""
+    it finds nothing missing in every dense one - llama (with Llama 3's frequency factors and YaRN), qwen2, qwen3,
+    gemma3 (and its linear scaling), phi3 (and LongRoPE), seed_oss, smollm3 (NoPE layers), granite (multipliers),
+    mistral3 (YaRN and temperature), gemma2 (soft-caps), olmo2 (no pre-norms, whole-projection q/k norms) and
+    gemma4 (per-layer shapes and embeddings, shared KV caches, V norms) - nor in the experts of mixtral (llama) and
+    qwen3moe (csrc/cuda/qsc_moe.cuh), nor in qwen35 and qwen35moe (the delta-net layers with their state on the
+    device and the gated attention outputs: csrc/cuda/qsc_gdn.cuh): every F32 fixture."""
     from quantscope.core.engine import cuda_backend
     from quantscope.core.model import read_config
 
@@ -278,21 +279,21 @@ def test_the_gpu_refuses_by_features_what_it_refused_by_name(tmp_path, vocab):
         cfg = read_config(GGUFFile(write_fixture(m["arch"], tmp_path / f"{key}.gguf", m["variant"], vocab=vocab)))
         if not cuda_backend.missing_features(cfg):
             runs.add(cfg.arch if not cfg.n_expert else f"{cfg.arch}+experts")
-    assert runs == {"llama", "qwen2", "gemma3", "qwen3", "phi3", "seed_oss", "llama+experts", "qwen3moe+experts",
+    assert runs == {"llama", "qwen2", "gemma3", "qwen3", "phi3", "seed_oss", "smollm3", "granite", "mistral3",
+                    "gemma2", "olmo2", "gemma4", "llama+experts", "qwen3moe+experts", "gpt-oss+experts",
                     "qwen35", "qwen35moe+experts"}
 
 
-def test_gemma4_runs_from_the_cli_and_stays_off_the_gpu(tmp_path, vocab, capsys):
-    """The CLI generates with a gemma4 file; the CUDA backend refuses its per-layer shapes by name (CPU fallback),
-    as it does a llama whose layers differ in FFN width."""
+def test_gemma4_runs_from_the_cli_and_has_a_gpu_path(tmp_path, vocab, capsys):
+    """The CLI generates with a gemma4 file; the CUDA backend finds nothing missing in it (per-layer shapes and
+    embeddings, shared KV caches: tests/test_cuda.py runs it), nor in a llama whose layers differ in FFN width."""
     from quantscope.core.engine import cuda_backend
 
     model, _, _ = load("gemma4-F32", tmp_path, vocab)
-    with pytest.raises(UnsupportedModel, match="no CUDA path"):
-        cuda_backend.check_config(model.config)
+    cuda_backend.check_config(model.config)
+    assert cuda_backend.missing_features(model.config) == []
     llama, _, _ = load("llama-F32", tmp_path, vocab)
-    with pytest.raises(UnsupportedModel, match="layers of different shapes"):
-        cuda_backend.check_config(dataclasses.replace(llama.config, layer_n_ff=(128, 64)))
+    assert cuda_backend.missing_features(dataclasses.replace(llama.config, layer_n_ff=(128, 64))) == []
     assert main(["generate", str(tmp_path / "gemma4-F32.gguf"), "-p", "The cat", "-n", "8", "--temp", "0"]) == 0
     assert capsys.readouterr().out.strip()  # the continuation (the prompt is not echoed)
     s = model.session(32)

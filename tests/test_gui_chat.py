@@ -821,6 +821,49 @@ def test_template_pane_never_breaks_a_special_token_across_lines(window, qtbot, 
     assert QApplication.clipboard().text() == prompt
 
 
+COPY_THEN_EXIT = {
+    # a bare Template pane: copy from it, then let the interpreter exit
+    "pane": """
+from PySide6.QtWidgets import QApplication
+from quantscope.gui.views.chat_tools import PromptEdit
+app = QApplication([])
+edit = PromptEdit()
+edit.setPlainText("<|im_\u2060start|>")
+edit.selectAll()
+edit.copy()
+print(QApplication.clipboard().text())
+""",
+    # the app itself: copy from its Template pane, then close the window (its own shutdown path)
+    "app": """
+import sys
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QApplication
+from quantscope.gui import app as qs
+a = QApplication([])
+def copy_and_close():
+    (win,) = [w for w in a.topLevelWidgets() if hasattr(w, "chat_view")]
+    edit = win.chat_view.preview_text
+    edit.setPlainText("<|im_\u2060start|>")
+    edit.selectAll()
+    edit.copy()
+    print(a.clipboard().text())
+    win.close()
+QTimer.singleShot(0, copy_and_close)
+sys.exit(qs.main([sys.argv[1]]))
+""",
+}
+
+
+@pytest.mark.parametrize("how", sorted(COPY_THEN_EXIT))
+def test_copying_from_the_template_pane_does_not_crash_at_exit(how, model_path):
+    """The pane's copy hands Qt mime data made in Python; offscreen Qt kept it in a global its exit handlers freed
+    after Python had finalized, and its destructor called into the dead interpreter: SIGSEGV once the tests passed."""
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    r = subprocess.run([sys.executable, "-c", COPY_THEN_EXIT[how], str(model_path("smollm2"))], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert (r.returncode, r.stdout) == (0, "<|im_start|>\n"), r.stderr[-2000:]
+
+
 def test_wrapped_code_keeps_its_indentation(qtbot):
     """Issue 34: at 1100×700 a reply's wrapped code line went on at the left edge. A wrapped code line's
     continuation starts under its own text, not under the indentation (as an editor's soft wrap does)."""

@@ -33,6 +33,7 @@ from .session import (
     head_scales,
     layer_description,
     layer_policy,
+    ple_inputs,
 )
 
 __all__ = [
@@ -58,6 +59,8 @@ GPU_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12:
              7: "Q5_1", 10: "Q2_K", 11: "Q3_K", 13: "Q5_K", 30: "BF16", 20: "IQ4_NL", 23: "IQ4_XS", 39: "MXFP4",
              40: "NVFP4", 16: "IQ2_XXS", 17: "IQ2_XS", 22: "IQ2_S", 18: "IQ3_XXS", 21: "IQ3_S", 19: "IQ1_S",
              29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0"}
+#: The largest head size the GPU attention takes (the CPU block's limit too).
+MAX_HEAD = 1024
 #: Activation types the device quantizers produce (ggml ids) and their (block elements, block bytes).
 ACT_LAYOUT = {8: (32, 34), 9: (32, 36), 15: (256, 292)}
 
@@ -151,6 +154,7 @@ typedef struct {
     float eps, embed_scale, final_softcap, logit_scale;
     qs_weight tok_embd, output;
     qs_vec output_norm;
+    const int32_t *kv_source;
 } qsc_model_desc;
 typedef struct {
     char name[256];
@@ -185,7 +189,7 @@ int qsc_kernel_rmsnorm(const float *x, const float *w, float *y, int n_rows, int
                        size_t err_len);
 int qsc_kernel_rope(float *x, int n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
                     float freq_base, int neox, char *err, size_t err_len);
-int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, int n, int gelu, char *err,
+int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, int n, int mode, char *err,
                    size_t err_len);
 int qsc_kernel_attention(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
                          const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv,
@@ -204,11 +208,32 @@ int qsc_head(qsc_model *m, const float *x, int n_rows, float *logits, char *err,
 int qsc_read_cache(qsc_model *m, int layer, int which, int n_rows, void *out, int64_t out_bytes, char *err,
                    size_t err_len);
 int qsc_host_probe_sumsq(float *acc, const float *x, int64_t T, int64_t n);
+int qsc_kernel_attention_ext(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                             const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv,
+                             int window, float scale, float softcap, const float *sinks, float *out, char *err,
+                             size_t err_len);
+int qsc_kernel_qk_post(float *q, float *k, int n_tokens, int n_head, int n_head_kv, int head_dim,
+                       const float *q_norm, const float *k_norm, int qk_full, float eps, const int32_t *pos,
+                       const qs_rope_desc *rope, float temp_scale, int64_t temp_floor, char *err, size_t err_len);
+int qsc_kernel_logits(float *x, int64_t n, float logit_scale, float softcap, char *err, size_t err_len);
+int qsc_host_attention(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                       const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv, int window,
+                       float scale, float softcap, const float *sinks, float *out);
+int qsc_host_qk_post(float *q, float *k, int n_tokens, int n_head, int n_head_kv, int head_dim, const float *q_norm,
+                     const float *k_norm, int qk_full, float eps, const int32_t *pos, const qs_rope_desc *rope,
+                     float temp_scale, int64_t temp_floor);
+int qsc_host_glu(const float *gate, const float *up, float *out, int64_t n, int mode);
+int qsc_host_logits(float *x, int64_t n, float logit_scale, float softcap);
+int qsc_host_residual(float *x, const float *o, const float *post_w, int n_rows, int n, float eps, float rs,
+                      float out_scale);
+int qsc_forward_ple(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
+                    const float *ple, int64_t ple_len, char *err, size_t err_len);
+qsc_model *qsc_host_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16,
+                                 int max_batch, char *err, size_t err_len);
 int qsc_host_gdn_mixer(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
-int qsc_host_ple(const qs_block *b, float *x, int n_tokens, char *err, size_t err_len);
-int qsc_recurrent_state(qsc_model *m, int op, char *err, size_t err_len);
 int qsc_host_qgate(const float *qg, const float *bq, const float *att, int n_tokens, int n_head, int head_dim,
                    float *q, float *out);
+int qsc_recurrent_state(qsc_model *m, int op, char *err, size_t err_len);
 """
 CDEF = NN_CDEF + API_CDEF
 
@@ -338,12 +363,13 @@ def _gpu_type(qtype: GGMLType | int | str) -> GGMLType:
     return t
 
 
-def _matrix(w: np.ndarray, t: GGMLType, rows: int, k: int) -> np.ndarray:
-    """Raw bytes of a ``rows`` x ``k`` matrix of type ``t``, checked (the GPU also needs k % 32 == 0)."""
+def _matrix(w: np.ndarray, t: GGMLType, rows: int, k: int, padded: bool = False) -> np.ndarray:
+    """Raw bytes of a ``rows`` x ``k`` matrix of type ``t``, checked (the GPU also needs k % 32 == 0, unless
+    ``padded``: F32/F16 rows the library pads to 32 itself, gemma4's per-layer embedding projection)."""
     a = np.ascontiguousarray(w)
     if a.dtype != np.uint8:
         raise TypeError(f"weights must be raw uint8 bytes, got {a.dtype}")
-    unit = max(t.block_elems, 32)
+    unit = 1 if padded and t.name in ("F32", "F16") else max(t.block_elems, 32)
     if rows <= 0 or k <= 0 or k % unit:
         raise ValueError(f"a {t.name} matrix needs rows > 0 and k a positive multiple of {unit}, got {rows} x {k}")
     if a.size != rows * t.row_bytes(k):
@@ -382,50 +408,20 @@ def block_features(b: Any) -> list[str]:
     """The features of one layer's forward description (a ``qs_block``) that the device code does not compute
     (empty: it runs on the GPU), as qsc_check_model names them. A vector or weight counts as present when it has
     a length or a pointer (a policy-only description marks presence by length)."""
-    a, r = b.attn, b.rope
-
-    def has(v: Any) -> bool:
-        return bool(v.ptr) or int(v.len) > 0
-
-    def one(x: float) -> bool:
-        return float(x) in (0.0, 1.0)
-
+    a = b.attn
     return [name for name, present in (
         ("gated delta-net weights without a conv size", b.gdn.conv <= 0 and bool(b.gdn.qkv.ptr)),
-        ("per-layer embeddings", b.ple.dim > 0 or bool(b.ple.gate.ptr)),
-        ("RoPE frequency factors", has(r.freqs)),
-        ("layers without RoPE", bool(r.skip)),
-        ("RoPE scaling (linear, YaRN, attention factor, temperature)",
-         not one(r.freq_scale) or r.ext_factor != 0.0 or not one(r.mscale) or a.temp_scale != 0.0),
-        ("soft-capped attention scores", a.softcap != 0.0),
-        ("residual and layer output multipliers", not one(b.residual_scale) or not one(b.out_scale)),
-        ("attention sinks", has(a.sinks)),
-        ("attention output biases", has(a.bo)),
         ("gated attention outputs other than qwen35's", a.q_gate not in (0, 1) or (a.q_gate and b.gdn.conv > 0)),
-        ("V RMSNorms", bool(a.v_norm)),
-        ("layers reading another layer's KV cache", bool(a.kv_reuse)),
-        ("q/k RMSNorms over the whole projection", bool(a.qk_norm_full)),
-        ("layers without pre-norms", not has(b.attn_norm) or not has(b.ffn_norm)),
     ) if present]
 
 
-def _shape(b: Any) -> tuple[int, ...]:
-    return (b.n_embd, b.attn.n_head, b.attn.n_head_kv, b.attn.head_dim, b.ffn.n_ff, b.rope.dim, b.rope.neox,
-            b.ffn.gelu)
-
-
 def description_features(blocks: list[Any], final_softcap: float = 0.0, logit_scale: float = 1.0) -> list[str]:
-    """Every feature of a model's forward description (its layers' ``qs_block`` s and the model-level scales)
-    that the device code lacks, each named once (empty: the GPU runs it)."""
+    """Every feature of a model's forward description (its layers' ``qs_block`` s) that the device code lacks,
+    each named once (empty: the GPU runs it). The model-level scales (gemma2's final soft-cap, granite's logit
+    scale) and layers of different shapes all have a GPU path."""
     out: list[str] = []
     for b in blocks:
         out += [f for f in block_features(b) if f not in out]
-    if blocks and any(_shape(b) != _shape(blocks[0]) for b in blocks):
-        out.append("layers of different shapes")
-    if final_softcap != 0.0:
-        out.append("soft-capped logits")
-    if float(logit_scale) not in (0.0, 1.0):
-        out.append("logit multipliers")
     return out
 
 
@@ -467,15 +463,20 @@ def check_config(cfg: ModelConfig) -> None:
     missing = missing_features(cfg)
     if missing:
         raise UnsupportedModel(f"{', '.join(missing)} have no CUDA path")
-    if cfg.n_head % cfg.n_head_kv:
-        raise UnsupportedModel(f"n_head {cfg.n_head} is not a multiple of n_head_kv {cfg.n_head_kv}")
-    if cfg.head_dim % 32 or cfg.head_dim > 256:
-        raise UnsupportedModel(f"head size {cfg.head_dim} has no CUDA path (the GPU attention needs a multiple of "
-                               "32, at most 256)")
-    if cfg.rope_dim <= 0 or cfg.rope_dim % 2 or cfg.rope_dim > cfg.head_dim:
-        raise UnsupportedModel(f"rope_dim {cfg.rope_dim} invalid for head_dim {cfg.head_dim}")
-    if cfg.n_embd % 32 or cfg.n_ff % 32:
-        raise UnsupportedModel(f"n_embd {cfg.n_embd} and n_ff {cfg.n_ff} must be multiples of 32 on the GPU")
+    if cfg.n_embd % 32:
+        raise UnsupportedModel(f"n_embd {cfg.n_embd} must be a multiple of 32 on the GPU")
+    for li in range(cfg.n_layers):  # every layer its own heads, head size, FFN width and rotated size
+        kv, hd, ff, rd = cfg.n_head_kv_at(li), cfg.head_dim_at(li), cfg.n_ff_at(li), cfg.rope_dim_at(li)
+        where = f"layer {li}: " if cfg.n_layers > 1 else ""
+        if kv <= 0 or cfg.n_head % kv:
+            raise UnsupportedModel(f"{where}n_head {cfg.n_head} is not a multiple of n_head_kv {kv}")
+        if not 0 < hd <= MAX_HEAD or cfg.n_head * hd % 32:
+            raise UnsupportedModel(f"{where}head size {hd} has no CUDA path (at most {MAX_HEAD}, n_head x head size "
+                                   "a multiple of 32)")
+        if cfg.uses_rope(li) and (rd <= 0 or rd % 2 or rd > hd):
+            raise UnsupportedModel(f"{where}rope_dim {rd} invalid for head_dim {hd}")
+        if ff <= 0 or ff % 32:
+            raise UnsupportedModel(f"{where}n_ff {ff} must be a positive multiple of 32 on the GPU")
     if max(sizes) >= 2**31:
         raise UnsupportedModel("model size does not fit in int32")
 
@@ -491,11 +492,12 @@ class Description:
         self.model, self.layers, self.n_layers, self.keep, self.matrices = model, layers, n_layers, keep, matrices
 
 
-def _bound(w: Weight, keep: list[Any], matrices: list[tuple[GGMLType, int, int]], device: bool) -> _Bound:
+def _bound(w: Weight, keep: list[Any], matrices: list[tuple[GGMLType, int, int]], device: bool,
+           padded: bool = False) -> _Bound:
     t, data = device_weight(w) if device else (w.type, w.data)
-    raw = _matrix(data, t, w.rows, w.k) if device else np.ascontiguousarray(data)
+    raw = _matrix(data, t, w.rows, w.k, padded) if device else np.ascontiguousarray(data)
     keep.append(raw)
-    matrices.append((t, w.rows, w.k))
+    matrices.append((t, w.rows, -(-w.k // 32) * 32 if padded else w.k))
     return _Bound(t.id, cpu_ffi.cast("uint8_t *", cpu_ffi.from_buffer(raw)), w.rows, w.k, int(raw.nbytes))
 
 
@@ -509,7 +511,7 @@ def model_description(model: Model, n_ctx: int, device: bool = True) -> tuple[De
     rope_factors = mw.rope_factors(n_ctx)
     cpu_blocks = []
     for li, lw in enumerate(mw.layers):
-        lb = {key: _bound(w, keep, matrices, device) for key, w in _layer_matrices(lw)}
+        lb = {key: _bound(w, keep, matrices, device, padded=key == "ple_proj") for key, w in _layer_matrices(lw)}
         if lw.wv is lw.wk and "wk" in lb:
             lb["wv"] = lb["wk"]
         cpu_blocks.append(layer_description(c, li, lw, lb, rope_factors))
@@ -533,6 +535,9 @@ def model_description(model: Model, n_ctx: int, device: bool = True) -> tuple[De
     norm = _floats(mw.output_norm, "output_norm").reshape(-1)
     keep.append(norm)
     md.output_norm.ptr, md.output_norm.len = _p(norm, "float *"), norm.size
+    kv_source = np.array([c.kv_source(li) for li in range(c.n_layers)], np.int32)
+    keep.append(kv_source)
+    md.kv_source = _p(kv_source, "int32_t *")
     keep += cpu_blocks
     return Description(md, layers, len(cpu_blocks), keep, matrices), cpu_blocks
 
@@ -678,21 +683,33 @@ def gpu_rope(x: np.ndarray, positions: np.ndarray, *, rot_dim: int | None = None
     return xa
 
 
-def gpu_glu(gate: np.ndarray, up: np.ndarray, gelu: bool) -> np.ndarray:
-    """SiLU (or GELU-tanh) gated unit on the device."""
+#: The gated units of the FFN by name: the ``mode`` of qsc_kernel_glu / qsc_host_glu.
+GLU_MODES = {"swiglu": 0, "gelu": 1, "swiglu_oai": 2}
+
+
+def _glu_args(gate: np.ndarray, up: np.ndarray, mode: str | bool) -> tuple[np.ndarray, np.ndarray, int]:
     g = _floats(gate, "gate")
     u = _floats(up, "up", g.shape)
+    name = ("gelu" if mode else "swiglu") if isinstance(mode, bool) else mode
+    if name not in GLU_MODES or g.size == 0:
+        raise ValueError(f"gated unit {mode!r} on {g.size} values: one of {', '.join(GLU_MODES)} on at least one")
+    return g, u, GLU_MODES[name]
+
+
+def gpu_glu(gate: np.ndarray, up: np.ndarray, gelu: bool | str) -> np.ndarray:
+    """The gated unit on the device: SiLU (False / "swiglu"), GELU-tanh (True / "gelu") or gpt-oss's clamped
+    SwiGLU ("swiglu_oai")."""
+    g, u, mode = _glu_args(gate, up, gelu)
     n = g.shape[-1]
     out = np.empty_like(g)
     err = _err()
-    _check(_gpu().qsc_kernel_glu(_p(g, "float *"), _p(u, "float *"), _p(out, "float *"), g.size // n, n,
-                                 int(gelu), err, _ERR_LEN), err, "glu")
+    _check(_gpu().qsc_kernel_glu(_p(g, "float *"), _p(u, "float *"), _p(out, "float *"), g.size // n, n, mode, err,
+                                 _ERR_LEN), err, "glu")
     return out
 
 
-def gpu_attention(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_kv: int, *,
-                  scale: float, window: int = 0) -> np.ndarray:
-    """Attention over a ``(n_ctx, n_kv_heads, head_dim)`` F32/F16 cache on the device (as core.native.nn)."""
+def _attention_args(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_kv: int,
+                    window: int, softcap: float, sinks: np.ndarray | None) -> tuple[Any, ...]:
     qa = _floats(q, "q")
     if qa.ndim != 3:
         raise ValueError("q must be (n_q, n_heads, head_dim)")
@@ -704,19 +721,160 @@ def gpu_attention(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache
     n_kv_heads = k_cache.shape[1]
     if n_heads % n_kv_heads:
         raise ValueError(f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")
-    if hd % 32 or hd > 256:
-        raise ValueError(f"head_dim {hd} must be a multiple of 32, at most 256")
+    if not 0 < hd <= MAX_HEAD:
+        raise ValueError(f"head_dim {hd} must lie in 1..{MAX_HEAD}")
     if not 0 < n_kv <= k_cache.shape[0]:
         raise ValueError(f"n_kv {n_kv} outside 1..{k_cache.shape[0]}")
+    if not 0 <= window < 2**31 or not (np.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"window {window} / soft-cap {softcap} out of range")
     pos = _i32(q_pos, "q_pos", n_q)
+    if pos.size and pos.min() < 0:
+        raise ValueError("query positions must be >= 0")
+    sk = None if sinks is None else _floats(sinks, "sinks", (n_heads,))
+    if sk is not None and not np.isfinite(sk).all():
+        raise ValueError("sinks must be finite")
     kc = np.ascontiguousarray(k_cache[:n_kv])
     vc = np.ascontiguousarray(v_cache[:n_kv])
+    return qa, pos, kc, vc, sk, (n_q, n_heads, hd, n_kv_heads)
+
+
+def gpu_attention(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_kv: int, *,
+                  scale: float, window: int = 0, softcap: float = 0.0,
+                  sinks: np.ndarray | None = None) -> np.ndarray:
+    """Attention over a ``(n_ctx, n_kv_heads, head_dim)`` F32/F16 cache on the device (as core.native.nn's, with
+    its soft-cap and sinks; any head size up to :data:`MAX_HEAD`)."""
+    qa, pos, kc, vc, sk, (n_q, n_heads, hd, n_kv_heads) = _attention_args(q, q_pos, k_cache, v_cache, n_kv, window,
+                                                                         softcap, sinks)
     out = np.empty_like(qa)
     err = _err()
-    _check(_gpu().qsc_kernel_attention(_p(qa, "float *"), n_q, _p(pos, "int32_t *"), n_heads, hd,
-                                       _p(kc, "void *"), _p(vc, "void *"), int(kc.dtype == np.float16), n_kv_heads,
-                                       n_kv, window, scale, _p(out, "float *"), err, _ERR_LEN), err, "attention")
+    _check(_gpu().qsc_kernel_attention_ext(_p(qa, "float *"), n_q, _p(pos, "int32_t *"), n_heads, hd,
+                                           _p(kc, "void *"), _p(vc, "void *"), int(kc.dtype == np.float16),
+                                           n_kv_heads, n_kv, window, scale, softcap,
+                                           ffi.NULL if sk is None else _p(sk, "float *"), _p(out, "float *"), err,
+                                           _ERR_LEN), err, "attention")
     return out
+
+
+def host_attention(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_kv: int, *,
+                   scale: float, window: int = 0, softcap: float = 0.0,
+                   sinks: np.ndarray | None = None) -> np.ndarray:
+    """:func:`gpu_attention`'s arithmetic run on the CPU as the kernel runs it (8 online softmaxes over the keys
+    round-robin, merged with the sink): the host emulation of k_attention."""
+    qa, pos, kc, vc, sk, (n_q, n_heads, hd, n_kv_heads) = _attention_args(q, q_pos, k_cache, v_cache, n_kv, window,
+                                                                         softcap, sinks)
+    out = np.empty_like(qa)
+    rc = _library().qsc_host_attention(_p(qa, "float *"), n_q, _p(pos, "int32_t *"), n_heads, hd, _p(kc, "void *"),
+                                       _p(vc, "void *"), int(kc.dtype == np.float16), n_kv_heads, n_kv, window, scale,
+                                       softcap, ffi.NULL if sk is None else _p(sk, "float *"), _p(out, "float *"))
+    if rc != 0:
+        raise CudaError("qsc_host_attention refused its arguments")
+    return out
+
+
+def rope_desc(rot_dim: int, *, base: float = 10000.0, neox: bool = False, freq_scale: float = 1.0,
+              ext_factor: float = 0.0, corr: tuple[float, float] = (0.0, 0.0), mscale: float = 1.0,
+              factors: np.ndarray | None = None, skip: bool = False) -> tuple[Any, list[Any]]:
+    """A ``qs_rope_desc`` (the forward description's RoPE group) for the qk_post entry points, and the arrays its
+    pointers reach (keep them alive while it is used)."""
+    r = ffi.new("qs_rope_desc *")
+    r.skip, r.dim, r.neox, r.base, r.freq_scale = int(skip), rot_dim, int(neox), base, freq_scale
+    r.ext_factor, r.corr0, r.corr1, r.mscale = ext_factor, corr[0], corr[1], mscale
+    keep: list[Any] = []
+    if factors is not None:
+        f = _floats(factors, "factors").reshape(-1)
+        keep.append(f)
+        r.freqs.ptr, r.freqs.len = _p(f, "float *"), f.size
+    return r, keep
+
+
+def _qk_post(host: bool, q: np.ndarray, k: np.ndarray | None, pos: np.ndarray, rope: Any, q_norm: np.ndarray | None,
+             k_norm: np.ndarray | None, qk_full: bool, eps: float, temp_scale: float,
+             temp_floor: int) -> tuple[np.ndarray, np.ndarray | None]:
+    qa = _floats(q, "q").copy()
+    if qa.ndim != 3:
+        raise ValueError("q must be (n_tokens, n_head, head_dim)")
+    T, H, hd = qa.shape
+    ka = None if k is None else _floats(k, "k").copy()
+    if ka is not None and (ka.ndim != 3 or ka.shape[0] != T or ka.shape[2] != hd):
+        raise ValueError(f"k must be ({T}, n_head_kv, {hd})")
+    KV = 0 if ka is None else ka.shape[1]
+    if (q_norm is None) != (k_norm is None) or (q_norm is not None and ka is None):
+        raise ValueError("q_norm and k_norm go together, with k")
+    qn = None if q_norm is None else _floats(q_norm, "q_norm", ((H * hd) if qk_full else hd,))
+    kn = None if k_norm is None else _floats(k_norm, "k_norm", ((KV * hd) if qk_full else hd,))
+    p = _i32(pos, "pos", T)
+    args = (_p(qa, "float *"), ffi.NULL if ka is None else _p(ka, "float *"), T, H, KV, hd,
+            ffi.NULL if qn is None else _p(qn, "float *"), ffi.NULL if kn is None else _p(kn, "float *"), int(qk_full),
+            eps, _p(p, "int32_t *"), rope, temp_scale, temp_floor)
+    if host:
+        if _library().qsc_host_qk_post(*args) != 0:
+            raise CudaError("qsc_host_qk_post refused its arguments")
+    else:
+        err = _err()
+        _check(_gpu().qsc_kernel_qk_post(*args, err, _ERR_LEN), err, "qk_post")
+    return qa, ka
+
+
+def host_qk_post(q: np.ndarray, k: np.ndarray | None, pos: np.ndarray, rope: Any, *, q_norm: np.ndarray | None = None,
+                 k_norm: np.ndarray | None = None, qk_full: bool = False, eps: float = 1e-6, temp_scale: float = 0.0,
+                 temp_floor: int = 1) -> tuple[np.ndarray, np.ndarray | None]:
+    """What k_qk_post does to ``q`` (T, n_head, hd) and ``k`` (T, n_head_kv, hd) - q/k RMSNorms, RoPE as the
+    ``qs_rope_desc`` ``rope`` says (:func:`rope_desc`), the query temperature - run on the CPU; new arrays."""
+    return _qk_post(True, q, k, pos, rope, q_norm, k_norm, qk_full, eps, temp_scale, temp_floor)
+
+
+def gpu_qk_post(q: np.ndarray, k: np.ndarray | None, pos: np.ndarray, rope: Any, *, q_norm: np.ndarray | None = None,
+                k_norm: np.ndarray | None = None, qk_full: bool = False, eps: float = 1e-6, temp_scale: float = 0.0,
+                temp_floor: int = 1) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`host_qk_post` on the device (the k_qk_post kernel itself)."""
+    return _qk_post(False, q, k, pos, rope, q_norm, k_norm, qk_full, eps, temp_scale, temp_floor)
+
+
+def host_glu(gate: np.ndarray, up: np.ndarray, mode: str) -> np.ndarray:
+    """The device's gated unit (``mode`` of :data:`GLU_MODES`) run on the CPU."""
+    g, u, m = _glu_args(gate, up, mode)
+    out = np.empty_like(g)
+    if _library().qsc_host_glu(_p(g, "float *"), _p(u, "float *"), _p(out, "float *"), g.size, m) != 0:
+        raise CudaError("qsc_host_glu failed")
+    return out
+
+
+def _logits(host: bool, x: np.ndarray, logit_scale: float, softcap: float) -> np.ndarray:
+    xa = _floats(x, "logits").copy()
+    if xa.size == 0 or not (np.isfinite(softcap) and softcap >= 0) or not np.isfinite(logit_scale):
+        raise ValueError(f"{xa.size} logits / soft-cap {softcap} / logit scale {logit_scale} out of range")
+    if host:
+        if _library().qsc_host_logits(_p(xa, "float *"), xa.size, logit_scale, softcap) != 0:
+            raise CudaError("qsc_host_logits failed")
+    else:
+        err = _err()
+        _check(_gpu().qsc_kernel_logits(_p(xa, "float *"), xa.size, logit_scale, softcap, err, _ERR_LEN), err,
+               "logits")
+    return xa
+
+
+def host_logits(x: np.ndarray, logit_scale: float = 1.0, softcap: float = 0.0) -> np.ndarray:
+    """The head's logit scale and final soft-cap as the device applies them, run on the CPU."""
+    return _logits(True, x, logit_scale, softcap)
+
+
+def gpu_logits(x: np.ndarray, logit_scale: float = 1.0, softcap: float = 0.0) -> np.ndarray:
+    """:func:`host_logits` on the device."""
+    return _logits(False, x, logit_scale, softcap)
+
+
+def host_residual(x: np.ndarray, o: np.ndarray, post_w: np.ndarray | None, *, eps: float, rs: float = 1.0,
+                  out_scale: float = 1.0) -> np.ndarray:
+    """k_norm_quant's residual update run on the CPU: ``(x + rs * [RMSNorm](o) * post_w) * out_scale`` per row."""
+    xa = _floats(x, "x").copy()
+    if xa.ndim != 2 or xa.size == 0:
+        raise ValueError("x must be (n_rows, n)")
+    oa = _floats(o, "o", xa.shape)
+    w = None if post_w is None else _floats(post_w, "post_w", (xa.shape[1],))
+    if _library().qsc_host_residual(_p(xa, "float *"), _p(oa, "float *"), ffi.NULL if w is None else _p(w, "float *"),
+                                    xa.shape[0], xa.shape[1], eps, rs, out_scale) != 0:
+        raise CudaError("qsc_host_residual failed")
+    return xa
 
 
 # ---------------------------------------------------------------------------------------------------- sessions
@@ -735,12 +893,14 @@ class CudaSession:
     """One conversation on the GPU, with the CPU :class:`~quantscope.core.engine.session.Session`'s API.
 
     The weights of ``model`` are uploaded when the session is created (one copy per session) and the KV cache
-    lives on the device; :meth:`forward` returns the logits on the host.
+    lives on the device; :meth:`forward` returns the logits on the host. ``host_emulation``: the device's forward
+    pass run on the CPU instead (every kernel replaced by its host twin, csrc/cuda/qsc_emul.cuh; no GPU needed,
+    slow): what tests use to check the device code's whole forward on machines without a GPU.
     """
 
     def __init__(self, model: Model, n_ctx: int = 2048, kv_dtype: type = np.float16, max_batch: int = 512,
-                 graphs: bool = True) -> None:
-        ok, why = cuda_status()
+                 graphs: bool = True, host_emulation: bool = False) -> None:
+        ok, why = (True, "") if host_emulation else cuda_status()
         if not ok:
             raise CudaUnavailable(why)
         if not 0 < n_ctx < 2**31 or not 0 < max_batch <= 4096:
@@ -765,10 +925,10 @@ class CudaSession:
         self.weight_bytes_per_token = sum(packed_bytes(t, rows, k) for t, rows, k in desc.matrices)
         self._lib = _library()
         err = _err()
-        ptr = self._lib.qsc_model_create(desc.model, desc.layers, n_ctx, int(kv_dtype == np.float16), max_batch,
-                                         err, _ERR_LEN)
+        create = self._lib.qsc_host_model_create if host_emulation else self._lib.qsc_model_create
+        ptr = create(desc.model, desc.layers, n_ctx, int(kv_dtype == np.float16), max_batch, err, _ERR_LEN)
         if ptr == ffi.NULL:
-            raise CudaError(f"qsc_model_create: {_msg(err)}")
+            raise CudaError(f"{'qsc_host_model_create' if host_emulation else 'qsc_model_create'}: {_msg(err)}")
         self._m: Any = ptr
         self._stats: list[dict[str, np.ndarray]] | None = None
         try:
@@ -780,7 +940,8 @@ class CudaSession:
     @property
     def kv_bytes(self) -> int:
         c = self.config
-        return 2 * c.n_layers * self.n_ctx * c.n_head_kv * c.head_dim * np.dtype(self.kv_dtype).itemsize
+        per_pos = sum(c.n_head_kv_at(li) * c.head_dim_at(li) for li in range(c.n_layers) if c.kv_source(li) == li)
+        return 2 * self.n_ctx * per_pos * np.dtype(self.kv_dtype).itemsize
 
     @property
     def device_bytes(self) -> int:
@@ -807,7 +968,7 @@ class CudaSession:
     def truncate(self, n: int) -> None:
         """Forget cached positions from ``n`` on (e.g. to rewind a turn). With delta-net layers, as the CPU
         session: ``n_past`` goes back to the checkpoint (:meth:`checkpoint`) if it is at or before ``n``, else to
-        0 (the device zeroes the state at position 0): read ``n_past`` after."""
+        0 (the forward zeroes the state at position 0): read ``n_past`` after."""
         n = max(0, min(self.n_past, n))
         if not self.recurrent or n == self.n_past:
             self.n_past = n
@@ -820,7 +981,7 @@ class CudaSession:
             self.reset()
 
     def checkpoint(self) -> None:
-        """Save the recurrent state at the current position on the device, so that :meth:`truncate` can return
+        """Save the recurrent state at the current position (on the device), so that :meth:`truncate` can return
         to it; a no-op for attention-only models, whose cache rewinds to any position."""
         if self.recurrent:
             self._state(1)
@@ -852,17 +1013,32 @@ class CudaSession:
         out = np.empty((T, V) if all_logits else (V,), np.float32)
         c, m = self.config, self._live()
         err = _err()
+        ple = None
+        if self.config.ple_dim:  # gemma4: the per-layer inputs of these tokens, [T][n_layers][ple_dim]
+            e = self.model.tok_embd
+            x = K.get_rows(e.type, e.data, e.rows, e.k, ids, threads=self.model.threads)
+            if self.config.embed_scale != 1.0:
+                x *= np.float32(self.config.embed_scale)
+            ple = np.ascontiguousarray(ple_inputs(self.model, ids, x).transpose(1, 0, 2))
+
+        def run() -> None:
+            if ple is not None:
+                _check(self._lib.qsc_forward_ple(m, _p(i32, "int32_t *"), T, self.n_past, int(all_logits),
+                                                 _p(out, "float *"), _p(ple, "float *"), ple.size, err, _ERR_LEN),
+                       err, "forward")
+            else:
+                _check(self._lib.qsc_forward(m, _p(i32, "int32_t *"), T, self.n_past, int(all_logits),
+                                             _p(out, "float *"), err, _ERR_LEN), err, "forward")
+
         if trace is None:
-            _check(self._lib.qsc_forward(m, _p(i32, "int32_t *"), T, self.n_past, int(all_logits),
-                                         _p(out, "float *"), err, _ERR_LEN), err, "forward")
+            run()
         else:
             resid = np.empty((c.n_layers + 1, T, c.n_embd), np.float32)
             queries = np.empty((c.n_layers, T, c.n_head, c.head_dim), np.float32)
             _check(self._lib.qsc_probe_trace(m, _p(resid, "float *"), _p(queries, "float *"), T, err, _ERR_LEN),
                    err, "probe trace")
             try:
-                _check(self._lib.qsc_forward(m, _p(i32, "int32_t *"), T, self.n_past, int(all_logits),
-                                             _p(out, "float *"), err, _ERR_LEN), err, "forward")
+                run()
             finally:
                 self._lib.qsc_probe_trace(m, ffi.NULL, ffi.NULL, 0, ffi.NULL, 0)
             trace.resid, trace.positions = list(resid), np.arange(self.n_past, self.n_past + T, dtype=np.int32)

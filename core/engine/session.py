@@ -260,6 +260,30 @@ def layer_description(c: ModelConfig, li: int, lw: LayerWeights, lb: dict[str, _
     return b
 
 
+def ple_inputs(m: Model, ids: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Gemma 4's per-layer inputs ``[n_layers][T][ple_dim]`` for tokens ``ids`` whose scaled embeddings are ``x``:
+    each token's row of per_layer_token_embd times sqrt(ple_dim), plus the scaled embedding projected by
+    per_layer_model_proj (times 1/sqrt(n_embd)) and RMS-normalized per layer, the sum times 1/sqrt(2) (llama.cpp's
+    project_per_layer_inputs). The CPU session and the CUDA backend both take them from here."""
+    c, w = m.config, m.weights
+    L, P, T = c.n_layers, c.ple_dim, ids.size
+    pm = m.ple_model_proj
+    assert w.ple_tok_embd is not None and pm is not None and w.ple_proj_norm is not None
+    e = w.ple_tok_embd
+    tok = K.get_rows(e.type, e.data, e.rows, e.k, ids, threads=m.threads) * np.float32(math.sqrt(P))
+    xa = np.ascontiguousarray(x, dtype=np.float32)
+    proj = np.empty((T, pm.rows), dtype=np.float32)
+    K.check(lib.qs_matmat(pm.type_id, pm.ptr, pm.rows, pm.k, _fp(xa), T, _fp(proj), m.threads), "matmul")
+    proj = np.ascontiguousarray((proj * np.float32(1.0 / math.sqrt(c.n_embd))).reshape(T * L, P))
+    norm = np.ascontiguousarray(w.ple_proj_norm, dtype=np.float32)
+    if norm.size != P:
+        raise ModelError(f"norm of {norm.size} values for rows of {P}")
+    normed = np.empty_like(proj)
+    lib.qs_rmsnorm(_fp(proj), _fp(norm), _fp(normed), T * L, P, c.rms_eps)
+    out = (normed.reshape(T, L * P) + tok) * np.float32(1.0 / math.sqrt(2.0))
+    return np.ascontiguousarray(out.reshape(T, L, P).transpose(1, 0, 2))
+
+
 class ForwardTrace:
     """What :meth:`Session.forward` keeps for the probe (docs/probe.md): ``resid``, the residual stream entering each
     layer and leaving the last (``n_layers + 1`` float32 arrays of ``(T, n_embd)``); ``queries``, each attention
@@ -501,19 +525,7 @@ class Session:
         return x
 
     def _ple_inputs(self, ids: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """Gemma 4's per-layer inputs ``[n_layers][T][ple_dim]``: each token's row of per_layer_token_embd times
-        sqrt(ple_dim), plus the scaled embedding projected by per_layer_model_proj (times 1/sqrt(n_embd)) and
-        RMS-normalized per layer, the sum times 1/sqrt(2) (llama.cpp's project_per_layer_inputs)."""
-        m, c = self.model, self.model.config
-        w = m.weights
-        L, P, T = c.n_layers, c.ple_dim, ids.size
-        assert w.ple_tok_embd is not None and w.ple_model_proj is not None and w.ple_proj_norm is not None
-        e = w.ple_tok_embd
-        tok = K.get_rows(e.type, e.data, e.rows, e.k, ids, threads=m.threads) * np.float32(math.sqrt(P))
-        proj = self._mm(m.ple_model_proj, np.ascontiguousarray(x)) * np.float32(1.0 / math.sqrt(c.n_embd))
-        proj = self._rmsnorm(np.ascontiguousarray(proj.reshape(T * L, P)), w.ple_proj_norm, P).reshape(T, L * P)
-        out = (proj + tok) * np.float32(1.0 / math.sqrt(2.0))
-        return np.ascontiguousarray(out.reshape(T, L, P).transpose(1, 0, 2))
+        return ple_inputs(self.model, ids, x)
 
     def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False, logits: bool = True,
                 trace: ForwardTrace | None = None) -> np.ndarray:

@@ -13,12 +13,15 @@
  */
 
 /* The model-level part of the forward description: the embedding, the head and their scales. output
- * zero-filled (ptr NULL, rows 0): tied to tok_embd (no second copy). eps: the final norm's. */
+ * zero-filled (ptr NULL, rows 0): tied to tok_embd (no second copy). eps: the final norm's. kv_source: NULL, or
+ * n_layers entries, the layer whose KV cache each layer attends to (itself; for a layer with attn.kv_reuse, an
+ * earlier layer with a cache of its own and the same KV heads and head size: gemma4's shared layers). */
 typedef struct {
     int n_layers, n_vocab;
     float eps, embed_scale, final_softcap, logit_scale; /* final_softcap 0: none; logit_scale 0 or 1: none */
     qs_weight tok_embd, output;
     qs_vec output_norm;
+    const int32_t *kv_source;
 } qsc_model_desc;
 
 typedef struct {
@@ -65,7 +68,7 @@ int qsc_kernel_rmsnorm(const float *x, const float *w, float *y, int n_rows, int
                        size_t err_len);
 int qsc_kernel_rope(float *x, int n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
                     float freq_base, int neox, char *err, size_t err_len);
-int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, int n, int gelu, char *err,
+int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, int n, int mode, char *err,
                    size_t err_len);
 int qsc_kernel_attention(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
                          const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv,
@@ -93,15 +96,48 @@ int qsc_read_cache(qsc_model *m, int layer, int which, int n_rows, void *out, in
                    size_t err_len);
 int qsc_host_probe_sumsq(float *acc, const float *x, int64_t T, int64_t n);
 
-/* ---- gated delta-net layers (qsc_gdn.cuh) and per-layer embeddings (qsc_ple.cuh) compiled for the host: one layer's
- * delta-net mixer on h [n_tokens][n_embd] into out, its conv_state / ssm_state updated in place; the per-layer
- * embedding step in place on x [n_tokens][n_embd] (no GPU needed) */
+/* ---- the dense architecture features (tests/test_cuda_features.py): each on the device (qsc_kernel_*) and its
+ * per-element math (qsc_arch.cuh) run on the host the way the kernel runs it (qsc_host_*). glu mode: 0 SwiGLU,
+ * 1 GELU-tanh, 2 gpt-oss's clamped SwiGLU. qk_post: the q/k RMSNorms (both or neither; per head, or qk_full over
+ * the whole projection), RoPE as the description's qs_rope_desc says (NoPE, scaling, factors), the query
+ * temperature, in place (k NULL: queries only). attention: scores scaled, soft-capped (0: none), with one sink per
+ * query head (NULL: none), any head size up to 1024. logits: divided by logit_scale (0 or 1: none), then
+ * soft-capped (0: none). residual: x = (x + rs * [RMSNorm](o) * post_w) * out_scale, post_w NULL: o as it is. */
+int qsc_kernel_attention_ext(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                             const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv,
+                             int window, float scale, float softcap, const float *sinks, float *out, char *err,
+                             size_t err_len);
+int qsc_kernel_qk_post(float *q, float *k, int n_tokens, int n_head, int n_head_kv, int head_dim,
+                       const float *q_norm, const float *k_norm, int qk_full, float eps, const int32_t *pos,
+                       const qs_rope_desc *rope, float temp_scale, int64_t temp_floor, char *err, size_t err_len);
+int qsc_kernel_logits(float *x, int64_t n, float logit_scale, float softcap, char *err, size_t err_len);
+int qsc_host_attention(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                       const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv, int window,
+                       float scale, float softcap, const float *sinks, float *out);
+int qsc_host_qk_post(float *q, float *k, int n_tokens, int n_head, int n_head_kv, int head_dim, const float *q_norm,
+                     const float *k_norm, int qk_full, float eps, const int32_t *pos, const qs_rope_desc *rope,
+                     float temp_scale, int64_t temp_floor);
+int qsc_host_glu(const float *gate, const float *up, float *out, int64_t n, int mode);
+int qsc_host_logits(float *x, int64_t n, float logit_scale, float softcap);
+int qsc_host_residual(float *x, const float *o, const float *post_w, int n_rows, int n, float eps, float rs,
+                      float out_scale);
+/* The device's forward pass run on the host (tests, machines without a GPU): a model like qsc_model_create's, its
+ * buffers in host memory and each kernel replaced by its host twin (qsc_emul.cuh); qsc_forward, qsc_set_graphs,
+ * qsc_model_device_bytes and qsc_model_free take it. Needs no GPU, driver or CUDA call. */
+/* qsc_forward for a model with per-layer embeddings (gemma4: the layers' ple.dim P > 0): ple holds the call's
+ * per-layer inputs [n_tokens][n_layers][P] (ple_len floats, exactly that many); qsc_forward refuses such a model. */
+int qsc_forward_ple(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
+                    const float *ple, int64_t ple_len, char *err, size_t err_len);
+qsc_model *qsc_host_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16,
+                                 int max_batch, char *err, size_t err_len);
+
+/* ---- qwen35 (qsc_gdn.cuh) compiled for the host: one layer's gated delta-net mixer on h [n_tokens][n_embd] into
+ * out, its conv_state / ssm_state updated in place; the gated attention's split of wq's output qg
+ * [n_tokens][n_head][2 head_dim] (each head's query, then its gate) into q (+ bq, NULL: none), and
+ * out = att * sigmoid(gate) (no GPU needed) */
 int qsc_host_gdn_mixer(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
-int qsc_host_ple(const qs_block *b, float *x, int n_tokens, char *err, size_t err_len);
-/* the session's recurrent state (every delta-net layer's conv and ssm state; qsc_forward zeroes it at position 0):
- * op 0 zero it, 1 save it as the checkpoint, 2 restore the checkpoint, 3 ask whether there is one (1 / 0) */
-int qsc_recurrent_state(qsc_model *m, int op, char *err, size_t err_len);
-/* qwen35's gated attention outputs compiled for the host: wq's output qg [n_tokens][n_head][2 head_dim] (each head's
- * query, then its gate) split into q (+ bq, NULL: none), and out = att * sigmoid(gate) */
 int qsc_host_qgate(const float *qg, const float *bq, const float *att, int n_tokens, int n_head, int head_dim,
                    float *q, float *out);
+/* the session's recurrent state (every delta-net layer's conv and ssm state; the forward zeroes it at position 0):
+ * op 0 zero it, 1 save it as the checkpoint, 2 restore the checkpoint, 3 ask whether there is one (1 / 0) */
+int qsc_recurrent_state(qsc_model *m, int op, char *err, size_t err_len);

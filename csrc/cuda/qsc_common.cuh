@@ -24,6 +24,8 @@ extern "C" {
 
 #define HD __host__ __device__ __forceinline__
 
+#include "qsc_arch.cuh" /* the dense architecture features' per-element math (RoPE, soft-caps, GLUs, ...) */
+
 /* ggml type ids */
 enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q8_1 = 9, T_Q4_K = 12, T_Q6_K = 14,
        T_Q8_K = 15 };
@@ -569,11 +571,13 @@ static inline void set_err(char *err, size_t len, const char *fmt, ...) {
     va_end(ap);
 }
 
-/* The model-wide sizes the device code works with, read from the forward description (qsc_check_model makes
- * sure every layer agrees with layer 0 on them). */
+/* The model-wide sizes the device code works with, read from the forward description; every layer has its own
+ * heads, head size, FFN width and policy (check_model checks each), the scratch is sized by the largest. */
 struct Dims {
-    int n_layers, E, H, KV, hd, F, V, rope_dim, neox, gelu;
-    float eps, embed_scale;
+    int n_layers, E, V;
+    float eps, embed_scale, final_softcap, logit_scale;
+    int64_t max_qd, max_kd, max_f;
+    int ple, ple_pad; /* gemma4's per-layer embedding width (0: none), rounded up to the matmul's 32 */
 };
 
 static inline bool vec_ok(const qs_vec &v, int64_t n, bool required) {
@@ -595,29 +599,125 @@ static inline bool is_one(float x) { return x == 0.0f || x == 1.0f; }
 /* The first feature of layer b that the device code does not compute (NULL: none). */
 static inline const char *missing_feature(const qs_block &b) {
     const qs_attn_desc &a = b.attn;
-    const qs_rope_desc &r = b.rope;
     if (!b.gdn.conv && b.gdn.qkv.ptr) return "gated delta-net weights without a conv size";
-    if (b.ple.dim || b.ple.gate.ptr) return "per-layer embeddings";
-    if (r.freqs.ptr || r.freqs.len) return "RoPE frequency factors";
-    if (r.skip) return "layers without RoPE";
-    if (!is_one(r.freq_scale) || r.ext_factor != 0.0f || !is_one(r.mscale) || a.temp_scale != 0.0f)
-        return "RoPE scaling (linear, YaRN, attention factor, temperature)";
-    if (a.softcap != 0.0f) return "soft-capped attention scores";
-    if (!is_one(b.residual_scale) || !is_one(b.out_scale)) return "residual and layer output multipliers";
-    if (a.sinks.ptr || a.sinks.len) return "attention sinks";
-    if (a.bo.ptr || a.bo.len) return "attention output biases";
     if (a.q_gate != 0 && (a.q_gate != 1 || b.gdn.conv)) return "gated attention outputs other than qwen35's";
-    if (a.v_norm) return "V RMSNorms";
-    if (a.kv_reuse) return "layers reading another layer's KV cache";
-    if (a.qk_norm_full) return "q/k RMSNorms over the whole projection";
-    if (!b.attn_norm.ptr || !b.ffn_norm.ptr) return "layers without pre-norms";
     if (b.probe.attn || b.probe.wo || b.probe.ffn || b.probe.down || b.probe.exp_count || b.probe.q)
         return "probes";
     return nullptr;
 }
 
+/* A layer's RoPE as the device applies it: the description's, its 0-means-1 scales resolved as the CPU block
+ * resolves them; factors: where the device (or the host emulation) reads rope.freqs. */
+static inline RopeP rope_params(const qs_rope_desc &r, const float *factors) {
+    RopeP p = {r.skip ? 1 : 0, r.dim, r.neox ? 1 : 0, r.base, is_one(r.freq_scale) ? 1.0f : r.freq_scale,
+               r.ext_factor, r.corr0, r.corr1, is_one(r.mscale) ? 1.0f : r.mscale, r.skip ? nullptr : factors};
+    return p;
+}
+
+/* The arguments of the qk_post test entry points (device and host): sizes, positions >= 0, a RoPE description
+ * the device takes (as check_layer), a temperature with its floor. */
+static inline bool qk_post_args_ok(const float *q, const float *k, int n_tokens, int n_head, int n_head_kv,
+                                   int head_dim, const int32_t *pos, const qs_rope_desc *r, float temp_scale,
+                                   int64_t temp_floor) {
+    if (!q || !pos || !r || n_tokens <= 0 || n_head <= 0 || (k && n_head_kv <= 0) || head_dim <= 0 ||
+        head_dim > QSC_MAX_HEAD)
+        return false;
+    if (!r->skip && (r->dim <= 0 || r->dim > head_dim || r->dim % 2 || !(r->base > 0.0f) || !isfinite(r->base) ||
+                     !(r->freq_scale >= 0.0f) || !isfinite(r->freq_scale) || !isfinite(r->ext_factor) ||
+                     !isfinite(r->corr0) || !isfinite(r->corr1) || !isfinite(r->mscale)))
+        return false;
+    if (!r->skip && r->freqs.ptr) {
+        if (r->freqs.len != r->dim / 2) return false;
+        for (int i = 0; i < r->dim / 2; ++i)
+            if (!(r->freqs.ptr[i] > 0.0f) || !isfinite(r->freqs.ptr[i])) return false;
+    }
+    if (!isfinite(temp_scale) || (temp_scale != 0.0f && temp_floor <= 0)) return false;
+    for (int i = 0; i < n_tokens; ++i)
+        if (pos[i] < 0) return false;
+    return true;
+}
+
+static inline bool finite_pos(float x) { return x > 0.0f && isfinite(x); }
+
+/* Layer i's policy and vectors beyond its weights: sizes, RoPE, window, scale, caps, multipliers and every
+ * vector's length (and the values the device would divide by or exponentiate: frequency factors, sinks). */
+static inline int check_layer(int i, const qs_block &b, const Dims &D, char *err, size_t err_len) {
+    const qs_attn_desc &a = b.attn;
+    const qs_rope_desc &r = b.rope;
+    const int H = a.n_head, KV = a.n_head_kv, hd = a.head_dim, F = b.ffn.n_ff;
+    if (b.n_embd != D.E) {
+        set_err(err, err_len, "layer %d: n_embd %d differs from layer 0's %d", i, b.n_embd, D.E);
+        return -1;
+    }
+    if (H <= 0 || KV <= 0 || H % KV || F <= 0 || F % 32) {
+        set_err(err, err_len, "layer %d: sizes n_head %d, n_head_kv %d, n_ff %d invalid (n_ff a multiple of 32)", i,
+                H, KV, F);
+        return -1;
+    }
+    if (hd <= 0 || hd > QSC_MAX_HEAD || ((int64_t)H * hd) % 32) {
+        set_err(err, err_len, "layer %d: head size %d has no CUDA path (at most %d, n_head x head size a multiple "
+                "of 32)", i, hd, QSC_MAX_HEAD);
+        return -1;
+    }
+    if (!r.skip && (r.dim <= 0 || r.dim > hd || r.dim % 2)) {
+        set_err(err, err_len, "layer %d: rope_dim %d invalid for head_dim %d", i, r.dim, hd);
+        return -1;
+    }
+    if (a.window < 0 || a.window > 2147483647 || !finite_pos(r.base) || !finite_pos(a.scale) ||
+        !(a.softcap >= 0.0f) || !isfinite(a.softcap)) {
+        set_err(err, err_len, "layer %d: window %lld / RoPE base %g / scale %g / soft-cap %g out of range", i,
+                (long long)a.window, (double)r.base, (double)a.scale, (double)a.softcap);
+        return -1;
+    }
+    if (!(r.freq_scale == 0.0f || finite_pos(r.freq_scale)) || !isfinite(r.ext_factor) || !isfinite(r.corr0) ||
+        !isfinite(r.corr1) || !isfinite(r.mscale) || !isfinite(a.temp_scale) ||
+        (a.temp_scale != 0.0f && a.temp_floor <= 0)) {
+        set_err(err, err_len, "layer %d: RoPE scaling (freq_scale %g, ext_factor %g, corr %g..%g, mscale %g) or "
+                "temperature (%g, floor %lld) out of range", i, (double)r.freq_scale, (double)r.ext_factor,
+                (double)r.corr0, (double)r.corr1, (double)r.mscale, (double)a.temp_scale, (long long)a.temp_floor);
+        return -1;
+    }
+    if (!isfinite(b.residual_scale) || !isfinite(b.out_scale) || !finite_pos(b.eps)) {
+        set_err(err, err_len, "layer %d: residual scale %g / output scale %g / eps %g out of range", i,
+                (double)b.residual_scale, (double)b.out_scale, (double)b.eps);
+        return -1;
+    }
+    const int64_t E = D.E, QD = (int64_t)H * hd, KD = (int64_t)KV * hd;
+    const struct { const char *name; const qs_vec *v; int64_t n; } vecs[] = {
+        {"attn_norm", &b.attn_norm, E}, {"ffn_norm", &b.ffn_norm, E},
+        {"post_attn_norm", &b.post_attn_norm, E}, {"post_ffn_norm", &b.post_ffn_norm, E},
+        {"attn.bq", &a.bq, QD}, {"attn.bk", &a.bk, KD}, {"attn.bv", &a.bv, KD}, {"attn.bo", &a.bo, E},
+        {"attn.q_norm", &a.q_norm, a.qk_norm_full && !a.kv_reuse ? QD : hd},
+        {"attn.k_norm", &a.k_norm, a.qk_norm_full ? KD : hd}, {"ple.post_norm", &b.ple.post_norm, E},
+        {"attn.sinks", &a.sinks, H}, {"rope.freqs", &r.freqs, r.skip ? r.freqs.len : r.dim / 2}};
+    for (const auto &v : vecs)
+        if (!vec_ok(*v.v, v.n, false)) {
+            set_err(err, err_len, "layer %d: %s has %lld values%s, expected %lld", i, v.name, (long long)v.v->len,
+                    v.v->ptr ? "" : " and no data", (long long)v.n);
+            return -1;
+        }
+    if ((a.kv_reuse != 0 && a.kv_reuse != 1) || b.ple.dim < 0 || (b.ple.dim && !b.ple.post_norm.ptr) ||
+        (!b.attn_norm.ptr != !b.ffn_norm.ptr) || (!a.kv_reuse && !a.q_norm.ptr != !a.k_norm.ptr)) {
+        set_err(err, err_len, "layer %d: kv_reuse %d / per-layer embedding %d (post norm %s) / pre-norms or q/k norms "
+                "not both or neither", i, a.kv_reuse, b.ple.dim, b.ple.post_norm.ptr ? "set" : "missing");
+        return -1;
+    }
+    for (int j = 0; a.sinks.ptr && j < H; ++j)
+        if (!isfinite(a.sinks.ptr[j])) {
+            set_err(err, err_len, "layer %d: attention sink %d is not finite", i, j);
+            return -1;
+        }
+    for (int j = 0; r.freqs.ptr && !r.skip && j < r.dim / 2; ++j)
+        if (!finite_pos(r.freqs.ptr[j])) {
+            set_err(err, err_len, "layer %d: RoPE frequency factor %d is %g, not a finite positive number", i, j,
+                    (double)r.freqs.ptr[j]);
+            return -1;
+        }
+    return 0;
+}
+
 /* The whole check of a description, host only (no device call): every feature present has a device path, every
- * layer has the shapes of layer 0, every weight its size, type and byte count, every vector its length.
+ * layer its sizes and policy in range, every weight its size, type and byte count, every vector its length.
  * Fills *d with the model-wide sizes. 0: usable. */
 static inline int check_model(const qsc_model_desc *md, const qs_block *layers, Dims *d, char *err,
                               size_t err_len) {
@@ -625,14 +725,22 @@ static inline int check_model(const qsc_model_desc *md, const qs_block *layers, 
         set_err(err, err_len, "no model description, no layers or no vocabulary");
         return -1;
     }
-    if (md->final_softcap != 0.0f || !is_one(md->logit_scale)) {
-        set_err(err, err_len, "%s have no CUDA path", md->final_softcap != 0.0f ? "soft-capped logits"
-                                                                               : "logit multipliers");
+    if (!(md->final_softcap >= 0.0f) || !isfinite(md->final_softcap) ||
+        !(md->logit_scale == 0.0f || finite_pos(md->logit_scale))) {
+        set_err(err, err_len, "final soft-cap %g / logit scale %g out of range", (double)md->final_softcap,
+                (double)md->logit_scale);
         return -1;
     }
-    const qs_block &b0 = layers[0];
-    Dims D = {md->n_layers, b0.n_embd, b0.attn.n_head, b0.attn.n_head_kv, b0.attn.head_dim, b0.ffn.n_ff,
-              md->n_vocab, b0.rope.dim, b0.rope.neox ? 1 : 0, b0.ffn.gelu ? 1 : 0, md->eps, md->embed_scale};
+    Dims D = {md->n_layers, layers[0].n_embd, md->n_vocab, md->eps, md->embed_scale, md->final_softcap,
+              is_one(md->logit_scale) ? 1.0f : md->logit_scale, 0, 0, 0, layers[0].ple.dim, 0};
+    if (D.E <= 0 || D.E % 32) {
+        set_err(err, err_len, "n_embd %d must be a positive multiple of 32", D.E);
+        return -1;
+    }
+    if (!finite_pos(D.eps) || !isfinite(D.embed_scale)) {
+        set_err(err, err_len, "eps %g / embed_scale %g out of range", (double)D.eps, (double)D.embed_scale);
+        return -1;
+    }
     for (int i = 0; i < md->n_layers; ++i) {
         const qs_block &b = layers[i];
         const char *f = missing_feature(b);
@@ -640,57 +748,48 @@ static inline int check_model(const qsc_model_desc *md, const qs_block *layers, 
             set_err(err, err_len, "layer %d: %s have no CUDA path", i, f);
             return -1;
         }
-        if (b.n_embd != D.E || b.attn.n_head != D.H || b.attn.n_head_kv != D.KV || b.attn.head_dim != D.hd ||
-            b.ffn.n_ff != D.F || b.rope.dim != D.rope_dim || (b.rope.neox ? 1 : 0) != D.neox ||
-            (b.ffn.gelu ? 1 : 0) != D.gelu || b.eps != D.eps) {
-            set_err(err, err_len, "layer %d: layers of different shapes have no CUDA path", i);
+        if (check_layer(i, b, D, err, err_len)) return -1;
+        if (b.ple.dim != D.ple) {
+            set_err(err, err_len, "layer %d: per-layer embedding width %d differs from layer 0's %d", i, b.ple.dim,
+                    D.ple);
             return -1;
         }
-        if (b.attn.window < 0 || b.attn.window > 2147483647 || !(b.rope.base > 0.0f) || !isfinite(b.rope.base) ||
-            !(b.attn.scale > 0.0f) || !isfinite(b.attn.scale)) {
-            set_err(err, err_len, "layer %d: window %lld / RoPE base %g / scale %g out of range", i,
-                    (long long)b.attn.window, (double)b.rope.base, (double)b.attn.scale);
+        const int src = md->kv_source ? md->kv_source[i] : i;
+        if (b.attn.kv_reuse ? !(src >= 0 && src < i) || layers[src].attn.kv_reuse ||
+                                  layers[src].attn.n_head_kv != b.attn.n_head_kv ||
+                                  layers[src].attn.head_dim != b.attn.head_dim
+                            : src != i) {
+            set_err(err, err_len, "layer %d: kv_source %d is not %s", i, src,
+                    b.attn.kv_reuse ? "an earlier layer with a KV cache of its own of the same shape" : "the layer");
             return -1;
         }
+        const int64_t QD = (int64_t)b.attn.n_head * b.attn.head_dim, KD = (int64_t)b.attn.n_head_kv * b.attn.head_dim;
+        D.max_qd = QD > D.max_qd ? QD : D.max_qd;
+        D.max_kd = KD > D.max_kd ? KD : D.max_kd;
+        D.max_f = b.ffn.n_ff > D.max_f ? b.ffn.n_ff : D.max_f;
     }
-    if (D.E <= 0 || D.H <= 0 || D.KV <= 0 || D.F <= 0 || D.H % D.KV) {
-        set_err(err, err_len, "sizes n_embd %d, n_head %d, n_head_kv %d, n_ff %d invalid", D.E, D.H, D.KV, D.F);
-        return -1;
-    }
-    if (D.hd <= 0 || D.hd % 32 || D.hd > 256) {
-        set_err(err, err_len, "head size %d has no CUDA path (a multiple of 32, at most 256)", D.hd);
-        return -1;
-    }
-    if (D.rope_dim <= 0 || D.rope_dim > D.hd || D.rope_dim % 2) {
-        set_err(err, err_len, "rope_dim %d invalid for head_dim %d", D.rope_dim, D.hd);
-        return -1;
-    }
-    if (D.E % 32 || D.F % 32) {
-        set_err(err, err_len, "n_embd %d / n_ff %d must be multiples of 32", D.E, D.F);
-        return -1;
-    }
-    if (!(D.eps > 0.0f) || !isfinite(D.eps) || !isfinite(D.embed_scale)) {
-        set_err(err, err_len, "eps %g / embed_scale %g out of range", (double)D.eps, (double)D.embed_scale);
-        return -1;
-    }
-    const int64_t E = D.E, QD = (int64_t)D.H * D.hd, KD = (int64_t)D.KV * D.hd, F = D.F, V = D.V;
+    const int64_t E = D.E, V = D.V;
     for (int i = 0; i < md->n_layers; ++i) {
         const qs_block &b = layers[i];
+        const int64_t QD = (int64_t)b.attn.n_head * b.attn.head_dim, KD = (int64_t)b.attn.n_head_kv * b.attn.head_dim;
+        const int64_t F = b.ffn.n_ff;
         const int64_t NX = b.moe.n_expert > 0 ? b.moe.n_expert : 1; /* experts: n_expert matrices stacked */
         if ((b.moe.n_expert || b.moe.n_ff_shexp || b.moe.router.ptr) && !moe_check(b, i, D, err, err_len)) return -1;
-        const struct { const char *name; const qs_weight *w; int64_t rows, k; } mats[] = {
-            {"attn.wq", &b.attn.wq, (b.attn.q_gate ? 2 : 1) * QD, E}, {"attn.wk", &b.attn.wk, KD, E}, {"attn.wv", &b.attn.wv, KD, E},
-            {"attn.wo", &b.attn.wo, E, QD}, {"ffn.gate", &b.ffn.gate, NX * F, E}, {"ffn.up", &b.ffn.up, NX * F, E},
-            {"ffn.down", &b.ffn.down, NX * E, F}};
         GdnDims gd;
         char why[256];
         if (b.gdn.conv && !gdn_check(b, &gd, why, sizeof why)) {
             set_err(err, err_len, "layer %d: %s", i, why);
             return -1;
         }
+        const struct { const char *name; const qs_weight *w; int64_t rows, k; } mats[] = {
+            {"attn.wq", &b.attn.wq, (b.attn.q_gate ? 2 : 1) * QD, E}, {"attn.wk", &b.attn.wk, KD, E}, {"attn.wv", &b.attn.wv, KD, E},
+            {"attn.wo", &b.attn.wo, E, QD}, {"ffn.gate", &b.ffn.gate, NX * F, E}, {"ffn.up", &b.ffn.up, NX * F, E},
+            {"ffn.down", &b.ffn.down, NX * E, F}, {"ple.gate", &b.ple.gate, D.ple, E}};
         for (const auto &m : mats)
-            if (b.gdn.conv && m.w != &b.ffn.gate && m.w != &b.ffn.up && m.w != &b.ffn.down) /* no attention */
-                continue;
+            if ((m.w == &b.attn.wk || m.w == &b.attn.wv) && b.attn.kv_reuse) continue; /* not read */
+            else if (b.gdn.conv && (m.w == &b.attn.wq || m.w == &b.attn.wk || m.w == &b.attn.wv ||
+                                    m.w == &b.attn.wo)) continue; /* a delta-net layer has no attention */
+            else if (m.w == &b.ple.gate && !D.ple) continue;
             else if (!weight_ok(*m.w, m.rows, m.k)) {
                 set_err(err, err_len, "layer %d: %s is %s%lld x %lld of type %d in %lld bytes; the GPU needs %lld x "
                         "%lld of a GPU type with the bytes that make", i, m.name,
@@ -698,18 +797,18 @@ static inline int check_model(const qsc_model_desc *md, const qs_block *layers, 
                         (long long)m.w->bytes, (long long)m.rows, (long long)m.k);
                 return -1;
             }
-        const struct { const char *name; const qs_vec *v; int64_t n; bool required; } vecs[] = {
-            {"attn_norm", &b.attn_norm, E, true}, {"ffn_norm", &b.ffn_norm, E, true},
-            {"post_attn_norm", &b.post_attn_norm, E, false}, {"post_ffn_norm", &b.post_ffn_norm, E, false},
-            {"attn.bq", &b.attn.bq, QD, false}, {"attn.bk", &b.attn.bk, KD, false},
-            {"attn.bv", &b.attn.bv, KD, false}, {"attn.q_norm", &b.attn.q_norm, D.hd, false},
-            {"attn.k_norm", &b.attn.k_norm, D.hd, false}};
-        for (const auto &v : vecs)
-            if (!vec_ok(*v.v, v.n, v.required)) {
-                set_err(err, err_len, "layer %d: %s has %lld values%s, expected %lld", i, v.name,
-                        (long long)v.v->len, v.v->ptr ? "" : " and no data", (long long)v.n);
-                return -1;
-            }
+    }
+    D.ple_pad = D.ple;
+    for (int i = 0; D.ple && i < md->n_layers; ++i) { /* proj: E x P; F32/F16 rows are padded to 32 on upload */
+        const qs_weight &w = layers[i].ple.proj;
+        const int es = w.type == T_F32 ? 4 : w.type == T_F16 ? 2 : 0;
+        const bool padded = es && D.ple % 32 && w.ptr && w.rows == E && w.k == D.ple && w.bytes == E * D.ple * es;
+        if (!padded && !weight_ok(w, E, D.ple)) {
+            set_err(err, err_len, "layer %d: ple.proj is %lld x %lld of type %d in %lld bytes; the GPU needs %lld x %d",
+                    i, (long long)w.rows, (long long)w.k, w.type, (long long)w.bytes, (long long)E, D.ple);
+            return -1;
+        }
+        if (padded) D.ple_pad = (D.ple + 31) / 32 * 32;
     }
     if (!weight_ok(md->tok_embd, V, E)) {
         set_err(err, err_len, "tok_embd: %lld x %lld of type %d in %lld bytes, expected %lld x %lld of a GPU type",

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <vector>
 
+#include "qsc_emul.cuh"
 #include "qsc_kernels.cuh"
 #include "qsc_fast.cuh" /* tensor-core prefill GEMM, flash attention, decode GEMV */
 
@@ -37,17 +38,23 @@ struct DevMat {
 #define QSC_MOE_KERNELS
 #include "qsc_moe.cuh" /* mixture-of-experts: MoeLayer, MoeScratch, the routing and expert kernels */
 #define QSC_GDN_KERNELS
-#include "qsc_gdn.cuh" /* gated delta-net: GdnLayer, GdnModel, the conv and recurrence kernels */
+#include "qsc_gdn.cuh" /* gated delta-net and gated attention: GdnLayer, GdnModel, their kernels */
 
-/* One layer on the device: its description's attention and FFN groups (absent vectors NULL) and policy. */
+/* One layer on the device: its description's attention and FFN groups (absent vectors NULL), its own sizes and
+ * its policy, the description's 0-means-1 scales resolved. */
 struct Layer {
-    DevMat wq, wk, wv, wo, gate, up, down;
+    DevMat wq, wk, wv, wo, gate, up, down, ple_gate, ple_proj;
+    float *ple_post_norm = nullptr;
+    int kv_reuse = 0; /* attends to an earlier layer's cache (kv_off is that layer's): no K, V of its own */
     float *attn_norm = nullptr, *ffn_norm = nullptr, *post_attn_norm = nullptr, *post_ffn_norm = nullptr;
-    float *bq = nullptr, *bk = nullptr, *bv = nullptr, *q_norm = nullptr, *k_norm = nullptr;
-    int window;
-    float rope_base, scale;
+    float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+    float *sinks = nullptr, *rope_freqs = nullptr;
+    int H = 0, KV = 0, hd = 0, F = 0, window = 0, glu = GLU_SILU, qk_full = 0;
+    float eps = 0.0f, scale = 0.0f, softcap = 0.0f, rs = 1.0f, out_scale = 1.0f;
+    QKArgs qk = {};
+    int64_t kv_off = 0; /* this layer's bytes in the K (and V) cache */
     MoeLayer moe; /* n_expert 0: a dense FFN */
-    GdnLayer gdn; /* g.K 0: attention (else the delta-net mixer replaces it) */
+    GdnLayer gdn; /* gdn.g.K 0: attention (else the delta-net mixer replaces it); gdn.q_gate: gated outputs */
 };
 
 struct qsc_model {
@@ -56,11 +63,13 @@ struct qsc_model {
     std::vector<Layer> layers;
     DevMat tok, out;
     bool tied = false, finalized = false, use_graphs = true;
+    bool host = false; /* qsc_host_model_create: every buffer in host memory, the kernels' host twins run instead */
     float *out_norm = nullptr;
     uint8_t *k_cache = nullptr, *v_cache = nullptr;
-    int64_t kv_layer_bytes = 0;
     /* scratch, sized for mb tokens */
     float *x, *h, *q, *k, *v, *att, *o, *g, *u, *a;
+    float *pg = nullptr, *pa = nullptr;     /* gemma4's per-layer embedding: [mb][ple_pad], pads kept 0 */
+    float *d_ple = nullptr, *h_ple = nullptr; /* the call's per-layer inputs [mb][n_layers][ple] (device, pinned) */
     int8_t *qs32, *qs256;
     float *d32, *s32, *d256;
     int *bs256;
@@ -74,7 +83,7 @@ struct qsc_model {
     int64_t dev_bytes = 0;
     std::vector<void *> allocs;
     MoeScratch moe_s;
-    GdnModel gdn; /* the delta-net layers' scratch and the session's recurrent state */
+    GdnModel gdn; /* the delta-net layers' scratch and the session's recurrent state; the gated attention's */
     bool has_moe = false; /* the routing is read back once per moe layer: no CUDA graph */
     std::mutex mu;
     struct QscProbe *probe = nullptr; /* qsc_probe.cuh: traces, statistics (NULL: none asked for) */
@@ -83,7 +92,15 @@ struct qsc_model {
 static int dalloc(qsc_model *m, void **p, int64_t bytes, char *err, size_t err_len) {
     bytes = (bytes + 255) / 256 * 256;
     if (bytes == 0) bytes = 256;
-    CUDA_TRY(cudaMalloc(p, (size_t)bytes));
+    if (m->host) {
+        *p = calloc((size_t)bytes, 1);
+        if (!*p) {
+            set_err(err, err_len, "out of host memory (%lld bytes)", (long long)bytes);
+            return -2;
+        }
+    } else {
+        CUDA_TRY(cudaMalloc(p, (size_t)bytes));
+    }
     m->allocs.push_back(*p);
     m->dev_bytes += bytes;
     return 0;
@@ -94,6 +111,16 @@ template <typename T> static int dalloc_t(qsc_model *m, T **p, int64_t count, ch
     int rc = dalloc(m, &v, count * (int64_t)sizeof(T), err, err_len);
     *p = (T *)v;
     return rc;
+}
+
+/* Host bytes into a buffer of the model (device memory, or host memory for a host model). */
+static int copy_in(qsc_model *m, void *dst, const void *src, size_t bytes, char *err, size_t err_len) {
+    if (m->host) {
+        memcpy(dst, src, bytes);
+        return 0;
+    }
+    CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------------------------ launches */
@@ -156,15 +183,27 @@ static void launch_matmul(const MatJob *jobs, int n, int ncols, cudaStream_t st)
         k_matmul<8><<<dim3(blocks, (ncols + 7) / 8), MM_WARPS * 32, 0, st>>>(args);
 }
 
+/* Elements per lane of the attention kernel for a head size: the instantiated EPL at least hd / 32 (any head size
+ * up to QSC_MAX_HEAD). */
+static int attention_epl(int hd) {
+    static const int epls[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32};
+    for (int e : epls)
+        if (32 * e >= hd) return e;
+    return 0;
+}
+
 template <typename KT>
-static void launch_attention_t(int epl, dim3 grid, cudaStream_t st, const float *q, const int *pos, int H, int KV,
-                               const void *kc, const void *vc, const int *nkv, int window, float scale, float *out,
-                               const ActOut &ao) {
+static void launch_attention_t(dim3 grid, cudaStream_t st, const float *q, const int *pos, const AttnArgs &A,
+                               const void *kc, const void *vc, const int *nkv, float *out, const ActOut &ao) {
     const KT *K = (const KT *)kc, *V = (const KT *)vc;
 #define QSC_ATT(E)                                                                                              \
-    case E: k_attention<E, KT><<<grid, 256, 0, st>>>(q, pos, H, KV, K, V, nkv, window, scale, out, ao); break;
-    switch (epl) {
-        QSC_ATT(1) QSC_ATT(2) QSC_ATT(3) QSC_ATT(4) QSC_ATT(5) QSC_ATT(6) QSC_ATT(7) QSC_ATT(8)
+    case E:                                                                                                     \
+        k_attention<E, KT><<<grid, 256, 0, st>>>(q, pos, A.H, A.KV, A.hd, K, V, nkv, A.window, A.scale,       \
+                                                 A.softcap, A.sinks, out, ao);                                \
+        break;
+    switch (attention_epl(A.hd)) {
+        QSC_ATT(1) QSC_ATT(2) QSC_ATT(3) QSC_ATT(4) QSC_ATT(5) QSC_ATT(6) QSC_ATT(7) QSC_ATT(8) QSC_ATT(12)
+        QSC_ATT(16) QSC_ATT(24) QSC_ATT(32)
     default: break;
     }
 #undef QSC_ATT
@@ -172,52 +211,77 @@ static void launch_attention_t(int epl, dim3 grid, cudaStream_t st, const float 
 
 /* Attention over the cache; quantizes the output in the same kernel when the int8 blocks fall inside a head,
  * otherwise with one more launch. */
-static void launch_attention(int T, int H, int KV, int hd, int kv_f16, cudaStream_t st, const float *q,
-                             const int *pos, const void *kc, const void *vc, const int *nkv, int window, float scale,
-                             float *out, ActOut ao) {
-    const FaArgs fa = {q, pos, nkv, T, H, KV, window, scale, 0.0f, nullptr, out}; /* no soft-cap, no sinks */
+static void launch_attention(int T, const AttnArgs &A, int kv_f16, cudaStream_t st, const float *q, const int *pos,
+                             const void *kc, const void *vc, const int *nkv, float *out, ActOut ao) {
+    const int hd = A.hd;
+    const FaArgs fa = {q, pos, nkv, T, A.H, A.KV, A.window, A.scale, A.softcap, A.sinks, out};
     if (launch_flash(fa, hd, kv_f16, kc, vc, st)) { /* prefill: flash attention (qsc_fast.cuh) */
-        if (ao.qs32 || ao.qs256) k_quantize<<<T, 256, 0, st>>>(out, ao, H * hd);
+        if (ao.qs32 || ao.qs256) k_quantize<<<T, 256, 0, st>>>(out, ao, A.H * hd);
         return;
     }
     const bool fused = (!ao.qs32 || hd % 32 == 0) && (!ao.qs256 || hd % 256 == 0);
     const ActOut none = {};
-    dim3 grid(H, T);
+    dim3 grid(A.H, T);
     const ActOut &aq = fused ? ao : none;
     if (kv_f16)
-        launch_attention_t<__half>(hd / 32, grid, st, q, pos, H, KV, kc, vc, nkv, window, scale, out, aq);
+        launch_attention_t<__half>(grid, st, q, pos, A, kc, vc, nkv, out, aq);
     else
-        launch_attention_t<float>(hd / 32, grid, st, q, pos, H, KV, kc, vc, nkv, window, scale, out, aq);
-    if (!fused && (ao.qs32 || ao.qs256)) k_quantize<<<T, 256, 0, st>>>(out, ao, H * hd);
+        launch_attention_t<float>(grid, st, q, pos, A, kc, vc, nkv, out, aq);
+    if (!fused && (ao.qs32 || ao.qs256)) k_quantize<<<T, 256, 0, st>>>(out, ao, A.H * hd);
+}
+
+/* Each step of the forward pass: its kernel, or for a host model its host twin (qsc_emul.cuh). */
+static void run_norm_quant(qsc_model *m, int T, const ResidIn &r, const float *w, int norm, const ActOut &ao, int n,
+                           float eps) {
+    if (m->host) emu_norm_quant(m->x, r, w, norm, m->h, ao, T, n, eps);
+    else k_norm_quant<<<T, 256, 0, m->st>>>(m->x, r, w, norm, m->h, ao, n, eps);
+}
+
+static void run_matmul(qsc_model *m, const MatJob *jobs, int n, int ncols) {
+    if (!m->host) {
+        launch_matmul(jobs, n, ncols, m->st);
+        return;
+    }
+    for (int i = 0; i < n; ++i) emu_matmul(*jobs[i].w, jobs[i].a, jobs[i].y, jobs[i].ldy, jobs[i].bias, ncols);
+}
+
+static void run_attention(qsc_model *m, int T, const AttnArgs &A, const int *pos, const void *kc, const void *vc,
+                          const int *nkv, const ActOut &ao) {
+    if (!m->host) {
+        launch_attention(T, A, m->kv_f16, m->st, m->q, pos, kc, vc, nkv, m->att, ao);
+        return;
+    }
+    emu_attention(T, A, m->kv_f16, m->q, pos, kc, vc, *nkv, m->att);
+    emu_quantize(m->att, ao, T, A.H * A.hd);
 }
 
 #define QSC_MOE_ENQUEUE
 #include "qsc_moe.cuh" /* moe_finalize, moe_input_formats, enqueue_moe */
 #include "qsc_probe.cuh"
 #define QSC_GDN_ENQUEUE
-#include "qsc_gdn.cuh" /* gdn_finalize, enqueue_gdn */
+#include "qsc_gdn.cuh" /* gdn_finalize, gdn_state_op, enqueue_gdn, run_qgate_* */
 
 /* Enqueue the forward pass of T tokens whose ids/positions are already in m->d_params. logits: NULL (no lm_head),
- * or T x n_vocab (all rows) / n_vocab (last row) floats on the device. */
+ * or T x n_vocab (all rows) / n_vocab (last row) floats on the device. A host model runs it at once. */
 static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, char *err, size_t err_len) {
     const Dims &c = m->cfg;
-    const int E = c.E, H = c.H, KV = c.KV, hd = c.hd, F = c.F, V = c.V;
-    const int QD = H * hd, KD = KV * hd;
+    const int E = c.E, V = c.V;
     cudaStream_t st = m->st;
     const int *tok = m->d_params, *pos = m->d_params + m->mb, *nkv = m->d_params + 2 * m->mb;
-    k_embed<<<T, 256, 0, st>>>(m->tok.w, tok, m->x, E, c.embed_scale);
-    const float *prev_o = nullptr, *prev_post = nullptr;
+    if (m->host) emu_embed(m->tok.w, tok, m->x, T, E, c.embed_scale);
+    else k_embed<<<T, 256, 0, st>>>(m->tok.w, tok, m->x, E, c.embed_scale);
+    ResidIn prev = {}; /* the previous layer's FFN output, added by the next norm kernel */
     for (int li = 0; li < c.n_layers; ++li) {
         Layer &L = m->layers[li];
+        const int QD = L.H * L.hd, KD = L.KV * L.hd, F = L.F;
         const QW &wq = L.wq.w, &wk = L.wk.w, &wv = L.wv.w, &wo = L.wo.w;
         const QW &wg = L.gate.w, &wu = L.up.w, &wd = L.down.w;
-        uint8_t *kc = m->k_cache + li * m->kv_layer_bytes, *vc = m->v_cache + li * m->kv_layer_bytes;
-        /* attention branch (or the delta-net mixer) */
+        uint8_t *kc = m->k_cache + L.kv_off, *vc = m->v_cache + L.kv_off;
+        /* attention branch (or qwen35's delta-net mixer) */
         const GdnLayer &G = L.gdn;
-        k_norm_quant<<<T, 256, 0, st>>>(m->x, prev_o, prev_post, L.attn_norm, m->h,
-                                        G.g.K ? act_out_for(m, {G.qkv.w.type, G.z.w.type, G.beta.w.type,
-                                                                G.alpha.w.type})
-                                              : act_out_for(m, {wq.type, wk.type, wv.type}), E, c.eps);
+        const ActOut aqkv = G.g.K ? act_out_for(m, {G.qkv.w.type, G.z.w.type, G.beta.w.type, G.alpha.w.type})
+                            : L.kv_reuse ? act_out_for(m, {wq.type}) : act_out_for(m, {wq.type, wk.type, wv.type});
+        run_norm_quant(m, T, prev, L.attn_norm, L.attn_norm != nullptr, aqkv, E, L.eps);
         probe_tap(m, PROBE_RESID, li, m->x, T);
         probe_tap(m, PROBE_ATTN_IN, li, m->h, T);
         if (G.g.K) {
@@ -225,60 +289,82 @@ static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, ch
             goto ffn;
         }
         {
-        const bool qgate = G.q_gate != 0; /* wq gives each head's query and gate (qwen35): split, bias after */
+        const bool qgate = G.q_gate != 0; /* wq gives each head's query then its gate: split, q's bias after */
         MatJob qkv[3] = {{&wq, act_view(m, wq.type, m->h, E, 0), qgate ? m->gdn.qg : m->q, qgate ? 2 * QD : QD,
                           qgate ? nullptr : L.bq},
                          {&wk, act_view(m, wk.type, m->h, E, 0), m->k, KD, L.bk},
                          {&wv, act_view(m, wv.type, m->h, E, 0), m->v, KD, L.bv}};
-        launch_matmul(qkv, 3, T, st);
-        if (qgate) k_qgate_split<<<T, 256, 0, st>>>(m->gdn.qg, L.bq, m->q, m->gdn.gate, H, hd);
-        k_qk_post<<<T, 256, 0, st>>>(m->q, m->k, m->v, H, KV, hd, L.q_norm, L.k_norm, c.eps,
-                                     pos, c.rope_dim, L.rope_base, c.neox, kc, vc, m->kv_f16);
+        run_matmul(m, qkv, L.kv_reuse ? 1 : 3, T); /* a layer reading another's cache: its queries alone */
+        if (qgate) run_qgate_split(m, L, T);
+        void *kst = L.kv_reuse ? nullptr : kc, *vst = L.kv_reuse ? nullptr : vc;
+        if (m->host) emu_qk_post(m->q, m->k, m->v, L.qk, pos, T, kst, vst, m->kv_f16);
+        else k_qk_post<<<T, 256, 0, st>>>(m->q, m->k, m->v, L.qk, pos, kst, vst, m->kv_f16);
         probe_tap(m, PROBE_Q, li, m->q, T);
-        launch_attention(T, H, KV, hd, m->kv_f16, st, m->q, pos, kc, vc, nkv, L.window, L.scale, m->att,
-                         qgate ? ActOut{} : act_out_for(m, {wo.type}));
-        if (qgate) k_qgate_quant<<<T, 256, 0, st>>>(m->att, m->gdn.gate, act_out_for(m, {wo.type}), QD);
+        const AttnArgs aa = {L.H, L.KV, L.hd, L.window, L.scale, L.softcap, L.sinks};
+        run_attention(m, T, aa, pos, kc, vc, nkv, qgate ? ActOut{} : act_out_for(m, {wo.type}));
+        if (qgate) run_qgate_quant(m, L, T, act_out_for(m, {wo.type}));
         probe_tap(m, PROBE_WO_IN, li, m->att, T);
-        MatJob ob = {&wo, act_view(m, wo.type, m->att, QD, 0), m->o, E, nullptr};
-        launch_matmul(&ob, 1, T, st);
+        MatJob ob = {&wo, act_view(m, wo.type, m->att, QD, 0), m->o, E, L.bo};
+        run_matmul(m, &ob, 1, T);
         }
     ffn: /* feed-forward branch */
-        k_norm_quant<<<T, 256, 0, st>>>(m->x, m->o, L.post_attn_norm, L.ffn_norm, m->h,
-                                        L.moe.n_expert ? moe_input_formats(m, L.moe)
-                                                       : act_out_for(m, {wg.type, wu.type}), E, c.eps);
+        const ResidIn ra = {m->o, L.post_attn_norm, L.eps, L.rs, 1.0f};
+        run_norm_quant(m, T, ra, L.ffn_norm, L.ffn_norm != nullptr,
+                       L.moe.n_expert ? moe_input_formats(m, L.moe) : act_out_for(m, {wg.type, wu.type}), E, L.eps);
         probe_tap(m, PROBE_FFN_IN, li, m->h, T);
-        if (L.moe.n_expert) {
+        if (L.moe.n_expert) { /* a host model refuses experts when it is made (qsc_host_model_create) */
             int rc = enqueue_moe(m, L, T, err, err_len);
             if (rc) return rc;
         } else {
             MatJob gu[2] = {{&wg, act_view(m, wg.type, m->h, E, 0), m->g, F, nullptr},
                             {&wu, act_view(m, wu.type, m->h, E, 0), m->u, F, nullptr}};
-            launch_matmul(gu, 2, T, st);
-            k_glu_quant<<<T, 256, 0, st>>>(m->g, m->u, m->a, act_out_for(m, {wd.type}), F, c.gelu);
+            run_matmul(m, gu, 2, T);
+            if (m->host) emu_glu(m->g, m->u, m->a, act_out_for(m, {wd.type}), T, F, L.glu, F, F);
+            else k_glu_quant<<<T, 256, 0, st>>>(m->g, m->u, m->a, act_out_for(m, {wd.type}), F, L.glu, F, F);
             probe_tap(m, PROBE_DOWN_IN, li, m->a, T);
             MatJob db = {&wd, act_view(m, wd.type, m->a, F, 0), m->o, E, nullptr};
-            launch_matmul(&db, 1, T, st);
+            run_matmul(m, &db, 1, T);
         }
-        prev_o = m->o;
-        prev_post = L.post_ffn_norm;
+        prev = {m->o, L.post_ffn_norm, L.eps, L.rs, L.out_scale};
+        if (c.ple) { /* gemma4: x += RMSNorm(proj(gelu(gate(x)) * inputs)), then the layer's output scale */
+            const int P = c.ple, Pp = c.ple_pad;
+            const QW &pgw = L.ple_gate.w, &ppw = L.ple_proj.w;
+            const ResidIn rf = {m->o, L.post_ffn_norm, L.eps, L.rs, 1.0f};
+            run_norm_quant(m, T, rf, nullptr, 0, act_out_for(m, {pgw.type}), E, L.eps); /* h = x, unnormed */
+            MatJob gj = {&pgw, act_view(m, pgw.type, m->h, E, 0), m->pg, Pp, nullptr};
+            run_matmul(m, &gj, 1, T);
+            const float *in = m->d_ple + (int64_t)li * P;
+            const int64_t ldu = (int64_t)c.n_layers * P;
+            if (m->host) emu_glu(m->pg, in, m->pa, act_out_for(m, {ppw.type}), T, Pp, GLU_GELU, ldu, P);
+            else k_glu_quant<<<T, 256, 0, st>>>(m->pg, in, m->pa, act_out_for(m, {ppw.type}), Pp, GLU_GELU, ldu, P);
+            MatJob pj = {&ppw, act_view(m, ppw.type, m->pa, Pp, 0), m->o, E, nullptr};
+            run_matmul(m, &pj, 1, T);
+            prev = {m->o, L.ple_post_norm, L.eps, 1.0f, L.out_scale};
+        }
     }
     const QW &wout = m->tied ? m->tok.w : m->out.w;
-    k_norm_quant<<<T, 256, 0, st>>>(m->x, prev_o, prev_post, m->out_norm, m->h, act_out_for(m, {wout.type}), E,
-                                    c.eps);
+    run_norm_quant(m, T, prev, m->out_norm, 1, act_out_for(m, {wout.type}), E, c.eps);
     probe_tap(m, PROBE_RESID, c.n_layers, m->x, T);
     if (logits) {
         const int rows = all_rows ? T : 1;
         MatJob lm = {&wout, act_view(m, wout.type, m->h, E, all_rows ? 0 : T - 1), logits, V, nullptr};
-        launch_matmul(&lm, 1, rows, st);
+        run_matmul(m, &lm, 1, rows);
+        if (c.logit_scale != 1.0f || c.final_softcap != 0.0f) {
+            const int64_t n = (int64_t)rows * V;
+            const int blocks = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
+            if (m->host) emu_logits(logits, n, c.logit_scale, c.final_softcap);
+            else k_logits_post<<<blocks, 256, 0, st>>>(logits, n, c.logit_scale, c.final_softcap);
+        }
     }
-    CUDA_TRY(cudaGetLastError());
+    if (!m->host) CUDA_TRY(cudaGetLastError());
     return 0;
 }
 
 static int ensure_logits_all(qsc_model *m, int64_t rows, char *err, size_t err_len) {
     if (m->logits_all_rows >= rows) return 0;
     if (m->d_logits_all) {
-        CUDA_TRY(cudaFree(m->d_logits_all));
+        if (m->host) free(m->d_logits_all);
+        else CUDA_TRY(cudaFree(m->d_logits_all));
         for (auto &p : m->allocs)
             if (p == m->d_logits_all) p = nullptr;
         m->dev_bytes -= (m->logits_all_rows * m->cfg.V * 4 + 255) / 256 * 256;
@@ -303,6 +389,9 @@ static int step_graph(qsc_model *m, char *err, size_t err_len) {
     if (!m->gexec) {
         CUDA_TRY(cudaStreamBeginCapture(m->st, cudaStreamCaptureModeThreadLocal));
         cudaMemcpyAsync(m->d_params, m->h_params, pbytes, cudaMemcpyHostToDevice, m->st);
+        if (m->cfg.ple) /* one token's per-layer inputs, filled in before each replay */
+            cudaMemcpyAsync(m->d_ple, m->h_ple, (size_t)m->cfg.n_layers * m->cfg.ple * sizeof(float),
+                            cudaMemcpyHostToDevice, m->st);
         int rc = enqueue_forward(m, 1, false, m->d_logits1, err, err_len);
         cudaMemcpyAsync(m->h_logits1, m->d_logits1, lbytes, cudaMemcpyDeviceToHost, m->st);
         cudaGraph_t graph = nullptr;
@@ -428,6 +517,14 @@ int qsc_device_info(char *buf, size_t len) {
 
 void qsc_model_free(qsc_model *m) {
     if (!m) return;
+    if (m->host) {
+        for (void *p : m->allocs) free(p);
+        free(m->h_params);
+        free(m->h_logits1);
+        free(m->h_ple);
+        delete m;
+        return;
+    }
     cudaSetDevice(m->device);
     if (m->st) cudaStreamSynchronize(m->st);
     drop_graph(m);
@@ -437,6 +534,7 @@ void qsc_model_free(qsc_model *m) {
     if (m->h_params) cudaFreeHost(m->h_params);
     if (m->h_logits1) cudaFreeHost(m->h_logits1);
     moe_free_host(m->moe_s);
+    if (m->h_ple) cudaFreeHost(m->h_ple);
     if (m->st) cudaStreamDestroy(m->st);
     delete m;
 }
@@ -456,10 +554,26 @@ static int upload_matrix(qsc_model *m, const qs_weight &w, DevMat *dm, const cha
     }
     int rc = dalloc(m, (void **)&dm->buf, L.total, err, err_len);
     if (rc) return rc;
-    CUDA_TRY(cudaMemcpy(dm->buf, host.data(), (size_t)L.total, cudaMemcpyHostToDevice));
+    rc = copy_in(m, dm->buf, host.data(), (size_t)L.total, err, err_len);
+    if (rc) return rc;
     dm->w = make_qw(w.type, w.rows, w.k, dm->buf, L);
     dm->present = true;
     return 0;
+}
+
+/* An F32/F16 matrix of k columns with zero columns appended up to k_pad (gemma4's per-layer embedding projection
+ * of width P: the matmul works in 32-element units), then uploaded as upload_matrix does. */
+static int upload_matrix_padded(qsc_model *m, const qs_weight &w, int64_t k_pad, DevMat *dm, const char *what,
+                                char *err, size_t err_len) {
+    if (k_pad == w.k) return upload_matrix(m, w, dm, what, err, err_len);
+    const int64_t es = w.type == T_F32 ? 4 : 2;
+    std::vector<uint8_t> padded((size_t)(w.rows * k_pad * es), 0);
+    for (int64_t r = 0; r < w.rows; ++r) memcpy(&padded[(size_t)(r * k_pad * es)], w.ptr + r * w.k * es, (size_t)(w.k * es));
+    qs_weight pw = w;
+    pw.ptr = padded.data();
+    pw.k = k_pad;
+    pw.bytes = (int64_t)padded.size();
+    return upload_matrix(m, pw, dm, what, err, err_len);
 }
 
 /* One vector of the description onto the device (absent: *dst stays NULL). */
@@ -467,8 +581,7 @@ static int upload_vector(qsc_model *m, const qs_vec &v, float **dst, char *err, 
     if (!v.ptr) return 0;
     int rc = dalloc_t(m, dst, v.len, err, err_len);
     if (rc) return rc;
-    CUDA_TRY(cudaMemcpy(*dst, v.ptr, (size_t)v.len * sizeof(float), cudaMemcpyHostToDevice));
-    return 0;
+    return copy_in(m, *dst, v.ptr, (size_t)v.len * sizeof(float), err, err_len);
 }
 
 #define QSC_GDN_UPLOAD
@@ -486,6 +599,7 @@ static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *
             {"attn.wo", &b.attn.wo, &L.wo}, {"ffn.gate", &b.ffn.gate, &L.gate}, {"ffn.up", &b.ffn.up, &L.up},
             {"ffn.down", &b.ffn.down, &L.down}};
         for (const auto &x : mats) {
+            if (b.attn.kv_reuse && (x.dm == &L.wk || x.dm == &L.wv)) continue; /* not read */
             if (b.gdn.conv && x.dm != &L.gate && x.dm != &L.up && x.dm != &L.down) continue; /* no attention */
             snprintf(what, sizeof what, "layer %d: %s", li, x.name);
             int rc = upload_matrix(m, *x.w, x.dm, what, err, err_len);
@@ -495,10 +609,23 @@ static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *
             int rc = gdn_upload(m, b, L, li, err, err_len);
             if (rc) return rc;
         }
+        L.gdn.q_gate = b.attn.q_gate;
+        if (m->cfg.ple) {
+            snprintf(what, sizeof what, "layer %d: ple.gate", li);
+            int rc = upload_matrix(m, b.ple.gate, &L.ple_gate, what, err, err_len);
+            snprintf(what, sizeof what, "layer %d: ple.proj", li);
+            if (!rc) rc = upload_matrix_padded(m, b.ple.proj, m->cfg.ple_pad, &L.ple_proj, what, err, err_len);
+            if (!rc) rc = upload_vector(m, b.ple.post_norm, &L.ple_post_norm, err, err_len);
+            if (rc) return rc;
+        }
+        const qs_attn_desc &a = b.attn;
+        const qs_rope_desc &r = b.rope;
+        const qs_vec no_vec = {nullptr, 0};
         const struct { const qs_vec *v; float **dst; } vecs[] = {
             {&b.attn_norm, &L.attn_norm}, {&b.ffn_norm, &L.ffn_norm}, {&b.post_attn_norm, &L.post_attn_norm},
-            {&b.post_ffn_norm, &L.post_ffn_norm}, {&b.attn.bq, &L.bq}, {&b.attn.bk, &L.bk}, {&b.attn.bv, &L.bv},
-            {&b.attn.q_norm, &L.q_norm}, {&b.attn.k_norm, &L.k_norm}};
+            {&b.post_ffn_norm, &L.post_ffn_norm}, {&a.bq, &L.bq}, {&a.bk, &L.bk}, {&a.bv, &L.bv}, {&a.bo, &L.bo},
+            {&a.q_norm, &L.q_norm}, {&a.k_norm, &L.k_norm}, {&a.sinks, &L.sinks},
+            {r.skip ? &no_vec : &r.freqs, &L.rope_freqs}};
         for (const auto &x : vecs) {
             int rc = upload_vector(m, *x.v, x.dst, err, err_len);
             if (rc) return rc;
@@ -517,10 +644,24 @@ static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *
                 if (rc) return rc;
             }
         }
-        L.gdn.q_gate = b.attn.q_gate;
-        L.window = (int)b.attn.window;
-        L.rope_base = b.rope.base;
-        L.scale = b.attn.scale;
+        L.H = a.n_head;
+        L.KV = a.n_head_kv;
+        L.hd = a.head_dim;
+        L.F = b.ffn.n_ff;
+        L.window = (int)a.window;
+        L.glu = b.ffn.swiglu_oai ? GLU_OAI : b.ffn.gelu ? GLU_GELU : GLU_SILU;
+        L.eps = b.eps;
+        L.scale = a.scale;
+        L.softcap = a.softcap;
+        L.rs = is_one(b.residual_scale) ? 1.0f : b.residual_scale;
+        L.out_scale = is_one(b.out_scale) ? 1.0f : b.out_scale;
+        L.kv_reuse = a.kv_reuse ? 1 : 0;
+        const RopeP rp = rope_params(r, L.rope_freqs);
+        if (L.kv_reuse) /* the queries alone, their norm per head (the CPU block's V-from-another-layer path) */
+            L.qk = {L.H, 0, L.hd, 0, L.q_norm, nullptr, b.eps, rp, a.temp_scale, (long long)a.temp_floor, 0};
+        else
+            L.qk = {L.H, L.KV, L.hd, a.qk_norm_full ? 1 : 0, L.q_norm, L.k_norm, b.eps, rp, a.temp_scale,
+                    (long long)a.temp_floor, a.v_norm ? 1 : 0};
     }
     int rc = upload_matrix(m, md->tok_embd, &m->tok, "tok_embd", err, err_len);
     if (rc) return rc;
@@ -535,11 +676,11 @@ static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *
 /* Scratch for mb tokens and the pinned host buffers. */
 static int finalize(qsc_model *m, char *err, size_t err_len) {
     const Dims &c = m->cfg;
-    CUDA_TRY(cudaSetDevice(m->device));
-    const int64_t T = m->mb, E = c.E, QD = (int64_t)c.H * c.hd, KD = (int64_t)c.KV * c.hd;
-    const int64_t F = c.F;
+    if (!m->host) CUDA_TRY(cudaSetDevice(m->device));
+    const int64_t T = m->mb, E = c.E, QD = c.max_qd, KD = c.max_kd, F = c.max_f;
     int64_t kmax = E > QD ? E : QD;
     kmax = kmax > F ? kmax : F;
+    kmax = kmax > c.ple_pad ? kmax : c.ple_pad;
     kmax = kmax > gdn_kmax(m) ? kmax : gdn_kmax(m);
     int rc = 0;
     rc = rc ? rc : dalloc_t(m, &m->x, T * E, err, err_len);
@@ -559,19 +700,40 @@ static int finalize(qsc_model *m, char *err, size_t err_len) {
     rc = rc ? rc : dalloc_t(m, &m->d256, T * kmax / 256 + 1, err, err_len);
     rc = rc ? rc : dalloc_t(m, &m->bs256, T * kmax / 16, err, err_len);
     rc = rc ? rc : dalloc_t(m, &m->d_params, 2 * T + 1, err, err_len);
+    if (c.ple) { /* pads of pg / pa are never written: 0 from the allocation on */
+        rc = rc ? rc : dalloc_t(m, &m->pg, T * c.ple_pad, err, err_len);
+        rc = rc ? rc : dalloc_t(m, &m->pa, T * c.ple_pad, err, err_len);
+        rc = rc ? rc : dalloc_t(m, &m->d_ple, T * c.n_layers * c.ple, err, err_len);
+        if (!rc && !m->host) {
+            CUDA_TRY(cudaMemset(m->pg, 0, (size_t)(T * c.ple_pad) * sizeof(float)));
+            CUDA_TRY(cudaMemset(m->pa, 0, (size_t)(T * c.ple_pad) * sizeof(float)));
+        }
+    }
     rc = rc ? rc : dalloc_t(m, &m->d_logits1, c.V, err, err_len);
     rc = rc ? rc : moe_finalize(m, err, err_len);
     rc = rc ? rc : gdn_finalize(m, err, err_len);
     if (rc) return rc;
-    CUDA_TRY(cudaMallocHost((void **)&m->h_params, (size_t)(2 * T + 1) * sizeof(int)));
-    CUDA_TRY(cudaMallocHost((void **)&m->h_logits1, (size_t)c.V * sizeof(float)));
+    const size_t ple_bytes = (size_t)(T * c.n_layers * c.ple) * sizeof(float);
+    if (m->host) {
+        m->h_params = (int *)calloc((size_t)(2 * T + 1), sizeof(int));
+        m->h_logits1 = (float *)calloc((size_t)c.V, sizeof(float));
+        if (c.ple) m->h_ple = (float *)calloc(ple_bytes, 1);
+        if (!m->h_params || !m->h_logits1 || (c.ple && !m->h_ple)) {
+            set_err(err, err_len, "out of host memory");
+            return -2;
+        }
+    } else {
+        CUDA_TRY(cudaMallocHost((void **)&m->h_params, (size_t)(2 * T + 1) * sizeof(int)));
+        CUDA_TRY(cudaMallocHost((void **)&m->h_logits1, (size_t)c.V * sizeof(float)));
+        if (c.ple) CUDA_TRY(cudaMallocHost((void **)&m->h_ple, ple_bytes));
+    }
     m->finalized = true;
     return 0;
 }
 
 
-qsc_model *qsc_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16, int max_batch,
-                             char *err, size_t err_len) {
+static qsc_model *model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16,
+                               int max_batch, bool host, char *err, size_t err_len) {
     Dims d;
     if (check_model(md, layers, &d, err, err_len)) return nullptr;
     if (n_ctx <= 0 || max_batch <= 0 || max_batch > 4096) {
@@ -584,24 +746,48 @@ qsc_model *qsc_model_create(const qsc_model_desc *md, const qs_block *layers, in
     m->kv_f16 = kv_f16 ? 1 : 0;
     m->mb = max_batch;
     m->device = 0;
+    m->host = host;
     m->layers.resize(d.n_layers);
     auto fail = [&](void) -> qsc_model * {
         qsc_model_free(m);
         return nullptr;
     };
-    cudaError_t e = cudaSetDevice(m->device);
-    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking);
+    cudaError_t e = host ? cudaSuccess : cudaSetDevice(m->device);
+    if (e == cudaSuccess && !host) e = cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         set_err(err, err_len, "CUDA setup: %s (%s = %d)", cudaGetErrorString(e), cudaGetErrorName(e), (int)e);
         return fail();
     }
-    const int64_t kv_elems = (int64_t)n_ctx * d.KV * d.hd;
-    m->kv_layer_bytes = (kv_elems * (kv_f16 ? 2 : 4) + 255) / 256 * 256;
-    if (dalloc(m, (void **)&m->k_cache, m->kv_layer_bytes * d.n_layers, err, err_len) ||
-        dalloc(m, (void **)&m->v_cache, m->kv_layer_bytes * d.n_layers, err, err_len))
+    int64_t kv_bytes = 0; /* each layer's [n_ctx][n_head_kv][head_dim] rows, 256-byte aligned */
+    for (int li = 0; li < d.n_layers; ++li) {
+        if (layers[li].attn.kv_reuse) { /* the source's cache (check_model: an earlier layer with its own) */
+            m->layers[li].kv_off = m->layers[md->kv_source[li]].kv_off;
+            continue;
+        }
+        m->layers[li].kv_off = kv_bytes;
+        const int64_t elems = (int64_t)n_ctx * layers[li].attn.n_head_kv * layers[li].attn.head_dim;
+        kv_bytes += (elems * (kv_f16 ? 2 : 4) + 255) / 256 * 256;
+    }
+    if (dalloc(m, (void **)&m->k_cache, kv_bytes, err, err_len) ||
+        dalloc(m, (void **)&m->v_cache, kv_bytes, err, err_len))
         return fail();
     if (upload_model(m, md, layers, err, err_len) || finalize(m, err, err_len)) return fail();
     return m;
+}
+
+qsc_model *qsc_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16, int max_batch,
+                             char *err, size_t err_len) {
+    return model_create(md, layers, n_ctx, kv_f16, max_batch, false, err, err_len);
+}
+
+qsc_model *qsc_host_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16,
+                                 int max_batch, char *err, size_t err_len) {
+    for (int i = 0; md && layers && i < md->n_layers && i < 4096; ++i)
+        if (layers[i].moe.n_expert) { /* enqueue_moe launches device kernels; its host build is qsc_host_moe_ffn */
+            set_err(err, err_len, "layer %d: mixture-of-experts layers have no host emulation of the forward", i);
+            return nullptr;
+        }
+    return model_create(md, layers, n_ctx, kv_f16, max_batch, true, err, err_len);
 }
 
 int qsc_set_graphs(qsc_model *m, int enabled) {
@@ -614,8 +800,8 @@ int qsc_set_graphs(qsc_model *m, int enabled) {
 
 int64_t qsc_model_device_bytes(qsc_model *m) { return m ? m->dev_bytes : 0; }
 
-int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
-                char *err, size_t err_len) {
+static int forward_impl(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
+                        const float *ple, int64_t ple_len, char *err, size_t err_len) {
     if (!m || !tokens || !logits) {
         set_err(err, err_len, "no model, tokens or logits buffer");
         return -1;
@@ -635,14 +821,22 @@ int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, i
             set_err(err, err_len, "token id %d outside 0..%d", tokens[i], V - 1);
             return -1;
         }
-    CUDA_TRY(cudaSetDevice(m->device));
+    const int64_t ple_row = (int64_t)m->cfg.n_layers * m->cfg.ple; /* one token's per-layer inputs */
+    if (ple_row ? !ple || ple_len != n_tokens * ple_row : ple || ple_len) {
+        set_err(err, err_len, "%lld per-layer input values for %d tokens; the model takes %lld per token",
+                (long long)(ple ? ple_len : 0), n_tokens, (long long)ple_row);
+        return -1;
+    }
+    if (!m->host) CUDA_TRY(cudaSetDevice(m->device));
     if (all_logits) {
         int rc = ensure_logits_all(m, n_tokens < m->mb ? n_tokens : m->mb, err, err_len);
         if (rc) return rc;
     }
     const size_t pbytes = (size_t)(2 * m->mb + 1) * sizeof(int);
-    if (n_past == 0 && m->gdn.n) /* a new sequence: the recurrent state starts from zeros, as the CPU's */
-        CUDA_TRY(cudaMemsetAsync(m->gdn.state, 0, (size_t)m->gdn.n * sizeof(float), m->st));
+    if (n_past == 0) { /* a new sequence: the recurrent state starts from zeros, as the CPU session's */
+        int rc = gdn_state_op(m, 0, err, err_len);
+        if (rc) return rc;
+    }
     for (int start = 0; start < n_tokens; start += m->mb) {
         const int T = n_tokens - start < m->mb ? n_tokens - start : m->mb;
         const bool last = start + T == n_tokens;
@@ -651,6 +845,18 @@ int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, i
             m->h_params[m->mb + i] = n_past + start + i;
         }
         m->h_params[2 * m->mb] = n_past + start + T;
+        const size_t ple_bytes = (size_t)(T * ple_row) * sizeof(float);
+        if (ple_row) memcpy(m->h_ple, ple + start * ple_row, ple_bytes);
+        if (m->host) {
+            if (ple_row) memcpy(m->d_ple, m->h_ple, ple_bytes); /* the host twins, at once: logits straight into the caller's buffer */
+            memcpy(m->d_params, m->h_params, pbytes);
+            float *dl = all_logits ? m->d_logits_all : (last ? m->d_logits1 : nullptr);
+            int rc = enqueue_forward(m, T, all_logits != 0, dl, err, err_len);
+            if (rc) return rc;
+            if (all_logits) memcpy(logits + (int64_t)start * V, dl, (size_t)T * V * sizeof(float));
+            else if (last) memcpy(logits, dl, (size_t)V * sizeof(float));
+            continue;
+        }
         /* the first one-token step runs uncaptured (kernels load lazily on first use), later ones replay a graph */
         const bool traced = probe_chunk(m, start, n_tokens);
         if (T == 1 && m->use_graphs && m->stepped && !m->has_moe && !traced) {
@@ -661,6 +867,7 @@ int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, i
             continue;
         }
         CUDA_TRY(cudaMemcpyAsync(m->d_params, m->h_params, pbytes, cudaMemcpyHostToDevice, m->st));
+        if (ple_row) CUDA_TRY(cudaMemcpyAsync(m->d_ple, m->h_ple, ple_bytes, cudaMemcpyHostToDevice, m->st));
         float *dl = all_logits ? m->d_logits_all : (last ? m->d_logits1 : nullptr);
         int rc = enqueue_forward(m, T, all_logits != 0, dl, err, err_len);
         if (rc) return rc;
@@ -682,15 +889,22 @@ int qsc_recurrent_state(qsc_model *m, int op, char *err, size_t err_len) {
         return -1;
     }
     std::lock_guard<std::mutex> lock(m->mu);
-    const GdnModel &G = m->gdn;
-    if (op == 3 || !G.n) return op == 3 ? (int)(G.n > 0) : 0;
-    CUDA_TRY(cudaSetDevice(m->device));
-    const size_t bytes = (size_t)G.n * sizeof(float);
-    if (op == 0) CUDA_TRY(cudaMemsetAsync(G.state, 0, bytes, m->st));
-    else if (op == 1) CUDA_TRY(cudaMemcpyAsync(G.ckpt, G.state, bytes, cudaMemcpyDeviceToDevice, m->st));
-    else CUDA_TRY(cudaMemcpyAsync(G.state, G.ckpt, bytes, cudaMemcpyDeviceToDevice, m->st));
-    CUDA_TRY(cudaStreamSynchronize(m->st));
+    if (op == 3) return m->gdn.n > 0 ? 1 : 0;
+    if (!m->host) CUDA_TRY(cudaSetDevice(m->device));
+    int rc = gdn_state_op(m, op, err, err_len);
+    if (rc) return rc;
+    if (!m->host) CUDA_TRY(cudaStreamSynchronize(m->st));
     return 0;
+}
+
+int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
+                char *err, size_t err_len) {
+    return forward_impl(m, tokens, n_tokens, n_past, all_logits, logits, nullptr, 0, err, err_len);
+}
+
+int qsc_forward_ple(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
+                    const float *ple, int64_t ple_len, char *err, size_t err_len) {
+    return forward_impl(m, tokens, n_tokens, n_past, all_logits, logits, ple, ple_len, err, err_len);
 }
 
 /* the single-kernel test entry points */
@@ -801,7 +1015,7 @@ int qsc_kernel_rmsnorm(const float *x, const float *w, float *y, int n_rows, int
     CUDA_TRY(s.put(&dx, x, (int64_t)n_rows * n));
     if (w) CUDA_TRY(s.put(&dw, w, n));
     CUDA_TRY(s.get(&dy, (int64_t)n_rows * n));
-    k_norm_quant<<<n_rows, 256>>>(dx, nullptr, nullptr, dw, dy, ActOut{}, n, eps);
+    k_norm_quant<<<n_rows, 256>>>(dx, ResidIn{}, dw, 1, dy, ActOut{}, n, eps);
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(cudaMemcpy(y, dy, (size_t)n_rows * n * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
@@ -809,7 +1023,8 @@ int qsc_kernel_rmsnorm(const float *x, const float *w, float *y, int n_rows, int
 
 int qsc_kernel_rope(float *x, int n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
                     float freq_base, int neox, char *err, size_t err_len) {
-    if (n_tokens <= 0 || n_heads <= 0 || head_dim <= 0 || rot_dim <= 0 || rot_dim > head_dim || rot_dim % 2) {
+    if (n_tokens <= 0 || n_heads <= 0 || head_dim <= 0 || head_dim > QSC_MAX_HEAD || rot_dim <= 0 ||
+        rot_dim > head_dim || rot_dim % 2) {
         set_err(err, err_len, "bad shape");
         return -1;
     }
@@ -819,16 +1034,19 @@ int qsc_kernel_rope(float *x, int n_tokens, int n_heads, int head_dim, int rot_d
     const int64_t n = (int64_t)n_tokens * n_heads * head_dim;
     CUDA_TRY(s.put(&dx, x, n));
     CUDA_TRY(s.put(&dpos, (const int *)pos, n_tokens));
-    k_qk_post<<<n_tokens, 256>>>(dx, nullptr, nullptr, n_heads, 0, head_dim, nullptr, nullptr, 0.0f, dpos, rot_dim,
-                                 freq_base, neox, nullptr, nullptr, 0);
+    QKArgs A = {};
+    A.H = n_heads;
+    A.hd = head_dim;
+    A.rope = {0, rot_dim, neox ? 1 : 0, freq_base, 1.0f, 0.0f, 0.0f, 0.0f, 1.0f, nullptr};
+    k_qk_post<<<n_tokens, 256>>>(dx, nullptr, nullptr, A, dpos, nullptr, nullptr, 0);
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(cudaMemcpy(x, dx, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }
 
-int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, int n, int gelu, char *err,
+int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, int n, int mode, char *err,
                    size_t err_len) {
-    if (n_rows <= 0 || n <= 0) {
+    if (n_rows <= 0 || n <= 0 || mode < 0 || mode > 2) {
         set_err(err, err_len, "bad shape");
         return -1;
     }
@@ -838,7 +1056,7 @@ int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, i
     CUDA_TRY(s.put(&dg, gate, total));
     CUDA_TRY(s.put(&du, up, total));
     CUDA_TRY(s.get(&dout, total));
-    k_glu_quant<<<n_rows, 256>>>(dg, du, dout, ActOut{}, n, gelu);
+    k_glu_quant<<<n_rows, 256>>>(dg, du, dout, ActOut{}, n, mode, n, n);
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(cudaMemcpy(out, dout, (size_t)total * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
@@ -847,13 +1065,26 @@ int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, i
 int qsc_kernel_attention(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
                          const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv, int window,
                          float scale, float *out, char *err, size_t err_len) {
-    if (n_q <= 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || head_dim % 32 || head_dim <= 0 ||
-        head_dim > 256 || n_kv <= 0) {
+    return qsc_kernel_attention_ext(q, n_q, q_pos, n_heads, head_dim, k_cache, v_cache, kv_f16, n_kv_heads, n_kv,
+                                    window, scale, 0.0f, nullptr, out, err, err_len);
+}
+
+int qsc_kernel_attention_ext(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                             const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv,
+                             int window, float scale, float softcap, const float *sinks, float *out, char *err,
+                             size_t err_len) {
+    if (n_q <= 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || head_dim <= 0 ||
+        head_dim > QSC_MAX_HEAD || n_kv <= 0 || window < 0 || !(softcap >= 0.0f)) {
         set_err(err, err_len, "bad shape");
         return -1;
     }
+    for (int i = 0; i < n_q; ++i)
+        if (q_pos[i] < 0) {
+            set_err(err, err_len, "negative position");
+            return -1;
+        }
     Scratch s;
-    float *dq, *dout;
+    float *dq, *dout, *dsinks = nullptr;
     int *dpos, *dnkv;
     uint8_t *dk, *dv;
     const int64_t kv_bytes = (int64_t)n_kv * n_kv_heads * head_dim * (kv_f16 ? 2 : 4);
@@ -862,11 +1093,57 @@ int qsc_kernel_attention(const float *q, int n_q, const int32_t *q_pos, int n_he
     CUDA_TRY(s.put(&dnkv, &n_kv, 1));
     CUDA_TRY(s.put(&dk, (const uint8_t *)k_cache, kv_bytes));
     CUDA_TRY(s.put(&dv, (const uint8_t *)v_cache, kv_bytes));
+    if (sinks) CUDA_TRY(s.put(&dsinks, sinks, n_heads));
     CUDA_TRY(s.get(&dout, (int64_t)n_q * n_heads * head_dim));
-    launch_attention(n_q, n_heads, n_kv_heads, head_dim, kv_f16, 0, dq, dpos, dk, dv, dnkv, window, scale, dout,
-                     ActOut{});
+    const AttnArgs A = {n_heads, n_kv_heads, head_dim, window, scale, softcap, dsinks};
+    launch_attention(n_q, A, kv_f16, 0, dq, dpos, dk, dv, dnkv, dout, ActOut{});
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(cudaMemcpy(out, dout, (size_t)n_q * n_heads * head_dim * sizeof(float), cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+int qsc_kernel_qk_post(float *q, float *k, int n_tokens, int n_head, int n_head_kv, int head_dim,
+                       const float *q_norm, const float *k_norm, int qk_full, float eps, const int32_t *pos,
+                       const qs_rope_desc *rope, float temp_scale, int64_t temp_floor, char *err, size_t err_len) {
+    if (!qk_post_args_ok(q, k, n_tokens, n_head, n_head_kv, head_dim, pos, rope, temp_scale, temp_floor)) {
+        set_err(err, err_len, "bad shape or RoPE description");
+        return -1;
+    }
+    Scratch s;
+    float *dq, *dk = nullptr, *dqn = nullptr, *dkn = nullptr, *dfreqs = nullptr;
+    int *dpos;
+    const int64_t nq = (int64_t)n_tokens * n_head * head_dim, nk = (int64_t)n_tokens * n_head_kv * head_dim;
+    const int64_t qn = qk_full ? (int64_t)n_head * head_dim : head_dim, kn = qk_full ? (int64_t)n_head_kv * head_dim
+                                                                                      : head_dim;
+    CUDA_TRY(s.put(&dq, q, nq));
+    if (k) CUDA_TRY(s.put(&dk, k, nk));
+    if (q_norm && k_norm) {
+        CUDA_TRY(s.put(&dqn, q_norm, qn));
+        CUDA_TRY(s.put(&dkn, k_norm, kn));
+    }
+    if (rope->freqs.ptr && !rope->skip) CUDA_TRY(s.put(&dfreqs, rope->freqs.ptr, rope->dim / 2));
+    CUDA_TRY(s.put(&dpos, (const int *)pos, n_tokens));
+    const QKArgs A = {n_head, k ? n_head_kv : 0, head_dim, qk_full ? 1 : 0, dqn, dkn, eps, rope_params(*rope, dfreqs),
+                      temp_scale, (long long)temp_floor};
+    k_qk_post<<<n_tokens, 256>>>(dq, dk, nullptr, A, dpos, nullptr, nullptr, 0);
+    CUDA_TRY(cudaGetLastError());
+    CUDA_TRY(cudaMemcpy(q, dq, (size_t)nq * sizeof(float), cudaMemcpyDeviceToHost));
+    if (k) CUDA_TRY(cudaMemcpy(k, dk, (size_t)nk * sizeof(float), cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+int qsc_kernel_logits(float *x, int64_t n, float logit_scale, float softcap, char *err, size_t err_len) {
+    if (n <= 0) {
+        set_err(err, err_len, "bad length");
+        return -1;
+    }
+    Scratch s;
+    float *dx;
+    CUDA_TRY(s.put(&dx, x, n));
+    k_logits_post<<<(int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096), 256>>>(
+        dx, n, is_one(logit_scale) ? 1.0f : logit_scale, softcap);
+    CUDA_TRY(cudaGetLastError());
+    CUDA_TRY(cudaMemcpy(x, dx, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }
 

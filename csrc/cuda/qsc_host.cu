@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "qsc_common.cuh"
+#include "qsc_emul.cuh"
 
 /* Q4_K / Q5_K 6-bit scale and min of sub-block j from the 12 packed bytes (get_scale_min_k4). */
 static void k4_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
@@ -167,6 +168,54 @@ int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const f
     return 0;
 }
 
+/* ---- the dense architecture features, run on the host as the kernels run them (qsc_kernels.cuh) */
+
+int qsc_host_attention(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                       const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv, int window,
+                       float scale, float softcap, const float *sinks, float *out) {
+    if (n_q <= 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || head_dim <= 0 ||
+        head_dim > QSC_MAX_HEAD || n_kv <= 0 || window < 0 || !(softcap >= 0.0f))
+        return -1;
+    for (int t = 0; t < n_q; ++t)
+        if (q_pos[t] < 0) return -1;
+    const AttnArgs A = {n_heads, n_kv_heads, head_dim, window, scale, softcap, sinks};
+    emu_attention(n_q, A, kv_f16, q, (const int *)q_pos, k_cache, v_cache, n_kv, out);
+    return 0;
+}
+
+int qsc_host_qk_post(float *q, float *k, int n_tokens, int n_head, int n_head_kv, int head_dim, const float *q_norm,
+                     const float *k_norm, int qk_full, float eps, const int32_t *pos, const qs_rope_desc *rope,
+                     float temp_scale, int64_t temp_floor) {
+    if (!qk_post_args_ok(q, k, n_tokens, n_head, n_head_kv, head_dim, pos, rope, temp_scale, temp_floor)) return -1;
+    const bool norms = q_norm && k_norm && k;
+    const QKArgs A = {n_head, k ? n_head_kv : 0, head_dim, qk_full ? 1 : 0, norms ? q_norm : nullptr,
+                      norms ? k_norm : nullptr, eps, rope_params(*rope, rope->freqs.ptr), temp_scale,
+                      (long long)temp_floor, 0};
+    emu_qk_post(q, k, nullptr, A, (const int *)pos, n_tokens, nullptr, nullptr, 0);
+    return 0;
+}
+
+int qsc_host_glu(const float *gate, const float *up, float *out, int64_t n, int mode) {
+    if (n <= 0 || n > 2147483647 || mode < 0 || mode > 2) return -1;
+    emu_glu(gate, up, out, ActOut{}, 1, (int)n, mode, n, (int)n);
+    return 0;
+}
+
+int qsc_host_logits(float *x, int64_t n, float logit_scale, float softcap) {
+    if (n <= 0) return -1;
+    emu_logits(x, n, is_one(logit_scale) ? 1.0f : logit_scale, softcap);
+    return 0;
+}
+
+int qsc_host_residual(float *x, const float *o, const float *post_w, int n_rows, int n, float eps, float rs,
+                      float out_scale) {
+    if (n_rows <= 0 || n <= 0) return -1;
+    std::vector<float> h((size_t)n_rows * n);
+    const ResidIn r = {o, post_w, eps, rs, out_scale};
+    emu_norm_quant(x, r, nullptr, 0, h.data(), ActOut{}, n_rows, n, eps);
+    return 0;
+}
+
 } /* extern "C" */
 
 /* host emulation of the prefill kernels (tensor-core GEMM, flash attention) */
@@ -223,9 +272,8 @@ int qsc_host_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out
     }
     Dims D = {};
     D.E = b->n_embd;
-    D.F = b->ffn.n_ff;
-    if (D.E <= 0 || D.F <= 0 || !moe_check(*b, 0, D, err, err_len)) return -1;
-    const int T = n_tokens, E = D.E, F = D.F, NE = b->moe.n_expert, K = b->moe.n_used, FS = b->moe.n_ff_shexp;
+    if (D.E <= 0 || b->ffn.n_ff <= 0 || !moe_check(*b, 0, D, err, err_len)) return -1;
+    const int T = n_tokens, E = D.E, F = b->ffn.n_ff, NE = b->moe.n_expert, K = b->moe.n_used, FS = b->moe.n_ff_shexp;
     const struct { const qs_weight *w; int64_t rows, k; } want[3] = {
         {&b->ffn.gate, (int64_t)NE * F, E}, {&b->ffn.up, (int64_t)NE * F, E}, {&b->ffn.down, (int64_t)NE * E, F}};
     for (const auto &x : want)
@@ -290,8 +338,202 @@ int qsc_host_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out
 
 } /* extern "C" */
 
-/* the delta-net and per-layer embedding entry points (after HostQW / host_linear, which they use) */
+/* ------------------------------------------------------------------------------------------------------------------
+ * The kernels' host twins (qsc_emul.cuh), in the kernels' order of operations. */
+
+void emu_embed(const QW &w, const int *tokens, float *x, int T, int n, float scale) {
+    for (int t = 0; t < T; ++t)
+        for (int e = 0; e < n; ++e) x[(int64_t)t * n + e] = dequant_elem(w, tokens[t], e) * scale;
+}
+
+void emu_quantize(const float *x, const ActOut &o, int rows, int n) {
+    for (int64_t row = 0; row < rows; ++row) {
+        const float *xr = x + row * n;
+        if (o.qs32)
+            for (int b = 0; b < n / 32; ++b) {
+                const int64_t blk = row * (n / 32) + b;
+                quant_block32(xr + 32 * b, o.qs32 + blk * 32, o.d32 + blk, o.s32 + blk);
+            }
+        if (o.qs256)
+            for (int b = 0; b < n / 256; ++b) {
+                const int64_t blk = row * (n / 256) + b;
+                quant_block256(xr + 256 * b, o.qs256 + blk * 256, o.d256 + blk, o.bs256 + blk * 16);
+            }
+    }
+}
+
+void emu_norm_quant(float *x, const ResidIn &r, const float *w, int norm, float *h, const ActOut &ao, int rows, int n,
+                    float eps) {
+    for (int64_t row = 0; row < rows; ++row) {
+        float *xr = x + row * n;
+        if (r.o) {
+            const float *orow = r.o + row * n;
+            float sc = 1.0f;
+            if (r.post_w) {
+                float ss = 0.0f;
+                for (int i = 0; i < n; ++i) ss += orow[i] * orow[i];
+                sc = 1.0f / sqrtf(ss / (float)n + r.post_eps);
+            }
+            for (int i = 0; i < n; ++i)
+                xr[i] = residual_add(xr[i], r.post_w ? orow[i] * sc * r.post_w[i] : orow[i], r.rs, r.out_scale);
+        }
+        float sc = 1.0f;
+        if (norm) {
+            float ss = 0.0f;
+            for (int i = 0; i < n; ++i) ss += xr[i] * xr[i];
+            sc = 1.0f / sqrtf(ss / (float)n + eps);
+        }
+        float *hr = h + row * n;
+        for (int i = 0; i < n; ++i) hr[i] = !norm ? xr[i] : w ? xr[i] * sc * w[i] : xr[i] * sc;
+    }
+    emu_quantize(h, ao, rows, n);
+}
+
+template <int TYPE>
+static void emu_mm(const QW &w, const Act &a, float *y, int64_t ldy, const float *bias, int ncols) {
+    using U = Unit<TYPE>;
+    const int nu = w.nb * U::NU;
+    for (int64_t r = 0; r < w.rows; ++r)
+        for (int c = 0; c < ncols; ++c) {
+            float acc = 0.0f;
+            for (int t = 0; t < nu; ++t) {
+                U u;
+                u.load(w, r * w.nb + t / U::NU, t % U::NU);
+                acc += u.dot(a, c, t / U::NU);
+            }
+            y[(int64_t)c * ldy + r] = acc + (bias ? bias[r] : 0.0f);
+        }
+}
+
+void emu_matmul(const QW &w, const Act &a, float *y, int64_t ldy, const float *bias, int ncols) {
+    switch (w.type) {
+    case T_Q4_0: emu_mm<T_Q4_0>(w, a, y, ldy, bias, ncols); break;
+    case T_Q4_1: emu_mm<T_Q4_1>(w, a, y, ldy, bias, ncols); break;
+    case T_Q5_0: emu_mm<T_Q5_0>(w, a, y, ldy, bias, ncols); break;
+    case T_Q8_0: emu_mm<T_Q8_0>(w, a, y, ldy, bias, ncols); break;
+    case T_Q4_K: emu_mm<T_Q4_K>(w, a, y, ldy, bias, ncols); break;
+    case T_Q6_K: emu_mm<T_Q6_K>(w, a, y, ldy, bias, ncols); break;
+    case T_F32: emu_mm<T_F32>(w, a, y, ldy, bias, ncols); break;
+    case T_F16: emu_mm<T_F16>(w, a, y, ldy, bias, ncols); break;
+#define QSC_EMU_MM(T) case T: emu_mm<T>(w, a, y, ldy, bias, ncols); break;
+    QSC_EXT_TYPES(QSC_EMU_MM)
+#undef QSC_EMU_MM
+    default: break;
+    }
+}
+
+/* RMSNorm of n values in place, times w (k_qk_post's per-head and whole-projection norms). */
+static void emu_rms(float *r, int64_t n, const float *w, float eps) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; ++i) ss += r[i] * r[i];
+    const float sc = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = 0; i < n; ++i) r[i] = r[i] * sc * w[i];
+}
+
+void emu_qk_post(float *q, float *k, const float *v, const QKArgs &A, const int *pos, int T, void *k_cache,
+                 void *v_cache, int kv_f16) {
+    const int H = A.H, KV = A.KV, hd = A.hd;
+    const int half = A.rope.skip ? 0 : A.rope.dim / 2;
+    std::vector<float> rc((size_t)half + 1), rs((size_t)half + 1);
+    for (int t = 0; t < T; ++t) {
+        const int p = pos[t];
+        for (int i = 0; i < half; ++i) rope_cs(A.rope, p, i, &rc[i], &rs[i]);
+        if (A.q_norm && A.k_norm && A.qk_full) {
+            emu_rms(q + (int64_t)t * H * hd, (int64_t)H * hd, A.q_norm, A.eps);
+            emu_rms(k + (int64_t)t * KV * hd, (int64_t)KV * hd, A.k_norm, A.eps);
+        }
+        for (int hh = 0; hh < H + KV; ++hh) {
+            const bool isq = hh < H;
+            float *vec = isq ? q + ((int64_t)t * H + hh) * hd : k + ((int64_t)t * KV + (hh - H)) * hd;
+            const float *nw = isq ? A.q_norm : A.k_norm;
+            if (nw && !A.qk_full) emu_rms(vec, hd, nw, A.eps);
+            for (int i = 0; i < half; ++i) rope_pair(vec, rope_ia(A.rope, i), rope_ib(A.rope, i), rc[i], rs[i]);
+            if (isq && A.temp_scale != 0.0f) {
+                const float f = temp_factor(p, A.temp_scale, A.temp_floor);
+                for (int i = 0; i < hd; ++i) vec[i] *= f;
+            }
+            if (!isq && k_cache) {
+                const int kvh = hh - H;
+                const float *vv = v + ((int64_t)t * KV + kvh) * hd;
+                const int64_t off = ((int64_t)p * KV + kvh) * hd;
+                float vs = 1.0f;
+                if (A.v_norm) {
+                    float ss = 0.0f;
+                    for (int i = 0; i < hd; ++i) ss += vv[i] * vv[i];
+                    vs = 1.0f / sqrtf(ss / (float)hd + A.eps);
+                }
+                for (int i = 0; i < hd; ++i) {
+                    if (kv_f16) {
+                        ((__half *)k_cache)[off + i] = __float2half_rn(vec[i]);
+                        ((__half *)v_cache)[off + i] = __float2half_rn(vv[i] * vs);
+                    } else {
+                        ((float *)k_cache)[off + i] = vec[i];
+                        ((float *)v_cache)[off + i] = vv[i] * vs;
+                    }
+                }
+            }
+        }
+    }
+}
+
+void emu_attention(int T, const AttnArgs &A, int kv_f16, const float *q, const int *pos, const void *kc,
+                   const void *vc, int n_kv, float *out) {
+    const int NW = 8, hd = A.hd, H = A.H, KV = A.KV; /* k_attention: 8 warps take the keys round-robin */
+    auto kv = [&](const void *c, int64_t i) -> float {
+        if (!kv_f16) return ((const float *)c)[i];
+        __half_raw r;
+        r.x = ((const uint16_t *)c)[i];
+        return h2f(__half(r));
+    };
+    std::vector<float> acc((size_t)NW * hd), m(NW), l(NW);
+    for (int t = 0; t < T; ++t) {
+        const int qp = pos[t], hi = qp < n_kv - 1 ? qp : n_kv - 1;
+        const int lo = A.window > 0 && qp - A.window + 1 > 0 ? qp - A.window + 1 : 0;
+        for (int h = 0; h < H; ++h) {
+            const int kvh = h / (H / KV);
+            const float *qv = q + ((int64_t)t * H + h) * hd;
+            for (int w = 0; w < NW; ++w) {
+                m[w] = -INFINITY;
+                l[w] = 0.0f;
+                float *a = acc.data() + (size_t)w * hd;
+                for (int e = 0; e < hd; ++e) a[e] = 0.0f;
+                for (int j = lo + w; j <= hi; j += NW) {
+                    const int64_t base = ((int64_t)j * KV + kvh) * hd;
+                    float dot = 0.0f;
+                    for (int e = 0; e < hd; ++e) dot += qv[e] * kv(kc, base + e);
+                    float alpha;
+                    const float p = softmax_step(m[w], l[w], attn_score(dot, A.scale, A.softcap), &alpha);
+                    for (int e = 0; e < hd; ++e) a[e] = a[e] * alpha + p * kv(vc, base + e);
+                }
+            }
+            const float sink = A.sinks ? A.sinks[h] : -INFINITY;
+            float M = sink;
+            for (int w = 0; w < NW; ++w) M = fmaxf(M, m[w]);
+            for (int e = 0; e < hd; ++e) {
+                float L = A.sinks ? expf(sink - M) : 0.0f, o = 0.0f;
+                if (M != -INFINITY)
+                    for (int w = 0; w < NW; ++w) {
+                        const float f = expf(m[w] - M);
+                        L += l[w] * f;
+                        o += acc[(size_t)w * hd + e] * f;
+                    }
+                out[((int64_t)t * H + h) * hd + e] = L > 0.0f ? o / L : 0.0f;
+            }
+        }
+    }
+}
+
+void emu_glu(const float *g, const float *u, float *a, const ActOut &ao, int rows, int n, int mode, int64_t ldu,
+             int nv) {
+    for (int64_t r = 0; r < rows; ++r)
+        for (int i = 0; i < n; ++i) a[r * n + i] = i < nv ? glu_unit(g[r * n + i], u[r * ldu + i], mode) : 0.0f;
+    emu_quantize(a, ao, rows, n);
+}
+
+void emu_logits(float *x, int64_t n, float logit_scale, float cap) {
+    for (int64_t i = 0; i < n; ++i) x[i] = logit_post(x[i], logit_scale, cap);
+}
+
+/* qsc_gdn.cuh: the delta-net and gated-attention host twins and entry points (after HostQW / host_linear, which they use) */
 #define QSC_GDN_HOST
 #include "qsc_gdn.cuh"
-#define QSC_PLE_HOST
-#include "qsc_ple.cuh"

@@ -136,93 +136,115 @@ __global__ void __launch_bounds__(256) k_quantize(const float *__restrict__ x, c
     block_quantize_row(x + (int64_t)blockIdx.x * n, n, o, blockIdx.x);
 }
 
-/* Residual add + RMSNorm + quantize, one block per token row:
- *   if o:  x += post_w ? RMSNorm(o) * post_w : o        (the previous branch's output; gemma3 post-norms)
- *   h = RMSNorm(x) * w  (w NULL: no weight), then h -> the int8 formats in ao. */
-__global__ void __launch_bounds__(256) k_norm_quant(float *__restrict__ x, const float *__restrict__ o,
-                                                    const float *__restrict__ post_w, const float *__restrict__ w,
-                                                    float *__restrict__ h, const ActOut ao, int n, float eps) {
+/* Residual add + RMSNorm + quantize, one block per token row: the residual update above, then h = RMSNorm(x) * w
+ * (w NULL: no weight; norm 0: h = x, olmo2's layers without pre-norms), then h -> the int8 formats in ao. */
+__global__ void __launch_bounds__(256) k_norm_quant(float *__restrict__ x, const ResidIn r,
+                                                    const float *__restrict__ w, int norm, float *__restrict__ h,
+                                                    const ActOut ao, int n, float eps) {
     __shared__ float red[32];
     const int64_t row = blockIdx.x;
     float *xr = x + row * n;
-    if (o) {
-        const float *orow = o + row * n;
+    if (r.o) {
+        const float *orow = r.o + row * n;
         float sc = 1.0f;
-        if (post_w) {
+        if (r.post_w) {
             float ss = 0.0f;
             for (int i = threadIdx.x; i < n; i += blockDim.x) ss += orow[i] * orow[i];
             ss = block_sum(ss, red);
-            sc = 1.0f / sqrtf(ss / (float)n + eps);
+            sc = 1.0f / sqrtf(ss / (float)n + r.post_eps);
         }
-        for (int i = threadIdx.x; i < n; i += blockDim.x) xr[i] += post_w ? orow[i] * sc * post_w[i] : orow[i];
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            xr[i] = residual_add(xr[i], r.post_w ? orow[i] * sc * r.post_w[i] : orow[i], r.rs, r.out_scale);
     }
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = block_sum(ss, red);
-    const float sc = 1.0f / sqrtf(ss / (float)n + eps);
+    float sc = 1.0f;
+    if (norm) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+        ss = block_sum(ss, red);
+        sc = 1.0f / sqrtf(ss / (float)n + eps);
+    }
     float *hr = h + row * n;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) hr[i] = w ? xr[i] * sc * w[i] : xr[i] * sc;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) hr[i] = !norm ? xr[i] : w ? xr[i] * sc * w[i] : xr[i] * sc;
     __syncthreads(); /* the quantizer's warps read elements other threads wrote */
     block_quantize_row(hr, n, ao, row);
 }
 
-/* Gated FFN activation, one block per token row: a = act(g) * u with act = SiLU or GELU (tanh approximation). */
+/* Gated FFN activation, one block per token row: a = glu_unit(g, u, mode) (SiLU, GELU-tanh or gpt-oss's clamped
+ * SwiGLU) for the first nv of the row's n values, 0 past them (gemma4's per-layer embedding, padded to the
+ * matmul's 32); u's rows are ldu apart. */
 __global__ void __launch_bounds__(256) k_glu_quant(const float *__restrict__ g, const float *__restrict__ u,
-                                                   float *__restrict__ a, const ActOut ao, int n, int gelu) {
+                                                   float *__restrict__ a, const ActOut ao, int n, int mode,
+                                                   int64_t ldu, int nv) {
     const int64_t row = blockIdx.x;
-    const float kA = 0.7978845608028654f; /* sqrt(2/pi) */
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float gg = g[row * n + i], uu = u[row * n + i];
-        a[row * n + i] = gelu ? 0.5f * gg * (1.0f + tanhf(kA * (gg + 0.044715f * gg * gg * gg))) * uu
-                              : gg / (1.0f + expf(-gg)) * uu;
-    }
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        a[row * n + i] = i < nv ? glu_unit(g[row * n + i], u[row * ldu + i], mode) : 0.0f;
     __syncthreads();
     block_quantize_row(a + row * n, n, ao, row);
 }
 
-/* Per-head q/k RMSNorm (gemma3), RoPE, then this token's K and V rows into the cache (layout [n_ctx][KV][hd]).
- * One block per token, one warp per head. k_cache NULL: no store (RoPE alone, for tests). */
+/* q/k RMSNorm, RoPE (skipped on NoPE layers), the query temperature, then this token's K and V rows into the cache
+ * (layout [n_ctx][KV][hd]) - the CPU block's order. One block per token, one warp per head; each pair's cos and sin
+ * are computed once per token (rope_cs, in double) into shared memory for all heads. k_cache NULL: no store (RoPE
+ * alone, for tests). */
 __global__ void __launch_bounds__(256) k_qk_post(float *__restrict__ q, float *__restrict__ k,
-                                                 const float *__restrict__ v, int H, int KV, int hd,
-                                                 const float *__restrict__ q_norm, const float *__restrict__ k_norm,
-                                                 float eps, const int *__restrict__ pos, int rot_dim, float base,
-                                                 int neox, void *k_cache, void *v_cache, int kv_f16) {
+                                                 const float *__restrict__ v, const QKArgs A,
+                                                 const int *__restrict__ pos, void *k_cache, void *v_cache,
+                                                 int kv_f16) {
+    __shared__ float red[32];
+    __shared__ float rc[QSC_MAX_HEAD / 2], rs[QSC_MAX_HEAD / 2];
     const int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    const int p = pos[t];
-    const int half = rot_dim / 2;
+    const int p = pos[t], H = A.H, KV = A.KV, hd = A.hd;
+    const int half = A.rope.skip ? 0 : A.rope.dim / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) rope_cs(A.rope, p, i, &rc[i], &rs[i]);
+    __syncthreads();
+    if (A.q_norm && A.k_norm && A.qk_full) { /* over the whole projection: one block-wide sum for q, one for k */
+        for (int which = 0; which < 2; ++which) {
+            const int n = (which ? KV : H) * hd;
+            float *r = which ? k + (int64_t)t * n : q + (int64_t)t * n;
+            const float *w = which ? A.k_norm : A.q_norm;
+            float ss = 0.0f;
+            for (int i = threadIdx.x; i < n; i += blockDim.x) ss += r[i] * r[i];
+            ss = block_sum(ss, red);
+            const float sc = 1.0f / sqrtf(ss / (float)n + A.eps);
+            for (int i = threadIdx.x; i < n; i += blockDim.x) r[i] = r[i] * sc * w[i];
+        }
+        __syncthreads();
+    }
     for (int hh = warp; hh < H + KV; hh += nw) {
         const bool isq = hh < H;
         float *vec = isq ? q + ((int64_t)t * H + hh) * hd : k + ((int64_t)t * KV + (hh - H)) * hd;
-        const float *nw_ = isq ? q_norm : k_norm;
-        if (nw_) {
+        const float *nw_ = isq ? A.q_norm : A.k_norm;
+        if (nw_ && !A.qk_full) {
             float ss = 0.0f;
             for (int i = lane; i < hd; i += 32) ss += vec[i] * vec[i];
             ss = warp_sum(ss);
-            const float sc = 1.0f / sqrtf(ss / (float)hd + eps);
+            const float sc = 1.0f / sqrtf(ss / (float)hd + A.eps);
             for (int i = lane; i < hd; i += 32) vec[i] = vec[i] * sc * nw_[i];
             __syncwarp();
         }
-        for (int i = lane; i < half; i += 32) {
-            /* same double-precision angle as the CPU's qs_rope */
-            const double theta = (double)p * pow((double)base, -2.0 * i / rot_dim);
-            const float c = (float)cos(theta), s = (float)sin(theta);
-            const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-            const float x0 = vec[ia], x1 = vec[ib];
-            vec[ia] = x0 * c - x1 * s;
-            vec[ib] = x0 * s + x1 * c;
-        }
+        for (int i = lane; i < half; i += 32) rope_pair(vec, rope_ia(A.rope, i), rope_ib(A.rope, i), rc[i], rs[i]);
         __syncwarp();
+        if (isq && A.temp_scale != 0.0f) {
+            const float f = temp_factor(p, A.temp_scale, A.temp_floor);
+            for (int i = lane; i < hd; i += 32) vec[i] *= f;
+        }
         if (!isq && k_cache) {
             const int kvh = hh - H;
             const float *vv = v + ((int64_t)t * KV + kvh) * hd;
             const int64_t off = ((int64_t)p * KV + kvh) * hd;
+            float vs = 1.0f;
+            if (A.v_norm) {
+                float ss = 0.0f;
+                for (int i = lane; i < hd; i += 32) ss += vv[i] * vv[i];
+                vs = 1.0f / sqrtf(warp_sum(ss) / (float)hd + A.eps);
+            }
             for (int i = lane; i < hd; i += 32) {
                 if (kv_f16) {
                     ((__half *)k_cache)[off + i] = __float2half_rn(vec[i]);
-                    ((__half *)v_cache)[off + i] = __float2half_rn(vv[i]);
+                    ((__half *)v_cache)[off + i] = __float2half_rn(vv[i] * vs);
                 } else {
                     ((float *)k_cache)[off + i] = vec[i];
-                    ((float *)v_cache)[off + i] = vv[i];
+                    ((float *)v_cache)[off + i] = vv[i] * vs;
                 }
             }
         }
@@ -231,49 +253,56 @@ __global__ void __launch_bounds__(256) k_qk_post(float *__restrict__ q, float *_
 
 /* Attention for query head blockIdx.x of token blockIdx.y over cache positions lo..hi (causal: hi = the query's
  * position; sliding window: lo = pos - window + 1). 8 warps take keys round-robin; lane i holds head elements
- * EPL*i .. EPL*i+EPL-1. Each warp keeps an online softmax (running max m, sum l, rescaled accumulator); the warps
- * are merged through shared memory at the end. */
+ * EPL*i .. EPL*i+EPL-1 (those below hd: any head size up to 32 EPL). Scores are scaled and soft-capped
+ * (attn_score); each warp keeps an online softmax (softmax_step); the warps are merged through shared memory at
+ * the end, with the head's sink (gpt-oss; NULL: none) joining the denominator there. */
 template <int EPL, typename KT>
 __global__ void __launch_bounds__(256) k_attention(const float *__restrict__ q, const int *__restrict__ q_pos, int H,
-                                                   int KV, const KT *__restrict__ kc, const KT *__restrict__ vc,
-                                                   const int *__restrict__ n_kv_p, int window, float scale,
-                                                   float *__restrict__ out, const ActOut ao) {
-    constexpr int HDIM = EPL * 32, NW = 8;
+                                                   int KV, int hd, const KT *__restrict__ kc,
+                                                   const KT *__restrict__ vc, const int *__restrict__ n_kv_p,
+                                                   int window, float scale, float softcap,
+                                                   const float *__restrict__ sinks, float *__restrict__ out,
+                                                   const ActOut ao) {
+    constexpr int HMAX = EPL * 32, NW = 8;
     __shared__ float sm_m[NW], sm_l[NW];
-    __shared__ float sm_acc[NW][HDIM];
-    __shared__ float sm_out[HDIM];
+    __shared__ float sm_acc[NW][HMAX];
+    __shared__ float sm_out[HMAX];
     const int h = blockIdx.x, t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int kvh = h / (H / KV);
     const int qp = q_pos[t], n_kv = *n_kv_p;
     const int hi = min(qp, n_kv - 1);
     const int lo = window > 0 ? max(0, qp - window + 1) : 0;
-    const float *qv = q + ((int64_t)t * H + h) * HDIM + lane * EPL;
+    const float *qv = q + ((int64_t)t * H + h) * hd;
+    const int e0 = lane * EPL;
     float qr[EPL], acc[EPL];
 #pragma unroll
-    for (int i = 0; i < EPL; ++i) { qr[i] = qv[i]; acc[i] = 0.0f; }
+    for (int i = 0; i < EPL; ++i) {
+        qr[i] = e0 + i < hd ? qv[e0 + i] : 0.0f;
+        acc[i] = 0.0f;
+    }
     float m = -INFINITY, l = 0.0f;
     for (int j = lo + warp; j <= hi; j += NW) {
-        const int64_t base = ((int64_t)j * KV + kvh) * HDIM + lane * EPL;
+        const int64_t base = ((int64_t)j * KV + kvh) * hd + e0;
         float s = 0.0f;
 #pragma unroll
-        for (int i = 0; i < EPL; ++i) s += qr[i] * to_f(kc[base + i]);
-        s = warp_sum(s) * scale;
-        const float mn = fmaxf(m, s);
-        const float alpha = expf(m - mn), p = expf(s - mn); /* first key: alpha = exp(-inf) = 0 */
-        l = l * alpha + p;
+        for (int i = 0; i < EPL; ++i)
+            if (e0 + i < hd) s += qr[i] * to_f(kc[base + i]);
+        float alpha;
+        const float p = softmax_step(m, l, attn_score(warp_sum(s), scale, softcap), &alpha);
 #pragma unroll
-        for (int i = 0; i < EPL; ++i) acc[i] = acc[i] * alpha + p * to_f(vc[base + i]);
-        m = mn;
+        for (int i = 0; i < EPL; ++i)
+            if (e0 + i < hd) acc[i] = acc[i] * alpha + p * to_f(vc[base + i]);
     }
     if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
 #pragma unroll
-    for (int i = 0; i < EPL; ++i) sm_acc[warp][lane * EPL + i] = acc[i];
+    for (int i = 0; i < EPL; ++i) sm_acc[warp][e0 + i] = acc[i];
     __syncthreads();
-    float M = -INFINITY;
+    const float sink = sinks ? sinks[h] : -INFINITY;
+    float M = sink;
 #pragma unroll
     for (int w = 0; w < NW; ++w) M = fmaxf(M, sm_m[w]);
-    for (int e = threadIdx.x; e < HDIM; e += blockDim.x) {
-        float L = 0.0f, o = 0.0f;
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+        float L = sinks ? expf(sink - M) : 0.0f, o = 0.0f;
         if (M != -INFINITY)
             for (int w = 0; w < NW; ++w) {
                 const float f = expf(sm_m[w] - M); /* warps that saw no key: exp(-inf) = 0 */
@@ -281,26 +310,33 @@ __global__ void __launch_bounds__(256) k_attention(const float *__restrict__ q, 
                 o += sm_acc[w][e] * f;
             }
         const float r = L > 0.0f ? o / L : 0.0f;
-        out[((int64_t)t * H + h) * HDIM + e] = r;
+        out[((int64_t)t * H + h) * hd + e] = r;
         sm_out[e] = r;
     }
     if (!ao.qs32 && !ao.qs256) return;
     __syncthreads();
-    /* this head's slice of row t of the [T][H*hd] activation matrix */
-    const int64_t e0 = ((int64_t)t * H + h) * HDIM;
+    /* this head's slice of row t of the [T][H*hd] activation matrix (hd a multiple of the block: see the launch) */
+    const int64_t r0 = ((int64_t)t * H + h) * hd;
     if (ao.qs32)
-        for (int b = warp; b < HDIM / 32; b += NW) {
-            const int64_t blk = e0 / 32 + b;
+        for (int b = warp; b < hd / 32; b += NW) {
+            const int64_t blk = r0 / 32 + b;
             warp_quant32(sm_out[32 * b + lane], ao.qs32 + blk * 32, ao.d32 + blk, ao.s32 + blk);
         }
     if (ao.qs256)
-        for (int b = warp; b < HDIM / 256; b += NW) {
-            const int64_t blk = e0 / 256 + b;
+        for (int b = warp; b < hd / 256; b += NW) {
+            const int64_t blk = r0 / 256 + b;
             float v[8];
 #pragma unroll
             for (int i = 0; i < 8; ++i) v[i] = sm_out[256 * b + 8 * lane + i];
             warp_quant256(v, ao.qs256 + blk * 256, ao.d256 + blk, ao.bs256 + blk * 16);
         }
+}
+
+/* The head's logits, in place: logit_post (granite's logit scale, gemma2's final soft-cap). */
+__global__ void __launch_bounds__(256) k_logits_post(float *__restrict__ x, int64_t n, float logit_scale,
+                                                     float cap) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = logit_post(x[i], logit_scale, cap);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ static inline QW expert_view(const QW &w, int64_t e, int64_t rows) {
  * reason. The stacked gate / up / down tensors themselves are checked by check_model (n_expert matrices each). */
 static inline bool moe_check(const qs_block &b, int li, const Dims &D, char *err, size_t err_len) {
     const qs_moe_desc &M = b.moe;
-    const int64_t NE = M.n_expert, E = D.E, F = D.F, FS = M.n_ff_shexp;
+    const int64_t NE = M.n_expert, E = D.E, F = b.ffn.n_ff, FS = M.n_ff_shexp;
     if (NE <= 0 || NE > QSC_MOE_MAX_EXPERTS || M.n_used < 1 || M.n_used > NE || (M.norm != 0 && M.norm != 1) ||
         !isfinite(M.scale) || M.scale < 0.0f || FS < 0 || FS > (1 << 22)) {
         set_err(err, err_len, "layer %d: moe: %lld experts, %d used, norm %d, scale %g, shared FFN %lld out of range",
@@ -288,7 +288,7 @@ static int moe_finalize(qsc_model *m, char *err, size_t err_len) {
     }
     if (!s.ne) return 0;
     m->has_moe = true;
-    const int64_t T = m->mb, E = m->cfg.E, F = m->cfg.F, FS = s.fs;
+    const int64_t T = m->mb, E = m->cfg.E, F = m->cfg.max_f, FS = s.fs;
     int64_t kmax = E > F ? E : F;
     kmax = kmax > FS ? kmax : FS;
     s.kmax = kmax;
@@ -349,7 +349,7 @@ static ActOut moe_input_formats(const qsc_model *m, const MoeLayer &ml) {
 static int enqueue_moe(qsc_model *m, const Layer &L, int T, char *err, size_t err_len) {
     const MoeLayer &ml = L.moe;
     MoeScratch &s = m->moe_s;
-    const int E = m->cfg.E, F = m->cfg.F, NE = ml.n_expert, K = ml.n_used, FS = ml.n_ff_shexp;
+    const int E = m->cfg.E, F = L.F, NE = ml.n_expert, K = ml.n_used, FS = ml.n_ff_shexp;
     cudaStream_t st = m->st;
     MatJob rj = {&ml.router.w, act_view(m, ml.router.w.type, m->h, E, 0), s.logits, NE, ml.b_router};
     launch_matmul(&rj, 1, T, st);
@@ -418,13 +418,13 @@ extern "C" int qsc_kernel_moe_ffn(const qs_block *b, const float *h, int n_token
     }
     Dims D = {};
     D.E = b->n_embd;
-    D.F = b->ffn.n_ff;
-    if (D.E <= 0 || D.F <= 0 || D.E % 32 || D.F % 32) {
-        set_err(err, err_len, "n_embd %d / n_ff %d must be positive multiples of 32", D.E, D.F);
+    const int n_ff = b->ffn.n_ff;
+    if (D.E <= 0 || n_ff <= 0 || D.E % 32 || n_ff % 32) {
+        set_err(err, err_len, "n_embd %d / n_ff %d must be positive multiples of 32", D.E, n_ff);
         return -1;
     }
     if (!moe_check(*b, 0, D, err, err_len)) return -1;
-    const int64_t NE = b->moe.n_expert, E = D.E, F = D.F;
+    const int64_t NE = b->moe.n_expert, E = D.E, F = n_ff;
     const struct { const char *name; const qs_weight *w; int64_t rows, k; } want[3] = {
         {"ffn.gate", &b->ffn.gate, NE * F, E}, {"ffn.up", &b->ffn.up, NE * F, E}, {"ffn.down", &b->ffn.down, NE * E, F}};
     for (const auto &x : want)
@@ -440,14 +440,17 @@ extern "C" int qsc_kernel_moe_ffn(const qs_block *b, const float *h, int n_token
     } guard{m};
     m->cfg = D;
     m->cfg.n_layers = 1;
-    m->cfg.H = m->cfg.KV = 1;
-    m->cfg.hd = 32;
+    m->cfg.max_qd = m->cfg.max_kd = 32;
+    m->cfg.max_f = F;
     m->cfg.V = 1;
     m->mb = n_tokens;
     m->layers.resize(1);
     CUDA_TRY(cudaSetDevice(m->device));
     CUDA_TRY(cudaStreamCreateWithFlags(&m->st, cudaStreamNonBlocking));
     Layer &L = m->layers[0];
+    L.H = L.KV = 1;
+    L.hd = 32;
+    L.F = (int)F;
     const struct { const char *name; const qs_weight *w; DevMat *dm; } mats[3] = {
         {"ffn.gate", &b->ffn.gate, &L.gate}, {"ffn.up", &b->ffn.up, &L.up}, {"ffn.down", &b->ffn.down, &L.down}};
     for (const auto &x : mats) {

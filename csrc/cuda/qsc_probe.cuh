@@ -28,10 +28,11 @@ struct QscProbe {
 };
 
 /* Floats of one layer's statistics, and the offset of each product's input within them. */
-static inline int64_t probe_stats_per_layer(const Dims &c) { return 2 * (int64_t)c.E + (int64_t)c.H * c.hd + c.F; }
+/* (The widest layer's sizes: a model whose layers differ keeps each layer's own first max_qd / max_f floats.) */
+static inline int64_t probe_stats_per_layer(const Dims &c) { return 2 * (int64_t)c.E + c.max_qd + c.max_f; }
 
 static inline int64_t probe_stats_offset(const Dims &c, int what) {
-    const int64_t E = c.E, QD = (int64_t)c.H * c.hd;
+    const int64_t E = c.E, QD = c.max_qd;
     return what == PROBE_ATTN_IN ? 0 : what == PROBE_WO_IN ? E : what == PROBE_FFN_IN ? E + QD : 2 * E + QD;
 }
 
@@ -61,15 +62,16 @@ static void probe_tap(qsc_model *m, int what, int li, const float *src, int T) {
     QscProbe *p = m->probe;
     if (!p) return;
     const Dims &c = m->cfg;
-    const int64_t E = c.E, QD = (int64_t)c.H * c.hd;
+    const Layer *L = li < c.n_layers ? &m->layers[(size_t)li] : nullptr;
+    const int64_t E = c.E, QD = c.max_qd, LQD = L ? (int64_t)L->H * L->hd : QD;
     if (p->tracing && what == PROBE_RESID && p->resid)
         cudaMemcpyAsync(p->resid + ((int64_t)li * p->n + p->row0) * E, src, (size_t)(T * E) * sizeof(float),
                         cudaMemcpyDeviceToHost, m->st);
-    else if (p->tracing && what == PROBE_Q && p->queries)
+    else if (p->tracing && what == PROBE_Q && p->queries && LQD == QD) /* queries: layers of the widest size */
         cudaMemcpyAsync(p->queries + ((int64_t)li * p->n + p->row0) * QD, src, (size_t)(T * QD) * sizeof(float),
                         cudaMemcpyDeviceToHost, m->st);
     else if (p->stats && T > 1 && what >= PROBE_ATTN_IN && li < c.n_layers) {
-        const int n = what == PROBE_WO_IN ? (int)QD : what == PROBE_DOWN_IN ? c.F : c.E;
+        const int n = what == PROBE_WO_IN ? (int)LQD : what == PROBE_DOWN_IN ? L->F : c.E;
         float *acc = p->stats + li * probe_stats_per_layer(c) + probe_stats_offset(c, what);
         k_probe_sumsq<<<(n + 255) / 256, 256, 0, m->st>>>(acc, src, T, n);
     }
@@ -182,8 +184,8 @@ int qsc_head(qsc_model *m, const float *x, int n_rows, float *logits, char *err,
         const int T = n_rows - start < m->mb ? n_rows - start : m->mb;
         CUDA_TRY(cudaMemcpyAsync(m->x, x + (int64_t)start * E, (size_t)T * E * sizeof(float),
                                  cudaMemcpyHostToDevice, m->st));
-        k_norm_quant<<<T, 256, 0, m->st>>>(m->x, nullptr, nullptr, m->out_norm, m->h, act_out_for(m, {wout.type}),
-                                           E, c.eps);
+        k_norm_quant<<<T, 256, 0, m->st>>>(m->x, ResidIn{}, m->out_norm, 1, m->h, act_out_for(m, {wout.type}), E,
+                                           c.eps);
         MatJob lm = {&wout, act_view(m, wout.type, m->h, E, 0), m->d_logits_all, V, nullptr};
         launch_matmul(&lm, 1, T, m->st);
         CUDA_TRY(cudaGetLastError());
@@ -198,8 +200,10 @@ int qsc_head(qsc_model *m, const float *x, int n_rows, float *logits, char *err,
  * cache) into out (out_bytes must be their size). */
 int qsc_read_cache(qsc_model *m, int layer, int which, int n_rows, void *out, int64_t out_bytes, char *err,
                    size_t err_len) {
-    const int64_t row = m ? (int64_t)m->cfg.KV * m->cfg.hd * (m->kv_f16 ? 2 : 4) : 0;
-    if (!m || !out || layer < 0 || layer >= m->cfg.n_layers || (which != 0 && which != 1) || n_rows < 0 ||
+    const bool ok = m && layer >= 0 && layer < m->cfg.n_layers;
+    const int64_t row = ok ? (int64_t)m->layers[(size_t)layer].KV * m->layers[(size_t)layer].hd * (m->kv_f16 ? 2 : 4)
+                           : 0;
+    if (!ok || !out || (which != 0 && which != 1) || n_rows < 0 ||
         n_rows > m->n_ctx || out_bytes != n_rows * row) {
         set_err(err, err_len, "no model, or layer %d / cache %d / %d rows / %lld bytes out of range", layer, which,
                 n_rows, (long long)out_bytes);
@@ -208,7 +212,7 @@ int qsc_read_cache(qsc_model *m, int layer, int which, int n_rows, void *out, in
     std::lock_guard<std::mutex> lock(m->mu);
     if (n_rows == 0) return 0;
     CUDA_TRY(cudaSetDevice(m->device));
-    const uint8_t *src = (which ? m->v_cache : m->k_cache) + layer * m->kv_layer_bytes;
+    const uint8_t *src = (which ? m->v_cache : m->k_cache) + m->layers[(size_t)layer].kv_off;
     CUDA_TRY(cudaMemcpyAsync(out, src, (size_t)out_bytes, cudaMemcpyDeviceToHost, m->st));
     CUDA_TRY(cudaStreamSynchronize(m->st));
     return 0;

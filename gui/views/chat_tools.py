@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 from quantscope.core.chat import ChatTemplate
 from quantscope.core.chat.conversation import encode_prompt, prompt_text
 
-from ..guard import qt_guarded
+from ..guard import mime_data, qt_guarded
 from ..models import KeyValueModel
 from ..workers import TaskRunner
 from .chat_widgets import (
@@ -81,9 +81,7 @@ class PromptEdit(QPlainTextEdit):
     """The rendered prompt: copying gives the prompt's own text, without the word joiners shown in it."""
 
     def createMimeDataFromSelection(self) -> QMimeData:
-        data = QMimeData()
-        data.setText(self.textCursor().selection().toPlainText().replace(WORD_JOINER, ""))
-        return data
+        return mime_data(self.textCursor().selection().toPlainText().replace(WORD_JOINER, ""))
 
 
 class TemplatePreview(QWidget):

@@ -312,3 +312,33 @@ def test_qwen35_chunked_prefill_and_branches_follow_the_cpu(request, gpu_sized_f
     assert_close_to_cpu(g_branch, c_branch)
     assert np.array_equal(c_again, c_first)  # the CPU restarts from zeros
     assert np.allclose(g_again, g_first, rtol=1e-5, atol=1e-5 * np.abs(g_first).max())
+
+
+def test_estimate_covers_a_qwen35_session(cuda_lib, gpu_sized_fixture):
+    """The device estimate counts the delta-net state, its checkpoint, the mixer's and the gated attention's
+    scratch: at least what a (host-emulated) session allocates for them, and not far above it."""
+    from quantscope.core.engine import cuda_fit as fit
+
+    model = gpu_sized_fixture("qwen35", "F32")
+    est = fit.device_estimate(model, 64, max_batch=64)
+    with cb.CudaSession(model, 64, max_batch=64, host_emulation=True) as s:
+        s.forward([3 + i % 100 for i in range(64)], all_logits=True)  # a full chunk: every buffer allocated
+        held = s.device_bytes
+    assert held <= est.weights + est.kv + est.scratch <= 1.3 * held
+
+
+def test_recurrent_state_operations(cuda_lib, gpu_sized_fixture):
+    """qsc_recurrent_state says whether a model has a recurrent state and refuses an unknown operation; a
+    checkpoint is restored exactly (host emulation: the same logits after returning to it)."""
+    model = gpu_sized_fixture("qwen35", "F32")
+    lib, err = cb._library(), cb.ffi.new("char[512]")
+    with cb.CudaSession(model, 64, host_emulation=True) as s:
+        assert lib.qsc_recurrent_state(s._m, 3, err, 512) == 1
+        assert lib.qsc_recurrent_state(s._m, 4, err, 512) < 0 and "not 0..3" in cb.ffi.string(err).decode()
+        s.forward([5, 6, 7])
+        s.checkpoint()
+        a = s.forward([8])
+        s.forward([9, 10])
+        s.truncate(3)
+        assert s.n_past == 3
+        assert np.array_equal(s.forward([8]), a)

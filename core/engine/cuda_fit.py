@@ -67,10 +67,11 @@ def device_estimate(model: Model, n_ctx: int, kv_dtype: type = np.float16, max_b
             weights += _matrix_bytes(w)
         if lw.wv is not None and lw.wv is lw.wk:  # bound twice, uploaded twice
             weights += _matrix_bytes(lw.wv)
-        for f in dataclasses.fields(lw):
-            v = getattr(lw, f.name)
-            if isinstance(v, np.ndarray):
-                weights += _round(int(v.size) * 4)
+        for part in (lw, lw.gdn) if lw.gdn is not None else (lw,):  # the delta-net's conv kernel and vectors
+            for f in dataclasses.fields(part):
+                v = getattr(part, f.name)
+                if isinstance(v, np.ndarray):
+                    weights += _round(int(v.size) * 4)
     weights += _matrix_bytes(mw.tok_embd)
     if not mw.tied:
         weights += _matrix_bytes(mw.output)

@@ -267,7 +267,8 @@ def test_the_gpu_refuses_by_features_what_it_refused_by_name(tmp_path, vocab):
     gemma3 (and its linear scaling), phi3 (and LongRoPE), seed_oss, smollm3 (NoPE layers), granite (multipliers),
     mistral3 (YaRN and temperature), gemma2 (soft-caps), olmo2 (no pre-norms, whole-projection q/k norms) and
     gemma4 (per-layer shapes and embeddings, shared KV caches, V norms) - nor in the experts of mixtral (llama) and
-    qwen3moe (csrc/cuda/qsc_moe.cuh), and names a feature for the others (the delta-net)."""
+    qwen3moe (csrc/cuda/qsc_moe.cuh), nor in qwen35 and qwen35moe (the delta-net layers with their state on the
+    device and the gated attention outputs: csrc/cuda/qsc_gdn.cuh): every F32 fixture."""
     from quantscope.core.engine import cuda_backend
     from quantscope.core.model import read_config
 
@@ -279,7 +280,8 @@ def test_the_gpu_refuses_by_features_what_it_refused_by_name(tmp_path, vocab):
         if not cuda_backend.missing_features(cfg):
             runs.add(cfg.arch if not cfg.n_expert else f"{cfg.arch}+experts")
     assert runs == {"llama", "qwen2", "gemma3", "qwen3", "phi3", "seed_oss", "smollm3", "granite", "mistral3",
-                    "gemma2", "olmo2", "gemma4", "llama+experts", "qwen3moe+experts", "gpt-oss+experts"}
+                    "gemma2", "olmo2", "gemma4", "llama+experts", "qwen3moe+experts", "gpt-oss+experts",
+                    "qwen35", "qwen35moe+experts"}
 
 
 def test_gemma4_runs_from_the_cli_and_has_a_gpu_path(tmp_path, vocab, capsys):

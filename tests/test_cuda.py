@@ -302,7 +302,7 @@ def test_description_upload_is_checked_before_any_device_call(cuda_lib, syntheti
         (lambda md, L: setattr(L[1].attn.bq, "len", 7), "layer 1: attn.bq"),
         (lambda md, L: setattr(L[0].attn_norm, "ptr", cb.ffi.NULL), f"layer 0: attn_norm has {E} values and no data"),
         (lambda md, L: setattr(L[1].moe, "n_expert", 4), "layer 1: moe: 4 experts, 0 used"),
-        (lambda md, L: setattr(L[0].gdn, "conv", 4), "gated delta-net layers"),
+        (lambda md, L: setattr(L[0].gdn, "conv", 4), "layer 0: delta-net sizes conv 4, state 0"),
         (lambda md, L: setattr(L[0].rope.freqs, "len", 16), "layer 0: rope.freqs has 16 values and no data"),
         (lambda md, L: setattr(L[0].attn, "sinks", (cb.ffi.NULL, 4)), "layer 0: attn.sinks"),
         (lambda md, L: setattr(L[1].attn, "softcap", -50.0), "layer 1: window"),
@@ -327,8 +327,8 @@ def test_description_upload_is_checked_before_any_device_call(cuda_lib, syntheti
 
 
 _FEATURES = [
-    (lambda b: setattr(b.gdn, "conv", 4), "gated delta-net layers"),
-    (lambda b: setattr(b.attn, "q_gate", 1), "gated attention outputs"),
+    (lambda b: setattr(b.gdn.qkv, "ptr", b.attn.wq.ptr), "gated delta-net weights without a conv size"),
+    (lambda b: setattr(b.attn, "q_gate", 2), "gated attention outputs other than qwen35's"),
 ]  # the dense features the GPU computes: tests/test_cuda_features.py
 
 
@@ -715,8 +715,11 @@ def check_fixture_against_llama_cpp(key: str, tmp_path: Path, vocab: dict[str, o
         chunk[0] = tok.bos_id
     ids = [int(t) for t in chunk[: n - 1]]
     with cb.CudaSession(model, n, host_emulation=host) as s:
-        steps = np.stack([s.forward([t]) for t in ids])[n // 2 :]
+        first = [s.forward([t]) for t in ids[: n // 2]]
+        s.checkpoint()  # the chat's branch point (delta-net layers return to it; a no-op for attention alone)
+        steps = np.stack(first + [s.forward([t]) for t in ids[n // 2 :]])[n // 2 :]
         s.truncate(n // 2)  # the chat's branch: rewind and run the second half again
+        assert s.n_past == n // 2
         again = s.forward(ids[n // 2 :], all_logits=True)
     _, _, kl, _, same = kld.compare_records(steps, base.records(1), chunk[n // 2 + 1 :], base.n_vocab)
     assert kl.mean() <= GPU_KLD_LIMIT and same.mean() >= GPU_TOP1, (kl.mean(), same.mean())

@@ -230,6 +230,10 @@ int qsc_forward_ple(qsc_model *m, const int32_t *tokens, int n_tokens, int n_pas
                     const float *ple, int64_t ple_len, char *err, size_t err_len);
 qsc_model *qsc_host_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16,
                                  int max_batch, char *err, size_t err_len);
+int qsc_host_gdn_mixer(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
+int qsc_host_qgate(const float *qg, const float *bq, const float *att, int n_tokens, int n_head, int head_dim,
+                   float *q, float *out);
+int qsc_recurrent_state(qsc_model *m, int op, char *err, size_t err_len);
 """
 CDEF = NN_CDEF + API_CDEF
 
@@ -406,8 +410,8 @@ def block_features(b: Any) -> list[str]:
     a length or a pointer (a policy-only description marks presence by length)."""
     a = b.attn
     return [name for name, present in (
-        ("gated delta-net layers", b.gdn.conv > 0 or bool(b.gdn.qkv.ptr)),
-        ("gated attention outputs", bool(a.q_gate)),
+        ("gated delta-net weights without a conv size", b.gdn.conv <= 0 and bool(b.gdn.qkv.ptr)),
+        ("gated attention outputs other than qwen35's", a.q_gate not in (0, 1) or (a.q_gate and b.gdn.conv > 0)),
     ) if present]
 
 
@@ -917,6 +921,7 @@ class CudaSession:
         self.n_ctx = n_ctx
         self.kv_dtype = kv_dtype
         self.n_past = 0
+        self._checkpoint: int | None = None  # the position whose recurrent state the device saved
         self.weight_bytes_per_token = sum(packed_bytes(t, rows, k) for t, rows, k in desc.matrices)
         self._lib = _library()
         err = _err()
@@ -954,17 +959,39 @@ class CudaSession:
 
     def reset(self) -> None:
         self.n_past = 0
+        self._checkpoint = None
+
+    def _state(self, op: int) -> None:
+        err = _err()
+        _check(self._lib.qsc_recurrent_state(self._live(), op, err, _ERR_LEN), err, "qsc_recurrent_state")
 
     def truncate(self, n: int) -> None:
-        """Forget cached positions from ``n`` on (e.g. to rewind a turn)."""
-        self.n_past = max(0, min(self.n_past, n))
+        """Forget cached positions from ``n`` on (e.g. to rewind a turn). With delta-net layers, as the CPU
+        session: ``n_past`` goes back to the checkpoint (:meth:`checkpoint`) if it is at or before ``n``, else to
+        0 (the forward zeroes the state at position 0): read ``n_past`` after."""
+        n = max(0, min(self.n_past, n))
+        if not self.recurrent or n == self.n_past:
+            self.n_past = n
+            return
+        ck = self._checkpoint
+        if ck is not None and ck <= n:
+            self._state(2)
+            self.n_past = ck
+        else:
+            self.reset()
 
     def checkpoint(self) -> None:
-        """A no-op: the device runs attention-only models, whose cache rewinds to any position."""
+        """Save the recurrent state at the current position (on the device), so that :meth:`truncate` can return
+        to it; a no-op for attention-only models, whose cache rewinds to any position."""
+        if self.recurrent:
+            self._state(1)
+            self._checkpoint = self.n_past
 
     @property
     def recurrent(self) -> bool:
-        return False
+        """Has the model gated delta-net layers, whose state cannot be rewound position by position?"""
+        c = self.config
+        return any(c.is_recurrent(li) for li in range(c.n_layers))
 
     def forward(self, tokens: list[int] | np.ndarray, all_logits: bool = False, logits: bool = True,
                 trace: ForwardTrace | None = None) -> np.ndarray:
@@ -1015,7 +1042,7 @@ class CudaSession:
             finally:
                 self._lib.qsc_probe_trace(m, ffi.NULL, ffi.NULL, 0, ffi.NULL, 0)
             trace.resid, trace.positions = list(resid), np.arange(self.n_past, self.n_past + T, dtype=np.int32)
-            trace.queries = dict(enumerate(queries))
+            trace.queries = {li: q for li, q in enumerate(queries) if not c.is_recurrent(li)}  # as the CPU's
             if trace.after_layer is not None:
                 for li in range(c.n_layers):
                     trace.after_layer(li)
@@ -1043,7 +1070,8 @@ class CudaSession:
         """Layer ``layer``'s cached K (``k``) or V (``v``) rows ``(n_past, n_head_kv, head_dim)`` copied back from
         the device, in the cache's type."""
         c = self.config
-        if isinstance(layer, bool) or not 0 <= layer < c.n_layers or which not in ("k", "v"):
+        if (isinstance(layer, bool) or not 0 <= layer < c.n_layers or which not in ("k", "v")
+                or c.is_recurrent(layer)):  # a delta-net layer has a recurrent state instead
             raise ValueError(f"no {which!r} cache for layer {layer!r}")
         rows = np.empty((self.n_past, c.n_head_kv, c.head_dim), self.kv_dtype)
         err = _err()

@@ -67,10 +67,11 @@ def device_estimate(model: Model, n_ctx: int, kv_dtype: type = np.float16, max_b
             weights += _matrix_bytes(w)
         if lw.wv is not None and lw.wv is lw.wk:  # bound twice, uploaded twice
             weights += _matrix_bytes(lw.wv)
-        for f in dataclasses.fields(lw):
-            v = getattr(lw, f.name)
-            if isinstance(v, np.ndarray):
-                weights += _round(int(v.size) * 4)
+        for part in (lw, lw.gdn) if lw.gdn is not None else (lw,):  # the delta-net's conv kernel and vectors
+            for f in dataclasses.fields(part):
+                v = getattr(part, f.name)
+                if isinstance(v, np.ndarray):
+                    weights += _round(int(v.size) * 4)
     weights += _matrix_bytes(mw.tok_embd)
     if not mw.tied:
         weights += _matrix_bytes(mw.output)
@@ -82,7 +83,9 @@ def device_estimate(model: Model, n_ctx: int, kv_dtype: type = np.float16, max_b
     QD = max(c.n_head * c.head_dim_at(li) for li in range(c.n_layers))
     KD = max(c.n_head_kv_at(li) * c.head_dim_at(li) for li in range(c.n_layers))
     F = max(c.n_ff_at(li) for li in range(c.n_layers))
-    kmax = max(E, QD, F, c.n_ff_shexp)
+    recurrent = any(c.is_recurrent(li) for li in range(c.n_layers))
+    Vd = c.ssm_v_heads * c.ssm_state if recurrent else 0  # the delta-net's ssm_out input
+    kmax = max(E, QD, F, c.n_ff_shexp, Vd)
     f4 = [3 * T * E, 2 * T * QD, 2 * T * KD, 3 * T * F,  # x h o, q att, k v, g u a
           2 * T * kmax // 32, T * kmax // 256 + 1, T * kmax // 16, 2 * T + 1, V, T * V]  # scales, params, logits
     scratch = sum(_round(n * 4) for n in f4) + 2 * _round(T * kmax)  # + the int8 activations
@@ -92,6 +95,11 @@ def device_estimate(model: Model, n_ctx: int, kv_dtype: type = np.float16, max_b
         if FS:
             f4 += [3 * T * FS, T * E]
         scratch += sum(_round(n * 4) for n in f4) + 2 * _round(T * kmax)
+    if recurrent:  # qsc_gdn.cuh's gdn_finalize: the state and its checkpoint, the mixer's scratch
+        kv += 2 * _round(c.recurrent_state_bytes())
+        scratch += sum(_round(n * 4) for n in (2 * T * c.ssm_channels, 2 * T * Vd, 2 * T * c.ssm_v_heads))
+    if c.q_gate:  # gated attention: wq's output and the gates
+        scratch += _round(2 * T * QD * 4) + _round(T * QD * 4)
     return DeviceEstimate(weights, kv, scratch, n_ctx)
 
 

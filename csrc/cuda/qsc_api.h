@@ -130,3 +130,14 @@ int qsc_forward_ple(qsc_model *m, const int32_t *tokens, int n_tokens, int n_pas
                     const float *ple, int64_t ple_len, char *err, size_t err_len);
 qsc_model *qsc_host_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16,
                                  int max_batch, char *err, size_t err_len);
+
+/* ---- qwen35 (qsc_gdn.cuh) compiled for the host: one layer's gated delta-net mixer on h [n_tokens][n_embd] into
+ * out, its conv_state / ssm_state updated in place; the gated attention's split of wq's output qg
+ * [n_tokens][n_head][2 head_dim] (each head's query, then its gate) into q (+ bq, NULL: none), and
+ * out = att * sigmoid(gate) (no GPU needed) */
+int qsc_host_gdn_mixer(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
+int qsc_host_qgate(const float *qg, const float *bq, const float *att, int n_tokens, int n_head, int head_dim,
+                   float *q, float *out);
+/* the session's recurrent state (every delta-net layer's conv and ssm state; the forward zeroes it at position 0):
+ * op 0 zero it, 1 save it as the checkpoint, 2 restore the checkpoint, 3 ask whether there is one (1 / 0) */
+int qsc_recurrent_state(qsc_model *m, int op, char *err, size_t err_len);

@@ -594,12 +594,13 @@ static inline bool weight_ok(const qs_weight &w, int64_t rows, int64_t k) {
 static inline bool is_one(float x) { return x == 0.0f || x == 1.0f; }
 
 #include "qsc_moe.cuh" /* mixture-of-experts: the router math and moe_check */
+#include "qsc_gdn.cuh" /* gated delta-net: the recurrence math and gdn_check */
 
 /* The first feature of layer b that the device code does not compute (NULL: none). */
 static inline const char *missing_feature(const qs_block &b) {
     const qs_attn_desc &a = b.attn;
-    if (b.gdn.conv || b.gdn.qkv.ptr) return "gated delta-net layers";
-    if (a.q_gate) return "gated attention outputs";
+    if (!b.gdn.conv && b.gdn.qkv.ptr) return "gated delta-net weights without a conv size";
+    if (a.q_gate != 0 && (a.q_gate != 1 || b.gdn.conv)) return "gated attention outputs other than qwen35's";
     if (b.probe.attn || b.probe.wo || b.probe.ffn || b.probe.down || b.probe.exp_count || b.probe.q)
         return "probes";
     return nullptr;
@@ -774,12 +775,20 @@ static inline int check_model(const qsc_model_desc *md, const qs_block *layers, 
         const int64_t F = b.ffn.n_ff;
         const int64_t NX = b.moe.n_expert > 0 ? b.moe.n_expert : 1; /* experts: n_expert matrices stacked */
         if ((b.moe.n_expert || b.moe.n_ff_shexp || b.moe.router.ptr) && !moe_check(b, i, D, err, err_len)) return -1;
+        GdnDims gd;
+        char why[256];
+        if (b.gdn.conv && !gdn_check(b, &gd, why, sizeof why)) {
+            set_err(err, err_len, "layer %d: %s", i, why);
+            return -1;
+        }
         const struct { const char *name; const qs_weight *w; int64_t rows, k; } mats[] = {
-            {"attn.wq", &b.attn.wq, QD, E}, {"attn.wk", &b.attn.wk, KD, E}, {"attn.wv", &b.attn.wv, KD, E},
+            {"attn.wq", &b.attn.wq, (b.attn.q_gate ? 2 : 1) * QD, E}, {"attn.wk", &b.attn.wk, KD, E}, {"attn.wv", &b.attn.wv, KD, E},
             {"attn.wo", &b.attn.wo, E, QD}, {"ffn.gate", &b.ffn.gate, NX * F, E}, {"ffn.up", &b.ffn.up, NX * F, E},
             {"ffn.down", &b.ffn.down, NX * E, F}, {"ple.gate", &b.ple.gate, D.ple, E}};
         for (const auto &m : mats)
             if ((m.w == &b.attn.wk || m.w == &b.attn.wv) && b.attn.kv_reuse) continue; /* not read */
+            else if (b.gdn.conv && (m.w == &b.attn.wq || m.w == &b.attn.wk || m.w == &b.attn.wv ||
+                                    m.w == &b.attn.wo)) continue; /* a delta-net layer has no attention */
             else if (m.w == &b.ple.gate && !D.ple) continue;
             else if (!weight_ok(*m.w, m.rows, m.k)) {
                 set_err(err, err_len, "layer %d: %s is %s%lld x %lld of type %d in %lld bytes; the GPU needs %lld x "

@@ -37,6 +37,8 @@ struct DevMat {
 
 #define QSC_MOE_KERNELS
 #include "qsc_moe.cuh" /* mixture-of-experts: MoeLayer, MoeScratch, the routing and expert kernels */
+#define QSC_GDN_KERNELS
+#include "qsc_gdn.cuh" /* gated delta-net and gated attention: GdnLayer, GdnModel, their kernels */
 
 /* One layer on the device: its description's attention and FFN groups (absent vectors NULL), its own sizes and
  * its policy, the description's 0-means-1 scales resolved. */
@@ -52,6 +54,7 @@ struct Layer {
     QKArgs qk = {};
     int64_t kv_off = 0; /* this layer's bytes in the K (and V) cache */
     MoeLayer moe; /* n_expert 0: a dense FFN */
+    GdnLayer gdn; /* gdn.g.K 0: attention (else the delta-net mixer replaces it); gdn.q_gate: gated outputs */
 };
 
 struct qsc_model {
@@ -80,6 +83,7 @@ struct qsc_model {
     int64_t dev_bytes = 0;
     std::vector<void *> allocs;
     MoeScratch moe_s;
+    GdnModel gdn; /* the delta-net layers' scratch and the session's recurrent state; the gated attention's */
     bool has_moe = false; /* the routing is read back once per moe layer: no CUDA graph */
     std::mutex mu;
     struct QscProbe *probe = nullptr; /* qsc_probe.cuh: traces, statistics (NULL: none asked for) */
@@ -254,6 +258,8 @@ static void run_attention(qsc_model *m, int T, const AttnArgs &A, const int *pos
 #define QSC_MOE_ENQUEUE
 #include "qsc_moe.cuh" /* moe_finalize, moe_input_formats, enqueue_moe */
 #include "qsc_probe.cuh"
+#define QSC_GDN_ENQUEUE
+#include "qsc_gdn.cuh" /* gdn_finalize, gdn_state_op, enqueue_gdn, run_qgate_* */
 
 /* Enqueue the forward pass of T tokens whose ids/positions are already in m->d_params. logits: NULL (no lm_head),
  * or T x n_vocab (all rows) / n_vocab (last row) floats on the device. A host model runs it at once. */
@@ -271,25 +277,37 @@ static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, ch
         const QW &wq = L.wq.w, &wk = L.wk.w, &wv = L.wv.w, &wo = L.wo.w;
         const QW &wg = L.gate.w, &wu = L.up.w, &wd = L.down.w;
         uint8_t *kc = m->k_cache + L.kv_off, *vc = m->v_cache + L.kv_off;
-        /* attention branch */
-        const ActOut aqkv = L.kv_reuse ? act_out_for(m, {wq.type}) : act_out_for(m, {wq.type, wk.type, wv.type});
+        /* attention branch (or qwen35's delta-net mixer) */
+        const GdnLayer &G = L.gdn;
+        const ActOut aqkv = G.g.K ? act_out_for(m, {G.qkv.w.type, G.z.w.type, G.beta.w.type, G.alpha.w.type})
+                            : L.kv_reuse ? act_out_for(m, {wq.type}) : act_out_for(m, {wq.type, wk.type, wv.type});
         run_norm_quant(m, T, prev, L.attn_norm, L.attn_norm != nullptr, aqkv, E, L.eps);
         probe_tap(m, PROBE_RESID, li, m->x, T);
         probe_tap(m, PROBE_ATTN_IN, li, m->h, T);
-        MatJob qkv[3] = {{&wq, act_view(m, wq.type, m->h, E, 0), m->q, QD, L.bq},
+        if (G.g.K) {
+            enqueue_gdn(m, L, T);
+            goto ffn;
+        }
+        {
+        const bool qgate = G.q_gate != 0; /* wq gives each head's query then its gate: split, q's bias after */
+        MatJob qkv[3] = {{&wq, act_view(m, wq.type, m->h, E, 0), qgate ? m->gdn.qg : m->q, qgate ? 2 * QD : QD,
+                          qgate ? nullptr : L.bq},
                          {&wk, act_view(m, wk.type, m->h, E, 0), m->k, KD, L.bk},
                          {&wv, act_view(m, wv.type, m->h, E, 0), m->v, KD, L.bv}};
         run_matmul(m, qkv, L.kv_reuse ? 1 : 3, T); /* a layer reading another's cache: its queries alone */
+        if (qgate) run_qgate_split(m, L, T);
         void *kst = L.kv_reuse ? nullptr : kc, *vst = L.kv_reuse ? nullptr : vc;
         if (m->host) emu_qk_post(m->q, m->k, m->v, L.qk, pos, T, kst, vst, m->kv_f16);
         else k_qk_post<<<T, 256, 0, st>>>(m->q, m->k, m->v, L.qk, pos, kst, vst, m->kv_f16);
         probe_tap(m, PROBE_Q, li, m->q, T);
         const AttnArgs aa = {L.H, L.KV, L.hd, L.window, L.scale, L.softcap, L.sinks};
-        run_attention(m, T, aa, pos, kc, vc, nkv, act_out_for(m, {wo.type}));
+        run_attention(m, T, aa, pos, kc, vc, nkv, qgate ? ActOut{} : act_out_for(m, {wo.type}));
+        if (qgate) run_qgate_quant(m, L, T, act_out_for(m, {wo.type}));
         probe_tap(m, PROBE_WO_IN, li, m->att, T);
         MatJob ob = {&wo, act_view(m, wo.type, m->att, QD, 0), m->o, E, L.bo};
         run_matmul(m, &ob, 1, T);
-        /* feed-forward branch */
+        }
+    ffn: /* feed-forward branch */
         const ResidIn ra = {m->o, L.post_attn_norm, L.eps, L.rs, 1.0f};
         run_norm_quant(m, T, ra, L.ffn_norm, L.ffn_norm != nullptr,
                        L.moe.n_expert ? moe_input_formats(m, L.moe) : act_out_for(m, {wg.type, wu.type}), E, L.eps);
@@ -566,6 +584,9 @@ static int upload_vector(qsc_model *m, const qs_vec &v, float **dst, char *err, 
     return copy_in(m, *dst, v.ptr, (size_t)v.len * sizeof(float), err, err_len);
 }
 
+#define QSC_GDN_UPLOAD
+#include "qsc_gdn.cuh" /* gdn_upload */
+
 /* Every weight of the description onto the device, by group. */
 static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *layers, char *err,
                         size_t err_len) {
@@ -579,10 +600,16 @@ static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *
             {"ffn.down", &b.ffn.down, &L.down}};
         for (const auto &x : mats) {
             if (b.attn.kv_reuse && (x.dm == &L.wk || x.dm == &L.wv)) continue; /* not read */
+            if (b.gdn.conv && x.dm != &L.gate && x.dm != &L.up && x.dm != &L.down) continue; /* no attention */
             snprintf(what, sizeof what, "layer %d: %s", li, x.name);
             int rc = upload_matrix(m, *x.w, x.dm, what, err, err_len);
             if (rc) return rc;
         }
+        if (b.gdn.conv) {
+            int rc = gdn_upload(m, b, L, li, err, err_len);
+            if (rc) return rc;
+        }
+        L.gdn.q_gate = b.attn.q_gate;
         if (m->cfg.ple) {
             snprintf(what, sizeof what, "layer %d: ple.gate", li);
             int rc = upload_matrix(m, b.ple.gate, &L.ple_gate, what, err, err_len);
@@ -654,6 +681,7 @@ static int finalize(qsc_model *m, char *err, size_t err_len) {
     int64_t kmax = E > QD ? E : QD;
     kmax = kmax > F ? kmax : F;
     kmax = kmax > c.ple_pad ? kmax : c.ple_pad;
+    kmax = kmax > gdn_kmax(m) ? kmax : gdn_kmax(m);
     int rc = 0;
     rc = rc ? rc : dalloc_t(m, &m->x, T * E, err, err_len);
     rc = rc ? rc : dalloc_t(m, &m->h, T * E, err, err_len);
@@ -683,6 +711,7 @@ static int finalize(qsc_model *m, char *err, size_t err_len) {
     }
     rc = rc ? rc : dalloc_t(m, &m->d_logits1, c.V, err, err_len);
     rc = rc ? rc : moe_finalize(m, err, err_len);
+    rc = rc ? rc : gdn_finalize(m, err, err_len);
     if (rc) return rc;
     const size_t ple_bytes = (size_t)(T * c.n_layers * c.ple) * sizeof(float);
     if (m->host) {
@@ -804,6 +833,10 @@ static int forward_impl(qsc_model *m, const int32_t *tokens, int n_tokens, int n
         if (rc) return rc;
     }
     const size_t pbytes = (size_t)(2 * m->mb + 1) * sizeof(int);
+    if (n_past == 0) { /* a new sequence: the recurrent state starts from zeros, as the CPU session's */
+        int rc = gdn_state_op(m, 0, err, err_len);
+        if (rc) return rc;
+    }
     for (int start = 0; start < n_tokens; start += m->mb) {
         const int T = n_tokens - start < m->mb ? n_tokens - start : m->mb;
         const bool last = start + T == n_tokens;
@@ -847,6 +880,20 @@ static int forward_impl(qsc_model *m, const int32_t *tokens, int n_tokens, int n
         if (!all_logits && last) memcpy(logits, m->h_logits1, (size_t)V * sizeof(float));
         if (T == 1) m->stepped = true;
     }
+    return 0;
+}
+
+int qsc_recurrent_state(qsc_model *m, int op, char *err, size_t err_len) {
+    if (!m || op < 0 || op > 3) {
+        set_err(err, err_len, "no model, or state operation %d not 0..3", op);
+        return -1;
+    }
+    std::lock_guard<std::mutex> lock(m->mu);
+    if (op == 3) return m->gdn.n > 0 ? 1 : 0;
+    if (!m->host) CUDA_TRY(cudaSetDevice(m->device));
+    int rc = gdn_state_op(m, op, err, err_len);
+    if (rc) return rc;
+    if (!m->host) CUDA_TRY(cudaStreamSynchronize(m->st));
     return 0;
 }
 

@@ -533,3 +533,7 @@ void emu_glu(const float *g, const float *u, float *a, const ActOut &ao, int row
 void emu_logits(float *x, int64_t n, float logit_scale, float cap) {
     for (int64_t i = 0; i < n; ++i) x[i] = logit_post(x[i], logit_scale, cap);
 }
+
+/* qsc_gdn.cuh: the delta-net and gated-attention host twins and entry points (after HostQW / host_linear, which they use) */
+#define QSC_GDN_HOST
+#include "qsc_gdn.cuh"

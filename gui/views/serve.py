@@ -79,6 +79,7 @@ def examples(url: str, model: str, key: str) -> dict[str, str]:
     return {"curl": curl, "python": py}
 
 
+@qt_guarded
 class RequestsModel(QAbstractTableModel):
     """The request log as a table (rows: oldest first); :meth:`refresh` follows the log."""
 

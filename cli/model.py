@@ -37,13 +37,17 @@ def load_engine(args: argparse.Namespace, n_ctx: int = 4096) -> Any:
 
     try:
         eng = Engine(args.file, n_ctx=n_ctx, threads=args.threads, backend=getattr(args, "backend", "auto"),
-                     repack=not getattr(args, "no_repack", False))
+                     repack=not getattr(args, "no_repack", False), gpu_layers=getattr(args, "gpu_layers", None))
     except (UnsupportedModel, TokenizerError) as exc:
         raise CLIError(f"{args.file}: {exc}") from None
     except CudaError as exc:
         raise CLIError(f"--backend cuda: {exc}") from None
     except GGUFError as exc:
         raise CLIError(f"{args.file}: not a readable GGUF file: {exc}") from None
+    except ValueError as exc:  # the layers cannot be split there, or GPU layers with --backend cpu
+        if getattr(args, "gpu_layers", None) is None:
+            raise
+        raise CLIError(f"--gpu-layers {args.gpu_layers}: {exc}") from None
     print(f"backend: {eng.backend} ({eng.backend_reason})", file=sys.stderr)
     return eng
 

@@ -60,6 +60,7 @@ def test_split_gives_the_cpu_and_device_logits(cuda_lib, fixture_model, arch):
         with SplitSession(model, n, n_gpu, max_batch=16, host_emulation=True) as s:
             got = s.forward(ids, all_logits=True)  # chunks of 16 on the device
             assert s.n_past == len(ids)
+            assert s.kv_bytes == model.session(n).kv_bytes  # the two halves' caches: one whole model's
             if n_gpu == 0:
                 assert np.array_equal(got, cpu)
             else:
@@ -90,6 +91,7 @@ def test_split_recurrent_layers_rewind_to_the_checkpoint(cuda_lib, fixture_model
     ids = _ids(model, n - 1, seed=2)
     cpu = model.session(n).forward(ids, all_logits=True)
     with SplitSession(model, n, L // 2, host_emulation=True) as s:
+        assert s.kv_bytes == model.session(n).kv_bytes  # caches and states, split between the halves
         half = len(ids) // 2
         first = s.forward(ids[:half], all_logits=True)
         s.checkpoint()

@@ -17,6 +17,7 @@ from .common import (
     MAX_CTX,
     MAX_THREADS,
     CLIError,
+    add_gpu_layers,
     add_sampling,
     check_file,
     dump_json,
@@ -437,6 +438,7 @@ def register(sub: Any) -> None:
     s.add_argument("--chunks", type=int_arg(0), default=0, help="at most this many chunks (0 = all)")
     s.add_argument("-t", "--threads", type=int_arg(0, MAX_THREADS), default=0)
     s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
+    add_gpu_layers(s)
     s.add_argument("--no-repack", action="store_true",
                    help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
     s.set_defaults(func=cmd_perplexity)

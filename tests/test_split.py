@@ -225,3 +225,16 @@ def test_cli_gpu_layers_is_validated(capsys, fixture_model, argv, message):
     _, err = capsys.readouterr()
     assert rc == 2 and message in err and "Traceback" not in err
     assert err.count("\n") == 1 and err.startswith("quantscope: error: ")
+
+
+@pytest.mark.parametrize("verb", [["chat"], ["perplexity", "-f", "{text}"], ["bench", "model"], ["serve"]])
+def test_every_verb_with_a_backend_takes_gpu_layers(capsys, fixture_model, tmp_path, verb):
+    from quantscope.cli.main import main
+
+    text = tmp_path / "t.txt"
+    text.write_text("some text to score", encoding="utf-8")
+    argv = [a.format(text=text) for a in verb]
+    rc = main([*argv[:2 if verb[0] == "bench" else 1], str(fixture_model("smollm3").file.path),
+               *argv[2 if verb[0] == "bench" else 1 :], "--backend", "cpu", "-ngl", "3"])
+    _, err = capsys.readouterr()
+    assert rc == 2 and err == "quantscope: error: --gpu-layers 3: GPU layers need the cuda or auto backend\n"

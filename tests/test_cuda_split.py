@@ -17,24 +17,20 @@ from quantscope.core.engine.split import SplitSession, split_allowed
 from quantscope.core.gguf import GGUFFile
 
 from . import test_cuda
-from .arch_fixtures import vocabulary, write_fixture
+from .arch_fixtures import write_fixture
 from .test_cuda import GPU_KLD_LIMIT, GPU_TOP1, mean_kld_top1
 
-cuda_lib = test_cuda.cuda_lib  # the fixture: the built library
+cuda_lib, gpu = test_cuda.cuda_lib, test_cuda.gpu  # the fixtures: the built library, a usable GPU
+arch_vocab = test_cuda.arch_vocab  # the architecture fixtures' stored vocabulary (no catalogue model needed)
 
 
 @pytest.fixture(scope="module")
-def vocab() -> dict[str, object]:
-    return vocabulary()
-
-
-@pytest.fixture(scope="module")
-def fixture_model(tmp_path_factory, vocab):
+def fixture_model(tmp_path_factory, arch_vocab):
     made: dict[str, Model] = {}
 
     def get(arch: str) -> Model:
         if arch not in made:
-            path = write_fixture(arch, tmp_path_factory.mktemp("split") / f"{arch}.gguf", "F32", vocab=vocab)
+            path = write_fixture(arch, tmp_path_factory.mktemp("split") / f"{arch}.gguf", "F32", vocab=arch_vocab)
             made[arch] = Model(GGUFFile(path), threads=2)
         return made[arch]
 
@@ -238,3 +234,22 @@ def test_every_verb_with_a_backend_takes_gpu_layers(capsys, fixture_model, tmp_p
                *argv[2 if verb[0] == "bench" else 1 :], "--backend", "cpu", "-ngl", "3"])
     _, err = capsys.readouterr()
     assert rc == 2 and err == "quantscope: error: --gpu-layers 3: GPU layers need the cuda or auto backend\n"
+
+
+def test_gpu_split_follows_the_cpu_and_its_host_emulation(gpu, fixture_model):
+    """On a GPU: the device's half through the kernels (qsc_forward_resid's copy back, one-token steps uncaptured)
+    gives the CPU's logits within the device tolerance and its host emulation's closely; prefill = decode steps."""
+    model = fixture_model("smollm3")
+    L, n = model.config.n_layers, 48
+    ids = _ids(model, n - 1)
+    cpu = model.session(n).forward(ids, all_logits=True)
+    for n_gpu in (1, L // 2, L):
+        with SplitSession(model, n, n_gpu) as s, SplitSession(model, n, n_gpu, host_emulation=True) as h:
+            got = s.forward(ids, all_logits=True)
+            kl, top = mean_kld_top1(cpu, got)
+            assert kl <= GPU_KLD_LIMIT and top >= GPU_TOP1, (n_gpu, kl, top)
+            kl, top = mean_kld_top1(h.forward(ids, all_logits=True), got)
+            assert kl <= GPU_KLD_LIMIT and top >= GPU_TOP1, (n_gpu, kl, top)
+            s.reset()
+            steps = np.stack([s.forward([t]) for t in ids])
+            assert np.allclose(steps, got, rtol=1e-3, atol=1e-3)

@@ -11,7 +11,7 @@ from typing import Any
 from quantscope.core import catalog
 from quantscope.core.fsutil import PathRefused
 
-from .common import MAX_CTX, MAX_THREADS, Bar, CLIError, int_arg, isa, peak_rss_mb
+from .common import MAX_CTX, MAX_THREADS, Bar, CLIError, add_gpu_layers, int_arg, isa, peak_rss_mb
 
 SYNTHETIC_SHAPES = ("tiny", "1b", "3b", "8b", "moe", "moe-k4", "moe-k2", "oss", "q35")  # core.synthetic.SHAPES
 
@@ -133,6 +133,7 @@ def register(sub: Any) -> None:
     b.add_argument("-t", "--threads", type=int_arg(0, MAX_THREADS), default=0)
     b.add_argument("-r", "--repetitions", type=int_arg(1), default=3)
     b.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
+    add_gpu_layers(b)
     b.add_argument("--no-repack", action="store_true",
                    help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
     b.add_argument("--json", action="store_true")

@@ -188,8 +188,16 @@ def add_sampling(s: argparse.ArgumentParser) -> None:
     s.add_argument("-c", "--ctx", type=int_arg(1, MAX_CTX), default=4096, help="context size")
     s.add_argument("-t", "--threads", type=int_arg(0, MAX_THREADS), default=0, help="0 = one per core")
     s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
+    add_gpu_layers(s)
     s.add_argument("--no-repack", action="store_true",
                    help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
+
+
+def add_gpu_layers(s: argparse.ArgumentParser) -> None:
+    """``--gpu-layers N`` (llama.cpp's ``-ngl``) beside ``--backend``."""
+    s.add_argument("-ngl", "--gpu-layers", type=int_arg(0), default=None, metavar="N",
+                   help="run the first N layers on the GPU and the rest on the CPU (more than the model has: all; "
+                        "default: all that fit with --backend auto, all with --backend cuda)")
 
 
 def exit_cleanly_if_file_changes(file: str) -> None:

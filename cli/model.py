@@ -17,6 +17,7 @@ from .common import (
     MAX_CTX,
     MAX_THREADS,
     CLIError,
+    add_gpu_layers,
     add_sampling,
     check_file,
     dump_json,
@@ -37,13 +38,17 @@ def load_engine(args: argparse.Namespace, n_ctx: int = 4096) -> Any:
 
     try:
         eng = Engine(args.file, n_ctx=n_ctx, threads=args.threads, backend=getattr(args, "backend", "auto"),
-                     repack=not getattr(args, "no_repack", False))
+                     repack=not getattr(args, "no_repack", False), gpu_layers=getattr(args, "gpu_layers", None))
     except (UnsupportedModel, TokenizerError) as exc:
         raise CLIError(f"{args.file}: {exc}") from None
     except CudaError as exc:
         raise CLIError(f"--backend cuda: {exc}") from None
     except GGUFError as exc:
         raise CLIError(f"{args.file}: not a readable GGUF file: {exc}") from None
+    except ValueError as exc:  # the layers cannot be split there, or GPU layers with --backend cpu
+        if getattr(args, "gpu_layers", None) is None:
+            raise
+        raise CLIError(f"--gpu-layers {args.gpu_layers}: {exc}") from None
     print(f"backend: {eng.backend} ({eng.backend_reason})", file=sys.stderr)
     return eng
 
@@ -433,6 +438,7 @@ def register(sub: Any) -> None:
     s.add_argument("--chunks", type=int_arg(0), default=0, help="at most this many chunks (0 = all)")
     s.add_argument("-t", "--threads", type=int_arg(0, MAX_THREADS), default=0)
     s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
+    add_gpu_layers(s)
     s.add_argument("--no-repack", action="store_true",
                    help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
     s.set_defaults(func=cmd_perplexity)

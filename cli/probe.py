@@ -98,7 +98,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     positions = _positions(args.positions, len(ids))
     pieces = [tok.decode([t]) for t in ids]
     try:
-        pr = P.run_probe(eng.model, ids, pieces, make_session=_engine_session(eng) if eng.backend != "cpu" else None)
+        whole_gpu = eng.backend != "cpu" and eng.gpu_layers == cfg.n_layers  # (a split session traces nothing)
+        pr = P.run_probe(eng.model, ids, pieces, make_session=_engine_session(eng) if whole_gpu else None)
         out: dict[str, Any] = {"file": args.file, "arch": cfg.arch, "n_layers": cfg.n_layers,
                                "tokens": [{"id": t, "text": s} for t, s in zip(ids, pieces, strict=True)]}
         if want_lens:

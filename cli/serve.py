@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from .common import MAX_CTX, MAX_THREADS, CLIError, int_arg, read_text_file
+from .common import MAX_CTX, MAX_THREADS, CLIError, add_gpu_layers, int_arg, read_text_file
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -76,6 +76,7 @@ def register(sub: Any) -> None:
     k.add_argument("--api-key-file", metavar="F", help="read the API key from file F")
     s.add_argument("-t", "--threads", type=int_arg(0, MAX_THREADS), default=0, help="0 = one per core")
     s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
+    add_gpu_layers(s)
     s.add_argument("--no-repack", action="store_true",
                    help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
     s.set_defaults(func=cmd_serve)

@@ -18,6 +18,7 @@ from quantscope.core.engine import kld, tools
 from quantscope.core.engine import probe as P
 from quantscope.core.engine.cuda_backend import CudaSession
 from quantscope.core.engine.session import InferenceSession, Model, Session
+from quantscope.core.engine.split import SplitSession
 from quantscope.core.tokenizer import Tokenizer
 
 from .arch_fixtures import vocabulary, write_fixture
@@ -34,7 +35,7 @@ def _sig(f: object) -> inspect.Signature:
     return inspect.signature(f)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("cls", [Session, CudaSession])
+@pytest.mark.parametrize("cls", [Session, CudaSession, SplitSession])
 def test_both_sessions_have_every_protocol_member_with_its_signature(cls):
     members = protocol_members()
     assert {"forward", "head", "attention_weights", "set_activation_stats", "truncate", "reset", "checkpoint",

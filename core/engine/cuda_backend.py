@@ -234,6 +234,8 @@ int qsc_host_gdn_mixer(const qs_block *b, const float *h, int n_tokens, float *o
 int qsc_host_qgate(const float *qg, const float *bq, const float *att, int n_tokens, int n_head, int head_dim,
                    float *q, float *out);
 int qsc_recurrent_state(qsc_model *m, int op, char *err, size_t err_len);
+int qsc_forward_resid(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, const float *ple,
+                      int64_t ple_len, float *resid, char *err, size_t err_len);
 """
 CDEF = NN_CDEF + API_CDEF
 
@@ -501,16 +503,19 @@ def _bound(w: Weight, keep: list[Any], matrices: list[tuple[GGMLType, int, int]]
     return _Bound(t.id, cpu_ffi.cast("uint8_t *", cpu_ffi.from_buffer(raw)), w.rows, w.k, int(raw.nbytes))
 
 
-def model_description(model: Model, n_ctx: int, device: bool = True) -> tuple[Description, list[Any]]:
+def model_description(model: Model, n_ctx: int, device: bool = True,
+                      n_layers: int | None = None) -> tuple[Description, list[Any]]:
     """``model``'s forward description for the GPU, and its layers' ``qs_block`` s as the CPU describes them (for
     :func:`description_features`). ``device``: weights as they are uploaded (:func:`device_weight`: types
-    without GPU kernels dequantized to F32); else as stored (a cheap look at the features before that)."""
+    without GPU kernels dequantized to F32); else as stored (a cheap look at the features before that).
+    ``n_layers``: only the first layers (partial offload, core/engine/split.py), head tied (its logits unused)."""
     c, mw = model.config, model.weights
+    n = c.n_layers if n_layers is None else n_layers
     keep: list[Any] = []
     matrices: list[tuple[GGMLType, int, int]] = []
     rope_factors = mw.rope_factors(n_ctx)
     cpu_blocks = []
-    for li, lw in enumerate(mw.layers):
+    for li, lw in enumerate(mw.layers[:n]):
         lb = {key: _bound(w, keep, matrices, device, padded=key == "ple_proj") for key, w in _layer_matrices(lw)}
         if lw.wv is lw.wk and "wk" in lb:
             lb["wv"] = lb["wk"]
@@ -522,20 +527,21 @@ def model_description(model: Model, n_ctx: int, device: bool = True) -> tuple[De
     for i, b in enumerate(cpu_blocks):
         ffi.memmove(layers + i, cpu_ffi.buffer(b), size)
     md = ffi.new("qsc_model_desc *")
-    md.n_layers, md.n_vocab, md.eps, md.embed_scale = c.n_layers, c.n_vocab, c.rms_eps, c.embed_scale
+    md.n_layers, md.n_vocab, md.eps, md.embed_scale = n, c.n_vocab, c.rms_eps, c.embed_scale
     md.final_softcap, md.logit_scale = c.final_softcap, c.logit_scale
-    for field, w in (("tok_embd", mw.tok_embd), ("output", None if mw.tied else mw.output)):
+    tied = mw.tied or n_layers is not None
+    for field, w in (("tok_embd", mw.tok_embd), ("output", None if tied else mw.output)):
         if w is not None:
             bw = _bound(w, keep, matrices, device)
             d = getattr(md, field)
             d.ptr, d.type, d.bytes, d.rows, d.k = ffi.cast("uint8_t *", cpu_ffi.cast("uintptr_t", bw.ptr)), \
                 bw.type_id, bw.nbytes, bw.rows, bw.k
-    if mw.tied:
+    if tied:
         matrices.append(matrices[-1])  # the head reads the embedding's copy
     norm = _floats(mw.output_norm, "output_norm").reshape(-1)
     keep.append(norm)
     md.output_norm.ptr, md.output_norm.len = _p(norm, "float *"), norm.size
-    kv_source = np.array([c.kv_source(li) for li in range(c.n_layers)], np.int32)
+    kv_source = np.array([c.kv_source(li) for li in range(n)], np.int32)
     keep.append(kv_source)
     md.kv_source = _p(kv_source, "int32_t *")
     keep += cpu_blocks

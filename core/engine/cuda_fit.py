@@ -18,7 +18,8 @@ import numpy as np
 from ..model import Weight
 from .session import Model, _layer_matrices
 
-__all__ = ["MARGIN_BYTES", "DeviceEstimate", "choose_gpu", "device_estimate", "gpu_fit"]
+__all__ = ["MARGIN_BYTES", "DeviceEstimate", "choose_gpu", "choose_layers", "device_estimate", "gpu_fit",
+           "gpu_layers_fit", "partial_estimate"]
 
 #: kept free beyond the estimate: the allocator's granularity, the runtime's and the driver's own allocations
 MARGIN_BYTES = 256 << 20
@@ -127,3 +128,81 @@ def gpu_fit(model: Model, n_ctx: int) -> tuple[bool, str]:
     except cb.CudaError:
         return True, ""
     return choose_gpu(device_estimate(model, n_ctx), free)
+
+
+# ------------------------------------------------------------------------------------------ partial offload
+def _layer_weight_bytes(model: Model, li: int) -> int:
+    """Device bytes of layer ``li``'s matrices and vectors (as :func:`device_estimate` counts them)."""
+    lw = model.weights.layers[li]
+    n = sum(_matrix_bytes(w) for _key, w in _layer_matrices(lw))
+    if lw.wv is not None and lw.wv is lw.wk:
+        n += _matrix_bytes(lw.wv)
+    for part in (lw, lw.gdn) if lw.gdn is not None else (lw,):
+        for f in dataclasses.fields(part):
+            v = getattr(part, f.name)
+            if isinstance(v, np.ndarray):
+                n += _round(int(v.size) * 4)
+    return n
+
+
+def _layer_kv_bytes(model: Model, li: int, n_ctx: int, kv_dtype: type = np.float16) -> int:
+    c = model.config
+    return 2 * _round(n_ctx * c.n_head_kv_at(li) * c.head_dim_at(li) * np.dtype(kv_dtype).itemsize)
+
+
+def partial_estimate(model: Model, n_ctx: int, n_layers: int, full: DeviceEstimate | None = None) -> DeviceEstimate:
+    """The device bytes of a split session (core/engine/split.py) with the first ``n_layers`` layers on the GPU:
+    the whole model's estimate less the other layers' weights and KV cache and the output matrix (the device's
+    head is tied to the embedding there; its logits are not used). The scratch is the whole model's (its widest
+    layer may be on the GPU; an overestimate otherwise)."""
+    c, mw = model.config, model.weights
+    if isinstance(n_layers, bool) or not 0 <= n_layers <= c.n_layers:
+        raise ValueError(f"{n_layers!r} GPU layers: the model has {c.n_layers}")
+    est = full or device_estimate(model, n_ctx)
+    if n_layers == c.n_layers:
+        return est
+    rest = range(n_layers, c.n_layers)
+    weights = est.weights - sum(_layer_weight_bytes(model, li) for li in rest)
+    if not mw.tied:
+        weights -= _matrix_bytes(mw.output)
+    kv = est.kv - sum(_layer_kv_bytes(model, li, n_ctx) for li in rest)
+    if any(c.is_recurrent(li) for li in rest) and not any(c.is_recurrent(li) for li in range(n_layers)):
+        kv -= 2 * _round(c.recurrent_state_bytes())
+    return DeviceEstimate(weights, kv, est.scratch, n_ctx)
+
+
+def choose_layers(model: Model, n_ctx: int, free_bytes: int) -> tuple[int, str]:
+    """``--backend auto``'s partial offload: (layers on the GPU, the reason in one line with the numbers): every
+    layer when the whole session fits in ``free_bytes``, else the most leading layers whose weights and KV cache
+    fit with the embedding, the scratch and the margin (0: not even one layer fits). A split is never made
+    between a layer and an earlier one whose KV cache it reads (core/engine/split.py)."""
+    c = model.config
+    L = c.n_layers
+    full = device_estimate(model, n_ctx)
+    ok, why = choose_gpu(full, free_bytes)
+    if ok:
+        return L, why
+    from .split import split_allowed
+
+    best = 0
+    for n in range(L - 1, 0, -1):
+        if split_allowed(c, n) and partial_estimate(model, n_ctx, n, full).total <= free_bytes:
+            best = n
+            break
+    if best == 0:
+        return 0, why
+    est = partial_estimate(model, n_ctx, best, full)
+    return best, (f"{best} of {L} layers on the GPU ({why}; the first {best}: {_mib(est.total)} with KV cache "
+                  f"{_mib(est.kv)} and scratch {_mib(est.scratch)}), the rest on the CPU")
+
+
+def gpu_layers_fit(model: Model, n_ctx: int) -> tuple[int, str]:
+    """:func:`choose_layers` against the device's free memory now; every layer with no reason when the free
+    figure cannot be read (the session's own allocation then decides)."""
+    from . import cuda_backend as cb
+
+    try:
+        free = int(cb.device_properties()["free_mem"])
+    except cb.CudaError:
+        return model.config.n_layers, ""
+    return choose_layers(model, n_ctx, free)

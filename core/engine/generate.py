@@ -127,13 +127,22 @@ class Engine:
 
     def __init__(self, path: str | Path, n_ctx: int = 4096, threads: int = 0,
                  progress: Callable[[str, float], None] | None = None,
-                 cancel: threading.Event | None = None, backend: str = "auto", repack: bool = True) -> None:
+                 cancel: threading.Event | None = None, backend: str = "auto", repack: bool = True,
+                 gpu_layers: int | None = None) -> None:
         """``backend``: ``cpu``, ``cuda`` (fails with the reason when CUDA cannot be used) or ``auto`` (CUDA when
         it works, else the CPU with the reason in :attr:`backend_reason`). ``repack``: on the CPU, copy the
         weights into the repacked layout of the SIMD kernels (faster; ``False`` keeps them mapped from the file,
-        zero-copy, like llama.cpp's ``--no-repack``)."""
+        zero-copy, like llama.cpp's ``--no-repack``). ``gpu_layers``: how many leading layers run on the GPU
+        (llama.cpp's ``-ngl``; more than the model has: all; the rest on the CPU, :class:`~.split.SplitSession`);
+        ``None``: all with ``cuda``, and with ``auto`` all when they fit in the free GPU memory, else as many as
+        fit (:func:`~.cuda_fit.choose_layers`)."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+        if gpu_layers is not None and (isinstance(gpu_layers, bool) or not isinstance(gpu_layers, int)
+                                       or gpu_layers < 0):
+            raise ValueError(f"GPU layers must be a whole number of at least 0, not {gpu_layers!r}")
+        if gpu_layers and backend == "cpu":
+            raise ValueError("GPU layers need the cuda or auto backend")
         say = progress or (lambda _m, _f: None)
 
         def check() -> None:
@@ -159,6 +168,11 @@ class Engine:
         say("allocating KV cache", 0.9)
         self.backend, self.backend_reason = "cpu", f"CPU kernels ({isa()}, {self.model.threads} threads)"
         self.session: InferenceSession | None = None
+        L = self.model.config.n_layers
+        #: layers on the GPU: all of them (``cuda``), some (a split session) or none (``cpu``)
+        self.gpu_layers = 0
+        if gpu_layers == 0 and backend != "cpu":
+            backend, self.backend_reason = "cpu", f"no GPU layers asked for; CPU kernels ({isa()})"
         if backend != "cpu":
             from .cuda_backend import CudaError, CudaSession, CudaUnavailable, cuda_status
 
@@ -166,15 +180,25 @@ class Engine:
             if not ok and backend == "cuda":
                 raise CudaUnavailable(why)
             fit = ""  # auto: the GPU only when weights + KV cache + scratch fit in its free memory (cuda_fit)
-            if ok and backend == "auto":
-                from .cuda_fit import gpu_fit
+            n_gpu = L if gpu_layers is None else min(gpu_layers, L)
+            if ok and backend == "auto" and gpu_layers is None:
+                from .cuda_fit import gpu_layers_fit
 
-                ok, fit = gpu_fit(self.model, n_ctx)
+                n_gpu, fit = gpu_layers_fit(self.model, n_ctx)
+                ok = n_gpu > 0
+            elif n_gpu < L:
+                fit = f"{n_gpu} of {L} layers on the GPU (asked for), the rest on the CPU"
             if ok:
                 say("uploading weights to the GPU", 0.92)
                 try:
-                    self.session = CudaSession(self.model, n_ctx)
-                    self.backend, self.backend_reason = "cuda", why
+                    if n_gpu < L:
+                        from .split import SplitSession
+
+                        self.session = SplitSession(self.model, n_ctx, n_gpu)
+                        why = f"{why}; {fit}"
+                    else:
+                        self.session = CudaSession(self.model, n_ctx)
+                    self.backend, self.backend_reason, self.gpu_layers = "cuda", why, n_gpu
                 except CudaError as exc:
                     if backend == "cuda":
                         raise
@@ -211,6 +235,10 @@ class Engine:
 
     def new_session(self, n_ctx: int) -> InferenceSession:
         """A fresh session on this engine's backend (for perplexity and benchmarks)."""
+        if self.backend == "cuda" and self.gpu_layers < self.model.config.n_layers:
+            from .split import SplitSession
+
+            return SplitSession(self.model, n_ctx, self.gpu_layers)
         if self.backend == "cuda":
             from .cuda_backend import CudaSession
 

@@ -363,7 +363,9 @@ class InferenceSession(Protocol):
 class Session:
     """One conversation's state: the KV cache and the number of cached positions."""
 
-    def __init__(self, model: Model, n_ctx: int, kv_dtype: type = np.float16) -> None:
+    def __init__(self, model: Model, n_ctx: int, kv_dtype: type = np.float16, first_layer: int = 0) -> None:
+        """``first_layer``: the layers before it get no cache or state (they run elsewhere: a split session's GPU
+        layers, core/engine/split.py)."""
         c = model.config
         if isinstance(n_ctx, bool) or not isinstance(n_ctx, int | np.integer) or not 0 < n_ctx <= MAX_SESSION_CTX:
             raise ValueError(f"context size must be an integer in 1..{MAX_SESSION_CTX}, got {n_ctx!r}")
@@ -381,6 +383,10 @@ class Session:
         self._checkpoint: tuple[int, dict[int, np.ndarray], dict[int, np.ndarray]] | None = None
         for li in range(c.n_layers):
             src = c.kv_source(li)
+            if li < first_layer:
+                self.k_cache.append(np.zeros((1, 1, 1), dtype=kv_dtype))
+                self.v_cache.append(np.zeros((1, 1, 1), dtype=kv_dtype))
+                continue
             if c.is_recurrent(li):
                 self.k_cache.append(np.zeros((1, 1, 1), dtype=kv_dtype))
                 self.v_cache.append(np.zeros((1, 1, 1), dtype=kv_dtype))
@@ -503,7 +509,7 @@ class Session:
             a.kv_f16, a.n_ctx = kv_f16, self.n_ctx
             a.k_cache, a.v_cache = ffi.from_buffer(self.k_cache[li]), ffi.from_buffer(self.v_cache[li])
             a.k_cache_bytes, a.v_cache_bytes = self.k_cache[li].nbytes, self.v_cache[li].nbytes
-            if lw.gdn is not None:
+            if lw.gdn is not None and li in self.conv_state:  # (a layer before first_layer has no state here)
                 g = b.gdn
                 g.conv_state = _fp(self.conv_state[li]) if self.conv_state[li].size else ffi.NULL
                 g.conv_state_len = int(self.conv_state[li].size)

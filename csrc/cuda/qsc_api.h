@@ -141,3 +141,8 @@ int qsc_host_qgate(const float *qg, const float *bq, const float *att, int n_tok
 /* the session's recurrent state (every delta-net layer's conv and ssm state; the forward zeroes it at position 0):
  * op 0 zero it, 1 save it as the checkpoint, 2 restore the checkpoint, 3 ask whether there is one (1 / 0) */
 int qsc_recurrent_state(qsc_model *m, int op, char *err, size_t err_len);
+/* partial offload (core/engine/split.py): qsc_forward_ple (ple NULL / 0 for a model without per-layer inputs) that
+ * copies the residual stream after the model's last layer into resid [n_tokens][n_embd] instead of logits; a
+ * one-token step runs uncaptured */
+int qsc_forward_resid(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, const float *ple,
+                      int64_t ple_len, float *resid, char *err, size_t err_len);

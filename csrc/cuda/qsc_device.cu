@@ -87,6 +87,7 @@ struct qsc_model {
     bool has_moe = false; /* the routing is read back once per moe layer: no CUDA graph */
     std::mutex mu;
     struct QscProbe *probe = nullptr; /* qsc_probe.cuh: traces, statistics (NULL: none asked for) */
+    float *h_resid = nullptr; /* qsc_forward_resid's host buffer: the stream after the last layer (NULL: none) */
 };
 
 static int dalloc(qsc_model *m, void **p, int64_t bytes, char *err, size_t err_len) {
@@ -853,13 +854,15 @@ static int forward_impl(qsc_model *m, const int32_t *tokens, int n_tokens, int n
             float *dl = all_logits ? m->d_logits_all : (last ? m->d_logits1 : nullptr);
             int rc = enqueue_forward(m, T, all_logits != 0, dl, err, err_len);
             if (rc) return rc;
+            if (m->h_resid)
+                memcpy(m->h_resid + (int64_t)start * m->cfg.E, m->x, (size_t)T * m->cfg.E * sizeof(float));
             if (all_logits) memcpy(logits + (int64_t)start * V, dl, (size_t)T * V * sizeof(float));
             else if (last) memcpy(logits, dl, (size_t)V * sizeof(float));
             continue;
         }
         /* the first one-token step runs uncaptured (kernels load lazily on first use), later ones replay a graph */
         const bool traced = probe_chunk(m, start, n_tokens);
-        if (T == 1 && m->use_graphs && m->stepped && !m->has_moe && !traced) {
+        if (T == 1 && m->use_graphs && m->stepped && !m->has_moe && !traced && !m->h_resid) {
             int rc = step_graph(m, err, err_len);
             if (rc) return rc;
             if (all_logits) memcpy(logits + (int64_t)start * V, m->h_logits1, (size_t)V * sizeof(float));
@@ -871,6 +874,9 @@ static int forward_impl(qsc_model *m, const int32_t *tokens, int n_tokens, int n
         float *dl = all_logits ? m->d_logits_all : (last ? m->d_logits1 : nullptr);
         int rc = enqueue_forward(m, T, all_logits != 0, dl, err, err_len);
         if (rc) return rc;
+        if (m->h_resid)
+            CUDA_TRY(cudaMemcpyAsync(m->h_resid + (int64_t)start * m->cfg.E, m->x, (size_t)T * m->cfg.E * sizeof(float),
+                                     cudaMemcpyDeviceToHost, m->st));
         if (all_logits)
             CUDA_TRY(cudaMemcpyAsync(logits + (int64_t)start * V, dl, (size_t)T * V * sizeof(float),
                                      cudaMemcpyDeviceToHost, m->st));
@@ -881,6 +887,19 @@ static int forward_impl(qsc_model *m, const int32_t *tokens, int n_tokens, int n
         if (T == 1) m->stepped = true;
     }
     return 0;
+}
+
+int qsc_forward_resid(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, const float *ple,
+                      int64_t ple_len, float *resid, char *err, size_t err_len) {
+    if (!m || !resid) {
+        set_err(err, err_len, "no model or residual buffer");
+        return -1;
+    }
+    std::vector<float> last((size_t)m->cfg.V); /* the (tied) head's logits of the last row: not used */
+    m->h_resid = resid;
+    const int rc = forward_impl(m, tokens, n_tokens, n_past, 0, last.data(), ple, ple_len, err, err_len);
+    m->h_resid = nullptr;
+    return rc;
 }
 
 int qsc_recurrent_state(qsc_model *m, int op, char *err, size_t err_len) {

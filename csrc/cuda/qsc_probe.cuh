@@ -211,8 +211,12 @@ int qsc_read_cache(qsc_model *m, int layer, int which, int n_rows, void *out, in
     }
     std::lock_guard<std::mutex> lock(m->mu);
     if (n_rows == 0) return 0;
-    CUDA_TRY(cudaSetDevice(m->device));
     const uint8_t *src = (which ? m->v_cache : m->k_cache) + m->layers[(size_t)layer].kv_off;
+    if (m->host) { /* a host model (qsc_host_model_create): its cache is host memory */
+        memcpy(out, src, (size_t)out_bytes);
+        return 0;
+    }
+    CUDA_TRY(cudaSetDevice(m->device));
     CUDA_TRY(cudaMemcpyAsync(out, src, (size_t)out_bytes, cudaMemcpyDeviceToHost, m->st));
     CUDA_TRY(cudaStreamSynchronize(m->st));
     return 0;

@@ -362,10 +362,15 @@ def _compute_imatrix(args: argparse.Namespace) -> int:
         text = read_text_file(args.text_file, "-f")
     else:
         text = args.prompt
+    from quantscope.core.engine.cuda_backend import CudaError
+
     bar = Bar("imatrix", "chunks")
     try:
         im = compute_imatrix(args.file, text, n_ctx=args.ctx, max_chunks=args.chunks, threads=args.threads,
-                             dataset=args.text_file or "", progress=lambda d, t, m: bar(d, t, m) if t > 1 else None)
+                             dataset=args.text_file or "", progress=lambda d, t, m: bar(d, t, m) if t > 1 else None,
+                             backend=args.backend)
+    except CudaError as exc:
+        raise CLIError(f"--backend {args.backend}: {exc}") from None
     except ValueError as exc:
         raise CLIError(f"{args.file}: {exc}") from None
     except GGUFError as exc:
@@ -543,6 +548,9 @@ def register(sub: Any) -> None:
     s.add_argument("-c", "--ctx", type=int_arg(16, 1 << 20), default=512, help="chunk size in tokens (default 512)")
     s.add_argument("--chunks", type=int_arg(0, 1 << 30), default=0, help="at most this many chunks (0: all)")
     s.add_argument("-t", "--threads", type=int_arg(0, 1024), default=0, help="threads (default: all cores)")
+    s.add_argument("--backend", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="where the statistics are collected (default cpu; cuda: the GPU sums them in the CPU's order, "
+                        "except per-expert ones)")
     s.add_argument("--json", action="store_true", help="print strict JSON")
     s.set_defaults(func=cmd_imatrix)
     s = sub.add_parser("sensitivity", help="what each quantization type adds to the model's KL divergence on a "

@@ -112,3 +112,24 @@ def test_cli_compute_and_errors(models: Path, tmp_path: Path, capsys: pytest.Cap
         assert cli.main(["imatrix", str(models / "llama.gguf"), *args]) == 2
         err = capsys.readouterr().err
         assert err.startswith("quantscope: error: ") and msg in err and err.count("\n") == 1, err
+
+
+def test_cli_backend_choice(models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--backend`` reaches the engine: cuda where it cannot run is one line naming the reason (no GPU here, or a
+    GPU that refuses this model); cpu computes as by default."""
+    from quantscope.core.engine import cuda_backend
+
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    out = tmp_path / "m.imatrix.gguf"
+    assert cli.main(["imatrix", str(models / "llama.gguf"), "-f", str(text), "-c", "128", "--chunks", "1",
+                     "-o", str(out), "--backend", "cpu"]) == 0
+    assert read_imatrix(out).chunk_count == 1
+    capsys.readouterr()
+    if cuda_backend.cuda_status()[0]:
+        pytest.skip("a usable GPU is here: the refusal below needs none")
+    assert cli.main(["imatrix", str(models / "llama.gguf"), "-f", str(text), "-c", "128", "--chunks", "1",
+                     "-o", str(tmp_path / "g.imatrix.gguf"), "--backend", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("quantscope: error: --backend cuda: ") and err.count("\n") == 1, err
+    assert not (tmp_path / "g.imatrix.gguf").exists()

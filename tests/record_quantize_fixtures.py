@@ -13,9 +13,12 @@ over tests/data/english.txt (``-c 128``; committed as ``MODEL.imatrix.gguf``, an
 format as ``llama.imatrix.dat``), and llama-quantize runs every case of :func:`file_cases` with the working directory
 holding the imatrix files (the path it writes into the metadata is the relative one). files.json records each
 model's SHA-256 and, per case, the arguments and the SHA-256 and size of llama-quantize's output (``input``: the
-case quantizes that preset's recorded output instead of the model, e.g. ``Q8_0`` with ``--allow-requantize``).
+case quantizes that preset's recorded output instead of the model, e.g. ``Q8_0`` with ``--allow-requantize``;
+``rules``: a rule file of tests/data/quantize -- a ``--target-size`` mix Quantscope chose -- given to llama-quantize
+as one ``--tensor-type`` per line, and to Quantscope as ``--tensor-type-file``).
 
-Usage: python tests/record_quantize_fixtures.py [--llama-build DIR] [--only rows|files]
+Usage: python tests/record_quantize_fixtures.py [--llama-build DIR] [--only rows|files|new-files]
+(``new-files``: run only the cases files.json lacks, with the committed imatrix files.)
 """
 
 from __future__ import annotations
@@ -88,16 +91,35 @@ def file_cases() -> list[dict[str, object]]:
         {"model": "llama", "input": "Q8_0", "args": ["--allow-requantize", "Q4_K_M"]},
         {"model": "qwen2", "input": "Q8_0",
          "args": ["--allow-requantize", "--imatrix", "qwen2.imatrix.gguf", "Q3_K_M"]},
+        # target-size mixes (quantscope quantize --target-size at the Q4_K_M preset's size, -f english.txt, the
+        # same imatrix): the rule file and the preset the CLI names beside it
+        {"model": "llama", "rules": "llama.target.tensor-types.txt",
+         "args": ["--imatrix", "llama.imatrix.gguf", "Q5_K_M"]},
+        {"model": "qwen3moe", "rules": "qwen3moe.target.tensor-types.txt",
+         "args": ["--imatrix", "qwen3moe.imatrix.gguf", "Q6_K"]},
     ]
     return cases
 
 
-def record_files(bin_dir: Path) -> None:
+def rule_args(name: str) -> list[str]:
+    """A rule file as llama-quantize's arguments: ``--tensor-type LINE`` per non-empty line."""
+    lines = (OUT / name).read_text(encoding="utf-8").splitlines()
+    return [a for line in lines if line.strip() for a in ("--tensor-type", line.strip())]
+
+
+def record_files(bin_dir: Path, only_new: bool = False) -> None:
     work = Path(tempfile.mkdtemp(prefix="qs-quantize-"))
     models: dict[str, str] = {}
+    old = json.loads((OUT / "files.json").read_text()) if only_new else None
     for m in quantize_models.MODELS:
         path = quantize_models.write_model(m, work / f"{m}.gguf")
         models[m] = hashlib.sha256(path.read_bytes()).hexdigest()
+        if old is not None:
+            if old["models"][m] != models[m]:
+                raise SystemExit(f"{m}: the model bytes changed since files.json was recorded: record every case")
+            for f in OUT.glob(f"{m}.imatrix.*"):
+                (work / f.name).write_bytes(f.read_bytes())
+            continue
         for fmt, ext in (("gguf", "gguf"), ("dat", "dat")):
             if fmt == "dat" and m != "llama":
                 continue
@@ -105,13 +127,20 @@ def record_files(bin_dir: Path) -> None:
                             "-c", "128", "-t", "2", "--output-format", fmt, "-o", str(work / f"{m}.imatrix.{ext}")],
                            check=True, capture_output=True)
             (OUT / f"{m}.imatrix.{ext}").write_bytes((work / f"{m}.imatrix.{ext}").read_bytes())
-    runs = []
+    runs = list(old["runs"]) if old is not None else []
+    have = [{k: v for k, v in r.items() if k not in ("sha256", "size")} for r in runs]
     for c in file_cases():
+        if c in have:
+            continue
         m = str(c["model"])
         inp = f"{m}.gguf" if "input" not in c else f"{m}-input-{c['input']}.gguf"
+        if "input" in c and not (work / inp).exists():  # only_new: make the input the way its own case did
+            subprocess.run([str(bin_dir / "llama-quantize"), f"{m}.gguf", inp, str(c["input"]), "2"], cwd=work,
+                           check=True, capture_output=True)
         args = [str(x) for x in c["args"]]  # type: ignore[attr-defined]
         out = f"{m}-{'-'.join(a.replace('=', '_').replace('*', 'x') for a in args)}.gguf"
-        cmd = [str(bin_dir / "llama-quantize"), *args[:-1], inp, out, args[-1], "2"]
+        rules = rule_args(str(c["rules"])) if "rules" in c else []
+        cmd = [str(bin_dir / "llama-quantize"), *rules, *args[:-1], inp, out, args[-1], "2"]
         r = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
         if r.returncode:
             raise SystemExit(f"llama-quantize failed: {' '.join(cmd)}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
@@ -130,13 +159,13 @@ def record_files(bin_dir: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-build", type=Path, default=None)
-    ap.add_argument("--only", choices=("rows", "files"))
+    ap.add_argument("--only", choices=("rows", "files", "new-files"))
     a = ap.parse_args()
     build = a.llama_build or Path(llamacpp_build.build()).parent
     OUT.mkdir(parents=True, exist_ok=True)
     if a.only != "rows":
-        record_files(build / "bin")
-    if a.only == "files":
+        record_files(build / "bin", only_new=a.only == "new-files")
+    if a.only in ("files", "new-files"):
         return 0
     sets = quantize_inputs.generated_sets()
     sets["real"] = real_set()

@@ -37,7 +37,8 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _case_id(c: dict) -> str:
-    return f"{c['model']}{'-' + c['input'] if 'input' in c else ''}-{'-'.join(c['args'])}"
+    rules = f"-rules-{c['rules'].split('.')[1]}" if "rules" in c else ""
+    return f"{c['model']}{'-' + c['input'] if 'input' in c else ''}{rules}-{'-'.join(c['args'])}"
 
 
 def _sha(p: Path) -> str:
@@ -55,7 +56,9 @@ def test_same_file_as_llama_quantize(case: dict, work: Path, monkeypatch: pytest
         if not (work / inp).exists():
             assert cli.main(["quantize", f"{m}.gguf", inp, case["input"], "--threads", "1"]) == 0
     out = work / f"out-{_case_id(case).replace('=', '_').replace('*', 'x')}.gguf"
-    args = case["args"]
+    args = list(case["args"])
+    if "rules" in case:  # llama-quantize had each line as a --tensor-type argument
+        args[:0] = ["--tensor-type-file", str(DATA / case["rules"])]
     rc = cli.main(["quantize", *args[:-1], inp, str(out.name), args[-1]])
     assert rc == 0, capsys.readouterr().err
     assert out.stat().st_size == case["size"]

@@ -293,3 +293,32 @@ def test_cli_refine_reports_the_measured_mix(llama: Path, tmp_path: Path, capsys
     s = json.loads(capsys.readouterr().out)["summary"]
     assert s["refine"]["measured_kld"] > 0 and s["refine"]["newly_measured"] <= 4
     assert s["bytes_out"] <= s["target_bytes"]
+
+
+def test_cancel_stops_the_reference_pass_and_the_whole_mix(llama: Path, tmp_path: Path) -> None:
+    """A cancel is honoured between chunks of the reference pass (which, for a large model and many chunks, is the
+    longest step before the first measurement) and of the whole-mix measurement, not only between tensors."""
+    from quantscope.core.quant.sensitivity import CostCancelled, mix_kld, tensor_costs
+
+    with GGUFFile(llama) as f:
+        ch = np.concatenate([_chunks(f)] * 3)
+        asked: list[int] = []
+
+        def cancel_at(n: int):
+            def cancel() -> bool:
+                asked.append(1)
+                return len(asked) >= n
+            return cancel
+
+        with pytest.raises(CostCancelled):
+            KLDMeter(f, ch, threads=1, cancel=cancel_at(2))  # the second chunk of the reference
+        assert len(asked) == 2
+        asked.clear()
+        cands = [("blk.0.attn_q.weight", ["Q4_0", "Q8_0"])]
+        with pytest.raises(CostCancelled):  # the first tensor's check passes; the reference pass is cancelled
+            tensor_costs(f, cands, ch, cache_dir=tmp_path, threads=1, cancel=cancel_at(3))
+        meter = KLDMeter(f, ch, threads=1)
+        asked.clear()
+        with pytest.raises(CostCancelled):
+            mix_kld(f, {"blk.0.attn_q.weight": "Q4_0"}, ch, threads=1, meter=meter, cancel=cancel_at(3))
+        assert len(asked) == 3

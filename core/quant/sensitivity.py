@@ -160,7 +160,10 @@ class KLDMeter:
     """The reference model's output on calibration chunks, and the divergence from it of the same model with one
     tensor's bytes replaced."""
 
-    def __init__(self, f: GGUFFile, chunks: np.ndarray, threads: int = 0) -> None:
+    def __init__(self, f: GGUFFile, chunks: np.ndarray, threads: int = 0,
+                 cancel: Callable[[], bool] | None = None) -> None:
+        """Run the reference over ``chunks``, one forward pass per chunk (``cancel`` is asked before each one and
+        raises :class:`CostCancelled`)."""
         from ..engine.session import ForwardTrace, Model
         from ..tokenizer import Tokenizer
 
@@ -176,6 +179,8 @@ class KLDMeter:
         self.base_logp: list[np.ndarray] = []
         session = self.model.session(self.n_ctx)
         for chunk in self.chunks:
+            if cancel is not None and cancel():
+                raise CostCancelled("measuring was cancelled")
             ids = [int(t) for t in chunk]
             if tok.add_bos and tok.bos_id is not None:
                 ids[0] = tok.bos_id
@@ -201,9 +206,10 @@ class KLDMeter:
         """Mean KL(reference || model with tensor ``name`` as ``raw`` bytes of ``qtype``) over every position."""
         return self.kld_mix({name: (raw, qtype)})
 
-    def kld_mix(self, swaps: dict[str, tuple[np.ndarray, str]]) -> float:
+    def kld_mix(self, swaps: dict[str, tuple[np.ndarray, str]], cancel: Callable[[], bool] | None = None) -> float:
         """Mean KL(reference || model with every tensor of ``swaps`` replaced by its (bytes, type)) over every
-        position: a whole mix measured at once, not the sum of its tensors' costs."""
+        position: a whole mix measured at once, not the sum of its tensors' costs (``cancel``: asked before each
+        chunk)."""
         from ..engine.session import Model
 
         f = self.model.file
@@ -220,6 +226,8 @@ class KLDMeter:
         first = min((self.first_layer(n) for n in swaps), default=m.config.n_layers)
         total, count = 0.0, 0
         for ids, resid, base in zip(self.ids, self.resid, self.base_logp, strict=True):
+            if cancel is not None and cancel():
+                raise CostCancelled("measuring was cancelled")
             if first < 0:
                 s.reset()
                 logits = s.forward(ids, all_logits=True)
@@ -331,7 +339,11 @@ def tensor_costs(f: GGUFFile, candidates: Sequence[tuple[str, Sequence[str]]], c
                 if values_all is None:
                     values_all = tensor_values(f, name, threads=threads)
                 if meter is None:
-                    meter = KLDMeter(f, chunks, threads)
+                    try:
+                        meter = KLDMeter(f, chunks, threads, cancel)
+                    except CostCancelled:
+                        cache.save()
+                        raise
                     tm["reference"] = time.perf_counter() - t0
                     t0 = time.perf_counter()
                 raw, _ = requantize(values_all, q, w, threads=threads)
@@ -382,8 +394,8 @@ def mix_kld(f: GGUFFile, choices: dict[str, str], chunks: np.ndarray, *, imatrix
         swaps[name] = (raw, q)
     if progress is not None:
         progress(len(todo), len(todo) + 1, "the whole mix")
-    m = meter if meter is not None else KLDMeter(f, chunks, threads)
-    out = m.kld_mix(swaps) if swaps else 0.0
+    m = meter if meter is not None else KLDMeter(f, chunks, threads, cancel)
+    out = m.kld_mix(swaps, cancel) if swaps else 0.0
     if progress is not None:
         progress(len(todo) + 1, len(todo) + 1, "")
     return out

@@ -322,3 +322,22 @@ def test_cancel_stops_the_reference_pass_and_the_whole_mix(llama: Path, tmp_path
         with pytest.raises(CostCancelled):
             mix_kld(f, {"blk.0.attn_q.weight": "Q4_0"}, ch, threads=1, meter=meter, cancel=cancel_at(3))
         assert len(asked) == 3
+
+
+def test_the_default_candidates_hold_every_type_the_k_presets_give(llama: Path, tmp_path: Path) -> None:
+    """With the default types, each tensor's type in Q3_K_M, Q4_K_M and Q5_K_M (fallbacks for rows the 256-blocks
+    do not divide included: this fixture's rows of 32-blocks take Q5_1 in Q5_K_M) is one of its candidates, so the
+    preset's mix is a choice the solver has; the solve at a preset's size is then predicted no worse than it."""
+    from quantscope.core.quant.target import target_space
+
+    with GGUFFile(llama) as f:
+        space = target_space(f, threads=1)
+        allowed = dict(space.candidates)
+        costs = tensor_costs(f, space.candidates, _chunks(f), cache_dir=tmp_path, threads=1)
+        for p in ("Q3_K_M", "Q4_K_M", "Q5_K_M"):
+            types = space.preset_types(p)
+            assert types and all(q in allowed[n] for n, q in types.items()), p
+            pm = space.preset_mix(p, costs)
+            assert pm is not None
+            best = space.solve(costs, size=pm.file_bytes)
+            assert best.file_bytes <= pm.file_bytes and best.cost <= pm.cost + 1e-12

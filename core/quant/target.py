@@ -25,8 +25,10 @@ from .quantize import QuantizeError, QuantizeOptions, QuantizePlan, plan_quantiz
 from .sensitivity import Progress, TensorCosts, tensor_costs
 from .types import ggml_type
 
-#: the candidate types when none are given
-DEFAULT_TYPES = ("Q2_K", "Q3_K", "Q4_0", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_0", "Q5_K", "Q6_K", "Q8_0")
+#: the candidate types when none are given: every type Q3_K_M, Q4_K_M and Q5_K_M give a tensor, their fallbacks for
+#: rows the 256-blocks do not divide included (Q4_0, Q5_0, Q5_1, Q8_0), so that each of those presets' mixes is one
+#: the solver can choose; Q4_1 beside Q5_1; the 4-bit non-linear types
+DEFAULT_TYPES = ("Q2_K", "Q3_K", "Q4_0", "Q4_1", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40,
           "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40,
           "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}

@@ -501,6 +501,8 @@ def cmd_quant_stats(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add this module's sub-commands to ``sub``."""
+    from quantscope.core.quant.target import DEFAULT_TYPES
+
     s = sub.add_parser("quantize", help="quantize a GGUF like llama-quantize (same presets, rules and bytes)")
     s.add_argument("file", help="input GGUF (F32/F16/BF16; quantized with --allow-requantize)")
     s.add_argument("output", nargs="?", help="output GGUF (not needed with --dry-run)")
@@ -523,8 +525,8 @@ def register(sub: Any) -> None:
     s.add_argument("--target-bpw", type=float_arg(0, 32, lo_open=True), metavar="BPW",
                    help="instead of a preset: the best mix of at most BPW bits per weight (all tensors)")
     s.add_argument("-f", "--calibration", metavar="TEXT", help="with a target: the text the costs are measured on")
-    s.add_argument("--types", metavar="T1,T2,...", help="with a target: the candidate types (default: Q2_K, Q3_K, "
-                   "Q4_0, IQ4_NL, IQ4_XS, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0)")
+    s.add_argument("--types", metavar="T1,T2,...", help="with a target: the candidate types (default: "
+                   f"{', '.join(DEFAULT_TYPES)})")
     s.add_argument("--rules", metavar="FILE", help="with a target: where to write the --tensor-type rules "
                    "(default: OUTPUT's name with .tensor-types.txt)")
     s.add_argument("--ctx", type=int_arg(8, 1 << 16), default=128, help="with a target: calibration chunk length "
@@ -557,8 +559,7 @@ def register(sub: Any) -> None:
                        "text, per tensor and per layer (to choose --tensor-type rules by hand)")
     s.add_argument("file", help="the model (its own values are the reference)")
     s.add_argument("-f", "--calibration", metavar="TEXT", required=True, help="the text the costs are measured on")
-    s.add_argument("--types", metavar="T1,T2,...", help="the types (default: Q2_K, Q3_K, Q4_0, IQ4_NL, IQ4_XS, "
-                   "Q4_K, Q5_0, Q5_K, Q6_K, Q8_0)")
+    s.add_argument("--types", metavar="T1,T2,...", help=f"the types (default: {', '.join(DEFAULT_TYPES)})")
     s.add_argument("--imatrix", help="importance matrix the types are quantized with")
     s.add_argument("--by", choices=("tensor", "layer", "both"), default="both", help="the tables to print")
     s.add_argument("--ctx", type=int_arg(8, 1 << 16), default=128, help="calibration chunk length in tokens")

@@ -189,7 +189,7 @@ def test_the_budget_page_fits_with_every_default_type(window, qtbot, every_type,
     page = _page(window, path, cache)
     page.types_edit.setText(",".join(DEFAULT_TYPES))
     _measure(qtbot, page)
-    assert set(DEFAULT_TYPES) <= set(page.tensor_model.headers)  # ten type columns
+    assert set(DEFAULT_TYPES) <= set(page.tensor_model.headers)  # a column per default type
     window.resize(*size)
     qtbot.wait(100)
     for i in range(page.tables.count()):

@@ -286,16 +286,18 @@ class FrontPlot(CompactPlot):
         for name in list(self.labels):
             if name not in self.preset_xy:
                 self.removeItem(self.labels.pop(name))
-        # by size, labels alternately above and below their diamonds (neighbouring presets often sit close)
+        allx = xs + [v[0] for v in self.preset_xy.values()]
+        mid = (min(allx) + max(allx)) / 2 if allx else 0.0
+        # by size, labels alternately above and below their diamonds (neighbouring presets often sit close); in the
+        # right half of the plot a label ends at its diamond, so that none runs off the right edge
         for k, (name, (x, y)) in enumerate(sorted(self.preset_xy.items(), key=lambda kv: kv[1][0])):
             ti = self.labels.get(name)
             if ti is None:
                 ti = pg.TextItem(name, color=PRESET_COLOR)
                 self.labels[name] = ti
                 self.addItem(ti, ignoreBounds=True)
-            ti.setAnchor((0, 1) if k % 2 == 0 else (0, 0))
+            ti.setAnchor((1 if x > mid else 0, 1 if k % 2 == 0 else 0))
             ti.setPos(x, y)
-        allx = xs + [v[0] for v in self.preset_xy.values()]
         ally = ys + [v[1] for v in self.preset_xy.values()]
         if allx:
             xpad = 0.04 * (max(allx) - min(allx) or 1)
@@ -423,7 +425,7 @@ class BudgetPanel(QWidget):
         self.tensor_proxy = SortFilterProxy(self)
         self.tensor_proxy.setSourceModel(self.tensor_model)
         self.tensor_table = _table(self.tensor_proxy, "KLD each type adds, per tensor")
-        fit_columns(self.tensor_table, stretch=0, optional=(1,), min_stretch=150)
+        fit_columns(self.tensor_table, stretch=0, optional=(1,), min_stretch=150, max_stretch=230)
         self.layer_model = RowsModel(["Layer"])
         self.layer_proxy = SortFilterProxy(self)
         self.layer_proxy.setSourceModel(self.layer_model)
@@ -519,6 +521,7 @@ class BudgetPanel(QWidget):
         right.setMinimumWidth(560)  # room for the names and half a dozen type columns; the plot takes the rest
         self.split.setStretchFactor(0, 2)
         self.split.setStretchFactor(1, 3)
+        self.split.setSizes([2000, 3000])  # 2:3 from the start (a QSplitter scales these to its width)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 4, 0, 0)
         lay.addLayout(row1)

@@ -25,8 +25,8 @@ import argparse
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -41,80 +41,83 @@ def _matrix(mm: np.ndarray, t: TensorInfo) -> np.ndarray:
     return mm[t.data_offset:t.data_offset + n].view(dt).reshape(t.shape)
 
 
-def degrid(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, seed: int = 39,
-           spread: float = 0.35) -> dict[str, int]:
-    """Write ``dst``: ``src`` (an F16/F32 file of a llama-like architecture) with the channel pairs above rescaled;
-    returns how many tensors were changed per role. Written through a temporary and a rename."""
+def _rescale(fh: BinaryIO, src: str | os.PathLike[str], seed: int, spread: float) -> dict[str, int]:
+    """Rescale the channel pairs of the copy of ``src`` open in ``fh``, in place; how many tensors per role."""
     from quantscope.core.gguf import GGUFFile
 
     rng = np.random.default_rng(seed)
-    dst = Path(dst)
-    fd, tmp = tempfile.mkstemp(prefix=".degrid-", suffix=".gguf", dir=dst.parent)
-    os.close(fd)
     counts: dict[str, int] = {}
-    try:
-        shutil.copyfile(src, tmp)
-        with GGUFFile(src) as f:
-            arch = f.architecture or ""
-            n_head = int(f.metadata[f"{arch}.attention.head_count"].value)
-            names = {t.name: t for t in f.tensors}
-            n_layers = int(f.metadata[f"{arch}.block_count"].value)
-            mm = np.memmap(tmp, dtype=np.uint8, mode="r+")
+    with GGUFFile(src) as f:
+        arch = f.architecture or ""
+        n_head = int(f.metadata[f"{arch}.attention.head_count"].value)
+        names = {t.name: t for t in f.tensors}
+        n_layers = int(f.metadata[f"{arch}.block_count"].value)
+        mm = np.memmap(fh, dtype=np.uint8, mode="r+")
 
-            def scale(name: str, factor: np.ndarray, axis: int, role: str) -> None:
-                t = names.get(name)
-                if t is None:
-                    return
-                a = _matrix(mm, t)
-                v = a.astype(np.float32)
-                v *= factor.reshape((-1, 1) if axis == 0 else (1, -1)) if a.ndim == 2 else factor
-                if not np.isfinite(v).all() or (a.dtype == np.float16 and np.abs(v).max() > 65000):
-                    raise ValueError(f"{name}: rescaling leaves the F16 range")
-                a[...] = v.astype(a.dtype)
-                counts[role] = counts.get(role, 0) + 1
+        def scale(name: str, factor: np.ndarray, axis: int, role: str) -> None:
+            t = names.get(name)
+            if t is None:
+                return
+            a = _matrix(mm, t)
+            v = a.astype(np.float32)
+            v *= factor.reshape((-1, 1) if axis == 0 else (1, -1)) if a.ndim == 2 else factor
+            if not np.isfinite(v).all() or (a.dtype == np.float16 and np.abs(v).max() > 65000):
+                raise ValueError(f"{name}: rescaling leaves the F16 range")
+            a[...] = v.astype(a.dtype)
+            counts[role] = counts.get(role, 0) + 1
 
-            def draw(n: int) -> np.ndarray:
-                return np.exp(rng.uniform(-spread, spread, n)).astype(np.float32)
+        def draw(n: int) -> np.ndarray:
+            return np.exp(rng.uniform(-spread, spread, n)).astype(np.float32)
 
-            for i in range(n_layers):
-                p = f"blk.{i}."
-                for norm, mats in (("attn_norm", ("attn_q", "attn_k", "attn_v")),
-                                   ("ffn_norm", ("ffn_gate", "ffn_up"))):
-                    t = names.get(p + norm + ".weight")
-                    if t is None or not all(p + m + ".weight" in names for m in mats):
-                        continue
-                    s = draw(t.ne[0])
-                    scale(p + norm + ".weight", s, 1, "norm")
-                    for m in mats:
-                        scale(p + m + ".weight", 1.0 / s, 1, "input columns")
-                if p + "ffn_up.weight" in names and p + "ffn_down.weight" in names:
-                    up = names[p + "ffn_up.weight"]
-                    tt = draw(up.ne[1])
-                    scale(p + "ffn_up.weight", tt, 0, "ffn_up rows")
-                    scale(p + "ffn_down.weight", 1.0 / tt, 1, "ffn_down columns")
-                if p + "attn_v.weight" in names and p + "attn_output.weight" in names:
-                    # value channels: kv heads x head size; each query head of a group reads its kv head's ones
-                    v = names[p + "attn_v.weight"]
-                    o = names[p + "attn_output.weight"]
-                    n_v = v.ne[1]
-                    if o.ne[0] % n_head or n_v % (o.ne[0] // n_head):
-                        continue
-                    hd = o.ne[0] // n_head
-                    n_kv = n_v // hd
-                    u = draw(n_v)
-                    scale(p + "attn_v.weight", u, 0, "attn_v rows")
-                    scale(p + "attn_v.bias", u, 1, "attn_v bias")
-                    group = n_head // n_kv
-                    cols = np.concatenate([u[(h // group) * hd:(h // group + 1) * hd] for h in range(n_head)])
-                    scale(p + "attn_output.weight", 1.0 / cols, 1, "attn_output columns")
-            mm.flush()
-        os.replace(tmp, dst)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        for i in range(n_layers):
+            p = f"blk.{i}."
+            for norm, mats in (("attn_norm", ("attn_q", "attn_k", "attn_v")),
+                               ("ffn_norm", ("ffn_gate", "ffn_up"))):
+                t = names.get(p + norm + ".weight")
+                if t is None or not all(p + m + ".weight" in names for m in mats):
+                    continue
+                s = draw(t.ne[0])
+                scale(p + norm + ".weight", s, 1, "norm")
+                for m in mats:
+                    scale(p + m + ".weight", 1.0 / s, 1, "input columns")
+            if p + "ffn_up.weight" in names and p + "ffn_down.weight" in names:
+                up = names[p + "ffn_up.weight"]
+                tt = draw(up.ne[1])
+                scale(p + "ffn_up.weight", tt, 0, "ffn_up rows")
+                scale(p + "ffn_down.weight", 1.0 / tt, 1, "ffn_down columns")
+            if p + "attn_v.weight" in names and p + "attn_output.weight" in names:
+                # value channels: kv heads x head size; each query head of a group reads its kv head's ones
+                v = names[p + "attn_v.weight"]
+                o = names[p + "attn_output.weight"]
+                n_v = v.ne[1]
+                if o.ne[0] % n_head or n_v % (o.ne[0] // n_head):
+                    continue
+                hd = o.ne[0] // n_head
+                n_kv = n_v // hd
+                u = draw(n_v)
+                scale(p + "attn_v.weight", u, 0, "attn_v rows")
+                scale(p + "attn_v.bias", u, 1, "attn_v bias")
+                group = n_head // n_kv
+                cols = np.concatenate([u[(h // group) * hd:(h // group + 1) * hd] for h in range(n_head)])
+                scale(p + "attn_output.weight", 1.0 / cols, 1, "attn_output columns")
+        mm.flush()
+    return counts
+
+
+def degrid(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, seed: int = 39,
+           spread: float = 0.35) -> dict[str, int]:
+    """Write ``dst``: ``src`` (an F16/F32 file of a llama-like architecture) with the channel pairs above rescaled;
+    returns how many tensors were changed per role. Written through a temporary and a rename
+    (:class:`~quantscope.core.fsutil.OutputSet`)."""
+    from quantscope.core.fsutil import OutputSet
+
+    with OutputSet([("output", dst)], inputs=[src]) as outs:
+        with open(outs.open("output"), "r+b", closefd=False) as fh:  # the set closes it on commit
+            with open(src, "rb") as fin:
+                shutil.copyfileobj(fin, fh, 16 << 20)
+            fh.flush()
+            counts = _rescale(fh, src, seed, spread)
+        outs.commit()
     return counts
 
 

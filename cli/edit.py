@@ -76,6 +76,20 @@ def _op(kind: str, text: str, state: Any) -> Any:
     return SetSpecialToken(name, token)
 
 
+def _type_hint(kind: str, text: str, state: Any) -> str:
+    """For a refused ``--set`` of a key the file holds with another type than llama.cpp reads: how to give it that
+    type (``--set`` keeps the type a key has)."""
+    from quantscope.core.gguf.edit import known_type, type_label
+
+    key = text.partition("=")[0]
+    have = state.type_of(key) if kind == "set" else None
+    want = known_type(key, state.architecture) if have is not None else None
+    if want is None or want == have:
+        return ""
+    return (f" (--set keeps the type {type_label(*have)} the file gives {printable(key)}; llama.cpp reads "
+            f"{type_label(*want)}: --set-typed {printable(key)}={type_label(*want)}:VALUE)")
+
+
 def _open(path: str) -> Any:
     """The input alone (a shard of a split model is edited as one file; the first holds the metadata)."""
     from quantscope.core.gguf import GGUFError, GGUFFile
@@ -123,7 +137,8 @@ def cmd_edit(args: argparse.Namespace) -> int:
             try:
                 edits.apply(_op(kind, text, edits.state))
             except EditError as exc:
-                raise CLIError(f"{_OPTIONS[kind]} {printable(text)[:120]!s}: {exc}") from None
+                raise CLIError(f"{_OPTIONS[kind]} {printable(text)[:120]!s}: {exc}{_type_hint(kind, text, edits.state)}"
+                               ) from None
         try:
             plan = plan_edit(f, edits)
         except EditError as exc:

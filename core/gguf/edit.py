@@ -265,6 +265,11 @@ def encode_entry(key: str, value: TypedValue) -> bytes:
     return encode_string(key.encode("utf-8")) + value.encode()
 
 
+def type_label(vtype: ValueType, elem_type: ValueType | None = None) -> str:
+    """``UINT32``, ``ARRAY[STRING]``..."""
+    return f"ARRAY[{elem_type.name}]" if vtype == _T.ARRAY and elem_type is not None else vtype.name
+
+
 # ------------------------------------------------------------------------------------------------------ parsing text
 def parse_type(text: str) -> tuple[ValueType, ValueType | None]:
     """``UINT32`` / ``ARRAY[STRING]`` (any case) -> ``(type, element type)``."""
@@ -629,9 +634,13 @@ class MetadataState:
         want = KNOWN_TYPES.get(key)
         have = self.type_of(key)
         got = (tv.type, tv.elem_type)
-        if want is not None and got != want and got != have:
-            label = f"ARRAY[{want[1].name}]" if want[1] is not None else want[0].name
-            raise EditError(f"{key} must be {label} (llama.cpp refuses any other type), not {tv.type_label}")
+        if want is not None and got != want:
+            label = type_label(*want)
+            if got != have or key == ARCHITECTURE_KEY:
+                raise EditError(f"{key} must be {label} (llama.cpp refuses any other type), not {tv.type_label}")
+            self.warnings.append(f"{key} keeps its type {tv.type_label}; llama.cpp reads it only as {label} and "
+                                 "refuses the file until it has that type")
+            return  # a value of the wrong type kept as it is: none of the checks below applies to it
         if key == ALIGNMENT_KEY:
             a = tv.value
             if a % 8 or a & (a - 1) or a > MAX_ALIGNMENT:
@@ -652,7 +661,7 @@ class MetadataState:
             vocab = self.vocabulary()
             if vocab is not None and tv.value >= len(vocab):
                 raise EditError(f"{key} = {tv.value} is not a token id: the vocabulary has {len(vocab):,} tokens")
-        elif key == TOKENS_KEY and have is not None:
+        elif key == TOKENS_KEY and have == want:
             old_n = len(self._values[key].value)
             if len(tv.value) != old_n:
                 self.warnings.append(f"the vocabulary changes from {old_n:,} to {len(tv.value):,} tokens; "
@@ -1042,5 +1051,5 @@ __all__ = [
     "DeleteKey", "EditCancelled", "EditError", "EditList", "EditOp", "EditPlan", "EditResult",
     "MetadataState", "ResultEntry", "SetArrayElement", "SetChatTemplate", "SetSpecialToken", "SetValue",
     "TensorCopy", "TypedValue", "check_key", "encode_entry", "known_type", "parse_type", "parse_value", "plan_edit",
-    "preview", "resulting_entries", "save_edited",
+    "preview", "resulting_entries", "save_edited", "type_label",
 ]

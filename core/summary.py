@@ -100,7 +100,9 @@ def hyperparameters(f: GGUFFile) -> dict[str, Any]:
     if arch:
         for suffix in HYPERPARAMETER_KEYS:
             v = f.get(f"{arch}.{suffix}")
-            if v is not None:
+            if isinstance(v, StringArray):  # not a hyperparameter's type: shown as a preview, like the metadata
+                out[suffix] = _array_preview(v, ValueType.STRING, 8)
+            elif v is not None:
                 out[suffix] = v.item() if isinstance(v, np.generic) else v.tolist() if isinstance(v, np.ndarray) else v
     toks = f.get("tokenizer.ggml.tokens")
     if isinstance(toks, (StringArray, np.ndarray, list)) and "vocab_size" not in out:
@@ -170,7 +172,7 @@ def summarize(f: GGUFFile, max_items: int = 8) -> dict[str, Any]:
         "tensor_count": len(f.tensors),
         "kv_count": len(f.metadata),
         "architecture": f.architecture,
-        "name": f.get("general.name"),
+        "name": f.get("general.name") if isinstance(f.get("general.name"), str) else None,
         "file_type": {"value": f.file_type, "name": f.file_type_name},
         "parameters": n_params,
         "tensor_bytes": n_bytes,

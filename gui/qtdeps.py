@@ -16,31 +16,106 @@ import subprocess
 import sys
 from pathlib import Path
 
-#: Sonames whose Debian package does not follow the ``lib<name><version>`` rule.
+_GLIBC = ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1", "libresolv.so.2", "libutil.so.1")
+#: Sonames whose Debian package does not follow the ``lib<name><version>`` rule (checked against Debian 12 and 13;
+#: ``dpkg -S`` on an installed one names its package). A name renamed for 64-bit time_t is also in :data:`_T64`.
 _DEB_EXCEPTIONS = {
+    **dict.fromkeys(_GLIBC, "libc6"),
+    "libz.so.1": "zlib1g",
+    "libbrotlicommon.so.1": "libbrotli1",
+    "libbrotlidec.so.1": "libbrotli1",
+    "libbrotlienc.so.1": "libbrotli1",
     "libglib-2.0.so.0": "libglib2.0-0",
     "libgthread-2.0.so.0": "libglib2.0-0",
     "libgobject-2.0.so.0": "libglib2.0-0",
     "libgio-2.0.so.0": "libglib2.0-0",
+    "libgmodule-2.0.so.0": "libglib2.0-0",
+    "libatk-1.0.so.0": "libatk1.0-0",
+    "libatk-bridge-2.0.so.0": "libatk-bridge2.0-0",
+    "libatspi.so.0": "libatspi2.0-0",
+    "libharfbuzz.so.0": "libharfbuzz0b",
+    "libcrypto.so.3": "libssl3",
+    "libxml2.so.2": "libxml2",
+    "libgtk-x11-2.0.so.0": "libgtk2.0-0",
+    "libgdk-x11-2.0.so.0": "libgtk2.0-0",
+    "libnspr4.so": "libnspr4",
+    "libnss3.so": "libnss3",
+    "libnssutil3.so": "libnss3",
+    "libsmime3.so": "libnss3",
+    "libjpeg.so.62": "libjpeg62-turbo",
     "libGL.so.1": "libgl1",
     "libEGL.so.1": "libegl1",
     "libGLX.so.0": "libglx0",
     "libOpenGL.so.0": "libopengl0",
     "libGLdispatch.so.0": "libglvnd0",
+    "libGLESv2.so.2": "libgles2",
 }
+#: Packages Debian 13 (trixie) and Ubuntu 24.04 renamed with a ``t64`` suffix (64-bit time_t); Debian 12 has the
+#: plain names.
+_T64 = frozenset({"libglib2.0-0", "libpng16-16", "libasound2", "libcups2", "libssl3", "libgtk-3-0", "libgtk2.0-0",
+                  "libatk1.0-0", "libatk-bridge2.0-0", "libatspi2.0-0"})
+#: Releases before the t64 renaming (Debian and Ubuntu codenames).
+_BEFORE_T64 = frozenset({"stretch", "buster", "bullseye", "bookworm", "bionic", "focal", "jammy", "kinetic",
+                         "lunar", "mantic"})
 
 _NOT_FOUND = re.compile(r"^\s*(\S+)\s*=>\s*not found", re.MULTILINE)
 
 
-def debian_package(soname: str) -> str:
-    """Debian/Ubuntu package that ships ``soname`` (``libxcb-icccm.so.4`` -> ``libxcb-icccm4``)."""
-    if soname in _DEB_EXCEPTIONS:
-        return _DEB_EXCEPTIONS[soname]
-    m = re.fullmatch(r"(lib[\w.+-]*?)\.so\.(\d+)(?:\.\d+)*", soname)
-    if not m:
-        return soname
-    base, ver = m.group(1).lower(), m.group(2)
-    return f"{base}-{ver}" if base[-1].isdigit() else f"{base}{ver}"
+def debian_package(soname: str, t64: bool = False) -> str:
+    """Debian/Ubuntu package that ships ``soname`` (``libxcb-icccm.so.4`` -> ``libxcb-icccm4``); ``t64``: the name
+    on a release after the 64-bit time_t renaming (Debian 13, Ubuntu 24.04: ``libglib2.0-0t64``)."""
+    name = _DEB_EXCEPTIONS.get(soname)
+    icu = re.fullmatch(r"libicu\w+\.so\.(\d+)(?:\.\d+)*", soname)
+    if icu:
+        name = f"libicu{icu.group(1)}"
+    if name is None:
+        m = re.fullmatch(r"(lib[\w.+-]*?)\.so\.(\d+)(?:\.\d+)*", soname)
+        if not m:
+            return soname
+        base, ver = m.group(1).lower().replace("_", "-"), m.group(2)  # no "_" in a package name
+        name = f"{base}-{ver}" if base[-1].isdigit() else f"{base}{ver}"
+    return name + "t64" if t64 and name in _T64 else name
+
+
+def _os_release(path: Path = Path("/etc/os-release")) -> dict[str, str]:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    return {k: v.strip().strip('"') for k, _, v in (ln.partition("=") for ln in text.splitlines()) if v}
+
+
+def release_uses_t64(info: dict[str, str] | None = None) -> bool:
+    """Whether this Debian/Ubuntu release has the ``t64`` package names (read from ``/etc/os-release``)."""
+    info = _os_release() if info is None else info
+    codename = info.get("UBUNTU_CODENAME") or info.get("VERSION_CODENAME", "")
+    if codename:
+        return codename not in _BEFORE_T64
+    version = info.get("VERSION_ID", "")
+    major = int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
+    return major >= (24 if info.get("ID") == "ubuntu" else 13)
+
+
+def installable(names: list[str]) -> set[str] | None:
+    """The ``names`` apt has a candidate version of (``apt-cache policy``); None without apt-cache or when it knows
+    none of them (no package lists yet), so the caller keeps its own names."""
+    try:
+        out = subprocess.run(["apt-cache", "policy", *names], capture_output=True, text=True, timeout=60,
+                             check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = set(re.findall(r"^(\S+):\n\s+Installed: .*\n\s+Candidate: (?!\(none\))", out, re.MULTILINE))
+    return found or None
+
+
+def debian_packages(sonames: list[str], t64: bool | None = None, apt: bool = True) -> list[str]:
+    """The packages to install for ``sonames``, without repeats: this release's names (:func:`release_uses_t64`),
+    and where apt knows only the other spelling (``libglib2.0-0`` or ``libglib2.0-0t64``), that one."""
+    t64 = release_uses_t64() if t64 is None else t64
+    choices = [(debian_package(s, t64), debian_package(s, not t64)) for s in sonames]
+    known = installable(list(dict.fromkeys(n for pair in choices for n in pair))) if apt and choices else None
+    names = [b if known is not None and a not in known and b in known else a for a, b in choices]
+    return list(dict.fromkeys(names))
 
 
 def pyside_dir() -> Path | None:
@@ -95,7 +170,7 @@ def startup_problem(platform: str | None = None, plugin: Path | None = None) -> 
     missing = missing_libraries(plugin)
     if not missing:
         return None
-    debs = " ".join(dict.fromkeys(debian_package(s) for s in missing))
+    debs = " ".join(debian_packages(missing))
     return (f"Qt's {platform} platform needs system libraries that are missing here: {', '.join(missing)} "
             f"(Debian/Ubuntu: sudo apt-get install {debs})")
 
@@ -110,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         plugin = platform_plugin(name)
         if plugin is not None:
             found += missing_libraries(plugin)
-    names = [debian_package(s) for s in found] if debs else found
+    names = debian_packages(found) if debs else found
     print(" ".join(dict.fromkeys(names)))
     return 0
 

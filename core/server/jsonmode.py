@@ -5,13 +5,17 @@
 keyword it cannot enforce (the server answers 400: a schema is never silently ignored). Enforced: ``type`` (one
 or a list), ``properties``, ``required``, ``additionalProperties`` (false, true or a schema), ``items``, ``enum``,
 ``const``; annotations (``title``, ``description``, ``default``, ``examples``, ``$schema``, ``$id``,
-``$comment``) are ignored. :class:`JsonConstraint` is a pushdown automaton over the output's bytes whose states
-are immutable tuples, so trying a candidate token never disturbs the current state.
+``$comment``) are ignored; a non-finite number (``1e999``) in a schema is refused. :func:`step` is a pushdown
+automaton over the output's bytes whose states are immutable tuples, so trying a candidate token never disturbs the
+current state. Each byte costs a bounded amount of work: enum values and property names are kept sorted and
+narrowed by binary search (never scanned), and a key is compared with the others as the text it stands for
+(``"\u0061"`` is ``"a"``: a key given twice through an escape is refused).
 """
 
 from __future__ import annotations
 
 import json
+from bisect import bisect_left, bisect_right
 from typing import Any
 
 #: keywords that describe but do not constrain
@@ -19,7 +23,9 @@ ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema
                          "readOnly", "writeOnly"})
 KNOWN = frozenset({"type", "properties", "required", "additionalProperties", "items", "enum", "const"}) | ANNOTATIONS
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
-MAX_DEPTH = 32  # schema nesting, and the nesting of values an unconstrained part may open
+#: nesting: a schema's levels (only ``true`` / ``{}`` may sit deeper: they are held to scalars there), and the
+#: containers the output may open; one constant, so that every schema accepted can be generated
+MAX_DEPTH = 32
 MAX_NAMES = 1024  # properties per object, values per enum
 MAX_WS = 64  # consecutive whitespace bytes between tokens (a model may otherwise emit blank lines forever)
 WS = frozenset(b" \t\n\r")
@@ -28,7 +34,7 @@ HEX = frozenset(b"0123456789abcdefABCDEF")
 
 Schema = tuple[Any, ...]
 ANY: Schema = ("any",)
-ANY_OBJECT: Schema = ("types", ("object",), (), frozenset(), ANY, None)
+ANY_OBJECT: Schema = ("types", ("object",), {}, frozenset(), ANY, None, ())
 
 
 class SchemaError(ValueError):
@@ -36,11 +42,13 @@ class SchemaError(ValueError):
 
 
 def compile_schema(schema: Any, path: str = "schema", depth: int = 0) -> Schema:
-    """The normalized form of ``schema`` (see the module's docstring); :class:`SchemaError` otherwise."""
-    if depth > MAX_DEPTH:
-        raise SchemaError(f"{path}: nested more than {MAX_DEPTH} levels")
+    """The normalized form of ``schema`` (see the module's docstring); :class:`SchemaError` otherwise.
+    ``("types", kinds, properties, required, additional, items, sorted property names)`` or ``("enum", sorted
+    literals)`` or :data:`ANY`."""
     if schema is True or schema == {}:
         return ANY
+    if depth >= MAX_DEPTH:
+        raise SchemaError(f"{path}: nested more than {MAX_DEPTH} levels")
     if not isinstance(schema, dict):
         raise SchemaError(f"{path} must be an object")
     bad = sorted(k for k in schema if k not in KNOWN)
@@ -51,10 +59,10 @@ def compile_schema(schema: Any, path: str = "schema", depth: int = 0) -> Schema:
         if not isinstance(values, list) or not values or len(values) > MAX_NAMES:
             raise SchemaError(f"{path}.enum must be a non-empty list of at most {MAX_NAMES} values")
         try:
-            lits = tuple(dict.fromkeys(json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode()
-                                       for v in values))
-        except (TypeError, ValueError):
-            raise SchemaError(f"{path}.enum holds a value that is not JSON") from None
+            lits = tuple(sorted({json.dumps(v, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+                                 for v in values}))
+        except (TypeError, ValueError):  # (ValueError: a non-finite number, or a lone surrogate)
+            raise SchemaError(f"{path}.enum holds a value that is not JSON (or a number that is not finite)") from None
         return ("enum", lits)
     kind = schema.get("type")
     if kind is None:
@@ -68,7 +76,7 @@ def compile_schema(schema: Any, path: str = "schema", depth: int = 0) -> Schema:
     unknown = next((k for k in kinds if k not in TYPES), None)
     if unknown is not None:
         raise SchemaError(f"{path}.type {unknown!r} is not a JSON Schema type")
-    props: tuple[tuple[bytes, Schema], ...] = ()
+    props: dict[bytes, Schema] = {}
     required: frozenset[bytes] = frozenset()
     extra: Schema | None = ANY
     items: Schema | None = None
@@ -76,8 +84,7 @@ def compile_schema(schema: Any, path: str = "schema", depth: int = 0) -> Schema:
         p = schema.get("properties", {})
         if not isinstance(p, dict) or len(p) > MAX_NAMES:
             raise SchemaError(f"{path}.properties must be an object of at most {MAX_NAMES} properties")
-        props = tuple((_key(name), compile_schema(sub, f"{path}.properties.{name}", depth + 1))
-                      for name, sub in p.items())
+        props = {_key(name): compile_schema(sub, f"{path}.properties.{name}", depth + 1) for name, sub in p.items()}
         req = schema.get("required", [])
         if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
             raise SchemaError(f"{path}.required must be a list of names")
@@ -85,20 +92,42 @@ def compile_schema(schema: Any, path: str = "schema", depth: int = 0) -> Schema:
         add = schema.get("additionalProperties", True)
         if add is False:
             extra = None
-            missing = required - {k for k, _s in props}
+            missing = required - props.keys()
             if missing:
                 raise SchemaError(f"{path}: required {sorted(missing)[0].decode()!r} is not among the properties")
         elif add is not True:
             extra = compile_schema(add, f"{path}.additionalProperties", depth + 1)
     if "array" in kinds:
         items = compile_schema(schema.get("items", True), f"{path}.items", depth + 1)
-    return ("types", kinds, props, required, extra, items)
+    return ("types", kinds, props, required, extra, items, tuple(sorted(props)))
 
 
 def _key(name: Any) -> bytes:
     if not isinstance(name, str):
         raise SchemaError("property names must be strings")
-    return json.dumps(name, ensure_ascii=False)[1:-1].encode()
+    try:
+        return json.dumps(name, ensure_ascii=False)[1:-1].encode()
+    except UnicodeEncodeError:
+        raise SchemaError("property names must be valid Unicode text") from None
+
+
+def _canonical(raw: bytes) -> bytes | None:
+    """A key's JSON-escaped text as :func:`_key` writes it (``\\u0061`` is ``a``); None for a lone surrogate."""
+    try:
+        return json.dumps(json.loads(b'"' + raw + b'"'), ensure_ascii=False)[1:-1].encode()
+    except (ValueError, UnicodeEncodeError):
+        return None
+
+
+def _narrow(opts: tuple[bytes, ...], lo: int, hi: int, pos: int, c: int) -> tuple[int, int]:
+    """The range of ``opts[lo:hi]`` (sorted, sharing their first ``pos`` bytes) whose byte at ``pos`` is ``c``:
+    two binary searches (the values that end at ``pos`` sort first)."""
+
+    def at(o: bytes) -> int:
+        return o[pos] if len(o) > pos else -1
+
+    a = bisect_left(opts, c, lo, hi, key=at)
+    return a, bisect_right(opts, c, a, hi, key=at)
 
 
 # ---------------------------------------------------------------------------------------------------- automaton
@@ -107,9 +136,11 @@ def _key(name: Any) -> bytes:
 #   ("value", schema, depth)                      a value is expected
 #   ("obj", schema, seen, phase, key, depth)      phase: "first" "key" "colon" "value" "next"
 #   ("arr", items, phase, depth)                  phase: "first" "value" "next"
-#   ("str", allowed, buf, esc, is_key)            allowed: None (any text) or the JSON-escaped texts allowed
+#   ("str", allowed, buf, esc, is_key)            allowed: None (any text) or (names, lo, hi): the property
+#                                                 names names[lo:hi] (sorted, JSON-escaped) still match
 #   ("num", integer, sub)                         sub: "-" "0" "int" "." "frac" "e" "esign" "exp"
-#   ("lit", options, pos)                         exact byte strings (true, false, null, enum values)
+#   ("lit", options, lo, hi, pos)                 exact byte strings (true, false, null, enum values), sorted:
+#                                                 options[lo:hi] match the pos bytes so far
 State = tuple[tuple[tuple[Any, ...], ...], int, bool]
 
 _NUM_END = frozenset({"0", "int", "frac", "exp"})
@@ -136,8 +167,8 @@ def _complete(stack: tuple[tuple[Any, ...], ...]) -> tuple[tuple[tuple[Any, ...]
 def _start_value(schema: Schema, depth: int, c: int) -> tuple[tuple[Any, ...], ...] | None:
     """The frames that byte ``c`` opens as the first byte of a value of ``schema`` (None: it cannot start one)."""
     if schema[0] == "enum":
-        opts = tuple(o for o in schema[1] if o[0] == c)
-        return (("lit", opts, 1),) if opts else None
+        lo, hi = _narrow(schema[1], 0, len(schema[1]), 0, c)
+        return (("lit", schema[1], lo, hi, 1),) if lo < hi else None
     kinds = TYPES if schema[0] == "any" else schema[1]
     if c == ord("{") and "object" in kinds:
         s = ANY_OBJECT if schema[0] == "any" else schema
@@ -155,11 +186,11 @@ def _start_value(schema: Schema, depth: int, c: int) -> tuple[tuple[Any, ...], .
         integer = "number" not in kinds
         return (("num", integer, "-" if c == ord("-") else "0" if c == ord("0") else "int"),)
     if c == ord("t") and "boolean" in kinds:
-        return (("lit", (b"true",), 1),)
+        return (("lit", (b"true",), 0, 1, 1),)
     if c == ord("f") and "boolean" in kinds:
-        return (("lit", (b"false",), 1),)
+        return (("lit", (b"false",), 0, 1, 1),)
     if c == ord("n") and "null" in kinds:
-        return (("lit", (b"null",), 1),)
+        return (("lit", (b"null",), 0, 1, 1),)
     return None
 
 
@@ -208,10 +239,16 @@ def step(state: State, c: int) -> State | None:
             elif c == ord("\\"):
                 esc = 1
             elif c == ord('"'):
-                if allowed is not None and buf not in allowed:
-                    return None
                 if is_key:
                     parent = stack[-2]
+                    if allowed is not None:
+                        if allowed[1] >= allowed[2] or len(allowed[0][allowed[1]]) != len(buf):
+                            return None  # not a whole name
+                    elif b"\\" in buf:
+                        key = _canonical(buf)
+                        if key is None:
+                            return None
+                        buf = key
                     if buf in parent[2]:
                         return None  # a key already given
                     stack = (*stack[:-2], ("obj", parent[1], parent[2], "colon", buf, parent[5]))
@@ -220,10 +257,16 @@ def step(state: State, c: int) -> State | None:
                 return (stack, 0, done)
             elif c < 0x20:
                 return None
-            if allowed is not None or is_key:
+            if is_key:
+                if allowed is not None:
+                    names, lo, hi = allowed
+                    lo, hi = _narrow(names, lo, hi, len(buf), c)
+                    seen = stack[-2][2]
+                    # (each name passed over is a key already given: at most len(seen) of them)
+                    if not any(names[i] not in seen for i in range(lo, hi)):
+                        return None
+                    allowed = (names, lo, hi)
                 buf += bytes((c,))
-                if allowed is not None and not any(a.startswith(buf) for a in allowed):
-                    return None
             return ((*stack[:-1], ("str", allowed, buf, esc, is_key)), 0, False)
         if kind == "num":
             _k, integer, sub = top
@@ -236,14 +279,14 @@ def step(state: State, c: int) -> State | None:
             ws = 0
             continue
         if kind == "lit":
-            _k, opts, pos = top
-            longer = tuple(o for o in opts if len(o) > pos and o[pos] == c)
-            if len(longer) == 1 and len(longer[0]) == pos + 1:  # the only value, now whole
+            _k, opts, lo, hi, pos = top
+            a, b = _narrow(opts, lo, hi, pos, c)
+            if b - a == 1 and len(opts[a]) == pos + 1:  # the only value, now whole
                 stack, done = _complete(stack)
                 return (stack, 0, done)
-            if longer:
-                return ((*stack[:-1], ("lit", longer, pos + 1)), 0, False)
-            if not any(len(o) == pos for o in opts):
+            if a < b:
+                return ((*stack[:-1], ("lit", opts, a, b, pos + 1)), 0, False)
+            if len(opts[lo]) != pos:  # (the shortest sorts first)
                 return None
             # a value of exactly this length ends here (only numbers need a following byte to know it)
             stack, done = _complete(stack)
@@ -256,26 +299,26 @@ def step(state: State, c: int) -> State | None:
             if opened is None:
                 return None
             new = opened[-1]
-            if new[0] == "lit" and len(new[1]) == 1 and len(new[1][0]) == 1:  # a one-byte enum value, whole
+            if new[0] == "lit" and new[3] - new[2] == 1 and len(new[1][new[2]]) == 1:  # a one-byte value, whole
                 stack, done = _complete((*stack[:-1], new))
                 return (stack, 0, done)
             return ((*stack[:-1], *opened), 0, False)
         if kind == "obj":
             _k, schema, seen, phase, key, depth = top
-            props = dict(schema[2])
-            required, extra = schema[3], schema[4]
+            props, required, extra = schema[2], schema[3], schema[4]
             if phase in ("first", "key") and c == ord('"'):
-                names = None if extra is not None else tuple(k for k in props if k not in seen)
-                if names is not None and not names:
+                if extra is not None:
+                    return ((*stack, ("str", None, b"", 0, True)), 0, False)
+                if len(seen) >= len(props):  # (without additional properties, every key seen is a property)
                     return None
-                return ((*stack, ("str", names, b"", 0, True)), 0, False)
+                return ((*stack, ("str", (schema[6], 0, len(props)), b"", 0, True)), 0, False)
             if phase in ("first", "next") and c == ord("}"):
                 if not required <= seen:
                     return None
                 stack, done = _complete(stack)
                 return (stack, 0, done)
             if phase == "next" and c == ord(","):
-                if extra is None and not set(props) - seen:
+                if extra is None and len(seen) >= len(props):
                     return None
                 return ((*stack[:-1], ("obj", schema, seen, "key", b"", depth)), 0, False)
             if phase == "colon" and c == ord(":"):
@@ -315,7 +358,8 @@ def can_end(state: State) -> bool:
     if len(stack) == 1 and stack[0][0] == "num":
         return stack[0][2] in _NUM_END
     if len(stack) == 1 and stack[0][0] == "lit":
-        return any(len(o) == stack[0][2] for o in stack[0][1])
+        _k, opts, lo, _hi, pos = stack[0]
+        return len(opts[lo]) == pos
     return False
 
 

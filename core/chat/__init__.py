@@ -336,7 +336,7 @@ def token_choice(penalized: np.ndarray, token: int, temperature: float, n: int =
     prob = e[idx] / total
     if temperature > 0 and temperature != 1.0:
         sel = z[idx] / temperature
-        np.multiply(z, 1.0 / temperature, out=e)
+        np.divide(z, temperature, out=e)  # (not z * (1 / temperature): 0 * inf is NaN for a tiny temperature)
         np.exp(e, out=e)
         scaled = np.exp(sel) / float(e.sum())
     else:
@@ -375,8 +375,9 @@ class Sampler:
         k = p.top_k if 0 < p.top_k < x.size else x.size
         idx = np.argpartition(-x, k - 1)[:k] if k < x.size else np.arange(x.size)
         idx = idx[np.argsort(-x[idx], kind="stable")]
-        z = x[idx] / p.temperature
-        probs = np.exp(z - z.max())
+        xs = x[idx]
+        # the largest logit taken away first: a tiny temperature (5e-324) then gives -inf and 0, never inf - inf
+        probs = np.exp((xs - xs[0]) / p.temperature)
         probs /= probs.sum()
         keep = probs.size
         if 0 < p.top_p < 1:

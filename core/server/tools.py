@@ -25,10 +25,12 @@ def supports_tools(template_source: str) -> bool:
 
 def call_schema(tools: list[dict[str, Any]], name: str | None) -> Schema:
     """The schema of a call's JSON: ``name`` one of the tools (or the named one), ``arguments`` that tool's
-    parameters (any object when several tools may be called). :class:`~.jsonmode.SchemaError` when the named
-    tool's parameters cannot be enforced."""
+    parameters when the call can only be of one tool (a named one, or the only tool), any object when several
+    tools may be called. :class:`~.jsonmode.SchemaError` when that tool's parameters cannot be enforced."""
     names = [t["function"]["name"] for t in tools]
     params: Any = {"type": "object"}
+    if name is None and len(set(names)) == 1:
+        name = names[0]
     if name is not None:
         fn = next(t["function"] for t in tools if t["function"]["name"] == name)
         params = fn.get("parameters") or {"type": "object"}

@@ -32,13 +32,21 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object; a 400 for anything else (bad UTF-8, bad JSON, NaN, nesting too deep)."""
+    """The body as a JSON object; a 400 for anything else (bad UTF-8, bad JSON, NaN, Infinity or a number too
+    large for a float such as ``1e999``, nesting too deep, a lone surrogate such as ``"\\ud800"`` in a string,
+    named by its field)."""
 
     def no_constant(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
+    def finite(text: str) -> float:
+        v = float(text)
+        if not math.isfinite(v):
+            raise ValueError(f"{text} is not a finite number")
+        return v
+
     try:
-        data = json.loads(raw.decode("utf-8"), parse_constant=no_constant)
+        data = json.loads(raw.decode("utf-8"), parse_constant=no_constant, parse_float=finite)
     except UnicodeDecodeError:
         raise bad_request("the request body is not UTF-8 text") from None
     except RecursionError:
@@ -47,7 +55,40 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         raise bad_request(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object")
+    where = _lone_surrogate(data)
+    if where is not None:
+        raise bad_request(f"{where} holds a lone surrogate (such as \\ud800): not Unicode text", where)
     return data
+
+
+def _valid_text(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _lone_surrogate(data: dict[str, Any]) -> str | None:
+    """The path (``messages[0].content``) of the first string or key in ``data`` with a lone surrogate, else None."""
+    todo: list[tuple[str, Any]] = [("", data)]
+    while todo:
+        path, v = todo.pop()
+        if isinstance(v, str):
+            if not _valid_text(v):
+                return path
+        elif isinstance(v, dict):
+            items = []
+            for k, x in v.items():
+                name = k if _valid_text(k) else k.encode("utf-8", "backslashreplace").decode()
+                sub = f"{path}.{name}" if path else name
+                if name != k:
+                    return sub
+                items.append((sub, x))
+            todo.extend(reversed(items))
+        elif isinstance(v, list):
+            todo.extend(reversed([(f"{path}[{i}]", x) for i, x in enumerate(v)]))
+    return None
 
 
 def _number(d: dict[str, Any], key: str, lo: float, hi: float, default: float) -> float:
@@ -95,7 +136,7 @@ class GenRequest:
     stream: bool = False
     include_usage: bool = False
     params: SamplerParams = field(default_factory=SamplerParams)
-    max_tokens: int | None = None  # None: until the end of generation or the context is full
+    max_tokens: int | None = None  # None: until the end of generation or the context is full; 0: nothing
     logprobs: bool = False
     top_logprobs: int = 0
     logit_bias: dict[int, float] = field(default_factory=dict)
@@ -309,9 +350,9 @@ def parse_generation(d: dict[str, Any], kind: str, n_vocab: int, n_ctx: int) -> 
     seed = _integer(d, "seed", -(2**63), 2**64 - 1, None)
     max_tokens = _integer(d, "max_completion_tokens", 1, 1 << 30, None)
     max_tokens = _integer(d, "max_tokens", 1, 1 << 30, max_tokens)
-    max_tokens = _integer(d, "n_predict", -1, 1 << 30, max_tokens)  # llama-server's name (-1: no limit)
-    if max_tokens is not None and max_tokens <= 0:
-        max_tokens = None
+    if d.get("n_predict") is not None:  # llama-server's, first when given: -1 no limit, 0 no token generated
+        n_predict = _integer(d, "n_predict", -1, 1 << 30, None)
+        max_tokens = None if n_predict == -1 else n_predict
     defaults = SamplerParams()
     params = SamplerParams(
         temperature=_number(d, "temperature", 0.0, 100.0, defaults.temperature),

@@ -369,6 +369,9 @@ class Scheduler:
         if not run.t_gen:
             run.t_gen = time.perf_counter()
             run.usage.prompt_ms = (run.t_gen - run.t0) * 1e3
+        if job.max_tokens == 0:  # (llama-server's n_predict 0: the prompt is read, nothing generated)
+            self._finish(slot, "length")
+            return None
         assert run.logits is not None
         logits = run.logits
         if run.bias is not None:

@@ -1,5 +1,5 @@
 """Well-known metadata keys stored with the wrong type (``general.architecture`` as UINT32, the vocabulary as a
-number, ``general.name`` as an array…): ``edit``, ``inspect`` and ``diff`` give a result or one
+number, ``general.name`` as an array…): ``edit``, ``inspect``, ``diff`` and ``tokenize`` give a result or one
 ``quantscope: error: …`` line naming the key and its type, never an internal error."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ WRONG = {"UINT32": (7, T.UINT32, None), "STRING": ("7", T.STRING, None), "FLOAT3
 #: each key's right type (the one llama.cpp reads)
 RIGHT = {"general.architecture": "STRING", "tokenizer.ggml.tokens": "ARRAY[STRING]", "general.name": "STRING",
          "general.file_type": "UINT32", "tokenizer.ggml.eos_token_id": "UINT32", "tokenizer.chat_template": "STRING",
-         "llama.context_length": "UINT32"}
+         "llama.context_length": "UINT32", "tokenizer.ggml.model": "STRING"}
 
 
 def write(path: Path, key: str, wrong: str) -> Path:
@@ -112,6 +112,7 @@ def test_every_verb_survives_a_wrong_type(tmp_path, capsys, key, wrong):
     s = json.loads(text)
     assert s["name"] is None or isinstance(s["name"], str)
     clean(*run(capsys, "diff", src, src)[::2])
+    clean(*run(capsys, "tokenize", src, "hello")[::2])
     for edit in (["--set", f"{key}=5"], ["--set", f"{key}=llama"], ["--set", f"{key}=[1]"], ["--delete", key],
                  ["--set-typed", f"{key}=STRING:x"], ["--set", "general.architecture=qwen2"],
                  ["--set", "llama.context_length=9"], ["--special-token", "eos=1"], ["--special-token", "eos=a"],

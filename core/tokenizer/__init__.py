@@ -291,6 +291,8 @@ class Tokenizer:
         #: metadata that was ignored (wrong type, out of range), one sentence each
         self.problems: list[str] = []
         self.model = f.get("tokenizer.ggml.model")
+        if self.model is not None and not isinstance(self.model, str):
+            raise TokenizerError(f"tokenizer.ggml.model is not a string ({_kind(self.model)})")
         if self.model not in ("gpt2", "gemma4", "llama", "bert"):
             raise TokenizerError(f"tokenizer model {self.model!r} is not supported (gpt2 and gemma4 BPE, llama SPM "
                                  "and bert WordPiece are)")

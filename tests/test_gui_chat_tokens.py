@@ -196,3 +196,42 @@ def test_the_colouring_has_a_legend_that_follows_the_mode(window, qtbot, model_p
     assert 260 <= legend.stops()[-1].hue() <= 290  # violet at the many-choices end
     chat.settings.set_color_mode("off")
     assert legend.isHidden()
+
+
+def test_after_branching_esc_stops_and_keys_reach_the_composer(window, qtbot, model_path):  # noqa: F811
+    """Picking an alternative rebuilds the reply views, the clicked one (which had the focus) included: the focus
+    goes to the composer, so Esc stops the branch's reply and typed keys are not lost."""
+    assert window.open_path(model_path("smollm2"))
+    window.show_view("chat")
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow)
+    chat = window.chat_view
+    with qtbot.waitSignal(chat.engineLoaded, timeout=LOAD_TIMEOUT):
+        assert chat.load_model()
+    chat.apply_preset("Greedy")
+    chat.max_spin.setValue(6)
+    with qtbot.waitSignal(chat.replyFinished, timeout=REPLY_TIMEOUT):
+        assert chat.send("Tell me a long story about a dragon.")
+    view = chat.views[-1]
+    recs = chat.messages[-1].tokens
+    k = next(i for i, r in enumerate(recs) if i >= 1 and r.text.strip())
+    vp = view.body.viewport()
+    view.body.setFocus()
+    QTest.mouseClick(vp, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, view.token_point(k))
+    menu = chat.reply.alt_menu
+    qtbot.waitUntil(menu.isVisible)
+    alt = next(a for a in menu.actions() if a.data() is not None and a.data() != recs[k].token)
+    chat.max_spin.setValue(400)
+    with qtbot.waitSignal(chat.replyFinished, timeout=REPLY_TIMEOUT) as sig:
+        menu.setActiveAction(alt)
+        QTest.keyClick(menu, Qt.Key.Key_Return)  # as a user picks it: the menu closes, the reply branches
+        qtbot.waitUntil(lambda: not menu.isVisible() and chat.host.state == "generating")
+        window.activateWindow()  # the window manager's part once the popup is gone (offscreen has none)
+        qtbot.waitUntil(window.isActiveWindow)
+        focus = QApplication.focusWidget()
+        assert focus is chat.composer
+        qtbot.waitUntil(lambda: chat.reply.stats is not None, timeout=REPLY_TIMEOUT)
+        QTest.keyClick(focus, Qt.Key.Key_Escape)
+    assert sig.args[0].stop_reason == "cancelled" and sig.args[0].n_generated < 400 - k
+    QTest.keyClicks(QApplication.focusWidget(), "next")
+    assert chat.composer.toPlainText() == "next"

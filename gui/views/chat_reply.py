@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from PySide6.QtCore import QPoint, QTimer
-from PySide6.QtWidgets import QMenu, QWidget
+from PySide6.QtCore import QPoint, Qt, QTimer
+from PySide6.QtWidgets import QApplication, QMenu, QWidget
 
 from quantscope.core.chat.controller import ChatController, stats_text
 from quantscope.core.chat.conversation import reply_reserve
@@ -354,8 +354,14 @@ class ReplyController:
         return v
 
     def rebuild_views(self) -> None:
-        """One message view per message of the open conversation."""
+        """One message view per message of the open conversation. The focus, when it was in a view that goes (the
+        reply whose token was clicked, its regenerate or version buttons) or nowhere, goes to the composer: typed
+        keys land there and Esc (a shortcut of the chat pane) stops the reply that starts."""
+        focus = QApplication.focusWidget()
+        lost = focus is None or self.stream.isAncestorOf(focus)
         self.stream.rebuild(self.messages, self.settings.mode, stats_text, self._connect_view)
+        if lost and self.owner.isVisible():
+            self.composer.text.setFocus(Qt.FocusReason.OtherFocusReason)
         self.update_regen_buttons()
         self.update_empty()
         self.hooks.preview_changed()

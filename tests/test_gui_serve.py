@@ -220,3 +220,24 @@ def test_reached_from_the_chat_an_api_key_and_cancel_while_loading(window, qtbot
     assert sv.model.rows[1].text == text and sv.model.index(1, 3).data().startswith("done")
     in_loop(qtbot, sv.start_btn.click)
     qtbot.waitUntil(lambda: sv.state == "idle", timeout=60000)
+
+
+def test_probe_this_prompt_reads_the_tokens_the_server_read(window, qtbot, model_path):  # noqa: F811
+    """SmolLM2 has add_bos_token = False and its BOS text (<|im_start|>) opens every chat prompt: the Probe must
+    read all of the server's tokens, not drop that first one as if its tokenizer added it back."""
+    assert window.open_path(model_path("smollm2"))
+    sv = serve(qtbot, window)
+    assert sv.state == "serving", sv.message
+    client = openai.OpenAI(base_url=sv.server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    client.chat.completions.create(model=sv.model_id, max_tokens=1, temperature=0,
+                                   messages=[{"role": "user", "content": "Name three colours."}])
+    qtbot.waitUntil(lambda: sv.model.rowCount() == 1 and sv.model.rows[0].done, timeout=30000)
+    rec = sv.model.rows[0]
+    in_loop(qtbot, lambda: sv.table.selectRow(0))
+    qtbot.waitUntil(lambda: sv._shown is rec and sv.probe_btn.isEnabled(), timeout=5000)
+    in_loop(qtbot, sv.probe_btn.click)
+    pv = window.probe_view
+    qtbot.waitUntil(lambda: not pv.busy and pv.result is not None, timeout=120000)
+    assert pv.result.probe.tokens == rec.prompt_ids
+    in_loop(qtbot, sv.start_btn.click)
+    qtbot.waitUntil(lambda: sv.state == "idle", timeout=60000)

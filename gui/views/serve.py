@@ -597,7 +597,9 @@ class ServeView(QWidget):
         self.probe_btn.setEnabled(r is not None and bool(r.prompt_text))
 
     def probe_prompt(self) -> bool:
-        """Open the Probe on the shown request's prompt (its first BOS token left to the probe's tokenizer)."""
+        """Open the Probe on the shown request's prompt. Its opening BOS text is left to the probe's tokenizer only
+        when that tokenizer adds BOS itself (``add_bos_token``); otherwise (SmolLM2) the text keeps it, so the
+        probe reads the tokens the server read."""
         r = self._shown
         if r is None or not r.prompt_text:
             return False
@@ -610,7 +612,7 @@ class ServeView(QWidget):
 
     def _bos_text(self) -> str:
         eng = self.engine
-        if eng is None or eng.tokenizer.bos_id is None:
+        if eng is None or eng.tokenizer.bos_id is None or not getattr(eng.tokenizer, "add_bos", False):
             return ""
         return bytes(eng.tokenizer.token_bytes(eng.tokenizer.bos_id, True)).decode("utf-8", "replace")
 

@@ -34,7 +34,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         try:
             server = Server(eng, model_id_of(args.file), host=args.host, port=args.port, parallel=args.parallel,
-                            api_key=key, max_queue=args.max_queue)
+                            api_key=key, max_queue=args.max_queue, special_in_content=args.special_in_content)
         except OSError as exc:
             raise CLIError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
         except MemoryError:
@@ -77,6 +77,9 @@ def register(sub: Any) -> None:
     s.add_argument("-t", "--threads", type=int_arg(0, MAX_THREADS), default=0, help="0 = one per core")
     s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     add_gpu_layers(s)
+    s.add_argument("--special-in-content", action="store_true",
+                   help="read control tokens' texts (<|im_end|>) in chat messages and tool descriptions as control "
+                   "tokens, as llama-server does (default: as text; only the chat template's markup is special)")
     s.add_argument("--no-repack", action="store_true",
                    help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
     s.set_defaults(func=cmd_serve)

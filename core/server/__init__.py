@@ -28,15 +28,18 @@ class Server:
     """The server on ``engine``: ``parallel`` slots, bound to ``host:port`` (port 0: a free one, read
     :attr:`port`). The socket is bound here (``OSError`` when the address is taken); :meth:`serve_forever` serves
     on the calling thread until interrupted, :meth:`start` on a background thread until :meth:`stop`.
-    ``trace``: keep each reply's token records with alternatives in the request log (``app.log``)."""
+    ``trace``: keep each reply's token records with alternatives in the request log (``app.log``);
+    ``special_in_content``: control tokens' texts in messages and tools are control tokens (llama-server's way),
+    not text."""
 
     def __init__(self, engine: Engine, model_id: str, host: str = "127.0.0.1", port: int = 8080, parallel: int = 1,
                  api_key: str | None = None, max_queue: int = 64, max_body: int = DEFAULT_MAX_BODY,
-                 log_level: str = "warning", trace: bool = False) -> None:
+                 log_level: str = "warning", trace: bool = False, special_in_content: bool = False) -> None:
         import uvicorn
 
         self.scheduler = Scheduler(engine, parallel, max_queue)
-        self.app = ServerApp(engine, self.scheduler, ServerConfig(model_id, api_key, max_body, trace))
+        self.app = ServerApp(engine, self.scheduler, ServerConfig(model_id, api_key, max_body, trace,
+                                                                  special_in_content=special_in_content))
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         try:

@@ -31,6 +31,7 @@ from ..chat.tokens import piece_text
 from ..engine.generate import Engine
 from .errors import ApiError, bad_request
 from .jsonmode import SchemaError
+from .prompt import chat_prompt_ids
 from .protocol import GenRequest, parse_detokenize, parse_generation, parse_json, parse_tokenize
 from .requests import RequestLog, RequestRecord
 from .scheduler import Event, Job, QueueFull, Scheduler, ServerStopped, TokenLogprob, Usage
@@ -54,6 +55,9 @@ class ServerConfig:
     api_key: str | None = None
     max_body: int = DEFAULT_MAX_BODY
     trace: bool = False  # keep each reply's token records with alternatives in the request log
+    #: control tokens' texts in messages and tools become control tokens (llama-server's way); by default they
+    #: are text and only the template's markup is special (core/server/prompt.py)
+    special_in_content: bool = False
 
 
 def _client(request: Request) -> str:
@@ -303,14 +307,21 @@ class ServerApp:
         eng = self.engine
         assert req.messages is not None
         if not req.tools:
-            return eng.prompt_ids(req.messages)
+            if self.config.special_in_content:
+                return eng.prompt_ids(req.messages)
+            if eng.template_error is not None:
+                raise ChatTemplateError(eng.template_error)
+            return chat_prompt_ids(eng.tokenizer, eng.template, req.messages)
         tpl = eng.template
         if eng.template_error is not None or tpl is None or not supports_tools(tpl.source):
             raise bad_request(f"tools are not supported for {self.config.model_id}: its chat template does not "
                               "write tool calls as <tool_call> blocks", "tools", "unsupported_parameter")
-        text = tpl.render(req.messages, add_generation_prompt=True, tools=req.tools)
-        has_bos = bool(tpl.bos_token) and text.startswith(tpl.bos_token)
-        ids = eng.tokenizer.encode(text, add_special=not has_bos)
+        if self.config.special_in_content:
+            text = tpl.render(req.messages, add_generation_prompt=True, tools=req.tools)
+            has_bos = bool(tpl.bos_token) and text.startswith(tpl.bos_token)
+            ids = eng.tokenizer.encode(text, add_special=not has_bos)
+        else:
+            ids = chat_prompt_ids(eng.tokenizer, tpl, req.messages, req.tools)
         if req.tool_choice == "required":
             ids += eng.tokenizer.encode(TOOL_OPEN + "\n", add_special=False)
         return ids

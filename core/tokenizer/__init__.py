@@ -417,15 +417,17 @@ class Tokenizer:
         return False
 
     # ------------------------------------------------------------------ encoding
-    def encode(self, text: str, add_special: bool | None = None, parse_special: bool = True) -> list[int]:
+    def encode(self, text: str, add_special: bool | None = None, parse_special: bool = True,
+               literal: Sequence[tuple[int, int]] = ()) -> list[int]:
         """Token ids of ``text``; BOS/EOS per metadata unless ``add_special`` says otherwise; special tokens
-        written in the text are recognised when ``parse_special``."""
+        written in the text are recognised when ``parse_special``, except control tokens that overlap a
+        ``literal`` span (``(start, end)`` character offsets, in order): those are text (a chat's contents)."""
         add = (self.add_bos or self.add_eos) if add_special is None else add_special
         ids: list[int] = []
         if add and self.add_bos and self.bos_id is not None:
             ids.append(self.bos_id)
         first = True
-        for is_special, chunk in self._split_special(text, parse_special):
+        for is_special, chunk in self._split_special(text, parse_special, literal):
             if is_special:
                 ids.append(self.vocab[chunk])
                 continue
@@ -498,14 +500,28 @@ class Tokenizer:
                 out.append(self.unk_id)
         return out
 
-    def _split_special(self, text: str, parse_special: bool) -> Iterable[tuple[bool, str]]:
+    def control_spans(self, text: str) -> list[tuple[int, int]]:
+        """``(start, end)`` of each control token's text in ``text`` (what ``parse_special`` adds to what is
+        always matched), left to right."""
+        if self._special_re is None:
+            return []
+        return [(a, b) for a, b in self._special_re.finditer(text) if self.types[self.vocab[text[a:b]]] == CONTROL]
+
+    def _split_special(self, text: str, parse_special: bool,
+                       literal: Sequence[tuple[int, int]] = ()) -> Iterable[tuple[bool, str]]:
         rx = self._special_re if parse_special else self._user_re
         if rx is None:
             if text:
                 yield False, text
             return
         pos = 0
+        lit = iter(literal)
+        span = next(lit, None)
         for a, b in rx.finditer(text):
+            while span is not None and span[1] <= a:
+                span = next(lit, None)
+            if span is not None and span[0] < b and self.types[self.vocab[text[a:b]]] == CONTROL:
+                continue  # a control token's text inside a literal span: text
             if a > pos:
                 yield False, text[pos:a]
             yield True, text[a:b]

@@ -26,6 +26,7 @@ def _api_key(args: argparse.Namespace) -> str | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from quantscope.core.engine.cuda_backend import CudaError
     from quantscope.core.server import Server, model_id_of
+    from quantscope.core.server.resources import NotEnoughMemory
 
     from .model import load_engine
 
@@ -37,6 +38,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             api_key=key, max_queue=args.max_queue, special_in_content=args.special_in_content)
         except OSError as exc:
             raise CLIError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+        except NotEnoughMemory as exc:
+            raise CLIError(f"{exc}; lower --parallel or -c") from None
         except MemoryError:
             raise CLIError(f"not enough memory for {args.parallel} slots of {eng.n_ctx} tokens; lower --parallel "
                            "or -c") from None

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ..engine.generate import Engine
+from . import resources
 from .app import DEFAULT_MAX_BODY, ServerApp, ServerConfig
 from .errors import ApiError
 from .requests import RequestLog, RequestRecord
@@ -27,7 +28,8 @@ def model_id_of(path: str | Path) -> str:
 class Server:
     """The server on ``engine``: ``parallel`` slots, bound to ``host:port`` (port 0: a free one, read
     :attr:`port`). The socket is bound here (``OSError`` when the address is taken); :meth:`serve_forever` serves
-    on the calling thread until interrupted, :meth:`start` on a background thread until :meth:`stop`.
+    on the calling thread until interrupted, :meth:`start` on a background thread until :meth:`stop`. Slots whose KV
+    caches exceed the memory available are refused first (:class:`~.resources.NotEnoughMemory`).
     ``trace``: keep each reply's token records with alternatives in the request log (``app.log``);
     ``special_in_content``: control tokens' texts in messages and tools are control tokens (llama-server's way),
     not text."""
@@ -37,6 +39,11 @@ class Server:
                  log_level: str = "warning", trace: bool = False, special_in_content: bool = False) -> None:
         import uvicorn
 
+        per_slot = resources.session_kv_bytes(engine.session)
+        problem = None if per_slot is None else resources.kv_shortfall(per_slot, parallel,
+                                                                      resources.available_memory(), engine.n_ctx)
+        if problem is not None:
+            raise resources.NotEnoughMemory(problem)
         self.scheduler = Scheduler(engine, parallel, max_queue)
         self.app = ServerApp(engine, self.scheduler, ServerConfig(model_id, api_key, max_body, trace,
                                                                   special_in_content=special_in_content))

@@ -1,0 +1,70 @@
+"""What the server's slots will take, checked before they are made: each slot has a KV cache of the whole context,
+and numpy's zeroed arrays take their pages only when written, so ``--parallel 64 -c 32768`` would otherwise be
+accepted on a machine it cannot fit and fail (or be killed) mid-request."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class NotEnoughMemory(MemoryError):
+    """The slots' KV caches would not fit in the memory available (the message says both sizes)."""
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n / 1024:.1f} KiB"
+
+
+def _read_int(path: str, scale: int = 1) -> int | None:
+    try:
+        return int(Path(path).read_text().split()[0]) * scale
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now: Linux's MemAvailable (or free pages elsewhere), within a cgroup's limit;
+    None where unknown."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            return None
+    limit, used = _read_int("/sys/fs/cgroup/memory.max"), _read_int("/sys/fs/cgroup/memory.current")
+    if limit is not None and used is not None:
+        avail = min(avail, max(0, limit - used))
+    return avail if avail > 0 else None
+
+
+def session_kv_bytes(session: object) -> int | None:
+    """The bytes of a CPU session's KV cache (a layer sharing another's cache counted once); None for other
+    sessions (a GPU's memory is checked when its cache is made)."""
+    caches = getattr(session, "k_cache", None), getattr(session, "v_cache", None)
+    if not all(isinstance(c, list) for c in caches):
+        return None
+    arrays = {id(a): a for c in caches for a in c}  # type: ignore[union-attr]
+    return sum(int(a.nbytes) for a in arrays.values())
+
+
+def kv_shortfall(per_slot: int, slots: int, available: int | None, n_ctx: int | None = None) -> str | None:
+    """A one-line reason when ``slots`` KV caches of ``per_slot`` bytes exceed ``available`` bytes (None: they fit,
+    or the memory available is unknown)."""
+    need = per_slot * slots
+    if available is None or need <= available:
+        return None
+    what = f"{slots} slot{'s' if slots != 1 else ''}" + (f" of {n_ctx:,} tokens" if n_ctx is not None else "")
+    return (f"{what} need {_size(need)} of KV cache ({need:,} bytes), but {_size(available)} of memory is "
+            "available")

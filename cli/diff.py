@@ -19,10 +19,12 @@ EXIT_HELP = "exit status: 0 when no difference was found, 1 when the files diffe
 
 
 def _regex(text: str) -> Any:
-    from quantscope.core.userregex import UserPattern
+    from quantscope.core.userregex import PatternTooLarge, UserPattern
 
     try:
         return UserPattern(text, "--tensor")  # searched within a time budget
+    except PatternTooLarge as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     except ValueError:
         import re
 

@@ -56,6 +56,35 @@ def test_user_patterns_run_within_a_budget() -> None:
         p.search("blk.0.attn_q.weight")
 
 
+@pytest.mark.parametrize("pattern", ["a{100000000}", "(a{1000}){1000}", "((ab){100}){100}x{2,5000}", "a{1001,}",
+                                     "a" * 5000, "b{" + "9" * 5000 + "}"])
+def test_patterns_that_compile_into_too_much_are_refused(pattern: str) -> None:
+    """The budget covers matching, not compiling: fixed repetitions unroll (``a{100000000}`` took tens of GB)."""
+    with pytest.raises(ValueError, match=r"--tensor-type .*(repetition|characters)") as exc:
+        UserPattern(pattern, "--tensor-type")
+    assert "\n" not in str(exc.value) and len(str(exc.value)) < 300
+
+
+@pytest.mark.parametrize("pattern", ["a{1000}", r"blk\.\d{1,3}\.(attn_[qkv]|ffn_(up|down)){1}", r"x\{100000\}",
+                                     "[{]100000}", r"\p{L}{3}", "(a{10}){100}", "q{}", "a{,50}"])
+def test_patterns_of_reasonable_size_compile(pattern: str) -> None:
+    UserPattern(pattern, "--tensor-type")
+
+
+def test_a_huge_tensor_type_repetition_is_one_line(model_path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    rules = tmp_path / "rules.txt"
+    rules.write_text("attn_q=Q8_0\na{100000000}=Q8_0\n")
+    m = str(model_path("smollm2"))
+    quantize = ["quantize", m, "Q8_0", "--dry-run", "--allow-requantize"]
+    for argv in ([*quantize, "--tensor-type", "a{100000000}=Q8_0"], [*quantize, "--tensor-type-file", str(rules)],
+                 ["diff", m, m, "--tensor", "a{100000000}", "--no-values"]):
+        rc = main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and err[0].startswith("quantscope: error: ") and "repetition" in err[0], err
+        assert "internal error" not in err[0]
+
+
 @pytest.mark.parametrize("verb", [
     ["quantize", "{m}", "Q8_0", "--dry-run", "--allow-requantize", "--tensor-type", "attn=Q8_0"],
     ["quant-stats", "{m}", "--tensor", "attn_q", "--types", "Q8_0", "--max-rows", "1"],

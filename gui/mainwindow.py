@@ -596,9 +596,20 @@ class MainWindow(QMainWindow):
         ctx = self.doc.gguf.arch_get("context_length")
         dlg = ConvertDialog(self.doc.path, self.runner, self, int(ctx) if isinstance(ctx, int) else None)
         dlg.openRequested.connect(self.open_path)
+        dlg.quantizeRequested.connect(self._quantize_for_bump)
         self.convert_dialog = dlg
         dlg.show()
         return dlg
+
+    def _quantize_for_bump(self, preset: str) -> None:
+        """Convert's way out for a file no bump profile takes: the Quantize dialog on ``preset``, requantizing."""
+        dlg = self.show_quantize()
+        if dlg is None or dlg.state == "running":
+            return
+        i = dlg.preset.findData(preset)
+        if i >= 0:
+            dlg.preset.setCurrentIndex(i)
+        dlg.requant.setChecked(True)
 
     def show_quantize(self) -> QuantizeDialog | None:
         if self.doc is None or self.doc.gguf is None:

@@ -142,3 +142,28 @@ def test_closing_mid_job_shuts_down_cleanly(qtbot, tmp_path, model_path):
     leftovers = [p.name for p in out_dir.iterdir()] if out_dir.exists() else []
     assert leftovers in ([], ["c.bump"])  # cancelled (nothing) or it had already finished (the whole file)
     assert not [n for n in leftovers if "tmp" in n]
+
+
+def test_a_file_no_profile_takes_is_said_when_the_dialog_opens(window, qtbot, model_path):  # noqa: F811
+    """SmolLM2 Q4_1: both profiles refuse its weights. The dialog says so as it opens (checked in a worker), with
+    Convert disabled, and offers the way out: requantize first (the Quantize dialog on Q8_0, which ckernel takes)."""
+    assert window.open_path(model_path("smollm2"))
+    dlg = window.show_convert()
+    qtbot.waitUntil(lambda: dlg.refusals is not None, timeout=30000)
+    assert set(dlg.refusals) == {"ckernel", "seed"} and "Q4_1" in dlg.refusals["ckernel"]
+    assert not dlg.start_btn.isEnabled() and dlg.requant_btn.isVisible()
+    text = dlg.status.text()
+    assert "Q4_1" in text and "neither profile" in text.lower() and "quantscope quantize" in text
+    dlg.requant_btn.click()
+    q = window.quantize_dialog
+    assert q is not None and q.isVisible() and q.preset_name() == "Q8_0" and q.requant.isChecked()
+    q.close()
+    dlg.close()
+
+
+def test_a_file_a_profile_takes_opens_ready(window, qtbot, model_path):  # noqa: F811
+    assert window.open_path(model_path("qwen2.5-coder"))
+    dlg = window.show_convert()
+    qtbot.waitUntil(lambda: dlg.refusals is not None, timeout=30000)
+    assert dlg.refusals.get("ckernel") is None and dlg.start_btn.isEnabled() and not dlg.requant_btn.isVisible()
+    dlg.close()

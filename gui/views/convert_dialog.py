@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QPushButton,
     QSpinBox,
     QTextBrowser,
     QVBoxLayout,
@@ -42,10 +43,19 @@ from ..workers import JobSlot, Task, TaskRunner
 
 @qt_guarded
 class ConvertDialog(QDialog):
-    """Converts ``gguf_path`` to BUMPWGT3 in a worker; emits ``openRequested(path)`` for "Open the result"."""
+    """Converts ``gguf_path`` to BUMPWGT3 in a worker; emits ``openRequested(path)`` for "Open the result".
+
+    As it opens, a worker plans the conversion for every profile (the header only): a profile that refuses the file
+    is said then, not after Convert; when none takes it, Convert is disabled and "Requantize first…" emits
+    ``quantizeRequested(preset)`` (the main window opens the Quantize dialog on that preset)."""
 
     openRequested = Signal(str)
     conversionFinished = Signal(object)  # ConvertResult, or None when cancelled / failed
+    profilesChecked = Signal(object)  # {profile: why it refuses this file} (empty: every profile takes it)
+    quantizeRequested = Signal(str)  # the preset to requantize to (REQUANT_PRESET)
+
+    #: What "Requantize first…" proposes: Q8_0 blocks of 32 fit any row, and the ckernel profile takes Q8_0.
+    REQUANT_PRESET = "Q8_0"
 
     def __init__(self, gguf_path: Path, runner: TaskRunner, parent: QWidget | None = None,
                  default_context: int | None = None) -> None:
@@ -60,6 +70,9 @@ class ConvertDialog(QDialog):
         self.error: str | None = None
         self.state = "idle"  # idle | running | done | cancelled | failed
         self.meter = RateMeter()
+        #: Why each profile refuses this file (filled by the check that starts as the dialog opens; None before).
+        self.refusals: dict[str, str] | None = None
+        self.check_slot = JobSlot(self.runner, self)
 
         out = gguf_path.with_suffix(".bump")
         self.output = QLineEdit(str(out))
@@ -135,6 +148,13 @@ class ConvertDialog(QDialog):
         self.open_btn.hide()
         self.close_btn = self.buttons.addButton("Close", QDialogButtonBox.ButtonRole.RejectRole)
         self.close_btn.setAccessibleName("Close the dialog")
+        self.requant_btn = QPushButton(f"Requantize to {self.REQUANT_PRESET} first…")
+        self.requant_btn.setAccessibleName("Requantize the model first")
+        self.requant_btn.setToolTip(f"Open Tools ▸ Quantize on {self.REQUANT_PRESET} (a type the ckernel profile "
+                                    "takes); convert the file it writes")
+        self.requant_btn.clicked.connect(lambda: self.quantizeRequested.emit(self.REQUANT_PRESET))
+        self.requant_btn.hide()
+        self.profile.currentTextChanged.connect(lambda _t: self._show_refusal())
         self.start_btn.clicked.connect(self.start)
         self.cancel_btn.clicked.connect(self.cancel)
         self.open_btn.clicked.connect(self._open_result)
@@ -144,11 +164,80 @@ class ConvertDialog(QDialog):
         lay = QVBoxLayout(self)
         lay.addWidget(self.options)
         lay.addWidget(self.progress)
-        lay.addWidget(self.status)
+        status_row = QHBoxLayout()
+        status_row.addWidget(self.status, 1)
+        status_row.addWidget(self.requant_btn)
+        lay.addLayout(status_row)
         lay.addWidget(self.rate)
         lay.addWidget(self.summary, 1)
         lay.addWidget(self.buttons)
         self.resize(760, 580)
+        self._check_profiles()
+
+    # ------------------------------------------------------------------ does a profile take this file?
+    def _check_profiles(self) -> None:
+        """Plan the conversion for every profile in a worker (header and tensor table only, no lm_head check)."""
+        path = self.gguf_path
+        self.status.setText("Checking whether the profiles take this file…")
+
+        def work(_report, _token):  # type: ignore[no-untyped-def]
+            from quantscope.core.bump.plan import plan_conversion
+            from quantscope.core.gguf import GGUFFile
+
+            out: dict[str, str] = {}
+            with GGUFFile(path) as f:
+                for name in PROFILES:
+                    try:
+                        plan_conversion(f, name, check_head=False)
+                    except Exception as exc:  # a refusal (or a file that cannot be planned): said, not raised
+                        out[name] = printable(str(exc)) or type(exc).__name__
+            return out
+
+        def failed(msg: str, _tb: str) -> None:
+            self.refusals = {name: printable(msg) for name in PROFILES}
+            self._show_refusal()
+            self.profilesChecked.emit(self.refusals)
+
+        self.check_slot.start("check the conversion", work, on_done=self._profiles_checked, on_failed=failed)
+
+    def _profiles_checked(self, refusals: dict[str, str]) -> None:
+        self.refusals = refusals
+        current = self.profile.currentText()
+        if current in refusals:  # another profile takes it: choose that one
+            ok = [p for p in PROFILES if p not in refusals]
+            if ok:
+                self.profile.setCurrentText(ok[0])
+        for i in range(self.profile.count()):
+            name = self.profile.itemText(i)
+            self.profile.setItemData(i, refusals.get(name, ""), Qt.ItemDataRole.ToolTipRole)
+        self._show_refusal()
+        self.profilesChecked.emit(refusals)
+
+    def _show_refusal(self) -> None:
+        """The chosen profile's refusal (and the way out when no profile takes the file), or ready."""
+        if self.refusals is None or self.state == "running":
+            return
+        why = self.refusals.get(self.profile.currentText())
+        none_take = len(self.refusals) == len(PROFILES)
+        self.requant_btn.setVisible(none_take)
+        self.start_btn.setEnabled(why is None)
+        if why is None:
+            if self.state == "idle":
+                self.status.setText("Ready.")
+            return
+        why = why.replace(" Requantize the model or pick another profile.", "")  # the way out is said below
+        src = html.escape(printable(str(self.gguf_path)))
+        if none_take:
+            head = "Neither profile can convert this file:"
+            tail = (f" Requantize it first to types a profile takes ({self.REQUANT_PRESET}, which the ckernel profile "
+                    "takes, suits every model) "
+                    f"with Tools ▸ Quantize, or <code>quantscope quantize --allow-requantize {src} "
+                    f"OUT.gguf {self.REQUANT_PRESET}</code>, then convert the result.")
+        else:
+            head = f"The {html.escape(self.profile.currentText())} profile cannot convert this file:"
+            tail = " Choose the other profile."
+        self.status.setText(f"<span style='color:{BAD_COLOR}; font-weight:600'>{head}</span> "
+                            f"{html.escape(why)}{tail}")
 
     def _output_changed(self, text: str) -> None:
         """Keep config.json and the manifest beside the output until the user picks their own paths."""
@@ -218,7 +307,7 @@ class ConvertDialog(QDialog):
         self.state = state
         self.task = None
         self.options.setEnabled(True)
-        self.start_btn.setEnabled(True)
+        self.start_btn.setEnabled(self.refusals is None or self.profile.currentText() not in self.refusals)
         self.start_btn.setText("Convert again")
         self.cancel_btn.setEnabled(False)
 

@@ -335,8 +335,9 @@ def token_choice(penalized: np.ndarray, token: int, temperature: float, n: int =
     idx = np.append(top, int(token))
     prob = e[idx] / total
     if temperature > 0 and temperature != 1.0:
-        sel = z[idx] / temperature
-        np.divide(z, temperature, out=e)  # (not z * (1 / temperature): 0 * inf is NaN for a tiny temperature)
+        with np.errstate(over="ignore"):  # (a tiny temperature: -inf, as it should be)
+            sel = z[idx] / temperature
+            np.divide(z, temperature, out=e)  # (not z * (1 / temperature): 0 * inf is NaN for a tiny temperature)
         np.exp(e, out=e)
         scaled = np.exp(sel) / float(e.sum())
     else:
@@ -377,7 +378,8 @@ class Sampler:
         idx = idx[np.argsort(-x[idx], kind="stable")]
         xs = x[idx]
         # the largest logit taken away first: a tiny temperature (5e-324) then gives -inf and 0, never inf - inf
-        probs = np.exp((xs - xs[0]) / p.temperature)
+        with np.errstate(over="ignore"):
+            probs = np.exp((xs - xs[0]) / p.temperature)
         probs /= probs.sum()
         keep = probs.size
         if 0 < p.top_p < 1:

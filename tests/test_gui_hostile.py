@@ -220,3 +220,20 @@ def test_uncaught_slot_exception_is_shown_and_the_app_keeps_running(window, qtbo
     assert "Quantscope keeps running" in window.error_box.informativeText()
     window.error_box.close()
     responsive(qtbot)
+
+
+def test_a_damaged_tensor_shows_nothing_of_the_block_shown_before(window, qtbot, tmp_path, smol):  # noqa: F811
+    """After a good block, a tensor that cannot be decoded (unknown type id): its message, and no header, fields,
+    fp16 bits nor plot left over from the other tensor."""
+    path = ODD_FILES["unknown-type"](tmp_path / "u.gguf", smol)
+    assert window.open_path(path)
+    bv = window.block_view
+    window.inspect_block("token_embd.weight", 3, 0, 0)
+    assert bv.decoded is not None and bv.bars is not None and bv.info.text()
+    assert len(bv.marker.data) == 1
+    window.inspect_block("blk.0.attn_q.weight", 0, 0, 0)
+    assert bv.message.isVisible() and "blk.0.attn_q.weight cannot be decoded" in bv.message.text()
+    assert bv.decoded is None and bv.bars is None
+    assert "token_embd" not in bv.info.text() and "Q8_0" not in bv.info.text() and "offset" not in bv.info.text()
+    assert len(bv.marker.data) == 0 and len(bv.hover_marker.data) == 0 and not bv.vline.isVisible()
+    assert bv.fp16_layout.count() == 0 and bv.fields_model.rowCount() == 0 and not bv.formula.text()

@@ -427,7 +427,8 @@ class BlockInspectorView(QWidget):
                           f"{self.file_offset:,} · row {row:,} of {t.n_rows:,} · block {block:,} of "
                           f"{blocks_per_row(t):,}")
         if not can_decode(t.type):
-            self._show_message(f"No field decoder for {t.type.name} yet: the raw bytes are shown undivided.")
+            self._show_message(f"No field decoder for {t.type.name} yet: the raw bytes are shown undivided.",
+                               keep_info=True)
             from quantscope.core.quant import BlockField
 
             self.hex.set_block(raw, [BlockField("raw", 0, len(raw), "u8[]", list(raw), "undecoded")],
@@ -440,19 +441,34 @@ class BlockInspectorView(QWidget):
         self._reflow()
         self.blockShown.emit(t.name, row, block)
 
-    def _show_message(self, text: str) -> None:
+    def _show_message(self, text: str, keep_info: bool = False) -> None:
+        """``text`` in place of the block: nothing of the block shown before stays (its location header, fields,
+        fp16 bits, scales, codes, plot and markers). ``keep_info``: the header was set for this block."""
         self.message.setText(text)
         self.message.show()
+        if not keep_info:
+            self.info.setText("")
         self.formula.setText("")
         self.fields_model.set_rows([])
         self.hex.set_block(b"", [], 0)
+        self._clear_fp16()
         self.scales_box.hide()
         self.codes_box.hide()
         if self.bars is not None:
             self.plot.removeItem(self.bars)
             self.bars = None
+        self.marker.setData([], [])
+        self.hover_marker.setData([], [])
+        self.vline.hide()
         self.explain.setText("")
         self.explain_detail.setText("")
+
+    def _clear_fp16(self) -> None:
+        while self.fp16_layout.count():
+            item = self.fp16_layout.takeAt(0)
+            if item is not None and item.widget() is not None:
+                item.widget().hide()  # gone from this paint on; deleted when the loop next runs
+                item.widget().deleteLater()
 
     def _populate(self, b: DecodedBlock) -> None:
         self.formula.setText(b.formula)
@@ -463,11 +479,7 @@ class BlockInspectorView(QWidget):
         ])
         self.fields_table.resizeRowsToContents()
         # fp16 fields as bits
-        while self.fp16_layout.count():
-            item = self.fp16_layout.takeAt(0)
-            if item is not None and item.widget() is not None:
-                item.widget().hide()  # gone from this paint on; deleted when the loop next runs
-                item.widget().deleteLater()
+        self._clear_fp16()
         col = 0
         for fd in b.fields:
             if fd.kind == "fp16":
@@ -589,6 +601,7 @@ class BlockInspectorView(QWidget):
                 lit.add(sbyte)
         self.hex.set_highlight(lit)
         self.vline.setValue(i)
+        self.vline.show()
 
     def _scale_hovered(self, name: str, index: int) -> None:
         b = self.decoded

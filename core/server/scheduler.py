@@ -27,7 +27,7 @@ from ..chat.channels import HarmonySplitter
 from ..engine.batch import can_batch, forward_batch
 from ..engine.generate import PREFILL_CHUNK, Engine
 from ..tokenizer import StreamDecoder
-from .jsonmode import Schema, State, can_end, closed, feed, initial
+from .jsonmode import Schema, State, can_end, closed, feed, initial, step
 
 #: constrained sampling looks this far down the logit order for more valid tokens once it has found one
 SCAN = 4096
@@ -196,6 +196,7 @@ class Scheduler:
         self._thread = threading.Thread(target=self._loop, name="quantscope-serve", daemon=True)
         self._started = False
         self._token_bytes: list[bytes] | None = None
+        self._first_byte: np.ndarray | None = None
         #: set (with the exception) when the loop died of a bug: /health reports it
         self.failure: BaseException | None = None
 
@@ -427,11 +428,20 @@ class Scheduler:
             self._token_bytes = [tok.token_bytes(t, False) for t in range(tok.n_vocab)]
         return self._token_bytes
 
+    @property
+    def first_byte(self) -> np.ndarray:
+        """Each token's first output byte (256: none), made on first use (constrained sampling)."""
+        if self._first_byte is None:
+            self._first_byte = np.fromiter((b[0] if b else 256 for b in self.token_bytes), np.int16)
+        return self._first_byte
+
     def _pick_json(self, run: _Run, logits: np.ndarray) -> int | None:
         """A token that keeps the output valid for the request's schema: the sampler's pick when it does (up to
         8 tries, each refused token masked), else a pick among the most likely tokens that do (up to 64 of them,
         or ``top_k``, found in logit order within the first ``SCAN`` tokens once one is found). End of generation
-        only where the JSON may end."""
+        only where the JSON may end. Only tokens whose first byte may come next are tried in that search (256
+        steps of the automaton tell which), so a value the model finds unlikely costs a few candidates per
+        token, not a walk down the vocabulary."""
         state = run.json
         assert state is not None
         table, eog = self.token_bytes, self.engine.eog
@@ -451,8 +461,10 @@ class Scheduler:
                 x = np.array(logits, dtype=np.float32)
             x[t] = -np.inf
         want = max(64, run.job.params.top_k)
+        first = np.array([step(state, c) is not None for c in range(256)] + [can_end(state)])
+        order = np.argsort(-x, kind="stable")
         allowed: list[int] = []
-        for seen, t in enumerate(np.argsort(-x, kind="stable")):
+        for seen, t in enumerate(order[first[self.first_byte[order]]]):
             if x[t] == -np.inf or len(allowed) >= want or (allowed and seen >= SCAN):
                 break
             if ok(int(t)):

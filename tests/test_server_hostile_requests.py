@@ -339,3 +339,25 @@ def test_plain_conversations_tokenize_as_before(smol: Server, qwen: Server) -> N
     forged, benign = ([{"role": "user", "content": c}] for c in (FORGED, BENIGN))
     assert len(_controls(qwen, chat_prompt_ids(eng.tokenizer, eng.template, forged))) == len(
         _controls(qwen, chat_prompt_ids(eng.tokenizer, eng.template, benign)))
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}}}
+
+
+def test_a_required_call_among_tools_follows_the_named_tools_parameters(qwen: Server) -> None:
+    s = call_schema([ODD, WEATHER], None)
+    assert _ok(s, '{"name": "count_things", "arguments": {"zq_unit_count": 3}}')
+    assert _ok(s, '{"name": "get_weather", "arguments": {"city": "Oslo"}} ')
+    assert not _ok(s, '{"name": "count_things", "arguments": {"city": "Oslo"}}')
+    assert not _ok(s, '{"name": "get_weather", "arguments": {"zq_unit_count": 3}}')
+    assert not _ok(s, '{"name": "other", "arguments": {}}')
+    for text in ('{"name": "get_weather"', '{"name": "get_weather", "arguments": {"city": "Oslo"}'):
+        assert not _ok(s, text)
+    r = _client(qwen).chat.completions.create(model=qwen.app.config.model_id, tools=[WEATHER, ODD],
+                                              tool_choice="required", temperature=0, max_tokens=40,
+                                              messages=[{"role": "user", "content": "How many things are there?"}])
+    call = r.choices[0].message.tool_calls[0]
+    args = json.loads(call.function.arguments)
+    expected = {"get_weather": ["city"], "count_things": ["zq_unit_count"]}[call.function.name]
+    assert list(args) == expected

@@ -67,7 +67,9 @@ def test_call_schema() -> None:
         "x": {"type": "string", "pattern": "a"}}}}}
     with pytest.raises(SchemaError, match="pattern"):
         call_schema([bad], "f")
-    call_schema([bad, WEATHER], None)  # several tools: any arguments object
+    with pytest.raises(SchemaError, match="pattern"):  # several tools: each one's arguments held to its parameters
+        call_schema([bad, WEATHER], None)
+    call_schema([WEATHER, {"type": "function", "function": {"name": "g"}}], None)
 
 
 @pytest.fixture(scope="module")

@@ -102,6 +102,17 @@ def compile_schema(schema: Any, path: str = "schema", depth: int = 0) -> Schema:
     return ("types", kinds, props, required, extra, items, tuple(sorted(props)))
 
 
+def call_union(params: dict[str, Any]) -> Schema:
+    """A tool call among several tools: ``{"name": "NAME", "arguments": ARGS}`` written in that order and spacing,
+    ARGS held to the parameters of the tool NAME names (``params``: name -> its parameters' JSON Schema; a tool
+    without them takes any object). :class:`SchemaError` when some tool's parameters cannot be enforced."""
+    heads: dict[bytes, Schema] = {}
+    for name, schema in params.items():
+        sub = compile_schema(schema if schema is not None else {"type": "object"}, f"{name}.parameters", 1)
+        heads.setdefault(b'{"name": "' + _key(name) + b'", "arguments": ', sub)
+    return ("call", tuple(sorted(heads)), heads)
+
+
 def _key(name: Any) -> bytes:
     if not isinstance(name, str):
         raise SchemaError("property names must be strings")
@@ -141,6 +152,8 @@ def _narrow(opts: tuple[bytes, ...], lo: int, hi: int, pos: int, c: int) -> tupl
 #   ("num", integer, sub)                         sub: "-" "0" "int" "." "frac" "e" "esign" "exp"
 #   ("lit", options, lo, hi, pos)                 exact byte strings (true, false, null, enum values), sorted:
 #                                                 options[lo:hi] match the pos bytes so far
+#   ("head", schema, lo, hi, pos, depth)          a call's opening up to its arguments (call_union), as "lit"
+#   ("call",)                                     a call's arguments complete: its closing brace is next
 State = tuple[tuple[tuple[Any, ...], ...], int, bool]
 
 _NUM_END = frozenset({"0", "int", "frac", "exp"})
@@ -161,6 +174,8 @@ def _complete(stack: tuple[tuple[Any, ...], ...]) -> tuple[tuple[tuple[Any, ...]
         return (*stack[:-1], ("obj", parent[1], parent[2], "next", b"", parent[5])), False
     if parent[0] == "arr":
         return (*stack[:-1], ("arr", parent[1], "next", parent[3])), False
+    if parent[0] == "call":
+        return stack, False
     raise AssertionError(parent[0])
 
 
@@ -169,6 +184,10 @@ def _start_value(schema: Schema, depth: int, c: int) -> tuple[tuple[Any, ...], .
     if schema[0] == "enum":
         lo, hi = _narrow(schema[1], 0, len(schema[1]), 0, c)
         return (("lit", schema[1], lo, hi, 1),) if lo < hi else None
+    if schema[0] == "call":
+        if c != ord("{") or depth >= MAX_DEPTH:
+            return None
+        return (("head", schema, 0, len(schema[1]), 1, depth + 1),)
     kinds = TYPES if schema[0] == "any" else schema[1]
     if c == ord("{") and "object" in kinds:
         s = ANY_OBJECT if schema[0] == "any" else schema
@@ -292,6 +311,15 @@ def step(state: State, c: int) -> State | None:
             stack, done = _complete(stack)
             ws = 0
             continue
+        if kind == "head":
+            _k, schema, lo, hi, pos, depth = top
+            a, b = _narrow(schema[1], lo, hi, pos, c)
+            if a == b:
+                return None
+            head = schema[1][a]
+            if b - a == 1 and len(head) == pos + 1:  # the tool is known: its arguments follow
+                return ((*stack[:-1], ("call",), ("value", schema[2][head], depth)), 0, False)
+            return ((*stack[:-1], ("head", schema, a, b, pos + 1, depth)), 0, False)
         if c in WS:  # between the parts of a value, object or array
             return None if ws >= MAX_WS else (stack, ws + 1, False)
         if kind == "value":
@@ -326,6 +354,11 @@ def step(state: State, c: int) -> State | None:
                 frame = ("obj", schema, seen | {key}, "value", b"", depth)
                 return ((*stack[:-1], frame, ("value", sub, depth)), 0, False)
             return None
+        if kind == "call":
+            if c != ord("}"):
+                return None
+            stack, done = _complete(stack)
+            return (stack, 0, done)
         if kind == "arr":
             _k, items, phase, depth = top
             if phase in ("first", "next") and c == ord("]"):

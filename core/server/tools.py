@@ -12,7 +12,7 @@ import json
 import uuid
 from typing import Any
 
-from .jsonmode import Schema, compile_schema
+from .jsonmode import Schema, call_union, compile_schema
 from .scheduler import held_back
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -25,17 +25,19 @@ def supports_tools(template_source: str) -> bool:
 
 def call_schema(tools: list[dict[str, Any]], name: str | None) -> Schema:
     """The schema of a call's JSON: ``name`` one of the tools (or the named one), ``arguments`` that tool's
-    parameters when the call can only be of one tool (a named one, or the only tool), any object when several
-    tools may be called. :class:`~.jsonmode.SchemaError` when that tool's parameters cannot be enforced."""
-    names = [t["function"]["name"] for t in tools]
-    params: Any = {"type": "object"}
-    if name is None and len(set(names)) == 1:
-        name = names[0]
-    if name is not None:
-        fn = next(t["function"] for t in tools if t["function"]["name"] == name)
-        params = fn.get("parameters") or {"type": "object"}
-        names = [name]
-    return compile_schema({"type": "object", "properties": {"name": {"enum": names}, "arguments": params},
+    parameters: the named one's, the only tool's, or with several tools the parameters of the one the call
+    names (:func:`~.jsonmode.call_union`). :class:`~.jsonmode.SchemaError` when they cannot be enforced."""
+    names = {t["function"]["name"] for t in tools}
+    if name is None and len(names) == 1:
+        name = next(iter(names))
+    if name is None:
+        by_name: dict[str, Any] = {}
+        for t in tools:
+            by_name.setdefault(t["function"]["name"], t["function"].get("parameters") or {"type": "object"})
+        return call_union(by_name)
+    fn = next(t["function"] for t in tools if t["function"]["name"] == name)
+    params = fn.get("parameters") or {"type": "object"}
+    return compile_schema({"type": "object", "properties": {"name": {"enum": [name]}, "arguments": params},
                            "required": ["name", "arguments"], "additionalProperties": False})
 
 

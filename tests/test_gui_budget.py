@@ -293,3 +293,57 @@ def test_an_imatrix_change_asks_for_another_measure(window, qtbot, llama, tmp_pa
     assert len(list((tmp_path / "costs").glob("kld-*.json"))) == 2
     lv.pages.setCurrentWidget(lv.file_page)
     assert lv.types.isEnabled() and lv.ref_btn.isEnabled()
+
+
+def test_the_check_replaces_the_mix_openly_and_write_writes_the_checked_mix(
+        window, qtbot, llama, tmp_path):  # noqa: F811
+    """At Q4_K_M's size the check's measurements change two tensors' types: the page says the mix was replaced
+    (before → after), shows the checked mix, and Write writes that one, saying it was checked."""
+    page = _page(window, llama, tmp_path / "costs")
+    _measure(qtbot, page)
+    page.set_budget_to_preset("Q4_K_M")
+    before = page.mix
+    with qtbot.waitSignal(page.refineFinished, timeout=120000) as sig:
+        assert page.refine()
+    r = sig.args[0]
+    assert r is not None and r.swapped  # (this fixture's costs: the check swaps blk.0's ffn_gate and ffn_down)
+    status = page.status.full_text()
+    assert "replaced" in status and f"{before.cost:.3g}" in status and f"{r.plan.predicted_cost:.3g}" in status
+    assert page.mix.choices == r.plan.choices and page.mix.file_bytes == r.plan.plan.file_bytes
+    assert "checked" in page.summary.text().lower() and f"{r.measured_kld:.4g}" in page.summary.text()
+    out = tmp_path / "out" / "mix.gguf"
+    out.parent.mkdir()
+    page.output.setText(str(out))
+    with qtbot.waitSignal(page.writeFinished, timeout=120000) as sig:
+        assert page.write()
+    assert sig.args == [out]
+    with GGUFFile(out) as f:
+        got = {t.name: t.type_name for t in f.tensors}
+    assert all(got[n] == q for n, q in r.plan.choices.items())
+    assert "the checked mix" in page.status.full_text()
+    # another budget: the mix shown is no longer the checked one, and the page says so
+    page.set_budget_to_preset("Q5_K_M")
+    assert "not the checked mix" in page.summary.text().lower()
+
+
+def test_cancelling_a_second_measure_keeps_the_first_ones_results(window, qtbot, llama, tmp_path):  # noqa: F811
+    page = _page(window, llama, tmp_path / "costs")
+    _measure(qtbot, page)
+    run, mix = page.run, page.mix
+    rows, points = page.mix_model.rowCount(), len(page.plot.points.data)
+    assert rows > 0 and points > 0
+    page.chunks_spin.setValue(3)  # another calibration: measured anew (nothing cached)
+
+    def report(done: int, _total: int, _text: str) -> None:
+        if done >= 1:
+            page.cancel()
+
+    with qtbot.waitSignal(page.measureFinished, timeout=120000) as sig:
+        assert page.start()
+        page.job_slot.task.signals.progress.connect(report)
+    assert sig.args == [None] and page.state == "cancelled"
+    assert page.run is run and page.mix is not None and page.mix.choices == mix.choices
+    assert page.mix_model.rowCount() == rows and len(page.plot.points.data) == points
+    assert page.tensor_model.rowCount() == len(run.costs)
+    assert page.slider.isEnabled() and page.write_btn.isEnabled()
+    assert "kept" in page.status.full_text()

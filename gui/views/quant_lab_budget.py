@@ -614,9 +614,7 @@ class BudgetPanel(QWidget):
         gen = self._gen
         self.state = "running"
         self.error = None
-        self.run = None
-        self.mix = None
-        self._clear_results()
+        # the results shown (if any) stay until the new ones replace them: a cancelled or failed measure keeps them
         self.meter = RateMeter()
         self.progress.setValue(0)
         self.status.setText("Reading the text…")
@@ -670,7 +668,8 @@ class BudgetPanel(QWidget):
         def cancelled() -> None:
             if gen == self._gen:
                 self.state = "cancelled"
-                self.status.setText("Cancelled: what was measured is kept for the next run.")
+                self.status.setText("Cancelled: what was measured is kept for the next run" + (
+                    "; the plot and tables show the previous measure." if self.run is not None else "."))
                 self._finished(self.measureFinished, None)
 
         task = self.job_slot.start(MEASURE_TASK, work, on_done=done, on_progress=progress, on_failed=failed,
@@ -685,6 +684,7 @@ class BudgetPanel(QWidget):
 
     def _show(self, res: BudgetRun) -> None:
         self.run = res
+        self.refined = None  # a check of the previous costs' mix
         self.state = "done"
         self.task = None
         sp = res.space
@@ -789,13 +789,27 @@ class BudgetPanel(QWidget):
             return
         sp = run.space
         try:
-            self.mix = sp.solve(run.costs, size=size)
+            mix = sp.solve(run.costs, size=size)
         except (QuantizeError, ValueError) as exc:
             self.mix = None
             self.summary.setText(printable(str(exc)))
             self._update_buttons()
             return
-        mix = self.mix
+        self._show_mix(mix, size)
+
+    def checked_plan(self) -> Any:
+        """The check's plan when the mix shown is the one it measured (None otherwise)."""
+        r = self.refined
+        if r is None or self.mix is None or r.plan.choices != self.mix.choices:
+            return None
+        return r.plan
+
+    def _show_mix(self, mix: Mix, size: int) -> None:
+        """Show ``mix`` (solved for ``size`` bytes, or the one the check measured): the plot, table and summary."""
+        run = self.run
+        assert run is not None
+        sp = run.space
+        self.mix = mix
         self.plot.set_chosen(mix, size)
         by = {c.name: c for c in run.costs}
         lam = mix.solution.lam if mix.solution is not None else None
@@ -827,11 +841,18 @@ class BudgetPanel(QWidget):
                 less = 100 * (1 - mix.cost / pm.cost) if pm.cost > 0 else 0.0
                 near = (f" · {p}, the same size, predicts {pm.cost:.4g}: the mix {abs(less):.0f} % "
                         f"{'less' if less >= 0 else 'more'}")
+        check = ""
+        if self.refined is not None:
+            swapped = len(self.refined.swapped)
+            how = f" (it replaced the mix shown before: {plural(swapped, 'tensor')} changed type)" if swapped else ""
+            check = (f"<br>Checked{how}: the whole mix measures <b>{self.refined.measured_kld:.4g}</b> on the text; "
+                     "Write writes this mix." if self.checked_plan() is not None else
+                     "<br>Not the checked mix (the budget changed since the check): Check the mix measures it.")
         self.summary.setText(
             f"<b>{human_bytes(mix.file_bytes)}</b> ({mix.file_bytes:,} bytes, "
             f"{sp.bpw(mix.tensor_bytes):.3f} bpw) within {human_bytes(size)} · predicted mean KLD "
             f"<b>{mix.cost:.4g}</b>{near}<br>"
-            + ", ".join(f"{q} ×{k}" for q, k in sorted(counts.items(), key=lambda kv: -kv[1])))
+            + ", ".join(f"{q} ×{k}" for q, k in sorted(counts.items(), key=lambda kv: -kv[1])) + check)
         self._update_buttons()
 
     # ------------------------------------------------------------------ check (refine) and write
@@ -870,10 +891,22 @@ class BudgetPanel(QWidget):
             self.refined = r
             by = {c.name: c for c in r.plan.costs.values()}
             run.costs = [by[c.name] if c.name in by else c for c in run.costs]
-            self.status.setText(
-                f"The whole mix measures {r.measured_kld:.4g} on the text (predicted {r.predicted_before:.4g}; "
-                f"{plural(r.newly_measured, 'estimate')} measured, {plural(len(r.swapped), 'tensor')} changed).")
-            self.set_budget(size)
+            p = r.plan
+            checked = Mix(dict(p.choices), p.plan.file_bytes, p.plan.out_bytes, p.predicted_cost, p.solution)
+            # the mix the check measured is the one shown (and written), not a solve that might differ from it
+            self._show_mix(checked, size)
+            measured = f"{plural(r.newly_measured, 'estimate')} measured"
+            if r.swapped:
+                self.status.setText(
+                    f"The check replaced the mix: {plural(len(r.swapped), 'tensor')} changed type once "
+                    f"{measured} ({human_bytes(mix.file_bytes)}, predicted {mix.cost:.3g} → "
+                    f"{human_bytes(checked.file_bytes)}, predicted {checked.cost:.3g}); the new mix measures "
+                    f"{r.measured_kld:.4g} on the text. Write writes it.")
+            else:
+                self.status.setText(
+                    f"The check kept the mix ({measured}; predicted {mix.cost:.3g} → {checked.cost:.3g}); it "
+                    f"measures {r.measured_kld:.4g} on the text.")
+            self.status.setToolTip(self.status.full_text())
             self._finished(self.refineFinished, r)
 
         def failed(msg: str, _tb: str) -> None:
@@ -901,9 +934,11 @@ class BudgetPanel(QWidget):
             return False
         out = Path(text).expanduser()
         rules_path = out.with_name(out.stem + ".tensor-types.txt")
+        checked = self.checked_plan()
+        measured = self.refined.measured_kld if checked is not None else None
         try:
             OutputSet([("Output", out), ("Rules", rules_path)], inputs=[doc.path])
-            tp = run.space.plan(mix, run.costs, size)
+            tp = checked if checked is not None else run.space.plan(mix, run.costs, size)
         except (PathRefused, QuantizeError) as exc:
             self.status.setText(f"Cannot write: {printable(exc)}")
             return False
@@ -940,8 +975,10 @@ class BudgetPanel(QWidget):
                 return
             self.write_state = "done"
             self.written = path
-            self.status.setText(f"Wrote {printable(path.name)} ({tp.plan.file_bytes:,} bytes, within the budget of "
-                                f"{size:,}) and {printable(rules_path.name)}.")
+            what = (f"the checked mix (measured {measured:.4g})" if measured is not None
+                    else "a mix not checked as a whole")
+            self.status.setText(f"Wrote {printable(path.name)}, {what} ({tp.plan.file_bytes:,} bytes, within the "
+                                f"budget of {size:,}), and {printable(rules_path.name)}.")
             self.status.setToolTip(printable(str(path)))
             self._finished(self.writeFinished, path)
 

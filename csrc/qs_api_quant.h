@@ -81,3 +81,8 @@ int qs_gemm_decode_row(int type, const uint8_t *row, int64_t k, int simd, uint8_
 int qs_threads_default(void);
 uint64_t qs_read_probe(const uint8_t *p, int64_t n, int n_threads);  /* XOR of every byte: a read-bandwidth probe */
 double qs_pool_op_ns(int n_threads, int reps); /* mean ns of one empty n_threads-task pool job (wake + barrier) */
+/* Test hook: run `jobs` pool jobs of changing width on n_threads threads, workers pausing `pause_us` microseconds
+ * after reading every 4th job; returns how many jobs returned before all their tasks ended, plus the tasks that
+ * ran after their job had returned, plus the times a worker took part in one job twice (0 when the pool is
+ * sound), -1 when out of memory. */
+int64_t qs_pool_selftest(int64_t jobs, int n_threads, int pause_us);

@@ -20,9 +20,14 @@ typedef struct {
     pthread_cond_t wake;
     int n_workers;
     int n_sleeping;
-    atomic_uint_fast64_t generation;
+    /* The job word: (generation << 8) | the number of workers that take part in that job. One atomic, so a worker
+     * reads a job's number and its share in it together: read apart, a worker not taking part in job g that was
+     * descheduled between the two reads could see the next job's count, run job g+1 early and then once more on
+     * seeing g+1, counting itself off twice, and the caller returned (freeing its stack context) while another
+     * worker still ran a task of it. */
+    atomic_uint_fast64_t job;
     atomic_int pending;
-    int active_workers;
+    atomic_uint_fast64_t joined; /* bit i: worker i took part in the current job (a second time is a pool bug) */
     qs_task_fn fn;
     void *ctx;
     int64_t n_tasks;
@@ -30,8 +35,16 @@ typedef struct {
     atomic_int faulted; /* a task of the current job hit SIGBUS (see qs_guard.h) */
 } qs_pool;
 
-static qs_pool pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, 0,
-                       NULL, NULL, 0, 0, 0};
+static qs_pool pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0,
+                       0, NULL, NULL, 0, 0, 0};
+static atomic_long double_joins = 0; /* workers that took part in one job twice (read by qs_pool_selftest) */
+
+/* Test hook (qs_pool_selftest): a worker pauses this many microseconds on every 4th job word it reads, widening
+ * the window between reading a job and taking part in it, where descheduling on a busy machine lands. */
+static atomic_int pause_us = 0;
+
+#define JOB_GEN(j) ((uint64_t)(j) >> 8)
+#define JOB_ACTIVE(j) ((int)((j) & 0xff))
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 static inline void cpu_relax(void) {
@@ -70,22 +83,28 @@ static void *worker_main(void *varg) {
     int id = a.id;
     uint64_t seen = a.start_gen;
     for (;;) {
-        uint64_t g = seen;
+        uint64_t j = 0;
+        int fresh = 0;
         for (int i = 0; i < QS_SPIN_ITERS; ++i) {
-            g = atomic_load_explicit(&pool.generation, memory_order_acquire);
-            if (g != seen) break;
+            j = atomic_load_explicit(&pool.job, memory_order_acquire);
+            if ((fresh = JOB_GEN(j) != seen)) break;
             cpu_relax();
         }
-        if (g == seen) {
+        if (!fresh) {
             pthread_mutex_lock(&pool.m);
             pool.n_sleeping++;
-            while ((g = atomic_load_explicit(&pool.generation, memory_order_acquire)) == seen)
+            while (JOB_GEN(j = atomic_load_explicit(&pool.job, memory_order_acquire)) == seen)
                 pthread_cond_wait(&pool.wake, &pool.m);
             pool.n_sleeping--;
             pthread_mutex_unlock(&pool.m);
         }
-        seen = g;
-        if (id < pool.active_workers) {
+        seen = JOB_GEN(j);
+        int pause = atomic_load_explicit(&pause_us, memory_order_relaxed);
+        if (pause > 0 && (seen + (uint64_t)id) % 4 == 0) usleep((useconds_t)pause);
+        if (id < JOB_ACTIVE(j)) { /* the caller waits for this worker, so job `seen` is still the current one */
+            uint64_t bit = (uint64_t)1 << id;
+            if (atomic_fetch_or_explicit(&pool.joined, bit, memory_order_relaxed) & bit)
+                atomic_fetch_add_explicit(&double_joins, 1, memory_order_relaxed);
             run_tasks();
             atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_acq_rel);
         }
@@ -132,7 +151,7 @@ void qs_parallel_for(int64_t n_tasks, qs_task_fn fn, void *ctx, int n_threads) {
         worker_arg *wa = (worker_arg *)malloc(sizeof *wa);
         if (!wa) break;
         wa->id = pool.n_workers;
-        wa->start_gen = atomic_load_explicit(&pool.generation, memory_order_relaxed);
+        wa->start_gen = JOB_GEN(atomic_load_explicit(&pool.job, memory_order_relaxed));
         int rc = pthread_create(&th, &attr, worker_main, wa);
         pthread_attr_destroy(&attr);
         if (rc != 0) {
@@ -145,11 +164,12 @@ void qs_parallel_for(int64_t n_tasks, qs_task_fn fn, void *ctx, int n_threads) {
     pool.fn = fn;
     pool.ctx = ctx;
     pool.n_tasks = n_tasks;
-    pool.active_workers = want;
     atomic_store_explicit(&pool.next, 0, memory_order_relaxed);
     atomic_store_explicit(&pool.faulted, 0, memory_order_relaxed);
     atomic_store_explicit(&pool.pending, want, memory_order_relaxed);
-    atomic_fetch_add_explicit(&pool.generation, 1, memory_order_release);
+    atomic_store_explicit(&pool.joined, 0, memory_order_relaxed);
+    uint64_t gen = JOB_GEN(atomic_load_explicit(&pool.job, memory_order_relaxed)) + 1;
+    atomic_store_explicit(&pool.job, (gen << 8) | (uint64_t)want, memory_order_release); /* want <= 63 */
     pthread_mutex_lock(&pool.m);
     if (pool.n_sleeping) pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.m);
@@ -161,4 +181,40 @@ void qs_parallel_for(int64_t n_tasks, qs_task_fn fn, void *ctx, int n_threads) {
     int faulted = atomic_load_explicit(&pool.faulted, memory_order_relaxed);
     pthread_mutex_unlock(&pool.lock);
     if (faulted) qs_guard_rethrow(); /* the job is over and the pool released: only now leave this frame */
+}
+
+/* ---------------------------------------------------------------- self-test */
+typedef struct {
+    atomic_int live;   /* 1 while the caller is inside qs_parallel_for */
+    atomic_long done;  /* tasks finished */
+    atomic_long stale; /* tasks that ran after their job had returned */
+} selftest_ctx;
+
+static void selftest_task(void *vctx, int64_t t) {
+    selftest_ctx *c = (selftest_ctx *)vctx;
+    for (volatile int64_t i = 0; i < (t % 3) * 20000; ++i) {
+    }
+    if (!atomic_load(&c->live)) atomic_fetch_add(&c->stale, 1);
+    atomic_fetch_add(&c->done, 1);
+}
+
+int64_t qs_pool_selftest(int64_t jobs, int n_threads, int pause) {
+    /* the call's jobs share one context, so a task of a job that has returned is counted, not a use after return */
+    selftest_ctx *shared = (selftest_ctx *)calloc(1, sizeof *shared);
+    if (!shared) return -1;
+    atomic_store(&pause_us, pause > 0 ? pause : 0);
+    int64_t bad = 0;
+    atomic_store(&shared->stale, 0);
+    for (int64_t i = 0; i < jobs; ++i) {
+        int64_t n = 2 + (i * 7919) % n_threads; /* the number of workers taking part changes job by job */
+        atomic_store(&shared->done, 0);
+        atomic_store(&shared->live, 1);
+        qs_parallel_for(n, selftest_task, shared, n_threads);
+        atomic_store(&shared->live, 0);
+        if (atomic_load(&shared->done) != n) bad++;
+    }
+    atomic_store(&pause_us, 0);
+    bad += atomic_load(&shared->stale) + atomic_exchange(&double_joins, 0);
+    free(shared);
+    return bad;
 }

@@ -186,7 +186,7 @@ class Engine:
 
                 n_gpu, fit = gpu_layers_fit(self.model, n_ctx)
                 ok = n_gpu > 0
-            elif n_gpu < L:
+            elif ok and n_gpu < L:  # (no GPU: the reason why, below)
                 fit = f"{n_gpu} of {L} layers on the GPU (asked for), the rest on the CPU"
             if ok:
                 say("uploading weights to the GPU", 0.92)

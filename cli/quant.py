@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,7 @@ def _quantize_to_target(args: argparse.Namespace) -> int:
     if args.calibration is None:
         raise CLIError("quantize: a target size needs a calibration text (-f TEXT) to measure the costs on")
     text = read_text_file(args.calibration, "-f")
+    _cost_cache(args.cost_cache)
     types = [t for t in (args.types.split(",") if args.types is not None else DEFAULT_TYPES)]
     im = imatrix_arg(args.imatrix)
     rules_path = args.rules
@@ -282,6 +284,7 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
 
     check_file(args.file)
     text = read_text_file(args.calibration, "-f")
+    _cost_cache(args.cost_cache)
     types = args.types.split(",") if args.types is not None else list(DEFAULT_TYPES)
     im = imatrix_arg(args.imatrix)
     f = open_gguf(args.file)
@@ -345,6 +348,19 @@ def _print_plan_summary(plan: Any) -> None:
         print(printable(f"warning   {w}"), file=sys.stderr)
 
 
+def _cost_cache(path: str) -> None:
+    """--cost-cache names a directory this user can write (made when missing): checked before any measuring."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise CLIError(f"--cost-cache: {path} is not a directory")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CLIError(f"--cost-cache: cannot make the directory {path}: {exc.strerror or exc}") from None
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise CLIError(f"--cost-cache: {path} is not writable")
+
+
 def _compute_imatrix(args: argparse.Namespace) -> int:
     from quantscope.core.engine.imatrix import compute_imatrix
     from quantscope.core.fsutil import OutputSet
@@ -362,6 +378,9 @@ def _compute_imatrix(args: argparse.Namespace) -> int:
         text = read_text_file(args.text_file, "-f")
     else:
         text = args.prompt
+    source = f"-f {args.text_file}" if args.text_file else "-p"
+    if not text.strip():
+        raise CLIError(f"-f: {args.text_file} is empty" if args.text_file else "-p: the text is empty")
     from quantscope.core.engine.cuda_backend import CudaError
 
     bar = Bar("imatrix", "chunks")
@@ -371,8 +390,8 @@ def _compute_imatrix(args: argparse.Namespace) -> int:
                              backend=args.backend)
     except CudaError as exc:
         raise CLIError(f"--backend {args.backend}: {exc}") from None
-    except ValueError as exc:
-        raise CLIError(f"{args.file}: {exc}") from None
+    except ValueError as exc:  # the text too short for a chunk is the text's fault, anything else the model's
+        raise CLIError(f"{source if str(exc).startswith('the text ') else args.file}: {exc}") from None
     except GGUFError as exc:
         raise CLIError(f"{args.file}: not a readable GGUF file: {exc}") from None
     bar.close()

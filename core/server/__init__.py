@@ -1,22 +1,33 @@
 """A local OpenAI-compatible server on the engine (Starlette on uvicorn): :class:`Server` binds, serves and stops;
-:mod:`.app` has the endpoints, :mod:`.scheduler` the slots, :mod:`.protocol` the request checks."""
+:mod:`.app` has the endpoints, :mod:`.scheduler` the slots, :mod:`.protocol` the request checks, :mod:`.policy`
+the Host/Origin/CORS rules and :mod:`.connections` the read timeout and the connection cap."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import uvicorn
 
 from ..engine.generate import Engine
 from . import resources
 from .app import DEFAULT_MAX_BODY, ServerApp, ServerConfig
+from .connections import DEFAULT_TIMEOUT, protocol_class, quiet_accept_errors
 from .errors import ApiError
 from .requests import RequestLog, RequestRecord
 from .scheduler import Scheduler
 
-__all__ = ["DEFAULT_MAX_BODY", "ApiError", "RequestLog", "RequestRecord", "Server", "ServerApp", "ServerConfig",
-           "model_id_of"]
+__all__ = ["DEFAULT_MAX_BODY", "DEFAULT_TIMEOUT", "ApiError", "RequestLog", "RequestRecord", "Server", "ServerApp",
+           "ServerConfig", "listen", "model_id_of"]
+
+#: seconds the open requests get to end (streams with an error event, queued ones with a 503) once stopping
+SHUTDOWN_GRACE = 30
 
 
 def model_id_of(path: str | Path) -> str:
@@ -25,41 +36,84 @@ def model_id_of(path: str | Path) -> str:
     return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host:port`` (port 0: a free one); ``OSError`` when it cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, stopping gracefully: at SIGINT/SIGTERM (or :meth:`Server.stop`) it stops accepting and
+    ``on_stop`` ends every request (streams with an error event and ``data: [DONE]``, queued ones with a 503)
+    before the connections close; the signal is not raised again afterwards (no KeyboardInterrupt, exit 0)."""
+
+    def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_stop = on_stop
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        before = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        quiet_accept_errors(asyncio.get_running_loop())
+        await super().startup(sockets)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._on_stop()
+        await super().shutdown(sockets)
+
+
 class Server:
     """The server on ``engine``: ``parallel`` slots, bound to ``host:port`` (port 0: a free one, read
-    :attr:`port`). The socket is bound here (``OSError`` when the address is taken); :meth:`serve_forever` serves
-    on the calling thread until interrupted, :meth:`start` on a background thread until :meth:`stop`. Slots whose KV
-    caches exceed the memory available are refused first (:class:`~.resources.NotEnoughMemory`).
-    ``trace``: keep each reply's token records with alternatives in the request log (``app.log``);
-    ``special_in_content``: control tokens' texts in messages and tools are control tokens (llama-server's way),
-    not text."""
+    :attr:`port`) or listening on ``sock`` (from :func:`listen`). The socket is bound here (``OSError`` when the
+    address is taken); :meth:`serve_forever` serves on the calling thread until SIGINT/SIGTERM, :meth:`start` on a
+    background thread until :meth:`stop`. Slots whose KV caches exceed the memory available are refused first
+    (:class:`~.resources.NotEnoughMemory`). ``trace``: keep each reply's token records with alternatives in the
+    request log (``app.log``); ``special_in_content``: control tokens' texts in messages and tools are control
+    tokens (llama-server's way), not text. ``allowed_hosts``, ``cors_origins``: :mod:`.policy`; ``timeout``
+    (seconds for a request to arrive whole) and ``max_connections`` (None: from the open-file limit):
+    :mod:`.connections`."""
 
     def __init__(self, engine: Engine, model_id: str, host: str = "127.0.0.1", port: int = 8080, parallel: int = 1,
                  api_key: str | None = None, max_queue: int = 64, max_body: int = DEFAULT_MAX_BODY,
-                 log_level: str = "warning", trace: bool = False, special_in_content: bool = False) -> None:
-        import uvicorn
-
+                 log_level: str = "warning", trace: bool = False, special_in_content: bool = False, *,
+                 sock: socket.socket | None = None, allowed_hosts: tuple[str, ...] = (),
+                 cors_origins: tuple[str, ...] = (), timeout: float = DEFAULT_TIMEOUT,
+                 max_connections: int | None = None) -> None:
+        protocol = protocol_class(timeout, max_connections)
         per_slot = resources.session_kv_bytes(engine.session)
         problem = None if per_slot is None else resources.kv_shortfall(per_slot, parallel,
                                                                       resources.available_memory(), engine.n_ctx)
         if problem is not None:
             raise resources.NotEnoughMemory(problem)
         self.scheduler = Scheduler(engine, parallel, max_queue)
-        self.app = ServerApp(engine, self.scheduler, ServerConfig(model_id, api_key, max_body, trace,
-                                                                  special_in_content=special_in_content))
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.sock.bind((host, port))
-            self.sock.listen(128)
-        except OSError:
-            self.sock.close()
-            raise
+        self.app = ServerApp(engine, self.scheduler, ServerConfig(
+            model_id, api_key, max_body, trace, host=host, allowed_hosts=tuple(allowed_hosts),
+            cors_origins=tuple(cors_origins), special_in_content=special_in_content))
+        self.sock = sock if sock is not None else listen(host, port)
         self.host, self.port = host, int(self.sock.getsockname()[1])
-        config = uvicorn.Config(self.app.app, log_level=log_level, access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=3)
-        self.uvicorn = uvicorn.Server(config)
+        #: the connection cap in force
+        self.max_connections = protocol.max_connections
+        config = uvicorn.Config(self.app.asgi, log_level=log_level, access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE, http=protocol)
+        self.uvicorn = _Uvicorn(config, lambda: self.scheduler.stop(wait=False))
         self._thread: threading.Thread | None = None
 
     @property
@@ -68,7 +122,7 @@ class Server:
         return f"http://{host}:{self.port}"
 
     def serve_forever(self) -> None:
-        """Serve until Ctrl-C / SIGTERM (uvicorn's handlers), then stop the slots."""
+        """Serve until SIGINT (Ctrl-C) or SIGTERM, then end every request (see :class:`_Uvicorn`) and return."""
         self.scheduler.start()
         try:
             self.uvicorn.run(sockets=[self.sock])
@@ -89,9 +143,10 @@ class Server:
             raise RuntimeError("the server did not start")
 
     def stop(self) -> None:
-        """End every request (cancelled), stop serving and close the socket."""
+        """End every request (streams with an error event, others with a 503), stop serving and close the
+        socket."""
         self.scheduler.stop()
         self.uvicorn.should_exit = True
         if self._thread is not None:
-            self._thread.join(10)
+            self._thread.join(SHUTDOWN_GRACE + 5)
         self.sock.close()

@@ -1,9 +1,10 @@
 """The Starlette application: the OpenAI endpoints, llama-server's /tokenize, /detokenize, /health and /metrics.
 
-Every request is checked before the engine is touched: the body's size (413), its JSON (400), the model's name
-(404), each parameter (400) and the prompt's length against the context (400); then it joins the scheduler's
-queue (503 with ``Retry-After`` when full). Generation runs on the scheduler's thread; handlers only wait for its
-events, so the event loop never blocks.
+Every request is checked before the engine is touched: its Host and Origin (421, 403: :mod:`.policy`), a POST's
+Content-Type (415), the body's size (413), its JSON (400), the model's name (404), each parameter (400) and the
+prompt's length against the context (400); then it joins the scheduler's queue (503 with ``Retry-After`` when
+full). When the server stops, streams end with an error event and ``data: [DONE]``, other requests with a 503.
+Generation runs on the scheduler's thread; handlers only wait for its events, so the event loop never blocks.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -31,6 +32,7 @@ from ..chat.tokens import piece_text
 from ..engine.generate import Engine
 from .errors import ApiError, bad_request
 from .jsonmode import SchemaError
+from .policy import Policy
 from .prompt import chat_prompt_ids
 from .protocol import GenRequest, parse_detokenize, parse_generation, parse_json, parse_tokenize
 from .requests import RequestLog, RequestRecord
@@ -49,12 +51,16 @@ GENERATION_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/
 
 @dataclass
 class ServerConfig:
-    """What the app needs besides the engine: the model's name in the API, the key and the body limit."""
+    """What the app needs besides the engine: the model's name in the API, the key, the body limit, and the
+    address it is bound to with the extra Host names and the CORS origins it accepts (:class:`.policy.Policy`)."""
 
     model_id: str
     api_key: str | None = None
     max_body: int = DEFAULT_MAX_BODY
     trace: bool = False  # keep each reply's token records with alternatives in the request log
+    host: str = "127.0.0.1"
+    allowed_hosts: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()
     #: control tokens' texts in messages and tools become control tokens (llama-server's way); by default they
     #: are text and only the template's markup is special (core/server/prompt.py)
     special_in_content: bool = False
@@ -143,11 +149,17 @@ class ServerApp:
             return self._count(_error(ApiError(status, what)))
 
         self.app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+        self.app.router.redirect_slashes = False  # a redirect would be built from the Host header sent
+        #: the ASGI application served: the routes behind the Host/Origin/CORS rules
+        self.asgi = Policy(self.app, config.host, config.allowed_hosts, config.cors_origins, count=self._count_status)
 
     # ------------------------------------------------------------------ plumbing
     def _count(self, r: Response) -> Response:
-        self.http_requests[r.status_code] = self.http_requests.get(r.status_code, 0) + 1
+        self._count_status(r.status_code)
         return r
+
+    def _count_status(self, status: int) -> None:
+        self.http_requests[status] = self.http_requests.get(status, 0) + 1
 
     def _wrap(self, fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def handler(request: Request) -> Response:
@@ -176,6 +188,10 @@ class ServerApp:
                            code="invalid_api_key")
 
     async def _json(self, request: Request) -> dict[str, Any]:
+        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            raise ApiError(415, "the request body must be JSON, sent with 'Content-Type: application/json'",
+                           code="unsupported_media_type")
         limit = self.config.max_body
         too_big = ApiError(413, f"the request body is larger than {limit:,} bytes", code="request_too_large")
         length = request.headers.get("content-length")
@@ -185,10 +201,13 @@ class ServerApp:
             if int(length) > limit:
                 raise too_big
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise too_big
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_big
+        except ClientDisconnect:  # gone, or closed by the read timeout (.connections): nobody reads the reply
+            raise bad_request("the connection closed before the whole body arrived") from None
         return parse_json(bytes(body))
 
     def _check_model(self, name: str | None) -> None:
@@ -381,7 +400,7 @@ class ServerApp:
             err.logged = True  # type: ignore[attr-defined]
             raise err from None
         except ServerStopped as exc:
-            err = ApiError(503, str(exc), code="server_stopping")
+            err = ApiError(503, str(exc), code="server_shutting_down")
             log.close_refused(rec, err.status, err.message)
             err.logged = True  # type: ignore[attr-defined]
             raise err from None
@@ -390,6 +409,14 @@ class ServerApp:
             return StreamingResponse(self._sse(req, rid, job, events), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await self._collect(request, req, rid, job, events)
+
+    def _failure(self, ev: Event) -> ApiError:
+        """The error a request ended by ``ev`` (an error, or cancelled: the server stopping) answers with."""
+        if ev.finish_reason == "error":
+            return ApiError(500, f"generation failed: {ev.error or 'internal error'}", code="generation_failed")
+        if self.scheduler.stopping:
+            return ApiError(503, "the server is shutting down", code="server_shutting_down")
+        return ApiError(503, "the request was cancelled", code="cancelled")
 
     def _cancel(self, job: Job) -> None:
         job.cancel.set()
@@ -422,9 +449,7 @@ class ServerApp:
             if not ev.done:
                 self._cancel(job)
         if ev.finish_reason in ("error", "cancelled"):
-            raise ApiError(500 if ev.finish_reason == "error" else 503,
-                           f"generation failed: {ev.error}" if ev.error else "the request was cancelled",
-                           code="generation_failed")
+            raise self._failure(ev)
         u = ev.usage or Usage()
         body: dict[str, Any] = {"id": rid, "created": int(time.time()), "model": self.config.model_id}
         content = "".join(text)
@@ -528,9 +553,7 @@ class ServerApp:
                     continue
                 done = True
                 if ev.finish_reason in ("error", "cancelled"):
-                    err = ApiError(500, f"generation failed: {ev.error}" if ev.error
-                                   else "the request was cancelled (the server is stopping)")
-                    yield f"data: {json.dumps(err.body())}\n\n"
+                    yield f"data: {json.dumps(self._failure(ev).body())}\n\n"
                 else:
                     reason = _finish_reason(ev.finish_reason)
                     if n_calls and ev.finish_reason == "stop":

@@ -206,13 +206,19 @@ class Scheduler:
             self._started = True
             self._thread.start()
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop the thread: queued and running requests end with ``finish_reason`` "cancelled"."""
+    def stop(self, timeout: float = 30.0, wait: bool = True) -> None:
+        """Stop the thread: queued and running requests end with ``finish_reason`` "cancelled" (after the
+        step in progress); ``wait``: until it has ended (at most ``timeout`` seconds)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._started:
+        if self._started and wait:
             self._thread.join(timeout)
+
+    @property
+    def stopping(self) -> bool:
+        """Stopped or stopping: no request is accepted any more."""
+        return self._stopping
 
     def submit(self, job: Job) -> None:
         """Queue ``job``; :class:`QueueFull` when every slot is busy and the queue is full."""
@@ -261,21 +267,25 @@ class Scheduler:
                 self._queue.clear()
             why = f"server error: {self.failure}" if self.failure is not None else ""
             for job in jobs:
-                self._emit(job, Event(done=True, finish_reason="error" if why else "cancelled", error=why,
-                                      usage=Usage(prompt_tokens=len(job.ids))))
+                self._drop(job, "error" if why else "cancelled", why)
             for slot in self.slots:
                 if slot.run is not None:
                     self._finish(slot, "error" if why else "cancelled", why)
 
     def _admit(self) -> None:
         """Queued jobs into free slots (called with the lock held): each to the free slot whose cache shares
-        the longest prefix with its prompt (the least recently used among equals); cancelled jobs are dropped."""
+        the longest prefix with its prompt (the least recently used among equals); cancelled jobs (their clients
+        gone while they waited) are dropped wherever they are in the queue."""
+        if any(job.cancel.is_set() for job in self._queue):
+            keep: deque[Job] = deque()
+            gone: list[Job] = []
+            for job in self._queue:
+                (gone if job.cancel.is_set() else keep).append(job)
+            self._queue = keep
+            for job in gone:
+                self._drop(job, "cancelled")
         while self._queue:
             job = self._queue[0]
-            if job.cancel.is_set():
-                self._queue.popleft()
-                self._emit(job, Event(done=True, finish_reason="cancelled", usage=Usage(prompt_tokens=len(job.ids))))
-                continue
             free = [s for s in self.slots if s.run is None]
             if not free:
                 return
@@ -535,6 +545,12 @@ class Scheduler:
         m.prompt_seconds += u.prompt_ms / 1e3
         m.generation_seconds += u.predicted_ms / 1e3
         self._emit(run.job, Event(done=True, finish_reason=reason, usage=u, error=error))
+
+    def _drop(self, job: Job, reason: str, error: str = "") -> None:
+        """End a job that never had a slot (counted as finished for /metrics)."""
+        m = self.metrics
+        m.finished[reason] = m.finished.get(reason, 0) + 1
+        self._emit(job, Event(done=True, finish_reason=reason, usage=Usage(prompt_tokens=len(job.ids)), error=error))
 
     @staticmethod
     def _tell(job: Job, tid: int | None, text: str, channel: str, choice: TokenChoice | None) -> None:

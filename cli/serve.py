@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import sys
 from typing import Any
 
-from .common import MAX_CTX, MAX_THREADS, CLIError, add_gpu_layers, int_arg, read_text_file
-
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
+from .common import MAX_CTX, MAX_THREADS, CLIError, add_gpu_layers, check_file, float_arg, int_arg, read_text_file
 
 
 def _api_key(args: argparse.Namespace) -> str | None:
@@ -18,26 +17,69 @@ def _api_key(args: argparse.Namespace) -> str | None:
             raise CLIError(f"--api-key-file: {args.api_key_file} is empty")
     else:
         key = args.api_key
-    if key is not None and (not key or any(c.isspace() for c in key) or not key.isprintable()):
-        raise CLIError("the API key must be printable text without spaces")
+    if key is not None and (not key or not all("!" <= c <= "~" for c in key)):
+        raise CLIError("the API key must be printable ASCII without spaces (clients send it in an HTTP header)")
     return key
+
+
+def is_loopback(address: str) -> bool:
+    """Whether the bound ``address`` (an IP address) is this machine only: 127.0.0.0/8, ::1 or their IPv4-mapped
+    forms."""
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def _policy(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """--allowed-host and --cors-origin, checked and in their normal forms."""
+    from quantscope.core.server.policy import host_name, normal_origin
+
+    hosts = []
+    for h in args.allowed_host or []:
+        name = host_name(h)
+        if name is None:
+            raise CLIError(f"--allowed-host: {h!r} is not a host name (e.g. llm.example.org)")
+        hosts.append(name)
+    origins = []
+    for o in args.cors_origin or []:
+        origin = normal_origin(o)
+        if origin is None:
+            raise CLIError(f"--cors-origin: {o!r} is not an origin (scheme://host[:port], e.g. http://localhost:3000)")
+        origins.append(origin)
+    return tuple(hosts), tuple(origins)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from quantscope.core.engine.cuda_backend import CudaError
-    from quantscope.core.server import Server, model_id_of
+    from quantscope.core.server import Server, listen, model_id_of
     from quantscope.core.server.resources import NotEnoughMemory
 
     from .model import load_engine
 
     key = _api_key(args)
-    eng = load_engine(args, args.ctx)
+    if not args.host.strip():
+        raise CLIError("--host: give the address to listen on (127.0.0.1: this machine only; 0.0.0.0: all)")
+    allowed_hosts, cors_origins = _policy(args)
+    check_file(args.file)
+    try:  # the port first: taken, it is said before the model loads
+        sock = listen(args.host, args.port)
+    except OSError as exc:
+        raise CLIError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    loopback = is_loopback(sock.getsockname()[0])
+    try:
+        eng = load_engine(args, args.ctx)
+    except BaseException:
+        sock.close()
+        raise
     try:
         try:
-            server = Server(eng, model_id_of(args.file), host=args.host, port=args.port, parallel=args.parallel,
-                            api_key=key, max_queue=args.max_queue, special_in_content=args.special_in_content)
-        except OSError as exc:
-            raise CLIError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+            server = Server(eng, model_id_of(args.file), host=args.host, parallel=args.parallel, api_key=key,
+                            max_queue=args.max_queue, special_in_content=args.special_in_content, sock=sock,
+                            allowed_hosts=allowed_hosts, cors_origins=cors_origins, timeout=args.timeout,
+                            max_connections=args.max_connections)
         except NotEnoughMemory as exc:
             raise CLIError(f"{exc}; lower --parallel or -c") from None
         except MemoryError:
@@ -49,15 +91,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"serving {server.app.config.model_id} ({eng.model.config.arch}, context {eng.n_ctx}, "
               f"{args.parallel} slot{'s' if args.parallel > 1 else ''}) at {server.url}/v1"
               f"{' (API key required)' if key else ''}; Ctrl-C stops", file=sys.stderr)
-        if args.host not in LOOPBACK and not key:
+        if not loopback and not key:
             print(f"warning: listening on {args.host} without an API key: anyone who can reach this machine can "
                   "use the model", file=sys.stderr)
-        try:
-            server.serve_forever()
-        except KeyboardInterrupt:  # uvicorn shut down gracefully, then passed Ctrl-C on
-            pass
+        server.serve_forever()  # until SIGINT/SIGTERM: open streams and queued requests are ended, not cut
         print("quantscope: server stopped", file=sys.stderr)
     finally:
+        sock.close()
         eng.close()
     return 0
 
@@ -73,6 +113,19 @@ def register(sub: Any) -> None:
     s.add_argument("--max-queue", type=int_arg(0, 65536), default=64,
                    help="requests that may wait for a slot; beyond, 503 with Retry-After (default 64)")
     s.add_argument("-c", "--ctx", type=int_arg(16, MAX_CTX), default=4096, help="context size of each slot")
+    s.add_argument("--allowed-host", action="append", metavar="NAME",
+                   help="also answer requests whose Host header is NAME (a reverse proxy's name; repeatable). "
+                   "Always answered: localhost, 127.0.0.1, [::1], the --host address and the address a request "
+                   "came in on; any other Host is refused (421), against DNS rebinding")
+    s.add_argument("--cors-origin", action="append", metavar="ORIGIN",
+                   help="let web pages from ORIGIN (scheme://host[:port]) call the API: CORS headers and preflights "
+                   "for it (repeatable). Requests with any other Origin header are refused (403)")
+    s.add_argument("--timeout", type=float_arg(0, 86400, lo_open=True), default=30.0, metavar="SECONDS",
+                   help="a request must arrive whole (headers and body) within this many seconds of its "
+                   "connection opening or of the previous reply, else the connection is closed (default 30)")
+    s.add_argument("--max-connections", type=int_arg(1, 1 << 16), default=None, metavar="N",
+                   help="open connections at most; beyond, the one waiting longest for its client is closed "
+                   "(default: what the open-file limit leaves room for, at most 1024)")
     k = s.add_mutually_exclusive_group()
     k.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (visible to other users in ps: "
                    "prefer --api-key-file)")

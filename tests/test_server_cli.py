@@ -29,7 +29,7 @@ def run(capsys: Any, *argv: str) -> tuple[int, str]:
     (["--parallel", "0"], "argument -np/--parallel: 0 is out of range (1..64)"),
     (["-c", "8"], "argument -c/--ctx: 8 is out of range (16..16,777,216)"),
     (["--api-key", "a", "--api-key-file", "f"], "argument --api-key-file: not allowed with argument --api-key"),
-    (["--api-key", "two words"], "the API key must be printable text without spaces"),
+    (["--api-key", "two words"], "the API key must be printable ASCII without spaces"),
     (["--backend", "tpu"], "argument --backend: invalid choice"),
 ])
 def test_bad_arguments_are_one_line(capsys: Any, model_path: Any, args: list[str], message: str) -> None:

@@ -36,7 +36,7 @@ from quantscope.core.summary import human_bytes
 
 from ..guard import qt_guarded
 from ..theme import BAD_COLOR, OK_COLOR
-from ..widgets.paths import browse_row
+from ..widgets.paths import browse_row, output_path
 from ..widgets.progress import ProgressBar
 from ..workers import JobSlot, Task, TaskRunner
 
@@ -74,7 +74,7 @@ class ConvertDialog(QDialog):
         self.refusals: dict[str, str] | None = None
         self.check_slot = JobSlot(self.runner, self)
 
-        out = gguf_path.with_suffix(".bump")
+        out = output_path(gguf_path, gguf_path.with_suffix(".bump").name)
         self.output = QLineEdit(str(out))
         self.output.setAccessibleName("Output bump file")
         self.profile = QComboBox()

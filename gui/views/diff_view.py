@@ -59,6 +59,7 @@ from ..models import KEY_ROLE, SORT_ROLE, KeyValueModel, SortFilterProxy, plural
 from ..theme import BAD_COLOR, OK_COLOR, muted_color
 from ..widgets.blockwidgets import mono_font
 from ..widgets.fit import ElidedLabel, fit_columns
+from ..widgets.paths import output_path
 from ..widgets.progress import ProgressBar
 from ..workers import JobSlot, Task, TaskRunner
 
@@ -1296,7 +1297,7 @@ class DiffDialog(QDialog):
         if self.result is None:
             return None
         b = self.other_path.stem if self.other_path is not None else "B"
-        start = str(self.doc_path.with_name(f"{self.doc_path.stem}-vs-{b}.diff.json"))
+        start = str(output_path(self.doc_path, f"{self.doc_path.stem}-vs-{b}.diff.json"))
         path, _ = QFileDialog.getSaveFileName(self, "Export the comparison as JSON", start, "JSON (*.json)")
         if not path:
             return None

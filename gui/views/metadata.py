@@ -54,6 +54,7 @@ from ..theme import BAD_COLOR, OK_COLOR, muted_color
 from ..widgets.blockwidgets import mono_font
 from ..widgets.fit import fit_columns
 from ..widgets.jinja import JinjaHighlighter
+from ..widgets.paths import output_path
 from ..workers import JobSlot, TaskRunner
 from .metadata_edit import (
     EditedValue,
@@ -553,7 +554,7 @@ class MetadataView(QWidget):
         src = Path(self.doc.path)
         if path is None:
             path, _ = QFileDialog.getSaveFileName(self, "Save the edited file as", str(
-                src.with_name(f"{src.stem}-edited.gguf")), "GGUF files (*.gguf);;All files (*)")
+                output_path(src, f"{src.stem}-edited.gguf")), "GGUF files (*.gguf);;All files (*)")
             if not path:
                 return None
         same = _same_file(path, src)

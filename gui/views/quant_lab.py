@@ -55,6 +55,7 @@ from ..document import Document
 from ..guard import qt_guarded
 from ..models import KEY_ROLE, SortFilterProxy, plural
 from ..widgets.fit import ElidedLabel, fit_columns
+from ..widgets.paths import output_path
 from ..widgets.progress import ProgressBar
 from ..workers import JobSlot, Task, TaskRunner
 from .quant_lab_budget import BudgetPanel
@@ -943,7 +944,7 @@ class FileStatsPanel(QWidget):
     def export_dialog(self) -> Path | None:
         if self.result is None or self.doc is None:
             return None
-        start = str(self.doc.path.with_name(f"{self.doc.path.stem}-quant-stats.json"))
+        start = str(output_path(self.doc.path, f"{self.doc.path.stem}-quant-stats.json"))
         path, chosen = QFileDialog.getSaveFileName(self, "Export the quant statistics", start,
                                                    "JSON (*.json);;CSV (*.csv)")
         if not path:

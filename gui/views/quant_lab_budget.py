@@ -58,7 +58,7 @@ from ..guard import qt_guarded
 from ..models import KEY_ROLE, SORT_ROLE, SortFilterProxy, plural
 from ..theme import group_color, muted_color, plot_pen_color
 from ..widgets.fit import ElidedLabel, fit_columns
-from ..widgets.paths import browse_row
+from ..widgets.paths import browse_row, output_path
 from ..widgets.plots import CompactPlot
 from ..widgets.progress import ProgressBar
 from ..workers import JobSlot, Task
@@ -548,7 +548,7 @@ class BudgetPanel(QWidget):
             self.status.setText("Measure what each type of each tensor adds to the KL divergence on the text, "
                                 "then choose a size.")
             stem = doc.path.stem
-            self.output.setText(str(doc.path.with_name(f"{stem}-mix.gguf")))
+            self.output.setText(str(output_path(doc.path, f"{stem}-mix.gguf")))
         else:
             self.status.setText("")
         self._update_buttons()

@@ -47,7 +47,7 @@ from quantscope.core.summary import human_bytes
 
 from ..guard import qt_guarded
 from ..theme import BAD_COLOR, OK_COLOR
-from ..widgets.paths import browse_row
+from ..widgets.paths import browse_row, output_path
 from ..widgets.progress import ProgressBar
 from ..workers import JobSlot, Task, TaskRunner
 
@@ -223,7 +223,8 @@ class QuantizeDialog(QDialog):
         for p in PRESETS:  # "model-Q8_0" -> "model": the suffix is the preset's
             stem = re.sub(rf"[-._]{re.escape(p)}$", "", stem, flags=re.IGNORECASE)
         if cur is None or cur.name.startswith(stem):
-            self.output.setText(str(self.gguf_path.with_name(f"{stem}-{name}.gguf")))
+            want = f"{stem}-{name}.gguf"  # (a folder the user chose stays)
+            self.output.setText(str(cur.with_name(want) if cur is not None else output_path(self.gguf_path, want)))
         self.refresh_plan()
 
     def _imatrix_text_changed(self, text: str) -> None:

@@ -3,6 +3,10 @@ dialog with a size column that fits its figures."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+from PySide6.QtCore import QStandardPaths
 from PySide6.QtWidgets import (
     QFileDialog,
     QFileSystemModel,
@@ -13,6 +17,34 @@ from PySide6.QtWidgets import (
     QTreeView,
     QWidget,
 )
+
+
+def output_path(source: str | os.PathLike[str], name: str) -> Path:
+    """Where a new file ``name`` made from ``source`` is proposed: beside the source, unless the source lives in a
+    cache (the model cache where the demo model is fetched, or any folder under ``$XDG_CACHE_HOME``, default
+    ``~/.cache``) or in a folder this user cannot write; then in the user's Documents folder, else home."""
+    folder = Path(source).expanduser().absolute().parent
+    if not _is_cache(folder) and os.access(folder, os.W_OK):
+        return folder / name
+    docs = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
+    return (Path(docs) if docs and Path(docs).is_dir() else Path.home()) / name
+
+
+def _is_cache(folder: Path) -> bool:
+    from quantscope.core import catalog
+
+    caches = [catalog.cache_dir(), Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")]
+    try:
+        real = folder.resolve()
+    except OSError:
+        return False
+    for c in caches:
+        try:
+            if real.is_relative_to(c.expanduser().resolve()):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def browse_row(edit: QLineEdit, title: str, file_filter: str, parent: QWidget, *, save: bool,

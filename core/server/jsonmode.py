@@ -9,7 +9,7 @@ or a list), ``properties``, ``required``, ``additionalProperties`` (false, true 
 automaton over the output's bytes whose states are immutable tuples, so trying a candidate token never disturbs the
 current state. Each byte costs a bounded amount of work: enum values and property names are kept sorted and
 narrowed by binary search (never scanned), and a key is compared with the others as the text it stands for
-(``"\u0061"`` is ``"a"``: a key given twice through an escape is refused).
+(``"\\u0061"`` is ``"a"``: a key given twice through an escape is refused).
 """
 
 from __future__ import annotations

@@ -345,14 +345,18 @@ def rest_of_stream(r: httplib.HTTPResponse) -> list[str]:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_ends_streams_and_queued_requests_cleanly(model_path: Any, sig: int) -> None:
-    """A running stream, a queued stream and a queued whole reply when the signal comes: both streams end with an
-    error event, ``data: [DONE]`` and the end of the chunked body; the whole reply is a 503; the command exits 0
-    with one line, no traceback. (--host 127.1 is loopback: no warning about it.)"""
-    proc, url = serve(model_path("smollm2"), "-c", "2048", "--max-queue", "4", "--host", "127.1")
+    """A running stream, a queued stream, a queued whole reply and a half-sent body when the signal comes: both
+    streams end with an error event, ``data: [DONE]`` and the end of the chunked body; the whole reply is a 503;
+    the half-sent one is closed (not waited for until its long read timeout); the command exits 0 with one line,
+    no traceback. (--host 127.1 is loopback: no warning about it.)"""
+    proc, url = serve(model_path("smollm2"), "-c", "2048", "--max-queue", "4", "--host", "127.1", "--timeout", "600")
     port = int(url.rsplit(":", 1)[1])
     long = {"messages": CHAT, "max_tokens": 1900, "ignore_eos": True, "stream": True, "temperature": 0}
     conns = [httplib.HTTPConnection("127.0.0.1", port, timeout=WAIT) for _ in range(4)]
+    half = socket.create_connection(("127.0.0.1", port), timeout=WAIT)
     try:
+        half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"prompt\": ")
         running = sse(conns[0], long)
         while not running.readline().startswith(b'data: {"id"'):  # the role, then the first token: it runs
             pass
@@ -378,7 +382,9 @@ def test_a_signal_ends_streams_and_queued_requests_cleanly(model_path: Any, sig:
         whole = conns[2].getresponse()
         assert whole.status == 503
         assert json.loads(whole.read())["error"]["code"] == "server_shutting_down"
+        assert closed_by_server(half)
     finally:
+        half.close()
         for c in conns:
             c.close()
         rc, err = finish(proc, sig)

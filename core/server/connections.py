@@ -86,6 +86,13 @@ class BoundedH11(H11Protocol):
         self._arm()  # the next request has ``timeout`` seconds
         super().on_response_complete()
 
+    def shutdown(self) -> None:
+        """The server is stopping: a connection waiting for its client is closed now, not after the timeout."""
+        if self._waiting():
+            self._drop()
+        else:
+            super().shutdown()
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()

@@ -241,3 +241,41 @@ def test_probe_this_prompt_reads_the_tokens_the_server_read(window, qtbot, model
     assert pv.result.probe.tokens == rec.prompt_ids
     in_loop(qtbot, sv.start_btn.click)
     qtbot.waitUntil(lambda: sv.state == "idle", timeout=60000)
+
+
+def test_idle_is_not_an_error_and_a_freed_port_is_said(window, qtbot, model_path):  # noqa: F811
+    from quantscope.gui.theme import BAD_COLOR
+
+    assert window.open_path(model_path("smollm2"))
+    sv = window.serve_view
+    window.show_view("serve")
+    assert window.open_path(model_path("smollm2"))  # (the view is set up again: still idle, still no error)
+    assert sv.status_label.full_text().startswith("Not serving") and BAD_COLOR not in sv.status_label.styleSheet()
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    port = s.getsockname()[1]
+    try:
+        serve(qtbot, window, port=port)
+        assert "is in use" in sv.status_label.full_text() and BAD_COLOR in sv.status_label.styleSheet()
+    finally:
+        s.close()
+    # the other program let the port go: the page follows, without another click
+    qtbot.waitUntil(lambda: "in use" not in sv.status_label.full_text(), timeout=10000)
+    assert f"Port {port} is free now" in sv.status_label.full_text()
+    assert BAD_COLOR not in sv.status_label.styleSheet()
+    qtbot.waitUntil(lambda: not sv.timer.isActive(), timeout=10000)  # nothing left to follow
+
+
+def test_the_reply_tooltip_offers_a_click_only_where_a_click_branches(qtbot):
+    from quantscope.core.chat.tokens import Alternative, TokenRecord
+    from quantscope.gui.views.chat_widgets import MessageView
+
+    alt = [Alternative(5, "a", 0.6, 0.6), Alternative(6, "b", 0.4, 0.4)]
+    rec = TokenRecord(5, "a", "a", 0.6, 0.6, 0.67, tuple(alt))
+    v = MessageView(1, "assistant", "a", "chat")
+    qtbot.addWidget(v)
+    v.set_records([rec])
+    assert not v.branchable and "Click the token" not in v.tooltip_for(0)  # the Serve tab's replies
+    v.branchable = True
+    assert "Click the token to continue with another one" in v.tooltip_for(0)  # the chat's, when idle

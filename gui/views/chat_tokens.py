@@ -150,9 +150,10 @@ def _pct(p: float) -> str:
     return f"{p * 100:.1f} %" if p >= 0.001 else f"{p * 100:.2g} %"
 
 
-def tooltip_html(r: TokenRecord, temperature: float | None = None) -> str:
+def tooltip_html(r: TokenRecord, temperature: float | None = None, clickable: bool = False) -> str:
     """The tool tip of a token: its text and id, probability raw and at the temperature, entropy, and the top
-    alternatives with both probabilities (the picked one in bold)."""
+    alternatives with both probabilities (the picked one in bold); ``clickable``: a click on the token branches
+    the reply (said only then: not while a reply streams, nor on the Serve tab's replies)."""
     piece = html.escape(visible(r.piece or r.text)) or "&nbsp;"
     head = f"<b>“{piece}”</b> <span style='color:gray'>token {r.token}</span>"
     if r.chosen:
@@ -171,7 +172,8 @@ def tooltip_html(r: TokenRecord, temperature: float | None = None) -> str:
             rows.append(f"<tr><td>{b0}“{text}”{b1}</td><td align='right'>&nbsp;&nbsp;{b0}{_pct(a.prob)}{b1}</td>"
                         f"<td align='right'>&nbsp;&nbsp;{b0}{_pct(a.scaled_prob)}{b1}</td></tr>")
         lines.append(f"<table cellspacing='0' cellpadding='1'>{''.join(rows)}</table>")
-        lines.append("<span style='color:gray'>Click the token to continue with another one.</span>")
+        if clickable:
+            lines.append("<span style='color:gray'>Click the token to continue with another one.</span>")
     return "<br>".join(lines[:3]) + "".join(lines[3:])
 
 

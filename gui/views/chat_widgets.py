@@ -377,7 +377,9 @@ class MessageView(QFrame):
         return QPoint(r.x() + 2, r.center().y())
 
     def tooltip_for(self, index: int) -> str:
-        return tooltip_html(self.records[index], self.temperature) if 0 <= index < len(self.records) else ""
+        if not 0 <= index < len(self.records):
+            return ""
+        return tooltip_html(self.records[index], self.temperature, clickable=self.branchable)
 
     def eventFilter(self, obj: QObject, event: QEvent) -> bool:
         if obj is self.body.viewport() and self.records:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import json
+import socket
 import threading
 import time
 from datetime import datetime
@@ -175,7 +176,9 @@ class ServeView(QWidget):
         super().__init__(parent)
         self.doc: Document | None = None
         self.state = "idle"  # idle, loading, serving, stopping
-        self.message = ""
+        self.message = ""  # the outcome shown while idle (an error, "Stopped."), until the next start
+        self.message_error = False
+        self.port_in_use: int | None = None  # the port a start found in use (followed until it is free)
         self.server: Any = None
         self.engine: Any = None
         self._cancel = threading.Event()
@@ -400,7 +403,7 @@ class ServeView(QWidget):
         self._thread = threading.Thread(target=self._start_thread, args=args, name="quantscope-serve-start",
                                         daemon=True)
         self.state = "loading"
-        self.message = ""
+        self.message, self.message_error, self.port_in_use = "", False, None
         self._thread.start()
         self.timer.start()
         self._update()
@@ -425,6 +428,7 @@ class ServeView(QWidget):
                 srv = Server(eng, model_id_of(path), port=port, parallel=slots, api_key=key, trace=True)
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
+                    self.port_in_use = port  # (before the result: the GUI thread follows the port from then on)
                     why = f"Port {port} is in use: choose another port (0 picks a free one)."
                 else:
                     why = f"Cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}."
@@ -513,13 +517,13 @@ class ServeView(QWidget):
                     self.model.refresh([])
                     self._show_example()
                 else:
-                    self.state, self.message = "idle", why
+                    self.state, self.message, self.message_error = "idle", why, bool(why)
             self._update()
         if self.state == "stopping" and self._thread is None:
             self._stoppers = [t for t in self._stoppers if t.is_alive()]
             if not self._stoppers:
                 self.state = "idle"
-                self.message = "Stopped."
+                self.message, self.message_error = "Stopped.", False
                 self._update()
         if self.state == "loading":
             self.status_label.setText(self._progress)
@@ -529,8 +533,28 @@ class ServeView(QWidget):
             if log.version != self._version:
                 self._version = log.version
                 self.refresh_requests()
-        if self.state == "idle" and not self._stoppers and self._thread is None:
+        if self.state == "idle" and self.port_in_use is not None:
+            self._check_port()
+        if self.state == "idle" and not self._stoppers and self._thread is None and self.port_in_use is None:
             self.timer.stop()
+
+    def _check_port(self) -> None:
+        """While "port N is in use" is shown: once N is free (the other program let it go), say so."""
+        port = self.port_in_use
+        if port is None or self.message_error is False:
+            self.port_in_use = None
+            return
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return
+        self.port_in_use = None
+        if self.port_spin.value() == port:
+            self._set_message(f"Port {port} is free now: Start serving.")
+        else:
+            self.message = ""
+            self._update()
 
     def refresh_requests(self) -> None:
         srv = self.server
@@ -628,7 +652,12 @@ class ServeView(QWidget):
                 f"{self.engine.n_ctx:,} tokens · KV caches {human_bytes(kv)}{key}")
 
     def _set_message(self, text: str, error: bool = False) -> None:
-        self.message = text
+        """An outcome (an error, "Stopped.", a port that is free again): shown while idle, until the next start."""
+        self.message, self.message_error = text, error
+        self._show_status(text, error)
+
+    def _show_status(self, text: str, error: bool = False) -> None:
+        """``text`` in the status line; red only for an ``error`` (serving, loading or idle are not errors)."""
         self.status_label.setText(text)
         self.status_label.setStyleSheet(f"color: {BAD_COLOR};" if error else "")
 
@@ -649,15 +678,15 @@ class ServeView(QWidget):
                                 "stopping": "Stopping…"}[s])
         self.start_btn.setEnabled(self.doc is not None and s != "stopping")
         if s == "serving":
-            self._set_message(self._serving_text())
+            self._show_status(self._serving_text())
         elif s == "loading":
-            self._set_message(self._progress)
+            self._show_status(self._progress)
         elif s == "stopping":
-            self._set_message("Stopping: requests in flight end as cancelled…")
+            self._show_status("Stopping: requests in flight end as cancelled…")
         elif self.message:
-            self._set_message(self.message, error=self.message != "Stopped.")
+            self._show_status(self.message, self.message_error)
         else:
-            self._set_message("Not serving. Start to make the model reachable over the OpenAI API on this machine "
+            self._show_status("Not serving. Start to make the model reachable over the OpenAI API on this machine "
                               "(the chat keeps its own copy of the model)." if self.doc is not None else "")
         self._show_example()
         self._update_detail_buttons()

@@ -18,7 +18,7 @@ import uvicorn
 from ..engine.generate import Engine
 from . import resources
 from .app import DEFAULT_MAX_BODY, ServerApp, ServerConfig
-from .connections import DEFAULT_TIMEOUT, protocol_class, quiet_accept_errors
+from .connections import ACCEPT_BURST, DEFAULT_TIMEOUT, LISTEN_BACKLOG, protocol_class, quiet_accept_errors
 from .errors import ApiError
 from .requests import RequestLog, RequestRecord
 from .scheduler import Scheduler
@@ -43,7 +43,7 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(128)
+        sock.listen(LISTEN_BACKLOG)
     except OSError:
         sock.close()
         raise
@@ -73,7 +73,9 @@ class _Uvicorn(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         quiet_accept_errors(asyncio.get_running_loop())
-        await super().startup(sockets)
+        await super().startup(sockets)  # asyncio listens with the accept burst as the backlog: the kernel's again
+        for sock in sockets or []:
+            sock.listen(LISTEN_BACKLOG)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._on_stop()
@@ -112,7 +114,7 @@ class Server:
         #: the connection cap in force
         self.max_connections = protocol.max_connections
         config = uvicorn.Config(self.app.asgi, log_level=log_level, access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=SHUTDOWN_GRACE, http=protocol)
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE, http=protocol, backlog=ACCEPT_BURST)
         self.uvicorn = _Uvicorn(config, lambda: self.scheduler.stop(wait=False))
         self._thread: threading.Thread | None = None
 

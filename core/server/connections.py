@@ -19,6 +19,11 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 DEFAULT_TIMEOUT = 30.0
 #: file descriptors left free besides the connections (the model's files, the loop, a burst of accepts)
 FD_RESERVE = 32
+#: connections accepted at most per event-loop turn (asyncio's accept loop): the cap closes the oldest ones a turn
+#: or two later, so the descriptors in use overshoot it by a few bursts, within FD_RESERVE
+ACCEPT_BURST = 8
+#: the kernel's queue of connections not yet accepted
+LISTEN_BACKLOG = 128
 _seq = itertools.count()
 log = logging.getLogger("uvicorn.error")
 
@@ -111,8 +116,9 @@ def protocol_class(timeout: float = DEFAULT_TIMEOUT, max_connections: int | None
 
 
 def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
-    """asyncio logs a traceback for every accept() that runs out of file descriptors (a burst of connections
-    beyond the cap, before the oldest are closed; it retries a second later): one warning line a minute instead."""
+    """asyncio logs a traceback for every accept() that runs out of file descriptors (other descriptors taken
+    meanwhile; it retries a second later), and another when such a retry finds the server closed: one warning
+    line a minute instead, and nothing for the retry."""
     last = [-math.inf]
 
     def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -121,6 +127,10 @@ def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
                 last[0] = loop.time()
                 log.warning("out of file descriptors: new connections wait a moment (see --max-connections)")
             return
+        callback = getattr(context.get("handle"), "_callback", None)
+        if getattr(callback, "__name__", "") == "_start_serving" and isinstance(context.get("exception"),
+                                                                                 (OSError, ValueError)):
+            return  # a retry after the server closed its socket
         loop.default_exception_handler(context)
 
     loop.set_exception_handler(handler)

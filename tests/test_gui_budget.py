@@ -116,14 +116,19 @@ def test_cancel_stops_measuring_and_keeps_what_was_measured(window, qtbot, llama
     page.ctx_spin.setValue(64)
     seen: list[int] = []
 
-    def report(done: int, _total: int, _text: str) -> None:
-        seen.append(done)
-        if done >= 2:
-            page.cancel()
+    def cancel_after_two(task) -> None:  # type: ignore[no-untyped-def]
+        def report(done: int, _total: int, _text: str) -> None:  # on the worker's thread, every report
+            seen.append(done)
+            if done >= 2:
+                task.cancel()  # what the Cancel button does, at an exact point of the work however loaded the machine
 
+        if task.name == "budget-measure":
+            task.observers.append(report)
+
+    page.job_slot.runner.on_start.append(cancel_after_two)
     with qtbot.waitSignal(page.measureFinished, timeout=120000) as sig:
         assert page.start()
-        page.job_slot.task.signals.progress.connect(report)
+    page.job_slot.runner.on_start.remove(cancel_after_two)
     assert sig.args == [None] and page.state == "cancelled" and page.run is None
     assert not page.job_slot.busy and page.measure_btn.isEnabled() and not page.slider.isEnabled()
     assert "Cancelled" in page.status.full_text()
@@ -347,3 +352,14 @@ def test_cancelling_a_second_measure_keeps_the_first_ones_results(window, qtbot,
     assert page.tensor_model.rowCount() == len(run.costs)
     assert page.slider.isEnabled() and page.write_btn.isEnabled()
     assert "kept" in page.status.full_text()
+
+
+def test_the_mix_against_a_preset_in_words():
+    from quantscope.gui.views.quant_lab_budget import against_text
+
+    assert against_text(0.15, 1.143) == "7.6× less"  # (never "87 %"-style rounding up to "100 % less")
+    assert against_text(0.001, 0.9) == "900× less"
+    assert against_text(0.6, 1.0) == "40 % less"
+    assert against_text(0.996, 1.0) == "0.4 % less"
+    assert against_text(1.2, 1.0) == "20 % more"
+    assert against_text(1.0, 1.0) == "the same"

@@ -556,3 +556,48 @@ def test_a_mixture_of_experts_file_shows_its_experts(window, tmp_path):  # noqa:
     assert labels[1] == "blk.0  ·  12 tensors  ·  16 experts", labels
     assert tm.index(1, 0).data(Qt.ItemDataRole.ToolTipRole) == labels[1]  # whole, where the column elides it
     assert "experts" not in labels[0]
+
+
+@pytest.mark.parametrize("width", [1100, 1660])
+def test_a_filter_keeps_the_by_layer_columns(window, qtbot, model_path, width):  # noqa: F811
+    """Filtering opens every layer: the tree's vertical scroll bar comes, and the columns shown stay the same."""
+    assert window.open_path(model_path("smollm2"))
+    window.show_view("tensors")
+    tv = window.tensors_view
+    tree = tv.tree
+    window.resize(width, 800)
+    fitter = tree._column_fitter
+
+    def shown() -> list[str]:
+        qtbot.waitUntil(lambda: not fitter._later.isActive())
+        m = tree.model()
+        return [m.headerData(c, Qt.Orientation.Horizontal) for c in range(m.columnCount())
+                if not tree.isColumnHidden(c)]
+
+    qtbot.waitUntil(lambda: tree.isVisible() and tree.viewport().width() > 0)
+    base = shown()
+    assert not tree.verticalScrollBar().isVisible()  # the layers, closed, fit
+    for text in ("ffn_down", "Q4_1", "norm"):
+        tv.filter.setText(text)
+        tv.flush_filter()
+        qtbot.waitUntil(tree.verticalScrollBar().isVisible)
+        assert shown() == base, text
+    tv.filter.setText("")
+    tv.flush_filter()
+    assert shown() == base
+
+
+def test_a_negative_minimum_is_written_as_a_subtraction(window, model_path):  # noqa: F811
+    """Q4_1 (the demo model): x = d · q + m with m < 0 reads "… − 0.856", never "+ -0.856"."""
+    assert window.open_path(model_path("smollm2"))
+    bv = window.block_view
+    f = window.doc.gguf
+    t = f.tensor("blk.0.attn_q.weight")
+    assert t.type_name == "Q4_1"
+    for block in range(8):
+        window.inspect_block(t.name, 0, block, 3)
+        m = next(fd.value["float"] for fd in bv.decoded.fields if fd.name == "m")
+        text = bv.explain.text()
+        assert "+ -" not in text and "− -" not in text, text
+        if m < 0:
+            assert f"− {abs(m):.7g} = " in text, text

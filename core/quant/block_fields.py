@@ -75,6 +75,13 @@ class DecodedBlock:
         return f"x[{i}] = {terms} = {self.values[i]:.7g}"
 
 
+def signed(op: str, v: float) -> str:
+    """``op v`` ("+" or "−") with ``v``'s sign folded in: ``+ -0.86`` reads ``− 0.86``, ``− -0.5`` reads ``+ 0.5``
+    (a term of an explained formula; ``v`` to 7 significant digits)."""
+    neg = (v < 0) != (op == "−")
+    return f"{'−' if neg else '+'} {abs(v):.7g}"
+
+
 def fp16(raw: bytes, off: int) -> float:
     """The IEEE binary16 at byte ``off``."""
     return float(np.frombuffer(raw, dtype="<f2", count=1, offset=off)[0])

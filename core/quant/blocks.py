@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .block_fields import BitSource, BlockField, DecodedBlock, build_block, bytes_field, fp16, fp16_field
+from .block_fields import BitSource, BlockField, DecodedBlock, build_block, bytes_field, fp16, fp16_field, signed
 from .dequant import (
     IQ4_NL_VALUES,
     dequantize,
@@ -67,7 +67,7 @@ def _decode_q4_1(t: GGMLType, raw: bytes) -> DecodedBlock:
     fields = [fp16_field(raw, "d", 0, "block scale"), fp16_field(raw, "m", 2, "block minimum (added)"),
               bytes_field(raw, "qs", 4, 16, "4-bit codes: low nibbles = elements 0-15, high nibbles = 16-31")]
     return build_block(t, raw, fields, q, q, np.full(32, d), np.full(32, m), np.zeros(32), cb, sh, 4,
-                  "x = d · q + m", 32, explain_terms=lambda i: f"d · q + m = {d:.7g} · {int(q[i])} + {m:.7g}")
+                  "x = d · q + m", 32, explain_terms=lambda i: f"d · q + m = {d:.7g} · {int(q[i])} {signed('+', m)}")
 
 
 def _q5_codes(raw: bytes, qh_off: int, qs_off: int) -> tuple[np.ndarray, int]:
@@ -97,7 +97,7 @@ def _decode_q5_1(t: GGMLType, raw: bytes) -> DecodedBlock:
               BlockField("qh", 4, 4, "u32", qh, "bit e = 5th bit of element e"),
               bytes_field(raw, "qs", 8, 16, "low 4 bits: low nibbles = elements 0-15, high nibbles = 16-31")]
     return build_block(t, raw, fields, q, q, np.full(32, d), np.full(32, m), np.zeros(32), cb, sh, 5,
-                  "x = d · q + m", 32, explain_terms=lambda i: f"d · q + m = {d:.7g} · {int(q[i])} + {m:.7g}")
+                  "x = d · q + m", 32, explain_terms=lambda i: f"d · q + m = {d:.7g} · {int(q[i])} {signed('+', m)}")
 
 
 def _decode_q8_0(t: GGMLType, raw: bytes) -> DecodedBlock:
@@ -162,8 +162,8 @@ def _decode_q4_k(t: GGMLType, raw: bytes) -> DecodedBlock:
 
     def terms(i: int) -> str:
         s = int(group[i])
-        return (f"d · sc[{s}] · q − dmin · m[{s}] = {d:.7g} · {int(sc[s])} · {int(q[i])} − "
-                f"{dmin:.7g} · {int(mn[s])}")
+        return (f"d · sc[{s}] · q − dmin · m[{s}] = {d:.7g} · {int(sc[s])} · {int(q[i])} "
+                f"{signed('−', dmin)} · {int(mn[s])}")
 
     return build_block(t, raw, fields, q, q, mult, offs, group, cb, sh, 4, "x = d · sc[s] · q − dmin · m[s]", 32,
                   scales={"sc": [int(v) for v in sc], "m": [int(v) for v in mn]},
@@ -188,8 +188,8 @@ def _decode_q5_k(t: GGMLType, raw: bytes) -> DecodedBlock:
 
     def terms(i: int) -> str:
         s = int(group[i])
-        return (f"d · sc[{s}] · q − dmin · m[{s}] = {d:.7g} · {int(sc[s])} · {int(q[i])} − "
-                f"{dmin:.7g} · {int(mn[s])}")
+        return (f"d · sc[{s}] · q − dmin · m[{s}] = {d:.7g} · {int(sc[s])} · {int(q[i])} "
+                f"{signed('−', dmin)} · {int(mn[s])}")
 
     return build_block(t, raw, fields, q, q, mult, offs, group, cb, sh, 5, "x = d · sc[s] · q − dmin · m[s]", 32,
                   scales={"sc": [int(v) for v in sc], "m": [int(v) for v in mn]},
@@ -244,8 +244,8 @@ def _decode_q2_k(t: GGMLType, raw: bytes) -> DecodedBlock:
 
     def terms(i: int) -> str:
         s = int(group[i])
-        return (f"d · sc[{s}] · q − dmin · m[{s}] = {d:.7g} · {int(sc[s])} · {int(q[i])} − "
-                f"{dmin:.7g} · {int(mn[s])}")
+        return (f"d · sc[{s}] · q − dmin · m[{s}] = {d:.7g} · {int(sc[s])} · {int(q[i])} "
+                f"{signed('−', dmin)} · {int(mn[s])}")
 
     return build_block(t, raw, fields, q, q, mult, offs, group, cb, sh, 2, "x = d · sc[s] · q − dmin · m[s]", 16,
                   scales={"sc": [int(v) for v in sc], "m": [int(v) for v in mn]}, explain_terms=terms)

@@ -100,6 +100,22 @@ def milli_text(v: float) -> str:
     return f"{m:.2g}" if m >= 0.01 else f"{m:.0e}"
 
 
+def against_text(cost: float, other: float) -> str:
+    """How a predicted divergence ``cost`` compares with ``other`` (> 0) in words: "40 % less", "7.6× less",
+    "20 % more", "the same" (a ratio past 2 is a factor: a percentage would round up to "100 % less")."""
+    if cost == other:
+        return "the same"
+
+    def num(v: float) -> str:
+        return f"{v:,.0f}" if v >= 10 else f"{v:.2g}"
+
+    if cost < other:
+        if cost > 0 and other / cost >= 2:
+            return f"{num(other / cost)}× less"
+        return f"{num(100 * (1 - cost / other))} % less"
+    return f"{num(100 * (cost / other - 1))} % more"
+
+
 def tensor_key(name: str) -> str:
     """Sort key of a tensor name: by block number (the others first), then by name."""
     return f"{layer_of(name) + 1:09d} {name}"
@@ -837,10 +853,8 @@ class BudgetPanel(QWidget):
             counts[q] = counts.get(q, 0) + 1
         near = ""
         for p, pm in run.presets.items():
-            if abs(pm.file_bytes - size) <= max(sp.alignment, size // 2000):
-                less = 100 * (1 - mix.cost / pm.cost) if pm.cost > 0 else 0.0
-                near = (f" · {p}, the same size, predicts {pm.cost:.4g}: the mix {abs(less):.0f} % "
-                        f"{'less' if less >= 0 else 'more'}")
+            if abs(pm.file_bytes - size) <= max(sp.alignment, size // 2000) and pm.cost > 0:
+                near = f" · {p}, the same size, predicts {pm.cost:.4g}: the mix {against_text(mix.cost, pm.cost)}"
         check = ""
         if self.refined is not None:
             swapped = len(self.refined.swapped)

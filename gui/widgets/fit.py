@@ -125,6 +125,11 @@ class _ColumnFitter(QObject):
         if model is None or not v.isVisible():  # a hidden view (another tab) is fitted when it is shown
             return
         room = v.viewport().width()
+        sb = v.verticalScrollBar()
+        if v.verticalScrollBarPolicy() == Qt.ScrollBarPolicy.ScrollBarAsNeeded and not sb.isVisible():
+            # the room the vertical scroll bar takes once it is needed, kept free when it is not: a filter or an
+            # expanded layer that brings the bar must not hide a column (nor clearing it show one back)
+            room -= sb.sizeHint().width()
         cols = [c for c in range(model.columnCount()) if c != self.stretch]
         hidden: set[int] = set()
         if self._widths is None or len(self._widths) != len(cols) + 1:

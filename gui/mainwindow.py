@@ -57,7 +57,7 @@ from .views.tensors import TensorsView
 from .widgets.fit import ElidedLabel
 from .widgets.paths import pick_file
 from .widgets.progress import ProgressBar
-from .workers import TaskRunner
+from .workers import TaskRunner, task_label
 
 MAX_RECENT = 10
 #: The View menu: Ctrl+1… in this order (the README lists the same), every tab of a file reachable by a key.
@@ -154,13 +154,14 @@ class MainWindow(QMainWindow):
         self.tabs.setAccessibleName("Views")
         self.tabs.setDocumentMode(True)
         self._tab = {}
-        for key, w, label in (("overview", self.overview, "Overview"), ("metadata", self.metadata_view, "Metadata"),
-                              ("tensors", self.tensors_view, "Tensors"), ("block", self.block_view, "Block inspector"),
-                              ("lab", self.lab_view, "Quant lab"),
-                              ("chat", self.chat_view, "Chat"), ("probe", self.probe_view, "Probe"),
-                              ("serve", self.serve_view, "Serve"),
-                              ("bump", self.bump_view, "Bump file"),
-                              ("welcome", self.welcome, "Start")):
+        views = {"overview": (self.overview, "Overview"), "metadata": (self.metadata_view, "Metadata"),
+                 "tensors": (self.tensors_view, "Tensors"), "block": (self.block_view, "Block inspector"),
+                 "lab": (self.lab_view, "Quant lab"), "chat": (self.chat_view, "Chat"),
+                 "probe": (self.probe_view, "Probe"), "serve": (self.serve_view, "Serve"),
+                 "bump": (self.bump_view, "Bump file"), "welcome": (self.welcome, "Start")}
+        # the tabs stand in the order of View ▸ Ctrl+1…9 (the N-th tab shown is Ctrl+N's view)
+        for key in (*(k for k, _ in VIEW_KEYS), "welcome"):
+            w, label = views[key]
             self._tab[key] = self.tabs.addTab(w, label)
             w.setAccessibleName(w.accessibleName() or label)
         central = QWidget()
@@ -743,14 +744,7 @@ class MainWindow(QMainWindow):
         on = bool(running)
         self.task_progress.setVisible(on)
         self.task_cancel.setVisible(on)
-        names = {"tensor-stats": "statistics", "scale-scan": "scale scan", "convert": "conversion",
-                 "bump-checksum": "checksum", "heatmap": "heatmap", "tokenizer": "reading the tokenizer",
-                 "template": "template preview", "tokenize": "tokenizing", "cuda-check": "CUDA check",
-                 "quantize": "quantizing", "imatrix": "reading the imatrix", "requantize": "requantizing",
-                 "quant-stats": "quant statistics", "lab-open": "opening", "compare": "comparing",
-                 "diff": "comparing files", "diff-locate": "locating a difference", "probe-run": "probing",
-                 "probe-lens": "logit lens", "probe-attention": "attention weights"}
-        self.task_label.setText(", ".join(sorted({names.get(t.name, t.name) for t in running})) + "…" if on else "")
+        self.task_label.setText(", ".join(sorted({task_label(t.name) for t in running})) + "…" if on else "")
 
     # ------------------------------------------------------------------ drag and drop
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:

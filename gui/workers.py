@@ -25,6 +25,25 @@ TaskFn = Callable[[Report, CancelToken], Any]
 
 _PROGRESS_INTERVAL = 0.05
 
+#: What the status bar calls each task (a task's ``name`` is internal; tests/test_gui_app.py checks that every
+#: name the views start has an entry here).
+TASK_LABELS: dict[str, str] = {
+    "tensor-stats": "statistics", "scale-scan": "scale scan", "heatmap": "heatmap", "convert": "conversion",
+    "convert-check": "checking the bump profiles", "bump-checksum": "checksum", "tokenizer": "reading the tokenizer",
+    "tokenizer-edit": "reading the tokenizer", "template": "template preview", "template-edit": "template preview",
+    "tokenize": "tokenizing", "cuda-check": "CUDA check", "quantize": "quantizing", "imatrix": "reading the imatrix",
+    "requantize": "requantizing", "quant-stats": "quant statistics", "lab-open": "opening a file",
+    "compare": "comparing", "diff": "comparing files", "diff-locate": "locating a difference",
+    "probe-run": "probing", "probe-lens": "logit lens", "probe-attention": "attention weights",
+    "budget-measure": "measuring each tensor's cost", "budget-refine": "checking the mix",
+    "budget-write": "writing the mix", "save-metadata": "saving the edited file", "export": "exporting",
+}
+
+
+def task_label(name: str) -> str:
+    """The status bar's words for task ``name`` (an unlisted name: its words, never its dashes)."""
+    return TASK_LABELS.get(name) or name.replace("-", " ").replace("_", " ")
+
 
 @qt_guarded
 class TaskSignals(QObject):
@@ -53,6 +72,9 @@ class Task(QRunnable):
         # one progress signal in flight at a time: a GUI thread slower than the worker gets the latest, not a queue
         self._in_flight = False
         self.signals.progress.connect(self._delivered)
+        #: called on the worker's thread with every report, before throttling (tests act at an exact point of the
+        #: work, e.g. cancel after the second tensor, however fast or loaded the machine is)
+        self.observers: list[Callable[[int, int, str], None]] = []
 
     def cancel(self) -> None:
         self.token.cancel()
@@ -62,6 +84,8 @@ class Task(QRunnable):
         return self.token.cancelled
 
     def _report(self, done: int, total: int, text: str = "") -> None:
+        for observe in self.observers:
+            observe(done, total, text)
         now = time.monotonic()
         if (now - self._last_emit >= _PROGRESS_INTERVAL and not self._in_flight) or done >= total:
             self._last_emit = now
@@ -104,6 +128,8 @@ class TaskRunner(QObject):
         self.closed = False
         #: Asked before each task starts; False cancels it at once (the window refuses work on a changed file).
         self.may_start: Callable[[], bool] | None = None
+        #: called with each task before it is queued (on the GUI thread): where a test attaches Task.observers
+        self.on_start: list[Callable[[Task], None]] = []
 
     def start(self, name: str, fn: TaskFn, *, on_done: Callable[[Any], None] | None = None,
               on_progress: Callable[[int, int, str], None] | None = None,
@@ -131,6 +157,8 @@ class TaskRunner(QObject):
         if on_ended:
             task.signals.ended.connect(on_ended)
         self.active.append(task)
+        for hook in self.on_start:
+            hook(task)
         self.pool.start(task)
         self.changed.emit()
         return task

@@ -331,3 +331,56 @@ def test_screenshot_size_applies_to_every_view(tmp_path, model_path, view):
     assert r.returncode == 0, r.stderr
     img = QImage(str(out))
     assert (img.width(), img.height()) == (1024, 640)
+
+
+def test_the_tabs_are_in_the_order_of_ctrl_1_to_9(window, qtbot, model_path):  # noqa: F811
+    """Ctrl+N shows the view the View menu lists N-th; the tabs stand in that order (Ctrl+5 = the 5th tab shown)."""
+    from PySide6.QtTest import QTest
+
+    from quantscope.gui.mainwindow import VIEW_KEYS
+
+    assert window.open_path(model_path("smollm2"))
+    tabs = window.tabs
+    shown = [i for i in range(tabs.count()) if tabs.isTabVisible(i)]
+    order = [k for k, _ in VIEW_KEYS if tabs.isTabVisible(window._tab[k])]
+    assert [window._tab[k] for k in order] == shown
+    for n, key in enumerate(k for k, _ in VIEW_KEYS):
+        if not tabs.isTabVisible(window._tab[key]):
+            continue
+        window.activateWindow()
+        QTest.keyClick(window, Qt.Key(Qt.Key.Key_1 + n), Qt.KeyboardModifier.ControlModifier)
+        qtbot.waitUntil(lambda k=key: window.current_view() == k)
+
+
+def _task_names() -> set[str]:
+    """Every task name the GUI's sources start a task with (literal, a *_TASK constant, or through a wrapper)."""
+    import re
+    from pathlib import Path
+
+    import quantscope.gui as gui_pkg
+
+    sources = [p.read_text(encoding="utf-8") for p in Path(gui_pkg.__file__).parent.rglob("*.py")]
+    consts = {m[0]: m[1] for s in sources for m in re.findall(r'^([A-Z_]+TASK)\s*=\s*"([^"]+)"', s, re.M)}
+    names = set()
+    for s in sources:
+        for lit, const in re.findall(r'\.(?:start|_start|_run)\(\s*(?:"([^"]+)"|([A-Z_]+TASK)\b)', s):
+            names.add(lit or consts[const])
+    return names
+
+
+def test_the_status_bar_names_background_work_in_words(window, qtbot):  # noqa: F811
+    import threading
+
+    from quantscope.gui.workers import TASK_LABELS
+
+    names = _task_names()
+    assert {"budget-measure", "convert", "probe-run", "export", "diff-locate"} <= names
+    assert names <= set(TASK_LABELS), names - set(TASK_LABELS)
+    gate = threading.Event()
+    try:
+        window.runner.start("budget-measure", lambda _r, _t: gate.wait(30))
+        qtbot.waitUntil(lambda: window.task_label.text() != "")
+        assert window.task_label.text() == "measuring each tensor's cost…"
+    finally:
+        gate.set()
+    qtbot.waitUntil(lambda: window.task_label.text() == "")

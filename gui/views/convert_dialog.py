@@ -198,7 +198,7 @@ class ConvertDialog(QDialog):
             self._show_refusal()
             self.profilesChecked.emit(self.refusals)
 
-        self.check_slot.start("check the conversion", work, on_done=self._profiles_checked, on_failed=failed)
+        self.check_slot.start("convert-check", work, on_done=self._profiles_checked, on_failed=failed)
 
     def _profiles_checked(self, refusals: dict[str, str]) -> None:
         self.refusals = refusals

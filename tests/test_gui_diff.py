@@ -643,3 +643,23 @@ def test_a_comparison_that_ends_at_once_leaves_no_job(window, qtbot, pair, monke
     dlg.cancel()
     assert dlg.status.full_text() != "Cancelling…" and dlg.state == "done"
     wait_idle(qtbot, window)
+
+
+def test_the_located_difference_agrees_with_the_table(window, qtbot, pair):  # noqa: F811
+    """q4k.weight: the region of the largest RMSE (row 9) is not where the tensor's largest |Δ| is (row 1): the
+    panel's figures read as the table's, and it says where the table's max |Δ| lies."""
+    dlg, d = diff_done(window, qtbot, pair)
+    rows = table(dlg)
+    col = [dlg.tensor_model.headerData(c, Qt.Orientation.Horizontal) for c in
+           range(dlg.tensor_model.columnCount())].index("Max |Δ|")
+    for name in ("q8.weight", "q4k.weight"):
+        found = locate_by_click(qtbot, dlg, name)
+        v = next(t for t in d.tensors if t.name == name).values
+        info = dlg.pair.info.full_text()
+        assert f"in these columns {fig(found.loc.abs_diff)} at column {found.loc.col:,}" in info
+        if v.max_abs > found.loc.abs_diff:
+            r, c = v.max_abs_at
+            assert f"(the tensor's, the table's Max |Δ|: {rows[name][col]} at row {r:,}, column {c:,})" in info
+        else:
+            assert fig(found.loc.abs_diff) == rows[name][col] and "the table's" not in info
+    assert "the table's Max |Δ|" in dlg.pair.info.full_text()  # q4k.weight, last

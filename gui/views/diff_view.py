@@ -48,6 +48,7 @@ from quantscope.core.gguf.diff import (
     MetadataChange,
     SideBlock,
     TensorDiff,
+    ValueDiff,
     diff_files,
     locate_blocks,
 )
@@ -696,15 +697,21 @@ class BlockPairView(QWidget):
         self.title.setText(printable(name))
         self.info.setText(f"Finding where the values differ most… {100 * frac:.0f} %")
 
-    def set_found(self, found: Located, names: tuple[str, str]) -> None:
+    def set_found(self, found: Located, names: tuple[str, str], values: ValueDiff | None = None) -> None:
+        """Show ``found``; ``values`` (the table's figures of the tensor) names the tensor's largest |Δ| when it lies
+        outside these columns (the region shown is the one of the largest RMSE, not always the one of the max)."""
         self.found = found
         loc = found.loc
         self.name = loc.tensor
         c0, c1 = loc.region
         self.title.setText(printable(f"{loc.tensor} · row {loc.row:,} · columns {c0:,}–{c1 - 1:,}"))
-        self.info.setText(f"Largest |Δ| {fig(loc.abs_diff, '.5g')} at column {loc.col:,}: A "
-                          f"{fig(loc.value_a, '.6g')} → B {fig(loc.value_b, '.6g')} · RMSE of these "
-                          f"{c1 - c0:,} columns {fig(loc.region_rmse, '.5g')} (the largest of the tensor)")
+        elsewhere = ""
+        if values is not None and values.max_abs_at is not None and values.max_abs > loc.abs_diff:
+            r, c = values.max_abs_at
+            elsewhere = f" (the tensor's, the table's Max |Δ|: {fig(values.max_abs)} at row {r:,}, column {c:,})"
+        self.info.setText(f"Largest |Δ| in these columns {fig(loc.abs_diff)} at column {loc.col:,}{elsewhere}: "
+                          f"A {fig(loc.value_a, '.6g')} → B {fig(loc.value_b, '.6g')} · RMSE of these "
+                          f"{c1 - c0:,} columns {fig(loc.region_rmse)}, the largest of the tensor")
         self.a.set_block(found, names[0])
         self.b.set_block(found, names[1])
         self.inspect_btn.setEnabled(True)
@@ -1256,7 +1263,9 @@ class DiffDialog(QDialog):
                                    printable(name))
         else:
             b = self.file_b.path.name if self.file_b is not None and self.file_b.path else "B"
-            self.pair.set_found(found, (self.doc_path.name, b))
+            td = next((t for t in self.result.tensors if t.name == found.loc.tensor), None) \
+                if self.result is not None else None
+            self.pair.set_found(found, (self.doc_path.name, b), td.values if td is not None else None)
         self.locateFinished.emit(found)
 
     def _locate_failed(self, seq: int, name: str, msg: str) -> None:

@@ -83,7 +83,11 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
     from .model import load_engine
 
     eng = load_engine(args, max(args.n_prompt, args.n_gen) + 16)
-    rows = bench_model(eng.model, args.n_prompt, args.n_gen, args.repetitions, make_session=eng.new_session)
+    def say(test: str, rep: int, reps: int) -> None:  # like llama-bench --progress: what runs now, on stderr
+        print(f"bench: {test} {'warm-up' if rep == 0 else f'run {rep}/{reps}'}", file=sys.stderr, flush=True)
+
+    rows = bench_model(eng.model, args.n_prompt, args.n_gen, args.repetitions, make_session=eng.new_session,
+                       progress=None if args.json else say)
     peak = peak_rss_mb()
     for r in rows:
         r.update({"model": Path(args.file).name, "isa": isa(), "backend": eng.backend, "peak_rss_mb": peak,

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -386,7 +385,7 @@ def test_cli_commands_end_with_one_error_line(model_path, tmp_path: Path, comman
         ready = _stderr_line_starting("[1/")
     else:
         proc = _quantscope("bench", str(copy), "-p", "64", "-n", "100000", "-t", "2", "--no-repack")
-        ready = lambda p: time.sleep(3)  # noqa: E731  # loaded and decoding (it prints only at the end)
+        ready = _stderr_line_starting("bench: tg")  # loaded, prefill done, decoding
     err = _truncate_while_running(proc, copy, ready)
     assert proc.returncode == 2, (proc.returncode, err)
     lines = _error_lines(err)

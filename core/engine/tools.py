@@ -61,9 +61,11 @@ def perplexity(model: Model, tok: Tokenizer, text: str, n_ctx: int, max_chunks: 
 
 
 def bench_model(model: Model, n_prompt: int = 128, n_gen: int = 64, repetitions: int = 3,
-                seed: int = 0, make_session: Callable[[int], Any] | None = None) -> list[dict[str, Any]]:
+                seed: int = 0, make_session: Callable[[int], Any] | None = None,
+                progress: Callable[[str, int, int], None] | None = None) -> list[dict[str, Any]]:
     """llama-bench-like: ``pp<n>`` prefill of n random tokens from an empty cache and ``tg<n>`` n single-token
-    decodes from an empty cache, each repeated; tokens/s mean and stddev."""
+    decodes from an empty cache, each repeated; tokens/s mean and stddev. ``progress(test, rep, reps)`` is
+    called as each repetition starts (rep 0 is the warm-up)."""
     rng = np.random.default_rng(seed)
     c = model.config
     n = max(n_prompt, n_gen) + 8
@@ -75,6 +77,8 @@ def bench_model(model: Model, n_prompt: int = 128, n_gen: int = 64, repetitions:
         rates = []
         for rep in range(repetitions + 1):  # first repetition warms up
             toks = rng.integers(0, c.n_vocab, size=n)
+            if progress is not None:
+                progress(f"{test}{n}", rep, repetitions)
             session.reset()
             t0 = time.perf_counter()
             if test == "pp":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 
@@ -28,6 +30,30 @@ def window(qtbot, tmp_path):
 def wait_idle(qtbot, w, timeout=60000):
     """Wait until the window's background tasks have all ended."""
     qtbot.waitUntil(lambda: not w.runner.running(), timeout=timeout)
+
+
+@contextlib.contextmanager
+def cancel_when(runner, name, when, seen=None):
+    """Within the block, the next task ``name`` started on ``runner`` is cancelled from its own worker thread at
+    the first report ``(done, total, text)`` for which ``when`` is true (each report before throttling is also
+    appended to ``seen``): a cancel at an exact point of the work, however fast or loaded the machine is."""
+    def attach(task) -> None:  # type: ignore[no-untyped-def]
+        if task.name != name:
+            return
+
+        def report(done: int, total: int, text: str) -> None:
+            if seen is not None:
+                seen.append((done, total, text))
+            if when(done, total, text):
+                task.cancel()
+
+        task.observers.append(report)
+
+    runner.on_start.append(attach)
+    try:
+        yield
+    finally:
+        runner.on_start.remove(attach)
 
 
 def fit_problems(root) -> list[str]:

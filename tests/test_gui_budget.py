@@ -15,7 +15,7 @@ from quantscope.core.quant.target import target_space
 from quantscope.core.tokenizer import Tokenizer
 
 from .arch_fixtures import vocabulary, write_fixture
-from .gui_helpers import fit_problems, wait_idle, window  # noqa: F401
+from .gui_helpers import cancel_when, fit_problems, wait_idle, window  # noqa: F401
 
 TEXT = Path(__file__).parent / "data" / "english.txt"
 TYPES = "Q4_0,Q5_0,Q8_0"
@@ -114,21 +114,11 @@ def test_cancel_stops_measuring_and_keeps_what_was_measured(window, qtbot, llama
     page = _page(window, llama, tmp_path / "costs")
     page.chunks_spin.setValue(4)
     page.ctx_spin.setValue(64)
-    seen: list[int] = []
-
-    def cancel_after_two(task) -> None:  # type: ignore[no-untyped-def]
-        def report(done: int, _total: int, _text: str) -> None:  # on the worker's thread, every report
-            seen.append(done)
-            if done >= 2:
-                task.cancel()  # what the Cancel button does, at an exact point of the work however loaded the machine
-
-        if task.name == "budget-measure":
-            task.observers.append(report)
-
-    page.job_slot.runner.on_start.append(cancel_after_two)
-    with qtbot.waitSignal(page.measureFinished, timeout=120000) as sig:
+    reports: list[tuple[int, int, str]] = []
+    with cancel_when(page.job_slot.runner, "budget-measure", lambda done, _t, _s: done >= 2, reports), \
+            qtbot.waitSignal(page.measureFinished, timeout=120000) as sig:
         assert page.start()
-    page.job_slot.runner.on_start.remove(cancel_after_two)
+    seen = [done for done, _t, _s in reports]
     assert sig.args == [None] and page.state == "cancelled" and page.run is None
     assert not page.job_slot.busy and page.measure_btn.isEnabled() and not page.slider.isEnabled()
     assert "Cancelled" in page.status.full_text()
@@ -339,13 +329,9 @@ def test_cancelling_a_second_measure_keeps_the_first_ones_results(window, qtbot,
     assert rows > 0 and points > 0
     page.chunks_spin.setValue(3)  # another calibration: measured anew (nothing cached)
 
-    def report(done: int, _total: int, _text: str) -> None:
-        if done >= 1:
-            page.cancel()
-
-    with qtbot.waitSignal(page.measureFinished, timeout=120000) as sig:
+    with cancel_when(page.job_slot.runner, "budget-measure", lambda done, _t, _s: done >= 1), \
+            qtbot.waitSignal(page.measureFinished, timeout=120000) as sig:
         assert page.start()
-        page.job_slot.task.signals.progress.connect(report)
     assert sig.args == [None] and page.state == "cancelled"
     assert page.run is run and page.mix is not None and page.mix.choices == mix.choices
     assert page.mix_model.rowCount() == rows and len(page.plot.points.data) == points

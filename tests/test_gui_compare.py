@@ -32,7 +32,7 @@ from quantscope.core.engine.compare import compare_models
 from quantscope.core.quant.imatrix import read_imatrix
 
 from .arch_fixtures import vocabulary, write_fixture
-from .gui_helpers import fit_problems, wait_idle, window  # noqa: F401
+from .gui_helpers import cancel_when, fit_problems, wait_idle, window  # noqa: F401
 
 DATA = Path(__file__).parent / "data"
 TEXT = (DATA / "english.txt").read_text(encoding="utf-8")
@@ -331,17 +331,12 @@ def test_the_worst_list_finds_each_position_in_the_text(window, qtbot, files):  
 def test_cancel_stops_the_comparison_and_another_can_run(window, qtbot, files):  # noqa: F811
     dlg = setup(window, qtbot, files["F32"], files["Q8_0"], text=TEXT * 40)
     dlg.chunks.setValue(0)  # every chunk of a long text: seconds of work
-    seen: list[tuple[int, int]] = []
-
-    def progress(done: int, total: int, message: str) -> None:
-        if message.startswith("chunk"):
-            seen.append((done, total))
-            dlg.cancel()
-
-    with qtbot.waitSignal(dlg.compareFinished, timeout=60000) as sig:
+    reports: list[tuple[int, int, str]] = []
+    with cancel_when(window.runner, "compare", lambda _d, _t, message: message.startswith("chunk"), reports), \
+            qtbot.waitSignal(dlg.compareFinished, timeout=60000) as sig:
         dlg.start()
-        dlg.task.signals.progress.connect(progress)
     assert sig.args[0] is None and dlg.state == "cancelled" and dlg.result is None
+    seen = [(done, total) for done, total, message in reports if message.startswith("chunk")]
     total = seen[0][1]
     assert total > 100 and max(d for d, _t in seen) < total // 2  # it stopped long before the end
     assert dlg.status.text() == "Cancelled." and dlg.progress.value() == 0 and "cancelled" in dlg.text.toPlainText()

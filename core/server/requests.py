@@ -119,6 +119,14 @@ class RequestLog:
         self._seq = itertools.count(1)
         #: bumped on every change: a reader polls it
         self.version = 0
+        #: called with the record after each change of a request, on the thread that made it (the scheduler's for
+        #: tokens and the end, the event loop's for the start): an observer that sees every state, however fast
+        self.listeners: list[Callable[[RequestRecord], None]] = []
+
+    def _changed(self, rec: RequestRecord) -> None:
+        self.version += 1
+        for listen in self.listeners:
+            listen(rec)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -128,7 +136,7 @@ class RequestLog:
             self._items.append(rec)
             while len(self._items) > self.limit:
                 self._items.popleft()
-            self.version += 1
+        self._changed(rec)
         return rec
 
     def open(self, endpoint: str, client: str, job: Job, prompt_text: str, stream: bool) -> RequestRecord:
@@ -153,7 +161,7 @@ class RequestLog:
             return
         rec.http_status, rec.error, rec.ended_as, rec.job, rec.trace = status, message, "refused", None, None
         rec.t_end = time.perf_counter()
-        self.version += 1
+        self._changed(rec)
 
     def token(self, rec: RequestRecord, token: int | None, text: str, channel: str,
               choice: TokenChoice | None) -> None:
@@ -164,7 +172,7 @@ class RequestLog:
             rec.completion_tokens += 1
         if rec.trace is not None:
             rec.trace.add(token, text, channel, choice)
-        self.version += 1
+        self._changed(rec)
 
     def event(self, rec: RequestRecord, ev: Event) -> None:
         """An event of the request's reply, on the scheduler's thread."""
@@ -182,7 +190,7 @@ class RequestLog:
             rec.ended_as = ev.finish_reason or "stop"
             rec.job = None
             self._bound_traces()
-        self.version += 1
+        self._changed(rec)
 
     def _bound_traces(self) -> None:
         """Drop the oldest finished traces while all of them hold more than ``max_traced`` records."""

@@ -167,3 +167,33 @@ def test_a_file_a_profile_takes_opens_ready(window, qtbot, model_path):  # noqa:
     qtbot.waitUntil(lambda: dlg.refusals is not None, timeout=30000)
     assert dlg.refusals.get("ckernel") is None and dlg.start_btn.isEnabled() and not dlg.requant_btn.isVisible()
     dlg.close()
+
+
+def test_opening_a_bump_reads_only_the_section_rows_in_view(
+        window, qtbot, tmp_path, model_path, monkeypatch):  # noqa: F811
+    """Showing the bump inspector measured its columns over every section (Qt's ResizeToContents reads 1,000 rows
+    per column, a Python call each, on each layout: "Open the result" stalled the window ~1 s). Only the rows in
+    view are read for display now (sorting reads its own role)."""
+    from quantscope.core.bump import ConvertJob
+    from quantscope.gui.models import BumpSectionsModel
+
+    out = tmp_path / "qwen.bump"
+    ConvertJob(model_path("qwen2.5-coder"), out).run()
+    read: list[int] = []
+    original = BumpSectionsModel.data.qt_original
+
+    def data(self, index, role=Qt.ItemDataRole.DisplayRole):  # type: ignore[no-untyped-def]
+        if role == Qt.ItemDataRole.DisplayRole and index.isValid():
+            read.append(index.row())
+        return original(self, index, role)
+
+    monkeypatch.setattr(BumpSectionsModel.data, "qt_original", data)
+    window.resize(1100, 700)
+    assert window.open_path(out) and window.current_view() == "bump"
+    bv = window.bump_view
+    qtbot.waitExposed(bv.sections_table)
+    qtbot.waitUntil(lambda: bv.checksum_ok is not None, timeout=60000)
+    shown = bv.sections_table.rowAt(bv.sections_table.viewport().height() - 1)
+    n = bv.sections_model.rowCount()
+    assert n > 300 and 0 < shown < 100
+    assert read and len({r for r in read}) <= shown + 2, (len(set(read)), shown)

@@ -237,3 +237,18 @@ def test_a_damaged_tensor_shows_nothing_of_the_block_shown_before(window, qtbot,
     assert "token_embd" not in bv.info.text() and "Q8_0" not in bv.info.text() and "offset" not in bv.info.text()
     assert len(bv.marker.data) == 0 and len(bv.hover_marker.data) == 0 and not bv.vline.isVisible()
     assert bv.fp16_layout.count() == 0 and bv.fields_model.rowCount() == 0 and not bv.formula.text()
+
+
+@pytest.mark.parametrize("kind", ["unknown-type", "huge-ne"])
+def test_a_damaged_file_is_not_given_a_clean_scale_scan(window, qtbot, tmp_path, smol, kind):  # noqa: F811
+    """The scan reads only the tensors it can: a damaged one is said to be left out, and nothing is green."""
+    from quantscope.gui.theme import OK_COLOR
+
+    path = ODD_FILES[kind](tmp_path / f"{kind}.gguf", smol)
+    assert window.open_path(path)
+    ov = window.overview
+    qtbot.waitUntil(lambda: ov.scan_result is not None and not ov.scan_job.busy, timeout=30000)
+    text = ov.scan_label.text()
+    damaged = [t.name for t in window.doc.gguf.tensors if t.type is None or t.problem]
+    assert damaged and OK_COLOR not in text and "✓" not in text, text
+    assert f"{damaged[0]} could not be read: not scanned" in text, text

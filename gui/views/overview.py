@@ -3,6 +3,8 @@ mix, the memory it needs for a chosen context, and integrity checks with a backg
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
@@ -22,6 +24,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from quantscope.core.fsutil import printable
 from quantscope.core.gguf.checks import integrity_checks, metadata_int
 from quantscope.core.model.memory import KV_TYPES, memory_plan, weights_by_layer
 from quantscope.core.quant.scales import ScaleScan, scan_scales
@@ -430,13 +433,27 @@ class OverviewView(QWidget):
         if doc is not self.doc:
             return
         self.scan_result = r
+        f = doc.gguf
+        # a tensor that cannot be read (unknown type, data outside the file) is not scanned: never a clean bill
+        damaged = [t.name for t in f.tensors if t.type is None or t.problem] if f is not None else []
+        if damaged:
+            names = ", ".join(html.escape(printable(n)) for n in damaged[:3]) + (", …" if len(damaged) > 3 else "")
+            lost = (f"<span style='color:{BAD_COLOR}'>✗ {names} could not be read: not scanned</span>"
+                    if len(damaged) == 1 else
+                    f"<span style='color:{BAD_COLOR}'>✗ {len(damaged)} tensors ({names}) could not be read: not "
+                    "scanned</span>")
         if r.n_bad:
             first = ", ".join(f"{b.tensor} block {b.block} {b.field}=0x{b.bits:x}" for b in r.bad[:3])
             text = (f"<span style='color:{BAD_COLOR}'>✗ {r.n_bad:,} NaN/Inf scales</span> in "
                     f"{plural(r.blocks_scanned, 'block')} of {plural(r.tensors_scanned, 'tensor')}, e.g. {first}")
+        elif damaged:
+            text = (f"{lost}; no NaN/Inf scales in the {plural(r.blocks_scanned, 'block')} of the "
+                    f"{plural(r.tensors_scanned, 'tensor')} read ({r.seconds:.2f} s)")
         else:
             text = (f"<span style='color:{OK_COLOR}'>✓ no NaN/Inf scales</span> in "
                     f"{plural(r.blocks_scanned, 'block')} of {plural(r.tensors_scanned, 'tensor')} ({r.seconds:.2f} s)")
+        if damaged and r.n_bad:
+            text += f"; {lost}"
         if r.skipped:
             text += f"; {plural(len(r.skipped), 'tensor')} of types without known scale fields skipped"
         self._scan_end(doc, text)

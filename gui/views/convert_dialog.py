@@ -203,7 +203,7 @@ class ConvertDialog(QDialog):
     def _profiles_checked(self, refusals: dict[str, str]) -> None:
         self.refusals = refusals
         current = self.profile.currentText()
-        if current in refusals:  # another profile takes it: choose that one
+        if current in refusals and self.state != "running":  # another profile takes it: choose that one
             ok = [p for p in PROFILES if p not in refusals]
             if ok:
                 self.profile.setCurrentText(ok[0])

@@ -235,12 +235,12 @@ from quantscope.core.chat.store import ChatStore
 db, cid, me, other, first = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5] == "1"
 flags = Path(db).parent
 
-def wait(name):
-    for _ in range(3000):
-        if (flags / name).exists():
-            return
+def wait(name):  # the other window's step; the deadline is a hang guard, not a measure
+    end = time.monotonic() + 120
+    while not (flags / name).exists():
+        if time.monotonic() > end:
+            raise SystemExit(f"timed out waiting for {name}")
         time.sleep(0.01)
-    raise SystemExit(f"timed out waiting for {name}")
 
 with ChatStore(db) as s:
     ctl = ChatController()
@@ -267,7 +267,7 @@ def test_two_processes_with_one_conversation_lose_nothing(tmp_path):
         cid = s.create("shared", messages=[StoredMessage("user", "hi"), StoredMessage("assistant", "hello")])
     procs = [subprocess.Popen([sys.executable, "-c", _WINDOW, str(p), str(cid), me, other, first])
              for me, other, first in (("A", "B", "1"), ("B", "A", "0"))]
-    assert [pr.wait(120) for pr in procs] == [0, 0]
+    assert [pr.wait(300) for pr in procs] == [0, 0]
     with ChatStore(p) as s:
         got = [m.content for m in s.get(cid).messages]
     assert got == ["hi", "hello", "question from A", "answer for A", "question from B", "answer for B"]

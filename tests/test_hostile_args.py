@@ -58,7 +58,8 @@ def test_template_budget_stops_bombs(source, message):
     t0 = time.monotonic()
     with pytest.raises(ChatTemplateBudgetError, match="template exceeded its budget: .*" + re.escape(message)):
         ChatTemplate(source).render(MSGS)
-    assert time.monotonic() - t0 < 10
+    # the budget counts steps and sizes (the figure is in the message), not seconds: the bound is a hang guard
+    assert time.monotonic() - t0 < 120
 
 
 def test_template_time_and_output_budgets():
@@ -224,7 +225,7 @@ def test_chat_template_failures_end_cleanly(smol, tmp_path, capsys, monkeypatch,
     p = with_template(smol, tmp_path / "t.gguf", template)
     t0 = time.monotonic()
     rc, out, err = run(capsys, "chat", p, stdin="hello\n", monkeypatch=monkeypatch)
-    assert time.monotonic() - t0 < 60
+    assert time.monotonic() - t0 < 120  # a hang guard: the budget counts steps, not seconds
     assert rc == 2 and out == "> "  # the prompt, then nothing
     assert message in one_error_line(err)
 

@@ -18,7 +18,7 @@ import stat
 import struct
 import subprocess
 import sys
-import time
+import tracemalloc
 from pathlib import Path
 
 import gguf
@@ -35,7 +35,8 @@ from .test_bump import write_model
 CLI = [sys.executable, "-m", "quantscope.cli"]
 
 
-def run_cli(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str | Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``timeout``: a hang guard (a read blocked on a FIFO), never a measure: a loaded machine starts Python slowly."""
     return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
 
@@ -135,12 +136,11 @@ def test_outputs_through_a_symlinked_folder_are_compared_by_real_path(src: Path,
 def test_output_fifo_is_refused_and_left_a_fifo(src: Path, tmp_path: Path) -> None:
     fifo = tmp_path / "pipe.bump"
     os.mkfifo(fifo)
-    t0 = time.monotonic()
-    proc = run_cli("convert", src, "-o", fifo, timeout=30)
+    proc = run_cli("convert", src, "-o", fifo, timeout=120)  # writing into the FIFO would block: the guard
     assert_one_error(proc, "-o", "is a FIFO (named pipe)", "must be a regular file")
-    assert time.monotonic() - t0 < 30 and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert listing(tmp_path) == ["a.gguf", "pipe.bump"]
-    proc = run_cli("convert", src, "-o", tmp_path / "w.bump", "--config", fifo, timeout=30)
+    proc = run_cli("convert", src, "-o", tmp_path / "w.bump", "--config", fifo, timeout=120)
     assert_one_error(proc, "--config", "is a FIFO")
     assert listing(tmp_path) == ["a.gguf", "pipe.bump"]
 
@@ -316,9 +316,8 @@ def test_non_regular_inputs_are_refused_at_once(cmd: list[str], kind: str, tmp_p
     words = {"fifo": "is a FIFO (named pipe), not a regular file", "dir": "is a directory",
              "chardev": "is a character device"}[kind]
     names = listing(tmp_path)
-    t0 = time.monotonic()
-    proc = run_cli(*(a.format(x=x, tmp=tmp_path, bump=bump) for a in cmd), timeout=30)
-    assert time.monotonic() - t0 < 30
+    # a FIFO nobody writes blocks its reader and /dev/zero never ends: the timeout is the hang guard
+    proc = run_cli(*(a.format(x=x, tmp=tmp_path, bump=bump) for a in cmd), timeout=120)
     assert_one_error(proc, str(x), words)
     assert listing(tmp_path) == names
 
@@ -376,14 +375,17 @@ def test_140_byte_bump_claiming_huge_dims_fails_fast(tmp_path: Path, fields: dic
     p = tmp_path / "evil.bump"
     p.write_bytes(_header(**fields) + struct.pack("<I", 4) + bytes(8))
     assert p.stat().st_size == 140
-    t0 = time.perf_counter()
-    with pytest.raises(BumpError, match=msg):
-        open_bump(p)
-    assert time.perf_counter() - t0 < 1.0
+    # fast = refused before anything the header's sizes claim is allocated or read (not a wall-clock figure)
+    tracemalloc.start()
+    try:
+        with pytest.raises(BumpError, match=msg):
+            open_bump(p)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"{peak:,} bytes allocated before the refusal"
     for cmd in (["inspect", p], ["verify", p]):
-        t0 = time.monotonic()
-        assert_one_error(run_cli(*cmd, timeout=30), msg)
-        assert time.monotonic() - t0 < 30
+        assert_one_error(run_cli(*cmd, timeout=120), msg)
 
 
 def test_hostile_manifest_values_are_noted_and_the_layout_inferred(bump: Path) -> None:
@@ -560,6 +562,9 @@ def test_convert_dialog_refuses_aliased_and_fifo_outputs(qtbot, src: Path, tmp_p
     runner = TaskRunner()
     dlg = ConvertDialog(src, runner)
     qtbot.addWidget(dlg)
+    # the dialog checks which profiles take the file in a worker as it opens: let that end, so that a task
+    # running below can only be a conversion the refusal should have prevented
+    qtbot.waitUntil(lambda: dlg.refusals is not None and not runner.running(), timeout=120000)
     before = digest(src)
     fifo = tmp_path / "pipe.bump"
     os.mkfifo(fifo)

@@ -3,8 +3,6 @@ chat template, tensor statistics in a worker, the heatmap, and block-inspector v
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from PySide6.QtCore import QPointF, Qt
@@ -60,8 +58,16 @@ def test_vocabulary_pages_lazily_and_searches(window, qtbot, model_path):  # noq
     assert m.rowCount() == len(toks) == 262144
     horiz = Qt.Orientation.Horizontal
     assert m.headerData(2, horiz) == "Type" and m.headerData(3, horiz) == "Score"
-    # scroll through the whole vocabulary: each page is read on demand
-    t0 = time.perf_counter()
+    # scroll through the whole vocabulary: each page is read on demand (counted: the elements formatted, not the
+    # seconds it took, so that a loaded machine cannot fail it; reading every row would format 262,144)
+    formatted = [0]
+    real_text = m.element_text
+
+    def counting(i: int) -> str:
+        formatted[0] += 1
+        return real_text(i)
+
+    m.element_text = counting
     bar = av.table.verticalScrollBar()
     for k in range(0, 101):
         bar.setValue(bar.maximum() * k // 100)
@@ -69,7 +75,8 @@ def test_vocabulary_pages_lazily_and_searches(window, qtbot, model_path):  # noq
             qtbot.wait(0)
         top = av.table.rowAt(0)
         assert m.index(top, 1).data() is not None
-    assert time.perf_counter() - t0 < 5.0
+    del m.element_text
+    assert 0 < formatted[0] < 5_000, formatted[0]
     assert av.table.rowAt(0) > 262000
     assert m.index(200000, 0).data() == "200,000"
     assert m.index(200000, 1).data() == toks[200000].replace("\n", "↵")
@@ -77,7 +84,7 @@ def test_vocabulary_pages_lazily_and_searches(window, qtbot, model_path):  # noq
     assert av.table.currentIndex().row() == 150000
     # search
     av.search.setText("hello")
-    qtbot.waitUntil(lambda: m.indices is not None, timeout=3000)
+    qtbot.waitUntil(lambda: m.indices is not None, timeout=60000)  # a search over 262,144 tokens
     expected = find_in_strings(toks, "hello")
     assert m.rowCount() == len(expected) >= 8
     shown = [m.index(r, 1).data() for r in range(m.rowCount())]
@@ -85,7 +92,7 @@ def test_vocabulary_pages_lazily_and_searches(window, qtbot, model_path):  # noq
     assert [int(m.index(r, 0).data().replace(",", "")) for r in range(m.rowCount())] == expected.tolist()
     assert f"{len(expected):,} of 262,144" in av.status.text()
     av.search.clear()
-    qtbot.waitUntil(lambda: m.indices is None, timeout=3000)
+    qtbot.waitUntil(lambda: m.indices is None, timeout=60000)
     assert m.rowCount() == 262144
 
 
@@ -102,7 +109,7 @@ def test_tensor_selection_runs_stats_in_a_worker_and_caches(window, qtbot, model
     qtbot.waitUntil(lambda: tv.table_proxy.rowCount() == 1)
     tv.filter.clear()
     name = "blk.2.attn_v.weight"
-    with qtbot.waitSignal(tv.analysisReady, timeout=30000) as sig:
+    with qtbot.waitSignal(tv.analysisReady, timeout=120000) as sig:
         tv.select_tensor(name)
     assert sig.args == [name]
     with GGUFFile(path) as f:
@@ -134,7 +141,7 @@ def test_tree_selection_and_heatmap_click_opens_the_block(window, qtbot, model_p
     blk3 = next(tree.index(r, 0) for r in range(tree.rowCount()) if tree.index(r, 0).data().startswith("blk.3 "))
     child = next(tree.index(r, 0, blk3) for r in range(tree.rowCount(blk3))
                  if tree.index(r, 0, blk3).data() == name)
-    with qtbot.waitSignal(tv.analysisReady, timeout=30000):
+    with qtbot.waitSignal(tv.analysisReady, timeout=120000):
         tv.tree.setCurrentIndex(child)
     assert tv.tensor.name == name
     qtbot.wait(50)
@@ -256,7 +263,7 @@ def test_every_view_fits_without_sideways_scrolling_or_cut_text(window, qtbot, m
     assert fit_problems(window) == [], "metadata: token search"
     tv = window.tensors_view
     window.show_view("tensors")
-    with qtbot.waitSignal(tv.analysisReady, timeout=30000):
+    with qtbot.waitSignal(tv.analysisReady, timeout=120000):
         tv.select_tensor("blk.0.attn_output.weight")
     for page in (0, 1):  # by layer, and the table with every column it can fit
         tv.lists.setCurrentIndex(page)

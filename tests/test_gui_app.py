@@ -40,12 +40,13 @@ def test_pyside_none_refcount_guard(qtbot):
 
 def test_open_fills_every_view_fast(window, model_path):  # noqa: F811
     path = model_path("qwen2.5-coder")  # 469 MiB
-    t0 = time.perf_counter()
+    t0 = time.thread_time()
     assert window.open_path(path)
-    elapsed = time.perf_counter() - t0
+    cpu = time.thread_time() - t0
     # Not a speed figure (that is `quantscope bench open`): an eager pass over the 151,936-token arrays or the
-    # tensor data takes many seconds; the lazy open takes ~0.3 s idle and stays well under 3 s on a busy machine.
-    assert elapsed < 3.0, f"opening took {elapsed:.2f} s"
+    # tensor data takes many seconds of CPU; the lazy open takes ~0.3 s. Counted in this (the GUI) thread's CPU
+    # time, which other processes on a loaded machine and a cold page cache do not stretch, as wall time is.
+    assert cpu < 3.0, f"opening took {cpu:.2f} s of CPU"
     with GGUFFile(path) as f:
         n_tensors, n_kv = len(f.tensors), len(f.metadata)
     assert window.tensors_view.table_model.rowCount() == n_tensors == 291
@@ -70,7 +71,7 @@ def test_overview_type_mix_memory_and_integrity(window, qtbot, model_path):  # n
     ov.kv_combo.setCurrentText("Q8_0")
     assert ov.memory.kv_type == "Q8_0" and ov.memory.kv_bytes < 18 * 4096 * 1024
     assert all(c.ok is not False for c in ov.checks)
-    qtbot.waitUntil(lambda: ov.scan_result is not None, timeout=30000)
+    qtbot.waitUntil(lambda: ov.scan_result is not None, timeout=120000)
     assert ov.scan_result.n_bad == 0 and "no NaN/Inf scales" in ov.scan_label.text()
 
 
@@ -188,7 +189,7 @@ def _env_without_display():
 
 def test_no_display_gives_a_clear_message():
     r = subprocess.run([sys.executable, "-m", "quantscope.cli", "some.gguf"], env=_env_without_display(),
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "no display: set DISPLAY, run under xvfb-run, or use --screenshot / quantscope inspect" in r.stderr
 
@@ -317,7 +318,7 @@ def test_dark_theme_check_boxes_and_focus_ring_are_visible(qtbot):
 
 def test_screenshot_size_is_checked():
     r = subprocess.run([sys.executable, "-m", "quantscope.cli", "x.gguf", "--screenshot", "x.png", "--size",
-                        "1100by700"], env=_env_without_display(), capture_output=True, text=True, timeout=60)
+                        "1100by700"], env=_env_without_display(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "argument --size: '1100by700' is not WIDTHxHEIGHT" in r.stderr
 
 
@@ -327,7 +328,7 @@ def test_screenshot_size_applies_to_every_view(tmp_path, model_path, view):
     out = tmp_path / f"{view}.png"
     r = subprocess.run([sys.executable, "-m", "quantscope.cli", str(model_path("gemma3")), "--screenshot",
                         str(out), "--view", view, "--size", "1024x640", "--theme", "dark"],
-                       env=_env_without_display(), capture_output=True, text=True, timeout=120)
+                       env=_env_without_display(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     img = QImage(str(out))
     assert (img.width(), img.height()) == (1024, 640)

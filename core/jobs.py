@@ -41,6 +41,11 @@ class CancelToken:
     def cancelled(self) -> bool:
         return self._event.is_set()
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the token is cancelled (at most ``timeout`` seconds); whether it was. A job never needs
+        this; a test holds a worker at an exact point of its work until the front end cancels it."""
+        return self._event.wait(timeout)
+
 
 def check_cancel(cancel: CancelFlag | None, exc: type[Exception] = Cancelled) -> None:
     """Raise ``exc`` when ``cancel`` is set."""

@@ -56,6 +56,45 @@ def cancel_when(runner, name, when, seen=None):
         runner.on_start.remove(attach)
 
 
+#: How long :func:`hold_when` keeps a worker waiting for its cancel: a hang guard, never reached when the code works.
+HOLD_S = 300.0
+
+
+@contextlib.contextmanager
+def hold_when(runner, name, when):
+    """Within the block, the first task ``name`` started on ``runner`` to make a report ``(done, total, text)`` for
+    which ``when`` is true stops there, in its own worker thread, and waits until it is cancelled (at most
+    :data:`HOLD_S`); that report reaches the GUI only afterwards. Yields a :class:`threading.Event` set once the
+    worker is held: the test then acts (clicks Cancel, closes the window) on work that is certainly under way and
+    certainly not finished, however fast or loaded the machine is, and the event loop must keep running meanwhile
+    (a GUI thread that waited for the worker would hang here instead of passing by luck). The held worker's
+    thread is recorded in ``held.thread``.
+    """
+    import threading
+
+    held = threading.Event()
+    held.thread = None  # type: ignore[attr-defined]
+
+    def attach(task) -> None:  # type: ignore[no-untyped-def]
+        if task.name != name:
+            return
+
+        def report(done: int, total: int, text: str) -> None:
+            if held.is_set() or not when(done, total, text):
+                return
+            held.thread = threading.current_thread()  # type: ignore[attr-defined]
+            held.set()
+            task.token.wait(HOLD_S)
+
+        task.observers.append(report)
+
+    runner.on_start.append(attach)
+    try:
+        yield held
+    finally:
+        runner.on_start.remove(attach)
+
+
 def fit_problems(root) -> list[str]:
     """What does not fit in ``root``'s visible widget tree at its current size, one line per problem.
 

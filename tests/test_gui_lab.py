@@ -8,7 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-import time
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +22,10 @@ from quantscope.core.gguf import GGUFFile
 from quantscope.core.quant import decode_block, lab
 from quantscope.core.quant.imatrix import read_imatrix
 from quantscope.core.quant.quantize import QuantizeOptions, quantize_file
+from quantscope.gui.views.quant_lab import FILE_TASK, TENSOR_TASK
 
 from . import quantize_models
-from .gui_helpers import fit_problems, wait_idle, window  # noqa: F401
+from .gui_helpers import fit_problems, hold_when, wait_idle, window  # noqa: F401
 
 DATA = Path(__file__).parent / "data" / "quantize"
 OUTLIER = ("blk.1.attn_q.weight", 37, 200, 6.0)  # tensor, row, column, value written over the random weight
@@ -59,7 +60,7 @@ def _values(path: Path, name: str, **kw: object) -> np.ndarray:
         return lab.tensor_values(f, name, **kw)  # type: ignore[arg-type]
 
 
-def _run(qtbot, page, timeout: int = 60000) -> None:
+def _run(qtbot, page, timeout: int = 120000) -> None:
     qtbot.waitUntil(lambda: page.state in ("done", "failed", "cancelled"), timeout=timeout)
     assert page.state == "done", page.error
 
@@ -216,29 +217,19 @@ def test_cancel_stops_the_run_and_the_window_keeps_answering(window, qtbot, mode
     window.show_view("lab")
     page = window.lab_view.tensor_page
     page.rows_spin.setValue(0)  # every row: 151,936 rows of 896, seventeen times over: minutes
-    assert window.lab_view.open_tensor("token_embd.weight")
-    assert page.state == "running" and page.cancel_btn.isVisible()
-    qtbot.waitUntil(lambda: page.progress.value() > 0, timeout=30000)
-    # the event loop keeps running while the worker requantizes: timers fire on time
-    gaps: list[float] = []
-    last = [time.perf_counter()]
-
-    def tick() -> None:
-        now = time.perf_counter()
-        gaps.append(now - last[0])
-        last[0] = now
-
-    timer = QTimer()
-    timer.timeout.connect(tick)
-    timer.start(20)
-    qtbot.wait(1500)
-    timer.stop()
-    assert len(gaps) > 30 and max(gaps) < 0.5, (len(gaps), max(gaps))
-    assert page.state == "running"
-    t0 = time.perf_counter()
-    page.cancel_btn.click()
-    qtbot.waitUntil(lambda: page.state == "cancelled", timeout=20000)
-    assert time.perf_counter() - t0 < 10
+    # the worker is held at its first report of progress until it is cancelled: the Cancel click lands on a run
+    # certainly under way, however fast or loaded the machine is
+    with hold_when(window.runner, TENSOR_TASK, lambda done, _t, _m: done > 0) as held:
+        assert window.lab_view.open_tensor("token_embd.weight")
+        assert page.state == "running" and page.cancel_btn.isVisible()
+        qtbot.waitUntil(held.is_set, timeout=120000)
+        # the work runs in a worker and the event loop keeps running meanwhile: a timer fires, the view answers
+        # (a GUI thread that waited for the worker would hang here; time spent in slots is the watchdog's)
+        assert held.thread is not threading.main_thread()
+        responsive(qtbot)
+        assert page.state == "running"
+        page.cancel_btn.click()
+        qtbot.waitUntil(lambda: page.state == "cancelled", timeout=120000)
     wait_idle(qtbot, window)
     assert page.run is None and page.model.rowCount() == 0 and not page.cancel_btn.isVisible()
     assert page.status.full_text().startswith("Cancelled")
@@ -246,11 +237,20 @@ def test_cancel_stops_the_run_and_the_window_keeps_answering(window, qtbot, mode
     fp = window.lab_view.file_page
     window.lab_view.pages.setCurrentWidget(fp)
     fp.rows_spin.setValue(0)
-    fp.start()
-    qtbot.waitUntil(lambda: fp.progress.value() > 0, timeout=30000)
-    fp.cancel_btn.click()
-    qtbot.waitUntil(lambda: fp.state == "cancelled", timeout=20000)
+    with hold_when(window.runner, FILE_TASK, lambda done, _t, _m: done > 0) as held:
+        fp.start()
+        qtbot.waitUntil(held.is_set, timeout=120000)
+        assert fp.state == "running"
+        fp.cancel_btn.click()
+        qtbot.waitUntil(lambda: fp.state == "cancelled", timeout=120000)
     assert fp.result is None and fp.model.rowCount() == 0 and not fp.export_btn.isEnabled()
+
+
+def responsive(qtbot) -> None:
+    """The event loop runs: a timer fires."""
+    fired: list[bool] = []
+    QTimer.singleShot(20, lambda: fired.append(True))
+    qtbot.waitUntil(lambda: bool(fired), timeout=60000)
 
 
 def test_file_stats_fill_sort_and_export(window, qtbot, models, tmp_path, monkeypatch):  # noqa: F811
@@ -263,7 +263,7 @@ def test_file_stats_fill_sort_and_export(window, qtbot, models, tmp_path, monkey
     lv.types.set_types(types)
     assert lv.types.text() == "Types: 3 of 17"
     fp.rows_spin.setValue(64)
-    with qtbot.waitSignal(fp.runFinished, timeout=60000):
+    with qtbot.waitSignal(fp.runFinished, timeout=120000):
         fp.start()
     assert fp.state == "done", fp.error
     with GGUFFile(path) as f:
@@ -332,13 +332,13 @@ def test_reference_values_and_importance_weights(window, qtbot, models):  # noqa
     # the values from the F32 original: other figures, the core's
     lv.load_reference(f32)
     qtbot.waitUntil(lambda: lv.reference is not None and page.state == "done"
-                    and "llama.gguf" in page.status.full_text(), timeout=30000)
+                    and "llama.gguf" in page.status.full_text(), timeout=120000)
     ref = lab.requantize_errors(_values(q8, name, reference=f32), ["IQ4_XS", "Q4_K", "Q6_K"], blocks=True)
     _same_figures(page, ref)
     assert ref[0].rmse != deq[0].rmse and lv.source_label.full_text() == "reference llama.gguf"
     # an importance matrix: the quantizers weigh the columns, the weighted RMSE appears
     lv.load_imatrix(DATA / "llama.imatrix.gguf")
-    qtbot.waitUntil(lambda: lv.imatrix is not None and page.state == "done" and page.model.weighted, timeout=30000)
+    qtbot.waitUntil(lambda: lv.imatrix is not None and page.state == "done" and page.model.weighted, timeout=120000)
     w = read_imatrix(DATA / "llama.imatrix.gguf").weights(name)
     weighted = lab.requantize_errors(_values(q8, name, reference=f32), ["IQ4_XS", "Q4_K", "Q6_K"], w, blocks=True)
     _same_figures(page, weighted)
@@ -400,7 +400,7 @@ def test_odd_files_open_in_the_lab(window, qtbot, tmp_path, model_path):  # noqa
         if name is not None:
             page.rows_spin.setValue(8)
             window.lab_view.open_tensor(name)
-            qtbot.waitUntil(lambda p=page: p.state in ("done", "failed", "cancelled"), timeout=30000)
+            qtbot.waitUntil(lambda p=page: p.state in ("done", "failed", "cancelled"), timeout=120000)
             assert page.state in ("done", "failed"), kind
         wait_idle(qtbot, window)
 
@@ -436,7 +436,7 @@ def test_ticking_types_requantizes_again_once(window, qtbot, models, monkeypatch
     lv.types.boxes["F16"].click()
     lv.types.boxes["TQ1_0"].click()
     assert lv.types.menu_.isVisible() and lv.types.text() == "Types: 14 of 17"  # the menu stays open
-    qtbot.waitUntil(lambda: page.run is not None and len(page.run.errors) == 14, timeout=30000)
+    qtbot.waitUntil(lambda: page.run is not None and len(page.run.errors) == 14, timeout=120000)
     assert starts == [1]
     assert {e.type for e in page.run.errors} == set(lab.CANDIDATE_TYPES) - {"Q4_K", "F16", "TQ1_0"}
     lv.types.menu_.close()

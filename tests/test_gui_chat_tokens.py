@@ -5,6 +5,8 @@ conversation keeps both, saved)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QHelpEvent, QTextCursor
@@ -222,16 +224,31 @@ def test_after_branching_esc_stops_and_keys_reach_the_composer(window, qtbot, mo
     qtbot.waitUntil(menu.isVisible)
     alt = next(a for a in menu.actions() if a.data() is not None and a.data() != recs[k].token)
     chat.max_spin.setValue(400)
-    with qtbot.waitSignal(chat.replyFinished, timeout=REPLY_TIMEOUT) as sig:
-        menu.setActiveAction(alt)
-        QTest.keyClick(menu, Qt.Key.Key_Return)  # as a user picks it: the menu closes, the reply branches
-        qtbot.waitUntil(lambda: not menu.isVisible() and chat.host.state == "generating")
-        window.activateWindow()  # the window manager's part once the popup is gone (offscreen has none)
-        qtbot.waitUntil(window.isActiveWindow)
-        focus = QApplication.focusWidget()
-        assert focus is chat.composer
-        qtbot.waitUntil(lambda: chat.reply.stats is not None, timeout=REPLY_TIMEOUT)
-        QTest.keyClick(focus, Qt.Key.Key_Escape)
+    # the branch's reply waits after its first token until Esc was pressed (it cannot end on its own first)
+    held, go = threading.Event(), threading.Event()
+
+    def hold(_req, _text, _stats) -> None:  # on the model thread
+        if not held.is_set():
+            held.set()
+            go.wait(REPLY_TIMEOUT / 1000)
+
+    worker = chat.host._worker
+    worker.delta.connect(hold, Qt.ConnectionType.DirectConnection)
+    try:
+        with qtbot.waitSignal(chat.replyFinished, timeout=REPLY_TIMEOUT) as sig:
+            menu.setActiveAction(alt)
+            QTest.keyClick(menu, Qt.Key.Key_Return)  # as a user picks it: the menu closes, the reply branches
+            qtbot.waitUntil(lambda: not menu.isVisible() and chat.host.state == "generating")
+            window.activateWindow()  # the window manager's part once the popup is gone (offscreen has none)
+            qtbot.waitUntil(window.isActiveWindow)
+            focus = QApplication.focusWidget()
+            assert focus is chat.composer
+            qtbot.waitUntil(held.is_set, timeout=REPLY_TIMEOUT)
+            QTest.keyClick(focus, Qt.Key.Key_Escape)
+            go.set()
+    finally:
+        go.set()
+        worker.delta.disconnect(hold)
     assert sig.args[0].stop_reason == "cancelled" and sig.args[0].n_generated < 400 - k
     QTest.keyClicks(QApplication.focusWidget(), "next")
     assert chat.composer.toPlainText() == "next"

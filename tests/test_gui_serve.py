@@ -261,10 +261,10 @@ def test_idle_is_not_an_error_and_a_freed_port_is_said(window, qtbot, model_path
     finally:
         s.close()
     # the other program let the port go: the page follows, without another click
-    qtbot.waitUntil(lambda: "in use" not in sv.status_label.full_text(), timeout=10000)
+    qtbot.waitUntil(lambda: "in use" not in sv.status_label.full_text(), timeout=60000)
     assert f"Port {port} is free now" in sv.status_label.full_text()
     assert BAD_COLOR not in sv.status_label.styleSheet()
-    qtbot.waitUntil(lambda: not sv.timer.isActive(), timeout=10000)  # nothing left to follow
+    qtbot.waitUntil(lambda: not sv.timer.isActive(), timeout=60000)  # nothing left to follow
 
 
 def test_the_reply_tooltip_offers_a_click_only_where_a_click_branches(qtbot):

@@ -581,6 +581,22 @@ def test_the_dialog_fits(window, qtbot, pair, size):  # noqa: F811
     assert ga.n_cols == gb.n_cols >= 4 and ga.w0 == gb.w0
 
 
+def test_the_element_of_largest_difference_stays_in_view_when_the_grid_reflows(window, qtbot, pair):  # noqa: F811
+    """Widening the dialog puts more columns in each row of the values grid: the red cell stays in view (the scroll
+    bar used to keep its row number, which then held other columns)."""
+    dlg, _d = diff_done(window, qtbot, pair)
+    dlg.resize(1100, 700)
+    found = locate_by_click(qtbot, dlg, "q4k.weight")
+    assert found is not None
+    for size in ((1920, 1080), (1100, 700), (1920, 1080)):
+        dlg.resize(*size)
+        qtbot.wait(100)
+        for side in (dlg.pair.a, dlg.pair.b):
+            grid = side.values
+            cell = grid.visualRect(side.values_model.index_of(found.loc.col))
+            assert grid.viewport().rect().contains(cell.center()), (size, side.side, side.values_model.n_cols)
+
+
 def test_the_screenshot_view(window, qtbot, pair, tmp_path):  # noqa: F811
     from quantscope.gui.app import build_parser, render_screenshot
 

@@ -550,7 +550,12 @@ class WindowTable(QTableView):
             - self.verticalScrollBar().sizeHint().width()
         per = room // max(1, self.cell_width())
         n = next((k for k in (32, 16, 8, 4) if per >= k), 2)  # rows start at a power of two: blocks line up
-        self.wmodel.set_columns(n)
+        if n != self.wmodel.n_cols:
+            self.wmodel.set_columns(n)
+            # the rows flow anew: keep the element of largest |Δ| in view (the scroll bar keeps a row, not it)
+            at = self.wmodel.index_of(self.wmodel.col)
+            if at.isValid():
+                self.scrollTo(at, QAbstractItemView.ScrollHint.PositionAtCenter)
 
     def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)

@@ -911,14 +911,15 @@ class BudgetPanel(QWidget):
             self._show_mix(checked, size)
             measured = f"{plural(r.newly_measured, 'estimate')} measured"
             if r.swapped:
+                # before → after first: the line is elided where the window is narrow (1100 px)
                 self.status.setText(
-                    f"The check replaced the mix: {plural(len(r.swapped), 'tensor')} changed type once "
-                    f"{measured} ({human_bytes(mix.file_bytes)}, predicted {mix.cost:.3g} → "
-                    f"{human_bytes(checked.file_bytes)}, predicted {checked.cost:.3g}); the new mix measures "
+                    f"The check replaced the mix (predicted {mix.cost:.3g} → {checked.cost:.3g}, "
+                    f"{human_bytes(mix.file_bytes)} → {human_bytes(checked.file_bytes)}): "
+                    f"{plural(len(r.swapped), 'tensor')} changed type once {measured}; the new mix measures "
                     f"{r.measured_kld:.4g} on the text. Write writes it.")
             else:
                 self.status.setText(
-                    f"The check kept the mix ({measured}; predicted {mix.cost:.3g} → {checked.cost:.3g}); it "
+                    f"The check kept the mix (predicted {mix.cost:.3g} → {checked.cost:.3g}; {measured}); it "
                     f"measures {r.measured_kld:.4g} on the text.")
             self.status.setToolTip(self.status.full_text())
             self._finished(self.refineFinished, r)

@@ -130,6 +130,7 @@ class ConvertDialog(QDialog):
         self.status = QLabel("Ready.")
         self.status.setAccessibleName("Conversion status")
         self.status.setWordWrap(True)
+        self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)  # the command, to copy
         self.rate = QLabel()
         self.rate.setObjectName("muted")
         self.rate.setAccessibleName("Conversion speed and time left")

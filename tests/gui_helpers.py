@@ -64,16 +64,18 @@ HOLD_S = 300.0
 def hold_when(runner, name, when):
     """Within the block, the first task ``name`` started on ``runner`` to make a report ``(done, total, text)`` for
     which ``when`` is true stops there, in its own worker thread, and waits until it is cancelled (at most
-    :data:`HOLD_S`); that report reaches the GUI only afterwards. Yields a :class:`threading.Event` set once the
-    worker is held: the test then acts (clicks Cancel, closes the window) on work that is certainly under way and
-    certainly not finished, however fast or loaded the machine is, and the event loop must keep running meanwhile
-    (a GUI thread that waited for the worker would hang here instead of passing by luck). The held worker's
-    thread is recorded in ``held.thread``.
+    :data:`HOLD_S`) or until the test sets ``held.release``; that report reaches the GUI only afterwards. Yields a
+    :class:`threading.Event` set once the worker is held: the test then acts (clicks Cancel, closes the window) on
+    work that is certainly under way and certainly not finished, however fast or loaded the machine is, and the
+    event loop must keep running meanwhile (a GUI thread that waited for the worker would hang here instead of
+    passing by luck). The held worker's thread is recorded in ``held.thread``.
     """
     import threading
+    import time
 
     held = threading.Event()
     held.thread = None  # type: ignore[attr-defined]
+    held.release = threading.Event()  # type: ignore[attr-defined]
 
     def attach(task) -> None:  # type: ignore[no-untyped-def]
         if task.name != name:
@@ -84,7 +86,10 @@ def hold_when(runner, name, when):
                 return
             held.thread = threading.current_thread()  # type: ignore[attr-defined]
             held.set()
-            task.token.wait(HOLD_S)
+            end = time.monotonic() + HOLD_S
+            while not held.release.is_set() and time.monotonic() < end:  # type: ignore[attr-defined]
+                if task.token.wait(0.01):
+                    break
 
         task.observers.append(report)
 

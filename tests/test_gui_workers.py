@@ -3,13 +3,13 @@ inspector, the event loop ticking while statistics and a conversion run, and clo
 
 from __future__ import annotations
 
-import time
+import threading
 
-from PySide6.QtCore import QElapsedTimer, Qt, QTimer
+from PySide6.QtCore import Qt, QTimer
 
 from quantscope.core.bump import verify_against
 
-from .gui_helpers import wait_idle, window  # noqa: F401
+from .gui_helpers import hold_when, wait_idle, window  # noqa: F401
 
 
 def test_convert_dialog_writes_a_file_that_verifies_and_opens(window, qtbot, tmp_path, model_path):  # noqa: F811
@@ -41,7 +41,7 @@ def test_convert_dialog_writes_a_file_that_verifies_and_opens(window, qtbot, tmp
     dlg.open_btn.click()
     assert window.doc.kind == "bump" and window.current_view() == "bump"
     bv = window.bump_view
-    qtbot.waitUntil(lambda: bv.checksum_ok is not None, timeout=60000)
+    qtbot.waitUntil(lambda: bv.checksum_ok is not None, timeout=120000)
     assert bv.checksum_ok is True and "checksum verifies" in bv.checksum.text()
     assert bv.sections_model.rowCount() == 14 * 24 + 4
     header = dict(bv.header_model.rows)
@@ -74,50 +74,45 @@ def test_refused_conversion_says_why(window, qtbot, tmp_path, model_path):  # no
     assert window.open_path(model_path("smollm2"))  # Q4_1 weights: no BUMPWGT3 runtime takes them
     dlg = window.show_convert()
     dlg.output.setText(str(tmp_path / "s.bump"))
-    with qtbot.waitSignal(dlg.conversionFinished, timeout=60000) as sig:
+    with qtbot.waitSignal(dlg.conversionFinished, timeout=120000) as sig:
         dlg.start()
     assert sig.args == [None] and dlg.state == "failed"
     assert "Q4_1" in dlg.error and "Conversion failed" in dlg.status.text()
     assert list(tmp_path.glob("*.bump")) == [] and list(tmp_path.glob(".*tmp*")) == []
 
 
-def test_event_loop_keeps_ticking_during_stats_and_conversion(window, qtbot, tmp_path, model_path):  # noqa: F811
+def test_stats_and_conversion_run_in_workers_while_the_loop_runs(window, qtbot, tmp_path, model_path):  # noqa: F811
+    """Statistics and a conversion at once, each held in its worker mid-way: the event loop keeps running (a timer
+    fires, the views answer) while both are under way, then both finish and are drawn. Held, not timed: a GUI
+    thread that did the work or waited for a worker would hang here on any machine, while timer gaps measured in
+    wall time grow on a loaded one. Time spent in the slots that draw the results is the watchdog's to judge
+    (tests/watchdog.py, GUI-thread CPU time)."""
     assert window.open_path(model_path("qwen2.5-coder"))
     wait_idle(qtbot, window)
-    gaps = []
-    stamps = []
-    clock = QElapsedTimer()
-    clock.start()
-    last = [clock.elapsed()]
-
-    def tick():
-        now = clock.elapsed()
-        gaps.append(now - last[0])
-        stamps.append((now - last[0], now, [t.name for t in window.runner.running()]))
-        last[0] = now
-
-    timer = QTimer()
-    timer.setInterval(5)
-    timer.timeout.connect(tick)
     tv = window.tensors_view
     dlg = window.show_convert()
     dlg.output.setText(str(tmp_path / "tick.bump"))
     qtbot.waitExposed(dlg)
-    qtbot.wait(300)  # the dialog's first paint (fonts, layout) is not what this test measures
-    t0 = time.perf_counter()
-    tv.select_tensor("output.weight")  # 151936 × 896 Q8_0: 136 M values through the native kernels
-    dlg.start()
-    assert len(window.runner.running()) == 2
-    last[0] = clock.elapsed()  # measure the loop while both jobs run (and their results are drawn)
-    timer.start()
-    wait_idle(qtbot, window, timeout=120000)
-    timer.stop()
-    elapsed = time.perf_counter() - t0
+    qtbot.waitUntil(lambda: dlg.refusals is not None, timeout=120000)  # the profile check it runs on opening
+    wait_idle(qtbot, window)
+    first = lambda done, _t, _m: done > 0  # noqa: E731
+    with hold_when(window.runner, "tensor-stats", first) as stats, hold_when(window.runner, "convert", first) as conv:
+        tv.select_tensor("output.weight")  # 151936 × 896 Q8_0: 136 M values through the native kernels
+        dlg.start()
+        assert len(window.runner.running()) == 2
+        qtbot.waitUntil(lambda: stats.is_set() and conv.is_set(), timeout=120000)
+        assert stats.thread is not threading.main_thread() and conv.thread is not threading.main_thread()
+        assert stats.thread is not conv.thread
+        fired: list[bool] = []
+        QTimer.singleShot(20, lambda: fired.append(True))
+        qtbot.waitUntil(lambda: bool(fired), timeout=60000)
+        window.show_view("metadata")  # the window answers while both work
+        window.show_view("tensors")
+        assert dlg.state == "running" and len(window.runner.running()) == 2
+        stats.release.set()
+        conv.release.set()
+        wait_idle(qtbot, window, timeout=300000)
     assert tv.analysis is not None and tv.analysis.tensor == "output.weight" and dlg.state == "done"
-    assert elapsed > 0.3 and len(gaps) > 20
-    # Not a speed figure: statistics or conversion on the GUI thread stall it for seconds, while a busy 2-core
-    # machine delays a 5 ms timer by tens of ms. 250 ms tells the two apart without flaking under load.
-    assert max(gaps) < 250, f"event loop stalled {max(gaps)} ms (gaps: {sorted(stamps)[-5:]})"
 
 
 def test_closing_mid_job_shuts_down_cleanly(qtbot, tmp_path, model_path):
@@ -129,19 +124,25 @@ def test_closing_mid_job_shuts_down_cleanly(qtbot, tmp_path, model_path):
     qtbot.addWidget(w)
     w.show()
     assert w.open_path(model_path("qwen2.5-coder"))
-    w.tensors_view.select_tensor("output.weight")
     dlg = w.show_convert()
     out_dir = tmp_path / "closing"
+    out_dir.mkdir()  # (a missing folder is refused before anything starts)
     dlg.output.setText(str(out_dir / "c.bump"))
-    dlg.start()
-    qtbot.waitUntil(lambda: dlg.progress.value() > 0 or dlg.state != "running", timeout=30000)
-    t0 = time.perf_counter()
-    assert w.close()
-    assert time.perf_counter() - t0 < 10
+    # the file's scan and the dialog's profile check end first: the pool's two threads are then the statistics'
+    # and the conversion's (else the conversion could wait in the queue behind them)
+    qtbot.waitUntil(lambda: dlg.refusals is not None, timeout=120000)
+    wait_idle(qtbot, w, timeout=300000)
+    w.tensors_view.select_tensor("output.weight")
+    # the conversion is held in its worker at its first report until the window's close cancels it: closing
+    # lands mid-job on any machine (a close that waited for the job instead of cancelling it would not return
+    # until the hold's guard, and the whole file would be left)
+    with hold_when(w.runner, "convert", lambda done, _t, _m: done > 0) as held:
+        dlg.start()
+        qtbot.waitUntil(held.is_set, timeout=120000)
+        assert dlg.state == "running"
+        assert w.close()
     assert not w.runner.running() and w.runner.pool.activeThreadCount() == 0
-    leftovers = [p.name for p in out_dir.iterdir()] if out_dir.exists() else []
-    assert leftovers in ([], ["c.bump"])  # cancelled (nothing) or it had already finished (the whole file)
-    assert not [n for n in leftovers if "tmp" in n]
+    assert list(out_dir.iterdir()) == []  # cancelled: no output, no temporary
 
 
 def test_a_file_no_profile_takes_is_said_when_the_dialog_opens(window, qtbot, model_path):  # noqa: F811
@@ -149,7 +150,7 @@ def test_a_file_no_profile_takes_is_said_when_the_dialog_opens(window, qtbot, mo
     Convert disabled, and offers the way out: requantize first (the Quantize dialog on Q8_0, which ckernel takes)."""
     assert window.open_path(model_path("smollm2"))
     dlg = window.show_convert()
-    qtbot.waitUntil(lambda: dlg.refusals is not None, timeout=30000)
+    qtbot.waitUntil(lambda: dlg.refusals is not None, timeout=120000)
     assert set(dlg.refusals) == {"ckernel", "seed"} and "Q4_1" in dlg.refusals["ckernel"]
     assert not dlg.start_btn.isEnabled() and dlg.requant_btn.isVisible()
     text = dlg.status.text()
@@ -164,7 +165,7 @@ def test_a_file_no_profile_takes_is_said_when_the_dialog_opens(window, qtbot, mo
 def test_a_file_a_profile_takes_opens_ready(window, qtbot, model_path):  # noqa: F811
     assert window.open_path(model_path("qwen2.5-coder"))
     dlg = window.show_convert()
-    qtbot.waitUntil(lambda: dlg.refusals is not None, timeout=30000)
+    qtbot.waitUntil(lambda: dlg.refusals is not None, timeout=120000)
     assert dlg.refusals.get("ckernel") is None and dlg.start_btn.isEnabled() and not dlg.requant_btn.isVisible()
     dlg.close()
 
@@ -192,7 +193,7 @@ def test_opening_a_bump_reads_only_the_section_rows_in_view(
     assert window.open_path(out) and window.current_view() == "bump"
     bv = window.bump_view
     qtbot.waitExposed(bv.sections_table)
-    qtbot.waitUntil(lambda: bv.checksum_ok is not None, timeout=60000)
+    qtbot.waitUntil(lambda: bv.checksum_ok is not None, timeout=120000)
     shown = bv.sections_table.rowAt(bv.sections_table.viewport().height() - 1)
     n = bv.sections_model.rowCount()
     assert n > 300 and 0 < shown < 100

@@ -18,7 +18,7 @@ import gc
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -281,6 +281,9 @@ class EngineHost(QObject):
         self._request: GenRequest | None = None
         self.retired: list[tuple[QThread, EngineWorker]] = []
         self.closed = False
+        #: called (on the GUI thread) with each new worker before its thread starts: tests connect to its signals
+        #: with ``Qt.DirectConnection`` to act on the model thread at an exact point of a load or a reply
+        self.on_worker: list[Callable[[EngineWorker], None]] = []
         self._reap_timer = QTimer(self)
         self._reap_timer.setSingleShot(True)
         self._reap_timer.setInterval(50)
@@ -328,6 +331,8 @@ class EngineHost(QObject):
         self._doLoad.connect(worker.load)
         self._doGenerate.connect(worker.generate)
         self._thread, self._worker = thread, worker
+        for hook in self.on_worker:
+            hook(worker)
         thread.start()
         self._set_state("loading")
         self._doLoad.emit(LoadRequest(Path(path), int(n_ctx), int(threads), backend))

@@ -7,16 +7,18 @@ Every test points ``QUANTSCOPE_DATA`` at a temporary folder: the user's conversa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QElapsedTimer, Qt, QThread, QTimer
+from PySide6.QtCore import Qt, QThread, QTimer
 from PySide6.QtGui import QImage, QTextFormat
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -73,6 +75,51 @@ def send_and_wait(qtbot, chat, text):
     return sig.args[0]
 
 
+#: How long a held model thread waits: a hang guard, never reached when the code works.
+HOLD_S = 300.0
+
+
+@contextlib.contextmanager
+def hold_model(worker, signal: str, when):
+    """Within the block, the model thread stops (on its own thread) at the first emission of ``worker``'s
+    ``signal`` whose arguments satisfy ``when``, until the test sets ``held.release`` or the worker is unloaded
+    (its load-cancel event: unload, a file switch, closing the window). Yields that :class:`threading.Event`, set
+    once the thread is held; ``held.thread`` is the thread it was held on, ``held.args`` the signal's arguments.
+    The test then acts on a load or a reply that is certainly under way, however fast or loaded the machine is."""
+    held = threading.Event()
+    held.release = threading.Event()
+    held.thread = None
+
+    def on_signal(*args) -> None:  # runs on the model thread (a direct connection)
+        if held.is_set() or not when(*args):
+            return
+        held.thread = threading.current_thread()
+        held.args = args
+        held.set()
+        end = time.monotonic() + HOLD_S
+        while not worker.cancel_load.is_set() and time.monotonic() < end:
+            if held.release.wait(0.01):
+                break
+
+    sig = getattr(worker, signal)
+    sig.connect(on_signal, Qt.ConnectionType.DirectConnection)
+    try:
+        yield held
+    finally:
+        held.release.set()
+        try:
+            sig.disconnect(on_signal)
+        except (RuntimeError, TypeError):
+            pass
+
+
+def responsive(qtbot) -> None:
+    """The event loop runs: a timer fires."""
+    fired: list[bool] = []
+    QTimer.singleShot(20, lambda: fired.append(True))
+    qtbot.waitUntil(lambda: bool(fired), timeout=60000)
+
+
 def cli_generate(path, prompt, n):
     r = subprocess.run([sys.executable, "-m", "quantscope.cli", "generate", str(path), "-p", prompt, "-n", str(n),
                         "--temp", "0"], capture_output=True, text=True, timeout=300)
@@ -92,7 +139,7 @@ def test_memory_shown_before_loading_then_progress_and_engine_info(window, qtbot
     chat.ctx_spin.setValue(2048)
     assert "2,048 tokens" in chat.memory_label.text()
     assert chat.backend_combo.itemText(0) == f"CPU · {isa()}" and chat.backend_combo.currentData() == "cpu"
-    qtbot.waitUntil(lambda: chat.loader.cuda[1] != "checking", timeout=30000)
+    qtbot.waitUntil(lambda: chat.loader.cuda[1] != "checking", timeout=120000)
     assert chat.cuda_label.full_text().startswith("CUDA")
     cuda_item = chat.backend_combo.model().item(1)
     assert cuda_item.isEnabled() == bool(chat.loader.cuda[0])  # CUDA selectable only where it can run
@@ -122,7 +169,7 @@ def test_cancel_loading(window, qtbot, model_path):  # noqa: F811
         chat.load_cancel.click()
     assert chat.host.state == "empty" and "cancelled" in chat.model_state.full_text()
     assert not chat.load_progress.isVisible()
-    qtbot.waitUntil(lambda: chat.host.threads_alive() == 0, timeout=60000)
+    qtbot.waitUntil(lambda: chat.host.threads_alive() == 0, timeout=120000)
     assert chat.load_btn.isEnabled()
 
 
@@ -149,7 +196,7 @@ def test_cuda_choice_falls_back_to_the_cpu_with_a_visible_reason(window, qtbot, 
 
     real_ok, real_why = chat_engine.cuda_availability()
     chat = open_chat(window, qtbot, model_path)
-    qtbot.waitUntil(lambda: chat.loader.cuda[1] != "checking", timeout=30000)
+    qtbot.waitUntil(lambda: chat.loader.cuda[1] != "checking", timeout=120000)
     if real_ok:
         pytest.skip(f"a usable GPU is present ({real_why}): the fallback path cannot be forced honestly here")
     from quantscope.core.engine import cuda_backend
@@ -222,7 +269,7 @@ def test_chat_reply_equals_the_engine_and_preview_shows_its_prompt(window, qtbot
     chat.composer.setPlainText("And another?")
     nxt = [*msgs, {"role": "assistant", "content": expected}, {"role": "user", "content": "And another?"}]
     want = eng.prompt_ids(nxt)
-    qtbot.waitUntil(lambda: chat.preview_ids.toPlainText() == " ".join(map(str, want)), timeout=30000)
+    qtbot.waitUntil(lambda: chat.preview_ids.toPlainText() == " ".join(map(str, want)), timeout=120000)
     assert chat.preview.prompt() == eng.template.render(nxt, add_generation_prompt=True)
     assert f"{len(want):,} tokens" in chat.preview_status.text()
 
@@ -272,12 +319,16 @@ def test_stop_within_one_token(window, qtbot, model_path):  # noqa: F811
     assert "stopped" in chat.views[-1].stats.full_text()
     assert chat.messages[-1].stats["stop_reason"] == "cancelled"
     # the Stop button, as a user presses it
-    with qtbot.waitSignal(chat.replyFinished, timeout=REPLY_TIMEOUT) as sig:
+    # (the model thread is held after its second token until Stop was clicked: the click lands mid-reply however
+    # slow the GUI thread is next to it)
+    with hold_model(worker, "delta", lambda _r, _t, st: st.n_generated >= 2) as held, \
+            qtbot.waitSignal(chat.replyFinished, timeout=REPLY_TIMEOUT) as sig:
         assert chat.send("Another long story, please.")
-        qtbot.waitUntil(lambda: chat.reply.stats is not None, timeout=REPLY_TIMEOUT)
+        qtbot.waitUntil(lambda: held.is_set() and chat.reply.stats is not None, timeout=REPLY_TIMEOUT)
         assert chat.stop_btn.isEnabled()
         chat.stop_btn.click()
-    assert sig.args[0].stop_reason == "cancelled" and sig.args[0].n_generated < 200
+        held.release.set()
+    assert sig.args[0].stop_reason == "cancelled" and sig.args[0].n_generated == held.args[2].n_generated  # no more
     assert chat.host.state == "ready" and chat.send_btn.isEnabled()
 
 
@@ -430,14 +481,14 @@ def test_tokenizer_lab_shows_pieces_ids_and_types(window, qtbot, model_path):  #
     chat.lab_input.setPlainText(text)
     with GGUFFile(model_path("smollm2")) as f:
         want = Tokenizer(f).encode(text, add_special=False, parse_special=True)
-    qtbot.waitUntil(lambda: chat.lab_ids.toPlainText() == " ".join(map(str, want)), timeout=30000)
+    qtbot.waitUntil(lambda: chat.lab_ids.toPlainText() == " ".join(map(str, want)), timeout=120000)
     assert chat.lab_count.text().startswith(f"{len(want)} tokens")
     rows = chat.lab_model.rows
     assert [int(r[1]) for r in rows] == want
     assert ("control" in {r[3] for r in rows}) and rows[0][2] == "Hello" and rows[1][2] == "·world"
     assert "Hello" in chat.lab_chips.toPlainText()
     chat.lab_special.setChecked(False)  # special tokens typed as text are then split into ordinary pieces
-    qtbot.waitUntil(lambda: "control" not in {r[3] for r in chat.lab_model.rows}, timeout=30000)
+    qtbot.waitUntil(lambda: "control" not in {r[3] for r in chat.lab_model.rows}, timeout=120000)
 
 
 def test_markdown_rendering_and_copy(qtbot):
@@ -499,7 +550,7 @@ def test_errors_appear_in_the_pane(window, qtbot, model_path, tmp_path, monkeypa
     assert chat.error_banner.isVisible() and "cannot run" in chat.error_banner.text()
     assert "mamba" in chat.error_banner.text() and chat.host.state == "empty"
     assert window.error_box is None  # in the pane, not a dialog
-    qtbot.waitUntil(lambda: chat.host.threads_alive() == 0, timeout=30000)
+    qtbot.waitUntil(lambda: chat.host.threads_alive() == 0, timeout=120000)
     # a model larger than the free memory is refused before anything is loaded
     assert window.open_path(model_path("smollm2"))
     window.show_view("chat")
@@ -511,61 +562,65 @@ def test_errors_appear_in_the_pane(window, qtbot, model_path, tmp_path, monkeypa
 
 
 # ---------------------------------------------------------------------------------------------- never blocking
-def test_event_loop_keeps_ticking_during_load_and_generation(window, qtbot, model_path):  # noqa: F811
+def test_load_and_generation_run_on_the_model_thread_while_the_loop_runs(window, qtbot, model_path):  # noqa: F811
+    """The model thread is held mid-load and mid-reply: the event loop keeps running (a timer fires, the window
+    answers) while it is, then the load and the reply finish. Held, not timed: a GUI thread that loaded or
+    generated itself, or waited for the model thread, would hang here on any machine, while timer gaps measured in
+    wall time grow on a loaded one. Time spent in the slots that show the reply is the watchdog's to judge
+    (tests/watchdog.py, GUI-thread CPU time)."""
     chat = open_chat(window, qtbot, model_path, name="qwen2.5-coder", load=False)
     chat.apply_preset("Greedy")
     chat.max_spin.setValue(24)
-    qtbot.wait(300)  # first paint of the tab is not what this test measures
-    gaps, stamps = [], []
-    clock = QElapsedTimer()
-    clock.start()
-    last = [clock.elapsed()]
-
-    def tick():
-        now = clock.elapsed()
-        gaps.append(now - last[0])
-        stamps.append((now - last[0], now, chat.host.state))
-        last[0] = now
-
-    timer = QTimer()
-    timer.setInterval(5)
-    timer.timeout.connect(tick)
-    timer.start()
-    last[0] = clock.elapsed()
-    t0 = time.perf_counter()
-    with qtbot.waitSignal(chat.engineLoaded, timeout=LOAD_TIMEOUT):
-        chat.load_model()
-    with qtbot.waitSignal(chat.replyFinished, timeout=REPLY_TIMEOUT) as sig:
+    workers: list = []
+    chat.host.on_worker.append(workers.append)
+    try:
+        with qtbot.waitSignal(chat.engineLoaded, timeout=LOAD_TIMEOUT):
+            assert chat.load_model()
+            (worker,) = workers
+            with hold_model(worker, "progress", lambda _l, stage, f: stage != "ready" and f < 1.0) as held:
+                qtbot.waitUntil(held.is_set, timeout=LOAD_TIMEOUT)
+                assert held.thread is not threading.main_thread() and chat.host.state == "loading"
+                responsive(qtbot)
+                window.show_view("tensors")
+                window.show_view("chat")
+                assert chat.host.state == "loading" and chat.load_progress.isVisible()
+    finally:
+        chat.host.on_worker.remove(workers.append)
+    with hold_model(worker, "delta", lambda _r, _t, st: st.n_generated >= 2) as held, \
+            qtbot.waitSignal(chat.replyFinished, timeout=REPLY_TIMEOUT) as sig:
         chat.send("Write a haiku about the sea.")
-    timer.stop()
-    assert sig.args[0].n_generated > 0 and time.perf_counter() - t0 > 0.5 and len(gaps) > 50
-    # Not a speed figure: work on the GUI thread (loading, a forward pass) stalls it for seconds; a busy 2-core
-    # machine delays a 5 ms timer by tens of ms. 250 ms tells the two apart without flaking under load.
-    assert max(gaps) < 250, f"event loop stalled {max(gaps)} ms (gaps: {sorted(stamps)[-5:]})"
+        qtbot.waitUntil(held.is_set, timeout=REPLY_TIMEOUT)
+        assert held.thread is not threading.main_thread() and chat.host.state == "generating"
+        responsive(qtbot)
+        assert chat.host.state == "generating" and chat.stop_btn.isEnabled()
+        held.release.set()
+    assert sig.args[0].n_generated > held.args[2].n_generated
 
 
 def test_switching_files_mid_generation_leaves_no_thread(window, qtbot, model_path, monkeypatch):  # noqa: F811
     chat = open_chat(window, qtbot, model_path)
     chat.apply_preset("Greedy")
     chat.max_spin.setValue(400)
-    assert chat.send("Tell me a long story about a dragon.")
-    qtbot.waitUntil(lambda: chat.reply.stats is not None, timeout=REPLY_TIMEOUT)
-    assert chat.host.state == "generating" and chat.host.threads_alive() == 1
-    old_id = chat.conv_id
-    waits = []
-    with monkeypatch.context() as m:  # switching never waits for the model thread
-        m.setattr(QThread, "wait", lambda self, *a: waits.append(self) or True)
-        assert window.open_path(model_path("gemma3"))
+    # the model thread is held after its second token until the switch unloads it: the switch lands mid-reply
+    with hold_model(chat.host._worker, "delta", lambda _r, _t, st: st.n_generated >= 2) as held:
+        assert chat.send("Tell me a long story about a dragon.")
+        qtbot.waitUntil(lambda: held.is_set() and chat.reply.stats is not None, timeout=REPLY_TIMEOUT)
+        assert chat.host.state == "generating" and chat.host.threads_alive() == 1
+        old_id = chat.conv_id
+        waits = []
+        with monkeypatch.context() as m:  # switching never waits for the model thread
+            m.setattr(QThread, "wait", lambda self, *a: waits.append(self) or True)
+            assert window.open_path(model_path("gemma3"))
     assert waits == []
     assert chat.host.state == "empty" and chat.host._worker is None
     assert chat.messages == [] and chat.views == []  # the new file starts a new chat; the old one was saved
     reply = chat.store().get(old_id).messages[-1]
     assert reply.role == "assistant" and "file was switched" in reply.stats["stop_reason"]
     n = len(reply.content)
-    qtbot.waitUntil(lambda: chat.host.threads_alive() == 0, timeout=30000)
-    qtbot.wait(200)
+    qtbot.waitUntil(lambda: chat.host.threads_alive() == 0, timeout=120000)
+    qtbot.wait(200)  # the ended thread's last signals are queued already: delivered here, if any
     assert chat.messages == [] and len(chat.store().get(old_id).messages[-1].content) == n  # nothing arrived later
-    qtbot.waitUntil(lambda: chat.host.retired == [], timeout=5000)  # the old engine was released
+    qtbot.waitUntil(lambda: chat.host.retired == [], timeout=60000)  # the old engine was released
     assert chat.mode == "completion"  # gemma-3-270m has no chat template
     assert not chat.mode_combo.model().item(0).isEnabled()
 
@@ -580,11 +635,12 @@ def test_closing_mid_generation_stops_cleanly(qtbot, tmp_path, model_path):
     w.show()
     chat = open_chat(w, qtbot, model_path)
     chat.max_spin.setValue(400)
-    assert chat.send("Tell me a long story.")
-    qtbot.waitUntil(lambda: chat.reply.stats is not None, timeout=REPLY_TIMEOUT)
-    t0 = time.perf_counter()
-    assert w.close()
-    assert time.perf_counter() - t0 < 10
+    # the model thread is held after its second token until closing unloads it: the close lands mid-reply (a close
+    # that did not stop the model would wait for the hold's guard and find the thread still alive)
+    with hold_model(chat.host._worker, "delta", lambda _r, _t, st: st.n_generated >= 2) as held:
+        assert chat.send("Tell me a long story.")
+        qtbot.waitUntil(lambda: held.is_set() and chat.reply.stats is not None, timeout=REPLY_TIMEOUT)
+        assert w.close()
     assert chat.host.threads_alive() == 0 and not w.runner.running()
     with ChatStore(default_path()) as s:  # the partial reply was kept, marked as stopped
         (c,) = s.list_conversations()
@@ -795,7 +851,7 @@ def test_template_pane_never_breaks_a_special_token_across_lines(window, qtbot, 
     chat.tools.setCurrentIndex(1)
     chat.composer.setPlainText("Short words wrap a lot and often, so special tokens land at every column: " * 3)
     qtbot.waitUntil(lambda: "tokens" in chat.preview_status.text() and "<|im_end|>" in chat.preview.prompt(),
-                    timeout=30000)
+                    timeout=120000)
     edit = chat.preview_text
     specials = ("<|im_start|>", "<|im_end|>")
     broken = []

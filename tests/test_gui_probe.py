@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt
 from quantscope.core.engine import probe as P
 from quantscope.core.engine.generate import Engine
 
-from .gui_helpers import unsupported_model, wait_idle, window  # noqa: F401
+from .gui_helpers import hold_when, unsupported_model, wait_idle, window  # noqa: F401
 
 PROMPT = "The capital of France is Paris, and the capital of Italy is"
 TIMEOUT = 120_000
@@ -161,11 +161,14 @@ def test_cancel_keeps_the_view_usable(window, qtbot, model_path):  # noqa: F811
     first = pv.result
     long_prompt = " ".join(["The quick brown fox jumps over the lazy dog."] * 60)
     pv.prompt.setPlainText(long_prompt)
-    with qtbot.waitSignal(pv.ranOut, timeout=TIMEOUT) as sig:
+    # the worker is held as it starts the layers until Cancel was clicked: the click lands on a run under way
+    with hold_when(window.runner, "probe-run", lambda done, _t, _m: done >= 100) as held, \
+            qtbot.waitSignal(pv.ranOut, timeout=TIMEOUT) as sig:
         assert pv.run()
         assert not pv.run()  # never two probe tasks at once
         assert pv.cancel_btn.isVisible() and not pv.run_btn.isEnabled()
-        qtbot.waitUntil(lambda: pv.progress.value() > 0 or not pv.busy, timeout=TIMEOUT)
+        qtbot.waitUntil(held.is_set, timeout=TIMEOUT)
+        assert pv.busy
         pv.cancel_btn.click()
     assert sig.args == ["cancelled"] and pv.state == "cancelled"
     wait_idle(qtbot, window, TIMEOUT)

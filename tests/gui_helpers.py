@@ -100,6 +100,45 @@ def hold_when(runner, name, when):
         runner.on_start.remove(attach)
 
 
+@contextlib.contextmanager
+def hold_model(worker, signal: str, when):
+    """Within the block, the model thread stops (on its own thread) at the first emission of ``worker``'s
+    ``signal`` whose arguments satisfy ``when``, until the test sets ``held.release`` or the worker is unloaded
+    (its load-cancel event: unload, a file switch, closing the window). Yields that :class:`threading.Event`, set
+    once the thread is held; ``held.thread`` is the thread it was held on, ``held.args`` the signal's arguments.
+    The test then acts on a load or a reply that is certainly under way, however fast or loaded the machine is."""
+    import threading
+    import time
+
+    from PySide6.QtCore import Qt
+
+    held = threading.Event()
+    held.release = threading.Event()  # type: ignore[attr-defined]
+    held.thread = None  # type: ignore[attr-defined]
+
+    def on_signal(*args) -> None:  # runs on the model thread (a direct connection)
+        if held.is_set() or not when(*args):
+            return
+        held.thread = threading.current_thread()  # type: ignore[attr-defined]
+        held.args = args  # type: ignore[attr-defined]
+        held.set()
+        end = time.monotonic() + HOLD_S
+        while not worker.cancel_load.is_set() and time.monotonic() < end:
+            if held.release.wait(0.01):  # type: ignore[attr-defined]
+                break
+
+    sig = getattr(worker, signal)
+    sig.connect(on_signal, Qt.ConnectionType.DirectConnection)
+    try:
+        yield held
+    finally:
+        held.release.set()  # type: ignore[attr-defined]
+        try:
+            sig.disconnect(on_signal)
+        except (RuntimeError, TypeError):
+            pass
+
+
 def fit_problems(root) -> list[str]:
     """What does not fit in ``root``'s visible widget tree at its current size, one line per problem.
 

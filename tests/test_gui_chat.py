@@ -7,14 +7,12 @@ Every test points ``QUANTSCOPE_DATA`` at a temporary folder: the user's conversa
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -37,7 +35,7 @@ from PySide6.QtWidgets import (
 from quantscope.core.chat import SamplerParams
 from quantscope.core.chat.store import ChatStore, default_path
 
-from .gui_helpers import clipping_problems, fit_problems, unsupported_model, window  # noqa: F401
+from .gui_helpers import clipping_problems, fit_problems, hold_model, unsupported_model, window  # noqa: F401
 
 GREEDY_PROMPT = "The capital of France is"
 LOAD_TIMEOUT = 120_000
@@ -73,44 +71,6 @@ def send_and_wait(qtbot, chat, text):
     with qtbot.waitSignal(chat.replyFinished, timeout=REPLY_TIMEOUT) as sig:
         assert chat.send(text)
     return sig.args[0]
-
-
-#: How long a held model thread waits: a hang guard, never reached when the code works.
-HOLD_S = 300.0
-
-
-@contextlib.contextmanager
-def hold_model(worker, signal: str, when):
-    """Within the block, the model thread stops (on its own thread) at the first emission of ``worker``'s
-    ``signal`` whose arguments satisfy ``when``, until the test sets ``held.release`` or the worker is unloaded
-    (its load-cancel event: unload, a file switch, closing the window). Yields that :class:`threading.Event`, set
-    once the thread is held; ``held.thread`` is the thread it was held on, ``held.args`` the signal's arguments.
-    The test then acts on a load or a reply that is certainly under way, however fast or loaded the machine is."""
-    held = threading.Event()
-    held.release = threading.Event()
-    held.thread = None
-
-    def on_signal(*args) -> None:  # runs on the model thread (a direct connection)
-        if held.is_set() or not when(*args):
-            return
-        held.thread = threading.current_thread()
-        held.args = args
-        held.set()
-        end = time.monotonic() + HOLD_S
-        while not worker.cancel_load.is_set() and time.monotonic() < end:
-            if held.release.wait(0.01):
-                break
-
-    sig = getattr(worker, signal)
-    sig.connect(on_signal, Qt.ConnectionType.DirectConnection)
-    try:
-        yield held
-    finally:
-        held.release.set()
-        try:
-            sig.disconnect(on_signal)
-        except (RuntimeError, TypeError):
-            pass
 
 
 def responsive(qtbot) -> None:

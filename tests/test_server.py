@@ -94,7 +94,7 @@ def http(server: Server) -> Http:
     return Http(server)
 
 
-def idle(server: Server, timeout: float = 20.0) -> None:
+def idle(server: Server, timeout: float = 120.0) -> None:
     """Wait until no slot is busy (a closed stream frees its slot at the scheduler's next step)."""
     end = time.monotonic() + timeout
     while server.scheduler.busy_slots or server.scheduler.queued:
@@ -260,26 +260,28 @@ def test_parallel_streams_with_seeds_match_each_alone(server: Server, client: op
     assert len(set(alone)) > 1  # the seeds matter
     together: list[str | None] = [None] * len(seeds)
     batched = server.scheduler.metrics.batched_steps
+    sched = server.scheduler
     peak = [0]
-    stop = threading.Event()
 
-    def watch() -> None:
-        while not stop.is_set():
-            peak[0] = max(peak[0], server.scheduler.busy_slots)
-            time.sleep(0.001)
+    def gather() -> None:  # on the scheduler's thread: hold the loop until all four requests are in, once
+        end = time.monotonic() + 120  # a hang guard
+        while not peak[0] and sched.busy_slots + sched.queued < len(seeds) and time.monotonic() < end:
+            time.sleep(0.005)
+        peak[0] = max(peak[0], sched.busy_slots)
 
     def one(i: int) -> None:
         together[i] = run_alone(client, seeds[i])
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(seeds))]
-    w = threading.Thread(target=watch)
-    w.start()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    stop.set()
-    w.join()
+    # the four requests run side by side however the client threads are scheduled: the loop waits for them all
+    sched.before_step.append(gather)
+    try:
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(seeds))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+    finally:
+        sched.before_step.remove(gather)
     assert together == alone
     assert peak[0] >= 2  # they did run side by side, their tokens in one forward pass
     assert server.scheduler.metrics.batched_steps > batched
@@ -319,7 +321,7 @@ def test_a_client_gone_before_a_whole_reply_frees_the_slot(server: Server, http:
     conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "Once", "max_tokens": 400,
                                                              "ignore_eos": True}).encode(),
                  headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
-    end = time.monotonic() + 20
+    end = time.monotonic() + 120  # a hang guard
     while not server.scheduler.busy_slots:
         assert time.monotonic() < end
         time.sleep(0.01)

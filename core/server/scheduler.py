@@ -199,6 +199,9 @@ class Scheduler:
         self._first_byte: np.ndarray | None = None
         #: set (with the exception) when the loop died of a bug: /health reports it
         self.failure: BaseException | None = None
+        #: called on the scheduler's thread before each step, after queued jobs were given free slots, without the
+        #: lock held (``submit`` goes on): tests observe the slots or hold the loop at an exact point
+        self.before_step: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ control
     def start(self) -> None:
@@ -256,6 +259,8 @@ class Scheduler:
                     if self._stopping:
                         break
                     self._admit()
+                for hook in self.before_step:
+                    hook()
                 self._step()
         except BaseException as exc:  # a bug: every request ends with an error, /health says so
             self.failure = exc

@@ -27,7 +27,7 @@ from quantscope.core.server import Server, model_id_of
 ORIGIN = "http://app.example:3000"  # the one origin the fixture allows cross-origin requests from
 PROXY = "proxy.example"  # the one extra Host name it accepts
 TIMEOUT = 2.0  # the fixture's request read timeout: half-sent requests are closed after it
-WAIT = 60  # generous socket timeout for every read: a wait for the server's event, never a measure
+WAIT = 120  # generous socket timeout for every read: a wait for the server's event, never a measure
 CHAT = [{"role": "user", "content": "Name three colours."}]
 
 

@@ -41,9 +41,10 @@ NESTED = "^([a-z0-9_.]+)+X"
 
 
 def test_the_nested_tensor_type_regex_answers_at_once(model_path) -> None:
-    """`^([a-z0-9_.]+)+X` took 40 s on SmolLM2's names with Python's re; the bound here is a hang guard."""
+    """`^([a-z0-9_.]+)+X` took 40 s on SmolLM2's names with Python's re; the bound here is a hang guard (the
+    pattern's own 1 s budget, which ``re`` could not enforce, answers for the engine: exit 0 means it held)."""
     r = run_cli("quantize", model_path("smollm2"), "Q8_0", "--dry-run", "--allow-requantize", "--tensor-type",
-                f"{NESTED}=Q8_0", timeout=30)
+                f"{NESTED}=Q8_0", timeout=120)
     assert r.returncode == 0, r.stderr
 
 

@@ -95,7 +95,7 @@ def compare_done(window, qtbot, files, quant: str):  # type: ignore[no-untyped-d
 def test_the_comparison_runs_in_the_worker_and_shows_compare_models_figures(window, qtbot, files):  # noqa: F811
     dlg = setup(window, qtbot, files["F32"], files["Q8_0"])
     progress: list[tuple[int, int, str]] = []
-    with qtbot.waitSignal(dlg.compareFinished, timeout=60000) as sig:
+    with qtbot.waitSignal(dlg.compareFinished, timeout=120000) as sig:
         dlg.start()
         # start() returned at once: the work is a task of the window's runner, the controls wait for it
         assert dlg.state == "running" and dlg.result is None and [t.name for t in window.runner.running()] == [
@@ -333,7 +333,7 @@ def test_cancel_stops_the_comparison_and_another_can_run(window, qtbot, files): 
     dlg.chunks.setValue(0)  # every chunk of a long text: seconds of work
     reports: list[tuple[int, int, str]] = []
     with cancel_when(window.runner, "compare", lambda _d, _t, message: message.startswith("chunk"), reports), \
-            qtbot.waitSignal(dlg.compareFinished, timeout=60000) as sig:
+            qtbot.waitSignal(dlg.compareFinished, timeout=120000) as sig:
         dlg.start()
     assert sig.args[0] is None and dlg.state == "cancelled" and dlg.result is None
     seen = [(done, total) for done, total, message in reports if message.startswith("chunk")]
@@ -346,7 +346,7 @@ def test_cancel_stops_the_comparison_and_another_can_run(window, qtbot, files): 
     # Esc while running cancels instead of closing
     dlg.start()
     qtbot.keyClick(dlg, Qt.Key.Key_Escape)
-    qtbot.waitUntil(lambda: dlg.state == "cancelled", timeout=60000)
+    qtbot.waitUntil(lambda: dlg.state == "cancelled", timeout=120000)
     assert dlg.isVisible()
     # the next run goes through
     dlg.set_typed_text(TEXT)
@@ -438,7 +438,7 @@ def test_the_result_fits_at_1100x700(window, qtbot, files):  # noqa: F811
 
 def open_imatrix(window, qtbot, path: Path):  # type: ignore[no-untyped-def]  # noqa: F811
     dlg = window.show_imatrix()
-    with qtbot.waitSignal(dlg.loaded, timeout=30000) as sig:
+    with qtbot.waitSignal(dlg.loaded, timeout=120000) as sig:
         dlg.open_file(path)
     return dlg, sig.args[0]
 
@@ -545,7 +545,7 @@ def test_file_open_shows_an_imatrix_gguf_in_the_viewer(window, qtbot, tmp_path):
     assert window.open_path(p)
     dlg = window.imatrix_dialog
     assert dlg.isVisible()
-    qtbot.waitUntil(lambda: dlg.imatrix is not None, timeout=30000)
+    qtbot.waitUntil(lambda: dlg.imatrix is not None, timeout=120000)
     assert dlg.imatrix.path == p and dlg.model.rowCount() == 16
 
 

@@ -141,14 +141,14 @@ def test_array_element_special_token_and_template(window, qtbot, tiny):  # noqa:
     assert mv.edits.state.value("tokenizer.ggml.eos_token_id") == 6
     # the template: rendered as typed, in the runner; a template that does not compile is refused
     dlg = mv.edit_template()
-    qtbot.waitUntil(lambda: "What is a GGUF file?" in dlg.rendered.toPlainText(), timeout=30000)
+    qtbot.waitUntil(lambda: "What is a GGUF file?" in dlg.rendered.toPlainText(), timeout=120000)
     assert dlg.rendered.toPlainText().endswith("<|im_start|>assistant\n")
-    qtbot.waitUntil(lambda: dlg.ids.toPlainText() != "", timeout=30000)  # the tokenizer was read in a worker
+    qtbot.waitUntil(lambda: dlg.ids.toPlainText() != "", timeout=120000)  # the tokenizer was read in a worker
     dlg.editor.setPlainText("{% if %}")
     assert not dlg.buttons.button(QDialogButtonBox.StandardButton.Ok).isEnabled()
-    qtbot.waitUntil(lambda: "does not compile" in dlg.render_status.text(), timeout=30000)
+    qtbot.waitUntil(lambda: "does not compile" in dlg.render_status.text(), timeout=120000)
     dlg.editor.setPlainText("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
-    qtbot.waitUntil(lambda: "[user] How many values" in dlg.rendered.toPlainText(), timeout=30000)
+    qtbot.waitUntil(lambda: "[user] How many values" in dlg.rendered.toPlainText(), timeout=120000)
     _ok(dlg)
     assert mv.edits.state.value("tokenizer.chat_template").startswith("{% for m in messages %}[")
     wait_idle(qtbot, window)
@@ -166,7 +166,7 @@ def test_save_as_writes_what_the_core_writes_and_opens_it(window, qtbot, tiny, t
     out = tmp_path / "out.gguf"
     mv.save_as(str(out))
     wait_idle(qtbot, window)
-    qtbot.waitUntil(lambda: window.doc is not None and Path(window.doc.path) == out, timeout=30000)
+    qtbot.waitUntil(lambda: window.doc is not None and Path(window.doc.path) == out, timeout=120000)
     assert not mv.dirty and window.doc.gguf.get("general.name") == "saved"
     assert _tensor_hashes(out) == _tensor_hashes(tiny)
     ref = tmp_path / "ref.gguf"
@@ -191,7 +191,7 @@ def test_overwriting_the_open_file_asks_first(window, qtbot, tiny):  # noqa: F81
     mv.save_as(str(tiny), confirm=lambda p: True)
     wait_idle(qtbot, window)
     qtbot.waitUntil(lambda: window.doc is not None and window.doc.gguf.get("general.name") == "in place",
-                    timeout=30000)
+                    timeout=120000)
     assert tiny.stat().st_ino != inode  # a new file renamed over the old one, never written in place
     assert not mv.dirty and window.stale_bar.isHidden()
     assert sorted(p.name for p in tiny.parent.iterdir()) == ["settings.ini", "tiny.gguf"]
@@ -268,7 +268,7 @@ def test_template_editor_says_why_token_ids_are_missing_when_the_tokenizer_does_
     window.show_view("metadata")
     dlg = mv.edit_template()
     wait_idle(qtbot, window)
-    qtbot.waitUntil(lambda: "no token ids" in dlg.render_status.text(), timeout=30000)
+    qtbot.waitUntil(lambda: "no token ids" in dlg.render_status.text(), timeout=120000)
     assert "no-such-model" in dlg.render_status.text()
     wait_idle(qtbot, window)
     dlg.reject()
@@ -291,7 +291,7 @@ def test_a_save_that_ends_at_once_leaves_the_view_idle(window, qtbot, tiny, tmp_
     mv.save_as(str(out))  # the whole save ran inside save_as()
     assert not mv.saving
     if ending == "done at once":
-        qtbot.waitUntil(lambda: window.doc is not None and Path(window.doc.path) == out, timeout=30000)
+        qtbot.waitUntil(lambda: window.doc is not None and Path(window.doc.path) == out, timeout=120000)
         assert not mv.dirty
     else:
         assert mv.dirty and "Saving failed" in mv.edit_message.text()

@@ -68,7 +68,7 @@ def test_run_writes_llama_quantize_bytes_and_opens(window, qtbot, models, tmp_pa
     imat.write_bytes((Path(__file__).parent / "data" / "quantize" / "qwen3moe.imatrix.gguf").read_bytes())
     dlg.imatrix_path.setText(str(imat))
     dlg._load_imatrix()
-    qtbot.waitUntil(lambda: dlg.imatrix is not None, timeout=20000)
+    qtbot.waitUntil(lambda: dlg.imatrix is not None, timeout=120000)
     assert "16 entries" in dlg.imatrix_info.text() and dlg.imatrix_info.isVisible()
     assert all(j.has_imatrix for j in dlg.plan.jobs if "exps" in j.info.name)
     dlg.preset.setCurrentIndex(dlg.preset.findData("IQ4_XS"))
@@ -108,7 +108,7 @@ def test_cancel_leaves_nothing_and_refusals_are_shown(window, qtbot, models, tmp
     outdir.mkdir()
     dlg.output.setText(str(outdir / "never.gguf"))
     dlg.preset.setCurrentIndex(dlg.preset.findData("Q2_K"))
-    with qtbot.waitSignal(dlg.quantizeFinished, timeout=60000) as sig:
+    with qtbot.waitSignal(dlg.quantizeFinished, timeout=120000) as sig:
         dlg.start()
         dlg.cancel()
     assert sig.args[0] is None and dlg.state == "cancelled" and "nothing was written" in dlg.status.text()
@@ -118,7 +118,7 @@ def test_cancel_leaves_nothing_and_refusals_are_shown(window, qtbot, models, tmp
     bad.write_bytes(b"\x05\x00\x00\x00garbage")
     dlg.imatrix_path.setText(str(bad))
     dlg._load_imatrix()
-    qtbot.waitUntil(lambda: "Reading" not in dlg.imatrix_info.text(), timeout=20000)
+    qtbot.waitUntil(lambda: "Reading" not in dlg.imatrix_info.text(), timeout=120000)
     assert "cannot fit" in dlg.imatrix_info.text() and dlg.imatrix is None and dlg.plan is not None
     bad.unlink()
     assert window.isVisible()

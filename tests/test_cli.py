@@ -101,7 +101,7 @@ def test_bench_open_prints_figures(capsys, model_path):
 def test_console_script_entry_point(tmp_path):
     path = write_all_types(tmp_path / "x.gguf")
     exe = [sys.executable, "-m", "quantscope.cli", "inspect", "--json", str(path)]
-    res = subprocess.run(exe, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(exe, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["architecture"] == "llama"
 

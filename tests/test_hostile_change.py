@@ -131,7 +131,7 @@ def _run_unguarded(tmp_path: Path, setup: str = "", before: str = "",
                    flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     code = textwrap.dedent(_UNGUARDED).format(setup=setup, before=before)
     return subprocess.run([sys.executable, *flags, "-c", code, str(tmp_path / "u.bin")], capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=120)
 
 
 def test_unguarded_fault_still_dies_by_sigbus(tmp_path: Path) -> None:

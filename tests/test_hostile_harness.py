@@ -23,7 +23,7 @@ from quantscope.core import catalog
 from . import hostile_files as H
 from .test_bump import write_model
 
-TIMEOUT_S = 90
+TIMEOUT_S = 300  # a hang guard per case, never a measure (cases run beside other processes)
 AS_LIMIT = 6 << 30  # address space: numpy, the native library and a small model fit many times over
 
 #: verb templates: {f} the input, {o} an output path in the case's folder, {t} a text file, {g} a good model

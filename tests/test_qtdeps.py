@@ -76,7 +76,7 @@ def _plugin_sonames() -> list[str]:
     assert root is not None
     out = []
     for plugin in sorted((root / "Qt" / "plugins" / "platforms").glob("libq*.so")):
-        text = subprocess.run(["ldd", str(plugin)], capture_output=True, text=True, timeout=30).stdout
+        text = subprocess.run(["ldd", str(plugin)], capture_output=True, text=True, timeout=120).stdout
         out += [ln.split()[0] for ln in text.splitlines() if "=>" in ln and str(root) not in ln]
     return list(dict.fromkeys(out))
 
@@ -109,7 +109,7 @@ printf '%s\\n' "$@" >> {log}
 """)
     fake.chmod(0o755)
     r = subprocess.run(["bash", "-c", f"set -euo pipefail\n{func}\napt_install libxcb1 libnope1 libbrotli1"],
-                       capture_output=True, text=True, timeout=30, env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+                       capture_output=True, text=True, timeout=120, env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
     assert r.returncode == 1
     assert log.read_text().split() == ["libxcb1", "libbrotli1"]
     assert r.stderr.strip() == "dev: apt-get could not install: libnope1"

@@ -72,19 +72,19 @@ def test_serve_until_interrupted(tmp_path: Path, model_path: Any) -> None:
                 url = m.group(1)
                 break
         assert url, "the server did not say where it listens"
-        with urllib.request.urlopen(url + "/health", timeout=30) as r:
+        with urllib.request.urlopen(url + "/health", timeout=120) as r:
             assert json.load(r)["status"] == "ok"
         with pytest.raises(urllib.error.HTTPError) as exc:
-            urllib.request.urlopen(url + "/v1/models", timeout=30)
+            urllib.request.urlopen(url + "/v1/models", timeout=120)
         assert exc.value.code == 401
         req = urllib.request.Request(url + "/v1/completions", data=json.dumps(
             {"prompt": "The capital of France is", "max_tokens": 3, "temperature": 0}).encode(),
             headers={"Authorization": "Bearer s3cret", "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=120) as r:
             body = json.load(r)
         assert body["usage"]["completion_tokens"] == 3 and body["choices"][0]["text"]
     finally:
         proc.send_signal(signal.SIGINT)
-        _out, rest = proc.communicate(timeout=30)
+        _out, rest = proc.communicate(timeout=120)
     assert proc.returncode == 0, rest
     assert "Traceback" not in rest

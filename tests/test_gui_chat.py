@@ -256,7 +256,8 @@ def test_deltas_are_batched_by_a_timer(window, qtbot, model_path):  # noqa: F811
         chat.reply.on_delta(999, f"t{i} ", GenStats(n_generated=i + 1))
     chat.reply.flush_timer.start()
     assert appended == []  # nothing touched the widget yet
-    qtbot.wait(FLUSH_MS * 3)
+    qtbot.waitUntil(lambda: chat.reply.flushes > before, timeout=60000)  # the timer's pass, however late it comes
+    qtbot.wait(FLUSH_MS)  # (a second flush would need a second timer pass)
     assert chat.reply.flushes - before == 1 and len(appended) == 1 and appended[0].startswith("t0 t1 ")
     chat.reply.req = 0
     chat.reply.view = None
@@ -633,9 +634,15 @@ def test_chat_fits_a_laptop_screen_without_clipping(window, qtbot, model_path, s
                                "descriptive_identifier_name_that_does_not_fit_on_one_line_anywhere.")
     window.resize(*size)
     chat.lab_input.setPlainText("Hello <|im_start|> world\n\tcafé 123 " + "x" * 120)
+    # the Template preview and the Tokenizer lab fill in their workers (the lab after a debounce): waited for by
+    # what they show, so that what is checked below is the filled tabs on any machine
+    fills = {chat.tools.indexOf(chat.preview): lambda: chat.preview_ids.toPlainText() != "",
+             chat.tools.indexOf(chat.lab): lambda: chat.lab_ids.toPlainText() != ""}
     for tab in range(chat.tools.count()):
         chat.tools.setCurrentIndex(tab)
-        qtbot.wait(300)  # layouts settle, the preview and the lab fill in their workers
+        if tab in fills:
+            qtbot.waitUntil(fills[tab], timeout=120000)
+        qtbot.wait(50)  # layouts settle (posted events and zero-interval timers)
         QApplication.processEvents()
         assert window.chat_view.width() <= size[0]
         problems = fit_problems(chat) + clipping_problems(chat)

@@ -379,9 +379,9 @@ def test_the_status_bar_names_background_work_in_words(window, qtbot):  # noqa: 
     assert names <= set(TASK_LABELS), names - set(TASK_LABELS)
     gate = threading.Event()
     try:
-        window.runner.start("budget-measure", lambda _r, _t: gate.wait(30))
-        qtbot.waitUntil(lambda: window.task_label.text() != "")
+        window.runner.start("budget-measure", lambda _r, _t: gate.wait(300))  # held until the label is read
+        qtbot.waitUntil(lambda: window.task_label.text() != "", timeout=60000)
         assert window.task_label.text() == "measuring each tensor's cost…"
     finally:
         gate.set()
-    qtbot.waitUntil(lambda: window.task_label.text() == "")
+    qtbot.waitUntil(lambda: window.task_label.text() == "", timeout=60000)

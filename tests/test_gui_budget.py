@@ -86,12 +86,12 @@ def test_measure_the_front_and_the_slider_change_the_mix(window, qtbot, llama, t
     assert page.mix_model.rowCount() == len(run.costs)
     # the slider: at the smallest end every tensor takes its smallest type, at the largest its largest
     page.slider.setValue(0)
-    qtbot.waitUntil(lambda: page.mix is not None and page.budget == run.space.smallest_file_bytes)
+    qtbot.waitUntil(lambda: page.mix is not None and page.budget == run.space.smallest_file_bytes, timeout=60000)
     qtbot.wait(20)
     small = dict(page.mix.choices)
     assert page.mix.file_bytes == run.space.smallest_file_bytes
     page.slider.setValue(page.slider.maximum())
-    qtbot.waitUntil(lambda: page.mix is not None and page.mix.choices != small)
+    qtbot.waitUntil(lambda: page.mix is not None and page.mix.choices != small, timeout=60000)
     big = page.mix
     assert big.file_bytes <= page.budget == run.space.largest_file_bytes and big.cost == costs[-1] < costs[0]
     assert all(q == "Q8_0" for n, q in big.choices.items() if dict(run.space.candidates)[n].count("Q8_0"))

@@ -238,7 +238,7 @@ def test_after_branching_esc_stops_and_keys_reach_the_composer(window, qtbot, mo
         with qtbot.waitSignal(chat.replyFinished, timeout=REPLY_TIMEOUT) as sig:
             menu.setActiveAction(alt)
             QTest.keyClick(menu, Qt.Key.Key_Return)  # as a user picks it: the menu closes, the reply branches
-            qtbot.waitUntil(lambda: not menu.isVisible() and chat.host.state == "generating")
+            qtbot.waitUntil(lambda: not menu.isVisible() and chat.host.state == "generating", timeout=60000)
             window.activateWindow()  # the window manager's part once the popup is gone (offscreen has none)
             qtbot.waitUntil(window.isActiveWindow)
             focus = QApplication.focusWidget()

@@ -50,7 +50,7 @@ def test_typing_in_the_tensor_filter_keeps_the_loop_free_and_matches_names_and_t
             in_loop(qtbot, lambda t=text: tv.filter.setText(t))
         for ch in "ffn_down":
             in_loop(qtbot, lambda c=ch: QTest.keyClick(tv.filter, c))
-        qtbot.waitUntil(lambda: tv.count.text().startswith(f"{sum('ffn_down' in n for n in names)} of"))
+        qtbot.waitUntil(lambda: tv.count.text().startswith(f"{sum('ffn_down' in n for n in names)} of"), timeout=60000)
         in_loop(qtbot, lambda: tv.filter.clear(), 300)
     # only the name and the type are matched: "mib" (every Bytes cell says MiB) matches nothing
     in_loop(qtbot, lambda: tv.filter.setText("mib"), 300)
@@ -173,7 +173,7 @@ def test_show_in_the_heatmap_clears_a_filter_that_hides_the_tensor(window, qtbot
     tv = window.tensors_view
     window.show_view("tensors")
     tv.filter.setText("ffn_down")
-    qtbot.waitUntil(lambda: tv.table_proxy.rowCount() == 30)
+    qtbot.waitUntil(lambda: tv.table_proxy.rowCount() == 30, timeout=60000)
     tv.split.setSizes([150, 1250])
     window.show_channel("blk.3.attn_q.weight", "column", 7)
     assert tv.filter.text() == "" and tv.table_proxy.rowCount() == 272

@@ -42,7 +42,7 @@ def test_normal_end(qtbot):
     runner, slot, rec = _slot(qtbot)
     slot.start("job", lambda _r, _t: 42, **_callbacks(rec))
     assert slot.busy and rec.events == [("busy", True)]
-    qtbot.waitUntil(lambda: not slot.busy)
+    qtbot.waitUntil(lambda: not slot.busy, timeout=60000)
     assert rec.events == [("busy", True), ("done", 42), ("busy", False)]
     runner.shutdown()
 
@@ -57,7 +57,7 @@ def test_cancelled(qtbot):
 
     slot.start("job", work, **_callbacks(rec))
     slot.cancel()
-    qtbot.waitUntil(lambda: not slot.busy)
+    qtbot.waitUntil(lambda: not slot.busy, timeout=60000)
     assert rec.events == [("busy", True), ("cancelled",), ("busy", False)]
     runner.shutdown()
 
@@ -69,7 +69,7 @@ def test_failed(qtbot):
         raise ValueError("bad input")
 
     slot.start("job", work, **_callbacks(rec))
-    qtbot.waitUntil(lambda: not slot.busy)
+    qtbot.waitUntil(lambda: not slot.busy, timeout=60000)
     assert rec.events == [("busy", True), ("failed", "bad input"), ("busy", False)]
     runner.shutdown()
 
@@ -169,7 +169,7 @@ def test_probe_is_idle_after_a_cancel_and_after_a_failure(window, qtbot, model_p
     with qtbot.waitSignal(pv.ranOut, timeout=120000) as sig:
         assert pv.run()
     assert sig.args == ["failed"] and "no engine today" in pv.status.full_text()
-    qtbot.waitUntil(lambda: _probe_idle(pv))
+    qtbot.waitUntil(lambda: _probe_idle(pv), timeout=60000)
 
     def slow_load(_path, cancel, _report):  # type: ignore[no-untyped-def]
         while not cancel.cancelled:
@@ -181,7 +181,7 @@ def test_probe_is_idle_after_a_cancel_and_after_a_failure(window, qtbot, model_p
     with qtbot.waitSignal(pv.ranOut, timeout=120000) as sig:
         pv.cancel_btn.click()
     assert sig.args == ["cancelled"]
-    qtbot.waitUntil(lambda: _probe_idle(pv))
+    qtbot.waitUntil(lambda: _probe_idle(pv), timeout=60000)
 
 
 def _stats_idle(tv) -> bool:  # type: ignore[no-untyped-def]

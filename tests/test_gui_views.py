@@ -103,10 +103,10 @@ def test_tensor_selection_runs_stats_in_a_worker_and_caches(window, qtbot, model
     window.show_view("tensors")
     wait_idle(qtbot, window)
     tv.filter.setText("ffn_down")  # applied after a pause in the typing
-    qtbot.waitUntil(lambda: tv.count.text() == "30 of 272 tensors")
+    qtbot.waitUntil(lambda: tv.count.text() == "30 of 272 tensors", timeout=60000)
     assert tv.table_proxy.rowCount() == 30
     tv.filter.setText("Q8_0")
-    qtbot.waitUntil(lambda: tv.table_proxy.rowCount() == 1)
+    qtbot.waitUntil(lambda: tv.table_proxy.rowCount() == 1, timeout=60000)
     tv.filter.clear()
     name = "blk.2.attn_v.weight"
     with qtbot.waitSignal(tv.analysisReady, timeout=120000) as sig:
@@ -505,7 +505,7 @@ def test_counts_say_one_tensor_not_one_tensors(window, qtbot, model_path):  # no
                           zip([r for r in counts if r["bytes"]], labels, strict=True))
     assert not any(" 1 tensors" in lab for lab in labels)
     window.tensors_view.filter.setText("output_norm")
-    qtbot.waitUntil(lambda: window.tensors_view.count.text() == "1 of 291 tensors")
+    qtbot.waitUntil(lambda: window.tensors_view.count.text() == "1 of 291 tensors", timeout=60000)
 
 
 @pytest.mark.parametrize("name", ["IQ2_XXS", "IQ1_M", "TQ1_0", "NVFP4"])

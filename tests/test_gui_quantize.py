@@ -75,9 +75,17 @@ def test_run_writes_llama_quantize_bytes_and_opens(window, qtbot, models, tmp_pa
     out = tmp_path / "q.gguf"
     dlg.output.setText(str(out))
     progress = []
-    with qtbot.waitSignal(dlg.quantizeFinished, timeout=120000) as sig:
-        dlg.start()
-        dlg.task.signals.progress.connect(lambda d, t, s: progress.append((d, t)))
+
+    def record(task) -> None:  # type: ignore[no-untyped-def]  # connected before the task is queued: every report
+        if task.name == "quantize":
+            task.signals.progress.connect(lambda d, t, _s: progress.append((d, t)))
+
+    dlg.job_slot.runner.on_start.append(record)
+    try:
+        with qtbot.waitSignal(dlg.quantizeFinished, timeout=120000) as sig:
+            dlg.start()
+    finally:
+        dlg.job_slot.runner.on_start.remove(record)
     assert sig.args[0] is not None and dlg.state == "done"
     assert progress and progress[-1][0] == progress[-1][1]
     assert "✓ Quantized" in dlg.summary.toPlainText()

@@ -24,9 +24,17 @@ def test_convert_dialog_writes_a_file_that_verifies_and_opens(window, qtbot, tmp
     dlg.manifest_check.setChecked(True)
     dlg.config_check.setChecked(True)
     progress = []
-    with qtbot.waitSignal(dlg.conversionFinished, timeout=120000) as sig:
-        dlg.start()
-        dlg.task.signals.progress.connect(lambda d, t, s: progress.append((d, t)))
+
+    def record(task) -> None:  # type: ignore[no-untyped-def]  # connected before the task is queued: every report
+        if task.name == "convert":
+            task.signals.progress.connect(lambda d, t, _s: progress.append((d, t)))
+
+    window.runner.on_start.append(record)
+    try:
+        with qtbot.waitSignal(dlg.conversionFinished, timeout=120000) as sig:
+            dlg.start()
+    finally:
+        window.runner.on_start.remove(record)
     res = sig.args[0]
     assert res is not None and dlg.state == "done" and res.path == out
     assert progress and progress[-1][0] == progress[-1][1] == out.stat().st_size

@@ -162,23 +162,23 @@ def test_widgets_have_accessible_names(window, model_path):  # noqa: F811
     assert not missing, missing
 
 
-def test_dark_and_light_follow_the_palette(qtbot):
+def test_dark_and_light_follow_the_palette(qtbot, monkeypatch):
     from quantscope.gui.theme import apply_theme
 
     app = QApplication.instance()
-    old_palette, old_style = app.palette(), app.style().name()
+    old_palette, old_style, old_dark = app.palette(), app.style().name(), app.property("quantscope_dark")
     try:
         assert apply_theme(app, dark=True) is True
         assert app.palette().color(QPalette.ColorRole.Window).lightness() < 80
         assert apply_theme(app, dark=False) is False
         assert app.palette().color(QPalette.ColorRole.Window).lightness() > 200
-        os.environ["QUANTSCOPE_THEME"] = "dark"
+        monkeypatch.setenv("QUANTSCOPE_THEME", "dark")
         assert apply_theme(app) is True
-    finally:
-        os.environ.pop("QUANTSCOPE_THEME", None)
+    finally:  # the application is shared by every later test: it leaves as it came (dark or not)
         app.setPalette(old_palette)
         app.setStyle(old_style)
         app.setStyleSheet("")
+        app.setProperty("quantscope_dark", old_dark)
 
 
 def _env_without_display():
@@ -292,7 +292,7 @@ def test_dark_theme_check_boxes_and_focus_ring_are_visible(qtbot):
     from quantscope.gui.theme import DARK_FOCUS_RING
 
     app = QApplication.instance()
-    old_palette, old_style = app.palette(), app.style().name()
+    old_palette, old_style, old_dark = app.palette(), app.style().name(), app.property("quantscope_dark")
     PE, S = QStyle.PrimitiveElement, QStyle.StateFlag
 
     def contrast(bg, colors):
@@ -313,7 +313,7 @@ def test_dark_theme_check_boxes_and_focus_ring_are_visible(qtbot):
         app.setPalette(old_palette)
         app.setStyle(old_style)
         app.setStyleSheet("")
-        app.setProperty("quantscope_dark", False)
+        app.setProperty("quantscope_dark", old_dark)
 
 
 def test_screenshot_size_is_checked():

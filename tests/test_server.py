@@ -13,9 +13,10 @@ from typing import Any
 import openai
 import pytest
 
-from quantscope.core.engine.generate import Engine
-from quantscope.core.server import Server, model_id_of
+from quantscope.core.server import Server
 from quantscope.core.server.scheduler import held_back
+
+from .server_helpers import serving
 
 KEY = "test-key-123"
 SLOTS = 4
@@ -27,14 +28,8 @@ CHAT = [{"role": "system", "content": "You are a helpful assistant."},
 @pytest.fixture(scope="module")
 def server(model_path: Any) -> Iterator[Server]:
     path = model_path("smollm2")
-    eng = Engine(path, n_ctx=512, threads=1, backend="cpu")
-    srv = Server(eng, model_id_of(path), port=0, parallel=SLOTS, api_key=KEY, max_queue=0, max_body=MAX_BODY)
-    srv.start()
-    try:
+    with serving(path, parallel=SLOTS, api_key=KEY, max_queue=0, max_body=MAX_BODY) as srv:
         yield srv
-    finally:
-        srv.stop()
-        eng.close()
 
 
 @pytest.fixture

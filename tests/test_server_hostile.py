@@ -22,7 +22,9 @@ import pytest
 
 from quantscope.cli.main import main
 from quantscope.core.engine.generate import Engine
-from quantscope.core.server import Server, model_id_of
+from quantscope.core.server import Server
+
+from .server_helpers import serving
 
 ORIGIN = "http://app.example:3000"  # the one origin the fixture allows cross-origin requests from
 PROXY = "proxy.example"  # the one extra Host name it accepts
@@ -34,15 +36,9 @@ CHAT = [{"role": "user", "content": "Name three colours."}]
 @pytest.fixture(scope="module")
 def server(model_path: Any) -> Iterator[Server]:
     path = model_path("smollm2")
-    eng = Engine(path, n_ctx=512, threads=1, backend="cpu")
-    srv = Server(eng, model_id_of(path), port=0, parallel=1, max_queue=4, allowed_hosts=(PROXY,),
-                 cors_origins=(ORIGIN,), timeout=TIMEOUT, max_connections=16)
-    srv.start()
-    try:
+    with serving(path, parallel=1, max_queue=4, allowed_hosts=(PROXY,), cors_origins=(ORIGIN,), timeout=TIMEOUT,
+                 max_connections=16) as srv:
         yield srv
-    finally:
-        srv.stop()
-        eng.close()
 
 
 class Reply:

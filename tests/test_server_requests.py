@@ -15,10 +15,11 @@ import pytest
 
 from quantscope.core.chat import SamplerParams
 from quantscope.core.chat.tokens import TokenRecord, answer_text
-from quantscope.core.engine.generate import Engine
 from quantscope.core.server import RequestLog, Server, model_id_of
 from quantscope.core.server.requests import trim_records
 from quantscope.core.server.scheduler import Event, Job, Usage
+
+from .server_helpers import serving
 
 CHAT = [{"role": "user", "content": "Name three colours."}]
 
@@ -26,14 +27,8 @@ CHAT = [{"role": "user", "content": "Name three colours."}]
 @pytest.fixture(scope="module")
 def server(model_path: Any) -> Iterator[Server]:
     path = model_path("smollm2")
-    eng = Engine(path, n_ctx=512, threads=1, backend="cpu")
-    srv = Server(eng, model_id_of(path), port=0, parallel=2, trace=True)
-    srv.start()
-    try:
+    with serving(path, parallel=2, trace=True) as srv:
         yield srv
-    finally:
-        srv.stop()
-        eng.close()
 
 
 @pytest.fixture

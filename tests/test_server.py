@@ -382,6 +382,9 @@ def test_tokenize_detokenize_and_metrics(server: Server, http: Http) -> None:
     assert http.post("/detokenize", json={"tokens": ids}).json() == {"content": "Hello world"}
     pieces = http.post("/tokenize", json={"content": "Hello world", "with_pieces": True}).json()["tokens"]
     assert [p["id"] for p in pieces] == ids and "".join(p["piece"] for p in pieces) == "Hello world"
+    # a request of its own to count (not one an earlier test happened to make)
+    done = http.post("/v1/completions", json={"prompt": "Once", "max_tokens": 2})
+    assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] > 0
     text = http.get("/metrics").text
     values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if not line.startswith("#")}
     assert values["quantscope_requests_total"] == server.scheduler.metrics.requests > 0

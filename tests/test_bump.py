@@ -313,7 +313,7 @@ def test_killed_conversion_leaves_no_target(model_path, tmp_path):
         if line.startswith("convert:"):
             break
     proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
+    proc.wait(120)
     assert not out.exists()
     assert os.listdir(tmp_path) == []  # O_TMPFILE: nothing named was ever created
 

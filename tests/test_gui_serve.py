@@ -71,14 +71,24 @@ def test_serve_a_request_live_then_finished_open_it_and_stop(window, qtbot, mode
             for ch in c.choices:
                 parts.append(ch.delta.content or "")
             if len(parts) == 3:
-                release.wait(60)  # hold the reply open until the panel has shown it live
+                release.wait(120)  # (the client waits too)
         got.append("".join(parts))
 
+    sched, log = sv.server.scheduler, sv.server.app.log
+
+    def hold_reply() -> None:  # on the scheduler's thread: the reply stops once it has text, until released
+        recs = log.records()
+        if recs and recs[-1].text and not release.is_set():
+            release.wait(120)  # a hang guard; the panel shows the request live meanwhile
+
+    # the server itself holds the reply mid-way (a client that stops reading does not: 40 tokens fit in the
+    # socket's buffer, and the request could end before a slow GUI thread showed it live)
+    sched.before_step.append(hold_reply)
     t = threading.Thread(target=run, daemon=True)
     t.start()
     model = sv.model
     qtbot.waitUntil(lambda: model.rowCount() == 1 and model.rows[0].status in ("prompt", "generating"),
-                    timeout=60000)
+                    timeout=120000)
     status = model.index(0, 3).data()
     assert status in ("reading prompt", "generating")
     assert model.index(0, 1).data() == "/chat/completions · stream"
@@ -88,7 +98,8 @@ def test_serve_a_request_live_then_finished_open_it_and_stop(window, qtbot, mode
     qtbot.waitUntil(lambda: sv.reply_view.streaming and bool(sv.reply_view.content), timeout=120000)
     assert sv.reply_view.records and model.rows[0].text.startswith(sv.reply_view.content)
     release.set()
-    qtbot.waitUntil(lambda: not t.is_alive() and model.rows[0].done, timeout=60000)
+    sched.before_step.remove(hold_reply)
+    qtbot.waitUntil(lambda: not t.is_alive() and model.rows[0].done, timeout=120000)
     qtbot.waitUntil(lambda: sv._shown_done and not sv.reply_view.streaming, timeout=60000)
     qtbot.waitUntil(lambda: model.index(0, 3).data().startswith("done"), timeout=60000)
     rec = model.rows[0]

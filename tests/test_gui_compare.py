@@ -274,7 +274,7 @@ def test_hovering_a_token_shows_its_figures(window, qtbot, files):  # noqa: F811
     ctx_point = dlg.text.cursorRect(c).center()
     assert dlg.text.token_at(ctx_point) is None
     QApplication.sendEvent(vp, QHelpEvent(QEvent.Type.ToolTip, ctx_point, vp.mapToGlobal(ctx_point)))
-    qtbot.waitUntil(lambda: not QToolTip.isVisible(), timeout=3000)
+    qtbot.waitUntil(lambda: not QToolTip.isVisible(), timeout=60000)
     # a click on a token makes it current: selected, its figures under the text
     dlg.text.verticalScrollBar().setValue(dlg.text.verticalScrollBar().maximum())
     qtbot.wait(20)

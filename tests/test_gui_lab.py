@@ -182,7 +182,7 @@ def test_the_worst_block_is_the_outlier_and_a_click_shows_it_before_and_after(wi
     assert hm.hover.full_text() == f"row 5 · block 2, columns 64–95 · RMSE {float(e.block_rmse[5, 2]):.5g}"
     pos = hm.gl.mapFromScene(scene)
     qtbot.mouseClick(hm.gl.viewport(), Qt.MouseButton.LeftButton, pos=pos)
-    qtbot.waitUntil(lambda: page.block == (5, 2), timeout=5000)
+    qtbot.waitUntil(lambda: page.block == (5, 2), timeout=60000)
     _raw, y = lab.requantize(values, "Q4_0")
     raw_rows, _ = lab.requantize(values, "Q4_0")
     pair = cmp_.pair
@@ -442,5 +442,5 @@ def test_ticking_types_requantizes_again_once(window, qtbot, models, monkeypatch
     lv.types.menu_.close()
     # no type at all: nothing runs, the reason is shown
     lv.types.set_types([])
-    qtbot.waitUntil(lambda: "at least one type" in page.status.full_text(), timeout=5000)
+    qtbot.waitUntil(lambda: "at least one type" in page.status.full_text(), timeout=60000)
     assert page.model.rowCount() == 0

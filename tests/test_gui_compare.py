@@ -72,7 +72,7 @@ def setup(window, qtbot, path: Path, other: Path, role: str = "base",  # type: i
     return dlg
 
 
-def run(qtbot, dlg, timeout: int = 60000):  # type: ignore[no-untyped-def]
+def run(qtbot, dlg, timeout: int = 120000):  # type: ignore[no-untyped-def]
     with qtbot.waitSignal(dlg.compareFinished, timeout=timeout) as sig:
         dlg.start()
     return sig.args[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from .common import MAX_CTX, MAX_THREADS, CLIError, add_gpu_layers, check_file, float_arg, int_arg, read_text_file
@@ -37,19 +38,18 @@ def _policy(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]
     """--allowed-host and --cors-origin, checked and in their normal forms."""
     from quantscope.core.server.policy import host_name, normal_origin
 
-    hosts = []
-    for h in args.allowed_host or []:
-        name = host_name(h)
-        if name is None:
-            raise CLIError(f"--allowed-host: {h!r} is not a host name (e.g. llm.example.org)")
-        hosts.append(name)
-    origins = []
-    for o in args.cors_origin or []:
-        origin = normal_origin(o)
-        if origin is None:
-            raise CLIError(f"--cors-origin: {o!r} is not an origin (scheme://host[:port], e.g. http://localhost:3000)")
-        origins.append(origin)
-    return tuple(hosts), tuple(origins)
+    def normal(values: list[str] | None, norm: Callable[[str], str | None], what: str) -> tuple[str, ...]:
+        out = []
+        for v in values or []:
+            n = norm(v)
+            if n is None:
+                raise CLIError(what.format(v=v))
+            out.append(n)
+        return tuple(out)
+
+    return (normal(args.allowed_host, host_name, "--allowed-host: {v!r} is not a host name (e.g. llm.example.org)"),
+            normal(args.cors_origin, normal_origin,
+                   "--cors-origin: {v!r} is not an origin (scheme://host[:port], e.g. http://localhost:3000)"))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

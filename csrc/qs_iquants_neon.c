@@ -75,12 +75,11 @@ AI int8x16_t rows64x2(const uint8_t *p0, const uint8_t *p1) { /* two 8-byte code
     return vreinterpretq_s8_u8(vcombine_u8(vld1_u8(p0), vld1_u8(p1)));
 }
 
+/* four 4-byte rows, paired in general registers (four independent loads, not a chain of lane inserts) */
 AI int8x16_t rows32x4(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
-    uint32x4_t v = vdupq_n_u32(qs_load_u32(p0));
-    v = vsetq_lane_u32(qs_load_u32(p1), v, 1);
-    v = vsetq_lane_u32(qs_load_u32(p2), v, 2);
-    v = vsetq_lane_u32(qs_load_u32(p3), v, 3);
-    return vreinterpretq_s8_u32(v);
+    const uint64_t lo = qs_load_u32(p0) | (uint64_t)qs_load_u32(p1) << 32;
+    const uint64_t hi = qs_load_u32(p2) | (uint64_t)qs_load_u32(p3) << 32;
+    return vreinterpretq_s8_u64(vcombine_u64(vcreate_u64(lo), vcreate_u64(hi)));
 }
 
 AI int8x16_t ksigns2(uint32_t a, uint32_t b) { /* the ±1 bytes of the sign words a & 127, b & 127 */
@@ -98,29 +97,28 @@ AI void apply_sign_bits(const uint8_t *p, int8x16_t *c0, int8x16_t *c1) {
     *c1 = vsubq_s8(veorq_s8(*c1, m1), m1);
 }
 
+/* Index fields are cut from one 64-bit load rather than loaded one by one: the loads (rows, signs, activations)
+ * are what these kernels are bound by. */
+#define FIELD(v, k, bits) ((uint32_t)((v) >> ((k) * (bits))) & ((1u << (bits)) - 1))
+
 /* IQ2_XXS (66 B: d, 8 × {4 index bytes, u32 of 4 sign words and the scale}); returns 2 sc + 1 */
 AI int iq2_xxs_chunk(const uint8_t *w, int g, int8x16_t *c0, int8x16_t *c1) {
-    const uint8_t *b = w + 2 + 8 * g;
-    const uint32_t aux = qs_load_u32(b + 4);
-    *c0 = vmulq_s8(rows64x2(QS_GRID_IQ2_XXS[b[0]], QS_GRID_IQ2_XXS[b[1]]), ksigns2(aux, aux >> 7));
-    *c1 = vmulq_s8(rows64x2(QS_GRID_IQ2_XXS[b[2]], QS_GRID_IQ2_XXS[b[3]]), ksigns2(aux >> 14, aux >> 21));
+    const uint64_t e = qs_load_u64(w + 2 + 8 * g);
+    const uint32_t aux = (uint32_t)(e >> 32);
+    *c0 = vmulq_s8(rows64x2(QS_GRID_IQ2_XXS[FIELD(e, 0, 8)], QS_GRID_IQ2_XXS[FIELD(e, 1, 8)]), ksigns2(aux, aux >> 7));
+    *c1 = vmulq_s8(rows64x2(QS_GRID_IQ2_XXS[FIELD(e, 2, 8)], QS_GRID_IQ2_XXS[FIELD(e, 3, 8)]),
+                   ksigns2(aux >> 14, aux >> 21));
     return 2 * (int)(aux >> 28) + 1;
 }
 
-/* IQ2_XS (74 B: d, 32 × u16 {9-bit index, 7 sign bits}, 8 bytes of scale nibbles per 16): the indices and sign words
- * of the whole block split by vector first */
-AI void iq2_xs_prep(const uint8_t *w, uint16_t *ix, uint8_t *sx) {
-    for (int h = 0; h < 4; ++h) {
-        const uint16x8_t e = vreinterpretq_u16_u8(vld1q_u8(w + 2 + 16 * h));
-        vst1q_u16(ix + 8 * h, vandq_u16(e, vdupq_n_u16(511)));
-        vst1_u8(sx + 8 * h, vmovn_u16(vshrq_n_u16(e, 9)));
-    }
-}
-
-AI void iq2_xs_chunk(const uint16_t *ix, const uint8_t *sx, int c, int8x16_t *c0, int8x16_t *c1) {
-    ix += 4 * c, sx += 4 * c;
-    *c0 = vmulq_s8(rows64x2(QS_GRID_IQ2_XS[ix[0]], QS_GRID_IQ2_XS[ix[1]]), ksigns2(sx[0], sx[1]));
-    *c1 = vmulq_s8(rows64x2(QS_GRID_IQ2_XS[ix[2]], QS_GRID_IQ2_XS[ix[3]]), ksigns2(sx[2], sx[3]));
+/* IQ2_XS (74 B: d, 32 × u16 {9-bit index, 7 sign bits}, 8 bytes of scale nibbles per 16): chunk c is entries
+ * 4c..4c+3, one 64-bit load */
+AI void iq2_xs_chunk(const uint8_t *w, int c, int8x16_t *c0, int8x16_t *c1) {
+    const uint64_t e = qs_load_u64(w + 2 + 8 * c);
+    *c0 = vmulq_s8(rows64x2(QS_GRID_IQ2_XS[FIELD(e, 0, 16) & 511], QS_GRID_IQ2_XS[FIELD(e, 1, 16) & 511]),
+                   ksigns2(FIELD(e, 0, 16) >> 9, FIELD(e, 1, 16) >> 9));
+    *c1 = vmulq_s8(rows64x2(QS_GRID_IQ2_XS[FIELD(e, 2, 16) & 511], QS_GRID_IQ2_XS[FIELD(e, 3, 16) & 511]),
+                   ksigns2(FIELD(e, 2, 16) >> 9, FIELD(e, 3, 16) >> 9));
 }
 
 /* IQ2_S (82 B: d, 32 index bytes, 32 sign bytes, 8 qh bytes (2 high index bits per entry), 8 scale bytes): the
@@ -139,20 +137,19 @@ AI void iq2_s_prep(const uint8_t *w, uint16_t *ix) {
 }
 
 AI void iq2_s_chunk(const uint8_t *w, const uint16_t *ix, int c, int8x16_t *c0, int8x16_t *c1) {
-    ix += 4 * c;
-    *c0 = rows64x2(QS_GRID_IQ2_S[ix[0]], QS_GRID_IQ2_S[ix[1]]);
-    *c1 = rows64x2(QS_GRID_IQ2_S[ix[2]], QS_GRID_IQ2_S[ix[3]]);
+    const uint64_t e = qs_load_u64((const uint8_t *)(ix + 4 * c));
+    *c0 = rows64x2(QS_GRID_IQ2_S[FIELD(e, 0, 16)], QS_GRID_IQ2_S[FIELD(e, 1, 16)]);
+    *c1 = rows64x2(QS_GRID_IQ2_S[FIELD(e, 2, 16)], QS_GRID_IQ2_S[FIELD(e, 3, 16)]);
     apply_sign_bits(w + 34 + 4 * c, c0, c1);
 }
 
 /* IQ3_XXS (98 B: d, 64 index bytes of 4-byte rows, 8 × u32 of 4 sign words and the scale); returns 2 sc + 1 */
+#define ROWS3(G, e, k) rows32x4(G[FIELD(e, k, 8)], G[FIELD(e, k + 1, 8)], G[FIELD(e, k + 2, 8)], G[FIELD(e, k + 3, 8)])
 AI int iq3_xxs_chunk(const uint8_t *w, int g, int8x16_t *c0, int8x16_t *c1) {
-    const uint8_t *b = w + 2 + 8 * g;
+    const uint64_t e = qs_load_u64(w + 2 + 8 * g);
     const uint32_t aux = qs_load_u32(w + 66 + 4 * g);
-    *c0 = vmulq_s8(rows32x4(QS_GRID_IQ3_XXS[b[0]], QS_GRID_IQ3_XXS[b[1]], QS_GRID_IQ3_XXS[b[2]], QS_GRID_IQ3_XXS[b[3]]),
-                   ksigns2(aux, aux >> 7));
-    *c1 = vmulq_s8(rows32x4(QS_GRID_IQ3_XXS[b[4]], QS_GRID_IQ3_XXS[b[5]], QS_GRID_IQ3_XXS[b[6]], QS_GRID_IQ3_XXS[b[7]]),
-                   ksigns2(aux >> 14, aux >> 21));
+    *c0 = vmulq_s8(ROWS3(QS_GRID_IQ3_XXS, e, 0), ksigns2(aux, aux >> 7));
+    *c1 = vmulq_s8(ROWS3(QS_GRID_IQ3_XXS, e, 4), ksigns2(aux >> 14, aux >> 21));
     return 2 * (int)(aux >> 28) + 1;
 }
 
@@ -171,9 +168,11 @@ AI void iq3_s_prep(const uint8_t *w, uint16_t *ix) {
 }
 
 AI void iq3_s_chunk(const uint8_t *w, const uint16_t *ix, int g, int8x16_t *c0, int8x16_t *c1) {
-    ix += 8 * g;
-    *c0 = rows32x4(QS_GRID_IQ3_S[ix[0]], QS_GRID_IQ3_S[ix[1]], QS_GRID_IQ3_S[ix[2]], QS_GRID_IQ3_S[ix[3]]);
-    *c1 = rows32x4(QS_GRID_IQ3_S[ix[4]], QS_GRID_IQ3_S[ix[5]], QS_GRID_IQ3_S[ix[6]], QS_GRID_IQ3_S[ix[7]]);
+    const uint64_t e0 = qs_load_u64((const uint8_t *)(ix + 8 * g)), e1 = qs_load_u64((const uint8_t *)(ix + 8 * g + 4));
+    *c0 = rows32x4(QS_GRID_IQ3_S[FIELD(e0, 0, 16)], QS_GRID_IQ3_S[FIELD(e0, 1, 16)], QS_GRID_IQ3_S[FIELD(e0, 2, 16)],
+                   QS_GRID_IQ3_S[FIELD(e0, 3, 16)]);
+    *c1 = rows32x4(QS_GRID_IQ3_S[FIELD(e1, 0, 16)], QS_GRID_IQ3_S[FIELD(e1, 1, 16)], QS_GRID_IQ3_S[FIELD(e1, 2, 16)],
+                   QS_GRID_IQ3_S[FIELD(e1, 3, 16)]);
     apply_sign_bits(w + 74 + 4 * g, c0, c1);
 }
 
@@ -195,13 +194,10 @@ AI int32_t iq2_xxs_block(const uint8_t *w, const int8_t *q, dot32_fn dot) {
 }
 
 AI int32_t iq2_xs_block(const uint8_t *w, const int8_t *q, dot16x2_fn dot) {
-    uint16_t ix[32];
-    uint8_t sx[32];
-    iq2_xs_prep(w, ix, sx);
     int32x4_t acc = vdupq_n_s32(0);
     for (int c = 0; c < 8; ++c) {
         int8x16_t c0, c1;
-        iq2_xs_chunk(ix, sx, c, &c0, &c1);
+        iq2_xs_chunk(w, c, &c0, &c1);
         acc = dot(acc, c0, c1, QV(q + 32 * c), SC_LO(w[66 + c]), SC_HI(w[66 + c]));
     }
     return vaddvq_s32(acc);
@@ -354,15 +350,13 @@ TD float qs_dot_iq1_m_dotprod(int64_t n, const uint8_t *w, const uint8_t *x) {
  * qs_codes_* (reference: lattice_codes in qs_iquants.c, qs_iq_lattice_codes_avx2) */
 void qs_iq_lattice_codes_neon(int type, const uint8_t *b, int8_t *code) {
     uint16_t ix[64];
-    uint8_t sx[32];
-    if (type == QS_IQ2_XS) iq2_xs_prep(b, ix, sx);
-    else if (type == QS_IQ2_S) iq2_s_prep(b, ix);
+    if (type == QS_IQ2_S) iq2_s_prep(b, ix);
     else if (type == QS_IQ3_S) iq3_s_prep(b, ix);
     for (int c = 0; c < 8; ++c) {
         int8x16_t c0, c1;
         switch (type) {
         case QS_IQ2_XXS: iq2_xxs_chunk(b, c, &c0, &c1); break;
-        case QS_IQ2_XS: iq2_xs_chunk(ix, sx, c, &c0, &c1); break;
+        case QS_IQ2_XS: iq2_xs_chunk(b, c, &c0, &c1); break;
         case QS_IQ2_S: iq2_s_chunk(b, ix, c, &c0, &c1); break;
         case QS_IQ3_XXS: iq3_xxs_chunk(b, c, &c0, &c1); break;
         default: iq3_s_chunk(b, ix, c, &c0, &c1); break;

@@ -4,7 +4,8 @@
  * coordinate is at most 62, its product with any int8 fits int16), and the chunk's integer Σ code · q, times the
  * group's integer scale, is added to an int32 accumulator: by widening multiplies (level 1, ARMv8.0) or SDOT
  * (level 2). The float work is the scalar reference's (qs_iq_dot_codes_scalar): s = fma(mult · d_x, isum, s) block
- * after block, so the results are the same bits.
+ * after block, so the results are the same bits. Also here: the lattice types' block codes (the GEMM panels' and
+ * the many-column path's decoder) and the many-column codes dot.
  *
  * Each kernel's block function is written once and takes the level's product function (dot32_* / dot16x2_*) as a
  * constant argument; it is always inlined, so the product inlines into each level's kernel. */

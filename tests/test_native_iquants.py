@@ -17,8 +17,7 @@ from quantscope.core.quant import dequantize, ggml_type
 
 from .test_iquants import F16_AT, TYPES
 
-LEVELS = {"scalar": ("scalar",), "avx2": ("scalar", "avx2"),
-          "avx512": ("scalar", "avx2", "avx512")}[K.isa_detected()]
+LEVELS = K.ISA_NAMES[: K.ISA_NAMES.index(K.isa_detected()) + 1]
 DATA = Path(__file__).parent / "data" / "iq_blocks"
 
 

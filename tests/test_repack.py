@@ -21,7 +21,7 @@ REPACK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4", "IQ4_
                 "Q6_K", "F32", "F16", "BF16"]
 NEEDS_SIMD = pytest.mark.skipif(K.isa_detected() == "scalar", reason="the engine repacks only for SIMD kernels")
 #: SIMD levels of the repacked kernels this machine can run (each is compared with the scalar reference bit for bit)
-SIMD_LEVELS = {"scalar": (), "avx2": ("avx2",), "avx512": ("avx2", "avx512")}[K.isa_detected()]
+SIMD_LEVELS = K.ISA_NAMES[1 : K.ISA_NAMES.index(K.isa_detected()) + 1]
 
 
 def _weights(name: str, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:

@@ -7,7 +7,8 @@ from .native import kernels as _kernels
 
 
 def isa() -> str:
-    """Instruction set the kernels use now (``scalar``, ``avx2`` or ``avx512``)."""
+    """Instruction set the kernels use now (x86-64: ``scalar``, ``avx2``, ``avx512``; ARM64: ``scalar``, ``neon``,
+    ``dotprod``, ``i8mm``)."""
     return _kernels.isa()
 
 

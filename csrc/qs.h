@@ -6,15 +6,18 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "qs_arch.h"
 #include "qs_api_quant.h"
 #include "qs_api_nn.h"
 #include "qs_api_vocab.h"
 #include "qs_api_quantize.h"
 
-#define QS_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define QS_TARGET_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
-
+/* ISA levels (qs_arch.h): the same numbers name different instruction sets on each CPU family */
 enum { QS_ISA_SCALAR = 0, QS_ISA_AVX2 = 1, QS_ISA_AVX512 = 2 };
+enum { QS_ISA_NEON = 1, QS_ISA_DOTPROD = 2, QS_ISA_I8MM = 3 };
+/* The kernel tables' per-ISA slots (qs_traits.h): the levels, then on x86 AVX-512 with VBMI (kernels that need
+ * AVX512_VBMI too); on ARM64 the levels themselves. */
+enum { QS_TIER_VBMI = 3, QS_TIERS = 4 };
 
 /* ggml type ids used by the kernels */
 enum {

@@ -5,6 +5,8 @@
 
 #include "qs.h"
 #include "qs_quant_internal.h"
+#include "qs_quant_neon.h"
+#include "qs_slots.h"
 
 static inline int nearest_int(float fval) {
     float val = fval + 12582912.f;
@@ -28,12 +30,7 @@ static int q8_block32(const float *v, int8_t *q, float *d_out) {
     return sum;
 }
 
-int qs_quantize_q8_0(const float *x, uint8_t *dst, int64_t n) {
-    if (n % 32) return -1;
-    if (qs_isa_get() >= QS_ISA_AVX2) {
-        qs_quantize_q8_0_avx2(x, dst, n);
-        return 0;
-    }
+void qs_quantize_q8_0_scalar(const float *x, uint8_t *dst, int64_t n) {
     for (int64_t i = 0; i < n / 32; ++i) {
         uint8_t *o = dst + 34 * i;
         float d;
@@ -41,15 +38,9 @@ int qs_quantize_q8_0(const float *x, uint8_t *dst, int64_t n) {
         uint16_t dh = qs_fp32_to_fp16(d);
         memcpy(o, &dh, 2);
     }
-    return 0;
 }
 
-int qs_quantize_q8_1(const float *x, uint8_t *dst, int64_t n) {
-    if (n % 32) return -1;
-    if (qs_isa_get() >= QS_ISA_AVX2) {
-        qs_quantize_q8_1_avx2(x, dst, n);
-        return 0;
-    }
+void qs_quantize_q8_1_scalar(const float *x, uint8_t *dst, int64_t n) {
     for (int64_t i = 0; i < n / 32; ++i) {
         uint8_t *o = dst + 36 * i;
         float d;
@@ -58,15 +49,9 @@ int qs_quantize_q8_1(const float *x, uint8_t *dst, int64_t n) {
         memcpy(o, &dh, 2);
         memcpy(o + 2, &sh, 2);
     }
-    return 0;
 }
 
-int qs_quantize_q8_K(const float *x, uint8_t *dst, int64_t n) {
-    if (n % 256) return -1;
-    if (qs_isa_get() >= QS_ISA_AVX2) {
-        qs_quantize_q8_K_avx2(x, dst, n);
-        return 0;
-    }
+void qs_quantize_q8_K_scalar(const float *x, uint8_t *dst, int64_t n) {
     for (int64_t i = 0; i < n / 256; ++i) {
         const float *v = x + 256 * i;
         uint8_t *o = dst + 292 * i;
@@ -97,6 +82,29 @@ int qs_quantize_q8_K(const float *x, uint8_t *dst, int64_t n) {
         float d = 1.0f / iscale;
         memcpy(o, &d, 4);
     }
+}
+
+/* The dispatchers: a whole number of blocks, or -1. The SIMD versions give the same bytes. */
+typedef void (*act_fn)(const float *x, uint8_t *dst, int64_t n);
+static const act_fn Q8_0[QS_TIERS] = SLOTS(quantize_q8_0, X1, A1);
+static const act_fn Q8_1[QS_TIERS] = SLOTS(quantize_q8_1, X1, A1);
+static const act_fn Q8_K[QS_TIERS] = SLOTS(quantize_q8_K, X1, A1);
+
+int qs_quantize_q8_0(const float *x, uint8_t *dst, int64_t n) {
+    if (n % 32) return -1;
+    QS_PICK(Q8_0)(x, dst, n);
+    return 0;
+}
+
+int qs_quantize_q8_1(const float *x, uint8_t *dst, int64_t n) {
+    if (n % 32) return -1;
+    QS_PICK(Q8_1)(x, dst, n);
+    return 0;
+}
+
+int qs_quantize_q8_K(const float *x, uint8_t *dst, int64_t n) {
+    if (n % 256) return -1;
+    QS_PICK(Q8_K)(x, dst, n);
     return 0;
 }
 

@@ -18,14 +18,17 @@ int qs_guard_last_fault(void);      /* 1 when this thread's last qs_read_probe /
 void qs_guard_set_fatal_message(const char *msg, int status);
 int qs_copy_mapped(uint8_t *dst, const uint8_t *src, int64_t n);  /* memcpy under the guard, for numpy code */
 
-int qs_isa_detected(void);          /* 0 = scalar, 1 = AVX2+FMA+F16C, 2 = AVX-512 F/BW/VL + VNNI */
+int qs_isa_detected(void);          /* the CPU's best level (qs_arch.h): x86-64 0 scalar, 1 AVX2+FMA+F16C, 2 AVX-512
+                                       F/BW/VL + VNNI; ARM64 0 scalar, 1 NEON, 2 + dotprod, 3 + i8mm */
 int qs_isa_get(void);
 int qs_isa_set(int level);          /* clamps to the detected level; returns the level now active */
+const char *qs_isa_name(int level); /* "scalar", "avx2", ... on this build's CPU family; NULL past the last */
+const char *qs_arch_name(void);     /* "x86_64", "arm64" or "generic" */
 int qs_cpu_has_vbmi(void);         /* AVX512_VBMI: the AVX-512 lattice i-quant dots run */
 
 int qs_block_elems(int type);       /* 0 for unknown types */
 int qs_block_bytes(int type);
-int qs_traits_check(void);         /* the type table's first inconsistent row (a type id), or -1 */
+int qs_traits_check(void);         /* the type table's first inconsistent row (a type id; 41: the kernel table), or -1 */
 int qs_can_dequantize(int type);
 int qs_dequantize(int type, const uint8_t *src, float *dst, int64_t n_blocks, int n_threads);
 /* Dequantize rows ids[0..n_ids) of an n_rows x row_len table into dst [n_ids][row_len]; -1 on a bad id. */

@@ -1,10 +1,13 @@
 /* Memory read-bandwidth probe for `quantscope bench kernels`: the ceiling a memory-bound GEMV is measured against. */
-#include <immintrin.h>
 #include <stdatomic.h>
 #include <time.h>
 
 #include "qs.h"
 #include "qs_guard.h"
+
+#if QS_ARCH_X86
+#include <immintrin.h>
+#endif
 
 typedef struct {
     const uint8_t *p;
@@ -12,7 +15,8 @@ typedef struct {
     uint64_t sums[64];
 } probe_ctx;
 
-QS_TARGET_AVX2 static uint64_t xor_avx2(const uint8_t *p, int64_t n) {
+#if QS_ARCH_X86
+QS_TARGET_AVX2 static uint64_t xor_wide(const uint8_t *p, int64_t n) {
     __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
     int64_t i = 0;
     for (; i + 128 <= n; i += 128) {
@@ -27,6 +31,25 @@ QS_TARGET_AVX2 static uint64_t xor_avx2(const uint8_t *p, int64_t n) {
     for (; i < n; ++i) s ^= p[i];
     return s;
 }
+
+#else
+/* Elsewhere four 16-byte accumulators (NEON on ARM64): wide enough to keep the loads in flight. */
+typedef uint64_t qs_v2u64 __attribute__((vector_size(16)));
+static uint64_t xor_wide(const uint8_t *p, int64_t n) {
+    qs_v2u64 a = {0, 0}, b = a, c = a, d = a, v;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        memcpy(&v, p + i, 16), a ^= v;
+        memcpy(&v, p + i + 16, 16), b ^= v;
+        memcpy(&v, p + i + 32, 16), c ^= v;
+        memcpy(&v, p + i + 48, 16), d ^= v;
+    }
+    a ^= b ^ c ^ d;
+    uint64_t s = a[0] ^ a[1];
+    for (; i < n; ++i) s ^= p[i];
+    return s;
+}
+#endif
 
 static uint64_t xor_scalar(const uint8_t *p, int64_t n) {
     uint64_t s = 0, w;
@@ -43,7 +66,7 @@ static void probe_task(void *vctx, int64_t t) {
     probe_ctx *c = (probe_ctx *)vctx;
     int64_t a = t * c->per, b = a + c->per;
     if (b > c->n) b = c->n;
-    uint64_t s = qs_isa_get() >= QS_ISA_AVX2 ? xor_avx2(c->p + a, b - a) : xor_scalar(c->p + a, b - a);
+    uint64_t s = qs_isa_get() > QS_ISA_SCALAR ? xor_wide(c->p + a, b - a) : xor_scalar(c->p + a, b - a);
     c->sums[t % 64] ^= s;
 }
 

@@ -131,7 +131,7 @@ static void gdn_head(void *vctx, int64_t h) {
     const int64_t kh = h % Hk;
     float *St = G->ssm_state + h * S * S;
     float *qn = c->scratch + h * 3 * S, *kn = qn + S, *sk = kn + S;
-    const int simd = qs_isa_get() >= QS_ISA_AVX2;
+    const qs_gdn_step_fn step = qs_gdn_step_kernel();
     const float qscale = 1.0f / sqrtf((float)S);
     for (int64_t t = 0; t < c->T; ++t) {
         const float *row = c->qkv + t * C, *q = row + kh * S, *k = row + Kd + kh * S, *v = row + 2 * Kd + h * S;
@@ -150,8 +150,7 @@ static void gdn_head(void *vctx, int64_t h) {
         const float decay = expf(sp * G->a.ptr[h]);
         const float beta = 1.0f / (1.0f + expf(-c->beta[t * Hv + h]));
         float *out = c->o + t * Hv * S + h * S;
-        if (simd) qs_gdn_step_avx2(S, St, kn, qn, v, decay, beta, out, sk);
-        else qs_gdn_step_scalar(S, St, kn, qn, v, decay, beta, out, sk);
+        step(S, St, kn, qn, v, decay, beta, out, sk);
     }
 }
 

@@ -1,12 +1,12 @@
 /* Prefill GEMM (see qs_gemm.h): activation column preparation and the threaded driver that runs the tile kernel
  * over panels of 4 weight rows, each decoded by its type's panel decoder (the type table, qs_traits.c). */
-#include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "qs.h"
 #include "qs_gemm.h"
 #include "qs_quant_internal.h"
+#include "qs_nn_neon.h"
 #include "qs_traits.h"
 
 static inline float h2f(const uint8_t *p) { return qs_fp16_to_fp32(qs_load_u16(p)); }
@@ -25,7 +25,7 @@ int qs_gemm_decode_row(int type, const uint8_t *row, int64_t k, int simd, uint8_
     qs_gemm_dims d;
     const qs_type_traits *t = qs_traits(type);
     if (!t->gemm_group || k % t->elems || k % qs_traits(t->act)->elems) return -1;
-    if (simd && qs_isa_get() < QS_ISA_AVX2) return 1;
+    if (simd && qs_isa_get() == QS_ISA_SCALAR) return 1;
     gemm_dims(type, k, &d);
     (simd ? QS_PICK_FN(t->panel, qs_isa_tier()) : t->panel[0])(row, &d, codes, ws, mrow);
     return 0;
@@ -83,9 +83,9 @@ int qs_gemm_set(int on) {
 int qs_gemm_enabled(void) { return gemm_on; }
 
 /* Scalar tile: the numeric specification of the SIMD tiles (same decoded operands, same formula). */
-static void tile_scalar(const qs_gemm_dims *d, const uint8_t *wc, const float *ws, const float *mrow, const int8_t *xc,
-                        const float *xs, const float *bcol, int64_t n_c, int64_t n_valid, int n_r, float *y,
-                        int64_t ldy) {
+void qs_gemm_tile_scalar(const qs_gemm_dims *d, const uint8_t *wc, const float *ws, const float *mrow,
+                         const int8_t *xc, const float *xs, const float *bcol, int64_t n_c, int64_t n_valid, int n_r,
+                         float *y, int64_t ldy) {
     (void)n_c;
     for (int64_t c = 0; c < n_valid; ++c) {
         const int8_t *x = xc + c * d->k64;
@@ -107,16 +107,18 @@ static void tile_scalar(const qs_gemm_dims *d, const uint8_t *wc, const float *w
 
 typedef void (*tile_fn)(const qs_gemm_dims *, const uint8_t *, const float *, const float *, const int8_t *,
                         const float *, const float *, int64_t, int64_t, int, float *, int64_t);
-
-static tile_fn tile_for_isa(void) {
-    int isa = qs_isa_get();
-    return isa >= QS_ISA_AVX512 ? qs_gemm_tile_avx512 : isa >= QS_ISA_AVX2 ? qs_gemm_tile_avx2 : tile_scalar;
-}
+static const tile_fn TILE[QS_TIERS] = SLOTS(gemm_tile, X2, A3);
+/* the tile of the same slot for the gemm_wide types (codes above 127): AVX2's vpmaddubsw would saturate (none: those
+ * types take the row-by-row dots there); ARM's SDOT reads int8, so its wide tile offsets the codes by 128 */
+static const tile_fn TILE_WIDE[QS_TIERS] =
+    BY_ARCH(({qs_gemm_tile_scalar, NULL, qs_gemm_tile_avx512}),
+            ({qs_gemm_tile_scalar, qs_gemm_tile_neon, QS_DOTPROD(qs_gemm_tile_dotprod_wide), QS_I8MM(qs_gemm_tile_i8mm)}));
 
 int qs_gemm_usable(int type, int64_t k) {
     const qs_type_traits *t = qs_traits(type);
     if (!t->gemm_group) return 0;
-    if (t->gemm_wide && qs_isa_get() == QS_ISA_AVX2) return 0; /* codes above 127 would saturate vpmaddubsw */
+    /* codes above 127 would saturate AVX2's vpmaddubsw, and are not int8 for ARM's SDOT */
+    if (t->gemm_wide && !TILE_WIDE[QS_PICK_AT(TILE, qs_isa_tier())]) return 0;
     return k % qs_traits(t->act)->elems == 0 && k % t->gemm_group == 0;
 }
 
@@ -234,7 +236,8 @@ int qs_gemm_run(int type, const uint8_t *w, int64_t n_rows, int64_t row_bytes, c
     memset(&g, 0, sizeof g);
     g.a = a;
     g.panel = QS_PICK_FN(qs_traits(type)->panel, qs_isa_tier());
-    g.tile = tile_for_isa();
+    g.tile = (qs_traits(type)->gemm_wide ? TILE_WIDE : TILE)[QS_PICK_AT(TILE, qs_isa_tier())];
+    if (!g.tile) g.tile = qs_gemm_tile_scalar; /* callers ask qs_gemm_usable first: not reached */
     g.w = w;
     g.row_bytes = row_bytes;
     g.n_rows = n_rows;

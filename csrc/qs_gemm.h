@@ -57,6 +57,11 @@ void qs_gemm_panel_nvfp4_scalar(const uint8_t *w, const qs_gemm_dims *d, uint8_t
 void qs_gemm_prep_column(int act, const uint8_t *xq_blocks, const qs_gemm_dims *d, int8_t *codes, float *xs,
                          float *bcol);
 
+/* The scalar tile (qs_gemm.c): the numeric specification of the SIMD tiles. */
+void qs_gemm_tile_scalar(const qs_gemm_dims *d, const uint8_t *wc, const float *ws, const float *mrow,
+                         const int8_t *xc, const float *xs, const float *bcol, int64_t n_c, int64_t n_valid, int n_r,
+                         float *y, int64_t ldy);
+
 /* AVX-512 VNNI kernel: rows [0, 4) of a decoded panel against n_c (multiple of 4) prepared columns. */
 void qs_gemm_tile_avx512(const qs_gemm_dims *d, const uint8_t *wc, const float *ws, const float *mrow,
                          const int8_t *xc, const float *xs, const float *bcol, int64_t n_c, int64_t n_valid, int n_r,

@@ -1,10 +1,13 @@
 /* AVX2 tile kernel of the prefill GEMM (qs_gemm.h), for CPUs without AVX-512 VNNI: 2 decoded weight rows x 4
  * prepared activation columns per pass (16 ymm registers), 32 elements per vpmaddubsw + vpmaddwd. Codes must be
  * at most 63 (vpmaddubsw saturates at 2 * 255 * 127): Q8_0 weights (codes up to 255) are not routed here. */
+#include "qs_arch.h"
+#if QS_ARCH_X86
 #include <immintrin.h>
 
 #include "qs.h"
 #include "qs_gemm.h"
+#include "qs_quant_internal.h"
 #include "qs_simd_common.h"
 
 #define T QS_TARGET_AVX2
@@ -157,3 +160,5 @@ T void qs_gemm_panel_q6_K_avx2(const uint8_t *w, const qs_gemm_dims *d, uint8_t 
     }
     qs_gemm_zero_tail(d, c, ws, mrow);
 }
+
+#endif /* QS_ARCH_X86 */

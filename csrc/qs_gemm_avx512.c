@@ -1,5 +1,7 @@
 /* AVX-512 VNNI tile kernel of the prefill GEMM (qs_gemm.h): 4 decoded weight rows x 4 prepared activation columns
  * per step, 64 elements per vpdpbusd, 16 float accumulators in registers. */
+#include "qs_arch.h"
+#if QS_ARCH_X86
 #include <immintrin.h>
 
 #include "qs.h"
@@ -84,3 +86,5 @@ T void qs_gemm_tile_avx512(const qs_gemm_dims *d, const uint8_t *wc, const float
         }
     }
 }
+
+#endif /* QS_ARCH_X86 */

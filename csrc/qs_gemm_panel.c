@@ -1,7 +1,6 @@
 /* Prefill GEMM weight-row decoders, scalar (see qs_gemm.h): each type's rows into the common code/scale/min form.
  * The specification of the AVX2 decoders (qs_gemm_avx2.c); the type table (qs_traits.c) names both. Codecs: they
  * call nothing above them. */
-#include <immintrin.h>
 #include <string.h>
 
 #include "qs.h"
@@ -234,10 +233,7 @@ static void panel_codes(qs_codes_fn codes, int elems, int bytes, int off, const 
         const int gs = codes(w, code, mult, ls);
         const int ng = elems / gs, per = gs / 4;
         for (int g = 0; g < ng; ++g) mult[g] *= (float)ls[g]; /* exact: an fp16 times a 5-bit integer */
-        const __m128i vo = _mm_set1_epi8((char)off); /* SSE2, the x86-64 baseline: 16 codes per add */
-        for (int e = 0; e < elems; e += 16)
-            _mm_storeu_si128((__m128i *)(c + elems * i + e),
-                             _mm_add_epi8(_mm_loadu_si128((const __m128i *)(code + e)), vo));
+        for (int e = 0; e < elems; ++e) c[elems * i + e] = (uint8_t)(code[e] + off); /* vectorised by the compiler */
         for (int g = 0; g < ng; ++g)
             for (int l = 0; l < per; ++l) ws[elems / 4 * i + per * g + l] = mult[g];
         for (int g = 0; g < elems / d->group; ++g) mrow[elems / d->group * i + g] = (float)off * mult[g * d->group / gs];

@@ -7,7 +7,9 @@
 
 #include "qs.h"
 #include "qs_iq_grids.h"
+#include "qs_iquants_neon.h"
 #include "qs_quant_internal.h"
+#include "qs_slots.h"
 
 static inline float f16at(const uint8_t *p) { return qs_fp16_to_fp32(qs_load_u16(p)); }
 
@@ -163,6 +165,8 @@ void qs_deq_nvfp4(const uint8_t *b, float *y) {
  * (the type-table row's code_outer: the elements that share one, stored once per group):
  * value[i] = mult[i / gs] · ls[i / gs] · code[i] exactly (the IQ1 types: code = 8·G ± 1, mult = d / 8); returns gs. ggml's integer scales stay integers, so a dot
  * sums a whole 256-element block exactly before its one float multiply, as ggml's own dots do. */
+static void (*const LATTICE_CODES[QS_TIERS])(int type, const uint8_t *b, int8_t *code) = SLOTS(iq_lattice_codes, X1, A1);
+
 static int lattice_codes(int type, const uint8_t *b, int8_t *code, float *mult, int16_t *ls) {
     int gs = type == QS_IQ2_XS || type == QS_IQ2_S ? 16 : 32;
     /* ggml: d · (0.5 + sc) / 4 (IQ2), d · (0.5 + sc) / 2 (IQ3_XXS), d · (1 + 2 sc) (IQ3_S) */
@@ -179,11 +183,12 @@ static int lattice_codes(int type, const uint8_t *b, int8_t *code, float *mult, 
         mult[g] = d;
         ls[g] = (int16_t)(2 * sc + 1);
     }
-    if (qs_isa_get() >= QS_ISA_AVX2) { /* the same codes, a 32-element chunk per step */
-        qs_iq_lattice_codes_avx2(type, b, code);
-        return gs;
-    }
-    /* codes straight from the code books and sign bits */
+    QS_PICK(LATTICE_CODES)(type, b, code); /* SIMD: the same codes, a 32-element chunk per step */
+    return gs;
+}
+
+/* The codes straight from the code books and sign bits (the reference of the SIMD decoders). */
+void qs_iq_lattice_codes_scalar(int type, const uint8_t *b, int8_t *code) {
     if (type == QS_IQ2_XXS || type == QS_IQ3_XXS) {
         for (int g = 0; g < 8; ++g) {
             const uint32_t aux = qs_load_u32(type == QS_IQ2_XXS ? b + 2 + 8 * g + 4 : b + 66 + 4 * g);
@@ -217,7 +222,6 @@ static int lattice_codes(int type, const uint8_t *b, int8_t *code, float *mult, 
             }
         }
     }
-    return gs;
 }
 
 int qs_codes_iq2_xxs(const uint8_t *b, int8_t *code, float *mult, int16_t *ls) {

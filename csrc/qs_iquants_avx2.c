@@ -3,6 +3,8 @@
  * coordinates, the sign bits are applied to the activations (negation where set), and vpmaddubsw + vpmaddwd (against
  * the groups' integer scales) give the block's exact integer sum. The float work is the scalar reference's
  * (qs_iq_dot_codes_scalar): s = fma(mult · d_x, isum, s) block after block, so the results are the same bits. */
+#include "qs_arch.h"
+#if QS_ARCH_X86
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -516,3 +518,5 @@ T float qs_dot_tq2_0_avx2(int64_t n, const uint8_t *w, const uint8_t *x) {
     }
     return s;
 }
+
+#endif /* QS_ARCH_X86 */

@@ -5,6 +5,8 @@
  * float work is its s = fma(d · d_x, isum, s) block after block, so the results are the same bits as the
  * qs_dot_*_scalar references. The VBMI kernels run only where the CPU has it (qs_cpu_has_vbmi); TQ2_0's needs
  * only AVX-512 F/BW/VL + VNNI. */
+#include "qs_arch.h"
+#if QS_ARCH_X86
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -16,15 +18,6 @@
 #define T __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
 #define T512 QS_TARGET_AVX512 /* AVX-512 F/BW/VL + VNNI, no VBMI */
 #define AI __attribute__((always_inline)) static inline
-
-int qs_cpu_has_vbmi(void) {
-    static int has = -1;
-    if (has < 0) {
-        __builtin_cpu_init();
-        has = __builtin_cpu_supports("avx512vbmi") ? 1 : 0;
-    }
-    return has;
-}
 
 /* IQ3_S's 512 grid rows, each four coordinates in 1..15, as two byte tables: coordinates 0 | 1 << 4 and
  * 2 | 3 << 4 of row r at byte r. */
@@ -377,3 +370,5 @@ T AI __m512i tq1_0_block512(const uint8_t *w, const uint8_t *x) {
 }
 
 T float qs_dot_tq1_0_avx512(int64_t n, const uint8_t *w, const uint8_t *x) { DOT512(54, 52, 1.0f, tq1_0_block512); }
+
+#endif /* QS_ARCH_X86 */

@@ -8,7 +8,12 @@
 #include "qs_guard.h"
 #include "qs_quant_internal.h"
 #include "qs_repack.h"
+#include "qs_iquants_neon.h"
 #include "qs_traits.h"
+
+typedef float (*iq_dot_codes_fn)(const int8_t *codes, const float *mults, const int16_t *ls, int gs, int os, int q8k,
+                                 int64_t k, const uint8_t *x);
+static const iq_dot_codes_fn IQ_DOT_CODES[QS_TIERS] = SLOTS(iq_dot_codes, X1, A2);
 
 static qs_deq_block_fn deq_fn(const qs_type_traits *t) { return QS_PICK_FN(t->deq, qs_isa_tier()); }
 static qs_dot_fn dot_fn(const qs_type_traits *t) { return QS_PICK_FN(t->dot, qs_isa_tier()); }
@@ -135,13 +140,13 @@ static void mm_task(void *vctx, int64_t t) {
             c->failed = 1;
             return;
         }
-        const int simd = qs_isa_get() >= QS_ISA_AVX2, q8k = c->elems == 256, os = c->tr->code_outer;
+        const int q8k = c->elems == 256, os = c->tr->code_outer;
+        const iq_dot_codes_fn dot_codes = QS_PICK(IQ_DOT_CODES);
         for (int64_t r = a; r < b; ++r) {
             const int gs = qs_iq_row_codes(c->tr->codes, c->elems, c->bytes, c->w + r * c->row_bytes, c->k, codes, mults, ls);
             for (int64_t j = 0; j < c->n_x; ++j) {
                 const uint8_t *x = c->xq + j * c->xq_stride;
-                c->y[j * c->n_rows + r] = simd ? qs_iq_dot_codes_avx2(codes, mults, ls, gs, os, q8k, c->k, x)
-                                               : qs_iq_dot_codes_scalar(codes, mults, ls, gs, os, q8k, c->k, x);
+                c->y[j * c->n_rows + r] = dot_codes(codes, mults, ls, gs, os, q8k, c->k, x);
             }
         }
         free(codes);

@@ -1,11 +1,14 @@
 /* Float kernels of the inference engine: RMSNorm, RoPE, softmax, gated activations, attention.
- * Scalar reference implementations; SIMD variants live beside them (qs_nn_simd.c) and are chosen by qs_isa_get(). */
+ * Scalar reference implementations; the SIMD variants (x86: qs_nn_simd.c, ARM64: qs_nn_neon.c) are picked from
+ * the per-ISA slots below (qs_slots.h). */
 #include "qs.h"
 
 #include <math.h>
 #include <stdlib.h>
 
 #include "qs_nn_internal.h"
+#include "qs_nn_neon.h"
+#include "qs_slots.h"
 
 void qs_rmsnorm_scalar(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps) {
     for (int64_t r = 0; r < n_rows; ++r) {
@@ -96,9 +99,23 @@ void qs_geglu_tanh_scalar(const float *gate, const float *up, float *out, int64_
 }
 
 /* ---------------------------------------------------------------- dispatchers */
+typedef void (*gated_fn)(const float *gate, const float *up, float *out, int64_t n);
+static void (*const RMSNORM[QS_TIERS])(const float *, const float *, float *, int64_t, int64_t, float) =
+    SLOTS(rmsnorm, X1, A1);
+static const gated_fn SWIGLU[QS_TIERS] = SLOTS(swiglu, X1, A1);
+static const gated_fn GEGLU_TANH[QS_TIERS] = SLOTS(geglu_tanh, X1, A1);
+static float (*const FDOT_F32[QS_TIERS])(const float *, const float *, int) =
+    BY_ARCH(({qs_fdot_f32_scalar, qs_dot_f32_avx2}), ({qs_fdot_f32_scalar, qs_dot_f32_neon}));
+static float (*const FDOT_F16[QS_TIERS])(const float *, const uint16_t *, int) =
+    BY_ARCH(({qs_fdot_f16_scalar, qs_dot_f32_f16_avx2}), ({qs_fdot_f16_scalar, qs_dot_f32_f16_neon}));
+static void (*const AXPY_F32[QS_TIERS])(float, const float *, float *, int) = SLOTS(axpy_f32, X1, A1);
+static void (*const AXPY_F16[QS_TIERS])(float, const uint16_t *, float *, int) = SLOTS(axpy_f16, X1, A1);
+static const qs_gdn_step_fn GDN_STEP[QS_TIERS] = SLOTS(gdn_step, X1, A1);
+
+qs_gdn_step_fn qs_gdn_step_kernel(void) { return QS_PICK(GDN_STEP); }
+
 void qs_rmsnorm(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps) {
-    if (qs_isa_get() >= QS_ISA_AVX2) qs_rmsnorm_avx2(x, w, y, n_rows, n, eps);
-    else qs_rmsnorm_scalar(x, w, y, n_rows, n, eps);
+    QS_PICK(RMSNORM)(x, w, y, n_rows, n, eps);
 }
 
 int qs_rope(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos, float freq_base,
@@ -124,8 +141,7 @@ int qs_rope_ext(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_d
 void qs_softmax(float *x, int64_t n_rows, int64_t n) { qs_softmax_scalar(x, n_rows, n); }
 
 void qs_swiglu(const float *gate, const float *up, float *out, int64_t n) {
-    if (qs_isa_get() >= QS_ISA_AVX2) qs_swiglu_avx2(gate, up, out, n);
-    else qs_swiglu_scalar(gate, up, out, n);
+    QS_PICK(SWIGLU)(gate, up, out, n);
 }
 
 void qs_swiglu_oai(const float *gate, const float *up, float *out, int64_t n) {
@@ -137,8 +153,7 @@ void qs_swiglu_oai(const float *gate, const float *up, float *out, int64_t n) {
 }
 
 void qs_geglu_tanh(const float *gate, const float *up, float *out, int64_t n) {
-    if (qs_isa_get() >= QS_ISA_AVX2) qs_geglu_tanh_avx2(gate, up, out, n);
-    else qs_geglu_tanh_scalar(gate, up, out, n);
+    QS_PICK(GEGLU_TANH)(gate, up, out, n);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -158,32 +173,36 @@ typedef struct {
 
 #define QS_ATTN_MAX_GROUP 64
 
+float qs_fdot_f32_scalar(const float *a, const float *b, int n) {
+    float s = 0.0f;
+    for (int d = 0; d < n; ++d) s += a[d] * b[d];
+    return s;
+}
+
+float qs_fdot_f16_scalar(const float *a, const uint16_t *b, int n) {
+    float s = 0.0f;
+    for (int d = 0; d < n; ++d) s += a[d] * qs_fp16_to_fp32(b[d]);
+    return s;
+}
+
+void qs_axpy_f32_scalar(float a, const float *x, float *y, int n) {
+    for (int d = 0; d < n; ++d) y[d] += a * x[d];
+}
+
+void qs_axpy_f16_scalar(float a, const uint16_t *x, float *y, int n) {
+    for (int d = 0; d < n; ++d) y[d] += a * qs_fp16_to_fp32(x[d]);
+}
+
 static float kv_dot(const attn_ctx *c, const float *qv, int64_t p, int kvh) {
     int64_t base = (p * c->n_kv_heads + kvh) * (int64_t)c->head_dim;
-    float s = 0.0f;
-    if (c->kv_f16) {
-        const uint16_t *k = (const uint16_t *)c->k + base;
-        if (qs_isa_get() >= QS_ISA_AVX2) return qs_dot_f32_f16_avx2(qv, k, c->head_dim);
-        for (int d = 0; d < c->head_dim; ++d) s += qv[d] * qs_fp16_to_fp32(k[d]);
-    } else {
-        const float *k = (const float *)c->k + base;
-        if (qs_isa_get() >= QS_ISA_AVX2) return qs_dot_f32_avx2(qv, k, c->head_dim);
-        for (int d = 0; d < c->head_dim; ++d) s += qv[d] * k[d];
-    }
-    return s;
+    if (c->kv_f16) return QS_PICK(FDOT_F16)(qv, (const uint16_t *)c->k + base, c->head_dim);
+    return QS_PICK(FDOT_F32)(qv, (const float *)c->k + base, c->head_dim);
 }
 
 static void kv_axpy(const attn_ctx *c, float a, int64_t p, int kvh, float *acc) {
     int64_t base = (p * c->n_kv_heads + kvh) * (int64_t)c->head_dim;
-    if (c->kv_f16) {
-        const uint16_t *v = (const uint16_t *)c->v + base;
-        if (qs_isa_get() >= QS_ISA_AVX2) { qs_axpy_f16_avx2(a, v, acc, c->head_dim); return; }
-        for (int d = 0; d < c->head_dim; ++d) acc[d] += a * qs_fp16_to_fp32(v[d]);
-    } else {
-        const float *v = (const float *)c->v + base;
-        if (qs_isa_get() >= QS_ISA_AVX2) { qs_axpy_f32_avx2(a, v, acc, c->head_dim); return; }
-        for (int d = 0; d < c->head_dim; ++d) acc[d] += a * v[d];
-    }
+    if (c->kv_f16) QS_PICK(AXPY_F16)(a, (const uint16_t *)c->v + base, acc, c->head_dim);
+    else QS_PICK(AXPY_F32)(a, (const float *)c->v + base, acc, c->head_dim);
 }
 
 /* One task: query qi and `per` of the query heads that share KV head kvh (grouped-query attention), so each K and
@@ -337,7 +356,6 @@ int qs_gdn_step(int64_t S, float *st, const float *k, const float *q, const floa
                 float *o) {
     if (S <= 0 || S > 1024 || !st || !k || !q || !v || !o) return QS_ERR_SIZE;
     float sk[1024];
-    if (qs_isa_get() >= QS_ISA_AVX2) qs_gdn_step_avx2(S, st, k, q, v, decay, beta, o, sk);
-    else qs_gdn_step_scalar(S, st, k, q, v, decay, beta, o, sk);
+    QS_PICK(GDN_STEP)(S, st, k, q, v, decay, beta, o, sk);
     return QS_OK;
 }

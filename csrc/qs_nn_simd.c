@@ -1,4 +1,6 @@
 /* AVX2+FMA variants of the float kernels (compiled with target attributes; called only after dispatch). */
+#include "qs_arch.h"
+#if QS_ARCH_X86
 #include <immintrin.h>
 #include <math.h>
 
@@ -166,3 +168,5 @@ QS_TARGET_AVX2 void qs_gdn_step_avx2(int64_t S, float *st, const float *k, const
         }
     }
 }
+
+#endif /* QS_ARCH_X86 */

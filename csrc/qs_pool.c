@@ -4,7 +4,6 @@
 #include "qs.h"
 #include "qs_guard.h"
 
-#include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -49,7 +48,7 @@ static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
-    _mm_pause();
+    QS_CPU_RELAX();
 #endif
 }
 

@@ -1,5 +1,7 @@
 /* AVX2+FMA+F16C variants of the quantized kernels (ggml's x86 strategy; see docs/quant-formats.md §6 and docs/engine.md §5).
  * Dot products are exact in their integer parts; dequantization is bit-exact (every product is exact). */
+#include "qs_arch.h"
+#if QS_ARCH_X86
 #include <immintrin.h>
 #include <math.h>
 
@@ -606,3 +608,5 @@ T void qs_bf16_row_avx2(const uint8_t *src, float *dst, int64_t n) {
     }
     for (; i < n; ++i) dst[i] = qs_bf16_to_fp32(qs_load_u16(src + 2 * i));
 }
+
+#endif /* QS_ARCH_X86 */

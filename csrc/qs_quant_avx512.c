@@ -1,6 +1,8 @@
 /* AVX-512 (F/BW/VL) + VNNI variants of the quantized dot products.
  * K-quants: 64 elements (two sub-blocks) per 512-bit register, scales applied in the integer domain with
  * vpdpwssd, one float FMA per super-block. 32-element formats: vpdpbusd on 256-bit registers. */
+#include "qs_arch.h"
+#if QS_ARCH_X86
 #include <immintrin.h>
 
 #include "qs.h"
@@ -143,3 +145,5 @@ T float qs_dot_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x) {
     }
     return _mm512_reduce_add_ps(acc);
 }
+
+#endif /* QS_ARCH_X86 */

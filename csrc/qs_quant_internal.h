@@ -7,6 +7,17 @@
 
 typedef void (*qs_deq_block_fn)(const uint8_t *blk, float *y);
 
+/* Q4_K/Q5_K scales: 12 bytes -> bytes 0..7 = eight 6-bit scales, bytes 8..15 = eight 6-bit mins (ggml's masks). */
+static inline void k4_scales_mins(const uint8_t *s, uint32_t u[4]) {
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    memcpy(u, s, 12);
+    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    uint32_t aux = u[1] & k1;
+    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    u[2] = aux;
+    u[0] &= k1;
+}
+
 /* IQ4_NL / IQ4_XS code book */
 static const int8_t QS_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 /* MXFP4's E2M1 values, doubled (ggml's kvalues_mxfp4) */
@@ -64,6 +75,7 @@ int qs_codes_mxfp4(const uint8_t *b, int8_t *code, float *mult, int16_t *ls);
 int qs_codes_nvfp4(const uint8_t *b, int8_t *code, float *mult, int16_t *ls);
 /* The 256 int8 codes (coordinate with its sign) of one IQ2_XXS/IQ2_XS/IQ2_S/IQ3_XXS/IQ3_S block, AVX2: the same
  * bytes as the scalar decoding in qs_codes_* (the prefill GEMM's panels and the many-column path decode through it) */
+void qs_iq_lattice_codes_scalar(int type, const uint8_t *b, int8_t *code);
 void qs_iq_lattice_codes_avx2(int type, const uint8_t *b, int8_t *code); /* elements sharing one float multiplier: 256, or 32 (MXFP4), 16 (NVFP4) */
 int qs_iq_row_codes(qs_codes_fn fn, int elems, int bytes, const uint8_t *w, int64_t k, int8_t *codes, float *mults,
                     int16_t *ls);
@@ -179,6 +191,10 @@ float qs_dot_q6_K_avx512(int64_t n, const uint8_t *w, const uint8_t *x);
 
 /* activation quantizers (qs_act.c; the others are API functions): F32 is a copy */
 int qs_quantize_f32_act(const float *x, uint8_t *dst, int64_t n);
+/* activation quantizers: scalar references (qs_act.c, ggml's *_ref) and SIMD versions giving the same bytes */
+void qs_quantize_q8_0_scalar(const float *x, uint8_t *dst, int64_t n);
+void qs_quantize_q8_1_scalar(const float *x, uint8_t *dst, int64_t n);
+void qs_quantize_q8_K_scalar(const float *x, uint8_t *dst, int64_t n);
 void qs_quantize_q8_0_avx2(const float *x, uint8_t *dst, int64_t n);
 void qs_quantize_q8_1_avx2(const float *x, uint8_t *dst, int64_t n);
 void qs_quantize_q8_K_avx2(const float *x, uint8_t *dst, int64_t n);

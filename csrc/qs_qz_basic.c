@@ -13,7 +13,9 @@
  *                        block (IQ4_NL: 32 values) or super-block (IQ4_XS: 256 values).
  *   Q8_0 TQ1_0 TQ2_0 MXFP4  importance weights are ignored. */
 /* ggml-base builds its quantizers with -O3: the same here (no fast-math, so the float results do not change). */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("O3")
+#endif
 #include <float.h>
 #include <math.h>
 #include <string.h>

@@ -12,7 +12,9 @@
  * outside its range), and narrowing integer stores (uint8 / int8) wrap where ggml's wrap. This file is plain C
  * compiled without ISA flags, like ggml-base, so no multiply-add is ever fused on either side. */
 /* ggml-base builds its quantizers with -O3: the same here (no fast-math, so the float results do not change). */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("O3")
+#endif
 #include <math.h>
 
 #include "qs.h"

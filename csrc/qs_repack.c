@@ -2,7 +2,6 @@
  * for repacked weights; each type's layout, writer and kernels are its type-table row's rp (qs_traits.c), the
  * codecs in qs_repack_rows.c and qs_repack_avx*.c. Against ggml's row-by-row dot products the kernels differ only
  * in float summation order (docs/engine.md#repacked-weights). */
-#include <immintrin.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -13,7 +12,6 @@
 #include "qs_guard.h"
 #include "qs_quant_internal.h"
 #include "qs_repack.h"
-#include "qs_simd_common.h"
 #include "qs_traits.h"
 
 static inline float h2f(const uint8_t *p) { return qs_fp16_to_fp32(qs_load_u16(p)); }
@@ -231,16 +229,18 @@ typedef struct {
  * takes one long run per thread (its activations are reused across a run's groups). */
 #define RP_MAX_MATS 32 /* a decode step's selected experts' gate and up matrices go in one job */
 typedef struct {
-    int n, simd, n_threads; /* simd: 2 AVX-512 kernels, 1 AVX2, 0 the scalar references */
+    int n, tier, n_threads; /* tier: the ISA slot of the layouts' kernels (0: the scalar references) */
     int64_t n_x, total, min_chunk, fixed_chunk;
     int64_t g_end[RP_MAX_MATS]; /* cumulative group counts */
     mm_mat m[RP_MAX_MATS];
     atomic_llong next;
 } mm_job;
 
-static void mm_run(const mm_mat *c, int simd, int64_t n_x, int64_t g0, int64_t g1) {
+static void mm_run(const mm_mat *c, int tier, int64_t n_x, int64_t g0, int64_t g1) {
     const int64_t gbytes = c->nkb * c->ri->unit;
     const int wide = c->ri->cols;
+    const qs_rp_kernel kw = c->ri->wide[QS_PICK_AT(c->ri->wide, tier)];
+    const qs_rp_kernel k1 = tier ? QS_PICK_FN(c->ri->one, tier) : c->scalar;
     float out[8 * 16] __attribute__((aligned(64)));
     for (int64_t cb = 0; cb < n_x; cb += c->col_block) {
         int64_t ce = cb + c->col_block < n_x ? cb + c->col_block : n_x;
@@ -248,11 +248,11 @@ static void mm_run(const mm_mat *c, int simd, int64_t n_x, int64_t g0, int64_t g
             const uint8_t *gp = c->w + g * gbytes;
             for (int64_t j = cb; j < ce;) {
                 int nc;
-                if (simd && ce - j >= wide) {
-                    (simd == 2 ? c->ri->k4 : c->ri->a4)(gp, c->nkb, c->x, j, out);
+                if (kw && ce - j >= wide) {
+                    kw(gp, c->nkb, c->x, j, out);
                     nc = wide;
                 } else {
-                    (simd == 2 ? c->ri->k1 : simd == 1 ? c->ri->a1 : c->scalar)(gp, c->nkb, c->x, j, out);
+                    k1(gp, c->nkb, c->x, j, out);
                     nc = 1;
                 }
                 for (int q = 0; q < nc; ++q) memcpy(c->y + (j + q) * c->n_rows + g * 16, out + 16 * q, 16 * sizeof(float));
@@ -279,7 +279,7 @@ static void mm_task(void *vctx, int64_t t) {
         int64_t base = 0;
         for (int i = 0; i < job->n; base = job->g_end[i], ++i) {
             const int64_t lo = a > base ? a : base, hi = b < job->g_end[i] ? b : job->g_end[i];
-            if (lo < hi) mm_run(&job->m[i], job->simd, job->n_x, lo - base, hi - base);
+            if (lo < hi) mm_run(&job->m[i], job->tier, job->n_x, lo - base, hi - base);
         }
     }
 }
@@ -302,7 +302,7 @@ static int matmat_multi(int n, const int *rtype, const uint8_t *const *w, const 
     mm_job job;
     memset(&job, 0, sizeof job);
     job.n = n;
-    job.simd = qs_isa_get() >= QS_ISA_AVX512 ? 2 : qs_isa_get() >= QS_ISA_AVX2 ? 1 : 0;
+    job.tier = qs_isa_tier();
     job.n_x = n_x;
     int64_t work = 0, bytes = 0;
     for (int i = 0; i < n && !rc; ++i) {
@@ -317,7 +317,7 @@ static int matmat_multi(int n, const int *rtype, const uint8_t *const *w, const 
         }
         mm_mat *m = &job.m[i];
         m->ri = ri[i];
-        m->scalar = ri[i]->scalar;
+        m->scalar = ri[i]->one[0];
         m->w = w[i];
         m->n_groups = n_rows[i] / QS_RP_ROWS;
         m->nkb = k / ri[i]->blk;
@@ -371,7 +371,8 @@ int qs_rp_matmat(int rtype, const uint8_t *w, int64_t n_rows, int64_t k, const f
  * (qs_iq_dot_codes_scalar), so a prompt gives the same bits as token-by-token decoding. */
 typedef struct {
     const rp_info *ri;
-    int type, simd;
+    int type;
+    qs_rp_kernel kw, k1; /* the layout's wide and one-column kernels at the active ISA slot */
     const uint8_t *w;
     int64_t row_bytes, nkb, n_rows, n_x;
     const qs_rp_x *x;
@@ -408,10 +409,10 @@ static void cp_task(void *vctx, int64_t g) {
     for (int64_t j = 0; j < c->n_x;) {
         int nc = 1;
         if (c->n_x - j >= 4) {
-            (c->simd == 2 ? c->ri->k4 : c->ri->a4)(buf, c->nkb, c->x, j, out);
+            c->kw(buf, c->nkb, c->x, j, out);
             nc = 4;
         } else {
-            (c->simd == 2 ? c->ri->k1 : c->ri->a1)(buf, c->nkb, c->x, j, out);
+            c->k1(buf, c->nkb, c->x, j, out);
         }
         for (int q = 0; q < nc; ++q) memcpy(c->y + (j + q) * c->n_rows + g * 16, out + 16 * q, 16 * sizeof(float));
         j += nc;
@@ -420,7 +421,8 @@ static void cp_task(void *vctx, int64_t g) {
 }
 
 int qs_iq_prefill_usable(int type, int64_t n_rows, int64_t k) {
-    return rp_codes(type) && qs_isa_get() >= QS_ISA_AVX2 && n_rows > 0 && n_rows % QS_RP_ROWS == 0 && k > 0 &&
+    const rp_info *ri = rp_codes(type);
+    return ri && ri->wide[QS_PICK_AT(ri->wide, qs_isa_tier())] && n_rows > 0 && n_rows % QS_RP_ROWS == 0 && k > 0 &&
            k % 256 == 0 && k <= (1 << 22);
 }
 
@@ -431,7 +433,8 @@ static int iq_prefill_unguarded(int type, const uint8_t *w, int64_t n_rows, int6
     memset(&c, 0, sizeof c);
     c.ri = rp_codes(type);
     c.type = type;
-    c.simd = qs_isa_get() >= QS_ISA_AVX512 ? 2 : 1;
+    c.kw = c.ri->wide[QS_PICK_AT(c.ri->wide, qs_isa_tier())];
+    c.k1 = QS_PICK_FN(c.ri->one, qs_isa_tier());
     c.w = w;
     c.row_bytes = k / 256 * qs_block_bytes(type);
     c.nkb = k / 256;

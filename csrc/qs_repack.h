@@ -42,6 +42,8 @@
 #define QS_REPACK_H
 #include <stdint.h>
 
+#include "qs.h"
+
 #define QS_RP_ROWS 16
 #define K45_NIB(five, c) ((five) ? 320 + 320 * ((c) / 4) + 64 * ((c) % 4) : 320 + 64 * (c)) /* Q4_K/Q5_K chunk c */
 #define K5_BITS(s) (320 + 320 * (s) + 256) /* Q5_K: fifth-bit chunk of sub-block s */
@@ -89,8 +91,8 @@ typedef struct {
     int ia, ia_mul;              /* QS_RP_IA_* and its multiplier */
     int cols;                    /* columns of the wide kernels */
     qs_rp_unit_fn write;         /* load-time writer (NULL for the prompt layout: decoded per product) */
-    qs_rp_kernel scalar;         /* the reference kernel, 1 column */
-    qs_rp_kernel a4, a1, k4, k1; /* AVX2 and AVX-512 kernels: `cols` columns and 1 */
+    qs_rp_kernel wide[QS_TIERS]; /* per ISA slot: `cols` columns per call ([0] unused: no wide reference) */
+    qs_rp_kernel one[QS_TIERS];  /* per ISA slot: 1 column; [0] the reference kernel (NULL: the prompt layout) */
 } qs_rp_layout;
 
 /* AVX-512 VNNI kernels (qs_repack_avx512.c): 4 columns and 1 column per call. */

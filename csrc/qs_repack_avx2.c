@@ -4,6 +4,8 @@
  * exact because no pair of code x activation products leaves int16 (codes <= 63); Q8_0's byte codes would, so
  * its kernel multiplies the signed weight with the sign trick instead and needs no activation offset. Every
  * integer sum and every float operation per row is the scalar reference's (qs_repack.c): bit-identical. */
+#include "qs_arch.h"
+#if QS_ARCH_X86
 #include <immintrin.h>
 
 #include "qs.h"
@@ -461,3 +463,5 @@ RP_AVX2(codes256, SBC256)
 RP_AVX2_F(f32, 0)
 RP_AVX2_F(f16, 1)
 RP_AVX2_F(bf16, 2)
+
+#endif /* QS_ARCH_X86 */

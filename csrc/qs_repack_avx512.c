@@ -2,6 +2,8 @@
  * row r of the 16-row group, so 4 activation codes broadcast to all lanes feed one vpdpbusd for 16 rows; block
  * scales are applied per lane, in the same order as the scalar references in qs_repack.c (bit-identical). Each
  * kernel exists for 4 columns (prefill: the decoded weights are reused from registers) and for 1 (decode). */
+#include "qs_arch.h"
+#if QS_ARCH_X86
 #include <immintrin.h>
 
 #include "qs.h"
@@ -458,3 +460,5 @@ RP_AVX512(codes256, SBC, SB_C256)
 RP_AVX512_F(f32, 0)
 RP_AVX512_F(f16, 1)
 RP_AVX512_F(bf16, 2)
+
+#endif /* QS_ARCH_X86 */

@@ -2,14 +2,12 @@
  * the scalar reference kernels, one column. The scalar kernels compute exactly what the SIMD ones compute (same
  * integer sums, same float operations in the same order, fmaf where the SIMD code fuses), so the tests compare
  * them bit for bit. The type table (qs_traits.c) names them; they call nothing above them. */
-#include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
 #include "qs.h"
 #include "qs_quant_internal.h"
 #include "qs_repack.h"
-#include "qs_simd_common.h"
 
 static inline float h2f(const uint8_t *p) { return qs_fp16_to_fp32(qs_load_u16(p)); }
 

@@ -1,4 +1,4 @@
-/* Helpers shared by the AVX2 and AVX-512 kernel files (included after <immintrin.h> and qs.h). */
+/* Helpers shared by the AVX2 and AVX-512 kernel files (x86 only: included after <immintrin.h> and qs.h). */
 #ifndef QS_SIMD_COMMON_H
 #define QS_SIMD_COMMON_H
 
@@ -16,17 +16,6 @@ QS_TARGET_AVX2 static inline __m256i nibbles_32(const uint8_t *p) {
     __m128i t = _mm_loadu_si128((const __m128i *)p);
     __m128i m = _mm_set1_epi8(0x0F);
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(t, 4), m), _mm_and_si128(t, m));
-}
-
-/* Q4_K/Q5_K scales: 12 bytes -> bytes 0..7 = eight 6-bit scales, bytes 8..15 = eight 6-bit mins (ggml's masks). */
-static inline void k4_scales_mins(const uint8_t *s, uint32_t u[4]) {
-    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-    memcpy(u, s, 12);
-    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-    uint32_t aux = u[1] & k1;
-    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-    u[2] = aux;
-    u[0] &= k1;
 }
 
 /* Q6_K half h (128 elements) -> four vectors of 32 six-bit codes (0..63), element order 32k + l. */

@@ -15,9 +15,7 @@
 #include "qs_quant_internal.h"
 #include "qs_quantize_internal.h"
 #include "qs_repack.h"
-
-/* The per-ISA slots: the QS_ISA_* levels, then AVX-512 with VBMI (kernels that need AVX512_VBMI too). */
-enum { QS_TIER_VBMI = 3, QS_TIERS = 4 };
+#include "qs_slots.h"
 
 #define QS_NTYPES 41 /* ggml type ids below this have a row (an all-zero row: no support) */
 
@@ -43,19 +41,6 @@ typedef struct {
 } qs_type_traits;
 
 const qs_type_traits *qs_traits(int type); /* never NULL: unknown ids get the all-zero row */
-int qs_isa_tier(void);                     /* the active ISA level, QS_TIER_VBMI where AVX-512 has VBMI */
 int64_t qs_act_row_bytes(int act, int64_t k);
-
-/* The kernel of a tier: the highest filled slot at or below it. */
-#define QS_PICK_FN(slots, tier)                                                                                    \
-    ({                                                                                                             \
-        __auto_type pick_ = (slots)[0];                                                                            \
-        for (int i_ = (tier); i_ > 0; --i_)                                                                        \
-            if ((slots)[i_]) {                                                                                     \
-                pick_ = (slots)[i_];                                                                               \
-                break;                                                                                             \
-            }                                                                                                      \
-        pick_;                                                                                                     \
-    })
 
 #endif

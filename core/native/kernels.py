@@ -25,7 +25,20 @@ from .mapped import (  # noqa: F401 - re-exported: the kernels' error types live
     native_error,
 )
 
-ISA_NAMES = ("scalar", "avx2", "avx512")
+
+
+def _isa_names() -> tuple[str, ...]:
+    names = []
+    while (name := lib.qs_isa_name(len(names))) != ffi.NULL:
+        names.append(ffi.string(name).decode())
+    return tuple(names)
+
+
+#: The instruction-set levels of this build's CPU family, lowest first: ``scalar, avx2, avx512`` on x86-64,
+#: ``scalar, neon, dotprod, i8mm`` on ARM64.
+ISA_NAMES = _isa_names()
+#: The CPU family the library was built for: ``x86_64``, ``arm64`` or ``generic``.
+ARCH = ffi.string(lib.qs_arch_name()).decode()
 
 #: Activation (vec-dot) type id -> bytes per ``block`` elements.
 _ACT_LAYOUT = {0: (1, 4), 1: (1, 2), 30: (1, 2), 8: (32, 34), 9: (32, 36), 15: (256, 292)}
@@ -55,7 +68,7 @@ def copy_mapped(a: np.ndarray, what: str = "read", out: np.ndarray | None = None
 
 
 def isa_detected() -> str:
-    """Best instruction set this CPU supports: ``scalar``, ``avx2`` or ``avx512``."""
+    """Best instruction set this CPU supports (one of :data:`ISA_NAMES`)."""
     return ISA_NAMES[lib.qs_isa_detected()]
 
 
@@ -71,6 +84,8 @@ def isa() -> str:
 
 def set_isa(level: str | int) -> str:
     """Force a lower instruction set (clamped to what the CPU has); returns the level now active."""
+    if isinstance(level, str) and level not in ISA_NAMES:
+        raise ValueError(f"unknown instruction set {level!r} on {ARCH} (one of {', '.join(ISA_NAMES)})")
     n = ISA_NAMES.index(level) if isinstance(level, str) else int(level)
     return ISA_NAMES[lib.qs_isa_set(n)]
 

@@ -78,21 +78,28 @@ int qs_isa_detected(void) {
     return detected;
 }
 
+int qs_isa_tier_now = -1;
+
+static void set_level(int level) {
+    qs_isa_tier_now = QS_ARCH_X86 && level >= QS_ISA_AVX512 && qs_cpu_has_vbmi() ? QS_TIER_VBMI : level;
+    qs_isa_level = level;
+}
+
 int qs_isa_get(void) {
-    if (qs_isa_level < 0) qs_isa_level = qs_isa_detected();
+    if (qs_isa_level < 0) set_level(qs_isa_detected());
     return qs_isa_level;
 }
 
 int qs_isa_set(int level) {
     int d = qs_isa_detected();
     if (level < 0 || level > d) level = d;
-    qs_isa_level = level;
+    set_level(level);
     return level;
 }
 
-int qs_isa_tier(void) {
-    const int isa = qs_isa_get();
-    return QS_ARCH_X86 && isa >= QS_ISA_AVX512 && qs_cpu_has_vbmi() ? QS_TIER_VBMI : isa;
+int qs_isa_tier_first(void) {
+    qs_isa_get();
+    return qs_isa_tier_now;
 }
 
 const char *qs_isa_name(int level) {

@@ -169,6 +169,11 @@ typedef struct {
     int failed;
     int split; /* tasks per KV head and query: the group's query heads are split this many ways */
     float *probs; /* qs_attention_probs: [n_q][n_heads][n_kv] weights written instead of out (v, out unused) */
+    /* the active ISA's kernels, picked once per call: they run once per cached position and head */
+    float (*dot_f32)(const float *, const float *, int);
+    float (*dot_f16)(const float *, const uint16_t *, int);
+    void (*axpy_f32)(float, const float *, float *, int);
+    void (*axpy_f16)(float, const uint16_t *, float *, int);
 } attn_ctx;
 
 #define QS_ATTN_MAX_GROUP 64
@@ -195,14 +200,14 @@ void qs_axpy_f16_scalar(float a, const uint16_t *x, float *y, int n) {
 
 static float kv_dot(const attn_ctx *c, const float *qv, int64_t p, int kvh) {
     int64_t base = (p * c->n_kv_heads + kvh) * (int64_t)c->head_dim;
-    if (c->kv_f16) return QS_PICK(FDOT_F16)(qv, (const uint16_t *)c->k + base, c->head_dim);
-    return QS_PICK(FDOT_F32)(qv, (const float *)c->k + base, c->head_dim);
+    if (c->kv_f16) return c->dot_f16(qv, (const uint16_t *)c->k + base, c->head_dim);
+    return c->dot_f32(qv, (const float *)c->k + base, c->head_dim);
 }
 
 static void kv_axpy(const attn_ctx *c, float a, int64_t p, int kvh, float *acc) {
     int64_t base = (p * c->n_kv_heads + kvh) * (int64_t)c->head_dim;
-    if (c->kv_f16) QS_PICK(AXPY_F16)(a, (const uint16_t *)c->v + base, acc, c->head_dim);
-    else QS_PICK(AXPY_F32)(a, (const float *)c->v + base, acc, c->head_dim);
+    if (c->kv_f16) c->axpy_f16(a, (const uint16_t *)c->v + base, acc, c->head_dim);
+    else c->axpy_f32(a, (const float *)c->v + base, acc, c->head_dim);
 }
 
 /* One task: query qi and `per` of the query heads that share KV head kvh (grouped-query attention), so each K and
@@ -294,7 +299,8 @@ static int attention_run(const float *q, int64_t n_q, const int32_t *q_pos, int 
     for (int64_t i = 0; i < n_q; ++i)
         if (q_pos[i] < 0) return QS_ERR_POS;
     attn_ctx c = {q,      q_pos, n_heads, head_dim, n_kv_heads, kv_f16, k_cache, v_cache, n_kv, window, scale,
-                  softcap, sinks, out,   0,       1,          probs};
+                  softcap, sinks, out,   0,       1,          probs, QS_PICK(FDOT_F32), QS_PICK(FDOT_F16),
+                  QS_PICK(AXPY_F32), QS_PICK(AXPY_F16)};
     /* split a group's heads (only) as far as needed for two tasks per thread, or to stay within the stack arrays */
     const int G = n_heads / n_kv_heads;
     if (n_threads <= 0) n_threads = qs_threads_default();

@@ -12,7 +12,10 @@
 
 #include "qs.h"
 
-int qs_isa_tier(void); /* the active slot (qs_dispatch.c) */
+/* The active slot (qs_dispatch.c keeps it with the level): one load, as cheap as the level's own check. */
+extern int qs_isa_tier_now;
+int qs_isa_tier_first(void);
+static inline int qs_isa_tier(void) { return qs_isa_tier_now >= 0 ? qs_isa_tier_now : qs_isa_tier_first(); }
 
 /* Per-ISA slots, written once for both CPU families: SLOTS(kernel, x86 set, ARM64 set), where a set names
  * the levels that have their own kernel (qs_arch.h); the other family's set is not even expanded, so its kernels

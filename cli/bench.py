@@ -37,8 +37,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             except BumpRefusal as exc:
                 raise CLIError(f"cannot convert {src.name}: {exc}") from None
         print(f"{src.name}: {r['size']:,} bytes (median of {args.repeat})")
+        growth = r["peak_rss_growth_mb"]  # NaN where the peak cannot be reset (/proc/self/clear_refs: Linux only)
         print(f"  convert      {r['convert_s']:.3f} s  {r['mb_s']:.0f} MB/s  "
-              f"peak RSS growth {r['peak_rss_growth_mb']:.1f} MB")
+              f"peak RSS growth {f'{growth:.1f} MB' if growth == growth else 'unknown (Linux only)'}")
         print(f"  sha256 only  {r['hash_s']:.3f} s")
         print(f"  copy+fsync   {r['copy_s']:.3f} s")
         print(f"  convert / max(hash, copy) = {r['ratio']:.2f}")
@@ -78,6 +79,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_bench_model(args: argparse.Namespace) -> int:
     from quantscope.core.bench import rss_bytes
+    from quantscope.core.cpu import cpu_name
     from quantscope.core.engine.tools import bench_model
 
     from .model import load_engine
@@ -90,12 +92,13 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
                        progress=None if args.json else say)
     peak = peak_rss_mb()
     for r in rows:
-        r.update({"model": Path(args.file).name, "isa": isa(), "backend": eng.backend, "peak_rss_mb": peak,
-                  "rss_mb": rss_bytes() / 2**20})
+        r.update({"model": Path(args.file).name, "isa": isa(), "cpu": cpu_name(), "backend": eng.backend,
+                  "peak_rss_mb": peak, "rss_mb": rss_bytes() / 2**20})
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
+        print(f"CPU {cpu_name()}")
         print(f"{'model':<42} {'threads':>7} {'test':>6} {'t/s':>16}")
         for r in rows:
             print(f"{r['model']:<42} {r['threads']:>7} {r['test']:>6} {r['tokens_per_s']:9.2f} ± {r['stddev']:5.2f}")

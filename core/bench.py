@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gc
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,27 +16,46 @@ from .gguf import GGUFFile
 
 
 def rss_bytes() -> int:
-    """Current resident set size of this process (Linux ``/proc``; 0 elsewhere)."""
+    """Current resident set size of this process (Linux ``/proc``, macOS ``ps``; 0 elsewhere)."""
     try:
+        if sys.platform == "darwin":
+            out = subprocess.run(["ps", "-o", "rss=", "-p", str(os.getpid())], capture_output=True, text=True,
+                                 timeout=10).stdout
+            return int(out.strip() or 0) * 1024
         with open("/proc/self/statm") as fh:
-            import os
-
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
         return 0
+
+
+def maxrss_bytes(ru_maxrss: int) -> int:
+    """A ``ru_maxrss`` (getrusage, wait4) in bytes: macOS counts bytes, Linux and the BSDs KiB."""
+    return ru_maxrss if sys.platform == "darwin" else ru_maxrss * 1024
 
 
 def peak_rss_bytes(pid: int | str = "self") -> int:
     """Peak resident set size of a process since its exec (``VmHWM``; 0 when unknown or gone). Not ``ru_maxrss``:
-    Linux carries that across fork and exec, so a child of a large process reports the parent's size."""
+    Linux carries that across fork and exec, so a child of a large process reports the parent's size. Without
+    /proc (macOS) this process's own ``ru_maxrss``, and 0 for another process (see :func:`child_peak_rss`)."""
     try:
         with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
             for line in fh:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) * 1024
+    except FileNotFoundError:
+        if pid == "self" and not os.path.isdir("/proc/self"):
+            import resource
+
+            return maxrss_bytes(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+def child_peak_rss(polled: float, ru_maxrss: int) -> float:
+    """A finished child's peak RSS in bytes: the ``VmHWM`` polled while it ran, or where /proc gave none (macOS)
+    the ``ru_maxrss`` its wait4 returned."""
+    return polled or float(maxrss_bytes(ru_maxrss))
 
 
 def time_call(fn: Callable[[], Any], repeat: int) -> list[float]:
@@ -145,11 +167,13 @@ def bench_kernels(types: tuple[str, ...] = KERNEL_TYPES, threads: tuple[int, ...
     """GEMV figures per type and shape class, the memory-bound big GEMV, bandwidth and dequant vs gguf-py."""
     import numpy as np
 
+    from .cpu import cpu_name
     from .native import kernels as K
     from .native import lib
     from .quant import ggml_type
 
-    out: dict[str, Any] = {"isa": K.isa(), "bandwidth": memory_bandwidth(threads=threads), "gemv": [],
+    out: dict[str, Any] = {"cpu": cpu_name(), "arch": K.ARCH, "isa": K.isa(), "isa_detected": K.isa_detected(),
+                           "bandwidth": memory_bandwidth(threads=threads), "gemv": [],
                            "gemm": [], "dequant": [],
                            "pool_op_us": {n: lib.qs_pool_op_ns(n, 20000) / 1e3 for n in threads if n > 1}}
     rng = np.random.default_rng(1)
@@ -231,7 +255,9 @@ def render_kernels(r: dict[str, Any]) -> str:
     bw = r["bandwidth"]
     reads = ", ".join(f"{v:.1f} GB/s read ({k.split('_')[-1]})" for k, v in bw.items() if k.startswith("read_"))
     pool = ", ".join(f"{us:.2f} us at {n} threads" for n, us in r.get("pool_op_us", {}).items())
-    lines = [f"ISA {r['isa']}; memory: numpy copy {bw['copy_gbs']:.1f} GB/s (read+write), {reads}",
+    isa = r["isa"] if r.get("isa_detected", r["isa"]) == r["isa"] else f"{r['isa']} (this CPU: {r['isa_detected']})"
+    lines = [f"CPU {r.get('cpu', '?')} ({r.get('arch', '?')}); ISA {isa}",
+             f"memory: numpy copy {bw['copy_gbs']:.1f} GB/s (read+write), {reads}",
              *([f"thread pool: {pool} per operation (an empty job: waking the workers and the barrier after it)"]
                if pool else []), "",
              f"{'type':<6} {'shape':<16} {'layout':<8} {'thr':>3} {'ms':>9} {'Gelem/s':>8} {'GB/s':>7} "

@@ -5,8 +5,8 @@ the F16 file is written once with ``quantscope quantize --allow-requantize … F
 ``~/.cache/quantscope/bench`` and checked byte for byte against llama-quantize's F16 of the same file). Each of
 ``--reps`` rounds runs both tools, in an order that alternates between rounds, each in its own process, timing the
 wall clock of the whole command (start-up, reading, writing and syncing included) and polling its peak RSS
-(VmHWM). Both outputs are hashed: the script fails if they differ. Figures only; worth something on an idle
-machine. Usage:
+(VmHWM; macOS: the ru_maxrss of wait4). Both outputs are hashed: the script fails if they differ. Figures only;
+worth something on an idle machine. Usage:
 
     python tests/bench/bench_quantize.py [--model qwen2.5-coder] [--preset Q4_K_M] [--threads 2] [--reps 3]
                                          [--imatrix FILE] [--llama-bin DIR]
@@ -30,17 +30,8 @@ sys.path.insert(0, str(HERE))
 import llamacpp_build  # noqa: E402
 
 from quantscope.core import catalog  # noqa: E402
-
-
-def _hwm(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+from quantscope.core.bench import child_peak_rss, peak_rss_bytes  # noqa: E402
+from quantscope.core.cpu import cpu_name  # noqa: E402
 
 
 def run(cmd: list[str]) -> tuple[float, int]:
@@ -49,8 +40,13 @@ def run(cmd: list[str]) -> tuple[float, int]:
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
         peak = 0
-        while p.poll() is None:
-            peak = max(peak, _hwm(p.pid))
+        while True:
+            peak = max(peak, peak_rss_bytes(p.pid))
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                p.returncode = os.waitstatus_to_exitcode(status)
+                peak = int(child_peak_rss(peak, usage.ru_maxrss))
+                break
             time.sleep(0.02)
         secs = time.perf_counter() - t0
         log.seek(0)
@@ -112,7 +108,7 @@ def main() -> int:
     if h["llama"] != h["ours"]:
         raise SystemExit(f"the outputs differ: llama {h['llama']} ours {h['ours']}")
     med = {who: statistics.median(v) for who, v in times.items()}
-    print(f"CPU: {llamacpp_build.cpu_model()}; {a.threads} threads; {src.name} -> F16 -> {a.preset}"
+    print(f"CPU: {cpu_name()}; {a.threads} threads; {src.name} -> F16 -> {a.preset}"
           f"{' with ' + a.imatrix if a.imatrix else ''}; {a.reps} interleaved rounds")
     print(f"{'tool':<16} {'median s':>9} {'best s':>8} {'peak RSS MiB':>13}")
     for who, label in (("llama", "llama-quantize"), ("ours", "quantscope")):

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from quantscope.core import catalog
+from quantscope.core.cpu import cpu_name
 from quantscope.core.engine.generate import Engine
 from quantscope.core.server import Server
 
@@ -86,14 +87,6 @@ def llama_server(binary: str, model: Path, n: int, ctx: int, threads: int) -> tu
     raise RuntimeError("llama-server did not start")
 
 
-def cpu_model_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            return next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), "unknown CPU")
-    except OSError:
-        return "unknown CPU"
-
-
 def model_path(name: str) -> Path:
     if name.startswith("synthetic:"):
         from quantscope.core.synthetic import ensure_synthetic
@@ -115,7 +108,7 @@ def main() -> int:
                     help="also run each N with the slots taking turns (one forward each), interleaved")
     a = ap.parse_args()
     ns = [int(x) for x in a.clients.split(",")]
-    print(f"CPU: {cpu_model_name()}, {os.cpu_count()} logical CPUs; threads {a.threads or 'default'}; "
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} logical CPUs; threads {a.threads or 'default'}; "
           f"{a.tokens} tokens per client; best of {a.reps} interleaved runs")
     for name in a.models:
         path = model_path(name)

@@ -7,9 +7,10 @@ whichever mix gives a tensor its original type). An imatrix is computed on the c
 (Q3_K_M, Q4_K_M, Q5_K_M) is written with it, then the target-size mix at that preset's file size with the same
 imatrix (the costs are measured once per model, on --calib-ctx tokens of the calibration text, and shared by the
 three sizes; with --refine N the N largest chosen estimates are measured and the mix solved again). Every file is
-then scored against the reference on a HELD-OUT text (the licence texts in /usr/share/common-licenses, not the
-calibration text) as llama-perplexity scores KL divergence: chunks of --ctx tokens, the second half of each scored,
-every model run on the same chunk in turn so the reference runs once.
+then scored against the reference on a HELD-OUT text (the licence texts in /usr/share/common-licenses, or in the
+folder --heldout names where there is none, as on macOS; not the calibration text) as llama-perplexity scores KL
+divergence: chunks of --ctx tokens, the second half of each scored, every model run on the same chunk in turn so the
+reference runs once.
 
     .venv/bin/python tests/bench/bench_target_size.py [--models smollm2-degrid,gemma3-degrid,qwen-coder-degrid,moe]
         [--presets Q3_K_M,Q4_K_M,Q5_K_M] [--threads 2] [--ctx 512] [--eval-chunks 100] [--refine 8] [--json F]
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import sys
 import time
 from pathlib import Path
@@ -41,19 +41,9 @@ MODELS = {"smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3": "gemma-3-270m-
 SYNTHETIC = {"moe": "qwen3moe", "fixture": "llama"}
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def heldout_text() -> tuple[str, list[str]]:
-    """Every licence text on the machine (regular files, by name), one after another."""
-    files = sorted(p for p in LICENCES.iterdir() if p.is_file() and not p.is_symlink()) if LICENCES.is_dir() else []
+def heldout_text(folder: Path = LICENCES) -> tuple[str, list[str]]:
+    """Every licence text in ``folder`` (regular files, by name), one after another."""
+    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.is_symlink()) if folder.is_dir() else []
     return "\n\n".join(p.read_text(encoding="utf-8", errors="replace") for p in files), [p.name for p in files]
 
 
@@ -265,16 +255,20 @@ def main() -> int:
                    "estimates, solve again, measure the whole mix on the calibration text")
     p.add_argument("--work", type=Path, default=Path("/tmp/quantscope-bench-target"))
     p.add_argument("--json", type=Path, help="also write the figures here (after each model)")
+    p.add_argument("--heldout", type=Path, default=LICENCES,
+                   help=f"folder of held-out texts (default {LICENCES}: Debian/Ubuntu; elsewhere name one)")
     args = p.parse_args()
     args.presets = args.presets.split(",")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    heldout, names = heldout_text()
+    from quantscope.core.cpu import cpu_name
+
+    heldout, names = heldout_text(args.heldout)
     if not heldout:
-        print(f"no held-out text: {LICENCES} has no licence files", file=sys.stderr)
+        print(f"no held-out text: {args.heldout} has no text files (name a folder with --heldout)", file=sys.stderr)
         return 2
     args.work.mkdir(parents=True, exist_ok=True)
     out = {"cpu": cpu_name(), "threads": args.threads, "calib_ctx": args.calib_ctx,
-           "calibration": str(CALIB), "heldout": f"{LICENCES}: {', '.join(names)} ({len(heldout):,} characters)",
+           "calibration": str(CALIB), "heldout": f"{args.heldout}: {', '.join(names)} ({len(heldout):,} characters)",
            "presets": args.presets, "models": {}}
     for key in args.models.split(","):
         t0 = time.perf_counter()

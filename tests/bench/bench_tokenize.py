@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -22,18 +21,9 @@ import time
 from pathlib import Path
 
 from quantscope.core import catalog
+from quantscope.core.cpu import cpu_name
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def docs_text(kb: int) -> str:

@@ -9,14 +9,15 @@ For each model, ``--reps`` rounds; each round runs, in an order that alternates 
 * our read-bandwidth probe (``core.bench.memory_bandwidth``: a native read-only stream over 256 MiB at T
   threads), so the decode figures are compared with the bandwidth of the same minutes.
 
-Every engine runs in its own process; its peak RSS is the high-water mark of that process's own memory (``VmHWM``
-in /proc/PID/status, polled while it runs). Not ``ru_maxrss``: Linux carries it across fork and exec, so a child
-of this (large) script would report the script's size. Medians over the
-rounds are printed as a table: decode and prefill tokens/s of both and their ratios (ours / llama), decode
-GB/s (bytes one decoded token reads: every tensor but the embedding, whose one row is negligible, unless the
-output is tied to it; of a mixture of experts' expert tensors only the used share) and its fraction of the
-measured read bandwidth, and our peak RSS against the budget
-file + KV cache (fp16, P + N positions) + 150 MB. ``--json`` keeps every sample.
+Every engine runs in its own process; its peak RSS is the high-water mark of that process's own memory (``VmHWM`` in
+/proc/PID/status, polled while it runs). Not ``ru_maxrss``: Linux carries it across fork and exec, so a child of
+this (large) script would report the script's size; without /proc (macOS) it is the ``ru_maxrss`` of wait4. Runs
+unchanged on x86-64 and ARM64 (Linux/aarch64, macOS/arm64), where llama.cpp builds its own NEON paths. Medians over
+the rounds are printed as a table: decode and prefill tokens/s of both and their ratios (ours / llama), decode GB/s
+(bytes one decoded token reads: every tensor but the embedding, whose one row is negligible, unless the output is
+tied to it; of a mixture of experts' expert tensors only the used share) and its fraction of the measured read
+bandwidth, and our peak RSS against the budget file + KV cache (fp16, P + N positions) + 150 MB. ``--json`` keeps
+every sample.
 
 Models: catalogue names (fetched if missing), synthetic shapes ``1b``/``3b``/``8b`` (written into the cache if
 missing, see ``quantscope bench --synthetic``) or GGUF paths. Default: the catalogue models and the synthetic
@@ -45,22 +46,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import llamacpp_build
 
 from quantscope.core import catalog, synthetic
-from quantscope.core.bench import peak_rss_bytes
+from quantscope.core.bench import child_peak_rss, peak_rss_bytes
+from quantscope.core.cpu import cpu_name
 
 RSS_SLACK = 150e6
 
 
 def run_measured(cmd: list[str], timeout: float) -> tuple[str, float]:
     """Run ``cmd``; its stdout and peak RSS in bytes (VmHWM, polled every 20 ms: the mark only grows, so the last
-    reading before the exit is the peak up to then). Raises RuntimeError with stderr on failure."""
+    reading before the exit is the peak up to then; macOS: wait4's ru_maxrss). Raises RuntimeError with stderr on
+    failure."""
     with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out:
         p = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         peak = 0.0
         while True:
             peak = max(peak, float(peak_rss_bytes(p.pid)))
-            pid, status, _usage = os.wait4(p.pid, os.WNOHANG)
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
             if pid:
+                peak = child_peak_rss(peak, usage.ru_maxrss)
                 break
             if time.monotonic() > deadline:
                 p.kill()
@@ -242,7 +246,7 @@ def main() -> None:
         raise SystemExit(f"no llama-bench in {bin_dir}")
     sw = llama_switches(bench)
     models = resolve_models(a.models.split(",") if a.models else default_models())
-    meta: dict[str, Any] = {"cpu": llamacpp_build.cpu_model(), "threads": a.threads, "n_prompt": a.n_prompt,
+    meta: dict[str, Any] = {"cpu": cpu_name(), "threads": a.threads, "n_prompt": a.n_prompt,
                             "n_gen": a.n_gen, "reps": a.reps, "llama": "?", "llama_bench": str(bench),
                             "llama_switches": sw, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     results = []

@@ -1,13 +1,24 @@
 /* One-thread row dots: Quantscope's kernel against ggml's on the same rows and the same activation, in TSC
- * cycles per 256-element block (best of 15 interleaved passes). Built and run by tests/bench/bench_dot_vs_ggml.py
- * against the static ggml libraries of the llama.cpp oracle build; figures only.
+ * cycles per 256-element block on x86 and nanoseconds elsewhere (ARM64 has no cycle counter user code may read
+ * portably: CNTVCT_EL0 ticks at a fixed tens of MHz), best of 15 interleaved passes. Built and run by
+ * tests/bench/bench_dot_vs_ggml.py against the static ggml libraries of the llama.cpp oracle build; figures only.
  *   dot_vs_ggml NATIVE_SO GGUF OFFSET ROWS K ROW_BYTES OURS_SYMBOL GGML_SYMBOL ACT (q8_K or q8_0)
  * (OFFSET -B: random blocks of B bytes instead of the file's rows, for types no file at hand holds) */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#if defined(__x86_64__) || defined(__i386__)
 #include <x86intrin.h>
+static inline uint64_t ticks(void) { return __rdtsc(); }
+#else
+#include <time.h>
+static inline uint64_t ticks(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+#endif
 
 typedef float (*qs_dot)(int64_t n, const uint8_t *w, const uint8_t *x);
 typedef int (*qs_quant)(const float *x, uint8_t *dst, int64_t n);
@@ -60,15 +71,15 @@ int main(int argc, char **argv) {
     double diff = 0.0, mag = 0.0;
     for (int pass = 0; pass < 15; ++pass) {
         float so = 0.0f, sg = 0.0f;
-        const uint64_t t0 = __rdtsc();
+        const uint64_t t0 = ticks();
         for (int r = 0; r < rows; ++r) so += ours(k, w + (size_t)r * rowb, xq);
-        const uint64_t t1 = __rdtsc();
+        const uint64_t t1 = ticks();
         for (int r = 0; r < rows; ++r) {
             float s;
             theirs(k, &s, 0, w + (size_t)r * rowb, 0, xq, 0, 1);
             sg += s;
         }
-        const uint64_t t2 = __rdtsc();
+        const uint64_t t2 = ticks();
         if (t1 - t0 < best_o) best_o = t1 - t0;
         if (t2 - t1 < best_g) best_g = t2 - t1;
         diff = (double)so - (double)sg;

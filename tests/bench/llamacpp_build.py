@@ -3,8 +3,10 @@
 The source is the llama.cpp tree vendored in the PyPI sdist of llama-cpp-python (a pinned version), fetched with
 pip (``pip download --no-deps --no-binary :all:``) unless ``--sdist`` names a downloaded one. It is unpacked into
 ``$XDG_CACHE_HOME/quantscope/llama.cpp-<version>/src`` (default ``~/.cache``) and built with CMake (Release,
-GGML_NATIVE, no curl, static libraries) into ``…/build``; only the targets in ``TARGETS`` are built. On a CPU
-whose /proc/cpuinfo advertises AMX, ``-mno-amx-tile -mno-amx-int8 -mno-amx-bf16`` are added to the C and C++
+GGML_NATIVE, no curl, static libraries; on macOS without Metal and Accelerate's BLAS, so llama.cpp runs on the
+CPU cores as we do) into ``…/build``; only the targets in ``TARGETS`` are built. The same on x86-64 and ARM64
+(Linux/aarch64, macOS/arm64): GGML_NATIVE picks ggml's NEON/dotprod/i8mm paths there. On an x86 CPU whose
+/proc/cpuinfo advertises AMX, ``-mno-amx-tile -mno-amx-int8 -mno-amx-bf16`` are added to the C and C++
 flags: ggml's AMX path runs tile instructions without asking the kernel for permission first and dies with
 SIGILL. A stamp file records the configuration of a finished build; a later call with the same configuration
 reuses it. Usage:
@@ -24,6 +26,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from quantscope.core.cpu import is_x86
+
 VERSION = "0.3.36"
 TARGETS = ("llama-bench", "llama-perplexity", "llama-tokenize", "llama-quantize", "llama-imatrix", "llama-gguf-split")
 AMX_OFF = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
@@ -34,36 +38,38 @@ def cache_root(version: str = VERSION) -> Path:
     return Path(base) / "quantscope" / f"llama.cpp-{version}"
 
 
-def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+def parse_flags(cpuinfo: str) -> set[str]:
+    """The ``flags`` of an x86 /proc/cpuinfo text (ARM64 kernels write ``Features`` instead: empty there)."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
     return set()
 
 
-def cpu_model() -> str:
+def cpu_flags() -> set[str]:
+    """This x86 CPU's flags; empty off x86 and where /proc is missing (macOS)."""
+    if not is_x86():
+        return set()
     try:
         with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            return parse_flags(fh.read())
     except OSError:
-        pass
-    return "unknown CPU"
+        return set()
 
 
 def has_amx() -> bool:
+    """Whether ggml's AMX path would be compiled in (x86 with amx_* flags; never on ARM)."""
     return any(f.startswith("amx") for f in cpu_flags())
 
 
-def cmake_options() -> list[str]:
+def cmake_options(system: str = sys.platform, amx: bool | None = None) -> list[str]:
+    """CMake options of the build. GGML_NATIVE everywhere (ARM64: -mcpu=native, ggml's own NEON/dotprod/i8mm
+    paths); on macOS Metal and the BLAS backend (Accelerate) off, so both engines run on the CPU cores alone."""
     opts = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF",
             "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF"]
-    if has_amx():
+    if system == "darwin":
+        opts += ["-DGGML_METAL=OFF", "-DGGML_BLAS=OFF"]
+    if has_amx() if amx is None else amx:
         opts += [f"-DCMAKE_C_FLAGS={AMX_OFF}", f"-DCMAKE_CXX_FLAGS={AMX_OFF}"]
     return opts
 

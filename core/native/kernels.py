@@ -26,7 +26,6 @@ from .mapped import (  # noqa: F401 - re-exported: the kernels' error types live
 )
 
 
-
 def _isa_names() -> tuple[str, ...]:
     names = []
     while (name := lib.qs_isa_name(len(names))) != ffi.NULL:

@@ -36,6 +36,20 @@ def test_detects_an_isa():
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="AVX512_VBMI is an x86-64 feature")
+def test_isa_names_are_this_builds_cpu_family():
+    """The level names come from the library: the family the extension was compiled for, the machine's own."""
+    import platform
+
+    family = {"x86_64": "x86_64", "AMD64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine())
+    assert K.ARCH == family
+    names = {"x86_64": ("scalar", "avx2", "avx512"), "arm64": ("scalar", "neon", "dotprod", "i8mm")}
+    assert K.ISA_NAMES == names[K.ARCH]
+    other = "neon" if K.ARCH == "x86_64" else "avx2"
+    with pytest.raises(ValueError, match=f"unknown instruction set '{other}' on {K.ARCH}"):
+        K.set_isa(other)
+    assert K.isa() == K.isa_detected()
+
+
 def test_vbmi_detection_agrees_with_the_kernel_s_cpu_flags():
     """The AVX-512 lattice dots run only where the CPU has AVX512_VBMI (an illegal instruction otherwise)."""
     flags = set()

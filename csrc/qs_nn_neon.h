@@ -1,6 +1,6 @@
-/* ARM64 kernels of the float helpers (qs_nn_neon.c) and of the prefill GEMM tile (qs_gemm_neon.c). Prototypes only;
- * each has the signature of its scalar reference. ISA levels (qs_arch.h): _neon = 1 (ARMv8.0), _dotprod = 2,
- * _i8mm = 3. */
+/* ARM64 kernels of the float helpers (qs_nn_neon.c), of the prefill GEMM tile (qs_gemm_neon.c) and of its weight-row
+ * decoders (qs_gemm_panel_neon.c). Prototypes only; each has the signature of its scalar reference. ISA levels
+ * (qs_arch.h): _neon = 1 (ARMv8.0), _dotprod = 2, _i8mm = 3. */
 #ifndef QS_NN_NEON_H
 #define QS_NN_NEON_H
 #include <stdint.h>
@@ -25,6 +25,14 @@ void qs_gdn_step_neon(int64_t S, float *st, const float *k, const float *q, cons
 void qs_gemm_tile_neon(const qs_gemm_dims *d, const uint8_t *wc, const float *ws, const float *mrow,
                        const int8_t *xc, const float *xs, const float *bcol, int64_t n_c, int64_t n_valid, int n_r,
                        float *y, int64_t ldy);
+/* Prefill GEMM weight-row decoders (qs_gemm_panel_neon.c; references: qs_gemm_panel_<t>_scalar in
+ * qs_gemm_panel.c), level 1, bit-identical to the references. */
+void qs_gemm_panel_q4_0_neon(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q4_1_neon(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q5_0_neon(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q8_0_neon(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q4_K_neon(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
+void qs_gemm_panel_q6_K_neon(const uint8_t *w, const qs_gemm_dims *d, uint8_t *c, float *ws, float *mrow);
 #if QS_HAVE_DOTPROD
 /* Level 2, SDOT: weight codes at most 127 only (types without gemm_wide). */
 void qs_gemm_tile_dotprod(const qs_gemm_dims *d, const uint8_t *wc, const float *ws, const float *mrow,

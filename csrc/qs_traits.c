@@ -6,6 +6,7 @@
 
 #include "qs_iquants_neon.h"
 #include "qs_kquant_neon.h"
+#include "qs_nn_neon.h"
 #include "qs_quant_neon.h"
 
 /* repacked layouts (qs_repack.h): k-block, unit bytes, activation format and its block, int32 offsets per block
@@ -51,17 +52,17 @@ static const qs_type_traits TYPES[QS_NTYPES] = {
     /* 32-element blocks */
     [QS_Q4_0] = {.name = "Q4_0", .elems = 32, .bytes = 18, .act = QS_Q8_0,
                  .deq = {qs_deq_q4_0}, .dot = SLOTS(dot_q4_0, X2, A2),
-                 .panel = SLOTS(gemm_panel_q4_0, X1, A0), .gemm_group = 32,
+                 .panel = SLOTS(gemm_panel_q4_0, X1, A1), .gemm_group = 32,
                  .quantize_row = qs_qrow_q4_0,
                  .rp = RP_Q8_0(q4_0, 576, 8)},
     [QS_Q4_1] = {.name = "Q4_1", .elems = 32, .bytes = 20, .act = QS_Q8_1,
                  .deq = BY_ARCH(({qs_deq_q4_1, qs_deq_q4_1_avx2}), ({qs_deq_q4_1, qs_deq_q4_1_neon})), .dot = SLOTS(dot_q4_1, X2, A2),
-                 .panel = SLOTS(gemm_panel_q4_1, X1, A0), .gemm_group = 32,
+                 .panel = SLOTS(gemm_panel_q4_1, X1, A1), .gemm_group = 32,
                  .quantize_row = qs_qrow_q4_1,
                  .rp = RP_Q8_1(q4_1, 640)},
     [QS_Q5_0] = {.name = "Q5_0", .elems = 32, .bytes = 22, .act = QS_Q8_0,
                  .deq = BY_ARCH(({qs_deq_q5_0, qs_deq_q5_0_avx2}), ({qs_deq_q5_0, qs_deq_q5_0_neon})), .dot = SLOTS(dot_q5_0, X2, A2),
-                 .panel = SLOTS(gemm_panel_q5_0, X1, A0), .gemm_group = 32,
+                 .panel = SLOTS(gemm_panel_q5_0, X1, A1), .gemm_group = 32,
                  .quantize_row = qs_qrow_q5_0,
                  .rp = RP_Q8_0(q5_0, 704, 16)},
     [QS_Q5_1] = {.name = "Q5_1", .elems = 32, .bytes = 24, .act = QS_Q8_1,
@@ -71,7 +72,7 @@ static const qs_type_traits TYPES[QS_NTYPES] = {
                  .rp = RP_Q8_1(q5_1, 768)},
     [QS_Q8_0] = {.name = "Q8_0", .elems = 32, .bytes = 34, .act = QS_Q8_0, .act_quantize = qs_quantize_q8_0,
                  .deq = BY_ARCH(({qs_deq_q8_0, qs_deq_q8_0_avx2}), ({qs_deq_q8_0, qs_deq_q8_0_neon})), .dot = SLOTS(dot_q8_0, X2, A2),
-                 .panel = SLOTS(gemm_panel_q8_0, X1, A0), .gemm_group = 32, .gemm_wide = 1,
+                 .panel = SLOTS(gemm_panel_q8_0, X1, A1), .gemm_group = 32, .gemm_wide = 1,
                  .quantize_row = qs_qrow_q8_0,
                  .rp = RP_Q8_0(q8_0, 1088, 128)},
     [QS_Q8_1] = {.name = "Q8_1", .elems = 32, .bytes = 36, .act_quantize = qs_quantize_q8_1},
@@ -104,7 +105,7 @@ static const qs_type_traits TYPES[QS_NTYPES] = {
                  .rp = RP_Q8_K(q3_K, 1856, 16, QS_RP_IA_SUM16, 4)},
     [QS_Q4_K] = {.name = "Q4_K", .elems = 256, .bytes = 144, .act = QS_Q8_K,
                  .deq = BY_ARCH(({qs_deq_q4_K, qs_deq_q4_K_avx2}), ({qs_deq_q4_K, qs_deq_q4_K_neon})), .dot = SLOTS(dot_q4_K, X2, A2),
-                 .panel = SLOTS(gemm_panel_q4_K, X1, A0), .gemm_group = 32,
+                 .panel = SLOTS(gemm_panel_q4_K, X1, A1), .gemm_group = 32,
                  .quantize_row = qs_qrow_q4_K,
                  .rp = RP_Q8_K(q4_K, 2368, 4, QS_RP_IA_K45, 0)},
     [QS_Q5_K] = {.name = "Q5_K", .elems = 256, .bytes = 176, .act = QS_Q8_K,
@@ -114,7 +115,7 @@ static const qs_type_traits TYPES[QS_NTYPES] = {
                  .rp = RP_Q8_K(q5_K, 2880, 4, QS_RP_IA_K45, 0)},
     [QS_Q6_K] = {.name = "Q6_K", .elems = 256, .bytes = 210, .act = QS_Q8_K,
                  .deq = BY_ARCH(({qs_deq_q6_K, qs_deq_q6_K_avx2}), ({qs_deq_q6_K, qs_deq_q6_K_neon})), .dot = SLOTS(dot_q6_K, X2, A2),
-                 .panel = SLOTS(gemm_panel_q6_K, X1, A0), .gemm_group = 16,
+                 .panel = SLOTS(gemm_panel_q6_K, X1, A1), .gemm_group = 16,
                  .quantize_row = qs_qrow_q6_K,
                  .rp = RP_Q8_K(q6_K, 3392, 16, QS_RP_IA_SUM16, 32)},
     [QS_Q8_K] = {.name = "Q8_K", .elems = 256, .bytes = 292, .act_quantize = qs_quantize_q8_K},

@@ -49,15 +49,21 @@
  * unless the baseline already has them (Apple's arm64 baseline has dotprod). GCC spells the extension as an
  * architecture; clang from 16 (Apple clang from 15) as a feature. Older clang guards the intrinsics with the
  * baseline's macros, so without the baseline it builds those levels empty and the CPU runs the level below. */
+#if defined(__clang__) && defined(__apple_build_version__)
+#define QS_CLANG_TARGETS (__clang_major__ >= 15)
+#elif defined(__clang__)
+#define QS_CLANG_TARGETS (__clang_major__ >= 16)
+#else
+#define QS_CLANG_TARGETS 0
+#endif
+
 #if defined(__ARM_FEATURE_DOTPROD)
 #define QS_TARGET_DOTPROD
 #define QS_HAVE_DOTPROD 1
-#elif defined(__clang__)
-#if (defined(__apple_build_version__) && __clang_major__ >= 15) || (!defined(__apple_build_version__) && __clang_major__ >= 16)
+#elif QS_CLANG_TARGETS
 #define QS_TARGET_DOTPROD __attribute__((target("dotprod")))
 #define QS_HAVE_DOTPROD 1
-#endif
-#elif defined(__GNUC__)
+#elif defined(__GNUC__) && !defined(__clang__)
 #define QS_TARGET_DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
 #define QS_HAVE_DOTPROD 1
 #endif
@@ -65,12 +71,10 @@
 #if defined(__ARM_FEATURE_MATMUL_INT8) && defined(__ARM_FEATURE_DOTPROD)
 #define QS_TARGET_I8MM
 #define QS_HAVE_I8MM 1
-#elif defined(__clang__)
-#if (defined(__apple_build_version__) && __clang_major__ >= 15) || (!defined(__apple_build_version__) && __clang_major__ >= 16)
+#elif QS_CLANG_TARGETS
 #define QS_TARGET_I8MM __attribute__((target("dotprod,i8mm")))
 #define QS_HAVE_I8MM 1
-#endif
-#elif defined(__GNUC__) && __GNUC__ >= 10
+#elif defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 10
 #define QS_TARGET_I8MM __attribute__((target("arch=armv8.6-a+dotprod+i8mm")))
 #define QS_HAVE_I8MM 1
 #endif

@@ -112,7 +112,8 @@ static const tile_fn TILE[QS_TIERS] = SLOTS(gemm_tile, X2, A3);
  * types take the row-by-row dots there); ARM's SDOT reads int8, so its wide tile offsets the codes by 128 */
 static const tile_fn TILE_WIDE[QS_TIERS] =
     BY_ARCH(({qs_gemm_tile_scalar, NULL, qs_gemm_tile_avx512}),
-            ({qs_gemm_tile_scalar, qs_gemm_tile_neon, QS_DOTPROD(qs_gemm_tile_dotprod_wide), QS_I8MM(qs_gemm_tile_i8mm)}));
+            ({qs_gemm_tile_scalar, qs_gemm_tile_neon, QS_DOTPROD(qs_gemm_tile_dotprod_wide),
+              QS_I8MM(qs_gemm_tile_i8mm)}));
 
 int qs_gemm_usable(int type, int64_t k) {
     const qs_type_traits *t = qs_traits(type);

@@ -165,7 +165,8 @@ void qs_deq_nvfp4(const uint8_t *b, float *y) {
  * (the type-table row's code_outer: the elements that share one, stored once per group):
  * value[i] = mult[i / gs] · ls[i / gs] · code[i] exactly (the IQ1 types: code = 8·G ± 1, mult = d / 8); returns gs. ggml's integer scales stay integers, so a dot
  * sums a whole 256-element block exactly before its one float multiply, as ggml's own dots do. */
-static void (*const LATTICE_CODES[QS_TIERS])(int type, const uint8_t *b, int8_t *code) = SLOTS(iq_lattice_codes, X1, A1);
+static void (*const LATTICE_CODES[QS_TIERS])(int type, const uint8_t *b, int8_t *code) =
+    SLOTS(iq_lattice_codes, X1, A1);
 
 static int lattice_codes(int type, const uint8_t *b, int8_t *code, float *mult, int16_t *ls) {
     int gs = type == QS_IQ2_XS || type == QS_IQ2_S ? 16 : 32;

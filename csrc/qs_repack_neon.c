@@ -292,6 +292,16 @@ AI float32x4_t fl_w4(const uint8_t *p, const int kind) {
     return kind == 1 ? vcvt_f32_f16(vreinterpret_f16_u16(h)) : vreinterpretq_f32_u32(vshll_n_u16(h, 16));
 }
 
+/* acc + w · x[lane], fused (FMLA by element; the lane a literal for every compiler) */
+AI float32x4_t fma_lane(float32x4_t acc, float32x4_t w, float32x4_t x, const int lane) {
+    switch (lane) {
+    case 0: return vfmaq_laneq_f32(acc, w, x, 0);
+    case 1: return vfmaq_laneq_f32(acc, w, x, 1);
+    case 2: return vfmaq_laneq_f32(acc, w, x, 2);
+    default: return vfmaq_laneq_f32(acc, w, x, 3);
+    }
+}
+
 /* rp_float_scalar on rows 4q0 .. 4(q0+NQ)-1 of columns c0 .. c0+NC-1 (NQ · NC <= 8): per row two chains (element e
  * of a k-block feeds chain e % 2) of fused multiply-adds, added at the end */
 AI void fl_run(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC, const int kind,
@@ -305,16 +315,21 @@ AI void fl_run(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float
         _Pragma("GCC unroll 4")
         for (int q = 0; q < NQ; ++q) acc[j][q][0] = acc[j][q][1] = vdupq_n_f32(0.0f);
     }
-    for (int64_t kb = 0; kb < nb; ++kb, g += 16 * es) {
-        _Pragma("GCC unroll 16")
-        for (int e = 0; e < 16; ++e)
+    for (int64_t kb = 0; kb < nb; ++kb, g += 16 * es)
+        _Pragma("GCC unroll 4")
+        for (int e4 = 0; e4 < 16; e4 += 4) { /* the activations of 4 elements per load, taken by lane */
+            float32x4_t xv[8];
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < NC; ++j) xv[j] = vld1q_f32(xs[j] + 16 * kb + e4);
             _Pragma("GCC unroll 4")
-            for (int q = 0; q < NQ; ++q) {
-                const float32x4_t w = fl_w4(g + es * e + (es / 4) * (q0 + q), kind);
-                _Pragma("GCC unroll 8")
-                for (int j = 0; j < NC; ++j) acc[j][q][e & 1] = vfmaq_n_f32(acc[j][q][e & 1], w, xs[j][16 * kb + e]);
-            }
-    }
+            for (int e = e4; e < e4 + 4; ++e)
+                _Pragma("GCC unroll 4")
+                for (int q = 0; q < NQ; ++q) {
+                    const float32x4_t w = fl_w4(g + es * e + (es / 4) * (q0 + q), kind);
+                    _Pragma("GCC unroll 8")
+                    for (int j = 0; j < NC; ++j) acc[j][q][e & 1] = fma_lane(acc[j][q][e & 1], w, xv[j], e - e4);
+                }
+        }
     _Pragma("GCC unroll 8")
     for (int j = 0; j < NC; ++j)
         _Pragma("GCC unroll 4")

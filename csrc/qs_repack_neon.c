@@ -44,8 +44,10 @@ static void rp_fix(qs_rp_kernel ref, const uint8_t *g, int64_t nb, const qs_rp_x
     const uint32x4_t inf = vdupq_n_u32(0x7F800000u);
     for (int j = 0; j < nc; ++j) {
         uint32x4_t bad = vdupq_n_u32(0);
-        for (int q = 0; q < 4; ++q)
-            bad = vorrq_u32(bad, vceqq_u32(vandq_u32(vreinterpretq_u32_f32(vld1q_f32(out + 16 * j + 4 * q)), inf), inf));
+        for (int q = 0; q < 4; ++q) {
+            const uint32x4_t v = vreinterpretq_u32_f32(vld1q_f32(out + 16 * j + 4 * q));
+            bad = vorrq_u32(bad, vceqq_u32(vandq_u32(v, inf), inf));
+        }
         if (vmaxvq_u32(bad)) ref(g, nb, x, c0 + j, out + 16 * j);
     }
 }

@@ -9,11 +9,12 @@
 #include "qs_nn_neon.h"
 #include "qs_quant_neon.h"
 #include "qs_repack_kneon.h"
+#include "qs_repack_neon.h"
 
 /* repacked layouts (qs_repack.h): k-block, unit bytes, activation format and its block, int32 offsets per block
  * and how they are formed (QS_RP_IA_*, multiplier); writer, scalar reference, per-ISA kernels of `cols` columns
- * and of 1. The last argument is the ARM64 set (RP_A0: no kernels there, so no layout: the engine keeps the file's
- * rows; RP_A1 NEON; RP_A2 NEON + dotprod); x86 has AVX2 and AVX-512 kernels for every layout. */
+ * and of 1. The last argument is the ARM64 set (RP_A0: no kernels there, so no layout: the engine would keep the
+ * file's rows; RP_A1 NEON; RP_A2 NEON + dotprod); x86 has AVX2 and AVX-512 kernels for every layout. */
 #if QS_ARCH_X86
 #define RP_KERNELS(name, w, a)                                                                                     \
     .wide = {NULL, qs_rp_##name##_avx2_##w, qs_rp_##name##_avx512_##w},                                           \
@@ -64,52 +65,52 @@ static const qs_type_traits TYPES[QS_NTYPES] = {
     /* plain floats: one element per block, the activations stay in the same format */
     [QS_F32] = {.name = "F32", .elems = 1, .bytes = 4, .act = QS_F32, .act_quantize = qs_quantize_f32_act,
                 .deq = {qs_deq_f32}, .deq_row = {qs_deq_row_f32}, .dot = DOT_F32,
-                .rp = RP_FLOAT(f32, 1024, f32, RP_A0)},
+                .rp = RP_FLOAT(f32, 1024, f32, RP_A1)},
     [QS_F16] = {.name = "F16", .elems = 1, .bytes = 2, .act = QS_F16, .act_quantize = qs_quantize_f16,
                 .deq = {qs_deq_f16}, .deq_row = ROW_SIMD(f16), .dot = SLOTS(dot_f16, X1, A1),
-                .rp = RP_FLOAT(f16, 512, f16, RP_A0)},
+                .rp = RP_FLOAT(f16, 512, f16, RP_A1)},
     [QS_BF16] = {.name = "BF16", .elems = 1, .bytes = 2, .act = QS_BF16, .act_quantize = qs_quantize_bf16,
                  .deq = {qs_deq_bf16}, .deq_row = ROW_SIMD(bf16), .dot = SLOTS(dot_bf16, X1, A1),
-                 .rp = RP_FLOAT(bf16, 512, f16, RP_A0)},
+                 .rp = RP_FLOAT(bf16, 512, f16, RP_A1)},
 
     /* 32-element blocks */
     [QS_Q4_0] = {.name = "Q4_0", .elems = 32, .bytes = 18, .act = QS_Q8_0,
                  .deq = {qs_deq_q4_0}, .dot = SLOTS(dot_q4_0, X2, A2),
                  .panel = SLOTS(gemm_panel_q4_0, X1, A1), .gemm_group = 32,
                  .quantize_row = qs_qrow_q4_0,
-                 .rp = RP_Q8_0(q4_0, 576, 8, RP_A0)},
+                 .rp = RP_Q8_0(q4_0, 576, 8, RP_A2)},
     [QS_Q4_1] = {.name = "Q4_1", .elems = 32, .bytes = 20, .act = QS_Q8_1,
                  .deq = DEQ_SIMD(q4_1), .dot = SLOTS(dot_q4_1, X2, A2),
                  .panel = SLOTS(gemm_panel_q4_1, X1, A1), .gemm_group = 32,
                  .quantize_row = qs_qrow_q4_1,
-                 .rp = RP_Q8_1(q4_1, 640, RP_A0)},
+                 .rp = RP_Q8_1(q4_1, 640, RP_A2)},
     [QS_Q5_0] = {.name = "Q5_0", .elems = 32, .bytes = 22, .act = QS_Q8_0,
                  .deq = DEQ_SIMD(q5_0), .dot = SLOTS(dot_q5_0, X2, A2),
                  .panel = SLOTS(gemm_panel_q5_0, X1, A1), .gemm_group = 32,
                  .quantize_row = qs_qrow_q5_0,
-                 .rp = RP_Q8_0(q5_0, 704, 16, RP_A0)},
+                 .rp = RP_Q8_0(q5_0, 704, 16, RP_A2)},
     [QS_Q5_1] = {.name = "Q5_1", .elems = 32, .bytes = 24, .act = QS_Q8_1,
                  .deq = {qs_deq_q5_1}, .dot = SLOTS(dot_q5_1, X1, A2),
                  .panel = {qs_gemm_panel_q5_1_scalar}, .gemm_group = 32,
                  .quantize_row = qs_qrow_q5_1,
-                 .rp = RP_Q8_1(q5_1, 768, RP_A0)},
+                 .rp = RP_Q8_1(q5_1, 768, RP_A2)},
     [QS_Q8_0] = {.name = "Q8_0", .elems = 32, .bytes = 34, .act = QS_Q8_0, .act_quantize = qs_quantize_q8_0,
                  .deq = DEQ_SIMD(q8_0), .dot = SLOTS(dot_q8_0, X2, A2),
                  .panel = SLOTS(gemm_panel_q8_0, X1, A1), .gemm_group = 32, .gemm_wide = 1,
                  .quantize_row = qs_qrow_q8_0,
-                 .rp = RP_Q8_0(q8_0, 1088, 128, RP_A0)},
+                 .rp = RP_Q8_0(q8_0, 1088, 128, RP_A2)},
     [QS_Q8_1] = {.name = "Q8_1", .elems = 32, .bytes = 36, .act_quantize = qs_quantize_q8_1},
     [QS_IQ4_NL] = {.name = "IQ4_NL", .elems = 32, .bytes = 18, .act = QS_Q8_0,
                    .deq = {qs_deq_iq4_nl}, .dot = SLOTS(dot_iq4_nl, X1, A2),
                    .panel = {qs_gemm_panel_iq4_nl_scalar}, .gemm_group = 32, .gemm_wide = 1,
                    .quantize_row = qs_qrow_iq4_nl,
-                   .rp = RP_Q8_0(iq4_nl, 576, 128, RP_A0)},
+                   .rp = RP_Q8_0(iq4_nl, 576, 128, RP_A2)},
     [QS_MXFP4] = {.name = "MXFP4", .elems = 32, .bytes = 17, .act = QS_Q8_0,
                   .deq = {qs_deq_mxfp4}, .dot = SLOTS(dot_mxfp4, X1, A2),
                   .panel = {qs_gemm_panel_mxfp4_scalar}, .gemm_group = 32,
                   .codes = qs_codes_mxfp4, .code_group = 32, .code_outer = 32,
                   .quantize_row = qs_qrow_mxfp4,
-                  .rp = RP_Q8_0(mxfp4, 576, 128, RP_A0)},
+                  .rp = RP_Q8_0(mxfp4, 576, 128, RP_A2)},
     [QS_NVFP4] = {.name = "NVFP4", .elems = 64, .bytes = 36, .act = QS_Q8_0,
                   .deq = {qs_deq_nvfp4}, .dot = SLOTS(dot_nvfp4, X1, A2),
                   .panel = {qs_gemm_panel_nvfp4_scalar}, .gemm_group = 16,

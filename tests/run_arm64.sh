@@ -182,6 +182,9 @@ run_tests() {
     [ -d "$DIR/site/quantscope" ] || die "installing $whl into $DIR/site failed"
     echo "$stamp" > "$DIR/site/.wheel"
   fi
+  # the console script beside sys.executable, as pip would install it (tests start it from there)
+  printf '#!/bin/sh\nexec "$(dirname "$0")/python3" -m quantscope.cli "$@"\n' > "$DIR/bin/quantscope"
+  chmod +x "$DIR/bin/quantscope" || exit 1
   local sel=("${LANE[@]}")
   [ "$quick" = 1 ] && sel=("${QUICK[@]}")
   local a

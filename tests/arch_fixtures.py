@@ -207,7 +207,9 @@ def _qwen35_recurrent(b: str, rng: np.random.Generator, matrix: Callable[..., No
     matrix(b + "attn_gate.weight", HV * S, E, 0.3)
     w.add_tensor(b + "ssm_conv1d.weight", _normal(rng, (conv, K), 0.5))
     vector(b + "ssm_dt.bias", HV, 0.0, 0.5)
-    w.add_tensor(b + "ssm_a", -np.exp(_normal(rng, (HV,), 0.5)))  # -exp(A_log)
+    # -exp(A_log), in float64 and then rounded: numpy's float32 exp differs by an ulp between CPU families (its
+    # SIMD paths), and the file must be the one llama.cpp read on every platform
+    w.add_tensor(b + "ssm_a", (-np.exp(_normal(rng, (HV,), 0.5).astype(np.float64))).astype(np.float32))
     matrix(b + "ssm_beta.weight", HV, E, 0.3)
     matrix(b + "ssm_alpha.weight", HV, E, 0.3)
     vector(b + "ssm_norm.weight", S)

@@ -160,12 +160,9 @@ def imatrix_arg(path: str | None) -> Any:
 
 
 def peak_rss_mb() -> float:
-    import resource
+    from quantscope.core.bench import peak_rss_bytes
 
-    from quantscope.core.bench import maxrss_bytes, peak_rss_bytes
-
-    peak = peak_rss_bytes() or maxrss_bytes(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-    return peak / 2**20
+    return peak_rss_bytes() / 2**20
 
 
 def isa() -> str:

@@ -42,13 +42,12 @@ def peak_rss_bytes(pid: int | str = "self") -> int:
             for line in fh:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) * 1024
-    except FileNotFoundError:
-        if pid == "self" and not os.path.isdir("/proc/self"):
-            import resource
-
-            return maxrss_bytes(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     except (OSError, ValueError, IndexError):
         pass
+    if pid == "self":
+        import resource
+
+        return maxrss_bytes(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     return 0
 
 

@@ -46,23 +46,35 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_desktop(args: argparse.Namespace) -> int:
     from quantscope.core import desktop
 
+    target = args.os or desktop.host_os()
     try:
-        base = desktop.data_dir(args.prefix)
-        rep = desktop.install(base) if args.action == "install" else desktop.uninstall(base)
+        if target != desktop.host_os() and not args.dry_run:
+            raise desktop.DesktopError(f"--os {target}: this system is {desktop.host_os()}; another system's plan "
+                                       "is only shown, with --dry-run")
+        if args.dry_run:
+            if args.action == "uninstall":
+                raise desktop.DesktopError("--dry-run shows what install would write (uninstall removes only that)")
+            rep = desktop.plan(target, args.prefix)
+        else:
+            rep = desktop.install(args.prefix) if args.action == "install" else desktop.uninstall(args.prefix)
     except desktop.DesktopError as exc:
         raise CLIError(str(exc)) from None
-    if args.action == "install":
-        print(f"Installed the desktop entry, icons and {desktop.MIME_TYPE} under {printable(base)}, starting: "
-              f"{printable(' '.join(rep.command))}")
+    where = printable(rep.data_dir)
+    if args.dry_run:
+        print(f"Would install the desktop integration for {target} under {where}, starting: "
+              f"{printable(' '.join(rep.command))} (nothing written)")
+    elif args.action == "install":
+        what = {"macos": "the app bundle (document type .gguf)", "windows": "the .gguf file association (icon in)"}
+        print(f"Installed {what.get(target, f'the desktop entry, icons and {desktop.MIME_TYPE} under')} {where}, "
+              f"starting: {printable(' '.join(rep.command))}")
     else:
-        print(f"Removed the desktop integration under {printable(base)}" if rep.removed
-              else f"Nothing of quantscope's desktop integration was found under {printable(base)}")
+        print(f"Removed the desktop integration under {where}" if rep.removed
+              else f"Nothing of quantscope's desktop integration was found under {where}")
     for rel in rep.written or rep.removed:
         print(f"  {printable(rel)}")
     for line in rep.kept + rep.tools:
         print(f"  {printable(line)}")
     return 0
-
 
 
 def register(sub: Any) -> None:
@@ -73,8 +85,13 @@ def register(sub: Any) -> None:
     s.add_argument("--verify", action="store_true", help="re-hash cached files")
     s.set_defaults(func=cmd_models)
     s = sub.add_parser("desktop", help="add quantscope to this user's application menu, with its icon and the GGUF "
-                       "file type (install), or take it out again (uninstall)")
+                       "file type (install), or take it out again (uninstall): an XDG menu entry and MIME type on "
+                       "Linux, ~/Applications/Quantscope.app on macOS, the .gguf association under HKCU and a "
+                       "Start-menu shortcut on Windows")
     s.add_argument("action", choices=("install", "uninstall"))
-    s.add_argument("--prefix", help="use DIR/share instead of $XDG_DATA_HOME (default ~/.local/share)",
-                   metavar="DIR")
+    s.add_argument("--prefix", help="Linux: use DIR/share instead of $XDG_DATA_HOME (default ~/.local/share); "
+                   "macOS: DIR/Applications instead of ~/Applications", metavar="DIR")
+    s.add_argument("--dry-run", action="store_true", help="print what install would write, write nothing")
+    s.add_argument("--os", choices=("linux", "macos", "windows"),
+                   help="with --dry-run: show another system's plan (default: this system)")
     s.set_defaults(func=cmd_desktop)

@@ -1,57 +1,39 @@
-"""Per-user desktop integration (``quantscope desktop install|uninstall``).
+"""Per-user desktop integration (``quantscope desktop install|uninstall``): the one place that picks the backend
+for an operating system, and what the backends share.
 
-:func:`install` writes the menu entry (``applications/quantscope.desktop``, its ``Exec`` the running quantscope:
-the console script, or the frozen binary), the icons (hicolor, scalable SVG and 256 px PNG) and the
-``application/x-gguf`` MIME package under the XDG data directory (``$XDG_DATA_HOME``, default
-``~/.local/share``), all at once through temporaries renamed into place, plus a manifest of what it wrote. It then
-runs update-mime-database, update-desktop-database and gtk-update-icon-cache where installed (a missing or failing
-tool is reported, never an error). :func:`uninstall` removes only what the manifest lists and whose content still
-has the SHA-256 recorded there (a file changed since, one reached through a symlinked folder, and everything when
-there is no manifest are left in place), the directories install created once empty, and the caches those tools
-generated in directories install created; elsewhere it runs the tools again.
+Backends (each a module with ``plan``, ``install_for_user`` and ``uninstall_for_user`` taking the ``--prefix``
+value and returning a :class:`Report`):
+
+- ``linux``: :mod:`.desktop_xdg`, a menu entry, icons and the ``application/x-gguf`` type under the XDG data
+  directory;
+- ``macos``: :mod:`.desktop_macos`, ``~/Applications/Quantscope.app`` (or the running app bundle) registered with
+  LaunchServices as the owner of ``.gguf``;
+- ``windows``: :mod:`.desktop_windows`, the ``.gguf`` file association under ``HKCU\\Software\\Classes`` and a
+  Start-menu shortcut.
+
+Other systems get :class:`DesktopError` saying nothing is installed there.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import importlib
 import os
 import shutil
 import stat
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
-from .fsutil import OutputSet, PathRefused, check_input, kind_of
-
-DESKTOP = Path("applications/quantscope.desktop")
-ICON_SVG = Path("icons/hicolor/scalable/apps/quantscope.svg")
-ICON_PNG = Path("icons/hicolor/256x256/apps/quantscope.png")
-MIME = Path("mime/packages/quantscope-gguf.xml")
-MANIFEST = Path("quantscope/desktop-install.json")
-#: installed path -> file under resources/
-SOURCES = {DESKTOP: "quantscope.desktop", ICON_SVG: "icons/quantscope.svg", ICON_PNG: "icons/quantscope.png",
-           MIME: "quantscope-gguf.xml"}
-MIME_NS = "{http://www.freedesktop.org/standards/shared-mime-info}"
+#: operating system -> the module implementing its integration
+BACKENDS = {"linux": "desktop_xdg", "macos": "desktop_macos", "windows": "desktop_windows"}
+APP_NAME = "Quantscope"
 MIME_TYPE = "application/x-gguf"
+TYPE_NAME = "GGUF model file"
 TOOL_TIMEOUT_S = 120
-
-
-def _generated_mime(rel: Path) -> bool:  # the whole mime/ tree but packages/ is update-mime-database's output
-    return rel.parts[0] != "packages"
-
-
-#: directory -> (the tool that refreshes it, its arguments after the directory, which files in it it generates)
-CACHES: dict[Path, tuple[str, tuple[str, ...], Callable[[Path], bool]]] = {
-    Path("mime"): ("update-mime-database", (), _generated_mime),
-    Path("applications"): ("update-desktop-database", (), lambda rel: rel == Path("mimeinfo.cache")),
-    Path("icons/hicolor"): ("gtk-update-icon-cache", ("-q", "-f", "-t"), lambda rel: rel == Path("icon-theme.cache")),
-}
-#: every directory install may create (relative to the data directory; "." is the data directory itself)
-_OUR_DIRS = frozenset(str(d) for p in (*SOURCES, MANIFEST) for d in p.parents)
 
 
 class DesktopError(Exception):
@@ -60,284 +42,164 @@ class DesktopError(Exception):
 
 @dataclass
 class Report:
-    """What :func:`install` or :func:`uninstall` did, for the command line to print."""
+    """What an install or uninstall did (or, for :func:`plan`, would do), for the command line to print.
+
+    ``data_dir``: where it happens (XDG data directory, app bundle, per-user data folder); ``written`` and
+    ``removed``: files (relative to ``data_dir`` when under it) and registry values as text; ``kept``: what was
+    left in place and why; ``tools``: one line per system tool run or skipped."""
 
     data_dir: Path
     command: list[str] = field(default_factory=list)
-    written: list[Path] = field(default_factory=list)
-    removed: list[Path] = field(default_factory=list)
+    written: list[Any] = field(default_factory=list)
+    removed: list[Any] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
     tools: list[str] = field(default_factory=list)
 
 
-def data_dir(prefix: str | os.PathLike[str] | None = None) -> Path:
-    """``PREFIX/share`` when given, else ``$XDG_DATA_HOME`` when set to an absolute path, else ``~/.local/share``."""
-    if prefix is not None:
-        return Path(prefix).expanduser().absolute() / "share"
-    xdg = os.environ.get("XDG_DATA_HOME", "")
-    return Path(xdg) if os.path.isabs(xdg) else Path.home() / ".local" / "share"
+def host_os() -> str:
+    """``linux``, ``macos``, ``windows``, or ``sys.platform`` for any other system."""
+    if sys.platform.startswith("linux"):
+        return "linux"
+    return {"darwin": "macos", "win32": "windows", "cygwin": "windows"}.get(sys.platform, sys.platform)
 
 
-def resources_dir() -> Path:
+def backend(os_name: str | None = None) -> ModuleType:
+    """The integration module for ``os_name`` (default: this system); :class:`DesktopError` for a system without
+    one."""
+    os_name = os_name or host_os()
+    if os_name not in BACKENDS:
+        raise DesktopError(f"desktop integration exists for Linux (XDG menu entry and MIME type), macOS (app bundle) "
+                           f"and Windows (file association); nothing is installed on {os_name}")
+    return importlib.import_module(f"{__package__}.{BACKENDS[os_name]}")
+
+
+def plan(os_name: str | None = None, prefix: str | None = None) -> Report:
+    """What ``install`` would write on ``os_name`` (any of :data:`BACKENDS`, from any system); nothing is
+    written."""
+    return backend(os_name).plan(prefix)
+
+
+def install(prefix: str | None = None) -> Report:
+    """Install this system's integration (see the backends)."""
+    return backend().install_for_user(prefix)
+
+
+def uninstall(prefix: str | None = None) -> Report:
+    """Remove what :func:`install` made on this system (only that)."""
+    return backend().uninstall_for_user(prefix)
+
+
+# --------------------------------------------------------------------------------- shared by the backends
+def resources_dir(needed: str = "quantscope.desktop") -> Path:
     """The folder with the .desktop entry, MIME package and icons: beside the package, or in a frozen app's
     bundle."""
     places = [Path(__file__).resolve().parents[1] / "resources"]
     if getattr(sys, "_MEIPASS", None):
         places.append(Path(sys._MEIPASS) / "resources")  # type: ignore[attr-defined]
     for p in places:
-        if (p / SOURCES[DESKTOP]).is_file():
+        if (p / needed).is_file():
             return p
     raise DesktopError(f"the desktop entry and icons are not installed with this quantscope (looked in "
                        f"{', '.join(map(str, places))})")
 
 
-def launcher() -> list[str]:
-    """The command that starts this quantscope: the frozen binary, the ``quantscope`` script being run or the one
-    beside this Python (a virtual environment's), else ``python -m quantscope.cli``."""
+def icon_pngs() -> list[Path]:
+    """The PNG application icons shipped in resources/icons (the other sizes are made from the largest)."""
+    return sorted((resources_dir() / "icons").glob("quantscope*.png"))
+
+
+def version() -> str:
+    """The installed quantscope's version, or ``0`` when it is not installed as a distribution."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("quantscope")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+def launcher(script: str = "quantscope") -> list[str]:
+    """The command that starts this quantscope: the frozen binary, the ``script`` being run or the one beside
+    this Python (a virtual environment's), else ``python -m quantscope.cli``."""
     if getattr(sys, "frozen", False):
         return [os.path.abspath(sys.executable)]
     argv0 = sys.argv[0] if sys.argv else ""
-    beside = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "quantscope")
+    beside = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), script)
     for cand in (argv0, beside):
-        if os.path.basename(cand) == "quantscope" and os.path.isfile(cand) and os.access(cand, os.X_OK):
+        if os.path.basename(cand) == script and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return [os.path.abspath(cand)]
     return [os.path.abspath(sys.executable), "-m", "quantscope.cli"]
 
 
-def _check_text(arg: str) -> None:
-    if not arg or any(ord(c) < 0x20 or ord(c) == 0x7F for c in arg):
-        raise DesktopError(f"{arg!r} cannot be written in a desktop entry (empty, or a control character)")
-
-
-def exec_arg(arg: str) -> str:
-    """One argument of an ``Exec`` key as the Desktop Entry specification writes it: quoted when it holds a
-    reserved character, ``"`,$,\\`` escaped inside the quotes, ``%`` doubled, then backslashes doubled (the
-    string-value escape)."""
-    _check_text(arg)
-    arg = arg.replace("%", "%%")
-    if any(c in arg for c in " \t\n\"'\\><~|&;$*?#()`"):
-        arg = '"' + "".join("\\" + c if c in '"`$\\' else c for c in arg) + '"'
-    return arg.replace("\\", "\\\\")
-
-
-def desktop_entry(template: str, command: list[str]) -> str:
-    """The template's entry with ``Exec`` running ``command`` on the opened file and ``TryExec`` its program."""
-    for arg in command:
-        _check_text(arg)
-    lines = []
-    for line in template.splitlines():
-        key = line.split("=", 1)[0].strip()
-        if key == "Exec":
-            line = "Exec=" + " ".join(exec_arg(a) for a in command) + " %f"
-        elif key == "TryExec":
-            line = "TryExec=" + command[0].replace("\\", "\\\\")
-        lines.append(line)
-    return "\n".join(lines) + "\n"
-
-
-def _sha256(data: bytes) -> str:
+def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _contents(command: list[str]) -> dict[Path, bytes]:
-    res = resources_dir()
-    out: dict[Path, bytes] = {}
-    for rel, name in SOURCES.items():
-        try:
-            check_input(res / name)
-        except PathRefused as exc:
-            raise DesktopError(str(exc)) from None
-        out[rel] = (res / name).read_bytes()
-    out[DESKTOP] = desktop_entry(out[DESKTOP].decode("utf-8"), command).encode("utf-8")
-    try:
-        root = ET.fromstring(out[MIME])
-    except ET.ParseError as exc:
-        raise DesktopError(f"{res / SOURCES[MIME]}: not valid XML: {exc}") from None
-    if root.find(f"{MIME_NS}mime-type[@type='{MIME_TYPE}']") is None:
-        raise DesktopError(f"{res / SOURCES[MIME]}: does not define {MIME_TYPE}")
-    return out
-
-
-def _read_manifest(base: Path) -> tuple[dict[str, str], set[str]]:
-    """``(file -> sha256, directories created)`` of a previous install, only entries naming our paths (empty when
-    there is no readable manifest)."""
-    try:
-        check_input(base / MANIFEST)
-        raw = json.loads((base / MANIFEST).read_text("utf-8"))
-    except (PathRefused, OSError, ValueError):
-        return {}, set()
-    files = raw.get("files") if isinstance(raw, dict) else None
-    dirs = raw.get("created_dirs") if isinstance(raw, dict) else None
-    names = {str(p) for p in SOURCES}
-    return ({k: v for k, v in files.items() if k in names and isinstance(v, str)} if isinstance(files, dict) else {},
-            {d for d in dirs if isinstance(d, str) and d in _OUR_DIRS} if isinstance(dirs, list) else set())
-
-
-def _refuse_non_regular(path: Path) -> None:
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise DesktopError(f"{path}: cannot use this path: {exc.strerror}") from None
-    if not stat.S_ISREG(mode):
-        what = "a symbolic link" if stat.S_ISLNK(mode) else kind_of(mode)
-        raise DesktopError(f"{path}: is {what}, not a regular file; remove it first")
-
-
-def _tool_env() -> dict[str, str]:
-    """The environment for system tools: a frozen app's bootloader points LD_LIBRARY_PATH at the bundle, which
-    must not leak into them (it keeps the original in LD_LIBRARY_PATH_ORIG)."""
-    env = dict(os.environ)
-    if getattr(sys, "frozen", False):
-        orig = env.pop("LD_LIBRARY_PATH_ORIG", None)
-        if orig is None:
-            env.pop("LD_LIBRARY_PATH", None)
-        else:
-            env["LD_LIBRARY_PATH"] = orig
-    return env
-
-
-def _run_tool(base: Path, folder: Path) -> str:
-    """Run the tool that refreshes ``base/folder``; one line saying what happened (never raises)."""
-    name, args, _ = CACHES[folder]
-    exe = shutil.which(name)
-    if exe is None:
-        return f"{name}: not installed (skipped)"
-    try:
-        r = subprocess.run([exe, *args, str(base / folder)], capture_output=True, text=True, timeout=TOOL_TIMEOUT_S,
-                           env=_tool_env(), stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"{name}: could not run: {exc}"
-    if r.returncode != 0:
-        why = (r.stderr.strip().splitlines() or [""])[-1]
-        return f"{name}: failed (exit status {r.returncode}){': ' + why if why else ''}"
-    return f"{name}: updated {base / folder}"
-
-
-def install(base: Path, command: list[str] | None = None) -> Report:
-    """Install the entry, icons and MIME package under the data directory ``base`` (see the module docstring)."""
-    base = Path(base)
-    command = command or launcher()
-    contents = _contents(command)
-    for rel in (*contents, MANIFEST):
-        _refuse_non_regular(base / rel)
-    created = _read_manifest(base)[1] | {d for d in _OUR_DIRS if not (base / d).exists()}
-    manifest = {"format": 1, "command": command,
-                "files": {str(rel): _sha256(data) for rel, data in contents.items()},
-                "created_dirs": sorted(created)}
-    contents[MANIFEST] = (json.dumps(manifest, indent=1) + "\n").encode("utf-8")
-    try:
-        with OutputSet([(str(rel), base / rel) for rel in contents], make_dirs=True) as out:
-            for rel, data in contents.items():
-                out.write_bytes(str(rel), data)
-            out.commit()
-    except (PathRefused, OSError) as exc:
-        raise DesktopError(f"cannot install into {base}: {exc}") from None
-    rep = Report(base, command, written=list(contents))
-    rep.tools = [_run_tool(base, folder) for folder in CACHES]
-    return rep
-
-
-def _files_under(root: Path) -> list[Path] | None:
-    """Every non-directory entry under ``root`` (relative), or None when a symbolic link to a directory is met."""
-    found: list[Path] = []
-    for top, dirs, files in os.walk(root):
-        if any(os.path.islink(os.path.join(top, d)) for d in dirs):
-            return None
-        found += [Path(top, f).relative_to(root) for f in files]
-    return found
-
-
-def _through_link(base: Path, rel: Path) -> bool:
-    """Whether a folder between ``base`` and ``base/rel`` (``rel`` itself excluded) is a symbolic link: what lies
-    beyond it is not under ``base`` and is never removed."""
-    cur = base
-    for part in rel.parts[:-1]:
-        cur = cur / part
-        if cur.is_symlink():
-            return True
-    return False
-
-
 #: larger than any file install writes: a file this big is not ours
-_MAX_OURS = 1 << 22
+MAX_OURS = 1 << 22
 
 
-def _read_ours(path: Path) -> bytes | None:
+def read_ours(path: Path) -> bytes | None:
     """The bytes of the regular file ``path`` (not through a final symlink, never blocking), or None."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        if os.path.islink(path):
+            return None
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_OURS:
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_OURS:
             return None
         with os.fdopen(os.dup(fd), "rb") as fp:
-            return fp.read(_MAX_OURS + 1)
+            return fp.read(MAX_OURS + 1)
     except OSError:
         return None
     finally:
         os.close(fd)
 
 
-def uninstall(base: Path) -> Report:
-    """Remove what :func:`install` wrote under ``base`` (see the module docstring): only files the manifest lists
-    whose content still has the hash it recorded, never through a symlinked folder; without a manifest nothing is
-    removed (``Report.kept`` says so)."""
-    base = Path(base)
-    rep = Report(base)
-    have_manifest = (not _through_link(base, MANIFEST) and (base / MANIFEST).is_file()
-                     and not (base / MANIFEST).is_symlink())
-    hashes, created = _read_manifest(base) if have_manifest else ({}, set())
-    for rel in SOURCES:
-        path = base / rel
-        try:
-            mode = os.lstat(path).st_mode
-        except OSError:
-            continue
-        if _through_link(base, rel):
-            rep.kept.append(f"{path}: reached through a symbolic link to a folder (left in place)")
-            continue
-        if not stat.S_ISREG(mode):
-            rep.kept.append(f"{path}: not a regular file (left in place)")
-            continue
-        if str(rel) not in hashes:
-            rep.kept.append(f"{path}: not listed in an install manifest (left in place)")
-            continue
-        data = _read_ours(path)
-        if data is None or _sha256(data) != hashes[str(rel)]:
-            rep.kept.append(f"{path}: changed since it was installed (left in place)")
-            continue
-        path.unlink()
-        rep.removed.append(rel)
-    if not have_manifest:
-        rep.kept.append(f"no install manifest at {base / MANIFEST}: nothing was removed (files of a quantscope "
-                        "install made elsewhere or by hand stay; remove them yourself)")
-        return rep
-    (base / MANIFEST).unlink()
-    rep.removed.append(MANIFEST)
-    refresh = []
-    for folder, (_, _, generated) in CACHES.items():
-        root = base / folder
-        if not root.is_dir() or root.is_symlink() or _through_link(base, folder / "x"):
-            continue
-        left = _files_under(root)
-        if str(folder) in created and left is not None and all(generated(f) for f in left):
-            for f in left:  # only caches generated from what we installed: the folder was ours
-                (root / f).unlink()
-            for top, _dirs, _files in sorted(os.walk(root), key=lambda t: -len(Path(t[0]).parts)):
-                if Path(top) != root:
-                    Path(top).rmdir()
-        else:
-            refresh.append(folder)
-    for d in sorted(created, key=lambda d: -len(Path(d).parts)):
-        if d != "." and _through_link(base, Path(d) / "x"):
-            continue
-        try:
-            (base / d).rmdir()  # only when empty
-        except OSError:
-            pass
-    rep.tools = [_run_tool(base, folder) for folder in refresh if (base / folder).is_dir()]
-    return rep
+def tool_env() -> dict[str, str]:
+    """The environment for system tools: a frozen app's bootloader points LD_LIBRARY_PATH at the bundle, which
+    must not leak into them (it keeps the original in LD_LIBRARY_PATH_ORIG)."""
+    env = dict(os.environ)
+    if getattr(sys, "frozen", False):
+        for var in ("LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH"):
+            orig = env.pop(var + "_ORIG", None)
+            if orig is None:
+                env.pop(var, None)
+            else:
+                env[var] = orig
+    return env
+
+
+def run_tool(name: str, argv: list[str], done: str, exe: str | None = None, env: dict[str, str] | None = None) -> str:
+    """Run the system tool ``name`` (``exe``, else found on PATH) with ``argv`` and ``env`` added to the
+    environment; one line saying what happened (``done`` on success), never raises."""
+    exe = exe if exe is not None else shutil.which(name)
+    if exe is None or not os.path.isfile(exe):
+        return f"{name}: not installed (skipped)"
+    try:
+        r = subprocess.run([exe, *argv], capture_output=True, text=True, timeout=TOOL_TIMEOUT_S,
+                           env={**tool_env(), **(env or {})},
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{name}: could not run: {exc}"
+    if r.returncode != 0:
+        why = (r.stderr.strip().splitlines() or [""])[-1]
+        return f"{name}: failed (exit status {r.returncode}){': ' + why if why else ''}"
+    return f"{name}: {done}"
+
+
+def __getattr__(name: str) -> Any:
+    """``macos_info_plist``, ``write_icns`` and ``write_ico`` for packaging/quantscope.spec (imported lazily)."""
+    if name == "macos_info_plist":
+        from .desktop_macos import macos_info_plist
+
+        return macos_info_plist
+    if name in ("write_icns", "write_ico"):
+        from . import desktop_icons
+
+        return getattr(desktop_icons, name)
+    raise AttributeError(name)

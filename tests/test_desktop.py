@@ -1,5 +1,6 @@
-"""Packaging: `quantscope desktop install|uninstall` (XDG menu entry, icons, MIME type), the PyInstaller spec's
-hidden imports, and where a frozen app finds the CUDA library."""
+"""Packaging: `quantscope desktop install|uninstall` (Linux: XDG menu entry, icons, MIME type; macOS: the app
+bundle, its Info.plist and .icns; Windows: the HKCU association as data, the .ico), the PyInstaller spec's hidden
+imports, and where a frozen app finds the CUDA library."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "resources"
 TOOLS = ("update-mime-database", "update-desktop-database", "gtk-update-icon-cache")
 NS = xdg.MIME_NS
+#: tests that run /bin/sh scripts or make symbolic links (neither is there on a stock Windows)
+posix_only = pytest.mark.skipif(sys.platform == "win32", reason="needs /bin/sh scripts and symbolic links")
 
 
 def snapshot(base: Path) -> dict[str, bytes | None]:
@@ -162,6 +165,7 @@ def test_uninstall_keeps_a_file_changed_since_install(tmp_path, no_tools, fake_e
     assert snapshot(base).keys() == {"applications", "applications/quantscope.desktop"}
 
 
+@posix_only
 def test_install_refuses_a_symlink_target_and_writes_nothing(tmp_path, no_tools, fake_exe):
     base = tmp_path / "share"
     victim = tmp_path / "victim.txt"
@@ -208,6 +212,7 @@ def test_uninstall_removes_only_files_the_manifest_lists(tmp_path, no_tools, fak
     assert not (base / xdg.DESKTOP).exists()  # the listed, unchanged ones go
 
 
+@posix_only
 def test_uninstall_never_follows_a_symlinked_folder(tmp_path, no_tools, fake_exe):
     """Install, then the applications folder is swapped for a link to elsewhere holding an identical entry: the
     file beyond the link is not under the data directory and stays."""
@@ -222,6 +227,7 @@ def test_uninstall_never_follows_a_symlinked_folder(tmp_path, no_tools, fake_exe
     assert (base / "applications").is_symlink()
 
 
+@posix_only
 def test_tools_run_on_their_folders_and_a_failing_tool_is_reported(tmp_path, monkeypatch, fake_exe):
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -401,6 +407,7 @@ def test_backend_per_os_and_a_plain_refusal_elsewhere(monkeypatch, capsys):
 def test_dry_run_shows_each_systems_plan_and_writes_nothing(tmp_path, monkeypatch, capsys):
     home = tmp_path / "home"
     monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("USERPROFILE", str(home))  # Path.home() on Windows
     monkeypatch.delenv("XDG_DATA_HOME", raising=False)
     for var in ("LOCALAPPDATA", "APPDATA"):
         monkeypatch.delenv(var, raising=False)
@@ -411,11 +418,12 @@ def test_dry_run_shows_each_systems_plan_and_writes_nothing(tmp_path, monkeypatc
         assert outs[name].startswith(f"Would install the desktop integration for {name} under ")
     assert not home.exists()  # nothing written for any system
     assert "  applications/quantscope.desktop\n" in outs["linux"]
-    assert f"under {home}/Applications/Quantscope.app" in outs["macos"]
+    assert f"under {home / 'Applications' / 'Quantscope.app'}," in outs["macos"]
     assert "  Contents/Info.plist\n" in outs["macos"] and "  Contents/Resources/quantscope.icns\n" in outs["macos"]
     assert "  HKCU\\Software\\Classes\\.gguf (default) = Quantscope.gguf\n" in outs["windows"]
     assert "  HKCU\\Software\\Classes\\.gguf\\OpenWithProgids Quantscope.gguf = (empty)\n" in outs["windows"]
-    assert "Start Menu/Programs/Quantscope.lnk\n" in outs["windows"]
+    assert f"  {home / 'AppData' / 'Roaming' / 'Microsoft' / 'Windows' / 'Start Menu' / 'Programs'}" \
+           f"{os.sep}Quantscope.lnk\n" in outs["windows"]
     # another system's plan only as a dry run; --prefix means nothing on Windows
     assert main(["desktop", "install", "--os", "windows"]) == 2
     assert "only shown, with --dry-run" in capsys.readouterr().err
@@ -547,6 +555,7 @@ def test_info_plist_declares_and_owns_the_gguf_type():
     assert uti["UTTypeTagSpecification"]["public.filename-extension"] == ["gguf"]
 
 
+@posix_only
 def test_macos_bundle_install_runs_and_uninstall_leaves_nothing(tmp_path, monkeypatch):
     import plistlib
 
@@ -556,8 +565,11 @@ def test_macos_bundle_install_runs_and_uninstall_leaves_nothing(tmp_path, monkey
     rep = desktop_macos.install_for_user()
     app = home / "Applications" / "Quantscope.app"
     assert rep.data_dir == app
-    assert rep.tools == [f"lsregister: not found at {desktop_macos.LSREGISTER} (skipped; Finder registers the app "
-                         "when it sees it)"]
+    if os.path.isfile(desktop_macos.LSREGISTER):  # on macOS: registered with LaunchServices for real
+        assert rep.tools == [f"lsregister: registered {app}"]
+    else:
+        assert rep.tools == [f"lsregister: not found at {desktop_macos.LSREGISTER} (skipped; Finder registers the "
+                             "app when it sees it)"]
     info = plistlib.loads((app / "Contents" / "Info.plist").read_bytes())
     assert info == desktop.macos_info_plist("quantscope", desktop.version())
     assert (app / "Contents" / "PkgInfo").read_bytes() == b"APPL????"
@@ -588,6 +600,7 @@ def test_macos_leaves_a_bundle_it_did_not_make(tmp_path):
     assert rep.removed == [] and "left in place" in rep.kept[0] and snapshot(tmp_path) == before
 
 
+@posix_only
 def test_macos_uninstall_keeps_a_changed_file_and_runs_lsregister(tmp_path):
     apps, log = tmp_path / "Applications", tmp_path / "calls.log"
     tool = tmp_path / "lsregister"
@@ -606,6 +619,7 @@ def test_macos_uninstall_keeps_a_changed_file_and_runs_lsregister(tmp_path):
     assert not (app / "Contents" / "MacOS").exists()
 
 
+@posix_only
 def test_macos_frozen_app_is_registered_and_linked(tmp_path, monkeypatch):
     home, bundle = tmp_path / "home", tmp_path / "Downloads" / "Quantscope.app"
     (bundle / "Contents" / "MacOS").mkdir(parents=True)
@@ -712,3 +726,19 @@ def test_windows_uninstall_leaves_values_changed_since(tmp_path, no_tools):
     desktop_windows.uninstall(reg2, argv, tmp_path / "none")
     assert {k: v for k, v in reg2.keys.items() if v} == {
         "Software\\Classes\\Quantscope.gguf\\shell\\open\\command": {"": "someone else"}}
+
+
+@pytest.mark.skipif(sys.platform != "win32", reason="the Windows registry")
+def test_winreg_registry_sets_reads_and_prunes_under_hkcu():
+    reg = desktop_windows.WinRegistry()
+    key = "Software\\QuantscopeTest46\\sub\\key"
+    reg.set(key, "", "value")
+    reg.set(key, "Named", "other")
+    assert reg.get(key, "") == "value" and reg.get(key, "Named") == "other" and reg.get(key, "none") is None
+    assert not reg.delete_key_if_empty(key)
+    reg.delete_value(key, "")
+    reg.delete_value(key, "Named")
+    assert not reg.delete_key_if_empty("Software\\QuantscopeTest46")  # has a subkey
+    for k in (key, "Software\\QuantscopeTest46\\sub", "Software\\QuantscopeTest46"):
+        assert reg.delete_key_if_empty(k)
+    assert reg.get(key, "") is None

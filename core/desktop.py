@@ -91,8 +91,8 @@ def uninstall(prefix: str | None = None) -> Report:
 
 # --------------------------------------------------------------------------------- shared by the backends
 def resources_dir(needed: str = "quantscope.desktop") -> Path:
-    """The folder with the .desktop entry, MIME package and icons: beside the package, or in a frozen app's
-    bundle."""
+    """The folder with the .desktop entry, MIME package and icons (the first holding ``needed``): beside the
+    package, or in a frozen app's bundle."""
     places = [Path(__file__).resolve().parents[1] / "resources"]
     if getattr(sys, "_MEIPASS", None):
         places.append(Path(sys._MEIPASS) / "resources")  # type: ignore[attr-defined]
@@ -105,7 +105,7 @@ def resources_dir(needed: str = "quantscope.desktop") -> Path:
 
 def icon_pngs() -> list[Path]:
     """The PNG application icons shipped in resources/icons (the other sizes are made from the largest)."""
-    return sorted((resources_dir() / "icons").glob("quantscope*.png"))
+    return sorted((resources_dir("icons/quantscope.png") / "icons").glob("quantscope*.png"))
 
 
 def version() -> str:

@@ -742,3 +742,21 @@ def test_winreg_registry_sets_reads_and_prunes_under_hkcu():
     for k in (key, "Software\\QuantscopeTest46\\sub", "Software\\QuantscopeTest46"):
         assert reg.delete_key_if_empty(k)
     assert reg.get(key, "") is None
+
+
+@posix_only
+def test_cli_install_and_uninstall_as_on_macos(tmp_path, monkeypatch, capsys):
+    """`quantscope desktop install|uninstall` where sys.platform says darwin: the bundle in ~/Applications."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(sys, "platform", "darwin")
+    app = home / "Applications" / "Quantscope.app"
+    assert main(["desktop", "install"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"Installed the app bundle (document type .gguf) {app}, starting: ")
+    assert "  Contents/Info.plist\n" in out and "  lsregister: " in out
+    assert (app / "Contents" / "Info.plist").is_file()
+    assert main(["desktop", "uninstall"]) == 0
+    assert capsys.readouterr().out.startswith(f"Removed the desktop integration under {app}\n")
+    assert list(home.iterdir()) == []

@@ -5,50 +5,17 @@ from __future__ import annotations
 import gc
 import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import fsutil
 from .gguf import GGUFFile
-
-
-def rss_bytes() -> int:
-    """Current resident set size of this process (Linux ``/proc``, macOS ``ps``; 0 elsewhere)."""
-    try:
-        if sys.platform == "darwin":
-            out = subprocess.run(["ps", "-o", "rss=", "-p", str(os.getpid())], capture_output=True, text=True,
-                                 timeout=10).stdout
-            return int(out.strip() or 0) * 1024
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-        return 0
-
-
-def maxrss_bytes(ru_maxrss: int) -> int:
-    """A ``ru_maxrss`` (getrusage, wait4) in bytes: macOS counts bytes, Linux and the BSDs KiB."""
-    return ru_maxrss if sys.platform == "darwin" else ru_maxrss * 1024
-
-
-def peak_rss_bytes(pid: int | str = "self") -> int:
-    """Peak resident set size of a process since its exec (``VmHWM``; 0 when unknown or gone). Not ``ru_maxrss``:
-    Linux carries that across fork and exec, so a child of a large process reports the parent's size. Without
-    /proc (macOS) this process's own ``ru_maxrss``, and 0 for another process (see :func:`child_peak_rss`)."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    if pid == "self":
-        import resource
-
-        return maxrss_bytes(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
-    return 0
+from .sysinfo import maxrss_bytes as maxrss_bytes
+from .sysinfo import peak_rss_bytes as peak_rss_bytes
+from .sysinfo import reset_peak_rss
+from .sysinfo import rss_bytes as rss_bytes
 
 
 def child_peak_rss(polled: float, ru_maxrss: int) -> float:
@@ -286,33 +253,11 @@ def render_kernels(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _peak_rss_reset() -> bool:
-    """Reset the kernel's peak-RSS counter for this process (Linux >= 4.0)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _status_kb(field: str) -> int:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def bench_convert(gguf: Path, out_dir: Path, repeat: int = 3, context: int | None = None,
                   profile: str = "ckernel") -> dict[str, Any]:
     """Conversion time, MB/s and peak RSS growth, interleaved in one run with SHA-256 of the output size and a
     copy (+fsync) of it: the two floors a conversion can approach."""
     import hashlib
-    import os
     import shutil
 
     from .bump import ConvertJob
@@ -324,13 +269,13 @@ def bench_convert(gguf: Path, out_dir: Path, repeat: int = 3, context: int | Non
     size = 0
     for _ in range(repeat):
         gc.collect()
-        base = _status_kb("VmRSS")
+        base = rss_bytes()
         out.unlink(missing_ok=True)  # both peers write a fresh file
-        reset = _peak_rss_reset()
+        reset = reset_peak_rss()  # Linux only: elsewhere the growth is NaN
         t0 = time.perf_counter()
         res = ConvertJob(gguf, out, profile=profile, context=context).run()
         conv_t.append(time.perf_counter() - t0)
-        rss.append((_status_kb("VmHWM") - base) / 1024 if reset else float("nan"))
+        rss.append((peak_rss_bytes() - base) / 2**20 if reset else float("nan"))
         size = res.size
         with open(out, "rb") as fh:  # untimed: both floors start from a page-cache-resident file
             while fh.read(8 << 20):
@@ -344,7 +289,7 @@ def bench_convert(gguf: Path, out_dir: Path, repeat: int = 3, context: int | Non
         hash_t.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         shutil.copyfile(out, copy)
-        fd = os.open(copy, os.O_RDONLY)
+        fd = os.open(copy, fsutil.O_READWRITE)  # Windows syncs only a descriptor open for writing
         os.fsync(fd)
         os.close(fd)
         copy_t.append(time.perf_counter() - t0)

@@ -85,13 +85,36 @@ def _run(*cmd: str) -> str:
         return ""
 
 
+def clean_name(text: object) -> str | None:
+    """A CPU name as the OS stores it with its padding removed (Windows' ``ProcessorNameString`` and macOS'
+    brand string may carry runs of spaces); None when nothing is left."""
+    return " ".join(str(text).split()) or None
+
+
+def _windows_cpu_name() -> str | None:
+    """Windows: ``ProcessorNameString`` of ``HKLM\\HARDWARE\\DESCRIPTION\\System\\CentralProcessor\\0``."""
+    if sys.platform != "win32":
+        return None
+    try:
+        import winreg
+
+        with winreg.OpenKey(winreg.HKEY_LOCAL_MACHINE, r"HARDWARE\DESCRIPTION\System\CentralProcessor\0") as key:
+            value, _kind = winreg.QueryValueEx(key, "ProcessorNameString")
+    except (ImportError, OSError):
+        return None
+    return clean_name(value)
+
+
 @functools.cache
 def cpu_name() -> str:
     """This CPU's name: /proc/cpuinfo on Linux (``lscpu`` where it names no core this module knows), ``sysctl
-    machdep.cpu.brand_string`` on macOS ("Apple M2 Pro"), else what ``platform`` says."""
+    machdep.cpu.brand_string`` on macOS ("Apple M2 Pro"), the registry's ``ProcessorNameString`` on Windows
+    ("AMD Ryzen 7 7840U w/ Radeon 780M Graphics"), else what ``platform`` says."""
     name = None
     if sys.platform == "darwin":
-        name = _run("sysctl", "-n", "machdep.cpu.brand_string").strip() or None
+        name = clean_name(_run("sysctl", "-n", "machdep.cpu.brand_string"))
+    elif sys.platform == "win32":
+        name = _windows_cpu_name()
     elif sys.platform.startswith("linux"):
         try:
             with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
@@ -100,7 +123,7 @@ def cpu_name() -> str:
             pass
         if name is None or " part 0x" in name:
             name = parse_lscpu(_run("lscpu")) or name
-    return name or platform.processor() or platform.machine() or "unknown CPU"
+    return name or clean_name(platform.processor()) or platform.machine() or "unknown CPU"
 
 
 def isa() -> str:

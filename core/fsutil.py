@@ -15,6 +15,16 @@ The input set: inside :func:`input_scope` (the CLI runs every verb in one) each 
 :func:`check_input` / :func:`open_input` is remembered with its real path and device/inode, and every
 :class:`OutputSet` of that scope refuses to write over any of them, whichever writer it is. Inputs given to an
 :class:`OutputSet` explicitly count with every shard their name says they belong to.
+
+Per OS (this module is the file-safety seam; :mod:`.sysinfo` holds the other OS facts): the ``open`` flags that
+only some systems have are the module constants :data:`O_BINARY`, :data:`O_NONBLOCK`, … (0 where absent, so
+``os.open`` never meets an ``AttributeError``; every descriptor is opened ``O_BINARY`` on Windows, where ``os.open``
+would otherwise translate line ends). Linux writes ``O_TMPFILE`` files and links them with ``linkat``; macOS,
+Windows and filesystems without it use the named hidden temporary. Windows replaces an existing target with
+``os.replace`` too, but not one another program has open, nor a read-only one: both are refused with one line
+(:class:`TargetInUse`), as are names Windows forbids (:func:`windows_name_problem`; :func:`portable_name` makes a
+name from data valid everywhere). Directories are synced only on POSIX. :func:`pread` / :func:`pwrite` /
+:func:`pread_into` are positional I/O everywhere (Windows has no ``pread``).
 """
 
 from __future__ import annotations
@@ -25,18 +35,37 @@ import os
 import re
 import secrets
 import stat
+import sys
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from . import sysinfo
 from .shardnames import sibling_shards
+
+WINDOWS = sys.platform == "win32"
+LINUX = sys.platform.startswith("linux")
+
+#: ``open`` flags that exist on some systems only, 0 where absent: Windows has just ``O_BINARY`` (and needs it:
+#: without it ``os.open`` gives a text-mode descriptor); POSIX has the others (``O_CLOEXEC`` is what Python's
+#: ``os.open`` adds by itself; it stays spelled out)
+O_BINARY: int = getattr(os, "O_BINARY", 0)
+O_CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
+O_NONBLOCK: int = getattr(os, "O_NONBLOCK", 0)
+O_NOCTTY: int = getattr(os, "O_NOCTTY", 0)
+O_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
+O_DIRECTORY: int = getattr(os, "O_DIRECTORY", 0)
+#: read-only and read-write descriptors of binary files, on every OS
+O_READ = os.O_RDONLY | O_BINARY | O_CLOEXEC
+O_READWRITE = os.O_RDWR | O_BINARY | O_CLOEXEC
+#: tests switch this off to exercise the named-temporary path Linux shares with every other OS
+USE_O_TMPFILE = True
 
 #: our temporaries' names: ``.NAME.quantscope-tmp-PID-TOKEN`` (``bak`` for the backup of a replaced file); the
 #: token is 12 random hex digits, so no name a person or another program gives a file matches by chance
 TEMP_MARK = "quantscope-"
 _TEMP_RE = re.compile(r"^\..+\.quantscope-(?:tmp|bak)-([1-9][0-9]{0,9})-[0-9a-f]{12}$")
-#: Linux's largest PID (``pid_max`` is at most 2**22)
-_PID_MAX = 1 << 22
 #: at most this many characters of the target's name go into a temporary's name (NAME_MAX is 255 bytes)
 _NAME_KEEP = 64
 
@@ -115,14 +144,15 @@ def open_input(path: str | os.PathLike[str]) -> int:
     Raises :class:`PathRefused` for anything but an existing, readable regular file."""
     check_input(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        fd = os.open(path, O_READ | O_NONBLOCK | O_NOCTTY)
     except OSError as exc:
         raise PathRefused(f"{os.fspath(path)}: cannot read: {exc.strerror}") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):  # swapped between the stat and the open
         os.close(fd)
         raise PathRefused(f"{os.fspath(path)}: is {kind_of(st.st_mode)}, not a regular file")
-    os.set_blocking(fd, True)
+    if O_NONBLOCK and hasattr(os, "set_blocking"):  # POSIX: reads of the regular file block as usual again
+        os.set_blocking(fd, True)
     return fd
 
 
@@ -156,16 +186,8 @@ def read_text_input(path: str | os.PathLike[str], label: str, max_bytes: int = M
 
 
 def _pid_alive(pid: int) -> bool:
-    """Whether ``pid`` may be a running process (anything odd, a PID beyond Linux's range included: yes)."""
-    if pid == os.getpid() or not 0 < pid <= _PID_MAX:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (OSError, OverflowError, ValueError):  # EPERM: alive, someone else's
-        return True
-    return True
+    """Whether ``pid`` may be a running process (anything odd, a PID beyond the OS's range included: yes)."""
+    return sysinfo.pid_running(pid)
 
 
 def is_stale_temp(name: str) -> bool:
@@ -209,8 +231,12 @@ def _same(a: os.stat_result, b: os.stat_result) -> bool:
 
 
 def _fsync_dir(path: Path) -> None:
+    """Sync a folder's entries (POSIX; Windows cannot open a directory as a descriptor, and NTFS journals the
+    rename itself)."""
+    if WINDOWS:
+        return
     try:
-        dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        dfd = os.open(path, os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)
     except OSError:
         return
     try:
@@ -219,6 +245,47 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(dfd)
+
+
+def _link_unnamed(fd: int, name: Path) -> Path:
+    """Linux: give the ``O_TMPFILE`` file behind ``fd`` the name ``name`` (``linkat`` of ``/proc/self/fd/N``)."""
+    if not LINUX:
+        raise OSError(errno.ENOTSUP, "unnamed temporaries exist on Linux only")
+    dfd = os.open(name.parent, os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    try:  # an explicit dir fd makes os.link use linkat(..., AT_SYMLINK_FOLLOW)
+        os.link(f"/proc/self/fd/{fd}", name.name, dst_dir_fd=dfd, follow_symlinks=True)
+    finally:
+        os.close(dfd)
+    return name
+
+
+def _hard_link(src: Path, dst: Path) -> None:
+    """A second name for the regular file ``src`` (its symlink not followed on POSIX; Windows' CreateHardLink
+    takes no such choice, and ``src`` is a resolved path there)."""
+    if WINDOWS:
+        os.link(src, dst)
+    else:
+        os.link(src, dst, follow_symlinks=False)
+
+
+class TargetInUse(PermissionError):
+    """Windows would not replace an output: another program has the file open (or it became read-only). The
+    message is one line naming the file."""
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+def _replace(src: Path, dst: Path) -> None:
+    """``os.replace``; on Windows a target open elsewhere (or read-only) raises :class:`TargetInUse` with a
+    one-line reason instead of a bare "Access is denied"."""
+    try:
+        os.replace(src, dst)
+    except PermissionError as exc:
+        if not WINDOWS:
+            raise
+        raise TargetInUse(exc.errno, "another program has this file open (or it is read-only), and Windows does "
+                          "not replace such a file; close it there and try again", os.fspath(dst)) from None
 
 
 def _input_set(inputs: Iterable[str | os.PathLike[str]],
@@ -286,6 +353,8 @@ class OutputSet:
             if not given or given.endswith((os.sep, "/")) or given.endswith((os.sep + ".", "/.")) or op.name in (
                     "", ".", ".."):
                 raise PathRefused(f"{label} {given!r}: not a file name")
+            if WINDOWS and (problem := windows_name_problem(op.name)):
+                raise PathRefused(f"{label} {op}: {problem}")
             real = Path(os.path.realpath(op))
             try:
                 ost: os.stat_result | None = os.stat(real)
@@ -299,6 +368,9 @@ class OutputSet:
             if ost is not None and not stat.S_ISREG(ost.st_mode):
                 raise PathRefused(f"{label} {op}: is {kind_of(ost.st_mode)}; an output must be a regular file "
                                   "or not exist yet")
+            if WINDOWS and ost is not None and not ost.st_mode & stat.S_IWRITE:
+                raise PathRefused(f"{label} {op}: is read-only, and Windows does not replace a read-only file; "
+                                  "clear its read-only attribute or choose another output path")
             for ip, ireal, ikey in ins:
                 if str(real) == ireal or (ost is not None and ikey == (ost.st_dev, ost.st_ino)):
                     raise PathRefused(f"{label} {op}: is the input file {ip}; choose another output path")
@@ -334,15 +406,15 @@ class OutputSet:
         if self._make_dirs:
             folder.mkdir(parents=True, exist_ok=True)
         clean_stale_temps(folder)
-        if hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd"):
-            try:
-                o.fd = os.open(folder, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o644)
+        if LINUX and USE_O_TMPFILE and hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd"):
+            try:  # Linux: an unnamed file, linked in at commit (nothing to clean up after a kill -9)
+                o.fd = os.open(folder, os.O_TMPFILE | O_READWRITE, 0o644)
                 return o.fd
             except OSError as exc:
                 if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
                     raise
-        o.named = temp_name(o.target)
-        o.fd = os.open(o.named, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        o.named = temp_name(o.target)  # every other OS and filesystem: a hidden named temporary
+        o.fd = os.open(o.named, O_READWRITE | os.O_CREAT | os.O_EXCL, 0o644)
         return o.fd
 
     def write_text(self, label: str, text: str) -> None:
@@ -371,14 +443,8 @@ class OutputSet:
                                   "or not exist yet")
         for o in self._outs:
             os.fsync(o.fd)
-            if o.named is None:  # give the unnamed file a (hidden) name in its folder
-                name = temp_name(o.target)
-                dfd = os.open(name.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                try:  # an explicit dir fd makes os.link use linkat(..., AT_SYMLINK_FOLLOW)
-                    os.link(f"/proc/self/fd/{o.fd}", name.name, dst_dir_fd=dfd, follow_symlinks=True)
-                finally:
-                    os.close(dfd)
-                o.named = name
+            if o.named is None:  # Linux's O_TMPFILE: give the unnamed file a (hidden) name in its folder
+                o.named = _link_unnamed(o.fd, temp_name(o.target))
             os.close(o.fd)
             o.fd = -1
         try:
@@ -387,13 +453,13 @@ class OutputSet:
                     o.existed = True
                     bak = temp_name(o.target, "bak")
                     try:  # a second name keeps the old content until every rename succeeded
-                        os.link(o.target, bak, follow_symlinks=False)
+                        _hard_link(o.target, bak)
                         o.backup = bak
-                    except OSError:  # no hard links here: that file cannot be restored
+                    except (OSError, NotImplementedError):  # no hard links here: that file cannot be restored
                         pass
             for o in self._outs:
                 assert o.named is not None
-                os.replace(o.named, o.target)
+                _replace(o.named, o.target)
                 o.named = None
                 o.replaced = True
         except BaseException:
@@ -444,6 +510,133 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, label: str = "
         out.write_bytes(label, data.encode("utf-8") if isinstance(data, str) else data)
         out.commit()
         return out.target(label)
+
+
+# ------------------------------------------------------------------------------------ file names on every OS
+#: device names Windows reserves in every folder, with any extension (``NUL.txt`` too)
+WINDOWS_RESERVED = frozenset({"CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$",
+                              *(f"{dev}{n}" for dev in ("COM", "LPT") for n in (*"0123456789", "\u00b9",
+                                                                                  "\u00b2", "\u00b3"))})
+#: characters no Windows file name may hold (besides the controls U+0000..U+001F)
+WINDOWS_FORBIDDEN_CHARS = '<>:"/\\|?*'
+#: the longest file name: 255 UTF-16 units on Windows (NTFS) and macOS (APFS), 255 bytes on Linux
+NAME_MAX = 255
+_BAD_CHAR = re.compile('[<>:"/\\\\|?*\x00-\x1f\x7f]')
+
+
+def windows_name_problem(name: str) -> str | None:
+    """Why Windows cannot have a file named ``name`` (one path component), in words; None when it can. Checked
+    on every OS, so that names made from data can be tested here."""
+    if name in ("", ".", ".."):
+        return "is not a file name"
+    bad = next((c for c in name if c in WINDOWS_FORBIDDEN_CHARS or ord(c) < 32), None)
+    if bad is not None:
+        return f"contains {bad!r}, which Windows does not allow in a file name"
+    if name[-1] in ". ":
+        return "ends with a dot or a space, which Windows drops from a file name"
+    if name.split(".")[0].rstrip(" ").upper() in WINDOWS_RESERVED:
+        return f"{name.split('.')[0].rstrip(' ')!r} is a device name Windows reserves in every folder"
+    if len(name.encode("utf-16-le")) // 2 > NAME_MAX:
+        return f"is longer than the {NAME_MAX} characters Windows allows in a file name"
+    return None
+
+
+def portable_name(name: str, fallback: str = "_") -> str:
+    """``name`` (from data: a model or tensor name, a pattern, a title) made a file name every OS accepts: path
+    separators, ``<>:"|?*`` and control characters become ``_``, trailing dots and spaces go, a Windows device
+    name gets a ``_`` in front (``CON.gguf`` -> ``_CON.gguf``), and a name over 255 UTF-8 bytes is cut before its
+    extension. ``fallback`` when nothing is left."""
+    text = _BAD_CHAR.sub("_", name)
+    if len(text.encode("utf-8")) > NAME_MAX:
+        stem, dot, ext = text.rpartition(".")
+        if not dot or len(ext) > 16:
+            stem, ext = text, ""
+        suffix = f".{ext}" if ext else ""
+        keep = NAME_MAX - len(suffix.encode("utf-8"))
+        stem = stem.encode("utf-8")[:keep].decode("utf-8", errors="ignore")
+        text = stem + suffix
+    text = text.rstrip(". ")
+    if not text or text in (".", ".."):
+        return fallback
+    if text.split(".")[0].rstrip(" ").upper() in WINDOWS_RESERVED:
+        text = "_" + text
+        if len(text.encode("utf-8")) > NAME_MAX:
+            text = text.encode("utf-8")[:NAME_MAX].decode("utf-8", errors="ignore").rstrip(". ")
+    return text
+
+
+# ------------------------------------------------------------------------------------------ positional I/O
+#: tests switch this off to exercise the seek-and-read path of systems without ``pread`` (Windows)
+USE_OS_PREAD = True
+_SEEK_LOCK = threading.Lock()
+
+
+def pread(fd: int, n: int, offset: int) -> bytes:
+    """Up to ``n`` bytes at ``offset`` of ``fd`` (fewer only at the end of the file), the descriptor's position
+    unchanged: ``os.pread`` on POSIX; on Windows a seek, reads and a seek back, serialised by a lock among the
+    callers of this module."""
+    if USE_OS_PREAD and hasattr(os, "pread"):
+        return os.pread(fd, n, offset)
+    with _SEEK_LOCK:
+        here = os.lseek(fd, 0, os.SEEK_CUR)
+        try:
+            os.lseek(fd, offset, os.SEEK_SET)
+            parts: list[bytes] = []
+            left = n
+            while left > 0:
+                chunk = os.read(fd, min(left, 1 << 30))
+                if not chunk:
+                    break
+                parts.append(chunk)
+                left -= len(chunk)
+            return b"".join(parts)
+        finally:
+            os.lseek(fd, here, os.SEEK_SET)
+
+
+def pread_into(fd: int, buf: memoryview | bytearray, offset: int) -> int:
+    """Read ``len(buf)`` bytes at ``offset`` into ``buf`` (``os.preadv`` where it exists, else :func:`pread`);
+    the count read."""
+    if USE_OS_PREAD and hasattr(os, "preadv"):
+        return os.preadv(fd, [buf], offset)
+    data = pread(fd, len(buf), offset)
+    memoryview(buf)[: len(data)] = data
+    return len(data)
+
+
+def pwrite(fd: int, data: bytes | memoryview, offset: int) -> int:
+    """Write all of ``data`` at ``offset`` of ``fd``, the descriptor's position unchanged (``os.pwrite`` on POSIX;
+    a seek, writes and a seek back under the lock elsewhere); the count written."""
+    if USE_OS_PREAD and hasattr(os, "pwrite"):
+        mv, pos = memoryview(data), offset
+        while mv:
+            done = os.pwrite(fd, mv, pos)
+            mv, pos = mv[done:], pos + done
+        return pos - offset
+    with _SEEK_LOCK:
+        here = os.lseek(fd, 0, os.SEEK_CUR)
+        try:
+            os.lseek(fd, offset, os.SEEK_SET)
+            mv = memoryview(data)
+            while mv:
+                mv = mv[os.write(fd, mv):]
+            return len(data)
+        finally:
+            os.lseek(fd, here, os.SEEK_SET)
+
+
+def release_mapped_pages(m: object, start: int, length: int) -> None:
+    """Let the OS drop the resident pages of ``[start, start + length)`` of the read-only mapping ``m`` (an
+    ``mmap.mmap``; page-aligned range): ``madvise(MADV_DONTNEED)`` where it exists, nothing on Windows (it drops
+    a file view's pages by itself under pressure)."""
+    import mmap
+
+    if not hasattr(mmap, "MADV_DONTNEED") or not hasattr(m, "madvise"):
+        return
+    try:
+        m.madvise(mmap.MADV_DONTNEED, start, length)
+    except (OSError, ValueError):
+        pass
 
 
 _CTRL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")

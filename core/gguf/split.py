@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import sysinfo
 from ..fsutil import OutputSet
 from ..jobs import CancelFlag, check_cancel
 from ..shardnames import shard_path
@@ -250,18 +251,14 @@ def write_plan(f: GGUFFile, plan: SplitPlan, *, progress: Callable[[int, int], N
 def _enough_descriptors(n: int) -> None:
     """Every output's temporary stays open until all are renamed together: raise the soft limit on open files
     when ``n`` more would not fit (up to the hard limit), or refuse before writing anything."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - not POSIX
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    soft, hard = sysinfo.open_fd_limits()
     need = n + 256  # what the process already holds, roughly
-    if soft == resource.RLIM_INFINITY or need <= soft:
+    if soft is None or need <= soft:
         return
-    if hard != resource.RLIM_INFINITY and need > hard:
-        raise SplitError(f"{n:,} files would be open at once, more than this system allows ({hard:,}); use a "
+    if (hard is not None and need > hard) or not sysinfo.raise_open_fd_limit(need):
+        allowed = f" ({hard:,})" if hard is not None else ""
+        raise SplitError(f"{n:,} files would be open at once, more than this system allows{allowed}; use a "
                          "larger limit per shard")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 def split_gguf(src: str | os.PathLike[str], out_prefix: str | os.PathLike[str], *, max_tensors: int | None = None,

@@ -10,10 +10,11 @@ import asyncio
 import itertools
 import logging
 import math
-import os
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .. import sysinfo
 
 #: the default read timeout, seconds
 DEFAULT_TIMEOUT = 30.0
@@ -30,20 +31,15 @@ log = logging.getLogger("uvicorn.error")
 
 def default_max_connections() -> int:
     """As many connections as the open-file limit leaves room for (the descriptors already open and
-    :data:`FD_RESERVE` kept apart), at most 1024 and at least 4."""
-    try:
-        import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        if soft == resource.RLIM_INFINITY:
-            soft = 1 << 20
-    except (ImportError, OSError, ValueError):
+    :data:`FD_RESERVE` kept apart), at most 1024 and at least 4. Windows: 1024 (its sockets are not C runtime
+    descriptors, and no limit on them applies)."""
+    if sysinfo.WINDOWS:
         return 1024
-    try:
-        used = len(os.listdir("/proc/self/fd"))
-    except OSError:
-        used = 64
-    return max(4, min(1024, soft - used - FD_RESERVE))
+    soft = sysinfo.open_fd_limits()[0]
+    if soft is None:  # unlimited, or no such limit known
+        soft = 1 << 20
+    used = sysinfo.open_fd_count()
+    return max(4, min(1024, soft - (64 if used is None else used) - FD_RESERVE))
 
 
 class BoundedH11(H11Protocol):

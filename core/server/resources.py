@@ -4,8 +4,7 @@ accepted on a machine it cannot fit and fail (or be killed) mid-request."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from .. import sysinfo
 
 
 class NotEnoughMemory(MemoryError):
@@ -19,34 +18,10 @@ def _size(n: int) -> str:
     return f"{n / 1024:.1f} KiB"
 
 
-def _read_int(path: str, scale: int = 1) -> int | None:
-    try:
-        return int(Path(path).read_text().split()[0]) * scale
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def available_memory() -> int | None:
-    """Bytes of memory available now: Linux's MemAvailable (or free pages elsewhere), within a cgroup's limit;
-    None where unknown."""
-    avail = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    if avail is None:
-        try:
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (AttributeError, ValueError, OSError):
-            return None
-    limit, used = _read_int("/sys/fs/cgroup/memory.max"), _read_int("/sys/fs/cgroup/memory.current")
-    if limit is not None and used is not None:
-        avail = min(avail, max(0, limit - used))
-    return avail if avail > 0 else None
+    """Bytes of memory available now (Linux's MemAvailable within a cgroup's limit, macOS' free and inactive
+    pages, Windows' available physical memory: :func:`sysinfo.memory_available`); None where unknown."""
+    return sysinfo.memory_available()
 
 
 def session_kv_bytes(session: object) -> int | None:

@@ -4,9 +4,9 @@ model bar's behaviour; the view composes it and decides what else a load changes
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
+from quantscope.core import sysinfo
 from quantscope.core.model.memory import MemoryPlan, memory_plan
 from quantscope.core.summary import human_bytes
 
@@ -17,18 +17,9 @@ from .chat_modelbar import ModelBar
 
 
 def available_memory() -> int | None:
-    """Bytes the system can still give (``MemAvailable``), or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
+    """Bytes the system can still give (Linux ``MemAvailable``, macOS ``vm_stat``, Windows
+    ``GlobalMemoryStatusEx``), or None where it cannot be read."""
+    return sysinfo.memory_available()
 
 
 class ModelLoader:

@@ -29,7 +29,7 @@ from .fsutil import OutputSet, PathRefused
 CLASSES = "Software\\Classes"
 PROGID = "Quantscope.gguf"
 EXT = ".gguf"
-FROZEN_EXE = "quantscope.exe"
+FROZEN_EXE = "quantscopew.exe"  # the bundle's windowed twin of quantscope.exe (packaging/quantscope.spec)
 ICO = "quantscope.ico"
 MANIFEST = "desktop-install.json"
 SHORTCUT = f"{APP_NAME}.lnk"
@@ -99,10 +99,12 @@ def start_menu_dir() -> Path:
 
 
 def windows_launcher() -> list[str]:
-    """The frozen ``quantscope.exe``, else ``pythonw.exe -m quantscope.cli`` (no console window) beside this
-    Python."""
+    """The frozen bundle's ``quantscopew.exe`` (the same program without a console window; ``quantscope.exe`` when
+    the bundle lacks it), else ``pythonw.exe -m quantscope.cli`` (no console window) beside this Python."""
     if getattr(sys, "frozen", False):
-        return [os.path.abspath(sys.executable)]
+        exe = os.path.abspath(sys.executable)
+        windowed = os.path.join(os.path.dirname(exe), FROZEN_EXE)
+        return [windowed if os.path.isfile(windowed) else exe]
     exe = os.path.abspath(sys.executable)
     pythonw = os.path.join(os.path.dirname(exe), "pythonw.exe")
     return [pythonw if os.path.isfile(pythonw) else exe, "-m", "quantscope.cli"]

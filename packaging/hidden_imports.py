@@ -56,9 +56,17 @@ def cli_modules() -> list[str]:
     return [f"quantscope.cli.{m}" for m in dict.fromkeys(COMMANDS.values())]
 
 
+def desktop_backends() -> list[str]:
+    """The per-OS desktop-integration modules, which ``quantscope.core.desktop`` imports by name (all of them:
+    ``desktop install --dry-run --os`` shows any system's plan)."""
+    from quantscope.core.desktop import BACKENDS
+
+    return [f"quantscope.core.{m}" for m in dict.fromkeys(BACKENDS.values())]
+
+
 def hidden_imports() -> list[str]:
     """Every hidden import the spec passes to ``Analysis``."""
-    return [*STATIC, *cli_modules(), *pyqtgraph_templates()]
+    return [*STATIC, *cli_modules(), *desktop_backends(), *pyqtgraph_templates()]
 
 
 if __name__ == "__main__":

@@ -664,8 +664,8 @@ class MemoryRegistry:
 
 
 def test_windows_registry_plan():
-    argv = ["C:\\Program Files\\Quantscope\\quantscope.exe"]
-    cmd = '"C:\\Program Files\\Quantscope\\quantscope.exe" "%1"'
+    argv = ["C:\\Program Files\\Quantscope\\quantscopew.exe"]
+    cmd = '"C:\\Program Files\\Quantscope\\quantscopew.exe" "%1"'
     ico = "C:\\Users\\a\\AppData\\Local\\Quantscope\\quantscope.ico"
     plan = desktop_windows.registry_plan(argv, ico)
     c = "Software\\Classes\\"
@@ -675,10 +675,10 @@ def test_windows_registry_plan():
         (c + "Quantscope.gguf", "", "GGUF model file"), (c + "Quantscope.gguf", "FriendlyTypeName", "GGUF model file"),
         (c + "Quantscope.gguf\\DefaultIcon", "", ico),
         (c + "Quantscope.gguf\\shell\\open\\command", "", cmd),
-        (c + "Applications\\quantscope.exe", "FriendlyAppName", "Quantscope"),
-        (c + "Applications\\quantscope.exe\\SupportedTypes", ".gguf", ""),
-        (c + "Applications\\quantscope.exe\\DefaultIcon", "", ico),
-        (c + "Applications\\quantscope.exe\\shell\\open\\command", "", cmd)]
+        (c + "Applications\\quantscopew.exe", "FriendlyAppName", "Quantscope"),
+        (c + "Applications\\quantscopew.exe\\SupportedTypes", ".gguf", ""),
+        (c + "Applications\\quantscopew.exe\\DefaultIcon", "", ico),
+        (c + "Applications\\quantscopew.exe\\shell\\open\\command", "", cmd)]
     # from a virtual environment: pythonw runs the module, and no Applications\pythonw.exe is claimed
     venv = desktop_windows.registry_plan(["C:\\v env\\Scripts\\pythonw.exe", "-m", "quantscope.cli"], "i.ico")
     assert dict(((k, n), v) for k, n, v in venv)[(c + "Quantscope.gguf\\shell\\open\\command", "")] == \
@@ -690,7 +690,7 @@ def test_windows_registry_plan():
 
 def test_windows_install_then_uninstall_restores_the_registry(tmp_path, no_tools):
     local, menu = tmp_path / "Local" / "Quantscope", tmp_path / "Programs"
-    argv = ["C:\\Quantscope\\quantscope.exe"]
+    argv = ["C:\\Quantscope\\quantscopew.exe"]
     other = {"Software\\Classes\\.gguf": {"": "Other.gguf"}, "Software\\Classes\\.txt": {"": "txtfile"}}
     reg = MemoryRegistry(other)
     before = {k: dict(v) for k, v in reg.keys.items()}

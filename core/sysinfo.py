@@ -12,6 +12,7 @@ Every function answers None (or 0 for the RSS figures, as their callers print th
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import subprocess
@@ -87,22 +88,47 @@ def cgroup_room() -> int | None:
     return max(0, limit - used) if limit is not None and used is not None else None
 
 
+class MemoryStatusEx(ctypes.Structure):
+    """Win32 ``MEMORYSTATUSEX`` (64 bytes)."""
+
+    _fields_ = [("dwLength", ctypes.c_uint32), ("dwMemoryLoad", ctypes.c_uint32),
+                ("ullTotalPhys", ctypes.c_uint64), ("ullAvailPhys", ctypes.c_uint64),
+                ("ullTotalPageFile", ctypes.c_uint64), ("ullAvailPageFile", ctypes.c_uint64),
+                ("ullTotalVirtual", ctypes.c_uint64), ("ullAvailVirtual", ctypes.c_uint64),
+                ("ullAvailExtendedVirtual", ctypes.c_uint64)]
+
+
+class ProcessMemoryCounters(ctypes.Structure):
+    """Win32 ``PROCESS_MEMORY_COUNTERS`` (72 bytes on 64-bit Windows)."""
+
+    _fields_ = [("cb", ctypes.c_uint32), ("PageFaultCount", ctypes.c_uint32),
+                ("PeakWorkingSetSize", ctypes.c_size_t), ("WorkingSetSize", ctypes.c_size_t),
+                ("QuotaPeakPagedPoolUsage", ctypes.c_size_t), ("QuotaPagedPoolUsage", ctypes.c_size_t),
+                ("QuotaPeakNonPagedPoolUsage", ctypes.c_size_t), ("QuotaNonPagedPoolUsage", ctypes.c_size_t),
+                ("PagefileUsage", ctypes.c_size_t), ("PeakPagefileUsage", ctypes.c_size_t)]
+
+
+def _kernel32() -> ctypes.CDLL:
+    """Windows: kernel32, its calls' error codes kept for :func:`ctypes.get_last_error`."""
+    if not WINDOWS:
+        raise OSError("kernel32 exists on Windows only")
+    k32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
+    k32.GetCurrentProcess.restype = ctypes.c_void_p
+    k32.OpenProcess.restype = ctypes.c_void_p
+    k32.OpenProcess.argtypes = [ctypes.c_uint32, ctypes.c_int, ctypes.c_uint32]
+    k32.GetExitCodeProcess.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint32)]
+    k32.CloseHandle.argtypes = [ctypes.c_void_p]
+    k32.K32GetProcessMemoryInfo.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32]
+    return k32
+
+
 def _windows_memory() -> tuple[int, int] | None:
     """Windows: (total, available) physical memory from ``GlobalMemoryStatusEx``."""
     if not WINDOWS:
         return None
-    import ctypes
-
-    class MemoryStatusEx(ctypes.Structure):
-        _fields_ = [("dwLength", ctypes.c_uint32), ("dwMemoryLoad", ctypes.c_uint32),
-                    ("ullTotalPhys", ctypes.c_uint64), ("ullAvailPhys", ctypes.c_uint64),
-                    ("ullTotalPageFile", ctypes.c_uint64), ("ullAvailPageFile", ctypes.c_uint64),
-                    ("ullTotalVirtual", ctypes.c_uint64), ("ullAvailVirtual", ctypes.c_uint64),
-                    ("ullAvailExtendedVirtual", ctypes.c_uint64)]
-
     st = MemoryStatusEx()
     st.dwLength = ctypes.sizeof(MemoryStatusEx)
-    if not ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(st)):  # type: ignore[attr-defined]
+    if not _kernel32().GlobalMemoryStatusEx(ctypes.byref(st)):
         return None
     return int(st.ullTotalPhys), int(st.ullAvailPhys)
 
@@ -218,22 +244,10 @@ def _windows_process_memory() -> tuple[int, int] | None:
     """Windows: (working set, peak working set) of this process from ``GetProcessMemoryInfo``."""
     if not WINDOWS:
         return None
-    import ctypes
-
-    class Counters(ctypes.Structure):
-        _fields_ = [("cb", ctypes.c_uint32), ("PageFaultCount", ctypes.c_uint32),
-                    ("PeakWorkingSetSize", ctypes.c_size_t), ("WorkingSetSize", ctypes.c_size_t),
-                    ("QuotaPeakPagedPoolUsage", ctypes.c_size_t), ("QuotaPagedPoolUsage", ctypes.c_size_t),
-                    ("QuotaPeakNonPagedPoolUsage", ctypes.c_size_t), ("QuotaNonPagedPoolUsage", ctypes.c_size_t),
-                    ("PagefileUsage", ctypes.c_size_t), ("PeakPagefileUsage", ctypes.c_size_t)]
-
-    c = Counters()
-    c.cb = ctypes.sizeof(Counters)
-    k32 = ctypes.windll.kernel32  # type: ignore[attr-defined]
-    k32.GetCurrentProcess.restype = ctypes.c_void_p
-    fn = k32.K32GetProcessMemoryInfo
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32]
-    if not fn(k32.GetCurrentProcess(), ctypes.byref(c), c.cb):
+    c = ProcessMemoryCounters()
+    c.cb = ctypes.sizeof(ProcessMemoryCounters)
+    k32 = _kernel32()
+    if not k32.K32GetProcessMemoryInfo(k32.GetCurrentProcess(), ctypes.byref(c), c.cb):
         return None
     return int(c.WorkingSetSize), int(c.PeakWorkingSetSize)
 
@@ -307,20 +321,17 @@ def _windows_pid_running(pid: int) -> bool:
     """Windows: whether ``OpenProcess`` finds ``pid`` and its exit code is still ``STILL_ACTIVE``."""
     if not WINDOWS:
         return True
-    import ctypes
-
-    k32 = ctypes.windll.kernel32  # type: ignore[attr-defined]
-    k32.OpenProcess.restype = ctypes.c_void_p
-    handle = k32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
-    if not handle:
-        return k32.GetLastError() != 87  # ERROR_INVALID_PARAMETER: no such process; access denied: it runs
+    k32 = _kernel32()
+    handle = k32.OpenProcess(0x1000, 0, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+    if not handle:  # ERROR_INVALID_PARAMETER: no such process; access denied and the rest: it may run
+        return ctypes.get_last_error() != 87  # type: ignore[attr-defined]
     try:
         code = ctypes.c_uint32()
-        if not k32.GetExitCodeProcess(ctypes.c_void_p(handle), ctypes.byref(code)):
+        if not k32.GetExitCodeProcess(handle, ctypes.byref(code)):
             return True
         return code.value == 259  # STILL_ACTIVE
     finally:
-        k32.CloseHandle(ctypes.c_void_p(handle))
+        k32.CloseHandle(handle)
 
 
 def pid_running(pid: int) -> bool:

@@ -93,7 +93,8 @@ OS_KEYWORDS = {"preexec_fn", "start_new_session", "pass_fds", "process_group", "
 #: path literals of one OS family
 OS_PATHS = ("/proc", "/sys/", "/dev/")
 #: ctypes' Windows-only names
-CTYPES_WINDOWS = {"windll", "WinDLL", "oledll", "OleDLL", "WINFUNCTYPE", "GetLastError", "FormatError", "WinError"}
+CTYPES_WINDOWS = {"windll", "WinDLL", "oledll", "OleDLL", "WINFUNCTYPE", "GetLastError", "FormatError", "WinError",
+                  "get_last_error", "set_last_error"}
 #: flags (fsutil's) that make an ``os.open`` descriptor binary on Windows, where it is text mode by default
 BINARY_FLAGS = {"O_BINARY", "O_READ", "O_READWRITE"}
 #: exception types whose ``except`` makes a ``try`` body a branch per OS
@@ -277,7 +278,7 @@ def test_the_seams_do_hold_the_calls_they_are_for() -> None:
     names = {(u.path, u.name) for u in scan_tree()}
     for want in [("core/fsutil.py", "os.O_TMPFILE"), ("core/fsutil.py", "path '/proc/self/fd'"),
                  ("core/fsutil.py", "os.pread"), ("core/sysinfo.py", "import resource"),
-                 ("core/sysinfo.py", "path '/proc/meminfo'"), ("core/sysinfo.py", "ctypes.windll"),
+                 ("core/sysinfo.py", "path '/proc/meminfo'"), ("core/sysinfo.py", "ctypes.WinDLL"),
                  ("core/sysinfo.py", "os.kill"), ("core/cpu.py", "import winreg"),
                  ("core/cpu.py", "path '/proc/cpuinfo'")]:
         assert want in names, want
@@ -550,6 +551,36 @@ def test_parse_vm_stat_sample() -> None:
     assert sysinfo.parse_vm_stat(VM_STAT) == (9517 + 396417 + 2043) * 16384
     assert sysinfo.parse_vm_stat(VM_STAT.replace("16384", "4096")) == (9517 + 396417 + 2043) * 4096
     assert sysinfo.parse_vm_stat("") is None and sysinfo.parse_vm_stat("vm_stat: command not found") is None
+
+
+def test_win32_structures_are_laid_out_as_windows_headers_say() -> None:
+    """``MEMORYSTATUSEX`` and ``PROCESS_MEMORY_COUNTERS`` as MinGW-w64's headers lay them out for 64-bit Windows
+    (sizeof and offsetof printed by a program built with x86_64-w64-mingw32-gcc, run under Wine, which also
+    answered GlobalMemoryStatusEx, K32GetProcessMemoryInfo, and error 87 from OpenProcess for a PID that does not
+    exist). ctypes' sizes here are Win64's (LLP64: size_t 8 bytes, uint32 4)."""
+    import ctypes
+
+    assert ctypes.sizeof(ctypes.c_size_t) == 8, "a 64-bit interpreter"
+    m, c = sysinfo.MemoryStatusEx, sysinfo.ProcessMemoryCounters
+    assert (ctypes.sizeof(m), m.ullTotalPhys.offset, m.ullAvailPhys.offset) == (64, 8, 16)
+    assert (ctypes.sizeof(c), c.PeakWorkingSetSize.offset, c.WorkingSetSize.offset,
+            c.PeakPagefileUsage.offset) == (72, 8, 16, 64)
+
+
+def test_descriptor_limits_drive_the_server_and_split() -> None:
+    from quantscope.core.gguf.split import SplitError, _enough_descriptors
+    from quantscope.core.server.connections import FD_RESERVE, default_max_connections
+
+    soft, hard = sysinfo.open_fd_limits()
+    used = sysinfo.open_fd_count()
+    if soft is not None and used is not None:
+        assert abs(default_max_connections() - max(4, min(1024, soft - used - FD_RESERVE))) <= 2
+    _enough_descriptors(1)  # nothing to raise
+    assert sysinfo.open_fd_limits() == (soft, hard)
+    if hard is not None:
+        with pytest.raises(SplitError, match=f"more than this system allows \\({hard:,}\\)") as exc:
+            _enough_descriptors(hard + 1)
+        assert "\n" not in str(exc.value)
 
 
 def test_maxrss_units() -> None:

@@ -90,6 +90,26 @@ def _default_file() -> Path:
     return catalog.model_path(name)
 
 
+def open_documents_from_the_system(app: object, win: object) -> object:
+    """Files the system asks the app to open after it started (macOS Finder's open-document event, QFileOpenEvent:
+    on macOS a double-clicked .gguf arrives as that event, not as an argument) open in ``win``. Returns the event
+    filter (installed on ``app``; keep a reference)."""
+    from PySide6.QtCore import QEvent, QObject
+
+    class FileOpenFilter(QObject):
+        def eventFilter(self, obj: QObject, event: QEvent) -> bool:
+            if event.type() == QEvent.Type.FileOpen:
+                path = event.file() or event.url().toLocalFile()  # type: ignore[attr-defined]
+                if path:
+                    win.open_path(Path(path))  # type: ignore[attr-defined]
+                    return True
+            return False
+
+    f = FileOpenFilter(app)  # type: ignore[arg-type]
+    app.installEventFilter(f)  # type: ignore[attr-defined]
+    return f
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.screenshot and not has_display():
@@ -130,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     win = MainWindow()
     install_excepthook(win)
+    open_documents_from_the_system(app, win)
     try:
         ok = win.open_path(path)
     except Exception as exc:  # a view that fails on this file: say so, keep the window

@@ -113,6 +113,23 @@ def test_recent_files_drag_and_drop_and_menu(window, qtbot, model_path):  # noqa
     assert [str(x) for x in s2.value("recentFiles")][:2] == [str(b), str(a)]
 
 
+def test_a_file_the_system_opens_later_opens_in_the_window(window, qtbot, model_path):  # noqa: F811
+    """macOS Finder sends a double-clicked .gguf as a QFileOpenEvent to the running app (issue 46)."""
+    from PySide6.QtGui import QFileOpenEvent
+
+    from quantscope.gui.app import open_documents_from_the_system
+
+    app = QApplication.instance()
+    f = open_documents_from_the_system(app, window)
+    try:
+        a, b = model_path("smollm2"), model_path("gemma3")
+        assert window.open_path(a)
+        QApplication.sendEvent(app, QFileOpenEvent(str(b)))
+        assert window.doc.path == b
+    finally:
+        app.removeEventFilter(f)
+
+
 def test_shortcuts_switch_views(window, qtbot, model_path):  # noqa: F811
     assert window.open_path(model_path("smollm2"))
     shortcuts = {a.objectName(): a.shortcut().toString() for a in window.findChildren(QAction)

@@ -226,6 +226,17 @@ def temp_name(target: Path, kind: str = "tmp") -> Path:
     return target.with_name(f".{target.name[:_NAME_KEEP]}.{TEMP_MARK}{kind}-{os.getpid()}-{secrets.token_hex(6)}")
 
 
+#: file systems that compare names without case by default: NTFS (Windows) and APFS/HFS+ (macOS)
+CASELESS_NAMES = WINDOWS or sys.platform == "darwin"
+
+
+def _same_name(a: Path, b: Path) -> bool:
+    """Whether two resolved paths name one file: equal, or (Windows, macOS) equal but for case."""
+    if CASELESS_NAMES:
+        return os.fspath(a).casefold() == os.fspath(b).casefold()
+    return a == b
+
+
 def _same(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
@@ -375,7 +386,8 @@ class OutputSet:
                 if str(real) == ireal or (ost is not None and ikey == (ost.st_dev, ost.st_ino)):
                     raise PathRefused(f"{label} {op}: is the input file {ip}; choose another output path")
             for other, other_st in seen:
-                if real == other.target or (ost is not None and other_st is not None and _same(ost, other_st)):
+                if _same_name(real, other.target) or (ost is not None and other_st is not None
+                                                      and _same(ost, other_st)):
                     raise PathRefused(f"{label} {op} and {other.label} {other.given} name the same file; "
                                       "choose different paths")
             parent = real.parent

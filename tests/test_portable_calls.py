@@ -423,6 +423,18 @@ def test_a_target_windows_cannot_replace_is_one_line(tmp_path: Path, monkeypatch
     assert target.read_bytes() == b"old" and sorted(os.listdir(tmp_path)) == ["busy.gguf"]
 
 
+def test_outputs_differing_only_in_case_collide_where_names_are_caseless(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Windows and macOS ``Out.json`` and ``out.json`` are one file: refused before anything is written."""
+    outs = [("-o", tmp_path / "Model.gguf"), ("--config", tmp_path / "model.GGUF")]
+    with OutputSet(outs):  # Linux: two files
+        pass
+    monkeypatch.setattr(fsutil, "CASELESS_NAMES", True)
+    with pytest.raises(PathRefused, match="name the same file"):
+        OutputSet(outs)
+    assert list(tmp_path.iterdir()) == []
+
+
 # -------------------------------------------------------------------------------- fsutil's other-OS paths
 def test_the_named_temporary_path_leaves_no_debris(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The path macOS and Windows take (no O_TMPFILE), forced here: hidden named temporaries while writing, the

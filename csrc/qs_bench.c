@@ -1,9 +1,9 @@
 /* Memory read-bandwidth probe for `quantscope bench kernels`: the ceiling a memory-bound GEMV is measured against. */
 #include <stdatomic.h>
-#include <time.h>
 
 #include "qs.h"
 #include "qs_guard.h"
+#include "qs_os.h"
 
 #if QS_ARCH_X86
 #include <immintrin.h>
@@ -104,11 +104,10 @@ double qs_pool_op_ns(int n_threads, int reps) {
     if (n_threads <= 0) n_threads = qs_threads_default();
     if (reps <= 0) return -1.0;
     atomic_int count = 0;
-    struct timespec t0, t1;
     qs_parallel_for(n_threads, empty_task, &count, n_threads); /* start the workers */
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const int64_t t0 = qs_now_ns();
     for (int i = 0; i < reps; ++i) qs_parallel_for(n_threads, empty_task, &count, n_threads);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const int64_t t1 = qs_now_ns();
     if (atomic_load(&count) != (reps + 1) * n_threads) return -1.0;
-    return ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / reps;
+    return (double)(t1 - t0) / reps;
 }

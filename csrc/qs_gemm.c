@@ -7,6 +7,7 @@
 #include "qs_gemm.h"
 #include "qs_quant_internal.h"
 #include "qs_nn_neon.h"
+#include "qs_os.h"
 #include "qs_traits.h"
 
 static inline float h2f(const uint8_t *p) { return qs_fp16_to_fp32(qs_load_u16(p)); }
@@ -163,7 +164,7 @@ int qs_gemm_act_prepare(qs_gemm_act *a, int type, const float *x, int64_t n_x, i
     a->n_x = n_x;
     a->n_c = (n_x + 3) / 4 * 4;
     size_t per_col = (size_t)a->d.k64 + (size_t)(a->d.nl + a->d.ngp) * sizeof(float);
-    a->buf = (uint8_t *)aligned_alloc(64, ((size_t)a->n_c * per_col + 63) & ~(size_t)63);
+    a->buf = (uint8_t *)qs_aligned_alloc(64, ((size_t)a->n_c * per_col + 63) & ~(size_t)63);
     if (!a->buf) return -2;
     a->xc = (int8_t *)a->buf;
     a->xs = (float *)(a->buf + a->n_c * a->d.k64);
@@ -184,7 +185,7 @@ int qs_gemm_act_fits(const qs_gemm_act *a, int type, int64_t k) {
 }
 
 void qs_gemm_act_free(qs_gemm_act *a) {
-    free(a->buf);
+    qs_aligned_free(a->buf);
     a->buf = NULL;
 }
 
@@ -204,7 +205,7 @@ static void gemm_task(void *vctx, int64_t t) {
     const qs_gemm_act *a = g->a;
     const qs_gemm_dims *d = &a->d;
     size_t bytes = (size_t)(4 * d->k64) + (size_t)(4 * d->nl + 4 * d->ngp) * sizeof(float) + 64;
-    uint8_t *buf = (uint8_t *)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    uint8_t *buf = (uint8_t *)qs_aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (!buf) {
         g->failed = 1;
         return;
@@ -228,7 +229,7 @@ static void gemm_task(void *vctx, int64_t t) {
         }
         g->tile(d, wc, ws, mrow, a->xc, a->xs, a->bcol, a->n_c, a->n_x, n_r, g->y + r0, g->n_rows);
     }
-    free(buf);
+    qs_aligned_free(buf);
 }
 
 int qs_gemm_run(int type, const uint8_t *w, int64_t n_rows, int64_t row_bytes, const qs_gemm_act *a, float *y,

@@ -1,18 +1,21 @@
 /* Fault guard: turns SIGBUS inside a guarded region (a read of a mapped file that was truncated under us) into an
- * error return. See qs_guard.h for the design. */
+ * error return. See qs_guard.h for the design; on Windows only the API's no-op shells are compiled. */
 #include "qs_guard.h"
 
-#include <pthread.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "qs.h"
+#include "qs_os.h"
+
+#if QS_GUARD_ACTIVE
+/* ---------------------------------------------------------------- POSIX: the SIGBUS handler */
+#include <signal.h>
+#include <unistd.h>
 
 QS_TLS sigjmp_buf *qs_guard_jb;
 
-static pthread_mutex_t install_lock = PTHREAD_MUTEX_INITIALIZER;
+static qs_mutex_t install_lock = QS_MUTEX_INIT;
 static struct sigaction prev_act;          /* the handler we replaced: unguarded faults go there */
 static volatile sig_atomic_t chaining;     /* an unguarded fault is on its way to prev_act */
 static char fatal_msg[1024];               /* CLI mode: printed (and the process exits) on an unguarded fault */
@@ -52,7 +55,7 @@ static void on_sigbus(int sig, siginfo_t *info, void *uc) {
 void qs_guard_install(void) {
     struct sigaction cur;
     if (sigaction(SIGBUS, NULL, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_sigbus) return;
-    pthread_mutex_lock(&install_lock);
+    qs_mutex_lock(&install_lock);
     struct sigaction act;
     memset(&act, 0, sizeof act);
     act.sa_sigaction = on_sigbus;
@@ -63,7 +66,7 @@ void qs_guard_install(void) {
         prev_act = old;
         chaining = 0;
     }
-    pthread_mutex_unlock(&install_lock);
+    qs_mutex_unlock(&install_lock);
 }
 
 void qs_guard_rethrow(void) {
@@ -93,6 +96,23 @@ int qs_guard_last_fault(void) {
     last_fault = 0;
     return f;
 }
+
+#else
+/* ---------------------------------------------------------------- Windows: no guard (qs_guard.h says why) */
+void qs_guard_install(void) {}
+
+void qs_guard_rethrow(void) { abort(); /* unreachable: no task is ever marked faulted */ }
+
+void qs_guard_set_fatal_message(const char *msg, int status) {
+    (void)msg;
+    (void)status;
+}
+
+/* No fault is ever caught, so none is recorded: no thread-local either (MinGW's would need libgcc's emutls DLL). */
+void qs_guard_note_fault(void) {}
+
+int qs_guard_last_fault(void) { return 0; }
+#endif
 
 static int copy_bytes(uint8_t *dst, const uint8_t *src, int64_t n) {
     memcpy(dst, src, (size_t)n);

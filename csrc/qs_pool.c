@@ -1,22 +1,21 @@
-/* Persistent pthread pool behind qs_parallel_for (no OpenMP: safe across fork()).
+/* Persistent thread pool behind qs_parallel_for (no OpenMP: safe across fork()); its threads, locks and clock come
+ * from the OS seam (qs_os.h: pthreads, or Win32 threads and SRW locks).
  * Workers spin briefly on an atomic job counter before sleeping on a condition variable, so back-to-back
  * kernel calls (one per layer op in the engine) do not pay a futex wake-up each time. */
 #include "qs.h"
 #include "qs_guard.h"
+#include "qs_os.h"
 
-#include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #define QS_MAX_THREADS 64
 #define QS_SPIN_ITERS 20000 /* ~0.1-0.5 ms of pause instructions before a worker sleeps */
 
 typedef struct {
-    pthread_mutex_t lock; /* serialises callers */
-    pthread_mutex_t m;    /* protects sleeping workers */
-    pthread_cond_t wake;
+    qs_mutex_t lock; /* serialises callers */
+    qs_mutex_t m;    /* protects sleeping workers */
+    qs_cond_t wake;
     int n_workers;
     int n_sleeping;
     /* The job word: (generation << 8) | the number of workers that take part in that job. One atomic, so a worker
@@ -34,8 +33,7 @@ typedef struct {
     atomic_int faulted; /* a task of the current job hit SIGBUS (see qs_guard.h) */
 } qs_pool;
 
-static qs_pool pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0, 0,
-                       0, NULL, NULL, 0, 0, 0};
+static qs_pool pool = {QS_MUTEX_INIT, QS_MUTEX_INIT, QS_COND_INIT, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, 0};
 static atomic_long double_joins = 0; /* workers that took part in one job twice (read by qs_pool_selftest) */
 
 /* Test hook (qs_pool_selftest): a worker pauses this many microseconds on every 4th job word it reads, widening
@@ -44,7 +42,7 @@ static atomic_int pause_us = 0;
 
 #define JOB_GEN(j) ((uint64_t)(j) >> 8)
 #define JOB_ACTIVE(j) ((int)((j) & 0xff))
-static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static qs_once_t atfork_once = QS_ONCE_INIT;
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -52,22 +50,15 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-/* Every task runs under its own guard (a plain sigsetjmp, savemask 0): a fault ends that task, marks the job,
- * and the loop goes on claiming (and, once faulted, skipping) tasks, so the job's bookkeeping always completes. */
+/* Every task runs under its own guard (QS_GUARD_TASK: a plain sigsetjmp, savemask 0; nothing on Windows): a fault
+ * ends that task, marks the job, and the loop goes on claiming (and, once faulted, skipping) tasks, so the job's
+ * bookkeeping always completes. */
 static void run_tasks(void) {
-    sigjmp_buf jb;
-    sigjmp_buf *prev = qs_guard_jb;
     for (;;) {
         int64_t t = atomic_fetch_add_explicit(&pool.next, 1, memory_order_relaxed);
         if (t >= pool.n_tasks) break;
         if (atomic_load_explicit(&pool.faulted, memory_order_relaxed)) continue;
-        if (sigsetjmp(jb, 0) == 0) {
-            qs_guard_jb = &jb;
-            pool.fn(pool.ctx, t);
-        } else {
-            atomic_store_explicit(&pool.faulted, 1, memory_order_relaxed);
-        }
-        qs_guard_jb = prev;
+        QS_GUARD_TASK(pool.fn(pool.ctx, t), atomic_store_explicit(&pool.faulted, 1, memory_order_relaxed));
     }
 }
 
@@ -76,7 +67,7 @@ typedef struct {
     uint64_t start_gen; /* generation current when the worker was created (before the job that needs it) */
 } worker_arg;
 
-static void *worker_main(void *varg) {
+static void worker_main(void *varg) {
     worker_arg a = *(worker_arg *)varg;
     free(varg);
     int id = a.id;
@@ -90,16 +81,16 @@ static void *worker_main(void *varg) {
             cpu_relax();
         }
         if (!fresh) {
-            pthread_mutex_lock(&pool.m);
+            qs_mutex_lock(&pool.m);
             pool.n_sleeping++;
             while (JOB_GEN(j = atomic_load_explicit(&pool.job, memory_order_acquire)) == seen)
-                pthread_cond_wait(&pool.wake, &pool.m);
+                qs_cond_wait(&pool.wake, &pool.m);
             pool.n_sleeping--;
-            pthread_mutex_unlock(&pool.m);
+            qs_mutex_unlock(&pool.m);
         }
         seen = JOB_GEN(j);
         int pause = atomic_load_explicit(&pause_us, memory_order_relaxed);
-        if (pause > 0 && (seen + (uint64_t)id) % 4 == 0) usleep((useconds_t)pause);
+        if (pause > 0 && (seen + (uint64_t)id) % 4 == 0) qs_sleep_us((unsigned)pause);
         if (id < JOB_ACTIVE(j)) { /* the caller waits for this worker, so job `seen` is still the current one */
             uint64_t bit = (uint64_t)1 << id; /* counted under the self-test only: off the kernels' hot path */
             if (pause > 0 && (atomic_fetch_or_explicit(&pool.joined, bit, memory_order_relaxed) & bit))
@@ -108,26 +99,23 @@ static void *worker_main(void *varg) {
             atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_acq_rel);
         }
     }
-    return NULL;
 }
 
 static void child_after_fork(void) {
     /* The child has none of the parent's workers: start over. */
-    pthread_mutex_init(&pool.lock, NULL);
-    pthread_mutex_init(&pool.m, NULL);
-    pthread_cond_init(&pool.wake, NULL);
+    qs_mutex_init(&pool.lock);
+    qs_mutex_init(&pool.m);
+    qs_cond_init(&pool.wake);
     pool.n_workers = 0;
     pool.n_sleeping = 0;
     atomic_store(&pool.pending, 0);
 }
 
-static void install_atfork(void) { pthread_atfork(NULL, NULL, child_after_fork); }
+static void install_atfork(void) { qs_at_fork_child(child_after_fork); /* no fork (Windows): nothing to do */ }
 
 int qs_threads_default(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    if (n < 1) n = 1;
-    if (n > QS_MAX_THREADS) n = QS_MAX_THREADS;
-    return (int)n;
+    int n = qs_cpu_count();
+    return n > QS_MAX_THREADS ? QS_MAX_THREADS : n;
 }
 
 void qs_parallel_for(int64_t n_tasks, qs_task_fn fn, void *ctx, int n_threads) {
@@ -139,21 +127,15 @@ void qs_parallel_for(int64_t n_tasks, qs_task_fn fn, void *ctx, int n_threads) {
         for (int64_t t = 0; t < n_tasks; ++t) fn(ctx, t);
         return;
     }
-    pthread_once(&atfork_once, install_atfork);
-    pthread_mutex_lock(&pool.lock);
+    qs_once(&atfork_once, install_atfork);
+    qs_mutex_lock(&pool.lock);
     int want = n_threads - 1;
     while (pool.n_workers < want) {
-        pthread_t th;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         worker_arg *wa = (worker_arg *)malloc(sizeof *wa);
         if (!wa) break;
         wa->id = pool.n_workers;
         wa->start_gen = JOB_GEN(atomic_load_explicit(&pool.job, memory_order_relaxed));
-        int rc = pthread_create(&th, &attr, worker_main, wa);
-        pthread_attr_destroy(&attr);
-        if (rc != 0) {
+        if (qs_thread_start(worker_main, wa) != 0) { /* detached */
             free(wa);
             break;
         }
@@ -169,16 +151,16 @@ void qs_parallel_for(int64_t n_tasks, qs_task_fn fn, void *ctx, int n_threads) {
     atomic_store_explicit(&pool.joined, 0, memory_order_relaxed);
     uint64_t gen = JOB_GEN(atomic_load_explicit(&pool.job, memory_order_relaxed)) + 1;
     atomic_store_explicit(&pool.job, (gen << 8) | (uint64_t)want, memory_order_release); /* want <= 63 */
-    pthread_mutex_lock(&pool.m);
-    if (pool.n_sleeping) pthread_cond_broadcast(&pool.wake);
-    pthread_mutex_unlock(&pool.m);
+    qs_mutex_lock(&pool.m);
+    if (pool.n_sleeping) qs_cond_broadcast(&pool.wake);
+    qs_mutex_unlock(&pool.m);
     run_tasks();
     for (int spins = 0; atomic_load_explicit(&pool.pending, memory_order_acquire) > 0; ++spins) {
         if (spins < QS_SPIN_ITERS) cpu_relax();
-        else sched_yield();
+        else qs_yield();
     }
     int faulted = atomic_load_explicit(&pool.faulted, memory_order_relaxed);
-    pthread_mutex_unlock(&pool.lock);
+    qs_mutex_unlock(&pool.lock);
     if (faulted) qs_guard_rethrow(); /* the job is over and the pool released: only now leave this frame */
 }
 

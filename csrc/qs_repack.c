@@ -5,11 +5,10 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "qs.h"
 #include "qs_guard.h"
+#include "qs_os.h"
 #include "qs_quant_internal.h"
 #include "qs_repack.h"
 #include "qs_traits.h"
@@ -83,33 +82,19 @@ int qs_repack(int type, const uint8_t *src, int64_t src_bytes, int64_t rows, int
 /* ---------------------------------------------------------------- anonymous memory for repacked copies */
 #define QS_HUGE (2 * 1024 * 1024)
 
+/* 2 MiB aligned and hinted for huge pages where the OS has the hint (qs_os.h: Linux THP; none on macOS, Windows) */
 void *qs_alloc_huge(int64_t bytes) {
     if (bytes <= 0 || bytes > INT64_MAX / 2 - QS_HUGE) return NULL;
-    size_t n = ((size_t)bytes + 4095) & ~(size_t)4095;
-    size_t total = n + QS_HUGE;
-    uint8_t *p = (uint8_t *)mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return NULL;
-    uint8_t *a = (uint8_t *)(((uintptr_t)p + QS_HUGE - 1) & ~(uintptr_t)(QS_HUGE - 1));
-    if (a > p) munmap(p, (size_t)(a - p));
-    size_t tail = (size_t)(p + total - (a + n));
-    if (tail) munmap(a + n, tail);
-#ifdef MADV_HUGEPAGE
-    madvise(a, n, MADV_HUGEPAGE); /* a hint: without THP the copy still works on 4 KiB pages */
-#endif
-    return a;
+    return qs_map_anon((size_t)bytes, 1);
 }
 
 void qs_free_huge(void *p, int64_t bytes) {
-    if (p && bytes > 0) munmap(p, ((size_t)bytes + 4095) & ~(size_t)4095);
+    if (p && bytes > 0) qs_unmap_anon(p, (size_t)bytes);
 }
 
 int qs_drop_pages(const uint8_t *p, int64_t n) {
-    long pg = sysconf(_SC_PAGESIZE);
-    if (!p || n <= 0 || pg <= 0) return -1;
-    uintptr_t a = ((uintptr_t)p + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
-    uintptr_t b = ((uintptr_t)p + (uintptr_t)n) & ~(uintptr_t)(pg - 1);
-    if (b <= a) return 0;
-    return madvise((void *)a, b - a, MADV_DONTNEED) == 0 ? 0 : -1;
+    if (!p || n <= 0) return -1;
+    return qs_page_drop(p, (size_t)n);
 }
 
 /* ---------------------------------------------------------------- activations */
@@ -200,7 +185,7 @@ static int act_prepare(rp_act *a, const rp_info *ri, const float *x, int64_t k, 
     p.f_stride = (nab + 15) / 16 * 16;
     a->per_col = p.xq_stride + p.ia_stride * 4 + p.f_stride * 8;
     size_t bytes = (size_t)n_x * (size_t)a->per_col;
-    a->buf = (uint8_t *)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    a->buf = (uint8_t *)qs_aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (!a->buf) return QS_ERR_NOMEM;
     p.xq = a->buf;
     p.ia = (int32_t *)(a->buf + n_x * p.xq_stride);
@@ -341,7 +326,7 @@ static int matmat_multi(int n, const int *rtype, const uint8_t *const *w, const 
         atomic_init(&job.next, 0);
         qs_parallel_for(n_threads, mm_task, &job, n_threads);
     }
-    for (int a = 0; a < n_acts; ++a) free(acts[a].buf);
+    for (int a = 0; a < n_acts; ++a) qs_aligned_free(acts[a].buf);
     return rc;
 }
 
@@ -394,7 +379,7 @@ static void codes_unit(qs_codes_fn codes, const uint8_t *b, int r, uint8_t *u) {
 static void cp_task(void *vctx, int64_t g) {
     cp_ctx *c = (cp_ctx *)vctx;
     const int64_t unit = c->ri->unit;
-    uint8_t *buf = (uint8_t *)aligned_alloc(64, (size_t)(c->nkb * unit));
+    uint8_t *buf = (uint8_t *)qs_aligned_alloc(64, (size_t)(c->nkb * unit));
     if (!buf) {
         atomic_store(&c->failed, 1);
         return;
@@ -417,7 +402,7 @@ static void cp_task(void *vctx, int64_t g) {
         for (int q = 0; q < nc; ++q) memcpy(c->y + (j + q) * c->n_rows + g * 16, out + 16 * q, 16 * sizeof(float));
         j += nc;
     }
-    free(buf);
+    qs_aligned_free(buf);
 }
 
 int qs_iq_prefill_usable(int type, int64_t n_rows, int64_t k) {
@@ -448,7 +433,7 @@ static int iq_prefill_unguarded(int type, const uint8_t *w, int64_t n_rows, int6
     if (rc) return rc;
     c.x = &a.x;
     qs_parallel_for(n_rows / QS_RP_ROWS, cp_task, &c, n_threads);
-    free(a.buf);
+    qs_aligned_free(a.buf);
     return atomic_load(&c.failed) ? QS_ERR_NOMEM : QS_OK;
 }
 

@@ -3,8 +3,8 @@
 #include "qs.h"
 #include "qs_slots.h"
 
-#if QS_ARCH_X86
-#include <cpuid.h>
+#if QS_ARCH_X86 && defined(_MSC_VER) && !defined(__clang__)
+#include <intrin.h> /* __cpuidex, _xgetbv: MSVC's cl itself (GCC, clang, MinGW-w64 and clang-cl use inline asm) */
 #elif QS_ARCH_ARM64 && defined(__linux__)
 #include <sys/auxv.h>
 #ifndef HWCAP_ASIMD
@@ -19,16 +19,78 @@
 #elif QS_ARCH_ARM64 && defined(__APPLE__)
 #include <sys/sysctl.h>
 #elif QS_ARCH_ARM64 && defined(_WIN32)
+#ifndef WIN32_LEAN_AND_MEAN
+#define WIN32_LEAN_AND_MEAN
+#endif
 #include <windows.h>
+/* winnt.h's numbers; older SDK and MinGW headers lack the names, and Windows answers FALSE for a number it does
+ * not know, so naming them here is safe. */
+#ifndef PF_ARM_V82_DP_INSTRUCTIONS_AVAILABLE
+#define PF_ARM_V82_DP_INSTRUCTIONS_AVAILABLE 43
+#endif
+#ifndef PF_ARM_V82_I8MM_INSTRUCTIONS_AVAILABLE
+#define PF_ARM_V82_I8MM_INSTRUCTIONS_AVAILABLE 66
+#endif
 #endif
 
 int qs_isa_level = -1;
 
 #if QS_ARCH_X86
-/* F16C, read from CPUID leaf 1 (clang before 15 has no "f16c" for __builtin_cpu_supports) */
-static int has_f16c(void) {
-    unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+/* x86 features straight from CPUID and XGETBV, the same on every compiler (__builtin_cpu_supports differs
+ * between them: clang before 15 has no "f16c", and clang-cl's needs compiler-rt's __cpu_model, which MSVC's
+ * linker does not bring in). As GCC's and compiler-rt's own checks do, a vector extension counts only when the OS
+ * saves its registers (XCR0). */
+static void cpuid(unsigned leaf, unsigned sub, unsigned r[4]) {
+#if defined(_MSC_VER) && !defined(__clang__)
+    int v[4];
+    __cpuidex(v, (int)leaf, (int)sub);
+    for (int i = 0; i < 4; ++i) r[i] = (unsigned)v[i];
+#else
+    /* the instruction itself: no <cpuid.h>, whose __cpuid macro collides with <intrin.h>'s under clang-cl */
+    __asm__ __volatile__("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(sub));
+#endif
+}
+
+static unsigned long long xcr0(void) {
+#if defined(_MSC_VER) && !defined(__clang__)
+    return _xgetbv(0);
+#else
+    unsigned lo, hi;
+    __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0)); /* the instruction: no -mxsave needed */
+    return ((unsigned long long)hi << 32) | lo;
+#endif
+}
+
+enum { X_AVX2 = 1, X_AVX512 = 2, X_VBMI = 4 }; /* X_AVX2: with FMA and F16C; X_AVX512: F, BW, VL and VNNI */
+
+static int x86_features(void) {
+    unsigned r0[4], r1[4], r7[4] = {0, 0, 0, 0};
+    cpuid(0, 0, r0);
+    if (r0[0] < 1) return 0;
+    cpuid(1, 0, r1);
+    if (r0[0] >= 7) cpuid(7, 0, r7);
+    const unsigned c1 = r1[2], b7 = r7[1], c7 = r7[2];
+    if (!(c1 & (1u << 27))) return 0; /* OSXSAVE: without it XGETBV is undefined and no AVX state is saved */
+    const unsigned long long x = xcr0();
+    const int os_avx = (x & 0x6) == 0x6; /* XMM and YMM state */
+#if defined(__APPLE__)
+    const int os_avx512 = os_avx; /* macOS enables the AVX-512 state on first use (as compiler-rt assumes too) */
+#else
+    const int os_avx512 = (x & 0xe6) == 0xe6; /* and opmask, ZMM0-15 upper halves, ZMM16-31 */
+#endif
+    int f = 0;
+    if (os_avx && (c1 & (1u << 28)) && (c1 & (1u << 12)) && (c1 & (1u << 29)) && (b7 & (1u << 5)))
+        f |= X_AVX2; /* AVX, FMA, F16C, AVX2 */
+    if (os_avx512 && (b7 & (1u << 16)) && (b7 & (1u << 30)) && (b7 & (1u << 31)) && (c7 & (1u << 11)))
+        f |= X_AVX512; /* AVX512F, AVX512BW, AVX512VL, AVX512_VNNI */
+    if (os_avx512 && (b7 & (1u << 16)) && (c7 & (1u << 1))) f |= X_VBMI; /* AVX512_VBMI */
+    return f;
+}
+
+static int x86_cached(void) {
+    static int f = -1; /* a benign race: every thread computes the same value */
+    if (f < 0) f = x86_features();
+    return f;
 }
 #endif
 
@@ -44,12 +106,9 @@ static int sysctl_flag(const char *name) {
 static int detect(void) {
     int lvl = QS_ISA_SCALAR;
 #if QS_ARCH_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c())
-        lvl = QS_ISA_AVX2;
-    if (lvl == QS_ISA_AVX2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
-        lvl = QS_ISA_AVX512;
+    const int f = x86_cached();
+    if (f & X_AVX2) lvl = QS_ISA_AVX2;
+    if (lvl == QS_ISA_AVX2 && (f & X_AVX512)) lvl = QS_ISA_AVX512;
 #elif QS_ARCH_ARM64
     int dot = 0, i8mm = 0;
     lvl = QS_ISA_NEON; /* Advanced SIMD is mandatory in ARMv8-A */
@@ -62,9 +121,8 @@ static int detect(void) {
     dot = sysctl_flag("hw.optional.arm.FEAT_DotProd");
     i8mm = sysctl_flag("hw.optional.arm.FEAT_I8MM");
 #elif defined(_WIN32)
-#ifdef PF_ARM_V82_DP_INSTRUCTIONS_AVAILABLE
     dot = IsProcessorFeaturePresent(PF_ARM_V82_DP_INSTRUCTIONS_AVAILABLE) != 0;
-#endif
+    i8mm = IsProcessorFeaturePresent(PF_ARM_V82_I8MM_INSTRUCTIONS_AVAILABLE) != 0;
 #endif
     if (lvl == QS_ISA_NEON && dot && QS_HAVE_DOTPROD) lvl = QS_ISA_DOTPROD;
     if (lvl == QS_ISA_DOTPROD && i8mm && QS_HAVE_I8MM) lvl = QS_ISA_I8MM;
@@ -117,12 +175,7 @@ const char *qs_arch_name(void) { return QS_ARCH_NAME; }
 
 int qs_cpu_has_vbmi(void) {
 #if QS_ARCH_X86
-    static int has = -1;
-    if (has < 0) {
-        __builtin_cpu_init();
-        has = __builtin_cpu_supports("avx512vbmi") ? 1 : 0;
-    }
-    return has;
+    return (x86_cached() & X_VBMI) ? 1 : 0;
 #else
     return 0;
 #endif

@@ -349,3 +349,35 @@ def pid_running(pid: int) -> bool:
     except (OSError, OverflowError, ValueError):  # EPERM: alive, someone else's
         return True
     return True
+
+
+# ------------------------------------------------------------------------------------ desktop session, folders
+def has_display() -> bool:
+    """Whether a window can open: on Linux and the BSDs a display server (``DISPLAY``, ``WAYLAND_DISPLAY``) or a
+    Qt platform chosen explicitly (``QT_QPA_PLATFORM``); macOS and Windows always have their window system (no
+    such variables there)."""
+    if MACOS or WINDOWS:
+        return True
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or os.environ.get("QT_QPA_PLATFORM"))
+
+
+def user_cache_dir() -> Path:
+    """The per-user folder for caches (re-creatable downloads, measurements), ``quantscope`` not included: Linux
+    and the BSDs ``$XDG_CACHE_HOME`` (default ``~/.cache``), macOS ``~/Library/Caches``, Windows
+    ``%LOCALAPPDATA%`` (default ``~/AppData/Local``)."""
+    if MACOS:
+        return Path.home() / "Library" / "Caches"
+    if WINDOWS:
+        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+
+
+def user_data_dir() -> Path:
+    """The per-user folder for data the user keeps (conversations), ``quantscope`` not included: Linux and the BSDs
+    ``$XDG_DATA_HOME`` (default ``~/.local/share``), macOS ``~/Library/Application Support``, Windows
+    ``%APPDATA%`` (default ``~/AppData/Roaming``)."""
+    if MACOS:
+        return Path.home() / "Library" / "Application Support"
+    if WINDOWS:
+        return Path(os.environ.get("APPDATA") or Path.home() / "AppData" / "Roaming")
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")

@@ -61,6 +61,15 @@ PENDING: dict[tuple[str, str], str] = {
     ("core/quant/imatrix.py", "os.pread"): "fsutil.pread",
     ("core/quant/imatrix.py", "mmap(prot=)"): "mmap.mmap(fd, size, access=mmap.ACCESS_READ) (every OS)",
     ("core/quant/imatrix.py", "mmap.PROT_READ"): "mmap.mmap(fd, size, access=mmap.ACCESS_READ) (every OS)",
+    ("core/catalog.py", "env XDG_CACHE_HOME"): "sysinfo.user_cache_dir() / 'quantscope' / 'models'",
+    ("core/chat/store.py", "env XDG_DATA_HOME"): "sysinfo.user_data_dir() / 'quantscope'",
+    ("gui/widgets/paths.py", "env XDG_CACHE_HOME"): "sysinfo.user_cache_dir()",
+    ("gui/app.py", "env DISPLAY"): "sysinfo.has_display() (macOS and Windows set no DISPLAY)",
+    ("gui/app.py", "env WAYLAND_DISPLAY"): "sysinfo.has_display()",
+    ("gui/launch.py", "env DISPLAY"): "sysinfo.has_display() (without it the app refuses to start on macOS/Windows)",
+    ("gui/launch.py", "env WAYLAND_DISPLAY"): "sysinfo.has_display()",
+    ("gui/qtdeps.py", "env DISPLAY"): "Linux's check (ldd, Debian packages): call startup_problem on Linux only",
+    ("gui/qtdeps.py", "env WAYLAND_DISPLAY"): "as above",
 }
 
 #: modules that exist on some systems only
@@ -92,6 +101,9 @@ OS_KEYWORDS = {"preexec_fn", "start_new_session", "pass_fds", "process_group", "
                "creationflags", "startupinfo", "dir_fd", "src_dir_fd", "dst_dir_fd"}
 #: path literals of one OS family
 OS_PATHS = ("/proc", "/sys/", "/dev/")
+#: environment variables of one OS family (X11/Wayland sessions, XDG folders, Windows' profile folders)
+OS_ENV = {"DISPLAY", "WAYLAND_DISPLAY", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_CONFIG_HOME", "XDG_RUNTIME_DIR",
+          "XDG_CURRENT_DESKTOP", "LOCALAPPDATA", "APPDATA", "USERPROFILE"}
 #: ctypes' Windows-only names
 CTYPES_WINDOWS = {"windll", "WinDLL", "oledll", "OleDLL", "WINFUNCTYPE", "GetLastError", "FormatError", "WinError",
                   "get_last_error", "set_last_error"}
@@ -238,6 +250,8 @@ def scan_source(text: str, path: str = "<source>") -> list[Use]:
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
             if node.value.startswith(OS_PATHS) or node.value in ("/proc", "/dev/fd"):
                 hit(node, f"path {node.value.split()[0][:24]!r}", chain)
+            elif node.value in OS_ENV:
+                hit(node, f"env {node.value}", chain)
         for field, value in ast.iter_fields(node):
             if isinstance(value, list):
                 for i, child in enumerate(value):
@@ -593,6 +607,28 @@ def test_descriptor_limits_drive_the_server_and_split() -> None:
         with pytest.raises(SplitError, match=f"more than this system allows \\({hard:,}\\)") as exc:
             _enough_descriptors(hard + 1)
         assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("os_flag", ["LINUX", "MACOS", "WINDOWS"])
+def test_display_and_user_folders_per_os(os_flag: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each OS's branch (plain Python: run here with the flags set): macOS and Windows always have a window
+    system and keep caches and data in their own folders; Linux asks the environment (XDG)."""
+    for flag in ("LINUX", "MACOS", "WINDOWS"):
+        monkeypatch.setattr(sysinfo, flag, flag == os_flag)
+    for var in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM", "XDG_CACHE_HOME", "XDG_DATA_HOME", "LOCALAPPDATA",
+                "APPDATA"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    home = Path.home()
+    want = {"LINUX": (False, home / ".cache", home / ".local" / "share"),
+            "MACOS": (True, home / "Library" / "Caches", home / "Library" / "Application Support"),
+            "WINDOWS": (True, home / "AppData" / "Local", home / "AppData" / "Roaming")}[os_flag]
+    assert (sysinfo.has_display(), sysinfo.user_cache_dir(), sysinfo.user_data_dir()) == want
+    monkeypatch.setenv("WAYLAND_DISPLAY", "wayland-0")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xc"))
+    monkeypatch.setenv("LOCALAPPDATA", str(tmp_path / "la"))
+    assert sysinfo.has_display()
+    assert sysinfo.user_cache_dir() == {"LINUX": tmp_path / "xc", "MACOS": want[1], "WINDOWS": tmp_path / "la"}[os_flag]
 
 
 def test_maxrss_units() -> None:

@@ -469,6 +469,35 @@ def test_the_named_temporary_path_leaves_no_debris(tmp_path: Path, monkeypatch: 
     assert sorted(os.listdir(tmp_path)) == ["a.bin", "b.json"]
 
 
+def test_the_windows_write_path_replaces_and_rolls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fsutil's Windows branches, forced here (the OS calls are this machine's, the logic is Windows'): named
+    temporaries, hard-link backups without ``follow_symlinks``, no folder sync; a failed second rename restores
+    the first target, and nothing is left beside the targets."""
+    monkeypatch.setattr(fsutil, "WINDOWS", True)
+    monkeypatch.setattr(fsutil, "LINUX", False)
+    synced: list[Path] = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(Path(f"/fd/{fd}")))
+    a, b = tmp_path / "a.gguf", tmp_path / "b.json"
+    a.write_bytes(b"old a")
+    write_atomic(a, b"new a")
+    assert a.read_bytes() == b"new a" and sorted(os.listdir(tmp_path)) == ["a.gguf"] and len(synced) == 1
+    real = os.replace
+
+    def second_fails(src, dst):  # type: ignore[no-untyped-def]
+        if Path(dst) == b:
+            raise PermissionError(errno.EACCES, "Access is denied")
+        return real(src, dst)
+
+    b.write_text("old b")
+    monkeypatch.setattr(os, "replace", second_fails)
+    with OutputSet([("a", a), ("b", b)]) as out, pytest.raises(fsutil.TargetInUse, match="another program"):
+        out.write_bytes("a", b"newer a")
+        out.write_bytes("b", b"new b")
+        out.commit()
+    assert a.read_bytes() == b"new a" and b.read_text() == "old b"
+    assert sorted(os.listdir(tmp_path)) == ["a.gguf", "b.json"]
+
+
 def test_positional_io_without_pread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The seek-and-read path of systems without ``pread`` (Windows), forced here: same bytes as ``os.pread``,
     and the descriptor's position is left where it was."""

@@ -11,6 +11,8 @@
  *               (relative norm) of the float64 product, within rtol 1e-4 of the scalar level
  *   gemm        the tiled prefill GEMM within 1e-5 |x||w| of the row dots; its row decoders bit-equal to scalar
  *   repack      the repacked layout's scalar kernel within 1e-5 |x||w| of the row dots, SIMD bit-equal to it
+ *   codes       the code types' dots at every level bit-equal to the scalar dot, and so their matmat (the row dots;
+ *               at SIMD levels the prompt path of many columns, qs_iq_prefill)
  *   pool, nn    qs_parallel_for / qs_pool_selftest; rmsnorm, softmax, rope, swiglu, geglu, attention vs scalar
  * Weight rows come from the scalar reference quantizers (qs_qrow_*) where the type has one, else random code
  * bytes with small scales (tests/test_dequant.py's realistic_blocks). The data are deterministic and use no libm.
@@ -515,6 +517,51 @@ static void check_repack(int type, int quick) {
     free(w), free(x), free(dense), free(ref), free(want), free(got), free(bound);
 }
 
+/* The code types (i-quants, TQ, FP4: t->codes): the dots sum exact integers and do the scalar reference's float
+ * operations in its order, so every level gives the scalar dot's bits; so do the row-dot matmat and, for many
+ * columns, the prompt path that decodes each 16-row group once (qs_iq_prefill; tests/test_native_iquants.py). */
+static void check_codes(int type, int quick) {
+    const qs_type_traits *t = qs_traits(type);
+    const int64_t rows = 32, k = 1536, n_x = 9;
+    int64_t rb = row_bytes(t, k), xb = qs_act_row_bytes(t->act, k);
+    uint8_t *w = (uint8_t *)xmalloc((size_t)(rows * rb)), *xq = (uint8_t *)xmalloc((size_t)(n_x * xb));
+    float *x = (float *)xmalloc((size_t)(n_x * k) * 4), *scalar = (float *)xmalloc((size_t)(n_x * rows) * 4);
+    float *dots = (float *)xmalloc((size_t)(n_x * rows) * 4), *got = (float *)xmalloc((size_t)(n_x * rows) * 4);
+    seed(11000 + (uint64_t)type);
+    for (int64_t r = 0; r < rows; ++r) weight_row(type, w + r * rb, k);
+    activations(x, n_x * k, 0);
+    int prev = qs_gemm_set(-1);
+    for (int li = 0; li < n_levels; ++li) {
+        int L = levels[li], ok = 1;
+        char detail[200] = "";
+        set_level(L);
+        for (int64_t j = 0; j < n_x && ok; ++j) {
+            ok = qs_quantize_activation(t->act, x + j * k, xq + j * xb, k) == 0;
+            for (int64_t r = 0; r < rows && ok; ++r) ok = qs_vec_dot(type, k, w + r * rb, xq + j * xb, &dots[j * rows + r]) == 0;
+        }
+        if (!ok) snprintf(detail, sizeof detail, "a dot returned an error");
+        if (ok && L == QS_ISA_SCALAR) memcpy(scalar, dots, (size_t)(n_x * rows) * 4);
+        if (ok && !bits_equal(dots, scalar, n_x * rows, 0)) ok = 0, snprintf(detail, sizeof detail, "dots differ from the scalar dots");
+        /* gemm off, 7 rows: the row dots; on a SIMD level with a prompt layout, 32 rows: qs_iq_prefill (the scalar
+         * level and the FP4 types take the tiled GEMM there: equal up to summation order, checked under "gemm") */
+        int last = L != QS_ISA_SCALAR && t->rp_codes.blk;
+        for (int gemm = 0; gemm <= last && ok; ++gemm) {
+            qs_gemm_set(gemm);
+            int64_t nr = gemm ? rows : 7;
+            ok = qs_matmat(type, w, nr, k, x, quick ? 5 : n_x, got, 2) == 0;
+            for (int64_t j = 0; j < (quick ? 5 : n_x) && ok; ++j)
+                ok = bits_equal(got + j * nr, dots + j * rows, nr, 0);
+            if (!ok) snprintf(detail, sizeof detail, "matmat of %d rows (prefill GEMM %s) differs from the row dots", (int)nr,
+                              gemm ? "on" : "off");
+        }
+        if (ok && L != QS_ISA_SCALAR && t->rp_codes.blk && qs_iq_prefill_usable(type, rows, k) != 1)
+            ok = 0, snprintf(detail, sizeof detail, "qs_iq_prefill_usable is not 1 at a SIMD level");
+        report(ok, "codes", t->name, L, detail);
+    }
+    qs_gemm_set(prev);
+    free(w), free(xq), free(x), free(scalar), free(dots), free(got);
+}
+
 /* ------------------------------------------------------------------ pool */
 typedef struct {
     int64_t *hits;
@@ -643,6 +690,7 @@ int main(int argc, char **argv) {
         }
         if (t->panel[0]) check_gemm(type, quick);
         if (t->dot[0]) check_repack(type, quick);
+        if (t->codes && t->dot[0]) check_codes(type, quick);
     }
     check_pool(quick);
     check_nn();

@@ -14,6 +14,31 @@ typedef struct {
     void *arg;
 } thread_start;
 
+#if defined(__MINGW32__)
+/* MinGW-w64's fmaf (libmingwex, linked statically) is not fused: it rounds the product, so about a quarter of its
+ * results differ from a true fused multiply-add. The scalar kernels use fmaf where the SIMD code fuses and must get
+ * the same bits, so this definition takes its place in every MinGW link of the library (UCRT's, used by clang-cl
+ * builds, and glibc's and Apple's are correct; kernels with the fma target attribute inline the instruction).
+ * The product of two floats is exact in double; the sum is rounded to odd (TwoSum's error decides the last bit),
+ * and a double rounded to odd rounds to the correctly rounded float (53 >= 2 * 24 + 2 bits). */
+#include <math.h>
+#include <string.h>
+
+float fmaf(float a, float b, float c) {
+    const double p = (double)a * (double)b, cd = (double)c;
+    double s = p + cd;
+    if (!isfinite(s)) return (float)s;
+    const double bb = s - p, e = (p - (s - bb)) + (cd - bb);
+    uint64_t u;
+    memcpy(&u, &s, sizeof u);
+    if (e != 0 && !(u & 1)) {
+        u += ((s > 0) == (e > 0)) ? 1 : (uint64_t)-1; /* one ulp toward the exact sum: now odd */
+        memcpy(&s, &u, sizeof s);
+    }
+    return (float)s;
+}
+#endif
+
 #if QS_OS_WIN32
 /* ================================================================ Win32 (MinGW-w64, clang-cl) */
 #ifndef WIN32_LEAN_AND_MEAN

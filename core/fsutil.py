@@ -637,6 +637,31 @@ def pwrite(fd: int, data: bytes | memoryview, offset: int) -> int:
             os.lseek(fd, here, os.SEEK_SET)
 
 
+#: whether the kernel can copy between files itself (Linux, FreeBSD); elsewhere callers copy with pread and write
+HAS_COPY_FILE_RANGE = hasattr(os, "copy_file_range")
+
+
+def copy_file_range(src_fd: int, dst_fd: int, count: int, offset: int) -> int:
+    """Copy up to ``count`` bytes at ``offset`` of ``src_fd`` to ``dst_fd``'s current position in the kernel
+    (``os.copy_file_range``); the count copied, 0 at the source's end. Raises ``OSError`` as the kernel does
+    (``EXDEV``, ``EINVAL``, ``EOPNOTSUPP``: copy by hand instead), and ``ENOSYS`` where the OS has no such call
+    (macOS, Windows)."""
+    if hasattr(os, "copy_file_range"):
+        return os.copy_file_range(src_fd, dst_fd, count, offset)
+    raise OSError(errno.ENOSYS, "copy_file_range does not exist on this system")
+
+
+def release_cached_pages(fd: int, offset: int, length: int) -> None:
+    """Advise the OS that ``[offset, offset + length)`` of ``fd`` is not needed soon (``posix_fadvise``
+    ``DONTNEED``: Linux starts writing its dirty pages back without waiting and drops the clean ones from the page
+    cache); nothing where there is no such call (macOS, Windows). Advice only: errors are ignored."""
+    if hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+
+
 def release_mapped_pages(m: object, start: int, length: int) -> None:
     """Let the OS drop the resident pages of ``[start, start + length)`` of the read-only mapping ``m`` (an
     ``mmap.mmap``; page-aligned range): ``madvise(MADV_DONTNEED)`` where it exists, nothing on Windows (it drops

@@ -37,7 +37,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .fsutil import OutputSet, open_input
+from .fsutil import OutputSet, open_input, pread
 from .gguf import GGUFFile
 from .gguf.constants import DEFAULT_ALIGNMENT, FileType, ValueType
 from .gguf.writer import DataSection, GGUFHeader, encode_entry
@@ -281,7 +281,7 @@ def tokenizer_entries(vocab_source: str | os.PathLike[str]) -> tuple[list[bytes]
         n_vocab = len(tokens.value)
     fd = open_input(vocab_source)
     try:
-        return [os.pread(fd, end - start, start) for start, end in spans], n_vocab
+        return [pread(fd, end - start, start) for start, end in spans], n_vocab
     finally:
         os.close(fd)
 

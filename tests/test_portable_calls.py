@@ -44,23 +44,6 @@ ONE_OS_MODULES = {"core/desktop_xdg.py", "core/desktop_macos.py", "core/desktop_
 #: uses still outside a seam in modules other helpers own, (file, name) -> the seam call that replaces it. The
 #: test fails when one of these is gone (delete its line), so the list only shrinks.
 PENDING: dict[tuple[str, str], str] = {
-    ("core/gguf/edit.py", "os.copy_file_range"): "stays Linux-only behind USE_COPY_FILE_RANGE; move to fsutil",
-    ("core/gguf/edit.py", "os.pread"): "fsutil.pread",
-    ("core/gguf/reader.py", "madvise"): "fsutil.release_mapped_pages",
-    ("core/gguf/reader.py", "mmap.MADV_DONTNEED"): "fsutil.release_mapped_pages",
-    ("core/synthetic.py", "os.pread"): "fsutil.pread",
-    ("core/engine/kld.py", "os.sysconf"): "sysinfo.memory_total",
-    ("core/engine/kld.py", "os.pread"): "fsutil.pread",
-    ("core/bump/reader.py", "os.pread"): "fsutil.pread",
-    ("core/bump/convert.py", "os.preadv"): "fsutil.pread_into",
-    ("core/bump/convert.py", "os.copy_file_range"): "Linux-only behind hasattr at its call site; move to fsutil",
-    ("core/bump/convert.py", "os.pread"): "fsutil.pread",
-    ("core/bump/convert.py", "os.pwrite"): "fsutil.pwrite",
-    ("core/bump/convert.py", "os.posix_fadvise"): "a fsutil call (POSIX only; nothing on Windows)",
-    ("core/bump/convert.py", "os.POSIX_FADV_DONTNEED"): "a fsutil call (POSIX only; nothing on Windows)",
-    ("core/quant/imatrix.py", "os.pread"): "fsutil.pread",
-    ("core/quant/imatrix.py", "mmap(prot=)"): "mmap.mmap(fd, size, access=mmap.ACCESS_READ) (every OS)",
-    ("core/quant/imatrix.py", "mmap.PROT_READ"): "mmap.mmap(fd, size, access=mmap.ACCESS_READ) (every OS)",
     ("core/catalog.py", "env XDG_CACHE_HOME"): "sysinfo.user_cache_dir() / 'quantscope' / 'models'",
     ("core/chat/store.py", "env XDG_DATA_HOME"): "sysinfo.user_data_dir() / 'quantscope'",
     ("gui/widgets/paths.py", "env XDG_CACHE_HOME"): "sysinfo.user_cache_dir()",
@@ -524,6 +507,77 @@ def test_release_mapped_pages_is_harmless(tmp_path: Path) -> None:
     with open(p, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
         fsutil.release_mapped_pages(m, 0, 2 * mmap.PAGESIZE)
         assert m[: mmap.PAGESIZE] == b"\x01" * mmap.PAGESIZE  # a file mapping reads back from the file
+
+
+def test_kernel_copy_and_cache_advice_with_and_without_the_os_calls(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``copy_file_range`` copies where the OS has it and says ENOSYS where it has not (macOS, Windows: forced here
+    by removing the call), so callers copy by hand; ``release_cached_pages`` is advice, a no-op without
+    ``posix_fadvise``. Both leave the bytes as they were."""
+    src, dst = tmp_path / "src.bin", tmp_path / "dst.bin"
+    src.write_bytes(bytes(range(256)) * 16)
+    fd_in, fd_out = os.open(src, fsutil.O_READ), os.open(dst, fsutil.O_READWRITE | os.O_CREAT, 0o644)
+    try:
+        if fsutil.HAS_COPY_FILE_RANGE:
+            copied = 0
+            while copied < 1000:
+                n = fsutil.copy_file_range(fd_in, fd_out, 1000 - copied, 100 + copied)
+                assert n > 0
+                copied += n
+            assert dst.read_bytes() == src.read_bytes()[100:1100]
+        fsutil.release_cached_pages(fd_in, 0, 4096)
+        for name in ("copy_file_range", "posix_fadvise"):
+            monkeypatch.delattr(os, name, raising=False)
+        with pytest.raises(OSError) as exc:
+            fsutil.copy_file_range(fd_in, fd_out, 10, 0)
+        assert exc.value.errno == errno.ENOSYS
+        fsutil.release_cached_pages(fd_in, 0, 4096)
+        assert src.read_bytes() == bytes(range(256)) * 16
+    finally:
+        os.close(fd_in)
+        os.close(fd_out)
+
+
+def test_convert_and_edit_without_kernel_copy_or_pread_write_the_same_bytes(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bump conversion and the metadata edit as on Windows (no ``copy_file_range``, no ``pread``: forced
+    here) write the same files as Linux's kernel-copy path."""
+    from quantscope.core.bump import ConvertJob
+    from quantscope.core.gguf import edit
+
+    from .test_bump import write_model
+
+    src = write_model(tmp_path / "m.gguf", types={"embd": "F32"})
+    ConvertJob(src, tmp_path / "linux.bump").run()
+    edit.save_edited(src, tmp_path / "linux.gguf", [])
+    monkeypatch.setattr(fsutil, "HAS_COPY_FILE_RANGE", False)
+    monkeypatch.setattr(edit, "USE_COPY_FILE_RANGE", False)
+    monkeypatch.setattr(fsutil, "USE_OS_PREAD", False)
+    ConvertJob(src, tmp_path / "windows.bump").run()
+    edit.save_edited(src, tmp_path / "windows.gguf", [])
+    assert (tmp_path / "linux.bump").read_bytes() == (tmp_path / "windows.bump").read_bytes()
+    assert (tmp_path / "linux.gguf").read_bytes() == (tmp_path / "windows.gguf").read_bytes()
+
+
+@pytest.mark.skipif(not hasattr(os, "preadv"), reason="POSIX's positional calls")
+def test_positional_io_is_the_os_call_where_it_exists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the OS has them the hot paths (bump convert, edit copy) get ``os.pread``/``os.preadv``/``os.pwrite``
+    themselves: no seek, hence no lock (the seek-and-read path would call ``lseek``, which fails here)."""
+    p = tmp_path / "f.bin"
+    p.write_bytes(bytes(range(256)))
+
+    def no_seek(*a: object) -> int:
+        raise AssertionError("lseek called")
+
+    fd = os.open(p, fsutil.O_READWRITE)
+    monkeypatch.setattr(os, "lseek", no_seek)
+    try:
+        buf = bytearray(4)
+        assert fsutil.pread(fd, 3, 10) == bytes([10, 11, 12]) and fsutil.pread_into(fd, buf, 20) == 4
+        assert bytes(buf) == bytes([20, 21, 22, 23]) and fsutil.pwrite(fd, b"xy", 0) == 2
+    finally:
+        os.close(fd)
+    assert p.read_bytes()[:3] == b"xy\x02"
 
 
 def test_every_flag_is_an_int_and_binary_descriptors_are_the_default() -> None:

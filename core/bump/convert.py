@@ -1,13 +1,13 @@
 """The GGUF -> BUMPWGT3 conversion job: plain Python with a progress callback and a cancel token, usable from the
 CLI and from a GUI worker thread.
 
-Tensor bytes are copied in the kernel (copy_file_range) in bounded chunks while a hashing thread walks the same
-list of pieces on its own, reading them with pread into one buffer (hashlib releases the GIL), so SHA-256 (one
-core, inherently sequential) never waits for the writer; writeback is started as the file grows and the data is
-fsynced while the hash finishes. Resident memory stays bounded whatever the model size. Outputs (the bump,
-config.json, the manifest) go through :class:`~quantscope.core.fsutil.OutputSet`: checked against the input and
-each other, written to unnamed temporaries and renamed into place together only when all succeeded; on error,
-cancel or kill nothing is left at the target paths.
+Tensor bytes are copied in the kernel (copy_file_range on Linux; from the mapping elsewhere) in bounded chunks
+while a hashing thread walks the same list of pieces on its own, reading them with pread into one buffer (hashlib
+releases the GIL), so SHA-256 (one core, inherently sequential) never waits for the writer; writeback is started as
+the file grows and the data is fsynced while the hash finishes. Resident memory stays bounded whatever the model
+size. Outputs (the bump, config.json, the manifest) go through :class:`~quantscope.core.fsutil.OutputSet`: checked
+against the input and each other, written to unnamed temporaries and renamed into place together only when all
+succeeded; on error, cancel or kill nothing is left at the target paths.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import fsutil
 from ..fsutil import OutputSet, open_input
 from ..gguf import GGUFFile, TensorInfo, sibling_shards
 from ..jobs import Cancelled as JobCancelled
@@ -184,7 +185,7 @@ class _Hasher(threading.Thread):
                     continue
                 offset, length, shard = rng
                 view = memoryview(self.buf)[:length]
-                got = os.preadv(srcs[shard], [view], offset)
+                got = fsutil.pread_into(srcs[shard], view, offset)
                 if got != length:
                     raise BumpWriteError(errno.EIO, _SOURCE_CHANGED)
                 self.h.update(view)
@@ -228,7 +229,7 @@ def _copy_range(src_fd: int, dst_fd: int, offset: int, count: int, path: Path, w
     kernel (copy_file_range); falls back to pread/write where the kernel or filesystem refuses."""
     while count:
         try:
-            n = os.copy_file_range(src_fd, dst_fd, count, offset)
+            n = fsutil.copy_file_range(src_fd, dst_fd, count, offset)
         except OSError as exc:
             if exc.errno in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
                 n = 0
@@ -238,7 +239,7 @@ def _copy_range(src_fd: int, dst_fd: int, offset: int, count: int, path: Path, w
             else:
                 raise BumpWriteError(exc.errno, f"Cannot write {path}: {exc.strerror}") from None
         if n == 0:  # not supported here (or the source ended early): plain copy
-            data = os.pread(src_fd, count, offset)
+            data = fsutil.pread(src_fd, count, offset)
             if len(data) != count:
                 raise BumpWriteError(errno.EIO, _SOURCE_CHANGED)
             _write_all(dst_fd, data, path, written, total)
@@ -383,7 +384,7 @@ class ConvertJob:
         flusher = _Flusher(fd)
         src_fds: list[int] = []
         try:
-            if hasattr(os, "copy_file_range"):
+            if fsutil.HAS_COPY_FILE_RANGE:  # else (macOS, Windows) the bytes are written from the mapping
                 for p in paths:
                     src_fds.append(open_input(p))
             hasher.start()
@@ -428,7 +429,7 @@ class ConvertJob:
             head.join()
             if head.error is not None:
                 raise head.error
-            os.pwrite(fd, digest, CHECKSUM_OFFSET)
+            fsutil.pwrite(fd, digest, CHECKSUM_OFFSET)
             _fsync(fd, out, total)  # the checksum page
             return digest.hex()
         finally:
@@ -453,9 +454,5 @@ def _open_temp(outs: OutputSet, label: str) -> int:
 
 def _start_writeback(fd: int, offset: int, length: int) -> None:
     """Ask the kernel to begin writing a range back (Linux: fadvise DONTNEED starts writeback of dirty pages
-    without waiting and drops the clean ones from the page cache)."""
-    if hasattr(os, "posix_fadvise"):
-        try:
-            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
+    without waiting and drops the clean ones from the page cache; nothing on macOS and Windows)."""
+    fsutil.release_cached_pages(fd, offset, length)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..fsutil import PathRefused, open_input, printable
+from ..fsutil import PathRefused, open_input, pread, printable
 from ..quant.types import ggml_type
 from .format import CHECKSUM_OFFSET, HEADER_SIZE, MAGIC, PER_LAYER, PROFILES, BumpHeader, align_context, code_to_type
 
@@ -349,7 +349,7 @@ def is_bump(path: str | os.PathLike[str]) -> bool:
     except PathRefused:
         return False
     try:
-        return os.pread(fd, 8, 0) == MAGIC
+        return pread(fd, 8, 0) == MAGIC
     except OSError:
         return False
     finally:

@@ -26,7 +26,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..fsutil import OutputSet, open_input
+from .. import sysinfo
+from ..fsutil import OutputSet, open_input, pread
 from ..tokenizer import Tokenizer
 from .session import Model
 
@@ -46,10 +47,7 @@ MAX_SCALE = float(np.float32(16.0) / np.float32(65535.0)) * 1.001
 
 def memory_bytes() -> int:
     """This machine's physical memory (0 when unknown)."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 0
+    return sysinfo.memory_total() or 0
 
 
 def check_context(c: Any, n_ctx: int, what: str = "a context") -> None:
@@ -155,7 +153,7 @@ class KLDBase:
             raise IndexError(f"chunk {chunk} outside 0..{self.n_chunk - 1}")
         if self._fd is None:
             raise ValueError(f"{self.path}: closed")
-        data = os.pread(self._fd, self._chunk_bytes, self._records_at + chunk * self._chunk_bytes)
+        data = pread(self._fd, self._chunk_bytes, self._records_at + chunk * self._chunk_bytes)
         if len(data) != self._chunk_bytes:
             raise KLDFileError(f"{self.path}: chunk {chunk} is cut short ({len(data)} of {self._chunk_bytes} bytes): "
                                "the file changed while in use")

@@ -8,8 +8,9 @@ it applies to, so an edit list that was accepted always replays.
 
 :func:`save_edited` writes the result through :class:`~quantscope.core.fsutil.OutputSet` (a temporary in the target
 folder, synced and renamed into place; a cancelled or failed write leaves nothing): header, the edited metadata,
-the tensor infos, padding, then every tensor's bytes copied unchanged with ``os.copy_file_range``. For the edits
-gguf-py's ``gguf_new_metadata.py`` can make, the output is the same bytes as that script's.
+the tensor infos, padding, then every tensor's bytes copied unchanged (in the kernel where the OS can:
+:func:`~quantscope.core.fsutil.copy_file_range`). For the edits gguf-py's ``gguf_new_metadata.py`` can make, the
+output is the same bytes as that script's.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import fsutil
 from ..fsutil import OutputSet, open_input, printable
 from ..jobs import CancelFlag, Cancelled, Progress, check_cancel
 from ..shardnames import sibling_shards
@@ -910,8 +912,8 @@ class EditResult:
     plan: EditPlan
 
 
-#: tests switch this off to exercise the read/write fallback
-USE_COPY_FILE_RANGE = hasattr(os, "copy_file_range")
+#: tests switch this off to exercise the read/write fallback (the only path on macOS and Windows)
+USE_COPY_FILE_RANGE = fsutil.HAS_COPY_FILE_RANGE
 _CFR_FALLBACK = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF, errno.EPERM,
                  getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
 
@@ -942,14 +944,14 @@ class _Copier:
             if self.cfr:
                 assert self.src_fd is not None
                 try:
-                    got = os.copy_file_range(self.src_fd, self.out_fd, want, pos)
+                    got = fsutil.copy_file_range(self.src_fd, self.out_fd, want, pos)
                 except OSError as exc:
                     if exc.errno not in _CFR_FALLBACK:
                         raise
                     self.cfr = False
                     continue
             elif self.src_fd is not None:
-                data = os.pread(self.src_fd, want, pos)
+                data = fsutil.pread(self.src_fd, want, pos)
                 self.write(data)
                 got = len(data)
             else:
@@ -976,7 +978,7 @@ def _source_fd(f: GGUFFile) -> int:
         mapped = copy_bytes(f._buf, 0, f.header_end, "header")
         pos = 0
         while pos < len(mapped):
-            chunk = os.pread(fd, min(16 << 20, len(mapped) - pos), pos)
+            chunk = fsutil.pread(fd, min(16 << 20, len(mapped) - pos), pos)
             if not chunk or chunk != mapped[pos : pos + len(chunk)]:
                 raise EditError(f"{f.path} changed since it was opened (its header differs); open it again")
             pos += len(chunk)

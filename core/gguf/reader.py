@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..fsutil import PathRefused, open_input
+from ..fsutil import PathRefused, open_input, release_mapped_pages
 from ..native import ffi, lib
 from ..quant.types import GGML_TYPES, REMOVED_TYPE_IDS, GGMLType
 from ..shardnames import shard_path, shard_prefix
@@ -853,10 +853,7 @@ class GGUFFile:
         a = (offset + page - 1) // page * page
         b = (offset + length) // page * page
         if b > a:
-            try:
-                m.madvise(mmap.MADV_DONTNEED, a, b - a)
-            except (OSError, ValueError, AttributeError):
-                pass
+            release_mapped_pages(m, a, b - a)
 
     def block_location(self, t: TensorInfo | str, row: int, block: int) -> tuple[int, int]:
         """Offset in the tensor's file (``t.shard``'s) and byte size of block ``block`` of row ``row`` (flattened

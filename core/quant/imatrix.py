@@ -110,12 +110,12 @@ class Imatrix:
 def read_imatrix(path: str | os.PathLike[str]) -> Imatrix:
     """Read an imatrix file (GGUF, or legacy when it is not a GGUF); a FIFO, device or folder is refused
     (:class:`~quantscope.core.fsutil.PathRefused`) before anything blocks."""
-    from ..fsutil import open_input
+    from ..fsutil import open_input, pread
 
     p = Path(path)
     fd = open_input(p)
     try:
-        magic = os.pread(fd, 4, 0)
+        magic = pread(fd, 4, 0)
         if magic == b"GGUF":
             return _read_gguf(p)
         return _read_legacy(p, fd)
@@ -189,7 +189,7 @@ def _read_legacy(p: Path, fd: int) -> Imatrix:
     if size < 4:
         raise ImatrixError(f"{p}: not an imatrix file (neither GGUF nor a legacy file with entries)")
     try:
-        mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
     except (OSError, ValueError) as exc:
         raise ImatrixError(f"{p}: cannot map the file: {exc}") from None
     view = memoryview(mm)

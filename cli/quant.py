@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from quantscope.core import sysinfo
 from quantscope.core.fsutil import PathRefused, printable
 from quantscope.core.gguf import GGUFError
 
@@ -554,7 +555,7 @@ def register(sub: Any) -> None:
                    "(default 1)")
     s.add_argument("--exact", action="store_true", help="with a target: measure the KL divergence of every type "
                    "(slow), not one per tensor extended by the weighted error")
-    s.add_argument("--cost-cache", metavar="DIR", default=str(Path.home() / ".cache" / "quantscope" / "costs"),
+    s.add_argument("--cost-cache", metavar="DIR", default=str(sysinfo.user_cache_dir() / "quantscope" / "costs"),
                    help="with a target: where measured costs are kept for the next run")
     s.add_argument("--refine", type=int_arg(0, 1 << 16), default=0, metavar="N",
                    help="with a target: after the solve, measure the N largest chosen costs that were estimated, "
@@ -586,7 +587,7 @@ def register(sub: Any) -> None:
     s.add_argument("--exact", action="store_true", help="measure every type (slow), not one per tensor "
                    "extended by the weighted error")
     s.add_argument("--allow-requantize", action="store_true", help="accept quantized input tensors")
-    s.add_argument("--cost-cache", metavar="DIR", default=str(Path.home() / ".cache" / "quantscope" / "costs"),
+    s.add_argument("--cost-cache", metavar="DIR", default=str(sysinfo.user_cache_dir() / "quantscope" / "costs"),
                    help="where measured costs are kept (shared with quantize --target-size)")
     s.add_argument("--threads", type=int_arg(0, MAX_THREADS), default=0, help="worker threads (default: all cores)")
     s.add_argument("--json", action="store_true", help="print strict JSON")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import sysinfo
 from .fsutil import OutputSet
 
 CHUNK = 4 << 20
@@ -82,12 +83,13 @@ class FetchError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    """``$QUANTSCOPE_MODELS`` or ``$XDG_CACHE_HOME/quantscope/models`` (default ``~/.cache/quantscope/models``)."""
+    """``$QUANTSCOPE_MODELS``, else ``quantscope/models`` in the user's cache folder
+    (:func:`~quantscope.core.sysinfo.user_cache_dir`: Linux ``$XDG_CACHE_HOME``, default ``~/.cache``; macOS
+    ``~/Library/Caches``; Windows ``%LOCALAPPDATA%``)."""
     env = os.environ.get("QUANTSCOPE_MODELS")
     if env:
         return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "quantscope" / "models"
+    return sysinfo.user_cache_dir() / "quantscope" / "models"
 
 
 def get_spec(name: str) -> ModelSpec:

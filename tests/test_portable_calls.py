@@ -44,9 +44,6 @@ ONE_OS_MODULES = {"core/desktop_xdg.py", "core/desktop_macos.py", "core/desktop_
 #: uses still outside a seam in modules other helpers own, (file, name) -> the seam call that replaces it. The
 #: test fails when one of these is gone (delete its line), so the list only shrinks.
 PENDING: dict[tuple[str, str], str] = {
-    ("core/catalog.py", "env XDG_CACHE_HOME"): "sysinfo.user_cache_dir() / 'quantscope' / 'models'",
-    ("core/chat/store.py", "env XDG_DATA_HOME"): "sysinfo.user_data_dir() / 'quantscope'",
-    ("gui/widgets/paths.py", "env XDG_CACHE_HOME"): "sysinfo.user_cache_dir()",
     ("gui/app.py", "env DISPLAY"): "sysinfo.has_display() (macOS and Windows set no DISPLAY)",
     ("gui/app.py", "env WAYLAND_DISPLAY"): "sysinfo.has_display()",
     ("gui/launch.py", "env DISPLAY"): "sysinfo.has_display() (without it the app refuses to start on macOS/Windows)",
@@ -712,6 +709,41 @@ def test_display_and_user_folders_per_os(os_flag: str, monkeypatch: pytest.Monke
     monkeypatch.setenv("LOCALAPPDATA", str(tmp_path / "la"))
     assert sysinfo.has_display()
     assert sysinfo.user_cache_dir() == {"LINUX": tmp_path / "xc", "MACOS": want[1], "WINDOWS": tmp_path / "la"}[os_flag]
+
+
+def test_the_app_folders_come_from_the_seam(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The model cache, the cost cache (CLI and GUI default) and the conversation store: under
+    ``$XDG_CACHE_HOME``/``$XDG_DATA_HOME`` on Linux as before, under ``%LOCALAPPDATA%``/``%APPDATA%`` on Windows
+    (its branch forced here); ``QUANTSCOPE_MODELS``/``QUANTSCOPE_DATA`` win everywhere."""
+    from quantscope.cli.main import build_parser
+    from quantscope.core import catalog
+    from quantscope.core.chat.store import data_dir
+
+    def cost_default() -> str:
+        return build_parser("sensitivity").parse_args(["sensitivity", "m.gguf", "-f", "t.txt"]).cost_cache
+
+    for var in ("QUANTSCOPE_MODELS", "QUANTSCOPE_DATA"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xc"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xd"))
+    monkeypatch.setenv("LOCALAPPDATA", str(tmp_path / "la"))
+    monkeypatch.setenv("APPDATA", str(tmp_path / "ad"))
+    if sysinfo.LINUX:
+        assert catalog.cache_dir() == tmp_path / "xc" / "quantscope" / "models"
+        assert data_dir() == tmp_path / "xd" / "quantscope"
+        assert cost_default() == str(tmp_path / "xc" / "quantscope" / "costs")
+    for flag in ("LINUX", "MACOS", "WINDOWS"):
+        monkeypatch.setattr(sysinfo, flag, flag == "WINDOWS")
+    assert catalog.cache_dir() == tmp_path / "la" / "quantscope" / "models"
+    assert data_dir() == tmp_path / "ad" / "quantscope"
+    assert cost_default() == str(tmp_path / "la" / "quantscope" / "costs")
+    pytest.importorskip("PySide6")
+    from quantscope.gui.views.quant_lab_budget import default_cost_dir
+
+    assert default_cost_dir() == tmp_path / "la" / "quantscope" / "costs"
+    monkeypatch.setenv("QUANTSCOPE_MODELS", str(tmp_path / "m"))
+    monkeypatch.setenv("QUANTSCOPE_DATA", str(tmp_path / "d"))
+    assert (catalog.cache_dir(), data_dir()) == (tmp_path / "m", tmp_path / "d")
 
 
 def test_maxrss_units() -> None:

@@ -1,9 +1,10 @@
 """Conversations on disk: one SQLite file (stdlib ``sqlite3``) under the user's data directory, plus Markdown and
 JSON export.
 
-The file is ``$QUANTSCOPE_DATA/chats.sqlite3`` when ``QUANTSCOPE_DATA`` is set, else
-``$XDG_DATA_HOME/quantscope/chats.sqlite3`` (default ``~/.local/share/quantscope/chats.sqlite3``). A store is used
-from one thread (the GUI's); every write is one short transaction.
+The file is ``$QUANTSCOPE_DATA/chats.sqlite3`` when ``QUANTSCOPE_DATA`` is set, else ``quantscope/chats.sqlite3`` in
+the user's data folder (Linux ``$XDG_DATA_HOME``, default ``~/.local/share``; macOS ``~/Library/Application
+Support``; Windows ``%APPDATA%``). A store is used from one thread (the GUI's); every write is one short
+transaction.
 
 Several windows or processes may have the same conversation open: every message carries a random ``uid`` and a
 save (:meth:`ChatStore.save_messages`) inserts or updates its messages by uid and deletes only the ones that
@@ -28,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from .. import sysinfo
 from ..fsutil import write_atomic
 from . import tokens as _tokens
 from .tokens import TokenRecord
@@ -108,12 +110,13 @@ def _text(v: object, default: str = "") -> str:
 
 
 def data_dir() -> Path:
-    """``$QUANTSCOPE_DATA``, else ``$XDG_DATA_HOME/quantscope``, else ``~/.local/share/quantscope``."""
+    """``$QUANTSCOPE_DATA``, else ``quantscope`` in the user's data folder
+    (:func:`~quantscope.core.sysinfo.user_data_dir`: Linux ``$XDG_DATA_HOME``, default ``~/.local/share``; macOS
+    ``~/Library/Application Support``; Windows ``%APPDATA%``)."""
     env = os.environ.get("QUANTSCOPE_DATA")
     if env:
         return Path(env)
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "quantscope"
+    return sysinfo.user_data_dir() / "quantscope"
 
 
 def default_path() -> Path:

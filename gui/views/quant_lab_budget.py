@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from quantscope.core import sysinfo
 from quantscope.core.bump import Cancelled
 from quantscope.core.fsutil import OutputSet, PathRefused, printable, read_text_input
 from quantscope.core.gguf import GGUFFile
@@ -78,8 +79,9 @@ _ALIGN_RIGHT = int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
 
 
 def default_cost_dir() -> Path:
-    """Where the measured costs are kept (the CLI's ``--cost-cache`` default)."""
-    return Path.home() / ".cache" / "quantscope" / "costs"
+    """Where the measured costs are kept (the CLI's ``--cost-cache`` default): ``quantscope/costs`` in the user's
+    cache folder (:func:`~quantscope.core.sysinfo.user_cache_dir`)."""
+    return sysinfo.user_cache_dir() / "quantscope" / "costs"
 
 
 def kld_text(v: float | None, measured: bool = True, digits: int = 3) -> str:

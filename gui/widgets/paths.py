@@ -21,8 +21,9 @@ from PySide6.QtWidgets import (
 
 def output_path(source: str | os.PathLike[str], name: str) -> Path:
     """Where a new file ``name`` made from ``source`` is proposed: beside the source, unless the source lives in a
-    cache (the model cache where the demo model is fetched, or any folder under ``$XDG_CACHE_HOME``, default
-    ``~/.cache``) or in a folder this user cannot write; then in the user's Documents folder, else home."""
+    cache (the model cache where the demo model is fetched, or any folder under the user's cache folder: Linux
+    ``$XDG_CACHE_HOME``, default ``~/.cache``; macOS ``~/Library/Caches``; Windows ``%LOCALAPPDATA%``) or in a
+    folder this user cannot write; then in the user's Documents folder, else home."""
     folder = Path(source).expanduser().absolute().parent
     if not _is_cache(folder) and os.access(folder, os.W_OK):
         return folder / name
@@ -31,9 +32,9 @@ def output_path(source: str | os.PathLike[str], name: str) -> Path:
 
 
 def _is_cache(folder: Path) -> bool:
-    from quantscope.core import catalog
+    from quantscope.core import catalog, sysinfo
 
-    caches = [catalog.cache_dir(), Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")]
+    caches = [catalog.cache_dir(), sysinfo.user_cache_dir()]
     try:
         real = folder.resolve()
     except OSError:

@@ -80,6 +80,14 @@ def test_host_build_and_selftest(lane: str) -> None:
     if want is not None:
         assert runs[lane] == want
     assert runs[lane].startswith("scalar")
+    if lane == "native":  # --isa limits the levels to scalar (the reference) and the one named; a level not here: 2
+        exe = REPO / "build" / "native-checks" / "native" / "qs_selftest"
+        best = runs[lane].split(",")[-1]
+        r = subprocess.run([str(exe), "--isa", best, "--quick"], capture_output=True, text=True, timeout=300)
+        want_levels = "scalar" if best == "scalar" else f"scalar,{best}"
+        assert r.returncode == 0 and r.stdout.splitlines()[-1].endswith(f"levels: {want_levels}")
+        r = subprocess.run([str(exe), "--isa", "sse9"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "sse9 is not on this CPU" in r.stderr
 
 
 @pytest.mark.skipif(not X86, reason="the cross lanes run on an x86-64 host")

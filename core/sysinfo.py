@@ -361,6 +361,14 @@ def has_display() -> bool:
     return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or os.environ.get("QT_QPA_PLATFORM"))
 
 
+def wayland_without_x11() -> bool:
+    """Whether the session is Wayland with no X11 server beside it (Linux and the BSDs: ``WAYLAND_DISPLAY`` set,
+    ``DISPLAY`` not, so no XWayland); always False on macOS and Windows."""
+    if MACOS or WINDOWS:
+        return False
+    return bool(os.environ.get("WAYLAND_DISPLAY")) and not os.environ.get("DISPLAY")
+
+
 def user_cache_dir() -> Path:
     """The per-user folder for caches (re-creatable downloads, measurements), ``quantscope`` not included: Linux
     and the BSDs ``$XDG_CACHE_HOME`` (default ``~/.cache``), macOS ``~/Library/Caches``, Windows

@@ -23,8 +23,11 @@ PROBE_DEMO_PROMPT = ("The capital of France is Paris, and the capital of Italy i
 
 
 def has_display() -> bool:
-    """True when Qt can open a window: a display is set, or a platform plugin was chosen explicitly."""
-    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or os.environ.get("QT_QPA_PLATFORM"))
+    """True when Qt can open a window (:func:`~quantscope.core.sysinfo.has_display`: always on macOS and Windows;
+    elsewhere a display is set, or a platform plugin was chosen explicitly)."""
+    from quantscope.core import sysinfo
+
+    return sysinfo.has_display()
 
 
 def window_size(text: str) -> tuple[int, int]:

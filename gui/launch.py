@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import sys
 
-from quantscope.core import catalog
+from quantscope.core import catalog, sysinfo
 
 NO_DISPLAY_MESSAGE = ("quantscope: no display: set DISPLAY, run under xvfb-run, or use --screenshot / "
                       "quantscope inspect")
 
 
 def launch_gui(argv: list[str]) -> int:
-    """`quantscope [FILE] [--screenshot PNG] [--view NAME]`: the desktop app. Without a display (and no
-    QT_QPA_PLATFORM) a screenshot renders offscreen; anything else exits 2 with a clear message instead of
-    letting Qt abort."""
+    """`quantscope [FILE] [--screenshot PNG] [--view NAME]`: the desktop app. Without a display (Linux and the BSDs:
+    no DISPLAY, WAYLAND_DISPLAY or QT_QPA_PLATFORM) a screenshot renders offscreen; anything else exits 2 with a
+    clear message instead of letting Qt abort."""
     import os
 
-    headless = not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or os.environ.get("QT_QPA_PLATFORM"))
+    headless = not sysinfo.has_display()  # macOS and Windows always have their window system
     wants_shot = any(a == "--screenshot" or a.startswith("--screenshot=") for a in argv)
     wants_help = any(a in ("-h", "--help") for a in argv)
     if headless and not wants_shot and not wants_help:

@@ -16,6 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from quantscope.core import sysinfo
+
+#: the checks here (``ldd``, Debian's packages) are Linux's: a macOS or Windows wheel or bundle carries its Qt whole
+LINUX = sys.platform.startswith("linux")
 _GLIBC = ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1", "libresolv.so.2", "libutil.so.1")
 #: Sonames whose Debian package does not follow the ``lib<name><version>`` rule (checked against Debian 12 and 13;
 #: ``dpkg -S`` on an installed one names its package). A name renamed for 64-bit time_t is also in :data:`_T64`.
@@ -151,18 +155,24 @@ def missing_libraries(plugin: Path) -> list[str]:
 
 
 def chosen_platform() -> str:
-    """The platform Qt will start on: ``QT_QPA_PLATFORM`` (first of a ``;`` list), else by environment."""
+    """The platform Qt will start on: ``QT_QPA_PLATFORM`` (first of a ``;`` list), else the OS's own (``cocoa``,
+    ``windows``), else by the session: ``wayland`` without an X11 server, ``xcb`` otherwise."""
     env = os.environ.get("QT_QPA_PLATFORM", "").split(";")[0].split(":")[0].strip()
     if env:
         return env
-    if os.environ.get("WAYLAND_DISPLAY") and not os.environ.get("DISPLAY"):
-        return "wayland"
-    return "xcb"
+    if sys.platform == "darwin":
+        return "cocoa"
+    if sys.platform == "win32":
+        return "windows"
+    return "wayland" if sysinfo.wayland_without_x11() else "xcb"
 
 
 def startup_problem(platform: str | None = None, plugin: Path | None = None) -> str | None:
     """One line saying which system libraries Qt's ``platform`` plugin lacks, with the install command; None if
-    nothing is missing (or the plugin is not found, which Qt reports itself)."""
+    nothing is missing (or the plugin is not found, which Qt reports itself). Linux only (``ldd``, Debian's
+    packages): None on every other OS."""
+    if not LINUX:
+        return None
     platform = platform or chosen_platform()
     plugin = plugin or platform_plugin(platform)
     if plugin is None:

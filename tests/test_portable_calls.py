@@ -16,6 +16,8 @@ import ast
 import errno
 import mmap
 import os
+import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,16 +43,9 @@ SEAMS = {
 #: seams that are one OS's branch as a whole (core/desktop.py picks one per OS): their uses need no test inside
 ONE_OS_MODULES = {"core/desktop_xdg.py", "core/desktop_macos.py", "core/desktop_windows.py"}
 
-#: uses still outside a seam in modules other helpers own, (file, name) -> the seam call that replaces it. The
-#: test fails when one of these is gone (delete its line), so the list only shrinks.
-PENDING: dict[tuple[str, str], str] = {
-    ("gui/app.py", "env DISPLAY"): "sysinfo.has_display() (macOS and Windows set no DISPLAY)",
-    ("gui/app.py", "env WAYLAND_DISPLAY"): "sysinfo.has_display()",
-    ("gui/launch.py", "env DISPLAY"): "sysinfo.has_display() (without it the app refuses to start on macOS/Windows)",
-    ("gui/launch.py", "env WAYLAND_DISPLAY"): "sysinfo.has_display()",
-    ("gui/qtdeps.py", "env DISPLAY"): "Linux's check (ldd, Debian packages): call startup_problem on Linux only",
-    ("gui/qtdeps.py", "env WAYLAND_DISPLAY"): "as above",
-}
+#: uses still outside a seam, (file, name) -> the seam call that replaces it (none left). The test fails when one of
+#: these is gone (delete its line), so the list only shrinks.
+PENDING: dict[tuple[str, str], str] = {}
 
 #: modules that exist on some systems only
 OS_MODULES = {"fcntl", "resource", "pwd", "grp", "termios", "tty", "pty", "posix", "crypt", "spwd", "syslog",
@@ -709,6 +704,39 @@ def test_display_and_user_folders_per_os(os_flag: str, monkeypatch: pytest.Monke
     monkeypatch.setenv("LOCALAPPDATA", str(tmp_path / "la"))
     assert sysinfo.has_display()
     assert sysinfo.user_cache_dir() == {"LINUX": tmp_path / "xc", "MACOS": want[1], "WINDOWS": tmp_path / "la"}[os_flag]
+
+
+@pytest.mark.parametrize("os_flag", ["LINUX", "MACOS", "WINDOWS"])
+def test_the_gui_start_checks_per_os(os_flag: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Wayland without X11 (Qt's ``wayland`` plugin) exists on Linux only; the Qt library check (ldd, Debian's
+    packages) runs on Linux only: elsewhere the wheel or bundle carries Qt and there is no ``ldd``."""
+    pytest.importorskip("PySide6")
+    from quantscope.gui import qtdeps
+
+    for flag in ("LINUX", "MACOS", "WINDOWS"):
+        monkeypatch.setattr(sysinfo, flag, flag == os_flag)
+    monkeypatch.setattr(qtdeps, "LINUX", os_flag == "LINUX")
+    monkeypatch.setenv("WAYLAND_DISPLAY", "wayland-0")
+    monkeypatch.delenv("DISPLAY", raising=False)
+    assert sysinfo.wayland_without_x11() == (os_flag == "LINUX")
+    monkeypatch.setenv("DISPLAY", ":0")
+    assert not sysinfo.wayland_without_x11()
+    if not sys.platform.startswith("linux") or not (shutil.which("gcc") or shutil.which("cc")):
+        return
+    cc = shutil.which("gcc") or shutil.which("cc")
+    assert cc is not None
+    (tmp_path / "dep.c").write_text("int qs_dep(void) { return 1; }\n")
+    (tmp_path / "plugin.c").write_text("int qs_dep(void);\nint qs_plugin(void) { return qs_dep(); }\n")
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "libqsgone.so.3"), str(tmp_path / "dep.c"),
+                    "-Wl,-soname,libqsgone.so.3"], check=True)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "libqfake.so"), str(tmp_path / "plugin.c"),
+                    str(tmp_path / "libqsgone.so.3")], check=True)
+    (tmp_path / "libqsgone.so.3").unlink()  # a plugin whose library is gone: what ldd shows on a bare desktop
+    problem = qtdeps.startup_problem("xcb", tmp_path / "libqfake.so")
+    if os_flag == "LINUX":
+        assert problem is not None and "sudo apt-get install libqsgone3" in problem
+    else:
+        assert problem is None
 
 
 def test_the_app_folders_come_from_the_seam(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

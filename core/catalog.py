@@ -12,10 +12,10 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from . import sysinfo
-from .fsutil import OutputSet
+from .fsutil import OutputSet, printable, windows_name_problem
 
 CHUNK = 4 << 20
 
@@ -243,6 +243,20 @@ def fetch_data(spec: DataSpec = LLAMA_DATA, *, progress: Progress | None = None)
     return target
 
 
+def check_member_name(archive: str, member: str, folder: str, name: str, kept: set[str]) -> None:
+    """Refuse (:class:`FetchError`, one line) the archive ``member`` kept as ``folder/name`` when some OS cannot
+    hold that file name (a Windows device name such as ``con``, a character Windows forbids, over 255 characters)
+    or it differs only in case from one already in ``kept`` (one file on macOS and Windows); record it in ``kept``.
+    The pinned archives hold no such name, so one means the archive is not the one that was checked."""
+    problem = windows_name_problem(name)
+    if problem is None and f"{folder}/{name}".casefold() in kept:
+        problem = "differs only in case from another member, and macOS and Windows would keep one file for both"
+    if problem is not None:
+        raise FetchError(f"{archive}: the member {printable(member)} cannot be kept on every OS: its name "
+                         f"{printable(name)!r} {problem}")
+    kept.add(f"{folder}/{name}".casefold())
+
+
 def _gather(spec: DataSpec, pattern: re.Pattern[str], out: Path, say: Progress) -> None:
     """Download and verify ``spec``'s archive (in a system temporary folder) and copy its matching members into
     ``out``, finishing with the ``.complete`` marker."""
@@ -268,14 +282,17 @@ def _gather(spec: DataSpec, pattern: re.Pattern[str], out: Path, say: Progress) 
             raise FetchError(f"{spec.archive} does not verify (size {got}, sha256 {digest}; expected {spec.size}, "
                              f"{spec.sha256})")
         kept = 0
+        names: set[str] = set()
         out.mkdir(parents=True)
         with tarfile.open(archive, "r:gz") as tf:
             for m in tf:
                 hit = pattern.match(m.name)
                 if not hit or not m.isreg():
                     continue
-                rel = Path(hit.group(1))
-                dest = out / ("templates" if rel.parts[0] == "templates" else "vocab") / rel.name
+                rel = PurePosixPath(hit.group(1))  # an archive's names use '/' on every OS
+                folder = "templates" if rel.parts[0] == "templates" else "vocab"
+                check_member_name(spec.archive, m.name, folder, rel.name, names)
+                dest = out / folder / rel.name
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 src = tf.extractfile(m)
                 assert src is not None

@@ -20,7 +20,7 @@ from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QObject, QPoint, Qt, 
 from PySide6.QtGui import QAction, QCursor, QGuiApplication, QImage
 from PySide6.QtWidgets import QFileDialog, QMenu, QMessageBox, QToolTip, QWidget
 
-from quantscope.core.fsutil import PathRefused, printable, write_atomic
+from quantscope.core.fsutil import PathRefused, portable_name, printable, write_atomic
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.summary import human_bytes
 
@@ -31,9 +31,11 @@ PLOT_FILTERS = "PNG image (*.png);;SVG drawing (*.svg)"
 
 
 def _safe_name(name: str) -> str:
-    """A tensor or key name as a file name: path separators and control characters replaced."""
-    out = "".join(c if c.isprintable() and c not in '/\\:*?"<>|' else "_" for c in name).strip(". ")
-    return out[:120] or "export"
+    """A tensor or key name as the start of a file name every OS accepts, a suffix to follow: at most 120
+    characters, no leading dot, path separators and what Windows forbids replaced, a Windows device name (``CON``,
+    ``aux.weight``) prefixed (:func:`~quantscope.core.fsutil.portable_name`); ``export`` when nothing is left."""
+    out = "".join(c if c.isprintable() else "_" for c in name)[:120].strip(". ")
+    return portable_name(out, "export")
 
 
 @qt_guarded

@@ -368,6 +368,39 @@ def test_portable_name_keeps_the_extension_and_whole_characters() -> None:
     assert portable_name("...") == "_" and portable_name(" . ", "export") == "export"
 
 
+def test_names_from_data_are_portable() -> None:
+    """File names the app makes from data (a tensor or key name, a conversation's title) are ones every OS
+    accepts; archive members the catalogue keeps are refused in one line when some OS could not hold them."""
+    from quantscope.core import catalog
+
+    kept: set[str] = set()
+    catalog.check_member_name("a.tar.gz", "p/models/ggml-vocab-llama.gguf", "vocab", "ggml-vocab-llama.gguf", kept)
+    catalog.check_member_name("a.tar.gz", "p/models/templates/x.jinja", "templates", "GGML-vocab-llama.gguf", kept)
+    for name, why in (("con.jinja", "device name"), ("a:b.jinja", "':'"), ("GGML-VOCAB-LLAMA.gguf", "only in case"),
+                      ("x.jinja ", "ends with a dot or a space"), ("a\\b.jinja", "'\\\\\\\\'")):
+        with pytest.raises(catalog.FetchError, match=why) as exc:
+            catalog.check_member_name("a.tar.gz", f"p/models/{name}", "vocab", name, kept)
+        assert "\n" not in str(exc.value) and str(exc.value).startswith("a.tar.gz: the member p/models/")
+    folder = catalog.cache_dir() / catalog.LLAMA_DATA.name
+    if folder.is_dir():  # the pinned archive's members, as fetched: every one passes
+        kept = set()
+        for p in sorted(folder.rglob("*")):
+            if p.is_file() and p.parent != folder:
+                catalog.check_member_name("a", p.name, p.parent.name, p.name, kept)
+    pytest.importorskip("PySide6")
+    from quantscope.gui.exports import _safe_name
+    from quantscope.gui.views.chat_persist import export_file_name
+
+    assert [_safe_name(n) for n in ("CON", "aux.weight", "blk.0.attn_q.weight", "a/b:c", "..", "x" * 300)] == [
+        "_CON", "_aux.weight", "blk.0.attn_q.weight", "a_b_c", "export", "x" * 120]
+    assert export_file_name("con", "md") == "_con.md" and export_file_name("LPT1", "json") == "_LPT1.json"
+    assert export_file_name("How do I: x?", "md") == "How do I_ x_.md" and export_file_name(" ", "md") == \
+        "conversation.md"
+    assert export_file_name("é" * 300, "json") == "é" * 120 + ".json"
+    for made in (_safe_name("CON") + ".npy", export_file_name("nul", "md"), export_file_name("ab" * 200, "md")):
+        assert windows_name_problem(made) is None, made
+
+
 def test_a_windows_writer_refuses_a_forbidden_name_in_one_line(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fsutil, "WINDOWS", True)  # the check itself is plain Python: run it here

@@ -12,8 +12,18 @@ from PySide6.QtWidgets import QFileDialog, QWidget
 
 from quantscope.core.chat.controller import ChatController
 from quantscope.core.chat.store import ChatStore, Conversation, StoreError, default_path, export
+from quantscope.core.fsutil import portable_name
 
 from .chat_conversations import ConversationPanel
+
+
+def export_file_name(title: str, fmt: str) -> str:
+    """The file name an export of the conversation ``title`` is proposed under (``fmt`` ``json`` or ``md``):
+    letters, digits, ``-``, ``_`` and spaces of the title, at most 120 characters, a Windows device name (``con``)
+    prefixed (:func:`~quantscope.core.fsutil.portable_name`); ``conversation`` when nothing is left."""
+    suffix = ".json" if fmt == "json" else ".md"
+    safe = "".join(c if c.isalnum() or c in "-_ " else "_" for c in title)[:120].strip() or "conversation"
+    return portable_name(safe + suffix, "conversation" + suffix)
 
 
 class Conversations:
@@ -143,11 +153,8 @@ class Conversations:
     def export_dialog(self, fmt: str) -> None:
         if self.ctl.conv_id is None or (store := self.store()) is None:
             return
-        title = store.get(self.ctl.conv_id).title
-        safe = "".join(c if c.isalnum() or c in "-_ " else "_" for c in title).strip() or "conversation"
-        suffix = ".json" if fmt == "json" else ".md"
-        path, _ = QFileDialog.getSaveFileName(self.owner, "Export the conversation",
-                                              str(Path.home() / (safe + suffix)),
+        name = export_file_name(store.get(self.ctl.conv_id).title, fmt)
+        path, _ = QFileDialog.getSaveFileName(self.owner, "Export the conversation", str(Path.home() / name),
                                               "JSON (*.json)" if fmt == "json" else "Markdown (*.md)")
         if path:
             out = self.export(path, fmt)

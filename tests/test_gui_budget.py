@@ -214,6 +214,7 @@ def test_the_screenshot_view_measures_and_draws(llama, tmp_path):
 
     out = tmp_path / "budget.png"
     env = {**os.environ, "HOME": str(tmp_path), "QT_QPA_PLATFORM": "offscreen"}
+    env.pop("XDG_CACHE_HOME", None)  # the cost cache follows it: the child's must be under this HOME
     env.pop("DISPLAY", None)
     r = subprocess.run([sys.executable, "-m", "quantscope.cli", str(llama), "--screenshot", str(out), "--view",
                         "budget", "--size", "1100x700", "--theme", "dark"], env=env, capture_output=True, text=True,

@@ -17,8 +17,10 @@
  * Weight rows come from the scalar reference quantizers (qs_qrow_*) where the type has one, else random code
  * bytes with small scales (tests/test_dequant.py's realistic_blocks). The data are deterministic and use no libm.
  *
- * Usage: qs_selftest [--isa NAME] [--quick]; prints one line per check and a summary
- * "selftest: N checks, F failed, levels: scalar,avx2,..."; exit status 1 on any failure, 2 on bad usage.
+ * Usage: qs_selftest [--isa NAME] [--quick]; --isa checks only that level (against scalar, always run as the
+ * reference; a level this CPU or build lacks exits 2), --quick fewer sizes and pool jobs. Prints one line per check
+ * ("ok   <check> <type> <level>" or "FAIL ...: detail") and a summary "selftest: N checks, F failed, levels:
+ * scalar,avx2,..."; exit status 1 on any failure, 2 on bad usage.
  * C11 and the library's own API only (no POSIX calls), so it builds for Linux, macOS and Windows alike. */
 #include <stdint.h>
 #include <stdio.h>
@@ -35,7 +37,7 @@ static int report(int ok, const char *what, const char *type, int level, const c
     ++n_checks;
     if (!ok) ++n_failed;
     printf("%s %s %s %s%s%s\n", ok ? "ok  " : "FAIL", what, type, qs_isa_name(level), ok || !detail ? "" : ": ",
-               ok || !detail ? "" : detail);
+           ok || !detail ? "" : detail);
     return ok;
 }
 

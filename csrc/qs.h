@@ -112,8 +112,9 @@ static inline float qs_load_f32(const uint8_t *p) {
 }
 
 /* Thread pool: run fn(ctx, task) for task in [0, n_tasks) on up to n_threads threads (caller included).
- * Persistent pthreads, created on first use, re-created in a forked child. Safe to call concurrently: calls are
- * serialised on the pool (the GIL is released, so two Python threads may call in). */
+ * Persistent threads (qs_os.h: pthreads, or Win32 threads on Windows), created on first use, re-created in a forked
+ * child. Safe to call concurrently: calls are serialised on the pool (the GIL is released, so two Python threads
+ * may call in). */
 typedef void (*qs_task_fn)(void *ctx, int64_t task);
 void qs_parallel_for(int64_t n_tasks, qs_task_fn fn, void *ctx, int n_threads);
 

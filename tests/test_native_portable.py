@@ -22,6 +22,8 @@ import pytest
 
 from quantscope.core.native import ffi, lib
 
+from .host_lanes import linux_host_only, missing_tools
+
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 
 #: OS headers and calls, and the files allowed to use them
@@ -230,6 +232,7 @@ int main(void) {
 
 
 @pytest.mark.slow
+@linux_host_only
 def test_win32_branch_runs_under_wine(tmp_path):
     """The Win32 threads, once, SRW lock, condition variable, clock, sleep and memory calls, and MinGW's fmaf
     replaced by the seam's (a pool of 4 threads over 1000 tasks, the pool's own race test); a file view's pages
@@ -237,9 +240,7 @@ def test_win32_branch_runs_under_wine(tmp_path):
     cc, wine = shutil.which("x86_64-w64-mingw32-gcc"), shutil.which("wine64") or shutil.which("wine")
     if not (cc and wine):
         msg = "needs x86_64-w64-mingw32-gcc and wine (apt-get install gcc-mingw-w64-x86-64 wine64)"
-        if os.environ.get("CI"):
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg)
+        missing_tools(msg)
     main = tmp_path / "main.c"
     main.write_text(WINE_MAIN)
     exe = tmp_path / "seam.exe"

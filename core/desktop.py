@@ -28,6 +28,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .fsutil import OutputSet, PathRefused
+
 #: operating system -> the module implementing its integration
 BACKENDS = {"linux": "desktop_xdg", "macos": "desktop_macos", "windows": "desktop_windows"}
 APP_NAME = "Quantscope"
@@ -133,6 +135,18 @@ def launcher(script: str = "quantscope") -> list[str]:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def write_files(base: Path, contents: dict[Path, bytes] | dict[str, bytes], what: str) -> None:
+    """Write ``contents`` (paths relative to ``base``) as one set, each through a temporary and a rename, making
+    folders; a refused or failing write is :class:`DesktopError` ``"{what}: {reason}"``."""
+    try:
+        with OutputSet([(str(rel), base / rel) for rel in contents], make_dirs=True) as out:
+            for rel, data in contents.items():
+                out.write_bytes(str(rel), data)
+            out.commit()
+    except (PathRefused, OSError) as exc:
+        raise DesktopError(f"{what}: {exc}") from None
 
 
 #: larger than any file install writes: a file this big is not ours

@@ -24,7 +24,6 @@ from typing import Any
 from . import desktop as dt
 from .desktop import APP_NAME, MIME_TYPE, TYPE_NAME, DesktopError, Report
 from .desktop_icons import ICNS_TYPES, icns_bytes, icon_images
-from .fsutil import OutputSet, PathRefused
 
 BUNDLE = f"{APP_NAME}.app"
 BUNDLE_ID = "io.quantscope.Quantscope"
@@ -146,13 +145,10 @@ def install(apps: Path, command: list[str] | None = None, lsregister: str = LSRE
     marker = {"bundle": BUNDLE_ID, "format": 1, "command": command, "created_dirs": sorted(created),
               "files": {str(rel): dt.sha256(data) for rel, data in contents.items()}}
     contents[MARKER] = (json.dumps(marker, indent=1) + "\n").encode("utf-8")
+    dt.write_files(app, contents, f"cannot install {app}")
     try:
-        with OutputSet([(str(rel), app / rel) for rel in contents], make_dirs=True) as out:
-            for rel, data in contents.items():
-                out.write_bytes(str(rel), data)
-            out.commit()
         os.chmod(app / SCRIPT, 0o755)
-    except (PathRefused, OSError) as exc:
+    except OSError as exc:
         raise DesktopError(f"cannot install {app}: {exc}") from None
     rep = Report(app, command, written=list(contents))
     rep.tools.append(_lsregister(["-f", str(app)], f"registered {app}", lsregister))

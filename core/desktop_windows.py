@@ -24,7 +24,6 @@ from typing import Any, Protocol
 from . import desktop as dt
 from .desktop import APP_NAME, MIME_TYPE, TYPE_NAME, DesktopError, Report
 from .desktop_icons import ICO_SIZES, ico_bytes, icon_images
-from .fsutil import OutputSet, PathRefused
 
 CLASSES = "Software\\Classes"
 PROGID = "Quantscope.gguf"
@@ -216,13 +215,7 @@ def _read_manifest(local: Path) -> dict[str, Any]:
 
 
 def _write_files(local: Path, files: dict[str, bytes]) -> None:
-    try:
-        with OutputSet([(n, local / n) for n in files], make_dirs=True) as out:
-            for n, data in files.items():
-                out.write_bytes(n, data)
-            out.commit()
-    except (PathRefused, OSError) as exc:
-        raise DesktopError(f"cannot write into {local}: {exc}") from None
+    dt.write_files(local, files, f"cannot write into {local}")
 
 
 def install(reg: Registry | None = None, argv: list[str] | None = None, local: Path | None = None,

@@ -20,10 +20,10 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 
-from .desktop import MIME_TYPE, DesktopError, Report, launcher, read_ours, run_tool
+from .desktop import MIME_TYPE, DesktopError, Report, launcher, read_ours, run_tool, write_files
 from .desktop import resources_dir as _resources_dir
 from .desktop import sha256 as _sha256
-from .fsutil import OutputSet, PathRefused, check_input, kind_of
+from .fsutil import PathRefused, check_input, kind_of
 
 DESKTOP = Path("applications/quantscope.desktop")
 ICON_SVG = Path("icons/hicolor/scalable/apps/quantscope.svg")
@@ -158,13 +158,7 @@ def install(base: Path, command: list[str] | None = None) -> Report:
                 "files": {str(rel): _sha256(data) for rel, data in contents.items()},
                 "created_dirs": sorted(created)}
     contents[MANIFEST] = (json.dumps(manifest, indent=1) + "\n").encode("utf-8")
-    try:
-        with OutputSet([(str(rel), base / rel) for rel in contents], make_dirs=True) as out:
-            for rel, data in contents.items():
-                out.write_bytes(str(rel), data)
-            out.commit()
-    except (PathRefused, OSError) as exc:
-        raise DesktopError(f"cannot install into {base}: {exc}") from None
+    write_files(base, contents, f"cannot install into {base}")
     rep = Report(base, command, written=list(contents))
     rep.tools = [_run_tool(base, folder) for folder in CACHES]
     return rep

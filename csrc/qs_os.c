@@ -154,15 +154,11 @@ void qs_unmap_anon(void *p, size_t n) {
     if (p) VirtualFree(p, 0, MEM_RELEASE);
 }
 
-int qs_page_drop(const void *p, size_t n) {
-    const uintptr_t pg = (uintptr_t)qs_page_size();
-    if (!p || n == 0) return -1;
-    uintptr_t a = ((uintptr_t)p + pg - 1) & ~(pg - 1);
-    uintptr_t b = ((uintptr_t)p + n) & ~(pg - 1);
-    if (b <= a) return 0;
+/* whole pages [a, a + len): see qs_page_drop below */
+static int drop_pages(void *a, size_t len) {
     /* VirtualUnlock of pages that are not locked takes them out of the working set (documented) and fails with
      * ERROR_NOT_LOCKED, which is the expected outcome here. */
-    if (VirtualUnlock((LPVOID)a, (SIZE_T)(b - a))) return 0;
+    if (VirtualUnlock((LPVOID)a, (SIZE_T)len)) return 0;
     return GetLastError() == ERROR_NOT_LOCKED ? 0 : -1;
 }
 
@@ -272,12 +268,16 @@ void qs_unmap_anon(void *p, size_t n) {
     if (p && n) munmap(p, round_pages(n));
 }
 
+/* whole pages [a, a + len): see qs_page_drop below */
+static int drop_pages(void *a, size_t len) { return madvise(a, len, MADV_DONTNEED) == 0 ? 0 : -1; }
+#endif
+
+/* ================================================================ both */
+
 int qs_page_drop(const void *p, size_t n) {
     const uintptr_t pg = (uintptr_t)qs_page_size();
     if (!p || n == 0) return -1;
     uintptr_t a = ((uintptr_t)p + pg - 1) & ~(pg - 1);
     uintptr_t b = ((uintptr_t)p + n) & ~(pg - 1);
-    if (b <= a) return 0;
-    return madvise((void *)a, b - a, MADV_DONTNEED) == 0 ? 0 : -1;
+    return b <= a ? 0 : drop_pages((void *)a, (size_t)(b - a));
 }
-#endif

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -57,3 +59,18 @@ def pytest_runtest_call(item: pytest.Item):  # type: ignore[no-untyped-def]
     from .watchdog import watch
 
     return (yield from watch(item))
+
+
+@pytest.fixture
+def plugin_missing_a_library(tmp_path: Path) -> Path:
+    """A shared object that links a library which is then removed: what ldd shows on a bare desktop."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    assert cc, "a C compiler is needed (the kernels need one too)"
+    (tmp_path / "dep.c").write_text("int qs_dep(void) { return 1; }\n")
+    (tmp_path / "plugin.c").write_text("int qs_dep(void);\nint qs_plugin(void) { return qs_dep(); }\n")
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "libqsgone.so.3"), str(tmp_path / "dep.c"),
+                    "-Wl,-soname,libqsgone.so.3"], check=True)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "libqfake.so"), str(tmp_path / "plugin.c"),
+                    str(tmp_path / "libqsgone.so.3")], check=True)
+    (tmp_path / "libqsgone.so.3").unlink()
+    return tmp_path / "libqfake.so"

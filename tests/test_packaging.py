@@ -5,13 +5,15 @@ desktop plan, GUI screenshot). About a minute each here."""
 
 from __future__ import annotations
 
-import os
+import importlib
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+
+from .host_lanes import missing_tools
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"),
@@ -25,13 +27,16 @@ def run(script: str, out: Path) -> subprocess.CompletedProcess[str]:
     return r
 
 
-def test_linux_wheel_installs_and_runs_without_a_compiler(tmp_path: Path) -> None:
+def need(module: str) -> None:
+    """Skip without the packaging tool ``module`` (the test extra has it); under CI, fail."""
     try:
-        import auditwheel  # noqa: F401
+        importlib.import_module(module)
     except ImportError:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip("auditwheel is not installed (pip install -e '.[test]')")
+        missing_tools(f"{module} is not installed (pip install -e '.[test]')")
+
+
+def test_linux_wheel_installs_and_runs_without_a_compiler(tmp_path: Path) -> None:
+    need("auditwheel")
     r = run("run_wheel.sh", tmp_path)
     wheels = list((tmp_path / "wheelhouse").glob("quantscope-*.whl"))
     assert len(wheels) == 1 and "manylinux_" in wheels[0].name, wheels
@@ -40,12 +45,7 @@ def test_linux_wheel_installs_and_runs_without_a_compiler(tmp_path: Path) -> Non
 
 
 def test_app_bundle_builds_and_runs_moved(tmp_path: Path) -> None:
-    try:
-        import PyInstaller  # noqa: F401
-    except ImportError:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip("PyInstaller is not installed (pip install -e '.[test]')")
+    need("PyInstaller")
     r = run("run_bundle.sh", tmp_path)
     assert "GUI screenshot" in r.stderr
     (art,) = (tmp_path / "artifact").iterdir()

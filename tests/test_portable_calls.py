@@ -652,7 +652,6 @@ def test_descriptor_and_rss_figures_match_proc() -> None:
 
 
 def test_pid_running() -> None:
-    import subprocess
 
     assert sysinfo.pid_running(os.getpid()) and sysinfo.pid_running(sysinfo.PID_MAX + 1)
     p = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -740,7 +739,8 @@ def test_display_and_user_folders_per_os(os_flag: str, monkeypatch: pytest.Monke
 
 
 @pytest.mark.parametrize("os_flag", ["LINUX", "MACOS", "WINDOWS"])
-def test_the_gui_start_checks_per_os(os_flag: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_gui_start_checks_per_os(os_flag: str, monkeypatch: pytest.MonkeyPatch,
+                                     request: pytest.FixtureRequest) -> None:
     """Wayland without X11 (Qt's ``wayland`` plugin) exists on Linux only; the Qt library check (ldd, Debian's
     packages) runs on Linux only: elsewhere the wheel or bundle carries Qt and there is no ``ldd``."""
     pytest.importorskip("PySide6")
@@ -756,16 +756,8 @@ def test_the_gui_start_checks_per_os(os_flag: str, monkeypatch: pytest.MonkeyPat
     assert not sysinfo.wayland_without_x11()
     if not sys.platform.startswith("linux") or not (shutil.which("gcc") or shutil.which("cc")):
         return
-    cc = shutil.which("gcc") or shutil.which("cc")
-    assert cc is not None
-    (tmp_path / "dep.c").write_text("int qs_dep(void) { return 1; }\n")
-    (tmp_path / "plugin.c").write_text("int qs_dep(void);\nint qs_plugin(void) { return qs_dep(); }\n")
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "libqsgone.so.3"), str(tmp_path / "dep.c"),
-                    "-Wl,-soname,libqsgone.so.3"], check=True)
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "libqfake.so"), str(tmp_path / "plugin.c"),
-                    str(tmp_path / "libqsgone.so.3")], check=True)
-    (tmp_path / "libqsgone.so.3").unlink()  # a plugin whose library is gone: what ldd shows on a bare desktop
-    problem = qtdeps.startup_problem("xcb", tmp_path / "libqfake.so")
+    plugin = request.getfixturevalue("plugin_missing_a_library")
+    problem = qtdeps.startup_problem("xcb", plugin)
     if os_flag == "LINUX":
         assert problem is not None and "sudo apt-get install libqsgone3" in problem
     else:

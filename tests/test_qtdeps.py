@@ -129,21 +129,6 @@ def test_installed_plugins_are_found():
     assert qtdeps.platform_plugin("no-such-platform") is None
 
 
-@pytest.fixture
-def plugin_missing_a_library(tmp_path: Path) -> Path:
-    """A shared object that links a library which is then removed: what ldd shows on a bare desktop."""
-    cc = shutil.which("gcc") or shutil.which("cc")
-    assert cc, "a C compiler is needed (the kernels need one too)"
-    (tmp_path / "dep.c").write_text("int qs_dep(void) { return 1; }\n")
-    (tmp_path / "plugin.c").write_text("int qs_dep(void);\nint qs_plugin(void) { return qs_dep(); }\n")
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "libqsgone.so.3"), str(tmp_path / "dep.c"),
-                    "-Wl,-soname,libqsgone.so.3"], check=True)
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp_path / "libqfake.so"), str(tmp_path / "plugin.c"),
-                    str(tmp_path / "libqsgone.so.3")], check=True)
-    (tmp_path / "libqsgone.so.3").unlink()
-    return tmp_path / "libqfake.so"
-
-
 def test_missing_library_is_named_with_its_package(plugin_missing_a_library):
     assert qtdeps.missing_libraries(plugin_missing_a_library) == ["libqsgone.so.3"]
     msg = qtdeps.startup_problem("xcb", plugin_missing_a_library)

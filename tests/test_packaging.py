@@ -38,6 +38,13 @@ def need(module: str) -> None:
 def test_linux_wheel_installs_and_runs_without_a_compiler(tmp_path: Path) -> None:
     need("auditwheel")
     r = run("run_wheel.sh", tmp_path)
+    # the wheel was built from the sdist: it holds every tracked source of the native library and its checks
+    (sdist,) = (tmp_path / "sdist").glob("quantscope-*.tar.gz")
+    with tarfile.open(sdist) as tf:
+        members = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
+    tracked = subprocess.run(["git", "ls-files", "csrc", "setup.py", "pyproject.toml"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert tracked and not set(tracked) - members, sorted(set(tracked) - members)
     wheels = list((tmp_path / "wheelhouse").glob("quantscope-*.whl"))
     assert len(wheels) == 1 and "manylinux_" in wheels[0].name, wheels
     assert "inspect and dump-block ok" in r.stdout and "wheel_smoke: ok" in r.stdout

@@ -204,16 +204,3 @@ def run_tool(name: str, argv: list[str], done: str, exe: str | None = None, env:
         why = (r.stderr.strip().splitlines() or [""])[-1]
         return f"{name}: failed (exit status {r.returncode}){': ' + why if why else ''}"
     return f"{name}: {done}"
-
-
-def __getattr__(name: str) -> Any:
-    """``macos_info_plist``, ``write_icns`` and ``write_ico`` for packaging/quantscope.spec (imported lazily)."""
-    if name == "macos_info_plist":
-        from .desktop_macos import macos_info_plist
-
-        return macos_info_plist
-    if name in ("write_icns", "write_ico"):
-        from . import desktop_icons
-
-        return getattr(desktop_icons, name)
-    raise AttributeError(name)

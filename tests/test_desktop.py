@@ -465,7 +465,7 @@ def png_pixels(data: bytes) -> tuple[int, int, bytes]:
 
 def test_icns_holds_a_png_of_each_size_its_type_names(tmp_path):
     out = tmp_path / "quantscope.icns"
-    desktop.write_icns([RES / "icons" / "quantscope.png"], out)
+    desktop_icons.write_icns([RES / "icons" / "quantscope.png"], out)
     data = out.read_bytes()
     assert data[:4] == b"icns" and struct.unpack(">I", data[4:8])[0] == len(data)
     pos, found = 8, {}
@@ -484,7 +484,7 @@ def test_icns_holds_a_png_of_each_size_its_type_names(tmp_path):
 
 def test_ico_holds_png_entries_from_16_to_256(tmp_path):
     out = tmp_path / "quantscope.ico"
-    desktop.write_ico([RES / "icons" / "quantscope.png"], out)
+    desktop_icons.write_ico([RES / "icons" / "quantscope.png"], out)
     data = out.read_bytes()
     reserved, kind, count = struct.unpack("<HHH", data[:6])
     assert (reserved, kind) == (0, 1)
@@ -543,7 +543,7 @@ def test_png_decoding_undoes_every_row_filter_and_halving_weights_by_alpha():
 def test_info_plist_declares_and_owns_the_gguf_type():
     import plistlib
 
-    info = plistlib.loads(plistlib.dumps(desktop.macos_info_plist("quantscope", "1.2.3")))
+    info = plistlib.loads(plistlib.dumps(desktop_macos.macos_info_plist("quantscope", "1.2.3")))
     assert info["CFBundleIdentifier"] == "io.quantscope.Quantscope" and info["CFBundleExecutable"] == "quantscope"
     assert info["CFBundleIconFile"] == "quantscope.icns" and info["CFBundlePackageType"] == "APPL"
     assert info["CFBundleShortVersionString"] == info["CFBundleVersion"] == "1.2.3"
@@ -571,7 +571,7 @@ def test_macos_bundle_install_runs_and_uninstall_leaves_nothing(tmp_path, monkey
         assert rep.tools == [f"lsregister: not found at {desktop_macos.LSREGISTER} (skipped; Finder registers the "
                              "app when it sees it)"]
     info = plistlib.loads((app / "Contents" / "Info.plist").read_bytes())
-    assert info == desktop.macos_info_plist("quantscope", desktop.version())
+    assert info == desktop_macos.macos_info_plist("quantscope", desktop.version())
     assert (app / "Contents" / "PkgInfo").read_bytes() == b"APPL????"
     icns = (app / "Contents" / "Resources" / info["CFBundleIconFile"]).read_bytes()
     assert icns[:4] == b"icns" and struct.unpack(">I", icns[4:8])[0] == len(icns)

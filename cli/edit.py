@@ -44,7 +44,7 @@ def _read_template(path: str) -> str:
 
 def _op(kind: str, text: str, state: Any) -> Any:
     """The edit operation one option asks for (typed against the edits before it)."""
-    from quantscope.core.gguf.constants import ValueType
+    from quantscope.core.base.gguf_constants import ValueType
     from quantscope.core.gguf.edit import (
         DeleteKey,
         SetChatTemplate,

@@ -37,9 +37,9 @@ from typing import Protocol
 
 import numpy as np
 
+from .base.gguf_constants import DEFAULT_ALIGNMENT, FileType, ValueType
 from .fsutil import OutputSet, open_input, pread
 from .gguf import GGUFFile
-from .gguf.constants import DEFAULT_ALIGNMENT, FileType, ValueType
 from .gguf.writer import DataSection, GGUFHeader, encode_entry
 from .quant import ggml_type
 

@@ -41,10 +41,10 @@ sys.path.insert(0, str(HERE.parent))
 import llamacpp_build  # noqa: E402
 import quantize_inputs  # noqa: E402
 
+from quantscope.core.base.ggml_types import ggml_type  # noqa: E402
 from quantscope.core.catalog import model_path  # noqa: E402
 from quantscope.core.gguf import GGUFFile  # noqa: E402
 from quantscope.core.quant import dequantize  # noqa: E402
-from quantscope.core.quant.types import ggml_type  # noqa: E402
 from tests import quantize_models  # noqa: E402
 
 OUT = HERE / "data" / "quantize"

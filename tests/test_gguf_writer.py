@@ -10,8 +10,8 @@ import gguf
 import numpy as np
 import pytest
 
+from quantscope.core.base.gguf_constants import ValueType as T
 from quantscope.core.gguf import GGUFFile
-from quantscope.core.gguf.constants import ValueType as T
 from quantscope.core.gguf.writer import (
     DataSection,
     GGUFHeader,

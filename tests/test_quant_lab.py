@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from quantscope.cli import main as cli
+from quantscope.core.base.ggml_types import GGML_TYPES, ggml_type
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.native import kernels as K
 from quantscope.core.quant import lab
 from quantscope.core.quant.imatrix import Imatrix, ImatrixEntry
 from quantscope.core.quant.quantize import QuantizeOptions, quantize_file
-from quantscope.core.quant.types import GGML_TYPES, ggml_type
 
 N_EXP = 4
 

@@ -7,9 +7,9 @@ import gguf
 import numpy as np
 import pytest
 
+from quantscope.core.base.ggml_types import GGML_TYPES, GGMLType
 from quantscope.core.quant import blocks
 from quantscope.core.quant.scales import scale_fields
-from quantscope.core.quant.types import GGML_TYPES, GGMLType
 
 TYPES = list(GGML_TYPES.values())
 

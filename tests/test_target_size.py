@@ -146,7 +146,7 @@ def test_cli_target_size_writes_the_file_and_a_rule_file_that_reproduces_it(llam
         preset = f.metadata["general.file_type"].value
     assert len({v for k, v in mixed.items() if k.endswith("weight") and "norm" not in k}) > 1  # a real mix
     # our quantizer driven by the rule file alone (as llama-quantize would be) writes the same bytes
-    from quantscope.core.gguf.constants import FileType
+    from quantscope.core.base.gguf_constants import FileType
 
     name = FileType(int(preset)).name.removeprefix("MOSTLY_")
     again = tmp_path / "again.gguf"

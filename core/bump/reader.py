@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..base.ggml_types import ggml_type
 from ..fsutil import PathRefused, open_input, pread, printable
-from ..quant.types import ggml_type
 from .format import CHECKSUM_OFFSET, HEADER_SIZE, MAGIC, PER_LAYER, PROFILES, BumpHeader, align_context, code_to_type
 
 CHUNK = 8 << 20

@@ -1,7 +1,7 @@
 """GGUF container reader."""
 
+from ..base.gguf_constants import FileType, ValueType, file_type_name
 from ..shardnames import shard_path, shard_prefix, sibling_shards
-from .constants import FileType, ValueType, file_type_name
 from .errors import GGUFError
 from .reader import (
     GGUFFile,

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..base.gguf_constants import ValueType
 from ..jobs import CancelFlag, Cancelled, Progress, check_cancel
 from ..userregex import UserPattern
-from .constants import ValueType
 from .reader import GGUFFile, MetadataValue, TensorInfo
 from .strings import StringArray
 

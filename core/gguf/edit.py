@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import fsutil
+from ..base.gguf_constants import DEFAULT_ALIGNMENT, MAX_ARRAY_ELEMENTS, MAX_STRING_BYTES, STRUCT_CODES, ValueType
 from ..fsutil import OutputSet, open_input, printable
 from ..jobs import CancelFlag, Cancelled, Progress, check_cancel
 from ..shardnames import sibling_shards
-from .constants import DEFAULT_ALIGNMENT, MAX_ARRAY_ELEMENTS, MAX_STRING_BYTES, STRUCT_CODES, ValueType
 from .reader import GGUFFile, MetadataValue, TensorInfo
 from .strings import StringArray
 from .writer import ALIGNMENT_KEY, ArrayPatch, DataSection, GGUFHeader, encode_string, encode_typed, itemsize_ok, pad_to

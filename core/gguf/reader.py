@@ -19,11 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..fsutil import PathRefused, open_input, release_mapped_pages
-from ..native import ffi, lib
-from ..quant.types import GGML_TYPES, REMOVED_TYPE_IDS, GGMLType
-from ..shardnames import shard_path, shard_prefix
-from .constants import (
+from ..base.ggml_types import GGML_TYPES, REMOVED_TYPE_IDS, GGMLType
+from ..base.gguf_constants import (
     DEFAULT_ALIGNMENT,
     GGUF_MAGIC,
     MAX_ARRAY_ELEMENTS,
@@ -36,6 +33,9 @@ from .constants import (
     ValueType,
     file_type_name,
 )
+from ..fsutil import PathRefused, open_input, release_mapped_pages
+from ..native import ffi, lib
+from ..shardnames import shard_path, shard_prefix
 from .errors import GGUFError
 from .strings import StringArray
 

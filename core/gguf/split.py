@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import sysinfo
+from ..base.gguf_constants import DEFAULT_ALIGNMENT, ValueType
 from ..fsutil import OutputSet
 from ..jobs import CancelFlag, check_cancel
 from ..shardnames import shard_path
-from .constants import DEFAULT_ALIGNMENT, ValueType
 from .reader import SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS_COUNT, GGUFFile, TensorInfo
 from .writer import DataSection, GGUFHeader, encode_entry, ggml_dims, pad_to
 

@@ -7,9 +7,9 @@ from array import array
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
+from ..base.gguf_constants import MAX_STRING_BYTES
 from ..native import ffi, lib
 from ..native.mapped import copy_bytes
-from .constants import MAX_STRING_BYTES
 from .errors import GGUFError
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, overload
 
-from .constants import DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS, STRUCT_CODES, ValueType
+from ..base.gguf_constants import DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_DIMS, STRUCT_CODES, ValueType
 from .strings import StringArray
 
 #: the GGUF version every writer produces

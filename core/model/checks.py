@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ..quant.types import GGMLType
+from ..base.ggml_types import GGMLType
 from .arch import SUPPORTED_ARCHS
 from .config import (
     MAX_CTX,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..base.ggml_types import ggml_type
 from ..bump.reader import open_bump
-from ..quant.types import ggml_type
 from . import (
     ARCHITECTURES,
     MAX_CTX,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..quant.types import GGMLType
+from ..base.ggml_types import GGMLType
 from .config import ModelConfig
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..quant.types import GGMLType, ggml_type
+from ..base.ggml_types import GGMLType, ggml_type
 from . import ffi, lib
 from .mapped import (  # noqa: F401 - re-exported: the kernels' error types live in the numpy-free module
     _MAPPED_MESSAGE,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .types import GGML_TYPES, GGML_TYPES_BY_NAME, REMOVED_TYPE_IDS, GGMLType, ggml_type
+from ..base.ggml_types import GGML_TYPES, GGML_TYPES_BY_NAME, REMOVED_TYPE_IDS, GGMLType, ggml_type
 
 if TYPE_CHECKING:
     from .blocks import BitSource, BlockField, DecodedBlock, can_decode, decode_block

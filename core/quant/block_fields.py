@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from ..base.ggml_types import GGMLType
 from .dequant import dequantize
-from .types import GGMLType
 
 
 @dataclass(frozen=True)

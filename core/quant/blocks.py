@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..base.ggml_types import GGML_TYPES, GGMLType, ggml_type
 from .block_fields import BitSource, BlockField, DecodedBlock, build_block, bytes_field, fp16, fp16_field, signed
 from .dequant import (
     IQ4_NL_VALUES,
@@ -20,7 +21,6 @@ from .dequant import (
     unpack_q3k_scales,
 )
 from .iq_blocks import DECODERS as _IQ_DECODERS
-from .types import GGML_TYPES, GGMLType, ggml_type
 
 
 def _split32(base: int) -> tuple[np.ndarray, np.ndarray]:

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..base.ggml_types import GGMLType, ggml_type
 from . import iquants as _iquants
-from .types import GGMLType, ggml_type
 
 #: IQ4_NL / IQ4_XS non-linear code book.
 IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..base.ggml_types import ggml_type
+from ..base.gguf_constants import DEFAULT_ALIGNMENT, ValueType
 from ..gguf import GGUFError, GGUFFile
-from ..gguf.constants import DEFAULT_ALIGNMENT, ValueType
 from ..gguf.writer import DataSection, GGUFHeader, ggml_dims, write_gguf
-from .types import ggml_type
 
 MAX_NAME_BYTES = 1 << 16
 #: the largest importance value accepted (sums of squared activations; far beyond any real model's, far below

@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..base.ggml_types import GGMLType
 from . import iquants as IQ
 from .block_fields import BlockField, DecodedBlock, build_block, bytes_field, fp16, fp16_field
-from .types import GGMLType
 
 E = np.arange(256)
 

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..base.ggml_types import GGMLType, ggml_type
 from ..gguf import GGUFError, GGUFFile, TensorInfo
 from ..userregex import UserPattern
 from .imatrix import Imatrix
 from .mixture import allows_quantization, n_dims
-from .types import GGMLType, ggml_type
 
 #: every type the native quantizers produce, cheapest bits per weight first, then the two 16-bit float types
 CANDIDATE_TYPES: tuple[str, ...] = (

@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ..gguf.constants import FileType
+from ..base.ggml_types import ggml_type
+from ..base.gguf_constants import FileType
 from ..userregex import UserPattern
-from .types import ggml_type
 
 
 @dataclass(frozen=True)

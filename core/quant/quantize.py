@@ -28,13 +28,13 @@ from typing import Protocol
 
 import numpy as np
 
+from ..base.ggml_types import ggml_type
+from ..base.gguf_constants import DEFAULT_ALIGNMENT, ValueType
 from ..fsutil import OutputSet
 from ..gguf import GGUFFile, TensorInfo
-from ..gguf.constants import DEFAULT_ALIGNMENT, ValueType
 from ..gguf.writer import DataSection, GGUFHeader, encode_entry, ggml_dims, pad_to
 from .imatrix import Imatrix
 from .mixture import MixtureOptions, ModelShape, Preset, TypeChoice, choose_types, get_preset, requires_imatrix
-from .types import ggml_type
 
 QUANTIZATION_VERSION = 2
 #: rows are converted and quantized in pieces of at most this many float32 values (64 MiB)
@@ -180,8 +180,8 @@ def _check_target(name: str, target: str, ncols: int) -> None:
 
 def supported_types() -> list[str]:
     """The tensor types :func:`write_quantized` can produce."""
+    from ..base.ggml_types import GGML_TYPES
     from ..native import kernels as K
-    from .types import GGML_TYPES
 
     return ["F32", "F16", "BF16"] + [t.name for t in GGML_TYPES.values() if t.is_quantized and K.can_quantize(t)]
 

@@ -9,11 +9,11 @@ from functools import cache
 
 import numpy as np
 
+from ..base.ggml_types import ggml_type
 from ..gguf import GGUFFile
 from ..jobs import CancelFlag, Cancelled, Progress, check_cancel
 from ..native import kernels as native
 from .blocks import can_decode, decode_block
-from .types import ggml_type
 
 
 class ScanCancelled(Cancelled):

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..base.ggml_types import ggml_type
 from ..gguf import GGUFFile
 from ..model import ModelWeights, Weight
 from .imatrix import Imatrix
 from .mixture import layer_of
-from .types import ggml_type
 
 CACHE_VERSION = 1
 #: rows of a tensor the weighted error is estimated on (evenly spaced; every row below this)

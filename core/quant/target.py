@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..base.ggml_types import ggml_type
 from ..gguf import GGUFFile
 from .budget import BudgetError, Option, Solution, solve
 from .imatrix import Imatrix
 from .mixture import PRESETS, allows_quantization, fallback_type, get_preset, requires_imatrix
 from .quantize import QuantizeError, QuantizeOptions, QuantizePlan, plan_quantize, supported_types
 from .sensitivity import Progress, TensorCosts, tensor_costs
-from .types import ggml_type
 
 #: the candidate types when none are given: every type Q3_K_M, Q4_K_M and Q5_K_M give a tensor, their fallbacks for
 #: rows the 256-blocks do not divide included (Q4_0, Q5_0, Q5_1, Q8_0), so that each of those presets' mixes is one

@@ -43,13 +43,13 @@ from PySide6.QtWidgets import (
 )
 
 from quantscope.core.analysis import element_location
+from quantscope.core.base.ggml_types import ggml_type
 from quantscope.core.bump import Cancelled
 from quantscope.core.fsutil import PathRefused, json_text, printable, write_atomic
 from quantscope.core.gguf import GGUFError, GGUFFile
 from quantscope.core.jobs import RateMeter, format_duration
 from quantscope.core.quant import lab
 from quantscope.core.quant.imatrix import Imatrix, read_imatrix
-from quantscope.core.quant.types import ggml_type
 
 from ..document import Document
 from ..guard import qt_guarded

@@ -29,10 +29,10 @@ sys.path.insert(0, str(HERE))
 import llamacpp_build  # noqa: E402
 
 from quantscope.core import native  # noqa: E402
+from quantscope.core.base.ggml_types import ggml_type  # noqa: E402
 from quantscope.core.cpu import cpu_name, is_x86  # noqa: E402
 from quantscope.core.gguf import GGUFFile  # noqa: E402
 from quantscope.core.native import kernels as K  # noqa: E402
-from quantscope.core.quant.types import ggml_type  # noqa: E402
 
 #: types with a SIMD row dot on both sides (AVX2 and NEON), by activation type
 TYPES = {**dict.fromkeys(("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "IQ4_XS", "TQ1_0",

@@ -1,6 +1,7 @@
 """The layers, enforced: gui -> core -> native. core/ never imports Qt (nor the GUI or the CLI), gui/ never reaches
-into quantscope.core.native, and no two modules import each other, directly or around a circle (function-level and
-typing-only imports count too: a circle of types is a circle of modules). Read from the source with ``ast``."""
+into quantscope.core.native, every module imports only modules of its own rank or below (``LAYERS``), and no two
+modules import each other, directly or around a circle (function-level and typing-only imports count too: a circle
+of types is a circle of modules). Read from the source with ``ast``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,25 @@ TOPS = ("core", "gui", "cli")
 QT = frozenset({"PySide6", "PySide2", "PyQt5", "PyQt6", "shiboken6", "pyqtgraph", "qtpy"})
 #: circles still to break (issue 35); a circle not listed here fails, and so does a listed one that is gone
 KNOWN_CYCLES: set[frozenset[str]] = set()
+#: The layers, lowest first: a module may import modules of its own rank or below, never above. Each entry ranks
+#: a package (or a top-level module) with everything in it; the longest entry that names a module wins, so the
+#: applications that live beside the code they drive (quant.lab, gguf.diff) rank above their package. Every
+#: module needs a rank: a new package or top-level module goes into this table.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("core.base",)),  # the ggml type table and the GGUF vocabulary: imports nothing of ours
+    ("platform", ("core.fsutil", "core.sysinfo", "core.shardnames", "core.filestate", "core.jobs",
+                  "core.userregex", "core.desktop", "core.desktop_icons", "core.desktop_macos",
+                  "core.desktop_windows", "core.desktop_xdg")),
+    ("kernels", ("core.native", "core.cpu")),
+    ("container", ("core.gguf", "core.bump")),
+    ("codecs", ("core.quant",)),
+    ("model", ("core.model", "core.tokenizer")),
+    ("engine", ("core.engine", "core.chat")),
+    ("applications", ("core.quant.lab", "core.quant.sensitivity", "core.quant.target", "core.gguf.diff",
+                      "core.analysis", "core.blockdump", "core.export", "core.summary", "core.bench",
+                      "core.synthetic", "core.catalog", "core.server")),
+    ("front ends", ("cli", "gui")),
+)
 
 
 def modules(root: Path = ROOT, tops: tuple[str, ...] = TOPS) -> dict[str, Path]:
@@ -60,19 +80,55 @@ def _walk(name: str, path: Path) -> Iterator[tuple[str, int]]:
                 yield f"{mod}.{a.name}", node.lineno
 
 
+def edges(m: str, p: Path, mods: dict[str, Path]) -> dict[str, int]:
+    """The project modules ``m`` (at ``p``) depends on, each with the first line importing it. ``from . import x``
+    depends on ``x``, not on the package; a package's ``__init__`` re-exporting its own submodules is its facade,
+    not a dependency of theirs."""
+    found: dict[str, int] = {}
+    for t, line in imports(m, p):
+        if t in mods and t != m:
+            found.setdefault(t, line)
+    for t in list(found):
+        if any(o.startswith(t + ".") for o in found):  # ``from pkg import sub``: the submodule, not pkg
+            del found[t]
+    if p.name == "__init__.py":
+        found = {t: line for t, line in found.items() if not t.startswith(m + ".")}
+    return found
+
+
 def graph(mods: dict[str, Path]) -> dict[str, set[str]]:
-    """Project module -> the project modules it imports. ``from . import x`` depends on ``x``, not on the package;
-    a package's ``__init__`` re-exporting its own submodules is its facade, not a dependency of theirs."""
-    g: dict[str, set[str]] = {m: set() for m in mods}
+    """Project module -> the project modules it imports (see :func:`edges`)."""
+    return {m: set(edges(m, p, mods)) for m, p in mods.items()}
+
+
+def rank(m: str, layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> tuple[int, str] | None:
+    """``(rank, layer name)`` of module ``m``: the longest ``layers`` entry naming it or a package above it
+    (``quantscope.core`` itself, an empty ``__init__``, is the bottom); ``None`` when no entry does."""
+    if m == f"{PACKAGE}.core":
+        return 0, layers[0][0]
+    best: tuple[int, int, str] | None = None
+    for r, (layer, names) in enumerate(layers):
+        for n in names:
+            full = f"{PACKAGE}.{n}"
+            if (m == full or m.startswith(full + ".")) and (best is None or len(full) > best[0]):
+                best = (len(full), r, layer)
+    return None if best is None else (best[1], best[2])
+
+
+def rank_violations(mods: dict[str, Path],
+                    layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> list[str]:
+    """Modules without a rank, and imports from a lower rank to a higher one, as ``file:line: what``."""
+    bad = []
     for m, p in mods.items():
-        found = {t for t, _ in imports(m, p) if t in mods and t != m}
-        for t in list(found):
-            if any(o.startswith(t + ".") for o in found):  # ``from pkg import sub``: the submodule, not pkg
-                found.discard(t)
-        if p.name == "__init__.py":
-            found = {t for t in found if not t.startswith(m + ".")}
-        g[m] = found
-    return g
+        mine = rank(m, layers)
+        if mine is None:
+            bad.append(f"{_where(p, 1)}: {m} has no rank (add it to LAYERS)")
+            continue
+        for t, line in edges(m, p, mods).items():
+            theirs = rank(t, layers)
+            if theirs is not None and theirs[0] > mine[0]:
+                bad.append(f"{_where(p, line)}: {m} ({mine[1]}) imports {t} ({theirs[1]}), a higher layer")
+    return sorted(bad)
 
 
 def cycles(g: dict[str, set[str]]) -> list[frozenset[str]]:
@@ -141,6 +197,22 @@ def test_layers_hold() -> None:
     assert violations(modules()) == []
 
 
+def test_every_module_imports_downward() -> None:
+    assert rank_violations(modules()) == []
+
+
+def test_the_base_is_the_bottom() -> None:
+    """The type table and the GGUF vocabulary import nothing of the project; the container, the kernels and the
+    codecs import them from the base (they used to live in quant and gguf: native and gguf imported quant)."""
+    mods = modules()
+    g = graph(mods)
+    base = [m for m in mods if m.startswith(f"{PACKAGE}.core.base")]
+    assert {f"{PACKAGE}.core.base.ggml_types", f"{PACKAGE}.core.base.gguf_constants"} <= set(base)
+    assert [t for m in base for t in g[m] if not t.startswith(f"{PACKAGE}.core.base")] == []
+    for user in ("native.kernels", "gguf.reader", "bump.reader", "quant.blocks"):
+        assert f"{PACKAGE}.core.base.ggml_types" in g[f"{PACKAGE}.core.{user}"], user
+
+
 def test_no_import_cycles() -> None:
     found = set(cycles(graph(modules())))
     assert found - KNOWN_CYCLES == set(), "new import circles"
@@ -199,6 +271,35 @@ def test_the_checks_can_fail(fake_tree: Path) -> None:
         "core imports Qt (PySide6.QtCore)", "core imports Qt (PySide6.QtCore.Qt)",
         "core imports quantscope.gui", "core imports quantscope.gui.w",
         "gui reaches into the native layer (quantscope.core.native.kernels)"]
+
+
+def test_the_rank_check_can_fail(tmp_path: Path) -> None:
+    """A planted tree: base < container < codecs, with an application inside the container ranked above all."""
+    for rel, text in {
+        "core/__init__.py": "",
+        "core/base/__init__.py": "",
+        "core/base/types.py": "from ..gguf import reader\n",  # base -> container: up
+        "core/gguf/__init__.py": "from .reader import r\n",  # a facade: its own submodule, no edge
+        "core/gguf/reader.py": "from ..base import types\nfrom ..quant.codec import c\n",  # down; up (line 2)
+        "core/gguf/diff.py": "from ..quant import codec\n",  # an application: above the codecs, allowed
+        "core/quant/__init__.py": "",
+        "core/quant/codec.py": "def f():\n    from ..gguf.diff import d\n",  # codecs -> application: up
+        "core/stray.py": "",  # in no layer
+    }.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    layers = (("base", ("core.base",)), ("container", ("core.gguf",)), ("codecs", ("core.quant",)),
+              ("applications", ("core.gguf.diff",)))
+    mods = modules(tmp_path, ("core",))
+    assert rank(f"{PACKAGE}.core.gguf.diff", layers) == (3, "applications")
+    assert rank(f"{PACKAGE}.core.gguf.reader", layers) == (1, "container")
+    assert rank(f"{PACKAGE}.core.stray", layers) is None
+    assert [b.split(": ", 1)[1] for b in rank_violations(mods, layers)] == [
+        f"{PACKAGE}.core.base.types (base) imports {PACKAGE}.core.gguf.reader (container), a higher layer",
+        f"{PACKAGE}.core.gguf.reader (container) imports {PACKAGE}.core.quant.codec (codecs), a higher layer",
+        f"{PACKAGE}.core.quant.codec (codecs) imports {PACKAGE}.core.gguf.diff (applications), a higher layer",
+        f"{PACKAGE}.core.stray has no rank (add it to LAYERS)"]
+    assert [b.split(": ", 1)[0].rsplit(":", 1)[1] for b in rank_violations(mods, layers)] == ["1", "2", "2", "1"]
 
 
 def test_every_package_folder_is_in_the_wheel() -> None:

@@ -1,4 +1,5 @@
-"""ggml type table, reference (numpy) dequantization and single-block decoders.
+"""The codecs: reference (numpy) dequantization and single-block decoders, with the ggml type table of
+``core.base.ggml_types`` re-exported.
 
 The type table is imported eagerly; the numpy-based decoders on first use (opening a file or tokenizing text does
 not import numpy)."""

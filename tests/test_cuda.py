@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ import pytest
 from quantscope.core.engine import ContextFull, Model
 from quantscope.core.engine import cuda_backend as cb
 from quantscope.core.engine.reference import reference_logits
+from quantscope.core.engine.session import layer_policy
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.model import ModelConfig, UnsupportedModel, Weight
 from quantscope.core.native import kernels as K
@@ -131,9 +133,33 @@ def test_describe_cuda_error_names_driver_and_device():
     assert "CUDA error 2" in other and "cudaErrorMemoryAllocation" in other
 
 
-def test_missing_library_is_a_reason_not_an_error(tmp_path):
-    ok, why = cb.probe(tmp_path / "nope" / "libquantscope_cuda.so")
+def test_missing_library_is_a_reason_not_an_error(tmp_path, monkeypatch):
+    """No library (macOS, Windows, a wheel): importing the backend works, the probe gives the reason and no type
+    has GPU kernels; nothing raises."""
+    missing = tmp_path / "nope" / "libquantscope_cuda.so"
+    ok, why = cb.probe(missing)
     assert not ok and "not built" in why and "build.sh" in why
+    monkeypatch.setenv(cb.LIB_ENV, str(missing))
+    assert cb.gpu_types() == frozenset()
+    with pytest.raises(ValueError, match=r"Q4_K has no GPU kernel \(GPU types: none"):
+        cb.packed_bytes("Q4_K", 1, 256)
+    code = "from quantscope.core.engine import cuda_backend as cb; print(cb.cuda_status()[0], len(cb.gpu_types()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, cb.LIB_ENV: str(missing)}).stdout
+    assert out.split() == ["False", "0"]
+
+
+def test_gpu_types_are_the_librarys(cuda_lib):
+    """The weight types with GPU kernels are the library's (qsc_type_supported, from its one type table)."""
+    names = {ggml_type(i).name for i in cb.gpu_types()}
+    assert names == {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                     "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
+                     "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0"}
+    for t in cb.gpu_types():
+        assert cb.packed_bytes(t, 2, 256) > 0
+    for name in ("Q8_1", "Q8_K", "I8", "F64"):  # activation formats and integer / double tensors: no kernels
+        with pytest.raises(ValueError, match="has no GPU kernel"):
+            cb.packed_bytes(name, 1, 256)
 
 
 def test_unloadable_library_is_a_reason_not_an_error(tmp_path):
@@ -160,21 +186,18 @@ def test_session_refuses_without_gpu(cuda_lib, loaded):
         cb.CudaSession(model)
 
 
-def test_cdef_matches_the_c_header():
-    """The cffi declarations are the C headers': qsc_api.h's, and the forward description's structures exactly as
-    csrc/qs_api_nn.h (the CPU block's header) declares them, so the CPU's descriptions can be handed over."""
-    header = (ROOT / "csrc" / "cuda" / "qsc_api.h").read_text()
-    nn_header = (ROOT / "csrc" / "qs_api_nn.h").read_text()
+def test_cdef_is_generated_from_the_c_headers():
+    """The cffi declarations are the C headers' text (csrc/qs_api_nn.h, then csrc/cuda/qsc_api.h), regenerated
+    here and compared with the committed copy a wheel or a frozen app carries (core/engine/cuda_abi.py); cffi
+    parses them, and the forward description has the CPU library's layout, so its descriptions can be handed over."""
+    from quantscope.core.engine import cuda_abi
+    from quantscope.core.native import ffi as cpu_ffi
 
-    def norm(text: str) -> str:
-        text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-        return re.sub(r"\s+", " ", text).strip()
-
-    assert norm(header) == norm(cb.API_CDEF)
-    start = nn_header.index("typedef struct {\n    const uint8_t *ptr;")
-    end = nn_header.index("} qs_block;") + len("} qs_block;")
-    assert norm(nn_header[start:end]) == norm(cb.NN_CDEF)
-    assert cb.CDEF == cb.NN_CDEF + cb.API_CDEF
+    assert cuda_abi.CDEF == cuda_abi.from_headers(ROOT), "run: python -m quantscope.core.engine.cuda_abi"
+    assert cb.ffi.sizeof("qs_block") == cpu_ffi.sizeof("qs_block")
+    for struct in ("qs_attn_desc", "qs_rope_desc", "qs_moe_desc", "qs_gdn_desc", "qs_probe_desc"):
+        for name, field in cb.ffi.typeof(struct).fields:
+            assert field.offset == dict(cpu_ffi.typeof(struct).fields)[name].offset, (struct, name)
 
 
 def test_dev_setup_builds_cuda_only_when_nvcc_exists():
@@ -227,7 +250,8 @@ def test_unsupported_weight_types_are_dequantized_or_refused(monkeypatch):
     rng = np.random.default_rng(5)
     raw = realistic_blocks("Q5_K", 3, 2, rng).reshape(-1)
     assert cb.device_weight(Weight("w", ggml_type("Q5_K"), raw, 3, 512))[1] is raw  # a GPU type (qsc_types.cuh)
-    monkeypatch.delitem(cb.GPU_TYPES, ggml_type("Q5_K").id)  # a type without GPU kernels: F32 on upload
+    types = cb.gpu_types()
+    monkeypatch.setattr(cb, "gpu_types", lambda: types - {ggml_type("Q5_K").id})  # no GPU kernels: F32 on upload
     t, data = cb.device_weight(Weight("w", ggml_type("Q5_K"), raw, 3, 512))
     assert t.name == "F32"
     assert np.array_equal(data.view(np.float32).reshape(3, 512), dequantize(raw.reshape(3, -1), ggml_type("Q5_K")))
@@ -240,23 +264,23 @@ def test_unsupported_weight_types_are_dequantized_or_refused(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------ host emulation of device math
-def test_policy_description_is_the_cpu_layer_policy():
-    """The GPU reads each layer's window and RoPE base from the layer's forward description (nothing re-derived
-    in C: the explicit sliding-layer lists the C side used to miss need no C code)."""
+def test_the_layer_policy_decides_window_and_rope_base():
+    """The GPU reads each layer's window and RoPE base from the layer's forward description, the CPU's layer policy
+    (nothing re-derived in C: the explicit sliding-layer lists the C side used to miss need no C code)."""
     gemma_like = ModelConfig("gemma3", 18, 640, 4, 1, 256, 2048, 262144, 32768, 1e-6, 1e6, True, 256,
                              rope_base_swa=10000.0, sliding_window=512, swa_pattern=6, embed_scale=25.3, gelu=True,
                              qk_norm=True, post_norms=True, attn_scale=0.0625)
     llama_like = ModelConfig("llama", 30, 576, 9, 3, 64, 1536, 49152, 8192, 1e-5, 1e5, False, 64)
     for cfg in (gemma_like, llama_like):
-        layers = [cb.policy_description(cfg, i) for i in range(cfg.n_layers)]
+        layers = [layer_policy(cfg, i) for i in range(cfg.n_layers)]
         got = [(b.attn.window, b.rope.base) for b in layers]
         want = [(cfg.layer_window(i), np.float32(cfg.layer_rope_base(i))) for i in range(cfg.n_layers)]
         assert got == want
-        assert cb.missing_features(cfg) == []
-    b = cb.policy_description(gemma_like, 0)
-    assert (b.attn.head_dim, b.ffn.gelu, b.rope.neox) == (256, 1, 1) and np.float32(b.attn.scale) == 0.0625
-    assert sum(cb.policy_description(gemma_like, i).attn.window > 0 for i in range(18)) == 15  # each 6th global
-    assert cb.missing_features(dataclasses.replace(llama_like, n_expert=4, n_expert_used=2)) == []  # qsc_moe.cuh
+        cb.check_config(cfg)
+    b = layer_policy(gemma_like, 0)
+    assert (b.attn.head_dim, b.rope.neox) == (256, 1) and np.float32(b.attn.scale) == 0.0625
+    assert sum(layer_policy(gemma_like, i).attn.window > 0 for i in range(18)) == 15  # each 6th global
+    cb.check_config(dataclasses.replace(llama_like, n_expert=4, n_expert_used=2))  # qsc_moe.cuh
     for bad, feature in ((dict(head_dim=1040, rope_dim=64), "head size 1040"),):
         with pytest.raises(UnsupportedModel, match=feature):
             cb.check_config(dataclasses.replace(llama_like, **bad))
@@ -276,9 +300,8 @@ def test_description_upload_is_checked_before_any_device_call(cuda_lib, syntheti
     its message is the check's, not a CUDA error)."""
     model = synthetic_tiny
     c = model.config
-    desc, blocks = cb.model_description(model, 64)
+    desc, _ = cb.model_description(model, 64)
     cb.check_description(desc)
-    assert cb.description_features(blocks) == []
     assert desc.n_layers == c.n_layers == 2
     hd = c.head_dim
     for i in range(c.n_layers):
@@ -333,14 +356,13 @@ _FEATURES = [
 
 
 @pytest.mark.parametrize("change,feature", _FEATURES)
-def test_c_and_python_name_the_same_missing_feature(cuda_lib, synthetic_tiny, change, feature):
-    """Every feature the device lacks is named alike by the C check (qsc_check_model) and by the Python one
-    (description_features) on the same description."""
+def test_the_c_check_names_a_missing_feature(cuda_lib, synthetic_tiny, change, feature):
+    """The library's check (qsc_check_model, the only one: Python keeps no list of the device's features) names
+    what a description asks of the device that it lacks."""
     desc, _ = cb.model_description(synthetic_tiny, 64)
     change(desc.layers[1])
     with pytest.raises(cb.CudaError, match=re.escape(f"layer 1: {feature}")):
         cb.check_description(desc)
-    assert any(f.startswith(feature) for f in cb.description_features([desc.layers[0], desc.layers[1]]))
 
 
 @pytest.mark.parametrize("name", GPU_KERNEL_TYPES)
@@ -650,8 +672,8 @@ def test_the_stored_fixture_vocabulary_is_smollm2s(arch_vocab):
 def test_the_gpu_takes_the_dense_arch_fixtures_descriptions(cuda_lib, tmp_path):
     """Host only: the full forward description of every F32 architecture fixture whose features the GPU computes
     passes qsc_check_model (frequency factors, YaRN, NoPE, soft-caps, sinks, biases, multipliers, head size 16,
-    gemma4's per-layer embeddings and shared KV caches ...), and the ones it refuses are refused for features other
-    helpers add (experts, the delta-net, gated attention outputs)."""
+    gemma4's per-layer embeddings and shared KV caches ...); the others are the experts' fixtures, whose matrices
+    the GPU cannot take (tests/test_cuda_moe.py runs GPU-sized ones)."""
     from .arch_fixtures import write_fixture
 
     vocab = {"tokens": [f"t{i}" for i in range(1024)], "types": [1] * 1024, "merges": []}
@@ -659,17 +681,10 @@ def test_the_gpu_takes_the_dense_arch_fixtures_descriptions(cuda_lib, tmp_path):
     for key in ARCH_F32:
         m = ARCH_META[key]
         model = Model(GGUFFile(write_fixture(m["arch"], tmp_path / f"{key}.gguf", m["variant"], vocab=vocab)))
-        missing = cb.missing_features(model.config)
         try:
-            desc, blocks = cb.model_description(model, 64, device=not missing)  # as CudaSession builds it
+            desc, _ = cb.model_description(model, 64)  # as CudaSession builds it
         except ValueError as e:  # the experts' fixtures: matrices of k = 48 (tests/test_cuda_moe.py: heads of 32)
             refused[key] = [str(e)]
-            continue
-        assert cb.description_features(blocks) == missing, key
-        if missing:
-            refused[key] = missing
-            with pytest.raises(cb.CudaError, match="have no CUDA path"):
-                cb.check_description(desc)
             continue
         cb.check_description(desc)
         runs.append(key)
@@ -697,9 +712,6 @@ def check_fixture_against_llama_cpp(key: str, tmp_path: Path, vocab: dict[str, o
     from .test_arch_fidelity import load
 
     model, tok, base = load(key, tmp_path, vocab)
-    missing = cb.missing_features(model.config)
-    if missing:
-        pytest.skip(f"{key}: {', '.join(missing)} have no CUDA path yet")
     try:
         cb.check_config(model.config)
     except UnsupportedModel as e:

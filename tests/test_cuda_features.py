@@ -256,12 +256,11 @@ def _vec(v, values, keep) -> None:
 @pytest.mark.parametrize(("name", "change"), _ACCEPTED, ids=[a[0] for a in _ACCEPTED])
 def test_the_description_check_accepts_the_dense_features(cuda_lib, synthetic_tiny, name, change):
     """Each feature the device used to refuse by name now passes qsc_check_model (what qsc_model_create runs before
-    touching the device) and is named by neither check."""
+    touching the device)."""
     desc, _ = cb.model_description(synthetic_tiny, 64)
     keep: list[object] = []
     change(desc.layers[1], keep)
     cb.check_description(desc)
-    assert cb.description_features([desc.layers[0], desc.layers[1]]) == []
 
 
 _REFUSED = [
@@ -339,7 +338,6 @@ def test_config_check_takes_any_head_size_and_per_layer_shapes():
                dict(residual_scale=0.2), dict(n_expert=4, n_expert_used=2)):
         cfg = dataclasses.replace(llama, **ok)
         cb.check_config(cfg)
-        assert cb.missing_features(cfg) == [], ok
     for bad, message in ((dict(head_dim=1040, rope_dim=64), "head size 1040"),
                          (dict(head_dim=24, rope_dim=24, n_head=2), "head size 24"),
                          (dict(layer_n_ff=(128, 48)), "layer 1: n_ff 48")):

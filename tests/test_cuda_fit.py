@@ -12,6 +12,7 @@ from quantscope.core.engine import Model, generate
 from quantscope.core.engine import cuda_backend as cb
 from quantscope.core.engine import cuda_fit as fit
 from quantscope.core.gguf import GGUFFile
+from quantscope.core.quant import ggml_type
 
 from . import test_cuda
 from .conftest import require_model
@@ -55,7 +56,8 @@ def test_estimate_counts_the_uploaded_matrices_kv_and_scratch(cuda_lib, tiny):
 def test_estimate_stores_unsupported_types_as_f32(cuda_lib, tiny, monkeypatch):
     """A type without GPU kernels is dequantized on upload: counted at 4 bytes per value, not its file size."""
     before = fit.device_estimate(tiny, 256).weights
-    monkeypatch.setattr(cb, "GPU_TYPES", {k: v for k, v in cb.GPU_TYPES.items() if v != "Q4_K"})
+    types = cb.gpu_types()
+    monkeypatch.setattr(cb, "gpu_types", lambda: types - {ggml_type("Q4_K").id})
     after = fit.device_estimate(tiny, 256).weights
     q4k = [w for lw in tiny.weights.layers for _, w in fit._layer_matrices(lw) if w.type.name == "Q4_K"]
     assert q4k

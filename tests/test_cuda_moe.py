@@ -338,14 +338,12 @@ def synthetic_moe(tmp_path_factory) -> Model:
 
 
 def test_moe_model_description_passes_the_gpu_check(cuda_lib, synthetic_moe):
-    """A qwen3moe file's description (router, stacked experts) is one the GPU takes: nothing named missing, the C
-    check passes, and every layer's group reaches the device as described."""
+    """A qwen3moe file's description (router, stacked experts) is one the GPU takes: the C check passes, and every
+    layer's group reaches the device as described."""
     model = synthetic_moe
     c = model.config
-    assert cb.missing_features(c) == []
     cb.check_config(c)
-    desc, blocks = cb.model_description(model, 64)
-    assert cb.description_features(blocks) == []
+    desc, _ = cb.model_description(model, 64)
     cb.check_description(desc)
     for i in range(c.n_layers):
         b = desc.layers[i]
@@ -414,7 +412,6 @@ def test_gpu_sized_moe_fixtures_pass_the_gpu_check(cuda_lib, gpu_sized_fixture, 
     model = gpu_sized_fixture(name, quant)
     c = model.config
     assert (c.head_dim, c.n_embd, c.n_expert) == (32, 128, 8 if name == "mixtral" else 16)
-    assert cb.missing_features(c) == []
     cb.check_config(c)
     desc, _ = cb.model_description(model, 64)
     cb.check_description(desc)

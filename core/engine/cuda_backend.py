@@ -23,6 +23,7 @@ from ..native import ffi as cpu_ffi
 from ..native import kernels as K
 from ..native import nn
 from ..quant.types import GGMLType, ggml_type
+from .cuda_abi import CDEF
 from .session import (
     ContextFull,
     ForwardTrace,
@@ -37,13 +38,13 @@ from .session import (
 )
 
 __all__ = [
-    "GPU_TYPES",
     "CudaError",
     "CudaSession",
     "CudaUnavailable",
     "cuda_status",
     "describe_cuda_error",
     "device_properties",
+    "gpu_types",
     "library_path",
     "probe",
 ]
@@ -52,193 +53,12 @@ LIB_ENV = "QUANTSCOPE_CUDA_LIB"
 #: the library's file name per OS (Windows: a DLL, as packaging/quantscope.spec bundles it; no CUDA on macOS)
 LIB_NAME = "quantscope_cuda.dll" if sys.platform == "win32" else "libquantscope_cuda.so"
 DEFAULT_LIB = Path(__file__).resolve().parents[2] / "build" / "cuda" / LIB_NAME
-HEADER = Path(__file__).resolve().parents[2] / "csrc" / "cuda" / "qsc_api.h"
 
-#: Weight types with GPU kernels, as stored (ggml ids); others are dequantized to F32 on upload.
-GPU_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K",
-             # csrc/cuda/qsc_types.cuh
-             7: "Q5_1", 10: "Q2_K", 11: "Q3_K", 13: "Q5_K", 30: "BF16", 20: "IQ4_NL", 23: "IQ4_XS", 39: "MXFP4",
-             40: "NVFP4", 16: "IQ2_XXS", 17: "IQ2_XS", 22: "IQ2_S", 18: "IQ3_XXS", 21: "IQ3_S", 19: "IQ1_S",
-             29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0"}
 #: The largest head size the GPU attention takes (the CPU block's limit too).
 MAX_HEAD = 1024
 #: Activation types the device quantizers produce (ggml ids) and their (block elements, block bytes).
 ACT_LAYOUT = {8: (32, 34), 9: (32, 36), 15: (256, 292)}
 
-#: the forward description's structures, as csrc/qs_api_nn.h declares them (tests/test_cuda.py checks the copy)
-NN_CDEF = """
-typedef struct {
-    const uint8_t *ptr;
-    int type;
-    int64_t bytes, rows, k;
-} qs_weight;
-typedef struct {
-    const float *ptr;
-    int64_t len;
-} qs_vec;
-typedef struct {
-    int n_head, n_head_kv, head_dim;
-    qs_weight wq, wk, wv, wo;
-    qs_vec bq, bk, bv, bo;
-    qs_vec q_norm, k_norm;
-    qs_vec sinks;
-    int qk_norm_full;
-    int q_gate;
-    int kv_reuse;
-    int v_norm;
-    int64_t window;
-    float scale, softcap;
-    float temp_scale;
-    int64_t temp_floor;
-    int kv_f16;
-    int64_t n_ctx;
-    void *k_cache, *v_cache;
-    int64_t k_cache_bytes, v_cache_bytes;
-} qs_attn_desc;
-typedef struct {
-    int skip, dim, neox;
-    float base, freq_scale, ext_factor, corr0, corr1, mscale;
-    qs_vec freqs;
-} qs_rope_desc;
-typedef struct {
-    int n_ff, gelu, swiglu_oai;
-    qs_weight gate, up, down;
-} qs_ffn_desc;
-typedef struct {
-    int n_expert, n_used, norm;
-    float scale;
-    qs_weight router;
-    qs_vec b_router, b_gate, b_up, b_down;
-    int n_ff_shexp;
-    qs_weight sh_gate, sh_up, sh_down;
-    qs_vec sh_gate_inp;
-} qs_moe_desc;
-typedef struct {
-    int conv, state, k_heads, v_heads;
-    qs_weight qkv, z, beta, alpha, out;
-    qs_vec conv_w, dt_bias, a, norm;
-    float *conv_state, *ssm_state;
-    int64_t conv_state_len, ssm_state_len;
-} qs_gdn_desc;
-typedef struct {
-    int dim;
-    qs_weight gate, proj;
-    qs_vec post_norm;
-    const float *inputs;
-    int64_t inputs_len;
-} qs_ple_desc;
-typedef struct {
-    float *attn, *wo, *ffn, *down;
-    int64_t attn_len, wo_len, ffn_len, down_len;
-    int64_t *exp_count;
-    int64_t exp_count_len;
-    float *q;
-    int64_t q_len;
-} qs_probe_desc;
-typedef struct {
-    int n_embd;
-    float eps, residual_scale, out_scale;
-    qs_vec attn_norm, post_attn_norm, ffn_norm, post_ffn_norm;
-    qs_attn_desc attn;
-    qs_rope_desc rope;
-    qs_ffn_desc ffn;
-    qs_moe_desc moe;
-    qs_gdn_desc gdn;
-    qs_ple_desc ple;
-    qs_probe_desc probe;
-} qs_block;
-"""
-#: csrc/cuda/qsc_api.h's declarations (tests/test_cuda.py checks the copy)
-API_CDEF = """
-typedef struct {
-    int n_layers, n_vocab;
-    float eps, embed_scale, final_softcap, logit_scale;
-    qs_weight tok_embd, output;
-    qs_vec output_norm;
-    const int32_t *kv_source;
-} qsc_model_desc;
-typedef struct {
-    char name[256];
-    int major, minor, sm_count;
-    int64_t total_mem, free_mem;
-    int mem_clock_khz, bus_width_bits;
-    double peak_bw_gbs;
-    int driver_version, runtime_version;
-} qsc_device_props;
-typedef struct qsc_model qsc_model;
-const char *qsc_build_info(void);
-int qsc_init(char *err, size_t err_len);
-int qsc_device_props_get(qsc_device_props *out, char *err, size_t err_len);
-int qsc_device_info(char *buf, size_t len);
-int qsc_type_supported(int type);
-int64_t qsc_packed_bytes(int type, int64_t rows, int64_t k);
-int qsc_repack(int type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst, int64_t dst_bytes);
-int qsc_check_model(const qsc_model_desc *md, const qs_block *layers, char *err, size_t err_len);
-qsc_model *qsc_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16, int max_batch,
-                             char *err, size_t err_len);
-int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
-                char *err, size_t err_len);
-int qsc_set_graphs(qsc_model *m, int enabled);
-int64_t qsc_model_device_bytes(qsc_model *m);
-void qsc_model_free(qsc_model *m);
-int qsc_kernel_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const float *x, int n_x, float *y,
-                      char *err, size_t err_len);
-int qsc_kernel_quantize(int act_type, const float *x, int64_t n, uint8_t *out, char *err, size_t err_len);
-int qsc_kernel_get_rows(int type, const uint8_t *w, int64_t rows, int64_t k, const int32_t *ids, int n_ids,
-                        float scale, float *out, char *err, size_t err_len);
-int qsc_kernel_rmsnorm(const float *x, const float *w, float *y, int n_rows, int n, float eps, char *err,
-                       size_t err_len);
-int qsc_kernel_rope(float *x, int n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
-                    float freq_base, int neox, char *err, size_t err_len);
-int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, int n, int mode, char *err,
-                   size_t err_len);
-int qsc_kernel_attention(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
-                         const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv,
-                         int window, float scale, float *out, char *err, size_t err_len);
-int qsc_host_dequantize(int type, const uint8_t *w, int64_t rows, int64_t k, float *out);
-int qsc_host_quantize(int act_type, const float *x, int64_t n, uint8_t *out);
-int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const float *x, int n_x, float *y);
-int qsc_host_moe_route(const float *logits, int n_tokens, int n_expert, int n_used, int norm, float scale,
-                       int32_t *sel, float *w);
-int qsc_host_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
-int qsc_kernel_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
-int qsc_probe_trace(qsc_model *m, float *resid, float *queries, int64_t n_tokens, char *err, size_t err_len);
-int qsc_stats_enable(qsc_model *m, const float *init, int64_t n, char *err, size_t err_len);
-int qsc_stats_read(qsc_model *m, float *out, int64_t n, char *err, size_t err_len);
-int qsc_head(qsc_model *m, const float *x, int n_rows, float *logits, char *err, size_t err_len);
-int qsc_read_cache(qsc_model *m, int layer, int which, int n_rows, void *out, int64_t out_bytes, char *err,
-                   size_t err_len);
-int qsc_host_probe_sumsq(float *acc, const float *x, int64_t T, int64_t n);
-int qsc_kernel_attention_ext(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
-                             const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv,
-                             int window, float scale, float softcap, const float *sinks, float *out, char *err,
-                             size_t err_len);
-int qsc_kernel_qk_post(float *q, float *k, int n_tokens, int n_head, int n_head_kv, int head_dim,
-                       const float *q_norm, const float *k_norm, int qk_full, float eps, const int32_t *pos,
-                       const qs_rope_desc *rope, float temp_scale, int64_t temp_floor, char *err, size_t err_len);
-int qsc_kernel_logits(float *x, int64_t n, float logit_scale, float softcap, char *err, size_t err_len);
-int qsc_host_attention(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
-                       const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv, int window,
-                       float scale, float softcap, const float *sinks, float *out);
-int qsc_host_qk_post(float *q, float *k, int n_tokens, int n_head, int n_head_kv, int head_dim, const float *q_norm,
-                     const float *k_norm, int qk_full, float eps, const int32_t *pos, const qs_rope_desc *rope,
-                     float temp_scale, int64_t temp_floor);
-int qsc_host_glu(const float *gate, const float *up, float *out, int64_t n, int mode);
-int qsc_host_logits(float *x, int64_t n, float logit_scale, float softcap);
-int qsc_host_residual(float *x, const float *o, const float *post_w, int n_rows, int n, float eps, float rs,
-                      float out_scale);
-int qsc_forward_ple(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
-                    const float *ple, int64_t ple_len, char *err, size_t err_len);
-qsc_model *qsc_host_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16,
-                                 int max_batch, char *err, size_t err_len);
-int qsc_host_gdn_mixer(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
-int qsc_host_qgate(const float *qg, const float *bq, const float *att, int n_tokens, int n_head, int head_dim,
-                   float *q, float *out);
-int qsc_recurrent_state(qsc_model *m, int op, char *err, size_t err_len);
-int qsc_forward_resid(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, const float *ple,
-                      int64_t ple_len, float *resid, char *err, size_t err_len);
-"""
-CDEF = NN_CDEF + API_CDEF
 
 ffi = cffi.FFI()
 ffi.cdef(CDEF)
@@ -349,6 +169,19 @@ def device_properties() -> dict[str, Any]:
             "driver_version": p.driver_version, "runtime_version": p.runtime_version}
 
 
+@functools.cache
+def _types_of(path: str) -> frozenset[int]:
+    lib, _ = _load(path)
+    return frozenset(t for t in range(256) if lib.qsc_type_supported(t)) if lib is not None else frozenset()
+
+
+def gpu_types() -> frozenset[int]:
+    """The ggml ids of the weight types the GPU kernels run on as stored, as the library says
+    (``qsc_type_supported``, read from its one type table, csrc/cuda/qsc_common.cuh's ``QSC_TYPES``); other types
+    are dequantized to F32 on upload. Empty when the library cannot be loaded (no GPU type without a GPU)."""
+    return _types_of(str(library_path()))
+
+
 def build_info() -> str:
     """CUDA version and GPU architectures compiled into the library."""
     return ffi.string(_library().qsc_build_info()).decode()
@@ -361,8 +194,10 @@ def _type(qtype: GGMLType | int | str) -> GGMLType:
 
 def _gpu_type(qtype: GGMLType | int | str) -> GGMLType:
     t = _type(qtype)
-    if t.id not in GPU_TYPES:
-        raise ValueError(f"{t.name} has no GPU kernel (GPU types: {', '.join(GPU_TYPES.values())})")
+    types = gpu_types()
+    if t.id not in types:
+        names = ", ".join(ggml_type(i).name for i in sorted(types)) or "none: the library is not loaded"
+        raise ValueError(f"{t.name} has no GPU kernel (GPU types: {names})")
     return t
 
 
@@ -407,55 +242,6 @@ def _check(rc: int, err: Any, what: str) -> None:
         raise CudaError(f"{what}: {_msg(err)} ({rc})")
 
 
-def block_features(b: Any) -> list[str]:
-    """The features of one layer's forward description (a ``qs_block``) that the device code does not compute
-    (empty: it runs on the GPU), as qsc_check_model names them. A vector or weight counts as present when it has
-    a length or a pointer (a policy-only description marks presence by length)."""
-    a = b.attn
-    return [name for name, present in (
-        ("gated delta-net weights without a conv size", b.gdn.conv <= 0 and bool(b.gdn.qkv.ptr)),
-        ("gated attention outputs other than qwen35's", a.q_gate not in (0, 1) or (a.q_gate and b.gdn.conv > 0)),
-    ) if present]
-
-
-def description_features(blocks: list[Any], final_softcap: float = 0.0, logit_scale: float = 1.0) -> list[str]:
-    """Every feature of a model's forward description (its layers' ``qs_block`` s) that the device code lacks,
-    each named once (empty: the GPU runs it). The model-level scales (gemma2's final soft-cap, granite's logit
-    scale) and layers of different shapes all have a GPU path."""
-    out: list[str] = []
-    for b in blocks:
-        out += [f for f in block_features(b) if f not in out]
-    return out
-
-
-def policy_description(cfg: ModelConfig, li: int) -> Any:
-    """Layer ``li``'s forward description as far as ``cfg`` alone decides it (no weights bound): the layer's
-    policy (:func:`~.session.layer_policy`) with the presence of its groups marked (experts, delta-net, per-layer
-    embeddings by their sizes, pre-norms and sinks by their lengths). For refusing a model before loading it."""
-    b = layer_policy(cfg, li)
-    b.ffn.n_ff, b.ffn.gelu, b.ffn.swiglu_oai = cfg.n_ff_at(li), int(cfg.gelu), int(cfg.swiglu_oai)
-    b.moe.n_expert, b.moe.n_ff_shexp = cfg.n_expert, cfg.n_ff_shexp
-    b.ple.dim = cfg.ple_dim
-    if cfg.is_recurrent(li):
-        b.gdn.conv = cfg.ssm_conv
-    else:
-        b.attn.q_gate = int(cfg.q_gate)
-    if cfg.pre_norms:
-        b.attn_norm.len = b.ffn_norm.len = cfg.n_embd
-    if cfg.attn_sinks:
-        b.attn.sinks.len = cfg.n_head
-    if cfg.rope_freqs_global_only and not cfg.is_sliding(li):
-        b.rope.freqs.len = max(1, b.rope.dim // 2)
-    return b
-
-
-def missing_features(cfg: ModelConfig) -> list[str]:
-    """The features of ``cfg``'s forward description the device code does not compute (empty: it runs on the
-    GPU). The backend decides by these, never by the architecture's name."""
-    blocks = [policy_description(cfg, li) for li in range(cfg.n_layers)]
-    return description_features(blocks, cfg.final_softcap, cfg.logit_scale)
-
-
 def check_config(cfg: ModelConfig) -> None:
     """Refuse, with the reason, a model whose features or shapes the GPU kernels do not handle."""
     if cfg.arch not in ARCHITECTURES:
@@ -463,9 +249,6 @@ def check_config(cfg: ModelConfig) -> None:
     sizes = (cfg.n_layers, cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff, cfg.n_vocab)
     if min(sizes) <= 0:
         raise UnsupportedModel(f"non-positive model size in {sizes}")
-    missing = missing_features(cfg)
-    if missing:
-        raise UnsupportedModel(f"{', '.join(missing)} have no CUDA path")
     if cfg.n_embd % 32:
         raise UnsupportedModel(f"n_embd {cfg.n_embd} must be a multiple of 32 on the GPU")
     for li in range(cfg.n_layers):  # every layer its own heads, head size, FFN width and rotated size
@@ -506,9 +289,10 @@ def _bound(w: Weight, keep: list[Any], matrices: list[tuple[GGMLType, int, int]]
 
 def model_description(model: Model, n_ctx: int, device: bool = True,
                       n_layers: int | None = None) -> tuple[Description, list[Any]]:
-    """``model``'s forward description for the GPU, and its layers' ``qs_block`` s as the CPU describes them (for
-    :func:`description_features`). ``device``: weights as they are uploaded (:func:`device_weight`: types
-    without GPU kernels dequantized to F32); else as stored (a cheap look at the features before that).
+    """``model``'s forward description for the GPU, and its layers' ``qs_block`` s as the CPU describes them.
+    ``device``: weights as they are uploaded (:func:`device_weight`: types without GPU kernels dequantized to F32);
+    else as stored (nothing dequantized: a look at the description only). The library names what it refuses
+    (:func:`check_description`); Python keeps no list of the device's features.
     ``n_layers``: only the first layers (partial offload, core/engine/split.py), head tied (its logits unused)."""
     c, mw = model.config, model.weights
     n = c.n_layers if n_layers is None else n_layers
@@ -888,7 +672,7 @@ def host_residual(x: np.ndarray, o: np.ndarray, post_w: np.ndarray | None, *, ep
 def device_weight(w: Weight) -> tuple[GGMLType, np.ndarray]:
     """The type and raw bytes a weight is uploaded as: as stored for GPU types, else dequantized to F32."""
     t = w.type
-    if t.id in GPU_TYPES:
+    if t.id in gpu_types():
         return t, w.data
     if not K.can_dequantize(t):
         raise UnsupportedModel(f"{w.name} is {t.name}: neither a GPU kernel nor a dequantizer handles it")
@@ -916,11 +700,6 @@ class CudaSession:
             raise ValueError("kv_dtype must be numpy.float16 or numpy.float32")
         check_config(model.config)
         c = model.config
-        # the weights' features first, on their descriptions as stored (no dequantizing for a refused model)
-        _, raw_blocks = model_description(model, n_ctx, device=False)
-        missing = description_features(raw_blocks, c.final_softcap, c.logit_scale)
-        if missing:
-            raise UnsupportedModel(f"{', '.join(missing)} have no CUDA path")
         desc, _ = model_description(model, n_ctx)
         check_description(desc)
         self.model = model

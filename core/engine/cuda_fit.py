@@ -50,7 +50,7 @@ def _matrix_bytes(w: Weight) -> int:
     from . import cuda_backend as cb
 
     f32 = w.rows * w.k * 4
-    if w.type.id not in cb.GPU_TYPES:
+    if w.type.id not in cb.gpu_types():
         return _round(f32)
     try:
         return _round(cb.packed_bytes(w.type, w.rows, w.k))

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..model import ModelConfig, UnsupportedModel
+from ..model import ModelConfig
 from ..native import ffi as cpu_ffi
 from ..native import kernels as K
 from ..native import lib as cpu_lib
@@ -45,10 +45,6 @@ class _DeviceLayers:
             raise ValueError(f"max_batch {max_batch} out of range")
         cb.check_config(model.config)
         c = model.config
-        _, raw = cb.model_description(model, n_ctx, device=False, n_layers=n)
-        missing = cb.description_features(raw)
-        if missing:
-            raise UnsupportedModel(f"{', '.join(missing)} have no CUDA path")
         desc, _ = cb.model_description(model, n_ctx, n_layers=n)
         cb.check_description(desc)
         self.model, self.config, self.n = model, c, n

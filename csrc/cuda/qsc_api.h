@@ -1,5 +1,6 @@
-/* Quantscope CUDA backend: the plain C API loaded with cffi's ffi.dlopen (core/engine/cuda_backend.py keeps a
- * copy of these declarations; tests/test_cuda.py checks the two agree). Declarations only, no preprocessor lines.
+/* Quantscope CUDA backend: the plain C API loaded with cffi's ffi.dlopen. core/engine/cuda_abi.py's CDEF is
+ * generated from this file and qs_api_nn.h (python -m quantscope.core.engine.cuda_abi; tests/test_cuda.py fails
+ * until it is regenerated). Declarations only, no preprocessor lines (cffi parses this text as it is).
  *
  * Conventions: functions return 0 on success and a negative number on failure, writing a one-line reason into
  * err[err_len] when err is not NULL. Type ids are ggml's. Sizes are validated by the Python wrappers first; the
@@ -42,7 +43,8 @@ int qsc_device_props_get(qsc_device_props *out, char *err, size_t err_len);
 int qsc_device_info(char *buf, size_t len);             /* one human line, e.g. "NVIDIA H100 (sm_90, 132 SMs...)" */
 
 /* ---- weight formats */
-int qsc_type_supported(int type);                       /* 1: kernels run on this type as stored */
+int qsc_type_supported(int type); /* 1: kernels run on this type as stored (its row in qsc_common.cuh's QSC_TYPES,
+                                   * the one list of the device's types); 0: dequantized to F32 on upload */
 int64_t qsc_packed_bytes(int type, int64_t rows, int64_t k);   /* device bytes after repacking; < 0 unsupported */
 int qsc_repack(int type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst, int64_t dst_bytes);
 int qsc_check_model(const qsc_model_desc *md, const qs_block *layers, char *err, size_t err_len); /* 0: usable */

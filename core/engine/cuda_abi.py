@@ -1,0 +1,394 @@
+"""The CUDA library's ABI as cffi declarations: csrc/qs_api_nn.h (the forward description the CPU block reads)
+followed by csrc/cuda/qsc_api.h, their preprocessor lines dropped, as csrc/build_ffi.py's ``_cdef`` reads the CPU
+headers.
+
+:data:`CDEF` is generated from those headers and committed, so that a wheel or a frozen app (which carry no
+headers) declares exactly what the library was built from; ``python -m quantscope.core.engine.cuda_abi``
+regenerates it after a header changes, and tests/test_cuda.py fails until it is regenerated.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+#: the headers, in declaration order, relative to the source tree's root
+HEADERS = ("csrc/qs_api_nn.h", "csrc/cuda/qsc_api.h")
+_MARK = "CDEF = r'''"
+
+
+def from_headers(root: Path) -> str:
+    """The declarations of :data:`HEADERS` under ``root``, preprocessor lines dropped."""
+    parts = []
+    for rel in HEADERS:
+        lines = (root / rel).read_text(encoding="utf-8").splitlines()
+        parts.append("\n".join(ln for ln in lines if not ln.lstrip().startswith("#")))
+    return "\n".join(parts) + "\n"
+
+
+def _write(root: Path) -> bool:
+    """Rewrite this module's :data:`CDEF` from the headers; True when it changed."""
+    text = from_headers(root)
+    if "'''" in text or "\\" in text:
+        raise ValueError("a header holds ''' or a backslash; the generated literal cannot carry it")
+    me = Path(__file__)
+    src = me.read_text(encoding="utf-8")
+    head = src[:src.rindex(_MARK) + len(_MARK)]
+    new = f"{head}{text}'''\n"
+    if new == src:
+        return False
+    me.write_text(new, encoding="utf-8")
+    return True
+
+
+if __name__ == "__main__":  # pragma: no cover - a developer's tool
+    changed = _write(Path(__file__).resolve().parents[2])
+    print("cuda_abi: CDEF regenerated" if changed else "cuda_abi: CDEF is up to date", file=sys.stderr)
+
+# ---- generated from HEADERS: do not edit below this line
+CDEF = r'''/* Quantscope native API: float kernels of the inference engine (cffi cdef: declarations only). */
+
+/* Error codes of the engine's entry points (qs_rope, qs_attention, qs_block_forward; qs_matmat shares the first
+ * two). Every size argument is checked before anything is written: a bad one returns its code, never writes out
+ * of bounds. What C cannot see is the length of a buffer behind a bare pointer: qs_block carries those lengths. */
+enum {
+    QS_OK = 0,
+    QS_ERR_SIZE = -1,   /* a size/count argument is negative, zero where it must not be, too large or inconsistent
+                           (dimensions, tokens, n_past + tokens > n_ctx, window) */
+    QS_ERR_NOMEM = -2,  /* scratch memory could not be allocated */
+    QS_ERR_TYPE = -3,   /* a weight type has no kernel, or a row length is not a multiple of its block */
+    QS_ERR_WEIGHT = -4, /* a weight's byte length is less than rows x row bytes */
+    QS_ERR_VECTOR = -5, /* a norm/bias vector is missing or its length is not the one the block needs */
+    QS_ERR_CACHE = -6,  /* a KV cache holds fewer bytes than n_ctx x n_head_kv x head_dim elements */
+    QS_ERR_POS = -7,    /* a position lies outside 0..n_ctx-1 */
+    QS_ERR_HEADS = -8   /* n_head, n_head_kv (must divide n_head), head_dim (<= 1024) or rope_dim (even, > 0,
+                           <= head_dim) is invalid */
+};
+
+void qs_rmsnorm(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps);
+/* Rotates the first rot_dim values of each head; returns QS_ERR_HEADS unless rot_dim is even, > 0, <= head_dim
+ * and <= 1024, QS_ERR_SIZE for negative counts. freq_factors: NULL, or rot_dim/2 finite positive divisors of the
+ * pairs' frequencies (Llama 3's rope_freqs.weight; QS_ERR_SIZE otherwise). */
+int qs_rope(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
+            float freq_base, float freq_scale, int neox, const float *freq_factors);
+/* ggml_rope_ext's full form: angle freq_scale * pos * base^(-2i/rot) / freq_factors[i]; with ext_factor != 0
+ * (YaRN) the unscaled angle is mixed back in below the correction dimensions corr0..corr1 and the magnitude gets
+ * 1 + 0.1 ln(1/freq_scale); every rotated value is multiplied by mscale. QS_ERR_SIZE for a non-finite or
+ * non-positive base or scale, or non-finite others. */
+typedef struct {
+    float freq_base, freq_scale;
+    int neox;
+    const float *freq_factors;
+    float ext_factor, corr0, corr1, mscale;
+} qs_rope_params;
+int qs_rope_ext(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
+                const qs_rope_params *rp);
+void qs_softmax(float *x, int64_t n_rows, int64_t n);
+void qs_swiglu(const float *gate, const float *up, float *out, int64_t n);
+void qs_geglu_tanh(const float *gate, const float *up, float *out, int64_t n);
+/* gpt-oss's clamped SwiGLU (qs_block's swiglu_oai); out may alias gate or up. */
+void qs_swiglu_oai(const float *gate, const float *up, float *out, int64_t n);
+/* Caches hold n_ctx positions; the first n_kv (<= n_ctx) are valid. Query positions must be >= 0. */
+int qs_attention(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                 const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv, int64_t n_ctx,
+                 int64_t window, float scale, float *out, int n_threads);
+/* The same with gemma2's soft-capping of the scaled scores, s -> softcap * tanh(s / softcap) (0: none; negative or
+ * non-finite: QS_ERR_SIZE). */
+int qs_attention_softcap(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                         const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv,
+                         int64_t n_ctx, int64_t window, float scale, float softcap, float *out, int n_threads);
+/* The same with gpt-oss's attention sinks: sinks (NULL: none) holds one logit per query head that joins each
+ * softmax's denominator, unscaled and never masked, with no value row: p_j = e^(s_j - M) / (sum_i e^(s_i - M) +
+ * e^(sink - M)), M the larger of the scores' maximum and the sink. A non-finite sink is QS_ERR_SIZE. */
+int qs_attention_sinks(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                       const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv,
+                       int64_t n_ctx, int64_t window, float scale, float softcap, const float *sinks, float *out,
+                       int n_threads);
+/* The probe's attention weights (docs/probe.md): what qs_attention_sinks gives each key, computed by the same code,
+ * written to probs [n_q][n_heads][n_kv] (0 outside the causal window) instead of attending to V. k_cache_bytes is
+ * the cache's length (QS_ERR_CACHE when short of n_ctx rows), probs_len probs' (QS_ERR_SIZE when short). */
+int qs_attention_probs(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                       const void *k_cache, int64_t k_cache_bytes, int kv_f16, int n_kv_heads, int64_t n_kv,
+                       int64_t n_ctx, int64_t window, float scale, float softcap, const float *sinks, float *probs,
+                       int64_t probs_len, int n_threads);
+
+/* One layer's forward description (docs/engine.md, "The forward description"): Python decides every per-layer
+ * policy once (window, RoPE, soft-caps, multipliers, which optional vectors exist, routing, delta-net sizes) and
+ * hands the block this structure, grouped by what reads it. A weight is {ptr, type, bytes, rows, k}: rows x k
+ * values of ggml type `type` (possibly repacked) in `bytes` bytes; a vector is {ptr, len} (NULL, 0: absent). A
+ * zero-filled group is "this layer has none". qs_block_forward checks every size against the others on each call
+ * (integer checks only) and returns QS_OK or a QS_ERR_* code before writing anything. */
+typedef struct {
+    const uint8_t *ptr;
+    int type;
+    int64_t bytes, rows, k;
+} qs_weight;
+typedef struct {
+    const float *ptr;
+    int64_t len;
+} qs_vec;
+/* Attention (unused by a delta-net layer). KV cache layout: [n_ctx][n_head_kv][head_dim], F32 or F16 (kv_f16). */
+typedef struct {
+    int n_head, n_head_kv, head_dim;
+    qs_weight wq, wk, wv, wo; /* wq: 2 x n_head x head_dim rows with q_gate (each head's query, then its gate) */
+    qs_vec bq, bk, bv, bo;    /* biases of q, k, v (all or none) and of the output (gpt-oss) */
+    qs_vec q_norm, k_norm;    /* RMSNorm weights of q and k: per head (head_dim) or, with qk_norm_full, over the
+                               * whole projection (n_head x head_dim, n_head_kv x head_dim: olmo2) */
+    qs_vec sinks;             /* gpt-oss: one logit per query head joining each softmax (qs_attention_sinks) */
+    int qk_norm_full;
+    int q_gate;   /* 1: each head's output times sigmoid(its gate) before wo (qwen35) */
+    int kv_reuse; /* 1: no k/v of its own: attends to the cache as written by an earlier layer (wk, wv unused) */
+    int v_norm;   /* 1: V RMS-normalized per head without a weight (gemma4) */
+    int64_t window;        /* sliding window (0: all positions) */
+    float scale, softcap;  /* score scale; scores soft-capped at softcap (gemma2; 0: none) */
+    float temp_scale;      /* Llama 4 / mistral3: q of position p times 1 + temp_scale * ln(floor(p / floor) + 1) */
+    int64_t temp_floor;
+    int kv_f16;
+    int64_t n_ctx;
+    void *k_cache, *v_cache;
+    int64_t k_cache_bytes, v_cache_bytes;
+} qs_attn_desc;
+/* RoPE of q and k (ggml_rope_ext, see qs_rope_ext): skip 1 leaves this layer unrotated (smollm3's NoPE layers) */
+typedef struct {
+    int skip, dim, neox;
+    float base, freq_scale, ext_factor, corr0, corr1, mscale; /* freq_scale / mscale 0: 1 */
+    qs_vec freqs; /* NULL or dim/2 frequency divisors (rope_freqs, LongRoPE's long or short factors) */
+} qs_rope_desc;
+/* The gated FFN; with experts, gate / up hold n_expert matrices of n_ff rows back to back, down n_expert of
+ * n_embd. gelu: GELU-tanh gating, swiglu_oai: gpt-oss's clamped SwiGLU, g = min(g, 7), u = clamp(u, -7, 7),
+ * out = g / (1 + e^(-1.702 g)) * (u + 1); else SwiGLU. */
+typedef struct {
+    int n_ff, gelu, swiglu_oai;
+    qs_weight gate, up, down;
+} qs_ffn_desc;
+/* Mixture of experts (n_expert 0: a dense FFN). The router (n_expert x n_embd, + b_router) scores them; per token
+ * the n_used largest softmax probabilities pick the experts, their weights normalized to sum 1 (norm) and times
+ * scale (0: 1); the FFN output is the weighted sum of the picked experts'. b_gate / b_up (n_expert x n_ff,
+ * expert-major), b_down (n_expert x n_embd): gpt-oss's expert biases. A shared expert (qwen35moe; n_ff_shexp 0:
+ * none): a SwiGLU FFN of n_ff_shexp (sh_gate, sh_up n_ff_shexp x n_embd, sh_down n_embd x n_ff_shexp) on every
+ * token, its output times sigmoid(h . sh_gate_inp) added. */
+typedef struct {
+    int n_expert, n_used, norm;
+    float scale;
+    qs_weight router;
+    qs_vec b_router, b_gate, b_up, b_down;
+    int n_ff_shexp;
+    qs_weight sh_gate, sh_up, sh_down;
+    qs_vec sh_gate_inp;
+} qs_moe_desc;
+/* qwen35's gated delta-net (docs/engine.md, "Gated delta-net layers"): with conv > 0 it replaces attention.
+ * S = state (key and value head size), Hk / Hv key / value heads (Hv a multiple of Hk), C = 2 Hk S + Hv S conv
+ * channels. qkv: attn_qkv (C x n_embd), out: ssm_out (n_embd x Hv S), z: attn_gate (Hv S x n_embd), beta / alpha:
+ * ssm_beta / ssm_alpha (Hv x n_embd); conv_w the depthwise conv kernel [C][conv]; dt_bias, a (= -exp(A_log)) of
+ * Hv, norm of S. The session's state: conv_state [conv - 1][C] (oldest first), ssm_state [Hv][S][S] (key index,
+ * then value index), float32, updated in place; zeros start a sequence. */
+typedef struct {
+    int conv, state, k_heads, v_heads;
+    qs_weight qkv, z, beta, alpha, out;
+    qs_vec conv_w, dt_bias, a, norm;
+    float *conv_state, *ssm_state;
+    int64_t conv_state_len, ssm_state_len;
+} qs_gdn_desc;
+/* gemma4's per-layer embedding (dim 0: none): x += post_norm(proj(gelu(gate(x)) * inputs)) after the FFN; gate
+ * is dim x n_embd, proj n_embd x dim; inputs: [T][dim] of this call (set per call). */
+typedef struct {
+    int dim;
+    qs_weight gate, proj;
+    qs_vec post_norm;
+    const float *inputs;
+    int64_t inputs_len;
+} qs_ple_desc;
+/* What the block hands back when asked (NULL: nothing). Importance-matrix statistics (docs/quantize.md,
+ * "Computing one"): float sums of the squares of a product's inputs, added to in place on prompts (T > 1), as
+ * llama-imatrix sums them: attn (n_embd) the attention's (or delta-net's) projections' input, wo (n_head x
+ * head_dim) attn_output's, ffn (n_embd, or n_expert x n_embd) the FFN's gate/up input, down (n_ff, or n_expert x
+ * n_ff) ffn_down's, exp_count (n_expert) rows routed to each expert. The probe (docs/probe.md): q, room for the
+ * call's queries as the attention uses them ([T][n_head][head_dim], after biases, norms, RoPE and temperature
+ * scaling; q_len at least that, else QS_ERR_SIZE; not written by delta-net layers). */
+typedef struct {
+    float *attn, *wo, *ffn, *down;
+    int64_t attn_len, wo_len, ffn_len, down_len;
+    int64_t *exp_count;
+    int64_t exp_count_len;
+    float *q;
+    int64_t q_len;
+} qs_probe_desc;
+/* One layer, in place on x [T][n_embd]: norm, attention (or the delta-net), post norm, residual (times
+ * residual_scale, 0: 1), norm, FFN (or experts), post norm, residual, per-layer embedding, x times out_scale
+ * (0: 1). NULL norms: none (olmo2's pre-norms). */
+typedef struct {
+    int n_embd;
+    float eps, residual_scale, out_scale;
+    qs_vec attn_norm, post_attn_norm, ffn_norm, post_ffn_norm;
+    qs_attn_desc attn;
+    qs_rope_desc rope;
+    qs_ffn_desc ffn;
+    qs_moe_desc moe;
+    qs_gdn_desc gdn;
+    qs_ple_desc ple;
+    qs_probe_desc probe;
+} qs_block;
+int qs_block_forward(const qs_block *b, float *x, int64_t n_tokens, const int32_t *pos, int64_t n_past,
+                     int n_threads);
+/* One decode step of n_seqs sequences at once (a server's parallel slots): row t of x [n_seqs][n_embd] is the next
+ * token of sequence t, at position pos[t] after n_pasts[t] cached tokens, and seqs[t] is this layer for sequence t
+ * (the same weights, its own KV cache). The products run on all rows together (the prefill GEMM); each row's K/V
+ * go to its own cache, and it attends to its own cache only. Attention layers only: QS_ERR_SIZE for a delta-net
+ * layer, a probe or statistics, or sequences whose layers differ; QS_ERR_CACHE for two rows sharing a cache. */
+int qs_block_forward_seqs(const qs_block *const *seqs, float *x, int64_t n_seqs, const int32_t *pos,
+                          const int64_t *n_pasts, int n_threads);
+/* One token of one gated delta-net head, as qs_block_forward runs it (k and q already normalized): st [S key][S
+ * value] <- st * decay; d = beta (v - st^T k); st += k d^T; o = st^T q. QS_ERR_SIZE unless 0 < S <= 1024. */
+int qs_gdn_step(int64_t S, float *st, const float *k, const float *q, const float *v, float decay, float beta,
+                float *o);
+/* Quantscope CUDA backend: the plain C API loaded with cffi's ffi.dlopen. core/engine/cuda_abi.py's CDEF is
+ * generated from this file and qs_api_nn.h (python -m quantscope.core.engine.cuda_abi; tests/test_cuda.py fails
+ * until it is regenerated). Declarations only, no preprocessor lines (cffi parses this text as it is).
+ *
+ * Conventions: functions return 0 on success and a negative number on failure, writing a one-line reason into
+ * err[err_len] when err is not NULL. Type ids are ggml's. Sizes are validated by the Python wrappers first; the
+ * C side checks them again and refuses (never trusts) a size that does not add up.
+ *
+ * The model is the same forward description the CPU block reads (csrc/qs_api_nn.h, declared before this file):
+ * one qs_block per layer (weights {ptr, type, bytes, rows, k}, vectors {ptr, len}, grouped into attn, rope, ffn,
+ * moe, gdn, ple, probe) and the model-level part below. Python decides every policy once; the device derives
+ * none. qsc_check_model refuses (host only, before any device call) a description whose sizes, types or byte
+ * counts do not add up, a missing group, and every feature the device code lacks, naming it.
+ */
+
+/* The model-level part of the forward description: the embedding, the head and their scales. output
+ * zero-filled (ptr NULL, rows 0): tied to tok_embd (no second copy). eps: the final norm's. kv_source: NULL, or
+ * n_layers entries, the layer whose KV cache each layer attends to (itself; for a layer with attn.kv_reuse, an
+ * earlier layer with a cache of its own and the same KV heads and head size: gemma4's shared layers). */
+typedef struct {
+    int n_layers, n_vocab;
+    float eps, embed_scale, final_softcap, logit_scale; /* final_softcap 0: none; logit_scale 0 or 1: none */
+    qs_weight tok_embd, output;
+    qs_vec output_norm;
+    const int32_t *kv_source;
+} qsc_model_desc;
+
+typedef struct {
+    char name[256];
+    int major, minor, sm_count;
+    int64_t total_mem, free_mem;
+    int mem_clock_khz, bus_width_bits;
+    double peak_bw_gbs;                 /* 2 (DDR) x memory clock x bus width */
+    int driver_version, runtime_version;
+} qsc_device_props;
+
+typedef struct qsc_model qsc_model;
+
+/* ---- library and device */
+const char *qsc_build_info(void);                       /* CUDA version and the archs compiled in */
+int qsc_init(char *err, size_t err_len);                /* 0 = usable device; else the cudaError_t code (> 0) */
+int qsc_device_props_get(qsc_device_props *out, char *err, size_t err_len);
+int qsc_device_info(char *buf, size_t len);             /* one human line, e.g. "NVIDIA H100 (sm_90, 132 SMs...)" */
+
+/* ---- weight formats */
+int qsc_type_supported(int type); /* 1: kernels run on this type as stored (its row in qsc_common.cuh's QSC_TYPES,
+                                   * the one list of the device's types); 0: dequantized to F32 on upload */
+int64_t qsc_packed_bytes(int type, int64_t rows, int64_t k);   /* device bytes after repacking; < 0 unsupported */
+int qsc_repack(int type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst, int64_t dst_bytes);
+int qsc_check_model(const qsc_model_desc *md, const qs_block *layers, char *err, size_t err_len); /* 0: usable */
+
+/* ---- model: weights uploaded once, a GPU-resident KV cache, the whole forward pass on the device.
+ * qsc_model_create checks the description (qsc_check_model), uploads every weight of it (the host memory it
+ * points to is read during the call only) and allocates the cache and the scratch. */
+qsc_model *qsc_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16, int max_batch,
+                             char *err, size_t err_len);
+int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
+                char *err, size_t err_len);             /* logits: n_vocab floats, or n_tokens x n_vocab */
+int qsc_set_graphs(qsc_model *m, int enabled);          /* CUDA graph for one-token steps (default on) */
+int64_t qsc_model_device_bytes(qsc_model *m);
+void qsc_model_free(qsc_model *m);
+
+/* ---- single device kernels on host arrays (tests) */
+int qsc_kernel_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const float *x, int n_x, float *y,
+                      char *err, size_t err_len);
+int qsc_kernel_quantize(int act_type, const float *x, int64_t n, uint8_t *out, char *err, size_t err_len);
+int qsc_kernel_get_rows(int type, const uint8_t *w, int64_t rows, int64_t k, const int32_t *ids, int n_ids,
+                        float scale, float *out, char *err, size_t err_len);
+int qsc_kernel_rmsnorm(const float *x, const float *w, float *y, int n_rows, int n, float eps, char *err,
+                       size_t err_len);
+int qsc_kernel_rope(float *x, int n_tokens, int n_heads, int head_dim, int rot_dim, const int32_t *pos,
+                    float freq_base, int neox, char *err, size_t err_len);
+int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, int n, int mode, char *err,
+                   size_t err_len);
+int qsc_kernel_attention(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                         const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv,
+                         int window, float scale, float *out, char *err, size_t err_len);
+
+/* ---- the device's per-block math compiled for the host (no GPU needed): repack + decode + int8 dots */
+int qsc_host_dequantize(int type, const uint8_t *w, int64_t rows, int64_t k, float *out);
+int qsc_host_quantize(int act_type, const float *x, int64_t n, uint8_t *out);
+int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const float *x, int n_x, float *y);
+
+/* ---- mixture of experts (qsc_moe.cuh) compiled for the host: the device's routing (sel, w: n_tokens x n_used) and
+ * its expert-by-expert FFN of one layer's moe group on h [n_tokens][n_embd] into out (no GPU needed) */
+int qsc_host_moe_route(const float *logits, int n_tokens, int n_expert, int n_used, int norm, float scale,
+                       int32_t *sel, float *w);
+int qsc_host_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
+/* the same on the device (a one-layer model holding the moe group; tests) */
+int qsc_kernel_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
+
+/* ---- the probes (qsc_probe.cuh): copies back only when asked for */
+int qsc_probe_trace(qsc_model *m, float *resid, float *queries, int64_t n_tokens, char *err, size_t err_len);
+int qsc_stats_enable(qsc_model *m, const float *init, int64_t n, char *err, size_t err_len);
+int qsc_stats_read(qsc_model *m, float *out, int64_t n, char *err, size_t err_len);
+int qsc_head(qsc_model *m, const float *x, int n_rows, float *logits, char *err, size_t err_len);
+int qsc_read_cache(qsc_model *m, int layer, int which, int n_rows, void *out, int64_t out_bytes, char *err,
+                   size_t err_len);
+int qsc_host_probe_sumsq(float *acc, const float *x, int64_t T, int64_t n);
+
+/* ---- the dense architecture features (tests/test_cuda_features.py): each on the device (qsc_kernel_*) and its
+ * per-element math (qsc_arch.cuh) run on the host the way the kernel runs it (qsc_host_*). glu mode: 0 SwiGLU,
+ * 1 GELU-tanh, 2 gpt-oss's clamped SwiGLU. qk_post: the q/k RMSNorms (both or neither; per head, or qk_full over
+ * the whole projection), RoPE as the description's qs_rope_desc says (NoPE, scaling, factors), the query
+ * temperature, in place (k NULL: queries only). attention: scores scaled, soft-capped (0: none), with one sink per
+ * query head (NULL: none), any head size up to 1024. logits: divided by logit_scale (0 or 1: none), then
+ * soft-capped (0: none). residual: x = (x + rs * [RMSNorm](o) * post_w) * out_scale, post_w NULL: o as it is. */
+int qsc_kernel_attention_ext(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                             const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv,
+                             int window, float scale, float softcap, const float *sinks, float *out, char *err,
+                             size_t err_len);
+int qsc_kernel_qk_post(float *q, float *k, int n_tokens, int n_head, int n_head_kv, int head_dim,
+                       const float *q_norm, const float *k_norm, int qk_full, float eps, const int32_t *pos,
+                       const qs_rope_desc *rope, float temp_scale, int64_t temp_floor, char *err, size_t err_len);
+int qsc_kernel_logits(float *x, int64_t n, float logit_scale, float softcap, char *err, size_t err_len);
+int qsc_host_attention(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                       const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv, int window,
+                       float scale, float softcap, const float *sinks, float *out);
+int qsc_host_qk_post(float *q, float *k, int n_tokens, int n_head, int n_head_kv, int head_dim, const float *q_norm,
+                     const float *k_norm, int qk_full, float eps, const int32_t *pos, const qs_rope_desc *rope,
+                     float temp_scale, int64_t temp_floor);
+int qsc_host_glu(const float *gate, const float *up, float *out, int64_t n, int mode);
+int qsc_host_logits(float *x, int64_t n, float logit_scale, float softcap);
+int qsc_host_residual(float *x, const float *o, const float *post_w, int n_rows, int n, float eps, float rs,
+                      float out_scale);
+/* The device's forward pass run on the host (tests, machines without a GPU): a model like qsc_model_create's, its
+ * buffers in host memory and each kernel replaced by its host twin (qsc_emul.cuh); qsc_forward, qsc_set_graphs,
+ * qsc_model_device_bytes and qsc_model_free take it. Needs no GPU, driver or CUDA call. */
+/* qsc_forward for a model with per-layer embeddings (gemma4: the layers' ple.dim P > 0): ple holds the call's
+ * per-layer inputs [n_tokens][n_layers][P] (ple_len floats, exactly that many); qsc_forward refuses such a model. */
+int qsc_forward_ple(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
+                    const float *ple, int64_t ple_len, char *err, size_t err_len);
+qsc_model *qsc_host_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16,
+                                 int max_batch, char *err, size_t err_len);
+
+/* ---- qwen35 (qsc_gdn.cuh) compiled for the host: one layer's gated delta-net mixer on h [n_tokens][n_embd] into
+ * out, its conv_state / ssm_state updated in place; the gated attention's split of wq's output qg
+ * [n_tokens][n_head][2 head_dim] (each head's query, then its gate) into q (+ bq, NULL: none), and
+ * out = att * sigmoid(gate) (no GPU needed) */
+int qsc_host_gdn_mixer(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
+int qsc_host_qgate(const float *qg, const float *bq, const float *att, int n_tokens, int n_head, int head_dim,
+                   float *q, float *out);
+/* the session's recurrent state (every delta-net layer's conv and ssm state; the forward zeroes it at position 0):
+ * op 0 zero it, 1 save it as the checkpoint, 2 restore the checkpoint, 3 ask whether there is one (1 / 0) */
+int qsc_recurrent_state(qsc_model *m, int op, char *err, size_t err_len);
+/* partial offload (core/engine/split.py): qsc_forward_ple (ple NULL / 0 for a model without per-layer inputs) that
+ * copies the residual stream after the model's last layer into resid [n_tokens][n_embd] instead of logits; a
+ * one-token step runs uncaptured */
+int qsc_forward_resid(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, const float *ple,
+                      int64_t ple_len, float *resid, char *err, size_t err_len);
+'''

@@ -278,21 +278,18 @@ class Description:
         self.model, self.layers, self.n_layers, self.keep, self.matrices = model, layers, n_layers, keep, matrices
 
 
-def _bound(w: Weight, keep: list[Any], matrices: list[tuple[GGMLType, int, int]], device: bool,
-           padded: bool = False) -> _Bound:
-    t, data = device_weight(w) if device else (w.type, w.data)
-    raw = _matrix(data, t, w.rows, w.k, padded) if device else np.ascontiguousarray(data)
+def _bound(w: Weight, keep: list[Any], matrices: list[tuple[GGMLType, int, int]], padded: bool = False) -> _Bound:
+    t, data = device_weight(w)
+    raw = _matrix(data, t, w.rows, w.k, padded)
     keep.append(raw)
     matrices.append((t, w.rows, -(-w.k // 32) * 32 if padded else w.k))
     return _Bound(t.id, cpu_ffi.cast("uint8_t *", cpu_ffi.from_buffer(raw)), w.rows, w.k, int(raw.nbytes))
 
 
-def model_description(model: Model, n_ctx: int, device: bool = True,
-                      n_layers: int | None = None) -> tuple[Description, list[Any]]:
-    """``model``'s forward description for the GPU, and its layers' ``qs_block`` s as the CPU describes them.
-    ``device``: weights as they are uploaded (:func:`device_weight`: types without GPU kernels dequantized to F32);
-    else as stored (nothing dequantized: a look at the description only). The library names what it refuses
-    (:func:`check_description`); Python keeps no list of the device's features.
+def model_description(model: Model, n_ctx: int, n_layers: int | None = None) -> tuple[Description, list[Any]]:
+    """``model``'s forward description for the GPU, its weights as they are uploaded (:func:`device_weight`: types
+    without GPU kernels dequantized to F32), and its layers' ``qs_block`` s as the CPU describes them. The library
+    names what it refuses (:func:`check_description`); Python keeps no list of the device's features.
     ``n_layers``: only the first layers (partial offload, core/engine/split.py), head tied (its logits unused)."""
     c, mw = model.config, model.weights
     n = c.n_layers if n_layers is None else n_layers
@@ -301,7 +298,7 @@ def model_description(model: Model, n_ctx: int, device: bool = True,
     rope_factors = mw.rope_factors(n_ctx)
     cpu_blocks = []
     for li, lw in enumerate(mw.layers[:n]):
-        lb = {key: _bound(w, keep, matrices, device, padded=key == "ple_proj") for key, w in _layer_matrices(lw)}
+        lb = {key: _bound(w, keep, matrices, padded=key == "ple_proj") for key, w in _layer_matrices(lw)}
         if lw.wv is lw.wk and "wk" in lb:
             lb["wv"] = lb["wk"]
         cpu_blocks.append(layer_description(c, li, lw, lb, rope_factors))
@@ -317,7 +314,7 @@ def model_description(model: Model, n_ctx: int, device: bool = True,
     tied = mw.tied or n_layers is not None
     for field, w in (("tok_embd", mw.tok_embd), ("output", None if tied else mw.output)):
         if w is not None:
-            bw = _bound(w, keep, matrices, device)
+            bw = _bound(w, keep, matrices)
             d = getattr(md, field)
             d.ptr, d.type, d.bytes, d.rows, d.k = ffi.cast("uint8_t *", cpu_ffi.cast("uintptr_t", bw.ptr)), \
                 bw.type_id, bw.nbytes, bw.rows, bw.k

@@ -18,11 +18,11 @@ from typing import Any
 import cffi
 import numpy as np
 
+from ..base.ggml_types import GGMLType, ggml_type
 from ..model import ARCHITECTURES, ModelConfig, UnsupportedModel, Weight
 from ..native import ffi as cpu_ffi
 from ..native import kernels as K
 from ..native import nn
-from ..quant.types import GGMLType, ggml_type
 from .cuda_abi import CDEF
 from .session import (
     ContextFull,

@@ -34,7 +34,7 @@ def load_engine(args: argparse.Namespace, n_ctx: int = 4096) -> Any:
     from quantscope.core.tokenizer import TokenizerError
 
     check_file(args.file)
-    from quantscope.core.engine.cuda_backend import CudaError
+    from quantscope.core.engine.cuda_library import CudaError
 
     try:
         eng = Engine(args.file, n_ctx=n_ctx, threads=args.threads, backend=getattr(args, "backend", "auto"),
@@ -344,7 +344,7 @@ def _compare_worst(r: Any, n: int) -> list[str]:
 def cmd_compare(args: argparse.Namespace) -> int:
     """``compare BASE QUANT``: perplexity of each, KL divergence and top-1 agreement token by token."""
     from quantscope.core.engine.compare import CompareError, compare_models
-    from quantscope.core.engine.cuda_backend import CudaError
+    from quantscope.core.engine.cuda_library import CudaError
 
     check_file(args.base)
     check_file(args.quant)

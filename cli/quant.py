@@ -382,7 +382,7 @@ def _compute_imatrix(args: argparse.Namespace) -> int:
     source = f"-f {args.text_file}" if args.text_file else "-p"
     if not text.strip():
         raise CLIError(f"-f: {args.text_file} is empty" if args.text_file else "-p: the text is empty")
-    from quantscope.core.engine.cuda_backend import CudaError
+    from quantscope.core.engine.cuda_library import CudaError
 
     bar = Bar("imatrix", "chunks")
     try:

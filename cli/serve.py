@@ -53,7 +53,7 @@ def _policy(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from quantscope.core.engine.cuda_backend import CudaError
+    from quantscope.core.engine.cuda_library import CudaError
     from quantscope.core.server import Server, listen, model_id_of
     from quantscope.core.server.resources import NotEnoughMemory
 

@@ -65,7 +65,7 @@ def gc_paused() -> Iterator[None]:
 def cuda_availability() -> tuple[bool | None, str]:
     """``(available, reason)`` from the CUDA backend; ``(None, "not built")`` when it cannot even be imported."""
     try:
-        from quantscope.core.engine.cuda_backend import cuda_status
+        from quantscope.core.engine.cuda_library import cuda_status
     except Exception as exc:  # the module is optional and may be missing or half-written
         return None, f"not built ({type(exc).__name__})"
     try:

@@ -42,9 +42,9 @@ def main(argv: list[str]) -> int:
     junit, elapsed, rc = Path(argv[1]), int(argv[2]), int(argv[3])
     gpu, gpu_ok = "?", False
     try:
-        from quantscope.core.engine import cuda_backend as cb
+        from quantscope.core.engine import cuda_library as cl
 
-        ok, why = cb.cuda_status()
+        ok, why = cl.cuda_status()
         gpu, gpu_ok = (why if ok else f"no usable GPU: {why}"), ok
     except Exception as exc:  # the table is printed whatever the backend says
         gpu = f"cuda_backend did not load: {exc}"

@@ -61,7 +61,7 @@ fi
 
 export QSC_ARCHS=${QSC_ARCHS:-90} QSC_JOBS=${QSC_JOBS:-8}
 csrc/cuda/build.sh --if-changed || exit 1
-"$PY" -c 'from quantscope.core.engine import cuda_backend as cb; print("cuda:", cb.cuda_status()); print(cb.build_info())'
+"$PY" -c 'from quantscope.core.engine import cuda_library as cl; print("cuda:", cl.cuda_status()); print(cl.build_info())'
 
 have_models=1
 "$PY" -c 'import sys; from quantscope.core import catalog; sys.exit(all(map(catalog.is_present, catalog.MODELS)) ^ 1)' \

@@ -248,14 +248,14 @@ def test_a_yarn_factor_that_zeroes_the_magnitude_is_refused(tmp_path, vocab, mon
 def test_experts_run_from_the_cli_and_have_a_gpu_path(tmp_path, vocab, capsys):
     """A qwen3moe file generates from the CLI; the CUDA backend names nothing missing in a llama file's experts
     (csrc/cuda/qsc_moe.cuh) and takes its shapes; qwen3moe's experts of width 48 are what it refuses."""
-    from quantscope.core.engine import cuda_backend
+    from quantscope.core.engine import cuda_description
 
     model, _, _ = load("qwen3moe-F32", tmp_path, vocab)
     assert (model.config.n_expert, model.config.n_expert_used, model.config.n_ff) == (16, 4, 48)
     mixtral, _, _ = load("mixtral-F32", tmp_path, vocab)  # an architecture the GPU runs, with experts
-    cuda_backend.check_config(mixtral.config)
+    cuda_description.check_config(mixtral.config)
     with pytest.raises(UnsupportedModel, match="n_ff 48 must be a positive multiple of 32"):
-        cuda_backend.check_config(model.config)
+        cuda_description.check_config(model.config)
     assert main(["generate", str(tmp_path / "qwen3moe-F32.gguf"), "-p", "The cat", "-n", "8", "--temp", "0"]) == 0
     assert capsys.readouterr().out.strip()
 
@@ -263,12 +263,12 @@ def test_experts_run_from_the_cli_and_have_a_gpu_path(tmp_path, vocab, capsys):
 def test_gemma4_runs_from_the_cli_and_has_a_gpu_path(tmp_path, vocab, capsys):
     """The CLI generates with a gemma4 file; the CUDA backend finds nothing missing in it (per-layer shapes and
     embeddings, shared KV caches: tests/test_cuda.py runs it), nor in a llama whose layers differ in FFN width."""
-    from quantscope.core.engine import cuda_backend
+    from quantscope.core.engine import cuda_description
 
     model, _, _ = load("gemma4-F32", tmp_path, vocab)
-    cuda_backend.check_config(model.config)
+    cuda_description.check_config(model.config)
     llama, _, _ = load("llama-F32", tmp_path, vocab)
-    cuda_backend.check_config(dataclasses.replace(llama.config, layer_n_ff=(128, 64)))
+    cuda_description.check_config(dataclasses.replace(llama.config, layer_n_ff=(128, 64)))
     assert main(["generate", str(tmp_path / "gemma4-F32.gguf"), "-p", "The cat", "-n", "8", "--temp", "0"]) == 0
     assert capsys.readouterr().out.strip()  # the continuation (the prompt is not echoed)
     s = model.session(32)

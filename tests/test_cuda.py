@@ -1,4 +1,4 @@
-"""The optional CUDA backend (core/engine/cuda_backend.py, csrc/cuda/).
+"""The optional CUDA backend (core/engine/cuda_*.py, csrc/cuda/).
 
 Everywhere: the no-GPU fallback and its reasons, the Python-side validation, the C API declarations, and — where the
 library is built (it is built here when nvcc exists) — the device's repack, block decode, activation quantizers and
@@ -25,6 +25,9 @@ import pytest
 
 from quantscope.core.engine import ContextFull, Model
 from quantscope.core.engine import cuda_backend as cb
+from quantscope.core.engine import cuda_description as cd
+from quantscope.core.engine import cuda_kernels as ck
+from quantscope.core.engine import cuda_library as cl
 from quantscope.core.engine.reference import reference_logits
 from quantscope.core.engine.session import layer_policy
 from quantscope.core.gguf import GGUFFile
@@ -91,19 +94,19 @@ def assert_as_accurate_as_cpu(gpu: np.ndarray, cpu: np.ndarray, ref: np.ndarray)
 @pytest.fixture(scope="session")
 def cuda_lib() -> Path:
     """The built library; built here (slow, once) when missing and nvcc exists, else the test is skipped."""
-    path = cb.library_path()
+    path = cl.library_path()
     if not path.is_file():
         if shutil.which(os.environ.get("NVCC", "nvcc")) is None:
             pytest.skip(f"CUDA backend not built ({path}) and nvcc is not installed")
         subprocess.run([str(ROOT / "csrc" / "cuda" / "build.sh")], check=True)
-        cb._load.cache_clear()
-        cb.cuda_status.cache_clear()
+        cl._load.cache_clear()
+        cl.cuda_status.cache_clear()
     return path
 
 
 @pytest.fixture(scope="session")
 def gpu(cuda_lib: Path) -> str:
-    ok, why = cb.cuda_status()
+    ok, why = cl.cuda_status()
     if not ok:
         pytest.skip(f"no usable CUDA GPU: {why}")
     return why
@@ -126,10 +129,10 @@ def loaded(model_path):
 
 # ------------------------------------------------------------------------------------ everywhere: no-GPU fallback
 def test_describe_cuda_error_names_driver_and_device():
-    assert "no CUDA driver" in cb.describe_cuda_error(35) and "35" in cb.describe_cuda_error(35)
-    assert "no CUDA device" in cb.describe_cuda_error(100) and "100" in cb.describe_cuda_error(100)
-    assert "209" in cb.describe_cuda_error(209)
-    other = cb.describe_cuda_error(2, "out of memory (cudaErrorMemoryAllocation = 2)")
+    assert "no CUDA driver" in cl.describe_cuda_error(35) and "35" in cl.describe_cuda_error(35)
+    assert "no CUDA device" in cl.describe_cuda_error(100) and "100" in cl.describe_cuda_error(100)
+    assert "209" in cl.describe_cuda_error(209)
+    other = cl.describe_cuda_error(2, "out of memory (cudaErrorMemoryAllocation = 2)")
     assert "CUDA error 2" in other and "cudaErrorMemoryAllocation" in other
 
 
@@ -137,40 +140,40 @@ def test_missing_library_is_a_reason_not_an_error(tmp_path, monkeypatch):
     """No library (macOS, Windows, a wheel): importing the backend works, the probe gives the reason and no type
     has GPU kernels; nothing raises."""
     missing = tmp_path / "nope" / "libquantscope_cuda.so"
-    ok, why = cb.probe(missing)
+    ok, why = cl.probe(missing)
     assert not ok and "not built" in why and "build.sh" in why
-    monkeypatch.setenv(cb.LIB_ENV, str(missing))
-    assert cb.gpu_types() == frozenset()
+    monkeypatch.setenv(cl.LIB_ENV, str(missing))
+    assert cl.gpu_types() == frozenset()
     with pytest.raises(ValueError, match=r"Q4_K has no GPU kernel \(GPU types: none"):
-        cb.packed_bytes("Q4_K", 1, 256)
-    code = "from quantscope.core.engine import cuda_backend as cb; print(cb.cuda_status()[0], len(cb.gpu_types()))"
+        cd.packed_bytes("Q4_K", 1, 256)
+    code = "from quantscope.core.engine import cuda_library as cl; print(cl.cuda_status()[0], len(cl.gpu_types()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, cb.LIB_ENV: str(missing)}).stdout
+                         env={**os.environ, cl.LIB_ENV: str(missing)}).stdout
     assert out.split() == ["False", "0"]
 
 
 def test_gpu_types_are_the_librarys(cuda_lib):
     """The weight types with GPU kernels are the library's (qsc_type_supported, from its one type table)."""
-    names = {ggml_type(i).name for i in cb.gpu_types()}
+    names = {ggml_type(i).name for i in cl.gpu_types()}
     assert names == {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
                      "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
                      "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0"}
-    for t in cb.gpu_types():
-        assert cb.packed_bytes(t, 2, 256) > 0
+    for t in cl.gpu_types():
+        assert cd.packed_bytes(t, 2, 256) > 0
     for name in ("Q8_1", "Q8_K", "I8", "F64"):  # activation formats and integer / double tensors: no kernels
         with pytest.raises(ValueError, match="has no GPU kernel"):
-            cb.packed_bytes(name, 1, 256)
+            cd.packed_bytes(name, 1, 256)
 
 
 def test_unloadable_library_is_a_reason_not_an_error(tmp_path):
     bogus = tmp_path / "libbogus.so"
     bogus.write_bytes(b"not an ELF file")
-    ok, why = cb.probe(bogus)
+    ok, why = cl.probe(bogus)
     assert not ok and "could not be loaded" in why
 
 
 def test_status_without_gpu_gives_the_cuda_reason(cuda_lib):
-    ok, why = cb.cuda_status()
+    ok, why = cl.cuda_status()
     if ok:
         pytest.skip(f"a GPU is present: {why}")
     assert re.search(r"= \d+\)", why), why  # the CUDA error name and code
@@ -179,10 +182,10 @@ def test_status_without_gpu_gives_the_cuda_reason(cuda_lib):
 
 
 def test_session_refuses_without_gpu(cuda_lib, loaded):
-    if cb.cuda_status()[0]:
+    if cl.cuda_status()[0]:
         pytest.skip("a GPU is present")
     model, _ = loaded("smollm2")
-    with pytest.raises(cb.CudaUnavailable, match="CUDA"):
+    with pytest.raises(cl.CudaUnavailable, match="CUDA"):
         cb.CudaSession(model)
 
 
@@ -194,9 +197,9 @@ def test_cdef_is_generated_from_the_c_headers():
     from quantscope.core.native import ffi as cpu_ffi
 
     assert cuda_abi.CDEF == cuda_abi.from_headers(ROOT), "run: python -m quantscope.core.engine.cuda_abi"
-    assert cb.ffi.sizeof("qs_block") == cpu_ffi.sizeof("qs_block")
+    assert cl.ffi.sizeof("qs_block") == cpu_ffi.sizeof("qs_block")
     for struct in ("qs_attn_desc", "qs_rope_desc", "qs_moe_desc", "qs_gdn_desc", "qs_probe_desc"):
-        for name, field in cb.ffi.typeof(struct).fields:
+        for name, field in cl.ffi.typeof(struct).fields:
             assert field.offset == dict(cpu_ffi.typeof(struct).fields)[name].offset, (struct, name)
 
 
@@ -209,58 +212,58 @@ def test_dev_setup_builds_cuda_only_when_nvcc_exists():
 # ------------------------------------------------------------------------------------ everywhere: validation
 def test_config_validation_refuses_unsupported_shapes():
     base = ModelConfig("llama", 2, 64, 2, 1, 32, 128, 100, 512, 1e-5, 10000.0, False, 32)
-    cb.check_config(base)
+    cd.check_config(base)
     for bad in (dict(head_dim=24), dict(head_dim=1040), dict(n_head_kv=3, n_head=4), dict(rope_dim=33),
                 dict(n_ff=100), dict(arch="mamba"), dict(n_layers=0)):
         with pytest.raises(UnsupportedModel):
-            cb.check_config(dataclasses.replace(base, **bad))
+            cd.check_config(dataclasses.replace(base, **bad))
 
 
 def test_host_wrappers_validate_sizes_before_c():
     w = np.zeros(10 * 144, np.uint8)
     with pytest.raises(ValueError, match="1440"):
-        cb.host_matmat("Q4_K", w[:-1], 10, 256, np.zeros((1, 256), np.float32))
+        ck.host_matmat("Q4_K", w[:-1], 10, 256, np.zeros((1, 256), np.float32))
     with pytest.raises(ValueError, match="multiple of 256"):
-        cb.host_matmat("Q4_K", w, 10, 250, np.zeros((1, 250), np.float32))
+        ck.host_matmat("Q4_K", w, 10, 250, np.zeros((1, 250), np.float32))
     with pytest.raises(ValueError, match="shape"):
-        cb.host_matmat("Q4_K", w, 10, 256, np.zeros((1, 255), np.float32))
+        ck.host_matmat("Q4_K", w, 10, 256, np.zeros((1, 255), np.float32))
     with pytest.raises(TypeError, match="float32"):
-        cb.host_matmat("Q4_K", w, 10, 256, np.zeros((1, 256), np.float64))
+        ck.host_matmat("Q4_K", w, 10, 256, np.zeros((1, 256), np.float64))
     with pytest.raises(TypeError, match="uint8"):
-        cb.host_dequantize("Q4_K", w.view(np.int8), 10, 256)
+        ck.host_dequantize("Q4_K", w.view(np.int8), 10, 256)
     with pytest.raises(ValueError, match="no GPU kernel"):
-        cb.host_matmat("Q1_0", np.zeros(18, np.uint8), 1, 128, np.zeros((1, 128), np.float32))
+        ck.host_matmat("Q1_0", np.zeros(18, np.uint8), 1, 128, np.zeros((1, 128), np.float32))
     with pytest.raises(ValueError, match="multiple of 32"):  # F32 rows: the GPU works in 32-element units
-        cb.host_matmat("F32", np.zeros(4 * 40, np.uint8), 1, 40, np.zeros((1, 40), np.float32))
+        ck.host_matmat("F32", np.zeros(4 * 40, np.uint8), 1, 40, np.zeros((1, 40), np.float32))
     with pytest.raises(ValueError, match="multiple of 256"):
-        cb.host_quantize(np.zeros(100, np.float32), "Q8_K")
+        ck.host_quantize(np.zeros(100, np.float32), "Q8_K")
     with pytest.raises(ValueError, match="not a GPU activation"):
-        cb.host_quantize(np.zeros(32, np.float32), "F16")
+        ck.host_quantize(np.zeros(32, np.float32), "F16")
     with pytest.raises(IndexError):
-        cb.gpu_get_rows("Q8_0", np.zeros(34 * 4, np.uint8), 4, 32, np.array([4]))
+        ck.gpu_get_rows("Q8_0", np.zeros(34 * 4, np.uint8), 4, 32, np.array([4]))
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
-        cb.gpu_attention(np.zeros((1, 4, 32), np.float32), np.zeros(1), np.zeros((3, 3, 32), np.float32),
+        ck.gpu_attention(np.zeros((1, 4, 32), np.float32), np.zeros(1), np.zeros((3, 3, 32), np.float32),
                          np.zeros((3, 3, 32), np.float32), 3, scale=1.0)
     with pytest.raises(TypeError):
-        cb.gpu_attention(np.zeros((1, 4, 32), np.float32), np.zeros(1), np.zeros((3, 2, 32), np.float32),
+        ck.gpu_attention(np.zeros((1, 4, 32), np.float32), np.zeros(1), np.zeros((3, 2, 32), np.float32),
                          np.zeros((3, 2, 32), np.float16), 3, scale=1.0)
 
 
 def test_unsupported_weight_types_are_dequantized_or_refused(monkeypatch):
     rng = np.random.default_rng(5)
     raw = realistic_blocks("Q5_K", 3, 2, rng).reshape(-1)
-    assert cb.device_weight(Weight("w", ggml_type("Q5_K"), raw, 3, 512))[1] is raw  # a GPU type (qsc_types.cuh)
-    types = cb.gpu_types()
-    monkeypatch.setattr(cb, "gpu_types", lambda: types - {ggml_type("Q5_K").id})  # no GPU kernels: F32 on upload
-    t, data = cb.device_weight(Weight("w", ggml_type("Q5_K"), raw, 3, 512))
+    assert cd.device_weight(Weight("w", ggml_type("Q5_K"), raw, 3, 512))[1] is raw  # a GPU type (qsc_types.cuh)
+    types = cl.gpu_types()
+    monkeypatch.setattr(cd, "gpu_types", lambda: types - {ggml_type("Q5_K").id})  # no GPU kernels: F32 on upload
+    t, data = cd.device_weight(Weight("w", ggml_type("Q5_K"), raw, 3, 512))
     assert t.name == "F32"
     assert np.array_equal(data.view(np.float32).reshape(3, 512), dequantize(raw.reshape(3, -1), ggml_type("Q5_K")))
     q = realistic_blocks("Q4_K", 1, 1, rng).reshape(-1)
-    assert cb.device_weight(Weight("w", ggml_type("Q4_K"), q, 1, 256))[1] is q  # GPU type: uploaded as stored
+    assert cd.device_weight(Weight("w", ggml_type("Q4_K"), q, 1, 256))[1] is q  # GPU type: uploaded as stored
     iq = np.zeros(66, np.uint8)  # an i-quant: a GPU type too, uploaded as stored
-    assert cb.device_weight(Weight("w", ggml_type("IQ2_XXS"), iq, 1, 256))[1] is iq
+    assert cd.device_weight(Weight("w", ggml_type("IQ2_XXS"), iq, 1, 256))[1] is iq
     with pytest.raises(UnsupportedModel, match="Q1_0"):  # no dequantizer at all (ggml's newer Q1_0)
-        cb.device_weight(Weight("w", ggml_type("Q1_0"), np.zeros(18, np.uint8), 1, 128))
+        cd.device_weight(Weight("w", ggml_type("Q1_0"), np.zeros(18, np.uint8), 1, 128))
 
 
 # ------------------------------------------------------------------------------------ host emulation of device math
@@ -276,18 +279,18 @@ def test_the_layer_policy_decides_window_and_rope_base():
         got = [(b.attn.window, b.rope.base) for b in layers]
         want = [(cfg.layer_window(i), np.float32(cfg.layer_rope_base(i))) for i in range(cfg.n_layers)]
         assert got == want
-        cb.check_config(cfg)
+        cd.check_config(cfg)
     b = layer_policy(gemma_like, 0)
     assert (b.attn.head_dim, b.rope.neox) == (256, 1) and np.float32(b.attn.scale) == 0.0625
     assert sum(layer_policy(gemma_like, i).attn.window > 0 for i in range(18)) == 15  # each 6th global
-    cb.check_config(dataclasses.replace(llama_like, n_expert=4, n_expert_used=2))  # qsc_moe.cuh
+    cd.check_config(dataclasses.replace(llama_like, n_expert=4, n_expert_used=2))  # qsc_moe.cuh
     for bad, feature in ((dict(head_dim=1040, rope_dim=64), "head size 1040"),):
         with pytest.raises(UnsupportedModel, match=feature):
-            cb.check_config(dataclasses.replace(llama_like, **bad))
+            cd.check_config(dataclasses.replace(llama_like, **bad))
 
 
 def _corrupt(model, n_ctx, change):
-    desc, _ = cb.model_description(model, n_ctx)
+    desc, _ = cd.model_description(model, n_ctx)
     change(desc.model, desc.layers)
     return desc
 
@@ -300,8 +303,8 @@ def test_description_upload_is_checked_before_any_device_call(cuda_lib, syntheti
     its message is the check's, not a CUDA error)."""
     model = synthetic_tiny
     c = model.config
-    desc, _ = cb.model_description(model, 64)
-    cb.check_description(desc)
+    desc, _ = cd.model_description(model, 64)
+    cd.check_description(desc)
     assert desc.n_layers == c.n_layers == 2
     hd = c.head_dim
     for i in range(c.n_layers):
@@ -318,16 +321,16 @@ def test_description_upload_is_checked_before_any_device_call(cuda_lib, syntheti
     E = c.n_embd
     cases = [
         (lambda md, L: setattr(L[1].attn.wq, "bytes", L[1].attn.wq.bytes - 1), "layer 1: attn.wq"),
-        (lambda md, L: setattr(L[0].attn.wk, "ptr", cb.ffi.NULL), "layer 0: attn.wk is missing"),
+        (lambda md, L: setattr(L[0].attn.wk, "ptr", cl.ffi.NULL), "layer 0: attn.wk is missing"),
         (lambda md, L: setattr(L[0].attn.wo, "type", 41), "layer 0: attn.wo"),  # Q1_0: no GPU kernel
         (lambda md, L: setattr(L[1].ffn.down, "rows", E + 32), "layer 1: ffn.down"),
         (lambda md, L: setattr(L[0].ffn_norm, "len", E - 1), "layer 0: ffn_norm"),
         (lambda md, L: setattr(L[1].attn.bq, "len", 7), "layer 1: attn.bq"),
-        (lambda md, L: setattr(L[0].attn_norm, "ptr", cb.ffi.NULL), f"layer 0: attn_norm has {E} values and no data"),
+        (lambda md, L: setattr(L[0].attn_norm, "ptr", cl.ffi.NULL), f"layer 0: attn_norm has {E} values and no data"),
         (lambda md, L: setattr(L[1].moe, "n_expert", 4), "layer 1: moe: 4 experts, 0 used"),
         (lambda md, L: setattr(L[0].gdn, "conv", 4), "layer 0: delta-net sizes conv 4, state 0"),
         (lambda md, L: setattr(L[0].rope.freqs, "len", 16), "layer 0: rope.freqs has 16 values and no data"),
-        (lambda md, L: setattr(L[0].attn, "sinks", (cb.ffi.NULL, 4)), "layer 0: attn.sinks"),
+        (lambda md, L: setattr(L[0].attn, "sinks", (cl.ffi.NULL, 4)), "layer 0: attn.sinks"),
         (lambda md, L: setattr(L[1].attn, "softcap", -50.0), "layer 1: window"),
         (lambda md, L: setattr(L[1].ffn, "n_ff", c.n_ff + 32), "layer 1: ffn.gate"),  # its own width, not the weight's
         (lambda md, L: setattr(L[1].attn, "window", -1), "layer 1: window"),
@@ -339,14 +342,14 @@ def test_description_upload_is_checked_before_any_device_call(cuda_lib, syntheti
         (lambda md, L: setattr(md, "final_softcap", float("nan")), "final soft-cap"),
         (lambda md, L: setattr(md, "n_layers", 0), "no layers"),
     ]
-    lib = cb._library()
+    lib = cl._library()
     for change, message in cases:
         desc = _corrupt(model, 64, change)
-        with pytest.raises(cb.CudaError, match=re.escape(message)):
-            cb.check_description(desc)
-        err = cb.ffi.new("char[512]")
-        assert lib.qsc_model_create(desc.model, desc.layers, 64, 1, 16, err, 512) == cb.ffi.NULL
-        assert message in cb.ffi.string(err).decode(), message
+        with pytest.raises(cl.CudaError, match=re.escape(message)):
+            cd.check_description(desc)
+        err = cl.ffi.new("char[512]")
+        assert lib.qsc_model_create(desc.model, desc.layers, 64, 1, 16, err, 512) == cl.ffi.NULL
+        assert message in cl.ffi.string(err).decode(), message
 
 
 _FEATURES = [
@@ -359,10 +362,10 @@ _FEATURES = [
 def test_the_c_check_names_a_missing_feature(cuda_lib, synthetic_tiny, change, feature):
     """The library's check (qsc_check_model, the only one: Python keeps no list of the device's features) names
     what a description asks of the device that it lacks."""
-    desc, _ = cb.model_description(synthetic_tiny, 64)
+    desc, _ = cd.model_description(synthetic_tiny, 64)
     change(desc.layers[1])
-    with pytest.raises(cb.CudaError, match=re.escape(f"layer 1: {feature}")):
-        cb.check_description(desc)
+    with pytest.raises(cl.CudaError, match=re.escape(f"layer 1: {feature}")):
+        cd.check_description(desc)
 
 
 @pytest.mark.parametrize("name", GPU_KERNEL_TYPES)
@@ -372,16 +375,16 @@ def test_host_repack_and_decode_bit_exact(cuda_lib, name):
     for rows, k in ((7, 256), (3, 1024 if t.block_elems == 256 else 896)):
         w = weight_bytes(name, rows, k, rng)
         ref = dequantize(w.reshape(rows, -1), t)
-        got = cb.host_dequantize(t, w, rows, k)
+        got = ck.host_dequantize(t, w, rows, k)
         assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), (name, rows, k)
-        assert cb.packed_bytes(t, rows, k) <= w.size * 1.05 + 4 * 256  # still quantized: no float expansion
+        assert cd.packed_bytes(t, rows, k) <= w.size * 1.05 + 4 * 256  # still quantized: no float expansion
 
 
 @pytest.mark.parametrize("act", ["Q8_0", "Q8_1", "Q8_K"])
 def test_host_activation_quantizers_match_ggml(cuda_lib, act):
     x = activations(np.random.default_rng(3), 4864 // 256 * 256)
     x[256:512] = 0
-    assert np.array_equal(cb.host_quantize(x, act), K.quantize_activation(x, act))
+    assert np.array_equal(ck.host_quantize(x, act), K.quantize_activation(x, act))
 
 
 @pytest.mark.parametrize("name", GPU_KERNEL_TYPES)
@@ -392,7 +395,7 @@ def test_host_int8_dots_match_cpu_kernels(cuda_lib, name):
     for k in (1024, 4864 // 256 * 256) if t.block_elems == 256 else (576, 896, 1024):
         w = weight_bytes(name, rows, k, rng)
         x = np.stack([activations(rng, k, outliers=False) for _ in range(3)])
-        got = cb.host_matmat(t, w, rows, k, x)
+        got = ck.host_matmat(t, w, rows, k, x)
         cpu = K.matmat(t, w, rows, k, x)
         assert close_to_cpu(got, cpu), (name, k, np.abs(got - cpu).max())
         ref = x.astype(np.float64) @ dequantize(w.reshape(rows, -1), t).astype(np.float64).T
@@ -411,13 +414,15 @@ def test_host_dots_on_real_tensors(cuda_lib, model_path):
                 rows = min(t.n_rows, 256)
                 w = np.ascontiguousarray(f.tensor_rows(t)[:rows]).reshape(-1)
                 x = rng.standard_normal((2, t.ne[0])).astype(np.float32)
-                got = cb.host_matmat(t.type, w, rows, t.ne[0], x)
+                got = ck.host_matmat(t.type, w, rows, t.ne[0], x)
                 assert close_to_cpu(got, K.matmat(t.type, w, rows, t.ne[0], x)), n
 
 
 @pytest.mark.slow
 def test_library_builds_static_runtime(tmp_path):
     """csrc/cuda/build.sh makes a library that needs no libcudart.so and exports the C API (one arch, ~15 s)."""
+    from quantscope.core.engine import cuda_abi
+
     if shutil.which(os.environ.get("NVCC", "nvcc")) is None:
         pytest.skip("nvcc is not installed")
     out = tmp_path / "libqs.so"
@@ -426,9 +431,9 @@ def test_library_builds_static_runtime(tmp_path):
     deps = subprocess.run(["ldd", str(out)], capture_output=True, text=True).stdout
     assert "libcudart" not in deps and "libcuda.so" not in deps
     syms = subprocess.run(["nm", "-D", "--defined-only", str(out)], capture_output=True, text=True).stdout
-    for fn in re.findall(r"\b(qsc_\w+)\(", cb.CDEF):
+    for fn in re.findall(r"\b(qsc_\w+)\(", cuda_abi.CDEF):
         assert f" T {fn}\n" in syms, fn
-    ok, why = cb.probe(out)
+    ok, why = cl.probe(out)
     assert ok or "=" in why
 
 
@@ -437,7 +442,7 @@ def test_library_builds_static_runtime(tmp_path):
 def test_gpu_activation_quantizers_match_ggml(gpu, act):
     x = activations(np.random.default_rng(3), 4864 // 256 * 256)
     x[256:512] = 0
-    assert np.array_equal(cb.gpu_quantize(x, act), K.quantize_activation(x, act))
+    assert np.array_equal(ck.gpu_quantize(x, act), K.quantize_activation(x, act))
 
 
 @pytest.mark.parametrize("name", GPU_KERNEL_TYPES)
@@ -450,7 +455,7 @@ def test_gpu_matmat_matches_cpu(gpu, name):
         x = np.stack([activations(rng, k, outliers=False) for _ in range(13)])
         ref = x.astype(np.float64) @ dequantize(w.reshape(rows, -1), t).astype(np.float64).T
         for n_x in (1, 3, 8, 13):  # decode kernel, then the 8-column kernel with partial column groups
-            got = cb.gpu_matmat(t, w, rows, k, x[:n_x])
+            got = ck.gpu_matmat(t, w, rows, k, x[:n_x])
             assert close_to_cpu(got, K.matmat(t, w, rows, k, x[:n_x])), (name, k, n_x)
             assert rel_l2(got, ref[:n_x]) < 2e-2, (name, k, n_x)
 
@@ -468,7 +473,7 @@ def test_gpu_matmat_on_real_tensors(gpu, model_path):
                 k, rows = t.ne[0], t.n_rows
                 w = f.tensor_bytes(t)
                 x = rng.standard_normal((2, k)).astype(np.float32)
-                got = cb.gpu_matmat(t.type, w, rows, k, x)
+                got = ck.gpu_matmat(t.type, w, rows, k, x)
                 assert close_to_cpu(got, K.matmat(t.type, w, rows, k, x)), n
 
 
@@ -480,8 +485,8 @@ def test_gpu_get_rows_bit_exact(gpu, name):
     w = weight_bytes(name, 40, k, rng)
     ids = np.array([0, 39, 7, 7], np.int64)
     ref = dequantize(w.reshape(40, -1)[ids], t)
-    assert np.array_equal(cb.gpu_get_rows(t, w, 40, k, ids).view(np.uint32), ref.view(np.uint32))
-    scaled = cb.gpu_get_rows(t, w, 40, k, ids, scale=25.3)
+    assert np.array_equal(ck.gpu_get_rows(t, w, 40, k, ids).view(np.uint32), ref.view(np.uint32))
+    scaled = ck.gpu_get_rows(t, w, 40, k, ids, scale=25.3)
     assert np.array_equal(scaled, ref * np.float32(25.3))
 
 
@@ -489,8 +494,8 @@ def test_gpu_rmsnorm(gpu):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((5, 896)).astype(np.float32) * 3
     w = rng.standard_normal(896).astype(np.float32)
-    assert np.allclose(cb.gpu_rmsnorm(x, w, 1e-6), nn.rmsnorm(x, w, 1e-6), rtol=1e-5, atol=1e-6)
-    assert np.allclose(cb.gpu_rmsnorm(x, None, 1e-5), nn.rmsnorm(x, None, 1e-5), rtol=1e-5, atol=1e-6)
+    assert np.allclose(ck.gpu_rmsnorm(x, w, 1e-6), nn.rmsnorm(x, w, 1e-6), rtol=1e-5, atol=1e-6)
+    assert np.allclose(ck.gpu_rmsnorm(x, None, 1e-5), nn.rmsnorm(x, None, 1e-5), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("neox", [False, True])
@@ -500,7 +505,7 @@ def test_gpu_rope(gpu, neox, rot_dim):
     x = rng.standard_normal((6, 5, 64)).astype(np.float32)
     pos = np.array([0, 1, 7, 100, 513, 4000], np.int32)
     ref = nn.rope(x.copy(), pos, rot_dim=rot_dim, freq_base=1e6, neox=neox)
-    got = cb.gpu_rope(x, pos, rot_dim=rot_dim, freq_base=1e6, neox=neox)
+    got = ck.gpu_rope(x, pos, rot_dim=rot_dim, freq_base=1e6, neox=neox)
     assert np.allclose(got, ref, rtol=1e-5, atol=2e-5)
 
 
@@ -510,7 +515,7 @@ def test_gpu_gated_activations(gpu, gelu):
     g = (rng.standard_normal((3, 4864)) * 4).astype(np.float32)
     u = rng.standard_normal((3, 4864)).astype(np.float32)
     ref = nn.geglu_tanh(g, u) if gelu else nn.swiglu(g, u)
-    assert np.allclose(cb.gpu_glu(g, u, gelu), ref, rtol=1e-5, atol=1e-6)
+    assert np.allclose(ck.gpu_glu(g, u, gelu), ref, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
@@ -524,7 +529,7 @@ def test_gpu_attention_gqa_causal_window(gpu, dtype, window, hd):
     q = rng.standard_normal((4, n_heads, hd)).astype(np.float32) * 0.2
     q_pos = np.array([0, 9, 20, 29], np.int32)
     ref = attention_ref(q, q_pos, k, v, 30, 0.125, window)
-    got = cb.gpu_attention(q, q_pos, k, v, 30, scale=0.125, window=window)
+    got = ck.gpu_attention(q, q_pos, k, v, 30, scale=0.125, window=window)
     assert np.allclose(got, ref, rtol=1e-4, atol=1e-5)
 
 
@@ -682,11 +687,11 @@ def test_the_gpu_takes_the_dense_arch_fixtures_descriptions(cuda_lib, tmp_path):
         m = ARCH_META[key]
         model = Model(GGUFFile(write_fixture(m["arch"], tmp_path / f"{key}.gguf", m["variant"], vocab=vocab)))
         try:
-            desc, _ = cb.model_description(model, 64)  # as CudaSession builds it
+            desc, _ = cd.model_description(model, 64)  # as CudaSession builds it
         except ValueError as e:  # the experts' fixtures: matrices of k = 48 (tests/test_cuda_moe.py: heads of 32)
             refused[key] = [str(e)]
             continue
-        cb.check_description(desc)
+        cd.check_description(desc)
         runs.append(key)
     assert {"gemma2-F32", "gemma3-linear-F32", "gemma4-F32", "granite-F32", "llama3-F32", "llama-yarn-F32",
             "mistral3-F32", "olmo2-F32", "phi3-long-F32", "phi3-short-F32", "smollm3-F32"} <= set(runs), refused
@@ -713,7 +718,7 @@ def check_fixture_against_llama_cpp(key: str, tmp_path: Path, vocab: dict[str, o
 
     model, tok, base = load(key, tmp_path, vocab)
     try:
-        cb.check_config(model.config)
+        cd.check_config(model.config)
     except UnsupportedModel as e:
         pytest.skip(f"{key}: {e}")
     if host and model.config.n_expert:

@@ -16,7 +16,9 @@ import re
 import numpy as np
 import pytest
 
-from quantscope.core.engine import cuda_backend as cb
+from quantscope.core.engine import cuda_description as cd
+from quantscope.core.engine import cuda_kernels as ck
+from quantscope.core.engine import cuda_library as cl
 from quantscope.core.model import ModelConfig, UnsupportedModel
 from quantscope.core.native import ffi as cpu_ffi
 from quantscope.core.native import lib as cpu_lib
@@ -75,8 +77,8 @@ def test_host_rope_matches_the_cpu_block(cuda_lib, name, hd, kw):
     k = rng.standard_normal((POS.size, 2, hd)).astype(np.float32)
     kw = dict(kw)
     rot = kw.pop("rot_dim")
-    rope, _keep = cb.rope_desc(rot, **kw)
-    gq, gk = cb.host_qk_post(q, k, POS, rope)
+    rope, _keep = ck.rope_desc(rot, **kw)
+    gq, gk = ck.host_qk_post(q, k, POS, rope)
     assert close(gq, cpu_rope(q, POS, rot, **kw)) and close(gk, cpu_rope(k, POS, rot, **kw)), name
     assert np.array_equal(gq[..., rot:], q[..., rot:])  # the values past the rotated ones stay
 
@@ -85,19 +87,19 @@ def test_host_rope_scalings_change_the_result(cuda_lib):
     """Each scaling the host emulation applies matters (the test above would notice it missing)."""
     rng = np.random.default_rng(1)
     q = rng.standard_normal((POS.size, 2, 16)).astype(np.float32)
-    plain = cb.host_qk_post(q, None, POS, cb.rope_desc(16)[0])[0]
+    plain = ck.host_qk_post(q, None, POS, ck.rope_desc(16)[0])[0]
     for kw in (dict(freq_scale=0.25), dict(ext_factor=1.0, freq_scale=0.25, corr=(2.0, 6.0)), dict(mscale=1.19),
                dict(factors=np.full(8, 2.0, np.float32))):
-        rope, _keep = cb.rope_desc(16, **kw)
-        assert not np.allclose(cb.host_qk_post(q, None, POS, rope)[0], plain, atol=1e-3), kw
+        rope, _keep = ck.rope_desc(16, **kw)
+        assert not np.allclose(ck.host_qk_post(q, None, POS, rope)[0], plain, atol=1e-3), kw
 
 
 def test_host_nope_layers_are_not_rotated(cuda_lib):
     rng = np.random.default_rng(2)
     q = rng.standard_normal((POS.size, 4, 64)).astype(np.float32)
     k = rng.standard_normal((POS.size, 2, 64)).astype(np.float32)
-    rope, _keep = cb.rope_desc(64, skip=True, factors=np.full(32, 2.0, np.float32))
-    gq, gk = cb.host_qk_post(q, k, POS, rope)
+    rope, _keep = ck.rope_desc(64, skip=True, factors=np.full(32, 2.0, np.float32))
+    gq, gk = ck.host_qk_post(q, k, POS, rope)
     assert np.array_equal(gq, q) and np.array_equal(gk, k)
 
 
@@ -110,8 +112,8 @@ def test_host_qk_norms_then_rope_match_the_cpu_block(cuda_lib, full):
     k = (rng.standard_normal((T, KV, hd)) * 3).astype(np.float32)
     qn = rng.standard_normal(H * hd if full else hd).astype(np.float32)
     kn = rng.standard_normal(KV * hd if full else hd).astype(np.float32)
-    rope, _keep = cb.rope_desc(hd, base=1e6, neox=True)
-    gq, gk = cb.host_qk_post(q, k, POS, rope, q_norm=qn, k_norm=kn, qk_full=full, eps=eps)
+    rope, _keep = ck.rope_desc(hd, base=1e6, neox=True)
+    gq, gk = ck.host_qk_post(q, k, POS, rope, q_norm=qn, k_norm=kn, qk_full=full, eps=eps)
     if full:
         wq = nn.rmsnorm(q.reshape(T, H * hd), qn, eps).reshape(T, H, hd)
         wk = nn.rmsnorm(k.reshape(T, KV * hd), kn, eps).reshape(T, KV, hd)
@@ -119,7 +121,7 @@ def test_host_qk_norms_then_rope_match_the_cpu_block(cuda_lib, full):
         wq, wk = nn.rmsnorm(q, qn, eps), nn.rmsnorm(k, kn, eps)
     assert close(gq, cpu_rope(wq, POS, hd, base=1e6, neox=True), 2e-5)
     assert close(gk, cpu_rope(wk, POS, hd, base=1e6, neox=True), 2e-5)
-    other = cb.host_qk_post(q, k, POS, rope, q_norm=qn if not full else qn[:hd], k_norm=kn if not full else kn[:hd],
+    other = ck.host_qk_post(q, k, POS, rope, q_norm=qn if not full else qn[:hd], k_norm=kn if not full else kn[:hd],
                             qk_full=False, eps=eps) if full else None
     assert other is None or not np.allclose(other[0], gq, atol=1e-3)  # the span of the norm matters
 
@@ -129,8 +131,8 @@ def test_host_query_temperature(cuda_lib):
     rng = np.random.default_rng(4)
     q = rng.standard_normal((POS.size, 2, 32)).astype(np.float32)
     k = rng.standard_normal((POS.size, 1, 32)).astype(np.float32)
-    rope, _keep = cb.rope_desc(32)
-    gq, gk = cb.host_qk_post(q, k, POS, rope, temp_scale=0.4, temp_floor=16)
+    rope, _keep = ck.rope_desc(32)
+    gq, gk = ck.host_qk_post(q, k, POS, rope, temp_scale=0.4, temp_floor=16)
     f = (np.log(np.floor(POS.astype(np.float64) / 16) + 1) * np.float64(np.float32(0.4)) + 1).astype(np.float32)
     assert close(gq, cpu_rope(q, POS, 32, base=10000.0) * f[:, None, None])
     assert close(gk, cpu_rope(k, POS, 32, base=10000.0))
@@ -156,10 +158,10 @@ def test_host_attention_matches_the_cpu(cuda_lib, hd, window, softcap, sinks, dt
     sk = (rng.standard_normal(H) * 2).astype(np.float32) if sinks else None
     scale = 1 / np.sqrt(hd)
     want = nn.attention(q, q_pos, k, v, 30, scale=scale, window=window, softcap=softcap, sinks=sk)
-    got = cb.host_attention(q, q_pos, k, v, 30, scale=scale, window=window, softcap=softcap, sinks=sk)
+    got = ck.host_attention(q, q_pos, k, v, 30, scale=scale, window=window, softcap=softcap, sinks=sk)
     assert np.allclose(got, want, rtol=1e-4, atol=1e-5), np.abs(got - want).max()
     if sinks or softcap:  # each matters
-        plain = cb.host_attention(q, q_pos, k, v, 30, scale=scale, window=window)
+        plain = ck.host_attention(q, q_pos, k, v, 30, scale=scale, window=window)
         assert not np.allclose(plain, want, rtol=1e-4, atol=1e-5)
 
 
@@ -171,7 +173,7 @@ def test_host_gated_units_match_the_cpu(cuda_lib, mode):
     g[:4], u[:4] = [8.0, -8.0, 7.0, 100.0], [9.0, -9.0, -100.0, 0.5]  # gpt-oss's clamps on both sides
     want = {"swiglu": nn.swiglu, "gelu": nn.geglu_tanh, "swiglu_oai": nn.swiglu_oai}[mode](g, u)
     tol = 2e-6 if mode == "swiglu_oai" else 1e-5  # the CPU's SiLU / GELU are SIMD approximations (test_native_nn)
-    assert np.allclose(cb.host_glu(g, u, mode), want, rtol=tol, atol=tol)
+    assert np.allclose(ck.host_glu(g, u, mode), want, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize(("scale", "cap"), [(0.5, 0.0), (1.0, 6.0), (0.25, 30.0), (0.0, 0.0)])
@@ -181,7 +183,7 @@ def test_host_logit_multiplier_and_final_softcap(cuda_lib, scale, cap):
     want = x / np.float32(scale) if scale not in (0.0, 1.0) else x.copy()
     if cap:
         want = np.tanh(want / np.float32(cap)) * np.float32(cap)
-    assert np.allclose(cb.host_logits(x, scale, cap), want, rtol=2e-6, atol=2e-6)
+    assert np.allclose(ck.host_logits(x, scale, cap), want, rtol=2e-6, atol=2e-6)
 
 
 @pytest.mark.parametrize("post", [False, True])
@@ -191,35 +193,35 @@ def test_host_residual_multipliers(cuda_lib, post):
     x = rng.standard_normal((3, 256)).astype(np.float32)
     o = (rng.standard_normal((3, 256)) * 4).astype(np.float32)
     w = rng.standard_normal(256).astype(np.float32) if post else None
-    got = cb.host_residual(x, o, w, eps=1e-6, rs=0.4, out_scale=0.5)
+    got = ck.host_residual(x, o, w, eps=1e-6, rs=0.4, out_scale=0.5)
     oo = nn.rmsnorm(o, w, 1e-6) if post else o
     assert np.allclose(got, (x + oo * np.float32(0.4)) * np.float32(0.5), rtol=1e-5, atol=1e-6)
 
 
 def test_host_entry_points_refuse_bad_arguments(cuda_lib):
     q = np.zeros((2, 2, 16), np.float32)
-    with pytest.raises(cb.CudaError):  # frequency factors of the wrong count
-        cb.host_qk_post(q, None, [0, 1], cb.rope_desc(16, factors=np.ones(7, np.float32))[0])
-    with pytest.raises(cb.CudaError):  # a factor that is not a finite positive number
-        cb.host_qk_post(q, None, [0, 1], cb.rope_desc(16, factors=np.array([1] * 7 + [0], np.float32))[0])
-    with pytest.raises(cb.CudaError):
-        cb.host_qk_post(q, None, [0, 1], cb.rope_desc(18)[0])  # rotates more than the head
-    with pytest.raises(cb.CudaError):
-        cb.host_qk_post(q, None, [0, -1], cb.rope_desc(16)[0])
-    with pytest.raises(cb.CudaError):
-        cb.host_qk_post(q, None, [0, 1], cb.rope_desc(16)[0], temp_scale=0.1, temp_floor=0)
+    with pytest.raises(cl.CudaError):  # frequency factors of the wrong count
+        ck.host_qk_post(q, None, [0, 1], ck.rope_desc(16, factors=np.ones(7, np.float32))[0])
+    with pytest.raises(cl.CudaError):  # a factor that is not a finite positive number
+        ck.host_qk_post(q, None, [0, 1], ck.rope_desc(16, factors=np.array([1] * 7 + [0], np.float32))[0])
+    with pytest.raises(cl.CudaError):
+        ck.host_qk_post(q, None, [0, 1], ck.rope_desc(18)[0])  # rotates more than the head
+    with pytest.raises(cl.CudaError):
+        ck.host_qk_post(q, None, [0, -1], ck.rope_desc(16)[0])
+    with pytest.raises(cl.CudaError):
+        ck.host_qk_post(q, None, [0, 1], ck.rope_desc(16)[0], temp_scale=0.1, temp_floor=0)
     with pytest.raises(ValueError, match="go together"):
-        cb.host_qk_post(q, q, [0, 1], cb.rope_desc(16)[0], q_norm=np.ones(16, np.float32))
+        ck.host_qk_post(q, q, [0, 1], ck.rope_desc(16)[0], q_norm=np.ones(16, np.float32))
     kc = np.zeros((4, 1, 16), np.float32)
     with pytest.raises(ValueError, match="sinks must be finite"):
-        cb.host_attention(q, [0, 1], kc, kc, 2, scale=1.0, sinks=np.array([0, np.nan], np.float32))
+        ck.host_attention(q, [0, 1], kc, kc, 2, scale=1.0, sinks=np.array([0, np.nan], np.float32))
     with pytest.raises(ValueError, match="soft-cap"):
-        cb.host_attention(q, [0, 1], kc, kc, 2, scale=1.0, softcap=-1.0)
+        ck.host_attention(q, [0, 1], kc, kc, 2, scale=1.0, softcap=-1.0)
     with pytest.raises(ValueError, match=re.escape("1..1024")):
-        cb.host_attention(np.zeros((1, 1, 1040), np.float32), [0], np.zeros((1, 1, 1040), np.float32),
+        ck.host_attention(np.zeros((1, 1, 1040), np.float32), [0], np.zeros((1, 1, 1040), np.float32),
                           np.zeros((1, 1, 1040), np.float32), 1, scale=1.0)
     with pytest.raises(ValueError, match="gated unit"):
-        cb.host_glu(q, q, "relu")
+        ck.host_glu(q, q, "relu")
 
 
 # ------------------------------------------------------------------------------------ the description check
@@ -246,21 +248,21 @@ _ACCEPTED = [
 
 def _vec(v, values, keep) -> None:
     if values is None:
-        v.ptr, v.len = cb.ffi.NULL, 0
+        v.ptr, v.len = cl.ffi.NULL, 0
         return
     a = np.ascontiguousarray(values, np.float32)
     keep.append(a)
-    v.ptr, v.len = cb.ffi.cast("float *", cb.ffi.from_buffer(a)), a.size
+    v.ptr, v.len = cl.ffi.cast("float *", cl.ffi.from_buffer(a)), a.size
 
 
 @pytest.mark.parametrize(("name", "change"), _ACCEPTED, ids=[a[0] for a in _ACCEPTED])
 def test_the_description_check_accepts_the_dense_features(cuda_lib, synthetic_tiny, name, change):
     """Each feature the device used to refuse by name now passes qsc_check_model (what qsc_model_create runs before
     touching the device)."""
-    desc, _ = cb.model_description(synthetic_tiny, 64)
+    desc, _ = cd.model_description(synthetic_tiny, 64)
     keep: list[object] = []
     change(desc.layers[1], keep)
-    cb.check_description(desc)
+    cd.check_description(desc)
 
 
 _REFUSED = [
@@ -283,52 +285,52 @@ _REFUSED = [
 
 @pytest.mark.parametrize(("change", "message"), _REFUSED, ids=[m for _, m in _REFUSED])
 def test_the_description_check_refuses_what_the_device_cannot_use(cuda_lib, synthetic_tiny, change, message):
-    desc, _ = cb.model_description(synthetic_tiny, 64)
+    desc, _ = cd.model_description(synthetic_tiny, 64)
     keep: list[object] = []
     change(desc.layers[1], keep)
-    with pytest.raises(cb.CudaError, match=re.escape(message)):
-        cb.check_description(desc)
+    with pytest.raises(cl.CudaError, match=re.escape(message)):
+        cd.check_description(desc)
 
 
 def test_shared_kv_caches_and_per_layer_embeddings_are_checked(cuda_lib, synthetic_tiny):
     """gemma4's layers reading an earlier layer's KV cache need a kv_source naming one with a cache of its own and
     the same shape; per-layer embeddings need their matrices and post norm, of one width in every layer."""
-    desc, _ = cb.model_description(synthetic_tiny, 64)
+    desc, _ = cd.model_description(synthetic_tiny, 64)
     b1 = desc.layers[1]
     b1.attn.kv_reuse = 1
     src = np.array([0, 0], np.int32)
-    desc.model.kv_source = cb.ffi.cast("int32_t *", cb.ffi.from_buffer(src))
-    cb.check_description(desc)  # layer 1 attends to layer 0's cache
+    desc.model.kv_source = cl.ffi.cast("int32_t *", cl.ffi.from_buffer(src))
+    cd.check_description(desc)  # layer 1 attends to layer 0's cache
     for bad in ([0, 1], [0, 5], [0, -1]):
         src[:] = bad
-        with pytest.raises(cb.CudaError, match=re.escape(f"layer 1: kv_source {bad[1]} is not an earlier layer")):
-            cb.check_description(desc)
+        with pytest.raises(cl.CudaError, match=re.escape(f"layer 1: kv_source {bad[1]} is not an earlier layer")):
+            cd.check_description(desc)
     src[:] = [0, 0]
     b1.attn.n_head_kv = desc.layers[0].attn.n_head_kv * 2 if desc.layers[0].attn.n_head % 2 == 0 else 1
-    with pytest.raises(cb.CudaError, match="layer 1"):  # not the shape of layer 0's cache
-        cb.check_description(desc)
-    desc, _ = cb.model_description(synthetic_tiny, 64)
+    with pytest.raises(cl.CudaError, match="layer 1"):  # not the shape of layer 0's cache
+        cd.check_description(desc)
+    desc, _ = cd.model_description(synthetic_tiny, 64)
     desc.layers[0].ple.dim = 32
-    with pytest.raises(cb.CudaError, match=re.escape("layer 0: kv_reuse 0 / per-layer embedding 32 (post norm")):
-        cb.check_description(desc)
+    with pytest.raises(cl.CudaError, match=re.escape("layer 0: kv_reuse 0 / per-layer embedding 32 (post norm")):
+        cd.check_description(desc)
 
 
 def _probe(b, keep) -> None:
     q = np.zeros(4096, np.float32)
     keep.append(q)
-    b.probe.q, b.probe.q_len = cb.ffi.cast("float *", cb.ffi.from_buffer(q)), q.size
+    b.probe.q, b.probe.q_len = cl.ffi.cast("float *", cl.ffi.from_buffer(q)), q.size
 
 
 def test_final_softcap_and_logit_scale_are_checked(cuda_lib, synthetic_tiny):
     """The model-level scales have a GPU path (gemma2's final soft-cap, granite's logit scale); values the device
     cannot use are refused before any device call."""
-    desc, _ = cb.model_description(synthetic_tiny, 64)
+    desc, _ = cd.model_description(synthetic_tiny, 64)
     desc.model.final_softcap, desc.model.logit_scale = 30.0, 4.0
-    cb.check_description(desc)
+    cd.check_description(desc)
     for cap, scale in ((float("nan"), 1.0), (-1.0, 1.0), (0.0, -2.0), (0.0, float("inf"))):
         desc.model.final_softcap, desc.model.logit_scale = cap, scale
-        with pytest.raises(cb.CudaError, match="final soft-cap"):
-            cb.check_description(desc)
+        with pytest.raises(cl.CudaError, match="final soft-cap"):
+            cd.check_description(desc)
 
 
 def test_config_check_takes_any_head_size_and_per_layer_shapes():
@@ -337,12 +339,12 @@ def test_config_check_takes_any_head_size_and_per_layer_shapes():
                dict(layer_n_ff=(128, 64)), dict(final_softcap=30.0, attn_softcap=50.0), dict(logit_scale=4.0),
                dict(residual_scale=0.2), dict(n_expert=4, n_expert_used=2)):
         cfg = dataclasses.replace(llama, **ok)
-        cb.check_config(cfg)
+        cd.check_config(cfg)
     for bad, message in ((dict(head_dim=1040, rope_dim=64), "head size 1040"),
                          (dict(head_dim=24, rope_dim=24, n_head=2), "head size 24"),
                          (dict(layer_n_ff=(128, 48)), "layer 1: n_ff 48")):
         with pytest.raises(UnsupportedModel, match=re.escape(message)):
-            cb.check_config(dataclasses.replace(llama, **bad))
+            cd.check_config(dataclasses.replace(llama, **bad))
 
 
 # ------------------------------------------------------------------------------------ GPU: the kernels themselves
@@ -353,9 +355,9 @@ def test_gpu_rope_matches_the_cpu_block(gpu, name, hd, kw):
     k = rng.standard_normal((POS.size, 2, hd)).astype(np.float32)
     kw = dict(kw)
     rot = kw.pop("rot_dim")
-    rope, _keep = cb.rope_desc(rot, **kw)
-    gq, gk = cb.gpu_qk_post(q, k, POS, rope, temp_scale=0.4, temp_floor=16)
-    hq, hk = cb.host_qk_post(q, k, POS, rope, temp_scale=0.4, temp_floor=16)
+    rope, _keep = ck.rope_desc(rot, **kw)
+    gq, gk = ck.gpu_qk_post(q, k, POS, rope, temp_scale=0.4, temp_floor=16)
+    hq, hk = ck.host_qk_post(q, k, POS, rope, temp_scale=0.4, temp_floor=16)
     assert np.allclose(gq, hq, rtol=1e-5, atol=2e-5) and np.allclose(gk, hk, rtol=1e-5, atol=2e-5), name
 
 
@@ -366,9 +368,9 @@ def test_gpu_qk_norms(gpu, full):
     k = (rng.standard_normal((5, 2, 48)) * 3).astype(np.float32)
     qn = rng.standard_normal(4 * 48 if full else 48).astype(np.float32)
     kn = rng.standard_normal(2 * 48 if full else 48).astype(np.float32)
-    rope, _keep = cb.rope_desc(48, neox=True)
-    got = cb.gpu_qk_post(q, k, POS[:5], rope, q_norm=qn, k_norm=kn, qk_full=full)
-    want = cb.host_qk_post(q, k, POS[:5], rope, q_norm=qn, k_norm=kn, qk_full=full)
+    rope, _keep = ck.rope_desc(48, neox=True)
+    got = ck.gpu_qk_post(q, k, POS[:5], rope, q_norm=qn, k_norm=kn, qk_full=full)
+    want = ck.host_qk_post(q, k, POS[:5], rope, q_norm=qn, k_norm=kn, qk_full=full)
     assert all(np.allclose(g, w, rtol=1e-5, atol=2e-5) for g, w in zip(got, want, strict=True))
 
 
@@ -383,7 +385,7 @@ def test_gpu_attention_matches_the_cpu(gpu, hd, window, softcap, sinks, dtype):
     sk = (rng.standard_normal(H) * 2).astype(np.float32) if sinks else None
     scale = 1 / np.sqrt(hd)
     want = nn.attention(q, q_pos, k, v, 30, scale=scale, window=window, softcap=softcap, sinks=sk)
-    got = cb.gpu_attention(q, q_pos, k, v, 30, scale=scale, window=window, softcap=softcap, sinks=sk)
+    got = ck.gpu_attention(q, q_pos, k, v, 30, scale=scale, window=window, softcap=softcap, sinks=sk)
     assert np.allclose(got, want, rtol=1e-4, atol=1e-5), np.abs(got - want).max()
 
 
@@ -392,9 +394,9 @@ def test_gpu_gated_units(gpu, mode):
     rng = np.random.default_rng(5)
     g = (rng.standard_normal((2, 4096)) * 5).astype(np.float32)
     u = (rng.standard_normal((2, 4096)) * 5).astype(np.float32)
-    assert np.allclose(cb.gpu_glu(g, u, mode), cb.host_glu(g, u, mode), rtol=1e-5, atol=1e-6)
+    assert np.allclose(ck.gpu_glu(g, u, mode), ck.host_glu(g, u, mode), rtol=1e-5, atol=1e-6)
 
 
 def test_gpu_logits(gpu):
     x = (np.random.default_rng(6).standard_normal(5000) * 20).astype(np.float32)
-    assert np.allclose(cb.gpu_logits(x, 0.5, 6.0), cb.host_logits(x, 0.5, 6.0), rtol=1e-5, atol=1e-5)
+    assert np.allclose(ck.gpu_logits(x, 0.5, 6.0), ck.host_logits(x, 0.5, 6.0), rtol=1e-5, atol=1e-5)

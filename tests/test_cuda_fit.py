@@ -10,7 +10,9 @@ import pytest
 
 from quantscope.core.engine import Model, generate
 from quantscope.core.engine import cuda_backend as cb
+from quantscope.core.engine import cuda_description as cd
 from quantscope.core.engine import cuda_fit as fit
+from quantscope.core.engine import cuda_library as cl
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.quant import ggml_type
 
@@ -38,9 +40,9 @@ def test_estimate_counts_the_uploaded_matrices_kv_and_scratch(cuda_lib, tiny):
     caches of n_ctx x n_head_kv x head_dim per layer in the cache's type; scratch: grows with the chunk, not n_ctx."""
     c = tiny.config
     est = fit.device_estimate(tiny, 1024)
-    desc, _ = cb.model_description(tiny, 1024)
+    desc, _ = cd.model_description(tiny, 1024)
     mats = desc.matrices[:-1] if tiny.weights.tied else desc.matrices  # (a tied head reads the embedding's copy)
-    packed = sum(cb.packed_bytes(t, r, k) for t, r, k in mats)
+    packed = sum(cd.packed_bytes(t, r, k) for t, r, k in mats)
     vectors = sum(int(v.size) * 4 for lw in tiny.weights.layers for v in vars(lw).values()
                   if isinstance(v, np.ndarray)) + c.n_embd * 4
     assert packed + vectors <= est.weights <= packed + vectors + 256 * (len(mats) + 8 * c.n_layers + 1)
@@ -56,8 +58,8 @@ def test_estimate_counts_the_uploaded_matrices_kv_and_scratch(cuda_lib, tiny):
 def test_estimate_stores_unsupported_types_as_f32(cuda_lib, tiny, monkeypatch):
     """A type without GPU kernels is dequantized on upload: counted at 4 bytes per value, not its file size."""
     before = fit.device_estimate(tiny, 256).weights
-    types = cb.gpu_types()
-    monkeypatch.setattr(cb, "gpu_types", lambda: types - {ggml_type("Q4_K").id})
+    types = cl.gpu_types()
+    monkeypatch.setattr(cl, "gpu_types", lambda: types - {ggml_type("Q4_K").id})
     after = fit.device_estimate(tiny, 256).weights
     q4k = [w for lw in tiny.weights.layers for _, w in fit._layer_matrices(lw) if w.type.name == "Q4_K"]
     assert q4k
@@ -77,7 +79,7 @@ def test_choose_gpu_by_the_free_memory(tiny):
 
 def _fake_gpu(monkeypatch, free: int) -> None:
     monkeypatch.setattr(cb, "cuda_status", lambda: (True, "fake GPU"))
-    monkeypatch.setattr(cb, "device_properties", lambda: {"free_mem": free, "total_mem": free})
+    monkeypatch.setattr(cl, "device_properties", lambda: {"free_mem": free, "total_mem": free})
 
 
 def test_auto_backend_uses_the_cpu_when_the_model_does_not_fit(tiny_path, monkeypatch):

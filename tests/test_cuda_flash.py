@@ -12,7 +12,7 @@ import cffi
 import numpy as np
 import pytest
 
-from quantscope.core.engine import cuda_backend as cb
+from quantscope.core.engine import cuda_kernels as ck
 from quantscope.core.native import nn
 
 from . import test_cuda
@@ -139,5 +139,5 @@ def test_gpu_prefill_attention_matches_reference(gpu, dtype, window, hd):
     rng = np.random.default_rng(hd + window + 1)
     q, q_pos, k, v, n_kv = case(rng, dtype, hd)
     ref = attention_ref(q, q_pos, k, v, n_kv, 0.125, window)
-    got = cb.gpu_attention(q, q_pos, k, v, n_kv, scale=0.125, window=window)
+    got = ck.gpu_attention(q, q_pos, k, v, n_kv, scale=0.125, window=window)
     assert np.allclose(got, ref, rtol=1e-4, atol=1e-5)

@@ -18,6 +18,8 @@ import pytest
 
 from quantscope.core.engine import Model
 from quantscope.core.engine import cuda_backend as cb
+from quantscope.core.engine import cuda_description as cd
+from quantscope.core.engine import cuda_library as cl
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.native import ffi as cpu_ffi
 from quantscope.core.native import lib as cpu_lib
@@ -110,10 +112,10 @@ class GdnLayer:
 def host_gdn(cpu_block: Any, x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, np.float32)
     out = np.empty_like(x)
-    err = cb.ffi.new("char[512]")
-    rc = cb._library().qsc_host_gdn_mixer(cuda_block(cpu_block), cb._p(x, "float *"), x.shape[0],
-                                          cb._p(out, "float *"), err, 512)
-    assert rc == 0, cb.ffi.string(err).decode()
+    err = cl.ffi.new("char[512]")
+    rc = cl._library().qsc_host_gdn_mixer(cuda_block(cpu_block), cl._p(x, "float *"), x.shape[0],
+                                          cl._p(out, "float *"), err, 512)
+    assert rc == 0, cl.ffi.string(err).decode()
     return out
 
 
@@ -167,13 +169,13 @@ def test_host_conv_state_holds_the_last_inputs(cuda_lib):
 def test_host_mixer_refuses_bad_groups(cuda_lib):
     rng = np.random.default_rng(2)
     L = GdnLayer(rng)
-    lib, err = cb._library(), cb.ffi.new("char[512]")
+    lib, err = cl._library(), cl.ffi.new("char[512]")
     x = np.zeros((1, 64), np.float32)
     out = np.empty_like(x)
 
     def run() -> tuple[int, str]:
-        rc = lib.qsc_host_gdn_mixer(cuda_block(L.block), cb._p(x, "float *"), 1, cb._p(out, "float *"), err, 512)
-        return rc, cb.ffi.string(err).decode()
+        rc = lib.qsc_host_gdn_mixer(cuda_block(L.block), cl._p(x, "float *"), 1, cl._p(out, "float *"), err, 512)
+        return rc, cl.ffi.string(err).decode()
 
     L._bind(L.conv_host, L.ssm_host)
     assert run()[0] == 0
@@ -199,8 +201,8 @@ def test_host_qgate_splits_and_gates_as_the_cpu(cuda_lib):
     att = rng.standard_normal((T, H * hd)).astype(np.float32)
     bq = rng.standard_normal(H * hd).astype(np.float32)
     q, out = np.empty((T, H * hd), np.float32), np.empty((T, H * hd), np.float32)
-    rc = cb._library().qsc_host_qgate(cb._p(qg, "float *"), cb._p(bq, "float *"), cb._p(att, "float *"), T, H, hd,
-                                      cb._p(q, "float *"), cb._p(out, "float *"))
+    rc = cl._library().qsc_host_qgate(cl._p(qg, "float *"), cl._p(bq, "float *"), cl._p(att, "float *"), T, H, hd,
+                                      cl._p(q, "float *"), cl._p(out, "float *"))
     assert rc == 0
     assert np.array_equal(q, qg[:, :, 0].reshape(T, -1) + bq)
     gate = qg[:, :, 1].reshape(T, -1)
@@ -245,9 +247,9 @@ def test_gpu_sized_qwen35_fixtures_pass_the_gpu_check(cuda_lib, gpu_sized_fixtur
     assert c.head_dim == 32 and c.ssm_state == 32
     assert any(c.is_recurrent(li) for li in range(c.n_layers)) and not all(c.is_recurrent(li)
                                                                            for li in range(c.n_layers))
-    cb.check_config(c)
-    desc, _ = cb.model_description(model, 64)
-    cb.check_description(desc)
+    cd.check_config(c)
+    desc, _ = cd.model_description(model, 64)
+    cd.check_description(desc)
 
 
 def assert_close_to_cpu(got: np.ndarray, cpu: np.ndarray) -> None:
@@ -330,10 +332,10 @@ def test_recurrent_state_operations(cuda_lib, gpu_sized_fixture):
     """qsc_recurrent_state says whether a model has a recurrent state and refuses an unknown operation; a
     checkpoint is restored exactly (host emulation: the same logits after returning to it)."""
     model = gpu_sized_fixture("qwen35", "F32")
-    lib, err = cb._library(), cb.ffi.new("char[512]")
+    lib, err = cl._library(), cl.ffi.new("char[512]")
     with cb.CudaSession(model, 64, host_emulation=True) as s:
         assert lib.qsc_recurrent_state(s._m, 3, err, 512) == 1
-        assert lib.qsc_recurrent_state(s._m, 4, err, 512) < 0 and "not 0..3" in cb.ffi.string(err).decode()
+        assert lib.qsc_recurrent_state(s._m, 4, err, 512) < 0 and "not 0..3" in cl.ffi.string(err).decode()
         s.forward([5, 6, 7])
         s.checkpoint()
         a = s.forward([8])

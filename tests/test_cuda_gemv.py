@@ -12,7 +12,7 @@ import cffi
 import numpy as np
 import pytest
 
-from quantscope.core.engine import cuda_backend as cb
+from quantscope.core.engine import cuda_kernels as ck
 from quantscope.core.native import kernels as K
 from quantscope.core.quant import ggml_type
 
@@ -52,7 +52,7 @@ def test_batched_loads_change_no_float(lib, name):
         one, four = gemv(lib, name, w, rows, k, x, 1), gemv(lib, name, w, rows, k, x, 4)
         assert one is not None and four is not None
         assert np.array_equal(one, four), (name, k)
-        assert close_to_cpu(four, cb.host_matmat(t, w, rows, k, x[None])[0]), (name, k)
+        assert close_to_cpu(four, ck.host_matmat(t, w, rows, k, x[None])[0]), (name, k)
         assert close_to_cpu(four, K.matmat(t, w, rows, k, x[None])[0]), (name, k)
 
 

@@ -12,7 +12,7 @@ import cffi
 import numpy as np
 import pytest
 
-from quantscope.core.engine import cuda_backend as cb
+from quantscope.core.engine import cuda_kernels as ck
 from quantscope.core.native import kernels as K
 from quantscope.core.quant import dequantize, ggml_type
 
@@ -114,7 +114,7 @@ def test_mma_gemm_matches_k_matmul_and_cpu(lib, name):
         x[3] = 0.0  # an all-zero activation row
         got = matmat_mma(lib, name, w, rows, k, x)
         assert got is not None and np.isfinite(got).all()
-        dp4a = cb.host_matmat(t, w, rows, k, x)  # today's k_matmul, emulated
+        dp4a = ck.host_matmat(t, w, rows, k, x)  # today's k_matmul, emulated
         assert close_to_cpu(got, dp4a), (name, k, np.abs(got - dp4a).max())
         assert close_to_cpu(got, K.matmat(t, w, rows, k, x)), (name, k)
         ref = x.astype(np.float64) @ dequantize(w.reshape(rows, -1), t).astype(np.float64).T
@@ -142,5 +142,5 @@ def test_gpu_mma_gemm_matches_cpu(gpu, name):
     w = weight_bytes(name, rows, k, rng)
     x = np.stack([activations(rng, k, outliers=False) for _ in range(70)])
     for n_x in (16, 64, 70):
-        got = cb.gpu_matmat(t, w, rows, k, x[:n_x])
+        got = ck.gpu_matmat(t, w, rows, k, x[:n_x])
         assert close_to_cpu(got, K.matmat(t, w, rows, k, x[:n_x])), (name, n_x)

@@ -18,6 +18,8 @@ import pytest
 
 from quantscope.core.engine import Model
 from quantscope.core.engine import cuda_backend as cb
+from quantscope.core.engine import cuda_description as cd
+from quantscope.core.engine import cuda_library as cl
 from quantscope.core.engine.reference import reference_logits
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.native import ffi as cpu_ffi
@@ -106,18 +108,18 @@ class MoeLayer:
 
 def cuda_block(cpu_block: Any) -> Any:
     """The same description in the CUDA library's types (as model_description copies it)."""
-    b = cb.ffi.new("qs_block *")
-    cb.ffi.memmove(b, cpu_ffi.buffer(cpu_block), cb.ffi.sizeof("qs_block"))
+    b = cl.ffi.new("qs_block *")
+    cl.ffi.memmove(b, cpu_ffi.buffer(cpu_block), cl.ffi.sizeof("qs_block"))
     return b
 
 
 def host_moe_ffn(cpu_block: Any, x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, np.float32)
     out = np.empty_like(x)
-    err = cb.ffi.new("char[512]")
-    rc = cb._library().qsc_host_moe_ffn(cuda_block(cpu_block), cb._p(x, "float *"), x.shape[0],
-                                        cb._p(out, "float *"), err, 512)
-    assert rc == 0, cb.ffi.string(err).decode()
+    err = cl.ffi.new("char[512]")
+    rc = cl._library().qsc_host_moe_ffn(cuda_block(cpu_block), cl._p(x, "float *"), x.shape[0],
+                                        cl._p(out, "float *"), err, 512)
+    assert rc == 0, cl.ffi.string(err).decode()
     return out
 
 
@@ -125,8 +127,8 @@ def host_route(logits: np.ndarray, K: int, norm: int = 1, scale: float = 0.0) ->
     logits = np.ascontiguousarray(logits, np.float32)
     T, NE = logits.shape
     sel, w = np.empty((T, K), np.int32), np.empty((T, K), np.float32)
-    assert cb._library().qsc_host_moe_route(cb._p(logits, "float *"), T, NE, K, norm, scale,
-                                            cb._p(sel, "int32_t *"), cb._p(w, "float *")) == 0
+    assert cl._library().qsc_host_moe_route(cl._p(logits, "float *"), T, NE, K, norm, scale,
+                                            cl._p(sel, "int32_t *"), cl._p(w, "float *")) == 0
     return sel, w
 
 
@@ -172,12 +174,12 @@ def test_host_routing_clamps_a_vanishing_weight_sum(cuda_lib):
 
 
 def test_host_routing_refuses_bad_sizes(cuda_lib):
-    lib = cb._library()
+    lib = cl._library()
     x = np.zeros(8, np.float32)
     sel, w = np.zeros(8, np.int32), np.zeros(8, np.float32)
     for T, NE, K in ((0, 8, 1), (1, 0, 1), (1, 8, 0), (1, 8, 9), (1, 5000, 1)):
-        assert lib.qsc_host_moe_route(cb._p(x, "float *"), T, NE, K, 1, 0.0, cb._p(sel, "int32_t *"),
-                                      cb._p(w, "float *")) == -1
+        assert lib.qsc_host_moe_route(cl._p(x, "float *"), T, NE, K, 1, 0.0, cl._p(sel, "int32_t *"),
+                                      cl._p(w, "float *")) == -1
 
 
 # ------------------------------------------------------------------------------- host emulation vs the CPU block
@@ -229,10 +231,10 @@ def test_host_moe_ffn_each_expert_is_its_own_view(cuda_lib):
 def gpu_moe_ffn(cpu_block: Any, x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, np.float32)
     out = np.empty_like(x)
-    err = cb.ffi.new("char[512]")
-    rc = cb._library().qsc_kernel_moe_ffn(cuda_block(cpu_block), cb._p(x, "float *"), x.shape[0],
-                                          cb._p(out, "float *"), err, 512)
-    assert rc == 0, cb.ffi.string(err).decode()
+    err = cl.ffi.new("char[512]")
+    rc = cl._library().qsc_kernel_moe_ffn(cuda_block(cpu_block), cl._p(x, "float *"), x.shape[0],
+                                          cl._p(out, "float *"), err, 512)
+    assert rc == 0, cl.ffi.string(err).decode()
     return out
 
 
@@ -259,12 +261,12 @@ def test_kernel_moe_ffn_checks_before_any_device_call(cuda_lib):
     b.moe.b_down.len = 3
     x = np.zeros((2, layer.E), np.float32)
     out = np.empty_like(x)
-    err = cb.ffi.new("char[512]")
-    assert cb._library().qsc_kernel_moe_ffn(b, cb._p(x, "float *"), 2, cb._p(out, "float *"), err, 512) == -1
-    assert "moe.b_down has 3 values" in cb.ffi.string(err).decode()
+    err = cl.ffi.new("char[512]")
+    assert cl._library().qsc_kernel_moe_ffn(b, cl._p(x, "float *"), 2, cl._p(out, "float *"), err, 512) == -1
+    assert "moe.b_down has 3 values" in cl.ffi.string(err).decode()
     b = cuda_block(layer.block)
-    assert cb._library().qsc_kernel_moe_ffn(b, cb._p(x, "float *"), 0, cb._p(out, "float *"), err, 512) == -1
-    assert "n_tokens 0" in cb.ffi.string(err).decode()
+    assert cl._library().qsc_kernel_moe_ffn(b, cl._p(x, "float *"), 0, cl._p(out, "float *"), err, 512) == -1
+    assert "n_tokens 0" in cl.ffi.string(err).decode()
 
 
 # --------------------------------------------------------------------------------------- the C check of the group
@@ -275,12 +277,12 @@ def _check(block: Any) -> str:
     """qsc_check_model on a one-layer model around ``block`` ("" when it passes the moe checks)."""
     ones = _ONES[: block.n_embd]
     for v in (block.attn_norm, block.ffn_norm):  # (the hand-made layer has none: the GPU wants pre-norms)
-        v.ptr, v.len = cb._p(ones, "float *"), ones.size
-    md = cb.ffi.new("qsc_model_desc *")
+        v.ptr, v.len = cl._p(ones, "float *"), ones.size
+    md = cl.ffi.new("qsc_model_desc *")
     md.n_layers, md.n_vocab, md.eps, md.embed_scale = 1, 32, 1e-6, 1.0
-    err = cb.ffi.new("char[512]")
-    cb._library().qsc_check_model(md, block, err, 512)
-    return cb.ffi.string(err).decode()
+    err = cl.ffi.new("char[512]")
+    cl._library().qsc_check_model(md, block, err, 512)
+    return cl.ffi.string(err).decode()
 
 
 def test_c_check_of_the_moe_group(cuda_lib):
@@ -293,11 +295,11 @@ def test_c_check_of_the_moe_group(cuda_lib):
         (lambda b: setattr(b.moe, "n_used", 0), "layer 0: moe: 8 experts, 0 used"),
         (lambda b: setattr(b.moe, "n_expert", 5000), "layer 0: moe: 5000 experts"),
         (lambda b: setattr(b.moe, "scale", float("nan")), "scale nan"),
-        (lambda b: setattr(b.moe.router, "ptr", cb.ffi.NULL), "layer 0: moe.router is missing"),
+        (lambda b: setattr(b.moe.router, "ptr", cl.ffi.NULL), "layer 0: moe.router is missing"),
         (lambda b: setattr(b.moe.router, "rows", 7), "layer 0: moe.router is 7 x 256"),
         (lambda b: setattr(b.moe.sh_down, "bytes", b.moe.sh_down.bytes - 1), "layer 0: moe.sh_down"),
         (lambda b: setattr(b.moe.b_gate, "len", 5), "layer 0: moe.b_gate has 5 values"),
-        (lambda b: setattr(b.moe.sh_gate_inp, "ptr", cb.ffi.NULL), "layer 0: moe.sh_gate_inp"),
+        (lambda b: setattr(b.moe.sh_gate_inp, "ptr", cl.ffi.NULL), "layer 0: moe.sh_gate_inp"),
         (lambda b: setattr(b.moe, "n_ff_shexp", 0), "layer 0: moe.sh_gate given without a shared expert"),
         (lambda b: setattr(b.ffn.down, "rows", 256), "layer 0: ffn.down"),  # one expert's rows, not eight
         (lambda b: setattr(b.ffn, "swiglu_oai", 2), "swiglu_oai 2"),
@@ -314,9 +316,9 @@ def test_host_moe_ffn_refuses_a_bad_group(cuda_lib):
     b.moe.b_down.len = 3
     x = np.zeros((1, layer.E), np.float32)
     out = np.empty_like(x)
-    err = cb.ffi.new("char[512]")
-    assert cb._library().qsc_host_moe_ffn(b, cb._p(x, "float *"), 1, cb._p(out, "float *"), err, 512) == -1
-    assert "moe.b_down has 3 values" in cb.ffi.string(err).decode()
+    err = cl.ffi.new("char[512]")
+    assert cl._library().qsc_host_moe_ffn(b, cl._p(x, "float *"), 1, cl._p(out, "float *"), err, 512) == -1
+    assert "moe.b_down has 3 values" in cl.ffi.string(err).decode()
 
 
 # ------------------------------------------------------------------------------------------ a whole moe model
@@ -342,17 +344,17 @@ def test_moe_model_description_passes_the_gpu_check(cuda_lib, synthetic_moe):
     layer's group reaches the device as described."""
     model = synthetic_moe
     c = model.config
-    cb.check_config(c)
-    desc, _ = cb.model_description(model, 64)
-    cb.check_description(desc)
+    cd.check_config(c)
+    desc, _ = cd.model_description(model, 64)
+    cd.check_description(desc)
     for i in range(c.n_layers):
         b = desc.layers[i]
         assert (b.moe.n_expert, b.moe.n_used, b.moe.norm) == (16, 4, 1)
         assert (b.moe.router.rows, b.moe.router.k, b.ffn.gate.rows, b.ffn.down.rows) == (16, 256, 16 * 256, 16 * 256)
     b = desc.layers[1]
     b.moe.n_used = 17
-    with pytest.raises(cb.CudaError, match=re.escape("layer 1: moe: 16 experts, 17 used")):
-        cb.check_description(desc)
+    with pytest.raises(cl.CudaError, match=re.escape("layer 1: moe: 16 experts, 17 used")):
+        cd.check_description(desc)
 
 
 def test_gpu_moe_model_matches_cpu(gpu, synthetic_moe):
@@ -412,9 +414,9 @@ def test_gpu_sized_moe_fixtures_pass_the_gpu_check(cuda_lib, gpu_sized_fixture, 
     model = gpu_sized_fixture(name, quant)
     c = model.config
     assert (c.head_dim, c.n_embd, c.n_expert) == (32, 128, 8 if name == "mixtral" else 16)
-    cb.check_config(c)
-    desc, _ = cb.model_description(model, 64)
-    cb.check_description(desc)
+    cd.check_config(c)
+    desc, _ = cd.model_description(model, 64)
+    cd.check_description(desc)
 
 
 @pytest.mark.parametrize("name,quant", GPU_FIXTURES)

@@ -12,6 +12,7 @@ import pytest
 
 from quantscope.core.chat import SamplerParams
 from quantscope.core.engine import cuda_backend as cb
+from quantscope.core.engine import cuda_library as cl
 from quantscope.core.engine import probe as P
 from quantscope.core.engine.generate import Engine
 from quantscope.core.engine.session import ForwardTrace, Model
@@ -35,11 +36,11 @@ def test_host_statistics_sums_are_the_cpu_blocks(cuda_lib):  # noqa: F811
     want = acc.copy()
     for row in x:
         want = want + row * row
-    lib = cb._library()
+    lib = cl._library()
     got = acc.copy()
-    assert lib.qsc_host_probe_sumsq(cb._p(got, "float *"), cb._p(x, "float *"), 37, 96) == 0
+    assert lib.qsc_host_probe_sumsq(cl._p(got, "float *"), cl._p(x, "float *"), 37, 96) == 0
     assert np.array_equal(got, want)
-    assert lib.qsc_host_probe_sumsq(cb._p(got, "float *"), cb._p(x, "float *"), -1, 96) != 0
+    assert lib.qsc_host_probe_sumsq(cl._p(got, "float *"), cl._p(x, "float *"), -1, 96) != 0
 
 
 class CpuDevice:
@@ -54,7 +55,7 @@ class CpuDevice:
         self.calls: list[str] = []
 
     def _view(self, ptr: object, n: int, dtype: type = np.float32) -> np.ndarray:
-        return np.frombuffer(cb.ffi.buffer(ptr, n * np.dtype(dtype).itemsize), dtype)
+        return np.frombuffer(cl.ffi.buffer(ptr, n * np.dtype(dtype).itemsize), dtype)
 
     def qsc_probe_trace(self, m, resid, queries, n, err, err_len):
         self.calls.append("trace")
@@ -64,7 +65,7 @@ class CpuDevice:
     def qsc_forward(self, m, tokens, n, n_past, all_logits, out, err, err_len):
         self.calls.append("forward")
         c = self.c
-        ids = [int(t) for t in cb.ffi.unpack(tokens, n)]
+        ids = [int(t) for t in cl.ffi.unpack(tokens, n)]
         assert n_past == self.cpu.n_past
         tr = ForwardTrace() if self.trace is not None and self.trace[2] == n else None
         logits = self.cpu.forward(ids, all_logits=bool(all_logits), trace=tr)
@@ -93,7 +94,7 @@ class CpuDevice:
         c = self.c
         sizes = {"attn": c.n_embd, "wo": c.n_head * c.head_dim, "ffn": c.n_embd, "down": c.n_ff}
         self.sums = None
-        if init != cb.ffi.NULL:
+        if init != cl.ffi.NULL:
             flat = self._view(init, n).reshape(c.n_layers, -1)
             self.sums = [dict(zip(sizes, np.split(row.copy(), np.cumsum(list(sizes.values()))[:-1]), strict=True))
                          for row in flat]
@@ -331,7 +332,7 @@ def test_cli_probe_on_the_gpu_or_its_one_line_reason(cuda_lib, synthetic_tiny): 
                                "-p", "The lighthouse keeper climbed the stairs", "--json", *argv],
                               capture_output=True, text=True, timeout=300)
 
-    gpu_ok, _ = cb.cuda_status()
+    gpu_ok, _ = cl.cuda_status()
     r = cli("--backend", "cuda")
     if not gpu_ok:
         assert r.returncode != 0

@@ -12,6 +12,7 @@ import pytest
 from quantscope.core.engine import Model, generate, split
 from quantscope.core.engine import cuda_backend as cb
 from quantscope.core.engine import cuda_fit as fit
+from quantscope.core.engine import cuda_library as cl
 from quantscope.core.engine.session import ForwardTrace
 from quantscope.core.engine.split import SplitSession, split_allowed
 from quantscope.core.gguf import GGUFFile
@@ -142,7 +143,7 @@ def test_split_refuses_bad_layer_counts_and_traces(cuda_lib, fixture_model):
 # ------------------------------------------------------------------------------------------- the layer count
 def _fake_gpu(monkeypatch, free: int) -> None:
     monkeypatch.setattr(cb, "cuda_status", lambda: (True, "fake GPU"))
-    monkeypatch.setattr(cb, "device_properties", lambda: {"free_mem": free, "total_mem": free})
+    monkeypatch.setattr(cl, "device_properties", lambda: {"free_mem": free, "total_mem": free})
 
 
 def test_choose_layers_takes_the_most_that_fit(cuda_lib, fixture_model):

@@ -17,7 +17,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from quantscope.core.engine import cuda_backend as cb
+from quantscope.core.engine import cuda_description as cd
+from quantscope.core.engine import cuda_kernels as ck
+from quantscope.core.engine import cuda_library as cl
 from quantscope.core.model import Weight
 from quantscope.core.native import kernels as K
 from quantscope.core.quant import dequantize, ggml_type
@@ -96,7 +98,7 @@ def test_type_table_matches_the_cpu():
     """Every new type is a GPU type of the library, with the CPU's block geometry."""
     for name in NEW_TYPES:
         t = ggml_type(name)
-        assert t.id in cb.gpu_types()
+        assert t.id in cl.gpu_types()
         assert K.can_dequantize(t) and K.activation_type(t) is not None
 
 
@@ -104,14 +106,14 @@ def test_type_table_matches_the_cpu():
 @pytest.mark.parametrize("name", NEW_TYPES)
 def test_repacked_layout_stays_quantized(name):
     t = ggml_type(name)
-    assert cb._library().qsc_type_supported(t.id) == 1
+    assert cl._library().qsc_type_supported(t.id) == 1
     for rows, k in ((1, unit(name)), (7, 4 * unit(name)), (300, 2 * unit(name))):
         n_blocks = rows * k // unit(name)
-        got = cb.packed_bytes(t, rows, k)
+        got = cd.packed_bytes(t, rows, k)
         assert n_blocks * PACKED_BLOCK[name] <= got <= n_blocks * PACKED_BLOCK[name] + 4 * 255, (rows, k)
         assert got <= rows * t.row_bytes(k) * 1.04 + 4 * 256  # no float expansion
     with pytest.raises(ValueError):
-        cb.packed_bytes(t, 3, unit(name) + 32 if unit(name) > 32 else 48)
+        cd.packed_bytes(t, 3, unit(name) + 32 if unit(name) > 32 else 48)
 
 
 @pytest.mark.usefixtures("cuda_lib")
@@ -124,7 +126,7 @@ def test_host_repack_and_decode_bit_exact(name):
         for rows, k in ((7, sizes(name)[0]), (3, sizes(name)[-1])):
             w = weights(name, rows, k, rng, quantizer)
             ref = dequantize(w.reshape(rows, -1), t)
-            got = cb.host_dequantize(t, w, rows, k)
+            got = ck.host_dequantize(t, w, rows, k)
             assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), (name, quantizer, rows, k)
 
 
@@ -141,7 +143,7 @@ def test_host_dots_match_cpu_vec_dot(name):
         for k in sizes(name):
             w = weights(name, rows, k, rng, quantizer)
             x = np.stack([activations(rng, k, outliers=j == 1) for j in range(3)])
-            got = cb.host_matmat(t, w, rows, k, x)
+            got = ck.host_matmat(t, w, rows, k, x)
             wd = dequantize(w.reshape(rows, -1), t).astype(np.float64)
             for j in range(x.shape[0]):
                 xq = K.quantize_activation(x[j], act)
@@ -173,7 +175,7 @@ def test_new_types_are_uploaded_as_stored():
         t = ggml_type(name)
         k = 2 * unit(name)
         raw = weights(name, 2, k, rng, False)
-        got_t, data = cb.device_weight(Weight("w", t, raw, 2, k))
+        got_t, data = cd.device_weight(Weight("w", t, raw, 2, k))
         assert got_t.name == name and data is raw
 
 
@@ -187,9 +189,9 @@ def test_gpu_matmat_matches_cpu(name):
     for k in sizes(name)[1:]:
         w = weights(name, rows, k, rng, sources(name)[0])
         x = np.stack([activations(rng, k, outliers=False) for _ in range(13)])
-        host = cb.host_matmat(t, w, rows, k, x)
+        host = ck.host_matmat(t, w, rows, k, x)
         for n_x in (1, 3, 8, 13):  # decode kernel, then the 8-column kernel with partial column groups
-            got = cb.gpu_matmat(t, w, rows, k, x[:n_x])
+            got = ck.gpu_matmat(t, w, rows, k, x[:n_x])
             assert close_to_cpu(got, K.matmat(t, w, rows, k, x[:n_x])), (name, k, n_x)
             assert close_to_cpu(got, host[:n_x]), (name, k, n_x)
 
@@ -203,4 +205,4 @@ def test_gpu_get_rows_bit_exact(name):
     w = weights(name, 40, k, rng, False)
     ids = np.array([0, 39, 7, 7, 12])
     ref = dequantize(w.reshape(40, -1), t)[ids]
-    assert np.array_equal(cb.gpu_get_rows(t, w, 40, k, ids).view(np.uint32), ref.view(np.uint32))
+    assert np.array_equal(ck.gpu_get_rows(t, w, 40, k, ids).view(np.uint32), ref.view(np.uint32))

@@ -22,7 +22,7 @@ import pytest
 from quantscope.cli.main import main
 from quantscope.core import desktop, desktop_icons, desktop_macos, desktop_windows
 from quantscope.core import desktop_xdg as xdg
-from quantscope.core.engine import cuda_backend as cb
+from quantscope.core.engine import cuda_library as cl
 
 ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "resources"
@@ -370,22 +370,22 @@ def test_template_rename_fails_loudly(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------------- CUDA library, frozen app
 def test_frozen_app_finds_the_bundled_cuda_library(tmp_path, monkeypatch):
-    monkeypatch.delenv(cb.LIB_ENV, raising=False)
-    assert cb.library_path() == cb.DEFAULT_LIB  # source tree: build/cuda/
+    monkeypatch.delenv(cl.LIB_ENV, raising=False)
+    assert cl.library_path() == cl.DEFAULT_LIB  # source tree: build/cuda/
     bundle, exe_dir = tmp_path / "dist" / "quantscope" / "_internal", tmp_path / "dist" / "quantscope"
     bundle.mkdir(parents=True)
     monkeypatch.setattr(sys, "frozen", True, raising=False)
     monkeypatch.setattr(sys, "_MEIPASS", str(bundle), raising=False)
     monkeypatch.setattr(sys, "executable", str(exe_dir / "quantscope"))
-    assert cb.library_path() == bundle / cb.LIB_NAME  # none there: the bundle's place is named
-    ok, why = cb.probe()
-    assert not ok and str(bundle / cb.LIB_NAME) in why and "not built" in why
-    (exe_dir / cb.LIB_NAME).write_bytes(b"")  # dropped next to the executable
-    assert cb.library_path() == exe_dir / cb.LIB_NAME
-    (bundle / cb.LIB_NAME).write_bytes(b"")  # bundled by the spec: preferred
-    assert cb.library_path() == bundle / cb.LIB_NAME
-    monkeypatch.setenv(cb.LIB_ENV, str(tmp_path / "elsewhere.so"))
-    assert cb.library_path() == tmp_path / "elsewhere.so"
+    assert cl.library_path() == bundle / cl.LIB_NAME  # none there: the bundle's place is named
+    ok, why = cl.probe()
+    assert not ok and str(bundle / cl.LIB_NAME) in why and "not built" in why
+    (exe_dir / cl.LIB_NAME).write_bytes(b"")  # dropped next to the executable
+    assert cl.library_path() == exe_dir / cl.LIB_NAME
+    (bundle / cl.LIB_NAME).write_bytes(b"")  # bundled by the spec: preferred
+    assert cl.library_path() == bundle / cl.LIB_NAME
+    monkeypatch.setenv(cl.LIB_ENV, str(tmp_path / "elsewhere.so"))
+    assert cl.library_path() == tmp_path / "elsewhere.so"
 
 
 # ------------------------------------------------------------------------------------------- the backend seam

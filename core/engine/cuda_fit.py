@@ -47,14 +47,15 @@ class DeviceEstimate:
 def _matrix_bytes(w: Weight) -> int:
     """``w`` as the device stores it: its repacked layout (the library's own figure) for a GPU type, F32 rows for a
     type dequantized on upload."""
-    from . import cuda_backend as cb
+    from . import cuda_description as cd
+    from . import cuda_library as cl
 
     f32 = w.rows * w.k * 4
-    if w.type.id not in cb.gpu_types():
+    if w.type.id not in cl.gpu_types():
         return _round(f32)
     try:
-        return _round(cb.packed_bytes(w.type, w.rows, w.k))
-    except (cb.CudaError, ValueError):  # no library (a test without one) or a shape it refuses: the file's bytes
+        return _round(cd.packed_bytes(w.type, w.rows, w.k))
+    except (cl.CudaError, ValueError):  # no library (a test without one) or a shape it refuses: the file's bytes
         return _round(int(w.data.nbytes))
 
 
@@ -121,11 +122,11 @@ def gpu_fit(model: Model, n_ctx: int) -> tuple[bool, str]:
     """``--backend auto``'s memory check: does a session of ``model`` at ``n_ctx`` fit in the device's free memory
     now (and the one-line reason)? True with no reason when the free figure cannot be read (the session's own
     allocation then decides)."""
-    from . import cuda_backend as cb
+    from . import cuda_library as cl
 
     try:
-        free = int(cb.device_properties()["free_mem"])
-    except cb.CudaError:
+        free = int(cl.device_properties()["free_mem"])
+    except cl.CudaError:
         return True, ""
     return choose_gpu(device_estimate(model, n_ctx), free)
 
@@ -199,10 +200,10 @@ def choose_layers(model: Model, n_ctx: int, free_bytes: int) -> tuple[int, str]:
 def gpu_layers_fit(model: Model, n_ctx: int) -> tuple[int, str]:
     """:func:`choose_layers` against the device's free memory now; every layer with no reason when the free
     figure cannot be read (the session's own allocation then decides)."""
-    from . import cuda_backend as cb
+    from . import cuda_library as cl
 
     try:
-        free = int(cb.device_properties()["free_mem"])
-    except cb.CudaError:
+        free = int(cl.device_properties()["free_mem"])
+    except cl.CudaError:
         return model.config.n_layers, ""
     return choose_layers(model, n_ctx, free)

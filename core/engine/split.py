@@ -1,7 +1,7 @@
 """Partial offload: the first ``n_gpu`` layers on the GPU, the others and the head on the CPU (llama.cpp's
 ``-ngl``), behind the one :class:`~.session.InferenceSession` protocol.
 
-The device runs a model built from the first layers' forward descriptions (:func:`~.cuda_backend.model_description`
+The device runs a model built from the first layers' forward descriptions (:func:`~.cuda_description.model_description`
 with ``n_layers``; its head tied to the embedding, its logits unused) and hands the residual stream after its last
 layer back (``qsc_forward_resid``); a CPU :class:`~.session.Session` with caches for the other layers only
 (``first_layer``) runs them from that residual at the same positions, then the CPU head. Each half keeps its own
@@ -35,60 +35,61 @@ class _DeviceLayers:
     ``n - 1`` out."""
 
     def __init__(self, model: Model, n_ctx: int, n: int, kv_dtype: type, max_batch: int, host_emulation: bool) -> None:
-        from . import cuda_backend as cb
+        from . import cuda_description as cd
+        from . import cuda_library as cl
 
-        self.cb = cb
-        ok, why = (True, "") if host_emulation else cb.cuda_status()
+        self.cl = cl
+        ok, why = (True, "") if host_emulation else cl.cuda_status()
         if not ok:
-            raise cb.CudaUnavailable(why)
+            raise cl.CudaUnavailable(why)
         if not 0 < max_batch <= 4096:
             raise ValueError(f"max_batch {max_batch} out of range")
-        cb.check_config(model.config)
+        cd.check_config(model.config)
         c = model.config
-        desc, _ = cb.model_description(model, n_ctx, n_layers=n)
-        cb.check_description(desc)
+        desc, _ = cd.model_description(model, n_ctx, n_layers=n)
+        cd.check_description(desc)
         self.model, self.config, self.n = model, c, n
         self.kv_dtype = kv_dtype
         self.recurrent = any(c.is_recurrent(li) for li in range(n))
         self.checkpoint_at: int | None = None
-        self._lib = cb._library()
-        err = cb._err()
+        self._lib = cl._library()
+        err = cl._err()
         create = self._lib.qsc_host_model_create if host_emulation else self._lib.qsc_model_create
-        ptr = create(desc.model, desc.layers, n_ctx, int(kv_dtype == np.float16), max_batch, err, cb._ERR_LEN)
-        if ptr == cb.ffi.NULL:
-            raise cb.CudaError(f"creating the GPU layers: {cb._msg(err)}")
+        ptr = create(desc.model, desc.layers, n_ctx, int(kv_dtype == np.float16), max_batch, err, cl._ERR_LEN)
+        if ptr == cl.ffi.NULL:
+            raise cl.CudaError(f"creating the GPU layers: {cl._msg(err)}")
         self._m: Any = ptr
         self.device_bytes = int(self._lib.qsc_model_device_bytes(ptr))
 
     def live(self) -> Any:
         if self._m is None:
-            raise self.cb.CudaError("the session is closed")
+            raise self.cl.CudaError("the session is closed")
         return self._m
 
     def forward(self, ids: np.ndarray, n_past: int, ple: np.ndarray | None) -> np.ndarray:
         """The residual stream after the device's layers, ``(T, n_embd)``, for ``ids`` at ``n_past…``."""
-        cb, c = self.cb, self.config
+        cl, c = self.cl, self.config
         i32 = np.ascontiguousarray(ids, dtype=np.int32)
         out = np.empty((i32.size, c.n_embd), np.float32)
-        err = cb._err()
-        p = cb.ffi.NULL if ple is None else cb._p(ple, "float *")
-        cb._check(self._lib.qsc_forward_resid(self.live(), cb._p(i32, "int32_t *"), i32.size, n_past, p,
-                                              0 if ple is None else ple.size, cb._p(out, "float *"), err,
-                                              cb._ERR_LEN), err, "forward (GPU layers)")
+        err = cl._err()
+        p = cl.ffi.NULL if ple is None else cl._p(ple, "float *")
+        cl._check(self._lib.qsc_forward_resid(self.live(), cl._p(i32, "int32_t *"), i32.size, n_past, p,
+                                              0 if ple is None else ple.size, cl._p(out, "float *"), err,
+                                              cl._ERR_LEN), err, "forward (GPU layers)")
         return out
 
     def state(self, op: int) -> None:
-        err = self.cb._err()
-        self.cb._check(self._lib.qsc_recurrent_state(self.live(), op, err, self.cb._ERR_LEN), err,
+        err = self.cl._err()
+        self.cl._check(self._lib.qsc_recurrent_state(self.live(), op, err, self.cl._ERR_LEN), err,
                        "qsc_recurrent_state")
 
     def keys(self, layer: int, n_rows: int) -> np.ndarray:
         """Layer ``layer``'s cached K rows ``(n_rows, n_head_kv, head_dim)``, copied back."""
-        c, cb = self.config, self.cb
+        c, cl = self.config, self.cl
         rows = np.empty((n_rows, c.n_head_kv_at(layer), c.head_dim_at(layer)), self.kv_dtype)
-        err = cb._err()
-        out = cb.ffi.cast("void *", cb.ffi.from_buffer(rows))
-        cb._check(self._lib.qsc_read_cache(self.live(), layer, 0, n_rows, out, rows.nbytes, err, cb._ERR_LEN), err,
+        err = cl._err()
+        out = cl.ffi.cast("void *", cl.ffi.from_buffer(rows))
+        cl._check(self._lib.qsc_read_cache(self.live(), layer, 0, n_rows, out, rows.nbytes, err, cl._ERR_LEN), err,
                   "read cache")
         return rows
 

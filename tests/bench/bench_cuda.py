@@ -17,6 +17,7 @@ import numpy as np
 from quantscope.core import catalog
 from quantscope.core.engine import Model
 from quantscope.core.engine import cuda_backend as cb
+from quantscope.core.engine import cuda_library as cl
 
 TARGET_DECODE = {"smollm2": 700.0, "qwen2.5-coder": 400.0}
 
@@ -72,13 +73,13 @@ def main() -> None:
     ap.add_argument("--cpu-prefill", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    ok, why = cb.cuda_status()
+    ok, why = cl.cuda_status()
     if not ok:
         print(f"bench_cuda: no usable CUDA GPU: {why}")
         return
-    props = cb.device_properties()
+    props = cl.device_properties()
     peak = props["peak_bw_gbs"]
-    print(f"device: {why}\nlibrary: {cb.build_info()}\npeak DRAM bandwidth: {peak:.0f} GB/s")
+    print(f"device: {why}\nlibrary: {cl.build_info()}\npeak DRAM bandwidth: {peak:.0f} GB/s")
     print(f"{'model':15} {'prefill tok/s':>14} {'x CPU':>7} {'decode tok/s':>13} {'target':>7} "
           f"{'MB/token':>9} {'GB/s':>7} {'% peak':>7} {'GPU MiB':>8}")
     for name in args.models:

@@ -87,9 +87,9 @@ def prepare_source(src: Path, dest: Path) -> Path:
 
 
 def cuda_arch() -> str:
-    from quantscope.core.engine import cuda_backend as cb
+    from quantscope.core.engine import cuda_library as cl
 
-    return cb.device_properties()["compute"].replace(".", "")
+    return cl.device_properties()["compute"].replace(".", "")
 
 
 def build_llama_bench(src: Path, arch: str, jobs: int) -> Path:
@@ -201,9 +201,9 @@ def main() -> int:
     if a.prepare_source:
         print(prepare_source(a.llama_src, a.prepare_source))
         return 0
-    from quantscope.core.engine import cuda_backend as cb
+    from quantscope.core.engine import cuda_library as cl
 
-    ok, why = cb.cuda_status()
+    ok, why = cl.cuda_status()
     if not ok:
         print(f"bench_gpu_vs_llama: no usable CUDA GPU here ({why}); run it on a GPU machine", file=sys.stderr)
         return 1
@@ -212,7 +212,7 @@ def main() -> int:
             print(f"bench_gpu_vs_llama: {tool} is not installed; llama-bench cannot be built", file=sys.stderr)
             return 1
     t0 = time.monotonic()
-    props = cb.device_properties()
+    props = cl.device_properties()
     peak = props["peak_bw_gbs"]
     exe = build_llama_bench(a.llama_src.resolve(), cuda_arch(), a.jobs)
     files: list[tuple[str, Path]] = []
@@ -226,7 +226,7 @@ def main() -> int:
             print(f"bench_gpu_vs_llama: {m} is neither a synthetic shape nor a file", file=sys.stderr)
             return 1
     results = [bench_file(name, path, exe, a) for name, path in files]
-    print(f"device: {why}; peak DRAM bandwidth {peak:.0f} GB/s\nlibrary: {cb.build_info()}")
+    print(f"device: {why}; peak DRAM bandwidth {peak:.0f} GB/s\nlibrary: {cl.build_info()}")
     print(render(results, peak, a))
     print(f"total {time.monotonic() - t0:.0f} s")
     if a.json:

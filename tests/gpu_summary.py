@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
         ok, why = cl.cuda_status()
         gpu, gpu_ok = (why if ok else f"no usable GPU: {why}"), ok
     except Exception as exc:  # the table is printed whatever the backend says
-        gpu = f"cuda_backend did not load: {exc}"
+        gpu = f"cuda_library did not load: {exc}"
     print(f"\n=== run_gpu summary: {gpu}")
     if not junit.is_file():
         print(f"no test report ({junit}); pytest exit code {rc}; {elapsed} s")

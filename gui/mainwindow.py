@@ -52,6 +52,9 @@ from .views.overview import OverviewView
 from .views.probe import ProbeView
 from .views.quant_lab import QuantLabView
 from .views.quantize_dialog import QuantizeDialog
+from .views.registry import VIEWS as VIEW_REGISTRY
+from .views.registry import first_view
+from .views.registry import view as registered_view
 from .views.serve import ServeView
 from .views.tensors import TensorsView
 from .widgets.fit import ElidedLabel
@@ -60,13 +63,11 @@ from .widgets.progress import ProgressBar
 from .workers import TaskRunner, task_label
 
 MAX_RECENT = 10
-#: The View menu: Ctrl+1… in this order (the README lists the same), every tab of a file reachable by a key.
-VIEW_KEYS = (("overview", "&Overview"), ("metadata", "&Metadata"), ("tensors", "&Tensors"),
-             ("block", "&Block inspector"), ("chat", "&Chat"), ("probe", "&Probe"), ("lab", "Quant &lab"),
-             ("bump", "B&ump file"), ("serve", "&Serve"))
+#: The View menu: Ctrl+1… in this order (the README lists the same), every tab of a file reachable by a key; read
+#: from the registry of views (:data:`~quantscope.gui.views.registry.VIEWS`).
+VIEW_KEYS = tuple((e.key, e.menu) for e in VIEW_REGISTRY)
 FILE_CHECK_MS = 2000  # the open file's size/mtime/inode is compared this often (watchers miss some changes)
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
-VIEWS = ("overview", "metadata", "tensors", "block", "chat", "probe", "bump", "serve")
 
 
 def app_icon() -> QIcon:
@@ -153,15 +154,10 @@ class MainWindow(QMainWindow):
         self.tabs = QTabWidget()
         self.tabs.setAccessibleName("Views")
         self.tabs.setDocumentMode(True)
-        self._tab = {}
-        views = {"overview": (self.overview, "Overview"), "metadata": (self.metadata_view, "Metadata"),
-                 "tensors": (self.tensors_view, "Tensors"), "block": (self.block_view, "Block inspector"),
-                 "lab": (self.lab_view, "Quant lab"), "chat": (self.chat_view, "Chat"),
-                 "probe": (self.probe_view, "Probe"), "serve": (self.serve_view, "Serve"),
-                 "bump": (self.bump_view, "Bump file"), "welcome": (self.welcome, "Start")}
-        # the tabs stand in the order of View ▸ Ctrl+1…9 (the N-th tab shown is Ctrl+N's view)
-        for key in (*(k for k, _ in VIEW_KEYS), "welcome"):
-            w, label = views[key]
+        self._tab: dict[str, int] = {}
+        # the tabs stand in the order of View ▸ Ctrl+1…9 (the N-th tab shown is Ctrl+N's view), the start page last
+        for key, w, label in (*((e.key, e.widget(self), e.label) for e in VIEW_REGISTRY),
+                              ("welcome", self.welcome, "Start")):
             self._tab[key] = self.tabs.addTab(w, label)
             w.setAccessibleName(w.accessibleName() or label)
         central = QWidget()
@@ -361,8 +357,8 @@ class MainWindow(QMainWindow):
         m.addAction(self._action("&Close file", self.close_document, "Ctrl+W", "close-file"))
         m.addAction(self._action("&Quit", self.close, "Ctrl+Q", "quit"))
         v = mb.addMenu("&View")
-        for i, (key, label) in enumerate(VIEW_KEYS):
-            v.addAction(self._action(label, lambda _=False, k=key: self.show_view(k), f"Ctrl+{i + 1}", f"view-{key}"))
+        for e in VIEW_REGISTRY:
+            v.addAction(self._action(e.menu, lambda _=False, k=e.key: self.show_view(k), e.shortcut, f"view-{e.key}"))
         v.addSeparator()
         v.addAction(self._action("&Find", self.focus_filter, QKeySequence.StandardKey.Find, "find"))
         t = mb.addMenu("&Tools")
@@ -487,28 +483,13 @@ class MainWindow(QMainWindow):
             self.stale_path = None
             self.stale_bar.hide()
         self.setWindowTitle(f"{doc.title} — Quantscope" if doc else "Quantscope")
-        if doc is not None and doc.gguf is not None:
-            self.overview.set_document(doc)
-            self.metadata_view.set_document(doc)
-            self.tensors_view.set_document(doc)
-            self.block_view.set_file(doc.gguf)
-            self.bump_view.set_bump(None)
-            self.chat_view.set_document(doc)
-            self.probe_view.set_document(doc)
-            self.serve_view.set_document(doc)
-            self.file_label.setText(f"{doc.path}  ·  opened in {doc.open_ms:.0f} ms")
-        elif doc is not None and doc.bump is not None:
-            self.chat_view.set_document(None)
-            self.probe_view.set_document(None)
-            self.serve_view.set_document(None)
-            self.bump_view.set_bump(doc.bump)
-            self.file_label.setText(f"{doc.path}  ·  BUMPWGT3, opened in {doc.open_ms:.0f} ms")
-        else:
-            self.chat_view.set_document(None)
-            self.probe_view.set_document(None)
-            self.serve_view.set_document(None)
+        for entry in VIEW_REGISTRY:  # each view takes the document it shows, or lets go (see ViewEntry.release)
+            entry.show_document(self, doc)
+        if doc is None:
             self.file_label.setText("")
-        self.lab_view.set_document(doc if doc is not None and doc.gguf is not None else None)
+        else:
+            fmt = "BUMPWGT3, " if doc.kind == "bump" else ""
+            self.file_label.setText(f"{doc.path}  ·  {fmt}opened in {doc.open_ms:.0f} ms")
         self._show_tabs(doc)
         self.convert_action.setEnabled(doc is not None and doc.gguf is not None)
         self.save_as_action.setEnabled(doc is not None and doc.gguf is not None)
@@ -523,12 +504,11 @@ class MainWindow(QMainWindow):
         self.statusBar().clearMessage()
 
     def _show_tabs(self, doc: Document | None) -> None:
-        kind = doc.kind if doc else None
-        for key, i in self._tab.items():
-            visible = (key == "welcome" and kind is None) or (key == "bump" and kind == "bump") or (
-                key not in ("welcome", "bump") and kind == "gguf")
-            self.tabs.setTabVisible(i, visible)
-        self.tabs.setCurrentIndex(self._tab["overview" if kind == "gguf" else kind or "welcome"])
+        for entry in VIEW_REGISTRY:
+            self.tabs.setTabVisible(self._tab[entry.key], entry.accepts(doc))
+        self.tabs.setTabVisible(self._tab["welcome"], doc is None)
+        first = first_view(doc)
+        self.tabs.setCurrentIndex(self._tab[first.key if first is not None else "welcome"])
 
     def show_view(self, key: str) -> None:
         i = self._tab.get(key)
@@ -540,9 +520,9 @@ class MainWindow(QMainWindow):
         return next(k for k, v in self._tab.items() if v == i)
 
     def focus_filter(self) -> None:
-        w = {"metadata": self.metadata_view.filter, "tensors": self.tensors_view.filter,
-             "bump": self.bump_view.filter}.get(self.current_view())
-        if w is not None:
+        entry = registered_view(self.current_view())
+        if entry is not None and entry.find:
+            w = entry.widget(self).filter  # type: ignore[attr-defined]
             w.setFocus()
             w.selectAll()
 

@@ -49,6 +49,7 @@ from quantscope.core.gguf import GGUFFile, TensorInfo
 from quantscope.core.gguf.checks import INT32_MAX
 from quantscope.core.quant import DecodedBlock, can_decode, decode_block
 
+from ..document import Document
 from ..exports import Exporter
 from ..guard import qt_guarded
 from ..models import KeyValueModel
@@ -338,6 +339,10 @@ class BlockInspectorView(QWidget):
             self.columns.setStretch(1, 1 if direction == QBoxLayout.Direction.TopToBottom else 0)
 
     # ------------------------------------------------------------------ document
+    def set_document(self, doc: Document | None) -> None:
+        """The :class:`~quantscope.gui.views.registry.View` contract: the GGUF file of ``doc`` (None: none)."""
+        self.set_file(doc.gguf if doc is not None else None)
+
     def set_file(self, f: GGUFFile | None) -> None:
         self.file = f
         self._updating = True

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 from quantscope.core.bump import BumpFile, describe
 from quantscope.core.summary import human_bytes
 
+from ..document import Document
 from ..guard import qt_guarded
 from ..models import BumpSectionsModel, KeyValueModel, SortFilterProxy, plural
 from ..theme import BAD_COLOR, OK_COLOR
@@ -114,6 +115,10 @@ class BumpInspectorView(QWidget):
     def _busy(self, busy: bool) -> None:
         self.progress.setVisible(busy)
         self.verify_btn.setVisible(not busy)
+
+    def set_document(self, doc: Document | None) -> None:
+        """The :class:`~quantscope.gui.views.registry.View` contract: the bump file of ``doc`` (None: none)."""
+        self.set_bump(doc.bump if doc is not None else None)
 
     def set_bump(self, b: BumpFile | None) -> None:
         self.job.forget()

@@ -76,10 +76,10 @@ def first_view(doc: Document | None) -> ViewEntry | None:
 
 @dataclass(frozen=True)
 class Shot:
-    """``--view NAME``: ``tab`` (a :data:`VIEWS` key, or None for a dialog) is shown first (by ``setup`` itself when
-    ``setup_shows``: the chat takes its throw-away store before it is shown), then ``setup`` (given a
-    :class:`quantscope.gui.screenshots.ShotContext`) runs the view's real work and returns the widget to grab (None:
-    the window), or raises :class:`quantscope.gui.screenshots.ShotFailed`."""
+    """``--view NAME``: ``tab`` (a :data:`VIEWS` key, or None for a dialog) is shown first, by ``setup`` itself when
+    ``setup_shows`` (the chat takes its throw-away store before it is shown; the bump view shows the file the
+    conversion wrote); then ``setup`` (given a :class:`quantscope.gui.screenshots.ShotContext`) runs the view's real
+    work and returns the widget to grab (None: the window), or raises :class:`quantscope.gui.screenshots.ShotFailed`."""
 
     name: str
     tab: str | None
@@ -90,14 +90,28 @@ class Shot:
 def _shots() -> tuple[Shot, ...]:
     from .. import screenshots as s
 
-    return (Shot("overview", "overview"), Shot("metadata", "metadata"),
-            Shot("metadata-edit", "metadata", s.metadata_edit), Shot("tensors", "tensors", s.tensors),
-            Shot("block", "block", s.block), Shot("chat", "chat", s.chat, True), Shot("convert", None, s.convert),
-            Shot("bump", None, s.convert), Shot("quantize", None, s.quantize), Shot("requantize", "lab", s.lab),
-            Shot("quant-stats", "lab", s.lab), Shot("budget", "lab", s.lab), Shot("compare", None, s.compare),
-            Shot("imatrix", None, s.imatrix), Shot("diff", None, s.diff), Shot("probe", "probe", s.probe),
-            Shot("probe-attention", "probe", s.probe), Shot("probe-activations", "probe", s.probe),
-            Shot("chat-tokens", "chat", s.chat_tokens, True), Shot("serve", "serve", s.serve))
+    return (
+        Shot("overview", "overview"),
+        Shot("metadata", "metadata"),
+        Shot("metadata-edit", "metadata", s.metadata_edit),  # the chat template editor (a dialog over the tab)
+        Shot("tensors", "tensors", s.tensors),
+        Shot("block", "block", s.block),
+        Shot("chat", "chat", s.chat, setup_shows=True),
+        Shot("convert", None, s.convert),
+        Shot("bump", "bump", s.convert, setup_shows=True),
+        Shot("quantize", None, s.quantize),
+        Shot("requantize", "lab", s.lab),
+        Shot("quant-stats", "lab", s.lab),
+        Shot("budget", "lab", s.lab),
+        Shot("compare", None, s.compare),
+        Shot("imatrix", None, s.imatrix),
+        Shot("diff", None, s.diff),
+        Shot("probe", "probe", s.probe),
+        Shot("probe-attention", "probe", s.probe),
+        Shot("probe-activations", "probe", s.probe),
+        Shot("chat-tokens", "chat", s.chat_tokens, setup_shows=True),
+        Shot("serve", "serve", s.serve),
+    )
 
 
 #: Every ``--view NAME``, in the order ``--help`` lists them.

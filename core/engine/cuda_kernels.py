@@ -43,8 +43,8 @@ def host_dequantize(qtype: GGMLType | int | str, w: np.ndarray, rows: int, k: in
     return out
 
 
-def host_quantize(x: np.ndarray, act: GGMLType | int | str) -> np.ndarray:
-    """The device's activation quantizer math on the CPU, in the CPU's byte layout (Q8_0, Q8_1 or Q8_K)."""
+def _quantize_args(x: np.ndarray, act: GGMLType | int | str) -> tuple[GGMLType, np.ndarray, np.ndarray]:
+    """The activation type, the values as contiguous float32 and the output bytes of a quantizer call (checked)."""
     t = _type(act)
     if t.id not in ACT_LAYOUT:
         raise ValueError(f"{t.name} is not a GPU activation type (Q8_0, Q8_1, Q8_K)")
@@ -52,7 +52,12 @@ def host_quantize(x: np.ndarray, act: GGMLType | int | str) -> np.ndarray:
     blk, nbytes = ACT_LAYOUT[t.id]
     if v.size == 0 or v.size % blk:
         raise ValueError(f"{t.name} needs a positive multiple of {blk} values, got {v.size}")
-    out = np.empty(v.size // blk * nbytes, np.uint8)
+    return t, v, np.empty(v.size // blk * nbytes, np.uint8)
+
+
+def host_quantize(x: np.ndarray, act: GGMLType | int | str) -> np.ndarray:
+    """The device's activation quantizer math on the CPU, in the CPU's byte layout (Q8_0, Q8_1 or Q8_K)."""
+    t, v, out = _quantize_args(x, act)
     if _library().qsc_host_quantize(t.id, _p(v, "float *"), v.size, _p(out, "uint8_t *")) != 0:
         raise CudaError("qsc_host_quantize failed")
     return out
@@ -96,14 +101,7 @@ def gpu_matmat(qtype: GGMLType | int | str, w: np.ndarray, rows: int, k: int, x:
 
 def gpu_quantize(x: np.ndarray, act: GGMLType | int | str) -> np.ndarray:
     """The device's activation quantizer, returned in the CPU's byte layout."""
-    t = _type(act)
-    if t.id not in ACT_LAYOUT:
-        raise ValueError(f"{t.name} is not a GPU activation type (Q8_0, Q8_1, Q8_K)")
-    v = _floats(x, "x").reshape(-1)
-    blk, nbytes = ACT_LAYOUT[t.id]
-    if v.size == 0 or v.size % blk:
-        raise ValueError(f"{t.name} needs a positive multiple of {blk} values, got {v.size}")
-    out = np.empty(v.size // blk * nbytes, np.uint8)
+    t, v, out = _quantize_args(x, act)
     err = _err()
     _check(_gpu().qsc_kernel_quantize(t.id, _p(v, "float *"), v.size, _p(out, "uint8_t *"), err, _ERR_LEN), err,
            "quantize")

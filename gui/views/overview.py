@@ -14,9 +14,7 @@ from PySide6.QtWidgets import (
     QFrame,
     QGridLayout,
     QGroupBox,
-    QHBoxLayout,
     QLabel,
-    QPushButton,
     QScrollArea,
     QSpinBox,
     QTableView,
@@ -36,7 +34,7 @@ from ..guard import qt_guarded
 from ..models import KeyValueModel, plural
 from ..theme import BAD_COLOR, INFO_COLOR, OK_COLOR, group_color
 from ..widgets.fit import ElidedLabel, fit_columns
-from ..widgets.progress import ProgressBar
+from ..widgets.jobstrip import JobStrip
 from ..workers import JobSlot, TaskRunner
 
 
@@ -154,18 +152,15 @@ class OverviewView(QWidget):
         self.checks_model = KeyValueModel(headers=("Check", "Status", "Detail"), mono_columns=())
         self.checks_table = _table(self.checks_model, "Integrity checks")
         fit_columns(self.checks_table, stretch=2, min_stretch=160)
-        self.scan_label = QLabel("NaN/Inf scale scan: waiting")
-        self.scan_label.setAccessibleName("NaN/Inf scale scan status")
-        self.scan_label.setWordWrap(True)
-        self.scan_progress = ProgressBar()
-        self.scan_progress.setAccessibleName("Scale scan progress")
-        self.scan_progress.setMaximumWidth(220)
-        self.scan_cancel = QPushButton("Cancel scan")
-        self.scan_cancel.setAccessibleName("Cancel the scale scan")
-        self.scan_cancel.clicked.connect(lambda: self.scan_job.cancel())
-        self.scan_again = QPushButton("Scan again")
-        self.scan_again.setAccessibleName("Run the scale scan again")
-        self.scan_again.clicked.connect(self.start_scan)
+        self.scan_strip = JobStrip("scale scan", "Scan again", status_text="NaN/Inf scale scan: waiting",
+                                   cancel_text="Cancel scan", run_name="Run the scale scan again")
+        self.scan_strip.status.setAccessibleName("NaN/Inf scale scan status")
+        self.scan_strip.cancel_clicked.connect(lambda: self.scan_job.cancel())
+        self.scan_strip.run_clicked.connect(self.start_scan)
+        self.scan_label = self.scan_strip.status
+        self.scan_progress = self.scan_strip.progress
+        self.scan_cancel = self.scan_strip.cancel_btn
+        self.scan_again = self.scan_strip.run_btn
 
         # layout: cards; hyperparameters | tensor types | memory + layers; integrity
         hb = QGroupBox("Hyperparameters")
@@ -197,12 +192,7 @@ class OverviewView(QWidget):
         ib = QGroupBox("Integrity")
         il = QVBoxLayout(ib)
         il.addWidget(self.checks_table)
-        sl = QHBoxLayout()
-        sl.addWidget(self.scan_label, 1)
-        sl.addWidget(self.scan_progress)
-        sl.addWidget(self.scan_cancel)
-        sl.addWidget(self.scan_again)
-        il.addLayout(sl)
+        il.addWidget(self.scan_strip)
         self.column_boxes = (hb, tb, mb, lb)
         self.columns = QGridLayout()
 
@@ -406,23 +396,21 @@ class OverviewView(QWidget):
             return
         f = self.doc.gguf
         doc = self.doc
-        self.scan_label.setText("NaN/Inf scale scan: scanning every block's fp16 scales…")
-        self.scan_progress.setValue(0)
+        self.scan_strip.started("NaN/Inf scale scan: scanning every block's fp16 scales…")
 
         def work(report, token):  # type: ignore[no-untyped-def]
             return scan_scales(f, progress=lambda d, t: report(d, t), cancel=token)
 
         def progress(done: int, total: int, _text: str) -> None:
-            self.scan_progress.setValue(int(100 * done / total) if total else 100)
+            self.scan_strip.progress_to(done, total)
 
         self.scan_job.start("scale-scan", work, on_done=lambda r: self._scan_done(doc, r), on_progress=progress,
                           on_failed=lambda m, _tb: self._scan_end(doc, f"NaN/Inf scale scan failed: {m}"),
                           on_cancelled=lambda: self._scan_end(doc, "NaN/Inf scale scan: cancelled"))
 
     def _scan_busy(self, busy: bool) -> None:
-        self.scan_progress.setVisible(busy)
-        self.scan_cancel.setVisible(busy)
-        self.scan_again.setVisible(not busy and self.doc is not None)
+        self.scan_strip.set_can_run(self.doc is not None)
+        self.scan_strip.set_busy(busy)
 
     def _scan_end(self, doc: Document, text: str) -> None:
         if doc is not self.doc:

@@ -1,0 +1,99 @@
+"""The job strip (issue 47 item 5): one widget for a view's run / cancel / progress / status, its states after each
+call, its signals and its accessible names."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+
+from quantscope.gui.widgets.jobstrip import JobStrip
+
+
+def _strip(qtbot, **kw) -> JobStrip:  # type: ignore[no-untyped-def]
+    s = JobStrip("scale scan", "Scan again", status_text="waiting", **kw)
+    qtbot.addWidget(s)
+    s.show()
+    return s
+
+
+def _running(s: JobStrip) -> bool:
+    return s.progress.isVisible() and s.cancel_btn.isVisible() and not s.run_btn.isVisible()
+
+
+def _idle(s: JobStrip) -> bool:
+    return not s.progress.isVisible() and not s.cancel_btn.isVisible() and s.run_btn.isVisible()
+
+
+def test_idle_then_running_then_each_ending(qtbot) -> None:  # type: ignore[no-untyped-def]
+    s = _strip(qtbot)
+    assert _idle(s) and not s.busy and s.status.text() == "waiting" and s.progress.maximum() == 100
+    for end, text, value in (("finished", "done", 100), ("failed", "it broke", 0), ("cancelled", "Cancelled.", 0)):
+        s.started("scanning…")
+        assert _running(s) and s.busy and s.cancel_btn.isEnabled() and s.progress.value() == 0
+        assert s.status.text() == "scanning…"
+        s.progress_to(3, 4, "three of four")
+        assert s.progress.value() == 75 and s.status.text() == "three of four"
+        s.progress_to(5, 4)  # never past the end; no text keeps the status
+        assert s.progress.value() == 100 and s.status.text() == "three of four"
+        if end == "cancelled":
+            s.cancelling()
+            assert s.status.text() == "Cancelling…" and not s.cancel_btn.isEnabled() and s.cancel_btn.isVisible()
+            s.cancelled()
+        elif end == "failed":
+            s.failed(text)
+        else:
+            s.finished(text)
+        assert _idle(s) and not s.busy and s.status.text() == text and s.progress.value() == value
+
+
+def test_nothing_to_do_fills_the_bar_and_cancelling_when_idle_says_nothing(qtbot) -> None:  # type: ignore[no-untyped-def]
+    s = _strip(qtbot, scale=1000)
+    s.started()
+    assert s.status.text() == "waiting"  # started() without text keeps it
+    s.progress_to(0, 0)
+    assert s.progress.value() == 1000
+    s.finished()
+    assert s.status.text() == "waiting" and s.progress.value() == 1000
+    s.cancelling()
+    assert s.status.text() == "waiting"
+
+
+def test_can_run_and_set_busy(qtbot) -> None:  # type: ignore[no-untyped-def]
+    s = _strip(qtbot)
+    s.set_can_run(False)
+    assert not s.run_btn.isVisible() and not s.progress.isVisible()
+    s.set_can_run(True)
+    s.set_busy(True)
+    assert _running(s) and s.status.text() == "waiting"  # set_busy leaves the status alone
+    s.set_busy(False)
+    assert _idle(s)
+
+
+def test_without_a_run_button(qtbot) -> None:  # type: ignore[no-untyped-def]
+    s = JobStrip("checksum")
+    qtbot.addWidget(s)
+    s.show()
+    assert not s.run_btn.isVisible() and not s.cancel_btn.isVisible()
+    s.started("verifying")
+    assert s.cancel_btn.isVisible() and not s.run_btn.isVisible()
+    s.finished("ok")
+    assert not s.run_btn.isVisible()
+
+
+def test_signals(qtbot) -> None:  # type: ignore[no-untyped-def]
+    s = _strip(qtbot)
+    with qtbot.waitSignal(s.run_clicked, timeout=1000):
+        qtbot.mouseClick(s.run_btn, Qt.MouseButton.LeftButton)
+    s.started()
+    with qtbot.waitSignal(s.cancel_clicked, timeout=1000):
+        qtbot.mouseClick(s.cancel_btn, Qt.MouseButton.LeftButton)
+
+
+def test_accessible_names(qtbot) -> None:  # type: ignore[no-untyped-def]
+    s = _strip(qtbot)
+    assert s.status.accessibleName() == "Scale scan status"
+    assert s.progress.accessibleName() == "Scale scan progress"
+    assert s.cancel_btn.accessibleName() == "Cancel the scale scan" and s.cancel_btn.text() == "Cancel"
+    assert s.run_btn.accessibleName() == "Run the scale scan" and s.run_btn.text() == "Scan again"
+    named = JobStrip("checksum", "Verify checksum", run_name="Verify the checksum", cancel_text="Stop")
+    qtbot.addWidget(named)
+    assert named.run_btn.accessibleName() == "Verify the checksum" and named.cancel_btn.text() == "Stop"

@@ -10,7 +10,6 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QLineEdit,
-    QPushButton,
     QSplitter,
     QTableView,
     QVBoxLayout,
@@ -25,7 +24,7 @@ from ..guard import qt_guarded
 from ..models import BumpSectionsModel, KeyValueModel, SortFilterProxy, plural
 from ..theme import BAD_COLOR, OK_COLOR
 from ..widgets.fit import CONTENTS_PRECISION
-from ..widgets.progress import ProgressBar
+from ..widgets.jobstrip import JobStrip
 from ..workers import JobSlot, TaskRunner
 
 
@@ -59,15 +58,15 @@ class BumpInspectorView(QWidget):
         self.title = QLabel()
         self.title.setObjectName("heading")
         self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.checksum = QLabel()
-        self.checksum.setAccessibleName("Checksum status")
-        self.checksum.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.progress = ProgressBar()
-        self.progress.setAccessibleName("Checksum progress")
-        self.progress.setMaximumWidth(240)
-        self.verify_btn = QPushButton("Verify checksum")
-        self.verify_btn.setAccessibleName("Verify the checksum again")
-        self.verify_btn.clicked.connect(self.start_checksum)
+        self.strip = JobStrip("checksum", "Verify checksum", progress_width=240, run_name="Verify the checksum again")
+        self.strip.status.setWordWrap(False)
+        self.strip.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.strip.run_clicked.connect(self.start_checksum)
+        self.strip.cancel_clicked.connect(self.job.cancel)
+        self.checksum = self.strip.status
+        self.progress = self.strip.progress
+        self.verify_btn = self.strip.run_btn
+        self.cancel_btn = self.strip.cancel_btn
         self.header_model = KeyValueModel(headers=("Header field", "Value"))
         self.header_table = _table(self.header_model, "Bump header")
         self.dtype_model = KeyValueModel(headers=("Code", "Type", "Sections", "Bytes"), mono_columns=(0, 2, 3))
@@ -86,9 +85,7 @@ class BumpInspectorView(QWidget):
 
         top = QHBoxLayout()
         top.addWidget(self.title, 1)
-        top.addWidget(self.checksum)
-        top.addWidget(self.progress)
-        top.addWidget(self.verify_btn)
+        top.addWidget(self.strip)
         hb = QGroupBox("Header (128 bytes)")
         QVBoxLayout(hb).addWidget(self.header_table)
         db = QGroupBox("Dtype table")
@@ -113,8 +110,7 @@ class BumpInspectorView(QWidget):
         self._busy(False)
 
     def _busy(self, busy: bool) -> None:
-        self.progress.setVisible(busy)
-        self.verify_btn.setVisible(not busy)
+        self.strip.set_busy(busy)
 
     def set_document(self, doc: Document | None) -> None:
         """The :class:`~quantscope.gui.views.registry.View` contract: the bump file of ``doc`` (None: none)."""
@@ -158,8 +154,7 @@ class BumpInspectorView(QWidget):
         b = self.bump
         if b is None:
             return
-        self.checksum.setText("Checksum: verifying…")
-        self.progress.setValue(0)
+        self.strip.started("Checksum: verifying…")
 
         def work(report, token):  # type: ignore[no-untyped-def]
             from quantscope.core.bump import Cancelled
@@ -172,7 +167,7 @@ class BumpInspectorView(QWidget):
             return b.checksum_ok(prog)
 
         def progress(done: int, total: int, _t: str) -> None:
-            self.progress.setValue(int(100 * done / total) if total else 100)
+            self.strip.progress_to(done, total)
 
         def done(ok: bool) -> None:
             if self.bump is not b:

@@ -50,7 +50,7 @@ from ..models import (
 )
 from ..theme import BAD_COLOR, group_color
 from ..widgets.fit import ElidedLabel, fit_columns
-from ..widgets.progress import ProgressBar
+from ..widgets.jobstrip import JobStrip
 from ..workers import JobSlot, TaskRunner
 
 HOVER_HINT = "Hover the heatmap for row, column and value; click a cell to open its block."
@@ -149,16 +149,16 @@ class TensorsView(QWidget):
         self.stats.verticalHeader().setDefaultSectionSize(21)
         fit_columns(self.stats, stretch=1, min_stretch=60)
         self.stats.setMaximumWidth(300)
-        self.progress = ProgressBar()
-        self.progress.setAccessibleName("Statistics progress")
-        self.progress_label = QLabel()
-        self.progress_label.setObjectName("muted")
-        self.cancel_btn = QPushButton("Cancel")
-        self.cancel_btn.setAccessibleName("Cancel the statistics")
-        self.cancel_btn.clicked.connect(lambda: self.stats_job.cancel())
-        self.retry_btn = QPushButton("Compute")
-        self.retry_btn.setAccessibleName("Compute the statistics")
-        self.retry_btn.clicked.connect(lambda: self.start_analysis(force=True))
+        self.strip = JobStrip("statistics", "Compute", run_name="Compute the statistics", progress_width=16777215)
+        self.strip.status.setObjectName("muted")
+        self.strip.status.setWordWrap(False)
+        self.strip.cancel_clicked.connect(lambda: self.stats_job.cancel())
+        self.strip.run_clicked.connect(lambda: self.start_analysis(force=True))
+        self.strip.set_can_run(False)  # offered after a cancelled or failed run
+        self.progress = self.strip.progress
+        self.progress_label = self.strip.status
+        self.cancel_btn = self.strip.cancel_btn
+        self.retry_btn = self.strip.run_btn
         self.hist = pg.PlotWidget()
         self.hist.setAccessibleName("Histogram of the tensor's values")
         self.hist.setLabel("bottom", "value")
@@ -209,11 +209,6 @@ class TensorsView(QWidget):
         self.exporter.install_plot_menu(self.hist, "histogram", self._tensor_actions)
         self.exporter.install_plot_menu(self.heat_widget, "heatmap", self._tensor_actions)
 
-        prog = QHBoxLayout()
-        prog.addWidget(self.progress_label, 1)
-        prog.addWidget(self.progress)
-        prog.addWidget(self.cancel_btn)
-        prog.addWidget(self.retry_btn)
         stats_page = QWidget()
         sl = QHBoxLayout(stats_page)
         sl.setContentsMargins(0, 4, 0, 0)
@@ -245,7 +240,7 @@ class TensorsView(QWidget):
         rl.setContentsMargins(0, 0, 0, 0)
         rl.addWidget(self.title)
         rl.addWidget(self.details)
-        rl.addLayout(prog)
+        rl.addWidget(self.strip)
         rl.addWidget(self.value_split, 1)
 
         split = self.split = QSplitter()
@@ -266,8 +261,7 @@ class TensorsView(QWidget):
         self.tree.selectionModel().currentChanged.connect(self._tree_current)
         self.table.selectionModel().currentRowChanged.connect(self._table_current)
         self._set_progress_visible(False)
-        self.progress_label.hide()
-        self.retry_btn.hide()
+        self.strip.hide()  # shown with its first message
 
     # ------------------------------------------------------------------ document
     def set_document(self, doc: Document | None) -> None:
@@ -275,8 +269,8 @@ class TensorsView(QWidget):
         self.stats_job.forget()
         self.heat_job.forget()
         self.progress_label.setText("")
-        self.progress_label.hide()
-        self.retry_btn.hide()
+        self.strip.hide()
+        self.strip.set_can_run(False)
         self.heat_info.setText("")
         self.hover.setText(HOVER_HINT)
         self.doc = doc
@@ -517,22 +511,22 @@ class TensorsView(QWidget):
         self.heat = None
         if t.n_elements == 0:
             self.progress_label.setText(f"{t.name} has no values: its shape ne = {list(t.ne)} has a zero dimension.")
-            self.progress_label.show()
+            self.strip.show()
             return
         if not can_read_values(t):
             self.progress_label.setText(f"Values of {t.type_name} cannot be computed"
                                         + (f": {t.problem}" if t.problem else "."))
-            self.progress_label.show()
+            self.strip.show()
             return
         f = doc.gguf
-        self.progress.setValue(0)
-        self.progress_label.setText(f"Dequantizing {t.name} ({t.n_elements:,} values) with the native kernels…")
+        self.strip.set_can_run(False)
+        self.strip.started(f"Dequantizing {t.name} ({t.n_elements:,} values) with the native kernels…")
 
         def work(report, token):  # type: ignore[no-untyped-def]
             return analyze_tensor(f, t, progress=lambda d, n: report(d, n), cancel=token)
 
         def progress(done: int, total: int, _text: str) -> None:
-            self.progress.setValue(int(100 * done / total) if total else 100)
+            self.strip.progress_to(done, total)
 
         def done(a: TensorAnalysis) -> None:
             doc.analyses[t.name] = a
@@ -541,28 +535,26 @@ class TensorsView(QWidget):
 
         def cancelled() -> None:
             self.progress_label.setText("Statistics cancelled.")
-            self.retry_btn.show()
+            self.strip.set_can_run(True)
 
         def failed(msg: str, _tb: str) -> None:
             self.progress_label.setText(f"Statistics failed: {msg}")
-            self.retry_btn.show()
+            self.strip.set_can_run(True)
 
         self.stats_job.start("tensor-stats", work, on_done=done, on_progress=progress, on_cancelled=cancelled,
                              on_failed=failed)
 
     def _set_progress_visible(self, on: bool) -> None:
         """The statistics job's busy state: its bar and Cancel while it runs; its label (the outcome) stays."""
-        self.progress.setVisible(on)
-        self.cancel_btn.setVisible(on)
+        self.strip.set_busy(on)
         if on:
-            self.progress_label.setVisible(True)
-            self.retry_btn.setVisible(False)
+            self.strip.show()
 
     def _show_analysis(self, a: TensorAnalysis) -> None:
         self.analysis = a
-        self.retry_btn.hide()
+        self.strip.set_can_run(False)
         self.progress_label.setText(f"Computed in {a.seconds:.2f} s (cached)")
-        self.progress_label.show()
+        self.strip.show()
         s = a.stats
         self.stats_model.set_rows([
             ("min", f"{s.min:.7g}"), ("max", f"{s.max:.7g}"), ("mean", f"{s.mean:.7g}"), ("std", f"{s.std:.7g}"),

@@ -97,3 +97,28 @@ def test_accessible_names(qtbot) -> None:  # type: ignore[no-untyped-def]
     named = JobStrip("checksum", "Verify checksum", run_name="Verify the checksum", cancel_text="Stop")
     qtbot.addWidget(named)
     assert named.run_btn.accessibleName() == "Verify the checksum" and named.cancel_btn.text() == "Stop"
+
+
+def test_status_last_own_label_and_a_greyed_run_button(qtbot) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtWidgets import QLabel
+
+    own = QLabel()
+    s = JobStrip("budget", "Measure", status=own, status_last=True, disable_run=True)
+    qtbot.addWidget(s)
+    s.show()
+    lay = s.layout()
+    assert [lay.itemAt(i).widget() for i in range(lay.count())] == [s.run_btn, s.cancel_btn, s.progress, own]
+    assert s.status is own and own.accessibleName() == "Budget status"
+    assert s.run_btn.isVisible() and s.run_btn.isEnabled()
+    s.started("measuring")
+    assert s.run_btn.isVisible() and not s.run_btn.isEnabled() and s.cancel_btn.isVisible()
+    s.finished("measured")
+    assert s.run_btn.isEnabled() and not s.cancel_btn.isVisible()
+    s.set_can_run(False)
+    assert s.run_btn.isVisible() and not s.run_btn.isEnabled()
+
+
+def test_default_order(qtbot) -> None:  # type: ignore[no-untyped-def]
+    s = _strip(qtbot)
+    lay = s.layout()
+    assert [lay.itemAt(i).widget() for i in range(lay.count())] == [s.status, s.progress, s.cancel_btn, s.run_btn]

@@ -3,7 +3,7 @@ through (idle, running, cancelling, ended), so that each view with a background 
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QWidget
 
 from ..guard import qt_guarded
@@ -12,8 +12,10 @@ from .progress import ProgressBar
 
 @qt_guarded
 class JobStrip(QWidget):
-    """``[status …………][progress][Cancel][run]``. While a job runs the bar and Cancel show and the run button hides;
-    when it ends they hide and the run button comes back (if :meth:`set_can_run` allows it).
+    """``[status …………][progress][Cancel][run]`` (``status_last``: ``[run][Cancel][progress][status …………]``). While a
+    job runs the bar and Cancel show and the run button hides (``disable_run``: is greyed); when it ends they hide
+    and the run button comes back (if :meth:`set_can_run` allows it). ``status`` may be the view's own label (e.g.
+    an eliding one).
 
     ``what`` names the job in the accessible names ("Cancel the <what>", "<What> progress", "<What> status");
     ``run_text`` ``None`` keeps the run button hidden (the view starts the job some other way). The view keeps its
@@ -25,15 +27,19 @@ class JobStrip(QWidget):
 
     def __init__(self, what: str, run_text: str | None = None, *, status_text: str = "", scale: int = 100,
                  progress_width: int = 220, cancel_text: str = "Cancel", run_name: str | None = None,
+                 status: QLabel | None = None, status_last: bool = False, disable_run: bool = False,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.what = what
         self.busy = False
         self._can_run = True
         cap = what[:1].upper() + what[1:]
-        self.status = QLabel(status_text)
+        self._disable_run = disable_run
+        self.status = status if status is not None else QLabel()
+        self.status.setText(status_text)
         self.status.setAccessibleName(f"{cap} status")
-        self.status.setWordWrap(True)
+        if status is None:
+            self.status.setWordWrap(True)
         self.progress = ProgressBar()
         self.progress.setAccessibleName(f"{cap} progress")
         self.progress.setRange(0, scale)
@@ -48,10 +54,10 @@ class JobStrip(QWidget):
         self.run_btn.clicked.connect(self.run_clicked)
         lay = QHBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
-        lay.addWidget(self.status, 1)
-        lay.addWidget(self.progress, 0, Qt.AlignmentFlag.AlignVCenter)
-        lay.addWidget(self.cancel_btn)
-        lay.addWidget(self.run_btn)
+        parts = ((self.run_btn, self.cancel_btn, self.progress, self.status) if status_last else
+                 (self.status, self.progress, self.cancel_btn, self.run_btn))
+        for w in parts:
+            lay.addWidget(w, 1 if w is self.status else 0)
         self._show()
 
     # -- states ------------------------------------------------------------------------------------------------
@@ -59,7 +65,11 @@ class JobStrip(QWidget):
         self.progress.setVisible(self.busy)
         self.cancel_btn.setVisible(self.busy)
         self.cancel_btn.setEnabled(self.busy)
-        self.run_btn.setVisible(self._has_run and not self.busy and self._can_run)
+        if self._disable_run:  # the run button stays in place, greyed while a job runs
+            self.run_btn.setVisible(self._has_run)
+            self.run_btn.setEnabled(not self.busy and self._can_run)
+        else:
+            self.run_btn.setVisible(self._has_run and not self.busy and self._can_run)
 
     def set_busy(self, busy: bool) -> None:
         """Running or idle, the status left as it is (fits ``JobSlot(on_busy=...)``)."""

@@ -59,9 +59,9 @@ from ..guard import qt_guarded
 from ..models import KEY_ROLE, SORT_ROLE, SortFilterProxy, plural
 from ..theme import group_color, muted_color, plot_pen_color
 from ..widgets.fit import ElidedLabel, fit_columns
+from ..widgets.jobstrip import JobStrip
 from ..widgets.paths import browse_row, output_path
 from ..widgets.plots import CompactPlot
-from ..widgets.progress import ProgressBar
 from ..workers import JobSlot, Task
 
 MEASURE_TASK = "budget-measure"
@@ -390,19 +390,16 @@ class BudgetPanel(QWidget):
         self.chunks_spin.setAccessibleName("Calibration chunks")
         self.chunks_spin.setRange(1, 256)
         self.chunks_spin.setValue(1)
-        self.measure_btn = QPushButton("Measure")
-        self.measure_btn.setAccessibleName("Measure every tensor's cost per type")
-        self.measure_btn.clicked.connect(self.start)
-        self.cancel_btn = QPushButton("Cancel")
-        self.cancel_btn.setAccessibleName("Cancel the budget page's work")
-        self.cancel_btn.clicked.connect(self.cancel)
-        self.progress = ProgressBar()
-        self.progress.setAccessibleName("Budget progress")
-        self.progress.setRange(0, 1000)
-        self.progress.setMaximumWidth(160)
-        self.status = ElidedLabel()
-        self.status.setObjectName("muted")
-        self.status.setAccessibleName("Budget status")
+        self.strip = JobStrip("budget", "Measure", scale=1000, progress_width=160, status=ElidedLabel(),
+                              status_last=True, disable_run=True, run_name="Measure every tensor's cost per type")
+        self.strip.cancel_btn.setAccessibleName("Cancel the budget page's work")
+        self.strip.status.setObjectName("muted")
+        self.strip.run_clicked.connect(self.start)
+        self.strip.cancel_clicked.connect(self.cancel)
+        self.measure_btn = self.strip.run_btn
+        self.cancel_btn = self.strip.cancel_btn
+        self.progress = self.strip.progress
+        self.status: ElidedLabel = self.strip.status  # type: ignore[assignment]
 
         self.plot = FrontPlot()
         self.slider = QSlider(Qt.Orientation.Horizontal)
@@ -484,10 +481,7 @@ class BudgetPanel(QWidget):
         lab_n.setBuddy(self.chunks_spin)
         row2.addWidget(lab_n)
         row2.addWidget(self.chunks_spin)
-        row2.addWidget(self.measure_btn)
-        row2.addWidget(self.cancel_btn)
-        row2.addWidget(self.progress)
-        row2.addWidget(self.status, 1)
+        row2.addWidget(self.strip, 1)
 
         left = QWidget()
         ll = QVBoxLayout(left)
@@ -595,9 +589,8 @@ class BudgetPanel(QWidget):
     def _update_buttons(self) -> None:
         busy = self.job_slot.busy
         has = self.doc is not None and self.doc.gguf is not None
-        self.measure_btn.setEnabled(has and not busy)
-        self.cancel_btn.setVisible(busy)
-        self.progress.setVisible(busy)
+        self.strip.set_can_run(has)
+        self.strip.set_busy(busy)
         ready = self.run is not None
         for w in (self.slider, self.size_spin, *self.preset_btns.values()):
             w.setEnabled(ready and not busy)

@@ -1,5 +1,6 @@
 /* A whole transformer block in C: the engine calls this once per layer, so per-token work never returns to
- * Python between operations. Straight-line code in the order of the paper (see core/engine/session.py). */
+ * Python between operations. The layer's steps come from its plan (qs_plan.h), walked here one function per step
+ * kind, as the CUDA backend walks the same list (docs/engine.md, "The layer as a plan"). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,7 @@
 #include "qs_gemm.h"
 #include "qs_guard.h"
 #include "qs_nn_internal.h"
+#include "qs_plan.h"
 #include "qs_repack.h"
 
 #define QS_MAX_EXPERTS 4096
@@ -487,52 +489,129 @@ static int check_seqs(const qs_block *const *seqs, const int64_t *n_pasts, const
     return QS_OK;
 }
 
-/* seqs NULL: T tokens of one sequence after n_past cached ones (b's cache). seqs: T sequences, row t the next token
- * of sequence t, whose layer is seqs[t] (b == seqs[0]) with n_pasts[t] cached tokens; n_past unused. */
-static int block_forward(const qs_block *b, const qs_block *const *seqs, const int64_t *n_pasts, float *x, int64_t T,
-                         const int32_t *pos, int64_t n_past, int n_threads) {
-    if (!b) return QS_ERR_SIZE;
-    int rc = check_block(b, x, T, pos, seqs ? 0 : n_past);
-    if (!rc && seqs) rc = check_seqs(seqs, n_pasts, pos, T);
-    if (!rc) rc = check_stats(b);
-    if (!rc) rc = check_probe(b, T);
-    if (rc) return rc;
+/* ------------------------------------------------------------------------------------------------------------------
+ * The CPU walk of a layer's plan (qs_plan.h): one function per step kind. */
+
+/* One call's state: the layer, the call's arguments and the rows of each QS_BUF_* buffer. seqs NULL: T tokens of
+ * one sequence after n_past cached ones (b's cache). seqs: T sequences, row t the next token of sequence t, whose
+ * layer is seqs[t] (b == seqs[0]) with n_pasts[t] cached tokens. */
+typedef struct {
+    const qs_block *b;
+    const qs_block *const *seqs;
+    const int64_t *n_pasts;
+    int64_t T, n_past;
+    const int32_t *pos;
+    int n_threads;
+    float *buf[QS_BUFS];
+} cpu_walk;
+
+static const qs_weight *step_weight(const qs_block *b, int slot) {
+    switch (slot) {
+    case QS_W_Q: return &b->attn.wq;
+    case QS_W_K: return &b->attn.wk;
+    case QS_W_V: return &b->attn.wv;
+    case QS_W_O: return &b->attn.wo;
+    case QS_W_GATE: return &b->ffn.gate;
+    case QS_W_UP: return &b->ffn.up;
+    case QS_W_DOWN: return &b->ffn.down;
+    case QS_W_PLE_GATE: return &b->ple.gate;
+    case QS_W_PLE_PROJ: return &b->ple.proj;
+    default: return NULL;
+    }
+}
+
+static const qs_vec *step_vec(const qs_block *b, int slot) {
+    switch (slot) {
+    case QS_V_ATTN_NORM: return &b->attn_norm;
+    case QS_V_POST_ATTN_NORM: return &b->post_attn_norm;
+    case QS_V_FFN_NORM: return &b->ffn_norm;
+    case QS_V_POST_FFN_NORM: return &b->post_ffn_norm;
+    case QS_V_PLE_POST_NORM: return &b->ple.post_norm;
+    case QS_V_BQ: return &b->attn.bq;
+    case QS_V_BK: return &b->attn.bk;
+    case QS_V_BV: return &b->attn.bv;
+    case QS_V_BO: return &b->attn.bo;
+    default: return NULL;
+    }
+}
+
+static int cpu_norm(cpu_walk *w, const qs_step *s) {
+    const qs_block *b = w->b;
+    const int64_t E = b->n_embd;
+    const qs_vec *v = step_vec(b, s->vec);
+    if (v) qs_rmsnorm(w->buf[s->src], v->ptr, w->buf[s->dst], w->T, E, b->eps);
+    else memcpy(w->buf[s->dst], w->buf[s->src], (size_t)(w->T * E) * sizeof(float));
+    return QS_OK;
+}
+
+/* Statistics of prompts (T > 1) into the block's probe sums; the queries into probe.q. The MoE step keeps its
+ * own per-expert statistics. */
+static int cpu_tap(cpu_walk *w, const qs_step *s) {
+    const qs_block *b = w->b;
+    const qs_probe_desc *P = &b->probe;
+    const int64_t T = w->T, E = b->n_embd, QD = (int64_t)b->attn.n_head * b->attn.head_dim;
+    const float *src = w->buf[s->src];
+    if (s->arg == QS_TAP_Q) {
+        if (P->q) memcpy(P->q, src, (size_t)(T * QD) * sizeof(float));
+        return QS_OK;
+    }
+    if (T < 2) return QS_OK;
+    if (s->arg == QS_TAP_ATTN_IN) acc_sq(P->attn, src, T, E);
+    else if (s->arg == QS_TAP_WO_IN) acc_sq(P->wo, src, T, QD);
+    else if (s->arg == QS_TAP_FFN_IN && !b->moe.n_expert) acc_sq(P->ffn, src, T, E);
+    else if (s->arg == QS_TAP_DOWN_IN) acc_sq(P->down, src, T, b->ffn.n_ff);
+    return QS_OK;
+}
+
+/* n products of one input: repacked weights in one pool job, the prefill GEMM's activations quantized once
+ * (matmat_shared); then the biases. */
+static int cpu_proj(cpu_walk *w, const qs_step *s) {
+    const qs_block *b = w->b;
+    int ty[3];
+    const uint8_t *ws[3];
+    int64_t rows[3];
+    float *ys[3];
+    const int64_t k = step_weight(b, s->w[0])->k;
+    for (int i = 0; i < s->n; ++i) {
+        const qs_weight *W = step_weight(b, s->w[i]);
+        ty[i] = W->type;
+        ws[i] = W->ptr;
+        rows[i] = W->rows;
+        ys[i] = w->buf[s->out[i]];
+    }
+    int rc = s->n == 1 ? qs_matmat(ty[0], ws[0], rows[0], k, w->buf[s->src], w->T, ys[0], w->n_threads)
+                       : matmat_shared(s->n, ty, ws, rows, k, w->buf[s->src], w->T, ys, w->n_threads);
+    for (int i = 0; i < s->n && !rc; ++i) {
+        const qs_vec *bias = step_vec(b, s->bias[i]);
+        if (bias) add_bias(ys[i], bias->ptr, w->T, rows[i]);
+    }
+    return rc;
+}
+
+/* [T][H][query | gate] -> the queries packed (then their bias) and the gates apart. */
+static int cpu_qgate_split(cpu_walk *w, const qs_step *s) {
+    const qs_attn_desc *A = &w->b->attn;
+    const int64_t H = A->n_head, hd = A->head_dim;
+    float *q = w->buf[s->dst], *gate = w->buf[s->src2];
+    const float *qg = w->buf[s->src];
+    for (int64_t t = 0; t < w->T; ++t)
+        for (int64_t hh = 0; hh < H; ++hh) {
+            memcpy(gate + (t * H + hh) * hd, qg + (t * H + hh) * 2 * hd + hd, (size_t)hd * sizeof(float));
+            memmove(q + (t * H + hh) * hd, qg + (t * H + hh) * 2 * hd, (size_t)hd * sizeof(float));
+        }
+    const qs_vec *bias = step_vec(w->b, s->bias[0]);
+    if (bias) add_bias(q, bias->ptr, w->T, H * hd);
+    return QS_OK;
+}
+
+/* q / k norms, RoPE, V's norm, temperature tuning, then K and V into the cache(s). */
+static int cpu_qk_post(cpu_walk *w, const qs_step *s) {
+    (void)s;
+    const qs_block *b = w->b;
     const qs_attn_desc *A = &b->attn;
-    const int64_t E = b->n_embd, H = A->n_head, KV = A->n_head_kv, hd = A->head_dim, F = b->ffn.n_ff, P = b->ple.dim;
-    const int64_t qg = A->q_gate ? 2 : 1;
-    size_t need = (size_t)(T * E * 2 + T * H * hd * (1 + qg) + T * KV * hd * 2 + T * (F > P ? F : P) * 2);
-    float *buf = (float *)malloc(need * sizeof(float));
-    if (!buf) return QS_ERR_NOMEM;
-    float *h = buf, *o = h + T * E, *q = o + T * E, *att = q + T * H * hd * qg, *k = att + T * H * hd;
-    float *v = k + T * KV * hd;
-    float *g = v + T * KV * hd, *u = g + T * F;
-    /* attention (without pre-norms, as olmo2, on x itself) */
-    if (b->attn_norm.ptr) qs_rmsnorm(x, b->attn_norm.ptr, h, T, E, b->eps);
-    else memcpy(h, x, (size_t)(T * E) * sizeof(float));
-    if (T > 1) acc_sq(b->probe.attn, h, T, E);
-    if (b->gdn.conv) { /* a gated delta-net layer instead of attention */
-        rc = gdn_mixer(b, h, T, o, n_threads);
-        if (rc) goto done;
-        goto residual;
-    }
-    {
-        const int ty[3] = {A->wq.type, A->wk.type, A->wv.type};
-        const uint8_t *const ws[3] = {A->wq.ptr, A->wk.ptr, A->wv.ptr};
-        const int64_t rows[3] = {qg * H * hd, KV * hd, KV * hd};
-        float *const ys[3] = {q, k, v};
-        rc = matmat_shared(A->kv_reuse ? 1 : 3, ty, ws, rows, E, h, T, ys, n_threads);
-    }
-    if (rc) goto done;
-    if (A->q_gate) { /* [T][H][query | gate] -> queries packed in place, gates into att's place, sigmoid later */
-        for (int64_t t = 0; t < T; ++t)
-            for (int64_t hh = 0; hh < H; ++hh) {
-                memcpy(att + (t * H + hh) * hd, q + (t * H + hh) * 2 * hd + hd, (size_t)hd * sizeof(float));
-                memmove(q + (t * H + hh) * hd, q + (t * H + hh) * 2 * hd, (size_t)hd * sizeof(float));
-            }
-    }
-    if (A->bq.ptr) add_bias(q, A->bq.ptr, T, H * hd);
-    if (A->bk.ptr) add_bias(k, A->bk.ptr, T, KV * hd);
-    if (A->bv.ptr) add_bias(v, A->bv.ptr, T, KV * hd);
+    const int64_t T = w->T, H = A->n_head, KV = A->n_head_kv, hd = A->head_dim;
+    float *q = w->buf[QS_BUF_Q], *k = w->buf[QS_BUF_K], *v = w->buf[QS_BUF_V];
+    int rc = QS_OK;
     if (A->kv_reuse) {
         if (A->q_norm.ptr) qs_rmsnorm(q, A->q_norm.ptr, q, T * H, hd, b->eps);
     } else if (A->q_norm.ptr && A->k_norm.ptr) {
@@ -545,97 +624,142 @@ static int block_forward(const qs_block *b, const qs_block *const *seqs, const i
         }
     }
     if (!b->rope.skip) {
-        const qs_rope_params rp = {b->rope.base, b->rope.freq_scale != 0.0f ? b->rope.freq_scale : 1.0f,
-                                   b->rope.neox, b->rope.freqs.ptr, b->rope.ext_factor, b->rope.corr0, b->rope.corr1,
-                                   b->rope.mscale != 0.0f ? b->rope.mscale : 1.0f};
-        rc = qs_rope_ext(q, T, (int)H, (int)hd, b->rope.dim, pos, &rp);
-        if (!rc && !A->kv_reuse) rc = qs_rope_ext(k, T, (int)KV, (int)hd, b->rope.dim, pos, &rp);
+        const qs_rope_params rp = qs_plan_rope(&b->rope);
+        rc = qs_rope_ext(q, T, (int)H, (int)hd, b->rope.dim, w->pos, &rp);
+        if (!rc && !A->kv_reuse) rc = qs_rope_ext(k, T, (int)KV, (int)hd, b->rope.dim, w->pos, &rp);
     }
     if (A->v_norm && !A->kv_reuse) qs_rmsnorm(v, NULL, v, T * KV, hd, b->eps);
-    if (!rc && A->temp_scale != 0.0f) /* Llama 4 / Ministral 3 temperature tuning of the queries */
+    if (rc) return rc;
+    if (A->temp_scale != 0.0f) /* Llama 4 / Ministral 3 temperature tuning of the queries */
         for (int64_t t = 0; t < T; ++t) {
-            const float s = (float)(log(floor((double)pos[t] / (double)A->temp_floor) + 1.0) *
-                                    A->temp_scale + 1.0);
-            for (int64_t i = 0; i < H * hd; ++i) q[t * H * hd + i] *= s;
+            const float sc = (float)(log(floor((double)w->pos[t] / (double)A->temp_floor) + 1.0) *
+                                     A->temp_scale + 1.0);
+            for (int64_t i = 0; i < H * hd; ++i) q[t * H * hd + i] *= sc;
         }
-    if (rc) goto done;
-    if (!A->kv_reuse && seqs) { /* each row's K and V into its own sequence's cache */
+    if (A->kv_reuse) return QS_OK;
+    if (w->seqs) { /* each row's K and V into its own sequence's cache */
         for (int64_t t = 0; t < T; ++t) {
-            store_kv(seqs[t]->attn.k_cache, A->kv_f16, n_pasts[t] * KV * hd, k + t * KV * hd, KV * hd);
-            store_kv(seqs[t]->attn.v_cache, A->kv_f16, n_pasts[t] * KV * hd, v + t * KV * hd, KV * hd);
+            store_kv(w->seqs[t]->attn.k_cache, A->kv_f16, w->n_pasts[t] * KV * hd, k + t * KV * hd, KV * hd);
+            store_kv(w->seqs[t]->attn.v_cache, A->kv_f16, w->n_pasts[t] * KV * hd, v + t * KV * hd, KV * hd);
         }
-    } else if (!A->kv_reuse) {
-        store_kv(A->k_cache, A->kv_f16, n_past * KV * hd, k, T * KV * hd);
-        store_kv(A->v_cache, A->kv_f16, n_past * KV * hd, v, T * KV * hd);
-    }
-    if (b->probe.q) memcpy(b->probe.q, q, (size_t)(T * H * hd) * sizeof(float));
-    {
-        float *dst = att;
-        if (A->q_gate) { /* the gates sit in att: the attention goes to the queries' unused second half */
-            dst = q + T * H * hd;
-        }
-        if (seqs) { /* each row attends to its own sequence's cache */
-            for (int64_t t = 0; t < T && !rc; ++t) {
-                const qs_attn_desc *S = &seqs[t]->attn;
-                rc = qs_attention_sinks(q + t * H * hd, 1, pos + t, (int)H, (int)hd, S->k_cache, S->v_cache,
-                                        A->kv_f16, (int)KV, n_pasts[t] + 1, S->n_ctx, A->window, A->scale,
-                                        A->softcap, A->sinks.ptr, dst + t * H * hd, n_threads);
-            }
-        } else {
-            rc = qs_attention_sinks(q, T, pos, (int)H, (int)hd, A->k_cache, A->v_cache, A->kv_f16, (int)KV,
-                                    n_past + T, A->n_ctx, A->window, A->scale, A->softcap, A->sinks.ptr, dst,
-                                    n_threads);
-        }
-        if (rc) goto done;
-        if (A->q_gate)
-            for (int64_t i = 0; i < T * H * hd; ++i) att[i] = dst[i] / (1.0f + expf(-att[i]));
-    }
-    if (T > 1) acc_sq(b->probe.wo, att, T, H * hd);
-    rc = qs_matmat(A->wo.type, A->wo.ptr, E, H * hd, att, T, o, n_threads);
-    if (rc) goto done;
-    if (A->bo.ptr) add_bias(o, A->bo.ptr, T, E);
-residual:
-    if (b->post_attn_norm.ptr) qs_rmsnorm(o, b->post_attn_norm.ptr, o, T, E, b->eps);
-    const float rs = b->residual_scale != 0.0f ? b->residual_scale : 1.0f;
-    if (rs != 1.0f)
-        for (int64_t i = 0; i < T * E; ++i) o[i] *= rs;
-    for (int64_t i = 0; i < T * E; ++i) x[i] += o[i];
-    /* feed-forward */
-    if (b->ffn_norm.ptr) qs_rmsnorm(x, b->ffn_norm.ptr, h, T, E, b->eps);
-    else memcpy(h, x, (size_t)(T * E) * sizeof(float));
-    if (b->moe.n_expert) {
-        rc = moe_ffn(b, h, T, o, n_threads);
     } else {
-        const int ty[2] = {b->ffn.gate.type, b->ffn.up.type};
-        const uint8_t *const ws[2] = {b->ffn.gate.ptr, b->ffn.up.ptr};
-        const int64_t rows[2] = {F, F};
-        float *const ys[2] = {g, u};
-        if (T > 1) acc_sq(b->probe.ffn, h, T, E);
-        rc = matmat_shared(2, ty, ws, rows, E, h, T, ys, n_threads);
-        if (rc) goto done;
-        if (b->ffn.gelu) qs_geglu_tanh(g, u, g, T * F);
-        else qs_swiglu(g, u, g, T * F);
-        if (T > 1) acc_sq(b->probe.down, g, T, F);
-        rc = qs_matmat(b->ffn.down.type, b->ffn.down.ptr, E, F, g, T, o, n_threads);
+        store_kv(A->k_cache, A->kv_f16, w->n_past * KV * hd, k, T * KV * hd);
+        store_kv(A->v_cache, A->kv_f16, w->n_past * KV * hd, v, T * KV * hd);
     }
-    if (rc) goto done;
-    if (b->post_ffn_norm.ptr) qs_rmsnorm(o, b->post_ffn_norm.ptr, o, T, E, b->eps);
-    if (rs != 1.0f)
-        for (int64_t i = 0; i < T * E; ++i) o[i] *= rs;
-    for (int64_t i = 0; i < T * E; ++i) x[i] += o[i];
-    if (P) { /* gemma4's per-layer embedding: gelu(x W_gate^T) * ple_in -> W_proj -> RMSNorm, added to x */
-        rc = qs_matmat(b->ple.gate.type, b->ple.gate.ptr, P, E, x, T, g, n_threads);
-        if (rc) goto done;
-        qs_geglu_tanh(g, b->ple.inputs, g, T * P);
-        rc = qs_matmat(b->ple.proj.type, b->ple.proj.ptr, E, P, g, T, o, n_threads);
-        if (rc) goto done;
-        qs_rmsnorm(o, b->ple.post_norm.ptr, o, T, E, b->eps);
-        for (int64_t i = 0; i < T * E; ++i) x[i] += o[i];
+    return QS_OK;
+}
+
+static int cpu_attend(cpu_walk *w, const qs_step *s) {
+    const qs_attn_desc *A = &w->b->attn;
+    const int64_t T = w->T, H = A->n_head, KV = A->n_head_kv, hd = A->head_dim;
+    const float *q = w->buf[s->src];
+    float *dst = w->buf[s->dst];
+    if (!w->seqs)
+        return qs_attention_sinks(q, T, w->pos, (int)H, (int)hd, A->k_cache, A->v_cache, A->kv_f16, (int)KV,
+                                  w->n_past + T, A->n_ctx, A->window, A->scale, A->softcap, A->sinks.ptr, dst,
+                                  w->n_threads);
+    int rc = QS_OK;
+    for (int64_t t = 0; t < T && !rc; ++t) { /* each row attends to its own sequence's cache */
+        const qs_attn_desc *S = &w->seqs[t]->attn;
+        rc = qs_attention_sinks(q + t * H * hd, 1, w->pos + t, (int)H, (int)hd, S->k_cache, S->v_cache, A->kv_f16,
+                                (int)KV, w->n_pasts[t] + 1, S->n_ctx, A->window, A->scale, A->softcap,
+                                A->sinks.ptr, dst + t * H * hd, w->n_threads);
     }
-    if (b->out_scale != 0.0f && b->out_scale != 1.0f)
-        for (int64_t i = 0; i < T * E; ++i) x[i] *= b->out_scale;
-done:
-    free(buf);
+    return rc;
+}
+
+static int cpu_qgate(cpu_walk *w, const qs_step *s) {
+    const int64_t n = w->T * w->b->attn.n_head * (int64_t)w->b->attn.head_dim;
+    float *att = w->buf[s->dst];
+    const float *gate = w->buf[s->src];
+    for (int64_t i = 0; i < n; ++i) att[i] = att[i] / (1.0f + expf(-gate[i]));
+    return QS_OK;
+}
+
+static int cpu_gdn(cpu_walk *w, const qs_step *s) {
+    return gdn_mixer(w->b, w->buf[s->src], w->T, w->buf[s->dst], w->n_threads);
+}
+
+static int cpu_residual(cpu_walk *w, const qs_step *s) {
+    const qs_block *b = w->b;
+    const int64_t n = w->T * b->n_embd;
+    float *o = w->buf[s->src], *x = w->buf[QS_BUF_X];
+    const qs_vec *v = step_vec(b, s->vec);
+    if (v) qs_rmsnorm(o, v->ptr, o, w->T, b->n_embd, b->eps);
+    if (s->scale != 1.0f)
+        for (int64_t i = 0; i < n; ++i) o[i] *= s->scale;
+    for (int64_t i = 0; i < n; ++i) x[i] += o[i];
+    return QS_OK;
+}
+
+static int cpu_glu(cpu_walk *w, const qs_step *s) {
+    const int64_t n = w->T * (s->src == QS_BUF_PG ? w->b->ple.dim : w->b->ffn.n_ff);
+    const float *g = w->buf[s->src], *u = w->buf[s->src2];
+    float *out = w->buf[s->dst];
+    if (s->arg == QS_GLU_GELU) qs_geglu_tanh(g, u, out, n);
+    else if (s->arg == QS_GLU_OAI) qs_swiglu_oai(g, u, out, n);
+    else qs_swiglu(g, u, out, n);
+    return QS_OK;
+}
+
+static int cpu_moe(cpu_walk *w, const qs_step *s) {
+    return moe_ffn(w->b, w->buf[s->src], w->T, w->buf[s->dst], w->n_threads);
+}
+
+static int cpu_scale(cpu_walk *w, const qs_step *s) {
+    float *x = w->buf[QS_BUF_X];
+    for (int64_t i = 0; i < w->T * w->b->n_embd; ++i) x[i] *= s->scale;
+    return QS_OK;
+}
+
+typedef int (*cpu_step_fn)(cpu_walk *, const qs_step *);
+static const cpu_step_fn CPU_STEPS[QS_STEP_KINDS] = {
+    [QS_STEP_NORM] = cpu_norm,       [QS_STEP_TAP] = cpu_tap,         [QS_STEP_PROJ] = cpu_proj,
+    [QS_STEP_QGATE_SPLIT] = cpu_qgate_split, [QS_STEP_QK_POST] = cpu_qk_post, [QS_STEP_ATTEND] = cpu_attend,
+    [QS_STEP_QGATE] = cpu_qgate,     [QS_STEP_GDN] = cpu_gdn,         [QS_STEP_RESIDUAL] = cpu_residual,
+    [QS_STEP_GLU] = cpu_glu,         [QS_STEP_MOE] = cpu_moe,         [QS_STEP_SCALE] = cpu_scale};
+
+int qs_block_plan(const qs_block *b, qs_step *steps, int max_steps) {
+    if (!b || !steps || max_steps < 0) return QS_ERR_SIZE;
+    qs_step plan[QS_PLAN_MAX];
+    const int n = qs_plan_build(b, plan);
+    if (n > max_steps) return QS_ERR_SIZE;
+    memcpy(steps, plan, (size_t)n * sizeof(qs_step));
+    return n;
+}
+
+/* Check the call, lay out the buffers, walk the plan. */
+static int block_forward(const qs_block *b, const qs_block *const *seqs, const int64_t *n_pasts, float *x, int64_t T,
+                         const int32_t *pos, int64_t n_past, int n_threads) {
+    if (!b) return QS_ERR_SIZE;
+    int rc = check_block(b, x, T, pos, seqs ? 0 : n_past);
+    if (!rc && seqs) rc = check_seqs(seqs, n_pasts, pos, T);
+    if (!rc) rc = check_stats(b);
+    if (!rc) rc = check_probe(b, T);
+    if (rc) return rc;
+    const qs_attn_desc *A = &b->attn;
+    const int64_t E = b->n_embd, H = A->n_head, KV = A->n_head_kv, hd = A->head_dim, F = b->ffn.n_ff, P = b->ple.dim;
+    const int64_t qg = A->q_gate ? 2 : 1, FP = F > P ? F : P;
+    const size_t need = (size_t)(T * E * 2 + T * H * hd * 2 * qg + T * KV * hd * 2 + T * FP * 2);
+    float *mem = (float *)malloc(need * sizeof(float));
+    if (!mem) return QS_ERR_NOMEM;
+    cpu_walk w = {b, seqs, n_pasts, T, n_past, pos, n_threads, {0}};
+    float **buf = w.buf;
+    buf[QS_BUF_X] = x;
+    buf[QS_BUF_H] = mem;
+    buf[QS_BUF_O] = buf[QS_BUF_H] + T * E;
+    buf[QS_BUF_Q] = buf[QS_BUF_QG] = buf[QS_BUF_O] + T * E; /* the queries packed in place of [query | gate] */
+    buf[QS_BUF_ATT] = buf[QS_BUF_Q] + T * H * hd * qg;
+    buf[QS_BUF_GATE] = buf[QS_BUF_ATT] + T * H * hd;
+    buf[QS_BUF_K] = buf[QS_BUF_GATE] + T * H * hd * (qg - 1);
+    buf[QS_BUF_V] = buf[QS_BUF_K] + T * KV * hd;
+    buf[QS_BUF_G] = buf[QS_BUF_A] = buf[QS_BUF_PG] = buf[QS_BUF_PA] = buf[QS_BUF_V] + T * KV * hd; /* in place */
+    buf[QS_BUF_U] = buf[QS_BUF_G] + T * FP;
+    buf[QS_BUF_PLE_IN] = (float *)b->ple.inputs;
+    qs_step plan[QS_PLAN_MAX];
+    const int n_steps = qs_plan_build(b, plan);
+    for (int i = 0; i < n_steps && !rc; ++i) rc = CPU_STEPS[plan[i].kind](&w, &plan[i]);
+    free(mem);
     return rc;
 }
 

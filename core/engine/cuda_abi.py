@@ -228,6 +228,52 @@ typedef struct {
     qs_ple_desc ple;
     qs_probe_desc probe;
 } qs_block;
+/* The layer as a plan (docs/engine.md, "The layer as a plan"): qs_block_plan turns one layer's description into
+ * the ordered steps of its forward pass, and every backend walks that list, implementing each step kind once
+ * (qs_block_forward here, the CUDA backend's enqueue_forward and its host emulation). Steps name what they read
+ * and write by role: buffers (QS_BUF_*: per-token rows the backend owns), weights (QS_W_*) and vectors (QS_V_*)
+ * of the description. The per-layer policy the plan resolves (residual and output scales, 0 meaning 1) is
+ * resolved there only. Returns the number of steps, or QS_ERR_SIZE when max_steps is too small. */
+enum {
+    QS_STEP_NORM = 1,    /* dst = RMSNorm(src) by vec (QS_V_NONE: a copy) */
+    QS_STEP_TAP,         /* a probe point (arg: QS_TAP_*) reads src: statistics, traces */
+    QS_STEP_PROJ,        /* n (1..3) products of src: out[i] = src w[i]^T + bias[i] */
+    QS_STEP_QGATE_SPLIT, /* qwen35: QG [T][H][query | gate] -> Q (queries, + bias[0]) and GATE */
+    QS_STEP_QK_POST,     /* q/k norms, RoPE, V norm, temperature tuning, K and V into the cache */
+    QS_STEP_ATTEND,      /* ATT = attention of Q over the cache (window, soft-cap, sinks) */
+    QS_STEP_QGATE,       /* ATT *= sigmoid(GATE) */
+    QS_STEP_GDN,         /* the gated delta-net mixer: O from H */
+    QS_STEP_RESIDUAL,    /* X += scale * RMSNorm(src) by vec (QS_V_NONE: src itself) */
+    QS_STEP_GLU,         /* dst = act(src) * src2 (arg: QS_GLU_*) */
+    QS_STEP_MOE,         /* routed experts (and the shared expert): O from H */
+    QS_STEP_SCALE,       /* X *= scale */
+    QS_STEP_KINDS
+};
+enum {
+    QS_BUF_X = 0, QS_BUF_H, QS_BUF_Q, QS_BUF_QG, QS_BUF_GATE, QS_BUF_K, QS_BUF_V, QS_BUF_ATT, QS_BUF_O, QS_BUF_G,
+    QS_BUF_U, QS_BUF_A, QS_BUF_PG, QS_BUF_PA, QS_BUF_PLE_IN, QS_BUFS
+};
+enum {
+    QS_W_NONE = 0, QS_W_Q, QS_W_K, QS_W_V, QS_W_O, QS_W_GATE, QS_W_UP, QS_W_DOWN, QS_W_PLE_GATE, QS_W_PLE_PROJ,
+    QS_WEIGHTS
+};
+enum {
+    QS_V_NONE = 0, QS_V_ATTN_NORM, QS_V_POST_ATTN_NORM, QS_V_FFN_NORM, QS_V_POST_FFN_NORM, QS_V_PLE_POST_NORM,
+    QS_V_BQ, QS_V_BK, QS_V_BV, QS_V_BO, QS_VECS
+};
+enum { QS_TAP_ATTN_IN = 0, QS_TAP_Q, QS_TAP_WO_IN, QS_TAP_FFN_IN, QS_TAP_DOWN_IN };
+enum { QS_GLU_SILU = 0, QS_GLU_GELU, QS_GLU_OAI };
+enum { QS_PLAN_MAX = 32 };
+typedef struct {
+    int kind;
+    int src, src2, dst; /* QS_BUF_* */
+    int n;              /* QS_STEP_PROJ: products */
+    int w[3], out[3], bias[3];
+    int vec;     /* QS_STEP_NORM, QS_STEP_RESIDUAL: the norm's weights */
+    int arg;     /* QS_STEP_TAP: QS_TAP_*; QS_STEP_GLU: QS_GLU_* */
+    float scale; /* QS_STEP_RESIDUAL, QS_STEP_SCALE (never 0) */
+} qs_step;
+int qs_block_plan(const qs_block *b, qs_step *steps, int max_steps);
 int qs_block_forward(const qs_block *b, float *x, int64_t n_tokens, const int32_t *pos, int64_t n_past,
                      int n_threads);
 /* One decode step of n_seqs sequences at once (a server's parallel slots): row t of x [n_seqs][n_embd] is the next

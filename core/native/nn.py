@@ -174,3 +174,54 @@ def attention_probs(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, n_kv:
     if rc != 0:
         raise native_error("attention weights", rc)
     return y
+
+
+# ---------------------------------------------------------------------------------------------------- the plan
+def _names(prefix: str, names: str, shown: str | None = None) -> dict[int, str]:
+    return {int(getattr(lib, f"{prefix}{n}")): s for n, s in zip(names.split(), (shown or names.lower()).split(),
+                                                                 strict=True)}
+
+
+#: the plan's vocabulary (csrc/qs_api_nn.h): step kinds, buffers, weights, vectors, probe points, GLU modes
+STEP_KINDS = _names("QS_STEP_", "NORM TAP PROJ QGATE_SPLIT QK_POST ATTEND QGATE GDN RESIDUAL GLU MOE SCALE")
+BUFFERS = _names("QS_BUF_", "X H Q QG GATE K V ATT O G U A PG PA PLE_IN")
+WEIGHTS = _names("QS_W_", "Q K V O GATE UP DOWN PLE_GATE PLE_PROJ", "wq wk wv wo gate up down ple_gate ple_proj")
+VECTORS = _names("QS_V_", "ATTN_NORM POST_ATTN_NORM FFN_NORM POST_FFN_NORM PLE_POST_NORM BQ BK BV BO")
+TAPS = _names("QS_TAP_", "ATTN_IN Q WO_IN FFN_IN DOWN_IN")
+GLUS = _names("QS_GLU_", "SILU GELU OAI")
+
+
+def block_plan(block: object) -> list[str]:
+    """The steps of one layer's description (a ``qs_block``) as ``qs_block_plan`` builds them for every backend
+    (docs/engine.md, "The layer as a plan"), one line each, e.g. ``proj h -> q:q k:k+bk v:v+bv``."""
+    steps = ffi.new("qs_step[]", int(lib.QS_PLAN_MAX))
+    n = lib.qs_block_plan(block, steps, int(lib.QS_PLAN_MAX))
+    if n < 0:
+        raise native_error("plan", n)
+    out = []
+    for s in steps[0:n]:
+        kind = STEP_KINDS[s.kind]
+        src, dst, vec = BUFFERS[s.src], BUFFERS[s.dst], VECTORS.get(s.vec)
+        scale = f" x{s.scale:g}" if s.scale != 1.0 else ""
+        if kind == "norm":
+            out.append(f"norm {vec or 'copy'}: {src} -> {dst}")
+        elif kind == "tap":
+            out.append(f"tap {TAPS[s.arg]}: {src}")
+        elif kind == "proj":
+            parts = [f"{BUFFERS[s.out[i]]}:{WEIGHTS[s.w[i]]}" + (f"+{VECTORS[s.bias[i]]}" if s.bias[i] else "")
+                     for i in range(s.n)]
+            out.append(f"proj {src} -> {' '.join(parts)}")
+        elif kind == "residual":
+            out.append(f"residual {vec or 'none'}{scale}: x += {src}")
+        elif kind == "glu":
+            out.append(f"glu {GLUS[s.arg]}: {src} * {BUFFERS[s.src2]} -> {dst}")
+        elif kind == "scale":
+            out.append(f"scale{scale}: x")
+        elif kind == "qgate_split":
+            out.append(f"qgate_split {src} -> {dst} {BUFFERS[s.src2]}" + (f" +{VECTORS[s.bias[0]]}" if s.bias[0]
+                                                                            else ""))
+        elif kind in ("attend", "gdn", "moe", "qgate"):
+            out.append(f"{kind}: {src} -> {dst}")
+        else:
+            out.append(kind)
+    return out

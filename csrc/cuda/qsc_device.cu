@@ -14,6 +14,7 @@
 #include "qsc_emul.cuh"
 #include "qsc_kernels.cuh"
 #include "qsc_fast.cuh" /* tensor-core prefill GEMM, flash attention, decode GEMV */
+#include "../qs_plan.h" /* the layer as a plan: the steps this file walks */
 
 #ifndef QSC_ARCHS
 #define QSC_ARCHS "?"
@@ -55,7 +56,11 @@ struct Layer {
     int64_t kv_off = 0; /* this layer's bytes in the K (and V) cache */
     MoeLayer moe; /* n_expert 0: a dense FFN */
     GdnLayer gdn; /* gdn.g.K 0: attention (else the delta-net mixer replaces it); gdn.q_gate: gated outputs */
+    qs_step plan[QS_PLAN_MAX]; /* the layer's steps (qs_plan.h: the list the CPU block walks too) */
+    int n_steps = 0;
 };
+
+struct Launch;
 
 struct qsc_model {
     Dims cfg; /* read from the description by check_model */
@@ -64,6 +69,7 @@ struct qsc_model {
     DevMat tok, out;
     bool tied = false, finalized = false, use_graphs = true;
     bool host = false; /* qsc_host_model_create: every buffer in host memory, the kernels' host twins run instead */
+    const Launch *ops = nullptr; /* the kernels, or their host twins: chosen when the model is made */
     float *out_norm = nullptr;
     uint8_t *k_cache = nullptr, *v_cache = nullptr;
     /* scratch, sized for mb tokens */
@@ -137,17 +143,21 @@ static Act act_view(const qsc_model *m, int type, const float *f, int64_t k, int
     return a;
 }
 
-/* The formats a set of consumer matrices needs (NULL pointers = not produced). */
-static ActOut act_out_for(const qsc_model *m, std::initializer_list<int> types) {
+/* The int8 formats that products of these weight types read (NULL pointers: not produced). */
+static ActOut act_out_types(const qsc_model *m, const int *types, int n) {
     bool n32 = false, n256 = false;
-    for (int t : types) {
-        n32 |= type_act(t) == ACT_32;
-        n256 |= type_act(t) == ACT_256;
+    for (int i = 0; i < n; ++i) {
+        n32 |= type_act(types[i]) == ACT_32;
+        n256 |= type_act(types[i]) == ACT_256;
     }
     ActOut o = {};
     if (n32) { o.qs32 = m->qs32; o.d32 = m->d32; o.s32 = m->s32; }
     if (n256) { o.qs256 = m->qs256; o.d256 = m->d256; o.bs256 = m->bs256; }
     return o;
+}
+
+static ActOut act_out_for(const qsc_model *m, std::initializer_list<int> types) {
+    return act_out_types(m, types.begin(), (int)types.size());
 }
 
 struct MatJob {
@@ -231,131 +241,299 @@ static void launch_attention(int T, const AttnArgs &A, int kv_f16, cudaStream_t 
     if (!fused && (ao.qs32 || ao.qs256)) k_quantize<<<T, 256, 0, st>>>(out, ao, A.H * hd);
 }
 
-/* Each step of the forward pass: its kernel, or for a host model its host twin (qsc_emul.cuh). */
-static void run_norm_quant(qsc_model *m, int T, const ResidIn &r, const float *w, int norm, const ActOut &ao, int n,
-                           float eps) {
-    if (m->host) emu_norm_quant(m->x, r, w, norm, m->h, ao, T, n, eps);
-    else k_norm_quant<<<T, 256, 0, m->st>>>(m->x, r, w, norm, m->h, ao, n, eps);
-}
+/* ------------------------------------------------------------------------------------------ the launch tables */
+/* What the forward's steps launch: the device's kernels or, for a host model (qsc_host_model_create), their host
+ * twins (qsc_emul.cuh) on host memory. One table each, chosen once when the model is made (m->ops): the steps
+ * below are written once for both. */
+struct Launch {
+    void (*embed)(qsc_model *m, const QW &w, const int *tok, int T, int E, float scale);
+    void (*norm_quant)(qsc_model *m, int T, const ResidIn &r, const float *w, int norm, const ActOut &ao, int n,
+                       float eps);
+    void (*matmul)(qsc_model *m, const MatJob *jobs, int n, int ncols);
+    void (*qk_post)(qsc_model *m, const QKArgs &A, const int *pos, int T, void *kst, void *vst);
+    void (*attention)(qsc_model *m, int T, const AttnArgs &A, const int *pos, const void *kc, const void *vc,
+                      const int *nkv, const ActOut &ao);
+    void (*glu)(qsc_model *m, const float *g, const float *u, float *a, const ActOut &ao, int T, int n, int mode,
+                int64_t ldu, int nv);
+    void (*qgate_split)(qsc_model *m, const float *bq, int T, int H, int hd);
+    void (*qgate_quant)(qsc_model *m, const ActOut &ao, int T, int n);
+    void (*gdn_core)(qsc_model *m, const GdnArgs &A, int T, const ActOut &ao, int Vd);
+    void (*logits)(qsc_model *m, float *x, int64_t n, float scale, float cap);
+};
 
-static void run_matmul(qsc_model *m, const MatJob *jobs, int n, int ncols) {
-    if (!m->host) {
-        launch_matmul(jobs, n, ncols, m->st);
-        return;
-    }
+static void dev_embed(qsc_model *m, const QW &w, const int *tok, int T, int E, float scale) {
+    k_embed<<<T, 256, 0, m->st>>>(w, tok, m->x, E, scale);
+}
+static void dev_norm_quant(qsc_model *m, int T, const ResidIn &r, const float *w, int norm, const ActOut &ao, int n,
+                           float eps) {
+    k_norm_quant<<<T, 256, 0, m->st>>>(m->x, r, w, norm, m->h, ao, n, eps);
+}
+static void dev_matmul(qsc_model *m, const MatJob *jobs, int n, int ncols) { launch_matmul(jobs, n, ncols, m->st); }
+static void dev_qk_post(qsc_model *m, const QKArgs &A, const int *pos, int T, void *kst, void *vst) {
+    k_qk_post<<<T, 256, 0, m->st>>>(m->q, m->k, m->v, A, pos, kst, vst, m->kv_f16);
+}
+static void dev_attention(qsc_model *m, int T, const AttnArgs &A, const int *pos, const void *kc, const void *vc,
+                          const int *nkv, const ActOut &ao) {
+    launch_attention(T, A, m->kv_f16, m->st, m->q, pos, kc, vc, nkv, m->att, ao);
+}
+static void dev_glu(qsc_model *m, const float *g, const float *u, float *a, const ActOut &ao, int T, int n, int mode,
+                    int64_t ldu, int nv) {
+    k_glu_quant<<<T, 256, 0, m->st>>>(g, u, a, ao, n, mode, ldu, nv);
+}
+static void dev_qgate_split(qsc_model *m, const float *bq, int T, int H, int hd) {
+    k_qgate_split<<<T, 256, 0, m->st>>>(m->gdn.qg, bq, m->q, m->gdn.gate, H, hd);
+}
+static void dev_qgate_quant(qsc_model *m, const ActOut &ao, int T, int n) {
+    k_qgate_quant<<<T, 256, 0, m->st>>>(m->att, m->gdn.gate, ao, n);
+}
+static void dev_gdn_core(qsc_model *m, const GdnArgs &A, int T, const ActOut &ao, int Vd) {
+    cudaStream_t st = m->st;
+    const int64_t n = (int64_t)T * A.C;
+    k_gdn_conv<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(A, T);
+    if (A.K > 1) k_gdn_conv_state<<<(unsigned)((A.C + 255) / 256), 256, 0, st>>>(A, T);
+    const int threads = (A.S + 31) / 32 * 32;
+    k_gdn_recur<<<A.Hv, threads, (size_t)(2 * A.S + 32) * sizeof(float), st>>>(A, T);
+    if (ao.qs32 || ao.qs256) k_quantize<<<T, 256, 0, st>>>(A.o, ao, Vd);
+}
+static void dev_logits(qsc_model *m, float *x, int64_t n, float scale, float cap) {
+    const int blocks = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
+    k_logits_post<<<blocks, 256, 0, m->st>>>(x, n, scale, cap);
+}
+static const Launch DEVICE_LAUNCH = {dev_embed,  dev_norm_quant,  dev_matmul,      dev_qk_post,  dev_attention,
+                                     dev_glu,    dev_qgate_split, dev_qgate_quant, dev_gdn_core, dev_logits};
+
+static void host_embed(qsc_model *m, const QW &w, const int *tok, int T, int E, float scale) {
+    emu_embed(w, tok, m->x, T, E, scale);
+}
+static void host_norm_quant(qsc_model *m, int T, const ResidIn &r, const float *w, int norm, const ActOut &ao, int n,
+                            float eps) {
+    emu_norm_quant(m->x, r, w, norm, m->h, ao, T, n, eps);
+}
+static void host_matmul(qsc_model *m, const MatJob *jobs, int n, int ncols) {
+    (void)m;
     for (int i = 0; i < n; ++i) emu_matmul(*jobs[i].w, jobs[i].a, jobs[i].y, jobs[i].ldy, jobs[i].bias, ncols);
 }
-
-static void run_attention(qsc_model *m, int T, const AttnArgs &A, const int *pos, const void *kc, const void *vc,
-                          const int *nkv, const ActOut &ao) {
-    if (!m->host) {
-        launch_attention(T, A, m->kv_f16, m->st, m->q, pos, kc, vc, nkv, m->att, ao);
-        return;
-    }
+static void host_qk_post(qsc_model *m, const QKArgs &A, const int *pos, int T, void *kst, void *vst) {
+    emu_qk_post(m->q, m->k, m->v, A, pos, T, kst, vst, m->kv_f16);
+}
+static void host_attention(qsc_model *m, int T, const AttnArgs &A, const int *pos, const void *kc, const void *vc,
+                           const int *nkv, const ActOut &ao) {
     emu_attention(T, A, m->kv_f16, m->q, pos, kc, vc, *nkv, m->att);
     emu_quantize(m->att, ao, T, A.H * A.hd);
 }
+static void host_glu(qsc_model *m, const float *g, const float *u, float *a, const ActOut &ao, int T, int n, int mode,
+                     int64_t ldu, int nv) {
+    (void)m;
+    emu_glu(g, u, a, ao, T, n, mode, ldu, nv);
+}
+static void host_qgate_split(qsc_model *m, const float *bq, int T, int H, int hd) {
+    emu_qgate_split(m->gdn.qg, bq, m->q, m->gdn.gate, T, H, hd);
+}
+static void host_qgate_quant(qsc_model *m, const ActOut &ao, int T, int n) {
+    emu_qgate_quant(m->att, m->gdn.gate, ao, T, n);
+}
+static void host_gdn_core(qsc_model *m, const GdnArgs &A, int T, const ActOut &ao, int Vd) {
+    (void)m;
+    emu_gdn_core(A, T);
+    emu_quantize(A.o, ao, T, Vd);
+}
+static void host_logits(qsc_model *m, float *x, int64_t n, float scale, float cap) {
+    (void)m;
+    emu_logits(x, n, scale, cap);
+}
+static const Launch HOST_LAUNCH = {host_embed, host_norm_quant,  host_matmul,      host_qk_post,  host_attention,
+                                   host_glu,   host_qgate_split, host_qgate_quant, host_gdn_core, host_logits};
 
 #define QSC_MOE_ENQUEUE
 #include "qsc_moe.cuh" /* moe_finalize, moe_input_formats, enqueue_moe */
 #include "qsc_probe.cuh"
 #define QSC_GDN_ENQUEUE
-#include "qsc_gdn.cuh" /* gdn_finalize, gdn_state_op, enqueue_gdn, run_qgate_* */
+#include "qsc_gdn.cuh" /* gdn_finalize, gdn_state_op, enqueue_gdn */
+
+/* ------------------------------------------------------------------------------------------ the plan's walk */
+static_assert((int)QS_GLU_SILU == (int)GLU_SILU && (int)QS_GLU_GELU == (int)GLU_GELU && (int)QS_GLU_OAI == (int)GLU_OAI,
+              "the plan's GLU modes are the kernels'");
+
+/* One forward's walk: the call's tokens and the residual the next norm adds. The device adds each branch's output
+ * to the stream in the next norm kernel (which also quantizes for the next products): a residual step only records
+ * it, and a scale step scales it. */
+struct Walk {
+    int T, li;
+    const int *pos, *nkv;
+    ResidIn prev;
+};
+
+/* Where the plan's buffers live for layer li, and the floats of one token's row of each (the stride a product
+ * reads or writes). */
+static float *buf_ptr(const qsc_model *m, int li, int b) {
+    switch (b) {
+    case QS_BUF_X: return m->x;
+    case QS_BUF_H: return m->h;
+    case QS_BUF_Q: return m->q;
+    case QS_BUF_QG: return m->gdn.qg;
+    case QS_BUF_GATE: return m->gdn.gate;
+    case QS_BUF_K: return m->k;
+    case QS_BUF_V: return m->v;
+    case QS_BUF_ATT: return m->att;
+    case QS_BUF_O: return m->o;
+    case QS_BUF_G: return m->g;
+    case QS_BUF_U: return m->u;
+    case QS_BUF_A: return m->a;
+    case QS_BUF_PG: return m->pg;
+    case QS_BUF_PA: return m->pa;
+    case QS_BUF_PLE_IN: return m->d_ple + (int64_t)li * m->cfg.ple;
+    default: return nullptr;
+    }
+}
+
+static int64_t buf_width(const qsc_model *m, const Layer &L, int b) {
+    const int64_t QD = (int64_t)L.H * L.hd, KD = (int64_t)L.KV * L.hd;
+    switch (b) {
+    case QS_BUF_X: case QS_BUF_H: case QS_BUF_O: return m->cfg.E;
+    case QS_BUF_Q: case QS_BUF_GATE: case QS_BUF_ATT: return QD;
+    case QS_BUF_QG: return 2 * QD;
+    case QS_BUF_K: case QS_BUF_V: return KD;
+    case QS_BUF_G: case QS_BUF_U: case QS_BUF_A: return L.F;
+    case QS_BUF_PG: case QS_BUF_PA: return m->cfg.ple_pad;
+    case QS_BUF_PLE_IN: return (int64_t)m->cfg.n_layers * m->cfg.ple;
+    default: return 0;
+    }
+}
+
+static const QW *step_weight(const Layer &L, int w) {
+    switch (w) {
+    case QS_W_Q: return &L.wq.w;
+    case QS_W_K: return &L.wk.w;
+    case QS_W_V: return &L.wv.w;
+    case QS_W_O: return &L.wo.w;
+    case QS_W_GATE: return &L.gate.w;
+    case QS_W_UP: return &L.up.w;
+    case QS_W_DOWN: return &L.down.w;
+    case QS_W_PLE_GATE: return &L.ple_gate.w;
+    case QS_W_PLE_PROJ: return &L.ple_proj.w;
+    default: return nullptr;
+    }
+}
+
+static const float *step_vec(const Layer &L, int v) {
+    switch (v) {
+    case QS_V_ATTN_NORM: return L.attn_norm;
+    case QS_V_POST_ATTN_NORM: return L.post_attn_norm;
+    case QS_V_FFN_NORM: return L.ffn_norm;
+    case QS_V_POST_FFN_NORM: return L.post_ffn_norm;
+    case QS_V_PLE_POST_NORM: return L.ple_post_norm;
+    case QS_V_BQ: return L.bq;
+    case QS_V_BK: return L.bk;
+    case QS_V_BV: return L.bv;
+    case QS_V_BO: return L.bo;
+    default: return nullptr;
+    }
+}
+
+/* The formats step i writes its output in: those of the step that reads it next (qs_plan_consumer), none when no
+ * product does. */
+static ActOut formats_for(const qsc_model *m, const Layer &L, int i) {
+    const int j = qs_plan_consumer(L.plan, L.n_steps, i);
+    if (j < 0) return ActOut{};
+    const qs_step &c = L.plan[j];
+    if (c.kind == QS_STEP_MOE) return moe_input_formats(m, L.moe);
+    int types[4], n = 0;
+    if (c.kind == QS_STEP_GDN) {
+        const GdnLayer &G = L.gdn;
+        const int t[4] = {G.qkv.w.type, G.z.w.type, G.beta.w.type, G.alpha.w.type};
+        for (int k = 0; k < 4; ++k) types[n++] = t[k];
+    } else {
+        for (int k = 0; k < c.n; ++k) types[n++] = step_weight(L, c.w[k])->type;
+    }
+    return act_out_types(m, types, n);
+}
+
+static int probe_point(int tap) {
+    switch (tap) {
+    case QS_TAP_ATTN_IN: return PROBE_ATTN_IN;
+    case QS_TAP_Q: return PROBE_Q;
+    case QS_TAP_WO_IN: return PROBE_WO_IN;
+    case QS_TAP_FFN_IN: return PROBE_FFN_IN;
+    default: return PROBE_DOWN_IN;
+    }
+}
+
+/* Step i of layer L: each step kind once, launched through the model's table (kernels or host twins). */
+static int run_step(qsc_model *m, const Layer &L, Walk &w, int i, char *err, size_t err_len) {
+    const qs_step &s = L.plan[i];
+    const Launch &op = *m->ops;
+    const int T = w.T;
+    uint8_t *kc = m->k_cache + L.kv_off, *vc = m->v_cache + L.kv_off;
+    switch (s.kind) {
+    case QS_STEP_NORM: {
+        const float *v = step_vec(L, s.vec);
+        op.norm_quant(m, T, w.prev, v, v != nullptr, formats_for(m, L, i), m->cfg.E, L.eps);
+        w.prev = ResidIn{};
+        if (i == 0) probe_tap(m, PROBE_RESID, w.li, m->x, T); /* the stream entering the layer */
+        return 0;
+    }
+    case QS_STEP_TAP: probe_tap(m, probe_point(s.arg), w.li, buf_ptr(m, w.li, s.src), T); return 0;
+    case QS_STEP_PROJ: {
+        MatJob jobs[3];
+        const float *src = buf_ptr(m, w.li, s.src);
+        const int64_t k = buf_width(m, L, s.src);
+        for (int j = 0; j < s.n; ++j) {
+            const QW *W = step_weight(L, s.w[j]);
+            jobs[j] = {W, act_view(m, W->type, src, k, 0), buf_ptr(m, w.li, s.out[j]), buf_width(m, L, s.out[j]),
+                       step_vec(L, s.bias[j])};
+        }
+        op.matmul(m, jobs, s.n, T);
+        return 0;
+    }
+    case QS_STEP_QGATE_SPLIT: op.qgate_split(m, step_vec(L, s.bias[0]), T, L.H, L.hd); return 0;
+    case QS_STEP_QK_POST: /* a layer reading another's cache stores nothing */
+        op.qk_post(m, L.qk, w.pos, T, L.kv_reuse ? nullptr : kc, L.kv_reuse ? nullptr : vc);
+        return 0;
+    case QS_STEP_ATTEND: {
+        const AttnArgs aa = {L.H, L.KV, L.hd, L.window, L.scale, L.softcap, L.sinks};
+        op.attention(m, T, aa, w.pos, kc, vc, w.nkv, formats_for(m, L, i));
+        return 0;
+    }
+    case QS_STEP_QGATE: op.qgate_quant(m, formats_for(m, L, i), T, L.H * L.hd); return 0;
+    case QS_STEP_GDN: enqueue_gdn(m, L, T); return 0;
+    case QS_STEP_RESIDUAL: w.prev = {buf_ptr(m, w.li, s.src), step_vec(L, s.vec), L.eps, s.scale, 1.0f}; return 0;
+    case QS_STEP_GLU: {
+        const int nv = s.src2 == QS_BUF_PLE_IN ? m->cfg.ple : (int)buf_width(m, L, s.src2); /* u's values per row */
+        op.glu(m, buf_ptr(m, w.li, s.src), buf_ptr(m, w.li, s.src2), buf_ptr(m, w.li, s.dst), formats_for(m, L, i), T,
+               (int)buf_width(m, L, s.src), s.arg, buf_width(m, L, s.src2), nv);
+        return 0;
+    }
+    case QS_STEP_MOE: return enqueue_moe(m, L, T, err, err_len); /* a host model refuses experts when made */
+    case QS_STEP_SCALE: w.prev.out_scale = s.scale; return 0;
+    default: set_err(err, err_len, "layer %d: step %d has kind %d, which this backend does not know", w.li, i, s.kind);
+        return -1;
+    }
+}
 
 /* Enqueue the forward pass of T tokens whose ids/positions are already in m->d_params. logits: NULL (no lm_head),
  * or T x n_vocab (all rows) / n_vocab (last row) floats on the device. A host model runs it at once. */
 static int enqueue_forward(qsc_model *m, int T, bool all_rows, float *logits, char *err, size_t err_len) {
     const Dims &c = m->cfg;
-    const int E = c.E, V = c.V;
-    cudaStream_t st = m->st;
-    const int *tok = m->d_params, *pos = m->d_params + m->mb, *nkv = m->d_params + 2 * m->mb;
-    if (m->host) emu_embed(m->tok.w, tok, m->x, T, E, c.embed_scale);
-    else k_embed<<<T, 256, 0, st>>>(m->tok.w, tok, m->x, E, c.embed_scale);
-    ResidIn prev = {}; /* the previous layer's FFN output, added by the next norm kernel */
+    const Launch &op = *m->ops;
+    Walk w = {T, 0, m->d_params + m->mb, m->d_params + 2 * m->mb, ResidIn{}};
+    op.embed(m, m->tok.w, m->d_params, T, c.E, c.embed_scale);
     for (int li = 0; li < c.n_layers; ++li) {
-        Layer &L = m->layers[li];
-        const int QD = L.H * L.hd, KD = L.KV * L.hd, F = L.F;
-        const QW &wq = L.wq.w, &wk = L.wk.w, &wv = L.wv.w, &wo = L.wo.w;
-        const QW &wg = L.gate.w, &wu = L.up.w, &wd = L.down.w;
-        uint8_t *kc = m->k_cache + L.kv_off, *vc = m->v_cache + L.kv_off;
-        /* attention branch (or qwen35's delta-net mixer) */
-        const GdnLayer &G = L.gdn;
-        const ActOut aqkv = G.g.K ? act_out_for(m, {G.qkv.w.type, G.z.w.type, G.beta.w.type, G.alpha.w.type})
-                            : L.kv_reuse ? act_out_for(m, {wq.type}) : act_out_for(m, {wq.type, wk.type, wv.type});
-        run_norm_quant(m, T, prev, L.attn_norm, L.attn_norm != nullptr, aqkv, E, L.eps);
-        probe_tap(m, PROBE_RESID, li, m->x, T);
-        probe_tap(m, PROBE_ATTN_IN, li, m->h, T);
-        if (G.g.K) {
-            enqueue_gdn(m, L, T);
-            goto ffn;
-        }
-        {
-        const bool qgate = G.q_gate != 0; /* wq gives each head's query then its gate: split, q's bias after */
-        MatJob qkv[3] = {{&wq, act_view(m, wq.type, m->h, E, 0), qgate ? m->gdn.qg : m->q, qgate ? 2 * QD : QD,
-                          qgate ? nullptr : L.bq},
-                         {&wk, act_view(m, wk.type, m->h, E, 0), m->k, KD, L.bk},
-                         {&wv, act_view(m, wv.type, m->h, E, 0), m->v, KD, L.bv}};
-        run_matmul(m, qkv, L.kv_reuse ? 1 : 3, T); /* a layer reading another's cache: its queries alone */
-        if (qgate) run_qgate_split(m, L, T);
-        void *kst = L.kv_reuse ? nullptr : kc, *vst = L.kv_reuse ? nullptr : vc;
-        if (m->host) emu_qk_post(m->q, m->k, m->v, L.qk, pos, T, kst, vst, m->kv_f16);
-        else k_qk_post<<<T, 256, 0, st>>>(m->q, m->k, m->v, L.qk, pos, kst, vst, m->kv_f16);
-        probe_tap(m, PROBE_Q, li, m->q, T);
-        const AttnArgs aa = {L.H, L.KV, L.hd, L.window, L.scale, L.softcap, L.sinks};
-        run_attention(m, T, aa, pos, kc, vc, nkv, qgate ? ActOut{} : act_out_for(m, {wo.type}));
-        if (qgate) run_qgate_quant(m, L, T, act_out_for(m, {wo.type}));
-        probe_tap(m, PROBE_WO_IN, li, m->att, T);
-        MatJob ob = {&wo, act_view(m, wo.type, m->att, QD, 0), m->o, E, L.bo};
-        run_matmul(m, &ob, 1, T);
-        }
-    ffn: /* feed-forward branch */
-        const ResidIn ra = {m->o, L.post_attn_norm, L.eps, L.rs, 1.0f};
-        run_norm_quant(m, T, ra, L.ffn_norm, L.ffn_norm != nullptr,
-                       L.moe.n_expert ? moe_input_formats(m, L.moe) : act_out_for(m, {wg.type, wu.type}), E, L.eps);
-        probe_tap(m, PROBE_FFN_IN, li, m->h, T);
-        if (L.moe.n_expert) { /* a host model refuses experts when it is made (qsc_host_model_create) */
-            int rc = enqueue_moe(m, L, T, err, err_len);
+        const Layer &L = m->layers[li];
+        w.li = li;
+        for (int i = 0; i < L.n_steps; ++i) {
+            int rc = run_step(m, L, w, i, err, err_len);
             if (rc) return rc;
-        } else {
-            MatJob gu[2] = {{&wg, act_view(m, wg.type, m->h, E, 0), m->g, F, nullptr},
-                            {&wu, act_view(m, wu.type, m->h, E, 0), m->u, F, nullptr}};
-            run_matmul(m, gu, 2, T);
-            if (m->host) emu_glu(m->g, m->u, m->a, act_out_for(m, {wd.type}), T, F, L.glu, F, F);
-            else k_glu_quant<<<T, 256, 0, st>>>(m->g, m->u, m->a, act_out_for(m, {wd.type}), F, L.glu, F, F);
-            probe_tap(m, PROBE_DOWN_IN, li, m->a, T);
-            MatJob db = {&wd, act_view(m, wd.type, m->a, F, 0), m->o, E, nullptr};
-            run_matmul(m, &db, 1, T);
-        }
-        prev = {m->o, L.post_ffn_norm, L.eps, L.rs, L.out_scale};
-        if (c.ple) { /* gemma4: x += RMSNorm(proj(gelu(gate(x)) * inputs)), then the layer's output scale */
-            const int P = c.ple, Pp = c.ple_pad;
-            const QW &pgw = L.ple_gate.w, &ppw = L.ple_proj.w;
-            const ResidIn rf = {m->o, L.post_ffn_norm, L.eps, L.rs, 1.0f};
-            run_norm_quant(m, T, rf, nullptr, 0, act_out_for(m, {pgw.type}), E, L.eps); /* h = x, unnormed */
-            MatJob gj = {&pgw, act_view(m, pgw.type, m->h, E, 0), m->pg, Pp, nullptr};
-            run_matmul(m, &gj, 1, T);
-            const float *in = m->d_ple + (int64_t)li * P;
-            const int64_t ldu = (int64_t)c.n_layers * P;
-            if (m->host) emu_glu(m->pg, in, m->pa, act_out_for(m, {ppw.type}), T, Pp, GLU_GELU, ldu, P);
-            else k_glu_quant<<<T, 256, 0, st>>>(m->pg, in, m->pa, act_out_for(m, {ppw.type}), Pp, GLU_GELU, ldu, P);
-            MatJob pj = {&ppw, act_view(m, ppw.type, m->pa, Pp, 0), m->o, E, nullptr};
-            run_matmul(m, &pj, 1, T);
-            prev = {m->o, L.ple_post_norm, L.eps, 1.0f, L.out_scale};
         }
     }
     const QW &wout = m->tied ? m->tok.w : m->out.w;
-    run_norm_quant(m, T, prev, m->out_norm, 1, act_out_for(m, {wout.type}), E, c.eps);
+    op.norm_quant(m, T, w.prev, m->out_norm, 1, act_out_types(m, &wout.type, 1), c.E, c.eps);
     probe_tap(m, PROBE_RESID, c.n_layers, m->x, T);
     if (logits) {
         const int rows = all_rows ? T : 1;
-        MatJob lm = {&wout, act_view(m, wout.type, m->h, E, all_rows ? 0 : T - 1), logits, V, nullptr};
-        run_matmul(m, &lm, 1, rows);
-        if (c.logit_scale != 1.0f || c.final_softcap != 0.0f) {
-            const int64_t n = (int64_t)rows * V;
-            const int blocks = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
-            if (m->host) emu_logits(logits, n, c.logit_scale, c.final_softcap);
-            else k_logits_post<<<blocks, 256, 0, st>>>(logits, n, c.logit_scale, c.final_softcap);
-        }
+        MatJob lm = {&wout, act_view(m, wout.type, m->h, c.E, all_rows ? 0 : T - 1), logits, c.V, nullptr};
+        op.matmul(m, &lm, 1, rows);
+        if (c.logit_scale != 1.0f || c.final_softcap != 0.0f)
+            op.logits(m, logits, (int64_t)rows * c.V, c.logit_scale, c.final_softcap);
     }
     if (!m->host) CUDA_TRY(cudaGetLastError());
     return 0;
@@ -611,6 +789,7 @@ static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *
             if (rc) return rc;
         }
         L.gdn.q_gate = b.attn.q_gate;
+        L.n_steps = qs_plan_build(&b, L.plan);
         if (m->cfg.ple) {
             snprintf(what, sizeof what, "layer %d: ple.gate", li);
             int rc = upload_matrix(m, b.ple.gate, &L.ple_gate, what, err, err_len);
@@ -748,6 +927,7 @@ static qsc_model *model_create(const qsc_model_desc *md, const qs_block *layers,
     m->mb = max_batch;
     m->device = 0;
     m->host = host;
+    m->ops = host ? &HOST_LAUNCH : &DEVICE_LAUNCH;
     m->layers.resize(d.n_layers);
     auto fail = [&](void) -> qsc_model * {
         qsc_model_free(m);

@@ -19,3 +19,7 @@ void emu_attention(int T, const AttnArgs &A, int kv_f16, const float *q, const i
 void emu_glu(const float *g, const float *u, float *a, const ActOut &ao, int rows, int n, int mode, int64_t ldu,
              int nv);
 void emu_logits(float *x, int64_t n, float logit_scale, float cap);
+/* the delta-net's and the gated attention's (QSC_GDN_HOST in qsc_gdn.cuh, compiled in qsc_host.cu) */
+void emu_gdn_core(const GdnArgs &A, int T);
+void emu_qgate_split(const float *qg, const float *bq, float *q, float *gate, int T, int H, int hd);
+void emu_qgate_quant(float *att, const float *gate, const ActOut &ao, int T, int n);

@@ -352,11 +352,6 @@ struct GdnModel {
 
 #if defined(QSC_GDN_ENQUEUE) && !defined(QSC_GDN_ENQUEUE_DONE)
 #define QSC_GDN_ENQUEUE_DONE
-/* the host twins (QSC_GDN_HOST, compiled in qsc_host.cu) */
-void emu_gdn_core(const GdnArgs &A, int T);
-void emu_qgate_split(const float *qg, const float *bq, float *q, float *gate, int T, int H, int hd);
-void emu_qgate_quant(float *att, const float *gate, const ActOut &ao, int T, int n);
-
 /* The widest activation the delta-net layers quantize (the ssm_out input), for the int8 buffers. */
 static int64_t gdn_kmax(const qsc_model *m) {
     int64_t k = 0;
@@ -428,7 +423,8 @@ static int gdn_state_op(qsc_model *m, int op, char *err, size_t err_len) {
     return 0;
 }
 
-/* The delta-net mixer of layer L on m->h (normed and quantized for its projections) into m->o. */
+/* The delta-net mixer of layer L on m->h (normed and quantized for its projections) into m->o, launched through
+ * the model's table (the kernels or their host twins). */
 static void enqueue_gdn(qsc_model *m, const Layer &L, int T) {
     const GdnLayer &G = L.gdn;
     const GdnDims &g = G.g;
@@ -436,39 +432,17 @@ static void enqueue_gdn(qsc_model *m, const Layer &L, int T) {
     const int E = m->cfg.E;
     MatJob pz[2] = {{&G.qkv.w, act_view(m, G.qkv.w.type, m->h, E, 0), s.raw, g.C, nullptr},
                     {&G.z.w, act_view(m, G.z.w.type, m->h, E, 0), s.z, g.Vd, nullptr}};
-    run_matmul(m, pz, 2, T);
+    m->ops->matmul(m, pz, 2, T);
     MatJob ba[2] = {{&G.beta.w, act_view(m, G.beta.w.type, m->h, E, 0), s.beta, g.Hv, nullptr},
                     {&G.alpha.w, act_view(m, G.alpha.w.type, m->h, E, 0), s.alpha, g.Hv, nullptr}};
-    run_matmul(m, ba, 2, T);
+    m->ops->matmul(m, ba, 2, T);
     const GdnArgs A = {s.raw, s.beta, s.alpha, s.z, G.conv_w, G.dt_bias, G.a, G.norm, s.conv, G.conv_state,
                        G.ssm_state, s.o, g.K, g.S, g.Hk, g.Hv, g.C, L.eps};
-    const ActOut ao = act_out_for(m, {G.out.w.type});
-    if (m->host) {
-        emu_gdn_core(A, T);
-        emu_quantize(s.o, ao, T, (int)g.Vd);
-    } else {
-        cudaStream_t st = m->st;
-        const int64_t n = (int64_t)T * g.C;
-        k_gdn_conv<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(A, T);
-        if (g.K > 1) k_gdn_conv_state<<<(unsigned)((g.C + 255) / 256), 256, 0, st>>>(A, T);
-        const int threads = (g.S + 31) / 32 * 32;
-        k_gdn_recur<<<g.Hv, threads, (size_t)(2 * g.S + 32) * sizeof(float), st>>>(A, T);
-        if (ao.qs32 || ao.qs256) k_quantize<<<T, 256, 0, st>>>(s.o, ao, (int)g.Vd);
-    }
+    m->ops->gdn_core(m, A, T, act_out_for(m, {G.out.w.type}), (int)g.Vd);
     MatJob ob = {&G.out.w, act_view(m, G.out.w.type, s.o, g.Vd, 0), m->o, E, nullptr};
-    run_matmul(m, &ob, 1, T);
+    m->ops->matmul(m, &ob, 1, T);
 }
 
-/* qwen35's gated attention around the attention: wq's output split into q and the gates, and the attention
- * output gated and quantized for wo. */
-static void run_qgate_split(qsc_model *m, const Layer &L, int T) {
-    if (m->host) emu_qgate_split(m->gdn.qg, L.bq, m->q, m->gdn.gate, T, L.H, L.hd);
-    else k_qgate_split<<<T, 256, 0, m->st>>>(m->gdn.qg, L.bq, m->q, m->gdn.gate, L.H, L.hd);
-}
-static void run_qgate_quant(qsc_model *m, const Layer &L, int T, const ActOut &ao) {
-    if (m->host) emu_qgate_quant(m->att, m->gdn.gate, ao, T, L.H * L.hd);
-    else k_qgate_quant<<<T, 256, 0, m->st>>>(m->att, m->gdn.gate, ao, L.H * L.hd);
-}
 #endif /* QSC_GDN_ENQUEUE */
 
 #if defined(QSC_GDN_UPLOAD) && !defined(QSC_GDN_UPLOAD_DONE)

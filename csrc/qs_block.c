@@ -249,24 +249,22 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
     }
     if (P && (!b->ple.post_norm.ptr || b->ple.post_norm.len != E || !b->ple.inputs || b->ple.inputs_len < T * P))
         return QS_ERR_VECTOR;
-    const float *const vs[9] = {b->attn_norm.ptr, b->ffn_norm.ptr, A->bq.ptr, A->bk.ptr, A->bv.ptr, A->q_norm.ptr,
-                                A->k_norm.ptr, b->post_attn_norm.ptr, b->post_ffn_norm.ptr};
-    const int64_t vlen[9] = {b->attn_norm.len, b->ffn_norm.len, A->bq.len, A->bk.len, A->bv.len, A->q_norm.len,
-                             A->k_norm.len, b->post_attn_norm.len, b->post_ffn_norm.len};
-    /* q/k norms: per head (length head_dim) or over the whole projection (olmo2: H*hd and KV*hd) */
+    /* the vectors the plan names (norms, biases: qs_plan_bad_vec), then q/k norms: per head (length head_dim) or
+     * over the whole projection (olmo2: H*hd and KV*hd) */
+    if (qs_plan_bad_vec(b)) return QS_ERR_VECTOR;
     if (A->qk_norm_full != 0 && A->qk_norm_full != 1) return QS_ERR_SIZE;
     const int full = A->qk_norm_full;
-    const int64_t want[9] = {E, E, H * hd, KV * hd, KV * hd, full ? H * hd : hd, full ? KV * hd : hd, E, E};
+    if ((A->q_norm.ptr && A->q_norm.len != (full ? H * hd : hd)) ||
+        (A->k_norm.ptr && A->k_norm.len != (full ? KV * hd : hd)))
+        return QS_ERR_VECTOR;
     if (!b->attn_norm.ptr != !b->ffn_norm.ptr || (!A->q_norm.ptr != !A->k_norm.ptr && !A->kv_reuse))
         return QS_ERR_VECTOR; /* NULL norms: olmo2 */
-    for (int i = 0; i < 9; ++i)
-        if (vs[i] && vlen[i] != want[i]) return QS_ERR_VECTOR;
     /* gpt-oss's vectors: each absent (NULL, length 0) or of its exact length; expert biases need experts */
-    const float *const gv[6] = {A->bo.ptr, A->sinks.ptr, M->b_router.ptr, M->b_gate.ptr, M->b_up.ptr, M->b_down.ptr};
-    const int64_t glen[6] = {A->bo.len, A->sinks.len, M->b_router.len, M->b_gate.len, M->b_up.len, M->b_down.len};
-    const int64_t gwant[6] = {E, H, NE, NE * F, NE * F, NE * E};
-    for (int i = 0; i < 6; ++i)
-        if (gv[i] ? glen[i] != gwant[i] || (i >= 2 && !NE) : glen[i] != 0) return QS_ERR_VECTOR;
+    const float *const gv[5] = {A->sinks.ptr, M->b_router.ptr, M->b_gate.ptr, M->b_up.ptr, M->b_down.ptr};
+    const int64_t glen[5] = {A->sinks.len, M->b_router.len, M->b_gate.len, M->b_up.len, M->b_down.len};
+    const int64_t gwant[5] = {H, NE, NE * F, NE * F, NE * E};
+    for (int i = 0; i < 5; ++i)
+        if (gv[i] ? glen[i] != gwant[i] || (i >= 1 && !NE) : glen[i] != 0) return QS_ERR_VECTOR;
     if (b->ffn.swiglu_oai != 0 && b->ffn.swiglu_oai != 1) return QS_ERR_SIZE;
     /* checked here too: the attention would refuse after the KV store */
     for (int64_t h = 0; A->sinks.ptr && h < H; ++h)
@@ -505,40 +503,10 @@ typedef struct {
     float *buf[QS_BUFS];
 } cpu_walk;
 
-static const qs_weight *step_weight(const qs_block *b, int slot) {
-    switch (slot) {
-    case QS_W_Q: return &b->attn.wq;
-    case QS_W_K: return &b->attn.wk;
-    case QS_W_V: return &b->attn.wv;
-    case QS_W_O: return &b->attn.wo;
-    case QS_W_GATE: return &b->ffn.gate;
-    case QS_W_UP: return &b->ffn.up;
-    case QS_W_DOWN: return &b->ffn.down;
-    case QS_W_PLE_GATE: return &b->ple.gate;
-    case QS_W_PLE_PROJ: return &b->ple.proj;
-    default: return NULL;
-    }
-}
-
-static const qs_vec *step_vec(const qs_block *b, int slot) {
-    switch (slot) {
-    case QS_V_ATTN_NORM: return &b->attn_norm;
-    case QS_V_POST_ATTN_NORM: return &b->post_attn_norm;
-    case QS_V_FFN_NORM: return &b->ffn_norm;
-    case QS_V_POST_FFN_NORM: return &b->post_ffn_norm;
-    case QS_V_PLE_POST_NORM: return &b->ple.post_norm;
-    case QS_V_BQ: return &b->attn.bq;
-    case QS_V_BK: return &b->attn.bk;
-    case QS_V_BV: return &b->attn.bv;
-    case QS_V_BO: return &b->attn.bo;
-    default: return NULL;
-    }
-}
-
 static int cpu_norm(cpu_walk *w, const qs_step *s) {
     const qs_block *b = w->b;
     const int64_t E = b->n_embd;
-    const qs_vec *v = step_vec(b, s->vec);
+    const qs_vec *v = qs_plan_vec(b, s->vec);
     if (v) qs_rmsnorm(w->buf[s->src], v->ptr, w->buf[s->dst], w->T, E, b->eps);
     else memcpy(w->buf[s->dst], w->buf[s->src], (size_t)(w->T * E) * sizeof(float));
     return QS_OK;
@@ -571,9 +539,9 @@ static int cpu_proj(cpu_walk *w, const qs_step *s) {
     const uint8_t *ws[3];
     int64_t rows[3];
     float *ys[3];
-    const int64_t k = step_weight(b, s->w[0])->k;
+    const int64_t k = qs_plan_weight(b, s->w[0])->k;
     for (int i = 0; i < s->n; ++i) {
-        const qs_weight *W = step_weight(b, s->w[i]);
+        const qs_weight *W = qs_plan_weight(b, s->w[i]);
         ty[i] = W->type;
         ws[i] = W->ptr;
         rows[i] = W->rows;
@@ -582,7 +550,7 @@ static int cpu_proj(cpu_walk *w, const qs_step *s) {
     int rc = s->n == 1 ? qs_matmat(ty[0], ws[0], rows[0], k, w->buf[s->src], w->T, ys[0], w->n_threads)
                        : matmat_shared(s->n, ty, ws, rows, k, w->buf[s->src], w->T, ys, w->n_threads);
     for (int i = 0; i < s->n && !rc; ++i) {
-        const qs_vec *bias = step_vec(b, s->bias[i]);
+        const qs_vec *bias = qs_plan_vec(b, s->bias[i]);
         if (bias) add_bias(ys[i], bias->ptr, w->T, rows[i]);
     }
     return rc;
@@ -599,7 +567,7 @@ static int cpu_qgate_split(cpu_walk *w, const qs_step *s) {
             memcpy(gate + (t * H + hh) * hd, qg + (t * H + hh) * 2 * hd + hd, (size_t)hd * sizeof(float));
             memmove(q + (t * H + hh) * hd, qg + (t * H + hh) * 2 * hd, (size_t)hd * sizeof(float));
         }
-    const qs_vec *bias = step_vec(w->b, s->bias[0]);
+    const qs_vec *bias = qs_plan_vec(w->b, s->bias[0]);
     if (bias) add_bias(q, bias->ptr, w->T, H * hd);
     return QS_OK;
 }
@@ -684,7 +652,7 @@ static int cpu_residual(cpu_walk *w, const qs_step *s) {
     const qs_block *b = w->b;
     const int64_t n = w->T * b->n_embd;
     float *o = w->buf[s->src], *x = w->buf[QS_BUF_X];
-    const qs_vec *v = step_vec(b, s->vec);
+    const qs_vec *v = qs_plan_vec(b, s->vec);
     if (v) qs_rmsnorm(o, v->ptr, o, w->T, b->n_embd, b->eps);
     if (s->scale != 1.0f)
         for (int64_t i = 0; i < n; ++i) o[i] *= s->scale;

@@ -27,6 +27,59 @@ static inline qs_rope_params qs_plan_rope(const qs_rope_desc *r) {
     return p;
 }
 
+/* The description's weight and vector of each slot the steps name (NULL: QS_W_NONE / QS_V_NONE or unknown). */
+static inline const qs_weight *qs_plan_weight(const qs_block *b, int slot) {
+    switch (slot) {
+    case QS_W_Q: return &b->attn.wq;
+    case QS_W_K: return &b->attn.wk;
+    case QS_W_V: return &b->attn.wv;
+    case QS_W_O: return &b->attn.wo;
+    case QS_W_GATE: return &b->ffn.gate;
+    case QS_W_UP: return &b->ffn.up;
+    case QS_W_DOWN: return &b->ffn.down;
+    case QS_W_PLE_GATE: return &b->ple.gate;
+    case QS_W_PLE_PROJ: return &b->ple.proj;
+    default: return NULL;
+    }
+}
+
+static inline const qs_vec *qs_plan_vec(const qs_block *b, int slot) {
+    switch (slot) {
+    case QS_V_ATTN_NORM: return &b->attn_norm;
+    case QS_V_POST_ATTN_NORM: return &b->post_attn_norm;
+    case QS_V_FFN_NORM: return &b->ffn_norm;
+    case QS_V_POST_FFN_NORM: return &b->post_ffn_norm;
+    case QS_V_PLE_POST_NORM: return &b->ple.post_norm;
+    case QS_V_BQ: return &b->attn.bq;
+    case QS_V_BK: return &b->attn.bk;
+    case QS_V_BV: return &b->attn.bv;
+    case QS_V_BO: return &b->attn.bo;
+    default: return NULL;
+    }
+}
+
+/* A vector slot's name (messages) and the length its vector must have when present. */
+static inline const char *qs_plan_vec_name(int slot) {
+    static const char *const names[QS_VECS] = {"none", "attn_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm",
+                                               "ple.post_norm", "attn.bq", "attn.bk", "attn.bv", "attn.bo"};
+    return slot > 0 && slot < QS_VECS ? names[slot] : "none";
+}
+
+static inline int64_t qs_plan_vec_len(const qs_block *b, int slot) {
+    const int64_t QD = (int64_t)b->attn.n_head * b->attn.head_dim, KD = (int64_t)b->attn.n_head_kv * b->attn.head_dim;
+    return slot == QS_V_BQ ? QD : slot == QS_V_BK || slot == QS_V_BV ? KD : b->n_embd;
+}
+
+/* The first vector slot whose vector is neither absent (NULL, 0) nor of its length (0: every one is). Both
+ * backends check a description with it: a vector the plan names exists once, here. */
+static inline int qs_plan_bad_vec(const qs_block *b) {
+    for (int slot = 1; slot < QS_VECS; ++slot) {
+        const qs_vec *v = qs_plan_vec(b, slot);
+        if (v->ptr ? v->len != qs_plan_vec_len(b, slot) : v->len != 0) return slot;
+    }
+    return 0;
+}
+
 /* Append one step to steps[QS_PLAN_MAX] (a layer has at most 25: the last slot is reused rather than overrun). */
 static inline qs_step *qs_plan_add(qs_step *steps, int max, int *n, int kind) {
     qs_step *s = &steps[*n < max ? (*n)++ : max - 1];

@@ -41,17 +41,15 @@ struct DevMat {
 #define QSC_GDN_KERNELS
 #include "qsc_gdn.cuh" /* gated delta-net and gated attention: GdnLayer, GdnModel, their kernels */
 
-/* One layer on the device: its description's attention and FFN groups (absent vectors NULL), its own sizes and
- * its policy, the description's 0-means-1 scales resolved. */
+/* One layer on the device: its description's attention and FFN groups (absent vectors NULL), its own sizes, its
+ * policy, and its plan (qs_plan.h), which resolves the description's 0-means-1 scales. */
 struct Layer {
     DevMat wq, wk, wv, wo, gate, up, down, ple_gate, ple_proj;
-    float *ple_post_norm = nullptr;
     int kv_reuse = 0; /* attends to an earlier layer's cache (kv_off is that layer's): no K, V of its own */
-    float *attn_norm = nullptr, *ffn_norm = nullptr, *post_attn_norm = nullptr, *post_ffn_norm = nullptr;
-    float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr, *q_norm = nullptr, *k_norm = nullptr;
-    float *sinks = nullptr, *rope_freqs = nullptr;
-    int H = 0, KV = 0, hd = 0, F = 0, window = 0, glu = GLU_SILU, qk_full = 0;
-    float eps = 0.0f, scale = 0.0f, softcap = 0.0f, rs = 1.0f, out_scale = 1.0f;
+    float *vec[QS_VECS] = {}; /* the vectors the plan names (norms, biases), by slot (qs_plan_vec); NULL: absent */
+    float *q_norm = nullptr, *k_norm = nullptr, *sinks = nullptr, *rope_freqs = nullptr;
+    int H = 0, KV = 0, hd = 0, F = 0, window = 0, qk_full = 0;
+    float eps = 0.0f, scale = 0.0f, softcap = 0.0f; /* (residual and output scales: the plan's steps) */
     QKArgs qk = {};
     int64_t kv_off = 0; /* this layer's bytes in the K (and V) cache */
     MoeLayer moe; /* n_expert 0: a dense FFN */
@@ -415,20 +413,7 @@ static const QW *step_weight(const Layer &L, int w) {
     }
 }
 
-static const float *step_vec(const Layer &L, int v) {
-    switch (v) {
-    case QS_V_ATTN_NORM: return L.attn_norm;
-    case QS_V_POST_ATTN_NORM: return L.post_attn_norm;
-    case QS_V_FFN_NORM: return L.ffn_norm;
-    case QS_V_POST_FFN_NORM: return L.post_ffn_norm;
-    case QS_V_PLE_POST_NORM: return L.ple_post_norm;
-    case QS_V_BQ: return L.bq;
-    case QS_V_BK: return L.bk;
-    case QS_V_BV: return L.bv;
-    case QS_V_BO: return L.bo;
-    default: return nullptr;
-    }
-}
+static const float *step_vec(const Layer &L, int v) { return v > 0 && v < QS_VECS ? L.vec[v] : nullptr; }
 
 /* The formats step i writes its output in: those of the step that reads it next (qs_plan_consumer), none when no
  * product does. */
@@ -795,15 +780,16 @@ static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *
             int rc = upload_matrix(m, b.ple.gate, &L.ple_gate, what, err, err_len);
             snprintf(what, sizeof what, "layer %d: ple.proj", li);
             if (!rc) rc = upload_matrix_padded(m, b.ple.proj, m->cfg.ple_pad, &L.ple_proj, what, err, err_len);
-            if (!rc) rc = upload_vector(m, b.ple.post_norm, &L.ple_post_norm, err, err_len);
             if (rc) return rc;
         }
         const qs_attn_desc &a = b.attn;
         const qs_rope_desc &r = b.rope;
         const qs_vec no_vec = {nullptr, 0};
+        for (int slot = 1; slot < QS_VECS; ++slot) { /* every vector the plan may name */
+            int rc = upload_vector(m, *qs_plan_vec(&b, slot), &L.vec[slot], err, err_len);
+            if (rc) return rc;
+        }
         const struct { const qs_vec *v; float **dst; } vecs[] = {
-            {&b.attn_norm, &L.attn_norm}, {&b.ffn_norm, &L.ffn_norm}, {&b.post_attn_norm, &L.post_attn_norm},
-            {&b.post_ffn_norm, &L.post_ffn_norm}, {&a.bq, &L.bq}, {&a.bk, &L.bk}, {&a.bv, &L.bv}, {&a.bo, &L.bo},
             {&a.q_norm, &L.q_norm}, {&a.k_norm, &L.k_norm}, {&a.sinks, &L.sinks},
             {r.skip ? &no_vec : &r.freqs, &L.rope_freqs}};
         for (const auto &x : vecs) {
@@ -829,12 +815,9 @@ static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *
         L.hd = a.head_dim;
         L.F = b.ffn.n_ff;
         L.window = (int)a.window;
-        L.glu = b.ffn.swiglu_oai ? GLU_OAI : b.ffn.gelu ? GLU_GELU : GLU_SILU;
         L.eps = b.eps;
         L.scale = a.scale;
         L.softcap = a.softcap;
-        L.rs = is_one(b.residual_scale) ? 1.0f : b.residual_scale;
-        L.out_scale = is_one(b.out_scale) ? 1.0f : b.out_scale;
         L.kv_reuse = a.kv_reuse ? 1 : 0;
         const RopeP rp = rope_params(r, L.rope_freqs);
         if (L.kv_reuse) /* the queries alone, their norm per head (the CPU block's V-from-another-layer path) */

@@ -3,6 +3,8 @@ activations, attention over a KV cache). Arrays are float32 and C-contiguous; si
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from . import ffi, lib
@@ -182,13 +184,16 @@ def _names(prefix: str, names: str, shown: str | None = None) -> dict[int, str]:
                                                                  strict=True)}
 
 
-#: the plan's vocabulary (csrc/qs_api_nn.h): step kinds, buffers, weights, vectors, probe points, GLU modes
-STEP_KINDS = _names("QS_STEP_", "NORM TAP PROJ QGATE_SPLIT QK_POST ATTEND QGATE GDN RESIDUAL GLU MOE SCALE")
-BUFFERS = _names("QS_BUF_", "X H Q QG GATE K V ATT O G U A PG PA PLE_IN")
-WEIGHTS = _names("QS_W_", "Q K V O GATE UP DOWN PLE_GATE PLE_PROJ", "wq wk wv wo gate up down ple_gate ple_proj")
-VECTORS = _names("QS_V_", "ATTN_NORM POST_ATTN_NORM FFN_NORM POST_FFN_NORM PLE_POST_NORM BQ BK BV BO")
-TAPS = _names("QS_TAP_", "ATTN_IN Q WO_IN FFN_IN DOWN_IN")
-GLUS = _names("QS_GLU_", "SILU GELU OAI")
+@functools.cache
+def plan_names() -> dict[str, dict[int, str]]:
+    """The plan's vocabulary (csrc/qs_api_nn.h): step kinds, buffers, weights, vectors, probe points, GLU modes."""
+    return {"kinds": _names("QS_STEP_", "NORM TAP PROJ QGATE_SPLIT QK_POST ATTEND QGATE GDN RESIDUAL GLU MOE SCALE"),
+            "bufs": _names("QS_BUF_", "X H Q QG GATE K V ATT O G U A PG PA PLE_IN"),
+            "weights": _names("QS_W_", "Q K V O GATE UP DOWN PLE_GATE PLE_PROJ",
+                              "wq wk wv wo gate up down ple_gate ple_proj"),
+            "vecs": _names("QS_V_", "ATTN_NORM POST_ATTN_NORM FFN_NORM POST_FFN_NORM PLE_POST_NORM BQ BK BV BO"),
+            "taps": _names("QS_TAP_", "ATTN_IN Q WO_IN FFN_IN DOWN_IN"),
+            "glus": _names("QS_GLU_", "SILU GELU OAI")}
 
 
 def block_plan(block: object) -> list[str]:
@@ -198,15 +203,17 @@ def block_plan(block: object) -> list[str]:
     n = lib.qs_block_plan(block, steps, int(lib.QS_PLAN_MAX))
     if n < 0:
         raise native_error("plan", n)
+    names = plan_names()
+    BUFFERS, WEIGHTS, VECTORS = names["bufs"], names["weights"], names["vecs"]
     out = []
     for s in steps[0:n]:
-        kind = STEP_KINDS[s.kind]
+        kind = names["kinds"][s.kind]
         src, dst, vec = BUFFERS[s.src], BUFFERS[s.dst], VECTORS.get(s.vec)
         scale = f" x{s.scale:g}" if s.scale != 1.0 else ""
         if kind == "norm":
             out.append(f"norm {vec or 'copy'}: {src} -> {dst}")
         elif kind == "tap":
-            out.append(f"tap {TAPS[s.arg]}: {src}")
+            out.append(f"tap {names['taps'][s.arg]}: {src}")
         elif kind == "proj":
             parts = [f"{BUFFERS[s.out[i]]}:{WEIGHTS[s.w[i]]}" + (f"+{VECTORS[s.bias[i]]}" if s.bias[i] else "")
                      for i in range(s.n)]
@@ -214,7 +221,7 @@ def block_plan(block: object) -> list[str]:
         elif kind == "residual":
             out.append(f"residual {vec or 'none'}{scale}: x += {src}")
         elif kind == "glu":
-            out.append(f"glu {GLUS[s.arg]}: {src} * {BUFFERS[s.src2]} -> {dst}")
+            out.append(f"glu {names['glus'][s.arg]}: {src} * {BUFFERS[s.src2]} -> {dst}")
         elif kind == "scale":
             out.append(f"scale{scale}: x")
         elif kind == "qgate_split":

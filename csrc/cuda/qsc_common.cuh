@@ -1,6 +1,8 @@
-/* Shared by the device kernels and their host emulation: type ids, the repacked weight layout, and the per-block
- * decode + int8 dot math as __host__ __device__ functions. The host build of this math is what tests/test_cuda.py
- * checks against the CPU kernels on machines without a GPU; the device build is the same source.
+/* Shared by the device kernels and their host emulation: the repacked weight layout, the activation formats, the
+ * load and int8 dot helpers as __host__ __device__ functions, and (qsc_types.cuh, included below) the weight types:
+ * one list with their capabilities and one room per type with its layout, decode and dot. The host build of this
+ * math is what tests/test_cuda.py checks against the CPU kernels on machines without a GPU; the device build is the
+ * same source.
  *
  * Numeric scheme = the CPU's (csrc/qs_quant.c, spec §3.2-3.3): activations are quantized exactly like ggml's
  * reference quantizers (Q8_0 / Q8_1 for 32-element weight blocks, Q8_K for 256-element superblocks), dots are
@@ -26,69 +28,32 @@ extern "C" {
 
 #include "qsc_arch.cuh" /* the dense architecture features' per-element math (RoPE, soft-caps, GLUs, ...) */
 
-/* ggml type ids */
-enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q8_1 = 9, T_Q4_K = 12, T_Q6_K = 14,
-       T_Q8_K = 15 };
-/* the types of qsc_types.cuh */
-enum { T_Q5_1 = 7, T_Q2_K = 10, T_Q3_K = 11, T_Q5_K = 13, T_IQ2_XXS = 16, T_IQ2_XS = 17, T_IQ3_XXS = 18, T_IQ1_S = 19,
-       T_IQ4_NL = 20, T_IQ3_S = 21, T_IQ2_S = 22, T_IQ4_XS = 23, T_IQ1_M = 29, T_BF16 = 30, T_TQ1_0 = 34, T_TQ2_0 = 35,
-       T_MXFP4 = 39, T_NVFP4 = 40 };
-
-/* Activation formats a matrix consumes: floats, 32-element int8 blocks (Q8_0/Q8_1), 256-element (Q8_K). */
+/* The activation formats a matrix consumes: floats, 32-element int8 blocks (Q8_0/Q8_1), 256-element (Q8_K); and the
+ * ggml ids of the two int8 formats that are not weight types here (the weight types' T_* ids: qsc_types.cuh). */
 enum { ACT_F = 0, ACT_32 = 1, ACT_256 = 2 };
+enum { T_Q8_1 = 9, T_Q8_K = 15 };
 
-/* The device's type table (host side; the kernels get a matrix's geometry from its QW): per ggml id, the block
- * (elements, file bytes), the activation format, and the repacked layout below, bytes per block in each section
- * and where the section's bytes sit in the file's block (-1: none; Q4_K's sc are unpacked from its 6-bit
- * fields). An all-zero row is an unsupported type. F32 / F16 count 32-element units, copied as stored. */
+/* A type's repacked layout (its room's PACK, qsc_types.cuh): the file's block bytes, and per section (SEC_QS, SEC_QH,
+ * SEC_SC, SEC_D below) its bytes per block and where they sit in the file's block (-1: none, or made by unpack).
+ * F32 / F16 / BF16 count 32-element units, copied as stored. */
+struct Packing {
+    int raw_bytes;
+    int field[4], src[4];
+    void (*unpack)(const uint8_t *blk, uint8_t *sc); /* sc unpacked from the file's block on upload (Q3_K, Q4_K, ...) */
+};
+
+/* The host's view of a device type (qsc_types.cuh's table, generated from its list and rooms; the kernels get a
+ * matrix's geometry from its QW): the block (elements, file bytes), the activation format, the repacked layout
+ * and the fast paths it has. An all-zero row is an unsupported type. */
 struct TypeDesc {
     int qk, raw_bytes, act;
     int field[4]; /* SEC_QS, SEC_QH, SEC_SC, SEC_D bytes per block */
     int src[4];   /* their offsets in the file's block */
-    bool k4_scales;
-    bool unpack_sc; /* sc made by unpack_scales (qsc_types.cuh) from the file's block */
+    void (*unpack)(const uint8_t *blk, uint8_t *sc);
+    bool gemv, mma; /* k_gemv (qsc_gemv.cuh), k_matmul_mma (qsc_mma.cuh) */
 };
 
-#define QSC_NTYPES 41
-static const TypeDesc QSC_TYPES[QSC_NTYPES] = {
-    /* T_F32 */ {32, 128, ACT_F, {128, 0, 0, 0}, {0, -1, -1, -1}, false},
-    /* T_F16 */ {32, 64, ACT_F, {64, 0, 0, 0}, {0, -1, -1, -1}, false},
-    /* T_Q4_0 */ {32, 18, ACT_32, {16, 0, 0, 2}, {2, -1, -1, 0}, false},
-    /* T_Q4_1 */ {32, 20, ACT_32, {16, 0, 0, 4}, {4, -1, -1, 0}, false},
-    {}, {}, /* 4, 5: no longer ggml types */
-    /* T_Q5_0 */ {32, 22, ACT_32, {16, 4, 0, 2}, {6, 2, -1, 0}, false},
-    /* T_Q5_1 */ {32, 24, ACT_32, {16, 4, 0, 4}, {8, 4, -1, 0}, false},
-    /* T_Q8_0 */ {32, 34, ACT_32, {32, 0, 0, 2}, {2, -1, -1, 0}, false},
-    {}, /* Q8_1: an activation format */
-    /* T_Q2_K */ {256, 84, ACT_256, {64, 0, 16, 4}, {16, -1, 0, 80}, false},
-    /* T_Q3_K */ {256, 110, ACT_256, {64, 32, 16, 2}, {32, 0, -1, 108}, false, true},
-    /* T_Q4_K */ {256, 144, ACT_256, {128, 0, 16, 4}, {16, -1, -1, 0}, true},
-    /* T_Q5_K */ {256, 176, ACT_256, {128, 32, 16, 4}, {48, 16, -1, 0}, true},
-    /* T_Q6_K */ {256, 210, ACT_256, {128, 64, 16, 2}, {0, 128, 192, 208}, false},
-    {}, /* Q8_K: an activation format */
-    /* T_IQ2_XXS */ {256, 66, ACT_256, {64, 0, 0, 2}, {2, -1, -1, 0}, false},
-    /* T_IQ2_XS */ {256, 74, ACT_256, {64, 0, 8, 2}, {2, -1, 66, 0}, false},
-    /* T_IQ3_XXS */ {256, 98, ACT_256, {64, 0, 32, 2}, {2, -1, 66, 0}, false},
-    /* T_IQ1_S */ {256, 50, ACT_256, {32, 16, 0, 2}, {2, 34, -1, 0}, false},
-    /* T_IQ4_NL */ {32, 18, ACT_32, {16, 0, 0, 2}, {2, -1, -1, 0}, false},
-    /* T_IQ3_S */ {256, 110, ACT_256, {64, 8, 36, 2}, {2, 66, 74, 0}, false},
-    /* T_IQ2_S */ {256, 82, ACT_256, {64, 8, 8, 2}, {2, 66, 74, 0}, false},
-    /* T_IQ4_XS */ {256, 136, ACT_256, {128, 0, 8, 2}, {8, -1, -1, 0}, false, true},
-    {}, {}, {}, {}, {}, /* I8, I16, I32, I64, F64 */
-    /* T_IQ1_M */ {256, 56, ACT_256, {32, 16, 8, 0}, {0, 32, 48, -1}, false},
-    /* T_BF16 */ {32, 64, ACT_F, {64, 0, 0, 0}, {0, -1, -1, -1}, false},
-    {}, {}, {}, /* 31..33: no longer ggml types */
-    /* T_TQ1_0 */ {256, 54, ACT_256, {52, 0, 0, 2}, {0, -1, -1, 52}, false},
-    /* T_TQ2_0 */ {256, 66, ACT_256, {64, 0, 0, 2}, {0, -1, -1, 64}, false},
-    {}, {}, {}, /* 36..38: no longer ggml types */
-    /* T_MXFP4 */ {32, 17, ACT_32, {16, 0, 1, 0}, {1, -1, 0, -1}, false},
-    /* T_NVFP4 */ {64, 36, ACT_32, {32, 0, 4, 0}, {4, -1, 0, -1}, false},
-};
-
-static inline const TypeDesc &type_desc(int type) {
-    static const TypeDesc none = {};
-    return type >= 0 && type < QSC_NTYPES ? QSC_TYPES[type] : none;
-}
+static inline const TypeDesc &type_desc(int type); /* qsc_types.cuh */
 static inline int type_act(int type) { return type_desc(type).act; }
 static inline int type_qk(int type) { return type_desc(type).qk; }
 static inline int raw_block_bytes(int type) { return type_desc(type).raw_bytes; }
@@ -97,16 +62,10 @@ static inline bool type_supported(int type) { return type_desc(type).raw_bytes >
 /* ------------------------------------------------------------------------------------------------------------------
  * Repacked weight layout. GGUF blocks are 18..210 bytes, so their int8 payload is only 2-byte aligned; the device
  * wants aligned 8/16-byte loads and coalesced warps. On upload every block's fields are split into field arrays
- * (structure of arrays), each starting on a 256-byte boundary; block b of the matrix (b = row * nb + i) owns:
- *   Q4_0  qs[16]        (nibbles as stored)                    d: half
- *   Q4_1  qs[16]                                               d: half2 (d, m)
- *   Q5_0  qs[16]  qh: u32 (bit e = 5th bit of element e)      d: half
- *   Q8_0  qs[32]  int8                                         d: half
- *   Q4_K  qs[128]             sc[16]: 8 scales then 8 mins (the 6-bit fields unpacked to bytes)   d: half2 (d, dmin)
- *   Q6_K  qs[128] = ql  qh[64]  sc[16] int8                    d: half
- *   F32 / F16: the rows as stored, in the qs section.
- *   the other types: qsc_types.cuh.
- * Nothing is expanded to floats: the device bytes are within 4% of the file's (Q3_K: 114 for 110). */
+ * (structure of arrays), each starting on a 256-byte boundary; block b of the matrix (b = row * nb + i) owns
+ * field[s] bytes at b * field[s] of section s (qs: the quants, qh: high bits, sc: scales, d: fp16 scales); what each
+ * type keeps where is in its room in qsc_types.cuh. Nothing is expanded to floats: the device bytes are within 4%
+ * of the file's (Q3_K: 114 for 110). */
 enum { SEC_QS = 0, SEC_QH = 1, SEC_SC = 2, SEC_D = 3 };
 
 struct PackedLayout {
@@ -237,288 +196,30 @@ HD int sext6_minus32(int v) {  /* q in 0..63 -> q - 32 */
 HD int spread4_bit4(unsigned b) {
     return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
 }
+/* Aligned 4 / 16-byte stores (the MMA stage tiles; memcpy on the host). */
+HD void st_i32(int8_t *p, int v) {
+#ifdef __CUDA_ARCH__
+    *(int *)p = v;
+#else
+    memcpy(p, &v, 4);
+#endif
+}
+HD void st_i4(int8_t *p, int4 v) {
+#ifdef __CUDA_ARCH__
+    *(int4 *)p = v;
+#else
+    memcpy(p, &v, 16);
+#endif
+}
 
 /* ------------------------------------------------------------------------------------------------------------------
- * Unit decode + dot, one specialisation per weight type. A warp lane handles one unit at a time (QK / NU elements of
- * one block): load() decodes its weights into int8 lanes once, dot() multiplies them with one activation row and
- * returns the float contribution. b = global block index (row * nb + ib), ib = block index within the row. */
+ * Unit decode + dot, one specialisation per weight type (its room in qsc_types.cuh). A warp lane handles one unit at
+ * a time (QK / NU elements of one block): load() decodes its weights into int8 lanes once, dot() multiplies them with
+ * one activation row and returns the float contribution; the static elem() decodes one element (dequant_elem).
+ * b = global block index (row * nb + ib), ib = block index within the row. */
 template <int TYPE> struct Unit;
 
-/* Q4_0 (18 B: d, qs[16]); byte j holds element j (low nibble) and j+16 (high). Unit h (0,1) = bytes 8h..8h+7 =
- * elements 8h..8h+7 and 16+8h..16+8h+7. */
-template <> struct Unit<T_Q4_0> {
-    static constexpr int QK = 32, NU = 2;
-    int lo[2], hi[2], h;
-    float d;
-    HD void load(const QW &w, int64_t b, int u) {
-        h = u;
-        int2 v = ld_i2(w.qs + b * 16 + 8 * h);
-        lo[0] = sext4_minus8(v.x & 0x0F0F0F0F);
-        hi[0] = sext4_minus8((v.x >> 4) & 0x0F0F0F0F);
-        lo[1] = sext4_minus8(v.y & 0x0F0F0F0F);
-        hi[1] = sext4_minus8((v.y >> 4) & 0x0F0F0F0F);
-        d = h2f(w.d[b]);
-    }
-    HD float dot(const Act &a, int64_t col, int ib) const {
-        const int8_t *x = a.qs + col * a.k + ib * 32;
-        int2 xl = ld_i2(x + 8 * h), xh = ld_i2(x + 16 + 8 * h);
-        int s = dp4a(lo[0], xl.x, 0);
-        s = dp4a(lo[1], xl.y, s);
-        s = dp4a(hi[0], xh.x, s);
-        s = dp4a(hi[1], xh.y, s);
-        return (float)s * (d * a.d[col * (a.k / 32) + ib]);
-    }
-};
-
-/* Q4_1 (20 B: d, m, qs[16]); x = q*d + m. With Q8_1: d_w*d_x*sum(q*qx) + m_w*s_x (s_x = d_x*sum(qx)); the
- * min term is added once per block, by unit 0. */
-template <> struct Unit<T_Q4_1> {
-    static constexpr int QK = 32, NU = 2;
-    int lo[2], hi[2], h;
-    float d, m;
-    HD void load(const QW &w, int64_t b, int u) {
-        h = u;
-        int2 v = ld_i2(w.qs + b * 16 + 8 * h);
-        lo[0] = v.x & 0x0F0F0F0F;
-        hi[0] = (v.x >> 4) & 0x0F0F0F0F;
-        lo[1] = v.y & 0x0F0F0F0F;
-        hi[1] = (v.y >> 4) & 0x0F0F0F0F;
-        d = h2f(w.d[2 * b]);
-        m = h2f(w.d[2 * b + 1]);
-    }
-    HD float dot(const Act &a, int64_t col, int ib) const {
-        const int8_t *x = a.qs + col * a.k + ib * 32;
-        int2 xl = ld_i2(x + 8 * h), xh = ld_i2(x + 16 + 8 * h);
-        int s = dp4a(lo[0], xl.x, 0);
-        s = dp4a(lo[1], xl.y, s);
-        s = dp4a(hi[0], xh.x, s);
-        s = dp4a(hi[1], xh.y, s);
-        int64_t xb = col * (a.k / 32) + ib;
-        float r = (d * a.d[xb]) * (float)s;
-        return h == 0 ? r + m * a.s[xb] : r;
-    }
-};
-
-/* Q5_0 (22 B: d, qh u32, qs[16]); q = nibble | (bit e of qh) << 4, x = (q - 16) * d. */
-template <> struct Unit<T_Q5_0> {
-    static constexpr int QK = 32, NU = 2;
-    int lo[2], hi[2], h;
-    float d;
-    HD void load(const QW &w, int64_t b, int u) {
-        h = u;
-        int2 v = ld_i2(w.qs + b * 16 + 8 * h);
-        unsigned qh = (unsigned)ld_i32(w.qh + b * 4);
-        unsigned bl = qh >> (8 * h), bh = qh >> (16 + 8 * h); /* fifth bits of elements 8h.. and 16+8h.. */
-        lo[0] = sext5_minus16((v.x & 0x0F0F0F0F) | spread4_bit4(bl & 15u));
-        lo[1] = sext5_minus16((v.y & 0x0F0F0F0F) | spread4_bit4((bl >> 4) & 15u));
-        hi[0] = sext5_minus16(((v.x >> 4) & 0x0F0F0F0F) | spread4_bit4(bh & 15u));
-        hi[1] = sext5_minus16(((v.y >> 4) & 0x0F0F0F0F) | spread4_bit4((bh >> 4) & 15u));
-        d = h2f(w.d[b]);
-    }
-    HD float dot(const Act &a, int64_t col, int ib) const {
-        const int8_t *x = a.qs + col * a.k + ib * 32;
-        int2 xl = ld_i2(x + 8 * h), xh = ld_i2(x + 16 + 8 * h);
-        int s = dp4a(lo[0], xl.x, 0);
-        s = dp4a(lo[1], xl.y, s);
-        s = dp4a(hi[0], xh.x, s);
-        s = dp4a(hi[1], xh.y, s);
-        return (float)s * (d * a.d[col * (a.k / 32) + ib]);
-    }
-};
-
-/* Q8_0 (34 B: d, qs[32] int8); unit h = elements 16h..16h+15. */
-template <> struct Unit<T_Q8_0> {
-    static constexpr int QK = 32, NU = 2;
-    int4 q;
-    int h;
-    float d;
-    HD void load(const QW &w, int64_t b, int u) {
-        h = u;
-        q = ld_i4(w.qs + b * 32 + 16 * h);
-        d = h2f(w.d[b]);
-    }
-    HD float dot(const Act &a, int64_t col, int ib) const {
-        int4 x = ld_i4(a.qs + col * a.k + ib * 32 + 16 * h);
-        int s = dp4a(q.x, x.x, 0);
-        s = dp4a(q.y, x.y, s);
-        s = dp4a(q.z, x.z, s);
-        s = dp4a(q.w, x.w, s);
-        return (float)s * (d * a.d[col * (a.k / 32) + ib]);
-    }
-};
-
-/* Q4_K (144 B superblock of 256): chunk c (0..3) stores elements 64c..64c+31 in the low nibbles of qs[32c..+31]
- * (sub-block 2c) and 64c+32..64c+63 in the high nibbles (sub-block 2c+1). Unit u: c = u/2, half s = u%2 -> bytes
- * 32c+16s..+15 = elements 64c+16s.. (low) and 64c+32+16s.. (high). With Q8_K (bsums per 16 elements):
- * d8 * (d * (sc_lo*sum_lo + sc_hi*sum_hi) - dmin * (m_lo*bsum[4c+s] + m_hi*bsum[4c+2+s])). */
-template <> struct Unit<T_Q4_K> {
-    static constexpr int QK = 256, NU = 8;
-    int lo[4], hi[4], c, s, sc_lo, sc_hi, m_lo, m_hi;
-    float d, dmin;
-    HD void load(const QW &w, int64_t b, int u) {
-        c = u >> 1;
-        s = u & 1;
-        int4 v = ld_i4(w.qs + b * 128 + 32 * c + 16 * s);
-        lo[0] = v.x & 0x0F0F0F0F; hi[0] = (v.x >> 4) & 0x0F0F0F0F;
-        lo[1] = v.y & 0x0F0F0F0F; hi[1] = (v.y >> 4) & 0x0F0F0F0F;
-        lo[2] = v.z & 0x0F0F0F0F; hi[2] = (v.z >> 4) & 0x0F0F0F0F;
-        lo[3] = v.w & 0x0F0F0F0F; hi[3] = (v.w >> 4) & 0x0F0F0F0F;
-        const uint8_t *sc = w.sc + b * 16;
-        sc_lo = sc[2 * c];
-        sc_hi = sc[2 * c + 1];
-        m_lo = sc[8 + 2 * c];
-        m_hi = sc[8 + 2 * c + 1];
-        d = h2f(w.d[2 * b]);
-        dmin = h2f(w.d[2 * b + 1]);
-    }
-    HD float dot(const Act &a, int64_t col, int ib) const {
-        const int8_t *x = a.qs + col * a.k + ib * 256 + 64 * c + 16 * s;
-        int4 xl = ld_i4(x), xh = ld_i4(x + 32);
-        int sl = dp4a(lo[0], xl.x, 0);
-        sl = dp4a(lo[1], xl.y, sl);
-        sl = dp4a(lo[2], xl.z, sl);
-        sl = dp4a(lo[3], xl.w, sl);
-        int sh = dp4a(hi[0], xh.x, 0);
-        sh = dp4a(hi[1], xh.y, sh);
-        sh = dp4a(hi[2], xh.z, sh);
-        sh = dp4a(hi[3], xh.w, sh);
-        const int *bs = a.bs + col * (a.k / 16) + ib * 16;
-        int sumi = sc_lo * sl + sc_hi * sh;
-        int msum = m_lo * bs[4 * c + s] + m_hi * bs[4 * c + 2 + s];
-        float d8 = a.d[col * (a.k / 256) + ib];
-        return d * d8 * (float)sumi - dmin * d8 * (float)msum;
-    }
-};
-
-/* Q6_K (210 B: ql[128], qh[64], scales[16] int8, d). Half hh (0,1) of 128 elements, l = 0..31:
- *   128hh+l: lo(ql[64hh+l]) | (qh[32hh+l]&3)<<4      128hh+32+l: lo(ql[64hh+32+l]) | ((qh>>2)&3)<<4
- *   128hh+64+l: hi(ql[64hh+l]) | ((qh>>4)&3)<<4      128hh+96+l: hi(ql[64hh+32+l]) | ((qh>>6)&3)<<4
- * minus 32; scale index = element / 16. Unit u: hh = u/4, l = 8(u%4)..+7 -> 4 groups g of 8 elements at
- * 128hh + 32g + l, each under scale 8hh + 2g + (l >= 16). */
-template <> struct Unit<T_Q6_K> {
-    static constexpr int QK = 256, NU = 8;
-    int q[4][2], sc[4], hh, l0;
-    float d;
-    HD void load(const QW &w, int64_t b, int u) {
-        hh = u >> 2;
-        l0 = 8 * (u & 3);
-        int2 A = ld_i2(w.qs + b * 128 + 64 * hh + l0), B = ld_i2(w.qs + b * 128 + 64 * hh + 32 + l0);
-        int2 H = ld_i2(w.qh + b * 64 + 32 * hh + l0);
-        int av[2] = {A.x, A.y}, bv[2] = {B.x, B.y}, hv[2] = {H.x, H.y};
-        for (int i = 0; i < 2; ++i) {
-            q[0][i] = sext6_minus32((av[i] & 0x0F0F0F0F) | ((hv[i] & 0x03030303) << 4));
-            q[1][i] = sext6_minus32((bv[i] & 0x0F0F0F0F) | (((hv[i] >> 2) & 0x03030303) << 4));
-            q[2][i] = sext6_minus32(((av[i] >> 4) & 0x0F0F0F0F) | (((hv[i] >> 4) & 0x03030303) << 4));
-            q[3][i] = sext6_minus32(((bv[i] >> 4) & 0x0F0F0F0F) | (((hv[i] >> 6) & 0x03030303) << 4));
-        }
-        const int8_t *s = (const int8_t *)(w.sc + b * 16) + 8 * hh + (l0 >> 4);
-        for (int g = 0; g < 4; ++g) sc[g] = s[2 * g];
-        d = h2f(w.d[b]);
-    }
-    HD float dot(const Act &a, int64_t col, int ib) const {
-        const int8_t *x = a.qs + col * a.k + ib * 256 + 128 * hh + l0;
-        int sumi = 0;
-        for (int g = 0; g < 4; ++g) {
-            int2 xv = ld_i2(x + 32 * g);
-            sumi += sc[g] * dp4a(q[g][1], xv.y, dp4a(q[g][0], xv.x, 0));
-        }
-        return d * a.d[col * (a.k / 256) + ib] * (float)sumi;
-    }
-};
-
-/* F32 rows: "blocks" of 32 elements, units of 8, float activations. */
-template <> struct Unit<T_F32> {
-    static constexpr int QK = 32, NU = 4;
-    float4 w0, w1;
-    int u;
-    HD void load(const QW &w, int64_t b, int u_) {
-        u = u_;
-        const float *p = (const float *)w.qs + b * 32 + 8 * u;
-        w0 = ld_f4(p);
-        w1 = ld_f4(p + 4);
-    }
-    HD float dot(const Act &a, int64_t col, int ib) const {
-        const float *x = a.f + col * a.k + ib * 32 + 8 * u;
-        float4 x0 = ld_f4(x), x1 = ld_f4(x + 4);
-        return w0.x * x0.x + w0.y * x0.y + w0.z * x0.z + w0.w * x0.w + w1.x * x1.x + w1.y * x1.y + w1.z * x1.z +
-               w1.w * x1.w;
-    }
-};
-
-/* F16 rows: as F32; the activation is rounded to fp16 first, as the CPU's F16 x F16 dot does. */
-template <> struct Unit<T_F16> {
-    static constexpr int QK = 32, NU = 4;
-    float wv[8];
-    int u;
-    HD void load(const QW &w, int64_t b, int u_) {
-        u = u_;
-        int4 v = ld_i4(w.qs + (b * 32 + 8 * u) * 2);
-        unsigned short bits[8];
-        memcpy(bits, &v, 16); /* not a pointer cast: that would break strict aliasing in the host build */
-        for (int i = 0; i < 8; ++i) {
-            __half_raw r;
-            r.x = bits[i];
-            wv[i] = h2f(__half(r));
-        }
-    }
-    HD float dot(const Act &a, int64_t col, int ib) const {
-        const float *x = a.f + col * a.k + ib * 32 + 8 * u;
-        float4 x0 = ld_f4(x), x1 = ld_f4(x + 4);
-        float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        float s = 0.0f;
-        for (int i = 0; i < 8; ++i) s += wv[i] * f16_round(xs[i]);
-        return s;
-    }
-};
-
-#include "qsc_types.cuh" /* the other weight types' units and element decoders */
-
-/* ------------------------------------------------------------------------------------------------------------------
- * Element dequantization from the repacked layout (embedding lookup; bit-exact with the reference dequantizers:
- * every product below is exact in fp32, spec §2.2). */
-HD float dequant_elem(const QW &w, int64_t row, int64_t e) {
-    if (w.type == T_F32) return ((const float *)w.qs)[row * w.k + e];
-    if (w.type == T_F16) return h2f(((const __half *)w.qs)[row * w.k + e]);
-    if (w.type == T_BF16) return bf16_bits_to_f(ld_u16(w.qs + 2 * (row * w.k + e)));
-    int qk = (int)(w.k / w.nb);
-    int64_t b = row * w.nb + e / qk;
-    int j = (int)(e % qk);
-    switch (w.type) {
-    case T_Q4_0: {
-        int byte = w.qs[b * 16 + (j & 15)];
-        int q = j < 16 ? (byte & 15) : (byte >> 4);
-        return (float)(q - 8) * h2f(w.d[b]);
-    }
-    case T_Q4_1: {
-        int byte = w.qs[b * 16 + (j & 15)];
-        int q = j < 16 ? (byte & 15) : (byte >> 4);
-        return (float)q * h2f(w.d[2 * b]) + h2f(w.d[2 * b + 1]);
-    }
-    case T_Q5_0: {
-        int byte = w.qs[b * 16 + (j & 15)];
-        unsigned qh = (unsigned)ld_i32(w.qh + b * 4);
-        int q = (j < 16 ? (byte & 15) : (byte >> 4)) | (int)(((qh >> j) & 1u) << 4);
-        return (float)(q - 16) * h2f(w.d[b]);
-    }
-    case T_Q8_0: return (float)(int8_t)w.qs[b * 32 + j] * h2f(w.d[b]);
-    case T_Q4_K: {
-        int c = j / 64, l = j % 64, s = 2 * c + (l >= 32);
-        int byte = w.qs[b * 128 + 32 * c + (l & 31)];
-        int q = l < 32 ? (byte & 15) : (byte >> 4);
-        float d = h2f(w.d[2 * b]) * (float)w.sc[b * 16 + s], mm = h2f(w.d[2 * b + 1]) * (float)w.sc[b * 16 + 8 + s];
-        return d * (float)q - mm;
-    }
-    case T_Q6_K: {
-        int hh = j / 128, r = j % 128, g = r / 32, l = r % 32;
-        int byte = w.qs[b * 128 + 64 * hh + (g & 1) * 32 + l];
-        int low = g >= 2 ? (byte >> 4) : (byte & 15);
-        int high = (w.qh[b * 64 + 32 * hh + l] >> (2 * g)) & 3;
-        int sc = (int8_t)w.sc[b * 16 + 8 * hh + 2 * g + l / 16];
-        return h2f(w.d[b]) * (float)sc * (float)((low | (high << 4)) - 32);
-    }
-    default: return dequant_elem_ext(w, b, j);
-    }
-}
+#include "qsc_types.cuh" /* the weight types: their list, their rooms, the type table and dequant_elem */
 
 /* ------------------------------------------------------------------------------------------------------------------
  * Activation quantizers, one block (host reference of what the device's warp versions compute). */

@@ -6,7 +6,8 @@
  *
  * Dispatch (launch_matmul_mma / launch_flash return false to keep today's kernels):
  *   GEMM   ncols >= MMA_MIN_COLS (prefill; decode keeps k_matmul's GEMV), every matrix of the launch of a type with
- *          an MMA decode and k % 256 == 0, and the running image was compiled for sm_80+ (its PTX version, so a
+ *          an MMA decode (MMA 1 in qsc_types.cuh's list) and k % 256 == 0, and the running image was compiled for
+ *          sm_80+ (its PTX version, so a
  *          library built with QSC_ARCHS="75" JIT-compiled on a newer GPU keeps k_matmul too), on an sm_80+ device.
  *          Compile with -DQSC_NO_MMA to leave the kernel out altogether.
  *   flash  T >= FLASH_MIN_T query tokens and head sizes 32..128.
@@ -51,7 +52,7 @@ __device__ __forceinline__ void mma_block(const MmaSeg &sg, int64_t row0, int64_
     for (int kb = 0; kb < nst; ++kb) {
         __syncthreads(); /* the previous stage's tiles are read by every warp */
         mma_load_w<TYPE>(sg.w, row0, kb, s, tid, MMA_THREADS);
-        mma_load_x<TYPE == T_Q4_K || TYPE == T_Q6_K>(sg.a, col0, ncols, kb, s, tid, MMA_THREADS);
+        mma_load_x<MmaTraits<TYPE>::K256>(sg.a, col0, ncols, kb, s, tid, MMA_THREADS);
         __syncthreads();
         mma_stage<TYPE, 1>(s, warp, lane, st);
     }
@@ -69,12 +70,9 @@ __global__ void __launch_bounds__(MMA_THREADS) k_matmul_mma(const __grid_constan
     const int64_t row0 = (int64_t)(bx - sg.blk0) * MMA_BM, col0 = (int64_t)blockIdx.y * MMA_BN;
     const int ncols = min(MMA_BN, args.ncols - (int)col0);
     switch (sg.w.type) { /* block-uniform */
-    case T_Q4_0: mma_block<T_Q4_0>(sg, row0, col0, ncols, s); break;
-    case T_Q4_1: mma_block<T_Q4_1>(sg, row0, col0, ncols, s); break;
-    case T_Q5_0: mma_block<T_Q5_0>(sg, row0, col0, ncols, s); break;
-    case T_Q8_0: mma_block<T_Q8_0>(sg, row0, col0, ncols, s); break;
-    case T_Q4_K: mma_block<T_Q4_K>(sg, row0, col0, ncols, s); break;
-    case T_Q6_K: mma_block<T_Q6_K>(sg, row0, col0, ncols, s); break;
+#define QSC_MMA_CASE(T) case T: mma_block<T>(sg, row0, col0, ncols, s); break;
+        QSC_FOR_MMA_TYPES(QSC_MMA_CASE)
+#undef QSC_MMA_CASE
     default: break;
     }
 #endif

@@ -26,7 +26,7 @@ template <int TYPE> static void host_mma_mm(const QW &w, const Act &a, int n_x, 
             for (int kb = 0; kb < (int)(w.k / MMA_KT); ++kb) {
                 for (int tid = 0; tid < MMA_THREADS; ++tid) {
                     mma_load_w<TYPE>(w, row0, kb, s, tid, MMA_THREADS);
-                    mma_load_x<TYPE == T_Q4_K || TYPE == T_Q6_K>(a, col0, ncols, kb, s, tid, MMA_THREADS);
+                    mma_load_x<MmaTraits<TYPE>::K256>(a, col0, ncols, kb, s, tid, MMA_THREADS);
                 }
                 for (int wi = 0; wi < NW; ++wi) mma_stage<TYPE, 32>(s, wi, 0, st[wi]);
             }
@@ -172,12 +172,9 @@ int qsc_host_matmat_mma(int type, const uint8_t *w, int64_t rows, int64_t k, con
     HostAct act(x, n_x, k);
     Act a = act.view(type);
     switch (type) {
-    case T_Q4_0: host_mma_mm<T_Q4_0>(q.w, a, n_x, y); break;
-    case T_Q4_1: host_mma_mm<T_Q4_1>(q.w, a, n_x, y); break;
-    case T_Q5_0: host_mma_mm<T_Q5_0>(q.w, a, n_x, y); break;
-    case T_Q8_0: host_mma_mm<T_Q8_0>(q.w, a, n_x, y); break;
-    case T_Q4_K: host_mma_mm<T_Q4_K>(q.w, a, n_x, y); break;
-    case T_Q6_K: host_mma_mm<T_Q6_K>(q.w, a, n_x, y); break;
+#define QSC_HOST_MMA(T) case T: host_mma_mm<T>(q.w, a, n_x, y); break;
+        QSC_FOR_MMA_TYPES(QSC_HOST_MMA)
+#undef QSC_HOST_MMA
     default: return -1;
     }
     return 0;

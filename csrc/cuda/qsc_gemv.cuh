@@ -2,9 +2,9 @@
  * host emulation (qsc_fast_host.cuh).
  *
  * k_matmul<1> maps one warp to one output row and lets lane l take the row's units l, l + 32, l + 64, ... (a unit =
- * a piece of a block, Unit<TYPE> in qsc_common.cuh), loading a unit and dotting it before the next load: each lane
- * has one weight load (8-16 bytes) in flight, so a warp waits one DRAM round trip per 32 units. An 8B Q4_K row of
- * 4096 is 128 units, four round trips; k_matmul<1> (56 registers, 36 resident warps per SM) keeps about 18 KB in
+ * a piece of a block, Unit<TYPE> in the type's room in qsc_types.cuh), loading a unit and dotting it before the next
+ * load: each lane has one weight load (8-16 bytes) in flight, so a warp waits one DRAM round trip per 32 units. An
+ * 8B Q4_K row of 4096 is 128 units, four round trips; k_matmul<1> (56 registers, 36 resident warps per SM) keeps about 18 KB in
  * flight per SM, where an H100 needs roughly bandwidth x latency / SMs = 3.35 TB/s x ~0.7 us / 132 = 18 KB to
  * stream at full speed, so it is on the edge at best and below it for the 8-byte loads of Q4_0 / Q5_0 / Q6_K.
  * Here a lane issues the loads of GEMV_BATCH = 4 units before the first dot (80 registers, no spills, 24 resident
@@ -39,23 +39,15 @@ template <int TYPE, int BATCH> HD float gemv_lane(const QW &w, int64_t row, cons
     return acc;
 }
 
-/* The types k_gemv decodes (others keep k_matmul). */
-static inline bool gemv_type_ok(int type) {
-    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q8_0 || type == T_Q4_K ||
-           type == T_Q6_K || type == T_F32 || type == T_F16;
-}
+/* The types k_gemv decodes (GEMV 1 in qsc_types.cuh's list; others keep k_matmul). */
+static inline bool gemv_type_ok(int type) { return type_desc(type).gemv; }
 
 /* A lane's partial for any type of gemv_type_ok (0 for others); the switch is warp-uniform. */
 template <int BATCH> HD float gemv_lane_any(const QW &w, int64_t row, const Act &a, int lane) {
     switch (w.type) {
-    case T_Q4_0: return gemv_lane<T_Q4_0, BATCH>(w, row, a, lane);
-    case T_Q4_1: return gemv_lane<T_Q4_1, BATCH>(w, row, a, lane);
-    case T_Q5_0: return gemv_lane<T_Q5_0, BATCH>(w, row, a, lane);
-    case T_Q8_0: return gemv_lane<T_Q8_0, BATCH>(w, row, a, lane);
-    case T_Q4_K: return gemv_lane<T_Q4_K, BATCH>(w, row, a, lane);
-    case T_Q6_K: return gemv_lane<T_Q6_K, BATCH>(w, row, a, lane);
-    case T_F32: return gemv_lane<T_F32, BATCH>(w, row, a, lane);
-    case T_F16: return gemv_lane<T_F16, BATCH>(w, row, a, lane);
+#define QSC_GEMV_CASE(T) case T: return gemv_lane<T, BATCH>(w, row, a, lane);
+        QSC_FOR_GEMV_TYPES(QSC_GEMV_CASE)
+#undef QSC_GEMV_CASE
     default: return 0.0f;
     }
 }

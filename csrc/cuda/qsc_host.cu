@@ -8,17 +8,6 @@
 #include "qsc_common.cuh"
 #include "qsc_emul.cuh"
 
-/* Q4_K / Q5_K 6-bit scale and min of sub-block j from the 12 packed bytes (get_scale_min_k4). */
-static void k4_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4));
-        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-    }
-}
-
 int repack_host(int type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst, int64_t dst_bytes) {
     PackedLayout L;
     if (!packed_layout(type, rows, k, &L)) return -1;
@@ -36,14 +25,9 @@ int repack_host(int type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *
         for (int64_t b = 0; b < nblocks; ++b)
             memcpy(out + b * t.field[sec], src + b * t.raw_bytes + t.src[sec], (size_t)t.field[sec]);
     }
-    if (t.k4_scales) { /* Q4_K: 8 scales then 8 mins, the 6-bit fields unpacked to bytes */
-        uint8_t *sc = dst + L.off[SEC_SC];
+    if (t.unpack) /* scales the type unpacks from the file's block (Q3_K, Q4_K, Q5_K, IQ4_XS: their rooms) */
         for (int64_t b = 0; b < nblocks; ++b)
-            for (int j = 0; j < 8; ++j) k4_scale_min(src + b * t.raw_bytes + 4, j, sc + b * 16 + j, sc + b * 16 + 8 + j);
-    }
-    if (t.unpack_sc) /* Q3_K, IQ4_XS: the packed scales as one signed byte each */
-        for (int64_t b = 0; b < nblocks; ++b)
-            unpack_scales(type, src + b * t.raw_bytes, dst + L.off[SEC_SC] + b * t.field[SEC_SC]);
+            t.unpack(src + b * t.raw_bytes, dst + L.off[SEC_SC] + b * t.field[SEC_SC]);
     return 0;
 }
 
@@ -96,19 +80,32 @@ struct HostAct {
     }
 };
 
-template <int TYPE> static void host_mm(const QW &w, const Act &a, int n_x, float *y) {
+/* k_matmul on the host: y[c * ldy + r] = row r of w . column c of a (+ bias[r]), unit by unit in the kernel's order
+ * (acc starts at +0, so adding a zero bias never changes it: the same bits with or without). */
+template <int TYPE>
+static void emu_mm(const QW &w, const Act &a, float *y, int64_t ldy, const float *bias, int ncols) {
     using U = Unit<TYPE>;
     const int nu = w.nb * U::NU;
     for (int64_t r = 0; r < w.rows; ++r)
-        for (int c = 0; c < n_x; ++c) {
+        for (int c = 0; c < ncols; ++c) {
             float acc = 0.0f;
             for (int t = 0; t < nu; ++t) {
                 U u;
                 u.load(w, r * w.nb + t / U::NU, t % U::NU);
                 acc += u.dot(a, c, t / U::NU);
             }
-            y[(int64_t)c * w.rows + r] = acc;
+            y[(int64_t)c * ldy + r] = acc + (bias ? bias[r] : 0.0f);
         }
+}
+
+/* the host's one dispatch over the types (false: not a device type) */
+static bool emu_mm_any(const QW &w, const Act &a, float *y, int64_t ldy, const float *bias, int ncols) {
+    switch (w.type) {
+#define QSC_EMU_MM(T) case T: emu_mm<T>(w, a, y, ldy, bias, ncols); return true;
+        QSC_FOR_TYPES(QSC_EMU_MM)
+#undef QSC_EMU_MM
+    default: return false;
+    }
 }
 
 extern "C" {
@@ -150,22 +147,7 @@ int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const f
     HostQW q(type, w, rows, k);
     if (!q.ok) return -1;
     HostAct act(x, n_x, k);
-    Act a = act.view(type);
-    switch (type) {
-    case T_Q4_0: host_mm<T_Q4_0>(q.w, a, n_x, y); break;
-    case T_Q4_1: host_mm<T_Q4_1>(q.w, a, n_x, y); break;
-    case T_Q5_0: host_mm<T_Q5_0>(q.w, a, n_x, y); break;
-    case T_Q8_0: host_mm<T_Q8_0>(q.w, a, n_x, y); break;
-    case T_Q4_K: host_mm<T_Q4_K>(q.w, a, n_x, y); break;
-    case T_Q6_K: host_mm<T_Q6_K>(q.w, a, n_x, y); break;
-    case T_F32: host_mm<T_F32>(q.w, a, n_x, y); break;
-    case T_F16: host_mm<T_F16>(q.w, a, n_x, y); break;
-#define QSC_HOST_MM(T) case T: host_mm<T>(q.w, a, n_x, y); break;
-    QSC_EXT_TYPES(QSC_HOST_MM)
-#undef QSC_HOST_MM
-    default: return -1;
-    }
-    return 0;
+    return emu_mm_any(q.w, act.view(type), y, rows, nullptr, n_x) ? 0 : -1;
 }
 
 /* ---- the dense architecture features, run on the host as the kernels run them (qsc_kernels.cuh) */
@@ -224,27 +206,10 @@ int qsc_host_residual(float *x, const float *o, const float *post_w, int n_rows,
 /* ------------------------------------------------------------------------------------------------------------------
  * Mixture of experts (qsc_moe.cuh) on the host: the device's routing and its expert-by-expert FFN over views of the
  * repacked stacked tensors, with the host build of the per-block math, for tests against the CPU block. */
-static bool host_mm_any(const QW &w, const Act &a, int n_x, float *y) {
-    switch (w.type) {
-    case T_Q4_0: host_mm<T_Q4_0>(w, a, n_x, y); return true;
-    case T_Q4_1: host_mm<T_Q4_1>(w, a, n_x, y); return true;
-    case T_Q5_0: host_mm<T_Q5_0>(w, a, n_x, y); return true;
-    case T_Q8_0: host_mm<T_Q8_0>(w, a, n_x, y); return true;
-    case T_Q4_K: host_mm<T_Q4_K>(w, a, n_x, y); return true;
-    case T_Q6_K: host_mm<T_Q6_K>(w, a, n_x, y); return true;
-    case T_F32: host_mm<T_F32>(w, a, n_x, y); return true;
-    case T_F16: host_mm<T_F16>(w, a, n_x, y); return true;
-#define QSC_MOE_MM(T) case T: host_mm<T>(w, a, n_x, y); return true;
-    QSC_EXT_TYPES(QSC_MOE_MM)
-#undef QSC_MOE_MM
-    default: return false;
-    }
-}
-
 /* y [n_x][w.rows] = w x[n_x][k] (+ bias), as k_matmul computes it */
 static bool host_linear(const QW &w, const float *x, int n_x, const float *bias, float *y) {
     HostAct act(x, n_x, w.k);
-    if (!host_mm_any(w, act.view(w.type), n_x, y)) return false;
+    if (!emu_mm_any(w, act.view(w.type), y, w.rows, nullptr, n_x)) return false;
     if (bias)
         for (int c = 0; c < n_x; ++c)
             for (int64_t r = 0; r < w.rows; ++r) y[c * w.rows + r] += bias[r];
@@ -389,37 +354,8 @@ void emu_norm_quant(float *x, const ResidIn &r, const float *w, int norm, float 
     emu_quantize(h, ao, rows, n);
 }
 
-template <int TYPE>
-static void emu_mm(const QW &w, const Act &a, float *y, int64_t ldy, const float *bias, int ncols) {
-    using U = Unit<TYPE>;
-    const int nu = w.nb * U::NU;
-    for (int64_t r = 0; r < w.rows; ++r)
-        for (int c = 0; c < ncols; ++c) {
-            float acc = 0.0f;
-            for (int t = 0; t < nu; ++t) {
-                U u;
-                u.load(w, r * w.nb + t / U::NU, t % U::NU);
-                acc += u.dot(a, c, t / U::NU);
-            }
-            y[(int64_t)c * ldy + r] = acc + (bias ? bias[r] : 0.0f);
-        }
-}
-
 void emu_matmul(const QW &w, const Act &a, float *y, int64_t ldy, const float *bias, int ncols) {
-    switch (w.type) {
-    case T_Q4_0: emu_mm<T_Q4_0>(w, a, y, ldy, bias, ncols); break;
-    case T_Q4_1: emu_mm<T_Q4_1>(w, a, y, ldy, bias, ncols); break;
-    case T_Q5_0: emu_mm<T_Q5_0>(w, a, y, ldy, bias, ncols); break;
-    case T_Q8_0: emu_mm<T_Q8_0>(w, a, y, ldy, bias, ncols); break;
-    case T_Q4_K: emu_mm<T_Q4_K>(w, a, y, ldy, bias, ncols); break;
-    case T_Q6_K: emu_mm<T_Q6_K>(w, a, y, ldy, bias, ncols); break;
-    case T_F32: emu_mm<T_F32>(w, a, y, ldy, bias, ncols); break;
-    case T_F16: emu_mm<T_F16>(w, a, y, ldy, bias, ncols); break;
-#define QSC_EMU_MM(T) case T: emu_mm<T>(w, a, y, ldy, bias, ncols); break;
-    QSC_EXT_TYPES(QSC_EMU_MM)
-#undef QSC_EMU_MM
-    default: break;
-    }
+    emu_mm_any(w, a, y, ldy, bias, ncols);
 }
 
 /* RMSNorm of n values in place, times w (k_qk_post's per-head and whole-projection norms). */

@@ -390,16 +390,8 @@ __global__ void __launch_bounds__(MM_WARPS * 32) k_matmul(const __grid_constant_
 #pragma unroll
     for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
     switch (s.w.type) { /* warp-uniform branch */
-    case T_Q4_0: warp_row_dot<T_Q4_0, NC>(s.w, row, s.a, col0, ncols, acc); break;
-    case T_Q4_1: warp_row_dot<T_Q4_1, NC>(s.w, row, s.a, col0, ncols, acc); break;
-    case T_Q5_0: warp_row_dot<T_Q5_0, NC>(s.w, row, s.a, col0, ncols, acc); break;
-    case T_Q8_0: warp_row_dot<T_Q8_0, NC>(s.w, row, s.a, col0, ncols, acc); break;
-    case T_Q4_K: warp_row_dot<T_Q4_K, NC>(s.w, row, s.a, col0, ncols, acc); break;
-    case T_Q6_K: warp_row_dot<T_Q6_K, NC>(s.w, row, s.a, col0, ncols, acc); break;
-    case T_F32: warp_row_dot<T_F32, NC>(s.w, row, s.a, col0, ncols, acc); break;
-    case T_F16: warp_row_dot<T_F16, NC>(s.w, row, s.a, col0, ncols, acc); break;
 #define QSC_MM_CASE(T) case T: warp_row_dot<T, NC>(s.w, row, s.a, col0, ncols, acc); break;
-    QSC_EXT_TYPES(QSC_MM_CASE)
+        QSC_FOR_TYPES(QSC_MM_CASE)
 #undef QSC_MM_CASE
     default: break;
     }

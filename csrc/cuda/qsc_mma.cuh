@@ -100,103 +100,29 @@ struct __align__(16) MmaSmem {
     float as[MMA_BN][8];      /* Q4_1: Q8_1 sum d * sum(q) */
 };
 
-/* NG scale groups of GK elements per stage, each of GK / KS chunks of KS elements under one integer scale. */
+/* A type's MMA geometry, from its room (qsc_types.cuh): NG scale groups of GK elements per stage, each of GK / KS
+ * chunks of KS elements under one integer scale; MINS: a 6-bit min per sub-block (Q4_K), XSUM: m times the Q8_1 sum
+ * (Q4_1). Only the types of QSC_FOR_MMA_TYPES instantiate it. */
 template <int TYPE> struct MmaTraits {
-    static constexpr bool ok = false;
+    using U = Unit<TYPE>;
+    static constexpr int NG = U::MMA_NG, GK = MMA_KT / NG, KS = U::MMA_KS, CPG = GK / KS;
+    static constexpr bool MINS = U::MMA_MIN, XSUM = U::MMA_XSUM, K256 = TypeCaps<TYPE>::ACTF == ACT_256;
 };
-#define QSC_MMA_TRAITS(T, ng, ks)                                                                                  \
-    template <> struct MmaTraits<T> {                                                                             \
-        static constexpr bool ok = true;                                                                          \
-        static constexpr int NG = ng, GK = MMA_KT / ng, KS = ks, CPG = GK / ks;                                   \
-    };
-QSC_MMA_TRAITS(T_Q4_0, 8, 32)
-QSC_MMA_TRAITS(T_Q4_1, 8, 32)
-QSC_MMA_TRAITS(T_Q5_0, 8, 32)
-QSC_MMA_TRAITS(T_Q8_0, 8, 32)
-QSC_MMA_TRAITS(T_Q4_K, 1, 32)
-QSC_MMA_TRAITS(T_Q6_K, 1, 16)
-#undef QSC_MMA_TRAITS
 
 /* Host side: does a matrix of this type and width run on the MMA path? */
-static inline bool mma_type_ok(int type, int64_t k) {
-    const bool t = type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q8_0 || type == T_Q4_K ||
-                   type == T_Q6_K;
-    return t && k > 0 && k % MMA_KT == 0;
-}
+static inline bool mma_type_ok(int type, int64_t k) { return type_desc(type).mma && k > 0 && k % MMA_KT == 0; }
 
 /* ------------------------------------------------------------------------------------------------------------------
  * Stage loads: thread tid of nthr decodes 32-element pieces (piece p of row r = elements 32p..32p+31 of the stage;
- * consecutive threads take consecutive pieces, so a warp reads consecutive bytes of the repacked fields). */
-HD void st_i32(int8_t *p, int v) {
-#ifdef __CUDA_ARCH__
-    *(int *)p = v;
-#else
-    memcpy(p, &v, 4);
-#endif
-}
-HD void st_i4(int8_t *p, int4 v) {
-#ifdef __CUDA_ARCH__
-    *(int4 *)p = v;
-#else
-    memcpy(p, &v, 16);
-#endif
-}
-
-template <int TYPE>
-HD void mma_decode_piece(const QW &w, int64_t row, int kb, int p, int8_t *dst, MmaSmem &s, int r) {
-    if (TYPE == T_Q4_0 || TYPE == T_Q4_1 || TYPE == T_Q5_0) {
-        const int64_t b = row * w.nb + kb * 8 + p;
-        const int4 v = ld_i4(w.qs + b * 16);
-        const int vw[4] = {v.x, v.y, v.z, v.w};
-        const unsigned qh = TYPE == T_Q5_0 ? (unsigned)ld_i32(w.qh + b * 4) : 0u;
-        for (int j = 0; j < 4; ++j) { /* bytes 4j..4j+3: elements 4j.. (low nibbles) and 16+4j.. (high) */
-            int lo = vw[j] & 0x0F0F0F0F, hi = (vw[j] >> 4) & 0x0F0F0F0F;
-            if (TYPE == T_Q4_0) { lo = sext4_minus8(lo); hi = sext4_minus8(hi); }
-            if (TYPE == T_Q5_0) {
-                lo = sext5_minus16(lo | spread4_bit4((qh >> (4 * j)) & 15u));
-                hi = sext5_minus16(hi | spread4_bit4((qh >> (16 + 4 * j)) & 15u));
-            }
-            st_i32(dst + 4 * j, lo);
-            st_i32(dst + 16 + 4 * j, hi);
-        }
-        s.wd[r][p] = TYPE == T_Q4_1 ? h2f(w.d[2 * b]) : h2f(w.d[b]);
-        if (TYPE == T_Q4_1) s.wm[r][p] = h2f(w.d[2 * b + 1]);
-    } else if (TYPE == T_Q8_0) {
-        const int64_t b = row * w.nb + kb * 8 + p;
-        st_i4(dst, ld_i4(w.qs + b * 32));
-        st_i4(dst + 16, ld_i4(w.qs + b * 32 + 16));
-        s.wd[r][p] = h2f(w.d[b]);
-    } else if (TYPE == T_Q4_K) { /* sub-block p: nibble p & 1 of qs[32 (p / 2) ..] */
-        const int64_t b = row * w.nb + kb;
-        const uint8_t *q = w.qs + b * 128 + 32 * (p >> 1);
-        const int sh = 4 * (p & 1);
-        for (int j = 0; j < 8; ++j) st_i32(dst + 4 * j, (ld_i32(q + 4 * j) >> sh) & 0x0F0F0F0F);
-        s.isc[r][p] = (int8_t)w.sc[b * 16 + p];
-        s.imin[r][p] = (int8_t)w.sc[b * 16 + 8 + p];
-        if (p == 0) { s.wd[r][0] = h2f(w.d[2 * b]); s.wm[r][0] = h2f(w.d[2 * b + 1]); }
-    } else if (TYPE == T_Q6_K) { /* elements 32p + l: half hh = p / 4, group g = p % 4 (see Unit<T_Q6_K>) */
-        const int64_t b = row * w.nb + kb;
-        const int hh = p >> 2, g = p & 3;
-        const uint8_t *ql = w.qs + b * 128 + 64 * hh + 32 * (g & 1), *qh = w.qh + b * 64 + 32 * hh;
-        for (int j = 0; j < 8; ++j) {
-            const int lo = (ld_i32(ql + 4 * j) >> (4 * (g >> 1))) & 0x0F0F0F0F;
-            const int hi = ((ld_i32(qh + 4 * j) >> (2 * g)) & 0x03030303) << 4;
-            st_i32(dst + 4 * j, sext6_minus32(lo | hi));
-        }
-        const int8_t *sc = (const int8_t *)(w.sc + b * 16);
-        s.isc[r][2 * p] = sc[2 * p];
-        s.isc[r][2 * p + 1] = sc[2 * p + 1];
-        if (p == 0) s.wd[r][0] = h2f(w.d[b]);
-    }
-}
-
-/* The stage-kb weight tile: rows row0..row0+BM-1 (rows past the matrix: zeros). */
+ * consecutive threads take consecutive pieces, so a warp reads consecutive bytes of the repacked fields): the type's
+ * mma_piece (its room in qsc_types.cuh) writes the piece's int8 values and its scales into MmaSmem.
+ * The stage-kb weight tile: rows row0..row0+BM-1 (rows past the matrix: zeros). */
 template <int TYPE> HD void mma_load_w(const QW &w, int64_t row0, int kb, MmaSmem &s, int tid, int nthr) {
     for (int idx = tid; idx < MMA_BM * 8; idx += nthr) {
         const int r = idx >> 3, p = idx & 7;
         int8_t *dst = &s.a[r][32 * p];
         if (row0 + r < w.rows) {
-            mma_decode_piece<TYPE>(w, row0 + r, kb, p, dst, s, r);
+            Unit<TYPE>::mma_piece(w, row0 + r, kb, p, dst, s, r);
         } else {
             st_i4(dst, make_int4(0, 0, 0, 0));
             st_i4(dst + 16, make_int4(0, 0, 0, 0));
@@ -254,7 +180,7 @@ template <int TYPE, int LANES> HD void mma_stage(const MmaSmem &s, int warp, int
     using TR = MmaTraits<TYPE>;
     const int rb = 32 * (warp & 1), cb = 32 * (warp >> 1);
     for (int g = 0; g < TR::NG; ++g) {
-        constexpr bool MINS = TYPE == T_Q4_K;
+        constexpr bool MINS = TR::MINS;
         int sumi[LANES][2][4][4], msum[2][4][LANES][4]; /* msum: accumulated by the MMA itself */
         for (int l = 0; l < LANES; ++l)
             for (int m = 0; m < 2; ++m)
@@ -312,7 +238,7 @@ template <int TYPE, int LANES> HD void mma_stage(const MmaSmem &s, int warp, int
                     for (int i = 0; i < 4; ++i) {
                         const int h = i >> 1, j = i & 1;
                         float v = wd[m][h] * ad[n][j] * (float)sumi[l][m][n][i];
-                        if (TYPE == T_Q4_1) v += wm[m][h] * as[n][j];
+                        if (TR::XSUM) v += wm[m][h] * as[n][j];
                         if (MINS) v -= wm[m][h] * ad[n][j] * (float)msum[m][n][l][i];
                         st[l].acc[m][n][i] += v;
                     }

@@ -13,7 +13,6 @@ import numpy as np
 
 from ..model import ModelConfig
 from ..native import kernels as K
-from ..native import nn
 from .cuda_description import check_config, check_description, model_description, packed_bytes
 from .cuda_library import (
     _ERR_LEN,
@@ -31,9 +30,10 @@ from .session import (
     ContextFull,
     ForwardTrace,
     Model,
+    attention_weights,
     check_activation_stats,
+    check_attention_layer,
     head_scales,
-    layer_policy,
     ple_inputs,
 )
 
@@ -230,13 +230,8 @@ class CudaSession:
         """Layer ``layer``'s attention weights ``(T, n_head, n_past)`` for ``queries`` (a :class:`ForwardTrace`'s)
         at ``positions``: the layer's cached keys are copied back from the device and the CPU's native attention
         code computes the weights against them (as :meth:`Session.attention_weights`)."""
-        c = self.config
-        if isinstance(layer, bool) or not 0 <= layer < c.n_layers or c.is_recurrent(layer):
-            raise ValueError(f"layer {layer} has no attention weights")
-        keys = self.cache_rows(layer, "k")
-        return nn.attention_probs(queries, positions, keys, self.n_past, scale=float(layer_policy(c, layer).attn.scale),
-                                  window=c.layer_window(layer), softcap=c.attn_softcap,
-                                  sinks=self.model.weights.layers[layer].sinks, threads=self.model.threads)
+        check_attention_layer(self.config, layer)
+        return attention_weights(self.model, layer, queries, positions, self.cache_rows(layer, "k"), self.n_past)
 
     def set_activation_stats(self, stats: list[dict[str, np.ndarray]] | None) -> None:
         """As :meth:`Session.set_activation_stats`: the device adds each product's squared inputs on prompts onto

@@ -208,6 +208,26 @@ def layer_policy(c: ModelConfig, li: int) -> Any:
     return b
 
 
+def check_attention_layer(c: ModelConfig, layer: int) -> None:
+    """Refuse a layer index that is not an attention layer of ``c`` (the probe's attention weights)."""
+    if isinstance(layer, bool) or not 0 <= layer < c.n_layers or c.is_recurrent(layer):
+        raise ValueError(f"layer {layer} has no attention weights")
+
+
+def attention_weights(model: Model, layer: int, queries: np.ndarray, positions: np.ndarray, keys: np.ndarray,
+                      n_past: int) -> np.ndarray:
+    """Layer ``layer``'s attention weights ``(T, n_head, n_past)`` for ``queries`` at ``positions`` against its
+    cached ``keys``, by the native attention's own code with the layer's policy as its description holds it
+    (:func:`layer_policy`: scale, window, soft-cap) and its sinks: what every session's ``attention_weights``
+    returns, wherever its keys live."""
+    c = model.config
+    check_attention_layer(c, layer)
+    a = layer_policy(c, layer).attn
+    return nn.attention_probs(queries, positions, keys, n_past, scale=float(a.scale), window=int(a.window),
+                              softcap=float(a.softcap), sinks=model.weights.layers[layer].sinks,
+                              threads=model.threads)
+
+
 def layer_description(c: ModelConfig, li: int, lw: LayerWeights, lb: dict[str, _Bound],
                       rope_factors: np.ndarray | None) -> Any:
     """Layer ``li``'s forward description (a ``qs_block``), without the session's buffers: the weights as
@@ -430,14 +450,8 @@ class Session:
         """Layer ``layer``'s attention weights ``(T, n_head, n_past)`` for ``queries`` (a :class:`ForwardTrace`'s)
         at ``positions`` against this session's cached keys, by the native attention's own code (0 where a query
         does not see a key)."""
-        c = self.model.config
-        if not 0 <= layer < c.n_layers or c.is_recurrent(layer):
-            raise ValueError(f"layer {layer} has no attention weights")
-        lw = self.model.weights.layers[layer]
-        b = self._block_structs[layer]
-        return nn.attention_probs(queries, positions, self.k_cache[layer], self.n_past, scale=float(b.attn.scale),
-                                  window=c.layer_window(layer), softcap=c.attn_softcap, sinks=lw.sinks,
-                                  threads=self.model.threads)
+        check_attention_layer(self.model.config, layer)
+        return attention_weights(self.model, layer, queries, positions, self.k_cache[layer], self.n_past)
 
     def close(self) -> None:
         """Nothing to free early (the caches are host arrays); for the protocol's callers, which close sessions."""

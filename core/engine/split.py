@@ -18,8 +18,15 @@ from ..model import ModelConfig
 from ..native import ffi as cpu_ffi
 from ..native import kernels as K
 from ..native import lib as cpu_lib
-from ..native import nn
-from .session import ContextFull, ForwardTrace, Model, Session, layer_policy, ple_inputs
+from .session import (
+    ContextFull,
+    ForwardTrace,
+    Model,
+    Session,
+    attention_weights,
+    check_attention_layer,
+    ple_inputs,
+)
 
 __all__ = ["SplitSession", "split_allowed"]
 
@@ -262,16 +269,11 @@ class SplitSession:
     def attention_weights(self, layer: int, queries: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Layer ``layer``'s attention weights ``(T, n_head, n_past)`` against its cached keys (copied back from
         the device for a GPU layer), by the CPU's native attention code."""
-        c = self.config
-        if isinstance(layer, bool) or not 0 <= layer < c.n_layers or c.is_recurrent(layer):
-            raise ValueError(f"layer {layer} has no attention weights")
+        check_attention_layer(self.config, layer)
         if layer >= self.n_gpu:
             return self.cpu.attention_weights(layer, queries, positions)
         assert self.dev is not None
-        keys = self.dev.keys(layer, self.n_past)
-        return nn.attention_probs(queries, positions, keys, self.n_past, scale=float(layer_policy(c, layer).attn.scale),
-                                  window=c.layer_window(layer), softcap=c.attn_softcap,
-                                  sinks=self.model.weights.layers[layer].sinks, threads=self.model.threads)
+        return attention_weights(self.model, layer, queries, positions, self.dev.keys(layer, self.n_past), self.n_past)
 
     def set_activation_stats(self, stats: list[dict[str, np.ndarray]] | None) -> None:
         """Activation statistics need every layer on one backend: only ``None`` (off) is taken."""

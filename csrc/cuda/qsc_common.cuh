@@ -21,6 +21,7 @@
 
 extern "C" {
 #include "../qs_api_nn.h" /* qs_weight, qs_vec, qs_block: the forward description the CPU block reads too */
+#include "../qs_plan.h"   /* the layer's plan, its slots and the policy it resolves (shared with the CPU block) */
 #include "qsc_api.h"
 }
 
@@ -292,8 +293,6 @@ static inline bool weight_ok(const qs_weight &w, int64_t rows, int64_t k) {
     return w.bytes == rows * (k / type_qk(w.type)) * raw_block_bytes(w.type);
 }
 
-static inline bool is_one(float x) { return x == 0.0f || x == 1.0f; }
-
 #include "qsc_moe.cuh" /* mixture-of-experts: the router math and moe_check */
 #include "qsc_gdn.cuh" /* gated delta-net: the recurrence math and gdn_check */
 
@@ -310,8 +309,9 @@ static inline const char *missing_feature(const qs_block &b) {
 /* A layer's RoPE as the device applies it: the description's, its 0-means-1 scales resolved as the CPU block
  * resolves them; factors: where the device (or the host emulation) reads rope.freqs. */
 static inline RopeP rope_params(const qs_rope_desc &r, const float *factors) {
-    RopeP p = {r.skip ? 1 : 0, r.dim, r.neox ? 1 : 0, r.base, is_one(r.freq_scale) ? 1.0f : r.freq_scale,
-               r.ext_factor, r.corr0, r.corr1, is_one(r.mscale) ? 1.0f : r.mscale, r.skip ? nullptr : factors};
+    const qs_rope_params q = qs_plan_rope(&r); /* the 0-means-1 scales, resolved where the CPU block resolves them */
+    RopeP p = {r.skip ? 1 : 0, r.dim, r.neox ? 1 : 0, q.freq_base, q.freq_scale, q.ext_factor, q.corr0, q.corr1,
+               q.mscale, r.skip ? nullptr : factors};
     return p;
 }
 
@@ -383,13 +383,17 @@ static inline int check_layer(int i, const qs_block &b, const Dims &D, char *err
                 (double)b.residual_scale, (double)b.out_scale, (double)b.eps);
         return -1;
     }
-    const int64_t E = D.E, QD = (int64_t)H * hd, KD = (int64_t)KV * hd;
+    const int bad = qs_plan_bad_vec(&b); /* the plan's vectors: norms and biases */
+    if (bad) {
+        const qs_vec &v = *qs_plan_vec(&b, bad);
+        set_err(err, err_len, "layer %d: %s has %lld values%s, expected %lld", i, qs_plan_vec_name(bad),
+                (long long)v.len, v.ptr ? "" : " and no data", (long long)qs_plan_vec_len(&b, bad));
+        return -1;
+    }
+    const int64_t QD = (int64_t)H * hd, KD = (int64_t)KV * hd;
     const struct { const char *name; const qs_vec *v; int64_t n; } vecs[] = {
-        {"attn_norm", &b.attn_norm, E}, {"ffn_norm", &b.ffn_norm, E},
-        {"post_attn_norm", &b.post_attn_norm, E}, {"post_ffn_norm", &b.post_ffn_norm, E},
-        {"attn.bq", &a.bq, QD}, {"attn.bk", &a.bk, KD}, {"attn.bv", &a.bv, KD}, {"attn.bo", &a.bo, E},
         {"attn.q_norm", &a.q_norm, a.qk_norm_full && !a.kv_reuse ? QD : hd},
-        {"attn.k_norm", &a.k_norm, a.qk_norm_full ? KD : hd}, {"ple.post_norm", &b.ple.post_norm, E},
+        {"attn.k_norm", &a.k_norm, a.qk_norm_full ? KD : hd},
         {"attn.sinks", &a.sinks, H}, {"rope.freqs", &r.freqs, r.skip ? r.freqs.len : r.dim / 2}};
     for (const auto &v : vecs)
         if (!vec_ok(*v.v, v.n, false)) {
@@ -433,7 +437,7 @@ static inline int check_model(const qsc_model_desc *md, const qs_block *layers, 
         return -1;
     }
     Dims D = {md->n_layers, layers[0].n_embd, md->n_vocab, md->eps, md->embed_scale, md->final_softcap,
-              is_one(md->logit_scale) ? 1.0f : md->logit_scale, 0, 0, 0, layers[0].ple.dim, 0};
+              qs_plan_one(md->logit_scale), 0, 0, 0, layers[0].ple.dim, 0};
     if (D.E <= 0 || D.E % 32) {
         set_err(err, err_len, "n_embd %d must be a positive multiple of 32", D.E);
         return -1;

@@ -1323,7 +1323,7 @@ int qsc_kernel_logits(float *x, int64_t n, float logit_scale, float softcap, cha
     float *dx;
     CUDA_TRY(s.put(&dx, x, n));
     k_logits_post<<<(int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096), 256>>>(
-        dx, n, is_one(logit_scale) ? 1.0f : logit_scale, softcap);
+        dx, n, qs_plan_one(logit_scale), softcap);
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(cudaMemcpy(x, dx, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;

@@ -185,7 +185,7 @@ int qsc_host_glu(const float *gate, const float *up, float *out, int64_t n, int 
 
 int qsc_host_logits(float *x, int64_t n, float logit_scale, float softcap) {
     if (n <= 0) return -1;
-    emu_logits(x, n, is_one(logit_scale) ? 1.0f : logit_scale, softcap);
+    emu_logits(x, n, qs_plan_one(logit_scale), softcap);
     return 0;
 }
 

@@ -332,7 +332,7 @@ int qsc_device_props_get(qsc_device_props *out, char *err, size_t err_len);
 int qsc_device_info(char *buf, size_t len);             /* one human line, e.g. "NVIDIA H100 (sm_90, 132 SMs...)" */
 
 /* ---- weight formats */
-int qsc_type_supported(int type); /* 1: kernels run on this type as stored (its row in qsc_common.cuh's QSC_TYPES,
+int qsc_type_supported(int type); /* 1: kernels run on this type as stored (its row in qsc_types.cuh's QSC_TYPE_LIST,
                                    * the one list of the device's types); 0: dequantized to F32 on upload */
 int64_t qsc_packed_bytes(int type, int64_t rows, int64_t k);   /* device bytes after repacking; < 0 unsupported */
 int qsc_repack(int type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst, int64_t dst_bytes);

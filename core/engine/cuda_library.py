@@ -156,7 +156,7 @@ def _types_of(path: str) -> frozenset[int]:
 
 def gpu_types() -> frozenset[int]:
     """The ggml ids of the weight types the GPU kernels run on as stored, as the library says
-    (``qsc_type_supported``, read from its one type table, csrc/cuda/qsc_common.cuh's ``QSC_TYPES``); other types
+    (``qsc_type_supported``, read from its one type table, csrc/cuda/qsc_types.cuh's ``QSC_TYPE_LIST``); other types
     are dequantized to F32 on upload. Empty when the library cannot be loaded (no GPU type without a GPU)."""
     return _types_of(str(library_path()))
 

@@ -30,10 +30,10 @@ static inline qs_rope_params qs_plan_rope(const qs_rope_desc *r) {
 /* The description's weight and vector of each slot the steps name (NULL: QS_W_NONE / QS_V_NONE or unknown). */
 static inline const qs_weight *qs_plan_weight(const qs_block *b, int slot) {
     switch (slot) {
-    case QS_W_Q: return &b->attn.wq;
-    case QS_W_K: return &b->attn.wk;
-    case QS_W_V: return &b->attn.wv;
-    case QS_W_O: return &b->attn.wo;
+    case QS_W_WQ: return &b->attn.wq;
+    case QS_W_WK: return &b->attn.wk;
+    case QS_W_WV: return &b->attn.wv;
+    case QS_W_WO: return &b->attn.wo;
     case QS_W_GATE: return &b->ffn.gate;
     case QS_W_UP: return &b->ffn.up;
     case QS_W_DOWN: return &b->ffn.down;
@@ -143,7 +143,7 @@ static inline int qs_plan_build(const qs_block *b, qs_step *steps) {
         s->src = QS_BUF_H;
         s->dst = QS_BUF_O;
     } else {
-        const int w[3] = {QS_W_Q, QS_W_K, QS_W_V}, out[3] = {A->q_gate ? QS_BUF_QG : QS_BUF_Q, QS_BUF_K, QS_BUF_V};
+        const int w[3] = {QS_W_WQ, QS_W_WK, QS_W_WV}, out[3] = {A->q_gate ? QS_BUF_QG : QS_BUF_Q, QS_BUF_K, QS_BUF_V};
         const int bias[3] = {A->q_gate || !A->bq.ptr ? QS_V_NONE : QS_V_BQ, A->bk.ptr ? QS_V_BK : QS_V_NONE,
                              A->bv.ptr ? QS_V_BV : QS_V_NONE};
         qs_plan_proj(steps, max, &n, QS_BUF_H, A->kv_reuse ? 1 : 3, w, out, bias); /* a reused cache: q alone */
@@ -165,7 +165,7 @@ static inline int qs_plan_build(const qs_block *b, qs_step *steps) {
             s->dst = QS_BUF_ATT;
         }
         qs_plan_tap(steps, max, &n, QS_TAP_WO_IN, QS_BUF_ATT);
-        const int wo[1] = {QS_W_O}, oo[1] = {QS_BUF_O}, bo[1] = {A->bo.ptr ? QS_V_BO : QS_V_NONE};
+        const int wo[1] = {QS_W_WO}, oo[1] = {QS_BUF_O}, bo[1] = {A->bo.ptr ? QS_V_BO : QS_V_NONE};
         qs_plan_proj(steps, max, &n, QS_BUF_ATT, 1, wo, oo, bo);
     }
     qs_plan_residual(steps, max, &n, b->post_attn_norm.ptr ? QS_V_POST_ATTN_NORM : QS_V_NONE, rs);

@@ -179,21 +179,18 @@ def attention_probs(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, n_kv:
 
 
 # ---------------------------------------------------------------------------------------------------- the plan
-def _names(prefix: str, names: str, shown: str | None = None) -> dict[int, str]:
-    return {int(getattr(lib, f"{prefix}{n}")): s for n, s in zip(names.split(), (shown or names.lower()).split(),
-                                                                 strict=True)}
+def _names(prefix: str) -> dict[int, str]:
+    return {int(getattr(lib, n)): n[len(prefix):].lower() for n in dir(lib)
+            if n.startswith(prefix) and n not in (prefix + "KINDS", prefix + "NONE", prefix + "MAX")}
 
 
 @functools.cache
 def plan_names() -> dict[str, dict[int, str]]:
-    """The plan's vocabulary (csrc/qs_api_nn.h): step kinds, buffers, weights, vectors, probe points, GLU modes."""
-    return {"kinds": _names("QS_STEP_", "NORM TAP PROJ QGATE_SPLIT QK_POST ATTEND QGATE GDN RESIDUAL GLU MOE SCALE"),
-            "bufs": _names("QS_BUF_", "X H Q QG GATE K V ATT O G U A PG PA PLE_IN"),
-            "weights": _names("QS_W_", "Q K V O GATE UP DOWN PLE_GATE PLE_PROJ",
-                              "wq wk wv wo gate up down ple_gate ple_proj"),
-            "vecs": _names("QS_V_", "ATTN_NORM POST_ATTN_NORM FFN_NORM POST_FFN_NORM PLE_POST_NORM BQ BK BV BO"),
-            "taps": _names("QS_TAP_", "ATTN_IN Q WO_IN FFN_IN DOWN_IN"),
-            "glus": _names("QS_GLU_", "SILU GELU OAI")}
+    """The plan's vocabulary, read from the library's constants (csrc/qs_api_nn.h: a new slot or kind needs no
+    edit here): step kinds, buffers, weight and vector slots, probe points, GLU modes."""
+    return {"kinds": _names("QS_STEP_"), "bufs": _names("QS_BUF_"),
+            "weights": _names("QS_W_"), "vecs": _names("QS_V_"), "taps": _names("QS_TAP_"),
+            "glus": _names("QS_GLU_")}
 
 
 def block_plan(block: object) -> list[str]:

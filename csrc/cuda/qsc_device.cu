@@ -400,10 +400,10 @@ static int64_t buf_width(const qsc_model *m, const Layer &L, int b) {
 
 static const QW *step_weight(const Layer &L, int w) {
     switch (w) {
-    case QS_W_Q: return &L.wq.w;
-    case QS_W_K: return &L.wk.w;
-    case QS_W_V: return &L.wv.w;
-    case QS_W_O: return &L.wo.w;
+    case QS_W_WQ: return &L.wq.w;
+    case QS_W_WK: return &L.wk.w;
+    case QS_W_WV: return &L.wv.w;
+    case QS_W_WO: return &L.wo.w;
     case QS_W_GATE: return &L.gate.w;
     case QS_W_UP: return &L.up.w;
     case QS_W_DOWN: return &L.down.w;

@@ -257,6 +257,9 @@ struct Launch {
     void (*qgate_quant)(qsc_model *m, const ActOut &ao, int T, int n);
     void (*gdn_core)(qsc_model *m, const GdnArgs &A, int T, const ActOut &ao, int Vd);
     void (*logits)(qsc_model *m, float *x, int64_t n, float scale, float cap);
+    /* the probe's (qsc_probe.cuh): a trace's rows to the caller's host buffer, a statistics' column sums */
+    void (*copy_out)(qsc_model *m, void *dst, const void *src, size_t bytes);
+    void (*sumsq)(qsc_model *m, float *acc, const float *x, int T, int n);
 };
 
 static void dev_embed(qsc_model *m, const QW &w, const int *tok, int T, int E, float scale) {
@@ -297,8 +300,6 @@ static void dev_logits(qsc_model *m, float *x, int64_t n, float scale, float cap
     const int blocks = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
     k_logits_post<<<blocks, 256, 0, m->st>>>(x, n, scale, cap);
 }
-static const Launch DEVICE_LAUNCH = {dev_embed,  dev_norm_quant,  dev_matmul,      dev_qk_post,  dev_attention,
-                                     dev_glu,    dev_qgate_split, dev_qgate_quant, dev_gdn_core, dev_logits};
 
 static void host_embed(qsc_model *m, const QW &w, const int *tok, int T, int E, float scale) {
     emu_embed(w, tok, m->x, T, E, scale);
@@ -339,14 +340,20 @@ static void host_logits(qsc_model *m, float *x, int64_t n, float scale, float ca
     (void)m;
     emu_logits(x, n, scale, cap);
 }
-static const Launch HOST_LAUNCH = {host_embed, host_norm_quant,  host_matmul,      host_qk_post,  host_attention,
-                                   host_glu,   host_qgate_split, host_qgate_quant, host_gdn_core, host_logits};
 
 #define QSC_MOE_ENQUEUE
 #include "qsc_moe.cuh" /* moe_finalize, moe_input_formats, enqueue_moe */
 #include "qsc_probe.cuh"
 #define QSC_GDN_ENQUEUE
 #include "qsc_gdn.cuh" /* gdn_finalize, gdn_state_op, enqueue_gdn */
+
+/* The two launch tables (their probe entries are qsc_probe.cuh's). */
+static const Launch DEVICE_LAUNCH = {dev_embed,  dev_norm_quant,  dev_matmul,      dev_qk_post,  dev_attention,
+                                     dev_glu,    dev_qgate_split, dev_qgate_quant, dev_gdn_core, dev_logits,
+                                     dev_copy_out, dev_sumsq};
+static const Launch HOST_LAUNCH = {host_embed, host_norm_quant,  host_matmul,      host_qk_post,  host_attention,
+                                   host_glu,   host_qgate_split, host_qgate_quant, host_gdn_core, host_logits,
+                                   host_copy_out, host_sumsq};
 
 /* ------------------------------------------------------------------------------------------ the plan's walk */
 static_assert((int)QS_GLU_SILU == (int)GLU_SILU && (int)QS_GLU_GELU == (int)GLU_GELU && (int)QS_GLU_OAI == (int)GLU_OAI,
@@ -1012,6 +1019,7 @@ static int forward_impl(qsc_model *m, const int32_t *tokens, int n_tokens, int n
         const size_t ple_bytes = (size_t)(T * ple_row) * sizeof(float);
         if (ple_row) memcpy(m->h_ple, ple + start * ple_row, ple_bytes);
         if (m->host) {
+            probe_chunk(m, start, n_tokens); /* traced as the device's, by the probe's host twins */
             if (ple_row) memcpy(m->d_ple, m->h_ple, ple_bytes); /* the host twins, at once: logits straight into the caller's buffer */
             memcpy(m->d_params, m->h_params, pbytes);
             float *dl = all_logits ? m->d_logits_all : (last ? m->d_logits1 : nullptr);

@@ -56,6 +56,22 @@ __global__ void k_probe_sumsq(float *__restrict__ acc, const float *__restrict__
     if (j < n) probe_sumsq_col(acc, x, T, n, j);
 }
 
+/* The probe's entries of the launch tables: the device's copy and kernel, and their host twins. */
+static void dev_copy_out(qsc_model *m, void *dst, const void *src, size_t bytes) {
+    cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, m->st);
+}
+static void dev_sumsq(qsc_model *m, float *acc, const float *x, int T, int n) {
+    k_probe_sumsq<<<(n + 255) / 256, 256, 0, m->st>>>(acc, x, T, n);
+}
+static void host_copy_out(qsc_model *m, void *dst, const void *src, size_t bytes) {
+    (void)m;
+    memcpy(dst, src, bytes);
+}
+static void host_sumsq(qsc_model *m, float *acc, const float *x, int T, int n) {
+    (void)m;
+    for (int64_t j = 0; j < n; ++j) probe_sumsq_col(acc, x, T, n, j);
+}
+
 /* A hook of enqueue_forward: ``src`` (T rows) is ``what`` of layer ``li`` (PROBE_RESID at n_layers: the stream
  * after the last layer). Errors of the enqueued copies surface in enqueue_forward's cudaGetLastError. */
 static void probe_tap(qsc_model *m, int what, int li, const float *src, int T) {
@@ -65,15 +81,13 @@ static void probe_tap(qsc_model *m, int what, int li, const float *src, int T) {
     const Layer *L = li < c.n_layers ? &m->layers[(size_t)li] : nullptr;
     const int64_t E = c.E, QD = c.max_qd, LQD = L ? (int64_t)L->H * L->hd : QD;
     if (p->tracing && what == PROBE_RESID && p->resid)
-        cudaMemcpyAsync(p->resid + ((int64_t)li * p->n + p->row0) * E, src, (size_t)(T * E) * sizeof(float),
-                        cudaMemcpyDeviceToHost, m->st);
+        m->ops->copy_out(m, p->resid + ((int64_t)li * p->n + p->row0) * E, src, (size_t)(T * E) * sizeof(float));
     else if (p->tracing && what == PROBE_Q && p->queries && LQD == QD) /* queries: layers of the widest size */
-        cudaMemcpyAsync(p->queries + ((int64_t)li * p->n + p->row0) * QD, src, (size_t)(T * QD) * sizeof(float),
-                        cudaMemcpyDeviceToHost, m->st);
+        m->ops->copy_out(m, p->queries + ((int64_t)li * p->n + p->row0) * QD, src, (size_t)(T * QD) * sizeof(float));
     else if (p->stats && T > 1 && what >= PROBE_ATTN_IN && li < c.n_layers) {
         const int n = what == PROBE_WO_IN ? (int)LQD : what == PROBE_DOWN_IN ? L->F : c.E;
         float *acc = p->stats + li * probe_stats_per_layer(c) + probe_stats_offset(c, what);
-        k_probe_sumsq<<<(n + 255) / 256, 256, 0, m->st>>>(acc, src, T, n);
+        m->ops->sumsq(m, acc, src, T, n);
     }
 }
 

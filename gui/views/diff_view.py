@@ -60,8 +60,8 @@ from ..models import KEY_ROLE, SORT_ROLE, KeyValueModel, SortFilterProxy, plural
 from ..theme import BAD_COLOR, OK_COLOR, muted_color
 from ..widgets.blockwidgets import mono_font
 from ..widgets.fit import ElidedLabel, fit_columns
+from ..widgets.jobstrip import JobStrip
 from ..widgets.paths import output_path
-from ..widgets.progress import ProgressBar
 from ..workers import JobSlot, Task, TaskRunner
 
 DIFF_TASK = "diff"
@@ -790,36 +790,6 @@ class DiffDialog(QDialog):
         self.rows.setGroupSeparatorShown(True)
         self.rows.setToolTip("Compute the value figures on at most this many evenly spaced rows per tensor (all: "
                              "every row); the bit-identical check still reads every byte")
-        self.start_btn = QPushButton("Compare")
-        self.start_btn.setAccessibleName("Start the comparison")
-        self.start_btn.clicked.connect(self.start)
-        self.cancel_btn = QPushButton("Cancel")
-        self.cancel_btn.setAccessibleName("Cancel the comparison")
-        self.cancel_btn.setEnabled(False)
-        self.cancel_btn.clicked.connect(self.cancel)
-        self.progress = ProgressBar()
-        self.progress.setAccessibleName("Comparison progress")
-        self.progress.setRange(0, 1000)
-        self.progress.setValue(0)
-        self.progress.setMaximumWidth(220)
-        self.status = ElidedLabel("Choose the other file, then Compare.")
-        self.status.setAccessibleName("Comparison status")
-        self.rate = QLabel()
-        self.rate.setObjectName("muted")
-        self.rate.setAccessibleName("Comparison rate")
-
-        files = QGridLayout()
-        files.setHorizontalSpacing(8)
-        files.setVerticalSpacing(4)
-        a_title = QLabel("A (open file)")
-        b_title = QLabel("B")
-        b_title.setBuddy(self.other)
-        files.addWidget(a_title, 0, 0)
-        files.addWidget(self.a_label, 0, 1, 1, 2)
-        files.addWidget(b_title, 1, 0)
-        files.addWidget(self.other, 1, 1)
-        files.addWidget(self.browse_btn, 1, 2)
-        files.setColumnStretch(1, 1)
         self.setup = QWidget()
         opts = QHBoxLayout(self.setup)
         opts.setContentsMargins(0, 0, 0, 0)
@@ -834,14 +804,33 @@ class DiffDialog(QDialog):
         rows_label.setBuddy(self.rows)
         opts.addWidget(rows_label)
         opts.addWidget(self.rows)
-        run_row = QHBoxLayout()
-        run_row.addWidget(self.setup, 1)
-        run_row.addWidget(self.start_btn)
-        run_row.addWidget(self.cancel_btn)
-        status_row = QHBoxLayout()
-        status_row.addWidget(self.progress)
-        status_row.addWidget(self.status, 1)
-        status_row.addWidget(self.rate)
+        # [options …][Compare][Cancel] over [progress][status …][rate], all in place (greyed when not usable)
+        self.strip = JobStrip("comparison", "Compare", status_text="Choose the other file, then Compare.",
+                              scale=1000, status=ElidedLabel(), layout="two_rows", always_shown=True,
+                              run_name="Start the comparison", controls=self.setup)
+        self.strip.run_clicked.connect(self.start)
+        self.strip.cancel_clicked.connect(self.cancel)
+        self.start_btn = self.strip.run_btn
+        self.cancel_btn = self.strip.cancel_btn
+        self.progress = self.strip.progress
+        self.status: ElidedLabel = self.strip.status  # type: ignore[assignment]
+        self.rate = QLabel()
+        self.rate.setObjectName("muted")
+        self.rate.setAccessibleName("Comparison rate")
+        self.strip.status_row.addWidget(self.rate)
+
+        files = QGridLayout()
+        files.setHorizontalSpacing(8)
+        files.setVerticalSpacing(4)
+        a_title = QLabel("A (open file)")
+        b_title = QLabel("B")
+        b_title.setBuddy(self.other)
+        files.addWidget(a_title, 0, 0)
+        files.addWidget(self.a_label, 0, 1, 1, 2)
+        files.addWidget(b_title, 1, 0)
+        files.addWidget(self.other, 1, 1)
+        files.addWidget(self.browse_btn, 1, 2)
+        files.setColumnStretch(1, 1)
 
         # ---- the results
         self.summary = QLabel("No comparison yet.")
@@ -922,8 +911,7 @@ class DiffDialog(QDialog):
 
         lay = QVBoxLayout(self)
         lay.addLayout(files)
-        lay.addLayout(run_row)
-        lay.addLayout(status_row)
+        lay.addWidget(self.strip)
         summary_row = QHBoxLayout()
         summary_row.addWidget(self.summary, 1)
         summary_row.addWidget(self.filter, 0, Qt.AlignmentFlag.AlignBottom)
@@ -999,7 +987,7 @@ class DiffDialog(QDialog):
         self.meter = RateMeter()
         self._t0 = time.monotonic()
         self._set_running(True)
-        self.progress.setValue(0)
+        self.strip.started()
         self.rate.setText("")
         self._say(printable(f"Opening {other.name}…"))
         self._show_tables(None)
@@ -1059,8 +1047,7 @@ class DiffDialog(QDialog):
         self.setup.setEnabled(not on)
         self.other.setEnabled(not on)
         self.browse_btn.setEnabled(not on)
-        self.start_btn.setEnabled(not on)
-        self.cancel_btn.setEnabled(on)
+        self.strip.set_busy(on)
         self.export_btn.setEnabled(not on and self.result is not None)
 
     def _progress(self, done: int, total: int, _text: str) -> None:
@@ -1082,7 +1069,7 @@ class DiffDialog(QDialog):
         self.file_b = fb
         self.result = d
         self._finish("done")
-        self.progress.setValue(1000)
+        self.strip.finished()
         self.rate.setText(f"{self.seconds:.1f} s")
         self._say(printable(f"Compared {self.doc_path.name} (A) with {fb.path.name if fb.path else 'B'} (B)."))
         self.summary.setText(summary_text(d))
@@ -1114,7 +1101,8 @@ class DiffDialog(QDialog):
     def cancel(self) -> None:
         """Stop the comparison and the search for a difference (both end at their next chunk)."""
         if self.task is not None:
-            self._say("Cancelling…")
+            self.status.setStyleSheet("")
+            self.strip.cancelling()
             self.task.cancel()
         self._cancel_locate()
 

@@ -28,7 +28,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QPlainTextEdit,
-    QPushButton,
     QSpinBox,
     QSplitter,
     QTableView,
@@ -46,9 +45,9 @@ from quantscope.core.jobs import RateMeter, format_duration
 from ..guard import qt_guarded
 from ..theme import BAD_COLOR, KLD_BINS, KLD_COLORS, KLD_TEXT_COLORS, kld_bin, muted_color
 from ..widgets.fit import ElidedLabel, fit_columns
+from ..widgets.jobstrip import JobStrip
 from ..widgets.paths import browse_row
 from ..widgets.plots import CompactPlot
-from ..widgets.progress import ProgressBar
 from ..workers import JobSlot, Task, TaskRunner
 from .overview import Card
 
@@ -369,25 +368,21 @@ class CompareDialog(QDialog):
         nums.addWidget(self.ctx, 1)
         nums.addWidget(QLabel("Chunks"))
         nums.addWidget(self.chunks, 1)
-        self.start_btn = QPushButton("Compare")
-        self.start_btn.setAccessibleName("Start the comparison")
-        self.start_btn.setDefault(True)
-        self.cancel_btn = QPushButton("Cancel")
-        self.cancel_btn.setAccessibleName("Cancel the comparison")
-        self.cancel_btn.setEnabled(False)
-        self.start_btn.clicked.connect(self.start)
-        self.cancel_btn.clicked.connect(self.cancel)
-        run_row = QHBoxLayout()
-        run_row.addWidget(self.start_btn, 1)
-        run_row.addWidget(self.cancel_btn)
-        self.progress = ProgressBar()
-        self.progress.setAccessibleName("Comparison progress")
-        self.progress.setRange(0, 1000)
-        self.progress.setFormat("%p%")
-        self.status = QLabel("Choose the other file, then Compare.")
-        self.status.setAccessibleName("Comparison status")
-        self.status.setWordWrap(True)
-        self.status.setTextFormat(Qt.TextFormat.RichText)
+        status = QLabel()
+        status.setWordWrap(True)
+        status.setTextFormat(Qt.TextFormat.RichText)
+        # [Compare ……][Cancel] over the bar over the status, all in place (greyed when not usable)
+        self.strip = JobStrip("comparison", "Compare", status_text="Choose the other file, then Compare.", scale=1000,
+                              status=status, layout="column", always_shown=True, run_name="Start the comparison")
+        self.strip.row.setStretchFactor(self.strip.run_btn, 1)
+        self.strip.progress.setFormat("%p%")
+        self.strip.run_btn.setDefault(True)
+        self.strip.run_clicked.connect(self.start)
+        self.strip.cancel_clicked.connect(self.cancel)
+        self.start_btn = self.strip.run_btn
+        self.cancel_btn = self.strip.cancel_btn
+        self.progress = self.strip.progress
+        self.status = self.strip.status
         self.rate = QLabel()
         self.rate.setObjectName("muted")
         self.rate.setWordWrap(True)
@@ -401,9 +396,7 @@ class CompareDialog(QDialog):
         ll = QVBoxLayout(left)
         ll.setContentsMargins(0, 0, 0, 0)
         ll.addWidget(self.setup, 1)
-        ll.addLayout(run_row)
-        ll.addWidget(self.progress)
-        ll.addWidget(self.status)
+        ll.addWidget(self.strip)
         ll.addWidget(self.rate)
 
         # ---- results (right)
@@ -617,11 +610,8 @@ class CompareDialog(QDialog):
         self.meter = RateMeter()
         self._phases = ("quant", "chunk") if kld_base else ("base", "quant", "chunk")
         self.setup.setEnabled(False)
-        self.start_btn.setEnabled(False)
-        self.cancel_btn.setEnabled(True)
-        self.progress.setValue(0)
+        self.strip.started("Starting…")
         self.rate.setText("")
-        self.status.setText("Starting…")
         self._clear_figures()
         self.headline.setText(f"{base.name}  →  {quant.name}")
         self.text.clear_result("<p>Comparing…</p>")
@@ -663,13 +653,12 @@ class CompareDialog(QDialog):
         self.state = state
         self.task = None
         self.setup.setEnabled(True)
-        self.start_btn.setEnabled(True)
-        self.cancel_btn.setEnabled(False)
+        self.strip.set_busy(False)
 
     def _done(self, r: CompareResult) -> None:
         self._finish("done")
         self.result = r
-        self.progress.setValue(1000)
+        self.strip.finished()
         self.rate.setText(f"Scored in {r.seconds:.1f} s" + (f" ({r.backends[1]})" if r.backends[1] else ""))
         self.status.setText(html.escape(printable(f"Done: {r.n_chunks} chunk{'s' if r.n_chunks != 1 else ''} of "
                                                   f"{r.n_ctx} tokens, {r.n_scored:,} positions scored.")))
@@ -769,7 +758,7 @@ class CompareDialog(QDialog):
 
     def cancel(self) -> None:
         if self.task is not None:
-            self.status.setText("Cancelling…")
+            self.strip.cancelling()
             self.task.cancel()
 
     def closeEvent(self, event: Any) -> None:

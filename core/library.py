@@ -29,7 +29,7 @@ MAX_DEPTH = 8
 MAX_FILES = 20000
 #: an Ollama manifest larger than this is not one
 MAX_MANIFEST_BYTES = 1 << 20
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # (a new version when a row's fields or their meaning change: old rows are read again)
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 _DIGEST = re.compile(r"sha256[:-]([0-9a-f]{64})")
 
@@ -280,7 +280,8 @@ def read_entry(c: Candidate) -> Entry:
         with GGUFFile(c.path, strict=False) as f:
             e.architecture = f.architecture
             e.parameters = sum(t.n_elements for t in f.tensors)
-            e.file_type = f.file_type_name or _main_type(f.tensors)
+            ft = f.file_type_name  # llama.cpp's LLAMA_FTYPE_ names, shown as their quantization: Q4_K_M, F16
+            e.file_type = ft.removeprefix("MOSTLY_").removeprefix("ALL_") if ft else _main_type(f.tensors)
             name = f.get("general.name")
             e.model_name = name if isinstance(name, str) else None
             if f.problems and e.problem is None:

@@ -106,7 +106,7 @@ def test_every_store_is_found_and_read_from_headers(home, gguf, tmp_path):
         params = sum(t.n_elements for t in f.tensors)
     for e in rows:
         assert e.architecture == "llama" and e.parameters == params and e.problem is None, e
-        assert e.file_type == "F32"  # (no general.file_type: the type of most bytes)
+        assert e.file_type == "F32"
     split = by[("hf", f"org/Tiny-GGUF/split/{_first(home)}")]
     assert split.shards >= 3 and split.size > gguf.stat().st_size  # every shard counted (headers repeat)
     single = by[("ollama", "tiny:latest")]

@@ -306,7 +306,39 @@ class CompareDialog(QDialog):
         self._phases: tuple[str, ...] = ("base", "quant", "chunk")
         self._sample = sample_text()
 
-        # ---- setup (left)
+        self.split = self._build_split(self._build_setup(doc_path), self._build_results())
+        buttons = QDialogButtonBox()
+        self.close_btn = buttons.addButton("Close", QDialogButtonBox.ButtonRole.RejectRole)
+        self.close_btn.clicked.connect(self.close)
+        lay = QVBoxLayout(self)
+        lay.addWidget(self.split, 1)
+        lay.addWidget(buttons)
+        self.resize(1280, 820)
+
+        self.role.currentIndexChanged.connect(self._role_changed)
+        self.kld_base.toggled.connect(self._kld_toggled)
+        self.text_source.currentIndexChanged.connect(self._source_changed)
+        self.text_edit.textChanged.connect(self._typed_changed)
+        self._role_changed()
+        self._source_changed()
+        self._clear_figures()
+        self.text.clear_result(self._placeholder())
+
+    # ------------------------------------------------------------------ construction
+    def _build_setup(self, doc_path: Path) -> QWidget:
+        """The left column: the options, the job strip and the rate."""
+        self._build_options(doc_path)
+        self._build_strip()
+        left = QWidget()
+        ll = QVBoxLayout(left)
+        ll.setContentsMargins(0, 0, 0, 0)
+        ll.addWidget(self.setup, 1)
+        ll.addWidget(self.strip)
+        ll.addWidget(self.rate)
+        return left
+
+    def _build_options(self, doc_path: Path) -> None:
+        """The files, the text and the numbers (``self.setup``, greyed while a comparison runs)."""
         self.role = QComboBox()
         self.role.setAccessibleName("The open file is the")
         self.role.addItem("base (the reference)", "base")
@@ -368,6 +400,15 @@ class CompareDialog(QDialog):
         nums.addWidget(self.ctx, 1)
         nums.addWidget(QLabel("Chunks"))
         nums.addWidget(self.chunks, 1)
+        self.setup = QWidget()
+        sl = QVBoxLayout(self.setup)
+        sl.setContentsMargins(0, 0, 0, 0)
+        sl.addLayout(form)
+        sl.addWidget(self.text_edit, 1)
+        sl.addLayout(nums)
+
+    def _build_strip(self) -> None:
+        """Compare, Cancel, the bar, the status (a :class:`JobStrip`) and the rate line."""
         status = QLabel()
         status.setWordWrap(True)
         status.setTextFormat(Qt.TextFormat.RichText)
@@ -386,23 +427,32 @@ class CompareDialog(QDialog):
         self.rate = QLabel()
         self.rate.setObjectName("muted")
         self.rate.setWordWrap(True)
-        self.setup = QWidget()
-        sl = QVBoxLayout(self.setup)
-        sl.setContentsMargins(0, 0, 0, 0)
-        sl.addLayout(form)
-        sl.addWidget(self.text_edit, 1)
-        sl.addLayout(nums)
-        left = QWidget()
-        ll = QVBoxLayout(left)
-        ll.setContentsMargins(0, 0, 0, 0)
-        ll.addWidget(self.setup, 1)
-        ll.addWidget(self.strip)
-        ll.addWidget(self.rate)
 
-        # ---- results (right)
+    def _build_results(self) -> QWidget:
+        """The right column: the headline, the figure cards, the coloured text over the histogram and the worst
+        positions."""
         self.headline = ElidedLabel("No comparison yet.", Qt.TextElideMode.ElideMiddle)
         self.headline.setObjectName("heading")
         self.headline.setAccessibleName("Compared files")
+        grid = self._build_cards()
+        text_page = self._build_text_page()
+
+        bottom = self._build_distribution()
+        self.result_split = QSplitter(Qt.Orientation.Vertical)
+        self.result_split.addWidget(text_page)
+        self.result_split.addWidget(bottom)
+        self.result_split.setStretchFactor(0, 3)
+        self.result_split.setStretchFactor(1, 2)
+        right = QWidget()
+        rl = QVBoxLayout(right)
+        rl.setContentsMargins(0, 0, 0, 0)
+        rl.addWidget(self.headline)
+        rl.addLayout(grid)
+        rl.addWidget(self.result_split, 1)
+        return right
+
+    def _build_cards(self) -> QGridLayout:
+        """The ten figure cards (PPL, agreement, KLD quantiles), two rows of five."""
         self.cards: dict[str, Card] = {}
         grid = QGridLayout()
         grid.setSpacing(6)
@@ -414,6 +464,10 @@ class CompareDialog(QDialog):
             grid.addWidget(c, i // 5, i % 5)
         for col in range(5):
             grid.setColumnStretch(col, 1)
+        return grid
+
+    def _build_text_page(self) -> QWidget:
+        """The KLD legend, the text coloured by KL divergence and the chosen token's details."""
         self.text = TokenText()
         self.text.setAccessibleName("Text coloured by KL divergence")
         self.text.tokenChosen.connect(self._token_chosen)
@@ -447,7 +501,10 @@ class CompareDialog(QDialog):
         tl.addLayout(legend)
         tl.addWidget(self.text, 1)
         tl.addWidget(self.details)
+        return text_page
 
+    def _build_distribution(self) -> QSplitter:
+        """The KLD histogram beside the table of the worst positions."""
         self.hist = CompactPlot((360, 200))
         self.hist.setAccessibleName("Histogram of the KL divergence")
         self.hist.setLabel("bottom", "KL divergence (nats)")
@@ -478,40 +535,17 @@ class CompareDialog(QDialog):
         bottom.addWidget(worst_page)
         bottom.setStretchFactor(0, 1)
         bottom.setStretchFactor(1, 1)
-        self.result_split = QSplitter(Qt.Orientation.Vertical)
-        self.result_split.addWidget(text_page)
-        self.result_split.addWidget(bottom)
-        self.result_split.setStretchFactor(0, 3)
-        self.result_split.setStretchFactor(1, 2)
-        right = QWidget()
-        rl = QVBoxLayout(right)
-        rl.setContentsMargins(0, 0, 0, 0)
-        rl.addWidget(self.headline)
-        rl.addLayout(grid)
-        rl.addWidget(self.result_split, 1)
+        return bottom
 
-        self.split = QSplitter(Qt.Orientation.Horizontal)
-        self.split.addWidget(left)
-        self.split.addWidget(right)
-        self.split.setStretchFactor(0, 0)
-        self.split.setStretchFactor(1, 1)
-        self.split.setSizes([300, 900])
-        buttons = QDialogButtonBox()
-        self.close_btn = buttons.addButton("Close", QDialogButtonBox.ButtonRole.RejectRole)
-        self.close_btn.clicked.connect(self.close)
-        lay = QVBoxLayout(self)
-        lay.addWidget(self.split, 1)
-        lay.addWidget(buttons)
-        self.resize(1280, 820)
-
-        self.role.currentIndexChanged.connect(self._role_changed)
-        self.kld_base.toggled.connect(self._kld_toggled)
-        self.text_source.currentIndexChanged.connect(self._source_changed)
-        self.text_edit.textChanged.connect(self._typed_changed)
-        self._role_changed()
-        self._source_changed()
-        self._clear_figures()
-        self.text.clear_result(self._placeholder())
+    def _build_split(self, left: QWidget, right: QWidget) -> QSplitter:
+        """The setup column beside the results."""
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.addWidget(left)
+        split.addWidget(right)
+        split.setStretchFactor(0, 0)
+        split.setStretchFactor(1, 1)
+        split.setSizes([300, 900])
+        return split
 
     # ------------------------------------------------------------------ options
     def role_name(self) -> str:

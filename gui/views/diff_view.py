@@ -760,7 +760,29 @@ class DiffDialog(QDialog):
         self._tasks: set[Task] = set()
         self._retired: list[GGUFFile] = []
 
-        # ---- the files and the options
+        files = self._build_files(doc_path)
+        self._build_strip()
+        self._build_results()
+        bottom = self._build_buttons()
+
+        lay = QVBoxLayout(self)
+        lay.addLayout(files)
+        lay.addWidget(self.strip)
+        summary_row = QHBoxLayout()
+        summary_row.addWidget(self.summary, 1)
+        summary_row.addWidget(self.filter, 0, Qt.AlignmentFlag.AlignBottom)
+        lay.addLayout(summary_row)
+        lay.addWidget(self.split, 1)
+        lay.addLayout(bottom)
+        self.resize(1280, 860)
+        for btn in self.findChildren(QPushButton):  # no default button: Enter in the tables or the filter box
+            btn.setAutoDefault(False)  # must not start a comparison (the B and pattern boxes start one)
+            btn.setDefault(False)
+        self._show_tables(None)
+
+    # ------------------------------------------------------------------ construction
+    def _build_files(self, doc_path: Path) -> QGridLayout:
+        """A (the open file) and B (a path box and Browse…)."""
         self.a_label = ElidedLabel(printable(doc_path), Qt.TextElideMode.ElideMiddle)
         self.a_label.setAccessibleName("File A (the reference)")
         self.other = QLineEdit()
@@ -771,6 +793,22 @@ class DiffDialog(QDialog):
         self.browse_btn = QPushButton("Browse…")
         self.browse_btn.setAccessibleName("Browse for file B")
         self.browse_btn.clicked.connect(self.browse)
+        files = QGridLayout()
+        files.setHorizontalSpacing(8)
+        files.setVerticalSpacing(4)
+        a_title = QLabel("A (open file)")
+        b_title = QLabel("B")
+        b_title.setBuddy(self.other)
+        files.addWidget(a_title, 0, 0)
+        files.addWidget(self.a_label, 0, 1, 1, 2)
+        files.addWidget(b_title, 1, 0)
+        files.addWidget(self.other, 1, 1)
+        files.addWidget(self.browse_btn, 1, 2)
+        files.setColumnStretch(1, 1)
+        return files
+
+    def _build_strip(self) -> None:
+        """The options (values, pattern, rows) and the comparison's :class:`JobStrip` with its rate."""
         self.values_check = QCheckBox("Compare values")
         self.values_check.setChecked(True)
         self.values_check.setAccessibleName("Compare the tensors' values")
@@ -819,60 +857,16 @@ class DiffDialog(QDialog):
         self.rate.setAccessibleName("Comparison rate")
         self.strip.status_row.addWidget(self.rate)
 
-        files = QGridLayout()
-        files.setHorizontalSpacing(8)
-        files.setVerticalSpacing(4)
-        a_title = QLabel("A (open file)")
-        b_title = QLabel("B")
-        b_title.setBuddy(self.other)
-        files.addWidget(a_title, 0, 0)
-        files.addWidget(self.a_label, 0, 1, 1, 2)
-        files.addWidget(b_title, 1, 0)
-        files.addWidget(self.other, 1, 1)
-        files.addWidget(self.browse_btn, 1, 2)
-        files.setColumnStretch(1, 1)
-
-        # ---- the results
+    def _build_results(self) -> None:
+        """The summary, the filter, the tensor and metadata tabs over the block pair."""
         self.summary = QLabel("No comparison yet.")
         self.summary.setObjectName("heading")
         self.summary.setAccessibleName("Summary of the differences")
         self.summary.setWordWrap(True)
         self.summary.setTextFormat(Qt.TextFormat.PlainText)  # names and patterns from the user and the files
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.tensor_model = TensorDiffModel()
-        self.tensor_proxy = SortFilterProxy(self)
-        self.tensor_proxy.setSourceModel(self.tensor_model)
-        self.tensors = QTableView()
-        self.tensors.setModel(self.tensor_proxy)
-        self.tensors.setAccessibleName("Tensors compared")
-        self.tensors.setSortingEnabled(True)
-        self.tensors.sortByColumn(7, Qt.SortOrder.DescendingOrder)
-        self.tensors.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.tensors.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.tensors.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.tensors.verticalHeader().setVisible(False)
-        self.tensors.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 6)
-        self.tensors.setWordWrap(False)
-        fit_columns(self.tensors, stretch=0, optional=(3, 8, 6), min_stretch=160, max_stretch=420)
-        self.tensors.clicked.connect(self._tensor_activated)
-        self.tensors.activated.connect(self._tensor_activated)
-        self.meta_model = MetadataDiffModel()
-        self.meta_proxy = SortFilterProxy(self)
-        self.meta_proxy.setSourceModel(self.meta_model)
-        self.meta = QTableView()
-        self.meta.setModel(self.meta_proxy)
-        self.meta.setAccessibleName("Metadata keys that differ")
-        self.meta.setSortingEnabled(True)
-        self.meta.sortByColumn(-1, Qt.SortOrder.AscendingOrder)  # the files' order until a header is clicked
-        self.meta.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.meta.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.meta.verticalHeader().setVisible(False)
-        self.meta.setWordWrap(False)
-        self.meta.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.meta.setTextElideMode(Qt.TextElideMode.ElideRight)
-        mh = self.meta.horizontalHeader()
-        mh.setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
-        mh.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
+        self._build_tensor_table()
+        self._build_meta_table()
         for view in (self.tensors, self.meta):
             view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
             view.customContextMenuRequested.connect(lambda pos, v=view: self._context_menu(v, pos))
@@ -897,6 +891,48 @@ class DiffDialog(QDialog):
         self.split.setStretchFactor(0, 1)
         self.split.setStretchFactor(1, 1)
 
+    def _build_tensor_table(self) -> None:
+        """The tensors compared, worst first."""
+        self.tensor_model = TensorDiffModel()
+        self.tensor_proxy = SortFilterProxy(self)
+        self.tensor_proxy.setSourceModel(self.tensor_model)
+        self.tensors = QTableView()
+        self.tensors.setModel(self.tensor_proxy)
+        self.tensors.setAccessibleName("Tensors compared")
+        self.tensors.setSortingEnabled(True)
+        self.tensors.sortByColumn(7, Qt.SortOrder.DescendingOrder)
+        self.tensors.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.tensors.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.tensors.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.tensors.verticalHeader().setVisible(False)
+        self.tensors.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 6)
+        self.tensors.setWordWrap(False)
+        fit_columns(self.tensors, stretch=0, optional=(3, 8, 6), min_stretch=160, max_stretch=420)
+        self.tensors.clicked.connect(self._tensor_activated)
+        self.tensors.activated.connect(self._tensor_activated)
+
+    def _build_meta_table(self) -> None:
+        """The metadata keys that differ, in the files' order."""
+        self.meta_model = MetadataDiffModel()
+        self.meta_proxy = SortFilterProxy(self)
+        self.meta_proxy.setSourceModel(self.meta_model)
+        self.meta = QTableView()
+        self.meta.setModel(self.meta_proxy)
+        self.meta.setAccessibleName("Metadata keys that differ")
+        self.meta.setSortingEnabled(True)
+        self.meta.sortByColumn(-1, Qt.SortOrder.AscendingOrder)  # the files' order until a header is clicked
+        self.meta.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.meta.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.meta.verticalHeader().setVisible(False)
+        self.meta.setWordWrap(False)
+        self.meta.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.meta.setTextElideMode(Qt.TextElideMode.ElideRight)
+        mh = self.meta.horizontalHeader()
+        mh.setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        mh.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
+
+    def _build_buttons(self) -> QHBoxLayout:
+        """Export as JSON… and Close."""
         self.export_btn = QPushButton("Export as JSON…")
         self.export_btn.setAccessibleName("Export the comparison as JSON")
         self.export_btn.setEnabled(False)
@@ -908,21 +944,7 @@ class DiffDialog(QDialog):
         bottom.addWidget(self.export_btn)
         bottom.addStretch(1)
         bottom.addWidget(self.close_btn)
-
-        lay = QVBoxLayout(self)
-        lay.addLayout(files)
-        lay.addWidget(self.strip)
-        summary_row = QHBoxLayout()
-        summary_row.addWidget(self.summary, 1)
-        summary_row.addWidget(self.filter, 0, Qt.AlignmentFlag.AlignBottom)
-        lay.addLayout(summary_row)
-        lay.addWidget(self.split, 1)
-        lay.addLayout(bottom)
-        self.resize(1280, 860)
-        for btn in self.findChildren(QPushButton):  # no default button: Enter in the tables or the filter box
-            btn.setAutoDefault(False)  # must not start a comparison (the B and pattern boxes start one)
-            btn.setDefault(False)
-        self._show_tables(None)
+        return bottom
 
     # ------------------------------------------------------------------ the other file
     def set_other(self, path: str | Path) -> None:

@@ -78,3 +78,35 @@ def test_bad_inputs_are_refused_in_one_line(quantized, args, says):
     r = qs("publish", str(quantized["file"]), *args, "--dry-run", check=False)
     err = r.stderr.strip().splitlines()
     assert r.returncode != 0 and len(err) == 1 and err[0].startswith("quantscope: error:") and says in err[0], r.stderr
+
+
+def test_the_file_and_its_card_reach_the_hub_in_one_commit(quantized, tmp_path):
+    """Against a hub on 127.0.0.1 that takes commits (tests/hub_commits.py), with the real huggingface_hub client:
+    the repository is created, the GGUF goes by LFS (its sha256 checked by the server) and the card as README.md,
+    in one commit, with the token; a repository the token cannot write is one line."""
+    import os
+
+    from .hub_commits import running_hub
+
+    with running_hub() as hub:
+        env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1", "HF_TOKEN": "hf_test_token",
+               "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+        r = subprocess.run([sys.executable, "-m", "quantscope.cli", "publish", str(quantized["file"]),
+                            "me/Tiny-GGUF", "--report", str(quantized["report"])], capture_output=True, text=True,
+                           env=env)
+        assert r.returncode == 0, r.stderr
+        files = hub.repos["me/Tiny-GGUF"]
+        assert files["out.gguf"] == quantized["file"].read_bytes()
+        card = ModelCard(files["README.md"].decode("utf-8"))
+        assert "quantscope" in card.data.tags and "Predicted mean KL divergence" in card.text
+        assert len(hub.commits) == 1 and hub.blobs  # one commit; the GGUF went by LFS
+        assert hub.validated[0]["quantized_by"] == "quantscope"  # the client had the hub check the front matter
+        assert "Bearer hf_test_token" in hub.tokens
+        assert "published out.gguf" in r.stdout and "me/Tiny-GGUF" in r.stdout
+        again = subprocess.run([sys.executable, "-m", "quantscope.cli", "publish", str(quantized["file"]),
+                                "me/Tiny-GGUF"], capture_output=True, text=True, env=env)
+        assert again.returncode == 0 and len(hub.commits) == 2  # the repository exists: a new commit
+        denied = subprocess.run([sys.executable, "-m", "quantscope.cli", "publish", str(quantized["file"]),
+                                 "me/forbidden"], capture_output=True, text=True, env=env)
+        err = denied.stderr.strip().splitlines()
+        assert denied.returncode != 0 and len(err) == 1 and err[0].startswith("quantscope: error: the hub refused")

@@ -198,9 +198,23 @@ class ServeView(QWidget):
 
     # ------------------------------------------------------------------ layout
     def _build(self) -> None:
+        """The server card over the requests beside the request shown."""
         lay = QVBoxLayout(self)
         lay.setContentsMargins(10, 10, 10, 10)
         lay.setSpacing(8)
+        lay.addWidget(self._build_card())
+
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.setChildrenCollapsible(False)
+        split.addWidget(self._build_requests())
+        split.addWidget(self._build_request_detail())
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 2)
+        lay.addWidget(split, 1)
+        self.splitter = split
+
+    def _build_card(self) -> QFrame:
+        """The served model, the settings and Start, the server's state, an example client request."""
         card = QFrame()
         card.setObjectName("card")
         card.setAccessibleName("Server")
@@ -211,6 +225,18 @@ class ServeView(QWidget):
         self.model_label = ElidedLabel("No model", Qt.TextElideMode.ElideMiddle)
         self.model_label.setObjectName("modelName")
         self.model_label.setAccessibleName("Served model")
+        row = self._build_settings_row()
+        g.addWidget(self.model_label, 0, 0, 1, 2)
+        g.addLayout(row, 1, 0, 1, 2)
+        self.status_label = ElidedLabel("")
+        self.status_label.setAccessibleName("Server state")
+        self.status_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        g.addWidget(self.status_label, 2, 0, 1, 2)
+        self._build_example(g)
+        return card
+
+    def _build_settings_row(self) -> QHBoxLayout:
+        """Port, API key, Slots, Context … Start serving."""
         self.port_spin = ispin(0, 65535, "Port", "The port to listen on, on this machine only (127.0.0.1); "
                                "0 picks a free one")
         self.port_spin.setGroupSeparatorShown(False)
@@ -240,12 +266,10 @@ class ServeView(QWidget):
         self.key_edit.setMaximumWidth(360)
         row.addStretch(1)
         row.addWidget(self.start_btn)
-        g.addWidget(self.model_label, 0, 0, 1, 2)
-        g.addLayout(row, 1, 0, 1, 2)
-        self.status_label = ElidedLabel("")
-        self.status_label.setAccessibleName("Server state")
-        self.status_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        g.addWidget(self.status_label, 2, 0, 1, 2)
+        return row
+
+    def _build_example(self, g: QGridLayout) -> None:
+        """The example client (curl or Python) with Copy, and its text, in rows 3 and 4 of the card."""
         ex = QHBoxLayout()
         ex.setSpacing(6)
         self.example_combo = QComboBox()
@@ -269,10 +293,9 @@ class ServeView(QWidget):
         fm = self.example.fontMetrics()
         self.example.setFixedHeight(fm.lineSpacing() * 7 + 12)
         g.addWidget(self.example, 4, 0, 1, 2)
-        lay.addWidget(card)
 
-        split = QSplitter(Qt.Orientation.Horizontal)
-        split.setChildrenCollapsible(False)
+    def _build_requests(self) -> QWidget:
+        """The left pane: the requests served, newest last."""
         left = QWidget()
         ll = QVBoxLayout(left)
         ll.setContentsMargins(0, 0, 0, 0)
@@ -298,8 +321,10 @@ class ServeView(QWidget):
         hh.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
         self.table.selectionModel().currentRowChanged.connect(lambda cur, _p: self.show_request(cur.row()))
         ll.addWidget(self.table, 1)
-        split.addWidget(left)
+        return left
 
+    def _build_request_detail(self) -> QWidget:
+        """The right pane: the request shown, its colouring and Probe button, its prompt over its reply."""
         right = QWidget()
         rl = QVBoxLayout(right)
         rl.setContentsMargins(0, 0, 0, 0)
@@ -347,11 +372,7 @@ class ServeView(QWidget):
         vsplit.addWidget(self.reply_scroll)
         vsplit.setSizes([120, 300])
         rl.addWidget(vsplit, 1)
-        split.addWidget(right)
-        split.setStretchFactor(0, 3)
-        split.setStretchFactor(1, 2)
-        lay.addWidget(split, 1)
-        self.splitter = split
+        return right
 
     # ------------------------------------------------------------------ the document
     def set_document(self, doc: Document | None) -> None:

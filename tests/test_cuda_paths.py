@@ -206,11 +206,12 @@ def cpu_sizes(model: Model) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     return out
 
 
-def expect_counts(T: int, off: str | None, c_pre: dict[str, int], c_step: dict[str, int]) -> None:
+def expect_counts(T: int, off: str | None, c_pre: dict[str, int], c_step: dict[str, int], mma_hw: bool) -> None:
     """The dispatch's rules (qsc_fast.cuh) for models whose every matrix has a GEMV and an MMA decode and whose
-    heads flash attention takes, prefill of T tokens in chunks of 512, then one decode step."""
+    heads flash attention takes, prefill of T tokens in chunks of 512, then one decode step (mma_hw: the tensor
+    cores are there, as the host emulates them)."""
     chunks = [512, T - 512] if T > 512 else [T]
-    on = {p: p != off for p in SWITCHES}
+    on = {p: p != off and (p != "mma" or mma_hw) for p in SWITCHES}
     one, few, many = 1 in chunks, any(1 < c < 16 for c in chunks), any(c >= 16 for c in chunks)
     want = {"gemv": on["gemv"] and one, "mma": on["mma"] and many, "flash": on["flash"] and many,
             "attention": one or few or not on["flash"],
@@ -224,7 +225,7 @@ def expect_counts(T: int, off: str | None, c_pre: dict[str, int], c_step: dict[s
     assert c_step["mma"] == c_step["flash"] == 0 and c_step["attention"] > 0, (T, off, c_step)
 
 
-def check_paths(model: Model, host: bool, lib, monkeypatch) -> dict[str, float]:
+def check_paths(model: Model, host: bool, lib, monkeypatch, mma_hw: bool = True) -> dict[str, float]:
     """Each fast path on (all three) and off (each alone): the path counts as the dispatch's rules say, and for
     each T the logits of the prefill's rows and of the decode step within the device-vs-CPU bar of test_cuda.py
     (mean KLD <= GPU_KLD_LIMIT, the same top token at >= GPU_TOP1 of the rows) of the CPU engine's and of those
@@ -239,7 +240,7 @@ def check_paths(model: Model, host: bool, lib, monkeypatch) -> dict[str, float]:
                 monkeypatch.delenv(var, raising=False)
         runs[off] = run_sizes(model, host, lib)
         for T, (_, _, c_pre, c_step) in runs[off].items():
-            expect_counts(T, off, c_pre, c_step)
+            expect_counts(T, off, c_pre, c_step, mma_hw)
     worst: dict[str, float] = {}
     for off, run in runs.items():
         for T, (pre, step, _, _) in run.items():
@@ -264,8 +265,28 @@ def test_emulated_fast_paths_match_their_fallbacks_and_the_cpu(cuda_lib, lib, mo
 
 @pytest.mark.parametrize("key", MODELS)
 def test_gpu_fast_paths_match_their_fallbacks_and_the_cpu(gpu, lib, models, key, monkeypatch):
-    """As the emulated test, through the kernels: k_gemv, k_matmul_mma (sm_80+; on older devices the counts would
-    show k_matmul, and this test fails there by design: it checks the fast paths), k_flash each against the model
-    made with it switched off, at T in {1, 15, 16, 17, 63, 65, 513}."""
-    worst = check_paths(models[key], False, lib, monkeypatch)
+    """As the emulated test, through the kernels: k_gemv, k_matmul_mma (sm_80+: below, the counts must show
+    k_matmul) and k_flash, each against the model made with it switched off, at T in {1, 15, 16, 17, 63, 65, 513}."""
+    from quantscope.core.engine import cuda_library as cl
+
+    mma_hw = float(cl.device_properties()["compute"]) >= 8.0
+    worst = check_paths(models[key], False, lib, monkeypatch, mma_hw)
     print(key, {k: f"{v:.2e}" for k, v in worst.items()})
+
+
+def test_switches_are_read_when_a_model_is_made(cuda_lib, lib, models, monkeypatch):
+    """A model keeps the switches it was made with (a CUDA graph captured later replays the same choices)."""
+    model = models["tiny"]
+    for var in SWITCHES.values():
+        monkeypatch.delenv(var, raising=False)
+    with cb.CudaSession(model, 64, host_emulation=True) as on:
+        for var in SWITCHES.values():
+            monkeypatch.setenv(var, "0")
+        with cb.CudaSession(model, 64, host_emulation=True) as off:
+            path_counts(lib)
+            on.forward(list(range(3, 19)))
+            c_on = path_counts(lib)
+            off.forward(list(range(3, 19)))
+            c_off = path_counts(lib)
+    assert c_on["mma"] > 0 and c_on["flash"] > 0 and c_on["gemv"] > 0, c_on  # the head's last row: GEMV
+    assert c_off["mma"] == c_off["flash"] == c_off["gemv"] == 0 and c_off["matmul"] > 0, c_off

@@ -17,6 +17,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from quantscope.core.bump import BumpError, describe, is_bump, open_bump, render_bump
     from quantscope.core.summary import render_text, summarize
 
+    if args.file and args.file.startswith("hf://"):
+        return _inspect_remote(args)
     path = args.file or str(default_model_path())
     check_file(path)
     if is_bump(path):
@@ -36,6 +38,30 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             dump_json(s)
         else:
             print(render_text(f, s))
+    return 0
+
+
+def _inspect_remote(args: argparse.Namespace) -> int:
+    """``inspect hf://org/repo/file.gguf``: the header read over range requests, the file not downloaded."""
+    from quantscope.core import hub
+    from quantscope.core.gguf import GGUFError
+    from quantscope.core.summary import render_text, summarize
+
+    try:
+        repo, name = hub.parse_hf_url(args.file)
+        p = hub.peek(repo, name)
+    except hub.HubError as exc:
+        raise CLIError(str(exc)) from None
+    except GGUFError as exc:
+        raise CLIError(f"{args.file}: not a readable GGUF file: {exc}") from None
+    s = summarize(p.gguf, max_items=args.items)
+    s["path"] = args.file
+    s["fetched_bytes"] = p.fetched
+    if args.json:
+        dump_json(s)
+    else:
+        print(render_text(p.gguf, s))
+        print(f"Fetched     {p.fetched:,} of {p.size:,} bytes (the header; nothing was downloaded)")
     return 0
 
 

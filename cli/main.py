@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "export": "export",
     "probe": "probe",
     "serve": "serve",
+    "pull": "hub", "hub": "hub",
 }
 BENCH_KINDS = ("open", "kernels", "convert", "model", "synthetic")
 #: the options (argparse dests) that name files: any bytes are a valid Linux file name, so a non-UTF-8 name is

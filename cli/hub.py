@@ -1,0 +1,155 @@
+"""Verbs on the Hugging Face hub: pull (download a quantization into the Hugging Face cache), hub search, hub files.
+``inspect hf://org/repo/file.gguf`` (cli/files.py) peeks at a remote header through core/hub.py as well."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from quantscope.core import hub
+from quantscope.core.fsutil import printable
+
+from .common import MAX_CTX, Bar, CLIError, dump_json, int_arg
+
+
+def _size(n: int | None) -> str:
+    from quantscope.core.summary import human_bytes
+
+    return "?" if n is None else human_bytes(n)
+
+
+def _run(fn: Any, *a: Any, **k: Any) -> Any:
+    try:
+        return fn(*a, **k)
+    except hub.HubError as exc:
+        raise CLIError(str(exc)) from None
+
+
+def _sets(repo: str) -> list[hub.QuantSet]:
+    files = hub.cached_files(repo) if hub.offline() else hub.repo_files(repo)
+    if hub.offline() and not files:
+        raise hub.HubError(f"{repo}: HF_HUB_OFFLINE is set and nothing of it is in the cache")
+    return hub.gguf_sets(files)
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    repo, quant = _run(hub.parse_repo_ref, args.ref)
+    qset = _run(lambda: hub.select(_sets(repo), quant, repo))
+    what = f"{repo}: {qset.name}" + (f" ({qset.shards} shards)" if qset.shards > 1 else "")
+    print(f"{what}, {_size(qset.size)}", file=sys.stderr)
+    bars: dict[str, Bar] = {}
+
+    def progress(name: str, done: int, total: int) -> None:
+        bar = bars.get(name)
+        if bar is None:
+            bar = bars[name] = Bar(f"download {Path(name).name}")
+        bar(done, total)
+
+    def verify(name: str, done: int, total: int) -> None:
+        key = "sha256 " + name
+        bar = bars.get(key)
+        if bar is None:
+            bar = bars[key] = Bar(f"verify {Path(name).name}")
+        bar(done, total)
+
+    try:
+        paths = _run(hub.download, repo, qset, progress, verify)
+    finally:
+        for b in bars.values():
+            b.close()
+    for p in paths:
+        print(printable(str(p)))
+    return 0
+
+
+def cmd_hub(args: argparse.Namespace) -> int:
+    if args.action == "search":
+        return _search(args)
+    return _files(args)
+
+
+def _search(args: argparse.Namespace) -> int:
+    hits = _run(hub.search, " ".join(args.text), args.sort, args.limit)
+    if args.json:
+        dump_json([h.__dict__ for h in hits])
+        return 0
+    if not hits:
+        print("no GGUF repositories found")
+        return 0
+    w = max(len(h.id) for h in hits)
+    print(f"{'REPOSITORY':<{w}}  {'DOWNLOADS':>10}  {'LIKES':>6}  UPDATED")
+    for h in hits:
+        gated = "  (gated)" if h.gated else ""
+        print(printable(f"{h.id:<{w}}  {h.downloads or 0:>10,}  {h.likes or 0:>6,}  "
+                        f"{(h.last_modified or '')[:10]}{gated}"))
+    return 0
+
+
+def _kv(repo: str, sets: list[hub.QuantSet], ctx: int) -> tuple[int | None, str]:
+    """The KV cache (and recurrent state) for ``ctx`` tokens, from the header of the smallest model's first file
+    (every quantization of a repository shares the hyperparameters)."""
+    from quantscope.core.gguf import GGUFError
+    from quantscope.core.model.memory import memory_plan
+
+    ok = [s for s in sets if not s.problem]
+    if not ok or hub.offline():
+        return None, "KV cache unknown"
+    try:
+        p = hub.peek(repo, ok[0].files[0].path)
+        plan = memory_plan(p.gguf, min(ctx, MAX_CTX))
+    except (hub.HubError, GGUFError, ValueError) as exc:
+        return None, f"KV cache unknown ({' '.join(str(exc).split())[:120]})"
+    kv = plan.kv_bytes + plan.state_bytes
+    return kv, f"KV cache {_size(kv)} at context {ctx:,}"
+
+
+def _files(args: argparse.Namespace) -> int:
+    from quantscope.core.sysinfo import memory_available, memory_total
+
+    if not args.text or len(args.text) != 1:
+        raise CLIError("hub files: give one repository (org/repo)")
+    repo, _ = _run(hub.parse_repo_ref, args.text[0])
+    sets = _run(_sets, repo)
+    kv, kv_text = _run(_kv, repo, sets, args.ctx)
+    room = memory_available() or memory_total()
+    rows = []
+    for s in sets:
+        need = s.size + (kv or 0)
+        rows.append({"quant": s.quant, "name": s.name, "size": s.size, "shards": s.shards,
+                     "files": [f.path for f in s.files], "needs": need, "fits": hub.fit_text(need, room),
+                     "problem": s.problem})
+    if args.json:
+        dump_json({"repo": repo, "context": args.ctx, "kv_bytes": kv, "memory_available": room, "models": rows})
+        return 0
+    if not rows:
+        print(f"{repo} has no GGUF files")
+        return 0
+    print(printable(f"{repo}: {len(rows)} GGUF model{'s' * (len(rows) != 1)}; {kv_text}; "
+                    f"memory available {_size(room)}"))
+    print(f"  {'QUANT':<12} {'SIZE':>10} {'SHARDS':>6}  {'FITS':<9}  FILE")
+    for r in rows:
+        note = f"  ({r['problem']})" if r["problem"] else ""
+        print(printable(f"  {r['quant'] or '-':<12} {_size(r['size']):>10} {r['shards']:>6}  {r['fits']:<9}  "
+                        f"{r['name']}{note}"))
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add this module's sub-commands to ``sub``."""
+    s = sub.add_parser("pull", help="download a GGUF from the Hugging Face hub into its cache (org/repo:QUANT; "
+                       "every shard of a split set; resumes a cut connection, checks SHA-256; HF_TOKEN or a saved "
+                       "token for gated repos; HF_HUB_OFFLINE=1 uses the cache)")
+    s.add_argument("ref", help="org/repo or org/repo:QUANT (Q4_K_M, Q8_0, … case-insensitive)")
+    s.set_defaults(func=cmd_pull)
+    s = sub.add_parser("hub", help="the Hugging Face hub: search GGUF repositories, or a repository's GGUF files "
+                       "by quantization with sizes, shards and whether each fits this machine")
+    s.add_argument("action", choices=("search", "files"))
+    s.add_argument("text", nargs="*", help="search: words of the name; files: org/repo")
+    s.add_argument("--sort", choices=tuple(hub.SORTS), default="downloads", help="search order (default downloads)")
+    s.add_argument("--limit", type=int_arg(1, 1000), default=20, help="search: at most this many (default 20)")
+    s.add_argument("-c", "--ctx", type=int_arg(1, MAX_CTX), default=4096,
+                   help="files: the context the memory estimate allows for (default 4096)")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.set_defaults(func=cmd_hub)

@@ -320,17 +320,23 @@ def download(repo: str, qset: QuantSet, progress: Callable[[str, int, int], None
     """Every file of ``qset`` into the Hugging Face cache (already there: kept), each checked against the hub's
     SHA-256 (a mismatch removes it and raises); the snapshot paths, in order. Offline (``HF_HUB_OFFLINE``), the
     cached files."""
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
     paths = []
     for f in qset.files:
         kwargs: dict[str, Any] = {}
         if progress is not None:
             kwargs["tqdm_class"] = _progress_class(progress, f.path)
+        had = isinstance(try_to_load_from_cache(repo, f.path), str)
         with hub_errors(repo, f.path):
             path = Path(hf_hub_download(repo, f.path, **kwargs))
         if f.sha256:
-            got = sha256_file(path, (lambda d, t, n=f.path: verify(n, d, t)) if verify else None)
+            try:
+                got = sha256_file(path, (lambda d, t, n=f.path: verify(n, d, t)) if verify else None)
+            except KeyboardInterrupt:  # cancelled before its check: a new download must not look complete
+                if not had:
+                    _discard(path)
+                raise
             if got != f.sha256.lower():
                 _discard(path)
                 raise HubError(f"{repo}: {f.path}: SHA-256 mismatch (got {got[:16]}…, the hub says "

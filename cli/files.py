@@ -41,19 +41,32 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inspect_remote(args: argparse.Namespace) -> int:
-    """``inspect hf://org/repo/file.gguf``: the header read over range requests, the file not downloaded."""
+def _peek(url: str) -> Any:
+    """``hf://org/repo/file.gguf``'s header, read over range requests (core/hub.py :func:`peek`)."""
     from quantscope.core import hub
     from quantscope.core.gguf import GGUFError
-    from quantscope.core.summary import render_text, summarize
 
     try:
-        repo, name = hub.parse_hf_url(args.file)
-        p = hub.peek(repo, name)
+        repo, name = hub.parse_hf_url(url)
+        return hub.peek(repo, name)
     except hub.HubError as exc:
         raise CLIError(str(exc)) from None
     except GGUFError as exc:
-        raise CLIError(f"{args.file}: not a readable GGUF file: {exc}") from None
+        raise CLIError(f"{url}: not a readable GGUF file: {exc}") from None
+
+
+def _open_any(path: str) -> Any:
+    """A local GGUF, or a remote one (``hf://``) whose blocks are fetched one by one as they are asked for."""
+    if path.startswith("hf://"):
+        return _peek(path).gguf
+    return open_gguf(path)
+
+
+def _inspect_remote(args: argparse.Namespace) -> int:
+    """``inspect hf://org/repo/file.gguf``: the header read over range requests, the file not downloaded."""
+    from quantscope.core.summary import render_text, summarize
+
+    p = _peek(args.file)
     s = summarize(p.gguf, max_items=args.items)
     s["path"] = args.file
     s["fetched_bytes"] = p.fetched
@@ -69,7 +82,7 @@ def cmd_dump_block(args: argparse.Namespace) -> int:
     from quantscope.core.blockdump import block_to_json, locate_and_decode, render_block
     from quantscope.core.quant import can_decode
 
-    with open_gguf(args.file) as f:
+    with _open_any(args.file) as f:
         try:
             t = f.tensor(args.tensor)
         except KeyError:

@@ -346,12 +346,25 @@ def download(repo: str, qset: QuantSet, progress: Callable[[str, int, int], None
 
 
 # ------------------------------------------------------------------------------------------------ peek
+class RemoteGGUF(GGUFFile):
+    """A remote GGUF parsed from its first bytes (:func:`peek`): the header as a local file's, and each block
+    :meth:`block_bytes` is asked for fetched by a ranged read of just its bytes."""
+
+    fetch: Callable[[int, int], bytes] | None = None
+
+    def block_bytes(self, t: Any, row: int, block: int) -> bytes:
+        off, n = self.block_location(t, row, block)
+        if self.fetch is None:
+            return super().block_bytes(t, row, block)
+        return self.fetch(off, off + n)
+
+
 @dataclass
 class Peek:
     """A remote GGUF's header, parsed from its first bytes (``fetched`` of ``size``), with the URL its bytes come
     from (for more ranged reads)."""
 
-    gguf: GGUFFile
+    gguf: RemoteGGUF
     size: int
     fetched: int
     url: str
@@ -403,7 +416,8 @@ def peek(repo: str, filename: str, first: int = PEEK_FIRST, limit: int = PEEK_LI
         while True:
             data += _read_range(location, headers, len(data), ask)
             try:
-                f = GGUFFile(data, strict=False, file_size=size)
+                f = RemoteGGUF(data, strict=False, file_size=size)
+                f.fetch = lambda a, b: _read_range(location, headers, a, b)
                 return Peek(f, size, len(data), location, headers)
             except NeedMoreBytes as exc:
                 nxt = max(exc.needed or 0, 2 * len(data))
@@ -411,12 +425,6 @@ def peek(repo: str, filename: str, first: int = PEEK_FIRST, limit: int = PEEK_LI
                     raise GGUFError(f"the header is longer than the {len(data):,} bytes read (of {size:,})",
                                     exc.offset) from None
                 ask = min(nxt, limit, size)
-
-
-def read_block(p: Peek, tensor: str, row: int = 0, block: int = 0) -> bytes:
-    """One block of a peeked file's tensor, fetched by a ranged read of just its bytes."""
-    off, n = p.gguf.block_location(tensor, row, block)
-    return _read_range(p.url, p.headers, off, off + n)
 
 
 # ------------------------------------------------------------------------------------------------ fit

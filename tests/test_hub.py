@@ -257,6 +257,18 @@ def test_peek_reads_the_header_only(server, files, tmp_path):
     assert f"Fetched     {served:,} of" in r.stdout
 
 
+def test_peek_fetches_only_the_blocks_asked_for(server, files, tmp_path):
+    args = ["dump-block", "--json", "token_embd.weight", "--row", "40000", "--block", "3"]
+    r = run(server, tmp_path, *args[:2], "hf://org/big-GGUF/big-F32.gguf", *args[2:])
+    assert r.returncode == 0, r.stderr
+    local = subprocess.run([*CLI, *args[:2], str(files["big"]), *args[2:]], capture_output=True, text=True,
+                           check=True)
+    assert json.loads(r.stdout) == json.loads(local.stdout)
+    # the header's first MiB, then the 4 bytes of one F32 "block", by a ranged read 10 MiB into the file
+    assert server.bytes_served("org/big-GGUF", "big-F32.gguf") == core_hub.PEEK_FIRST + 4
+    assert not cache_files(tmp_path)
+
+
 def test_peek_refuses_a_hostile_header_like_a_local_file(server, files, tmp_path):
     line = one_error_line(run(server, tmp_path, "inspect", "hf://org/big-GGUF/bad-F32.gguf"))
     local = one_error_line(subprocess.run([*CLI, "inspect", str(files["hostile"])], capture_output=True, text=True))

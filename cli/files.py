@@ -93,9 +93,11 @@ def cmd_dump_block(args: argparse.Namespace) -> int:
             raise CLIError(f"{t.name}: cannot decode: {t.problem or t.type_name}")
         if not can_decode(t.type):
             raise CLIError(f"{t.name}: no block decoder for {t.type.name} yet")
+        from quantscope.core.hub import HubError
+
         try:
             b, off = locate_and_decode(f, t.name, args.row, args.block)
-        except IndexError as exc:
+        except (IndexError, HubError) as exc:  # (HubError: a remote file's block could not be fetched)
             raise CLIError(str(exc)) from None
         if args.element is not None and not 0 <= args.element < t.type.block_elems:
             raise CLIError(f"element {args.element} out of range 0..{t.type.block_elems - 1}")

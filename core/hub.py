@@ -394,6 +394,11 @@ def _read_range(url: str, headers: dict[str, str], start: int, end: int) -> byte
     return bytes(out)
 
 
+def _fetch(repo: str, filename: str, url: str, headers: dict[str, str], start: int, end: int) -> bytes:
+    with hub_errors(repo, filename):
+        return _read_range(url, headers, start, end)
+
+
 def peek(repo: str, filename: str, first: int = PEEK_FIRST, limit: int = PEEK_LIMIT) -> Peek:
     """Parse a remote GGUF's header without downloading the file: fetch its first ``first`` bytes, and more (what the
     parser says it needs, at least twice as much) while the header goes on, up to ``limit``. The header is checked
@@ -414,17 +419,17 @@ def peek(repo: str, filename: str, first: int = PEEK_FIRST, limit: int = PEEK_LI
         data = b""
         ask = min(first, size)
         while True:
-            data += _read_range(location, headers, len(data), ask)
+            if ask > len(data):
+                data += _read_range(location, headers, len(data), ask)
             try:
                 f = RemoteGGUF(data, strict=False, file_size=size)
-                f.fetch = lambda a, b: _read_range(location, headers, a, b)
+                f.fetch = lambda a, b: _fetch(repo, filename, location, headers, a, b)
                 return Peek(f, size, len(data), location, headers)
             except NeedMoreBytes as exc:
-                nxt = max(exc.needed or 0, 2 * len(data))
-                if len(data) >= limit or nxt > size:
+                if len(data) >= limit:
                     raise GGUFError(f"the header is longer than the {len(data):,} bytes read (of {size:,})",
                                     exc.offset) from None
-                ask = min(nxt, limit, size)
+                ask = min(max(exc.needed or 0, 2 * len(data)), limit, size)
 
 
 # ------------------------------------------------------------------------------------------------ fit

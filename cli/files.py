@@ -46,6 +46,7 @@ def _peek(url: str) -> Any:
     from quantscope.core import hub
     from quantscope.core.gguf import GGUFError
 
+    hub.quiet_client()
     try:
         repo, name = hub.parse_hf_url(url)
         return hub.peek(repo, name)

@@ -21,6 +21,7 @@ def _size(n: int | None) -> str:
 
 
 def _run(fn: Any, *a: Any, **k: Any) -> Any:
+    hub.quiet_client()
     try:
         return fn(*a, **k)
     except hub.HubError as exc:

@@ -205,6 +205,13 @@ def hub_errors(repo: str = "", what: str = "") -> Iterator[None]:
         raise
 
 
+def quiet_client() -> None:
+    """Keep the client's own warnings (retries, resumes) off stderr: a command says what happened in its one line."""
+    from huggingface_hub.utils import logging
+
+    logging.set_verbosity_error()
+
+
 def _first_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text[:300]

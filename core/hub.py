@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .gguf import GGUFError, GGUFFile, NeedMoreBytes
+from .jobs import CancelFlag, Cancelled, check_cancel
 from .shardnames import shard_path
 
 #: a peek fetches this much first, then more while the header goes on, never more than PEEK_LIMIT in all
@@ -323,24 +324,34 @@ def _discard(pointer: Path) -> None:
 
 
 def download(repo: str, qset: QuantSet, progress: Callable[[str, int, int], None] | None = None,
-             verify: Callable[[str, int, int], None] | None = None) -> list[Path]:
+             verify: Callable[[str, int, int], None] | None = None, cancel: CancelFlag | None = None) -> list[Path]:
     """Every file of ``qset`` into the Hugging Face cache (already there: kept), each checked against the hub's
     SHA-256 (a mismatch removes it and raises); the snapshot paths, in order. Offline (``HF_HUB_OFFLINE``), the
-    cached files."""
+    cached files. ``cancel`` is looked at with each piece the client writes (10 MiB) and while hashing: set, the
+    download stops with :class:`~quantscope.core.jobs.Cancelled` and leaves no partial or unchecked new file."""
     from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+    def report(name: str, done: int, total: int) -> None:
+        check_cancel(cancel)
+        if progress is not None:
+            progress(name, done, total)
+
+    def hashed(name: str, done: int, total: int) -> None:
+        check_cancel(cancel)
+        if verify is not None:
+            verify(name, done, total)
 
     paths = []
     for f in qset.files:
-        kwargs: dict[str, Any] = {}
-        if progress is not None:
-            kwargs["tqdm_class"] = _progress_class(progress, f.path)
+        check_cancel(cancel)
         had = isinstance(try_to_load_from_cache(repo, f.path), str)
         with hub_errors(repo, f.path):
-            path = Path(hf_hub_download(repo, f.path, **kwargs))
+            path = Path(hf_hub_download(repo, f.path, tqdm_class=_progress_class(report, f.path)))
         if f.sha256:
             try:
-                got = sha256_file(path, (lambda d, t, n=f.path: verify(n, d, t)) if verify else None)
-            except KeyboardInterrupt:  # cancelled before its check: a new download must not look complete
+                got = sha256_file(path, lambda d, t, n=f.path: hashed(n, d, t))
+                check_cancel(cancel)
+            except (KeyboardInterrupt, Cancelled):  # stopped before its check: a new download must not look complete
                 if not had:
                     _discard(path)
                 raise

@@ -234,6 +234,33 @@ def test_a_slow_server_shows_progress_and_cancels_cleanly(server, files, tmp_pat
     assert "download big-F32.gguf: 100%" in r.stderr
 
 
+CANCEL_SCRIPT = """
+import sys
+from quantscope.core import hub
+from quantscope.core.jobs import Cancelled, CancelToken
+repo, name, when = sys.argv[1:4]
+token = CancelToken()
+qset = hub.select(hub.gguf_sets(hub.repo_files(repo)), name, repo)
+stop = lambda *_: token.cancel()
+try:
+    hub.download(repo, qset, progress=stop if when == "download" else None,
+                 verify=stop if when == "verify" else None, cancel=token)
+    print("done")
+except Cancelled:
+    print("cancelled")
+"""
+
+
+@pytest.mark.parametrize("when", ["download", "verify"])
+def test_a_cancel_token_stops_a_download_and_leaves_nothing(server, tmp_path, when):
+    # what the app's Cancel does (core/hub.py download(cancel=…)): during the transfer or the SHA-256 check
+    r = subprocess.run([sys.executable, "-c", CANCEL_SCRIPT, "org/big-GGUF", "big-F32.gguf", when],
+                       env=_env(server, tmp_path), capture_output=True, text=True, timeout=300)
+    assert r.stdout.strip() == "cancelled", r.stderr
+    left = cache_files(tmp_path)
+    assert not [x for x in left if "blobs" in x.parts or x.name.endswith((".gguf", ".incomplete"))], left
+
+
 def test_peek_reads_the_header_only(server, files, tmp_path):
     r = run(server, tmp_path, "inspect", "--json", "hf://org/big-GGUF/big-F32.gguf")
     assert r.returncode == 0, r.stderr

@@ -106,6 +106,17 @@ def _kv(repo: str, sets: list[hub.QuantSet], ctx: int) -> tuple[int | None, str]
     return kv, f"KV cache {_size(kv)} at context {ctx:,}"
 
 
+def _gpu_free() -> tuple[str, int] | None:
+    """The CUDA device's name and free memory now, or None without one (or without the CUDA backend)."""
+    try:
+        from quantscope.core.engine import cuda_library as cl
+
+        props = cl.device_properties()
+    except Exception:  # no backend, no driver, no device: the table shows RAM only
+        return None
+    return str(props["name"]), int(props["free_mem"])
+
+
 def _files(args: argparse.Namespace) -> int:
     from quantscope.core.sysinfo import memory_available, memory_total
 
@@ -115,25 +126,29 @@ def _files(args: argparse.Namespace) -> int:
     sets = _run(_sets, repo)
     kv, kv_text = _run(_kv, repo, sets, args.ctx)
     room = memory_available() or memory_total()
+    gpu = _gpu_free()
     rows = []
     for s in sets:
         need = s.size + (kv or 0)
         rows.append({"quant": s.quant, "name": s.name, "size": s.size, "shards": s.shards,
                      "files": [f.path for f in s.files], "needs": need, "fits": hub.fit_text(need, room),
-                     "problem": s.problem})
+                     "fits_gpu": hub.fit_text(need, gpu[1]) if gpu else None, "problem": s.problem})
     if args.json:
-        dump_json({"repo": repo, "context": args.ctx, "kv_bytes": kv, "memory_available": room, "models": rows})
+        dump_json({"repo": repo, "context": args.ctx, "kv_bytes": kv, "memory_available": room,
+                   "gpu": {"name": gpu[0], "free": gpu[1]} if gpu else None, "models": rows})
         return 0
     if not rows:
         print(f"{repo} has no GGUF files")
         return 0
+    gpu_text = f"; {gpu[0]}: {_size(gpu[1])} free" if gpu else ""
     print(printable(f"{repo}: {len(rows)} GGUF model{'s' * (len(rows) != 1)}; {kv_text}; "
-                    f"memory available {_size(room)}"))
-    print(f"  {'QUANT':<12} {'SIZE':>10} {'SHARDS':>6}  {'FITS':<9}  FILE")
+                    f"memory available {_size(room)}{gpu_text}"))
+    print(f"  {'QUANT':<12} {'SIZE':>10} {'SHARDS':>6}  {'RAM':<9}  " + ("GPU        " if gpu else "") + "FILE")
     for r in rows:
         note = f"  ({r['problem']})" if r["problem"] else ""
+        on_gpu = f"{r['fits_gpu']:<9}  " if gpu else ""
         print(printable(f"  {r['quant'] or '-':<12} {_size(r['size']):>10} {r['shards']:>6}  {r['fits']:<9}  "
-                        f"{r['name']}{note}"))
+                        f"{on_gpu}{r['name']}{note}"))
     return 0
 
 

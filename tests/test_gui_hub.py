@@ -103,3 +103,28 @@ def test_cancel_leaves_nothing(qtbot, server, tmp_path):
         assert not [p for p in left if "blobs" in p.parts or p.name.endswith((".gguf", ".incomplete"))], left
     finally:
         view.shutdown()
+
+
+def test_the_window_opens_a_download(qtbot, server, files, tmp_path, monkeypatch):
+    from PySide6.QtCore import QSettings
+
+    from quantscope.gui.mainwindow import MainWindow
+
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user" / ".cache"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "user" / ".local" / "share"))
+    w = MainWindow(QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat))
+    qtbot.addWidget(w)
+    w.show()
+    try:
+        w.findChild(type(w.open_action), "hub").trigger()  # File ▸ Models from the hub…
+        view = w.hub_view
+        assert view is not None and w.hub_dialog is not None and w.hub_dialog.isVisible()
+        _open_repo(qtbot, view, "org/tiny-GGUF", 2)
+        view.files.selectRow(1)
+        view.strip.run_btn.click()
+        qtbot.waitUntil(lambda: w.doc is not None, timeout=60000)
+        assert w.doc.path.name == "tiny-F16.gguf" and w.doc.gguf is not None
+    finally:
+        w.confirm_discard = lambda: True
+        w.close()

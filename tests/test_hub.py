@@ -19,8 +19,9 @@ from quantscope.core import hub as core_hub
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.gguf.split import plan_split, write_plan
 from quantscope.core.model.memory import memory_plan
-from tests.arch_fixtures import write_fixture
-from tests.hubserver import HubServer
+
+from .arch_fixtures import write_fixture
+from .hubserver import HubServer
 
 MiB = 1 << 20
 CLI = [sys.executable, "-m", "quantscope.cli"]

@@ -152,6 +152,33 @@ def _files(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_publish(args: argparse.Namespace) -> int:
+    from quantscope.core import publish as pub
+
+    from .common import check_file, open_gguf, read_text_file
+
+    repo, tag = _run(hub.parse_repo_ref, args.repo)
+    if tag is not None:
+        raise CLIError(f"publish: give the repository as org/repo, not {args.repo!r}")
+    with open_gguf(args.file) as f:
+        files = [Path(p) for p in f.paths] if f.is_split else [Path(args.file)]
+        rules = read_text_file(args.tensor_type_file, "--tensor-type-file") if args.tensor_type_file else None
+        if args.calibration:
+            check_file(args.calibration)
+        inputs = pub.CardInputs(base_model=args.base_model, quantized_by=args.quantized_by,
+                                calibration=Path(args.calibration) if args.calibration else None, rules=rules)
+        card = pub.model_card(f, repo, [p.name for p in files], inputs)
+    if args.dry_run:
+        print(card)
+        print(printable(f"(dry run: would upload {', '.join(p.name for p in files)} and this README.md to {repo})"),
+              file=sys.stderr)
+        return 0
+    url = _run(pub.publish, repo, files, card, private=args.private,
+               progress=lambda m: print(printable(m), file=sys.stderr))
+    print(printable(url))
+    return 0
+
+
 def register(sub: Any) -> None:
     """Add this module's sub-commands to ``sub``."""
     s = sub.add_parser("pull", help="download a GGUF from the Hugging Face hub into its cache (org/repo:QUANT; "
@@ -169,3 +196,15 @@ def register(sub: Any) -> None:
                    help="files: the context the memory estimate allows for (default 4096)")
     s.add_argument("--json", action="store_true", help="print JSON")
     s.set_defaults(func=cmd_hub)
+    s = sub.add_parser("publish", help="upload a quantized GGUF (every shard of a set) to org/repo on the hub with a "
+                       "model card written from its header (base model, architecture, parameters, tensor types, "
+                       "imatrix, rules); --dry-run prints the card")
+    s.add_argument("file", help="the GGUF (or any shard of a set)")
+    s.add_argument("repo", help="org/repo (created if missing; needs a token with write access)")
+    s.add_argument("--base-model", help="the base model's hub id (default: the header's general.base_model.*)")
+    s.add_argument("--quantized-by", default="quantscope", help="the card's quantized_by (default quantscope)")
+    s.add_argument("--calibration", help="the calibration text the imatrix was made from (named, sized, hashed)")
+    s.add_argument("--tensor-type-file", help="the --tensor-type rule file used, shown in the card")
+    s.add_argument("--private", action="store_true", help="create the repository private")
+    s.add_argument("--dry-run", action="store_true", help="print the card and what would be uploaded; upload nothing")
+    s.set_defaults(func=cmd_publish)

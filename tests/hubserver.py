@@ -9,6 +9,12 @@ redirect on its metadata request) with the routes the real ``huggingface_hub`` c
   with ``X-Linked-Etag`` (its SHA-256) and ``X-Linked-Size``; errors with the hub's ``X-Error-Code`` header
   (``RepoNotFound``, ``EntryNotFound``, ``GatedRepo`` with 401 without a token, 403 with one not granted)
 * the CDN: ``HEAD``/``GET`` with ``Range`` (206 and ``Content-Range``)
+* publishing (a token in :attr:`HubServer.tokens` needed): ``POST /api/repos/create`` (409 when it exists),
+  ``POST /api/models/ORG/REPO/preupload/REV`` (GGUFs are LFS), the LFS batch API ``POST /ORG/REPO.git/info/lfs/
+  objects/batch`` (basic transfer: a ``PUT`` to the CDN, checked against the SHA-256) and ``POST /api/models/ORG/
+  REPO/commit/REV`` (NDJSON: ``header``, ``file`` base64, ``lfsFile`` by oid), ``POST /api/validate-yaml`` (a
+  card's front matter parsed with PyYAML); the client must not use Xet
+  (``HF_HUB_DISABLE_XET=1`` in :meth:`HubServer.env`, since ``hf_xet`` is installed)
 
 No ``X-Xet-*`` header is ever sent, so the client downloads over plain HTTP. Knobs for tests: cut the connection
 after N bytes once (``cut_after``), serve a file with one byte flipped (``corrupt``), pause every chunk
@@ -74,6 +80,9 @@ class HubServer:
         self.release = threading.Event()
         self.served: Counter[str] = Counter()
         self.log: list[tuple[str, str, str | None]] = []
+        self.uploads: dict[str, bytes] = {}  # LFS objects PUT to the CDN, by SHA-256
+        self.commits: list[dict[str, Any]] = []
+        self.cards: list[Any] = []  # the front matter of each model card validated
         self._lock = threading.Lock()
         self._servers: list[ThreadingHTTPServer] = []
 
@@ -117,7 +126,7 @@ class HubServer:
 
         env = {k: v for k, v in (base if base is not None else os.environ).items()
                if not k.startswith(("HF_", "HUGGINGFACE_"))}
-        env.update(HF_ENDPOINT=self.url, HF_HOME=str(home), HF_HUB_DISABLE_TELEMETRY="1",
+        env.update(HF_ENDPOINT=self.url, HF_HOME=str(home), HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_XET="1",
                    HF_HUB_DISABLE_IMPLICIT_TOKEN="1" if token is None else "0", HF_HUB_ETAG_TIMEOUT="30",
                    HF_HUB_DOWNLOAD_TIMEOUT="30")
         if token is not None:
@@ -164,6 +173,95 @@ def _handler(hub: HubServer, role: str) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             self._route()
+
+        def _body(self) -> bytes:
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                out = bytearray()
+                while True:
+                    n = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                    if n == 0:
+                        self.rfile.readline()
+                        return bytes(out)
+                    out += self.rfile.read(n)
+                    self.rfile.readline()
+            return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+        def do_POST(self) -> None:
+            self._write()
+
+        def do_PUT(self) -> None:
+            self._write()
+
+        def _write(self) -> None:
+            path = unquote(urlsplit(self.path).path)
+            body = self._body()
+            with hub._lock:
+                hub.log.append((self.command, path, None))
+            if role == "cdn":  # an LFS object's basic-transfer PUT
+                oid = path.rsplit("/", 1)[-1]
+                if hashlib.sha256(body).hexdigest() != oid:
+                    return self._error(400, "BadRequest", "the object does not match its oid")
+                with hub._lock:
+                    hub.uploads[oid] = body
+                return self._send(200, b"")
+            if self._token() not in hub.tokens:
+                return self._error(401, "Unauthorized", "Invalid credentials in Authorization header")
+            if path == "/api/repos/create":
+                req = json.loads(body)
+                repo_id = f"{req.get('organization') or 'me'}/{req['name']}"
+                if repo_id in hub.repos:
+                    msg = "You already created this model repo"
+                    return self._send(409, json.dumps({"error": msg, "url": f"{hub.url}/{repo_id}"}).encode(),
+                                      {"X-Error-Message": msg})
+                hub.repos[repo_id] = Repo(repo_id, {})
+                return self._json({"url": f"{hub.url}/{repo_id}", "name": repo_id})
+            if path == "/api/validate-yaml":  # the card's front matter, as the hub checks it before a commit
+                import yaml
+
+                text = json.loads(body)["content"]
+                try:
+                    meta = yaml.safe_load(text.split("---")[1]) if text.startswith("---") else {}
+                except yaml.YAMLError as exc:
+                    return self._error(400, "BadRequest", f"Invalid YAML: {exc}")
+                hub.cards.append(meta)
+                return self._json({"errors": [], "warnings": []})
+            parts = path.strip("/").split("/")
+            if path.endswith(".git/info/lfs/objects/batch"):
+                req = json.loads(body)
+                objs = [{"oid": o["oid"], "size": o["size"], "authenticated": True,
+                         "actions": {"upload": {"href": f"{hub.cdn}/upload/{o['oid']}", "header": {}}}}
+                        for o in req["objects"]]
+                return self._json({"transfer": "basic", "objects": objs})
+            if len(parts) >= 6 and parts[:2] == ["api", "models"]:
+                r = hub.repos.get("/".join(parts[2:4]))
+                if r is None:
+                    return self._error(404, "RepoNotFound", "Repository not found")
+                if parts[4] == "preupload":
+                    files = [{"path": f["path"], "uploadMode": "lfs" if Repo.lfs(f["path"]) else "regular",
+                              "shouldIgnore": False, "oid": None} for f in json.loads(body)["files"]]
+                    return self._json({"files": files})
+                if parts[4] == "commit":
+                    return self._commit(r, body)
+            self._error(404, "NotFound", f"no route {path}")
+
+        def _commit(self, r: Repo, body: bytes) -> None:
+            import base64
+
+            lines = [json.loads(ln) for ln in body.splitlines() if ln.strip()]
+            new: dict[str, bytes] = {}
+            for ln in lines:
+                v = ln["value"]
+                if ln["key"] == "file":
+                    new[v["path"]] = base64.b64decode(v["content"])
+                elif ln["key"] == "lfsFile":
+                    if v["oid"] not in hub.uploads:
+                        return self._error(400, "BadRequest", f"LFS object {v['oid']} was not uploaded")
+                    new[v["path"]] = hub.uploads[v["oid"]]
+            r.files.update(new)
+            sha = hashlib.sha1(json.dumps(sorted(r.files)).encode() + body).hexdigest()
+            hub.commits.append({"repo": r.id, "summary": lines[0]["value"].get("summary"), "files": sorted(new)})
+            self._json({"commitUrl": f"{hub.url}/{r.id}/commit/{sha}", "commitOid": sha, "pullRequestUrl": None,
+                        "success": True})
 
         def _route(self) -> None:
             u = urlsplit(self.path)

@@ -338,3 +338,35 @@ def test_names():
     for bad in ("org", "org/../x", "org/repo/extra", "org/-x"):
         with pytest.raises(core_hub.HubError):
             core_hub.parse_repo_ref(bad)
+
+
+def test_publish_uploads_the_file_and_its_card(server, files, tmp_path):
+    rules = tmp_path / "rules.txt"
+    rules.write_text("blk\\..*\\.ffn_down=Q8_0\n")
+    args = ["publish", str(files["shard0"]), "me/tiny-split-GGUF", "--base-model", "org/tiny-base",
+            "--tensor-type-file", str(rules)]
+    r = run(server, tmp_path, *args, "--dry-run")
+    assert r.returncode == 0, r.stderr
+    card = r.stdout
+    head = '---\nbase_model: "org/tiny-base"\ntags:\n- gguf\n- quantscope\nquantized_by: "quantscope"\n---\n'
+    assert card.startswith(head)
+    assert "| Q8_0 |" in card and "| F32 |" in card and "blk\\..*\\.ffn_down=Q8_0" in card
+    assert "| Shards | 3" in card and "me/tiny-split-GGUF" not in server.repos
+    line = one_error_line(run(server, tmp_path, *args))  # no token
+    assert "HTTP 401" in line and "me/tiny-split-GGUF" not in server.repos
+    r = run(server, tmp_path, *args, token="hf_testtoken")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().startswith(f"{server.url}/me/tiny-split-GGUF/commit/")
+    repo = server.repos["me/tiny-split-GGUF"]
+    assert sorted(repo.files) == sorted(["README.md", *(files[f"shard{i}"].name for i in range(3))])
+    assert repo.files["README.md"].decode() + "\n" == card  # the card shown by --dry-run
+    assert [c["files"] for c in server.commits] == [sorted(repo.files)]  # one commit
+    assert server.cards == [{"base_model": "org/tiny-base", "tags": ["gguf", "quantscope"],
+                             "quantized_by": "quantscope"}]  # the front matter parses as the hub reads it
+    # what was published downloads back, every shard the same bytes
+    r = run(server, tmp_path, "pull", "me/tiny-split-GGUF:Q8_0")
+    assert r.returncode == 0, r.stderr
+    assert [Path(p).read_bytes() for p in r.stdout.split()] == [files[f"shard{i}"].read_bytes() for i in range(3)]
+    # publishing again into the existing repository is a second commit
+    assert run(server, tmp_path, *args, token="hf_testtoken").returncode == 0
+    assert len(server.commits) == 2

@@ -38,7 +38,7 @@ TASK_LABELS: dict[str, str] = {
     "budget-measure": "measuring each tensor's cost", "budget-refine": "checking the mix",
     "budget-write": "writing the mix", "save-metadata": "saving the edited file", "export": "exporting",
     "library-scan": "scanning the library", "hub-search": "searching the hub", "hub-files": "reading a repository",
-    "hub-download": "downloading",
+    "hub-download": "downloading", "hub-peek": "reading a remote header",
 }
 
 

@@ -89,6 +89,27 @@ def test_search_files_and_download(qtbot, server, files, tmp_path):
         view.shutdown()
 
 
+def test_peek_shows_the_header_without_a_download(qtbot, server, files, tmp_path):
+    view = _view(qtbot)
+    try:
+        _open_repo(qtbot, view, "org/big-GGUF", 1)
+        assert not view.peek_btn.isEnabled()
+        view.files.selectRow(0)
+        view.peek_btn.click()
+        qtbot.waitUntil(lambda: "Fetched" in view.peek_text.toPlainText(), timeout=60000)
+        text = view.peek_text.toPlainText()
+        assert "hf://org/big-GGUF/big-F32.gguf" in text and "token_embd.weight" in text and "By type" in text
+        assert f"Fetched     {1 << 20:,} of {files['big'].stat().st_size:,} bytes" in text
+        # the header read once, for the fit, and shown again by Peek
+        assert server.bytes_served("org/big-GGUF", "big-F32.gguf") == 1 << 20
+        assert not (tmp_path / "hub").exists() or not list((tmp_path / "hub").rglob("*.gguf"))
+        shot = os.environ.get("QUANTSCOPE_HUB_SHOT")
+        if shot:
+            view.grab().save(shot.replace(".png", "-peek.png"))
+    finally:
+        view.shutdown()
+
+
 def test_cancel_leaves_nothing(qtbot, server, tmp_path):
     view = _view(qtbot)
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -15,6 +16,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QLineEdit,
+    QPlainTextEdit,
     QPushButton,
     QSplitter,
     QTableWidget,
@@ -76,6 +78,7 @@ class HubView(QWidget):
         self.sets: list[hub.QuantSet] = []
         self.repo: str | None = None
         self.paths: list[str] = []
+        self.peeked: dict[tuple[str, str], hub.Peek] = {}  # the header the fit was read from: Peek shows it
         self._build()
 
     def _build(self) -> None:
@@ -118,12 +121,27 @@ class HubView(QWidget):
         self.strip.run_clicked.connect(self.download)
         self.strip.cancel_clicked.connect(self._cancel)
         self.strip.set_can_run(False)
+        self.peek_btn = QPushButton("Peek header…")
+        self.peek_btn.setToolTip("Read the file's header over range requests (metadata, tensor table, type mix) "
+                                 "without downloading it")
+        self.peek_btn.setEnabled(False)
+        self.peek_btn.clicked.connect(self.peek)
+        self.peek_text = QPlainTextEdit()
+        self.peek_text.setReadOnly(True)
+        self.peek_text.setAccessibleName("The remote file's header")
+        self.peek_text.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        self.peek_text.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        self.peek_text.setVisible(False)
+        rl.addWidget(self.peek_text, 2)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(12, 10, 12, 10)
         lay.addWidget(intro)
         lay.addLayout(tools)
         lay.addWidget(split, 1)
-        lay.addWidget(self.strip)
+        bottom = QHBoxLayout()
+        bottom.addWidget(self.strip, 1)
+        bottom.addWidget(self.peek_btn, 0, Qt.AlignmentFlag.AlignBottom)
+        lay.addLayout(bottom)
 
     # -- search ------------------------------------------------------------------------------------------------
     def search(self) -> None:
@@ -156,27 +174,30 @@ class HubView(QWidget):
         self.strip.set_can_run(False)
         self.files_label.setText(f"Reading {printable(repo)}…")
 
-        def work(_report: Any, _token: Any) -> tuple[list[hub.QuantSet], int | None, int | None]:
+        def work(_report: Any, _token: Any) -> tuple[list[hub.QuantSet], int | None, int | None, Any]:
             from quantscope.core.gguf import GGUFError
             from quantscope.core.model.memory import memory_plan
             from quantscope.core.sysinfo import memory_available, memory_total
 
             sets = hub.gguf_sets(hub.repo_files(repo))
-            kv = None
+            kv, peeked = None, None
             ok = [s for s in sets if not s.problem]
             if ok:
                 try:
-                    plan = memory_plan(hub.peek(repo, ok[0].files[0].path).gguf, CONTEXT)
+                    peeked = hub.peek(repo, ok[0].files[0].path)
+                    plan = memory_plan(peeked.gguf, CONTEXT)
                     kv = plan.kv_bytes + plan.state_bytes
                 except (hub.HubError, GGUFError, ValueError):
                     kv = None
-            return sets, kv, memory_available() or memory_total()
+            return sets, kv, memory_available() or memory_total(), peeked
 
         self.job.start("hub-files", work, on_done=lambda r: self._listed(repo, *r),
                        on_failed=lambda m, _tb: self.files_label.setText(printable(m)))
 
-    def _listed(self, repo: str, sets: list[hub.QuantSet], kv: int | None, room: int | None) -> None:
+    def _listed(self, repo: str, sets: list[hub.QuantSet], kv: int | None, room: int | None,
+                peeked: hub.Peek | None) -> None:
         self.sets = sets
+        self.peeked = {(repo, sets[0].files[0].path): peeked} if peeked is not None and sets else {}
         self.files.setRowCount(len(sets))
         for i, s in enumerate(sets):
             need = s.size + (kv or 0)
@@ -193,6 +214,35 @@ class HubView(QWidget):
     def _file_selected(self) -> None:
         s = self.selected_set()
         self.strip.set_can_run(s is not None and not s.problem)
+        self.peek_btn.setEnabled(s is not None)
+
+    # -- peek --------------------------------------------------------------------------------------------------
+    def peek(self) -> None:
+        """The selected file's header (its first shard's), read over range requests: shown below the files."""
+        s, repo = self.selected_set(), self.repo
+        if s is None or repo is None:
+            return
+        name = s.files[0].path
+        known = self.peeked.get((repo, name))
+
+        def work(_report: Any, _token: Any) -> str:
+            from quantscope.core.gguf import GGUFError
+            from quantscope.core.summary import render_text, summarize
+
+            try:
+                p = known or hub.peek(repo, name)
+            except GGUFError as exc:
+                return f"hf://{repo}/{name}: not a readable GGUF file: {exc}"
+            summary = summarize(p.gguf)
+            summary["path"] = f"hf://{repo}/{name}"
+            return (render_text(p.gguf, summary)
+                    + f"\nFetched     {p.fetched:,} of {p.size:,} bytes (the header; nothing was downloaded)")
+
+        self.peek_text.setVisible(True)
+        self.peek_text.setPlainText(f"Reading the header of {name}…")
+        self.job.start("hub-peek", work,
+                       on_done=lambda text: self.peek_text.setPlainText("\n".join(map(printable, text.split("\n")))),
+                       on_failed=lambda m, _tb: self.peek_text.setPlainText(printable(f"Peek failed: {m}")))
 
     def selected_set(self) -> hub.QuantSet | None:
         rows = self.files.selectionModel().selectedRows()

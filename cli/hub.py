@@ -165,8 +165,15 @@ def cmd_publish(args: argparse.Namespace) -> int:
         rules = read_text_file(args.tensor_type_file, "--tensor-type-file") if args.tensor_type_file else None
         if args.calibration:
             check_file(args.calibration)
+        target = None
+        if args.target_report:
+            try:
+                target = pub.target_summary(read_text_file(args.target_report, "--target-report"))
+            except pub.PublishError as exc:
+                raise CLIError(f"--target-report {args.target_report}: {exc}") from None
         inputs = pub.CardInputs(base_model=args.base_model, quantized_by=args.quantized_by,
-                                calibration=Path(args.calibration) if args.calibration else None, rules=rules)
+                                calibration=Path(args.calibration) if args.calibration else None, rules=rules,
+                                target=target)
         card = pub.model_card(f, repo, [p.name for p in files], inputs)
     if args.dry_run:
         print(card)
@@ -205,6 +212,8 @@ def register(sub: Any) -> None:
     s.add_argument("--quantized-by", default="quantscope", help="the card's quantized_by (default quantscope)")
     s.add_argument("--calibration", help="the calibration text the imatrix was made from (named, sized, hashed)")
     s.add_argument("--tensor-type-file", help="the --tensor-type rule file used, shown in the card")
+    s.add_argument("--target-report", help="the JSON `quantscope quantize --target-size … --json` printed: its "
+                   "predicted and measured KLD in the card")
     s.add_argument("--private", action="store_true", help="create the repository private")
     s.add_argument("--dry-run", action="store_true", help="print the card and what would be uploaded; upload nothing")
     s.set_defaults(func=cmd_publish)

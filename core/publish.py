@@ -33,6 +33,20 @@ class CardInputs:
     quantized_by: str = "quantscope"
     calibration: Path | None = None
     rules: str | None = None
+    target: dict[str, Any] | None = None  # ``quantscope quantize --target-size … --json``'s "summary"
+
+
+def target_summary(text: str) -> dict[str, Any]:
+    """The "summary" of ``quantscope quantize --target-size … --json`` output (what the card's measurements come
+    from); :class:`PublishError` when the text is not that."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise PublishError(f"the target report is not JSON ({exc})") from None
+    summary = data.get("summary") if isinstance(data, dict) else None
+    if not isinstance(summary, dict) or "predicted_kld" not in summary:
+        raise PublishError("the target report is not the JSON of `quantscope quantize --target-size … --json`")
+    return summary
 
 
 def _text(f: GGUFFile, key: str) -> str | None:
@@ -120,6 +134,23 @@ def model_card(f: GGUFFile, repo: str, files: list[str], inputs: CardInputs | No
         data = inputs.calibration.read_bytes()
         out.append(f"- calibration text: `{_cell(inputs.calibration.name)}`, {len(data):,} bytes, SHA-256 "
                    f"`{hashlib.sha256(data).hexdigest()}`")
+    t = inputs.target
+    if t:
+        def num(v: Any, fmt: str) -> str:
+            return format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else "?"
+
+        out += ["", "## Measured against the base", "",
+                "Types chosen per tensor by measured cost (mean KL divergence from the base's next-token "
+                "distributions on the calibration text) under a byte budget:", "", "| | |", "|---|---|"]
+        if isinstance(t.get("target_bytes"), int):
+            out.append(f"| Target size | {human_bytes(t['target_bytes'])} |")
+        out.append(f"| Bits per weight | {num(t.get('bpw_out'), '.3f')} |")
+        out.append(f"| Predicted mean KLD | {num(t.get('predicted_kld'), '.5f')} |")
+        refine = t.get("refine")
+        if isinstance(refine, dict):
+            out.append(f"| Measured mean KLD of the whole mix | {num(refine.get('measured_kld'), '.5f')} |")
+        if isinstance(t.get("preset"), str):
+            out.append(f"| Base preset | {_cell(t['preset'])} |")
     if inputs.rules:
         out += ["", "## Tensor type rules (`--tensor-type`)", "", "```text", inputs.rules.rstrip("\n"), "```"]
     out += ["", "## Use", "", "```sh", f"quantscope pull {repo}:{ftype}", f"llama-cli -m {files[0]}", "```", ""]

@@ -370,3 +370,31 @@ def test_publish_uploads_the_file_and_its_card(server, files, tmp_path):
     # publishing again into the existing repository is a second commit
     assert run(server, tmp_path, *args, token="hf_testtoken").returncode == 0
     assert len(server.commits) == 2
+
+
+def test_the_card_shows_the_target_size_measurements(files, tmp_path):
+    # a real `quantize --target-size --json` report (the tiny F16 model, a short calibration text)
+    from .arch_fixtures import vocabulary
+
+    f16 = write_fixture("llama", tmp_path / "tiny-F16.gguf", quant="F16", vocab=vocabulary())
+    cal = tmp_path / "cal.txt"
+    cal.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    out = tmp_path / "tiny-mix.gguf"
+    q = subprocess.run([*CLI, "quantize", str(f16), str(out), "--target-size", "300K", "-f", str(cal), "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert q.returncode == 0, q.stderr
+    report = tmp_path / "target.json"
+    report.write_text(q.stdout)
+    summary = json.loads(q.stdout)["summary"]
+    r = subprocess.run([*CLI, "publish", str(out), "me/tiny-mix", "--target-report", str(report), "--calibration",
+                        str(cal), "--dry-run"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "## Measured against the base" in r.stdout
+    assert f"| Predicted mean KLD | {summary['predicted_kld']:.5f} |" in r.stdout
+    assert f"| Bits per weight | {summary['bpw_out']:.3f} |" in r.stdout
+    assert f"- calibration text: `cal.txt`, {cal.stat().st_size:,} bytes" in r.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"tensors": []}')
+    r = subprocess.run([*CLI, "publish", str(out), "me/tiny-mix", "--target-report", str(bad), "--dry-run"],
+                       capture_output=True, text=True, timeout=300)
+    assert "is not the JSON of `quantscope quantize --target-size" in one_error_line(r)

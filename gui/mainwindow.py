@@ -6,6 +6,7 @@ import platform
 import sys
 from html import escape
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyqtgraph as pg
@@ -62,6 +63,9 @@ from .widgets.fit import ElidedLabel
 from .widgets.paths import pick_file
 from .widgets.progress import ProgressBar
 from .workers import TaskRunner, task_label
+
+if TYPE_CHECKING:
+    from .views.hub import HubView
 
 MAX_RECENT = 10
 #: The View menu: Ctrl+1… in this order (the README lists the same), every tab of a file reachable by a key; read
@@ -150,6 +154,8 @@ class MainWindow(QMainWindow):
         self.probe_view = ProbeView(self.runner)
         self.serve_view = ServeView()
         self.library_view = LibraryView()  # the start page: every GGUF already on this machine
+        self.hub_dialog: QDialog | None = None  # File ▸ Models from the hub (made on first use)
+        self.hub_view: HubView | None = None
         self.welcome = self.library_view
         self.tabs = QTabWidget()
         self.tabs.setAccessibleName("Views")
@@ -346,6 +352,7 @@ class MainWindow(QMainWindow):
         self.recent_menu.setAccessibleName("Recent files")
         self._fill_recent()
         m.addAction(self._action("Open the &demo model", self.open_demo, None, "open-demo"))
+        m.addAction(self._action("Models from the &hub…", self.show_hub, "Ctrl+Shift+H", "hub"))
         self.save_as_action = self._action("&Save as…", self.save_as, "Ctrl+Shift+S", "save-as")
         self.save_as_action.setEnabled(False)
         m.addAction(self.save_as_action)
@@ -517,6 +524,32 @@ class MainWindow(QMainWindow):
         i = self._tab["welcome"]
         self.tabs.setTabVisible(i, True)
         self.tabs.setCurrentIndex(i)
+
+    def show_hub(self) -> None:
+        """The Hugging Face hub (gui/views/hub.py) in its own window: a finished download is opened here and the
+        library rescanned."""
+        if self.hub_dialog is None:
+            from PySide6.QtWidgets import QVBoxLayout
+
+            from .views.hub import HubView
+
+            dlg = QDialog(self)
+            dlg.setWindowTitle("Models from the Hugging Face hub")
+            dlg.resize(1100, 700)
+            lay = QVBoxLayout(dlg)
+            lay.setContentsMargins(0, 0, 0, 0)
+            self.hub_view = HubView(dlg)
+            lay.addWidget(self.hub_view)
+            self.hub_view.downloaded.connect(self._hub_downloaded)
+            self.hub_dialog = dlg
+        self.hub_dialog.show()
+        self.hub_dialog.raise_()
+        self.hub_dialog.activateWindow()
+
+    def _hub_downloaded(self, path: str) -> None:
+        if not self.library_view.job.busy:
+            self.library_view.scan()
+        self.open_path(path)
 
     def library_action(self, path: str, action: str) -> None:
         """A library row's Open, Chat, Serve or Quantize: the file opened, then that view or dialog."""
@@ -772,6 +805,8 @@ class MainWindow(QMainWindow):
         self.lab_view.shutdown()
         self.probe_view.shutdown()
         self.library_view.shutdown()
+        if self.hub_view is not None:
+            self.hub_view.shutdown()
         if self.doc is not None:
             self.doc.close()
         event.accept()

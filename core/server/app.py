@@ -30,6 +30,7 @@ from starlette.routing import Route
 from ..chat import ChatTemplateError
 from ..chat.tokens import piece_text
 from ..engine.generate import Engine
+from .anthropic import AnthropicApi
 from .errors import ApiError, bad_request, dialect_of, error_body
 from .jsonmode import SchemaError
 from .ollama import OllamaApi
@@ -173,6 +174,7 @@ class ServerApp:
             Route("/health", self._wrap(self.health), methods=["GET"]),
             Route("/metrics", self._wrap(self.metrics), methods=["GET"]),
             *OllamaApi(self).routes(),
+            *AnthropicApi(self).routes(),
         ]
 
         async def http_error(request: Request, exc: Exception) -> Response:

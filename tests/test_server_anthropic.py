@@ -173,6 +173,8 @@ def test_other_refusals(server: Server, client: anthropic.Anthropic, name: str) 
     assert r.status_code == 200 and r.json()["input_tokens"] > 0
     r = raw(server, {"model": name, "messages": "hi"}, path="/v1/messages/count_tokens")
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.get(server.url + "/v1/messages", headers={"x-api-key": KEY}, timeout=30)
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
     recs = [r for r in server.app.log.records() if r.endpoint == "/v1/messages"]
     assert recs and {r.dialect for r in recs} == {"anthropic"}
 

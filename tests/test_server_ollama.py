@@ -179,6 +179,17 @@ def test_other_refusals(server: Server, name: str) -> None:
     assert r.status_code == 400 and set(r.json()) == {"error"}
     r = raw(server, "GET", "/api/nothing")
     assert r.status_code == 404 and set(r.json()) == {"error"}
+    r = raw(server, "GET", "/api/chat")
+    assert r.status_code == 405 and set(r.json()) == {"error"}
+    r = raw(server, "POST", "/api/generate", {"model": name, "prompt": "x", "options": {"temperature": [1]}})
+    assert r.status_code == 400 and "options.temperature" in r.json()["error"]
+    # a body sent as `curl -d` sends it (a form's type) is read as JSON on Ollama's paths, and only there
+    form = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/x-www-form-urlencoded"}
+    body = json.dumps({"model": name, "prompt": "Hi", "stream": False, "options": {"num_predict": 2}})
+    r = httpx.post(server.url + "/api/generate", content=body, headers=form, timeout=120)
+    assert r.status_code == 200 and r.json()["eval_count"] == 2
+    r = httpx.post(server.url + "/v1/completions", content=body, headers=form, timeout=120)
+    assert r.status_code == 415
     # the request log names the dialect of each request
     recs = server.app.log.records()
     assert {r.endpoint for r in recs} >= {"/api/chat", "/api/generate"}

@@ -124,6 +124,9 @@ def test_api_key(server: Server, name: str) -> None:
     r = raw(server, {"model": name, "max_tokens": 4, "messages": ASK}, key=None)
     assert r.status_code == 401 and r.json()["type"] == "error"
     assert r.json()["error"]["type"] == "authentication_error"
+    # x-api-key is taken on every path, a wrong one refused alike
+    assert httpx.get(server.url + "/v1/models", headers={"x-api-key": KEY}, timeout=30).status_code == 200
+    assert httpx.get(server.url + "/v1/models", headers={"x-api-key": "wrong"}, timeout=30).status_code == 401
     # the Bearer form is taken too (the client's auth_token)
     c = anthropic.Anthropic(base_url=server.url, auth_token=KEY, api_key=None, max_retries=0)
     assert c.messages.count_tokens(model=name, messages=ASK).input_tokens > 0

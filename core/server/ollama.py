@@ -24,6 +24,8 @@ from starlette.routing import Route
 
 from .errors import ApiError, bad_request
 from .protocol import MAX_MESSAGES, GenRequest, _show, parse_generation
+from .scheduler import Event
+from .tools import supports_tools
 
 if TYPE_CHECKING:
     from .app import ServerApp, Started
@@ -300,10 +302,8 @@ class OllamaApi:
         c = eng.model.config
         caps = ["completion"]
         tpl = eng.template
-        if tpl is not None and eng.template_error is None:
-            from .tools import supports_tools
-            if supports_tools(tpl.source):
-                caps.append("tools")
+        if tpl is not None and eng.template_error is None and supports_tools(tpl.source):
+            caps.append("tools")
         if eng.harmony is not None:
             caps.append("thinking")
         info = {"general.architecture": c.arch, "general.parameter_count": sum(t.n_elements for t in eng.file.tensors),
@@ -344,7 +344,7 @@ class OllamaApi:
             if req.stream:
                 return StreamingResponse(self._lines(req, st, key), media_type="application/x-ndjson")
             g = await app.gather(request, req, st)
-            body = self._head(key, g.text, g.calls, g.reasoning) | self._tail(st, g.end, bool(g.calls))
+            body = self._head(key, g.text, g.calls, g.reasoning) | self._tail(st, g.end)
             return JSONResponse(body)
 
         return await app.generation(request, parsed, respond, early=lambda d: self._load(d, key))
@@ -366,7 +366,7 @@ class OllamaApi:
         body["done"] = done
         return body
 
-    def _tail(self, st: Started, ev: Any, called: bool) -> dict[str, Any]:
+    def _tail(self, st: Started, ev: Event) -> dict[str, Any]:
         u = ev.usage
         return {"done_reason": "length" if ev.finish_reason == "length" else "stop",
                 "total_duration": int((time.perf_counter() - st.t0) * 1e9), "load_duration": 0,
@@ -385,7 +385,7 @@ class OllamaApi:
                     if ev.finish_reason in ("error", "cancelled"):
                         yield json.dumps({"error": self.app._failure(ev).message}) + "\n"
                         return
-                    last = self._head(key, "", []) | self._tail(st, ev, False)
+                    last = self._head(key, "", []) | self._tail(st, ev)
                     yield json.dumps(last, ensure_ascii=False) + "\n"
                     return
                 if p.text or p.call is not None or p.reasoning:

@@ -55,11 +55,13 @@ from .chat_tokens import ColorLegend
 from .chat_widgets import MessageView, mono_font
 
 POLL_MS = 150  # the request log and the server's state are looked at this often
-COLUMNS = ("#", "Endpoint", "Client", "Status", "Prompt", "Output", "t/s", "Took")
+COLUMNS = ("#", "Endpoint", "Client", "Status", "Prompt", "Output", "t/s", "Took", "API")
 HEADER_TIPS = ("The request's number", "The API path; 'stream': server-sent events", "The client's address and port",
                "Where the request is, or how it ended (a refusal with its HTTP status)",
                "Prompt tokens (and how many came from the slot's cache)", "Completion tokens generated",
-               "Generation speed, tokens per second", "From arrival to the last token")
+               "Generation speed, tokens per second", "From arrival to the last token",
+               "The API the request spoke: OpenAI, Ollama or Anthropic")
+DIALECTS = {"openai": "OpenAI", "ollama": "Ollama", "anthropic": "Anthropic"}
 STATUS_TEXT = {"queued": "queued", "prompt": "reading prompt", "generating": "generating", "stop": "done",
                "length": "done (length)", "cancelled": "cancelled", "error": "error", "refused": "refused"}
 
@@ -138,6 +140,8 @@ class RequestsModel(QAbstractTableModel):
         if c == 6:
             tps = r.tokens_per_second
             return f"{tps:.1f}" if tps else "—"
+        if c == 8:
+            return DIALECTS.get(r.dialect, r.dialect)
         return f"{r.duration:.2f} s"
 
     def refresh(self, records: list[Any]) -> None:
@@ -609,7 +613,7 @@ class ServeView(QWidget):
                                      + (f"\n{r.error}" if r.error else ""))
         if self.prompt_view.toPlainText() != r.prompt_text:
             self.prompt_view.setPlainText(r.prompt_text)
-        mode = "chat" if "chat" in r.endpoint else "completion"
+        mode = "chat" if "chat" in r.endpoint or r.dialect == "anthropic" else "completion"
         v = self.reply_view
         v.set_mode(mode)
         self._recolor()

@@ -28,7 +28,8 @@ from .protocol import MAX_MESSAGES, MAX_STOP, GenRequest, _show, parse_generatio
 from .scheduler import Event, Usage
 
 if TYPE_CHECKING:
-    from .app import ServerApp, Started
+    from .dialect import Host as ServerApp
+    from .dialect import Started
 
 ROLES = frozenset({"user", "assistant"})
 #: blocks a client may send back that carry nothing for this model (an earlier reply's thinking)

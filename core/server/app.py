@@ -34,6 +34,7 @@ from ..chat import ChatTemplateError
 from ..chat.tokens import piece_text
 from ..engine.generate import Engine
 from .anthropic import AnthropicApi
+from .dialect import Gathered, Part, Started
 from .errors import ApiError, bad_request, dialect_of, error_body
 from .jsonmode import SchemaError
 from .ollama import OllamaApi
@@ -78,36 +79,6 @@ def _client(request: Request) -> str:
 
 def _error(exc: ApiError, dialect: str = "openai") -> JSONResponse:
     return JSONResponse(error_body(exc, dialect), status_code=exc.status, headers=exc.headers)
-
-
-@dataclass
-class Started:
-    """A generation request in the scheduler: its job, the events it sends, and when the request arrived."""
-
-    job: Job
-    events: asyncio.Queue[Event]
-    t0: float
-
-
-@dataclass
-class Part:
-    """A piece of a reply as the dialects other than OpenAI's stream it: text, thinking, a finished tool call
-    (OpenAI's shape, ``arguments`` a JSON string), or the end (``end``, the last event)."""
-
-    text: str = ""
-    reasoning: str = ""
-    call: dict[str, Any] | None = None
-    end: Event | None = None
-
-
-@dataclass
-class Gathered:
-    """A whole reply: its text, thinking, tool calls and last event."""
-
-    text: str
-    reasoning: str
-    calls: list[dict[str, Any]]
-    end: Event
 
 
 def _usage(u: Usage) -> dict[str, Any]:

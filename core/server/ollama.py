@@ -28,7 +28,8 @@ from .scheduler import Event
 from .tools import supports_tools
 
 if TYPE_CHECKING:
-    from .app import ServerApp, Started
+    from .dialect import Host as ServerApp
+    from .dialect import Started
 
 #: the Ollama API version these endpoints follow (clients check it for features)
 OLLAMA_VERSION = "0.12.0"

@@ -82,14 +82,6 @@ HD int fd_splits(int T, int n_ctx, int KV, int G, int hd, int n_sm) {
     return want < 1 ? 1 : want > cap ? cap : (int)want;
 }
 
-/* T * n_split at most, for every T <= t_max (the scratch holds that many partials of every head). */
-HD int64_t fd_parts(int t_max, int n_ctx) {
-    int64_t s = (n_ctx + FD_SPLIT_KEYS - 1) / FD_SPLIT_KEYS;
-    s = s < FD_MAX_SPLIT ? s : FD_MAX_SPLIT;
-    s *= t_max;
-    return s < FD_MAX_PARTS ? s : FD_MAX_PARTS;
-}
-
 struct FdArgs {
     const float *q;     /* [T][H][hd] */
     const int *q_pos;   /* [T] */
@@ -245,18 +237,17 @@ HD void fd_store(const FdArgs &a, int t, int h0, int s, int gb, const float *acc
     }
 }
 
-/* The merge of head h of token t: f[s] = exp(m_s - M) (0 for an empty split), returns L. */
-HD float fd_merge_factors(const FdArgs &a, int t, int h, float *f) {
-    const bool sink = a.sinks != nullptr;
-    const float sk = sink ? a.sinks[h] : -INFINITY;
-    float M = sk;
-    for (int s = 0; s < a.n_split; ++s) M = fmaxf(M, fd_part(a, t, h, s)[a.hd]);
-    float L = sink ? expf(sk - M) : 0.0f;
-    for (int s = 0; s < a.n_split; ++s) {
-        const float *p = fd_part(a, t, h, s);
-        f[s] = p[a.hd] == -INFINITY ? 0.0f : expf(p[a.hd] - M);
-        L = fmaf(p[a.hd + 1], f[s], L);
-    }
+/* The merge of head h of token t, from its splits' m[s] and l[s] (loaded side by side): the max M (the sink
+ * included), each split's factor f = exp(m - M) (0 for an empty split), and L = sum_s l_s f_s (+ exp(sink - M)). */
+HD float fd_merge_max(const float *m, int n, const float *sinks, int h) {
+    float M = sinks ? sinks[h] : -INFINITY;
+    for (int s = 0; s < n; ++s) M = fmaxf(M, m[s]);
+    return M;
+}
+HD float fd_merge_factor(float m, float M) { return m == -INFINITY ? 0.0f : expf(m - M); }
+HD float fd_merge_sum(const float *l, const float *f, int n, const float *sinks, int h, float M) {
+    float L = sinks ? expf(sinks[h] - M) : 0.0f;
+    for (int s = 0; s < n; ++s) L = fmaf(l[s], f[s], L);
     return L;
 }
 
@@ -303,13 +294,10 @@ static inline FdArgs fd_args(const AttnArgs &A, const FdPlan &p, int T, const fl
     return a;
 }
 
-/* The scratch floats of a model (qsc_device.cu's finalize; core/engine/cuda_fit.py counts the same): the partials of
- * T <= min(FD_MAX_T, max batch, n_ctx) tokens for the widest layer (hw = max over layers of H (hd + 2)). */
-static inline int64_t fd_scratch_floats(int max_batch, int n_ctx, int64_t hw) {
-    int t = FD_MAX_T < max_batch ? FD_MAX_T : max_batch;
-    t = t < n_ctx ? t : n_ctx;
-    return fd_parts(t, n_ctx) * hw;
-}
+/* The scratch floats of a model (qsc_device.cu's finalize; core/engine/cuda_fit.py counts the same): T * n_split <=
+ * FD_MAX_PARTS partials of every head of the widest layer (hw = max over layers of H (hd + 2)), whatever the context
+ * and the batch. */
+static inline int64_t fd_scratch_floats(int64_t hw) { return (int64_t)FD_MAX_PARTS * hw; }
 
 /* The host twin (QSC_FD_HOST, compiled in qsc_host.cu): the kernels' blocks one by one, then the merge. */
 void emu_flashdec(const FdArgs &a, int kv_f16, const void *kc, const void *vc);
@@ -357,12 +345,19 @@ __global__ void __launch_bounds__(FD_THREADS) k_fdec(const FdArgs a, const KT *_
 /* Block (head blockIdx.x, token blockIdx.y): the splits' partials merged, the output written and, when asked (ao,
  * int8 blocks inside a head), quantized for the next product as k_attention does. */
 __global__ void __launch_bounds__(FD_THREADS) k_fdec_merge(const FdArgs a, const ActOut ao) {
-    __shared__ float sf[FD_MAX_SPLIT], sL, sm_out[QSC_MAX_HEAD];
-    const int h = blockIdx.x, t = blockIdx.y, hd = a.hd, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __shared__ float sm[FD_MAX_SPLIT], sl[FD_MAX_SPLIT], sf[FD_MAX_SPLIT], sm_out[QSC_MAX_HEAD];
+    const int h = blockIdx.x, t = blockIdx.y, hd = a.hd, n = a.n_split, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     constexpr int NW = FD_THREADS / 32;
-    if (threadIdx.x == 0) sL = fd_merge_factors(a, t, h, sf);
+    for (int s = threadIdx.x; s < n; s += FD_THREADS) { /* the splits' m and l, loaded side by side */
+        const float *p = fd_part(a, t, h, s);
+        sm[s] = p[hd];
+        sl[s] = p[hd + 1];
+    }
     __syncthreads();
-    const float L = sL;
+    const float M = fd_merge_max(sm, n, a.sinks, h); /* every thread, the same */
+    for (int s = threadIdx.x; s < n; s += FD_THREADS) sf[s] = fd_merge_factor(sm[s], M);
+    __syncthreads();
+    const float L = fd_merge_sum(sl, sf, n, a.sinks, h, M);
     for (int e = threadIdx.x; e < hd; e += FD_THREADS) {
         const float r = fd_merge_elem(a, t, h, e, sf, L);
         a.out[((int64_t)t * a.H + h) * hd + e] = r;
@@ -451,10 +446,17 @@ template <int HMAX, typename KT> static void fd_host(const FdArgs &a, const KT *
                     fd_store<NACC>(a, t, h0, s, gb, acc.data() + (size_t)tid * NACC, tid < GB ? m[tid] : 0.0f,
                                    tid < GB ? l[tid] : 0.0f, tid, NT);
             }
-    std::vector<float> f((size_t)a.n_split);
+    const int n = a.n_split;
+    std::vector<float> f((size_t)n), mm((size_t)n), ll((size_t)n);
     for (int t = 0; t < a.T; ++t)
         for (int h = 0; h < a.H; ++h) {
-            const float L = fd_merge_factors(a, t, h, f.data());
+            for (int s = 0; s < n; ++s) {
+                mm[s] = fd_part(a, t, h, s)[hd];
+                ll[s] = fd_part(a, t, h, s)[hd + 1];
+            }
+            const float M = fd_merge_max(mm.data(), n, a.sinks, h);
+            for (int s = 0; s < n; ++s) f[s] = fd_merge_factor(mm[s], M);
+            const float L = fd_merge_sum(ll.data(), f.data(), n, a.sinks, h, M);
             for (int e = 0; e < hd; ++e) a.out[((int64_t)t * a.H + h) * hd + e] = fd_merge_elem(a, t, h, e, f.data(), L);
         }
 }

@@ -895,7 +895,7 @@ static int finalize(qsc_model *m, char *err, size_t err_len) {
     rc = rc ? rc : dalloc_t(m, &m->d_logits1, c.V, err, err_len);
     int64_t fd_hw = 0; /* flash-decoding's partials: the widest layer's H (hd + 2) */
     for (const Layer &L : m->layers) fd_hw = fd_hw > (int64_t)L.H * (L.hd + 2) ? fd_hw : (int64_t)L.H * (L.hd + 2);
-    rc = rc ? rc : dalloc_t(m, &m->fd_part, fd_scratch_floats(m->mb, m->n_ctx, fd_hw), err, err_len);
+    rc = rc ? rc : dalloc_t(m, &m->fd_part, fd_scratch_floats(fd_hw), err, err_len);
     m->fd_sm = FD_HOST_SMS;
     if (!rc && !m->host) CUDA_TRY(cudaDeviceGetAttribute(&m->fd_sm, cudaDevAttrMultiProcessorCount, m->device));
     rc = rc ? rc : moe_finalize(m, err, err_len);

@@ -8,7 +8,7 @@
  *
  *   k_fdec        per block: the group's queries into shared memory; tiles of BK keys: K and V rows -> shared
  *                 (floats), scores (one thread per (head, key): scale, soft-cap), the tile's max per head, weights
- *                 p = exp(s - m), then acc = alpha acc + sum_j p_j V_j (one thread per (head, element)), l likewise;
+ *                 p = exp(s - m), then acc = alpha acc + sum_j p_j V_j (a thread per 4 elements of a head), l too;
  *                 the block's partial (acc, m, l) per head to the scratch [T][H][n_split][hd + 2];
  *   k_fdec_merge  per (head, token): M = max(m_s, sink), f_s = exp(m_s - M), L = sum_s l_s f_s (+ exp(sink - M)),
  *                 out = sum_s f_s acc_s / L, splits in order; then the output's int8 blocks for the next product
@@ -48,11 +48,11 @@ constexpr int FD_MAX_T = 15, FD_THREADS = 128, FD_MAX_SPLIT = 128, FD_MAX_PARTS 
               FD_ALIGN = 32, FD_BLOCKS_PER_SM = 4, FD_HOST_SMS = 132;
 
 /* Per largest head size of an instantiation (64, 128, 256, 512, 1024): keys per tile BK, query heads per block GB,
- * outputs per thread NACC; shared memory stays near 40 KB. */
+ * outputs per thread NACC (in groups of 4 consecutive elements of a head); shared memory stays near 40 KB. */
 template <int HMAX> struct FdShape {
     static constexpr int BK = HMAX <= 64 ? 64 : 4096 / HMAX;
     static constexpr int GB = HMAX <= 256 ? 8 : 2048 / HMAX;
-    static constexpr int NACC = (GB * HMAX + FD_THREADS - 1) / FD_THREADS;
+    static constexpr int NACC = 4 * ((GB * HMAX / 4 + FD_THREADS - 1) / FD_THREADS);
 };
 
 HD int fd_hmax(int hd) { return hd <= 64 ? 64 : hd <= 128 ? 128 : hd <= 256 ? 256 : hd <= 512 ? 512 : 1024; }
@@ -138,6 +138,17 @@ HD int fd_cvt16(const float *p, float *d) {
     return 4;
 }
 
+/* 16 bytes of shared memory (the tiles, the queries: every offset a multiple of 4 floats from a 16-byte aligned
+ * array; the host checks it, so a misaligned offset fails there before it faults on a GPU). */
+HD float4 fd_ld4(const float *p) {
+#ifdef __CUDA_ARCH__
+    return *(const float4 *)p;
+#else
+    if ((uintptr_t)p % 16) abort();
+    return ld_f4(p);
+#endif
+}
+
 /* ------------------------------------------------------------------------------------------------ the steps */
 /* The gb query rows of heads h0.. of token t (contiguous in q) into sq[gb][hd]. */
 HD void fd_load_q(const FdArgs &a, int t, int h0, int gb, float *sq, int tid, int nthr) {
@@ -145,7 +156,8 @@ HD void fd_load_q(const FdArgs &a, int t, int h0, int gb, float *sq, int tid, in
     for (int i = tid; i < gb * a.hd; i += nthr) sq[i] = qt[i];
 }
 
-/* Keys k0 .. k0 + nk - 1 of KV head kvh: K into sk[j][hd + 1], V into sv[j][hd], one 16-byte chunk per step. */
+/* Keys k0 .. k0 + nk - 1 of KV head kvh: K into sk[j][hd + 4] (rows 16-byte aligned, 8 consecutive rows' 16-byte
+ * reads in distinct banks), V into sv[j][hd], one 16-byte chunk of the cache per step. */
 template <typename KT>
 HD void fd_load_tile(const KT *kc, const KT *vc, int KV, int kvh, int hd, int k0, int nk, float *sk, float *sv,
                      int tid, int nthr) {
@@ -159,7 +171,7 @@ HD void fd_load_tile(const KT *kc, const KT *vc, int KV, int kvh, int hd, int k0
         fd_cvt16(vc + off, vf);
 #pragma unroll
         for (int i = 0; i < EPC; ++i) {
-            sk[j * (hd + 1) + e0 + i] = kf[i];
+            sk[j * (hd + 4) + e0 + i] = kf[i];
             sv[j * hd + e0 + i] = vf[i];
         }
     }
@@ -173,8 +185,14 @@ HD void fd_scores(const float *sq, const float *sk, float *ss, int gb, int hd, i
         float s = -INFINITY;
         if (j < nk) {
             float d = 0.0f;
-            const float *qg = sq + g * hd, *kj = sk + j * (hd + 1);
-            for (int e = 0; e < hd; ++e) d = fmaf(qg[e], kj[e], d);
+            const float *qg = sq + g * hd, *kj = sk + j * (hd + 4);
+            for (int e = 0; e < hd; e += 4) {
+                const float4 x = fd_ld4(qg + e), y = fd_ld4(kj + e);
+                d = fmaf(x.x, y.x, d);
+                d = fmaf(x.y, y.y, d);
+                d = fmaf(x.z, y.z, d);
+                d = fmaf(x.w, y.w, d);
+            }
             s = fa_score(d, scale, softcap);
         }
         ss[idx] = s;
@@ -197,20 +215,31 @@ HD void fd_probs(float *ss, const float *m_new, int gb, int nk, int bk, int tid,
         if (idx % bk < nk) ss[idx] = fa_p(ss[idx], m_new[idx / bk]);
 }
 
-/* The thread's outputs o = tid + i nthr (head o / hd, element o % hd): acc = alpha acc + sum_j p_j V_j; the thread of
- * head g = tid < gb also carries that head's sum l. */
+/* The thread's outputs: groups o = tid + i nthr of 4 elements (head 4 o / hd, elements 4 o % hd ..),
+ * acc = alpha acc + sum_j p_j V_j; the thread of head g = tid < gb also carries that head's sum l. */
 template <int NACC>
 HD void fd_accum(float *acc, float *l, const float *ss, const float *sv, const float *alpha, int gb, int hd, int nk,
                  int bk, int tid, int nthr) {
 #pragma unroll
-    for (int i = 0; i < NACC; ++i) {
-        const int o = tid + i * nthr;
+    for (int i = 0; i < NACC / 4; ++i) {
+        const int o = 4 * (tid + i * nthr);
         if (o >= gb * hd) break;
         const int g = o / hd, e = o % hd;
         const float *p = ss + g * bk;
-        float x = acc[i] * alpha[g];
-        for (int j = 0; j < nk; ++j) x = fmaf(p[j], sv[j * hd + e], x);
-        acc[i] = x;
+        const float al = alpha[g];
+        float x0 = acc[4 * i] * al, x1 = acc[4 * i + 1] * al, x2 = acc[4 * i + 2] * al, x3 = acc[4 * i + 3] * al;
+        for (int j = 0; j < nk; ++j) {
+            const float pj = p[j];
+            const float4 v = fd_ld4(sv + j * hd + e);
+            x0 = fmaf(pj, v.x, x0);
+            x1 = fmaf(pj, v.y, x1);
+            x2 = fmaf(pj, v.z, x2);
+            x3 = fmaf(pj, v.w, x3);
+        }
+        acc[4 * i] = x0;
+        acc[4 * i + 1] = x1;
+        acc[4 * i + 2] = x2;
+        acc[4 * i + 3] = x3;
     }
     if (tid < gb) {
         const float *p = ss + tid * bk;
@@ -220,15 +249,17 @@ HD void fd_accum(float *acc, float *l, const float *ss, const float *sv, const f
     }
 }
 
-/* The block's partial: the thread's outputs, and (thread g < gb) head g's m and l. */
+/* The block's partial: the thread's outputs, and (thread g < gb) head g's m and l; an empty split (no key: m = -inf)
+ * writes m and l only (the merge never reads its outputs). */
 template <int NACC>
-HD void fd_store(const FdArgs &a, int t, int h0, int s, int gb, const float *acc, float m, float l, int tid,
-                 int nthr) {
+HD void fd_store(const FdArgs &a, int t, int h0, int s, int gb, bool empty, const float *acc, float m, float l,
+                 int tid, int nthr) {
 #pragma unroll
-    for (int i = 0; i < NACC; ++i) {
-        const int o = tid + i * nthr;
-        if (o >= gb * a.hd) break;
-        fd_part(a, t, h0 + o / a.hd, s)[o % a.hd] = acc[i];
+    for (int i = 0; i < NACC / 4; ++i) {
+        const int o = 4 * (tid + i * nthr);
+        if (empty || o >= gb * a.hd) break;
+        float *p = fd_part(a, t, h0 + o / a.hd, s) + o % a.hd;
+        for (int k = 0; k < 4; ++k) p[k] = acc[4 * i + k];
     }
     if (tid < gb) {
         float *p = fd_part(a, t, h0 + tid, s);
@@ -314,14 +345,17 @@ __global__ void __launch_bounds__(FD_THREADS) k_fdec(const FdArgs a, const KT *_
                                                      const KT *__restrict__ vc) {
     using S = FdShape<HMAX>;
     constexpr int BK = S::BK, GB = S::GB, NACC = S::NACC;
-    __shared__ float sk[BK * (HMAX + 1)], sv[BK * HMAX], sq[GB * HMAX], ss[GB * BK], smn[GB], sal[GB];
+    __shared__ __align__(16) float sk[BK * (HMAX + 4)];
+    __shared__ __align__(16) float sv[BK * HMAX];
+    __shared__ __align__(16) float sq[GB * HMAX];
+    __shared__ float ss[GB * BK], smn[GB], sal[GB];
     const int tid = threadIdx.x, s = blockIdx.x, t = blockIdx.z, hd = a.hd;
     const int G = a.H / a.KV, n_gb = (G + GB - 1) / GB;
     const int kvh = blockIdx.y / n_gb, gc = blockIdx.y % n_gb;
     const int h0 = kvh * G + gc * GB, gb = min(GB, G - gc * GB);
     int lo, hi;
     fd_range(a, t, s, *a.n_kv_p, &lo, &hi);
-    fd_load_q(a, t, h0, gb, sq, tid, FD_THREADS);
+    if (lo <= hi) fd_load_q(a, t, h0, gb, sq, tid, FD_THREADS);
     float acc[NACC];
 #pragma unroll
     for (int i = 0; i < NACC; ++i) acc[i] = 0.0f;
@@ -339,14 +373,15 @@ __global__ void __launch_bounds__(FD_THREADS) k_fdec(const FdArgs a, const KT *_
         __syncthreads();
         fd_accum<NACC>(acc, &l, ss, sv, sal, gb, hd, nk, BK, tid, FD_THREADS);
     }
-    fd_store<NACC>(a, t, h0, s, gb, acc, m, l, tid, FD_THREADS);
+    fd_store<NACC>(a, t, h0, s, gb, lo > hi, acc, m, l, tid, FD_THREADS);
 }
 
 /* Block (head blockIdx.x, token blockIdx.y): the splits' partials merged, the output written and, when asked (ao,
  * int8 blocks inside a head), quantized for the next product as k_attention does. */
 __global__ void __launch_bounds__(FD_THREADS) k_fdec_merge(const FdArgs a, const ActOut ao) {
     __shared__ float sm[FD_MAX_SPLIT], sl[FD_MAX_SPLIT], sf[FD_MAX_SPLIT], sm_out[QSC_MAX_HEAD];
-    const int h = blockIdx.x, t = blockIdx.y, hd = a.hd, n = a.n_split, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int h = blockIdx.x, t = blockIdx.y, hd = a.hd, n = a.n_split;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     constexpr int NW = FD_THREADS / 32;
     for (int s = threadIdx.x; s < n; s += FD_THREADS) { /* the splits' m and l, loaded side by side */
         const float *p = fd_part(a, t, h, s);
@@ -414,7 +449,7 @@ static void launch_flashdec(const FdArgs &a, int kv_f16, const void *kc, const v
 template <int HMAX, typename KT> static void fd_host(const FdArgs &a, const KT *kc, const KT *vc) {
     using S = FdShape<HMAX>;
     constexpr int BK = S::BK, GB = S::GB, NACC = S::NACC, NT = FD_THREADS;
-    std::vector<float> sk(BK * (HMAX + 1)), sv(BK * HMAX), sq(GB * HMAX), ss(GB * BK), smn(GB), sal(GB);
+    std::vector<float> sk(BK * (HMAX + 4)), sv(BK * HMAX), sq(GB * HMAX), ss(GB * BK), smn(GB), sal(GB);
     std::vector<float> acc((size_t)NT * NACC), m(GB), l(GB);
     const int n_kv = *a.n_kv_p, hd = a.hd, G = a.H / a.KV, n_gb = (G + GB - 1) / GB;
     for (int t = 0; t < a.T; ++t)
@@ -443,7 +478,7 @@ template <int HMAX, typename KT> static void fd_host(const FdArgs &a, const KT *
                                        sv.data(), sal.data(), gb, hd, nk, BK, tid, NT);
                 }
                 for (int tid = 0; tid < NT; ++tid)
-                    fd_store<NACC>(a, t, h0, s, gb, acc.data() + (size_t)tid * NACC, tid < GB ? m[tid] : 0.0f,
+                    fd_store<NACC>(a, t, h0, s, gb, lo > hi, acc.data() + (size_t)tid * NACC, tid < GB ? m[tid] : 0.0f,
                                    tid < GB ? l[tid] : 0.0f, tid, NT);
             }
     const int n = a.n_split;
@@ -457,7 +492,8 @@ template <int HMAX, typename KT> static void fd_host(const FdArgs &a, const KT *
             const float M = fd_merge_max(mm.data(), n, a.sinks, h);
             for (int s = 0; s < n; ++s) f[s] = fd_merge_factor(mm[s], M);
             const float L = fd_merge_sum(ll.data(), f.data(), n, a.sinks, h, M);
-            for (int e = 0; e < hd; ++e) a.out[((int64_t)t * a.H + h) * hd + e] = fd_merge_elem(a, t, h, e, f.data(), L);
+            for (int e = 0; e < hd; ++e)
+                a.out[((int64_t)t * a.H + h) * hd + e] = fd_merge_elem(a, t, h, e, f.data(), L);
         }
 }
 

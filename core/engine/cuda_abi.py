@@ -398,6 +398,18 @@ int qsc_kernel_attention_ext(const float *q, int n_q, const int32_t *q_pos, int 
                              const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv,
                              int window, float scale, float softcap, const float *sinks, float *out, char *err,
                              size_t err_len);
+/* flash-decoding (qsc_decode.cuh): decode attention of n_q <= 15 tokens with the keys split across blocks and the
+ * partials merged, as the forward runs it for T <= 15 (arguments as qsc_kernel_attention_ext; head sizes whose rows
+ * are whole 16-byte chunks: a multiple of 8 for an F16 cache, of 4 for F32). n_split: the splits (1..128), or <= 0
+ * for the forward's choice with n_kv as the context size (the host twin counts 132 SMs). Returns the split count
+ * used (> 0), or < 0 refused. The host twin runs the kernels' blocks, partials and merge on the CPU. */
+int qsc_kernel_flashdec(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                        const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int n_kv, int window,
+                        float scale, float softcap, const float *sinks, int n_split, float *out, char *err,
+                        size_t err_len);
+int qsc_host_flashdec(const float *q, int n_q, const int32_t *q_pos, int n_heads, int head_dim, const void *k_cache,
+                      const void *v_cache, int kv_f16, int n_kv_heads, int n_kv, int window, float scale, float softcap,
+                      const float *sinks, int n_split, float *out);
 int qsc_kernel_qk_post(float *q, float *k, int n_tokens, int n_head, int n_head_kv, int head_dim,
                        const float *q_norm, const float *k_norm, int qk_full, float eps, const int32_t *pos,
                        const qs_rope_desc *rope, float temp_scale, int64_t temp_floor, char *err, size_t err_len);

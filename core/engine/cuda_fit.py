@@ -24,6 +24,8 @@ __all__ = ["MARGIN_BYTES", "DeviceEstimate", "choose_gpu", "choose_layers", "dev
 #: kept free beyond the estimate: the allocator's granularity, the runtime's and the driver's own allocations
 MARGIN_BYTES = 256 << 20
 _ALIGN = 256
+#: flash-decoding's partials per head (csrc/cuda/qsc_decode.cuh: FD_MAX_PARTS, tokens x splits)
+FLASHDEC_PARTS = 128
 
 
 def _round(n: int) -> int:
@@ -100,6 +102,9 @@ def device_estimate(model: Model, n_ctx: int, kv_dtype: type = np.float16, max_b
     if recurrent:  # qsc_gdn.cuh's gdn_finalize: the state and its checkpoint, the mixer's scratch
         kv += 2 * _round(c.recurrent_state_bytes())
         scratch += sum(_round(n * 4) for n in (2 * T * c.ssm_channels, 2 * T * Vd, 2 * T * c.ssm_v_heads))
+    # flash-decoding's partials (csrc/cuda/qsc_decode.cuh, fd_scratch_floats): FD_MAX_PARTS per head of the widest layer
+    hw = max(c.n_head * (c.head_dim_at(li) + 2) for li in range(c.n_layers))
+    scratch += _round(FLASHDEC_PARTS * hw * 4)
     if c.q_gate:  # gated attention: wq's output and the gates
         scratch += _round(2 * T * QD * 4) + _round(T * QD * 4)
     return DeviceEstimate(weights, kv, scratch, n_ctx)

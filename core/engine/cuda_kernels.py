@@ -29,6 +29,9 @@ from .cuda_library import (
     ffi,
 )
 
+#: flash-decoding's bounds (csrc/cuda/qsc_decode.cuh: FD_MAX_T, FD_MAX_SPLIT)
+FLASHDEC_MAX_T, FLASHDEC_MAX_SPLIT = 15, 128
+
 #: Activation types the device quantizers produce (ggml ids) and their (block elements, block bytes).
 ACT_LAYOUT = {8: (32, 34), 9: (32, 36), 15: (256, 292)}
 
@@ -239,6 +242,49 @@ def host_attention(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cach
     if rc != 0:
         raise CudaError("qsc_host_attention refused its arguments")
     return out
+
+
+def _flashdec(host: bool, q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_kv: int,
+              scale: float, window: int, softcap: float, sinks: np.ndarray | None,
+              n_split: int) -> tuple[np.ndarray, int]:
+    qa, pos, kc, vc, sk, (n_q, n_heads, hd, n_kv_heads) = _attention_args(q, q_pos, k_cache, v_cache, n_kv, window,
+                                                                         softcap, sinks)
+    if not 0 < n_q <= FLASHDEC_MAX_T:
+        raise ValueError(f"flash-decoding takes 1..{FLASHDEC_MAX_T} query tokens, got {n_q}")
+    if hd % (8 if kc.dtype == np.float16 else 4):
+        raise ValueError(f"head_dim {hd}: a cache row must be whole 16-byte chunks")
+    if n_split > FLASHDEC_MAX_SPLIT:
+        raise ValueError(f"n_split {n_split} over {FLASHDEC_MAX_SPLIT}")
+    out = np.empty_like(qa)
+    args = (_p(qa, "float *"), n_q, _p(pos, "int32_t *"), n_heads, hd, _p(kc, "void *"), _p(vc, "void *"),
+            int(kc.dtype == np.float16), n_kv_heads, n_kv, window, scale, softcap,
+            ffi.NULL if sk is None else _p(sk, "float *"), n_split, _p(out, "float *"))
+    if host:
+        rc = _library().qsc_host_flashdec(*args)
+        if rc <= 0:
+            raise CudaError("qsc_host_flashdec refused its arguments")
+        return out, int(rc)
+    err = _err()
+    rc = _gpu().qsc_kernel_flashdec(*args, err, _ERR_LEN)
+    _check(min(rc, 0), err, "flash-decoding")
+    return out, int(rc)
+
+
+def host_flashdec(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_kv: int, *,
+                  scale: float, window: int = 0, softcap: float = 0.0, sinks: np.ndarray | None = None,
+                  n_split: int = 0) -> tuple[np.ndarray, int]:
+    """Flash-decoding (csrc/cuda/qsc_decode.cuh) run on the CPU as the device runs it: the keys split across
+    ``n_split`` blocks (0: the forward's choice, with ``n_kv`` as the context and 132 SMs), each block's partial
+    softmax for its group of query heads, then the merge. Arguments as :func:`gpu_attention`; 1..15 query tokens.
+    Returns (output, split count used)."""
+    return _flashdec(True, q, q_pos, k_cache, v_cache, n_kv, scale, window, softcap, sinks, n_split)
+
+
+def gpu_flashdec(q: np.ndarray, q_pos: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, n_kv: int, *,
+                 scale: float, window: int = 0, softcap: float = 0.0, sinks: np.ndarray | None = None,
+                 n_split: int = 0) -> tuple[np.ndarray, int]:
+    """:func:`host_flashdec` on the device (0: the forward's split count for this GPU's SMs)."""
+    return _flashdec(False, q, q_pos, k_cache, v_cache, n_kv, scale, window, softcap, sinks, n_split)
 
 
 def rope_desc(rot_dim: int, *, base: float = 10000.0, neox: bool = False, freq_scale: float = 1.0,

@@ -14,6 +14,8 @@
 #include "qsc_emul.cuh"
 #include "qsc_kernels.cuh"
 #include "qsc_fast.cuh" /* tensor-core prefill GEMM, flash attention, decode GEMV */
+#define QSC_FD_KERNELS
+#include "qsc_decode.cuh" /* flash-decoding: decode attention split across blocks */
 #include "../qs_plan.h" /* the layer as a plan: the steps this file walks */
 
 #ifndef QSC_ARCHS
@@ -93,6 +95,8 @@ struct qsc_model {
     std::mutex mu;
     struct QscProbe *probe = nullptr; /* qsc_probe.cuh: traces, statistics (NULL: none asked for) */
     float *h_resid = nullptr; /* qsc_forward_resid's host buffer: the stream after the last layer (NULL: none) */
+    float *fd_part = nullptr; /* flash-decoding's partials (qsc_decode.cuh; fd_scratch_floats) */
+    int fd_sm = 0;            /* the SM count its split counts assume (the host model: FD_HOST_SMS) */
 };
 
 static int dalloc(qsc_model *m, void **p, int64_t bytes, char *err, size_t err_len) {
@@ -231,11 +235,16 @@ static void launch_attention_t(dim3 grid, cudaStream_t st, const float *q, const
 }
 
 /* Attention over the cache; quantizes the output in the same kernel when the int8 blocks fall inside a head,
- * otherwise with one more launch. */
+ * otherwise with one more launch. Decode (T <= FD_MAX_T) with a flash-decoding plan (fd: scratch) splits the keys
+ * across blocks (qsc_decode.cuh, which writes its own int8 output); the host model's table asks the same fd_use. */
 static void launch_attention(const FastPaths &fp, int T, const AttnArgs &A, int kv_f16, cudaStream_t st,
                              const float *q, const int *pos, const void *kc, const void *vc, const int *nkv, float *out,
-                             ActOut ao) {
+                             ActOut ao, const FdPlan *fd = nullptr) {
     const int hd = A.hd, path = took(attention_path(fp, T, A.H, A.KV, hd)); /* host_attention: the same choice */
+    if (path != QSC_PATH_FLASH && fd && fd_use(T, A, kv_f16, *fd)) {
+        launch_flashdec(fd_args(A, *fd, T, q, pos, nkv, out), kv_f16, kc, vc, ao, st);
+        return;
+    }
     const bool apart = attention_quantize_apart(path, hd, ao);
     if (path == QSC_PATH_FLASH) { /* prefill: flash attention (qsc_fast.cuh) */
         const FaArgs fa = {q, pos, nkv, T, A.H, A.KV, A.window, A.scale, A.softcap, A.sinks, out};
@@ -290,7 +299,8 @@ static void dev_qk_post(qsc_model *m, const QKArgs &A, const int *pos, int T, vo
 }
 static void dev_attention(qsc_model *m, int T, const AttnArgs &A, const int *pos, const void *kc, const void *vc,
                           const int *nkv, const ActOut &ao) {
-    launch_attention(m->fast, T, A, m->kv_f16, m->st, m->q, pos, kc, vc, nkv, m->att, ao);
+    const FdPlan fdp = {m->fd_part, m->n_ctx, m->fd_sm};
+    launch_attention(m->fast, T, A, m->kv_f16, m->st, m->q, pos, kc, vc, nkv, m->att, ao, &fdp);
 }
 static void dev_glu(qsc_model *m, const float *g, const float *u, float *a, const ActOut &ao, int T, int n, int mode,
                     int64_t ldu, int nv) {
@@ -340,13 +350,17 @@ static void host_qk_post(qsc_model *m, const QKArgs &A, const int *pos, int T, v
 static void host_attention(qsc_model *m, int T, const AttnArgs &A, const int *pos, const void *kc, const void *vc,
                            const int *nkv, const ActOut &ao) {
     const int path = took(attention_path(m->fast, T, A.H, A.KV, A.hd));
+    const FdPlan fdp = {m->fd_part, m->n_ctx, m->fd_sm};
+    const bool fdec = path != QSC_PATH_FLASH && fd_use(T, A, m->kv_f16, fdp); /* as launch_attention */
     if (path == QSC_PATH_FLASH) {
         const FaArgs fa = {m->q, pos, nkv, T, A.H, A.KV, A.window, A.scale, A.softcap, A.sinks, m->att};
         emu_flash(fa, A.hd, m->kv_f16, kc, vc);
+    } else if (fdec) {
+        emu_flashdec(fd_args(A, fdp, T, m->q, pos, nkv, m->att), m->kv_f16, kc, vc);
     } else {
         emu_attention(T, A, m->kv_f16, m->q, pos, kc, vc, *nkv, m->att);
     }
-    if (attention_quantize_apart(path, A.hd, ao)) took(QSC_PATH_QUANTIZE); /* k_quantize; else fused: same values */
+    if (!fdec && attention_quantize_apart(path, A.hd, ao)) took(QSC_PATH_QUANTIZE); /* k_quantize; else fused */
     emu_quantize(m->att, ao, T, A.H * A.hd);
 }
 static void host_glu(qsc_model *m, const float *g, const float *u, float *a, const ActOut &ao, int T, int n, int mode,
@@ -909,6 +923,11 @@ static int finalize(qsc_model *m, char *err, size_t err_len) {
         }
     }
     rc = rc ? rc : dalloc_t(m, &m->d_logits1, c.V, err, err_len);
+    int64_t fd_hw = 0; /* flash-decoding's partials: the widest layer's H (hd + 2) */
+    for (const Layer &L : m->layers) fd_hw = fd_hw > (int64_t)L.H * (L.hd + 2) ? fd_hw : (int64_t)L.H * (L.hd + 2);
+    rc = rc ? rc : dalloc_t(m, &m->fd_part, fd_scratch_floats(fd_hw), err, err_len);
+    m->fd_sm = FD_HOST_SMS;
+    if (!rc && !m->host) CUDA_TRY(cudaDeviceGetAttribute(&m->fd_sm, cudaDevAttrMultiProcessorCount, m->device));
     rc = rc ? rc : moe_finalize(m, err, err_len);
     rc = rc ? rc : gdn_finalize(m, err, err_len);
     if (rc) return rc;
@@ -1371,3 +1390,6 @@ int qsc_kernel_logits(float *x, int64_t n, float logit_scale, float softcap, cha
 
 #define QSC_MOE_ENTRY
 #include "qsc_moe.cuh" /* qsc_kernel_moe_ffn */
+
+#define QSC_FD_ENTRY
+#include "qsc_decode.cuh" /* qsc_kernel_flashdec */

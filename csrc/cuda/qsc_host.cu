@@ -473,3 +473,7 @@ void emu_logits(float *x, int64_t n, float logit_scale, float cap) {
 /* qsc_gdn.cuh: the delta-net and gated-attention host twins and entry points (after HostQW / host_linear, which they use) */
 #define QSC_GDN_HOST
 #include "qsc_gdn.cuh"
+
+/* qsc_decode.cuh: flash-decoding's host twin (emu_flashdec) and qsc_host_flashdec */
+#define QSC_FD_HOST
+#include "qsc_decode.cuh"

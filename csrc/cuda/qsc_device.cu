@@ -820,18 +820,8 @@ static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *
             if (rc) return rc;
         }
         if (b.moe.n_expert) { /* the stacked experts went up as ffn.gate/up/down above */
-            MoeMat mm[4];
-            MoeVec mv[5];
-            int nv = 0, nm = moe_parts(b, L.moe, mm, mv, &nv);
-            for (int j = 0; j < nm; ++j) {
-                snprintf(what, sizeof what, "layer %d: %s", li, mm[j].name);
-                int rc = upload_matrix(m, *mm[j].w, mm[j].dm, what, err, err_len);
-                if (rc) return rc;
-            }
-            for (int j = 0; j < nv; ++j) {
-                int rc = upload_vector(m, *mv[j].v, mv[j].dst, err, err_len);
-                if (rc) return rc;
-            }
+            int rc = moe_upload(m, b, L, li, err, err_len);
+            if (rc) return rc;
         }
         L.H = a.n_head;
         L.KV = a.n_head_kv;

@@ -138,7 +138,12 @@ static inline bool moe_check(const qs_block &b, int li, const Dims &D, char *err
             }
             continue;
         }
-        if (!weight_ok(*m.w, m.rows, m.k)) {
+        /* a shared expert of a width not a multiple of 32 (qwen35moe's fixture: 48): F32/F16 sh_down rows are padded
+         * with zeros on upload (moe_upload), as gemma4's per-layer projection */
+        const int es = m.w->type == T_F32 ? 4 : m.w->type == T_F16 ? 2 : 0;
+        const bool padded = i == 3 && FS % 32 && es && m.w->ptr && m.w->rows == E && m.w->k == FS &&
+                            m.w->bytes == E * FS * es;
+        if (!padded && !weight_ok(*m.w, m.rows, m.k)) {
             set_err(err, err_len, "layer %d: %s is %s%lld x %lld of type %d in %lld bytes; the GPU needs %lld x %lld "
                     "of a GPU type with the bytes that make", li, m.name, m.w->ptr ? "" : "missing: ",
                     (long long)m.w->rows, (long long)m.w->k, m.w->type, (long long)m.w->bytes, (long long)m.rows,
@@ -475,6 +480,49 @@ struct MoeScratch {
 /* ================================================================================================ 3. enqueue */
 #if defined(QSC_MOE_ENQUEUE) && !defined(QSC_MOE_ENQUEUE_DONE)
 #define QSC_MOE_ENQUEUE_DONE
+
+extern "C" { /* (qsc_device.cu defines them inside its C API block) */
+static int upload_matrix(qsc_model *m, const qs_weight &w, DevMat *dm, const char *what, char *err, size_t err_len);
+static int upload_matrix_padded(qsc_model *m, const qs_weight &w, int64_t k_pad, DevMat *dm, const char *what,
+                                char *err, size_t err_len);
+static int upload_vector(qsc_model *m, const qs_vec &v, float **dst, char *err, size_t err_len);
+}
+
+/* Layer li's moe group onto the device (the stacked experts go up as its ffn gate / up / down). A shared expert of
+ * FS not a multiple of 32 runs FS rounded up: sh_gate / sh_up with zero rows appended (their outputs 0 there, so
+ * SwiGLU's too), sh_down (F32 / F16, moe_check) with zero columns. */
+static int moe_upload(qsc_model *m, const qs_block &b, Layer &L, int li, char *err, size_t err_len) {
+    MoeMat mm[4];
+    MoeVec mv[5];
+    int nv = 0, nm = moe_parts(b, L.moe, mm, mv, &nv);
+    const int64_t FS = b.moe.n_ff_shexp, FSp = (FS + 31) / 32 * 32;
+    L.moe.n_ff_shexp = (int)FSp;
+    char what[64];
+    for (int j = 0; j < nm; ++j) {
+        snprintf(what, sizeof what, "layer %d: %s", li, mm[j].name);
+        const qs_weight &w = *mm[j].w;
+        int rc;
+        if (FSp != FS && mm[j].dm == &L.moe.sh_down) {
+            rc = upload_matrix_padded(m, w, FSp, mm[j].dm, what, err, err_len);
+        } else if (FSp != FS && mm[j].dm != &L.moe.router) {
+            std::vector<uint8_t> rows((size_t)(w.bytes / w.rows * FSp), 0);
+            memcpy(rows.data(), w.ptr, (size_t)w.bytes);
+            qs_weight pw = w;
+            pw.ptr = rows.data();
+            pw.rows = FSp;
+            pw.bytes = (int64_t)rows.size();
+            rc = upload_matrix(m, pw, mm[j].dm, what, err, err_len);
+        } else {
+            rc = upload_matrix(m, w, mm[j].dm, what, err, err_len);
+        }
+        if (rc) return rc;
+    }
+    for (int j = 0; j < nv; ++j) {
+        int rc = upload_vector(m, *mv[j].v, mv[j].dst, err, err_len);
+        if (rc) return rc;
+    }
+    return 0;
+}
 
 /* The scratch for every moe layer of m (nothing without one). */
 static int moe_finalize(qsc_model *m, char *err, size_t err_len) {
@@ -833,18 +881,9 @@ static int moe_ffn_layer(const qs_block *b, const float *h, int n_tokens, float 
         int rc = upload_matrix(m, *x.w, x.dm, x.name, err, err_len);
         if (rc) return rc;
     }
-    MoeMat mm[4];
-    MoeVec mv[5];
-    int nv = 0, nm = moe_parts(*b, L.moe, mm, mv, &nv);
-    for (int j = 0; j < nm; ++j) {
-        int rc = upload_matrix(m, *mm[j].w, mm[j].dm, mm[j].name, err, err_len);
-        if (rc) return rc;
-    }
-    for (int j = 0; j < nv; ++j) {
-        int rc = upload_vector(m, *mv[j].v, mv[j].dst, err, err_len);
-        if (rc) return rc;
-    }
-    int rc = finalize(m, err, err_len);
+    int rc = moe_upload(m, *b, L, 0, err, err_len);
+    if (rc) return rc;
+    rc = finalize(m, err, err_len);
     if (rc) return rc;
     const int T = n_tokens;
     const size_t bytes = (size_t)T * E * sizeof(float);

@@ -165,6 +165,24 @@ def test_host_routing_follows_the_cpu_rules(cuda_lib):
     assert 7 not in host_route(logits, 15)[0][5]
 
 
+@pytest.mark.parametrize("NE", [33, 128, 300])
+def test_host_routing_of_many_experts_follows_the_cpu_rules(cuda_lib, NE):
+    """More experts than a warp's lanes (k_moe_route: lane l scans experts l, l + 32, ...; the lanes' partials
+    combined): ties within one lane's experts and across lanes still go to the lower index."""
+    rng = np.random.default_rng(NE)
+    logits = rng.standard_normal((32, NE)).astype(np.float32)
+    logits[0, [e for e in (5, 37, 69, 101) if e < NE]] = 8.0  # ties in one lane (5 mod 32)
+    logits[4, [0, 32]] = 9.0  # lane 0 holds both
+    logits[1, [NE - 1, 3, 40 % NE]] = 8.0  # ties across lanes
+    logits[2] = -1.0  # all tied
+    logits[3, : NE // 2] = -np.inf
+    for K in (1, 4, 8):
+        sel, w = host_route(logits, K)
+        want_sel, want_w = route_rules(logits, K, 1, 0.0)
+        assert np.array_equal(sel, want_sel), (K, np.nonzero((sel != want_sel).any(1)))
+        assert np.allclose(w, want_w, rtol=2e-6, atol=1e-9), K
+
+
 def test_host_routing_clamps_a_vanishing_weight_sum(cuda_lib):
     """norm divides by the picked probabilities' sum clamped below at 2^-14 (llama.cpp's clamp): one expert of
     almost all the mass, the others' weights stay below 1 instead of blowing up."""
@@ -271,6 +289,7 @@ MOE_CASES = {
     "q4_0-ties-pairs": dict(wtype="Q4_0", tie="pairs", K=3),
     "gpt-oss": dict(wtype="Q8_0", biases=True, oai=True, NE=8, K=4),  # expert biases, clamped SwiGLU
     "shared-expert": dict(wtype="Q6_K", FS=512, NE=8, K=2),  # qwen35moe's sigmoid-gated shared expert
+    "many-experts-ties": dict(wtype="Q8_0", tie="pairs", NE=40, K=6, F=64),  # more experts than a warp's lanes
 }
 
 

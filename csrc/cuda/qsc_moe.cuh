@@ -59,17 +59,54 @@ HD void moe_softmax(float *v, int n) {
     for (int i = 0; i < n; ++i) v[i] *= inv;
 }
 
-/* The k largest of p[0..n) into sel[0..k), largest first; on equal values the lower index first (and a NaN is
- * never larger: the first free index stands), exactly the CPU's selection loop. */
-HD void moe_topk(const float *p, int n, int k, int32_t *sel) {
-    for (int j = 0; j < k; ++j) {
-        int best = -1;
-        for (int e = 0; e < n; ++e) {
-            bool taken = false;
-            for (int i = 0; i < j; ++i) taken |= sel[i] == e;
-            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+/* The CPU's selection loop picks, for j = 0..k-1, best = the first index not yet taken, replaced by each later
+ * free e with p[e] > p[best]: the first free index when its value is a NaN, otherwise the lowest index of the
+ * largest non-NaN free value. Here in 32 lanes (k_moe_route: a warp per token): lane l scans e = l, l + 32, ...
+ * (moe_pick_lane: its first free index and its lowest-index largest non-NaN value), and the lanes' partials combine
+ * to that same index (moe_pick_combine). */
+struct MoePick {
+    int ff, bi; /* the lane's first free index, its best non-NaN one (-1: none) */
+    float bv;
+};
+HD MoePick moe_pick_lane(const float *p, int n, const int32_t *sel, int j, int lane) {
+    MoePick r = {-1, -1, 0.0f};
+    for (int e = lane; e < n; e += 32) {
+        bool taken = false;
+        for (int i = 0; i < j; ++i) taken |= sel[i] == e;
+        if (taken) continue;
+        if (r.ff < 0) r.ff = e;
+        const float v = p[e];
+        if (v == v && (r.bi < 0 || v > r.bv)) {
+            r.bi = e;
+            r.bv = v;
         }
-        sel[j] = best;
+    }
+    return r;
+}
+HD int moe_pick_combine(const MoePick *lanes, const float *p) {
+    int f = -1, bi = -1;
+    float bv = 0.0f;
+    for (int l = 0; l < 32; ++l)
+        if (lanes[l].ff >= 0 && (f < 0 || lanes[l].ff < f)) f = lanes[l].ff;
+    if (f < 0 || p[f] != p[f]) return f;
+    for (int l = 0; l < 32; ++l) {
+        const MoePick &c = lanes[l];
+        if (c.bi >= 0 && (bi < 0 || c.bv > bv || (c.bv == bv && c.bi < bi))) {
+            bi = c.bi;
+            bv = c.bv;
+        }
+    }
+    return bi;
+}
+
+/* The k largest of p[0..n) into sel[0..k), largest first; on equal values the lower index first (and a NaN is
+ * never larger: the first free index stands), exactly the CPU's selection loop, by the lanes' partials (the
+ * kernel's arithmetic, one lane after another). */
+HD void moe_topk(const float *p, int n, int k, int32_t *sel) {
+    MoePick lanes[32];
+    for (int j = 0; j < k; ++j) {
+        for (int l = 0; l < 32; ++l) lanes[l] = moe_pick_lane(p, n, sel, j, l);
+        sel[j] = moe_pick_combine(lanes, p);
     }
 }
 
@@ -276,12 +313,49 @@ HD Act moe_act_col(const Act &a, int64_t c, int k256) {
     return r;
 }
 
-/* Routing, one thread per token: logits [T][NE] (probabilities afterwards) -> sel, w [T][K]. */
-__global__ void k_moe_route(float *__restrict__ logits, int T, int NE, int K, int norm, float scale,
-                            int32_t *__restrict__ sel, float *__restrict__ w) {
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= T) return;
-    moe_route(logits + (int64_t)t * NE, NE, K, norm, scale, sel + (int64_t)t * K, w + (int64_t)t * K);
+constexpr int MOE_ROUTE_WARPS = 4;
+
+/* Routing, a warp per token: logits [T][NE] (probabilities afterwards) -> sel, w [T][K]; moe_route's arithmetic
+ * (the max over the lanes is exact, the exponentials per element, the double sum in index order by lane 0, the
+ * top k by the lanes' partials of moe_topk, the weights by lane 0). */
+__global__ void __launch_bounds__(MOE_ROUTE_WARPS * 32) k_moe_route(float *__restrict__ logits, int T, int NE, int K,
+                                                                    int norm, float scale, int32_t *__restrict__ sel,
+                                                                    float *__restrict__ w) {
+    __shared__ MoePick picks[MOE_ROUTE_WARPS][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t t = (int64_t)blockIdx.x * MOE_ROUTE_WARPS + warp;
+    if (t >= T) return; /* whole warp */
+    float *v = logits + t * NE;
+    int32_t *st = sel + t * K;
+    float mx = -INFINITY; /* (a NaN is never larger, as moe_softmax's loop) */
+    for (int i = lane; i < NE; i += 32) mx = v[i] > mx ? v[i] : mx;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float x = __shfl_xor_sync(0xffffffffu, mx, o);
+        mx = x > mx ? x : mx;
+    }
+    if (mx == -INFINITY) {
+        for (int i = lane; i < NE; i += 32) v[i] = 0.0f;
+    } else {
+        for (int i = lane; i < NE; i += 32) v[i] = expf(v[i] - mx);
+        __syncwarp();
+        float inv = 0.0f;
+        if (lane == 0) {
+            double sum = 0.0;
+            for (int i = 0; i < NE; ++i) sum += v[i];
+            inv = (float)(1.0 / sum);
+        }
+        inv = __shfl_sync(0xffffffffu, inv, 0);
+        for (int i = lane; i < NE; i += 32) v[i] *= inv;
+    }
+    __syncwarp();
+    for (int j = 0; j < K; ++j) {
+        picks[warp][lane] = moe_pick_lane(v, NE, st, j, lane);
+        __syncwarp();
+        if (lane == 0) st[j] = moe_pick_combine(picks[warp], v);
+        __syncwarp();
+    }
+    if (lane == 0) moe_weights(v, st, K, norm, scale, w + t * K);
 }
 
 constexpr int MOE_GROUP_THREADS = 1024;
@@ -629,7 +703,8 @@ static int moe_tile_width(const Layer &L, int T) {
 /* -------------------------------------------------------------------------- the launches and their host twins */
 static void dev_moe_route(qsc_model *m, float *logits, int T, int NE, int K, int norm, float scale, int32_t *sel,
                           float *w) {
-    k_moe_route<<<(T + 63) / 64, 64, 0, m->st>>>(logits, T, NE, K, norm, scale, sel, w);
+    k_moe_route<<<(T + MOE_ROUTE_WARPS - 1) / MOE_ROUTE_WARPS, MOE_ROUTE_WARPS * 32, 0, m->st>>>(logits, T, NE, K, norm,
+                                                                                                 scale, sel, w);
 }
 static void dev_moe_group(qsc_model *m, const int32_t *sel, int P, int K, int NE, int tw, const MoeGroup &g) {
     k_moe_group<<<1, MOE_GROUP_THREADS, (size_t)(2 * (NE + 1)) * sizeof(int), m->st>>>(sel, P, K, NE, tw, g);

@@ -299,8 +299,9 @@ def test_host_moe_ffn_matches_the_cpu_block(cuda_lib, case, T):
     """The device's MoE FFN (routing, its grouping, one grouped product per matrix over views of the repacked
     tensors, biases, the clamped SwiGLU, the shared expert) through the launches' host twins, against the CPU block on
     the same description: equal up to the int8 dots' float rounding. T 1 takes the decode tiles (one per picked
-    expert), 2 and 7 tiles of 8 rows, 64 the tensor-core tiles of 64 (MMA types). A wrong expert (a tie broken the
-    other way, a view off by one expert, a tile's rows misplaced) is off by O(1)."""
+    expert), 2 and 7 tiles of 8 rows, 64 the tensor-core tiles of 64 (MMA types, at least 16 rows per expert on
+    average; the 40 experts' case keeps tiles of 8). A wrong expert (a tie broken the other way, a view off by one
+    expert, a tile's rows misplaced) is off by O(1)."""
     rng = np.random.default_rng([T, sum(case.encode())])
     layer = MoeLayer(rng, n_ctx=64, **MOE_CASES[case])
     x = rng.standard_normal((T, layer.E)).astype(np.float32)
@@ -348,7 +349,7 @@ def gpu_moe_ffn(cpu_block: Any, x: np.ndarray) -> np.ndarray:
 def test_gpu_moe_ffn_matches_the_cpu_block(gpu, case, T):
     """The device's MoE FFN of one layer (qsc_kernel_moe_ffn: enqueue_moe on a one-layer model: the grouping kernel,
     the grouped GEMV at T 1, k_moe_matmul<8> tiles at 2 and 7, the grouped tensor-core tiles at 40 and 64 for MMA
-    types) against the CPU block and the host twins: every weight type, ties, expert biases, the clamped SwiGLU,
+    types where the experts average 16 rows, else tiles of 8) against the CPU block and the host twins: every weight type, ties, expert biases, the clamped SwiGLU,
     the shared expert."""
     rng = np.random.default_rng([T, sum(case.encode()), 1])
     layer = MoeLayer(rng, n_ctx=64, **MOE_CASES[case])

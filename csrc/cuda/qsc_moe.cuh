@@ -690,14 +690,15 @@ static MoeSeg moe_seg(const QW &W, int64_t rows, const Act &a, float *y, int64_t
 }
 
 /* Rows per tile of a layer's grouping for T tokens, one decision for the device and the host twins: 1 for decode
- * (the grouped GEMV: a tile per picked expert), MMA_BN for prefill where an expert matrix has an MMA decode and
- * T >= MMA_MIN_COLS (the tensor-core tiles), 8 (k_matmul<8>'s columns) otherwise. */
+ * (the grouped GEMV: a tile per picked expert), MMA_BN (the tensor-core tiles) where an expert matrix has an MMA
+ * decode and the experts get MMA_MIN_COLS rows each on average (T * K >= MMA_MIN_COLS * NE: fewer would mostly fill
+ * 64-row tiles with nothing), 8 (k_matmul<8>'s columns) otherwise. A first guess, not yet tuned on a GPU. */
 static int moe_tile_width(const Layer &L, int T) {
     if (T == 1) return 1;
     const QW *ws[3] = {&L.gate.w, &L.up.w, &L.down.w};
     bool mma = false;
     for (const QW *w : ws) mma |= mma_type_ok(w->type, w->k);
-    return T >= MMA_MIN_COLS && mma ? MMA_BN : 8;
+    return mma && (int64_t)T * L.moe.n_used >= (int64_t)MMA_MIN_COLS * L.moe.n_expert ? MMA_BN : 8;
 }
 
 /* -------------------------------------------------------------------------- the launches and their host twins */

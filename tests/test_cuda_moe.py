@@ -349,8 +349,8 @@ def gpu_moe_ffn(cpu_block: Any, x: np.ndarray) -> np.ndarray:
 def test_gpu_moe_ffn_matches_the_cpu_block(gpu, case, T):
     """The device's MoE FFN of one layer (qsc_kernel_moe_ffn: enqueue_moe on a one-layer model: the grouping kernel,
     the grouped GEMV at T 1, k_moe_matmul<8> tiles at 2 and 7, the grouped tensor-core tiles at 40 and 64 for MMA
-    types where the experts average 16 rows, else tiles of 8) against the CPU block and the host twins: every weight type, ties, expert biases, the clamped SwiGLU,
-    the shared expert."""
+    types where the experts average 16 rows, else tiles of 8) against the CPU block and the host twins: every
+    weight type, ties, expert biases, the clamped SwiGLU, the shared expert, more experts than a warp's lanes."""
     rng = np.random.default_rng([T, sum(case.encode()), 1])
     layer = MoeLayer(rng, n_ctx=64, **MOE_CASES[case])
     x = rng.standard_normal((T, layer.E)).astype(np.float32)

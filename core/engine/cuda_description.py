@@ -91,7 +91,7 @@ def model_description(model: Model, n_ctx: int, n_layers: int | None = None) -> 
     rope_factors = mw.rope_factors(n_ctx)
     cpu_blocks = []
     for li, lw in enumerate(mw.layers[:n]):
-        lb = {key: _bound(w, keep, matrices, padded=key == "ple_proj") for key, w in _layer_matrices(lw)}
+        lb = {key: _bound(w, keep, matrices, padded=key in ("ple_proj", "wsd")) for key, w in _layer_matrices(lw)}
         if lw.wv is lw.wk and "wk" in lb:
             lb["wv"] = lb["wk"]
         cpu_blocks.append(layer_description(c, li, lw, lb, rope_factors))

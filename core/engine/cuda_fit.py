@@ -93,12 +93,16 @@ def device_estimate(model: Model, n_ctx: int, kv_dtype: type = np.float16, max_b
     f4 = [3 * T * E, 2 * T * QD, 2 * T * KD, 3 * T * F,  # x h o, q att, k v, g u a
           2 * T * kmax // 32, T * kmax // 256 + 1, T * kmax // 16, 2 * T + 1, V, T * V]  # scales, params, logits
     scratch = sum(_round(n * 4) for n in f4) + 2 * _round(T * kmax)  # + the int8 activations
-    if c.n_expert:  # qsc_moe.cuh's moe_finalize
-        K, FS = c.n_expert_used, c.n_ff_shexp
-        f4 = [T * c.n_expert, 3 * T * K, 2 * T * E, 2 * T * kmax // 32, T * kmax // 256 + 1, T * kmax // 16]
+    if c.n_expert:  # qsc_moe.cuh's moe_finalize: per sorted (token, pick) row, the grouping, the shared expert
+        P, NE = T * c.n_expert_used, c.n_expert
+        FS = -(-c.n_ff_shexp // 32) * 32  # (run padded to 32)
+        km = max(E, F, FS)
+        f4 = [T * NE, P, P, P, P, NE + 1, 3 * P, 1,  # logits, weights, picks, pairs, trow, off, tiles, count
+              P * E, P * E, P * F, P * F, P * F,  # hb ob, g u a
+              P * km // 32, P * km // 32, P * km // 256 + 1, P * km // 16]  # the int8 copies' scales
         if FS:
-            f4 += [3 * T * FS, T * E]
-        scratch += sum(_round(n * 4) for n in f4) + 2 * _round(T * kmax)
+            f4 += [T * FS, T * FS, T * FS, T * E]
+        scratch += sum(_round(n * 4) for n in f4) + 2 * _round(P * km)
     if recurrent:  # qsc_gdn.cuh's gdn_finalize: the state and its checkpoint, the mixer's scratch
         kv += 2 * _round(c.recurrent_state_bytes())
         scratch += sum(_round(n * 4) for n in (2 * T * c.ssm_channels, 2 * T * Vd, 2 * T * c.ssm_v_heads))

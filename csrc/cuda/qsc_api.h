@@ -81,13 +81,20 @@ int qsc_host_dequantize(int type, const uint8_t *w, int64_t rows, int64_t k, flo
 int qsc_host_quantize(int act_type, const float *x, int64_t n, uint8_t *out);
 int qsc_host_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const float *x, int n_x, float *y);
 
-/* ---- mixture of experts (qsc_moe.cuh) compiled for the host: the device's routing (sel, w: n_tokens x n_used) and
- * its expert-by-expert FFN of one layer's moe group on h [n_tokens][n_embd] into out (no GPU needed) */
+/* ---- mixture of experts (qsc_moe.cuh): the device's routing compiled for the host (sel, w: n_tokens x n_used), and
+ * one layer's moe FFN of h [n_tokens][n_embd] into out through the forward's own launches (enqueue_moe on a one-layer
+ * model): the host twins (no GPU needed) or the device */
 int qsc_host_moe_route(const float *logits, int n_tokens, int n_expert, int n_used, int norm, float scale,
                        int32_t *sel, float *w);
 int qsc_host_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
-/* the same on the device (a one-layer model holding the moe group; tests) */
 int qsc_kernel_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len);
+/* the routing sel [n_tokens][n_used] grouped by expert as the forward groups it (k_moe_group / its host twin):
+ * pairs, trow [n_tokens * n_used], off [n_expert + 1], tiles [3 * n_tokens * n_used] ((expert, first row, rows) of
+ * `tile` rows at most), n_tiles [1] */
+int qsc_host_moe_group(const int32_t *sel, int n_tokens, int n_used, int n_expert, int tile, int32_t *pairs,
+                       int32_t *trow, int32_t *off, int32_t *tiles, int32_t *n_tiles, char *err, size_t err_len);
+int qsc_kernel_moe_group(const int32_t *sel, int n_tokens, int n_used, int n_expert, int tile, int32_t *pairs,
+                         int32_t *trow, int32_t *off, int32_t *tiles, int32_t *n_tiles, char *err, size_t err_len);
 
 /* ---- the probes (qsc_probe.cuh): copies back only when asked for */
 int qsc_probe_trace(qsc_model *m, float *resid, float *queries, int64_t n_tokens, char *err, size_t err_len);

@@ -91,7 +91,7 @@ struct qsc_model {
     std::vector<void *> allocs;
     MoeScratch moe_s;
     GdnModel gdn; /* the delta-net layers' scratch and the session's recurrent state; the gated attention's */
-    bool has_moe = false; /* the routing is read back once per moe layer: no CUDA graph */
+    bool has_moe = false; /* some layer has experts (their routing stays on the device: graphs as dense) */
     std::mutex mu;
     struct QscProbe *probe = nullptr; /* qsc_probe.cuh: traces, statistics (NULL: none asked for) */
     float *h_resid = nullptr; /* qsc_forward_resid's host buffer: the stream after the last layer (NULL: none) */
@@ -282,6 +282,19 @@ struct Launch {
     /* the probe's (qsc_probe.cuh): a trace's rows to the caller's host buffer, a statistics' column sums */
     void (*copy_out)(qsc_model *m, void *dst, const void *src, size_t bytes);
     void (*sumsq)(qsc_model *m, float *acc, const float *x, int T, int n);
+    /* the mixture of experts' (qsc_moe.cuh): routing, its grouping by expert, the gather, the grouped products,
+     * SwiGLU, each token's experts added, the shared expert's gated output added */
+    void (*moe_route)(qsc_model *m, float *logits, int T, int NE, int K, int norm, float scale, int32_t *sel,
+                      float *w);
+    void (*moe_group)(qsc_model *m, const int32_t *sel, int P, int K, int NE, int tw, const MoeGroup &g);
+    void (*moe_gather)(qsc_model *m, const float *h, const int32_t *pairs, int K, int P, float *hb, const ActOut &ao,
+                       int E);
+    void (*moe_matmul)(qsc_model *m, const MoeArgs &args, int max_tiles, int tw);
+    void (*moe_glu)(qsc_model *m, const float *g, const float *u, float *a, const ActOut &ao, int rows, int n, int oai);
+    void (*moe_combine)(qsc_model *m, const float *ob, const MoeGroup &g, int K, const float *w, float *out, int T,
+                        int E);
+    void (*moe_shared_add)(qsc_model *m, const float *h, const float *gate_inp, const float *so, float *out, int T,
+                           int E);
 };
 
 static void dev_embed(qsc_model *m, const QW &w, const int *tok, int T, int E, float scale) {
@@ -393,10 +406,14 @@ static void host_logits(qsc_model *m, float *x, int64_t n, float scale, float ca
 /* The two launch tables (their probe entries are qsc_probe.cuh's). */
 static const Launch DEVICE_LAUNCH = {dev_embed,  dev_norm_quant,  dev_matmul,      dev_qk_post,  dev_attention,
                                      dev_glu,    dev_qgate_split, dev_qgate_quant, dev_gdn_core, dev_logits,
-                                     dev_copy_out, dev_sumsq};
+                                     dev_copy_out, dev_sumsq,
+                                     dev_moe_route, dev_moe_group, dev_moe_gather, dev_moe_matmul, dev_moe_glu,
+                                     dev_moe_combine, dev_moe_shared_add};
 static const Launch HOST_LAUNCH = {host_embed, host_norm_quant,  host_matmul,      host_qk_post,  host_attention,
                                    host_glu,   host_qgate_split, host_qgate_quant, host_gdn_core, host_logits,
-                                   host_copy_out, host_sumsq};
+                                   host_copy_out, host_sumsq,
+                                   host_moe_route, host_moe_group, host_moe_gather, host_moe_matmul, host_moe_glu,
+                                   host_moe_combine, host_moe_shared_add};
 
 /* ------------------------------------------------------------------------------------------ the plan's walk */
 static_assert((int)QS_GLU_SILU == (int)GLU_SILU && (int)QS_GLU_GELU == (int)GLU_GELU && (int)QS_GLU_OAI == (int)GLU_OAI,
@@ -538,7 +555,7 @@ static int run_step(qsc_model *m, const Layer &L, Walk &w, int i, char *err, siz
                (int)buf_width(m, L, s.src), s.arg, buf_width(m, L, s.src2), nv);
         return 0;
     }
-    case QS_STEP_MOE: return enqueue_moe(m, L, T, err, err_len); /* a host model refuses experts when made */
+    case QS_STEP_MOE: return enqueue_moe(m, L, T, err, err_len); /* device-resident routing: graph-safe */
     case QS_STEP_SCALE: w.prev.out_scale = s.scale; return 0;
     default: set_err(err, err_len, "layer %d: step %d has kind %d, which this backend does not know", w.li, i, s.kind);
         return -1;
@@ -747,7 +764,6 @@ void qsc_model_free(qsc_model *m) {
         if (p) cudaFree(p);
     if (m->h_params) cudaFreeHost(m->h_params);
     if (m->h_logits1) cudaFreeHost(m->h_logits1);
-    moe_free_host(m->moe_s);
     if (m->h_ple) cudaFreeHost(m->h_ple);
     if (m->st) cudaStreamDestroy(m->st);
     delete m;
@@ -847,18 +863,8 @@ static int upload_model(qsc_model *m, const qsc_model_desc *md, const qs_block *
             if (rc) return rc;
         }
         if (b.moe.n_expert) { /* the stacked experts went up as ffn.gate/up/down above */
-            MoeMat mm[4];
-            MoeVec mv[5];
-            int nv = 0, nm = moe_parts(b, L.moe, mm, mv, &nv);
-            for (int j = 0; j < nm; ++j) {
-                snprintf(what, sizeof what, "layer %d: %s", li, mm[j].name);
-                int rc = upload_matrix(m, *mm[j].w, mm[j].dm, what, err, err_len);
-                if (rc) return rc;
-            }
-            for (int j = 0; j < nv; ++j) {
-                int rc = upload_vector(m, *mv[j].v, mv[j].dst, err, err_len);
-                if (rc) return rc;
-            }
+            int rc = moe_upload(m, b, L, li, err, err_len);
+            if (rc) return rc;
         }
         L.H = a.n_head;
         L.KV = a.n_head_kv;
@@ -1002,11 +1008,6 @@ qsc_model *qsc_model_create(const qsc_model_desc *md, const qs_block *layers, in
 
 qsc_model *qsc_host_model_create(const qsc_model_desc *md, const qs_block *layers, int n_ctx, int kv_f16,
                                  int max_batch, char *err, size_t err_len) {
-    for (int i = 0; md && layers && i < md->n_layers && i < 4096; ++i)
-        if (layers[i].moe.n_expert) { /* enqueue_moe launches device kernels; its host build is qsc_host_moe_ffn */
-            set_err(err, err_len, "layer %d: mixture-of-experts layers have no host emulation of the forward", i);
-            return nullptr;
-        }
     return model_create(md, layers, n_ctx, kv_f16, max_batch, true, err, err_len);
 }
 
@@ -1082,7 +1083,7 @@ static int forward_impl(qsc_model *m, const int32_t *tokens, int n_tokens, int n
         }
         /* the first one-token step runs uncaptured (kernels load lazily on first use), later ones replay a graph */
         const bool traced = probe_chunk(m, start, n_tokens);
-        if (T == 1 && m->use_graphs && m->stepped && !m->has_moe && !traced && !m->h_resid) {
+        if (T == 1 && m->use_graphs && m->stepped && !traced && !m->h_resid) {
             int rc = step_graph(m, err, err_len);
             if (rc) return rc;
             if (all_logits) memcpy(logits + (int64_t)start * V, m->h_logits1, (size_t)V * sizeof(float));

@@ -204,8 +204,8 @@ int qsc_host_residual(float *x, const float *o, const float *post_w, int n_rows,
 #include "qsc_fast_host.cuh"
 
 /* ------------------------------------------------------------------------------------------------------------------
- * Mixture of experts (qsc_moe.cuh) on the host: the device's routing and its expert-by-expert FFN over views of the
- * repacked stacked tensors, with the host build of the per-block math, for tests against the CPU block. */
+ * Mixture of experts (qsc_moe.cuh) on the host: the device's routing rules (its FFN's host twins, grouping and grouped
+ * products, live in qsc_moe.cuh with the kernels: qsc_host_moe_ffn runs them on a one-layer host model). */
 /* y [n_x][w.rows] = w x[n_x][k] (+ bias), as k_matmul computes it */
 static bool host_linear(const QW &w, const float *x, int n_x, const float *bias, float *y) {
     HostAct act(x, n_x, w.k);
@@ -226,77 +226,6 @@ int qsc_host_moe_route(const float *logits, int n_tokens, int n_expert, int n_us
     for (int t = 0; t < n_tokens; ++t) {
         memcpy(p.data(), logits + (int64_t)t * n_expert, (size_t)n_expert * sizeof(float));
         moe_route(p.data(), n_expert, n_used, norm, scale, sel + (int64_t)t * n_used, w + (int64_t)t * n_used);
-    }
-    return 0;
-}
-
-int qsc_host_moe_ffn(const qs_block *b, const float *h, int n_tokens, float *out, char *err, size_t err_len) {
-    if (!b || !h || !out || n_tokens <= 0 || b->moe.n_expert <= 0) {
-        set_err(err, err_len, "no block, input or output, or no experts");
-        return -1;
-    }
-    Dims D = {};
-    D.E = b->n_embd;
-    if (D.E <= 0 || b->ffn.n_ff <= 0 || !moe_check(*b, 0, D, err, err_len)) return -1;
-    const int T = n_tokens, E = D.E, F = b->ffn.n_ff, NE = b->moe.n_expert, K = b->moe.n_used, FS = b->moe.n_ff_shexp;
-    const struct { const qs_weight *w; int64_t rows, k; } want[3] = {
-        {&b->ffn.gate, (int64_t)NE * F, E}, {&b->ffn.up, (int64_t)NE * F, E}, {&b->ffn.down, (int64_t)NE * E, F}};
-    for (const auto &x : want)
-        if (!weight_ok(*x.w, x.rows, x.k)) {
-            set_err(err, err_len, "expert tensor of %lld x %lld, expected %lld x %lld", (long long)x.w->rows,
-                    (long long)x.w->k, (long long)x.rows, (long long)x.k);
-            return -1;
-        }
-    HostQW router(b->moe.router.type, b->moe.router.ptr, NE, E);
-    HostQW G(b->ffn.gate.type, b->ffn.gate.ptr, (int64_t)NE * F, E), U(b->ffn.up.type, b->ffn.up.ptr, (int64_t)NE * F, E),
-        Dn(b->ffn.down.type, b->ffn.down.ptr, (int64_t)NE * E, F);
-    if (!router.ok || !G.ok || !U.ok || !Dn.ok) {
-        set_err(err, err_len, "repack failed");
-        return -1;
-    }
-    std::vector<float> logits((size_t)T * NE), wsel((size_t)T * K);
-    std::vector<int32_t> sel((size_t)T * K);
-    if (!host_linear(router.w, h, T, b->moe.b_router.ptr, logits.data())) return -1;
-    for (int t = 0; t < T; ++t)
-        moe_route(logits.data() + (int64_t)t * NE, NE, K, b->moe.norm, b->moe.scale, sel.data() + (int64_t)t * K,
-                  wsel.data() + (int64_t)t * K);
-    memset(out, 0, (size_t)T * E * sizeof(float));
-    std::vector<float> hb((size_t)T * E), g((size_t)T * F), u((size_t)T * F), ob((size_t)T * E);
-    for (int e = 0; e < NE; ++e) { /* the same grouping as enqueue_moe: expert by expert, tokens in order */
-        std::vector<int> pairs;
-        for (int i = 0; i < T * K; ++i)
-            if (sel[(size_t)i] == e) pairs.push_back(i);
-        const int n = (int)pairs.size();
-        if (!n) continue;
-        for (int i = 0; i < n; ++i) memcpy(&hb[(size_t)i * E], h + (int64_t)(pairs[(size_t)i] / K) * E, (size_t)E * 4);
-        const QW ge = expert_view(G.w, e, F), ue = expert_view(U.w, e, F), de = expert_view(Dn.w, e, E);
-        const float *bg = b->moe.b_gate.ptr ? b->moe.b_gate.ptr + (int64_t)e * F : nullptr;
-        const float *bu = b->moe.b_up.ptr ? b->moe.b_up.ptr + (int64_t)e * F : nullptr;
-        const float *bd = b->moe.b_down.ptr ? b->moe.b_down.ptr + (int64_t)e * E : nullptr;
-        if (!host_linear(ge, hb.data(), n, bg, g.data()) || !host_linear(ue, hb.data(), n, bu, u.data())) return -1;
-        for (int64_t i = 0; i < (int64_t)n * F; ++i)
-            g[(size_t)i] = b->ffn.swiglu_oai ? moe_swiglu_oai(g[(size_t)i], u[(size_t)i]) : moe_silu_mul(g[(size_t)i], u[(size_t)i]);
-        if (!host_linear(de, g.data(), n, bd, ob.data())) return -1;
-        for (int i = 0; i < n; ++i) {
-            float *o = out + (int64_t)(pairs[(size_t)i] / K) * E;
-            const float wt = wsel[(size_t)pairs[(size_t)i]];
-            for (int c = 0; c < E; ++c) o[c] = moe_madd(o[c], wt, ob[(size_t)i * E + c]);
-        }
-    }
-    if (FS) {
-        HostQW sg(b->moe.sh_gate.type, b->moe.sh_gate.ptr, FS, E), su(b->moe.sh_up.type, b->moe.sh_up.ptr, FS, E),
-            sd(b->moe.sh_down.type, b->moe.sh_down.ptr, E, FS);
-        if (!sg.ok || !su.ok || !sd.ok) return -1;
-        std::vector<float> a((size_t)T * FS), a2((size_t)T * FS), so((size_t)T * E);
-        if (!host_linear(sg.w, h, T, nullptr, a.data()) || !host_linear(su.w, h, T, nullptr, a2.data())) return -1;
-        for (int64_t i = 0; i < (int64_t)T * FS; ++i) a[(size_t)i] = moe_silu_mul(a[(size_t)i], a2[(size_t)i]);
-        if (!host_linear(sd.w, a.data(), T, nullptr, so.data())) return -1;
-        for (int t = 0; t < T; ++t) {
-            float z = 0.0f;
-            for (int c = 0; c < E; ++c) z += h[(int64_t)t * E + c] * b->moe.sh_gate_inp.ptr[c];
-            const float wt = 1.0f / (1.0f + expf(-z));
-            for (int c = 0; c < E; ++c) out[(int64_t)t * E + c] = moe_madd(out[(int64_t)t * E + c], wt, so[(size_t)t * E + c]);
-        }
     }
     return 0;
 }

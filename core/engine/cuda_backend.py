@@ -94,6 +94,12 @@ class CudaSession:
         """Device memory held: weights, KV cache and scratch."""
         return int(self._lib.qsc_model_device_bytes(self._m)) if self._m is not None else 0
 
+    @property
+    def debug(self) -> bool:
+        """Does this session run in the debug mode (``QUANTSCOPE_CUDA_DEBUG=1`` when it was made: every launch
+        synchronized and checked, a fault named by its kernel and shapes; docs/engine.md §10)?"""
+        return bool(self._lib.qsc_model_debug(self._live()))
+
     def set_graphs(self, enabled: bool) -> None:
         """Replay one-token steps from a CUDA graph (default) or launch every kernel each time."""
         self._lib.qsc_set_graphs(self._live(), int(enabled))

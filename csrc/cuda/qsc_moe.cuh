@@ -354,6 +354,7 @@ static int enqueue_moe(qsc_model *m, const Layer &L, int T, char *err, size_t er
     MatJob rj = {&ml.router.w, act_view(m, ml.router.w.type, m->h, E, 0), s.logits, NE, ml.b_router};
     launch_matmul(&rj, 1, T, st);
     k_moe_route<<<(T + 63) / 64, 64, 0, st>>>(s.logits, T, NE, K, ml.norm, ml.scale, s.sel, s.wsel);
+    QSC_DBG(st, "k_moe_route", (T + 63) / 64, 64, "tokens %d, experts %d, used %d", T, NE, K);
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(cudaMemcpyAsync(s.h_sel, s.sel, (size_t)T * K * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
     if (FS) { /* the shared expert meanwhile: it reads m->h's int8 copies, which the experts below leave alone */
@@ -362,6 +363,7 @@ static int enqueue_moe(qsc_model *m, const Layer &L, int T, char *err, size_t er
                         {&u, act_view(m, u.type, m->h, E, 0), s.su, FS, nullptr}};
         launch_matmul(gu, 2, T, st);
         k_moe_glu<<<T, 256, 0, st>>>(s.sg, s.su, s.sa, moe_act_out(s, {d.type}), FS, 0);
+        QSC_DBG(st, "k_moe_glu", T, 256, "rows %d, n %d (shared expert)", T, FS);
         MatJob dj = {&d, moe_act(s, d.type, s.sa, FS), s.so, E, nullptr};
         launch_matmul(&dj, 1, T, st);
     }
@@ -388,15 +390,21 @@ static int enqueue_moe(qsc_model *m, const Layer &L, int T, char *err, size_t er
         const int32_t *pairs = s.pairs + start[(size_t)e];
         const QW ge = expert_view(G, e, F), ue = expert_view(U, e, F), de = expert_view(D, e, E);
         k_moe_gather<<<n, 256, 0, st>>>(m->h, pairs, K, s.hb, moe_act_out(s, {G.type, U.type}), E);
+        QSC_DBG(st, "k_moe_gather", n, 256, "expert %d, rows %d, n %d", e, n, E);
         MatJob gu[2] = {{&ge, moe_act(s, G.type, s.hb, E), m->g, F, ml.b_gate ? ml.b_gate + (int64_t)e * F : nullptr},
                         {&ue, moe_act(s, U.type, s.hb, E), m->u, F, ml.b_up ? ml.b_up + (int64_t)e * F : nullptr}};
         launch_matmul(gu, 2, n, st);
         k_moe_glu<<<n, 256, 0, st>>>(m->g, m->u, m->a, moe_act_out(s, {D.type}), F, ml.oai);
+        QSC_DBG(st, "k_moe_glu", n, 256, "expert %d, rows %d, n %d", e, n, F);
         MatJob dj = {&de, moe_act(s, D.type, m->a, F), s.ob, E, ml.b_down ? ml.b_down + (int64_t)e * E : nullptr};
         launch_matmul(&dj, 1, n, st);
         k_moe_scatter<<<n, 256, 0, st>>>(s.ob, pairs, K, s.wsel, m->o, E);
+        QSC_DBG(st, "k_moe_scatter", n, 256, "expert %d, rows %d, n %d", e, n, E);
     }
-    if (FS) k_moe_shared_add<<<T, 256, 0, st>>>(m->h, ml.sh_gate_inp, s.so, m->o, E);
+    if (FS) {
+        k_moe_shared_add<<<T, 256, 0, st>>>(m->h, ml.sh_gate_inp, s.so, m->o, E);
+        QSC_DBG(st, "k_moe_shared_add", T, 256, "rows %d, n %d", T, E);
+    }
     CUDA_TRY(cudaGetLastError());
     return 0;
 }
@@ -471,9 +479,16 @@ extern "C" int qsc_kernel_moe_ffn(const qs_block *b, const float *h, int n_token
     int rc = finalize(m, err, err_len);
     if (rc) return rc;
     const int T = n_tokens;
+    m->dbg.on = qsc_debug_env(); /* the debug mode, read per call as the other single-kernel entry points do */
+    QscDebugScope dbg_scope(&m->dbg);
     CUDA_TRY(cudaMemcpyAsync(m->h, h, (size_t)T * E * sizeof(float), cudaMemcpyHostToDevice, m->st));
     k_quantize<<<T, 256, 0, m->st>>>(m->h, moe_input_formats(m, L.moe), (int)E);
+    QSC_DBG(m->st, "k_quantize", T, 256, "rows %d, n %lld", T, (long long)E);
     rc = enqueue_moe(m, L, T, err, err_len);
+    if (m->dbg.fault[0]) {
+        set_err(err, err_len, "%s", m->dbg.fault);
+        return -1;
+    }
     if (rc) return rc;
     CUDA_TRY(cudaMemcpyAsync(out, m->o, (size_t)T * E * sizeof(float), cudaMemcpyDeviceToHost, m->st));
     CUDA_TRY(cudaStreamSynchronize(m->st));

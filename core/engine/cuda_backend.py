@@ -72,7 +72,9 @@ class CudaSession:
         self._lib = _library()
         err = _err()
         create = self._lib.qsc_host_model_create if host_emulation else self._lib.qsc_model_create
-        ptr = create(desc.model, desc.layers, n_ctx, int(kv_dtype == np.float16), max_batch, err, _ERR_LEN)
+        # scratch for chunks of max_batch tokens, and never more than the context holds (cuda_fit counts the same)
+        ptr = create(desc.model, desc.layers, n_ctx, int(kv_dtype == np.float16), min(max_batch, n_ctx), err,
+                     _ERR_LEN)
         if ptr == ffi.NULL:
             raise CudaError(f"{'qsc_host_model_create' if host_emulation else 'qsc_model_create'}: {_msg(err)}")
         self._m: Any = ptr

@@ -63,7 +63,8 @@ class _DeviceLayers:
         self._lib = cl._library()
         err = cl._err()
         create = self._lib.qsc_host_model_create if host_emulation else self._lib.qsc_model_create
-        ptr = create(desc.model, desc.layers, n_ctx, int(kv_dtype == np.float16), max_batch, err, cl._ERR_LEN)
+        mb = min(max_batch, n_ctx)  # chunks of max_batch tokens, never more than the context holds (as cuda_fit)
+        ptr = create(desc.model, desc.layers, n_ctx, int(kv_dtype == np.float16), mb, err, cl._ERR_LEN)
         if ptr == cl.ffi.NULL:
             raise cl.CudaError(f"creating the GPU layers: {cl._msg(err)}")
         self._m: Any = ptr

@@ -856,3 +856,21 @@ def test_gpu_debug_mode_forward_matches_the_normal_one(gpu, synthetic_tiny, monk
     monkeypatch.setenv("QUANTSCOPE_CUDA_DEBUG", "1")
     debug = run()
     np.testing.assert_allclose(debug, normal, rtol=1e-5, atol=1e-5 * float(np.abs(normal).max()))
+
+
+def test_gpu_one_layer_model_fast_paths(gpu, synthetic_tiny):
+    """A one-layer device model (a split session's device half of the synthetic llama: Q4_K/Q6_K weights, heads of
+    64) through every fast path once - a 70-token prefill (tensor-core GEMM with a partial tile, flash attention,
+    the quantize after it), then decode steps (GEMV, the step's CUDA graph) - against its host emulation. The model
+    tests/run_gpu.sh runs under compute-sanitizer first."""
+    from quantscope.core.engine.split import SplitSession
+
+    model = synthetic_tiny
+    ids = [int(i) for i in np.random.default_rng(11).integers(10, min(30000, model.config.n_vocab), 76)]
+    runs = []
+    for host in (False, True):
+        with SplitSession(model, 96, 1, host_emulation=host) as s:
+            runs.append(np.concatenate([s.forward(ids[:70], all_logits=True),
+                                        np.stack([s.forward([t]) for t in ids[70:]])]))
+    kl, top = mean_kld_top1(runs[1], runs[0])
+    assert kl <= GPU_KLD_LIMIT and top >= GPU_TOP1, (kl, top)

@@ -67,9 +67,10 @@ fi
 if [ "${1:-}" = "--rehearse" ]; then
   shift
   [ -d "$CARRY/wheels" ] || { echo "run_gpu: no $CARRY: run tests/run_gpu.sh --prepare first" >&2; exit 1; }
-  RP=${REHEARSE_PYTHON:-}
-  [ -z "$RP" ] && RP=$(command -v python3.12 2>/dev/null)
-  [ -z "$RP" ] && RP=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12 2>/dev/null | tail -n 1)
+  RP=
+  for c in ${REHEARSE_PYTHON:-} python3.12 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12; do
+    "$c" -c 'import sys, venv; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null && { RP=$c; break; }
+  done
   if [ -z "$RP" ]; then
     RP=python3.11
     echo "run_gpu: no Python 3.12 here: rehearsing with $RP (the device machines have 3.12)" >&2

@@ -173,7 +173,8 @@ for f in tests/test_cuda*.py; do
   name=$(basename "$f" .py)
   if [ "$(left)" -lt 10 ]; then echo "run_gpu: no time left for $f" >&2; rc=1; continue; fi
   echo "run_gpu: $f ($(left) s left)"
-  pytest_in "$name" "$(cap $FILE_S)" "$f" "$@"
+  # (-m "not slow": test_library_builds_static_runtime would build the library a second time; the host runs it)
+  pytest_in "$name" "$(cap $FILE_S)" -m "not slow" "$f" "$@"
   frc=$?
   [ "$frc" = 124 ] && echo "run_gpu: $f stopped at its time limit" >&2
   if [ "$frc" != 0 ] && [ "$frc" != 5 ]; then # 5: nothing collected (a -k elsewhere)

@@ -275,3 +275,23 @@ def test_gpu_split_steps_replay_a_graph_without_the_head(gpu, fixture_model):
                 rest = np.stack([s.forward([t]) for t in ids[12:]])
                 runs.append(np.concatenate([first, rest]))
         np.testing.assert_array_equal(runs[1], runs[0])
+
+
+@pytest.mark.parametrize("arch", ["smollm3", "gemma4", "qwen35"])
+def test_partial_estimate_covers_the_device_half(cuda_lib, fixture_model, arch):
+    """cuda_fit.partial_estimate (margin left out) is at least what the split's device half holds after a full
+    forward (host-emulated: the same allocations), for every split the model allows, at contexts below and above
+    one chunk; the device half runs no head, so it never holds the all-token logits."""
+    model = fixture_model(arch)
+    c = model.config
+    for n_ctx in (64, 600):
+        ids = _ids(model, min(n_ctx, 520), seed=2)
+        for n_gpu in range(1, c.n_layers + 1):
+            if not split_allowed(c, n_gpu):
+                continue
+            est = fit.partial_estimate(model, n_ctx, n_gpu)
+            with SplitSession(model, n_ctx, n_gpu, host_emulation=True) as s:
+                s.forward(ids, all_logits=True)
+                assert s.dev is not None
+                held = int(s.dev._lib.qsc_model_device_bytes(s.dev.live()))
+            assert est.weights + est.kv + est.scratch >= held, (n_ctx, n_gpu, est, held)

@@ -178,8 +178,8 @@ def _layer_kv_bytes(model: Model, li: int, n_ctx: int, kv_dtype: type = np.float
 def partial_estimate(model: Model, n_ctx: int, n_layers: int, full: DeviceEstimate | None = None) -> DeviceEstimate:
     """The device bytes of a split session (core/engine/split.py) with the first ``n_layers`` layers on the GPU:
     the whole model's estimate less the other layers' weights and KV cache and the output matrix (the device's
-    head is tied to the embedding there; its logits are not used). The scratch is the whole model's (its widest
-    layer may be on the GPU; an overestimate otherwise)."""
+    head is tied to the embedding there and never run, so no all-token logits either). The scratch is otherwise
+    the whole model's (its widest layer may be on the GPU; an overestimate otherwise)."""
     c, mw = model.config, model.weights
     if isinstance(n_layers, bool) or not 0 <= n_layers <= c.n_layers:
         raise ValueError(f"{n_layers!r} GPU layers: the model has {c.n_layers}")
@@ -193,7 +193,8 @@ def partial_estimate(model: Model, n_ctx: int, n_layers: int, full: DeviceEstima
     kv = est.kv - sum(_layer_kv_bytes(model, li, n_ctx) for li in rest)
     if any(c.is_recurrent(li) for li in rest) and not any(c.is_recurrent(li) for li in range(n_layers)):
         kv -= 2 * _round(c.recurrent_state_bytes())
-    return DeviceEstimate(weights, kv, est.scratch, n_ctx)
+    T = min(512, n_ctx)  # device_estimate's chunk: the split's device half never allocates the all-token logits
+    return DeviceEstimate(weights, kv, est.scratch - _round(T * c.n_vocab * 4), n_ctx)
 
 
 def choose_layers(model: Model, n_ctx: int, free_bytes: int) -> tuple[int, str]:

@@ -822,7 +822,7 @@ def test_debug_check_follows_every_launch():
             j = i
             while not re.sub(r"/\*.*?\*/|//.*", "", lines[j]).rstrip().rstrip("\\").rstrip().endswith(";"):
                 j += 1  # to the launch statement's end
-            after = lines[j + 1] if j + 1 < len(lines) else ""
+            after = " ".join(lines[j + 1 : j + 3])  # the next statement (an `if (qsc_dbg_cur)` may wrap it)
             assert "QSC_DBG" in after or "matmul_dbg" in after, f"{name}:{i + 1}: a launch without QSC_DBG after it"
     src = (ROOT / "csrc" / "cuda" / "qsc_device.cu").read_text(encoding="utf-8")
     matmul = src[src.index("static void launch_matmul("):src.index("static int attention_epl(")]

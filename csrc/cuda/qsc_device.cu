@@ -95,7 +95,8 @@ struct qsc_model {
     std::mutex mu;
     struct QscProbe *probe = nullptr; /* qsc_probe.cuh: traces, statistics (NULL: none asked for) */
     float *h_resid = nullptr; /* qsc_forward_resid's host buffer: the stream after the last layer (NULL: none) */
-    bool no_head = false;     /* qsc_forward_resid: the stream only, no final norm and head */
+    bool no_head = false;     /* qsc_forward_resid: the stream only (no lm_head; the final norm still adds the last
+                                 residual to it) */
     QscDebug dbg;             /* QUANTSCOPE_CUDA_DEBUG (qsc_debug.cuh): every launch checked, the first fault kept */
     float *h_stage = nullptr; /* pinned staging of all-token logits and traces (lazily, sized to the chunk) */
     size_t stage_bytes = 0;
@@ -187,8 +188,8 @@ static void matmul_dbg(cudaStream_t st, const char *kernel, dim3 grid, int threa
     char name[96], rows[64];
     int a = snprintf(name, sizeof name, "%s<", kernel), b = 0;
     for (int i = 0; i < n; ++i) {
-        a += snprintf(name + a, sizeof name - (size_t)(a < 95 ? a : 95), "%s%s", i ? "," : "", type_name(jobs[i].w->type));
-        b += snprintf(rows + b, sizeof rows - (size_t)(b < 63 ? b : 63), "%s%lld", i ? "+" : "", (long long)jobs[i].w->rows);
+        a += snprintf(name + a, sizeof name - (size_t)a, "%s%s", i ? "," : "", type_name(jobs[i].w->type));
+        b += snprintf(rows + b, sizeof rows - (size_t)b, "%s%lld", i ? "+" : "", (long long)jobs[i].w->rows);
         a = a < 95 ? a : 95;
         b = b < 63 ? b : 63;
     }
@@ -228,10 +229,11 @@ static void launch_matmul(const MatJob *jobs, int n, int ncols, cudaStream_t st)
     args.ncols = ncols;
     if (ncols == 1) {
         k_matmul<1><<<dim3(blocks, 1), MM_WARPS * 32, 0, st>>>(args);
-        if (qsc_dbg_cur) matmul_dbg(st, "k_matmul<1>", dim3(blocks, 1), MM_WARPS * 32, jobs, n, ncols); /* QSC_DBG */
+        if (qsc_dbg_cur) matmul_dbg(st, "k_matmul<1>", dim3(blocks, 1), MM_WARPS * 32, jobs, n, ncols);
     } else {
         k_matmul<8><<<dim3(blocks, (ncols + 7) / 8), MM_WARPS * 32, 0, st>>>(args);
-        if (qsc_dbg_cur) matmul_dbg(st, "k_matmul<8>", dim3(blocks, (ncols + 7) / 8), MM_WARPS * 32, jobs, n, ncols); /* QSC_DBG */
+        if (qsc_dbg_cur)
+            matmul_dbg(st, "k_matmul<8>", dim3(blocks, (ncols + 7) / 8), MM_WARPS * 32, jobs, n, ncols);
     }
 }
 
@@ -1246,7 +1248,8 @@ static int forward_impl(qsc_model *m, const int32_t *tokens, int n_tokens, int n
         if (ple_row) CUDA_TRY(cudaMemcpyAsync(m->d_ple, m->h_ple, ple_bytes, cudaMemcpyHostToDevice, m->st));
         int rc = enqueue_forward(m, T, all_logits != 0, dl, err, err_len);
         if (rc || m->dbg.fault[0]) return fault(rc);
-        if (m->h_resid) stage_copy(m, m->h_resid + (int64_t)start * m->cfg.E, m->x, (size_t)T * m->cfg.E * sizeof(float));
+        if (m->h_resid)
+            stage_copy(m, m->h_resid + (int64_t)start * m->cfg.E, m->x, (size_t)T * m->cfg.E * sizeof(float));
         if (all_logits) stage_copy(m, logits + (int64_t)start * V, dl, (size_t)T * V * sizeof(float));
         else if (last && head)
             CUDA_TRY(cudaMemcpyAsync(m->h_logits1, dl, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, m->st));

@@ -181,7 +181,8 @@ for f in tests/test_cuda*.py; do
     rc=1
     if [ "$gpu_ok" = 1 ] && [ "$(left)" -ge 20 ]; then
       echo "run_gpu: $f failed: rerun with QUANTSCOPE_CUDA_DEBUG=1"
-      QUANTSCOPE_CUDA_DEBUG=1 pytest_in "$name.debug" "$(cap $RERUN_S)" -x "$f" "$@" > "$WORK/$name.debug.log" 2>&1
+      QUANTSCOPE_CUDA_DEBUG=1 pytest_in "$name.debug" "$(cap $RERUN_S)" -x -m "not slow" "$f" "$@" \
+        > "$WORK/$name.debug.log" 2>&1
       tail -n 3 "$WORK/$name.debug.log"
     fi
   fi

@@ -761,3 +761,115 @@ def test_gpu_arch_fixture_matches_llama_cpp(gpu, arch_vocab, key, tmp_path):
     """Each architecture fixture on the GPU against llama.cpp's recorded log-probabilities (F32 weights and the
     quantized variants), as test_emulated_device_forward_matches_llama_cpp on the host."""
     check_fixture_against_llama_cpp(key, tmp_path, arch_vocab, host=False)
+
+
+# ----------------------------------------------------------------------- the debug mode (QUANTSCOPE_CUDA_DEBUG)
+def test_debug_message_names_the_kernel_grid_block_and_sizes(cuda_lib):
+    """The fault line of the debug mode (csrc/cuda/qsc_debug.cuh), formatted by the library's own code."""
+    out = cl.ffi.new("char[512]")
+
+    def message(kernel: str, grid: tuple[int, int, int], block: tuple[int, int, int], sizes: str) -> str:
+        rc = cl._library().qsc_debug_message(kernel.encode(), *grid, *block, sizes.encode(),
+                                             b"an illegal memory access was encountered", out, 512)
+        assert rc == 0
+        return cl.ffi.string(out).decode()
+
+    assert message("k_matmul_mma<Q4_K>", (64, 4, 1), (128, 1, 1), "rows 4096, k 4096, cols 65") == (
+        "k_matmul_mma<Q4_K> (grid 64x4, 128 threads; rows 4096, k 4096, cols 65): an illegal memory access was "
+        "encountered")
+    assert message("k_embed", (7, 1, 1), (256, 1, 1), "") == (
+        "k_embed (grid 7, 256 threads): an illegal memory access was encountered")
+    assert message("k", (2, 3, 4), (32, 8, 1), "n 1").startswith("k (grid 2x3x4, 32x8 threads; n 1): ")
+    assert cl._library().qsc_debug_message(b"k", -1, 1, 1, 1, 1, 1, b"", b"e", out, 512) == -1
+
+
+def test_debug_env_is_read_once_when_the_model_is_made_emulated(cuda_lib, synthetic_tiny, monkeypatch):
+    """QUANTSCOPE_CUDA_DEBUG=1 at creation: the model runs in the debug mode (and keeps it when the variable goes);
+    unset or 0 at creation: it does not. The mode changes no result: the host-emulated forward gives the same
+    logits bit for bit, prefill and decode steps, with and without it."""
+    model = synthetic_tiny
+    ids = [int(i) for i in np.random.default_rng(7).integers(10, min(900, model.config.n_vocab), 20)]
+
+    def run() -> tuple[bool, np.ndarray]:
+        with cb.CudaSession(model, 64, host_emulation=True) as s:
+            monkeypatch.delenv("QUANTSCOPE_CUDA_DEBUG", raising=False)  # read once: later changes do not count
+            got = np.concatenate([s.forward(ids[:17], all_logits=True), np.stack([s.forward([t]) for t in ids[17:]])])
+            return s.debug, got
+
+    monkeypatch.setenv("QUANTSCOPE_CUDA_DEBUG", "1")
+    on, with_debug = run()
+    monkeypatch.setenv("QUANTSCOPE_CUDA_DEBUG", "0")
+    off0, _ = run()
+    off, without = run()
+    assert on and not off0 and not off
+    np.testing.assert_array_equal(with_debug, without)
+
+
+_LAUNCH_FILES = ("qsc_device.cu", "qsc_moe.cuh", "qsc_probe.cuh", "qsc_gdn.cuh", "qsc_decode.cuh")
+
+
+def test_debug_check_follows_every_launch():
+    """By construction: every kernel launch (``<<<``) of the launch tables and their helpers (qsc_device.cu,
+    qsc_moe.cuh, qsc_probe.cuh, qsc_gdn.cuh, qsc_decode.cuh) is followed by the debug mode's check (QSC_DBG, or matmul_dbg for the
+    matmul's launches) before the next statement; qsc_fast.cuh's launchers (GEMV, MMA, flash) are checked by their
+    callers launch_matmul / launch_attention, right after the launcher reports a launch."""
+    for name in _LAUNCH_FILES:
+        lines = (ROOT / "csrc" / "cuda" / name).read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines):
+            if "<<<" not in line or line.lstrip().startswith(("//", "/*", "*")):
+                continue
+            j = i
+            while not re.sub(r"/\*.*?\*/|//.*", "", lines[j]).rstrip().rstrip("\\").rstrip().endswith(";"):
+                j += 1  # to the launch statement's end
+            after = " ".join(lines[j + 1 : j + 3])  # the next statement (an `if (qsc_dbg_cur)` may wrap it)
+            assert "QSC_DBG" in after or "matmul_dbg" in after, f"{name}:{i + 1}: a launch without QSC_DBG after it"
+    src = (ROOT / "csrc" / "cuda" / "qsc_device.cu").read_text(encoding="utf-8")
+    matmul = src[src.index("static void launch_matmul("):src.index("static int attention_epl(")]
+    assert re.search(r"launch_matmul_mma\(fa, st\);[^\n]*\n\s*if \(qsc_dbg_cur\)", matmul)
+    at = src.index("static void launch_attention(")
+    attention = src[at:src.index("/* ---", at)]
+    assert re.search(r"launch_flash\([^)]*\);\n\s*if \(qsc_dbg_cur\)", attention)
+
+
+def test_gpu_debug_check_names_a_refused_launch(gpu):
+    """On the device: a launch the device refuses (2048 threads a block; nothing runs, the context stays usable)
+    is caught by the debug mode's check and named with its shapes."""
+    err = cl._err()
+    assert cl._library().qsc_debug_selftest(err, cl._ERR_LEN) == 0, cl._msg(err)
+    msg = cl._msg(err)
+    assert msg.startswith("k_debug_nop (grid 3x2, 2048 threads; selftest 1): "), msg
+    assert "cudaErrorInvalidConfiguration" in msg or "invalid" in msg
+
+
+def test_gpu_debug_mode_forward_matches_the_normal_one(gpu, synthetic_tiny, monkeypatch):
+    """On the device, in the debug mode (every launch synchronized and checked, no graphs): no fault, and the same
+    logits as the normal mode's (prefill of 40 tokens: the MMA / flash paths; 8 steps: the GEMV path)."""
+    model = synthetic_tiny
+    ids = [int(i) for i in np.random.default_rng(9).integers(10, min(30000, model.config.n_vocab), 48)]
+
+    def run() -> np.ndarray:
+        with cb.CudaSession(model, 128) as s:
+            return np.concatenate([s.forward(ids[:40], all_logits=True), np.stack([s.forward([t]) for t in ids[40:]])])
+
+    normal = run()
+    monkeypatch.setenv("QUANTSCOPE_CUDA_DEBUG", "1")
+    debug = run()
+    np.testing.assert_allclose(debug, normal, rtol=1e-5, atol=1e-5 * float(np.abs(normal).max()))
+
+
+def test_gpu_one_layer_model_fast_paths(gpu, synthetic_tiny):
+    """A one-layer device model (a split session's device half of the synthetic llama: Q4_K/Q6_K weights, heads of
+    64) through every fast path once - a 70-token prefill (tensor-core GEMM with a partial tile, flash attention,
+    the quantize after it), then decode steps (GEMV, the step's CUDA graph) - against its host emulation. The model
+    tests/run_gpu.sh runs under compute-sanitizer first."""
+    from quantscope.core.engine.split import SplitSession
+
+    model = synthetic_tiny
+    ids = [int(i) for i in np.random.default_rng(11).integers(10, min(30000, model.config.n_vocab), 76)]
+    runs = []
+    for host in (False, True):
+        with SplitSession(model, 96, 1, host_emulation=host) as s:
+            runs.append(np.concatenate([s.forward(ids[:70], all_logits=True),
+                                        np.stack([s.forward([t]) for t in ids[70:]])]))
+    kl, top = mean_kld_top1(runs[1], runs[0])
+    assert kl <= GPU_KLD_LIMIT and top >= GPU_TOP1, (kl, top)

@@ -20,6 +20,7 @@ from . import test_cuda
 from .conftest import require_model
 
 cuda_lib, gpu = test_cuda.cuda_lib, test_cuda.gpu  # the fixtures: the built library, a usable GPU
+arch_vocab = test_cuda.arch_vocab  # the architecture fixtures' stored vocabulary
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +149,57 @@ def test_gpu_estimate_covers_the_session(gpu, tiny):
         s.forward([10 + i % 900 for i in range(512)], all_logits=True)  # a full chunk: every buffer allocated
         held = s.device_bytes
     assert held <= est.weights + est.kv + est.scratch <= 1.2 * held
+
+
+def _fixture_model(key: str, tmp_path, vocab) -> Model:
+    from quantscope.core.model import UnsupportedModel
+
+    from .test_arch_fidelity import load
+
+    model = load(key, tmp_path, vocab)[0]
+    try:
+        cd.check_config(model.config)
+        cd.model_description(model, 64)
+    except (UnsupportedModel, ValueError) as e:
+        pytest.skip(f"{key}: {e}")
+    return model
+
+
+def _held_after_a_full_forward(model: Model, n_ctx: int, host: bool) -> int:
+    """The library's own byte count (qsc_model_device_bytes) once a forward of every buffer's size has run: a full
+    chunk (or the whole context) with all-token logits, so that the lazily allocated logits buffer is at its size."""
+    n = min(n_ctx, 520)  # past one chunk of 512 where the context allows
+    ids = [3 + (7 * i) % (model.config.n_vocab - 3) for i in range(n)]
+    with cb.CudaSession(model, n_ctx, host_emulation=host) as s:
+        s.forward(ids, all_logits=True)
+        return s.device_bytes
+
+
+def _check_estimate(model: Model, n_ctx: int, held: int) -> None:
+    est = fit.device_estimate(model, n_ctx)
+    counted = est.weights + est.kv + est.scratch
+    assert counted >= held, (n_ctx, counted, held, est)
+    assert counted <= 1.25 * held + (256 << 10), (n_ctx, counted, held, est)  # and not far above it
+
+
+@pytest.mark.parametrize("key", sorted(test_cuda.ARCH_META))
+def test_estimate_covers_every_fixture_emulated(cuda_lib, arch_vocab, key, tmp_path):
+    """For each architecture fixture (tests/arch_fixtures.py), at a context below one chunk (64) and above it
+    (600): the estimate (margin left out) is at least what the library holds after a full forward with all-token
+    logits, and not far above it. Dense fixtures through the host-emulated model (qsc_host_model_create: the same
+    model_create / finalize / dalloc calls as qsc_model_create, with calloc for cudaMalloc, and the same lazily
+    allocated logits buffer); the experts' fixtures, which have no host emulation, on a GPU
+    (test_gpu_estimate_covers_every_fixture)."""
+    model = _fixture_model(key, tmp_path, arch_vocab)
+    if model.config.n_expert:
+        pytest.skip(f"{key}: experts have no host emulation of the whole forward (checked on a GPU)")
+    for n_ctx in (64, 600):
+        _check_estimate(model, n_ctx, _held_after_a_full_forward(model, n_ctx, host=True))
+
+
+@pytest.mark.parametrize("key", sorted(test_cuda.ARCH_META))
+def test_gpu_estimate_covers_every_fixture(gpu, arch_vocab, key, tmp_path):
+    """As test_estimate_covers_every_fixture_emulated, on the device, the experts' fixtures included."""
+    model = _fixture_model(key, tmp_path, arch_vocab)
+    for n_ctx in (64, 600):
+        _check_estimate(model, n_ctx, _held_after_a_full_forward(model, n_ctx, host=False))

@@ -228,6 +228,10 @@ def test_cli_gpu_layers_is_validated(capsys, fixture_model, argv, message):
 def test_every_verb_with_a_backend_takes_gpu_layers(capsys, fixture_model, tmp_path, verb):
     from quantscope.cli.main import main
 
+    if verb == ["serve"]:  # the server's own dependencies (a bare device machine may lack them: tests/run_gpu.sh)
+        pytest.importorskip("starlette", reason="serve needs starlette")
+        pytest.importorskip("uvicorn", reason="serve needs uvicorn")
+
     text = tmp_path / "t.txt"
     text.write_text("some text to score", encoding="utf-8")
     argv = [a.format(text=text) for a in verb]
@@ -254,3 +258,40 @@ def test_gpu_split_follows_the_cpu_and_its_host_emulation(gpu, fixture_model):
             s.reset()
             steps = np.stack([s.forward([t]) for t in ids])
             assert np.allclose(steps, got, rtol=1e-3, atol=1e-3)
+
+
+def test_gpu_split_steps_replay_a_graph_without_the_head(gpu, fixture_model):
+    """On a GPU: the device half's one-token steps replay their own CUDA graph (no head; the stream copied back
+    through a pinned buffer) and give the uncaptured steps' logits bit for bit, rewinds included."""
+    model = fixture_model("smollm3")
+    L, n = model.config.n_layers, 40
+    ids = _ids(model, n - 1, seed=4)
+    for n_gpu in (1, L):
+        runs = []
+        for graphs in (False, True):
+            with SplitSession(model, n, n_gpu, graphs=graphs) as s:
+                first = np.stack([s.forward([t]) for t in ids[:20]])
+                s.truncate(12)
+                rest = np.stack([s.forward([t]) for t in ids[12:]])
+                runs.append(np.concatenate([first, rest]))
+        np.testing.assert_array_equal(runs[1], runs[0])
+
+
+@pytest.mark.parametrize("arch", ["smollm3", "gemma4", "qwen35"])
+def test_partial_estimate_covers_the_device_half(cuda_lib, fixture_model, arch):
+    """cuda_fit.partial_estimate (margin left out) is at least what the split's device half holds after a full
+    forward (host-emulated: the same allocations), for every split the model allows, at contexts below and above
+    one chunk; the device half runs no head, so it never holds the all-token logits."""
+    model = fixture_model(arch)
+    c = model.config
+    for n_ctx in (64, 600):
+        ids = _ids(model, min(n_ctx, 520), seed=2)
+        for n_gpu in range(1, c.n_layers + 1):
+            if not split_allowed(c, n_gpu):
+                continue
+            est = fit.partial_estimate(model, n_ctx, n_gpu)
+            with SplitSession(model, n_ctx, n_gpu, host_emulation=True) as s:
+                s.forward(ids, all_logits=True)
+                assert s.dev is not None
+                held = int(s.dev._lib.qsc_model_device_bytes(s.dev.live()))
+            assert est.weights + est.kv + est.scratch >= held, (n_ctx, n_gpu, est, held)

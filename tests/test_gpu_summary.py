@@ -54,3 +54,30 @@ def test_a_run_without_a_gpu_is_never_called_ok(tmp_path):
 def test_no_report_is_said_not_hidden(tmp_path):
     text = run(tmp_path, None, 124)
     assert "no test report" in text and "pytest exit code 124" in text
+
+
+def test_one_report_per_file_names_the_first_failure_and_its_kernel(tmp_path):
+    """tests/run_gpu.sh's directory of reports (one pytest process per file, NAME.debug.xml: the file's rerun in the
+    debug mode): the table adds them up; each failing file's first failure is named with the kernel its message
+    names (the debug mode's fault line), the rerun's too; the memcheck pass's line is shown."""
+    fault = ("CudaError: forward: k_matmul_mma&lt;Q4_K&gt; (grid 64x4, 128 threads; rows 4096, k 4096, cols 65): "
+             "an illegal memory access was encountered")
+    (tmp_path / "test_cuda.xml").write_text(JUNIT.replace("tests.test_cuda_moe", "tests.test_cuda"))
+    (tmp_path / "test_cuda_mma.xml").write_text(
+        '<testsuites><testsuite time="3"><testcase classname="tests.test_cuda_mma" name="test_x"/>'
+        f'<testcase classname="tests.test_cuda_mma" name="test_y[Q4_K]"><failure message="{fault}"/></testcase>'
+        "</testsuite></testsuites>")
+    (tmp_path / "test_cuda_mma.debug.xml").write_text(
+        '<testsuites><testsuite time="1"><testcase classname="tests.test_cuda_mma" name="test_y[Q4_K]">'
+        f'<failure message="{fault}"/></testcase></testsuite></testsuites>')
+    (tmp_path / "memcheck.txt").write_text("0 errors (tests/test_cuda.py kernels, one-layer model; 41 s)\n")
+    env = {**os.environ, "QUANTSCOPE_CUDA_LIB": str(tmp_path / "none.so")}
+    text = subprocess.run([sys.executable, str(ROOT / "tests" / "gpu_summary.py"), str(tmp_path), "200", "1"],
+                          capture_output=True, text=True, check=True, cwd=ROOT, env=env).stdout
+    rows = {line.split()[0]: line.split()[1:] for line in text.splitlines() if line.startswith(("tests/", "total"))}
+    assert rows["tests/test_cuda.py"] == ["2", "1", "2"] and rows["tests/test_cuda_mma.py"] == ["1", "1", "0"]
+    assert rows["total"] == ["3", "3", "2"]
+    assert "compute-sanitizer memcheck: 0 errors (tests/test_cuda.py kernels" in text
+    assert "first failure in test_cuda_mma: test_y[Q4_K] (kernel: k_matmul_mma<Q4_K>)" in text
+    assert "rerun with QUANTSCOPE_CUDA_DEBUG=1: test_y[Q4_K] (kernel: k_matmul_mma<Q4_K>)" in text
+    assert "first failure in test_cuda: test_d[q8_0] (kernel: not named) boom" in text

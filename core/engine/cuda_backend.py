@@ -72,7 +72,9 @@ class CudaSession:
         self._lib = _library()
         err = _err()
         create = self._lib.qsc_host_model_create if host_emulation else self._lib.qsc_model_create
-        ptr = create(desc.model, desc.layers, n_ctx, int(kv_dtype == np.float16), max_batch, err, _ERR_LEN)
+        # scratch for chunks of max_batch tokens, and never more than the context holds (cuda_fit counts the same)
+        ptr = create(desc.model, desc.layers, n_ctx, int(kv_dtype == np.float16), min(max_batch, n_ctx), err,
+                     _ERR_LEN)
         if ptr == ffi.NULL:
             raise CudaError(f"{'qsc_host_model_create' if host_emulation else 'qsc_model_create'}: {_msg(err)}")
         self._m: Any = ptr
@@ -93,6 +95,12 @@ class CudaSession:
     def device_bytes(self) -> int:
         """Device memory held: weights, KV cache and scratch."""
         return int(self._lib.qsc_model_device_bytes(self._m)) if self._m is not None else 0
+
+    @property
+    def debug(self) -> bool:
+        """Does this session run in the debug mode (``QUANTSCOPE_CUDA_DEBUG=1`` when it was made: every launch
+        synchronized and checked, a fault named by its kernel and shapes; docs/engine.md §10)?"""
+        return bool(self._lib.qsc_model_debug(self._live()))
 
     def set_graphs(self, enabled: bool) -> None:
         """Replay one-token steps from a CUDA graph (default) or launch every kernel each time."""

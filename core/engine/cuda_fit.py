@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model import Weight
+from ..model import ModelConfig, Weight
 from .session import Model, _layer_matrices
 
 __all__ = ["MARGIN_BYTES", "DeviceEstimate", "choose_gpu", "choose_layers", "device_estimate", "gpu_fit",
@@ -46,19 +46,37 @@ class DeviceEstimate:
         return self.weights + self.kv + self.scratch + MARGIN_BYTES
 
 
-def _matrix_bytes(w: Weight) -> int:
+def _matrix_bytes(w: Weight, k: int | None = None) -> int:
     """``w`` as the device stores it: its repacked layout (the library's own figure) for a GPU type, F32 rows for a
-    type dequantized on upload."""
+    type dequantized on upload; ``k``: its rows padded to that many columns (gemma4's per-layer projection)."""
     from . import cuda_description as cd
     from . import cuda_library as cl
 
-    f32 = w.rows * w.k * 4
+    k = w.k if k is None else k
+    f32 = w.rows * k * 4
     if w.type.id not in cl.gpu_types():
         return _round(f32)
     try:
-        return _round(cd.packed_bytes(w.type, w.rows, w.k))
+        return _round(cd.packed_bytes(w.type, w.rows, k))
     except (cl.CudaError, ValueError):  # no library (a test without one) or a shape it refuses: the file's bytes
-        return _round(int(w.data.nbytes))
+        return _round(int(w.data.nbytes) * k // w.k)
+
+
+def _ple_pad(c: ModelConfig) -> int:
+    """gemma4's per-layer embedding width as the device pads it (32-element units; 0 without one)."""
+    return (c.ple_dim + 31) // 32 * 32
+
+
+def _layer_extra_bytes(model: Model, li: int, n_ctx: int) -> int:
+    """What layer ``li`` uploads beyond its matrices and vectors as :func:`_layer_matrices` lists them: its own copy
+    of the RoPE frequency factors (every layer that rotates gets one; counted for all), and gemma4's per-layer
+    projection padded to 32-column units."""
+    c, lw = model.config, model.weights.layers[li]
+    factors = model.weights.rope_factors(n_ctx)
+    n = _round(int(np.asarray(factors).size) * 4) if factors is not None else 0
+    if lw.ple_proj is not None and _ple_pad(c) != lw.ple_proj.k:
+        n += _matrix_bytes(lw.ple_proj, _ple_pad(c)) - _matrix_bytes(lw.ple_proj)
+    return n
 
 
 def device_estimate(model: Model, n_ctx: int, kv_dtype: type = np.float16, max_batch: int = 512) -> DeviceEstimate:
@@ -66,7 +84,8 @@ def device_estimate(model: Model, n_ctx: int, kv_dtype: type = np.float16, max_b
     dequantized or uploaded)."""
     c, mw = model.config, model.weights
     weights = 0
-    for lw in mw.layers:
+    for li, lw in enumerate(mw.layers):
+        weights += _layer_extra_bytes(model, li, n_ctx)
         for _key, w in _layer_matrices(lw):
             weights += _matrix_bytes(w)
         if lw.wv is not None and lw.wv is lw.wk:  # bound twice, uploaded twice
@@ -82,16 +101,21 @@ def device_estimate(model: Model, n_ctx: int, kv_dtype: type = np.float16, max_b
     weights += _round(int(np.asarray(mw.output_norm).size) * 4)
     kv_item = np.dtype(kv_dtype).itemsize
     kv = 2 * sum(_round(n_ctx * c.n_head_kv_at(li) * c.head_dim_at(li) * kv_item) for li in range(c.n_layers))
-    T = min(max_batch, n_ctx)
+    T = min(max_batch, n_ctx)  # the sessions make their chunks no longer than the context
     E, V = c.n_embd, c.n_vocab
     QD = max(c.n_head * c.head_dim_at(li) for li in range(c.n_layers))
     KD = max(c.n_head_kv_at(li) * c.head_dim_at(li) for li in range(c.n_layers))
     F = max(c.n_ff_at(li) for li in range(c.n_layers))
     recurrent = any(c.is_recurrent(li) for li in range(c.n_layers))
     Vd = c.ssm_v_heads * c.ssm_state if recurrent else 0  # the delta-net's ssm_out input
-    kmax = max(E, QD, F, c.n_ff_shexp, Vd)
+    P, Pp = c.ple_dim, _ple_pad(c)
+    kmax = max(E, QD, F, c.n_ff_shexp, Vd, Pp)
     f4 = [3 * T * E, 2 * T * QD, 2 * T * KD, 3 * T * F,  # x h o, q att, k v, g u a
-          2 * T * kmax // 32, T * kmax // 256 + 1, T * kmax // 16, 2 * T + 1, V, T * V]  # scales, params, logits
+          2 * T * kmax // 32, T * kmax // 256 + 1, T * kmax // 16, 2 * T + 1, V,  # scales, params, last logits
+          T * V,  # the all-token logits (allocated by the first forward that asks for them, one chunk's)
+          c.n_layers * (2 * E + QD + F)]  # the activation statistics' sums (allocated when they are collected)
+    if P:  # gemma4's per-layer embedding: pg, pa (padded) and the call's per-layer inputs
+        f4 += [T * Pp, T * Pp, T * c.n_layers * P]
     scratch = sum(_round(n * 4) for n in f4) + 2 * _round(T * kmax)  # + the int8 activations
     if c.n_expert:  # qsc_moe.cuh's moe_finalize: per sorted (token, pick) row, the grouping, the shared expert
         P, NE = T * c.n_expert_used, c.n_expert
@@ -141,10 +165,10 @@ def gpu_fit(model: Model, n_ctx: int) -> tuple[bool, str]:
 
 
 # ------------------------------------------------------------------------------------------ partial offload
-def _layer_weight_bytes(model: Model, li: int) -> int:
+def _layer_weight_bytes(model: Model, li: int, n_ctx: int) -> int:
     """Device bytes of layer ``li``'s matrices and vectors (as :func:`device_estimate` counts them)."""
     lw = model.weights.layers[li]
-    n = sum(_matrix_bytes(w) for _key, w in _layer_matrices(lw))
+    n = _layer_extra_bytes(model, li, n_ctx) + sum(_matrix_bytes(w) for _key, w in _layer_matrices(lw))
     if lw.wv is not None and lw.wv is lw.wk:
         n += _matrix_bytes(lw.wv)
     for part in (lw, lw.gdn) if lw.gdn is not None else (lw,):
@@ -163,8 +187,8 @@ def _layer_kv_bytes(model: Model, li: int, n_ctx: int, kv_dtype: type = np.float
 def partial_estimate(model: Model, n_ctx: int, n_layers: int, full: DeviceEstimate | None = None) -> DeviceEstimate:
     """The device bytes of a split session (core/engine/split.py) with the first ``n_layers`` layers on the GPU:
     the whole model's estimate less the other layers' weights and KV cache and the output matrix (the device's
-    head is tied to the embedding there; its logits are not used). The scratch is the whole model's (its widest
-    layer may be on the GPU; an overestimate otherwise)."""
+    head is tied to the embedding there and never run, so no all-token logits either). The scratch is otherwise
+    the whole model's (its widest layer may be on the GPU; an overestimate otherwise)."""
     c, mw = model.config, model.weights
     if isinstance(n_layers, bool) or not 0 <= n_layers <= c.n_layers:
         raise ValueError(f"{n_layers!r} GPU layers: the model has {c.n_layers}")
@@ -172,13 +196,14 @@ def partial_estimate(model: Model, n_ctx: int, n_layers: int, full: DeviceEstima
     if n_layers == c.n_layers:
         return est
     rest = range(n_layers, c.n_layers)
-    weights = est.weights - sum(_layer_weight_bytes(model, li) for li in rest)
+    weights = est.weights - sum(_layer_weight_bytes(model, li, n_ctx) for li in rest)
     if not mw.tied:
         weights -= _matrix_bytes(mw.output)
     kv = est.kv - sum(_layer_kv_bytes(model, li, n_ctx) for li in rest)
     if any(c.is_recurrent(li) for li in rest) and not any(c.is_recurrent(li) for li in range(n_layers)):
         kv -= 2 * _round(c.recurrent_state_bytes())
-    return DeviceEstimate(weights, kv, est.scratch, n_ctx)
+    T = min(512, n_ctx)  # device_estimate's chunk: the split's device half never allocates the all-token logits
+    return DeviceEstimate(weights, kv, est.scratch - _round(T * c.n_vocab * 4), n_ctx)
 
 
 def choose_layers(model: Model, n_ctx: int, free_bytes: int) -> tuple[int, str]:

@@ -41,7 +41,8 @@ class _DeviceLayers:
     """The first ``n`` layers on the GPU (or their host emulation): tokens in, the residual stream after layer
     ``n - 1`` out."""
 
-    def __init__(self, model: Model, n_ctx: int, n: int, kv_dtype: type, max_batch: int, host_emulation: bool) -> None:
+    def __init__(self, model: Model, n_ctx: int, n: int, kv_dtype: type, max_batch: int, host_emulation: bool,
+                 graphs: bool = True) -> None:
         from . import cuda_description as cd
         from . import cuda_library as cl
 
@@ -62,10 +63,12 @@ class _DeviceLayers:
         self._lib = cl._library()
         err = cl._err()
         create = self._lib.qsc_host_model_create if host_emulation else self._lib.qsc_model_create
-        ptr = create(desc.model, desc.layers, n_ctx, int(kv_dtype == np.float16), max_batch, err, cl._ERR_LEN)
+        mb = min(max_batch, n_ctx)  # chunks of max_batch tokens, never more than the context holds (as cuda_fit)
+        ptr = create(desc.model, desc.layers, n_ctx, int(kv_dtype == np.float16), mb, err, cl._ERR_LEN)
         if ptr == cl.ffi.NULL:
             raise cl.CudaError(f"creating the GPU layers: {cl._msg(err)}")
         self._m: Any = ptr
+        self._lib.qsc_set_graphs(ptr, int(graphs))  # one-token steps replay a graph (no head: the stream comes back)
         self.device_bytes = int(self._lib.qsc_model_device_bytes(ptr))
 
     def live(self) -> Any:
@@ -74,7 +77,8 @@ class _DeviceLayers:
         return self._m
 
     def forward(self, ids: np.ndarray, n_past: int, ple: np.ndarray | None) -> np.ndarray:
-        """The residual stream after the device's layers, ``(T, n_embd)``, for ``ids`` at ``n_past…``."""
+        """The residual stream after the device's layers, ``(T, n_embd)``, for ``ids`` at ``n_past…`` (the device
+        runs no head for it; a one-token step replays a CUDA graph after the first)."""
         cl, c = self.cl, self.config
         i32 = np.ascontiguousarray(ids, dtype=np.int32)
         out = np.empty((i32.size, c.n_embd), np.float32)
@@ -110,10 +114,11 @@ class SplitSession:
     """One conversation with layers ``0..n_gpu-1`` on the GPU and the rest (and the head) on the CPU.
 
     ``n_gpu`` may be 0 (everything on the CPU) or ``n_layers`` (only the head on the CPU). ``host_emulation``: the
-    device's layers run by their host twins (tests, no GPU)."""
+    device's layers run by their host twins (tests, no GPU). ``graphs``: the device's one-token steps replay a CUDA
+    graph (default) or launch every kernel each time."""
 
     def __init__(self, model: Model, n_ctx: int, n_gpu: int, kv_dtype: type = np.float16, max_batch: int = 512,
-                 host_emulation: bool = False) -> None:
+                 host_emulation: bool = False, graphs: bool = True) -> None:
         c = model.config
         if isinstance(n_gpu, bool) or not isinstance(n_gpu, int | np.integer) or not 0 <= n_gpu <= c.n_layers:
             raise ValueError(f"GPU layers must be an integer in 0..{c.n_layers}, not {n_gpu!r}")
@@ -124,7 +129,8 @@ class SplitSession:
         self.model, self.config, self.n_gpu = model, c, n_gpu
         self.cpu = Session(model, n_ctx, kv_dtype, first_layer=n_gpu)
         self.n_ctx = self.cpu.n_ctx
-        self.dev = _DeviceLayers(model, self.n_ctx, n_gpu, kv_dtype, max_batch, host_emulation) if n_gpu else None
+        self.dev = (_DeviceLayers(model, self.n_ctx, n_gpu, kv_dtype, max_batch, host_emulation, graphs)
+                    if n_gpu else None)
         self.n_past = 0
 
     # ------------------------------------------------------------------------------------------------ state

@@ -58,6 +58,16 @@ int qsc_forward(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, i
                 char *err, size_t err_len);             /* logits: n_vocab floats, or n_tokens x n_vocab */
 int qsc_set_graphs(qsc_model *m, int enabled);          /* CUDA graph for one-token steps (default on) */
 int64_t qsc_model_device_bytes(qsc_model *m);
+/* The debug mode: QUANTSCOPE_CUDA_DEBUG=1 in the environment when the model is made (read once) has every launch of
+ * its forward followed by a stream synchronize and an error check; the first fault, one line naming the kernel,
+ * its grid, block and main sizes, is kept on the model and is the error of that forward and of every later one.
+ * qsc_model_debug: 1 when m runs so, else 0. qsc_debug_message: that line for the given parts (tests; no GPU).
+ * qsc_debug_selftest (GPU): a launch the device refuses (2048 threads a block: nothing runs and the context stays
+ * usable) checked as the debug mode checks; 0 and its line in err when the check named it. */
+int qsc_model_debug(qsc_model *m);
+int qsc_debug_message(const char *kernel, int gx, int gy, int gz, int bx, int by, int bz, const char *sizes,
+                      const char *error, char *out, size_t len);
+int qsc_debug_selftest(char *err, size_t err_len);
 void qsc_model_free(qsc_model *m);
 
 /* ---- single device kernels on host arrays (tests) */

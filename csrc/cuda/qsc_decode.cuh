@@ -425,6 +425,8 @@ static void launch_flashdec(const FdArgs &a, int kv_f16, const void *kc, const v
     case HM:                                                                                                      \
         if (kv_f16) k_fdec<HM, __half><<<grid, FD_THREADS, 0, st>>>(a, (const __half *)kc, (const __half *)vc);   \
         else k_fdec<HM, float><<<grid, FD_THREADS, 0, st>>>(a, (const float *)kc, (const float *)vc);             \
+        QSC_DBG(st, kv_f16 ? "k_fdec<" #HM ", half>" : "k_fdec<" #HM ", float>", grid, FD_THREADS,                \
+                "tokens %d, heads %d/%d, head_dim %d, splits %d", a.T, a.H, a.KV, a.hd, a.n_split);             \
         break;
     switch (fd_hmax(a.hd)) {
         QSC_FD(64) QSC_FD(128) QSC_FD(256) QSC_FD(512) QSC_FD(1024)
@@ -433,7 +435,12 @@ static void launch_flashdec(const FdArgs &a, int kv_f16, const void *kc, const v
 #undef QSC_FD
     const bool fused = (!ao.qs32 || a.hd % 32 == 0) && (!ao.qs256 || a.hd % 256 == 0);
     k_fdec_merge<<<dim3((unsigned)a.H, (unsigned)a.T), FD_THREADS, 0, st>>>(a, fused ? ao : ActOut{});
-    if (!fused && (ao.qs32 || ao.qs256)) k_quantize<<<a.T, 256, 0, st>>>(a.out, ao, a.H * a.hd);
+    QSC_DBG(st, "k_fdec_merge", dim3((unsigned)a.H, (unsigned)a.T), FD_THREADS, "tokens %d, heads %d, splits %d", a.T,
+            a.H, a.n_split);
+    if (!fused && (ao.qs32 || ao.qs256)) {
+        k_quantize<<<a.T, 256, 0, st>>>(a.out, ao, a.H * a.hd);
+        QSC_DBG(st, "k_quantize", a.T, 256, "rows %d, n %d", a.T, a.H * a.hd);
+    }
 }
 
 #endif /* QSC_FD_KERNELS */

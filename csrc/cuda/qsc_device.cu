@@ -11,6 +11,7 @@
 #include <mutex>
 #include <vector>
 
+#include "qsc_debug.cuh" /* QUANTSCOPE_CUDA_DEBUG: QSC_DBG after every launch */
 #include "qsc_emul.cuh"
 #include "qsc_kernels.cuh"
 #include "qsc_fast.cuh" /* tensor-core prefill GEMM, flash attention, decode GEMV */
@@ -85,7 +86,9 @@ struct qsc_model {
     float *d_logits_all = nullptr;
     int64_t logits_all_rows = 0;
     cudaStream_t st = nullptr;
-    cudaGraphExec_t gexec = nullptr;
+    cudaGraphExec_t gexec = nullptr;  /* the one-token step's graph: logits out */
+    cudaGraphExec_t gresid = nullptr; /* qsc_forward_resid's: the stream out (no head) */
+    float *h_resid1 = nullptr;        /* its pinned copy of one token's stream */
     bool stepped = false; /* a one-token step ran without capture: every kernel it uses is loaded */
     int64_t dev_bytes = 0;
     std::vector<void *> allocs;
@@ -97,6 +100,11 @@ struct qsc_model {
     float *h_resid = nullptr; /* qsc_forward_resid's host buffer: the stream after the last layer (NULL: none) */
     float *fd_part = nullptr; /* flash-decoding's partials (qsc_decode.cuh; fd_scratch_floats) */
     int fd_sm = 0;            /* the SM count its split counts assume (the host model: FD_HOST_SMS) */
+    bool no_head = false;     /* qsc_forward_resid: the stream only (no lm_head; the final norm still adds the last
+                                 residual to it) */
+    QscDebug dbg;             /* QUANTSCOPE_CUDA_DEBUG (qsc_debug.cuh): every launch checked, the first fault kept */
+    float *h_stage = nullptr; /* pinned staging of all-token logits and traces (lazily, sized to the chunk) */
+    size_t stage_bytes = 0;
 };
 
 static int dalloc(qsc_model *m, void **p, int64_t bytes, char *err, size_t err_len) {
@@ -180,13 +188,45 @@ static MmaArgs mat_args(const MatJob *jobs, int n, int ncols) {
     return a;
 }
 
+/* A matmul launch's name and sizes for the debug mode: "kernel<types>", rows per matrix, k, cols. */
+static const char *type_name(int type) {
+    switch (type) {
+#define QSC_ROW_NAME(F, N, ID, ACT, GEMV, MMA) case ID: return #N;
+        QSC_TYPE_LIST(QSC_ROW_NAME, _)
+#undef QSC_ROW_NAME
+    default: return "?";
+    }
+}
+static void matmul_dbg(cudaStream_t st, const char *kernel, dim3 grid, int threads, const MatJob *jobs, int n,
+                       int ncols) {
+    char name[96], rows[64];
+    int a = snprintf(name, sizeof name, "%s<", kernel), b = 0;
+    for (int i = 0; i < n; ++i) {
+        a += snprintf(name + a, sizeof name - (size_t)a, "%s%s", i ? "," : "", type_name(jobs[i].w->type));
+        b += snprintf(rows + b, sizeof rows - (size_t)b, "%s%lld", i ? "+" : "", (long long)jobs[i].w->rows);
+        a = a < 95 ? a : 95;
+        b = b < 63 ? b : 63;
+    }
+    snprintf(name + a, sizeof name - (size_t)a, ">");
+    qsc_dbg_after(st, name, grid, dim3(threads), "rows %s, k %lld, cols %d", rows, (long long)jobs[0].w->k, ncols);
+}
+
 /* The kernel matmul_path chooses (qsc_fast.cuh; host_matmul runs the same choice's twin). */
 static void launch_matmul(const FastPaths &fp, const MatJob *jobs, int n, int ncols, cudaStream_t st) {
     const MmaArgs fa = mat_args(jobs, n, ncols);
-    switch (took(matmul_path(fp, fa))) {
-    case QSC_PATH_GEMV: launch_gemv(fa, st); return; /* decode GEMV */
-    case QSC_PATH_MMA: launch_matmul_mma(fa, st); return; /* tensor-core prefill */
-    default: break;
+    const int path = took(matmul_path(fp, fa));
+    if (path == QSC_PATH_GEMV || path == QSC_PATH_MMA) {
+        if (path == QSC_PATH_GEMV) launch_gemv(fa, st); /* decode GEMV */
+        else launch_matmul_mma(fa, st);                 /* tensor-core prefill */
+        if (qsc_dbg_cur) { /* the launcher's grid, from its tile sizes */
+            const int64_t tile = ncols == 1 ? GEMV_WARPS : MMA_BM;
+            unsigned gx = 0;
+            for (int i = 0; i < n; ++i) gx += (unsigned)((jobs[i].w->rows + tile - 1) / tile);
+            const dim3 grid(gx, ncols == 1 ? 1u : (unsigned)((ncols + MMA_BN - 1) / MMA_BN));
+            matmul_dbg(st, ncols == 1 ? "k_gemv" : "k_matmul_mma", grid, ncols == 1 ? GEMV_WARPS * 32 : MMA_THREADS,
+                       jobs, n, ncols);
+        }
+        return;
     }
     MMArgs args = {};
     int blocks = 0;
@@ -202,10 +242,14 @@ static void launch_matmul(const FastPaths &fp, const MatJob *jobs, int n, int nc
     }
     args.nseg = n;
     args.ncols = ncols;
-    if (ncols == 1)
+    if (ncols == 1) {
         k_matmul<1><<<dim3(blocks, 1), MM_WARPS * 32, 0, st>>>(args);
-    else
+        if (qsc_dbg_cur) matmul_dbg(st, "k_matmul<1>", dim3(blocks, 1), MM_WARPS * 32, jobs, n, ncols);
+    } else {
         k_matmul<8><<<dim3(blocks, (ncols + 7) / 8), MM_WARPS * 32, 0, st>>>(args);
+        if (qsc_dbg_cur)
+            matmul_dbg(st, "k_matmul<8>", dim3(blocks, (ncols + 7) / 8), MM_WARPS * 32, jobs, n, ncols);
+    }
 }
 
 /* Elements per lane of the attention kernel for a head size: the instantiated EPL at least hd / 32 (any head size
@@ -225,6 +269,8 @@ static void launch_attention_t(dim3 grid, cudaStream_t st, const float *q, const
     case E:                                                                                                     \
         k_attention<E, KT><<<grid, 256, 0, st>>>(q, pos, A.H, A.KV, A.hd, K, V, nkv, A.window, A.scale,       \
                                                  A.softcap, A.sinks, out, ao);                                \
+        QSC_DBG(st, sizeof(KT) == 2 ? "k_attention<" #E ", half>" : "k_attention<" #E ", float>", grid, 256,   \
+                "heads %d/%d, head_dim %d, window %d", A.H, A.KV, A.hd, A.window);                           \
         break;
     switch (attention_epl(A.hd)) {
         QSC_ATT(1) QSC_ATT(2) QSC_ATT(3) QSC_ATT(4) QSC_ATT(5) QSC_ATT(6) QSC_ATT(7) QSC_ATT(8) QSC_ATT(12)
@@ -249,6 +295,13 @@ static void launch_attention(const FastPaths &fp, int T, const AttnArgs &A, int 
     if (path == QSC_PATH_FLASH) { /* prefill: flash attention (qsc_fast.cuh) */
         const FaArgs fa = {q, pos, nkv, T, A.H, A.KV, A.window, A.scale, A.softcap, A.sinks, out};
         launch_flash(fa, hd, kv_f16, kc, vc, st);
+        if (qsc_dbg_cur) { /* launch_flash's grid */
+            const int64_t rows = (int64_t)T * (A.H / A.KV);
+            char name[48];
+            snprintf(name, sizeof name, "k_flash<%d, %s>", hd / 32, kv_f16 ? "half" : "float");
+            QSC_DBG(st, name, dim3((unsigned)((rows + FA_ROWS - 1) / FA_ROWS), (unsigned)A.KV), FA_WARPS * 32,
+                    "tokens %d, heads %d/%d, head_dim %d, window %d", T, A.H, A.KV, hd, A.window);
+        }
     } else {
         const ActOut none = {};
         const dim3 grid(A.H, T);
@@ -258,6 +311,7 @@ static void launch_attention(const FastPaths &fp, int T, const AttnArgs &A, int 
     if (apart) {
         took(QSC_PATH_QUANTIZE);
         k_quantize<<<T, 256, 0, st>>>(out, ao, A.H * hd);
+        QSC_DBG(st, "k_quantize", T, 256, "rows %d, n %d", T, A.H * hd);
     }
 }
 
@@ -299,16 +353,19 @@ struct Launch {
 
 static void dev_embed(qsc_model *m, const QW &w, const int *tok, int T, int E, float scale) {
     k_embed<<<T, 256, 0, m->st>>>(w, tok, m->x, E, scale);
+    QSC_DBG(m->st, "k_embed", T, 256, "tokens %d, n_embd %d, vocab %lld", T, E, (long long)w.rows);
 }
 static void dev_norm_quant(qsc_model *m, int T, const ResidIn &r, const float *w, int norm, const ActOut &ao, int n,
                            float eps) {
     k_norm_quant<<<T, 256, 0, m->st>>>(m->x, r, w, norm, m->h, ao, n, eps);
+    QSC_DBG(m->st, "k_norm_quant", T, 256, "rows %d, n %d", T, n);
 }
 static void dev_matmul(qsc_model *m, const MatJob *jobs, int n, int ncols) {
     launch_matmul(m->fast, jobs, n, ncols, m->st);
 }
 static void dev_qk_post(qsc_model *m, const QKArgs &A, const int *pos, int T, void *kst, void *vst) {
     k_qk_post<<<T, 256, 0, m->st>>>(m->q, m->k, m->v, A, pos, kst, vst, m->kv_f16);
+    QSC_DBG(m->st, "k_qk_post", T, 256, "tokens %d, heads %d/%d, head_dim %d", T, A.H, A.KV, A.hd);
 }
 static void dev_attention(qsc_model *m, int T, const AttnArgs &A, const int *pos, const void *kc, const void *vc,
                           const int *nkv, const ActOut &ao) {
@@ -318,25 +375,37 @@ static void dev_attention(qsc_model *m, int T, const AttnArgs &A, const int *pos
 static void dev_glu(qsc_model *m, const float *g, const float *u, float *a, const ActOut &ao, int T, int n, int mode,
                     int64_t ldu, int nv) {
     k_glu_quant<<<T, 256, 0, m->st>>>(g, u, a, ao, n, mode, ldu, nv);
+    QSC_DBG(m->st, "k_glu_quant", T, 256, "rows %d, n %d, mode %d, ldu %lld", T, n, mode, (long long)ldu);
 }
 static void dev_qgate_split(qsc_model *m, const float *bq, int T, int H, int hd) {
     k_qgate_split<<<T, 256, 0, m->st>>>(m->gdn.qg, bq, m->q, m->gdn.gate, H, hd);
+    QSC_DBG(m->st, "k_qgate_split", T, 256, "tokens %d, heads %d, head_dim %d", T, H, hd);
 }
 static void dev_qgate_quant(qsc_model *m, const ActOut &ao, int T, int n) {
     k_qgate_quant<<<T, 256, 0, m->st>>>(m->att, m->gdn.gate, ao, n);
+    QSC_DBG(m->st, "k_qgate_quant", T, 256, "rows %d, n %d", T, n);
 }
 static void dev_gdn_core(qsc_model *m, const GdnArgs &A, int T, const ActOut &ao, int Vd) {
     cudaStream_t st = m->st;
     const int64_t n = (int64_t)T * A.C;
     k_gdn_conv<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(A, T);
-    if (A.K > 1) k_gdn_conv_state<<<(unsigned)((A.C + 255) / 256), 256, 0, st>>>(A, T);
+    QSC_DBG(st, "k_gdn_conv", (unsigned)((n + 255) / 256), 256, "tokens %d, channels %d, kernel %d", T, A.C, A.K);
+    if (A.K > 1) {
+        k_gdn_conv_state<<<(unsigned)((A.C + 255) / 256), 256, 0, st>>>(A, T);
+        QSC_DBG(st, "k_gdn_conv_state", (unsigned)((A.C + 255) / 256), 256, "tokens %d, channels %d", T, A.C);
+    }
     const int threads = (A.S + 31) / 32 * 32;
     k_gdn_recur<<<A.Hv, threads, (size_t)(2 * A.S + 32) * sizeof(float), st>>>(A, T);
-    if (ao.qs32 || ao.qs256) k_quantize<<<T, 256, 0, st>>>(A.o, ao, Vd);
+    QSC_DBG(st, "k_gdn_recur", A.Hv, threads, "tokens %d, heads %d, state %d", T, A.Hv, A.S);
+    if (ao.qs32 || ao.qs256) {
+        k_quantize<<<T, 256, 0, st>>>(A.o, ao, Vd);
+        QSC_DBG(st, "k_quantize", T, 256, "rows %d, n %d", T, Vd);
+    }
 }
 static void dev_logits(qsc_model *m, float *x, int64_t n, float scale, float cap) {
     const int blocks = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
     k_logits_post<<<blocks, 256, 0, m->st>>>(x, n, scale, cap);
+    QSC_DBG(m->st, "k_logits_post", blocks, 256, "n %lld", (long long)n);
 }
 
 static void host_embed(qsc_model *m, const QW &w, const int *tok, int T, int E, float scale) {
@@ -395,6 +464,44 @@ static void host_gdn_core(qsc_model *m, const GdnArgs &A, int T, const ActOut &a
 static void host_logits(qsc_model *m, float *x, int64_t n, float scale, float cap) {
     (void)m;
     emu_logits(x, n, scale, cap);
+}
+
+/* The pinned staging of a chunk's copies to the caller's (pageable) memory: all-token logits, the residual stream
+ * of qsc_forward_resid and a trace's rows (dev_copy_out) go to m->h_stage by cudaMemcpyAsync, then, once the
+ * stream is synchronized, to their destinations by memcpy (stage_flush). Allocated on first use, grown to the
+ * largest chunk asked for, freed with the model. */
+struct StageCopy {
+    void *dst;
+    size_t off, bytes;
+};
+static thread_local std::vector<StageCopy> *stage_list = nullptr; /* the chunk's pending copies (forward_impl's) */
+
+static int stage_reserve(qsc_model *m, size_t bytes, char *err, size_t err_len) {
+    if (m->stage_bytes >= bytes) return 0;
+    if (m->h_stage) CUDA_TRY(cudaFreeHost(m->h_stage));
+    m->h_stage = nullptr;
+    m->stage_bytes = 0;
+    CUDA_TRY(cudaMallocHost((void **)&m->h_stage, bytes));
+    m->stage_bytes = bytes;
+    return 0;
+}
+
+/* Enqueue src (device) -> dst (host, pageable) through the stage; straight to dst when no stage room is left. */
+static void stage_copy(qsc_model *m, void *dst, const void *src, size_t bytes) {
+    std::vector<StageCopy> *l = stage_list;
+    const size_t off = l && !l->empty() ? (l->back().off + l->back().bytes + 255) / 256 * 256 : 0;
+    if (!l || off + bytes > m->stage_bytes) {
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, m->st);
+        return;
+    }
+    cudaMemcpyAsync((char *)m->h_stage + off, src, bytes, cudaMemcpyDeviceToHost, m->st);
+    l->push_back({dst, off, bytes});
+}
+
+/* After the stream's synchronize: the staged rows to their destinations. */
+static void stage_flush(qsc_model *m, std::vector<StageCopy> &l) {
+    for (const StageCopy &c : l) memcpy(c.dst, (const char *)m->h_stage + c.off, c.bytes);
+    l.clear();
 }
 
 #define QSC_MOE_ENQUEUE
@@ -610,21 +717,27 @@ static int ensure_logits_all(qsc_model *m, int64_t rows, char *err, size_t err_l
 
 static void drop_graph(qsc_model *m) {
     if (m->gexec) cudaGraphExecDestroy(m->gexec);
-    m->gexec = nullptr;
+    if (m->gresid) cudaGraphExecDestroy(m->gresid);
+    m->gexec = m->gresid = nullptr;
 }
 
-/* One-token step: capture (first time) and replay the graph: params in, every kernel, logits out. */
-static int step_graph(qsc_model *m, char *err, size_t err_len) {
+/* One-token step: capture (first time) and replay the graph: params in, every kernel, logits out (m->h_logits1);
+ * resid (qsc_forward_resid's step): no head, the stream after the last layer out (m->h_resid1) instead. Both
+ * destinations are pinned (a graph's copy to pageable memory is not allowed). */
+static int step_graph(qsc_model *m, bool resid, char *err, size_t err_len) {
     const size_t pbytes = (size_t)(2 * m->mb + 1) * sizeof(int);
-    const size_t lbytes = (size_t)m->cfg.V * sizeof(float);
-    if (!m->gexec) {
+    const size_t obytes = (size_t)(resid ? m->cfg.E : m->cfg.V) * sizeof(float);
+    cudaGraphExec_t &gx = resid ? m->gresid : m->gexec;
+    if (resid && !m->h_resid1) CUDA_TRY(cudaMallocHost((void **)&m->h_resid1, obytes));
+    if (!gx) {
         CUDA_TRY(cudaStreamBeginCapture(m->st, cudaStreamCaptureModeThreadLocal));
         cudaMemcpyAsync(m->d_params, m->h_params, pbytes, cudaMemcpyHostToDevice, m->st);
         if (m->cfg.ple) /* one token's per-layer inputs, filled in before each replay */
             cudaMemcpyAsync(m->d_ple, m->h_ple, (size_t)m->cfg.n_layers * m->cfg.ple * sizeof(float),
                             cudaMemcpyHostToDevice, m->st);
-        int rc = enqueue_forward(m, 1, false, m->d_logits1, err, err_len);
-        cudaMemcpyAsync(m->h_logits1, m->d_logits1, lbytes, cudaMemcpyDeviceToHost, m->st);
+        int rc = enqueue_forward(m, 1, false, resid ? nullptr : m->d_logits1, err, err_len);
+        if (resid) cudaMemcpyAsync(m->h_resid1, m->x, obytes, cudaMemcpyDeviceToHost, m->st);
+        else cudaMemcpyAsync(m->h_logits1, m->d_logits1, obytes, cudaMemcpyDeviceToHost, m->st);
         cudaGraph_t graph = nullptr;
         cudaError_t e = cudaStreamEndCapture(m->st, &graph);
         if (rc) {
@@ -632,17 +745,18 @@ static int step_graph(qsc_model *m, char *err, size_t err_len) {
             return rc;
         }
         CUDA_TRY(e);
-        e = cudaGraphInstantiate(&m->gexec, graph, 0);
+        e = cudaGraphInstantiate(&gx, graph, 0);
         cudaGraphDestroy(graph);
         if (e != cudaSuccess) {
-            m->gexec = nullptr;
+            gx = nullptr;
             CUDA_TRY(e);
         }
     }
-    CUDA_TRY(cudaGraphLaunch(m->gexec, m->st));
+    CUDA_TRY(cudaGraphLaunch(gx, m->st));
     CUDA_TRY(cudaStreamSynchronize(m->st));
     return 0;
 }
+
 
 /* ------------------------------------------------------------------------------------ single kernels (tests) */
 
@@ -678,6 +792,21 @@ static cudaError_t scratch_act(Scratch &s, ActOut &o, int64_t n_x, int64_t k) {
     }
     return e;
 }
+
+/* A single-kernel entry point in the debug mode (QUANTSCOPE_CUDA_DEBUG read per call): its launches are checked as a
+ * model's, and the first fault is its error. */
+#define QSC_ENTRY_DEBUG                                                                                            \
+    QscDebug dbg_;                                                                                                \
+    dbg_.on = qsc_debug_env();                                                                                    \
+    QscDebugScope dbg_scope_(&dbg_)
+#define QSC_ENTRY_CHECK                                                                                            \
+    do {                                                                                                          \
+        if (dbg_.fault[0]) {                                                                                      \
+            set_err(err, err_len, "%s", dbg_.fault);                                                              \
+            return -1;                                                                                            \
+        }                                                                                                         \
+        CUDA_TRY(cudaGetLastError());                                                                             \
+    } while (0)
 
 /* ------------------------------------------------------------------------------------------------ C API */
 extern "C" {
@@ -764,6 +893,8 @@ void qsc_model_free(qsc_model *m) {
         if (p) cudaFree(p);
     if (m->h_params) cudaFreeHost(m->h_params);
     if (m->h_logits1) cudaFreeHost(m->h_logits1);
+    if (m->h_resid1) cudaFreeHost(m->h_resid1);
+    if (m->h_stage) cudaFreeHost(m->h_stage);
     if (m->h_ple) cudaFreeHost(m->h_ple);
     if (m->st) cudaStreamDestroy(m->st);
     delete m;
@@ -950,6 +1081,12 @@ static int finalize(qsc_model *m, char *err, size_t err_len) {
         CUDA_TRY(cudaMallocHost((void **)&m->h_params, (size_t)(2 * T + 1) * sizeof(int)));
         CUDA_TRY(cudaMallocHost((void **)&m->h_logits1, (size_t)c.V * sizeof(float)));
         if (c.ple) CUDA_TRY(cudaMallocHost((void **)&m->h_ple, ple_bytes));
+        /* The uploads (copy_in's cudaMemcpy from pageable memory) and the zeroing of pg / pa and the recurrent
+         * state (cudaMemset) went to the legacy default stream, with which the forward's non-blocking stream
+         * m->st is not ordered: wait for them here, once, so that no kernel on m->st can read a buffer still being
+         * written. (Putting them on m->st instead would buy nothing: a copy from pageable memory is staged by the
+         * driver and returns when the source was read; the create call is synchronous for its caller anyway.) */
+        CUDA_TRY(cudaStreamSynchronize(cudaStreamLegacy));
     }
     m->finalized = true;
     return 0;
@@ -972,6 +1109,8 @@ static qsc_model *model_create(const qsc_model_desc *md, const qs_block *layers,
     m->device = 0;
     m->host = host;
     m->ops = host ? &HOST_LAUNCH : &DEVICE_LAUNCH;
+    m->dbg.on = qsc_debug_env(); /* QUANTSCOPE_CUDA_DEBUG, read once (a host model runs no launch to check) */
+    if (m->dbg.on) m->use_graphs = false; /* a captured launch cannot be synchronized */
     m->layers.resize(d.n_layers);
     auto fail = [&](void) -> qsc_model * {
         qsc_model_free(m);
@@ -1014,23 +1153,56 @@ qsc_model *qsc_host_model_create(const qsc_model_desc *md, const qs_block *layer
 int qsc_set_graphs(qsc_model *m, int enabled) {
     if (!m) return -1;
     std::lock_guard<std::mutex> lock(m->mu);
-    m->use_graphs = enabled != 0;
+    m->use_graphs = enabled != 0 && !m->dbg.on;
     if (!m->use_graphs) drop_graph(m);
     return 0;
 }
 
 int64_t qsc_model_device_bytes(qsc_model *m) { return m ? m->dev_bytes : 0; }
 
+int qsc_model_debug(qsc_model *m) { return m && m->dbg.on ? 1 : 0; }
+
+int qsc_debug_message(const char *kernel, int gx, int gy, int gz, int bx, int by, int bz, const char *sizes,
+                      const char *error, char *out, size_t len) {
+    if (!kernel || !error || !out || !len || gx < 0 || gy < 0 || gz < 0 || bx < 0 || by < 0 || bz < 0) return -1;
+    qsc_debug_format(out, len, kernel, (unsigned)gx, (unsigned)gy, (unsigned)gz, (unsigned)bx, (unsigned)by,
+                     (unsigned)bz, sizes, error);
+    return 0;
+}
+
+__global__ void k_debug_nop(int *p) {
+    if (p) *p = 0;
+}
+
+int qsc_debug_selftest(char *err, size_t err_len) {
+    QscDebug d;
+    d.on = true;
+    {
+        QscDebugScope scope(&d);
+        k_debug_nop<<<dim3(3, 2), 2048>>>(nullptr); /* more threads than a block may have: refused, not sticky */
+        QSC_DBG(0, "k_debug_nop", dim3(3, 2), 2048, "selftest %d", 1);
+    }
+    set_err(err, err_len, "%s", d.fault[0] ? d.fault : "no fault was reported");
+    return d.fault[0] ? 0 : -1;
+}
+
+/* The forward of n_tokens tokens in chunks of mb. logits: n_vocab floats (last token) or n_tokens x n_vocab
+ * (all_logits); with m->no_head (qsc_forward_resid) none: m->h_resid gets the stream after the last layer instead. */
 static int forward_impl(qsc_model *m, const int32_t *tokens, int n_tokens, int n_past, int all_logits, float *logits,
                         const float *ple, int64_t ple_len, char *err, size_t err_len) {
-    if (!m || !tokens || !logits) {
+    if (!m || !tokens || (!logits && !m->no_head)) {
         set_err(err, err_len, "no model, tokens or logits buffer");
         return -1;
     }
     std::lock_guard<std::mutex> lock(m->mu);
     const int V = m->cfg.V;
+    const bool head = !m->no_head;
     if (!m->finalized) {
         set_err(err, err_len, "model not finalized");
+        return -1;
+    }
+    if (m->dbg.fault[0]) { /* debug mode: a fault was seen (the context is poisoned); every later forward says so */
+        set_err(err, err_len, "%s", m->dbg.fault);
         return -1;
     }
     if (n_tokens <= 0 || n_past < 0 || (int64_t)n_past + n_tokens > m->n_ctx) {
@@ -1049,6 +1221,14 @@ static int forward_impl(qsc_model *m, const int32_t *tokens, int n_tokens, int n
         return -1;
     }
     if (!m->host) CUDA_TRY(cudaSetDevice(m->device));
+    QscDebugScope dbg_scope(&m->dbg);
+    /* a fault seen by the debug mode is the call's error, whatever error it led to afterwards */
+    auto fault = [&](int rc) -> int {
+        if (!m->dbg.fault[0]) return rc;
+        set_err(err, err_len, "%s", m->dbg.fault);
+        return rc ? rc : -1;
+    };
+    all_logits = all_logits && head;
     if (all_logits) {
         int rc = ensure_logits_all(m, n_tokens < m->mb ? n_tokens : m->mb, err, err_len);
         if (rc) return rc;
@@ -1058,6 +1238,11 @@ static int forward_impl(qsc_model *m, const int32_t *tokens, int n_tokens, int n
         int rc = gdn_state_op(m, 0, err, err_len);
         if (rc) return rc;
     }
+    std::vector<StageCopy> staged;
+    struct StageList {
+        StageList(std::vector<StageCopy> *l) { stage_list = l; }
+        ~StageList() { stage_list = nullptr; }
+    } stage_scope(m->host ? nullptr : &staged);
     for (int start = 0; start < n_tokens; start += m->mb) {
         const int T = n_tokens - start < m->mb ? n_tokens - start : m->mb;
         const bool last = start + T == n_tokens;
@@ -1068,43 +1253,55 @@ static int forward_impl(qsc_model *m, const int32_t *tokens, int n_tokens, int n
         m->h_params[2 * m->mb] = n_past + start + T;
         const size_t ple_bytes = (size_t)(T * ple_row) * sizeof(float);
         if (ple_row) memcpy(m->h_ple, ple + start * ple_row, ple_bytes);
+        float *dl = !head ? nullptr : all_logits ? m->d_logits_all : (last ? m->d_logits1 : nullptr);
         if (m->host) {
             probe_chunk(m, start, n_tokens); /* traced as the device's, by the probe's host twins */
             if (ple_row) memcpy(m->d_ple, m->h_ple, ple_bytes); /* the host twins, at once: logits straight into the caller's buffer */
             memcpy(m->d_params, m->h_params, pbytes);
-            float *dl = all_logits ? m->d_logits_all : (last ? m->d_logits1 : nullptr);
             int rc = enqueue_forward(m, T, all_logits != 0, dl, err, err_len);
             if (rc) return rc;
             if (m->h_resid)
                 memcpy(m->h_resid + (int64_t)start * m->cfg.E, m->x, (size_t)T * m->cfg.E * sizeof(float));
             if (all_logits) memcpy(logits + (int64_t)start * V, dl, (size_t)T * V * sizeof(float));
-            else if (last) memcpy(logits, dl, (size_t)V * sizeof(float));
+            else if (last && head) memcpy(logits, dl, (size_t)V * sizeof(float));
             continue;
         }
-        /* the first one-token step runs uncaptured (kernels load lazily on first use), later ones replay a graph */
+        /* the first one-token step runs uncaptured (kernels load lazily on first use), later ones replay a graph:
+         * the logits' graph, or without a head (qsc_forward_resid) the stream's */
         const bool traced = probe_chunk(m, start, n_tokens);
-        if (T == 1 && m->use_graphs && m->stepped && !traced && !m->h_resid) {
-            int rc = step_graph(m, err, err_len);
-            if (rc) return rc;
-            if (all_logits) memcpy(logits + (int64_t)start * V, m->h_logits1, (size_t)V * sizeof(float));
+        if (T == 1 && m->use_graphs && m->stepped && !traced) {
+            int rc = step_graph(m, !head, err, err_len);
+            if (rc) return fault(rc);
+            if (!head) memcpy(m->h_resid + (int64_t)start * m->cfg.E, m->h_resid1, (size_t)m->cfg.E * sizeof(float));
+            else if (all_logits) memcpy(logits + (int64_t)start * V, m->h_logits1, (size_t)V * sizeof(float));
             else if (last) memcpy(logits, m->h_logits1, (size_t)V * sizeof(float));
             continue;
         }
+        /* the chunk's copies to the caller's pageable memory go through the pinned stage */
+        size_t stage = 0;
+        if (all_logits) stage += ((size_t)T * V * sizeof(float) + 255) / 256 * 256;
+        if (m->h_resid) stage += ((size_t)T * m->cfg.E * sizeof(float) + 255) / 256 * 256;
+        if (traced) /* the residual stream at each layer boundary and each layer's queries */
+            stage += (size_t)(m->cfg.n_layers + 1) * (((size_t)T * m->cfg.E * sizeof(float) + 255) / 256 * 256) +
+                     (size_t)m->cfg.n_layers * (((size_t)T * m->cfg.max_qd * sizeof(float) + 255) / 256 * 256);
+        if (stage) {
+            int rc = stage_reserve(m, stage, err, err_len);
+            if (rc) return rc;
+        }
         CUDA_TRY(cudaMemcpyAsync(m->d_params, m->h_params, pbytes, cudaMemcpyHostToDevice, m->st));
         if (ple_row) CUDA_TRY(cudaMemcpyAsync(m->d_ple, m->h_ple, ple_bytes, cudaMemcpyHostToDevice, m->st));
-        float *dl = all_logits ? m->d_logits_all : (last ? m->d_logits1 : nullptr);
         int rc = enqueue_forward(m, T, all_logits != 0, dl, err, err_len);
-        if (rc) return rc;
+        if (rc || m->dbg.fault[0]) return fault(rc);
         if (m->h_resid)
-            CUDA_TRY(cudaMemcpyAsync(m->h_resid + (int64_t)start * m->cfg.E, m->x, (size_t)T * m->cfg.E * sizeof(float),
-                                     cudaMemcpyDeviceToHost, m->st));
-        if (all_logits)
-            CUDA_TRY(cudaMemcpyAsync(logits + (int64_t)start * V, dl, (size_t)T * V * sizeof(float),
-                                     cudaMemcpyDeviceToHost, m->st));
-        else if (last)
+            stage_copy(m, m->h_resid + (int64_t)start * m->cfg.E, m->x, (size_t)T * m->cfg.E * sizeof(float));
+        if (all_logits) stage_copy(m, logits + (int64_t)start * V, dl, (size_t)T * V * sizeof(float));
+        else if (last && head)
             CUDA_TRY(cudaMemcpyAsync(m->h_logits1, dl, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, m->st));
-        CUDA_TRY(cudaStreamSynchronize(m->st));
-        if (!all_logits && last) memcpy(logits, m->h_logits1, (size_t)V * sizeof(float));
+        const cudaError_t e = cudaStreamSynchronize(m->st);
+        if (m->dbg.fault[0]) return fault(-1);
+        CUDA_TRY(e);
+        stage_flush(m, staged);
+        if (!all_logits && last && head) memcpy(logits, m->h_logits1, (size_t)V * sizeof(float));
         if (T == 1) m->stepped = true;
     }
     return 0;
@@ -1116,9 +1313,10 @@ int qsc_forward_resid(qsc_model *m, const int32_t *tokens, int n_tokens, int n_p
         set_err(err, err_len, "no model or residual buffer");
         return -1;
     }
-    std::vector<float> last((size_t)m->cfg.V); /* the (tied) head's logits of the last row: not used */
-    m->h_resid = resid;
-    const int rc = forward_impl(m, tokens, n_tokens, n_past, 0, last.data(), ple, ple_len, err, err_len);
+    m->h_resid = resid; /* the stream only: no final head (its logits would not be used) */
+    m->no_head = true;
+    const int rc = forward_impl(m, tokens, n_tokens, n_past, 0, nullptr, ple, ple_len, err, err_len);
+    m->no_head = false;
     m->h_resid = nullptr;
     return rc;
 }
@@ -1169,7 +1367,11 @@ int qsc_kernel_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const
     ActOut want = {};
     if (type_act(type) == ACT_32) { want.qs32 = ao.qs32; want.d32 = ao.d32; want.s32 = ao.s32; }
     if (type_act(type) == ACT_256) { want.qs256 = ao.qs256; want.d256 = ao.d256; want.bs256 = ao.bs256; }
-    if (want.qs32 || want.qs256) k_quantize<<<n_x, 256>>>(dx, want, (int)k);
+    QSC_ENTRY_DEBUG;
+    if (want.qs32 || want.qs256) {
+        k_quantize<<<n_x, 256>>>(dx, want, (int)k);
+        QSC_DBG(0, "k_quantize", n_x, 256, "rows %d, n %lld", n_x, (long long)k);
+    }
     QW qw = make_qw(type, rows, k, dw, L);
     Act a;
     const bool k256 = type_act(type) == ACT_256;
@@ -1181,7 +1383,7 @@ int qsc_kernel_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const
     a.k = k;
     MatJob job = {&qw, a, dy, rows, nullptr};
     launch_matmul(fast_paths(false), &job, 1, n_x, 0);
-    CUDA_TRY(cudaGetLastError());
+    QSC_ENTRY_CHECK;
     CUDA_TRY(cudaMemcpy(y, dy, (size_t)n_x * rows * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }
@@ -1199,8 +1401,10 @@ int qsc_kernel_quantize(int act_type, const float *x, int64_t n, uint8_t *out, c
     CUDA_TRY(scratch_act(s, ao, 1, n));
     if (k256) { want.qs256 = ao.qs256; want.d256 = ao.d256; want.bs256 = ao.bs256; }
     else { want.qs32 = ao.qs32; want.d32 = ao.d32; want.s32 = ao.s32; }
+    QSC_ENTRY_DEBUG;
     k_quantize<<<1, 256>>>(dx, want, (int)n);
-    CUDA_TRY(cudaGetLastError());
+    QSC_DBG(0, "k_quantize", 1, 256, "rows 1, n %lld", (long long)n);
+    QSC_ENTRY_CHECK;
     std::vector<int8_t> qs((size_t)n);
     std::vector<float> d((size_t)n / 32 + 1), sm((size_t)n / 32 + 1);
     std::vector<int> bs((size_t)n / 16 + 1);
@@ -1238,8 +1442,10 @@ int qsc_kernel_get_rows(int type, const uint8_t *w, int64_t rows, int64_t k, con
     CUDA_TRY(s.put(&dw, host.data(), L.total));
     CUDA_TRY(s.put(&dids, (const int *)ids, n_ids));
     CUDA_TRY(s.get(&dout, (int64_t)n_ids * k));
+    QSC_ENTRY_DEBUG;
     k_embed<<<n_ids, 256>>>(make_qw(type, rows, k, dw, L), dids, dout, (int)k, scale);
-    CUDA_TRY(cudaGetLastError());
+    QSC_DBG(0, "k_embed", n_ids, 256, "tokens %d, n %lld, rows %lld", n_ids, (long long)k, (long long)rows);
+    QSC_ENTRY_CHECK;
     CUDA_TRY(cudaMemcpy(out, dout, (size_t)n_ids * k * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }
@@ -1255,8 +1461,10 @@ int qsc_kernel_rmsnorm(const float *x, const float *w, float *y, int n_rows, int
     CUDA_TRY(s.put(&dx, x, (int64_t)n_rows * n));
     if (w) CUDA_TRY(s.put(&dw, w, n));
     CUDA_TRY(s.get(&dy, (int64_t)n_rows * n));
+    QSC_ENTRY_DEBUG;
     k_norm_quant<<<n_rows, 256>>>(dx, ResidIn{}, dw, 1, dy, ActOut{}, n, eps);
-    CUDA_TRY(cudaGetLastError());
+    QSC_DBG(0, "k_norm_quant", n_rows, 256, "rows %d, n %d", n_rows, n);
+    QSC_ENTRY_CHECK;
     CUDA_TRY(cudaMemcpy(y, dy, (size_t)n_rows * n * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }
@@ -1278,8 +1486,10 @@ int qsc_kernel_rope(float *x, int n_tokens, int n_heads, int head_dim, int rot_d
     A.H = n_heads;
     A.hd = head_dim;
     A.rope = {0, rot_dim, neox ? 1 : 0, freq_base, 1.0f, 0.0f, 0.0f, 0.0f, 1.0f, nullptr};
+    QSC_ENTRY_DEBUG;
     k_qk_post<<<n_tokens, 256>>>(dx, nullptr, nullptr, A, dpos, nullptr, nullptr, 0);
-    CUDA_TRY(cudaGetLastError());
+    QSC_DBG(0, "k_qk_post", n_tokens, 256, "tokens %d, heads %d, head_dim %d", n_tokens, n_heads, head_dim);
+    QSC_ENTRY_CHECK;
     CUDA_TRY(cudaMemcpy(x, dx, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }
@@ -1296,8 +1506,10 @@ int qsc_kernel_glu(const float *gate, const float *up, float *out, int n_rows, i
     CUDA_TRY(s.put(&dg, gate, total));
     CUDA_TRY(s.put(&du, up, total));
     CUDA_TRY(s.get(&dout, total));
+    QSC_ENTRY_DEBUG;
     k_glu_quant<<<n_rows, 256>>>(dg, du, dout, ActOut{}, n, mode, n, n);
-    CUDA_TRY(cudaGetLastError());
+    QSC_DBG(0, "k_glu_quant", n_rows, 256, "rows %d, n %d, mode %d", n_rows, n, mode);
+    QSC_ENTRY_CHECK;
     CUDA_TRY(cudaMemcpy(out, dout, (size_t)total * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }
@@ -1336,8 +1548,9 @@ int qsc_kernel_attention_ext(const float *q, int n_q, const int32_t *q_pos, int 
     if (sinks) CUDA_TRY(s.put(&dsinks, sinks, n_heads));
     CUDA_TRY(s.get(&dout, (int64_t)n_q * n_heads * head_dim));
     const AttnArgs A = {n_heads, n_kv_heads, head_dim, window, scale, softcap, dsinks};
+    QSC_ENTRY_DEBUG;
     launch_attention(fast_paths(false), n_q, A, kv_f16, 0, dq, dpos, dk, dv, dnkv, dout, ActOut{});
-    CUDA_TRY(cudaGetLastError());
+    QSC_ENTRY_CHECK;
     CUDA_TRY(cudaMemcpy(out, dout, (size_t)n_q * n_heads * head_dim * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }
@@ -1365,8 +1578,11 @@ int qsc_kernel_qk_post(float *q, float *k, int n_tokens, int n_head, int n_head_
     CUDA_TRY(s.put(&dpos, (const int *)pos, n_tokens));
     const QKArgs A = {n_head, k ? n_head_kv : 0, head_dim, qk_full ? 1 : 0, dqn, dkn, eps, rope_params(*rope, dfreqs),
                       temp_scale, (long long)temp_floor};
+    QSC_ENTRY_DEBUG;
     k_qk_post<<<n_tokens, 256>>>(dq, dk, nullptr, A, dpos, nullptr, nullptr, 0);
-    CUDA_TRY(cudaGetLastError());
+    QSC_DBG(0, "k_qk_post", n_tokens, 256, "tokens %d, heads %d/%d, head_dim %d", n_tokens, n_head, n_head_kv,
+            head_dim);
+    QSC_ENTRY_CHECK;
     CUDA_TRY(cudaMemcpy(q, dq, (size_t)nq * sizeof(float), cudaMemcpyDeviceToHost));
     if (k) CUDA_TRY(cudaMemcpy(k, dk, (size_t)nk * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
@@ -1380,9 +1596,11 @@ int qsc_kernel_logits(float *x, int64_t n, float logit_scale, float softcap, cha
     Scratch s;
     float *dx;
     CUDA_TRY(s.put(&dx, x, n));
-    k_logits_post<<<(int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096), 256>>>(
-        dx, n, qs_plan_one(logit_scale), softcap);
-    CUDA_TRY(cudaGetLastError());
+    QSC_ENTRY_DEBUG;
+    const int blocks = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
+    k_logits_post<<<blocks, 256>>>(dx, n, qs_plan_one(logit_scale), softcap);
+    QSC_DBG(0, "k_logits_post", blocks, 256, "n %lld", (long long)n);
+    QSC_ENTRY_CHECK;
     CUDA_TRY(cudaMemcpy(x, dx, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }

@@ -706,17 +706,22 @@ static void dev_moe_route(qsc_model *m, float *logits, int T, int NE, int K, int
                           float *w) {
     k_moe_route<<<(T + MOE_ROUTE_WARPS - 1) / MOE_ROUTE_WARPS, MOE_ROUTE_WARPS * 32, 0, m->st>>>(logits, T, NE, K, norm,
                                                                                                  scale, sel, w);
+    QSC_DBG(m->st, "k_moe_route", (T + MOE_ROUTE_WARPS - 1) / MOE_ROUTE_WARPS, MOE_ROUTE_WARPS * 32,
+            "tokens %d, experts %d, used %d", T, NE, K);
 }
 static void dev_moe_group(qsc_model *m, const int32_t *sel, int P, int K, int NE, int tw, const MoeGroup &g) {
     k_moe_group<<<1, MOE_GROUP_THREADS, (size_t)(2 * (NE + 1)) * sizeof(int), m->st>>>(sel, P, K, NE, tw, g);
+    QSC_DBG(m->st, "k_moe_group", 1, MOE_GROUP_THREADS, "pairs %d, experts %d, tile %d", P, NE, tw);
 }
 static void dev_moe_gather(qsc_model *m, const float *h, const int32_t *pairs, int K, int P, float *hb,
                            const ActOut &ao, int E) {
     k_moe_gather<<<P, 256, 0, m->st>>>(h, pairs, K, P, hb, ao, E);
+    QSC_DBG(m->st, "k_moe_gather", P, 256, "pairs %d, n %d", P, E);
 }
 static void dev_moe_glu(qsc_model *m, const float *g, const float *u, float *a, const ActOut &ao, int rows, int n,
                         int oai) {
     k_moe_glu<<<rows, 256, 0, m->st>>>(g, u, a, ao, n, oai);
+    QSC_DBG(m->st, "k_moe_glu", rows, 256, "rows %d, n %d", rows, n);
 }
 /* One grouped product over max_tiles tiles of tw rows: k_moe_matmul<1> for decode (k_gemv's lanes where the types
  * have them), k_moe_mma for MMA_BN-row tiles of MMA types on an sm_80+ device, k_moe_matmul<8> otherwise. */
@@ -736,17 +741,26 @@ static void dev_moe_matmul(qsc_model *m, const MoeArgs &in, int max_tiles, int t
         blocks += (int)((args.seg[i].w.rows + per - 1) / per);
     }
     const dim3 grid((unsigned)blocks, (unsigned)max_tiles);
-    if (mma) k_moe_mma<<<grid, MMA_THREADS, 0, m->st>>>(args);
-    else if (tw == 1) k_moe_matmul<1><<<grid, MM_WARPS * 32, 0, m->st>>>(args);
-    else k_moe_matmul<8><<<grid, MM_WARPS * 32, 0, m->st>>>(args);
+    if (mma) {
+        k_moe_mma<<<grid, MMA_THREADS, 0, m->st>>>(args);
+        QSC_DBG(m->st, "k_moe_mma", grid, MMA_THREADS, "segments %d, tiles %d", args.nseg, max_tiles);
+    } else if (tw == 1) {
+        k_moe_matmul<1><<<grid, MM_WARPS * 32, 0, m->st>>>(args);
+        QSC_DBG(m->st, "k_moe_matmul<1>", grid, MM_WARPS * 32, "segments %d, tiles %d", args.nseg, max_tiles);
+    } else {
+        k_moe_matmul<8><<<grid, MM_WARPS * 32, 0, m->st>>>(args);
+        QSC_DBG(m->st, "k_moe_matmul<8>", grid, MM_WARPS * 32, "segments %d, tiles %d", args.nseg, max_tiles);
+    }
 }
 static void dev_moe_combine(qsc_model *m, const float *ob, const MoeGroup &g, int K, const float *w, float *out,
                             int T, int E) {
     k_moe_combine<<<T, 256, 0, m->st>>>(ob, g, K, w, out, E);
+    QSC_DBG(m->st, "k_moe_combine", T, 256, "tokens %d, n %d", T, E);
 }
 static void dev_moe_shared_add(qsc_model *m, const float *h, const float *gate_inp, const float *so, float *out,
                                int T, int E) {
     k_moe_shared_add<<<T, 256, 0, m->st>>>(h, gate_inp, so, out, E);
+    QSC_DBG(m->st, "k_moe_shared_add", T, 256, "tokens %d, n %d", T, E);
 }
 
 static void host_moe_route(qsc_model *m, float *logits, int T, int NE, int K, int norm, float scale, int32_t *sel,
@@ -972,6 +986,7 @@ static int moe_ffn_layer(const qs_block *b, const float *h, int n_tokens, float 
     }
     CUDA_TRY(cudaMemcpyAsync(m->h, h, bytes, cudaMemcpyHostToDevice, m->st));
     k_quantize<<<T, 256, 0, m->st>>>(m->h, moe_input_formats(m, L.moe), (int)E);
+    QSC_DBG(m->st, "k_quantize", T, 256, "rows %d, n %d", T, (int)E);
     rc = enqueue_moe(m, L, T, err, err_len);
     if (rc) return rc;
     CUDA_TRY(cudaGetLastError());
@@ -1036,6 +1051,7 @@ int qsc_kernel_moe_group(const int32_t *sel, int n_tokens, int n_used, int n_exp
     CUDA_TRY(s.get(&g.n_tiles, 1));
     k_moe_group<<<1, MOE_GROUP_THREADS, (size_t)(2 * (n_expert + 1)) * sizeof(int)>>>(dsel, P, n_used, n_expert,
                                                                                          tile, g);
+    QSC_DBG(0, "k_moe_group", 1, MOE_GROUP_THREADS, "pairs %d, experts %d, tile %d", P, n_expert, tile);
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(cudaMemcpy(n_tiles, g.n_tiles, sizeof(int32_t), cudaMemcpyDeviceToHost));
     CUDA_TRY(cudaMemcpy(pairs, g.pairs, (size_t)P * sizeof(int32_t), cudaMemcpyDeviceToHost));

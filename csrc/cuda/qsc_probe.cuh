@@ -58,10 +58,11 @@ __global__ void k_probe_sumsq(float *__restrict__ acc, const float *__restrict__
 
 /* The probe's entries of the launch tables: the device's copy and kernel, and their host twins. */
 static void dev_copy_out(qsc_model *m, void *dst, const void *src, size_t bytes) {
-    cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, m->st);
+    stage_copy(m, dst, src, bytes); /* through the pinned stage (qsc_device.cu): dst is the caller's numpy memory */
 }
 static void dev_sumsq(qsc_model *m, float *acc, const float *x, int T, int n) {
     k_probe_sumsq<<<(n + 255) / 256, 256, 0, m->st>>>(acc, x, T, n);
+    QSC_DBG(m->st, "k_probe_sumsq", (n + 255) / 256, 256, "rows %d, n %d", T, n);
 }
 static void host_copy_out(qsc_model *m, void *dst, const void *src, size_t bytes) {
     (void)m;
@@ -192,20 +193,33 @@ int qsc_head(qsc_model *m, const float *x, int n_rows, float *logits, char *err,
     const Dims &c = m->cfg;
     const int E = c.E, V = c.V;
     const QW &wout = m->tied ? m->tok.w : m->out.w;
-    int rc = ensure_logits_all(m, n_rows < m->mb ? n_rows : m->mb, err, err_len);
+    if (m->dbg.fault[0]) {
+        set_err(err, err_len, "%s", m->dbg.fault);
+        return -1;
+    }
+    const int rows = n_rows < m->mb ? n_rows : m->mb;
+    int rc = ensure_logits_all(m, rows, err, err_len);
+    if (!rc) rc = stage_reserve(m, (size_t)rows * V * sizeof(float), err, err_len); /* the logits' pinned stage */
     if (rc) return rc;
+    QscDebugScope dbg_scope(&m->dbg);
     for (int start = 0; start < n_rows; start += m->mb) {
         const int T = n_rows - start < m->mb ? n_rows - start : m->mb;
         CUDA_TRY(cudaMemcpyAsync(m->x, x + (int64_t)start * E, (size_t)T * E * sizeof(float),
                                  cudaMemcpyHostToDevice, m->st));
         k_norm_quant<<<T, 256, 0, m->st>>>(m->x, ResidIn{}, m->out_norm, 1, m->h, act_out_for(m, {wout.type}), E,
                                            c.eps);
+        QSC_DBG(m->st, "k_norm_quant", T, 256, "rows %d, n %d (head)", T, E);
         MatJob lm = {&wout, act_view(m, wout.type, m->h, E, 0), m->d_logits_all, V, nullptr};
         launch_matmul(m->fast, &lm, 1, T, m->st);
+        if (m->dbg.fault[0]) {
+            set_err(err, err_len, "%s", m->dbg.fault);
+            return -1;
+        }
         CUDA_TRY(cudaGetLastError());
-        CUDA_TRY(cudaMemcpyAsync(logits + (int64_t)start * V, m->d_logits_all, (size_t)T * V * sizeof(float),
-                                 cudaMemcpyDeviceToHost, m->st));
+        CUDA_TRY(cudaMemcpyAsync(m->h_stage, m->d_logits_all, (size_t)T * V * sizeof(float), cudaMemcpyDeviceToHost,
+                                 m->st));
         CUDA_TRY(cudaStreamSynchronize(m->st));
+        memcpy(logits + (int64_t)start * V, m->h_stage, (size_t)T * V * sizeof(float));
     }
     return 0;
 }

@@ -16,6 +16,16 @@ from .common import MAX_CTX, MAX_THREADS, Bar, CLIError, add_gpu_layers, int_arg
 SYNTHETIC_SHAPES = ("tiny", "1b", "3b", "8b", "moe", "moe-k4", "moe-k2", "oss", "q35")  # core.synthetic.SHAPES
 
 
+def depth_list(text: str) -> list[int]:
+    """An argparse type: llama-bench's ``-d``, comma-separated depths (tokens already in the cache), each 0..MAX_CTX,
+    in the order given, repeats dropped."""
+    conv = int_arg(0, MAX_CTX)
+    parts = [p.strip() for p in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of depths")
+    return list(dict.fromkeys(conv(p) for p in parts))
+
+
 KERNEL_TYPES_HELP = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32")
 
 
@@ -84,12 +94,12 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
 
     from .model import load_engine
 
-    eng = load_engine(args, max(args.n_prompt, args.n_gen) + 16)
+    eng = load_engine(args, max(args.depth) + max(args.n_prompt, args.n_gen) + 16)
     def say(test: str, rep: int, reps: int) -> None:  # like llama-bench --progress: what runs now, on stderr
         print(f"bench: {test} {'warm-up' if rep == 0 else f'run {rep}/{reps}'}", file=sys.stderr, flush=True)
 
     rows = bench_model(eng.model, args.n_prompt, args.n_gen, args.repetitions, make_session=eng.new_session,
-                       progress=None if args.json else say)
+                       progress=None if args.json else say, depths=args.depth)
     peak = peak_rss_mb()
     for r in rows:
         r.update({"model": Path(args.file).name, "isa": isa(), "cpu": cpu_name(), "backend": eng.backend,
@@ -99,9 +109,9 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(f"CPU {cpu_name()}")
-        print(f"{'model':<42} {'threads':>7} {'test':>6} {'t/s':>16}")
+        print(f"{'model':<42} {'threads':>7} {'test':>15} {'t/s':>16}")
         for r in rows:
-            print(f"{r['model']:<42} {r['threads']:>7} {r['test']:>6} {r['tokens_per_s']:9.2f} ± {r['stddev']:5.2f}")
+            print(f"{r['model']:<42} {r['threads']:>7} {r['test']:>15} {r['tokens_per_s']:9.2f} ± {r['stddev']:5.2f}")
         print(f"peak RSS {peak:.0f} MiB")
     return 0
 
@@ -139,6 +149,9 @@ def register(sub: Any) -> None:
     b.add_argument("-n", "--n-gen", type=int_arg(1, MAX_CTX), default=64)
     b.add_argument("-t", "--threads", type=int_arg(0, MAX_THREADS), default=0)
     b.add_argument("-r", "--repetitions", type=int_arg(1), default=3)
+    b.add_argument("-d", "--n-depth", dest="depth", type=depth_list, default=[0], metavar="D[,D...]",
+                   help="run every test after this many tokens already in the KV cache (filled by an untimed "
+                   "prefill), like llama-bench -d; comma-separated for several depths (default 0)")
     b.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     add_gpu_layers(b)
     b.add_argument("--no-repack", action="store_true",

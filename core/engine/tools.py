@@ -78,8 +78,8 @@ def bench_model(model: Model, n_prompt: int = 128, n_gen: int = 64, repetitions:
     already in the KV cache (filled by an untimed prefill of random tokens, once per depth; every repetition
     rewinds the cache to it with ``truncate``, a recurrent model's state from its ``checkpoint``), so ``tg<n> @
     d<d>`` decodes at positions d..d+n-1 and ``pp<n> @ d<d>`` prefills positions d..d+n-1. Rows in llama-bench's
-    order: per depth, pp then tg, each with its ``n_depth``. ``progress(test, rep, reps)`` is called as each repetition starts (rep 0 is
-    the warm-up)."""
+    order: per depth, pp then tg, each with its ``n_depth``. ``progress(test, rep, reps)`` is called as each
+    repetition starts (rep 0 is the warm-up)."""
     depths = [int(d) for d in depths]
     if not depths or min(depths) < 0:
         raise ValueError(f"depths must be non-negative, got {depths}")

@@ -145,8 +145,8 @@ def register(sub: Any) -> None:
     b.set_defaults(func=cmd_bench)
     b = bsub.add_parser("model", help="prefill/decode tokens per second of a model (like llama-bench)")
     b.add_argument("file")
-    b.add_argument("-p", "--n-prompt", type=int_arg(1, MAX_CTX), default=128)
-    b.add_argument("-n", "--n-gen", type=int_arg(1, MAX_CTX), default=64)
+    b.add_argument("-p", "--n-prompt", type=int_arg(0, MAX_CTX), default=128, help="prefill test tokens (0: none)")
+    b.add_argument("-n", "--n-gen", type=int_arg(0, MAX_CTX), default=64, help="decode test tokens (0: none)")
     b.add_argument("-t", "--threads", type=int_arg(0, MAX_THREADS), default=0)
     b.add_argument("-r", "--repetitions", type=int_arg(1), default=3)
     b.add_argument("-d", "--n-depth", dest="depth", type=depth_list, default=[0], metavar="D[,D...]",

@@ -105,3 +105,24 @@ def test_cli_prints_a_row_per_test_and_depth(model_path, capsys):
     out = capsys.readouterr().out
     assert "pp8 @ d32" in out and "tg4 @ d32" in out
     assert main(["bench", "model", smol, "-d", "0,x"]) == 2
+
+
+def test_gpu_table_names_llama_benchs_rows_as_ours():
+    """bench_gpu_vs_llama.py reads llama-bench's JSON rows (n_prompt, n_gen, n_depth) under our test names, and
+    asks both engines for the same depths."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "bench"))
+    import bench_gpu_vs_llama as g
+
+    rows = [{"n_prompt": 0, "n_gen": 128, "n_depth": 0, "avg_ts": 200.0},
+            {"n_prompt": 0, "n_gen": 128, "n_depth": 4096, "avg_ts": 150.0},
+            {"n_prompt": 512, "n_gen": 0, "n_depth": 0, "avg_ts": 9000.0}]
+    assert g.parse_llama_rows(json.dumps(rows)) == {"tg128": 200.0, "tg128 @ d4096": 150.0, "pp512": 9000.0}
+    a = argparse.Namespace(n_prompt=[512, 4096], n_gen=128, depth=[0, 4096], backend="cuda")
+    assert g.tests_of(a) == [("tg", 128, 0), ("tg", 128, 4096), ("pp", 512, 0), ("pp", 4096, 0)]
+    ours, llama = g.ours_cmds(Path("m.gguf"), a), g.llama_cmds(Path("llama-bench"), Path("m.gguf"), a)
+    assert [c[c.index("-d") + 1] for c in ours + llama if "-d" in c] == ["0,4096", "0,4096"]
+    assert [c[c.index("-p") + 1] for c in ours] == ["0", "512", "4096"]
+    assert [c[c.index("-p") + 1] for c in llama] == ["0", "512,4096"]

@@ -20,7 +20,10 @@ from . import test_cuda
 from .test_cuda import close_to_cpu, rel_l2, weight_bytes
 from .test_native_kernels import activations
 
-MMA_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"]
+#: every type with the MMA bit in csrc/cuda/qsc_types.cuh's QSC_TYPE_LIST: the integer types prefill meets
+#: (F16, BF16, NVFP4 and F32 keep k_matmul)
+MMA_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+             "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4"]
 cuda_lib, gpu = test_cuda.cuda_lib, test_cuda.gpu  # the session fixtures, shared
 CDEF = """
 int qsc_host_mma_layout(int which, int lane, int i);

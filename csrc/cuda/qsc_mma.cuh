@@ -93,7 +93,7 @@ struct __align__(16) MmaSmem {
     int8_t a[MMA_BM][MMA_LD]; /* weights, decoded to int8 */
     int8_t b[MMA_BN][MMA_LD]; /* activations */
     int8_t isc[MMA_BM][16];   /* integer scale per K chunk (Q4_K: 8 sub-blocks of 32, Q6_K: 16 of 16) */
-    int8_t imin[MMA_BM][8];   /* Q4_K: 6-bit min per sub-block */
+    int8_t imin[MMA_BM][16];  /* min per K chunk (Q4_K, Q5_K: 6-bit per sub-block of 32; Q2_K: 4-bit per 16) */
     float wd[MMA_BM][8];      /* per (row, group): d (all types) */
     float wm[MMA_BM][8];      /* Q4_1: m; Q4_K: dmin */
     float ad[MMA_BN][8];      /* per (column, group): activation scale */
@@ -129,7 +129,7 @@ template <int TYPE> HD void mma_load_w(const QW &w, int64_t row0, int kb, MmaSme
             s.wd[r][p] = 0.0f;
             s.wm[r][p] = 0.0f;
             s.isc[r][2 * p] = s.isc[r][2 * p + 1] = 0;
-            s.imin[r][p] = 0;
+            s.imin[r][2 * p] = s.imin[r][2 * p + 1] = 0;
         }
     }
 }

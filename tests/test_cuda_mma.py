@@ -107,7 +107,8 @@ def test_emulated_mma_refuses_ragged_shapes(lib):
 # ------------------------------------------------------------------------------------ the tile loop
 @pytest.mark.parametrize("name", MMA_TYPES)
 def test_mma_gemm_matches_k_matmul_and_cpu(lib, name):
-    """Rows and columns that are not multiples of the 64 x 64 block tile, two K stages or more."""
+    """Rows and columns that are not multiples of the 64 x 64 block tile, two K stages or more; the host twin of the
+    tile loop against today's k_matmul emulation and the CPU kernels (same values to float rounding)."""
     rng = np.random.default_rng(sum(name.encode()) + 37)
     t = ggml_type(name)
     rows = 100
@@ -115,6 +116,7 @@ def test_mma_gemm_matches_k_matmul_and_cpu(lib, name):
         w = weight_bytes(name, rows, k, rng)
         x = np.stack([activations(rng, k, outliers=False) for _ in range(70)])
         x[3] = 0.0  # an all-zero activation row
+        x[5], x[6] = 1.0, -0.5  # constant rows: every Q8_K value -128, block sums -2048 (the mins' extreme)
         got = matmat_mma(lib, name, w, rows, k, x)
         assert got is not None and np.isfinite(got).all()
         dp4a = ck.host_matmat(t, w, rows, k, x)  # today's k_matmul, emulated

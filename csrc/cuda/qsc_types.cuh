@@ -615,7 +615,7 @@ template <> struct Unit<T_Q2_K> {
         return h2f(w.d[2 * b]) * (float)(s & 15) * (float)q - h2f(w.d[2 * b + 1]) * (float)(s >> 4);
     }
     /* MMA stage piece p = unit p (elements 32p..32p+31): its 2-bit codes, two 4-bit scales of 16 (m16n8k16 chunks)
-     * and their 4-bit mins, which go through the tensor cores as Q4_K's (MMA_MIN: min x bsum of the chunk) */
+     * and their 4-bit mins (MMA_MIN: times the Q8_K block sums, as Q4_K's) */
     static constexpr int MMA_NG = 1, MMA_KS = 16;
     static constexpr bool MMA_MIN = true, MMA_XSUM = false;
     template <class S> HD static void mma_piece(const QW &w, int64_t row, int kb, int p, int8_t *dst, S &s, int r) {
@@ -746,8 +746,8 @@ template <> struct Unit<T_Q4_K> {
         float d = h2f(w.d[2 * b]) * (float)w.sc[b * 16 + s], mm = h2f(w.d[2 * b + 1]) * (float)w.sc[b * 16 + 8 + s];
         return d * (float)q - mm;
     }
-    /* MMA stage piece p = sub-block p of block kb: nibble p & 1 of qs[32 (p / 2) ..], its scale and min; the mins
-     * go through the tensor cores too (MMA_MIN) */
+    /* MMA stage piece p = sub-block p of block kb: nibble p & 1 of qs[32 (p / 2) ..], its scale and its min (for
+     * each of its two 16s: MMA_MIN multiplies them with the Q8_K block sums) */
     static constexpr int MMA_NG = 1, MMA_KS = 32;
     static constexpr bool MMA_MIN = true, MMA_XSUM = false;
     template <class S> HD static void mma_piece(const QW &w, int64_t row, int kb, int p, int8_t *dst, S &s, int r) {
@@ -756,7 +756,7 @@ template <> struct Unit<T_Q4_K> {
         const int sh = 4 * (p & 1);
         for (int j = 0; j < 8; ++j) st_i32(dst + 4 * j, (ld_i32(q + 4 * j) >> sh) & 0x0F0F0F0F);
         s.isc[r][p] = (int8_t)w.sc[b * 16 + p];
-        s.imin[r][p] = (int8_t)w.sc[b * 16 + 8 + p];
+        s.imin[r][2 * p] = s.imin[r][2 * p + 1] = (int8_t)w.sc[b * 16 + 8 + p];
         if (p == 0) { s.wd[r][0] = h2f(w.d[2 * b]); s.wm[r][0] = h2f(w.d[2 * b + 1]); }
     }
 };
@@ -805,7 +805,7 @@ template <> struct Unit<T_Q5_K> {
         return d * (float)q - mm;
     }
     /* MMA stage piece p = sub-block p of block kb: Q4_K's nibble with the fifth bit p of qh[l], its scale and min
-     * (the mins on the tensor cores, as Q4_K's) */
+     * (as Q4_K's) */
     static constexpr int MMA_NG = 1, MMA_KS = 32;
     static constexpr bool MMA_MIN = true, MMA_XSUM = false;
     template <class S> HD static void mma_piece(const QW &w, int64_t row, int kb, int p, int8_t *dst, S &s, int r) {
@@ -815,7 +815,7 @@ template <> struct Unit<T_Q5_K> {
         for (int j = 0; j < 8; ++j)
             st_i32(dst + 4 * j, ((ld_i32(q + 4 * j) >> sh) & 0x0F0F0F0F) | (((ld_i32(qh + 4 * j) >> p) & 0x01010101) << 4));
         s.isc[r][p] = (int8_t)w.sc[b * 16 + p];
-        s.imin[r][p] = (int8_t)w.sc[b * 16 + 8 + p];
+        s.imin[r][2 * p] = s.imin[r][2 * p + 1] = (int8_t)w.sc[b * 16 + 8 + p];
         if (p == 0) { s.wd[r][0] = h2f(w.d[2 * b]); s.wm[r][0] = h2f(w.d[2 * b + 1]); }
     }
 };

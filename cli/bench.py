@@ -98,7 +98,16 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
     def say(test: str, rep: int, reps: int) -> None:  # like llama-bench --progress: what runs now, on stderr
         print(f"bench: {test} {'warm-up' if rep == 0 else f'run {rep}/{reps}'}", file=sys.stderr, flush=True)
 
-    rows = bench_model(eng.model, args.n_prompt, args.n_gen, args.repetitions, make_session=eng.new_session,
+    def session(n_ctx: int) -> Any:
+        """The engine's own session when it holds n_ctx positions; else it is closed first (a CUDA session holds the
+        weights on the device: one at a time), and a larger one made (past the model's trained context if a depth
+        asks for it, as llama-bench does)."""
+        if eng.session.n_ctx >= n_ctx:
+            return eng.session
+        eng.session.close()
+        return eng.new_session(n_ctx)
+
+    rows = bench_model(eng.model, args.n_prompt, args.n_gen, args.repetitions, make_session=session,
                        progress=None if args.json else say, depths=args.depth)
     peak = peak_rss_mb()
     for r in rows:

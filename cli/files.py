@@ -17,6 +17,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from quantscope.core.bump import BumpError, describe, is_bump, open_bump, render_bump
     from quantscope.core.summary import render_text, summarize
 
+    if args.file and args.file.startswith("hf://"):
+        return _inspect_remote(args)
     path = args.file or str(default_model_path())
     check_file(path)
     if is_bump(path):
@@ -39,11 +41,49 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _peek(url: str) -> Any:
+    """``hf://org/repo/file.gguf``'s header, read over range requests (core/hub.py :func:`peek`)."""
+    from quantscope.core import hub
+    from quantscope.core.gguf import GGUFError
+
+    hub.quiet_client()
+    try:
+        repo, name = hub.parse_hf_url(url)
+        return hub.peek(repo, name)
+    except hub.HubError as exc:
+        raise CLIError(str(exc)) from None
+    except GGUFError as exc:
+        raise CLIError(f"{url}: not a readable GGUF file: {exc}") from None
+
+
+def _open_any(path: str) -> Any:
+    """A local GGUF, or a remote one (``hf://``) whose blocks are fetched one by one as they are asked for."""
+    if path.startswith("hf://"):
+        return _peek(path).gguf
+    return open_gguf(path)
+
+
+def _inspect_remote(args: argparse.Namespace) -> int:
+    """``inspect hf://org/repo/file.gguf``: the header read over range requests, the file not downloaded."""
+    from quantscope.core.summary import render_text, summarize
+
+    p = _peek(args.file)
+    s = summarize(p.gguf, max_items=args.items)
+    s["path"] = args.file
+    s["fetched_bytes"] = p.fetched
+    if args.json:
+        dump_json(s)
+    else:
+        print(render_text(p.gguf, s))
+        print(f"Fetched     {p.fetched:,} of {p.size:,} bytes (the header; nothing was downloaded)")
+    return 0
+
+
 def cmd_dump_block(args: argparse.Namespace) -> int:
     from quantscope.core.blockdump import block_to_json, locate_and_decode, render_block
     from quantscope.core.quant import can_decode
 
-    with open_gguf(args.file) as f:
+    with _open_any(args.file) as f:
         try:
             t = f.tensor(args.tensor)
         except KeyError:
@@ -54,9 +94,11 @@ def cmd_dump_block(args: argparse.Namespace) -> int:
             raise CLIError(f"{t.name}: cannot decode: {t.problem or t.type_name}")
         if not can_decode(t.type):
             raise CLIError(f"{t.name}: no block decoder for {t.type.name} yet")
+        from quantscope.core.hub import HubError
+
         try:
             b, off = locate_and_decode(f, t.name, args.row, args.block)
-        except IndexError as exc:
+        except (IndexError, HubError) as exc:  # (HubError: a remote file's block could not be fetched)
             raise CLIError(str(exc)) from None
         if args.element is not None and not 0 <= args.element < t.type.block_elems:
             raise CLIError(f"element {args.element} out of range 0..{t.type.block_elems - 1}")

@@ -11,7 +11,69 @@ from quantscope.core.fsutil import printable
 from .common import CLIError
 
 
+def _params_text(n: int | None) -> str:
+    if not n:
+        return "-"
+    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.1f}{unit}" if n < 100 * div else f"{n / div:.0f}{unit}"
+    return str(n)
+
+
+def _list_local(args: argparse.Namespace) -> int:
+    """Every GGUF already on this machine (core/library.py): a table, or JSON with --json."""
+    import time
+
+    from quantscope.core import library
+    from quantscope.core.fsutil import json_text
+    from quantscope.core.summary import human_bytes
+
+    try:
+        places = library.stores()
+    except library.LibraryError as exc:
+        raise CLIError(str(exc)) from None
+    t0 = time.monotonic()
+    rows = library.scan(places)
+    took = time.monotonic() - t0
+    if args.json:
+        print(json_text({"stores": [{"kind": s.kind, "label": s.label, "root": str(s.root)} for s in places],
+                         "models": [e.to_json() for e in rows]}))
+        return 0
+    if rows:
+        width = min(60, max(len(printable(e.name)) for e in rows))
+        print(f"{'name':<{width}}  {'source':<10} {'architecture':<13} {'params':>7} {'type':<14} {'size':>10}  shards")
+    for e in rows:
+        name = printable(e.name)
+        name = name if len(name) <= width else "…" + name[-(width - 1):]
+        if e.problem and e.architecture is None:
+            print(f"{name:<{width}}  {e.source:<10} unreadable: {printable(e.problem)}")
+            continue
+        print(f"{name:<{width}}  {e.source:<10} {printable(e.architecture or '-'):<13} {_params_text(e.parameters):>7} "
+              f"{printable(e.file_type or '-'):<14} {human_bytes(e.size):>10}  {e.shards}"
+              + (f"  ! {printable(e.problem)}" if e.problem else ""))
+    where = ", ".join(f"{s.label} ({printable(s.root)})" for s in places) or "none of the usual places exists"
+    print(f"{len(rows)} model{'s' * (len(rows) != 1)} in {where}; scanned in {took:.2f} s")
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
+    if args.action in ("add-folder", "remove-folder"):
+        from quantscope.core import library
+
+        if len(args.names) != 1:
+            raise CLIError(f"models {args.action} takes one folder")
+        try:
+            if args.action == "add-folder":
+                print(f"added {printable(library.add_folder(args.names[0]))} to the library's folders")
+            elif library.remove_folder(args.names[0]):
+                print(f"removed {printable(args.names[0])} from the library's folders")
+            else:
+                raise CLIError(f"{args.names[0]} is not one of the library's folders")
+        except (library.LibraryError, OSError) as exc:
+            raise CLIError(str(exc)) from None
+        return 0
+    if args.action == "list" and (args.local or args.json):
+        return _list_local(args)
     if args.action == "list":
         for spec in catalog.MODELS.values():
             state = "cached" if catalog.is_present(spec.name) else "not fetched"
@@ -79,10 +141,16 @@ def cmd_desktop(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add this module's sub-commands to ``sub``."""
-    s = sub.add_parser("models", help="the demo/test models: list, fetch, path")
-    s.add_argument("action", choices=("list", "fetch", "path"))
-    s.add_argument("names", nargs="*", help=f"model names ({', '.join(catalog.MODELS)}); default all")
+    s = sub.add_parser("models", help="the models on this machine (list --local: every GGUF in the Hugging Face "
+                       "cache, LM Studio, Ollama, llama.cpp's cache, GPT4All and the folders you add with "
+                       "add-folder) and the demo/test models (list, fetch, path)")
+    s.add_argument("action", choices=("list", "fetch", "path", "add-folder", "remove-folder"))
+    s.add_argument("names", nargs="*", help=f"model names ({', '.join(catalog.MODELS)}; default all), or the folder "
+                   "to add or remove")
     s.add_argument("--verify", action="store_true", help="re-hash cached files")
+    s.add_argument("--local", action="store_true", help="list: every GGUF already on this machine, read from its "
+                   "header only (rescans read only new or changed files)")
+    s.add_argument("--json", action="store_true", help="list --local as JSON")
     s.set_defaults(func=cmd_models)
     s = sub.add_parser("desktop", help="add quantscope to this user's application menu, with its icon and the GGUF "
                        "file type (install), or take it out again (uninstall): an XDG menu entry and MIME type on "

@@ -32,13 +32,14 @@ COMMANDS: dict[str, str] = {
     "export": "export",
     "probe": "probe",
     "serve": "serve",
+    "pull": "hub", "hub": "hub", "publish": "hub",
 }
 BENCH_KINDS = ("open", "kernels", "convert", "model", "synthetic")
 #: the options (argparse dests) that name files: any bytes are a valid Linux file name, so a non-UTF-8 name is
 #: used as given; every other string argument is text and must be UTF-8 (checked once, in :func:`check_text_args`)
 PATH_DESTS = frozenset({"file", "files", "other", "output", "base", "quant", "text_file", "prefix", "imatrix",
                         "tensor_type_file", "reference", "kl_divergence_base", "config", "manifest", "against",
-                        "screenshot", "api_key_file"})
+                        "screenshot", "api_key_file", "calibration", "target_report"})
 
 
 def _not_utf8(text: str) -> bool:

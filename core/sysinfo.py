@@ -389,3 +389,30 @@ def user_data_dir() -> Path:
     if WINDOWS:
         return Path(os.environ.get("APPDATA") or Path.home() / "AppData" / "Roaming")
     return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+
+
+def tool_folders() -> dict[str, list[Path]]:
+    """Where the usual local-model tools keep models by default on this system, before their own environment
+    overrides (core/library.py applies HF_HUB_CACHE, HF_HOME, OLLAMA_MODELS, LLAMA_CACHE): the Hugging Face cache
+    (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``huggingface/hub``, on every system, as huggingface_hub does), LM
+    Studio (``~/.lmstudio/models``, formerly ``~/.cache/lm-studio/models``), Ollama (``~/.ollama/models``; on Linux
+    also the system service's ``/usr/share/ollama/.ollama/models``), llama.cpp's cache (the user cache folder's
+    ``llama.cpp``) and GPT4All (``nomic.ai/GPT4All`` in ``%LOCALAPPDATA%``, ``~/Library/Application Support`` or
+    ``$XDG_DATA_HOME``)."""
+    home = Path.home()
+    lm = [home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models"]
+    if WINDOWS:
+        local = Path(os.environ.get("LOCALAPPDATA") or home / "AppData" / "Local")
+        hf = Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache") / "huggingface" / "hub"
+        return {"hf": [hf], "lmstudio": lm, "ollama": [home / ".ollama" / "models"],
+                "llama.cpp": [local / "llama.cpp"], "gpt4all": [local / "nomic.ai" / "GPT4All"]}
+    if MACOS:
+        hf = Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache") / "huggingface" / "hub"
+        return {"hf": [hf], "lmstudio": lm, "ollama": [home / ".ollama" / "models"],
+                "llama.cpp": [home / "Library" / "Caches" / "llama.cpp"],
+                "gpt4all": [home / "Library" / "Application Support" / "nomic.ai" / "GPT4All"]}
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache")
+    data = Path(os.environ.get("XDG_DATA_HOME") or home / ".local" / "share")
+    return {"hf": [cache / "huggingface" / "hub"], "lmstudio": lm,
+            "ollama": [home / ".ollama" / "models", Path("/usr/share/ollama/.ollama/models")],
+            "llama.cpp": [cache / "llama.cpp"], "gpt4all": [data / "nomic.ai" / "GPT4All"]}

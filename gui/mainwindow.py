@@ -6,6 +6,7 @@ import platform
 import sys
 from html import escape
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyqtgraph as pg
@@ -47,6 +48,7 @@ from .views.compare_dialog import CompareDialog
 from .views.convert_dialog import ConvertDialog
 from .views.diff_view import DiffDialog
 from .views.imatrix_dialog import ImatrixDialog
+from .views.library import LibraryView
 from .views.metadata import MetadataView
 from .views.overview import OverviewView
 from .views.probe import ProbeView
@@ -61,6 +63,9 @@ from .widgets.fit import ElidedLabel
 from .widgets.paths import pick_file
 from .widgets.progress import ProgressBar
 from .workers import TaskRunner, task_label
+
+if TYPE_CHECKING:
+    from .views.hub import HubView
 
 MAX_RECENT = 10
 #: The View menu: Ctrl+1… in this order (the README lists the same), every tab of a file reachable by a key; read
@@ -148,16 +153,17 @@ class MainWindow(QMainWindow):
         self.bump_view = BumpInspectorView(self.runner)
         self.probe_view = ProbeView(self.runner)
         self.serve_view = ServeView()
-        self.welcome = QLabel("<h2>Quantscope</h2><p>Open a GGUF or bump file: File ▸ Open (Ctrl+O), the recent "
-                              "files, or drop a file here.</p>")
-        self.welcome.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.library_view = LibraryView()  # the start page: every GGUF already on this machine
+        self.hub_dialog: QDialog | None = None  # File ▸ Models from the hub (made on first use)
+        self.hub_view: HubView | None = None
+        self.welcome = self.library_view
         self.tabs = QTabWidget()
         self.tabs.setAccessibleName("Views")
         self.tabs.setDocumentMode(True)
         self._tab: dict[str, int] = {}
         # the tabs stand in the order of View ▸ Ctrl+1…9 (the N-th tab shown is Ctrl+N's view), the start page last
         for key, w, label in (*((e.key, e.widget(self), e.label) for e in VIEW_REGISTRY),
-                              ("welcome", self.welcome, "Start")):
+                              ("welcome", self.welcome, "Library")):
             self._tab[key] = self.tabs.addTab(w, label)
             w.setAccessibleName(w.accessibleName() or label)
         central = QWidget()
@@ -198,6 +204,7 @@ class MainWindow(QMainWindow):
         self.lab_view.inspectRequested.connect(self.inspect_block)
         self.probe_view.channelLinkRequested.connect(self.show_channel)
         self.serve_view.probeRequested.connect(self.probe_prompt)
+        self.library_view.actionRequested.connect(self.library_action)
         self.chat_view.model_bar.serve_btn.clicked.connect(lambda: self.show_view("serve"))
         # the chat's "Colour by" choice is remembered between sessions
         self.chat_view.settings.set_color_mode(str(self.settings.value("chat/colourBy", "off")))
@@ -345,6 +352,7 @@ class MainWindow(QMainWindow):
         self.recent_menu.setAccessibleName("Recent files")
         self._fill_recent()
         m.addAction(self._action("Open the &demo model", self.open_demo, None, "open-demo"))
+        m.addAction(self._action("Models from the &hub…", self.show_hub, "Ctrl+Shift+H", "hub"))
         self.save_as_action = self._action("&Save as…", self.save_as, "Ctrl+Shift+S", "save-as")
         self.save_as_action.setEnabled(False)
         m.addAction(self.save_as_action)
@@ -360,6 +368,7 @@ class MainWindow(QMainWindow):
         for e in VIEW_REGISTRY:
             v.addAction(self._action(e.menu, lambda _=False, k=e.key: self.show_view(k), e.shortcut, f"view-{e.key}"))
         v.addSeparator()
+        v.addAction(self._action("Li&brary (models on this machine)", self.show_library, "Ctrl+L", "view-library"))
         v.addAction(self._action("&Find", self.focus_filter, QKeySequence.StandardKey.Find, "find"))
         t = mb.addMenu("&Tools")
         self.convert_action = self._action("&Convert to bump…", self.show_convert, "Ctrl+Shift+B", "convert")
@@ -509,6 +518,47 @@ class MainWindow(QMainWindow):
         self.tabs.setTabVisible(self._tab["welcome"], doc is None)
         first = first_view(doc)
         self.tabs.setCurrentIndex(self._tab[first.key if first is not None else "welcome"])
+
+    def show_library(self) -> None:
+        """The library (the start page), also while a file is open."""
+        i = self._tab["welcome"]
+        self.tabs.setTabVisible(i, True)
+        self.tabs.setCurrentIndex(i)
+
+    def show_hub(self) -> None:
+        """The Hugging Face hub (gui/views/hub.py) in its own window: a finished download is opened here and the
+        library rescanned."""
+        if self.hub_dialog is None:
+            from PySide6.QtWidgets import QVBoxLayout
+
+            from .views.hub import HubView
+
+            dlg = QDialog(self)
+            dlg.setWindowTitle("Models from the Hugging Face hub")
+            dlg.resize(1100, 700)
+            lay = QVBoxLayout(dlg)
+            lay.setContentsMargins(0, 0, 0, 0)
+            self.hub_view = HubView(dlg)
+            lay.addWidget(self.hub_view)
+            self.hub_view.downloaded.connect(self._hub_downloaded)
+            self.hub_dialog = dlg
+        self.hub_dialog.show()
+        self.hub_dialog.raise_()
+        self.hub_dialog.activateWindow()
+
+    def _hub_downloaded(self, path: str) -> None:
+        if not self.library_view.job.busy:
+            self.library_view.scan()
+        self.open_path(path)
+
+    def library_action(self, path: str, action: str) -> None:
+        """A library row's Open, Chat, Serve or Quantize: the file opened, then that view or dialog."""
+        if not self.open_path(path):
+            return
+        if action in ("chat", "serve"):
+            self.show_view(action)
+        elif action == "quantize":
+            self.show_quantize()
 
     def show_view(self, key: str) -> None:
         i = self._tab.get(key)
@@ -754,6 +804,9 @@ class MainWindow(QMainWindow):
         self.runner.shutdown(30000)
         self.lab_view.shutdown()
         self.probe_view.shutdown()
+        self.library_view.shutdown()
+        if self.hub_view is not None:
+            self.hub_view.shutdown()
         if self.doc is not None:
             self.doc.close()
         event.accept()

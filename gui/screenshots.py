@@ -79,6 +79,19 @@ class ShotContext:
         return wait_idle(self.app, self.win, timeout)
 
 
+def library(c: ShotContext) -> None:
+    """The library (View ▸ Library) after its scan of this machine's stores (``HOME``, ``HF_HUB_CACHE``,
+    ``OLLAMA_MODELS`` … say which), the first row selected."""
+    c.win.show_library()
+    view = c.win.library_view
+    deadline = time.monotonic() + 90.0
+    while time.monotonic() < deadline and (not view.scanned or view.job.busy):
+        c.app.processEvents()
+        time.sleep(0.02)
+    if view.proxy.rowCount():
+        view.table.selectRow(0)
+
+
 def tensors(c: ShotContext) -> None:
     """A representative weight selected in the tree."""
     f = c.win.doc.gguf if c.win.doc else None

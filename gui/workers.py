@@ -37,6 +37,8 @@ TASK_LABELS: dict[str, str] = {
     "probe-run": "probing", "probe-lens": "logit lens", "probe-attention": "attention weights",
     "budget-measure": "measuring each tensor's cost", "budget-refine": "checking the mix",
     "budget-write": "writing the mix", "save-metadata": "saving the edited file", "export": "exporting",
+    "library-scan": "scanning the library", "hub-search": "searching the hub", "hub-files": "reading a repository",
+    "hub-download": "downloading", "hub-peek": "reading a remote header",
 }
 
 

@@ -1,5 +1,6 @@
-"""The CUDA backend's weight types beyond the first eight (each type's room in csrc/cuda/qsc_types.cuh): Q5_1, Q2_K, Q3_K, Q5_K, BF16,
-IQ4_NL, IQ4_XS, MXFP4, NVFP4, the i-quants IQ1_S … IQ3_S and TQ1_0 / TQ2_0, kept quantized on the device.
+"""The CUDA backend's weight types beyond the first eight (each type's room in csrc/cuda/qsc_types.cuh): Q5_1,
+Q2_K, Q3_K, Q5_K, BF16, IQ4_NL, IQ4_XS, MXFP4, NVFP4, the i-quants IQ1_S … IQ3_S and TQ1_0 / TQ2_0, kept quantized on
+the device.
 
 Everywhere the library is built (no GPU needed): the device's repack + per-block decode and its unit dots, compiled
 for the host, against the CPU codecs, on blocks from our own quantizers (where the type has one) and on random code

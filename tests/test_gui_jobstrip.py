@@ -122,3 +122,80 @@ def test_default_order(qtbot) -> None:  # type: ignore[no-untyped-def]
     s = _strip(qtbot)
     lay = s.layout()
     assert [lay.itemAt(i).widget() for i in range(lay.count())] == [s.status, s.progress, s.cancel_btn, s.run_btn]
+
+
+def _widgets(lay) -> list:  # type: ignore[no-untyped-def]
+    return [lay.itemAt(i).widget() for i in range(lay.count()) if lay.itemAt(i).widget() is not None]
+
+
+def test_two_rows_with_the_views_controls_first(qtbot) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtWidgets import QLineEdit
+
+    from quantscope.gui.widgets.jobstrip import controls_row
+
+    edit = QLineEdit()
+    box = controls_row(edit, 8, None)
+    s = JobStrip("requantize", "Requantize", layout="two_rows", disable_run=True, controls=box)
+    qtbot.addWidget(s)
+    s.show()
+    assert _widgets(s.row) == [box, s.run_btn, s.cancel_btn]
+    assert _widgets(s.status_row) == [s.progress, s.status]
+    assert edit.nextInFocusChain() is s.run_btn  # the view's options, then Requantize
+    assert s.run_btn.isVisible() and not s.progress.isVisible() and not s.cancel_btn.isVisible()
+    s.started("reading")
+    assert s.progress.isVisible() and s.cancel_btn.isEnabled() and not s.run_btn.isEnabled()
+    s.cancelling()
+    assert not s.cancel_btn.isEnabled() and s.status.text() == "Cancelling…"
+    s.cancelled()
+    assert s.run_btn.isEnabled() and not s.progress.isVisible() and not s.cancel_btn.isVisible()
+
+
+def test_always_shown_greys_rather_than_hides(qtbot) -> None:  # type: ignore[no-untyped-def]
+    s = JobStrip("comparison", "Compare", layout="two_rows", always_shown=True, scale=1000)
+    qtbot.addWidget(s)
+    s.show()
+    assert s.progress.isVisible() and s.cancel_btn.isVisible() and not s.cancel_btn.isEnabled()
+    assert s.run_btn.isVisible() and s.run_btn.isEnabled()
+    s.started("opening")
+    assert s.cancel_btn.isEnabled() and s.run_btn.isVisible() and not s.run_btn.isEnabled()
+    s.progress_to(1, 2)
+    s.finished("compared")
+    assert s.progress.isVisible() and s.progress.value() == 1000  # how it ended stays shown
+    assert s.cancel_btn.isVisible() and not s.cancel_btn.isEnabled() and s.run_btn.isEnabled()
+    s.started()
+    s.failed("it broke")
+    assert s.progress.value() == 0 and s.status.text() == "it broke" and s.run_btn.isEnabled()
+    s.set_can_run(False)
+    assert s.run_btn.isVisible() and not s.run_btn.isEnabled()
+
+
+def test_column_with_the_buttons_placed_by_the_view(qtbot) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    s = JobStrip("conversion", "Convert", layout="column", always_shown=True, place_buttons=False,
+                 progress_width=120)
+    qtbot.addWidget(s)
+    box = QDialogButtonBox()
+    box.addButton(s.run_btn, QDialogButtonBox.ButtonRole.AcceptRole)
+    box.addButton(s.cancel_btn, QDialogButtonBox.ButtonRole.ActionRole)
+    qtbot.addWidget(box)
+    s.show()
+    box.show()
+    assert _widgets(s.layout()) == [s.progress] and _widgets(s.status_row) == [s.status]
+    assert s.progress.maximumWidth() > 120  # a column's bar takes the width
+    assert s.run_btn.parent() is box and s.run_btn.isEnabled() and not s.cancel_btn.isEnabled()
+    s.started("converting")
+    assert not s.run_btn.isEnabled() and s.cancel_btn.isEnabled()
+    s.finished("done")
+    assert s.run_btn.isEnabled() and not s.cancel_btn.isEnabled() and s.progress.value() == 100
+
+
+def test_a_column_with_its_buttons(qtbot) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    s = JobStrip("comparison", "Compare", layout="column")
+    qtbot.addWidget(s)
+    assert _widgets(s.row) == [s.run_btn, s.cancel_btn]
+    assert _widgets(s.layout()) == [s.progress] and _widgets(s.status_row) == [s.status]
+    with pytest.raises(ValueError):
+        JobStrip("scan", "Scan", controls=JobStrip("inner"))

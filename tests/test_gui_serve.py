@@ -93,6 +93,7 @@ def test_serve_a_request_live_then_finished_open_it_and_stop(window, qtbot, mode
     assert status in ("reading prompt", "generating")
     assert model.index(0, 1).data() == "/chat/completions · stream"
     assert model.index(0, 2).data().startswith("127.0.0.1:")
+    assert model.index(0, 8).data() == "OpenAI"
     # opened while it streams: the text so far, tinted as it comes
     in_loop(qtbot, lambda: sv.table.selectRow(0))
     qtbot.waitUntil(lambda: sv.reply_view.streaming and bool(sv.reply_view.content), timeout=120000)
@@ -290,3 +291,13 @@ def test_the_reply_tooltip_offers_a_click_only_where_a_click_branches(qtbot):
     assert not v.branchable and "Click the token" not in v.tooltip_for(0)  # the Serve tab's replies
     v.branchable = True
     assert "Click the token to continue with another one" in v.tooltip_for(0)  # the chat's, when idle
+
+
+def test_the_api_column_names_each_request_s_dialect():
+    from quantscope.core.server.requests import RequestRecord
+    from quantscope.gui.views.serve import COLUMNS, RequestsModel
+
+    col = COLUMNS.index("API")
+    for path, shown in (("/v1/chat/completions", "OpenAI"), ("/completions", "OpenAI"), ("/api/chat", "Ollama"),
+                        ("/api/generate", "Ollama"), ("/v1/messages", "Anthropic")):
+        assert RequestsModel.text(RequestRecord(1, path, "127.0.0.1:1"), col) == shown

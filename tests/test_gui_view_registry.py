@@ -43,7 +43,7 @@ def test_view_choices_are_the_registry_shots(capsys):
 
 def test_the_window_is_built_from_the_registry(window):  # noqa: F811
     tabs = window.tabs
-    assert [tabs.tabText(i) for i in range(tabs.count())] == [e.label for e in VIEWS] + ["Start"]
+    assert [tabs.tabText(i) for i in range(tabs.count())] == [e.label for e in VIEWS] + ["Library"]
     assert list(window._tab) == [e.key for e in VIEWS] + ["welcome"]
     view_menu = next(a.menu() for a in window.menuBar().actions() if a.text() == "&View")
     rows = [(a.objectName(), a.text(), a.shortcut().toString()) for a in view_menu.actions() if not a.isSeparator()]

@@ -34,7 +34,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine", ("core.engine", "core.chat")),
     ("applications", ("core.quant.lab", "core.quant.sensitivity", "core.quant.target", "core.gguf.diff",
                       "core.analysis", "core.blockdump", "core.export", "core.summary", "core.bench",
-                      "core.synthetic", "core.catalog", "core.server")),
+                      "core.synthetic", "core.catalog", "core.library", "core.hub", "core.publish",
+                      "core.server")),
     ("front ends", ("cli", "gui")),
 )
 

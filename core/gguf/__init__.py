@@ -2,7 +2,7 @@
 
 from ..base.gguf_constants import FileType, ValueType, file_type_name
 from ..shardnames import shard_path, shard_prefix, sibling_shards
-from .errors import GGUFError
+from .errors import GGUFError, NeedMoreBytes
 from .reader import (
     GGUFFile,
     MetadataValue,
@@ -18,6 +18,7 @@ __all__ = [
     "GGUFError",
     "GGUFFile",
     "MetadataValue",
+    "NeedMoreBytes",
     "ShardError",
     "ShardInfo",
     "StringArray",

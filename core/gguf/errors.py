@@ -20,3 +20,13 @@ class GGUFError(ValueError):
         if expected:
             text = f"{text}; expected {expected}"
         super().__init__(text)
+
+
+class NeedMoreBytes(GGUFError):
+    """Parsing only a file's first bytes (``GGUFFile(prefix, file_size=N)``, a remote file read in ranges): the header
+    goes on past them. ``needed`` is the prefix length that lets the read go on, ``None`` when unknown (fetch more).
+    A read past the end of the *file* is an ordinary :class:`GGUFError`, as for a local file."""
+
+    def __init__(self, message: str, offset: int | None = None, needed: int | None = None) -> None:
+        super().__init__(message, offset, "more of the file's first bytes")
+        self.needed = needed

@@ -36,7 +36,7 @@ from ..base.gguf_constants import (
 from ..fsutil import PathRefused, open_input, release_mapped_pages
 from ..native import ffi, lib
 from ..shardnames import shard_path, shard_prefix
-from .errors import GGUFError
+from .errors import GGUFError, NeedMoreBytes
 from .strings import StringArray
 
 if TYPE_CHECKING:
@@ -210,16 +210,22 @@ def _align_up(x: int, a: int) -> int:
 
 
 class _Cursor:
-    """Bounds-checked little-endian reads from a buffer."""
+    """Bounds-checked little-endian reads from a buffer: ``size`` is the file's, ``avail`` the bytes the buffer holds
+    (less than ``size`` when only a remote file's first bytes were fetched: a read past them is
+    :class:`NeedMoreBytes`)."""
 
-    __slots__ = ("buf", "pos", "size")
+    __slots__ = ("avail", "buf", "pos", "size")
 
-    def __init__(self, buf: Any, size: int, pos: int = 0) -> None:
+    def __init__(self, buf: Any, size: int, pos: int = 0, avail: int | None = None) -> None:
         self.buf = buf
         self.size = size
         self.pos = pos
+        self.avail = size if avail is None else avail
 
     def need(self, n: int, what: str) -> None:
+        if n > self.avail - self.pos and n <= self.size - self.pos:
+            raise NeedMoreBytes(f"the header goes on past the first {self.avail} bytes ({what})", self.pos,
+                                self.pos + n)
         if n > self.size - self.pos:
             raise GGUFError(
                 f"file ends after {self.size - self.pos} of the {n} bytes of {what}",
@@ -316,7 +322,7 @@ class GGUFFile:
     """
 
     def __init__(self, source: str | os.PathLike[str] | bytes | bytearray | memoryview, *, strict: bool = True,
-                 whole_set: bool = True):
+                 whole_set: bool = True, file_size: int | None = None):
         self.path: Path | None = None
         self._mmap: mmap.mmap | None = None
         self._fd: int | None = None
@@ -325,9 +331,14 @@ class GGUFFile:
             view = memoryview(source)
             self._buf: Any = view.cast("B") if view.format != "B" or view.ndim != 1 else source
             self.file_size = view.nbytes
+            if file_size is not None:  # the first bytes of a file of file_size bytes (a remote file's header)
+                if file_size < view.nbytes:
+                    raise ValueError(f"file_size {file_size} is less than the {view.nbytes} bytes given")
+                self.file_size = file_size
         else:
             self.path = Path(source)
             self._open_mmap(self.path)
+        self._avail = len(self._buf)  # the bytes at hand: file_size except for a prefix
         self.problems: list[GGUFError] = []
         self.metadata: dict[str, MetadataValue] = {}
         self.tensors: list[TensorInfo] = []
@@ -522,7 +533,9 @@ class GGUFFile:
         size = self.file_size
         if size < 24:
             raise GGUFError(f"file is only {size} bytes", 0, "a 24-byte GGUF header")
-        cur = _Cursor(self._buf, size)
+        if self._avail < 24:
+            raise NeedMoreBytes(f"the header goes on past the first {self._avail} bytes", 0, 24)
+        cur = _Cursor(self._buf, size, avail=self._avail)
         magic = bytes(self._buf[0:4])
         if magic != GGUF_MAGIC:
             raise GGUFError(f"bad magic {magic!r}", 0, "b'GGUF'")
@@ -652,9 +665,11 @@ class GGUFFile:
             err_pos = ffi.new("uint64_t *")
             err_index = ffi.new("uint64_t *")
             code = lib.qs_scan_strings(
-                cbuf + start, self.file_size - start, count, MAX_STRING_BYTES, 1,
+                cbuf + start, self._avail - start, count, MAX_STRING_BYTES, 1,
                 ffi.NULL, out_end, err_pos, err_index,
             )
+            if code in (1, 2) and self._avail < self.file_size:  # past the bytes at hand, not past the file
+                raise NeedMoreBytes(f"the header goes on past the first {self._avail} bytes ({key!r})", start)
             if code:
                 what, expected = _SCAN_MESSAGES[code]
                 raise GGUFError(f"{key!r}[{err_index[0]}]: {what}", start + err_pos[0], expected)
@@ -665,6 +680,7 @@ class GGUFFile:
                 raise GGUFError(f"arrays nested too deeply in {key!r}", type_pos, "at most 8 levels")
             return [self._read_array(cur, key, depth + 1)[0] for _ in range(count)], etype
         nbytes = count * _SCALAR_STRUCT[etype].size
+        cur.need(nbytes, f"array {key!r}")
         view = memoryview(self._buf)[cur.pos : cur.pos + nbytes]
         if etype == ValueType.BOOL and count:
             raw = view.tobytes()
@@ -803,6 +819,12 @@ class GGUFFile:
             raise GGUFError(f"tensor {t.name!r} cannot be read: {t.problem}", t.problem_offset)
         return t.n_bytes
 
+    def _fetched(self, t: TensorInfo, offset: int, n: int) -> None:
+        """Refuse to read tensor data a remote file's header-only buffer does not hold."""
+        if not self._parts and offset + n > self._avail:
+            raise GGUFError(f"tensor {t.name!r}: its data was not fetched (only the file's first {self._avail} "
+                            "bytes are at hand)", offset)
+
     def tensor_bytes(self, t: TensorInfo | str) -> np.ndarray:
         """The tensor's raw bytes as a read-only ``uint8`` view (no copy)."""
         if isinstance(t, str):
@@ -810,6 +832,7 @@ class GGUFFile:
         import numpy as np
 
         n = self._usable(t)
+        self._fetched(t, t.data_offset, n)
         return np.frombuffer(self._part_buf(t), dtype=np.uint8, count=n, offset=t.data_offset)
 
     def entry_bytes(self, key: str) -> bytes:
@@ -832,7 +855,7 @@ class GGUFFile:
         """Typed zero-copy view of a non-block tensor (F32, F16, F64, I*; BF16 as ``uint16``) in numpy shape."""
         if isinstance(t, str):
             t = self.tensor(t)
-        self._usable(t)
+        self._fetched(t, t.data_offset, self._usable(t))
         assert t.type is not None
         dtype = t.type.dtype
         if dtype is None:
@@ -874,6 +897,7 @@ class GGUFFile:
         if isinstance(t, str):
             t = self.tensor(t)
         off, n = self.block_location(t, row, block)
+        self._fetched(t, off, n)
         return bytes(self._part_buf(t)[off : off + n])
 
 

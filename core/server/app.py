@@ -1,4 +1,7 @@
-"""The Starlette application: the OpenAI endpoints, llama-server's /tokenize, /detokenize, /health and /metrics.
+"""The Starlette application: the OpenAI endpoints, llama-server's /tokenize, /detokenize, /health and /metrics,
+and Ollama's (:mod:`.ollama`) and Anthropic's (:mod:`.anthropic`) endpoints, whose requests take the same path
+(:meth:`ServerApp.generation`: the checks, the queue, tool calls and JSON mode) and whose refusals come in their
+own shapes (:func:`.errors.error_body`).
 
 Every request is checked before the engine is touched: its Host and Origin (421, 403: :mod:`.policy`), a POST's
 Content-Type (415), the body's size (413), its JSON (400), the model's name (404), each parameter (400) and the
@@ -30,8 +33,11 @@ from starlette.routing import Route
 from ..chat import ChatTemplateError
 from ..chat.tokens import piece_text
 from ..engine.generate import Engine
-from .errors import ApiError, bad_request
+from .anthropic import AnthropicApi
+from .dialect import Gathered, Part, Started
+from .errors import ApiError, bad_request, dialect_of, error_body
 from .jsonmode import SchemaError
+from .ollama import OllamaApi
 from .policy import Policy
 from .prompt import chat_prompt_ids
 from .protocol import GenRequest, parse_detokenize, parse_generation, parse_json, parse_tokenize
@@ -44,9 +50,10 @@ from .tools import ToolCallParser, call_schema, make_call, supports_tools
 #: the largest request body accepted (a long conversation is a few MiB at most)
 DEFAULT_MAX_BODY = 8 * 2**20
 #: paths open without the API key
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/"})  # "/": Ollama's "is it running" probe
 #: the paths whose requests go to the request log
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions"})
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
+                              "/api/chat", "/api/generate", "/v1/messages"})
 
 
 @dataclass
@@ -70,8 +77,8 @@ def _client(request: Request) -> str:
     return f"{request.client.host}:{request.client.port}" if request.client is not None else "?"
 
 
-def _error(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+def _error(exc: ApiError, dialect: str = "openai") -> JSONResponse:
+    return JSONResponse(error_body(exc, dialect), status_code=exc.status, headers=exc.headers)
 
 
 def _usage(u: Usage) -> dict[str, Any]:
@@ -140,13 +147,15 @@ class ServerApp:
             Route("/detokenize", self._wrap(self.detokenize), methods=["POST"]),
             Route("/health", self._wrap(self.health), methods=["GET"]),
             Route("/metrics", self._wrap(self.metrics), methods=["GET"]),
+            *OllamaApi(self).routes(),
+            *AnthropicApi(self).routes(),
         ]
 
         async def http_error(request: Request, exc: Exception) -> Response:
             status = exc.status_code if isinstance(exc, HTTPException) else 500
             what = {404: f"no such endpoint: {request.url.path}",
                     405: f"{request.method} is not allowed on {request.url.path}"}.get(status, "request failed")
-            return self._count(_error(ApiError(status, what)))
+            return self._count(_error(ApiError(status, what), dialect_of(request.url.path)))
 
         self.app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
         self.app.router.redirect_slashes = False  # a redirect would be built from the Host header sent
@@ -173,7 +182,7 @@ class ServerApp:
                         raise
                 return self._count(await fn(request))
             except ApiError as exc:
-                return self._count(_error(exc))
+                return self._count(_error(exc, dialect_of(request.url.path)))
 
         return handler
 
@@ -183,13 +192,18 @@ class ServerApp:
             return
         given = request.headers.get("authorization", "")
         scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+        bearer = scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+        x_key = request.headers.get("x-api-key")  # Anthropic's header, taken on every path
+        if not bearer and not (x_key is not None and hmac.compare_digest(x_key.strip().encode(), key.encode())):
+            raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
                            code="invalid_api_key")
 
     async def _json(self, request: Request) -> dict[str, Any]:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if ctype != "application/json":
+        # Ollama's clients (and its curl examples, `curl -d`) send no type or a form's: taken as JSON on its paths
+        # (a browser's cross-origin form post is refused by its Origin before this, :mod:`.policy`)
+        ollama_ok = ctype in ("", "application/x-www-form-urlencoded") and dialect_of(request.url.path) == "ollama"
+        if ctype != "application/json" and not ollama_ok:
             raise ApiError(415, "the request body must be JSON, sent with 'Content-Type: application/json'",
                            code="unsupported_media_type")
         limit = self.config.max_body
@@ -346,9 +360,36 @@ class ServerApp:
         return ids
 
     async def _generate(self, request: Request, kind: str) -> Response:
+        eng = self.engine
+
+        def parse(d: dict[str, Any]) -> GenRequest:
+            return parse_generation(d, kind, eng.tokenizer.n_vocab, eng.n_ctx)
+
+        async def respond(req: GenRequest, ids: list[int], st: Started) -> Response:
+            rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+            if req.stream:
+                return StreamingResponse(self._sse(req, rid, st.job, st.events), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return await self._collect(request, req, rid, st.job, st.events)
+
+        return await self.generation(request, parse, respond)
+
+    async def generation(self, request: Request, parse: Callable[[dict[str, Any]], GenRequest | None],
+                         respond: Callable[[GenRequest, list[int], Started], Awaitable[Response]],
+                         early: Callable[[dict[str, Any]], Response] | None = None) -> Response:
+        """A generation request of any dialect: the body read and ``parse``d into a :class:`GenRequest` (a
+        refusal is logged and answered in the path's dialect), its prompt built and checked, the job queued,
+        and ``respond`` makes the reply. ``parse`` returning None answers ``early(body)`` without the engine."""
         client = _client(request)
+        t0 = time.perf_counter()
         try:
-            return await self._generate_logged(request, kind, client)
+            d = await self._json(request)
+            req = parse(d)
+            if req is None:
+                assert early is not None
+                return early(d)
+            ids, st = await self._start(request, req, client, t0)
+            return await respond(req, ids, st)
         except ApiError as exc:
             if not getattr(exc, "logged", False):
                 self.log.refused(request.url.path, client, exc.status, exc.message)
@@ -358,11 +399,16 @@ class ServerApp:
         tok = self.engine.tokenizer
         return b"".join(tok.token_bytes(t, True) for t in ids).decode("utf-8", "replace")
 
-    async def _generate_logged(self, request: Request, kind: str, client: str) -> Response:
+    async def _start(self, request: Request, req: GenRequest, client: str, t0: float) -> tuple[list[int], Started]:
         eng = self.engine
-        req = parse_generation(await self._json(request), kind, eng.tokenizer.n_vocab, eng.n_ctx)
         self._check_model(req.model)
         ids = await run_in_threadpool(self._prompt_ids, req)
+        if req.n_ctx is not None:  # a smaller context asked for (Ollama's num_ctx): the prompt and reply fit it
+            if len(ids) >= req.n_ctx:
+                raise bad_request(f"the prompt has {len(ids)} tokens but num_ctx holds {req.n_ctx}",
+                                  "num_ctx", "context_length_exceeded")
+            room = req.n_ctx - len(ids)
+            req.max_tokens = room if req.max_tokens is None else min(req.max_tokens, room)
         if req.tool_choice == "required":
             try:
                 req.json_schema = call_schema(req.tools, req.tool_name)
@@ -387,7 +433,7 @@ class ServerApp:
             bias.update(dict.fromkeys(eng.eog, -math.inf))
         job = Job(ids, req.params, emit, max_tokens=req.max_tokens, logprobs=req.logprobs,
                   top_logprobs=req.top_logprobs, logit_bias=bias,
-                  harmony=kind == "chat" and eng.harmony is not None, json_schema=req.json_schema,
+                  harmony=req.kind == "chat" and eng.harmony is not None, json_schema=req.json_schema,
                   literal=self._tool_tags if req.tool_choice == "auto" else frozenset(), on_token=on_token)
         prompt_text = self._prompt_text(ids)
         try:
@@ -404,11 +450,77 @@ class ServerApp:
             log.close_refused(rec, err.status, err.message)
             err.logged = True  # type: ignore[attr-defined]
             raise err from None
-        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-        if req.stream:
-            return StreamingResponse(self._sse(req, rid, job, events), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await self._collect(request, req, rid, job, events)
+        return ids, Started(job, events, t0)
+
+    async def parts(self, req: GenRequest, st: Started) -> AsyncIterator[Part]:
+        """The reply as :class:`Part` s: text with the tool calls taken out (the same parsing as the OpenAI
+        path's), ending with the last event; leaving it early (a client gone) cancels the job."""
+        parser = ToolCallParser(self._tool_names(req)) if req.tool_choice == "auto" else None
+        forced: list[str] = []  # a required call: its JSON, a call at the end
+        done = False
+        try:
+            while True:
+                ev = await st.events.get()
+                calls: list[dict[str, Any]] = []
+                text = ev.text
+                if req.kind == "chat" and req.tool_choice == "required":
+                    forced.append(text)
+                    text = ""
+                    if ev.done:
+                        call = make_call("".join(forced)) if ev.finish_reason == "stop" else None
+                        if call is None:
+                            text = "".join(forced)
+                        else:
+                            calls = [call]
+                elif parser is not None:
+                    text, calls = parser.push(text)
+                    if ev.done:
+                        tail, more = parser.finish()
+                        text, calls = text + tail, calls + more
+                if ev.reasoning:
+                    yield Part(reasoning=ev.reasoning)
+                if text:
+                    yield Part(text=text)
+                for call in calls:
+                    yield Part(call=call)
+                if ev.done:
+                    done = True
+                    yield Part(end=ev)
+                    return
+        finally:
+            if not done:
+                self._cancel(st.job)
+
+    async def gather(self, request: Request, req: GenRequest, st: Started) -> Gathered:
+        """The whole reply of a request answered at once (the job cancelled if its client goes away); a failed
+        or cancelled one raises its :class:`ApiError`."""
+
+        async def watch() -> None:
+            while True:
+                msg = await request.receive()
+                if msg["type"] == "http.disconnect":
+                    self._cancel(st.job)
+                    return
+
+        watcher = asyncio.create_task(watch())
+        text, reasoning, calls = [], [], []
+        end = Event()
+        try:
+            async with contextlib.aclosing(self.parts(req, st)) as parts:
+                async for p in parts:
+                    text.append(p.text)
+                    reasoning.append(p.reasoning)
+                    if p.call is not None:
+                        calls.append(p.call)
+                    if p.end is not None:
+                        end = p.end
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        if end.finish_reason in ("error", "cancelled"):
+            raise self._failure(end)
+        return Gathered("".join(text), "".join(reasoning), calls, end)
 
     def _failure(self, ev: Event) -> ApiError:
         """The error a request ended by ``ev`` (an error, or cancelled: the server stopping) answers with."""

@@ -1,4 +1,6 @@
-"""OpenAI-shaped errors: every refusal of the server is ``{"error": {"message", "type", "param", "code"}}``."""
+"""The server's refusals, in the shape of the API the request spoke (:func:`dialect_of` its path): OpenAI's
+``{"error": {"message", "type", "param", "code"}}``, Ollama's ``{"error": "message"}`` and Anthropic's
+``{"type": "error", "error": {"type", "message"}}``."""
 
 from __future__ import annotations
 
@@ -26,6 +28,32 @@ class ApiError(Exception):
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": ERROR_TYPES.get(self.status, "invalid_request_error"),
                           "param": self.param, "code": self.code}}
+
+
+#: the ``error.type`` Anthropic gives each status
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                   503: "overloaded_error"}
+
+
+def dialect_of(path: str) -> str:
+    """The API a request path belongs to: "ollama" (``/api/…`` and ``/``), "anthropic" (``/v1/messages…``) or
+    "openai" (the rest)."""
+    if path == "/" or path.startswith("/api/"):
+        return "ollama"
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    return "openai"
+
+
+def error_body(exc: ApiError, dialect: str) -> dict[str, Any]:
+    """``exc`` as ``dialect``'s error body."""
+    if dialect == "ollama":
+        return {"error": exc.message}
+    if dialect == "anthropic":
+        return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(exc.status, "invalid_request_error"),
+                                           "message": exc.message}}
+    return exc.body()
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:

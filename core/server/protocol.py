@@ -145,6 +145,7 @@ class GenRequest:
     tool_choice: str = "none"  # "none", "auto" or "required"
     tool_name: str | None = None  # the function a named tool_choice requires
     ignore_eos: bool = False  # llama-server's: end-of-generation tokens are never sampled
+    n_ctx: int | None = None  # a smaller context than the server's (Ollama's num_ctx): the prompt and the reply fit it
 
 
 def _stop(d: dict[str, Any]) -> list[str]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from ..chat import TokenChoice
 from ..chat.tokens import N_ALTERNATIVES, ReplyTrace, TokenRecord
+from .errors import dialect_of
 from .scheduler import Event, Job
 
 #: finished requests kept in the log
@@ -58,6 +59,11 @@ class RequestRecord:
         if self.job is None or self.job.slot < 0:
             return "queued"
         return "generating" if self.completion_tokens else "prompt"
+
+    @property
+    def dialect(self) -> str:
+        """The API the request spoke: "openai", "ollama" or "anthropic"."""
+        return dialect_of(self.endpoint)
 
     @property
     def done(self) -> bool:

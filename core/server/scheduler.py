@@ -77,6 +77,7 @@ class Event:
     finish_reason: str = ""
     usage: Usage | None = None
     error: str = ""
+    stop_sequence: str = ""  # the stop string that ended the reply ("stop" for a stop string, not an end token)
 
 
 @dataclass
@@ -136,6 +137,7 @@ class _Run:
         self.t_gen = 0.0
         self.text = ""  # the answer so far; ``sent`` characters of it are out
         self.sent = 0
+        self.stopped_by = ""  # the stop string found in the text
         self.records: list[tuple[int, TokenLogprob]] = []  # (offset in text, record) not yet sent
         self.json: State | None = initial(job.json_schema) if job.json_schema is not None else None
         self.bias: tuple[np.ndarray, np.ndarray] | None = None
@@ -519,6 +521,7 @@ class Scheduler:
             recs.append(r)
         if cut >= 0:
             run.records.clear()
+            run.stopped_by = next(s for s in stops if run.text.find(s, start) == cut)
         if end > run.sent or recs:
             self._emit(run.job, Event(text=run.text[run.sent:end], tokens=recs))
             run.sent = end
@@ -549,7 +552,8 @@ class Scheduler:
         m.generated_tokens += u.completion_tokens
         m.prompt_seconds += u.prompt_ms / 1e3
         m.generation_seconds += u.predicted_ms / 1e3
-        self._emit(run.job, Event(done=True, finish_reason=reason, usage=u, error=error))
+        self._emit(run.job, Event(done=True, finish_reason=reason, usage=u, error=error,
+                                  stop_sequence=run.stopped_by if reason == "stop" else ""))
 
     def _drop(self, job: Job, reason: str, error: str = "") -> None:
         """End a job that never had a slot (counted as finished for /metrics)."""

@@ -68,6 +68,7 @@ struct qsc_model {
     bool tied = false, finalized = false, use_graphs = true;
     bool host = false; /* qsc_host_model_create: every buffer in host memory, the kernels' host twins run instead */
     const Launch *ops = nullptr; /* the kernels, or their host twins: chosen when the model is made */
+    FastPaths fast;              /* the fast paths its launches may take (qsc_fast.cuh: env switches, hardware) */
     float *out_norm = nullptr;
     uint8_t *k_cache = nullptr, *v_cache = nullptr;
     /* scratch, sized for mb tokens */
@@ -166,11 +167,22 @@ struct MatJob {
     const float *bias;
 };
 
-static void launch_matmul(const MatJob *jobs, int n, int ncols, cudaStream_t st) {
-    if ((ncols == 1 || ncols >= MMA_MIN_COLS) && n <= 3) { /* decode GEMV / tensor-core prefill (qsc_fast.cuh) */
-        MmaSeg segs[3];
-        for (int i = 0; i < n; ++i) segs[i] = {*jobs[i].w, jobs[i].a, jobs[i].y, jobs[i].ldy, jobs[i].bias, 0};
-        if (ncols == 1 ? launch_gemv(segs, n, ncols, st) : launch_matmul_mma(segs, n, ncols, st)) return;
+/* A launch's matrices as the fast paths' segments (MmaArgs: at most three, blk0 laid out by the launcher). */
+static MmaArgs mat_args(const MatJob *jobs, int n, int ncols) {
+    MmaArgs a = {};
+    for (int i = 0; i < n && i < 3; ++i) a.seg[i] = {*jobs[i].w, jobs[i].a, jobs[i].y, jobs[i].ldy, jobs[i].bias, 0};
+    a.nseg = n;
+    a.ncols = ncols;
+    return a;
+}
+
+/* The kernel matmul_path chooses (qsc_fast.cuh; host_matmul runs the same choice's twin). */
+static void launch_matmul(const FastPaths &fp, const MatJob *jobs, int n, int ncols, cudaStream_t st) {
+    const MmaArgs fa = mat_args(jobs, n, ncols);
+    switch (took(matmul_path(fp, fa))) {
+    case QSC_PATH_GEMV: launch_gemv(fa, st); return; /* decode GEMV */
+    case QSC_PATH_MMA: launch_matmul_mma(fa, st); return; /* tensor-core prefill */
+    default: break;
     }
     MMArgs args = {};
     int blocks = 0;
@@ -220,23 +232,24 @@ static void launch_attention_t(dim3 grid, cudaStream_t st, const float *q, const
 
 /* Attention over the cache; quantizes the output in the same kernel when the int8 blocks fall inside a head,
  * otherwise with one more launch. */
-static void launch_attention(int T, const AttnArgs &A, int kv_f16, cudaStream_t st, const float *q, const int *pos,
-                             const void *kc, const void *vc, const int *nkv, float *out, ActOut ao) {
-    const int hd = A.hd;
-    const FaArgs fa = {q, pos, nkv, T, A.H, A.KV, A.window, A.scale, A.softcap, A.sinks, out};
-    if (launch_flash(fa, hd, kv_f16, kc, vc, st)) { /* prefill: flash attention (qsc_fast.cuh) */
-        if (ao.qs32 || ao.qs256) k_quantize<<<T, 256, 0, st>>>(out, ao, A.H * hd);
-        return;
+static void launch_attention(const FastPaths &fp, int T, const AttnArgs &A, int kv_f16, cudaStream_t st,
+                             const float *q, const int *pos, const void *kc, const void *vc, const int *nkv, float *out,
+                             ActOut ao) {
+    const int hd = A.hd, path = took(attention_path(fp, T, A.H, A.KV, hd)); /* host_attention: the same choice */
+    const bool apart = attention_quantize_apart(path, hd, ao);
+    if (path == QSC_PATH_FLASH) { /* prefill: flash attention (qsc_fast.cuh) */
+        const FaArgs fa = {q, pos, nkv, T, A.H, A.KV, A.window, A.scale, A.softcap, A.sinks, out};
+        launch_flash(fa, hd, kv_f16, kc, vc, st);
+    } else {
+        const ActOut none = {};
+        const dim3 grid(A.H, T);
+        if (kv_f16) launch_attention_t<__half>(grid, st, q, pos, A, kc, vc, nkv, out, apart ? none : ao);
+        else launch_attention_t<float>(grid, st, q, pos, A, kc, vc, nkv, out, apart ? none : ao);
     }
-    const bool fused = (!ao.qs32 || hd % 32 == 0) && (!ao.qs256 || hd % 256 == 0);
-    const ActOut none = {};
-    dim3 grid(A.H, T);
-    const ActOut &aq = fused ? ao : none;
-    if (kv_f16)
-        launch_attention_t<__half>(grid, st, q, pos, A, kc, vc, nkv, out, aq);
-    else
-        launch_attention_t<float>(grid, st, q, pos, A, kc, vc, nkv, out, aq);
-    if (!fused && (ao.qs32 || ao.qs256)) k_quantize<<<T, 256, 0, st>>>(out, ao, A.H * hd);
+    if (apart) {
+        took(QSC_PATH_QUANTIZE);
+        k_quantize<<<T, 256, 0, st>>>(out, ao, A.H * hd);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ the launch tables */
@@ -269,13 +282,15 @@ static void dev_norm_quant(qsc_model *m, int T, const ResidIn &r, const float *w
                            float eps) {
     k_norm_quant<<<T, 256, 0, m->st>>>(m->x, r, w, norm, m->h, ao, n, eps);
 }
-static void dev_matmul(qsc_model *m, const MatJob *jobs, int n, int ncols) { launch_matmul(jobs, n, ncols, m->st); }
+static void dev_matmul(qsc_model *m, const MatJob *jobs, int n, int ncols) {
+    launch_matmul(m->fast, jobs, n, ncols, m->st);
+}
 static void dev_qk_post(qsc_model *m, const QKArgs &A, const int *pos, int T, void *kst, void *vst) {
     k_qk_post<<<T, 256, 0, m->st>>>(m->q, m->k, m->v, A, pos, kst, vst, m->kv_f16);
 }
 static void dev_attention(qsc_model *m, int T, const AttnArgs &A, const int *pos, const void *kc, const void *vc,
                           const int *nkv, const ActOut &ao) {
-    launch_attention(T, A, m->kv_f16, m->st, m->q, pos, kc, vc, nkv, m->att, ao);
+    launch_attention(m->fast, T, A, m->kv_f16, m->st, m->q, pos, kc, vc, nkv, m->att, ao);
 }
 static void dev_glu(qsc_model *m, const float *g, const float *u, float *a, const ActOut &ao, int T, int n, int mode,
                     int64_t ldu, int nv) {
@@ -308,16 +323,30 @@ static void host_norm_quant(qsc_model *m, int T, const ResidIn &r, const float *
                             float eps) {
     emu_norm_quant(m->x, r, w, norm, m->h, ao, T, n, eps);
 }
+/* The same choices as dev_matmul / dev_attention (qsc_fast.cuh's matmul_path, attention_path), each run by its
+ * kernel's host twin (qsc_fast_host.cuh, qsc_host.cu). */
 static void host_matmul(qsc_model *m, const MatJob *jobs, int n, int ncols) {
-    (void)m;
-    for (int i = 0; i < n; ++i) emu_matmul(*jobs[i].w, jobs[i].a, jobs[i].y, jobs[i].ldy, jobs[i].bias, ncols);
+    const MmaArgs fa = mat_args(jobs, n, ncols);
+    switch (took(matmul_path(m->fast, fa))) {
+    case QSC_PATH_GEMV: emu_gemv(fa); return;
+    case QSC_PATH_MMA: emu_matmul_mma(fa); return;
+    default:
+        for (int i = 0; i < n; ++i) emu_matmul(*jobs[i].w, jobs[i].a, jobs[i].y, jobs[i].ldy, jobs[i].bias, ncols);
+    }
 }
 static void host_qk_post(qsc_model *m, const QKArgs &A, const int *pos, int T, void *kst, void *vst) {
     emu_qk_post(m->q, m->k, m->v, A, pos, T, kst, vst, m->kv_f16);
 }
 static void host_attention(qsc_model *m, int T, const AttnArgs &A, const int *pos, const void *kc, const void *vc,
                            const int *nkv, const ActOut &ao) {
-    emu_attention(T, A, m->kv_f16, m->q, pos, kc, vc, *nkv, m->att);
+    const int path = took(attention_path(m->fast, T, A.H, A.KV, A.hd));
+    if (path == QSC_PATH_FLASH) {
+        const FaArgs fa = {m->q, pos, nkv, T, A.H, A.KV, A.window, A.scale, A.softcap, A.sinks, m->att};
+        emu_flash(fa, A.hd, m->kv_f16, kc, vc);
+    } else {
+        emu_attention(T, A, m->kv_f16, m->q, pos, kc, vc, *nkv, m->att);
+    }
+    if (attention_quantize_apart(path, A.hd, ao)) took(QSC_PATH_QUANTIZE); /* k_quantize; else fused: same values */
     emu_quantize(m->att, ao, T, A.H * A.hd);
 }
 static void host_glu(qsc_model *m, const float *g, const float *u, float *a, const ActOut &ao, int T, int n, int mode,
@@ -929,6 +958,7 @@ static qsc_model *model_create(const qsc_model_desc *md, const qs_block *layers,
         set_err(err, err_len, "CUDA setup: %s (%s = %d)", cudaGetErrorString(e), cudaGetErrorName(e), (int)e);
         return fail();
     }
+    m->fast = fast_paths(host);
     int64_t kv_bytes = 0; /* each layer's [n_ctx][n_head_kv][head_dim] rows, 256-byte aligned */
     for (int li = 0; li < d.n_layers; ++li) {
         if (layers[li].attn.kv_reuse) { /* the source's cache (check_model: an earlier layer with its own) */
@@ -1130,7 +1160,7 @@ int qsc_kernel_matmat(int type, const uint8_t *w, int64_t rows, int64_t k, const
     a.f = dx;
     a.k = k;
     MatJob job = {&qw, a, dy, rows, nullptr};
-    launch_matmul(&job, 1, n_x, 0);
+    launch_matmul(fast_paths(false), &job, 1, n_x, 0);
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(cudaMemcpy(y, dy, (size_t)n_x * rows * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
@@ -1286,7 +1316,7 @@ int qsc_kernel_attention_ext(const float *q, int n_q, const int32_t *q_pos, int 
     if (sinks) CUDA_TRY(s.put(&dsinks, sinks, n_heads));
     CUDA_TRY(s.get(&dout, (int64_t)n_q * n_heads * head_dim));
     const AttnArgs A = {n_heads, n_kv_heads, head_dim, window, scale, softcap, dsinks};
-    launch_attention(n_q, A, kv_f16, 0, dq, dpos, dk, dv, dnkv, dout, ActOut{});
+    launch_attention(fast_paths(false), n_q, A, kv_f16, 0, dq, dpos, dk, dv, dnkv, dout, ActOut{});
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(cudaMemcpy(out, dout, (size_t)n_q * n_heads * head_dim * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;

@@ -1,19 +1,27 @@
-/* The fast paths (device only; included by qsc_device.cu after qsc_kernels.cuh): for prefill the int8 tensor-core
- * GEMM (qsc_mma.cuh) and flash attention (qsc_flash.cuh), for decode a GEMV with its loads batched (qsc_gemv.cuh),
- * with the launchers the forward pass asks first. Each kernel is
- * a thin shell around the __host__ __device__ code that tests/test_cuda_mma.py and tests/test_cuda_flash.py run on
- * the host (qsc_fast_host.cuh): the same loads, the same warp code with LANES = 1, the same stores.
+/* The fast paths: for prefill the int8 tensor-core GEMM (qsc_mma.cuh) and flash attention (qsc_flash.cuh), for
+ * decode a GEMV with its loads batched (qsc_gemv.cuh). Each kernel is a thin shell around the __host__ __device__
+ * code that its host twin (qsc_fast_host.cuh) runs on the CPU: the same grid and segment bookkeeping, the same
+ * loads, the same warp code with LANES = 32 instead of 1, the same stores.
  *
- * Dispatch (launch_matmul_mma / launch_flash return false to keep today's kernels):
- *   GEMM   ncols >= MMA_MIN_COLS (prefill; decode keeps k_matmul's GEMV), every matrix of the launch of a type with
- *          an MMA decode (MMA 1 in qsc_types.cuh's list) and k % 256 == 0, and the running image was compiled for
- *          sm_80+ (its PTX version, so a
- *          library built with QSC_ARCHS="75" JIT-compiled on a newer GPU keeps k_matmul too), on an sm_80+ device.
- *          Compile with -DQSC_NO_MMA to leave the kernel out altogether.
- *   flash  T >= FLASH_MIN_T query tokens and head sizes 32..128.
+ * Dispatch: the decision functions below (matmul_path, attention_path, attention_quantize_apart) are the one choice
+ * of kernel; qsc_device.cu's two launch tables both ask them (dev_matmul / dev_attention launch the kernel chosen,
+ * host_matmul / host_attention run its twin), so a host-emulated model (qsc_host_model_create) takes per call the
+ * path the device takes:
  *   GEMV   one column (decode, and the last-row lm_head of a prefill), every matrix of a type gemv_type_ok knows.
- * QUANTSCOPE_CUDA_MMA=0 / QUANTSCOPE_CUDA_FLASH=0 / QUANTSCOPE_CUDA_GEMV=0 in the environment (read once per
- * process) turn each off, for A/B benchmarks (tests/bench/bench_gpu_vs_llama.py). Thresholds are first guesses, not yet tuned on a GPU. */
+ *   GEMM   ncols >= MMA_MIN_COLS (prefill; 2..15 columns keep k_matmul<8>), every matrix of the launch of a type
+ *          with an MMA decode (MMA 1 in qsc_types.cuh's list) and k % 256 == 0, and (device) the running image was
+ *          compiled for sm_80+ (its PTX version, so a library built with QSC_ARCHS="75" JIT-compiled on a newer GPU
+ *          keeps k_matmul too) on an sm_80+ device; the host emulates an sm_80+ device. -DQSC_NO_MMA leaves the
+ *          kernel out altogether (both tables keep k_matmul).
+ *   flash  T >= FLASH_MIN_T query tokens and head sizes 32..128; its output is quantized by a k_quantize launch
+ *          after it (k_attention quantizes in the same kernel where the int8 blocks fall inside a head).
+ * QUANTSCOPE_CUDA_MMA=0 / QUANTSCOPE_CUDA_FLASH=0 / QUANTSCOPE_CUDA_GEMV=0 in the environment turn each off, for A/B
+ * benchmarks (tests/bench/bench_gpu_vs_llama.py) and tests (tests/test_cuda_paths.py): read when a model is made
+ * (qsc_model_create and qsc_host_model_create alike), and at each call of the single-kernel entry points.
+ * Every choice is counted (qsc_path_counts below, for tests: which paths a forward took). Thresholds are first
+ * guesses, not yet tuned on a GPU.
+ *
+ * qsc_fast_host.cuh includes this file with QSC_FAST_DECISIONS_ONLY: the decisions without the kernels. */
 #pragma once
 
 #include <stdlib.h>
@@ -24,25 +32,96 @@
 
 constexpr int MMA_MIN_COLS = 16, FLASH_MIN_T = 16;
 
+/* The kernels a launch can take (qsc_path_name: their names). */
+enum {
+    QSC_PATH_MATMUL = 0, /* k_matmul<1> / k_matmul<8> */
+    QSC_PATH_GEMV,       /* k_gemv */
+    QSC_PATH_MMA,        /* k_matmul_mma */
+    QSC_PATH_ATTENTION,  /* k_attention */
+    QSC_PATH_FLASH,      /* k_flash */
+    QSC_PATH_QUANTIZE,   /* a k_quantize launch after the attention (after k_flash, or k_attention unfused) */
+    QSC_PATH_N
+};
+
+/* Which fast paths a model may take: the environment's switches when it was made, and the hardware. */
+struct FastPaths {
+    bool mma = true, flash = true, gemv = true;
+};
+
 static bool env_off(const char *name) {
     const char *e = getenv(name);
     return e && e[0] == '0' && e[1] == '\0';
 }
 
-/* ------------------------------------------------------------------------------------------------ GEMM */
-struct MmaSeg {
-    QW w;
-    Act a;
-    float *y;
-    int64_t ldy;
-    const float *bias;
-    int blk0; /* first blockIdx.x of this segment */
-};
-struct MmaArgs {
-    MmaSeg seg[3];
-    int nseg, ncols;
-};
+/* The switches as the environment sets them now; mma_hw: the device can run k_matmul_mma (the host: true). */
+static FastPaths fast_paths_env(bool mma_hw) {
+    FastPaths f;
+#ifdef QSC_NO_MMA
+    f.mma = false;
+    (void)mma_hw;
+#else
+    f.mma = mma_hw && !env_off("QUANTSCOPE_CUDA_MMA");
+#endif
+    f.flash = !env_off("QUANTSCOPE_CUDA_FLASH");
+    f.gemv = !env_off("QUANTSCOPE_CUDA_GEMV");
+    return f;
+}
 
+/* The kernel of a product launch (QSC_PATH_MATMUL, _GEMV or _MMA): its matrices' types and widths, its columns. */
+static int matmul_path(const FastPaths &fp, const MmaArgs &a) {
+    if (a.nseg < 1 || a.nseg > 3) return QSC_PATH_MATMUL;
+    bool gemv = fp.gemv && a.ncols == 1, mma = fp.mma && a.ncols >= MMA_MIN_COLS;
+    for (int i = 0; i < a.nseg; ++i) {
+        gemv = gemv && gemv_type_ok(a.seg[i].w.type);
+        mma = mma && mma_type_ok(a.seg[i].w.type, a.seg[i].w.k);
+    }
+    return gemv ? QSC_PATH_GEMV : mma ? QSC_PATH_MMA : QSC_PATH_MATMUL;
+}
+
+/* The kernel of an attention launch over T query tokens (QSC_PATH_ATTENTION or _FLASH). */
+static int attention_path(const FastPaths &fp, int T, int H, int KV, int hd) {
+    const bool flash = fp.flash && T >= FLASH_MIN_T && hd % 32 == 0 && hd >= 32 && hd <= 32 * FA_MAX_EPL && KV > 0 &&
+                       H % KV == 0;
+    return flash ? QSC_PATH_FLASH : QSC_PATH_ATTENTION;
+}
+
+/* Does a k_quantize launch follow the attention kernel of `path` (ao: the formats its output goes to)? k_flash never
+ * quantizes; k_attention does in the same kernel when the int8 blocks fall inside a head. */
+static bool attention_quantize_apart(int path, int hd, const ActOut &ao) {
+    if (!ao.qs32 && !ao.qs256) return false;
+    if (path == QSC_PATH_FLASH) return true;
+    return (ao.qs32 && hd % 32) || (ao.qs256 && hd % 256);
+}
+
+#ifndef QSC_FAST_DECISIONS_ONLY
+#include <atomic>
+
+/* Every choice the launch tables made in this process, by path (dev_ and host_ entries alike; a CUDA graph's replays
+ * are not choices). */
+static std::atomic<long long> g_path_count[QSC_PATH_N];
+
+static int took(int path) {
+    g_path_count[path].fetch_add(1, std::memory_order_relaxed);
+    return path;
+}
+
+extern "C" {
+/* Test entry points (declared by tests/test_cuda_paths.py, not in qsc_api.h): the paths' names, and the counts of
+ * the choices made so far (out[0 .. n-1]; reset: zero them after reading). Both return QSC_PATH_N. */
+const char *qsc_path_name(int path) {
+    static const char *names[QSC_PATH_N] = {"matmul", "gemv", "mma", "attention", "flash", "quantize"};
+    return path >= 0 && path < QSC_PATH_N ? names[path] : nullptr;
+}
+int qsc_path_counts(long long *out, int n, int reset) {
+    for (int i = 0; i < QSC_PATH_N; ++i) {
+        const long long v = reset ? g_path_count[i].exchange(0) : g_path_count[i].load();
+        if (out && i < n) out[i] = v;
+    }
+    return QSC_PATH_N;
+}
+}
+
+/* ------------------------------------------------------------------------------------------------ GEMM */
 template <int TYPE>
 __device__ __forceinline__ void mma_block(const MmaSeg &sg, int64_t row0, int64_t col0, int ncols, MmaSmem &s) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -63,10 +142,7 @@ __global__ void __launch_bounds__(MMA_THREADS) k_matmul_mma(const __grid_constan
 #if !defined(QSC_NO_MMA) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
     __shared__ MmaSmem s;
     const int bx = blockIdx.x;
-    int si = 0;
-    if (args.nseg > 1 && bx >= args.seg[1].blk0) si = 1;
-    if (args.nseg > 2 && bx >= args.seg[2].blk0) si = 2;
-    const MmaSeg &sg = args.seg[si];
+    const MmaSeg &sg = args.seg[mma_seg_of(args, bx)];
     const int64_t row0 = (int64_t)(bx - sg.blk0) * MMA_BM, col0 = (int64_t)blockIdx.y * MMA_BN;
     const int ncols = min(MMA_BN, args.ncols - (int)col0);
     switch (sg.w.type) { /* block-uniform */
@@ -78,12 +154,12 @@ __global__ void __launch_bounds__(MMA_THREADS) k_matmul_mma(const __grid_constan
 #endif
 }
 
-static bool mma_available() {
+/* Can this device run k_matmul_mma (an sm_80+ device, and this image compiled for sm_80+)? Asked once. */
+static bool mma_hw_available() {
 #ifdef QSC_NO_MMA
     return false;
 #else
     static const bool ok = [] {
-        if (env_off("QUANTSCOPE_CUDA_MMA")) return false;
         int dev = 0, major = 0;
         cudaFuncAttributes fa;
         if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -96,23 +172,13 @@ static bool mma_available() {
 #endif
 }
 
-/* y = W x for up to three matrices on the tensor cores; false (nothing launched) where the path does not apply. */
-static bool launch_matmul_mma(const MmaSeg *segs, int n, int ncols, cudaStream_t st) {
-    if (ncols < MMA_MIN_COLS || n < 1 || n > 3) return false;
-    for (int i = 0; i < n; ++i)
-        if (!mma_type_ok(segs[i].w.type, segs[i].w.k)) return false;
-    if (!mma_available()) return false;
-    MmaArgs args = {};
-    int blocks = 0;
-    for (int i = 0; i < n; ++i) {
-        args.seg[i] = segs[i];
-        args.seg[i].blk0 = blocks;
-        blocks += (int)((segs[i].w.rows + MMA_BM - 1) / MMA_BM);
-    }
-    args.nseg = n;
-    args.ncols = ncols;
-    k_matmul_mma<<<dim3(blocks, (ncols + MMA_BN - 1) / MMA_BN), MMA_THREADS, 0, st>>>(args);
-    return true;
+/* The fast paths a model (host: a host-emulated one) or a single-kernel call may take, as of now. */
+static FastPaths fast_paths(bool host) { return fast_paths_env(host || mma_hw_available()); }
+
+/* y = W x for up to three matrices on the tensor cores (matmul_path chose QSC_PATH_MMA). */
+static void launch_matmul_mma(MmaArgs args, cudaStream_t st) {
+    const int blocks = mma_lay_out(args, MMA_BM);
+    k_matmul_mma<<<dim3(blocks, (args.ncols + MMA_BN - 1) / MMA_BN), MMA_THREADS, 0, st>>>(args);
 }
 
 /* ------------------------------------------------------------------------------------------------ flash */
@@ -155,10 +221,8 @@ __global__ void __launch_bounds__(FA_WARPS * 32) k_flash(const FaArgs a, const K
         if (rv[r]) fa_row_store<EPL, 1>(a, rt[r], rh[r], lane, st[r]);
 }
 
-/* Flash attention of T query tokens; false (nothing launched) where the path does not apply. */
-static bool launch_flash(const FaArgs &a, int hd, int kv_f16, const void *kc, const void *vc, cudaStream_t st) {
-    static const bool on = !env_off("QUANTSCOPE_CUDA_FLASH");
-    if (!on || a.T < FLASH_MIN_T || hd % 32 || hd < 32 || hd > 32 * FA_MAX_EPL || a.KV <= 0 || a.H % a.KV) return false;
+/* Flash attention of T query tokens (attention_path chose QSC_PATH_FLASH: hd in 32..128, a multiple of 32). */
+static void launch_flash(const FaArgs &a, int hd, int kv_f16, const void *kc, const void *vc, cudaStream_t st) {
     const int64_t rows = (int64_t)a.T * (a.H / a.KV);
     const dim3 grid((unsigned)((rows + FA_ROWS - 1) / FA_ROWS), (unsigned)a.KV);
 #define QSC_FA(E)                                                                                                 \
@@ -168,19 +232,15 @@ static bool launch_flash(const FaArgs &a, int hd, int kv_f16, const void *kc, co
         break;
     switch (hd / 32) {
         QSC_FA(1) QSC_FA(2) QSC_FA(3) QSC_FA(4)
-    default: return false;
+    default: break;
     }
 #undef QSC_FA
-    return true;
 }
 
 /* ------------------------------------------------------------------------------------------------ decode GEMV */
 __global__ void __launch_bounds__(GEMV_WARPS * 32, 6) k_gemv(const __grid_constant__ MmaArgs args) {
     const int bx = blockIdx.x, lane = threadIdx.x & 31;
-    int si = 0;
-    if (args.nseg > 1 && bx >= args.seg[1].blk0) si = 1;
-    if (args.nseg > 2 && bx >= args.seg[2].blk0) si = 2;
-    const MmaSeg &sg = args.seg[si];
+    const MmaSeg &sg = args.seg[mma_seg_of(args, bx)];
     const int64_t row = (int64_t)(bx - sg.blk0) * GEMV_WARPS + (threadIdx.x >> 5);
     if (row >= sg.w.rows) return; /* whole warp */
     float acc = gemv_lane_any<GEMV_BATCH>(sg.w, row, sg.a, lane);
@@ -189,21 +249,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, 6) k_gemv(const __grid_consta
     if (lane == 0) sg.y[row] = acc + (sg.bias ? sg.bias[row] : 0.0f);
 }
 
-/* y = W x for one column and up to three matrices; false (nothing launched) where the path does not apply. */
-static bool launch_gemv(const MmaSeg *segs, int n, int ncols, cudaStream_t st) {
-    static const bool on = !env_off("QUANTSCOPE_CUDA_GEMV");
-    if (!on || ncols != 1 || n < 1 || n > 3) return false;
-    for (int i = 0; i < n; ++i)
-        if (!gemv_type_ok(segs[i].w.type)) return false;
-    MmaArgs args = {};
-    int blocks = 0;
-    for (int i = 0; i < n; ++i) {
-        args.seg[i] = segs[i];
-        args.seg[i].blk0 = blocks;
-        blocks += (int)((segs[i].w.rows + GEMV_WARPS - 1) / GEMV_WARPS);
-    }
-    args.nseg = n;
-    args.ncols = 1;
+/* y = W x for one column and up to three matrices (matmul_path chose QSC_PATH_GEMV). */
+static void launch_gemv(MmaArgs args, cudaStream_t st) {
+    const int blocks = mma_lay_out(args, GEMV_WARPS);
     k_gemv<<<blocks, GEMV_WARPS * 32, 0, st>>>(args);
-    return true;
 }
+
+#endif /* QSC_FAST_DECISIONS_ONLY */

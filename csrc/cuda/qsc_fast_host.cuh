@@ -1,37 +1,71 @@
-/* Host emulation of the fast paths (qsc_fast.cuh), included at the end of qsc_host.cu: the int8 MMA tile loop with
- * the fragment layouts of qsc_mma.cuh, flash attention with the recurrence of qsc_flash.cuh, the decode GEMV's lanes
- * (qsc_gemv.cuh), and k_attention's algorithm as it is today (per-warp online softmax over keys taken round-robin,
- * merged at the end), run on the CPU for tests/test_cuda_mma.py, test_cuda_flash.py and test_cuda_gemv.py. Declared
- * in those tests, not in qsc_api.h: test entry points of this library, not part of the backend's API. */
+/* Host twins of the fast paths (qsc_fast.cuh), included at the end of qsc_host.cu: k_matmul_mma, k_gemv and k_flash
+ * as grids of blocks on the CPU - the launchers' segment layout (mma_lay_out, mma_seg_of), each block's loads, the
+ * warp code of qsc_mma.cuh / qsc_gemv.cuh / qsc_flash.cuh with all 32 lanes' state, the stores (mma_store's ldy and
+ * bias) - which qsc_device.cu's host launch table runs where matmul_path / attention_path choose the fast path (the
+ * emulated whole model, qsc_host_model_create), and k_attention's algorithm as it is today (per-warp online softmax
+ * over keys taken round-robin, merged at the end). The test entry points below (declared in tests/test_cuda_mma.py,
+ * test_cuda_flash.py, test_cuda_gemv.py and test_cuda_paths.py, not in qsc_api.h: not part of the backend's API) run
+ * the same twins. */
 #include <memory>
 
+#define QSC_FAST_DECISIONS_ONLY
+#include "qsc_fast.cuh" /* matmul_path, attention_path: the one dispatch, without the kernels */
 #include "qsc_flash.cuh"
 #include "qsc_gemv.cuh"
 #include "qsc_mma.cuh"
 
-/* The block's work, block by block: every "thread" loads its share, then every warp runs mma_stage with all 32
- * lanes' state (LANES = 32), then the stores. */
-template <int TYPE> static void host_mma_mm(const QW &w, const Act &a, int n_x, float *y) {
-    std::unique_ptr<MmaSmem> sp(new MmaSmem());
-    MmaSmem &s = *sp;
+/* One block of k_matmul_mma (its mma_block): every "thread" loads its share of a stage, then every warp runs
+ * mma_stage with all 32 lanes' state (LANES = 32), then the stores. */
+template <int TYPE>
+static void host_mma_block(const MmaSeg &sg, int64_t row0, int64_t col0, int ncols, MmaSmem &s, MmaLane *lanes) {
+    constexpr int NW = MMA_THREADS / 32;
     memset(&s, 0xFF, sizeof s); /* shared memory starts as garbage: NaN floats, -1 bytes, so a read of a field no
                                    load wrote shows in the results */
-    constexpr int NW = MMA_THREADS / 32;
-    std::vector<MmaLane> lanes(NW * 32);
-    for (int64_t row0 = 0; row0 < w.rows; row0 += MMA_BM)
-        for (int col0 = 0; col0 < n_x; col0 += MMA_BN) {
-            const int ncols = n_x - col0 < MMA_BN ? n_x - col0 : MMA_BN;
-            MmaLane(*st)[32] = (MmaLane(*)[32])lanes.data();
-            for (int wi = 0; wi < NW; ++wi) mma_zero<32>(st[wi]);
-            for (int kb = 0; kb < (int)(w.k / MMA_KT); ++kb) {
-                for (int tid = 0; tid < MMA_THREADS; ++tid) {
-                    mma_load_w<TYPE>(w, row0, kb, s, tid, MMA_THREADS);
-                    mma_load_x<MmaTraits<TYPE>::K256>(a, col0, ncols, kb, s, tid, MMA_THREADS);
-                }
-                for (int wi = 0; wi < NW; ++wi) mma_stage<TYPE, 32>(s, wi, 0, st[wi]);
-            }
-            for (int wi = 0; wi < NW; ++wi) mma_store<32>(st[wi], wi, 0, row0, col0, w.rows, ncols, y, w.rows, nullptr);
+    MmaLane(*st)[32] = (MmaLane(*)[32])lanes;
+    for (int wi = 0; wi < NW; ++wi) mma_zero<32>(st[wi]);
+    for (int kb = 0; kb < (int)(sg.w.k / MMA_KT); ++kb) {
+        for (int tid = 0; tid < MMA_THREADS; ++tid) {
+            mma_load_w<TYPE>(sg.w, row0, kb, s, tid, MMA_THREADS);
+            mma_load_x<MmaTraits<TYPE>::K256>(sg.a, col0, ncols, kb, s, tid, MMA_THREADS);
         }
+        for (int wi = 0; wi < NW; ++wi) mma_stage<TYPE, 32>(s, wi, 0, st[wi]);
+    }
+    for (int wi = 0; wi < NW; ++wi) mma_store<32>(st[wi], wi, 0, row0, col0, sg.w.rows, ncols, sg.y, sg.ldy, sg.bias);
+}
+
+/* k_matmul_mma's grid: blockIdx.x over the segments' row blocks, blockIdx.y over the 64-column tiles (the last one
+ * partial), as launch_matmul_mma lays them out. */
+void emu_matmul_mma(MmaArgs args) {
+    const int blocks = mma_lay_out(args, MMA_BM), ytiles = (args.ncols + MMA_BN - 1) / MMA_BN;
+    std::unique_ptr<MmaSmem> sp(new MmaSmem());
+    std::vector<MmaLane> lanes((size_t)(MMA_THREADS / 32) * 32);
+    for (int bx = 0; bx < blocks; ++bx)
+        for (int by = 0; by < ytiles; ++by) {
+            const MmaSeg &sg = args.seg[mma_seg_of(args, bx)];
+            const int64_t row0 = (int64_t)(bx - sg.blk0) * MMA_BM, col0 = (int64_t)by * MMA_BN;
+            const int ncols = args.ncols - (int)col0 < MMA_BN ? args.ncols - (int)col0 : MMA_BN;
+            switch (sg.w.type) {
+#define QSC_HOST_MMA(T) case T: host_mma_block<T>(sg, row0, col0, ncols, *sp, lanes.data()); break;
+                QSC_FOR_MMA_TYPES(QSC_HOST_MMA)
+#undef QSC_HOST_MMA
+            default: break;
+            }
+        }
+}
+
+/* k_gemv's grid: GEMV_WARPS rows per block, a row per warp: 32 lanes' partials, the butterfly, lane 0's store. */
+void emu_gemv(MmaArgs args) {
+    const int blocks = mma_lay_out(args, GEMV_WARPS);
+    for (int bx = 0; bx < blocks; ++bx) {
+        const MmaSeg &sg = args.seg[mma_seg_of(args, bx)];
+        for (int warp = 0; warp < GEMV_WARPS; ++warp) {
+            const int64_t row = (int64_t)(bx - sg.blk0) * GEMV_WARPS + warp;
+            if (row >= sg.w.rows) continue;
+            float part[32];
+            for (int l = 0; l < 32; ++l) part[l] = gemv_lane_any<GEMV_BATCH>(sg.w, row, sg.a, l);
+            sg.y[row] = fa_warp_sum<32>(part) + (sg.bias ? sg.bias[row] : 0.0f);
+        }
+    }
 }
 
 template <int EPL, typename KT> static void host_flash(const FaArgs &a, const KT *kc, const KT *vc) {
@@ -63,6 +97,20 @@ template <int EPL, typename KT> static void host_flash(const FaArgs &a, const KT
             for (int r = 0; r < FA_ROWS; ++r)
                 if (rv[r]) fa_row_store<EPL, 32>(a, rt[r], rh[r], 0, *(const FaRow<EPL>(*)[32])&st[(size_t)r * 32]);
         }
+}
+
+bool emu_flash(const FaArgs &a, int hd, int kv_f16, const void *kc, const void *vc) {
+#define QSC_HF(E)                                                                                                 \
+    case E:                                                                                                       \
+        if (kv_f16) host_flash<E, __half>(a, (const __half *)kc, (const __half *)vc);                            \
+        else host_flash<E, float>(a, (const float *)kc, (const float *)vc);                                      \
+        return true;
+    if (hd % 32) return false;
+    switch (hd / 32) {
+        QSC_HF(1) QSC_HF(2) QSC_HF(3) QSC_HF(4)
+    default: return false;
+    }
+#undef QSC_HF
 }
 
 /* k_attention (qsc_kernels.cuh) as it computes: per (token, head), 8 warps take keys lo + w, lo + w + 8, ...; a
@@ -170,13 +218,11 @@ int qsc_host_matmat_mma(int type, const uint8_t *w, int64_t rows, int64_t k, con
     HostQW q(type, w, rows, k);
     if (!q.ok) return -1;
     HostAct act(x, n_x, k);
-    Act a = act.view(type);
-    switch (type) {
-#define QSC_HOST_MMA(T) case T: host_mma_mm<T>(q.w, a, n_x, y); break;
-        QSC_FOR_MMA_TYPES(QSC_HOST_MMA)
-#undef QSC_HOST_MMA
-    default: return -1;
-    }
+    MmaArgs args = {};
+    args.seg[0] = {q.w, act.view(type), y, rows, nullptr, 0};
+    args.nseg = 1;
+    args.ncols = n_x;
+    emu_matmul_mma(args);
     return 0;
 }
 
@@ -185,18 +231,8 @@ int qsc_host_flash(const float *q, int n_q, const int32_t *q_pos, int n_heads, i
                    const void *v_cache, int kv_f16, int n_kv_heads, int n_kv, int window, float scale, float softcap,
                    const float *sinks, float *out) {
     if (!attn_shape_ok(n_q, n_heads, head_dim, n_kv_heads, n_kv) || head_dim > 32 * FA_MAX_EPL) return -1;
-    FaArgs a = {q, q_pos, &n_kv, n_q, n_heads, n_kv_heads, window, scale, softcap, sinks, out};
-#define QSC_HF(E)                                                                                                 \
-    case E:                                                                                                       \
-        if (kv_f16) host_flash<E, __half>(a, (const __half *)k_cache, (const __half *)v_cache);                  \
-        else host_flash<E, float>(a, (const float *)k_cache, (const float *)v_cache);                            \
-        break;
-    switch (head_dim / 32) {
-        QSC_HF(1) QSC_HF(2) QSC_HF(3) QSC_HF(4)
-    default: return -1;
-    }
-#undef QSC_HF
-    return 0;
+    const FaArgs a = {q, q_pos, &n_kv, n_q, n_heads, n_kv_heads, window, scale, softcap, sinks, out};
+    return emu_flash(a, head_dim, kv_f16, k_cache, v_cache) ? 0 : -1;
 }
 
 /* k_attention's algorithm on host arrays (the kernel the flash path replaces for prefill). */
@@ -220,13 +256,51 @@ int qsc_host_gemv(int type, const uint8_t *w, int64_t rows, int64_t k, const flo
     if (!q.ok) return -1;
     HostAct act(x, 1, k);
     Act a = act.view(type);
+    if (batch == GEMV_BATCH) { /* k_gemv itself */
+        MmaArgs args = {};
+        args.seg[0] = {q.w, a, y, rows, nullptr, 0};
+        args.nseg = 1;
+        args.ncols = 1;
+        emu_gemv(args);
+        return 0;
+    }
     for (int64_t r = 0; r < rows; ++r) {
         float part[32];
-        for (int l = 0; l < 32; ++l)
-            part[l] = batch == 1 ? gemv_lane_any<1>(q.w, r, a, l) : gemv_lane_any<GEMV_BATCH>(q.w, r, a, l);
+        for (int l = 0; l < 32; ++l) part[l] = gemv_lane_any<1>(q.w, r, a, l);
         y[r] = fa_warp_sum<32>(part);
     }
     return 0;
+}
+
+/* A product launch of n (1..3) matrices through the forward's dispatch: matrix i (type types[i], rows[i] x k, its
+ * raw file blocks w[i]) times the n_x columns of x, into y[i][col * ldy[i] + row] (+ bias[i][row] where bias[i] is
+ * not NULL), as the launch tables run it: `path` QSC_PATH_MATMUL (k_matmul's twin), _GEMV or _MMA (the twins of
+ * the split launch), or -1 for the path matmul_path chooses with the environment's switches. Returns the path run,
+ * or -1 where the one asked for does not apply (matmul_path, all switches on, would not take it) or the arguments
+ * are bad. */
+int qsc_host_matmul_launch(int path, int n, const int *types, const uint8_t *const *w, const int64_t *rows, int64_t k,
+                           const float *x, int n_x, float *const *y, const int64_t *ldy, const float *const *bias) {
+    if (n < 1 || n > 3 || n_x <= 0 || path < -1 || path > QSC_PATH_MMA) return -1;
+    std::vector<std::unique_ptr<HostQW>> qs;
+    for (int i = 0; i < n; ++i) {
+        qs.emplace_back(new HostQW(types[i], w[i], rows[i], k));
+        if (!qs.back()->ok || ldy[i] < rows[i]) return -1;
+    }
+    HostAct act(x, n_x, k);
+    MmaArgs args = {};
+    for (int i = 0; i < n; ++i) args.seg[i] = {qs[(size_t)i]->w, act.view(types[i]), y[i], ldy[i], bias[i], 0};
+    args.nseg = n;
+    args.ncols = n_x;
+    const int can = matmul_path(FastPaths{}, args);
+    if (path < 0) path = matmul_path(fast_paths_env(true), args);
+    else if (path != QSC_PATH_MATMUL && path != can) return -1;
+    switch (path) {
+    case QSC_PATH_GEMV: emu_gemv(args); break;
+    case QSC_PATH_MMA: emu_matmul_mma(args); break;
+    default:
+        for (int i = 0; i < n; ++i) emu_matmul(args.seg[i].w, args.seg[i].a, y[i], ldy[i], bias[i], n_x);
+    }
+    return path;
 }
 
 } /* extern "C" */

@@ -162,6 +162,10 @@ HD void fa_block_range(const FaArgs &a, int bx, int *lo, int *hi) {
     *hi = Hh;
 }
 
+/* k_flash's grid on the host (qsc_fast_host.cuh): blocks of FA_ROWS rows per KV head, the same tiles and
+ * recurrence; head sizes 32 .. 32 * FA_MAX_EPL (false: none run). */
+bool emu_flash(const FaArgs &a, int hd, int kv_f16, const void *kc, const void *vc);
+
 HD float fa_to_f(float v) { return v; }
 HD float fa_to_f(__half v) { return h2f(v); }
 

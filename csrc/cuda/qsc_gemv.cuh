@@ -15,8 +15,13 @@
 #pragma once
 
 #include "qsc_common.cuh"
+#include "qsc_mma.cuh" /* MmaArgs: the segments of a launch of up to three matrices */
 
 constexpr int GEMV_BATCH = 4, GEMV_WARPS = 4;
+
+/* k_gemv's grid on the host (qsc_fast_host.cuh): GEMV_WARPS rows per block, each row's 32 lanes with their
+ * GEMV_BATCH loads, the butterfly sum, the bias; args as given to launch_gemv (ncols 1, blk0 laid out here). */
+void emu_gemv(MmaArgs args);
 
 /* Lane `lane`'s partial sum of row `row` x activation column 0 of a, BATCH units' loads at a time. */
 template <int TYPE, int BATCH> HD float gemv_lane(const QW &w, int64_t row, const Act &a, int lane) {

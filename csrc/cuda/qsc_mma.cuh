@@ -116,6 +116,47 @@ template <int TYPE> struct MmaTraits {
 static inline bool mma_type_ok(int type, int64_t k) { return type_desc(type).mma && k > 0 && k % MMA_KT == 0; }
 
 /* ------------------------------------------------------------------------------------------------------------------
+ * A launch of up to three products over the same ncols activation columns (q, k and v of one projection step, or
+ * gate and up): segment i owns blockIdx.x seg[i].blk0 .. seg[i + 1].blk0 - 1, rows_per_block rows per block
+ * (k_matmul_mma: MMA_BM, k_gemv: GEMV_WARPS), and writes y[col * ldy + row] (+ bias[row]). The device launchers
+ * (qsc_fast.cuh) and the host twins (qsc_fast_host.cuh) lay the segments out and find a block's segment with the
+ * same two functions, so the emulated model runs the device's bookkeeping. */
+struct MmaSeg {
+    QW w;
+    Act a;
+    float *y;
+    int64_t ldy;
+    const float *bias;
+    int blk0; /* first blockIdx.x of this segment */
+};
+struct MmaArgs {
+    MmaSeg seg[3];
+    int nseg, ncols;
+};
+
+/* Sets each segment's blk0, end to end; returns the blocks along x. */
+static inline int mma_lay_out(MmaArgs &args, int rows_per_block) {
+    int blocks = 0;
+    for (int i = 0; i < args.nseg; ++i) {
+        args.seg[i].blk0 = blocks;
+        blocks += (int)((args.seg[i].w.rows + rows_per_block - 1) / rows_per_block);
+    }
+    return blocks;
+}
+
+/* The segment block bx belongs to (block-uniform). */
+HD int mma_seg_of(const MmaArgs &args, int bx) {
+    int si = 0;
+    if (args.nseg > 1 && bx >= args.seg[1].blk0) si = 1;
+    if (args.nseg > 2 && bx >= args.seg[2].blk0) si = 2;
+    return si;
+}
+
+/* k_matmul_mma's grid on the host: every block of every segment through the tile loop below, with LANES = 32
+ * (qsc_fast_host.cuh; args as given to launch_matmul_mma, blk0 laid out here). */
+void emu_matmul_mma(MmaArgs args);
+
+/* ------------------------------------------------------------------------------------------------------------------
  * Stage loads: thread tid of nthr decodes 32-element pieces (piece p of row r = elements 32p..32p+31 of the stage;
  * consecutive threads take consecutive pieces, so a warp reads consecutive bytes of the repacked fields): the type's
  * mma_piece (its room in qsc_types.cuh) writes the piece's int8 values and its scales into MmaSmem.

@@ -352,7 +352,7 @@ static int enqueue_moe(qsc_model *m, const Layer &L, int T, char *err, size_t er
     const int E = m->cfg.E, F = L.F, NE = ml.n_expert, K = ml.n_used, FS = ml.n_ff_shexp;
     cudaStream_t st = m->st;
     MatJob rj = {&ml.router.w, act_view(m, ml.router.w.type, m->h, E, 0), s.logits, NE, ml.b_router};
-    launch_matmul(&rj, 1, T, st);
+    launch_matmul(m->fast, &rj, 1, T, st);
     k_moe_route<<<(T + 63) / 64, 64, 0, st>>>(s.logits, T, NE, K, ml.norm, ml.scale, s.sel, s.wsel);
     CUDA_TRY(cudaGetLastError());
     CUDA_TRY(cudaMemcpyAsync(s.h_sel, s.sel, (size_t)T * K * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
@@ -360,10 +360,10 @@ static int enqueue_moe(qsc_model *m, const Layer &L, int T, char *err, size_t er
         const QW &g = ml.sh_gate.w, &u = ml.sh_up.w, &d = ml.sh_down.w;
         MatJob gu[2] = {{&g, act_view(m, g.type, m->h, E, 0), s.sg, FS, nullptr},
                         {&u, act_view(m, u.type, m->h, E, 0), s.su, FS, nullptr}};
-        launch_matmul(gu, 2, T, st);
+        launch_matmul(m->fast, gu, 2, T, st);
         k_moe_glu<<<T, 256, 0, st>>>(s.sg, s.su, s.sa, moe_act_out(s, {d.type}), FS, 0);
         MatJob dj = {&d, moe_act(s, d.type, s.sa, FS), s.so, E, nullptr};
-        launch_matmul(&dj, 1, T, st);
+        launch_matmul(m->fast, &dj, 1, T, st);
     }
     CUDA_TRY(cudaMemsetAsync(m->o, 0, (size_t)T * E * sizeof(float), st));
     CUDA_TRY(cudaStreamSynchronize(st));
@@ -390,10 +390,10 @@ static int enqueue_moe(qsc_model *m, const Layer &L, int T, char *err, size_t er
         k_moe_gather<<<n, 256, 0, st>>>(m->h, pairs, K, s.hb, moe_act_out(s, {G.type, U.type}), E);
         MatJob gu[2] = {{&ge, moe_act(s, G.type, s.hb, E), m->g, F, ml.b_gate ? ml.b_gate + (int64_t)e * F : nullptr},
                         {&ue, moe_act(s, U.type, s.hb, E), m->u, F, ml.b_up ? ml.b_up + (int64_t)e * F : nullptr}};
-        launch_matmul(gu, 2, n, st);
+        launch_matmul(m->fast, gu, 2, n, st);
         k_moe_glu<<<n, 256, 0, st>>>(m->g, m->u, m->a, moe_act_out(s, {D.type}), F, ml.oai);
         MatJob dj = {&de, moe_act(s, D.type, m->a, F), s.ob, E, ml.b_down ? ml.b_down + (int64_t)e * E : nullptr};
-        launch_matmul(&dj, 1, n, st);
+        launch_matmul(m->fast, &dj, 1, n, st);
         k_moe_scatter<<<n, 256, 0, st>>>(s.ob, pairs, K, s.wsel, m->o, E);
     }
     if (FS) k_moe_shared_add<<<T, 256, 0, st>>>(m->h, ml.sh_gate_inp, s.so, m->o, E);

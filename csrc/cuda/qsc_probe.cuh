@@ -201,7 +201,7 @@ int qsc_head(qsc_model *m, const float *x, int n_rows, float *logits, char *err,
         k_norm_quant<<<T, 256, 0, m->st>>>(m->x, ResidIn{}, m->out_norm, 1, m->h, act_out_for(m, {wout.type}), E,
                                            c.eps);
         MatJob lm = {&wout, act_view(m, wout.type, m->h, E, 0), m->d_logits_all, V, nullptr};
-        launch_matmul(&lm, 1, T, m->st);
+        launch_matmul(m->fast, &lm, 1, T, m->st);
         CUDA_TRY(cudaGetLastError());
         CUDA_TRY(cudaMemcpyAsync(logits + (int64_t)start * V, m->d_logits_all, (size_t)T * V * sizeof(float),
                                  cudaMemcpyDeviceToHost, m->st));

@@ -28,7 +28,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QPlainTextEdit,
-    QPushButton,
     QSpinBox,
     QSplitter,
     QTableView,
@@ -46,9 +45,9 @@ from quantscope.core.jobs import RateMeter, format_duration
 from ..guard import qt_guarded
 from ..theme import BAD_COLOR, KLD_BINS, KLD_COLORS, KLD_TEXT_COLORS, kld_bin, muted_color
 from ..widgets.fit import ElidedLabel, fit_columns
+from ..widgets.jobstrip import JobStrip
 from ..widgets.paths import browse_row
 from ..widgets.plots import CompactPlot
-from ..widgets.progress import ProgressBar
 from ..workers import JobSlot, Task, TaskRunner
 from .overview import Card
 
@@ -307,7 +306,39 @@ class CompareDialog(QDialog):
         self._phases: tuple[str, ...] = ("base", "quant", "chunk")
         self._sample = sample_text()
 
-        # ---- setup (left)
+        self.split = self._build_split(self._build_setup(doc_path), self._build_results())
+        buttons = QDialogButtonBox()
+        self.close_btn = buttons.addButton("Close", QDialogButtonBox.ButtonRole.RejectRole)
+        self.close_btn.clicked.connect(self.close)
+        lay = QVBoxLayout(self)
+        lay.addWidget(self.split, 1)
+        lay.addWidget(buttons)
+        self.resize(1280, 820)
+
+        self.role.currentIndexChanged.connect(self._role_changed)
+        self.kld_base.toggled.connect(self._kld_toggled)
+        self.text_source.currentIndexChanged.connect(self._source_changed)
+        self.text_edit.textChanged.connect(self._typed_changed)
+        self._role_changed()
+        self._source_changed()
+        self._clear_figures()
+        self.text.clear_result(self._placeholder())
+
+    # ------------------------------------------------------------------ construction
+    def _build_setup(self, doc_path: Path) -> QWidget:
+        """The left column: the options, the job strip and the rate."""
+        self._build_options(doc_path)
+        self._build_strip()
+        left = QWidget()
+        ll = QVBoxLayout(left)
+        ll.setContentsMargins(0, 0, 0, 0)
+        ll.addWidget(self.setup, 1)
+        ll.addWidget(self.strip)
+        ll.addWidget(self.rate)
+        return left
+
+    def _build_options(self, doc_path: Path) -> None:
+        """The files, the text and the numbers (``self.setup``, greyed while a comparison runs)."""
         self.role = QComboBox()
         self.role.setAccessibleName("The open file is the")
         self.role.addItem("base (the reference)", "base")
@@ -369,47 +400,59 @@ class CompareDialog(QDialog):
         nums.addWidget(self.ctx, 1)
         nums.addWidget(QLabel("Chunks"))
         nums.addWidget(self.chunks, 1)
-        self.start_btn = QPushButton("Compare")
-        self.start_btn.setAccessibleName("Start the comparison")
-        self.start_btn.setDefault(True)
-        self.cancel_btn = QPushButton("Cancel")
-        self.cancel_btn.setAccessibleName("Cancel the comparison")
-        self.cancel_btn.setEnabled(False)
-        self.start_btn.clicked.connect(self.start)
-        self.cancel_btn.clicked.connect(self.cancel)
-        run_row = QHBoxLayout()
-        run_row.addWidget(self.start_btn, 1)
-        run_row.addWidget(self.cancel_btn)
-        self.progress = ProgressBar()
-        self.progress.setAccessibleName("Comparison progress")
-        self.progress.setRange(0, 1000)
-        self.progress.setFormat("%p%")
-        self.status = QLabel("Choose the other file, then Compare.")
-        self.status.setAccessibleName("Comparison status")
-        self.status.setWordWrap(True)
-        self.status.setTextFormat(Qt.TextFormat.RichText)
-        self.rate = QLabel()
-        self.rate.setObjectName("muted")
-        self.rate.setWordWrap(True)
         self.setup = QWidget()
         sl = QVBoxLayout(self.setup)
         sl.setContentsMargins(0, 0, 0, 0)
         sl.addLayout(form)
         sl.addWidget(self.text_edit, 1)
         sl.addLayout(nums)
-        left = QWidget()
-        ll = QVBoxLayout(left)
-        ll.setContentsMargins(0, 0, 0, 0)
-        ll.addWidget(self.setup, 1)
-        ll.addLayout(run_row)
-        ll.addWidget(self.progress)
-        ll.addWidget(self.status)
-        ll.addWidget(self.rate)
 
-        # ---- results (right)
+    def _build_strip(self) -> None:
+        """Compare, Cancel, the bar, the status (a :class:`JobStrip`) and the rate line."""
+        status = QLabel()
+        status.setWordWrap(True)
+        status.setTextFormat(Qt.TextFormat.RichText)
+        # [Compare ……][Cancel] over the bar over the status, all in place (greyed when not usable)
+        self.strip = JobStrip("comparison", "Compare", status_text="Choose the other file, then Compare.", scale=1000,
+                              status=status, layout="column", always_shown=True, run_name="Start the comparison")
+        self.strip.row.setStretchFactor(self.strip.run_btn, 1)
+        self.strip.progress.setFormat("%p%")
+        self.strip.run_btn.setDefault(True)
+        self.strip.run_clicked.connect(self.start)
+        self.strip.cancel_clicked.connect(self.cancel)
+        self.start_btn = self.strip.run_btn
+        self.cancel_btn = self.strip.cancel_btn
+        self.progress = self.strip.progress
+        self.status = self.strip.status
+        self.rate = QLabel()
+        self.rate.setObjectName("muted")
+        self.rate.setWordWrap(True)
+
+    def _build_results(self) -> QWidget:
+        """The right column: the headline, the figure cards, the coloured text over the histogram and the worst
+        positions."""
         self.headline = ElidedLabel("No comparison yet.", Qt.TextElideMode.ElideMiddle)
         self.headline.setObjectName("heading")
         self.headline.setAccessibleName("Compared files")
+        grid = self._build_cards()
+        text_page = self._build_text_page()
+
+        bottom = self._build_distribution()
+        self.result_split = QSplitter(Qt.Orientation.Vertical)
+        self.result_split.addWidget(text_page)
+        self.result_split.addWidget(bottom)
+        self.result_split.setStretchFactor(0, 3)
+        self.result_split.setStretchFactor(1, 2)
+        right = QWidget()
+        rl = QVBoxLayout(right)
+        rl.setContentsMargins(0, 0, 0, 0)
+        rl.addWidget(self.headline)
+        rl.addLayout(grid)
+        rl.addWidget(self.result_split, 1)
+        return right
+
+    def _build_cards(self) -> QGridLayout:
+        """The ten figure cards (PPL, agreement, KLD quantiles), two rows of five."""
         self.cards: dict[str, Card] = {}
         grid = QGridLayout()
         grid.setSpacing(6)
@@ -421,6 +464,10 @@ class CompareDialog(QDialog):
             grid.addWidget(c, i // 5, i % 5)
         for col in range(5):
             grid.setColumnStretch(col, 1)
+        return grid
+
+    def _build_text_page(self) -> QWidget:
+        """The KLD legend, the text coloured by KL divergence and the chosen token's details."""
         self.text = TokenText()
         self.text.setAccessibleName("Text coloured by KL divergence")
         self.text.tokenChosen.connect(self._token_chosen)
@@ -454,7 +501,10 @@ class CompareDialog(QDialog):
         tl.addLayout(legend)
         tl.addWidget(self.text, 1)
         tl.addWidget(self.details)
+        return text_page
 
+    def _build_distribution(self) -> QSplitter:
+        """The KLD histogram beside the table of the worst positions."""
         self.hist = CompactPlot((360, 200))
         self.hist.setAccessibleName("Histogram of the KL divergence")
         self.hist.setLabel("bottom", "KL divergence (nats)")
@@ -485,40 +535,17 @@ class CompareDialog(QDialog):
         bottom.addWidget(worst_page)
         bottom.setStretchFactor(0, 1)
         bottom.setStretchFactor(1, 1)
-        self.result_split = QSplitter(Qt.Orientation.Vertical)
-        self.result_split.addWidget(text_page)
-        self.result_split.addWidget(bottom)
-        self.result_split.setStretchFactor(0, 3)
-        self.result_split.setStretchFactor(1, 2)
-        right = QWidget()
-        rl = QVBoxLayout(right)
-        rl.setContentsMargins(0, 0, 0, 0)
-        rl.addWidget(self.headline)
-        rl.addLayout(grid)
-        rl.addWidget(self.result_split, 1)
+        return bottom
 
-        self.split = QSplitter(Qt.Orientation.Horizontal)
-        self.split.addWidget(left)
-        self.split.addWidget(right)
-        self.split.setStretchFactor(0, 0)
-        self.split.setStretchFactor(1, 1)
-        self.split.setSizes([300, 900])
-        buttons = QDialogButtonBox()
-        self.close_btn = buttons.addButton("Close", QDialogButtonBox.ButtonRole.RejectRole)
-        self.close_btn.clicked.connect(self.close)
-        lay = QVBoxLayout(self)
-        lay.addWidget(self.split, 1)
-        lay.addWidget(buttons)
-        self.resize(1280, 820)
-
-        self.role.currentIndexChanged.connect(self._role_changed)
-        self.kld_base.toggled.connect(self._kld_toggled)
-        self.text_source.currentIndexChanged.connect(self._source_changed)
-        self.text_edit.textChanged.connect(self._typed_changed)
-        self._role_changed()
-        self._source_changed()
-        self._clear_figures()
-        self.text.clear_result(self._placeholder())
+    def _build_split(self, left: QWidget, right: QWidget) -> QSplitter:
+        """The setup column beside the results."""
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.addWidget(left)
+        split.addWidget(right)
+        split.setStretchFactor(0, 0)
+        split.setStretchFactor(1, 1)
+        split.setSizes([300, 900])
+        return split
 
     # ------------------------------------------------------------------ options
     def role_name(self) -> str:
@@ -617,11 +644,8 @@ class CompareDialog(QDialog):
         self.meter = RateMeter()
         self._phases = ("quant", "chunk") if kld_base else ("base", "quant", "chunk")
         self.setup.setEnabled(False)
-        self.start_btn.setEnabled(False)
-        self.cancel_btn.setEnabled(True)
-        self.progress.setValue(0)
+        self.strip.started("Starting…")
         self.rate.setText("")
-        self.status.setText("Starting…")
         self._clear_figures()
         self.headline.setText(f"{base.name}  →  {quant.name}")
         self.text.clear_result("<p>Comparing…</p>")
@@ -663,13 +687,12 @@ class CompareDialog(QDialog):
         self.state = state
         self.task = None
         self.setup.setEnabled(True)
-        self.start_btn.setEnabled(True)
-        self.cancel_btn.setEnabled(False)
+        self.strip.set_busy(False)
 
     def _done(self, r: CompareResult) -> None:
         self._finish("done")
         self.result = r
-        self.progress.setValue(1000)
+        self.strip.finished()
         self.rate.setText(f"Scored in {r.seconds:.1f} s" + (f" ({r.backends[1]})" if r.backends[1] else ""))
         self.status.setText(html.escape(printable(f"Done: {r.n_chunks} chunk{'s' if r.n_chunks != 1 else ''} of "
                                                   f"{r.n_ctx} tokens, {r.n_scored:,} positions scored.")))
@@ -769,7 +792,7 @@ class CompareDialog(QDialog):
 
     def cancel(self) -> None:
         if self.task is not None:
-            self.status.setText("Cancelling…")
+            self.strip.cancelling()
             self.task.cancel()
 
     def closeEvent(self, event: Any) -> None:

@@ -36,8 +36,8 @@ from quantscope.core.summary import human_bytes
 
 from ..guard import qt_guarded
 from ..theme import BAD_COLOR, OK_COLOR
+from ..widgets.jobstrip import JobStrip
 from ..widgets.paths import browse_row, output_path
-from ..widgets.progress import ProgressBar
 from ..workers import JobSlot, Task, TaskRunner
 
 
@@ -122,15 +122,16 @@ class ConvertDialog(QDialog):
         self.options = QWidget()
         self.options.setLayout(form)
 
-        self.progress = ProgressBar()
-        self.progress.setAccessibleName("Conversion progress")
-        self.progress.setRange(0, 1000)
-        self.progress.setTextVisible(True)
-        self.progress.setFormat("%p%")
-        self.status = QLabel("Ready.")
-        self.status.setAccessibleName("Conversion status")
-        self.status.setWordWrap(True)
-        self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)  # the command, to copy
+        # the bar over the status, always shown; Convert and Cancel (greyed when not usable) in the button box
+        self.strip = JobStrip("conversion", "Convert", status_text="Ready.", scale=1000, layout="column",
+                              always_shown=True, place_buttons=False, run_name="Start the conversion")
+        self.strip.progress.setTextVisible(True)
+        self.strip.progress.setFormat("%p%")
+        self.strip.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)  # the command
+        self.strip.run_clicked.connect(self.start)
+        self.strip.cancel_clicked.connect(self.cancel)
+        self.progress = self.strip.progress
+        self.status = self.strip.status
         self.rate = QLabel()
         self.rate.setObjectName("muted")
         self.rate.setAccessibleName("Conversion speed and time left")
@@ -140,10 +141,10 @@ class ConvertDialog(QDialog):
         self.summary.hide()
 
         self.buttons = QDialogButtonBox()
-        self.start_btn = self.buttons.addButton("Convert", QDialogButtonBox.ButtonRole.AcceptRole)
-        self.start_btn.setAccessibleName("Start the conversion")
-        self.cancel_btn = self.buttons.addButton("Cancel", QDialogButtonBox.ButtonRole.ActionRole)
-        self.cancel_btn.setAccessibleName("Cancel the conversion")
+        self.start_btn = self.strip.run_btn
+        self.cancel_btn = self.strip.cancel_btn
+        self.buttons.addButton(self.start_btn, QDialogButtonBox.ButtonRole.AcceptRole)
+        self.buttons.addButton(self.cancel_btn, QDialogButtonBox.ButtonRole.ActionRole)
         self.open_btn = self.buttons.addButton("Open the result", QDialogButtonBox.ButtonRole.ActionRole)
         self.open_btn.setAccessibleName("Open the converted bump file")
         self.open_btn.hide()
@@ -156,19 +157,13 @@ class ConvertDialog(QDialog):
         self.requant_btn.clicked.connect(lambda: self.quantizeRequested.emit(self.REQUANT_PRESET))
         self.requant_btn.hide()
         self.profile.currentTextChanged.connect(lambda _t: self._show_refusal())
-        self.start_btn.clicked.connect(self.start)
-        self.cancel_btn.clicked.connect(self.cancel)
         self.open_btn.clicked.connect(self._open_result)
         self.close_btn.clicked.connect(self.close)
-        self.cancel_btn.setEnabled(False)
+        self.strip.status_row.addWidget(self.requant_btn)
 
         lay = QVBoxLayout(self)
         lay.addWidget(self.options)
-        lay.addWidget(self.progress)
-        status_row = QHBoxLayout()
-        status_row.addWidget(self.status, 1)
-        status_row.addWidget(self.requant_btn)
-        lay.addLayout(status_row)
+        lay.addWidget(self.strip)
         lay.addWidget(self.rate)
         lay.addWidget(self.summary, 1)
         lay.addWidget(self.buttons)
@@ -221,7 +216,7 @@ class ConvertDialog(QDialog):
         why = self.refusals.get(self.profile.currentText())
         none_take = len(self.refusals) == len(PROFILES)
         self.requant_btn.setVisible(none_take)
-        self.start_btn.setEnabled(why is None)
+        self.strip.set_can_run(why is None)
         if why is None:
             if self.state == "idle":
                 self.status.setText("Ready.")
@@ -277,12 +272,9 @@ class ConvertDialog(QDialog):
         self.error = None
         self.meter = RateMeter()
         self.options.setEnabled(False)
-        self.start_btn.setEnabled(False)
-        self.cancel_btn.setEnabled(True)
         self.open_btn.hide()
         self.summary.hide()
-        self.progress.setValue(0)
-        self.status.setText("Planning (checking every tensor has a slot, deciding the lm_head)…")
+        self.strip.started("Planning (checking every tensor has a slot, deciding the lm_head)…")
 
         def work(report, token):  # type: ignore[no-untyped-def]
             def on_progress(p: ConvertProgress) -> None:
@@ -308,14 +300,14 @@ class ConvertDialog(QDialog):
         self.state = state
         self.task = None
         self.options.setEnabled(True)
-        self.start_btn.setEnabled(self.refusals is None or self.profile.currentText() not in self.refusals)
+        self.strip.set_can_run(self.refusals is None or self.profile.currentText() not in self.refusals)
+        self.strip.set_busy(False)
         self.start_btn.setText("Convert again")
-        self.cancel_btn.setEnabled(False)
 
     def _done(self, res: ConvertResult) -> None:
         self.result = res
         self._finish("done")
-        self.progress.setValue(1000)
+        self.strip.finished()
         plan = res.plan
         h = plan.hyper
         types: dict[str, int] = {}
@@ -362,7 +354,7 @@ class ConvertDialog(QDialog):
 
     def cancel(self) -> None:
         if self.task is not None:
-            self.status.setText("Cancelling…")
+            self.strip.cancelling()
             self.task.cancel()
 
     def _open_result(self) -> None:

@@ -60,8 +60,8 @@ from ..models import KEY_ROLE, SORT_ROLE, KeyValueModel, SortFilterProxy, plural
 from ..theme import BAD_COLOR, OK_COLOR, muted_color
 from ..widgets.blockwidgets import mono_font
 from ..widgets.fit import ElidedLabel, fit_columns
+from ..widgets.jobstrip import JobStrip
 from ..widgets.paths import output_path
-from ..widgets.progress import ProgressBar
 from ..workers import JobSlot, Task, TaskRunner
 
 DIFF_TASK = "diff"
@@ -760,7 +760,29 @@ class DiffDialog(QDialog):
         self._tasks: set[Task] = set()
         self._retired: list[GGUFFile] = []
 
-        # ---- the files and the options
+        files = self._build_files(doc_path)
+        self._build_strip()
+        self._build_results()
+        bottom = self._build_buttons()
+
+        lay = QVBoxLayout(self)
+        lay.addLayout(files)
+        lay.addWidget(self.strip)
+        summary_row = QHBoxLayout()
+        summary_row.addWidget(self.summary, 1)
+        summary_row.addWidget(self.filter, 0, Qt.AlignmentFlag.AlignBottom)
+        lay.addLayout(summary_row)
+        lay.addWidget(self.split, 1)
+        lay.addLayout(bottom)
+        self.resize(1280, 860)
+        for btn in self.findChildren(QPushButton):  # no default button: Enter in the tables or the filter box
+            btn.setAutoDefault(False)  # must not start a comparison (the B and pattern boxes start one)
+            btn.setDefault(False)
+        self._show_tables(None)
+
+    # ------------------------------------------------------------------ construction
+    def _build_files(self, doc_path: Path) -> QGridLayout:
+        """A (the open file) and B (a path box and Browse…)."""
         self.a_label = ElidedLabel(printable(doc_path), Qt.TextElideMode.ElideMiddle)
         self.a_label.setAccessibleName("File A (the reference)")
         self.other = QLineEdit()
@@ -771,6 +793,22 @@ class DiffDialog(QDialog):
         self.browse_btn = QPushButton("Browse…")
         self.browse_btn.setAccessibleName("Browse for file B")
         self.browse_btn.clicked.connect(self.browse)
+        files = QGridLayout()
+        files.setHorizontalSpacing(8)
+        files.setVerticalSpacing(4)
+        a_title = QLabel("A (open file)")
+        b_title = QLabel("B")
+        b_title.setBuddy(self.other)
+        files.addWidget(a_title, 0, 0)
+        files.addWidget(self.a_label, 0, 1, 1, 2)
+        files.addWidget(b_title, 1, 0)
+        files.addWidget(self.other, 1, 1)
+        files.addWidget(self.browse_btn, 1, 2)
+        files.setColumnStretch(1, 1)
+        return files
+
+    def _build_strip(self) -> None:
+        """The options (values, pattern, rows) and the comparison's :class:`JobStrip` with its rate."""
         self.values_check = QCheckBox("Compare values")
         self.values_check.setChecked(True)
         self.values_check.setAccessibleName("Compare the tensors' values")
@@ -790,36 +828,6 @@ class DiffDialog(QDialog):
         self.rows.setGroupSeparatorShown(True)
         self.rows.setToolTip("Compute the value figures on at most this many evenly spaced rows per tensor (all: "
                              "every row); the bit-identical check still reads every byte")
-        self.start_btn = QPushButton("Compare")
-        self.start_btn.setAccessibleName("Start the comparison")
-        self.start_btn.clicked.connect(self.start)
-        self.cancel_btn = QPushButton("Cancel")
-        self.cancel_btn.setAccessibleName("Cancel the comparison")
-        self.cancel_btn.setEnabled(False)
-        self.cancel_btn.clicked.connect(self.cancel)
-        self.progress = ProgressBar()
-        self.progress.setAccessibleName("Comparison progress")
-        self.progress.setRange(0, 1000)
-        self.progress.setValue(0)
-        self.progress.setMaximumWidth(220)
-        self.status = ElidedLabel("Choose the other file, then Compare.")
-        self.status.setAccessibleName("Comparison status")
-        self.rate = QLabel()
-        self.rate.setObjectName("muted")
-        self.rate.setAccessibleName("Comparison rate")
-
-        files = QGridLayout()
-        files.setHorizontalSpacing(8)
-        files.setVerticalSpacing(4)
-        a_title = QLabel("A (open file)")
-        b_title = QLabel("B")
-        b_title.setBuddy(self.other)
-        files.addWidget(a_title, 0, 0)
-        files.addWidget(self.a_label, 0, 1, 1, 2)
-        files.addWidget(b_title, 1, 0)
-        files.addWidget(self.other, 1, 1)
-        files.addWidget(self.browse_btn, 1, 2)
-        files.setColumnStretch(1, 1)
         self.setup = QWidget()
         opts = QHBoxLayout(self.setup)
         opts.setContentsMargins(0, 0, 0, 0)
@@ -834,56 +842,31 @@ class DiffDialog(QDialog):
         rows_label.setBuddy(self.rows)
         opts.addWidget(rows_label)
         opts.addWidget(self.rows)
-        run_row = QHBoxLayout()
-        run_row.addWidget(self.setup, 1)
-        run_row.addWidget(self.start_btn)
-        run_row.addWidget(self.cancel_btn)
-        status_row = QHBoxLayout()
-        status_row.addWidget(self.progress)
-        status_row.addWidget(self.status, 1)
-        status_row.addWidget(self.rate)
+        # [options …][Compare][Cancel] over [progress][status …][rate], all in place (greyed when not usable)
+        self.strip = JobStrip("comparison", "Compare", status_text="Choose the other file, then Compare.",
+                              scale=1000, status=ElidedLabel(), layout="two_rows", always_shown=True,
+                              run_name="Start the comparison", controls=self.setup)
+        self.strip.run_clicked.connect(self.start)
+        self.strip.cancel_clicked.connect(self.cancel)
+        self.start_btn = self.strip.run_btn
+        self.cancel_btn = self.strip.cancel_btn
+        self.progress = self.strip.progress
+        self.status: ElidedLabel = self.strip.status  # type: ignore[assignment]
+        self.rate = QLabel()
+        self.rate.setObjectName("muted")
+        self.rate.setAccessibleName("Comparison rate")
+        self.strip.status_row.addWidget(self.rate)
 
-        # ---- the results
+    def _build_results(self) -> None:
+        """The summary, the filter, the tensor and metadata tabs over the block pair."""
         self.summary = QLabel("No comparison yet.")
         self.summary.setObjectName("heading")
         self.summary.setAccessibleName("Summary of the differences")
         self.summary.setWordWrap(True)
         self.summary.setTextFormat(Qt.TextFormat.PlainText)  # names and patterns from the user and the files
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.tensor_model = TensorDiffModel()
-        self.tensor_proxy = SortFilterProxy(self)
-        self.tensor_proxy.setSourceModel(self.tensor_model)
-        self.tensors = QTableView()
-        self.tensors.setModel(self.tensor_proxy)
-        self.tensors.setAccessibleName("Tensors compared")
-        self.tensors.setSortingEnabled(True)
-        self.tensors.sortByColumn(7, Qt.SortOrder.DescendingOrder)
-        self.tensors.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.tensors.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.tensors.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.tensors.verticalHeader().setVisible(False)
-        self.tensors.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 6)
-        self.tensors.setWordWrap(False)
-        fit_columns(self.tensors, stretch=0, optional=(3, 8, 6), min_stretch=160, max_stretch=420)
-        self.tensors.clicked.connect(self._tensor_activated)
-        self.tensors.activated.connect(self._tensor_activated)
-        self.meta_model = MetadataDiffModel()
-        self.meta_proxy = SortFilterProxy(self)
-        self.meta_proxy.setSourceModel(self.meta_model)
-        self.meta = QTableView()
-        self.meta.setModel(self.meta_proxy)
-        self.meta.setAccessibleName("Metadata keys that differ")
-        self.meta.setSortingEnabled(True)
-        self.meta.sortByColumn(-1, Qt.SortOrder.AscendingOrder)  # the files' order until a header is clicked
-        self.meta.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.meta.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.meta.verticalHeader().setVisible(False)
-        self.meta.setWordWrap(False)
-        self.meta.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.meta.setTextElideMode(Qt.TextElideMode.ElideRight)
-        mh = self.meta.horizontalHeader()
-        mh.setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
-        mh.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
+        self._build_tensor_table()
+        self._build_meta_table()
         for view in (self.tensors, self.meta):
             view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
             view.customContextMenuRequested.connect(lambda pos, v=view: self._context_menu(v, pos))
@@ -908,6 +891,48 @@ class DiffDialog(QDialog):
         self.split.setStretchFactor(0, 1)
         self.split.setStretchFactor(1, 1)
 
+    def _build_tensor_table(self) -> None:
+        """The tensors compared, worst first."""
+        self.tensor_model = TensorDiffModel()
+        self.tensor_proxy = SortFilterProxy(self)
+        self.tensor_proxy.setSourceModel(self.tensor_model)
+        self.tensors = QTableView()
+        self.tensors.setModel(self.tensor_proxy)
+        self.tensors.setAccessibleName("Tensors compared")
+        self.tensors.setSortingEnabled(True)
+        self.tensors.sortByColumn(7, Qt.SortOrder.DescendingOrder)
+        self.tensors.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.tensors.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.tensors.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.tensors.verticalHeader().setVisible(False)
+        self.tensors.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 6)
+        self.tensors.setWordWrap(False)
+        fit_columns(self.tensors, stretch=0, optional=(3, 8, 6), min_stretch=160, max_stretch=420)
+        self.tensors.clicked.connect(self._tensor_activated)
+        self.tensors.activated.connect(self._tensor_activated)
+
+    def _build_meta_table(self) -> None:
+        """The metadata keys that differ, in the files' order."""
+        self.meta_model = MetadataDiffModel()
+        self.meta_proxy = SortFilterProxy(self)
+        self.meta_proxy.setSourceModel(self.meta_model)
+        self.meta = QTableView()
+        self.meta.setModel(self.meta_proxy)
+        self.meta.setAccessibleName("Metadata keys that differ")
+        self.meta.setSortingEnabled(True)
+        self.meta.sortByColumn(-1, Qt.SortOrder.AscendingOrder)  # the files' order until a header is clicked
+        self.meta.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.meta.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.meta.verticalHeader().setVisible(False)
+        self.meta.setWordWrap(False)
+        self.meta.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.meta.setTextElideMode(Qt.TextElideMode.ElideRight)
+        mh = self.meta.horizontalHeader()
+        mh.setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        mh.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
+
+    def _build_buttons(self) -> QHBoxLayout:
+        """Export as JSON… and Close."""
         self.export_btn = QPushButton("Export as JSON…")
         self.export_btn.setAccessibleName("Export the comparison as JSON")
         self.export_btn.setEnabled(False)
@@ -919,22 +944,7 @@ class DiffDialog(QDialog):
         bottom.addWidget(self.export_btn)
         bottom.addStretch(1)
         bottom.addWidget(self.close_btn)
-
-        lay = QVBoxLayout(self)
-        lay.addLayout(files)
-        lay.addLayout(run_row)
-        lay.addLayout(status_row)
-        summary_row = QHBoxLayout()
-        summary_row.addWidget(self.summary, 1)
-        summary_row.addWidget(self.filter, 0, Qt.AlignmentFlag.AlignBottom)
-        lay.addLayout(summary_row)
-        lay.addWidget(self.split, 1)
-        lay.addLayout(bottom)
-        self.resize(1280, 860)
-        for btn in self.findChildren(QPushButton):  # no default button: Enter in the tables or the filter box
-            btn.setAutoDefault(False)  # must not start a comparison (the B and pattern boxes start one)
-            btn.setDefault(False)
-        self._show_tables(None)
+        return bottom
 
     # ------------------------------------------------------------------ the other file
     def set_other(self, path: str | Path) -> None:
@@ -999,7 +1009,7 @@ class DiffDialog(QDialog):
         self.meter = RateMeter()
         self._t0 = time.monotonic()
         self._set_running(True)
-        self.progress.setValue(0)
+        self.strip.started()
         self.rate.setText("")
         self._say(printable(f"Opening {other.name}…"))
         self._show_tables(None)
@@ -1059,8 +1069,7 @@ class DiffDialog(QDialog):
         self.setup.setEnabled(not on)
         self.other.setEnabled(not on)
         self.browse_btn.setEnabled(not on)
-        self.start_btn.setEnabled(not on)
-        self.cancel_btn.setEnabled(on)
+        self.strip.set_busy(on)
         self.export_btn.setEnabled(not on and self.result is not None)
 
     def _progress(self, done: int, total: int, _text: str) -> None:
@@ -1082,7 +1091,7 @@ class DiffDialog(QDialog):
         self.file_b = fb
         self.result = d
         self._finish("done")
-        self.progress.setValue(1000)
+        self.strip.finished()
         self.rate.setText(f"{self.seconds:.1f} s")
         self._say(printable(f"Compared {self.doc_path.name} (A) with {fb.path.name if fb.path else 'B'} (B)."))
         self.summary.setText(summary_text(d))
@@ -1114,7 +1123,8 @@ class DiffDialog(QDialog):
     def cancel(self) -> None:
         """Stop the comparison and the search for a difference (both end at their next chunk)."""
         if self.task is not None:
-            self._say("Cancelling…")
+            self.status.setStyleSheet("")
+            self.strip.cancelling()
             self.task.cancel()
         self._cancel_locate()
 

@@ -49,7 +49,7 @@ from ..exports import Exporter
 from ..guard import qt_guarded
 from ..theme import BAD_COLOR, group_color, is_dark
 from ..widgets.fit import ElidedLabel
-from ..widgets.progress import ProgressBar
+from ..widgets.jobstrip import JobStrip, controls_row
 from ..workers import JobSlot, Task, TaskRunner
 from .probe_widgets import CellHeatmap, TokenAxis, token_label
 
@@ -692,19 +692,17 @@ class ProbeView(QWidget):
         self.target.setToolTip("The token whose rank and probability the logit lens follows at each position: the "
                                "model's own final prediction there, or the token that comes next in the prompt")
         self.target.currentIndexChanged.connect(self._target_changed)
-        self.run_btn = QPushButton("Run")
-        self.run_btn.setAccessibleName("Run the probe")
-        self.run_btn.setToolTip("Run the prompt through the model and keep its insides (Ctrl+Enter)")
-        self.run_btn.clicked.connect(self.run)
-        self.cancel_btn = QPushButton("Cancel")
-        self.cancel_btn.setAccessibleName("Cancel the probe")
-        self.cancel_btn.clicked.connect(self.cancel)
-        self.progress = ProgressBar()
-        self.progress.setRange(0, 1000)
-        self.progress.setAccessibleName("Probe progress")
-        self.progress.setMaximumWidth(180)
-        self.status = ElidedLabel()
-        self.status.setAccessibleName("Probe status")
+        # [tokens][Lens target ▾] … [Run][Cancel] over [progress][status]
+        self.strip = JobStrip("probe", "Run", scale=1000, progress_width=180, status=ElidedLabel(),
+                              layout="two_rows", disable_run=True,
+                              controls=controls_row(self.count, 12, QLabel("Lens target"), self.target, None))
+        self.strip.run_btn.setToolTip("Run the prompt through the model and keep its insides (Ctrl+Enter)")
+        self.strip.run_clicked.connect(self.run)
+        self.strip.cancel_clicked.connect(self.cancel)
+        self.run_btn = self.strip.run_btn
+        self.cancel_btn = self.strip.cancel_btn
+        self.progress = self.strip.progress
+        self.status: ElidedLabel = self.strip.status  # type: ignore[assignment]
         for key in ("Ctrl+Return", "Ctrl+Enter"):
             sc = QShortcut(QKeySequence(key), self)
             sc.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
@@ -726,19 +724,9 @@ class ProbeView(QWidget):
                         (self.activations_page.chan_plot, "channel-rms")):
             self.exporter.install_plot_menu(w, name)
 
-        top = QHBoxLayout()
-        top.addWidget(self.count)
-        top.addSpacing(12)
-        top.addWidget(QLabel("Lens target"))
-        top.addWidget(self.target)
-        top.addStretch(1)
-        top.addWidget(self.progress)
-        top.addWidget(self.cancel_btn)
-        top.addWidget(self.run_btn)
         lay = QVBoxLayout(self)
         lay.addWidget(self.prompt)
-        lay.addLayout(top)
-        lay.addWidget(self.status)
+        lay.addWidget(self.strip)
         lay.addWidget(self.pages, 1)
         self._dark = is_dark()
         self._set_busy(False)
@@ -768,9 +756,8 @@ class ProbeView(QWidget):
         self.status.setStyleSheet(f"color: {BAD_COLOR};" if error else "")
 
     def _set_busy(self, busy: bool) -> None:
-        self.progress.setVisible(busy)
-        self.cancel_btn.setVisible(busy)
-        self.run_btn.setEnabled(not busy and self.doc is not None)
+        self.strip.set_can_run(self.doc is not None)
+        self.strip.set_busy(busy)
         self.target.setEnabled(not busy)
         if not busy:
             QTimer.singleShot(0, self, self._idle)  # after the ended task has left the runner's list
@@ -913,7 +900,10 @@ class ProbeView(QWidget):
         doc = self.doc
 
         def progress(d: int, t: int, what: str) -> None:
-            self.progress.setValue(int(1000 * d / t) if t else 0)
+            if t:
+                self.strip.progress_to(d, t)
+            else:
+                self.progress.setValue(0)
             if what and status:
                 self._say(what[:1].upper() + what[1:] + "…")
 
@@ -927,7 +917,7 @@ class ProbeView(QWidget):
             self.ranOut.emit("cancelled")
 
         self.state, self.error = "running", ""
-        self.progress.setValue(0)
+        self.progress.setValue(0)  # (the slot's on_busy shows the strip running)
         if status:
             self._say(text)
         return self.job.start(name, work, on_done=finished, on_progress=progress, on_failed=self._failed,
@@ -949,6 +939,7 @@ class ProbeView(QWidget):
         self.ranOut.emit("failed")
 
     def cancel(self) -> None:
+        self.strip.cancelling()  # (only while a job runs)
         self.job.cancel()
 
     def _show(self, res: ProbeResult) -> None:

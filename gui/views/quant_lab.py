@@ -55,8 +55,8 @@ from ..document import Document
 from ..guard import qt_guarded
 from ..models import KEY_ROLE, SortFilterProxy, plural
 from ..widgets.fit import ElidedLabel, fit_columns
+from ..widgets.jobstrip import JobStrip, controls_row
 from ..widgets.paths import output_path
-from ..widgets.progress import ProgressBar
 from ..workers import JobSlot, Task, TaskRunner
 from .quant_lab_budget import BudgetPanel
 from .quant_lab_table import METRICS, ErrorRow, ErrorTableModel
@@ -207,19 +207,23 @@ class RequantizePanel(QWidget):
         self.rows_spin.setValue(DEFAULT_TENSOR_ROWS)
         self.rows_spin.setKeyboardTracking(False)
         self.rows_spin.setToolTip("Measure at most this many evenly spaced rows (all: 0)")
-        self.run_btn = QPushButton("Requantize")
-        self.run_btn.setAccessibleName("Requantize the tensor into every chosen type")
-        self.run_btn.clicked.connect(self.start)
-        self.cancel_btn = QPushButton("Cancel")
-        self.cancel_btn.setAccessibleName("Cancel requantizing")
-        self.cancel_btn.clicked.connect(self.cancel)
-        self.progress = ProgressBar()
-        self.progress.setAccessibleName("Requantize progress")
-        self.progress.setRange(0, 1000)
-        self.progress.setMaximumWidth(160)
-        self.status = ElidedLabel()
-        self.status.setAccessibleName("Requantize status")
-        self.status.setObjectName("muted")
+        lab_t = QLabel("Tensor")
+        lab_t.setBuddy(self.tensor_combo)
+        lab_r = QLabel("Max rows")
+        lab_r.setBuddy(self.rows_spin)
+        # [Tensor …][Max rows][Requantize][Cancel] over [progress][status]
+        self.strip = JobStrip("requantize", "Requantize", scale=1000, progress_width=160, status=ElidedLabel(),
+                              layout="two_rows", disable_run=True, run_name="Requantize the tensor into every "
+                              "chosen type", controls=controls_row(lab_t, (self.tensor_combo, 1), lab_r,
+                                                                   self.rows_spin))
+        self.strip.cancel_btn.setAccessibleName("Cancel requantizing")
+        self.strip.status.setObjectName("muted")
+        self.strip.run_clicked.connect(self.start)
+        self.strip.cancel_clicked.connect(self.cancel)
+        self.run_btn = self.strip.run_btn
+        self.cancel_btn = self.strip.cancel_btn
+        self.progress = self.strip.progress
+        self.status: ElidedLabel = self.strip.status  # type: ignore[assignment]
         self.note = QLabel()
         self.note.setWordWrap(True)
         self.note.setAccessibleName("Types that do not fit")
@@ -260,18 +264,6 @@ class RequantizePanel(QWidget):
         self.worst_btn.setAccessibleName("Show the block with the largest RMSE")
         self.worst_btn.clicked.connect(self.select_worst)
 
-        top = QHBoxLayout()
-        lab_t = QLabel("Tensor")
-        lab_t.setBuddy(self.tensor_combo)
-        top.addWidget(lab_t)
-        top.addWidget(self.tensor_combo, 1)
-        lab_r = QLabel("Max rows")
-        lab_r.setBuddy(self.rows_spin)
-        top.addWidget(lab_r)
-        top.addWidget(self.rows_spin)
-        top.addWidget(self.run_btn)
-        top.addWidget(self.cancel_btn)
-        top.addWidget(self.progress)
         plot_box = QWidget()
         pl = QVBoxLayout(plot_box)
         pl.setContentsMargins(0, 0, 0, 0)
@@ -302,15 +294,13 @@ class RequantizePanel(QWidget):
         self.body.setStretchFactor(1, 1)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 4, 0, 0)
-        lay.addLayout(top)
-        lay.addWidget(self.status)
+        lay.addWidget(self.strip)
         lay.addWidget(self.note)
         lay.addWidget(self.body, 1)
 
         self.tensor_combo.currentIndexChanged.connect(self._combo_changed)
         self.tensor_combo.lineEdit().returnPressed.connect(self._combo_text_entered)
         self.rows_spin.valueChanged.connect(lambda _v: self.settings_changed())
-        self._set_running(False)
         self.clear_results()
 
     # ------------------------------------------------------------------ file and tensor
@@ -336,7 +326,7 @@ class RequantizePanel(QWidget):
         self.tensor_combo.setCurrentIndex(-1)
         self._updating = False
         self.state = "idle"
-        self._set_running(False)
+        self.strip.set_busy(False)
         self.clear_results()
         if f is not None and not names:
             self.status.setText("No weight of this file can be requantized: it has no 2-D or 3-D weights that "
@@ -458,9 +448,7 @@ class RequantizePanel(QWidget):
         skipped = [q for q in types if q not in fits]
         self.state = "running"
         self.error = None
-        self._set_running(True)
-        self.progress.setValue(0)
-        self.status.setText(f"Reading {name}…")
+        self.strip.started(f"Reading {name}…")
 
         def work(report, token):  # type: ignore[no-untyped-def]
             t0 = time.perf_counter()
@@ -481,8 +469,8 @@ class RequantizePanel(QWidget):
 
         def progress(done: int, total: int, text: str) -> None:
             if gen == self._gen and total > 0:
-                self.progress.setValue(int(1000 * done / total))
-                self.status.setText(f"Requantizing {name} into {text}…" if text else f"Reading {name}…")
+                self.strip.progress_to(done, total, f"Requantizing {name} into {text}…" if text else
+                                       f"Reading {name}…")
 
         def done(run: TensorRun) -> None:
             if gen == self._gen:
@@ -493,16 +481,14 @@ class RequantizePanel(QWidget):
             if gen == self._gen:
                 self.state = "failed"
                 self.error = msg
-                self._set_running(False)
-                self.status.setText(f"{name} could not be requantized: {printable(msg)}")
+                self.strip.failed(f"{name} could not be requantized: {printable(msg)}")
                 self.status.setToolTip(printable(msg))
                 self.runFinished.emit(None)
 
         def cancelled() -> None:
             if gen == self._gen:
                 self.state = "cancelled"
-                self._set_running(False)
-                self.status.setText(f"Cancelled: {name} was not measured (press Requantize to run it).")
+                self.strip.cancelled(f"Cancelled: {name} was not measured (press Requantize to run it).")
                 self.runFinished.emit(None)
 
         task = self.job_slot.start(TENSOR_TASK, work, on_done=done, on_progress=progress, on_failed=failed,
@@ -511,13 +497,8 @@ class RequantizePanel(QWidget):
 
     def cancel(self) -> None:
         if self.task is not None and self.state == "running":
-            self.status.setText("Cancelling…")
+            self.strip.cancelling()
             self.task.cancel()
-
-    def _set_running(self, on: bool) -> None:
-        self.progress.setVisible(on)
-        self.cancel_btn.setVisible(on)
-        self.cancel_btn.setEnabled(on)
 
     def clear_results(self) -> None:
         self.run = None
@@ -537,7 +518,7 @@ class RequantizePanel(QWidget):
         self.run = run
         self.state = "done"
         self.task = None
-        self._set_running(False)
+        self.strip.set_busy(False)
         weighted = run.weights is not None
         rows = [ErrorRow(e, run.name) for e in run.errors]
         self.model.set_rows(rows, weighted=weighted, current=run.file_type)
@@ -701,22 +682,25 @@ class FileStatsPanel(QWidget):
         self.rows_spin.setSpecialValueText("all")
         self.rows_spin.setValue(DEFAULT_FILE_ROWS)
         self.rows_spin.setToolTip("Measure at most this many evenly spaced rows of each tensor (all: 0)")
-        self.run_btn = QPushButton("Measure every tensor")
-        self.run_btn.setAccessibleName("Measure every tensor of the file")
-        self.run_btn.clicked.connect(self.start)
-        self.cancel_btn = QPushButton("Cancel")
-        self.cancel_btn.setAccessibleName("Cancel the whole-file statistics")
-        self.cancel_btn.clicked.connect(self.cancel)
+        lab_p = QLabel("Tensors")
+        lab_p.setBuddy(self.pattern)
+        lab_r = QLabel("Max rows")
+        lab_r.setBuddy(self.rows_spin)
+        # [Tensors …][Max rows][Measure][Cancel][Export] over [progress][status]
+        self.strip = JobStrip("whole-file statistics", "Measure every tensor", scale=1000, progress_width=160,
+                              status=ElidedLabel(), layout="two_rows", disable_run=True,
+                              run_name="Measure every tensor of the file",
+                              controls=controls_row(lab_p, (self.pattern, 1), lab_r, self.rows_spin))
+        self.strip.status.setObjectName("muted")
+        self.strip.run_clicked.connect(self.start)
+        self.strip.cancel_clicked.connect(self.cancel)
+        self.run_btn = self.strip.run_btn
+        self.cancel_btn = self.strip.cancel_btn
+        self.progress = self.strip.progress
+        self.status: ElidedLabel = self.strip.status  # type: ignore[assignment]
         self.export_btn = QPushButton("Export…")
         self.export_btn.setAccessibleName("Export the statistics as JSON or CSV")
         self.export_btn.clicked.connect(self.export_dialog)
-        self.progress = ProgressBar()
-        self.progress.setAccessibleName("Whole-file statistics progress")
-        self.progress.setRange(0, 1000)
-        self.progress.setMaximumWidth(160)
-        self.status = ElidedLabel()
-        self.status.setObjectName("muted")
-        self.status.setAccessibleName("Whole-file statistics status")
         self.filter = QLineEdit()
         self.filter.setAccessibleName("Filter the rows")
         self.filter.setPlaceholderText("Filter rows by tensor or type…")
@@ -741,19 +725,7 @@ class FileStatsPanel(QWidget):
         self.sum_title.setObjectName("heading")
         self.filter.textChanged.connect(self.proxy.setFilterFixedString)
 
-        top = QHBoxLayout()
-        lab_p = QLabel("Tensors")
-        lab_p.setBuddy(self.pattern)
-        top.addWidget(lab_p)
-        top.addWidget(self.pattern, 1)
-        lab_r = QLabel("Max rows")
-        lab_r.setBuddy(self.rows_spin)
-        top.addWidget(lab_r)
-        top.addWidget(self.rows_spin)
-        top.addWidget(self.run_btn)
-        top.addWidget(self.cancel_btn)
-        top.addWidget(self.progress)
-        top.addWidget(self.export_btn)
+        self.strip.row.addWidget(self.export_btn)
         upper = QWidget()
         ul = QVBoxLayout(upper)
         ul.setContentsMargins(0, 0, 0, 0)
@@ -773,10 +745,8 @@ class FileStatsPanel(QWidget):
         self.split.setStretchFactor(1, 2)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 4, 0, 0)
-        lay.addLayout(top)
-        lay.addWidget(self.status)
+        lay.addWidget(self.strip)
         lay.addWidget(self.split, 1)
-        self._set_running(False)
         self.set_document(None)
 
     @staticmethod
@@ -808,7 +778,7 @@ class FileStatsPanel(QWidget):
                 n = len(lab.quantizable_tensors(doc.gguf))
             except ValueError:
                 n = 0
-        self.run_btn.setEnabled(n > 0)
+        self.strip.set_can_run(n > 0)
         self.status.setText(f"{plural(n, 'quantizable weight')}: measure them all (like llama.cpp's quantize-stats)"
                             " — each requantized into the chosen types, rows sampled." if doc is not None else "")
 
@@ -847,8 +817,7 @@ class FileStatsPanel(QWidget):
         self.sum_model.set_rows([])
         self.export_btn.setEnabled(False)
         self._set_running(True)
-        self.progress.setValue(0)
-        self.status.setText("Checking the tensors…")
+        self.strip.started("Checking the tensors…")
 
         def work(report, token):  # type: ignore[no-untyped-def]
             t0 = time.perf_counter()
@@ -864,10 +833,9 @@ class FileStatsPanel(QWidget):
         def progress(done: int, total: int, text: str) -> None:
             if gen != self._gen or total <= 0:
                 return
-            self.progress.setValue(int(1000 * done / total))
             _rate, eta = self.meter.update(done, total)
-            self.status.setText(f"{printable(text) or 'finishing'} · {100 * done / total:.0f}% · "
-                                f"{format_duration(eta)} left")
+            self.strip.progress_to(done, total, f"{printable(text) or 'finishing'} · {100 * done / total:.0f}% · "
+                                   f"{format_duration(eta)} left")
 
         def done(res: FileRun) -> None:
             if gen == self._gen:
@@ -879,7 +847,7 @@ class FileStatsPanel(QWidget):
                 self.state = "failed"
                 self.error = msg
                 self._set_running(False)
-                self.status.setText(f"The statistics failed: {printable(msg)}")
+                self.strip.failed(f"The statistics failed: {printable(msg)}")
                 self.status.setToolTip(printable(msg))
                 self.runFinished.emit(None)
 
@@ -887,7 +855,7 @@ class FileStatsPanel(QWidget):
             if gen == self._gen:
                 self.state = "cancelled"
                 self._set_running(False)
-                self.status.setText("Cancelled: nothing measured.")
+                self.strip.cancelled("Cancelled: nothing measured.")
                 self.runFinished.emit(None)
 
         task = self.job_slot.start(FILE_TASK, work, on_done=done, on_progress=progress, on_failed=failed,
@@ -896,13 +864,11 @@ class FileStatsPanel(QWidget):
 
     def cancel(self) -> None:
         if self.task is not None and self.state == "running":
-            self.status.setText("Cancelling…")
+            self.strip.cancelling()
             self.task.cancel()
 
     def _set_running(self, on: bool) -> None:
-        self.progress.setVisible(on)
-        self.cancel_btn.setVisible(on)
-        self.run_btn.setEnabled(not on and self.doc is not None)
+        self.strip.set_busy(on)
         for w in (self.pattern, self.rows_spin):
             w.setEnabled(not on)
 

@@ -372,6 +372,33 @@ class BudgetPanel(QWidget):
         self._gen = 0
         self._syncing = False
 
+        row1, row2 = self._build_calibration()
+        left = self._build_front()
+        right = self._build_tables()
+
+        self._solve_timer = QTimer(self)  # a slider drag solves once per event-loop pass, not per pixel
+        self._solve_timer.setSingleShot(True)
+        self._solve_timer.setInterval(0)
+        self._solve_timer.timeout.connect(self._solve)
+
+        self.split = QSplitter()
+        self.split.addWidget(left)
+        self.split.addWidget(right)
+        right.setMinimumWidth(560)  # room for the names and half a dozen type columns; the plot takes the rest
+        self.split.setStretchFactor(0, 2)
+        self.split.setStretchFactor(1, 3)
+        self.split.setSizes([2000, 3000])  # 2:3 from the start (a QSplitter scales these to its width)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 4, 0, 0)
+        lay.addLayout(row1)
+        lay.addLayout(row2)
+        lay.addWidget(self.split, 1)
+        self.set_document(None)
+
+    # ------------------------------------------------------------------ construction
+    def _build_calibration(self) -> tuple[QHBoxLayout, QHBoxLayout]:
+        """The calibration text and types (first row); its length, chunks and the measuring's :class:`JobStrip`
+        (second row)."""
         from .compare_dialog import sample_text_path
 
         self.text_path = QLineEdit(str(sample_text_path() or ""))
@@ -401,6 +428,30 @@ class BudgetPanel(QWidget):
         self.progress = self.strip.progress
         self.status: ElidedLabel = self.strip.status  # type: ignore[assignment]
 
+        row1 = QHBoxLayout()
+        lab_t = QLabel("Calibration text")
+        lab_t.setBuddy(self.text_path)
+        row1.addWidget(lab_t)
+        row1.addWidget(text_row, 3)
+        lab_y = QLabel("Types")
+        lab_y.setBuddy(self.types_edit)
+        row1.addWidget(lab_y)
+        row1.addWidget(self.types_edit, 2)
+        row2 = QHBoxLayout()
+        lab_c = QLabel("Tokens")
+        lab_c.setBuddy(self.ctx_spin)
+        row2.addWidget(lab_c)
+        row2.addWidget(self.ctx_spin)
+        lab_n = QLabel("Chunks")
+        lab_n.setBuddy(self.chunks_spin)
+        row2.addWidget(lab_n)
+        row2.addWidget(self.chunks_spin)
+        row2.addWidget(self.strip, 1)
+        return row1, row2
+
+    def _build_front(self) -> QWidget:
+        """The left column: the size/KLD front, the budget slider and presets, the chosen mix, Output, Check and
+        Write."""
         self.plot = FrontPlot()
         self.slider = QSlider(Qt.Orientation.Horizontal)
         self.slider.setAccessibleName("Budget: the file size")
@@ -428,60 +479,6 @@ class BudgetPanel(QWidget):
         self.refine_btn.setToolTip("Measure the KL divergence of the chosen types that were only estimated, solve "
                                    "again, then measure the whole mix on the calibration text")
         self.refine_btn.clicked.connect(self.refine)
-
-        self.mix_model = RowsModel(["Tensor", "From", "Type", "Size", "KLD", "Why"])
-        self.mix_proxy = SortFilterProxy(self)
-        self.mix_proxy.setSourceModel(self.mix_model)
-        self.mix_table = _table(self.mix_proxy, "The chosen type per tensor and why")
-        fit_columns(self.mix_table, stretch=5, optional=(1, 3), min_stretch=200,
-                    elide=Qt.TextElideMode.ElideRight)
-        self.mix_table.sortByColumn(0, Qt.SortOrder.AscendingOrder)
-        self.tensor_model = RowsModel(["Tensor"])
-        self.tensor_proxy = SortFilterProxy(self)
-        self.tensor_proxy.setSourceModel(self.tensor_model)
-        self.tensor_table = _table(self.tensor_proxy, "KLD each type adds, per tensor")
-        fit_columns(self.tensor_table, stretch=0, optional=(1,), min_stretch=150, max_stretch=230)
-        self.layer_model = RowsModel(["Layer"])
-        self.layer_proxy = SortFilterProxy(self)
-        self.layer_proxy.setSourceModel(self.layer_model)
-        self.layer_table = _table(self.layer_proxy, "KLD each type adds, per layer")
-        fit_columns(self.layer_table, stretch=0, min_stretch=60)
-        self.filter = QLineEdit()
-        self.filter.setAccessibleName("Filter the tensors")
-        self.filter.setPlaceholderText("Filter by tensor or type…")
-        self.filter.setClearButtonEnabled(True)
-        for p in (self.mix_proxy, self.tensor_proxy):
-            self.filter.textChanged.connect(p.setFilterFixedString)
-        self.tables = QTabWidget()
-        self.tables.setAccessibleName("Budget tables")
-        self.tables.addTab(self.mix_table, "Chosen types")
-        self.tables.addTab(self.tensor_table, "Sensitivity per tensor")
-        self.tables.addTab(self.layer_table, "Per layer")
-
-        self._solve_timer = QTimer(self)  # a slider drag solves once per event-loop pass, not per pixel
-        self._solve_timer.setSingleShot(True)
-        self._solve_timer.setInterval(0)
-        self._solve_timer.timeout.connect(self._solve)
-
-        row1 = QHBoxLayout()
-        lab_t = QLabel("Calibration text")
-        lab_t.setBuddy(self.text_path)
-        row1.addWidget(lab_t)
-        row1.addWidget(text_row, 3)
-        lab_y = QLabel("Types")
-        lab_y.setBuddy(self.types_edit)
-        row1.addWidget(lab_y)
-        row1.addWidget(self.types_edit, 2)
-        row2 = QHBoxLayout()
-        lab_c = QLabel("Tokens")
-        lab_c.setBuddy(self.ctx_spin)
-        row2.addWidget(lab_c)
-        row2.addWidget(self.ctx_spin)
-        lab_n = QLabel("Chunks")
-        lab_n.setBuddy(self.chunks_spin)
-        row2.addWidget(lab_n)
-        row2.addWidget(self.chunks_spin)
-        row2.addWidget(self.strip, 1)
 
         left = QWidget()
         ll = QVBoxLayout(left)
@@ -516,6 +513,38 @@ class BudgetPanel(QWidget):
         wrow.addWidget(self.refine_btn)
         wrow.addWidget(self.write_btn)
         ll.addLayout(wrow)
+        return left
+
+    def _build_tables(self) -> QWidget:
+        """The right column: the filter, the chosen types and the sensitivity tables, their units."""
+        self.mix_model = RowsModel(["Tensor", "From", "Type", "Size", "KLD", "Why"])
+        self.mix_proxy = SortFilterProxy(self)
+        self.mix_proxy.setSourceModel(self.mix_model)
+        self.mix_table = _table(self.mix_proxy, "The chosen type per tensor and why")
+        fit_columns(self.mix_table, stretch=5, optional=(1, 3), min_stretch=200,
+                    elide=Qt.TextElideMode.ElideRight)
+        self.mix_table.sortByColumn(0, Qt.SortOrder.AscendingOrder)
+        self.tensor_model = RowsModel(["Tensor"])
+        self.tensor_proxy = SortFilterProxy(self)
+        self.tensor_proxy.setSourceModel(self.tensor_model)
+        self.tensor_table = _table(self.tensor_proxy, "KLD each type adds, per tensor")
+        fit_columns(self.tensor_table, stretch=0, optional=(1,), min_stretch=150, max_stretch=230)
+        self.layer_model = RowsModel(["Layer"])
+        self.layer_proxy = SortFilterProxy(self)
+        self.layer_proxy.setSourceModel(self.layer_model)
+        self.layer_table = _table(self.layer_proxy, "KLD each type adds, per layer")
+        fit_columns(self.layer_table, stretch=0, min_stretch=60)
+        self.filter = QLineEdit()
+        self.filter.setAccessibleName("Filter the tensors")
+        self.filter.setPlaceholderText("Filter by tensor or type…")
+        self.filter.setClearButtonEnabled(True)
+        for p in (self.mix_proxy, self.tensor_proxy):
+            self.filter.textChanged.connect(p.setFilterFixedString)
+        self.tables = QTabWidget()
+        self.tables.setAccessibleName("Budget tables")
+        self.tables.addTab(self.mix_table, "Chosen types")
+        self.tables.addTab(self.tensor_table, "Sensitivity per tensor")
+        self.tables.addTab(self.layer_table, "Per layer")
         right = QWidget()
         rl = QVBoxLayout(right)
         rl.setContentsMargins(0, 0, 0, 0)
@@ -527,19 +556,7 @@ class BudgetPanel(QWidget):
         self.units.setObjectName("muted")
         self.units.setWordWrap(True)
         rl.addWidget(self.units)
-        self.split = QSplitter()
-        self.split.addWidget(left)
-        self.split.addWidget(right)
-        right.setMinimumWidth(560)  # room for the names and half a dozen type columns; the plot takes the rest
-        self.split.setStretchFactor(0, 2)
-        self.split.setStretchFactor(1, 3)
-        self.split.setSizes([2000, 3000])  # 2:3 from the start (a QSplitter scales these to its width)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(0, 4, 0, 0)
-        lay.addLayout(row1)
-        lay.addLayout(row2)
-        lay.addWidget(self.split, 1)
-        self.set_document(None)
+        return right
 
     # ------------------------------------------------------------------ document
     def set_document(self, doc: Document | None) -> None:

@@ -47,8 +47,8 @@ from quantscope.core.summary import human_bytes
 
 from ..guard import qt_guarded
 from ..theme import BAD_COLOR, OK_COLOR
+from ..widgets.jobstrip import JobStrip
 from ..widgets.paths import browse_row, output_path
-from ..widgets.progress import ProgressBar
 from ..workers import JobSlot, Task, TaskRunner
 
 DEFAULT_PRESET = "Q4_K_M"
@@ -155,13 +155,15 @@ class QuantizeDialog(QDialog):
         self.estimate.setWordWrap(True)
         self.estimate.setTextFormat(Qt.TextFormat.RichText)
 
-        self.progress = ProgressBar()
-        self.progress.setAccessibleName("Quantization progress")
-        self.progress.setRange(0, 1000)
-        self.progress.setFormat("%p%")
-        self.status = QLabel("Ready.")
-        self.status.setAccessibleName("Quantization status")
-        self.status.setWordWrap(True)
+        # the bar over the status, always shown; Quantize and Cancel (greyed when not usable) in the button box
+        self.strip = JobStrip("quantization", "Quantize", status_text="Ready.", scale=1000, layout="column",
+                              always_shown=True, place_buttons=False, run_name="Start quantizing")
+        self.strip.cancel_btn.setAccessibleName("Cancel quantizing")
+        self.strip.progress.setFormat("%p%")
+        self.strip.run_clicked.connect(self.start)
+        self.strip.cancel_clicked.connect(self.cancel)
+        self.progress = self.strip.progress
+        self.status = self.strip.status
         self.rate = QLabel()
         self.rate.setObjectName("muted")
         self.summary = QTextBrowser()
@@ -170,17 +172,14 @@ class QuantizeDialog(QDialog):
         self.summary.hide()
 
         self.buttons = QDialogButtonBox()
-        self.start_btn = self.buttons.addButton("Quantize", QDialogButtonBox.ButtonRole.AcceptRole)
-        self.start_btn.setAccessibleName("Start quantizing")
-        self.cancel_btn = self.buttons.addButton("Cancel", QDialogButtonBox.ButtonRole.ActionRole)
-        self.cancel_btn.setAccessibleName("Cancel quantizing")
-        self.cancel_btn.setEnabled(False)
+        self.start_btn = self.strip.run_btn
+        self.cancel_btn = self.strip.cancel_btn
+        self.buttons.addButton(self.start_btn, QDialogButtonBox.ButtonRole.AcceptRole)
+        self.buttons.addButton(self.cancel_btn, QDialogButtonBox.ButtonRole.ActionRole)
         self.open_btn = self.buttons.addButton("Open the result", QDialogButtonBox.ButtonRole.ActionRole)
         self.open_btn.setAccessibleName("Open the quantized file")
         self.open_btn.hide()
         self.close_btn = self.buttons.addButton("Close", QDialogButtonBox.ButtonRole.RejectRole)
-        self.start_btn.clicked.connect(self.start)
-        self.cancel_btn.clicked.connect(self.cancel)
         self.open_btn.clicked.connect(self._open_result)
         self.close_btn.clicked.connect(self.close)
 
@@ -189,8 +188,7 @@ class QuantizeDialog(QDialog):
         lay.addWidget(self.estimate)
         lay.addWidget(self.table, 1)
         lay.addWidget(self.summary)
-        lay.addWidget(self.progress)
-        lay.addWidget(self.status)
+        lay.addWidget(self.strip)
         lay.addWidget(self.rate)
         lay.addWidget(self.buttons)
         self.resize(980, 720)
@@ -295,8 +293,7 @@ class QuantizeDialog(QDialog):
                 f"<b>{human_bytes(p.in_bytes)}</b> ({p.bits_per_weight(False):.2f} bpw) → "
                 f"<b>{human_bytes(p.file_bytes)}</b> ({p.bits_per_weight(True):.2f} bpw, "
                 f"{p.file_bytes:,} bytes); {len(p.jobs)} tensors: {html.escape(types)}{warn}")
-        if self.state != "running":
-            self.start_btn.setEnabled(self.plan is not None)
+        self.strip.set_can_run(self.plan is not None)  # (greyed while it runs whatever the plan)
 
     def _fill_table(self) -> None:
         self._filling = True
@@ -368,12 +365,9 @@ class QuantizeDialog(QDialog):
         self.meter = RateMeter()
         self.options.setEnabled(False)
         self.table.setEnabled(False)
-        self.start_btn.setEnabled(False)
-        self.cancel_btn.setEnabled(True)
         self.open_btn.hide()
         self.summary.hide()
-        self.progress.setValue(0)
-        self.status.setText("Quantizing…")
+        self.strip.started("Quantizing…")
 
         def work(report, token):  # type: ignore[no-untyped-def]
             def on_progress(p: QuantizeProgress) -> None:
@@ -403,15 +397,15 @@ class QuantizeDialog(QDialog):
         self.task = None
         self.options.setEnabled(True)
         self.table.setEnabled(True)
-        self.start_btn.setEnabled(self.plan is not None)
+        self.strip.set_can_run(self.plan is not None)
+        self.strip.set_busy(False)
         self.start_btn.setText("Quantize again")
-        self.cancel_btn.setEnabled(False)
 
     def _done(self, res: Any) -> None:
         plan, out = res
         self.result_path = out
         self._finish("done")
-        self.progress.setValue(1000)
+        self.strip.finished()
         rows = [("File", f"{out} ({plan.file_bytes:,} bytes, {human_bytes(plan.file_bytes)})"),
                 ("Preset", f"{plan.preset.name} (general.file_type {int(plan.preset.ftype)})"),
                 ("Size", f"{human_bytes(plan.in_bytes)} ({plan.bits_per_weight(False):.2f} bpw) → "
@@ -445,7 +439,7 @@ class QuantizeDialog(QDialog):
 
     def cancel(self) -> None:
         if self.task is not None:
-            self.status.setText("Cancelling…")
+            self.strip.cancelling()
             self.task.cancel()
 
     def _open_result(self) -> None:

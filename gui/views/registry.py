@@ -111,6 +111,7 @@ def _shots() -> tuple[Shot, ...]:
         Shot("probe-activations", "probe", s.probe),
         Shot("chat-tokens", "chat", s.chat_tokens, setup_shows=True),
         Shot("serve", "serve", s.serve),
+        Shot("library", None, s.library),
     )
 
 

@@ -55,11 +55,13 @@ from .chat_tokens import ColorLegend
 from .chat_widgets import MessageView, mono_font
 
 POLL_MS = 150  # the request log and the server's state are looked at this often
-COLUMNS = ("#", "Endpoint", "Client", "Status", "Prompt", "Output", "t/s", "Took")
+COLUMNS = ("#", "Endpoint", "Client", "Status", "Prompt", "Output", "t/s", "Took", "API")
 HEADER_TIPS = ("The request's number", "The API path; 'stream': server-sent events", "The client's address and port",
                "Where the request is, or how it ended (a refusal with its HTTP status)",
                "Prompt tokens (and how many came from the slot's cache)", "Completion tokens generated",
-               "Generation speed, tokens per second", "From arrival to the last token")
+               "Generation speed, tokens per second", "From arrival to the last token",
+               "The API the request spoke: OpenAI, Ollama or Anthropic")
+DIALECTS = {"openai": "OpenAI", "ollama": "Ollama", "anthropic": "Anthropic"}
 STATUS_TEXT = {"queued": "queued", "prompt": "reading prompt", "generating": "generating", "stop": "done",
                "length": "done (length)", "cancelled": "cancelled", "error": "error", "refused": "refused"}
 
@@ -138,6 +140,8 @@ class RequestsModel(QAbstractTableModel):
         if c == 6:
             tps = r.tokens_per_second
             return f"{tps:.1f}" if tps else "—"
+        if c == 8:
+            return DIALECTS.get(r.dialect, r.dialect)
         return f"{r.duration:.2f} s"
 
     def refresh(self, records: list[Any]) -> None:
@@ -198,9 +202,23 @@ class ServeView(QWidget):
 
     # ------------------------------------------------------------------ layout
     def _build(self) -> None:
+        """The server card over the requests beside the request shown."""
         lay = QVBoxLayout(self)
         lay.setContentsMargins(10, 10, 10, 10)
         lay.setSpacing(8)
+        lay.addWidget(self._build_card())
+
+        split = QSplitter(Qt.Orientation.Horizontal)
+        split.setChildrenCollapsible(False)
+        split.addWidget(self._build_requests())
+        split.addWidget(self._build_request_detail())
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 2)
+        lay.addWidget(split, 1)
+        self.splitter = split
+
+    def _build_card(self) -> QFrame:
+        """The served model, the settings and Start, the server's state, an example client request."""
         card = QFrame()
         card.setObjectName("card")
         card.setAccessibleName("Server")
@@ -211,6 +229,18 @@ class ServeView(QWidget):
         self.model_label = ElidedLabel("No model", Qt.TextElideMode.ElideMiddle)
         self.model_label.setObjectName("modelName")
         self.model_label.setAccessibleName("Served model")
+        row = self._build_settings_row()
+        g.addWidget(self.model_label, 0, 0, 1, 2)
+        g.addLayout(row, 1, 0, 1, 2)
+        self.status_label = ElidedLabel("")
+        self.status_label.setAccessibleName("Server state")
+        self.status_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        g.addWidget(self.status_label, 2, 0, 1, 2)
+        self._build_example(g)
+        return card
+
+    def _build_settings_row(self) -> QHBoxLayout:
+        """Port, API key, Slots, Context … Start serving."""
         self.port_spin = ispin(0, 65535, "Port", "The port to listen on, on this machine only (127.0.0.1); "
                                "0 picks a free one")
         self.port_spin.setGroupSeparatorShown(False)
@@ -240,12 +270,10 @@ class ServeView(QWidget):
         self.key_edit.setMaximumWidth(360)
         row.addStretch(1)
         row.addWidget(self.start_btn)
-        g.addWidget(self.model_label, 0, 0, 1, 2)
-        g.addLayout(row, 1, 0, 1, 2)
-        self.status_label = ElidedLabel("")
-        self.status_label.setAccessibleName("Server state")
-        self.status_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        g.addWidget(self.status_label, 2, 0, 1, 2)
+        return row
+
+    def _build_example(self, g: QGridLayout) -> None:
+        """The example client (curl or Python) with Copy, and its text, in rows 3 and 4 of the card."""
         ex = QHBoxLayout()
         ex.setSpacing(6)
         self.example_combo = QComboBox()
@@ -269,10 +297,9 @@ class ServeView(QWidget):
         fm = self.example.fontMetrics()
         self.example.setFixedHeight(fm.lineSpacing() * 7 + 12)
         g.addWidget(self.example, 4, 0, 1, 2)
-        lay.addWidget(card)
 
-        split = QSplitter(Qt.Orientation.Horizontal)
-        split.setChildrenCollapsible(False)
+    def _build_requests(self) -> QWidget:
+        """The left pane: the requests served, newest last."""
         left = QWidget()
         ll = QVBoxLayout(left)
         ll.setContentsMargins(0, 0, 0, 0)
@@ -298,8 +325,10 @@ class ServeView(QWidget):
         hh.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
         self.table.selectionModel().currentRowChanged.connect(lambda cur, _p: self.show_request(cur.row()))
         ll.addWidget(self.table, 1)
-        split.addWidget(left)
+        return left
 
+    def _build_request_detail(self) -> QWidget:
+        """The right pane: the request shown, its colouring and Probe button, its prompt over its reply."""
         right = QWidget()
         rl = QVBoxLayout(right)
         rl.setContentsMargins(0, 0, 0, 0)
@@ -347,11 +376,7 @@ class ServeView(QWidget):
         vsplit.addWidget(self.reply_scroll)
         vsplit.setSizes([120, 300])
         rl.addWidget(vsplit, 1)
-        split.addWidget(right)
-        split.setStretchFactor(0, 3)
-        split.setStretchFactor(1, 2)
-        lay.addWidget(split, 1)
-        self.splitter = split
+        return right
 
     # ------------------------------------------------------------------ the document
     def set_document(self, doc: Document | None) -> None:
@@ -588,7 +613,7 @@ class ServeView(QWidget):
                                      + (f"\n{r.error}" if r.error else ""))
         if self.prompt_view.toPlainText() != r.prompt_text:
             self.prompt_view.setPlainText(r.prompt_text)
-        mode = "chat" if "chat" in r.endpoint else "completion"
+        mode = "chat" if "chat" in r.endpoint or r.dialect == "anthropic" else "completion"
         v = self.reply_view
         v.set_mode(mode)
         self._recolor()

@@ -84,7 +84,32 @@ class TensorsView(QWidget):
         self.stats_job = JobSlot(runner, self, on_busy=self._set_progress_visible)
         self.heat_job = JobSlot(runner, self, on_busy=lambda busy: self.refine_btn.setEnabled(not busy))
 
-        # ---- left: filter, tree, table
+        left = self._build_lists()
+        right = self._build_values()
+
+        split = self.split = QSplitter()
+        split.addWidget(left)
+        split.addWidget(right)
+        split.setStretchFactor(0, 4)
+        split.setStretchFactor(1, 7)
+        split.setSizes([560, 880])
+        lay = QVBoxLayout(self)
+        lay.addWidget(split)
+
+        # typing filters after a pause (one pass per pause, not per key)
+        self._filter_timer = QTimer(self)
+        self._filter_timer.setSingleShot(True)
+        self._filter_timer.setInterval(FILTER_DELAY_MS)
+        self._filter_timer.timeout.connect(lambda: self._filter(self.filter.text()))
+        self.filter.textChanged.connect(lambda _t: self._filter_timer.start())
+        self.tree.selectionModel().currentChanged.connect(self._tree_current)
+        self.table.selectionModel().currentRowChanged.connect(self._table_current)
+        self._set_progress_visible(False)
+        self.strip.hide()  # shown with its first message
+
+    # ------------------------------------------------------------------ construction
+    def _build_lists(self) -> QWidget:
+        """The left column: the filter, the tensors by layer and all of them, the count."""
         self.filter = QLineEdit()
         self.filter.setPlaceholderText("Filter by name or type, e.g. ffn_down or Q4_K (Ctrl+F)…")
         self.filter.setClearButtonEnabled(True)
@@ -128,8 +153,11 @@ class TensorsView(QWidget):
         ll.addWidget(self.filter)
         ll.addWidget(self.lists, 1)
         ll.addWidget(self.count)
+        return left
 
-        # ---- right: details + stats/histogram + heatmap
+    def _build_values(self) -> QWidget:
+        """The right column: the title, the details, the statistics' :class:`JobStrip`, the statistics and
+        histogram over the heatmap."""
         self.title = QLabel("Select a tensor")
         self.title.setObjectName("heading")
         self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -141,14 +169,26 @@ class TensorsView(QWidget):
         self.details.verticalHeader().setDefaultSectionSize(21)
         fit_columns(self.details, stretch=1, min_stretch=80)
         self.details.setMaximumHeight(240)
-        self.stats_model = KeyValueModel(headers=("Statistic", "Value"))
-        self.stats = QTableView()
-        self.stats.setModel(self.stats_model)
-        self.stats.setAccessibleName("Tensor statistics")
-        self.stats.verticalHeader().setVisible(False)
-        self.stats.verticalHeader().setDefaultSectionSize(21)
-        fit_columns(self.stats, stretch=1, min_stretch=60)
-        self.stats.setMaximumWidth(300)
+        self._build_strip()
+        stats_page = self._build_stats_page()
+        heat_page = self._build_heat_page()
+        self.value_split = QSplitter(Qt.Orientation.Vertical)
+        self.value_split.addWidget(stats_page)
+        self.value_split.addWidget(heat_page)
+        self.value_split.setStretchFactor(0, 2)
+        self.value_split.setStretchFactor(1, 3)
+        self.value_split.setAccessibleName("Tensor values")
+        right = QWidget()
+        rl = QVBoxLayout(right)
+        rl.setContentsMargins(0, 0, 0, 0)
+        rl.addWidget(self.title)
+        rl.addWidget(self.details)
+        rl.addWidget(self.strip)
+        rl.addWidget(self.value_split, 1)
+        return right
+
+    def _build_strip(self) -> None:
+        """The statistics' status, progress, Cancel and Compute (hidden until its first message)."""
         self.strip = JobStrip("statistics", "Compute", run_name="Compute the statistics", progress_width=16777215)
         self.strip.status.setObjectName("muted")
         self.strip.status.setWordWrap(False)
@@ -159,6 +199,17 @@ class TensorsView(QWidget):
         self.progress_label = self.strip.status
         self.cancel_btn = self.strip.cancel_btn
         self.retry_btn = self.strip.run_btn
+
+    def _build_stats_page(self) -> QWidget:
+        """The statistics table beside the histogram of the values."""
+        self.stats_model = KeyValueModel(headers=("Statistic", "Value"))
+        self.stats = QTableView()
+        self.stats.setModel(self.stats_model)
+        self.stats.setAccessibleName("Tensor statistics")
+        self.stats.verticalHeader().setVisible(False)
+        self.stats.verticalHeader().setDefaultSectionSize(21)
+        fit_columns(self.stats, stretch=1, min_stretch=60)
+        self.stats.setMaximumWidth(300)
         self.hist = pg.PlotWidget()
         self.hist.setAccessibleName("Histogram of the tensor's values")
         self.hist.setLabel("bottom", "value")
@@ -169,6 +220,18 @@ class TensorsView(QWidget):
         self.log_y.setAccessibleName("Logarithmic histogram counts")
         self.log_y.toggled.connect(lambda on: self.hist.setLogMode(y=on))
 
+        stats_page = QWidget()
+        sl = QHBoxLayout(stats_page)
+        sl.setContentsMargins(0, 4, 0, 0)
+        sl.addWidget(self.stats)
+        hl = QVBoxLayout()
+        hl.addWidget(self.hist, 1)
+        hl.addWidget(self.log_y)
+        sl.addLayout(hl, 1)
+        return stats_page
+
+    def _build_heat_page(self) -> QWidget:
+        """The heatmap of the dequantized matrix, its cell statistic, Refine and Whole matrix, the hover line."""
         self.heat_widget = pg.GraphicsLayoutWidget()
         self.heat_widget.setAccessibleName("Heatmap of the dequantized matrix")
         self.heat_plot = self.heat_widget.addPlot()
@@ -205,18 +268,10 @@ class TensorsView(QWidget):
         self.heat_info.setObjectName("muted")
         self.heat_plot.scene().sigMouseMoved.connect(self._heat_hover)
         self.heat_plot.scene().sigMouseClicked.connect(self._heat_click)
-        self.exporter = Exporter(self, runner)
+        self.exporter = Exporter(self, self.runner)
         self.exporter.install_plot_menu(self.hist, "histogram", self._tensor_actions)
         self.exporter.install_plot_menu(self.heat_widget, "heatmap", self._tensor_actions)
 
-        stats_page = QWidget()
-        sl = QHBoxLayout(stats_page)
-        sl.setContentsMargins(0, 4, 0, 0)
-        sl.addWidget(self.stats)
-        hl = QVBoxLayout()
-        hl.addWidget(self.hist, 1)
-        hl.addWidget(self.log_y)
-        sl.addLayout(hl, 1)
         heat_page = QWidget()
         hpl = QVBoxLayout(heat_page)
         hpl.setContentsMargins(0, 4, 0, 0)
@@ -229,39 +284,7 @@ class TensorsView(QWidget):
         hpl.addLayout(bar)
         hpl.addWidget(self.heat_widget, 1)
         hpl.addWidget(self.hover)
-        self.value_split = QSplitter(Qt.Orientation.Vertical)
-        self.value_split.addWidget(stats_page)
-        self.value_split.addWidget(heat_page)
-        self.value_split.setStretchFactor(0, 2)
-        self.value_split.setStretchFactor(1, 3)
-        self.value_split.setAccessibleName("Tensor values")
-        right = QWidget()
-        rl = QVBoxLayout(right)
-        rl.setContentsMargins(0, 0, 0, 0)
-        rl.addWidget(self.title)
-        rl.addWidget(self.details)
-        rl.addWidget(self.strip)
-        rl.addWidget(self.value_split, 1)
-
-        split = self.split = QSplitter()
-        split.addWidget(left)
-        split.addWidget(right)
-        split.setStretchFactor(0, 4)
-        split.setStretchFactor(1, 7)
-        split.setSizes([560, 880])
-        lay = QVBoxLayout(self)
-        lay.addWidget(split)
-
-        # typing filters after a pause (one pass per pause, not per key)
-        self._filter_timer = QTimer(self)
-        self._filter_timer.setSingleShot(True)
-        self._filter_timer.setInterval(FILTER_DELAY_MS)
-        self._filter_timer.timeout.connect(lambda: self._filter(self.filter.text()))
-        self.filter.textChanged.connect(lambda _t: self._filter_timer.start())
-        self.tree.selectionModel().currentChanged.connect(self._tree_current)
-        self.table.selectionModel().currentRowChanged.connect(self._table_current)
-        self._set_progress_visible(False)
-        self.strip.hide()  # shown with its first message
+        return heat_page
 
     # ------------------------------------------------------------------ document
     def set_document(self, doc: Document | None) -> None:

@@ -16,6 +16,16 @@ from .common import MAX_CTX, MAX_THREADS, Bar, CLIError, add_gpu_layers, int_arg
 SYNTHETIC_SHAPES = ("tiny", "1b", "3b", "8b", "moe", "moe-k4", "moe-k2", "oss", "q35")  # core.synthetic.SHAPES
 
 
+def depth_list(text: str) -> list[int]:
+    """An argparse type: llama-bench's ``-d``, comma-separated depths (tokens already in the cache), each 0..MAX_CTX,
+    in the order given, repeats dropped."""
+    conv = int_arg(0, MAX_CTX)
+    parts = [p.strip() for p in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of depths")
+    return list(dict.fromkeys(conv(p) for p in parts))
+
+
 KERNEL_TYPES_HELP = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16", "F32")
 
 
@@ -84,12 +94,21 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
 
     from .model import load_engine
 
-    eng = load_engine(args, max(args.n_prompt, args.n_gen) + 16)
+    eng = load_engine(args, max(args.depth) + max(args.n_prompt, args.n_gen) + 16)
     def say(test: str, rep: int, reps: int) -> None:  # like llama-bench --progress: what runs now, on stderr
         print(f"bench: {test} {'warm-up' if rep == 0 else f'run {rep}/{reps}'}", file=sys.stderr, flush=True)
 
-    rows = bench_model(eng.model, args.n_prompt, args.n_gen, args.repetitions, make_session=eng.new_session,
-                       progress=None if args.json else say)
+    def session(n_ctx: int) -> Any:
+        """The engine's own session when it holds n_ctx positions; else it is closed first (a CUDA session holds the
+        weights on the device: one at a time), and a larger one made (past the model's trained context if a depth
+        asks for it, as llama-bench does)."""
+        if eng.session.n_ctx >= n_ctx:
+            return eng.session
+        eng.session.close()
+        return eng.new_session(n_ctx)
+
+    rows = bench_model(eng.model, args.n_prompt, args.n_gen, args.repetitions, make_session=session,
+                       progress=None if args.json else say, depths=args.depth)
     peak = peak_rss_mb()
     for r in rows:
         r.update({"model": Path(args.file).name, "isa": isa(), "cpu": cpu_name(), "backend": eng.backend,
@@ -99,9 +118,9 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(f"CPU {cpu_name()}")
-        print(f"{'model':<42} {'threads':>7} {'test':>6} {'t/s':>16}")
+        print(f"{'model':<42} {'threads':>7} {'test':>15} {'t/s':>16}")
         for r in rows:
-            print(f"{r['model']:<42} {r['threads']:>7} {r['test']:>6} {r['tokens_per_s']:9.2f} ± {r['stddev']:5.2f}")
+            print(f"{r['model']:<42} {r['threads']:>7} {r['test']:>15} {r['tokens_per_s']:9.2f} ± {r['stddev']:5.2f}")
         print(f"peak RSS {peak:.0f} MiB")
     return 0
 
@@ -135,10 +154,13 @@ def register(sub: Any) -> None:
     b.set_defaults(func=cmd_bench)
     b = bsub.add_parser("model", help="prefill/decode tokens per second of a model (like llama-bench)")
     b.add_argument("file")
-    b.add_argument("-p", "--n-prompt", type=int_arg(1, MAX_CTX), default=128)
-    b.add_argument("-n", "--n-gen", type=int_arg(1, MAX_CTX), default=64)
+    b.add_argument("-p", "--n-prompt", type=int_arg(0, MAX_CTX), default=128, help="prefill test tokens (0: none)")
+    b.add_argument("-n", "--n-gen", type=int_arg(0, MAX_CTX), default=64, help="decode test tokens (0: none)")
     b.add_argument("-t", "--threads", type=int_arg(0, MAX_THREADS), default=0)
     b.add_argument("-r", "--repetitions", type=int_arg(1), default=3)
+    b.add_argument("-d", "--n-depth", dest="depth", type=depth_list, default=[0], metavar="D[,D...]",
+                   help="run every test after this many tokens already in the KV cache (filled by an untimed "
+                   "prefill), like llama-bench -d; comma-separated for several depths (default 0)")
     b.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     add_gpu_layers(b)
     b.add_argument("--no-repack", action="store_true",

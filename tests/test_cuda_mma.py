@@ -20,7 +20,10 @@ from . import test_cuda
 from .test_cuda import close_to_cpu, rel_l2, weight_bytes
 from .test_native_kernels import activations
 
-MMA_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"]
+#: every type with the MMA bit in csrc/cuda/qsc_types.cuh's QSC_TYPE_LIST: the integer types prefill meets
+#: (F16, BF16, NVFP4 and F32 keep k_matmul)
+MMA_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+             "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4"]
 cuda_lib, gpu = test_cuda.cuda_lib, test_cuda.gpu  # the session fixtures, shared
 CDEF = """
 int qsc_host_mma_layout(int which, int lane, int i);
@@ -104,7 +107,8 @@ def test_emulated_mma_refuses_ragged_shapes(lib):
 # ------------------------------------------------------------------------------------ the tile loop
 @pytest.mark.parametrize("name", MMA_TYPES)
 def test_mma_gemm_matches_k_matmul_and_cpu(lib, name):
-    """Rows and columns that are not multiples of the 64 x 64 block tile, two K stages or more."""
+    """Rows and columns that are not multiples of the 64 x 64 block tile, two K stages or more; the host twin of the
+    tile loop against today's k_matmul emulation and the CPU kernels (same values to float rounding)."""
     rng = np.random.default_rng(sum(name.encode()) + 37)
     t = ggml_type(name)
     rows = 100
@@ -112,6 +116,7 @@ def test_mma_gemm_matches_k_matmul_and_cpu(lib, name):
         w = weight_bytes(name, rows, k, rng)
         x = np.stack([activations(rng, k, outliers=False) for _ in range(70)])
         x[3] = 0.0  # an all-zero activation row
+        x[5], x[6] = 1.0, -0.5  # constant rows: every Q8_K value -128, block sums -2048 (the mins' extreme)
         got = matmat_mma(lib, name, w, rows, k, x)
         assert got is not None and np.isfinite(got).all()
         dp4a = ck.host_matmat(t, w, rows, k, x)  # today's k_matmul, emulated

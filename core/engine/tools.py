@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,36 +60,63 @@ def perplexity(model: Model, tok: Tokenizer, text: str, n_ctx: int, max_chunks: 
     return PerplexityResult(math.exp(nll_total / count), n_chunks, n_ctx, count, time.perf_counter() - t0, per_chunk)
 
 
+#: the untimed prefill that fills the cache to a depth runs in pieces of this many tokens
+DEPTH_CHUNK = 512
+
+
+def bench_test_name(test: str, n: int, depth: int) -> str:
+    """llama-bench's name of a test: ``pp512``, ``tg64 @ d4096`` (the depth only when there is one)."""
+    return f"{test}{n}" + (f" @ d{depth}" if depth else "")
+
+
 def bench_model(model: Model, n_prompt: int = 128, n_gen: int = 64, repetitions: int = 3,
                 seed: int = 0, make_session: Callable[[int], Any] | None = None,
-                progress: Callable[[str, int, int], None] | None = None) -> list[dict[str, Any]]:
-    """llama-bench-like: ``pp<n>`` prefill of n random tokens from an empty cache and ``tg<n>`` n single-token
-    decodes from an empty cache, each repeated; tokens/s mean and stddev. ``progress(test, rep, reps)`` is
-    called as each repetition starts (rep 0 is the warm-up)."""
+                progress: Callable[[str, int, int], None] | None = None,
+                depths: Sequence[int] = (0,)) -> list[dict[str, Any]]:
+    """llama-bench-like: ``pp<n>`` a prefill of n random tokens and ``tg<n>`` n single-token decodes, each
+    repeated; tokens/s mean and stddev. ``depths`` (llama-bench ``-d``): each test runs after that many tokens are
+    already in the KV cache (filled by an untimed prefill of random tokens, once per depth; every repetition
+    rewinds the cache to it with ``truncate``, a recurrent model's state from its ``checkpoint``), so ``tg<n> @
+    d<d>`` decodes at positions d..d+n-1 and ``pp<n> @ d<d>`` prefills positions d..d+n-1. Rows in llama-bench's
+    order: per depth, pp then tg, each with its ``n_depth``. ``progress(test, rep, reps)`` is called as each
+    repetition starts (rep 0 is the warm-up)."""
+    depths = [int(d) for d in depths]
+    if not depths or min(depths) < 0:
+        raise ValueError(f"depths must be non-negative, got {depths}")
     rng = np.random.default_rng(seed)
     c = model.config
-    n = max(n_prompt, n_gen) + 8
-    session = make_session(n) if make_session else model.session(n)
+    n_ctx = max(depths) + max(n_prompt, n_gen) + 8
+    session = make_session(n_ctx) if make_session else model.session(n_ctx)
     out = []
-    for test, n in (("pp", n_prompt), ("tg", n_gen)):
-        if n <= 0:
-            continue
-        rates = []
-        for rep in range(repetitions + 1):  # first repetition warms up
-            toks = rng.integers(0, c.n_vocab, size=n)
-            if progress is not None:
-                progress(f"{test}{n}", rep, repetitions)
-            session.reset()
-            t0 = time.perf_counter()
-            if test == "pp":
-                session.forward(toks)
-            else:
-                for t in toks:
-                    session.forward([int(t)])
-            dt = time.perf_counter() - t0
-            if rep:
-                rates.append(n / dt)
-        out.append({"test": f"{test}{n}", "n_tokens": n, "threads": model.threads,
-                    "tokens_per_s": statistics.mean(rates),
-                    "stddev": statistics.stdev(rates) if len(rates) > 1 else 0.0, "repetitions": repetitions})
+    for depth in depths:
+        session.reset()
+        for start in range(0, depth, DEPTH_CHUNK):  # the cache to this depth, untimed
+            session.forward(rng.integers(0, c.n_vocab, size=min(DEPTH_CHUNK, depth - start)))
+        session.checkpoint()
+        if session.n_past != depth:
+            raise RuntimeError(f"the cache holds {session.n_past} positions after filling it to depth {depth}")
+        for test, n in (("pp", n_prompt), ("tg", n_gen)):
+            if n <= 0:
+                continue
+            name = bench_test_name(test, n, depth)
+            rates = []
+            for rep in range(repetitions + 1):  # first repetition warms up
+                toks = rng.integers(0, c.n_vocab, size=n)
+                if progress is not None:
+                    progress(name, rep, repetitions)
+                session.truncate(depth)
+                if session.n_past != depth:
+                    raise RuntimeError(f"{name}: the cache rewound to {session.n_past} positions, not {depth}")
+                t0 = time.perf_counter()
+                if test == "pp":
+                    session.forward(toks)
+                else:
+                    for t in toks:
+                        session.forward([int(t)])
+                dt = time.perf_counter() - t0
+                if rep:
+                    rates.append(n / dt)
+            out.append({"test": name, "n_tokens": n, "n_depth": depth,
+                        "threads": model.threads, "tokens_per_s": statistics.mean(rates),
+                        "stddev": statistics.stdev(rates) if len(rates) > 1 else 0.0, "repetitions": repetitions})
     return out

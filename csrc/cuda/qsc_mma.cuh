@@ -93,20 +93,23 @@ struct __align__(16) MmaSmem {
     int8_t a[MMA_BM][MMA_LD]; /* weights, decoded to int8 */
     int8_t b[MMA_BN][MMA_LD]; /* activations */
     int8_t isc[MMA_BM][16];   /* integer scale per K chunk (Q4_K: 8 sub-blocks of 32, Q6_K: 16 of 16) */
-    int8_t imin[MMA_BM][8];   /* Q4_K: 6-bit min per sub-block */
+    int8_t imin[MMA_BM][16];  /* MINS: the min of each 16 elements (Q4_K, Q5_K: a sub-block's, twice; Q2_K) */
     float wd[MMA_BM][8];      /* per (row, group): d (all types) */
     float wm[MMA_BM][8];      /* Q4_1: m; Q4_K: dmin */
     float ad[MMA_BN][8];      /* per (column, group): activation scale */
     float as[MMA_BN][8];      /* Q4_1: Q8_1 sum d * sum(q) */
+    int8_t bsh[MMA_BN][16];   /* Q8_K activations: the stage's 16 block sums bs = 16 bsh + bsl (bsh -128..127, */
+    int8_t bsl[MMA_BN][16];   /* bsl 0..15), so that the mins' products with them are two int8 MMAs */
 };
 
 /* A type's MMA geometry, from its room (qsc_types.cuh): NG scale groups of GK elements per stage, each of GK / KS
- * chunks of KS elements under one integer scale; MINS: a 6-bit min per sub-block (Q4_K), XSUM: m times the Q8_1 sum
- * (Q4_1). Only the types of QSC_FOR_MMA_TYPES instantiate it. */
+ * chunks of KS elements under one integer scale; MINS: an integer min per 16 elements times the Q8_K block sums (Q2_K,
+ * Q4_K, Q5_K), XSUM: m times the Q8_1 sum (Q4_1, Q5_1). Only the types of QSC_FOR_MMA_TYPES instantiate it. */
 template <int TYPE> struct MmaTraits {
     using U = Unit<TYPE>;
     static constexpr int NG = U::MMA_NG, GK = MMA_KT / NG, KS = U::MMA_KS, CPG = GK / KS;
     static constexpr bool MINS = U::MMA_MIN, XSUM = U::MMA_XSUM, K256 = TypeCaps<TYPE>::ACTF == ACT_256;
+    static_assert(!MINS || (NG == 1 && K256), "the mins' term is one per stage, from the Q8_K block sums");
 };
 
 /* Host side: does a matrix of this type and width run on the MMA path? */
@@ -170,7 +173,7 @@ template <int TYPE> HD void mma_load_w(const QW &w, int64_t row0, int kb, MmaSme
             s.wd[r][p] = 0.0f;
             s.wm[r][p] = 0.0f;
             s.isc[r][2 * p] = s.isc[r][2 * p + 1] = 0;
-            s.imin[r][p] = 0;
+            s.imin[r][2 * p] = s.imin[r][2 * p + 1] = 0;
         }
     }
 }
@@ -187,6 +190,11 @@ template <bool K256> HD void mma_load_x(const Act &a, int64_t col0, int ncols, i
             st_i4(dst + 16, ld_i4(x + 16));
             if (K256) {
                 if (p == 0) s.ad[c][0] = a.d[col * (a.k / 256) + kb];
+                for (int i = 2 * p; i < 2 * p + 2; ++i) {
+                    const int bs = a.bs ? a.bs[col * (a.k / 16) + (int64_t)kb * 16 + i] : 0;
+                    s.bsh[c][i] = (int8_t)(bs >> 4); /* floor(bs / 16): |bs| <= 16 * 128 */
+                    s.bsl[c][i] = (int8_t)(bs & 15);
+                }
             } else {
                 const int64_t xb = col * (a.k / 32) + kb * 8 + p;
                 s.ad[c][p] = a.d[xb];
@@ -196,6 +204,7 @@ template <bool K256> HD void mma_load_x(const Act &a, int64_t col0, int ncols, i
             st_i4(dst, make_int4(0, 0, 0, 0));
             st_i4(dst + 16, make_int4(0, 0, 0, 0));
             s.ad[c][p] = s.as[c][p] = 0.0f;
+            s.bsh[c][2 * p] = s.bsh[c][2 * p + 1] = s.bsl[c][2 * p] = s.bsl[c][2 * p + 1] = 0;
         }
     }
 }
@@ -222,16 +231,34 @@ template <int TYPE, int LANES> HD void mma_stage(const MmaSmem &s, int warp, int
     const int rb = 32 * (warp & 1), cb = 32 * (warp >> 1);
     for (int g = 0; g < TR::NG; ++g) {
         constexpr bool MINS = TR::MINS;
-        int sumi[LANES][2][4][4], msum[2][4][LANES][4]; /* msum: accumulated by the MMA itself */
+        int sumi[LANES][2][4][4], msum[2][4][LANES][4]; /* msum: the mins times the block sums (MINS) */
         for (int l = 0; l < LANES; ++l)
             for (int m = 0; m < 2; ++m)
                 for (int n = 0; n < 4; ++n)
                     for (int i = 0; i < 4; ++i) sumi[l][m][n][i] = msum[m][n][l][i] = 0;
+        if (MINS) { /* NG = 1: the stage's min term Σ_j min_j bs_j (j: 16 elements) as 2 m16n8k16 MMAs, bsh and bsl */
+            int fn[2][LANES][4], fh[4][LANES][2], fl[4][LANES][2];
+            for (int l = 0; l < LANES; ++l) {
+                for (int m = 0; m < 2; ++m) mma_frag_a<16>(lane0 + l, &s.imin[0][0], 16, rb + 16 * m, 0, fn[m][l]);
+                for (int n = 0; n < 4; ++n) {
+                    mma_frag_b<16>(lane0 + l, &s.bsh[0][0], 16, cb + 8 * n, 0, fh[n][l]);
+                    mma_frag_b<16>(lane0 + l, &s.bsl[0][0], 16, cb + 8 * n, 0, fl[n][l]);
+                }
+            }
+            for (int m = 0; m < 2; ++m)
+                for (int n = 0; n < 4; ++n) {
+                    int hi[LANES][4];
+                    for (int l = 0; l < LANES; ++l)
+                        for (int i = 0; i < 4; ++i) hi[l][i] = 0;
+                    mma_tile<16, LANES>(fn[m], fh[n], hi);
+                    mma_tile<16, LANES>(fn[m], fl[n], msum[m][n]);
+                    for (int l = 0; l < LANES; ++l)
+                        for (int i = 0; i < 4; ++i) msum[m][n][l][i] += 16 * hi[l][i]; /* exact: |msum| < 2^21 */
+                }
+        }
         for (int ch = 0; ch < TR::CPG; ++ch) {
             const int k0 = g * TR::GK + ch * TR::KS, chunk = k0 / TR::KS;
-            /* fm: Q4_K's min term on the tensor cores too: the sub-block's 6-bit min in every byte of an A
-             * fragment, times the activations, is min x (their sum over the sub-block) = min x bsum */
-            int fa[2][LANES][4], fm[2][LANES][4], fb[4][LANES][2], isc[LANES][2][2];
+            int fa[2][LANES][4], fb[4][LANES][2], isc[LANES][2][2];
 #pragma unroll
             for (int l = 0; l < LANES; ++l) {
 #pragma unroll
@@ -239,9 +266,6 @@ template <int TYPE, int LANES> HD void mma_stage(const MmaSmem &s, int warp, int
                     mma_frag_a<TR::KS>(lane0 + l, &s.a[0][0], MMA_LD, rb + 16 * m, k0, fa[m][l]);
                     for (int h = 0; h < 2; ++h)
                         isc[l][m][h] = TR::CPG > 1 ? (int)s.isc[rb + 16 * m + mma_c_row(lane0 + l, 2 * h)][chunk] : 1;
-                    for (int r = 0; r < 4; ++r)
-                        fm[m][l][r] = MINS ? (int)s.imin[rb + 16 * m + mma_a_row(lane0 + l, 4 * r)][chunk] * 0x01010101
-                                           : 0;
                 }
 #pragma unroll
                 for (int n = 0; n < 4; ++n) mma_frag_b<TR::KS>(lane0 + l, &s.b[0][0], MMA_LD, cb + 8 * n, k0, fb[n][l]);
@@ -256,7 +280,6 @@ template <int TYPE, int LANES> HD void mma_stage(const MmaSmem &s, int warp, int
                     mma_tile<TR::KS, LANES>(fa[m], fb[n], c);
                     for (int l = 0; l < LANES; ++l)
                         for (int i = 0; i < 4; ++i) sumi[l][m][n][i] += isc[l][m][i >> 1] * c[l][i];
-                    if (MINS) mma_tile<TR::KS, LANES>(fm[m], fb[n], msum[m][n]); /* exact: |msum| < 2^21 */
                 }
         }
         /* the group's float epilogue: acc += d_w d_x sumi (+ Q4_1's m_w s_x, - Q4_K's dmin d_x msum) */

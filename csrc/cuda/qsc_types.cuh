@@ -43,26 +43,26 @@
     X(F, Q4_0,     2, ACT_32,      1,    1)                                                                            \
     X(F, Q4_1,     3, ACT_32,      1,    1)                                                                            \
     X(F, Q5_0,     6, ACT_32,      1,    1)                                                                            \
-    X(F, Q5_1,     7, ACT_32,      0,    0)                                                                            \
+    X(F, Q5_1,     7, ACT_32,      0,    1)                                                                            \
     X(F, Q8_0,     8, ACT_32,      1,    1)                                                                            \
-    X(F, Q2_K,    10, ACT_256,     0,    0)                                                                            \
-    X(F, Q3_K,    11, ACT_256,     0,    0)                                                                            \
+    X(F, Q2_K,    10, ACT_256,     0,    1)                                                                            \
+    X(F, Q3_K,    11, ACT_256,     0,    1)                                                                            \
     X(F, Q4_K,    12, ACT_256,     1,    1)                                                                            \
-    X(F, Q5_K,    13, ACT_256,     0,    0)                                                                            \
+    X(F, Q5_K,    13, ACT_256,     0,    1)                                                                            \
     X(F, Q6_K,    14, ACT_256,     1,    1)                                                                            \
-    X(F, IQ2_XXS, 16, ACT_256,     0,    0)                                                                            \
-    X(F, IQ2_XS,  17, ACT_256,     0,    0)                                                                            \
-    X(F, IQ3_XXS, 18, ACT_256,     0,    0)                                                                            \
-    X(F, IQ1_S,   19, ACT_256,     0,    0)                                                                            \
-    X(F, IQ4_NL,  20, ACT_32,      0,    0)                                                                            \
-    X(F, IQ3_S,   21, ACT_256,     0,    0)                                                                            \
-    X(F, IQ2_S,   22, ACT_256,     0,    0)                                                                            \
-    X(F, IQ4_XS,  23, ACT_256,     0,    0)                                                                            \
-    X(F, IQ1_M,   29, ACT_256,     0,    0)                                                                            \
+    X(F, IQ2_XXS, 16, ACT_256,     0,    1)                                                                            \
+    X(F, IQ2_XS,  17, ACT_256,     0,    1)                                                                            \
+    X(F, IQ3_XXS, 18, ACT_256,     0,    1)                                                                            \
+    X(F, IQ1_S,   19, ACT_256,     0,    1)                                                                            \
+    X(F, IQ4_NL,  20, ACT_32,      0,    1)                                                                            \
+    X(F, IQ3_S,   21, ACT_256,     0,    1)                                                                            \
+    X(F, IQ2_S,   22, ACT_256,     0,    1)                                                                            \
+    X(F, IQ4_XS,  23, ACT_256,     0,    1)                                                                            \
+    X(F, IQ1_M,   29, ACT_256,     0,    1)                                                                            \
     X(F, BF16,    30, ACT_F,       0,    0)                                                                            \
-    X(F, TQ1_0,   34, ACT_256,     0,    0)                                                                            \
-    X(F, TQ2_0,   35, ACT_256,     0,    0)                                                                            \
-    X(F, MXFP4,   39, ACT_32,      0,    0)                                                                            \
+    X(F, TQ1_0,   34, ACT_256,     0,    1)                                                                            \
+    X(F, TQ2_0,   35, ACT_256,     0,    1)                                                                            \
+    X(F, MXFP4,   39, ACT_32,      0,    1)                                                                            \
     X(F, NVFP4,   40, ACT_32,      0,    0)
 /* X-macros over the list: F(T_name) for every type, for the GEMV types, for the MMA types. */
 #define QSC_IF_0(...)
@@ -240,6 +240,21 @@ struct Codes256 {
         return (m * a.d[col * (a.k / 256) + ib]) * (float)isum;
     }
 };
+
+/* The MMA stage piece of a Codes256 room (its unit p = elements 32p..32p+31, e0 = 32p): the unit's int8 codes, its two
+ * integer scales of 16 (m16n8k16 chunks) and, once per block, its float multiplier m (the same for every unit of a
+ * block in every such room): m * d8 * (ls0 * Σ code·q + ls1 * Σ ...), the integer sums on the tensor cores. */
+#define QSC_CODES256_MMA(T)                                                                                          \
+    static constexpr int MMA_NG = 1, MMA_KS = 16;                                                                  \
+    static constexpr bool MMA_MIN = false, MMA_XSUM = false;                                                       \
+    template <class S> HD static void mma_piece(const QW &w, int64_t row, int kb, int p, int8_t *dst, S &s, int r) { \
+        Unit<T> u;                                                                                                 \
+        u.load(w, row * w.nb + kb, p);                                                                             \
+        for (int i = 0; i < 8; ++i) st_i32(dst + 4 * i, u.c[i]);                                                   \
+        s.isc[r][2 * p] = (int8_t)u.ls[0];                                                                         \
+        s.isc[r][2 * p + 1] = (int8_t)u.ls[1];                                                                     \
+        if (p == 0) s.wd[r][0] = u.m;                                                                              \
+    }
 
 /* element j's sign from a sign mask (bit j set: minus) */
 HD float sgnf(unsigned bits, int j) { return (bits >> j) & 1u ? -1.0f : 1.0f; }
@@ -511,6 +526,21 @@ template <> struct Unit<T_Q5_1> {
         int q = (j < 16 ? (byte & 15) : (byte >> 4)) | (int)(((qh >> j) & 1u) << 4);
         return (float)q * h2f(w.d[2 * b]) + h2f(w.d[2 * b + 1]);
     }
+    /* MMA stage piece p: block kb * 8 + p as its 0..31 codes, d and m (the min term: m * the Q8_1 sum, as Q4_1) */
+    static constexpr int MMA_NG = 8, MMA_KS = 32;
+    static constexpr bool MMA_MIN = false, MMA_XSUM = true;
+    template <class S> HD static void mma_piece(const QW &w, int64_t row, int kb, int p, int8_t *dst, S &s, int r) {
+        const int64_t b = row * w.nb + kb * 8 + p;
+        const int4 v = ld_i4(w.qs + b * 16);
+        const int vw[4] = {v.x, v.y, v.z, v.w};
+        const unsigned qh = (unsigned)ld_i32(w.qh + b * 4);
+        for (int j = 0; j < 4; ++j) { /* bytes 4j..4j+3: elements 4j.. (low nibbles) and 16+4j.. (high) */
+            st_i32(dst + 4 * j, (vw[j] & 0x0F0F0F0F) | spread4_bit4((qh >> (4 * j)) & 15u));
+            st_i32(dst + 16 + 4 * j, ((vw[j] >> 4) & 0x0F0F0F0F) | spread4_bit4((qh >> (16 + 4 * j)) & 15u));
+        }
+        s.wd[r][p] = h2f(w.d[2 * b]);
+        s.wm[r][p] = h2f(w.d[2 * b + 1]);
+    }
 };
 
 /* ---- Q8_0 ------------------------------------------------------------------------------------------------------ */
@@ -584,6 +614,22 @@ template <> struct Unit<T_Q2_K> {
         const int q = (w.qs[b * 64 + 32 * n + l] >> (2 * jj)) & 3;
         return h2f(w.d[2 * b]) * (float)(s & 15) * (float)q - h2f(w.d[2 * b + 1]) * (float)(s >> 4);
     }
+    /* MMA stage piece p = unit p (elements 32p..32p+31): its 2-bit codes, two 4-bit scales of 16 (m16n8k16 chunks)
+     * and their 4-bit mins (MMA_MIN: times the Q8_K block sums, as Q4_K's) */
+    static constexpr int MMA_NG = 1, MMA_KS = 16;
+    static constexpr bool MMA_MIN = true, MMA_XSUM = false;
+    template <class S> HD static void mma_piece(const QW &w, int64_t row, int kb, int p, int8_t *dst, S &s, int r) {
+        const int64_t b = row * w.nb + kb;
+        const uint8_t *q = w.qs + b * 64 + 32 * (p >> 2);
+        const int sh = 2 * (p & 3);
+        for (int j = 0; j < 8; ++j) st_i32(dst + 4 * j, (ld_i32(q + 4 * j) >> sh) & 0x03030303);
+        const int sc0 = w.sc[b * 16 + 2 * p], sc1 = w.sc[b * 16 + 2 * p + 1]; /* scale byte 8n + 2j + l/16 = 2p + l/16 */
+        s.isc[r][2 * p] = (int8_t)(sc0 & 15);
+        s.isc[r][2 * p + 1] = (int8_t)(sc1 & 15);
+        s.imin[r][2 * p] = (int8_t)(sc0 >> 4);
+        s.imin[r][2 * p + 1] = (int8_t)(sc1 >> 4);
+        if (p == 0) { s.wd[r][0] = h2f(w.d[2 * b]); s.wm[r][0] = h2f(w.d[2 * b + 1]); }
+    }
 };
 
 /* ---- Q3_K ------------------------------------------------------------------------------------------------------ */
@@ -628,6 +674,23 @@ template <> struct Unit<T_Q3_K> {
         const int low = (w.qs[b * 64 + 32 * n + l] >> (2 * jj)) & 3;
         const int q = low - (((w.qh[b * 32 + l] >> (4 * n + jj)) & 1) ? 0 : 4);
         return h2f(w.d[b]) * (float)(int8_t)w.sc[b * 16 + 8 * n + 2 * jj + l / 16] * (float)q;
+    }
+    /* MMA stage piece p = unit p (elements 32p..32p+31): code - 4 (-4..3) as int8, two signed scales of 16
+     * (m16n8k16 chunks) */
+    static constexpr int MMA_NG = 1, MMA_KS = 16;
+    static constexpr bool MMA_MIN = false, MMA_XSUM = false;
+    template <class S> HD static void mma_piece(const QW &w, int64_t row, int kb, int p, int8_t *dst, S &s, int r) {
+        const int64_t b = row * w.nb + kb;
+        const int n = p >> 2, j = p & 3;
+        const uint8_t *q = w.qs + b * 64 + 32 * n, *qh = w.qh + b * 32;
+        for (int i = 0; i < 8; ++i) {
+            const int code = ((ld_i32(q + 4 * i) >> (2 * j)) & 0x03030303) |
+                             (((ld_i32(qh + 4 * i) >> (4 * n + j)) & 0x01010101) << 2); /* 0..7 per byte */
+            st_i32(dst + 4 * i, sext4_minus8(code + 0x04040404));                     /* code - 4 */
+        }
+        s.isc[r][2 * p] = (int8_t)w.sc[b * 16 + 2 * p];
+        s.isc[r][2 * p + 1] = (int8_t)w.sc[b * 16 + 2 * p + 1];
+        if (p == 0) s.wd[r][0] = h2f(w.d[b]);
     }
 };
 
@@ -683,8 +746,8 @@ template <> struct Unit<T_Q4_K> {
         float d = h2f(w.d[2 * b]) * (float)w.sc[b * 16 + s], mm = h2f(w.d[2 * b + 1]) * (float)w.sc[b * 16 + 8 + s];
         return d * (float)q - mm;
     }
-    /* MMA stage piece p = sub-block p of block kb: nibble p & 1 of qs[32 (p / 2) ..], its scale and min; the mins
-     * go through the tensor cores too (MMA_MIN) */
+    /* MMA stage piece p = sub-block p of block kb: nibble p & 1 of qs[32 (p / 2) ..], its scale and its min (for
+     * each of its two 16s: MMA_MIN multiplies them with the Q8_K block sums) */
     static constexpr int MMA_NG = 1, MMA_KS = 32;
     static constexpr bool MMA_MIN = true, MMA_XSUM = false;
     template <class S> HD static void mma_piece(const QW &w, int64_t row, int kb, int p, int8_t *dst, S &s, int r) {
@@ -693,7 +756,7 @@ template <> struct Unit<T_Q4_K> {
         const int sh = 4 * (p & 1);
         for (int j = 0; j < 8; ++j) st_i32(dst + 4 * j, (ld_i32(q + 4 * j) >> sh) & 0x0F0F0F0F);
         s.isc[r][p] = (int8_t)w.sc[b * 16 + p];
-        s.imin[r][p] = (int8_t)w.sc[b * 16 + 8 + p];
+        s.imin[r][2 * p] = s.imin[r][2 * p + 1] = (int8_t)w.sc[b * 16 + 8 + p];
         if (p == 0) { s.wd[r][0] = h2f(w.d[2 * b]); s.wm[r][0] = h2f(w.d[2 * b + 1]); }
     }
 };
@@ -740,6 +803,20 @@ template <> struct Unit<T_Q5_K> {
         const float d = h2f(w.d[2 * b]) * (float)w.sc[b * 16 + s];
         const float mm = h2f(w.d[2 * b + 1]) * (float)w.sc[b * 16 + 8 + s];
         return d * (float)q - mm;
+    }
+    /* MMA stage piece p = sub-block p of block kb: Q4_K's nibble with the fifth bit p of qh[l], its scale and min
+     * (as Q4_K's) */
+    static constexpr int MMA_NG = 1, MMA_KS = 32;
+    static constexpr bool MMA_MIN = true, MMA_XSUM = false;
+    template <class S> HD static void mma_piece(const QW &w, int64_t row, int kb, int p, int8_t *dst, S &s, int r) {
+        const int64_t b = row * w.nb + kb;
+        const uint8_t *q = w.qs + b * 128 + 32 * (p >> 1), *qh = w.qh + b * 32;
+        const int sh = 4 * (p & 1);
+        for (int j = 0; j < 8; ++j)
+            st_i32(dst + 4 * j, ((ld_i32(q + 4 * j) >> sh) & 0x0F0F0F0F) | (((ld_i32(qh + 4 * j) >> p) & 0x01010101) << 4));
+        s.isc[r][p] = (int8_t)w.sc[b * 16 + p];
+        s.imin[r][2 * p] = s.imin[r][2 * p + 1] = (int8_t)w.sc[b * 16 + 8 + p];
+        if (p == 0) { s.wd[r][0] = h2f(w.d[2 * b]); s.wm[r][0] = h2f(w.d[2 * b + 1]); }
     }
 };
 
@@ -834,6 +911,7 @@ template <> struct Unit<T_IQ2_XXS> : Codes256 {
         const float db = h2f(w.d[b]) * (0.5f + (float)(aux >> 28)) * 0.25f;
         return db * (float)QSC_TABLE(GRID_IQ2_XXS)[q[l]][e] * sgnf(ksign(aux >> (7 * l)), e);
     }
+    QSC_CODES256_MMA(T_IQ2_XXS)
 };
 
 /* ---- IQ2_XS ---------------------------------------------------------------------------------------------------- */
@@ -864,6 +942,7 @@ template <> struct Unit<T_IQ2_XS> : Codes256 {
         const float db = h2f(w.d[b]) * (0.5f + (float)sc) * 0.25f;
         return db * (float)QSC_TABLE(GRID_IQ2_XS)[q & 511][e] * sgnf(ksign(q >> 9), e);
     }
+    QSC_CODES256_MMA(T_IQ2_XS)
 };
 
 /* ---- IQ3_XXS --------------------------------------------------------------------------------------------------- */
@@ -892,6 +971,7 @@ template <> struct Unit<T_IQ3_XXS> : Codes256 {
         const int idx = w.qs[b * 64 + 8 * g + e / 4];
         return db * (float)QSC_TABLE(GRID_IQ3_XXS)[idx][e % 4] * sgnf(ksign(aux >> (7 * l)), e % 8);
     }
+    QSC_CODES256_MMA(T_IQ3_XXS)
 };
 
 /* ---- IQ1_S ----------------------------------------------------------------------------------------------------- */
@@ -927,6 +1007,7 @@ template <> struct Unit<T_IQ1_S> : Codes256 {
         const int idx = w.qs[b * 32 + 4 * g + l] | (int)(((qh >> (3 * l)) & 7u) << 8);
         return dl * ((float)QSC_TABLE(GRID_IQ1_S)[idx][j % 8] + delta);
     }
+    QSC_CODES256_MMA(T_IQ1_S)
 };
 
 /* ---- IQ4_NL ---------------------------------------------------------------------------------------------------- */
@@ -960,6 +1041,20 @@ template <> struct Unit<T_IQ4_NL> {
         const int byte = w.qs[b * 16 + (j & 15)];
         return h2f(w.d[b]) * (float)QSC_SMALL(IQ4NL)[j < 16 ? (byte & 15) : (byte >> 4)];
     }
+    /* MMA stage piece p: block kb * 8 + p's code book values as int8, its d */
+    static constexpr int MMA_NG = 8, MMA_KS = 32;
+    static constexpr bool MMA_MIN = false, MMA_XSUM = false;
+    template <class S> HD static void mma_piece(const QW &w, int64_t row, int kb, int p, int8_t *dst, S &s, int r) {
+        const int64_t b = row * w.nb + kb * 8 + p;
+        const int4 v = ld_i4(w.qs + b * 16);
+        const int vw[4] = {v.x, v.y, v.z, v.w};
+        const Lut16 t = lut16_words(QSC_SMALL(IQ4NL));
+        for (int j = 0; j < 4; ++j) { /* bytes 4j..4j+3: elements 4j.. (low nibbles) and 16+4j.. (high) */
+            st_i32(dst + 4 * j, lut16(vw[j] & 0x0F0F0F0F, t));
+            st_i32(dst + 16 + 4 * j, lut16((vw[j] >> 4) & 0x0F0F0F0F, t));
+        }
+        s.wd[r][p] = h2f(w.d[b]);
+    }
 };
 
 /* ---- IQ3_S ----------------------------------------------------------------------------------------------------- */
@@ -988,6 +1083,7 @@ template <> struct Unit<T_IQ3_S> : Codes256 {
         const int idx = w.qs[b * 64 + en] | (((w.qh[b * 8 + en / 8] >> (en % 8)) & 1) << 8);
         return db * (float)QSC_TABLE(GRID_IQ3_S)[idx][j % 4] * sgnf(sg[j / 8], j % 8);
     }
+    QSC_CODES256_MMA(T_IQ3_S)
 };
 
 /* ---- IQ2_S ----------------------------------------------------------------------------------------------------- */
@@ -1019,6 +1115,7 @@ template <> struct Unit<T_IQ2_S> : Codes256 {
         const float db = h2f(w.d[b]) * (0.5f + (float)sc) * 0.25f;
         return db * (float)QSC_TABLE(GRID_IQ2_S)[idx][e] * sgnf(qs[32 + en], e);
     }
+    QSC_CODES256_MMA(T_IQ2_S)
 };
 
 /* ---- IQ4_XS ---------------------------------------------------------------------------------------------------- */
@@ -1062,6 +1159,21 @@ template <> struct Unit<T_IQ4_XS> {
         const int byte = w.qs[b * 128 + 16 * s + (l & 15)];
         return dl * (float)QSC_SMALL(IQ4NL)[l < 16 ? (byte & 15) : (byte >> 4)];
     }
+    /* MMA stage piece p = sub-block p: its code book values as int8 (bytes 16p..: low nibbles first), ls - 32 */
+    static constexpr int MMA_NG = 1, MMA_KS = 32;
+    static constexpr bool MMA_MIN = false, MMA_XSUM = false;
+    template <class S> HD static void mma_piece(const QW &w, int64_t row, int kb, int p, int8_t *dst, S &s, int r) {
+        const int64_t b = row * w.nb + kb;
+        const int4 v = ld_i4(w.qs + b * 128 + 16 * p);
+        const int vw[4] = {v.x, v.y, v.z, v.w};
+        const Lut16 t = lut16_words(QSC_SMALL(IQ4NL));
+        for (int j = 0; j < 4; ++j) {
+            st_i32(dst + 4 * j, lut16(vw[j] & 0x0F0F0F0F, t));
+            st_i32(dst + 16 + 4 * j, lut16((vw[j] >> 4) & 0x0F0F0F0F, t));
+        }
+        s.isc[r][p] = (int8_t)w.sc[b * 8 + p];
+        if (p == 0) s.wd[r][0] = h2f(w.d[b]);
+    }
 };
 
 /* ---- IQ1_M ----------------------------------------------------------------------------------------------------- */
@@ -1101,6 +1213,7 @@ template <> struct Unit<T_IQ1_M> : Codes256 {
         const float delta = nib & 8u ? -0.125f : 0.125f;
         return dl * ((float)QSC_TABLE(GRID_IQ1_S)[w.qs[b * 32 + e] | (int)((nib & 7u) << 8)][j % 8] + delta);
     }
+    QSC_CODES256_MMA(T_IQ1_M)
 };
 
 /* ---- BF16 ------------------------------------------------------------------------------------------------------ */
@@ -1158,6 +1271,7 @@ template <> struct Unit<T_TQ1_0> : Codes256 {
     HD static float elem(const QW &w, int64_t b, int j) {
         return h2f(w.d[b]) * (float)tq1_code(w.qs + b * 52, j);
     }
+    QSC_CODES256_MMA(T_TQ1_0)
 };
 
 /* ---- TQ2_0 ----------------------------------------------------------------------------------------------------- */
@@ -1181,6 +1295,7 @@ template <> struct Unit<T_TQ2_0> : Codes256 {
         const int h = j / 128, k = (j % 128) / 32, l = j % 32;
         return h2f(w.d[b]) * (float)(((w.qs[b * 64 + 32 * h + l] >> (2 * k)) & 3) - 1);
     }
+    QSC_CODES256_MMA(T_TQ2_0)
 };
 
 /* ---- MXFP4 ----------------------------------------------------------------------------------------------------- */
@@ -1214,6 +1329,20 @@ template <> struct Unit<T_MXFP4> {
     HD static float elem(const QW &w, int64_t b, int j) {
         const int byte = w.qs[b * 16 + (j & 15)];
         return e8m0_half(w.sc[b]) * (float)QSC_SMALL(FP4)[j < 16 ? (byte & 15) : (byte >> 4)];
+    }
+    /* MMA stage piece p: block kb * 8 + p's doubled E2M1 values as int8, its scale (the dot's (d * d8) * Σ) */
+    static constexpr int MMA_NG = 8, MMA_KS = 32;
+    static constexpr bool MMA_MIN = false, MMA_XSUM = false;
+    template <class S> HD static void mma_piece(const QW &w, int64_t row, int kb, int p, int8_t *dst, S &s, int r) {
+        const int64_t b = row * w.nb + kb * 8 + p;
+        const int4 v = ld_i4(w.qs + b * 16);
+        const int vw[4] = {v.x, v.y, v.z, v.w};
+        const Lut16 t = lut16_words(QSC_SMALL(FP4));
+        for (int j = 0; j < 4; ++j) { /* bytes 4j..4j+3: elements 4j.. (low nibbles) and 16+4j.. (high) */
+            st_i32(dst + 4 * j, lut16(vw[j] & 0x0F0F0F0F, t));
+            st_i32(dst + 16 + 4 * j, lut16((vw[j] >> 4) & 0x0F0F0F0F, t));
+        }
+        s.wd[r][p] = e8m0_half(w.sc[b]);
     }
 };
 

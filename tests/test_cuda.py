@@ -810,9 +810,9 @@ _LAUNCH_FILES = ("qsc_device.cu", "qsc_moe.cuh", "qsc_probe.cuh", "qsc_gdn.cuh",
 
 def test_debug_check_follows_every_launch():
     """By construction: every kernel launch (``<<<``) of the launch tables and their helpers (qsc_device.cu,
-    qsc_moe.cuh, qsc_probe.cuh, qsc_gdn.cuh, qsc_decode.cuh) is followed by the debug mode's check (QSC_DBG, or matmul_dbg for the
-    matmul's launches) before the next statement; qsc_fast.cuh's launchers (GEMV, MMA, flash) are checked by their
-    callers launch_matmul / launch_attention, right after the launcher reports a launch."""
+    qsc_moe.cuh, qsc_probe.cuh, qsc_gdn.cuh, qsc_decode.cuh) is followed by the debug mode's check (QSC_DBG, or
+    matmul_dbg for the matmul's launches) before the next statement; qsc_fast.cuh's launchers (GEMV, MMA, flash) are
+    checked by their callers launch_matmul / launch_attention, right after the launcher reports a launch."""
     for name in _LAUNCH_FILES:
         lines = (ROOT / "csrc" / "cuda" / name).read_text(encoding="utf-8").splitlines()
         for i, line in enumerate(lines):

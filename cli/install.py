@@ -11,22 +11,13 @@ from quantscope.core.fsutil import printable
 from .common import CLIError
 
 
-def _params_text(n: int | None) -> str:
-    if not n:
-        return "-"
-    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= div:
-            return f"{n / div:.1f}{unit}" if n < 100 * div else f"{n / div:.0f}{unit}"
-    return str(n)
-
-
 def _list_local(args: argparse.Namespace) -> int:
     """Every GGUF already on this machine (core/library.py): a table, or JSON with --json."""
     import time
 
     from quantscope.core import library
     from quantscope.core.fsutil import json_text
-    from quantscope.core.summary import human_bytes
+    from quantscope.core.summary import human_bytes, params_text
 
     try:
         places = library.stores()
@@ -48,7 +39,7 @@ def _list_local(args: argparse.Namespace) -> int:
         if e.problem and e.architecture is None:
             print(f"{name:<{width}}  {e.source:<10} unreadable: {printable(e.problem)}")
             continue
-        print(f"{name:<{width}}  {e.source:<10} {printable(e.architecture or '-'):<13} {_params_text(e.parameters):>7} "
+        print(f"{name:<{width}}  {e.source:<10} {printable(e.architecture or '-'):<13} {params_text(e.parameters):>7} "
               f"{printable(e.file_type or '-'):<14} {human_bytes(e.size):>10}  {e.shards}"
               + (f"  ! {printable(e.problem)}" if e.problem else ""))
     where = ", ".join(f"{s.label} ({printable(s.root)})" for s in places) or "none of the usual places exists"

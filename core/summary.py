@@ -209,6 +209,16 @@ def summarize(f: GGUFFile, max_items: int = 8) -> dict[str, Any]:
     return out
 
 
+def params_text(n: int | None) -> str:
+    """A parameter count as people write it: 135M, 1.5B, 630M ("–" for none)."""
+    if not n:
+        return "–"
+    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.1f}{unit}" if n < 100 * div else f"{n / div:.0f}{unit}"
+    return str(n)
+
+
 def human_bytes(n: float) -> str:
     """``491400064`` -> ``468.6 MiB``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

@@ -400,20 +400,7 @@ __global__ void __launch_bounds__(FD_THREADS) k_fdec_merge(const FdArgs a, const
     }
     if (!ao.qs32 && !ao.qs256) return;
     __syncthreads();
-    const int64_t r0 = ((int64_t)t * a.H + h) * hd;
-    if (ao.qs32)
-        for (int b = warp; b < hd / 32; b += NW) {
-            const int64_t blk = r0 / 32 + b;
-            warp_quant32(sm_out[32 * b + lane], ao.qs32 + blk * 32, ao.d32 + blk, ao.s32 + blk);
-        }
-    if (ao.qs256)
-        for (int b = warp; b < hd / 256; b += NW) {
-            const int64_t blk = r0 / 256 + b;
-            float v[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) v[i] = sm_out[256 * b + 8 * lane + i];
-            warp_quant256(v, ao.qs256 + blk * 256, ao.d256 + blk, ao.bs256 + blk * 16);
-        }
+    quant_head_row<NW>(sm_out, ((int64_t)t * a.H + h) * hd, hd, ao, warp, lane); /* as k_attention */
 }
 
 /* The two launches (and k_quantize when the int8 blocks straddle heads); the caller checked fd_use. */

@@ -256,6 +256,27 @@ __global__ void __launch_bounds__(256) k_qk_post(float *__restrict__ q, float *_
  * EPL*i .. EPL*i+EPL-1 (those below hd: any head size up to 32 EPL). Scores are scaled and soft-capped
  * (attn_score); each warp keeps an online softmax (softmax_step); the warps are merged through shared memory at
  * the end, with the head's sink (gpt-oss; NULL: none) joining the denominator there. */
+/* One head's output (hd floats in shared memory, the slice of the activation matrix from element r0) into its int8
+ * blocks of each format asked for, the NW warps of the block taking blocks in turn (hd a multiple of each block:
+ * the launches check). Shared by the attention kernels that quantize their own output (k_attention, k_fdec_merge). */
+template <int NW>
+__device__ __forceinline__ void quant_head_row(const float *sm_out, int64_t r0, int hd, const ActOut &ao, int warp,
+                                               int lane) {
+    if (ao.qs32)
+        for (int b = warp; b < hd / 32; b += NW) {
+            const int64_t blk = r0 / 32 + b;
+            warp_quant32(sm_out[32 * b + lane], ao.qs32 + blk * 32, ao.d32 + blk, ao.s32 + blk);
+        }
+    if (ao.qs256)
+        for (int b = warp; b < hd / 256; b += NW) {
+            const int64_t blk = r0 / 256 + b;
+            float v[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = sm_out[256 * b + 8 * lane + i];
+            warp_quant256(v, ao.qs256 + blk * 256, ao.d256 + blk, ao.bs256 + blk * 16);
+        }
+}
+
 template <int EPL, typename KT>
 __global__ void __launch_bounds__(256) k_attention(const float *__restrict__ q, const int *__restrict__ q_pos, int H,
                                                    int KV, int hd, const KT *__restrict__ kc,
@@ -316,20 +337,7 @@ __global__ void __launch_bounds__(256) k_attention(const float *__restrict__ q, 
     if (!ao.qs32 && !ao.qs256) return;
     __syncthreads();
     /* this head's slice of row t of the [T][H*hd] activation matrix (hd a multiple of the block: see the launch) */
-    const int64_t r0 = ((int64_t)t * H + h) * hd;
-    if (ao.qs32)
-        for (int b = warp; b < hd / 32; b += NW) {
-            const int64_t blk = r0 / 32 + b;
-            warp_quant32(sm_out[32 * b + lane], ao.qs32 + blk * 32, ao.d32 + blk, ao.s32 + blk);
-        }
-    if (ao.qs256)
-        for (int b = warp; b < hd / 256; b += NW) {
-            const int64_t blk = r0 / 256 + b;
-            float v[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) v[i] = sm_out[256 * b + 8 * lane + i];
-            warp_quant256(v, ao.qs256 + blk * 256, ao.d256 + blk, ao.bs256 + blk * 16);
-        }
+    quant_head_row<NW>(sm_out, ((int64_t)t * H + h) * hd, hd, ao, warp, lane);
 }
 
 /* The head's logits, in place: logit_post (granite's logit scale, gemma2's final soft-cap). */

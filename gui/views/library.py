@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 
 from quantscope.core import library
 from quantscope.core.fsutil import printable
-from quantscope.core.summary import human_bytes
+from quantscope.core.summary import human_bytes, params_text
 
 from ..guard import qt_guarded
 from ..widgets.fit import ElidedLabel
@@ -35,15 +35,6 @@ COLUMNS = ("Name", "Source", "Architecture", "Parameters", "Type", "Size", "Shar
 #: what a row's buttons ask the window for
 ACTIONS = (("open", "Open"), ("chat", "Chat"), ("serve", "Serve"), ("quantize", "Quantize…"))
 _Index = QModelIndex | QPersistentModelIndex
-
-
-def params_text(n: int | None) -> str:
-    if not n:
-        return "–"
-    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= div:
-            return f"{n / div:.1f}{unit}" if n < 100 * div else f"{n / div:.0f}{unit}"
-    return str(n)
 
 
 class LibraryModel(QAbstractTableModel):

@@ -37,6 +37,7 @@ ACTIONS = (("open", "Open"), ("chat", "Chat"), ("serve", "Serve"), ("quantize", 
 _Index = QModelIndex | QPersistentModelIndex
 
 
+@qt_guarded
 class LibraryModel(QAbstractTableModel):
     """The scan's rows; the display role is text, the user role the value sorted on."""
 
@@ -97,6 +98,7 @@ class LibraryModel(QAbstractTableModel):
         return printable(str(Path(e.path).parent))
 
 
+@qt_guarded
 class LibraryFilter(QSortFilterProxyModel):
     """Rows whose name, source, architecture or type holds every word of the filter."""
 

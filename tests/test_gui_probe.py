@@ -212,7 +212,8 @@ def test_a_file_the_engine_cannot_run_says_why(window, qtbot, tmp_path):  # noqa
         assert pv.run()
     assert sig.args == ["failed"]
     assert "cannot run" in pv.error and "mamba" in pv.error and pv.error in pv.status.full_text()
-    assert window.error_box is None and pv.engine is None and pv.run_btn.isEnabled()
+    assert window.error_box is None and pv.engine is None
+    qtbot.waitUntil(pv.run_btn.isEnabled, timeout=TIMEOUT)  # greyed while the job runs, back once its slot is idle
 
 
 def test_probe_tab_fits_1100x700(window, qtbot, model_path):  # noqa: F811

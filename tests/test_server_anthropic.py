@@ -213,3 +213,18 @@ def test_tool_use_round_trip(qwen: anthropic.Anthropic) -> None:
     m2 = qwen.messages.create(model=model, max_tokens=30, messages=follow, tools=[WEATHER],
                               tool_choice={"type": "none"}, extra_body=T0)
     assert m2.stop_reason in ("end_turn", "max_tokens") and m2.content[0].type == "text" and m2.content[0].text
+
+
+def test_host_and_origin_refusals_come_in_anthropic_s_shape(server: Server, name: str) -> None:
+    """The Host/Origin rules run before any route (core/server/policy.py); their refusal is still Anthropic's error
+    body, so the client raises its own error class with the message."""
+    c = anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=60,
+                            default_headers={"Origin": "http://evil.example"})
+    with pytest.raises(anthropic.PermissionDeniedError) as e:
+        c.messages.create(model=name, max_tokens=4, messages=ASK)
+    assert e.value.status_code == 403 and "cross-origin" in e.value.message
+    assert e.value.body == {"type": "error", "error": {"type": "permission_error", "message": e.value.body[
+        "error"]["message"]}}  # type: ignore[index]
+    r = httpx.post(server.url + "/v1/messages", headers={"x-api-key": KEY, "Host": "evil.example"}, timeout=60,
+                   json={"model": name, "max_tokens": 4, "messages": ASK})
+    assert r.status_code == 421 and r.json()["type"] == "error" and "Host header" in r.json()["error"]["message"]

@@ -135,6 +135,18 @@ def test_api_key(server: Server, name: str) -> None:
     assert r.status_code == 401
 
 
+def test_host_and_origin_refusals_come_in_ollama_s_shape(server: Server, name: str) -> None:
+    """The Host/Origin rules run before any route (core/server/policy.py); their refusal is still Ollama's error
+    body, so the client reads its message."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with pytest.raises(ollama.ResponseError) as e:
+        ollama.Client(host=server.url, headers={**auth, "Origin": "http://evil.example"}).chat(model=name,
+                                                                                            messages=ASK)
+    assert e.value.status_code == 403 and "cross-origin" in e.value.error
+    r = httpx.get(server.url + "/api/tags", headers={**auth, "Host": "evil.example"}, timeout=60)
+    assert r.status_code == 421 and set(r.json()) == {"error"} and "Host header" in r.json()["error"]
+
+
 @pytest.mark.parametrize(("body", "field"), [
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),

@@ -18,7 +18,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from .errors import ApiError
+from .errors import ApiError, dialect_of, error_body
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -101,8 +101,11 @@ class Policy:
         return name in (str(local), str(mapped))
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, exc: ApiError) -> None:
+        """Answer ``exc`` in the shape of the API the path speaks (a refused Ollama or Anthropic client reads its
+        own error), and close the connection."""
         self.count(exc.status)
-        await JSONResponse(exc.body(), status_code=exc.status, headers={"Connection": "close"})(scope, receive, send)
+        body = error_body(exc, dialect_of(str(scope.get("path", ""))))
+        await JSONResponse(body, status_code=exc.status, headers={"Connection": "close"})(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from PySide6.QtWidgets import QApplication
 
+    from .gc_thread import GuiThreadCollector
     from .mainwindow import MainWindow, app_icon
     from .theme import apply_theme
 
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
         qInstallMessageHandler(quiet)
     app = QApplication.instance() or QApplication([sys.argv[0]])
+    collector = GuiThreadCollector()  # cycles are collected on this thread only (a worker's would delete Qt objects)
     app.setOrganizationName("Quantscope")
     app.setApplicationName("Quantscope")
     app.setDesktopFileName("quantscope")
@@ -162,7 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         return render_screenshot(app, win, args.view, Path(args.screenshot), args.size, block=args.block,
                                  compare_with=args.compare_with, imatrix=args.imatrix)
     win.show()
-    return int(app.exec())
+    try:
+        return int(app.exec())
+    finally:
+        collector.stop()
 
 
 def render_screenshot(app: object, win: object, view: str, out: Path, size: tuple[int, int] = (1440, 920),

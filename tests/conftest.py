@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import subprocess
@@ -54,11 +55,41 @@ def gguf_py_reader() -> Iterator[Callable[[str], object]]:
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # type: ignore[no-untyped-def]
+    """A GUI test (one that uses ``qtbot``) runs, from its setup to its teardown, with Python's cyclic garbage
+    collection where the app has it: never on another thread (gui/gc_thread.py; in the test's call the GUI thread
+    collects on a timer, see :func:`pytest_runtest_call`). What is left is collected here, on the GUI thread."""
+    if "qtbot" not in getattr(item, "fixturenames", ()):
+        return (yield)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return (yield)
+    finally:
+        gc.collect()
+        if was:
+            gc.enable()
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item):  # type: ignore[no-untyped-def]
-    """Every GUI test runs under the event-loop watchdog (tests/watchdog.py): a blocked loop fails it."""
+    """Every GUI test runs under the event-loop watchdog (tests/watchdog.py): a blocked loop fails it; and cycles
+    are collected on the GUI thread, as in the app (gui/gc_thread.py)."""
     from .watchdog import watch
 
-    return (yield from watch(item))
+    if "qtbot" not in getattr(item, "fixturenames", ()):
+        return (yield from watch(item))
+    from PySide6.QtWidgets import QApplication
+
+    if QApplication.instance() is None:
+        return (yield from watch(item))
+    from quantscope.gui.gc_thread import GuiThreadCollector
+
+    collector = GuiThreadCollector()
+    try:
+        return (yield from watch(item))
+    finally:
+        collector.stop()
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ import pytest
 
 from quantscope.cli.main import main
 from quantscope.core.server import LoadOptions, ModelPool, PoolServer, ServerConfig, model_id_of
-from quantscope.core.server.models import MODEL_PATHS, find_offers, gguf_files
+from quantscope.core.server.models import MODEL_PATHS, find_offers, gguf_files, keep_alive_seconds
 
 KEY = "pool-key-1"
 ASK = [{"role": "user", "content": "Name a colour."}]
@@ -207,6 +207,27 @@ def test_an_idle_model_is_unloaded_and_loads_again(folder: Path, names: tuple[st
         assert metric(srv, "model_unloads_total") == 1
         assert ask(srv, names[0])
         assert metric(srv, "model_loads_total") == 2
+
+
+def test_ollamas_keep_alive_sets_how_long_a_model_stays(folder: Path, names: tuple[str, ...]) -> None:
+    a, b, _c = names
+    with serving(folder, idle_unload=None) as srv:
+        client = oll(srv)
+        client.generate(model=b, prompt="Hi", options={"num_predict": 2}, keep_alive=-1)
+        client.generate(model=a, prompt="Hi", options={"num_predict": 2}, keep_alive="1h")
+        ps = {m.model: m for m in client.ps().models}
+        assert ps[b].expires_at is not None and ps[b].expires_at.year == 2318  # for ever
+        assert ps[a].expires_at is not None and ps[a].expires_at.year < 2318
+        client.generate(model=a, prompt="Hi", options={"num_predict": 2}, keep_alive=0)
+        wait_until(lambda: loaded(srv) == {b}, "the model kept 0 s unloaded")
+
+
+def test_keep_alive_values() -> None:
+    assert keep_alive_seconds("5m") == 300 and keep_alive_seconds("1h30m") == 5400
+    assert keep_alive_seconds(90) == 90 and keep_alive_seconds("90") == 90 and keep_alive_seconds("0") == 0
+    assert keep_alive_seconds(-1) is None and keep_alive_seconds("-1m") is None
+    unset = keep_alive_seconds(None)
+    assert all(keep_alive_seconds(v) is unset for v in ("soon", "5 m", True, [1], float("nan"), "x" * 40))
 
 
 def test_the_least_recently_used_is_unloaded_past_max_loaded(folder: Path, names: tuple[str, ...]) -> None:

@@ -147,6 +147,37 @@ def size_text(n: int) -> str:
     return f"{n / 1024:.1f} KiB"
 
 
+_UNSET = object()
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive_seconds(v: Any) -> float | object | None:
+    """Ollama's ``keep_alive``: how long the model stays loaded unused after the request, in seconds (a number
+    of seconds or a duration such as ``"5m"``, ``"1h30m"``, ``"0"``: unloaded at once); None for a negative one
+    (for ever); ``_UNSET`` for anything else (the server's ``--idle-unload``)."""
+    if isinstance(v, bool) or v is None:
+        return _UNSET
+    if isinstance(v, (int, float)):
+        seconds = float(v)
+    elif isinstance(v, str) and len(v) <= 32:
+        text = v.strip()
+        sign = -1.0 if text.startswith("-") else 1.0
+        text = text.lstrip("+-")
+        try:
+            seconds = sign * float(text)  # a bare number: seconds
+        except ValueError:
+            parts = _DURATION.findall(text)
+            if not parts or "".join(n + u for n, u in parts) != text:
+                return _UNSET
+            seconds = sign * sum(float(n) * _UNITS[u] for n, u in parts)
+    else:
+        return _UNSET
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        return _UNSET
+    return None if seconds < 0 else min(seconds, 1e9)
+
+
 class Loaded:
     """A model in the pool: loading (``ready`` not done) or loaded (``app`` set); ``users`` counts the requests
     holding it (those waiting for its load too), ``last_used`` (monotonic seconds) orders the unloading."""
@@ -159,6 +190,9 @@ class Loaded:
         self.last_used = time.monotonic()
         self.loaded_at = 0.0
         self.timer: asyncio.TimerHandle | None = None
+        #: seconds to stay loaded unused, as the last request's Ollama ``keep_alive`` asked (None: for ever);
+        #: unset: the pool's ``idle_unload``
+        self.keep: float | object | None = _UNSET
 
 
 class ModelPool:
@@ -237,8 +271,9 @@ class ModelPool:
 
     def _idle(self, e: Loaded) -> None:
         self._locks()[1].set()
-        if self.idle_unload is not None and not self.stopping:
-            e.timer = asyncio.get_running_loop().call_later(self.idle_unload, lambda: self._spawn(self._expire(e)))
+        keep = self.idle_unload if e.keep is _UNSET else e.keep
+        if isinstance(keep, (int, float)) and not self.stopping:
+            e.timer = asyncio.get_running_loop().call_later(keep, lambda: self._spawn(self._expire(e)))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -438,12 +473,14 @@ class PoolApp:
         try:
             check_key(request, self.config.api_key)
             body = await read_body(request, self.config.max_body)
-            offer = self._offer_of(body, path)
+            offer, keep = self._offer_of(body, path)
             held = await self.pool.acquire(offer)
         except ApiError as exc:
             await self._count(_error(exc, path))(scope, receive, send)
             return
         assert held.app is not None
+        if keep is not _UNSET:
+            held.keep = keep
         sent = False
 
         async def replay() -> MutableMapping[str, Any]:
@@ -458,21 +495,24 @@ class PoolApp:
         finally:
             self.pool.release(held)
 
-    def _offer_of(self, body: bytes, path: str) -> Offer:
-        """The offer the body's ``model`` (Ollama's old ``name``) names; the only one when it names none."""
+    def _offer_of(self, body: bytes, path: str) -> tuple[Offer, float | object | None]:
+        """The offer the body's ``model`` (Ollama's old ``name``) names (the only one when it names none), and
+        its Ollama ``keep_alive`` (:func:`keep_alive_seconds`)."""
         try:
             d = json.loads(body)
         except (ValueError, RecursionError):
             d = None
         name = None
+        keep: float | object | None = _UNSET
         if isinstance(d, dict):
             name = d.get("model")
-            if name is None and dialect_of(path) == "ollama":
-                name = d.get("name")
+            if dialect_of(path) == "ollama":
+                name = d.get("name") if name is None else name
+                keep = keep_alive_seconds(d.get("keep_alive"))
         if isinstance(name, str) and name:
-            return self.pool.resolve(name, dialect_of(path))
+            return self.pool.resolve(name, dialect_of(path)), keep
         if len(self.pool.offers) == 1:  # its own server says what else is wrong with the request
-            return next(iter(self.pool.offers.values()))
+            return next(iter(self.pool.offers.values())), keep
         if not isinstance(d, dict):
             parse_json(body)  # the same refusal as a one-model server's
             raise bad_request("the request body must be a JSON object")
@@ -494,12 +534,13 @@ class PoolApp:
 
     async def ps(self, request: Request) -> Response:
         out = []
-        idle = self.pool.idle_unload
         for e in self.pool.loaded.values():
             if e.app is None:
                 continue
             eng = e.app.engine
-            until = (datetime.fromtimestamp(time.time() + idle, UTC) if idle is not None and not e.users
+            keep = self.pool.idle_unload if e.keep is _UNSET else e.keep
+            left = e.last_used + keep - time.monotonic() if isinstance(keep, (int, float)) else None
+            until = (datetime.fromtimestamp(time.time() + max(0.0, left), UTC) if left is not None and not e.users
                      else datetime(2318, 1, 1, tzinfo=UTC))
             out.append(e.offer.tag | {"size": e.offer.need, "size_vram": e.offer.need if eng.backend != "cpu" else 0,
                                       "context_length": eng.n_ctx,

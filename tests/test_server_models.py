@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -164,9 +165,21 @@ def test_an_unknown_model_is_a_404_in_each_dialect(server: PoolServer, names: tu
     r = httpx.post(server.url + "/v1/chat/completions", json={"messages": ASK},
                    headers={"Authorization": f"Bearer {KEY}"}, timeout=PATIENCE)
     assert r.status_code == 400 and r.json()["error"]["code"] == "model_required"
-    # and nothing loads for a client without the key
+    # nothing loads for a client without the key, nor for a body that is refused anyway
     r = httpx.post(server.url + "/api/chat", json={"model": names[2], "messages": ASK}, timeout=PATIENCE)
-    assert r.status_code == 401 and names[2] not in loaded(server)
+    assert r.status_code == 401
+    auth = {"Authorization": f"Bearer {KEY}"}
+    url = server.url + "/v1/chat/completions"
+    r = httpx.post(url, content=json.dumps({"model": names[2], "messages": ASK}),
+                   headers=auth | {"Content-Type": "text/plain"}, timeout=PATIENCE)
+    assert r.status_code == 415
+    r = httpx.post(url, content=b'{"model": "%s", "temperature": NaN}' % names[2].encode(),
+                   headers=auth | {"Content-Type": "application/json"}, timeout=PATIENCE)
+    assert r.status_code == 400 and "NaN" in r.json()["error"]["message"]
+    r = httpx.post(url, content=json.dumps({"model": names[2], "messages": ASK, "pad": "x" * (9 << 20)}),
+                   headers=auth | {"Content-Type": "application/json"}, timeout=PATIENCE)
+    assert r.status_code == 413
+    assert names[2] not in loaded(server)
 
 
 def test_the_pool_hands_on_every_post_endpoint_of_a_model(server: PoolServer, names: tuple[str, ...]) -> None:

@@ -132,6 +132,17 @@ def check_key(request: Request, key: str | None) -> None:
                        code="invalid_api_key")
 
 
+def check_json_type(request: Request) -> None:
+    """Refuse (415) a body not sent as JSON."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    # Ollama's clients (and its curl examples, `curl -d`) send no type or a form's: taken as JSON on its paths
+    # (a browser's cross-origin form post is refused by its Origin before this, :mod:`.policy`)
+    ollama_ok = ctype in ("", "application/x-www-form-urlencoded") and dialect_of(request.url.path) == "ollama"
+    if ctype != "application/json" and not ollama_ok:
+        raise ApiError(415, "the request body must be JSON, sent with 'Content-Type: application/json'",
+                       code="unsupported_media_type")
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The request's body, refused (413) past ``limit`` bytes, by its Content-Length or as it arrives."""
     too_big = ApiError(413, f"the request body is larger than {limit:,} bytes", code="request_too_large")
@@ -223,13 +234,7 @@ class ServerApp:
         check_key(request, self.config.api_key)
 
     async def _json(self, request: Request) -> dict[str, Any]:
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        # Ollama's clients (and its curl examples, `curl -d`) send no type or a form's: taken as JSON on its paths
-        # (a browser's cross-origin form post is refused by its Origin before this, :mod:`.policy`)
-        ollama_ok = ctype in ("", "application/x-www-form-urlencoded") and dialect_of(request.url.path) == "ollama"
-        if ctype != "application/json" and not ollama_ok:
-            raise ApiError(415, "the request body must be JSON, sent with 'Content-Type: application/json'",
-                           code="unsupported_media_type")
+        check_json_type(request)
         return parse_json(await read_body(request, self.config.max_body))
 
     def _check_model(self, name: str | None) -> None:

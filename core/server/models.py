@@ -1,4 +1,4 @@
-"""Several models behind one server, each loaded on first use: ``quantscope serve --models DIR|FILE… [--library]``.
+"""Several models behind one server, each loaded on first use (``quantscope serve --models DIR|FILE…``).
 
 :func:`find_offers` turns files and folders (and the library's list, :func:`library_paths`) into the models the
 server offers (:class:`Offer`: an API name, a file, its memory plan and its ``/api/tags`` row), read from their
@@ -10,15 +10,14 @@ weights and every slot's KV cache). A model in use is never unloaded: a load tha
 
 :class:`PoolApp` is the ASGI application in front: it answers the listings (``/v1/models``, ``/api/tags``,
 ``/api/ps``, ``/health``, ``/metrics``) itself, and hands every other request, by the ``model`` its body names, to
-that model's own :class:`~.app.ServerApp` (the same endpoints, checks and reply paths as a one-model server). An
-unknown model is a 404 and a model that fails to load a 500, each in the dialect of the request's path; the other
-models keep serving.
+that model's own :class:`~.app.ServerApp` (the same endpoints, checks and reply paths as a one-model server); the
+key and the body's type, size and JSON are checked before any model loads. An unknown model is a 404 and a model
+that fails to load a 500, each in the dialect of the request's path; the other models keep serving.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
@@ -35,7 +34,7 @@ from starlette.routing import Route
 
 from ..gguf import GGUFError, GGUFFile
 from ..model.memory import memory_plan
-from .app import OPEN_PATHS, ServerApp, ServerConfig, check_key, read_body
+from .app import OPEN_PATHS, ServerApp, ServerConfig, check_json_type, check_key, read_body
 from .errors import ApiError, bad_request, dialect_of, error_body
 from .ollama import OLLAMA_VERSION, model_entry
 from .policy import Policy
@@ -472,8 +471,9 @@ class PoolApp:
         path = scope["path"]
         try:
             check_key(request, self.config.api_key)
+            check_json_type(request)
             body = await read_body(request, self.config.max_body)
-            offer, keep = self._offer_of(body, path)
+            offer, keep = self._offer_of(parse_json(body), path)
             held = await self.pool.acquire(offer)
         except ApiError as exc:
             await self._count(_error(exc, path))(scope, receive, send)
@@ -495,27 +495,18 @@ class PoolApp:
         finally:
             self.pool.release(held)
 
-    def _offer_of(self, body: bytes, path: str) -> tuple[Offer, float | object | None]:
-        """The offer the body's ``model`` (Ollama's old ``name``) names (the only one when it names none), and
-        its Ollama ``keep_alive`` (:func:`keep_alive_seconds`)."""
-        try:
-            d = json.loads(body)
-        except (ValueError, RecursionError):
-            d = None
-        name = None
+    def _offer_of(self, d: dict[str, Any], path: str) -> tuple[Offer, float | object | None]:
+        """The offer the body ``d`` names in ``model`` (Ollama's old clients: ``name``; none named: the only
+        one), and its Ollama ``keep_alive`` (:func:`keep_alive_seconds`)."""
+        name = d.get("model")
         keep: float | object | None = _UNSET
-        if isinstance(d, dict):
-            name = d.get("model")
-            if dialect_of(path) == "ollama":
-                name = d.get("name") if name is None else name
-                keep = keep_alive_seconds(d.get("keep_alive"))
+        if dialect_of(path) == "ollama":
+            name = d.get("name") if name is None else name
+            keep = keep_alive_seconds(d.get("keep_alive"))
         if isinstance(name, str) and name:
             return self.pool.resolve(name, dialect_of(path)), keep
         if len(self.pool.offers) == 1:  # its own server says what else is wrong with the request
             return next(iter(self.pool.offers.values())), keep
-        if not isinstance(d, dict):
-            parse_json(body)  # the same refusal as a one-model server's
-            raise bad_request("the request body must be a JSON object")
         names = ", ".join(repr(n) for n in self.pool.offers)
         raise bad_request(f"name the model: this server serves {names}", "model", "model_required")
 

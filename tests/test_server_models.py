@@ -29,8 +29,9 @@ import openai
 import pytest
 
 from quantscope.cli.main import main
+from quantscope.core.library import Store
 from quantscope.core.server import LoadOptions, ModelPool, PoolServer, ServerConfig, model_id_of
-from quantscope.core.server.models import MODEL_PATHS, find_offers, gguf_files, keep_alive_seconds
+from quantscope.core.server.models import MODEL_PATHS, find_offers, gguf_files, keep_alive_seconds, library_paths
 
 KEY = "pool-key-1"
 ASK = [{"role": "user", "content": "Name a colour."}]
@@ -318,6 +319,30 @@ def test_a_file_that_fails_to_load_is_one_error_and_the_others_serve_on(tmp_path
         assert e2.value.status_code == 500 and "cannot load 'bad'" in e2.value.error
         assert ask(srv, "good") and loaded(srv) == {"good"}
         assert metric(srv, "model_load_failures_total") == 3
+
+
+def test_the_librarys_models_are_served_by_their_names(tmp_path: Path, folder: Path, names: tuple[str, ...]) -> None:
+    """An Ollama store's model by its ``name:tag`` (its file is a blob named by its digest), a folder's by file."""
+    digest = "ab" * 32
+    root = tmp_path / "ollama"
+    manifest = root / "manifests" / "registry.ollama.ai" / "library" / "tiny" / "latest"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [
+        {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}", "size": 1}]}))
+    (root / "blobs").mkdir()
+    (root / "blobs" / f"sha256-{digest}").symlink_to(folder / f"{names[0]}.gguf")
+    named = library_paths([Store("ollama", root), Store("folder", folder)], cache=tmp_path / "scan.json")
+    assert sorted(n for n, _p in named) == sorted(["tiny:latest", *names])  # junk.gguf: its header is unreadable
+    offers, _broken = find_offers(named, OPTIONS, unique=False)
+    pool = ModelPool(offers, OPTIONS, ServerConfig("", KEY), idle_unload=None)
+    srv = PoolServer(pool, port=0)
+    srv.start()
+    try:
+        r = oll(srv).generate(model="tiny", prompt="Hi", options={"temperature": 0, "num_predict": 2})
+        assert r.model == "tiny:latest" and r.response
+        assert "tiny:latest" in {m.model for m in oll(srv).list().models}
+    finally:
+        srv.stop()
 
 
 # ------------------------------------------------------------------------------------------------ command line

@@ -18,6 +18,7 @@ that fails to load a 500, each in the dialect of the request's path; the other m
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
@@ -108,14 +109,15 @@ def gguf_files(sources: Iterable[str | Path]) -> list[Path]:
     return out
 
 
-def library_paths() -> list[tuple[str, Path]]:
-    """The library's models (:func:`quantscope.core.library.scan`: the Hugging Face cache, LM Studio, Ollama, …
-    and the folders added in the Library view) as (name, file): Ollama's by their ``name:tag``, the others by
-    their file's name; rows whose header could not be read are left out."""
+def library_paths(places: Iterable[Any] | None = None, cache: Path | None = None) -> list[tuple[str, Path]]:
+    """The library's models (:func:`quantscope.core.library.scan` of ``places``, default the Hugging Face cache,
+    LM Studio, Ollama, … and the folders added in the Library view; ``cache``: its scan cache) as (name, file):
+    Ollama's by their ``name:tag``, the others by their file's name; rows whose header could not be read are
+    left out."""
     from ..library import scan
 
     return [(e.name if e.source == "ollama" else model_id_of(e.path), Path(e.path))
-            for e in scan() if e.problem is None]
+            for e in scan(places, cache=cache) if e.problem is None]
 
 
 def find_offers(named: Iterable[tuple[str, Path]], options: LoadOptions,
@@ -473,7 +475,12 @@ class PoolApp:
             check_key(request, self.config.api_key)
             check_json_type(request)
             body = await read_body(request, self.config.max_body)
-            offer, keep = self._offer_of(parse_json(body), path)
+            d = parse_json(body)
+            offer, keep = self._offer_of(d, path)
+            for field_ in ("model", "name"):  # named without its :latest or with one it lacks: the name it has
+                if isinstance(d.get(field_), str) and d[field_] != offer.id:
+                    d[field_] = offer.id
+                    body = json.dumps(d, ensure_ascii=False).encode()
             held = await self.pool.acquire(offer)
         except ApiError as exc:
             await self._count(_error(exc, path))(scope, receive, send)

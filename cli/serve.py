@@ -97,7 +97,7 @@ def _pool(args: argparse.Namespace, key: str | None, allowed_hosts: tuple[str, .
     config = ServerConfig("", key, host=args.host, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
                           special_in_content=args.special_in_content)
     return ModelPool(offers, options, config, broken=broken, idle_unload=args.idle_unload or None,
-                     max_loaded=args.max_loaded, budget=budget)
+                     max_loaded=args.max_loaded, budget=budget, say=lambda line: print(line, file=sys.stderr))
 
 
 def _serve_pool(args: argparse.Namespace, key: str | None, allowed_hosts: tuple[str, ...],

@@ -388,6 +388,12 @@ def test_serve_models_until_interrupted(tmp_path: Path, folder: Path, names: tup
                                                       "max_tokens": 3, "temperature": 0}, timeout=PATIENCE)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
         assert [p["model"] for p in httpx.get(url + "/api/ps", timeout=PATIENCE).json()["models"]] == [names[0]]
+        assert re.fullmatch(rf"loaded {re.escape(names[0])} in \S+ s \(cpu, context 128, .*\)\n",
+                            proc.stderr.readline())
+        r = httpx.post(url + "/v1/completions", json={"model": names[1], "prompt": "Hi", "max_tokens": 2},
+                       timeout=PATIENCE)
+        assert r.status_code == 200
+        assert proc.stderr.readline() == f"unloaded {names[0]} (room for {names[1]})\n"  # --max-loaded 1
     finally:
         proc.send_signal(signal.SIGINT)
         _out, rest = proc.communicate(timeout=PATIENCE)

@@ -201,11 +201,14 @@ class ModelPool:
     configuration (its ``model_id`` replaced by the offer's); ``broken``: names of files that cannot be served,
     with the reason a request for them is told; ``idle_unload``: seconds a model stays loaded unused (None:
     until its room is needed); ``max_loaded``: models loaded at once (None: as many as the budget holds);
-    ``budget``: bytes of memory the loaded models may take by their memory plans (None: no limit)."""
+    ``budget``: bytes of memory the loaded models may take by their memory plans (None: no limit); ``say``:
+    told a line for each load, unload and failed load (``quantscope serve`` prints them)."""
 
     def __init__(self, offers: Iterable[Offer], options: LoadOptions, config: ServerConfig, *,
                  broken: dict[str, str] | None = None, idle_unload: float | None = 300.0,
-                 max_loaded: int | None = None, budget: int | None = None) -> None:
+                 max_loaded: int | None = None, budget: int | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
+        self.say = say or (lambda _line: None)
         self.offers = {o.id: o for o in offers}
         self.options = options
         self.config = config
@@ -312,7 +315,7 @@ class ModelPool:
                 while not self._fits(e):
                     idle = [x for x in self._resident(e) if x.users == 0]
                     if idle:
-                        await self._unload(idle[0])
+                        await self._unload(idle[0], f"room for {e.offer.id}")
                         continue
                     freed.clear()  # every loaded model is in use: wait until one is released
                     self.waiting_for_room = e.offer.id
@@ -322,18 +325,22 @@ class ModelPool:
                         self.waiting_for_room = None
                     if self.stopping:
                         raise ApiError(503, "the server is shutting down", code="server_shutting_down")
+                t0 = time.monotonic()
                 app = await asyncio.get_running_loop().run_in_executor(None, self._open, e.offer)
                 if self.stopping:
                     await asyncio.get_running_loop().run_in_executor(None, _close, app)
                     raise ApiError(503, "the server is shutting down", code="server_shutting_down")
                 e.app, e.loaded_at = app, time.time()
                 self.loads += 1
+                self.say(f"loaded {e.offer.id} in {time.monotonic() - t0:.1f} s ({app.engine.backend}, context "
+                         f"{app.engine.n_ctx}, {size_text(e.offer.need)} planned)")
                 e.ready.set_result(app)
                 if not e.users:  # its requests gave up waiting: idle from now
                     self._idle(e)
         except ApiError as exc:
             if exc.status == 500:
                 self.load_failures += 1
+            self.say(f"not loaded: {exc.message}")
             if self.loaded.get(e.offer.id) is e:
                 del self.loaded[e.offer.id]
             e.ready.set_exception(exc)
@@ -364,8 +371,8 @@ class ModelPool:
         sched.start()
         return app
 
-    async def _unload(self, e: Loaded) -> None:
-        """Unload ``e`` (idle; the load lock held)."""
+    async def _unload(self, e: Loaded, why: str) -> None:
+        """Unload ``e`` (idle; the load lock held) for the reason ``why``."""
         if self.loaded.get(e.offer.id) is e:
             del self.loaded[e.offer.id]
         if e.timer is not None:
@@ -374,12 +381,13 @@ class ModelPool:
         if app is not None:
             await asyncio.get_running_loop().run_in_executor(None, _close, app)
             self.unloads += 1
+            self.say(f"unloaded {e.offer.id} ({why})")
 
     async def _expire(self, e: Loaded) -> None:
         lock, _freed = self._locks()
         async with lock:
             if e.users == 0 and e.app is not None and self.loaded.get(e.offer.id) is e:
-                await self._unload(e)
+                await self._unload(e, "idle")
 
     # ------------------------------------------------------------------ stopping
     def stop(self) -> None:

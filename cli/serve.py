@@ -77,8 +77,7 @@ def _pool(args: argparse.Namespace, key: str | None, allowed_hosts: tuple[str, .
         named = [(model_id_of(p), p) for p in gguf_files(args.models or [])]
         offers, broken = find_offers(named, options)
         if args.library:
-            more, more_broken = find_offers([(n, p) for n, p in library_paths() if n not in broken], options,
-                                            unique=False)
+            more, more_broken = find_offers(library_paths(), options, unique=False)
             taken = {o.id for o in offers}
             offers += [o for o in more if o.id not in taken]
             broken |= {n: why for n, why in more_broken.items() if n not in taken}
@@ -96,7 +95,8 @@ def _pool(args: argparse.Namespace, key: str | None, allowed_hosts: tuple[str, .
                   f"more than the {size_text(budget)} budget: requests for it will be refused", file=sys.stderr)
     config = ServerConfig("", key, host=args.host, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
                           special_in_content=args.special_in_content)
-    return ModelPool(offers, options, config, broken=broken, idle_unload=args.idle_unload or None,
+    idle = DEFAULT_IDLE if args.idle_unload is None else args.idle_unload
+    return ModelPool(offers, options, config, broken=broken, idle_unload=idle or None,
                      max_loaded=args.max_loaded, budget=budget, say=lambda line: print(line, file=sys.stderr))
 
 
@@ -108,7 +108,8 @@ def _serve_pool(args: argparse.Namespace, key: str | None, allowed_hosts: tuple[
     pool = _pool(args, key, allowed_hosts, cors_origins)
     server = PoolServer(pool, sock=sock, timeout=args.timeout, max_connections=args.max_connections)
     n = len(pool.offers)
-    limits = [f"idle ones unloaded after {args.idle_unload:g} s" if args.idle_unload else "kept until room is needed"]
+    idle = pool.idle_unload
+    limits = [f"idle ones unloaded after {idle:g} s" if idle is not None else "kept until room is needed"]
     if args.max_loaded is not None:
         limits.append(f"at most {args.max_loaded} loaded")
     if pool.budget is not None:
@@ -140,9 +141,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not several:
         if args.file is None:
             raise CLIError("give the MODEL to serve, or --models DIR|FILE... (or --library) for several")
-        for opt, v in (("--idle-unload", args.idle_unload != DEFAULT_IDLE), ("--max-loaded", args.max_loaded),
+        for opt, v in (("--idle-unload", args.idle_unload), ("--max-loaded", args.max_loaded),
                        ("--max-memory", args.max_memory)):
-            if v:
+            if v is not None:
                 raise CLIError(f"{opt} is for several models (--models or --library)")
         check_file(args.file)
     try:  # the port first: taken, it is said before the model loads
@@ -199,7 +200,7 @@ def register(sub: Any) -> None:
     m.add_argument("--library", action="store_true",
                    help="also offer every model of the Library (the Hugging Face cache, LM Studio, Ollama, "
                    "llama.cpp's cache and the folders added in the Library view); Ollama's by name:tag")
-    m.add_argument("--idle-unload", type=float_arg(0, 1e7), default=DEFAULT_IDLE, metavar="SECONDS",
+    m.add_argument("--idle-unload", type=float_arg(0, 1e7), default=None, metavar="SECONDS",
                    help=f"unload a model unused this long (default {DEFAULT_IDLE:g}; 0: only when its room is needed)")
     m.add_argument("--max-loaded", type=int_arg(1, 1024), default=None, metavar="N",
                    help="models loaded at once; loading another unloads the least recently used idle one "

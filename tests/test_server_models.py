@@ -116,7 +116,12 @@ def metric(srv: PoolServer, name: str) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ one server
-def test_everything_is_listed_and_nothing_loaded_before_use(server: PoolServer, names: tuple[str, ...]) -> None:
+def test_everything_is_listed_and_nothing_loaded_before_use(folder: Path, names: tuple[str, ...]) -> None:
+    with serving(folder) as server:
+        listed_before_use(server, names)
+
+
+def listed_before_use(server: PoolServer, names: tuple[str, ...]) -> None:
     listed = {m.id: m for m in oai(server).models.list().data}
     assert set(listed) == set(names)  # junk.gguf is not listed: it cannot be served
     meta = listed[names[0]].model_extra["meta"]  # type: ignore[index]
@@ -133,7 +138,7 @@ def test_everything_is_listed_and_nothing_loaded_before_use(server: PoolServer, 
 
 def test_first_use_loads_and_two_models_take_turns(server: PoolServer, names: tuple[str, ...]) -> None:
     a, b = names[0], names[1]
-    before = metric(server, "model_loads_total")
+    before = metric(server, "model_loads_total") + len({a, b} & loaded(server))
     assert ask(server, a)
     assert loaded(server) >= {a}
     r = oll(server).chat(model=b + ":latest", messages=ASK, options={"temperature": 0, "num_predict": 3})
@@ -234,6 +239,11 @@ def test_ollamas_keep_alive_sets_how_long_a_model_stays(folder: Path, names: tup
         assert ps[a].expires_at is not None and ps[a].expires_at.year < 2318
         client.generate(model=a, prompt="Hi", options={"num_predict": 2}, keep_alive=0)
         wait_until(lambda: loaded(srv) == {b}, "the model kept 0 s unloaded")
+        # Ollama's "unload" (`ollama stop`): nothing to generate, keep_alive 0; a model not loaded stays so
+        r = client.generate(model=b, keep_alive=0)
+        assert r.done_reason == "unload" and loaded(srv) == set()
+        r2 = client.chat(model=a, messages=[], keep_alive=0)
+        assert r2.done_reason == "unload" and loaded(srv) == set() and srv.pool.loads == 2
 
 
 def test_keep_alive_values() -> None:

@@ -383,6 +383,17 @@ class ModelPool:
             self.unloads += 1
             self.say(f"unloaded {e.offer.id} ({why})")
 
+    async def unload(self, offer: Offer) -> None:
+        """Unload ``offer`` now if it is loaded and idle; in use (or loading), once its requests are done."""
+        e = self.loaded.get(offer.id)
+        if e is None:
+            return
+        e.keep = 0.0
+        if e.app is not None and not e.users:
+            async with self._locks()[0]:
+                if e.users == 0 and e.app is not None and self.loaded.get(offer.id) is e:
+                    await self._unload(e, "asked")
+
     async def _expire(self, e: Loaded) -> None:
         lock, _freed = self._locks()
         async with lock:
@@ -485,6 +496,14 @@ class PoolApp:
             body = await read_body(request, self.config.max_body)
             d = parse_json(body)
             offer, keep = self._offer_of(d, path)
+            if keep == 0 and path in ("/api/generate", "/api/chat") and not d.get("prompt") and not d.get("messages"):
+                await self.pool.unload(offer)  # Ollama's "unload the model" (`ollama stop`): nothing to load
+                key = "message" if path == "/api/chat" else "response"
+                await self._count(JSONResponse({
+                    "model": offer.id, "created_at": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+                    key: {"role": "assistant", "content": ""} if key == "message" else "", "done": True,
+                    "done_reason": "unload"}))(scope, receive, send)
+                return
             for field_ in ("model", "name"):  # named without its :latest or with one it lacks: the name it has
                 if isinstance(d.get(field_), str) and d[field_] != offer.id:
                     d[field_] = offer.id

@@ -68,8 +68,8 @@ def _pool(args: argparse.Namespace, key: str | None, allowed_hosts: tuple[str, .
           cors_origins: tuple[str, ...]) -> Any:
     """The models of --models and --library, as a pool (warnings said for the files that cannot be served)."""
     from quantscope.core.server import LoadOptions, ModelPool, ServerConfig, model_id_of
-    from quantscope.core.server.models import find_offers, gguf_files, library_paths, size_text
-    from quantscope.core.server.resources import available_memory
+    from quantscope.core.server.models import find_offers, gguf_files, library_paths
+    from quantscope.core.server.resources import available_memory, size_text
 
     options = LoadOptions(n_ctx=args.ctx, parallel=args.parallel, max_queue=args.max_queue, threads=args.threads,
                           backend=args.backend, gpu_layers=args.gpu_layers, repack=not args.no_repack)
@@ -103,7 +103,7 @@ def _pool(args: argparse.Namespace, key: str | None, allowed_hosts: tuple[str, .
 def _serve_pool(args: argparse.Namespace, key: str | None, allowed_hosts: tuple[str, ...],
                 cors_origins: tuple[str, ...], loopback: bool, sock: Any) -> int:
     from quantscope.core.server import PoolServer
-    from quantscope.core.server.models import size_text
+    from quantscope.core.server.resources import size_text
 
     pool = _pool(args, key, allowed_hosts, cors_origins)
     server = PoolServer(pool, sock=sock, timeout=args.timeout, max_connections=args.max_connections)

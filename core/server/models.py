@@ -40,6 +40,7 @@ from .errors import ApiError, bad_request, dialect_of, error_body
 from .ollama import OLLAMA_VERSION, model_entry
 from .policy import Policy
 from .protocol import parse_json
+from .resources import size_text
 from .scheduler import Scheduler
 
 #: the POST endpoints of a model's :class:`~.app.ServerApp` that a pool hands on by the body's ``model``
@@ -140,14 +141,6 @@ def find_offers(named: Iterable[tuple[str, Path]], options: LoadOptions,
     return list(offers.values()), broken
 
 
-def size_text(n: int) -> str:
-    """``n`` bytes for people: ``1.4 GiB``, ``230.0 MiB``."""
-    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20)):
-        if n >= 1 << shift:
-            return f"{n / (1 << shift):.1f} {unit}"
-    return f"{n / 1024:.1f} KiB"
-
-
 _UNSET = object()
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -189,7 +182,6 @@ class Loaded:
         self.app: ServerApp | None = None
         self.users = 0
         self.last_used = time.monotonic()
-        self.loaded_at = 0.0
         self.timer: asyncio.TimerHandle | None = None
         #: seconds to stay loaded unused, as the last request's Ollama ``keep_alive`` asked (None: for ever);
         #: unset: the pool's ``idle_unload``
@@ -330,7 +322,7 @@ class ModelPool:
                 if self.stopping:
                     await asyncio.get_running_loop().run_in_executor(None, _close, app)
                     raise ApiError(503, "the server is shutting down", code="server_shutting_down")
-                e.app, e.loaded_at = app, time.time()
+                e.app = app
                 self.loads += 1
                 self.say(f"loaded {e.offer.id} in {time.monotonic() - t0:.1f} s ({app.engine.backend}, context "
                          f"{app.engine.n_ctx}, {size_text(e.offer.need)} planned)")

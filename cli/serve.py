@@ -10,6 +10,9 @@ from typing import Any
 
 from .common import MAX_CTX, MAX_THREADS, CLIError, add_gpu_layers, check_file, float_arg, int_arg, read_text_file
 
+#: seconds a model of several stays loaded unused (Ollama's default keep-alive: five minutes)
+DEFAULT_IDLE = 300.0
+
 
 def _api_key(args: argparse.Namespace) -> str | None:
     if args.api_key_file is not None:
@@ -52,6 +55,75 @@ def _policy(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]
                    "--cors-origin: {v!r} is not an origin (scheme://host[:port], e.g. http://localhost:3000)"))
 
 
+def _size_arg(text: str) -> int:
+    from quantscope.core.quant.target import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _pool(args: argparse.Namespace, key: str | None, allowed_hosts: tuple[str, ...],
+          cors_origins: tuple[str, ...]) -> Any:
+    """The models of --models and --library, as a pool (warnings said for the files that cannot be served)."""
+    from quantscope.core.server import LoadOptions, ModelPool, ServerConfig, model_id_of
+    from quantscope.core.server.models import find_offers, gguf_files, library_paths
+    from quantscope.core.server.resources import available_memory, size_text
+
+    options = LoadOptions(n_ctx=args.ctx, parallel=args.parallel, max_queue=args.max_queue, threads=args.threads,
+                          backend=args.backend, gpu_layers=args.gpu_layers, repack=not args.no_repack)
+    try:
+        named = [(model_id_of(p), p) for p in gguf_files(args.models or [])]
+        offers, broken = find_offers(named, options)
+        if args.library:
+            more, more_broken = find_offers(library_paths(), options, unique=False)
+            taken = {o.id for o in offers}
+            offers += [o for o in more if o.id not in taken]
+            broken |= {n: why for n, why in more_broken.items() if n not in taken}
+    except ValueError as exc:
+        raise CLIError(f"--models: {exc}") from None
+    for name, why in broken.items():
+        print(f"warning: not serving {name}: {why}", file=sys.stderr)
+    if not offers:
+        where = " ".join(args.models or []) + (" and the library" if args.library else "")
+        raise CLIError(f"no model to serve in {where.strip()}")
+    budget = args.max_memory if args.max_memory is not None else available_memory()
+    for o in offers:
+        if budget is not None and o.need > budget:
+            print(f"warning: {o.id} needs {size_text(o.need)} with {args.parallel} slot(s) of {o.n_ctx:,} tokens, "
+                  f"more than the {size_text(budget)} budget: requests for it will be refused", file=sys.stderr)
+    config = ServerConfig("", key, host=args.host, allowed_hosts=allowed_hosts, cors_origins=cors_origins,
+                          special_in_content=args.special_in_content)
+    idle = DEFAULT_IDLE if args.idle_unload is None else args.idle_unload
+    return ModelPool(offers, options, config, broken=broken, idle_unload=idle or None,
+                     max_loaded=args.max_loaded, budget=budget, say=lambda line: print(line, file=sys.stderr))
+
+
+def _serve_pool(args: argparse.Namespace, key: str | None, allowed_hosts: tuple[str, ...],
+                cors_origins: tuple[str, ...], loopback: bool, sock: Any) -> int:
+    from quantscope.core.server import PoolServer
+    from quantscope.core.server.resources import size_text
+
+    pool = _pool(args, key, allowed_hosts, cors_origins)
+    server = PoolServer(pool, sock=sock, timeout=args.timeout, max_connections=args.max_connections)
+    n = len(pool.offers)
+    idle = pool.idle_unload
+    limits = [f"idle ones unloaded after {idle:g} s" if idle is not None else "kept until room is needed"]
+    if args.max_loaded is not None:
+        limits.append(f"at most {args.max_loaded} loaded")
+    if pool.budget is not None:
+        limits.append(f"within {size_text(pool.budget)}")
+    print(f"serving {n} model{'s' if n != 1 else ''} ({', '.join(pool.offers)}) at {server.url}/v1, each loaded on "
+          f"first use ({'; '.join(limits)}){' (API key required)' if key else ''}; Ctrl-C stops", file=sys.stderr)
+    if not loopback and not key:
+        print(f"warning: listening on {args.host} without an API key: anyone who can reach this machine can "
+              "use the models", file=sys.stderr)
+    server.serve_forever()
+    print("quantscope: server stopped", file=sys.stderr)
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from quantscope.core.engine.cuda_library import CudaError
     from quantscope.core.server import Server, listen, model_id_of
@@ -63,12 +135,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.host.strip():
         raise CLIError("--host: give the address to listen on (127.0.0.1: this machine only; 0.0.0.0: all)")
     allowed_hosts, cors_origins = _policy(args)
-    check_file(args.file)
+    several = bool(args.models) or args.library
+    if several and args.file is not None:
+        raise CLIError("give one MODEL, or --models/--library for several, not both")
+    if not several:
+        if args.file is None:
+            raise CLIError("give the MODEL to serve, or --models DIR|FILE... (or --library) for several")
+        for opt, v in (("--idle-unload", args.idle_unload), ("--max-loaded", args.max_loaded),
+                       ("--max-memory", args.max_memory)):
+            if v is not None:
+                raise CLIError(f"{opt} is for several models (--models or --library)")
+        check_file(args.file)
     try:  # the port first: taken, it is said before the model loads
         sock = listen(args.host, args.port)
     except OSError as exc:
         raise CLIError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     loopback = is_loopback(sock.getsockname()[0])
+    if several:
+        try:
+            return _serve_pool(args, key, allowed_hosts, cors_origins, loopback, sock)
+        finally:
+            sock.close()
     try:
         eng = load_engine(args, args.ctx)
     except BaseException:
@@ -105,7 +192,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``serve`` to ``sub``."""
     s = sub.add_parser("serve", help="serve the model over a local OpenAI-compatible HTTP API")
-    s.add_argument("file", metavar="MODEL")
+    s.add_argument("file", metavar="MODEL", nargs="?", help="the model to serve (or --models for several)")
+    m = s.add_argument_group("several models", "serve several models, each loaded when a request names it (the "
+                             "'model' field: the name /v1/models lists, the file's name without .gguf)")
+    m.add_argument("--models", nargs="+", action="extend", metavar="DIR|FILE",
+                   help="the GGUF files to offer: files, and folders (their *.gguf files, subfolders included)")
+    m.add_argument("--library", action="store_true",
+                   help="also offer every model of the Library (the Hugging Face cache, LM Studio, Ollama, "
+                   "llama.cpp's cache and the folders added in the Library view); Ollama's by name:tag")
+    m.add_argument("--idle-unload", type=float_arg(0, 1e7), default=None, metavar="SECONDS",
+                   help=f"unload a model unused this long (default {DEFAULT_IDLE:g}; 0: only when its room is needed)")
+    m.add_argument("--max-loaded", type=int_arg(1, 1024), default=None, metavar="N",
+                   help="models loaded at once; loading another unloads the least recently used idle one "
+                   "(default: as many as --max-memory holds)")
+    m.add_argument("--max-memory", type=_size_arg, default=None, metavar="SIZE",
+                   help="memory the loaded models may take by their memory plans (weights and each slot's KV "
+                   "cache), e.g. 12G; loading another unloads the least recently used idle ones first "
+                   "(default: the memory available when the server starts)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int_arg(0, 65535), default=8080, help="port (default 8080; 0: any free port)")
     s.add_argument("-np", "--parallel", type=int_arg(1, 64), default=1,

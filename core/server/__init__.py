@@ -1,6 +1,7 @@
-"""A local OpenAI-compatible server on the engine (Starlette on uvicorn): :class:`Server` binds, serves and stops;
-:mod:`.app` has the endpoints, :mod:`.scheduler` the slots, :mod:`.protocol` the request checks, :mod:`.policy`
-the Host/Origin/CORS rules and :mod:`.connections` the read timeout and the connection cap."""
+"""A local OpenAI-compatible server on the engine (Starlette on uvicorn): :class:`Server` binds, serves and stops
+one model, :class:`PoolServer` several loaded on demand (:mod:`.models`); :mod:`.app` has the endpoints,
+:mod:`.scheduler` the slots, :mod:`.protocol` the request checks, :mod:`.policy` the Host/Origin/CORS rules and
+:mod:`.connections` the read timeout and the connection cap."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -20,20 +21,15 @@ from . import resources
 from .app import DEFAULT_MAX_BODY, ServerApp, ServerConfig
 from .connections import ACCEPT_BURST, DEFAULT_TIMEOUT, LISTEN_BACKLOG, protocol_class, quiet_accept_errors
 from .errors import ApiError
+from .models import LoadOptions, ModelPool, Offer, PoolApp, model_id_of
 from .requests import RequestLog, RequestRecord
 from .scheduler import Scheduler
 
-__all__ = ["DEFAULT_MAX_BODY", "DEFAULT_TIMEOUT", "ApiError", "RequestLog", "RequestRecord", "Server", "ServerApp",
-           "ServerConfig", "listen", "model_id_of"]
+__all__ = ["DEFAULT_MAX_BODY", "DEFAULT_TIMEOUT", "ApiError", "LoadOptions", "ModelPool", "Offer", "PoolServer",
+           "RequestLog", "RequestRecord", "Server", "ServerApp", "ServerConfig", "listen", "model_id_of"]
 
 #: seconds the open requests get to end (streams with an error event, queued ones with a 503) once stopping
 SHUTDOWN_GRACE = 30
-
-
-def model_id_of(path: str | Path) -> str:
-    """The model's name in the API: its file name without ``.gguf``."""
-    name = Path(path).name
-    return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -82,7 +78,56 @@ class _Uvicorn(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-class Server:
+class _Serving:
+    """uvicorn serving ``asgi`` on ``sock`` (or a socket bound to ``host:port``; port 0: a free one, read
+    :attr:`port`): :meth:`serve_forever` on the calling thread until SIGINT/SIGTERM, :meth:`start` on a background
+    thread until :meth:`stop`. ``on_stop`` ends the open requests when stopping; :meth:`_begin` and
+    :meth:`_end` start and stop what serves them."""
+
+    def _bind(self, asgi: Any, on_stop: Callable[[], None], host: str, port: int, log_level: str,
+              sock: socket.socket | None, timeout: float, max_connections: int | None) -> None:
+        protocol = protocol_class(timeout, max_connections)
+        self.sock = sock if sock is not None else listen(host, port)
+        self.host, self.port = host, int(self.sock.getsockname()[1])
+        #: the connection cap in force
+        self.max_connections = protocol.max_connections
+        config = uvicorn.Config(asgi, log_level=log_level, access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE, http=protocol, backlog=ACCEPT_BURST)
+        self.uvicorn = _Uvicorn(config, on_stop)
+        self._thread: threading.Thread | None = None
+
+    def _begin(self) -> None: ...
+
+    def _end(self) -> None: ...
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def serve_forever(self) -> None:
+        """Serve until SIGINT (Ctrl-C) or SIGTERM, then end every request (see :class:`_Uvicorn`) and return."""
+        self._begin()
+        try:
+            self.uvicorn.run(sockets=[self.sock])
+        finally:
+            self._end()
+            self.sock.close()
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Serve on a background thread; returns once the server accepts connections."""
+        self._begin()
+        self._thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [self.sock]},
+                                        name="quantscope-http", daemon=True)
+        self._thread.start()
+        end = time.monotonic() + timeout
+        while not self.uvicorn.started and self._thread.is_alive() and time.monotonic() < end:
+            time.sleep(0.01)
+        if not self.uvicorn.started:
+            raise RuntimeError("the server did not start")
+
+
+class Server(_Serving):
     """The server on ``engine``: ``parallel`` slots, bound to ``host:port`` (port 0: a free one, read
     :attr:`port`) or listening on ``sock`` (from :func:`listen`). The socket is bound here (``OSError`` when the
     address is taken); :meth:`serve_forever` serves on the calling thread until SIGINT/SIGTERM, :meth:`start` on a
@@ -99,7 +144,6 @@ class Server:
                  sock: socket.socket | None = None, allowed_hosts: tuple[str, ...] = (),
                  cors_origins: tuple[str, ...] = (), timeout: float = DEFAULT_TIMEOUT,
                  max_connections: int | None = None) -> None:
-        protocol = protocol_class(timeout, max_connections)
         per_slot = resources.session_kv_bytes(engine.session)
         problem = None if per_slot is None else resources.kv_shortfall(per_slot, parallel,
                                                                       resources.available_memory(), engine.n_ctx)
@@ -109,40 +153,14 @@ class Server:
         self.app = ServerApp(engine, self.scheduler, ServerConfig(
             model_id, api_key, max_body, trace, host=host, allowed_hosts=tuple(allowed_hosts),
             cors_origins=tuple(cors_origins), special_in_content=special_in_content))
-        self.sock = sock if sock is not None else listen(host, port)
-        self.host, self.port = host, int(self.sock.getsockname()[1])
-        #: the connection cap in force
-        self.max_connections = protocol.max_connections
-        config = uvicorn.Config(self.app.asgi, log_level=log_level, access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=SHUTDOWN_GRACE, http=protocol, backlog=ACCEPT_BURST)
-        self.uvicorn = _Uvicorn(config, lambda: self.scheduler.stop(wait=False))
-        self._thread: threading.Thread | None = None
+        self._bind(self.app.asgi, lambda: self.scheduler.stop(wait=False), host, port, log_level, sock, timeout,
+                   max_connections)
 
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    def serve_forever(self) -> None:
-        """Serve until SIGINT (Ctrl-C) or SIGTERM, then end every request (see :class:`_Uvicorn`) and return."""
+    def _begin(self) -> None:
         self.scheduler.start()
-        try:
-            self.uvicorn.run(sockets=[self.sock])
-        finally:
-            self.scheduler.stop()
-            self.sock.close()
 
-    def start(self, timeout: float = 30.0) -> None:
-        """Serve on a background thread; returns once the server accepts connections."""
-        self.scheduler.start()
-        self._thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [self.sock]},
-                                        name="quantscope-http", daemon=True)
-        self._thread.start()
-        end = time.monotonic() + timeout
-        while not self.uvicorn.started and self._thread.is_alive() and time.monotonic() < end:
-            time.sleep(0.01)
-        if not self.uvicorn.started:
-            raise RuntimeError("the server did not start")
+    def _end(self) -> None:
+        self.scheduler.stop()
 
     def stop(self) -> None:
         """End every request (streams with an error event, others with a 503), stop serving and close the
@@ -151,4 +169,28 @@ class Server:
         self.uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(SHUTDOWN_GRACE + 5)
+        self.sock.close()
+
+
+class PoolServer(_Serving):
+    """The server on the models of ``pool`` (:class:`~.models.ModelPool`), each loaded when a request names it;
+    the other arguments as :class:`Server`'s (its policy, key and body limit are ``pool.config``'s)."""
+
+    def __init__(self, pool: ModelPool, port: int = 8080, log_level: str = "warning", *,
+                 sock: socket.socket | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 max_connections: int | None = None) -> None:
+        self.pool = pool
+        self.app = PoolApp(pool)
+        self._bind(self.app.asgi, pool.stop, pool.config.host, port, log_level, sock, timeout, max_connections)
+
+    def _end(self) -> None:
+        self.pool.close()
+
+    def stop(self) -> None:
+        """End every request (streams with an error event, others with a 503), stop serving, unload every model
+        and close the socket."""
+        self.uvicorn.should_exit = True
+        if self._thread is not None:
+            self._thread.join(SHUTDOWN_GRACE + 5)
+        self.pool.close()
         self.sock.close()

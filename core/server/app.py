@@ -119,6 +119,50 @@ def _finish_reason(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
+def check_key(request: Request, key: str | None) -> None:
+    """Refuse (401) a request without the API ``key`` (None: none needed) as a Bearer token or ``x-api-key``."""
+    if not key:
+        return
+    given = request.headers.get("authorization", "")
+    scheme, _, token = given.partition(" ")
+    bearer = scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+    x_key = request.headers.get("x-api-key")  # Anthropic's header, taken on every path
+    if not bearer and not (x_key is not None and hmac.compare_digest(x_key.strip().encode(), key.encode())):
+        raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
+                       code="invalid_api_key")
+
+
+def check_json_type(request: Request) -> None:
+    """Refuse (415) a body not sent as JSON."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    # Ollama's clients (and its curl examples, `curl -d`) send no type or a form's: taken as JSON on its paths
+    # (a browser's cross-origin form post is refused by its Origin before this, :mod:`.policy`)
+    ollama_ok = ctype in ("", "application/x-www-form-urlencoded") and dialect_of(request.url.path) == "ollama"
+    if ctype != "application/json" and not ollama_ok:
+        raise ApiError(415, "the request body must be JSON, sent with 'Content-Type: application/json'",
+                       code="unsupported_media_type")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, refused (413) past ``limit`` bytes, by its Content-Length or as it arrives."""
+    too_big = ApiError(413, f"the request body is larger than {limit:,} bytes", code="request_too_large")
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise bad_request("the Content-Length header is not a number")
+        if int(length) > limit:
+            raise too_big
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_big
+    except ClientDisconnect:  # gone, or closed by the read timeout (.connections): nobody reads the reply
+        raise bad_request("the connection closed before the whole body arrived") from None
+    return bytes(body)
+
+
 class ServerApp:
     """The endpoints over one engine and its scheduler (see the module's docstring)."""
 
@@ -187,42 +231,11 @@ class ServerApp:
         return handler
 
     def _authorize(self, request: Request) -> None:
-        key = self.config.api_key
-        if not key:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        bearer = scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
-        x_key = request.headers.get("x-api-key")  # Anthropic's header, taken on every path
-        if not bearer and not (x_key is not None and hmac.compare_digest(x_key.strip().encode(), key.encode())):
-            raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
-                           code="invalid_api_key")
+        check_key(request, self.config.api_key)
 
     async def _json(self, request: Request) -> dict[str, Any]:
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        # Ollama's clients (and its curl examples, `curl -d`) send no type or a form's: taken as JSON on its paths
-        # (a browser's cross-origin form post is refused by its Origin before this, :mod:`.policy`)
-        ollama_ok = ctype in ("", "application/x-www-form-urlencoded") and dialect_of(request.url.path) == "ollama"
-        if ctype != "application/json" and not ollama_ok:
-            raise ApiError(415, "the request body must be JSON, sent with 'Content-Type: application/json'",
-                           code="unsupported_media_type")
-        limit = self.config.max_body
-        too_big = ApiError(413, f"the request body is larger than {limit:,} bytes", code="request_too_large")
-        length = request.headers.get("content-length")
-        if length is not None:
-            if not length.isdigit():
-                raise bad_request("the Content-Length header is not a number")
-            if int(length) > limit:
-                raise too_big
-        body = bytearray()
-        try:
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > limit:
-                    raise too_big
-        except ClientDisconnect:  # gone, or closed by the read timeout (.connections): nobody reads the reply
-            raise bad_request("the connection closed before the whole body arrived") from None
-        return parse_json(bytes(body))
+        check_json_type(request)
+        return parse_json(await read_body(request, self.config.max_body))
 
     def _check_model(self, name: str | None) -> None:
         if name is not None and name != self.config.model_id:

@@ -233,28 +233,35 @@ def _param_size(n: int) -> str:
     return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
 
 
+def model_entry(name: str, f: Any) -> dict[str, Any]:
+    """The model's row in ``/api/tags`` from its open GGUF file ``f`` (its header and first MiB): name, size,
+    modification time, a digest (of the name, size and first MiB) and details (family, parameters, quantization)."""
+    path = f.path
+    size = int(getattr(f, "file_size", 0) or (path.stat().st_size if path is not None else 0))
+    h = hashlib.sha256(f"{name}:{size}".encode())
+    if path is not None:
+        with open(path, "rb") as fh:
+            h.update(fh.read(1 << 20))
+    modified = (datetime.fromtimestamp(path.stat().st_mtime, UTC) if path is not None
+                else datetime.now(UTC)).isoformat().replace("+00:00", "Z")
+    ft = f.file_type_name
+    arch = f.architecture or "unknown"
+    details = {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
+               "parameter_size": _param_size(sum(t.n_elements for t in f.tensors)),
+               "quantization_level": ft.removeprefix("MOSTLY_").removeprefix("ALL_") if ft else "unknown"}
+    return {"name": name, "model": name, "modified_at": modified, "size": size, "digest": h.hexdigest(),
+            "details": details}
+
+
 class OllamaApi:
     """The Ollama endpoints of ``app`` (see the module's docstring)."""
 
     def __init__(self, app: ServerApp) -> None:
         self.app = app
-        eng = app.engine
-        f = eng.file
         self.name = app.config.model_id
-        path = f.path
-        self.size = int(getattr(f, "file_size", 0) or (path.stat().st_size if path is not None else 0))
-        h = hashlib.sha256(f"{self.name}:{self.size}".encode())
-        if path is not None:
-            with open(path, "rb") as fh:
-                h.update(fh.read(1 << 20))
-        self.digest = h.hexdigest()
-        self.modified = (datetime.fromtimestamp(path.stat().st_mtime, UTC) if path is not None
-                         else datetime.now(UTC)).isoformat().replace("+00:00", "Z")
-        ft = f.file_type_name
-        arch = f.architecture or "unknown"
-        self.details = {"parent_model": "", "format": "gguf", "family": arch, "families": [arch],
-                        "parameter_size": _param_size(sum(t.n_elements for t in f.tensors)),
-                        "quantization_level": ft.removeprefix("MOSTLY_").removeprefix("ALL_") if ft else "unknown"}
+        entry = model_entry(self.name, app.engine.file)
+        self.size, self.digest, self.modified = entry["size"], entry["digest"], entry["modified_at"]
+        self.details = entry["details"]
 
     def routes(self) -> list[Route]:
         w = self.app._wrap

@@ -11,7 +11,8 @@ class NotEnoughMemory(MemoryError):
     """The slots' KV caches would not fit in the memory available (the message says both sizes)."""
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
+    """``n`` bytes for people: ``1.4 GiB``, ``230.0 MiB``."""
     for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20)):
         if n >= 1 << shift:
             return f"{n / (1 << shift):.1f} {unit}"
@@ -41,5 +42,5 @@ def kv_shortfall(per_slot: int, slots: int, available: int | None, n_ctx: int | 
     if available is None or need <= available:
         return None
     what = f"{slots} slot{'s' if slots != 1 else ''}" + (f" of {n_ctx:,} tokens" if n_ctx is not None else "")
-    return (f"{what} need {_size(need)} of KV cache ({need:,} bytes), but {_size(available)} of memory is "
+    return (f"{what} need {size_text(need)} of KV cache ({need:,} bytes), but {size_text(available)} of memory is "
             "available")

@@ -302,3 +302,11 @@ def test_forcing_refuses_what_cannot_be_enforced() -> None:
     for fmt in FORMATS:
         with pytest.raises(SchemaError, match="not"):
             fmt.force(bad, "f").schema()
+
+
+def test_harmony_json_on_commentary_names_its_function() -> None:
+    fmt = fmt_of("openai-gpt-oss-120b")
+    raw = '<|channel|>commentary <|constrain|>json<|message|>{"name": "search", "arguments": {"query": "q"}}'
+    assert pairs(parse(make_parser(fmt, TOOLS), [raw])[2]) == [("search", {"query": "q"})]
+    other = '<|channel|>commentary <|constrain|>json<|message|>{"name": "nope", "arguments": {}}'
+    assert parse(make_parser(fmt, TOOLS), [other]) == (other, "", [])

@@ -228,7 +228,8 @@ _CHANNEL = re.compile(r"<\|channel\|>\s*([A-Za-z_]+)")
 class HarmonyParser:
     """The gpt-oss harmony form read from the reply's text (its markers written as text): messages
     ``[<|start|>assistant][ to=R]<|channel|>C[ to=R][ <|constrain|>json]<|message|>BODY<|end|>|<|call|>``.
-    A message to ``functions.NAME`` is a call (its body the arguments' JSON), the ``analysis`` channel is
+    A message to ``functions.NAME`` is a call (its body the arguments' JSON), and so is JSON on commentary with no
+    recipient that names the function itself (a call forced among several tools); the ``analysis`` channel is
     reasoning (:meth:`take_reasoning`), other channels are content; text before any marker is content."""
 
     def __init__(self, fmt: ToolFormat, tools: list[dict[str, Any]] | None = None) -> None:
@@ -253,6 +254,8 @@ class HarmonyParser:
         c = _CHANNEL.search(h)
         self.recipient = r.group(1) if r else None
         self.channel = c.group(1) if c else ""
+        if self.recipient is None and self.channel == "commentary" and "<|constrain|>json" in h:
+            self.recipient = ""  # JSON on commentary with no recipient (a forced call): the name is in it
         self.args = ""
         self.state = "body"
 
@@ -260,13 +263,17 @@ class HarmonyParser:
         if self.recipient is None:
             return
         name = self.recipient.removeprefix("functions.")
+        try:
+            data = json.loads(self.args.strip())
+        except (ValueError, RecursionError):
+            data = None
         call = None
-        if self.recipient.startswith("functions.") and (not self.names or name in self.names):
-            try:
-                data = json.loads(self.args.strip())
-            except (ValueError, RecursionError):
-                data = None
+        if not self.recipient:
+            call = json_call(data)
+        elif self.recipient.startswith("functions."):
             call = make(name, data) if isinstance(data, dict) else None
+        if call is not None and self.names and call["function"]["name"] not in self.names:
+            call = None
         if call is None:  # not a call this server can give: the message as written
             out.append(self.header + "<|message|>" + self.args + marker)
         else:

@@ -284,6 +284,8 @@ def test_forced_calls(form: str) -> None:
     assert feed(initial(several.schema()), both.encode()) is not None
     assert pairs([several.call(both)]) == [("get_weather", {"city": "x"})]  # type: ignore[list-item]
     assert named.call('{"query": ') is None and several.call("") is None  # cut short: no call
+    # a template that opens a thinking block: the forced call closes it first
+    assert named.opening("<|assistant|><think>\n") == "</think>" + named.prefix == "</think>" + named.opening("x")
     # one tool: its name is known, as when it is named
     assert fmt.force(TOOLS[:1], None).name == ("get_weather" if fmt.name_outside else None)
     # what the forced reply reads as when it is fed back as the form's own text

@@ -47,7 +47,7 @@ FORCED = {
     "mistral": ("[/INST][TOOL_CALLS][", "[/INST][TOOL_CALLS][", "[/INST]", "]"),
     "mistral-args": ("[/INST][TOOL_CALLS]get_weather[ARGS]", "[/INST][TOOL_CALLS]", "[/INST]", ""),
     "qwen3-coder": ("<|im_start|>assistant\n<tool_call>\n",) * 2 + ("<|im_start|>assistant\n", "\n</tool_call>"),
-    "glm": ("<|assistant|><think><tool_call>",) * 2 + ("<|assistant|><think>", "</tool_call>"),
+    "glm": ("<|assistant|><think></think><tool_call>",) * 2 + ("<|assistant|><think></think>", "</tool_call>"),
     "harmony": ("<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>",
                 "<|start|>assistant<|channel|>commentary <|constrain|>json<|message|>", "<|start|>assistant", ""),
 }

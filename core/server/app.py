@@ -367,7 +367,7 @@ class ServerApp:
         else:
             ids = chat_prompt_ids(eng.tokenizer, tpl, req.messages, req.tools)
         if req.tool_choice == "required":
-            ids += eng.tokenizer.encode(self._forcing(req).prefix, add_special=False)
+            ids += eng.tokenizer.encode(self._forcing(req).opening(self._prompt_text(ids[-8:])), add_special=False)
         return ids
 
     async def _generate(self, request: Request, kind: str) -> Response:

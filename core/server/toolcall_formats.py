@@ -175,6 +175,12 @@ class Forcing:
     tools: tuple[dict[str, Any], ...]
     short_ids: bool = False
 
+    def opening(self, prompt: str) -> str:
+        """What to append to ``prompt`` (its end is enough): :attr:`prefix`, after closing a thinking block the
+        template opened (GLM 4.7, Qwen3 and others end the generation prompt with ``<think>``): a forced call is
+        not thought about."""
+        return ("</think>" if prompt.rstrip().endswith("<think>") else "") + self.prefix
+
     def schema(self) -> Schema:
         """The reply's schema; :class:`~.jsonmode.SchemaError` when the parameters cannot be enforced."""
         if self.name is None:

@@ -29,7 +29,7 @@ from .toolcall_formats import (
 )
 
 __all__ = ["FORMATS", "Call", "Forcing", "HarmonyParser", "ToolCallParser", "ToolFormat", "call_schema",
-           "make_call", "make_parser", "supports_tools", "tool_format"]
+           "make_parser", "supports_tools", "tool_format"]
 
 #: whitespace held back at the end of the text: it is dropped when a call follows it or ends the reply
 _WS = " \t\r\n"
@@ -38,14 +38,6 @@ _WS = " \t\r\n"
 def supports_tools(template_source: str) -> bool:
     """Whether a chat template writes tool calls in a form this server reads."""
     return tool_format(template_source) is not None
-
-
-def make_call(raw: str) -> Call | None:
-    """A Hermes block's JSON text as an OpenAI tool call (``arguments`` a JSON string), or None."""
-    try:
-        return json_call(json.loads(raw.strip()))
-    except (ValueError, RecursionError):
-        return None
 
 
 def _params(tools: list[dict[str, Any]]) -> dict[str, Any]:
@@ -68,6 +60,7 @@ class ToolCallParser:
         self.state = "start"  # start | text | region | chain
         self.opener = ""
         self._bare = False
+        self._searched = 0
         self.calls = 0
         self._scan: list[int] | None = None  # the JSON end's search: [start, pos, depth, in string, escaped]
 
@@ -133,6 +126,7 @@ class ToolCallParser:
     def _region(self, bare: bool, opener: str) -> None:
         self.state, self.opener, self._scan = "region", opener, None
         self._bare = bare
+        self._searched = 0
 
     def push(self, text: str) -> tuple[str, list[Call]]:
         self.buf += text
@@ -167,8 +161,9 @@ class ToolCallParser:
             # a region: a call's text after its opening
             close = fmt.close
             if close is not None:
-                j = self.buf.find(close)
-                if j < 0:
+                j = self.buf.find(close, self._searched)
+                if j < 0:  # (the next search starts where this one could not have found it)
+                    self._searched = max(0, len(self.buf) - len(close) + 1)
                     break
                 raw, self.buf = self.buf[:j], self.buf[j + len(close) :]
             else:

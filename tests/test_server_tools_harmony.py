@@ -88,3 +88,24 @@ def test_an_answer_with_tools_and_without(server: Any, monkeypatch: pytest.Monke
         assert (m.finish_reason, m.message.content, m.message.tool_calls) == ("stop", "Sunny.", None), kw
         assert m.message.model_extra.get("reasoning_content") == "Just answer."
 
+
+
+@pytest.mark.parametrize("choice", ["named", "required"])
+def test_a_forced_call_ends_the_prompt_with_the_framing_tokens(server: Any, monkeypatch: pytest.MonkeyPatch,
+                                                               choice: str) -> None:
+    tool_choice: Any = {"type": "function", "function": {"name": "get_weather"}} if choice == "named" else "required"
+    TIME = {"type": "function", "function": {"name": "get_time", "description": "The local time of a city",
+                                             "parameters": WEATHER["function"]["parameters"]}}
+    reply = '{"city": "Paris"}' if choice == "named" else '{"name": "get_time", "arguments": {"city": "Paris"}}'
+    r = ask(server, monkeypatch, reply, tools=[WEATHER, TIME], tool_choice=tool_choice)
+    (call,) = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "get_weather" if choice == "named" else "get_time", {"city": "Paris"})
+    vocab = server.app.engine.tokenizer.vocab
+    rec = server.app.log.records()[-1]
+    channel, constrain, message = vocab["<|channel|>"], vocab["<|constrain|>"], vocab["<|message|>"]
+    tail = rec.prompt_ids[-24:]
+    assert tail[-1] == message and constrain in tail and channel in tail  # control tokens, not their text
+    assert rec.prompt_text.endswith("<|start|>assistant<|channel|>commentary" + (
+        " to=functions.get_weather" if choice == "named" else "") + " <|constrain|>json<|message|>")

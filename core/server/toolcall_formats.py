@@ -2,23 +2,28 @@
 template's source, the markers that open (and close) a call, how a call's name and arguments are written, whether
 one reply may hold several calls, and how a call is forced (``tool_choice`` required or named).
 
-==============  ==========================================================================  ===========================
-form            a call as the model writes it                                               parallel calls
-==============  ==========================================================================  ===========================
-hermes          ``<tool_call>{"name": N, "arguments": {…}}</tool_call>`` (Hermes, Qwen 2.5/3) one block each
-llama3          ``{"name": N, "parameters": {…}}``, or after ``<|python_tag|>`` (Llama 3.x)  ``;``-separated objects
-mistral         ``[TOOL_CALLS][{"name": N, "arguments": {…}, "id": I}, …]`` (Nemo, 7B v3)  in the one list
-mistral-args    ``[TOOL_CALLS]N[CALL_ID]I[ARGS]{…}`` (Small 3.2, Devstral, Ministral)      one marker each
-qwen3-coder     ``<tool_call><function=N><parameter=K>V</parameter>…</function></tool_call>`` one block each
-glm             ``<tool_call>N<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>``   one block each
-harmony         ``<|channel|>commentary to=functions.N <|constrain|>json<|message|>{…}<|call|>``  one message each
-==============  ==========================================================================  ===========================
+- ``hermes`` (Hermes, Qwen 2.5/3, Granite): ``<tool_call>{"name": N, "arguments": {…}}</tool_call>``, a block
+  per call; a reply that is only a call's JSON counts too.
+- ``llama3`` (Llama 3.1-3.3): ``{"name": N, "parameters": {…}}`` as the whole reply, or after ``<|python_tag|>``;
+  several separated by ``;``.
+- ``mistral`` (Nemo, 7B v0.3): ``[TOOL_CALLS][{"name": N, "arguments": {…}, "id": I}, …]``, all in one list.
+- ``mistral-args`` (Small 3.2, Devstral, Ministral): ``[TOOL_CALLS]N[CALL_ID]I[ARGS]{…}`` (``[CALL_ID]I``
+  optional), a marker per call; the older list is read too.
+- ``qwen3-coder`` (Qwen3-Coder, Qwen3.5, Nemotron 3): ``<tool_call><function=N><parameter=K>V</parameter>…
+  </function></tool_call>`` with newlines around each value, a block per call.
+- ``glm`` (GLM 4.5-4.7): ``<tool_call>N<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>``, a block per
+  call.
+- ``harmony`` (gpt-oss): a message ``<|channel|>commentary to=functions.N <|constrain|>json<|message|>{…}<|call|>``
+  (the recipient may come before ``<|channel|>``), a message per call; ``<|call|>`` ends generation.
+
+Mistral's calls get ids of 9 letters and digits, which its templates insist on when the conversation goes on (the
+ids the model wrote, when they are such); the others get OpenAI's ``call_…`` ids.
 
 In the XML forms a value is written as text when it is a string and as JSON otherwise; it is read back by the
 tool's parameter schema (a ``string`` parameter keeps its text) and else as JSON when it parses. A forced call is
 held to JSON by constrained sampling (:mod:`.jsonmode`), so each form forces a JSON-bodied call: the prompt ends
 with :attr:`Forcing.prefix` (the form's opening, and the function's name where the form writes it outside the
-JSON) and the output is :attr:`Forcing.schema`'s JSON. The XML forms are forced as the Hermes JSON inside their
+JSON) and the output is :meth:`Forcing.schema`'s JSON. The XML forms are forced as the Hermes JSON inside their
 ``<tool_call>`` block (which their readers also accept), having no JSON form of their own.
 """
 
@@ -49,8 +54,9 @@ def new_id(short: bool) -> str:
 
 
 def make(name: str, args: Any, short: bool = False, cid: str | None = None) -> Call:
-    """An OpenAI tool call: ``arguments`` a JSON string (an object given as text is kept as written)."""
-    if short and not (isinstance(cid, str) and len(cid) == 9 and cid.isalnum() and cid.isascii()):
+    """An OpenAI tool call: ``arguments`` a JSON string (an object given as text is kept as written); ``cid``, the
+    id the model wrote, kept when it is a Mistral id (``short``)."""
+    if not (short and isinstance(cid, str) and len(cid) == 9 and cid.isalnum() and cid.isascii()):
         cid = None
     return {"id": cid or new_id(short), "type": "function",
             "function": {"name": name, "arguments": args if isinstance(args, str)

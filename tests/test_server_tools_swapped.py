@@ -1,10 +1,10 @@
 """Each tool-call form through a real server on 127.0.0.1 and the real ``openai`` client: qwen2.5-coder 0.5B copied
 with its chat template replaced by another model's (tests/data/tool_templates, set with core/gguf/edit.py), so the
 server picks that template's form. A named and a required call (two tools) are forced in that form, streamed and
-not, and come back as ``tool_calls``; the Anthropic dialect maps the same call to a ``tool_use`` block. Hostile
-ends: a forced call cut by ``max_tokens`` comes back as the text written with ``finish_reason`` "length"; an
-automatic choice over a form the model does not know answers content or calls, never an error.
-"""
+not, and come back as ``tool_calls``; the Anthropic dialect maps the same call to a ``tool_use`` block, and
+Ollama's shows the tools capability and answers an automatic choice. Hostile ends: a forced call cut by
+``max_tokens`` comes back as the text written with ``finish_reason`` "length"; an automatic choice over a form the
+model does not know answers content or calls, never an error."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import ollama
 import openai
 import pytest
 
@@ -161,3 +162,13 @@ def test_the_anthropic_dialect_gets_the_same_call(swapped: tuple[str, Server]) -
     assert m.stop_reason == "tool_use"
     (use,) = [b for b in m.content if b.type == "tool_use"]
     assert use.name == "get_weather" and isinstance(use.input, dict) and isinstance(use.input.get("city"), str)
+
+
+def test_ollama_shows_the_tools_capability_and_maps_an_answer(swapped: tuple[str, Server]) -> None:
+    srv = swapped[1]
+    c = ollama.Client(host=srv.url, timeout=300)
+    assert "tools" in (c.show("qwen").capabilities or [])
+    r = c.chat(model="qwen", messages=ASK, tools=[WEATHER, TIME], options={"temperature": 0, "num_predict": 24})
+    assert r.done and (r.message.content or r.message.tool_calls)
+    for call in r.message.tool_calls or []:
+        assert call.function.name in ("get_weather", "get_time") and isinstance(call.function.arguments, dict)

@@ -251,11 +251,16 @@ def test_a_block_never_closed_is_content_unless_it_is_whole() -> None:
 
 def test_xml_values_are_read_by_the_parameters_types() -> None:
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-        "s": {"type": "string"}, "n": {"type": "integer"}, "o": {"type": "object"}}}}}]
+        "s": {"type": "string"}, "n": {"type": "integer"}, "o": {"type": "object"},
+        "sn": {"type": ["string", "null"]}}}}}]
     raw = ("<tool_call>\n<function=f>\n<parameter=s>\n123\n</parameter>\n<parameter=n>\n123\n</parameter>\n"
-           '<parameter=o>\n{"a": 1}\n</parameter>\n<parameter=x>\nnot json\n</parameter>\n</function>\n</tool_call>')
+           '<parameter=o>\n{"a": 1}\n</parameter>\n<parameter=x>\nnot json\n</parameter>\n'
+           "<parameter=sn>\n7\n</parameter>\n<parameter=y>\nnull\n</parameter>\n</function>\n</tool_call>")
     assert pairs(parse(make_parser(fmt_of("Qwen3-Coder"), tools), [raw])[2]) == [
-        ("f", {"s": "123", "n": 123, "o": {"a": 1}, "x": "not json"})]
+        ("f", {"s": "123", "n": 123, "o": {"a": 1}, "x": "not json", "sn": "7", "y": None})]
+    glm = "<tool_call>f<arg_key>sn</arg_key><arg_value>null</arg_value><arg_key>n</arg_key><arg_value>5</arg_value>"
+    assert pairs(parse(make_parser(fmt_of("GLM-4.7-Flash"), tools), [glm + "</tool_call>"])[2]) == [
+        ("f", {"sn": None, "n": 5})]
 
 
 FORCED = {  # form -> (prefix named, prefix with several tools)

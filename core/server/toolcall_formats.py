@@ -97,12 +97,16 @@ def _json_calls(raw: str, short: bool = False) -> list[Call] | None:
 
 
 def _value(text: str, schema: Any) -> Any:
-    """An XML form's value: text for a string parameter (or one that is not JSON), else the JSON it holds."""
+    """An XML form's value: text for a string parameter (``null`` too when it may be null), else the JSON it
+    holds, else the text."""
     kinds = schema.get("type") if isinstance(schema, dict) else None
-    if kinds == "string" or (isinstance(kinds, list) and kinds == ["string"]):
+    kinds = {kinds} if isinstance(kinds, str) else set(kinds) if isinstance(kinds, list) else set()
+    if "string" in kinds and not ("null" in kinds and text.strip() == "null"):
         return text
+    if text.strip() == "null":
+        return None
     data = _json(text)
-    return text if data is None and text.strip() not in ("null",) else data
+    return text if data is None else data
 
 
 def _props(params: Params, name: str) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from .prompt import chat_prompt_ids
 from .protocol import GenRequest, parse_detokenize, parse_generation, parse_json, parse_tokenize
 from .requests import RequestLog, RequestRecord
 from .scheduler import Event, Job, QueueFull, Scheduler, ServerStopped, TokenLogprob, Usage
-from .tools import FORMATS, Forcing, ToolFormat, make_parser, tool_format
+from .tools import FORMATS, Forcing, HarmonyParser, ToolCallParser, ToolFormat, make_parser, tool_format
 
 #: the largest request body accepted (a long conversation is a few MiB at most)
 DEFAULT_MAX_BODY = 8 * 2**20
@@ -338,7 +338,7 @@ class ServerApp:
         assert self.tool_format is not None
         return self.tool_format.force(req.tools, req.tool_name)
 
-    def _tool_parser(self, req: GenRequest) -> Any:
+    def _tool_parser(self, req: GenRequest) -> ToolCallParser | HarmonyParser | None:
         """The streaming parser of an automatic tool choice's reply, or None."""
         if req.tool_choice != "auto" or self.tool_format is None:
             return None

@@ -43,9 +43,7 @@ from .prompt import chat_prompt_ids
 from .protocol import GenRequest, parse_detokenize, parse_generation, parse_json, parse_tokenize
 from .requests import RequestLog, RequestRecord
 from .scheduler import Event, Job, QueueFull, Scheduler, ServerStopped, TokenLogprob, Usage
-from .tools import CLOSE as TOOL_CLOSE
-from .tools import OPEN as TOOL_OPEN
-from .tools import ToolCallParser, call_schema, make_call, supports_tools
+from .tools import FORMATS, Forcing, HarmonyParser, ToolCallParser, ToolFormat, make_parser, tool_format
 
 #: the largest request body accepted (a long conversation is a few MiB at most)
 DEFAULT_MAX_BODY = 8 * 2**20
@@ -175,9 +173,14 @@ class ServerApp:
         tok = engine.tokenizer
         #: every generation request, live and finished (the app's Requests panel reads it)
         self.log = RequestLog(lambda t: piece_text(tok.token_bytes(t, True)), trace=config.trace)
-        #: the tool-call tags that are special tokens of the vocabulary: written as text when tools are given
+        #: the tool-call form the chat template writes (core/server/toolcall_formats.py), None: tools refused
+        tpl = engine.template
+        self.tool_format: ToolFormat | None = (
+            tool_format(tpl.source) if tpl is not None and engine.template_error is None else None)
+        #: the form's markers that are special tokens of the vocabulary: written as text when tools are given
         vocab = engine.tokenizer.vocab
-        self._tool_tags = frozenset(vocab[t] for t in (TOOL_OPEN, TOOL_CLOSE) if t in vocab)
+        tags = self.tool_format.tags if self.tool_format is not None else ()
+        self._tool_tags = frozenset(vocab[t] for t in tags if t in vocab)
         routes = [
             Route("/v1/models", self._wrap(self.models), methods=["GET"]),
             Route("/models", self._wrap(self.models), methods=["GET"]),
@@ -343,9 +346,16 @@ class ServerApp:
                               "messages" if req.kind == "chat" else "prompt", "context_length_exceeded")
         return ids
 
-    @staticmethod
-    def _tool_names(req: GenRequest) -> frozenset[str]:
-        return frozenset(t["function"]["name"] for t in req.tools)
+    def _forcing(self, req: GenRequest) -> Forcing:
+        """How the call a request requires is forced (its tools are given, so the form is known)."""
+        assert self.tool_format is not None
+        return self.tool_format.force(req.tools, req.tool_name)
+
+    def _tool_parser(self, req: GenRequest) -> ToolCallParser | HarmonyParser | None:
+        """The streaming parser of an automatic tool choice's reply, or None."""
+        if req.tool_choice != "auto" or self.tool_format is None:
+            return None
+        return make_parser(self.tool_format, req.tools)
 
     def _chat_ids(self, req: GenRequest) -> list[int]:
         """The prompt of a chat request: its messages (and tools) through the template; a required tool call
@@ -359,9 +369,10 @@ class ServerApp:
                 raise ChatTemplateError(eng.template_error)
             return chat_prompt_ids(eng.tokenizer, eng.template, req.messages)
         tpl = eng.template
-        if eng.template_error is not None or tpl is None or not supports_tools(tpl.source):
+        if eng.template_error is not None or tpl is None or self.tool_format is None:
             raise bad_request(f"tools are not supported for {self.config.model_id}: its chat template does not "
-                              "write tool calls as <tool_call> blocks", "tools", "unsupported_parameter")
+                              "write tool calls in a form this server reads ("
+                              + ", ".join(f.label for f in FORMATS) + ")", "tools", "unsupported_parameter")
         if self.config.special_in_content:
             text = tpl.render(req.messages, add_generation_prompt=True, tools=req.tools)
             has_bos = bool(tpl.bos_token) and text.startswith(tpl.bos_token)
@@ -369,7 +380,7 @@ class ServerApp:
         else:
             ids = chat_prompt_ids(eng.tokenizer, tpl, req.messages, req.tools)
         if req.tool_choice == "required":
-            ids += eng.tokenizer.encode(TOOL_OPEN + "\n", add_special=False)
+            ids += eng.tokenizer.encode(self._forcing(req).opening(self._prompt_text(ids[-8:])), add_special=False)
         return ids
 
     async def _generate(self, request: Request, kind: str) -> Response:
@@ -424,7 +435,7 @@ class ServerApp:
             req.max_tokens = room if req.max_tokens is None else min(req.max_tokens, room)
         if req.tool_choice == "required":
             try:
-                req.json_schema = call_schema(req.tools, req.tool_name)
+                req.json_schema = self._forcing(req).schema()
             except SchemaError as exc:
                 raise bad_request(f"tools: {exc}", "tools", "unsupported_schema") from None
         loop = asyncio.get_running_loop()
@@ -446,7 +457,9 @@ class ServerApp:
             bias.update(dict.fromkeys(eng.eog, -math.inf))
         job = Job(ids, req.params, emit, max_tokens=req.max_tokens, logprobs=req.logprobs,
                   top_logprobs=req.top_logprobs, logit_bias=bias,
-                  harmony=req.kind == "chat" and eng.harmony is not None, json_schema=req.json_schema,
+                  harmony=req.kind == "chat" and eng.harmony is not None and not (
+                      req.tools and self.tool_format is not None and self.tool_format.harmony),
+                  json_schema=req.json_schema,
                   literal=self._tool_tags if req.tool_choice == "auto" else frozenset(), on_token=on_token)
         prompt_text = self._prompt_text(ids)
         try:
@@ -468,7 +481,7 @@ class ServerApp:
     async def parts(self, req: GenRequest, st: Started) -> AsyncIterator[Part]:
         """The reply as :class:`Part` s: text with the tool calls taken out (the same parsing as the OpenAI
         path's), ending with the last event; leaving it early (a client gone) cancels the job."""
-        parser = ToolCallParser(self._tool_names(req)) if req.tool_choice == "auto" else None
+        parser = self._tool_parser(req)
         forced: list[str] = []  # a required call: its JSON, a call at the end
         done = False
         try:
@@ -480,18 +493,20 @@ class ServerApp:
                     forced.append(text)
                     text = ""
                     if ev.done:
-                        call = make_call("".join(forced)) if ev.finish_reason == "stop" else None
+                        call = self._forcing(req).call("".join(forced)) if ev.finish_reason == "stop" else None
                         if call is None:
                             text = "".join(forced)
                         else:
                             calls = [call]
-                elif parser is not None:
+                reasoning = ev.reasoning
+                if parser is not None:
                     text, calls = parser.push(text)
                     if ev.done:
                         tail, more = parser.finish()
                         text, calls = text + tail, calls + more
-                if ev.reasoning:
-                    yield Part(reasoning=ev.reasoning)
+                    reasoning += parser.take_reasoning()
+                if reasoning:
+                    yield Part(reasoning=reasoning)
                 if text:
                     yield Part(text=text)
                 for call in calls:
@@ -580,15 +595,16 @@ class ServerApp:
         content = "".join(text)
         if req.kind == "chat":
             calls: list[dict[str, Any]] = []
+            parser = self._tool_parser(req)
             if req.tool_choice == "required" and ev.finish_reason == "stop":
-                call = make_call(content)
+                call = self._forcing(req).call(content)
                 if call is not None:
                     content, calls = "", [call]
-            elif req.tool_choice == "auto":
-                parser = ToolCallParser(self._tool_names(req))
+            elif parser is not None:
                 head, calls = parser.push(content)
                 tail, more = parser.finish()
                 content, calls = head + tail, calls + more
+                reasoning.append(parser.take_reasoning())
             msg: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
             if calls:
                 msg["tool_calls"] = calls
@@ -627,7 +643,7 @@ class ServerApp:
             if chat:
                 yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None})
-            parser = ToolCallParser(self._tool_names(req)) if req.tool_choice == "auto" else None
+            parser = self._tool_parser(req) if chat else None
             forced: list[str] = []  # a required call: its JSON, sent as a call at the end
             n_calls = 0
 
@@ -648,7 +664,7 @@ class ServerApp:
                         forced.append(ev.text)
                         ev.text = ""
                         if ev.done and ev.finish_reason == "stop":
-                            call = make_call("".join(forced))
+                            call = self._forcing(req).call("".join(forced))
                             if call is None:
                                 ev.text = "".join(forced)
                             else:
@@ -660,6 +676,7 @@ class ServerApp:
                         if ev.done:
                             tail, more = parser.finish()
                             ev.text, calls = ev.text + tail, calls + more
+                        ev.reasoning += parser.take_reasoning()
                     for line in call_chunks(calls):
                         yield line
                 if ev.text or ev.reasoning or ev.tokens:

@@ -317,3 +317,18 @@ def test_harmony_json_on_commentary_names_its_function() -> None:
     assert pairs(parse(make_parser(fmt, TOOLS), [raw])[2]) == [("search", {"query": "q"})]
     other = '<|channel|>commentary <|constrain|>json<|message|>{"name": "nope", "arguments": {}}'
     assert parse(make_parser(fmt, TOOLS), [other]) == (other, "", [])
+
+
+def test_calls_and_replies_without_ids_get_them() -> None:
+    from quantscope.core.server.toolcall_formats import with_ids
+
+    call = {"type": "function", "function": {"name": "f", "arguments": "{}"}}
+    msgs = [{"role": "user", "content": "x"},
+            {"role": "assistant", "content": "", "tool_calls": [call, {**call, "id": "abcDEF123"}]},
+            {"role": "tool", "content": "1"}, {"role": "tool", "content": "2", "tool_call_id": "given"}]
+    out = with_ids(msgs, short=True)
+    first, kept = out[1]["tool_calls"]
+    assert len(first["id"]) == 9 and first["id"].isalnum() and kept["id"] == "abcDEF123"
+    assert out[2]["tool_call_id"] == first["id"] and out[3]["tool_call_id"] == "given"
+    assert "id" not in msgs[1]["tool_calls"][0] and "tool_call_id" not in msgs[2]  # the request is not modified
+    assert with_ids(msgs, short=False)[1]["tool_calls"][0]["id"].startswith("call_")

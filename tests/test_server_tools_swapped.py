@@ -172,3 +172,15 @@ def test_ollama_shows_the_tools_capability_and_maps_an_answer(swapped: tuple[str
     assert r.done and (r.message.content or r.message.tool_calls)
     for call in r.message.tool_calls or []:
         assert call.function.name in ("get_weather", "get_time") and isinstance(call.function.arguments, dict)
+
+
+def test_an_ollama_conversation_goes_on_after_a_call_without_ids(swapped: tuple[str, Server]) -> None:
+    """Ollama's clients send a call back without an id and the tool's reply without a ``tool_call_id``; Mistral's
+    templates refuse that, so the server gives them ids (core/server/toolcall_formats.py ``with_ids``): every form
+    renders the continued conversation and answers."""
+    c = ollama.Client(host=swapped[1].url, timeout=300)
+    msgs = [*ASK, {"role": "assistant", "content": "",
+                   "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "content": "Sunny, 21 °C", "tool_name": "get_weather"}]
+    r = c.chat(model="qwen", messages=msgs, tools=[WEATHER, TIME], options={"temperature": 0, "num_predict": 8})
+    assert r.done and r.done_reason in ("stop", "length")

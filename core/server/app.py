@@ -43,7 +43,7 @@ from .prompt import chat_prompt_ids
 from .protocol import GenRequest, parse_detokenize, parse_generation, parse_json, parse_tokenize
 from .requests import RequestLog, RequestRecord
 from .scheduler import Event, Job, QueueFull, Scheduler, ServerStopped, TokenLogprob, Usage
-from .tools import FORMATS, Forcing, HarmonyParser, ToolCallParser, ToolFormat, make_parser, tool_format
+from .tools import FORMATS, Forcing, HarmonyParser, ToolCallParser, ToolFormat, make_parser, tool_format, with_ids
 
 #: the largest request body accepted (a long conversation is a few MiB at most)
 DEFAULT_MAX_BODY = 8 * 2**20
@@ -373,12 +373,13 @@ class ServerApp:
             raise bad_request(f"tools are not supported for {self.config.model_id}: its chat template does not "
                               "write tool calls in a form this server reads ("
                               + ", ".join(f.label for f in FORMATS) + ")", "tools", "unsupported_parameter")
+        messages = with_ids(req.messages, self.tool_format.short_ids)
         if self.config.special_in_content:
-            text = tpl.render(req.messages, add_generation_prompt=True, tools=req.tools)
+            text = tpl.render(messages, add_generation_prompt=True, tools=req.tools)
             has_bos = bool(tpl.bos_token) and text.startswith(tpl.bos_token)
             ids = eng.tokenizer.encode(text, add_special=not has_bos)
         else:
-            ids = chat_prompt_ids(eng.tokenizer, tpl, req.messages, req.tools)
+            ids = chat_prompt_ids(eng.tokenizer, tpl, messages, req.tools)
         if req.tool_choice == "required":
             ids += eng.tokenizer.encode(self._forcing(req).opening(self._prompt_text(ids[-8:])), add_special=False)
         return ids

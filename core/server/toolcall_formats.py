@@ -63,6 +63,27 @@ def make(name: str, args: Any, short: bool = False, cid: str | None = None) -> C
                          else json.dumps(args, ensure_ascii=False)}}
 
 
+def with_ids(messages: list[dict[str, Any]], short: bool) -> list[dict[str, Any]]:
+    """``messages`` with an id on every assistant tool call that has none, and each tool reply without a
+    ``tool_call_id`` given the id of the call it answers (the calls of the turn before, in order): Ollama's
+    clients send neither, and Mistral's templates refuse a conversation that lacks them. Ids a client gave are
+    kept; the list and its messages are copied where changed, never modified."""
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if m.get("role") == "assistant" and isinstance(calls, list) and calls:
+            fixed = [c if not isinstance(c, dict) or c.get("id") else {**c, "id": new_id(short)} for c in calls]
+            pending = [c["id"] for c in fixed if isinstance(c, dict) and isinstance(c.get("id"), str)]
+            m = {**m, "tool_calls": fixed} if fixed != calls else m
+        elif m.get("role") == "tool":
+            if not m.get("tool_call_id") and pending:
+                m = {**m, "tool_call_id": pending[0]}
+            pending = pending[1:]
+        out.append(m)
+    return out
+
+
 def _json(raw: str) -> Any:
     try:
         return json.loads(raw)

@@ -26,10 +26,11 @@ from .toolcall_formats import (
     json_call,
     make,
     tool_format,
+    with_ids,
 )
 
 __all__ = ["FORMATS", "Call", "Forcing", "HarmonyParser", "ToolCallParser", "ToolFormat", "call_schema",
-           "make_parser", "supports_tools", "tool_format"]
+           "make_parser", "supports_tools", "tool_format", "with_ids"]
 
 #: whitespace held back at the end of the text: it is dropped when a call follows it or ends the reply
 _WS = " \t\r\n"

@@ -78,6 +78,7 @@ class Event:
     usage: Usage | None = None
     error: str = ""
     stop_sequence: str = ""  # the stop string that ended the reply ("stop" for a stop string, not an end token)
+    choice: int = 0  # which of a request's ``n`` choices (set by the receiver's ``emit``)
 
 
 @dataclass
@@ -124,7 +125,7 @@ class _Run:
     def __init__(self, job: Job, engine: Engine, n_cached: int, pending: list[int]) -> None:
         self.job = job
         p = job.params
-        self.sampler = Sampler(p)
+        self.sampler = Sampler(p, prompt_len=len(job.ids))
         self.decoder = StreamDecoder(engine.tokenizer, special=p.special)
         self.hide = frozenset() if p.special else engine.markers
         self.split = HarmonySplitter(engine.harmony) if job.harmony and engine.harmony is not None else None

@@ -145,7 +145,7 @@ def test_api_key(server: Server, name: str) -> None:
     ({"messages": ASK, "options": {"seed": 1.5}}, "options.seed"),
     ({"messages": ASK, "options": {"num_ctx": "big"}}, "options.num_ctx"),
     ({"messages": ASK, "options": {"num_thread": "all"}}, "options.num_thread"),
-    ({"messages": ASK, "options": {"presence_penalty": 1.0}}, "options.presence_penalty"),
+    ({"messages": ASK, "options": {"presence_penalty": 3.5}}, "options.presence_penalty"),
     ({"messages": ASK, "options": []}, "options"),
     ({"messages": ASK, "format": "xml"}, "format"),
     ({"messages": ASK, "format": {"type": "object", "properties": {"x": {"type": "string", "pattern": "a"}}}},

@@ -165,6 +165,17 @@ def test_n_choices_greedy_are_identical(client: openai.OpenAI) -> None:
     assert [x.index for x in c.choices] == [0, 1] and c.choices[0].text == c.choices[1].text
 
 
+def test_n_choices_read_the_prompt_once(server: Server, client: openai.OpenAI, model_path: Any) -> None:
+    m = server.scheduler.metrics
+    before = m.prompt_tokens, m.cached_tokens
+    prompt = "A prompt read once for three choices: the slots copy its cache."
+    r = client.completions.create(model="m", prompt=prompt, n=3, temperature=0, max_tokens=8)
+    n = r.usage.prompt_tokens
+    assert m.prompt_tokens - before[0] == n and m.cached_tokens - before[1] == 2 * n
+    # the copied caches give what the prompt gives read alone, on an engine of its own
+    assert {c.text for c in r.choices} == {greedy_reference(model_path("smollm2"), prompt, 8)}
+
+
 def test_n_choices_sampled_differ(client: openai.OpenAI) -> None:
     r = client.completions.create(model="m", prompt="Once upon a time", n=3, temperature=1.5, top_p=1, seed=11,
                                   max_tokens=24, extra_body={"ignore_eos": True, "top_k": 0, "min_p": 0})

@@ -26,6 +26,7 @@ from ..chat import Sampler, SamplerParams, TokenChoice
 from ..chat.channels import HarmonySplitter
 from ..engine.batch import can_batch, forward_batch
 from ..engine.generate import PREFILL_CHUNK, Engine
+from ..engine.session import Session
 from ..tokenizer import StreamDecoder
 from .jsonmode import Schema, State, can_end, closed, feed, initial, step
 
@@ -167,6 +168,21 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def copy_prefix(src: object, dst: object, n: int) -> bool:
+    """Copy the first ``n`` cached positions of session ``src`` into ``dst`` (the CPU engine's host caches, attention
+    layers only); False, nothing done, where that is not possible (GPU sessions, recurrent layers)."""
+    if (type(src) is not Session or type(dst) is not Session or src is dst or src.recurrent or dst.recurrent
+            or src.model is not dst.model or src.n_past < n or dst.n_ctx < n):
+        return False
+    c = src.model.config
+    for li in range(c.n_layers):
+        if c.kv_source(li) == li:
+            dst.k_cache[li][:n] = src.k_cache[li][:n]
+            dst.v_cache[li][:n] = src.v_cache[li][:n]
+    dst.n_past = n
+    return True
+
+
 def held_back(text: str, stops: list[str], start: int) -> int:
     """How many characters at the end of ``text`` (from ``start`` on) could begin a stop string."""
     hold = 0
@@ -189,6 +205,8 @@ class Scheduler:
         self.engine = engine
         sessions = [engine.session] + [engine.new_session(engine.n_ctx) for _ in range(n_slots - 1)]
         self.slots = [Slot(i, s) for i, s in enumerate(sessions)]
+        #: a prompt read in one slot can be copied into another (CPU sessions without recurrent layers)
+        self._share = all(type(s) is Session and not s.recurrent for s in sessions)
         self.max_queue = max_queue
         #: decode the generating slots in one batched forward pass per step (CPU sessions; else one per slot)
         self.batch = batch
@@ -297,6 +315,9 @@ class Scheduler:
             free = [s for s in self.slots if s.run is None]
             if not free:
                 return
+            if self._share and any(s.run is not None and s.run.pending and s.run.job.ids == job.ids
+                                   for s in self.slots):
+                return  # the same prompt is being read in another slot (``n`` choices): copy its cache once read
             self._queue.popleft()
             slot = max(free, key=lambda s: (common_prefix(s.cached, job.ids), -s.last_used))
             self._start(slot, job)
@@ -313,6 +334,12 @@ class Scheduler:
             run = _Run(job, self.engine, len(ids), [])
             run.logits = memo[1].copy()
             slot.cached = list(ids)
+        elif (src := self._prompt_read(slot, ids)) is not None and copy_prefix(src.session, s, len(ids)):
+            # the same prompt read in another slot (a request's ``n`` choices): its cache and logits, copied
+            assert src.memo is not None
+            run = _Run(job, self.engine, len(ids), [])
+            run.logits = src.memo[1].copy()
+            slot.cached, slot.memo = list(ids), (tuple(ids), src.memo[1].copy())
         else:
             common = min(common, len(ids) - 1)
             s.truncate(common)  # type: ignore[attr-defined]
@@ -321,6 +348,18 @@ class Scheduler:
             run = _Run(job, self.engine, common, list(ids[common:]))
         job.slot = slot.index
         slot.run = run
+
+    def _prompt_read(self, slot: Slot, ids: list[int]) -> Slot | None:
+        """Another slot whose cache begins with all of ``ids`` and which kept the logits after them, if one does and
+        this slot's own cache shares less with ``ids``."""
+        key = tuple(ids)
+        if common_prefix(slot.cached, ids) >= len(ids) - 1:
+            return None
+        for other in self.slots:
+            if (other is not slot and other.memo is not None and other.memo[0] == key
+                    and other.cached[:len(ids)] == ids and (other.run is None or not other.run.pending)):
+                return other
+        return None
 
     def _step(self) -> None:
         """One step: a prompt chunk for each slot still reading its prompt, then a token sampled for each slot

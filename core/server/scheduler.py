@@ -3,12 +3,13 @@ decode one token per slot per step.
 
 Each slot has its own inference session (KV cache) and remembers the tokens in it: a request goes to the free
 slot sharing the longest prefix with its prompt, and only the rest of the prompt is evaluated (a conversation
-that continues evaluates its new turn only; ``cached`` in its usage). Each step evaluates one prompt chunk for
-every slot still reading its prompt, then samples a token for every generating slot and evaluates all of them in
-one batched forward pass (:func:`~quantscope.core.engine.batch.forward_batch`: each weight read once for all
-slots; one forward per slot on the GPU or for recurrent models). A request whose client went away (its
-``cancel`` set) leaves its slot at the next step. A full queue is refused (:class:`QueueFull`), and nothing here
-blocks the caller: events go out through ``Job.emit``.
+that continues evaluates its new turn only; ``cached`` in its usage); a request whose prompt another slot is
+reading (a request's ``n`` choices) waits for it and copies that cache (:func:`copy_prefix`). Each step
+evaluates one prompt chunk for every slot still reading its prompt, then samples a token for every generating
+slot and evaluates all of them in one batched forward pass (:func:`~quantscope.core.engine.batch.forward_batch`:
+each weight read once for all slots; one forward per slot on the GPU or for recurrent models). A request whose
+client went away (its ``cancel`` set) leaves its slot at the next step. A full queue is refused
+(:class:`QueueFull`), and nothing here blocks the caller: events go out through ``Job.emit``.
 """
 
 from __future__ import annotations

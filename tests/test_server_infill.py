@@ -70,6 +70,18 @@ def test_suffix_fills_the_middle(qwen: Server) -> None:
     assert last_prompt(qwen) == qwen.app.engine.tokenizer.encode(PREFIX) and plain.choices[0].text
 
 
+def test_the_middle_ends_at_fim_pad_and_separators(qwen: Server) -> None:
+    """As in llama.cpp: FIM_PAD, FIM_REP and FIM_SEP end a middle (forced here by a bias), not a plain completion."""
+    c = openai.OpenAI(base_url=qwen.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    v = qwen.app.engine.tokenizer.vocab
+    for piece in ("<|fim_pad|>", "<|file_sep|>", "<|repo_name|>"):
+        bias = {str(v[piece]): 100}
+        mid = c.completions.create(model="qwen", prompt=PREFIX, suffix=SUFFIX, max_tokens=4, logit_bias=bias)
+        assert mid.choices[0].finish_reason == "stop" and mid.usage.completion_tokens == 0
+        plain = c.completions.create(model="qwen", prompt=PREFIX, max_tokens=4, logit_bias=bias)
+        assert plain.choices[0].finish_reason == "length" and plain.usage.completion_tokens == 4
+
+
 def test_ollama_generate_suffix(qwen: Server) -> None:
     r = ollama.Client(host=qwen.url, timeout=120).generate(model="qwen", prompt=PREFIX, suffix=SUFFIX,
                                                           options={"temperature": 0, "num_predict": 16})

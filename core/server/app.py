@@ -516,7 +516,8 @@ class ServerApp:
                     emitter(i), max_tokens=req.max_tokens, logprobs=req.logprobs,
                     top_logprobs=req.top_logprobs, logit_bias=bias,
                     harmony=req.kind == "chat" and eng.harmony is not None, json_schema=req.json_schema,
-                    literal=self._tool_tags if req.tool_choice == "auto" else frozenset(), on_token=watcher(i))
+                    literal=self._tool_tags if req.tool_choice == "auto" else frozenset(), on_token=watcher(i),
+                    ends=self.fim.ends if req.suffix is not None and not isinstance(self.fim, str) else frozenset())
                 for i in range(req.n)]
         prompt_text = self._prompt_text(ids)
         rec: RequestRecord | None = None

@@ -5,7 +5,8 @@ when the metadata lacks them, from their texts (``<|fim_prefix|>``, ``<fim_prefi
 ``[FIM_REP]myproject\\n`` (when the model has it), each extra file as ``[FIM_SEP]filename\\n`` and its text (or a
 "--- snippet ---" separator without FIM_SEP), ``[FIM_SEP]filename\\n``, then ``[BOS][FIM_PRE]prefix prompt
 [FIM_SUF]suffix[FIM_MID]`` (BOS where the vocabulary adds one). Nothing is cut to fit: a prompt longer than the
-context is refused like any other.
+context is refused like any other. The middle ends, as in llama.cpp, at an end-of-generation token or at FIM_PAD,
+FIM_REP or FIM_SEP (:attr:`FimTokens.ends`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ ROLES = {
     "rep": ("tokenizer.ggml.fim_rep_token_id", ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
                                                 "<reponame>")),
     "sep": ("tokenizer.ggml.fim_sep_token_id", ("<|file_sep|>",)),
+    "pad": ("tokenizer.ggml.fim_pad_token_id", ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")),
 }
 #: llama-server's separator of extra chunks for a model without FIM_SEP
 SNIPPET = "\n\n--- snippet ---\n\n"
@@ -33,13 +35,20 @@ SNIPPET = "\n\n--- snippet ---\n\n"
 
 @dataclass(frozen=True)
 class FimTokens:
-    """A model's FIM token ids (rep and sep optional)."""
+    """A model's FIM token ids (rep, sep and pad optional)."""
 
     pre: int
     suf: int
     mid: int
     rep: int | None = None
     sep: int | None = None
+    pad: int | None = None
+
+    @property
+    def ends(self) -> frozenset[int]:
+        """The tokens that end a middle besides the end-of-generation ones (llama.cpp's: pad, repo, file
+        separator)."""
+        return frozenset(t for t in (self.pad, self.rep, self.sep) if t is not None)
 
 
 def _find(f: GGUFFile, tok: Tokenizer, role: str) -> int | None:

@@ -98,6 +98,7 @@ class Job:
     harmony: bool = False  # split a harmony (gpt-oss) reply into thinking and answer
     json_schema: Schema | None = None  # hold the output to this schema (response_format)
     literal: frozenset[int] = frozenset()  # special tokens written as their text (a template's tool-call tags)
+    ends: frozenset[int] = frozenset()  # more tokens that end generation (a fill-in-the-middle's pad and separators)
     #: called on the scheduler's thread with each token sampled (id, the text it added, its channel, how the
     #: sampler saw it when ``params.alternatives`` is set) and, id None, with text flushed at the end
     on_token: Callable[[int | None, str, str, TokenChoice | None], None] | None = None
@@ -130,6 +131,7 @@ class _Run:
         self.sampler = Sampler(p, prompt_len=len(job.ids))
         self.decoder = StreamDecoder(engine.tokenizer, special=p.special)
         self.hide = frozenset() if p.special else engine.markers
+        self.eog = engine.eog | job.ends if job.ends else engine.eog
         self.split = HarmonySplitter(engine.harmony) if job.harmony and engine.harmony is not None else None
         self.pending = pending
         self.logits: np.ndarray | None = None
@@ -442,11 +444,11 @@ class Scheduler:
                 self._finish(slot, "error", "no token continues the JSON output")
                 return None
             tid = picked
-            if tid not in eng.eog:
+            if tid not in run.eog:
                 run.json = feed(run.json, self.token_bytes[tid])
         else:
             tid = run.sampler.sample(logits, run.history)
-        if tid in eng.eog:
+        if tid in run.eog:
             self._finish(slot, "stop")
             return None
         run.history.append(tid)
@@ -502,7 +504,7 @@ class Scheduler:
         token, not a walk down the vocabulary."""
         state = run.json
         assert state is not None
-        table, eog = self.token_bytes, self.engine.eog
+        table, eog = self.token_bytes, run.eog
 
         def ok(t: int) -> bool:
             if t in eog:

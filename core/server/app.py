@@ -112,8 +112,11 @@ def _completion_logprobs(tokens: list[TokenLogprob], offset: int) -> dict[str, A
     for t in tokens:
         offsets.append(offset)
         offset += len(t.text)
-    return {"tokens": [t.text for t in tokens], "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": [{s: lp for s, _b, lp in t.top} for t in tokens], "text_offset": offsets}
+    # (an echoed prompt's first token has no logprob: NaN here, null in the reply)
+    return {"tokens": [t.text for t in tokens],
+            "token_logprobs": [None if math.isnan(t.logprob) else t.logprob for t in tokens],
+            "top_logprobs": [None if math.isnan(t.logprob) else {s: lp for s, _b, lp in t.top} for t in tokens],
+            "text_offset": offsets}
 
 
 def _total(usages: list[Usage]) -> Usage:
@@ -517,7 +520,8 @@ class ServerApp:
                     top_logprobs=req.top_logprobs, logit_bias=bias,
                     harmony=req.kind == "chat" and eng.harmony is not None, json_schema=req.json_schema,
                     literal=self._tool_tags if req.tool_choice == "auto" else frozenset(), on_token=watcher(i),
-                    ends=self.fim.ends if req.suffix is not None and not isinstance(self.fim, str) else frozenset())
+                    ends=self.fim.ends if req.suffix is not None and not isinstance(self.fim, str) else frozenset(),
+                    prompt_logprobs=req.echo and req.logprobs)
                 for i in range(req.n)]
         prompt_text = self._prompt_text(ids)
         rec: RequestRecord | None = None
@@ -646,11 +650,13 @@ class ServerApp:
         text: list[list[str]] = [[] for _ in range(n)]
         reasoning: list[list[str]] = [[] for _ in range(n)]
         tokens: list[list[TokenLogprob]] = [[] for _ in range(n)]
+        prompts: list[list[TokenLogprob]] = [[] for _ in range(n)]  # echo with logprobs: the prompt's tokens
         ends: list[Event | None] = [None] * n
         try:
             while any(e is None for e in ends):
                 ev = await events.get()
                 i = ev.choice
+                prompts[i].extend(ev.prompt)
                 text[i].append(ev.text)
                 reasoning[i].append(ev.reasoning)
                 tokens[i].extend(ev.tokens)
@@ -694,8 +700,10 @@ class ServerApp:
                                 "logprobs": _chat_logprobs(tokens[i]) if req.logprobs else None,
                                 "finish_reason": reason})
             else:
-                choices.append({"index": i, "text": echo + content,
-                                "logprobs": _completion_logprobs(tokens[i], 0) if req.logprobs else None,
+                head = "".join(t.text for t in prompts[i]) if prompts[i] else echo
+                choices.append({"index": i, "text": head + content,
+                                "logprobs": _completion_logprobs(prompts[i] + tokens[i], 0) if req.logprobs
+                                else None,
                                 "finish_reason": _finish_reason(ev.finish_reason)})
         body["object"] = "chat.completion" if req.kind == "chat" else "text_completion"
         u = _total([e.usage or Usage() for e in done])
@@ -728,7 +736,7 @@ class ServerApp:
                 if chat:
                     yield chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                  "finish_reason": None})
-                elif echo:
+                elif echo and not req.logprobs:  # (with logprobs: when the prompt's come)
                     yield chunk({"index": i, "text": echo, "finish_reason": None, "logprobs": None})
             parsers = [ToolCallParser(self._tool_names(req)) if req.tool_choice == "auto" else None
                        for _ in range(n)]
@@ -746,6 +754,11 @@ class ServerApp:
             while True:
                 ev = await events.get()
                 i = ev.choice
+                if ev.prompt:  # echo with logprobs: the prompt's text and tokens
+                    head = "".join(t.text for t in ev.prompt)
+                    yield chunk({"index": i, "text": head, "finish_reason": None,
+                                 "logprobs": _completion_logprobs(ev.prompt, 0)})
+                    offset[i] += len(head)
                 parser = parsers[i]
                 if chat and (parser is not None or req.tool_choice == "required"):
                     calls: list[dict[str, Any]] = []

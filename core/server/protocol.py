@@ -1,9 +1,8 @@
 """The OpenAI request bodies, checked field by field into :class:`GenRequest` before the engine sees anything.
 
 Every known field is validated (type and range); a field this server cannot honour (a JSON schema it cannot
-enforce, ``echo`` with ``logprobs``) is refused with a 400 naming it, never silently ignored. ``n`` choices
-(at most ``MAX_CHOICES``), presence and frequency penalties, ``echo`` and ``suffix`` (fill in the middle,
-:mod:`.fim`) are honoured.
+enforce) is refused with a 400 naming it, never silently ignored. ``n`` choices (at most ``MAX_CHOICES``),
+presence and frequency penalties, ``echo`` and ``suffix`` (fill in the middle, :mod:`.fim`) are honoured.
 ``response_format`` json_object and json_schema are enforced by constrained sampling (:mod:`.jsonmode`). Unknown
 fields are ignored, as the OpenAI API and llama-server do.
 """
@@ -381,10 +380,7 @@ def parse_generation(d: dict[str, Any], kind: str, n_vocab: int, n_ctx: int) -> 
         req = GenRequest(kind, model, prompt=_prompt(d, n_vocab))
         if d.get("tools"):
             raise bad_request("tools need /v1/chat/completions", "tools")
-        req.echo = _flag(d, "echo")
-        if req.echo and logprobs:
-            raise bad_request("echo with logprobs is not supported (the prompt's tokens have no logprobs here)",
-                              "echo", "unsupported_parameter")
+        req.echo = _flag(d, "echo")  # (with logprobs: the prompt's tokens' too, the prompt read whole)
         suffix = d.get("suffix")
         if suffix is not None and not isinstance(suffix, str):
             raise bad_request(f"suffix must be a string, not {_show(suffix)}", "suffix")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..chat import Sampler, SamplerParams, TokenChoice
+from ..chat import Sampler, SamplerParams, TokenChoice, token_choice
 from ..chat.channels import HarmonySplitter
 from ..engine.batch import can_batch, forward_batch
 from ..engine.generate import PREFILL_CHUNK, Engine
@@ -81,6 +81,8 @@ class Event:
     error: str = ""
     stop_sequence: str = ""  # the stop string that ended the reply ("stop" for a stop string, not an end token)
     choice: int = 0  # which of a request's ``n`` choices (set by the receiver's ``emit``)
+    #: the prompt's tokens with their logprobs (``Job.prompt_logprobs``; the first one's logprob is NaN: none)
+    prompt: list[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass
@@ -99,6 +101,7 @@ class Job:
     json_schema: Schema | None = None  # hold the output to this schema (response_format)
     literal: frozenset[int] = frozenset()  # special tokens written as their text (a template's tool-call tags)
     ends: frozenset[int] = frozenset()  # more tokens that end generation (a fill-in-the-middle's pad and separators)
+    prompt_logprobs: bool = False  # send the prompt's tokens' logprobs first (its cache is not reused: read whole)
     #: called on the scheduler's thread with each token sampled (id, the text it added, its channel, how the
     #: sampler saw it when ``params.alternatives`` is set) and, id None, with text flushed at the end
     on_token: Callable[[int | None, str, str, TokenChoice | None], None] | None = None
@@ -144,6 +147,7 @@ class _Run:
         self.sent = 0
         self.stopped_by = ""  # the stop string found in the text
         self.records: list[tuple[int, TokenLogprob]] = []  # (offset in text, record) not yet sent
+        self.prompt: list[TokenLogprob] = []  # the prompt's records being made (``Job.prompt_logprobs``)
         self.json: State | None = initial(job.json_schema) if job.json_schema is not None else None
         self.bias: tuple[np.ndarray, np.ndarray] | None = None
         if job.logit_bias:
@@ -328,8 +332,8 @@ class Scheduler:
     def _start(self, slot: Slot, job: Job) -> None:
         ids = job.ids
         s = slot.session
-        common = common_prefix(slot.cached, ids)
-        memo = slot.memo
+        common = common_prefix(slot.cached, ids) if not job.prompt_logprobs else 0
+        memo = slot.memo if not job.prompt_logprobs else None
         if common >= len(ids) and memo is not None and memo[0] == tuple(ids):
             s.truncate(len(ids))  # type: ignore[attr-defined]
         if common >= len(ids) and memo is not None and memo[0] == tuple(ids) and s.n_past == len(ids):  # type: ignore[attr-defined]
@@ -337,7 +341,8 @@ class Scheduler:
             run = _Run(job, self.engine, len(ids), [])
             run.logits = memo[1].copy()
             slot.cached = list(ids)
-        elif (src := self._prompt_read(slot, ids)) is not None and copy_prefix(src.session, s, len(ids)):
+        elif (not job.prompt_logprobs and (src := self._prompt_read(slot, ids)) is not None
+              and copy_prefix(src.session, s, len(ids))):
             # the same prompt read in another slot (a request's ``n`` choices): its cache and logits, copied
             assert src.memo is not None
             run = _Run(job, self.engine, len(ids), [])
@@ -414,7 +419,13 @@ class Scheduler:
         chunk, run.pending = run.pending[:PREFILL_CHUNK], run.pending[PREFILL_CHUNK:]
         last = not run.pending
         slot.memo = None
-        out = slot.session.forward(chunk, logits=last)  # type: ignore[attr-defined]
+        if run.job.prompt_logprobs:
+            start = len(slot.cached)
+            rows = slot.session.forward(chunk, all_logits=True)  # type: ignore[attr-defined]
+            self._prompt_records(run, start, chunk, rows)
+            out = rows[-1]
+        else:
+            out = slot.session.forward(chunk, logits=last)  # type: ignore[attr-defined]
         slot.cached.extend(chunk)
         if last:
             run.logits = out
@@ -422,6 +433,31 @@ class Scheduler:
             checkpoint = getattr(slot.session, "checkpoint", None)
             if checkpoint is not None:  # recurrent layers: the state after the prompt, to come back to
                 checkpoint()
+
+    def _prompt_records(self, run: _Run, start: int, chunk: list[int], rows: np.ndarray) -> None:
+        """The logprobs of the prompt's tokens ``start…`` (``chunk``, whose logits are ``rows``): each token's under
+        the logits before it (temperature 1, no penalty), the first token's none (NaN); sent with the last chunk."""
+        tok, ids, k = self.engine.tokenizer, run.job.ids, run.job.top_logprobs
+
+        def lp(p: float) -> float:
+            return math.log(p) if p > 0 else -9999.0
+
+        def text(t: int) -> str:
+            return tok.token_bytes(t, False).decode("utf-8", "replace")
+
+        if start == 0:
+            run.prompt = [TokenLogprob(ids[0], text(ids[0]), tok.token_bytes(ids[0], True), math.nan)]
+        for j in range(len(chunk)):
+            pos = start + j + 1  # the token these logits predict
+            if pos >= len(ids):
+                break
+            t = ids[pos]
+            c = token_choice(rows[j], t, 1.0, k, run.sampler._scratch)
+            top = tuple((text(a), tok.token_bytes(a, True), lp(p)) for a, p, _q in c.alternatives)
+            run.prompt.append(TokenLogprob(t, text(t), tok.token_bytes(t, True), lp(c.prob), top))
+        if start + len(chunk) >= len(ids):
+            self._emit(run.job, Event(prompt=run.prompt))
+            run.prompt = []
 
     def _sample(self, slot: Slot, run: _Run) -> int | None:
         """Sample the slot's next token and send what it adds; the token to evaluate next, or None when the

@@ -33,6 +33,8 @@ from .jsonmode import Schema, State, can_end, closed, feed, initial, step
 
 #: constrained sampling looks this far down the logit order for more valid tokens once it has found one
 SCAN = 4096
+#: the prompt chunk of a request whose every prompt position's logits are kept (echo with logprobs)
+LOGITS_CHUNK = 64
 
 
 class QueueFull(Exception):
@@ -416,7 +418,9 @@ class Scheduler:
                 self._finish(slot, "error", f"{type(exc).__name__}: {exc}")
 
     def _prefill(self, slot: Slot, run: _Run) -> None:
-        chunk, run.pending = run.pending[:PREFILL_CHUNK], run.pending[PREFILL_CHUNK:]
+        # (every position's logits for an echo with logprobs: smaller chunks, a vocabulary-wide row per token)
+        size = PREFILL_CHUNK if not run.job.prompt_logprobs else LOGITS_CHUNK
+        chunk, run.pending = run.pending[:size], run.pending[size:]
         last = not run.pending
         slot.memo = None
         if run.job.prompt_logprobs:

@@ -1,7 +1,7 @@
-"""The Starlette application: the OpenAI endpoints, llama-server's /tokenize, /detokenize, /health and /metrics,
-and Ollama's (:mod:`.ollama`) and Anthropic's (:mod:`.anthropic`) endpoints, whose requests take the same path
-(:meth:`ServerApp.generation`: the checks, the queue, tool calls and JSON mode) and whose refusals come in their
-own shapes (:func:`.errors.error_body`).
+"""The Starlette application: the OpenAI endpoints, llama-server's /infill, /tokenize, /detokenize, /health and
+/metrics, and Ollama's (:mod:`.ollama`) and Anthropic's (:mod:`.anthropic`) endpoints, whose requests take the
+same path (:meth:`ServerApp.generation`: the checks, the queue, tool calls and JSON mode) and whose refusals come
+in their own shapes (:func:`.errors.error_body`).
 
 Every request is checked before the engine is touched: its Host and Origin (421, 403: :mod:`.policy`), a POST's
 Content-Type (415), the body's size (413), its JSON (400), the model's name (404), each parameter (400) and the

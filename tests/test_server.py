@@ -356,7 +356,7 @@ def test_refusals_are_openai_shaped_and_never_reach_the_engine(server: Server, h
     refused(400, chat, body={"messages": CHAT, "temperature": -1}, param="temperature")
     refused(400, chat, body={"messages": CHAT, "max_tokens": "ten"}, param="max_tokens")
     refused(400, chat, body={"messages": CHAT, "top_logprobs": 3}, param="top_logprobs")
-    refused(400, chat, body={"messages": CHAT, "n": 2}, param="n")
+    refused(400, chat, body={"messages": CHAT, "n": 17}, param="n")
     refused(400, chat, body={"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {
         "schema": {"anyOf": []}}}}, param="response_format", code="unsupported_schema")
     refused(400, chat, body={"messages": CHAT, "response_format": {"type": "yaml"}}, param="response_format")

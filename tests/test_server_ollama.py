@@ -157,7 +157,7 @@ def test_host_and_origin_refusals_come_in_ollama_s_shape(server: Server, name: s
     ({"messages": ASK, "options": {"seed": 1.5}}, "options.seed"),
     ({"messages": ASK, "options": {"num_ctx": "big"}}, "options.num_ctx"),
     ({"messages": ASK, "options": {"num_thread": "all"}}, "options.num_thread"),
-    ({"messages": ASK, "options": {"presence_penalty": 1.0}}, "options.presence_penalty"),
+    ({"messages": ASK, "options": {"presence_penalty": 3.5}}, "options.presence_penalty"),
     ({"messages": ASK, "options": []}, "options"),
     ({"messages": ASK, "format": "xml"}, "format"),
     ({"messages": ASK, "format": {"type": "object", "properties": {"x": {"type": "string", "pattern": "a"}}}},

@@ -48,8 +48,9 @@ def test_the_sampler_reports_after_the_penalty_and_samples_the_same() -> None:
     picks_off = [off.sample(logits, history) for _ in range(50)]
     assert picks_on == picks_off and off.last is None  # reporting never touches the random stream
     x = logits.astype(np.float64)
-    for t in set(history):
-        x[t] = x[t] / 1.3 if x[t] > 0 else x[t] * 1.3
+    for t in set(history):  # in float32, as llama.cpp's penalties sampler computes it
+        v = logits[t]
+        x[t] = v / np.float32(1.3) if v > 0 else v * np.float32(1.3)
     c = on.last
     assert c is not None and c.token == picks_on[-1]
     assert c.prob == pytest.approx(_softmax(x)[c.token], rel=1e-12)

@@ -274,6 +274,8 @@ class SamplerParams:
     min_p: float = 0.05
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once from each token the reply has used (window below)
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted per use of each token in the reply
     seed: int | None = None
     max_tokens: int = 256
     stop: list[str] = field(default_factory=list)
@@ -347,11 +349,33 @@ def token_choice(penalized: np.ndarray, token: int, temperature: float, n: int =
                                                                             strict=True)))
 
 
-class Sampler:
-    """Pick the next token from logits: repetition penalty, then top-k, top-p, min-p, temperature; seeded."""
+def apply_penalties(x: np.ndarray, history: list[int], prompt_len: int, p: SamplerParams) -> None:
+    """llama.cpp's ``llama_sampler_penalties`` on ``x`` (in place), in float32 as it computes: each token among
+    the last ``repeat_last_n`` of ``history`` has its logit divided by ``repeat_penalty`` (multiplied when <= 0),
+    then ``count * frequency_penalty + (count > 0) * presence_penalty`` subtracted, ``count`` being its uses
+    among those tokens that the reply generated (``history[prompt_len:]``: OpenAI's meaning, the prompt's own
+    tokens are not penalised for presence or frequency). ``repeat_last_n`` 0 turns them all off."""
+    n = p.repeat_last_n
+    if n <= 0 or not history:
+        return
+    window = np.asarray(history[-n:], dtype=np.int64)
+    recent, inverse = np.unique(window, return_inverse=True)
+    gen = max(0, len(history) - max(prompt_len, 0))
+    counts = np.bincount(inverse[max(0, window.size - gen):], minlength=recent.size).astype(np.float32)
+    v = x[recent].astype(np.float32)
+    rp = np.float32(p.repeat_penalty)
+    v = np.where(v <= 0, v * rp, v / rp).astype(np.float32)
+    v -= counts * np.float32(p.frequency_penalty) + (counts > 0).astype(np.float32) * np.float32(p.presence_penalty)
+    x[recent] = v
 
-    def __init__(self, params: SamplerParams) -> None:
+
+class Sampler:
+    """Pick the next token from logits: repetition, presence and frequency penalties, then top-k, top-p, min-p,
+    temperature; seeded. ``prompt_len``: how many tokens at the start of a history are the prompt's."""
+
+    def __init__(self, params: SamplerParams, prompt_len: int = 0) -> None:
         self.p = params
+        self.prompt_len = prompt_len
         self.rng = np.random.default_rng(params.seed)
         #: the last pick seen as :class:`TokenChoice` (only with ``params.alternatives``)
         self.last: TokenChoice | None = None
@@ -360,10 +384,8 @@ class Sampler:
     def sample(self, logits: np.ndarray, history: list[int]) -> int:
         p = self.p
         x = np.asarray(logits, dtype=np.float64).copy()
-        if p.repeat_penalty != 1.0 and history:
-            recent = np.unique(np.asarray(history[-p.repeat_last_n:], dtype=np.int64))
-            v = x[recent]
-            x[recent] = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
+        if (p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty) and history:
+            apply_penalties(x, history, self.prompt_len, p)
         tid = self._pick(x)
         if p.alternatives > 0:
             self.last = token_choice(x, tid, p.temperature, p.alternatives, self._scratch)

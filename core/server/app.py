@@ -1,7 +1,7 @@
-"""The Starlette application: the OpenAI endpoints, llama-server's /tokenize, /detokenize, /health and /metrics,
-and Ollama's (:mod:`.ollama`) and Anthropic's (:mod:`.anthropic`) endpoints, whose requests take the same path
-(:meth:`ServerApp.generation`: the checks, the queue, tool calls and JSON mode) and whose refusals come in their
-own shapes (:func:`.errors.error_body`).
+"""The Starlette application: the OpenAI endpoints, llama-server's /infill, /tokenize, /detokenize, /health and
+/metrics, and Ollama's (:mod:`.ollama`) and Anthropic's (:mod:`.anthropic`) endpoints, whose requests take the
+same path (:meth:`ServerApp.generation`: the checks, the queue, tool calls and JSON mode) and whose refusals come
+in their own shapes (:func:`.errors.error_body`).
 
 Every request is checked before the engine is touched: its Host and Origin (421, 403: :mod:`.policy`), a POST's
 Content-Type (415), the body's size (413), its JSON (400), the model's name (404), each parameter (400) and the
@@ -20,7 +20,7 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.applications import Starlette
@@ -36,11 +36,12 @@ from ..engine.generate import Engine
 from .anthropic import AnthropicApi
 from .dialect import Gathered, Part, Started
 from .errors import ApiError, bad_request, dialect_of, error_body
+from .fim import FimTokens, find_fim, infill_ids
 from .jsonmode import SchemaError
 from .ollama import OllamaApi
 from .policy import Policy
 from .prompt import chat_prompt_ids
-from .protocol import GenRequest, parse_detokenize, parse_generation, parse_json, parse_tokenize
+from .protocol import GenRequest, parse_detokenize, parse_generation, parse_infill, parse_json, parse_tokenize
 from .requests import RequestLog, RequestRecord
 from .scheduler import Event, Job, QueueFull, Scheduler, ServerStopped, TokenLogprob, Usage
 from .tools import FORMATS, Forcing, HarmonyParser, ToolCallParser, ToolFormat, make_parser, tool_format, with_ids
@@ -51,7 +52,7 @@ DEFAULT_MAX_BODY = 8 * 2**20
 OPEN_PATHS = frozenset({"/health", "/"})  # "/": Ollama's "is it running" probe
 #: the paths whose requests go to the request log
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
-                              "/api/chat", "/api/generate", "/v1/messages"})
+                              "/api/chat", "/api/generate", "/v1/messages", "/infill"})
 
 
 @dataclass
@@ -109,8 +110,23 @@ def _completion_logprobs(tokens: list[TokenLogprob], offset: int) -> dict[str, A
     for t in tokens:
         offsets.append(offset)
         offset += len(t.text)
-    return {"tokens": [t.text for t in tokens], "token_logprobs": [t.logprob for t in tokens],
-            "top_logprobs": [{s: lp for s, _b, lp in t.top} for t in tokens], "text_offset": offsets}
+    # (an echoed prompt's first token has no logprob: NaN here, null in the reply)
+    return {"tokens": [t.text for t in tokens],
+            "token_logprobs": [None if math.isnan(t.logprob) else t.logprob for t in tokens],
+            "top_logprobs": [None if math.isnan(t.logprob) else {s: lp for s, _b, lp in t.top} for t in tokens],
+            "text_offset": offsets}
+
+
+def _total(usages: list[Usage]) -> Usage:
+    """The usage of a request's choices together: the prompt once (the first choice's), every choice's tokens,
+    the longest times."""
+    if len(usages) == 1:
+        return usages[0]
+    first = usages[0]
+    return Usage(prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens,
+                 completion_tokens=sum(u.completion_tokens for u in usages),
+                 prompt_ms=max(u.prompt_ms for u in usages), predicted_ms=max(u.predicted_ms for u in usages),
+                 queued_ms=min(u.queued_ms for u in usages))
 
 
 def _finish_reason(reason: str) -> str:
@@ -181,6 +197,7 @@ class ServerApp:
         vocab = engine.tokenizer.vocab
         tags = self.tool_format.tags if self.tool_format is not None else ()
         self._tool_tags = frozenset(vocab[t] for t in tags if t in vocab)
+        self._fim: FimTokens | str | None = None
         routes = [
             Route("/v1/models", self._wrap(self.models), methods=["GET"]),
             Route("/models", self._wrap(self.models), methods=["GET"]),
@@ -190,6 +207,7 @@ class ServerApp:
             Route("/completions", self._wrap(self.completions), methods=["POST"]),
             Route("/v1/embeddings", self._wrap(self.embeddings), methods=["POST"]),
             Route("/embeddings", self._wrap(self.embeddings), methods=["POST"]),
+            Route("/infill", self._wrap(self.infill), methods=["POST"]),
             Route("/tokenize", self._wrap(self.tokenize), methods=["POST"]),
             Route("/detokenize", self._wrap(self.detokenize), methods=["POST"]),
             Route("/health", self._wrap(self.health), methods=["GET"]),
@@ -324,6 +342,47 @@ class ServerApp:
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, "completion")
 
+    async def infill(self, request: Request) -> Response:
+        """llama-server's /infill: fill in the middle between ``input_prefix`` and ``input_suffix``, answered in
+        its /completion shape (``content``, ``stop``, ``timings``; streamed as ``data:`` lines)."""
+        eng = self.engine
+
+        def parse(d: dict[str, Any]) -> GenRequest:
+            if isinstance(self.fim, str):  # (before the body's fields: llama-server's order)
+                raise bad_request(f"infill is not supported by {self.config.model_id}: {self.fim}",
+                                  code="unsupported_endpoint")
+            return parse_infill(d, eng.tokenizer.n_vocab, eng.n_ctx)
+
+        async def respond(req: GenRequest, ids: list[int], st: Started) -> Response:
+            def body(text: str, end: Event | None) -> dict[str, Any]:
+                d: dict[str, Any] = {"index": 0, "content": text, "id_slot": st.job.slot, "stop": end is not None,
+                                     "model": self.config.model_id}
+                if end is not None:
+                    u = end.usage or Usage()
+                    d |= {"tokens_predicted": u.completion_tokens, "tokens_evaluated": u.prompt_tokens,
+                          "tokens_cached": u.cached_tokens, "truncated": False,
+                          "stop_type": "limit" if end.finish_reason == "length" else
+                          "word" if end.stop_sequence else "eos",
+                          "stopping_word": end.stop_sequence, "timings": _timings(u)}
+                return d
+
+            if not req.stream:
+                got = await self.gather(request, req, st)
+                return JSONResponse(body(got.text, got.end))
+
+            async def lines() -> AsyncIterator[str]:
+                async with contextlib.aclosing(self.parts(req, st)) as parts:
+                    async for p in parts:
+                        if p.end is not None and p.end.finish_reason in ("error", "cancelled"):
+                            yield f"data: {json.dumps(self._failure(p.end).body())}\n\n"
+                        elif p.text or p.end is not None:
+                            yield f"data: {json.dumps(body(p.text, p.end), ensure_ascii=False)}\n\n"
+
+            return StreamingResponse(lines(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+        return await self.generation(request, parse, respond)
+
     # ------------------------------------------------------------------ generation
     def _prompt_ids(self, req: GenRequest) -> list[int]:
         eng = self.engine
@@ -333,6 +392,13 @@ class ServerApp:
                 ids = self._chat_ids(req)
             except ChatTemplateError as exc:
                 raise bad_request(f"the chat template refused the messages: {exc}", "messages") from None
+        elif req.suffix is not None:  # fill in the middle: the model's FIM layout
+            fim = self.fim
+            if isinstance(fim, str):
+                raise bad_request(f"suffix (fill in the middle) is not supported by {self.config.model_id}: {fim}",
+                                  "suffix", "unsupported_parameter")
+            assert isinstance(req.prompt, str)
+            ids = infill_ids(eng.tokenizer, fim, req.prompt, req.suffix, req.infill_prompt, req.extra)
         elif isinstance(req.prompt, list):
             ids = list(req.prompt)
         else:
@@ -356,6 +422,13 @@ class ServerApp:
         if req.tool_choice != "auto" or self.tool_format is None:
             return None
         return make_parser(self.tool_format, req.tools)
+
+    @property
+    def fim(self) -> FimTokens | str:
+        """The model's fill-in-the-middle tokens, or why it has none (looked up once)."""
+        if self._fim is None:
+            self._fim = find_fim(self.engine.file, self.engine.tokenizer)
+        return self._fim
 
     def _chat_ids(self, req: GenRequest) -> list[int]:
         """The prompt of a chat request: its messages (and tools) through the template; a required tool call
@@ -393,9 +466,10 @@ class ServerApp:
         async def respond(req: GenRequest, ids: list[int], st: Started) -> Response:
             rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
             if req.stream:
-                return StreamingResponse(self._sse(req, rid, st.job, st.events), media_type="text/event-stream",
+                return StreamingResponse(self._sse(req, rid, st, self._echo(req, ids)),
+                                         media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            return await self._collect(request, req, rid, st.job, st.events)
+            return await self._collect(request, req, rid, st, self._echo(req, ids))
 
         return await self.generation(request, parse, respond)
 
@@ -441,32 +515,50 @@ class ServerApp:
                 raise bad_request(f"tools: {exc}", "tools", "unsupported_schema") from None
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
-        rec: RequestRecord | None = None
+        recs: list[RequestRecord | None] = [None] * req.n
         log = self.log
 
-        def emit(ev: Event) -> None:
-            if rec is not None:
-                log.event(rec, ev)
-            loop.call_soon_threadsafe(events.put_nowait, ev)
+        def emitter(i: int) -> Callable[[Event], None]:
+            def emit(ev: Event) -> None:
+                ev.choice = i
+                rec = recs[i]
+                if rec is not None:
+                    log.event(rec, ev)
+                loop.call_soon_threadsafe(events.put_nowait, ev)
 
-        def on_token(tid: int | None, text: str, channel: str, choice: Any) -> None:
-            if rec is not None:
-                log.token(rec, tid, text, channel, choice)
+            return emit
+
+        def watcher(i: int) -> Callable[[int | None, str, str, Any], None]:
+            def on_token(tid: int | None, text: str, channel: str, choice: Any) -> None:
+                rec = recs[i]
+                if rec is not None:
+                    log.token(rec, tid, text, channel, choice)
+
+            return on_token
 
         bias = dict(req.logit_bias)
         if req.ignore_eos:
             bias.update(dict.fromkeys(eng.eog, -math.inf))
-        job = Job(ids, req.params, emit, max_tokens=req.max_tokens, logprobs=req.logprobs,
-                  top_logprobs=req.top_logprobs, logit_bias=bias,
-                  harmony=req.kind == "chat" and eng.harmony is not None and not (
-                      req.tools and self.tool_format is not None and self.tool_format.harmony),
-                  json_schema=req.json_schema,
-                  literal=self._tool_tags if req.tool_choice == "auto" else frozenset(), on_token=on_token)
+        seed = req.params.seed
+        jobs = [Job(ids, req.params if i == 0 or seed is None else replace(req.params, seed=(seed + i) % 2**64),
+                    emitter(i), max_tokens=req.max_tokens, logprobs=req.logprobs,
+                    top_logprobs=req.top_logprobs, logit_bias=bias,
+                    harmony=req.kind == "chat" and eng.harmony is not None and not (
+                        req.tools and self.tool_format is not None and self.tool_format.harmony),
+                    json_schema=req.json_schema,
+                    literal=self._tool_tags if req.tool_choice == "auto" else frozenset(), on_token=watcher(i),
+                    ends=self.fim.ends if req.suffix is not None and not isinstance(self.fim, str) else frozenset(),
+                    prompt_logprobs=req.echo and req.logprobs)
+                for i in range(req.n)]
         prompt_text = self._prompt_text(ids)
+        rec: RequestRecord | None = None
         try:
-            rec = log.open(request.url.path, client, job, prompt_text, req.stream)
-            self.scheduler.submit(job)
+            for i, job in enumerate(jobs):  # (choice i > 0: a seed of its own, seed + i, when one is given)
+                rec = recs[i] = log.open(request.url.path, client, job, prompt_text, req.stream)
+                self.scheduler.submit(job)
         except QueueFull as exc:
+            for job in jobs:
+                self._cancel(job)
             err = ApiError(503, f"the server is busy: {exc}; retry later", code="server_busy",
                            headers={"Retry-After": "1"})
             log.close_refused(rec, err.status, err.message)
@@ -477,7 +569,7 @@ class ServerApp:
             log.close_refused(rec, err.status, err.message)
             err.logged = True  # type: ignore[attr-defined]
             raise err from None
-        return ids, Started(job, events, t0)
+        return ids, Started(jobs[0], events, t0, jobs[1:])
 
     async def parts(self, req: GenRequest, st: Started) -> AsyncIterator[Part]:
         """The reply as :class:`Part` s: text with the tool calls taken out (the same parsing as the OpenAI
@@ -563,72 +655,101 @@ class ServerApp:
         job.cancel.set()
         self.scheduler.wake()
 
-    async def _collect(self, request: Request, req: GenRequest, rid: str, job: Job,
-                       events: asyncio.Queue[Event]) -> Response:
-        """A non-streamed reply: wait for every event, cancelling the job if the client goes away meanwhile."""
+    def _echo(self, req: GenRequest, ids: list[int]) -> str:
+        """The prompt's text a completion with ``echo`` starts with (the text sent, or its tokens' text)."""
+        if not req.echo:
+            return ""
+        return req.prompt if isinstance(req.prompt, str) else self._prompt_text(ids)
+
+    async def _collect(self, request: Request, req: GenRequest, rid: str, st: Started, echo: str = "") -> Response:
+        """A non-streamed reply: wait for every choice's events, cancelling the jobs if the client goes away
+        meanwhile."""
+        jobs, events = st.jobs, st.events
 
         async def watch() -> None:
             while True:
                 msg = await request.receive()
                 if msg["type"] == "http.disconnect":
-                    self._cancel(job)
+                    for job in jobs:
+                        self._cancel(job)
                     return
 
         watcher = asyncio.create_task(watch())
-        text, reasoning, tokens = [], [], []
-        ev = Event()
+        n = len(jobs)
+        text: list[list[str]] = [[] for _ in range(n)]
+        reasoning: list[list[str]] = [[] for _ in range(n)]
+        tokens: list[list[TokenLogprob]] = [[] for _ in range(n)]
+        prompts: list[list[TokenLogprob]] = [[] for _ in range(n)]  # echo with logprobs: the prompt's tokens
+        ends: list[Event | None] = [None] * n
         try:
-            while not ev.done:
+            while any(e is None for e in ends):
                 ev = await events.get()
-                text.append(ev.text)
-                reasoning.append(ev.reasoning)
-                tokens.extend(ev.tokens)
+                i = ev.choice
+                prompts[i].extend(ev.prompt)
+                text[i].append(ev.text)
+                reasoning[i].append(ev.reasoning)
+                tokens[i].extend(ev.tokens)
+                if ev.done:
+                    ends[i] = ev
+                    if ev.finish_reason in ("error", "cancelled"):
+                        break
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-            if not ev.done:
-                self._cancel(job)
-        if ev.finish_reason in ("error", "cancelled"):
-            raise self._failure(ev)
-        u = ev.usage or Usage()
+            for job, e in zip(jobs, ends, strict=True):
+                if e is None:
+                    self._cancel(job)
+        for e in ends:
+            if e is not None and e.finish_reason in ("error", "cancelled"):
+                raise self._failure(e)
+        done = [e for e in ends if e is not None]
         body: dict[str, Any] = {"id": rid, "created": int(time.time()), "model": self.config.model_id}
-        content = "".join(text)
-        if req.kind == "chat":
-            calls: list[dict[str, Any]] = []
-            parser = self._tool_parser(req)
-            if req.tool_choice == "required" and ev.finish_reason == "stop":
-                call = self._forcing(req).call(content)
-                if call is not None:
-                    content, calls = "", [call]
-            elif parser is not None:
-                head, calls = parser.push(content)
-                tail, more = parser.finish()
-                content, calls = head + tail, calls + more
-                reasoning.append(parser.take_reasoning())
-            msg: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
-            if calls:
-                msg["tool_calls"] = calls
-            if any(reasoning):
-                msg["reasoning_content"] = "".join(reasoning)
-            reason = "tool_calls" if calls and ev.finish_reason == "stop" else _finish_reason(ev.finish_reason)
-            body |= {"object": "chat.completion", "choices": [{
-                "index": 0, "message": msg, "logprobs": _chat_logprobs(tokens) if req.logprobs else None,
-                "finish_reason": reason}]}
-        else:
-            body |= {"object": "text_completion", "choices": [{
-                "index": 0, "text": content, "logprobs": _completion_logprobs(tokens, 0) if req.logprobs else None,
-                "finish_reason": _finish_reason(ev.finish_reason)}]}
-        body |= {"usage": _usage(u), "timings": _timings(u)}
+        choices = []
+        for i, ev in enumerate(done):
+            content = "".join(text[i])
+            if req.kind == "chat":
+                calls: list[dict[str, Any]] = []
+                parser = self._tool_parser(req)
+                if req.tool_choice == "required" and ev.finish_reason == "stop":
+                    call = self._forcing(req).call(content)
+                    if call is not None:
+                        content, calls = "", [call]
+                elif parser is not None:
+                    head, calls = parser.push(content)
+                    tail, more = parser.finish()
+                    content, calls = head + tail, calls + more
+                    reasoning[i].append(parser.take_reasoning())
+                msg: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+                if calls:
+                    msg["tool_calls"] = calls
+                if any(reasoning[i]):
+                    msg["reasoning_content"] = "".join(reasoning[i])
+                reason = "tool_calls" if calls and ev.finish_reason == "stop" else _finish_reason(ev.finish_reason)
+                choices.append({"index": i, "message": msg,
+                                "logprobs": _chat_logprobs(tokens[i]) if req.logprobs else None,
+                                "finish_reason": reason})
+            else:
+                head = "".join(t.text for t in prompts[i]) if prompts[i] else echo
+                choices.append({"index": i, "text": head + content,
+                                "logprobs": _completion_logprobs(prompts[i] + tokens[i], 0) if req.logprobs
+                                else None,
+                                "finish_reason": _finish_reason(ev.finish_reason)})
+        body["object"] = "chat.completion" if req.kind == "chat" else "text_completion"
+        u = _total([e.usage or Usage() for e in done])
+        body |= {"choices": choices, "usage": _usage(u), "timings": _timings(u)}
         return JSONResponse(body)
 
-    async def _sse(self, req: GenRequest, rid: str, job: Job, events: asyncio.Queue[Event]) -> AsyncIterator[str]:
-        """A streamed reply as server-sent events ending in ``data: [DONE]``; closing the stream cancels it."""
+    async def _sse(self, req: GenRequest, rid: str, st: Started, echo: str = "") -> AsyncIterator[str]:
+        """A streamed reply as server-sent events ending in ``data: [DONE]`` (each choice's chunks carry its
+        ``index``; the last chunk of each its ``finish_reason``); closing the stream cancels it."""
+        jobs, events = st.jobs, st.events
         created = int(time.time())
         chat = req.kind == "chat"
         base = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
                 "model": self.config.model_id}
-        offset = 0
+        n = len(jobs)
+        offset = [0] * n
 
         def chunk(choice: dict[str, Any] | None, usage: Usage | None = None, final: bool = False) -> str:
             d = dict(base)
@@ -639,79 +760,95 @@ class ServerApp:
                 d["timings"] = _timings(usage)
             return f"data: {json.dumps(d, ensure_ascii=False)}\n\n"
 
-        done = False
+        ended: list[Event | None] = [None] * n
         try:
-            if chat:
-                yield chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None})
-            parser = self._tool_parser(req) if chat else None
-            forced: list[str] = []  # a required call: its JSON, sent as a call at the end
-            n_calls = 0
+            for i in range(n):
+                if chat:
+                    yield chunk({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                 "finish_reason": None})
+                elif echo and not req.logprobs:  # (with logprobs: when the prompt's come)
+                    yield chunk({"index": i, "text": echo, "finish_reason": None, "logprobs": None})
+            parsers = [self._tool_parser(req) if chat else None for _ in range(n)]
+            forced: list[list[str]] = [[] for _ in range(n)]  # a required call: its JSON, sent as a call at the end
+            n_calls = [0] * n
 
-            def call_chunks(calls: list[dict[str, Any]]) -> list[str]:
-                nonlocal n_calls
+            def call_chunks(i: int, calls: list[dict[str, Any]]) -> list[str]:
                 out = []
                 for call in calls:
-                    out.append(chunk({"index": 0, "delta": {"tool_calls": [{"index": n_calls, **call}]},
+                    out.append(chunk({"index": i, "delta": {"tool_calls": [{"index": n_calls[i], **call}]},
                                       "logprobs": None, "finish_reason": None}))
-                    n_calls += 1
+                    n_calls[i] += 1
                 return out
 
             while True:
                 ev = await events.get()
+                i = ev.choice
+                if ev.prompt:  # echo with logprobs: the prompt's text and tokens
+                    head = "".join(t.text for t in ev.prompt)
+                    yield chunk({"index": i, "text": head, "finish_reason": None,
+                                 "logprobs": _completion_logprobs(ev.prompt, 0)})
+                    offset[i] += len(head)
+                parser = parsers[i]
                 if chat and (parser is not None or req.tool_choice == "required"):
                     calls: list[dict[str, Any]] = []
                     if req.tool_choice == "required":
-                        forced.append(ev.text)
+                        forced[i].append(ev.text)
                         ev.text = ""
                         if ev.done and ev.finish_reason == "stop":
-                            call = self._forcing(req).call("".join(forced))
+                            call = self._forcing(req).call("".join(forced[i]))
                             if call is None:
-                                ev.text = "".join(forced)
+                                ev.text = "".join(forced[i])
                             else:
                                 calls = [call]
                         elif ev.done:
-                            ev.text = "".join(forced)
+                            ev.text = "".join(forced[i])
                     elif parser is not None:
                         ev.text, calls = parser.push(ev.text)
                         if ev.done:
                             tail, more = parser.finish()
                             ev.text, calls = ev.text + tail, calls + more
                         ev.reasoning += parser.take_reasoning()
-                    for line in call_chunks(calls):
+                    for line in call_chunks(i, calls):
                         yield line
                 if ev.text or ev.reasoning or ev.tokens:
                     if chat:
                         delta: dict[str, Any] = {"content": ev.text} if ev.text or ev.tokens else {}
                         if ev.reasoning:
                             delta["reasoning_content"] = ev.reasoning
-                        yield chunk({"index": 0, "delta": delta,
+                        yield chunk({"index": i, "delta": delta,
                                      "logprobs": _chat_logprobs(ev.tokens) if req.logprobs else None,
                                      "finish_reason": None})
                     else:
-                        yield chunk({"index": 0, "text": ev.text, "finish_reason": None,
-                                     "logprobs": _completion_logprobs(ev.tokens, offset) if req.logprobs else None})
-                    offset += len(ev.text)
+                        yield chunk({"index": i, "text": ev.text, "finish_reason": None,
+                                     "logprobs": _completion_logprobs(ev.tokens, offset[i]) if req.logprobs
+                                     else None})
+                    offset[i] += len(ev.text)
                 if not ev.done:
                     continue
-                done = True
+                ended[i] = ev
                 if ev.finish_reason in ("error", "cancelled"):
                     yield f"data: {json.dumps(self._failure(ev).body())}\n\n"
+                    yield "data: [DONE]\n\n"
+                    return
+                reason = _finish_reason(ev.finish_reason)
+                if n_calls[i] and ev.finish_reason == "stop":
+                    reason = "tool_calls"
+                last = all(e is not None for e in ended)
+                u = _total([e.usage or Usage() for e in ended if e is not None]) if last else None
+                tail = None if req.include_usage else u
+                if chat:
+                    yield chunk({"index": i, "delta": {}, "logprobs": None, "finish_reason": reason},
+                                tail, final=last and not req.include_usage)
                 else:
-                    reason = _finish_reason(ev.finish_reason)
-                    if n_calls and ev.finish_reason == "stop":
-                        reason = "tool_calls"
-                    u = ev.usage or Usage()
-                    if chat:
-                        yield chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason},
-                                    None if req.include_usage else u, final=not req.include_usage)
-                    else:
-                        yield chunk({"index": 0, "text": "", "logprobs": None, "finish_reason": reason},
-                                    None if req.include_usage else u, final=not req.include_usage)
-                    if req.include_usage:
-                        yield chunk(None, u, final=True)
+                    yield chunk({"index": i, "text": "", "logprobs": None, "finish_reason": reason},
+                                tail, final=last and not req.include_usage)
+                if not last:
+                    continue
+                if req.include_usage:
+                    yield chunk(None, u, final=True)
                 yield "data: [DONE]\n\n"
                 return
         finally:
-            if not done:  # the client closed the stream: the slot is freed at the next step
-                self._cancel(job)
+            for job, e in zip(jobs, ended, strict=True):
+                if e is None:  # the client closed the stream (or a choice failed): the slot is freed at the next step
+                    self._cancel(job)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from starlette.requests import Request
@@ -18,11 +18,17 @@ from .scheduler import Event, Job
 
 @dataclass
 class Started:
-    """A generation request in the scheduler: its job, the events it sends, and when the request arrived."""
+    """A generation request in the scheduler: its job, the events it sends, and when the request arrived; with
+    ``n`` > 1 (OpenAI's paths), the other choices' jobs, whose events come on the same queue (``Event.choice``)."""
 
     job: Job
     events: asyncio.Queue[Event]
     t0: float
+    more: list[Job] = field(default_factory=list)
+
+    @property
+    def jobs(self) -> list[Job]:
+        return [self.job, *self.more]
 
 
 @dataclass

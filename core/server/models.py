@@ -46,7 +46,7 @@ from .scheduler import Scheduler
 #: the POST endpoints of a model's :class:`~.app.ServerApp` that a pool hands on by the body's ``model``
 MODEL_PATHS = frozenset({
     "/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/v1/embeddings", "/embeddings",
-    "/tokenize", "/detokenize", "/api/show", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
+    "/infill", "/tokenize", "/detokenize", "/api/show", "/api/chat", "/api/generate", "/api/embed", "/api/embeddings",
     "/v1/messages", "/v1/messages/count_tokens"})
 _LATER_SHARD = re.compile(r"-(?!00001-)\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
 

@@ -195,8 +195,7 @@ def parse_generate(d: dict[str, Any], model_id: str, n_vocab: int, n_ctx: int) -
     raw = d.get("raw", False)
     if not isinstance(raw, bool):
         raise bad_request(f"raw must be true or false, not {_show(raw)}", "raw")
-    if _string(d, "suffix"):
-        raise bad_request("suffix (fill in the middle) is not supported", "suffix")
+    suffix = _string(d, "suffix")  # fill in the middle (the model's FIM tokens, :mod:`.fim`)
     if _string(d, "template"):
         raise bad_request("template is not supported: the model's own chat template is used (or raw: true)",
                           "template")
@@ -206,13 +205,15 @@ def parse_generate(d: dict[str, Any], model_id: str, n_vocab: int, n_ctx: int) -
         raise bad_request("images are not supported by this model", "images")
     if not prompt:
         return None
-    if raw:
+    if suffix:
+        out["prompt"], out["suffix"] = prompt, suffix
+    elif raw:
         out["prompt"] = prompt
     else:
         out["messages"] = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": prompt}]
     try:
-        req = parse_generation(out, "completion" if raw else "chat", n_vocab, n_ctx)
+        req = parse_generation(out, "completion" if raw or suffix else "chat", n_vocab, n_ctx)
     except ApiError as exc:
         raise _renamed(exc) from None
     req.n_ctx = num_ctx

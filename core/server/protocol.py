@@ -1,7 +1,8 @@
 """The OpenAI request bodies, checked field by field into :class:`GenRequest` before the engine sees anything.
 
-Every known field is validated (type and range); a field this server cannot honour (``n`` > 1, a JSON schema it
-cannot enforce, presence/frequency penalties) is refused with a 400 naming it, never silently ignored.
+Every known field is validated (type and range); a field this server cannot honour (a JSON schema it cannot
+enforce) is refused with a 400 naming it, never silently ignored. ``n`` choices (at most ``MAX_CHOICES``),
+presence and frequency penalties, ``echo`` and ``suffix`` (fill in the middle, :mod:`.fim`) are honoured.
 ``response_format`` json_object and json_schema are enforced by constrained sampling (:mod:`.jsonmode`). Unknown
 fields are ignored, as the OpenAI API and llama-server do.
 """
@@ -26,6 +27,7 @@ MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024
 MAX_PROMPT_IDS = 1 << 20
 MAX_TOOLS = 128
+MAX_CHOICES = 16  # ``n``
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: message roles passed to the chat template (``developer`` is OpenAI's new name for ``system``)
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -146,6 +148,11 @@ class GenRequest:
     tool_name: str | None = None  # the function a named tool_choice requires
     ignore_eos: bool = False  # llama-server's: end-of-generation tokens are never sampled
     n_ctx: int | None = None  # a smaller context than the server's (Ollama's num_ctx): the prompt and the reply fit it
+    n: int = 1  # choices, each sampled on its own from the same prompt
+    echo: bool = False  # completions: the prompt's text comes back before each choice's
+    suffix: str | None = None  # completions: fill in the middle between the prompt and this (:mod:`.fim`)
+    extra: list[tuple[str, str]] = field(default_factory=list)  # /infill's input_extra: (filename, text)
+    infill_prompt: str = ""  # /infill's prompt: text the middle starts with
 
 
 def _stop(d: dict[str, Any]) -> list[str]:
@@ -278,19 +285,9 @@ def _prompt(d: dict[str, Any], n_vocab: int) -> str | list[int]:
 
 
 def _unsupported(d: dict[str, Any]) -> None:
-    n = _integer(d, "n", 1, 128, 1)
-    if n != 1:
-        raise bad_request("n > 1 is not supported: send one request per choice", "n", "unsupported_parameter")
-    for key in ("presence_penalty", "frequency_penalty"):
-        if _number(d, key, -2.0, 2.0, 0.0) != 0.0:
-            raise bad_request(f"{key} is not supported (use repeat_penalty)", key, "unsupported_parameter")
     if d.get("functions") or d.get("function_call"):
         raise bad_request("functions (the legacy form of tools) are not supported: use tools", "functions",
                           "unsupported_parameter")
-    if d.get("echo"):
-        raise bad_request("echo is not supported", "echo", "unsupported_parameter")
-    if d.get("suffix"):
-        raise bad_request("suffix (fill in the middle) is not supported", "suffix", "unsupported_parameter")
 
 
 def _logit_bias(d: dict[str, Any], n_vocab: int) -> dict[int, float]:
@@ -364,7 +361,12 @@ def parse_generation(d: dict[str, Any], kind: str, n_vocab: int, n_ctx: int) -> 
         repeat_last_n=int(_integer(d, "repeat_last_n", 0, n_ctx, defaults.repeat_last_n) or 0),
         seed=None if seed is None or seed < 0 else seed,
         stop=_stop(d))
+    params.presence_penalty = _number(d, "presence_penalty", -2.0, 2.0, 0.0)
+    params.frequency_penalty = _number(d, "frequency_penalty", -2.0, 2.0, 0.0)
+    n = int(_integer(d, "n", 1, MAX_CHOICES, 1) or 1)
     if kind == "chat":
+        if d.get("echo") or d.get("suffix"):
+            raise bad_request("echo and suffix need /v1/completions", "echo" if d.get("echo") else "suffix")
         logprobs = _flag(d, "logprobs")
         top = int(_integer(d, "top_logprobs", 0, MAX_TOP_LOGPROBS, 0) or 0)
         if top and not logprobs:
@@ -378,6 +380,13 @@ def parse_generation(d: dict[str, Any], kind: str, n_vocab: int, n_ctx: int) -> 
         req = GenRequest(kind, model, prompt=_prompt(d, n_vocab))
         if d.get("tools"):
             raise bad_request("tools need /v1/chat/completions", "tools")
+        req.echo = _flag(d, "echo")  # (with logprobs: the prompt's tokens' too, the prompt read whole)
+        suffix = d.get("suffix")
+        if suffix is not None and not isinstance(suffix, str):
+            raise bad_request(f"suffix must be a string, not {_show(suffix)}", "suffix")
+        req.suffix = suffix or None  # (an empty suffix, as some clients send by default: a plain completion)
+        if req.suffix is not None and not isinstance(req.prompt, str):
+            raise bad_request("suffix needs the prompt as text", "suffix")
     req.stream, req.include_usage, req.params, req.max_tokens = stream, include_usage, params, max_tokens
     req.logprobs, req.top_logprobs, req.logit_bias = logprobs, top, _logit_bias(d, n_vocab)
     params.alternatives = max(top, 1) if logprobs else 0
@@ -385,6 +394,34 @@ def parse_generation(d: dict[str, Any], kind: str, n_vocab: int, n_ctx: int) -> 
     if req.json_schema is not None and req.tool_choice == "required":
         raise bad_request("response_format and a required tool call cannot both shape the output", "tool_choice")
     req.ignore_eos = _flag(d, "ignore_eos")
+    req.n = n
+    return req
+
+
+def parse_infill(d: dict[str, Any], n_vocab: int, n_ctx: int) -> GenRequest:
+    """llama-server's /infill body (``input_prefix``, ``input_suffix``, ``input_extra`` of ``{filename, text}``,
+    ``prompt``, and the sampling fields of /completion) as a completion request with a ``suffix``."""
+    for key in ("input_prefix", "input_suffix"):
+        if not isinstance(d.get(key), str):
+            raise bad_request(f"{key} is required and must be a string", key)
+    prompt = d.get("prompt", "")
+    if not isinstance(prompt, str):
+        raise bad_request("prompt must be a string", "prompt")
+    extra = d.get("input_extra", [])
+    if not isinstance(extra, list) or len(extra) > MAX_MESSAGES:
+        raise bad_request(f"input_extra must be a list of at most {MAX_MESSAGES} {{\"filename\", \"text\"}} "
+                          "objects", "input_extra")
+    chunks = []
+    for i, c in enumerate(extra):
+        if not isinstance(c, dict) or not isinstance(c.get("text"), str) or not isinstance(
+                c.get("filename", "tmp"), str):
+            raise bad_request(f"input_extra[{i}] must be {{\"filename\": string, \"text\": string}}", "input_extra")
+        chunks.append((c.get("filename", "tmp"), c["text"]))
+    body = {k: v for k, v in d.items() if k not in ("input_prefix", "input_suffix", "input_extra", "prompt")}
+    req = parse_generation(body | {"prompt": d["input_prefix"]}, "completion", n_vocab, n_ctx)
+    if req.n != 1 or req.echo:
+        raise bad_request("n and echo need /v1/completions", "n" if req.n != 1 else "echo")
+    req.suffix, req.extra, req.infill_prompt = d["input_suffix"], chunks, prompt
     return req
 
 
@@ -408,4 +445,5 @@ def parse_detokenize(d: dict[str, Any], n_vocab: int) -> list[int]:
     return toks
 
 
-__all__ = ["ApiError", "GenRequest", "parse_detokenize", "parse_generation", "parse_json", "parse_tokenize"]
+__all__ = ["ApiError", "GenRequest", "parse_detokenize", "parse_generation", "parse_infill", "parse_json",
+           "parse_tokenize"]

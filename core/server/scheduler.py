@@ -3,12 +3,13 @@ decode one token per slot per step.
 
 Each slot has its own inference session (KV cache) and remembers the tokens in it: a request goes to the free
 slot sharing the longest prefix with its prompt, and only the rest of the prompt is evaluated (a conversation
-that continues evaluates its new turn only; ``cached`` in its usage). Each step evaluates one prompt chunk for
-every slot still reading its prompt, then samples a token for every generating slot and evaluates all of them in
-one batched forward pass (:func:`~quantscope.core.engine.batch.forward_batch`: each weight read once for all
-slots; one forward per slot on the GPU or for recurrent models). A request whose client went away (its
-``cancel`` set) leaves its slot at the next step. A full queue is refused (:class:`QueueFull`), and nothing here
-blocks the caller: events go out through ``Job.emit``.
+that continues evaluates its new turn only; ``cached`` in its usage); a request whose prompt another slot is
+reading (a request's ``n`` choices) waits for it and copies that cache (:func:`copy_prefix`). Each step
+evaluates one prompt chunk for every slot still reading its prompt, then samples a token for every generating
+slot and evaluates all of them in one batched forward pass (:func:`~quantscope.core.engine.batch.forward_batch`:
+each weight read once for all slots; one forward per slot on the GPU or for recurrent models). A request whose
+client went away (its ``cancel`` set) leaves its slot at the next step. A full queue is refused
+(:class:`QueueFull`), and nothing here blocks the caller: events go out through ``Job.emit``.
 """
 
 from __future__ import annotations
@@ -22,15 +23,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..chat import Sampler, SamplerParams, TokenChoice
+from ..chat import Sampler, SamplerParams, TokenChoice, token_choice
 from ..chat.channels import HarmonySplitter
 from ..engine.batch import can_batch, forward_batch
 from ..engine.generate import PREFILL_CHUNK, Engine
+from ..engine.session import Session
 from ..tokenizer import StreamDecoder
 from .jsonmode import Schema, State, can_end, closed, feed, initial, step
 
 #: constrained sampling looks this far down the logit order for more valid tokens once it has found one
 SCAN = 4096
+#: the prompt chunk of a request whose every prompt position's logits are kept (echo with logprobs)
+LOGITS_CHUNK = 64
 
 
 class QueueFull(Exception):
@@ -78,6 +82,9 @@ class Event:
     usage: Usage | None = None
     error: str = ""
     stop_sequence: str = ""  # the stop string that ended the reply ("stop" for a stop string, not an end token)
+    choice: int = 0  # which of a request's ``n`` choices (set by the receiver's ``emit``)
+    #: the prompt's tokens with their logprobs (``Job.prompt_logprobs``; the first one's logprob is NaN: none)
+    prompt: list[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass
@@ -95,6 +102,8 @@ class Job:
     harmony: bool = False  # split a harmony (gpt-oss) reply into thinking and answer
     json_schema: Schema | None = None  # hold the output to this schema (response_format)
     literal: frozenset[int] = frozenset()  # special tokens written as their text (a template's tool-call tags)
+    ends: frozenset[int] = frozenset()  # more tokens that end generation (a fill-in-the-middle's pad and separators)
+    prompt_logprobs: bool = False  # send the prompt's tokens' logprobs first (its cache is not reused: read whole)
     #: called on the scheduler's thread with each token sampled (id, the text it added, its channel, how the
     #: sampler saw it when ``params.alternatives`` is set) and, id None, with text flushed at the end
     on_token: Callable[[int | None, str, str, TokenChoice | None], None] | None = None
@@ -124,9 +133,10 @@ class _Run:
     def __init__(self, job: Job, engine: Engine, n_cached: int, pending: list[int]) -> None:
         self.job = job
         p = job.params
-        self.sampler = Sampler(p)
+        self.sampler = Sampler(p, prompt_len=len(job.ids))
         self.decoder = StreamDecoder(engine.tokenizer, special=p.special)
         self.hide = frozenset() if p.special else engine.markers
+        self.eog = engine.eog | job.ends if job.ends else engine.eog
         self.split = HarmonySplitter(engine.harmony) if job.harmony and engine.harmony is not None else None
         self.pending = pending
         self.logits: np.ndarray | None = None
@@ -139,6 +149,7 @@ class _Run:
         self.sent = 0
         self.stopped_by = ""  # the stop string found in the text
         self.records: list[tuple[int, TokenLogprob]] = []  # (offset in text, record) not yet sent
+        self.prompt: list[TokenLogprob] = []  # the prompt's records being made (``Job.prompt_logprobs``)
         self.json: State | None = initial(job.json_schema) if job.json_schema is not None else None
         self.bias: tuple[np.ndarray, np.ndarray] | None = None
         if job.logit_bias:
@@ -166,6 +177,21 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def copy_prefix(src: object, dst: object, n: int) -> bool:
+    """Copy the first ``n`` cached positions of session ``src`` into ``dst`` (the CPU engine's host caches, attention
+    layers only); False, nothing done, where that is not possible (GPU sessions, recurrent layers)."""
+    if (type(src) is not Session or type(dst) is not Session or src is dst or src.recurrent or dst.recurrent
+            or src.model is not dst.model or src.n_past < n or dst.n_ctx < n):
+        return False
+    c = src.model.config
+    for li in range(c.n_layers):
+        if c.kv_source(li) == li:
+            dst.k_cache[li][:n] = src.k_cache[li][:n]
+            dst.v_cache[li][:n] = src.v_cache[li][:n]
+    dst.n_past = n
+    return True
+
+
 def held_back(text: str, stops: list[str], start: int) -> int:
     """How many characters at the end of ``text`` (from ``start`` on) could begin a stop string."""
     hold = 0
@@ -188,6 +214,8 @@ class Scheduler:
         self.engine = engine
         sessions = [engine.session] + [engine.new_session(engine.n_ctx) for _ in range(n_slots - 1)]
         self.slots = [Slot(i, s) for i, s in enumerate(sessions)]
+        #: a prompt read in one slot can be copied into another (CPU sessions without recurrent layers)
+        self._share = all(type(s) is Session and not s.recurrent for s in sessions)
         self.max_queue = max_queue
         #: decode the generating slots in one batched forward pass per step (CPU sessions; else one per slot)
         self.batch = batch
@@ -296,6 +324,9 @@ class Scheduler:
             free = [s for s in self.slots if s.run is None]
             if not free:
                 return
+            if self._share and any(s.run is not None and s.run.pending and s.run.job.ids == job.ids
+                                   for s in self.slots):
+                return  # the same prompt is being read in another slot (``n`` choices): copy its cache once read
             self._queue.popleft()
             slot = max(free, key=lambda s: (common_prefix(s.cached, job.ids), -s.last_used))
             self._start(slot, job)
@@ -303,8 +334,8 @@ class Scheduler:
     def _start(self, slot: Slot, job: Job) -> None:
         ids = job.ids
         s = slot.session
-        common = common_prefix(slot.cached, ids)
-        memo = slot.memo
+        common = common_prefix(slot.cached, ids) if not job.prompt_logprobs else 0
+        memo = slot.memo if not job.prompt_logprobs else None
         if common >= len(ids) and memo is not None and memo[0] == tuple(ids):
             s.truncate(len(ids))  # type: ignore[attr-defined]
         if common >= len(ids) and memo is not None and memo[0] == tuple(ids) and s.n_past == len(ids):  # type: ignore[attr-defined]
@@ -312,6 +343,13 @@ class Scheduler:
             run = _Run(job, self.engine, len(ids), [])
             run.logits = memo[1].copy()
             slot.cached = list(ids)
+        elif (not job.prompt_logprobs and (src := self._prompt_read(slot, ids)) is not None
+              and copy_prefix(src.session, s, len(ids))):
+            # the same prompt read in another slot (a request's ``n`` choices): its cache and logits, copied
+            assert src.memo is not None
+            run = _Run(job, self.engine, len(ids), [])
+            run.logits = src.memo[1].copy()
+            slot.cached, slot.memo = list(ids), (tuple(ids), src.memo[1].copy())
         else:
             common = min(common, len(ids) - 1)
             s.truncate(common)  # type: ignore[attr-defined]
@@ -320,6 +358,18 @@ class Scheduler:
             run = _Run(job, self.engine, common, list(ids[common:]))
         job.slot = slot.index
         slot.run = run
+
+    def _prompt_read(self, slot: Slot, ids: list[int]) -> Slot | None:
+        """Another slot whose cache begins with all of ``ids`` and which kept the logits after them, if one does and
+        this slot's own cache shares less with ``ids``."""
+        key = tuple(ids)
+        if common_prefix(slot.cached, ids) >= len(ids) - 1:
+            return None
+        for other in self.slots:
+            if (other is not slot and other.memo is not None and other.memo[0] == key
+                    and other.cached[:len(ids)] == ids and (other.run is None or not other.run.pending)):
+                return other
+        return None
 
     def _step(self) -> None:
         """One step: a prompt chunk for each slot still reading its prompt, then a token sampled for each slot
@@ -368,10 +418,18 @@ class Scheduler:
                 self._finish(slot, "error", f"{type(exc).__name__}: {exc}")
 
     def _prefill(self, slot: Slot, run: _Run) -> None:
-        chunk, run.pending = run.pending[:PREFILL_CHUNK], run.pending[PREFILL_CHUNK:]
+        # (every position's logits for an echo with logprobs: smaller chunks, a vocabulary-wide row per token)
+        size = PREFILL_CHUNK if not run.job.prompt_logprobs else LOGITS_CHUNK
+        chunk, run.pending = run.pending[:size], run.pending[size:]
         last = not run.pending
         slot.memo = None
-        out = slot.session.forward(chunk, logits=last)  # type: ignore[attr-defined]
+        if run.job.prompt_logprobs:
+            start = len(slot.cached)
+            rows = slot.session.forward(chunk, all_logits=True)  # type: ignore[attr-defined]
+            self._prompt_records(run, start, chunk, rows)
+            out = rows[-1]
+        else:
+            out = slot.session.forward(chunk, logits=last)  # type: ignore[attr-defined]
         slot.cached.extend(chunk)
         if last:
             run.logits = out
@@ -379,6 +437,31 @@ class Scheduler:
             checkpoint = getattr(slot.session, "checkpoint", None)
             if checkpoint is not None:  # recurrent layers: the state after the prompt, to come back to
                 checkpoint()
+
+    def _prompt_records(self, run: _Run, start: int, chunk: list[int], rows: np.ndarray) -> None:
+        """The logprobs of the prompt's tokens ``start…`` (``chunk``, whose logits are ``rows``): each token's under
+        the logits before it (temperature 1, no penalty), the first token's none (NaN); sent with the last chunk."""
+        tok, ids, k = self.engine.tokenizer, run.job.ids, run.job.top_logprobs
+
+        def lp(p: float) -> float:
+            return math.log(p) if p > 0 else -9999.0
+
+        def text(t: int) -> str:
+            return tok.token_bytes(t, False).decode("utf-8", "replace")
+
+        if start == 0:
+            run.prompt = [TokenLogprob(ids[0], text(ids[0]), tok.token_bytes(ids[0], True), math.nan)]
+        for j in range(len(chunk)):
+            pos = start + j + 1  # the token these logits predict
+            if pos >= len(ids):
+                break
+            t = ids[pos]
+            c = token_choice(rows[j], t, 1.0, k, run.sampler._scratch)
+            top = tuple((text(a), tok.token_bytes(a, True), lp(p)) for a, p, _q in c.alternatives)
+            run.prompt.append(TokenLogprob(t, text(t), tok.token_bytes(t, True), lp(c.prob), top))
+        if start + len(chunk) >= len(ids):
+            self._emit(run.job, Event(prompt=run.prompt))
+            run.prompt = []
 
     def _sample(self, slot: Slot, run: _Run) -> int | None:
         """Sample the slot's next token and send what it adds; the token to evaluate next, or None when the
@@ -401,11 +484,11 @@ class Scheduler:
                 self._finish(slot, "error", "no token continues the JSON output")
                 return None
             tid = picked
-            if tid not in eng.eog:
+            if tid not in run.eog:
                 run.json = feed(run.json, self.token_bytes[tid])
         else:
             tid = run.sampler.sample(logits, run.history)
-        if tid in eng.eog:
+        if tid in run.eog:
             self._finish(slot, "stop")
             return None
         run.history.append(tid)
@@ -461,7 +544,7 @@ class Scheduler:
         token, not a walk down the vocabulary."""
         state = run.json
         assert state is not None
-        table, eog = self.token_bytes, self.engine.eog
+        table, eog = self.token_bytes, run.eog
 
         def ok(t: int) -> bool:
             if t in eog:

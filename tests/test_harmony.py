@@ -78,7 +78,7 @@ def scripted(eng, reply: str):
         rest = rest[hit[0] + len(hit[1]):]
 
     class Scripted:
-        def __init__(self, _params):
+        def __init__(self, _params, prompt_len: int = 0):
             self.it = iter(ids)
 
         def sample(self, _logits, _history):

@@ -390,3 +390,23 @@ def test_tokenize_detokenize_and_metrics(server: Server, http: Http) -> None:
     assert values["quantscope_requests_total"] == server.scheduler.metrics.requests > 0
     assert values["quantscope_tokens_predicted_total"] > 0 and values["quantscope_slots"] == SLOTS
     assert json.loads(http.get("/health").text)["slots_idle"] <= SLOTS
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the bug, re-raised on its thread
+def test_a_bug_in_the_scheduler_answers_the_request_with_an_error(model_path: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job that raises while it is put in a slot ends the scheduler (a bug), but the request it was answering gets
+    the error, as queued ones do, instead of waiting for a reply that never comes."""
+    from quantscope.core.server import scheduler
+
+    class Broken:
+        def __init__(self, *_a: Any, **_k: Any) -> None:
+            raise RuntimeError("broken sampler")
+
+    with serving(model_path("smollm2")) as srv:
+        monkeypatch.setattr(scheduler, "Sampler", Broken)
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        with pytest.raises(openai.InternalServerError) as e:
+            c.completions.create(model=srv.app.config.model_id, prompt="Hello", max_tokens=4)
+        assert "broken sampler" in str(e.value)
+        assert srv.scheduler.failure is not None

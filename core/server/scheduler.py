@@ -329,7 +329,11 @@ class Scheduler:
                 return  # the same prompt is being read in another slot (``n`` choices): copy its cache once read
             self._queue.popleft()
             slot = max(free, key=lambda s: (common_prefix(s.cached, job.ids), -s.last_used))
-            self._start(slot, job)
+            try:
+                self._start(slot, job)
+            except BaseException:
+                self._queue.appendleft(job)  # not lost in between: the loop's end answers it with the error
+                raise
 
     def _start(self, slot: Slot, job: Job) -> None:
         ids = job.ids

@@ -12,7 +12,7 @@ import json
 import uuid
 from typing import Any
 
-from .jsonmode import Schema, call_union, compile_schema
+from .jsonmode import Schema, SchemaError, call_union, compile_schema
 from .scheduler import held_back
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -37,8 +37,11 @@ def call_schema(tools: list[dict[str, Any]], name: str | None) -> Schema:
         return call_union(by_name)
     fn = next(t["function"] for t in tools if t["function"]["name"] == name)
     params = fn.get("parameters") or {"type": "object"}
-    return compile_schema({"type": "object", "properties": {"name": {"enum": [name]}, "arguments": params},
-                           "required": ["name", "arguments"], "additionalProperties": False})
+    try:
+        return compile_schema({"type": "object", "properties": {"name": {"enum": [name]}, "arguments": params},
+                               "required": ["name", "arguments"], "additionalProperties": False}, grammar=False)
+    except SchemaError:  # parameters beyond the automaton's subset: the call as a grammar
+        return call_union({name: params})
 
 
 def make_call(raw: str) -> dict[str, Any] | None:

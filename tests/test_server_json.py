@@ -78,7 +78,7 @@ def test_whitespace_runs_are_bounded() -> None:
 @pytest.mark.parametrize(("schema", "word"), [
     ({"type": "string", "pattern": "^(?=a)"}, "pattern"), ({"anyOf": []}, "anyOf"),
     ({"$ref": "#/$defs/x"}, "$ref"), ({"type": "string", "format": "hostname"}, "format"),
-    ({"type": "number", "minimum": 0}, "minimum"), ({"type": "thing"}, "thing"), ({"enum": []}, "enum"),
+    ({"type": "number", "minimum": 1}, "minimum"), ({"type": "thing"}, "thing"), ({"enum": []}, "enum"),
     ({"properties": {"a": {"uniqueItems": True}}}, "uniqueItems"), ([1], "must be an object"),
     ({"type": "array", "uniqueItems": True}, "uniqueItems"), ({"not": {"type": "null"}}, "not"),
     ({"type": "object", "minProperties": 1}, "minProperties"), ({"$ref": "https://x/y.json"}, "local"),

@@ -9,12 +9,14 @@ Syntax as llama.cpp's parser takes it: ``name ::= alternatives`` (a rule ends at
 references (``<[id]>``, ``<name>``) are refused: they name a model's tokens, not text.
 
 Hostile grammars are refused before any sampling (:class:`GrammarError`, one line): over :data:`MAX_TEXT`
-characters or :data:`MAX_ELEMENTS` elements after the repetitions are written out, an undefined rule, a left
-recursion (a rule that can reach itself without consuming output, which would expand forever), or expansions
-larger than :data:`MAX_EXPANSION` in all (what a rule can begin with is computed once, here). While sampling each
-byte costs a bounded amount of work: a state keeps at most :data:`MAX_STACKS` stacks of at most :data:`MAX_STACK`
-positions (an ambiguous grammar's further parses are dropped: the output stays valid) and states are immutable
-tuples, so trying a candidate token never disturbs the current one. Output is UTF-8: a code point's bytes are
+characters or :data:`MAX_ELEMENTS` elements after the repetitions are written out, groups nested deeper than
+:data:`MAX_GROUPS`, an undefined rule, a left recursion (a rule that can reach itself without output while
+something waits after it, which would expand forever), a point that expands to more than :data:`MAX_STACKS`
+alternatives, or expansions larger than :data:`MAX_EXPANSION` in all (what each position can begin with is
+computed once, here). While sampling each byte costs a bounded amount of work: a state keeps at most
+:data:`MAX_STACKS` stacks of at most :data:`MAX_STACK` positions (an ambiguous grammar's further parses are
+dropped: the output stays valid) and states are immutable tuples, so trying a candidate token never disturbs the
+current one. Output is UTF-8: a code point's bytes are
 checked as they come (a lead byte only where some character it can begin is allowed), overlong forms and
 surrogates are refused.
 """
@@ -26,9 +28,10 @@ from typing import Any
 
 MAX_TEXT = 1 << 17  # characters of grammar text
 MAX_ELEMENTS = 1 << 17  # elements once repetitions are written out
+MAX_GROUPS = 100  # parentheses nested in one another
 MAX_REPEAT = 2000  # as llama.cpp: {m,n} with m above is refused, n above means no upper bound
 MAX_EXPANSION = 1 << 17  # stack tails in all the rules' expansions
-MAX_STACKS = 256  # parses a state follows at once
+MAX_STACKS = 1024  # parses a state follows at once (and alternatives one position may expand to)
 MAX_STACK = 1024  # positions in one stack (nesting of rules that have not ended)
 
 CHAR, REF, END = 0, 1, 2
@@ -52,6 +55,7 @@ class _Parser:
         self.ids: dict[str, int] = {}
         self.rules: dict[int, list[list[tuple[int, Any]]]] = {}
         self.elements = 0
+        self.depth = 0
 
     def sym(self, name: str) -> int:
         return self.ids.setdefault(name, len(self.ids))
@@ -112,8 +116,6 @@ class _Parser:
         raise self.err("unknown escape", pos)
 
     def parse(self) -> None:
-        if len(self.s) > MAX_TEXT:
-            raise GrammarError(f"the grammar is longer than {MAX_TEXT} characters")
         pos = self.space(0, True)
         while pos < len(self.s):
             end = self.name(pos)
@@ -135,6 +137,15 @@ class _Parser:
                 raise GrammarError(f"the rule {name!r} is used but not defined")
 
     def alternates(self, pos: int, name: str, rid: int, nested: bool) -> int:
+        self.depth += 1
+        if self.depth > MAX_GROUPS:
+            raise self.err(f"groups nested more than {MAX_GROUPS} deep", pos)
+        try:
+            return self._alternates(pos, name, rid, nested)
+        finally:
+            self.depth -= 1
+
+    def _alternates(self, pos: int, name: str, rid: int, nested: bool) -> int:
         alts: list[list[tuple[int, Any]]] = []
         seq: list[tuple[int, Any]] = []
         pos = self.sequence(pos, name, seq, nested)
@@ -284,6 +295,9 @@ class Grammar:
     ascii: list[frozenset[int]] = field(default_factory=list)  # CHAR: the ASCII code points it takes
     expand: list[tuple[tuple[tuple[int, ...], ...], bool]] = field(default_factory=list)
     start: tuple[tuple[int, ...], ...] = ()
+    #: (stacks, code point) -> stacks after it: JSON output comes back to the same states all the time (every
+    #: character inside a string); bounded, cleared when full
+    memo: dict[tuple[Any, int], tuple[tuple[int, ...], ...]] = field(default_factory=dict)
 
     def matches(self, p: int, cp: int) -> bool:
         if cp < 128:
@@ -305,10 +319,13 @@ class Grammar:
         return lo <= hi
 
 
-def parse_grammar(text: str, root: str = "root") -> Grammar:
-    """``text`` as a :class:`Grammar` starting at ``root``; :class:`GrammarError` (see the module's docstring)."""
+def parse_grammar(text: str, root: str = "root", max_text: int = MAX_TEXT) -> Grammar:
+    """``text`` as a :class:`Grammar` starting at ``root``; :class:`GrammarError` (see the module's docstring).
+    ``max_text``: the longest text taken (a grammar compiled from a JSON Schema may be longer than one sent)."""
     if not isinstance(text, str):
         raise GrammarError("a grammar must be text")
+    if len(text) > max_text:
+        raise GrammarError(f"the grammar is longer than {max_text} characters")
     p = _Parser(text)
     p.parse()
     if root not in p.ids:
@@ -330,10 +347,16 @@ def parse_grammar(text: str, root: str = "root") -> Grammar:
     top = len(g.kind)  # the start: one reference to the root
     g.kind += [REF, END]
     g.value += [p.ids[root], None]
+    sets: dict[Any, frozenset[int]] = {}
     for i, k in enumerate(g.kind):
         if k == CHAR:
-            neg, ranges = g.value[i]
-            g.ascii.append(frozenset(c for c in range(128) if any(lo <= c <= hi for lo, hi in ranges) != neg))
+            v = g.value[i]
+            got = sets.get(v)
+            if got is None:
+                neg, ranges = v
+                inside = set().union(*(range(lo, min(hi, 127) + 1) for lo, hi in ranges if lo < 128))
+                got = sets[v] = frozenset(set(range(128)) - inside if neg else inside)
+            g.ascii.append(got)
         else:
             g.ascii.append(frozenset())
     for i in refs:
@@ -447,6 +470,8 @@ def _expansions(g: Grammar) -> None:
             base = st[:-1] if kind[q + 1] == END else (*st[:-1], q + 1)
             todo.extend(base if kind[a] == END else (*base, a) for a in g.value[q])
         total += len(seen) + len(tails)
+        if len(tails) > MAX_STACKS:
+            raise GrammarError(f"a point of the grammar expands to more than {MAX_STACKS} alternatives")
         if total > MAX_EXPANSION:
             raise GrammarError(f"the grammar's rules expand to more than {MAX_EXPANSION} alternatives")
         exp[p] = (tuple(tails), nullable)
@@ -464,7 +489,21 @@ def initial(g: Grammar) -> GState:
     return (g, g.start, None)
 
 
+MEMO = 1 << 14  # remembered steps per grammar
+
+
 def _advance(g: Grammar, stacks: tuple[tuple[int, ...], ...], cp: int) -> tuple[tuple[int, ...], ...]:
+    key = (stacks, cp)
+    got = g.memo.get(key)
+    if got is None:
+        got = _advance_all(g, stacks, cp)
+        if len(g.memo) >= MEMO:
+            g.memo.clear()
+        g.memo[key] = got
+    return got
+
+
+def _advance_all(g: Grammar, stacks: tuple[tuple[int, ...], ...], cp: int) -> tuple[tuple[int, ...], ...]:
     out: dict[tuple[int, ...], None] = {}
     expand = g.expand
     for st in stacks:

@@ -1,15 +1,23 @@
 """JSON output by constrained sampling: ``response_format`` ``json_object`` (any JSON object) and
-``json_schema`` (the subset of JSON Schema below), enforced byte by byte on every sampled token.
+``json_schema``, llama-server's ``json_schema`` and ``grammar`` fields, and tool calls, enforced byte by byte on
+every sampled token. This module is the front door: :func:`initial`, :func:`step`, :func:`feed`,
+:func:`can_end` and :func:`closed` take both kinds of schema it compiles.
 
-:func:`compile_schema` turns a schema into a normalized tree, or raises :class:`SchemaError` naming the first
-keyword it cannot enforce (the server answers 400: a schema is never silently ignored). Enforced: ``type`` (one
-or a list), ``properties``, ``required``, ``additionalProperties`` (false, true or a schema), ``items``, ``enum``,
-``const``; annotations (``title``, ``description``, ``default``, ``examples``, ``$schema``, ``$id``,
-``$comment``) are ignored; a non-finite number (``1e999``) in a schema is refused. :func:`step` is a pushdown
-automaton over the output's bytes whose states are immutable tuples, so trying a candidate token never disturbs the
-current state. Each byte costs a bounded amount of work: enum values and property names are kept sorted and
-narrowed by binary search (never scanned), and a key is compared with the others as the text it stands for
-(``"\\u0061"`` is ``"a"``: a key given twice through an escape is refused).
+:func:`compile_schema` turns a schema into a normalized tree for the automaton below when it keeps to its subset:
+``type`` (one or a list), ``properties``, ``required``, ``additionalProperties`` (false, true or a schema),
+``items``, ``enum``, ``const``; annotations (``title``, ``description``, ``default``, ``examples``, ``$schema``,
+``$id``, ``$comment``) are ignored; a non-finite number (``1e999``) in a schema is refused. Any other schema is
+compiled to a GBNF grammar (:mod:`.schema_grammar`: ``anyOf``, ``oneOf``, ``allOf``, ``$ref``, ``pattern``,
+``format``, bounds, lengths, item counts) matched by :mod:`.grammar` as ``("grammar", Grammar)``; what neither
+can enforce raises :class:`SchemaError` naming the keyword (the server answers 400: a schema is never silently
+ignored). :func:`compile_grammar` reads the ``grammar`` field.
+
+:func:`step` is a pushdown automaton over the output's bytes whose states are immutable tuples, so trying a
+candidate token never disturbs the current state. Each byte costs a bounded amount of work: enum values and
+property names are kept sorted and narrowed by binary search (never scanned), and a key is compared with the
+others as the text it stands for (``"\\u0061"`` is ``"a"``: a key given twice through an escape is refused).
+A grammar's state is a bounded set of stacks (see :mod:`.grammar`); the automaton stays the path of the subset
+because it is several times cheaper per byte and refuses repeated keys, which a grammar cannot.
 """
 
 from __future__ import annotations

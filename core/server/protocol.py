@@ -339,8 +339,9 @@ def _response_format(d: dict[str, Any]) -> Schema | None:
 
 
 def _grammar(d: dict[str, Any]) -> Schema:
-    """llama-server's ``grammar`` (GBNF text) or ``json_schema`` (a JSON Schema) field: what the output is held to."""
-    if d.get("grammar") is not None:
+    """llama-server's ``grammar`` (GBNF text; "" is none, as there) or ``json_schema`` (a JSON Schema) field: what
+    the output is held to."""
+    if d.get("grammar") not in (None, ""):
         if d.get("json_schema") is not None:
             raise bad_request("grammar and json_schema cannot both shape the output", "grammar")
         try:
@@ -401,7 +402,7 @@ def parse_generation(d: dict[str, Any], kind: str, n_vocab: int, n_ctx: int) -> 
     req.logprobs, req.top_logprobs, req.logit_bias = logprobs, top, _logit_bias(d, n_vocab)
     params.alternatives = max(top, 1) if logprobs else 0
     req.json_schema = _response_format(d)
-    if d.get("grammar") is not None or d.get("json_schema") is not None:  # llama-server's fields
+    if d.get("grammar") not in (None, "") or d.get("json_schema") is not None:  # llama-server's fields
         if req.json_schema is not None:
             raise bad_request("grammar (or json_schema) and response_format cannot both shape the output", "grammar")
         req.json_schema = _grammar(d)

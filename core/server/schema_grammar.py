@@ -599,18 +599,15 @@ class _Converter:
         return self.add(name, body + ' space "}"')
 
     def optional_chain(self, kv: dict[str, str], keys: list[str], name: str) -> str:
-        """Any of ``keys`` in their order, each at most once (``*``: additional properties, any number)."""
-        alts = []
-        for i, k in enumerate(keys):
-            rest = keys[i + 1:]
-            head = f"{kv[k]} ( \",\" space {kv[k]} )*" if k == "*" else kv[k]
-            if rest:
-                tail = self.add(f"{name}-{k}-rest" if k != "*" else f"{name}-additional-rest",
-                                self.optional_chain(kv, rest, name))
-                alts.append(f'{head} ( "," space {tail} )?')
-            else:
-                alts.append(head)
-        return " | ".join(alts)
+        """One or more of ``keys`` in their order, each at most once (``*``: additional properties, any number,
+        last): a chain of rules ``R_i ::= kv_i ("," space R_i+1)? | R_i+1``, linear in the number of keys."""
+        nxt = ""
+        for i in reversed(range(len(keys))):
+            k = keys[i]
+            head = f'{kv[k]} ( "," space {kv[k]} )*' if k == "*" else kv[k]
+            body = f'{head} ( "," space {nxt} )? | {nxt}' if nxt else head
+            nxt = self.add(f"{name}-{'additional' if k == '*' else k}-rest", body)
+        return nxt
 
     def not_strings(self, names: list[str]) -> str:
         """A JSON string that is none of ``names`` (an additional property's key), as llama.cpp's trie."""
@@ -763,7 +760,7 @@ def schema_to_gbnf(schema: Any, depth: int = 0) -> str:
 
 def _compile(text: str) -> Grammar:
     try:
-        return parse_grammar(text)
+        return parse_grammar(text, max_text=1 << 22)  # (bounded by its elements and expansions)
     except GrammarError as exc:
         raise SchemaError(f"schema: {exc}") from None
 

@@ -260,6 +260,11 @@ def step(state: State, c: int) -> State | None:
     """The state after byte ``c``; None when no valid output continues this way."""
     if state[0].__class__ is Grammar:
         return gbnf.step(state, c)  # type: ignore[arg-type,return-value]
+    return _step(state, c)
+
+
+def _step(state: State, c: int) -> State | None:
+    """:func:`step` for the automaton."""
     stack, ws, done = state
     while True:
         if not stack:  # the value is complete: only (a little) whitespace may follow
@@ -404,7 +409,7 @@ def feed(state: State | None, data: bytes) -> State | None:
     for c in data:
         if state is None:
             return None
-        state = step(state, c)
+        state = _step(state, c)
     return state
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from quantscope.core.server import Server
 from quantscope.core.server.grammar import MAX_STACKS, GrammarError, accepts, parse_grammar
-from quantscope.core.server.jsonmode import SchemaError, can_end, closed, compile_schema, feed, initial
+from quantscope.core.server.jsonmode import ANY, SchemaError, can_end, closed, compile_schema, feed, initial
 from quantscope.core.server.schema_grammar import int_range, schema_grammar, schema_to_gbnf
 
 from .server_helpers import serving
@@ -132,6 +132,26 @@ def test_grammar_syntax_and_utf8() -> None:
     assert feed(initial(("grammar", g)), "😀".encode()[:2]) is not None  # a character's first bytes
     g = parse_grammar('root ::= "a"{2,3} ("b" | "c"){0,2} x\nx ::= "z"?')
     assert [accepts(g, s) for s in ("aa", "aaabcz", "aaaa", "abz", "aabcb")] == [True, True, False, False, False]
+
+
+def test_strings_are_utf8_as_python_decodes_it() -> None:
+    """The automaton's strings and a grammar's classes take a byte sequence exactly when it is UTF-8 (no overlong
+    forms, surrogates or code points beyond U+10FFFF): every 1- and 2-byte sequence, and 3- and 4-byte ones around
+    the edges."""
+    import random
+
+    g = ("grammar", parse_grammar(r'root ::= "\"" [^"\\]* "\""'))
+    rng = random.Random(1)
+    seqs = [bytes([a]) for a in range(0x80, 256)] + [bytes([a, b]) for a in range(0xC0, 256) for b in range(0x70, 0xD0)]
+    seqs += [bytes([rng.choice([0xE0, 0xE1, 0xED, 0xEF, 0xF0, 0xF4, 0xF5]), *(rng.randrange(0x70, 0xD0)
+                    for _ in range(rng.choice([2, 3])))]) for _ in range(3000)]
+    for b in seqs:
+        try:
+            b.decode("utf-8")
+            utf8 = True
+        except UnicodeDecodeError:
+            utf8 = False
+        assert matches(ANY, b'"' + b + b'"') == utf8 == matches(g, b'"' + b + b'"'), b.hex()
 
 
 @pytest.mark.parametrize(("text", "word"), [
@@ -354,7 +374,9 @@ def test_refusals_name_what_cannot_be_enforced(client: Client) -> None:
             (dict(extra_body={"grammar": 'root ::= "a" | root "b"'}), "left-recursive"),
             (dict(extra_body={"grammar": "root ::= nothing"}), "nothing"),
             (dict(extra_body={"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}), "both"),
-            (dict(extra_body={"json_schema": {"type": "string", "format": "hostname"}}), "hostname")):
+            (dict(extra_body={"json_schema": {"type": "string", "format": "hostname"}}), "hostname"),
+            (dict(extra_body={"grammar": 'root ::= "a"' + " " * 200_000}), "longer"),
+            (dict(extra_body={"grammar": "root ::= " + "(" * 500 + '"a"' + ")" * 500}), "nested")):
         with pytest.raises(openai.BadRequestError) as exc:
             client.chat.completions.create(model=client.model, messages=msgs, **body)  # type: ignore[call-overload]
         assert word in exc.value.message
@@ -382,3 +404,47 @@ def test_a_required_tool_call_with_rich_parameters(client: Client) -> None:
     call = (r.choices[0].message.tool_calls or [])[0]
     args = json.loads(call.function.arguments)  # type: ignore[union-attr]
     validate(params if call.function.name == "forecast" else {"type": "object"}, args)  # type: ignore[union-attr]
+
+
+WALKED = [ADDRESS, PERSON,
+          {"type": "array", "prefixItems": [{"type": "integer", "minimum": -20, "maximum": 20},
+                                            {"type": "string", "pattern": "^(ab|c[de]+)?x{1,3}$"},
+                                            {"type": "number", "exclusiveMaximum": 0}]},
+          {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "boolean"}},
+          {"anyOf": [{"type": "string", "format": "time"}, {"type": "string", "format": "date-time"},
+                     {"type": "string", "format": "email"}, {"type": ["integer", "null"], "maximum": 3}]},
+          {"type": "string", "minLength": 3, "maxLength": 5},
+          {"type": "string", "pattern": "[^a-z]{2}\\d"}]
+
+
+def _walk(schema: Any, rng: Any, limit: int = 300) -> bytes | None:
+    """A random output the schema's compiled form allows (closers weighted up so walks end), or None."""
+    st = initial(schema)
+    out = bytearray()
+    for _ in range(limit):
+        if can_end(st) and (closed(st) or rng.random() < 0.3):
+            return bytes(out)
+        choices = [c for c in range(256) if feed(st, bytes((c,))) is not None]
+        if not choices:
+            return None
+        weights = [8.0 if c in b'"}]' else 1.0 if c < 128 else 0.02 for c in choices]
+        c = rng.choices(choices, weights)[0]
+        out.append(c)
+        st = feed(st, bytes((c,)))
+    return None
+
+
+@pytest.mark.parametrize("schema", WALKED, ids=range(len(WALKED)))
+def test_every_walk_through_a_schema_validates(schema: Any) -> None:
+    """Soundness: random outputs the compiled schema allows all parse and validate with jsonschema."""
+    import random
+
+    rng = random.Random(7)
+    compiled = compile_schema(schema)
+    done = 0
+    for _ in range(60):
+        text = _walk(compiled, rng)
+        if text is not None:
+            validate(schema, json.loads(text))
+            done += 1
+    assert done >= 10, done

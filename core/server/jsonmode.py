@@ -16,6 +16,7 @@ ignored). :func:`compile_grammar` reads the ``grammar`` field.
 candidate token never disturbs the current state. Each byte costs a bounded amount of work: enum values and
 property names are kept sorted and narrowed by binary search (never scanned), and a key is compared with the
 others as the text it stands for (``"\\u0061"`` is ``"a"``: a key given twice through an escape is refused).
+Strings are UTF-8 as Python decodes it (no overlong form, surrogate or code point beyond U+10FFFF).
 A grammar's state is a bounded set of stacks (see :mod:`.grammar`); the automaton stays the path of the subset
 because it is several times cheaper per byte and refuses repeated keys, which a grammar cannot.
 """
@@ -177,6 +178,10 @@ def _narrow(opts: tuple[bytes, ...], lo: int, hi: int, pos: int, c: int) -> tupl
 State = tuple[tuple[tuple[Any, ...], ...], int, bool]
 
 _NUM_END = frozenset({"0", "int", "frac", "exp"})
+#: a string's UTF-8: a lead byte -> its state (0: not one); a state -> (lowest, highest next byte, state after)
+_UTF8_LEAD = [0] * 0xC2 + [-1] * 30 + [-11] + [-2] * 12 + [-12] + [-2] * 2 + [-13] + [-3] * 3 + [-14] + [0] * 11
+_UTF8_NEXT = {-1: (0x80, 0xBF, 0), -2: (0x80, 0xBF, -1), -3: (0x80, 0xBF, -2), -11: (0xA0, 0xBF, -1),
+              -12: (0x80, 0x9F, -1), -13: (0x90, 0xBF, -2), -14: (0x80, 0x8F, -2)}
 
 
 def initial(schema: Schema) -> State:
@@ -284,6 +289,14 @@ def _step(state: State, c: int) -> State | None:
                 if c not in HEX:
                     return None
                 esc = 0 if esc == 5 else esc + 1
+            elif esc < 0:  # within a UTF-8 character: -n continuation bytes to come (-1x: the first one narrowed)
+                lo, hi, esc = _UTF8_NEXT[esc]
+                if not lo <= c <= hi:
+                    return None
+            elif c >= 0x80:  # a UTF-8 lead byte: never overlong, a surrogate or beyond U+10FFFF
+                esc = _UTF8_LEAD[c]
+                if esc == 0:
+                    return None
             elif c == ord("\\"):
                 esc = 1
             elif c == ord('"'):

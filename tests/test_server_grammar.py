@@ -263,6 +263,7 @@ def test_integer_ranges_hold_exactly_their_integers(lo: int | None, hi: int | No
     ("^\\d{3}-\\w+$", ["123-ab_c"], ["12-a", "123-"]), ("ab|cd", ["xxabyy", "cd"], ["ac"]),
     ("^(?:a|b)+c?$", ["abab", "bc"], ["c", "abd"]), ("^[^a-c]x$", ["dx", "éx"], ["ax", '"x']),
     ('^say "hi"\\.$', ['say \\"hi\\".'], ['say "hi".', "say \\\"hi\\\"x"]),
+    ("^[\\^a][a\\-c]\\n$", ["^-\\n", "aa\\n"], ["bb\\n", "^b\\n", "^-"]),
 ])
 def test_patterns(pattern: str, good: list[str], bad: list[str]) -> None:
     """The raw text between the quotes: a pattern's '"' is written escaped, its classes never take '"', '\\' or

@@ -222,7 +222,7 @@ class _Regex:
             elif c in "^$":
                 raise self.err("an anchor inside the pattern")
             elif c == "\\":
-                items.append(self.escape(in_class=False))
+                items.append(self.escape())
             else:
                 self.i += 1
                 items.append(self.literal(c))
@@ -237,19 +237,17 @@ class _Regex:
             return _lit(json.dumps(ch)[1:-1])
         return _lit(ch)
 
-    def escape(self, in_class: bool) -> str:
+    def escape(self) -> str:
         p = self.p
         if self.i + 1 >= len(p):
             raise self.err("a trailing backslash")
         e = p[self.i + 1]
         self.i += 2
         if e in self.CLASSES:
-            if in_class:
-                raise self.err(f"\\{e} inside a class")
             return self.CLASSES[e]
         simple = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v"}
         if e in simple:
-            return self.literal(simple[e]) if not in_class else e
+            return self.literal(simple[e])
         if e in "xu":
             n = 2 if e == "x" else 4
             digits = p[self.i:self.i + n]
@@ -279,7 +277,7 @@ class _Regex:
                 if e in ("n", "t", "r", "f", "v") or e.isalnum():
                     raise self.err(f"the escape \\{e} inside a class")
                 self.i += 2
-                chars.append(self.cls_char(e))
+                chars.append("\\-" if e == "-" else self.cls_char(e))  # (an escaped '-' is no range)
             else:
                 chars.append(self.cls_char(p[self.i]))
                 self.i += 1
@@ -296,8 +294,8 @@ class _Regex:
     def cls_char(ch: str) -> str:
         if ch in '"\\]':
             return "\\" + ch
-        if ch == "-":
-            return "-"
+        if ch == "^":  # (first in a GBNF class it would negate it)
+            return "\\x5E"
         if ord(ch) < 0x20:
             return f"\\x{ord(ch):02X}"
         return ch

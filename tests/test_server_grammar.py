@@ -449,3 +449,18 @@ def test_every_walk_through_a_schema_validates(schema: Any) -> None:
             validate(schema, json.loads(text))
             done += 1
     assert done >= 10, done
+
+
+def test_remembered_steps_are_bounded() -> None:
+    """A grammar remembers the steps it took (states recur in JSON), at most MEMO of them and MEMO_STACKS stacks in
+    all, however many parses a hostile grammar keeps."""
+    from quantscope.core.server import grammar
+
+    g = parse_grammar("root ::= " + " | ".join(f'"{i:04d}" [a-z]*' for i in range(1000)))
+    st = feed(initial(("grammar", g)), b"0")
+    for c in range(256):
+        feed(st, bytes((c,)))
+    for i in range(3000):
+        feed(initial(("grammar", g)), f"{i % 1000:04d}".encode() + b"abc" * (i % 7))
+    assert len(g.memo) <= grammar.MEMO and g.memo_stacks <= grammar.MEMO_STACKS
+    assert accepts(g, "0999xyz") and not accepts(g, "1000")

@@ -298,6 +298,7 @@ class Grammar:
     #: (stacks, code point) -> stacks after it: JSON output comes back to the same states all the time (every
     #: character inside a string); bounded, cleared when full
     memo: dict[tuple[Any, int], tuple[tuple[int, ...], ...]] = field(default_factory=dict)
+    memo_stacks: int = 0  # stacks held in ``memo``'s values
 
     def matches(self, p: int, cp: int) -> bool:
         if cp < 128:
@@ -490,6 +491,7 @@ def initial(g: Grammar) -> GState:
 
 
 MEMO = 1 << 14  # remembered steps per grammar
+MEMO_STACKS = 1 << 16  # stacks in all the steps remembered (a grammar with many parses remembers fewer steps)
 
 
 def _advance(g: Grammar, stacks: tuple[tuple[int, ...], ...], cp: int) -> tuple[tuple[int, ...], ...]:
@@ -497,9 +499,11 @@ def _advance(g: Grammar, stacks: tuple[tuple[int, ...], ...], cp: int) -> tuple[
     got = g.memo.get(key)
     if got is None:
         got = _advance_all(g, stacks, cp)
-        if len(g.memo) >= MEMO:
+        if len(g.memo) >= MEMO or g.memo_stacks + len(got) + len(stacks) > MEMO_STACKS:
             g.memo.clear()
+            g.memo_stacks = 0
         g.memo[key] = got
+        g.memo_stacks += len(got) + len(stacks)
     return got
 
 

@@ -76,10 +76,13 @@ def test_whitespace_runs_are_bounded() -> None:
 
 
 @pytest.mark.parametrize(("schema", "word"), [
-    ({"type": "string", "pattern": "^a"}, "pattern"), ({"anyOf": [{"type": "string"}]}, "anyOf"),
-    ({"$ref": "#/$defs/x"}, "$ref"), ({"type": "string", "format": "date"}, "format"),
-    ({"type": "integer", "minimum": 0}, "minimum"), ({"type": "thing"}, "thing"), ({"enum": []}, "enum"),
-    ({"properties": {"a": {"maxLength": 3}}}, "maxLength"), ([1], "must be an object"),
+    ({"type": "string", "pattern": "^(?=a)"}, "pattern"), ({"anyOf": []}, "anyOf"),
+    ({"$ref": "#/$defs/x"}, "$ref"), ({"type": "string", "format": "hostname"}, "format"),
+    ({"type": "number", "minimum": 1}, "minimum"), ({"type": "thing"}, "thing"), ({"enum": []}, "enum"),
+    ({"properties": {"a": {"uniqueItems": True}}}, "uniqueItems"), ([1], "must be an object"),
+    ({"type": "array", "uniqueItems": True}, "uniqueItems"), ({"not": {"type": "null"}}, "not"),
+    ({"type": "object", "minProperties": 1}, "minProperties"), ({"$ref": "https://x/y.json"}, "local"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf"), ({"multipleOf": 2}, "multipleOf"),
     ({"type": "object", "required": ["b"], "additionalProperties": False}, "'b'"),
 ])
 def test_schemas_that_cannot_be_enforced_are_refused(schema: Any, word: str) -> None:

@@ -160,7 +160,7 @@ def test_host_and_origin_refusals_come_in_ollama_s_shape(server: Server, name: s
     ({"messages": ASK, "options": {"presence_penalty": 3.5}}, "options.presence_penalty"),
     ({"messages": ASK, "options": []}, "options"),
     ({"messages": ASK, "format": "xml"}, "format"),
-    ({"messages": ASK, "format": {"type": "object", "properties": {"x": {"type": "string", "pattern": "a"}}}},
+    ({"messages": ASK, "format": {"type": "object", "properties": {"x": {"type": "array", "uniqueItems": True}}}},
      "format"),
     ({"messages": ASK, "keep_alive": [5]}, "keep_alive"),
     ({"messages": ASK, "stream": "yes"}, "stream"),

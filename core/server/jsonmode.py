@@ -1,15 +1,24 @@
 """JSON output by constrained sampling: ``response_format`` ``json_object`` (any JSON object) and
-``json_schema`` (the subset of JSON Schema below), enforced byte by byte on every sampled token.
+``json_schema``, llama-server's ``json_schema`` and ``grammar`` fields, and tool calls, enforced byte by byte on
+every sampled token. This module is the front door: :func:`initial`, :func:`step`, :func:`feed`,
+:func:`can_end` and :func:`closed` take both kinds of schema it compiles.
 
-:func:`compile_schema` turns a schema into a normalized tree, or raises :class:`SchemaError` naming the first
-keyword it cannot enforce (the server answers 400: a schema is never silently ignored). Enforced: ``type`` (one
-or a list), ``properties``, ``required``, ``additionalProperties`` (false, true or a schema), ``items``, ``enum``,
-``const``; annotations (``title``, ``description``, ``default``, ``examples``, ``$schema``, ``$id``,
-``$comment``) are ignored; a non-finite number (``1e999``) in a schema is refused. :func:`step` is a pushdown
-automaton over the output's bytes whose states are immutable tuples, so trying a candidate token never disturbs the
-current state. Each byte costs a bounded amount of work: enum values and property names are kept sorted and
-narrowed by binary search (never scanned), and a key is compared with the others as the text it stands for
-(``"\\u0061"`` is ``"a"``: a key given twice through an escape is refused).
+:func:`compile_schema` turns a schema into a normalized tree for the automaton below when it keeps to its subset:
+``type`` (one or a list), ``properties``, ``required``, ``additionalProperties`` (false, true or a schema),
+``items``, ``enum``, ``const``; annotations (``title``, ``description``, ``default``, ``examples``, ``$schema``,
+``$id``, ``$comment``) are ignored; a non-finite number (``1e999``) in a schema is refused. Any other schema is
+compiled to a GBNF grammar (:mod:`.schema_grammar`: ``anyOf``, ``oneOf``, ``allOf``, ``$ref``, ``pattern``,
+``format``, bounds, lengths, item counts) matched by :mod:`.grammar` as ``("grammar", Grammar)``; what neither
+can enforce raises :class:`SchemaError` naming the keyword (the server answers 400: a schema is never silently
+ignored). :func:`compile_grammar` reads the ``grammar`` field.
+
+:func:`step` is a pushdown automaton over the output's bytes whose states are immutable tuples, so trying a
+candidate token never disturbs the current state. Each byte costs a bounded amount of work: enum values and
+property names are kept sorted and narrowed by binary search (never scanned), and a key is compared with the
+others as the text it stands for (``"\\u0061"`` is ``"a"``: a key given twice through an escape is refused).
+Strings are UTF-8 as Python decodes it (no overlong form, surrogate or code point beyond U+10FFFF).
+A grammar's state is a bounded set of stacks (see :mod:`.grammar`); the automaton stays the path of the subset
+because it is several times cheaper per byte and refuses repeated keys, which a grammar cannot.
 """
 
 from __future__ import annotations
@@ -18,15 +27,12 @@ import json
 from bisect import bisect_left, bisect_right
 from typing import Any
 
-#: keywords that describe but do not constrain
-ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
-                         "readOnly", "writeOnly"})
+from . import grammar as gbnf
+from .grammar import Grammar, parse_grammar
+from .schema_grammar import ANNOTATIONS, MAX_DEPTH, MAX_NAMES, SchemaError, call_grammar, schema_grammar
+
 KNOWN = frozenset({"type", "properties", "required", "additionalProperties", "items", "enum", "const"}) | ANNOTATIONS
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
-#: nesting: a schema's levels (only ``true`` / ``{}`` may sit deeper: they are held to scalars there), and the
-#: containers the output may open; one constant, so that every schema accepted can be generated
-MAX_DEPTH = 32
-MAX_NAMES = 1024  # properties per object, values per enum
 MAX_WS = 64  # consecutive whitespace bytes between tokens (a model may otherwise emit blank lines forever)
 WS = frozenset(b" \t\n\r")
 DIGITS = frozenset(b"0123456789")
@@ -37,14 +43,26 @@ ANY: Schema = ("any",)
 ANY_OBJECT: Schema = ("types", ("object",), {}, frozenset(), ANY, None, ())
 
 
-class SchemaError(ValueError):
-    """A schema (or part of one) this server cannot enforce."""
-
-
-def compile_schema(schema: Any, path: str = "schema", depth: int = 0) -> Schema:
+def compile_schema(schema: Any, path: str = "schema", depth: int = 0, grammar: bool = True) -> Schema:
     """The normalized form of ``schema`` (see the module's docstring); :class:`SchemaError` otherwise.
     ``("types", kinds, properties, required, additional, items, sorted property names)`` or ``("enum", sorted
-    literals)`` or :data:`ANY`."""
+    literals)`` or :data:`ANY` for the automaton's subset; else (``grammar``) ``("grammar", Grammar)``: the
+    schema compiled to a grammar (:mod:`.schema_grammar`)."""
+    try:
+        return _subset(schema, path, depth)
+    except SchemaError:
+        if not grammar:
+            raise
+    return ("grammar", schema_grammar(schema, depth))
+
+
+def compile_grammar(text: Any) -> Schema:
+    """A GBNF grammar (the ``grammar`` request field) as a schema of this module: ``("grammar", Grammar)``;
+    :class:`~.grammar.GrammarError` when it cannot be used."""
+    return ("grammar", parse_grammar(text))
+
+
+def _subset(schema: Any, path: str, depth: int) -> Schema:
     if schema is True or schema == {}:
         return ANY
     if depth >= MAX_DEPTH:
@@ -84,7 +102,7 @@ def compile_schema(schema: Any, path: str = "schema", depth: int = 0) -> Schema:
         p = schema.get("properties", {})
         if not isinstance(p, dict) or len(p) > MAX_NAMES:
             raise SchemaError(f"{path}.properties must be an object of at most {MAX_NAMES} properties")
-        props = {_key(name): compile_schema(sub, f"{path}.properties.{name}", depth + 1) for name, sub in p.items()}
+        props = {_key(name): _subset(sub, f"{path}.properties.{name}", depth + 1) for name, sub in p.items()}
         req = schema.get("required", [])
         if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
             raise SchemaError(f"{path}.required must be a list of names")
@@ -96,9 +114,9 @@ def compile_schema(schema: Any, path: str = "schema", depth: int = 0) -> Schema:
             if missing:
                 raise SchemaError(f"{path}: required {sorted(missing)[0].decode()!r} is not among the properties")
         elif add is not True:
-            extra = compile_schema(add, f"{path}.additionalProperties", depth + 1)
+            extra = _subset(add, f"{path}.additionalProperties", depth + 1)
     if "array" in kinds:
-        items = compile_schema(schema.get("items", True), f"{path}.items", depth + 1)
+        items = _subset(schema.get("items", True), f"{path}.items", depth + 1)
     return ("types", kinds, props, required, extra, items, tuple(sorted(props)))
 
 
@@ -109,6 +127,9 @@ def call_union(params: dict[str, Any]) -> Schema:
     heads: dict[bytes, Schema] = {}
     for name, schema in params.items():
         sub = compile_schema(schema if schema is not None else {"type": "object"}, f"{name}.parameters", 1)
+        if sub[0] == "grammar":  # some tool's parameters need the grammar: the whole call is one
+            return ("grammar", call_grammar({n: p if p is not None else {"type": "object"}
+                                             for n, p in params.items()}))
         heads.setdefault(b'{"name": "' + _key(name) + b'", "arguments": ', sub)
     return ("call", tuple(sorted(heads)), heads)
 
@@ -157,10 +178,16 @@ def _narrow(opts: tuple[bytes, ...], lo: int, hi: int, pos: int, c: int) -> tupl
 State = tuple[tuple[tuple[Any, ...], ...], int, bool]
 
 _NUM_END = frozenset({"0", "int", "frac", "exp"})
+#: a string's UTF-8: a lead byte -> its state (0: not one); a state -> (lowest, highest next byte, state after)
+_UTF8_LEAD = [0] * 0xC2 + [-1] * 30 + [-11] + [-2] * 12 + [-12] + [-2] * 2 + [-13] + [-3] * 3 + [-14] + [0] * 11
+_UTF8_NEXT = {-1: (0x80, 0xBF, 0), -2: (0x80, 0xBF, -1), -3: (0x80, 0xBF, -2), -11: (0xA0, 0xBF, -1),
+              -12: (0x80, 0x9F, -1), -13: (0x90, 0xBF, -2), -14: (0x80, 0x8F, -2)}
 
 
 def initial(schema: Schema) -> State:
-    """The state before any output: one value of ``schema``."""
+    """The state before any output: one value of ``schema`` (a grammar's start for ``("grammar", g)``)."""
+    if schema[0] == "grammar":
+        return gbnf.initial(schema[1])  # type: ignore[return-value]
     return ((("value", schema, 0),), 0, False)
 
 
@@ -236,6 +263,13 @@ def _num_next(sub: str, c: int, integer: bool) -> str | None:
 
 def step(state: State, c: int) -> State | None:
     """The state after byte ``c``; None when no valid output continues this way."""
+    if state[0].__class__ is Grammar:
+        return gbnf.step(state, c)  # type: ignore[arg-type,return-value]
+    return _step(state, c)
+
+
+def _step(state: State, c: int) -> State | None:
+    """:func:`step` for the automaton."""
     stack, ws, done = state
     while True:
         if not stack:  # the value is complete: only (a little) whitespace may follow
@@ -255,6 +289,14 @@ def step(state: State, c: int) -> State | None:
                 if c not in HEX:
                     return None
                 esc = 0 if esc == 5 else esc + 1
+            elif esc < 0:  # within a UTF-8 character: -n continuation bytes to come (-1x: the first one narrowed)
+                lo, hi, esc = _UTF8_NEXT[esc]
+                if not lo <= c <= hi:
+                    return None
+            elif c >= 0x80:  # a UTF-8 lead byte: never overlong, a surrogate or beyond U+10FFFF
+                esc = _UTF8_LEAD[c]
+                if esc == 0:
+                    return None
             elif c == ord("\\"):
                 esc = 1
             elif c == ord('"'):
@@ -375,16 +417,20 @@ def step(state: State, c: int) -> State | None:
 
 def feed(state: State | None, data: bytes) -> State | None:
     """The state after ``data`` (None: not a valid continuation)."""
+    if state is not None and state[0].__class__ is Grammar:
+        return gbnf.feed(state, data)  # type: ignore[arg-type,return-value]
     for c in data:
         if state is None:
             return None
-        state = step(state, c)
+        state = _step(state, c)
     return state
 
 
 def can_end(state: State) -> bool:
     """Whether the output may end here: the value is complete (a number or a literal at the top level ends
     with the output)."""
+    if state[0].__class__ is Grammar:
+        return gbnf.can_end(state)  # type: ignore[arg-type]
     stack, _ws, done = state
     if done and not stack:
         return True
@@ -398,4 +444,6 @@ def can_end(state: State) -> bool:
 
 def closed(state: State) -> bool:
     """Whether the value is complete and nothing but whitespace may follow (generation can stop)."""
+    if state[0].__class__ is Grammar:
+        return gbnf.closed(state)  # type: ignore[arg-type]
     return state[2] and not state[0]

@@ -3,7 +3,8 @@
 Every known field is validated (type and range); a field this server cannot honour (a JSON schema it cannot
 enforce) is refused with a 400 naming it, never silently ignored. ``n`` choices (at most ``MAX_CHOICES``),
 presence and frequency penalties, ``echo`` and ``suffix`` (fill in the middle, :mod:`.fim`) are honoured.
-``response_format`` json_object and json_schema are enforced by constrained sampling (:mod:`.jsonmode`). Unknown
+``response_format`` json_object and json_schema, and llama-server's ``grammar`` (GBNF) and ``json_schema`` fields,
+are enforced by constrained sampling (:mod:`.jsonmode`, :mod:`.grammar`). Unknown
 fields are ignored, as the OpenAI API and llama-server do.
 """
 
@@ -17,7 +18,8 @@ from typing import Any
 
 from ..chat import SamplerParams
 from .errors import ApiError, bad_request
-from .jsonmode import ANY_OBJECT, Schema, SchemaError, compile_schema
+from .grammar import GrammarError
+from .jsonmode import ANY_OBJECT, Schema, SchemaError, compile_grammar, compile_schema
 
 #: limits on what one request may carry (each far above real use, far below what would hurt the server)
 MAX_MESSAGES = 4096
@@ -333,6 +335,24 @@ def _response_format(d: dict[str, Any]) -> Schema | None:
     raise bad_request("response_format.type must be text, json_object or json_schema", "response_format")
 
 
+def _grammar(d: dict[str, Any]) -> Schema:
+    """llama-server's ``grammar`` (GBNF text; "" is none, as there) or ``json_schema`` (a JSON Schema) field: what
+    the output is held to."""
+    if d.get("grammar") not in (None, ""):
+        if d.get("json_schema") is not None:
+            raise bad_request("grammar and json_schema cannot both shape the output", "grammar")
+        try:
+            return compile_grammar(d["grammar"])
+        except GrammarError as exc:
+            raise bad_request(f"grammar: {exc}", "grammar", "invalid_grammar") from None
+    try:
+        return compile_schema(d["json_schema"])
+    except SchemaError as exc:
+        raise bad_request(f"json_schema: {exc}", "json_schema", "unsupported_schema") from None
+    except RecursionError:
+        raise bad_request("json_schema: the schema is nested too deeply", "json_schema") from None
+
+
 def parse_generation(d: dict[str, Any], kind: str, n_vocab: int, n_ctx: int) -> GenRequest:
     """``d`` (a parsed body of /v1/chat/completions or /v1/completions) as a :class:`GenRequest`; an
     :class:`ApiError` (400) names the first field that is wrong or not supported."""
@@ -391,6 +411,10 @@ def parse_generation(d: dict[str, Any], kind: str, n_vocab: int, n_ctx: int) -> 
     req.logprobs, req.top_logprobs, req.logit_bias = logprobs, top, _logit_bias(d, n_vocab)
     params.alternatives = max(top, 1) if logprobs else 0
     req.json_schema = _response_format(d)
+    if d.get("grammar") not in (None, "") or d.get("json_schema") is not None:  # llama-server's fields
+        if req.json_schema is not None:
+            raise bad_request("grammar (or json_schema) and response_format cannot both shape the output", "grammar")
+        req.json_schema = _grammar(d)
     if req.json_schema is not None and req.tool_choice == "required":
         raise bad_request("response_format and a required tool call cannot both shape the output", "tool_choice")
     req.ignore_eos = _flag(d, "ignore_eos")

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .jsonmode import Schema, call_union, compile_schema
+from .jsonmode import Schema, SchemaError, call_union, compile_schema
 
 Call = dict[str, Any]
 #: a tool's name -> its parameters' JSON Schema (what the XML forms read values by)
@@ -238,9 +238,12 @@ def call_schema(tools: list[dict[str, Any]], name: str | None) -> Schema:
         for t in tools:
             by_name.setdefault(t["function"]["name"], t["function"].get("parameters") or {"type": "object"})
         return call_union(by_name)
-    return compile_schema({"type": "object", "properties": {"name": {"enum": [name]},
-                                                            "arguments": _parameters(tools, name)},
-                           "required": ["name", "arguments"], "additionalProperties": False})
+    params = _parameters(tools, name)
+    try:
+        return compile_schema({"type": "object", "properties": {"name": {"enum": [name]}, "arguments": params},
+                               "required": ["name", "arguments"], "additionalProperties": False}, grammar=False)
+    except SchemaError:  # parameters beyond the automaton's subset: the call as a grammar
+        return call_union({name: params})
 
 
 def _parameters(tools: list[dict[str, Any]], name: str) -> Any:

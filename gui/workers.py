@@ -40,7 +40,7 @@ TASK_LABELS: dict[str, str] = {
     "library-scan": "scanning the library", "hub-search": "searching the hub", "hub-files": "reading a repository",
     "hub-download": "downloading", "hub-peek": "reading a remote header",
     "remote-open": "reading a remote header", "block-fetch": "reading a block from the hub",
-    "hub-publish": "publishing to the hub",
+    "hub-publish": "publishing to the hub", "publish-card": "writing the model card",
 }
 
 

@@ -200,3 +200,40 @@ def test_a_missing_remote_file_is_one_line(qtbot, server, window):
     qtbot.waitUntil(lambda: w.error_box is not None and w.error_box.isVisible(), timeout=60000)
     assert w.error_box.text() == "hf://org/mix-GGUF/nope-Q8_0.gguf cannot be read from the hub."
     assert "not in the repository" in w.error_box.informativeText() and w.doc is None
+
+
+def _shot(server: HubServer, tmp_path: Path, args: list[str], out: Path) -> str:
+    import os
+    import subprocess
+    import sys
+
+    env = server.env(tmp_path / "child-hf", {**os.environ, "HOME": str(tmp_path / "child")})
+    env["QT_QPA_PLATFORM"] = "offscreen"
+    env.pop("DISPLAY", None)
+    r = subprocess.run([sys.executable, "-m", "quantscope.cli", *args, "--screenshot", str(out), "--size", "1100x700",
+                        "--theme", "dark"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_the_screenshot_of_a_remote_files_block_reads_the_header_and_one_block(server, files, tmp_path):
+    from PySide6.QtGui import QImage
+
+    out = tmp_path / "block.png"
+    assert _shot(server, tmp_path, [REF, "--view", "block", "--block", "blk.0.ffn_down.weight:3"], out) \
+        == f"wrote {out} (block)\n"
+    assert QImage(str(out)).size().toTuple() == (1100, 700)
+    assert _served(server) == MiB + 18  # the header, then the one Q4_0 block shown
+    assert not (tmp_path / "child-hf" / "hub").exists()  # nothing downloaded
+
+
+def test_the_hub_screenshot_is_searched_on_the_hub_it_is_given(server, files, tmp_path):
+    from PySide6.QtGui import QImage
+
+    out = tmp_path / "hub.png"
+    assert _shot(server, tmp_path, [str(files["mix"]), "--view", "hub"], out) == f"wrote {out} (hub)\n"
+    assert QImage(str(out)).size().toTuple() == (1100, 700)  # the dialog, at --size
+    # searched, the most downloaded repository's files listed (the fit read from its smallest file's header)
+    assert ("GET", "/api/models", None) in {(m, p.split("?")[0], x) for m, p, x in server.log}
+    assert ("GET", "/api/models/org/mix-GGUF/tree/main", None) in {(m, p, x) for m, p, x in server.log}
+    assert _served(server, "bad-Q8_0.gguf") == MiB and _served(server) == 0

@@ -121,6 +121,7 @@ def _shots() -> tuple[Shot, ...]:
         Shot("chat-tokens", "chat", s.chat_tokens, setup_shows=True),
         Shot("serve", "serve", s.serve),
         Shot("library", None, s.library),
+        Shot("hub", None, s.hub),  # File ▸ Models from the hub, searched on the hub HF_ENDPOINT names
     )
 
 

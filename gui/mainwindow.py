@@ -593,10 +593,8 @@ class MainWindow(QMainWindow):
                 self.statusBar().clearMessage()
                 self.show_error(str(doc), doc.detail)
                 return
+            self.statusBar().clearMessage()  # the file label says what was read
             self.set_document(doc)
-            assert doc.remote is not None
-            self.statusBar().showMessage(f"Opened {doc.location} from the hub: {doc.remote.fetched:,} bytes read "
-                                         "(the header)", 10000)
 
         self.statusBar().showMessage(f"Reading the header of {ref} from the hub…")
         self.remote_job.start("remote-open", work, on_done=opened,

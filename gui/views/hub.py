@@ -39,7 +39,9 @@ SORT_LABELS = (("Most downloaded", "downloads"), ("Most liked", "likes"), ("Rece
 CONTEXT = 4096
 
 
-def _table(columns: tuple[str, ...], name: str) -> QTableWidget:
+def _table(columns: tuple[str, ...], name: str, stretch: int) -> QTableWidget:
+    """A read-only table of rows; column ``stretch`` takes the room left (its text elided in the middle), the
+    others fit their contents."""
     t = QTableWidget(0, len(columns))
     t.setAccessibleName(name)
     t.setHorizontalHeaderLabels(list(columns))
@@ -51,7 +53,8 @@ def _table(columns: tuple[str, ...], name: str) -> QTableWidget:
     t.setTextElideMode(Qt.TextElideMode.ElideMiddle)
     h = t.horizontalHeader()
     h.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-    h.setStretchLastSection(True)
+    h.setSectionResizeMode(stretch, QHeaderView.ResizeMode.Stretch)
+    h.setStretchLastSection(False)
     return t
 
 
@@ -104,9 +107,9 @@ class HubView(QWidget):
         tools.addWidget(self.search_box, 1)
         tools.addWidget(self.sort)
         tools.addWidget(self.search_btn)
-        self.repos = _table(REPO_COLUMNS, "Repositories found")
+        self.repos = _table(REPO_COLUMNS, "Repositories found", 0)
         self.repos.itemSelectionChanged.connect(self._repo_selected)
-        self.files = _table(FILE_COLUMNS, "GGUF files of the repository")
+        self.files = _table(FILE_COLUMNS, "GGUF files of the repository", len(FILE_COLUMNS) - 1)
         self.files.itemSelectionChanged.connect(self._file_selected)
         self.files_label = QLabel("Select a repository to see its GGUF files.")
         self.files_label.setWordWrap(True)

@@ -8,13 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QTimer, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QCloseEvent, QFontDatabase
 from PySide6.QtWidgets import (
     QCheckBox,
     QDialog,
     QDialogButtonBox,
     QFormLayout,
+    QHBoxLayout,
     QLabel,
     QLineEdit,
     QPlainTextEdit,
@@ -27,6 +28,7 @@ from quantscope.core.fsutil import printable
 from quantscope.core.summary import human_bytes
 
 from ..guard import qt_guarded
+from ..widgets.fit import ElidedLabel
 from ..widgets.jobstrip import JobStrip
 from ..workers import JobSlot, TaskRunner
 
@@ -68,10 +70,9 @@ class PublishDialog(QDialog):
 
     def _build(self) -> None:
         size = human_bytes(self.path.stat().st_size) if self.path.is_file() else "?"
-        self.file_label = QLabel(printable(f"{self.path.name} ({size}) and its model card (README.md), in one "
-                                           "commit"))
+        self.file_label = ElidedLabel(printable(f"{self.path.name} ({size}) and its model card (README.md), in one "
+                                                "commit"), Qt.TextElideMode.ElideMiddle)
         self.file_label.setToolTip(printable(str(self.path)))
-        self.file_label.setWordWrap(True)
         self.repo = QLineEdit(suggested_repo(self.path))
         self.repo.setAccessibleName("Repository (org/name)")
         self.repo.setToolTip("The repository to create (kept if it exists): your user name or an organization "
@@ -86,11 +87,10 @@ class PublishDialog(QDialog):
                                  "instead, for this upload only." if found else
                                  "No token found: set HF_TOKEN or run `hf auth login`, or paste one here.")
         self.token_note.setObjectName("muted")
-        self.token_note.setWordWrap(True)
         self.private = QCheckBox("Private repository (when it is created)")
         self.private.setAccessibleName("Create the repository private")
         form = QFormLayout()
-        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.ExpandingFieldsGrow)
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         form.addRow("File", self.file_label)
         form.addRow("Repository", self.repo)
         form.addRow("Token", self.token)
@@ -115,8 +115,10 @@ class PublishDialog(QDialog):
         lay.addLayout(form)
         lay.addWidget(card_label)
         lay.addWidget(self.preview, 1)
-        lay.addWidget(self.strip)
-        lay.addWidget(buttons)
+        bottom = QHBoxLayout()
+        bottom.addWidget(self.strip, 1)
+        bottom.addWidget(buttons)
+        lay.addLayout(bottom)
 
     # -- the card ----------------------------------------------------------------------------------------------
     def _open_file(self) -> None:

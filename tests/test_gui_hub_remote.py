@@ -53,7 +53,14 @@ def files(tmp_path_factory) -> dict[str, Path]:
     hostile = bytearray(mix.read_bytes())
     struct.pack_into("<Q", hostile, 24, 1 << 40)  # the first metadata key claims to be 1 TiB long
     (d / "bad-Q8_0.gguf").write_bytes(hostile)
-    return {"mix": mix, "bad": d / "bad-Q8_0.gguf"}
+    from quantscope.core.gguf.split import plan_split, write_plan
+
+    from .arch_fixtures import write_fixture
+
+    q8 = write_fixture("llama", d / "tiny-Q8_0.gguf", quant="Q8_0")
+    with GGUFFile(q8) as f:
+        shards = write_plan(f, plan_split(f, d / "tiny-Q8_0", max_tensors=8))
+    return {"mix": mix, "bad": d / "bad-Q8_0.gguf", **{f"shard{i}": p for i, p in enumerate(shards)}}
 
 
 @pytest.fixture
@@ -63,6 +70,7 @@ def server(files, tmp_path, monkeypatch):
     s = HubServer()
     s.add_repo("org/mix-GGUF", {"mix-Q8_0.gguf": files["mix"], "bad-Q8_0.gguf": files["bad"]}, downloads=3)
     s.add_repo("org/other-GGUF", {"mix-Q8_0.gguf": files["mix"]}, downloads=1)
+    s.add_repo("org/split-GGUF", {files[f"shard{i}"].name: files[f"shard{i}"] for i in range(3)})
     with s:
         for var in ("HF_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE"):
             monkeypatch.delenv(var, raising=False)
@@ -237,3 +245,13 @@ def test_the_hub_screenshot_is_searched_on_the_hub_it_is_given(server, files, tm
     assert ("GET", "/api/models", None) in {(m, p.split("?")[0], x) for m, p, x in server.log}
     assert ("GET", "/api/models/org/mix-GGUF/tree/main", None) in {(m, p, x) for m, p, x in server.log}
     assert _served(server, "bad-Q8_0.gguf") == MiB and _served(server) == 0
+
+
+def test_a_remote_shard_says_it_is_one_file_of_a_set(qtbot, server, files, window):
+    w = window
+    first = files["shard0"]
+    assert w.open_path(f"hf://org/split-GGUF/{first.name}")
+    qtbot.waitUntil(lambda: w.doc is not None and not w.remote_job.busy, timeout=60000)
+    with GGUFFile(first, whole_set=False) as f:
+        assert w.tensors_view.table_model.rowCount() == len(f.tensors)  # that file's tensors
+    assert "It is the first of 3 shards: what is listed is that file's." in w.remote_bar.label.text()

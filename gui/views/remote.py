@@ -55,8 +55,11 @@ class RemoteBar(QFrame):
         if doc is None or doc.remote is None:
             self.hide()
             return
+        count = doc.gguf.get("split.count") if doc.gguf is not None else None
+        shards = (f" It is the first of {count} shards: what is listed is that file's."
+                  if isinstance(count, int) and count > 1 else "")
         self.label.setText(f"{doc.title} is read from the hub over range requests, not downloaded: the header, then "
-                           "each block the inspector shows. Views that need the whole file say so.")
+                           f"each block the inspector shows. Views that need the whole file say so.{shards}")
         self.label.setToolTip(remote_line(doc))
         self.show()
 

@@ -178,7 +178,7 @@ def test_the_hub_window_opens_a_file_without_a_download(qtbot, server, window, t
     assert view is not None
     view.search_box.setText("gguf")
     view.search_btn.click()
-    qtbot.waitUntil(lambda: view.repos.rowCount() == 2 and not view.job.busy, timeout=60000)
+    qtbot.waitUntil(lambda: view.repos.rowCount() == len(server.repos) and not view.job.busy, timeout=60000)
     view.repos.selectRow([h.id for h in view.hits].index("org/mix-GGUF"))
     qtbot.waitUntil(lambda: view.files.rowCount() == 2 and not view.job.busy, timeout=60000)
     row = [s.name for s in view.sets].index("mix-Q8_0.gguf")

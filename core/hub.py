@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,6 +31,8 @@ from .shardnames import shard_path
 #: a peek fetches this much first, then more while the header goes on, never more than PEEK_LIMIT in all
 PEEK_FIRST = 1 << 20
 PEEK_LIMIT = 256 << 20
+#: blocks a remote file keeps once fetched (a block is at most a few hundred bytes)
+BLOCK_CACHE = 4096
 SORTS = {"downloads": "downloads", "likes": "likes", "recent": "last_modified"}
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 #: a quantization tag in a file name (llama.cpp's file types, unsloth's UD- variants), bounded by non-alphanumerics
@@ -366,27 +370,64 @@ def download(repo: str, qset: QuantSet, progress: Callable[[str, int, int], None
 # ------------------------------------------------------------------------------------------------ peek
 class RemoteGGUF(GGUFFile):
     """A remote GGUF parsed from its first bytes (:func:`peek`): the header as a local file's, and each block
-    :meth:`block_bytes` is asked for fetched by a ranged read of just its bytes."""
+    :meth:`block_bytes` is asked for read from the bytes at hand when the first read holds it, else fetched by a
+    ranged read of just its bytes and kept (the last :data:`BLOCK_CACHE` blocks), so a block shown again costs
+    nothing. ``blocks_fetched`` / ``bytes_fetched`` count the ranged reads made for blocks."""
 
     fetch: Callable[[int, int], bytes] | None = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._blocks: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self._lock = threading.Lock()
+        self.blocks_fetched = 0
+        self.bytes_fetched = 0
+        super().__init__(*args, **kwargs)
+
+    def has_block(self, t: Any, row: int, block: int) -> bool:
+        """Whether :meth:`block_bytes` answers without a request (in the first read, or fetched before)."""
+        off, n = self.block_location(t, row, block)
+        if off + n <= self._avail:
+            return True
+        with self._lock:
+            return (off, n) in self._blocks
+
     def block_bytes(self, t: Any, row: int, block: int) -> bytes:
         off, n = self.block_location(t, row, block)
-        if self.fetch is None:
+        if self.fetch is None or off + n <= self._avail:
             return super().block_bytes(t, row, block)
-        return self.fetch(off, off + n)
+        key = (off, n)
+        with self._lock:
+            hit = self._blocks.get(key)
+            if hit is not None:
+                self._blocks.move_to_end(key)
+                return hit
+        data = self.fetch(off, off + n)  # outside the lock: one slow read does not hold up a cached one
+        with self._lock:
+            self._blocks[key] = data
+            self.blocks_fetched += 1
+            self.bytes_fetched += n
+            while len(self._blocks) > BLOCK_CACHE:
+                self._blocks.popitem(last=False)
+        return data
 
 
 @dataclass
 class Peek:
     """A remote GGUF's header, parsed from its first bytes (``fetched`` of ``size``), with the URL its bytes come
-    from (for more ranged reads)."""
+    from (for more ranged reads) and where it is on the hub."""
 
     gguf: RemoteGGUF
     size: int
     fetched: int
     url: str
     headers: dict[str, str]
+    repo: str = ""
+    filename: str = ""
+
+    @property
+    def ref(self) -> str:
+        """``hf://org/repo/path`` (what ``quantscope inspect`` takes)."""
+        return f"hf://{self.repo}/{self.filename}"
 
 
 def _read_range(url: str, headers: dict[str, str], start: int, end: int) -> bytes:
@@ -442,7 +483,7 @@ def peek(repo: str, filename: str, first: int = PEEK_FIRST, limit: int = PEEK_LI
             try:
                 f = RemoteGGUF(data, strict=False, file_size=size)
                 f.fetch = lambda a, b: _fetch(repo, filename, location, headers, a, b)
-                return Peek(f, size, len(data), location, headers)
+                return Peek(f, size, len(data), location, headers, repo, filename)
             except NeedMoreBytes as exc:
                 if len(data) >= limit:
                     raise GGUFError(f"the header is longer than the {len(data):,} bytes read (of {size:,})",

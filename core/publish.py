@@ -7,6 +7,7 @@ model, architecture, parameters, every tensor type with its share, the importanc
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .gguf import GGUFFile
+from .jobs import CancelFlag, Cancelled, check_cancel
 from .summary import human_bytes, type_summary
 
 _REPO_URL = re.compile(r"^https?://(?:huggingface\.co|hf\.co)/([A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)/?$")
@@ -64,6 +66,13 @@ def base_model_of(f: GGUFFile) -> str | None:
     if org and name and re.fullmatch(r"[\w.-]+", org) and re.fullmatch(r"[\w.-]+", name):
         return f"{org}/{name}"
     return None
+
+
+def saved_token() -> str | None:
+    """The token the client would use: HF_TOKEN, else the one ``hf auth login`` saved (None: neither)."""
+    from huggingface_hub import get_token
+
+    return get_token()
 
 
 def _yaml_str(s: str) -> str:
@@ -157,22 +166,69 @@ def model_card(f: GGUFFile, repo: str, files: list[str], inputs: CardInputs | No
     return "\n".join(out)
 
 
+class _Watched(io.BufferedReader):
+    """A file handed to the client as a file object: each read reports ``(phase, bytes of this pass, size)`` and
+    stops with :class:`~quantscope.core.jobs.Cancelled` once ``cancel`` is set (the client reads it once to hash
+    it, once to upload it)."""
+
+    def __init__(self, path: Path, report: Callable[[str, int, int], None], cancel: CancelFlag | None) -> None:
+        super().__init__(io.FileIO(path, "rb"), 1 << 20)
+        self.size = path.stat().st_size
+        self.report = report
+        self.cancel = cancel
+        self.phase = "hashing"
+
+    def read(self, n: int | None = -1) -> bytes:
+        check_cancel(self.cancel)
+        data = super().read(n)
+        self.report(self.phase, self.tell(), self.size)
+        return data
+
+
 def publish(repo: str, files: list[Path], card: str, *, private: bool = False,
-            progress: Callable[[str], None] | None = None) -> str:
+            progress: Callable[[str], None] | None = None, token: str | None = None,
+            transfer: Callable[[str, int, int], None] | None = None, cancel: CancelFlag | None = None) -> str:
     """Create ``repo`` (kept if it exists) and commit ``files`` and the card (README.md) in one commit; the
-    commit's URL. Needs a token with write access (HF_TOKEN or a saved one)."""
+    commit's URL. Needs a token with write access (``token``, else HF_TOKEN or a saved one). ``transfer`` (then the
+    files go to the client as file objects, by the LFS protocol) is told ``(what, done, total)`` as each file is
+    hashed and uploaded; ``cancel`` is looked at with each read: set, the publish stops with
+    :class:`~quantscope.core.jobs.Cancelled` (a commit is all or nothing: nothing is committed)."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
     from .hub import hub_errors
 
-    api = HfApi()
-    with hub_errors(repo):
-        if progress:
-            progress(f"creating {repo} (kept if it exists)")
-        api.create_repo(repo, private=private, exist_ok=True)
-        ops = [CommitOperationAdd(path_in_repo=p.name, path_or_fileobj=str(p)) for p in files]
-        ops.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card.encode()))
-        if progress:
-            progress(f"uploading {len(files)} file{'s' * (len(files) != 1)} and the model card")
-        info: Any = api.create_commit(repo, operations=ops, commit_message=f"Upload {files[0].name} (Quantscope)")
+    api = HfApi(token=token)
+    opened: list[_Watched] = []
+    try:
+        with hub_errors(repo):
+            check_cancel(cancel)
+            if progress:
+                progress(f"creating {repo} (kept if it exists)")
+            api.create_repo(repo, private=private, exist_ok=True)
+            ops = []
+            for p in files:
+                check_cancel(cancel)
+                if transfer is None and cancel is None:
+                    ops.append(CommitOperationAdd(path_in_repo=p.name, path_or_fileobj=str(p)))
+                    continue
+                w = _Watched(p, lambda phase, d, t, n=p.name: (transfer or _quiet)(f"{phase} {n}", d, t), cancel)
+                opened.append(w)
+                ops.append(CommitOperationAdd(path_in_repo=p.name, path_or_fileobj=w))  # reads it: the hash
+                w.phase = "uploading"
+            ops.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card.encode()))
+            if progress:
+                progress(f"uploading {len(files)} file{'s' * (len(files) != 1)} and the model card")
+            info: Any = api.create_commit(repo, operations=ops,
+                                          commit_message=f"Upload {files[0].name} (Quantscope)")
+    except Exception:
+        if cancel is not None and cancel.cancelled:  # the client wraps our read's Cancelled in its own error
+            raise Cancelled("cancelled") from None
+        raise
+    finally:
+        for w in opened:
+            w.close()
     return str(getattr(info, "commit_url", info))
+
+
+def _quiet(_what: str, _done: int, _total: int) -> None:
+    pass

@@ -37,7 +37,8 @@ def window_size(text: str) -> tuple[int, int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="quantscope", description="Quantscope: explore quantized LLM files (GGUF) "
                                 "and bump files. Without FILE the default demo model is opened.")
-    p.add_argument("file", nargs="?", help="GGUF or bump file to open")
+    p.add_argument("file", nargs="?", help="GGUF or bump file to open (hf://org/repo/file.gguf: a GGUF on "
+                   "the hub, read over range requests without a download)")
     p.add_argument("--screenshot", metavar="PNG", help="render a view with the file loaded into PNG and exit")
     p.add_argument("--view", choices=SCREENSHOT_VIEWS, default="overview", help="view for --screenshot")
     p.add_argument("--theme", choices=("system", "light", "dark"), default="system", help="colour scheme")
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["QT_QPA_PLATFORM"] = "offscreen"
     if args.theme != "system":
         os.environ["QUANTSCOPE_THEME"] = args.theme
+    remote = args.file if args.file and args.file.startswith("hf://") else None  # on the hub: not downloaded
     path = Path(args.file) if args.file else _default_file()
 
     from .qtdeps import startup_problem
@@ -150,7 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     install_excepthook(win)
     open_documents_from_the_system(app, win)
     try:
-        ok = win.open_path(path)
+        if remote is not None:
+            ok = win.open_remote(remote)  # its header, read in a worker
+            if args.screenshot:
+                wait_idle(app, win, 600.0)
+                ok = win.doc is not None
+        else:
+            ok = win.open_path(path)
     except Exception as exc:  # a view that fails on this file: say so, keep the window
         win.show_error(f"{path.name} could not be shown: {type(exc).__name__}: {exc}")
         ok = False
@@ -210,7 +218,8 @@ def render_screenshot(app: object, win: object, view: str, out: Path, size: tupl
         try:  # through a temporary and a rename; a FIFO, device or directory at OUT is refused
             if not ok:
                 raise OSError("the picture could not be encoded")
-            write_atomic(out, bytes(data.data()), "--screenshot", [win.doc.path] if win.doc else [])
+            inputs = [win.doc.path] if win.doc and not win.doc.remote else []
+            write_atomic(out, bytes(data.data()), "--screenshot", inputs)
         except (OSError, PathRefused) as exc:
             print(f"quantscope: error: could not write {out}: {exc}", file=sys.stderr)
             return 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantscope.core.analysis import TensorAnalysis
 from quantscope.core.bump import BumpError, BumpFile, is_bump, open_bump
@@ -13,6 +13,9 @@ from quantscope.core.filestate import FileWatch
 from quantscope.core.fsutil import PathRefused, check_input, printable
 from quantscope.core.gguf import GGUFError, GGUFFile
 from quantscope.core.summary import summarize
+
+if TYPE_CHECKING:
+    from quantscope.core.hub import Peek
 
 
 class OpenError(Exception):
@@ -25,7 +28,8 @@ class OpenError(Exception):
 
 @dataclass
 class Document:
-    """One opened file. Exactly one of ``gguf`` / ``bump`` is set."""
+    """One opened file. Exactly one of ``gguf`` / ``bump`` is set. ``remote``: a GGUF on the hub, read over range
+    requests (its header, then the blocks the inspector shows); ``path`` is then its name in the repository."""
 
     path: Path
     open_ms: float
@@ -35,6 +39,7 @@ class Document:
     analyses: dict[str, TensorAnalysis] = field(default_factory=dict)
     watch: FileWatch | None = None  # the file's identity when it was opened
     stale: str | None = None  # how the file changed on disk since (then its mapping must not be read again)
+    remote: Peek | None = None
 
     def change(self) -> str | None:
         """How the file changed on disk since it was opened (``None``: unchanged); remembered once seen."""
@@ -49,6 +54,11 @@ class Document:
     @property
     def title(self) -> str:
         return self.path.name
+
+    @property
+    def location(self) -> str:
+        """Where the file is: its path, or ``hf://org/repo/file.gguf``."""
+        return self.remote.ref if self.remote is not None else str(self.path)
 
     def close(self) -> None:
         if self.gguf is not None:
@@ -89,3 +99,26 @@ def open_document(path: str | Path) -> Document:
         f.close()
         raise OpenError(f"{p.name} could not be summarised.", str(exc)) from None
     return Document(p, (time.perf_counter() - t0) * 1000, gguf=f, summary=s, watch=watch)
+
+
+def open_remote_document(ref: str, known: Peek | None = None) -> Document:
+    """``hf://org/repo/file.gguf`` opened as a document without a download: its header read over range requests
+    (core/hub.py's peek, with the local files' validation), summarised; blocks are fetched when shown. Network:
+    run it in a worker. ``known``: its header read already (the hub view's, for the fit). Raises
+    :class:`OpenError`."""
+    from quantscope.core import hub
+
+    t0 = time.perf_counter()
+    try:
+        repo, name = hub.parse_hf_url(ref)
+        p = known if known is not None and known.ref == f"hf://{repo}/{name}" else hub.peek(repo, name)
+    except hub.HubError as exc:
+        raise OpenError(f"{printable(ref)} cannot be read from the hub.", str(exc)) from None
+    except GGUFError as exc:
+        raise OpenError(f"{printable(ref)} is not a readable GGUF file.", str(exc)) from None
+    try:
+        s = summarize(p.gguf)
+    except Exception as exc:
+        raise OpenError(f"{printable(ref)} could not be summarised.", str(exc)) from None
+    s["path"] = p.ref
+    return Document(Path(Path(name).name), (time.perf_counter() - t0) * 1000, gguf=p.gguf, summary=s, remote=p)

@@ -57,12 +57,13 @@ from .views.quantize_dialog import QuantizeDialog
 from .views.registry import VIEWS as VIEW_REGISTRY
 from .views.registry import first_view
 from .views.registry import view as registered_view
+from .views.remote import RemoteBar, RemoteHost, remote_line
 from .views.serve import ServeView
 from .views.tensors import TensorsView
 from .widgets.fit import ElidedLabel
 from .widgets.paths import pick_file
 from .widgets.progress import ProgressBar
-from .workers import TaskRunner, task_label
+from .workers import JobSlot, TaskRunner, task_label
 
 if TYPE_CHECKING:
     from .views.hub import HubView
@@ -161,16 +162,26 @@ class MainWindow(QMainWindow):
         self.tabs.setAccessibleName("Views")
         self.tabs.setDocumentMode(True)
         self._tab: dict[str, int] = {}
+        self._hosts: dict[str, RemoteHost] = {}  # a view that reads the whole file: its page says so for a remote file
         # the tabs stand in the order of View ▸ Ctrl+1…9 (the N-th tab shown is Ctrl+N's view), the start page last
         for key, w, label in (*((e.key, e.widget(self), e.label) for e in VIEW_REGISTRY),
                               ("welcome", self.welcome, "Library")):
-            self._tab[key] = self.tabs.addTab(w, label)
             w.setAccessibleName(w.accessibleName() or label)
+            entry = registered_view(key)
+            if entry is not None and entry.whole_file:
+                host = RemoteHost(w, entry.whole_file)  # type: ignore[arg-type]
+                host.downloadRequested.connect(self.download_remote)
+                self._hosts[key] = host
+                w = host
+            self._tab[key] = self.tabs.addTab(w, label)
         central = QWidget()
         lay = QVBoxLayout(central)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.setSpacing(0)
         lay.addWidget(self._build_stale_bar())
+        self.remote_bar = RemoteBar()
+        self.remote_bar.downloadRequested.connect(self.download_remote)
+        lay.addWidget(self.remote_bar)
         lay.addWidget(self.tabs, 1)
         self.setCentralWidget(central)
         self._show_tabs(None)
@@ -186,6 +197,10 @@ class MainWindow(QMainWindow):
         self.runner.changed.connect(lambda: QTimer.singleShot(0, self.check_file))  # a task ended: perhaps failed
         self.chat_view.replyFailed.connect(lambda _m: self.check_file())
         self.block_view.may_read = lambda: self.check_file() is None
+        self.block_view.use_runner(self.runner)  # a remote file's blocks are fetched in it
+        self.block_view.blockShown.connect(lambda *_: self._remote_read())  # what a remote file's reads came to
+        self.remote_job = JobSlot(self.runner, self)  # File ▸ Models from the hub ▸ Open: the header's read
+        self.remote_box: QMessageBox | None = None
 
         # exports from any view: long writes in the runner, the result in the status bar, a failure in a box
         for view in (self.overview, self.metadata_view, self.tensors_view, self.block_view):
@@ -321,7 +336,7 @@ class MainWindow(QMainWindow):
         old = self.file_watcher.files()
         if old:
             self.file_watcher.removePaths(old)
-        if doc is None:
+        if doc is None or doc.remote is not None:  # a remote file does not change under us: nothing is mapped
             self.file_timer.stop()
             return
         self.file_watcher.addPath(str(doc.path))
@@ -464,13 +479,16 @@ class MainWindow(QMainWindow):
 
     def save_as(self) -> object:
         """File ▸ Save as…: the Metadata view's edits written to a new file."""
-        if self.doc is None or self.doc.gguf is None:
+        if self.doc is None or self.doc.gguf is None or self.needs_local("Saving a copy"):
             return None
         self.show_view("metadata")
         return self.metadata_view.save_as()
 
     def open_path(self, path: str | Path) -> bool:
-        """Open a GGUF or bump file; on failure show an error dialog and keep the current file."""
+        """Open a GGUF or bump file; on failure show an error dialog and keep the current file. ``hf://…``: see
+        :meth:`open_remote` (True: its read has started)."""
+        if isinstance(path, str) and path.startswith("hf://"):
+            return self.open_remote(path)
         if not self.confirm_discard():
             return False
         try:
@@ -494,8 +512,13 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(f"{doc.title} — Quantscope" if doc else "Quantscope")
         for entry in VIEW_REGISTRY:  # each view takes the document it shows, or lets go (see ViewEntry.release)
             entry.show_document(self, doc)
+        for host in self._hosts.values():
+            host.set_document(doc)
+        self.remote_bar.set_document(doc)
         if doc is None:
             self.file_label.setText("")
+        elif doc.remote is not None:
+            self.file_label.setText(remote_line(doc))
         else:
             fmt = "BUMPWGT3, " if doc.kind == "bump" else ""
             self.file_label.setText(f"{doc.path}  ·  {fmt}opened in {doc.open_ms:.0f} ms")
@@ -514,7 +537,7 @@ class MainWindow(QMainWindow):
 
     def _show_tabs(self, doc: Document | None) -> None:
         for entry in VIEW_REGISTRY:
-            self.tabs.setTabVisible(self._tab[entry.key], entry.accepts(doc))
+            self.tabs.setTabVisible(self._tab[entry.key], entry.tab_shown(doc))
         self.tabs.setTabVisible(self._tab["welcome"], doc is None)
         first = first_view(doc)
         self.tabs.setCurrentIndex(self._tab[first.key if first is not None else "welcome"])
@@ -541,10 +564,71 @@ class MainWindow(QMainWindow):
             self.hub_view = HubView(dlg)
             lay.addWidget(self.hub_view)
             self.hub_view.downloaded.connect(self._hub_downloaded)
+            self.hub_view.openRequested.connect(self.open_remote)
             self.hub_dialog = dlg
         self.hub_dialog.show()
         self.hub_dialog.raise_()
         self.hub_dialog.activateWindow()
+
+    # ------------------------------------------------------------------ a file on the hub, not downloaded
+    def open_remote(self, ref: str) -> bool:
+        """Open ``hf://org/repo/file.gguf`` without a download: its header is read over range requests in a worker
+        (the window stays responsive; the status bar shows the task), then it is the open document. True: the
+        read started."""
+        from .document import open_remote_document
+
+        if not self.confirm_discard():
+            return False
+
+        known = self.hub_view.known_peek(ref) if self.hub_view is not None else None
+
+        def work(_report: object, _token: object) -> Document | OpenError:
+            try:
+                return open_remote_document(ref, known)
+            except OpenError as exc:  # the message and its detail, for the error box
+                return exc
+
+        def opened(doc: Document | OpenError) -> None:
+            if isinstance(doc, OpenError):
+                self.statusBar().clearMessage()
+                self.show_error(str(doc), doc.detail)
+                return
+            self.statusBar().clearMessage()  # the file label says what was read
+            self.set_document(doc)
+
+        self.statusBar().showMessage(f"Reading the header of {ref} from the hub…")
+        self.remote_job.start("remote-open", work, on_done=opened,
+                              on_failed=lambda msg, _tb: self.show_error(f"{ref} could not be opened.", msg))
+        return True
+
+    def _remote_read(self) -> None:
+        if self.doc is not None and self.doc.remote is not None:
+            self.file_label.setText(remote_line(self.doc))
+            self.remote_bar.set_document(self.doc)
+
+    def download_remote(self) -> None:
+        """Download the open remote file (its whole shard set) in the hub window; it opens here when done."""
+        doc = self.doc
+        if doc is None or doc.remote is None:
+            return
+        self.show_hub()
+        assert self.hub_view is not None
+        self.hub_view.download_file(doc.remote.repo, doc.remote.filename)
+
+    def needs_local(self, what: str) -> bool:
+        """True when the open file is remote: then one line says ``what`` reads the whole file, with Download."""
+        doc = self.doc
+        if doc is None or doc.remote is None:
+            return False
+        box = QMessageBox(QMessageBox.Icon.Information, "Quantscope",
+                          f"{what} reads the whole file, and {doc.title} is on the hub (read over range requests). "
+                          "Download it first.", QMessageBox.StandardButton.Cancel, self)
+        box.setAccessibleName("Needs the whole file")
+        download = box.addButton("Download", QMessageBox.ButtonRole.AcceptRole)
+        download.clicked.connect(self.download_remote)
+        box.open()
+        self.remote_box = box
+        return True
 
     def _hub_downloaded(self, path: str) -> None:
         if not self.library_view.job.busy:
@@ -620,6 +704,8 @@ class MainWindow(QMainWindow):
     def show_convert(self) -> ConvertDialog | None:
         if self.doc is None or self.doc.gguf is None:
             return None
+        if self.needs_local("Converting to bump"):
+            return None
         if self.convert_dialog is not None and self.convert_dialog.state == "running":
             self.convert_dialog.show()
             self.convert_dialog.raise_()
@@ -645,6 +731,8 @@ class MainWindow(QMainWindow):
     def show_quantize(self) -> QuantizeDialog | None:
         if self.doc is None or self.doc.gguf is None:
             return None
+        if self.needs_local("Quantizing"):
+            return None
         dlg = self.quantize_dialog
         if dlg is not None and (dlg.state == "running" or dlg.gguf is self.doc.gguf):
             dlg.show()
@@ -659,6 +747,8 @@ class MainWindow(QMainWindow):
     def show_compare(self) -> CompareDialog | None:
         """Tools ▸ Compare with…: the open GGUF against another one (or a KLD base file) on a text."""
         if self.doc is None or self.doc.gguf is None:
+            return None
+        if self.needs_local("Measuring quality on a text"):
             return None
         dlg = self.compare_dialog
         if dlg is not None and (dlg.state == "running" or dlg.doc_path == self.doc.path):
@@ -675,6 +765,8 @@ class MainWindow(QMainWindow):
     def show_diff(self) -> DiffDialog | None:
         """File ▸ Compare with…: what changed between the open GGUF and another one."""
         if self.doc is None or self.doc.gguf is None:
+            return None
+        if self.needs_local("Comparing values"):
             return None
         dlg = self.diff_dialog
         if dlg is not None and (dlg.state == "running" or dlg.file_a is self.doc.gguf):
@@ -732,6 +824,7 @@ class MainWindow(QMainWindow):
                                for a in self.actions() if not a.shortcut().isEmpty()])]
         for i in self._tab.values():
             view = self.tabs.widget(i)
+            view = view.view if isinstance(view, RemoteHost) else view
             rows = list(view.key_help()) if hasattr(view, "key_help") else []
             seen = {k for k, _ in rows}
             for sc in view.findChildren(QShortcut):
@@ -801,6 +894,7 @@ class MainWindow(QMainWindow):
                 dlg.cancel()
         self.chat_view.shutdown(30000)
         self.serve_view.shutdown(30)
+        self.remote_job.forget()
         self.runner.shutdown(30000)
         self.lab_view.shutdown()
         self.probe_view.shutdown()

@@ -92,6 +92,32 @@ def library(c: ShotContext) -> None:
         view.table.selectRow(0)
 
 
+def hub(c: ShotContext) -> Any:
+    """File ▸ Models from the hub (the hub ``HF_ENDPOINT`` names): every GGUF repository, most downloaded first,
+    the first one's files with their fit, the first file selected; the dialog at ``--size``."""
+    c.win.show_hub()
+    view, dlg = c.win.hub_view, c.win.hub_dialog
+    dlg.resize(*c.size)
+
+    def wait() -> None:
+        deadline = time.monotonic() + 120.0
+        c.app.processEvents()
+        while time.monotonic() < deadline and view.job.busy:
+            c.app.processEvents()
+            time.sleep(0.02)
+
+    view.search()
+    wait()
+    if not view.hits:
+        raise ShotFailed(f"--view hub: {view.strip.status.text() or 'no GGUF repository on the hub'}")
+    view.repos.selectRow(0)
+    wait()
+    if view.sets:
+        view.files.selectRow(0)
+    c.app.processEvents()
+    return dlg
+
+
 def tensors(c: ShotContext) -> None:
     """A representative weight selected in the tree."""
     f = c.win.doc.gguf if c.win.doc else None
@@ -110,7 +136,7 @@ def block(c: ShotContext) -> None:
         if f is None or not f.has_tensor(name) or (index and not index.isdigit()):
             raise ShotFailed(f"--block {c.block}: no such tensor (or block) in the file", 2)
         c.win.block_view.show_block(name, 0, int(index or 0))
-        c.idle()
+    c.idle()  # (a remote file's block is read in the runner)
     c.win.block_view.set_element(37)
 
 

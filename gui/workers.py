@@ -39,6 +39,8 @@ TASK_LABELS: dict[str, str] = {
     "budget-write": "writing the mix", "save-metadata": "saving the edited file", "export": "exporting",
     "library-scan": "scanning the library", "hub-search": "searching the hub", "hub-files": "reading a repository",
     "hub-download": "downloading", "hub-peek": "reading a remote header",
+    "remote-open": "reading a remote header", "block-fetch": "reading a block from the hub",
+    "hub-publish": "publishing to the hub", "publish-card": "writing the model card",
 }
 
 

@@ -96,6 +96,7 @@ class HubServer:
         for role in ("hub", "cdn"):
             srv = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self, role))
             srv.daemon_threads = True
+            srv.handle_error = _quiet_disconnect(srv.handle_error)  # type: ignore[method-assign]
             threading.Thread(target=srv.serve_forever, daemon=True).start()
             self._servers.append(srv)
         return self
@@ -136,6 +137,16 @@ class HubServer:
     def bytes_served(self, repo: str, path: str) -> int:
         with self._lock:
             return self.served[f"{repo}/{path}"]
+
+
+def _quiet_disconnect(handle_error: Any) -> Any:
+    """A client that hangs up mid-request (a cancelled upload) is no server error: not printed."""
+    import sys
+
+    def handle(request: Any, address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            handle_error(request, address)
+    return handle
 
 
 def _handler(hub: HubServer, role: str) -> type[BaseHTTPRequestHandler]:

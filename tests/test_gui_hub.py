@@ -89,23 +89,21 @@ def test_search_files_and_download(qtbot, server, files, tmp_path):
         view.shutdown()
 
 
-def test_peek_shows_the_header_without_a_download(qtbot, server, files, tmp_path):
+def test_open_without_downloading_hands_the_window_the_header_read_for_the_fit(qtbot, server, files, tmp_path):
     view = _view(qtbot)
     try:
         _open_repo(qtbot, view, "org/big-GGUF", 1)
         assert not view.peek_btn.isEnabled()
         view.files.selectRow(0)
-        view.peek_btn.click()
-        qtbot.waitUntil(lambda: "Fetched" in view.peek_text.toPlainText(), timeout=60000)
-        text = view.peek_text.toPlainText()
-        assert "hf://org/big-GGUF/big-F32.gguf" in text and "token_embd.weight" in text and "By type" in text
-        assert f"Fetched     {1 << 20:,} of {files['big'].stat().st_size:,} bytes" in text
-        # the header read once, for the fit, and shown again by Peek
+        ref = "hf://org/big-GGUF/big-F32.gguf"
+        with qtbot.waitSignal(view.openRequested, timeout=60000) as sig:
+            view.peek_btn.click()
+        assert sig.args == [ref]
+        p = view.known_peek(ref)  # the header the fit read: the window opens it without reading it again
+        assert p is not None and p.ref == ref and p.fetched == 1 << 20 and p.size == files["big"].stat().st_size
+        assert p.gguf.has_tensor("token_embd.weight") and view.known_peek(ref) is None  # handed over once
         assert server.bytes_served("org/big-GGUF", "big-F32.gguf") == 1 << 20
         assert not (tmp_path / "hub").exists() or not list((tmp_path / "hub").rglob("*.gguf"))
-        shot = os.environ.get("QUANTSCOPE_HUB_SHOT")
-        if shot:
-            view.grab().save(shot.replace(".png", "-peek.png"))
     finally:
         view.shutdown()
 

@@ -50,7 +50,9 @@ def test_the_window_is_built_from_the_registry(window):  # noqa: F811
     assert rows[:len(VIEWS)] == [(f"view-{e.key}", e.menu, e.shortcut) for e in VIEWS]
     for e in VIEWS:  # every registered widget keeps the contract
         assert callable(getattr(e.widget(window), "set_document", None)), e.key
-        assert tabs.widget(window._tab[e.key]) is e.widget(window)
+        page = tabs.widget(window._tab[e.key])  # the view, or (it reads the whole file) the page that holds it
+        assert page is e.widget(window) or (e.whole_file and page is window._hosts[e.key]
+                                            and page.view is e.widget(window)), e.key
     assert window.current_view() == "welcome" and tabs.isTabVisible(window._tab["welcome"])
 
 

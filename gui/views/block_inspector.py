@@ -47,6 +47,7 @@ from quantscope.core.analysis import (
 )
 from quantscope.core.gguf import GGUFFile, TensorInfo
 from quantscope.core.gguf.checks import INT32_MAX
+from quantscope.core.hub import RemoteGGUF
 from quantscope.core.quant import DecodedBlock, can_decode, decode_block
 
 from ..document import Document
@@ -56,6 +57,7 @@ from ..models import KeyValueModel
 from ..theme import group_color, muted_color
 from ..widgets.blockwidgets import CodeGrid, Fp16Strip, HexView, ScaleBitDiagram, mono_font
 from ..widgets.plots import CompactPlot
+from ..workers import JobSlot, TaskRunner
 
 
 @qt_guarded
@@ -96,6 +98,8 @@ class BlockInspectorView(QWidget):
         self.element = -1  # selected (Element box, click); kept while the mouse hovers others
         self.hovered = -1  # under the mouse in the plot or the code grid, or -1
         self._updating = False
+        self.fetch_job: JobSlot | None = None  # a remote file's blocks are read in it (see use_runner)
+        self._fetch_waiting = False  # a remote block to fetch once the view is shown
 
         top = self._build_location()
         raw_box, fields_box = self._build_block_boxes()
@@ -338,6 +342,13 @@ class BlockInspectorView(QWidget):
         for sc in self.shortcuts:
             sc.setEnabled(True)
         self._reflow()
+        if self._fetch_waiting:  # a remote file's block is read when it is shown, not when the file opens
+            self._fetch_waiting = False
+            self._decode()
+
+    def use_runner(self, runner: TaskRunner) -> None:
+        """Where a remote file's blocks are fetched (one at a time: a newer block replaces a pending one)."""
+        self.fetch_job = JobSlot(runner, self)
 
     def hideEvent(self, event: QHideEvent) -> None:
         super().hideEvent(event)
@@ -361,6 +372,9 @@ class BlockInspectorView(QWidget):
 
     def set_file(self, f: GGUFFile | None) -> None:
         self.file = f
+        self._fetch_waiting = False
+        if self.fetch_job is not None:
+            self.fetch_job.forget()
         self._updating = True
         self.tensor_combo.clear()
         if f is not None:
@@ -443,6 +457,9 @@ class BlockInspectorView(QWidget):
                                f"rows shorter than one {t.type.name} block.")
             return
         self.file_offset, size = f.block_location(t, row, block)
+        if isinstance(f, RemoteGGUF) and not f.has_block(t, row, block):
+            self._fetch(f, t, row, block, size)
+            return
         raw = f.block_bytes(t, row, block)
         self.info.setText(f"{t.type.name} · {size} bytes / {t.type.block_elems} elements · file offset "
                           f"{self.file_offset:,} · row {row:,} of {t.n_rows:,} · block {block:,} of "
@@ -461,6 +478,24 @@ class BlockInspectorView(QWidget):
         self._populate(b)
         self._reflow()
         self.blockShown.emit(t.name, row, block)
+
+    def _fetch(self, f: RemoteGGUF, t: TensorInfo, row: int, block: int, size: int) -> None:
+        """A remote file's block not read yet: one ranged read of its ``size`` bytes in a worker (only while this
+        view is shown), then the block is decoded from the file's cache."""
+        where = f"block {block:,} of row {row:,} of {t.name}"
+        if not self.isVisible() or self.fetch_job is None:
+            self._fetch_waiting = True
+            self._show_message(f"{where} is read from the hub when this view is shown.")
+            return
+        self._show_message(f"Reading {where} from the hub ({size} bytes at offset {self.file_offset:,})…")
+
+        def fetched(_raw: bytes) -> None:
+            if self.file is f:
+                self._decode()  # from the cache (the location shown now: another fetch if it moved meanwhile)
+
+        self.fetch_job.start("block-fetch", lambda _r, _t: f.block_bytes(t, row, block), on_done=fetched,
+                             on_failed=lambda m, _tb: self._show_message(f"{where} could not be read from the hub: "
+                                                                         f"{m}"))
 
     def _show_message(self, text: str, keep_info: bool = False) -> None:
         """``text`` in place of the block: nothing of the block shown before stays (its location header, fields,

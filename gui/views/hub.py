@@ -1,14 +1,15 @@
 """Models from the Hugging Face hub in the app: search GGUF repositories, a repository's GGUFs by quantization with
-sizes, shards and whether each fits this machine, and Download (progress, Cancel) into the Hugging Face cache.
-Everything goes through core/hub.py (``huggingface_hub``) in this view's own worker; a finished download is
-announced with :attr:`HubView.downloaded` (the first file's path), for the window to open or list it."""
+sizes, shards and whether each fits this machine, Download (progress, Cancel) into the Hugging Face cache, and Open
+without downloading (the window reads the header over range requests). Everything goes through core/hub.py
+(``huggingface_hub``) in this view's own worker; a finished download is announced with :attr:`HubView.downloaded`
+(the first file's path), for the window to open or list it; Open with :attr:`HubView.openRequested`
+(``hf://org/repo/file.gguf``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -16,7 +17,6 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QLineEdit,
-    QPlainTextEdit,
     QPushButton,
     QSplitter,
     QTableWidget,
@@ -39,7 +39,9 @@ SORT_LABELS = (("Most downloaded", "downloads"), ("Most liked", "likes"), ("Rece
 CONTEXT = 4096
 
 
-def _table(columns: tuple[str, ...], name: str) -> QTableWidget:
+def _table(columns: tuple[str, ...], name: str, stretch: int) -> QTableWidget:
+    """A read-only table of rows; column ``stretch`` takes the room left (its text elided in the middle), the
+    others fit their contents."""
     t = QTableWidget(0, len(columns))
     t.setAccessibleName(name)
     t.setHorizontalHeaderLabels(list(columns))
@@ -51,7 +53,8 @@ def _table(columns: tuple[str, ...], name: str) -> QTableWidget:
     t.setTextElideMode(Qt.TextElideMode.ElideMiddle)
     h = t.horizontalHeader()
     h.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-    h.setStretchLastSection(True)
+    h.setSectionResizeMode(stretch, QHeaderView.ResizeMode.Stretch)
+    h.setStretchLastSection(False)
     return t
 
 
@@ -67,6 +70,7 @@ class HubView(QWidget):
     """Search, a repository's files, Download."""
 
     downloaded = Signal(str)
+    openRequested = Signal(str)  # hf://org/repo/file.gguf: open it without a download
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -78,13 +82,15 @@ class HubView(QWidget):
         self.sets: list[hub.QuantSet] = []
         self.repo: str | None = None
         self.paths: list[str] = []
-        self.peeked: dict[tuple[str, str], hub.Peek] = {}  # the header the fit was read from: Peek shows it
+        self.peeked: dict[str, hub.Peek] = {}  # hf://… -> the header the fit was read from (Open reuses it)
         self._build()
 
     def _build(self) -> None:
         intro = QLabel("<b>Models from the Hugging Face hub</b> — search GGUF repositories, pick a quantization and "
                        "download it into the Hugging Face cache (checked against the hub's SHA-256), where the "
-                       "library and other tools find it. Gated repositories need HF_TOKEN or a saved token.")
+                       "library and other tools find it, or open it without downloading (its header and the blocks "
+                       "you inspect are read over range requests). Gated repositories need HF_TOKEN or a saved "
+                       "token.")
         intro.setWordWrap(True)
         self.search_box = QLineEdit()
         self.search_box.setPlaceholderText("Search GGUF repositories by name")
@@ -101,9 +107,9 @@ class HubView(QWidget):
         tools.addWidget(self.search_box, 1)
         tools.addWidget(self.sort)
         tools.addWidget(self.search_btn)
-        self.repos = _table(REPO_COLUMNS, "Repositories found")
+        self.repos = _table(REPO_COLUMNS, "Repositories found", 0)
         self.repos.itemSelectionChanged.connect(self._repo_selected)
-        self.files = _table(FILE_COLUMNS, "GGUF files of the repository")
+        self.files = _table(FILE_COLUMNS, "GGUF files of the repository", len(FILE_COLUMNS) - 1)
         self.files.itemSelectionChanged.connect(self._file_selected)
         self.files_label = QLabel("Select a repository to see its GGUF files.")
         self.files_label.setWordWrap(True)
@@ -121,18 +127,12 @@ class HubView(QWidget):
         self.strip.run_clicked.connect(self.download)
         self.strip.cancel_clicked.connect(self._cancel)
         self.strip.set_can_run(False)
-        self.peek_btn = QPushButton("Peek header…")
-        self.peek_btn.setToolTip("Read the file's header over range requests (metadata, tensor table, type mix) "
-                                 "without downloading it")
+        self.peek_btn = QPushButton("Open without downloading")
+        self.peek_btn.setAccessibleName("Open the file from the hub without downloading it")
+        self.peek_btn.setToolTip("Open the file in the window over range requests: its header (Overview, Metadata, "
+                                 "Tensors), and each block the Block inspector shows; nothing is downloaded")
         self.peek_btn.setEnabled(False)
         self.peek_btn.clicked.connect(self.peek)
-        self.peek_text = QPlainTextEdit()
-        self.peek_text.setReadOnly(True)
-        self.peek_text.setAccessibleName("The remote file's header")
-        self.peek_text.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
-        self.peek_text.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
-        self.peek_text.setVisible(False)
-        rl.addWidget(self.peek_text, 2)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(12, 10, 12, 10)
         lay.addWidget(intro)
@@ -197,7 +197,7 @@ class HubView(QWidget):
     def _listed(self, repo: str, sets: list[hub.QuantSet], kv: int | None, room: int | None,
                 peeked: hub.Peek | None) -> None:
         self.sets = sets
-        self.peeked = {(repo, sets[0].files[0].path): peeked} if peeked is not None and sets else {}
+        self.peeked = {peeked.ref: peeked} if peeked is not None else {}
         self.files.setRowCount(len(sets))
         for i, s in enumerate(sets):
             need = s.size + (kv or 0)
@@ -216,33 +216,18 @@ class HubView(QWidget):
         self.strip.set_can_run(s is not None and not s.problem)
         self.peek_btn.setEnabled(s is not None)
 
-    # -- peek --------------------------------------------------------------------------------------------------
+    # -- open without downloading ------------------------------------------------------------------------------
     def peek(self) -> None:
-        """The selected file's header (its first shard's), read over range requests: shown below the files."""
+        """Open the selected file (its first shard) in the window, read over range requests."""
         s, repo = self.selected_set(), self.repo
         if s is None or repo is None:
             return
-        name = s.files[0].path
-        known = self.peeked.get((repo, name))
+        self.openRequested.emit(f"hf://{repo}/{s.files[0].path}")
 
-        def work(_report: Any, _token: Any) -> str:
-            from quantscope.core.gguf import GGUFError
-            from quantscope.core.summary import render_text, summarize
-
-            try:
-                p = known or hub.peek(repo, name)
-            except GGUFError as exc:
-                return f"hf://{repo}/{name}: not a readable GGUF file: {exc}"
-            summary = summarize(p.gguf)
-            summary["path"] = f"hf://{repo}/{name}"
-            return (render_text(p.gguf, summary)
-                    + f"\nFetched     {p.fetched:,} of {p.size:,} bytes (the header; nothing was downloaded)")
-
-        self.peek_text.setVisible(True)
-        self.peek_text.setPlainText(f"Reading the header of {name}…")
-        self.job.start("hub-peek", work,
-                       on_done=lambda text: self.peek_text.setPlainText("\n".join(map(printable, text.split("\n")))),
-                       on_failed=lambda m, _tb: self.peek_text.setPlainText(printable(f"Peek failed: {m}")))
+    def known_peek(self, ref: str) -> hub.Peek | None:
+        """The header of ``ref`` this view read already (for the fit), once: the window opens it without reading
+        it again."""
+        return self.peeked.pop(ref, None)
 
     def selected_set(self) -> hub.QuantSet | None:
         rows = self.files.selectionModel().selectedRows()
@@ -253,10 +238,27 @@ class HubView(QWidget):
         s, repo = self.selected_set(), self.repo
         if s is None or repo is None:
             return
-        self.strip.started(f"Downloading {printable(s.name)}…")
+        self._download(repo, s.name, lambda: s)
+
+    def download_file(self, repo: str, name: str) -> None:
+        """Download ``name`` of ``repo`` (the window's remote document): the set it belongs to, every shard."""
+
+        def find() -> hub.QuantSet:
+            files = hub.repo_files(repo)
+            for s in hub.gguf_sets(files):
+                if any(f.path == name for f in s.files):
+                    if s.problem:
+                        raise hub.HubError(f"{repo}: {s.name}: {s.problem}")
+                    return s
+            raise hub.HubError(f"{repo}: {name} is not in the repository")
+
+        self._download(repo, name, find)
+
+    def _download(self, repo: str, name: str, qset: Any) -> None:
+        self.strip.started(f"Downloading {printable(name)}…")
 
         def work(report: Any, token: Any) -> list[str]:
-            paths = hub.download(repo, s, progress=lambda n, d, t: report(d, t, f"Downloading {n}"),
+            paths = hub.download(repo, qset(), progress=lambda n, d, t: report(d, t, f"Downloading {n}"),
                                  verify=lambda n, d, t: report(d, t, f"Checking SHA-256 of {n}"), cancel=token)
             return [str(p) for p in paths]
 

@@ -608,6 +608,9 @@ class MetadataView(QWidget):
         if f is not None and getattr(f, "is_split", False):
             self.edit_refusal = ("a model split in several files is not edited as a set: open its first file alone "
                                  "to edit the metadata")
+        elif f is not None and doc is not None and doc.remote is not None:
+            self.edit_refusal = ("a file on the hub is not edited here: saving copies every tensor, which needs the "
+                                 "whole file (Download it)")
         elif f is not None:
             self.edits = EditList(f)
         self._say("")

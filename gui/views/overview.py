@@ -396,6 +396,11 @@ class OverviewView(QWidget):
             return
         f = self.doc.gguf
         doc = self.doc
+        if doc.remote is not None:  # every block's scales: the whole file
+            self.scan_strip.set_can_run(False)
+            self.scan_label.setText("NaN/Inf scale scan: not run, it reads every block and this file is on the hub "
+                                    "(Download, above, to scan it)")
+            return
         self.scan_strip.started("NaN/Inf scale scan: scanning every block's fp16 scales…")
 
         def work(report, token):  # type: ignore[no-untyped-def]
@@ -409,7 +414,7 @@ class OverviewView(QWidget):
                           on_cancelled=lambda: self._scan_end(doc, "NaN/Inf scale scan: cancelled"))
 
     def _scan_busy(self, busy: bool) -> None:
-        self.scan_strip.set_can_run(self.doc is not None)
+        self.scan_strip.set_can_run(self.doc is not None and self.doc.remote is None)
         self.scan_strip.set_busy(busy)
 
     def _scan_end(self, doc: Document, text: str) -> None:

@@ -1157,7 +1157,8 @@ class QuantLabView(QWidget):
         self._retired = []
 
     def shutdown(self) -> None:
-        """After the runner has stopped: close the reference file."""
+        """After the runner has stopped: close the reference file (and stop a publish in flight)."""
+        self.budget_page.shutdown()
         for f in [*self._retired, self.reference]:
             if f is not None:
                 f.close()

@@ -343,6 +343,22 @@ class FrontPlot(CompactPlot):
 
 
 @qt_guarded
+def card_inputs(tp: Any, size: int, measured: float | None, text: str) -> Any:
+    """What a model card says of a mix written here (core/publish.py's CardInputs): the target-size figures as
+    ``quantize --target-size --json`` reports them (target, bits per weight, the predicted mean KLD, the measured
+    one when the mix was checked), the calibration text and the ``--tensor-type`` rules. No perplexity: the page
+    measures none."""
+    from quantscope.core.publish import CardInputs
+
+    target: dict[str, Any] = {"target_bytes": size, "bpw_out": tp.plan.bits_per_weight(True),
+                              "predicted_kld": tp.predicted_cost, "preset": tp.plan.preset.name}
+    if measured is not None:
+        target["refine"] = {"measured_kld": measured}
+    calibration = Path(text).expanduser() if text else None
+    return CardInputs(calibration=calibration if calibration is not None and calibration.is_file() else None,
+                      rules=rules_text(tp.rules), target=target)
+
+
 class BudgetPanel(QWidget):
     """The "Budget" page: measure the costs, then choose a size on the front and write the mix."""
 
@@ -474,6 +490,13 @@ class BudgetPanel(QWidget):
         self.write_btn = QPushButton("Write")
         self.write_btn.setAccessibleName("Write the mix (and its --tensor-type rules)")
         self.write_btn.clicked.connect(self.write)
+        self.publish_btn = QPushButton("Publish…")
+        self.publish_btn.setAccessibleName("Publish the written file and its model card to the Hugging Face hub")
+        self.publish_btn.setToolTip("Upload the file written last, with a model card that gives the figures "
+                                    "measured here, to a repository on the Hugging Face hub")
+        self.publish_btn.clicked.connect(self.publish)
+        self.publish_inputs: Any = None  # the card's figures of the file written last (core.publish.CardInputs)
+        self.publish_dialog: Any = None
         self.refine_btn = QPushButton("Check the mix")
         self.refine_btn.setAccessibleName("Measure the chosen estimates, solve again and measure the whole mix")
         self.refine_btn.setToolTip("Measure the KL divergence of the chosen types that were only estimated, solve "
@@ -512,6 +535,7 @@ class BudgetPanel(QWidget):
         wrow.addWidget(out_row, 1)
         wrow.addWidget(self.refine_btn)
         wrow.addWidget(self.write_btn)
+        wrow.addWidget(self.publish_btn)
         ll.addLayout(wrow)
         return left
 
@@ -616,6 +640,7 @@ class BudgetPanel(QWidget):
         current = ready and self.run is not None and self.run.imatrix is self.view.imatrix
         self.write_btn.setEnabled(current and not busy and self.mix is not None)
         self.refine_btn.setEnabled(current and not busy and self.mix is not None)
+        self.publish_btn.setEnabled(not busy and self.written is not None and self.publish_inputs is not None)
         for w in (self.text_path, self.types_edit, self.ctx_spin, self.chunks_spin):
             w.setEnabled(not busy)
 
@@ -1002,6 +1027,7 @@ class BudgetPanel(QWidget):
                 return
             self.write_state = "done"
             self.written = path
+            self.publish_inputs = card_inputs(tp, size, measured, self.text_path.text().strip())
             what = (f"the checked mix (measured {measured:.4g})" if measured is not None
                     else "a mix not checked as a whole")
             self.status.setText(f"Wrote {printable(path.name)}, {what} ({tp.plan.file_bytes:,} bytes, within the "
@@ -1025,3 +1051,24 @@ class BudgetPanel(QWidget):
         self.job_slot.start(WRITE_TASK, work, on_done=done, on_progress=progress, on_failed=failed,
                             on_cancelled=cancelled)
         return True
+
+    def publish(self) -> Any:
+        """Publish…: the file written last and its card (with this page's figures) in the publish dialog."""
+        from .publish_dialog import PublishDialog
+
+        if self.written is None or self.publish_inputs is None:
+            return None
+        dlg = self.publish_dialog
+        if dlg is None or dlg.runner.closed or (dlg.path != self.written and not dlg.job.busy):
+            if dlg is not None:
+                dlg.shutdown()
+            dlg = PublishDialog(self.written, self.publish_inputs, self)
+            self.publish_dialog = dlg
+        dlg.show()
+        dlg.raise_()
+        return dlg
+
+    def shutdown(self) -> None:
+        """The window closing: a publish in flight is cancelled and its worker waited for."""
+        if self.publish_dialog is not None:
+            self.publish_dialog.shutdown()

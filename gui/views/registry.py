@@ -26,7 +26,8 @@ class ViewEntry:
     View menu text (with the mnemonic), ``shortcut`` its key, ``attr`` the window's attribute holding the widget,
     ``kind`` the document kind it shows ("gguf" or "bump"), ``release``: told ``set_document(None)`` when the open
     document is not of its kind (else it keeps the last one until the next of its kind), ``find``: Find (Ctrl+F)
-    focuses its ``filter`` field."""
+    focuses its ``filter`` field, ``whole_file``: what it does that reads the whole file (a remote document is not
+    shown to it: its tab says so and offers Download instead)."""
 
     key: str
     label: str
@@ -36,9 +37,14 @@ class ViewEntry:
     kind: str
     release: bool = False
     find: bool = False
+    whole_file: str = ""
 
     def accepts(self, doc: Document | None) -> bool:
-        return doc is not None and doc.kind == self.kind
+        return doc is not None and doc.kind == self.kind and not (self.whole_file and doc.remote is not None)
+
+    def tab_shown(self, doc: Document | None) -> bool:
+        """Its tab is shown: it takes ``doc``, or ``doc`` is remote and the tab says why it does not."""
+        return self.accepts(doc) or bool(doc is not None and doc.kind == self.kind and self.whole_file)
 
     def widget(self, win: object) -> View:
         return getattr(win, self.attr)  # type: ignore[no-any-return]
@@ -57,11 +63,14 @@ VIEWS: tuple[ViewEntry, ...] = (
     ViewEntry("metadata", "Metadata", "&Metadata", "Ctrl+2", "metadata_view", "gguf", find=True),
     ViewEntry("tensors", "Tensors", "&Tensors", "Ctrl+3", "tensors_view", "gguf", find=True),
     ViewEntry("block", "Block inspector", "&Block inspector", "Ctrl+4", "block_view", "gguf"),
-    ViewEntry("chat", "Chat", "&Chat", "Ctrl+5", "chat_view", "gguf", release=True),
-    ViewEntry("probe", "Probe", "&Probe", "Ctrl+6", "probe_view", "gguf", release=True),
-    ViewEntry("lab", "Quant lab", "Quant &lab", "Ctrl+7", "lab_view", "gguf", release=True),
+    ViewEntry("chat", "Chat", "&Chat", "Ctrl+5", "chat_view", "gguf", release=True, whole_file="Chat runs the model"),
+    ViewEntry("probe", "Probe", "&Probe", "Ctrl+6", "probe_view", "gguf", release=True,
+              whole_file="Probe runs the model"),
+    ViewEntry("lab", "Quant lab", "Quant &lab", "Ctrl+7", "lab_view", "gguf", release=True,
+              whole_file="The Quant lab requantizes every weight"),
     ViewEntry("bump", "Bump file", "B&ump file", "Ctrl+8", "bump_view", "bump", release=True, find=True),
-    ViewEntry("serve", "Serve", "&Serve", "Ctrl+9", "serve_view", "gguf", release=True),
+    ViewEntry("serve", "Serve", "&Serve", "Ctrl+9", "serve_view", "gguf", release=True,
+              whole_file="Serving runs the model"),
 )
 
 
@@ -112,6 +121,7 @@ def _shots() -> tuple[Shot, ...]:
         Shot("chat-tokens", "chat", s.chat_tokens, setup_shows=True),
         Shot("serve", "serve", s.serve),
         Shot("library", None, s.library),
+        Shot("hub", None, s.hub),  # File ▸ Models from the hub, searched on the hub HF_ENDPOINT names
     )
 
 

@@ -383,14 +383,15 @@ class TensorsView(QWidget):
         heat = QAction("Show in the heatmap", self)
         heat.triggered.connect(lambda: self.show_heatmap(name))
         t = self.doc.gguf.tensor(name) if self.doc is not None and self.doc.gguf is not None else None
+        whole = self.doc is not None and self.doc.remote is None  # a remote file: only its blocks are read
         block.setEnabled(t is not None and t.type is not None and not t.problem)
-        heat.setEnabled(t is not None and can_read_values(t))
+        heat.setEnabled(whole and t is not None and can_read_values(t))
         values = QAction("Export values as .npy (float32)…", self)
         values.triggered.connect(lambda: self.export_tensor(name, raw=False))
-        values.setEnabled(t is not None and can_read_values(t))
+        values.setEnabled(whole and t is not None and can_read_values(t))
         raw = QAction("Export raw blocks as .npy…", self)
         raw.triggered.connect(lambda: self.export_tensor(name, raw=True))
-        raw.setEnabled(t is not None and t.type is not None and not t.problem and t.n_bytes is not None)
+        raw.setEnabled(whole and t is not None and t.type is not None and not t.problem and t.n_bytes is not None)
         return [copy, block, heat, values, raw]
 
     def _tensor_actions(self) -> list[QAction]:
@@ -408,7 +409,8 @@ class TensorsView(QWidget):
         a = QAction("Requantize in the Quant lab", self)
         a.triggered.connect(lambda: self.requantizeRequested.emit(name))
         f = self.doc.gguf if self.doc is not None else None
-        a.setEnabled(f is not None and f.has_tensor(name) and can_read_values(f.tensor(name))
+        local = self.doc is not None and self.doc.remote is None
+        a.setEnabled(local and f is not None and f.has_tensor(name) and can_read_values(f.tensor(name))
                      and is_quantizable(f.tensor(name), f.architecture or ""))
         return a
 
@@ -539,6 +541,11 @@ class TensorsView(QWidget):
         if not can_read_values(t):
             self.progress_label.setText(f"Values of {t.type_name} cannot be computed"
                                         + (f": {t.problem}" if t.problem else "."))
+            self.strip.show()
+            return
+        if doc.remote is not None:  # every value of the tensor: its whole extent, not the blocks inspected
+            self.progress_label.setText(f"Statistics and the heatmap read all {t.n_elements:,} values of {t.name}, "
+                                        "and this file is on the hub: Download it (above) for them.")
             self.strip.show()
             return
         f = doc.gguf

@@ -125,6 +125,9 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
     shape, length and type is checked against the config (:func:`check_weights`); a tensor left over is an
     error (:class:`UnsupportedModel`)."""
     cfg = config or read_config(f)
+    if cfg.is_embedding:
+        raise UnsupportedModel(f"{cfg.arch} is an embedding model ({cfg.pooling} pooling): it does not generate "
+                               "text; run it with `quantscope embed` or the server's /v1/embeddings")
     layers = []
     ple = cfg.ple_dim > 0
     d = description(cfg.arch)

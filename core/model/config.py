@@ -100,6 +100,14 @@ class ModelConfig:
     ssm_k_heads: int = 0
     ssm_v_heads: int = 0
     n_ff_shexp: int = 0  # qwen35moe: a shared expert of this width beside the routed ones (0: none)
+    #: an embedding model's pooling of the last layer's rows ("none", "mean", "cls", "last", "rank"); "" for the
+    #: text generation models. A model with a pooling is an encoder (core/engine/encoder.py): it does not generate
+    pooling: str = ""
+
+    @property
+    def is_embedding(self) -> bool:
+        """Is this an embedding (encoder) model, which pools rows instead of predicting tokens?"""
+        return bool(self.pooling)
 
     def n_head_kv_at(self, layer: int) -> int:
         return self.layer_n_head_kv[layer] if self.layer_n_head_kv else self.n_head_kv

@@ -22,9 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bert_fixtures import TEXTS, VARIANTS, write_fixture  # noqa: E402
-
-from bench.llamacpp_build import VERSION, cache_root  # noqa: E402
+from bench.llamacpp_build import VERSION, cache_root
+from bert_fixtures import TEXTS, VARIANTS, write_fixture
 
 DATA = Path(__file__).resolve().parent / "data" / "bert"
 #: the poolings recorded per variant: the file's own first (None), then overrides
@@ -55,7 +54,7 @@ def run(exe: Path, model: Path, pooling: str | None) -> tuple[list[list[float]],
     # tail: run again until the array is whole
     for _ in range(20):
         with tempfile.TemporaryFile("w+", encoding="utf-8") as fh:
-            r = subprocess.run(cmd, stdout=fh, stderr=subprocess.PIPE, text=True, check=True)
+            subprocess.run(cmd, stdout=fh, stderr=subprocess.PIPE, text=True, check=True)
             fh.seek(0)
             out = fh.read()
         start = out.rindex("[[")  # the verbose prompt comes first, the array last

@@ -11,11 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-
 from quantscope.core.engine.encoder import EmbedError, Encoder, normalize
 from quantscope.core.engine.generate import Engine
-from quantscope.core.model import UnsupportedModel, read_config
 from quantscope.core.gguf import GGUFFile
+from quantscope.core.model import UnsupportedModel, read_config
 
 from .bert_fixtures import TEXTS, VARIANTS, write_fixture
 
@@ -118,7 +117,7 @@ def test_hostile_inputs_are_refused_in_one_line(fixtures):
 
 
 def test_the_generative_engine_refuses_an_embedding_model_plainly(fixtures):
-    with pytest.raises(UnsupportedModel, match="is an embedding model .*does not generate text"):
+    with pytest.raises(UnsupportedModel, match=r"is an embedding model .*does not generate text"):
         Engine(fixtures["bert-mean"], n_ctx=64, threads=1, backend="cpu")
 
 
@@ -153,5 +152,5 @@ def test_an_extra_tensor_is_refused(fixtures, tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(UnsupportedModel, match="blk.0.attn_norm_2.weight is not used"):
+    with pytest.raises(UnsupportedModel, match=r"blk\.0\.attn_norm_2\.weight is not used"):
         Encoder(out)

@@ -15,6 +15,7 @@ input is one line of :class:`EmbedError`.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -282,7 +283,7 @@ class Encoder:
             if L.bv is not None:
                 v = v + L.bv
             att = np.empty_like(q)
-            for s0, s1 in zip(bounds[:-1], bounds[1:], strict=True):
+            for s0, s1 in itertools.pairwise(bounds):
                 T = s1 - s0
                 qh = q[s0:s1].reshape(T, H, D).transpose(1, 0, 2)
                 kh = np.repeat(k[s0:s1].reshape(T, Hk, D).transpose(1, 0, 2), H // Hk, axis=0)
@@ -302,4 +303,4 @@ class Encoder:
             if L.b_down is not None:
                 o = o + L.b_down
             x = _layer_norm(o + x, L.out_norm, c.rms_eps)
-        return [x[s0:s1] for s0, s1 in zip(bounds[:-1], bounds[1:], strict=True)]
+        return [x[s0:s1] for s0, s1 in itertools.pairwise(bounds)]

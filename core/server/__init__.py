@@ -15,16 +15,18 @@ from pathlib import Path
 
 import uvicorn
 
+from ..engine.encoder import Encoder
 from ..engine.generate import Engine
 from . import resources
 from .app import DEFAULT_MAX_BODY, ServerApp, ServerConfig
 from .connections import ACCEPT_BURST, DEFAULT_TIMEOUT, LISTEN_BACKLOG, protocol_class, quiet_accept_errors
+from .embeddings import EmbeddingApp
 from .errors import ApiError
 from .requests import RequestLog, RequestRecord
 from .scheduler import Scheduler
 
-__all__ = ["DEFAULT_MAX_BODY", "DEFAULT_TIMEOUT", "ApiError", "RequestLog", "RequestRecord", "Server", "ServerApp",
-           "ServerConfig", "listen", "model_id_of"]
+__all__ = ["DEFAULT_MAX_BODY", "DEFAULT_TIMEOUT", "ApiError", "EmbeddingServer", "RequestLog", "RequestRecord",
+           "Server", "ServerApp", "ServerConfig", "listen", "model_id_of"]
 
 #: seconds the open requests get to end (streams with an error event, queued ones with a 503) once stopping
 SHUTDOWN_GRACE = 30
@@ -148,6 +150,55 @@ class Server:
         """End every request (streams with an error event, others with a 503), stop serving and close the
         socket."""
         self.scheduler.stop()
+        self.uvicorn.should_exit = True
+        if self._thread is not None:
+            self._thread.join(SHUTDOWN_GRACE + 5)
+        self.sock.close()
+
+
+class EmbeddingServer:
+    """The server of an embedding model (:mod:`.embeddings`): ``/v1/embeddings`` on ``encoder``, with the same
+    binding, key, body limit, Host/Origin rules and connection handling as :class:`Server`."""
+
+    def __init__(self, encoder: Encoder, model_id: str, host: str = "127.0.0.1", port: int = 8080,
+                 api_key: str | None = None, max_body: int = DEFAULT_MAX_BODY, log_level: str = "warning", *,
+                 sock: socket.socket | None = None, allowed_hosts: tuple[str, ...] = (),
+                 cors_origins: tuple[str, ...] = (), timeout: float = DEFAULT_TIMEOUT,
+                 max_connections: int | None = None) -> None:
+        protocol = protocol_class(timeout, max_connections)
+        self.app = EmbeddingApp(encoder, ServerConfig(model_id, api_key, max_body, host=host,
+                                                      allowed_hosts=tuple(allowed_hosts),
+                                                      cors_origins=tuple(cors_origins)))
+        self.sock = sock if sock is not None else listen(host, port)
+        self.host, self.port = host, int(self.sock.getsockname()[1])
+        self.max_connections = protocol.max_connections
+        config = uvicorn.Config(self.app.asgi, log_level=log_level, access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE, http=protocol, backlog=ACCEPT_BURST)
+        self.uvicorn = _Uvicorn(config, lambda: None)
+        self._thread: threading.Thread | None = None
+
+    url = Server.url
+
+    def serve_forever(self) -> None:
+        """Serve until SIGINT (Ctrl-C) or SIGTERM."""
+        try:
+            self.uvicorn.run(sockets=[self.sock])
+        finally:
+            self.sock.close()
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Serve on a background thread; returns once the server accepts connections."""
+        self._thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [self.sock]},
+                                        name="quantscope-http", daemon=True)
+        self._thread.start()
+        end = time.monotonic() + timeout
+        while not self.uvicorn.started and self._thread.is_alive() and time.monotonic() < end:
+            time.sleep(0.01)
+        if not self.uvicorn.started:
+            raise RuntimeError("the server did not start")
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
         self.uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(SHUTDOWN_GRACE + 5)

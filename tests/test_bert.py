@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from quantscope.core.engine.encoder import EmbedError, Encoder, normalize
-from quantscope.core.engine.generate import Engine
+from quantscope.core.engine.generate import Engine, load_failure
 from quantscope.core.gguf import GGUFFile
-from quantscope.core.model import UnsupportedModel, read_config
+from quantscope.core.model import EmbeddingModel, UnsupportedModel, read_config
 
 from .bert_fixtures import TEXTS, VARIANTS, write_fixture
 
@@ -117,8 +117,12 @@ def test_hostile_inputs_are_refused_in_one_line(fixtures):
 
 
 def test_the_generative_engine_refuses_an_embedding_model_plainly(fixtures):
-    with pytest.raises(UnsupportedModel, match=r"is an embedding model .*does not generate text"):
+    """The chat, the probe and the GUI's server say what load_failure says: an embedding model does not chat."""
+    with pytest.raises(EmbeddingModel, match=r"is an embedding model .*does not generate text") as exc:
         Engine(fixtures["bert-mean"], n_ctx=64, threads=1, backend="cpu")
+    why = load_failure(exc.value)
+    assert why is not None and why.headline == "This is an embedding model: it does not chat or generate text."
+    assert "quantscope embed" in why.detail
 
 
 def test_a_generative_model_is_not_an_encoder(tmp_path):

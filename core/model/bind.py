@@ -10,7 +10,7 @@ import numpy as np
 from ..gguf import GGUFFile, TensorInfo
 from .arch import Architecture, description
 from .checks import check_weights
-from .config import ModelConfig, ModelError, UnsupportedModel, gguf_keys
+from .config import EmbeddingModel, ModelConfig, ModelError, UnsupportedModel, gguf_keys
 from .read import read_config
 from .weights import GDNWeights, LayerWeights, ModelWeights, Weight
 
@@ -126,7 +126,7 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
     error (:class:`UnsupportedModel`)."""
     cfg = config or read_config(f)
     if cfg.is_embedding:
-        raise UnsupportedModel(f"{cfg.arch} is an embedding model ({cfg.pooling} pooling): it does not generate "
+        raise EmbeddingModel(f"{cfg.arch} is an embedding model ({cfg.pooling} pooling): it does not generate "
                                "text; run it with `quantscope embed` or the server's /v1/embeddings")
     layers = []
     ple = cfg.ple_dim > 0

@@ -18,6 +18,11 @@ class ModelError(UnsupportedModel):
     expected and the found value. A subclass of :class:`UnsupportedModel`, so callers catching that catch both."""
 
 
+class EmbeddingModel(UnsupportedModel):
+    """The file is an embedding model (it pools rows into vectors): the text generation engine does not run it;
+    :mod:`quantscope.core.engine.encoder` does."""
+
+
 #: Upper bounds the engine accepts (the native block checks the same limits again on every call).
 MAX_EMBD = 1 << 20
 MAX_FF = 1 << 22

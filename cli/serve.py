@@ -126,6 +126,8 @@ def _serve_embeddings(args: argparse.Namespace, sock: Any, key: str | None, loop
     from quantscope.core.server import EmbeddingServer, model_id_of
 
     try:
+        if args.backend == "cuda" or args.gpu_layers:
+            raise CLIError("embedding models run on the CPU: drop --backend cuda / GPU layers")
         try:
             enc = Encoder(args.file, pooling=args.pooling)
         except (EmbedError, UnsupportedModel) as exc:

@@ -81,8 +81,10 @@ def test_batches_give_what_single_inputs_give(fixtures):
         together = enc.embed(list(TEXTS))
         alone = [enc.embed([t])[0] for t in TEXTS]
         ids = enc.embed([enc.tokenize(TEXTS[0])])[0]
-    for a, b in zip(together, alone, strict=True):
-        assert np.allclose(a, b, atol=1e-5)
+        ids_all = [enc.tokenize(t) for t in TEXTS]
+        small = enc.embed_ids(ids_all, "mean", batch_tokens=20)  # batches of 1 or 2 inputs
+    for a, b, c in zip(together, alone, small, strict=True):
+        assert np.allclose(a, b, atol=1e-5) and np.allclose(a, c, atol=1e-5)
     assert np.allclose(ids, together[0], atol=1e-6)
 
 

@@ -127,3 +127,8 @@ def test_serve_pooling_is_for_embedding_models(capsys, tmp_path):
     llama = write_arch("llama", tmp_path / "llama.gguf")
     rc, _, err = run(capsys, "serve", str(llama), "--port", "0", "--pooling", "mean")
     assert rc == 2 and "--pooling is for embedding models" in err
+
+
+def test_serve_an_embedding_model_on_the_gpu_is_one_line(capsys, model):
+    rc, _, err = run(capsys, "serve", str(model), "--port", "0", "--backend", "cuda")
+    assert rc == 2 and "embedding models run on the CPU" in err and err.count("\n") == 1

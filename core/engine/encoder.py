@@ -32,8 +32,9 @@ from ..tokenizer import Tokenizer
 
 #: poolings that give one vector per input (``none`` gives one per token)
 POOLINGS = tuple(p for p in POOLING_TYPES if p != "rank")
-#: how many tokens one call evaluates at most, all inputs together (memory bound of the float32 activations)
-MAX_BATCH_TOKENS = 1 << 16
+#: how many tokens one forward evaluates at most, all inputs together: bounds the float32 activations (the FFN's
+#: are MAX_BATCH_TOKENS x n_ff: 128 MiB for bge-large's 4096)
+MAX_BATCH_TOKENS = 8192
 
 
 class EmbedError(ValueError):
@@ -243,13 +244,15 @@ class Encoder:
                 for i, x in enumerate(inputs)]
         return self.embed_ids(seqs, pooling, normalize_mode)
 
-    def embed_ids(self, seqs: Sequence[list[int]], pooling: str, normalize_mode: int = 2) -> list[np.ndarray]:
-        """:meth:`embed` of checked token lists, evaluated in batches of at most :data:`MAX_BATCH_TOKENS`."""
+    def embed_ids(self, seqs: Sequence[list[int]], pooling: str, normalize_mode: int = 2,
+                  batch_tokens: int = MAX_BATCH_TOKENS) -> list[np.ndarray]:
+        """:meth:`embed` of checked token lists, evaluated in batches of at most ``batch_tokens`` tokens (an input
+        longer than that alone)."""
         out: list[np.ndarray] = []
         i = 0
         while i < len(seqs):
             j, n = i, 0
-            while j < len(seqs) and (j == i or n + len(seqs[j]) <= MAX_BATCH_TOKENS):
+            while j < len(seqs) and (j == i or n + len(seqs[j]) <= batch_tokens):
                 n += len(seqs[j])
                 j += 1
             rows = self.forward(seqs[i:j])

@@ -20,13 +20,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..gguf import GGUFFile
 from ..model import ModelConfig, ModelError, UnsupportedModel, read_config
 from ..model.arch.bert import POOLING_TYPES
-from ..native.kernels import copy_mapped
+from ..native import ffi, lib
+from ..native.kernels import copy_mapped, default_threads, native_error
 from ..quant import dequantize
 from ..tokenizer import Tokenizer
 
@@ -107,8 +109,10 @@ class Encoder:
     """An embedding model opened from a GGUF file: :meth:`embed` gives the pooled, normalised vectors of texts or
     token lists. ``pooling`` overrides the file's ``{arch}.pooling_type``."""
 
-    def __init__(self, path: str | Path, pooling: str | None = None) -> None:
+    def __init__(self, path: str | Path, pooling: str | None = None, threads: int = 0) -> None:
         self.file = GGUFFile(path)
+        #: CPU threads of the native layers (0: one per core)
+        self.threads = threads or default_threads()
         try:
             self._load(pooling)
         except BaseException:
@@ -162,6 +166,8 @@ class Encoder:
                 down=self._matrix(b + "ffn_down.weight", E, F), b_down=self._vec(b + "ffn_down.bias", E, True),
                 out_norm=(self._vec(b + "layer_output_norm.weight", E),
                           self._vec(b + "layer_output_norm.bias", E))))
+        #: the layers' descriptions for the native block (qs_block_forward), None where a weight type has no kernel
+        self.blocks: list[Any] | None = self._describe()
         head = [t.name for t in f.tensors if t.name.startswith("cls")]
         self._used.update(head)  # the rerank head: read by rank pooling only (llama.cpp ignores it otherwise)
         left = [t.name for t in f.tensors if t.name not in self._used]
@@ -170,6 +176,62 @@ class Encoder:
                                    "would give wrong results)")
 
     # ------------------------------------------------------------------ loading
+    def _describe(self) -> list[Any] | None:
+        """Each layer as a ``qs_block`` (csrc/qs_api_nn.h): the matrices zero-copy from the mapped file, the vectors
+        (float32 copies) kept by ``_keep``, BERT's switches set (post-LayerNorm residuals, ungated GELU FFN with
+        biases, non-causal attention, no RoPE); the KV cache is set per call. None when a matrix's type has no
+        native kernel (the numpy forward then runs)."""
+        c, f = self.config, self.file
+        self._keep: list[Any] = []
+
+        def weight(d: Any, name: str, row0: int = 0, rows: int | None = None) -> bool:
+            t = f.tensor(name)
+            assert t.type is not None
+            if not lib.qs_can_dequantize(t.type.id):
+                return False
+            rb = t.type.row_bytes(t.row_len)
+            n = t.n_rows - row0 if rows is None else rows
+            data = f.tensor_bytes(t)[row0 * rb:(row0 + n) * rb]
+            buf = ffi.from_buffer(data)
+            self._keep.append(buf)
+            d.ptr, d.type, d.bytes, d.rows, d.k = ffi.cast("uint8_t *", buf), t.type.id, int(data.size), n, t.row_len
+            return True
+
+        def vec(d: Any, v: np.ndarray | None) -> None:
+            if v is not None:
+                a = np.ascontiguousarray(v, dtype=np.float32)
+                buf = ffi.from_buffer(a, require_writable=False)
+                self._keep += [a, buf]
+                d.ptr, d.len = ffi.cast("float *", buf), int(a.size)
+
+        QD, KD = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+        blocks = []
+        for i, L in enumerate(self.layers):
+            pre = f"blk.{i}."
+            b = ffi.new("qs_block *")
+            b.n_embd, b.eps, b.post_ln = c.n_embd, c.rms_eps, 1
+            a = b.attn
+            a.n_head, a.n_head_kv, a.head_dim = c.n_head, c.n_head_kv, c.head_dim
+            a.scale, a.non_causal = 1.0 / math.sqrt(c.head_dim), 1
+            b.rope.skip, b.rope.dim, b.rope.base = 1, c.head_dim - c.head_dim % 2, 10000.0
+            if f.has_tensor(pre + "attn_qkv.weight"):
+                ok = all(weight(d, pre + "attn_qkv.weight", r0, n) for d, r0, n in
+                         ((a.wq, 0, QD), (a.wk, QD, KD), (a.wv, QD + KD, KD)))
+            else:
+                ok = all(weight(d, pre + f"attn_{p}.weight") for d, p in ((a.wq, "q"), (a.wk, "k"), (a.wv, "v")))
+            ok = ok and weight(a.wo, pre + "attn_output.weight")
+            ok = ok and weight(b.ffn.up, pre + "ffn_up.weight") and weight(b.ffn.down, pre + "ffn_down.weight")
+            if not ok:
+                self._keep = []
+                return None
+            for d, v in ((a.bq, L.bq), (a.bk, L.bk), (a.bv, L.bv), (a.bo, L.bo), (b.post_attn_norm, L.attn_norm[0]),
+                         (b.post_attn_norm_b, L.attn_norm[1]), (b.post_ffn_norm, L.out_norm[0]),
+                         (b.post_ffn_norm_b, L.out_norm[1]), (b.ffn.b_up, L.b_up), (b.ffn.b_down, L.b_down)):
+                vec(d, v)
+            b.ffn.n_ff, b.ffn.gelu, b.ffn.plain = int(L.up.shape[0]), 1, 1
+            blocks.append(b)
+        return blocks
+
     def _read(self, name: str) -> tuple[np.ndarray, tuple[int, ...]]:
         if not self.file.has_tensor(name):
             raise UnsupportedModel(f"missing tensor {name}")
@@ -264,15 +326,54 @@ class Encoder:
         return out
 
     def forward(self, seqs: Sequence[list[int]]) -> list[np.ndarray]:
-        """The last layer's rows of each sequence ([tokens, n_embd] float32), the sequences evaluated together
-        (products over all rows at once, attention within each sequence)."""
-        c = self.config
-        ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs])
-        pos = np.concatenate([np.arange(len(s)) for s in seqs])
+        """The last layer's rows of each sequence ([tokens, n_embd] float32): by the native block, one sequence
+        per call (:meth:`forward_native`), or where a weight type has no native kernel by the numpy forward
+        (:meth:`forward_numpy`)."""
+        if self.blocks is None:
+            return self.forward_numpy(seqs)
+        return [self.forward_native(s) for s in seqs]
+
+    def _embeddings(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
         x = self.tok_embd[ids]
         if self.type0 is not None:
             x = x + self.type0
-        x = self.pos_embd[pos] + x
+        return np.ascontiguousarray(self.pos_embd[pos] + x, dtype=np.float32)
+
+    def forward_native(self, seq: list[int]) -> np.ndarray:
+        """One sequence through the native layers (csrc/qs_block.c walking each layer's plan: post-LayerNorm
+        residuals, ungated GELU FFN, non-causal attention over a cache of this sequence's own keys). Not
+        thread-safe: the layers' descriptions hold the call's cache."""
+        assert self.blocks is not None
+        c = self.config
+        T = len(seq)
+        pos = np.arange(T, dtype=np.int32)
+        x = self._embeddings(np.asarray(seq, dtype=np.int64), pos)
+        xp = ffi.cast("float *", ffi.from_buffer(x))
+        w, b0 = (ffi.cast("float *", ffi.from_buffer(v, require_writable=False)) for v in self.embd_norm)
+        lib.qs_layernorm(xp, w, b0, xp, T, c.n_embd, c.rms_eps)
+        kv = T * c.n_head_kv * c.head_dim
+        k_cache, v_cache = np.zeros(kv, np.float32), np.zeros(kv, np.float32)  # every layer's, in turn
+        kb, vb = ffi.from_buffer(k_cache), ffi.from_buffer(v_cache)
+        pp = ffi.cast("int32_t *", ffi.from_buffer(pos))
+        try:
+            for b in self.blocks:
+                a = b.attn
+                a.n_ctx, a.k_cache, a.v_cache, a.k_cache_bytes, a.v_cache_bytes = T, kb, vb, 4 * kv, 4 * kv
+                rc = lib.qs_block_forward(b, xp, T, pp, 0, self.threads)
+                if rc:
+                    raise native_error("encoder layer", rc)
+        finally:
+            for b in self.blocks:
+                b.attn.k_cache = b.attn.v_cache = ffi.NULL
+        return x
+
+    def forward_numpy(self, seqs: Sequence[list[int]]) -> list[np.ndarray]:
+        """The numpy forward (the float reference): the sequences evaluated together (products over all rows at
+        once, attention within each sequence)."""
+        c = self.config
+        ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs])
+        pos = np.concatenate([np.arange(len(s)) for s in seqs])
+        x = self._embeddings(ids, pos)
         x = _layer_norm(x, self.embd_norm, c.rms_eps)
         bounds = np.cumsum([0] + [len(s) for s in seqs])
         H, Hk, D = c.n_head, c.n_head_kv, c.head_dim

@@ -160,3 +160,18 @@ def test_an_extra_tensor_is_refused(fixtures, tmp_path):
     w.close()
     with pytest.raises(UnsupportedModel, match=r"blk\.0\.attn_norm_2\.weight is not used"):
         Encoder(out)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_native_layers_match_the_numpy_reference(fixtures, name):
+    """The native block (the plan's post-LayerNorm residuals, ungated GELU FFN, non-causal attention) against the
+    float32 numpy forward: float noise for F32 weights, activation quantization noise for Q8_0 ones."""
+    with Encoder(fixtures[name], threads=2) as enc:
+        assert enc.blocks is not None
+        seqs = [enc.tokenize(t) for t in TEXTS]
+        ref = enc.forward_numpy(seqs)
+        for s, r in zip(seqs, ref, strict=True):
+            got = enc.forward_native(s)
+            f32 = VARIANTS[name].quant == "F32"
+            assert np.abs(got - r).max() < (1e-4 if f32 else 0.2)  # rows of LayerNorm outputs (values of ~1)
+            assert min(_cos(g, w) for g, w in zip(got, r, strict=True)) > (0.99999 if f32 else 0.999)

@@ -1,16 +1,18 @@
 """Embedding models: a BERT-style encoder run over whole sequences, its rows pooled into one vector per input and
 normalised as llama.cpp's ``llama-embedding`` does.
 
-The forward pass is llama.cpp's ``bert`` graph in float32 numpy over the dequantized weights: token + token type 0
-+ absolute position embeddings, LayerNorm (with bias), then per layer q/k/v with biases, attention of every token
-to every token of its own input (no causal mask, no KV cache), output projection, residual, LayerNorm; GELU FFN
-(tanh form, as ggml_gelu) with biases, residual, LayerNorm. Pooling (``{arch}.pooling_type`` unless overridden):
-``mean`` of the rows, ``cls`` the first row, ``last`` the last, ``none`` every row. Normalisation as
-``common_embd_normalize``: 2 (Euclidean, the default), -1 none, 0 max-abs scaled to 32760, p a p-norm. Rerank
-(``rank`` pooling and its classification head) is refused.
+llama.cpp's ``bert`` graph: token + token type 0 + absolute position embeddings, LayerNorm (with bias), then per
+layer q/k/v with biases, attention of every token to every token of its own input, output projection, residual,
+LayerNorm; GELU FFN (tanh form, as ggml_gelu) with biases, residual, LayerNorm. The layers run on the native block
+(:meth:`Encoder.forward_native`: each layer's plan with BERT's switches, docs/embeddings.md); the same graph in
+float32 numpy over the dequantized weights is the float reference (:meth:`Encoder.forward_numpy`) and runs a
+file whose weight type has no native kernel. Pooling (``{arch}.pooling_type`` unless overridden): ``mean`` of the
+rows, ``cls`` the first row, ``last`` the last, ``none`` every row. Normalisation as ``common_embd_normalize``: 2
+(Euclidean, the default), -1 none, 0 max-abs scaled to 32760, p a p-norm. Rerank (``rank`` pooling and its
+classification head) is refused.
 
 Every input is checked before any arithmetic (token ids in range, length within the position table), so a bad
-input is one line of :class:`EmbedError`.
+input is one line of :class:`EmbedError`. An encoder is used by one thread at a time.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,20 +45,42 @@ class EmbedError(ValueError):
     """An input the encoder refuses (empty, too long, a token id out of range, an unknown pooling)."""
 
 
+class _Dense:
+    """A matrix of the file as float32 for the numpy forward, dequantized on first use (the native layers read
+    the file's own bytes, so a model run natively never holds a float32 copy of its matrices)."""
+
+    def __init__(self, read: Callable[[], np.ndarray], shape: tuple[int, int]) -> None:
+        self._read, self.shape = read, shape
+        self._value: np.ndarray | None = None
+
+    def value(self) -> np.ndarray:
+        if self._value is None:
+            self._value = self._read()
+        return self._value
+
+    @property
+    def T(self) -> np.ndarray:
+        return self.value().T
+
+    def rows(self, r0: int, r1: int) -> _Dense:
+        """Rows r0..r1 (a fused q/k/v matrix's parts), sharing this matrix's one copy."""
+        return _Dense(lambda: self.value()[r0:r1], (r1 - r0, self.shape[1]))
+
+
 @dataclass
 class _Layer:
-    wq: np.ndarray
-    wk: np.ndarray
-    wv: np.ndarray
+    wq: _Dense
+    wk: _Dense
+    wv: _Dense
     bq: np.ndarray | None
     bk: np.ndarray | None
     bv: np.ndarray | None
-    wo: np.ndarray
+    wo: _Dense
     bo: np.ndarray | None
     attn_norm: tuple[np.ndarray, np.ndarray]
-    up: np.ndarray
+    up: _Dense
     b_up: np.ndarray | None
-    down: np.ndarray
+    down: _Dense
     b_down: np.ndarray | None
     out_norm: tuple[np.ndarray, np.ndarray]
 
@@ -138,12 +160,12 @@ class Encoder:
         self.tokenizer = Tokenizer(f)
         E = cfg.n_embd
         self._used: set[str] = set()
-        self.tok_embd = self._matrix("token_embd.weight", cfg.n_vocab, E)
-        self.pos_embd = self._matrix("position_embd.weight", None, E)
+        self.tok_embd = self._matrix("token_embd.weight", cfg.n_vocab, E).value()
+        self.pos_embd = self._matrix("position_embd.weight", None, E).value()
         #: how many positions (tokens per input) the model has
         self.n_ctx = int(self.pos_embd.shape[0])
         types = self._matrix("token_types.weight", None, E, optional=True)
-        self.type0 = types[0] if types is not None and len(types) else None
+        self.type0 = types.value()[0] if types is not None and types.shape[0] else None
         self.embd_norm = (self._vec("token_embd_norm.weight", E), self._vec("token_embd_norm.bias", E))
         QD, KD = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
         self.layers: list[_Layer] = []
@@ -152,7 +174,7 @@ class Encoder:
             F = cfg.n_ff_at(i)
             if f.has_tensor(b + "attn_qkv.weight"):
                 qkv = self._matrix(b + "attn_qkv.weight", QD + 2 * KD, E)
-                wq, wk, wv = qkv[:QD], qkv[QD:QD + KD], qkv[QD + KD:]
+                wq, wk, wv = qkv.rows(0, QD), qkv.rows(QD, QD + KD), qkv.rows(QD + KD, QD + 2 * KD)
                 bqkv = self._vec(b + "attn_qkv.bias", QD + 2 * KD, optional=True)
                 bq, bk, bv = (None, None, None) if bqkv is None else (bqkv[:QD], bqkv[QD:QD + KD], bqkv[QD + KD:])
             else:
@@ -170,6 +192,10 @@ class Encoder:
                           self._vec(b + "layer_output_norm.bias", E))))
         #: the layers' descriptions for the native block (qs_block_forward), None where a weight type has no kernel
         self.blocks: list[Any] | None = self._describe()
+        if self.blocks is None:  # the numpy forward runs: read every matrix now (an unreadable one fails here)
+            for L in self.layers:
+                for m in (L.wq, L.wk, L.wv, L.wo, L.up, L.down):
+                    m.value()
         head = [t.name for t in f.tensors if t.name.startswith("cls")]
         self._used.update(head)  # the rerank head: read by rank pooling only (llama.cpp ignores it otherwise)
         left = [t.name for t in f.tensors if t.name not in self._used]
@@ -248,14 +274,22 @@ class Encoder:
             raise ModelError(f"{name}: a {t.type_name} tensor the encoder cannot read ({exc})") from None
         return np.ascontiguousarray(v, dtype=np.float32), tuple(t.ne)
 
-    def _matrix(self, name: str, rows: int | None, k: int, optional: bool = False) -> np.ndarray:
+    def _matrix(self, name: str, rows: int | None, k: int, optional: bool = False) -> _Dense:
+        """Matrix ``name`` of ``rows`` x ``k`` (rows None: any), its shape and type checked now, its values read
+        when first used."""
         if optional and not self.file.has_tensor(name):
             return None  # type: ignore[return-value]
-        v, ne = self._read(name)
+        if not self.file.has_tensor(name):
+            raise UnsupportedModel(f"missing tensor {name}")
+        t = self.file.tensor(name)
+        ne = tuple(t.ne)
+        if t.type is None:
+            raise UnsupportedModel(f"tensor {name} has {t.type_name}")
         if len(ne) != 2 or ne[0] != k or (rows is not None and ne[1] != rows):
             want = f"[{k}, {rows if rows is not None else 'n'}]"
             raise ModelError(f"{name}: expected shape {want}, found {list(ne)}")
-        return v.reshape(ne[1], ne[0])
+        self._used.add(name)
+        return _Dense(lambda: self._read(name)[0].reshape(ne[1], ne[0]), (int(ne[1]), int(ne[0])))
 
     def _vec(self, name: str, n: int, optional: bool = False) -> np.ndarray:
         if optional and not self.file.has_tensor(name):

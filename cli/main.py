@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "export": "export",
     "probe": "probe",
     "serve": "serve",
+    "embed": "embed",
     "pull": "hub", "hub": "hub", "publish": "hub",
 }
 BENCH_KINDS = ("open", "kernels", "convert", "model", "synthetic")
@@ -39,7 +40,7 @@ BENCH_KINDS = ("open", "kernels", "convert", "model", "synthetic")
 #: used as given; every other string argument is text and must be UTF-8 (checked once, in :func:`check_text_args`)
 PATH_DESTS = frozenset({"file", "files", "other", "output", "base", "quant", "text_file", "prefix", "imatrix",
                         "tensor_type_file", "reference", "kl_divergence_base", "config", "manifest", "against",
-                        "screenshot", "api_key_file", "calibration", "target_report"})
+                        "screenshot", "api_key_file", "calibration", "target_report", "npy"})
 
 
 def _not_utf8(text: str) -> bool:

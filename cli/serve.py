@@ -153,9 +153,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     loopback = is_loopback(sock.getsockname()[0])
     if several:
         try:
+            if args.pooling:
+                raise CLIError("--pooling is for serving one embedding model, not with --models or --library")
             return _serve_pool(args, key, allowed_hosts, cors_origins, loopback, sock)
         finally:
             sock.close()
+    if _is_embedding(args.file):
+        return _serve_embeddings(args, sock, key, loopback, allowed_hosts, cors_origins)
+    if args.pooling:
+        sock.close()
+        raise CLIError("--pooling is for embedding models; this is a text generation model")
     try:
         eng = load_engine(args, args.ctx)
     except BaseException:
@@ -186,6 +193,48 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         sock.close()
         eng.close()
+    return 0
+
+
+def _is_embedding(path: str) -> bool:
+    from quantscope.core.engine.encoder import is_embedding_file
+    from quantscope.core.gguf import GGUFError, GGUFFile
+
+    try:
+        with GGUFFile(path) as f:
+            return is_embedding_file(f)
+    except (GGUFError, OSError):
+        return False  # the engine's loader says what is wrong with it
+
+
+def _serve_embeddings(args: argparse.Namespace, sock: Any, key: str | None, loopback: bool,
+                      allowed_hosts: tuple[str, ...], cors_origins: tuple[str, ...]) -> int:
+    """``serve`` of an embedding model: /v1/embeddings (quantscope.core.server.embeddings)."""
+    from quantscope.core.engine.encoder import EmbedError, Encoder
+    from quantscope.core.model import UnsupportedModel
+    from quantscope.core.server import EmbeddingServer, model_id_of
+
+    try:
+        if args.backend == "cuda" or args.gpu_layers:
+            raise CLIError("embedding models run on the CPU: drop --backend cuda / GPU layers")
+        try:
+            enc = Encoder(args.file, pooling=args.pooling)
+        except (EmbedError, UnsupportedModel) as exc:
+            raise CLIError(f"{args.file}: {exc}") from None
+        with enc:
+            server = EmbeddingServer(enc, model_id_of(args.file), host=args.host, api_key=key, sock=sock,
+                                     allowed_hosts=allowed_hosts, cors_origins=cors_origins, timeout=args.timeout,
+                                     max_connections=args.max_connections)
+            print(f"serving {server.app.config.model_id} ({enc.config.arch} embedding model, {enc.pooling} "
+                  f"pooling, {enc.n_embd} dimensions) at {server.url}/v1/embeddings"
+                  f"{' (API key required)' if key else ''}; Ctrl-C stops", file=sys.stderr)
+            if not loopback and not key:
+                print(f"warning: listening on {args.host} without an API key: anyone who can reach this machine "
+                      "can use the model", file=sys.stderr)
+            server.serve_forever()
+            print("quantscope: server stopped", file=sys.stderr)
+    finally:
+        sock.close()
     return 0
 
 
@@ -241,4 +290,6 @@ def register(sub: Any) -> None:
                    "tokens, as llama-server does (default: as text; only the chat template's markup is special)")
     s.add_argument("--no-repack", action="store_true",
                    help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
+    s.add_argument("--pooling", choices=("none", "mean", "cls", "last"), default=None,
+                   help="embedding models: how a text's rows become its vector (default: the file's pooling_type)")
     s.set_defaults(func=cmd_serve)

@@ -38,6 +38,10 @@ int qs_rope_ext(float *x, int64_t n_tokens, int n_heads, int head_dim, int rot_d
 void qs_softmax(float *x, int64_t n_rows, int64_t n);
 void qs_swiglu(const float *gate, const float *up, float *out, int64_t n);
 void qs_geglu_tanh(const float *gate, const float *up, float *out, int64_t n);
+/* LayerNorm of each row of n: (x - mean) / sqrt(var + eps) * w + b (statistics in double, as ggml_norm; w, b NULL:
+ * 1 and 0); y may alias x. GELU in its tanh form (ggml_gelu), no gate; out may alias x. */
+void qs_layernorm(const float *x, const float *w, const float *b, float *y, int64_t n_rows, int64_t n, float eps);
+void qs_gelu_tanh(const float *x, float *out, int64_t n);
 /* gpt-oss's clamped SwiGLU (qs_block's swiglu_oai); out may alias gate or up. */
 void qs_swiglu_oai(const float *gate, const float *up, float *out, int64_t n);
 /* Caches hold n_ctx positions; the first n_kv (<= n_ctx) are valid. Query positions must be >= 0. */
@@ -99,6 +103,7 @@ typedef struct {
     int64_t n_ctx;
     void *k_cache, *v_cache;
     int64_t k_cache_bytes, v_cache_bytes;
+    int non_causal; /* 1: every query attends to every cached key (BERT's encoder; window 0) */
 } qs_attn_desc;
 /* RoPE of q and k (ggml_rope_ext, see qs_rope_ext): skip 1 leaves this layer unrotated (smollm3's NoPE layers) */
 typedef struct {
@@ -112,6 +117,8 @@ typedef struct {
 typedef struct {
     int n_ff, gelu, swiglu_oai;
     qs_weight gate, up, down;
+    int plain;            /* 1: no gate (BERT): out = down(GELU-tanh(up(x) + b_up)) + b_down; gate unused */
+    qs_vec b_up, b_down;  /* biases of up (n_ff) and down (n_embd): absent, or with plain */
 } qs_ffn_desc;
 /* Mixture of experts (n_expert 0: a dense FFN). The router (n_expert x n_embd, + b_router) scores them; per token
  * the n_used largest softmax probabilities pick the experts, their weights normalized to sum 1 (norm) and times
@@ -179,6 +186,8 @@ typedef struct {
     qs_gdn_desc gdn;
     qs_ple_desc ple;
     qs_probe_desc probe;
+    int post_ln; /* 1: BERT's residuals, x = LayerNorm(x + o) by post_attn_norm / post_ffn_norm with their biases */
+    qs_vec post_attn_norm_b, post_ffn_norm_b;
 } qs_block;
 /* The layer as a plan (docs/engine.md, "The layer as a plan"): qs_block_plan turns one layer's description into
  * the ordered steps of its forward pass, and every backend walks that list, implementing each step kind once
@@ -195,8 +204,9 @@ enum {
     QS_STEP_ATTEND,      /* ATT = attention of Q over the cache (window, soft-cap, sinks) */
     QS_STEP_QGATE,       /* ATT *= sigmoid(GATE) */
     QS_STEP_GDN,         /* the gated delta-net mixer: O from H */
-    QS_STEP_RESIDUAL,    /* X += scale * RMSNorm(src) by vec (QS_V_NONE: src itself) */
-    QS_STEP_GLU,         /* dst = act(src) * src2 (arg: QS_GLU_*) */
+    QS_STEP_RESIDUAL,    /* X += scale * RMSNorm(src) by vec (QS_V_NONE: src itself); arg QS_RES_POST_LN:
+                            X = LayerNorm(X + scale * src) by vec, bias[0] (BERT) */
+    QS_STEP_GLU,         /* dst = act(src) * src2 (arg: QS_GLU_*; QS_GLU_GELU_PLAIN: dst = GELU(src)) */
     QS_STEP_MOE,         /* routed experts (and the shared expert): O from H */
     QS_STEP_SCALE,       /* X *= scale */
     QS_STEP_KINDS
@@ -211,10 +221,11 @@ enum {
 };
 enum {
     QS_V_NONE = 0, QS_V_ATTN_NORM, QS_V_POST_ATTN_NORM, QS_V_FFN_NORM, QS_V_POST_FFN_NORM, QS_V_PLE_POST_NORM,
-    QS_V_BQ, QS_V_BK, QS_V_BV, QS_V_BO, QS_VECS
+    QS_V_BQ, QS_V_BK, QS_V_BV, QS_V_BO, QS_V_BUP, QS_V_BDOWN, QS_V_POST_ATTN_NORM_B, QS_V_POST_FFN_NORM_B, QS_VECS
 };
 enum { QS_TAP_ATTN_IN = 0, QS_TAP_Q, QS_TAP_WO_IN, QS_TAP_FFN_IN, QS_TAP_DOWN_IN };
-enum { QS_GLU_SILU = 0, QS_GLU_GELU, QS_GLU_OAI };
+enum { QS_GLU_SILU = 0, QS_GLU_GELU, QS_GLU_OAI, QS_GLU_GELU_PLAIN };
+enum { QS_RES_ADD = 0, QS_RES_POST_LN };
 enum { QS_PLAN_MAX = 32 };
 typedef struct {
     int kind;

@@ -243,7 +243,8 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
     const int64_t rows[9] = {(A->q_gate ? 2 : 1) * H * hd, KV * hd, KV * hd, E, ne * F, ne * F, ne * E, P, E},
                   ks[9] = {E, E, E, H * hd, E, E, F, E, P};
     for (int i = 0; i < 9; ++i) {
-        if ((A->kv_reuse && (i == 1 || i == 2)) || (!P && i >= 7) || (gdn && i < 4)) continue; /* not read */
+        if ((A->kv_reuse && (i == 1 || i == 2)) || (!P && i >= 7) || (gdn && i < 4) || (b->ffn.plain && i == 4))
+            continue; /* not read */
         int rc = check_weight(ws[i], rows[i], ks[i]);
         if (rc) return rc;
     }
@@ -252,6 +253,15 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
     /* the vectors the plan names (norms, biases: qs_plan_bad_vec), then q/k norms: per head (length head_dim) or
      * over the whole projection (olmo2: H*hd and KV*hd) */
     if (qs_plan_bad_vec(b)) return QS_ERR_VECTOR;
+    /* BERT's switches: flags, their vectors present exactly with them, no window with full attention */
+    if ((b->ffn.plain != 0 && b->ffn.plain != 1) || (b->post_ln != 0 && b->post_ln != 1) ||
+        (A->non_causal != 0 && A->non_causal != 1) || (A->non_causal && A->window) || (b->ffn.plain && NE))
+        return QS_ERR_SIZE;
+    if ((!b->ffn.plain && (b->ffn.b_up.ptr || b->ffn.b_down.ptr)) ||
+        (!b->post_ln && (b->post_attn_norm_b.ptr || b->post_ffn_norm_b.ptr)) ||
+        (b->post_ln && (!b->post_attn_norm.ptr || !b->post_ffn_norm.ptr || !b->post_attn_norm_b.ptr ||
+                        !b->post_ffn_norm_b.ptr)))
+        return QS_ERR_VECTOR;
     if (A->qk_norm_full != 0 && A->qk_norm_full != 1) return QS_ERR_SIZE;
     const int full = A->qk_norm_full;
     if ((A->q_norm.ptr && A->q_norm.len != (full ? H * hd : hd)) ||
@@ -467,7 +477,8 @@ static int check_seqs(const qs_block *const *seqs, const int64_t *n_pasts, const
     const qs_attn_desc *A = &b->attn;
     const qs_probe_desc *P = &b->probe;
     if (!n_pasts || !pos || T <= 0 || T > 4096) return QS_ERR_SIZE;
-    if (b->gdn.conv || P->attn || P->wo || P->ffn || P->down || P->exp_count || P->q) return QS_ERR_SIZE;
+    if (b->gdn.conv || A->non_causal || P->attn || P->wo || P->ffn || P->down || P->exp_count || P->q)
+        return QS_ERR_SIZE;
     const int64_t KV = A->n_head_kv, hd = A->head_dim;
     for (int64_t t = 0; t < T; ++t) {
         const qs_block *s = seqs[t];
@@ -622,6 +633,15 @@ static int cpu_attend(cpu_walk *w, const qs_step *s) {
     const int64_t T = w->T, H = A->n_head, KV = A->n_head_kv, hd = A->head_dim;
     const float *q = w->buf[s->src];
     float *dst = w->buf[s->dst];
+    if (A->non_causal) { /* every query sees every key: each asks as the last position (no RoPE reads pos here) */
+        int32_t *last = (int32_t *)malloc((size_t)T * sizeof(int32_t));
+        if (!last) return QS_ERR_NOMEM;
+        for (int64_t t = 0; t < T; ++t) last[t] = (int32_t)(w->n_past + T - 1);
+        int rc = qs_attention_sinks(q, T, last, (int)H, (int)hd, A->k_cache, A->v_cache, A->kv_f16, (int)KV,
+                                    w->n_past + T, A->n_ctx, 0, A->scale, A->softcap, A->sinks.ptr, dst, w->n_threads);
+        free(last);
+        return rc;
+    }
     if (!w->seqs)
         return qs_attention_sinks(q, T, w->pos, (int)H, (int)hd, A->k_cache, A->v_cache, A->kv_f16, (int)KV,
                                   w->n_past + T, A->n_ctx, A->window, A->scale, A->softcap, A->sinks.ptr, dst,
@@ -653,6 +673,12 @@ static int cpu_residual(cpu_walk *w, const qs_step *s) {
     const int64_t n = w->T * b->n_embd;
     float *o = w->buf[s->src], *x = w->buf[QS_BUF_X];
     const qs_vec *v = qs_plan_vec(b, s->vec);
+    if (s->arg == QS_RES_POST_LN) { /* X = LayerNorm(X + scale * O) */
+        const qs_vec *bias = qs_plan_vec(b, s->bias[0]);
+        for (int64_t i = 0; i < n; ++i) x[i] += s->scale * o[i];
+        qs_layernorm(x, v ? v->ptr : NULL, bias ? bias->ptr : NULL, x, w->T, b->n_embd, b->eps);
+        return QS_OK;
+    }
     if (v) qs_rmsnorm(o, v->ptr, o, w->T, b->n_embd, b->eps);
     if (s->scale != 1.0f)
         for (int64_t i = 0; i < n; ++i) o[i] *= s->scale;
@@ -664,7 +690,8 @@ static int cpu_glu(cpu_walk *w, const qs_step *s) {
     const int64_t n = w->T * (s->src == QS_BUF_PG ? w->b->ple.dim : w->b->ffn.n_ff);
     const float *g = w->buf[s->src], *u = w->buf[s->src2];
     float *out = w->buf[s->dst];
-    if (s->arg == QS_GLU_GELU) qs_geglu_tanh(g, u, out, n);
+    if (s->arg == QS_GLU_GELU_PLAIN) qs_gelu_tanh(g, out, n);
+    else if (s->arg == QS_GLU_GELU) qs_geglu_tanh(g, u, out, n);
     else if (s->arg == QS_GLU_OAI) qs_swiglu_oai(g, u, out, n);
     else qs_swiglu(g, u, out, n);
     return QS_OK;

@@ -98,6 +98,40 @@ void qs_geglu_tanh_scalar(const float *gate, const float *up, float *out, int64_
     }
 }
 
+void qs_layernorm_scalar(const float *x, const float *w, const float *b, float *y, int64_t n_rows, int64_t n,
+                         float eps) {
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; ++i) sum += xr[i];
+        const float mean = (float)(sum / (double)n);
+        double ss = 0.0;
+        for (int64_t i = 0; i < n; ++i) ss += (double)(xr[i] - mean) * (double)(xr[i] - mean);
+        const float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+        for (int64_t i = 0; i < n; ++i) {
+            float v = (xr[i] - mean) * scale;
+            if (w) v *= w[i];
+            if (b) v += b[i];
+            yr[i] = v;
+        }
+    }
+}
+
+void qs_gelu_tanh_scalar(const float *x, float *out, int64_t n) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = x[i];
+        out[i] = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+    }
+}
+
+void qs_layernorm(const float *x, const float *w, const float *b, float *y, int64_t n_rows, int64_t n, float eps) {
+    if (n_rows > 0 && n > 0) qs_layernorm_scalar(x, w, b, y, n_rows, n, eps);
+}
+
+void qs_gelu_tanh(const float *x, float *out, int64_t n) { qs_gelu_tanh_scalar(x, out, n); }
+
 /* ---------------------------------------------------------------- dispatchers */
 typedef void (*gated_fn)(const float *gate, const float *up, float *out, int64_t n);
 static void (*const RMSNORM[QS_TIERS])(const float *, const float *, float *, int64_t, int64_t, float) =

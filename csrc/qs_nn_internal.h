@@ -8,6 +8,9 @@
 void qs_rmsnorm_scalar(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps);
 void qs_swiglu_scalar(const float *gate, const float *up, float *out, int64_t n);
 void qs_geglu_tanh_scalar(const float *gate, const float *up, float *out, int64_t n);
+void qs_layernorm_scalar(const float *x, const float *w, const float *b, float *y, int64_t n_rows, int64_t n,
+                         float eps);
+void qs_gelu_tanh_scalar(const float *x, float *out, int64_t n);
 float qs_fdot_f32_scalar(const float *a, const float *b, int n);
 float qs_fdot_f16_scalar(const float *a, const uint16_t *b, int n);
 void qs_axpy_f32_scalar(float a, const float *x, float *y, int n);

@@ -54,6 +54,10 @@ static inline const qs_vec *qs_plan_vec(const qs_block *b, int slot) {
     case QS_V_BK: return &b->attn.bk;
     case QS_V_BV: return &b->attn.bv;
     case QS_V_BO: return &b->attn.bo;
+    case QS_V_BUP: return &b->ffn.b_up;
+    case QS_V_BDOWN: return &b->ffn.b_down;
+    case QS_V_POST_ATTN_NORM_B: return &b->post_attn_norm_b;
+    case QS_V_POST_FFN_NORM_B: return &b->post_ffn_norm_b;
     default: return NULL;
     }
 }
@@ -61,12 +65,14 @@ static inline const qs_vec *qs_plan_vec(const qs_block *b, int slot) {
 /* A vector slot's name (messages) and the length its vector must have when present. */
 static inline const char *qs_plan_vec_name(int slot) {
     static const char *const names[QS_VECS] = {"none", "attn_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm",
-                                               "ple.post_norm", "attn.bq", "attn.bk", "attn.bv", "attn.bo"};
+                                               "ple.post_norm", "attn.bq", "attn.bk", "attn.bv", "attn.bo",
+                                               "ffn.b_up", "ffn.b_down", "post_attn_norm_b", "post_ffn_norm_b"};
     return slot > 0 && slot < QS_VECS ? names[slot] : "none";
 }
 
 static inline int64_t qs_plan_vec_len(const qs_block *b, int slot) {
     const int64_t QD = (int64_t)b->attn.n_head * b->attn.head_dim, KD = (int64_t)b->attn.n_head_kv * b->attn.head_dim;
+    if (slot == QS_V_BUP) return b->ffn.n_ff;
     return slot == QS_V_BQ ? QD : slot == QS_V_BK || slot == QS_V_BV ? KD : b->n_embd;
 }
 
@@ -121,6 +127,13 @@ static inline void qs_plan_residual(qs_step *steps, int max, int *n, int vec, fl
     s->scale = scale;
 }
 
+/* BERT's residual: X = LayerNorm(X + scale * O) by vec and its bias. */
+static inline void qs_plan_residual_ln(qs_step *steps, int max, int *n, int vec, int bias, float scale) {
+    qs_plan_residual(steps, max, n, vec, scale);
+    steps[*n - 1].arg = QS_RES_POST_LN;
+    steps[*n - 1].bias[0] = bias;
+}
+
 static inline void qs_plan_glu(qs_step *steps, int max, int *n, int mode, int src, int src2, int dst) {
     qs_step *s = qs_plan_add(steps, max, n, QS_STEP_GLU);
     s->arg = mode;
@@ -168,14 +181,22 @@ static inline int qs_plan_build(const qs_block *b, qs_step *steps) {
         const int wo[1] = {QS_W_WO}, oo[1] = {QS_BUF_O}, bo[1] = {A->bo.ptr ? QS_V_BO : QS_V_NONE};
         qs_plan_proj(steps, max, &n, QS_BUF_ATT, 1, wo, oo, bo);
     }
-    qs_plan_residual(steps, max, &n, b->post_attn_norm.ptr ? QS_V_POST_ATTN_NORM : QS_V_NONE, rs);
-    /* feed-forward: dense, or the experts */
+    if (b->post_ln) qs_plan_residual_ln(steps, max, &n, QS_V_POST_ATTN_NORM, QS_V_POST_ATTN_NORM_B, rs);
+    else qs_plan_residual(steps, max, &n, b->post_attn_norm.ptr ? QS_V_POST_ATTN_NORM : QS_V_NONE, rs);
+    /* feed-forward: dense, ungated (BERT), or the experts */
     qs_plan_norm(steps, max, &n, b->ffn_norm.ptr ? QS_V_FFN_NORM : QS_V_NONE);
     qs_plan_tap(steps, max, &n, QS_TAP_FFN_IN, QS_BUF_H);
     if (b->moe.n_expert) {
         qs_step *s = qs_plan_add(steps, max, &n, QS_STEP_MOE);
         s->src = QS_BUF_H;
         s->dst = QS_BUF_O;
+    } else if (b->ffn.plain) {
+        const int w[1] = {QS_W_UP}, out[1] = {QS_BUF_U}, bu[1] = {b->ffn.b_up.ptr ? QS_V_BUP : QS_V_NONE};
+        qs_plan_proj(steps, max, &n, QS_BUF_H, 1, w, out, bu);
+        qs_plan_glu(steps, max, &n, QS_GLU_GELU_PLAIN, QS_BUF_U, QS_BUF_U, QS_BUF_A);
+        qs_plan_tap(steps, max, &n, QS_TAP_DOWN_IN, QS_BUF_A);
+        const int wd[1] = {QS_W_DOWN}, od[1] = {QS_BUF_O}, bd[1] = {b->ffn.b_down.ptr ? QS_V_BDOWN : QS_V_NONE};
+        qs_plan_proj(steps, max, &n, QS_BUF_A, 1, wd, od, bd);
     } else {
         const int w[2] = {QS_W_GATE, QS_W_UP}, out[2] = {QS_BUF_G, QS_BUF_U};
         qs_plan_proj(steps, max, &n, QS_BUF_H, 2, w, out, NULL);
@@ -185,7 +206,8 @@ static inline int qs_plan_build(const qs_block *b, qs_step *steps) {
         const int wd[1] = {QS_W_DOWN}, od[1] = {QS_BUF_O};
         qs_plan_proj(steps, max, &n, QS_BUF_A, 1, wd, od, NULL);
     }
-    qs_plan_residual(steps, max, &n, b->post_ffn_norm.ptr ? QS_V_POST_FFN_NORM : QS_V_NONE, rs);
+    if (b->post_ln) qs_plan_residual_ln(steps, max, &n, QS_V_POST_FFN_NORM, QS_V_POST_FFN_NORM_B, rs);
+    else qs_plan_residual(steps, max, &n, b->post_ffn_norm.ptr ? QS_V_POST_FFN_NORM : QS_V_NONE, rs);
     if (b->ple.dim) { /* gemma4's per-layer embedding: x += RMSNorm(proj(gelu(gate(x)) * inputs)) */
         qs_plan_norm(steps, max, &n, QS_V_NONE);
         const int wg[1] = {QS_W_PLE_GATE}, og[1] = {QS_BUF_PG};

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from quantscope.core.engine.session import Model
@@ -111,3 +112,45 @@ def test_every_backend_walks_every_step_kind():
         assert f"[{kind}] = cpu_" in table, kind
         assert f"case {kind}:" in walk, kind
     assert "m->host" not in walk  # the launch table, chosen when the model is made, decides
+
+
+BERT = ["norm copy: x -> h", "tap attn_in: h", "proj h -> q:wq+bq k:wk+bk v:wv+bv", "qk_post", "tap q: q",
+        "attend: q -> att", "tap wo_in: att", "proj att -> o:wo+bo",
+        "residual ln post_attn_norm+post_attn_norm_b: x = ln(x + o)", "norm copy: x -> h", "tap ffn_in: h",
+        "proj h -> u:up+bup", "glu gelu_plain: u * u -> a", "tap down_in: a", "proj a -> o:down+bdown",
+        "residual ln post_ffn_norm+post_ffn_norm_b: x = ln(x + o)"]
+
+
+def test_bert_post_layernorm_ungated_gelu_and_full_attention(tmp_path):
+    """BERT's layer (core/engine/encoder.py's descriptions): no pre-norms, x = LayerNorm(x + o) after attention and
+    after the FFN, an ungated GELU FFN with biases; its switches only with their vectors, as the block checks."""
+    from quantscope.core.engine.encoder import Encoder
+
+    from .bert_fixtures import write_fixture as write_bert
+
+    with Encoder(write_bert("bert-mean", tmp_path / "bert.gguf"), threads=1) as enc:
+        assert enc.blocks is not None
+        assert nn.block_plan(enc.blocks[0]) == BERT
+        b = enc.blocks[0]
+        assert b.attn.non_causal == 1 and b.post_ln == 1 and b.ffn.plain == 1
+        x = np.zeros((3, 64), np.float32)
+        pos = np.arange(3, dtype=np.int32)
+        kv = np.zeros(3 * 64, np.float32)
+
+        def forward(block) -> int:
+            a = block.attn
+            a.n_ctx, a.k_cache, a.v_cache = 3, ffi.from_buffer(kv), ffi.from_buffer(kv.copy())
+            a.k_cache_bytes = a.v_cache_bytes = kv.nbytes
+            return lib.qs_block_forward(block, ffi.cast("float *", ffi.from_buffer(x)), 3,
+                                        ffi.cast("int32_t *", ffi.from_buffer(pos)), 0, 1)
+
+        assert forward(ffi.new("qs_block *", b[0])) == lib.QS_OK
+        for change, code in ((lambda c: setattr(c.ffn, "plain", 0), lib.QS_ERR_WEIGHT),  # gated: no gate
+                             (lambda c: setattr(c, "post_ln", 0), lib.QS_ERR_VECTOR),
+                             (lambda c: setattr(c.post_ffn_norm_b, "ptr", ffi.NULL) or setattr(
+                                 c.post_ffn_norm_b, "len", 0), lib.QS_ERR_VECTOR),
+                             (lambda c: setattr(c.attn, "window", 2), lib.QS_ERR_SIZE),
+                             (lambda c: setattr(c.attn, "non_causal", 2), lib.QS_ERR_SIZE)):
+            c = ffi.new("qs_block *", b[0])
+            change(c)
+            assert forward(c) == code

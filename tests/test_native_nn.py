@@ -91,6 +91,28 @@ def test_gated_activations():
     assert close(nn.swiglu_oai(g, u), gc / (1 + np.exp(-1.702 * gc)) * (uc + 1), rtol=1e-5, atol=1e-6)
 
 
+def test_layernorm_and_plain_gelu():
+    """BERT's kernels against float64: LayerNorm with weight and bias (either absent), in place too; GELU-tanh."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((7, 384)) * 3 + 1.5).astype(np.float32)
+    w, b = rng.standard_normal(384).astype(np.float32), rng.standard_normal(384).astype(np.float32)
+    x64 = x.astype(np.float64)
+    norm = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-12)
+    assert close(nn.layernorm(x, w, b, 1e-12), norm * w + b, rtol=1e-5, atol=1e-5)
+    assert close(nn.layernorm(x, None, None, 1e-12), norm, rtol=1e-5, atol=1e-5)
+    assert close(nn.layernorm(x, w, None, 1e-12), norm * w, rtol=1e-5, atol=1e-5)
+    y = x.copy()
+    nn.layernorm(y, w, b, 1e-12, out=y)
+    assert close(y, norm * w + b, rtol=1e-5, atol=1e-5)
+    assert np.allclose(nn.layernorm(np.full((2, 8), 3.0, np.float32), None, b[:8], 1e-5), b[:8])  # constant rows
+    with pytest.raises(ValueError, match="bias has 3 elements"):
+        nn.layernorm(x, w, b[:3], 1e-12)
+    g = (rng.standard_normal(4867) * 4).astype(np.float32)
+    g64 = g.astype(np.float64)
+    assert close(nn.gelu_tanh(g), 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64**3))),
+                 rtol=1e-5, atol=1e-6)
+
+
 def attention_ref(q, q_pos, k, v, n_kv, scale, window, sinks=None):
     n_q, n_heads, _ = q.shape
     group = n_heads // k.shape[1]

@@ -78,9 +78,11 @@ def load_failure(exc: BaseException) -> LoadFailure | None:
     unsupported model or tokenizer, an unreadable GGUF, too little memory); ``None`` for anything else (a bug:
     show its traceback). The chat and the probe say the same."""
     from ..gguf import GGUFError
-    from ..model import UnsupportedModel
+    from ..model import EmbeddingModel, UnsupportedModel
     from ..tokenizer import TokenizerError
 
+    if isinstance(exc, EmbeddingModel):
+        return LoadFailure("This is an embedding model: it does not chat or generate text.", str(exc))
     if isinstance(exc, UnsupportedModel):
         return LoadFailure("This model cannot run on Quantscope's engine.", str(exc))
     if isinstance(exc, TokenizerError):

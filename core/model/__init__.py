@@ -31,6 +31,7 @@ from .config import (
     MAX_HEADS,
     MAX_LAYERS,
     MAX_VOCAB,
+    EmbeddingModel,
     ModelConfig,
     ModelError,
     UnsupportedModel,
@@ -41,7 +42,7 @@ from .weights import GDNWeights, LayerWeights, ModelWeights, Weight
 
 __all__ = [
     "ARCHITECTURES", "MAX_CTX", "MAX_EMBD", "MAX_EXPERTS", "MAX_FF", "MAX_HEADS", "MAX_HEAD_DIM", "MAX_LAYERS",
-    "MAX_VOCAB", "SUPPORTED_ARCHS", "Architecture", "GDNWeights", "LayerWeights", "ModelConfig", "ModelError",
-    "ModelWeights", "UnsupportedModel", "Weight", "bind_weights", "check_config", "check_weights", "gguf_keys",
-    "read_config",
+    "MAX_VOCAB", "SUPPORTED_ARCHS", "Architecture", "EmbeddingModel", "GDNWeights", "LayerWeights", "ModelConfig",
+    "ModelError", "ModelWeights", "UnsupportedModel", "Weight", "bind_weights", "check_config", "check_weights",
+    "gguf_keys", "read_config",
 ]

@@ -10,7 +10,7 @@ import numpy as np
 from ..gguf import GGUFFile, TensorInfo
 from .arch import Architecture, description
 from .checks import check_weights
-from .config import ModelConfig, ModelError, UnsupportedModel, gguf_keys
+from .config import EmbeddingModel, ModelConfig, ModelError, UnsupportedModel, gguf_keys
 from .read import read_config
 from .weights import GDNWeights, LayerWeights, ModelWeights, Weight
 
@@ -125,6 +125,9 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
     shape, length and type is checked against the config (:func:`check_weights`); a tensor left over is an
     error (:class:`UnsupportedModel`)."""
     cfg = config or read_config(f)
+    if cfg.is_embedding:
+        raise EmbeddingModel(f"{cfg.arch} is an embedding model ({cfg.pooling} pooling): it does not generate "
+                               "text; run it with `quantscope embed` or the server's /v1/embeddings")
     layers = []
     ple = cfg.ple_dim > 0
     d = description(cfg.arch)

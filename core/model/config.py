@@ -18,6 +18,11 @@ class ModelError(UnsupportedModel):
     expected and the found value. A subclass of :class:`UnsupportedModel`, so callers catching that catch both."""
 
 
+class EmbeddingModel(UnsupportedModel):
+    """The file is an embedding model (it pools rows into vectors): the text generation engine does not run it;
+    :mod:`quantscope.core.engine.encoder` does."""
+
+
 #: Upper bounds the engine accepts (the native block checks the same limits again on every call).
 MAX_EMBD = 1 << 20
 MAX_FF = 1 << 22
@@ -100,6 +105,14 @@ class ModelConfig:
     ssm_k_heads: int = 0
     ssm_v_heads: int = 0
     n_ff_shexp: int = 0  # qwen35moe: a shared expert of this width beside the routed ones (0: none)
+    #: an embedding model's pooling of the last layer's rows ("none", "mean", "cls", "last", "rank"); "" for the
+    #: text generation models. A model with a pooling is an encoder (core/engine/encoder.py): it does not generate
+    pooling: str = ""
+
+    @property
+    def is_embedding(self) -> bool:
+        """Is this an embedding (encoder) model, which pools rows instead of predicting tokens?"""
+        return bool(self.pooling)
 
     def n_head_kv_at(self, layer: int) -> int:
         return self.layer_n_head_kv[layer] if self.layer_n_head_kv else self.n_head_kv

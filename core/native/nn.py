@@ -74,6 +74,38 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return xa
 
 
+def layernorm(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None, eps: float,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """Row-wise LayerNorm over the last dimension: ``(x - mean) / sqrt(var + eps) * weight + bias``."""
+    xa = _in(x, np.float32, "x")
+    n = xa.shape[-1]
+    ptrs, keep = [], []
+    for name, v in (("weight", weight), ("bias", bias)):
+        if v is None:
+            ptrs.append(ffi.NULL)
+            continue
+        a = _in(v, np.float32, name).reshape(-1)
+        if a.size != n:
+            raise ValueError(f"{name} has {a.size} elements, rows have {n}")
+        keep.append(a)
+        ptrs.append(_ptr(a, "float *"))
+    y = np.empty_like(xa) if out is None else _f32_inplace(out, "out")
+    if y.shape != xa.shape:
+        raise ValueError("out must have the shape of x")
+    lib.qs_layernorm(_ptr(xa, "float *"), ptrs[0], ptrs[1], _out(y, "float *"), xa.size // n if n else 0, n, eps)
+    return y
+
+
+def gelu_tanh(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """GELU in its tanh form (ggml_gelu), no gate."""
+    xa = _in(x, np.float32, "x")
+    y = np.empty_like(xa) if out is None else _f32_inplace(out, "out")
+    if y.shape != xa.shape:
+        raise ValueError("out must have the shape of x")
+    lib.qs_gelu_tanh(_ptr(xa, "float *"), _out(y, "float *"), xa.size)
+    return y
+
+
 def _glu(fn: object, gate: np.ndarray, up: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     g = _in(gate, np.float32, "gate")
     u = _in(up, np.float32, "up")
@@ -190,7 +222,7 @@ def plan_names() -> dict[str, dict[int, str]]:
     edit here): step kinds, buffers, weight and vector slots, probe points, GLU modes."""
     return {"kinds": _names("QS_STEP_"), "bufs": _names("QS_BUF_"),
             "weights": _names("QS_W_"), "vecs": _names("QS_V_"), "taps": _names("QS_TAP_"),
-            "glus": _names("QS_GLU_")}
+            "glus": _names("QS_GLU_"), "residuals": _names("QS_RES_")}
 
 
 def block_plan(block: object) -> list[str]:
@@ -215,6 +247,8 @@ def block_plan(block: object) -> list[str]:
             parts = [f"{BUFFERS[s.out[i]]}:{WEIGHTS[s.w[i]]}" + (f"+{VECTORS[s.bias[i]]}" if s.bias[i] else "")
                      for i in range(s.n)]
             out.append(f"proj {src} -> {' '.join(parts)}")
+        elif kind == "residual" and s.arg == lib.QS_RES_POST_LN:
+            out.append(f"residual ln {vec}+{VECTORS[s.bias[0]]}{scale}: x = ln(x + {src})")
         elif kind == "residual":
             out.append(f"residual {vec or 'none'}{scale}: x += {src}")
         elif kind == "glu":

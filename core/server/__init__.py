@@ -16,17 +16,19 @@ from typing import Any
 
 import uvicorn
 
+from ..engine.encoder import Encoder
 from ..engine.generate import Engine
 from . import resources
 from .app import DEFAULT_MAX_BODY, ServerApp, ServerConfig
 from .connections import ACCEPT_BURST, DEFAULT_TIMEOUT, LISTEN_BACKLOG, protocol_class, quiet_accept_errors
+from .embeddings import EmbeddingApp
 from .errors import ApiError
 from .models import LoadOptions, ModelPool, Offer, PoolApp, model_id_of
 from .requests import RequestLog, RequestRecord
 from .scheduler import Scheduler
 
-__all__ = ["DEFAULT_MAX_BODY", "DEFAULT_TIMEOUT", "ApiError", "LoadOptions", "ModelPool", "Offer", "PoolServer",
-           "RequestLog", "RequestRecord", "Server", "ServerApp", "ServerConfig", "listen", "model_id_of"]
+__all__ = ["DEFAULT_MAX_BODY", "DEFAULT_TIMEOUT", "ApiError", "EmbeddingServer", "LoadOptions", "ModelPool", "Offer",
+           "PoolServer", "RequestLog", "RequestRecord", "Server", "ServerApp", "ServerConfig", "listen", "model_id_of"]
 
 #: seconds the open requests get to end (streams with an error event, queued ones with a 503) once stopping
 SHUTDOWN_GRACE = 30
@@ -193,4 +195,26 @@ class PoolServer(_Serving):
         if self._thread is not None:
             self._thread.join(SHUTDOWN_GRACE + 5)
         self.pool.close()
+        self.sock.close()
+
+
+class EmbeddingServer(_Serving):
+    """The server of an embedding model (:mod:`.embeddings`): ``/v1/embeddings`` on ``encoder``, with the same
+    binding, key, body limit, Host/Origin rules and connection handling as :class:`Server`."""
+
+    def __init__(self, encoder: Encoder, model_id: str, host: str = "127.0.0.1", port: int = 8080,
+                 api_key: str | None = None, max_body: int = DEFAULT_MAX_BODY, log_level: str = "warning", *,
+                 sock: socket.socket | None = None, allowed_hosts: tuple[str, ...] = (),
+                 cors_origins: tuple[str, ...] = (), timeout: float = DEFAULT_TIMEOUT,
+                 max_connections: int | None = None) -> None:
+        self.app = EmbeddingApp(encoder, ServerConfig(model_id, api_key, max_body, host=host,
+                                                      allowed_hosts=tuple(allowed_hosts),
+                                                      cors_origins=tuple(cors_origins)))
+        self._bind(self.app.asgi, lambda: None, host, port, log_level, sock, timeout, max_connections)
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        self.uvicorn.should_exit = True
+        if self._thread is not None:
+            self._thread.join(SHUTDOWN_GRACE + 5)
         self.sock.close()

@@ -303,6 +303,8 @@ static inline const char *missing_feature(const qs_block &b) {
     if (a.q_gate != 0 && (a.q_gate != 1 || b.gdn.conv)) return "gated attention outputs other than qwen35's";
     if (b.probe.attn || b.probe.wo || b.probe.ffn || b.probe.down || b.probe.exp_count || b.probe.q)
         return "probes";
+    if (b.post_ln || b.ffn.plain || a.non_causal)
+        return "BERT's post-LayerNorm residuals, ungated FFNs and non-causal attention";
     return nullptr;
 }
 

@@ -5,6 +5,7 @@ is one module here plus its line below (docs/extending.md). The only place archi
 from __future__ import annotations
 
 from . import (
+    bert,
     gemma2,
     gemma3,
     gemma4,
@@ -26,7 +27,7 @@ from .base import Architecture, Common
 
 #: The description modules, in the order error messages list the architectures.
 MODULES = (llama, granite, smollm3, qwen2, qwen3, phi3, olmo2, gemma2, gemma3, mistral3, gemma4, qwen3moe, gpt_oss,
-           qwen35, qwen35moe, seed_oss)
+           qwen35, qwen35moe, seed_oss, bert)
 ARCHITECTURES: dict[str, Architecture] = {m.DESCRIPTION.name: m.DESCRIPTION for m in MODULES}
 SUPPORTED_ARCHS = tuple(ARCHITECTURES)
 #: The architecture a bump file's config.json means when it names no model_type.

@@ -1,0 +1,446 @@
+"""Embedding models: a BERT-style encoder run over whole sequences, its rows pooled into one vector per input and
+normalised as llama.cpp's ``llama-embedding`` does.
+
+llama.cpp's ``bert`` graph: token + token type 0 + absolute position embeddings, LayerNorm (with bias), then per
+layer q/k/v with biases, attention of every token to every token of its own input, output projection, residual,
+LayerNorm; GELU FFN (tanh form, as ggml_gelu) with biases, residual, LayerNorm. The layers run on the native block
+(:meth:`Encoder.forward_native`: each layer's plan with BERT's switches, docs/embeddings.md); the same graph in
+float32 numpy over the dequantized weights is the float reference (:meth:`Encoder.forward_numpy`) and runs a
+file whose weight type has no native kernel. Pooling (``{arch}.pooling_type`` unless overridden): ``mean`` of the
+rows, ``cls`` the first row, ``last`` the last, ``none`` every row. Normalisation as ``common_embd_normalize``: 2
+(Euclidean, the default), -1 none, 0 max-abs scaled to 32760, p a p-norm. Rerank (``rank`` pooling and its
+classification head) is refused.
+
+Every input is checked before any arithmetic (token ids in range, length within the position table), so a bad
+input is one line of :class:`EmbedError`. An encoder is used by one thread at a time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..gguf import GGUFFile
+from ..model import ModelConfig, ModelError, UnsupportedModel, read_config
+from ..model.arch.bert import POOLING_TYPES
+from ..native import ffi, lib
+from ..native.kernels import copy_mapped, default_threads, native_error
+from ..quant import dequantize
+from ..tokenizer import Tokenizer
+
+#: poolings that give one vector per input (``none`` gives one per token)
+POOLINGS = tuple(p for p in POOLING_TYPES if p != "rank")
+#: how many tokens one forward evaluates at most, all inputs together: bounds the float32 activations (the FFN's
+#: are MAX_BATCH_TOKENS x n_ff: 128 MiB for bge-large's 4096)
+MAX_BATCH_TOKENS = 8192
+
+
+class EmbedError(ValueError):
+    """An input the encoder refuses (empty, too long, a token id out of range, an unknown pooling)."""
+
+
+class _Dense:
+    """A matrix of the file as float32 for the numpy forward, dequantized on first use (the native layers read
+    the file's own bytes, so a model run natively never holds a float32 copy of its matrices)."""
+
+    def __init__(self, read: Callable[[], np.ndarray], shape: tuple[int, int]) -> None:
+        self._read, self.shape = read, shape
+        self._value: np.ndarray | None = None
+
+    def value(self) -> np.ndarray:
+        if self._value is None:
+            self._value = self._read()
+        return self._value
+
+    @property
+    def T(self) -> np.ndarray:
+        return self.value().T
+
+    def rows(self, r0: int, r1: int) -> _Dense:
+        """Rows r0..r1 (a fused q/k/v matrix's parts), sharing this matrix's one copy."""
+        return _Dense(lambda: self.value()[r0:r1], (r1 - r0, self.shape[1]))
+
+
+@dataclass
+class _Layer:
+    wq: _Dense
+    wk: _Dense
+    wv: _Dense
+    bq: np.ndarray | None
+    bk: np.ndarray | None
+    bv: np.ndarray | None
+    wo: _Dense
+    bo: np.ndarray | None
+    attn_norm: tuple[np.ndarray, np.ndarray]
+    up: _Dense
+    b_up: np.ndarray | None
+    down: _Dense
+    b_down: np.ndarray | None
+    out_norm: tuple[np.ndarray, np.ndarray]
+
+
+def is_embedding_file(f: GGUFFile) -> bool:
+    """Is ``f`` an embedding model the encoder runs (its architecture's description sets a pooling)?"""
+    try:
+        return read_config(f).is_embedding
+    except (UnsupportedModel, ValueError):
+        return False
+
+
+def normalize(v: np.ndarray, mode: int = 2) -> np.ndarray:
+    """``common_embd_normalize`` of llama.cpp over the last axis: -1 none, 0 max-abs (scaled to 32760), 2
+    Euclidean, any other p > 0 the p-norm. A zero vector stays zero."""
+    v = np.asarray(v, dtype=np.float32)
+    if mode == -1:
+        return v.copy()
+    a = np.abs(v.astype(np.float64))
+    if mode == 0:
+        s = a.max(axis=-1, keepdims=True) / 32760.0
+    elif mode == 2:
+        s = np.sqrt((a * a).sum(axis=-1, keepdims=True))
+    elif mode > 0:
+        s = (a ** mode).sum(axis=-1, keepdims=True) ** (1.0 / mode)
+    else:
+        raise EmbedError(f"normalisation must be -1, 0 or a positive p-norm, not {mode}")
+    with np.errstate(divide="ignore"):
+        inv = np.where(s > 0, 1.0 / np.where(s > 0, s, 1.0), 0.0)
+    return (v * inv).astype(np.float32)
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    """GELU in its tanh form (ggml_gelu)."""
+    c = np.float32(math.sqrt(2.0 / math.pi))
+    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+
+
+def _layer_norm(x: np.ndarray, wb: tuple[np.ndarray, np.ndarray], eps: float) -> np.ndarray:
+    """LayerNorm over rows (statistics in float64, as ggml_norm sums), then weight and bias."""
+    x64 = x.astype(np.float64)
+    mean = x64.mean(axis=-1, keepdims=True)
+    d = x64 - mean
+    var = (d * d).mean(axis=-1, keepdims=True)
+    y = (d / np.sqrt(var + eps)).astype(np.float32)
+    return y * wb[0] + wb[1]
+
+
+class Encoder:
+    """An embedding model opened from a GGUF file: :meth:`embed` gives the pooled, normalised vectors of texts or
+    token lists. ``pooling`` overrides the file's ``{arch}.pooling_type``."""
+
+    def __init__(self, path: str | Path, pooling: str | None = None, threads: int = 0) -> None:
+        self.file = GGUFFile(path)
+        #: CPU threads of the native layers (0: one per core)
+        self.threads = threads or default_threads()
+        try:
+            self._load(pooling)
+        except BaseException:
+            self.file.close()
+            raise
+
+    def _load(self, pooling: str | None) -> None:
+        f = self.file
+        cfg: ModelConfig = read_config(f)
+        if not cfg.is_embedding:
+            raise UnsupportedModel(f"{cfg.arch} is a text generation model, not an embedding model: it has no "
+                                   "pooling (embeddings need a model such as BERT, bge or all-MiniLM)")
+        self.config = cfg
+        if pooling is None:
+            pooling = cfg.pooling
+        if pooling == "rank":
+            raise UnsupportedModel("rank pooling (a reranker's classification head) is not supported yet")
+        if pooling not in POOLINGS:
+            raise EmbedError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
+        self.pooling: str = pooling
+        self.tokenizer = Tokenizer(f)
+        E = cfg.n_embd
+        self._used: set[str] = set()
+        self.tok_embd = self._matrix("token_embd.weight", cfg.n_vocab, E).value()
+        self.pos_embd = self._matrix("position_embd.weight", None, E).value()
+        #: how many positions (tokens per input) the model has
+        self.n_ctx = int(self.pos_embd.shape[0])
+        types = self._matrix("token_types.weight", None, E, optional=True)
+        self.type0 = types.value()[0] if types is not None and types.shape[0] else None
+        self.embd_norm = (self._vec("token_embd_norm.weight", E), self._vec("token_embd_norm.bias", E))
+        QD, KD = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+        self.layers: list[_Layer] = []
+        for i in range(cfg.n_layers):
+            b = f"blk.{i}."
+            F = cfg.n_ff_at(i)
+            if f.has_tensor(b + "attn_qkv.weight"):
+                qkv = self._matrix(b + "attn_qkv.weight", QD + 2 * KD, E)
+                wq, wk, wv = qkv.rows(0, QD), qkv.rows(QD, QD + KD), qkv.rows(QD + KD, QD + 2 * KD)
+                bqkv = self._vec(b + "attn_qkv.bias", QD + 2 * KD, optional=True)
+                bq, bk, bv = (None, None, None) if bqkv is None else (bqkv[:QD], bqkv[QD:QD + KD], bqkv[QD + KD:])
+            else:
+                wq, wk, wv = (self._matrix(b + "attn_q.weight", QD, E), self._matrix(b + "attn_k.weight", KD, E),
+                              self._matrix(b + "attn_v.weight", KD, E))
+                bq, bk, bv = (self._vec(b + "attn_q.bias", QD, True), self._vec(b + "attn_k.bias", KD, True),
+                              self._vec(b + "attn_v.bias", KD, True))
+            self.layers.append(_Layer(
+                wq=wq, wk=wk, wv=wv, bq=bq, bk=bk, bv=bv,
+                wo=self._matrix(b + "attn_output.weight", E, QD), bo=self._vec(b + "attn_output.bias", E, True),
+                attn_norm=(self._vec(b + "attn_output_norm.weight", E), self._vec(b + "attn_output_norm.bias", E)),
+                up=self._matrix(b + "ffn_up.weight", F, E), b_up=self._vec(b + "ffn_up.bias", F, True),
+                down=self._matrix(b + "ffn_down.weight", E, F), b_down=self._vec(b + "ffn_down.bias", E, True),
+                out_norm=(self._vec(b + "layer_output_norm.weight", E),
+                          self._vec(b + "layer_output_norm.bias", E))))
+        #: the layers' descriptions for the native block (qs_block_forward), None where a weight type has no kernel
+        self.blocks: list[Any] | None = self._describe()
+        if self.blocks is None:  # the numpy forward runs: read every matrix now (an unreadable one fails here)
+            for L in self.layers:
+                for m in (L.wq, L.wk, L.wv, L.wo, L.up, L.down):
+                    m.value()
+        head = [t.name for t in f.tensors if t.name.startswith("cls")]
+        self._used.update(head)  # the rerank head: read by rank pooling only (llama.cpp ignores it otherwise)
+        left = [t.name for t in f.tensors if t.name not in self._used]
+        if left:
+            raise UnsupportedModel(f"tensor {left[0]} is not used by the {cfg.arch} encoder (running without it "
+                                   "would give wrong results)")
+
+    # ------------------------------------------------------------------ loading
+    def _describe(self) -> list[Any] | None:
+        """Each layer as a ``qs_block`` (csrc/qs_api_nn.h): the matrices zero-copy from the mapped file, the vectors
+        (float32 copies) kept by ``_keep``, BERT's switches set (post-LayerNorm residuals, ungated GELU FFN with
+        biases, non-causal attention, no RoPE); the KV cache is set per call. None when a matrix's type has no
+        native kernel (the numpy forward then runs)."""
+        c, f = self.config, self.file
+        self._keep: list[Any] = []
+
+        def weight(d: Any, name: str, row0: int = 0, rows: int | None = None) -> bool:
+            t = f.tensor(name)
+            assert t.type is not None
+            if not lib.qs_can_dequantize(t.type.id):
+                return False
+            rb = t.type.row_bytes(t.row_len)
+            n = t.n_rows - row0 if rows is None else rows
+            data = f.tensor_bytes(t)[row0 * rb:(row0 + n) * rb]
+            buf = ffi.from_buffer(data)
+            self._keep.append(buf)
+            d.ptr, d.type, d.bytes, d.rows, d.k = ffi.cast("uint8_t *", buf), t.type.id, int(data.size), n, t.row_len
+            return True
+
+        def vec(d: Any, v: np.ndarray | None) -> None:
+            if v is not None:
+                a = np.ascontiguousarray(v, dtype=np.float32)
+                buf = ffi.from_buffer(a, require_writable=False)
+                self._keep += [a, buf]
+                d.ptr, d.len = ffi.cast("float *", buf), int(a.size)
+
+        QD, KD = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+        blocks = []
+        for i, L in enumerate(self.layers):
+            pre = f"blk.{i}."
+            b = ffi.new("qs_block *")
+            b.n_embd, b.eps, b.post_ln = c.n_embd, c.rms_eps, 1
+            a = b.attn
+            a.n_head, a.n_head_kv, a.head_dim = c.n_head, c.n_head_kv, c.head_dim
+            a.scale, a.non_causal = 1.0 / math.sqrt(c.head_dim), 1
+            b.rope.skip, b.rope.dim, b.rope.base = 1, c.head_dim - c.head_dim % 2, 10000.0
+            if f.has_tensor(pre + "attn_qkv.weight"):
+                ok = all(weight(d, pre + "attn_qkv.weight", r0, n) for d, r0, n in
+                         ((a.wq, 0, QD), (a.wk, QD, KD), (a.wv, QD + KD, KD)))
+            else:
+                ok = all(weight(d, pre + f"attn_{p}.weight") for d, p in ((a.wq, "q"), (a.wk, "k"), (a.wv, "v")))
+            ok = ok and weight(a.wo, pre + "attn_output.weight")
+            ok = ok and weight(b.ffn.up, pre + "ffn_up.weight") and weight(b.ffn.down, pre + "ffn_down.weight")
+            if not ok:
+                self._keep = []
+                return None
+            for d, v in ((a.bq, L.bq), (a.bk, L.bk), (a.bv, L.bv), (a.bo, L.bo), (b.post_attn_norm, L.attn_norm[0]),
+                         (b.post_attn_norm_b, L.attn_norm[1]), (b.post_ffn_norm, L.out_norm[0]),
+                         (b.post_ffn_norm_b, L.out_norm[1]), (b.ffn.b_up, L.b_up), (b.ffn.b_down, L.b_down)):
+                vec(d, v)
+            b.ffn.n_ff, b.ffn.gelu, b.ffn.plain = int(L.up.shape[0]), 1, 1
+            blocks.append(b)
+        return blocks
+
+    def _read(self, name: str) -> tuple[np.ndarray, tuple[int, ...]]:
+        if not self.file.has_tensor(name):
+            raise UnsupportedModel(f"missing tensor {name}")
+        t = self.file.tensor(name)
+        if t.type is None:
+            raise UnsupportedModel(f"tensor {name} has {t.type_name}")
+        self._used.add(name)
+        try:
+            raw = copy_mapped(self.file.tensor_bytes(t), name)
+            v = dequantize(raw.reshape(max(1, t.n_elements // t.row_len), -1), t.type).reshape(-1)
+        except (ValueError, NotImplementedError, KeyError) as exc:
+            raise ModelError(f"{name}: a {t.type_name} tensor the encoder cannot read ({exc})") from None
+        return np.ascontiguousarray(v, dtype=np.float32), tuple(t.ne)
+
+    def _matrix(self, name: str, rows: int | None, k: int, optional: bool = False) -> _Dense:
+        """Matrix ``name`` of ``rows`` x ``k`` (rows None: any), its shape and type checked now, its values read
+        when first used."""
+        if optional and not self.file.has_tensor(name):
+            return None  # type: ignore[return-value]
+        if not self.file.has_tensor(name):
+            raise UnsupportedModel(f"missing tensor {name}")
+        t = self.file.tensor(name)
+        ne = tuple(t.ne)
+        if t.type is None:
+            raise UnsupportedModel(f"tensor {name} has {t.type_name}")
+        if len(ne) != 2 or ne[0] != k or (rows is not None and ne[1] != rows):
+            want = f"[{k}, {rows if rows is not None else 'n'}]"
+            raise ModelError(f"{name}: expected shape {want}, found {list(ne)}")
+        self._used.add(name)
+        return _Dense(lambda: self._read(name)[0].reshape(ne[1], ne[0]), (int(ne[1]), int(ne[0])))
+
+    def _vec(self, name: str, n: int, optional: bool = False) -> np.ndarray:
+        if optional and not self.file.has_tensor(name):
+            return None  # type: ignore[return-value]
+        v, ne = self._read(name)
+        if v.size != n:
+            raise ModelError(f"{name}: expected {n} values, found shape {list(ne)}")
+        return v
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> Encoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ running
+    @property
+    def n_embd(self) -> int:
+        return self.config.n_embd
+
+    def tokenize(self, text: str) -> list[int]:
+        """``text``'s ids as llama-embedding tokenizes an input: with the vocabulary's special tokens (CLS/SEP)."""
+        return self.tokenizer.encode(text, add_special=True, parse_special=True)
+
+    def check_ids(self, ids: Sequence[int], what: str = "input") -> list[int]:
+        """``ids`` as ints, refused when empty, longer than the positions or holding an id out of range."""
+        n = self.config.n_vocab
+        if not len(ids):
+            raise EmbedError(f"{what} is empty: nothing to embed")
+        if len(ids) > self.n_ctx:
+            raise EmbedError(f"{what} has {len(ids)} tokens but the model's positions hold {self.n_ctx}")
+        out = []
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int | np.integer) or not 0 <= int(t) < n:
+                raise EmbedError(f"{what}: token id {t!r} is not in 0..{n - 1}")
+            out.append(int(t))
+        return out
+
+    def embed(self, inputs: Sequence[str | Sequence[int]], pooling: str | None = None,
+              normalize_mode: int = 2) -> list[np.ndarray]:
+        """One vector per input (``none`` pooling: one [tokens, n_embd] array per input), normalised. Texts are
+        tokenized with the special tokens; token lists are taken as they are."""
+        pooling = self.pooling if pooling is None else pooling
+        if pooling not in POOLINGS:
+            raise EmbedError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
+        seqs = [self.check_ids(self.tokenize(x) if isinstance(x, str) else x, f"input {i}")
+                for i, x in enumerate(inputs)]
+        return self.embed_ids(seqs, pooling, normalize_mode)
+
+    def embed_ids(self, seqs: Sequence[list[int]], pooling: str, normalize_mode: int = 2,
+                  batch_tokens: int = MAX_BATCH_TOKENS) -> list[np.ndarray]:
+        """:meth:`embed` of checked token lists, evaluated in batches of at most ``batch_tokens`` tokens (an input
+        longer than that alone)."""
+        out: list[np.ndarray] = []
+        i = 0
+        while i < len(seqs):
+            j, n = i, 0
+            while j < len(seqs) and (j == i or n + len(seqs[j]) <= batch_tokens):
+                n += len(seqs[j])
+                j += 1
+            rows = self.forward(seqs[i:j])
+            for r in rows:
+                v = r if pooling == "none" else {"mean": lambda a: a.mean(axis=0, dtype=np.float64),
+                                                 "cls": lambda a: a[0], "last": lambda a: a[-1]}[pooling](r)
+                out.append(normalize(np.asarray(v, dtype=np.float32), normalize_mode))
+            i = j
+        return out
+
+    def forward(self, seqs: Sequence[list[int]]) -> list[np.ndarray]:
+        """The last layer's rows of each sequence ([tokens, n_embd] float32): by the native block, one sequence
+        per call (:meth:`forward_native`), or where a weight type has no native kernel by the numpy forward
+        (:meth:`forward_numpy`)."""
+        if self.blocks is None:
+            return self.forward_numpy(seqs)
+        return [self.forward_native(s) for s in seqs]
+
+    def _embeddings(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        x = self.tok_embd[ids]
+        if self.type0 is not None:
+            x = x + self.type0
+        return np.ascontiguousarray(self.pos_embd[pos] + x, dtype=np.float32)
+
+    def forward_native(self, seq: list[int]) -> np.ndarray:
+        """One sequence through the native layers (csrc/qs_block.c walking each layer's plan: post-LayerNorm
+        residuals, ungated GELU FFN, non-causal attention over a cache of this sequence's own keys). Not
+        thread-safe: the layers' descriptions hold the call's cache."""
+        assert self.blocks is not None
+        c = self.config
+        T = len(seq)
+        pos = np.arange(T, dtype=np.int32)
+        x = self._embeddings(np.asarray(seq, dtype=np.int64), pos)
+        xp = ffi.cast("float *", ffi.from_buffer(x))
+        w, b0 = (ffi.cast("float *", ffi.from_buffer(v, require_writable=False)) for v in self.embd_norm)
+        lib.qs_layernorm(xp, w, b0, xp, T, c.n_embd, c.rms_eps)
+        kv = T * c.n_head_kv * c.head_dim
+        k_cache, v_cache = np.zeros(kv, np.float32), np.zeros(kv, np.float32)  # every layer's, in turn
+        kb, vb = ffi.from_buffer(k_cache), ffi.from_buffer(v_cache)
+        pp = ffi.cast("int32_t *", ffi.from_buffer(pos))
+        try:
+            for b in self.blocks:
+                a = b.attn
+                a.n_ctx, a.k_cache, a.v_cache, a.k_cache_bytes, a.v_cache_bytes = T, kb, vb, 4 * kv, 4 * kv
+                rc = lib.qs_block_forward(b, xp, T, pp, 0, self.threads)
+                if rc:
+                    raise native_error("encoder layer", rc)
+        finally:
+            for b in self.blocks:
+                b.attn.k_cache = b.attn.v_cache = ffi.NULL
+        return x
+
+    def forward_numpy(self, seqs: Sequence[list[int]]) -> list[np.ndarray]:
+        """The numpy forward (the float reference): the sequences evaluated together (products over all rows at
+        once, attention within each sequence)."""
+        c = self.config
+        ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs])
+        pos = np.concatenate([np.arange(len(s)) for s in seqs])
+        x = self._embeddings(ids, pos)
+        x = _layer_norm(x, self.embd_norm, c.rms_eps)
+        bounds = np.cumsum([0] + [len(s) for s in seqs])
+        H, Hk, D = c.n_head, c.n_head_kv, c.head_dim
+        scale = np.float32(1.0 / math.sqrt(D))
+        for L in self.layers:
+            q, k, v = x @ L.wq.T, x @ L.wk.T, x @ L.wv.T
+            if L.bq is not None:
+                q = q + L.bq
+            if L.bk is not None:
+                k = k + L.bk
+            if L.bv is not None:
+                v = v + L.bv
+            att = np.empty_like(q)
+            for s0, s1 in itertools.pairwise(bounds):
+                T = s1 - s0
+                qh = q[s0:s1].reshape(T, H, D).transpose(1, 0, 2)
+                kh = np.repeat(k[s0:s1].reshape(T, Hk, D).transpose(1, 0, 2), H // Hk, axis=0)
+                vh = np.repeat(v[s0:s1].reshape(T, Hk, D).transpose(1, 0, 2), H // Hk, axis=0)
+                sc = (qh @ kh.transpose(0, 2, 1)) * scale
+                sc = np.exp(sc - sc.max(axis=-1, keepdims=True))
+                sc /= sc.sum(axis=-1, keepdims=True)
+                att[s0:s1] = (sc @ vh).transpose(1, 0, 2).reshape(T, H * D)
+            o = att @ L.wo.T
+            if L.bo is not None:
+                o = o + L.bo
+            x = _layer_norm(o + x, L.attn_norm, c.rms_eps)
+            h = x @ L.up.T
+            if L.b_up is not None:
+                h = h + L.b_up
+            o = _gelu(h) @ L.down.T
+            if L.b_down is not None:
+                o = o + L.b_down
+            x = _layer_norm(o + x, L.out_norm, c.rms_eps)
+        return [x[s0:s1] for s0, s1 in itertools.pairwise(bounds)]

@@ -1,0 +1,140 @@
+"""Tiny random-weight BERT embedding models written with gguf-py: the fidelity fixtures of issue 51.
+
+Each has llama.cpp's tensor names and metadata for ``bert`` (position and token type embeddings, the embeddings'
+LayerNorm, per layer q/k/v/output with biases, ``attn_output_norm``, GELU FFN with biases, ``layer_output_norm``),
+F32 weights (or, with ``quant``, matrices quantized by gguf-py) and a real WordPiece vocabulary: bge's (llama.cpp's
+``ggml-vocab-bert-bge.gguf`` from the catalogue's test data), so llama.cpp and Quantscope tokenize the same way.
+The bytes are a function of (variant, seed) and the gguf-py version (pinned): ``tests/data/bert/meta.json``
+records each fixture's SHA-256 beside llama-embedding's vectors (``tests/record_bert_fixtures.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+N_EMBD = 64
+N_HEAD = 4
+N_FF = 128
+N_LAYERS = 2
+N_CTX_TRAIN = 128
+N_TYPES = 2
+#: the pooling_type values of llama.cpp (LLAMA_POOLING_TYPE_*)
+POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One fixture: the file's pooling type, the weights' type, whether the q/k/v projections are fused."""
+
+    pooling: str = "mean"
+    quant: str = "F32"
+    fused_qkv: bool = False
+
+
+VARIANTS: dict[str, Variant] = {
+    "bert-mean": Variant("mean"),
+    "bert-cls": Variant("cls"),
+    "bert-mean-q8": Variant("mean", quant="Q8_0"),
+}
+
+#: the texts embedded (each one input of llama-embedding, one line each)
+TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Embeddings turn text into vectors; similar meanings land close together.",
+    "hello",
+    "Unaffable naïve café owners re-tokenize WordPiece: ##ing, [MASK] 42!",
+    "Search engines rank documents by the cosine of their embeddings with the query's.",
+)
+
+
+def bge_vocab() -> Path:
+    """llama.cpp's bge WordPiece vocabulary (the catalogue's llama.cpp test data)."""
+    from quantscope.core import catalog
+
+    path = catalog.data_dir() / "vocab" / "ggml-vocab-bert-bge.gguf"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: run `quantscope models fetch`")
+    return path
+
+
+def _normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
+    return (rng.standard_normal(shape) * std).astype(np.float32)
+
+
+def write_fixture(name: str, path: str | Path, seed: int = 0) -> Path:
+    """Write fixture ``name`` (a key of :data:`VARIANTS`) to ``path``."""
+    import gguf
+
+    from quantscope.core.gguf import GGUFFile
+
+    v = VARIANTS[name]
+    with GGUFFile(bge_vocab()) as f:
+        tokens = [str(t) for t in f.get("tokenizer.ggml.tokens")]
+        types = [int(t) for t in f.get("tokenizer.ggml.token_type")]
+    rng = np.random.default_rng(seed)
+    E, H, F = N_EMBD, N_HEAD, N_FF
+    w = gguf.GGUFWriter(str(path), "bert")
+    a = "bert."
+    w.add_uint32(a + "context_length", N_CTX_TRAIN)
+    w.add_uint32(a + "embedding_length", E)
+    w.add_uint32(a + "block_count", N_LAYERS)
+    w.add_uint32(a + "feed_forward_length", F)
+    w.add_uint32(a + "attention.head_count", H)
+    w.add_float32(a + "attention.layer_norm_epsilon", 1e-12)
+    w.add_bool(a + "attention.causal", False)
+    w.add_uint32(a + "pooling_type", POOLING[v.pooling])
+    w.add_uint32("tokenizer.ggml.token_type_count", N_TYPES)
+    w.add_string("tokenizer.ggml.model", "bert")
+    w.add_string("tokenizer.ggml.pre", "bert-bge")
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_array("tokenizer.ggml.token_type", types)
+    w.add_uint32("tokenizer.ggml.unknown_token_id", 100)
+    w.add_uint32("tokenizer.ggml.seperator_token_id", 102)
+    w.add_uint32("tokenizer.ggml.padding_token_id", 0)
+    w.add_uint32("tokenizer.ggml.cls_token_id", 101)
+    w.add_uint32("tokenizer.ggml.mask_token_id", 103)
+
+    def matrix(tname: str, rows: int, cols: int, std: float) -> None:
+        m = _normal(rng, (rows, cols), std)
+        if v.quant == "F32":
+            w.add_tensor(tname, m)
+        else:
+            qt = gguf.GGMLQuantizationType[v.quant]
+            w.add_tensor(tname, gguf.quants.quantize(m, qt), raw_dtype=qt)
+
+    def vector(tname: str, n: int, mean: float, std: float) -> None:
+        w.add_tensor(tname, (mean + _normal(rng, (n,), std)).astype(np.float32))
+
+    w.add_tensor("token_embd.weight", _normal(rng, (len(tokens), E), 1.0))  # F32: rows are gathered
+    w.add_tensor("token_types.weight", _normal(rng, (N_TYPES, E), 0.5))
+    w.add_tensor("position_embd.weight", _normal(rng, (N_CTX_TRAIN, E), 0.5))
+    vector("token_embd_norm.weight", E, 1.0, 0.1)
+    vector("token_embd_norm.bias", E, 0.0, 0.1)
+    s = 1.0 / np.sqrt(E)
+    for i in range(N_LAYERS):
+        b = f"blk.{i}."
+        if v.fused_qkv:
+            matrix(b + "attn_qkv.weight", 3 * E, E, 2 * s)
+            vector(b + "attn_qkv.bias", 3 * E, 0.0, 0.1)
+        else:
+            for p in ("q", "k", "v"):
+                matrix(b + f"attn_{p}.weight", E, E, 2 * s)
+                vector(b + f"attn_{p}.bias", E, 0.0, 0.1)
+        matrix(b + "attn_output.weight", E, E, s)
+        vector(b + "attn_output.bias", E, 0.0, 0.1)
+        vector(b + "attn_output_norm.weight", E, 1.0, 0.1)
+        vector(b + "attn_output_norm.bias", E, 0.0, 0.1)
+        matrix(b + "ffn_up.weight", F, E, s)
+        vector(b + "ffn_up.bias", F, 0.0, 0.1)
+        matrix(b + "ffn_down.weight", E, F, 1.0 / np.sqrt(F))
+        vector(b + "ffn_down.bias", E, 0.0, 0.1)
+        vector(b + "layer_output_norm.weight", E, 1.0, 0.1)
+        vector(b + "layer_output_norm.bias", E, 0.0, 0.1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)

@@ -127,11 +127,11 @@ __device__ __forceinline__ void mma_block(const MmaSeg &sg, int64_t row0, int64_
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     MmaLane st[1];
     mma_zero<1>(st);
-    const int nst = (int)(sg.w.k / MMA_KT);
+    const int nst = (int)(sg.w.k / MmaTraits<TYPE>::SK);
     for (int kb = 0; kb < nst; ++kb) {
         __syncthreads(); /* the previous stage's tiles are read by every warp */
         mma_load_w<TYPE>(sg.w, row0, kb, s, tid, MMA_THREADS);
-        mma_load_x<MmaTraits<TYPE>::K256>(sg.a, col0, ncols, kb, s, tid, MMA_THREADS);
+        mma_load_x<TYPE>(sg.a, col0, ncols, kb, s, tid, MMA_THREADS);
         __syncthreads();
         mma_stage<TYPE, 1>(s, warp, lane, st);
     }

@@ -828,7 +828,7 @@ def test_debug_check_follows_every_launch():
             assert "QSC_DBG" in after or "matmul_dbg" in after, f"{name}:{i + 1}: a launch without QSC_DBG after it"
     src = (ROOT / "csrc" / "cuda" / "qsc_device.cu").read_text(encoding="utf-8")
     matmul = src[src.index("static void launch_matmul("):src.index("static int attention_epl(")]
-    assert re.search(r"launch_matmul_mma\(fa, st\);[^\n]*\n\s*if \(qsc_dbg_cur\)", matmul)
+    assert re.search(r"launch_matmul_mma\(fa, st, fp\.mma_pipe\);[^\n]*\n\s*if \(qsc_dbg_cur\)", matmul)
     at = src.index("static void launch_attention(")
     attention = src[at:src.index("/* ---", at)]
     assert re.search(r"launch_flash\([^)]*\);\n\s*if \(qsc_dbg_cur\)", attention)

@@ -172,3 +172,23 @@ def test_gpu_mma_gemm_matches_cpu(gpu, name):
     for n_x in (16, 64, 70):
         got = ck.gpu_matmat(t, w, rows, k, x[:n_x])
         assert close_to_cpu(got, K.matmat(t, w, rows, k, x[:n_x])), (name, n_x)
+
+
+@pytest.mark.parametrize("name", MMA_TYPES)
+def test_gpu_mma_pipe_is_the_plain_kernel(gpu, name, monkeypatch):
+    """k_matmul_mma_pipe (the activation tiles double-buffered by cp.async, columns past the last zero-filled by the
+    copy; fragments by ldmatrix) does k_matmul_mma's arithmetic in k_matmul_mma's order: the same floats, bit for
+    bit, with QUANTSCOPE_CUDA_MMA_PIPE=0 (read at each call) as without, over partial tiles and 1..5 stages of each
+    buffer parity."""
+    rng = np.random.default_rng(sum(name.encode()) + 39)
+    t = ggml_type(name)
+    rows = 100
+    for k in (256, 512, 1280):
+        w = weight_bytes(name, rows, k, rng)
+        x = np.stack([activations(rng, k, outliers=False) for _ in range(130)])
+        for n_x in (16, 17, 63, 65, 130):
+            monkeypatch.delenv("QUANTSCOPE_CUDA_MMA_PIPE", raising=False)
+            piped = ck.gpu_matmat(t, w, rows, k, x[:n_x])
+            monkeypatch.setenv("QUANTSCOPE_CUDA_MMA_PIPE", "0")
+            plain = ck.gpu_matmat(t, w, rows, k, x[:n_x])
+            assert np.array_equal(piped, plain), (name, k, n_x, np.abs(piped - plain).max())

@@ -45,14 +45,41 @@ HD int mma_c_row(int lane, int i) { return (lane >> 2) + 8 * (i >> 1); }
 HD int mma_c_col(int lane, int i) { return 2 * (lane & 3) + (i & 1); }
 
 /* Fragments of the KS-wide (16 or 32) K chunk at column k0 of row-major int8 tiles: A rows r0.. of a (stride lda),
- * B = rows n0.. of b read as columns (b[n][k], stride ldb: an activation row is a column of B). */
-template <int KS> HD void mma_frag_a(int lane, const int8_t *a, int lda, int r0, int k0, int (&f)[4]) {
+ * B = rows n0.. of b read as columns (b[n][k], stride ldb: an activation row is a column of B).
+ * LDM (device, sm_80+, shared memory): the same registers by ldmatrix (m8n8 .b16, no .trans: register j of lane L
+ * = word L & 3 of row L >> 2 of 8 x 16-byte matrix j, whose rows' addresses lanes 8j..8j+7 give). A register j is
+ * row g + 8 (j & 1), bytes 16 (j >> 1) + 4t: matrix j = rows r0 + 8 (j & 1).., bytes k0 + 16 (j >> 1) (x4; KS 16:
+ * the first two, x2); B register j = column g, bytes 16 j + 4t: matrix j = rows n0.., bytes k0 + 16 j (x2; x1).
+ * Rows and k0 are 16-byte aligned (MMA_LD = 272). */
+template <int KS, bool LDM = false> HD void mma_frag_a(int lane, const int8_t *a, int lda, int r0, int k0, int (&f)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (LDM) {
+        const unsigned p = (unsigned)__cvta_generic_to_shared(a + (r0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * lda + k0 +
+                                                              (KS == 32 ? 16 * (lane >> 4) : 0));
+        if (KS == 32)
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3]) : "r"(p));
+        else asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(f[0]), "=r"(f[1]) : "r"(p));
+    } else
+#endif
+    {
 #pragma unroll
-    for (int r = 0; r < KS / 8; ++r) f[r] = ld_i32(a + (r0 + mma_a_row(lane, 4 * r)) * lda + k0 + mma_a_col(lane, 4 * r));
+        for (int r = 0; r < KS / 8; ++r) f[r] = ld_i32(a + (r0 + mma_a_row(lane, 4 * r)) * lda + k0 + mma_a_col(lane, 4 * r));
+    }
 }
-template <int KS> HD void mma_frag_b(int lane, const int8_t *b, int ldb, int n0, int k0, int (&f)[2]) {
+template <int KS, bool LDM = false> HD void mma_frag_b(int lane, const int8_t *b, int ldb, int n0, int k0, int (&f)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (LDM) {
+        const unsigned p =
+            (unsigned)__cvta_generic_to_shared(b + (n0 + (lane & 7)) * ldb + k0 + (KS == 32 ? 16 * ((lane >> 3) & 1) : 0));
+        if (KS == 32) asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(f[0]), "=r"(f[1]) : "r"(p));
+        else asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];" : "=r"(f[0]) : "r"(p));
+    } else
+#endif
+    {
 #pragma unroll
-    for (int r = 0; r < KS / 16; ++r) f[r] = ld_i32(b + (n0 + mma_b_col(lane, 4 * r)) * ldb + k0 + mma_b_row(lane, 4 * r));
+        for (int r = 0; r < KS / 16; ++r) f[r] = ld_i32(b + (n0 + mma_b_col(lane, 4 * r)) * ldb + k0 + mma_b_row(lane, 4 * r));
+    }
 }
 
 HD int byte_of(int v, int i) { return (int)(int8_t)(v >> (8 * i)); }
@@ -249,15 +276,19 @@ template <int TYPE> HD void mma_load_xf(const Act &a, int64_t col0, int ncols, i
             st_i4(&s.b[c][32 * p + 16], make_int4(v[4], v[5], v[6], v[7]));
         }
 }
-template <bool K256> HD void mma_load_xq(const Act &a, int64_t col0, int ncols, int kb, MmaSmem &s, int tid, int nthr) {
+/* RAW false: the scales only (the pipelined kernel copies the int8 values with cp.async). */
+template <bool K256, bool RAW = true>
+HD void mma_load_xq(const Act &a, int64_t col0, int ncols, int kb, MmaSmem &s, int tid, int nthr) {
     for (int idx = tid; idx < MMA_BN * 8; idx += nthr) {
         const int c = idx >> 3, p = idx & 7;
         int8_t *dst = &s.b[c][32 * p];
         if (c < ncols) {
             const int64_t col = col0 + c;
             const int8_t *x = a.qs + col * a.k + (int64_t)kb * MMA_KT + 32 * p;
-            st_i4(dst, ld_i4(x));
-            st_i4(dst + 16, ld_i4(x + 16));
+            if (RAW) {
+                st_i4(dst, ld_i4(x));
+                st_i4(dst + 16, ld_i4(x + 16));
+            }
             if (K256) {
                 if (p == 0) s.ad[c][0] = a.d[col * (a.k / 256) + kb];
                 for (int i = 2 * p; i < 2 * p + 2; ++i) {
@@ -271,8 +302,10 @@ template <bool K256> HD void mma_load_xq(const Act &a, int64_t col0, int ncols, 
                 s.as[c][p] = a.s ? a.s[xb] : 0.0f;
             }
         } else {
-            st_i4(dst, make_int4(0, 0, 0, 0));
-            st_i4(dst + 16, make_int4(0, 0, 0, 0));
+            if (RAW) {
+                st_i4(dst, make_int4(0, 0, 0, 0));
+                st_i4(dst + 16, make_int4(0, 0, 0, 0));
+            }
             s.ad[c][p] = s.as[c][p] = 0.0f;
             s.bsh[c][2 * p] = s.bsh[c][2 * p + 1] = s.bsl[c][2 * p] = s.bsl[c][2 * p + 1] = 0;
         }
@@ -301,13 +334,14 @@ template <int LANES> HD void mma_zero(MmaLane (&st)[LANES]) {
  * A lane's 32 C elements lie in 4 rows (tile m, C half h: row rb + 16 m + mma_c_row(lane, 2 h)) and 8 columns
  * (tile n, j: cb + 8 n + mma_c_col(lane, j)), so the scales are read from shared memory once per row / column. */
 /* Float types: 8 chunks of 16 values (32 bytes) a stage, each MMA adding into the accumulators. */
-template <int TYPE, int LANES> HD void mma_stage_f(const MmaSmem &s, int warp, int lane0, MmaLane (&st)[LANES]) {
+template <int TYPE, int LANES, bool LDM>
+HD void mma_stage_f(const MmaSmem &s, const int8_t *bt, int warp, int lane0, MmaLane (&st)[LANES]) {
     const int rb = 32 * (warp & 1), cb = 32 * (warp >> 1);
     for (int ch = 0; ch < 8; ++ch) {
         int fa[2][LANES][4], fb[4][LANES][2];
         for (int l = 0; l < LANES; ++l) {
-            for (int m = 0; m < 2; ++m) mma_frag_a<32>(lane0 + l, &s.a[0][0], MMA_LD, rb + 16 * m, 32 * ch, fa[m][l]);
-            for (int n = 0; n < 4; ++n) mma_frag_b<32>(lane0 + l, &s.b[0][0], MMA_LD, cb + 8 * n, 32 * ch, fb[n][l]);
+            for (int m = 0; m < 2; ++m) mma_frag_a<32, LDM>(lane0 + l, &s.a[0][0], MMA_LD, rb + 16 * m, 32 * ch, fa[m][l]);
+            for (int n = 0; n < 4; ++n) mma_frag_b<32, LDM>(lane0 + l, bt, MMA_LD, cb + 8 * n, 32 * ch, fb[n][l]);
         }
         for (int m = 0; m < 2; ++m)
             for (int n = 0; n < 4; ++n) {
@@ -321,7 +355,8 @@ template <int TYPE, int LANES> HD void mma_stage_f(const MmaSmem &s, int warp, i
     }
 }
 /* Integer types: per scale group the chunks' int32 sums times their integer scales, then the group's float epilogue. */
-template <int TYPE, int LANES> HD void mma_stage_q(const MmaSmem &s, int warp, int lane0, MmaLane (&st)[LANES]) {
+template <int TYPE, int LANES, bool LDM>
+HD void mma_stage_q(const MmaSmem &s, const int8_t *bt, int warp, int lane0, MmaLane (&st)[LANES]) {
     using TR = MmaTraits<TYPE>;
     const int rb = 32 * (warp & 1), cb = 32 * (warp >> 1);
     for (int g = 0; g < TR::NG; ++g) {
@@ -358,12 +393,12 @@ template <int TYPE, int LANES> HD void mma_stage_q(const MmaSmem &s, int warp, i
             for (int l = 0; l < LANES; ++l) {
 #pragma unroll
                 for (int m = 0; m < 2; ++m) {
-                    mma_frag_a<TR::KS>(lane0 + l, &s.a[0][0], MMA_LD, rb + 16 * m, k0, fa[m][l]);
+                    mma_frag_a<TR::KS, LDM>(lane0 + l, &s.a[0][0], MMA_LD, rb + 16 * m, k0, fa[m][l]);
                     for (int h = 0; h < 2; ++h)
                         isc[l][m][h] = TR::CPG > 1 ? (int)s.isc[rb + 16 * m + mma_c_row(lane0 + l, 2 * h)][chunk] : 1;
                 }
 #pragma unroll
-                for (int n = 0; n < 4; ++n) mma_frag_b<TR::KS>(lane0 + l, &s.b[0][0], MMA_LD, cb + 8 * n, k0, fb[n][l]);
+                for (int n = 0; n < 4; ++n) mma_frag_b<TR::KS, LDM>(lane0 + l, bt, MMA_LD, cb + 8 * n, k0, fb[n][l]);
             }
 #pragma unroll
             for (int m = 0; m < 2; ++m)
@@ -405,9 +440,13 @@ template <int TYPE, int LANES> HD void mma_stage_q(const MmaSmem &s, int warp, i
     }
 }
 
-template <int TYPE, int LANES> HD void mma_stage(const MmaSmem &s, int warp, int lane0, MmaLane (&st)[LANES]) {
-    if constexpr (MmaTraits<TYPE>::FLOAT) mma_stage_f<TYPE, LANES>(s, warp, lane0, st);
-    else mma_stage_q<TYPE, LANES>(s, warp, lane0, st);
+/* The stage of either kind; bt: the activation tile (s.b, or the pipelined kernel's other buffer), LDM: ldmatrix
+ * fragment loads (device only; the same registers). */
+template <int TYPE, int LANES, bool LDM = false>
+HD void mma_stage(const MmaSmem &s, int warp, int lane0, MmaLane (&st)[LANES], const int8_t *bt = nullptr) {
+    if (!bt) bt = &s.b[0][0];
+    if constexpr (MmaTraits<TYPE>::FLOAT) mma_stage_f<TYPE, LANES, LDM>(s, bt, warp, lane0, st);
+    else mma_stage_q<TYPE, LANES, LDM>(s, bt, warp, lane0, st);
 }
 
 /* y[col][row] = acc (+ bias[row]) for the rows < rows and columns < ncols of the block tile at (row0, col0). */

@@ -244,20 +244,30 @@ static bool mma_hw_available() {
 #endif
 }
 
+/* May k_matmul_mma_pipe have its dynamic shared memory (asked once, when the first device model or single-kernel
+ * call is set up: never inside a stream capture)? */
+static bool mma_pipe_ready() {
+    static const bool ok = cudaFuncSetAttribute(k_matmul_mma_pipe, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)MMA_PIPE_SMEM) == cudaSuccess;
+    return ok;
+}
+
 /* The fast paths a model (host: a host-emulated one) or a single-kernel call may take, as of now. */
-static FastPaths fast_paths(bool host) { return fast_paths_env(host || mma_hw_available()); }
+static FastPaths fast_paths(bool host) {
+    FastPaths f = fast_paths_env(host || mma_hw_available());
+    if (!host) f.mma_pipe = f.mma_pipe && f.mma && mma_pipe_ready();
+    return f;
+}
 
 /* y = W x for up to three matrices on the tensor cores (matmul_path chose QSC_PATH_MMA): k_matmul_mma_pipe where
- * `pipe` (FastPaths::mma_pipe) and its dynamic shared memory could be allowed, else k_matmul_mma. Returns whether the
- * pipelined kernel was launched (the debug mode's name). */
+ * `pipe` (FastPaths::mma_pipe: switched on, and its shared memory allowed by fast_paths), else k_matmul_mma.
+ * Returns `pipe` (the debug mode's kernel name). */
 static bool launch_matmul_mma(MmaArgs args, cudaStream_t st, bool pipe) {
-    static const bool pipe_ok = cudaFuncSetAttribute(k_matmul_mma_pipe, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     (int)MMA_PIPE_SMEM) == cudaSuccess;
     const int blocks = mma_lay_out(args, MMA_BM);
     const dim3 grid(blocks, (args.ncols + MMA_BN - 1) / MMA_BN);
-    if (pipe && pipe_ok) k_matmul_mma_pipe<<<grid, MMA_THREADS, MMA_PIPE_SMEM, st>>>(args);
+    if (pipe) k_matmul_mma_pipe<<<grid, MMA_THREADS, MMA_PIPE_SMEM, st>>>(args);
     else k_matmul_mma<<<grid, MMA_THREADS, 0, st>>>(args);
-    return pipe && pipe_ok;
+    return pipe;
 }
 
 /* ------------------------------------------------------------------------------------------------ flash */

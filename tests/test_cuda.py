@@ -49,8 +49,11 @@ TEXT = (Path(__file__).parent / "data" / "english.txt").read_text(encoding="utf-
 
 def weight_bytes(name: str, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
     t = ggml_type(name)
-    if name in ("F32", "F16"):
+    if name in ("F32", "F16", "BF16"):
         v = rng.standard_normal((rows, k)).astype(np.float32) * 0.05
+        if name == "BF16":  # the upper halves, rounded to nearest even
+            u = v.view(np.uint32).astype(np.uint64)
+            return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16).view(np.uint8).reshape(-1)
         return (v if name == "F32" else v.astype(np.float16)).view(np.uint8).reshape(-1)
     return realistic_blocks(name, rows, k // t.block_elems, rng).reshape(-1)
 
@@ -825,7 +828,7 @@ def test_debug_check_follows_every_launch():
             assert "QSC_DBG" in after or "matmul_dbg" in after, f"{name}:{i + 1}: a launch without QSC_DBG after it"
     src = (ROOT / "csrc" / "cuda" / "qsc_device.cu").read_text(encoding="utf-8")
     matmul = src[src.index("static void launch_matmul("):src.index("static int attention_epl(")]
-    assert re.search(r"launch_matmul_mma\(fa, st\);[^\n]*\n\s*if \(qsc_dbg_cur\)", matmul)
+    assert re.search(r"launch_matmul_mma\(fa, st, fp\.mma_pipe\);[^\n]*\n\s*if \(qsc_dbg_cur\)", matmul)
     at = src.index("static void launch_attention(")
     attention = src[at:src.index("/* ---", at)]
     assert re.search(r"launch_flash\([^)]*\);\n\s*if \(qsc_dbg_cur\)", attention)

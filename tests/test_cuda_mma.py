@@ -20,10 +20,11 @@ from . import test_cuda
 from .test_cuda import close_to_cpu, rel_l2, weight_bytes
 from .test_native_kernels import activations
 
-#: every type with the MMA bit in csrc/cuda/qsc_types.cuh's QSC_TYPE_LIST: the integer types prefill meets
-#: (F16, BF16, NVFP4 and F32 keep k_matmul)
-MMA_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
-             "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4"]
+#: every type with the MMA bit in csrc/cuda/qsc_types.cuh's QSC_TYPE_LIST: every type prefill meets (F16 and
+#: BF16 on the 16-bit float tensor cores, the others on int8; F32 keeps k_matmul)
+MMA_TYPES = ["F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL",
+             "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4",
+             "NVFP4"]
 cuda_lib, gpu = test_cuda.cuda_lib, test_cuda.gpu  # the session fixtures, shared
 CDEF = """
 int qsc_host_mma_layout(int which, int lane, int i);
@@ -83,6 +84,27 @@ def test_fragment_layouts_are_the_ptx_tables(lib):
         assert len(seen) == 32 * n_i == shape[0] * shape[1]
 
 
+def test_f16_fragments_are_the_s8_fragments_bytes(lib):
+    """PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type" (.f16 / .bf16): A element i of a lane
+    is row groupID (+ 8 for i in 2, 3, 6, 7), column 2 tid + (i & 1) (+ 8 for i >= 4); B element i is row 2 tid +
+    (i & 1) (+ 8 for i >= 2), column groupID; C as the s8 MMA's. Its 16-bit element i occupies bytes 2i, 2i + 1 of
+    the lane's registers, which the s8 m16n8k32 layout puts at the same row and at byte columns 2 col, 2 col + 1:
+    the float tiles are loaded with the int8 fragment loads (qsc_mma.cuh)."""
+    _, L = lib
+    for lane in range(32):
+        g, t = lane >> 2, lane % 4
+        for i in range(8):
+            row, col = g + (8 if i in (2, 3, 6, 7) else 0), 2 * t + (i & 1) + (8 if i >= 4 else 0)
+            for byte in (2 * i, 2 * i + 1):
+                assert L.qsc_host_mma_layout(0, lane, byte) == row, (lane, i)
+                assert L.qsc_host_mma_layout(1, lane, byte) == 2 * col + byte - 2 * i, (lane, i)
+        for i in range(4):
+            row = 2 * t + (i & 1) + (8 if i >= 2 else 0)
+            for byte in (2 * i, 2 * i + 1):
+                assert L.qsc_host_mma_layout(2, lane, byte) == 2 * row + byte - 2 * i, (lane, i)
+                assert L.qsc_host_mma_layout(3, lane, byte) == g
+
+
 @pytest.mark.parametrize("ks", [16, 32])
 def test_emulated_mma_is_the_int32_matrix_product(lib, ks):
     rng = np.random.default_rng(ks)
@@ -132,8 +154,9 @@ def test_mma_gemm_refuses_what_keeps_k_matmul(lib):
     x = np.ones((4, 288), np.float32)
     assert matmat_mma(lib, "Q8_0", weight_bytes("Q8_0", 3, 288, rng), 3, 288, x) is None  # k % 256 != 0
     x = np.ones((4, 256), np.float32)
-    assert matmat_mma(lib, "F16", weight_bytes("F16", 3, 256, rng), 3, 256, x) is None
-    assert matmat_mma(lib, "F32", weight_bytes("F32", 3, 256, rng), 3, 256, x) is None
+    assert matmat_mma(lib, "F32", weight_bytes("F32", 3, 256, rng), 3, 256, x) is None  # no fp32 tensor-core path
+    x = np.ones((4, 384), np.float32)
+    assert matmat_mma(lib, "F16", weight_bytes("F16", 3, 384, rng), 3, 384, x) is None  # k % 256 != 0
 
 
 # ------------------------------------------------------------------------------------ GPU
@@ -149,3 +172,23 @@ def test_gpu_mma_gemm_matches_cpu(gpu, name):
     for n_x in (16, 64, 70):
         got = ck.gpu_matmat(t, w, rows, k, x[:n_x])
         assert close_to_cpu(got, K.matmat(t, w, rows, k, x[:n_x])), (name, n_x)
+
+
+@pytest.mark.parametrize("name", MMA_TYPES)
+def test_gpu_mma_pipe_is_the_plain_kernel(gpu, name, monkeypatch):
+    """k_matmul_mma_pipe (the activation tiles double-buffered by cp.async, columns past the last zero-filled by the
+    copy; fragments by ldmatrix) does k_matmul_mma's arithmetic in k_matmul_mma's order: the same floats, bit for
+    bit, with QUANTSCOPE_CUDA_MMA_PIPE=0 (read at each call) as without, over partial tiles and 1..5 stages of each
+    buffer parity."""
+    rng = np.random.default_rng(sum(name.encode()) + 39)
+    t = ggml_type(name)
+    rows = 100
+    for k in (256, 512, 1280):
+        w = weight_bytes(name, rows, k, rng)
+        x = np.stack([activations(rng, k, outliers=False) for _ in range(130)])
+        for n_x in (16, 17, 63, 65, 130):
+            monkeypatch.delenv("QUANTSCOPE_CUDA_MMA_PIPE", raising=False)
+            piped = ck.gpu_matmat(t, w, rows, k, x[:n_x])
+            monkeypatch.setenv("QUANTSCOPE_CUDA_MMA_PIPE", "0")
+            plain = ck.gpu_matmat(t, w, rows, k, x[:n_x])
+            assert np.array_equal(piped, plain), (name, k, n_x, np.abs(piped - plain).max())

@@ -274,6 +274,65 @@ def test_gpu_fast_paths_match_their_fallbacks_and_the_cpu(gpu, lib, models, key,
     print(key, {k: f"{v:.2e}" for k, v in worst.items()})
 
 
+# ------------------------------------------------------------------------------------ 16-bit float weights
+#: the prefill sizes at which the float tensor-core GEMM (F16 / BF16 weights) is compared with k_matmul
+FLOAT_T = (16, 17, 63, 65, 513)
+
+
+@pytest.fixture(scope="module")
+def float_models(tmp_path_factory, arch_vocab) -> dict[str, Model]:
+    """llama at the fast paths' width with every matrix in F16, and in BF16 (no GEMV decode: k_matmul<1>)."""
+    d = tmp_path_factory.mktemp("float_paths")
+    return {q: Model(GGUFFile(write_wide_fixture("llama", d / f"llama-{q}.gguf", q, arch_vocab)))
+            for q in ("F16", "BF16")}
+
+
+def check_float_mma(model: Model, host: bool, lib, monkeypatch, mma_hw: bool = True) -> float:
+    """Prefill of T in FLOAT_T tokens (every row's logits) with QUANTSCOPE_CUDA_MMA on and off: on takes the MMA
+    path for the products (off: none), and both agree with each other and with the CPU engine within the
+    device-vs-CPU bar; returns the worst mean KLD of on against off."""
+    ids = [int(i) for i in np.random.default_rng(11).integers(3, model.config.n_vocab, max(FLOAT_T))]
+    monkeypatch.delenv("QUANTSCOPE_CUDA_FLASH", raising=False)
+    monkeypatch.delenv("QUANTSCOPE_CUDA_GEMV", raising=False)
+    worst = 0.0
+    for T in FLOAT_T:
+        cpu = model.session(N_CTX).forward(ids[:T], all_logits=True)
+        got = {}
+        for on in (True, False):
+            if on:
+                monkeypatch.delenv("QUANTSCOPE_CUDA_MMA", raising=False)
+            else:
+                monkeypatch.setenv("QUANTSCOPE_CUDA_MMA", "0")
+            path_counts(lib)
+            with cb.CudaSession(model, N_CTX, host_emulation=host) as s:
+                got[on] = s.forward(ids[:T], all_logits=True)
+            c = path_counts(lib)
+            assert (c["mma"] > 0) == (on and mma_hw), (T, on, c)
+            kl, top1 = mean_kld_top1(cpu, got[on])
+            assert kl <= GPU_KLD_LIMIT and top1 >= GPU_TOP1, (T, on, "cpu", kl, top1)
+        kl, top1 = mean_kld_top1(got[False], got[True])
+        assert kl <= GPU_KLD_LIMIT and top1 >= GPU_TOP1, (T, "on vs off", kl, top1)
+        worst = max(worst, kl)
+    return worst
+
+
+@pytest.mark.parametrize("quant", ["F16", "BF16"])
+def test_emulated_float_mma_matches_k_matmul_and_the_cpu(cuda_lib, lib, float_models, quant, monkeypatch):
+    """F16 / BF16 matrices take the 16-bit float tensor-core GEMM from 16 columns on in the host-emulated model
+    (the device's dispatch, its tiles and fragments), and it gives what k_matmul and the CPU engine give."""
+    print(quant, f"{check_float_mma(float_models[quant], True, lib, monkeypatch):.2e}")
+
+
+@pytest.mark.parametrize("quant", ["F16", "BF16"])
+def test_gpu_float_mma_matches_k_matmul_and_the_cpu(gpu, lib, float_models, quant, monkeypatch):
+    """As the emulated test, through k_matmul_mma's f16 / bf16 mma.sync against the model made with
+    QUANTSCOPE_CUDA_MMA=0 (k_matmul), at T in {16, 17, 63, 65, 513}."""
+    from quantscope.core.engine import cuda_library as cl
+
+    mma_hw = float(cl.device_properties()["compute"]) >= 8.0
+    print(quant, f"{check_float_mma(float_models[quant], False, lib, monkeypatch, mma_hw):.2e}")
+
+
 def test_switches_are_read_when_a_model_is_made(cuda_lib, lib, models, monkeypatch):
     """A model keeps the switches it was made with (a CUDA graph captured later replays the same choices)."""
     model = models["tiny"]

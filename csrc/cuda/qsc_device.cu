@@ -216,15 +216,16 @@ static void launch_matmul(const FastPaths &fp, const MatJob *jobs, int n, int nc
     const MmaArgs fa = mat_args(jobs, n, ncols);
     const int path = took(matmul_path(fp, fa));
     if (path == QSC_PATH_GEMV || path == QSC_PATH_MMA) {
-        if (path == QSC_PATH_GEMV) launch_gemv(fa, st); /* decode GEMV */
-        else launch_matmul_mma(fa, st);                 /* tensor-core prefill */
+        bool piped = false;
+        if (path == QSC_PATH_GEMV) launch_gemv(fa, st);              /* decode GEMV */
+        else piped = launch_matmul_mma(fa, st, fp.mma_pipe);         /* tensor-core prefill */
         if (qsc_dbg_cur) { /* the launcher's grid, from its tile sizes */
             const int64_t tile = ncols == 1 ? GEMV_WARPS : MMA_BM;
             unsigned gx = 0;
             for (int i = 0; i < n; ++i) gx += (unsigned)((jobs[i].w->rows + tile - 1) / tile);
             const dim3 grid(gx, ncols == 1 ? 1u : (unsigned)((ncols + MMA_BN - 1) / MMA_BN));
-            matmul_dbg(st, ncols == 1 ? "k_gemv" : "k_matmul_mma", grid, ncols == 1 ? GEMV_WARPS * 32 : MMA_THREADS,
-                       jobs, n, ncols);
+            matmul_dbg(st, ncols == 1 ? "k_gemv" : piped ? "k_matmul_mma_pipe" : "k_matmul_mma", grid,
+                       ncols == 1 ? GEMV_WARPS * 32 : MMA_THREADS, jobs, n, ncols);
         }
         return;
     }

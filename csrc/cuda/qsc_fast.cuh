@@ -15,6 +15,9 @@
  *          kernel out altogether (both tables keep k_matmul).
  *   flash  T >= FLASH_MIN_T query tokens and head sizes 32..128; its output is quantized by a k_quantize launch
  *          after it (k_attention quantizes in the same kernel where the int8 blocks fall inside a head).
+ * The MMA path runs k_matmul_mma_pipe on the device (the activation tiles double-buffered by cp.async, the fragments
+ * loaded by ldmatrix; the same arithmetic in the same order, so its host twin is k_matmul_mma's);
+ * QUANTSCOPE_CUDA_MMA_PIPE=0 keeps the plain k_matmul_mma (plain loads, one buffer), to bisect a fault or compare.
  * QUANTSCOPE_CUDA_MMA=0 / QUANTSCOPE_CUDA_FLASH=0 / QUANTSCOPE_CUDA_GEMV=0 in the environment turn each off, for A/B
  * benchmarks (tests/bench/bench_gpu_vs_llama.py) and tests (tests/test_cuda_paths.py): read when a model is made
  * (qsc_model_create and qsc_host_model_create alike), and at each call of the single-kernel entry points.
@@ -46,6 +49,7 @@ enum {
 /* Which fast paths a model may take: the environment's switches when it was made, and the hardware. */
 struct FastPaths {
     bool mma = true, flash = true, gemv = true;
+    bool mma_pipe = true; /* the device's MMA kernel: k_matmul_mma_pipe (cp.async, ldmatrix) or k_matmul_mma */
 };
 
 static bool env_off(const char *name) {
@@ -62,6 +66,7 @@ static FastPaths fast_paths_env(bool mma_hw) {
 #else
     f.mma = mma_hw && !env_off("QUANTSCOPE_CUDA_MMA");
 #endif
+    f.mma_pipe = !env_off("QUANTSCOPE_CUDA_MMA_PIPE");
     f.flash = !env_off("QUANTSCOPE_CUDA_FLASH");
     f.gemv = !env_off("QUANTSCOPE_CUDA_GEMV");
     return f;
@@ -122,21 +127,68 @@ int qsc_path_counts(long long *out, int n, int reset) {
 }
 
 /* ------------------------------------------------------------------------------------------------ GEMM */
-template <int TYPE>
+template <int TYPE, bool LDM = false>
 __device__ __forceinline__ void mma_block(const MmaSeg &sg, int64_t row0, int64_t col0, int ncols, MmaSmem &s) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     MmaLane st[1];
     mma_zero<1>(st);
-    const int nst = (int)(sg.w.k / MMA_KT);
+    const int nst = (int)(sg.w.k / MmaTraits<TYPE>::SK);
     for (int kb = 0; kb < nst; ++kb) {
         __syncthreads(); /* the previous stage's tiles are read by every warp */
         mma_load_w<TYPE>(sg.w, row0, kb, s, tid, MMA_THREADS);
-        mma_load_x<MmaTraits<TYPE>::K256>(sg.a, col0, ncols, kb, s, tid, MMA_THREADS);
+        mma_load_x<TYPE>(sg.a, col0, ncols, kb, s, tid, MMA_THREADS);
         __syncthreads();
-        mma_stage<TYPE, 1>(s, warp, lane, st);
+        mma_stage<TYPE, 1, LDM>(s, warp, lane, st);
     }
     mma_store<1>(st, warp, lane, row0, col0, sg.w.rows, ncols, sg.y, sg.ldy, sg.bias);
 }
+
+/* The pipelined block (sm_80+): the int8 activation tile of stage kb + 1 is copied by cp.async into the other of two
+ * buffers (s.b, b2) while stage kb's weights are decoded and its tile multiplied; fragments by ldmatrix. Per stage:
+ * barrier (every warp is done with stage kb - 1, whose buffer the next copy overwrites), issue stage kb + 1's copy
+ * (columns past ncols: zero-filled by a source size of 0), decode stage kb's weights and load its activation scales,
+ * wait for stage kb's group (cp.async.wait_group 1), barrier, multiply. The float types (whose activations are
+ * converted, not copied) run mma_block with ldmatrix. */
+#if !defined(QSC_NO_MMA) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
+__device__ __forceinline__ void mma_cp16(int8_t *dst, const int8_t *src, bool fill) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(fill ? 16 : 0));
+}
+__device__ __forceinline__ void mma_x_async(const Act &a, int64_t col0, int ncols, int kb, int8_t *bt, int tid) {
+    for (int idx = tid; idx < MMA_BN * (MMA_KT / 16); idx += MMA_THREADS) {
+        const int c = idx / (MMA_KT / 16), h = idx % (MMA_KT / 16);
+        const bool in = c < ncols;
+        mma_cp16(bt + c * MMA_LD + 16 * h, in ? a.qs + (col0 + c) * a.k + (int64_t)kb * MMA_KT + 16 * h : a.qs, in);
+    }
+    asm volatile("cp.async.commit_group;");
+}
+template <int TYPE>
+__device__ __forceinline__ void mma_block_pipe(const MmaSeg &sg, int64_t row0, int64_t col0, int ncols, MmaSmem &s,
+                                               int8_t *b2) {
+    using TR = MmaTraits<TYPE>;
+    if constexpr (TR::FLOAT) {
+        mma_block<TYPE, true>(sg, row0, col0, ncols, s);
+    } else {
+        const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+        int8_t *buf[2] = {&s.b[0][0], b2};
+        MmaLane st[1];
+        mma_zero<1>(st);
+        const int nst = (int)(sg.w.k / MMA_KT);
+        mma_x_async(sg.a, col0, ncols, 0, buf[0], tid);
+        for (int kb = 0; kb < nst; ++kb) {
+            __syncthreads();
+            if (kb + 1 < nst) mma_x_async(sg.a, col0, ncols, kb + 1, buf[(kb + 1) & 1], tid);
+            else asm volatile("cp.async.commit_group;"); /* an empty group: wait_group 1 still means stage kb */
+            mma_load_w<TYPE>(sg.w, row0, kb, s, tid, MMA_THREADS);
+            mma_load_xq<TR::K256, false>(sg.a, col0, ncols, kb, s, tid, MMA_THREADS);
+            asm volatile("cp.async.wait_group 1;");
+            __syncthreads();
+            mma_stage<TYPE, 1, true>(s, warp, lane, st, buf[kb & 1]);
+        }
+        mma_store<1>(st, warp, lane, row0, col0, sg.w.rows, ncols, sg.y, sg.ldy, sg.bias);
+    }
+}
+#endif
 
 __global__ void __launch_bounds__(MMA_THREADS) k_matmul_mma(const __grid_constant__ MmaArgs args) {
 #if !defined(QSC_NO_MMA) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
@@ -147,6 +199,26 @@ __global__ void __launch_bounds__(MMA_THREADS) k_matmul_mma(const __grid_constan
     const int ncols = min(MMA_BN, args.ncols - (int)col0);
     switch (sg.w.type) { /* block-uniform */
 #define QSC_MMA_CASE(T) case T: mma_block<T>(sg, row0, col0, ncols, s); break;
+        QSC_FOR_MMA_TYPES(QSC_MMA_CASE)
+#undef QSC_MMA_CASE
+    default: break;
+    }
+#endif
+}
+
+/* k_matmul_mma with mma_block_pipe: MmaSmem and the second activation buffer in dynamic shared memory. */
+constexpr size_t MMA_PIPE_SMEM = sizeof(MmaSmem) + (size_t)MMA_BN * MMA_LD;
+__global__ void __launch_bounds__(MMA_THREADS) k_matmul_mma_pipe(const __grid_constant__ MmaArgs args) {
+#if !defined(QSC_NO_MMA) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
+    extern __shared__ __align__(16) int8_t mma_dyn[];
+    MmaSmem &s = *reinterpret_cast<MmaSmem *>(mma_dyn);
+    int8_t *b2 = mma_dyn + sizeof(MmaSmem);
+    const int bx = blockIdx.x;
+    const MmaSeg &sg = args.seg[mma_seg_of(args, bx)];
+    const int64_t row0 = (int64_t)(bx - sg.blk0) * MMA_BM, col0 = (int64_t)blockIdx.y * MMA_BN;
+    const int ncols = min(MMA_BN, args.ncols - (int)col0);
+    switch (sg.w.type) { /* block-uniform */
+#define QSC_MMA_CASE(T) case T: mma_block_pipe<T>(sg, row0, col0, ncols, s, b2); break;
         QSC_FOR_MMA_TYPES(QSC_MMA_CASE)
 #undef QSC_MMA_CASE
     default: break;
@@ -172,13 +244,30 @@ static bool mma_hw_available() {
 #endif
 }
 
-/* The fast paths a model (host: a host-emulated one) or a single-kernel call may take, as of now. */
-static FastPaths fast_paths(bool host) { return fast_paths_env(host || mma_hw_available()); }
+/* May k_matmul_mma_pipe have its dynamic shared memory (asked once, when the first device model or single-kernel
+ * call is set up: never inside a stream capture)? */
+static bool mma_pipe_ready() {
+    static const bool ok = cudaFuncSetAttribute(k_matmul_mma_pipe, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)MMA_PIPE_SMEM) == cudaSuccess;
+    return ok;
+}
 
-/* y = W x for up to three matrices on the tensor cores (matmul_path chose QSC_PATH_MMA). */
-static void launch_matmul_mma(MmaArgs args, cudaStream_t st) {
+/* The fast paths a model (host: a host-emulated one) or a single-kernel call may take, as of now. */
+static FastPaths fast_paths(bool host) {
+    FastPaths f = fast_paths_env(host || mma_hw_available());
+    if (!host) f.mma_pipe = f.mma_pipe && f.mma && mma_pipe_ready();
+    return f;
+}
+
+/* y = W x for up to three matrices on the tensor cores (matmul_path chose QSC_PATH_MMA): k_matmul_mma_pipe where
+ * `pipe` (FastPaths::mma_pipe: switched on, and its shared memory allowed by fast_paths), else k_matmul_mma.
+ * Returns `pipe` (the debug mode's kernel name). */
+static bool launch_matmul_mma(MmaArgs args, cudaStream_t st, bool pipe) {
     const int blocks = mma_lay_out(args, MMA_BM);
-    k_matmul_mma<<<dim3(blocks, (args.ncols + MMA_BN - 1) / MMA_BN), MMA_THREADS, 0, st>>>(args);
+    const dim3 grid(blocks, (args.ncols + MMA_BN - 1) / MMA_BN);
+    if (pipe) k_matmul_mma_pipe<<<grid, MMA_THREADS, MMA_PIPE_SMEM, st>>>(args);
+    else k_matmul_mma<<<grid, MMA_THREADS, 0, st>>>(args);
+    return pipe;
 }
 
 /* ------------------------------------------------------------------------------------------------ flash */

@@ -23,10 +23,10 @@ static void host_mma_block(const MmaSeg &sg, int64_t row0, int64_t col0, int nco
                                    load wrote shows in the results */
     MmaLane(*st)[32] = (MmaLane(*)[32])lanes;
     for (int wi = 0; wi < NW; ++wi) mma_zero<32>(st[wi]);
-    for (int kb = 0; kb < (int)(sg.w.k / MMA_KT); ++kb) {
+    for (int kb = 0; kb < (int)(sg.w.k / MmaTraits<TYPE>::SK); ++kb) {
         for (int tid = 0; tid < MMA_THREADS; ++tid) {
             mma_load_w<TYPE>(sg.w, row0, kb, s, tid, MMA_THREADS);
-            mma_load_x<MmaTraits<TYPE>::K256>(sg.a, col0, ncols, kb, s, tid, MMA_THREADS);
+            mma_load_x<TYPE>(sg.a, col0, ncols, kb, s, tid, MMA_THREADS);
         }
         for (int wi = 0; wi < NW; ++wi) mma_stage<TYPE, 32>(s, wi, 0, st[wi]);
     }

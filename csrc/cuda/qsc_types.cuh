@@ -39,7 +39,7 @@
 #define QSC_TYPE_LIST(X, F)                                                                                            \
     /*   name     id  activations  GEMV  MMA */                                                                        \
     X(F, F32,      0, ACT_F,       1,    0)                                                                            \
-    X(F, F16,      1, ACT_F,       1,    0)                                                                            \
+    X(F, F16,      1, ACT_F,       1,    1)                                                                            \
     X(F, Q4_0,     2, ACT_32,      1,    1)                                                                            \
     X(F, Q4_1,     3, ACT_32,      1,    1)                                                                            \
     X(F, Q5_0,     6, ACT_32,      1,    1)                                                                            \
@@ -59,11 +59,11 @@
     X(F, IQ2_S,   22, ACT_256,     0,    1)                                                                            \
     X(F, IQ4_XS,  23, ACT_256,     0,    1)                                                                            \
     X(F, IQ1_M,   29, ACT_256,     0,    1)                                                                            \
-    X(F, BF16,    30, ACT_F,       0,    0)                                                                            \
+    X(F, BF16,    30, ACT_F,       0,    1)                                                                            \
     X(F, TQ1_0,   34, ACT_256,     0,    1)                                                                            \
     X(F, TQ2_0,   35, ACT_256,     0,    1)                                                                            \
     X(F, MXFP4,   39, ACT_32,      0,    1)                                                                            \
-    X(F, NVFP4,   40, ACT_32,      0,    0)
+    X(F, NVFP4,   40, ACT_32,      0,    1)
 /* X-macros over the list: F(T_name) for every type, for the GEMV types, for the MMA types. */
 #define QSC_IF_0(...)
 #define QSC_IF_1(...) __VA_ARGS__
@@ -208,12 +208,13 @@ HD float bf16_bits_to_f(unsigned h) {
     return f;
 }
 /* fp32 -> bf16 -> fp32 as ggml (NaN -> quiet NaN, otherwise round to nearest even): the CPU's BF16 activations. */
-HD float bf16_round(float x) {
+HD unsigned bf16_bits(float x) {
     unsigned u;
     memcpy(&u, &x, 4);
     unsigned h = (u & 0x7FFFFFFFu) > 0x7F800000u ? ((u >> 16) | 64u) : ((u + (0x7FFFu + ((u >> 16) & 1u))) >> 16);
-    return bf16_bits_to_f(h & 0xFFFFu);
+    return h & 0xFFFFu;
 }
+HD float bf16_round(float x) { return bf16_bits_to_f(bf16_bits(x)); }
 /* TQ1_0's digit k of byte q: ((q * 3^k) mod 256) * 3 >> 8 */
 HD int trit(unsigned q, int k) {
     const unsigned p3 = k == 0 ? 1u : k == 1 ? 3u : k == 2 ? 9u : k == 3 ? 27u : 81u;
@@ -254,6 +255,19 @@ struct Codes256 {
         s.isc[r][2 * p] = (int8_t)u.ls[0];                                                                         \
         s.isc[r][2 * p + 1] = (int8_t)u.ls[1];                                                                     \
         if (p == 0) s.wd[r][0] = u.m;                                                                              \
+    }
+
+/* The MMA stage piece of a float room (F16, BF16: rows stored as 16-bit values, float activations): a stage is
+ * MMA_KT / 2 = 128 elements (the int8 tile's 256 bytes a row), piece p = elements 16p..16p+15 of it, copied as
+ * stored; no scales (the tensor cores multiply the 16-bit values and add in fp32). mma_pack2 / mma_unpack: two
+ * activations as the room's 16-bit pair, one 16-bit value back (the host emulation of the MMA). */
+#define QSC_FLOAT_MMA                                                                                                \
+    static constexpr int MMA_NG = 1, MMA_KS = 16;                                                                  \
+    static constexpr bool MMA_MIN = false, MMA_XSUM = false;                                                       \
+    template <class S> HD static void mma_piece(const QW &w, int64_t row, int kb, int p, int8_t *dst, S &, int) {  \
+        const uint8_t *src = w.qs + 2 * (row * w.k + (int64_t)kb * 128 + 16 * p); /* 128: MMA_KT / 2 */          \
+        st_i4(dst, ld_i4(src));                                                                                    \
+        st_i4(dst + 16, ld_i4(src + 16));                                                                          \
     }
 
 /* element j's sign from a sign mask (bit j set: minus) */
@@ -331,6 +345,18 @@ template <> struct Unit<T_F16> {
     }
     HD static float elem(const QW &w, int64_t b, int j) {
         return h2f(((const __half *)w.qs)[b * 32 + j]);
+    }
+    /* MMA (fp16 x fp16 -> fp32 tensor cores, m16n8k16): a stage is 128 elements, piece p its elements 16p..16p+15
+     * as stored (32 bytes); the activations rounded to fp16 as the dot does (mma_pack2) */
+    QSC_FLOAT_MMA
+    HD static unsigned mma_pack2(float lo, float hi) {
+        const __half_raw l = __float2half_rn(lo), h = __float2half_rn(hi);
+        return (unsigned)l.x | (unsigned)h.x << 16;
+    }
+    HD static float mma_unpack(unsigned h) {
+        __half_raw r;
+        r.x = (unsigned short)h;
+        return h2f(__half(r));
     }
 };
 
@@ -1244,6 +1270,10 @@ template <> struct Unit<T_BF16> {
     HD static float elem(const QW &w, int64_t b, int j) {
         return bf16_bits_to_f(ld_u16(w.qs + 2 * (b * 32 + j)));
     }
+    /* MMA (bf16 x bf16 -> fp32 tensor cores): as F16's, the activations rounded to bf16 as the dot does */
+    QSC_FLOAT_MMA
+    HD static unsigned mma_pack2(float lo, float hi) { return bf16_bits(lo) | bf16_bits(hi) << 16; }
+    HD static float mma_unpack(unsigned h) { return bf16_bits_to_f(h & 0xFFFFu); }
 };
 
 /* ---- TQ1_0 ----------------------------------------------------------------------------------------------------- */
@@ -1378,6 +1408,23 @@ template <> struct Unit<T_NVFP4> {
         const int s = j / 16, l = j % 16;
         const int byte = w.qs[b * 32 + 8 * s + (l & 7)];
         return ue4m3_half(w.sc[b * 4 + s]) * (float)QSC_SMALL(FP4)[l < 8 ? (byte & 15) : (byte >> 4)];
+    }
+    /* MMA stage piece p: block kb * 4 + p / 2's sub-blocks 2 (p & 1) and + 1, each 16 doubled E2M1 values in element
+     * order under its own scale: 16 scale groups of 16 per stage (m16n8k16), the dot's (d * d8) * Σ per group */
+    static constexpr int MMA_NG = 16, MMA_KS = 16;
+    static constexpr bool MMA_MIN = false, MMA_XSUM = false;
+    template <class S> HD static void mma_piece(const QW &w, int64_t row, int kb, int p, int8_t *dst, S &s, int r) {
+        const int64_t b = row * w.nb + kb * 4 + (p >> 1);
+        const int4 v = ld_i4(w.qs + b * 32 + 16 * (p & 1)); /* sub-blocks 2 (p & 1), + 1: 8 bytes each */
+        const int vw[4] = {v.x, v.y, v.z, v.w};
+        const Lut16 t = lut16_words(QSC_SMALL(FP4));
+        for (int h = 0; h < 2; ++h) { /* sub-block h: low nibbles = its elements 0..7, high = 8..15 */
+            st_i32(dst + 16 * h, lut16(vw[2 * h] & 0x0F0F0F0F, t));
+            st_i32(dst + 16 * h + 4, lut16(vw[2 * h + 1] & 0x0F0F0F0F, t));
+            st_i32(dst + 16 * h + 8, lut16((vw[2 * h] >> 4) & 0x0F0F0F0F, t));
+            st_i32(dst + 16 * h + 12, lut16((vw[2 * h + 1] >> 4) & 0x0F0F0F0F, t));
+            s.wd[r][2 * p + h] = ue4m3_half(w.sc[b * 4 + 2 * (p & 1) + h]);
+        }
     }
 };
 

@@ -182,13 +182,14 @@ def tests_of(a: argparse.Namespace) -> list[tuple[str, int, int]]:
     return tg + [("pp", p, 0) for p in a.n_prompt if p]
 
 
-def bench_file(name: str, path: Path, exe: Path, a: argparse.Namespace) -> dict[str, Any]:
+def bench_file(name: str, path: Path, exe: Path | None, a: argparse.Namespace) -> dict[str, Any]:
     facts = model_facts(path, 1)  # kv_bytes: the fp16 K and V of one position, every layer
     base_env = dict(os.environ, QUANTSCOPE_CUDA_MMA="0", QUANTSCOPE_CUDA_FLASH="0", QUANTSCOPE_CUDA_GEMV="0")
     variants: dict[str, tuple[list[list[str]], dict[str, str] | None]] = {"ours": (ours_cmds(path, a), None)}
     if a.baseline:
         variants["ours-today"] = (ours_cmds(path, a), base_env)
-    variants["llama.cpp"] = (llama_cmds(exe, path, a), None)
+    if exe is not None:
+        variants["llama.cpp"] = (llama_cmds(exe, path, a), None)
     samples: dict[str, list[dict[str, float]]] = {k: [] for k in variants}
     errors: dict[str, str] = {}
     for rep in range(a.reps):
@@ -230,15 +231,16 @@ def render(results: list[dict[str, Any]], peak: float, a: argparse.Namespace) ->
     lines = [f"{'file':<8} {'MiB':>6} {'test':<16} {'engine':<11} {'t/s':>10} {'x llama':>8} {'GB/s':>7} "
              f"{'% peak':>7}"]
     for r in results:
-        ref = r["engines"]["llama.cpp"]
+        ref = r["engines"].get("llama.cpp")  # absent: --llama-bench none
         for kind, n, d in tests_of(a):
             t = test_name(kind, n, d)
             for key, tests in r["engines"].items():
                 e = tests[t]
                 bw = (f"{e['gbs']:7.0f} {100 * e['gbs'] / peak:7.1f}" if "gbs" in e and e["gbs"] == e["gbs"]
                       else f"{'':>7} {'':>7}")
+                ratio = f"{e['tokens_per_s'] / ref[t]['tokens_per_s']:8.2f}" if ref else f"{'-':>8}"
                 lines.append(f"{r['model']:<8} {r['size'] / 2**20:6.0f} {t:<16} {key:<11} {e['tokens_per_s']:10.1f} "
-                             f"{e['tokens_per_s'] / ref[t]['tokens_per_s']:8.2f} {bw}")
+                             f"{ratio} {bw}")
         for key, why in r["errors"].items():
             lines.append(f"{r['model']:<8} {key}: failed: {why}")
     return "\n".join(lines)
@@ -277,6 +279,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--baseline", action="store_true", help="also ours with the issue-37 kernels off")
     ap.add_argument("--llama-src", type=Path, default=llamacpp_build.cache_root() / "src")
+    ap.add_argument("--llama-bench", metavar="EXE|none",
+                    help="a prebuilt CUDA llama-bench to use instead of building one from --llama-src "
+                    "(tests/bench/gpu_speed_table.sh --prepare-bench); none: our rows only")
     ap.add_argument("--vocab", type=Path, default=os.environ.get("QUANTSCOPE_VOCAB_SOURCE") or None)
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per engine run")
@@ -298,16 +303,26 @@ def main() -> int:
     if not ok:
         print(f"bench_gpu_vs_llama: no usable CUDA GPU here ({why}); run it on a GPU machine", file=sys.stderr)
         return 1
-    for tool in ("cmake", "nvcc"):
-        if shutil.which(tool) is None:
-            print(f"bench_gpu_vs_llama: {tool} is not installed; llama-bench cannot be built", file=sys.stderr)
-            return 1
     t0 = time.monotonic()
     props = cl.device_properties()
     peak = props["peak_bw_gbs"]
-    exe = build_llama_bench(a.llama_src.resolve(), cuda_arch(), a.jobs)
+    exe: Path | None
+    if a.llama_bench == "none":
+        exe = None
+    elif a.llama_bench:
+        exe = Path(a.llama_bench).resolve()
+        if not os.access(exe, os.X_OK):
+            print(f"bench_gpu_vs_llama: {exe} is not an executable llama-bench", file=sys.stderr)
+            return 1
+    else:
+        for tool in ("cmake", "nvcc"):
+            if shutil.which(tool) is None:
+                print(f"bench_gpu_vs_llama: {tool} is not installed; llama-bench cannot be built", file=sys.stderr)
+                return 1
+        exe = build_llama_bench(a.llama_src.resolve(), cuda_arch(), a.jobs)
     print(f"device: {why}; peak DRAM bandwidth {peak:.0f} GB/s\nlibrary: {cl.build_info()}")
-    print(f"llama.cpp: {exe} (llama-cpp-python {llamacpp_build.VERSION}'s source)", flush=True)
+    print(f"llama.cpp: {exe or 'not run (--llama-bench none)'} (llama-cpp-python {llamacpp_build.VERSION}'s source)",
+          flush=True)
     results = []
     for i, (name, path) in enumerate(model_files(a)):  # a model's rows as soon as it is done (a time limit may stop us)
         results.append(bench_file(name, path, exe, a))

@@ -364,9 +364,13 @@ def apply_penalties(x: np.ndarray, history: list[int], prompt_len: int, p: Sampl
     counts = np.bincount(inverse[max(0, window.size - gen):], minlength=recent.size).astype(np.float32)
     v = x[recent].astype(np.float32)
     rp = np.float32(p.repeat_penalty)
-    v = np.where(v <= 0, v * rp, v / rp).astype(np.float32)
-    v -= counts * np.float32(p.frequency_penalty) + (counts > 0).astype(np.float32) * np.float32(p.presence_penalty)
-    x[recent] = v
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        v = np.where(v <= 0, v * rp, v / rp).astype(np.float32)
+        v -= counts * np.float32(p.frequency_penalty) + (counts > 0).astype(np.float32) * np.float32(p.presence_penalty)
+    # a penalty near 0 overflows float32 (llama.cpp's logits become inf there, its probabilities NaN): held to the
+    # largest finite value instead, so the pick stays defined
+    big = np.finfo(np.float32).max
+    x[recent] = np.nan_to_num(v, nan=-big, posinf=big, neginf=-big)
 
 
 class Sampler:

@@ -136,6 +136,7 @@ def block(c: ShotContext) -> None:
         if f is None or not f.has_tensor(name) or (index and not index.isdigit()):
             raise ShotFailed(f"--block {c.block}: no such tensor (or block) in the file", 2)
         c.win.block_view.show_block(name, 0, int(index or 0))
+    c.win.show_view("block")  # after the pick: a remote file's inspector reads only the block asked for
     c.idle()  # (a remote file's block is read in the runner)
     c.win.block_view.set_element(37)
 

@@ -86,9 +86,10 @@ def first_view(doc: Document | None) -> ViewEntry | None:
 @dataclass(frozen=True)
 class Shot:
     """``--view NAME``: ``tab`` (a :data:`VIEWS` key, or None for a dialog) is shown first, by ``setup`` itself when
-    ``setup_shows`` (the chat takes its throw-away store before it is shown; the bump view shows the file the
-    conversion wrote); then ``setup`` (given a :class:`quantscope.gui.screenshots.ShotContext`) runs the view's real
-    work and returns the widget to grab (None: the window), or raises :class:`quantscope.gui.screenshots.ShotFailed`."""
+    ``setup_shows`` (the chat takes its throw-away store before it is shown; the block inspector is given its block
+    first; the bump view shows the file the conversion wrote); then ``setup`` (given a
+    :class:`quantscope.gui.screenshots.ShotContext`) runs the view's real work and returns the widget to grab (None:
+    the window), or raises :class:`quantscope.gui.screenshots.ShotFailed`."""
 
     name: str
     tab: str | None
@@ -104,7 +105,7 @@ def _shots() -> tuple[Shot, ...]:
         Shot("metadata", "metadata"),
         Shot("metadata-edit", "metadata", s.metadata_edit),  # the chat template editor (a dialog over the tab)
         Shot("tensors", "tensors", s.tensors),
-        Shot("block", "block", s.block),
+        Shot("block", "block", s.block, setup_shows=True),
         Shot("chat", "chat", s.chat, setup_shows=True),
         Shot("convert", None, s.convert),
         Shot("bump", "bump", s.convert, setup_shows=True),

@@ -100,6 +100,15 @@ def _pool(args: argparse.Namespace, key: str | None, allowed_hosts: tuple[str, .
                      max_loaded=args.max_loaded, budget=budget, say=lambda line: print(line, file=sys.stderr))
 
 
+def _serve_until_stopped(server: Any, host: str, open_to_all: bool, what: str) -> None:
+    """Warn when ``host`` is reachable from other machines without a key, then serve until SIGINT/SIGTERM (open
+    streams and queued requests are ended, not cut)."""
+    if open_to_all:
+        print(f"warning: listening on {host} without an API key: anyone who can reach this machine can use {what}",
+              file=sys.stderr)
+    server.serve_forever()
+
+
 def _serve_pool(args: argparse.Namespace, key: str | None, allowed_hosts: tuple[str, ...],
                 cors_origins: tuple[str, ...], loopback: bool, sock: Any) -> int:
     from quantscope.core.server import PoolServer
@@ -116,10 +125,7 @@ def _serve_pool(args: argparse.Namespace, key: str | None, allowed_hosts: tuple[
         limits.append(f"within {size_text(pool.budget)}")
     print(f"serving {n} model{'s' if n != 1 else ''} ({', '.join(pool.offers)}) at {server.url}/v1, each loaded on "
           f"first use ({'; '.join(limits)}){' (API key required)' if key else ''}; Ctrl-C stops", file=sys.stderr)
-    if not loopback and not key:
-        print(f"warning: listening on {args.host} without an API key: anyone who can reach this machine can "
-              "use the models", file=sys.stderr)
-    server.serve_forever()
+    _serve_until_stopped(server, args.host, open_to_all=not loopback and not key, what="the models")
     print("quantscope: server stopped", file=sys.stderr)
     return 0
 
@@ -185,10 +191,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"serving {server.app.config.model_id} ({eng.model.config.arch}, context {eng.n_ctx}, "
               f"{args.parallel} slot{'s' if args.parallel > 1 else ''}) at {server.url}/v1"
               f"{' (API key required)' if key else ''}; Ctrl-C stops", file=sys.stderr)
-        if not loopback and not key:
-            print(f"warning: listening on {args.host} without an API key: anyone who can reach this machine can "
-                  "use the model", file=sys.stderr)
-        server.serve_forever()  # until SIGINT/SIGTERM: open streams and queued requests are ended, not cut
+        _serve_until_stopped(server, args.host, open_to_all=not loopback and not key, what="the model")
         print("quantscope: server stopped", file=sys.stderr)
     finally:
         sock.close()
@@ -228,10 +231,7 @@ def _serve_embeddings(args: argparse.Namespace, sock: Any, key: str | None, loop
             print(f"serving {server.app.config.model_id} ({enc.config.arch} embedding model, {enc.pooling} "
                   f"pooling, {enc.n_embd} dimensions) at {server.url}/v1/embeddings"
                   f"{' (API key required)' if key else ''}; Ctrl-C stops", file=sys.stderr)
-            if not loopback and not key:
-                print(f"warning: listening on {args.host} without an API key: anyone who can reach this machine "
-                      "can use the model", file=sys.stderr)
-            server.serve_forever()
+            _serve_until_stopped(server, args.host, open_to_all=not loopback and not key, what="the model")
             print("quantscope: server stopped", file=sys.stderr)
     finally:
         sock.close()

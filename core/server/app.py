@@ -177,7 +177,21 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-class ServerApp:
+class StatusCounts:
+    """The HTTP statuses a server's app answered (``http_requests``: status -> count, for ``/metrics``): a reply
+    counted by :meth:`_count`, a refusal before routing (the Host/Origin rules) by :meth:`_count_status`."""
+
+    http_requests: dict[int, int]
+
+    def _count(self, r: Response) -> Response:
+        self._count_status(r.status_code)
+        return r
+
+    def _count_status(self, status: int) -> None:
+        self.http_requests[status] = self.http_requests.get(status, 0) + 1
+
+
+class ServerApp(StatusCounts):
     """The endpoints over one engine and its scheduler (see the module's docstring)."""
 
     def __init__(self, engine: Engine, scheduler: Scheduler, config: ServerConfig) -> None:
@@ -228,13 +242,6 @@ class ServerApp:
         self.asgi = Policy(self.app, config.host, config.allowed_hosts, config.cors_origins, count=self._count_status)
 
     # ------------------------------------------------------------------ plumbing
-    def _count(self, r: Response) -> Response:
-        self._count_status(r.status_code)
-        return r
-
-    def _count_status(self, status: int) -> None:
-        self.http_requests[status] = self.http_requests.get(status, 0) + 1
-
     def _wrap(self, fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def handler(request: Request) -> Response:
             try:

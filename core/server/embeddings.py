@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from ..chat.tokens import piece_text
 from ..engine.encoder import EmbedError, Encoder
-from .app import GENERATION_PATHS, ServerApp, ServerConfig, _error
+from .app import GENERATION_PATHS, ServerApp, ServerConfig, StatusCounts, _error
 from .errors import ApiError, bad_request, dialect_of
 from .policy import Policy
 from .protocol import parse_tokenize
@@ -68,16 +68,14 @@ def parse_embedding_input(d: dict[str, Any]) -> list[str | list[int]]:
     return out
 
 
-class EmbeddingApp:
+class EmbeddingApp(StatusCounts):
     """The endpoints over one encoder (see the module's docstring)."""
 
-    # the generative server's plumbing, shared: the key, the body, the model's name, the counters
+    # the generative server's plumbing, shared: the key, the body, the model's name
     _wrap = ServerApp._wrap
     _authorize = ServerApp._authorize
     _json = ServerApp._json
     _check_model = ServerApp._check_model
-    _count = ServerApp._count
-    _count_status = ServerApp._count_status
 
     def __init__(self, encoder: Encoder, config: ServerConfig) -> None:
         self.encoder = encoder

@@ -35,7 +35,7 @@ from starlette.routing import Route
 
 from ..gguf import GGUFError, GGUFFile
 from ..model.memory import memory_plan
-from .app import OPEN_PATHS, ServerApp, ServerConfig, check_json_type, check_key, read_body
+from .app import OPEN_PATHS, ServerApp, ServerConfig, StatusCounts, check_json_type, check_key, read_body
 from .errors import ApiError, bad_request, dialect_of, error_body
 from .ollama import OLLAMA_VERSION, model_entry
 from .policy import Policy
@@ -419,7 +419,7 @@ def _close(app: ServerApp) -> None:
     app.engine.close()
 
 
-class PoolApp:
+class PoolApp(StatusCounts):
     """The ASGI application of a pool (see the module's docstring), behind the Host/Origin/CORS rules of
     ``pool.config``."""
 
@@ -453,13 +453,6 @@ class PoolApp:
                            count=self._count_status)
 
     # ------------------------------------------------------------------ plumbing
-    def _count(self, r: Response) -> Response:
-        self._count_status(r.status_code)
-        return r
-
-    def _count_status(self, status: int) -> None:
-        self.http_requests[status] = self.http_requests.get(status, 0) + 1
-
     def _wrap(self, fn: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
         async def handler(request: Request) -> Response:
             try:

@@ -55,8 +55,10 @@ def cmd_embed(args: argparse.Namespace) -> int:
         else:
             try:
                 write_atomic(args.npy, buf.getvalue(), "--npy", [args.file])
-            except (PathRefused, OSError) as exc:
-                raise CLIError(f"--npy: {exc}") from None
+            except PathRefused as exc:  # (it names --npy and the path already)
+                raise CLIError(str(exc)) from None
+            except OSError as exc:
+                raise CLIError(f"--npy {args.npy}: {exc.strerror or exc}") from None
         return 0
     if args.json:
         dump_json({"object": "list", "pooling": pooling, "normalize": args.normalize,

@@ -1,5 +1,7 @@
 """``quantscope embed``: the vectors of an embedding model (BERT, bge, all-MiniLM …) for texts, as llama-embedding
-gives them (pooling from the file unless ``--pooling``, Euclidean normalisation unless ``--normalize``)."""
+gives them (pooling from the file unless ``--pooling``, Euclidean normalisation unless ``--normalize``); with
+``--rerank QUERY`` a reranker's (a BERT cross-encoder's, rank pooling) relevance score of each text as a document
+for the query, as llama-server's ``/v1/rerank`` gives them."""
 
 from __future__ import annotations
 
@@ -34,11 +36,19 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
     texts = _inputs(args)
     check_file(args.file)
+    if args.rerank is not None:
+        return _rerank(args, texts)
+    if args.normalize is None:
+        args.normalize = 2
     try:
         enc = Encoder(args.file, pooling=args.pooling)
     except (EmbedError, UnsupportedModel, GGUFError, OSError) as exc:
         raise CLIError(f"{args.file}: {exc}") from None
     with enc:
+        if enc.pooling == "rank":
+            raise CLIError(f"{args.file} is a reranker (rank pooling): it scores documents for a query; give "
+                           "--rerank QUERY with the documents as -p DOC … or -f FILE (or --pooling mean|cls for "
+                           "its body's vectors)")
         try:
             ids = [enc.check_ids(enc.tokenize(t), f"text {i + 1}") for i, t in enumerate(texts)]
             vecs = enc.embed_ids(ids, enc.pooling, args.normalize)
@@ -74,18 +84,71 @@ def cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rerank(args: argparse.Namespace, docs: list[str]) -> int:
+    """``embed --rerank QUERY``: each document's score for the query (raw, as llama-server's /v1/rerank), in the
+    documents' order as text, or /v1/rerank's shape (the best first) with ``--json``."""
+    from quantscope.core.engine.encoder import RANK, EmbedError, Encoder
+    from quantscope.core.fsutil import printable
+    from quantscope.core.gguf import GGUFError
+    from quantscope.core.model import UnsupportedModel
+
+    if args.pooling not in (None, RANK):
+        raise CLIError(f"--rerank scores with the reranker's head (rank pooling), not --pooling {args.pooling}")
+    if args.normalize is not None or args.npy:
+        raise CLIError("--rerank gives raw scores (as llama-server's /v1/rerank): no --normalize or --npy "
+                       "(use --json)")
+    if not args.rerank.strip():
+        raise CLIError("--rerank: the query is empty")
+    try:
+        enc = Encoder(args.file, pooling=RANK)
+    except (EmbedError, UnsupportedModel, GGUFError, OSError) as exc:
+        raise CLIError(f"{args.file}: {exc}") from None
+    with enc:
+        assert enc.head is not None
+        labels = enc.head.labels
+        try:
+            ids = [enc.check_ids(enc.rerank_tokens(args.rerank, d), f"document {i + 1} with the query")
+                   for i, d in enumerate(docs)]
+            scores = enc.rank_ids(ids)
+        except EmbedError as exc:
+            raise CLIError(str(exc)) from None
+    if args.json:
+        order = sorted(range(len(docs)), key=lambda i: -float(scores[i][0]))
+        n = sum(len(t) for t in ids)
+        results = []
+        for i in order:
+            r: dict[str, Any] = {"index": i, "relevance_score": float(scores[i][0]), "tokens": len(ids[i]),
+                                 "document": {"text": docs[i]}}
+            if len(labels) > 1:
+                r["scores"] = {lab: float(v) for lab, v in zip(labels, scores[i], strict=True)}
+            results.append(r)
+        dump_json({"object": "list", "query": args.rerank, "results": results,
+                   "usage": {"prompt_tokens": n, "total_tokens": n}})
+        return 0
+    for i, (d, t, s) in enumerate(zip(docs, ids, scores, strict=True)):
+        short = d if len(d) <= 60 else d[:57] + "…"
+        extra = "" if len(labels) <= 1 else " [" + ", ".join(f"{lab} {v:.6f}" for lab, v in
+                                                            zip(labels, s, strict=True)) + "]"
+        print(printable(f"rerank score {i}: {float(s[0]):10.6f}{extra} ({len(t)} tokens): {short}"))
+    return 0
+
+
 def register(sub: Any) -> None:
     """Add ``embed`` to ``sub``."""
-    from quantscope.core.engine.encoder import POOLINGS
+    from quantscope.core.engine.encoder import POOLINGS, RANK
 
     s = sub.add_parser("embed", help="embedding vectors of texts with an embedding model (BERT, bge, MiniLM …), "
                        "like llama-embedding")
     s.add_argument("file", metavar="MODEL")
-    s.add_argument("-p", "--prompt", nargs="+", metavar="TEXT", help="the texts, one vector each")
+    s.add_argument("-p", "--prompt", nargs="+", metavar="TEXT", help="the texts, one vector each (with --rerank: "
+                   "the documents)")
     s.add_argument("-f", "--text-file", metavar="FILE", help="the texts, one per non-empty line")
-    s.add_argument("--pooling", choices=POOLINGS, default=None,
-                   help="how the rows become one vector (default: the file's pooling_type); none: one per token")
-    s.add_argument("--normalize", type=int, default=2, metavar="N", choices=range(-1, 100),
+    s.add_argument("--rerank", metavar="QUERY", help="a reranker (BERT cross-encoder, rank pooling): score each text "
+                   "as a document for QUERY (raw scores, as llama-server's /v1/rerank)")
+    s.add_argument("--pooling", choices=(*POOLINGS, RANK), default=None,
+                   help="how the rows become one vector (default: the file's pooling_type); none: one per token; "
+                   "rank: a reranker's head (with --rerank)")
+    s.add_argument("--normalize", type=int, default=None, metavar="N", choices=range(-1, 100),
                    help="-1 none, 0 max-abs to int16 range, 1 taxicab, 2 Euclidean (default), N a p-norm "
                    "(llama-embedding's --embd-normalize)")
     out = s.add_mutually_exclusive_group()

@@ -228,8 +228,9 @@ def _serve_embeddings(args: argparse.Namespace, sock: Any, key: str | None, loop
             server = EmbeddingServer(enc, model_id_of(args.file), host=args.host, api_key=key, sock=sock,
                                      allowed_hosts=allowed_hosts, cors_origins=cors_origins, timeout=args.timeout,
                                      max_connections=args.max_connections)
-            print(f"serving {server.app.config.model_id} ({enc.config.arch} embedding model, {enc.pooling} "
-                  f"pooling, {enc.n_embd} dimensions) at {server.url}/v1/embeddings"
+            what = (f"reranker, rank pooling) at {server.url}/v1/rerank" if enc.pooling == "rank" else
+                    f"embedding model, {enc.pooling} pooling, {enc.n_embd} dimensions) at {server.url}/v1/embeddings")
+            print(f"serving {server.app.config.model_id} ({enc.config.arch} {what}"
                   f"{' (API key required)' if key else ''}; Ctrl-C stops", file=sys.stderr)
             _serve_until_stopped(server, args.host, open_to_all=not loopback and not key, what="the model")
             print("quantscope: server stopped", file=sys.stderr)
@@ -290,6 +291,7 @@ def register(sub: Any) -> None:
                    "tokens, as llama-server does (default: as text; only the chat template's markup is special)")
     s.add_argument("--no-repack", action="store_true",
                    help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
-    s.add_argument("--pooling", choices=("none", "mean", "cls", "last"), default=None,
-                   help="embedding models: how a text's rows become its vector (default: the file's pooling_type)")
+    s.add_argument("--pooling", choices=("none", "mean", "cls", "last", "rank"), default=None,
+                   help="embedding models: how a text's rows become its vector (default: the file's pooling_type); "
+                   "rank: a reranker (BERT cross-encoder) served on /v1/rerank")
     s.set_defaults(func=cmd_serve)

@@ -4,6 +4,9 @@ Each has llama.cpp's tensor names and metadata for ``bert`` (position and token 
 LayerNorm, per layer q/k/v/output with biases, ``attn_output_norm``, GELU FFN with biases, ``layer_output_norm``),
 F32 weights (or, with ``quant``, matrices quantized by gguf-py) and a real WordPiece vocabulary: bge's (llama.cpp's
 ``ggml-vocab-bert-bge.gguf`` from the catalogue's test data), so llama.cpp and Quantscope tokenize the same way.
+``bert-rank`` is a BERT cross-encoder (a reranker): rank pooling and the ``cls.*`` classification head (a dense
+layer with tanh, then one output row, both with biases), with the tokenizer flags convert_hf_to_gguf.py writes for
+one (BOS and EOS added, EOS = [SEP], no extra SEP), so a query/document pair is ``[CLS] q [SEP] d [SEP]``.
 The bytes are a function of (variant, seed) and the gguf-py version (pinned): ``tests/data/bert/meta.json``
 records each fixture's SHA-256 beside llama-embedding's vectors (``tests/record_bert_fixtures.py``).
 """
@@ -32,12 +35,15 @@ class Variant:
     pooling: str = "mean"
     quant: str = "F32"
     fused_qkv: bool = False
+    #: a reranker's classification head (cls.weight/bias, cls.output.weight/bias) and a cross-encoder's flags
+    rank_head: bool = False
 
 
 VARIANTS: dict[str, Variant] = {
     "bert-mean": Variant("mean"),
     "bert-cls": Variant("cls"),
     "bert-mean-q8": Variant("mean", quant="Q8_0"),
+    "bert-rank": Variant("rank", rank_head=True),
 }
 
 #: the texts embedded (each one input of llama-embedding, one line each)
@@ -47,6 +53,17 @@ TEXTS = (
     "hello",
     "Unaffable naïve café owners re-tokenize WordPiece: ##ing, [MASK] 42!",
     "Search engines rank documents by the cosine of their embeddings with the query's.",
+)
+
+
+#: the query/document pairs a reranker fixture scores (llama-embedding's ``query<TAB>document`` lines)
+PAIRS = (
+    ("what is a panda?", "hi"),
+    ("what is a panda?", "The giant panda is a bear species endemic to China."),
+    ("what is a panda?", "Pandas eat bamboo; a red panda is not a bear."),
+    ("how do embeddings rank documents", "Search engines rank documents by relevance to the query."),
+    ("how do embeddings rank documents", "The quick brown fox jumps over the lazy dog."),
+    ("how do embeddings rank documents", "Unaffable naïve café owners, 42!"),
 )
 
 
@@ -96,6 +113,11 @@ def write_fixture(name: str, path: str | Path, seed: int = 0) -> Path:
     w.add_uint32("tokenizer.ggml.padding_token_id", 0)
     w.add_uint32("tokenizer.ggml.cls_token_id", 101)
     w.add_uint32("tokenizer.ggml.mask_token_id", 103)
+    if v.rank_head:  # as convert_hf_to_gguf.py's SpecialVocab writes a BERT cross-encoder's flags
+        w.add_uint32("tokenizer.ggml.eos_token_id", 102)
+        w.add_bool("tokenizer.ggml.add_bos_token", True)
+        w.add_bool("tokenizer.ggml.add_eos_token", True)
+        w.add_bool("tokenizer.ggml.add_sep_token", False)
 
     def matrix(tname: str, rows: int, cols: int, std: float) -> None:
         m = _normal(rng, (rows, cols), std)
@@ -133,6 +155,11 @@ def write_fixture(name: str, path: str | Path, seed: int = 0) -> Path:
         vector(b + "ffn_down.bias", E, 0.0, 0.1)
         vector(b + "layer_output_norm.weight", E, 1.0, 0.1)
         vector(b + "layer_output_norm.bias", E, 0.0, 0.1)
+    if v.rank_head:  # scores of order 1: the dense layer's tanh saturates little, the output row sums 64 terms
+        matrix("cls.weight", E, E, s)
+        vector("cls.bias", E, 0.0, 0.1)
+        matrix("cls.output.weight", 1, E, 0.5)
+        vector("cls.output.bias", 1, 0.0, 0.5)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -8,8 +8,8 @@ LayerNorm; GELU FFN (tanh form, as ggml_gelu) with biases, residual, LayerNorm. 
 float32 numpy over the dequantized weights is the float reference (:meth:`Encoder.forward_numpy`) and runs a
 file whose weight type has no native kernel. Pooling (``{arch}.pooling_type`` unless overridden): ``mean`` of the
 rows, ``cls`` the first row, ``last`` the last, ``none`` every row. Normalisation as ``common_embd_normalize``: 2
-(Euclidean, the default), -1 none, 0 max-abs scaled to 32760, p a p-norm. Rerank (``rank`` pooling and its
-classification head) is refused.
+(Euclidean, the default), -1 none, 0 max-abs scaled to 32760, p a p-norm. ``rank`` pooling (a BERT cross-encoder)
+puts the classification head on the pooled row and gives relevance scores, not vectors (:meth:`Encoder.rerank`).
 
 Every input is checked before any arithmetic (token ids in range, length within the position table), so a bad
 input is one line of :class:`EmbedError`. An encoder is used by one thread at a time.
@@ -36,6 +36,9 @@ from ..tokenizer import Tokenizer
 
 #: poolings that give one vector per input (``none`` gives one per token)
 POOLINGS = tuple(p for p in POOLING_TYPES if p != "rank")
+#: the pooling of a reranker: the classification head (``cls.*``) on the pooled row gives scores (llama.cpp's
+#: LLAMA_POOLING_TYPE_RANK)
+RANK = "rank"
 #: how many tokens one forward evaluates at most, all inputs together: bounds the float32 activations (the FFN's
 #: are MAX_BATCH_TOKENS x n_ff: 128 MiB for bge-large's 4096)
 MAX_BATCH_TOKENS = 8192
@@ -43,6 +46,41 @@ MAX_BATCH_TOKENS = 8192
 
 class EmbedError(ValueError):
     """An input the encoder refuses (empty, too long, a token id out of range, an unknown pooling)."""
+
+
+@dataclass
+class RankHead:
+    """A reranker's classification head as llama.cpp's ``build_pooling`` applies it for a BERT: the row picked by
+    ``pool`` (``cls``: the first; ``mean``: the mean, ``{arch}.classifier.pooling_type``), then
+    ``tanh(cls.weight @ x + cls.bias)`` where the file has ``cls.weight``, then ``cls.output.weight @ x +
+    cls.output.bias`` where it has that; the first ``n_out`` values are the scores, raw (no sigmoid: llama-server
+    answers them as they are)."""
+
+    pool: str
+    dense: np.ndarray | None
+    dense_b: np.ndarray | None
+    out: np.ndarray | None
+    out_b: np.ndarray | None
+    #: the labels of the scores (``{arch}.classifier.output_labels``; empty: one unnamed score)
+    labels: tuple[str, ...]
+
+    @property
+    def n_out(self) -> int:
+        return max(1, len(self.labels))
+
+    def scores(self, rows: np.ndarray) -> np.ndarray:
+        """The head's ``n_out`` scores of one input's last-layer rows ([tokens, n_embd])."""
+        x = rows.mean(axis=0, dtype=np.float64).astype(np.float32) if self.pool == "mean" else rows[0]
+        if self.dense is not None:
+            x = self.dense @ x
+            if self.dense_b is not None:
+                x = x + self.dense_b
+            x = np.tanh(x)
+        if self.out is not None:
+            x = self.out @ x
+            if self.out_b is not None:
+                x = x + self.out_b
+        return np.asarray(x[:self.n_out], dtype=np.float32)
 
 
 class _Dense:
@@ -152,10 +190,8 @@ class Encoder:
         self.config = cfg
         if pooling is None:
             pooling = cfg.pooling
-        if pooling == "rank":
-            raise UnsupportedModel("rank pooling (a reranker's classification head) is not supported yet")
-        if pooling not in POOLINGS:
-            raise EmbedError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
+        if pooling not in (*POOLINGS, RANK):
+            raise EmbedError(f"pooling must be one of {', '.join((*POOLINGS, RANK))}, not {pooling!r}")
         self.pooling: str = pooling
         self.tokenizer = Tokenizer(f)
         E = cfg.n_embd
@@ -196,14 +232,49 @@ class Encoder:
             for L in self.layers:
                 for m in (L.wq, L.wk, L.wv, L.wo, L.up, L.down):
                     m.value()
-        head = [t.name for t in f.tensors if t.name.startswith("cls")]
-        self._used.update(head)  # the rerank head: read by rank pooling only (llama.cpp ignores it otherwise)
+        #: the classification head of rank pooling (None with any other pooling: llama.cpp ignores it then)
+        self.head: RankHead | None = self._rank_head() if pooling == RANK else None
+        # the head's tensors llama.cpp's bert loads (and leaves unused unless rank pooling)
+        self._used.update(n for n in ("cls.weight", "cls.bias", "cls.output.weight", "cls.output.bias")
+                          if f.has_tensor(n))
         left = [t.name for t in f.tensors if t.name not in self._used]
         if left:
             raise UnsupportedModel(f"tensor {left[0]} is not used by the {cfg.arch} encoder (running without it "
                                    "would give wrong results)")
 
     # ------------------------------------------------------------------ loading
+    def _rank_head(self) -> RankHead:
+        """The ``cls.*`` head as llama.cpp's bert reads it (``cls.weight`` [n_embd, n_embd] and ``cls.output.weight``
+        [n_embd, n_out], each with an optional bias); a file with neither is refused (it has no head to rank
+        with)."""
+        f, c = self.file, self.config
+        E = c.n_embd
+        labels = f.get(f"{c.arch}.classifier.output_labels")
+        if labels is None:
+            labels = []
+        if not isinstance(labels, list | tuple) or not all(isinstance(x, str) for x in labels):
+            raise ModelError(f"{c.arch}.classifier.output_labels is not an array of strings")
+        n_out = max(1, len(labels))
+        if not f.has_tensor("cls.weight") and not f.has_tensor("cls.output.weight"):
+            raise UnsupportedModel("rank pooling needs a classification head (cls.weight or cls.output.weight), "
+                                   "which this file does not have: it is not a reranker")
+        dense = self._matrix("cls.weight", E, E, optional=True)
+        out = self._matrix("cls.output.weight", n_out, E, optional=True)
+        if out is None and n_out > E:
+            raise ModelError(f"{c.arch}.classifier.output_labels names {n_out} scores but the head gives {E}")
+        pool = "cls"
+        key = f"{c.arch}.classifier.pooling_type"
+        if key in f.metadata:
+            v = f.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < len(POOLING_TYPES):
+                raise ModelError(f"{key} is not a pooling type (0..{len(POOLING_TYPES) - 1}): {v!r}")
+            pool = "mean" if POOLING_TYPES[v] == "mean" else "cls"
+        return RankHead(pool=pool, dense=None if dense is None else dense.value(),
+                        dense_b=self._vec("cls.bias", E, optional=True),
+                        out=None if out is None else out.value(),
+                        out_b=self._vec("cls.output.bias", n_out, optional=True),
+                        labels=tuple(str(x) for x in labels))
+
     def _describe(self) -> list[Any] | None:
         """Each layer as a ``qs_block`` (csrc/qs_api_nn.h): the matrices zero-copy from the mapped file, the vectors
         (float32 copies) kept by ``_keep``, BERT's switches set (post-LayerNorm residuals, ungated GELU FFN with
@@ -336,6 +407,9 @@ class Encoder:
         """One vector per input (``none`` pooling: one [tokens, n_embd] array per input), normalised. Texts are
         tokenized with the special tokens; token lists are taken as they are."""
         pooling = self.pooling if pooling is None else pooling
+        if pooling == RANK:
+            raise EmbedError("rank pooling gives relevance scores of query/document pairs, not vectors: rerank them "
+                             "(quantscope embed --rerank QUERY, POST /v1/rerank)")
         if pooling not in POOLINGS:
             raise EmbedError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
         seqs = [self.check_ids(self.tokenize(x) if isinstance(x, str) else x, f"input {i}")
@@ -360,6 +434,57 @@ class Encoder:
                 out.append(normalize(np.asarray(v, dtype=np.float32), normalize_mode))
             i = j
         return out
+
+    # ------------------------------------------------------------------ reranking
+    def rerank_tokens(self, query: str, document: str) -> list[int]:
+        """The ids of one query/document pair as llama-server's ``format_prompt_rerank`` builds them: the file's
+        ``tokenizer.chat_template.rerank`` with ``{query}`` and ``{document}`` filled in (special tokens parsed, none
+        added) where it has one; otherwise BOS (when the vocabulary adds it), the query, EOS (SEP when there is
+        no EOS) when it adds EOS, SEP when it adds SEP, the document, EOS when it adds EOS; the texts' own
+        special-token spellings are text. For a converted BERT cross-encoder: ``[CLS] q [SEP] d [SEP]``."""
+        tok = self.tokenizer
+        template = self.file.get("tokenizer.chat_template.rerank")
+        if isinstance(template, str):
+            prompt = template.replace("{query}", query).replace("{document}", document)
+            return tok.encode(prompt, add_special=False, parse_special=True)
+        q = tok.encode(query, add_special=False, parse_special=False)
+        d = tok.encode(document, add_special=False, parse_special=False)
+        eos = tok.eos_id if tok.eos_id is not None else tok.sep_id
+        ids: list[int] = []
+        if tok.add_bos and tok.bos_id is not None:
+            ids.append(tok.bos_id)
+        ids += q
+        if tok.add_eos and eos is not None:
+            ids.append(eos)
+        if tok.add_sep and tok.sep_id is not None:
+            ids.append(tok.sep_id)
+        ids += d
+        if tok.add_eos and eos is not None:
+            ids.append(eos)
+        return ids
+
+    def rank_ids(self, seqs: Sequence[list[int]], batch_tokens: int = MAX_BATCH_TOKENS) -> list[np.ndarray]:
+        """The head's scores ([n_out] float32, raw) of each checked token list, batched as :meth:`embed_ids`."""
+        if self.head is None:
+            raise EmbedError(f"this encoder pools by {self.pooling}: reranking needs rank pooling (a reranker "
+                             "with a classification head)")
+        out: list[np.ndarray] = []
+        i = 0
+        while i < len(seqs):
+            j, n = i, 0
+            while j < len(seqs) and (j == i or n + len(seqs[j]) <= batch_tokens):
+                n += len(seqs[j])
+                j += 1
+            out += [self.head.scores(r) for r in self.forward(seqs[i:j])]
+            i = j
+        return out
+
+    def rerank(self, query: str, documents: Sequence[str]) -> list[float]:
+        """The relevance score of each document for ``query`` (the head's first score, as llama-server's
+        ``/v1/rerank`` answers it), in the documents' order; a pair longer than the positions is one line of
+        :class:`EmbedError`."""
+        seqs = [self.check_ids(self.rerank_tokens(query, d), f"document {i}") for i, d in enumerate(documents)]
+        return [float(s[0]) for s in self.rank_ids(seqs)]
 
     def forward(self, seqs: Sequence[list[int]]) -> list[np.ndarray]:
         """The last layer's rows of each sequence ([tokens, n_embd] float32): by the native block, one sequence

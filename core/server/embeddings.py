@@ -1,6 +1,10 @@
 """The server of an embedding model (issue 51): OpenAI's ``/v1/embeddings`` (and ``/embeddings``) on an
 :class:`~quantscope.core.engine.encoder.Encoder`, ``/v1/models``, ``/health``, ``/tokenize``; the generation
-endpoints of every dialect answer a 400 saying the model does not generate text.
+endpoints of every dialect answer a 400 saying the model does not generate text. A reranker (rank pooling)
+answers ``/v1/rerank`` (and ``/rerank``, ``/v1/reranking``, ``/reranking``) in llama-server's shape instead:
+``{model, query, documents, top_n, return_documents}`` → ``{model, object, results: [{index, relevance_score,
+document?}], usage}``, the best first; a body with ``texts`` instead of ``documents`` is Text Embeddings
+Inference's and is answered as TEI does (a bare list of ``{index, score, text?}``, ``return_text``).
 
 The request checks, the API key, the body limit and the Host/Origin rules are the generative server's
 (:class:`.app.ServerApp`'s helpers, :class:`.policy.Policy`). ``input`` is a string, an array of strings, an
@@ -15,6 +19,7 @@ from __future__ import annotations
 import base64
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..chat.tokens import piece_text
-from ..engine.encoder import EmbedError, Encoder
+from ..engine.encoder import RANK, EmbedError, Encoder
 from .app import GENERATION_PATHS, ServerApp, ServerConfig, StatusCounts, _error
 from .errors import ApiError, bad_request, dialect_of
 from .policy import Policy
@@ -35,6 +40,10 @@ from .requests import RequestLog
 
 #: the most inputs one request may carry (OpenAI's limit)
 MAX_INPUTS = 2048
+#: the most documents one rerank request may carry
+MAX_DOCUMENTS = MAX_INPUTS
+#: the rerank endpoints (llama-server's four spellings)
+RERANK_PATHS = ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")
 #: the generation endpoints, refused on an embedding model in their own dialect
 REFUSED_PATHS = tuple(sorted(GENERATION_PATHS))
 
@@ -68,6 +77,52 @@ def parse_embedding_input(d: dict[str, Any]) -> list[str | list[int]]:
     return out
 
 
+@dataclass
+class RerankRequest:
+    """A checked rerank body: the query, the documents' texts, how many results (None: all), whether the texts
+    come back, and whether it is Text Embeddings Inference's shape (``texts``) rather than Jina's/llama-server's."""
+
+    query: str
+    documents: list[str]
+    top_n: int | None
+    return_text: bool
+    tei: bool
+
+
+def parse_rerank(d: dict[str, Any]) -> RerankRequest:
+    """A rerank body checked field by field (llama-server's fields, Jina's ``return_documents`` and documents as
+    ``{"text": …}`` objects, TEI's ``texts``/``return_text``); a 400 naming the field that is wrong."""
+    q = d.get("query")
+    if not isinstance(q, str):
+        raise bad_request("'query' is required: a string" if q is None else "'query' must be a string", "query")
+    if not q.strip():
+        raise bad_request("'query' is empty: nothing to rank the documents against", "query")
+    tei = "texts" in d and "documents" not in d
+    key = "texts" if tei else "documents"
+    docs = d.get(key)
+    if not isinstance(docs, list) or not docs:
+        raise bad_request(f"'{key}' must be a non-empty array of strings", key)
+    if len(docs) > MAX_DOCUMENTS:
+        raise bad_request(f"'{key}' holds {len(docs)} documents; at most {MAX_DOCUMENTS} per request", key)
+    texts: list[str] = []
+    for i, x in enumerate(docs):
+        if isinstance(x, dict) and set(x) == {"text"}:
+            x = x["text"]
+        if not isinstance(x, str):
+            raise bad_request(f"{key}[{i}] must be a string (or an object with a 'text' string)", key)
+        texts.append(x)
+    top_n = d.get("top_n")
+    if top_n is not None and (not _is_int(top_n) or top_n < 1):
+        raise bad_request("'top_n' must be a positive integer", "top_n")
+    flags = []
+    for name in ("return_documents", "return_text"):
+        v = d.get(name)
+        if v is not None and not isinstance(v, bool):
+            raise bad_request(f"'{name}' must be true or false", name)
+        flags.append(bool(v))
+    return RerankRequest(q, texts, top_n, any(flags), tei)
+
+
 class EmbeddingApp(StatusCounts):
     """The endpoints over one encoder (see the module's docstring)."""
 
@@ -90,6 +145,7 @@ class EmbeddingApp(StatusCounts):
             Route("/models", self._wrap(self.models), methods=["GET"]),
             Route("/v1/embeddings", self._wrap(self.embeddings), methods=["POST"]),
             Route("/embeddings", self._wrap(self.embeddings), methods=["POST"]),
+            *[Route(p, self._wrap(self.rerank), methods=["POST"]) for p in RERANK_PATHS],
             Route("/tokenize", self._wrap(self.tokenize), methods=["POST"]),
             Route("/health", self._wrap(self.health), methods=["GET"]),
             *[Route(p, self._wrap(self.refuse_generation), methods=["POST"]) for p in REFUSED_PATHS],
@@ -97,13 +153,18 @@ class EmbeddingApp(StatusCounts):
 
         async def http_error(request: Request, exc: Exception) -> Response:
             status = exc.status_code if isinstance(exc, HTTPException) else 500
-            what = {404: f"no such endpoint: {request.url.path} (an embedding model: POST /v1/embeddings)",
+            what = {404: f"no such endpoint: {request.url.path} (an embedding model: POST {self._endpoint})",
                     405: f"{request.method} is not allowed on {request.url.path}"}.get(status, "request failed")
             return self._count(_error(ApiError(status, what), dialect_of(request.url.path)))
 
         self.app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
         self.app.router.redirect_slashes = False
         self.asgi = Policy(self.app, config.host, config.allowed_hosts, config.cors_origins, count=self._count_status)
+
+    @property
+    def _endpoint(self) -> str:
+        """The endpoint that runs this model: /v1/rerank for a reranker, /v1/embeddings otherwise."""
+        return "/v1/rerank" if self.encoder.pooling == RANK else "/v1/embeddings"
 
     async def models(self, request: Request) -> Response:
         c, e = self.encoder.config, self.encoder
@@ -122,7 +183,7 @@ class EmbeddingApp(StatusCounts):
 
     async def refuse_generation(self, request: Request) -> Response:
         raise bad_request(f"{self.config.model_id} is an embedding model ({self.encoder.config.arch}, "
-                          f"{self.encoder.pooling} pooling): it does not generate text; ask POST /v1/embeddings",
+                          f"{self.encoder.pooling} pooling): it does not generate text; ask POST {self._endpoint}",
                           code="unsupported_endpoint")
 
     async def embeddings(self, request: Request) -> Response:
@@ -139,6 +200,9 @@ class EmbeddingApp(StatusCounts):
         if dims is not None and (not _is_int(dims) or dims != n_embd):
             raise bad_request(f"'dimensions': this model gives vectors of {n_embd} only (it does not say its vectors "
                               "may be cut)", "dimensions")
+        if self.encoder.pooling == RANK:
+            raise bad_request(f"{self.config.model_id} is a reranker (rank pooling): it scores query/document pairs "
+                              "and gives no vectors; ask POST /v1/rerank", code="unsupported_endpoint")
         if self.encoder.pooling == "none":
             raise bad_request(f"{self.config.model_id} has no pooling (pooling_type none): one vector per token, "
                               "not per input; serve it with --pooling mean, cls or last", "input")
@@ -165,4 +229,41 @@ class EmbeddingApp(StatusCounts):
         return JSONResponse({"object": "list", "model": self.config.model_id,
                              "data": [{"object": "embedding", "index": i, "embedding": encoded(v)}
                                       for i, v in enumerate(vecs)],
+                             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+    async def rerank(self, request: Request) -> Response:
+        """``/v1/rerank``: every document scored against the query by the reranker's head (the raw score, as
+        llama-server answers it), the best first, ``top_n`` of them."""
+        d = await self._json(request)
+        model = d.get("model")
+        if model is not None and not isinstance(model, str):
+            raise bad_request("'model' must be a string", "model")
+        self._check_model(model)
+        enc = self.encoder
+        if enc.pooling != RANK:
+            raise bad_request(f"{self.config.model_id} is an embedding model ({enc.pooling} pooling), not a "
+                              "reranker: it does not rerank (serve a cross-encoder with rank pooling); ask POST "
+                              "/v1/embeddings", code="unsupported_endpoint")
+        r = parse_rerank(d)
+        key = "texts" if r.tei else "documents"
+        try:
+            seqs = [enc.check_ids(enc.rerank_tokens(r.query, doc), f"{key}[{i}] with the query")
+                    for i, doc in enumerate(r.documents)]
+        except EmbedError as exc:
+            raise bad_request(str(exc), key) from None
+
+        def run() -> list[float]:
+            with self._lock:
+                return [float(s[0]) for s in enc.rank_ids(seqs)]
+
+        scores = await run_in_threadpool(run)
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])[:r.top_n]
+        if r.tei:
+            return JSONResponse([{"index": i, "score": scores[i], **({"text": r.documents[i]} if r.return_text
+                                                                      else {})} for i in order])
+        n_tokens = sum(len(s) for s in seqs)
+        return JSONResponse({"model": self.config.model_id, "object": "list",
+                             "results": [{"index": i, "relevance_score": scores[i],
+                                          **({"document": {"text": r.documents[i]}} if r.return_text else {})}
+                                         for i in order],
                              "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})

@@ -81,8 +81,9 @@ def _normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.
     return (rng.standard_normal(shape) * std).astype(np.float32)
 
 
-def write_fixture(name: str, path: str | Path, seed: int = 0) -> Path:
-    """Write fixture ``name`` (a key of :data:`VARIANTS`) to ``path``."""
+def write_fixture(name: str, path: str | Path, seed: int = 0, extra: dict[str, object] | None = None) -> Path:
+    """Write fixture ``name`` (a key of :data:`VARIANTS`) to ``path``, with the metadata ``extra`` added (strings,
+    arrays of strings, unsigned ints; the recorded fixtures have none)."""
     import gguf
 
     from quantscope.core.gguf import GGUFFile
@@ -113,6 +114,13 @@ def write_fixture(name: str, path: str | Path, seed: int = 0) -> Path:
     w.add_uint32("tokenizer.ggml.padding_token_id", 0)
     w.add_uint32("tokenizer.ggml.cls_token_id", 101)
     w.add_uint32("tokenizer.ggml.mask_token_id", 103)
+    for k, x in (extra or {}).items():
+        if isinstance(x, str):
+            w.add_string(k, x)
+        elif isinstance(x, list):
+            w.add_array(k, x)
+        else:
+            w.add_uint32(k, int(x))  # type: ignore[call-overload]
     if v.rank_head:  # as convert_hf_to_gguf.py's SpecialVocab writes a BERT cross-encoder's flags
         w.add_uint32("tokenizer.ggml.eos_token_id", 102)
         w.add_bool("tokenizer.ggml.add_bos_token", True)

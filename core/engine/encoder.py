@@ -252,7 +252,7 @@ class Encoder:
         labels = f.get(f"{c.arch}.classifier.output_labels")
         if labels is None:
             labels = []
-        if not isinstance(labels, list | tuple) or not all(isinstance(x, str) for x in labels):
+        if isinstance(labels, str) or not isinstance(labels, Sequence) or not all(isinstance(x, str) for x in labels):
             raise ModelError(f"{c.arch}.classifier.output_labels is not an array of strings")
         n_out = max(1, len(labels))
         if not f.has_tensor("cls.weight") and not f.has_tensor("cls.output.weight"):

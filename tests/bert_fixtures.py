@@ -44,6 +44,9 @@ VARIANTS: dict[str, Variant] = {
     "bert-cls": Variant("cls"),
     "bert-mean-q8": Variant("mean", quant="Q8_0"),
     "bert-rank": Variant("rank", rank_head=True),
+    # the same cross-encoder as convert_hf_to_gguf.py writes a BertForSequenceClassification without
+    # sentence-transformers' pooling config: no pooling in the file (--pooling rank runs it); the same weights
+    "bert-xenc": Variant("none", rank_head=True),
 }
 
 #: the texts embedded (each one input of llama-embedding, one line each)

@@ -124,7 +124,7 @@ def main() -> None:
         exe = build_embedding(args.llama_dir, Path(tmp))
         record_rankers(exe, Path(tmp), args.only)
         for name in VARIANTS:
-            if name in RANKERS or (args.only and name != args.only):
+            if name in RANKERS or name not in POOLINGS or (args.only and name != args.only):
                 continue
             path = write_fixture(name, Path(tmp) / f"{name}.gguf")
             entry: dict[str, object] = {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(),

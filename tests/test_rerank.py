@@ -111,6 +111,17 @@ def test_classifier_pooling_mean_and_a_rerank_template(tmp_path, enc):
         assert e.rank_ids([ids])[0][0] != enc.rank_ids([ids])[0][0]
 
 
+def test_a_cross_encoder_without_pooling_in_the_file_reranks_with_pooling_rank(tmp_path, enc):
+    """convert_hf_to_gguf.py writes no pooling_type for a plain BertForSequenceClassification: --pooling rank (as
+    llama-server's --reranking) runs its head; the fixture has bert-rank's weights, so the same scores."""
+    path = write_fixture("bert-xenc", tmp_path / "xenc.gguf")
+    with Encoder(path) as plain:
+        assert plain.pooling == "none" and plain.head is None
+    with Encoder(path, pooling="rank") as e:
+        q, d = PAIRS[1]
+        assert e.rerank(q, [d]) == enc.rerank(q, [d])
+
+
 # ---------------------------------------------------------------------------------------------- the command
 def run(capsys: Any, *argv: str) -> tuple[int, str, str]:
     rc = main(list(argv))
@@ -149,6 +160,12 @@ def test_embed_rerank_prints_the_scores(capsys, model, enc, tmp_path):
 def test_embed_rerank_errors_are_one_line(capsys, model, args, message):
     rc, _, err = run(capsys, "embed", str(model), *args)
     assert rc == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_embed_rerank_runs_a_file_without_pooling(capsys, tmp_path, enc):
+    path = write_fixture("bert-xenc", tmp_path / "xenc.gguf")
+    rc, out, _ = run(capsys, "embed", str(path), "--rerank", PAIRS[0][0], "-p", PAIRS[0][1])
+    assert rc == 0 and abs(float(out.split()[3]) - enc.rerank(PAIRS[0][0], [PAIRS[0][1]])[0]) < 1e-6
 
 
 def test_embed_rerank_on_an_embedding_model_is_one_line(capsys, tmp_path):

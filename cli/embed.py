@@ -104,8 +104,8 @@ def _rerank(args: argparse.Namespace, docs: list[str]) -> int:
     except (EmbedError, UnsupportedModel, GGUFError, OSError) as exc:
         raise CLIError(f"{args.file}: {exc}") from None
     with enc:
-        assert enc.head is not None
-        labels = enc.head.labels
+        assert enc.rank_head is not None
+        labels = enc.rank_head.labels
         try:
             ids = [enc.check_ids(enc.rerank_tokens(args.rerank, d), f"document {i + 1} with the query")
                    for i, d in enumerate(docs)]

@@ -61,11 +61,12 @@ def test_scores_match_llama_embedding(enc, run):
 def test_the_head_and_the_forward_paths_agree(enc):
     """The native layers and the numpy reference give the same scores; batches give what single pairs give;
     rerank() is the head's first score in the documents' order."""
-    assert enc.pooling == "rank" and enc.head is not None and enc.head.pool == "cls" and enc.head.n_out == 1
+    head = enc.rank_head
+    assert enc.pooling == "rank" and head is not None and head.pool == "cls" and head.n_out == 1
     seqs = [enc.rerank_tokens(q, d) for q, d in PAIRS]
     native = np.concatenate(enc.rank_ids(seqs))
     small = np.concatenate(enc.rank_ids(seqs, batch_tokens=25))
-    numpy_ = np.asarray([enc.head.scores(r)[0] for r in enc.forward_numpy(seqs)])
+    numpy_ = np.asarray([head.scores(r)[0] for r in enc.forward_numpy(seqs)])
     assert np.allclose(native, numpy_, rtol=0, atol=1e-5 * np.abs(native).max())
     assert np.allclose(native, small, rtol=0, atol=1e-6)
     q = PAIRS[0][0]
@@ -101,13 +102,13 @@ def test_classifier_pooling_mean_and_a_rerank_template(tmp_path, enc):
     path = write_fixture("bert-rank", tmp_path / "mean-head.gguf", extra={
         "bert.classifier.pooling_type": 1, "tokenizer.chat_template.rerank": template})
     with Encoder(path) as e:
-        assert e.head is not None and e.head.pool == "mean"
+        assert e.rank_head is not None and e.rank_head.pool == "mean"
         ids = e.rerank_tokens("what?", "this")
         assert ids == e.tokenizer.encode("[CLS] query: what? [SEP] doc: this", add_special=False)
         assert ids[0] == 101 and ids[-1] != 102
         rows, = e.forward([ids])
-        x = np.tanh(e.head.dense @ rows.mean(axis=0) + e.head.dense_b)
-        assert np.isclose(e.rank_ids([ids])[0][0], e.head.out @ x + e.head.out_b, atol=1e-5).all()
+        x = np.tanh(e.rank_head.dense @ rows.mean(axis=0) + e.rank_head.dense_b)
+        assert np.isclose(e.rank_ids([ids])[0][0], e.rank_head.out @ x + e.rank_head.out_b, atol=1e-5).all()
         assert e.rank_ids([ids])[0][0] != enc.rank_ids([ids])[0][0]
 
 
@@ -116,7 +117,7 @@ def test_a_cross_encoder_without_pooling_in_the_file_reranks_with_pooling_rank(t
     llama-server's --reranking) runs its head; the fixture has bert-rank's weights, so the same scores."""
     path = write_fixture("bert-xenc", tmp_path / "xenc.gguf")
     with Encoder(path) as plain:
-        assert plain.pooling == "none" and plain.head is None
+        assert plain.pooling == "none" and plain.rank_head is None
     with Encoder(path, pooling="rank") as e:
         q, d = PAIRS[1]
         assert e.rerank(q, [d]) == enc.rerank(q, [d])

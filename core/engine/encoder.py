@@ -233,7 +233,7 @@ class Encoder:
                 for m in (L.wq, L.wk, L.wv, L.wo, L.up, L.down):
                     m.value()
         #: the classification head of rank pooling (None with any other pooling: llama.cpp ignores it then)
-        self.head: RankHead | None = self._rank_head() if pooling == RANK else None
+        self.rank_head: RankHead | None = self._rank_head() if pooling == RANK else None
         # the head's tensors llama.cpp's bert loads (and leaves unused unless rank pooling)
         self._used.update(n for n in ("cls.weight", "cls.bias", "cls.output.weight", "cls.output.bias")
                           if f.has_tensor(n))
@@ -465,7 +465,7 @@ class Encoder:
 
     def rank_ids(self, seqs: Sequence[list[int]], batch_tokens: int = MAX_BATCH_TOKENS) -> list[np.ndarray]:
         """The head's scores ([n_out] float32, raw) of each checked token list, batched as :meth:`embed_ids`."""
-        if self.head is None:
+        if self.rank_head is None:
             raise EmbedError(f"this encoder pools by {self.pooling}: reranking needs rank pooling (a reranker "
                              "with a classification head)")
         out: list[np.ndarray] = []
@@ -475,7 +475,7 @@ class Encoder:
             while j < len(seqs) and (j == i or n + len(seqs[j]) <= batch_tokens):
                 n += len(seqs[j])
                 j += 1
-            out += [self.head.scores(r) for r in self.forward(seqs[i:j])]
+            out += [self.rank_head.scores(r) for r in self.forward(seqs[i:j])]
             i = j
         return out
 

@@ -47,6 +47,9 @@ def test_pairs_tokenize_as_llama_embedding(enc):
     got = [enc.rerank_tokens(q, d) for q, d in PAIRS]
     assert got == RANK["tokens"]
     assert all(t[0] == 101 and t[-1] == 102 and t.count(102) == 2 for t in got)  # [CLS] q [SEP] d [SEP]
+    # the texts' special-token spellings are text, as llama-server tokenizes them (no forged separators)
+    assert enc.rerank_tokens("a [SEP] b", "[CLS] c").count(102) == 2
+    assert enc.rerank_tokens("a [SEP] b", "[CLS] c").count(101) == 1
 
 
 @pytest.mark.parametrize("run", ["file", "fa-off"])

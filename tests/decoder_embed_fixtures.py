@@ -57,9 +57,9 @@ def _normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.
 
 
 def write_fixture(name: str, path: str | Path, seed: int = 0, vocab: dict[str, object] | None = None,
-                  omit: tuple[str, ...] = ()) -> Path:
-    """Write fixture ``name`` (a key of :data:`VARIANTS`) to ``path``; ``omit``: tensors left out (a broken file
-    for the refusal tests; the others keep their values)."""
+                  omit: tuple[str, ...] = (), dense_in: int = N_EMBD) -> Path:
+    """Write fixture ``name`` (a key of :data:`VARIANTS`) to ``path``; ``omit``: tensors left out, ``dense_in``:
+    the ``dense_2_feat_in`` written (broken files for the refusal tests; the others keep their values)."""
     import gguf
 
     v = VARIANTS[name]
@@ -83,7 +83,7 @@ def write_fixture(name: str, path: str | Path, seed: int = 0, vocab: dict[str, o
     if v.window:
         w.add_uint32(a + "attention.sliding_window", v.window)
     if v.dense:
-        w.add_uint32(a + "dense_2_feat_in", E)
+        w.add_uint32(a + "dense_2_feat_in", dense_in)
         w.add_uint32(a + "dense_2_feat_out", v.dense)
         w.add_uint32(a + "dense_3_feat_in", v.dense)
         w.add_uint32(a + "dense_3_feat_out", E)

@@ -30,7 +30,7 @@ from tests.decoder_embed_fixtures import TEXTS, VARIANTS, write_fixture
 
 DATA = Path(__file__).resolve().parent / "data" / "decoder_embed"
 #: the poolings recorded per variant: the file's own first (None), then overrides
-POOLINGS = {"qwen3-embed": (None, "mean"), "gemma-embed": (None, "last")}
+POOLINGS = {"qwen3-embed": (None, "mean"), "gemma-embed": (None, "last", "none")}
 
 
 def synchronous_copy(root: Path, out: Path) -> Path:

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from quantscope.cli.main import main
-from quantscope.core.engine.encoder import Encoder
+from quantscope.core.engine.encoder import EmbedError, Encoder
 from quantscope.core.engine.generate import Engine, SamplerParams
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.model import EmbeddingModel, ModelError, UnsupportedModel, bind_weights, read_config
@@ -108,6 +108,17 @@ def test_batches_give_what_single_inputs_give(fixtures):
             alone = [enc.embed([t])[0] for t in reversed(TEXTS)][::-1]
         for a, b in zip(together, alone, strict=True):
             assert np.allclose(a, b, atol=1e-6)
+
+
+def test_inputs_beyond_the_trained_context_or_vocabulary_are_refused_in_one_line(fixtures):
+    with Encoder(fixtures["qwen3-embed"]) as enc:
+        assert enc.n_ctx == 256
+        with pytest.raises(EmbedError, match="input 0 has 257 tokens but the model's positions hold 256"):
+            enc.embed([[5] * 257])
+        with pytest.raises(EmbedError, match=r"token id 1024 is not in 0\.\.1023"):
+            enc.embed([[5, 1024]])
+        v, = enc.embed([[5] * 256])  # the longest input fits (the session's cache grows to it)
+        assert v.shape == (64,) and enc.decoder is not None and enc.decoder._session.n_ctx == 256
 
 
 def test_a_head_that_does_not_end_at_the_width_is_refused(tmp_path):

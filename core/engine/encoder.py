@@ -96,17 +96,19 @@ class _DecoderBody:
     """An embedding model on the decoder layers (Qwen3-Embedding, EmbeddingGemma): the text generation engine's
     :class:`~.session.Model` and :class:`~.session.Session`, so the same native blocks run, causal or not as the
     config says (``causal``); :meth:`rows` gives each input's rows after the final norm. The session's cache holds
-    the longest input seen (float16 for a causal model, as llama.cpp's KV cache; float32 otherwise, as its
-    cache-less encoder graph)."""
+    the longest input seen, rounded up to a power of two within ``n_ctx`` (float16 for a causal model, as
+    llama.cpp's KV cache; float32 otherwise, as its cache-less encoder graph)."""
 
-    def __init__(self, f: GGUFFile, cfg: ModelConfig, head: frozenset[str], threads: int) -> None:
+    def __init__(self, f: GGUFFile, cfg: ModelConfig, head: frozenset[str], threads: int, n_ctx: int) -> None:
         self.model = Model(f, threads, weights=bind_weights(f, cfg, pooled=head))
         self._kv = np.float16 if cfg.causal else np.float32
+        self._n_ctx = n_ctx
         self._session: Session | None = None
 
     def rows(self, seq: list[int]) -> np.ndarray:
         if self._session is None or self._session.n_ctx < len(seq):
-            self._session = self.model.session(n_ctx=len(seq), kv_dtype=self._kv)
+            n = min(self._n_ctx, 1 << max(0, len(seq) - 1).bit_length())
+            self._session = self.model.session(n_ctx=max(n, len(seq)), kv_dtype=self._kv)
         self._session.reset()
         return self._session.final_rows(seq)
 
@@ -250,7 +252,7 @@ class Encoder:
         self.head = [m.value() for m in (d2, d3) if m is not None]
         self.n_ctx = min(cfg.n_ctx_train, MAX_SESSION_CTX)
         self.blocks = None
-        self.decoder = _DecoderBody(f, cfg, frozenset(self._used), self.threads)
+        self.decoder = _DecoderBody(f, cfg, frozenset(self._used), self.threads, self.n_ctx)
 
     def _describe(self) -> list[Any] | None:
         """Each layer as a ``qs_block`` (csrc/qs_api_nn.h): the matrices zero-copy from the mapped file, the vectors

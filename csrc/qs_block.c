@@ -253,9 +253,9 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
     /* the vectors the plan names (norms, biases: qs_plan_bad_vec), then q/k norms: per head (length head_dim) or
      * over the whole projection (olmo2: H*hd and KV*hd) */
     if (qs_plan_bad_vec(b)) return QS_ERR_VECTOR;
-    /* BERT's switches: flags, their vectors present exactly with them, no window with full attention */
+    /* BERT's switches: flags, their vectors present exactly with them (a window with full attention is symmetric) */
     if ((b->ffn.plain != 0 && b->ffn.plain != 1) || (b->post_ln != 0 && b->post_ln != 1) ||
-        (A->non_causal != 0 && A->non_causal != 1) || (A->non_causal && A->window) || (b->ffn.plain && NE))
+        (A->non_causal != 0 && A->non_causal != 1) || (b->ffn.plain && NE))
         return QS_ERR_SIZE;
     if ((!b->ffn.plain && (b->ffn.b_up.ptr || b->ffn.b_down.ptr)) ||
         (!b->post_ln && (b->post_attn_norm_b.ptr || b->post_ffn_norm_b.ptr)) ||
@@ -633,12 +633,18 @@ static int cpu_attend(cpu_walk *w, const qs_step *s) {
     const int64_t T = w->T, H = A->n_head, KV = A->n_head_kv, hd = A->head_dim;
     const float *q = w->buf[s->src];
     float *dst = w->buf[s->dst];
-    if (A->non_causal) { /* every query sees every key: each asks as the last position (no RoPE reads pos here) */
+    if (A->non_causal) { /* every query sees every key: each asks as the last position (no RoPE reads pos here);
+                          * with a window, the keys within window / 2 either side (llama.cpp's symmetric window,
+                          * EmbeddingGemma's): the query asks as position t + window / 2 over window / 2 * 2 + 1 */
+        const int64_t half = A->window / 2, n_kv = w->n_past + T;
+        const int sym = A->window > 0 && half < n_kv; /* a window wider than the input masks nothing */
         int32_t *last = (int32_t *)malloc((size_t)T * sizeof(int32_t));
         if (!last) return QS_ERR_NOMEM;
-        for (int64_t t = 0; t < T; ++t) last[t] = (int32_t)(w->n_past + T - 1);
-        int rc = qs_attention_sinks(q, T, last, (int)H, (int)hd, A->k_cache, A->v_cache, A->kv_f16, (int)KV,
-                                    w->n_past + T, A->n_ctx, 0, A->scale, A->softcap, A->sinks.ptr, dst, w->n_threads);
+        for (int64_t t = 0; t < T; ++t) /* (the kernel stops at the last key: n_kv - 1) */
+            last[t] = (int32_t)(sym ? w->n_past + t + half : n_kv - 1);
+        int rc = qs_attention_sinks(q, T, last, (int)H, (int)hd, A->k_cache, A->v_cache, A->kv_f16, (int)KV, n_kv,
+                                    A->n_ctx, sym ? 2 * half + 1 : 0, A->scale, A->softcap, A->sinks.ptr, dst,
+                                    w->n_threads);
         free(last);
         return rc;
     }

@@ -35,23 +35,26 @@ POOLINGS = {"bert-mean": (None, "cls", "none"), "bert-cls": (None, "mean"), "ber
 RANKERS = ("bert-rank",)
 
 
-def build_embedding(root: Path, out: Path) -> Path:
-    """Compile examples/embedding/embedding.cpp against ``root``'s build (static libraries, CPU only)."""
+def build_embedding(root: Path, out: Path, source: Path | None = None) -> Path:
+    """Compile examples/embedding/embedding.cpp (or ``source``, a copy of it) against ``root``'s build (static
+    libraries, CPU only)."""
     src, build = root / "src", root / "build"
     exe = out / "llama-embedding"
     libs = ["common/libllama-common.a", "src/libllama.a", "ggml/src/libggml.a", "-ldl", "ggml/src/libggml-cpu.a",
             "ggml/src/libggml-base.a", "-lm", "-fopenmp", "-lpthread", "common/libllama-common-base.a",
             "vendor/cpp-httplib/libcpp-httplib.a", "-lssl", "-lcrypto"]
+    source = source or src / "examples/embedding/embedding.cpp"
     cmd = ["c++", "-O2", "-DNDEBUG", "-DGGML_USE_CPU", f"-I{src / 'common'}", f"-I{src / 'vendor'}",
-           f"-I{src / 'include'}", f"-I{src / 'ggml' / 'include'}", str(src / "examples/embedding/embedding.cpp"),
-           "-o", str(exe), *[str(build / x) if x.endswith(".a") else x for x in libs]]
+           f"-I{src / 'include'}", f"-I{src / 'ggml' / 'include'}", str(source), "-o", str(exe),
+           *[str(build / x) if x.endswith(".a") else x for x in libs]]
     subprocess.run(cmd, check=True)
     return exe
 
 
-def run(exe: Path, model: Path, pooling: str | None) -> tuple[list[list[float]], list[list[int]]]:
+def run(exe: Path, model: Path, pooling: str | None,
+        texts: tuple[str, ...] = TEXTS) -> tuple[list[list[float]], list[list[int]]]:
     """llama-embedding's vectors (one per text, or per token with ``none``) and the token ids of each text."""
-    cmd = [str(exe), "-m", str(model), "-p", "\n".join(TEXTS), "--embd-normalize", "2", "--embd-output-format",
+    cmd = [str(exe), "-m", str(model), "-p", "\n".join(texts), "--embd-normalize", "2", "--embd-output-format",
            "array", "-t", "1", "--verbose-prompt"]
     if pooling:
         cmd += ["--pooling", pooling]

@@ -149,7 +149,7 @@ def test_bert_post_layernorm_ungated_gelu_and_full_attention(tmp_path):
                              (lambda c: setattr(c, "post_ln", 0), lib.QS_ERR_VECTOR),
                              (lambda c: setattr(c.post_ffn_norm_b, "ptr", ffi.NULL) or setattr(
                                  c.post_ffn_norm_b, "len", 0), lib.QS_ERR_VECTOR),
-                             (lambda c: setattr(c.attn, "window", 2), lib.QS_ERR_SIZE),
+                             (lambda c: setattr(c.attn, "window", -1), lib.QS_ERR_SIZE),
                              (lambda c: setattr(c.attn, "non_causal", 2), lib.QS_ERR_SIZE)):
             c = ffi.new("qs_block *", b[0])
             change(c)

@@ -151,7 +151,7 @@ typedef struct {
     int64_t n_ctx;
     void *k_cache, *v_cache;
     int64_t k_cache_bytes, v_cache_bytes;
-    int non_causal; /* 1: every query attends to every cached key (BERT's encoder; window 0) */
+    int non_causal; /* 1: every query attends to every cached key (encoders); a window: those within window/2 */
 } qs_attn_desc;
 /* RoPE of q and k (ggml_rope_ext, see qs_rope_ext): skip 1 leaves this layer unrotated (smollm3's NoPE layers) */
 typedef struct {

@@ -11,6 +11,11 @@ rows, ``cls`` the first row, ``last`` the last, ``none`` every row. Normalisatio
 (Euclidean, the default), -1 none, 0 max-abs scaled to 32760, p a p-norm. ``rank`` pooling (a BERT cross-encoder)
 puts the classification head on the pooled row and gives relevance scores, not vectors (:meth:`Encoder.rerank`).
 
+Qwen3-Embedding (``qwen3`` with a pooling) and EmbeddingGemma (``gemma-embedding``) are decoder bodies (their
+description's ``decoder_embedding``): they run on the text generation engine's own model and session (the same
+native layers; EmbeddingGemma's without the causal mask), each input's rows after the final norm pooled, then
+EmbeddingGemma's dense head (``dense_2``, ``dense_3``) before the normalisation.
+
 Every input is checked before any arithmetic (token ids in range, length within the position table), so a bad
 input is one line of :class:`EmbedError`. An encoder is used by one thread at a time.
 """
@@ -27,12 +32,14 @@ from typing import Any
 import numpy as np
 
 from ..gguf import GGUFFile
-from ..model import ModelConfig, ModelError, UnsupportedModel, read_config
+from ..model import ModelConfig, ModelError, UnsupportedModel, bind_weights, read_config
+from ..model.arch import description
 from ..model.arch.bert import POOLING_TYPES
 from ..native import ffi, lib
 from ..native.kernels import copy_mapped, default_threads, native_error
 from ..quant import dequantize
 from ..tokenizer import Tokenizer
+from .session import MAX_SESSION_CTX, Model, Session
 
 #: poolings that give one vector per input (``none`` gives one per token)
 POOLINGS = tuple(p for p in POOLING_TYPES if p != "rank")
@@ -123,6 +130,27 @@ class _Layer:
     out_norm: tuple[np.ndarray, np.ndarray]
 
 
+class _DecoderBody:
+    """An embedding model on the decoder layers (Qwen3-Embedding, EmbeddingGemma): the text generation engine's
+    :class:`~.session.Model` and :class:`~.session.Session`, so the same native blocks run, causal or not as the
+    config says (``causal``); :meth:`rows` gives each input's rows after the final norm. The session's cache holds
+    the longest input seen, rounded up to a power of two within ``n_ctx`` (float16 for a causal model, as
+    llama.cpp's KV cache; float32 otherwise, as its cache-less encoder graph)."""
+
+    def __init__(self, f: GGUFFile, cfg: ModelConfig, head: frozenset[str], threads: int, n_ctx: int) -> None:
+        self.model = Model(f, threads, weights=bind_weights(f, cfg, pooled=head))
+        self._kv = np.float16 if cfg.causal else np.float32
+        self._n_ctx = n_ctx
+        self._session: Session | None = None
+
+    def rows(self, seq: list[int]) -> np.ndarray:
+        if self._session is None or self._session.n_ctx < len(seq):
+            n = min(self._n_ctx, 1 << max(0, len(seq) - 1).bit_length())
+            self._session = self.model.session(n_ctx=max(n, len(seq)), kv_dtype=self._kv)
+        self._session.reset()
+        return self._session.final_rows(seq)
+
+
 def is_embedding_file(f: GGUFFile) -> bool:
     """Is ``f`` an embedding model the encoder runs (its architecture's description sets a pooling)?"""
     try:
@@ -196,6 +224,13 @@ class Encoder:
         self.tokenizer = Tokenizer(f)
         E = cfg.n_embd
         self._used: set[str] = set()
+        #: the dense head after pooling (EmbeddingGemma's dense_2 then dense_3), float32 matrices; empty: none
+        self.head: list[np.ndarray] = []
+        #: the decoder layers of a Qwen3-Embedding or EmbeddingGemma file (None: BERT's encoder layers below)
+        self.decoder: _DecoderBody | None = None
+        if description(cfg.arch).decoder_embedding:
+            self._load_decoder()
+            return
         self.tok_embd = self._matrix("token_embd.weight", cfg.n_vocab, E).value()
         self.pos_embd = self._matrix("position_embd.weight", None, E).value()
         #: how many positions (tokens per input) the model has
@@ -243,6 +278,7 @@ class Encoder:
                                    "would give wrong results)")
 
     # ------------------------------------------------------------------ loading
+<<<<<<< HEAD
     def _rank_head(self) -> RankHead:
         """The ``cls.*`` head as llama.cpp's bert reads it (``cls.weight`` [n_embd, n_embd] and ``cls.output.weight``
         [n_embd, n_out], each with an optional bias); a file with neither is refused (it has no head to rank
@@ -274,6 +310,22 @@ class Encoder:
                         out=None if out is None else out.value(),
                         out_b=self._vec("cls.output.bias", n_out, optional=True),
                         labels=tuple(str(x) for x in labels))
+=======
+    def _load_decoder(self) -> None:
+        """A decoder-body embedding model: its layers bound by the text generation engine's binding, its head
+        read here (``dense_2`` of [n, n_embd] and then ``dense_3`` of [n_embd, n], as llama.cpp's
+        build_dense_out applies them after pooling; the head must end at n_embd values, as llama.cpp asserts)."""
+        f, cfg, E = self.file, self.config, self.config.n_embd
+        d2 = self._matrix("dense_2.weight", None, E, optional=True)
+        d3 = self._matrix("dense_3.weight", E, d2.shape[0] if d2 is not None else E, optional=True)
+        if d2 is not None and d3 is None and d2.shape[0] != E:
+            raise ModelError(f"dense_2.weight: {d2.shape[0]} outputs without a dense_3.weight back to "
+                             f"{cfg.arch}.embedding_length = {E}")
+        self.head = [m.value() for m in (d2, d3) if m is not None]
+        self.n_ctx = min(cfg.n_ctx_train, MAX_SESSION_CTX)
+        self.blocks = None
+        self.decoder = _DecoderBody(f, cfg, frozenset(self._used), self.threads, self.n_ctx)
+>>>>>>> h2
 
     def _describe(self) -> list[Any] | None:
         """Each layer as a ``qs_block`` (csrc/qs_api_nn.h): the matrices zero-copy from the mapped file, the vectors
@@ -431,7 +483,10 @@ class Encoder:
             for r in rows:
                 v = r if pooling == "none" else {"mean": lambda a: a.mean(axis=0, dtype=np.float64),
                                                  "cls": lambda a: a[0], "last": lambda a: a[-1]}[pooling](r)
-                out.append(normalize(np.asarray(v, dtype=np.float32), normalize_mode))
+                v = np.asarray(v, dtype=np.float32)
+                for m in self.head:  # (rows too with none pooling, as llama.cpp's build_dense_out)
+                    v = v @ m.T
+                out.append(normalize(v, normalize_mode))
             i = j
         return out
 
@@ -489,7 +544,9 @@ class Encoder:
     def forward(self, seqs: Sequence[list[int]]) -> list[np.ndarray]:
         """The last layer's rows of each sequence ([tokens, n_embd] float32): by the native block, one sequence
         per call (:meth:`forward_native`), or where a weight type has no native kernel by the numpy forward
-        (:meth:`forward_numpy`)."""
+        (:meth:`forward_numpy`); a decoder-body model's rows after the final norm, one sequence per call."""
+        if self.decoder is not None:
+            return [self.decoder.rows(s) for s in seqs]
         if self.blocks is None:
             return self.forward_numpy(seqs)
         return [self.forward_native(s) for s in seqs]
@@ -530,7 +587,9 @@ class Encoder:
 
     def forward_numpy(self, seqs: Sequence[list[int]]) -> list[np.ndarray]:
         """The numpy forward (the float reference): the sequences evaluated together (products over all rows at
-        once, attention within each sequence)."""
+        once, attention within each sequence). BERT's layers only: a decoder-body model runs natively."""
+        if self.decoder is not None:
+            raise UnsupportedModel(f"{self.config.arch}: the numpy forward runs BERT's layers only")
         c = self.config
         ids = np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs])
         pos = np.concatenate([np.arange(len(s)) for s in seqs])

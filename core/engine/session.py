@@ -199,7 +199,7 @@ def layer_policy(c: ModelConfig, li: int) -> Any:
     a.window, a.scale, a.softcap = c.layer_window(li), c.attn_scale or 1.0 / math.sqrt(hd), c.attn_softcap
     a.temp_scale, a.temp_floor = c.attn_temp_scale, c.original_ctx()
     a.kv_reuse, a.v_norm = int(c.kv_source(li) != li), int(c.v_norm)
-    a.qk_norm_full = int(c.qk_norm_full)
+    a.qk_norm_full, a.non_causal = int(c.qk_norm_full), int(not c.causal)
     r = b.rope
     r.skip, r.dim, r.neox, r.base = int(not c.uses_rope(li)), c.rope_dim_at(li), int(c.rope_neox), \
         c.layer_rope_base(li)
@@ -552,6 +552,20 @@ class Session:
         """Run ``tokens`` at positions ``n_past…``; returns logits of the last token (or of every token), or an
         empty array with ``logits=False`` (a prompt chunk whose only product is the KV cache). ``trace``: keep the
         residual stream and the queries of this call (:class:`ForwardTrace`; off, nothing is copied)."""
+        x = self._layers(tokens, trace)
+        if not logits:
+            return np.empty(0, np.float32)
+        logits = self.head(x if all_logits else x[-1:])
+        return logits if all_logits else logits[0]
+
+    def final_rows(self, tokens: list[int] | np.ndarray) -> np.ndarray:
+        """Run ``tokens`` at positions ``n_past…`` and return every row after the final norm ([tokens, n_embd]):
+        what an embedding model pools (core/engine/encoder.py)."""
+        x = self._layers(tokens, None)
+        return self._rmsnorm(x, self.model.weights.output_norm, self.model.config.n_embd)
+
+    def _layers(self, tokens: list[int] | np.ndarray, trace: ForwardTrace | None) -> np.ndarray:
+        """:meth:`forward` up to the head: the residual stream leaving the last layer."""
         m, c = self.model, self.model.config
         ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
         T = ids.size
@@ -593,10 +607,7 @@ class Session:
             if trace.after_layer is not None:
                 trace.after_layer(li)
         self.n_past += T
-        if not logits:
-            return np.empty(0, np.float32)
-        logits = self.head(x if all_logits else x[-1:])
-        return logits if all_logits else logits[0]
+        return x
 
     def forward_from(self, x: np.ndarray, first_layer: int) -> np.ndarray:
         """Logits of every row of ``x``, the residual stream entering layer ``first_layer`` at positions 0..T-1 (a

@@ -120,12 +120,13 @@ def _check_all_bound(f: GGUFFile, cfg: ModelConfig, used: set[str]) -> None:
                                "running without them would give wrong results")
 
 
-def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights:
+def bind_weights(f: GGUFFile, config: ModelConfig | None = None, pooled: frozenset[str] | None = None) -> ModelWeights:
     """Bind every tensor the architecture uses; matrices stay quantized views of the file (zero copy). Every
     shape, length and type is checked against the config (:func:`check_weights`); a tensor left over is an
-    error (:class:`UnsupportedModel`)."""
+    error (:class:`UnsupportedModel`). ``pooled``: an embedding model's decoder layers are bound for the encoder,
+    which pools the rows and reads these tensors (its head) itself; otherwise an embedding model is refused."""
     cfg = config or read_config(f)
-    if cfg.is_embedding:
+    if cfg.is_embedding and pooled is None:
         raise EmbeddingModel(f"{cfg.arch} is an embedding model ({cfg.pooling} pooling): it does not generate "
                                "text; run it with `quantscope embed` or the server's /v1/embeddings")
     layers = []
@@ -199,7 +200,7 @@ def bind_weights(f: GGUFFile, config: ModelConfig | None = None) -> ModelWeights
             used |= {f"blk.{i}.{n}" for n in ("ssm_conv1d.weight", "ssm_dt.bias", "ssm_a", "ssm_norm.weight")}
         elif lw.wk is None:  # llama.cpp loads and ignores a shared layer's own k/v (they are optional there)
             used |= {f"blk.{i}.{n}.weight" for n in ("attn_k", "attn_v", "attn_k_norm")}
-    _check_all_bound(f, cfg, used)
+    _check_all_bound(f, cfg, used | (pooled or frozenset()))
     return w
 
 

@@ -108,6 +108,9 @@ class ModelConfig:
     #: an embedding model's pooling of the last layer's rows ("none", "mean", "cls", "last", "rank"); "" for the
     #: text generation models. A model with a pooling is an encoder (core/engine/encoder.py): it does not generate
     pooling: str = ""
+    #: False: every token attends to every token of its input (EmbeddingGemma; the sliding layers within
+    #: sliding_window / 2 positions either side), not to the earlier ones only
+    causal: bool = True
 
     @property
     def is_embedding(self) -> bool:

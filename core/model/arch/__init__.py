@@ -9,6 +9,7 @@ from . import (
     gemma2,
     gemma3,
     gemma4,
+    gemma_embedding,
     gpt_oss,
     granite,
     llama,
@@ -27,7 +28,8 @@ from .base import Architecture, Common
 
 #: The description modules, in the order error messages list the architectures.
 MODULES = (llama, granite, smollm3, qwen2, qwen3, phi3, olmo2, gemma2, gemma3, mistral3, gemma4, qwen3moe, gpt_oss,
-           qwen35, qwen35moe, seed_oss, bert)
+           qwen35, qwen35moe, seed_oss, bert,
+           gemma_embedding)
 ARCHITECTURES: dict[str, Architecture] = {m.DESCRIPTION.name: m.DESCRIPTION for m in MODULES}
 SUPPORTED_ARCHS = tuple(ARCHITECTURES)
 #: The architecture a bump file's config.json means when it names no model_type.

@@ -33,6 +33,9 @@ class Architecture:
     layer_output_scale: bool = False  # layer_output_scale.weight (one factor per layer) is bound when present
     expert_biases: bool = False  # attn_output.bias, ffn_gate_inp.bias and ffn_*_exps.bias bound when present
     bump: bool = False  # a bump file's config.json may name it (model_type): a plain llama-style layout
+    # an embedding model of it (a pooling set) runs the decoder layers, its rows after the final norm pooled
+    # (Qwen3-Embedding, EmbeddingGemma), not the BERT encoder's layers
+    decoder_embedding: bool = False
 
 
 def experts(f: GGUFFile, c: Common, keys: dict[str, str], ff_key: str = "", shared: bool = False) -> dict[str, object]:

@@ -278,7 +278,6 @@ class Encoder:
                                    "would give wrong results)")
 
     # ------------------------------------------------------------------ loading
-<<<<<<< HEAD
     def _rank_head(self) -> RankHead:
         """The ``cls.*`` head as llama.cpp's bert reads it (``cls.weight`` [n_embd, n_embd] and ``cls.output.weight``
         [n_embd, n_out], each with an optional bias); a file with neither is refused (it has no head to rank
@@ -310,7 +309,7 @@ class Encoder:
                         out=None if out is None else out.value(),
                         out_b=self._vec("cls.output.bias", n_out, optional=True),
                         labels=tuple(str(x) for x in labels))
-=======
+
     def _load_decoder(self) -> None:
         """A decoder-body embedding model: its layers bound by the text generation engine's binding, its head
         read here (``dense_2`` of [n, n_embd] and then ``dense_3`` of [n_embd, n], as llama.cpp's
@@ -325,7 +324,6 @@ class Encoder:
         self.n_ctx = min(cfg.n_ctx_train, MAX_SESSION_CTX)
         self.blocks = None
         self.decoder = _DecoderBody(f, cfg, frozenset(self._used), self.threads, self.n_ctx)
->>>>>>> h2
 
     def _describe(self) -> list[Any] | None:
         """Each layer as a ``qs_block`` (csrc/qs_api_nn.h): the matrices zero-copy from the mapped file, the vectors

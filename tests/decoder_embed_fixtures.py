@@ -5,7 +5,10 @@ fixtures of issue 51.
 ``tokenizer.ggml.add_eos_token`` set, as the published Qwen3-Embedding GGUFs; ``gemma-embed`` is a
 ``gemma-embedding`` file (EmbeddingGemma: Gemma 3's layers with bidirectional attention, 6 layers so that the 6th
 attends to all while the others slide within a window of 6, i.e. 3 positions either side), mean pooling and the
-dense head ``dense_2`` (64 -> 128) then ``dense_3`` (128 -> 64), with BOS and EOS added. Both take SmolLM2's
+dense head ``dense_2`` (64 -> 128) then ``dense_3`` (128 -> 64), with BOS and EOS added; ``qwen3-rank`` is a
+Qwen3-Reranker as convert_hf_to_gguf.py writes one (``qwen3.pooling_type = 4``, a two-row ``cls.output.weight``,
+labels ``["yes", "no"]``, the ``tokenizer.chat_template.rerank`` template, no BOS or EOS added); its head is drawn
+at random (the tied LM head's own rows would saturate the softmax at 0 or 1 on random weights). Both take SmolLM2's
 vocabulary cut to 1,024 tokens (tests/arch_fixtures.py), which llama.cpp tokenizes for any architecture. F32
 weights drawn from a seeded generator; the bytes are a function of (variant, seed) and the gguf-py version
 (pinned): ``tests/data/decoder_embed/meta.json`` records each fixture's SHA-256 beside llama-embedding's vectors
@@ -35,12 +38,26 @@ class Variant:
     add_bos: bool
     window: int = 0
     dense: int = 0  # dense_2's outputs (0: no head)
+    add_eos: bool = True
+    rank: bool = False  # Qwen3-Reranker's yes/no head, its labels and its rerank template
 
 
 VARIANTS: dict[str, Variant] = {
     "qwen3-embed": Variant("qwen3", "last", 2, gemma=False, add_bos=False),
     "gemma-embed": Variant("gemma-embedding", "mean", 6, gemma=True, add_bos=True, window=6, dense=128),
 }
+#: the rerankers (rank pooling: scores of query/document pairs, not vectors), recorded into rank.json
+RANKERS: dict[str, Variant] = {
+    "qwen3-rank": Variant("qwen3", "rank", 2, gemma=False, add_bos=False, add_eos=False, rank=True),
+}
+
+#: the rerank template convert_hf_to_gguf.py writes into a Qwen3-Reranker (conversion/qwen.py, llama.cpp 0.3.36)
+RERANK_TEMPLATE = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct "
+    "provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n"
+    "<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n"
+    "<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 #: the texts embedded (each one input of llama-embedding, one line each): short and long against the window
 TEXTS = (
@@ -52,17 +69,32 @@ TEXTS = (
 )
 
 
+#: the query/document pairs scored (``query<TAB>document`` lines of llama-embedding)
+PAIRS = (
+    ("what is a panda?", "hi"),
+    ("what is a panda?", "The giant panda is a bear species endemic to China."),
+    ("what is a panda?", "Pandas eat bamboo; a red panda is not a bear."),
+    ("how do embeddings rank documents", "Search engines rank documents by relevance to the query."),
+    ("how do embeddings rank documents", "The quick brown fox jumps over the lazy dog."),
+    ("how do embeddings rank documents", "Unaffable naive cafe owners, 42!"),
+    ("hello", "hello"),
+    ("A short one.", "Embeddings turn text into vectors; similar meanings land close together in the space."),
+)
+
+
 def _normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
     return (rng.standard_normal(shape) * std).astype(np.float32)
 
 
 def write_fixture(name: str, path: str | Path, seed: int = 0, vocab: dict[str, object] | None = None,
-                  omit: tuple[str, ...] = (), dense_in: int = N_EMBD) -> Path:
-    """Write fixture ``name`` (a key of :data:`VARIANTS`) to ``path``; ``omit``: tensors left out, ``dense_in``:
-    the ``dense_2_feat_in`` written (broken files for the refusal tests; the others keep their values)."""
+                  omit: tuple[str, ...] = (), dense_in: int = N_EMBD,
+                  labels: tuple[str, ...] = ("yes", "no")) -> Path:
+    """Write fixture ``name`` (a key of :data:`VARIANTS` or :data:`RANKERS`) to ``path``; ``omit``: tensors left
+    out, ``dense_in``: the ``dense_2_feat_in`` written, ``labels``: a reranker's output labels (broken files for
+    the refusal tests; the others keep their values)."""
     import gguf
 
-    v = VARIANTS[name]
+    v = VARIANTS[name] if name in VARIANTS else RANKERS[name]
     voc = vocab or vocabulary()
     rng = np.random.default_rng([seed, sum(name.encode())])
     E, H, KV, hd, F = N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF
@@ -95,7 +127,10 @@ def write_fixture(name: str, path: str | Path, seed: int = 0, vocab: dict[str, o
     w.add_uint32("tokenizer.ggml.bos_token_id", 1)
     w.add_uint32("tokenizer.ggml.eos_token_id", 2)
     w.add_bool("tokenizer.ggml.add_bos_token", v.add_bos)
-    w.add_bool("tokenizer.ggml.add_eos_token", True)
+    w.add_bool("tokenizer.ggml.add_eos_token", v.add_eos)
+    if v.rank:
+        w.add_array(a + "classifier.output_labels", list(labels))
+        w.add_string("tokenizer.chat_template.rerank", RERANK_TEMPLATE)
 
     def matrix(tname: str, rows: int, cols: int, std: float) -> None:
         m = _normal(rng, (rows, cols), std)
@@ -127,6 +162,8 @@ def write_fixture(name: str, path: str | Path, seed: int = 0, vocab: dict[str, o
         if v.gemma:
             vector(b + "post_ffw_norm.weight", E)
     vector("output_norm.weight", E)
+    if v.rank:  # the two rows ("yes", "no"), small enough that P(yes) spreads over (0, 1)
+        matrix("cls.output.weight", 2, E, 0.3)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -46,6 +46,11 @@ POOLINGS = tuple(p for p in POOLING_TYPES if p != "rank")
 #: the pooling of a reranker: the classification head (``cls.*``) on the pooled row gives scores (llama.cpp's
 #: LLAMA_POOLING_TYPE_RANK)
 RANK = "rank"
+#: the decoder-body architectures whose rerank head llama.cpp loads (``cls.output.weight`` alone: Qwen3-Reranker's
+#: yes/no rows of the LM head)
+_CLS_OUT_ARCHS = frozenset({"qwen3"})
+#: the architectures whose rank scores llama.cpp's build_pooling passes through a softmax (P(yes), P(no))
+_SOFTMAX_RANK = frozenset({"qwen3"})
 #: how many tokens one forward evaluates at most, all inputs together: bounds the float32 activations (the FFN's
 #: are MAX_BATCH_TOKENS x n_ff: 128 MiB for bge-large's 4096)
 MAX_BATCH_TOKENS = 8192
@@ -57,11 +62,12 @@ class EmbedError(ValueError):
 
 @dataclass
 class RankHead:
-    """A reranker's classification head as llama.cpp's ``build_pooling`` applies it for a BERT: the row picked by
-    ``pool`` (``cls``: the first; ``mean``: the mean, ``{arch}.classifier.pooling_type``), then
-    ``tanh(cls.weight @ x + cls.bias)`` where the file has ``cls.weight``, then ``cls.output.weight @ x +
-    cls.output.bias`` where it has that; the first ``n_out`` values are the scores, raw (no sigmoid: llama-server
-    answers them as they are)."""
+    """A reranker's classification head as llama.cpp's ``build_pooling`` applies it: the row picked by ``pool``
+    (``cls``: the first; ``mean``: the mean, ``{arch}.classifier.pooling_type``; ``last``: the last, for a causal
+    model such as Qwen3-Reranker), then ``tanh(cls.weight @ x + cls.bias)`` where the file has ``cls.weight``, then
+    ``cls.output.weight @ x + cls.output.bias`` where it has that, then a softmax over the head's values where
+    ``softmax`` (llama.cpp's qwen3: the yes/no head gives P(yes), P(no)); the first ``n_out`` values are the
+    scores, otherwise raw (no sigmoid: llama-server answers them as they are)."""
 
     pool: str
     dense: np.ndarray | None
@@ -70,6 +76,8 @@ class RankHead:
     out_b: np.ndarray | None
     #: the labels of the scores (``{arch}.classifier.output_labels``; empty: one unnamed score)
     labels: tuple[str, ...]
+    #: a softmax over the head's values (llama.cpp applies it for qwen3)
+    softmax: bool = False
 
     @property
     def n_out(self) -> int:
@@ -77,7 +85,10 @@ class RankHead:
 
     def scores(self, rows: np.ndarray) -> np.ndarray:
         """The head's ``n_out`` scores of one input's last-layer rows ([tokens, n_embd])."""
-        x = rows.mean(axis=0, dtype=np.float64).astype(np.float32) if self.pool == "mean" else rows[0]
+        if self.pool == "mean":
+            x = rows.mean(axis=0, dtype=np.float64).astype(np.float32)
+        else:
+            x = rows[-1] if self.pool == "last" else rows[0]
         if self.dense is not None:
             x = self.dense @ x
             if self.dense_b is not None:
@@ -87,6 +98,9 @@ class RankHead:
             x = self.out @ x
             if self.out_b is not None:
                 x = x + self.out_b
+        if self.softmax:
+            e = np.exp(x.astype(np.float64) - float(np.max(x)))
+            x = e / e.sum()
         return np.asarray(x[:self.n_out], dtype=np.float32)
 
 
@@ -278,22 +292,33 @@ class Encoder:
                                    "would give wrong results)")
 
     # ------------------------------------------------------------------ loading
-    def _rank_head(self) -> RankHead:
+    def _labels(self) -> tuple[str, ...]:
+        """``{arch}.classifier.output_labels`` (absent: none, one unnamed score)."""
+        key = f"{self.config.arch}.classifier.output_labels"
+        labels = self.file.get(key)
+        if labels is None:
+            return ()
+        if isinstance(labels, str) or not isinstance(labels, Sequence) or not all(isinstance(x, str) for x in labels):
+            raise ModelError(f"{key} is not an array of strings")
+        return tuple(labels)
+
+    def _rank_head(self, decoder: bool = False) -> RankHead:
         """The ``cls.*`` head as llama.cpp's bert reads it (``cls.weight`` [n_embd, n_embd] and ``cls.output.weight``
-        [n_embd, n_out], each with an optional bias); a file with neither is refused (it has no head to rank
+        [n_embd, n_out], each with an optional bias), or with ``decoder`` as its qwen3 reads it (``cls.output.weight``
+        alone, on the last token's row, then a softmax); a file with neither is refused (it has no head to rank
         with)."""
         f, c = self.file, self.config
         E = c.n_embd
-        labels = f.get(f"{c.arch}.classifier.output_labels")
-        if labels is None:
-            labels = []
-        if isinstance(labels, str) or not isinstance(labels, Sequence) or not all(isinstance(x, str) for x in labels):
-            raise ModelError(f"{c.arch}.classifier.output_labels is not an array of strings")
+        labels = self._labels()
         n_out = max(1, len(labels))
-        if not f.has_tensor("cls.weight") and not f.has_tensor("cls.output.weight"):
-            raise UnsupportedModel("rank pooling needs a classification head (cls.weight or cls.output.weight), "
-                                   "which this file does not have: it is not a reranker")
-        dense = self._matrix("cls.weight", E, E, optional=True)
+        if decoder and c.arch not in _CLS_OUT_ARCHS:
+            raise UnsupportedModel(f"rank pooling needs a classification head, which {c.arch} does not have (of "
+                                   "the decoder bodies, llama.cpp loads one for qwen3 only): it is not a reranker")
+        heads = ("cls.output.weight",) if decoder else ("cls.weight", "cls.output.weight")
+        if not any(f.has_tensor(n) for n in heads):
+            raise UnsupportedModel(f"rank pooling needs a classification head ({' or '.join(heads)}), which this "
+                                   "file does not have: it is not a reranker")
+        dense = None if decoder else self._matrix("cls.weight", E, E, optional=True)
         out = self._matrix("cls.output.weight", n_out, E, optional=True)
         if out is None and n_out > E:
             raise ModelError(f"{c.arch}.classifier.output_labels names {n_out} scores but the head gives {E}")
@@ -304,11 +329,13 @@ class Encoder:
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < len(POOLING_TYPES):
                 raise ModelError(f"{key} is not a pooling type (0..{len(POOLING_TYPES) - 1}): {v!r}")
             pool = "mean" if POOLING_TYPES[v] == "mean" else "cls"
+        if decoder and pool == "cls" and c.causal:  # llama.cpp's rank row of a causal model: the last position
+            pool = "last"
         return RankHead(pool=pool, dense=None if dense is None else dense.value(),
-                        dense_b=self._vec("cls.bias", E, optional=True),
+                        dense_b=None if decoder else self._vec("cls.bias", E, optional=True),
                         out=None if out is None else out.value(),
-                        out_b=self._vec("cls.output.bias", n_out, optional=True),
-                        labels=tuple(str(x) for x in labels))
+                        out_b=None if decoder else self._vec("cls.output.bias", n_out, optional=True),
+                        labels=labels, softmax=c.arch in _SOFTMAX_RANK)
 
     def _load_decoder(self) -> None:
         """A decoder-body embedding model: its layers bound by the text generation engine's binding, its head
@@ -323,6 +350,9 @@ class Encoder:
         self.head = [m.value() for m in (d2, d3) if m is not None]
         self.n_ctx = min(cfg.n_ctx_train, MAX_SESSION_CTX)
         self.blocks = None
+        self.rank_head = self._rank_head(decoder=True) if self.pooling == RANK else None
+        if self.rank_head is None and cfg.arch in _CLS_OUT_ARCHS:  # loaded and unused, as llama.cpp's qwen3
+            self._matrix("cls.output.weight", max(1, len(self._labels())), E, optional=True)
         self.decoder = _DecoderBody(f, cfg, frozenset(self._used), self.threads, self.n_ctx)
 
     def _describe(self) -> list[Any] | None:

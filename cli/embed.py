@@ -1,7 +1,7 @@
 """``quantscope embed``: the vectors of an embedding model (BERT, bge, all-MiniLM …) for texts, as llama-embedding
 gives them (pooling from the file unless ``--pooling``, Euclidean normalisation unless ``--normalize``); with
-``--rerank QUERY`` a reranker's (a BERT cross-encoder's, rank pooling) relevance score of each text as a document
-for the query, as llama-server's ``/v1/rerank`` gives them."""
+``--rerank QUERY`` a reranker's (a BERT cross-encoder's or Qwen3-Reranker's, rank pooling) relevance score of each
+text as a document for the query, as llama-server's ``/v1/rerank`` gives them."""
 
 from __future__ import annotations
 
@@ -143,8 +143,9 @@ def register(sub: Any) -> None:
     s.add_argument("-p", "--prompt", nargs="+", metavar="TEXT", help="the texts, one vector each (with --rerank: "
                    "the documents)")
     s.add_argument("-f", "--text-file", metavar="FILE", help="the texts, one per non-empty line")
-    s.add_argument("--rerank", metavar="QUERY", help="a reranker (BERT cross-encoder, rank pooling): score each text "
-                   "as a document for QUERY (raw scores, as llama-server's /v1/rerank)")
+    s.add_argument("--rerank", metavar="QUERY", help="a reranker (BERT cross-encoder or Qwen3-Reranker, rank pooling): "
+                   "score each text as a document for QUERY (the head's scores as llama-server's /v1/rerank: raw, "
+                   "or Qwen3-Reranker's P(yes))")
     s.add_argument("--pooling", choices=(*POOLINGS, RANK), default=None,
                    help="how the rows become one vector (default: the file's pooling_type); none: one per token; "
                    "rank: a reranker's head (with --rerank)")

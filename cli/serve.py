@@ -293,5 +293,5 @@ def register(sub: Any) -> None:
                    help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
     s.add_argument("--pooling", choices=("none", "mean", "cls", "last", "rank"), default=None,
                    help="embedding models: how a text's rows become its vector (default: the file's pooling_type); "
-                   "rank: a reranker (BERT cross-encoder) served on /v1/rerank")
+                   "rank: a reranker (BERT cross-encoder, Qwen3-Reranker) served on /v1/rerank")
     s.set_defaults(func=cmd_serve)

@@ -88,10 +88,10 @@ def _normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.
 
 def write_fixture(name: str, path: str | Path, seed: int = 0, vocab: dict[str, object] | None = None,
                   omit: tuple[str, ...] = (), dense_in: int = N_EMBD,
-                  labels: tuple[str, ...] = ("yes", "no")) -> Path:
+                  labels: tuple[str, ...] = ("yes", "no"), extra: dict[str, np.ndarray] | None = None) -> Path:
     """Write fixture ``name`` (a key of :data:`VARIANTS` or :data:`RANKERS`) to ``path``; ``omit``: tensors left
-    out, ``dense_in``: the ``dense_2_feat_in`` written, ``labels``: a reranker's output labels (broken files for
-    the refusal tests; the others keep their values)."""
+    out, ``dense_in``: the ``dense_2_feat_in`` written, ``labels``: a reranker's output labels, ``extra``: tensors
+    added (broken files for the refusal tests; the others keep their values)."""
     import gguf
 
     v = VARIANTS[name] if name in VARIANTS else RANKERS[name]
@@ -164,6 +164,8 @@ def write_fixture(name: str, path: str | Path, seed: int = 0, vocab: dict[str, o
     vector("output_norm.weight", E)
     if v.rank:  # the two rows ("yes", "no"), small enough that P(yes) spreads over (0, 1)
         matrix("cls.output.weight", 2, E, 0.3)
+    for tname, t in (extra or {}).items():
+        w.add_tensor(tname, t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

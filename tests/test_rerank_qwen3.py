@@ -98,6 +98,9 @@ def test_bad_heads_and_heads_elsewhere_are_refused(tmp_path):
     with pytest.raises(UnsupportedModel, match=r"needs a classification head \(cls\.output\.weight\)") as exc:
         Encoder(bare)
     assert "\n" not in str(exc.value)
+    dense = write_fixture("qwen3-rank", tmp_path / "dense.gguf", extra={"cls.weight": np.eye(64, dtype=np.float32)})
+    with pytest.raises(UnsupportedModel, match=r"cls\.weight"):  # llama.cpp's qwen3 loads no cls.weight
+        Encoder(dense)
     gemma = write_fixture("gemma-embed", tmp_path / "gemma.gguf")
     with pytest.raises(UnsupportedModel, match="which gemma-embedding does not have"):
         Encoder(gemma, pooling="rank")

@@ -14,7 +14,8 @@ puts the classification head on the pooled row and gives relevance scores, not v
 Qwen3-Embedding (``qwen3`` with a pooling) and EmbeddingGemma (``gemma-embedding``) are decoder bodies (their
 description's ``decoder_embedding``): they run on the text generation engine's own model and session (the same
 native layers; EmbeddingGemma's without the causal mask), each input's rows after the final norm pooled, then
-EmbeddingGemma's dense head (``dense_2``, ``dense_3``) before the normalisation.
+EmbeddingGemma's dense head (``dense_2``, ``dense_3``) before the normalisation. A ``qwen3`` with rank pooling is
+Qwen3-Reranker: its two-row ``cls.output.weight`` ("yes", "no") on the last token's row, then a softmax (P(yes)).
 
 Every input is checked before any arithmetic (token ids in range, length within the position table), so a bad
 input is one line of :class:`EmbedError`. An encoder is used by one thread at a time.

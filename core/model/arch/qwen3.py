@@ -1,6 +1,7 @@
 """qwen3: qwen2's layout without biases, with per-head q/k RMSNorm. A file with ``qwen3.pooling_type`` (not 0) is
-an embedding model (Qwen3-Embedding: last-token pooling of the final-norm rows, causal attention), which
-core/engine/encoder.py runs; without it (or 0: none) a text generation model."""
+an embedding model (Qwen3-Embedding: last-token pooling of the final-norm rows, causal attention; with rank
+pooling, 4, Qwen3-Reranker's yes/no head), which core/engine/encoder.py runs; without it (or 0: none) a text
+generation model."""
 
 from __future__ import annotations
 

@@ -136,6 +136,53 @@ def test_a_generative_model_is_not_an_encoder(tmp_path):
         Encoder(path)
 
 
+def _with_tensors(src_path: Path, out: Path, extra: dict[str, np.ndarray]) -> Path:
+    """``src_path``'s metadata and tensors with ``extra`` tensors added."""
+    import gguf
+
+    src = gguf.GGUFReader(str(src_path))
+    w = gguf.GGUFWriter(str(out), "bert")
+    for field in src.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        val = field.contents()
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(field.name, val, vtype, sub_type=field.types[-1])
+        else:
+            w.add_key_value(field.name, val, vtype)
+    for t in src.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    for name, a in extra.items():
+        w.add_tensor(name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def test_embedding_summary_names_the_pooling_and_the_head(fixtures, tmp_path):
+    """core.summary.embedding_summary (the Overview's facts): the pooling and its key, and the head: none, a
+    rerank classifier (cls, cls.output: its outputs), or sentence-transformers' dense projections; None for a
+    text generation model."""
+    from quantscope.core.summary import embedding_summary
+
+    with GGUFFile(fixtures["bert-cls"]) as f:
+        s = embedding_summary(f)
+    assert s == {"pooling": "cls", "pooling_key": "bert.pooling_type", "pooling_value": 2, "width": 64,
+                 "head": "none (the pooled vector, 64 values)"}
+    ranked = _with_tensors(fixtures["bert-mean"], tmp_path / "rank.gguf", {
+        "cls.weight": np.zeros((64, 64), np.float32), "cls.bias": np.zeros(64, np.float32),
+        "cls.output.weight": np.zeros((1, 64), np.float32), "cls.output.bias": np.zeros(1, np.float32)})
+    with GGUFFile(ranked) as f:
+        assert embedding_summary(f)["head"] == "classifier (cls, cls.output): 1 output; read by rank pooling only"
+    dense = _with_tensors(fixtures["bert-mean"], tmp_path / "dense.gguf", {
+        "dense_2.weight": np.zeros((128, 64), np.float32), "dense_3.weight": np.zeros((32, 128), np.float32)})
+    with GGUFFile(dense) as f:
+        assert embedding_summary(f)["head"] == "dense projection (dense_2, dense_3): 64 → 128 → 32"
+
+
 def test_an_extra_tensor_is_refused(fixtures, tmp_path):
     """A tensor the encoder does not read (a head it does not know) refuses the file rather than ignoring it."""
     import gguf

@@ -70,6 +70,7 @@ def test_the_chat_says_an_embedding_model_does_not_chat(window, qtbot, tmp_path)
     chat = window.chat_view
     assert chat.error == "This is an embedding model: it does not chat or generate text."
     assert chat.error_banner.isVisible() and "Serve tab" in chat.error_banner.text()
+    assert chat.is_embedding and chat.stream.empty_label.text() == ""
     window.resize(1100, 700)
     qtbot.wait(50)
     assert fit_problems(window) == []

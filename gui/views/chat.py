@@ -69,6 +69,7 @@ class ChatView(QWidget):
         self.doc: Document | None = None
         self.ctl = ChatController()  # messages, conversation id, the model it belongs to
         self.error = ""
+        self.is_embedding = False  # the open file is an embedding model (it does not chat)
         self.bundle: TokBundle | None = None
         self._bundle_error = ""
         self._bundle_pending = False
@@ -305,6 +306,8 @@ class ChatView(QWidget):
         from quantscope.core.summary import embedding_summary
 
         emb = embedding_summary(self.doc.gguf) if self.doc is not None and self.doc.gguf is not None else None
+        self.is_embedding = emb is not None
+        self.reply.update_empty()
         if emb is not None:
             self.show_error("This is an embedding model: it does not chat or generate text.",
                             f"It turns a text into one vector ({emb['pooling']} pooling): serve it from the Serve "

@@ -260,3 +260,19 @@ def test_ollama_errors_in_ollamas_shape(server, oc):
     with pytest.raises(ollama.ResponseError) as e:
         bad.embed(model="bge-tiny", input="x")
     assert e.value.status_code == 401
+
+
+def test_ollama_discovery(oc, server):
+    """What Ollama's clients ask before embedding: the version, the model in /api/tags and /api/ps, and
+    /api/show with the ``embedding`` capability."""
+    assert oc.list().models[0].model == "bge-tiny"
+    assert oc.ps().models[0].model == "bge-tiny"
+    s = oc.show("bge-tiny")
+    assert s.capabilities == ["embedding"]
+    assert s.modelinfo["bert.embedding_length"] == 64 and s.modelinfo["bert.pooling_type"] == "mean"
+    assert s.details.family == "bert"
+    with pytest.raises(ollama.ResponseError, match="does not exist"):
+        oc.show("llama3")
+    http = Http(server, KEY)  # type: ignore[arg-type]
+    r = http.get("/api/version")
+    assert r.status_code == 200 and "version" in r.json()

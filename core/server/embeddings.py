@@ -15,7 +15,9 @@ Ollama's embedding endpoints are served beside them (:func:`parse_ollama_embed`)
 a string or an array of strings, ``truncate``, ``dimensions``, ``options.num_ctx``, ``keep_alive``; the answer
 ``{model, embeddings, total_duration, load_duration, prompt_eval_count}`` with unit vectors) and the legacy
 ``POST /api/embeddings`` (``prompt``; ``{embedding}`` not normalised, as Ollama's), their errors as Ollama's
-``{"error": …}``.
+``{"error": …}``; with what Ollama's clients ask first: ``GET /`` ("Ollama is running"), ``/api/version``,
+``/api/tags`` and ``/api/ps`` (the model), ``POST /api/show`` (capabilities ``["embedding"]``, as Ollama says of
+an embedding model).
 """
 
 from __future__ import annotations
@@ -31,14 +33,14 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from ..chat.tokens import piece_text
 from ..engine.encoder import EmbedError, Encoder, normalize
 from .app import GENERATION_PATHS, ServerApp, ServerConfig, StatusCounts, _error
 from .errors import ApiError, bad_request, dialect_of
-from .ollama import _keep_alive
+from .ollama import OLLAMA_VERSION, _keep_alive, model_entry
 from .policy import Policy
 from .protocol import parse_tokenize
 from .requests import RequestLog
@@ -190,6 +192,7 @@ class EmbeddingApp(StatusCounts):
         tok = encoder.tokenizer
         self.log = RequestLog(lambda t: piece_text(tok.token_bytes(t, True)), trace=False)
         self._lock = threading.Lock()
+        self.ollama_entry = model_entry(config.model_id, encoder.file)  # its row in /api/tags
         routes = [
             Route("/v1/models", self._wrap(self.models), methods=["GET"]),
             Route("/models", self._wrap(self.models), methods=["GET"]),
@@ -199,6 +202,11 @@ class EmbeddingApp(StatusCounts):
             Route("/health", self._wrap(self.health), methods=["GET"]),
             Route("/api/embed", self._wrap(self.ollama_embed), methods=["POST"]),
             Route("/api/embeddings", self._wrap(self.ollama_embeddings), methods=["POST"]),
+            Route("/", self._wrap(self.ollama_root), methods=["GET", "HEAD"]),
+            Route("/api/version", self._wrap(self.ollama_version), methods=["GET", "HEAD"]),
+            Route("/api/tags", self._wrap(self.ollama_tags), methods=["GET", "HEAD"]),
+            Route("/api/ps", self._wrap(self.ollama_tags), methods=["GET"]),
+            Route("/api/show", self._wrap(self.ollama_show), methods=["POST"]),
             *[Route(p, self._wrap(self.refuse_generation), methods=["POST"]) for p in REFUSED_PATHS],
         ]
 
@@ -321,3 +329,25 @@ class EmbeddingApp(StatusCounts):
         normalised (as Ollama's); an empty prompt gives an empty vector."""
         _r, vecs, _n, _t = await self._ollama_run(request, legacy=True)
         return JSONResponse({"embedding": [float(x) for x in vecs[0]] if vecs else []})
+
+    async def ollama_root(self, request: Request) -> Response:
+        return PlainTextResponse("Ollama is running")
+
+    async def ollama_version(self, request: Request) -> Response:
+        return JSONResponse({"version": OLLAMA_VERSION})
+
+    async def ollama_tags(self, request: Request) -> Response:
+        """``/api/tags`` and ``/api/ps``: the one model served."""
+        return JSONResponse({"models": [self.ollama_entry]})
+
+    async def ollama_show(self, request: Request) -> Response:
+        """``/api/show``: the model's details; its capability is ``embedding`` (it does not complete text)."""
+        self._check_model(_ollama_model(await self._json(request), self.config.model_id))
+        c, e = self.encoder.config, self.ollama_entry
+        info = {"general.architecture": c.arch,
+                "general.parameter_count": sum(t.n_elements for t in self.encoder.file.tensors),
+                f"{c.arch}.context_length": c.n_ctx_train, f"{c.arch}.embedding_length": c.n_embd,
+                f"{c.arch}.pooling_type": self.encoder.pooling, "tokenizer.vocab_size": c.n_vocab}
+        return JSONResponse({"modelfile": f"FROM {self.config.model_id}\n", "parameters": "", "template": "",
+                             "details": e["details"], "model_info": info, "capabilities": ["embedding"],
+                             "modified_at": e["modified_at"]})

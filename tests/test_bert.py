@@ -238,6 +238,7 @@ def test_native_batch_is_the_inputs_one_by_one(fixtures, name):
             assert np.abs(got - alone).max() < 1e-5
         b = enc.blocks[0].attn
         assert b.seg_len == ffi.NULL and b.n_seg == 0  # the call's segments are not left behind
+        assert enc.forward([]) == [] and enc.embed([]) == []
 
 
 def test_the_block_checks_the_segments(fixtures):

@@ -364,7 +364,9 @@ class Encoder:
     def forward(self, seqs: Sequence[list[int]]) -> list[np.ndarray]:
         """The last layer's rows of each sequence ([tokens, n_embd] float32): by the native block, all sequences in
         one call (:meth:`forward_native`), or where a weight type has no native kernel by the numpy forward
-        (:meth:`forward_numpy`)."""
+        (:meth:`forward_numpy`). No sequences: no rows."""
+        if not seqs:
+            return []
         if self.blocks is None:
             return self.forward_numpy(seqs)
         return self.forward_native(seqs)

@@ -43,7 +43,7 @@ def test_serve_an_embedding_model(window, qtbot, tmp_path):  # noqa: F811
     o = oc.embed(model=sv.model_id, input="hello")
     assert np.allclose(o.embeddings[0], want[0], atol=1e-6)
     client.close()  # (the clients close their kept-alive connections first: no TIME_WAIT on the server's port)
-    oc._client.close()
+    oc.close()
     qtbot.waitUntil(lambda: "2 requests answered" in sv.status_label.full_text(), timeout=10000)
     assert "mean pooling, 64 values a vector" in sv.status_label.full_text()
     window.resize(1100, 700)

@@ -110,6 +110,40 @@ def hyperparameters(f: GGUFFile) -> dict[str, Any]:
     return out
 
 
+def embedding_summary(f: GGUFFile) -> dict[str, Any] | None:
+    """An embedding model's facts (docs/embeddings.md): its pooling (``{arch}.pooling_type``, llama.cpp's
+    numbers; absent: none), whether the encoder runs it, and its head: the rerank classifier (``cls``,
+    ``cls.output``: rows are its outputs, read by rank pooling only), the sentence-transformers dense projections
+    (``dense_2``, ``dense_3``), or none (the pooled last-layer vector is the embedding). None for a text
+    generation model or a file whose configuration cannot be read."""
+    from .model import ModelError, UnsupportedModel, read_config
+
+    try:
+        cfg = read_config(f)
+    except (UnsupportedModel, ModelError, ValueError):
+        return None
+    if not cfg.is_embedding:
+        return None
+    key = f"{cfg.arch}.pooling_type"
+    names = {t.name: t for t in f.tensors}
+    out_t = names.get("cls.output.weight") or names.get("cls.weight")
+    dense = [n for n in ("dense_2.weight", "dense_3.weight") if n in names]
+    if out_t is not None:
+        labels = f.get(f"{cfg.arch}.classifier.output_labels")
+        n_out = int(out_t.ne[1]) if len(out_t.ne) > 1 else 1
+        head = (f"classifier ({', '.join(n[:-7] for n in ('cls.weight', 'cls.output.weight') if n in names)}): "
+                f"{n_out} output{'s' if n_out != 1 else ''}"
+                + (f" ({', '.join(str(x) for x in list(labels)[:4])})" if labels is not None else "")
+                + "; read by rank pooling only")
+    elif dense:
+        dims = " → ".join([str(cfg.n_embd)] + [str(int(names[n].ne[1])) for n in dense])
+        head = f"dense projection ({', '.join(n[:-7] for n in dense)}): {dims}"
+    else:
+        head = f"none (the pooled vector, {cfg.n_embd} values)"
+    return {"pooling": cfg.pooling, "pooling_key": key if key in f.metadata else None,
+            "pooling_value": f.get(key) if key in f.metadata else None, "width": cfg.n_embd, "head": head}
+
+
 def _count_key(f: GGUFFile, suffix: str) -> int:
     """A positive integer hyperparameter (the largest of a per-layer array), else 0."""
     v = f.arch_get(suffix) if f.architecture else None

@@ -104,6 +104,11 @@ typedef struct {
     void *k_cache, *v_cache;
     int64_t k_cache_bytes, v_cache_bytes;
     int non_causal; /* 1: every query attends to every cached key (encoders); a window: those within window/2 */
+    /* non_causal only: NULL (the rows are one input), or n_seg lengths (each > 0) summing to the call's rows: the
+     * rows are n_seg inputs back to back, each attending to its own keys only (a batch of embedding inputs;
+     * n_past 0, the cache holds the call's rows; no window) */
+    const int32_t *seg_len;
+    int64_t n_seg;
 } qs_attn_desc;
 /* RoPE of q and k (ggml_rope_ext, see qs_rope_ext): skip 1 leaves this layer unrotated (smollm3's NoPE layers) */
 typedef struct {

@@ -470,6 +470,20 @@ done:
     return rc;
 }
 
+/* The segments of a non-causal batch (qs_attn_desc.seg_len): none, or positive lengths summing to T, with full
+ * attention, n_past 0 and one sequence. */
+static int check_segments(const qs_block *b, int64_t T, int64_t n_past, int batched) {
+    const qs_attn_desc *A = &b->attn;
+    if (!A->seg_len) return A->n_seg ? QS_ERR_SIZE : QS_OK;
+    if (!A->non_causal || A->window > 0 || n_past || batched || A->n_seg <= 0 || A->n_seg > T) return QS_ERR_SIZE;
+    int64_t sum = 0;
+    for (int64_t i = 0; i < A->n_seg; ++i) {
+        if (A->seg_len[i] <= 0) return QS_ERR_SIZE;
+        sum += A->seg_len[i];
+    }
+    return sum == T ? QS_OK : QS_ERR_SIZE;
+}
+
 /* qs_block_forward_seqs' checks beyond check_block's: one sequence per row, each with this layer's weights and
  * shapes and a cache of its own, large enough, with room for the row's token; attention layers only, no probe. */
 static int check_seqs(const qs_block *const *seqs, const int64_t *n_pasts, const int32_t *pos, int64_t T) {
@@ -628,11 +642,33 @@ static int cpu_qk_post(cpu_walk *w, const qs_step *s) {
     return QS_OK;
 }
 
+/* Non-causal attention of a batch of inputs (qs_attn_desc.seg_len): each input's queries see that input's keys, the
+ * cache rows r0..r0+len of its rows (n_past 0), each query asking as the input's last position. */
+static int attend_segments(cpu_walk *w, const float *q, float *dst) {
+    const qs_attn_desc *A = &w->b->attn;
+    const int64_t H = A->n_head, KV = A->n_head_kv, hd = A->head_dim, row = KV * hd * (A->kv_f16 ? 2 : 4);
+    int64_t most = 0;
+    for (int64_t i = 0; i < A->n_seg; ++i) most = A->seg_len[i] > most ? A->seg_len[i] : most;
+    int32_t *last = (int32_t *)malloc((size_t)most * sizeof(int32_t));
+    if (!last) return QS_ERR_NOMEM;
+    int rc = QS_OK;
+    for (int64_t i = 0, r0 = 0; i < A->n_seg && !rc; r0 += A->seg_len[i++]) {
+        const int64_t n = A->seg_len[i];
+        for (int64_t t = 0; t < n; ++t) last[t] = (int32_t)(n - 1);
+        rc = qs_attention_sinks(q + r0 * H * hd, n, last, (int)H, (int)hd, (const uint8_t *)A->k_cache + r0 * row,
+                                (const uint8_t *)A->v_cache + r0 * row, A->kv_f16, (int)KV, n, A->n_ctx - r0, 0,
+                                A->scale, A->softcap, A->sinks.ptr, dst + r0 * H * hd, w->n_threads);
+    }
+    free(last);
+    return rc;
+}
+
 static int cpu_attend(cpu_walk *w, const qs_step *s) {
     const qs_attn_desc *A = &w->b->attn;
     const int64_t T = w->T, H = A->n_head, KV = A->n_head_kv, hd = A->head_dim;
     const float *q = w->buf[s->src];
     float *dst = w->buf[s->dst];
+    if (A->seg_len) return attend_segments(w, q, dst);
     if (A->non_causal) { /* every query sees every key: each asks as the last position (no RoPE reads pos here);
                           * with a window, the keys within window / 2 either side (llama.cpp's symmetric window,
                           * EmbeddingGemma's): the query asks as position t + window / 2 over window / 2 * 2 + 1 */
@@ -735,6 +771,7 @@ static int block_forward(const qs_block *b, const qs_block *const *seqs, const i
     if (!b) return QS_ERR_SIZE;
     int rc = check_block(b, x, T, pos, seqs ? 0 : n_past);
     if (!rc && seqs) rc = check_seqs(seqs, n_pasts, pos, T);
+    if (!rc) rc = check_segments(b, T, n_past, seqs != NULL);
     if (!rc) rc = check_stats(b);
     if (!rc) rc = check_probe(b, T);
     if (rc) return rc;

@@ -151,8 +151,12 @@ def _chat_on_a_throwaway_store(c: ShotContext) -> Any:
 
 
 def chat(c: ShotContext) -> None:
-    """A short real exchange on the engine, saved to a throw-away database, the template preview shown."""
+    """A short real exchange on the engine, saved to a throw-away database, the template preview shown; for an
+    embedding model, the chat saying that it does not chat."""
     chat = _chat_on_a_throwaway_store(c)
+    if c.win.serve_view.embedding is not None:
+        wait_chat(c.app, chat)
+        return
     chat.run_script(list(CHAT_DEMO_PROMPTS), system=CHAT_DEMO_SYSTEM, preset="Greedy", max_tokens=200)
     if not wait_chat(c.app, chat) or chat.error:
         raise ShotFailed(f"the chat exchange failed: {chat.error or 'timed out'}")
@@ -211,7 +215,9 @@ def probe(c: ShotContext) -> None:
 
 def serve(c: ShotContext) -> None:
     """The Serve tab serving on a free port after three real requests (a streamed chat reply, a completion and a
-    refused one), the chat reply opened with its tokens tinted. The server stops when the window closes."""
+    refused one), the chat reply opened with its tokens tinted; for an embedding model two embedding requests
+    (OpenAI's, Ollama's) and a refused one, counted in the status line. The server stops when the window
+    closes."""
     import json
     import threading
     import urllib.error
@@ -229,11 +235,17 @@ def serve(c: ShotContext) -> None:
     if sv.state != "serving":
         raise ShotFailed(f"the server did not start: {sv.message or sv.state}")
     url, model = sv.server.url, sv.model_id
-    bodies = [("/v1/chat/completions", {"model": model, "max_tokens": 60, "temperature": 0, "stream": True,
-                                        "messages": [{"role": "user", "content": CHAT_DEMO_PROMPTS[0]}]}),
-              ("/v1/completions", {"model": model, "max_tokens": 24, "temperature": 0,
-                                   "prompt": "The three primary colours are"}),
-              ("/v1/chat/completions", {"model": "no-such-model", "messages": [{"role": "user", "content": "Hi"}]})]
+    emb = sv.embedding is not None  # an embedding model: two embedding requests and a refused one, counted
+    bodies: list[tuple[str, dict]] = [
+        ("/v1/chat/completions", {"model": model, "max_tokens": 60, "temperature": 0, "stream": True,
+                                  "messages": [{"role": "user", "content": CHAT_DEMO_PROMPTS[0]}]}),
+        ("/v1/completions", {"model": model, "max_tokens": 24, "temperature": 0,
+                             "prompt": "The three primary colours are"}),
+        ("/v1/chat/completions", {"model": "no-such-model", "messages": [{"role": "user", "content": "Hi"}]})]
+    if emb:
+        bodies = [("/v1/embeddings", {"model": model, "input": ["Hello!", "How are you?"]}),
+                  ("/api/embed", {"model": model, "input": "Hello!"}),
+                  ("/v1/embeddings", {"model": "no-such-model", "input": "Hi"})]
 
     def send() -> None:
         for path, body in bodies:
@@ -253,6 +265,11 @@ def serve(c: ShotContext) -> None:
     for _ in range(20):
         app.processEvents()
         time.sleep(0.02)
+    if emb:
+        sv.poll()
+        if "3 requests answered" not in sv.status_label.full_text():
+            raise ShotFailed("the embedding requests were not answered")
+        return
     if sv.model.rowCount() < 3:
         raise ShotFailed("the requests did not show in the panel")
     sv.table.selectRow(0)

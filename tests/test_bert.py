@@ -15,6 +15,7 @@ from quantscope.core.engine.encoder import EmbedError, Encoder, normalize
 from quantscope.core.engine.generate import Engine, load_failure
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.model import EmbeddingModel, UnsupportedModel, read_config
+from quantscope.core.native import ffi, lib
 
 from .bert_fixtures import TEXTS, VARIANTS, write_fixture
 
@@ -135,6 +136,53 @@ def test_a_generative_model_is_not_an_encoder(tmp_path):
         Encoder(path)
 
 
+def _with_tensors(src_path: Path, out: Path, extra: dict[str, np.ndarray]) -> Path:
+    """``src_path``'s metadata and tensors with ``extra`` tensors added."""
+    import gguf
+
+    src = gguf.GGUFReader(str(src_path))
+    w = gguf.GGUFWriter(str(out), "bert")
+    for field in src.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        val = field.contents()
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(field.name, val, vtype, sub_type=field.types[-1])
+        else:
+            w.add_key_value(field.name, val, vtype)
+    for t in src.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    for name, a in extra.items():
+        w.add_tensor(name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def test_embedding_summary_names_the_pooling_and_the_head(fixtures, tmp_path):
+    """core.summary.embedding_summary (the Overview's facts): the pooling and its key, and the head: none, a
+    rerank classifier (cls, cls.output: its outputs), or sentence-transformers' dense projections; None for a
+    text generation model."""
+    from quantscope.core.summary import embedding_summary
+
+    with GGUFFile(fixtures["bert-cls"]) as f:
+        s = embedding_summary(f)
+    assert s == {"pooling": "cls", "pooling_key": "bert.pooling_type", "pooling_value": 2, "width": 64,
+                 "head": "none (the pooled vector, 64 values)"}
+    ranked = _with_tensors(fixtures["bert-mean"], tmp_path / "rank.gguf", {
+        "cls.weight": np.zeros((64, 64), np.float32), "cls.bias": np.zeros(64, np.float32),
+        "cls.output.weight": np.zeros((1, 64), np.float32), "cls.output.bias": np.zeros(1, np.float32)})
+    with GGUFFile(ranked) as f:
+        assert embedding_summary(f)["head"] == "classifier (cls, cls.output): 1 output; read by rank pooling only"
+    dense = _with_tensors(fixtures["bert-mean"], tmp_path / "dense.gguf", {
+        "dense_2.weight": np.zeros((128, 64), np.float32), "dense_3.weight": np.zeros((32, 128), np.float32)})
+    with GGUFFile(dense) as f:
+        assert embedding_summary(f)["head"] == "dense projection (dense_2, dense_3): 64 → 128 → 32"
+
+
 def test_an_extra_tensor_is_refused(fixtures, tmp_path):
     """A tensor the encoder does not read (a head it does not know) refuses the file rather than ignoring it."""
     import gguf
@@ -171,7 +219,58 @@ def test_native_layers_match_the_numpy_reference(fixtures, name):
         seqs = [enc.tokenize(t) for t in TEXTS]
         ref = enc.forward_numpy(seqs)
         for s, r in zip(seqs, ref, strict=True):
-            got = enc.forward_native(s)
+            got, = enc.forward_native([s])
             f32 = VARIANTS[name].quant == "F32"
             assert np.abs(got - r).max() < (1e-4 if f32 else 0.2)  # rows of LayerNorm outputs (values of ~1)
             assert min(_cos(g, w) for g, w in zip(got, r, strict=True)) > (0.99999 if f32 else 0.999)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_native_batch_is_the_inputs_one_by_one(fixtures, name):
+    """Many inputs in one native call per layer (rows back to back, positions restarting, attention within each
+    input by the layer's segments) give each input's rows as its own call does, within 1e-5."""
+    with Encoder(fixtures[name], threads=2) as enc:
+        seqs = [enc.tokenize(t) for t in TEXTS] + [[101, 102], enc.tokenize("x")]
+        together = enc.forward_native(seqs)
+        for s, got in zip(seqs, together, strict=True):
+            alone, = enc.forward_native([s])
+            assert got.shape == alone.shape
+            assert np.abs(got - alone).max() < 1e-5
+        b = enc.blocks[0].attn
+        assert b.seg_len == ffi.NULL and b.n_seg == 0  # the call's segments are not left behind
+        assert enc.forward([]) == []
+        if enc.pooling != "rank":  # a reranker gives no vectors (refused, test_rerank.py)
+            assert enc.embed([]) == []
+
+
+def test_the_block_checks_the_segments(fixtures):
+    """attn.seg_len: positive lengths summing to the rows, with non-causal attention and n_past 0 only; a bad
+    one is refused before anything is written."""
+    with Encoder(fixtures["bert-mean"], threads=1) as enc:
+        b = enc.blocks[0]
+        x = np.ones((4, 64), np.float32)
+        pos = np.array([0, 1, 0, 1], np.int32)
+        kv = np.zeros(4 * 64, np.float32)
+
+        def forward(lens: list[int] | None, n_seg: int | None = None, n_past: int = 0, **attn) -> int:
+            c = ffi.new("qs_block *", b[0])
+            a = c.attn
+            a.n_ctx, a.k_cache, a.v_cache = 4, ffi.from_buffer(kv), ffi.from_buffer(kv.copy())
+            a.k_cache_bytes = a.v_cache_bytes = kv.nbytes
+            arr = np.asarray(lens or [], np.int32)
+            a.seg_len = ffi.cast("int32_t *", ffi.from_buffer(arr)) if lens is not None else ffi.NULL
+            a.n_seg = len(arr) if n_seg is None else n_seg
+            for k, v in attn.items():
+                setattr(a, k, v)
+            xx = x.copy()
+            rc = lib.qs_block_forward(c, ffi.cast("float *", ffi.from_buffer(xx)), 4 - n_past,
+                                      ffi.cast("int32_t *", ffi.from_buffer(pos)), n_past, 1)
+            if rc:
+                assert np.array_equal(xx, x)
+            return rc
+
+        assert forward([2, 2]) == lib.QS_OK and forward([1, 3]) == lib.QS_OK and forward(None) == lib.QS_OK
+        for lens, kw in (([2, 1], {}), ([2, 3], {}), ([0, 4], {}), ([-1, 5], {}), ([4], {"n_seg": 0}),
+                         (None, {"n_seg": 2}), ([2, 2], {"non_causal": 0}), ([1, 2], {"n_past": 1}),
+                         ([1, 1, 1, 1, 1], {"n_seg": 5})):
+            assert forward(lens, **kw) == lib.QS_ERR_SIZE, (lens, kw)

@@ -571,14 +571,17 @@ class Encoder:
         return [float(s[0]) for s in self.rank_ids(seqs)]
 
     def forward(self, seqs: Sequence[list[int]]) -> list[np.ndarray]:
-        """The last layer's rows of each sequence ([tokens, n_embd] float32): by the native block, one sequence
-        per call (:meth:`forward_native`), or where a weight type has no native kernel by the numpy forward
-        (:meth:`forward_numpy`); a decoder-body model's rows after the final norm, one sequence per call."""
+        """The last layer's rows of each sequence ([tokens, n_embd] float32): by the native block, all sequences in
+        one call (:meth:`forward_native`), or where a weight type has no native kernel by the numpy forward
+        (:meth:`forward_numpy`); a decoder-body model's rows after the final norm, one sequence per call. No
+        sequences: no rows."""
+        if not seqs:
+            return []
         if self.decoder is not None:
             return [self.decoder.rows(s) for s in seqs]
         if self.blocks is None:
             return self.forward_numpy(seqs)
-        return [self.forward_native(s) for s in seqs]
+        return self.forward_native(seqs)
 
     def _embeddings(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
         x = self.tok_embd[ids]
@@ -586,15 +589,18 @@ class Encoder:
             x = x + self.type0
         return np.ascontiguousarray(self.pos_embd[pos] + x, dtype=np.float32)
 
-    def forward_native(self, seq: list[int]) -> np.ndarray:
-        """One sequence through the native layers (csrc/qs_block.c walking each layer's plan: post-LayerNorm
-        residuals, ungated GELU FFN, non-causal attention over a cache of this sequence's own keys). Not
-        thread-safe: the layers' descriptions hold the call's cache."""
+    def forward_native(self, seqs: Sequence[list[int]]) -> list[np.ndarray]:
+        """The sequences through the native layers in one call per layer (csrc/qs_block.c walking each layer's
+        plan: post-LayerNorm residuals, ungated GELU FFN, non-causal attention): their rows back to back, the
+        positions restarting at each sequence, and the layer's ``attn.seg_len`` keeping each sequence's attention
+        to its own keys (a cache of the call's rows). Not thread-safe: the layers' descriptions hold the call's
+        cache and segments."""
         assert self.blocks is not None
         c = self.config
-        T = len(seq)
-        pos = np.arange(T, dtype=np.int32)
-        x = self._embeddings(np.asarray(seq, dtype=np.int64), pos)
+        lens = np.asarray([len(s) for s in seqs], dtype=np.int32)
+        T = int(lens.sum())
+        pos = np.concatenate([np.arange(n, dtype=np.int32) for n in lens])
+        x = self._embeddings(np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs]), pos)
         xp = ffi.cast("float *", ffi.from_buffer(x))
         w, b0 = (ffi.cast("float *", ffi.from_buffer(v, require_writable=False)) for v in self.embd_norm)
         lib.qs_layernorm(xp, w, b0, xp, T, c.n_embd, c.rms_eps)
@@ -602,17 +608,21 @@ class Encoder:
         k_cache, v_cache = np.zeros(kv, np.float32), np.zeros(kv, np.float32)  # every layer's, in turn
         kb, vb = ffi.from_buffer(k_cache), ffi.from_buffer(v_cache)
         pp = ffi.cast("int32_t *", ffi.from_buffer(pos))
+        sp = ffi.cast("int32_t *", ffi.from_buffer(lens))
         try:
             for b in self.blocks:
                 a = b.attn
                 a.n_ctx, a.k_cache, a.v_cache, a.k_cache_bytes, a.v_cache_bytes = T, kb, vb, 4 * kv, 4 * kv
+                a.seg_len, a.n_seg = (sp, len(lens)) if len(lens) > 1 else (ffi.NULL, 0)
                 rc = lib.qs_block_forward(b, xp, T, pp, 0, self.threads)
                 if rc:
                     raise native_error("encoder layer", rc)
         finally:
             for b in self.blocks:
-                b.attn.k_cache = b.attn.v_cache = ffi.NULL
-        return x
+                b.attn.k_cache = b.attn.v_cache = b.attn.seg_len = ffi.NULL
+                b.attn.n_seg = 0
+        bounds = np.cumsum(np.concatenate([[0], lens]))
+        return [x[s0:s1] for s0, s1 in itertools.pairwise(bounds)]
 
     def forward_numpy(self, seqs: Sequence[list[int]]) -> list[np.ndarray]:
         """The numpy forward (the float reference): the sequences evaluated together (products over all rows at

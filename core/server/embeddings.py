@@ -9,9 +9,19 @@ Inference's and is answered as TEI does (a bare list of ``{index, score, text?}`
 The request checks, the API key, the body limit and the Host/Origin rules are the generative server's
 (:class:`.app.ServerApp`'s helpers, :class:`.policy.Policy`). ``input`` is a string, an array of strings, an
 array of token ids or an array of such arrays (at most :data:`MAX_INPUTS`); ``encoding_format`` ``float`` (the
-default) or ``base64`` (little-endian float32 bytes, as OpenAI's); ``dimensions`` only as the model's own width
-(no file here says it may be cut). Every input is checked (text, token ids in range, length within the
-model's positions) before any is evaluated; evaluation runs off the event loop, one request at a time.
+default) or ``base64`` (little-endian float32 bytes, as OpenAI's); ``dimensions`` N in 1..n_embd keeps the first
+N components and normalises them again (Matryoshka truncation, as OpenAI's text-embedding-3 and Ollama do: no
+GGUF key says which widths a model was trained for, so every width is taken). Every input is checked (text,
+token ids in range, length within the model's positions) before any is evaluated; evaluation runs off the event
+loop, one request at a time.
+
+Ollama's embedding endpoints are served beside them (:func:`parse_ollama_embed`): ``POST /api/embed`` (``input``
+a string or an array of strings, ``truncate``, ``dimensions``, ``options.num_ctx``, ``keep_alive``; the answer
+``{model, embeddings, total_duration, load_duration, prompt_eval_count}`` with unit vectors) and the legacy
+``POST /api/embeddings`` (``prompt``; ``{embedding}`` not normalised, as Ollama's), their errors as Ollama's
+``{"error": …}``; with what Ollama's clients ask first: ``GET /`` ("Ollama is running"), ``/api/version``,
+``/api/tags`` and ``/api/ps`` (the model), ``POST /api/show`` (capabilities ``["embedding"]``, as Ollama says of
+an embedding model).
 """
 
 from __future__ import annotations
@@ -27,13 +37,14 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from ..chat.tokens import piece_text
-from ..engine.encoder import RANK, EmbedError, Encoder
+from ..engine.encoder import RANK, EmbedError, Encoder, normalize
 from .app import GENERATION_PATHS, ServerApp, ServerConfig, StatusCounts, _error
 from .errors import ApiError, bad_request, dialect_of
+from .ollama import OLLAMA_VERSION, _keep_alive, model_entry
 from .policy import Policy
 from .protocol import parse_tokenize
 from .requests import RequestLog
@@ -122,6 +133,100 @@ def parse_rerank(d: dict[str, Any]) -> RerankRequest:
         flags.append(bool(v))
     return RerankRequest(q, texts, top_n, any(flags), tei)
 
+def parse_dimensions(v: Any, n_embd: int, param: str = "dimensions") -> int | None:
+    """``dimensions`` as a width in 1..``n_embd`` (None: absent); a 400 otherwise."""
+    if v is None:
+        return None
+    if not _is_int(v) or not 1 <= v <= n_embd:
+        raise bad_request(f"'{param}' must be an integer in 1..{n_embd} (the model's width), not "
+                          f"{str(v)[:40]}", param)
+    return int(v)
+
+
+def cut(v: np.ndarray, dims: int | None) -> np.ndarray:
+    """The first ``dims`` components of a unit vector, normalised again (Matryoshka truncation)."""
+    if dims is None or dims >= v.shape[-1]:
+        return v
+    return normalize(v[:dims], 2)
+
+
+@dataclass
+class OllamaEmbed:
+    """An ``/api/embed`` (or legacy ``/api/embeddings``) request: its texts, ``truncate``, the width and the
+    context length that truncation keeps to (``options.num_ctx`` when smaller than the model's)."""
+
+    model: str
+    texts: list[str]
+    truncate: bool
+    dims: int | None
+    n_ctx: int
+
+
+def _ollama_model(d: dict[str, Any], model_id: str) -> str:
+    """The body's ``model`` (a ``:latest`` tag of the served name is the served name)."""
+    m = d.get("model", d.get("name"))
+    if not isinstance(m, str) or not m:
+        raise bad_request("model is required", "model")
+    return model_id if m == model_id + ":latest" else m
+
+
+def _ollama_num_ctx(d: dict[str, Any], n_ctx: int) -> int:
+    o = d.get("options")
+    if o is None:
+        return n_ctx
+    if not isinstance(o, dict):
+        raise bad_request("options must be an object", "options")
+    v = o.get("num_ctx")
+    if v is None:
+        return n_ctx
+    if not _is_int(v) or v < 1:
+        raise bad_request(f"options.num_ctx must be a positive integer, not {str(v)[:40]}", "options.num_ctx")
+    return min(v, n_ctx)
+
+
+def parse_ollama_embed(d: dict[str, Any], model_id: str, n_embd: int, n_ctx: int, legacy: bool) -> OllamaEmbed:
+    """An Ollama embedding body checked as Ollama checks it: ``input`` a string or an array of strings (an
+    empty string or none: no inputs); legacy ``prompt`` a string; ``truncate`` a boolean (default true);
+    ``dimensions`` 0 or absent (the model's width) or 1..n_embd; ``keep_alive`` a duration."""
+    model = _ollama_model(d, model_id)
+    _keep_alive(d)
+    num_ctx = _ollama_num_ctx(d, n_ctx)
+    if legacy:
+        p = d.get("prompt")
+        if p is not None and not isinstance(p, str):
+            raise bad_request("prompt must be a string", "prompt")
+        return OllamaEmbed(model, [p] if p else [], False, None, num_ctx)
+    v = d.get("input")
+    if isinstance(v, str):
+        texts = [v] if v else []
+    elif isinstance(v, list) and all(isinstance(x, str) for x in v):
+        texts = list(v)
+    elif v is None:
+        texts = []
+    else:
+        raise bad_request("invalid input type", "input")
+    if len(texts) > MAX_INPUTS:
+        raise bad_request(f"'input' holds {len(texts)} inputs; at most {MAX_INPUTS} per request", "input")
+    t = d.get("truncate", True)
+    if not isinstance(t, bool):
+        raise bad_request("truncate must be a boolean", "truncate")
+    dims = d.get("dimensions")
+    return OllamaEmbed(model, texts, t, None if dims == 0 else parse_dimensions(dims, n_embd), num_ctx)
+
+
+def truncated(ids: list[int], plain: list[int], limit: int) -> list[int]:
+    """``ids`` (a text's tokens with its special tokens, ``plain`` without) cut to ``limit`` tokens as Ollama
+    cuts: the text's tokens end early, the special tokens at both ends stay; a 400 when nothing of the text
+    would be left."""
+    if len(ids) <= limit:
+        return ids
+    k = next((k for k in range(len(ids) - len(plain) + 1) if ids[k:k + len(plain)] == plain), 0)
+    pre, post = ids[:k], ids[k + len(plain):]
+    keep = limit - len(pre) - len(post)
+    if keep <= 0:
+        raise bad_request("input after truncation exceeds maximum context length", "input")
+    return pre + plain[:keep] + post
+
 
 class EmbeddingApp(StatusCounts):
     """The endpoints over one encoder (see the module's docstring)."""
@@ -140,6 +245,7 @@ class EmbeddingApp(StatusCounts):
         tok = encoder.tokenizer
         self.log = RequestLog(lambda t: piece_text(tok.token_bytes(t, True)), trace=False)
         self._lock = threading.Lock()
+        self.ollama_entry = model_entry(config.model_id, encoder.file)  # its row in /api/tags
         routes = [
             Route("/v1/models", self._wrap(self.models), methods=["GET"]),
             Route("/models", self._wrap(self.models), methods=["GET"]),
@@ -148,6 +254,13 @@ class EmbeddingApp(StatusCounts):
             *[Route(p, self._wrap(self.rerank), methods=["POST"]) for p in RERANK_PATHS],
             Route("/tokenize", self._wrap(self.tokenize), methods=["POST"]),
             Route("/health", self._wrap(self.health), methods=["GET"]),
+            Route("/api/embed", self._wrap(self.ollama_embed), methods=["POST"]),
+            Route("/api/embeddings", self._wrap(self.ollama_embeddings), methods=["POST"]),
+            Route("/", self._wrap(self.ollama_root), methods=["GET", "HEAD"]),
+            Route("/api/version", self._wrap(self.ollama_version), methods=["GET", "HEAD"]),
+            Route("/api/tags", self._wrap(self.ollama_tags), methods=["GET", "HEAD"]),
+            Route("/api/ps", self._wrap(self.ollama_tags), methods=["GET"]),
+            Route("/api/show", self._wrap(self.ollama_show), methods=["POST"]),
             *[Route(p, self._wrap(self.refuse_generation), methods=["POST"]) for p in REFUSED_PATHS],
         ]
 
@@ -195,17 +308,8 @@ class EmbeddingApp(StatusCounts):
         fmt = d.get("encoding_format", "float")
         if fmt not in ("float", "base64"):
             raise bad_request(f"'encoding_format' must be 'float' or 'base64', not {fmt!r}"[:200], "encoding_format")
-        dims = d.get("dimensions")
-        n_embd = self.encoder.n_embd
-        if dims is not None and (not _is_int(dims) or dims != n_embd):
-            raise bad_request(f"'dimensions': this model gives vectors of {n_embd} only (it does not say its vectors "
-                              "may be cut)", "dimensions")
-        if self.encoder.pooling == RANK:
-            raise bad_request(f"{self.config.model_id} is a reranker (rank pooling): it scores query/document pairs "
-                              "and gives no vectors; ask POST /v1/rerank", code="unsupported_endpoint")
-        if self.encoder.pooling == "none":
-            raise bad_request(f"{self.config.model_id} has no pooling (pooling_type none): one vector per token, "
-                              "not per input; serve it with --pooling mean, cls or last", "input")
+        self._no_pooling()
+        dims = parse_dimensions(d.get("dimensions"), self.encoder.n_embd)
         inputs = parse_embedding_input(d)
         enc = self.encoder
         try:
@@ -218,7 +322,7 @@ class EmbeddingApp(StatusCounts):
             with self._lock:
                 return enc.embed_ids(seqs, enc.pooling, 2)
 
-        vecs = await run_in_threadpool(run)
+        vecs = [cut(v, dims) for v in await run_in_threadpool(run)]
         n_tokens = sum(len(s) for s in seqs)
 
         def encoded(v: np.ndarray) -> Any:
@@ -267,3 +371,81 @@ class EmbeddingApp(StatusCounts):
                                           **({"document": {"text": r.documents[i]}} if r.return_text else {})}
                                          for i in order],
                              "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
+
+    # ------------------------------------------------------------------ Ollama's endpoints
+    def _no_pooling(self) -> None:
+        """Refuse a vector request where the model gives no vector per input (a reranker; pooling none)."""
+        if self.encoder.pooling == RANK:
+            raise bad_request(f"{self.config.model_id} is a reranker (rank pooling): it scores query/document pairs "
+                              "and gives no vectors; ask POST /v1/rerank", code="unsupported_endpoint")
+        if self.encoder.pooling == "none":
+            raise bad_request(f"{self.config.model_id} has no pooling (pooling_type none): one vector per token, "
+                              "not per input; serve it with --pooling mean, cls or last", "input")
+
+    async def _ollama_run(self, request: Request, legacy: bool) -> tuple[OllamaEmbed, list[np.ndarray], int, int]:
+        """An Ollama body's vectors (unit vectors cut to ``dimensions``; legacy: not normalised), its token count
+        and when the request was checked (ns); every text tokenized, cut or refused before any is evaluated."""
+        enc = self.encoder
+        r = parse_ollama_embed(await self._json(request), self.config.model_id, enc.n_embd, enc.n_ctx, legacy)
+        self._check_model(r.model)
+        self._no_pooling()
+        t_checked = time.perf_counter_ns()
+        if not r.texts:
+            return r, [], 0, t_checked
+
+        def run() -> tuple[list[np.ndarray], int]:
+            seqs = []
+            for i, t in enumerate(r.texts):
+                ids = enc.tokenize(t)
+                if len(ids) > r.n_ctx:
+                    if not r.truncate:
+                        raise bad_request("input exceeds maximum context length", "input")
+                    ids = truncated(ids, enc.tokenizer.encode(t, add_special=False, parse_special=True), r.n_ctx)
+                try:
+                    seqs.append(enc.check_ids(ids, f"input[{i}]"))
+                except EmbedError as exc:
+                    raise bad_request(str(exc), "input") from None
+            with self._lock:
+                vecs = enc.embed_ids(seqs, enc.pooling, -1 if legacy else 2)
+            return [cut(v, r.dims) for v in vecs], sum(len(s) for s in seqs)
+
+        vecs, n = await run_in_threadpool(run)
+        return r, vecs, n, t_checked
+
+    async def ollama_embed(self, request: Request) -> Response:
+        """``POST /api/embed``: Ollama's answer, durations in nanoseconds."""
+        t0 = time.perf_counter_ns()
+        r, vecs, n, t_load = await self._ollama_run(request, legacy=False)  # load: the model is loaded already
+        out: dict[str, Any] = {"model": r.model, "embeddings": [[float(x) for x in v] for v in vecs]}
+        if vecs:  # Ollama leaves out the zero counts (omitempty), as for an empty input
+            out |= {"total_duration": time.perf_counter_ns() - t0, "load_duration": t_load - t0,
+                    "prompt_eval_count": n}
+        return JSONResponse(out)
+
+    async def ollama_embeddings(self, request: Request) -> Response:
+        """``POST /api/embeddings`` (Ollama's legacy endpoint): ``{"embedding": [...]}``, the pooled vector not
+        normalised (as Ollama's); an empty prompt gives an empty vector."""
+        _r, vecs, _n, _t = await self._ollama_run(request, legacy=True)
+        return JSONResponse({"embedding": [float(x) for x in vecs[0]] if vecs else []})
+
+    async def ollama_root(self, request: Request) -> Response:
+        return PlainTextResponse("Ollama is running")
+
+    async def ollama_version(self, request: Request) -> Response:
+        return JSONResponse({"version": OLLAMA_VERSION})
+
+    async def ollama_tags(self, request: Request) -> Response:
+        """``/api/tags`` and ``/api/ps``: the one model served."""
+        return JSONResponse({"models": [self.ollama_entry]})
+
+    async def ollama_show(self, request: Request) -> Response:
+        """``/api/show``: the model's details; its capability is ``embedding`` (it does not complete text)."""
+        self._check_model(_ollama_model(await self._json(request), self.config.model_id))
+        c, e = self.encoder.config, self.ollama_entry
+        info = {"general.architecture": c.arch,
+                "general.parameter_count": sum(t.n_elements for t in self.encoder.file.tensors),
+                f"{c.arch}.context_length": c.n_ctx_train, f"{c.arch}.embedding_length": c.n_embd,
+                f"{c.arch}.pooling_type": self.encoder.pooling, "tokenizer.vocab_size": c.n_vocab}
+        return JSONResponse({"modelfile": f"FROM {self.config.model_id}\n", "parameters": "", "template": "",
+                             "details": e["details"], "model_info": info, "capabilities": ["embedding"],
+                             "modified_at": e["modified_at"]})

@@ -69,6 +69,7 @@ class ChatView(QWidget):
         self.doc: Document | None = None
         self.ctl = ChatController()  # messages, conversation id, the model it belongs to
         self.error = ""
+        self.is_embedding = False  # the open file is an embedding model (it does not chat)
         self.bundle: TokBundle | None = None
         self._bundle_error = ""
         self._bundle_pending = False
@@ -298,6 +299,19 @@ class ChatView(QWidget):
         self.conversations.refresh()
         if self.isVisible():
             self._ensure_bundle()
+        self._say_embedding_model()
+
+    def _say_embedding_model(self) -> None:
+        """An embedding model does not chat: said as soon as its file is open (as loading it would say)."""
+        from quantscope.core.summary import embedding_summary
+
+        emb = embedding_summary(self.doc.gguf) if self.doc is not None and self.doc.gguf is not None else None
+        self.is_embedding = emb is not None
+        self.reply.update_empty()
+        if emb is not None:
+            self.show_error("This is an embedding model: it does not chat or generate text.",
+                            f"It turns a text into one vector ({emb['pooling']} pooling): serve it from the Serve "
+                            "tab (/v1/embeddings, Ollama's /api/embed) or run quantscope embed FILE -p TEXT.")
 
     def changeEvent(self, event: QEvent) -> None:
         super().changeEvent(event)

@@ -386,6 +386,8 @@ class ReplyController:
         elif self.host.state in ("ready", "generating"):
             text = ("Type a prompt below: the model continues the text." if self.settings.mode == "completion"
                     else "Type a message below (Ctrl+Enter sends).")
+        elif getattr(self.owner, "is_embedding", False):
+            text = ""  # the banner above says it does not chat
         else:
             text = "Load the model (above) to start; the memory it needs is shown before it loads."
         self.stream.set_empty(text)

@@ -26,7 +26,7 @@ from quantscope.core.fsutil import printable
 from quantscope.core.gguf.checks import integrity_checks, metadata_int
 from quantscope.core.model.memory import KV_TYPES, memory_plan, weights_by_layer
 from quantscope.core.quant.scales import ScaleScan, scan_scales
-from quantscope.core.summary import human_bytes
+from quantscope.core.summary import embedding_summary, human_bytes
 
 from ..document import Document
 from ..exports import Exporter
@@ -280,7 +280,9 @@ class OverviewView(QWidget):
                                 + " ".join(problems))
             self.banner.show()
         ft = s["file_type"]
-        self.cards["Architecture"].set(s["architecture"] or "(none)", str(s["name"] or ""))
+        emb = embedding_summary(doc.gguf)
+        self.cards["Architecture"].set(s["architecture"] or "(none)", " · ".join(
+            [str(s["name"])] * bool(s["name"]) + ([f"embedding model, {emb['pooling']} pooling"] if emb else [])))
         self.cards["File type"].set(ft["name"] or "(not set)",
                                     f"general.file_type = {ft['value']}" if ft["value"] is not None else "")
         bpw = s["bits_per_weight"]
@@ -298,7 +300,12 @@ class OverviewView(QWidget):
             for sh in shards))
         self.cards["Tensors"].set(f"{s['tensor_count']:,}", f"{s['kv_count']} metadata keys · GGUF v{s['version']}")
         self.cards["Opened in"].set(f"{doc.open_ms:.0f} ms", "header, metadata and tensor index")
-        self.hyper_model.set_rows([(k, _short(v)) for k, v in s["hyperparameters"].items()])
+        rows = [(k, _short(v)) for k, v in s["hyperparameters"].items()]
+        if emb:  # an embedding model: how its vectors come out (docs/embeddings.md)
+            src = f"{emb['pooling_key']} = {emb['pooling_value']}" if emb["pooling_key"] else "no pooling_type key"
+            rows = [("pooling", f"{emb['pooling']} ({src})"), ("head", emb["head"])] + [
+                r for r in rows if r[0] != "pooling_type"]
+        self.hyper_model.set_rows(rows)
         fit_rows(self.hyper_table, 16)
         self._types_chart(s["types"])
         self._layers_chart()

@@ -12,6 +12,11 @@ slot decodes on the server's thread. Sharing would mean pausing the chat and thr
 request. The weights are memory-mapped from the file, so what a second engine adds is mostly the repacked
 weights and each slot's KV cache; the card says how much the slots take. Loading, binding, starting and stopping
 all run off the GUI thread; the window waits for a stop only when it closes.
+
+An embedding model (docs/embeddings.md) is served by the embedding server instead (its encoder, one request at a
+time over the model's own positions: no slots or context to choose): the card lists its endpoints (OpenAI's
+``/v1/embeddings``, Ollama's ``/api/embed``), the example asks for embeddings, and the status line counts the
+requests answered (the Requests panel lists text generation requests only).
 """
 
 from __future__ import annotations
@@ -79,6 +84,27 @@ def examples(url: str, model: str, key: str) -> dict[str, str]:
           "    messages=[{\"role\": \"user\", \"content\": \"Hello!\"}],\n"
           ")\n"
           "print(reply.choices[0].message.content)")
+    return {"curl": curl, "python": py}
+
+
+#: what an embedding server answers (core/server/embeddings.py), as the card lists it
+EMBEDDING_ENDPOINTS = ("POST /v1/embeddings (OpenAI) · POST /api/embed, /api/embeddings (Ollama) · "
+                       "GET /v1/models · POST /tokenize · GET /health")
+
+
+def embedding_examples(url: str, model: str, key: str) -> dict[str, str]:
+    """The copyable examples for an embedding server: curl and the openai Python client asking for vectors."""
+    auth = f' \\\n  -H "Authorization: Bearer {key}"' if key else ""
+    body = json.dumps({"model": model, "input": ["Hello!", "How are you?"]})
+    curl = (f"curl {url}/v1/embeddings \\\n  -H \"Content-Type: application/json\"{auth} \\\n"
+            f"  -d '{body}'")
+    py = ("from openai import OpenAI\n\n"
+          f"client = OpenAI(base_url=\"{url}/v1\", api_key=\"{key or 'none'}\")\n"
+          "reply = client.embeddings.create(\n"
+          f"    model=\"{model}\",\n"
+          "    input=[\"Hello!\", \"How are you?\"],\n"
+          ")\n"
+          "print([len(d.embedding) for d in reply.data])")
     return {"curl": curl, "python": py}
 
 
@@ -185,6 +211,8 @@ class ServeView(QWidget):
         self.port_in_use: int | None = None  # the port a start found in use (followed until it is free)
         self.server: Any = None
         self.engine: Any = None
+        self.embedding: dict[str, Any] | None = None  # the open file's embedding facts (None: text generation)
+        self._answered = -1  # the embedding server's answered requests, as last shown
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._result: tuple[str, Any, Any, str] | None = None  # what the start thread left: state, server, engine
@@ -216,6 +244,14 @@ class ServeView(QWidget):
         split.setStretchFactor(1, 2)
         lay.addWidget(split, 1)
         self.splitter = split
+        self.embed_note = QLabel("An embedding server answers one request at a time with vectors: its answers are "
+                                 "counted in the status line above (the Requests panel lists text generation "
+                                 "requests, with their tokens).")
+        self.embed_note.setObjectName("muted")
+        self.embed_note.setWordWrap(True)
+        self.embed_note.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        self.embed_note.hide()
+        lay.addWidget(self.embed_note, 1)
 
     def _build_card(self) -> QFrame:
         """The served model, the settings and Start, the server's state, an example client request."""
@@ -237,6 +273,12 @@ class ServeView(QWidget):
         self.status_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         g.addWidget(self.status_label, 2, 0, 1, 2)
         self._build_example(g)
+        self.endpoints_label = ElidedLabel("Endpoints: " + EMBEDDING_ENDPOINTS)
+        self.endpoints_label.setAccessibleName("Endpoints")
+        self.endpoints_label.setToolTip("Endpoints: " + EMBEDDING_ENDPOINTS.replace(" · ", "\n"))
+        self.endpoints_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.endpoints_label.hide()
+        g.addWidget(self.endpoints_label, 5, 0, 1, 2)
         return card
 
     def _build_settings_row(self) -> QHBoxLayout:
@@ -261,10 +303,13 @@ class ServeView(QWidget):
         self.start_btn.clicked.connect(self.toggle)
         row = QHBoxLayout()
         row.setSpacing(8)
+        self._generation_only: list[QWidget] = []  # hidden for an embedding model
         for text, w in (("Port", self.port_spin), ("API key", self.key_edit), ("Slots", self.slots_spin),
                         ("Context", self.ctx_spin)):
             lab = QLabel(text)
             lab.setBuddy(w)
+            if w in (self.slots_spin, self.ctx_spin):
+                self._generation_only += [lab, w]
             row.addWidget(lab)
             row.addWidget(w, 2 if w is self.key_edit else 0)
         self.key_edit.setMaximumWidth(360)
@@ -384,6 +429,17 @@ class ServeView(QWidget):
         if self.state in ("loading", "serving"):
             self.stop()
         self.doc = doc if doc is not None and doc.gguf is not None else None
+        self.embedding = None
+        if self.doc is not None:
+            from quantscope.core.summary import embedding_summary
+
+            self.embedding = embedding_summary(self.doc.gguf)  # type: ignore[arg-type]
+        emb = self.embedding is not None
+        for w in self._generation_only:
+            w.setVisible(not emb)
+        self.endpoints_label.setVisible(emb)
+        self.splitter.setVisible(not emb)
+        self.embed_note.setVisible(emb)
         if self.doc is not None:
             self.model_label.setText(self.doc.path.name)
             n_train = int(getattr(self.doc.gguf, "context_length", 0) or 0)  # type: ignore[union-attr]
@@ -424,7 +480,7 @@ class ServeView(QWidget):
         self._result = None
         self._progress = "loading the model…"
         args = (self.doc.path, self.port_spin.value(), key or None, self.slots_spin.value(), self.ctx_spin.value(),
-                self._cancel)
+                self._cancel, self.embedding is not None)
         self._thread = threading.Thread(target=self._start_thread, args=args, name="quantscope-serve-start",
                                         daemon=True)
         self.state = "loading"
@@ -435,22 +491,26 @@ class ServeView(QWidget):
         return True
 
     def _start_thread(self, path: Any, port: int, key: str | None, slots: int, ctx: int,
-                      cancel: threading.Event) -> None:
-        """Off the GUI thread: the engine, the slots, the socket, then serving. Leaves ``_result``."""
+                      cancel: threading.Event, embedding: bool = False) -> None:
+        """Off the GUI thread: the engine (an embedding model: the encoder), the slots, the socket, then serving.
+        Leaves ``_result``."""
+        from quantscope.core.engine.encoder import Encoder
         from quantscope.core.engine.generate import Engine, LoadCancelled, load_failure
-        from quantscope.core.server import Server, model_id_of
+        from quantscope.core.server import EmbeddingServer, Server, model_id_of
 
         eng = srv = None
         try:
             def progress(stage: str, f: float) -> None:
                 self._progress = f"loading the model: {stage} {f * 100:.0f}%"
 
-            eng = Engine(path, n_ctx=ctx, threads=0, backend="cpu", progress=progress, cancel=cancel)
+            eng = Encoder(path) if embedding else Engine(path, n_ctx=ctx, threads=0, backend="cpu",
+                                                          progress=progress, cancel=cancel)
             if cancel.is_set():
                 raise LoadCancelled("cancelled")
             self._progress = "starting the server…"
             try:
-                srv = Server(eng, model_id_of(path), port=port, parallel=slots, api_key=key, trace=True)
+                srv = (EmbeddingServer(eng, model_id_of(path), port=port, api_key=key) if embedding else
+                       Server(eng, model_id_of(path), port=port, parallel=slots, api_key=key, trace=True))
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
                     self.port_in_use = port  # (before the result: the GUI thread follows the port from then on)
@@ -538,7 +598,7 @@ class ServeView(QWidget):
                     self.stop()
                 elif state == "serving":
                     self.server, self.engine, self.state = srv, eng, "serving"
-                    self._version = -1
+                    self._version = self._answered = -1
                     self.model.refresh([])
                     self._show_example()
                 else:
@@ -558,6 +618,11 @@ class ServeView(QWidget):
             if log.version != self._version:
                 self._version = log.version
                 self.refresh_requests()
+        if srv is not None and self.embedding is not None:
+            n = sum(srv.app.http_requests.values())
+            if n != self._answered:
+                self._answered = n
+                self._show_status(self._serving_text())
         if self.state == "idle" and self.port_in_use is not None:
             self._check_port()
         if self.state == "idle" and not self._stoppers and self._thread is None and self.port_in_use is None:
@@ -591,7 +656,9 @@ class ServeView(QWidget):
         self.count_label.setText(f"{len(recs):,} kept (the last {srv.app.log.limit}) · {live} live")
         if self._shown is not None and not self._shown_done:
             self._fill_detail(self._shown)
-        sched = srv.scheduler
+        sched = getattr(srv, "scheduler", None)
+        if sched is None:  # the embedding server: its answers are counted in poll
+            return
         self.status_label.setText(self._serving_text() + f" · {sched.busy_slots}/{len(sched.slots)} slots busy"
                                   + (f", {sched.queued} queued" if sched.queued else ""))
 
@@ -670,6 +737,13 @@ class ServeView(QWidget):
         srv = self.server
         if srv is None:
             return ""
+        if self.embedding is not None:
+            e = self.embedding
+            answers = sum(srv.app.http_requests.values())
+            key = " · API key required" if srv.app.config.api_key else ""
+            return (f"Serving embeddings at {srv.url}/v1 (this machine only) · {e['pooling']} pooling, "
+                    f"{e['width']:,} values a vector{key} · {answers:,} request{'s' if answers != 1 else ''} "
+                    "answered")
         n = len(srv.scheduler.slots)
         kv = sum(int(getattr(s.session, "kv_bytes", 0)) for s in srv.scheduler.slots)
         key = " · API key required" if srv.app.config.api_key else ""
@@ -689,7 +763,8 @@ class ServeView(QWidget):
     def _show_example(self) -> None:
         which = str(self.example_combo.currentData() or "curl")
         key = self.server.app.config.api_key if self.server is not None else self.key_edit.text().strip()
-        self.example.setPlainText(examples(self.url, self.model_id, key or "")[which])
+        make = embedding_examples if self.embedding is not None else examples
+        self.example.setPlainText(make(self.url, self.model_id, key or "")[which])
 
     def copy_example(self) -> None:
         QGuiApplication.clipboard().setText(self.example.toPlainText())
@@ -711,8 +786,10 @@ class ServeView(QWidget):
         elif self.message:
             self._show_status(self.message, self.message_error)
         else:
-            self._show_status("Not serving. Start to make the model reachable over the OpenAI API on this machine "
-                              "(the chat keeps its own copy of the model)." if self.doc is not None else "")
+            self._show_status(("Not serving. Start to serve this embedding model's vectors over the OpenAI and "
+                               "Ollama APIs on this machine." if self.embedding is not None else
+                               "Not serving. Start to make the model reachable over the OpenAI API on this machine "
+                               "(the chat keeps its own copy of the model).") if self.doc is not None else "")
         self._show_example()
         self._update_detail_buttons()
         self.stateChanged.emit(s)

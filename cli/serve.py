@@ -188,6 +188,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             slot_save_path=args.slot_save_path)
         except NotEnoughMemory as exc:
             raise CLIError(f"{exc}; lower --parallel or -c") from None
+        except OSError as exc:  # (the one folder Server makes)
+            if args.slot_save_path is None:
+                raise
+            raise CLIError(f"--slot-save-path {args.slot_save_path}: cannot make this folder: "
+                           f"{exc.strerror or exc}") from None
         except MemoryError:
             raise CLIError(f"not enough memory for {args.parallel} slots of {eng.n_ctx} tokens; lower --parallel "
                            "or -c") from None

@@ -21,7 +21,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -233,6 +235,8 @@ class Scheduler:
         self._turn = 0  # the slot whose prompt is read first in the next step (the reading slots take turns)
         self.metrics = Metrics()
         self._queue: deque[Job] = deque()
+        #: work on an idle slot's cache (save, restore, erase) run on this thread between steps (:meth:`slot_task`)
+        self._tasks: list[tuple[int, Callable[[Slot], Any], Future[Any]]] = []
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="quantscope-serve", daemon=True)
@@ -278,6 +282,20 @@ class Scheduler:
             self._queue.append(job)
             self._cond.notify_all()
 
+    def slot_task(self, index: int, fn: Callable[[Slot], Any]) -> Future[Any]:
+        """Run ``fn(slot)`` on the scheduler's thread between steps once slot ``index`` is idle (before any queued
+        request joins it); its result or exception comes in the future returned (:class:`ServerStopped` when the
+        scheduler stops first). ``IndexError`` for a slot that does not exist."""
+        if not 0 <= index < len(self.slots):
+            raise IndexError(f"no slot {index}")
+        fut: Future[Any] = Future()
+        with self._cond:
+            if self._stopping:
+                raise ServerStopped("the server is shutting down")
+            self._tasks.append((index, fn, fut))
+            self._cond.notify_all()
+        return fut
+
     def wake(self) -> None:
         """Have the thread look at the jobs again (a cancel of a queued job is seen at once)."""
         with self._cond:
@@ -296,11 +314,25 @@ class Scheduler:
         try:
             while True:
                 with self._cond:
-                    while not self._stopping and not self._queue and all(s.run is None for s in self.slots):
+                    while (not self._stopping and not self._queue and not self._tasks
+                           and all(s.run is None for s in self.slots)):
                         self._cond.wait()
                     if self._stopping:
                         break
+                    tasks = [t for t in self._tasks if self.slots[t[0]].run is None]
+                    self._tasks = [t for t in self._tasks if self.slots[t[0]].run is not None]
+                for index, fn, fut in tasks:  # (without the lock: a file's reading does not hold up submit)
+                    if fut.set_running_or_notify_cancel():
+                        try:
+                            fut.set_result(fn(self.slots[index]))
+                        except Exception as exc:
+                            fut.set_exception(exc)
+                with self._cond:
+                    if self._stopping:
+                        break
                     self._admit()
+                if tasks and not any(s.run is not None for s in self.slots):
+                    continue  # (only slot tasks were run: nothing to step)
                 for hook in self.before_step:
                     hook()
                 self._step()
@@ -312,6 +344,10 @@ class Scheduler:
                 self._stopping = True
                 jobs = list(self._queue)
                 self._queue.clear()
+                tasks, self._tasks = self._tasks, []
+            for _i, _fn, fut in tasks:
+                if fut.set_running_or_notify_cancel():
+                    fut.set_exception(ServerStopped("the server stopped"))
             why = f"server error: {self.failure}" if self.failure is not None else ""
             for job in jobs:
                 self._drop(job, "error" if why else "cancelled", why)

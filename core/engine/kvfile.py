@@ -19,6 +19,7 @@ import json
 import os
 import struct
 from dataclasses import dataclass
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -139,6 +140,59 @@ def _int(v: object, what: str, lo: int = 0, hi: int = 1 << 62) -> int:
     return v
 
 
+def _read_head(fh: BinaryIO, model: ModelKey) -> tuple[dict[str, Any], int, int]:
+    """The checked header of an open cache file (magic, version, its JSON, the model, the counts, the tokens'
+    place), its number of cached positions and the offset where its data may begin."""
+    size = os.fstat(fh.fileno()).st_size
+    head = fh.read(_PREFIX.size)
+    if len(head) < _PREFIX.size:
+        raise KVFileError("not a session cache file (too short)")
+    magic, version, hlen = _PREFIX.unpack(head)
+    if magic != MAGIC:
+        raise KVFileError("not a session cache file (wrong magic bytes)")
+    if version != VERSION:
+        raise KVFileError(f"session cache file version {version}; this version reads {VERSION}")
+    if hlen > MAX_HEADER or _PREFIX.size + hlen > size:
+        raise KVFileError(f"header of {hlen} bytes in a file of {size}")
+    try:
+        h = json.loads(fh.read(hlen).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise KVFileError("the header is not JSON") from None
+    if not isinstance(h, dict) or not isinstance(h.get("model"), dict) or not isinstance(h.get("arrays"), list) \
+            or not isinstance(h.get("tokens"), dict):
+        raise KVFileError("the header lacks model, tokens or arrays")
+    m = h["model"]
+    if m.get("identity") != model.identity or m.get("size") != model.size:
+        raise KVFileError("the cache was saved with another model file")
+    _int(h.get("n_ctx"), "n_ctx", 1)
+    n = _int(h.get("n_past"), "n_past")
+    if _int(h["tokens"].get("count"), "the token count") != n:
+        raise KVFileError(f"{h['tokens'].get('count')} tokens for {n} cached positions")
+    end = _PREFIX.size + hlen
+    tok_off = _int(h["tokens"].get("offset"), "the tokens' offset", end, size)
+    if tok_off + 4 * n > size:
+        raise KVFileError(f"the file ends before its tokens ({size} bytes)")
+    return h, n, end
+
+
+def _read_tokens(fh: BinaryIO, h: dict[str, Any], n: int, n_vocab: int) -> list[int]:
+    fh.seek(h["tokens"]["offset"])
+    tokens = np.frombuffer(fh.read(4 * n), dtype="<i4")
+    if tokens.size != n:
+        raise KVFileError("the file ends inside its tokens")
+    if n and (tokens.min() < 0 or tokens.max() >= n_vocab):
+        raise KVFileError(f"token ids outside 0..{n_vocab - 1}")
+    return [int(t) for t in tokens]
+
+
+def read_tokens(path: str | os.PathLike[str], model: ModelKey, n_vocab: int) -> list[int]:
+    """The tokens a cache file of the model file ``model`` holds (its header checked, its arrays not read):
+    what a prompt cache compares prompts with before reading a file whole."""
+    with os.fdopen(open_input(path), "rb") as fh:
+        h, n, _end = _read_head(fh, model)
+        return _read_tokens(fh, h, n, n_vocab)
+
+
 def read_session_file(path: str | os.PathLike[str], session: Session, model: ModelKey) -> SavedSession:
     """Read and check the cache file ``path`` for ``session`` (of the model file ``model``): its tokens and
     arrays, each matching the session's own in name, dtype and shape; nothing of the session is touched.
@@ -147,39 +201,12 @@ def read_session_file(path: str | os.PathLike[str], session: Session, model: Mod
     want = session_arrays(session)
     with os.fdopen(open_input(path), "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
-        head = fh.read(_PREFIX.size)
-        if len(head) < _PREFIX.size:
-            raise KVFileError("not a session cache file (too short)")
-        magic, version, hlen = _PREFIX.unpack(head)
-        if magic != MAGIC:
-            raise KVFileError("not a session cache file (wrong magic bytes)")
-        if version != VERSION:
-            raise KVFileError(f"session cache file version {version}; this version reads {VERSION}")
-        if hlen > MAX_HEADER or _PREFIX.size + hlen > size:
-            raise KVFileError(f"header of {hlen} bytes in a file of {size}")
-        try:
-            h = json.loads(fh.read(hlen).decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            raise KVFileError("the header is not JSON") from None
-        if not isinstance(h, dict) or not isinstance(h.get("model"), dict) or not isinstance(h.get("arrays"), list) \
-                or not isinstance(h.get("tokens"), dict):
-            raise KVFileError("the header lacks model, tokens or arrays")
-        m = h["model"]
-        if m.get("identity") != model.identity or m.get("size") != model.size:
-            raise KVFileError("the cache was saved with another model file")
-        n_ctx = _int(h.get("n_ctx"), "n_ctx", 1)
-        n = _int(h.get("n_past"), "n_past")
+        h, n, end = _read_head(fh, model)
         if n > session.n_ctx:
             raise KVFileError(f"{n} cached positions do not fit this context of {session.n_ctx}")
-        if _int(h["tokens"].get("count"), "the token count") != n:
-            raise KVFileError(f"{h['tokens'].get('count')} tokens for {n} cached positions")
         if len(h["arrays"]) != len(want):
             raise KVFileError(f"{len(h['arrays'])} arrays; this model's cache has {len(want)}")
         plan: list[tuple[str, np.dtype, tuple[int, ...], int]] = []
-        end = _PREFIX.size + hlen
-        tok_off = _int(h["tokens"].get("offset"), "the tokens' offset", end, size)
-        if tok_off + 4 * n > size:
-            raise KVFileError(f"the file ends before its tokens ({size} bytes)")
         for e in h["arrays"]:
             if not isinstance(e, dict) or not isinstance(e.get("name"), str) or e["name"] not in want:
                 raise KVFileError(f"an array this model's cache has not: {str(e)[:60]}")
@@ -199,11 +226,7 @@ def read_session_file(path: str | os.PathLike[str], session: Session, model: Mod
             plan.append((name, mine.dtype, expect_shape, off))
         if len({e[0] for e in plan}) != len(plan):
             raise KVFileError("an array is listed twice")
-        fh.seek(tok_off)
-        tokens = np.frombuffer(fh.read(4 * n), dtype="<i4")
-        n_vocab = session.model.config.n_vocab
-        if n and (tokens.min() < 0 or tokens.max() >= n_vocab):
-            raise KVFileError(f"token ids outside 0..{n_vocab - 1}")
+        tokens = _read_tokens(fh, h, n, session.model.config.n_vocab)
         arrays: dict[str, np.ndarray] = {}
         for name, dt, shape, off in plan:
             fh.seek(off)
@@ -215,7 +238,7 @@ def read_session_file(path: str | os.PathLike[str], session: Session, model: Mod
             if dt.kind == "f" and not np.isfinite(a).all():
                 raise KVFileError(f"{name} holds values that are not finite")
             arrays[name] = a
-    return SavedSession([int(t) for t in tokens], arrays, n_ctx)
+    return SavedSession(tokens, arrays, int(h["n_ctx"]))
 
 
 def restore_session(session: Session, saved: SavedSession) -> None:

@@ -195,9 +195,10 @@ class StatusCounts:
 
 
 class ServerApp(StatusCounts):
-    """The endpoints over one engine and its scheduler (see the module's docstring)."""
+    """The endpoints over one engine and its scheduler (see the module's docstring); ``slot_routes``: with
+    ``/slots/{id}`` (:mod:`.slots`; not in a pool of models, whose requests are routed by the model they name)."""
 
-    def __init__(self, engine: Engine, scheduler: Scheduler, config: ServerConfig) -> None:
+    def __init__(self, engine: Engine, scheduler: Scheduler, config: ServerConfig, slot_routes: bool = True) -> None:
         self.engine = engine
         self.scheduler = scheduler
         self.config = config
@@ -231,8 +232,9 @@ class ServerApp(StatusCounts):
             Route("/metrics", self._wrap(self.metrics), methods=["GET"]),
             *OllamaApi(self).routes(),
             *AnthropicApi(self).routes(),
-            *SlotActions(scheduler, engine.file.paths[0], config.slot_save_path, self._json).routes(self._wrap),
         ]
+        if slot_routes:
+            routes += SlotActions(scheduler, engine.file.paths[0], config.slot_save_path, self._json).routes(self._wrap)
 
         async def http_error(request: Request, exc: Exception) -> Response:
             status = exc.status_code if isinstance(exc, HTTPException) else 500

@@ -355,7 +355,7 @@ class ModelPool:
             eng = Engine(offer.path, n_ctx=o.n_ctx, threads=o.threads, backend=o.backend, repack=o.repack,
                          gpu_layers=o.gpu_layers)
             sched = Scheduler(eng, o.parallel, o.max_queue, prefill_chunk=o.prefill_chunk)
-            app = ServerApp(eng, sched, replace(self.config, model_id=offer.id))
+            app = ServerApp(eng, sched, replace(self.config, model_id=offer.id), slot_routes=False)
         except Exception as exc:  # a bad file, an unsupported model, no memory, the GPU: said, the rest serve on
             if eng is not None:
                 eng.close()

@@ -166,10 +166,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         try:
             if args.pooling:
                 raise CLIError("--pooling is for serving one embedding model, not with --models or --library")
+            if args.slot_save_path is not None:
+                raise CLIError("--slot-save-path is for serving one model, not with --models or --library")
             return _serve_pool(args, key, allowed_hosts, cors_origins, loopback, sock)
         finally:
             sock.close()
     if _is_embedding(args.file):
+        if args.slot_save_path is not None:
+            sock.close()
+            raise CLIError("--slot-save-path is for text generation models; this is an embedding model")
         return _serve_embeddings(args, sock, key, loopback, allowed_hosts, cors_origins)
     if args.pooling:
         sock.close()

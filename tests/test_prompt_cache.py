@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from quantscope.core.chat import SamplerParams
@@ -87,3 +88,31 @@ def test_nothing_to_gain_other_models_damaged_files_and_the_bound(engine: Engine
     reply(engine, OTHER)
     newest = small.store(engine)
     assert [p.name for p in folder.iterdir()] == [newest.name]  # type: ignore[union-attr]
+
+
+def test_a_recurrent_models_cache_is_restored_only_where_it_was_saved(tmp_path: Path) -> None:
+    """qwen35's delta-net state cannot be rewound: a file is used when the prompt continues all of it, and is not
+    when the prompt leaves it earlier (the prompt is then evaluated as usual, with the same reply)."""
+    from .arch_fixtures import vocabulary, write_fixture
+
+    path = write_fixture("qwen35", tmp_path / "qwen35.gguf", vocab=vocabulary())
+    eng = Engine(path, n_ctx=256, threads=1, backend="cpu")
+    try:
+        cache = PromptCache(path, tmp_path / "pc")
+        prompt = "the cat sat on the mat while the dog slept by the door and the bird sang in the tree"
+        greedy = SamplerParams(temperature=0.0, max_tokens=4)
+        list(eng.generate(prompt, greedy))
+        held = list(eng.cached)
+        assert cache.store(eng) is not None and len(held) > MIN_GAIN + 4
+        eng.session.reset()
+        eng.set_cached([])
+        diverging = [*held[: len(held) - 2], (held[-2] + 1) % eng.tokenizer.n_vocab, *held[-1:], 7]
+        assert cache.restore(eng, diverging) is None and eng.session.n_past == 0
+        extending = [*held, 11, 12]
+        got = cache.restore(eng, extending)
+        assert got is not None and got.tokens == len(held) == eng.session.n_past and eng.cached == held
+        fresh = eng.new_session(256)
+        want = fresh.forward(extending)
+        np.testing.assert_allclose(eng.session.forward([11, 12]), want, rtol=1e-4, atol=1e-4 * float(abs(want).max()))
+    finally:
+        eng.close()

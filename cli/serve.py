@@ -10,6 +10,10 @@ from typing import Any
 
 from .common import MAX_CTX, MAX_THREADS, CLIError, add_gpu_layers, check_file, float_arg, int_arg, read_text_file
 
+#: the scheduler's DEFAULT_PREFILL_CHUNK and MAX_PREFILL_CHUNK (core/server/scheduler.py; not imported here: the
+#: parser is built for every command, the engine loaded for this one only; tests/test_server_chunks.py checks both)
+DEFAULT_PREFILL_CHUNK, MAX_PREFILL_CHUNK = 256, 1 << 20
+
 #: seconds a model of several stays loaded unused (Ollama's default keep-alive: five minutes)
 DEFAULT_IDLE = 300.0
 
@@ -72,7 +76,8 @@ def _pool(args: argparse.Namespace, key: str | None, allowed_hosts: tuple[str, .
     from quantscope.core.server.resources import available_memory, size_text
 
     options = LoadOptions(n_ctx=args.ctx, parallel=args.parallel, max_queue=args.max_queue, threads=args.threads,
-                          backend=args.backend, gpu_layers=args.gpu_layers, repack=not args.no_repack)
+                          backend=args.backend, gpu_layers=args.gpu_layers, repack=not args.no_repack,
+                          prefill_chunk=args.prefill_chunk)
     try:
         named = [(model_id_of(p), p) for p in gguf_files(args.models or [])]
         offers, broken = find_offers(named, options)
@@ -161,10 +166,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         try:
             if args.pooling:
                 raise CLIError("--pooling is for serving one embedding model, not with --models or --library")
+            if args.slot_save_path is not None:
+                raise CLIError("--slot-save-path is for serving one model, not with --models or --library")
             return _serve_pool(args, key, allowed_hosts, cors_origins, loopback, sock)
         finally:
             sock.close()
     if _is_embedding(args.file):
+        if args.slot_save_path is not None:
+            sock.close()
+            raise CLIError("--slot-save-path is for text generation models; this is an embedding model")
         return _serve_embeddings(args, sock, key, loopback, allowed_hosts, cors_origins)
     if args.pooling:
         sock.close()
@@ -179,9 +189,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
             server = Server(eng, model_id_of(args.file), host=args.host, parallel=args.parallel, api_key=key,
                             max_queue=args.max_queue, special_in_content=args.special_in_content, sock=sock,
                             allowed_hosts=allowed_hosts, cors_origins=cors_origins, timeout=args.timeout,
-                            max_connections=args.max_connections)
+                            max_connections=args.max_connections, prefill_chunk=args.prefill_chunk,
+                            slot_save_path=args.slot_save_path)
         except NotEnoughMemory as exc:
             raise CLIError(f"{exc}; lower --parallel or -c") from None
+        except OSError as exc:  # (the one folder Server makes)
+            if args.slot_save_path is None:
+                raise
+            raise CLIError(f"--slot-save-path {args.slot_save_path}: cannot make this folder: "
+                           f"{exc.strerror or exc}") from None
         except MemoryError:
             raise CLIError(f"not enough memory for {args.parallel} slots of {eng.n_ctx} tokens; lower --parallel "
                            "or -c") from None
@@ -266,6 +282,13 @@ def register(sub: Any) -> None:
     s.add_argument("--max-queue", type=int_arg(0, 65536), default=64,
                    help="requests that may wait for a slot; beyond, 503 with Retry-After (default 64)")
     s.add_argument("-c", "--ctx", type=int_arg(16, MAX_CTX), default=4096, help="context size of each slot")
+    s.add_argument("--prefill-chunk", type=int_arg(0, MAX_PREFILL_CHUNK), default=DEFAULT_PREFILL_CHUNK, metavar="N",
+                   help="prompt tokens read per step while other slots generate, so a long prompt delays their "
+                   f"next tokens by one chunk, not by the whole prompt (default {DEFAULT_PREFILL_CHUNK}; 0: each "
+                   "prompt is read whole before the other slots go on)")
+    s.add_argument("--slot-save-path", metavar="DIR", default=None,
+                   help="let POST /slots/ID?action=save|restore|erase write and read slot cache files in DIR "
+                   "(file names only; without this option the endpoint is refused)")
     s.add_argument("--allowed-host", action="append", metavar="NAME",
                    help="also answer requests whose Host header is NAME (a reverse proxy's name; repeatable). "
                    "Always answered: localhost, 127.0.0.1, [::1], the --host address and the address a request "

@@ -433,7 +433,7 @@ class OutputSet:
         """Write a whole text output (UTF-8) to its temporary."""
         self.write_bytes(label, text.encode("utf-8"))
 
-    def write_bytes(self, label: str, data: bytes) -> None:
+    def write_bytes(self, label: str, data: bytes | bytearray | memoryview) -> None:
         o = self._get(label)
         fd = o.fd if o.fd >= 0 else self.open(label)
         mv = memoryview(data)

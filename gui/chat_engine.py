@@ -157,6 +157,7 @@ class EngineWorker(QObject):
         self.load_id = load_id
         self.cancel_load = cancel_load
         self.engine: Any = None
+        self.prompt_cache: Any = None  # the loaded model's PromptCache (core/chat/promptcache.py)
 
     @Slot(object)
     def load(self, req: LoadRequest) -> None:
@@ -186,7 +187,10 @@ class EngineWorker(QObject):
                 self.loadFailed.emit(lid, why.headline,
                                      why.detail + ("; try a smaller context" if isinstance(exc, MemoryError) else ""))
             return
+        from quantscope.core.chat.promptcache import PromptCache
+
         self.engine = eng
+        self.prompt_cache = PromptCache(req.path)
         if eng.backend == "cuda":
             backend, note = f"CUDA ({eng.backend_reason})", ""
         else:
@@ -222,6 +226,8 @@ class EngineWorker(QObject):
             tok = eng.tokenizer
             trace = ReplyTrace(lambda t: piece_text(tok.token_bytes(t, True)), req.seed)
             kw = {"forced": req.forced} if req.forced else {}
+            if self.prompt_cache is not None:  # a conversation reopened: its cache from the file, not evaluated
+                self.prompt_cache.restore(eng, eng.prompt_ids(prep.prompt) + list(req.forced))
             for d in eng.generate(prep.prompt, req.params, cancel=req.cancel, on_prompt=on_prompt, **kw):
                 last = GenStats(d.n_prompt, d.n_generated, d.ttft_s, d.prompt_tps, d.gen_tps, d.context_used,
                                 eng.n_ctx, prep.dropped, d.stop_reason, time.perf_counter() - t0, d.n_prompt_new)
@@ -234,12 +240,25 @@ class EngineWorker(QObject):
                     self.delta.emit(req.id, d.text, last)
             self.trace.emit(req.id, trace.records)
             self.finished.emit(req.id, last)
+            self._keep_cache()
         except (ContextFull, ContextTooSmall) as exc:
             self.failed.emit(req.id, "The conversation does not fit in the context.", str(exc))
         except ChatTemplateError as exc:
             self.failed.emit(req.id, "The model's chat template refused this conversation.", str(exc))
         except Exception as exc:
             self.failed.emit(req.id, f"Generation failed: {exc or type(exc).__name__}", traceback.format_exc())
+
+    def _keep_cache(self) -> None:
+        """Save the conversation's cache for the next time it is opened (after the reply is out); a cache that
+        cannot be written (disk full, no permission) is only a lost shortcut."""
+        from quantscope.core.engine.kvfile import KVFileError
+        from quantscope.core.fsutil import PathRefused
+
+        if self.prompt_cache is not None and self.engine is not None:
+            try:
+                self.prompt_cache.store(self.engine)
+            except (OSError, PathRefused, KVFileError):
+                pass
 
     def release(self) -> None:
         """Drop the engine (and with it the KV cache and the file mapping)."""

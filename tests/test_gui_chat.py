@@ -388,6 +388,24 @@ def test_old_turns_dropped_with_a_notice(window, qtbot, model_path):  # noqa: F8
 
 
 # ---------------------------------------------------------------------------------------------- persistence
+def test_a_reopened_conversation_restores_its_cache(window, qtbot, model_path, chat_data):  # noqa: F811
+    """After another conversation used the model, reopening the first and continuing it reads its cache from the
+    prompt cache (core/chat/promptcache.py): only the new turn is evaluated."""
+    chat = open_chat(window, qtbot, model_path)
+    chat.apply_preset("Greedy")
+    chat.max_spin.setValue(10)
+    first = send_and_wait(qtbot, chat, "Name three colours of the rainbow.")
+    cid = chat.conv_id
+    chat.new_btn.click()
+    send_and_wait(qtbot, chat, "What is 2 + 2?")
+    # (saved on the model's thread just after each reply's end was sent)
+    qtbot.waitUntil(lambda: len(list((chat_data / "prompt-cache").glob("*.qskv"))) == 2, timeout=REPLY_TIMEOUT)
+    assert chat.open_conversation(cid)
+    more = send_and_wait(qtbot, chat, "Why those?")
+    held = first.n_prompt + first.n_generated - 1  # the first conversation's cache: prompt and evaluated reply
+    assert 0 < more.n_prompt_new <= more.n_prompt - held + 4
+
+
 def test_conversation_saved_reopened_renamed_exported_deleted(window, qtbot, model_path, tmp_path,  # noqa: F811
                                                               chat_data):
     chat = open_chat(window, qtbot, model_path)

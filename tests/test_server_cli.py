@@ -31,6 +31,7 @@ def run(capsys: Any, *argv: str) -> tuple[int, str]:
     (["--api-key", "a", "--api-key-file", "f"], "argument --api-key-file: not allowed with argument --api-key"),
     (["--api-key", "two words"], "the API key must be printable ASCII without spaces"),
     (["--backend", "tpu"], "argument --backend: invalid choice"),
+    (["--prefill-chunk", "-1"], "argument --prefill-chunk: -1 is out of range (0..1,048,576)"),
 ])
 def test_bad_arguments_are_one_line(capsys: Any, model_path: Any, args: list[str], message: str) -> None:
     rc, err = run(capsys, "serve", str(model_path("smollm2")), *args)
@@ -43,6 +44,18 @@ def test_missing_model_and_empty_key_file(capsys: Any, tmp_path: Path, model_pat
     (tmp_path / "key").write_text("\n")
     rc, err = run(capsys, "serve", str(model_path("smollm2")), "--api-key-file", str(tmp_path / "key"))
     assert rc == 2 and err == f"quantscope: error: --api-key-file: {tmp_path / 'key'} is empty\n"
+
+
+def test_slot_save_path_refusals_are_one_line(capsys: Any, model_path: Any, tmp_path: Path) -> None:
+    """--slot-save-path: a file where its folder should be; with several models (whose slots no request names)."""
+    (tmp_path / "file").write_text("x")
+    rc, err = run(capsys, "serve", str(model_path("smollm2")), "--port", "0", "-c", "64", "--no-repack",
+                  "--slot-save-path", str(tmp_path / "file"))
+    assert rc == 2 and err.splitlines()[-1].startswith(f"quantscope: error: --slot-save-path {tmp_path / 'file'}: "
+                                                       "cannot make this folder: ")
+    rc, err = run(capsys, "serve", "--models", str(model_path("smollm2")), "--port", "0",
+                  "--slot-save-path", str(tmp_path / "d"))
+    assert rc == 2 and "--slot-save-path is for serving one model" in err and err.count("\n") == 1
 
 
 def test_a_taken_port_is_one_line(capsys: Any, model_path: Any) -> None:

@@ -247,6 +247,12 @@ class Engine:
             return CudaSession(self.model, n_ctx)
         return self.model.session(n_ctx)
 
+    def set_cached(self, tokens: list[int]) -> None:
+        """The session's cache now holds ``tokens`` (put there from elsewhere: a prompt cache's file); the next
+        :meth:`generate` reuses what its prompt shares with them."""
+        self.cached = list(tokens)
+        self._prompt_logits = None
+
     def close(self) -> None:
         """Free the session (GPU memory for the CUDA backend) and unmap the file (numpy views still held keep the
         mapping until they are dropped). Safe to call more than once."""

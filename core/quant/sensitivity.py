@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..base.ggml_types import ggml_type
+from ..filestate import content_identity
 from ..gguf import GGUFFile
 from ..model import ModelWeights, Weight
 from .imatrix import Imatrix
@@ -47,17 +48,8 @@ class CostCancelled(Exception):
 
 
 def file_identity(path: str | os.PathLike[str]) -> str:
-    """A file's identity for the cache: its size and the SHA-256 of its first and last 4 MiB (the header, the
-    tensor table and a stretch of the data) -- not a hash of gigabytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        h.update(str(size).encode())
-        h.update(fh.read(4 << 20))
-        if size > 8 << 20:
-            fh.seek(size - (4 << 20))
-            h.update(fh.read(4 << 20))
-    return h.hexdigest()[:32]
+    """A file's identity for the cache (:func:`~quantscope.core.filestate.content_identity`)."""
+    return content_identity(os.fspath(path))
 
 
 def calibration_identity(tokens: np.ndarray, imatrix: Imatrix | None) -> str:

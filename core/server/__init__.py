@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -25,7 +26,7 @@ from .embeddings import EmbeddingApp
 from .errors import ApiError
 from .models import LoadOptions, ModelPool, Offer, PoolApp, model_id_of
 from .requests import RequestLog, RequestRecord
-from .scheduler import Scheduler
+from .scheduler import DEFAULT_PREFILL_CHUNK, Scheduler
 
 __all__ = ["DEFAULT_MAX_BODY", "DEFAULT_TIMEOUT", "ApiError", "EmbeddingServer", "LoadOptions", "ModelPool", "Offer",
            "PoolServer", "RequestLog", "RequestRecord", "Server", "ServerApp", "ServerConfig", "listen", "model_id_of"]
@@ -138,23 +139,28 @@ class Server(_Serving):
     request log (``app.log``); ``special_in_content``: control tokens' texts in messages and tools are control
     tokens (llama-server's way), not text. ``allowed_hosts``, ``cors_origins``: :mod:`.policy`; ``timeout``
     (seconds for a request to arrive whole) and ``max_connections`` (None: from the open-file limit):
-    :mod:`.connections`."""
+    :mod:`.connections`. ``prefill_chunk``: prompt tokens read per step (:class:`~.scheduler.Scheduler`);
+    ``slot_save_path``: the folder of ``/slots`` files, made if missing (None: that endpoint is refused,
+    :mod:`.slots`)."""
 
     def __init__(self, engine: Engine, model_id: str, host: str = "127.0.0.1", port: int = 8080, parallel: int = 1,
                  api_key: str | None = None, max_queue: int = 64, max_body: int = DEFAULT_MAX_BODY,
                  log_level: str = "warning", trace: bool = False, special_in_content: bool = False, *,
                  sock: socket.socket | None = None, allowed_hosts: tuple[str, ...] = (),
                  cors_origins: tuple[str, ...] = (), timeout: float = DEFAULT_TIMEOUT,
-                 max_connections: int | None = None) -> None:
+                 max_connections: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 slot_save_path: str | None = None) -> None:
         per_slot = resources.session_kv_bytes(engine.session)
         problem = None if per_slot is None else resources.kv_shortfall(per_slot, parallel,
                                                                       resources.available_memory(), engine.n_ctx)
         if problem is not None:
             raise resources.NotEnoughMemory(problem)
-        self.scheduler = Scheduler(engine, parallel, max_queue)
+        if slot_save_path is not None:
+            Path(slot_save_path).mkdir(parents=True, exist_ok=True)  # (as llama-server does)
+        self.scheduler = Scheduler(engine, parallel, max_queue, prefill_chunk=prefill_chunk)
         self.app = ServerApp(engine, self.scheduler, ServerConfig(
             model_id, api_key, max_body, trace, host=host, allowed_hosts=tuple(allowed_hosts),
-            cors_origins=tuple(cors_origins), special_in_content=special_in_content))
+            cors_origins=tuple(cors_origins), special_in_content=special_in_content, slot_save_path=slot_save_path))
         self._bind(self.app.asgi, lambda: self.scheduler.stop(wait=False), host, port, log_level, sock, timeout,
                    max_connections)
 

@@ -44,6 +44,7 @@ from .prompt import chat_prompt_ids
 from .protocol import GenRequest, parse_detokenize, parse_generation, parse_infill, parse_json, parse_tokenize
 from .requests import RequestLog, RequestRecord
 from .scheduler import Event, Job, QueueFull, Scheduler, ServerStopped, TokenLogprob, Usage
+from .slots import SlotActions
 from .tools import FORMATS, Forcing, HarmonyParser, ToolCallParser, ToolFormat, make_parser, tool_format, with_ids
 
 #: the largest request body accepted (a long conversation is a few MiB at most)
@@ -70,6 +71,8 @@ class ServerConfig:
     #: control tokens' texts in messages and tools become control tokens (llama-server's way); by default they
     #: are text and only the template's markup is special (core/server/prompt.py)
     special_in_content: bool = False
+    #: the folder of ``POST /slots/{id}?action=save|restore`` files (None: the endpoint is refused; :mod:`.slots`)
+    slot_save_path: str | None = None
 
 
 def _client(request: Request) -> str:
@@ -192,9 +195,10 @@ class StatusCounts:
 
 
 class ServerApp(StatusCounts):
-    """The endpoints over one engine and its scheduler (see the module's docstring)."""
+    """The endpoints over one engine and its scheduler (see the module's docstring); ``slot_routes``: with
+    ``/slots/{id}`` (:mod:`.slots`; not in a pool of models, whose requests are routed by the model they name)."""
 
-    def __init__(self, engine: Engine, scheduler: Scheduler, config: ServerConfig) -> None:
+    def __init__(self, engine: Engine, scheduler: Scheduler, config: ServerConfig, slot_routes: bool = True) -> None:
         self.engine = engine
         self.scheduler = scheduler
         self.config = config
@@ -229,6 +233,8 @@ class ServerApp(StatusCounts):
             *OllamaApi(self).routes(),
             *AnthropicApi(self).routes(),
         ]
+        if slot_routes:
+            routes += SlotActions(scheduler, engine.file.paths[0], config.slot_save_path, self._json).routes(self._wrap)
 
         async def http_error(request: Request, exc: Exception) -> Response:
             status = exc.status_code if isinstance(exc, HTTPException) else 500

@@ -10,7 +10,7 @@ from typing import Any
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
                415: "invalid_request_error", 421: "invalid_request_error", 429: "rate_limit_error",
-               500: "server_error", 503: "unavailable_error"}
+               500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
 
 
 class ApiError(Exception):

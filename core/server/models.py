@@ -41,7 +41,7 @@ from .ollama import OLLAMA_VERSION, model_entry
 from .policy import Policy
 from .protocol import parse_json
 from .resources import size_text
-from .scheduler import Scheduler
+from .scheduler import DEFAULT_PREFILL_CHUNK, Scheduler
 
 #: the POST endpoints of a model's :class:`~.app.ServerApp` that a pool hands on by the body's ``model``
 MODEL_PATHS = frozenset({
@@ -60,7 +60,8 @@ def model_id_of(path: str | Path) -> str:
 @dataclass(frozen=True)
 class LoadOptions:
     """How every model of a pool is loaded and served: each slot's context, the slots, the queue, the engine's
-    threads, backend, GPU layers and weight repacking (as ``quantscope serve`` takes them for one model)."""
+    threads, backend, GPU layers, weight repacking and the prompt chunk (as ``quantscope serve`` takes them for one
+    model)."""
 
     n_ctx: int = 4096
     parallel: int = 1
@@ -69,6 +70,7 @@ class LoadOptions:
     backend: str = "auto"
     gpu_layers: int | None = None
     repack: bool = True
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # prompt tokens per step (core/server/scheduler.py)
 
 
 @dataclass(frozen=True)
@@ -352,8 +354,8 @@ class ModelPool:
         try:
             eng = Engine(offer.path, n_ctx=o.n_ctx, threads=o.threads, backend=o.backend, repack=o.repack,
                          gpu_layers=o.gpu_layers)
-            sched = Scheduler(eng, o.parallel, o.max_queue)
-            app = ServerApp(eng, sched, replace(self.config, model_id=offer.id))
+            sched = Scheduler(eng, o.parallel, o.max_queue, prefill_chunk=o.prefill_chunk)
+            app = ServerApp(eng, sched, replace(self.config, model_id=offer.id), slot_routes=False)
         except Exception as exc:  # a bad file, an unsupported model, no memory, the GPU: said, the rest serve on
             if eng is not None:
                 eng.close()

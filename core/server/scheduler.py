@@ -5,8 +5,10 @@ Each slot has its own inference session (KV cache) and remembers the tokens in i
 slot sharing the longest prefix with its prompt, and only the rest of the prompt is evaluated (a conversation
 that continues evaluates its new turn only; ``cached`` in its usage); a request whose prompt another slot is
 reading (a request's ``n`` choices) waits for it and copies that cache (:func:`copy_prefix`). Each step
-evaluates one prompt chunk for every slot still reading its prompt, then samples a token for every generating
-slot and evaluates all of them in one batched forward pass (:func:`~quantscope.core.engine.batch.forward_batch`:
+evaluates at most ``prefill_chunk`` prompt tokens (shared in turn by the slots still reading their prompts, so a
+long prompt delays the other slots' next tokens by one chunk per step, not by the whole prompt; 0: each prompt
+is read whole in one step), then samples a token for every generating slot and evaluates all of them in one
+batched forward pass (:func:`~quantscope.core.engine.batch.forward_batch`:
 each weight read once for all slots; one forward per slot on the GPU or for recurrent models). A request whose
 client went away (its ``cancel`` set) leaves its slot at the next step. A full queue is refused
 (:class:`QueueFull`), and nothing here blocks the caller: events go out through ``Job.emit``.
@@ -19,7 +21,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +39,10 @@ from .jsonmode import Schema, State, can_end, closed, feed, initial, step
 SCAN = 4096
 #: the prompt chunk of a request whose every prompt position's logits are kept (echo with logprobs)
 LOGITS_CHUNK = 64
+#: prompt tokens evaluated per step while other slots decode (``serve --prefill-chunk``)
+DEFAULT_PREFILL_CHUNK = 256
+#: the largest ``prefill_chunk`` accepted
+MAX_PREFILL_CHUNK = 1 << 20
 
 
 class QueueFull(Exception):
@@ -206,11 +214,14 @@ def held_back(text: str, stops: list[str], start: int) -> int:
 class Scheduler:
     """``n_slots`` sessions on ``engine`` and the thread that serves them (see the module's docstring)."""
 
-    def __init__(self, engine: Engine, n_slots: int = 1, max_queue: int = 64, batch: bool = True) -> None:
+    def __init__(self, engine: Engine, n_slots: int = 1, max_queue: int = 64, batch: bool = True,
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
         if not 1 <= n_slots <= 256:
             raise ValueError(f"parallel slots must be 1..256, not {n_slots}")
         if not 0 <= max_queue <= 1 << 16:
             raise ValueError(f"the queue must hold 0..65536 requests, not {max_queue}")
+        if isinstance(prefill_chunk, bool) or not 0 <= prefill_chunk <= MAX_PREFILL_CHUNK:
+            raise ValueError(f"the prefill chunk must be 0..{MAX_PREFILL_CHUNK} tokens, not {prefill_chunk}")
         self.engine = engine
         sessions = [engine.session] + [engine.new_session(engine.n_ctx) for _ in range(n_slots - 1)]
         self.slots = [Slot(i, s) for i, s in enumerate(sessions)]
@@ -219,8 +230,13 @@ class Scheduler:
         self.max_queue = max_queue
         #: decode the generating slots in one batched forward pass per step (CPU sessions; else one per slot)
         self.batch = batch
+        #: prompt tokens evaluated per step, all reading slots together (0: every prompt whole in one step)
+        self.prefill_chunk = prefill_chunk
+        self._turn = 0  # the slot whose prompt is read first in the next step (the reading slots take turns)
         self.metrics = Metrics()
         self._queue: deque[Job] = deque()
+        #: work on an idle slot's cache (save, restore, erase) run on this thread between steps (:meth:`slot_task`)
+        self._tasks: list[tuple[int, Callable[[Slot], Any], Future[Any]]] = []
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="quantscope-serve", daemon=True)
@@ -266,6 +282,20 @@ class Scheduler:
             self._queue.append(job)
             self._cond.notify_all()
 
+    def slot_task(self, index: int, fn: Callable[[Slot], Any]) -> Future[Any]:
+        """Run ``fn(slot)`` on the scheduler's thread between steps once slot ``index`` is idle (before any queued
+        request joins it); its result or exception comes in the future returned (:class:`ServerStopped` when the
+        scheduler stops first). ``IndexError`` for a slot that does not exist."""
+        if not 0 <= index < len(self.slots):
+            raise IndexError(f"no slot {index}")
+        fut: Future[Any] = Future()
+        with self._cond:
+            if self._stopping:
+                raise ServerStopped("the server is shutting down")
+            self._tasks.append((index, fn, fut))
+            self._cond.notify_all()
+        return fut
+
     def wake(self) -> None:
         """Have the thread look at the jobs again (a cancel of a queued job is seen at once)."""
         with self._cond:
@@ -284,11 +314,25 @@ class Scheduler:
         try:
             while True:
                 with self._cond:
-                    while not self._stopping and not self._queue and all(s.run is None for s in self.slots):
+                    while (not self._stopping and not self._queue and not self._tasks
+                           and all(s.run is None for s in self.slots)):
                         self._cond.wait()
                     if self._stopping:
                         break
+                    tasks = [t for t in self._tasks if self.slots[t[0]].run is None]
+                    self._tasks = [t for t in self._tasks if self.slots[t[0]].run is not None]
+                for index, fn, fut in tasks:  # (without the lock: a file's reading does not hold up submit)
+                    if fut.set_running_or_notify_cancel():
+                        try:
+                            fut.set_result(fn(self.slots[index]))
+                        except Exception as exc:
+                            fut.set_exception(exc)
+                with self._cond:
+                    if self._stopping:
+                        break
                     self._admit()
+                if tasks and not any(s.run is not None for s in self.slots):
+                    continue  # (only slot tasks were run: nothing to step)
                 for hook in self.before_step:
                     hook()
                 self._step()
@@ -300,6 +344,10 @@ class Scheduler:
                 self._stopping = True
                 jobs = list(self._queue)
                 self._queue.clear()
+                tasks, self._tasks = self._tasks, []
+            for _i, _fn, fut in tasks:
+                if fut.set_running_or_notify_cancel():
+                    fut.set_exception(ServerStopped("the server stopped"))
             why = f"server error: {self.failure}" if self.failure is not None else ""
             for job in jobs:
                 self._drop(job, "error" if why else "cancelled", why)
@@ -375,11 +423,32 @@ class Scheduler:
                 return other
         return None
 
+    def _prefill_shares(self) -> dict[int, int]:
+        """How many prompt tokens each reading slot evaluates this step (slot index -> count): ``prefill_chunk``
+        in all, given in turn from :attr:`_turn` on (a slot's share is the rest of its prompt when that is less);
+        every pending prompt whole when chunking is off."""
+        n = len(self.slots)
+        order = [self.slots[(self._turn + i) % n] for i in range(n)]
+        reading = [s for s in order if s.run is not None and s.run.pending and not s.run.job.cancel.is_set()]
+        if not self.prefill_chunk:
+            return {s.index: len(s.run.pending) for s in reading}  # type: ignore[union-attr]
+        budget, shares = self.prefill_chunk, dict[int, int]()
+        for s in reading:
+            if budget <= 0:
+                break
+            assert s.run is not None
+            shares[s.index] = take = min(budget, len(s.run.pending))
+            budget -= take
+        if reading:  # the next step starts after the first slot served this time
+            self._turn = (reading[0].index + 1) % n
+        return shares
+
     def _step(self) -> None:
-        """One step: a prompt chunk for each slot still reading its prompt, then a token sampled for each slot
-        generating and all those tokens evaluated together (:func:`forward_batch` on the CPU; one forward per
-        slot where batching is not possible)."""
+        """One step: prompt tokens for the slots still reading their prompts (:meth:`_prefill_shares`), then a
+        token sampled for each slot generating and all those tokens evaluated together (:func:`forward_batch`
+        on the CPU; one forward per slot where batching is not possible)."""
         ready: list[tuple[Slot, int]] = []
+        shares = self._prefill_shares()
         for slot in self.slots:
             run = slot.run
             if run is None:
@@ -389,7 +458,8 @@ class Scheduler:
                 continue
             try:
                 if run.pending:
-                    self._prefill(slot, run)
+                    if slot.index in shares:
+                        self._prefill(slot, run, shares[slot.index])
                     continue
                 tid = self._sample(slot, run)
             except Exception as exc:  # a native failure ends this request only
@@ -421,9 +491,17 @@ class Scheduler:
             except Exception as exc:
                 self._finish(slot, "error", f"{type(exc).__name__}: {exc}")
 
-    def _prefill(self, slot: Slot, run: _Run) -> None:
-        # (every position's logits for an echo with logprobs: smaller chunks, a vocabulary-wide row per token)
+    def _prefill(self, slot: Slot, run: _Run, count: int) -> None:
+        """Evaluate the next ``count`` tokens of the slot's prompt, in forward calls of at most
+        ``PREFILL_CHUNK`` tokens (the block's scratch memory)."""
+        # (every position's logits for an echo with logprobs: smaller calls, a vocabulary-wide row per token)
         size = PREFILL_CHUNK if not run.job.prompt_logprobs else LOGITS_CHUNK
+        while count > 0 and run.pending:
+            n = min(size, count)
+            self._prefill_call(slot, run, n)
+            count -= n
+
+    def _prefill_call(self, slot: Slot, run: _Run, size: int) -> None:
         chunk, run.pending = run.pending[:size], run.pending[size:]
         last = not run.pending
         slot.memo = None

@@ -257,7 +257,10 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
     if ((b->ffn.plain != 0 && b->ffn.plain != 1) || (b->post_ln != 0 && b->post_ln != 1) ||
         (A->non_causal != 0 && A->non_causal != 1) || (A->non_causal && A->window) || (b->ffn.plain && NE))
         return QS_ERR_SIZE;
-    if ((!b->ffn.plain && (b->ffn.b_up.ptr || b->ffn.b_down.ptr)) ||
+    if (!(A->alibi_max_bias >= 0.0f) || !isfinite(A->alibi_max_bias) ||
+        (A->alibi_max_bias > 0.0f && (!A->non_causal || A->sinks.ptr || A->softcap != 0.0f)))
+        return QS_ERR_SIZE; /* ALiBi (jina-bert-v2): the encoder's attention only */
+    if ((NE && (b->ffn.b_up.ptr || b->ffn.b_down.ptr)) || /* dense FFNs' biases: BERT's, jina-bert-v2's */
         (!b->post_ln && (b->post_attn_norm_b.ptr || b->post_ffn_norm_b.ptr)) ||
         (b->post_ln && (!b->post_attn_norm.ptr || !b->post_ffn_norm.ptr || !b->post_attn_norm_b.ptr ||
                         !b->post_ffn_norm_b.ptr)))
@@ -637,6 +640,11 @@ static int cpu_attend(cpu_walk *w, const qs_step *s) {
         int32_t *last = (int32_t *)malloc((size_t)T * sizeof(int32_t));
         if (!last) return QS_ERR_NOMEM;
         for (int64_t t = 0; t < T; ++t) last[t] = (int32_t)(w->n_past + T - 1);
+        if (A->alibi_max_bias > 0.0f) { /* key j at position j, query t at its own position */
+            free(last);
+            return qs_attention_alibi(q, T, w->pos, (int)H, (int)hd, A->k_cache, A->v_cache, A->kv_f16, (int)KV,
+                                      w->n_past + T, A->scale, A->alibi_max_bias, dst, w->n_threads);
+        }
         int rc = qs_attention_sinks(q, T, last, (int)H, (int)hd, A->k_cache, A->v_cache, A->kv_f16, (int)KV,
                                     w->n_past + T, A->n_ctx, 0, A->scale, A->softcap, A->sinks.ptr, dst, w->n_threads);
         free(last);

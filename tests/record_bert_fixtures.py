@@ -6,7 +6,7 @@ token ids are stored too. llama-embedding is an example program, outside the too
 builds: it is compiled here from the same tree against that build's static libraries (``--llama-dir``, default
 the cache's llama.cpp-0.3.36). Usage:
 
-    python tests/record_bert_fixtures.py [--llama-dir DIR] [--only NAME]
+    python tests/record_bert_fixtures.py [--llama-dir DIR] [--only NAME[,NAME...]]
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from bert_fixtures import TEXTS, VARIANTS, write_fixture
 
 DATA = Path(__file__).resolve().parent / "data" / "bert"
 #: the poolings recorded per variant: the file's own first (None), then overrides
-POOLINGS = {"bert-mean": (None, "cls", "none"), "bert-cls": (None, "mean"), "bert-mean-q8": (None,)}
+POOLINGS = {"bert-mean": (None, "cls", "none"), "bert-cls": (None, "mean"), "bert-mean-q8": (None,),
+            "nomic-mean": (None, "cls", "none"), "nomic-cls-q8": (None,), "jina-mean": (None, "cls", "none"),
+            "jina-cls-split": (None, "mean")}
 
 
 def build_embedding(root: Path, out: Path) -> Path:
@@ -71,7 +73,7 @@ def run(exe: Path, model: Path, pooling: str | None) -> tuple[list[list[float]],
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-dir", type=Path, default=cache_root(VERSION))
-    ap.add_argument("--only")
+    ap.add_argument("--only", help="comma-separated fixture names (default: all)")
     args = ap.parse_args()
     DATA.mkdir(parents=True, exist_ok=True)
     meta_path = DATA / "meta.json"
@@ -79,7 +81,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         exe = build_embedding(args.llama_dir, Path(tmp))
         for name in VARIANTS:
-            if args.only and name != args.only:
+            if args.only and name not in args.only.split(","):
                 continue
             path = write_fixture(name, Path(tmp) / f"{name}.gguf")
             entry: dict[str, object] = {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(),

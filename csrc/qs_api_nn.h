@@ -74,6 +74,10 @@ int qs_attention_probs(const float *q, int64_t n_q, const int32_t *q_pos, int n_
  * m1^(2 (h - n2) + 1) (qs_alibi_slope; max_bias 0: 1). F32 or F16 (kv_f16) cache; a scalar loop, threads over
  * (query, head). */
 float qs_alibi_slope(int n_heads, int head, float max_bias);
+/* ggml's CPU GELU (GGML_GELU_FP16): y = fp16(gelu(fp16(x))), the tanh form as ggml_gelu_f32 writes it; 0 for
+ * x <= -10, x for x >= 10; the GEGLU form multiplies that by up in float. out may alias x / gate / up. */
+void qs_gelu_f16(const float *x, float *out, int64_t n);
+void qs_geglu_f16(const float *gate, const float *up, float *out, int64_t n);
 int qs_attention_alibi(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
                        const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv,
                        float scale, float max_bias, float *out, int n_threads);
@@ -131,6 +135,7 @@ typedef struct {
     qs_weight gate, up, down;
     int plain;            /* 1: no gate (BERT): out = down(GELU-tanh(up(x) + b_up)) + b_down; gate unused */
     qs_vec b_up, b_down;  /* biases of up (n_ff) and down (n_embd): absent, or on a dense FFN (BERT, jina-bert-v2) */
+    int gelu_f16;         /* 1: GELU as ggml's CPU table over F16 inputs (qs_gelu_f16, qs_geglu_f16): the encoders */
 } qs_ffn_desc;
 /* Mixture of experts (n_expert 0: a dense FFN). The router (n_expert x n_embd, + b_router) scores them; per token
  * the n_used largest softmax probabilities pick the experts, their weights normalized to sum 1 (norm) and times

@@ -265,6 +265,7 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
         (b->post_ln && (!b->post_attn_norm.ptr || !b->post_ffn_norm.ptr || !b->post_attn_norm_b.ptr ||
                         !b->post_ffn_norm_b.ptr)))
         return QS_ERR_VECTOR;
+    if (b->ffn.gelu_f16 != 0 && (b->ffn.gelu_f16 != 1 || !b->post_ln)) return QS_ERR_SIZE; /* encoders only */
     if (A->qk_norm_full != 0 && A->qk_norm_full != 1) return QS_ERR_SIZE;
     const int full = A->qk_norm_full;
     if ((A->q_norm.ptr && A->q_norm.len != (full ? H * hd : hd)) ||
@@ -698,8 +699,9 @@ static int cpu_glu(cpu_walk *w, const qs_step *s) {
     const int64_t n = w->T * (s->src == QS_BUF_PG ? w->b->ple.dim : w->b->ffn.n_ff);
     const float *g = w->buf[s->src], *u = w->buf[s->src2];
     float *out = w->buf[s->dst];
-    if (s->arg == QS_GLU_GELU_PLAIN) qs_gelu_tanh(g, out, n);
-    else if (s->arg == QS_GLU_GELU) qs_geglu_tanh(g, u, out, n);
+    const int f16 = s->src != QS_BUF_PG && w->b->ffn.gelu_f16; /* the encoders' GELU (ggml's F16 table) */
+    if (s->arg == QS_GLU_GELU_PLAIN) (f16 ? qs_gelu_f16 : qs_gelu_tanh)(g, out, n);
+    else if (s->arg == QS_GLU_GELU) (f16 ? qs_geglu_f16 : qs_geglu_tanh)(g, u, out, n);
     else if (s->arg == QS_GLU_OAI) qs_swiglu_oai(g, u, out, n);
     else qs_swiglu(g, u, out, n);
     return QS_OK;

@@ -27,9 +27,9 @@ from bert_fixtures import TEXTS, VARIANTS, write_fixture
 
 DATA = Path(__file__).resolve().parent / "data" / "bert"
 #: the poolings recorded per variant: the file's own first (None), then overrides
-POOLINGS = {"bert-mean": (None, "cls", "none"), "bert-cls": (None, "mean"), "bert-mean-q8": (None,),
-            "nomic-mean": (None, "cls", "none"), "nomic-cls-q8": (None,), "jina-mean": (None, "cls", "none"),
-            "jina-cls-split": (None, "mean")}
+POOLINGS = {"bert-mean": (None, "cls", "none"), "bert-cls": (None, "mean"), "bert-mean-q8": (None, "cls", "none"),
+            "nomic-mean": (None, "cls", "none"), "nomic-cls-q8": (None, "mean", "none"),
+            "jina-mean": (None, "cls", "none"), "jina-cls-split": (None, "mean")}
 
 
 def build_embedding(root: Path, out: Path) -> Path:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quantscope.core.engine.encoder import EmbedError, Encoder, alibi_slopes, normalize
+from quantscope.core.engine.encoder import EmbedError, Encoder, alibi_slopes, gelu_f16, normalize
 from quantscope.core.engine.generate import Engine, load_failure
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.model import EmbeddingModel, UnsupportedModel, read_config
@@ -269,3 +269,35 @@ def test_nomic_and_jina_layers_as_the_block_walks_them(fixtures):
                 c = ffi.new("qs_block *", b[0])
                 change(c)
                 assert _forward_block(c, enc.n_embd) == lib.QS_ERR_SIZE
+
+
+def test_gelu_is_ggmls_f16_table():
+    """qs_gelu_f16 / qs_geglu_f16 (C) and gelu_f16 (numpy) compute ggml's CPU GELU: fp16(gelu(fp16(x))), 0 at or
+    below -10, x at or above 10 (exactly, on every F16 value in between and beyond); the block takes the switch on
+    an encoder's layer only."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    x = np.concatenate([x[np.isfinite(x)], [-10.0, 10.0, -10.001, 10.001, 3.14159265, -0.7071]]).astype(np.float32)
+    up = np.linspace(-2.0, 2.0, x.size, dtype=np.float32)
+    got, glu = np.empty_like(x), np.empty_like(x)
+    lib.qs_gelu_f16(ffi.cast("float *", ffi.from_buffer(x)), ffi.cast("float *", ffi.from_buffer(got)), x.size)
+    lib.qs_geglu_f16(ffi.cast("float *", ffi.from_buffer(x)), ffi.cast("float *", ffi.from_buffer(up)),
+                     ffi.cast("float *", ffi.from_buffer(glu)), x.size)
+    want = gelu_f16(x)
+    # np.tanh and tanhf differ in float's last bit: one F16 step at times, relatively large only where 1 + tanh
+    # cancels (x near -4, values of 1e-4)
+    assert np.allclose(got, want, rtol=1e-3, atol=1e-6) and (got == want).mean() > 0.99
+    assert np.array_equal(glu, got * up)
+    assert got[x.size - 6] == 0.0 and got[x.size - 5] == 10.0 and got[x.size - 3] == np.float32(10.001)
+    assert got[x.size - 2].astype(np.float16).astype(np.float32) == got[x.size - 2]  # an F16 value
+
+
+def test_the_f16_gelu_is_an_encoders_switch(fixtures):
+    with Encoder(fixtures["bert-mean"], threads=1) as enc:
+        b = ffi.new("qs_block *", enc.blocks[0][0])
+        assert b.ffn.gelu_f16 == 1 and _forward_block(b, enc.n_embd) == lib.QS_OK
+        for change in (lambda c: setattr(c.ffn, "gelu_f16", 2), lambda c: setattr(c, "post_ln", 0)):
+            c = ffi.new("qs_block *", b[0])
+            change(c)
+            assert _forward_block(c, enc.n_embd) in (lib.QS_ERR_SIZE, lib.QS_ERR_VECTOR)
+    with Encoder(fixtures["nomic-mean"], threads=1) as enc:
+        assert enc.blocks[0].ffn.gelu_f16 == 0  # SwiGLU

@@ -3,7 +3,10 @@ normalised as llama.cpp's ``llama-embedding`` does.
 
 llama.cpp's ``bert`` graph: token + token type 0 + absolute position embeddings, LayerNorm (with bias), then per
 layer q/k/v with biases, attention of every token to every token of its own input, output projection, residual,
-LayerNorm; GELU FFN (tanh form, as ggml_gelu) with biases, residual, LayerNorm. The layers run on the native block
+LayerNorm; GELU FFN (ggml's CPU GELU, a table over F16 inputs) with biases, residual, LayerNorm. nomic-bert rotates
+q and k (RoPE) instead of adding position embeddings and has a SwiGLU FFN; jina-bert-v2 biases the scores by ALiBi
+and has a GEGLU FFN (``ModelConfig.encoder_positions`` / ``encoder_ffn``). K and V are rounded to F16, as
+llama-embedding's flash attention casts them. The layers run on the native block
 (:meth:`Encoder.forward_native`: each layer's plan with BERT's switches, docs/embeddings.md); the same graph in
 float32 numpy over the dequantized weights is the float reference (:meth:`Encoder.forward_numpy`) and runs a
 file whose weight type has no native kernel. Pooling (``{arch}.pooling_type`` unless overridden): ``mean`` of the
@@ -118,10 +121,13 @@ def normalize(v: np.ndarray, mode: int = 2) -> np.ndarray:
     return (v * inv).astype(np.float32)
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
-    """GELU in its tanh form (ggml_gelu)."""
-    c = np.float32(math.sqrt(2.0 / math.pi))
-    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+def gelu_f16(x: np.ndarray) -> np.ndarray:
+    """GELU as ggml's CPU computes it (qs_gelu_f16's twin): a table over F16 inputs, fp16(gelu(fp16(x))) in the
+    tanh form of ggml_gelu_f32, 0 at or below -10, x at or above 10."""
+    h = x.astype(np.float16).astype(np.float32)
+    c, a = np.float32(math.sqrt(2.0 / math.pi)), np.float32(0.044715)
+    y = (np.float32(0.5) * h * (np.float32(1.0) + np.tanh(c * h * (np.float32(1.0) + a * h * h))))
+    return np.where(x <= -10.0, np.float32(0.0), np.where(x >= 10.0, x, y.astype(np.float16).astype(np.float32)))
 
 
 def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
@@ -254,9 +260,9 @@ class Encoder:
 
     def _describe(self) -> list[Any] | None:
         """Each layer as a ``qs_block`` (csrc/qs_api_nn.h): the matrices zero-copy from the mapped file, the vectors
-        (float32 copies) kept by ``_keep``, BERT's switches set (post-LayerNorm residuals, ungated GELU FFN with
-        biases, non-causal attention, no RoPE); the KV cache is set per call. None when a matrix's type has no
-        native kernel (the numpy forward then runs)."""
+        (float32 copies) kept by ``_keep``, BERT's switches set (post-LayerNorm residuals, plain or gated FFN with
+        biases, non-causal attention with RoPE, ALiBi or neither); the KV cache is set per call. None when a
+        matrix's type has no native kernel or a gate has a bias (the numpy forward then runs)."""
         c, f = self.config, self.file
         self._keep: list[Any] = []
 
@@ -316,6 +322,7 @@ class Encoder:
                          (b.post_ffn_norm_b, L.out_norm[1]), (b.ffn.b_up, L.b_up), (b.ffn.b_down, L.b_down)):
                 vec(d, v)
             b.ffn.n_ff, b.ffn.gelu, b.ffn.plain = int(L.up.shape[0]), int(c.gelu), int(L.gate is None)
+            b.ffn.gelu_f16 = int(c.gelu)  # ggml's CPU GELU: its table over F16 inputs
             blocks.append(b)
         return blocks
 
@@ -438,7 +445,7 @@ class Encoder:
 
     def forward_native(self, seq: list[int]) -> np.ndarray:
         """One sequence through the native layers (csrc/qs_block.c walking each layer's plan: post-LayerNorm
-        residuals, ungated GELU FFN, non-causal attention over a cache of this sequence's own keys). Not
+        residuals, plain or gated FFN, non-causal attention over an F16 cache of this sequence's own keys). Not
         thread-safe: the layers' descriptions hold the call's cache."""
         assert self.blocks is not None
         c = self.config
@@ -514,12 +521,12 @@ class Encoder:
             if L.b_up is not None:
                 h = h + L.b_up
             if L.gate is None:
-                a = _gelu(h)
+                a = gelu_f16(h)
             else:  # ggml's split GLU: act(gate) * up (GEGLU with ``gelu``, else SwiGLU)
                 g = x @ L.gate.T
                 if L.b_gate is not None:
                     g = g + L.b_gate
-                a = (_gelu(g) if c.gelu else g / (np.float32(1.0) + np.exp(-g))) * h
+                a = (gelu_f16(g) if c.gelu else g / (np.float32(1.0) + np.exp(-g))) * h
             o = a @ L.down.T
             if L.b_down is not None:
                 o = o + L.b_down

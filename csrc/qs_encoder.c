@@ -1,7 +1,9 @@
-/* ALiBi attention of an encoder (jina-bert-v2): every query attends to every cached key with a linear bias on the
- * distance, as llama.cpp builds it (a mask of -|p_q - p_k| given to ggml_soft_max_ext with max_bias). A plain
- * scalar loop, kept apart from qs_nn.c's attention (which the caches' types shape): only BERT-style encoders use it,
- * on their own cache (F32 or F16) of one input. */
+/* Kernels only the BERT-style encoders (core/engine/encoder.py) use, kept apart from qs_nn.c's:
+ * - ALiBi attention (jina-bert-v2): every query attends to every cached key with a linear bias on the distance, as
+ *   llama.cpp builds it (a mask of -|p_q - p_k| given to ggml_soft_max_ext with max_bias); a plain scalar loop on
+ *   the encoder's own cache (F32 or F16) of one input;
+ * - ggml's CPU GELU (GGML_GELU_FP16): a table over F16 inputs, what llama-embedding computes for BERT's and
+ *   jina-bert-v2's FFNs. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -80,4 +82,27 @@ int qs_attention_alibi(const float *q, int64_t n_q, const int32_t *q_pos, int n_
     alibi_ctx c = {q, k_cache, v_cache, q_pos, n_kv, n_heads, head_dim, n_kv_heads, kv_f16, scale, max_bias, out, 0};
     qs_parallel_for(n_q * n_heads, alibi_task, &c, n_threads);
     return c.failed ? QS_ERR_NOMEM : QS_OK;
+}
+
+/* ggml_gelu_f32: the tanh form as ggml writes it */
+static inline float gelu_ggml(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.79788456080286535587989211986876f * x * (1.0f + 0.044715f * x * x)));
+}
+
+/* ggml_table_gelu_f16[fp16(x)] (ggml_vec_gelu_f32 with GGML_GELU_FP16): 0 at or below -10, x at or above 10 */
+static inline float gelu_table(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    return qs_fp16_to_fp32(qs_fp32_to_fp16(gelu_ggml(qs_fp16_to_fp32(qs_fp32_to_fp16(x)))));
+}
+
+void qs_gelu_f16(const float *x, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = gelu_table(x[i]);
+}
+
+void qs_geglu_f16(const float *gate, const float *up, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float g = gate[i];
+        out[i] = (g >= 10.0f ? g : gelu_table(g)) * up[i];
+    }
 }

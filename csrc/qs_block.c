@@ -257,11 +257,15 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
     if ((b->ffn.plain != 0 && b->ffn.plain != 1) || (b->post_ln != 0 && b->post_ln != 1) ||
         (A->non_causal != 0 && A->non_causal != 1) || (b->ffn.plain && NE))
         return QS_ERR_SIZE;
-    if ((!b->ffn.plain && (b->ffn.b_up.ptr || b->ffn.b_down.ptr)) ||
+    if (!(A->alibi_max_bias >= 0.0f) || !isfinite(A->alibi_max_bias) ||
+        (A->alibi_max_bias > 0.0f && (!A->non_causal || A->sinks.ptr || A->softcap != 0.0f)))
+        return QS_ERR_SIZE; /* ALiBi (jina-bert-v2): the encoder's attention only */
+    if ((NE && (b->ffn.b_up.ptr || b->ffn.b_down.ptr)) || /* dense FFNs' biases: BERT's, jina-bert-v2's */
         (!b->post_ln && (b->post_attn_norm_b.ptr || b->post_ffn_norm_b.ptr)) ||
         (b->post_ln && (!b->post_attn_norm.ptr || !b->post_ffn_norm.ptr || !b->post_attn_norm_b.ptr ||
                         !b->post_ffn_norm_b.ptr)))
         return QS_ERR_VECTOR;
+    if (b->ffn.gelu_f16 != 0 && (b->ffn.gelu_f16 != 1 || !b->post_ln)) return QS_ERR_SIZE; /* encoders only */
     if (A->qk_norm_full != 0 && A->qk_norm_full != 1) return QS_ERR_SIZE;
     const int full = A->qk_norm_full;
     if ((A->q_norm.ptr && A->q_norm.len != (full ? H * hd : hd)) ||
@@ -655,6 +659,13 @@ static int attend_segments(cpu_walk *w, const float *q, float *dst) {
     for (int64_t i = 0, r0 = 0; i < A->n_seg && !rc; r0 += A->seg_len[i++]) {
         const int64_t n = A->seg_len[i];
         for (int64_t t = 0; t < n; ++t) last[t] = (int32_t)(n - 1);
+        if (A->alibi_max_bias > 0.0f) { /* positions restart per input: key j at j */
+            rc = qs_attention_alibi(q + r0 * H * hd, n, w->pos + r0, (int)H, (int)hd,
+                                    (const uint8_t *)A->k_cache + r0 * row, (const uint8_t *)A->v_cache + r0 * row,
+                                    A->kv_f16, (int)KV, n, A->scale, A->alibi_max_bias, dst + r0 * H * hd,
+                                    w->n_threads);
+            continue;
+        }
         rc = qs_attention_sinks(q + r0 * H * hd, n, last, (int)H, (int)hd, (const uint8_t *)A->k_cache + r0 * row,
                                 (const uint8_t *)A->v_cache + r0 * row, A->kv_f16, (int)KV, n, A->n_ctx - r0, 0,
                                 A->scale, A->softcap, A->sinks.ptr, dst + r0 * H * hd, w->n_threads);
@@ -676,6 +687,11 @@ static int cpu_attend(cpu_walk *w, const qs_step *s) {
         const int sym = A->window > 0 && half < n_kv; /* a window wider than the input masks nothing */
         int32_t *last = (int32_t *)malloc((size_t)T * sizeof(int32_t));
         if (!last) return QS_ERR_NOMEM;
+        if (A->alibi_max_bias > 0.0f) { /* key j at position j, query t at its own position */
+            free(last);
+            return qs_attention_alibi(q, T, w->pos, (int)H, (int)hd, A->k_cache, A->v_cache, A->kv_f16, (int)KV,
+                                      n_kv, A->scale, A->alibi_max_bias, dst, w->n_threads);
+        }
         for (int64_t t = 0; t < T; ++t) /* (the kernel stops at the last key: n_kv - 1) */
             last[t] = (int32_t)(sym ? w->n_past + t + half : n_kv - 1);
         int rc = qs_attention_sinks(q, T, last, (int)H, (int)hd, A->k_cache, A->v_cache, A->kv_f16, (int)KV, n_kv,
@@ -732,8 +748,9 @@ static int cpu_glu(cpu_walk *w, const qs_step *s) {
     const int64_t n = w->T * (s->src == QS_BUF_PG ? w->b->ple.dim : w->b->ffn.n_ff);
     const float *g = w->buf[s->src], *u = w->buf[s->src2];
     float *out = w->buf[s->dst];
-    if (s->arg == QS_GLU_GELU_PLAIN) qs_gelu_tanh(g, out, n);
-    else if (s->arg == QS_GLU_GELU) qs_geglu_tanh(g, u, out, n);
+    const int f16 = s->src != QS_BUF_PG && w->b->ffn.gelu_f16; /* the encoders' GELU (ggml's F16 table) */
+    if (s->arg == QS_GLU_GELU_PLAIN) (f16 ? qs_gelu_f16 : qs_gelu_tanh)(g, out, n);
+    else if (s->arg == QS_GLU_GELU) (f16 ? qs_geglu_f16 : qs_geglu_tanh)(g, u, out, n);
     else if (s->arg == QS_GLU_OAI) qs_swiglu_oai(g, u, out, n);
     else qs_swiglu(g, u, out, n);
     return QS_OK;

@@ -199,12 +199,13 @@ static inline int qs_plan_build(const qs_block *b, qs_step *steps) {
         qs_plan_proj(steps, max, &n, QS_BUF_A, 1, wd, od, bd);
     } else {
         const int w[2] = {QS_W_GATE, QS_W_UP}, out[2] = {QS_BUF_G, QS_BUF_U};
-        qs_plan_proj(steps, max, &n, QS_BUF_H, 2, w, out, NULL);
+        const int bg[2] = {QS_V_NONE, b->ffn.b_up.ptr ? QS_V_BUP : QS_V_NONE}; /* jina-bert-v2's biases */
+        qs_plan_proj(steps, max, &n, QS_BUF_H, 2, w, out, bg);
         qs_plan_glu(steps, max, &n, b->ffn.swiglu_oai ? QS_GLU_OAI : b->ffn.gelu ? QS_GLU_GELU : QS_GLU_SILU,
                     QS_BUF_G, QS_BUF_U, QS_BUF_A);
         qs_plan_tap(steps, max, &n, QS_TAP_DOWN_IN, QS_BUF_A);
-        const int wd[1] = {QS_W_DOWN}, od[1] = {QS_BUF_O};
-        qs_plan_proj(steps, max, &n, QS_BUF_A, 1, wd, od, NULL);
+        const int wd[1] = {QS_W_DOWN}, od[1] = {QS_BUF_O}, bd[1] = {b->ffn.b_down.ptr ? QS_V_BDOWN : QS_V_NONE};
+        qs_plan_proj(steps, max, &n, QS_BUF_A, 1, wd, od, bd);
     }
     if (b->post_ln) qs_plan_residual_ln(steps, max, &n, QS_V_POST_FFN_NORM, QS_V_POST_FFN_NORM_B, rs);
     else qs_plan_residual(steps, max, &n, b->post_ffn_norm.ptr ? QS_V_POST_FFN_NORM : QS_V_NONE, rs);

@@ -1,7 +1,11 @@
-"""Tiny random-weight BERT embedding models written with gguf-py: the fidelity fixtures of issue 51.
+"""Tiny random-weight BERT-family embedding models written with gguf-py: the fidelity fixtures of issue 51.
 
 Each has llama.cpp's tensor names and metadata for ``bert`` (position and token type embeddings, the embeddings'
 LayerNorm, per layer q/k/v/output with biases, ``attn_output_norm``, GELU FFN with biases, ``layer_output_norm``),
+``nomic-bert`` (no position embeddings: RoPE with ``rope.freq_base``; fused ``attn_qkv`` and the output without
+biases; SwiGLU FFN of ffn_gate and ffn_up, no biases) or ``jina-bert-v2`` (no position embeddings: ALiBi; q/k/v
+and output with biases; GEGLU FFN, the gate's rows then the up's in one ``ffn_up`` as llama.cpp's converter writes
+it, or an older file's ``ffn_gate`` beside ``ffn_up`` with its bias; ``ffn_down`` with its bias),
 F32 weights (or, with ``quant``, matrices quantized by gguf-py) and a real WordPiece vocabulary: bge's (llama.cpp's
 ``ggml-vocab-bert-bge.gguf`` from the catalogue's test data), so llama.cpp and Quantscope tokenize the same way.
 ``bert-rank`` is a BERT cross-encoder (a reranker): rank pooling and the ``cls.*`` classification head (a dense
@@ -30,11 +34,16 @@ POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 
 @dataclass(frozen=True)
 class Variant:
-    """One fixture: the file's pooling type, the weights' type, whether the q/k/v projections are fused."""
+    """One fixture: the file's pooling type, the weights' type, whether the q/k/v projections are fused, the
+    architecture, the width and heads, and (jina-bert-v2) whether the FFN's gate is its own tensor."""
 
     pooling: str = "mean"
     quant: str = "F32"
     fused_qkv: bool = False
+    arch: str = "bert"
+    n_embd: int = N_EMBD
+    n_head: int = N_HEAD
+    split_gate: bool = False
     #: a reranker's classification head (cls.weight/bias, cls.output.weight/bias) and a cross-encoder's flags
     rank_head: bool = False
 
@@ -47,7 +56,14 @@ VARIANTS: dict[str, Variant] = {
     # the same cross-encoder as convert_hf_to_gguf.py writes a BertForSequenceClassification without
     # sentence-transformers' pooling config: no pooling in the file (--pooling rank runs it); the same weights
     "bert-xenc": Variant("none", rank_head=True),
+    "nomic-mean": Variant("mean", fused_qkv=True, arch="nomic-bert"),
+    "nomic-cls-q8": Variant("cls", quant="Q8_0", fused_qkv=True, arch="nomic-bert"),
+    "jina-mean": Variant("mean", arch="jina-bert-v2"),
+    # six heads: ALiBi's slopes past the largest power of two (ggml's m1 branch); the older split-gate layout
+    "jina-cls-split": Variant("cls", arch="jina-bert-v2", n_embd=96, n_head=6, split_gate=True),
 }
+#: nomic-embed-text v1.5's RoPE base
+NOMIC_ROPE_BASE = 1000.0
 
 #: the texts embedded (each one input of llama-embedding, one line each)
 TEXTS = (
@@ -96,9 +112,9 @@ def write_fixture(name: str, path: str | Path, seed: int = 0, extra: dict[str, o
         tokens = [str(t) for t in f.get("tokenizer.ggml.tokens")]
         types = [int(t) for t in f.get("tokenizer.ggml.token_type")]
     rng = np.random.default_rng(seed)
-    E, H, F = N_EMBD, N_HEAD, N_FF
-    w = gguf.GGUFWriter(str(path), "bert")
-    a = "bert."
+    E, H, F = v.n_embd, v.n_head, N_FF
+    w = gguf.GGUFWriter(str(path), v.arch)
+    a = v.arch + "."
     w.add_uint32(a + "context_length", N_CTX_TRAIN)
     w.add_uint32(a + "embedding_length", E)
     w.add_uint32(a + "block_count", N_LAYERS)
@@ -107,6 +123,8 @@ def write_fixture(name: str, path: str | Path, seed: int = 0, extra: dict[str, o
     w.add_float32(a + "attention.layer_norm_epsilon", 1e-12)
     w.add_bool(a + "attention.causal", False)
     w.add_uint32(a + "pooling_type", POOLING[v.pooling])
+    if v.arch == "nomic-bert":
+        w.add_float32(a + "rope.freq_base", NOMIC_ROPE_BASE)
     w.add_uint32("tokenizer.ggml.token_type_count", N_TYPES)
     w.add_string("tokenizer.ggml.model", "bert")
     w.add_string("tokenizer.ggml.pre", "bert-bge")
@@ -143,27 +161,40 @@ def write_fixture(name: str, path: str | Path, seed: int = 0, extra: dict[str, o
 
     w.add_tensor("token_embd.weight", _normal(rng, (len(tokens), E), 1.0))  # F32: rows are gathered
     w.add_tensor("token_types.weight", _normal(rng, (N_TYPES, E), 0.5))
-    w.add_tensor("position_embd.weight", _normal(rng, (N_CTX_TRAIN, E), 0.5))
+    if v.arch == "bert":
+        w.add_tensor("position_embd.weight", _normal(rng, (N_CTX_TRAIN, E), 0.5))
     vector("token_embd_norm.weight", E, 1.0, 0.1)
     vector("token_embd_norm.bias", E, 0.0, 0.1)
     s = 1.0 / np.sqrt(E)
+    biases = v.arch != "nomic-bert"  # nomic-embed-text has none
     for i in range(N_LAYERS):
         b = f"blk.{i}."
         if v.fused_qkv:
             matrix(b + "attn_qkv.weight", 3 * E, E, 2 * s)
-            vector(b + "attn_qkv.bias", 3 * E, 0.0, 0.1)
+            if biases:
+                vector(b + "attn_qkv.bias", 3 * E, 0.0, 0.1)
         else:
             for p in ("q", "k", "v"):
                 matrix(b + f"attn_{p}.weight", E, E, 2 * s)
                 vector(b + f"attn_{p}.bias", E, 0.0, 0.1)
         matrix(b + "attn_output.weight", E, E, s)
-        vector(b + "attn_output.bias", E, 0.0, 0.1)
+        if biases:
+            vector(b + "attn_output.bias", E, 0.0, 0.1)
         vector(b + "attn_output_norm.weight", E, 1.0, 0.1)
         vector(b + "attn_output_norm.bias", E, 0.0, 0.1)
-        matrix(b + "ffn_up.weight", F, E, s)
-        vector(b + "ffn_up.bias", F, 0.0, 0.1)
+        if v.arch == "bert":
+            matrix(b + "ffn_up.weight", F, E, s)
+            vector(b + "ffn_up.bias", F, 0.0, 0.1)
+        elif v.arch == "nomic-bert" or v.split_gate:
+            matrix(b + "ffn_gate.weight", F, E, s)
+            matrix(b + "ffn_up.weight", F, E, s)
+            if v.split_gate:
+                vector(b + "ffn_up.bias", F, 0.0, 0.1)
+        else:  # jina-bert-v2's GEGLU: the gate's rows, then the up's
+            matrix(b + "ffn_up.weight", 2 * F, E, s)
         matrix(b + "ffn_down.weight", E, F, 1.0 / np.sqrt(F))
-        vector(b + "ffn_down.bias", E, 0.0, 0.1)
+        if biases:
+            vector(b + "ffn_down.bias", E, 0.0, 0.1)
         vector(b + "layer_output_norm.weight", E, 1.0, 0.1)
         vector(b + "layer_output_norm.bias", E, 0.0, 0.1)
     if v.rank_head:  # scores of order 1: the dense layer's tanh saturates little, the output row sums 64 terms

@@ -9,7 +9,7 @@ llama-embedding is an example program, outside the tools ``tests/bench/llamacpp_
 builds: it is compiled here from the same tree against that build's static libraries (``--llama-dir``, default
 the cache's llama.cpp-0.3.36). Usage:
 
-    python tests/record_bert_fixtures.py [--llama-dir DIR] [--only NAME]
+    python tests/record_bert_fixtures.py [--llama-dir DIR] [--only NAME[,NAME...]]
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from bert_fixtures import PAIRS, TEXTS, VARIANTS, write_fixture
 
 DATA = Path(__file__).resolve().parent / "data" / "bert"
 #: the poolings recorded per variant: the file's own first (None), then overrides
-POOLINGS = {"bert-mean": (None, "cls", "none"), "bert-cls": (None, "mean"), "bert-mean-q8": (None,)}
+POOLINGS = {"bert-mean": (None, "cls", "none"), "bert-cls": (None, "mean"), "bert-mean-q8": (None, "cls", "none"),
+            "nomic-mean": (None, "cls", "none"), "nomic-cls-q8": (None, "mean", "none"),
+            "jina-mean": (None, "cls", "none"), "jina-cls-split": (None, "mean")}
 #: the rerankers, recorded by :func:`run_rank`
 RANKERS = ("bert-rank",)
 
@@ -118,7 +120,7 @@ def record_rankers(exe: Path, tmp: Path, only: str | None) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-dir", type=Path, default=cache_root(VERSION))
-    ap.add_argument("--only")
+    ap.add_argument("--only", help="comma-separated fixture names (default: all)")
     args = ap.parse_args()
     DATA.mkdir(parents=True, exist_ok=True)
     meta_path = DATA / "meta.json"
@@ -127,7 +129,7 @@ def main() -> None:
         exe = build_embedding(args.llama_dir, Path(tmp))
         record_rankers(exe, Path(tmp), args.only)
         for name in VARIANTS:
-            if name in RANKERS or name not in POOLINGS or (args.only and name != args.only):
+            if args.only and name not in args.only.split(","):
                 continue
             path = write_fixture(name, Path(tmp) / f"{name}.gguf")
             entry: dict[str, object] = {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(),

@@ -1,6 +1,7 @@
-"""BERT embedding models (issue 51) against llama.cpp: the fixtures of tests/bert_fixtures.py, written here, must
-be the bytes recorded in tests/data/bert/meta.json, tokenize as llama-embedding did and embed within cosine
-0.9999 of its vectors per input (per token with ``none`` pooling), with the file's pooling and with overrides."""
+"""BERT-family embedding models (issue 51: bert, nomic-bert, jina-bert-v2) against llama.cpp: the fixtures of
+tests/bert_fixtures.py, written here, must be the bytes recorded in tests/data/bert/meta.json, tokenize as
+llama-embedding did and embed within cosine 0.9999 of its vectors per input (per token with ``none`` pooling), with
+the file's pooling and with overrides."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quantscope.core.engine.encoder import EmbedError, Encoder, normalize
+from quantscope.core.engine.encoder import EmbedError, Encoder, alibi_slopes, gelu_f16, normalize
 from quantscope.core.engine.generate import Engine, load_failure
 from quantscope.core.gguf import GGUFFile
 from quantscope.core.model import EmbeddingModel, UnsupportedModel, read_config
-from quantscope.core.native import ffi, lib
+from quantscope.core.native import ffi, lib, nn
 
 from .bert_fixtures import TEXTS, VARIANTS, write_fixture
 
@@ -212,8 +213,10 @@ def test_an_extra_tensor_is_refused(fixtures, tmp_path):
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_native_layers_match_the_numpy_reference(fixtures, name):
-    """The native block (the plan's post-LayerNorm residuals, ungated GELU FFN, non-causal attention) against the
-    float32 numpy forward: float noise for F32 weights, activation quantization noise for Q8_0 ones."""
+    """The native block (the plan's post-LayerNorm residuals, plain or gated FFN, non-causal attention with RoPE or
+    ALiBi) against the float32 numpy forward: float noise for F32 weights (and a K or V value that float noise
+    moves across an F16 rounding boundary: both round them as llama.cpp's flash attention does), activation
+    quantization noise for Q8_0 ones."""
     with Encoder(fixtures[name], threads=2) as enc:
         assert enc.blocks is not None
         seqs = [enc.tokenize(t) for t in TEXTS]
@@ -221,8 +224,8 @@ def test_native_layers_match_the_numpy_reference(fixtures, name):
         for s, r in zip(seqs, ref, strict=True):
             got, = enc.forward_native([s])
             f32 = VARIANTS[name].quant == "F32"
-            assert np.abs(got - r).max() < (1e-4 if f32 else 0.2)  # rows of LayerNorm outputs (values of ~1)
-            assert min(_cos(g, w) for g, w in zip(got, r, strict=True)) > (0.99999 if f32 else 0.999)
+            assert np.abs(got - r).max() < (2e-3 if f32 else 0.2)  # rows of LayerNorm outputs (values of ~1)
+            assert min(_cos(g, w) for g, w in zip(got, r, strict=True)) > (0.99999 if f32 else 0.998)
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -235,7 +238,11 @@ def test_native_batch_is_the_inputs_one_by_one(fixtures, name):
         for s, got in zip(seqs, together, strict=True):
             alone, = enc.forward_native([s])
             assert got.shape == alone.shape
-            assert np.abs(got - alone).max() < 1e-5
+            if VARIANTS[name].quant == "F32":
+                assert np.abs(got - alone).max() < 1e-5
+            else:  # a quantized product's row-tile and remainder kernels sum in another order (~1e-7), and the
+                # F16-table GELU (ggml's) turns that into an F16 step now and then: close, not equal
+                assert min(_cos(g, w) for g, w in zip(got, alone, strict=True)) > 0.9995
         b = enc.blocks[0].attn
         assert b.seg_len == ffi.NULL and b.n_seg == 0  # the call's segments are not left behind
         assert enc.forward([]) == []
@@ -250,12 +257,12 @@ def test_the_block_checks_the_segments(fixtures):
         b = enc.blocks[0]
         x = np.ones((4, 64), np.float32)
         pos = np.array([0, 1, 0, 1], np.int32)
-        kv = np.zeros(4 * 64, np.float32)
+        kv, kv2 = np.zeros(4 * 64, np.float32), np.zeros(4 * 64, np.float32)  # (kept alive: the calls' caches)
 
         def forward(lens: list[int] | None, n_seg: int | None = None, n_past: int = 0, **attn) -> int:
             c = ffi.new("qs_block *", b[0])
             a = c.attn
-            a.n_ctx, a.k_cache, a.v_cache = 4, ffi.from_buffer(kv), ffi.from_buffer(kv.copy())
+            a.n_ctx, a.k_cache, a.v_cache = 4, ffi.from_buffer(kv), ffi.from_buffer(kv2)
             a.k_cache_bytes = a.v_cache_bytes = kv.nbytes
             arr = np.asarray(lens or [], np.int32)
             a.seg_len = ffi.cast("int32_t *", ffi.from_buffer(arr)) if lens is not None else ffi.NULL
@@ -274,3 +281,125 @@ def test_the_block_checks_the_segments(fixtures):
                          (None, {"n_seg": 2}), ([2, 2], {"non_causal": 0}), ([1, 2], {"n_past": 1}),
                          ([1, 1, 1, 1, 1], {"n_seg": 5})):
             assert forward(lens, **kw) == lib.QS_ERR_SIZE, (lens, kw)
+
+
+def test_alibi_slopes_are_ggmls():
+    """qs_alibi_slope (C) and alibi_slopes (numpy) give ggml_soft_max_ext's slopes: 2^-1 .. 2^-8 for 8 heads and
+    max_bias 8 (the ALiBi paper's), and past the largest power of two the odd powers of m1."""
+    assert np.allclose(alibi_slopes(8, 8.0), 2.0 ** -np.arange(1, 9))
+    six = [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3]  # n2 = 4: m0 = 2^-2, m1 = 2^-1
+    assert np.allclose(alibi_slopes(6, 8.0), six)
+    for H, bias in ((4, 8.0), (6, 8.0), (12, 8.0), (5, 3.0), (1, 8.0)):
+        assert np.allclose([lib.qs_alibi_slope(H, h, bias) for h in range(H)], alibi_slopes(H, bias), rtol=1e-6)
+    assert lib.qs_alibi_slope(4, 2, 0.0) == 1.0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_native_alibi_attention_matches_numpy(dtype):
+    """qs_attention_alibi against the same attention in numpy (grouped heads, 6 query heads over 3 KV heads; F32
+    and F16 caches): softmax(scale q.k - slope_h |i - j|) v; bad sizes and positions refused before anything is
+    read."""
+    rng = np.random.default_rng(1)
+    T, H, KV, D, scale, bias = 9, 6, 3, 8, 0.35, 8.0
+    q = rng.standard_normal((T, H, D)).astype(np.float32)
+    k = rng.standard_normal((T, KV, D)).astype(dtype)
+    v = rng.standard_normal((T, KV, D)).astype(dtype)
+    pos = np.arange(T, dtype=np.int32)
+    out = np.zeros((T, H, D), np.float32)
+
+    def call(n_q=T, p=pos, heads=H, kv_heads=KV, n_kv=T, max_bias=bias, f16=int(dtype == np.float16)) -> int:
+        return lib.qs_attention_alibi(ffi.cast("float *", ffi.from_buffer(q)), n_q,
+                                      ffi.cast("int32_t *", ffi.from_buffer(p)), heads, D, ffi.from_buffer(k),
+                                      ffi.from_buffer(v), f16, kv_heads, n_kv, scale, max_bias,
+                                      ffi.cast("float *", ffi.from_buffer(out)), 2)
+
+    assert call() == lib.QS_OK
+    slopes = alibi_slopes(H, bias)
+    dist = np.abs(pos[:, None] - pos[None, :]).astype(np.float64)
+    k64, v64 = k.astype(np.float64), v.astype(np.float64)
+    for h in range(H):
+        kh = h // (H // KV)
+        s = q[:, h].astype(np.float64) @ k64[:, kh].T * scale - slopes[h] * dist
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        assert np.allclose(out[:, h], p @ v64[:, kh], atol=1e-5)
+    bad_pos = pos.copy()
+    bad_pos[3] = -1
+    for kwargs, code in (({"n_kv": 0}, lib.QS_ERR_SIZE), ({"kv_heads": 4}, lib.QS_ERR_HEADS),
+                         ({"max_bias": -1.0}, lib.QS_ERR_SIZE), ({"max_bias": float("nan")}, lib.QS_ERR_SIZE),
+                         ({"p": bad_pos}, lib.QS_ERR_POS), ({"n_q": -1}, lib.QS_ERR_SIZE),
+                         ({"f16": 2}, lib.QS_ERR_SIZE)):
+        assert call(**kwargs) == code
+
+
+def _forward_block(block, n_embd: int) -> int:
+    """qs_block_forward of one layer description on 3 zero rows (F16 caches of this call): its return code."""
+    x = np.zeros((3, n_embd), np.float32)
+    pos = np.arange(3, dtype=np.int32)
+    k_cache, v_cache = np.zeros(3 * n_embd, np.float16), np.zeros(3 * n_embd, np.float16)
+    a = block.attn
+    a.n_ctx, a.k_cache, a.v_cache = 3, ffi.from_buffer(k_cache), ffi.from_buffer(v_cache)
+    a.k_cache_bytes = a.v_cache_bytes = k_cache.nbytes
+    return lib.qs_block_forward(block, ffi.cast("float *", ffi.from_buffer(x)), 3,
+                                ffi.cast("int32_t *", ffi.from_buffer(pos)), 0, 1)
+
+
+def test_nomic_and_jina_layers_as_the_block_walks_them(fixtures):
+    """nomic-bert: fused q/k/v without biases, NeoX RoPE on q and k, SwiGLU; jina-bert-v2: ALiBi (max_bias 8, no
+    RoPE) and GEGLU with the biases of up and down (the gate's rows of the fused ffn_up, or ffn_gate); the block
+    refuses ALiBi outside the encoder's attention."""
+    with Encoder(fixtures["nomic-mean"], threads=1) as enc:
+        b = enc.blocks[0]
+        assert (b.rope.skip, b.rope.neox, b.rope.dim, b.rope.base, b.attn.alibi_max_bias) == (0, 1, 16, 1000.0, 0.0)
+        assert nn.block_plan(b) == [
+            "norm copy: x -> h", "tap attn_in: h", "proj h -> q:wq k:wk v:wv", "qk_post", "tap q: q",
+            "attend: q -> att", "tap wo_in: att", "proj att -> o:wo",
+            "residual ln post_attn_norm+post_attn_norm_b: x = ln(x + o)", "norm copy: x -> h", "tap ffn_in: h",
+            "proj h -> g:gate u:up", "glu silu: g * u -> a", "tap down_in: a", "proj a -> o:down",
+            "residual ln post_ffn_norm+post_ffn_norm_b: x = ln(x + o)"]
+    for name, up in (("jina-mean", "proj h -> g:gate u:up"), ("jina-cls-split", "proj h -> g:gate u:up+bup")):
+        with Encoder(fixtures[name], threads=1) as enc:
+            b = enc.blocks[1]
+            assert (b.rope.skip, b.attn.alibi_max_bias, b.ffn.plain, b.ffn.gelu) == (1, 8.0, 0, 1)
+            plan = nn.block_plan(b)
+            assert up in plan and "glu gelu: g * u -> a" in plan
+            assert "proj a -> o:down+bdown" in plan
+            assert _forward_block(ffi.new("qs_block *", b[0]), enc.n_embd) == lib.QS_OK
+            for change in (lambda c: setattr(c.attn, "non_causal", 0), lambda c: setattr(c.attn, "softcap", 5.0),
+                           lambda c: setattr(c.attn, "alibi_max_bias", -1.0),
+                           lambda c: setattr(c.attn, "alibi_max_bias", float("inf"))):
+                c = ffi.new("qs_block *", b[0])
+                change(c)
+                assert _forward_block(c, enc.n_embd) == lib.QS_ERR_SIZE
+
+
+def test_gelu_is_ggmls_f16_table():
+    """qs_gelu_f16 / qs_geglu_f16 (C) and gelu_f16 (numpy) compute ggml's CPU GELU: fp16(gelu(fp16(x))), 0 at or
+    below -10, x at or above 10 (exactly, on every F16 value in between and beyond); the block takes the switch on
+    an encoder's layer only."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    x = np.concatenate([x[np.isfinite(x)], [-10.0, 10.0, -10.001, 10.001, 3.14159265, -0.7071]]).astype(np.float32)
+    up = np.linspace(-2.0, 2.0, x.size, dtype=np.float32)
+    got, glu = np.empty_like(x), np.empty_like(x)
+    lib.qs_gelu_f16(ffi.cast("float *", ffi.from_buffer(x)), ffi.cast("float *", ffi.from_buffer(got)), x.size)
+    lib.qs_geglu_f16(ffi.cast("float *", ffi.from_buffer(x)), ffi.cast("float *", ffi.from_buffer(up)),
+                     ffi.cast("float *", ffi.from_buffer(glu)), x.size)
+    want = gelu_f16(x)
+    # np.tanh and tanhf differ in float's last bit: one F16 step at times, relatively large only where 1 + tanh
+    # cancels (x near -4, values of 1e-4)
+    assert np.allclose(got, want, rtol=1e-3, atol=1e-6) and (got == want).mean() > 0.99
+    assert np.array_equal(glu, got * up)
+    assert got[x.size - 6] == 0.0 and got[x.size - 5] == 10.0 and got[x.size - 3] == np.float32(10.001)
+    assert got[x.size - 2].astype(np.float16).astype(np.float32) == got[x.size - 2]  # an F16 value
+
+
+def test_the_f16_gelu_is_an_encoders_switch(fixtures):
+    with Encoder(fixtures["bert-mean"], threads=1) as enc:
+        b = ffi.new("qs_block *", enc.blocks[0][0])
+        assert b.ffn.gelu_f16 == 1 and _forward_block(b, enc.n_embd) == lib.QS_OK
+        for change in (lambda c: setattr(c.ffn, "gelu_f16", 2), lambda c: setattr(c, "post_ln", 0)):
+            c = ffi.new("qs_block *", b[0])
+            change(c)
+            assert _forward_block(c, enc.n_embd) in (lib.QS_ERR_SIZE, lib.QS_ERR_VECTOR)
+    with Encoder(fixtures["nomic-mean"], threads=1) as enc:
+        assert enc.blocks[0].ffn.gelu_f16 == 0  # SwiGLU

@@ -70,7 +70,9 @@ def test_the_head_and_the_forward_paths_agree(enc):
     native = np.concatenate(enc.rank_ids(seqs))
     small = np.concatenate(enc.rank_ids(seqs, batch_tokens=25))
     numpy_ = np.asarray([head.scores(r)[0] for r in enc.forward_numpy(seqs)])
-    assert np.allclose(native, numpy_, rtol=0, atol=1e-5 * np.abs(native).max())
+    # (K, V and GELU's inputs rounded to F16 on both paths, as ggml's: a ~1e-7 difference upstream moves an F16
+    # step now and then, so the paths agree to ~2e-4 of the scale, not to float precision)
+    assert np.allclose(native, numpy_, rtol=0, atol=5e-4 * np.abs(native).max())
     assert np.allclose(native, small, rtol=0, atol=1e-6)
     q = PAIRS[0][0]
     docs = [d for p, d in PAIRS if p == q]

@@ -115,6 +115,20 @@ int qs_attention_probs(const float *q, int64_t n_q, const int32_t *q_pos, int n_
                        const void *k_cache, int64_t k_cache_bytes, int kv_f16, int n_kv_heads, int64_t n_kv,
                        int64_t n_ctx, int64_t window, float scale, float softcap, const float *sinks, float *probs,
                        int64_t probs_len, int n_threads);
+/* ALiBi attention of an encoder (jina-bert-v2; llama.cpp's ggml_soft_max_ext with max_bias over a mask of
+ * -|p_q - p_k|): every query attends to all n_kv keys of a cache [n_kv][n_kv_heads][head_dim] (key j at
+ * position j), score scale * q.k - slope_h * |q_pos - j|, with head h's slope as ggml's: n2 the largest power of
+ * two <= n_heads, m0 = 2^(-max_bias / n2), m1 = 2^(-max_bias / 2 / n2), slope_h = m0^(h + 1) below n2, else
+ * m1^(2 (h - n2) + 1) (qs_alibi_slope; max_bias 0: 1). F32 or F16 (kv_f16) cache; a scalar loop, threads over
+ * (query, head). */
+float qs_alibi_slope(int n_heads, int head, float max_bias);
+/* ggml's CPU GELU (GGML_GELU_FP16): y = fp16(gelu(fp16(x))), the tanh form as ggml_gelu_f32 writes it; 0 for
+ * x <= -10, x for x >= 10; the GEGLU form multiplies that by up in float. out may alias x / gate / up. */
+void qs_gelu_f16(const float *x, float *out, int64_t n);
+void qs_geglu_f16(const float *gate, const float *up, float *out, int64_t n);
+int qs_attention_alibi(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                       const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv,
+                       float scale, float max_bias, float *out, int n_threads);
 
 /* One layer's forward description (docs/engine.md, "The forward description"): Python decides every per-layer
  * policy once (window, RoPE, soft-caps, multipliers, which optional vectors exist, routing, delta-net sizes) and
@@ -157,6 +171,8 @@ typedef struct {
      * n_past 0, the cache holds the call's rows; no window) */
     const int32_t *seg_len;
     int64_t n_seg;
+    float alibi_max_bias; /* > 0: ALiBi with this max_bias (jina-bert-v2; qs_attention_alibi): non-causal, no sinks or
+                           * soft-cap */
 } qs_attn_desc;
 /* RoPE of q and k (ggml_rope_ext, see qs_rope_ext): skip 1 leaves this layer unrotated (smollm3's NoPE layers) */
 typedef struct {
@@ -171,7 +187,8 @@ typedef struct {
     int n_ff, gelu, swiglu_oai;
     qs_weight gate, up, down;
     int plain;            /* 1: no gate (BERT): out = down(GELU-tanh(up(x) + b_up)) + b_down; gate unused */
-    qs_vec b_up, b_down;  /* biases of up (n_ff) and down (n_embd): absent, or with plain */
+    qs_vec b_up, b_down;  /* biases of up (n_ff) and down (n_embd): absent, or on a dense FFN (BERT, jina-bert-v2) */
+    int gelu_f16;         /* 1: GELU as ggml's CPU table over F16 inputs (qs_gelu_f16, qs_geglu_f16): the encoders */
 } qs_ffn_desc;
 /* Mixture of experts (n_expert 0: a dense FFN). The router (n_expert x n_embd, + b_router) scores them; per token
  * the n_used largest softmax probabilities pick the experts, their weights normalized to sum 1 (norm) and times

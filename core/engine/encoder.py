@@ -3,7 +3,10 @@ normalised as llama.cpp's ``llama-embedding`` does.
 
 llama.cpp's ``bert`` graph: token + token type 0 + absolute position embeddings, LayerNorm (with bias), then per
 layer q/k/v with biases, attention of every token to every token of its own input, output projection, residual,
-LayerNorm; GELU FFN (tanh form, as ggml_gelu) with biases, residual, LayerNorm. The layers run on the native block
+LayerNorm; GELU FFN (ggml's CPU GELU, a table over F16 inputs) with biases, residual, LayerNorm. nomic-bert rotates
+q and k (RoPE) instead of adding position embeddings and has a SwiGLU FFN; jina-bert-v2 biases the scores by ALiBi
+and has a GEGLU FFN (``ModelConfig.encoder_positions`` / ``encoder_ffn``). K and V are rounded to F16, as
+llama-embedding's flash attention casts them. The layers run on the native block
 (:meth:`Encoder.forward_native`: each layer's plan with BERT's switches, docs/embeddings.md); the same graph in
 float32 numpy over the dequantized weights is the float reference (:meth:`Encoder.forward_numpy`) and runs a
 file whose weight type has no native kernel. Pooling (``{arch}.pooling_type`` unless overridden): ``mean`` of the
@@ -40,6 +43,7 @@ from ..native import ffi, lib
 from ..native.kernels import copy_mapped, default_threads, native_error
 from ..quant import dequantize
 from ..tokenizer import Tokenizer
+from .reference import _rope
 from .session import MAX_SESSION_CTX, Model, Session
 
 #: poolings that give one vector per input (``none`` gives one per token)
@@ -47,11 +51,6 @@ POOLINGS = tuple(p for p in POOLING_TYPES if p != "rank")
 #: the pooling of a reranker: the classification head (``cls.*``) on the pooled row gives scores (llama.cpp's
 #: LLAMA_POOLING_TYPE_RANK)
 RANK = "rank"
-#: the decoder-body architectures whose rerank head llama.cpp loads (``cls.output.weight`` alone: Qwen3-Reranker's
-#: yes/no rows of the LM head)
-_CLS_OUT_ARCHS = frozenset({"qwen3"})
-#: the architectures whose rank scores llama.cpp's build_pooling passes through a softmax (P(yes), P(no))
-_SOFTMAX_RANK = frozenset({"qwen3"})
 #: how many tokens one forward evaluates at most, all inputs together: bounds the float32 activations (the FFN's
 #: are MAX_BATCH_TOKENS x n_ff: 128 MiB for bge-large's 4096)
 MAX_BATCH_TOKENS = 8192
@@ -109,8 +108,10 @@ class _Dense:
     """A matrix of the file as float32 for the numpy forward, dequantized on first use (the native layers read
     the file's own bytes, so a model run natively never holds a float32 copy of its matrices)."""
 
-    def __init__(self, read: Callable[[], np.ndarray], shape: tuple[int, int]) -> None:
+    def __init__(self, read: Callable[[], np.ndarray], shape: tuple[int, int], name: str = "", row0: int = 0) -> None:
         self._read, self.shape = read, shape
+        #: the file's tensor and the first of its rows this matrix is (the native layers read them there)
+        self.name, self.row0 = name, row0
         self._value: np.ndarray | None = None
 
     def value(self) -> np.ndarray:
@@ -124,7 +125,7 @@ class _Dense:
 
     def rows(self, r0: int, r1: int) -> _Dense:
         """Rows r0..r1 (a fused q/k/v matrix's parts), sharing this matrix's one copy."""
-        return _Dense(lambda: self.value()[r0:r1], (r1 - r0, self.shape[1]))
+        return _Dense(lambda: self.value()[r0:r1], (r1 - r0, self.shape[1]), self.name, self.row0 + r0)
 
 
 @dataclass
@@ -143,6 +144,8 @@ class _Layer:
     down: _Dense
     b_down: np.ndarray | None
     out_norm: tuple[np.ndarray, np.ndarray]
+    gate: _Dense | None = None  # a gated FFN's gate (nomic-bert's SwiGLU, jina-bert-v2's GEGLU); None: plain
+    b_gate: np.ndarray | None = None  # jina-bert-v2's fused gate/up bias, its gate part (numpy forward only)
 
 
 class _DecoderBody:
@@ -194,10 +197,25 @@ def normalize(v: np.ndarray, mode: int = 2) -> np.ndarray:
     return (v * inv).astype(np.float32)
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
-    """GELU in its tanh form (ggml_gelu)."""
-    c = np.float32(math.sqrt(2.0 / math.pi))
-    return np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+def gelu_f16(x: np.ndarray) -> np.ndarray:
+    """GELU as ggml's CPU computes it (qs_gelu_f16's twin): a table over F16 inputs, fp16(gelu(fp16(x))) in the
+    tanh form of ggml_gelu_f32, 0 at or below -10, x at or above 10."""
+    h = x.astype(np.float16).astype(np.float32)
+    c, a = np.float32(math.sqrt(2.0 / math.pi)), np.float32(0.044715)
+    y = (np.float32(0.5) * h * (np.float32(1.0) + np.tanh(c * h * (np.float32(1.0) + a * h * h))))
+    return np.where(x <= -10.0, np.float32(0.0), np.where(x >= 10.0, x, y.astype(np.float16).astype(np.float32)))
+
+
+def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
+    """Each head's ALiBi slope as ggml_soft_max_ext computes it (qs_alibi_slope's twin): n2 the largest power of
+    two <= n_head, m0 = 2^(-max_bias / n2), m1 = 2^(-max_bias / 2 / n2); head h < n2: m0^(h + 1), else
+    m1^(2 (h - n2) + 1)."""
+    n2 = 1 << (n_head.bit_length() - 1)
+    m0 = np.float32(2.0) ** np.float32(-max_bias / n2)
+    m1 = np.float32(2.0) ** np.float32(-(max_bias / 2.0) / n2)
+    h = np.arange(n_head)
+    return np.where(h < n2, m0 ** (h + 1).astype(np.float32),
+                    m1 ** (2 * (h - n2) + 1).astype(np.float32)).astype(np.float32)
 
 
 def _layer_norm(x: np.ndarray, wb: tuple[np.ndarray, np.ndarray], eps: float) -> np.ndarray:
@@ -247,9 +265,11 @@ class Encoder:
             self._load_decoder()
             return
         self.tok_embd = self._matrix("token_embd.weight", cfg.n_vocab, E).value()
-        self.pos_embd = self._matrix("position_embd.weight", None, E).value()
+        #: the absolute position embeddings (BERT); None where positions are rotary (nomic-bert) or ALiBi (jina)
+        self.pos_embd = (self._matrix("position_embd.weight", None, E).value()
+                         if cfg.encoder_positions == "absolute" else None)
         #: how many positions (tokens per input) the model has
-        self.n_ctx = int(self.pos_embd.shape[0])
+        self.n_ctx = int(self.pos_embd.shape[0]) if self.pos_embd is not None else cfg.n_ctx_train
         types = self._matrix("token_types.weight", None, E, optional=True)
         self.type0 = types.value()[0] if types is not None and types.shape[0] else None
         self.embd_norm = (self._vec("token_embd_norm.weight", E), self._vec("token_embd_norm.bias", E))
@@ -262,7 +282,11 @@ class Encoder:
                 qkv = self._matrix(b + "attn_qkv.weight", QD + 2 * KD, E)
                 wq, wk, wv = qkv.rows(0, QD), qkv.rows(QD, QD + KD), qkv.rows(QD + KD, QD + 2 * KD)
                 bqkv = self._vec(b + "attn_qkv.bias", QD + 2 * KD, optional=True)
-                bq, bk, bv = (None, None, None) if bqkv is None else (bqkv[:QD], bqkv[QD:QD + KD], bqkv[QD + KD:])
+                if bqkv is None:  # llama.cpp reads separate biases beside a fused matrix without its own
+                    bq, bk, bv = (self._vec(b + "attn_q.bias", QD, True), self._vec(b + "attn_k.bias", KD, True),
+                                  self._vec(b + "attn_v.bias", KD, True))
+                else:
+                    bq, bk, bv = bqkv[:QD], bqkv[QD:QD + KD], bqkv[QD + KD:]
             else:
                 wq, wk, wv = (self._matrix(b + "attn_q.weight", QD, E), self._matrix(b + "attn_k.weight", KD, E),
                               self._matrix(b + "attn_v.weight", KD, E))
@@ -272,10 +296,9 @@ class Encoder:
                 wq=wq, wk=wk, wv=wv, bq=bq, bk=bk, bv=bv,
                 wo=self._matrix(b + "attn_output.weight", E, QD), bo=self._vec(b + "attn_output.bias", E, True),
                 attn_norm=(self._vec(b + "attn_output_norm.weight", E), self._vec(b + "attn_output_norm.bias", E)),
-                up=self._matrix(b + "ffn_up.weight", F, E), b_up=self._vec(b + "ffn_up.bias", F, True),
-                down=self._matrix(b + "ffn_down.weight", E, F), b_down=self._vec(b + "ffn_down.bias", E, True),
+                down=self._matrix(b + "ffn_down.weight", E, F),
                 out_norm=(self._vec(b + "layer_output_norm.weight", E),
-                          self._vec(b + "layer_output_norm.bias", E))))
+                          self._vec(b + "layer_output_norm.bias", E)), **self._ffn(b, F)))
         #: the layers' descriptions for the native block (qs_block_forward), None where a weight type has no kernel
         self.blocks: list[Any] | None = self._describe()
         if self.blocks is None:  # the numpy forward runs: read every matrix now (an unreadable one fails here)
@@ -312,7 +335,7 @@ class Encoder:
         E = c.n_embd
         labels = self._labels()
         n_out = max(1, len(labels))
-        if decoder and c.arch not in _CLS_OUT_ARCHS:
+        if decoder and not description(c.arch).decoder_rank_head:
             raise UnsupportedModel(f"rank pooling needs a classification head, which {c.arch} does not have (of "
                                    "the decoder bodies, llama.cpp loads one for qwen3 only): it is not a reranker")
         heads = ("cls.output.weight",) if decoder else ("cls.weight", "cls.output.weight")
@@ -336,7 +359,7 @@ class Encoder:
                         dense_b=None if decoder else self._vec("cls.bias", E, optional=True),
                         out=None if out is None else out.value(),
                         out_b=None if decoder else self._vec("cls.output.bias", n_out, optional=True),
-                        labels=labels, softmax=c.arch in _SOFTMAX_RANK)
+                        labels=labels, softmax=description(c.arch).decoder_rank_head)
 
     def _load_decoder(self) -> None:
         """A decoder-body embedding model: its layers bound by the text generation engine's binding, its head
@@ -352,15 +375,41 @@ class Encoder:
         self.n_ctx = min(cfg.n_ctx_train, MAX_SESSION_CTX)
         self.blocks = None
         self.rank_head = self._rank_head(decoder=True) if self.pooling == RANK else None
-        if self.rank_head is None and cfg.arch in _CLS_OUT_ARCHS:  # loaded and unused, as llama.cpp's qwen3
+        if self.rank_head is None and description(cfg.arch).decoder_rank_head:  # loaded, unused (llama.cpp)
             self._matrix("cls.output.weight", max(1, len(self._labels())), E, optional=True)
         self.decoder = _DecoderBody(f, cfg, frozenset(self._used), self.threads, self.n_ctx)
 
+    def _ffn(self, b: str, F: int) -> dict[str, Any]:
+        """Layer ``b``'s FFN matrices and biases as ``config.encoder_ffn`` says: plain (up, GELU), gated (gate and up,
+        no biases: llama.cpp's nomic-bert graph passes none), or either (jina-bert-v2: ``ffn_gate``, or the gate's
+        rows then the up's in one ``ffn_up``, else plain; with the biases of up and down)."""
+        c, f, E = self.config, self.file, self.config.n_embd
+        kind = c.encoder_ffn
+        if kind not in ("plain", "gated", "any"):
+            raise UnsupportedModel(f"an encoder FFN of kind {kind!r} is not supported")
+        has_gate = f.has_tensor(b + "ffn_gate.weight")
+        up_rows = f.tensor(b + "ffn_up.weight").n_rows if f.has_tensor(b + "ffn_up.weight") else F
+        if kind == "gated" or (kind == "any" and has_gate):
+            out = {"gate": self._matrix(b + "ffn_gate.weight", F, E), "up": self._matrix(b + "ffn_up.weight", F, E)}
+        elif kind == "any" and up_rows == 2 * F:  # GEGLU: gelu(first half) * second half
+            fused = self._matrix(b + "ffn_up.weight", 2 * F, E)
+            out = {"gate": fused.rows(0, F), "up": fused.rows(F, 2 * F)}
+        else:
+            out = {"up": self._matrix(b + "ffn_up.weight", F, E)}
+        out["b_up"] = out["b_down"] = None
+        if kind != "gated":
+            n_up = 2 * F if "gate" in out and not has_gate else F
+            bias = self._vec(b + "ffn_up.bias", n_up, True)
+            if bias is not None and n_up == 2 * F:
+                out["b_gate"], bias = bias[:F], bias[F:]
+            out["b_up"], out["b_down"] = bias, self._vec(b + "ffn_down.bias", E, True)
+        return out
+
     def _describe(self) -> list[Any] | None:
         """Each layer as a ``qs_block`` (csrc/qs_api_nn.h): the matrices zero-copy from the mapped file, the vectors
-        (float32 copies) kept by ``_keep``, BERT's switches set (post-LayerNorm residuals, ungated GELU FFN with
-        biases, non-causal attention, no RoPE); the KV cache is set per call. None when a matrix's type has no
-        native kernel (the numpy forward then runs)."""
+        (float32 copies) kept by ``_keep``, BERT's switches set (post-LayerNorm residuals, plain or gated FFN with
+        biases, non-causal attention with RoPE, ALiBi or neither); the KV cache is set per call. None when a
+        matrix's type has no native kernel or a gate has a bias (the numpy forward then runs)."""
         c, f = self.config, self.file
         self._keep: list[Any] = []
 
@@ -385,6 +434,8 @@ class Encoder:
                 d.ptr, d.len = ffi.cast("float *", buf), int(a.size)
 
         QD, KD = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+        if any(L.b_gate is not None for L in self.layers):  # a bias on a gate: the block has none
+            return None
         blocks = []
         for i, L in enumerate(self.layers):
             pre = f"blk.{i}."
@@ -392,15 +443,24 @@ class Encoder:
             b.n_embd, b.eps, b.post_ln = c.n_embd, c.rms_eps, 1
             a = b.attn
             a.n_head, a.n_head_kv, a.head_dim = c.n_head, c.n_head_kv, c.head_dim
-            a.scale, a.non_causal = 1.0 / math.sqrt(c.head_dim), 1
-            b.rope.skip, b.rope.dim, b.rope.base = 1, c.head_dim - c.head_dim % 2, 10000.0
+            a.scale, a.non_causal, a.kv_f16 = 1.0 / math.sqrt(c.head_dim), 1, 1  # K and V in F16: see forward_numpy
+            a.alibi_max_bias = c.alibi_max_bias if c.encoder_positions == "alibi" else 0.0
+            r = b.rope
+            r.skip, r.dim, r.base = 1, c.head_dim - c.head_dim % 2, 10000.0
+            if c.encoder_positions == "rope":
+                r.skip, r.dim, r.neox, r.base = 0, c.rope_dim, int(c.rope_neox), c.rope_base
+                r.freq_scale, r.ext_factor, r.mscale = c.rope_freq_scale, c.rope_ext_factor, c.rope_mscale
+                r.corr0, r.corr1 = c.yarn_corr_dims(i)
             if f.has_tensor(pre + "attn_qkv.weight"):
                 ok = all(weight(d, pre + "attn_qkv.weight", r0, n) for d, r0, n in
                          ((a.wq, 0, QD), (a.wk, QD, KD), (a.wv, QD + KD, KD)))
             else:
                 ok = all(weight(d, pre + f"attn_{p}.weight") for d, p in ((a.wq, "q"), (a.wk, "k"), (a.wv, "v")))
             ok = ok and weight(a.wo, pre + "attn_output.weight")
-            ok = ok and weight(b.ffn.up, pre + "ffn_up.weight") and weight(b.ffn.down, pre + "ffn_down.weight")
+            ok = ok and weight(b.ffn.up, L.up.name, L.up.row0, L.up.shape[0])
+            ok = ok and weight(b.ffn.down, pre + "ffn_down.weight")
+            if L.gate is not None:
+                ok = ok and weight(b.ffn.gate, L.gate.name, L.gate.row0, L.gate.shape[0])
             if not ok:
                 self._keep = []
                 return None
@@ -408,7 +468,8 @@ class Encoder:
                          (b.post_attn_norm_b, L.attn_norm[1]), (b.post_ffn_norm, L.out_norm[0]),
                          (b.post_ffn_norm_b, L.out_norm[1]), (b.ffn.b_up, L.b_up), (b.ffn.b_down, L.b_down)):
                 vec(d, v)
-            b.ffn.n_ff, b.ffn.gelu, b.ffn.plain = int(L.up.shape[0]), 1, 1
+            b.ffn.n_ff, b.ffn.gelu, b.ffn.plain = int(L.up.shape[0]), int(c.gelu), int(L.gate is None)
+            b.ffn.gelu_f16 = int(c.gelu)  # ggml's CPU GELU: its table over F16 inputs
             blocks.append(b)
         return blocks
 
@@ -441,7 +502,7 @@ class Encoder:
             want = f"[{k}, {rows if rows is not None else 'n'}]"
             raise ModelError(f"{name}: expected shape {want}, found {list(ne)}")
         self._used.add(name)
-        return _Dense(lambda: self._read(name)[0].reshape(ne[1], ne[0]), (int(ne[1]), int(ne[0])))
+        return _Dense(lambda: self._read(name)[0].reshape(ne[1], ne[0]), (int(ne[1]), int(ne[0])), name)
 
     def _vec(self, name: str, n: int, optional: bool = False) -> np.ndarray:
         if optional and not self.file.has_tensor(name):
@@ -587,14 +648,16 @@ class Encoder:
         x = self.tok_embd[ids]
         if self.type0 is not None:
             x = x + self.type0
-        return np.ascontiguousarray(self.pos_embd[pos] + x, dtype=np.float32)
+        if self.pos_embd is not None:
+            x = self.pos_embd[pos] + x
+        return np.ascontiguousarray(x, dtype=np.float32)
 
     def forward_native(self, seqs: Sequence[list[int]]) -> list[np.ndarray]:
         """The sequences through the native layers in one call per layer (csrc/qs_block.c walking each layer's
-        plan: post-LayerNorm residuals, ungated GELU FFN, non-causal attention): their rows back to back, the
-        positions restarting at each sequence, and the layer's ``attn.seg_len`` keeping each sequence's attention
-        to its own keys (a cache of the call's rows). Not thread-safe: the layers' descriptions hold the call's
-        cache and segments."""
+        plan: post-LayerNorm residuals, plain or gated FFN, non-causal attention over an F16 cache): their rows back
+        to back, the positions restarting at each sequence, and the layer's ``attn.seg_len`` keeping each
+        sequence's attention to its own keys (a cache of the call's rows). Not thread-safe: the layers'
+        descriptions hold the call's cache and segments."""
         assert self.blocks is not None
         c = self.config
         lens = np.asarray([len(s) for s in seqs], dtype=np.int32)
@@ -605,14 +668,14 @@ class Encoder:
         w, b0 = (ffi.cast("float *", ffi.from_buffer(v, require_writable=False)) for v in self.embd_norm)
         lib.qs_layernorm(xp, w, b0, xp, T, c.n_embd, c.rms_eps)
         kv = T * c.n_head_kv * c.head_dim
-        k_cache, v_cache = np.zeros(kv, np.float32), np.zeros(kv, np.float32)  # every layer's, in turn
+        k_cache, v_cache = np.zeros(kv, np.float16), np.zeros(kv, np.float16)  # every layer's, in turn
         kb, vb = ffi.from_buffer(k_cache), ffi.from_buffer(v_cache)
         pp = ffi.cast("int32_t *", ffi.from_buffer(pos))
         sp = ffi.cast("int32_t *", ffi.from_buffer(lens))
         try:
             for b in self.blocks:
                 a = b.attn
-                a.n_ctx, a.k_cache, a.v_cache, a.k_cache_bytes, a.v_cache_bytes = T, kb, vb, 4 * kv, 4 * kv
+                a.n_ctx, a.k_cache, a.v_cache, a.k_cache_bytes, a.v_cache_bytes = T, kb, vb, 2 * kv, 2 * kv
                 a.seg_len, a.n_seg = (sp, len(lens)) if len(lens) > 1 else (ffi.NULL, 0)
                 rc = lib.qs_block_forward(b, xp, T, pp, 0, self.threads)
                 if rc:
@@ -637,7 +700,8 @@ class Encoder:
         bounds = np.cumsum([0] + [len(s) for s in seqs])
         H, Hk, D = c.n_head, c.n_head_kv, c.head_dim
         scale = np.float32(1.0 / math.sqrt(D))
-        for L in self.layers:
+        slopes = alibi_slopes(H, c.alibi_max_bias)[:, None, None] if c.encoder_positions == "alibi" else None
+        for li, L in enumerate(self.layers):
             q, k, v = x @ L.wq.T, x @ L.wk.T, x @ L.wv.T
             if L.bq is not None:
                 q = q + L.bq
@@ -645,6 +709,15 @@ class Encoder:
                 k = k + L.bk
             if L.bv is not None:
                 v = v + L.bv
+            if c.encoder_positions == "rope":  # as the decoders' reference rotates (ggml_rope_ext)
+                rope = (c.rope_base, c.rope_dim, c.rope_neox, None, c.rope_freq_scale, c.rope_ext_factor,
+                        c.yarn_corr_dims(li), c.rope_mscale)
+                q = _rope(q.reshape(-1, H, D), pos, *rope).reshape(q.shape).astype(np.float32)
+                k = _rope(k.reshape(-1, Hk, D), pos, *rope).reshape(k.shape).astype(np.float32)
+            # llama-embedding's attention is ggml's flash attention (on by default on the CPU), which casts K and V
+            # to F16: rounding them here (and F16 caches natively) is what makes a Q8_0 file's per-token rows
+            # match its to float precision (they differ by ~4e-4 in cosine otherwise)
+            k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
             att = np.empty_like(q)
             for s0, s1 in itertools.pairwise(bounds):
                 T = s1 - s0
@@ -652,6 +725,9 @@ class Encoder:
                 kh = np.repeat(k[s0:s1].reshape(T, Hk, D).transpose(1, 0, 2), H // Hk, axis=0)
                 vh = np.repeat(v[s0:s1].reshape(T, Hk, D).transpose(1, 0, 2), H // Hk, axis=0)
                 sc = (qh @ kh.transpose(0, 2, 1)) * scale
+                if slopes is not None:  # ALiBi: -slope * |i - j| (ggml_soft_max_ext's max_bias over the mask)
+                    p = np.arange(T, dtype=np.float32)
+                    sc = sc - slopes * np.abs(p[:, None] - p[None, :])
                 sc = np.exp(sc - sc.max(axis=-1, keepdims=True))
                 sc /= sc.sum(axis=-1, keepdims=True)
                 att[s0:s1] = (sc @ vh).transpose(1, 0, 2).reshape(T, H * D)
@@ -662,7 +738,14 @@ class Encoder:
             h = x @ L.up.T
             if L.b_up is not None:
                 h = h + L.b_up
-            o = _gelu(h) @ L.down.T
+            if L.gate is None:
+                a = gelu_f16(h)
+            else:  # ggml's split GLU: act(gate) * up (GEGLU with ``gelu``, else SwiGLU)
+                g = x @ L.gate.T
+                if L.b_gate is not None:
+                    g = g + L.b_gate
+                a = (gelu_f16(g) if c.gelu else g / (np.float32(1.0) + np.exp(-g))) * h
+            o = a @ L.down.T
             if L.b_down is not None:
                 o = o + L.b_down
             x = _layer_norm(o + x, L.out_norm, c.rms_eps)

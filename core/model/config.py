@@ -111,6 +111,13 @@ class ModelConfig:
     #: False: every token attends to every token of its input (EmbeddingGemma; the sliding layers within
     #: sliding_window / 2 positions either side), not to the earlier ones only
     causal: bool = True
+    #: an encoder's positions: "absolute" (position_embd rows added to the embeddings: BERT), "rope" (q and k
+    #: rotated: nomic-bert), "alibi" (scores biased by -slope * distance, alibi_max_bias: jina-bert-v2)
+    encoder_positions: str = "absolute"
+    alibi_max_bias: float = 0.0
+    #: an encoder's FFN: "plain" (up, GELU, down: BERT), "gated" (gate and up, SwiGLU or with ``gelu`` GEGLU:
+    #: nomic-bert), "any" (gated by ffn_gate or by gate-then-up rows in ffn_up, else plain: jina-bert-v2)
+    encoder_ffn: str = "plain"
 
     @property
     def is_embedding(self) -> bool:

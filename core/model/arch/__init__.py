@@ -12,8 +12,10 @@ from . import (
     gemma_embedding,
     gpt_oss,
     granite,
+    jina_bert_v2,
     llama,
     mistral3,
+    nomic_bert,
     olmo2,
     phi3,
     qwen2,
@@ -28,7 +30,7 @@ from .base import Architecture, Common
 
 #: The description modules, in the order error messages list the architectures.
 MODULES = (llama, granite, smollm3, qwen2, qwen3, phi3, olmo2, gemma2, gemma3, mistral3, gemma4, qwen3moe, gpt_oss,
-           qwen35, qwen35moe, seed_oss, bert,
+           qwen35, qwen35moe, seed_oss, bert, nomic_bert, jina_bert_v2,
            gemma_embedding)
 ARCHITECTURES: dict[str, Architecture] = {m.DESCRIPTION.name: m.DESCRIPTION for m in MODULES}
 SUPPORTED_ARCHS = tuple(ARCHITECTURES)

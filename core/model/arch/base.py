@@ -36,6 +36,9 @@ class Architecture:
     # an embedding model of it (a pooling set) runs the decoder layers, its rows after the final norm pooled
     # (Qwen3-Embedding, EmbeddingGemma), not the BERT encoder's layers
     decoder_embedding: bool = False
+    # its reranker (rank pooling) has llama.cpp's decoder rerank head: ``cls.output.weight`` alone on the last
+    # token's row, the scores softmaxed (Qwen3-Reranker's yes/no rows of the LM head)
+    decoder_rank_head: bool = False
 
 
 def experts(f: GGUFFile, c: Common, keys: dict[str, str], ff_key: str = "", shared: bool = False) -> dict[str, object]:

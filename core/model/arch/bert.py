@@ -20,12 +20,18 @@ def pooling_of(f: GGUFFile, arch: str) -> str:
     return POOLING_TYPES[v]
 
 
-def configure(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
+def encoder(f: GGUFFile, c: Common) -> dict[str, object]:
+    """What every BERT-style encoder reads: the LayerNorm epsilon (in ``rms_eps``), non-causal attention (a
+    causal one refused) and the pooling."""
     a = c["arch"]
     if f.get(f"{a}.attention.causal") not in (None, False):
         raise ModelError(f"{a}.attention.causal: a causal BERT is not supported (expected false or absent)")
-    return {"rms_eps": read_float(f, f"{a}.attention.layer_norm_epsilon", 1e-12, 1.0), "gelu": True,
+    return {"rms_eps": read_float(f, f"{a}.attention.layer_norm_epsilon", 1e-12, 1.0),
             "pooling": pooling_of(f, a)}  # type: ignore[arg-type]
+
+
+def configure(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]:
+    return {**encoder(f, c), "gelu": True}
 
 
 DESCRIPTION = Architecture("bert", configure, rope_neox=False)

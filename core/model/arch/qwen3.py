@@ -15,4 +15,4 @@ def configure(f: GGUFFile, c: Common, keys: dict[str, str]) -> dict[str, object]
     return {"qk_norm": True, "pooling": "" if pooling == "none" else pooling}
 
 
-DESCRIPTION = Architecture("qwen3", configure, decoder_embedding=True)
+DESCRIPTION = Architecture("qwen3", configure, decoder_embedding=True, decoder_rank_head=True)

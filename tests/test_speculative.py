@@ -199,3 +199,26 @@ def test_context_and_max_tokens_bound_the_proposals(tmp_path, vocab) -> None:
             assert spec == plain
     finally:
         eng.close()
+
+
+def test_cli_generate_with_lookup_and_draft(tmp_path, vocab, capsys) -> None:
+    from quantscope.cli.main import main
+
+    path = str(write_fixture("qwen3", tmp_path / "t.gguf", vocab=vocab))
+    args = ["generate", path, "-p", PROMPT, "-n", "24", "--temp", "0", "-t", "1", "--backend", "cpu", "-c", "128"]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    assert main([*args, "--lookup", "3", "--draft-max", "4"]) == 0
+    out = capsys.readouterr()
+    assert out.out == plain and "drafted tokens accepted" in out.err
+    assert main([*args, "--draft", path, "--draft-p-min", "0"]) == 0
+    out = capsys.readouterr()
+    assert out.out == plain and "(100%)" in out.err
+    other = dict(vocab, tokens=list(vocab["tokens"]))  # type: ignore[call-overload]
+    other["tokens"][7] = "zzzz"  # type: ignore[index]
+    bad = str(write_fixture("qwen3", tmp_path / "bad.gguf", vocab=other))
+    assert main([*args, "--draft", bad]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("quantscope: error: --draft ") and "vocabulary differs" in err[-1]
+    assert main([*args, "--draft", str(tmp_path / "none.gguf")]) == 2
+    assert "--draft: " in capsys.readouterr().err

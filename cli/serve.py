@@ -8,7 +8,18 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .common import MAX_CTX, MAX_THREADS, CLIError, add_gpu_layers, check_file, float_arg, int_arg, read_text_file
+from .common import (
+    MAX_CTX,
+    MAX_THREADS,
+    CLIError,
+    add_gpu_layers,
+    add_speculative,
+    check_file,
+    float_arg,
+    int_arg,
+    read_text_file,
+    start_speculation,
+)
 
 #: seconds a model of several stays loaded unused (Ollama's default keep-alive: five minutes)
 DEFAULT_IDLE = 300.0
@@ -151,6 +162,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                        ("--max-memory", args.max_memory)):
             if v is not None:
                 raise CLIError(f"{opt} is for several models (--models or --library)")
+    elif args.draft or args.lookup:
+        raise CLIError("--draft and --lookup are for serving one model, not with --models or --library")
         check_file(args.file)
     try:  # the port first: taken, it is said before the model loads
         sock = listen(args.host, args.port)
@@ -173,6 +186,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         eng = load_engine(args, args.ctx)
     except BaseException:
         sock.close()
+        raise
+    try:
+        start_speculation(eng, args)
+    except BaseException:
+        sock.close()
+        eng.close()
         raise
     try:
         try:
@@ -292,4 +311,5 @@ def register(sub: Any) -> None:
                    help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
     s.add_argument("--pooling", choices=("none", "mean", "cls", "last"), default=None,
                    help="embedding models: how a text's rows become its vector (default: the file's pooling_type)")
+    add_speculative(s)
     s.set_defaults(func=cmd_serve)

@@ -222,3 +222,40 @@ def test_cli_generate_with_lookup_and_draft(tmp_path, vocab, capsys) -> None:
     assert err[-1].startswith("quantscope: error: --draft ") and "vocabulary differs" in err[-1]
     assert main([*args, "--draft", str(tmp_path / "none.gguf")]) == 2
     assert "--draft: " in capsys.readouterr().err
+
+
+def test_server_speculates_for_a_single_generating_slot(tmp_path, vocab) -> None:
+    """The server with prompt lookup and with a draft: greedy completions (one at a time, then two at once in
+    two slots, batched while both generate) are the plain server's, and its metrics count the proposals."""
+    import concurrent.futures
+
+    import openai
+
+    from quantscope.core.server import Server, model_id_of
+
+    path = write_fixture("llama", tmp_path / "t.gguf", vocab=vocab)
+    eng = Engine(path, n_ctx=256, threads=1, backend="cpu")
+    srv = Server(eng, model_id_of(path), port=0, parallel=2)
+    srv.start()
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        prompts = [PROMPT, "the dog ran after the ball and the dog ran"]
+
+        def complete(prompt: str) -> str:
+            r = client.completions.create(model=model_id_of(path), prompt=prompt, max_tokens=30, temperature=0)
+            return r.choices[0].text
+
+        plain = [complete(p) for p in prompts]
+        # (the model as its own draft: its proposals are accepted)
+        for kw in ({"lookup": 2, "draft_max": 5}, {"draft": path, "p_min": 0.0}):
+            eng.speculate(**kw)  # (between requests: the scheduler reads it at each step)
+            before = srv.scheduler.metrics.drafted_tokens
+            assert [complete(p) for p in prompts] == plain
+            assert srv.scheduler.metrics.drafted_tokens > before
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                assert list(pool.map(complete, prompts)) == plain
+        m = srv.scheduler.metrics
+        assert 0 < m.accepted_tokens <= m.drafted_tokens
+    finally:
+        srv.stop()
+        eng.close()

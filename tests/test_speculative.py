@@ -259,3 +259,26 @@ def test_server_speculates_for_a_single_generating_slot(tmp_path, vocab) -> None
     finally:
         srv.stop()
         eng.close()
+
+
+def test_speculation_uses_only_the_session_protocol(tmp_path, vocab) -> None:
+    """The model's and the draft's sessions wrapped to the protocol's members alone (what the CUDA and split
+    sessions also have): the same greedy tokens as on the CPU sessions themselves."""
+    from .test_session_protocol import ProtocolOnly
+
+    path = write_fixture("llama", tmp_path / "t.gguf", vocab=vocab)
+    runs = []
+    for wrap in (False, True):
+        eng = Engine(path, n_ctx=128, threads=1, backend="cpu")
+        try:
+            eng.speculate(draft=path, lookup=2, draft_max=4, p_min=0.0)
+            assert eng.speculator is not None and eng.speculator.draft is not None
+            if wrap:
+                eng.session = ProtocolOnly(eng.session)  # type: ignore[assignment]
+                eng.speculator.draft.session = ProtocolOnly(eng.speculator.draft.session)  # type: ignore[assignment]
+            runs.append(_tokens(eng, PROMPT, SamplerParams(temperature=0, max_tokens=20)))
+            if wrap:
+                assert {"forward", "truncate", "checkpoint"} <= eng.session.used  # type: ignore[union-attr]
+        finally:
+            eng.close()
+    assert runs[0] == runs[1] and runs[0][1] > 0

@@ -162,9 +162,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                        ("--max-memory", args.max_memory)):
             if v is not None:
                 raise CLIError(f"{opt} is for several models (--models or --library)")
+        check_file(args.file)
     elif args.draft or args.lookup:
         raise CLIError("--draft and --lookup are for serving one model, not with --models or --library")
-        check_file(args.file)
     try:  # the port first: taken, it is said before the model loads
         sock = listen(args.host, args.port)
     except OSError as exc:
@@ -178,6 +178,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         finally:
             sock.close()
     if _is_embedding(args.file):
+        if args.draft or args.lookup:
+            sock.close()
+            raise CLIError("--draft and --lookup are for text generation models; this is an embedding model")
         return _serve_embeddings(args, sock, key, loopback, allowed_hosts, cors_origins)
     if args.pooling:
         sock.close()

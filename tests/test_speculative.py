@@ -282,3 +282,11 @@ def test_speculation_uses_only_the_session_protocol(tmp_path, vocab) -> None:
         finally:
             eng.close()
     assert runs[0] == runs[1] and runs[0][1] > 0
+
+
+def test_serve_refuses_speculation_with_several_models(tmp_path, vocab, capsys) -> None:
+    from quantscope.cli.main import main
+
+    path = str(write_fixture("llama", tmp_path / "t.gguf", vocab=vocab))
+    assert main(["serve", "--models", path, "--lookup", "2", "--port", "0"]) == 2
+    assert "--draft and --lookup are for serving one model" in capsys.readouterr().err

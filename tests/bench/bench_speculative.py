@@ -215,7 +215,8 @@ def main() -> None:
             for p_min in ("0.75", "0"):
                 cmd = [str(a.llama_bin / "llama-speculative-simple"), "-m", str(target), "-md", str(draft), "-f",
                        fh.name, "-n", str(tokens), "--temp", "0", "-t", str(a.threads), "-c", "1024",
-                       "--spec-draft-n-max", str(a.draft_max), "--spec-draft-p-min", p_min]
+                       "--spec-type", "draft-simple", "--spec-draft-n-max", str(a.draft_max),
+                       "--spec-draft-p-min", p_min]
                 print(f"  llama-spec.-simple p{p_min:<5}{llama_spec(llama_run(cmd))}")
             Path(fh.name).unlink()
     print(f"\n({time.perf_counter() - t0:.0f} s)")

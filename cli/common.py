@@ -190,6 +190,53 @@ def add_sampling(s: argparse.ArgumentParser) -> None:
                    help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
 
 
+def add_speculative(s: argparse.ArgumentParser) -> None:
+    """Speculative decoding's options (llama.cpp's names): ``--draft``, ``--draft-max``, ``--draft-p-min``,
+    ``--lookup``."""
+    g = s.add_argument_group("speculative decoding (docs/speculative.md)")
+    g.add_argument("--draft", "-md", "--model-draft", metavar="FILE",
+                   help="a draft model with the same vocabulary: it proposes tokens that the model checks in one "
+                   "batched pass (greedy output unchanged; sampling keeps the model's distribution)")
+    g.add_argument("--draft-max", type=int_arg(1, 256), default=16, metavar="N",
+                   help="the most tokens proposed per pass (default 16)")
+    g.add_argument("--draft-p-min", "--draft-min-p", type=float_arg(0.0, 1.0), default=0.75, metavar="P",
+                   help="the draft stops proposing where its most likely token is below P (default 0.75)")
+    g.add_argument("--lookup", type=int_arg(0, 16), default=0, metavar="N",
+                   help="prompt lookup: propose what followed the latest earlier occurrence of the context's last "
+                   "N..1 tokens (no draft model; for edits and summaries that repeat their input; 0: off)")
+
+
+def start_speculation(eng: Any, args: argparse.Namespace) -> None:
+    """Turn on the speculative decoding that ``args`` asks for (:func:`add_speculative`) on engine ``eng``; the
+    refusals (an unreadable draft, another vocabulary) as one :class:`CLIError` line."""
+    draft, lookup = getattr(args, "draft", None), getattr(args, "lookup", 0)
+    if not draft and not lookup:
+        return
+    from quantscope.core.engine.speculative import VocabularyMismatch
+    from quantscope.core.model import UnsupportedModel
+    from quantscope.core.tokenizer import TokenizerError
+
+    if draft:
+        try:
+            check_file(draft)
+        except CLIError as exc:
+            raise CLIError(f"--draft: {exc}") from None
+    try:
+        eng.speculate(draft or None, lookup, args.draft_max, args.draft_p_min,
+                      draft_backend="cpu" if eng.backend == "cpu" else "auto")
+    except (VocabularyMismatch, UnsupportedModel, TokenizerError) as exc:
+        raise CLIError(f"--draft {draft}: {exc}") from None
+    except GGUFError as exc:
+        raise CLIError(f"--draft {draft}: not a readable GGUF file: {exc}") from None
+
+
+def speculation_note(d: Any) -> str:
+    """``; 41/52 drafted tokens accepted (79%)`` for a reply's last delta when it was decoded speculatively."""
+    if not getattr(d, "drafted", 0):
+        return ""
+    return f"; {d.accepted}/{d.drafted} drafted tokens accepted ({100 * d.accepted / d.drafted:.0f}%)"
+
+
 def add_gpu_layers(s: argparse.ArgumentParser) -> None:
     """``--gpu-layers N`` (llama.cpp's ``-ngl``) beside ``--backend``."""
     s.add_argument("-ngl", "--gpu-layers", type=int_arg(0), default=None, metavar="N",

@@ -19,12 +19,15 @@ from .common import (
     CLIError,
     add_gpu_layers,
     add_sampling,
+    add_speculative,
     check_file,
     dump_json,
     exit_cleanly_if_file_changes,
     int_arg,
     open_gguf,
     read_text_file,
+    speculation_note,
+    start_speculation,
 )
 
 
@@ -97,6 +100,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         except UnicodeDecodeError as exc:
             raise CLIError(f"the prompt on standard input is not UTF-8 text: {exc}") from None
     eng = load_engine(args, args.ctx)
+    start_speculation(eng, args)
     if args.echo:
         sys.stdout.write(prompt)
     last = None
@@ -115,7 +119,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     sys.stdout.write("\n")
     if last is not None:
         print(f"[{last.n_prompt} prompt tokens at {last.prompt_tps:.1f} t/s, ttft {last.ttft_s * 1e3:.0f} ms; "
-              f"{last.n_generated} generated at {last.gen_tps:.1f} t/s; stop: {last.stop_reason}]", file=sys.stderr)
+              f"{last.n_generated} generated at {last.gen_tps:.1f} t/s{speculation_note(last)}; "
+              f"stop: {last.stop_reason}]", file=sys.stderr)
     return 0
 
 
@@ -126,6 +131,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     eng = load_engine(args, args.ctx)
     if eng.template_error is not None:
         raise CLIError(f"{args.file}: {eng.template_error}")
+    start_speculation(eng, args)
     system = args.system
     messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
     print(f"chatting with {Path(args.file).name} ({eng.model.config.arch}, context {eng.n_ctx}); "
@@ -188,8 +194,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
         print()
         messages.append({"role": "assistant", "content": reply})
         if last is not None:
-            print(f"[{last.n_generated} tokens, {last.gen_tps:.1f} t/s, context {last.context_used}/{eng.n_ctx}]",
-                  file=sys.stderr)
+            print(f"[{last.n_generated} tokens, {last.gen_tps:.1f} t/s, context {last.context_used}/{eng.n_ctx}"
+                  f"{speculation_note(last)}]", file=sys.stderr)
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
@@ -412,11 +418,13 @@ def register(sub: Any) -> None:
                    help="on stderr, per generated token: its probability (after the repetition penalty; raw and at "
                    "the temperature), the entropy, and the N most likely tokens")
     add_sampling(s)
+    add_speculative(s)
     s.set_defaults(func=cmd_generate)
     s = sub.add_parser("chat", help="interactive chat with the model's template")
     s.add_argument("file")
     s.add_argument("--system", help="system prompt")
     add_sampling(s)
+    add_speculative(s)
     s.set_defaults(func=cmd_chat)
     s = sub.add_parser("tokenize", help="token ids and pieces of a text")
     s.add_argument("file")

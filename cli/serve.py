@@ -8,7 +8,18 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .common import MAX_CTX, MAX_THREADS, CLIError, add_gpu_layers, check_file, float_arg, int_arg, read_text_file
+from .common import (
+    MAX_CTX,
+    MAX_THREADS,
+    CLIError,
+    add_gpu_layers,
+    add_speculative,
+    check_file,
+    float_arg,
+    int_arg,
+    read_text_file,
+    start_speculation,
+)
 
 #: the scheduler's DEFAULT_PREFILL_CHUNK and MAX_PREFILL_CHUNK (core/server/scheduler.py; not imported here: the
 #: parser is built for every command, the engine loaded for this one only; tests/test_server_chunks.py checks both)
@@ -157,6 +168,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             if v is not None:
                 raise CLIError(f"{opt} is for several models (--models or --library)")
         check_file(args.file)
+    elif args.draft or args.lookup:
+        raise CLIError("--draft and --lookup are for serving one model, not with --models or --library")
     try:  # the port first: taken, it is said before the model loads
         sock = listen(args.host, args.port)
     except OSError as exc:
@@ -175,6 +188,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.slot_save_path is not None:
             sock.close()
             raise CLIError("--slot-save-path is for text generation models; this is an embedding model")
+        if args.draft or args.lookup:
+            sock.close()
+            raise CLIError("--draft and --lookup are for text generation models; this is an embedding model")
         return _serve_embeddings(args, sock, key, loopback, allowed_hosts, cors_origins)
     if args.pooling:
         sock.close()
@@ -183,6 +199,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         eng = load_engine(args, args.ctx)
     except BaseException:
         sock.close()
+        raise
+    try:
+        start_speculation(eng, args)
+    except BaseException:
+        sock.close()
+        eng.close()
         raise
     try:
         try:
@@ -317,4 +339,5 @@ def register(sub: Any) -> None:
     s.add_argument("--pooling", choices=("none", "mean", "cls", "last", "rank"), default=None,
                    help="embedding models: how a text's rows become its vector (default: the file's pooling_type); "
                    "rank: a reranker (BERT cross-encoder, Qwen3-Reranker) served on /v1/rerank")
+    add_speculative(s)
     s.set_defaults(func=cmd_serve)

@@ -118,6 +118,8 @@ class GenStats:
     stop_reason: str = ""
     elapsed_s: float = 0.0
     n_prompt_new: int = -1  # prompt tokens evaluated (0: the whole prompt came from the cache)
+    drafted: int = 0  # speculative decoding (prompt lookup): tokens proposed
+    accepted: int = 0  # ... and accepted
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -133,6 +135,7 @@ class GenRequest:
     cancel: threading.Event = field(default_factory=threading.Event)
     forced: list[int] = field(default_factory=list)  # a branch: the reply's tokens up to the chosen one
     seed: list[Any] = field(default_factory=list)  # their TokenRecords (core.chat.tokens.branch_records)
+    lookup: int = 0  # speculative decoding by prompt lookup: the longest n-gram (0: off)
 
 
 @qt_guarded
@@ -214,6 +217,8 @@ class EngineWorker(QObject):
         try:
             if req.threads > 0:
                 eng.model.threads = req.threads
+            if (eng.speculator.lookup if eng.speculator is not None else 0) != req.lookup:
+                eng.speculate(lookup=req.lookup)
             prep = prepare_prompt(req.prompt, eng, eng.n_ctx, req.reserve)
             self.trimmed.emit(req.id, prep.dropped, prep.n_tokens)
             last = GenStats(n_ctx=eng.n_ctx, dropped=prep.dropped)
@@ -230,7 +235,8 @@ class EngineWorker(QObject):
                 self.prompt_cache.restore(eng, eng.prompt_ids(prep.prompt) + list(req.forced))
             for d in eng.generate(prep.prompt, req.params, cancel=req.cancel, on_prompt=on_prompt, **kw):
                 last = GenStats(d.n_prompt, d.n_generated, d.ttft_s, d.prompt_tps, d.gen_tps, d.context_used,
-                                eng.n_ctx, prep.dropped, d.stop_reason, time.perf_counter() - t0, d.n_prompt_new)
+                                eng.n_ctx, prep.dropped, d.stop_reason, time.perf_counter() - t0, d.n_prompt_new,
+                                d.drafted, d.accepted)
                 rec = trace.add(d.token, d.text, d.channel, d.choice, d.forced)
                 if rec is not None:
                     self.token.emit(req.id, rec)
@@ -389,14 +395,16 @@ class EngineHost(QObject):
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompt: list[dict[str, str]] | str, params: SamplerParams, threads: int = 0,
-                 reserve: int = 256, forced: list[int] | None = None, seed: list[Any] | None = None) -> int:
-        """Start a reply (``forced``: a branch's first tokens, ``seed`` their records); returns its request id
-        (0 when no model is ready)."""
+                 reserve: int = 256, forced: list[int] | None = None, seed: list[Any] | None = None,
+                 lookup: int = 0) -> int:
+        """Start a reply (``forced``: a branch's first tokens, ``seed`` their records; ``lookup``: speculative
+        decoding by prompt lookup, the longest n-gram, 0 off); returns its request id (0 when no model is
+        ready)."""
         if self.state != "ready" or self._worker is None:
             return 0
         self._req_id += 1
         req = GenRequest(self._req_id, prompt, params, int(threads), int(reserve), forced=list(forced or []),
-                         seed=list(seed or []))
+                         seed=list(seed or []), lookup=int(lookup))
         self._request = req
         self._set_state("generating")
         self._doGenerate.emit(req)

@@ -995,3 +995,24 @@ def test_a_reply_rendering_after_streaming_does_not_move_what_the_user_reads(qtb
     for _ in range(3):
         QApplication.processEvents()
     assert f.verticalScrollBar().value() == f.verticalScrollBar().maximum()
+
+
+def test_prompt_lookup_keeps_the_greedy_reply_and_shows_the_acceptance(window, qtbot, model_path):  # noqa: F811
+    """Prompt lookup set in the chat's settings: the greedy reply regenerated with it is the one without it, and
+    the reply's stats line says how many drafted tokens were accepted."""
+    chat = open_chat(window, qtbot, model_path)
+    chat.set_mode("completion")
+    chat.apply_preset("Greedy")
+    chat.max_spin.setValue(24)
+    prompt = "one two three four five six, one two three four five six, one two three"
+    plain = send_and_wait(qtbot, chat, prompt)
+    assert plain.drafted == 0
+    text = chat.messages[-1].content
+    chat.lookup_spin.setValue(3)
+    assert chat.params_dict()["lookup"] == 3
+    with qtbot.waitSignal(chat.replyFinished, timeout=REPLY_TIMEOUT) as sig:
+        assert chat.regenerate()  # the same prompt again, now with lookup
+    stats = sig.args[0]
+    assert chat.messages[-1].content == text
+    assert 0 < stats.accepted <= stats.drafted
+    assert f"% of {stats.drafted} drafted accepted" in chat.views[-1].stats.full_text()

@@ -37,8 +37,8 @@ class FakeHost:
     stopped: int = 0
 
     def generate(self, prompt: Any, params: Any, threads: int = 0, reserve: int = 256, forced: Any = None,
-                 seed: Any = None) -> int:
-        self.requests.append((prompt, params, threads, reserve, forced, seed))
+                 seed: Any = None, lookup: int = 0) -> int:
+        self.requests.append((prompt, params, threads, reserve, forced, seed, lookup))
         self.state = "generating"
         return len(self.requests)
 

@@ -386,19 +386,31 @@ class Sampler:
         self._scratch = ChoiceScratch()
 
     def sample(self, logits: np.ndarray, history: list[int]) -> int:
+        x = self.penalized(logits, history)
+        tid = self._pick(x)
+        self.note(x, tid)
+        return tid
+
+    def penalized(self, logits: np.ndarray, history: list[int]) -> np.ndarray:
+        """``logits`` as float64 with the repetition, presence and frequency penalties of ``history`` applied (a
+        copy): what the pick and :meth:`distribution` read."""
         p = self.p
         x = np.asarray(logits, dtype=np.float64).copy()
         if (p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty) and history:
             apply_penalties(x, history, self.prompt_len, p)
-        tid = self._pick(x)
-        if p.alternatives > 0:
-            self.last = token_choice(x, tid, p.temperature, p.alternatives, self._scratch)
-        return tid
+        return x
 
-    def _pick(self, x: np.ndarray) -> int:
+    def note(self, x: np.ndarray, tid: int) -> None:
+        """Record ``tid``, picked from the penalized logits ``x``, as :attr:`last` (with ``params.alternatives``)."""
+        if self.p.alternatives > 0:
+            self.last = token_choice(x, tid, self.p.temperature, self.p.alternatives, self._scratch)
+
+    def distribution(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The distribution a pick from the penalized logits ``x`` draws from: token ids and their probabilities
+        (after temperature, top-k, top-p and min-p; greedy: the argmax with probability 1)."""
         p = self.p
         if p.temperature <= 0:
-            return int(np.argmax(x))
+            return np.array([int(np.argmax(x))]), np.ones(1)
         k = p.top_k if 0 < p.top_k < x.size else x.size
         idx = np.argpartition(-x, k - 1)[:k] if k < x.size else np.arange(x.size)
         idx = idx[np.argsort(-x[idx], kind="stable")]
@@ -413,5 +425,10 @@ class Sampler:
         if p.min_p > 0:
             keep = min(keep, int((probs >= p.min_p * probs[0]).sum()))
         keep = max(1, keep)
-        probs = probs[:keep] / probs[:keep].sum()
-        return int(idx[self.rng.choice(keep, p=probs)])
+        return idx[:keep], probs[:keep] / probs[:keep].sum()
+
+    def _pick(self, x: np.ndarray) -> int:
+        if self.p.temperature <= 0:
+            return int(np.argmax(x))
+        idx, probs = self.distribution(x)
+        return int(idx[self.rng.choice(idx.size, p=probs)])

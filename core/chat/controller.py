@@ -69,11 +69,19 @@ def stats_numbers(s: Mapping[str, Any]) -> dict[str, str]:
             "gen": f"{gen:.1f} t/s" if int(s.get("n_generated", 0)) else "—"}
 
 
+def acceptance_text(s: Mapping[str, Any]) -> str:
+    """``79% of 52 drafted accepted``: how speculative decoding went in a reply (its ``drafted``/``accepted``)."""
+    drafted = int(s.get("drafted", 0))
+    return f"{100 * int(s.get('accepted', 0)) / max(1, drafted):.0f}% of {drafted} drafted accepted"
+
+
 def stats_text(s: Mapping[str, Any]) -> str:
     """A finished reply's numbers in one line (tokens, speed, first token or "prompt cached", stop reason)."""
     parts = [f"{int(s.get('n_generated', 0))} tokens"]
     if s.get("gen_tps"):
         parts.append(f"{float(s['gen_tps']):.1f} t/s")
+    if int(s.get("drafted", 0)) > 0:
+        parts.append(acceptance_text(s))
     if int(s.get("n_prompt_new", -1)) == 0:
         parts.append("prompt cached")
     else:

@@ -18,6 +18,7 @@ from ..gguf import GGUFFile
 from ..native.kernels import RepackCancelled, isa
 from ..tokenizer import CONTROL, USER_DEFINED, StreamDecoder, Tokenizer
 from .session import ContextFull, InferenceSession, Model
+from .speculative import DRAFT_MAX, DRAFT_P_MIN, DraftModel, Speculator, VocabularyMismatch, vocabulary_difference
 
 BACKENDS = ("auto", "cpu", "cuda")
 
@@ -117,6 +118,8 @@ class Delta:
     channel: str = ""  # "" for the answer; "analysis" (thinking) or "commentary" in a harmony (gpt-oss) reply
     choice: TokenChoice | None = None  # the token's probabilities and alternatives (SamplerParams.alternatives)
     forced: bool = False  # the token was given (``Engine.generate(forced=...)``), not sampled
+    drafted: int = 0  # speculative decoding: tokens proposed so far in this reply
+    accepted: int = 0  # ... and accepted by the model
 
 
 #: prompt tokens per forward call: bounds the block's scratch memory and lets a long prompt report progress and
@@ -233,7 +236,45 @@ class Engine:
         self.harmony = HarmonyTokens.find(self.tokenizer.vocab) if "<|channel|>" in src else None
         self.cached: list[int] = []  # token ids currently in the KV cache
         self._prompt_logits: tuple[tuple[int, ...], np.ndarray] | None = None  # last prompt and its logits
+        #: speculative decoding (:meth:`speculate`): its proposers, and the draft model's engine
+        self.speculator: Speculator | None = None
+        self.draft: Engine | None = None
+        self._threads = threads
         say("ready", 1.0)
+
+    def speculate(self, draft: str | Path | None = None, lookup: int = 0, draft_max: int = DRAFT_MAX,
+                  p_min: float = DRAFT_P_MIN, draft_backend: str = "cpu") -> None:
+        """Decode speculatively from now on (docs/speculative.md): with a draft model (a GGUF with the same
+        vocabulary, loaded here; :class:`VocabularyMismatch` when it differs), with prompt lookup (``lookup``: the
+        longest n-gram matched in the context), or both; ``draft_max`` proposals per pass at most, a draft stops
+        where its most likely token is below ``p_min``. Nothing asked for (no draft, lookup 0): off again."""
+        if isinstance(p_min, bool) or not isinstance(p_min, int | float) or not 0.0 <= p_min <= 1.0:
+            raise ValueError(f"the draft's minimum probability must be 0..1, not {p_min!r}")
+        if draft is None and not lookup:
+            self._drop_draft()
+            self.speculator = None
+            return
+        eng = None
+        if draft is not None:
+            eng = Engine(draft, n_ctx=self.n_ctx, threads=self._threads, backend=draft_backend)
+            why = vocabulary_difference(self.tokenizer, eng.tokenizer, self.model.config.n_vocab,
+                                        eng.model.config.n_vocab)
+            if why:
+                eng.close()
+                raise VocabularyMismatch(f"the draft model's vocabulary differs from the model's: {why}")
+        try:
+            spec = Speculator(DraftModel(eng.session, float(p_min)) if eng is not None else None, lookup, draft_max)
+        except ValueError:
+            if eng is not None:
+                eng.close()
+            raise
+        self._drop_draft()
+        self.draft, self.speculator = eng, spec
+
+    def _drop_draft(self) -> None:
+        if self.draft is not None:
+            self.draft.close()
+            self.draft = None
 
     def new_session(self, n_ctx: int) -> InferenceSession:
         """A fresh session on this engine's backend (for perplexity and benchmarks)."""
@@ -257,6 +298,7 @@ class Engine:
         """Free the session (GPU memory for the CUDA backend) and unmap the file (numpy views still held keep the
         mapping until they are dropped). Safe to call more than once."""
         try:
+            self._drop_draft()
             if self.session is not None:
                 self.session.close()
         finally:
@@ -380,11 +422,20 @@ class Engine:
             if hit:
                 break
         n_forced = n
+        spec = self.speculator
+        if spec is not None:
+            spec.begin(p)
+        queue: list[tuple[int, TokenChoice | None]] = []  # speculation: tokens picked, not yet streamed
+        choice: TokenChoice | None = None
         while not reason:
             if cancel is not None and cancel.is_set():
                 reason = "cancelled"
                 break
-            tid = sampler.sample(logits, history)
+            if queue:
+                tid, choice = queue.pop(0)
+            else:
+                tid = sampler.sample(logits, history)
+                choice = getattr(sampler, "last", None)
             if tid in self.eog:
                 reason = "end of generation"
                 break
@@ -398,25 +449,33 @@ class Engine:
             hit = next((s for s in p.stop if s and s in text), None)
             now = time.perf_counter()
             gen_tps = (n - n_forced) / (now - t1) if now > t1 else 0.0
+            drafted, accepted = (spec.stats.drafted, spec.stats.accepted) if spec is not None else (0, 0)
             if hit:
                 cut = text.index(hit)
                 delta = delta[: max(0, len(delta) - (len(text) - cut))]
                 yield Delta(delta, tid, n_prompt, n, t1 - t0, prompt_tps, gen_tps, self.session.n_past,
-                            n_prompt_new=n_new, channel=channel, choice=getattr(sampler, "last", None))
+                            n_prompt_new=n_new, channel=channel, choice=choice, drafted=drafted, accepted=accepted)
                 reason = f"stop string {hit!r}"
                 break
             yield Delta(delta, tid, n_prompt, n, t1 - t0, prompt_tps, gen_tps, self.session.n_past,
-                        n_prompt_new=n_new, channel=channel, choice=getattr(sampler, "last", None))
+                        n_prompt_new=n_new, channel=channel, choice=choice, drafted=drafted, accepted=accepted)
             if n - n_forced >= p.max_tokens:
                 reason = "max tokens"
                 break
+            if queue:  # (a speculated token: already in the cache)
+                continue
             if self.session.n_past >= self.n_ctx:
                 reason = "context full"
                 break
+            if spec is not None:
+                queue = spec.step(self.session, sampler, history, p.max_tokens - (n - n_forced), self.eog)
+                self.cached += [tid] + [t for t, _c in queue[:-1]]
+                continue
             logits = self.session.forward([tid])
             self.cached.append(tid)
         tail = dec.flush()
         now = time.perf_counter()
         made = n - n_forced
+        drafted, accepted = (spec.stats.drafted, spec.stats.accepted) if spec is not None else (0, 0)
         yield Delta(tail, None, n_prompt, n, t1 - t0, prompt_tps, made / (now - t1) if now > t1 and made else 0.0,
-                    self.session.n_past, True, reason, n_new, channel)
+                    self.session.n_past, True, reason, n_new, channel, drafted=drafted, accepted=accepted)

@@ -133,6 +133,8 @@ class Metrics:
     generation_seconds: float = 0.0
     rejected_full: int = 0
     batched_steps: int = 0  # steps whose tokens went through one batched forward pass
+    drafted_tokens: int = 0  # speculative decoding (``Engine.speculate``): tokens proposed
+    accepted_tokens: int = 0  # ... and accepted
 
 
 class _Run:
@@ -160,6 +162,8 @@ class _Run:
         self.prompt: list[TokenLogprob] = []  # the prompt's records being made (``Job.prompt_logprobs``)
         self.json: State | None = initial(job.json_schema) if job.json_schema is not None else None
         self.bias: tuple[np.ndarray, np.ndarray] | None = None
+        #: speculative decoding: tokens picked by a verification pass, not yet sent (all but the last in the cache)
+        self.queue: list[tuple[int, TokenChoice | None]] = []
         if job.logit_bias:
             self.bias = (np.fromiter(job.logit_bias, np.int64), np.fromiter(job.logit_bias.values(), np.float32))
 
@@ -243,6 +247,7 @@ class Scheduler:
         self._started = False
         self._token_bytes: list[bytes] | None = None
         self._first_byte: np.ndarray | None = None
+        self._spec_run: _Run | None = None  # the request the engine's speculator last proposed for
         #: set (with the exception) when the loop died of a bug: /health reports it
         self.failure: BaseException | None = None
         #: called on the scheduler's thread before each step, after queued jobs were given free slots, without the
@@ -465,9 +470,11 @@ class Scheduler:
             except Exception as exc:  # a native failure ends this request only
                 self._finish(slot, "error", f"{type(exc).__name__}: {exc}")
                 continue
-            if tid is not None:
+            if tid is not None and not run.queue:  # (a token of a speculative pass's queue is in the cache)
                 ready.append((slot, tid))
         if not ready:
+            return
+        if len(ready) == 1 and self._speculate(*ready[0]):
             return
         sessions = [slot.session for slot, _t in ready]
         if len(ready) > 1 and self.batch and can_batch(sessions):
@@ -490,6 +497,28 @@ class Scheduler:
                 slot.cached.append(tid)
             except Exception as exc:
                 self._finish(slot, "error", f"{type(exc).__name__}: {exc}")
+
+    def _speculate(self, slot: Slot, tid: int) -> bool:
+        """Evaluate ``tid`` with the engine's speculative proposals after it (``Engine.speculate``; when one slot
+        generates and its output is not constrained by a schema or a logit bias); False when not used."""
+        spec, run = self.engine.speculator, slot.run
+        if spec is None or run is None or run.json is not None or run.bias is not None:
+            return False
+        if self._spec_run is not run:  # (one speculator for the slots: its draft follows the slot it serves)
+            spec.begin(run.job.params)
+            self._spec_run = run
+        room = (run.job.max_tokens - run.usage.completion_tokens if run.job.max_tokens is not None
+                else slot.session.n_ctx)  # type: ignore[attr-defined]
+        d0, a0 = spec.stats.drafted, spec.stats.accepted
+        try:
+            run.queue = spec.step(slot.session, run.sampler, run.history, room, run.eog)  # type: ignore[arg-type]
+        except Exception as exc:
+            self._finish(slot, "error", f"{type(exc).__name__}: {exc}")
+            return True
+        slot.cached += [tid] + [t for t, _c in run.queue[:-1]]
+        self.metrics.drafted_tokens += spec.stats.drafted - d0
+        self.metrics.accepted_tokens += spec.stats.accepted - a0
+        return True
 
     def _prefill(self, slot: Slot, run: _Run, count: int) -> None:
         """Evaluate the next ``count`` tokens of the slot's prompt, in forward calls of at most
@@ -568,6 +597,8 @@ class Scheduler:
             tid = picked
             if tid not in run.eog:
                 run.json = feed(run.json, self.token_bytes[tid])
+        elif run.queue:  # picked by a speculative verification pass
+            tid, run.sampler.last = run.queue.pop(0)
         else:
             tid = run.sampler.sample(logits, run.history)
         if tid in run.eog:
@@ -597,7 +628,7 @@ class Scheduler:
         if job.max_tokens is not None and run.usage.completion_tokens >= job.max_tokens:
             self._finish(slot, "length")
             return None
-        if slot.session.n_past >= slot.session.n_ctx:  # type: ignore[attr-defined]
+        if not run.queue and slot.session.n_past >= slot.session.n_ctx:  # type: ignore[attr-defined]
             self._finish(slot, "length")
             return None
         return tid

@@ -237,7 +237,7 @@ class ChatView(QWidget):
             s.mode_combo, s.system_edit, s.preset_combo, s.special_check)
         self.temp_spin, self.topk_spin, self.topp_spin, self.minp_spin, self.repeat_spin = (
             s.temp_spin, s.topk_spin, s.topp_spin, s.minp_spin, s.repeat_spin)
-        self.seed_spin, self.max_spin = s.seed_spin, s.max_spin
+        self.seed_spin, self.max_spin, self.lookup_spin = s.seed_spin, s.max_spin, s.lookup_spin
         self.apply_preset, self.params_dict, self.set_params = s.apply_preset, s.params_dict, s.set_params
         self.sampler_params, self.set_mode = s.sampler_params, s.set_mode
         tabs.addTab(self.settings, "Settings")

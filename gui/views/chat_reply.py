@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from PySide6.QtCore import QPoint, Qt, QTimer
 from PySide6.QtWidgets import QApplication, QMenu, QWidget
 
-from quantscope.core.chat.controller import ChatController, stats_text
+from quantscope.core.chat.controller import ChatController, acceptance_text, stats_text
 from quantscope.core.chat.conversation import reply_reserve
 from quantscope.core.chat.store import StoredMessage
 from quantscope.core.chat.tokens import TokenRecord
@@ -202,7 +202,8 @@ class ReplyController:
         view.set_records(self.records)
         self.stats_bar.activity.setText("reading the prompt…")
         self.req = self.host.generate(prompt, params, self.bar.threads_spin.value(),
-                                      reply_reserve(params.max_tokens, n_ctx), forced, seed)
+                                      reply_reserve(params.max_tokens, n_ctx), forced, seed,
+                                      lookup=self.settings.params_dict().get("lookup", 0))
         self.flush_timer.start()
         self.hooks.controls_changed()
         self.update_empty()
@@ -270,7 +271,8 @@ class ReplyController:
         self.last_stats = s
         self.stats_bar.show_stats(s.as_dict())
         if live and self.view is not None:
-            self.view.set_stats(f"{s.n_generated} tokens · {s.gen_tps:.1f} t/s")
+            spec = f" · {acceptance_text(s.as_dict())}" if s.drafted else ""
+            self.view.set_stats(f"{s.n_generated} tokens · {s.gen_tps:.1f} t/s{spec}")
             self.stats_bar.activity.setText("generating…")
 
     def on_finished(self, req: int, stats: GenStats) -> None:

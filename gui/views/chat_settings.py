@@ -90,6 +90,12 @@ class SamplingPanel(QWidget):
         self.seed_spin.setGroupSeparatorShown(False)
         self.max_spin = ispin(1, 1 << 20, "Max tokens", "Most tokens a reply may have")
         self.max_spin.setValue(512)
+        self.lookup_spin = ispin(0, 16, "Prompt lookup",
+                                 "Speculative decoding by prompt lookup: the longest n-gram of the conversation's "
+                                 "last tokens looked up earlier in it, whose continuation the model checks in one "
+                                 "pass (faster where the reply repeats the prompt: code edits, summaries; the text "
+                                 "is the same). 0: off")
+        self.lookup_spin.setSpecialValueText("off")
         self.special_check = QCheckBox("Show control tokens")
         self.special_check.setAccessibleName("Show control tokens")
         self.special_check.setToolTip("Print control tokens such as <|im_end|> or <start_of_image> in replies "
@@ -108,7 +114,8 @@ class SamplingPanel(QWidget):
         for label, w in (("Mode", self.mode_combo), ("System", self.system_edit), ("Preset", self.preset_combo),
                          ("Temperature", self.temp_spin), ("Top-k", self.topk_spin), ("Top-p", self.topp_spin),
                          ("Min-p", self.minp_spin), ("Repeat penalty", self.repeat_spin), ("Seed", self.seed_spin),
-                         ("Max tokens", self.max_spin), ("", self.special_check), ("Colour by", self.color_combo)):
+                         ("Max tokens", self.max_spin), ("Prompt lookup", self.lookup_spin), ("", self.special_check),
+                         ("Colour by", self.color_combo)):
             form.addRow(label, w)
         hint = QLabel("Presets: <b>Precise</b> (low temperature, mild repeat penalty), <b>Creative</b> (high "
                       "temperature, wide top-k), <b>Greedy</b> (always the most likely token: the same text as "
@@ -152,7 +159,8 @@ class SamplingPanel(QWidget):
         return {"temperature": round(self.temp_spin.value(), 4), "top_k": self.topk_spin.value(),
                 "top_p": round(self.topp_spin.value(), 4), "min_p": round(self.minp_spin.value(), 4),
                 "repeat_penalty": round(self.repeat_spin.value(), 4), "seed": None if seed < 0 else seed,
-                "max_tokens": self.max_spin.value(), "special": self.special_check.isChecked()}
+                "max_tokens": self.max_spin.value(), "special": self.special_check.isChecked(),
+                "lookup": self.lookup_spin.value()}
 
     def set_params(self, p: dict[str, Any]) -> None:
         self._applying_preset = True
@@ -161,7 +169,7 @@ class SamplingPanel(QWidget):
                            ("repeat_penalty", self.repeat_spin)):
                 if isinstance(p.get(key), (int, float)):
                     w.setValue(float(p[key]))
-            for key, iw in (("top_k", self.topk_spin), ("max_tokens", self.max_spin)):
+            for key, iw in (("top_k", self.topk_spin), ("max_tokens", self.max_spin), ("lookup", self.lookup_spin)):
                 if isinstance(p.get(key), int):
                     iw.setValue(int(p[key]))
             seed = p.get("seed")

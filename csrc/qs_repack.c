@@ -120,6 +120,7 @@ static void prep_task(void *vctx, int64_t j) {
     int32_t *ia = p->ia + j * p->ia_stride;
     float *fa = p->fa + j * p->f_stride, *fb = p->fb + j * p->f_stride;
     qs_quantize_activation(ri->act, p->x + j * p->k, xq, p->k);
+    if (qs_traits(ri->act)->elems == 1) return; /* BF16 activations: the values alone */
     int64_t nab = p->k / ri->act_elems;
     for (int64_t b = 0; b < nab; ++b) {
         const uint8_t *blk = xq + b * ri->act_bytes;

@@ -186,6 +186,11 @@ extern int qs_bf16_dot_now;
 int qs_bf16_dot_set(int on);
 static inline int qs_bf16_dot(void) { return qs_bf16_dot_now >= 0 ? qs_bf16_dot_now : qs_bf16_dot_set(-1); }
 
+/* float32 -> BF16 activations for the BF16 layout, qs_fp32_to_bf16's bits (the scalar one: qs_quantize_bf16) */
+void qs_rp_bf16_act_scalar(const float *x, uint8_t *dst, int64_t n);
+void qs_rp_bf16_act_avx2(const float *x, uint8_t *dst, int64_t n);
+void qs_rp_bf16_act_avx512(const float *x, uint8_t *dst, int64_t n);
+
 /* Load-time unit writers and scalar reference kernels, 1 column (qs_repack_rows.c) */
 void qs_rp_unit_q4_K(const uint8_t *const *rows, int64_t kb, uint8_t *u);
 void qs_rp_unit_q5_K(const uint8_t *const *rows, int64_t kb, uint8_t *u);

@@ -536,6 +536,25 @@ T_BF static void bf_dp_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t
 T_BF static void bf_dp_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
     bf_dp_body(g, nb, x, c0, out, 1);
 }
+/* float32 -> BF16 activations, qs_fp32_to_bf16's bits: round to nearest even, a NaN kept quiet */
+T void qs_rp_bf16_act_avx512(const float *x, uint8_t *dst, int64_t n) {
+    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF), quiet = _mm512_set1_epi32(64);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512i u = _mm512_loadu_si512((const void *)(x + i));
+        const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+        const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+        const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half, odd)), 16);
+        const __m512i v = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), quiet);
+        _mm256_storeu_si256((__m256i *)(dst + 2 * i), _mm512_cvtepi32_epi16(v));
+    }
+    for (; i < n; ++i) {
+        const uint16_t h = qs_fp32_to_bf16(x[i]);
+        memcpy(dst + 2 * i, &h, 2);
+    }
+}
+
 /* the AVX-512 slot: vdpbf16ps where the CPU has it and it is not switched off (qs_bf16_dot_set) */
 T void qs_rp_bf16_avx512_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
     if (qs_bf16_dot()) bf_dp_8(g, nb, x, c0, out);

@@ -118,6 +118,28 @@ def test_bf16_layout_rounds_activations_as_ggml():
             assert np.all(rp.matmat(x) == np.float32(want)), level
 
 
+def test_bf16_activation_rounding_at_every_level():
+    """The BF16 layout's activation conversion (scalar, AVX2, AVX-512) rounds as ggml: with the identity as weights
+    the product is each activation rounded to BF16, on ties to even and odd, carries into the exponent, tiny and
+    huge values (vdpbf16ps flushes subnormals: within 1e-30 there)."""
+    rng = np.random.default_rng(5)
+    n = 64
+    w = np.zeros((n, n), np.uint16)
+    w[np.arange(n), np.arange(n)] = 0x3F80
+    rp = K.Repacked("BF16", w.view(np.uint8).reshape(-1), n, n)
+    bits = rng.integers(0, 1 << 32, (3, n), dtype=np.uint64).astype(np.uint32)
+    bits &= np.uint32(0xBFFFFFFF)  # below the exponent that could round to infinity (0 x inf is NaN elsewhere)
+    bits[0, :8] = [0x3F808000, 0x3F818000, 0x3F80FFFF, 0x3FFFFFFF, 0x00008000, 0x00018000, 0x7F7F7FFF, 0x807F8000]
+    x = bits.view(np.float32)
+    want = _bf16(x)
+    for level in ("scalar", *SIMD_LEVELS):
+        with K.forced_isa(level):
+            got = rp.matmat(x)
+            tiny = 1e-30 if level == "avx512" and K.has_avx512_bf16() else 0.0
+            assert np.all(np.abs(got.astype(np.float64) - want) <= tiny), level
+            assert np.array_equal(got[np.abs(want) > 1e-30], want[np.abs(want) > 1e-30]), level
+
+
 def _packed_job(mats: list[tuple[str, int]], k: int, rng: np.random.Generator) -> tuple:
     """Repacked random matrices (type, rows) of row length k, and the type, pointer and row arrays of one job."""
     packed = [K.Repacked(name, _weights(name, rows, k, rng), rows, k) for name, rows in mats]

@@ -1,9 +1,11 @@
 """Repacked weights (csrc/qs_repack*.c, docs/engine.md#repacked-weights): the AVX-512 kernels equal the scalar
-reference on the repacked layout bit for bit, and both equal the row-by-row kernels on the file's layout up to float
+reference on the repacked layout bit for bit (BF16's vdpbf16ps kernels within one rounding per step), and both equal the row-by-row kernels on the file's layout up to float
 summation order, on random and real tensors; sizes are checked in C; the engine gives the same logits repacked or
 not, reports progress and can be cancelled."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -138,6 +140,24 @@ def test_bf16_activation_rounding_at_every_level():
             tiny = 1e-30 if level == "avx512" and K.has_avx512_bf16() else 0.0
             assert np.all(np.abs(got.astype(np.float64) - want) <= tiny), level
             assert np.array_equal(got[np.abs(want) > 1e-30], want[np.abs(want) > 1e-30]), level
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="the kernel's CPU flags are a Linux file")
+def test_bf16_dot_detection_agrees_with_the_kernel_s_cpu_flags():
+    """vdpbf16ps runs only where the CPU (and the OS's saved state) has AVX512_BF16; switching it off is possible
+    everywhere, switching it on only there."""
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith(("flags", "Features")):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    has = "avx512_bf16" in flags and "avx512f" in flags
+    assert K.has_avx512_bf16() == has
+    with K.bf16_dot(True) as on:
+        assert on == has
+        with K.bf16_dot(False) as off:
+            assert not off
+        assert bool(lib.qs_bf16_dot_set(-1)) == has  # restored
 
 
 def _packed_job(mats: list[tuple[str, int]], k: int, rng: np.random.Generator) -> tuple:

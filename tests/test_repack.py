@@ -1,7 +1,7 @@
 """Repacked weights (csrc/qs_repack*.c, docs/engine.md#repacked-weights): the AVX-512 kernels equal the scalar
-reference on the repacked layout bit for bit (BF16's vdpbf16ps kernels within one rounding per step), and both equal the row-by-row kernels on the file's layout up to float
-summation order, on random and real tensors; sizes are checked in C; the engine gives the same logits repacked or
-not, reports progress and can be cancelled."""
+reference on the repacked layout bit for bit (BF16's vdpbf16ps kernels within one rounding per step), and both
+equal the row-by-row kernels on the file's layout up to float summation order, on random and real tensors; sizes
+are checked in C; the engine gives the same logits repacked or not, reports progress and can be cancelled."""
 
 from __future__ import annotations
 

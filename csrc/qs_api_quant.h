@@ -25,6 +25,8 @@ int qs_isa_set(int level);          /* clamps to the detected level; returns the
 const char *qs_isa_name(int level); /* "scalar", "avx2", ... on this build's CPU family; NULL past the last */
 const char *qs_arch_name(void);     /* "x86_64", "arm64" or "generic" */
 int qs_cpu_has_vbmi(void);         /* AVX512_VBMI: the AVX-512 lattice i-quant dots run */
+int qs_cpu_has_avx512bf16(void);   /* AVX512_BF16: the repacked BF16 kernels use vdpbf16ps */
+int qs_bf16_dot_set(int on);       /* vdpbf16ps on (1, where the CPU has it) / off (0: AVX-512F); -1 queries; returns the previous state */
 
 int qs_block_elems(int type);       /* 0 for unknown types */
 int qs_block_bytes(int type);

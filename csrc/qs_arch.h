@@ -30,6 +30,8 @@
 #if QS_ARCH_X86
 #define QS_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define QS_TARGET_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+/* AVX512_BF16 (vdpbf16ps): not a level of its own; the BF16 kernels of the AVX-512 slot ask qs_bf16_dot_now */
+#define QS_TARGET_AVX512BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16")))
 #endif
 
 /* No silent multiply-add fusion outside x86: ARM64 has FMA in its baseline, and compilers would fuse a * b + c in

@@ -61,14 +61,16 @@ static unsigned long long xcr0(void) {
 #endif
 }
 
-enum { X_AVX2 = 1, X_AVX512 = 2, X_VBMI = 4 }; /* X_AVX2: with FMA and F16C; X_AVX512: F, BW, VL and VNNI */
+/* X_AVX2: with FMA and F16C; X_AVX512: F, BW, VL and VNNI; X_BF16: AVX512_BF16 (vdpbf16ps) */
+enum { X_AVX2 = 1, X_AVX512 = 2, X_VBMI = 4, X_BF16 = 8 };
 
 static int x86_features(void) {
-    unsigned r0[4], r1[4], r7[4] = {0, 0, 0, 0};
+    unsigned r0[4], r1[4], r7[4] = {0, 0, 0, 0}, r71[4] = {0, 0, 0, 0};
     cpuid(0, 0, r0);
     if (r0[0] < 1) return 0;
     cpuid(1, 0, r1);
     if (r0[0] >= 7) cpuid(7, 0, r7);
+    if (r0[0] >= 7 && r7[0] >= 1) cpuid(7, 1, r71); /* leaf 7 sub-leaf 1: EAX bit 5 AVX512_BF16 */
     const unsigned c1 = r1[2], b7 = r7[1], c7 = r7[2];
     if (!(c1 & (1u << 27))) return 0; /* OSXSAVE: without it XGETBV is undefined and no AVX state is saved */
     const unsigned long long x = xcr0();
@@ -84,6 +86,7 @@ static int x86_features(void) {
     if (os_avx512 && (b7 & (1u << 16)) && (b7 & (1u << 30)) && (b7 & (1u << 31)) && (c7 & (1u << 11)))
         f |= X_AVX512; /* AVX512F, AVX512BW, AVX512VL, AVX512_VNNI */
     if (os_avx512 && (b7 & (1u << 16)) && (c7 & (1u << 1))) f |= X_VBMI; /* AVX512_VBMI */
+    if (os_avx512 && (b7 & (1u << 16)) && (r71[0] & (1u << 5))) f |= X_BF16; /* AVX512_BF16 */
     return f;
 }
 
@@ -179,4 +182,23 @@ int qs_cpu_has_vbmi(void) {
 #else
     return 0;
 #endif
+}
+
+int qs_cpu_has_avx512bf16(void) {
+#if QS_ARCH_X86
+    return (x86_cached() & X_BF16) ? 1 : 0;
+#else
+    return 0;
+#endif
+}
+
+/* Whether the AVX-512 BF16 kernels use vdpbf16ps: -1 until first asked, then the CPU's answer; qs_bf16_dot_set
+ * turns it off to run the AVX-512F fallback on a CPU that has it (tests and benchmarks compare the two). */
+int qs_bf16_dot_now = -1;
+
+int qs_bf16_dot_set(int on) {
+    int prev = qs_bf16_dot_now >= 0 ? qs_bf16_dot_now : qs_cpu_has_avx512bf16();
+    if (on >= 0) qs_bf16_dot_now = on && qs_cpu_has_avx512bf16();
+    else qs_bf16_dot_now = prev;
+    return prev;
 }

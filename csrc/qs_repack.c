@@ -110,6 +110,10 @@ typedef struct {
     int64_t f_stride;
 } prep_ctx;
 
+void qs_rp_bf16_act_scalar(const float *x, uint8_t *dst, int64_t n) { qs_quantize_bf16(x, dst, n); }
+typedef void (*bf16_act_fn)(const float *x, uint8_t *dst, int64_t n);
+static const bf16_act_fn BF16_ACT[QS_TIERS] = SLOTS(rp_bf16_act, X2, A0);
+
 /* Column j: ggml's quantized blocks, then per block its scale (fa), Q8_1's s (fb) and the integer offsets (ia):
  * Q4_K, Q5_K: per 256, four int16 pairs (sums of sub-blocks 2p, 2p+1); Q6_K: per 256, 32 x the 16 sums of 16;
  * Q2_K: per 256, the 16 sums of 16; Q3_K: 4 x them; IQ4_XS: per 256, 128 x the 8 sums of 32; Q4_0 / Q5_0 / Q8_0, IQ4_NL: per 32, 8 / 16 / 128 x the block's sum. */
@@ -119,6 +123,10 @@ static void prep_task(void *vctx, int64_t j) {
     uint8_t *xq = p->xq + j * p->xq_stride;
     int32_t *ia = p->ia + j * p->ia_stride;
     float *fa = p->fa + j * p->f_stride, *fb = p->fb + j * p->f_stride;
+    if (ri->act == QS_BF16) { /* the values alone */
+        QS_PICK(BF16_ACT)(p->x + j * p->k, xq, p->k);
+        return;
+    }
     qs_quantize_activation(ri->act, p->x + j * p->k, xq, p->k);
     int64_t nab = p->k / ri->act_elems;
     for (int64_t b = 0; b < nab; ++b) {
@@ -181,8 +189,9 @@ static int act_prepare(rp_act *a, const rp_info *ri, const float *x, int64_t k, 
     p.k = k;
     p.n_x = n_x;
     p.xq_stride = (nab * ri->act_bytes + 63) / 64 * 64;
-    p.ia_stride = (nab * (ri->ia_per ? ri->ia_per : 1) + 15) / 16 * 16;
-    p.f_stride = (nab + 15) / 16 * 16;
+    const int plain = ri->act == QS_BF16; /* the values alone: no offsets, no scales */
+    p.ia_stride = plain ? 0 : (nab * (ri->ia_per ? ri->ia_per : 1) + 15) / 16 * 16;
+    p.f_stride = plain ? 0 : (nab + 15) / 16 * 16;
     a->per_col = p.xq_stride + p.ia_stride * 4 + p.f_stride * 8;
     size_t bytes = (size_t)n_x * (size_t)a->per_col;
     a->buf = (uint8_t *)qs_aligned_alloc(64, (bytes + 63) & ~(size_t)63);

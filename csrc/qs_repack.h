@@ -34,7 +34,9 @@
  *   IQ4_XS k-block 256, 2240 B: d[16] f16 @0, scale[8][16] s8 (the 6-bit scale - 32) @64, 32 nibble chunks @192
  *         (chunk c: elements 8c..8c+7, code-book indices as IQ4_NL's)
  *   F32   k-block 16, 1024 B: element e of the block as 16 rows' float32 side by side @64e
- *   F16, BF16 k-block 16, 512 B: the same with 2-byte values @32e (converted to float32 in the kernels)
+ *   F16   k-block 16, 512 B: the same with 2-byte values @32e (converted to float32 in the kernels)
+ *   BF16  k-block 16, 512 B: pair p (elements 2p, 2p+1) of the 16 rows side by side, 4 bytes a row, @64p: one
+ *         vdpbf16ps operand; the activations are BF16 too (ggml's vec_dot_type), pairs read as 32-bit words
  * Codes are unsigned (Q2_K 0..3 with its mins against the activation sums; Q3_K 0..7 with offset 4; Q6_K 0..63 with the offset 32 folded into the activation sums; Q4_0 offset 8; Q5_0 16;
  * Q8_0, IQ4_NL and MXFP4 128).
  */
@@ -178,7 +180,18 @@ void qs_rp_codes32_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_
 void qs_rp_codes256_avx2_4(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_codes256_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 
-/* Load-time unit writers and scalar reference kernels, 1 column (qs_repack_rows.c); BF16 is written as F16 is */
+/* Whether the AVX-512 slot's BF16 kernels use vdpbf16ps (qs_dispatch.c: the CPU has AVX512_BF16 and
+ * qs_bf16_dot_set has not switched it off): one load, as qs_isa_tier */
+extern int qs_bf16_dot_now;
+int qs_bf16_dot_set(int on);
+static inline int qs_bf16_dot(void) { return qs_bf16_dot_now >= 0 ? qs_bf16_dot_now : qs_bf16_dot_set(-1); }
+
+/* float32 -> BF16 activations for the BF16 layout, qs_fp32_to_bf16's bits (the scalar one: qs_quantize_bf16) */
+void qs_rp_bf16_act_scalar(const float *x, uint8_t *dst, int64_t n);
+void qs_rp_bf16_act_avx2(const float *x, uint8_t *dst, int64_t n);
+void qs_rp_bf16_act_avx512(const float *x, uint8_t *dst, int64_t n);
+
+/* Load-time unit writers and scalar reference kernels, 1 column (qs_repack_rows.c) */
 void qs_rp_unit_q4_K(const uint8_t *const *rows, int64_t kb, uint8_t *u);
 void qs_rp_unit_q5_K(const uint8_t *const *rows, int64_t kb, uint8_t *u);
 void qs_rp_unit_q6_K(const uint8_t *const *rows, int64_t kb, uint8_t *u);
@@ -194,6 +207,7 @@ void qs_rp_unit_iq4_nl(const uint8_t *const *rows, int64_t kb, uint8_t *u);
 void qs_rp_unit_mxfp4(const uint8_t *const *rows, int64_t kb, uint8_t *u);
 void qs_rp_unit_f32(const uint8_t *const *rows, int64_t kb, uint8_t *u);
 void qs_rp_unit_f16(const uint8_t *const *rows, int64_t kb, uint8_t *u);
+void qs_rp_unit_bf16(const uint8_t *const *rows, int64_t kb, uint8_t *u);
 void qs_rp_q4_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q5_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);
 void qs_rp_q6_K_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out);

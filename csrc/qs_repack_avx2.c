@@ -462,6 +462,76 @@ RP_AVX2(codes256, SBC256)
     }
 RP_AVX2_F(f32, 0)
 RP_AVX2_F(f16, 1)
-RP_AVX2_F(bf16, 2)
+
+/* BF16 against BF16 activations (qs_rp_bf16_scalar's sums): rows 8h .. 8h+7 of each pair chunk, split into the
+ * even and odd elements, two fused multiply-adds per pair (odd first), two chains per column, up to 4 columns; a
+ * k-block's activations widened once into float32 on the stack. */
+T AI void bf_half(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC, const int h) {
+    __m256 acc[4][2];
+    const uint8_t *xs[4];
+    float xf[4][16] __attribute__((aligned(32)));
+    const __m256i hi = _mm256_set1_epi32((int)0xFFFF0000u);
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NC; ++j) {
+        xs[j] = x->xq + (c0 + j) * x->xq_stride;
+        acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    }
+    for (int64_t kb = 0; kb < nb; ++kb, g += 512) {
+        _Pragma("GCC unroll 8")
+        for (int l = 0; l < 8; ++l) pf(g + 64 * l, h == 0);
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < NC; ++j)
+            for (int q = 0; q < 2; ++q)
+                _mm256_store_si256((__m256i *)(xf[j] + 8 * q),
+                                   _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+                                                         (const __m128i *)(xs[j] + 32 * kb + 16 * q))), 16));
+        _Pragma("GCC unroll 8")
+        for (int p = 0; p < 8; ++p) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(g + 64 * p + 32 * h));
+            const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+            const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < NC; ++j) {
+                const __m256 a = _mm256_fmadd_ps(wo, _mm256_set1_ps(xf[j][2 * p + 1]), acc[j][p & 1]);
+                acc[j][p & 1] = _mm256_fmadd_ps(we, _mm256_set1_ps(xf[j][2 * p]), a);
+            }
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int j = 0; j < NC; ++j) _mm256_storeu_ps(out + 16 * j + 8 * h, _mm256_add_ps(acc[j][0], acc[j][1]));
+}
+
+/* float32 -> BF16 activations, qs_fp32_to_bf16's bits: round to nearest even, a NaN kept quiet */
+T void qs_rp_bf16_act_avx2(const float *x, uint8_t *dst, int64_t n) {
+    const __m256i abs = _mm256_set1_epi32(0x7FFFFFFF), inf = _mm256_set1_epi32(0x7F800000);
+    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7FFF), quiet = _mm256_set1_epi32(64);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i v[2];
+        for (int h = 0; h < 2; ++h) {
+            const __m256i u = _mm256_loadu_si256((const __m256i *)(x + i + 8 * h));
+            /* signed compare: |u| and inf are both below 2^31 */
+            const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
+            const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+            const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(half, odd)), 16);
+            v[h] = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), quiet), nan);
+        }
+        /* unsigned saturation never bites (every value fits 16 bits); packus works per 128-bit lane */
+        const __m256i p = _mm256_packus_epi32(v[0], v[1]);
+        _mm256_storeu_si256((__m256i *)(dst + 2 * i), _mm256_permute4x64_epi64(p, 0xD8));
+    }
+    for (; i < n; ++i) {
+        const uint16_t h = qs_fp32_to_bf16(x[i]);
+        memcpy(dst + 2 * i, &h, 2);
+    }
+}
+
+T void qs_rp_bf16_avx2_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    for (int h = 0; h < 2; ++h) bf_half(g, nb, x, c0, out, 1, h);
+}
+T void qs_rp_bf16_avx2_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    for (int p = 0; p < 8; p += 4)
+        for (int h = 0; h < 2; ++h) bf_half(g, nb, x, c0 + p, out + 16 * p, 4, h);
+}
 
 #endif /* QS_ARCH_X86 */

@@ -459,6 +459,110 @@ RP_AVX512(codes256, SBC, SB_C256)
     }
 RP_AVX512_F(f32, 0)
 RP_AVX512_F(f16, 1)
-RP_AVX512_F(bf16, 2)
+
+/* ---------------------------------------------------------------- BF16 against BF16 activations */
+/* The BF16 layout holds pairs (qs_repack.h): a 64-byte chunk is 16 rows x elements 2p, 2p+1, the operand of one
+ * vdpbf16ps against the column's activation pair broadcast. Two chains per column (pair p feeds chain p % 2) as the
+ * scalar reference; the 8-column kernel keeps 16 accumulators and reuses each loaded chunk 8 times. */
+#define T_BF QS_TARGET_AVX512BF16
+T_BF AI void bf_dp_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC) {
+    __m512 acc[8][2];
+    const uint8_t *xs[8];
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < NC; ++j) {
+        xs[j] = x->xq + (c0 + j) * x->xq_stride;
+        acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    }
+    for (int64_t kb = 0; kb < nb; ++kb, g += 512) {
+        pf_lines(g, 8);
+        _Pragma("GCC unroll 8")
+        for (int p = 0; p < 8; ++p) {
+            const __m512bh w = (__m512bh)_mm512_loadu_si512((const void *)(g + 64 * p));
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < NC; ++j) {
+                const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)qs_load_u32(xs[j] + 32 * kb + 4 * p));
+                acc[j][p & 1] = _mm512_dpbf16_ps(acc[j][p & 1], w, xv);
+            }
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < NC; ++j) _mm512_storeu_ps(out + 16 * j, _mm512_add_ps(acc[j][0], acc[j][1]));
+}
+
+/* AVX-512F without BF16: the same sums with two fused multiply-adds per pair, odd element first (a product of two
+ * bfloat16 values is exact, so each rounds as vdpbf16ps's steps do); a k-block's activations widened once per call
+ * of the block into float32 on the stack. */
+T AI void bf_widen(const uint8_t *const *xs, int64_t kb, const int NC, float (*xf)[16]) {
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < NC; ++j)
+        _mm512_store_ps(xf[j], _mm512_castsi512_ps(_mm512_slli_epi32(
+                                   _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(xs[j] + 32 * kb))), 16)));
+}
+
+T AI void bf_f_body(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC) {
+    __m512 acc[8][2];
+    const uint8_t *xs[8];
+    float xf[2][8][16] __attribute__((aligned(64))); /* k-block kb's in xf[kb % 2], the next one's written ahead */
+    const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < NC; ++j) {
+        xs[j] = x->xq + (c0 + j) * x->xq_stride;
+        acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    }
+    if (nb > 0) bf_widen(xs, 0, NC, xf[0]);
+    for (int64_t kb = 0; kb < nb; ++kb, g += 512) {
+        pf_lines(g, 8);
+        if (kb + 1 < nb) bf_widen(xs, kb + 1, NC, xf[(kb + 1) & 1]);
+        const float(*xk)[16] = xf[kb & 1];
+        _Pragma("GCC unroll 8")
+        for (int p = 0; p < 8; ++p) {
+            const __m512i v = _mm512_loadu_si512((const void *)(g + 64 * p));
+            const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+            const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < NC; ++j) {
+                const __m512 a = _mm512_fmadd_ps(wo, _mm512_set1_ps(xk[j][2 * p + 1]), acc[j][p & 1]);
+                acc[j][p & 1] = _mm512_fmadd_ps(we, _mm512_set1_ps(xk[j][2 * p]), a);
+            }
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < NC; ++j) _mm512_storeu_ps(out + 16 * j, _mm512_add_ps(acc[j][0], acc[j][1]));
+}
+
+T_BF static void bf_dp_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    bf_dp_body(g, nb, x, c0, out, 8);
+}
+T_BF static void bf_dp_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    bf_dp_body(g, nb, x, c0, out, 1);
+}
+/* float32 -> BF16 activations, qs_fp32_to_bf16's bits: round to nearest even, a NaN kept quiet */
+T void qs_rp_bf16_act_avx512(const float *x, uint8_t *dst, int64_t n) {
+    const __m512i abs = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000);
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7FFF), quiet = _mm512_set1_epi32(64);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512i u = _mm512_loadu_si512((const void *)(x + i));
+        const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs), inf);
+        const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+        const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(half, odd)), 16);
+        const __m512i v = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), quiet);
+        _mm256_storeu_si256((__m256i *)(dst + 2 * i), _mm512_cvtepi32_epi16(v));
+    }
+    for (; i < n; ++i) {
+        const uint16_t h = qs_fp32_to_bf16(x[i]);
+        memcpy(dst + 2 * i, &h, 2);
+    }
+}
+
+/* the AVX-512 slot: vdpbf16ps where the CPU has it and it is not switched off (qs_bf16_dot_set) */
+T void qs_rp_bf16_avx512_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    if (qs_bf16_dot()) bf_dp_8(g, nb, x, c0, out);
+    else bf_f_body(g, nb, x, c0, out, 8);
+}
+T void qs_rp_bf16_avx512_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    if (qs_bf16_dot()) bf_dp_1(g, nb, x, c0, out);
+    else bf_f_body(g, nb, x, c0, out, 1);
+}
 
 #endif /* QS_ARCH_X86 */

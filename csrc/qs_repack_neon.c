@@ -382,6 +382,57 @@ RP_B32(mxfp4, K_MXFP4, dotprod, QS_TARGET_DOTPROD, b32_dot)
 
 RP_FL(f32, 0)
 RP_FL(f16, 1)
-RP_FL(bf16, 2)
+
+/* qs_rp_bf16_scalar on rows 4q0 .. 4(q0+NQ)-1 of columns c0 .. c0+NC-1 (NQ · NC <= 8): each pair chunk split into
+ * its even and odd elements, two fused multiply-adds per pair (odd first), two chains per row; a k-block's BF16
+ * activations widened once into float32 on the stack */
+AI void bf_run(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int NC, const int q0,
+               const int NQ) {
+    const uint8_t *xs[8];
+    float32x4_t acc[8][4][2];
+    float xf[8][16];
+    const uint32x4_t hi = vdupq_n_u32(0xFFFF0000u);
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < NC; ++j) {
+        xs[j] = x->xq + (c0 + j) * x->xq_stride;
+        _Pragma("GCC unroll 4")
+        for (int q = 0; q < NQ; ++q) acc[j][q][0] = acc[j][q][1] = vdupq_n_f32(0.0f);
+    }
+    for (int64_t kb = 0; kb < nb; ++kb, g += 512) {
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < NC; ++j)
+            for (int h = 0; h < 2; ++h) {
+                const uint16x8_t v = vld1q_u16((const uint16_t *)(const void *)(xs[j] + 32 * kb + 16 * h));
+                vst1q_f32(xf[j] + 8 * h, vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(v), 16)));
+                vst1q_f32(xf[j] + 8 * h + 4, vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(v), 16)));
+            }
+        _Pragma("GCC unroll 8")
+        for (int p = 0; p < 8; ++p)
+            _Pragma("GCC unroll 4")
+            for (int q = 0; q < NQ; ++q) {
+                const uint32x4_t v = vld1q_u32((const uint32_t *)(const void *)(g + 64 * p + 16 * (q0 + q)));
+                const float32x4_t we = vreinterpretq_f32_u32(vshlq_n_u32(v, 16));
+                const float32x4_t wo = vreinterpretq_f32_u32(vandq_u32(v, hi));
+                _Pragma("GCC unroll 8")
+                for (int j = 0; j < NC; ++j) {
+                    const float32x4_t a = vfmaq_n_f32(acc[j][q][p & 1], wo, xf[j][2 * p + 1]);
+                    acc[j][q][p & 1] = vfmaq_n_f32(a, we, xf[j][2 * p]);
+                }
+            }
+    }
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < NC; ++j)
+        _Pragma("GCC unroll 4")
+        for (int q = 0; q < NQ; ++q) vst1q_f32(out + 16 * j + 4 * (q0 + q), vaddq_f32(acc[j][q][0], acc[j][q][1]));
+}
+
+void qs_rp_bf16_neon_1(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    bf_run(g, nb, x, c0, out, 1, 0, 4);
+    rp_fix(qs_rp_bf16_scalar, g, nb, x, c0, out, 1);
+}
+void qs_rp_bf16_neon_8(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    for (int q = 0; q < 4; ++q) bf_run(g, nb, x, c0, out, 8, q, 1);
+    rp_fix(qs_rp_bf16_scalar, g, nb, x, c0, out, 8);
+}
 
 #endif /* QS_ARCH_ARM64 */

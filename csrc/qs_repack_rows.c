@@ -207,6 +207,15 @@ static void unit_float(const uint8_t *const *rows, int64_t kb, uint8_t *u, const
 void qs_rp_unit_f32(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_float(rows, kb, u, 4); }
 void qs_rp_unit_f16(const uint8_t *const *rows, int64_t kb, uint8_t *u) { unit_float(rows, kb, u, 2); }
 
+/* BF16: pair p of the k-block (elements 2p, 2p+1) of the 16 rows side by side, 4 bytes a row: the operand of one
+ * vdpbf16ps for 16 rows */
+void qs_rp_unit_bf16(const uint8_t *const *rows, int64_t kb, uint8_t *u) {
+    for (int r = 0; r < QS_RP_ROWS; ++r) {
+        const uint8_t *b = rows[r] + kb * 32;
+        for (int p = 0; p < 8; ++p) memcpy(u + 64 * p + 4 * r, b + 4 * p, 4);
+    }
+}
+
 
 /* ---------------------------------------------------------------- scalar reference kernels (one column) */
 #define RP_COL(x, c)                                                                                               \
@@ -427,7 +436,7 @@ void qs_rp_mxfp4_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t 
 }
 
 /* Float layouts: per row, two accumulation chains (element e of a k-block feeds chain e % 2), fused multiply-adds
- * against the float32 activation, the chains added at the end; kind 0 F32, 1 F16, 2 BF16. */
+ * against the float32 activation, the chains added at the end; kind 0 F32, 1 F16. */
 static void rp_float_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out, const int kind) {
     const float *xs = (const float *)(x->xq + c0 * x->xq_stride);
     const int es = kind ? 2 : 4;
@@ -436,9 +445,29 @@ static void rp_float_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int6
         for (int e = 0; e < 16; ++e)
             for (int r = 0; r < 16; ++r) {
                 const uint8_t *p = g + es * (16 * e + r);
-                const float w = kind == 0 ? qs_load_f32(p) : kind == 1 ? h2f(p) : qs_bf16_to_fp32(qs_load_u16(p));
+                const float w = kind == 0 ? qs_load_f32(p) : h2f(p);
                 acc[e & 1][r] = fmaf(w, xs[16 * kb + e], acc[e & 1][r]);
             }
+    for (int r = 0; r < 16; ++r) out[r] = acc[0][r] + acc[1][r];
+}
+
+/* BF16 against BF16 activations (ggml's vec_dot_type for BF16: the activations rounded to nearest even, as
+ * llama.cpp does): what one vdpbf16ps does per row and pair, in Intel's order: the odd element's product added
+ * first, then the even one's. A product of two bfloat16 values is exact in float32, so each step rounds once
+ * (fmaf and a plain add of the product agree). Two chains per row (pair p feeds chain p % 2), added at the end. */
+void qs_rp_bf16_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
+    const uint8_t *xs = x->xq + c0 * x->xq_stride;
+    float acc[2][16] = {{0}};
+    for (int64_t kb = 0; kb < nb; ++kb, g += 512)
+        for (int p = 0; p < 8; ++p) {
+            const uint8_t *xp = xs + 32 * kb + 4 * p;
+            const float xe = qs_bf16_to_fp32(qs_load_u16(xp)), xo = qs_bf16_to_fp32(qs_load_u16(xp + 2));
+            for (int r = 0; r < 16; ++r) {
+                const uint8_t *wp = g + 64 * p + 4 * r;
+                float a = fmaf(qs_bf16_to_fp32(qs_load_u16(wp + 2)), xo, acc[p & 1][r]);
+                acc[p & 1][r] = fmaf(qs_bf16_to_fp32(qs_load_u16(wp)), xe, a);
+            }
+        }
     for (int r = 0; r < 16; ++r) out[r] = acc[0][r] + acc[1][r];
 }
 
@@ -447,8 +476,5 @@ void qs_rp_f32_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0
 }
 void qs_rp_f16_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
     rp_float_scalar(g, nb, x, c0, out, 1);
-}
-void qs_rp_bf16_scalar(const uint8_t *g, int64_t nb, const qs_rp_x *x, int64_t c0, float *out) {
-    rp_float_scalar(g, nb, x, c0, out, 2);
 }
 

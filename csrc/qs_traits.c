@@ -47,6 +47,10 @@
 #define RP_FLOAT(name, unit_, writer, a)                                                                           \
     {.blk = RP_ON(a) ? 16 : 0, .unit = unit_, .act = QS_F32, .act_elems = 16, .act_bytes = 64, .cols = 8,         \
      .write = qs_rp_unit_##writer, RP_KERNELS(name, 8, a)}
+/* BF16: pairs of rows' values against BF16 activation pairs (vdpbf16ps); 8 columns per wide kernel */
+#define RP_BF16(a)                                                                                                 \
+    {.blk = RP_ON(a) ? 16 : 0, .unit = 512, .act = QS_BF16, .act_elems = 16, .act_bytes = 32, .cols = 8,          \
+     .write = qs_rp_unit_bf16, RP_KERNELS(bf16, 8, a)}
 /* the code types' prompt layout: decoded per product (no writer), SIMD only */
 #define RP_CODES(kern, per, a)                                                                                     \
     {.blk = RP_ON(a) ? 256 : 0, .unit = 4416, .act = QS_Q8_K, .act_elems = 256, .act_bytes = 292, .ia_per = per,  \
@@ -71,7 +75,7 @@ static const qs_type_traits TYPES[QS_NTYPES] = {
                 .rp = RP_FLOAT(f16, 512, f16, RP_A1)},
     [QS_BF16] = {.name = "BF16", .elems = 1, .bytes = 2, .act = QS_BF16, .act_quantize = qs_quantize_bf16,
                  .deq = {qs_deq_bf16}, .deq_row = ROW_SIMD(bf16), .dot = SLOTS(dot_bf16, X1, A1),
-                 .rp = RP_FLOAT(bf16, 512, f16, RP_A1)},
+                 .rp = RP_BF16(RP_A1)},
 
     /* 32-element blocks */
     [QS_Q4_0] = {.name = "Q4_0", .elems = 32, .bytes = 18, .act = QS_Q8_0,

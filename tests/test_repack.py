@@ -1,9 +1,11 @@
 """Repacked weights (csrc/qs_repack*.c, docs/engine.md#repacked-weights): the AVX-512 kernels equal the scalar
-reference on the repacked layout bit for bit, and both equal the row-by-row kernels on the file's layout up to float
-summation order, on random and real tensors; sizes are checked in C; the engine gives the same logits repacked or
-not, reports progress and can be cancelled."""
+reference on the repacked layout bit for bit (BF16's vdpbf16ps kernels within one rounding per step), and both
+equal the row-by-row kernels on the file's layout up to float summation order, on random and real tensors; sizes
+are checked in C; the engine gives the same logits repacked or not, reports progress and can be cancelled."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,6 +39,44 @@ def _layout_block(t) -> int:
     return 256 if t.block_elems == 256 else 16 if t.block_elems == 1 else 64
 
 
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> the bfloat16 values as float32, rounded to nearest even (ggml's and qs_fp32_to_bf16's rounding)."""
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
+def _dp_bound(x: np.ndarray, dense: np.ndarray) -> np.ndarray:
+    """How far vdpbf16ps may be from the scalar reference: both add the same products, each exact in float32 (two
+    8-bit significands), to the same chains; the instruction may take a pair's two products in the other order, or
+    add them at once, and flushes subnormals. Every one of the k steps then differs by at most one rounding of the
+    running sum (2^-24 relative), and the flushed subnormals are below 1e-30 in all."""
+    k = x.shape[1]
+    return (np.abs(_bf16(x)).astype(np.float64) @ np.abs(dense.astype(np.float64)).T) * (k * 2.0**-24) + 1e-30
+
+
+def _simd_levels_agree(rp, x: np.ndarray, ref: np.ndarray, dense: np.ndarray, what) -> None:
+    """Every SIMD level on this machine gives the scalar reference's bits; BF16's vdpbf16ps kernels (AVX-512 with
+    AVX512_BF16) come within _dp_bound, and its AVX-512F fallback gives the bits."""
+    for level in SIMD_LEVELS:
+        with K.forced_isa(level):
+            if rp.type.name == "BF16" and level == "avx512":
+                with K.bf16_dot(False) as on:
+                    assert not on
+                    assert np.array_equal(rp.matmat(x), ref), (what, "avx512f")
+                    assert np.array_equal(rp.matmat(x[:1]), ref[:1]), (what, "avx512f")
+                with K.bf16_dot(True) as on:
+                    assert on == K.has_avx512_bf16()
+                    got = rp.matmat(x)
+                    assert np.all(np.abs(got - ref) <= _dp_bound(x, dense)), (what, level)
+                    assert np.array_equal(rp.matmat(x[:1]), got[:1])  # one column and eight: the same sums
+                    assert np.array_equal(rp.matmat(x, threads=1), got)
+                continue
+            got = rp.matmat(x)
+            assert np.array_equal(got, ref), (what, level)
+            assert np.array_equal(rp.matmat(x, threads=1), got)
+            assert np.array_equal(rp.matmat(x[:1]), ref[:1]), (what, level)
+
+
 @pytest.mark.parametrize("name", REPACK_TYPES)
 def test_repacked_equals_scalar_reference_and_row_dots(name):
     rng = np.random.default_rng(sum(name.encode()) + 41)
@@ -48,22 +88,76 @@ def test_repacked_equals_scalar_reference_and_row_dots(name):
         rp = K.Repacked(name, w, rows, k)
         assert rp.nbytes == lib.qs_repack_bytes(t.id, rows, k) > 0
         assert rp.nbytes == w.nbytes or t.block_elems > 1  # float layouts only reorder
+        dense = dequantize(w, t).reshape(rows, k)
         for n_x in (1, 3, 4, 5, 8, 9, 17):  # the wide kernel (4 or 8 columns), the 1-column kernel and their mix
             x = np.stack([activations(rng, k, outliers=k >= 96) for _ in range(n_x)])
             with K.forced_isa("scalar"):
                 ref_scalar = rp.matmat(x)
-            if t.block_elems == 1:
-                # float layouts keep the activations float32 (the file layout's F16/BF16 dots round them to the
-                # weight's type, as ggml does): judged against the float64 product
-                ref = x.astype(np.float64) @ dequantize(w, t).astype(np.float64).T
-            else:
+            if name in ("F32", "F16"):
+                # float layouts keep the activations float32 (the file layout's F16 dot rounds them to F16, as
+                # ggml does): judged against the float64 product
+                ref = x.astype(np.float64) @ dense.astype(np.float64).T
+            else:  # BF16 rounds the activations to BF16 in both layouts, as ggml does
                 ref = np.stack([K.matvec(name, w, rows, k, xi) for xi in x])
             assert np.all(np.abs(ref_scalar - ref) <= _bound(x, w, t)), (name, rows, k, n_x)
-            for level in SIMD_LEVELS:
-                with K.forced_isa(level):
-                    got = rp.matmat(x)
-                    assert np.array_equal(got, ref_scalar), (name, level, rows, k, n_x)
-                    assert np.array_equal(rp.matmat(x, threads=1), got)
+            _simd_levels_agree(rp, x, ref_scalar, dense, (name, rows, k, n_x))
+
+
+def test_bf16_layout_rounds_activations_as_ggml():
+    """The BF16 layout's product is that of the activations rounded to BF16 (nearest even, as ggml's
+    vec_dot_type), not of the float32 ones: with weights 1 the sum of the rounded values, exactly."""
+    k = 64
+    w = np.full((16, k), 0x3F80, np.uint16).view(np.uint8)  # 1.0
+    x = np.zeros((1, k), np.float32)
+    x[0, 0] = np.float32(1.0) + np.float32(2.0**-8)  # a tie: rounds to even, 1.0
+    x[0, 1] = np.float32(1.0) + np.float32(3 * 2.0**-8)  # a tie: rounds up to 1 + 2^-6
+    x[0, 2] = np.float32(1.0) + np.float32(2.0**-9)  # below half: 1.0
+    rp = K.Repacked("BF16", w.reshape(-1), 16, k)
+    want = float(_bf16(x).astype(np.float64).sum())
+    assert want == 3 + 2.0**-6
+    for level in ("scalar", *SIMD_LEVELS):
+        with K.forced_isa(level):
+            assert np.all(rp.matmat(x) == np.float32(want)), level
+
+
+def test_bf16_activation_rounding_at_every_level():
+    """The BF16 layout's activation conversion (scalar, AVX2, AVX-512) rounds as ggml: with the identity as weights
+    the product is each activation rounded to BF16, on ties to even and odd, carries into the exponent, tiny and
+    huge values (vdpbf16ps flushes subnormals: within 1e-30 there)."""
+    rng = np.random.default_rng(5)
+    n = 64
+    w = np.zeros((n, n), np.uint16)
+    w[np.arange(n), np.arange(n)] = 0x3F80
+    rp = K.Repacked("BF16", w.view(np.uint8).reshape(-1), n, n)
+    bits = rng.integers(0, 1 << 32, (3, n), dtype=np.uint64).astype(np.uint32)
+    bits &= np.uint32(0xBFFFFFFF)  # below the exponent that could round to infinity (0 x inf is NaN elsewhere)
+    bits[0, :8] = [0x3F808000, 0x3F818000, 0x3F80FFFF, 0x3FFFFFFF, 0x00008000, 0x00018000, 0x7F7F7FFF, 0x807F8000]
+    x = bits.view(np.float32)
+    want = _bf16(x)
+    for level in ("scalar", *SIMD_LEVELS):
+        with K.forced_isa(level):
+            got = rp.matmat(x)
+            tiny = 1e-30 if level == "avx512" and K.has_avx512_bf16() else 0.0
+            assert np.all(np.abs(got.astype(np.float64) - want) <= tiny), level
+            assert np.array_equal(got[np.abs(want) > 1e-30], want[np.abs(want) > 1e-30]), level
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="the kernel's CPU flags are a Linux file")
+def test_bf16_dot_detection_agrees_with_the_kernel_s_cpu_flags():
+    """vdpbf16ps runs only where the CPU (and the OS's saved state) has AVX512_BF16; switching it off is possible
+    everywhere, switching it on only there."""
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith(("flags", "Features")):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    has = "avx512_bf16" in flags and "avx512f" in flags
+    assert K.has_avx512_bf16() == has
+    with K.bf16_dot(True) as on:
+        assert on == has
+        with K.bf16_dot(False) as off:
+            assert not off
+        assert bool(lib.qs_bf16_dot_set(-1)) == has  # restored
 
 
 def _packed_job(mats: list[tuple[str, int]], k: int, rng: np.random.Generator) -> tuple:
@@ -185,7 +279,8 @@ def test_repacked_on_real_llama_quantize_rows(name):
 
 def test_float_layouts_on_real_values(model_path):
     """Real weights (Qwen2.5's ffn_down and output rows, dequantized) stored as F32, F16 and BF16: the SIMD kernels
-    equal the scalar reference bit for bit, and the product is the float64 one within float32 summation error."""
+    equal the scalar reference bit for bit (vdpbf16ps within _dp_bound), and the product is the float64 one (of the
+    BF16-rounded activations for BF16) within float32 summation error."""
     rng = np.random.default_rng(11)
     with GGUFFile(model_path("qwen2.5-coder")) as f:
         for n in ("blk.11.ffn_down.weight", "output.weight"):
@@ -196,15 +291,14 @@ def test_float_layouts_on_real_values(model_path):
                 rows, k = dense.shape
                 rp = K.Repacked(name, w, rows, k)
                 x = rng.standard_normal((9, k)).astype(np.float32)
-                want = x.astype(np.float64) @ dequantize(w, ggml_type(name)).reshape(rows, k).astype(np.float64).T
+                wd = dequantize(w, ggml_type(name)).reshape(rows, k)
+                xr = _bf16(x) if name == "BF16" else x
+                want = xr.astype(np.float64) @ wd.astype(np.float64).T
                 with K.forced_isa("scalar"):
                     ref = rp.matmat(x)
                 bound = (np.abs(x).astype(np.float64) @ np.abs(dense.astype(np.float64)).T) * 1e-5
                 assert np.all(np.abs(ref - want) <= bound), (n, name)
-                for level in SIMD_LEVELS:
-                    with K.forced_isa(level):
-                        assert np.array_equal(rp.matmat(x), ref), (n, name, level)
-                        assert np.array_equal(rp.matmat(x[:1]), ref[:1]), (n, name, level)
+                _simd_levels_agree(rp, x, ref, wd, (n, name))
 
 
 def test_shapes_without_a_layout_and_size_checks():

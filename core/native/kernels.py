@@ -76,6 +76,22 @@ def has_vbmi() -> bool:
     return bool(lib.qs_cpu_has_vbmi())
 
 
+def has_avx512_bf16() -> bool:
+    """Whether this CPU has AVX512_BF16: the repacked BF16 kernels of the AVX-512 level use vdpbf16ps."""
+    return bool(lib.qs_cpu_has_avx512bf16())
+
+
+@contextmanager
+def bf16_dot(on: bool) -> Iterator[bool]:
+    """Run a block with the AVX-512 BF16 kernels on vdpbf16ps (where the CPU has it) or on the AVX-512F fallback;
+    yields whether vdpbf16ps is on, and restores the previous state."""
+    prev = lib.qs_bf16_dot_set(1 if on else 0)
+    try:
+        yield bool(lib.qs_bf16_dot_set(-1))
+    finally:
+        lib.qs_bf16_dot_set(prev)
+
+
 def isa() -> str:
     """Instruction set the kernels use now."""
     return ISA_NAMES[lib.qs_isa_get()]

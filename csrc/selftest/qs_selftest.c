@@ -483,7 +483,7 @@ static void check_repack(int type, int quick) {
             set_level(QS_ISA_SCALAR);
             ok = qs_matmat(rtype, rp, rows, k, x, n_x, ref, 1) == 0;
             if (ok && L == QS_ISA_SCALAR) { /* the scalar layout kernel against the row dots (float layouts: float64) */
-                if (t->elems == 1) {
+                if (t->rp.act == QS_F32) {
                     for (int64_t j = 0; j < n_x; ++j)
                         for (int64_t r = 0; r < rows; ++r) {
                             double s = 0;
@@ -494,6 +494,21 @@ static void check_repack(int type, int quick) {
                     for (int64_t j = 0; j < n_x && ok; ++j) ok = qs_matvec(type, w, rows, k, x + j * k, want + j * rows, 1) == 0;
                 }
                 ok = ok && within(ref, want, bound, n_x * rows, detail, sizeof detail);
+            }
+            /* BF16's vdpbf16ps kernels (AVX-512 with AVX512_BF16): the scalar reference's exact products may enter
+             * a pair in the other order, or at once, and subnormals flush: within one rounding of the running sum
+             * per step, k 2^-24 |x||w| (the bound's 1e-5, scaled; 1.01 for the BF16-rounded |x|) */
+            const int dp = type == QS_BF16 && L >= QS_ISA_AVX512 && QS_ARCH_X86 && qs_bf16_dot_set(-1);
+            if (ok && dp) {
+                set_level(L);
+                for (int threads = 2; threads >= 1 && ok; --threads) {
+                    ok = qs_matmat(rtype, rp, rows, k, x, n_x, got, threads) == 0;
+                    for (int64_t i = 0; i < n_x * rows && ok; ++i)
+                        if (!(dabs((double)got[i] - ref[i]) <= bound[i] * (k * 0x1p-24 / 1e-5) * 1.01))
+                            ok = 0, snprintf(detail, sizeof detail, "vdpbf16ps n_x %ld: element %ld %.9g vs %.9g",
+                                             (long)n_x, (long)i, got[i], ref[i]);
+                }
+                qs_bf16_dot_set(0); /* and the AVX-512F fallback bit for bit, below */
             }
             if (ok && L != QS_ISA_SCALAR) {
                 set_level(L);
@@ -511,6 +526,7 @@ static void check_repack(int type, int quick) {
                     }
                 }
             }
+            if (dp) qs_bf16_dot_set(1);
             if (!ok && !detail[0]) snprintf(detail, sizeof detail, "n_x %ld: a call returned an error", (long)n_x);
         }
         report(ok, "repack", t->name, L, detail);

@@ -8,7 +8,18 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .common import MAX_CTX, MAX_THREADS, CLIError, add_gpu_layers, check_file, float_arg, int_arg, read_text_file
+from .common import (
+    MAX_CTX,
+    MAX_THREADS,
+    CLIError,
+    add_cache_types,
+    add_gpu_layers,
+    cache_types,
+    check_file,
+    float_arg,
+    int_arg,
+    read_text_file,
+)
 
 #: seconds a model of several stays loaded unused (Ollama's default keep-alive: five minutes)
 DEFAULT_IDLE = 300.0
@@ -72,7 +83,8 @@ def _pool(args: argparse.Namespace, key: str | None, allowed_hosts: tuple[str, .
     from quantscope.core.server.resources import available_memory, size_text
 
     options = LoadOptions(n_ctx=args.ctx, parallel=args.parallel, max_queue=args.max_queue, threads=args.threads,
-                          backend=args.backend, gpu_layers=args.gpu_layers, repack=not args.no_repack)
+                          backend=args.backend, gpu_layers=args.gpu_layers, repack=not args.no_repack,
+                          cache_types=cache_types(args))
     try:
         named = [(model_id_of(p), p) for p in gguf_files(args.models or [])]
         offers, broken = find_offers(named, options)
@@ -285,6 +297,7 @@ def register(sub: Any) -> None:
     s.add_argument("-t", "--threads", type=int_arg(0, MAX_THREADS), default=0, help="0 = one per core")
     s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     add_gpu_layers(s)
+    add_cache_types(s)
     s.add_argument("--special-in-content", action="store_true",
                    help="read control tokens' texts (<|im_end|>) in chat messages and tool descriptions as control "
                    "tokens, as llama-server does (default: as text; only the chat template's markup is special)")

@@ -303,7 +303,7 @@ typedef struct {
 } attn_ctx;
 
 #define QS_ATTN_MAX_GROUP 64
-#define QS_ATTN_TILE 32 /* cached positions per step of the online softmax */
+#define QS_ATTN_TILE 256 /* cached positions per step of the online softmax */
 
 float qs_fdot_f32_scalar(const float *a, const float *b, int n) {
     float s = 0.0f;
@@ -413,7 +413,8 @@ static void attn_probs_task(void *vctx, int64_t task) {
 /* The attention's task, flash attention's online softmax: the visible keys in tiles of QS_ATTN_TILE; per head a
  * running maximum m and sum l (of e^(s - m)) and the output accumulating e^(s - m) V, rescaled by e^(m_old - m_new)
  * when a tile raises the maximum, divided by l at the end. Memory is one tile of scores per head, whatever the
- * context; the result is the two-pass softmax's within float rounding. */
+ * context; the result is the two-pass softmax's within float rounding. A span of one tile is the two-pass softmax
+ * itself, to the bit (scores, max, exp and sum in position order, then the weighted V rows). */
 static void attn_flash_task(void *vctx, int64_t task) {
     attn_ctx *c = (attn_ctx *)vctx;
     const attn_span s = attn_place(c, task);
@@ -423,28 +424,30 @@ static void attn_flash_task(void *vctx, int64_t task) {
         for (int d = 0; d < hd; ++d) o[d] = 0.0f;
     }
     if (s.hi < s.lo) return;
-    uint8_t *qq = c->q_row ? (uint8_t *)malloc((size_t)(per * c->q_row)) : NULL;
-    if (c->q_row && !qq) { c->failed = 1; return; }
+    const int one = s.hi - s.lo + 1 <= QS_ATTN_TILE; /* the whole span in one tile: weights normalized first */
+    const int64_t tile = one ? s.hi - s.lo + 1 : QS_ATTN_TILE;
+    float *sc = (float *)malloc((size_t)(per * tile) * sizeof(float) + (size_t)(per * c->q_row));
+    if (!sc) { c->failed = 1; return; }
+    uint8_t *qq = c->q_row ? (uint8_t *)(sc + per * tile) : NULL;
     attn_quantize_queries(c, &s, qq);
-    float sc[QS_ATTN_MAX_GROUP][QS_ATTN_TILE];
-    float mx[QS_ATTN_MAX_GROUP];
+    float mx[QS_ATTN_MAX_GROUP], inv[QS_ATTN_MAX_GROUP];
     double sum[QS_ATTN_MAX_GROUP];
     for (int g = 0; g < per; ++g) { /* a sink: mass e^(sink - m) without a value */
         mx[g] = c->sinks ? c->sinks[s.h0 + g] : -INFINITY;
         sum[g] = c->sinks ? 1.0 : 0.0;
     }
-    for (int64_t p0 = s.lo; p0 <= s.hi; p0 += QS_ATTN_TILE) {
-        const int n = (int)(s.hi - p0 + 1 < QS_ATTN_TILE ? s.hi - p0 + 1 : QS_ATTN_TILE);
-        for (int i = 0; i < n; ++i)
+    for (int64_t p0 = s.lo; p0 <= s.hi; p0 += tile) {
+        const int64_t n = s.hi - p0 + 1 < tile ? s.hi - p0 + 1 : tile;
+        for (int64_t i = 0; i < n; ++i)
             for (int g = 0; g < per; ++g) {
                 const float *qv = c->q + (s.qi * c->n_heads + s.h0 + g) * (int64_t)hd;
-                sc[g][i] = kv_score(c, qv, qq ? qq + g * c->q_row : NULL, p0 + i, s.kvh);
+                sc[g * tile + i] = kv_score(c, qv, qq ? qq + g * c->q_row : NULL, p0 + i, s.kvh);
             }
         for (int g = 0; g < per; ++g) {
-            float m = mx[g];
-            for (int i = 0; i < n; ++i) m = sc[g][i] > m ? sc[g][i] : m;
+            float *sg = sc + g * tile, m = mx[g];
+            for (int64_t i = 0; i < n; ++i) m = sg[i] > m ? sg[i] : m;
             if (m == -INFINITY) { /* nothing seen yet outweighs nothing */
-                for (int i = 0; i < n; ++i) sc[g][i] = 0.0f;
+                for (int64_t i = 0; i < n; ++i) sg[i] = 0.0f;
                 continue;
             }
             if (m > mx[g]) { /* a new maximum: what was summed so far shrinks by e^(m_old - m_new) */
@@ -455,23 +458,24 @@ static void attn_flash_task(void *vctx, int64_t task) {
                 for (int k = 0; k < hd; ++k) o[k] *= r;
                 mx[g] = m;
             }
-            for (int i = 0; i < n; ++i) {
-                const float d = sc[g][i] - m;
-                sc[g][i] = d < -105.0f ? 0.0f : expf(d); /* expf is exactly 0 there; skips glibc's underflow path */
-                sum[g] += sc[g][i];
+            for (int64_t i = 0; i < n; ++i) {
+                const float d = sg[i] - m;
+                sg[i] = d < -105.0f ? 0.0f : expf(d); /* expf is exactly 0 there; skips glibc's underflow path */
+                sum[g] += sg[i];
             }
+            inv[g] = one ? (float)(1.0 / sum[g]) : 1.0f;
         }
-        for (int i = 0; i < n; ++i)
+        for (int64_t i = 0; i < n; ++i)
             for (int g = 0; g < per; ++g)
-                if (sc[g][i] != 0.0f)
-                    kv_axpy(c, sc[g][i], p0 + i, s.kvh, c->out + (s.qi * c->n_heads + s.h0 + g) * (int64_t)hd);
+                kv_axpy(c, sc[g * tile + i] * inv[g], p0 + i, s.kvh,
+                        c->out + (s.qi * c->n_heads + s.h0 + g) * (int64_t)hd);
     }
-    for (int g = 0; g < per; ++g) {
+    for (int g = 0; !one && g < per; ++g) {
         float *o = c->out + (s.qi * c->n_heads + s.h0 + g) * (int64_t)hd;
-        const float inv = sum[g] > 0.0 ? (float)(1.0 / sum[g]) : 0.0f;
-        for (int k = 0; k < hd; ++k) o[k] *= inv;
+        const float r = sum[g] > 0.0 ? (float)(1.0 / sum[g]) : 0.0f;
+        for (int k = 0; k < hd; ++k) o[k] *= r;
     }
-    free(qq);
+    free(sc);
 }
 
 int qs_attention(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim, const void *k_cache,

@@ -56,6 +56,16 @@ int64_t qs_kv_row_bytes(int type, int head_dim);
 int qs_kv_store(void *cache, int type, int64_t row0, const float *src, int64_t n_rows, int head_dim);
 /* Cache rows row0.. of `type` back to floats (tests and the probe's numpy twin). */
 int qs_kv_load(const void *cache, int type, int64_t row0, float *dst, int64_t n_rows, int head_dim);
+/* x (n values, n % nrot == 0) times the orthonormal Walsh-Hadamard matrix of order nrot (a power of two, Sylvester's
+ * order, llama.cpp's ggml_gen_hadamard), each run of nrot values in turn; the matrix is its own inverse. QS_OK, or
+ * QS_ERR_SIZE for a bad nrot or n. */
+int qs_hadamard(float *x, int64_t n, int nrot);
+/* The rotation llama.cpp gives a quantized cache's rows (attn_rot_k / attn_rot_v): the order of the Walsh-Hadamard
+ * runs of a head of head_dim in a cache of `type`, 0 for none (F32, F16, BF16, or head_dim not a multiple of 64).
+ * is_k: K's runs (the largest power of two dividing head_dim), else V's (64). qs_block_forward rotates q and k by
+ * K's, v by V's and the attention output back by V's, so the scores and outputs are the unrotated ones while the
+ * quantized blocks see the rotated values (outliers spread over a run). */
+int qs_kv_rotation(int type, int head_dim, int is_k);
 /* Caches hold n_ctx positions; the first n_kv (<= n_ctx) are valid. Query positions must be >= 0. kv_type: the
  * QS_KV_* type of both caches (0 and 1 are F32 and F16, as the flag this once was). Softmax online over tiles of
  * the cache (flash attention's running maximum and sum): no buffer grows with the context. */

@@ -612,7 +612,13 @@ static int cpu_qk_post(cpu_walk *w, const qs_step *s) {
                                      A->temp_scale + 1.0);
             for (int64_t i = 0; i < H * hd; ++i) q[t * H * hd + i] *= sc;
         }
+    /* a quantized cache's rotation (qs_kv_rotation): q and k by K's runs, v by V's (the output is turned back in
+     * cpu_attend); q of a layer reading another's cache too, which was written rotated */
+    const int rk = qs_kv_rotation(A->k_type, (int)hd, 1), rv = qs_kv_rotation(A->v_type, (int)hd, 0);
+    if (rk) qs_hadamard(q, T * H * hd, rk);
     if (A->kv_reuse) return QS_OK;
+    if (rk) qs_hadamard(k, T * KV * hd, rk);
+    if (rv) qs_hadamard(v, T * KV * hd, rv);
     if (w->seqs) { /* each row's K and V into its own sequence's cache */
         for (int64_t t = 0; t < T; ++t) {
             qs_kv_store(w->seqs[t]->attn.k_cache, A->k_type, w->n_pasts[t] * KV, k + t * KV * hd, KV, (int)hd);
@@ -625,7 +631,18 @@ static int cpu_qk_post(cpu_walk *w, const qs_step *s) {
     return QS_OK;
 }
 
+static int attend(cpu_walk *w, const qs_step *s);
+
+/* The attention, its output turned back by V's rotation where the cache has one (qs_kv_rotation). */
 static int cpu_attend(cpu_walk *w, const qs_step *s) {
+    const qs_attn_desc *A = &w->b->attn;
+    int rc = attend(w, s);
+    const int rv = qs_kv_rotation(A->v_type, A->head_dim, 0);
+    if (!rc && rv) rc = qs_hadamard(w->buf[s->dst], w->T * A->n_head * (int64_t)A->head_dim, rv);
+    return rc;
+}
+
+static int attend(cpu_walk *w, const qs_step *s) {
     const qs_attn_desc *A = &w->b->attn;
     const int64_t T = w->T, H = A->n_head, KV = A->n_head_kv, hd = A->head_dim;
     const float *q = w->buf[s->src];

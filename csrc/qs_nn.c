@@ -217,6 +217,30 @@ int64_t qs_kv_row_bytes(int type, int head_dim) {
     }
 }
 
+int qs_hadamard(float *x, int64_t n, int nrot) {
+    if (!x || nrot < 1 || nrot & (nrot - 1) || n < 0 || n % nrot) return QS_ERR_SIZE;
+    const float s = 1.0f / sqrtf((float)nrot);
+    for (int64_t c = 0; c < n; c += nrot) {
+        float *v = x + c;
+        for (int h = 1; h < nrot; h *= 2) /* butterflies in natural order: Sylvester's H_2n = [[H, H], [H, -H]] */
+            for (int i = 0; i < nrot; i += 2 * h)
+                for (int j = i; j < i + h; ++j) {
+                    const float a = v[j], b = v[j + h];
+                    v[j] = a + b;
+                    v[j + h] = a - b;
+                }
+        for (int j = 0; j < nrot; ++j) v[j] *= s;
+    }
+    return QS_OK;
+}
+
+int qs_kv_rotation(int type, int head_dim, int is_k) {
+    if ((type != QS_KV_Q8_0 && type != QS_KV_Q4_0) || head_dim <= 0 || head_dim % 64) return 0;
+    int nrot = 64;
+    while (is_k && head_dim % (2 * nrot) == 0) nrot *= 2;
+    return nrot;
+}
+
 int qs_kv_store(void *cache, int type, int64_t row0, const float *src, int64_t n_rows, int head_dim) {
     const int64_t rb = qs_kv_row_bytes(type, head_dim);
     if (rb < 0) return QS_ERR_HEADS;

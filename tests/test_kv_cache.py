@@ -136,6 +136,33 @@ def test_flash_attention_equals_the_two_pass_softmax_over_a_long_cache(kind):
             assert np.allclose(y, ref, rtol=1e-4, atol=1e-5), (kind, scale, level)
 
 
+def test_hadamard_rotation_is_llamas():
+    """The rotation of a quantized cache's rows: Sylvester's Walsh-Hadamard matrix / sqrt(n) (llama.cpp's
+    ggml_gen_hadamard), run by run; its own inverse; K's runs the largest power of two dividing the head size, V's 64,
+    none for the float types or a head size not a multiple of 64 (llama.cpp's attn_rot_k / attn_rot_v)."""
+    from quantscope.core.native import ffi, lib
+
+    def sylvester(n: int) -> np.ndarray:
+        h = np.ones((1, 1))
+        while h.shape[0] < n:
+            h = np.block([[h, h], [h, -h]])
+        return h / np.sqrt(n)
+
+    rng = np.random.default_rng(5)
+    for nrot in (64, 128, 256):
+        x = rng.standard_normal(3 * nrot).astype(np.float32)
+        y = x.copy()
+        assert lib.qs_hadamard(ffi.cast("float *", ffi.from_buffer(y)), y.size, nrot) == 0
+        assert np.allclose(y, (x.reshape(3, nrot).astype(np.float64) @ sylvester(nrot)).reshape(-1), atol=1e-5)
+        assert lib.qs_hadamard(ffi.cast("float *", ffi.from_buffer(y)), y.size, nrot) == 0
+        assert np.allclose(y, x, atol=1e-5)
+    assert lib.qs_hadamard(ffi.cast("float *", ffi.from_buffer(x)), 96, 48) != 0  # not a power of two
+    rot = {(t, hd, k): lib.qs_kv_rotation(nn.KV_CACHE_TYPES[t], hd, k) for t in TYPES for hd in (64, 96, 128, 192)
+           for k in (0, 1)}
+    assert rot[("q8_0", 128, 1)] == 128 and rot[("q4_0", 192, 1)] == 64 and rot[("q4_0", 128, 0)] == 64
+    assert rot[("q8_0", 96, 1)] == 0 and all(rot[(t, 128, 1)] == 0 for t in ("f32", "f16", "bf16"))
+
+
 @pytest.fixture(scope="module")
 def smollm2(model_path):
     e = Engine(model_path("smollm2"), n_ctx=256, threads=2, backend="cpu")
@@ -148,11 +175,12 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(1, keepdims=True))
 
 
-@pytest.mark.parametrize("types,max_kld,min_top1", [(("bf16", "bf16"), 0.03, 0.9), (("q8_0", "q8_0"), 0.03, 0.88),
-                                                    (("q8_0", "q4_0"), 0.08, 0.8), (("q4_0", "q4_0"), 0.4, 0.6)])
+@pytest.mark.parametrize("types,max_kld,min_top1", [(("bf16", "bf16"), 0.016, 0.9), (("q8_0", "q8_0"), 0.018, 0.88),
+                                                    (("q8_0", "q4_0"), 0.04, 0.84), (("q4_0", "q4_0"), 0.2, 0.75)])
 def test_a_quantized_cache_stays_close_to_f16(smollm2, types, max_kld, min_top1):
     """SmolLM2 on 200 tokens: the cache type's logits against the F16 cache's (mean KL divergence, top-1
-    agreement, bounds about 4x the values measured); a prompt and its tokens one by one agree."""
+    agreement; bounds 4x the values measured, 0.0041, 0.0046, 0.0104, 0.052, with the rotation of the quantized
+    caches); a prompt and its tokens one by one agree."""
     from pathlib import Path
 
     text = (Path(__file__).parent / "data" / "english.txt").read_text(encoding="utf-8")

@@ -11,7 +11,7 @@ from typing import Any
 from quantscope.core import catalog
 from quantscope.core.fsutil import PathRefused
 
-from .common import MAX_CTX, MAX_THREADS, Bar, CLIError, add_gpu_layers, int_arg, isa, peak_rss_mb
+from .common import MAX_CTX, MAX_THREADS, Bar, CLIError, add_cache_types, add_gpu_layers, int_arg, isa, peak_rss_mb
 
 SYNTHETIC_SHAPES = ("tiny", "1b", "3b", "8b", "moe", "moe-k4", "moe-k2", "oss", "q35")  # core.synthetic.SHAPES
 
@@ -112,12 +112,13 @@ def cmd_bench_model(args: argparse.Namespace) -> int:
     peak = peak_rss_mb()
     for r in rows:
         r.update({"model": Path(args.file).name, "isa": isa(), "cpu": cpu_name(), "backend": eng.backend,
+                  "type_k": eng.cache_types[0], "type_v": eng.cache_types[1],  # llama-bench's columns
                   "peak_rss_mb": peak, "rss_mb": rss_bytes() / 2**20})
     if args.json:
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        print(f"CPU {cpu_name()}")
+        print(f"CPU {cpu_name()}, KV cache {eng.cache_types[0]}/{eng.cache_types[1]}")
         print(f"{'model':<42} {'threads':>7} {'test':>15} {'t/s':>16}")
         for r in rows:
             print(f"{r['model']:<42} {r['threads']:>7} {r['test']:>15} {r['tokens_per_s']:9.2f} ± {r['stddev']:5.2f}")
@@ -163,6 +164,7 @@ def register(sub: Any) -> None:
                    "prefill), like llama-bench -d; comma-separated for several depths (default 0)")
     b.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     add_gpu_layers(b)
+    add_cache_types(b)
     b.add_argument("--no-repack", action="store_true",
                    help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
     b.add_argument("--json", action="store_true")

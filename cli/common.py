@@ -186,6 +186,7 @@ def add_sampling(s: argparse.ArgumentParser) -> None:
     s.add_argument("-t", "--threads", type=int_arg(0, MAX_THREADS), default=0, help="0 = one per core")
     s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     add_gpu_layers(s)
+    add_cache_types(s)
     s.add_argument("--no-repack", action="store_true",
                    help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
 
@@ -235,6 +236,23 @@ def speculation_note(d: Any) -> str:
     if not getattr(d, "drafted", 0):
         return ""
     return f"; {d.accepted}/{d.drafted} drafted tokens accepted ({100 * d.accepted / d.drafted:.0f}%)"
+
+
+#: llama.cpp's KV cache types, as its -ctk / -ctv take them (core.native.nn.KV_CACHE_TYPES)
+CACHE_TYPES = ("f16", "f32", "bf16", "q8_0", "q4_0")
+
+
+def add_cache_types(s: argparse.ArgumentParser) -> None:
+    """``-ctk/--cache-type-k`` and ``-ctv/--cache-type-v`` (llama.cpp's names): the KV cache's element types."""
+    for short, long, what in (("-ctk", "--cache-type-k", "K"), ("-ctv", "--cache-type-v", "V")):
+        s.add_argument(short, long, type=str.lower, choices=CACHE_TYPES, default="f16", metavar="TYPE",
+                       help=f"the KV cache's {what} type: {', '.join(CACHE_TYPES)} (default f16; q8_0 / q4_0 take "
+                            "about a half / a quarter of f16's memory; not on the CUDA backend)")
+
+
+def cache_types(args: argparse.Namespace) -> tuple[str, str]:
+    """The (K, V) cache types of a command's arguments (f16 for a command without the options)."""
+    return getattr(args, "cache_type_k", "f16"), getattr(args, "cache_type_v", "f16")
 
 
 def add_gpu_layers(s: argparse.ArgumentParser) -> None:

@@ -17,9 +17,11 @@ from .common import (
     MAX_CTX,
     MAX_THREADS,
     CLIError,
+    add_cache_types,
     add_gpu_layers,
     add_sampling,
     add_speculative,
+    cache_types,
     check_file,
     dump_json,
     exit_cleanly_if_file_changes,
@@ -39,20 +41,28 @@ def load_engine(args: argparse.Namespace, n_ctx: int = 4096) -> Any:
     check_file(args.file)
     from quantscope.core.engine.cuda_library import CudaError
 
+    types = cache_types(args)
+    if types != ("f16", "f16") and (getattr(args, "backend", "auto") == "cuda" or getattr(args, "gpu_layers", None)):
+        raise CLIError(f"--cache-type-k/-v {'/'.join(types)}: the CUDA backend holds an F16 KV cache only; use "
+                       "--backend cpu (and no --gpu-layers) for another cache type")
     try:
         eng = Engine(args.file, n_ctx=n_ctx, threads=args.threads, backend=getattr(args, "backend", "auto"),
-                     repack=not getattr(args, "no_repack", False), gpu_layers=getattr(args, "gpu_layers", None))
+                     repack=not getattr(args, "no_repack", False), gpu_layers=getattr(args, "gpu_layers", None),
+                     cache_types=types)
     except (UnsupportedModel, TokenizerError) as exc:
         raise CLIError(f"{args.file}: {exc}") from None
     except CudaError as exc:
         raise CLIError(f"--backend cuda: {exc}") from None
     except GGUFError as exc:
         raise CLIError(f"{args.file}: not a readable GGUF file: {exc}") from None
-    except ValueError as exc:  # the layers cannot be split there, or GPU layers with --backend cpu
+    except ValueError as exc:  # the layers cannot be split there, or GPU layers with --backend cpu, or a cache
+        if types != ("f16", "f16") and "KV cache" in str(exc):  # type the model's head size cannot hold
+            raise CLIError(f"--cache-type-k/-v {'/'.join(types)}: {exc}") from None
         if getattr(args, "gpu_layers", None) is None:
             raise
         raise CLIError(f"--gpu-layers {args.gpu_layers}: {exc}") from None
-    print(f"backend: {eng.backend} ({eng.backend_reason})", file=sys.stderr)
+    kv = "" if types == ("f16", "f16") else f", KV cache {'/'.join(types)}"
+    print(f"backend: {eng.backend} ({eng.backend_reason}){kv}", file=sys.stderr)
     return eng
 
 
@@ -447,6 +457,7 @@ def register(sub: Any) -> None:
     s.add_argument("-t", "--threads", type=int_arg(0, MAX_THREADS), default=0)
     s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     add_gpu_layers(s)
+    add_cache_types(s)
     s.add_argument("--no-repack", action="store_true",
                    help="keep the weights mapped from the file (zero-copy) instead of repacking them for the CPU")
     s.set_defaults(func=cmd_perplexity)

@@ -12,8 +12,10 @@ from .common import (
     MAX_CTX,
     MAX_THREADS,
     CLIError,
+    add_cache_types,
     add_gpu_layers,
     add_speculative,
+    cache_types,
     check_file,
     float_arg,
     int_arg,
@@ -88,7 +90,7 @@ def _pool(args: argparse.Namespace, key: str | None, allowed_hosts: tuple[str, .
 
     options = LoadOptions(n_ctx=args.ctx, parallel=args.parallel, max_queue=args.max_queue, threads=args.threads,
                           backend=args.backend, gpu_layers=args.gpu_layers, repack=not args.no_repack,
-                          prefill_chunk=args.prefill_chunk)
+                          prefill_chunk=args.prefill_chunk, cache_types=cache_types(args))
     try:
         named = [(model_id_of(p), p) for p in gguf_files(args.models or [])]
         offers, broken = find_offers(named, options)
@@ -331,6 +333,7 @@ def register(sub: Any) -> None:
     s.add_argument("-t", "--threads", type=int_arg(0, MAX_THREADS), default=0, help="0 = one per core")
     s.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     add_gpu_layers(s)
+    add_cache_types(s)
     s.add_argument("--special-in-content", action="store_true",
                    help="read control tokens' texts (<|im_end|>) in chat messages and tool descriptions as control "
                    "tokens, as llama-server does (default: as text; only the chat template's markup is special)")

@@ -47,15 +47,6 @@ static void add_bias(float *y, const float *b, int64_t rows, int64_t n) {
         for (int64_t i = 0; i < n; ++i) y[r * n + i] += b[i];
 }
 
-static void store_kv(void *cache, int f16, int64_t row0, const float *src, int64_t count) {
-    if (f16) {
-        uint16_t *dst = (uint16_t *)cache + row0;
-        for (int64_t i = 0; i < count; ++i) dst[i] = qs_fp32_to_fp16(src[i]);
-    } else {
-        memcpy((float *)cache + row0, src, (size_t)count * sizeof(float));
-    }
-}
-
 /* A weight of rows x k elements of `type` fits in `bytes`, and the type has a kernel. */
 /* acc[j] += x[t][j]^2 over T rows of n (llama-imatrix's float sums of squared activations); callers skip decode
  * steps (T == 1): the statistics are of prompts. */
@@ -287,8 +278,11 @@ static int check_block(const qs_block *b, const float *x, int64_t T, const int32
         return (A->bq.ptr || A->bk.ptr || A->bv.ptr || A->q_norm.ptr || A->k_norm.ptr || A->bo.ptr || A->sinks.ptr)
                    ? QS_ERR_VECTOR
                    : QS_OK;
-    const int64_t cache = A->n_ctx * KV * hd * (A->kv_f16 ? 2 : 4);
-    if (!A->k_cache || !A->v_cache || A->k_cache_bytes < cache || A->v_cache_bytes < cache) return QS_ERR_CACHE;
+    const int64_t k_row = qs_kv_row_bytes(A->k_type, (int)hd), v_row = qs_kv_row_bytes(A->v_type, (int)hd);
+    if (k_row < 0 || v_row < 0) return QS_ERR_HEADS; /* a block type needs head_dim % 32 == 0 */
+    if (!A->k_cache || !A->v_cache || A->k_cache_bytes < A->n_ctx * KV * k_row ||
+        A->v_cache_bytes < A->n_ctx * KV * v_row)
+        return QS_ERR_CACHE;
     return QS_OK;
 }
 
@@ -503,13 +497,16 @@ static int check_seqs(const qs_block *const *seqs, const int64_t *n_pasts, const
         if (!s) return QS_ERR_SIZE;
         const qs_attn_desc *S = &s->attn;
         if (S->wq.ptr != A->wq.ptr || S->wo.ptr != A->wo.ptr || b->ffn.down.ptr != s->ffn.down.ptr ||
-            S->n_head != A->n_head || S->n_head_kv != KV || S->head_dim != hd || S->kv_f16 != A->kv_f16 ||
+            S->n_head != A->n_head || S->n_head_kv != KV || S->head_dim != hd || S->k_type != A->k_type || S->v_type != A->v_type ||
             S->window != A->window || S->kv_reuse != A->kv_reuse || s->gdn.conv)
             return QS_ERR_SIZE;
         if (S->n_ctx <= 0 || S->n_ctx > (1 << 24) || n_pasts[t] < 0 || n_pasts[t] >= S->n_ctx) return QS_ERR_SIZE;
         if (pos[t] < 0 || pos[t] >= S->n_ctx) return QS_ERR_POS;
-        const int64_t cache = S->n_ctx * KV * hd * (S->kv_f16 ? 2 : 4);
-        if (!S->k_cache || !S->v_cache || S->k_cache_bytes < cache || S->v_cache_bytes < cache) return QS_ERR_CACHE;
+        const int64_t k_row = qs_kv_row_bytes(S->k_type, (int)hd), v_row = qs_kv_row_bytes(S->v_type, (int)hd);
+        if (k_row < 0 || v_row < 0) return QS_ERR_HEADS;
+        if (!S->k_cache || !S->v_cache || S->k_cache_bytes < S->n_ctx * KV * k_row ||
+            S->v_cache_bytes < S->n_ctx * KV * v_row)
+            return QS_ERR_CACHE;
         for (int64_t u = 0; u < t; ++u)
             if (seqs[u]->attn.k_cache == S->k_cache || seqs[u]->attn.v_cache == S->v_cache) return QS_ERR_CACHE;
     }
@@ -633,15 +630,21 @@ static int cpu_qk_post(cpu_walk *w, const qs_step *s) {
                                      A->temp_scale + 1.0);
             for (int64_t i = 0; i < H * hd; ++i) q[t * H * hd + i] *= sc;
         }
+    /* a quantized cache's rotation (qs_kv_rotation): q and k by K's runs, v by V's (the output is turned back in
+     * cpu_attend); q of a layer reading another's cache too, which was written rotated */
+    const int rk = qs_kv_rotation(A->k_type, (int)hd, 1), rv = qs_kv_rotation(A->v_type, (int)hd, 0);
+    if (rk) qs_hadamard(q, T * H * hd, rk);
     if (A->kv_reuse) return QS_OK;
+    if (rk) qs_hadamard(k, T * KV * hd, rk);
+    if (rv) qs_hadamard(v, T * KV * hd, rv);
     if (w->seqs) { /* each row's K and V into its own sequence's cache */
         for (int64_t t = 0; t < T; ++t) {
-            store_kv(w->seqs[t]->attn.k_cache, A->kv_f16, w->n_pasts[t] * KV * hd, k + t * KV * hd, KV * hd);
-            store_kv(w->seqs[t]->attn.v_cache, A->kv_f16, w->n_pasts[t] * KV * hd, v + t * KV * hd, KV * hd);
+            qs_kv_store(w->seqs[t]->attn.k_cache, A->k_type, w->n_pasts[t] * KV, k + t * KV * hd, KV, (int)hd);
+            qs_kv_store(w->seqs[t]->attn.v_cache, A->v_type, w->n_pasts[t] * KV, v + t * KV * hd, KV, (int)hd);
         }
     } else {
-        store_kv(A->k_cache, A->kv_f16, w->n_past * KV * hd, k, T * KV * hd);
-        store_kv(A->v_cache, A->kv_f16, w->n_past * KV * hd, v, T * KV * hd);
+        qs_kv_store(A->k_cache, A->k_type, w->n_past * KV, k, T * KV, (int)hd); /* rows: (position, KV head) */
+        qs_kv_store(A->v_cache, A->v_type, w->n_past * KV, v, T * KV, (int)hd);
     }
     return QS_OK;
 }
@@ -650,7 +653,8 @@ static int cpu_qk_post(cpu_walk *w, const qs_step *s) {
  * cache rows r0..r0+len of its rows (n_past 0), each query asking as the input's last position. */
 static int attend_segments(cpu_walk *w, const float *q, float *dst) {
     const qs_attn_desc *A = &w->b->attn;
-    const int64_t H = A->n_head, KV = A->n_head_kv, hd = A->head_dim, row = KV * hd * (A->kv_f16 ? 2 : 4);
+    const int64_t H = A->n_head, KV = A->n_head_kv, hd = A->head_dim, kr = KV * qs_kv_row_bytes(A->k_type, (int)hd),
+                  vr = KV * qs_kv_row_bytes(A->v_type, (int)hd);
     int64_t most = 0;
     for (int64_t i = 0; i < A->n_seg; ++i) most = A->seg_len[i] > most ? A->seg_len[i] : most;
     int32_t *last = (int32_t *)malloc((size_t)most * sizeof(int32_t));
@@ -660,21 +664,33 @@ static int attend_segments(cpu_walk *w, const float *q, float *dst) {
         const int64_t n = A->seg_len[i];
         for (int64_t t = 0; t < n; ++t) last[t] = (int32_t)(n - 1);
         if (A->alibi_max_bias > 0.0f) { /* positions restart per input: key j at j */
-            rc = qs_attention_alibi(q + r0 * H * hd, n, w->pos + r0, (int)H, (int)hd,
-                                    (const uint8_t *)A->k_cache + r0 * row, (const uint8_t *)A->v_cache + r0 * row,
-                                    A->kv_f16, (int)KV, n, A->scale, A->alibi_max_bias, dst + r0 * H * hd,
-                                    w->n_threads);
+            rc = A->k_type != A->v_type ? QS_ERR_SIZE /* (F32 or F16 both: qs_attention_alibi checks) */
+                 : qs_attention_alibi(q + r0 * H * hd, n, w->pos + r0, (int)H, (int)hd,
+                                      (const uint8_t *)A->k_cache + r0 * kr, (const uint8_t *)A->v_cache + r0 * vr,
+                                      A->k_type, (int)KV, n, A->scale, A->alibi_max_bias, dst + r0 * H * hd,
+                                      w->n_threads);
             continue;
         }
-        rc = qs_attention_sinks(q + r0 * H * hd, n, last, (int)H, (int)hd, (const uint8_t *)A->k_cache + r0 * row,
-                                (const uint8_t *)A->v_cache + r0 * row, A->kv_f16, (int)KV, n, A->n_ctx - r0, 0,
-                                A->scale, A->softcap, A->sinks.ptr, dst + r0 * H * hd, w->n_threads);
+        rc = qs_attention_kv(q + r0 * H * hd, n, last, (int)H, (int)hd, (const uint8_t *)A->k_cache + r0 * kr,
+                             (const uint8_t *)A->v_cache + r0 * vr, A->k_type, A->v_type, (int)KV, n, A->n_ctx - r0, 0,
+                             A->scale, A->softcap, A->sinks.ptr, dst + r0 * H * hd, w->n_threads);
     }
     free(last);
     return rc;
 }
 
+static int attend(cpu_walk *w, const qs_step *s);
+
+/* The attention, its output turned back by V's rotation where the cache has one (qs_kv_rotation). */
 static int cpu_attend(cpu_walk *w, const qs_step *s) {
+    const qs_attn_desc *A = &w->b->attn;
+    int rc = attend(w, s);
+    const int rv = qs_kv_rotation(A->v_type, A->head_dim, 0);
+    if (!rc && rv) rc = qs_hadamard(w->buf[s->dst], w->T * A->n_head * (int64_t)A->head_dim, rv);
+    return rc;
+}
+
+static int attend(cpu_walk *w, const qs_step *s) {
     const qs_attn_desc *A = &w->b->attn;
     const int64_t T = w->T, H = A->n_head, KV = A->n_head_kv, hd = A->head_dim;
     const float *q = w->buf[s->src];
@@ -689,27 +705,28 @@ static int cpu_attend(cpu_walk *w, const qs_step *s) {
         if (!last) return QS_ERR_NOMEM;
         if (A->alibi_max_bias > 0.0f) { /* key j at position j, query t at its own position */
             free(last);
-            return qs_attention_alibi(q, T, w->pos, (int)H, (int)hd, A->k_cache, A->v_cache, A->kv_f16, (int)KV,
+            return A->k_type != A->v_type ? QS_ERR_SIZE /* (F32 or F16 both: qs_attention_alibi checks) */
+                 : qs_attention_alibi(q, T, w->pos, (int)H, (int)hd, A->k_cache, A->v_cache, A->k_type, (int)KV,
                                       n_kv, A->scale, A->alibi_max_bias, dst, w->n_threads);
         }
         for (int64_t t = 0; t < T; ++t) /* (the kernel stops at the last key: n_kv - 1) */
             last[t] = (int32_t)(sym ? w->n_past + t + half : n_kv - 1);
-        int rc = qs_attention_sinks(q, T, last, (int)H, (int)hd, A->k_cache, A->v_cache, A->kv_f16, (int)KV, n_kv,
-                                    A->n_ctx, sym ? 2 * half + 1 : 0, A->scale, A->softcap, A->sinks.ptr, dst,
-                                    w->n_threads);
+        int rc = qs_attention_kv(q, T, last, (int)H, (int)hd, A->k_cache, A->v_cache, A->k_type, A->v_type, (int)KV,
+                                 n_kv, A->n_ctx, sym ? 2 * half + 1 : 0, A->scale, A->softcap, A->sinks.ptr, dst,
+                                 w->n_threads);
         free(last);
         return rc;
     }
     if (!w->seqs)
-        return qs_attention_sinks(q, T, w->pos, (int)H, (int)hd, A->k_cache, A->v_cache, A->kv_f16, (int)KV,
-                                  w->n_past + T, A->n_ctx, A->window, A->scale, A->softcap, A->sinks.ptr, dst,
-                                  w->n_threads);
+        return qs_attention_kv(q, T, w->pos, (int)H, (int)hd, A->k_cache, A->v_cache, A->k_type, A->v_type, (int)KV,
+                               w->n_past + T, A->n_ctx, A->window, A->scale, A->softcap, A->sinks.ptr, dst,
+                               w->n_threads);
     int rc = QS_OK;
     for (int64_t t = 0; t < T && !rc; ++t) { /* each row attends to its own sequence's cache */
         const qs_attn_desc *S = &w->seqs[t]->attn;
-        rc = qs_attention_sinks(q + t * H * hd, 1, w->pos + t, (int)H, (int)hd, S->k_cache, S->v_cache, A->kv_f16,
-                                (int)KV, w->n_pasts[t] + 1, S->n_ctx, A->window, A->scale, A->softcap,
-                                A->sinks.ptr, dst + t * H * hd, w->n_threads);
+        rc = qs_attention_kv(q + t * H * hd, 1, w->pos + t, (int)H, (int)hd, S->k_cache, S->v_cache, A->k_type,
+                             A->v_type, (int)KV, w->n_pasts[t] + 1, S->n_ctx, A->window, A->scale, A->softcap,
+                             A->sinks.ptr, dst + t * H * hd, w->n_threads);
     }
     return rc;
 }

@@ -15,6 +15,13 @@ float qs_fdot_f32_scalar(const float *a, const float *b, int n);
 float qs_fdot_f16_scalar(const float *a, const uint16_t *b, int n);
 void qs_axpy_f32_scalar(float a, const float *x, float *y, int n);
 void qs_axpy_f16_scalar(float a, const uint16_t *x, float *y, int n);
+/* V rows of the block caches (QS_KV_Q8_0 / Q4_0 / BF16, n elements): y += a * (each element as the block holds it) */
+void qs_axpy_q8_0_scalar(float a, const uint8_t *x, float *y, int n);
+void qs_axpy_q4_0_scalar(float a, const uint8_t *x, float *y, int n);
+void qs_axpy_bf16_scalar(float a, const uint8_t *x, float *y, int n);
+void qs_axpy_q8_0_avx2(float a, const uint8_t *x, float *y, int n);
+void qs_axpy_q4_0_avx2(float a, const uint8_t *x, float *y, int n);
+void qs_axpy_bf16_avx2(float a, const uint8_t *x, float *y, int n);
 void qs_rmsnorm_avx2(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps);
 float qs_dot_f32_avx2(const float *a, const float *b, int n);
 float qs_dot_f32_f16_avx2(const float *a, const uint16_t *b, int n);

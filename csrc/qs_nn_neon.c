@@ -67,6 +67,48 @@ void qs_axpy_f16_neon(float a, const uint16_t *x, float *y, int n) {
     for (; i < n; ++i) y[i] += a * qs_fp16_to_fp32(x[i]);
 }
 
+/* Reference: qs_axpy_q8_0_scalar, y += a * (d * q). */
+void qs_axpy_q8_0_neon(float a, const uint8_t *x, float *y, int n) {
+    for (int b = 0; b < n / 32; ++b, x += 34, y += 32) {
+        const float d = qs_fp16_to_fp32(qs_load_u16(x));
+        for (int j = 0; j < 32; j += 8) {
+            const int16x8_t q = vmovl_s8(vld1_s8((const int8_t *)(x + 2 + j)));
+            const float32x4_t v0 = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(q))), d);
+            const float32x4_t v1 = vmulq_n_f32(vcvtq_f32_s32(vmovl_high_s16(q)), d);
+            vst1q_f32(y + j, vfmaq_n_f32(vld1q_f32(y + j), v0, a));
+            vst1q_f32(y + j + 4, vfmaq_n_f32(vld1q_f32(y + j + 4), v1, a));
+        }
+    }
+}
+
+/* Reference: qs_axpy_q4_0_scalar: low nibbles are elements 0..15, high nibbles 16..31, each minus 8. */
+void qs_axpy_q4_0_neon(float a, const uint8_t *x, float *y, int n) {
+    for (int b = 0; b < n / 32; ++b, x += 18, y += 32) {
+        const float d = qs_fp16_to_fp32(qs_load_u16(x));
+        const uint8x16_t raw = vld1q_u8(x + 2);
+        const int8x16_t lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(raw, vdupq_n_u8(15))), vdupq_n_s8(8));
+        const int8x16_t hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(raw, 4)), vdupq_n_s8(8));
+        const int16x8_t part[4] = {vmovl_s8(vget_low_s8(lo)), vmovl_high_s8(lo), vmovl_s8(vget_low_s8(hi)),
+                                   vmovl_high_s8(hi)};
+        for (int j = 0; j < 4; ++j) {
+            const float32x4_t v0 = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(part[j]))), d);
+            const float32x4_t v1 = vmulq_n_f32(vcvtq_f32_s32(vmovl_high_s16(part[j])), d);
+            vst1q_f32(y + 8 * j, vfmaq_n_f32(vld1q_f32(y + 8 * j), v0, a));
+            vst1q_f32(y + 8 * j + 4, vfmaq_n_f32(vld1q_f32(y + 8 * j + 4), v1, a));
+        }
+    }
+}
+
+/* Reference: qs_axpy_bf16_scalar (bf16 -> f32 is exact: the bits shifted up). */
+void qs_axpy_bf16_neon(float a, const uint8_t *x, float *y, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t v = vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)(x + 2 * i)), 16));
+        vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), v, a));
+    }
+    for (; i < n; ++i) y[i] += a * qs_bf16_to_fp32(qs_load_u16(x + 2 * i));
+}
+
 /* Reference: qs_rmsnorm_scalar. The squares are exact in double, as in the scalar loop; only the order of their
  * double additions differs (4 lanes). The scale and the products are computed exactly as the scalar does. */
 void qs_rmsnorm_neon(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps) {

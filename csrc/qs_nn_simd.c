@@ -52,6 +52,48 @@ QS_TARGET_AVX2 void qs_axpy_f16_avx2(float a, const uint16_t *x, float *y, int n
     for (; i < n; ++i) y[i] += a * qs_fp16_to_fp32(x[i]);
 }
 
+/* Reference: qs_axpy_q8_0_scalar, y += a * (d * q), 8 lanes at a time. */
+QS_TARGET_AVX2 void qs_axpy_q8_0_avx2(float a, const uint8_t *x, float *y, int n) {
+    const __m256 va = _mm256_set1_ps(a);
+    for (int b = 0; b < n / 32; ++b, x += 34, y += 32) {
+        const __m256 vd = _mm256_set1_ps(qs_fp16_to_fp32(qs_load_u16(x)));
+        for (int j = 0; j < 32; j += 8) {
+            const __m128i q = _mm_loadl_epi64((const __m128i *)(x + 2 + j));
+            const __m256 v = _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+            _mm256_storeu_ps(y + j, _mm256_fmadd_ps(va, v, _mm256_loadu_ps(y + j)));
+        }
+    }
+}
+
+/* Reference: qs_axpy_q4_0_scalar: low nibbles are elements 0..15, high nibbles 16..31, each minus 8. */
+QS_TARGET_AVX2 void qs_axpy_q4_0_avx2(float a, const uint8_t *x, float *y, int n) {
+    const __m256 va = _mm256_set1_ps(a);
+    const __m128i m4 = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
+    for (int b = 0; b < n / 32; ++b, x += 18, y += 32) {
+        const __m256 vd = _mm256_set1_ps(qs_fp16_to_fp32(qs_load_u16(x)));
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(x + 2));
+        const __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, m4), eight);
+        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), eight);
+        const __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        for (int j = 0; j < 4; ++j) {
+            const __m256 v = _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[j])));
+            _mm256_storeu_ps(y + 8 * j, _mm256_fmadd_ps(va, v, _mm256_loadu_ps(y + 8 * j)));
+        }
+    }
+}
+
+/* Reference: qs_axpy_bf16_scalar (bf16 -> f32 is exact: the bits shifted up). */
+QS_TARGET_AVX2 void qs_axpy_bf16_avx2(float a, const uint8_t *x, float *y, int n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + 2 * i)));
+        const __m256 v = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, v, _mm256_loadu_ps(y + i)));
+    }
+    for (; i < n; ++i) y[i] += a * qs_bf16_to_fp32(qs_load_u16(x + 2 * i));
+}
+
 QS_TARGET_AVX2 void qs_rmsnorm_avx2(const float *x, const float *w, float *y, int64_t n_rows, int64_t n, float eps) {
     for (int64_t r = 0; r < n_rows; ++r) {
         const float *xr = x + r * n;

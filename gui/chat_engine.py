@@ -81,6 +81,7 @@ class LoadRequest:
     n_ctx: int
     threads: int
     backend: str = "cpu"
+    cache_types: tuple[str, str] = ("f16", "f16")  # the KV cache's K and V types (llama.cpp's -ctk / -ctv)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class EngineInfo:
     tokenizer: Any = field(default=None, repr=False, compare=False)  # the engine's, shared with the preview/lab
     template: Any = field(default=None, repr=False, compare=False)
     engine_backend: str = "cpu"  # what the engine runs on: "cpu" or "cuda"
+    cache_types: tuple[str, str] = ("f16", "f16")
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,7 @@ class EngineWorker(QObject):
                 # "auto" (the GPU when it starts, otherwise the CPU with the reason, shown in the pane)
                 eng = Engine(req.path, n_ctx=req.n_ctx, threads=req.threads,
                              progress=lambda m, f: self.progress.emit(lid, m, float(f)), cancel=self.cancel_load,
-                             backend="auto" if req.backend == "cuda" else "cpu")
+                             backend="auto" if req.backend == "cuda" else "cpu", cache_types=req.cache_types)
             if self.cancel_load.is_set():
                 eng.close()
                 raise LoadCancelled("loading cancelled")
@@ -202,7 +204,8 @@ class EngineWorker(QObject):
         cfg = eng.model.config
         info = EngineInfo(Path(req.path), cfg.arch, eng.n_ctx, cfg.n_ctx_train, eng.model.threads, backend, note,
                           eng.template is not None, eng.tokenizer.n_vocab, int(getattr(eng.session, "kv_bytes", 0)),
-                          time.perf_counter() - t0, eng.tokenizer, eng.template, eng.backend)
+                          time.perf_counter() - t0, eng.tokenizer, eng.template, eng.backend,
+                          eng.cache_types)
         self.loaded.emit(lid, info)
 
     @Slot(object)
@@ -330,8 +333,10 @@ class EngineHost(QObject):
         return sum(1 for t in threads if t.isRunning())
 
     # ------------------------------------------------------------------ loading
-    def load(self, path: str | Path, n_ctx: int, threads: int = 0, backend: str = "cpu") -> None:
-        """Unload whatever is loaded, then load ``path`` on a fresh thread (progress, then loaded/failed)."""
+    def load(self, path: str | Path, n_ctx: int, threads: int = 0, backend: str = "cpu",
+             cache_types: tuple[str, str] = ("f16", "f16")) -> None:
+        """Unload whatever is loaded, then load ``path`` on a fresh thread (progress, then loaded/failed), with
+        the KV cache's ``cache_types`` (K, V)."""
         if self.closed:
             return
         self.unload()
@@ -360,7 +365,7 @@ class EngineHost(QObject):
             hook(worker)
         thread.start()
         self._set_state("loading")
-        self._doLoad.emit(LoadRequest(Path(path), int(n_ctx), int(threads), backend))
+        self._doLoad.emit(LoadRequest(Path(path), int(n_ctx), int(threads), backend, tuple(cache_types)))
 
     def cancel_load(self) -> None:
         if self.state == "loading":

@@ -70,6 +70,9 @@ def test_overview_type_mix_memory_and_integrity(window, qtbot, model_path):  # n
     assert "MiB" in ov.mem_total.text()
     ov.kv_combo.setCurrentText("Q8_0")
     assert ov.memory.kv_type == "Q8_0" and ov.memory.kv_bytes < 18 * 4096 * 1024
+    ov.kv_v_combo.setCurrentIndex(ov.kv_v_combo.findData("Q4_0"))  # V apart (llama.cpp's -ctv)
+    assert ov.memory.kv_type == "Q8_0/Q4_0" and ov.memory.kv_bytes == 18 * 4096 * (8 * 34 + 8 * 18)
+    assert "256 × Q8_0 + 256 × Q4_0" in ov.mem_kv.text()
     assert all(c.ok is not False for c in ov.checks)
     qtbot.waitUntil(lambda: ov.scan_result is not None, timeout=120000)
     assert ov.scan_result.n_bad == 0 and "no NaN/Inf scales" in ov.scan_label.text()

@@ -1016,3 +1016,21 @@ def test_prompt_lookup_keeps_the_greedy_reply_and_shows_the_acceptance(window, q
     assert chat.messages[-1].content == text
     assert 0 < stats.accepted <= stats.drafted
     assert f"% of {stats.drafted} drafted accepted" in chat.views[-1].stats.full_text()
+
+
+def test_kv_cache_choice_sets_the_memory_estimate_and_the_loaded_cache(window, qtbot, model_path):  # noqa: F811
+    """The model bar's KV cache choice (issue 52): the memory estimate follows it before loading, the engine is
+    made with it (its session's cache types), and the engine line names it."""
+    chat = open_chat(window, qtbot, model_path, load=False, ctx=1024)
+    bar = chat.model_bar
+    f16 = chat.loader.plan().kv_bytes
+    assert "(F16)" in chat.memory_label.text()
+    bar.kv_combo.setCurrentIndex(bar.kv_combo.findText("Q8_0 K · Q4_0 V"))
+    plan = chat.loader.plan()
+    assert plan.kv_bytes == f16 * (34 + 18) // 128 and "(Q8_0/Q4_0)" in chat.memory_label.text()
+    with qtbot.waitSignal(chat.engineLoaded, timeout=LOAD_TIMEOUT) as sig:
+        assert chat.load_model()
+    info = sig.args[0]
+    assert info.cache_types == ("q8_0", "q4_0") and chat.host.info.cache_types == ("q8_0", "q4_0")
+    assert "(Q8_0/Q4_0)" in chat.engine_label.text()
+    assert not bar.kv_combo.isEnabled() or chat.host.state == "ready"

@@ -92,27 +92,56 @@ void qs_layernorm(const float *x, const float *w, const float *b, float *y, int6
 void qs_gelu_tanh(const float *x, float *out, int64_t n);
 /* gpt-oss's clamped SwiGLU (qs_block's swiglu_oai); out may alias gate or up. */
 void qs_swiglu_oai(const float *gate, const float *up, float *out, int64_t n);
-/* Caches hold n_ctx positions; the first n_kv (<= n_ctx) are valid. Query positions must be >= 0. */
+/* KV cache element types, ggml's type ids (llama.cpp's --cache-type-k/-v): F32, F16, BF16, and Q8_0 / Q4_0 stored as
+ * ggml blocks of 32 along head_dim (one row of head_dim / 32 blocks per position and KV head; head_dim % 32 == 0).
+ * A row is written quantized by ggml's reference rounding (quantize_row_q8_0_ref / q4_0_ref) when it enters the
+ * cache; attention reads the blocks directly (the query quantized to Q8_0 / BF16 for the K dots, V rows added
+ * block by block), never a dequantized copy. */
+enum { QS_KV_F32 = 0, QS_KV_F16 = 1, QS_KV_Q4_0 = 2, QS_KV_Q8_0 = 8, QS_KV_BF16 = 30 };
+/* Bytes of one cache row (head_dim elements of `type`); -1 for an unknown type or a head_dim it cannot hold. */
+int64_t qs_kv_row_bytes(int type, int head_dim);
+/* n_rows rows of head_dim floats from src into cache rows row0.. of `type` (the rounding the cache applies). */
+int qs_kv_store(void *cache, int type, int64_t row0, const float *src, int64_t n_rows, int head_dim);
+/* Cache rows row0.. of `type` back to floats (tests and the probe's numpy twin). */
+int qs_kv_load(const void *cache, int type, int64_t row0, float *dst, int64_t n_rows, int head_dim);
+/* x (n values, n % nrot == 0) times the orthonormal Walsh-Hadamard matrix of order nrot (a power of two, Sylvester's
+ * order, llama.cpp's ggml_gen_hadamard), each run of nrot values in turn; the matrix is its own inverse. QS_OK, or
+ * QS_ERR_SIZE for a bad nrot or n. */
+int qs_hadamard(float *x, int64_t n, int nrot);
+/* The rotation llama.cpp gives a quantized cache's rows (attn_rot_k / attn_rot_v): the order of the Walsh-Hadamard
+ * runs of a head of head_dim in a cache of `type`, 0 for none (F32, F16, BF16, or head_dim not a multiple of 64).
+ * is_k: K's runs (the largest power of two dividing head_dim), else V's (64). qs_block_forward rotates q and k by
+ * K's, v by V's and the attention output back by V's, so the scores and outputs are the unrotated ones while the
+ * quantized blocks see the rotated values (outliers spread over a run). */
+int qs_kv_rotation(int type, int head_dim, int is_k);
+/* Caches hold n_ctx positions; the first n_kv (<= n_ctx) are valid. Query positions must be >= 0. kv_type: the
+ * QS_KV_* type of both caches (0 and 1 are F32 and F16, as the flag this once was). Softmax online over tiles of
+ * the cache (flash attention's running maximum and sum): no buffer grows with the context. */
 int qs_attention(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
-                 const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv, int64_t n_ctx,
+                 const void *k_cache, const void *v_cache, int kv_type, int n_kv_heads, int64_t n_kv, int64_t n_ctx,
                  int64_t window, float scale, float *out, int n_threads);
 /* The same with gemma2's soft-capping of the scaled scores, s -> softcap * tanh(s / softcap) (0: none; negative or
  * non-finite: QS_ERR_SIZE). */
 int qs_attention_softcap(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
-                         const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv,
+                         const void *k_cache, const void *v_cache, int kv_type, int n_kv_heads, int64_t n_kv,
                          int64_t n_ctx, int64_t window, float scale, float softcap, float *out, int n_threads);
 /* The same with gpt-oss's attention sinks: sinks (NULL: none) holds one logit per query head that joins each
  * softmax's denominator, unscaled and never masked, with no value row: p_j = e^(s_j - M) / (sum_i e^(s_i - M) +
  * e^(sink - M)), M the larger of the scores' maximum and the sink. A non-finite sink is QS_ERR_SIZE. */
 int qs_attention_sinks(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
-                       const void *k_cache, const void *v_cache, int kv_f16, int n_kv_heads, int64_t n_kv,
+                       const void *k_cache, const void *v_cache, int kv_type, int n_kv_heads, int64_t n_kv,
                        int64_t n_ctx, int64_t window, float scale, float softcap, const float *sinks, float *out,
                        int n_threads);
+/* The same with K and V of their own types (QS_KV_*). */
+int qs_attention_kv(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
+                    const void *k_cache, const void *v_cache, int k_type, int v_type, int n_kv_heads, int64_t n_kv,
+                    int64_t n_ctx, int64_t window, float scale, float softcap, const float *sinks, float *out,
+                    int n_threads);
 /* The probe's attention weights (docs/probe.md): what qs_attention_sinks gives each key, computed by the same code,
  * written to probs [n_q][n_heads][n_kv] (0 outside the causal window) instead of attending to V. k_cache_bytes is
  * the cache's length (QS_ERR_CACHE when short of n_ctx rows), probs_len probs' (QS_ERR_SIZE when short). */
 int qs_attention_probs(const float *q, int64_t n_q, const int32_t *q_pos, int n_heads, int head_dim,
-                       const void *k_cache, int64_t k_cache_bytes, int kv_f16, int n_kv_heads, int64_t n_kv,
+                       const void *k_cache, int64_t k_cache_bytes, int k_type, int n_kv_heads, int64_t n_kv,
                        int64_t n_ctx, int64_t window, float scale, float softcap, const float *sinks, float *probs,
                        int64_t probs_len, int n_threads);
 /* ALiBi attention of an encoder (jina-bert-v2; llama.cpp's ggml_soft_max_ext with max_bias over a mask of
@@ -145,7 +174,8 @@ typedef struct {
     const float *ptr;
     int64_t len;
 } qs_vec;
-/* Attention (unused by a delta-net layer). KV cache layout: [n_ctx][n_head_kv][head_dim], F32 or F16 (kv_f16). */
+/* Attention (unused by a delta-net layer). KV cache layout: [n_ctx][n_head_kv][row of head_dim elements of k_type /
+ * v_type (QS_KV_*)]. */
 typedef struct {
     int n_head, n_head_kv, head_dim;
     qs_weight wq, wk, wv, wo; /* wq: 2 x n_head x head_dim rows with q_gate (each head's query, then its gate) */
@@ -161,7 +191,7 @@ typedef struct {
     float scale, softcap;  /* score scale; scores soft-capped at softcap (gemma2; 0: none) */
     float temp_scale;      /* Llama 4 / mistral3: q of position p times 1 + temp_scale * ln(floor(p / floor) + 1) */
     int64_t temp_floor;
-    int kv_f16;
+    int k_type, v_type; /* QS_KV_* (all zero: F32) */
     int64_t n_ctx;
     void *k_cache, *v_cache;
     int64_t k_cache_bytes, v_cache_bytes;

@@ -56,8 +56,9 @@ class CudaSession:
             raise CudaUnavailable(why)
         if not 0 < n_ctx < 2**31 or not 0 < max_batch <= 4096:
             raise ValueError(f"n_ctx {n_ctx} / max_batch {max_batch} out of range")
-        if kv_dtype not in (np.float16, np.float32):
-            raise ValueError("kv_dtype must be numpy.float16 or numpy.float32")
+        if isinstance(kv_dtype, str) or kv_dtype not in (np.float16, np.float32):
+            raise ValueError(f"the CUDA backend holds an F16 or F32 KV cache only, not {kv_dtype!r} "
+                             "(quantized and BF16 caches run on the CPU)")
         check_config(model.config)
         c = model.config
         desc, _ = model_description(model, n_ctx)

@@ -443,7 +443,8 @@ class Encoder:
             b.n_embd, b.eps, b.post_ln = c.n_embd, c.rms_eps, 1
             a = b.attn
             a.n_head, a.n_head_kv, a.head_dim = c.n_head, c.n_head_kv, c.head_dim
-            a.scale, a.non_causal, a.kv_f16 = 1.0 / math.sqrt(c.head_dim), 1, 1  # K and V in F16: see forward_numpy
+            a.scale, a.non_causal = 1.0 / math.sqrt(c.head_dim), 1
+            a.k_type = a.v_type = lib.QS_KV_F16  # K and V in F16: see forward_numpy
             a.alibi_max_bias = c.alibi_max_bias if c.encoder_positions == "alibi" else 0.0
             r = b.rope
             r.skip, r.dim, r.base = 1, c.head_dim - c.head_dim % 2, 10000.0

@@ -16,6 +16,7 @@ from ..chat import ChatTemplate, ChatTemplateError, Sampler, SamplerParams, Toke
 from ..chat.channels import HarmonySplitter, HarmonyTokens
 from ..gguf import GGUFFile
 from ..native.kernels import RepackCancelled, isa
+from ..native.nn import kv_cache_type
 from ..tokenizer import CONTROL, USER_DEFINED, StreamDecoder, Tokenizer
 from .session import ContextFull, InferenceSession, Model
 from .speculative import DRAFT_MAX, DRAFT_P_MIN, DraftModel, Speculator, VocabularyMismatch, vocabulary_difference
@@ -133,14 +134,16 @@ class Engine:
     def __init__(self, path: str | Path, n_ctx: int = 4096, threads: int = 0,
                  progress: Callable[[str, float], None] | None = None,
                  cancel: threading.Event | None = None, backend: str = "auto", repack: bool = True,
-                 gpu_layers: int | None = None) -> None:
+                 gpu_layers: int | None = None, cache_types: tuple[str, str] = ("f16", "f16")) -> None:
         """``backend``: ``cpu``, ``cuda`` (fails with the reason when CUDA cannot be used) or ``auto`` (CUDA when
         it works, else the CPU with the reason in :attr:`backend_reason`). ``repack``: on the CPU, copy the
         weights into the repacked layout of the SIMD kernels (faster; ``False`` keeps them mapped from the file,
         zero-copy, like llama.cpp's ``--no-repack``). ``gpu_layers``: how many leading layers run on the GPU
         (llama.cpp's ``-ngl``; more than the model has: all; the rest on the CPU, :class:`~.split.SplitSession`);
         ``None``: all with ``cuda``, and with ``auto`` all when they fit in the free GPU memory, else as many as
-        fit (:func:`~.cuda_fit.choose_layers`)."""
+        fit (:func:`~.cuda_fit.choose_layers`). ``cache_types``: the KV cache's K and V types (llama.cpp's
+        ``--cache-type-k/-v``: ``f16``, ``f32``, ``bf16``, ``q8_0``, ``q4_0``); the CUDA backend holds ``f16``
+        only: ``auto`` runs another type on the CPU, ``cuda`` refuses it."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         if gpu_layers is not None and (isinstance(gpu_layers, bool) or not isinstance(gpu_layers, int)
@@ -148,6 +151,12 @@ class Engine:
             raise ValueError(f"GPU layers must be a whole number of at least 0, not {gpu_layers!r}")
         if gpu_layers and backend == "cpu":
             raise ValueError("GPU layers need the cuda or auto backend")
+        #: the KV cache's (K, V) types, names of :data:`~quantscope.core.native.nn.KV_CACHE_TYPES`
+        self.cache_types = (kv_cache_type(cache_types[0]), kv_cache_type(cache_types[1]))
+        gpu_cache = self.cache_types == ("f16", "f16")
+        if not gpu_cache and (backend == "cuda" or gpu_layers):
+            raise ValueError(f"the CUDA backend holds an F16 KV cache only, not {'/'.join(self.cache_types)}: "
+                             "use --backend cpu for another cache type")
         say = progress or (lambda _m, _f: None)
 
         def check() -> None:
@@ -178,6 +187,9 @@ class Engine:
         self.gpu_layers = 0
         if gpu_layers == 0 and backend != "cpu":
             backend, self.backend_reason = "cpu", f"no GPU layers asked for; CPU kernels ({isa()})"
+        if not gpu_cache and backend != "cpu":
+            backend = "cpu"
+            self.backend_reason = f"KV cache {'/'.join(self.cache_types)} runs on the CPU; CPU kernels ({isa()})"
         if backend != "cpu":
             from .cuda_backend import CudaError, CudaSession, CudaUnavailable, cuda_status
 
@@ -226,7 +238,7 @@ class Engine:
                     raise LoadCancelled("loading cancelled") from None
                 if self.model.repacked_bytes:
                     self.backend_reason += f", {self.model.repacked_bytes / 2**20:.0f} MiB repacked"
-            self.session = self.model.session(n_ctx)
+            self.session = self.model.session(n_ctx, self.cache_types[0], v_type=self.cache_types[1])
         #: token ids that end generation, and user-defined marker tokens hidden unless control tokens are shown
         self.eog = eog_ids(self.tokenizer, self.file)
         self.markers = marker_ids(self.tokenizer)
@@ -286,7 +298,7 @@ class Engine:
             from .cuda_backend import CudaSession
 
             return CudaSession(self.model, n_ctx)
-        return self.model.session(n_ctx)
+        return self.model.session(n_ctx, self.cache_types[0], v_type=self.cache_types[1])
 
     def set_cached(self, tokens: list[int]) -> None:
         """The session's cache now holds ``tokens`` (put there from elsewhere: a prompt cache's file); the next

@@ -171,8 +171,9 @@ class Model:
 
         return cls(None, threads, weights=bind_bump(bump_path, config_path))
 
-    def session(self, n_ctx: int = 2048, kv_dtype: type = np.float16) -> Session:
-        return Session(self, n_ctx, kv_dtype)
+    def session(self, n_ctx: int = 2048, kv_dtype: type | str = np.float16, v_type: str | None = None) -> Session:
+        """A session of ``n_ctx`` positions; cache types as :class:`Session` takes them."""
+        return Session(self, n_ctx, kv_dtype, v_type=v_type)
 
 
 def _set_weight(d: Any, w: _Bound | None) -> None:
@@ -215,17 +216,17 @@ def check_attention_layer(c: ModelConfig, layer: int) -> None:
 
 
 def attention_weights(model: Model, layer: int, queries: np.ndarray, positions: np.ndarray, keys: np.ndarray,
-                      n_past: int) -> np.ndarray:
+                      n_past: int, k_type: str | None = None) -> np.ndarray:
     """Layer ``layer``'s attention weights ``(T, n_head, n_past)`` for ``queries`` at ``positions`` against its
     cached ``keys``, by the native attention's own code with the layer's policy as its description holds it
     (:func:`layer_policy`: scale, window, soft-cap) and its sinks: what every session's ``attention_weights``
-    returns, wherever its keys live."""
+    returns, wherever its keys live. ``k_type``: the keys' cache type (None: float32 / float16 by their dtype)."""
     c = model.config
     check_attention_layer(c, layer)
     a = layer_policy(c, layer).attn
     return nn.attention_probs(queries, positions, keys, n_past, scale=float(a.scale), window=int(a.window),
                               softcap=float(a.softcap), sinks=model.weights.layers[layer].sinks,
-                              threads=model.threads)
+                              threads=model.threads, k_type=k_type)
 
 
 def layer_description(c: ModelConfig, li: int, lw: LayerWeights, lb: dict[str, _Bound],
@@ -383,18 +384,27 @@ class InferenceSession(Protocol):
 class Session:
     """One conversation's state: the KV cache and the number of cached positions."""
 
-    def __init__(self, model: Model, n_ctx: int, kv_dtype: type = np.float16, first_layer: int = 0) -> None:
-        """``first_layer``: the layers before it get no cache or state (they run elsewhere: a split session's GPU
-        layers, core/engine/split.py)."""
+    def __init__(self, model: Model, n_ctx: int, kv_dtype: type | str = np.float16, first_layer: int = 0,
+                 v_type: str | None = None) -> None:
+        """``kv_dtype``: the KV cache's type (:data:`~quantscope.core.native.nn.KV_CACHE_TYPES`: ``f16``, ``f32``,
+        ``bf16``, ``q8_0``, ``q4_0``, or numpy's float16 / float32), of K, and of V too unless ``v_type`` names
+        another (llama.cpp's ``--cache-type-k/-v``). ``first_layer``: the layers before it get no cache or state
+        (they run elsewhere: a split session's GPU layers, core/engine/split.py)."""
         c = model.config
         if isinstance(n_ctx, bool) or not isinstance(n_ctx, int | np.integer) or not 0 < n_ctx <= MAX_SESSION_CTX:
             raise ValueError(f"context size must be an integer in 1..{MAX_SESSION_CTX}, got {n_ctx!r}")
-        if np.dtype(kv_dtype) not in (np.float16, np.float32):
-            raise ValueError(f"KV cache type must be float16 or float32, got {np.dtype(kv_dtype)}")
+        k_type = nn.kv_cache_type(kv_dtype)
+        v_type = nn.kv_cache_type(v_type) if v_type is not None else k_type
+        #: the cache types of K and V (names of :data:`~quantscope.core.native.nn.KV_CACHE_TYPES`)
+        self.cache_types = (k_type, v_type)
+        for li in range(first_layer, c.n_layers):  # a block type needs head sizes of whole blocks: one line
+            if not c.is_recurrent(li):
+                for t in self.cache_types:
+                    nn.kv_row_bytes(t, c.head_dim_at(li))
         self.model = model
         model._sessions_made = True  # the blocks below hold the weight pointers: no repacking after this
         self.n_ctx = n_ctx = int(n_ctx)
-        # one (n_ctx, kv heads, head dim) cache per layer; a layer that reads an earlier one's (gemma4) shares it
+        # one (n_ctx, kv heads, row) cache per layer; a layer that reads an earlier one's (gemma4) shares it
         self.k_cache: list[np.ndarray] = []
         self.v_cache: list[np.ndarray] = []
         # gated delta-net layers (qwen35): a recurrent state instead of a KV cache (a 1-position stand-in there)
@@ -403,23 +413,19 @@ class Session:
         self._checkpoint: tuple[int, dict[int, np.ndarray], dict[int, np.ndarray]] | None = None
         for li in range(c.n_layers):
             src = c.kv_source(li)
-            if li < first_layer:
-                self.k_cache.append(np.zeros((1, 1, 1), dtype=kv_dtype))
-                self.v_cache.append(np.zeros((1, 1, 1), dtype=kv_dtype))
-                continue
-            if c.is_recurrent(li):
-                self.k_cache.append(np.zeros((1, 1, 1), dtype=kv_dtype))
-                self.v_cache.append(np.zeros((1, 1, 1), dtype=kv_dtype))
-                self.conv_state[li] = np.zeros((c.ssm_conv - 1, c.ssm_channels), np.float32)
-                self.ssm_state[li] = np.zeros((c.ssm_v_heads, c.ssm_state, c.ssm_state), np.float32)
+            if li < first_layer or c.is_recurrent(li):
+                self.k_cache.append(nn.kv_cache_zeros(k_type, 1, 1, 32))
+                self.v_cache.append(nn.kv_cache_zeros(v_type, 1, 1, 32))
+                if li >= first_layer:
+                    self.conv_state[li] = np.zeros((c.ssm_conv - 1, c.ssm_channels), np.float32)
+                    self.ssm_state[li] = np.zeros((c.ssm_v_heads, c.ssm_state, c.ssm_state), np.float32)
                 continue
             if src != li:
                 self.k_cache.append(self.k_cache[src])
                 self.v_cache.append(self.v_cache[src])
                 continue
-            shape = (n_ctx, c.n_head_kv_at(li), c.head_dim_at(li))
-            self.k_cache.append(np.zeros(shape, dtype=kv_dtype))
-            self.v_cache.append(np.zeros(shape, dtype=kv_dtype))
+            self.k_cache.append(nn.kv_cache_zeros(k_type, n_ctx, c.n_head_kv_at(li), c.head_dim_at(li)))
+            self.v_cache.append(nn.kv_cache_zeros(v_type, n_ctx, c.n_head_kv_at(li), c.head_dim_at(li)))
         self.n_past = 0
         self._block_structs = self._blocks()
 
@@ -451,7 +457,8 @@ class Session:
         at ``positions`` against this session's cached keys, by the native attention's own code (0 where a query
         does not see a key)."""
         check_attention_layer(self.model.config, layer)
-        return attention_weights(self.model, layer, queries, positions, self.k_cache[layer], self.n_past)
+        return attention_weights(self.model, layer, queries, positions, self.k_cache[layer], self.n_past,
+                                 self.cache_types[0])
 
     def close(self) -> None:
         """Nothing to free early (the caches are host arrays); for the protocol's callers, which close sessions."""
@@ -515,12 +522,12 @@ class Session:
         here once (:func:`layer_description`) plus this session's cache and state buffers."""
         m = self.model
         blocks = []
-        kv_f16 = int(self.k_cache[0].dtype == np.float16)
+        k_type, v_type = (nn.KV_CACHE_TYPES[t] for t in self.cache_types)
         rope_factors = m.weights.rope_factors(self.n_ctx)
         for li, (lw, lb) in enumerate(zip(m.weights.layers, m.layers, strict=True)):
             b = layer_description(m.config, li, lw, lb, rope_factors)
             a = b.attn
-            a.kv_f16, a.n_ctx = kv_f16, self.n_ctx
+            a.k_type, a.v_type, a.n_ctx = k_type, v_type, self.n_ctx
             a.k_cache, a.v_cache = ffi.from_buffer(self.k_cache[li]), ffi.from_buffer(self.v_cache[li])
             a.k_cache_bytes, a.v_cache_bytes = self.k_cache[li].nbytes, self.v_cache[li].nbytes
             if lw.gdn is not None and li in self.conv_state:  # (a layer before first_layer has no state here)

@@ -72,8 +72,10 @@ def _int_key(f: GGUFFile, suffix: str) -> int | None:
     return n if n is not None and n >= 0 else None
 
 
-def memory_plan(f: GGUFFile, context: int | None = None, kv_type: str = "F16") -> MemoryPlan:
-    """Weights plus KV cache for ``context`` tokens (default: the model's context length)."""
+def memory_plan(f: GGUFFile, context: int | None = None, kv_type: str = "F16",
+                v_type: str | None = None) -> MemoryPlan:
+    """Weights plus KV cache for ``context`` tokens (default: the model's context length); keys of ``kv_type``,
+    values of ``v_type`` (None: the same; llama.cpp's ``-ctk`` / ``-ctv``)."""
     weights = sum(t.n_bytes or 0 for t in f.tensors)
     n_layers = _int_key(f, "block_count") or len({block_group(t.name) for t in f.tensors} - {""})
     heads = _int_key(f, "attention.head_count") or 0
@@ -86,17 +88,19 @@ def memory_plan(f: GGUFFile, context: int | None = None, kv_type: str = "F16") -
     if ctx < 0:
         raise ValueError(f"context must be non-negative, got {ctx}")
     kt = ggml_type(kv_type)
+    vt = ggml_type(v_type) if v_type is not None else kt
     n_rec, state = _recurrent_state(f)
     n_layers = max(0, n_layers - n_rec)
     per_row_k = _kv_row_bytes(kt, k_len)
-    per_row_v = _kv_row_bytes(kt, v_len)
+    per_row_v = _kv_row_bytes(vt, v_len)
     per_token = n_layers * kv_heads * (per_row_k + per_row_v)
     note = ""
     window = _int_key(f, "attention.sliding_window")
     if window:
         note = (f"{f.architecture} uses sliding-window attention (window {window}) on some layers; llama.cpp "
                 "keeps a smaller cache for those, so this is an upper bound")
-    return MemoryPlan(ctx, kt.name, weights, per_token * ctx, per_token, n_layers, kv_heads, k_len, v_len, note,
+    kv_name = kt.name if vt == kt else f"{kt.name}/{vt.name}"
+    return MemoryPlan(ctx, kv_name, weights, per_token * ctx, per_token, n_layers, kv_heads, k_len, v_len, note,
                       state, n_rec)
 
 

@@ -71,6 +71,7 @@ class LoadOptions:
     gpu_layers: int | None = None
     repack: bool = True
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # prompt tokens per step (core/server/scheduler.py)
+    cache_types: tuple[str, str] = ("f16", "f16")  # the KV cache's K and V types (llama.cpp's -ctk / -ctv)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def _offer(model_id: str, path: Path, options: LoadOptions) -> Offer:
     with GGUFFile(path) as f:
         trained = memory_plan(f).context
         n_ctx = min(options.n_ctx, trained) if trained else options.n_ctx
-        plan = memory_plan(f, n_ctx)
+        plan = memory_plan(f, n_ctx, options.cache_types[0].upper(), options.cache_types[1].upper())
         need = plan.weights_bytes + options.parallel * (plan.kv_bytes + plan.state_bytes)
         return Offer(model_id, path, need, n_ctx, f.architecture or "unknown", model_entry(model_id, f))
 
@@ -353,7 +354,7 @@ class ModelPool:
         eng = None
         try:
             eng = Engine(offer.path, n_ctx=o.n_ctx, threads=o.threads, backend=o.backend, repack=o.repack,
-                         gpu_layers=o.gpu_layers)
+                         gpu_layers=o.gpu_layers, cache_types=o.cache_types)
             sched = Scheduler(eng, o.parallel, o.max_queue, prefill_chunk=o.prefill_chunk)
             app = ServerApp(eng, sched, replace(self.config, model_id=offer.id), slot_routes=False)
         except Exception as exc:  # a bad file, an unsupported model, no memory, the GPU: said, the rest serve on

@@ -630,8 +630,17 @@ static void check_nn(void) {
     static const int32_t q_pos[QN] = {0, 9, 20, 29};
     for (int i = 0; i < CTX * KVH * D; ++i) kc[i] = normal(), vc[i] = normal();
     for (int i = 0; i < QN * QH * D; ++i) q[i] = normal();
-    const char *names[] = {"rmsnorm", "softmax", "rope", "rope_neox", "swiglu", "geglu_tanh", "attention"};
-    for (int which = 0; which < 7; ++which)
+    /* the cache types (QS_KV_*): the same rows stored in each, read by every level's dots and V adds */
+    static const int kv_types[4] = {QS_KV_F16, QS_KV_BF16, QS_KV_Q8_0, QS_KV_Q4_0};
+    static uint8_t kt[4][CTX * KVH * D * 2], vt[4][CTX * KVH * D * 2];
+    for (int t = 0; t < 4; ++t)
+        if (qs_kv_store(kt[t], kv_types[t], 0, kc, CTX * KVH, D) || qs_kv_store(vt[t], kv_types[t], 0, vc, CTX * KVH, D))
+            report(0, "nn", "kv_store", QS_ISA_SCALAR, "qs_kv_store returned an error");
+    const char *names[] = {"rmsnorm",          "softmax",        "rope",
+                           "rope_neox",        "swiglu",         "geglu_tanh",
+                           "attention",        "attention_f16_bf16", "attention_bf16_q8_0",
+                           "attention_q8_0_q4_0", "attention_q4_0_f16"};
+    for (int which = 0; which < 11; ++which)
         for (int li = 0; li < n_levels; ++li) {
             int L = levels[li], ok = 1;
             char detail[160] = "";
@@ -651,9 +660,14 @@ static void check_nn(void) {
                     break;
                 case 4: qs_swiglu(x, up, out, NN_ROWS * NN_N); break;
                 case 5: qs_geglu_tanh(x, up, out, NN_ROWS * NN_N); break;
-                default:
+                case 6:
                     ok = ok && qs_attention(q, QN, q_pos, QH, D, kc, vc, 0, KVH, 30, CTX, 5, 0.125f, pass ? ao : ao_ref,
                                             2) == 0;
+                    break;
+                default: /* K and V of one type, another V type beside (the four types in a ring) */
+                    ok = ok && qs_attention_kv(q, QN, q_pos, QH, D, kt[which - 7], vt[(which - 6) % 4],
+                                               kv_types[which - 7], kv_types[(which - 6) % 4], KVH, 30, CTX, 0, 0.125f,
+                                               0.0f, NULL, pass ? ao : ao_ref, 2) == 0;
                 }
             }
             if (!ok) snprintf(detail, sizeof detail, "a call returned an error");
@@ -662,7 +676,7 @@ static void check_nn(void) {
             if (ok && which == 1) ok = allclose(got, ref, NN_ROWS * NN_N, 2e-5, 2e-7, detail, sizeof detail);
             if (ok && (which == 2 || which == 3)) ok = allclose(got, ref, T * H * D, 2e-5, 4e-5, detail, sizeof detail);
             if (ok && (which == 4 || which == 5)) ok = allclose(got, ref, NN_ROWS * NN_N, 2e-5, 2e-6, detail, sizeof detail);
-            if (ok && which == 6) ok = allclose(ao, ao_ref, QN * QH * D, 2e-4, 2e-5, detail, sizeof detail);
+            if (ok && which >= 6) ok = allclose(ao, ao_ref, QN * QH * D, 2e-4, 2e-5, detail, sizeof detail);
             report(ok, "nn", names[which], L, detail);
         }
 }

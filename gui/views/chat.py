@@ -108,6 +108,7 @@ class ChatView(QWidget):
         self.side.exportRequested.connect(c.export_dialog)
         self.threads_spin.valueChanged.connect(lambda _v: lo.show_engine_info())
         self.ctx_spin.valueChanged.connect(lambda _v: lo.update_memory())
+        self.model_bar.kv_combo.currentIndexChanged.connect(lambda _i: lo.update_memory())
         cb = self.composer_box
         cb.sendRequested.connect(lambda: r.send())
         cb.stopRequested.connect(r.stop)

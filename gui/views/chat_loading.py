@@ -66,7 +66,8 @@ class ModelLoader:
         if doc is None or doc.gguf is None:
             return None
         try:
-            return memory_plan(doc.gguf, self.bar.ctx_spin.value(), "F16")
+            k, v = self.bar.cache_types()
+            return memory_plan(doc.gguf, self.bar.ctx_spin.value(), k.upper(), v.upper())
         except Exception:
             return None
 
@@ -94,7 +95,8 @@ class ModelLoader:
         self.bar.load_progress.show()
         self.bar.model_state.setText("loading…")
         backend = str(self.bar.backend_combo.currentData() or "cpu")
-        self.host.load(doc.path, self.bar.ctx_spin.value(), self.bar.threads_spin.value(), backend)
+        self.host.load(doc.path, self.bar.ctx_spin.value(), self.bar.threads_spin.value(), backend,
+                       self.bar.cache_types())
         return True
 
     def unload(self) -> None:
@@ -129,7 +131,7 @@ class ModelLoader:
         b.unload_btn.setEnabled(st in ("ready", "generating", "loading"))
         b.load_cancel.setVisible(st == "loading")
         b.load_progress.setVisible(st == "loading")
-        for w in (b.backend_combo, b.ctx_spin):
+        for w in (b.backend_combo, b.ctx_spin, b.kv_combo):
             w.setEnabled(has_doc and st in ("empty", "ready"))
         if st == "empty" and not b.model_state.full_text().startswith(("loading cancelled", "not loaded")):
             b.model_state.setText("not loaded")

@@ -27,6 +27,9 @@ from ..widgets.progress import ProgressBar
 from .chat_settings import ispin
 
 DEFAULT_CTX = 4096
+#: the KV cache choices (label, (K type, V type)): llama.cpp's -ctk / -ctv, the common pairs
+KV_CHOICES = (("F16", ("f16", "f16")), ("Q8_0", ("q8_0", "q8_0")), ("Q8_0 K · Q4_0 V", ("q8_0", "q4_0")),
+              ("Q4_0", ("q4_0", "q4_0")), ("BF16", ("bf16", "bf16")), ("F32", ("f32", "f32")))
 
 
 @qt_guarded
@@ -64,6 +67,14 @@ class ModelBar(QFrame):
                                "Tokens the KV cache holds (the conversation plus the reply); applies on load")
         self.ctx_spin.setSingleStep(512)
         self.ctx_spin.setValue(DEFAULT_CTX)
+        self.kv_combo = QComboBox()
+        self.kv_combo.setAccessibleName("KV cache type")
+        self.kv_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        for label, types in KV_CHOICES:
+            self.kv_combo.addItem(label, types)
+        self.kv_combo.setToolTip("The KV cache's element types (llama.cpp's --cache-type-k/-v): Q8_0 takes about "
+                                 "half of F16's memory at a small cost in accuracy, Q4_0 about a quarter at a larger "
+                                 "one; a cache other than F16 runs on the CPU. Applies on load")
         self.load_btn = QPushButton("Load model")
         self.load_btn.setAccessibleName("Load the model")
         self.unload_btn = QPushButton("Unload")
@@ -99,7 +110,7 @@ class ModelBar(QFrame):
         opts = QHBoxLayout()
         opts.setSpacing(6)
         for label, widget in (("Backend", self.backend_combo), ("Threads", self.threads_spin),
-                              ("Context", self.ctx_spin)):
+                              ("Context", self.ctx_spin), ("KV cache", self.kv_combo)):
             lab = QLabel(label)
             lab.setBuddy(widget)
             opts.addWidget(lab)
@@ -144,8 +155,12 @@ class ModelBar(QFrame):
         tail = f" · {human_bytes(avail)} available" if avail is not None else ""
         self.memory_label.setText(
             f"Needs ≈ <b>{human_bytes(plan.total_bytes)}</b>: {human_bytes(plan.weights_bytes)} of weights "
-            f"(memory-mapped) + {human_bytes(plan.kv_bytes)} KV cache for {plan.context:,} tokens (F16)"
+            f"(memory-mapped) + {human_bytes(plan.kv_bytes)} KV cache for {plan.context:,} tokens ({plan.kv_type})"
             + (f" + {human_bytes(plan.state_bytes)} recurrent state" if plan.state_bytes else "") + tail)
+
+    def cache_types(self) -> tuple[str, str]:
+        """The chosen (K, V) cache types."""
+        return tuple(self.kv_combo.currentData() or ("f16", "f16"))  # type: ignore[return-value]
 
     def show_progress(self, stage: str, fraction: float) -> None:
         self.load_progress.setValue(int(fraction * 100))
@@ -155,8 +170,9 @@ class ModelBar(QFrame):
     def show_engine(self, info: Any) -> None:
         """The loaded engine in one wrapped line (threads as chosen now for the CPU)."""
         threads = self.threads_spin.value() if info.backend.startswith("CPU") else info.threads
+        kv = "" if info.cache_types == ("f16", "f16") else f" ({'/'.join(t.upper() for t in info.cache_types)})"
         self.engine_label.setText(
             f"{info.arch} · {info.backend} · {threads} threads · context {info.n_ctx:,} of "
-            f"{info.n_ctx_train:,} trained · KV cache {human_bytes(info.kv_bytes)} · vocabulary {info.n_vocab:,}"
+            f"{info.n_ctx_train:,} trained · KV cache {human_bytes(info.kv_bytes)}{kv} · vocabulary {info.n_vocab:,}"
             + ("" if info.has_template else " · no chat template: plain completion"))
         self.engine_label.show()

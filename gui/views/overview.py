@@ -137,6 +137,12 @@ class OverviewView(QWidget):
         self.kv_combo = QComboBox()
         self.kv_combo.addItems(list(KV_TYPES))
         self.kv_combo.setAccessibleName("KV cache type")
+        self.kv_combo.setToolTip("The K cache's type (llama.cpp's --cache-type-k), and the V cache's unless set apart")
+        self.kv_v_combo = QComboBox()  # llama.cpp's --cache-type-v: "as K" or its own
+        self.kv_v_combo.addItem("V as K", "")
+        for t in KV_TYPES:
+            self.kv_v_combo.addItem(f"V {t}", t)
+        self.kv_v_combo.setAccessibleName("V cache type")
         self.mem_weights = QLabel()
         self.mem_kv = QLabel()
         self.mem_total = QLabel()
@@ -177,13 +183,14 @@ class OverviewView(QWidget):
         g.addWidget(self.ctx_spin, 0, 1)
         g.addWidget(QLabel("KV cache"), 0, 2)
         g.addWidget(self.kv_combo, 0, 3)
+        g.addWidget(self.kv_v_combo, 0, 4)
         g.addWidget(QLabel("Weights"), 1, 0)
-        g.addWidget(self.mem_weights, 1, 1, 1, 3)
+        g.addWidget(self.mem_weights, 1, 1, 1, 4)
         g.addWidget(QLabel("KV cache"), 2, 0)
-        g.addWidget(self.mem_kv, 2, 1, 1, 3)
+        g.addWidget(self.mem_kv, 2, 1, 1, 4)
         g.addWidget(QLabel("Total"), 3, 0)
-        g.addWidget(self.mem_total, 3, 1, 1, 3)
-        g.addWidget(self.mem_note, 4, 0, 1, 4)
+        g.addWidget(self.mem_total, 3, 1, 1, 4)
+        g.addWidget(self.mem_note, 4, 0, 1, 5)
         g.setColumnStretch(3, 1)
         self.mem_kv.setWordWrap(True)
         self.mem_weights.setWordWrap(True)
@@ -223,6 +230,7 @@ class OverviewView(QWidget):
 
         self.ctx_spin.valueChanged.connect(self.update_memory)
         self.kv_combo.currentIndexChanged.connect(self.update_memory)
+        self.kv_v_combo.currentIndexChanged.connect(self.update_memory)
         self._scan_busy(False)
 
     # ------------------------------------------------------------------ reflow
@@ -369,11 +377,15 @@ class OverviewView(QWidget):
     def update_memory(self) -> None:
         if self.doc is None or self.doc.gguf is None:
             return
-        m = memory_plan(self.doc.gguf, self.ctx_spin.value(), self.kv_combo.currentText())
+        m = memory_plan(self.doc.gguf, self.ctx_spin.value(), self.kv_combo.currentText(),
+                        self.kv_v_combo.currentData() or None)
+        k_t, _, v_t = m.kv_type.partition("/")
+        rows = (f"({m.key_length} + {m.value_length}) × {k_t}" if not v_t
+                else f"({m.key_length} × {k_t} + {m.value_length} × {v_t})")
         self.mem_weights.setText(f"{human_bytes(m.weights_bytes)}  ({m.weights_bytes:,} bytes as stored)")
         self.mem_kv.setText(f"{human_bytes(m.kv_bytes)}  = {plural(m.n_layers, 'layer')} × "
                             f"{plural(m.context, 'token')} × {plural(m.n_kv_heads, 'KV head')} × "
-                            f"({m.key_length} + {m.value_length}) × {m.kv_type} "
+                            f"{rows} "
                             f"({human_bytes(m.kv_bytes_per_token)} per token)"
                             + (f" + {human_bytes(m.state_bytes)} recurrent state of "
                                f"{plural(m.n_recurrent, 'delta-net layer')} (fixed)" if m.n_recurrent else ""))

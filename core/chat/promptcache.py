@@ -26,6 +26,7 @@ from ..engine.session import Session
 from ..filestate import FileStamp
 from ..fsutil import PathRefused
 from .store import data_dir
+from .tokens import common_prefix
 
 #: the folder's default bound
 DEFAULT_MAX_BYTES = 2 << 30
@@ -97,13 +98,13 @@ class PromptCache:
         s = engine.session
         if type(s) is not Session:
             return None
-        have = _common(engine.cached, ids)
+        have = common_prefix(engine.cached, ids)
         best: tuple[int, Path] | None = None
         for f in self._files():
             toks = self._tokens(f, s.model.config.n_vocab)
             if toks is None:
                 continue
-            n = min(_common(toks, ids), len(ids) - 1)
+            n = min(common_prefix(toks, ids), len(ids) - 1)
             if s.recurrent and n < len(toks):
                 continue  # a recurrent state rewinds only to where it was saved
             if n >= have + MIN_GAIN and (best is None or n > best[0]):
@@ -156,13 +157,6 @@ class PromptCache:
             total -= st.st_size
 
 
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _touch(path: Path) -> None:

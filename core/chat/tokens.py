@@ -239,3 +239,13 @@ def loads(text: str) -> list[TokenRecord]:
     except (json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"token records are not JSON: {exc}") from None
     return from_lists(data)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens ``a`` and ``b`` share from their start."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

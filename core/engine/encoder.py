@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -564,22 +564,26 @@ class Encoder:
         """:meth:`embed` of checked token lists, evaluated in batches of at most ``batch_tokens`` tokens (an input
         longer than that alone)."""
         out: list[np.ndarray] = []
+        for r in self._batched_rows(seqs, batch_tokens):
+            v = r if pooling == "none" else {"mean": lambda a: a.mean(axis=0, dtype=np.float64),
+                                             "cls": lambda a: a[0], "last": lambda a: a[-1]}[pooling](r)
+            v = np.asarray(v, dtype=np.float32)
+            for m in self.head:  # (rows too with none pooling, as llama.cpp's build_dense_out)
+                v = v @ m.T
+            out.append(normalize(v, normalize_mode))
+        return out
+
+    def _batched_rows(self, seqs: Sequence[list[int]], batch_tokens: int) -> Iterator[np.ndarray]:
+        """Each sequence's last-layer rows (:meth:`forward`), the sequences evaluated in batches of at most
+        ``batch_tokens`` tokens (a longer sequence alone)."""
         i = 0
         while i < len(seqs):
             j, n = i, 0
             while j < len(seqs) and (j == i or n + len(seqs[j]) <= batch_tokens):
                 n += len(seqs[j])
                 j += 1
-            rows = self.forward(seqs[i:j])
-            for r in rows:
-                v = r if pooling == "none" else {"mean": lambda a: a.mean(axis=0, dtype=np.float64),
-                                                 "cls": lambda a: a[0], "last": lambda a: a[-1]}[pooling](r)
-                v = np.asarray(v, dtype=np.float32)
-                for m in self.head:  # (rows too with none pooling, as llama.cpp's build_dense_out)
-                    v = v @ m.T
-                out.append(normalize(v, normalize_mode))
+            yield from self.forward(seqs[i:j])
             i = j
-        return out
 
     # ------------------------------------------------------------------ reranking
     def rerank_tokens(self, query: str, document: str) -> list[int]:
@@ -614,16 +618,8 @@ class Encoder:
         if self.rank_head is None:
             raise EmbedError(f"this encoder pools by {self.pooling}: reranking needs rank pooling (a reranker "
                              "with a classification head)")
-        out: list[np.ndarray] = []
-        i = 0
-        while i < len(seqs):
-            j, n = i, 0
-            while j < len(seqs) and (j == i or n + len(seqs[j]) <= batch_tokens):
-                n += len(seqs[j])
-                j += 1
-            out += [self.rank_head.scores(r) for r in self.forward(seqs[i:j])]
-            i = j
-        return out
+        head = self.rank_head
+        return [head.scores(r) for r in self._batched_rows(seqs, batch_tokens)]
 
     def rerank(self, query: str, documents: Sequence[str]) -> list[float]:
         """The relevance score of each document for ``query`` (the head's first score, as llama-server's

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..chat import Sampler, SamplerParams, TokenChoice, token_choice
 from ..chat.channels import HarmonySplitter
+from ..chat.tokens import common_prefix
 from ..engine.batch import can_batch, forward_batch
 from ..engine.generate import PREFILL_CHUNK, Engine
 from ..engine.session import Session
@@ -178,15 +179,6 @@ class Slot:
         self.memo: tuple[tuple[int, ...], np.ndarray] | None = None  # the last prompt and its logits
         self.run: _Run | None = None
         self.last_used = 0.0
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def copy_prefix(src: object, dst: object, n: int) -> bool:

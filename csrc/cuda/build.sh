@@ -13,7 +13,9 @@ NVCC=${NVCC:-nvcc}
 ARCHS=${QSC_ARCHS:-"75 80 86 89 90"}
 STAMP="$OUT.stamp"
 command -v "$NVCC" >/dev/null 2>&1 || { echo "cuda build: nvcc not found" >&2; exit 1; }
-want=$( (cat "$SRC"/*.cu "$SRC"/*.cuh "$SRC"/*.h "$SRC"/build.sh; echo "$ARCHS") | sha256sum | cut -c1-16)
+# (the CPU headers the device code includes count too: a changed qs_block layout must rebuild the library)
+want=$( (cat "$SRC"/*.cu "$SRC"/*.cuh "$SRC"/*.h "$SRC"/build.sh csrc/qs_api_nn.h csrc/qs_plan.h csrc/qs_iq_grids.h
+         echo "$ARCHS") | sha256sum | cut -c1-16)
 if [ "${1:-}" = "--if-changed" ] && [ -f "$OUT" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$want" ]; then
   exit 0
 fi

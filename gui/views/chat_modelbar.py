@@ -110,14 +110,19 @@ class ModelBar(QFrame):
         opts = QHBoxLayout()
         opts.setSpacing(6)
         for label, widget in (("Backend", self.backend_combo), ("Threads", self.threads_spin),
-                              ("Context", self.ctx_spin), ("KV cache", self.kv_combo)):
+                              ("Context", self.ctx_spin)):
             lab = QLabel(label)
             lab.setBuddy(widget)
             opts.addWidget(lab)
             opts.addWidget(widget)
             opts.addSpacing(4)
         opts.addWidget(self.cuda_label, 1)  # elided where the row is narrow; the reason is in its tooltip
-        bottom = QHBoxLayout()
+        bottom = QHBoxLayout()  # the KV cache type beside the memory estimate it changes (the row above is full)
+        kv_label = QLabel("KV cache")
+        kv_label.setBuddy(self.kv_combo)
+        bottom.addWidget(kv_label)
+        bottom.addWidget(self.kv_combo)
+        bottom.addSpacing(4)
         bottom.addWidget(self.memory_label, 1)
         bottom.addWidget(self.load_progress)
         bottom.addWidget(self.load_cancel)

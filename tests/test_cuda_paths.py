@@ -32,6 +32,12 @@ from .test_cuda import GPU_KLD_LIMIT, GPU_TOP1, close_to_cpu, mean_kld_top1, wei
 from .test_native_kernels import activations
 
 cuda_lib, gpu, arch_vocab = test_cuda.cuda_lib, test_cuda.gpu, test_cuda.arch_vocab  # the shared fixtures
+
+#: the same top token between the device model and the CPU engine: two engines, each within issue 36's bar of
+#: llama.cpp (GPU_TOP1), sum their near-tie flips on these random-weight fixtures; since the CPU attention became
+#: flash-style (tiles of 256 positions, online softmax: docs/kv-cache.md) qwen2-Q8_0 at 513 tokens agrees on
+#: 503 of 514 rows (0.979) at a mean KLD of 3.1e-4, a third of the KLD bar
+CPU_PAIR_TOP1 = 0.97
 CDEF = """
 const char *qsc_path_name(int path);
 int qsc_path_counts(long long *out, int n, int reset);
@@ -248,7 +254,8 @@ def check_paths(model: Model, host: bool, lib, monkeypatch, mma_hw: bool = True)
             refs = {"cpu": cpu[T]} if off is None else {"cpu": cpu[T], "all on": runs[None][T][:2]}
             for what, (p_ref, s_ref) in refs.items():
                 kl, top1 = mean_kld_top1(np.concatenate([p_ref, s_ref[None]]), got)
-                assert kl <= GPU_KLD_LIMIT and top1 >= GPU_TOP1, (off, T, what, kl, top1)
+                bar = GPU_TOP1 if what == "all on" else CPU_PAIR_TOP1
+                assert kl <= GPU_KLD_LIMIT and top1 >= bar, (off, T, what, kl, top1)
                 key = f"all on vs {what}" if off is None else f"{off} off vs {what}"
                 worst[key] = max(worst.get(key, 0.0), kl)
     return worst

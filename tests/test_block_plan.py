@@ -135,11 +135,11 @@ def test_bert_post_layernorm_ungated_gelu_and_full_attention(tmp_path):
         assert b.attn.non_causal == 1 and b.post_ln == 1 and b.ffn.plain == 1
         x = np.zeros((3, 64), np.float32)
         pos = np.arange(3, dtype=np.int32)
-        kv = np.zeros(3 * 64, np.float32)
+        kv, kv2 = np.zeros(3 * 64, np.float32), np.zeros(3 * 64, np.float32)  # (kept alive: the calls' caches)
 
         def forward(block) -> int:
             a = block.attn
-            a.n_ctx, a.k_cache, a.v_cache = 3, ffi.from_buffer(kv), ffi.from_buffer(kv.copy())
+            a.n_ctx, a.k_cache, a.v_cache = 3, ffi.from_buffer(kv), ffi.from_buffer(kv2)
             a.k_cache_bytes = a.v_cache_bytes = kv.nbytes
             return lib.qs_block_forward(block, ffi.cast("float *", ffi.from_buffer(x)), 3,
                                         ffi.cast("int32_t *", ffi.from_buffer(pos)), 0, 1)
